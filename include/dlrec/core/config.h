@@ -1,0 +1,73 @@
+// Strict reading of JSON configuration into typed structs.
+//
+// ConfigReader wraps one JSON object. Each get()/require() marks the key as known; finish()
+// throws if the object holds a key nobody asked for, naming it with its full path and the
+// nearest known key ("unknown key 'model.optimizer.lerning_rate' (did you mean
+// 'learning_rate'?)"). Type and range errors name the key too.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "dlrec/core/error.h"
+
+namespace dlrec {
+
+using json = nlohmann::json;
+
+class ConfigReader {
+ public:
+  // `path` is the dotted location of this object, used in messages ("" for the root).
+  ConfigReader(const json& j, std::string path);
+
+  bool has(const std::string& key) const;
+  template <class T>
+  T get(const std::string& key, const T& fallback);
+  template <class T>
+  T require(const std::string& key);
+  // Numeric value with inclusive bounds.
+  double get_range(const std::string& key, double fallback, double lo, double hi);
+  int64_t get_int_range(const std::string& key, int64_t fallback, int64_t lo, int64_t hi);
+  // String restricted to a set of choices.
+  std::string get_choice(const std::string& key, const std::string& fallback,
+                         const std::vector<std::string>& choices);
+  ConfigReader child(const std::string& key);  // requires an object under key
+  const json& raw(const std::string& key);     // marks key as known, returns the value
+  std::string key_path(const std::string& key) const;
+  const std::string& path() const { return path_; }
+  // Throws on any key not asked for.
+  void finish() const;
+
+ private:
+  const json* j_;
+  std::string path_;
+  std::set<std::string> known_;
+};
+
+// The closest string by edit distance (empty if none within distance 3 or half the length).
+std::string nearest_name(const std::string& name, const std::vector<std::string>& candidates);
+
+// Reads and parses a JSON file; errors name the file and the parse position.
+json read_json_file(const std::string& path);
+
+template <class T>
+T ConfigReader::get(const std::string& key, const T& fallback) {
+  known_.insert(key);
+  if (!j_->contains(key)) return fallback;
+  try {
+    return (*j_)[key].template get<T>();
+  } catch (const nlohmann::json::exception&) {
+    fail("config key '", key_path(key), "' has the wrong type: ", (*j_)[key].dump());
+  }
+}
+
+template <class T>
+T ConfigReader::require(const std::string& key) {
+  if (!j_->contains(key)) fail("config key '", key_path(key), "' is required");
+  return get<T>(key, T{});
+}
+
+}  // namespace dlrec

@@ -1,0 +1,44 @@
+// Progress reporting for long work: rate, ETA and free-form status, printed to stderr at most
+// once per interval. Silent when DLREC_QUIET=1 is set in the environment.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace dlrec {
+
+class Progress {
+ public:
+  // total <= 0 means unknown (no ETA). `unit` names what is counted ("rows", "samples").
+  Progress(std::string label, int64_t total, std::string unit, double interval_s = 2.0);
+  // Reports `done` units so far; `status` is appended (e.g. "loss=0.45").
+  void update(int64_t done, const std::string& status = "");
+  // Prints the final line (total count, elapsed time, mean rate).
+  void finish(const std::string& status = "");
+  double elapsed_s() const;
+
+ private:
+  void print(int64_t done, const std::string& status, bool final);
+  std::string label_, unit_;
+  int64_t total_;
+  double interval_s_;
+  std::chrono::steady_clock::time_point start_, last_;
+  bool finished_ = false;
+  bool quiet_ = false;
+};
+
+// Wall-clock stopwatch.
+class Timer {
+ public:
+  Timer() : start_(std::chrono::steady_clock::now()) {}
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  void reset() { start_ = std::chrono::steady_clock::now(); }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace dlrec

@@ -1,0 +1,88 @@
+// Training shards: the binary format ETL writes and loaders read (docs/FORMATS.md).
+//
+// A shard holds encoded rows (io::Batch) in blocks, each block checksummed (CRC-32C), with a
+// header naming the format version and the column layout, and a footer with the block index.
+// Readers reject a bad magic, an unknown version, a checksum mismatch or a truncated file with
+// a message naming the file and the block.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dlrec/core/config.h"
+#include "dlrec/io/batch.h"
+
+namespace dlrec::io {
+
+struct ShardLayout {
+  int num_dense = 0;
+  std::vector<int64_t> cardinalities;  // per categorical feature
+  std::vector<bool> multi_hot;         // per categorical feature
+  bool operator==(const ShardLayout& o) const {
+    return num_dense == o.num_dense && cardinalities == o.cardinalities &&
+           multi_hot == o.multi_hot;
+  }
+  json to_json() const;
+  static ShardLayout from_json(const json& j);
+};
+
+class ShardWriter {
+ public:
+  // Writes atomically: the file appears at `path` only after close().
+  ShardWriter(const std::string& path, ShardLayout layout, int64_t block_rows = 1 << 16);
+  ~ShardWriter();
+  void write(const Batch& batch);  // validates ids against the cardinalities
+  void close();
+  int64_t rows() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+class ShardReader {
+ public:
+  explicit ShardReader(const std::string& path);  // reads and validates header and footer
+  ~ShardReader();
+  const ShardLayout& layout() const;
+  int64_t rows() const;
+  // Reads rows [begin, begin + count) into `out` (replacing its contents); verifies checksums.
+  void read(int64_t begin, int64_t count, Batch& out);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A dataset: a directory of shards plus dataset.json (layout, shard list, split).
+struct DatasetInfo {
+  ShardLayout layout;
+  std::vector<std::string> train_shards;  // paths relative to the dataset directory
+  std::vector<std::string> valid_shards;
+  int64_t train_rows = 0;
+  int64_t valid_rows = 0;
+  json to_json() const;
+  static DatasetInfo from_json(const json& j);
+  static DatasetInfo load(const std::string& dir);  // reads <dir>/dataset.json
+  void save(const std::string& dir) const;          // writes <dir>/dataset.json atomically
+};
+
+// Streams batches of a fixed size from a list of shards in order, from a row position, with a
+// background thread prefetching the next batch. The last batch may be smaller.
+class ShardLoader {
+ public:
+  ShardLoader(std::vector<std::string> paths, int64_t batch_size, int64_t start_row = 0);
+  ~ShardLoader();
+  bool next(Batch& out);
+  int64_t position() const;  // rows delivered so far, counting start_row
+  int64_t total_rows() const;
+  const ShardLayout& layout() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dlrec::io

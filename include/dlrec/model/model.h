@@ -1,0 +1,87 @@
+// Model configuration and the Model interface the trainer, evaluator and exporter use.
+//
+// A run's JSON config has three sections: {"model": {...}, "optimizer": {...}, "train": {...}}
+// (docs/CONFIG.md). Unknown keys anywhere are errors naming the key.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dlrec/core/config.h"
+#include "dlrec/core/tensor.h"
+#include "dlrec/io/batch.h"
+#include "dlrec/io/shard.h"
+
+namespace dlrec::model {
+
+struct ModelConfig {
+  std::string arch = "dlrm";
+  int64_t embedding_dim = 16;
+  std::vector<int64_t> bottom_mlp = {64, 16};  // hidden..output sizes; input = num_dense
+  std::vector<int64_t> top_mlp = {64, 1};      // hidden..output sizes; last must be 1
+  std::string interaction = "dot";             // "dot" | "cat"
+  std::string pooling = "sum";                 // "sum" | "mean" (multi-hot bags)
+  static ModelConfig from_json(ConfigReader& r);
+  json to_json() const;
+};
+
+struct OptimizerConfig {
+  std::string type = "sgd";  // "sgd" | "adagrad"
+  double lr = 0.1;           // dense and embedding learning rate
+  double embedding_lr = -1;  // < 0: same as lr
+  double adagrad_eps = 1e-8;
+  double adagrad_init = 0.0;  // initial accumulator value
+  static OptimizerConfig from_json(ConfigReader& r);
+  json to_json() const;
+};
+
+struct TrainConfig {
+  int64_t batch_size = 128;
+  int64_t eval_batch_size = 16384;
+  int epochs = 1;
+  int64_t max_steps = -1;        // stop after this many steps (-1: epochs decide)
+  int64_t eval_every = 0;        // evaluate every N steps (0: at the end only)
+  int64_t log_every = 100;       // progress line every N steps
+  int64_t checkpoint_every = 0;  // checkpoint every N steps (0: at the end only)
+  uint64_t seed = 1234;
+  std::string device = "cpu";
+  static TrainConfig from_json(ConfigReader& r);
+  json to_json() const;
+};
+
+struct RunConfig {
+  ModelConfig model;
+  OptimizerConfig optimizer;
+  TrainConfig train;
+  static RunConfig from_json(const json& j);  // strict: unknown keys throw
+  static RunConfig load(const std::string& path);
+  json to_json() const;
+};
+
+// A named tensor of model state (parameters and optimizer state) for checkpoints and export.
+using NamedTensor = std::pair<std::string, Tensor>;
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  // Logits [rows] (F32, on the model's device) for the batch. With training = true the
+  // activations are kept for backward().
+  virtual Tensor forward(const io::Batch& batch, bool training) = 0;
+  // Back-propagates dL/dlogits [rows] of the last training forward and applies the optimizer
+  // update to every parameter (embedding rows are updated sparsely).
+  virtual void backward_and_update(const Tensor& dlogits, double lr_scale = 1.0) = 0;
+  // Parameters (names like "emb.3.weight", "bottom.0.weight") — shared storage, not copies.
+  virtual std::vector<NamedTensor> parameters() = 0;
+  // Optimizer state (e.g. "emb.3.weight.adagrad"); empty for plain SGD.
+  virtual std::vector<NamedTensor> optimizer_state() = 0;
+  virtual Device device() const = 0;
+};
+
+// Builds a model for data of the given layout; parameters initialised from `seed`.
+std::unique_ptr<Model> build_model(const ModelConfig& model, const OptimizerConfig& opt,
+                                   const io::ShardLayout& layout, Device device, uint64_t seed);
+
+}  // namespace dlrec::model
