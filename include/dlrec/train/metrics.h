@@ -1,0 +1,24 @@
+// Evaluation metrics over a whole validation set.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace dlrec::train {
+
+// Exact ROC AUC of `scores` against binary `labels` (ties get half credit, as in the
+// Mann-Whitney statistic). Returns NaN when one class is absent.
+double roc_auc(const std::vector<float>& scores, const std::vector<float>& labels);
+
+// Mean binary cross-entropy of probabilities `probs` (clamped to [1e-7, 1 - 1e-7]).
+double log_loss(const std::vector<float>& probs, const std::vector<float>& labels);
+
+struct EvalResult {
+  int64_t rows = 0;
+  double auc = 0;
+  double logloss = 0;
+  double positive_rate = 0;
+  double seconds = 0;
+};
+
+}  // namespace dlrec::train

@@ -1,0 +1,62 @@
+// Trainer: the training loop over a dataset produced by `dlrec etl`, with evaluation,
+// progress and resumable checkpoints.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dlrec/io/shard.h"
+#include "dlrec/model/model.h"
+#include "dlrec/train/metrics.h"
+
+namespace dlrec::train {
+
+struct TrainerOptions {
+  std::string data_dir;  // holds dataset.json and the shards
+  std::string run_dir;   // checkpoints: <run_dir>/checkpoint.dlrec (latest), run.json
+  bool resume = false;   // continue from <run_dir>/checkpoint.dlrec when it exists
+  // Stops this process after this many steps without a final checkpoint, as a crash would
+  // (used by tests of resumption). -1: off.
+  int64_t stop_after_steps = -1;
+};
+
+struct TrainResult {
+  int64_t steps = 0;       // total steps done (including before a resume)
+  int64_t samples = 0;     // samples processed by this process
+  double seconds = 0;      // wall time of this process's training loop
+  double last_loss = 0;    // mean training loss over the last logging window
+  bool stopped_early = false;
+  EvalResult eval;         // final evaluation (rows == 0 when there is no validation split)
+};
+
+class Trainer {
+ public:
+  Trainer(model::RunConfig config, TrainerOptions options);
+  ~Trainer();
+  TrainResult train();
+  // Evaluates on the validation shards; fills `probs` (in row order) when given.
+  EvalResult evaluate(std::vector<float>* probs = nullptr);
+  model::Model& model();
+  int64_t step() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Runs `model` over the shards and computes AUC/logloss; probabilities in row order.
+EvalResult evaluate_shards(model::Model& model, const std::vector<std::string>& shards,
+                           int64_t batch_size, std::vector<float>* probs = nullptr);
+
+// Checkpoint = tensor file with the parameters, optimizer state and the training position.
+struct CheckpointState {
+  int64_t step = 0;
+  int64_t position = 0;  // training rows consumed since the start (across epochs)
+};
+void save_checkpoint(const std::string& path, model::Model& model, const model::RunConfig& config,
+                     const io::ShardLayout& layout, const CheckpointState& state);
+CheckpointState load_checkpoint(const std::string& path, model::Model& model);
+
+}  // namespace dlrec::train

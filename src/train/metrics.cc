@@ -1,0 +1,45 @@
+#include "dlrec/train/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "dlrec/core/error.h"
+
+namespace dlrec::train {
+
+double roc_auc(const std::vector<float>& scores, const std::vector<float>& labels) {
+  DLREC_CHECK(scores.size() == labels.size(), "roc_auc: ", scores.size(), " scores for ",
+              labels.size(), " labels");
+  const size_t n = scores.size();
+  std::vector<uint32_t> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return scores[a] < scores[b]; });
+  // Sum of the (tie-averaged) ranks of the positives.
+  double pos = 0, rank_sum = 0;
+  for (size_t i = 0; i < n;) {
+    size_t j = i;
+    double p = 0;
+    while (j < n && scores[order[j]] == scores[order[i]]) p += labels[order[j++]] > 0.5f;
+    rank_sum += p * (0.5 * (i + 1 + j));  // mean of ranks i+1 .. j
+    pos += p;
+    i = j;
+  }
+  double neg = static_cast<double>(n) - pos;
+  if (pos == 0 || neg == 0) return std::numeric_limits<double>::quiet_NaN();
+  return (rank_sum - pos * (pos + 1) / 2) / (pos * neg);
+}
+
+double log_loss(const std::vector<float>& probs, const std::vector<float>& labels) {
+  DLREC_CHECK(probs.size() == labels.size(), "log_loss: size mismatch");
+  if (probs.empty()) return 0;
+  double s = 0;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    double p = std::min(std::max<double>(probs[i], 1e-7), 1 - 1e-7);
+    s -= labels[i] > 0.5f ? std::log(p) : std::log(1 - p);
+  }
+  return s / probs.size();
+}
+
+}  // namespace dlrec::train

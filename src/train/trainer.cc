@@ -1,0 +1,187 @@
+#include "dlrec/train/trainer.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "dlrec/core/file_util.h"
+#include "dlrec/core/progress.h"
+#include "dlrec/core/thread_pool.h"
+#include "dlrec/nn/loss.h"
+#include "dlrec/train/tensor_file.h"
+
+namespace dlrec::train {
+
+namespace {
+std::vector<std::string> under(const std::string& dir, const std::vector<std::string>& names) {
+  std::vector<std::string> r;
+  for (const auto& n : names) r.push_back(dir + "/" + n);
+  return r;
+}
+float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
+}  // namespace
+
+EvalResult evaluate_shards(model::Model& model, const std::vector<std::string>& shards,
+                           int64_t batch_size, std::vector<float>* probs_out) {
+  Timer timer;
+  EvalResult r;
+  if (shards.empty()) return r;
+  io::ShardLoader loader(shards, batch_size);
+  std::vector<float> probs, labels;
+  probs.reserve(loader.total_rows());
+  labels.reserve(loader.total_rows());
+  io::Batch batch;
+  while (loader.next(batch)) {
+    std::vector<float> logits = model.forward(batch, false).to_vector<float>();
+    for (float l : logits) probs.push_back(sigmoid(l));
+    labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());
+  }
+  r.rows = static_cast<int64_t>(probs.size());
+  r.auc = roc_auc(probs, labels);
+  r.logloss = log_loss(probs, labels);
+  double pos = 0;
+  for (float l : labels) pos += l;
+  r.positive_rate = r.rows ? pos / r.rows : 0;
+  r.seconds = timer.seconds();
+  if (probs_out) *probs_out = std::move(probs);
+  return r;
+}
+
+void save_checkpoint(const std::string& path, model::Model& model, const model::RunConfig& config,
+                     const io::ShardLayout& layout, const CheckpointState& state) {
+  auto tensors = model.parameters();
+  for (auto& t : model.optimizer_state()) tensors.push_back(t);
+  json meta = {{"kind", "checkpoint"},
+               {"step", state.step},
+               {"position", state.position},
+               {"config", config.to_json()},
+               {"layout", layout.to_json()}};
+  save_tensors(path, tensors, meta);
+}
+
+CheckpointState load_checkpoint(const std::string& path, model::Model& model) {
+  auto tensors = model.parameters();
+  for (auto& t : model.optimizer_state()) tensors.push_back(t);
+  json meta = load_tensors(path, tensors);
+  DLREC_CHECK(meta.value("kind", "") == "checkpoint", "'", path, "' is not a checkpoint");
+  CheckpointState s;
+  s.step = meta.at("step").get<int64_t>();
+  s.position = meta.at("position").get<int64_t>();
+  return s;
+}
+
+struct Trainer::Impl {
+  model::RunConfig cfg;
+  TrainerOptions opt;
+  io::DatasetInfo data;
+  std::unique_ptr<model::Model> model;
+  CheckpointState state;
+
+  std::string checkpoint_path() const { return opt.run_dir + "/checkpoint.dlrec"; }
+};
+
+Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Impl) {
+  Impl& m = *impl_;
+  m.cfg = std::move(config);
+  m.opt = std::move(options);
+  m.data = io::DatasetInfo::load(m.opt.data_dir);
+  DLREC_CHECK(m.data.train_rows > 0, "dataset '", m.opt.data_dir, "' has no training rows");
+  m.model = model::build_model(m.cfg.model, m.cfg.optimizer, m.data.layout,
+                               Device::parse(m.cfg.train.device), m.cfg.train.seed);
+  if (!m.opt.run_dir.empty()) {
+    make_dirs(m.opt.run_dir);
+    if (m.opt.resume && file_exists(m.checkpoint_path())) {
+      m.state = load_checkpoint(m.checkpoint_path(), *m.model);
+      std::fprintf(stderr, "[train] resumed from %s at step %lld\n", m.checkpoint_path().c_str(),
+                   static_cast<long long>(m.state.step));
+    }
+    write_file_atomic(m.opt.run_dir + "/run.json",
+                      json{{"config", m.cfg.to_json()}, {"data_dir", m.opt.data_dir}}.dump(2));
+  }
+}
+
+Trainer::~Trainer() = default;
+model::Model& Trainer::model() { return *impl_->model; }
+int64_t Trainer::step() const { return impl_->state.step; }
+
+EvalResult Trainer::evaluate(std::vector<float>* probs) {
+  Impl& m = *impl_;
+  return evaluate_shards(*m.model, under(m.opt.data_dir, m.data.valid_shards),
+                         m.cfg.train.eval_batch_size, probs);
+}
+
+TrainResult Trainer::train() {
+  Impl& m = *impl_;
+  const auto& tc = m.cfg.train;
+  const int64_t bs = tc.batch_size;
+  const int64_t rows = m.data.train_rows;
+  const int64_t steps_per_epoch = (rows + bs - 1) / bs;
+  int64_t total_steps = steps_per_epoch * tc.epochs;
+  if (tc.max_steps >= 0) total_steps = std::min(total_steps, tc.max_steps);
+  auto train_shards = under(m.opt.data_dir, m.data.train_shards);
+
+  TrainResult res;
+  Progress progress("train", total_steps * bs, "samples", 2.0);
+  Timer timer;
+  double loss_sum = 0;
+  int64_t loss_n = 0;
+  io::Batch batch;
+  std::unique_ptr<io::ShardLoader> loader;
+  int64_t steps_here = 0;
+  while (m.state.step < total_steps) {
+    if (!loader || !loader->next(batch)) {
+      // (Re)open at the current position within the epoch.
+      loader = std::make_unique<io::ShardLoader>(train_shards, bs, m.state.position % rows);
+      if (!loader->next(batch)) fail("training shards yielded no rows");
+    }
+    Tensor logits = m.model->forward(batch, true);
+    Tensor dlogits = Tensor::empty(logits.shape(), DType::F32);
+    double loss = nn::bce_with_logits(logits.data<float>(), batch.labels.data(),
+                                      dlogits.data<float>(), batch.rows);
+    DLREC_CHECK(std::isfinite(loss), "training diverged at step ", m.state.step,
+                ": loss is ", loss, " (lower the learning rate)");
+    m.model->backward_and_update(dlogits);
+    m.state.step++;
+    m.state.position += batch.rows;
+    res.samples += batch.rows;
+    steps_here++;
+    loss_sum += loss;
+    loss_n++;
+    if (tc.log_every > 0 && m.state.step % tc.log_every == 0) {
+      res.last_loss = loss_sum / loss_n;
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "step %lld loss %.5f", static_cast<long long>(m.state.step),
+                    res.last_loss);
+      progress.update(m.state.step * bs, buf);
+      loss_sum = 0;
+      loss_n = 0;
+    }
+    if (tc.eval_every > 0 && m.state.step % tc.eval_every == 0 && m.state.step < total_steps &&
+        !m.data.valid_shards.empty()) {
+      EvalResult e = evaluate();
+      std::fprintf(stderr, "[eval] step %lld AUC %.5f logloss %.5f (%lld rows, %.1fs)\n",
+                   static_cast<long long>(m.state.step), e.auc, e.logloss,
+                   static_cast<long long>(e.rows), e.seconds);
+    }
+    if (m.opt.stop_after_steps >= 0 && steps_here >= m.opt.stop_after_steps) {
+      res.stopped_early = true;
+      break;
+    }
+    if (!m.opt.run_dir.empty() && tc.checkpoint_every > 0 &&
+        m.state.step % tc.checkpoint_every == 0)
+      save_checkpoint(m.checkpoint_path(), *m.model, m.cfg, m.data.layout, m.state);
+  }
+  res.seconds = timer.seconds();
+  res.steps = m.state.step;
+  if (loss_n > 0) res.last_loss = loss_sum / loss_n;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "step %lld loss %.5f", static_cast<long long>(m.state.step),
+                res.last_loss);
+  progress.finish(buf);
+  if (res.stopped_early) return res;
+  if (!m.opt.run_dir.empty())
+    save_checkpoint(m.checkpoint_path(), *m.model, m.cfg, m.data.layout, m.state);
+  if (!m.data.valid_shards.empty()) res.eval = evaluate();
+  return res;
+}
+
+}  // namespace dlrec::train
