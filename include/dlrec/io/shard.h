@@ -63,6 +63,9 @@ struct DatasetInfo {
   std::vector<std::string> valid_shards;
   int64_t train_rows = 0;
   int64_t valid_rows = 0;
+  // Feature names (optional; empty when unknown): dense_names[num_dense], cat_names[num_cat].
+  std::vector<std::string> dense_names;
+  std::vector<std::string> cat_names;
   json to_json() const;
   static DatasetInfo from_json(const json& j);
   static DatasetInfo load(const std::string& dir);  // reads <dir>/dataset.json

@@ -1,0 +1,712 @@
+// dlrec training shards, format version 1 (byte-exact layout in docs/FORMATS.md).
+//
+//   file    = header block* footer trailer
+//   header  = "DLRSHARD" u32 version u32 json_len json u32 crc32c(version..json)
+//   block   = u64 rows u64 payload_bytes u32 crc32c(rows, payload_bytes, payload) u32 0 payload
+//   payload = labels f32[rows] dense f32[rows*num_dense]
+//             per categorical feature t: (multi-hot only) u32 row_end[rows], then ids
+//             (i32 when cardinality <= 2^31 else i64)[n_ids]
+//   footer  = u64 num_blocks u64 total_rows (u64 first_row, u64 file_offset)[num_blocks]
+//   trailer = u64 footer_offset u32 crc32c(footer) u32 0 "DLRSEND\0"
+//
+// All integers little-endian. The trailer sits at a fixed distance from the end so a reader
+// finds the block index without scanning, and a truncated file (no trailer) is detected at open.
+#include "dlrec/io/shard.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "dlrec/core/error.h"
+#include "dlrec/core/file_util.h"
+
+namespace dlrec::io {
+
+namespace {
+
+constexpr char kMagic[8] = {'D', 'L', 'R', 'S', 'H', 'A', 'R', 'D'};
+constexpr char kEndMagic[8] = {'D', 'L', 'R', 'S', 'E', 'N', 'D', '\0'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kBlockHeaderBytes = 24;
+constexpr size_t kTrailerBytes = 24;
+constexpr int64_t kInt32Cardinality = int64_t{1} << 31;
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "shards are little-endian");
+
+std::string base_name(const std::string& path) {
+  auto p = path.find_last_of('/');
+  return p == std::string::npos ? path : path.substr(p + 1);
+}
+
+bool wide_ids(int64_t cardinality) { return cardinality > kInt32Cardinality; }
+
+template <class T>
+void put(std::string& buf, T v) {
+  buf.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+template <class T>
+T get_at(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+std::string hex32(uint32_t v) {
+  char s[16];
+  std::snprintf(s, sizeof s, "0x%08x", v);
+  return s;
+}
+
+void validate_layout(const ShardLayout& l, const std::string& where) {
+  DLREC_CHECK(l.num_dense >= 0, where, ": negative num_dense");
+  DLREC_CHECK(l.cardinalities.size() == l.multi_hot.size(), where,
+              ": layout has ", l.cardinalities.size(), " cardinalities but ", l.multi_hot.size(),
+              " multi_hot flags");
+  for (size_t t = 0; t < l.cardinalities.size(); ++t)
+    DLREC_CHECK(l.cardinalities[t] >= 1, where, ": categorical feature ", t,
+                " has cardinality ", l.cardinalities[t], " (must be >= 1)");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// ShardLayout
+
+json ShardLayout::to_json() const {
+  json mh = json::array();
+  for (bool b : multi_hot) mh.push_back(static_cast<bool>(b));
+  return {{"num_dense", num_dense}, {"cardinalities", cardinalities}, {"multi_hot", mh}};
+}
+
+ShardLayout ShardLayout::from_json(const json& j) {
+  ConfigReader r(j, "layout");
+  ShardLayout l;
+  l.num_dense = static_cast<int>(r.get_int_range("num_dense", 0, 0, 1 << 30));
+  l.cardinalities = r.require<std::vector<int64_t>>("cardinalities");
+  l.multi_hot = r.get<std::vector<bool>>("multi_hot",
+                                         std::vector<bool>(l.cardinalities.size(), false));
+  r.finish();
+  validate_layout(l, "layout");
+  return l;
+}
+
+// ---------------------------------------------------------------------------------------------
+// ShardWriter
+
+struct ShardWriter::Impl {
+  std::string path, name;
+  ShardLayout layout;
+  int64_t block_rows;
+  AtomicFile file;
+  Batch pending;
+  std::string buf;
+  std::vector<std::pair<uint64_t, uint64_t>> index;  // (first_row, file_offset) per block
+  int64_t rows = 0;     // rows accepted (written + pending)
+  int64_t written = 0;  // rows in blocks on disk
+  bool closed = false;
+
+  Impl(const std::string& p, ShardLayout l, int64_t br)
+      : path(p), name(base_name(p)), layout(std::move(l)), block_rows(br), file(p) {}
+
+  void write_header() {
+    json h = {{"format", "dlrec-shard"}, {"layout", layout.to_json()},
+              {"block_rows", block_rows}};
+    std::string js = h.dump();
+    buf.clear();
+    buf.append(kMagic, 8);
+    put<uint32_t>(buf, kVersion);
+    put<uint32_t>(buf, static_cast<uint32_t>(js.size()));
+    buf += js;
+    put<uint32_t>(buf, crc32c(buf.data() + 8, buf.size() - 8));
+    file.write(buf);
+  }
+
+  void validate(const Batch& b) const {
+    const int nc = static_cast<int>(layout.cardinalities.size());
+    DLREC_CHECK(b.num_dense == layout.num_dense && b.num_cat() == nc, "shard '", name,
+                "': batch has ", b.num_dense, " dense and ", b.num_cat(),
+                " categorical features, the layout ", layout.num_dense, " and ", nc);
+    DLREC_CHECK(static_cast<int64_t>(b.labels.size()) == b.rows &&
+                    static_cast<int64_t>(b.dense.size()) == b.rows * b.num_dense,
+                "shard '", name, "': batch of ", b.rows, " rows has ", b.labels.size(),
+                " labels and ", b.dense.size(), " dense values");
+    for (int t = 0; t < nc; ++t) {
+      const auto& off = b.cat_offsets[t];
+      const auto& ids = b.cat_indices[t];
+      DLREC_CHECK(static_cast<int64_t>(off.size()) == b.rows + 1 && off[0] == 0 &&
+                      off[b.rows] == static_cast<int64_t>(ids.size()),
+                  "shard '", name, "': categorical feature ", t, " has inconsistent offsets");
+      const int64_t card = layout.cardinalities[t];
+      if (!layout.multi_hot[t]) {
+        for (int64_t r = 0; r < b.rows; ++r)
+          if (off[r + 1] - off[r] != 1)
+            fail("shard '", name, "': one-hot categorical feature ", t, " row ", rows + r,
+                 " has ", off[r + 1] - off[r], " ids (must be exactly 1)");
+      } else {
+        for (int64_t r = 0; r < b.rows; ++r)
+          if (off[r + 1] < off[r])
+            fail("shard '", name, "': categorical feature ", t, " row ", rows + r,
+                 " has decreasing offsets");
+      }
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if (static_cast<uint64_t>(ids[i]) >= static_cast<uint64_t>(card)) {
+          int64_t r = std::upper_bound(off.begin(), off.end(), static_cast<int64_t>(i)) -
+                      off.begin() - 1;
+          fail("shard '", name, "': categorical feature ", t, " row ", rows + r, ": id ",
+               ids[i], " is out of range [0, ", card, ")");
+        }
+      }
+    }
+  }
+
+  // Encodes rows [begin, end) of `src` as one block.
+  void flush_block(const Batch& src, int64_t begin, int64_t end) {
+    const int64_t n = end - begin;
+    if (n <= 0) return;
+    const int nd = layout.num_dense;
+    buf.clear();
+    buf.resize(kBlockHeaderBytes);
+    buf.append(reinterpret_cast<const char*>(src.labels.data() + begin), n * 4);
+    buf.append(reinterpret_cast<const char*>(src.dense.data() + begin * nd), n * nd * 4);
+    for (size_t t = 0; t < layout.cardinalities.size(); ++t) {
+      const auto& off = src.cat_offsets[t];
+      const auto& ids = src.cat_indices[t];
+      const int64_t base = off[begin];
+      const int64_t n_ids = off[end] - base;
+      if (layout.multi_hot[t]) {
+        DLREC_CHECK(n_ids <= int64_t{UINT32_MAX}, "shard '", name, "': block ", index.size(),
+                    " holds ", n_ids, " ids of feature ", t, "; use fewer rows per block");
+        size_t at = buf.size();
+        buf.resize(at + n * 4);
+        char* p = &buf[at];
+        for (int64_t r = 0; r < n; ++r) {
+          uint32_t e = static_cast<uint32_t>(off[begin + r + 1] - base);
+          std::memcpy(p + r * 4, &e, 4);
+        }
+      }
+      if (wide_ids(layout.cardinalities[t])) {
+        buf.append(reinterpret_cast<const char*>(ids.data() + base), n_ids * 8);
+      } else {
+        size_t at = buf.size();
+        buf.resize(at + n_ids * 4);
+        char* p = &buf[at];
+        for (int64_t i = 0; i < n_ids; ++i) {
+          int32_t v = static_cast<int32_t>(ids[base + i]);
+          std::memcpy(p + i * 4, &v, 4);
+        }
+      }
+    }
+    const uint64_t rows64 = static_cast<uint64_t>(n);
+    const uint64_t payload = buf.size() - kBlockHeaderBytes;
+    std::memcpy(&buf[0], &rows64, 8);
+    std::memcpy(&buf[8], &payload, 8);
+    uint32_t crc = crc32c(buf.data(), 16);
+    crc = crc32c(buf.data() + kBlockHeaderBytes, payload, crc);
+    std::memcpy(&buf[16], &crc, 4);
+    std::memset(&buf[20], 0, 4);
+    index.emplace_back(static_cast<uint64_t>(written), file.bytes_written());
+    file.write(buf);
+    written += n;
+  }
+
+  void flush_full_blocks(bool all) {
+    int64_t begin = 0;
+    while (pending.rows - begin >= block_rows || (all && pending.rows > begin)) {
+      int64_t end = std::min(pending.rows, begin + block_rows);
+      flush_block(pending, begin, end);
+      begin = end;
+    }
+    if (begin > 0) {
+      Batch rest;
+      rest.reset(layout.num_dense, static_cast<int>(layout.cardinalities.size()));
+      rest.append_rows(pending, begin, pending.rows);
+      pending = std::move(rest);
+    }
+  }
+};
+
+ShardWriter::ShardWriter(const std::string& path, ShardLayout layout, int64_t block_rows) {
+  validate_layout(layout, "shard '" + base_name(path) + "'");
+  DLREC_CHECK(block_rows >= 1, "shard '", base_name(path), "': block_rows must be >= 1");
+  impl_ = std::make_unique<Impl>(path, std::move(layout), block_rows);
+  impl_->pending.reset(impl_->layout.num_dense,
+                       static_cast<int>(impl_->layout.cardinalities.size()));
+  impl_->write_header();
+}
+
+ShardWriter::~ShardWriter() = default;  // without close(), AtomicFile drops the temporary file
+
+void ShardWriter::write(const Batch& batch) {
+  Impl& m = *impl_;
+  DLREC_CHECK(!m.closed, "shard '", m.name, "': write after close");
+  m.validate(batch);
+  if (m.pending.rows == 0 && batch.rows >= m.block_rows) {
+    // Whole blocks straight from the caller's batch; only the remainder is copied.
+    int64_t begin = 0;
+    for (; batch.rows - begin >= m.block_rows; begin += m.block_rows)
+      m.flush_block(batch, begin, begin + m.block_rows);
+    m.pending.append_rows(batch, begin, batch.rows);
+  } else {
+    m.pending.append(batch);
+    m.flush_full_blocks(false);
+  }
+  m.rows += batch.rows;
+}
+
+void ShardWriter::close() {
+  Impl& m = *impl_;
+  if (m.closed) return;
+  m.flush_full_blocks(true);
+  const uint64_t footer_offset = m.file.bytes_written();
+  std::string& b = m.buf;
+  b.clear();
+  put<uint64_t>(b, m.index.size());
+  put<uint64_t>(b, static_cast<uint64_t>(m.written));
+  for (auto& [row, off] : m.index) {
+    put<uint64_t>(b, row);
+    put<uint64_t>(b, off);
+  }
+  const uint32_t crc = crc32c(b.data(), b.size());
+  put<uint64_t>(b, footer_offset);
+  put<uint32_t>(b, crc);
+  put<uint32_t>(b, 0);
+  b.append(kEndMagic, 8);
+  m.file.write(b);
+  m.file.commit();
+  m.closed = true;
+}
+
+int64_t ShardWriter::rows() const { return impl_->rows; }
+
+// ---------------------------------------------------------------------------------------------
+// ShardReader
+
+struct ShardReader::Impl {
+  std::string path, name;
+  int fd = -1;
+  uint64_t size = 0;
+  ShardLayout layout;
+  int64_t rows = 0;
+  std::vector<uint64_t> first_row;  // per block, plus total at the end
+  std::vector<uint64_t> offset;     // per block, plus footer offset at the end
+  // The last block read, verified: its payload and where each section starts.
+  int64_t cached = -1;
+  std::string block;
+  std::vector<size_t> off_pos, ids_pos;  // per feature, byte positions inside `block`
+  std::vector<int64_t> n_ids;
+
+  ~Impl() {
+    if (fd >= 0) ::close(fd);
+  }
+
+  void pread_all(void* dst, size_t n, uint64_t at, const std::string& what) const {
+    char* p = static_cast<char*>(dst);
+    while (n > 0) {
+      ssize_t got = ::pread(fd, p, n, static_cast<off_t>(at));
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        fail("shard '", name, "': reading ", what, " failed: ", std::strerror(errno));
+      }
+      if (got == 0) fail("shard '", name, "': truncated file (", what, " is cut off)");
+      p += got;
+      n -= static_cast<size_t>(got);
+      at += static_cast<uint64_t>(got);
+    }
+  }
+
+  void open() {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail("cannot open shard '", path, "': ", std::strerror(errno));
+    struct stat st;
+    if (::fstat(fd, &st) != 0) fail("cannot stat shard '", path, "': ", std::strerror(errno));
+    size = static_cast<uint64_t>(st.st_size);
+
+    char head[16];
+    if (size < 16) {
+      std::string got(size, '\0');
+      if (size) pread_all(&got[0], size, 0, "header");
+      if (got.compare(0, std::min<size_t>(8, size), std::string(kMagic, 8), 0,
+                      std::min<size_t>(8, size)) != 0)
+        fail("shard '", name, "': bad magic (not a dlrec shard)");
+      fail("shard '", name, "': truncated file (", size, " bytes)");
+    }
+    pread_all(head, 16, 0, "header");
+    if (std::memcmp(head, kMagic, 8) != 0) fail("shard '", name, "': bad magic (not a dlrec shard)");
+    const uint32_t version = get_at<uint32_t>(head + 8);
+    if (version != kVersion)
+      fail("shard '", name, "': unsupported format version ", version, " (this build reads ",
+           kVersion, ")");
+    const uint32_t json_len = get_at<uint32_t>(head + 12);
+    if (16 + uint64_t{json_len} + 4 + kTrailerBytes > size)
+      fail("shard '", name, "': truncated file (header of ", json_len, " bytes, file of ", size,
+           " bytes)");
+    std::string hdr(16 + json_len + 4, '\0');
+    pread_all(&hdr[0], hdr.size(), 0, "header");
+    const uint32_t stored = get_at<uint32_t>(hdr.data() + 16 + json_len);
+    const uint32_t computed = crc32c(hdr.data() + 8, 8 + json_len);
+    if (stored != computed)
+      fail("shard '", name, "' header: checksum mismatch (stored ", hex32(stored), ", computed ",
+           hex32(computed), ")");
+    try {
+      json h = json::parse(hdr.substr(16, json_len));
+      layout = ShardLayout::from_json(h.at("layout"));
+    } catch (const json::exception& e) {
+      fail("shard '", name, "' header: invalid layout: ", e.what());
+    }
+    const uint64_t header_end = hdr.size();
+
+    char tr[kTrailerBytes];
+    pread_all(tr, kTrailerBytes, size - kTrailerBytes, "trailer");
+    if (std::memcmp(tr + 16, kEndMagic, 8) != 0)
+      fail("shard '", name, "': truncated file (no end marker; the writer did not finish)");
+    const uint64_t footer_offset = get_at<uint64_t>(tr);
+    const uint32_t footer_crc = get_at<uint32_t>(tr + 8);
+    if (footer_offset < header_end || footer_offset + 16 > size - kTrailerBytes)
+      fail("shard '", name, "' footer: bad offset ", footer_offset);
+    std::string foot(size - kTrailerBytes - footer_offset, '\0');
+    pread_all(&foot[0], foot.size(), footer_offset, "footer");
+    const uint32_t fc = crc32c(foot.data(), foot.size());
+    if (fc != footer_crc)
+      fail("shard '", name, "' footer: checksum mismatch (stored ", hex32(footer_crc),
+           ", computed ", hex32(fc), ")");
+    const uint64_t nb = get_at<uint64_t>(foot.data());
+    const uint64_t total = get_at<uint64_t>(foot.data() + 8);
+    if (foot.size() != 16 + nb * 16)
+      fail("shard '", name, "' footer: ", nb, " blocks do not fit its ", foot.size(), " bytes");
+    first_row.resize(nb + 1);
+    offset.resize(nb + 1);
+    for (uint64_t b = 0; b < nb; ++b) {
+      first_row[b] = get_at<uint64_t>(foot.data() + 16 + b * 16);
+      offset[b] = get_at<uint64_t>(foot.data() + 24 + b * 16);
+      const uint64_t prev_row = b ? first_row[b - 1] : 0;
+      const uint64_t prev_off = b ? offset[b - 1] : header_end;
+      if ((b == 0 && (first_row[0] != 0 || offset[0] != header_end)) ||
+          (b > 0 && (first_row[b] <= prev_row || offset[b] <= prev_off)))
+        fail("shard '", name, "' footer: block ", b, " has an inconsistent index entry");
+    }
+    first_row[nb] = total;
+    offset[nb] = footer_offset;
+    if (nb > 0 && total <= first_row[nb - 1])
+      fail("shard '", name, "' footer: inconsistent row count ", total);
+    if (nb == 0 && (total != 0 || footer_offset != header_end))
+      fail("shard '", name, "' footer: inconsistent empty shard");
+    rows = static_cast<int64_t>(total);
+  }
+
+  // Reads block b into `block` and verifies it.
+  void load_block(int64_t b) {
+    if (cached == b) return;
+    cached = -1;
+    const uint64_t at = offset[b], len = offset[b + 1] - offset[b];
+    const std::string where = "shard '" + name + "' block " + std::to_string(b);
+    if (len < kBlockHeaderBytes) fail(where, ": corrupt index (", len, " bytes)");
+    block.resize(len);
+    pread_all(&block[0], len, at, "block " + std::to_string(b));
+    const uint64_t n = get_at<uint64_t>(block.data());
+    const uint64_t payload = get_at<uint64_t>(block.data() + 8);
+    const uint32_t stored = get_at<uint32_t>(block.data() + 16);
+    uint32_t computed = crc32c(block.data(), 16);
+    if (payload == len - kBlockHeaderBytes)
+      computed = crc32c(block.data() + kBlockHeaderBytes, payload, computed);
+    if (stored != computed || payload != len - kBlockHeaderBytes)
+      fail(where, ": checksum mismatch (stored ", hex32(stored), ", computed ", hex32(computed),
+           ")");
+    if (n != first_row[b + 1] - first_row[b])
+      fail(where, ": holds ", n, " rows, the index says ", first_row[b + 1] - first_row[b]);
+    // Section positions; sizes are checked against the payload.
+    const size_t nc = layout.cardinalities.size();
+    off_pos.assign(nc, 0);
+    ids_pos.assign(nc, 0);
+    n_ids.assign(nc, 0);
+    uint64_t pos = kBlockHeaderBytes + n * 4 + n * 4 * static_cast<uint64_t>(layout.num_dense);
+    for (size_t t = 0; t < nc; ++t) {
+      uint64_t count = n;
+      if (layout.multi_hot[t]) {
+        off_pos[t] = pos;
+        if (pos + n * 4 > len) fail(where, ": payload too short");
+        count = n ? get_at<uint32_t>(block.data() + pos + (n - 1) * 4) : 0;
+        pos += n * 4;
+      }
+      ids_pos[t] = pos;
+      n_ids[t] = static_cast<int64_t>(count);
+      pos += count * (wide_ids(layout.cardinalities[t]) ? 8 : 4);
+      if (pos > len) fail(where, ": payload too short");
+    }
+    if (pos != len) fail(where, ": payload has ", len - pos, " unexpected trailing bytes");
+    cached = b;
+  }
+
+  // Appends rows [lo, hi) of the cached block to `out`.
+  void decode(int64_t lo, int64_t hi, Batch& out) const {
+    const int64_t n = static_cast<int64_t>(first_row[cached + 1] - first_row[cached]);
+    const int64_t k = hi - lo;
+    const int nd = layout.num_dense;
+    const char* p = block.data() + kBlockHeaderBytes;
+    size_t old = out.labels.size();
+    out.labels.resize(old + k);
+    std::memcpy(out.labels.data() + old, p + lo * 4, k * 4);
+    p += n * 4;
+    old = out.dense.size();
+    out.dense.resize(old + k * nd);
+    std::memcpy(out.dense.data() + old, p + lo * nd * 4, k * nd * 4);
+    for (size_t t = 0; t < layout.cardinalities.size(); ++t) {
+      auto& ooff = out.cat_offsets[t];
+      auto& oids = out.cat_indices[t];
+      int64_t id_lo = lo, id_hi = hi;
+      const int64_t base = ooff.back();
+      if (layout.multi_hot[t]) {
+        const char* ends = block.data() + off_pos[t];
+        id_lo = lo ? get_at<uint32_t>(ends + (lo - 1) * 4) : 0;
+        id_hi = hi ? get_at<uint32_t>(ends + (hi - 1) * 4) : 0;
+        if (id_lo > id_hi || id_hi > n_ids[t])
+          fail("shard '", name, "' block ", cached, ": bad offsets of feature ", t);
+        for (int64_t r = lo; r < hi; ++r)
+          ooff.push_back(base + get_at<uint32_t>(ends + r * 4) - id_lo);
+      } else {
+        for (int64_t r = 1; r <= k; ++r) ooff.push_back(base + r);
+      }
+      const int64_t m = id_hi - id_lo;
+      const size_t at = oids.size();
+      oids.resize(at + m);
+      const char* src = block.data() + ids_pos[t];
+      const int64_t card = layout.cardinalities[t];
+      if (wide_ids(card)) {
+        std::memcpy(oids.data() + at, src + id_lo * 8, m * 8);
+        for (int64_t i = 0; i < m; ++i)
+          if (static_cast<uint64_t>(oids[at + i]) >= static_cast<uint64_t>(card))
+            fail("shard '", name, "' block ", cached, ": id out of range in feature ", t);
+      } else {
+        const char* s = src + id_lo * 4;
+        uint32_t bad = 0;
+        for (int64_t i = 0; i < m; ++i) {
+          int32_t v = get_at<int32_t>(s + i * 4);
+          bad |= static_cast<uint32_t>(static_cast<int64_t>(v) >= card || v < 0);
+          oids[at + i] = v;
+        }
+        if (bad) fail("shard '", name, "' block ", cached, ": id out of range in feature ", t);
+      }
+    }
+    out.rows += k;
+  }
+};
+
+ShardReader::ShardReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
+  impl_->path = path;
+  impl_->name = base_name(path);
+  impl_->open();
+}
+
+ShardReader::~ShardReader() = default;
+
+const ShardLayout& ShardReader::layout() const { return impl_->layout; }
+int64_t ShardReader::rows() const { return impl_->rows; }
+
+void ShardReader::read(int64_t begin, int64_t count, Batch& out) {
+  Impl& m = *impl_;
+  DLREC_CHECK(begin >= 0 && count >= 0 && begin + count <= m.rows, "shard '", m.name,
+              "': read of rows [", begin, ", ", begin + count, ") outside [0, ", m.rows, ")");
+  out.reset(m.layout.num_dense, static_cast<int>(m.layout.cardinalities.size()));
+  int64_t row = begin;
+  const int64_t end = begin + count;
+  while (row < end) {
+    const int64_t b = std::upper_bound(m.first_row.begin(), m.first_row.end() - 1,
+                                       static_cast<uint64_t>(row)) -
+                      m.first_row.begin() - 1;
+    m.load_block(b);
+    const int64_t lo = row - static_cast<int64_t>(m.first_row[b]);
+    const int64_t hi = std::min<int64_t>(end, m.first_row[b + 1]) - m.first_row[b];
+    m.decode(lo, hi, out);
+    row += hi - lo;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// DatasetInfo
+
+json DatasetInfo::to_json() const {
+  json j = {{"format", "dlrec-dataset"},        {"version", 1},
+            {"layout", layout.to_json()},       {"train_shards", train_shards},
+            {"valid_shards", valid_shards},     {"train_rows", train_rows},
+            {"valid_rows", valid_rows}};
+  if (!dense_names.empty()) j["dense_names"] = dense_names;
+  if (!cat_names.empty()) j["cat_names"] = cat_names;
+  return j;
+}
+
+DatasetInfo DatasetInfo::from_json(const json& j) {
+  ConfigReader r(j, "dataset");
+  DatasetInfo d;
+  std::string format = r.get<std::string>("format", "dlrec-dataset");
+  DLREC_CHECK(format == "dlrec-dataset", "dataset.json: format is '", format,
+              "', expected 'dlrec-dataset'");
+  int64_t version = r.get<int64_t>("version", 1);
+  DLREC_CHECK(version == 1, "dataset.json: unsupported version ", version);
+  d.layout = ShardLayout::from_json(r.raw("layout"));
+  d.train_shards = r.get<std::vector<std::string>>("train_shards", {});
+  d.valid_shards = r.get<std::vector<std::string>>("valid_shards", {});
+  d.train_rows = r.get_int_range("train_rows", 0, 0, INT64_MAX);
+  d.valid_rows = r.get_int_range("valid_rows", 0, 0, INT64_MAX);
+  d.dense_names = r.get<std::vector<std::string>>("dense_names", {});
+  d.cat_names = r.get<std::vector<std::string>>("cat_names", {});
+  r.finish();
+  DLREC_CHECK(d.dense_names.empty() || static_cast<int>(d.dense_names.size()) ==
+                                           d.layout.num_dense,
+              "dataset.json: ", d.dense_names.size(), " dense_names for ", d.layout.num_dense,
+              " dense features");
+  DLREC_CHECK(d.cat_names.empty() || d.cat_names.size() == d.layout.cardinalities.size(),
+              "dataset.json: ", d.cat_names.size(), " cat_names for ",
+              d.layout.cardinalities.size(), " categorical features");
+  return d;
+}
+
+DatasetInfo DatasetInfo::load(const std::string& dir) {
+  const std::string path = dir + "/dataset.json";
+  json j = read_json_file(path);
+  try {
+    return from_json(j);
+  } catch (const Error& e) {
+    fail("'", path, "': ", e.what());
+  }
+}
+
+void DatasetInfo::save(const std::string& dir) const {
+  write_file_atomic(dir + "/dataset.json", to_json().dump(2) + "\n");
+}
+
+// ---------------------------------------------------------------------------------------------
+// ShardLoader
+
+struct ShardLoader::Impl {
+  std::vector<std::string> paths;
+  std::vector<std::unique_ptr<ShardReader>> readers;
+  std::vector<int64_t> starts;  // first global row of each shard, plus the total
+  int64_t batch_size = 0;
+  int64_t delivered = 0;  // global row position of the next batch handed out
+  ShardLayout layout;
+
+  // Producer state, guarded by mu.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Batch> ready;
+  std::vector<Batch> free_list;
+  std::exception_ptr error;
+  bool done = false;  // producer finished (end or error)
+  bool stop = false;
+  static constexpr size_t kDepth = 2;  // batches prefetched ahead
+  std::thread thread;
+
+  void produce(int64_t pos) {
+    try {
+      const int64_t total = starts.back();
+      while (pos < total) {
+        Batch b;
+        {
+          std::unique_lock<std::mutex> l(mu);
+          cv.wait(l, [&] { return stop || ready.size() < kDepth; });
+          if (stop) return;
+          if (!free_list.empty()) {
+            b = std::move(free_list.back());
+            free_list.pop_back();
+          }
+        }
+        const int64_t end = std::min(total, pos + batch_size);
+        b.reset(layout.num_dense, static_cast<int>(layout.cardinalities.size()));
+        Batch part;
+        while (pos < end) {
+          size_t s = std::upper_bound(starts.begin(), starts.end(), pos) - starts.begin() - 1;
+          const int64_t lo = pos - starts[s];
+          const int64_t n = std::min(end, starts[s + 1]) - pos;
+          if (b.rows == 0 && n == end - pos) {
+            readers[s]->read(lo, n, b);
+          } else {
+            readers[s]->read(lo, n, part);
+            b.append(part);
+          }
+          pos += n;
+        }
+        {
+          std::lock_guard<std::mutex> g(mu);
+          ready.push_back(std::move(b));
+        }
+        cv.notify_all();
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> g(mu);
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> g(mu);
+      done = true;
+    }
+    cv.notify_all();
+  }
+};
+
+ShardLoader::ShardLoader(std::vector<std::string> paths, int64_t batch_size, int64_t start_row)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  DLREC_CHECK(batch_size >= 1, "ShardLoader: batch_size must be >= 1, got ", batch_size);
+  DLREC_CHECK(!paths.empty(), "ShardLoader: no shard files");
+  m.paths = std::move(paths);
+  m.batch_size = batch_size;
+  m.starts.push_back(0);
+  for (const auto& p : m.paths) {
+    m.readers.push_back(std::make_unique<ShardReader>(p));
+    if (m.readers.size() == 1) {
+      m.layout = m.readers[0]->layout();
+    } else if (!(m.readers.back()->layout() == m.layout)) {
+      fail("shard '", p, "' has a different layout (", m.readers.back()->layout().to_json().dump(),
+           ") than '", m.paths[0], "' (", m.layout.to_json().dump(), ")");
+    }
+    m.starts.push_back(m.starts.back() + m.readers.back()->rows());
+  }
+  DLREC_CHECK(start_row >= 0 && start_row <= m.starts.back(), "ShardLoader: start_row ",
+              start_row, " is outside [0, ", m.starts.back(), "]");
+  m.delivered = start_row;
+  m.thread = std::thread([this, start_row] { impl_->produce(start_row); });
+}
+
+ShardLoader::~ShardLoader() {
+  {
+    std::lock_guard<std::mutex> g(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+bool ShardLoader::next(Batch& out) {
+  Impl& m = *impl_;
+  std::unique_lock<std::mutex> l(m.mu);
+  m.cv.wait(l, [&] { return !m.ready.empty() || m.done; });
+  if (m.ready.empty()) {
+    if (m.error) {
+      std::exception_ptr e = m.error;
+      m.error = nullptr;
+      std::rethrow_exception(e);
+    }
+    return false;
+  }
+  std::swap(out, m.ready.front());  // the caller's old buffers go back to the producer
+  m.free_list.push_back(std::move(m.ready.front()));
+  m.ready.pop_front();
+  m.delivered += out.rows;
+  l.unlock();
+  m.cv.notify_all();
+  return true;
+}
+
+int64_t ShardLoader::position() const { return impl_->delivered; }
+int64_t ShardLoader::total_rows() const { return impl_->starts.back(); }
+const ShardLayout& ShardLoader::layout() const { return impl_->layout; }
+
+}  // namespace dlrec::io
