@@ -1,0 +1,46 @@
+// Linear layer y = act(x W^T + b) on the CPU (F32), GEMMs through OpenBLAS.
+#pragma once
+
+#include <cstdint>
+
+#include "dlrec/nn/param.h"
+
+namespace dlrec::nn {
+
+enum class Activation { None, ReLU };
+
+class Linear {
+ public:
+  // W [out, in], b [out], both zero until init().
+  Linear(int64_t in_features, int64_t out_features, Activation act = Activation::None);
+
+  // DLRM's initialisation: W ~ N(0, sqrt(2 / (in + out))), b ~ N(0, sqrt(1 / out)), from the
+  // counter-based stream `seed` (identical on any thread count).
+  void init(uint64_t seed);
+
+  // x [B, in] -> y [B, out]. Keeps a reference to x for backward(); the returned tensor is a
+  // layer-owned buffer, valid until the next forward().
+  const Tensor& forward(const Tensor& x);
+  // dy [B, out] (dL/dy of the last forward) -> dx [B, in]. Writes weight().grad and bias().grad
+  // (overwritten, not accumulated). With need_dx = false the dx GEMM is skipped and the returned
+  // tensor is undefined.
+  const Tensor& backward(const Tensor& dy, bool need_dx = true);
+
+  Param& weight() { return w_; }
+  Param& bias() { return b_; }
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+  Activation activation() const { return act_; }
+
+ private:
+  int64_t in_, out_;
+  Activation act_;
+  Param w_, b_;
+  Tensor x_, y_, dz_, dx_;
+};
+
+// Sets OpenBLAS's thread count to dlrec::num_threads() if it changed since the last call, so
+// that one knob (set_num_threads / DLREC_THREADS) controls both our loops and the GEMMs.
+void sync_blas_threads();
+
+}  // namespace dlrec::nn

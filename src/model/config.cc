@@ -1,0 +1,157 @@
+// Strict JSON (de)serialisation of the run configuration (docs/CONFIG.md).
+#include <cmath>
+#include <limits>
+
+#include "dlrec/core/device.h"
+#include "dlrec/model/model.h"
+
+namespace dlrec::model {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// A list of positive layer sizes (may be empty only when allow_empty).
+std::vector<int64_t> read_sizes(ConfigReader& r, const std::string& key, bool allow_empty) {
+  const json& v = r.raw(key);
+  if (!v.is_array())
+    fail("config key '", r.key_path(key), "' must be a list of layer sizes, got ", v.dump());
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_number_integer() || v[i].get<int64_t>() <= 0 ||
+        v[i].get<int64_t>() > (int64_t{1} << 20))
+      fail("config key '", r.key_path(key), "[", i,
+           "]' must be a positive integer layer size (at most 1048576), got ", v[i].dump());
+    out.push_back(v[i].get<int64_t>());
+  }
+  if (out.empty() && !allow_empty)
+    fail("config key '", r.key_path(key), "' must list at least one layer");
+  return out;
+}
+
+double positive(ConfigReader& r, const std::string& key, double fallback, double hi) {
+  const double v = r.get_range(key, fallback, 0.0, hi);
+  if (!(v > 0)) fail("config key '", r.key_path(key), "' must be > 0, got ", v);
+  return v;
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(ConfigReader& r) {
+  ModelConfig c;
+  c.arch = r.get_choice("arch", c.arch, {"dlrm"});
+  c.embedding_dim = r.get_int_range("embedding_dim", c.embedding_dim, 1, 1 << 16);
+  if (r.has("bottom_mlp")) c.bottom_mlp = read_sizes(r, "bottom_mlp", true);
+  r.get<json>("bottom_mlp", json());  // mark known even when absent
+  if (r.has("top_mlp")) c.top_mlp = read_sizes(r, "top_mlp", false);
+  r.get<json>("top_mlp", json());
+  if (c.top_mlp.back() != 1)
+    fail("config key '", r.key_path("top_mlp"), "' must end in 1 (the logit), got ",
+         c.top_mlp.back());
+  c.interaction = r.get_choice("interaction", c.interaction, {"dot", "cat"});
+  c.pooling = r.get_choice("pooling", c.pooling, {"sum", "mean"});
+  r.finish();
+  return c;
+}
+
+json ModelConfig::to_json() const {
+  return {{"arch", arch},           {"embedding_dim", embedding_dim}, {"bottom_mlp", bottom_mlp},
+          {"top_mlp", top_mlp},     {"interaction", interaction},     {"pooling", pooling}};
+}
+
+OptimizerConfig OptimizerConfig::from_json(ConfigReader& r) {
+  OptimizerConfig c;
+  c.type = r.get_choice("type", c.type, {"sgd", "adagrad"});
+  c.lr = positive(r, "lr", c.lr, 1e6);
+  c.embedding_lr = r.get_range("embedding_lr", c.embedding_lr, -kInf, 1e6);
+  if (c.embedding_lr < 0) c.embedding_lr = -1;
+  c.adagrad_eps = r.get_range("adagrad_eps", c.adagrad_eps, 0.0, 1.0);
+  c.adagrad_init = r.get_range("adagrad_init", c.adagrad_init, 0.0, 1e6);
+  r.finish();
+  return c;
+}
+
+json OptimizerConfig::to_json() const {
+  return {{"type", type},
+          {"lr", lr},
+          {"embedding_lr", embedding_lr},
+          {"adagrad_eps", adagrad_eps},
+          {"adagrad_init", adagrad_init}};
+}
+
+TrainConfig TrainConfig::from_json(ConfigReader& r) {
+  TrainConfig c;
+  constexpr int64_t kBig = int64_t{1} << 40;
+  c.batch_size = r.get_int_range("batch_size", c.batch_size, 1, 1 << 24);
+  c.eval_batch_size = r.get_int_range("eval_batch_size", c.eval_batch_size, 1, 1 << 24);
+  c.epochs = static_cast<int>(r.get_int_range("epochs", c.epochs, 1, 1 << 20));
+  c.max_steps = r.get_int_range("max_steps", c.max_steps, -1, kBig);
+  if (c.max_steps == 0) fail("config key '", r.key_path("max_steps"), "' must be -1 or >= 1");
+  c.eval_every = r.get_int_range("eval_every", c.eval_every, 0, kBig);
+  c.log_every = r.get_int_range("log_every", c.log_every, 0, kBig);
+  c.checkpoint_every = r.get_int_range("checkpoint_every", c.checkpoint_every, 0, kBig);
+  if (r.has("seed")) {
+    const json& s = r.raw("seed");
+    if (!s.is_number_integer() || (s.is_number_integer() && !s.is_number_unsigned() &&
+                                   s.get<int64_t>() < 0))
+      fail("config key '", r.key_path("seed"), "' must be a non-negative integer, got ", s.dump());
+    c.seed = s.get<uint64_t>();
+  }
+  r.get<json>("seed", json());
+  c.device = r.get<std::string>("device", c.device);
+  try {
+    Device::parse(c.device);
+  } catch (const Error& e) {
+    fail("config key '", r.key_path("device"), "': ", e.what());
+  }
+  r.finish();
+  return c;
+}
+
+json TrainConfig::to_json() const {
+  return {{"batch_size", batch_size},
+          {"eval_batch_size", eval_batch_size},
+          {"epochs", epochs},
+          {"max_steps", max_steps},
+          {"eval_every", eval_every},
+          {"log_every", log_every},
+          {"checkpoint_every", checkpoint_every},
+          {"seed", seed},
+          {"device", device}};
+}
+
+RunConfig RunConfig::from_json(const json& j) {
+  ConfigReader root(j, "");
+  RunConfig c;
+  if (root.has("model")) {
+    ConfigReader r = root.child("model");
+    c.model = ModelConfig::from_json(r);
+  }
+  if (root.has("optimizer")) {
+    ConfigReader r = root.child("optimizer");
+    c.optimizer = OptimizerConfig::from_json(r);
+  }
+  if (root.has("train")) {
+    ConfigReader r = root.child("train");
+    c.train = TrainConfig::from_json(r);
+  }
+  root.get<json>("model", json());
+  root.get<json>("optimizer", json());
+  root.get<json>("train", json());
+  root.finish();
+  return c;
+}
+
+RunConfig RunConfig::load(const std::string& path) {
+  const json j = read_json_file(path);
+  try {
+    return from_json(j);
+  } catch (const Error& e) {
+    fail(path, ": ", e.what());
+  }
+}
+
+json RunConfig::to_json() const {
+  return {{"model", model.to_json()}, {"optimizer", optimizer.to_json()}, {"train", train.to_json()}};
+}
+
+}  // namespace dlrec::model
