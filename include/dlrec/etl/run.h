@@ -1,0 +1,60 @@
+// run_etl: raw text files -> a training dataset directory (the `dlrec etl` command).
+//
+// Reads the input once per fit pass (training rows only) and once more to transform every row.
+// Writes into `output_dir`:
+//   train_00000.shard ...  training rows (io::ShardWriter), `shard_rows` rows per file
+//   valid_00000.shard ...  validation rows (none when the split leaves no validation rows)
+//   workflow.json          the fitted workflow (Workflow::to_json)
+//   stats.json             row counts and per-column statistics of the training rows
+//   dataset.json           io::DatasetInfo; written last, so its presence means "complete"
+// Every file goes through AtomicFile; on an error, the files this run created are removed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dlrec/core/config.h"
+#include "dlrec/io/schema.h"
+#include "dlrec/io/text_reader.h"
+
+namespace dlrec::etl {
+
+struct EtlOptions {
+  std::vector<std::string> inputs;  // text files, read in order as one stream of rows
+  io::Schema schema;
+  json workflow;                    // the pipeline config (Workflow::from_config)
+  std::string output_dir;           // created if absent
+  // Split, by position in the input (rows = good rows in file order):
+  //   train_rows >= 0: the first train_rows rows train, the rest validate;
+  //   otherwise the last valid_ratio of the rows validate (floor(rows * valid_ratio), counted
+  //   by a fast newline pass; malformed rows skipped with OnError::Skip shrink the validation
+  //   split). valid_ratio = 0: everything trains.
+  int64_t train_rows = -1;
+  double valid_ratio = 0.0;
+  int64_t shard_rows = int64_t{1} << 22;  // rows per shard file
+  int64_t block_rows = int64_t{1} << 16;  // rows per checksummed shard block
+  io::ReadOptions read;
+  // An output_dir that already holds a dataset.json is an error unless `overwrite`; then the
+  // old dataset.json and the shards it lists are removed first.
+  bool overwrite = false;
+};
+
+struct EtlResult {
+  int64_t train_rows = 0;
+  int64_t valid_rows = 0;
+  int64_t skipped_rows = 0;  // malformed rows skipped in the transform pass (OnError::Skip)
+  int64_t input_bytes = 0;   // size of the input files
+  int64_t output_bytes = 0;  // size of every file written
+  int fit_passes = 0;
+  std::vector<std::string> train_shards, valid_shards;  // names inside output_dir
+  double count_seconds = 0, fit_seconds = 0, transform_seconds = 0, total_seconds = 0;
+};
+
+EtlResult run_etl(const EtlOptions& options);
+
+// Non-blank lines of the files (minus one header line per file when schema.header), counted
+// with memchr over large reads: the row count before parsing.
+int64_t count_rows(const std::vector<std::string>& files, const io::Schema& schema);
+
+}  // namespace dlrec::etl

@@ -1,0 +1,85 @@
+// Workflow: raw rows (io::RawChunk) -> encoded rows (io::Batch), configured by JSON, fitted by
+// streaming over training data, saved as workflow.json and reloaded by training, `dlrec
+// predict` and the server so that every consumer encodes raw rows identically.
+//
+// Config (docs/ETL.md):
+//   {"pipeline": [
+//      {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "LogOp"}]},
+//      {"columns": ["C1", "C2"], "ops": [{"op": "Categorify", "freq_threshold": 15}]}]}
+// "columns" is "@dense", "@categorical" or a list of schema column names. A column listed by
+// several steps gets their ops in step order. Dense columns without ops pass through; every
+// categorical column needs an encoder (Categorify) as its last op.
+//
+// Output (io::ShardLayout): one dense feature per dense schema column and one categorical
+// feature per categorical schema column, both in schema order; labels are copied.
+// Categorical ids: 0 = missing (an empty field; a multi-hot field that is empty becomes the
+// single id 0, so every row has at least one id), 1 = out of vocabulary / rare, 2.. =
+// vocabulary by descending training frequency (ties by ascending key).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dlrec/core/config.h"
+#include "dlrec/etl/op.h"
+#include "dlrec/io/batch.h"
+#include "dlrec/io/raw_chunk.h"
+#include "dlrec/io/schema.h"
+#include "dlrec/io/shard.h"
+
+namespace dlrec::etl {
+
+// Fills the chunk with the next rows; false when the pass is over.
+using ChunkSource = std::function<bool(io::RawChunk&)>;
+
+class Workflow {
+ public:
+  // Builds an unfitted workflow. Unknown keys, ops and columns are errors naming the nearest
+  // valid name; ops applied to the wrong column type and categorical columns without an
+  // encoder are errors too.
+  static Workflow from_config(const json& config, const io::Schema& schema);
+  // Reloads a fitted workflow (the output of to_json()).
+  static Workflow from_json(const json& j);
+  static Workflow load(const std::string& path);  // reads workflow.json
+
+  Workflow(Workflow&&) noexcept;
+  Workflow& operator=(Workflow&&) noexcept;
+  ~Workflow();
+
+  // Passes over the training data that fit() needs: one per fitted op in the longest column
+  // chain (a Normalize after a Categorify-free chain needs 1), and at least 1 (statistics).
+  int num_fit_passes() const;
+  // Fits in one streaming pass; throws if num_fit_passes() > 1. Memory is bounded by the
+  // vocabulary sizes, not by the number of rows.
+  void fit(const ChunkSource& next_chunk);
+  // Fits in num_fit_passes() passes; `open_pass()` returns a fresh source over the same rows.
+  void fit_multipass(const std::function<ChunkSource()>& open_pass);
+  bool fitted() const;
+
+  // Encodes `in` into `out` (replacing its contents). Const and thread-safe; parallel over
+  // columns and rows. Throws if a dense value is not finite after its ops (naming the column
+  // and the line) or a one-hot column holds several values in a row.
+  void transform(const io::RawChunk& in, io::Batch& out) const;
+
+  io::ShardLayout output_layout() const;  // requires fitted()
+  std::vector<std::string> dense_names() const;  // output dense features, in order
+  std::vector<std::string> cat_names() const;    // output categorical features, in order
+  const io::Schema& schema() const;
+  const json& config() const;  // the pipeline config it was built from
+
+  // The fitted state: schema, config, per-column ops with parameters and state (vocabularies,
+  // mean/std), output layout. from_json(to_json()) transforms bit-identically.
+  json to_json() const;
+  void save(const std::string& path) const;  // atomic
+  // Statistics of the raw training columns seen by the first fit pass (stats.json "columns").
+  json fit_stats() const;
+
+ private:
+  struct Impl;
+  explicit Workflow(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dlrec::etl

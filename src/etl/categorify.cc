@@ -1,0 +1,141 @@
+// Categorical encoders: Categorify (docs/ETL.md).
+#include <algorithm>
+#include <limits>
+
+#include "dlrec/core/error.h"
+#include "dlrec/etl/key_map.h"
+#include "dlrec/etl/op.h"
+
+namespace dlrec::etl {
+namespace {
+
+constexpr int64_t kMissingId = 0;
+constexpr int64_t kOovId = 1;
+constexpr int64_t kFirstVocabId = 2;
+
+// {"op": "Categorify", "freq_threshold": 15, "max_size": 100000}
+// Vocabulary = the training keys seen at least freq_threshold times, the most frequent first
+// (ties by ascending key), at most max_size of them (0 = no limit). Key vocab[i] gets id i + 2;
+// any other key gets id 1 (out of vocabulary / rare); id 0 is a missing value.
+class Categorify final : public CategoricalEncoder {
+ public:
+  Categorify(int64_t freq_threshold, int64_t max_size)
+      : freq_threshold_(freq_threshold), max_size_(max_size) {}
+
+  std::string name() const override { return "Categorify"; }
+  bool needs_fit() const override { return true; }
+  bool fitted() const override { return fitted_; }
+
+  json to_json() const override {
+    json j = {{"op", name()}, {"freq_threshold", freq_threshold_}};
+    if (max_size_ > 0) j["max_size"] = max_size_;
+    if (fitted_) j["vocab"] = vocab_;
+    return j;
+  }
+  json fit_summary() const override {
+    return {{"distinct_values", distinct_},
+            {"values", values_},
+            {"vocab_size", static_cast<int64_t>(vocab_.size())},
+            {"oov_values", oov_values_},
+            {"cardinality", cardinality()}};
+  }
+
+  void fit_begin() override {
+    counts_.clear();
+    fitted_ = false;
+  }
+  void fit_chunk(const uint64_t* keys, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) ++counts_[keys[i]];
+  }
+  void fit_end() override {
+    std::vector<std::pair<uint64_t, uint64_t>> kept;  // (count, key)
+    const uint64_t threshold = static_cast<uint64_t>(std::max<int64_t>(1, freq_threshold_));
+    distinct_ = static_cast<int64_t>(counts_.size());
+    values_ = 0;
+    counts_.for_each([&](uint64_t key, uint64_t count) {
+      values_ += static_cast<int64_t>(count);
+      if (count >= threshold) kept.emplace_back(count, key);
+    });
+    auto order = [](const std::pair<uint64_t, uint64_t>& a, const std::pair<uint64_t, uint64_t>& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    };
+    if (max_size_ > 0 && static_cast<int64_t>(kept.size()) > max_size_) {
+      std::nth_element(kept.begin(), kept.begin() + max_size_, kept.end(), order);
+      kept.resize(max_size_);
+    }
+    std::sort(kept.begin(), kept.end(), order);
+    int64_t in_vocab = 0;
+    vocab_.resize(kept.size());
+    for (size_t i = 0; i < kept.size(); ++i) {
+      vocab_[i] = kept[i].second;
+      in_vocab += static_cast<int64_t>(kept[i].first);
+    }
+    oov_values_ = values_ - in_vocab;
+    counts_ = KeyMap<uint64_t>();  // frees the counts
+    build_lookup();
+  }
+
+  void set_vocab(std::vector<uint64_t> vocab) {
+    vocab_ = std::move(vocab);
+    build_lookup();
+  }
+
+  int64_t cardinality() const override {
+    return kFirstVocabId + static_cast<int64_t>(vocab_.size());
+  }
+
+  void encode(const uint64_t* keys, int64_t n, int64_t* ids) const override {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t* id = lookup_.find(keys[i]);
+      ids[i] = id ? *id : kOovId;
+    }
+  }
+
+ private:
+  void build_lookup() {
+    lookup_ = KeyMap<int64_t>(vocab_.size());
+    for (size_t i = 0; i < vocab_.size(); ++i) {
+      int64_t& id = lookup_[vocab_[i]];
+      if (id != 0) fail("Categorify: vocabulary holds key ", vocab_[i], " twice");
+      id = kFirstVocabId + static_cast<int64_t>(i);
+    }
+    fitted_ = true;
+  }
+
+  int64_t freq_threshold_, max_size_;
+  std::vector<uint64_t> vocab_;  // keys in id order (id = index + 2)
+  KeyMap<int64_t> lookup_;
+  KeyMap<uint64_t> counts_;  // during fit only
+  int64_t distinct_ = 0, values_ = 0, oov_values_ = 0;
+  bool fitted_ = false;
+};
+
+static_assert(kMissingId == 0, "id 0 is the missing value for every encoder");
+
+}  // namespace
+
+void register_categorical_ops(OpRegistry& reg) {
+  reg.add("Categorify", ColumnType::Categorical,
+          [](ConfigReader& r, bool fitted) -> std::unique_ptr<Op> {
+            const int64_t big = std::numeric_limits<int64_t>::max() / 4;
+            int64_t threshold = r.get_int_range("freq_threshold", 0, 0, big);
+            int64_t max_size = r.get_int_range("max_size", 0, 0, big);
+            auto op = std::make_unique<Categorify>(threshold, max_size);
+            if (fitted) {
+              const json& v = r.raw("vocab");
+              if (!v.is_array()) fail("'", r.key_path("vocab"), "' must be an array of keys");
+              std::vector<uint64_t> vocab;
+              vocab.reserve(v.size());
+              for (const auto& k : v) {
+                if (!k.is_number_unsigned() && !(k.is_number_integer() && k.get<int64_t>() >= 0))
+                  fail("'", r.key_path("vocab"), "' holds ", k.dump(),
+                       ", expected a non-negative integer key");
+                vocab.push_back(k.get<uint64_t>());
+              }
+              op->set_vocab(std::move(vocab));
+            }
+            return op;
+          });
+}
+
+}  // namespace dlrec::etl
