@@ -1,0 +1,360 @@
+#include "dlrec/etl/run.h"
+
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+#include "dlrec/core/error.h"
+#include "dlrec/core/file_util.h"
+#include "dlrec/core/progress.h"
+#include "dlrec/etl/workflow.h"
+#include "dlrec/io/shard.h"
+#include "dlrec/io/text_reader.h"
+
+namespace dlrec::etl {
+namespace {
+
+std::string test_dir() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string d = std::string(::testing::TempDir()) + "dlrec_etl_" + info->name() + "_" +
+                  std::to_string(::getpid());
+  make_dirs(d);
+  return d;
+}
+
+std::vector<std::string> list_dir(const std::string& dir) {
+  std::vector<std::string> v;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.') v.push_back(e->d_name);
+    ::closedir(d);
+  }
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+// label, I1, I2, C1 (one-hot), C2 (multi-hot, ','-separated), tab-separated, hex keys.
+io::Schema tsv_schema() {
+  io::Schema s;
+  s.columns = {{"label", io::ColumnKind::Label, false},
+               {"I1", io::ColumnKind::Dense, false},
+               {"I2", io::ColumnKind::Dense, false},
+               {"C1", io::ColumnKind::Categorical, false},
+               {"C2", io::ColumnKind::Categorical, true}};
+  return s;
+}
+
+// Row i: I1 = i (so the split is visible), I2 missing every 5th row, C1 from a small skewed
+// set; rows >= `valid_from` use C1 key "ffff" (never in training) and I1 + 10000.
+std::string tsv(int rows, int valid_from = 1 << 30) {
+  std::string s;
+  char buf[200];
+  std::mt19937 rng(11);
+  for (int i = 0; i < rows; ++i) {
+    bool valid = i >= valid_from;
+    std::string c1 = valid ? "ffff" : (rng() % 3 ? "a" : "b" + std::to_string(rng() % 4));
+    std::string c2;
+    for (unsigned h = rng() % 3; h > 0; --h) c2 += (c2.empty() ? "" : ",") + std::to_string(rng() % 9 + 1);
+    std::string i2 = i % 5 == 0 ? "" : std::to_string(rng() % 100);
+    std::snprintf(buf, sizeof buf, "%d\t%d\t%s\t%s\t%s\n", i % 2, valid ? i + 10000 : i,
+                  i2.c_str(), c1.c_str(), c2.c_str());
+    s += buf;
+  }
+  return s;
+}
+
+json tsv_config() {
+  return {{"pipeline",
+           json::array({{{"columns", "@dense"},
+                         {"ops", {{{"op", "FillMissing"}, {"value", 0}}, {{"op", "Normalize"}}}}},
+                        {{"columns", "@categorical"},
+                         {"ops", {{{"op", "Categorify"}, {"freq_threshold", 1}}}}}})}};
+}
+
+EtlOptions options(const std::string& dir, const std::string& input) {
+  EtlOptions o;
+  o.inputs = {input};
+  o.schema = tsv_schema();
+  o.workflow = tsv_config();
+  o.output_dir = dir + "/out";
+  o.shard_rows = 300;
+  o.block_rows = 64;
+  return o;
+}
+
+std::string write_input(const std::string& dir, const std::string& text) {
+  std::string p = dir + "/input.tsv";
+  std::ofstream(p, std::ios::binary) << text;
+  return p;
+}
+
+io::Batch read_shards(const std::string& dir, const std::vector<std::string>& names) {
+  std::vector<std::string> paths;
+  for (const auto& n : names) paths.push_back(dir + "/" + n);
+  io::ShardLoader loader(paths, 1 << 20);
+  io::Batch all, b;
+  all.reset(loader.layout().num_dense, static_cast<int>(loader.layout().cardinalities.size()));
+  while (loader.next(b)) all.append(b);
+  return all;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(RunEtlTest, TrainRowsSplitFilesAndContents) {
+  std::string dir = test_dir();
+  EtlOptions o = options(dir, write_input(dir, tsv(1000)));
+  o.train_rows = 700;
+  EtlResult r = run_etl(o);
+  EXPECT_EQ(r.train_rows, 700);
+  EXPECT_EQ(r.valid_rows, 300);
+  EXPECT_EQ(r.train_shards,
+            (std::vector<std::string>{"train_00000.shard", "train_00001.shard", "train_00002.shard"}));
+  EXPECT_EQ(r.valid_shards, (std::vector<std::string>{"valid_00000.shard"}));
+  EXPECT_EQ(list_dir(o.output_dir),
+            (std::vector<std::string>{"dataset.json", "stats.json", "train_00000.shard",
+                                      "train_00001.shard", "train_00002.shard",
+                                      "valid_00000.shard", "workflow.json"}));
+  EXPECT_GT(r.output_bytes, 0);
+  EXPECT_EQ(r.input_bytes, static_cast<int64_t>(file_size(o.inputs[0])));
+
+  io::DatasetInfo info = io::DatasetInfo::load(o.output_dir);
+  EXPECT_EQ(info.train_rows, 700);
+  EXPECT_EQ(info.valid_rows, 300);
+  EXPECT_EQ(info.train_shards, r.train_shards);
+  EXPECT_EQ(info.cat_names, (std::vector<std::string>{"C1", "C2"}));
+  EXPECT_EQ(info.layout.multi_hot, (std::vector<bool>{false, true}));
+
+  // Shards hold exactly what the saved workflow makes of the input rows, in order.
+  Workflow w = Workflow::load(o.output_dir + "/workflow.json");
+  EXPECT_EQ(w.output_layout(), info.layout);
+  io::TextReader reader(o.inputs, o.schema);
+  io::RawChunk all, c;
+  all.reset(2, 2);
+  while (reader.next(c)) all.append(c);
+  io::Batch expect;
+  w.transform(all, expect);
+  io::Batch train = read_shards(o.output_dir, info.train_shards);
+  io::Batch valid = read_shards(o.output_dir, info.valid_shards);
+  train.append(valid);
+  EXPECT_EQ(train.labels, expect.labels);
+  EXPECT_EQ(train.dense, expect.dense);
+  EXPECT_EQ(train.cat_offsets, expect.cat_offsets);
+  EXPECT_EQ(train.cat_indices, expect.cat_indices);
+
+  json stats = read_json_file(o.output_dir + "/stats.json");
+  EXPECT_EQ(stats["train_rows"], 700);
+  EXPECT_EQ(stats["columns"]["rows"], 700);
+  EXPECT_EQ(stats["columns"]["dense"][1]["nulls"], 140);  // every 5th of 700
+  EXPECT_EQ(stats["columns"]["dense"][0]["min"], 0.0);
+  EXPECT_EQ(stats["columns"]["dense"][0]["max"], 699.0);
+}
+
+TEST(RunEtlTest, ValidRatioCountsRows) {
+  std::string dir = test_dir();
+  std::string text = tsv(1000);
+  text.insert(text.find('\n') + 1, "\n");  // a blank line is not a row
+  EtlOptions o = options(dir, write_input(dir, text));
+  o.valid_ratio = 0.25;
+  EXPECT_EQ(count_rows(o.inputs, o.schema), 1000);
+  EtlResult r = run_etl(o);
+  EXPECT_EQ(r.train_rows, 750);
+  EXPECT_EQ(r.valid_rows, 250);
+  EXPECT_EQ(r.train_shards.size(), 3u);
+  EXPECT_EQ(r.valid_shards.size(), 1u);
+}
+
+TEST(RunEtlTest, NoValidationSplit) {
+  std::string dir = test_dir();
+  EtlOptions o = options(dir, write_input(dir, tsv(600)));
+  EtlResult r = run_etl(o);
+  EXPECT_EQ(r.train_rows, 600);
+  EXPECT_EQ(r.valid_rows, 0);
+  EXPECT_EQ(r.train_shards.size(), 2u);  // exactly 2 x 300
+  EXPECT_TRUE(r.valid_shards.empty());
+}
+
+TEST(RunEtlTest, FitsOnTrainingRowsOnly) {
+  std::string dir = test_dir();
+  EtlOptions o = options(dir, write_input(dir, tsv(1000, 800)));
+  o.train_rows = 800;
+  run_etl(o);
+  Workflow w = Workflow::load(o.output_dir + "/workflow.json");
+  json j = w.to_json();
+  // C1's vocabulary has no "ffff" (only in validation rows); its validation ids are all 1.
+  json vocab = j["columns"][2]["ops"][0]["vocab"];
+  EXPECT_EQ(std::count(vocab.begin(), vocab.end(), json(0xffff)), 0) << vocab.dump();
+  io::DatasetInfo info = io::DatasetInfo::load(o.output_dir);
+  io::Batch valid = read_shards(o.output_dir, info.valid_shards);
+  EXPECT_EQ(valid.cat_indices[0], std::vector<int64_t>(200, 1));
+  // I1's mean is that of 0..799, not of the shifted validation values.
+  EXPECT_DOUBLE_EQ(j["columns"][0]["ops"][1]["mean"].get<double>(), 399.5);
+}
+
+TEST(RunEtlTest, FailureLeavesNoPartialFiles) {
+  std::string dir = test_dir();
+  std::string text = tsv(1000);
+  // A malformed row late in the input (validation part): bad hex.
+  size_t pos = 0;
+  for (int i = 0; i < 950; ++i) pos = text.find('\n', pos) + 1;
+  text.insert(pos, "1\t2\t3\tnothex!\t\n");
+  EtlOptions o = options(dir, write_input(dir, text));
+  o.train_rows = 500;
+  std::string msg = error_of([&] { run_etl(o); });
+  EXPECT_NE(msg.find("input.tsv:951"), std::string::npos) << msg;
+  EXPECT_EQ(list_dir(o.output_dir), std::vector<std::string>{});
+
+  // With on_error = skip the same input goes through.
+  o.read.on_error = io::OnError::Skip;
+  EtlResult r = run_etl(o);
+  EXPECT_EQ(r.skipped_rows, 1);
+  EXPECT_EQ(r.train_rows + r.valid_rows, 1000);
+}
+
+TEST(RunEtlTest, NanLeftAfterPipelineFailsCleanly) {
+  std::string dir = test_dir();
+  EtlOptions o = options(dir, write_input(dir, tsv(1000)));
+  o.workflow = {{"pipeline", json::array({{{"columns", "@categorical"},
+                                           {"ops", {{{"op", "Categorify"}}}}}})}};
+  std::string msg = error_of([&] { run_etl(o); });
+  EXPECT_NE(msg.find("dense column 'I2' is missing (NaN) at line 1"), std::string::npos) << msg;
+  EXPECT_EQ(list_dir(o.output_dir), std::vector<std::string>{});
+}
+
+TEST(RunEtlTest, ExistingDatasetNeedsOverwrite) {
+  std::string dir = test_dir();
+  EtlOptions o = options(dir, write_input(dir, tsv(1000)));
+  run_etl(o);
+  std::string msg = error_of([&] { run_etl(o); });
+  EXPECT_NE(msg.find("already holds a dataset"), std::string::npos) << msg;
+  o.overwrite = true;
+  o.shard_rows = 2000;
+  EtlResult r = run_etl(o);
+  EXPECT_EQ(r.train_shards.size(), 1u);
+  EXPECT_EQ(list_dir(o.output_dir),
+            (std::vector<std::string>{"dataset.json", "stats.json", "train_00000.shard",
+                                      "workflow.json"}));
+}
+
+TEST(RunEtlTest, ConfigErrorBeforeAnyOutput) {
+  std::string dir = test_dir();
+  EtlOptions o = options(dir, write_input(dir, tsv(10)));
+  o.workflow["pipeline"][1]["ops"][0]["op"] = "Categorize";
+  std::string msg = error_of([&] { run_etl(o); });
+  EXPECT_NE(msg.find("did you mean 'Categorify'"), std::string::npos) << msg;
+  EXPECT_FALSE(file_exists(o.output_dir));
+}
+
+TEST(RunEtlTest, TrainRowsBeyondInputIsAnError) {
+  std::string dir = test_dir();
+  EtlOptions o = options(dir, write_input(dir, tsv(100)));
+  o.train_rows = 500;
+  std::string msg = error_of([&] { run_etl(o); });
+  EXPECT_NE(msg.find("only 100 good rows"), std::string::npos) << msg;
+  EXPECT_EQ(list_dir(o.output_dir), std::vector<std::string>{});
+}
+
+json criteo_config() {
+  return {{"pipeline",
+           json::array({{{"columns", "@dense"},
+                         {"ops", {{{"op", "FillMissing"}, {"value", 0}},
+                                  {{"op", "Clip"}, {"min", 0}},
+                                  {{"op", "LogOp"}}}}},
+                        {{"columns", "@categorical"},
+                         {"ops", {{{"op", "Categorify"}, {"freq_threshold", 2}}}}}})}};
+}
+
+TEST(RunEtlTest, RealCriteoSample) {
+  const std::string input = DLREC_SOURCE_DIR "/../shared/data/criteo/day_0.part.tsv";
+  if (!file_exists(input)) GTEST_SKIP() << "no " << input;
+  std::string dir = test_dir();
+  EtlOptions o;
+  o.inputs = {input};
+  o.schema = io::Schema::criteo();
+  o.workflow = criteo_config();
+  o.output_dir = dir + "/out";
+  o.valid_ratio = 0.1;
+  o.shard_rows = 4000;
+  EtlResult r = run_etl(o);
+  EXPECT_EQ(r.train_rows, 9000);
+  EXPECT_EQ(r.valid_rows, 1000);
+  EXPECT_EQ(r.train_shards.size(), 3u);
+  io::DatasetInfo info = io::DatasetInfo::load(o.output_dir);
+  ASSERT_EQ(info.layout.cardinalities.size(), 26u);
+  EXPECT_EQ(info.layout.num_dense, 13);
+  for (int64_t c : info.layout.cardinalities) {
+    EXPECT_GE(c, 3);
+    EXPECT_LE(c, 9000 + 2);
+  }
+  io::Batch train = read_shards(o.output_dir, info.train_shards);
+  double pos = 0;
+  for (float l : train.labels) pos += l;
+  EXPECT_GT(pos, 0);
+  EXPECT_LT(pos / train.rows, 0.1);
+  for (float v : train.dense) ASSERT_TRUE(std::isfinite(v) && v >= 0);
+  json stats = read_json_file(o.output_dir + "/stats.json");
+  EXPECT_EQ(stats["columns"]["categorical"].size(), 26u);
+}
+
+// Throughput of fit + transform + shard writing on generated Criteo-like rows. Run with
+// --gtest_also_run_disabled_tests --gtest_filter='*Throughput*' (DLREC_ETL_BENCH_ROWS rows).
+TEST(RunEtlTest, DISABLED_Throughput) {
+  std::string dir = test_dir();
+  const char* env = std::getenv("DLREC_ETL_BENCH_ROWS");
+  const int rows = env ? std::atoi(env) : 1000000;
+  std::string path = dir + "/bench.tsv";
+  {
+    std::ofstream out(path, std::ios::binary);
+    std::mt19937_64 rng(1);
+    std::string line;
+    char buf[32];
+    for (int i = 0; i < rows; ++i) {
+      line = std::to_string(rng() % 4 == 0);
+      for (int d = 0; d < 13; ++d) {
+        line += '\t';
+        if (rng() % 10) line += std::to_string(static_cast<int>(rng() % 1000) - 3);
+      }
+      for (int c = 0; c < 26; ++c) {
+        line += '\t';
+        if (rng() % 30 == 0) continue;
+        // Power-law-ish keys: a few hot values, a long tail.
+        uint64_t u = rng();
+        uint64_t k = (u % 4 == 0) ? (u >> 8) % 1000000 : (u >> 8) % 100;
+        std::snprintf(buf, sizeof buf, "%08x", static_cast<unsigned>(k * 2654435761u + c));
+        line += buf;
+      }
+      line += '\n';
+      out << line;
+    }
+  }
+  EtlOptions o;
+  o.inputs = {path};
+  o.schema = io::Schema::criteo();
+  o.workflow = criteo_config();
+  o.output_dir = dir + "/out";
+  o.valid_ratio = 0.1;
+  EtlResult r = run_etl(o);
+  const double mb = r.input_bytes / 1e6;
+  std::printf("rows %lld, input %.1f MB, threads %s\n", static_cast<long long>(rows), mb,
+              std::getenv("DLREC_THREADS") ? std::getenv("DLREC_THREADS") : "default");
+  std::printf("count %.2fs, fit %.2fs (%.1f MB/s), transform+write %.2fs (%.1f MB/s), total "
+              "%.2fs (%.1f MB/s), output %.1f MB\n",
+              r.count_seconds, r.fit_seconds, mb * 0.9 / r.fit_seconds, r.transform_seconds,
+              mb / r.transform_seconds, r.total_seconds, mb / r.total_seconds,
+              r.output_bytes / 1e6);
+}
+
+}  // namespace
+}  // namespace dlrec::etl
