@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <memory>
 
 #include "dlrec/core/error.h"
@@ -232,18 +233,27 @@ EtlResult run_etl(const EtlOptions& o) {
     ShardSetWriter valid(o.output_dir, "valid", layout, o.shard_rows, o.block_rows, &created);
     reader = std::make_unique<io::TextReader>(o.inputs, o.schema, o.read);
     Progress tp("etl transform", expected_rows, "rows");
+    // Writing batch i (checksums, file I/O) overlaps reading and transforming batch i + 1.
     io::RawChunk chunk;
-    io::Batch batch;
+    io::Batch batches[2];
+    int cur = 0;
     int64_t seen = 0;
+    std::future<void> writing;
     while (reader->next(chunk)) {
+      io::Batch& batch = batches[cur];
       workflow.transform(chunk, batch);
+      if (writing.valid()) writing.get();  // rethrows a write error
       const int64_t to_train =
           n_train < 0 ? batch.rows : std::max<int64_t>(0, std::min(batch.rows, n_train - seen));
-      if (to_train > 0) train.write(batch, 0, to_train);
-      if (to_train < batch.rows) valid.write(batch, to_train, batch.rows);
+      writing = std::async(std::launch::async, [&train, &valid, &batch, to_train] {
+        if (to_train > 0) train.write(batch, 0, to_train);
+        if (to_train < batch.rows) valid.write(batch, to_train, batch.rows);
+      });
+      cur ^= 1;
       seen += batch.rows;
       tp.update(seen);
     }
+    if (writing.valid()) writing.get();
     train.close(true);
     valid.close(false);
     res.skipped_rows = reader->stats().skipped_rows;
