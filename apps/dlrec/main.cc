@@ -1,2 +1,48 @@
+// dlrec: ETL, training, evaluation, export and prediction for deep-learning recommenders.
 #include <cstdio>
-int main() { std::puts("dlrec"); return 0; }
+#include <exception>
+#include <new>
+
+#include "commands.h"
+#include "dlrec/core/error.h"
+#include "dlrec/core/thread_pool.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"dlrec: deep-learning recommender pipeline (ETL, training, export, prediction)"};
+  app.require_subcommand(1);
+  int threads = 0;
+  app.add_option("--threads", threads, "CPU threads (default: all cores, or $DLREC_THREADS)");
+  std::vector<std::pair<CLI::App*, dlrec::cli::Runner>> commands;
+  auto add = [&](dlrec::cli::Runner (*f)(CLI::App&)) {
+    size_t before = app.get_subcommands({}).size();
+    dlrec::cli::Runner r = f(app);
+    commands.emplace_back(app.get_subcommands({}).at(before), std::move(r));
+  };
+  add(dlrec::cli::add_datagen);
+  add(dlrec::cli::add_etl);
+  add(dlrec::cli::add_train);
+  add(dlrec::cli::add_eval);
+  add(dlrec::cli::add_export);
+  add(dlrec::cli::add_predict);
+  add(dlrec::cli::add_demo);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    dlrec::set_num_threads(threads);
+    for (auto& [sub, run] : commands)
+      if (sub->parsed()) return run();
+  } catch (const dlrec::Error& e) {
+    std::fprintf(stderr, "dlrec: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "dlrec: error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dlrec: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -135,8 +135,8 @@ TrainResult Trainer::train() {
     }
     Tensor logits = m.model->forward(batch, true);
     Tensor dlogits = Tensor::empty(logits.shape(), DType::F32);
-    double loss = nn::bce_with_logits(logits.data<float>(), batch.labels.data(),
-                                      dlogits.data<float>(), batch.rows);
+    double loss = nn::bce_with_logits(logits.data<float>(), batch.labels.data(), batch.rows,
+                                      dlogits.data<float>());
     DLREC_CHECK(std::isfinite(loss), "training diverged at step ", m.state.step,
                 ": loss is ", loss, " (lower the learning rate)");
     m.model->backward_and_update(dlogits);

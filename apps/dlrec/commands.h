@@ -1,0 +1,21 @@
+// The dlrec CLI: each subcommand registers its options on the CLI11 app and runs when chosen.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <vector>
+
+namespace dlrec::cli {
+
+// Adds the subcommand to `app` and returns the function that runs it once parsed.
+using Runner = std::function<int()>;
+Runner add_datagen(CLI::App& app);
+Runner add_etl(CLI::App& app);
+Runner add_train(CLI::App& app);
+Runner add_eval(CLI::App& app);
+Runner add_export(CLI::App& app);
+Runner add_predict(CLI::App& app);
+Runner add_demo(CLI::App& app);
+
+}  // namespace dlrec::cli

@@ -1,0 +1,45 @@
+// Exported model directory (docs/FORMATS.md, "Exported model directory"):
+//   model.json     {"format": "dlrec-model", "version": 1, "config", "layout", "step"}
+//   workflow.json  the fitted ETL workflow (raw features -> model inputs)
+//   weights.dlrec  tensor file with the model parameters (no optimizer state)
+// The directory is written under a temporary name and renamed into place, so a reader never
+// sees a half-written model. Predictor loads it and scores raw log rows.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dlrec/etl/workflow.h"
+#include "dlrec/io/raw_chunk.h"
+#include "dlrec/model/model.h"
+
+namespace dlrec::train {
+
+constexpr int kModelFormatVersion = 1;
+
+// Exports the latest checkpoint of `run_dir` (written by dlrec train) with the fitted workflow
+// of its dataset. `out_dir` must not exist unless `overwrite`.
+void export_model(const std::string& run_dir, const std::string& out_dir, bool overwrite = false);
+
+class Predictor {
+ public:
+  explicit Predictor(const std::string& model_dir, Device device = Device::cpu());
+  ~Predictor();
+  const etl::Workflow& workflow() const;
+  const model::RunConfig& config() const;
+  // Probabilities for raw rows (the workflow is applied first).
+  std::vector<float> predict(const io::RawChunk& raw);
+  // Probabilities for already-encoded rows.
+  std::vector<float> predict(const io::Batch& batch);
+  // Parses raw text lines (as in the logs, the schema's format) and scores them; `source`
+  // names the input in errors. Lines are scored in batches of `batch_rows`.
+  std::vector<float> predict_lines(const std::vector<std::string>& lines,
+                                   const std::string& source, int64_t batch_rows = 4096);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dlrec::train

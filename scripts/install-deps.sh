@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs dlrec's build and test dependencies from Debian 12's packages.
+# The CUDA toolkit is optional: with nvcc on the machine, the CUDA sources build too.
+set -euo pipefail
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update
+$SUDO apt-get install -y --no-install-recommends \
+  build-essential cmake make pkg-config git \
+  nlohmann-json3-dev libcli11-dev libopenblas-dev \
+  libgtest-dev libgmock-dev

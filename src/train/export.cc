@@ -1,0 +1,132 @@
+#include "dlrec/train/export.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "dlrec/core/file_util.h"
+#include "dlrec/io/text_reader.h"
+#include "dlrec/train/tensor_file.h"
+#include "dlrec/train/trainer.h"
+
+namespace dlrec::train {
+
+namespace fs = std::filesystem;
+
+void export_model(const std::string& run_dir, const std::string& out_dir, bool overwrite) {
+  json run = read_json_file(run_dir + "/run.json");
+  model::RunConfig cfg = model::RunConfig::from_json(run.at("config"));
+  std::string data_dir = run.at("data_dir").get<std::string>();
+  std::string ckpt = run_dir + "/checkpoint.dlrec";
+  DLREC_CHECK(file_exists(ckpt), "no checkpoint at '", ckpt, "' (train first)");
+  io::DatasetInfo data = io::DatasetInfo::load(data_dir);
+  etl::Workflow wf = etl::Workflow::load(data_dir + "/workflow.json");
+  DLREC_CHECK(wf.output_layout() == data.layout, "workflow.json of '", data_dir,
+              "' does not match its dataset.json");
+
+  auto model = model::build_model(cfg.model, cfg.optimizer, data.layout, Device::cpu(), 0);
+  CheckpointState st = load_checkpoint(ckpt, *model);
+
+  if (fs::exists(out_dir) && !overwrite)
+    fail("'", out_dir, "' already exists (use --overwrite to replace it)");
+  std::string tmp = out_dir + ".tmp." + std::to_string(::getpid());
+  fs::remove_all(tmp);
+  make_dirs(tmp);
+  try {
+    json meta = {{"format", "dlrec-model"},
+                 {"version", kModelFormatVersion},
+                 {"config", cfg.to_json()},
+                 {"layout", data.layout.to_json()},
+                 {"step", st.step}};
+    save_tensors(tmp + "/weights.dlrec", model->parameters(), {{"kind", "weights"}});
+    wf.save(tmp + "/workflow.json");
+    write_file_atomic(tmp + "/model.json", meta.dump(2));
+    if (fs::exists(out_dir)) {
+      std::string old = out_dir + ".old." + std::to_string(::getpid());
+      fs::rename(out_dir, old);
+      fs::rename(tmp, out_dir);
+      fs::remove_all(old);
+    } else {
+      fs::rename(tmp, out_dir);
+    }
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+struct Predictor::Impl {
+  model::RunConfig cfg;
+  std::unique_ptr<etl::Workflow> wf;
+  std::unique_ptr<model::Model> model;
+};
+
+Predictor::Predictor(const std::string& dir, Device device) : impl_(new Impl) {
+  json meta = read_json_file(dir + "/model.json");
+  DLREC_CHECK(meta.value("format", "") == "dlrec-model", "'", dir,
+              "/model.json' is not a dlrec model (format field)");
+  int version = meta.value("version", 0);
+  DLREC_CHECK(version == kModelFormatVersion, "'", dir, "' has model format version ", version,
+              "; this dlrec reads version ", kModelFormatVersion);
+  impl_->cfg = model::RunConfig::from_json(meta.at("config"));
+  io::ShardLayout layout = io::ShardLayout::from_json(meta.at("layout"));
+  impl_->wf = std::make_unique<etl::Workflow>(etl::Workflow::load(dir + "/workflow.json"));
+  DLREC_CHECK(impl_->wf->output_layout() == layout, "'", dir,
+              "': workflow.json does not match the model's input layout");
+  impl_->model = model::build_model(impl_->cfg.model, impl_->cfg.optimizer, layout, device, 0);
+  load_tensors(dir + "/weights.dlrec", impl_->model->parameters());
+}
+
+Predictor::~Predictor() = default;
+const etl::Workflow& Predictor::workflow() const { return *impl_->wf; }
+const model::RunConfig& Predictor::config() const { return impl_->cfg; }
+
+std::vector<float> Predictor::predict(const io::Batch& batch) {
+  std::vector<float> p = impl_->model->forward(batch, false).to_vector<float>();
+  for (float& v : p) v = 1.f / (1.f + std::exp(-v));
+  return p;
+}
+
+std::vector<float> Predictor::predict(const io::RawChunk& raw) {
+  io::Batch batch;
+  impl_->wf->transform(raw, batch);
+  return predict(batch);
+}
+
+std::vector<float> Predictor::predict_lines(const std::vector<std::string>& lines,
+                                            const std::string& source, int64_t batch_rows) {
+  const io::Schema& schema = impl_->wf->schema();
+  size_t first = 0;
+  std::string header;
+  if (schema.header) {
+    DLREC_CHECK(!lines.empty(), source, ": empty input (a header line is expected)");
+    header = lines[0];
+    first = 1;
+  }
+  std::vector<int> mapping = io::field_mapping(schema, header, source);
+  std::vector<float> out;
+  io::RawChunk chunk;
+  for (size_t i = first; i < lines.size();) {
+    chunk.reset(schema.num_dense(), schema.num_cat());
+    chunk.first_line = static_cast<int64_t>(i) + 1;
+    for (; i < lines.size() && chunk.rows < batch_rows; ++i) {
+      std::string_view l = lines[i];
+      if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+      if (l.empty()) continue;
+      io::parse_line(l.data(), l.data() + l.size(), schema, mapping, chunk,
+                     source + ":" + std::to_string(i + 1));
+    }
+    if (chunk.rows == 0) continue;
+    std::vector<float> p = predict(chunk);
+    out.insert(out.end(), p.begin(), p.end());
+  }
+  return out;
+}
+
+}  // namespace dlrec::train
