@@ -45,7 +45,11 @@ class Categorify final : public CategoricalEncoder {
     fitted_ = false;
   }
   void fit_chunk(const uint64_t* keys, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i) ++counts_[keys[i]];
+    constexpr int64_t kAhead = 16;
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) counts_.prefetch(keys[i + kAhead]);
+      ++counts_[keys[i]];
+    }
   }
   void fit_end() override {
     std::vector<std::pair<uint64_t, uint64_t>> kept;  // (count, key)
@@ -85,7 +89,9 @@ class Categorify final : public CategoricalEncoder {
   }
 
   void encode(const uint64_t* keys, int64_t n, int64_t* ids) const override {
+    constexpr int64_t kAhead = 16;
     for (int64_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) lookup_.prefetch(keys[i + kAhead]);
       const int64_t* id = lookup_.find(keys[i]);
       ids[i] = id ? *id : kOovId;
     }

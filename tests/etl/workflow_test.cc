@@ -11,6 +11,8 @@
 #include "dlrec/core/error.h"
 #include "dlrec/core/file_util.h"
 #include "dlrec/etl/key_map.h"
+#include "dlrec/core/progress.h"
+#include "dlrec/core/thread_pool.h"
 
 namespace dlrec::etl {
 namespace {
@@ -542,6 +544,58 @@ TEST(KeyMapTest, InsertFindGrowAllKeys) {
   size_t n = 0;
   m.for_each([&](uint64_t, int64_t) { ++n; });
   EXPECT_EQ(n, keys.size());
+}
+
+}  // namespace
+}  // namespace dlrec::etl
+
+namespace dlrec::etl {
+namespace {
+
+// fit + transform speed on parsed Criteo-like chunks (no parsing, no I/O). Run with
+// --gtest_also_run_disabled_tests --gtest_filter='*WorkflowThroughput*'.
+TEST(WorkflowPerfTest, DISABLED_WorkflowThroughput) {
+  const int rows = 1 << 20, chunk_rows = 1 << 16;
+  io::Schema s;
+  s.columns.push_back({"label", io::ColumnKind::Label, false});
+  for (int i = 1; i <= 13; ++i) s.columns.push_back({"I" + std::to_string(i), io::ColumnKind::Dense, false});
+  for (int i = 1; i <= 26; ++i)
+    s.columns.push_back({"C" + std::to_string(i), io::ColumnKind::Categorical, false});
+  std::mt19937_64 rng(1);
+  std::vector<io::RawChunk> chunks;
+  for (int r0 = 0; r0 < rows; r0 += chunk_rows) {
+    ChunkBuilder b(13, 26);
+    std::vector<float> d(13);
+    std::vector<std::vector<uint64_t>> c(26);
+    for (int r = 0; r < chunk_rows; ++r) {
+      for (auto& x : d) x = rng() % 10 ? static_cast<float>(rng() % 1000) : kNaN;
+      for (int k = 0; k < 26; ++k) {
+        uint64_t u = rng();
+        c[k].assign(1, (u % 4 == 0 ? (u >> 8) % 1000000 : (u >> 8) % 100) * 2654435761u);
+        if (u % 30 == 1) c[k].clear();
+      }
+      b.row(0, d, c);
+    }
+    chunks.push_back(b.c);
+  }
+  json cfg = {{"pipeline",
+               json::array({{{"columns", "@dense"},
+                             {"ops", {{{"op", "FillMissing"}}, {{"op", "Clip"}, {"min", 0}},
+                                      {{"op", "LogOp"}}}}},
+                            {{"columns", "@categorical"},
+                             {"ops", {{{"op", "Categorify"}, {"freq_threshold", 2}}}}}})}};
+  auto w = Workflow::from_config(cfg, s);
+  Timer t;
+  w.fit(source_of(chunks));
+  double fit_s = t.seconds();
+  t.reset();
+  io::Batch out;
+  for (const auto& c : chunks) w.transform(c, out);
+  double tr_s = t.seconds();
+  // ~265 bytes per Criteo text row.
+  std::printf("threads %d: fit %.0f krows/s (%.0f MB/s of text), transform %.0f krows/s (%.0f MB/s)\n",
+              num_threads(), rows / fit_s / 1e3, rows * 265 / fit_s / 1e6, rows / tr_s / 1e3,
+              rows * 265 / tr_s / 1e6);
 }
 
 }  // namespace
