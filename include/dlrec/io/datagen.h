@@ -24,8 +24,13 @@ struct DatagenConfig {
   uint64_t seed = 42;
   int num_dense = 13;
   int num_cat = 26;
-  // Cardinality per categorical column; shorter lists repeat their last value.
-  std::vector<int64_t> cardinalities = {100000};
+  // Cardinality per categorical column; shorter lists repeat their last value, longer ones are
+  // cut to num_cat. The default mimics Criteo's mix of tiny, medium and huge columns (the
+  // largest scaled down to <= 1e6).
+  std::vector<int64_t> cardinalities = {1460,  583,   1000000, 400000, 305,    24,    12517,
+                                        633,   3,     93145,   5683,   600000, 3194,  27,
+                                        14992, 500000, 10,     5652,   2173,   4,     700000,
+                                        18,    15,    286181,  105,    142572};
   double zipf_s = 1.1;
   double dense_missing = 0.1;  // probability a dense value is missing
   double cat_missing = 0.03;   // probability a categorical value is missing
@@ -37,13 +42,17 @@ struct DatagenConfig {
   static DatagenConfig from_json(const json& j);
   json to_json() const;
   Schema schema() const;  // the schema of the generated file (Criteo-like, hex)
+  int64_t cardinality(int c) const;  // of categorical column c, after the repeat rule
 };
 
 struct DatagenResult {
   int64_t rows = 0;
   int64_t bytes = 0;
   double positive_rate = 0;
-  double signal_auc = 0;  // AUC of the true click probability on the generated rows
+  // Exact AUC (ties count one half) of the true click probability against the drawn labels,
+  // over the first min(rows, 2^24) rows: the ceiling a perfect model of this data reaches.
+  // 0.5 when those rows hold only one class.
+  double signal_auc = 0;
 };
 
 // Writes the rows to `out` (parallel generation, deterministic output order).

@@ -33,6 +33,11 @@ struct Schema {
   static Schema criteo(int num_dense = 13, int num_cat = 26);
   // {"format": "criteo"|"csv", "delimiter", "header", "list_sep", "cat_encoding",
   //  "columns": [{"name", "kind": "label"|"dense"|"categorical"|"skip", "multi_hot"}]}
+  // "criteo" defaults: tab, no header, hex, columns = criteo(num_dense, num_cat) where the
+  // optional keys "num_dense"/"num_cat" (13/26) apply when "columns" is absent. "csv" defaults:
+  // ',', header, string encoding, list_sep '|', "columns" required. Separators are one
+  // character or "tab". Unknown keys, duplicate column names, two labels, and list_sep equal to
+  // the delimiter when a column is multi-hot are errors.
   static Schema from_json(const json& j);
   json to_json() const;
 
@@ -44,7 +49,8 @@ struct Schema {
   std::vector<bool> cat_multi_hot() const;
 };
 
-// 64-bit hash of a categorical string value (stable across platforms and versions).
+// 64-bit hash of a categorical string value (stable across platforms and versions; the
+// algorithm is described in schema.cc and its constants are frozen).
 uint64_t hash_category(std::string_view s);
 
 }  // namespace dlrec::io

@@ -1,0 +1,629 @@
+#include "dlrec/io/text_reader.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <unordered_map>
+
+#include "dlrec/core/error.h"
+#include "dlrec/core/thread_pool.h"
+
+namespace dlrec::io {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+// Lines per parsing task below which a chunk is not split further among threads.
+constexpr int64_t kMinLinesPerTask = 256;
+// Longest field text quoted back in an error message.
+constexpr size_t kMaxQuoted = 40;
+
+// Hex digit values; 0xFF marks a character that is not a hex digit.
+struct HexTable {
+  unsigned char v[256];
+  HexTable() {
+    std::memset(v, 0xFF, sizeof(v));
+    for (int i = 0; i < 10; ++i) v['0' + i] = static_cast<unsigned char>(i);
+    for (int i = 0; i < 6; ++i) {
+      v['a' + i] = static_cast<unsigned char>(10 + i);
+      v['A' + i] = static_cast<unsigned char>(10 + i);
+    }
+  }
+};
+const HexTable kHex;
+
+std::string quote_text(const char* b, const char* e) {
+  size_t n = static_cast<size_t>(e - b);
+  std::string s = "'";
+  if (n > kMaxQuoted) {
+    s.append(b, kMaxQuoted);
+    s += "...";
+  } else {
+    s.append(b, n);
+  }
+  s += "'";
+  return s;
+}
+
+// One field of a line: [b, e). `escaped` marks a quoted field holding "" pairs.
+struct Field {
+  const char* b;
+  const char* e;
+  bool escaped;
+};
+
+// Why a line was rejected: `field` is the 0-based file field (-1: the whole line).
+struct LineError {
+  int field = -1;
+  std::string msg;
+};
+
+// Splits a line into fields. A field that starts with '"' is quoted: it ends at the next '"'
+// not doubled, and "" inside stands for one '"'. Quoted fields cannot span lines.
+bool split_fields(const char* b, const char* e, char delim, std::vector<Field>& out,
+                  LineError& err) {
+  out.clear();
+  const char* p = b;
+  for (;;) {
+    if (p < e && *p == '"') {
+      const char* q = p + 1;
+      bool escaped = false;
+      for (;;) {
+        q = static_cast<const char*>(std::memchr(q, '"', static_cast<size_t>(e - q)));
+        if (q == nullptr) {
+          err.field = static_cast<int>(out.size());
+          err.msg = "unterminated quoted field";
+          return false;
+        }
+        if (q + 1 < e && q[1] == '"') {
+          escaped = true;
+          q += 2;
+          continue;
+        }
+        break;
+      }
+      out.push_back({p + 1, q, escaped});
+      p = q + 1;
+      if (p < e && *p != delim) {
+        err.field = static_cast<int>(out.size()) - 1;
+        err.msg = "unexpected character after the closing quote";
+        return false;
+      }
+    } else {
+      const char* q = p;
+      while (q < e && *q != delim) ++q;
+      out.push_back({p, q, false});
+      p = q;
+    }
+    if (p >= e) return true;
+    ++p;  // the delimiter; a delimiter at the very end opens one more (empty) field
+  }
+}
+
+// Replaces "" by " in a quoted field, using `scratch` as storage.
+Field unescape(const Field& f, std::string& scratch) {
+  scratch.clear();
+  for (const char* p = f.b; p < f.e; ++p) {
+    scratch.push_back(*p);
+    if (*p == '"' && p + 1 < f.e && p[1] == '"') ++p;
+  }
+  return {scratch.data(), scratch.data() + scratch.size(), false};
+}
+
+// Parses a decimal number: [+-]digits[.digits][(e|E)[+-]digits], at least one mantissa digit.
+// Text such as "nan", "inf", "0x10" or " 1" is rejected. Returns nullptr on success, else why.
+const char* parse_number(const char* b, const char* e, float& out) {
+  const char* p = b;
+  bool neg = false;
+  if (p < e && (*p == '+' || *p == '-')) {
+    neg = *p == '-';
+    ++p;
+  }
+  // Fast path: a plain integer of at most 18 digits.
+  const char* digits = p;
+  uint64_t v = 0;
+  while (p < e && static_cast<unsigned>(*p - '0') < 10u && p - digits < 18) {
+    v = v * 10 + static_cast<unsigned>(*p - '0');
+    ++p;
+  }
+  if (p == e && p > digits) {
+    double d = static_cast<double>(v);
+    out = static_cast<float>(neg ? -d : d);
+    return nullptr;
+  }
+  // General syntax check, then the standard conversion (locale independent).
+  p = digits;
+  int mant = 0;
+  while (p < e && static_cast<unsigned>(*p - '0') < 10u) ++p, ++mant;
+  if (p < e && *p == '.') {
+    ++p;
+    while (p < e && static_cast<unsigned>(*p - '0') < 10u) ++p, ++mant;
+  }
+  if (mant == 0) {
+    std::string low;
+    for (const char* q = digits; q < e && low.size() < 9; ++q)
+      low.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(*q))));
+    if (low == "nan" || low == "inf" || low == "infinity") return "is not a finite number";
+    return "is not a number";
+  }
+  if (p < e && (*p == 'e' || *p == 'E')) {
+    ++p;
+    if (p < e && (*p == '+' || *p == '-')) ++p;
+    int exp_digits = 0;
+    while (p < e && static_cast<unsigned>(*p - '0') < 10u) ++p, ++exp_digits;
+    if (exp_digits == 0) return "is not a number";
+  }
+  if (p != e) return "is not a number";
+  double d = 0;
+  auto res = std::from_chars(digits, e, d);
+  if (res.ec == std::errc::result_out_of_range) return "is out of range";
+  if (res.ec != std::errc() || res.ptr != e) return "is not a number";
+  float f = static_cast<float>(neg ? -d : d);
+  if (!std::isfinite(f)) return "is out of range";
+  out = f;
+  return nullptr;
+}
+
+// What a file field becomes in a RawChunk.
+struct Target {
+  ColumnKind kind = ColumnKind::Skip;
+  int index = 0;  // dense or categorical ordinal
+  bool multi_hot = false;
+  int column = -1;  // schema column, -1 when the field is ignored
+};
+
+// Parses lines of one file layout into RawChunk rows. Immutable after construction, so one
+// parser serves all threads; per-thread scratch lives in Scratch.
+class LineParser {
+ public:
+  struct Scratch {
+    std::vector<Field> fields;
+    std::string unescaped;
+  };
+
+  LineParser(const Schema& schema, const std::vector<int>& field_to_column)
+      : schema_(schema),
+        num_dense_(schema.num_dense()),
+        num_cat_(schema.num_cat()),
+        hex_(schema.cat_encoding == CatEncoding::Hex) {
+    std::vector<int> ordinal(schema.columns.size());
+    int nd = 0, nc = 0;
+    for (size_t i = 0; i < schema.columns.size(); ++i) {
+      const auto& c = schema.columns[i];
+      ordinal[i] = c.kind == ColumnKind::Dense ? nd++ : c.kind == ColumnKind::Categorical ? nc++ : 0;
+    }
+    for (int col : field_to_column) {
+      Target t;
+      if (col >= 0) {
+        DLREC_CHECK(col < static_cast<int>(schema.columns.size()), "field mapping names column ",
+                    col, " but the schema has ", schema.columns.size());
+        const auto& c = schema.columns[col];
+        t.kind = c.kind;
+        t.index = ordinal[col];
+        t.multi_hot = c.multi_hot;
+        t.column = col;
+      }
+      targets_.push_back(t);
+    }
+  }
+
+  int num_fields() const { return static_cast<int>(targets_.size()); }
+
+  // Appends the line as row `out.rows`; on failure leaves `out` unchanged and fills `err`.
+  bool parse(const char* b, const char* e, RawChunk& out, Scratch& s, LineError& err) const {
+    if (!split_fields(b, e, schema_.delimiter, s.fields, err)) return false;
+    if (s.fields.size() != targets_.size()) {
+      err.field = -1;
+      err.msg = "expected " + std::to_string(targets_.size()) + " fields, got " +
+                std::to_string(s.fields.size());
+      return false;
+    }
+    const int64_t r = out.rows;
+    float label = 0;
+    out.dense.resize(static_cast<size_t>((r + 1) * num_dense_), kNaN);
+    float* dense = out.dense.data() + r * num_dense_;
+    for (size_t i = 0; i < s.fields.size(); ++i) {
+      const Target& t = targets_[i];
+      if (t.kind == ColumnKind::Skip) continue;
+      Field f = s.fields[i];
+      if (f.escaped) f = unescape(f, s.unescaped);
+      const char* why = nullptr;
+      switch (t.kind) {
+        case ColumnKind::Label: {
+          float v = 0;
+          if (f.b == f.e) {
+            why = "the label is missing";
+          } else if (parse_number(f.b, f.e, v) != nullptr || (v != 0.f && v != 1.f)) {
+            err.field = static_cast<int>(i);
+            err.msg = "label must be 0 or 1, got " + quote_text(f.b, f.e);
+            return rollback(out, err);
+          }
+          label = v;
+          break;
+        }
+        case ColumnKind::Dense:
+          if (f.b != f.e) why = parse_number(f.b, f.e, dense[t.index]);
+          break;
+        case ColumnKind::Categorical:
+          why = parse_cat(f, t.multi_hot, out.cat_values[t.index]);
+          break;
+        case ColumnKind::Skip:
+          break;
+      }
+      if (why != nullptr) {
+        err.field = static_cast<int>(i);
+        err.msg = quote_text(f.b, f.e) + " " + why;
+        if (f.b == f.e) err.msg = why;
+        return rollback(out, err);
+      }
+    }
+    out.label.push_back(label);
+    for (int c = 0; c < num_cat_; ++c)
+      out.cat_offsets[c].push_back(static_cast<int64_t>(out.cat_values[c].size()));
+    ++out.rows;
+    return true;
+  }
+
+  // "column 15 (C1): " for a field error, "" for a line error.
+  std::string field_prefix(int field) const {
+    if (field < 0) return "";
+    std::string s = "column " + std::to_string(field + 1);
+    if (field < num_fields() && targets_[field].column >= 0)
+      s += " (" + schema_.columns[targets_[field].column].name + ")";
+    return s + ": ";
+  }
+
+ private:
+  bool rollback(RawChunk& out, const LineError&) const {
+    out.dense.resize(static_cast<size_t>(out.rows * num_dense_));
+    for (int c = 0; c < num_cat_; ++c)
+      out.cat_values[c].resize(static_cast<size_t>(out.cat_offsets[c].back()));
+    return false;
+  }
+
+  const char* parse_one(const char* b, const char* e, std::vector<uint64_t>& vals) const {
+    if (!hex_) {
+      vals.push_back(hash_category(std::string_view(b, static_cast<size_t>(e - b))));
+      return nullptr;
+    }
+    if (e - b > 16) return "is not a hexadecimal category (more than 16 digits)";
+    uint64_t v = 0;
+    for (const char* p = b; p < e; ++p) {
+      unsigned d = kHex.v[static_cast<unsigned char>(*p)];
+      if (d == 0xFF) return "is not a hexadecimal category";
+      v = (v << 4) | d;
+    }
+    vals.push_back(v);
+    return nullptr;
+  }
+
+  const char* parse_cat(const Field& f, bool multi_hot, std::vector<uint64_t>& vals) const {
+    if (f.b == f.e) return nullptr;  // missing: an empty list
+    if (!multi_hot) return parse_one(f.b, f.e, vals);
+    const char sep = schema_.list_sep;
+    for (const char* p = f.b; p < f.e;) {
+      const char* q = p;
+      while (q < f.e && *q != sep) ++q;
+      if (q > p) {  // empty items ("a,,b") are ignored
+        if (const char* why = parse_one(p, q, vals)) return why;
+      }
+      p = q + 1;
+    }
+    return nullptr;
+  }
+
+  const Schema& schema_;
+  int num_dense_, num_cat_;
+  bool hex_;
+  std::vector<Target> targets_;
+};
+
+}  // namespace
+
+OnError parse_on_error(const std::string& s) {
+  if (s == "fail") return OnError::Fail;
+  if (s == "skip") return OnError::Skip;
+  std::string near = nearest_name(s, {"fail", "skip"});
+  fail("on_error must be 'fail' or 'skip', got '", s, "'",
+       near.empty() ? "" : " (did you mean '" + near + "'?)");
+}
+
+std::vector<int> field_mapping(const Schema& schema, const std::string& header_line,
+                               const std::string& file) {
+  std::vector<int> map;
+  if (!schema.header) {
+    for (size_t i = 0; i < schema.columns.size(); ++i) map.push_back(static_cast<int>(i));
+    return map;
+  }
+  const char* b = header_line.data();
+  const char* e = b + header_line.size();
+  if (e - b >= 3 && std::memcmp(b, "\xEF\xBB\xBF", 3) == 0) b += 3;  // UTF-8 byte order mark
+  while (e > b && (e[-1] == '\r' || e[-1] == '\n')) --e;
+  std::vector<Field> fields;
+  LineError err;
+  if (!split_fields(b, e, schema.delimiter, fields, err))
+    fail(file, ":1: header column ", err.field + 1, ": ", err.msg);
+  std::unordered_map<std::string, int> by_name;
+  for (size_t i = 0; i < schema.columns.size(); ++i)
+    by_name[schema.columns[i].name] = static_cast<int>(i);
+  std::vector<int> seen(schema.columns.size(), -1);
+  std::vector<std::string> header_names;
+  std::string scratch;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    Field f = fields[i].escaped ? unescape(fields[i], scratch) : fields[i];
+    std::string name(f.b, f.e);
+    // Surrounding blanks in a header name are not part of it.
+    size_t s0 = name.find_first_not_of(" \t"), s1 = name.find_last_not_of(" \t");
+    name = s0 == std::string::npos ? "" : name.substr(s0, s1 - s0 + 1);
+    header_names.push_back(name);
+    auto it = by_name.find(name);
+    int col = it == by_name.end() ? -1 : it->second;
+    if (col >= 0) {
+      if (seen[col] >= 0)
+        fail(file, ":1: column '", name, "' appears twice in the header (columns ", seen[col] + 1,
+             " and ", i + 1, ")");
+      seen[col] = static_cast<int>(i);
+    }
+    map.push_back(col);  // header columns the schema does not name are ignored
+  }
+  for (size_t c = 0; c < schema.columns.size(); ++c) {
+    if (seen[c] >= 0 || schema.columns[c].kind == ColumnKind::Skip) continue;
+    std::string near = nearest_name(schema.columns[c].name, header_names);
+    fail(file, ":1: the header has no column '", schema.columns[c].name, "'",
+         near.empty() ? "" : " (did you mean '" + near + "'?)");
+  }
+  return map;
+}
+
+void parse_line(const char* begin, const char* end, const Schema& schema,
+                const std::vector<int>& field_to_column, RawChunk& out, const std::string& where) {
+  const int nd = schema.num_dense(), nc = schema.num_cat();
+  if (out.rows == 0 && (out.num_dense != nd || out.num_cat != nc ||
+                        static_cast<int>(out.cat_offsets.size()) != nc))
+    out.reset(nd, nc);
+  DLREC_CHECK(out.num_dense == nd && out.num_cat == nc, where,
+              ": parse_line: chunk column counts differ from the schema");
+  while (end > begin && (end[-1] == '\n' || end[-1] == '\r')) --end;
+  LineParser parser(schema, field_to_column);
+  LineParser::Scratch scratch;
+  LineError err;
+  if (!parser.parse(begin, end, out, scratch, err))
+    fail(where, ": ", parser.field_prefix(err.field), err.msg);
+}
+
+// ---------------------------------------------------------------------------------------------
+// TextReader
+
+namespace {
+struct FileCloser {
+  void operator()(FILE* f) const {
+    if (f) std::fclose(f);
+  }
+};
+using FilePtr = std::unique_ptr<FILE, FileCloser>;
+
+// Outcome of one parsing task (a contiguous run of lines).
+struct TaskResult {
+  int64_t skipped = 0;
+  int64_t error_line = -1;  // index (within the chunk) of the first bad line, -1 if none
+  LineError error;
+};
+}  // namespace
+
+struct TextReader::Impl {
+  std::vector<std::string> files;
+  Schema schema;
+  ReadOptions opt;
+  ReadStats stats;
+
+  size_t next_file = 0;
+  FilePtr file;
+  std::string name;
+  bool eof = false;
+  // Unconsumed input is buf[pos, end); capacity `cap`.
+  std::unique_ptr<char[]> buf;
+  size_t cap = 0, pos = 0, end = 0;
+  int64_t line_no = 1;  // 1-based line number of the line starting at `pos`
+  std::unique_ptr<LineParser> parser;
+
+  // The current chunk's lines: [first, second) offsets into buf, newline and '\r' excluded.
+  std::vector<std::pair<size_t, size_t>> lines;
+  bool last_unterminated = false;
+  std::vector<RawChunk> parts;
+  std::vector<LineParser::Scratch> scratch;
+  std::vector<TaskResult> results;
+
+  bool done = false;
+
+  void read_block() {
+    size_t want = std::max<size_t>(opt.block_bytes, 1);
+    if (cap - end < want) {
+      if (pos > 0) {  // drop consumed bytes first
+        std::memmove(buf.get(), buf.get() + pos, end - pos);
+        for (auto& l : lines) l.first -= pos, l.second -= pos;
+        end -= pos;
+        pos = 0;
+      }
+      if (cap - end < want) {
+        size_t ncap = std::max(cap * 2, end + want);
+        std::unique_ptr<char[]> nb(new char[ncap]);
+        if (end) std::memcpy(nb.get(), buf.get(), end);
+        buf = std::move(nb);
+        cap = ncap;
+      }
+    }
+    size_t got = std::fread(buf.get() + end, 1, want, file.get());
+    if (got < want) {
+      if (std::ferror(file.get())) fail(name, ": read error: ", std::strerror(errno));
+      eof = true;
+    }
+    end += got;
+  }
+
+  // Offset of the scanned line's end ('\n'), reading more input as needed; npos at EOF.
+  size_t find_newline(size_t& scan) {
+    for (;;) {
+      const void* nl = std::memchr(buf.get() + scan, '\n', end - scan);
+      if (nl) return static_cast<size_t>(static_cast<const char*>(nl) - buf.get());
+      if (eof) return std::string::npos;
+      size_t before = pos;
+      read_block();
+      scan -= before - pos;  // read_block may have moved the data
+    }
+  }
+
+  bool open_next() {
+    file.reset();
+    if (next_file >= files.size()) return false;
+    name = files[next_file++];
+    file.reset(std::fopen(name.c_str(), "rb"));
+    if (!file) fail("cannot open '", name, "': ", std::strerror(errno));
+    eof = false;
+    pos = end = 0;
+    line_no = 1;
+    std::string header;
+    if (schema.header) {
+      size_t scan = pos;
+      size_t nl = find_newline(scan);
+      size_t stop = nl == std::string::npos ? end : nl;
+      header.assign(buf.get() + pos, stop - pos);
+      size_t consumed = nl == std::string::npos ? end - pos : nl + 1 - pos;
+      stats.bytes += static_cast<int64_t>(consumed);
+      pos += consumed;
+      line_no = 2;
+      if (header.empty() && nl == std::string::npos) {
+        parser.reset(new LineParser(schema, {}));  // an empty file: zero rows
+        return true;
+      }
+    }
+    parser.reset(new LineParser(schema, field_mapping(schema, header, name)));
+    return true;
+  }
+
+  // Collects up to `want` lines starting at `pos` into `lines`; returns the offset after them.
+  size_t gather(int64_t want) {
+    lines.clear();
+    last_unterminated = false;
+    size_t scan = pos;
+    while (static_cast<int64_t>(lines.size()) < want) {
+      size_t nl = find_newline(scan);
+      size_t lb = scan, le;
+      if (nl == std::string::npos) {
+        if (scan >= end) break;
+        le = end;
+        scan = end;
+        last_unterminated = true;
+      } else {
+        le = nl;
+        scan = nl + 1;
+      }
+      if (le > lb && buf[le - 1] == '\r') --le;
+      lines.emplace_back(lb, le);
+    }
+    return scan;
+  }
+
+  std::string where(int64_t line_index) const {
+    return name + ":" + std::to_string(line_no + line_index);
+  }
+
+  std::string message(int64_t line_index, const LineError& err) const {
+    std::string m = where(line_index) + ": " + parser->field_prefix(err.field) + err.msg;
+    if (last_unterminated && line_index + 1 == static_cast<int64_t>(lines.size()))
+      m += " (the last line is truncated: no newline at end of file)";
+    return m;
+  }
+
+  void parse_task(int64_t lo, int64_t hi, RawChunk& out, LineParser::Scratch& s,
+                  TaskResult& res) {
+    res = TaskResult();
+    const char* base = buf.get();
+    LineError err;
+    for (int64_t i = lo; i < hi; ++i) {
+      const auto& l = lines[i];
+      if (l.first == l.second) continue;  // blank lines carry no row
+      const int64_t before = out.rows;
+      if (parser->parse(base + l.first, base + l.second, out, s, err)) {
+        if (before == 0) out.first_line = line_no + i;
+        continue;
+      }
+      if (res.error_line < 0) {
+        res.error_line = i;
+        res.error = err;
+      }
+      if (opt.on_error == OnError::Fail) return;
+      ++res.skipped;
+    }
+  }
+
+  bool next(RawChunk& out) {
+    const int nd = schema.num_dense(), nc = schema.num_cat();
+    out.reset(nd, nc);
+    while (!done) {
+      int64_t want = std::max<int64_t>(opt.chunk_rows, 1);
+      if (opt.max_rows >= 0) want = std::min(want, opt.max_rows - stats.rows);
+      if (want <= 0) break;
+      if (!file && !open_next()) break;
+      if (pos > 0 && pos == end) pos = end = 0;
+      const size_t stop = gather(want);
+      if (lines.empty()) {
+        file.reset();
+        continue;
+      }
+      const int64_t n = static_cast<int64_t>(lines.size());
+      const int tasks = static_cast<int>(
+          std::max<int64_t>(1, std::min<int64_t>(num_threads(), n / kMinLinesPerTask)));
+      if (static_cast<int>(parts.size()) < tasks) parts.resize(tasks);
+      scratch.resize(std::max<size_t>(scratch.size(), tasks));
+      results.assign(tasks, TaskResult());
+      for (int t = 1; t < tasks; ++t) parts[t].reset(nd, nc);
+      parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          RawChunk& dst = t == 0 ? out : parts[t];
+          parse_task(n * t / tasks, n * (t + 1) / tasks, dst, scratch[t], results[t]);
+        }
+      });
+      // The earliest bad line decides, whichever thread found it.
+      for (int t = 0; t < tasks; ++t) {
+        const TaskResult& r = results[t];
+        if (r.error_line < 0) continue;
+        if (opt.on_error == OnError::Fail) {
+          done = true;
+          fail(message(r.error_line, r.error));
+        }
+        if (stats.first_skip_reason.empty()) stats.first_skip_reason = message(r.error_line, r.error);
+        stats.skipped_rows += r.skipped;
+      }
+      for (int t = 1; t < tasks; ++t) out.append(parts[t]);
+      stats.bytes += static_cast<int64_t>(stop - pos);
+      line_no += n;
+      pos = stop;
+      if (out.rows > 0) {
+        stats.rows += out.rows;
+        return true;
+      }
+    }
+    done = true;
+    file.reset();
+    return false;
+  }
+};
+
+TextReader::TextReader(std::vector<std::string> files, Schema schema, ReadOptions options)
+    : impl_(new Impl) {
+  DLREC_CHECK(!schema.columns.empty(), "TextReader: the schema has no columns");
+  impl_->files = std::move(files);
+  impl_->schema = std::move(schema);
+  impl_->opt = options;
+}
+
+TextReader::~TextReader() = default;
+
+bool TextReader::next(RawChunk& out) { return impl_->next(out); }
+const ReadStats& TextReader::stats() const { return impl_->stats; }
+const Schema& TextReader::schema() const { return impl_->schema; }
+
+}  // namespace dlrec::io
