@@ -44,6 +44,12 @@ Runner add_datagen(CLI::App& app) {
   };
 }
 
+// Used when --workflow is not given; the same as configs/etl_criteo.json.
+const char* kDefaultWorkflow = R"({"pipeline": [
+  {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "Clip", "min": 0},
+                                {"op": "LogOp"}]},
+  {"columns": "@categorical", "ops": [{"op": "Categorify", "freq_threshold": 2}]}]})";
+
 io::Schema load_schema(const std::string& format, const std::string& schema_path) {
   if (!schema_path.empty()) return io::Schema::from_json(read_json_file(schema_path));
   if (format == "criteo") return io::Schema::criteo();
@@ -53,7 +59,7 @@ io::Schema load_schema(const std::string& format, const std::string& schema_path
 Runner add_etl(CLI::App& app) {
   struct Args {
     std::vector<std::string> inputs;
-    std::string format = "criteo", schema, workflow = "configs/etl_criteo.json", out;
+    std::string format = "criteo", schema, workflow, out;
     std::string on_error = "fail";
     int64_t train_rows = -1, shard_rows = 0;
     double valid_ratio = -1;
@@ -65,7 +71,7 @@ Runner add_etl(CLI::App& app) {
   c->add_option("--format", a->format, "criteo (TSV, no header) or csv (needs --schema)")
       ->check(CLI::IsMember({"criteo", "csv"}));
   c->add_option("--schema", a->schema, "Schema JSON (columns, delimiter, header, ...)");
-  c->add_option("--workflow", a->workflow, "Workflow JSON (default configs/etl_criteo.json)");
+  c->add_option("--workflow", a->workflow, "Workflow JSON (default: the Criteo workflow of configs/etl_criteo.json)");
   c->add_option("--out", a->out, "Output directory")->required();
   c->add_option("--train-rows", a->train_rows, "First N rows train, the rest validate");
   c->add_option("--valid-ratio", a->valid_ratio, "Last fraction of rows validates (default 0.1)");
@@ -77,7 +83,7 @@ Runner add_etl(CLI::App& app) {
     etl::EtlOptions o;
     o.inputs = a->inputs;
     o.schema = load_schema(a->format, a->schema);
-    o.workflow = read_json_file(a->workflow);
+    o.workflow = a->workflow.empty() ? json::parse(kDefaultWorkflow) : read_json_file(a->workflow);
     o.output_dir = a->out;
     DLREC_CHECK(a->train_rows < 0 || a->valid_ratio < 0,
                 "give either --train-rows or --valid-ratio, not both");
