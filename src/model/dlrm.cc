@@ -141,7 +141,7 @@ void Dlrm::check_batch(const io::Batch& b) const {
 Tensor Dlrm::forward(const io::Batch& batch, bool training) {
   check_batch(batch);
   have_training_forward_ = false;
-  nn::sync_blas_threads();
+  nn::use_single_threaded_blas();
   const int64_t B = batch.rows, T = static_cast<int64_t>(tables_.size());
   nn::ensure_buffer(dense_in_, {B, layout_.num_dense});
   if (B * layout_.num_dense > 0)
@@ -172,7 +172,7 @@ void Dlrm::backward_and_update(const Tensor& dlogits, double lr_scale) {
               dtype_name(dlogits.dtype()), " ", shape_str(dlogits.shape()));
   DLREC_CHECK(lr_scale >= 0, "DLRM: lr_scale must be >= 0, got ", lr_scale);
   have_training_forward_ = false;
-  nn::sync_blas_threads();
+  nn::use_single_threaded_blas();
   const int64_t B = fwd_rows_, T = static_cast<int64_t>(tables_.size());
 
   const Tensor& dz = top_->backward(dlogits.reshape({B, 1}));

@@ -81,22 +81,26 @@ void DotInteraction::backward(const Tensor& dout) {
   float* ge = d_emb_.data<float>();
   parallel_for(0, B, 32, [&](int64_t lo, int64_t hi) {
     // dZ_i = sum_{j != i} G_ij Z_j with G the symmetric matrix of the triangle's gradients.
-    std::vector<float> dz(n * d);
+    // dZ_0 goes to a scratch row, dZ_1.. straight into grad_emb.
+    std::vector<float> dz0(d);
     for (int64_t b = lo; b < hi; ++b) {
       const float* gb = g + b * F;
       const float* tri = gb + d;
       const float* zd = xd + b * d;
       const float* ze = xe + b * tables_ * d;
+      float* geb = ge + b * tables_ * d;
       auto z = [&](int64_t i) { return i == 0 ? zd : ze + (i - 1) * d; };
-      std::fill(dz.begin(), dz.end(), 0.f);
+      auto dz = [&](int64_t i) { return i == 0 ? dz0.data() : geb + (i - 1) * d; };
+      std::fill(dz0.begin(), dz0.end(), 0.f);
+      std::memset(geb, 0, tables_ * d * sizeof(float));
       for (int64_t i = 1; i < n; ++i) {
         const float* gi = tri + i * (i - 1) / 2;
         const float* zi = z(i);
-        float* dzi = dz.data() + i * d;
+        float* dzi = dz(i);
         for (int64_t j = 0; j < i; ++j) {
           const float gij = gi[j];
           const float* zj = z(j);
-          float* dzj = dz.data() + j * d;
+          float* dzj = dz(j);
           for (int64_t k = 0; k < d; ++k) {
             dzi[k] += gij * zj[k];
             dzj[k] += gij * zi[k];
@@ -104,8 +108,7 @@ void DotInteraction::backward(const Tensor& dout) {
         }
       }
       float* gdb = gd + b * d;
-      for (int64_t k = 0; k < d; ++k) gdb[k] = gb[k] + dz[k];
-      std::memcpy(ge + b * tables_ * d, dz.data() + d, tables_ * d * sizeof(float));
+      for (int64_t k = 0; k < d; ++k) gdb[k] = gb[k] + dz0[k];
     }
   });
 }

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/nn/rng.h"
@@ -21,11 +22,25 @@ int64_t check_matrix(const Tensor& t, int64_t cols, const char* what) {
   return t.dim(0);
 }
 
-void sync_blas_threads() {
-  static std::atomic<int> last{0};
-  const int n = num_threads();
-  if (last.exchange(n) != n) openblas_set_num_threads(n);
+void use_single_threaded_blas() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
 }
+
+namespace {
+
+// Rows per backward chunk. The weight gradient is summed per chunk and the chunks are added in
+// order, so this (not the thread count) fixes the summation order.
+constexpr int64_t kChunkRows = 256;
+
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.f, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), 0.f, c, static_cast<int>(ldc));
+}
+
+}  // namespace
 
 Linear::Linear(int64_t in_features, int64_t out_features, Activation act)
     : in_(in_features), out_(out_features), act_(act) {
@@ -50,20 +65,32 @@ void Linear::init(uint64_t seed) {
 
 const Tensor& Linear::forward(const Tensor& x) {
   const int64_t B = check_matrix(x, in_, "Linear::forward input");
-  sync_blas_threads();
+  use_single_threaded_blas();
   x_ = x;
   ensure_buffer(y_, {B, out_});
   if (B == 0) return y_;
-  float* y = y_.data<float>();
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(B),
-              static_cast<int>(out_), static_cast<int>(in_), 1.f, x.data<float>(),
-              static_cast<int>(in_), w_.value.data<float>(), static_cast<int>(in_), 0.f, y,
-              static_cast<int>(out_));
-  // Epilogue: bias (and ReLU), one pass over y.
+  const float* xs = x.data<float>();
+  const float* w = w_.value.data<float>();
   const float* b = b_.value.data<float>();
-  const int64_t out = out_;
+  float* y = y_.data<float>();
+  const int64_t in = in_, out = out_;
   const bool relu = act_ == Activation::ReLU;
-  parallel_for(0, B, std::max<int64_t>(1, 8192 / out), [&](int64_t lo, int64_t hi) {
+  // Row blocks: each thread runs one single-threaded GEMM on its rows and applies the bias
+  // (and ReLU) while they are still in cache.
+  const int64_t grain = std::max<int64_t>(16, 32768 / std::max<int64_t>(in + out, 1));
+  parallel_for(0, B, grain, [&](int64_t lo, int64_t hi) {
+    if (out == 1) {
+      // OpenBLAS turns an n = 1 GEMM into a GEMV whose summation order depends on the row
+      // count; a plain dot per row keeps the logits independent of the split.
+      for (int64_t r = lo; r < hi; ++r) {
+        const float* xr = xs + r * in;
+        float acc = 0.f;
+        for (int64_t i = 0; i < in; ++i) acc += xr[i] * w[i];
+        y[r] = acc;
+      }
+    } else {
+      gemm(false, true, hi - lo, out, in, xs + lo * in, in, w, in, y + lo * out, out);
+    }
     for (int64_t r = lo; r < hi; ++r) {
       float* yr = y + r * out;
       if (relu) {
@@ -81,64 +108,74 @@ const Tensor& Linear::backward(const Tensor& dy_in, bool need_dx) {
   const int64_t B = check_matrix(dy_in, out_, "Linear::backward dy");
   DLREC_CHECK(B == x_.dim(0), "Linear::backward: dy has ", B, " rows, the forward had ",
               x_.dim(0));
-  sync_blas_threads();
-  const float* dy = dy_in.data<float>();
-  float* db = b_.grad.data<float>();
-  const int64_t out = out_;
-  // The ReLU mask and the bias gradient in one pass; columns are split among threads so that
-  // each bias element is summed over rows in a fixed order (thread-count independent).
+  use_single_threaded_blas();
+  const int64_t in = in_, out = out_;
   const bool relu = act_ == Activation::ReLU;
-  const float* dz = dy;
-  if (relu) {
-    ensure_buffer(dz_, {B, out_});
-    dz = dz_.data<float>();
-  }
-  {
-    float* dzw = relu ? dz_.data<float>() : nullptr;
-    const float* y = y_.data<float>();
-    constexpr int64_t kCols = 16;
-    const int64_t blocks = (out + kCols - 1) / kCols;
-    parallel_for(0, blocks, std::max<int64_t>(1, 4096 / std::max<int64_t>(B, 1)),
-                 [&](int64_t lo, int64_t hi) {
-      for (int64_t blk = lo; blk < hi; ++blk) {
-        const int64_t c0 = blk * kCols, c1 = std::min(out, c0 + kCols);
-        float acc[kCols] = {};
-        for (int64_t r = 0; r < B; ++r) {
-          const float* dyr = dy + r * out;
-          if (relu) {
-            const float* yr = y + r * out;
-            float* dzr = dzw + r * out;
-            for (int64_t j = c0; j < c1; ++j) {
-              const float g = yr[j] > 0.f ? dyr[j] : 0.f;
-              dzr[j] = g;
-              acc[j - c0] += g;
-            }
-          } else {
-            for (int64_t j = c0; j < c1; ++j) acc[j - c0] += dyr[j];
-          }
-        }
-        for (int64_t j = c0; j < c1; ++j) db[j] = acc[j - c0];
-      }
-    });
-  }
-  const int Bi = static_cast<int>(B), in = static_cast<int>(in_), o = static_cast<int>(out_);
-  if (B == 0) {
-    w_.grad.zero_();
+  const float* dy = dy_in.data<float>();
+  const float* xs = x_.data<float>();
+  const float* y = y_.data<float>();
+  const float* w = w_.value.data<float>();
+  if (relu) ensure_buffer(dz_, {B, out_});
+  float* dzw = relu ? dz_.data<float>() : nullptr;
+  const float* dz = relu ? dzw : dy;
+  if (need_dx) {
+    ensure_buffer(dx_, {B, in_});
   } else {
-    // dW [out, in] = dz^T [out, B] x [B, in]
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o, in, Bi, 1.f, dz, o,
-                x_.data<float>(), in, 0.f, w_.grad.data<float>(), in);
-  }
-  if (!need_dx) {
     dx_ = Tensor();
-    return dx_;
   }
-  ensure_buffer(dx_, {B, in_});
-  if (B > 0) {
-    // dx [B, in] = dz [B, out] W [out, in]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Bi, in, o, 1.f, dz, o,
-                w_.value.data<float>(), in, 0.f, dx_.data<float>(), in);
-  }
+  float* dx = need_dx ? dx_.data<float>() : nullptr;
+
+  // One pass over fixed chunks of rows: ReLU mask, the chunk's partial bias and weight gradients
+  // (a single-threaded GEMM over the chunk's rows) and the chunk's rows of dx. Then the partials
+  // are added in chunk order: the result does not depend on the thread count.
+  const int64_t chunks = (B + kChunkRows - 1) / kChunkRows;
+  const int64_t wn = out * in;
+  ensure_buffer(partial_, {std::max<int64_t>(chunks, 1), wn + out});
+  float* part = partial_.data<float>();
+  parallel_for(0, chunks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t c = lo; c < hi; ++c) {
+      const int64_t r0 = c * kChunkRows, r1 = std::min(B, r0 + kChunkRows);
+      float* pw = part + c * (wn + out);
+      float* pb = pw + wn;
+      std::fill(pb, pb + out, 0.f);
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* dyr = dy + r * out;
+        if (relu) {
+          const float* yr = y + r * out;
+          float* dzr = dzw + r * out;
+          for (int64_t j = 0; j < out; ++j) {
+            const float g = yr[j] > 0.f ? dyr[j] : 0.f;
+            dzr[j] = g;
+            pb[j] += g;
+          }
+        } else {
+          for (int64_t j = 0; j < out; ++j) pb[j] += dyr[j];
+        }
+      }
+      // dW_c [out, in] = dz_c^T [out, rows] x_c [rows, in]
+      gemm(true, false, out, in, r1 - r0, dz + r0 * out, out, xs + r0 * in, in, pw, in);
+      // dx_c [rows, in] = dz_c [rows, out] W [out, in]
+      if (dx) gemm(false, false, r1 - r0, in, out, dz + r0 * out, out, w, in, dx + r0 * in, in);
+    }
+  });
+  float* dw = w_.grad.data<float>();
+  float* db = b_.grad.data<float>();
+  parallel_for(0, wn + out, 4096, [&](int64_t lo, int64_t hi) {
+    if (chunks == 0) {
+      for (int64_t i = lo; i < hi; ++i) (i < wn ? dw[i] : db[i - wn]) = 0.f;
+      return;
+    }
+    // Elements [lo, hi) of the concatenation [dW, db].
+    auto reduce = [&](float* dst, int64_t off, int64_t a, int64_t e) {
+      std::copy(part + off + a, part + off + e, dst + a);
+      for (int64_t c = 1; c < chunks; ++c) {
+        const float* pc = part + c * (wn + out) + off;
+        for (int64_t i = a; i < e; ++i) dst[i] += pc[i];
+      }
+    };
+    if (lo < wn) reduce(dw, 0, lo, std::min(hi, wn));
+    if (hi > wn) reduce(db, wn, std::max(lo, wn) - wn, hi - wn);
+  });
   return dx_;
 }
 

@@ -36,11 +36,13 @@ class Linear {
   int64_t in_, out_;
   Activation act_;
   Param w_, b_;
-  Tensor x_, y_, dz_, dx_;
+  Tensor x_, y_, dz_, dx_, partial_;
 };
 
-// Sets OpenBLAS's thread count to dlrec::num_threads() if it changed since the last call, so
-// that one knob (set_num_threads / DLREC_THREADS) controls both our loops and the GEMMs.
-void sync_blas_threads();
+// Layers split their GEMMs into row blocks themselves and run them on dlrec's thread pool, one
+// single-threaded OpenBLAS call per block: one pool (set_num_threads / DLREC_THREADS) does all
+// the work, and no idle BLAS threads spin while our own loops run. This sets OpenBLAS to one
+// thread (once, process-wide); layers call it before their first GEMM.
+void use_single_threaded_blas();
 
 }  // namespace dlrec::nn
