@@ -49,7 +49,7 @@ constexpr double kWeightScale = 0.55;      // S at signal_strength 1
 constexpr double kWeightHalfRank = 48.0;   // weight decays as 1/sqrt(1 + rank / this)
 constexpr int kQuantileBits = 12;          // normal quantile table: 2^12 intervals
 constexpr int64_t kAucMaxRows = 1 << 24;   // signal_auc uses at most this many rows
-constexpr int64_t kCalibrationRows = 100000;
+constexpr int64_t kCalibrationRows = 50000;
 
 // ---- deterministic math ---------------------------------------------------------------------
 

@@ -213,53 +213,66 @@ class LineParser {
   int num_fields() const { return static_cast<int>(targets_.size()); }
 
   // Appends the line as row `out.rows`; on failure leaves `out` unchanged and fills `err`.
+  // One pass over the line: fields are cut and parsed as they come. A wrong field count is
+  // reported in preference to a bad value (a missing tab shifts every later field).
   bool parse(const char* b, const char* e, RawChunk& out, Scratch& s, LineError& err) const {
-    if (!split_fields(b, e, schema_.delimiter, s.fields, err)) return false;
-    if (s.fields.size() != targets_.size()) {
-      err.field = -1;
-      err.msg = "expected " + std::to_string(targets_.size()) + " fields, got " +
-                std::to_string(s.fields.size());
-      return false;
-    }
     const int64_t r = out.rows;
+    const int nf = num_fields();
+    const char delim = schema_.delimiter;
     float label = 0;
     out.dense.resize(static_cast<size_t>((r + 1) * num_dense_), kNaN);
     float* dense = out.dense.data() + r * num_dense_;
-    for (size_t i = 0; i < s.fields.size(); ++i) {
-      const Target& t = targets_[i];
-      if (t.kind == ColumnKind::Skip) continue;
-      Field f = s.fields[i];
-      if (f.escaped) f = unescape(f, s.unescaped);
-      const char* why = nullptr;
-      switch (t.kind) {
-        case ColumnKind::Label: {
-          float v = 0;
-          if (f.b == f.e) {
-            why = "the label is missing";
-          } else if (parse_number(f.b, f.e, v) != nullptr || (v != 0.f && v != 1.f)) {
-            err.field = static_cast<int>(i);
-            err.msg = "label must be 0 or 1, got " + quote_text(f.b, f.e);
-            return rollback(out, err);
+    bool bad = false;
+    int i = 0;
+    for (const char* p = b;; ++p, ++i) {
+      Field f;
+      if (p < e && *p == '"') {
+        const char* q = p + 1;
+        bool escaped = false;
+        for (;;) {
+          q = static_cast<const char*>(std::memchr(q, '"', static_cast<size_t>(e - q)));
+          if (q == nullptr || (q + 1 < e && q[1] != '"' && q[1] != delim)) {
+            err.field = i;
+            err.msg = q ? "unexpected character after the closing quote"
+                        : "unterminated quoted field";
+            return rollback(out);
           }
-          label = v;
+          if (q + 1 < e && q[1] == '"') {
+            escaped = true;
+            q += 2;
+            continue;
+          }
           break;
         }
-        case ColumnKind::Dense:
-          if (f.b != f.e) why = parse_number(f.b, f.e, dense[t.index]);
-          break;
-        case ColumnKind::Categorical:
-          why = parse_cat(f, t.multi_hot, out.cat_values[t.index]);
-          break;
-        case ColumnKind::Skip:
-          break;
+        f = escaped ? unescape({p + 1, q, true}, s.unescaped) : Field{p + 1, q, false};
+        p = q + 1;
+      } else {
+        const char* q = p;
+        while (q < e && *q != delim) ++q;
+        f = {p, q, false};
+        p = q;
       }
-      if (why != nullptr) {
-        err.field = static_cast<int>(i);
-        err.msg = quote_text(f.b, f.e) + " " + why;
-        if (f.b == f.e) err.msg = why;
-        return rollback(out, err);
+      if (i < nf && !bad && targets_[i].kind != ColumnKind::Skip) {
+        const char* why = parse_field(targets_[i], f, dense, label, out);
+        if (why != nullptr) {
+          bad = true;
+          err.field = i;
+          if (why == kBadLabel)
+            err.msg = "label must be 0 or 1, got " + quote_text(f.b, f.e);
+          else if (f.b == f.e)
+            err.msg = why;
+          else
+            err.msg = quote_text(f.b, f.e) + " " + why;
+        }
       }
+      if (p >= e) break;
     }
+    if (i + 1 != nf) {
+      err.field = -1;
+      err.msg = "expected " + std::to_string(nf) + " fields, got " + std::to_string(i + 1);
+      return rollback(out);
+    }
+    if (bad) return rollback(out);
     out.label.push_back(label);
     for (int c = 0; c < num_cat_; ++c)
       out.cat_offsets[c].push_back(static_cast<int64_t>(out.cat_values[c].size()));
@@ -277,7 +290,30 @@ class LineParser {
   }
 
  private:
-  bool rollback(RawChunk& out, const LineError&) const {
+  static constexpr const char* kBadLabel = "label must be 0 or 1";
+
+  // Parses one field into the row; returns nullptr or why the field is bad.
+  const char* parse_field(const Target& t, const Field& f, float* dense, float& label,
+                          RawChunk& out) const {
+    switch (t.kind) {
+      case ColumnKind::Label: {
+        if (f.b == f.e) return "the label is missing";
+        float v = 0;
+        if (parse_number(f.b, f.e, v) != nullptr || (v != 0.f && v != 1.f)) return kBadLabel;
+        label = v;
+        return nullptr;
+      }
+      case ColumnKind::Dense:
+        return f.b == f.e ? nullptr : parse_number(f.b, f.e, dense[t.index]);
+      case ColumnKind::Categorical:
+        return parse_cat(f, t.multi_hot, out.cat_values[t.index]);
+      case ColumnKind::Skip:
+        break;
+    }
+    return nullptr;
+  }
+
+  bool rollback(RawChunk& out) const {
     out.dense.resize(static_cast<size_t>(out.rows * num_dense_));
     for (int c = 0; c < num_cat_; ++c)
       out.cat_values[c].resize(static_cast<size_t>(out.cat_offsets[c].back()));
@@ -559,6 +595,51 @@ struct TextReader::Impl {
     }
   }
 
+  // Appends parts[1..tasks) to `out` (which holds part 0), copying the parts in parallel.
+  void concat_parts(RawChunk& out, int tasks) {
+    const int nd = out.num_dense, nc = out.num_cat;
+    std::vector<int64_t> row0(tasks + 1, out.rows);
+    for (int t = 1; t < tasks; ++t) row0[t + 1] = row0[t] + parts[t].rows;
+    std::vector<std::vector<int64_t>> val0(nc, std::vector<int64_t>(tasks + 1));
+    for (int c = 0; c < nc; ++c) {
+      val0[c][1] = static_cast<int64_t>(out.cat_values[c].size());
+      for (int t = 1; t < tasks; ++t)
+        val0[c][t + 1] = val0[c][t] + static_cast<int64_t>(parts[t].cat_values[c].size());
+    }
+    const int64_t rows = row0[tasks];
+    if (out.rows == 0) {
+      for (int t = 1; t < tasks; ++t)
+        if (parts[t].rows > 0) {
+          out.first_line = parts[t].first_line;
+          break;
+        }
+    }
+    out.label.resize(rows);
+    out.dense.resize(static_cast<size_t>(rows * nd));
+    for (int c = 0; c < nc; ++c) {
+      out.cat_values[c].resize(static_cast<size_t>(val0[c][tasks]));
+      out.cat_offsets[c].resize(static_cast<size_t>(rows + 1));
+    }
+    parallel_for(1, tasks, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const RawChunk& p = parts[t];
+        if (p.rows == 0) continue;
+        const int64_t r0 = row0[t];
+        std::copy(p.label.begin(), p.label.end(), out.label.begin() + r0);
+        std::copy(p.dense.begin(), p.dense.end(), out.dense.begin() + r0 * nd);
+        for (int c = 0; c < nc; ++c) {
+          const int64_t base = val0[c][t];
+          std::copy(p.cat_values[c].begin(), p.cat_values[c].end(),
+                    out.cat_values[c].begin() + base);
+          const int64_t* src = p.cat_offsets[c].data();
+          int64_t* dst = out.cat_offsets[c].data() + r0;
+          for (int64_t r = 1; r <= p.rows; ++r) dst[r] = base + src[r];
+        }
+      }
+    });
+    out.rows = rows;
+  }
+
   bool next(RawChunk& out) {
     const int nd = schema.num_dense(), nc = schema.num_cat();
     out.reset(nd, nc);
@@ -597,7 +678,7 @@ struct TextReader::Impl {
         if (stats.first_skip_reason.empty()) stats.first_skip_reason = message(r.error_line, r.error);
         stats.skipped_rows += r.skipped;
       }
-      for (int t = 1; t < tasks; ++t) out.append(parts[t]);
+      if (tasks > 1) concat_parts(out, tasks);
       stats.bytes += static_cast<int64_t>(stop - pos);
       line_no += n;
       pos = stop;

@@ -399,6 +399,33 @@ TEST(TextReader, ParseLineThrowsWithWhere) {
   EXPECT_EQ(c.cat_offsets[0].size(), 2u);
 }
 
+TEST(TextReader, QuotedFieldErrors) {
+  Schema s;
+  s.columns = {{"a", ColumnKind::Dense, false}, {"b", ColumnKind::Categorical, false}};
+  s.delimiter = ',';
+  s.cat_encoding = CatEncoding::String;
+  std::vector<int> map = field_mapping(s, "", "q");
+  RawChunk c;
+  auto parse = [&](const std::string& line) {
+    try {
+      parse_line(line.data(), line.data() + line.size(), s, map, c, "q:1");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("ok");
+  };
+  EXPECT_EQ(parse("\"1\",x"), "ok");
+  EXPECT_EQ(parse("2,\"a,\"\"b\"\"\""), "ok");
+  ASSERT_EQ(c.rows, 2);
+  EXPECT_EQ(c.dense, (std::vector<float>{1, 2}));
+  EXPECT_EQ(cats_of(c, 0, 1), std::vector<uint64_t>{hash_category("a,\"b\"")});
+  EXPECT_EQ(parse("1,\"x\"y"), "q:1: column 2 (b): unexpected character after the closing quote");
+  EXPECT_EQ(parse("1,\"xy"), "q:1: column 2 (b): unterminated quoted field");
+  EXPECT_EQ(parse("\"1.5e\",x"), "q:1: column 1 (a): '1.5e' is not a number");
+  EXPECT_EQ(parse("1,x,\"y\""), "q:1: expected 2 fields, got 3");
+  EXPECT_EQ(c.rows, 2);
+}
+
 // The real Criteo sample, when the shared data is present.
 TEST(TextReader, CriteoSample) {
   const std::string path = DLREC_SOURCE_DIR "/../shared/data/criteo/day_0.part.tsv";
