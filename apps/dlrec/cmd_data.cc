@@ -48,7 +48,7 @@ Runner add_datagen(CLI::App& app) {
 const char* kDefaultWorkflow = R"({"pipeline": [
   {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "Clip", "min": 0},
                                 {"op": "LogOp"}]},
-  {"columns": "@categorical", "ops": [{"op": "Categorify", "freq_threshold": 2}]}]})";
+  {"columns": "@categorical", "ops": [{"op": "Categorify", "freq_threshold": 15}]}]})";
 
 io::Schema load_schema(const std::string& format, const std::string& schema_path) {
   if (!schema_path.empty()) return io::Schema::from_json(read_json_file(schema_path));
