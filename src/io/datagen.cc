@@ -138,8 +138,6 @@ inline uint32_t permute32(uint32_t x) {
   x *= 0x9E3779B1u;
   x ^= x >> 15;
   x *= 0x85EBCA77u;
-  x ^= x >> 13;
-  x *= 0xC2B2AE3Du;
   x ^= x >> 16;
   return x;
 }
@@ -297,22 +295,21 @@ inline char* write_int(char* p, int64_t v) {
     *p++ = '-';
     u = 0 - u;
   }
-  char tmp[20];
-  char* t = tmp + 20;
+  int n = 1;
+  for (uint64_t t = u; t >= 10; t /= 10) ++n;
+  char* end = p + n;
+  char* t = end;
   while (u >= 100) {
     t -= 2;
     std::memcpy(t, kDecPairs.c[u % 100], 2);
     u /= 100;
   }
   if (u >= 10) {
-    t -= 2;
-    std::memcpy(t, kDecPairs.c[u], 2);
+    std::memcpy(t - 2, kDecPairs.c[u], 2);
   } else {
-    *--t = static_cast<char>('0' + u);
+    t[-1] = static_cast<char>('0' + u);
   }
-  const size_t n = static_cast<size_t>(tmp + 20 - t);
-  std::memcpy(p, t, n);
-  return p + n;
+  return end;
 }
 
 // ---- the model of the data ------------------------------------------------------------------
