@@ -7,6 +7,9 @@
 
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/model/model.h"
+#ifdef DLREC_WITH_CUDA
+#include "dlrec/model/dlrm_cuda.h"
+#endif
 #include "dlrec/nn/embedding_bag.h"
 #include "dlrec/nn/interaction.h"
 #include "dlrec/nn/linear.h"
@@ -214,9 +217,14 @@ std::unique_ptr<Model> build_model(const ModelConfig& model, const OptimizerConf
                                    const io::ShardLayout& layout, Device device, uint64_t seed) {
   if (model.arch != "dlrm")
     fail("unknown model arch '", model.arch, "' (this build knows: dlrm)");
-  if (device.is_cuda())
+  if (device.is_cuda()) {
+#ifdef DLREC_WITH_CUDA
+    return make_dlrm_cuda(model, opt, layout, device, seed);
+#else
     fail("cannot build the DLRM on ", device.str(),
-         ": the CUDA DLRM is not built yet (use \"device\": \"cpu\")");
+         ": this build of dlrec has no CUDA support (use \"device\": \"cpu\")");
+#endif
+  }
   return std::make_unique<Dlrm>(model, opt, layout, seed);
 }
 

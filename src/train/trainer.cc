@@ -133,10 +133,13 @@ TrainResult Trainer::train() {
       loader = std::make_unique<io::ShardLoader>(train_shards, bs, m.state.position % rows);
       if (!loader->next(batch)) fail("training shards yielded no rows");
     }
-    Tensor logits = m.model->forward(batch, true);
+    // The loss is computed on the host (the CPU reference's BCE); for a model on a GPU the
+    // logits come over and dL/dlogits goes back: a few KB per step.
+    Tensor logits = m.model->forward(batch, true).to(Device::cpu());
     Tensor dlogits = Tensor::empty(logits.shape(), DType::F32);
     double loss = nn::bce_with_logits(logits.data<float>(), batch.labels.data(), batch.rows,
                                       dlogits.data<float>());
+    if (m.model->device().is_cuda()) dlogits = dlogits.to(m.model->device());
     DLREC_CHECK(std::isfinite(loss), "training diverged at step ", m.state.step,
                 ": loss is ", loss, " (lower the learning rate)");
     m.model->backward_and_update(dlogits);

@@ -262,8 +262,9 @@ std::string build_error(const ModelConfig& mc, const io::ShardLayout& l,
 TEST(Dlrm, BuildErrors) {
   ModelConfig mc;
   const auto layout = make_layout(13, {10});
-  EXPECT_NE(build_error(mc, layout, Device::cuda(0)).find("the CUDA DLRM is not built yet"),
-            std::string::npos);
+  // Without a usable GPU (or without CUDA support in the build) a clear error names CUDA.
+  if (cuda::device_count() == 0)
+    EXPECT_NE(build_error(mc, layout, Device::cuda(0)).find("CUDA"), std::string::npos);
   ModelConfig bad = mc;
   bad.arch = "wdl";
   EXPECT_NE(build_error(bad, layout).find("unknown model arch 'wdl'"), std::string::npos);

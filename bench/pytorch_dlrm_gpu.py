@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Plain-PyTorch peer of bench_train_gpu: the MLPerf DLRM v1 model on one GPU.
+
+Same model as dlrec's (embedding dim 128, bottom 13-512-256-128, top 1024-1024-512-256-1, dot
+interaction with the strict lower triangle, 26 Criteo Kaggle tables, one id per table), SGD with
+sparse gradients for the tables (nn.EmbeddingBag(sparse=True)), BCE-with-logits. Batches are
+pre-generated on the device (several distinct ones, rotated); warm-up excluded; timed with CUDA
+events. fp32 by default (TF32 off); --bf16 runs the MLPs and the interaction under bf16 autocast.
+
+  python3 bench/pytorch_dlrm_gpu.py [--batch 32768,55296] [--steps 50] [--warmup 10] [--bf16]
+"""
+import argparse
+import math
+import time
+
+import torch
+import torch.nn as nn
+
+KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
+          27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
+
+
+def mlp(sizes, relu_last):
+    layers = []
+    for i in range(len(sizes) - 1):
+        lin = nn.Linear(sizes[i], sizes[i + 1])
+        nn.init.normal_(lin.weight, 0.0, math.sqrt(2.0 / (sizes[i] + sizes[i + 1])))
+        nn.init.normal_(lin.bias, 0.0, math.sqrt(1.0 / sizes[i + 1]))
+        layers.append(lin)
+        if i + 2 < len(sizes) or relu_last:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class DLRM(nn.Module):
+    def __init__(self, cards, dim=128, bottom=(512, 256, 128), top=(1024, 1024, 512, 256, 1)):
+        super().__init__()
+        self.embs = nn.ModuleList()
+        for c in cards:
+            e = nn.EmbeddingBag(c, dim, mode="sum", sparse=True)
+            a = math.sqrt(1.0 / c)
+            nn.init.uniform_(e.weight, -a, a)
+            self.embs.append(e)
+        self.bottom = mlp([13] + list(bottom), True)
+        n = len(cards) + 1
+        self.n = n
+        inter = dim + n * (n - 1) // 2
+        self.top = mlp([inter] + list(top), False)
+        li, lj = torch.tril_indices(n, n, offset=-1)
+        self.register_buffer("li", li)
+        self.register_buffer("lj", lj)
+
+    def forward(self, dense, ids, offsets, bf16):
+        # One id per table: ids [T, B], offsets [B] = arange(B).
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            x = self.bottom(dense)
+        embs = [e(ids[t], offsets) for t, e in enumerate(self.embs)]
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            z = torch.stack([x.to(embs[0].dtype)] + embs, dim=1)  # [B, n, d]
+            zz = torch.bmm(z, z.transpose(1, 2))
+            tri = zz[:, self.li, self.lj]
+            r = torch.cat([x.to(tri.dtype), tri], dim=1)
+            return self.top(r).float().squeeze(1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", default="32768,55296")
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--batches", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--max-rows", type=int, default=-1)
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dev = torch.device("cuda")
+    cards = [min(c, args.max_rows) if args.max_rows > 0 else c for c in KAGGLE]
+    torch.manual_seed(1)
+    t0 = time.time()
+    model = DLRM(cards).to(dev)
+    print(f"built in {time.time() - t0:.1f} s on {torch.cuda.get_device_name()}", flush=True)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    loss_fn = nn.BCEWithLogitsLoss()
+    card_t = torch.tensor(cards, device=dev).unsqueeze(1)
+    for B in [int(b) for b in args.batch.split(",")]:
+        batches = []
+        for _ in range(args.batches):
+            dense = torch.log1p(torch.exp(3.0 * torch.rand(B, 13, device=dev)))
+            ids = (torch.rand(len(cards), B, device=dev, dtype=torch.float64) * card_t).long()
+            ids = torch.minimum(ids, card_t - 1)
+            labels = (torch.rand(B, device=dev) < 0.25).float()
+            batches.append((dense, ids, labels))
+        offsets = torch.arange(B, device=dev)
+
+        def step(i):
+            dense, ids, labels = batches[i % len(batches)]
+            opt.zero_grad(set_to_none=True)
+            logits = model(dense, ids, offsets, args.bf16)
+            loss = loss_fn(logits, labels)
+            loss.backward()
+            opt.step()
+            return loss
+
+        for i in range(args.warmup):
+            step(i)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for i in range(args.steps):
+            loss = step(i)
+        end.record()
+        torch.cuda.synchronize()
+        ms = start.elapsed_time(end) / args.steps
+        print(f"pytorch gpu train: mlperf-dlrm {'bf16-autocast' if args.bf16 else 'fp32'} sgd "
+              f"batch={B} steps={args.steps} ms/iter={ms:.3f} samples/s={B / ms * 1e3:.0f} "
+              f"loss={loss.item():.4f} peak_mem={torch.cuda.max_memory_allocated() / 1e9:.2f} GB",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+// CUDA embedding bags: pooling forward, and a backward that de-duplicates the batch's ids by a
+// radix sort (stable, so each row's contributions are summed in order of occurrence, as on the
+// CPU) and applies the optimizer to each distinct row in the same kernel.
+#include "nn/embedding_cuda.h"
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_select.cuh>
+
+#include "core/cuda_check.h"
+
+namespace dlrec::nn::cuda_emb {
+namespace {
+
+__device__ __forceinline__ uint64_t splitmix64_d(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+__global__ void init_uniform_kernel(float* w, int64_t n, uint64_t seed, double a) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const double u =
+        static_cast<double>(splitmix64_d(seed ^ splitmix64_d(static_cast<uint64_t>(i))) >> 11) *
+        0x1.0p-53;
+    // Explicit rounding: no fused multiply-add, so the value is the CPU's bit for bit.
+    w[i] = static_cast<float>(__dadd_rn(-a, __dmul_rn(__dmul_rn(2.0, a), u)));
+  }
+}
+
+__global__ void fill_kernel(float* p, int64_t n, float v) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = v;
+}
+
+int grid_for(int64_t n, int threads, int cap = 65536) {
+  int64_t b = (n + threads - 1) / threads;
+  return static_cast<int>(b < 1 ? 1 : (b > cap ? cap : b));
+}
+
+// One warp per bag. V = 4: float4 lanes (dim % 4 == 0), V = 1: scalar lanes.
+template <int V>
+__global__ void forward_kernel(Tables tab, const int32_t* __restrict__ offsets,
+                               const uint32_t* __restrict__ keys, int64_t B, bool mean,
+                               float* __restrict__ out) {
+  const int64_t bag = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  const int T = tab.num_tables, d = tab.dim;
+  if (bag >= B * T) return;
+  const int t = static_cast<int>(bag / B);
+  const int64_t b = bag - int64_t(t) * B;
+  const int32_t beg = offsets[bag], end = offsets[bag + 1];
+  const float* __restrict__ w = tab.weights[t];
+  const uint32_t base = tab.row_base[t];
+  float* o = out + (b * T + t) * d;
+  const float s = (mean && end - beg > 1) ? 1.f / static_cast<float>(end - beg) : 1.f;
+  if constexpr (V == 4) {
+    const int nv = d / 4;
+    for (int v = lane; v < nv; v += 32) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int32_t p = beg; p < end; ++p) {
+        const int64_t row = keys[p] - base;
+        const float4 x = reinterpret_cast<const float4*>(w + row * d)[v];
+        if (p == beg) {
+          acc = x;
+        } else {
+          acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
+        }
+      }
+      if (s != 1.f) { acc.x *= s; acc.y *= s; acc.z *= s; acc.w *= s; }
+      reinterpret_cast<float4*>(o)[v] = acc;
+    }
+  } else {
+    for (int k = lane; k < d; k += 32) {
+      float acc = 0.f;
+      for (int32_t p = beg; p < end; ++p) {
+        const int64_t row = keys[p] - base;
+        acc = (p == beg) ? w[row * d + k] : acc + w[row * d + k];
+      }
+      if (s != 1.f) acc *= s;
+      o[k] = acc;
+    }
+  }
+}
+
+__global__ void bag_of_kernel(const int32_t* __restrict__ offsets, int64_t bags,
+                              int32_t* __restrict__ pos_bag) {
+  for (int64_t bag = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; bag < bags;
+       bag += int64_t(gridDim.x) * blockDim.x)
+    for (int32_t p = offsets[bag]; p < offsets[bag + 1]; ++p) pos_bag[p] = static_cast<int32_t>(bag);
+}
+
+__global__ void iota_kernel(int32_t* p, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = static_cast<int32_t>(i);
+}
+
+__global__ void run_flags_kernel(const uint32_t* __restrict__ k, int64_t n,
+                                 uint8_t* __restrict__ flags) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    flags[i] = (i == 0 || k[i] != k[i - 1]) ? 1 : 0;
+}
+
+// One warp per distinct row (run of equal sorted keys): gradient = sum over the run's
+// positions in order, then the optimizer update of that row (explicitly rounded like the CPU's
+// separate multiply and add). Runs own distinct rows: race-free.
+template <int V>
+__global__ void update_kernel(Tables tab, const int32_t* __restrict__ offsets,
+                              const uint32_t* __restrict__ keys_sorted,
+                              const int32_t* __restrict__ pos_sorted,
+                              const int32_t* __restrict__ pos_bag,
+                              const int32_t* __restrict__ seg_start,
+                              const int32_t* __restrict__ num_segs, int64_t B, int64_t nnz,
+                              bool mean, const float* __restrict__ dpooled, Update kind, float lr,
+                              float eps) {
+  const int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  const int U = *num_segs;
+  if (u >= U) return;
+  const int32_t q0 = seg_start[u];
+  const int32_t q1 = (u + 1 < U) ? seg_start[u + 1] : static_cast<int32_t>(nnz);
+  const int T = tab.num_tables, d = tab.dim;
+  const uint32_t key = keys_sorted[q0];
+  const int t0 = pos_bag[pos_sorted[q0]] / static_cast<int32_t>(B);
+  const int64_t row = key - tab.row_base[t0];
+  float* w = tab.weights[t0] + row * d;
+  float* a = kind == Update::Adagrad ? tab.states[t0] + row * d : nullptr;
+  for (int k0 = lane * V; k0 < d; k0 += 32 * V) {
+    float g[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) g[j] = 0.f;
+    for (int32_t q = q0; q < q1; ++q) {
+      const int32_t bag = pos_bag[pos_sorted[q]];
+      const int64_t b = bag - int64_t(t0) * B;
+      float s = 1.f;
+      if (mean) {
+        const int32_t len = offsets[bag + 1] - offsets[bag];
+        s = 1.f / static_cast<float>(len);
+      }
+      const float* src = dpooled + (b * T + t0) * d + k0;
+      if constexpr (V == 4) {
+        const float4 x = *reinterpret_cast<const float4*>(src);
+        g[0] = __fadd_rn(g[0], __fmul_rn(s, x.x));
+        g[1] = __fadd_rn(g[1], __fmul_rn(s, x.y));
+        g[2] = __fadd_rn(g[2], __fmul_rn(s, x.z));
+        g[3] = __fadd_rn(g[3], __fmul_rn(s, x.w));
+      } else {
+        g[0] = __fadd_rn(g[0], __fmul_rn(s, src[0]));
+      }
+    }
+    if (kind == Update::SGD) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) w[k0 + j] = __fsub_rn(w[k0 + j], __fmul_rn(lr, g[j]));
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float acc = __fadd_rn(a[k0 + j], __fmul_rn(g[j], g[j]));
+        a[k0 + j] = acc;
+        w[k0 + j] = __fsub_rn(w[k0 + j], __fdiv_rn(__fmul_rn(lr, g[j]), __fadd_rn(sqrtf(acc), eps)));
+      }
+    }
+  }
+}
+
+size_t align_up(size_t x) { return (x + 255) & ~size_t(255); }
+
+size_t cub_bytes_for(int64_t n, int key_bits) {
+  size_t sort_b = 0, sel_b = 0;
+  DLREC_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_b, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n, 0, key_bits));
+  DLREC_CUDA_CHECK(cub::DeviceSelect::Flagged(nullptr, sel_b, static_cast<const int32_t*>(nullptr),
+                                              static_cast<const uint8_t*>(nullptr),
+                                              static_cast<int32_t*>(nullptr),
+                                              static_cast<int32_t*>(nullptr), n));
+  return sort_b > sel_b ? sort_b : sel_b;
+}
+
+}  // namespace
+
+void init_uniform(float* w, int64_t n, uint64_t seed, double a, cudaStream_t stream) {
+  if (n <= 0) return;
+  init_uniform_kernel<<<grid_for(n, 256), 256, 0, stream>>>(w, n, seed, a);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+void fill(float* p, int64_t n, float value, cudaStream_t stream) {
+  if (n <= 0) return;
+  fill_kernel<<<grid_for(n, 256), 256, 0, stream>>>(p, n, value);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+void forward(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B, bool mean,
+             float* out, cudaStream_t stream) {
+  const int64_t bags = B * tab.num_tables;
+  if (bags == 0) return;
+  const int threads = 256;
+  const int64_t blocks = (bags * 32 + threads - 1) / threads;
+  if (tab.dim % 4 == 0)
+    forward_kernel<4><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(tab, offsets, keys, B,
+                                                                            mean, out);
+  else
+    forward_kernel<1><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(tab, offsets, keys, B,
+                                                                            mean, out);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+size_t scratch_bytes(int64_t n, int key_bits) {
+  n = n < 1 ? 1 : n;
+  return align_up(n * 4) * 5 + align_up(n) + align_up(4) + align_up(cub_bytes_for(n, key_bits));
+}
+
+Scratch carve(void* base, int64_t n, int key_bits) {
+  n = n < 1 ? 1 : n;
+  Scratch s;
+  char* p = static_cast<char*>(base);
+  auto take = [&](size_t bytes) {
+    char* r = p;
+    p += align_up(bytes);
+    return r;
+  };
+  s.pos_bag = reinterpret_cast<int32_t*>(take(n * 4));
+  s.keys_sorted = reinterpret_cast<uint32_t*>(take(n * 4));
+  s.iota = reinterpret_cast<int32_t*>(take(n * 4));
+  s.pos_sorted = reinterpret_cast<int32_t*>(take(n * 4));
+  s.seg_start = reinterpret_cast<int32_t*>(take(n * 4));
+  s.flags = reinterpret_cast<uint8_t*>(take(n));
+  s.num_segs = reinterpret_cast<int32_t*>(take(4));
+  s.cub_bytes = cub_bytes_for(n, key_bits);
+  s.cub_temp = take(s.cub_bytes);
+  s.capacity = n;
+  return s;
+}
+
+void prepare(const Scratch& s, cudaStream_t stream) {
+  iota_kernel<<<grid_for(s.capacity, 256), 256, 0, stream>>>(s.iota, s.capacity);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+void backward_update(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
+                     int64_t nnz, bool mean, const float* dpooled, Update kind, float lr, float eps,
+                     int key_bits, const Scratch& s, cudaStream_t stream) {
+  if (nnz == 0) return;
+  DLREC_CHECK(nnz <= s.capacity, "embedding backward: ", nnz, " ids exceed the scratch for ",
+              s.capacity);
+  const int64_t bags = B * tab.num_tables;
+  bag_of_kernel<<<grid_for(bags, 256), 256, 0, stream>>>(offsets, bags, s.pos_bag);
+  DLREC_CUDA_LAUNCH_CHECK();
+  size_t tb = s.cub_bytes;
+  DLREC_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(s.cub_temp, tb, keys, s.keys_sorted, s.iota,
+                                                   s.pos_sorted, nnz, 0, key_bits, stream));
+  run_flags_kernel<<<grid_for(nnz, 256), 256, 0, stream>>>(s.keys_sorted, nnz, s.flags);
+  DLREC_CUDA_LAUNCH_CHECK();
+  tb = s.cub_bytes;
+  DLREC_CUDA_CHECK(cub::DeviceSelect::Flagged(s.cub_temp, tb, s.iota, s.flags, s.seg_start,
+                                              s.num_segs, nnz, stream));
+  const int threads = 256;
+  const int64_t blocks = (nnz * 32 + threads - 1) / threads;  // at most nnz runs
+  if (tab.dim % 4 == 0)
+    update_kernel<4><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+        tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, s.seg_start, s.num_segs, B, nnz,
+        mean, dpooled, kind, lr, eps);
+  else
+    update_kernel<1><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+        tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, s.seg_start, s.num_segs, B, nnz,
+        mean, dpooled, kind, lr, eps);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace dlrec::nn::cuda_emb

@@ -1,0 +1,63 @@
+// Internal: CUDA kernels of the embedding bags (forward pooling, de-duplicated backward with the
+// optimizer fused into the row update, initialisation). Host-callable launchers; every launcher
+// enqueues on `stream` and never synchronises.
+//
+// Layout shared by the launchers. A batch of B samples over T tables is flattened into
+// T * B bags, bag = t * B + b. `offsets` [T * B + 1] (int32) index one concatenated id array
+// `keys` [nnz] (uint32): the ids of bag `bag` are keys[offsets[bag] .. offsets[bag + 1]), each
+// stored as row_base[t] + id, i.e. a row of the concatenation of all tables. Pooled outputs and
+// their gradients are [B, T, dim] (sample-major, as the interaction wants them).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dlrec::nn::cuda_emb {
+
+struct Tables {
+  float* const* weights = nullptr;   // device array [T] of table pointers, table t is [rows_t, dim]
+  float* const* states = nullptr;    // device array [T] of Adagrad accumulators (or null)
+  const uint32_t* row_base = nullptr;  // device [T]: first global row of table t
+  int num_tables = 0;
+  int dim = 0;
+};
+
+// weight[i] = float(-a + 2 a uniform_at(seed, i)), a = sqrt(1 / rows): bit-identical to
+// EmbeddingBag::init on the CPU.
+void init_uniform(float* w, int64_t n, uint64_t seed, double a, cudaStream_t stream);
+void fill(float* p, int64_t n, float value, cudaStream_t stream);
+
+// out[b, t, :] = sum (or mean) of the rows of bag t * B + b; zeros for an empty bag.
+void forward(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
+             bool mean, float* out, cudaStream_t stream);
+
+// Scratch for backward, sized for up to `max_nnz` ids (allocate with the byte count of
+// scratch_bytes and carve with carve()).
+struct Scratch {
+  int32_t* pos_bag = nullptr;      // [nnz] bag of each id position
+  uint32_t* keys_sorted = nullptr; // [nnz]
+  int32_t* iota = nullptr;         // [nnz] 0..nnz-1 (filled by prepare())
+  int32_t* pos_sorted = nullptr;   // [nnz]
+  uint8_t* flags = nullptr;        // [nnz] first-of-run flags
+  int32_t* seg_start = nullptr;    // [nnz] start of each run of equal keys
+  int32_t* num_segs = nullptr;     // [1]
+  void* cub_temp = nullptr;
+  size_t cub_bytes = 0;
+  int64_t capacity = 0;
+};
+size_t scratch_bytes(int64_t max_nnz, int key_bits);
+Scratch carve(void* base, int64_t max_nnz, int key_bits);
+void prepare(const Scratch& s, cudaStream_t stream);  // once after carve()
+
+enum class Update { SGD, Adagrad };
+
+// dL/dpooled [B, T, dim] -> for every distinct row of the batch: its gradient, summed over its
+// occurrences in order (mean bags scaled by 1/len), applied at once by SGD or Adagrad. No table
+// gradient is materialised. nnz = offsets[T * B] - offsets[0] with offsets[0] = 0.
+void backward_update(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
+                     int64_t nnz, bool mean, const float* dpooled, Update kind, float lr,
+                     float eps, int key_bits, const Scratch& s, cudaStream_t stream);
+
+}  // namespace dlrec::nn::cuda_emb
