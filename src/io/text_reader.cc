@@ -502,7 +502,7 @@ struct TextReader::Impl {
   // Offset of the scanned line's end ('\n'), reading more input as needed; npos at EOF.
   size_t find_newline(size_t& scan) {
     for (;;) {
-      const void* nl = std::memchr(buf.get() + scan, '\n', end - scan);
+      const void* nl = scan < end ? std::memchr(buf.get() + scan, '\n', end - scan) : nullptr;
       if (nl) return static_cast<size_t>(static_cast<const char*>(nl) - buf.get());
       if (eof) return std::string::npos;
       size_t before = pos;
