@@ -11,7 +11,10 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "dlrec/core/thread_pool.h"
 #include "dlrec/model/dlrm_cuda.h"
 #include "dlrec/nn/embedding_bag.h"
 #include "dlrec/nn/mlp.h"
@@ -116,8 +120,8 @@ class DlrmCuda final : public CudaModel {
 
   // Inputs and activations, sized for cap_b_ rows and cap_nnz_ ids.
   int64_t cap_b_ = 0, cap_nnz_ = 0;
-  Tensor dense_in_, labels_, offsets_, keys_, emb_out_, inter_, d_dense_, d_emb_, dlogits_, ones_,
-      loss_, scratch_mem_;
+  Tensor dense_in_, labels_, offsets_, keys_, emb_out_, inter_, d_dense_, d_emb_, dlogits_,
+      bgrad_partial_, loss_, scratch_mem_;
   ce::Scratch scratch_;
   struct Slot {
     PinnedPtr mem;
@@ -133,7 +137,47 @@ class DlrmCuda final : public CudaModel {
 
   int64_t fwd_rows_ = 0, fwd_nnz_ = 0;
   bool have_training_forward_ = false;
+
+  // DLREC_PROFILE=1: device time per phase of train_step from events between the phases (one
+  // host sync per step, so steps no longer overlap the host's packing), printed at destruction.
+  void mark(const char* phase);
+  void flush_profile();
+  bool profile_ = false;
+  std::vector<cudaEvent_t> events_;
+  std::vector<const char*> mark_names_;
+  std::vector<std::pair<std::string, double>> phase_ms_;
+  int64_t profiled_steps_ = 0, seen_steps_ = 0;
+  double host_pack_ms_ = 0;
 };
+
+void DlrmCuda::mark(const char* phase) {
+  if (!profile_) return;
+  const size_t i = mark_names_.size();
+  if (i == events_.size()) {
+    cudaEvent_t e;
+    DLREC_CUDA_CHECK(cudaEventCreate(&e));
+    events_.push_back(e);
+  }
+  DLREC_CUDA_CHECK(cudaEventRecord(events_[i], stream_));
+  mark_names_.push_back(phase);
+}
+
+void DlrmCuda::flush_profile() {
+  if (!profile_ || mark_names_.empty()) return;
+  DLREC_CUDA_CHECK(cudaEventSynchronize(events_[mark_names_.size() - 1]));
+  if (++seen_steps_ > 3) {  // the first steps pay for cuBLAS' heuristics and lazy loading
+    ++profiled_steps_;
+    for (size_t i = 1; i < mark_names_.size(); ++i) {
+      float ms = 0;
+      DLREC_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]));
+      auto it = std::find_if(phase_ms_.begin(), phase_ms_.end(),
+                             [&](const auto& p) { return p.first == mark_names_[i]; });
+      if (it == phase_ms_.end()) phase_ms_.emplace_back(mark_names_[i], ms);
+      else it->second += ms;
+    }
+  }
+  mark_names_.clear();
+}
 
 DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::ShardLayout& layout,
                    Device device, uint64_t seed)
@@ -172,6 +216,8 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
   blas_workspace_ = dev_tensor({32 << 20}, DType::U8);
   DLREC_CUBLAS_CHECK(cublasSetWorkspace(blas_, blas_workspace_.raw(), blas_workspace_.nbytes()));
   for (auto& s : slots_) DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
+  const char* prof = std::getenv("DLREC_PROFILE");
+  profile_ = prof && prof[0] == '1';
 
   // Dense layers: initialised on the CPU exactly as the CPU model does, then copied.
   auto make_mlp = [&](int64_t in, const std::vector<int64_t>& sizes, bool relu_last,
@@ -255,6 +301,19 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
 
 DlrmCuda::~DlrmCuda() {
   cudaStreamSynchronize(stream_);
+  if (profile_ && profiled_steps_ > 0) {
+    double total = 0;
+    for (auto& p : phase_ms_) total += p.second;
+    std::fprintf(stderr, "[profile] %lld steps of batch %lld, device ms per step by phase:\n",
+                 static_cast<long long>(profiled_steps_), static_cast<long long>(fwd_rows_));
+    for (auto& p : phase_ms_)
+      std::fprintf(stderr, "[profile]   %-24s %8.3f ms  %5.1f%%\n", p.first.c_str(),
+                   p.second / profiled_steps_, 100.0 * p.second / std::max(total, 1e-9));
+    std::fprintf(stderr, "[profile]   %-24s %8.3f ms (host packing, inside h2d)\n", "host pack",
+                 host_pack_ms_ / profiled_steps_);
+    std::fprintf(stderr, "[profile]   %-24s %8.3f ms\n", "total", total / profiled_steps_);
+  }
+  for (auto e : events_) cudaEventDestroy(e);
   for (auto& s : slots_)
     if (s.copied) cudaEventDestroy(s.copied);
   if (blas_) cublasDestroy(blas_);
@@ -301,13 +360,15 @@ void DlrmCuda::ensure_capacity(int64_t B, int64_t nnz) {
   inter_ = dev_tensor({cb, inter_out_});
   d_dense_ = dev_tensor({cb, std::max<int64_t>(dense_dim_, 1)});
   dlogits_ = dev_tensor({cb});
-  ones_ = Tensor::from_vector(std::vector<float>(cb, 1.f), {cb}, dev_);
+  int64_t max_out = 1;
   for (auto* mlp : {&bottom_, &top_})
     for (auto& l : *mlp) {
+      max_out = std::max(max_out, l.out);
       l.y = dev_tensor({cb, l.out});
       l.dz = l.relu ? dev_tensor({cb, l.out}) : Tensor();
       l.dx = dev_tensor({cb, l.in});
     }
+  bgrad_partial_ = dev_tensor({std::max<int64_t>(cd::bias_grad_chunks(cb), 1), max_out});
   const size_t sb = ce::scratch_bytes(nn_, key_bits_);
   scratch_mem_ = dev_tensor({static_cast<int64_t>(sb)}, DType::U8);
   scratch_ = ce::carve(scratch_mem_.raw(), nn_, key_bits_);
@@ -341,26 +402,39 @@ void DlrmCuda::upload(const io::Batch& b) {
   if (B * num_dense_ > 0) std::memcpy(s.dense, b.dense.data(), sizeof(float) * B * num_dense_);
   if (b.labels.empty()) std::memset(s.labels, 0, sizeof(float) * B);
   else std::memcpy(s.labels, b.labels.data(), sizeof(float) * B);
-  int32_t pos = 0;
-  for (int64_t t = 0; t < T_; ++t) {
-    const auto& off = b.cat_offsets[t];
-    const auto& idx = b.cat_indices[t];
-    const int64_t rows = layout_.cardinalities[t];
-    const uint32_t base = row_base_host_[t];
-    int32_t* o = s.offsets + t * B;
-    for (int64_t r = 0; r < B; ++r) {
-      DLREC_CHECK(off[r] <= off[r + 1], "EmbeddingBag::forward: offsets decrease at row ", r);
-      o[r] = pos + static_cast<int32_t>(off[r] - off[0]);
+  // Tables are packed in parallel (each into its own range); ids are range-checked here.
+  std::vector<int32_t> start(T_ + 1, 0);
+  for (int64_t t = 0; t < T_; ++t)
+    start[t + 1] = start[t] + static_cast<int32_t>(b.cat_offsets[t][B] - b.cat_offsets[t][0]);
+  parallel_for(0, T_, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const auto& off = b.cat_offsets[t];
+      const auto& idx = b.cat_indices[t];
+      const int64_t rows = layout_.cardinalities[t];
+      const uint32_t base = row_base_host_[t];
+      const int32_t pos = start[t];
+      int32_t* o = s.offsets + t * B;
+      for (int64_t r = 0; r < B; ++r) {
+        DLREC_CHECK(off[r] <= off[r + 1], "EmbeddingBag::forward: offsets decrease at row ", r);
+        o[r] = pos + static_cast<int32_t>(off[r] - off[0]);
+      }
+      const int64_t* ids = idx.data() + off[0];
+      uint32_t* keys = s.keys + pos;
+      const int64_t m = off[B] - off[0];
+      bool bad = false;
+      for (int64_t p = 0; p < m; ++p) {
+        const int64_t id = ids[p];
+        bad |= (id < 0) | (id >= rows);
+        keys[p] = base + static_cast<uint32_t>(id);
+      }
+      if (bad)
+        for (int64_t p = 0; p < m; ++p)
+          if (ids[p] < 0 || ids[p] >= rows)
+            fail("EmbeddingBag: id ", ids[p], " of table ", t, " is out of range [0, ", rows,
+                 ")");
     }
-    for (int64_t p = off[0]; p < off[B]; ++p) {
-      const int64_t id = idx[p];
-      if (id < 0 || id >= rows)
-        fail("EmbeddingBag: id ", id, " of table ", t, " is out of range [0, ", rows, ")");
-      s.keys[pos + (p - off[0])] = base + static_cast<uint32_t>(id);
-    }
-    pos += static_cast<int32_t>(off[B] - off[0]);
-  }
-  s.offsets[T_ * B] = pos;
+  });
+  s.offsets[T_ * B] = start[T_];
   auto h2d = [&](void* dst, const void* src, size_t bytes) {
     if (bytes) DLREC_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
   };
@@ -394,18 +468,15 @@ const float* DlrmCuda::mlp_backward(std::vector<DenseLayer>& mlp, const float* d
   const float one = 1.f, zero = 0.f;
   for (size_t k = mlp.size(); k-- > 0;) {
     DenseLayer& l = mlp[k];
-    const float* dz = dy;
-    if (l.relu) {
-      cd::relu_mask(dy, l.y.data<float>(), l.dz.data<float>(), B * l.out, stream_);
-      dz = l.dz.data<float>();
-    }
+    // ReLU mask and bias gradient in one pass over dy.
+    cd::mask_bias_grad(dy, l.relu ? l.y.data<float>() : nullptr,
+                       l.relu ? l.dz.data<float>() : nullptr, bgrad_partial_.data<float>(),
+                       l.db.data<float>(), B, l.out, stream_);
+    const float* dz = l.relu ? l.dz.data<float>() : dy;
     const int in = static_cast<int>(l.in), out = static_cast<int>(l.out), b = static_cast<int>(B);
     // dW [out, in] = dz^T x: column-major dW^T [in, out] = x^T [in, B] dz [B, out].
     DLREC_CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, in, out, b, &one, l.x, in, dz,
                                    out, &zero, l.dw.data<float>(), in));
-    // db [out] = dz^T 1.
-    DLREC_CUBLAS_CHECK(cublasSgemv(blas_, CUBLAS_OP_N, out, b, &one, dz, out,
-                                   ones_.data<float>(), 1, &zero, l.db.data<float>(), 1));
     if (k > 0 || need_dx) {
       // dx [B, in] = dz W: column-major dx^T [in, B] = W^T [in, out] dz^T [out, B].
       DLREC_CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, in, b, out, &one,
@@ -428,21 +499,26 @@ void DlrmCuda::run_forward(bool training) {
     mlp_forward(bottom_, dense, B);
     dense = bottom_.back().y.data<float>();
   }
+  mark("bottom mlp fwd");
   ce::forward(tab_, offsets_.data<int32_t>(), reinterpret_cast<const uint32_t*>(keys_.raw()), B,
               mean_, emb_out_.data<float>(), stream_);
+  mark("embedding fwd");
   if (dot_)
     cd::dot_forward(dense, emb_out_.data<float>(), B, static_cast<int>(T_), static_cast<int>(dim_),
                     inter_.data<float>(), stream_);
   else
     cd::cat_forward(dense, emb_out_.data<float>(), B, static_cast<int>(dense_dim_), T_ * dim_,
                     inter_.data<float>(), stream_);
+  mark("interaction fwd");
   mlp_forward(top_, inter_.data<float>(), B);
+  mark("top mlp fwd");
 }
 
 void DlrmCuda::run_backward_update(float lr, float emb_lr) {
   const int64_t B = fwd_rows_;
   if (B == 0) return;
   const float* dinter = mlp_backward(top_, dlogits_.data<float>(), B, true);
+  mark("top mlp bwd");
   const float* dense = bottom_.empty() ? dense_in_.data<float>() : bottom_.back().y.data<float>();
   if (dot_)
     cd::dot_backward(dense, emb_out_.data<float>(), dinter, B, static_cast<int>(T_),
@@ -451,7 +527,9 @@ void DlrmCuda::run_backward_update(float lr, float emb_lr) {
   else
     cd::cat_backward(dinter, B, static_cast<int>(dense_dim_), T_ * dim_, d_dense_.data<float>(),
                      d_emb_.data<float>(), stream_);
+  mark("interaction bwd");
   if (!bottom_.empty()) mlp_backward(bottom_, d_dense_.data<float>(), B, false);
+  mark("bottom mlp bwd");
   for (auto* mlp : {&bottom_, &top_})
     for (auto& l : *mlp) {
       cd::optimizer_step(l.w.data<float>(), l.dw.data<float>(),
@@ -459,10 +537,12 @@ void DlrmCuda::run_backward_update(float lr, float emb_lr) {
       cd::optimizer_step(l.b.data<float>(), l.db.data<float>(),
                          adagrad_ ? l.sb.data<float>() : nullptr, l.b.numel(), lr, eps_, stream_);
     }
+  mark("dense optimizer");
   ce::backward_update(tab_, offsets_.data<int32_t>(), reinterpret_cast<const uint32_t*>(keys_.raw()),
                       B, fwd_nnz_, mean_, d_emb_.data<float>(),
                       adagrad_ ? ce::Update::Adagrad : ce::Update::SGD, emb_lr, eps_, key_bits_,
                       scratch_, stream_);
+  mark("embedding bwd+update");
 }
 
 Tensor DlrmCuda::forward(const io::Batch& batch, bool training) {
@@ -471,6 +551,7 @@ Tensor DlrmCuda::forward(const io::Batch& batch, bool training) {
   have_training_forward_ = false;
   upload(batch);
   run_forward(training);
+  mark_names_.clear();  // phases are profiled in train_step only
   const int64_t B = fwd_rows_;
   // A copy: callers may keep logits across steps, the buffer is reused.
   Tensor logits = dev_tensor({B});
@@ -500,6 +581,7 @@ void DlrmCuda::backward_and_update(const Tensor& dlogits, double lr_scale) {
   const float emb_lr =
       static_cast<float>((oc_.embedding_lr >= 0 ? oc_.embedding_lr : oc_.lr) * lr_scale);
   run_backward_update(lr, emb_lr);
+  mark_names_.clear();
 }
 
 double DlrmCuda::train_step(const io::Batch& batch, double lr_scale, bool want_loss) {
@@ -508,7 +590,14 @@ double DlrmCuda::train_step(const io::Batch& batch, double lr_scale, bool want_l
   DLREC_CHECK(static_cast<int64_t>(batch.labels.size()) == batch.rows,
               "DLRM: train_step needs one label per row");
   DLREC_CHECK(lr_scale >= 0, "DLRM: lr_scale must be >= 0, got ", lr_scale);
+  mark("begin");
+  const auto t0 = std::chrono::steady_clock::now();
   upload(batch);
+  if (profile_)
+    host_pack_ms_ +=
+        (seen_steps_ >= 3) *
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  mark("h2d (+host packing)");
   run_forward(true);
   have_training_forward_ = false;
   cd::bce_with_logits(top_.back().y.data<float>(), labels_.data<float>(), fwd_rows_,
@@ -516,7 +605,9 @@ double DlrmCuda::train_step(const io::Batch& batch, double lr_scale, bool want_l
   const float lr = static_cast<float>(oc_.lr * lr_scale);
   const float emb_lr =
       static_cast<float>((oc_.embedding_lr >= 0 ? oc_.embedding_lr : oc_.lr) * lr_scale);
+  mark("bce");
   run_backward_update(lr, emb_lr);
+  flush_profile();
   if (!want_loss) return std::numeric_limits<double>::quiet_NaN();
   double loss = 0;
   DLREC_CUDA_CHECK(

@@ -20,6 +20,60 @@ __global__ void bias_act_kernel(float* __restrict__ y, const float* __restrict__
   }
 }
 
+// float4 version for out % 4 == 0 and fewer than 2^31 vectors (32-bit index arithmetic).
+__global__ void bias_act4_kernel(float4* __restrict__ y, const float4* __restrict__ b, int n4,
+                                 int out4, bool relu) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += gridDim.x * blockDim.x) {
+    float4 v = y[i];
+    const float4 c = b[i % out4];
+    v.x += c.x; v.y += c.y; v.z += c.z; v.w += c.w;
+    if (relu) {
+      v.x = fmaxf(v.x, 0.f); v.y = fmaxf(v.y, 0.f); v.z = fmaxf(v.z, 0.f); v.w = fmaxf(v.w, 0.f);
+    }
+    y[i] = v;
+  }
+}
+
+// dz = dy masked by y > 0 (when y is given) and, per chunk of kBgradRows rows, the column sums
+// of dz: block (32, 8) covers 32 columns of one chunk, rows summed in a fixed order.
+constexpr int kBgradRows = 256;
+__global__ void mask_bgrad_kernel(const float* __restrict__ dy, const float* __restrict__ y,
+                                  float* __restrict__ dz, float* __restrict__ partial, int64_t B,
+                                  int out) {
+  __shared__ float red[8][33];
+  const int col = blockIdx.x * 32 + threadIdx.x;
+  const int64_t r0 = int64_t(blockIdx.y) * kBgradRows;
+  const int64_t r1 = min(B, r0 + kBgradRows);
+  float acc = 0.f;
+  if (col < out) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
+      const int64_t i = r * out + col;
+      float v = dy[i];
+      if (y) {
+        v = y[i] > 0.f ? v : 0.f;
+        dz[i] = v;
+      }
+      acc += v;
+    }
+  }
+  red[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < out) {
+    float s = red[0][threadIdx.x];
+    for (int k = 1; k < 8; ++k) s += red[k][threadIdx.x];
+    partial[int64_t(blockIdx.y) * out + col] = s;
+  }
+}
+
+__global__ void sum_partials_kernel(const float* __restrict__ partial, int chunks, int out,
+                                    float* __restrict__ db) {
+  const int col = blockIdx.x * blockDim.x + threadIdx.x;
+  if (col >= out) return;
+  float s = 0.f;
+  for (int c = 0; c < chunks; ++c) s += partial[int64_t(c) * out + col];
+  db[col] = s;
+}
+
 __global__ void relu_mask_kernel(const float* __restrict__ dy, const float* __restrict__ y,
                                  float* __restrict__ dz, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -167,7 +221,34 @@ __global__ void adagrad_kernel(float* __restrict__ w, const float* __restrict__ 
 void bias_act(float* y, const float* b, int64_t B, int64_t out, bool relu, cudaStream_t stream) {
   const int64_t n = B * out;
   if (n == 0) return;
-  bias_act_kernel<<<grid_for(n, 256), 256, 0, stream>>>(y, b, n, out, relu);
+  if (out % 4 == 0 && n / 4 < (int64_t{1} << 31)) {
+    const int n4 = static_cast<int>(n / 4);
+    bias_act4_kernel<<<grid_for(n4, 256), 256, 0, stream>>>(
+        reinterpret_cast<float4*>(y), reinterpret_cast<const float4*>(b), n4,
+        static_cast<int>(out / 4), relu);
+  } else {
+    bias_act_kernel<<<grid_for(n, 256), 256, 0, stream>>>(y, b, n, out, relu);
+  }
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+int64_t bias_grad_chunks(int64_t B) { return (B + kBgradRows - 1) / kBgradRows; }
+
+void mask_bias_grad(const float* dy, const float* y, float* dz, float* partial, float* db,
+                    int64_t B, int64_t out, cudaStream_t stream) {
+  if (out == 0) return;
+  const int64_t chunks = bias_grad_chunks(B);
+  if (chunks == 0) {
+    DLREC_CUDA_CHECK(cudaMemsetAsync(db, 0, sizeof(float) * out, stream));
+    return;
+  }
+  DLREC_CHECK(chunks < 65536, "mask_bias_grad: batch of ", B, " rows is too large");
+  dim3 grid(static_cast<unsigned>((out + 31) / 32), static_cast<unsigned>(chunks));
+  mask_bgrad_kernel<<<grid, dim3(32, 8), 0, stream>>>(dy, y, dz, partial, B,
+                                                       static_cast<int>(out));
+  DLREC_CUDA_LAUNCH_CHECK();
+  sum_partials_kernel<<<static_cast<unsigned>((out + 127) / 128), 128, 0, stream>>>(
+      partial, static_cast<int>(chunks), static_cast<int>(out), db);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 

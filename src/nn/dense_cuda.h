@@ -12,6 +12,12 @@ namespace dlrec::nn::cuda_dense {
 
 // y [B, out] += b (per column), then ReLU when relu.
 void bias_act(float* y, const float* b, int64_t B, int64_t out, bool relu, cudaStream_t stream);
+// Backward of bias (+ ReLU) for dy [B, out]: with y given, dz = dy where y > 0 else 0 (dz is
+// unused when y is null: then dz = dy); db [out] = column sums of dz, summed in a fixed order
+// (deterministic) through `partial` [bias_grad_chunks(B), out].
+int64_t bias_grad_chunks(int64_t B);
+void mask_bias_grad(const float* dy, const float* y, float* dz, float* partial, float* db,
+                    int64_t B, int64_t out, cudaStream_t stream);
 // dz = dy where y > 0, else 0 (all [n]).
 void relu_mask(const float* dy, const float* y, float* dz, int64_t n, cudaStream_t stream);
 
