@@ -9,7 +9,8 @@ $SUDO apt-get update
 $SUDO apt-get install -y --no-install-recommends \
   build-essential cmake make pkg-config git \
   nlohmann-json3-dev libcli11-dev libopenblas-dev \
-  libgtest-dev libgmock-dev
+  libgtest-dev libgmock-dev libsnappy-dev libzstd-dev \
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libcpp-httplib-dev
 # Python packages used by tests/python (interop with pyarrow, protocol checks with tritonclient).
 python3 -m pip install --quiet --disable-pip-version-check pytest pyarrow numpy 'tritonclient[http,grpc]' \
   || $SUDO apt-get install -y --no-install-recommends python3-pytest python3-numpy

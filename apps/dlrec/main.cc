@@ -25,6 +25,10 @@ int main(int argc, char** argv) {
   add(dlrec::cli::add_export);
   add(dlrec::cli::add_predict);
   add(dlrec::cli::add_demo);
+  add(dlrec::cli::add_parquet);
+#ifdef DLREC_WITH_SERVER
+  add(dlrec::cli::add_serve);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,67 @@
+// dlrec serve: the KServe v2 inference server (docs/SERVING.md).
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+
+#include "commands.h"
+#include "dlrec/serve/server.h"
+
+namespace dlrec::cli {
+
+Runner add_serve(CLI::App& app) {
+  auto o = std::make_shared<serve::ServerOptions>();
+  CLI::App* c = app.add_subcommand(
+      "serve", "Serve exported models over KServe v2 HTTP/REST and gRPC (Triton-compatible)");
+  c->add_option("--model-repository", o->model_repository,
+                "Directory of <model>/<version>/ exported models")
+      ->required();
+  c->add_option("--host", o->host, "Address to bind (default 127.0.0.1: loopback only)");
+  c->add_option("--http-port", o->http_port, "HTTP/REST port (0: any free port, -1: off)");
+  c->add_option("--grpc-port", o->grpc_port, "gRPC port (0: any free port, -1: off)");
+  c->add_option("--metrics-port", o->metrics_port,
+                "Prometheus metrics port, GET /metrics (0: any free port, -1: off)");
+  c->add_option("--http-threads", o->http_threads, "HTTP worker threads")->check(CLI::Range(2, 1024));
+  c->add_option("--max-request-bytes", o->max_request_bytes,
+                "Largest request body accepted (HTTP 413 / gRPC RESOURCE_EXHAUSTED beyond)")
+      ->check(CLI::Range(int64_t{1024}, int64_t{1} << 31));
+  c->add_option("--max-tensor-elements", o->limits.max_tensor_elements,
+                "Largest element count of one input tensor")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 32));
+  c->add_option("--max-batch-size", o->batching.max_batch_size,
+                "Default max rows per request and per merged execution (config.json overrides)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  c->add_option("--max-queue-delay-us", o->batching.max_queue_delay_us,
+                "Default dynamic batching delay (config.json overrides)")
+      ->check(CLI::Range(int64_t{0}, int64_t{10000000}));
+  c->add_option("--max-queue-size", o->batching.max_queue_size,
+                "Default queued requests per model version before HTTP 429 / RESOURCE_EXHAUSTED")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  c->add_flag("--access-log", o->access_log, "One JSON line per request on standard error");
+  c->add_flag("--strict-startup", o->strict_startup, "Exit when a model fails to load");
+  return [o] {
+    // Signals are taken by one waiting thread, never by the serving threads.
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    signal(SIGPIPE, SIG_IGN);
+    serve::Server server(*o);
+    server.start();
+    std::fprintf(stderr,
+                 "dlrec serve: ready; HTTP %s:%d, gRPC %s:%d, metrics %s:%d (repository %s)\n",
+                 o->host.c_str(), server.http_port(), o->host.c_str(), server.grpc_port(),
+                 o->host.c_str(), server.metrics_port(), o->model_repository.c_str());
+    std::fflush(stderr);
+    int sig = 0;
+    sigwait(&set, &sig);
+    std::fprintf(stderr, "dlrec serve: %s received; finishing requests in flight\n",
+                 sig == SIGINT ? "SIGINT" : "SIGTERM");
+    server.stop();
+    std::fprintf(stderr, "dlrec serve: stopped\n");
+    return 0;
+  };
+}
+
+}  // namespace dlrec::cli

@@ -1,0 +1,65 @@
+// DynamicBatcher: merges concurrent requests for one model version into larger executions.
+//
+// Requests (encoded io::Batch rows) wait in a bounded FIFO queue. One worker thread takes the
+// oldest request and waits up to max_queue_delay_us for more, until the queued rows reach the
+// preferred batch size; it then merges requests in order while the total stays within
+// max_batch_size, runs `execute` once on the merged rows and hands each request its slice of
+// the outputs. A full queue rejects new requests at once (RequestError ResourceExhausted).
+// The destructor finishes every queued request before returning.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "dlrec/io/batch.h"
+#include "dlrec/serve/model_config.h"
+
+namespace dlrec::serve {
+
+class DynamicBatcher {
+ public:
+  // One output value per row of the batch it is given.
+  using Execute = std::function<std::vector<float>(const io::Batch&)>;
+  // Called after each execution with its rows and duration (nanoseconds).
+  using OnExecute = std::function<void(int64_t rows, uint64_t ns)>;
+
+  struct Result {
+    std::vector<float> outputs;  // [rows of the request]
+    uint64_t queue_ns = 0;       // enqueue -> execution start
+    uint64_t compute_ns = 0;     // the merged execution's duration
+    int64_t merged_rows = 0;     // rows of the execution this request was part of
+  };
+
+  DynamicBatcher(BatchingConfig cfg, Execute execute, OnExecute on_execute = {});
+  ~DynamicBatcher();
+  DynamicBatcher(const DynamicBatcher&) = delete;
+  DynamicBatcher& operator=(const DynamicBatcher&) = delete;
+
+  // Blocks until the request's rows are scored. Throws RequestError(ResourceExhausted) when
+  // the queue is full or the batcher is stopping, and rethrows what `execute` throws.
+  Result run(io::Batch batch);
+
+  int64_t queued() const;  // requests waiting now
+
+ private:
+  struct Job;
+  void worker();
+
+  BatchingConfig cfg_;
+  Execute execute_;
+  OnExecute on_execute_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  int64_t queued_rows_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace dlrec::serve

@@ -1,0 +1,102 @@
+// Model repository: <root>/<model>/<version>/ with each version a `dlrec export` directory and
+// an optional <root>/<model>/config.json (model_config.h). Versions are positive integers.
+//
+// A loaded model is a set of ServedModel versions behind a shared_ptr: load() builds the new set
+// completely, then swaps it in; requests already running keep the version they started with,
+// and the old set is released when the last of them finishes (no request is dropped).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dlrec/serve/batcher.h"
+#include "dlrec/serve/inference.h"
+#include "dlrec/serve/model_config.h"
+#include "dlrec/serve/stats.h"
+#include "dlrec/train/export.h"
+
+namespace dlrec::serve {
+
+struct TensorInfo {
+  std::string name, datatype;
+  std::vector<int64_t> shape;  // -1: variable
+};
+
+// One loaded model version: the predictor, its fitted workflow and its batcher.
+class ServedModel {
+ public:
+  ServedModel(std::string name, int64_t version, const std::string& dir,
+              const BatchingConfig& batching, std::shared_ptr<ModelStats> stats);
+  ~ServedModel();
+
+  const std::string& name() const { return name_; }
+  int64_t version() const { return version_; }
+  std::string version_str() const { return std::to_string(version_); }
+  const BatchingConfig& batching() const { return batching_; }
+  ModelStats& stats() { return *stats_; }
+
+  // Raw inputs (one per schema column) as advertised in the model metadata, and the encoded
+  // alternative ("dense", "cat_<t>").
+  std::vector<TensorInfo> raw_inputs() const;
+  std::vector<TensorInfo> encoded_inputs() const;
+  std::vector<TensorInfo> outputs() const;
+
+  // Validates the request's tensors and encodes them into model inputs (applies the fitted
+  // workflow to raw features). Throws RequestError(InvalidArgument) with the reason.
+  io::Batch encode(const InferRequest& req) const;
+  // encode + dynamic batching + scoring; updates the statistics (success or failure).
+  InferResponse infer(const InferRequest& req);
+
+ private:
+  std::string name_;
+  int64_t version_;
+  BatchingConfig batching_;
+  std::shared_ptr<ModelStats> stats_;
+  std::unique_ptr<train::Predictor> predictor_;
+  io::ShardLayout layout_;
+  std::unique_ptr<DynamicBatcher> batcher_;
+};
+
+struct RepositoryEntry {
+  std::string name, version, state, reason;  // state: READY | UNAVAILABLE
+};
+
+class ModelRepository {
+ public:
+  ModelRepository(std::string root, BatchingConfig defaults, std::shared_ptr<StatsRegistry> stats);
+  ~ModelRepository();
+
+  const std::string& root() const { return root_; }
+  // Model directories present on disk (valid names only), sorted.
+  std::vector<std::string> models_on_disk() const;
+  // Loads every model on disk; failures are recorded (index() shows them) and returned as
+  // "name: reason" lines, not thrown.
+  std::vector<std::string> load_all();
+  // (Re)loads one model per its config.json and version policy. Throws RequestError: NotFound
+  // if the directory is absent, InvalidArgument for a bad name, config or model.
+  void load(const std::string& name);
+  // Unloads; requests in flight finish on their versions. NotFound if not loaded.
+  void unload(const std::string& name);
+
+  // The version to serve: `version` empty means the highest loaded. NotFound when the model or
+  // version is not loaded; InvalidArgument for a malformed name or version.
+  std::shared_ptr<ServedModel> get(const std::string& name, const std::string& version) const;
+  bool ready(const std::string& name, const std::string& version) const;
+  std::vector<int64_t> loaded_versions(const std::string& name) const;
+  std::vector<RepositoryEntry> index(bool ready_only = false) const;
+
+ private:
+  using VersionMap = std::map<int64_t, std::shared_ptr<ServedModel>>;
+  std::string root_;
+  BatchingConfig defaults_;
+  std::shared_ptr<StatsRegistry> stats_;
+  std::mutex load_mu_;        // one load/unload at a time
+  mutable std::mutex mu_;     // guards models_ and failures_
+  std::map<std::string, std::shared_ptr<const VersionMap>> models_;
+  std::map<std::string, std::string> failures_;  // last load error per model
+};
+
+}  // namespace dlrec::serve

@@ -1,0 +1,64 @@
+// serve::Server: the model repository behind KServe v2 front ends (HTTP/REST and gRPC) and a
+// Prometheus metrics endpoint, each on its own port. docs/SERVING.md describes the endpoints,
+// the tensor contract, limits and error codes.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "dlrec/serve/http_codec.h"
+#include "dlrec/serve/model_repository.h"
+#include "dlrec/serve/stats.h"
+
+namespace dlrec::serve {
+
+struct ServerOptions {
+  std::string model_repository;
+  std::string host = "127.0.0.1";  // loopback unless told otherwise
+  int http_port = 8000;            // < 0 disables the endpoint
+  int grpc_port = 8001;
+  int metrics_port = 8002;
+  int http_threads = 16;
+  int64_t max_request_bytes = int64_t{64} << 20;
+  HttpLimits limits;
+  BatchingConfig batching;  // defaults for models whose config.json leaves them out
+  bool access_log = false;  // one JSON line per request on stderr
+  bool strict_startup = false;  // fail start() when a model does not load
+};
+
+// What both front ends share.
+struct ServerCore {
+  ServerOptions options;
+  std::shared_ptr<StatsRegistry> stats;
+  std::unique_ptr<ModelRepository> repository;
+  std::atomic<bool> ready{false};
+  void access_log(const std::string& proto, const std::string& method, const std::string& path,
+                  int status, uint64_t duration_ns, const std::string& error) const;
+
+ private:
+  mutable std::mutex log_mu_;
+};
+
+class Server {
+ public:
+  explicit Server(ServerOptions options);
+  ~Server();  // stops
+  // Loads the repository and starts the endpoints (ports 0 pick free ports). Throws
+  // dlrec::Error when an endpoint cannot bind.
+  void start();
+  // Stops accepting, finishes the requests in flight, then returns. Idempotent.
+  void stop();
+  int http_port() const;  // the bound ports (useful with port 0)
+  int grpc_port() const;
+  int metrics_port() const;
+  ServerCore& core();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dlrec::serve

@@ -1,0 +1,122 @@
+#include "dlrec/serve/batcher.h"
+
+#include <chrono>
+#include <exception>
+#include <future>
+
+#include "dlrec/serve/request_error.h"
+#include "dlrec/serve/stats.h"
+
+namespace dlrec::serve {
+
+struct DynamicBatcher::Job {
+  io::Batch batch;
+  uint64_t enqueued_ns = 0;
+  std::promise<Result> promise;
+};
+
+DynamicBatcher::DynamicBatcher(BatchingConfig cfg, Execute execute, OnExecute on_execute)
+    : cfg_(std::move(cfg)), execute_(std::move(execute)), on_execute_(std::move(on_execute)) {
+  thread_ = std::thread([this] { worker(); });
+}
+
+DynamicBatcher::~DynamicBatcher() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+int64_t DynamicBatcher::queued() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return static_cast<int64_t>(queue_.size());
+}
+
+DynamicBatcher::Result DynamicBatcher::run(io::Batch batch) {
+  auto job = std::make_shared<Job>();
+  job->batch = std::move(batch);
+  std::future<Result> fut = job->promise.get_future();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stop_) request_fail(Status::Unavailable, "the model is being unloaded");
+    if (static_cast<int64_t>(queue_.size()) >= cfg_.max_queue_size)
+      request_fail(Status::ResourceExhausted, "overloaded: the queue of the model holds ",
+                   queue_.size(), " requests (max_queue_size); retry later");
+    job->enqueued_ns = now_ns();
+    queued_rows_ += job->batch.rows;
+    queue_.push_back(job);
+  }
+  cv_.notify_one();
+  return fut.get();
+}
+
+void DynamicBatcher::worker() {
+  const int64_t preferred = cfg_.preferred_rows();
+  std::vector<std::shared_ptr<Job>> jobs;
+  io::Batch merged;
+  for (;;) {
+    jobs.clear();
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping and drained
+      // Wait for more rows until the oldest request has waited max_queue_delay_us.
+      auto deadline = std::chrono::steady_clock::time_point(
+          std::chrono::nanoseconds(queue_.front()->enqueued_ns + cfg_.max_queue_delay_us * 1000));
+      while (!stop_ && queued_rows_ < preferred && std::chrono::steady_clock::now() < deadline)
+        cv_.wait_until(lk, deadline);
+      int64_t rows = 0;
+      while (!queue_.empty()) {
+        int64_t r = queue_.front()->batch.rows;
+        if (!jobs.empty() && rows + r > cfg_.max_batch_size) break;
+        rows += r;
+        queued_rows_ -= r;
+        jobs.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+        if (rows >= preferred) break;
+      }
+    }
+    const uint64_t start = now_ns();
+    const io::Batch* input = &jobs[0]->batch;
+    if (jobs.size() > 1) {
+      merged.reset(jobs[0]->batch.num_dense, jobs[0]->batch.num_cat());
+      for (auto& j : jobs) merged.append(j->batch);
+      input = &merged;
+    }
+    std::vector<float> out;
+    std::exception_ptr err;
+    try {
+      out = execute_(*input);
+      if (static_cast<int64_t>(out.size()) != input->rows)
+        request_fail(Status::Internal, "the model returned ", out.size(), " outputs for ",
+                     input->rows, " rows");
+    } catch (...) {
+      err = std::current_exception();
+    }
+    const uint64_t end = now_ns();
+    if (!err && on_execute_) {
+      try {
+        on_execute_(input->rows, end - start);
+      } catch (...) {
+      }
+    }
+    int64_t offset = 0;
+    for (auto& j : jobs) {
+      if (err) {
+        j->promise.set_exception(err);
+        continue;
+      }
+      Result r;
+      r.outputs.assign(out.begin() + offset, out.begin() + offset + j->batch.rows);
+      offset += j->batch.rows;
+      r.queue_ns = start - j->enqueued_ns;
+      r.compute_ns = end - start;
+      r.merged_rows = input->rows;
+      j->promise.set_value(std::move(r));
+    }
+  }
+}
+
+}  // namespace dlrec::serve

@@ -1,0 +1,316 @@
+// ServedModel: the tensor contract (docs/SERVING.md) and one model version's inference path.
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <string_view>
+
+#include "dlrec/io/schema.h"
+#include "dlrec/serve/model_repository.h"
+#include "dlrec/serve/request_error.h"
+
+namespace dlrec::serve {
+
+namespace {
+
+constexpr const char* kOutput = "probability";
+
+[[noreturn]] void bad(const std::string& msg) { request_fail(Status::InvalidArgument, msg); }
+
+template <class T>
+T load_le(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// Checks the shape is [rows] or [rows, width] (width 1 also for the per-column tensors) and the
+// data size matches a fixed-size datatype; returns the element count.
+int64_t check_tensor(const InputTensor& t, int64_t rows, int64_t width, bool allow_flat) {
+  bool ok = (t.shape.size() == 2 && t.shape[0] == rows && t.shape[1] == width) ||
+            (allow_flat && t.shape.size() == 1 && t.shape[0] == rows);
+  if (!ok) {
+    std::string s;
+    for (size_t i = 0; i < t.shape.size(); ++i) s += (i ? "," : "") + std::to_string(t.shape[i]);
+    bad(detail::concat("input '", t.name, "' has shape [", s, "]; expected [", rows, ", ", width,
+                       "]", allow_flat ? detail::concat(" or [", rows, "]") : ""));
+  }
+  int64_t n = rows * width;
+  int sz = datatype_size(t.datatype);
+  if (sz > 0 && static_cast<int64_t>(t.data.size()) != n * sz)
+    bad(detail::concat("input '", t.name, "': ", t.data.size(), " bytes of data for ", n, " ",
+                       t.datatype, " elements (", n * sz, " bytes expected)"));
+  return n;
+}
+
+// Element i of a numeric tensor as double.
+double number_at(const InputTensor& t, int64_t i) {
+  const char* p = t.data.data();
+  if (t.datatype == "FP32") return load_le<float>(p + 4 * i);
+  if (t.datatype == "FP64") return load_le<double>(p + 8 * i);
+  if (t.datatype == "INT32") return load_le<int32_t>(p + 4 * i);
+  if (t.datatype == "INT64") return static_cast<double>(load_le<int64_t>(p + 8 * i));
+  bad("unreachable");
+}
+
+int64_t int_at(const InputTensor& t, int64_t i) {
+  const char* p = t.data.data();
+  if (t.datatype == "INT32") return load_le<int32_t>(p + 4 * i);
+  return load_le<int64_t>(p + 8 * i);
+}
+
+void require_type(const InputTensor& t, std::initializer_list<const char*> types) {
+  std::string list;
+  for (const char* ty : types) {
+    if (t.datatype == ty) return;
+    list += list.empty() ? ty : std::string(", ") + ty;
+  }
+  bad(detail::concat("input '", t.name, "' has datatype '", t.datatype, "'; expected one of ",
+                     list));
+}
+
+// One categorical field as the text reader parses it (hex or hashed string; multi-hot items
+// separated by list_sep; empty = missing).
+void parse_category(std::string_view f, const io::Schema& schema, bool multi_hot,
+                    const std::string& col, std::vector<uint64_t>& vals) {
+  auto one = [&](std::string_view v) {
+    if (schema.cat_encoding == io::CatEncoding::String) {
+      vals.push_back(io::hash_category(v));
+      return;
+    }
+    if (v.size() > 16)
+      bad(detail::concat("input '", col, "': '", std::string(v.substr(0, 40)),
+                         "' is not a hexadecimal category (more than 16 digits)"));
+    uint64_t x = 0;
+    for (char ch : v) {
+      unsigned d;
+      if (ch >= '0' && ch <= '9') d = static_cast<unsigned>(ch - '0');
+      else if (ch >= 'a' && ch <= 'f') d = static_cast<unsigned>(ch - 'a' + 10);
+      else if (ch >= 'A' && ch <= 'F') d = static_cast<unsigned>(ch - 'A' + 10);
+      else
+        bad(detail::concat("input '", col, "': '", std::string(v.substr(0, 40)),
+                           "' is not a hexadecimal category"));
+      x = (x << 4) | d;
+    }
+    vals.push_back(x);
+  };
+  if (f.empty()) return;
+  if (!multi_hot) return one(f);
+  size_t p = 0;
+  while (p <= f.size()) {
+    size_t q = f.find(schema.list_sep, p);
+    if (q == std::string_view::npos) q = f.size();
+    if (q > p) one(f.substr(p, q - p));
+    p = q + 1;
+  }
+}
+
+}  // namespace
+
+ServedModel::ServedModel(std::string name, int64_t version, const std::string& dir,
+                         const BatchingConfig& batching, std::shared_ptr<ModelStats> stats)
+    : name_(std::move(name)), version_(version), batching_(batching), stats_(std::move(stats)) {
+  predictor_ = std::make_unique<train::Predictor>(dir);
+  layout_ = predictor_->workflow().output_layout();
+  batcher_ = std::make_unique<DynamicBatcher>(
+      batching_, [this](const io::Batch& b) { return predictor_->predict(b); },
+      [this](int64_t rows, uint64_t ns) { stats_->add_execution(rows, ns); });
+}
+
+ServedModel::~ServedModel() { batcher_.reset(); }  // finishes queued requests first
+
+std::vector<TensorInfo> ServedModel::raw_inputs() const {
+  const io::Schema& s = predictor_->workflow().schema();
+  std::vector<TensorInfo> out;
+  for (const auto& c : s.columns) {
+    if (c.kind == io::ColumnKind::Dense) out.push_back({c.name, "FP32", {-1, 1}});
+    if (c.kind == io::ColumnKind::Categorical) out.push_back({c.name, "BYTES", {-1, 1}});
+  }
+  return out;
+}
+
+std::vector<TensorInfo> ServedModel::encoded_inputs() const {
+  std::vector<TensorInfo> out;
+  if (layout_.num_dense > 0) out.push_back({"dense", "FP32", {-1, layout_.num_dense}});
+  for (size_t t = 0; t < layout_.cardinalities.size(); ++t)
+    out.push_back({"cat_" + std::to_string(t), "INT64", {-1, 1}});
+  return out;
+}
+
+std::vector<TensorInfo> ServedModel::outputs() const { return {{kOutput, "FP32", {-1, 1}}}; }
+
+io::Batch ServedModel::encode(const InferRequest& req) const {
+  if (req.inputs.empty()) bad("the request has no inputs");
+  const io::Schema& schema = predictor_->workflow().schema();
+  const int nd = schema.num_dense(), nc = schema.num_cat();
+
+  // Which contract: raw (schema column names) or encoded ("dense", "cat_<t>").
+  std::map<std::string, int> raw_col;  // name -> dense index (>= 0) or ~cat index
+  {
+    int di = 0, ci = 0;
+    for (const auto& c : schema.columns) {
+      if (c.kind == io::ColumnKind::Dense) raw_col[c.name] = di++;
+      if (c.kind == io::ColumnKind::Categorical) raw_col[c.name] = ~(ci++);
+    }
+  }
+  bool raw = raw_col.count(req.inputs[0].name) > 0;
+
+  const InputTensor& first = req.inputs[0];
+  if (first.shape.empty()) bad(detail::concat("input '", first.name, "' has no dimensions"));
+  const int64_t rows = first.shape[0];
+  if (rows < 1) bad(detail::concat("input '", first.name, "': the batch dimension is ", rows));
+  if (rows > batching_.max_batch_size)
+    bad(detail::concat("the request has ", rows, " rows; this model accepts at most ",
+                       batching_.max_batch_size, " (max_batch_size)"));
+
+  std::set<std::string> seen;
+  for (const auto& t : req.inputs)
+    if (!seen.insert(t.name).second) bad(detail::concat("input '", t.name, "' appears twice"));
+
+  io::Batch batch;
+  if (raw) {
+    io::RawChunk chunk;
+    chunk.reset(nd, nc);
+    chunk.rows = rows;
+    chunk.first_line = 1;
+    chunk.label.assign(static_cast<size_t>(rows), 0.f);
+    chunk.dense.assign(static_cast<size_t>(rows * nd), NAN);
+    const std::vector<bool> multi = schema.cat_multi_hot();
+    for (const auto& t : req.inputs) {
+      auto it = raw_col.find(t.name);
+      if (it == raw_col.end())
+        bad(detail::concat("unknown input '", t.name, "' (raw inputs are the schema's dense and "
+                           "categorical columns; do not mix them with encoded inputs)"));
+      if (it->second >= 0) {
+        const int d = it->second;
+        require_type(t, {"FP32", "FP64", "INT32", "INT64"});
+        check_tensor(t, rows, 1, true);
+        for (int64_t r = 0; r < rows; ++r) {
+          double v = number_at(t, r);
+          if (std::isinf(v) || (!std::isnan(v) && !std::isfinite(static_cast<float>(v))))
+            bad(detail::concat("input '", t.name, "' row ", r, ": the value is not finite"));
+          chunk.dense[static_cast<size_t>(r * nd + d)] = static_cast<float>(v);
+        }
+      } else {
+        const int c = ~it->second;
+        auto& vals = chunk.cat_values[c];
+        auto& offs = chunk.cat_offsets[c];
+        offs.assign(1, 0);
+        require_type(t, {"BYTES", "INT64", "INT32"});
+        check_tensor(t, rows, 1, true);
+        if (t.datatype == "BYTES") {
+          std::vector<std::string_view> items = split_bytes(t.data, rows, t.name);
+          for (int64_t r = 0; r < rows; ++r) {
+            parse_category(items[static_cast<size_t>(r)], schema, multi[c], t.name, vals);
+            offs.push_back(static_cast<int64_t>(vals.size()));
+          }
+        } else {
+          for (int64_t r = 0; r < rows; ++r) {
+            int64_t k = int_at(t, r);
+            if (k >= 0) vals.push_back(static_cast<uint64_t>(k));  // negative: missing
+            offs.push_back(static_cast<int64_t>(vals.size()));
+          }
+        }
+      }
+    }
+    if (static_cast<int>(req.inputs.size()) != nd + nc) {
+      std::string missing;
+      for (const auto& [n, i] : raw_col)
+        if (!seen.count(n)) missing += (missing.empty() ? "" : ", ") + n;
+      bad("missing raw inputs: " + missing);
+    }
+    try {
+      predictor_->workflow().transform(chunk, batch);
+    } catch (const Error& e) {
+      bad(std::string("raw features: ") + e.what());
+    }
+    return batch;
+  }
+
+  batch.reset(layout_.num_dense, static_cast<int>(layout_.cardinalities.size()));
+  batch.rows = rows;
+  batch.labels.assign(static_cast<size_t>(rows), 0.f);
+  const int ncat = static_cast<int>(layout_.cardinalities.size());
+  for (const auto& t : req.inputs) {
+    if (t.name == "dense" && layout_.num_dense > 0) {
+      require_type(t, {"FP32"});
+      check_tensor(t, rows, layout_.num_dense, layout_.num_dense == 1);
+      batch.dense.resize(static_cast<size_t>(rows * layout_.num_dense));
+      std::memcpy(batch.dense.data(), t.data.data(), batch.dense.size() * sizeof(float));
+      for (size_t i = 0; i < batch.dense.size(); ++i)
+        if (!std::isfinite(batch.dense[i]))
+          bad(detail::concat("input 'dense' row ", static_cast<int64_t>(i) / layout_.num_dense,
+                             ": the value is not finite"));
+      continue;
+    }
+    int idx = -1;
+    if (t.name.rfind("cat_", 0) == 0 && t.name.size() > 4 && t.name.size() < 12) {
+      idx = 0;
+      for (size_t k = 4; k < t.name.size(); ++k) {
+        if (t.name[k] < '0' || t.name[k] > '9') {
+          idx = -1;
+          break;
+        }
+        idx = idx * 10 + (t.name[k] - '0');
+      }
+    }
+    if (idx < 0 || idx >= ncat)
+      bad(detail::concat("unknown input '", t.name, "' (encoded inputs: 'dense' and 'cat_0'..'cat_",
+                         ncat - 1, "'; raw inputs: the schema's columns)"));
+    require_type(t, {"INT64", "INT32"});
+    check_tensor(t, rows, 1, true);
+    auto& ids = batch.cat_indices[idx];
+    auto& offs = batch.cat_offsets[idx];
+    ids.resize(static_cast<size_t>(rows));
+    offs.resize(static_cast<size_t>(rows + 1));
+    const int64_t card = layout_.cardinalities[static_cast<size_t>(idx)];
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t id = int_at(t, r);
+      if (id < 0 || id >= card)
+        bad(detail::concat("input '", t.name, "' row ", r, ": id ", id, " is outside [0, ", card,
+                           ")"));
+      ids[static_cast<size_t>(r)] = id;
+      offs[static_cast<size_t>(r + 1)] = r + 1;
+    }
+  }
+  if (static_cast<int>(req.inputs.size()) != ncat + (layout_.num_dense > 0 ? 1 : 0)) {
+    std::string missing;
+    if (layout_.num_dense > 0 && !seen.count("dense")) missing = "dense";
+    for (int t = 0; t < ncat; ++t)
+      if (!seen.count("cat_" + std::to_string(t)))
+        missing += (missing.empty() ? "cat_" : ", cat_") + std::to_string(t);
+    bad("missing encoded inputs: " + missing);
+  }
+  return batch;
+}
+
+InferResponse ServedModel::infer(const InferRequest& req) {
+  const uint64_t t0 = now_ns();
+  try {
+    for (const auto& o : req.outputs)
+      if (o.name != kOutput)
+        bad(detail::concat("unknown output '", o.name, "' (the output is '", kOutput, "')"));
+    io::Batch batch = encode(req);
+    const uint64_t t1 = now_ns();
+    DynamicBatcher::Result r = batcher_->run(std::move(batch));
+    InferResponse resp;
+    resp.model = name_;
+    resp.version = version_str();
+    resp.id = req.id;
+    resp.rows = static_cast<int64_t>(r.outputs.size());
+    resp.probability = std::move(r.outputs);
+    const uint64_t t2 = now_ns();
+    stats_->compute_input.add(t1 - t0);
+    stats_->queue.add(r.queue_ns);
+    stats_->compute_infer.add(r.compute_ns);
+    uint64_t done = t1 + r.queue_ns + r.compute_ns;
+    stats_->compute_output.add(t2 > done ? t2 - done : 0);
+    stats_->success.add(t2 - t0);
+    stats_->last_inference_ms.store(wall_ms(), std::memory_order_relaxed);
+    return resp;
+  } catch (...) {
+    stats_->fail.add(now_ns() - t0);
+    throw;
+  }
+}
+
+}  // namespace dlrec::serve

@@ -1,0 +1,108 @@
+#include "dlrec/serve/stats.h"
+
+#include <chrono>
+#include <sstream>
+
+namespace dlrec::serve {
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+uint64_t wall_ms() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+void ModelStats::add_execution(int64_t rows, uint64_t ns) {
+  execution_count.fetch_add(1, std::memory_order_relaxed);
+  inference_count.fetch_add(static_cast<uint64_t>(rows), std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lk(mu_);
+  auto& b = batches_[rows];
+  b.first += 1;
+  b.second += ns;
+}
+
+std::vector<std::pair<int64_t, std::pair<uint64_t, uint64_t>>> ModelStats::batch_stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return {batches_.begin(), batches_.end()};
+}
+
+std::shared_ptr<ModelStats> StatsRegistry::get(const std::string& name,
+                                               const std::string& version) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto& p = map_[{name, version}];
+  if (!p) {
+    p = std::make_shared<ModelStats>();
+    p->name = name;
+    p->version = version;
+  }
+  return p;
+}
+
+std::vector<std::shared_ptr<ModelStats>> StatsRegistry::list(const std::string& name,
+                                                             const std::string& version) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<std::shared_ptr<ModelStats>> out;
+  for (auto& [k, v] : map_)
+    if ((name.empty() || k.first == name) && (version.empty() || k.second == version))
+      out.push_back(v);
+  return out;
+}
+
+namespace {
+
+std::string escape_label(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '\\' || c == '"') o.push_back('\\');
+    if (c == '\n') {
+      o += "\\n";
+      continue;
+    }
+    o.push_back(c);
+  }
+  return o;
+}
+
+}  // namespace
+
+std::string StatsRegistry::prometheus() const {
+  auto all = list();
+  std::ostringstream os;
+  auto family = [&](const char* name, const char* help, auto value) {
+    os << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " counter\n";
+    for (auto& s : all)
+      os << name << "{model=\"" << escape_label(s->name) << "\",version=\""
+         << escape_label(s->version) << "\"} " << value(*s) << '\n';
+  };
+  auto us = [](const Duration& d) { return d.ns.load() / 1000; };
+  family("nv_inference_request_success", "Number of successful inference requests",
+         [](const ModelStats& s) { return s.success.count.load(); });
+  family("nv_inference_request_failure", "Number of failed inference requests",
+         [](const ModelStats& s) { return s.fail.count.load(); });
+  family("nv_inference_count", "Number of inferences performed (rows scored)",
+         [](const ModelStats& s) { return s.inference_count.load(); });
+  family("nv_inference_exec_count", "Number of model executions performed (merged batches)",
+         [](const ModelStats& s) { return s.execution_count.load(); });
+  family("nv_inference_request_duration_us",
+         "Cumulative inference request duration in microseconds (successful requests)",
+         [&](const ModelStats& s) { return us(s.success); });
+  family("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds",
+         [&](const ModelStats& s) { return us(s.queue); });
+  family("nv_inference_compute_input_duration_us",
+         "Cumulative compute input duration in microseconds (decoding, ETL workflow)",
+         [&](const ModelStats& s) { return us(s.compute_input); });
+  family("nv_inference_compute_infer_duration_us",
+         "Cumulative compute inference duration in microseconds (per request)",
+         [&](const ModelStats& s) { return us(s.compute_infer); });
+  family("nv_inference_compute_output_duration_us",
+         "Cumulative inference compute output duration in microseconds",
+         [&](const ModelStats& s) { return us(s.compute_output); });
+  return os.str();
+}
+
+}  // namespace dlrec::serve

@@ -1,0 +1,468 @@
+"""`dlrec serve` against the unmodified tritonclient package (HTTP and gRPC).
+
+Builds a small model repository with the CLI (datagen -> etl -> train -> export), starts the
+server on free loopback ports and exercises every endpoint: health, metadata, inference with
+JSON and binary tensors (raw and encoded inputs, compared with `dlrec predict`), repository
+index/load/unload, statistics, metrics, bad requests, and a version swap under load.
+"""
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+np = pytest.importorskip("numpy")
+pytest.importorskip("tritonclient")
+httpclient = pytest.importorskip("tritonclient.http")
+grpcclient = pytest.importorskip("tritonclient.grpc")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+BIN_DIR = os.environ.get("DLREC_BIN_DIR", "")
+DLREC = os.path.join(BIN_DIR, "dlrec")
+ROWS = 64
+MAX_BODY = 4 << 20
+
+pytestmark = pytest.mark.skipif(not os.path.exists(DLREC), reason="dlrec binary not built")
+
+
+def run(*args):
+    r = subprocess.run([DLREC, *map(str, args)], capture_output=True, text=True)
+    assert r.returncode == 0, f"dlrec {' '.join(map(str, args))}:\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    d = tmp_path_factory.mktemp("serve")
+    run("datagen", "--out", d / "raw.tsv", "--rows", 20000, "--seed", 7)
+    run("etl", "--input", d / "raw.tsv", "--out", d / "data")
+    cfg = {
+        "model": {"arch": "dlrm", "embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1],
+                  "interaction": "dot", "pooling": "sum"},
+        "optimizer": {"type": "adagrad", "lr": 0.02},
+        "train": {"batch_size": 256, "epochs": 1, "max_steps": 50, "eval_every": 0,
+                  "log_every": 100, "checkpoint_every": 0, "seed": 1, "device": "cpu"},
+    }
+    (d / "cfg.json").write_text(json.dumps(cfg))
+    run("train", "--config", d / "cfg.json", "--data", d / "data", "--run", d / "run",
+        "--max-steps", 50)
+    repo = d / "repo"
+    repo.mkdir()
+    run("export", "--run", d / "run", "--out", repo / "m" / "1")
+    shutil.copytree(repo / "m" / "1", repo / "m2" / "1")
+    (repo / "m2" / "config.json").write_text(json.dumps(
+        {"version_policy": {"latest": {"num_versions": 1}}, "max_batch_size": 1024,
+         "dynamic_batching": {"max_queue_delay_microseconds": 200, "max_queue_size": 4096}}))
+    lines = (d / "raw.tsv").read_text().splitlines()[:ROWS]
+    (d / "rows.tsv").write_text("\n".join(lines) + "\n")
+    expected = np.array([float(x) for x in run("predict", "--model", repo / "m" / "1", "--input",
+                                                d / "rows.tsv").split()], dtype=np.float64)
+    assert expected.shape == (ROWS,)
+    layout = json.loads((repo / "m" / "1" / "model.json").read_text())["layout"]
+    return {"dir": d, "repo": repo, "lines": lines, "expected": expected, "layout": layout}
+
+
+@pytest.fixture(scope="module")
+def server(work):
+    ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
+    log = open(work["dir"] / "server.log", "w")
+    proc = subprocess.Popen(
+        [DLREC, "serve", "--model-repository", str(work["repo"]), "--http-port", str(ports["http"]),
+         "--grpc-port", str(ports["grpc"]), "--metrics-port", str(ports["metrics"]),
+         "--max-request-bytes", str(MAX_BODY), "--access-log"],
+        stdout=log, stderr=subprocess.STDOUT)
+    url = f"127.0.0.1:{ports['http']}"
+    deadline = time.time() + 60
+    while True:
+        assert proc.poll() is None, (work["dir"] / "server.log").read_text()
+        try:
+            if httpclient.InferenceServerClient(url).is_server_ready():
+                break
+        except Exception:
+            pass
+        assert time.time() < deadline, "server did not start"
+        time.sleep(0.2)
+    info = {"proc": proc, "http": url, "grpc": f"127.0.0.1:{ports['grpc']}",
+            "metrics": ports["metrics"], "port": ports["http"]}
+    yield info
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    log.close()
+    text = (work["dir"] / "server.log").read_text()
+    assert "stopped" in text
+    assert '"proto":"http"' in text and '"proto":"grpc"' in text  # access log
+
+
+@pytest.fixture
+def hc(server):
+    return httpclient.InferenceServerClient(server["http"])
+
+
+@pytest.fixture
+def gc(server):
+    return grpcclient.InferenceServerClient(server["grpc"])
+
+
+def raw_columns(work, meta_inputs):
+    """The rows as per-column arrays (schema order = TSV order after the label)."""
+    fields = [line.split("\t") for line in work["lines"]]
+    cols = {}
+    for i, t in enumerate(meta_inputs):
+        vals = [f[i + 1] for f in fields]
+        if t["datatype"] == "FP32":
+            cols[t["name"]] = np.array([[float(v) if v else np.nan] for v in vals], np.float32)
+        else:
+            cols[t["name"]] = np.array([[v.encode()] for v in vals], dtype=np.object_)
+    return cols
+
+
+def make_inputs(mod, cols, binary=True):
+    out = []
+    for name, arr in cols.items():
+        dt = "BYTES" if arr.dtype == np.object_ else ("FP32" if arr.dtype == np.float32 else "INT64")
+        x = mod.InferInput(name, list(arr.shape), dt)
+        if mod is httpclient:
+            x.set_data_from_numpy(arr, binary_data=binary)
+        else:
+            x.set_data_from_numpy(arr)
+        out.append(x)
+    return out
+
+
+def metadata_inputs(hc):
+    return hc.get_model_metadata("m")["inputs"]
+
+
+# --- health and metadata -------------------------------------------------------------------
+
+def test_health_and_metadata_http(hc):
+    assert hc.is_server_live()
+    assert hc.is_server_ready()
+    md = hc.get_server_metadata()
+    assert md["name"] == "dlrec"
+    assert {"binary_tensor_data", "statistics", "model_repository"} <= set(md["extensions"])
+    assert hc.is_model_ready("m")
+    assert hc.is_model_ready("m", "1")
+    assert not hc.is_model_ready("m", "9")
+    assert not hc.is_model_ready("nope")
+    mm = hc.get_model_metadata("m")
+    assert mm["name"] == "m" and mm["versions"] == ["1"] and mm["platform"] == "dlrec"
+    assert len(mm["inputs"]) == 39
+    assert mm["outputs"] == [{"name": "probability", "datatype": "FP32", "shape": [-1, 1]}]
+    assert hc.get_model_metadata("m", "1")["name"] == "m"
+
+
+def test_health_and_metadata_grpc(gc):
+    assert gc.is_server_live()
+    assert gc.is_server_ready()
+    md = gc.get_server_metadata()
+    assert md.name == "dlrec" and "statistics" in md.extensions
+    assert gc.is_model_ready("m")
+    assert gc.is_model_ready("m", "1")
+    assert not gc.is_model_ready("nope")
+    mm = gc.get_model_metadata("m")
+    assert mm.name == "m" and list(mm.versions) == ["1"]
+    assert len(mm.inputs) == 39 and mm.outputs[0].name == "probability"
+    assert list(mm.outputs[0].shape) == [-1, 1]
+
+
+# --- inference -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_infer_raw_http_matches_predict(work, hc, binary):
+    cols = raw_columns(work, metadata_inputs(hc))
+    inputs = make_inputs(httpclient, cols, binary=binary)
+    outputs = [httpclient.InferRequestedOutput("probability", binary_data=binary)]
+    if not binary:
+        # NaN cannot travel as JSON; send those inputs in binary form instead (mixed request).
+        for x, (name, arr) in zip(inputs, cols.items()):
+            if arr.dtype == np.float32 and np.isnan(arr).any():
+                x.set_data_from_numpy(arr, binary_data=True)
+    res = hc.infer("m", inputs, outputs=outputs, request_id="r1")
+    p = res.as_numpy("probability")
+    assert p.shape == (ROWS, 1) and p.dtype == np.float32
+    assert np.max(np.abs(p[:, 0] - work["expected"])) <= 1e-6
+    assert res.get_response()["model_version"] == "1"
+    assert res.get_response()["id"] == "r1"
+
+
+def test_infer_raw_grpc_matches_predict(work, hc, gc):
+    cols = raw_columns(work, metadata_inputs(hc))
+    res = gc.infer("m", make_inputs(grpcclient, cols), model_version="1",
+                   outputs=[grpcclient.InferRequestedOutput("probability")])
+    p = res.as_numpy("probability")
+    assert p.shape == (ROWS, 1)
+    assert np.max(np.abs(p[:, 0] - work["expected"])) <= 1e-6
+
+
+def encoded_columns(work, rows=16, seed=3):
+    rng = np.random.default_rng(seed)
+    lay = work["layout"]
+    cols = {"dense": rng.normal(size=(rows, lay["num_dense"])).astype(np.float32)}
+    for t, card in enumerate(lay["cardinalities"]):
+        cols[f"cat_{t}"] = rng.integers(0, card, size=(rows, 1)).astype(np.int64)
+    return cols
+
+
+def test_infer_encoded_json_binary_grpc_agree(work, hc, gc):
+    cols = encoded_columns(work)
+    p_json = hc.infer("m", make_inputs(httpclient, cols, binary=False),
+                      outputs=[httpclient.InferRequestedOutput("probability", binary_data=False)]
+                      ).as_numpy("probability")
+    p_bin = hc.infer("m", make_inputs(httpclient, cols, binary=True)).as_numpy("probability")
+    p_grpc = gc.infer("m", make_inputs(grpcclient, cols)).as_numpy("probability")
+    assert p_json.shape == (16, 1)
+    assert np.max(np.abs(p_json - p_bin)) <= 1e-6
+    assert np.max(np.abs(p_grpc - p_bin)) <= 1e-6
+    assert np.all((p_bin > 0) & (p_bin < 1))
+
+
+def test_encoded_matches_raw_when_ids_match(work, hc):
+    # Rows whose categorical values are all missing encode to id 0 everywhere; dense values
+    # go through the workflow, so compare a raw request of such rows with itself batched
+    # differently (batch composition must not change results).
+    cols = raw_columns(work, metadata_inputs(hc))
+    full = hc.infer("m", make_inputs(httpclient, cols)).as_numpy("probability")[:, 0]
+    half = {k: v[: ROWS // 2] for k, v in cols.items()}
+    part = hc.infer("m", make_inputs(httpclient, half)).as_numpy("probability")[:, 0]
+    assert np.max(np.abs(full[: ROWS // 2] - part)) <= 1e-6
+
+
+# --- repository ----------------------------------------------------------------------------
+
+def test_repository_index_load_unload_http(work, hc):
+    idx = {(e["name"], e.get("version", "")): e for e in hc.get_model_repository_index()}
+    assert idx[("m", "1")]["state"] == "READY"
+    assert idx[("m2", "1")]["state"] == "READY"
+    hc.unload_model("m2")
+    assert not hc.is_model_ready("m2")
+    idx = {e["name"]: e for e in hc.get_model_repository_index()}
+    assert idx["m2"]["state"] == "UNAVAILABLE"
+    with pytest.raises(InferenceServerException):
+        hc.infer("m2", make_inputs(httpclient, encoded_columns(work, 2)))
+    hc.load_model("m2")
+    assert hc.is_model_ready("m2", "1")
+    with pytest.raises(InferenceServerException):
+        hc.load_model("does-not-exist")
+    with pytest.raises(InferenceServerException):
+        hc.load_model("..")
+
+
+def test_repository_index_load_unload_grpc(work, gc):
+    idx = gc.get_model_repository_index()
+    names = {(m.name, m.version, m.state) for m in idx.models}
+    assert ("m", "1", "READY") in names
+    gc.unload_model("m2")
+    assert not gc.is_model_ready("m2")
+    gc.load_model("m2")
+    assert gc.is_model_ready("m2")
+    with pytest.raises(InferenceServerException):
+        gc.load_model("does-not-exist")
+
+
+def test_version_swap_under_load_drops_nothing(work, hc, server):
+    """A new version loads while clients keep sending; every request succeeds."""
+    cols = encoded_columns(work, 4)
+    errors, done = [], []
+    stop = threading.Event()
+
+    def client(i):
+        c = grpcclient.InferenceServerClient(server["grpc"]) if i % 2 else \
+            httpclient.InferenceServerClient(server["http"])
+        mod = grpcclient if i % 2 else httpclient
+        n = 0
+        while not stop.is_set():
+            try:
+                p = c.infer("m2", make_inputs(mod, cols)).as_numpy("probability")
+                assert p.shape == (4, 1)
+                n += 1
+            except Exception as e:  # noqa: BLE001
+                errors.append(repr(e))
+        done.append(n)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    shutil.copytree(work["repo"] / "m2" / "1", work["repo"] / "m2" / "2")
+    hc.load_model("m2")  # latest 1: version 2 replaces 1
+    time.sleep(0.5)
+    hc.load_model("m2")  # reload the same version while serving
+    time.sleep(0.5)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert sum(done) > 0
+    assert hc.is_model_ready("m2", "2")
+    assert not hc.is_model_ready("m2", "1")
+    assert hc.get_model_metadata("m2")["versions"] == ["2"]
+
+
+# --- statistics and metrics ----------------------------------------------------------------
+
+def metric(server, name, model, version):
+    conn = http.client.HTTPConnection("127.0.0.1", server["metrics"], timeout=10)
+    conn.request("GET", "/metrics")
+    r = conn.getresponse()
+    assert r.status == 200
+    text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith(f'{name}{{model="{model}",version="{version}"}} '):
+            return int(line.split()[-1])
+    raise AssertionError(f"{name} for {model}/{version} not in metrics:\n{text[:2000]}")
+
+
+def test_statistics_and_metrics(work, hc, gc, server):
+    before = hc.get_inference_statistics("m", "1")["model_stats"][0]
+    cols = encoded_columns(work, 8)
+    for _ in range(3):
+        hc.infer("m", make_inputs(httpclient, cols))
+    gc.infer("m", make_inputs(grpcclient, cols))
+    st = hc.get_inference_statistics("m", "1")["model_stats"][0]
+    assert st["name"] == "m" and st["version"] == "1"
+    succ = st["inference_stats"]["success"]["count"]
+    assert succ - before["inference_stats"]["success"]["count"] == 4
+    assert st["inference_count"] - before["inference_count"] == 32
+    assert st["execution_count"] >= before["execution_count"] + 1
+    assert st["inference_stats"]["queue"]["count"] == succ
+    assert st["last_inference"] > 0
+    all_stats = hc.get_inference_statistics()["model_stats"]
+    assert any(s["name"] == "m" for s in all_stats)
+    gs = gc.get_inference_statistics("m", "1").model_stats[0]
+    assert gs.inference_stats.success.count == succ
+    assert gs.inference_count == st["inference_count"]
+    with pytest.raises(InferenceServerException):
+        hc.get_inference_statistics("nope")
+    # Prometheus endpoint, Triton's names.
+    assert metric(server, "nv_inference_request_success", "m", "1") == succ
+    assert metric(server, "nv_inference_count", "m", "1") == st["inference_count"]
+    assert metric(server, "nv_inference_exec_count", "m", "1") == st["execution_count"]
+    assert metric(server, "nv_inference_request_failure", "m", "1") == \
+        st["inference_stats"]["fail"]["count"]
+    for n in ("nv_inference_request_duration_us", "nv_inference_queue_duration_us",
+              "nv_inference_compute_infer_duration_us"):
+        assert metric(server, n, "m", "1") >= 0
+
+
+# --- bad requests --------------------------------------------------------------------------
+
+def post(server, path, body, headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", server["port"], timeout=30)
+    conn.request("POST", path, body=body, headers=headers or {})
+    r = conn.getresponse()
+    data = r.read()
+    return r.status, data
+
+
+def assert_error(status, data, codes):
+    assert status in codes, (status, data[:300])
+    msg = json.loads(data)["error"]
+    assert isinstance(msg, str) and msg
+    return msg
+
+
+def test_bad_http_requests_get_4xx_and_server_keeps_serving(work, hc, server):
+    good = {"inputs": [{"name": "dense", "datatype": "FP32", "shape": [1, work["layout"]["num_dense"]],
+                        "data": [0.0] * work["layout"]["num_dense"]}] +
+           [{"name": f"cat_{t}", "datatype": "INT64", "shape": [1, 1], "data": [0]}
+            for t in range(len(work["layout"]["cardinalities"]))]}
+    s, d = post(server, "/v2/models/m/infer", json.dumps(good))
+    assert s == 200, d
+    # Malformed JSON.
+    assert_error(*post(server, "/v2/models/m/infer", b"{\"inputs\": [", None), {400})
+    # Wrong shape.
+    bad = json.loads(json.dumps(good))
+    bad["inputs"][0]["shape"] = [1, 3]
+    bad["inputs"][0]["data"] = [0.0] * 3
+    assert "shape" in assert_error(*post(server, "/v2/models/m/infer", json.dumps(bad)), {400})
+    # Data count not matching the shape.
+    bad = json.loads(json.dumps(good))
+    bad["inputs"][1]["shape"] = [2, 1]
+    assert_error(*post(server, "/v2/models/m/infer", json.dumps(bad)), {400})
+    # Wrong datatype.
+    bad = json.loads(json.dumps(good))
+    bad["inputs"][1]["datatype"] = "FP32"
+    bad["inputs"][1]["data"] = [0.5]
+    assert "datatype" in assert_error(*post(server, "/v2/models/m/infer", json.dumps(bad)), {400})
+    # Id out of range.
+    bad = json.loads(json.dumps(good))
+    bad["inputs"][1]["data"] = [10 ** 12]
+    assert_error(*post(server, "/v2/models/m/infer", json.dumps(bad)), {400})
+    # Binary size mismatch (claims 8 bytes, sends 4).
+    head = {"inputs": [{"name": "cat_0", "datatype": "INT64", "shape": [1, 1],
+                        "parameters": {"binary_data_size": 8}}]}
+    hb = json.dumps(head).encode()
+    assert_error(*post(server, "/v2/models/m/infer", hb + b"\0" * 4,
+                       {"Inference-Header-Content-Length": str(len(hb))}), {400})
+    head["inputs"][0]["parameters"]["binary_data_size"] = 4
+    hb = json.dumps(head).encode()
+    assert_error(*post(server, "/v2/models/m/infer", hb + b"\0" * 4,
+                       {"Inference-Header-Content-Length": str(len(hb))}), {400})
+    assert_error(*post(server, "/v2/models/m/infer", hb,
+                       {"Inference-Header-Content-Length": "abc"}), {400})
+    # Unknown model / version.
+    assert_error(*post(server, "/v2/models/nope/infer", json.dumps(good)), {404})
+    assert_error(*post(server, "/v2/models/m/versions/7/infer", json.dumps(good)), {404})
+    assert_error(*post(server, "/v2/models/m/versions/x1/infer", json.dumps(good)), {400})
+    # Model names with '..' or '/'.
+    assert_error(*post(server, "/v2/models/../infer", json.dumps(good)), {400, 404})
+    assert_error(*post(server, "/v2/models/..%2F..%2Fetc/infer", json.dumps(good)), {400, 404})
+    assert_error(*post(server, "/v2/repository/models/../load", b""), {400, 404})
+    assert_error(*post(server, "/v2/repository/models/%2E%2E/load", b""), {400})
+    # Oversized body.
+    assert_error(*post(server, "/v2/models/m/infer", b"x" * (MAX_BODY + 1024)), {413})
+    # Unknown endpoint.
+    assert_error(*post(server, "/v2/nothing", b"{}"), {404})
+    # tritonclient surfaces the messages as exceptions.
+    with pytest.raises(InferenceServerException, match="not loaded"):
+        hc.infer("nope", make_inputs(httpclient, encoded_columns(work, 1)))
+    x = httpclient.InferInput("cat_0", [1, 1], "INT64")
+    x.set_data_from_numpy(np.zeros((1, 1), np.int64))
+    with pytest.raises(InferenceServerException, match="missing"):
+        hc.infer("m", [x])
+    # Still serving.
+    assert hc.is_server_live() and hc.is_model_ready("m")
+    s, d = post(server, "/v2/models/m/infer", json.dumps(good))
+    assert s == 200, d
+
+
+def test_bad_grpc_requests_get_status_codes(work, gc):
+    import grpc
+
+    def code_of(fn):
+        with pytest.raises(InferenceServerException) as e:
+            fn()
+        return e.value.status()
+
+    cols = encoded_columns(work, 2)
+    assert "NOT_FOUND" in code_of(lambda: gc.infer("nope", make_inputs(grpcclient, cols)))
+    assert "NOT_FOUND" in code_of(
+        lambda: gc.infer("m", make_inputs(grpcclient, cols), model_version="5"))
+    assert "INVALID_ARGUMENT" in code_of(lambda: gc.infer("..", make_inputs(grpcclient, cols)))
+    assert "INVALID_ARGUMENT" in code_of(lambda: gc.infer("a/b", make_inputs(grpcclient, cols)))
+    bad = dict(cols)
+    bad["dense"] = bad["dense"][:, :3].copy()
+    assert "INVALID_ARGUMENT" in code_of(lambda: gc.infer("m", make_inputs(grpcclient, bad)))
+    bad = dict(cols)
+    bad["cat_0"] = bad["cat_0"].astype(np.float32)
+    assert "INVALID_ARGUMENT" in code_of(lambda: gc.infer("m", make_inputs(grpcclient, bad)))
+    # A message above the size limit.
+    big = {"dense": np.zeros((MAX_BODY // 4 + 16, 1), np.float32)}
+    assert "RESOURCE_EXHAUSTED" in code_of(lambda: gc.infer("m", make_inputs(grpcclient, big)))
+    assert grpc is not None
+    assert gc.is_server_live()
+    assert gc.infer("m", make_inputs(grpcclient, cols)).as_numpy("probability").shape == (2, 1)
