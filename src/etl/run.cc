@@ -14,6 +14,7 @@
 #include "dlrec/core/file_util.h"
 #include "dlrec/core/progress.h"
 #include "dlrec/etl/workflow.h"
+#include "dlrec/io/parquet.h"
 #include "dlrec/io/shard.h"
 
 namespace dlrec::etl {
@@ -114,6 +115,10 @@ int64_t count_rows(const std::vector<std::string>& files, const io::Schema& sche
   int64_t total = 0;
   std::vector<char> buf(size_t{16} << 20);
   for (const auto& path : files) {
+    if (io::is_parquet_path(path)) {  // the footer has the count
+      total += io::parquet_num_rows(path);
+      continue;
+    }
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) fail("cannot open '", path, "': ", std::strerror(errno));
     int64_t lines = 0;       // non-blank lines
@@ -199,14 +204,14 @@ EtlResult run_etl(const EtlOptions& o) {
     Timer fit_timer;
     res.fit_passes = workflow.num_fit_passes();
     int pass = 0;
-    std::unique_ptr<io::TextReader> reader;
+    std::unique_ptr<io::ChunkReader> reader;
     std::unique_ptr<Progress> progress;
     int64_t fit_rows = 0;
     workflow.fit_multipass([&]() -> ChunkSource {
       if (progress) progress->finish();
       io::ReadOptions ro = o.read;
       ro.max_rows = n_train;
-      reader = std::make_unique<io::TextReader>(o.inputs, o.schema, ro);
+      reader = io::open_reader(o.inputs, o.schema, ro);
       ++pass;
       progress = std::make_unique<Progress>(
           "etl fit (pass " + std::to_string(pass) + "/" + std::to_string(res.fit_passes) + ")",
@@ -231,7 +236,7 @@ EtlResult run_etl(const EtlOptions& o) {
     const io::ShardLayout layout = workflow.output_layout();
     ShardSetWriter train(o.output_dir, "train", layout, o.shard_rows, o.block_rows, &created);
     ShardSetWriter valid(o.output_dir, "valid", layout, o.shard_rows, o.block_rows, &created);
-    reader = std::make_unique<io::TextReader>(o.inputs, o.schema, o.read);
+    reader = io::open_reader(o.inputs, o.schema, o.read);
     Progress tp("etl transform", expected_rows, "rows");
     // Writing batch i (checksums, file I/O) overlaps reading and transforming batch i + 1.
     io::RawChunk chunk;
