@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "dlrec/core/config.h"
 #include "dlrec/serve/http_codec.h"
 #include "dlrec/serve/request_error.h"
 
