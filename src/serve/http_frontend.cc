@@ -120,6 +120,7 @@ class HttpFrontend : public Frontend {
     const int threads = std::max(2, o.http_threads);
     svr_.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
     svr_.set_read_timeout(30, 0);
+    svr_.set_tcp_nodelay(true);  // small responses must not wait for delayed ACKs (Nagle)
     svr_.set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
       t_request_start = now_ns();
       t_request_error.clear();

@@ -466,3 +466,50 @@ def test_bad_grpc_requests_get_status_codes(work, gc):
     assert grpc is not None
     assert gc.is_server_live()
     assert gc.infer("m", make_inputs(grpcclient, cols)).as_numpy("probability").shape == (2, 1)
+
+
+# --- protocol definition -------------------------------------------------------------------
+
+_DUMP = r'''
+import sys, json, importlib
+if sys.argv[1] == "mine":
+    sys.path.insert(0, sys.argv[2]); m = importlib.import_module("grpc_service_pb2")
+else:
+    import tritonclient.grpc.service_pb2 as m
+def walk(d, prefix=""):
+    out = {}
+    for f in d.fields:
+        out[prefix + d.name + "." + f.name] = [f.number, f.type, f.is_repeated if hasattr(f, "is_repeated") else f.label == 3,
+                                               f.message_type.full_name if f.message_type else None]
+    for n in d.nested_types:
+        out.update(walk(n, prefix + d.name + "."))
+    return out
+res = {}
+for md in m.DESCRIPTOR.message_types_by_name.values():
+    res.update(walk(md))
+for x in m.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+    res["rpc." + x.name] = [x.input_type.full_name, x.output_type.full_name]
+print(json.dumps(res))
+'''
+
+
+def test_proto_matches_tritonclient_wire_format(tmp_path):
+    """Every message, field number and type and every RPC of our .proto is as tritonclient has it."""
+    protoc = shutil.which("protoc")
+    if not protoc:
+        pytest.skip("protoc not installed")
+    src = Path(os.environ.get("DLREC_SOURCE_DIR", Path(__file__).resolve().parents[2]))
+    subprocess.run([protoc, f"--proto_path={src / 'src/serve/proto'}", f"--python_out={tmp_path}",
+                    "grpc_service.proto"], check=True)
+    import sys
+    dumps = []
+    for which in ("mine", "theirs"):
+        r = subprocess.run([sys.executable, "-c", _DUMP, which, str(tmp_path)], capture_output=True,
+                           text=True)
+        if r.returncode != 0 and which == "mine" and "protobuf" in r.stderr.lower():
+            pytest.skip("generated Python code does not match the installed protobuf runtime")
+        assert r.returncode == 0, r.stderr
+        dumps.append(json.loads(r.stdout))
+    mine, theirs = dumps
+    assert len(mine) > 100
+    assert {k: v for k, v in mine.items() if theirs.get(k) != v} == {}
