@@ -92,7 +92,7 @@ Args parse(int argc, char** argv) {
 }
 
 // One-hot batch: 13 dense features like Criteo after log(1 + x); ids uniform or log-uniform.
-io::Batch make_batch(const io::ShardLayout& l, int64_t rows, bool zipf, uint64_t seed) {
+[[maybe_unused]] io::Batch make_batch(const io::ShardLayout& l, int64_t rows, bool zipf, uint64_t seed) {
   io::Batch b;
   b.rows = rows;
   b.num_dense = l.num_dense;
@@ -119,7 +119,7 @@ io::Batch make_batch(const io::ShardLayout& l, int64_t rows, bool zipf, uint64_t
   return b;
 }
 
-double now_s() {
+[[maybe_unused]] double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
