@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   add(dlrec::cli::add_parquet);
 #ifdef DLREC_WITH_SERVER
   add(dlrec::cli::add_serve);
+  add(dlrec::cli::add_bench);
 #endif
   try {
     app.parse(argc, argv);
