@@ -256,8 +256,12 @@ ParquetColumnData ParquetFile::read_column(int row_group, int field) const {
               row_group, " (the file has ", num_row_groups(), ")");
   DLREC_CHECK(field >= 0 && field < static_cast<int>(impl_->fields.size()), impl_->path,
               ": no column ", field);
-  ColumnCursor cur(*impl_, row_group, field, BytesMode::Strings);
   ColumnValues v;
+  if (row_group_rows(row_group) == 0) {  // writers may leave an empty group's chunks blank
+    if (impl_->fields[field].list) v.offsets.push_back(0);
+    return std::move(static_cast<ParquetColumnData&>(v));
+  }
+  ColumnCursor cur(*impl_, row_group, field, BytesMode::Strings);
   cur.read(row_group_rows(row_group), v);
   v.keys.clear();
   return std::move(static_cast<ParquetColumnData&>(v));

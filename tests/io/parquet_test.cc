@@ -107,9 +107,15 @@ void expect_same(const ParquetColumnData& want, const ParquetColumnData& got, co
   for (int64_t s = 0; s < want.slots(); ++s) {
     ASSERT_EQ(want.present(s), got.present(s)) << what << " slot " << s;
     if (!want.present(s)) continue;
-    if (!want.ints.empty()) ASSERT_EQ(want.ints[s], got.ints[s]) << what << " slot " << s;
-    if (!want.reals.empty()) ASSERT_EQ(want.reals[s], got.reals[s]) << what << " slot " << s;
-    if (!want.strings.empty()) ASSERT_EQ(want.strings[s], got.strings[s]) << what << " slot " << s;
+    if (!want.ints.empty()) {
+      ASSERT_EQ(want.ints[s], got.ints[s]) << what << " slot " << s;
+    }
+    if (!want.reals.empty()) {
+      ASSERT_EQ(want.reals[s], got.reals[s]) << what << " slot " << s;
+    }
+    if (!want.strings.empty()) {
+      ASSERT_EQ(want.strings[s], got.strings[s]) << what << " slot " << s;
+    }
   }
 }
 
@@ -166,7 +172,7 @@ TEST_P(ParquetRoundTrip, EveryTypeNullsListsRowGroupsPages) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    CodecsAndEncodings, ParquetRoundTrip,
+    ParquetCodecsAndEncodings, ParquetRoundTrip,
     ::testing::Combine(::testing::Values(ParquetCodec::Uncompressed, ParquetCodec::Snappy,
                                          ParquetCodec::Zstd),
                        ::testing::Bool()));
@@ -305,9 +311,10 @@ TEST(Parquet, ReaderYieldsRawChunksMatchedByName) {
     const int64_t n_str = all.cat_offsets[2][rr + 1] - all.cat_offsets[2][rr];
     const bool str_present = r % 8 != 5 && r % 7 != 0;  // empty strings are missing
     ASSERT_EQ(n_str, str_present ? 1 : 0) << "row " << rr;
-    if (str_present)
+    if (str_present) {
       ASSERT_EQ(all.cat_values[2][all.cat_offsets[2][rr]],
                 hash_category("s" + std::to_string(r % 13)));
+    }
   }
   std::remove(path.c_str());
 }
@@ -516,7 +523,7 @@ TEST(ParquetCorrupt, UnsupportedEncoding) {
 
 // ---- Thrift compact protocol
 
-TEST(ThriftCompact, SkipsUnknownFieldsOfEveryType) {
+TEST(ParquetThriftCompact, SkipsUnknownFieldsOfEveryType) {
   using thrift::CType;
   thrift::CompactWriter w;
   w.field_i32(1, -5);
