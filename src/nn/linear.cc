@@ -75,28 +75,33 @@ const Tensor& Linear::forward(const Tensor& x) {
   float* y = y_.data<float>();
   const int64_t in = in_, out = out_;
   const bool relu = act_ == Activation::ReLU;
-  // Row blocks: each thread runs one single-threaded GEMM on its rows and applies the bias
-  // (and ReLU) while they are still in cache.
-  const int64_t grain = std::max<int64_t>(16, 32768 / std::max<int64_t>(in + out, 1));
-  parallel_for(0, B, grain, [&](int64_t lo, int64_t hi) {
-    if (out == 1) {
-      // OpenBLAS turns an n = 1 GEMM into a GEMV whose summation order depends on the row
-      // count; a plain dot per row keeps the logits independent of the split.
-      for (int64_t r = lo; r < hi; ++r) {
-        const float* xr = xs + r * in;
-        float acc = 0.f;
-        for (int64_t i = 0; i < in; ++i) acc += xr[i] * w[i];
-        y[r] = acc;
-      }
-    } else {
-      gemm(false, true, hi - lo, out, in, xs + lo * in, in, w, in, y + lo * out, out);
-    }
-    for (int64_t r = lo; r < hi; ++r) {
-      float* yr = y + r * out;
-      if (relu) {
-        for (int64_t j = 0; j < out; ++j) yr[j] = std::max(yr[j] + b[j], 0.f);
+  // Fixed row chunks: each runs one single-threaded GEMM and applies the bias (and ReLU) while
+  // the rows are still in cache. The chunk boundaries depend on the batch only, never on the
+  // thread count, because a BLAS kernel may round a row differently depending on where it falls
+  // in the call (edge kernels for the remainder rows, seen with AVX-512 OpenBLAS).
+  const int64_t chunks = (B + kChunkRows - 1) / kChunkRows;
+  parallel_for(0, chunks, 1, [&](int64_t clo, int64_t chi) {
+    for (int64_t c = clo; c < chi; ++c) {
+      const int64_t lo = c * kChunkRows, hi = std::min(B, lo + kChunkRows);
+      if (out == 1) {
+        // OpenBLAS turns an n = 1 GEMM into a GEMV whose summation order depends on the row
+        // count; a plain dot per row keeps the logits independent of the split.
+        for (int64_t r = lo; r < hi; ++r) {
+          const float* xr = xs + r * in;
+          float acc = 0.f;
+          for (int64_t i = 0; i < in; ++i) acc += xr[i] * w[i];
+          y[r] = acc;
+        }
       } else {
-        for (int64_t j = 0; j < out; ++j) yr[j] += b[j];
+        gemm(false, true, hi - lo, out, in, xs + lo * in, in, w, in, y + lo * out, out);
+      }
+      for (int64_t r = lo; r < hi; ++r) {
+        float* yr = y + r * out;
+        if (relu) {
+          for (int64_t j = 0; j < out; ++j) yr[j] = std::max(yr[j] + b[j], 0.f);
+        } else {
+          for (int64_t j = 0; j < out; ++j) yr[j] += b[j];
+        }
       }
     }
   });

@@ -263,8 +263,9 @@ TEST(Dlrm, BuildErrors) {
   ModelConfig mc;
   const auto layout = make_layout(13, {10});
   // Without a usable GPU (or without CUDA support in the build) a clear error names CUDA.
-  if (cuda::device_count() == 0)
+  if (cuda::device_count() == 0) {
     EXPECT_NE(build_error(mc, layout, Device::cuda(0)).find("CUDA"), std::string::npos);
+  }
   ModelConfig bad = mc;
   bad.arch = "wdl";
   EXPECT_NE(build_error(bad, layout).find("unknown model arch 'wdl'"), std::string::npos);
