@@ -1,4 +1,4 @@
-// Categorical encoders: Categorify (docs/ETL.md).
+// Categorical encoders: Categorify, HashBucket (docs/ETL.md).
 #include <algorithm>
 #include <limits>
 
@@ -17,10 +17,13 @@ constexpr int64_t kFirstVocabId = 2;
 // Vocabulary = the training keys seen at least freq_threshold times, the most frequent first
 // (ties by ascending key), at most max_size of them (0 = no limit). Key vocab[i] gets id i + 2;
 // any other key gets id 1 (out of vocabulary / rare); id 0 is a missing value.
+// With num_buckets = B > 0, an out-of-vocabulary key gets id 2 + V + mix64(key) % B instead
+// (V = vocabulary size); id 1 is then never produced, but stays reserved so that vocabulary
+// ids do not depend on B. Cardinality = 2 + V + B.
 class Categorify final : public CategoricalEncoder {
  public:
-  Categorify(int64_t freq_threshold, int64_t max_size)
-      : freq_threshold_(freq_threshold), max_size_(max_size) {}
+  Categorify(int64_t freq_threshold, int64_t max_size, int64_t num_buckets)
+      : freq_threshold_(freq_threshold), max_size_(max_size), num_buckets_(num_buckets) {}
 
   std::string name() const override { return "Categorify"; }
   bool needs_fit() const override { return true; }
@@ -29,6 +32,7 @@ class Categorify final : public CategoricalEncoder {
   json to_json() const override {
     json j = {{"op", name()}, {"freq_threshold", freq_threshold_}};
     if (max_size_ > 0) j["max_size"] = max_size_;
+    if (num_buckets_ > 0) j["num_buckets"] = num_buckets_;
     if (fitted_) j["vocab"] = vocab_;
     return j;
   }
@@ -85,7 +89,7 @@ class Categorify final : public CategoricalEncoder {
   }
 
   int64_t cardinality() const override {
-    return kFirstVocabId + static_cast<int64_t>(vocab_.size());
+    return kFirstVocabId + static_cast<int64_t>(vocab_.size()) + num_buckets_;
   }
 
   void encode(const uint64_t* keys, int64_t n, int64_t* ids) const override {
@@ -94,6 +98,12 @@ class Categorify final : public CategoricalEncoder {
       if (i + kAhead < n) lookup_.prefetch(keys[i + kAhead]);
       const int64_t* id = lookup_.find(keys[i]);
       ids[i] = id ? *id : kOovId;
+    }
+    if (num_buckets_ > 0) {
+      const int64_t first = kFirstVocabId + static_cast<int64_t>(vocab_.size());
+      const uint64_t b = static_cast<uint64_t>(num_buckets_);
+      for (int64_t i = 0; i < n; ++i)
+        if (ids[i] == kOovId) ids[i] = first + static_cast<int64_t>(mix64(keys[i]) % b);
     }
   }
 
@@ -108,12 +118,29 @@ class Categorify final : public CategoricalEncoder {
     fitted_ = true;
   }
 
-  int64_t freq_threshold_, max_size_;
+  int64_t freq_threshold_, max_size_, num_buckets_;
   std::vector<uint64_t> vocab_;  // keys in id order (id = index + 2)
   KeyMap<int64_t> lookup_;
   KeyMap<uint64_t> counts_;  // during fit only
   int64_t distinct_ = 0, values_ = 0, oov_values_ = 0;
   bool fitted_ = false;
+};
+
+// {"op": "HashBucket", "num_buckets": 1000}: id = 1 + mix64(key) % num_buckets, no fit.
+// Cardinality = num_buckets + 1 (id 0 = missing).
+class HashBucket final : public CategoricalEncoder {
+ public:
+  explicit HashBucket(int64_t num_buckets) : num_buckets_(num_buckets) {}
+  std::string name() const override { return "HashBucket"; }
+  json to_json() const override { return {{"op", name()}, {"num_buckets", num_buckets_}}; }
+  int64_t cardinality() const override { return num_buckets_ + 1; }
+  void encode(const uint64_t* keys, int64_t n, int64_t* ids) const override {
+    const uint64_t b = static_cast<uint64_t>(num_buckets_);
+    for (int64_t i = 0; i < n; ++i) ids[i] = 1 + static_cast<int64_t>(mix64(keys[i]) % b);
+  }
+
+ private:
+  int64_t num_buckets_;
 };
 
 static_assert(kMissingId == 0, "id 0 is the missing value for every encoder");
@@ -126,7 +153,8 @@ void register_categorical_ops(OpRegistry& reg) {
             const int64_t big = std::numeric_limits<int64_t>::max() / 4;
             int64_t threshold = r.get_int_range("freq_threshold", 0, 0, big);
             int64_t max_size = r.get_int_range("max_size", 0, 0, big);
-            auto op = std::make_unique<Categorify>(threshold, max_size);
+            int64_t num_buckets = r.get_int_range("num_buckets", 0, 0, big);
+            auto op = std::make_unique<Categorify>(threshold, max_size, num_buckets);
             if (fitted) {
               const json& v = r.raw("vocab");
               if (!v.is_array()) fail("'", r.key_path("vocab"), "' must be an array of keys");
@@ -142,6 +170,11 @@ void register_categorical_ops(OpRegistry& reg) {
             }
             return op;
           });
+  reg.add("HashBucket", ColumnType::Categorical, [](ConfigReader& r, bool) -> std::unique_ptr<Op> {
+    if (!r.has("num_buckets")) fail("config key '", r.key_path("num_buckets"), "' is required");
+    return std::make_unique<HashBucket>(
+        r.get_int_range("num_buckets", 1, 1, std::numeric_limits<int64_t>::max() / 4));
+  });
 }
 
 }  // namespace dlrec::etl

@@ -1,8 +1,12 @@
-// Dense ops: FillMissing, Clip, LogOp, Normalize (docs/ETL.md).
+// Dense ops: FillMissing, FillMedian, Clip, LogOp, Normalize, NormalizeMinMax, and the dense
+// encoder Bucketize (docs/ETL.md).
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "dlrec/core/error.h"
+#include "dlrec/etl/key_map.h"
 #include "dlrec/etl/op.h"
 
 namespace dlrec::etl {
@@ -144,6 +148,201 @@ class Normalize final : public DenseOp {
   double acc_mean_ = 0, m2_ = 0;
 };
 
+
+// {"op": "FillMedian"}: a missing value becomes the median of the finite training values
+// reaching the op (the mean of the two middle values for an even count; 0 without values).
+// Fitting counts distinct values in a hash map keyed by the value's order-preserving 32-bit
+// pattern: exact while the column has at most kMaxDistinct distinct values. Past that, the low
+// bits of the keys are dropped (4 at a time) until the map is at most half full again, so the
+// memory stays bounded and the median is that of the values rounded to 2^(23 - shift) relative
+// precision (the middle of the bucket is reported; docs/ETL.md).
+class FillMedian final : public DenseOp {
+ public:
+  static constexpr size_t kMaxDistinct = size_t{1} << 20;
+
+  FillMedian() = default;
+  FillMedian(float median, int64_t count, int shift)
+      : median_(median), count_(count), shift_(shift), fitted_(true) {}
+  std::string name() const override { return "FillMedian"; }
+  bool needs_fit() const override { return true; }
+  bool fitted() const override { return fitted_; }
+  json to_json() const override {
+    json j = {{"op", name()}};
+    if (fitted_) {
+      j["median"] = median_;
+      j["count"] = count_;
+      j["exact"] = shift_ == 0;
+    }
+    return j;
+  }
+  json fit_summary() const override {
+    return {{"median", median_}, {"exact", shift_ == 0}};
+  }
+
+  static uint32_t order_key(float x) {
+    if (x == 0) x = 0;  // -0 and +0 are one value
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  }
+  static float from_order_key(uint32_t k) {
+    uint32_t u = (k & 0x80000000u) ? (k & 0x7fffffffu) : ~k;
+    float x;
+    std::memcpy(&x, &u, 4);
+    return x;
+  }
+
+  void fit_begin() override {
+    counts_ = KeyMap<uint64_t>();
+    shift_ = 0;
+    fitted_ = false;
+  }
+  void fit_chunk(const float* v, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) {
+      if (!std::isfinite(v[i])) continue;
+      ++counts_[order_key(v[i]) >> shift_];
+      if (counts_.size() > kMaxDistinct) coarsen();
+    }
+  }
+  void fit_end() override {
+    std::vector<std::pair<uint64_t, uint64_t>> kc;  // (key, count)
+    kc.reserve(counts_.size());
+    int64_t total = 0;
+    counts_.for_each([&](uint64_t k, uint64_t c) {
+      kc.emplace_back(k, c);
+      total += static_cast<int64_t>(c);
+    });
+    counts_ = KeyMap<uint64_t>();
+    std::sort(kc.begin(), kc.end());
+    count_ = total;
+    median_ = 0;
+    if (total > 0) {
+      // The values at sorted positions (total - 1) / 2 and total / 2.
+      auto value_at = [&](int64_t pos) {
+        int64_t seen = 0;
+        for (const auto& [k, c] : kc) {
+          seen += static_cast<int64_t>(c);
+          if (pos < seen) return bucket_value(k);
+        }
+        return bucket_value(kc.back().first);
+      };
+      const double a = value_at((total - 1) / 2), b = value_at(total / 2);
+      median_ = static_cast<float>(0.5 * a + 0.5 * b);
+    }
+    fitted_ = true;
+  }
+  void transform(float* v, int64_t n, int64_t stride) const override {
+    for (int64_t i = 0; i < n; ++i) {
+      float& x = v[i * stride];
+      if (std::isnan(x)) x = median_;
+    }
+  }
+
+ private:
+  void coarsen() {
+    while (counts_.size() > kMaxDistinct / 2) {
+      shift_ += 4;
+      KeyMap<uint64_t> next(counts_.size() / 8);
+      counts_.for_each([&](uint64_t k, uint64_t c) { next[k >> 4] += c; });
+      counts_ = std::move(next);
+    }
+  }
+  // A key's value: exact at shift 0, else the middle of the bucket's value range.
+  double bucket_value(uint64_t k) const {
+    if (shift_ == 0) return from_order_key(static_cast<uint32_t>(k));
+    const uint64_t lo = k << shift_, hi = lo + ((uint64_t{1} << shift_) - 1);
+    return 0.5 * from_order_key(static_cast<uint32_t>(lo)) +
+           0.5 * from_order_key(static_cast<uint32_t>(hi));
+  }
+
+  float median_ = 0;
+  int64_t count_ = 0;
+  int shift_ = 0;
+  bool fitted_ = false;
+  KeyMap<uint64_t> counts_;  // during fit only
+};
+
+// {"op": "NormalizeMinMax"}: x -> (x - min) / (max - min), min and max fitted on the finite
+// training values reaching it. A constant column (max == min) maps to x - min. Missing values
+// stay missing.
+class NormalizeMinMax final : public DenseOp {
+ public:
+  NormalizeMinMax() = default;
+  NormalizeMinMax(double lo, double hi, int64_t count)
+      : min_(lo), max_(hi), count_(count), fitted_(true) {}
+  std::string name() const override { return "NormalizeMinMax"; }
+  bool needs_fit() const override { return true; }
+  bool fitted() const override { return fitted_; }
+  json to_json() const override {
+    json j = {{"op", name()}};
+    if (fitted_) {
+      j["min"] = min_;
+      j["max"] = max_;
+      j["count"] = count_;
+    }
+    return j;
+  }
+  json fit_summary() const override { return {{"min", min_}, {"max", max_}}; }
+  void fit_begin() override {
+    lo_ = std::numeric_limits<double>::infinity();
+    hi_ = -lo_;
+    n_ = 0;
+    fitted_ = false;
+  }
+  void fit_chunk(const float* v, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i)
+      if (std::isfinite(v[i])) {
+        lo_ = std::min<double>(lo_, v[i]);
+        hi_ = std::max<double>(hi_, v[i]);
+        ++n_;
+      }
+  }
+  void fit_end() override {
+    count_ = n_;
+    min_ = n_ ? lo_ : 0.0;
+    max_ = n_ ? hi_ : 0.0;
+    fitted_ = true;
+  }
+  void transform(float* v, int64_t n, int64_t stride) const override {
+    const double range = max_ > min_ ? max_ - min_ : 1.0;
+    const double inv = 1.0 / range;
+    for (int64_t i = 0; i < n; ++i) {
+      float& x = v[i * stride];
+      x = static_cast<float>((static_cast<double>(x) - min_) * inv);
+    }
+  }
+
+ private:
+  double min_ = 0, max_ = 0;
+  int64_t count_ = 0;
+  bool fitted_ = false;
+  double lo_ = 0, hi_ = 0;
+  int64_t n_ = 0;
+};
+
+// {"op": "Bucketize", "boundaries": [0, 10, 100]}: ends a dense column's chain and makes it a
+// one-hot categorical feature. Id 0 = missing (NaN), id 1 + (number of boundaries <= x)
+// otherwise: x < b[0] -> 1, b[0] <= x < b[1] -> 2, ..., x >= b[last] -> len + 1.
+// Cardinality = len(boundaries) + 2.
+class Bucketize final : public DenseEncoder {
+ public:
+  explicit Bucketize(std::vector<double> b) : b_(std::move(b)) {}
+  std::string name() const override { return "Bucketize"; }
+  json to_json() const override { return {{"op", name()}, {"boundaries", b_}}; }
+  int64_t cardinality() const override { return static_cast<int64_t>(b_.size()) + 2; }
+  void encode(const float* v, int64_t n, int64_t stride, int64_t* ids) const override {
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = v[i * stride];
+      ids[i] = std::isnan(x) ? 0
+                             : 1 + (std::upper_bound(b_.begin(), b_.end(), static_cast<double>(x)) -
+                                    b_.begin());
+    }
+  }
+
+ private:
+  std::vector<double> b_;
+};
+
 }  // namespace
 
 void register_dense_ops(OpRegistry& reg) {
@@ -169,6 +368,41 @@ void register_dense_ops(OpRegistry& reg) {
     if (!(std > 0) || !std::isfinite(mean) || !std::isfinite(std))
       fail("'", r.path(), "': Normalize needs a finite mean and a positive std");
     return std::make_unique<Normalize>(mean, std, count);
+  });
+  reg.add("FillMedian", ColumnType::Dense, [](ConfigReader& r, bool fitted) -> std::unique_ptr<Op> {
+    if (!fitted) return std::make_unique<FillMedian>();
+    double median = r.require<double>("median");
+    int64_t count = r.get<int64_t>("count", 0);
+    bool exact = r.get<bool>("exact", true);
+    if (!std::isfinite(median)) fail("'", r.path(), "': FillMedian needs a finite median");
+    return std::make_unique<FillMedian>(static_cast<float>(median), count, exact ? 0 : 4);
+  });
+  reg.add("NormalizeMinMax", ColumnType::Dense,
+          [](ConfigReader& r, bool fitted) -> std::unique_ptr<Op> {
+            if (!fitted) return std::make_unique<NormalizeMinMax>();
+            double lo = r.require<double>("min");
+            double hi = r.require<double>("max");
+            int64_t count = r.get<int64_t>("count", 0);
+            if (!std::isfinite(lo) || !std::isfinite(hi) || lo > hi)
+              fail("'", r.path(), "': NormalizeMinMax needs finite min <= max");
+            return std::make_unique<NormalizeMinMax>(lo, hi, count);
+          });
+  reg.add("Bucketize", ColumnType::Dense, [](ConfigReader& r, bool) -> std::unique_ptr<Op> {
+    if (!r.has("boundaries"))
+      fail("config key '", r.key_path("boundaries"), "' is required (a list of increasing numbers)");
+    std::vector<double> b;
+    for (const auto& x : r.raw("boundaries")) {
+      if (!x.is_number() || !std::isfinite(x.get<double>()))
+        fail("'", r.key_path("boundaries"), "' holds ", x.dump(), ", expected finite numbers");
+      b.push_back(x.get<double>());
+    }
+    if (!r.raw("boundaries").is_array() || b.empty())
+      fail("'", r.key_path("boundaries"), "' must be a non-empty list of numbers");
+    for (size_t i = 1; i < b.size(); ++i)
+      if (!(b[i] > b[i - 1]))
+        fail("'", r.key_path("boundaries"), "' must be strictly increasing: ", b[i - 1],
+             " then ", b[i]);
+    return std::make_unique<Bucketize>(std::move(b));
   });
 }
 

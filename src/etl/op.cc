@@ -5,7 +5,7 @@
 namespace dlrec::etl {
 
 const char* column_type_name(ColumnType t) {
-  return t == ColumnType::Dense ? "dense" : "categorical";
+  return t == ColumnType::Dense ? "dense" : t == ColumnType::Categorical ? "categorical" : "any";
 }
 
 OpRegistry& OpRegistry::global() {
@@ -14,6 +14,8 @@ OpRegistry& OpRegistry::global() {
     auto* reg = new OpRegistry;
     register_dense_ops(*reg);
     register_categorical_ops(*reg);
+    register_column_ops(*reg);
+    register_feature_ops(*reg);
     return reg;
   }();
   return *r;

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -243,19 +244,23 @@ EtlResult run_etl(const EtlOptions& o) {
     io::Batch batches[2];
     int cur = 0;
     int64_t seen = 0;
+    std::vector<int64_t> kept;  // input row of each output row (Filter ops drop rows)
     std::future<void> writing;
     while (reader->next(chunk)) {
       io::Batch& batch = batches[cur];
-      workflow.transform(chunk, batch);
+      workflow.transform(chunk, batch, &kept);
       if (writing.valid()) writing.get();  // rethrows a write error
+      // The split is by input position: output rows from the chunk's first to_train_in rows.
+      const int64_t to_train_in =
+          n_train < 0 ? chunk.rows : std::max<int64_t>(0, std::min(chunk.rows, n_train - seen));
       const int64_t to_train =
-          n_train < 0 ? batch.rows : std::max<int64_t>(0, std::min(batch.rows, n_train - seen));
+          std::lower_bound(kept.begin(), kept.end(), to_train_in) - kept.begin();
       writing = std::async(std::launch::async, [&train, &valid, &batch, to_train] {
         if (to_train > 0) train.write(batch, 0, to_train);
         if (to_train < batch.rows) valid.write(batch, to_train, batch.rows);
       });
       cur ^= 1;
-      seen += batch.rows;
+      seen += chunk.rows;
       tp.update(seen);
     }
     if (writing.valid()) writing.get();

@@ -40,10 +40,97 @@ struct ColumnPipe {
       if (ops[i]->needs_fit()) v.push_back(static_cast<int>(i));
     return v;
   }
+  // Index of the op ending the value chain (CategoricalEncoder or DenseEncoder); -1 if none.
+  int encoder_index() const {
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (dynamic_cast<const CategoricalEncoder*>(ops[i].get()) ||
+          dynamic_cast<const DenseEncoder*>(ops[i].get()))
+        return static_cast<int>(i);
+    return -1;
+  }
   const CategoricalEncoder& encoder() const {
-    return static_cast<const CategoricalEncoder&>(*ops.back());
+    return static_cast<const CategoricalEncoder&>(*ops[encoder_index()]);
+  }
+  const DenseEncoder* dense_encoder() const {
+    const int e = encoder_index();
+    return e < 0 ? nullptr : dynamic_cast<const DenseEncoder*>(ops[e].get());
+  }
+  int64_t cardinality() const {
+    const int e = encoder_index();
+    if (auto* d = dynamic_cast<const DenseEncoder*>(ops[e].get())) return d->cardinality();
+    return static_cast<const CategoricalEncoder&>(*ops[e]).cardinality();
+  }
+  std::string out_name() const {
+    std::string n = name;
+    for (const auto& op : ops)
+      if (auto* c = dynamic_cast<const ColumnOp*>(op.get())) n = c->rename(n);
+    return n;
+  }
+  // Whether a DropLowCardinality removes it (valid once fitted).
+  bool dropped() const {
+    for (const auto& op : ops)
+      if (auto* c = dynamic_cast<const ColumnOp*>(op.get()))
+        if (c->drops(cardinality())) return true;
+    return false;
+  }
+  // Applies the dense value ops before `end` (all when -1) in place.
+  void apply_dense(float* v, int64_t n, int64_t stride, int end = -1) const {
+    const int stop = end < 0 ? static_cast<int>(ops.size()) : end;
+    for (int i = 0; i < stop; ++i)
+      if (auto* d = dynamic_cast<const DenseOp*>(ops[i].get())) d->transform(v, n, stride);
   }
 };
+
+// A step-level op adding features, with the step's columns.
+struct FeatureStep {
+  std::unique_ptr<FeatureOp> op;
+  std::vector<std::string> columns;
+};
+
+// A Filter on one raw dense column.
+struct FilterStep {
+  std::unique_ptr<RowFilter> op;
+  std::string column;
+  int index = 0;  // chunk dense column
+};
+
+// Where an output feature comes from.
+struct DenseOut {
+  std::string name;
+  int pipe = -1;     // dense pipe, or
+  int feature = -1;  // features[feature], its dense output j
+  int j = 0;
+};
+struct CatOut {
+  std::string name;
+  int64_t cardinality = 0;
+  bool multi_hot = false;
+  int cat_pipe = -1;    // categorical pipe, or
+  int dense_pipe = -1;  // dense pipe ending with a DenseEncoder (Bucketize), or
+  int feature = -1;     // features[feature], its categorical output j
+  int j = 0;
+};
+
+// Copies the rows of `in` with keep[r] into `out`; src receives their indices in `in`.
+void compact(const io::RawChunk& in, const std::vector<uint8_t>& keep, io::RawChunk& out,
+             std::vector<int64_t>* src) {
+  out.reset(in.num_dense, in.num_cat);
+  const bool has_label = static_cast<int64_t>(in.label.size()) == in.rows;
+  for (int64_t r = 0; r < in.rows; ++r) {
+    if (!keep[r]) continue;
+    if (src) src->push_back(r);
+    if (has_label) out.label.push_back(in.label[r]);
+    out.dense.insert(out.dense.end(), in.dense.begin() + r * in.num_dense,
+                     in.dense.begin() + (r + 1) * in.num_dense);
+    for (int k = 0; k < in.num_cat; ++k) {
+      const auto& off = in.cat_offsets[k];
+      out.cat_values[k].insert(out.cat_values[k].end(), in.cat_values[k].begin() + off[r],
+                               in.cat_values[k].begin() + off[r + 1]);
+      out.cat_offsets[k].push_back(static_cast<int64_t>(out.cat_values[k].size()));
+    }
+    ++out.rows;
+  }
+}
 
 // Pretty JSON where arrays of scalars stay on one line (vocabularies can hold millions of keys).
 void pretty(const json& j, int indent, std::string& out) {
@@ -77,9 +164,169 @@ struct Workflow::Impl {
   io::Schema schema;
   json config;
   std::vector<ColumnPipe> dense, cat;
+  std::vector<FeatureStep> features;
+  std::vector<FilterStep> filters;
+  std::vector<DenseOut> dense_out;
+  std::vector<CatOut> cat_out;
   bool fitted = false;
   bool have_stats = false;
-  int64_t stats_rows = 0;
+  int64_t stats_rows = 0, stats_input_rows = 0;
+
+  std::string label_name() const {
+    for (const auto& c : schema.columns)
+      if (c.kind == io::ColumnKind::Label) return c.name;
+    return "";
+  }
+
+  int dense_index(const std::string& name) const {
+    for (const auto& p : dense)
+      if (p.name == name) return p.index;
+    return -1;
+  }
+
+  // Resolves a feature op's inputs: the step's columns (categorical) and its extra dense
+  // columns; errors name the nearest valid column.
+  void bind_feature(FeatureOp& op, const std::vector<std::string>& cols, const std::string& where) {
+    FeatureInputs in;
+    in.label_name = label_name();
+    for (const auto& c : cols) {
+      ColumnPipe* p = find(c);
+      if (!p) fail("'", where, "': unknown column '", c, "'");
+      if (p->type != ColumnType::Categorical)
+        fail("op '", op.name(), "' at '", where, "' applies to categorical columns, but '", c,
+             "' is dense");
+      in.cat_names.push_back(c);
+      in.cat.push_back(p->index);
+      in.cat_multi_hot.push_back(p->multi_hot);
+    }
+    std::vector<std::string> dnames;
+    for (const auto& p : dense) dnames.push_back(p.name);
+    for (const auto& d : op.dense_inputs()) {
+      const int i = dense_index(d);
+      if (i < 0) {
+        std::string near = nearest_name(d, dnames);
+        fail("'", where, "': '", d, "' is not a dense column",
+             near.empty() ? "" : " (did you mean '" + near + "'?)");
+      }
+      in.dense_names.push_back(d);
+      in.dense.push_back(i);
+    }
+    op.bind(in, where);
+  }
+
+  // Adds the op `spec` of a step to its columns: per-column ops to each column's chain,
+  // feature ops (one per column or one for all), filters (one per column).
+  void add_step_op(const std::vector<ColumnPipe*>& targets, const json& spec,
+                   const std::string& where, bool fitted_state) {
+    const OpRegistry& reg = OpRegistry::global();
+    std::unique_ptr<Op> probe = reg.create(spec, where, fitted_state);
+    if (auto* f = dynamic_cast<FeatureOp*>(probe.get())) {
+      std::vector<std::string> names;
+      for (ColumnPipe* p : targets) names.push_back(p->name);
+      if (names.empty()) return;
+      if (!f->per_column()) {
+        probe.release();
+        add_feature(std::unique_ptr<FeatureOp>(f), names, where);
+        return;
+      }
+      for (const auto& n : names)
+        add_feature(std::unique_ptr<FeatureOp>(
+                        static_cast<FeatureOp*>(reg.create(spec, where, fitted_state).release())),
+                    {n}, where);
+      return;
+    }
+    if (dynamic_cast<RowFilter*>(probe.get())) {
+      for (ColumnPipe* p : targets) {
+        if (p->type != ColumnType::Dense)
+          fail("op '", probe->name(), "' at '", where, "' applies to dense columns, but '",
+               p->name, "' is categorical");
+        add_filter(std::unique_ptr<RowFilter>(
+                       static_cast<RowFilter*>(reg.create(spec, where, fitted_state).release())),
+                   p->name);
+      }
+      return;
+    }
+    for (ColumnPipe* p : targets) add_op(*p, spec, where, fitted_state);
+  }
+
+  void add_feature(std::unique_ptr<FeatureOp> op, const std::vector<std::string>& cols,
+                   const std::string& where) {
+    bind_feature(*op, cols, where);
+    features.push_back(FeatureStep{std::move(op), cols});
+  }
+
+  void add_filter(std::unique_ptr<RowFilter> op, const std::string& column) {
+    FilterStep f;
+    f.index = dense_index(column);
+    f.column = column;
+    f.op = std::move(op);
+    filters.push_back(std::move(f));
+  }
+
+  // keep[r] = whether row r of c passes every Filter.
+  void filter_mask(const io::RawChunk& c, std::vector<uint8_t>& keep) const {
+    keep.assign(c.rows, 1);
+    for (const auto& f : filters)
+      f.op->apply(c.dense.data() + f.index, c.rows, c.num_dense, keep.data());
+  }
+
+  // The output features and where they come from. Before fitting, cardinalities are unknown
+  // (0) and DropLowCardinality drops nothing.
+  void build_plan(bool with_fit) {
+    dense_out.clear();
+    cat_out.clear();
+    // Schema order over dense and categorical pipes.
+    for (const auto& col : schema.columns) {
+      for (size_t i = 0; i < dense.size(); ++i) {
+        const ColumnPipe& p = dense[i];
+        if (p.name != col.name) continue;
+        if (const DenseEncoder* e = p.dense_encoder()) {
+          CatOut o;
+          o.name = p.out_name();
+          o.cardinality = e->cardinality();
+          o.dense_pipe = static_cast<int>(i);
+          cat_out.push_back(o);
+        } else {
+          dense_out.push_back(DenseOut{p.out_name(), static_cast<int>(i), -1, 0});
+        }
+      }
+      for (size_t i = 0; i < cat.size(); ++i) {
+        const ColumnPipe& p = cat[i];
+        if (p.name != col.name) continue;
+        if (with_fit && p.dropped()) continue;
+        CatOut o;
+        o.name = p.out_name();
+        o.cardinality = with_fit ? p.cardinality() : 0;
+        o.multi_hot = p.multi_hot;
+        o.cat_pipe = static_cast<int>(i);
+        cat_out.push_back(o);
+      }
+    }
+    for (size_t f = 0; f < features.size(); ++f) {
+      const FeatureOp& op = *features[f].op;
+      const auto dn = op.dense_outputs();
+      for (size_t j = 0; j < dn.size(); ++j)
+        dense_out.push_back(DenseOut{dn[j], -1, static_cast<int>(f), static_cast<int>(j)});
+      const auto cn = op.cat_outputs();
+      for (size_t j = 0; j < cn.size(); ++j) {
+        CatOut o;
+        o.name = cn[j];
+        o.cardinality = op.cat_cardinality(j);
+        o.feature = static_cast<int>(f);
+        o.j = static_cast<int>(j);
+        cat_out.push_back(o);
+      }
+    }
+    std::set<std::string> names;
+    for (const auto& o : dense_out)
+      if (!names.insert(o.name).second)
+        fail("output feature '", o.name, "' is produced twice; rename one with {\"op\": \"Rename\", "
+             "\"name\": ...}");
+    for (const auto& o : cat_out)
+      if (!names.insert(o.name).second)
+        fail("output feature '", o.name, "' is produced twice; rename one with {\"op\": \"Rename\", "
+             "\"name\": ...} (or give HashedCross a \"name\")");
+  }
 
   // Creates one pipe per dense and categorical schema column, without ops.
   void init_columns() {
@@ -161,7 +408,8 @@ struct Workflow::Impl {
     const OpRegistry& reg = OpRegistry::global();
     if (spec.is_object() && spec.contains("op") && spec["op"].is_string()) {
       const std::string name = spec["op"].get<std::string>();
-      if (reg.has(name) && reg.input_type(name) != p.type)
+      if (reg.has(name) && reg.input_type(name) != ColumnType::Any &&
+          reg.input_type(name) != p.type)
         fail("op '", name, "' at '", where, "' applies to ", column_type_name(reg.input_type(name)),
              " columns, but '", p.name, "' is ", column_type_name(p.type));
     } else if (!spec.is_object()) {
@@ -173,24 +421,39 @@ struct Workflow::Impl {
   // Checks the chains once all ops are known.
   void validate() const {
     for (const auto& p : cat) {
-      if (p.ops.empty())
+      const int e = p.encoder_index();
+      if (e < 0)
         fail("categorical column '", p.name,
-             "' has no encoder; the model needs ids: add {\"op\": \"Categorify\"} to a pipeline "
-             "step that lists it");
+             "' has no encoder; the model needs ids: add {\"op\": \"Categorify\"} (or "
+             "HashBucket) to a pipeline step that lists it");
       for (size_t i = 0; i < p.ops.size(); ++i) {
-        bool is_encoder = dynamic_cast<const CategoricalEncoder*>(p.ops[i].get()) != nullptr;
-        if (is_encoder && i + 1 != p.ops.size())
-          fail("categorical column '", p.name, "': op '", p.ops[i + 1]->name(),
-               "' follows its encoder '", p.ops[i]->name(), "'; the encoder must come last");
-        if (!is_encoder && i + 1 == p.ops.size())
-          fail("categorical column '", p.name, "' must end with an encoder (Categorify), not '",
-               p.ops[i]->name(), "'");
+        const Op* op = p.ops[i].get();
+        const bool column_op = dynamic_cast<const ColumnOp*>(op) != nullptr;
+        if (static_cast<int>(i) > e && !column_op)
+          fail("categorical column '", p.name, "': op '", op->name(), "' follows its encoder '",
+               p.ops[e]->name(), "'; the encoder must come last");
+        if (static_cast<int>(i) < e && !column_op)
+          fail("categorical column '", p.name, "': op '", op->name(), "' comes before its encoder '",
+               p.ops[e]->name(), "'; categorical columns take one encoder");
+        if (static_cast<int>(i) < e && op->name() == "DropLowCardinality")
+          fail("categorical column '", p.name,
+               "': DropLowCardinality needs the fitted cardinality; put it after the encoder '",
+               p.ops[e]->name(), "'");
       }
     }
-    for (const auto& p : dense)
-      for (const auto& op : p.ops)
-        DLREC_CHECK(dynamic_cast<const DenseOp*>(op.get()), "dense column '", p.name, "': op '",
-                    op->name(), "' is not a dense op");
+    for (const auto& p : dense) {
+      const int e = p.encoder_index();
+      for (size_t i = 0; i < p.ops.size(); ++i) {
+        const Op* op = p.ops[i].get();
+        const bool column_op = dynamic_cast<const ColumnOp*>(op) != nullptr;
+        DLREC_CHECK(column_op || dynamic_cast<const DenseOp*>(op) ||
+                        dynamic_cast<const DenseEncoder*>(op),
+                    "dense column '", p.name, "': op '", op->name(), "' is not a dense op");
+        if (e >= 0 && static_cast<int>(i) > e && !column_op)
+          fail("dense column '", p.name, "': op '", op->name(), "' follows '", p.ops[e]->name(),
+               "', which makes it categorical; put value ops before it");
+      }
+    }
   }
 
   void check_chunk(const io::RawChunk& c, const char* what) const {
@@ -215,13 +478,27 @@ struct Workflow::Impl {
 
   // One chunk of fit pass `pass`: accumulates statistics (pass 0) and feeds each column's
   // pass-th fitted op with the values transformed by the ops before it.
-  void fit_chunk(const io::RawChunk& c, int pass) {
-    check_chunk(c, "fit");
+  void fit_chunk(const io::RawChunk& raw, int pass) {
+    check_chunk(raw, "fit");
+    if (pass == 0) stats_input_rows += raw.rows;
+    io::RawChunk filtered;
+    if (!filters.empty()) {
+      std::vector<uint8_t> keep;
+      filter_mask(raw, keep);
+      compact(raw, keep, filtered, nullptr);
+    }
+    const io::RawChunk& c = filters.empty() ? raw : filtered;
+    if (pass == 0) stats_rows += c.rows;
     const int nd = static_cast<int>(dense.size());
     const int ncols = nd + static_cast<int>(cat.size());
-    parallel_for(0, ncols, 1, [&](int64_t lo, int64_t hi) {
+    const int ntasks = ncols + (pass == 0 ? static_cast<int>(features.size()) : 0);
+    parallel_for(0, ntasks, 1, [&](int64_t lo, int64_t hi) {
       std::vector<float> buf;
       for (int64_t col = lo; col < hi; ++col) {
+        if (col >= ncols) {
+          features[col - ncols].op->fit_chunk(c);
+          continue;
+        }
         ColumnPipe& p = col < nd ? dense[col] : cat[col - nd];
         std::vector<int> fit_ops = p.fit_ops();
         const int stage = pass < static_cast<int>(fit_ops.size()) ? fit_ops[pass] : -1;
@@ -244,8 +521,7 @@ struct Workflow::Impl {
             }
           }
           if (stage < 0) continue;
-          for (int i = 0; i < stage; ++i)
-            static_cast<const DenseOp&>(*p.ops[i]).transform(buf.data(), c.rows, 1);
+          p.apply_dense(buf.data(), c.rows, 1, stage);
           static_cast<DenseOp&>(*p.ops[stage]).fit_chunk(buf.data(), c.rows);
         } else {
           const auto& off = c.cat_offsets[p.index];
@@ -257,7 +533,8 @@ struct Workflow::Impl {
             for (int64_t r = 0; r < c.rows; ++r) s.nulls += off[r + 1] == off[r];
           }
           if (stage < 0) continue;
-          // v1 categorical chains are a single encoder, so the keys reach it unchanged.
+          // A categorical chain holds one encoder (and column ops), so the keys reach it
+          // unchanged.
           static_cast<CategoricalEncoder&>(*p.ops[stage])
               .fit_chunk(vals.data(), static_cast<int64_t>(vals.size()));
         }
@@ -266,6 +543,10 @@ struct Workflow::Impl {
   }
 
   void begin_pass(int pass) {
+    if (pass == 0) {
+      stats_rows = stats_input_rows = 0;
+      for (auto& f : features) f.op->fit_begin();
+    }
     for (auto* v : {&dense, &cat})
       for (auto& p : *v) {
         if (pass == 0) p.stats = ColumnStats{};
@@ -285,10 +566,14 @@ struct Workflow::Impl {
         std::vector<int> f = p.fit_ops();
         if (pass < static_cast<int>(f.size())) todo.push_back(p.ops[f[pass]].get());
       }
+    if (pass == 0)
+      for (auto& f : features) todo.push_back(f.op.get());
     // Finishing a vocabulary sorts it; do the columns in parallel.
     parallel_for(0, static_cast<int64_t>(todo.size()), 1, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) {
-        if (todo[i]->input_type() == ColumnType::Dense)
+        if (auto* f = dynamic_cast<FeatureOp*>(todo[i]))
+          f->fit_end();
+        else if (todo[i]->input_type() == ColumnType::Dense)
           static_cast<DenseOp*>(todo[i])->fit_end();
         else
           static_cast<CategoricalEncoder*>(todo[i])->fit_end();
@@ -334,7 +619,7 @@ Workflow Workflow::from_config(const json& config, const io::Schema& schema) {
         OpRegistry::global().create(ops[k], op_where, false);
         continue;
       }
-      for (ColumnPipe* p : targets) m->add_op(*p, ops[k], op_where, false);
+      m->add_step_op(targets, ops[k], op_where, false);
     }
   }
   m->validate();
@@ -342,6 +627,8 @@ Workflow Workflow::from_config(const json& config, const io::Schema& schema) {
   for (auto* v : {&m->dense, &m->cat})
     for (auto& p : *v)
       for (auto& op : p.ops) m->fitted = m->fitted && op->fitted();
+  for (auto& f : m->features) m->fitted = m->fitted && f.op->fitted();
+  m->build_plan(m->fitted);  // checks output names
   return Workflow(std::move(m));
 }
 
@@ -357,6 +644,8 @@ Workflow Workflow::from_json(const json& j) {
   m->config = r.get<json>("config", json::object());
   m->init_columns();
   const json& cols = r.raw("columns");
+  const json features = r.get<json>("features", json::array());
+  const json filters = r.get<json>("filters", json::array());
   r.raw("output");  // informational; checked against the rebuilt layout below
   r.finish();
   if (!cols.is_array()) fail("workflow: 'columns' must be a list");
@@ -381,8 +670,37 @@ Workflow Workflow::from_json(const json& j) {
   for (auto* v : {&m->dense, &m->cat})
     for (auto& p : *v)
       if (!seen.count(p.name)) fail("workflow: column '", p.name, "' of the schema has no entry");
+  if (!features.is_array() || !filters.is_array())
+    fail("workflow: 'features' and 'filters' must be lists");
+  const OpRegistry& reg = OpRegistry::global();
+  for (size_t i = 0; i < features.size(); ++i) {
+    const std::string where = "workflow.features[" + std::to_string(i) + "]";
+    ConfigReader c(features[i], where);
+    auto names = c.require<std::vector<std::string>>("columns");
+    const json& op = c.raw("op");
+    c.finish();
+    std::unique_ptr<Op> o = reg.create(op, where + ".op", true);
+    auto* f = dynamic_cast<FeatureOp*>(o.get());
+    if (!f) fail("'", where, ".op': '", o->name(), "' is not a feature op");
+    o.release();
+    m->add_feature(std::unique_ptr<FeatureOp>(f), names, where);
+  }
+  for (size_t i = 0; i < filters.size(); ++i) {
+    const std::string where = "workflow.filters[" + std::to_string(i) + "]";
+    ConfigReader c(filters[i], where);
+    std::string name = c.require<std::string>("column");
+    const json& op = c.raw("op");
+    c.finish();
+    if (m->dense_index(name) < 0) fail("'", where, "': '", name, "' is not a dense column");
+    std::unique_ptr<Op> o = reg.create(op, where + ".op", true);
+    auto* f = dynamic_cast<RowFilter*>(o.get());
+    if (!f) fail("'", where, ".op': '", o->name(), "' is not a filter");
+    o.release();
+    m->add_filter(std::unique_ptr<RowFilter>(f), name);
+  }
   m->validate();
   m->fitted = true;
+  m->build_plan(true);
   Workflow w(std::move(m));
   if (j.at("output").contains("layout") &&
       !(io::ShardLayout::from_json(j.at("output").at("layout")) == w.output_layout()))
@@ -428,26 +746,40 @@ void Workflow::fit_multipass(const std::function<ChunkSource()>& open_pass) {
   for (int pass = 0; pass < passes; ++pass) {
     m.begin_pass(pass);
     ChunkSource next = open_pass();
-    int64_t rows = 0;
-    while (next(chunk)) {
-      m.fit_chunk(chunk, pass);
-      rows += chunk.rows;
-    }
+    while (next(chunk)) m.fit_chunk(chunk, pass);
     m.end_pass(pass);
-    if (pass == 0) m.stats_rows = rows;
   }
   m.fitted = true;
   m.have_stats = true;
+  m.build_plan(true);
 }
 
 bool Workflow::fitted() const { return impl_->fitted; }
 
-void Workflow::transform(const io::RawChunk& in, io::Batch& out) const {
+void Workflow::transform(const io::RawChunk& raw, io::Batch& out,
+                         std::vector<int64_t>* kept) const {
   const Impl& m = *impl_;
   DLREC_CHECK(m.fitted, "Workflow::transform: the workflow is not fitted; call fit() first");
-  m.check_chunk(in, "transform");
-  const int nd = static_cast<int>(m.dense.size());
-  const int nc = static_cast<int>(m.cat.size());
+  m.check_chunk(raw, "transform");
+  // Filters apply only when the caller asks which rows were kept (run_etl); serving encodes
+  // every request row.
+  io::RawChunk filtered;
+  bool use_filtered = false;
+  if (kept) {
+    kept->clear();
+    if (!m.filters.empty()) {
+      std::vector<uint8_t> keep;
+      m.filter_mask(raw, keep);
+      use_filtered = std::find(keep.begin(), keep.end(), 0) != keep.end();
+      if (use_filtered) compact(raw, keep, filtered, kept);
+    }
+    if (!use_filtered)
+      for (int64_t r = 0; r < raw.rows; ++r) kept->push_back(r);
+  }
+  const io::RawChunk& in = use_filtered ? filtered : raw;
+  const int nd_in = in.num_dense;
+  const int nd = static_cast<int>(m.dense_out.size());
+  const int nc = static_cast<int>(m.cat_out.size());
   const int64_t rows = in.rows;
   out.reset(nd, nc);
   out.rows = rows;
@@ -455,7 +787,7 @@ void Workflow::transform(const io::RawChunk& in, io::Batch& out) const {
     out.labels = in.label;
   else
     out.labels.assign(rows, 0.0f);
-  out.dense = in.dense;
+  out.dense.resize(rows * nd);
 
   // Output offsets: one id per one-hot row; max(1, values) per multi-hot row.
   std::mutex err_mu;
@@ -470,12 +802,15 @@ void Workflow::transform(const io::RawChunk& in, io::Batch& out) const {
   };
   parallel_for(0, nc, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t k = lo; k < hi; ++k) {
-      const ColumnPipe& p = m.cat[k];
-      const auto& in_off = in.cat_offsets[p.index];
+      const CatOut& o = m.cat_out[k];
       auto& off = out.cat_offsets[k];
       off.resize(rows + 1);
       off[0] = 0;
-      if (!p.multi_hot) {
+      if (o.cat_pipe < 0) {
+        for (int64_t r = 0; r < rows; ++r) off[r + 1] = r + 1;
+      } else if (!o.multi_hot) {
+        const ColumnPipe& p = m.cat[o.cat_pipe];
+        const auto& in_off = in.cat_offsets[p.index];
         for (int64_t r = 0; r < rows; ++r) {
           if (in_off[r + 1] - in_off[r] > 1) {
             report(r, detail::concat("categorical column '", p.name, "' is one-hot but ",
@@ -486,6 +821,7 @@ void Workflow::transform(const io::RawChunk& in, io::Batch& out) const {
           off[r + 1] = r + 1;
         }
       } else {
+        const auto& in_off = in.cat_offsets[m.cat[o.cat_pipe].index];
         for (int64_t r = 0; r < rows; ++r)
           off[r + 1] = off[r] + std::max<int64_t>(1, in_off[r + 1] - in_off[r]);
       }
@@ -494,42 +830,70 @@ void Workflow::transform(const io::RawChunk& in, io::Batch& out) const {
   });
   if (!err_msg.empty()) fail(err_msg);
 
+  // Column of each feature op's outputs.
+  std::vector<std::vector<int>> feat_dense(m.features.size()), feat_cat(m.features.size());
+  for (int j = 0; j < nd; ++j)
+    if (m.dense_out[j].feature >= 0) feat_dense[m.dense_out[j].feature].push_back(j);
+  for (int j = 0; j < nc; ++j)
+    if (m.cat_out[j].feature >= 0) feat_cat[m.cat_out[j].feature].push_back(j);
+  const int nf = static_cast<int>(m.features.size());
+
+  auto check_finite = [&](const float* v, int64_t lo, int64_t n, const std::string& name,
+                          int raw_col) {
+    for (int64_t r = 0; r < n; ++r) {
+      const float x = v[r * nd];
+      if (std::isfinite(x)) continue;
+      const float rawv = raw_col >= 0 ? in.dense[(lo + r) * nd_in + raw_col] : x;
+      report(lo + r,
+             std::isnan(rawv)
+                 ? detail::concat("dense column '", name, "' is missing (NaN) at ",
+                                  m.line_of(in, lo + r),
+                                  " after its ops; the model needs finite values: add "
+                                  "{\"op\": \"FillMissing\"} to its ops")
+                 : detail::concat("dense column '", name, "' is ", x, " at ",
+                                  m.line_of(in, lo + r), " after its ops (raw value ", rawv,
+                                  "); the model needs finite values: clip it (e.g. "
+                                  "{\"op\": \"Clip\", \"min\": 0} before LogOp)"));
+      return;
+    }
+  };
+
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
-  parallel_for(0, (nd + nc) * blocks, 1, [&](int64_t t_lo, int64_t t_hi) {
+  const int64_t ntasks = nd + nc + nf;
+  parallel_for(0, ntasks * blocks, 1, [&](int64_t t_lo, int64_t t_hi) {
     std::vector<int64_t> scratch;
+    std::vector<float> fbuf;
     for (int64_t t = t_lo; t < t_hi; ++t) {
-      const int64_t col = t / blocks;
+      const int64_t task = t / blocks;
       const int64_t lo = (t % blocks) * kRowBlock;
       const int64_t hi = std::min(rows, lo + kRowBlock);
-      if (col < nd) {
-        const ColumnPipe& p = m.dense[col];
-        float* v = out.dense.data() + lo * nd + p.index;
-        for (const auto& op : p.ops)
-          static_cast<const DenseOp&>(*op).transform(v, hi - lo, nd);
-        for (int64_t r = 0; r < hi - lo; ++r) {
-          const float x = v[r * nd];
-          if (!std::isfinite(x)) {
-            const float raw = in.dense[(lo + r) * nd + p.index];
-            report(lo + r,
-                   std::isnan(raw)
-                       ? detail::concat("dense column '", p.name, "' is missing (NaN) at ",
-                                        m.line_of(in, lo + r),
-                                        " after its ops; the model needs finite values: add "
-                                        "{\"op\": \"FillMissing\"} to its ops")
-                       : detail::concat("dense column '", p.name, "' is ", x, " at ",
-                                        m.line_of(in, lo + r), " after its ops (raw value ", raw,
-                                        "); the model needs finite values: clip it (e.g. "
-                                        "{\"op\": \"Clip\", \"min\": 0} before LogOp)"));
-            break;
-          }
+      if (task < nd) {  // a dense output from a dense column's chain
+        const DenseOut& o = m.dense_out[task];
+        if (o.pipe < 0) continue;  // a feature op's output: written by its task
+        const ColumnPipe& p = m.dense[o.pipe];
+        float* v = out.dense.data() + lo * nd + task;
+        for (int64_t r = lo; r < hi; ++r) v[(r - lo) * nd] = in.dense[r * nd_in + p.index];
+        p.apply_dense(v, hi - lo, nd);
+        check_finite(v, lo, hi - lo, p.name, p.index);
+      } else if (task < nd + nc) {
+        const int64_t k = task - nd;
+        const CatOut& o = m.cat_out[k];
+        if (o.feature >= 0) continue;
+        int64_t* ids = out.cat_indices[k].data();
+        if (o.dense_pipe >= 0) {  // Bucketize
+          const ColumnPipe& p = m.dense[o.dense_pipe];
+          fbuf.resize(hi - lo);
+          for (int64_t r = lo; r < hi; ++r) fbuf[r - lo] = in.dense[r * nd_in + p.index];
+          const int e = p.encoder_index();
+          p.apply_dense(fbuf.data(), hi - lo, 1, e);
+          p.dense_encoder()->encode(fbuf.data(), hi - lo, 1, ids + lo);
+          continue;
         }
-      } else {
-        const ColumnPipe& p = m.cat[col - nd];
+        const ColumnPipe& p = m.cat[o.cat_pipe];
         const CategoricalEncoder& enc = p.encoder();
         const auto& in_off = in.cat_offsets[p.index];
         const uint64_t* keys = in.cat_values[p.index].data();
-        const auto& off = out.cat_offsets[col - nd];
-        int64_t* ids = out.cat_indices[col - nd].data();
+        const auto& off = out.cat_offsets[k];
         const int64_t k_lo = in_off[lo], k_hi = in_off[hi];
         if (k_hi - k_lo == off[hi] - off[lo]) {  // no missing rows: ids map 1:1 to keys
           enc.encode(keys + k_lo, k_hi - k_lo, ids + off[lo]);
@@ -546,6 +910,15 @@ void Workflow::transform(const io::RawChunk& in, io::Batch& out) const {
             std::copy_n(scratch.data() + (in_off[r] - k_lo), n, dst);
           }
         }
+      } else {  // a feature op: all its outputs
+        const int f = static_cast<int>(task - nd - nc);
+        std::vector<float*> dptr;
+        std::vector<int64_t*> iptr;
+        for (int j : feat_dense[f]) dptr.push_back(out.dense.data() + lo * nd + j);
+        for (int j : feat_cat[f]) iptr.push_back(out.cat_indices[j].data() + lo);
+        m.features[f].op->transform(in, lo, hi, dptr.data(), nd, iptr.data());
+        for (size_t j = 0; j < dptr.size(); ++j)
+          check_finite(dptr[j], lo, hi - lo, m.dense_out[feat_dense[f][j]].name, -1);
       }
     }
   });
@@ -555,23 +928,23 @@ void Workflow::transform(const io::RawChunk& in, io::Batch& out) const {
 io::ShardLayout Workflow::output_layout() const {
   DLREC_CHECK(impl_->fitted, "Workflow::output_layout: the workflow is not fitted");
   io::ShardLayout l;
-  l.num_dense = static_cast<int>(impl_->dense.size());
-  for (const auto& p : impl_->cat) {
-    l.cardinalities.push_back(p.encoder().cardinality());
-    l.multi_hot.push_back(p.multi_hot);
+  l.num_dense = static_cast<int>(impl_->dense_out.size());
+  for (const auto& o : impl_->cat_out) {
+    l.cardinalities.push_back(o.cardinality);
+    l.multi_hot.push_back(o.multi_hot);
   }
   return l;
 }
 
 std::vector<std::string> Workflow::dense_names() const {
   std::vector<std::string> v;
-  for (const auto& p : impl_->dense) v.push_back(p.name);
+  for (const auto& o : impl_->dense_out) v.push_back(o.name);
   return v;
 }
 
 std::vector<std::string> Workflow::cat_names() const {
   std::vector<std::string> v;
-  for (const auto& p : impl_->cat) v.push_back(p.name);
+  for (const auto& o : impl_->cat_out) v.push_back(o.name);
   return v;
 }
 
@@ -588,15 +961,25 @@ json Workflow::to_json() const {
       for (const auto& p : *v)
         if (p.name == c.name) cols.push_back(m.column_json(p));
   }
-  return {{"format", "dlrec-workflow"},
-          {"version", 1},
-          {"schema", m.schema.to_json()},
-          {"config", m.config},
-          {"columns", cols},
-          {"output",
-           {{"layout", output_layout().to_json()},
-            {"dense_names", dense_names()},
-            {"cat_names", cat_names()}}}};
+  json j = {{"format", "dlrec-workflow"},
+            {"version", 1},
+            {"schema", m.schema.to_json()},
+            {"config", m.config},
+            {"columns", cols}};
+  if (!m.features.empty()) {
+    json f = json::array();
+    for (const auto& s : m.features) f.push_back({{"columns", s.columns}, {"op", s.op->to_json()}});
+    j["features"] = f;
+  }
+  if (!m.filters.empty()) {
+    json f = json::array();
+    for (const auto& s : m.filters) f.push_back({{"column", s.column}, {"op", s.op->to_json()}});
+    j["filters"] = f;
+  }
+  j["output"] = {{"layout", output_layout().to_json()},
+                 {"dense_names", dense_names()},
+                 {"cat_names", cat_names()}};
+  return j;
 }
 
 void Workflow::save(const std::string& path) const {
@@ -630,13 +1013,28 @@ json Workflow::fit_stats() const {
     json c = {{"name", p.name},         {"rows", s.rows},
               {"nulls", s.nulls},       {"multi_hot", p.multi_hot},
               {"values", s.values},     {"cardinality", p.encoder().cardinality()}};
+    if (p.dropped()) c["dropped"] = true;
     json f = p.encoder().fit_summary();
     if (f.is_object())
       for (auto it = f.begin(); it != f.end(); ++it)
         if (!c.contains(it.key())) c[it.key()] = it.value();
     cat.push_back(c);
   }
-  return {{"rows", m.stats_rows}, {"dense", dense}, {"categorical", cat}};
+  for (size_t i = 0; i < m.dense.size(); ++i)
+    if (m.dense[i].dense_encoder()) dense[i]["cardinality"] = m.dense[i].cardinality();
+  json r = {{"rows", m.stats_rows}, {"dense", dense}, {"categorical", cat}};
+  if (!m.filters.empty()) r["filtered_rows"] = m.stats_input_rows - m.stats_rows;
+  if (!m.features.empty()) {
+    json f = json::array();
+    for (const auto& s : m.features) {
+      json e = {{"op", s.op->name()}, {"columns", s.columns}};
+      json sum = s.op->fit_summary();
+      if (!sum.is_null()) e["fit"] = sum;
+      f.push_back(e);
+    }
+    r["features"] = f;
+  }
+  return r;
 }
 
 }  // namespace dlrec::etl

@@ -162,6 +162,40 @@ TEST(RunEtlTest, TrainRowsSplitFilesAndContents) {
   EXPECT_EQ(stats["columns"]["dense"][0]["max"], 699.0);
 }
 
+// Filter drops rows after the split by input position; counts and shards stay consistent.
+TEST(RunEtlTest, FilterKeepsSplitByInputPosition) {
+  std::string dir = test_dir();
+  EtlOptions o = options(dir, write_input(dir, tsv(100)));
+  o.train_rows = 60;
+  o.shard_rows = 7;  // several shards per chunk
+  o.workflow["pipeline"].push_back(
+      {{"columns", json::array({"I2"})}, {"ops", {{{"op", "Filter"}}}}});  // drops missing I2
+  EtlResult r = run_etl(o);
+  EXPECT_EQ(r.train_rows, 48);  // 60 - every 5th
+  EXPECT_EQ(r.valid_rows, 32);  // 40 - every 5th
+  io::DatasetInfo info = io::DatasetInfo::load(o.output_dir);
+  EXPECT_EQ(info.train_rows, 48);
+  EXPECT_EQ(info.valid_rows, 32);
+  json stats = read_json_file(o.output_dir + "/stats.json");
+  EXPECT_EQ(stats["train_rows"], 48);
+  EXPECT_EQ(stats["columns"]["rows"], 48);
+  EXPECT_EQ(stats["columns"]["filtered_rows"], 12);
+  // The I1 column of the kept rows: the input row index, normalized; undo with the fitted state.
+  Workflow w = Workflow::load(o.output_dir + "/workflow.json");
+  json norm = w.to_json()["columns"][0]["ops"][1];
+  io::Batch train = read_shards(o.output_dir, info.train_shards);
+  io::Batch valid = read_shards(o.output_dir, info.valid_shards);
+  std::vector<int> rows;
+  for (const io::Batch* b : {&train, &valid})
+    for (int64_t i = 0; i < b->rows; ++i)
+      rows.push_back(static_cast<int>(std::lround(
+          b->dense[i * 2] * norm["std"].get<double>() + norm["mean"].get<double>())));
+  std::vector<int> want;
+  for (int i = 0; i < 100; ++i)
+    if (i % 5) want.push_back(i);
+  EXPECT_EQ(rows, want);
+}
+
 TEST(RunEtlTest, ValidRatioCountsRows) {
   std::string dir = test_dir();
   std::string text = tsv(1000);

@@ -1,11 +1,18 @@
 // ETL ops: the per-column steps of a Workflow, and the registry that builds them from JSON.
 //
 // An op instance belongs to one column (a pipeline step listing three columns makes three
-// instances), so its fitted state is that column's. Two families exist:
-//   DenseOp             float -> float, element-wise, in place (FillMissing, Clip, LogOp,
-//                       Normalize). NaN marks a missing value.
-//   CategoricalEncoder  64-bit keys -> ids in [0, cardinality) (Categorify). Id 0 is reserved
-//                       for a missing value by every encoder; the Workflow assigns it.
+// instances), so its fitted state is that column's. The families:
+//   DenseOp             float -> float, element-wise, in place (FillMissing, FillMedian, Clip,
+//                       LogOp, Normalize, NormalizeMinMax). NaN marks a missing value.
+//   CategoricalEncoder  64-bit keys -> ids in [0, cardinality) (Categorify, HashBucket). Id 0
+//                       is reserved for a missing value by every encoder; the Workflow assigns it.
+//   DenseEncoder        float -> id, ending a dense column's chain and turning it into a
+//                       categorical feature (Bucketize). NaN -> id 0.
+//   ColumnOp            changes how the column appears in the output, not its values (Rename,
+//                       DropLowCardinality).
+//   FeatureOp           step-level: reads raw columns (keys, dense values, labels) and adds new
+//                       output features (HashedCross, TargetEncoding, JoinGroupby).
+//   RowFilter           step-level: a predicate on a raw column's value that drops rows (Filter).
 // Ops that learn from data implement the fit_* calls: fit_begin(), then fit_chunk() for every
 // chunk of training rows (values already transformed by the ops before it in the column's
 // chain), then fit_end(). Fitting is serial per instance; transform is const and thread-safe.
@@ -22,11 +29,13 @@
 #include <vector>
 
 #include "dlrec/core/config.h"
+#include "dlrec/io/raw_chunk.h"
 
 namespace dlrec::etl {
 
-enum class ColumnType { Dense, Categorical };
-const char* column_type_name(ColumnType t);  // "dense" | "categorical"
+// Any: the op applies to both kinds of column (Rename).
+enum class ColumnType { Dense, Categorical, Any };
+const char* column_type_name(ColumnType t);  // "dense" | "categorical" | "any"
 
 class Op {
  public:
@@ -63,6 +72,69 @@ class CategoricalEncoder : public Op {
   virtual void encode(const uint64_t* keys, int64_t n, int64_t* ids) const = 0;
 };
 
+class DenseEncoder : public Op {
+ public:
+  ColumnType input_type() const override { return ColumnType::Dense; }
+  // Number of distinct output ids, including id 0 (missing).
+  virtual int64_t cardinality() const = 0;
+  // ids[i] = id of values[i * stride]; a NaN gets 0.
+  virtual void encode(const float* values, int64_t n, int64_t stride, int64_t* ids) const = 0;
+};
+
+class ColumnOp : public Op {
+ public:
+  // The output feature's name, given the name it would have otherwise.
+  virtual std::string rename(const std::string& name) const { return name; }
+  // Whether a categorical feature of this fitted cardinality leaves the output.
+  virtual bool drops(int64_t cardinality) const { return false; }
+};
+
+// The columns a FeatureOp reads, as resolved by the Workflow: indices into a RawChunk's
+// categorical and dense columns.
+struct FeatureInputs {
+  std::vector<std::string> cat_names;
+  std::vector<int> cat;  // chunk categorical column index of each cat_names entry
+  std::vector<bool> cat_multi_hot;
+  std::vector<std::string> dense_names;  // extra dense columns the op asked for
+  std::vector<int> dense;
+  std::string label_name;  // "" when the schema has no label
+};
+
+class FeatureOp : public Op {
+ public:
+  // One instance per listed column (TargetEncoding, JoinGroupby) or one for all the step's
+  // columns together (HashedCross).
+  virtual bool per_column() const { return true; }
+  // Dense columns it reads besides the step's categorical columns (JoinGroupby's cont_cols).
+  virtual std::vector<std::string> dense_inputs() const { return {}; }
+  // Receives its resolved inputs; throws (naming `where`) when they do not fit the op.
+  virtual void bind(const FeatureInputs& in, const std::string& where) = 0;
+  const FeatureInputs& inputs() const { return inputs_; }
+
+  virtual std::vector<std::string> dense_outputs() const { return {}; }
+  virtual std::vector<std::string> cat_outputs() const { return {}; }
+  virtual int64_t cat_cardinality(size_t output) const { return 0; }
+
+  virtual void fit_begin() {}
+  // Rows of the (filtered) training chunk: raw keys, raw dense values, labels.
+  virtual void fit_chunk(const io::RawChunk& c) {}
+  virtual void fit_end() {}
+  // Rows [lo, hi) of `c`: dense output j of row r goes to dense[j][(r - lo) * stride], one-hot
+  // categorical output j to ids[j][r - lo] (0 = missing).
+  virtual void transform(const io::RawChunk& c, int64_t lo, int64_t hi, float* const* dense,
+                         int64_t stride, int64_t* const* ids) const = 0;
+
+ protected:
+  FeatureInputs inputs_;
+};
+
+class RowFilter : public Op {
+ public:
+  ColumnType input_type() const override { return ColumnType::Dense; }
+  // keep[r] &= predicate(values[r * stride]) for r in [0, n).
+  virtual void apply(const float* values, int64_t n, int64_t stride, uint8_t* keep) const = 0;
+};
+
 // Builds an op from its JSON object. `r` wraps the object (its "op" key is already read);
 // with `fitted` the fitted state is required too (reloading workflow.json), otherwise it is
 // an unknown key (a user config).
@@ -90,5 +162,19 @@ class OpRegistry {
 // The built-in families (called by OpRegistry::global()).
 void register_dense_ops(OpRegistry& registry);
 void register_categorical_ops(OpRegistry& registry);
+void register_column_ops(OpRegistry& registry);   // Rename, DropLowCardinality
+void register_feature_ops(OpRegistry& registry);  // HashedCross, TargetEncoding, JoinGroupby,
+                                                  // Filter
+
+// Stable 64-bit mixing (MurmurHash3's fmix64), the hash of HashBucket, Categorify's
+// num_buckets and HashedCross: fixed forever, since fitted workflows depend on it.
+inline uint64_t mix64(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdULL;
+  k ^= k >> 33;
+  k *= 0xc4ceb9fe1a85ec53ULL;
+  k ^= k >> 33;
+  return k;
+}
 
 }  // namespace dlrec::etl

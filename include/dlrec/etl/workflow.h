@@ -10,8 +10,11 @@
 // several steps gets their ops in step order. Dense columns without ops pass through; every
 // categorical column needs an encoder (Categorify) as its last op.
 //
-// Output (io::ShardLayout): one dense feature per dense schema column and one categorical
-// feature per categorical schema column, both in schema order; labels are copied.
+// Output (io::ShardLayout, docs/ETL.md "Output"): dense features = dense schema columns not
+// turned categorical (Bucketize), in schema order, then the dense features of feature ops
+// (TargetEncoding, JoinGroupby) in pipeline order; categorical features = categorical schema
+// columns not dropped (DropLowCardinality) and bucketized dense columns, in schema order, then
+// HashedCross features in pipeline order. Rename changes a feature's name. Labels are copied.
 // Categorical ids: 0 = missing (an empty field; a multi-hot field that is empty becomes the
 // single id 0, so every row has at least one id), 1 = out of vocabulary / rare, 2.. =
 // vocabulary by descending training frequency (ties by ascending key).
@@ -61,7 +64,11 @@ class Workflow {
   // Encodes `in` into `out` (replacing its contents). Const and thread-safe; parallel over
   // columns and rows. Throws if a dense value is not finite after its ops (naming the column
   // and the line) or a one-hot column holds several values in a row.
-  void transform(const io::RawChunk& in, io::Batch& out) const;
+  // Filter ops drop rows only when `kept` is given: it then receives, for each output row,
+  // its row index in `in` (run_etl uses it to keep the train/valid split by input position).
+  // Without it every row is encoded (serving answers every request row).
+  void transform(const io::RawChunk& in, io::Batch& out,
+                 std::vector<int64_t>* kept = nullptr) const;
 
   io::ShardLayout output_layout() const;  // requires fitted()
   std::vector<std::string> dense_names() const;  // output dense features, in order
