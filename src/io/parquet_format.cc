@@ -500,7 +500,7 @@ void decompress(int32_t codec, const uint8_t* data, size_t size, size_t uncompre
     case kUncompressed:
       if (size != uncompressed_size)
         fail(what, ": uncompressed page of ", size, " bytes declares ", uncompressed_size);
-      std::memcpy(out.data(), data, size);
+      if (size) std::memcpy(out.data(), data, size);
       return;
     case kSnappy: {
       size_t n = 0;

@@ -279,6 +279,8 @@ struct ColumnCursor::State {
   int32_t codec = 0;
   uint64_t pos = 0, end = 0;
   int64_t bytes = 0;
+  int64_t values_left = 0;        // levels the chunk metadata declares, not yet seen
+  int64_t max_page_bytes = 0;     // the chunk's uncompressed size (0: unknown)
 
   // Dictionary (decoded PLAIN values; keys for Hash/Hex).
   bool has_dict = false;
@@ -359,7 +361,7 @@ struct ColumnCursor::State {
       case pq::kInt64:
         need(8 * un);
         ints.resize(un);
-        std::memcpy(ints.data(), p, 8 * un);
+        if (un) std::memcpy(ints.data(), p, 8 * un);
         return;
       case pq::kFloat:
         need(4 * un);
@@ -373,9 +375,10 @@ struct ColumnCursor::State {
       case pq::kDouble:
         need(8 * un);
         reals.resize(un);
-        std::memcpy(reals.data(), p, 8 * un);
+        if (un) std::memcpy(reals.data(), p, 8 * un);
         return;
       case pq::kByteArray: {
+        need(4 * un);  // at least a length per value
         views.resize(un);
         size_t at = 0;
         for (int64_t i = 0; i < n; ++i) {
@@ -554,6 +557,15 @@ struct ColumnCursor::State {
       if (static_cast<uint64_t>(h.compressed_size) > end - body)
         fail(ctx, ": page of ", h.compressed_size, " bytes at byte ", body,
              " runs past the end of the column chunk (byte ", end, ")");
+      if (max_page_bytes > 0 && h.uncompressed_size > max_page_bytes)
+        fail(ctx, ": page of ", h.uncompressed_size, " uncompressed bytes exceeds the column ",
+             "chunk's ", max_page_bytes);
+      if (h.type == pq::kDataPage || h.type == pq::kDataPageV2) {
+        if (h.num_values > values_left)
+          fail(ctx, ": a data page holds ", h.num_values, " values, more than the ", values_left,
+               " left of the column chunk's declared count");
+        values_left -= h.num_values;
+      }
       raw.resize(static_cast<size_t>(h.compressed_size));
       f.pread_exact(body, raw.size(), raw.data(), ctx);
       pos = body + static_cast<uint64_t>(h.compressed_size);
@@ -691,6 +703,8 @@ ColumnCursor::ColumnCursor(const ParquetFile::Impl& f, int row_group, int field,
       static_cast<uint64_t>(start) + static_cast<uint64_t>(cm.total_compressed_size) > f.data_end)
     fail(s.ctx, ": column chunk bytes [", start, ", ", start + cm.total_compressed_size,
          ") lie outside the file's data [4, ", f.data_end, ")");
+  s.values_left = cm.num_values;
+  s.max_page_bytes = cm.total_uncompressed_size;
   s.pos = static_cast<uint64_t>(start);
   s.end = s.pos + static_cast<uint64_t>(cm.total_compressed_size);
 }

@@ -521,6 +521,39 @@ TEST(ParquetCorrupt, UnsupportedEncoding) {
   std::remove(path.c_str());
 }
 
+TEST(ParquetCorrupt, RandomByteDamageIsAnErrorNeverACrash) {
+  const auto fields = all_fields();
+  std::mt19937_64 rng(11);
+  std::vector<ParquetColumnData> cols;
+  for (const auto& f : fields) cols.push_back(make_column(f, 200, rng));
+  for (ParquetCodec codec : {ParquetCodec::Uncompressed, ParquetCodec::Snappy, ParquetCodec::Zstd}) {
+    ParquetWriteOptions o;
+    o.codec = codec;
+    o.row_group_rows = 80;
+    o.page_rows = 30;
+    const std::string path = temp_path("fuzz.parquet");
+    write_parquet(path, fields, cols, o);
+    const std::string good = slurp(path);
+    int errors = 0;
+    for (int trial = 0; trial < 300; ++trial) {
+      std::string d = good;
+      const int flips = 1 + static_cast<int>(rng() % 4);
+      for (int k = 0; k < flips; ++k) d[rng() % d.size()] = static_cast<char>(rng());
+      spit(path, d);
+      try {
+        ParquetFile file(path);
+        for (int g = 0; g < file.num_row_groups(); ++g)
+          for (size_t i = 0; i < file.fields().size(); ++i)
+            file.read_column(g, static_cast<int>(i));
+      } catch (const Error&) {
+        ++errors;
+      }
+    }
+    EXPECT_GT(errors, 0);
+    std::remove(path.c_str());
+  }
+}
+
 // ---- Thrift compact protocol
 
 TEST(ParquetThriftCompact, SkipsUnknownFieldsOfEveryType) {
