@@ -110,9 +110,9 @@ for PROTO in $PROTOCOLS; do
   mv "$REPO/m/.incoming" "$REPO/m/2"
   LOAD_T0=$(date +%s.%N)
   LOAD_STATUS="$(curl -s -o "$WORK/load-$PROTO.out" -w '%{http_code}' --max-time 120 \
-    -X POST "http://127.0.0.1:$HTTP_PORT/v2/repository/models/m/load" || echo 000)"
+    --data '' -X POST "http://127.0.0.1:$HTTP_PORT/v2/repository/models/m/load" || echo 000)"
   LOAD_T1=$(date +%s.%N)
-  INDEX="$(curl -s --max-time 10 -X POST "http://127.0.0.1:$HTTP_PORT/v2/repository/index" || true)"
+  INDEX="$(curl -s --max-time 10 --data '' -X POST "http://127.0.0.1:$HTTP_PORT/v2/repository/index" || true)"
   echo "   load m -> HTTP $LOAD_STATUS in $(awk -v a="$LOAD_T0" -v b="$LOAD_T1" 'BEGIN { printf "%.2f", b - a }') s; index: $INDEX"
 
   set +e

@@ -1,5 +1,6 @@
 // KServe v2 HTTP/REST front end (cpp-httplib) and the Prometheus metrics endpoint.
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <new>
 #include <thread>
@@ -98,6 +99,9 @@ class HttpFrontend : public Frontend {
                   o.http_port, " (in use, or not a local address)");
       port_ = o.http_port;
     }
+    // cpp-httplib listens with a backlog of 5: a burst of new connections (64 clients starting
+    // at once) overflows it and clients see resets. Listening again raises the backlog.
+    if (listen_fd_ >= 0) ::listen(listen_fd_, SOMAXCONN);
     thread_ = std::thread([this] { svr_.listen_after_bind(); });
     // stop() only works once the server runs; do not return before it does.
     for (int i = 0; i < 5000 && !svr_.is_running(); ++i)
@@ -121,6 +125,13 @@ class HttpFrontend : public Frontend {
     svr_.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
     svr_.set_read_timeout(30, 0);
     svr_.set_tcp_nodelay(true);  // small responses must not wait for delayed ACKs (Nagle)
+    // Keep connections open (cpp-httplib closes them after 5 requests by default): under load
+    // that churn overflows its listen backlog of 5 and clients see resets and 1-2 s connects.
+    svr_.set_keep_alive_max_count(size_t{1} << 30);
+    svr_.set_socket_options([this](socket_t sock) {
+      httplib::default_socket_options(sock);
+      listen_fd_ = sock;  // the listening socket (start() raises its backlog)
+    });
     svr_.set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
       t_request_start = now_ns();
       t_request_error.clear();
@@ -256,6 +267,7 @@ class HttpFrontend : public Frontend {
   httplib::Server svr_;
   std::thread thread_;
   int port_ = -1;
+  int listen_fd_ = -1;
 };
 
 class MetricsFrontend : public Frontend {
