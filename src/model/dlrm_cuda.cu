@@ -369,9 +369,9 @@ void DlrmCuda::ensure_capacity(int64_t B, int64_t nnz) {
       l.dx = dev_tensor({cb, l.in});
     }
   bgrad_partial_ = dev_tensor({std::max<int64_t>(cd::bias_grad_chunks(cb), 1), max_out});
-  const size_t sb = ce::scratch_bytes(nn_, key_bits_);
+  const size_t sb = ce::scratch_bytes(nn_, key_bits_, static_cast<int>(dim_));
   scratch_mem_ = dev_tensor({static_cast<int64_t>(sb)}, DType::U8);
-  scratch_ = ce::carve(scratch_mem_.raw(), nn_, key_bits_);
+  scratch_ = ce::carve(scratch_mem_.raw(), nn_, key_bits_, static_cast<int>(dim_));
   ce::prepare(scratch_, stream_);
   const size_t host_bytes = sizeof(float) * cb * (num_dense_ + 1) +
                             sizeof(int32_t) * (cb * T_ + 1) + sizeof(uint32_t) * nn_ + 256;

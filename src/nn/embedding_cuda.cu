@@ -105,64 +105,132 @@ __global__ void run_flags_kernel(const uint32_t* __restrict__ k, int64_t n,
     flags[i] = (i == 0 || k[i] != k[i - 1]) ? 1 : 0;
 }
 
-// One warp per distinct row (run of equal sorted keys): gradient = sum over the run's
-// positions in order, then the optimizer update of that row (explicitly rounded like the CPU's
-// separate multiply and add). Runs own distinct rows: race-free.
+// The sorted occurrences are cut into chunks of 32 (one warp each, one occurrence per lane), so
+// a row that occurs thousands of times (small tables, hot ids) is summed by many warps at once
+// instead of one warp walking the run at memory latency. Within a chunk, each piece of a run is
+// summed in order. A piece that is a whole run is applied to its row at once; a run that crosses
+// chunk boundaries leaves its first piece in tail[chunk] and its later pieces in head[chunk],
+// and finalize_kernel adds them in chunk order and applies the update. The summation order is
+// fixed by the batch, so results are deterministic.
+constexpr int kChunk = 32;
+constexpr int kWarpsPerBlock = 8;
+
 template <int V>
-__global__ void update_kernel(Tables tab, const int32_t* __restrict__ offsets,
-                              const uint32_t* __restrict__ keys_sorted,
-                              const int32_t* __restrict__ pos_sorted,
-                              const int32_t* __restrict__ pos_bag,
-                              const int32_t* __restrict__ seg_start,
-                              const int32_t* __restrict__ num_segs, int64_t B, int64_t nnz,
-                              bool mean, const float* __restrict__ dpooled, Update kind, float lr,
-                              float eps) {
+__device__ __forceinline__ void apply_update(float* w, float* a, int k0, const float* g,
+                                             Update kind, float lr, float eps) {
+  if (kind == Update::SGD) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) w[k0 + j] = __fsub_rn(w[k0 + j], __fmul_rn(lr, g[j]));
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float acc = __fadd_rn(a[k0 + j], __fmul_rn(g[j], g[j]));
+      a[k0 + j] = acc;
+      w[k0 + j] = __fsub_rn(w[k0 + j], __fdiv_rn(__fmul_rn(lr, g[j]), __fadd_rn(sqrtf(acc), eps)));
+    }
+  }
+}
+
+template <int V>
+__global__ void chunk_kernel(Tables tab, const int32_t* __restrict__ offsets,
+                             const uint32_t* __restrict__ keys_sorted,
+                             const int32_t* __restrict__ pos_sorted,
+                             const int32_t* __restrict__ pos_bag, int64_t B, int64_t nnz, bool mean,
+                             const float* __restrict__ dpooled, Update kind, float lr, float eps,
+                             float* __restrict__ head, float* __restrict__ tail) {
+  __shared__ uint32_t sh_key[kWarpsPerBlock][kChunk];
+  __shared__ int32_t sh_bag[kWarpsPerBlock][kChunk];
+  __shared__ float sh_scale[kWarpsPerBlock][kChunk];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int64_t c = blockIdx.x * int64_t(kWarpsPerBlock) + warp;
+  const int64_t q_lo = c * kChunk;
+  if (q_lo >= nnz) return;  // whole warp exits together
+  const int n = static_cast<int>(nnz - q_lo < kChunk ? nnz - q_lo : kChunk);
+  if (lane < n) {
+    const uint32_t key = keys_sorted[q_lo + lane];
+    const int32_t bag = pos_bag[pos_sorted[q_lo + lane]];
+    sh_key[warp][lane] = key;
+    sh_bag[warp][lane] = bag;
+    sh_scale[warp][lane] =
+        mean ? 1.f / static_cast<float>(offsets[bag + 1] - offsets[bag]) : 1.f;
+  }
+  __syncwarp();
+  const bool starts_before = q_lo > 0 && keys_sorted[q_lo - 1] == sh_key[warp][0];
+  const bool continues_after = q_lo + n < nnz && keys_sorted[q_lo + n] == sh_key[warp][n - 1];
+  const int T = tab.num_tables, d = tab.dim;
+  for (int i = 0; i < n;) {
+    const uint32_t key = sh_key[warp][i];
+    int j = i + 1;
+    while (j < n && sh_key[warp][j] == key) ++j;
+    const int t0 = sh_bag[warp][i] / static_cast<int32_t>(B);
+    const bool first = i == 0 && starts_before;
+    const bool last = j == n && continues_after;
+    float* w = tab.weights[t0] + (key - tab.row_base[t0]) * int64_t(d);
+    float* a = kind == Update::Adagrad ? tab.states[t0] + (key - tab.row_base[t0]) * int64_t(d)
+                                       : nullptr;
+    for (int k0 = lane * V; k0 < d; k0 += 32 * V) {
+      float g[V];
+#pragma unroll
+      for (int v = 0; v < V; ++v) g[v] = 0.f;
+      for (int q = i; q < j; ++q) {
+        const int32_t bag = sh_bag[warp][q];
+        const int64_t b = bag - int64_t(t0) * B;
+        const float sc = sh_scale[warp][q];
+        const float* src = dpooled + (b * T + t0) * d + k0;
+        if constexpr (V == 4) {
+          const float4 x = *reinterpret_cast<const float4*>(src);
+          g[0] = __fadd_rn(g[0], __fmul_rn(sc, x.x));
+          g[1] = __fadd_rn(g[1], __fmul_rn(sc, x.y));
+          g[2] = __fadd_rn(g[2], __fmul_rn(sc, x.z));
+          g[3] = __fadd_rn(g[3], __fmul_rn(sc, x.w));
+        } else {
+          g[0] = __fadd_rn(g[0], __fmul_rn(sc, src[0]));
+        }
+      }
+      if (first || last) {
+        float* dst = (first ? head : tail) + c * d + k0;
+#pragma unroll
+        for (int v = 0; v < V; ++v) dst[v] = g[v];
+      } else {
+        apply_update<V>(w, a, k0, g, kind, lr, eps);
+      }
+    }
+    i = j;
+  }
+}
+
+// One warp per run that crosses a chunk boundary: its pieces, added in chunk order.
+template <int V>
+__global__ void finalize_kernel(Tables tab, const uint32_t* __restrict__ keys_sorted,
+                                const int32_t* __restrict__ pos_sorted,
+                                const int32_t* __restrict__ pos_bag,
+                                const int32_t* __restrict__ seg_start,
+                                const int32_t* __restrict__ num_segs, int64_t B, int64_t nnz,
+                                Update kind, float lr, float eps, const float* __restrict__ head,
+                                const float* __restrict__ tail) {
   const int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   const int U = *num_segs;
   if (u >= U) return;
-  const int32_t q0 = seg_start[u];
-  const int32_t q1 = (u + 1 < U) ? seg_start[u + 1] : static_cast<int32_t>(nnz);
-  const int T = tab.num_tables, d = tab.dim;
+  const int64_t q0 = seg_start[u];
+  const int64_t q1 = (u + 1 < U) ? seg_start[u + 1] : nnz;
+  const int64_t cs = q0 / kChunk, ce = (q1 - 1) / kChunk;
+  if (cs == ce) return;  // applied by chunk_kernel
+  const int d = tab.dim;
   const uint32_t key = keys_sorted[q0];
   const int t0 = pos_bag[pos_sorted[q0]] / static_cast<int32_t>(B);
-  const int64_t row = key - tab.row_base[t0];
-  float* w = tab.weights[t0] + row * d;
-  float* a = kind == Update::Adagrad ? tab.states[t0] + row * d : nullptr;
+  float* w = tab.weights[t0] + (key - tab.row_base[t0]) * int64_t(d);
+  float* a = kind == Update::Adagrad ? tab.states[t0] + (key - tab.row_base[t0]) * int64_t(d)
+                                     : nullptr;
   for (int k0 = lane * V; k0 < d; k0 += 32 * V) {
     float g[V];
 #pragma unroll
-    for (int j = 0; j < V; ++j) g[j] = 0.f;
-    for (int32_t q = q0; q < q1; ++q) {
-      const int32_t bag = pos_bag[pos_sorted[q]];
-      const int64_t b = bag - int64_t(t0) * B;
-      float s = 1.f;
-      if (mean) {
-        const int32_t len = offsets[bag + 1] - offsets[bag];
-        s = 1.f / static_cast<float>(len);
-      }
-      const float* src = dpooled + (b * T + t0) * d + k0;
-      if constexpr (V == 4) {
-        const float4 x = *reinterpret_cast<const float4*>(src);
-        g[0] = __fadd_rn(g[0], __fmul_rn(s, x.x));
-        g[1] = __fadd_rn(g[1], __fmul_rn(s, x.y));
-        g[2] = __fadd_rn(g[2], __fmul_rn(s, x.z));
-        g[3] = __fadd_rn(g[3], __fmul_rn(s, x.w));
-      } else {
-        g[0] = __fadd_rn(g[0], __fmul_rn(s, src[0]));
-      }
-    }
-    if (kind == Update::SGD) {
+    for (int v = 0; v < V; ++v) g[v] = tail[cs * d + k0 + v];
+    for (int64_t c = cs + 1; c <= ce; ++c) {
 #pragma unroll
-      for (int j = 0; j < V; ++j) w[k0 + j] = __fsub_rn(w[k0 + j], __fmul_rn(lr, g[j]));
-    } else {
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float acc = __fadd_rn(a[k0 + j], __fmul_rn(g[j], g[j]));
-        a[k0 + j] = acc;
-        w[k0 + j] = __fsub_rn(w[k0 + j], __fdiv_rn(__fmul_rn(lr, g[j]), __fadd_rn(sqrtf(acc), eps)));
-      }
+      for (int v = 0; v < V; ++v) g[v] = __fadd_rn(g[v], head[c * d + k0 + v]);
     }
+    apply_update<V>(w, a, k0, g, kind, lr, eps);
   }
 }
 
@@ -209,12 +277,15 @@ void forward(const Tables& tab, const int32_t* offsets, const uint32_t* keys, in
   DLREC_CUDA_LAUNCH_CHECK();
 }
 
-size_t scratch_bytes(int64_t n, int key_bits) {
+int64_t num_chunks(int64_t n) { return (n + kChunk - 1) / kChunk; }
+
+size_t scratch_bytes(int64_t n, int key_bits, int dim) {
   n = n < 1 ? 1 : n;
-  return align_up(n * 4) * 5 + align_up(n) + align_up(4) + align_up(cub_bytes_for(n, key_bits));
+  return align_up(n * 4) * 5 + align_up(n) + align_up(4) + align_up(cub_bytes_for(n, key_bits)) +
+         2 * align_up(sizeof(float) * num_chunks(n) * dim);
 }
 
-Scratch carve(void* base, int64_t n, int key_bits) {
+Scratch carve(void* base, int64_t n, int key_bits, int dim) {
   n = n < 1 ? 1 : n;
   Scratch s;
   char* p = static_cast<char*>(base);
@@ -232,6 +303,9 @@ Scratch carve(void* base, int64_t n, int key_bits) {
   s.num_segs = reinterpret_cast<int32_t*>(take(4));
   s.cub_bytes = cub_bytes_for(n, key_bits);
   s.cub_temp = take(s.cub_bytes);
+  s.head = reinterpret_cast<float*>(take(sizeof(float) * num_chunks(n) * dim));
+  s.tail = reinterpret_cast<float*>(take(sizeof(float) * num_chunks(n) * dim));
+  s.dim = dim;
   s.capacity = n;
   return s;
 }
@@ -258,16 +332,27 @@ void backward_update(const Tables& tab, const int32_t* offsets, const uint32_t* 
   tb = s.cub_bytes;
   DLREC_CUDA_CHECK(cub::DeviceSelect::Flagged(s.cub_temp, tb, s.iota, s.flags, s.seg_start,
                                               s.num_segs, nnz, stream));
-  const int threads = 256;
-  const int64_t blocks = (nnz * 32 + threads - 1) / threads;  // at most nnz runs
-  if (tab.dim % 4 == 0)
-    update_kernel<4><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-        tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, s.seg_start, s.num_segs, B, nnz,
-        mean, dpooled, kind, lr, eps);
-  else
-    update_kernel<1><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-        tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, s.seg_start, s.num_segs, B, nnz,
-        mean, dpooled, kind, lr, eps);
+  DLREC_CHECK(tab.dim == s.dim, "embedding backward: scratch carved for dim ", s.dim, ", tables have ",
+              tab.dim);
+  const int64_t chunk_blocks = (num_chunks(nnz) + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const int64_t run_blocks = (nnz * 32 + 255) / 256;  // at most nnz runs, a warp each
+  if (tab.dim % 4 == 0) {
+    chunk_kernel<4><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
+        tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, kind, lr, eps,
+        s.head, s.tail);
+    DLREC_CUDA_LAUNCH_CHECK();
+    finalize_kernel<4><<<static_cast<unsigned>(run_blocks), 256, 0, stream>>>(
+        tab, s.keys_sorted, s.pos_sorted, s.pos_bag, s.seg_start, s.num_segs, B, nnz, kind, lr, eps,
+        s.head, s.tail);
+  } else {
+    chunk_kernel<1><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
+        tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, kind, lr, eps,
+        s.head, s.tail);
+    DLREC_CUDA_LAUNCH_CHECK();
+    finalize_kernel<1><<<static_cast<unsigned>(run_blocks), 256, 0, stream>>>(
+        tab, s.keys_sorted, s.pos_sorted, s.pos_bag, s.seg_start, s.num_segs, B, nnz, kind, lr, eps,
+        s.head, s.tail);
+  }
   DLREC_CUDA_LAUNCH_CHECK();
 }
 

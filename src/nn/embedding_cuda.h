@@ -45,16 +45,21 @@ struct Scratch {
   int32_t* num_segs = nullptr;     // [1]
   void* cub_temp = nullptr;
   size_t cub_bytes = 0;
+  float* head = nullptr;           // [chunks, dim] partial sums of runs that began earlier
+  float* tail = nullptr;           // [chunks, dim] partial sums of runs that go on later
+  int dim = 0;
   int64_t capacity = 0;
 };
-size_t scratch_bytes(int64_t max_nnz, int key_bits);
-Scratch carve(void* base, int64_t max_nnz, int key_bits);
+size_t scratch_bytes(int64_t max_nnz, int key_bits, int dim);
+Scratch carve(void* base, int64_t max_nnz, int key_bits, int dim);
 void prepare(const Scratch& s, cudaStream_t stream);  // once after carve()
 
 enum class Update { SGD, Adagrad };
 
 // dL/dpooled [B, T, dim] -> for every distinct row of the batch: its gradient, summed over its
-// occurrences in order (mean bags scaled by 1/len), applied at once by SGD or Adagrad. No table
+// occurrences (mean bags scaled by 1/len) in chunks of 32 occurrences whose partial sums are
+// then added in order (deterministic; equal to the CPU's in-order sum up to rounding), applied
+// at once by SGD or Adagrad. No table
 // gradient is materialised. nnz = offsets[T * B] - offsets[0] with offsets[0] = 0.
 void backward_update(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
                      int64_t nnz, bool mean, const float* dpooled, Update kind, float lr,
