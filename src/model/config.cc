@@ -66,8 +66,41 @@ OptimizerConfig OptimizerConfig::from_json(ConfigReader& r) {
   if (c.embedding_lr < 0) c.embedding_lr = -1;
   c.adagrad_eps = r.get_range("adagrad_eps", c.adagrad_eps, 0.0, 1.0);
   c.adagrad_init = r.get_range("adagrad_init", c.adagrad_init, 0.0, 1e6);
+  if (r.has("schedule")) {
+    ConfigReader sr = r.child("schedule");
+    c.schedule = LrSchedule::from_json(sr);
+  }
   r.finish();
   return c;
+}
+
+LrSchedule LrSchedule::from_json(ConfigReader& r) {
+  constexpr int64_t kBig = int64_t{1} << 40;
+  LrSchedule s;
+  s.warmup_steps = r.get_int_range("warmup_steps", s.warmup_steps, 0, kBig);
+  s.decay_start_step = r.get_int_range("decay_start_step", s.decay_start_step, 0, kBig);
+  s.decay_steps = r.get_int_range("decay_steps", s.decay_steps, -1, kBig);
+  s.decay_power = r.get_range("decay_power", s.decay_power, 0.0, 100.0);
+  s.end_factor = r.get_range("end_factor", s.end_factor, 0.0, 1.0);
+  r.finish();
+  return s;
+}
+
+json LrSchedule::to_json() const {
+  return {{"warmup_steps", warmup_steps},
+          {"decay_start_step", decay_start_step},
+          {"decay_steps", decay_steps},
+          {"decay_power", decay_power},
+          {"end_factor", end_factor}};
+}
+
+double LrSchedule::factor(int64_t step, int64_t total_steps) const {
+  if (step < warmup_steps) return static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+  if (decay_steps == 0 || step < decay_start_step) return 1.0;
+  const double span = decay_steps > 0 ? static_cast<double>(decay_steps)
+                                      : static_cast<double>(total_steps - decay_start_step);
+  const double t = span > 0 ? std::min(1.0, (step - decay_start_step) / span) : 1.0;
+  return end_factor + (1.0 - end_factor) * std::pow(1.0 - t, decay_power);
 }
 
 json OptimizerConfig::to_json() const {
@@ -75,7 +108,8 @@ json OptimizerConfig::to_json() const {
           {"lr", lr},
           {"embedding_lr", embedding_lr},
           {"adagrad_eps", adagrad_eps},
-          {"adagrad_init", adagrad_init}};
+          {"adagrad_init", adagrad_init},
+          {"schedule", schedule.to_json()}};
 }
 
 TrainConfig TrainConfig::from_json(ConfigReader& r) {

@@ -142,7 +142,8 @@ TrainResult Trainer::train() {
     if (m.model->device().is_cuda()) dlogits = dlogits.to(m.model->device());
     DLREC_CHECK(std::isfinite(loss), "training diverged at step ", m.state.step,
                 ": loss is ", loss, " (lower the learning rate)");
-    m.model->backward_and_update(dlogits);
+    m.model->backward_and_update(dlogits,
+                                 m.cfg.optimizer.schedule.factor(m.state.step, total_steps));
     m.state.step++;
     m.state.position += batch.rows;
     res.samples += batch.rows;

@@ -130,3 +130,30 @@ TEST(RunConfig, LoadNamesTheFile) {
 
 }  // namespace
 }  // namespace dlrec::model
+
+TEST(LrSchedule, WarmupAndPolynomialDecay) {
+  dlrec::model::RunConfig c = dlrec::model::RunConfig::from_json(dlrec::json::parse(
+      R"({"optimizer": {"lr": 1.0, "schedule": {"warmup_steps": 4, "decay_start_step": 10,
+                                                 "decay_steps": 10, "decay_power": 2,
+                                                 "end_factor": 0.1}}})"));
+  const auto& s = c.optimizer.schedule;
+  EXPECT_DOUBLE_EQ(s.factor(0, 100), 0.25);
+  EXPECT_DOUBLE_EQ(s.factor(3, 100), 1.0);
+  EXPECT_DOUBLE_EQ(s.factor(9, 100), 1.0);
+  EXPECT_DOUBLE_EQ(s.factor(10, 100), 1.0);
+  EXPECT_DOUBLE_EQ(s.factor(15, 100), 0.1 + 0.9 * 0.25);
+  EXPECT_DOUBLE_EQ(s.factor(20, 100), 0.1);
+  EXPECT_DOUBLE_EQ(s.factor(50, 100), 0.1);
+  // decay_steps = -1: decays until the last step of the run.
+  dlrec::model::LrSchedule to_end;
+  to_end.decay_steps = -1;
+  to_end.decay_power = 1;
+  EXPECT_DOUBLE_EQ(to_end.factor(0, 10), 1.0);
+  EXPECT_DOUBLE_EQ(to_end.factor(5, 10), 0.5);
+  // Round trip and strictness.
+  auto back = dlrec::model::RunConfig::from_json(c.to_json());
+  EXPECT_DOUBLE_EQ(back.optimizer.schedule.factor(15, 100), s.factor(15, 100));
+  EXPECT_THROW(dlrec::model::RunConfig::from_json(dlrec::json::parse(
+                   R"({"optimizer": {"schedule": {"warmup_step": 3}}})")),
+               dlrec::Error);
+}

@@ -28,12 +28,32 @@ struct ModelConfig {
   json to_json() const;
 };
 
+// Learning-rate schedule: a factor on the optimizer's lr at each step (0-based).
+//   step < warmup_steps:            (step + 1) / warmup_steps             (linear warm-up)
+//   step >= decay_start_step and decay_steps != 0:
+//       t = min(1, (step - decay_start_step) / D), D = decay_steps, or the steps left until
+//       the end of training when decay_steps = -1;
+//       factor = end_factor + (1 - end_factor) * (1 - t)^decay_power      (polynomial decay,
+//       the MLPerf DLRM schedule)
+//   otherwise:                       1
+struct LrSchedule {
+  int64_t warmup_steps = 0;
+  int64_t decay_start_step = 0;
+  int64_t decay_steps = 0;  // 0: no decay; -1: decay until the last step
+  double decay_power = 2.0;
+  double end_factor = 0.0;
+  double factor(int64_t step, int64_t total_steps) const;
+  static LrSchedule from_json(ConfigReader& r);
+  json to_json() const;
+};
+
 struct OptimizerConfig {
   std::string type = "sgd";  // "sgd" | "adagrad"
   double lr = 0.1;           // dense and embedding learning rate
   double embedding_lr = -1;  // < 0: same as lr
   double adagrad_eps = 1e-8;
   double adagrad_init = 0.0;  // initial accumulator value
+  LrSchedule schedule;
   static OptimizerConfig from_json(ConfigReader& r);
   json to_json() const;
 };
