@@ -6,7 +6,6 @@
 #include "dlrec/core/file_util.h"
 #include "dlrec/core/progress.h"
 #include "dlrec/core/thread_pool.h"
-#include "dlrec/nn/loss.h"
 #include "dlrec/train/tensor_file.h"
 
 namespace dlrec::train {
@@ -133,25 +132,25 @@ TrainResult Trainer::train() {
       loader = std::make_unique<io::ShardLoader>(train_shards, bs, m.state.position % rows);
       if (!loader->next(batch)) fail("training shards yielded no rows");
     }
-    // The loss is computed on the host (the CPU reference's BCE); for a model on a GPU the
-    // logits come over and dL/dlogits goes back: a few KB per step.
-    Tensor logits = m.model->forward(batch, true).to(Device::cpu());
-    Tensor dlogits = Tensor::empty(logits.shape(), DType::F32);
-    double loss = nn::bce_with_logits(logits.data<float>(), batch.labels.data(), batch.rows,
-                                      dlogits.data<float>());
-    if (m.model->device().is_cuda()) dlogits = dlogits.to(m.model->device());
-    DLREC_CHECK(std::isfinite(loss), "training diverged at step ", m.state.step,
-                ": loss is ", loss, " (lower the learning rate)");
-    m.model->backward_and_update(dlogits,
-                                 m.cfg.optimizer.schedule.factor(m.state.step, total_steps));
+    // Read the loss back only where it is logged (and at the end): a model on a GPU then runs
+    // the other steps without a host synchronisation. A diverged run is caught there.
+    const bool log_now = tc.log_every > 0 && (m.state.step + 1) % tc.log_every == 0;
+    const bool want_loss = log_now || m.state.step + 1 == total_steps;
+    const double loss = m.model->train_step(
+        batch, m.cfg.optimizer.schedule.factor(m.state.step, total_steps), want_loss);
+    if (want_loss || !std::isnan(loss))
+      DLREC_CHECK(std::isfinite(loss), "training diverged at step ", m.state.step + 1,
+                  ": loss is ", loss, " (lower the learning rate)");
     m.state.step++;
     m.state.position += batch.rows;
     res.samples += batch.rows;
     steps_here++;
-    loss_sum += loss;
-    loss_n++;
+    if (!std::isnan(loss)) {
+      loss_sum += loss;
+      loss_n++;
+    }
     if (tc.log_every > 0 && m.state.step % tc.log_every == 0) {
-      res.last_loss = loss_sum / loss_n;
+      res.last_loss = loss_n ? loss_sum / loss_n : res.last_loss;
       char buf[64];
       std::snprintf(buf, sizeof buf, "step %lld loss %.5f", static_cast<long long>(m.state.step),
                     res.last_loss);
@@ -174,6 +173,7 @@ TrainResult Trainer::train() {
         m.state.step % tc.checkpoint_every == 0)
       save_checkpoint(m.checkpoint_path(), *m.model, m.cfg, m.data.layout, m.state);
   }
+  m.model->synchronize();
   res.seconds = timer.seconds();
   res.steps = m.state.step;
   if (loss_n > 0) res.last_loss = loss_sum / loss_n;

@@ -15,9 +15,9 @@ class CudaModel : public Model {
   // forward + BCE loss on the device + backward_and_update, all enqueued on the model's stream:
   // no host synchronisation unless want_loss (then the mean loss of the batch is returned;
   // otherwise NaN). The batch may be reused by the caller as soon as the call returns.
-  virtual double train_step(const io::Batch& batch, double lr_scale, bool want_loss) = 0;
+  double train_step(const io::Batch& batch, double lr_scale, bool want_loss) override = 0;
   // Waits for all work the model has enqueued.
-  virtual void synchronize() = 0;
+  void synchronize() override = 0;
 };
 
 // Throws dlrec::Error when the device is unusable or the configuration is invalid.

@@ -93,6 +93,12 @@ class Model {
   // Back-propagates dL/dlogits [rows] of the last training forward and applies the optimizer
   // update to every parameter (embedding rows are updated sparsely).
   virtual void backward_and_update(const Tensor& dlogits, double lr_scale = 1.0) = 0;
+  // One training step: forward, BCE loss, backward_and_update. Returns the batch's mean loss
+  // when want_loss (models that keep the loss on their device may return NaN otherwise, to
+  // avoid a host synchronisation). The default runs the loss on the host.
+  virtual double train_step(const io::Batch& batch, double lr_scale, bool want_loss);
+  // Waits for the work the model has queued on its device (no-op on the CPU).
+  virtual void synchronize() {}
   // Parameters (names like "emb.3.weight", "bottom.0.weight") — shared storage, not copies.
   virtual std::vector<NamedTensor> parameters() = 0;
   // Optimizer state (e.g. "emb.3.weight.adagrad"); empty for plain SGD.
