@@ -16,6 +16,7 @@
 #include "dlrec/core/file_util.h"
 #include "dlrec/core/progress.h"
 #include "dlrec/core/thread_pool.h"
+#include "dlrec/io/synthetic_batch.h"
 #include "dlrec/model/model.h"
 #include "dlrec/nn/loss.h"
 #include "dlrec/nn/rng.h"
@@ -25,9 +26,6 @@ namespace {
 using namespace dlrec;
 
 // Criteo Kaggle (Display Advertising Challenge) cardinalities of the 26 categorical features.
-const std::vector<int64_t> kCriteoKaggle = {
-    1460,   583,    10131227, 2202608, 305,  24,      12517, 633, 3,      93145, 5683, 8351593, 3194,
-    27,     14992,  5461306,  10,      5652, 2173,    4,     7046547, 18,  15,    286181, 105,  142572};
 
 struct Args {
   std::string config = "configs/dlrm_criteo.json";
@@ -38,7 +36,7 @@ struct Args {
   int64_t max_rows = 1000000;
   std::string optimizer;  // empty: the config's
   std::string dist = "zipf";
-  std::vector<int64_t> cards = kCriteoKaggle;
+  std::vector<int64_t> cards = io::criteo_kaggle_cardinalities();
   uint64_t seed = 1;
 };
 
@@ -85,32 +83,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// One-hot batch: 13 dense features ~ log-normal-ish like Criteo after log(1 + x), ids either
-// uniform or log-uniform (a Zipf-like head: P(id) ~ 1 / id).
-io::Batch make_batch(const io::ShardLayout& l, int64_t rows, bool zipf, uint64_t seed) {
-  nn::Rng rng(seed);
-  io::Batch b;
-  b.rows = rows;
-  b.num_dense = l.num_dense;
-  b.labels.resize(rows);
-  b.dense.resize(rows * l.num_dense);
-  for (int64_t r = 0; r < rows; ++r) b.labels[r] = rng.uniform() < 0.25 ? 1.f : 0.f;
-  for (auto& x : b.dense) x = static_cast<float>(std::log1p(std::exp(3.0 * rng.uniform())));
-  const size_t T = l.cardinalities.size();
-  b.cat_offsets.assign(T, std::vector<int64_t>(rows + 1));
-  b.cat_indices.assign(T, std::vector<int64_t>(rows));
-  for (size_t t = 0; t < T; ++t) {
-    const int64_t card = l.cardinalities[t];
-    for (int64_t r = 0; r <= rows; ++r) b.cat_offsets[t][r] = r;
-    for (int64_t r = 0; r < rows; ++r) {
-      int64_t id = zipf ? static_cast<int64_t>(std::exp(rng.uniform() * std::log(double(card) + 1))) - 1
-                        : rng.below(card);
-      b.cat_indices[t][r] = std::clamp<int64_t>(id, 0, card - 1);
-    }
-  }
-  return b;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -151,7 +123,7 @@ int main(int argc, char** argv) {
     const int kBatches = 32;
     std::vector<io::Batch> batches;
     for (int i = 0; i < kBatches; ++i)
-      batches.push_back(make_batch(layout, a.batch, a.dist == "zipf", a.seed * 1000 + i));
+      batches.push_back(io::random_batch(layout, a.batch, a.dist == "zipf", a.seed * 1000 + i));
 
     Tensor dz;
     double loss = 0;

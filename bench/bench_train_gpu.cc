@@ -18,6 +18,7 @@
 
 #include "dlrec/core/device.h"
 #include "dlrec/core/thread_pool.h"
+#include "dlrec/io/synthetic_batch.h"
 #include "dlrec/model/model.h"
 #include "dlrec/nn/rng.h"
 #ifdef DLREC_WITH_CUDA
@@ -28,9 +29,6 @@ namespace {
 
 using namespace dlrec;
 
-const std::vector<int64_t> kCriteoKaggle = {
-    1460, 583,   10131227, 2202608, 305,  24,   12517, 633,     3,  93145, 5683,   8351593, 3194,
-    27,   14992, 5461306,  10,      5652, 2173, 4,     7046547, 18, 15,    286181, 105,     142572};
 
 std::vector<int64_t> parse_list(const std::string& v) {
   std::vector<int64_t> r;
@@ -49,7 +47,7 @@ struct Args {
   int steps = 50, warmup = 10, distinct = 8, device = 0;
   std::string optimizer = "sgd", dist = "uniform";
   double lr = 0.01;
-  std::vector<int64_t> cards = kCriteoKaggle;
+  std::vector<int64_t> cards = io::criteo_kaggle_cardinalities();
   int64_t max_rows = -1;
   bool tf32 = false;
   uint64_t seed = 1;
@@ -89,34 +87,6 @@ Args parse(int argc, char** argv) {
   for (int64_t b : a.batches_sizes) if (b <= 0) usage("batch sizes must be positive");
   if (a.dist != "zipf" && a.dist != "uniform") usage("--dist is zipf or uniform");
   return a;
-}
-
-// One-hot batch: 13 dense features like Criteo after log(1 + x); ids uniform or log-uniform.
-[[maybe_unused]] io::Batch make_batch(const io::ShardLayout& l, int64_t rows, bool zipf, uint64_t seed) {
-  io::Batch b;
-  b.rows = rows;
-  b.num_dense = l.num_dense;
-  b.labels.resize(rows);
-  b.dense.resize(rows * l.num_dense);
-  const size_t T = l.cardinalities.size();
-  b.cat_offsets.assign(T, std::vector<int64_t>(rows + 1));
-  b.cat_indices.assign(T, std::vector<int64_t>(rows));
-  nn::Rng rng(seed);
-  for (int64_t r = 0; r < rows; ++r) b.labels[r] = rng.uniform() < 0.25 ? 1.f : 0.f;
-  for (auto& x : b.dense) x = static_cast<float>(std::log1p(std::exp(3.0 * rng.uniform())));
-  parallel_for(0, static_cast<int64_t>(T), 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      nn::Rng r2(nn::derive_seed(seed, 100 + t));
-      const int64_t card = l.cardinalities[t];
-      for (int64_t r = 0; r <= rows; ++r) b.cat_offsets[t][r] = r;
-      for (int64_t r = 0; r < rows; ++r) {
-        int64_t id = zipf ? static_cast<int64_t>(std::exp(r2.uniform() * std::log(double(card) + 1))) - 1
-                          : r2.below(card);
-        b.cat_indices[t][r] = std::clamp<int64_t>(id, 0, card - 1);
-      }
-    }
-  });
-  return b;
 }
 
 [[maybe_unused]] double now_s() {
@@ -164,7 +134,7 @@ int main(int argc, char** argv) {
       t0 = now_s();
       std::vector<io::Batch> batches;
       for (int i = 0; i < a.distinct; ++i)
-        batches.push_back(make_batch(layout, B, a.dist == "zipf", a.seed * 1000 + B + i));
+        batches.push_back(io::random_batch(layout, B, a.dist == "zipf", a.seed * 1000 + B + i));
       std::fprintf(stderr, "generated %d batches of %lld in %.1f s\n", a.distinct,
                    static_cast<long long>(B), now_s() - t0);
       for (int i = 0; i < a.warmup; ++i) m->train_step(batches[i % a.distinct], 1.0, false);

@@ -1,4 +1,4 @@
-// dlrec bench serve: a load generator for KServe v2 servers (like Triton's perf_analyzer).
+// dlrec bench serve (registered by add_bench in cmd_bench_train.cc): a load generator for KServe v2 servers (like Triton's perf_analyzer).
 //
 // Closed loop (--concurrency N): N clients, each sending its next request when the previous
 // one is answered. Open loop (--rate R): requests are due on a fixed schedule (R per second)
@@ -606,9 +606,7 @@ int run_serve_bench(ServeBenchOptions o) {
 
 }  // namespace
 
-Runner add_bench(CLI::App& app) {
-  CLI::App* b = app.add_subcommand("bench", "Benchmarks (serve: load generator for a server)");
-  b->require_subcommand(1);
+Runner add_bench_serve(CLI::App* b) {
   auto o = std::make_shared<ServeBenchOptions>();
   CLI::App* s = b->add_subcommand(
       "serve",
@@ -643,10 +641,7 @@ Runner add_bench(CLI::App& app) {
   s->add_option("--variants", o->variants, "Distinct request payloads, cycled")
       ->check(CLI::Range(1, 1024));
   s->add_option("--seed", o->seed, "Seed of the synthetic inputs");
-  return [s, o]() -> int {
-    if (s->parsed()) return run_serve_bench(*o);
-    return 1;
-  };
+  return [o]() -> int { return run_serve_bench(*o); };
 }
 
 }  // namespace dlrec::cli

@@ -19,6 +19,7 @@ Runner add_predict(CLI::App& app);
 Runner add_demo(CLI::App& app);
 Runner add_parquet(CLI::App& app);  // parquet dump | write (inspection, interop tests)
 Runner add_serve(CLI::App& app);  // built with DLREC_WITH_SERVER
-Runner add_bench(CLI::App& app);  // bench serve (built with DLREC_WITH_SERVER)
+Runner add_bench(CLI::App& app);  // bench train, and bench serve with DLREC_WITH_SERVER
+Runner add_bench_serve(CLI::App* bench);  // built with DLREC_WITH_SERVER
 
 }  // namespace dlrec::cli

@@ -26,9 +26,9 @@ int main(int argc, char** argv) {
   add(dlrec::cli::add_predict);
   add(dlrec::cli::add_demo);
   add(dlrec::cli::add_parquet);
+  add(dlrec::cli::add_bench);
 #ifdef DLREC_WITH_SERVER
   add(dlrec::cli::add_serve);
-  add(dlrec::cli::add_bench);
 #endif
   try {
     app.parse(argc, argv);

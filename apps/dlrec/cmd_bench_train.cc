@@ -1,0 +1,140 @@
+// dlrec bench train: steady-state training throughput (samples/s) of a model config on a CPU
+// or a GPU, from random batches already in host memory or from a dataset's shards, warm-up
+// excluded; one summary line per batch size. `dlrec bench serve` lives in cmd_bench.cc.
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "commands.h"
+#include "dlrec/core/progress.h"
+#include "dlrec/io/shard.h"
+#include "dlrec/io/synthetic_batch.h"
+#include "dlrec/model/model.h"
+
+namespace dlrec::cli {
+
+namespace {
+
+// The MLPerf DLRM v1 model (configs/mlperf_dlrm.json), used when no --config is given.
+const char* kMlperfDlrm = R"({
+  "model": {"embedding_dim": 128, "bottom_mlp": [512, 256, 128],
+            "top_mlp": [1024, 1024, 512, 256, 1], "interaction": "dot"},
+  "optimizer": {"type": "sgd", "lr": 0.01}})";
+
+struct TrainBenchOptions {
+  std::string config, device = "cpu", data, dist = "uniform", batches_arg = "32768";
+  int steps = 30, warmup = 5, distinct = 8;
+  int64_t max_rows = -1;
+  bool tf32 = false;
+  uint64_t seed = 1;
+};
+
+std::vector<int64_t> parse_sizes(const std::string& s) {
+  std::vector<int64_t> r;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    long long v = std::strtoll(item.c_str(), &end, 10);
+    DLREC_CHECK(end && *end == '\0' && v > 0, "--batch: '", item, "' is not a positive integer");
+    r.push_back(v);
+  }
+  DLREC_CHECK(!r.empty(), "--batch: no batch size given");
+  return r;
+}
+
+int run_train_bench(const TrainBenchOptions& o) {
+  model::RunConfig cfg = o.config.empty() ? model::RunConfig::from_json(json::parse(kMlperfDlrm))
+                                          : model::RunConfig::load(o.config);
+  // DLREC_TF32=1 lets the CUDA DLRM's GEMMs use TF32 tensor cores (fp32 storage).
+  if (o.tf32) setenv("DLREC_TF32", "1", 1);
+  io::ShardLayout layout;
+  std::vector<std::string> shards;
+  if (!o.data.empty()) {
+    io::DatasetInfo info = io::DatasetInfo::load(o.data);
+    layout = info.layout;
+    for (const auto& s : info.train_shards) shards.push_back(o.data + "/" + s);
+  } else {
+    layout.num_dense = 13;
+    for (int64_t c : io::criteo_kaggle_cardinalities()) {
+      layout.cardinalities.push_back(o.max_rows > 0 ? std::min(c, o.max_rows) : c);
+      layout.multi_hot.push_back(false);
+    }
+  }
+  const Device device = Device::parse(o.device);
+  Timer build;
+  auto m = model::build_model(cfg.model, cfg.optimizer, layout, device, o.seed);
+  std::fprintf(stderr, "[bench train] built %s on %s in %.1fs\n", cfg.model.arch.c_str(),
+               device.str().c_str(), build.seconds());
+  for (int64_t B : parse_sizes(o.batches_arg)) {
+    std::vector<io::Batch> batches;
+    if (shards.empty()) {
+      for (int i = 0; i < o.distinct; ++i)
+        batches.push_back(io::random_batch(layout, B, o.dist == "zipf", o.seed * 1000 + B + i));
+    }
+    std::unique_ptr<io::ShardLoader> loader;
+    io::Batch from_disk;
+    // The batch of step i: rotated in memory, or streamed from the shards (re-opened at the end).
+    auto batch_for = [&](int i) -> const io::Batch& {
+      if (shards.empty()) return batches[i % batches.size()];
+      if (!loader || !loader->next(from_disk)) {
+        loader = std::make_unique<io::ShardLoader>(shards, B);
+        DLREC_CHECK(loader->next(from_disk), "dataset '", o.data, "' has no training rows");
+      }
+      return from_disk;
+    };
+    for (int i = 0; i < o.warmup; ++i) m->train_step(batch_for(i), 1.0, false);
+    m->synchronize();
+    int64_t samples = 0;
+    Timer t;
+    for (int i = 0; i < o.steps; ++i) {
+      const io::Batch& b = batch_for(o.warmup + i);
+      m->train_step(b, 1.0, false);
+      samples += b.rows;
+    }
+    m->synchronize();
+    const double s = t.seconds();
+    const double loss = m->train_step(batch_for(0), 1.0, true);
+    const double peak_gb =
+        device.is_cuda() ? cuda::pool_peak_bytes(device.index) / 1e9 : 0.0;
+    std::printf("bench train: arch=%s device=%s source=%s batch=%lld steps=%d ms/iter=%.3f "
+                "samples/s=%.0f loss=%.4f%s",
+                cfg.model.arch.c_str(), device.str().c_str(),
+                shards.empty() ? "memory" : "shards", static_cast<long long>(B), o.steps,
+                1e3 * s / o.steps, samples / s, loss, o.tf32 ? " tf32" : "");
+    if (device.is_cuda()) std::printf(" peak_mem=%.2fGB", peak_gb);
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner add_bench(CLI::App& app) {
+  CLI::App* b = app.add_subcommand("bench", "Benchmarks: train (throughput), serve (load)");
+  b->require_subcommand(1);
+  auto o = std::make_shared<TrainBenchOptions>();
+  CLI::App* t = b->add_subcommand(
+      "train", "Steady-state training samples/s (default: the MLPerf DLRM on 26 Criteo tables)");
+  t->add_option("--config", o->config, "Run config (default: configs/mlperf_dlrm.json's model)");
+  t->add_option("--device", o->device, "cpu or cuda[:N]");
+  t->add_option("--batch", o->batches_arg, "Batch sizes, comma-separated (default 32768)");
+  t->add_option("--steps", o->steps, "Timed steps")->check(CLI::Range(1, 1000000));
+  t->add_option("--warmup", o->warmup, "Untimed steps first")->check(CLI::Range(0, 1000000));
+  t->add_option("--batches", o->distinct, "Distinct in-memory batches, rotated")
+      ->check(CLI::Range(1, 1024));
+  t->add_option("--dist", o->dist, "Ids: uniform or zipf")->check(CLI::IsMember({"uniform", "zipf"}));
+  t->add_option("--max-rows", o->max_rows, "Cap each table's rows (synthetic layout)");
+  t->add_option("--data", o->data, "Stream batches from this ETL output's training shards");
+  t->add_flag("--tf32", o->tf32, "CUDA: TF32 tensor-core GEMMs (fp32 storage)");
+  t->add_option("--seed", o->seed, "Seed of parameters and batches");
+  Runner train = [o] { return run_train_bench(*o); };
+#ifdef DLREC_WITH_SERVER
+  Runner serve = add_bench_serve(b);
+#else
+  Runner serve = [] { return 1; };
+#endif
+  return [t, train, serve] { return t->parsed() ? train() : serve(); };
+}
+
+}  // namespace dlrec::cli
