@@ -245,6 +245,18 @@ TEST(Cli, BadInputsGiveClearErrors) {
   EXPECT_NE(out.find("checksum"), std::string::npos) << out;
   EXPECT_NE(out.find("train_00000.shard"), std::string::npos) << out;
 
+  // bench train on the dataset's shards prints a summary; bad batch sizes are errors.
+  EXPECT_EQ(run_cli("bench train --config " + dir + "/ok.json --data " + d.data +
+                        " --batch 64,128 --steps 3 --warmup 1",
+                    &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("source=shards batch=128"), std::string::npos) << out;
+  EXPECT_EQ(run_cli("bench train --config " + dir + "/ok.json --data " + d.data + " --batch 0",
+                    &out),
+            1);
+  EXPECT_NE(out.find("--batch"), std::string::npos) << out;
+
   // Missing input file, unknown subcommand option.
   EXPECT_EQ(run_cli("etl --input " + dir + "/nope.tsv --out " + dir + "/o2", &out), 1);
   EXPECT_NE(out.find("nope.tsv"), std::string::npos) << out;
