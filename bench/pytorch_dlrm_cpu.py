@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch CPU peer of bench_train_cpu: the same DLRM (configs/dlrm_criteo.json sizes), batch,
+"""PyTorch CPU peer of `dlrec bench train --device cpu`: the same DLRM (configs/dlrm_criteo.json sizes), batch,
 optimizer and thread count, on in-memory random batches. Prints samples/s.
 
     python3 bench/pytorch_dlrm_cpu.py --threads 16 --batch 4096 --steps 50
@@ -11,7 +11,7 @@ import time
 import torch
 import torch.nn as nn
 
-# Criteo Kaggle cardinalities of the 26 categorical features (as in bench_train_cpu.cc).
+# Criteo Kaggle cardinalities of the 26 categorical features (as in `dlrec bench train`).
 CRITEO_KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
                  3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
                  142572]
@@ -81,12 +81,12 @@ def main():
 
     B = args.batch
     batches = []
-    for _ in range(32):  # distinct batches, as in bench_train_cpu (no memorisation)
+    for _ in range(32):  # distinct batches, as `dlrec bench train --batches 32` (no memorisation)
         dense = torch.log1p(torch.exp(3.0 * torch.rand(B, 13)))
         labels = (torch.rand(B) < 0.25).float()
         idx = []
         for c in cards:
-            if args.dist == "zipf":  # log-uniform ids: P(id) ~ 1/id, like bench_train_cpu
+            if args.dist == "zipf":  # log-uniform ids: P(id) ~ 1/id, like `dlrec bench train --dist zipf`
                 i = (torch.exp(torch.rand(B, dtype=torch.float64) * math.log(c + 1)) - 1).long()
             else:
                 i = torch.randint(0, c, (B,))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plain-PyTorch peer of bench_train_gpu: the MLPerf DLRM v1 model on one GPU.
+"""Plain-PyTorch peer of `dlrec bench train --device cuda`: the MLPerf DLRM v1 model on one GPU.
 
 Same model as dlrec's (embedding dim 128, bottom 13-512-256-128, top 1024-1024-512-256-1, dot
 interaction with the strict lower triangle, 26 Criteo Kaggle tables, one id per table), SGD with

@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "dlrec/core/progress.h"
+#include "dlrec/core/thread_pool.h"
 #include "dlrec/io/shard.h"
 #include "dlrec/io/synthetic_batch.h"
 #include "dlrec/model/model.h"
@@ -22,7 +23,8 @@ const char* kMlperfDlrm = R"({
   "optimizer": {"type": "sgd", "lr": 0.01}})";
 
 struct TrainBenchOptions {
-  std::string config, device = "cpu", data, dist = "uniform", batches_arg = "32768";
+  std::string config, device = "cpu", data, dist = "uniform", batches_arg = "32768", optimizer;
+  double lr = -1;
   int steps = 30, warmup = 5, distinct = 8;
   int64_t max_rows = -1;
   bool tf32 = false;
@@ -46,6 +48,8 @@ std::vector<int64_t> parse_sizes(const std::string& s) {
 int run_train_bench(const TrainBenchOptions& o) {
   model::RunConfig cfg = o.config.empty() ? model::RunConfig::from_json(json::parse(kMlperfDlrm))
                                           : model::RunConfig::load(o.config);
+  if (!o.optimizer.empty()) cfg.optimizer.type = o.optimizer;
+  if (o.lr > 0) cfg.optimizer.lr = o.lr;
   // DLREC_TF32=1 lets the CUDA DLRM's GEMMs use TF32 tensor cores (fp32 storage).
   if (o.tf32) setenv("DLREC_TF32", "1", 1);
   io::ShardLayout layout;
@@ -97,9 +101,10 @@ int run_train_bench(const TrainBenchOptions& o) {
     const double loss = m->train_step(batch_for(0), 1.0, true);
     const double peak_gb =
         device.is_cuda() ? cuda::pool_peak_bytes(device.index) / 1e9 : 0.0;
-    std::printf("bench train: arch=%s device=%s source=%s batch=%lld steps=%d ms/iter=%.3f "
-                "samples/s=%.0f loss=%.4f%s",
-                cfg.model.arch.c_str(), device.str().c_str(),
+    std::printf("bench train: arch=%s optimizer=%s device=%s threads=%d source=%s batch=%lld "
+                "steps=%d ms/iter=%.3f samples/s=%.0f loss=%.4f%s",
+                cfg.model.arch.c_str(), cfg.optimizer.type.c_str(), device.str().c_str(),
+                num_threads(),
                 shards.empty() ? "memory" : "shards", static_cast<long long>(B), o.steps,
                 1e3 * s / o.steps, samples / s, loss, o.tf32 ? " tf32" : "");
     if (device.is_cuda()) std::printf(" peak_mem=%.2fGB", peak_gb);
@@ -127,6 +132,9 @@ Runner add_bench(CLI::App& app) {
   t->add_option("--max-rows", o->max_rows, "Cap each table's rows (synthetic layout)");
   t->add_option("--data", o->data, "Stream batches from this ETL output's training shards");
   t->add_flag("--tf32", o->tf32, "CUDA: TF32 tensor-core GEMMs (fp32 storage)");
+  t->add_option("--optimizer", o->optimizer, "Override the config's optimizer")
+      ->check(CLI::IsMember({"sgd", "adagrad"}));
+  t->add_option("--lr", o->lr, "Override the config's learning rate");
   t->add_option("--seed", o->seed, "Seed of parameters and batches");
   Runner train = [o] { return run_train_bench(*o); };
 #ifdef DLREC_WITH_SERVER
