@@ -23,7 +23,14 @@ a, b = (json.load(open(p))["model"] for p in sys.argv[1:])
 keys = ["embedding_dim", "bottom_mlp", "top_mlp", "interaction"]
 assert all(a.get(k) == b.get(k) for k in keys), "criteo_sample.json's model differs from dlrm_small.json"
 PY
-"$BIN" train --config "$here/configs/criteo_sample.json" --data "$work/data" --run "$work/run" \
-  | tee "$work/train.log"
-auc=$(grep -o 'AUC=[0-9.]*' "$work/train.log" | tail -1 | cut -d= -f2)
-echo "AUC=$auc"
+sum=0
+for seed in 0 1 2 3 4; do
+  sed "s/\"seed\": 1234/\"seed\": $seed/" "$here/configs/criteo_sample.json" > "$work/config.json"
+  grep -q "\"seed\": $seed" "$work/config.json" || { echo "cannot set the seed" >&2; exit 2; }
+  "$BIN" train --config "$work/config.json" --data "$work/data" --run "$work/run$seed" \
+    > "$work/train$seed.log"
+  auc=$(grep -o 'AUC=[0-9.]*' "$work/train$seed.log" | tail -1 | cut -d= -f2)
+  echo "seed $seed: AUC=$auc"
+  sum=$(python3 -c "print($sum + $auc)")
+done
+python3 -c "print('AUC=%.5f' % ($sum / 5))"
