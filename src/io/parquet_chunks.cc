@@ -260,31 +260,6 @@ bool is_parquet_path(const std::string& path) {
 
 int64_t parquet_num_rows(const std::string& path) { return ParquetFile(path).num_rows(); }
 
-namespace {
-class TextChunkReader : public ChunkReader {
- public:
-  TextChunkReader(const std::vector<std::string>& files, const Schema& s, const ReadOptions& o)
-      : r_(files, s, o) {}
-  bool next(RawChunk& out) override { return r_.next(out); }
-  const ReadStats& stats() const override { return r_.stats(); }
-
- private:
-  TextReader r_;
-};
-
-class ParquetChunkReader : public ChunkReader {
- public:
-  ParquetChunkReader(const std::vector<std::string>& files, const Schema& s,
-                     const ReadOptions& o)
-      : r_(files, s, o) {}
-  bool next(RawChunk& out) override { return r_.next(out); }
-  const ReadStats& stats() const override { return r_.stats(); }
-
- private:
-  ParquetReader r_;
-};
-}  // namespace
-
 std::unique_ptr<ChunkReader> open_reader(const std::vector<std::string>& files,
                                          const Schema& schema, const ReadOptions& options) {
   size_t parquet = 0;
@@ -295,8 +270,8 @@ std::unique_ptr<ChunkReader> open_reader(const std::vector<std::string>& files,
     fail("the inputs mix Parquet and text files ('", p, "', '", t,
          "'); give files of one kind");
   }
-  if (parquet > 0) return std::make_unique<ParquetChunkReader>(files, schema, options);
-  return std::make_unique<TextChunkReader>(files, schema, options);
+  if (parquet > 0) return std::make_unique<ParquetReader>(files, schema, options);
+  return std::make_unique<TextReader>(files, schema, options);
 }
 
 }  // namespace dlrec::io

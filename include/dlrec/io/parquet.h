@@ -113,12 +113,12 @@ class ParquetFile {
 // call (columns in parallel), so memory is bounded by a page per column, not by the file.
 // ReadOptions: chunk_rows, max_rows and on_error apply (Skip drops rows with a null or non-0/1
 // label); block_bytes does not.
-class ParquetReader {
+class ParquetReader : public ChunkReader {
  public:
   ParquetReader(std::vector<std::string> files, Schema schema, ReadOptions options = {});
-  ~ParquetReader();
-  bool next(RawChunk& out);
-  const ReadStats& stats() const;
+  ~ParquetReader() override;
+  bool next(RawChunk& out) override;
+  const ReadStats& stats() const override;
   const Schema& schema() const;
 
  private:
@@ -162,14 +162,6 @@ void write_parquet(const std::string& path, const std::vector<ParquetField>& fie
 
 // ---------------------------------------------------------------------------------------------
 // ETL input: the reader for a list of input files
-
-// A source of RawChunks (TextReader or ParquetReader behind one interface).
-class ChunkReader {
- public:
-  virtual ~ChunkReader() = default;
-  virtual bool next(RawChunk& out) = 0;
-  virtual const ReadStats& stats() const = 0;
-};
 
 // True for names ending in ".parquet" or ".parq" (case-insensitive).
 bool is_parquet_path(const std::string& path);

@@ -33,13 +33,22 @@ struct ReadStats {
   std::string first_skip_reason;  // message of the first skipped row
 };
 
-class TextReader {
+// A source of RawChunks: TextReader and ParquetReader (io/parquet.h); io::open_reader picks one
+// by file extension.
+class ChunkReader {
+ public:
+  virtual ~ChunkReader() = default;
+  // Fills `out` with the next rows; false when the input is exhausted.
+  virtual bool next(RawChunk& out) = 0;
+  virtual const ReadStats& stats() const = 0;
+};
+
+class TextReader : public ChunkReader {
  public:
   TextReader(std::vector<std::string> files, Schema schema, ReadOptions options = {});
-  ~TextReader();
-  // Fills `out` with the next rows; false when the input is exhausted.
-  bool next(RawChunk& out);
-  const ReadStats& stats() const;
+  ~TextReader() override;
+  bool next(RawChunk& out) override;
+  const ReadStats& stats() const override;
   const Schema& schema() const;
 
  private:
