@@ -13,6 +13,8 @@
 // under compute-sanitizer).
 #include <gtest/gtest.h>
 
+#include "model/test_batches.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -34,39 +36,11 @@ namespace {
     if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU parity not run"; \
   } while (0)
 
-io::ShardLayout make_layout(int num_dense, std::vector<int64_t> cards) {
-  io::ShardLayout l;
-  l.num_dense = num_dense;
-  l.multi_hot.assign(cards.size(), false);
-  l.cardinalities = std::move(cards);
-  return l;
-}
+using testing::make_layout;
 
-// Random batch; with multi_hot, bags of 0..3 ids (duplicates allowed) for every other feature.
-// Small tables make duplicate ids within a batch the rule.
+// Labels positive with probability 0.3.
 io::Batch make_batch(const io::ShardLayout& l, int64_t rows, uint64_t seed, bool multi_hot) {
-  nn::Rng rng(seed);
-  io::Batch b;
-  b.rows = rows;
-  b.num_dense = l.num_dense;
-  const int T = static_cast<int>(l.cardinalities.size());
-  b.cat_offsets.assign(T, {});
-  b.cat_indices.assign(T, {});
-  for (int64_t r = 0; r < rows; ++r) {
-    b.labels.push_back(rng.uniform() < 0.3 ? 1.f : 0.f);
-    for (int i = 0; i < l.num_dense; ++i) b.dense.push_back(static_cast<float>(rng.uniform(-1, 1)));
-  }
-  for (int t = 0; t < T; ++t) {
-    auto& off = b.cat_offsets[t];
-    auto& idx = b.cat_indices[t];
-    for (int64_t r = 0; r < rows; ++r) {
-      off.push_back(static_cast<int64_t>(idx.size()));
-      const int64_t len = (multi_hot && t % 2 == 1) ? rng.below(4) : 1;
-      for (int64_t j = 0; j < len; ++j) idx.push_back(rng.below(l.cardinalities[t]));
-    }
-    off.push_back(static_cast<int64_t>(idx.size()));
-  }
-  return b;
+  return testing::make_batch(l, rows, seed, multi_hot, 0.3);
 }
 
 int steps_or(int dflt) {

@@ -2,6 +2,8 @@
 // parameter naming and errors.
 #include <gtest/gtest.h>
 
+#include "model/test_batches.h"
+
 #include <cmath>
 #include <map>
 #include <set>
@@ -14,39 +16,8 @@
 namespace dlrec::model {
 namespace {
 
-io::ShardLayout make_layout(int num_dense, std::vector<int64_t> cards) {
-  io::ShardLayout l;
-  l.num_dense = num_dense;
-  l.multi_hot.assign(cards.size(), false);
-  l.cardinalities = std::move(cards);
-  return l;
-}
-
-// Random batch; with multi_hot, bags of 0..3 ids (duplicates allowed) for every other feature.
-io::Batch make_batch(const io::ShardLayout& l, int64_t rows, uint64_t seed, bool multi_hot) {
-  nn::Rng rng(seed);
-  io::Batch b;
-  b.rows = rows;
-  b.num_dense = l.num_dense;
-  const int T = static_cast<int>(l.cardinalities.size());
-  b.cat_offsets.assign(T, {});
-  b.cat_indices.assign(T, {});
-  for (int64_t r = 0; r < rows; ++r) {
-    b.labels.push_back(rng.uniform() < 0.5 ? 1.f : 0.f);
-    for (int i = 0; i < l.num_dense; ++i) b.dense.push_back(static_cast<float>(rng.uniform(-1, 1)));
-  }
-  for (int t = 0; t < T; ++t) {
-    auto& off = b.cat_offsets[t];
-    auto& idx = b.cat_indices[t];
-    for (int64_t r = 0; r < rows; ++r) {
-      off.push_back(static_cast<int64_t>(idx.size()));
-      const int64_t len = (multi_hot && t % 2 == 1) ? rng.below(4) : 1;
-      for (int64_t j = 0; j < len; ++j) idx.push_back(rng.below(l.cardinalities[t]));
-    }
-    off.push_back(static_cast<int64_t>(idx.size()));
-  }
-  return b;
-}
+using testing::make_batch;
+using testing::make_layout;
 
 double eval_loss(Model& m, const io::Batch& b) {
   Tensor z = m.forward(b, false);
