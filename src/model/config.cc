@@ -60,12 +60,59 @@ json ModelConfig::to_json() const {
 
 OptimizerConfig OptimizerConfig::from_json(ConfigReader& r) {
   OptimizerConfig c;
-  c.type = r.get_choice("type", c.type, {"sgd", "adagrad"});
-  c.lr = positive(r, "lr", c.lr, 1e6);
+  read_optimizer_fields(r, c);
   c.embedding_lr = r.get_range("embedding_lr", c.embedding_lr, -kInf, 1e6);
   if (c.embedding_lr < 0) c.embedding_lr = -1;
+  c.weight_decay = r.get_range("weight_decay", c.weight_decay, 0.0, 1e6);
+  c.clip_norm = r.get_range("clip_norm", c.clip_norm, 0.0, 1e30);
+namespace {
+
+// Below 1 (inclusive range checks cannot say it).
+double below_one(ConfigReader& r, const std::string& key, double fallback) {
+  const double v = r.get_range(key, fallback, 0.0, 1.0);
+  if (!(v < 1.0)) fail("config key '", r.key_path(key), "' must be in [0, 1), got ", v);
+  return v;
+}
+
+const std::vector<std::string> kOptimizerTypes = {"sgd", "adagrad", "rowwise_adagrad", "adam",
+                                                  "ftrl"};
+
+// The keys an optimizer of one group of parameters has (the dense section and the embedding
+// override alike); fallbacks are c's current values.
+void read_optimizer_fields(ConfigReader& r, OptimizerConfig& c) {
+  c.type = r.get_choice("type", c.type, kOptimizerTypes);
+  c.lr = positive(r, "lr", c.lr, 1e6);
+  c.momentum = below_one(r, "momentum", c.momentum);
+  c.nesterov = r.get<bool>("nesterov", c.nesterov);
+  if (c.nesterov && !(c.momentum > 0))
+    fail("config key '", r.key_path("nesterov"), "' needs '", r.key_path("momentum"),
+         "' > 0, got ", c.momentum);
   c.adagrad_eps = r.get_range("adagrad_eps", c.adagrad_eps, 0.0, 1.0);
   c.adagrad_init = r.get_range("adagrad_init", c.adagrad_init, 0.0, 1e6);
+  c.beta1 = below_one(r, "beta1", c.beta1);
+  c.beta2 = below_one(r, "beta2", c.beta2);
+  c.adam_eps = positive(r, "adam_eps", c.adam_eps, 1.0);
+  c.ftrl_beta = r.get_range("ftrl_beta", c.ftrl_beta, 0.0, 1e6);
+  c.ftrl_l1 = r.get_range("ftrl_l1", c.ftrl_l1, 0.0, 1e6);
+  c.ftrl_l2 = r.get_range("ftrl_l2", c.ftrl_l2, 0.0, 1e6);
+  if (c.type == "ftrl" && c.ftrl_beta == 0 && c.ftrl_l2 == 0)
+    fail("config key '", r.key_path("ftrl_beta"),
+         "' must be > 0 when ftrl_l2 is 0 (the first FTRL step would divide by zero)");
+  c.clip_value = r.get_range("clip_value", c.clip_value, 0.0, 1e30);
+}
+
+json optimizer_fields_json(const OptimizerConfig& c) {
+  return {{"type", c.type},  {"lr", c.lr},
+          {"momentum", c.momentum},   {"nesterov", c.nesterov},
+          {"adagrad_eps", c.adagrad_eps}, {"adagrad_init", c.adagrad_init},
+          {"beta1", c.beta1},         {"beta2", c.beta2},
+          {"adam_eps", c.adam_eps},   {"ftrl_beta", c.ftrl_beta},
+          {"ftrl_l1", c.ftrl_l1},     {"ftrl_l2", c.ftrl_l2},
+          {"clip_value", c.clip_value}};
+}
+
+}  // namespace
+
   if (r.has("schedule")) {
     ConfigReader sr = r.child("schedule");
     c.schedule = LrSchedule::from_json(sr);
@@ -78,10 +125,42 @@ LrSchedule LrSchedule::from_json(ConfigReader& r) {
   constexpr int64_t kBig = int64_t{1} << 40;
   LrSchedule s;
   s.warmup_steps = r.get_int_range("warmup_steps", s.warmup_steps, 0, kBig);
+  r.get<json>("schedule", json());
+  if (r.has("embedding")) {
+    ConfigReader er = r.child("embedding");
+    if (er.has("lr") && c.embedding_lr >= 0)
+      fail("config keys '", r.key_path("embedding_lr"), "' and '", er.key_path("lr"),
+           "' both set the embedding learning rate; keep one");
+    OptimizerConfig e = c;  // missing keys: the section's values
+    e.lr = c.embedding_lr_value();
+    e.embedding_lr = -1;
+    e.weight_decay = 0;  // never applied to embeddings
+    e.clip_norm = 0;     // embedding gradients are not part of the global norm
+    e.embedding.clear();
+    read_optimizer_fields(er, e);
+    er.finish();
+    c.embedding.push_back(std::move(e));
+  }
+  r.get<json>("embedding", json());
   s.decay_start_step = r.get_int_range("decay_start_step", s.decay_start_step, 0, kBig);
   s.decay_steps = r.get_int_range("decay_steps", s.decay_steps, -1, kBig);
   s.decay_power = r.get_range("decay_power", s.decay_power, 0.0, 100.0);
   s.end_factor = r.get_range("end_factor", s.end_factor, 0.0, 1.0);
+OptimizerConfig OptimizerConfig::embedding_config() const {
+  if (!embedding.empty()) return embedding.front();
+  OptimizerConfig e = *this;
+  e.lr = embedding_lr_value();
+  e.embedding_lr = -1;
+  e.weight_decay = 0;
+  e.clip_norm = 0;
+  return e;
+}
+
+double OptimizerConfig::embedding_lr_value() const {
+  if (!embedding.empty()) return embedding.front().lr;
+  return embedding_lr >= 0 ? embedding_lr : lr;
+}
+
   r.finish();
   return s;
 }
@@ -90,13 +169,23 @@ json LrSchedule::to_json() const {
   return {{"warmup_steps", warmup_steps},
           {"decay_start_step", decay_start_step},
           {"decay_steps", decay_steps},
+  s.decay_every = r.get_int_range("decay_every", s.decay_every, 0, kBig);
+  s.gamma = r.get_range("gamma", s.gamma, 0.0, 1.0);
+  if (s.decay_every > 0 && s.decay_steps != 0)
+    fail("config keys '", r.key_path("decay_every"), "' (step decay) and '",
+         r.key_path("decay_steps"), "' (polynomial decay) cannot both be set");
           {"decay_power", decay_power},
-          {"end_factor", end_factor}};
+          {"end_factor", end_factor},
+          {"decay_every", decay_every},
+          {"gamma", gamma}};
 }
 
 double LrSchedule::factor(int64_t step, int64_t total_steps) const {
   if (step < warmup_steps) return static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
-  if (decay_steps == 0 || step < decay_start_step) return 1.0;
+  if (step < decay_start_step) return 1.0;
+  if (decay_every > 0)
+    return std::pow(gamma, static_cast<double>((step - decay_start_step) / decay_every));
+  if (decay_steps == 0) return 1.0;
   const double span = decay_steps > 0 ? static_cast<double>(decay_steps)
                                       : static_cast<double>(total_steps - decay_start_step);
   const double t = span > 0 ? std::min(1.0, (step - decay_start_step) / span) : 1.0;
@@ -104,12 +193,13 @@ double LrSchedule::factor(int64_t step, int64_t total_steps) const {
 }
 
 json OptimizerConfig::to_json() const {
-  return {{"type", type},
-          {"lr", lr},
-          {"embedding_lr", embedding_lr},
-          {"adagrad_eps", adagrad_eps},
-          {"adagrad_init", adagrad_init},
-          {"schedule", schedule.to_json()}};
+  json j = optimizer_fields_json(*this);
+  j["embedding_lr"] = embedding_lr;
+  j["weight_decay"] = weight_decay;
+  j["clip_norm"] = clip_norm;
+  j["schedule"] = schedule.to_json();
+  if (!embedding.empty()) j["embedding"] = optimizer_fields_json(embedding.front());
+  return j;
 }
 
 TrainConfig TrainConfig::from_json(ConfigReader& r) {

@@ -8,6 +8,7 @@
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/model/model.h"
 #ifdef DLREC_WITH_CUDA
+#include "dlrec/model/optimizer_factory.h"
 #include "dlrec/model/dlrm_cuda.h"
 #endif
 #include "dlrec/nn/embedding_bag.h"
@@ -55,9 +56,11 @@ class Dlrm final : public Model {
   std::unique_ptr<nn::MLP> top_;
   std::vector<nn::EmbeddingBag> tables_;
   std::unique_ptr<nn::Interaction> inter_;
-  nn::Optimizer opt_;
+  nn::Optimizer opt_;      // dense layers
+  nn::Optimizer emb_opt_;  // embedding tables (optimizer.embedding, or the same settings)
   std::vector<std::pair<std::string, nn::Param*>> dense_params_;
   // Buffers reused across steps.
+  std::vector<nn::Param*> dense_ptrs_;
   Tensor dense_in_, emb_out_;
   int64_t fwd_rows_ = 0;
   bool have_training_forward_ = false;
@@ -69,8 +72,8 @@ Dlrm::Dlrm(const ModelConfig& mc, const OptimizerConfig& oc, const io::ShardLayo
       oc_(oc),
       layout_(layout),
       dim_(mc.embedding_dim),
-      opt_(nn::parse_optimizer(oc.type), static_cast<float>(oc.adagrad_eps),
-           static_cast<float>(oc.adagrad_init)) {
+      opt_(make_dense_optimizer(oc)),
+      emb_opt_(make_embedding_optimizer(oc)) {
   DLREC_CHECK(layout.num_dense >= 0, "DLRM: negative number of dense features");
   DLREC_CHECK(dim_ > 0, "DLRM: embedding_dim must be positive");
   DLREC_CHECK(!mc.top_mlp.empty() && mc.top_mlp.back() == 1,
@@ -117,8 +120,11 @@ Dlrm::Dlrm(const ModelConfig& mc, const OptimizerConfig& oc, const io::ShardLayo
   };
   add_mlp(bottom_.get(), "bottom");
   add_mlp(top_.get(), "top");
-  for (auto& p : dense_params_) opt_.init_state(*p.second);
-  for (auto& t : tables_) opt_.init_state(t.weight());
+  for (auto& p : dense_params_) {
+    opt_.init_state(*p.second);
+    dense_ptrs_.push_back(p.second);
+  }
+  for (auto& t : tables_) emb_opt_.init_state(t.weight());
 }
 
 void Dlrm::check_batch(const io::Batch& b) const {
@@ -182,14 +188,13 @@ void Dlrm::backward_and_update(const Tensor& dlogits, double lr_scale) {
   inter_->backward(dz);
   if (bottom_) bottom_->backward(inter_->grad_dense(), /*need_dx=*/false);
 
-  const float lr = static_cast<float>(oc_.lr * lr_scale);
-  const float emb_lr =
-      static_cast<float>((oc_.embedding_lr >= 0 ? oc_.embedding_lr : oc_.lr) * lr_scale);
-  for (auto& p : dense_params_) opt_.step(*p.second, lr);
+  const float lr = static_cast<float>(dense_lr(oc_) * lr_scale);
+  const float emb_lr = static_cast<float>(embedding_lr(oc_) * lr_scale);
+  opt_.step_dense(dense_ptrs_, lr);
   const float* demb = inter_->grad_emb().data<float>();
   for_each_table([&](int64_t t) {
     const nn::SparseGrad& g = tables_[t].backward(demb + t * dim_, T * dim_);
-    opt_.step_sparse(tables_[t].weight(), g, emb_lr);
+    emb_opt_.step_sparse(tables_[t].weight(), g, emb_lr);
   });
 }
 
@@ -203,11 +208,15 @@ std::vector<NamedTensor> Dlrm::parameters() {
 
 std::vector<NamedTensor> Dlrm::optimizer_state() {
   std::vector<NamedTensor> out;
-  if (!opt_.has_state()) return out;
-  const char* suffix = ".adagrad";
-  for (auto& p : dense_params_) out.emplace_back(p.first + suffix, p.second->state);
-  for (size_t t = 0; t < tables_.size(); ++t)
-    out.emplace_back("emb." + std::to_string(t) + ".weight" + suffix, tables_[t].weight().state);
+  if (opt_.has_state()) {
+    const std::string suffix = opt_.state_suffix();
+    for (auto& p : dense_params_) out.emplace_back(p.first + suffix, p.second->state);
+  }
+  if (emb_opt_.has_state()) {
+    const std::string suffix = emb_opt_.state_suffix();
+    for (size_t t = 0; t < tables_.size(); ++t)
+      out.emplace_back("emb." + std::to_string(t) + ".weight" + suffix, tables_[t].weight().state);
+  }
   return out;
 }
 

@@ -100,7 +100,7 @@ TEST(Optimizer, SparseAdagradTouchesOnlyBatchRows) {
 }
 
 TEST(Optimizer, Errors) {
-  EXPECT_THROW(parse_optimizer("adam"), Error);
+  EXPECT_THROW(parse_optimizer("adamw"), Error);
   Optimizer ada(OptimizerKind::Adagrad);
   Param p = make_param({1.f}, {1.f});
   EXPECT_THROW(ada.step(p, 0.1f), Error);  // state missing
