@@ -1,0 +1,147 @@
+// Training a capped hashed embedding table on a skewed stream of ids (issue 6 acceptance).
+//
+//   bench_hashed_embedding [--ids 100000000] [--space 1000000000] [--capacity 10000000]
+//                          [--dim 16] [--batch 8192] [--zipf 1.05] [--optimizer adagrad]
+//                          [--lr 0.05] [--seed 1]
+//
+// Draws `ids` ids from a Zipf-like distribution over `space` ranks (rank r with probability
+// ~ r^-zipf, by the inverse of the continuous CDF; seeded), scrambles each rank into a 64-bit key
+// (a bijective mix, so hot keys are not neighbours), and trains an
+// embedding::HashedEmbedding capped at `capacity` rows: per batch of `batch` ids (one id per
+// sample), a training forward (lookup, insert, LRU eviction), a fixed pseudo-random gradient
+// and the sparse optimizer step. Prints progress every 10M ids, then the hit rate, inserts,
+// evictions, ids/s, the table's memory (allocated once for the capacity) and the process's peak
+// RSS (VmHWM), and fails (exit 1) when the peak RSS exceeds the table's memory plus 256 MiB
+// for the program, the batch buffers and the C++ runtime.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "dlrec/core/error.h"
+#include "dlrec/core/progress.h"
+#include "dlrec/core/thread_pool.h"
+#include "dlrec/embedding/hash_common.h"
+#include "dlrec/embedding/hashed_embedding.h"
+
+namespace {
+
+int64_t peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
+  return -1;
+}
+
+double arg_num(int argc, char** argv, const char* name, double dflt) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return std::atof(argv[i + 1]);
+  return dflt;
+}
+std::string arg_str(int argc, char** argv, const char* name, const char* dflt) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  return dflt;
+}
+
+// Zipf-like rank in [1, n] from a uniform u in [0, 1): the inverse of the continuous CDF of
+// x^-s on [1, n + 1).
+struct Zipf {
+  double s, a;  // a = (n + 1)^(1 - s) - 1
+  Zipf(double s_, double n) : s(s_), a(std::pow(n + 1.0, 1.0 - s_) - 1.0) {}
+  int64_t operator()(double u) const {
+    return static_cast<int64_t>(std::pow(1.0 + u * a, 1.0 / (1.0 - s)));
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace dlrec;
+  try {
+    const int64_t ids = static_cast<int64_t>(arg_num(argc, argv, "--ids", 1e8));
+    const double space = arg_num(argc, argv, "--space", 1e9);
+    const int64_t batch = static_cast<int64_t>(arg_num(argc, argv, "--batch", 8192));
+    const double zipf = arg_num(argc, argv, "--zipf", 1.05);
+    const float lr = static_cast<float>(arg_num(argc, argv, "--lr", 0.05));
+    const uint64_t seed = static_cast<uint64_t>(arg_num(argc, argv, "--seed", 1));
+    DLREC_CHECK(zipf > 0 && zipf != 1.0, "--zipf must be > 0 and != 1");
+    embedding::HashedEmbeddingOptions o;
+    o.dim = static_cast<int64_t>(arg_num(argc, argv, "--dim", 16));
+    o.capacity = static_cast<int64_t>(arg_num(argc, argv, "--capacity", 1e7));
+    o.seed = seed;
+    o.optimizer.kind = nn::parse_optimizer(arg_str(argc, argv, "--optimizer", "adagrad"));
+    const int64_t rss0 = peak_rss_bytes();
+    embedding::HashedEmbedding table(o);
+    const int64_t table_bytes = table.memory_bytes();
+    std::printf("hashed embedding: %lld ids over %.0f ranks (zipf %.2f), capacity %lld rows x dim "
+                "%lld, %s, batch %lld, %d threads; table memory %.1f MiB\n",
+                static_cast<long long>(ids), space, zipf, static_cast<long long>(o.capacity),
+                static_cast<long long>(o.dim), nn::optimizer_name(o.optimizer.kind),
+                static_cast<long long>(batch), num_threads(), table_bytes / 1048576.0);
+
+    const Zipf z(zipf, space);
+    std::vector<int64_t> offsets(batch + 1), keys(batch);
+    for (int64_t r = 0; r <= batch; ++r) offsets[r] = r;
+    std::vector<float> out(batch * o.dim), dout(batch * o.dim);
+    Timer timer;
+    double t_stream = 0;
+    int64_t done = 0, next_report = 10000000;
+    uint64_t counter = 0;
+    while (done < ids) {
+      const int64_t b = std::min(batch, ids - done);
+      Timer ts;
+      parallel_for(0, b, 4096, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+          const uint64_t c = counter + static_cast<uint64_t>(i);
+          const double u = static_cast<double>(embedding::mix64(seed ^ embedding::mix64(c)) >> 11) *
+                           0x1.0p-53;
+          keys[i] = static_cast<int64_t>(embedding::mix64(static_cast<uint64_t>(z(u))));
+          // A small gradient that depends on the sample only.
+          for (int64_t k = 0; k < o.dim; ++k)
+            dout[i * o.dim + k] =
+                1e-3f * static_cast<float>(static_cast<int64_t>(embedding::mix64(c * 131 + k) % 2001) - 1000) / 1000.f;
+        }
+      });
+      t_stream += ts.seconds();
+      counter += static_cast<uint64_t>(b);
+      table.forward(offsets.data(), keys.data(), b, out.data(), o.dim, true);
+      table.apply(table.backward(dout.data(), o.dim), lr);
+      done += b;
+      if (done >= next_report || done == ids) {
+        const auto s = table.stats();
+        std::printf("  %6.1fM ids  %.1fs  hit rate %.4f  size %lld  evictions %lld\n", done / 1e6,
+                    timer.seconds(), s.hit_rate(), static_cast<long long>(s.size),
+                    static_cast<long long>(s.evictions));
+        std::fflush(stdout);
+        next_report += 10000000;
+      }
+    }
+    const double secs = timer.seconds();
+    const auto s = table.stats();
+    const int64_t rss = peak_rss_bytes();
+    std::printf("result: ids %lld  hit rate %.4f  hits %lld  inserts %lld  evictions %lld  size "
+                "%lld / %lld\n",
+                static_cast<long long>(s.lookups), s.hit_rate(), static_cast<long long>(s.hits),
+                static_cast<long long>(s.inserts), static_cast<long long>(s.evictions),
+                static_cast<long long>(s.size), static_cast<long long>(table.capacity()));
+    std::printf("result: %.1fs  %.2fM ids/s (%.2fM ids/s without the id generation, %.1fs)\n", secs,
+                ids / secs / 1e6, ids / (secs - t_stream) / 1e6, t_stream);
+    std::printf("result: table memory %.1f MiB, peak RSS %.1f MiB (%.1f MiB before the table)\n",
+                table_bytes / 1048576.0, rss / 1048576.0, rss0 / 1048576.0);
+    const int64_t allowance = table_bytes + (int64_t{256} << 20);
+    if (rss > allowance) {
+      std::printf("FAIL: peak RSS above the table memory + 256 MiB\n");
+      return 1;
+    }
+    std::printf("OK: peak RSS within the table memory + 256 MiB\n");
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_hashed_embedding: error: %s\n", e.what());
+    return 1;
+  }
+}
