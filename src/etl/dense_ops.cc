@@ -66,10 +66,31 @@ class LogOp final : public DenseOp {
   std::string name() const override { return "LogOp"; }
   json to_json() const override { return {{"op", name()}}; }
   void transform(float* v, int64_t n, int64_t stride) const override {
+    // Count-like columns hold small non-negative integers: their log1p comes from a table
+    // filled by the same std::log1p, so the result is bit-identical, without the libm call.
+    const float* table = small_log1p_table();
     for (int64_t i = 0; i < n; ++i) {
       float& x = v[i * stride];
+      if (x >= 0.f && x < static_cast<float>(kTableSize) && !std::signbit(x)) {
+        const uint32_t k = static_cast<uint32_t>(x);
+        if (static_cast<float>(k) == x) {
+          x = table[k];
+          continue;
+        }
+      }
       x = std::log1p(x);
     }
+  }
+
+ private:
+  static constexpr uint32_t kTableSize = 1u << 14;
+  static const float* small_log1p_table() {
+    static const std::vector<float> t = [] {
+      std::vector<float> v(kTableSize);
+      for (uint32_t k = 0; k < kTableSize; ++k) v[k] = std::log1p(static_cast<float>(k));
+      return v;
+    }();
+    return t.data();
   }
 };
 

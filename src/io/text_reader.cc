@@ -216,6 +216,92 @@ class LineParser {
   // One pass over the line: fields are cut and parsed as they come. A wrong field count is
   // reported in preference to a bad value (a missing tab shifts every later field).
   bool parse(const char* b, const char* e, RawChunk& out, Scratch& s, LineError& err) const {
+    if (parse_fast(b, e, out)) return true;
+    return parse_general(b, e, out, s, err);
+  }
+
+  // The common case in one tight pass: no quoted field, plain integers (at most 18 digits) or
+  // empty fields in dense columns, 0/1 labels, hexadecimal or hashed categories. Whatever else
+  // (a quote, a decimal point, a bad value, a wrong field count) rolls the row back and returns
+  // false, and parse_general() decides, so both paths give the same values and errors.
+  bool parse_fast(const char* b, const char* e, RawChunk& out) const {
+    const int64_t r = out.rows;
+    const int nf = num_fields();
+    const char delim = schema_.delimiter;
+    float label = 0;
+    out.dense.resize(static_cast<size_t>((r + 1) * num_dense_), kNaN);
+    float* dense = out.dense.data() + r * num_dense_;
+    const char* p = b;
+    for (int i = 0; i < nf; ++i) {
+      const Target& t = targets_[i];
+      if (p < e && *p == '"') return rollback(out);
+      const char* q = p;
+      switch (t.kind) {
+        case ColumnKind::Label:
+          if (q < e && (*q == '0' || *q == '1') && (q + 1 == e || q[1] == delim)) {
+            label = *q == '1' ? 1.f : 0.f;
+            ++q;
+          } else {
+            return rollback(out);
+          }
+          break;
+        case ColumnKind::Dense: {
+          if (q == e || *q == delim) break;  // missing
+          bool neg = false;
+          if (*q == '-' || *q == '+') {
+            neg = *q == '-';
+            ++q;
+          }
+          const char* d0 = q;
+          uint64_t v = 0;
+          while (q < e && static_cast<unsigned>(*q - '0') < 10u) {
+            v = v * 10 + static_cast<unsigned>(*q - '0');
+            ++q;
+          }
+          if (q == d0 || q - d0 > 18 || (q < e && *q != delim)) return rollback(out);
+          const double d = static_cast<double>(v);
+          dense[t.index] = static_cast<float>(neg ? -d : d);
+          break;
+        }
+        case ColumnKind::Categorical: {
+          if (q == e || *q == delim) break;  // missing
+          if (hex_ && !t.multi_hot) {
+            uint64_t v = 0;
+            while (q < e) {
+              const unsigned d = kHex.v[static_cast<unsigned char>(*q)];
+              if (d == 0xFF) break;
+              v = (v << 4) | d;
+              ++q;
+            }
+            if (q - p > 16 || (q < e && *q != delim)) return rollback(out);
+            out.cat_values[t.index].push_back(v);
+            break;
+          }
+          while (q < e && *q != delim) ++q;
+          if (parse_cat({p, q, false}, t.multi_hot, out.cat_values[t.index]) != nullptr)
+            return rollback(out);
+          break;
+        }
+        case ColumnKind::Skip:
+          while (q < e && *q != delim) ++q;
+          break;
+      }
+      p = q;
+      if (i + 1 < nf) {
+        if (p >= e) return rollback(out);  // too few fields
+        ++p;                               // the delimiter
+      }
+    }
+    if (p != e) return rollback(out);  // more fields (or a trailing delimiter)
+    out.label.push_back(label);
+    for (int c = 0; c < num_cat_; ++c)
+      out.cat_offsets[c].push_back(static_cast<int64_t>(out.cat_values[c].size()));
+    ++out.rows;
+    return true;
+  }
+
+  bool parse_general(const char* b, const char* e, RawChunk& out, Scratch& s,
+                     LineError& err) const {
     const int64_t r = out.rows;
     const int nf = num_fields();
     const char delim = schema_.delimiter;

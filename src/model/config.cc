@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "dlrec/core/device.h"
+#include "dlrec/model/graph.h"
 #include "dlrec/model/model.h"
 
 namespace dlrec::model {
@@ -38,7 +39,12 @@ double positive(ConfigReader& r, const std::string& key, double fallback, double
 
 ModelConfig ModelConfig::from_json(ConfigReader& r) {
   ModelConfig c;
-  c.arch = r.get_choice("arch", c.arch, {"dlrm"});
+  c.arch = r.get_choice("arch", c.arch, {"dlrm", "graph"});
+  c.layers = r.get<json>("layers", json());
+  if (c.arch == "graph")
+    GraphSpec::parse(c.layers, r.key_path("layers"));  // the layout-free checks, early
+  else if (!c.layers.is_null())
+    fail("config key '", r.key_path("layers"), "' needs \"arch\": \"graph\"");
   c.embedding_dim = r.get_int_range("embedding_dim", c.embedding_dim, 1, 1 << 16);
   if (r.has("bottom_mlp")) c.bottom_mlp = read_sizes(r, "bottom_mlp", true);
   r.get<json>("bottom_mlp", json());  // mark known even when absent
@@ -54,8 +60,10 @@ ModelConfig ModelConfig::from_json(ConfigReader& r) {
 }
 
 json ModelConfig::to_json() const {
-  return {{"arch", arch},           {"embedding_dim", embedding_dim}, {"bottom_mlp", bottom_mlp},
-          {"top_mlp", top_mlp},     {"interaction", interaction},     {"pooling", pooling}};
+  json j = {{"arch", arch},       {"embedding_dim", embedding_dim}, {"bottom_mlp", bottom_mlp},
+            {"top_mlp", top_mlp}, {"interaction", interaction},     {"pooling", pooling}};
+  if (arch == "graph") j["layers"] = layers;
+  return j;
 }
 
 OptimizerConfig OptimizerConfig::from_json(ConfigReader& r) {

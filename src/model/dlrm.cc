@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "dlrec/core/thread_pool.h"
+#include "dlrec/model/graph.h"
 #include "dlrec/model/model.h"
 #ifdef DLREC_WITH_CUDA
 #include "dlrec/model/optimizer_factory.h"
@@ -224,8 +225,9 @@ std::vector<NamedTensor> Dlrm::optimizer_state() {
 
 std::unique_ptr<Model> build_model(const ModelConfig& model, const OptimizerConfig& opt,
                                    const io::ShardLayout& layout, Device device, uint64_t seed) {
+  if (model.arch == "graph") return build_graph_model(model, opt, layout, device, seed);
   if (model.arch != "dlrm")
-    fail("unknown model arch '", model.arch, "' (this build knows: dlrm)");
+    fail("unknown model arch '", model.arch, "' (this build knows: dlrm, graph)");
   if (device.is_cuda()) {
 #ifdef DLREC_WITH_CUDA
     return make_dlrm_cuda(model, opt, layout, device, seed);

@@ -24,6 +24,7 @@ struct ModelConfig {
   std::vector<int64_t> top_mlp = {64, 1};      // hidden..output sizes; last must be 1
   std::string interaction = "dot";             // "dot" | "cat"
   std::string pooling = "sum";                 // "sum" | "mean" (multi-hot bags)
+  json layers;  // arch "graph": the list of named layers (docs/MODELS.md); null otherwise
   static ModelConfig from_json(ConfigReader& r);
   json to_json() const;
 };

@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""PyTorch peer of bench/zoo_criteo_sample.sh: Wide&Deep, DCNv2 (stacked and parallel) and
+DeepFM on the 10,000 Criteo rows, first 8,000 train, last 2,000 validate. The data, the
+preprocessing and the training settings are bench/pytorch_criteo_sample.py's (imported from it):
+dense log1p(max(x, 0)) with missing -> 0, Categorify freq_threshold 15 on the training rows;
+SGD lr 0.3, batch 64, 4 epochs in file order, mean BCE. The architectures are those of
+configs/criteo_sample_<model>.json, with dlrec's initialisation: embeddings uniform
++-sqrt(1/rows), linear weights N(0, sqrt(2/(in+out))), MLP biases N(0, sqrt(1/out)), cross-layer
+biases 0, the wide part's weights and bias 0.
+
+    python3 bench/pytorch_zoo_criteo_sample.py [day_0.part.tsv] [--models wide_deep,dcnv2,...]
+        [--seeds 5]
+Prints "<model> seed <s>: AUC=<v>" per run and "<model> mean AUC=<v>" per model.
+"""
+import argparse
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn as nn
+from sklearn.metrics import roc_auc_score
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pytorch_criteo_sample import categorify, load, mlp  # noqa: E402  (same data and MLP init)
+
+DIM = 16
+NUM_DENSE = 13
+
+
+def xavier_linear(n_in, n_out, bias):
+    lin = nn.Linear(n_in, n_out, bias=bias)
+    nn.init.normal_(lin.weight, 0.0, math.sqrt(2.0 / (n_in + n_out)))
+    if bias:
+        nn.init.zeros_(lin.bias)
+    return lin
+
+
+class Embeddings(nn.Module):
+    """One table per feature, dim columns (dim 1 and zero init for the wide part)."""
+
+    def __init__(self, cards, dim, zero=False):
+        super().__init__()
+        self.tables = nn.ModuleList()
+        for c in cards:
+            e = nn.Embedding(c, dim)
+            if zero:
+                nn.init.zeros_(e.weight)
+            else:
+                nn.init.uniform_(e.weight, -math.sqrt(1.0 / c), math.sqrt(1.0 / c))
+            self.tables.append(e)
+
+    def forward(self, ids):  # [B, T] -> [B, T, dim]
+        return torch.stack([e(ids[:, t]) for t, e in enumerate(self.tables)], dim=1)
+
+
+class Wide(nn.Module):
+    def __init__(self, cards):
+        super().__init__()
+        self.w = Embeddings(cards, 1, zero=True)
+        self.bias = nn.Parameter(torch.zeros(1))
+
+    def forward(self, ids):  # [B, 1]
+        return self.w(ids).sum(dim=1) + self.bias
+
+
+class CrossNet(nn.Module):
+    """x_{l+1} = x0 * (U_l V_l x_l + b_l) + x_l (low rank r; full rank when r == 0)."""
+
+    def __init__(self, width, layers, rank):
+        super().__init__()
+        self.v = nn.ModuleList([xavier_linear(width, rank, False) for _ in range(layers)]) if rank else None
+        self.w = nn.ModuleList([xavier_linear(rank or width, width, True) for _ in range(layers)])
+
+    def forward(self, x0):
+        x = x0
+        for l, w in enumerate(self.w):
+            h = self.v[l](x) if self.v is not None else x
+            x = x0 * w(h) + x
+        return x
+
+
+class WideDeep(nn.Module):
+    def __init__(self, cards):
+        super().__init__()
+        self.wide = Wide(cards)
+        self.emb = Embeddings(cards, DIM)
+        self.deep = mlp([NUM_DENSE + len(cards) * DIM, 64, 1], relu_last=False)
+
+    def forward(self, dense, ids):
+        e = self.emb(ids).flatten(1)
+        return (self.wide(ids) + self.deep(torch.cat([dense, e], dim=1))).squeeze(1)
+
+
+class DeepFM(nn.Module):
+    def __init__(self, cards):
+        super().__init__()
+        self.first = Wide(cards)
+        self.emb = Embeddings(cards, DIM)
+        self.deep = mlp([NUM_DENSE + len(cards) * DIM, 64, 1], relu_last=False)
+
+    def forward(self, dense, ids):
+        v = self.emb(ids)  # [B, T, d]
+        fm = 0.5 * (v.sum(dim=1).pow(2) - v.pow(2).sum(dim=1)).sum(dim=1, keepdim=True)
+        deep = self.deep(torch.cat([dense, v.flatten(1)], dim=1))
+        return (self.first(ids) + fm + deep).squeeze(1)
+
+
+class DCNv2(nn.Module):
+    def __init__(self, cards, parallel):
+        super().__init__()
+        self.bottom = mlp([NUM_DENSE, 64, DIM], relu_last=True)
+        self.emb = Embeddings(cards, DIM)
+        width = (1 + len(cards)) * DIM
+        self.cross = CrossNet(width, 3, 64)
+        self.parallel = parallel
+        if parallel:
+            self.deep = mlp([width, 64, 16], relu_last=True)
+            self.head = mlp([width + 16, 1], relu_last=False)
+        else:
+            self.top = mlp([width, 64, 1], relu_last=False)
+
+    def forward(self, dense, ids):
+        x0 = torch.cat([self.bottom(dense), self.emb(ids).flatten(1)], dim=1)
+        if self.parallel:
+            return self.head(torch.cat([self.cross(x0), self.deep(x0)], dim=1)).squeeze(1)
+        return self.top(self.cross(x0)).squeeze(1)
+
+
+MODELS = {
+    "wide_deep": WideDeep,
+    "dcnv2": lambda cards: DCNv2(cards, parallel=False),
+    "dcnv2_parallel": lambda cards: DCNv2(cards, parallel=True),
+    "deepfm": DeepFM,
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("path", nargs="?", default="../shared/data/criteo/day_0.part.tsv")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    y, dense, cats = load(a.path)
+    ntr = 8000
+    ids, cards = [], []
+    for col in cats:
+        i, c = categorify(col[:ntr], col, 15)
+        ids.append(i)
+        cards.append(c)
+    ids = torch.tensor(np.stack(ids, axis=1))
+    dense_t, y_t = torch.tensor(dense), torch.tensor(y)
+    for name in a.models.split(","):
+        aucs = []
+        for seed in range(a.seeds):
+            torch.manual_seed(seed)
+            m = MODELS[name](cards)
+            opt = torch.optim.SGD(m.parameters(), lr=0.3)
+            loss_fn = nn.BCEWithLogitsLoss()
+            for _ in range(4):
+                for s in range(0, ntr, 64):
+                    opt.zero_grad()
+                    loss_fn(m(dense_t[s:s + 64], ids[s:s + 64]), y_t[s:s + 64]).backward()
+                    opt.step()
+            with torch.no_grad():
+                p = torch.sigmoid(m(dense_t[ntr:], ids[ntr:])).numpy()
+            aucs.append(roc_auc_score(y[ntr:], p))
+            print(f"{name} seed {seed}: AUC={aucs[-1]:.5f}", flush=True)
+        print(f"{name} mean AUC={np.mean(aucs):.5f} (min {np.min(aucs):.5f}, max {np.max(aucs):.5f})",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The model zoo on the 10,000 real Criteo rows in ../shared/data (first 8,000 rows train, last
+# 2,000 validate), like bench/criteo_sample.sh for DLRM: ETL with configs/etl_criteo.json, then
+# each configs/criteo_sample_<model>.json trained with seeds 0-4; prints each run's validation
+# AUC and "<model> mean AUC=<value>". The training recipe is the DLRM one of
+# configs/criteo_sample.json (SGD lr 0.3, batch 64, 4 epochs, dim 16), reused unchanged: no
+# hyperparameter was tuned on these models. bench/pytorch_zoo_criteo_sample.py is the peer.
+#   bench/zoo_criteo_sample.sh [wide_deep dcnv2 dcnv2_parallel deepfm]
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${DLREC_BIN:-$here/build/bin/dlrec}
+DATA=${CRITEO_SAMPLE:-$here/../shared/data/criteo/day_0.part.tsv}
+[ -f "$DATA" ] || { echo "criteo sample not found at $DATA" >&2; exit 2; }
+[ -x "$BIN" ] || { echo "build first (make build): $BIN missing" >&2; exit 2; }
+models=("$@")
+[ ${#models[@]} -gt 0 ] || models=(wide_deep dcnv2 dcnv2_parallel deepfm)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export DLREC_QUIET=1
+"$BIN" etl --input "$DATA" --workflow "$here/configs/etl_criteo.json" --train-rows 8000 \
+  --out "$work/data"
+for model in "${models[@]}"; do
+  config="$here/configs/criteo_sample_$model.json"
+  sum=0
+  for seed in 0 1 2 3 4; do
+    sed "s/\"seed\": 1234/\"seed\": $seed/" "$config" > "$work/config.json"
+    grep -q "\"seed\": $seed" "$work/config.json" || { echo "cannot set the seed" >&2; exit 2; }
+    "$BIN" train --config "$work/config.json" --data "$work/data" --run "$work/run_$model$seed" \
+      > "$work/train.log"
+    auc=$(grep -o 'AUC=[0-9.]*' "$work/train.log" | tail -1 | cut -d= -f2)
+    echo "$model seed $seed: AUC=$auc"
+    sum=$(python3 -c "print($sum + $auc)")
+  done
+  python3 -c "print('$model mean AUC=%.5f' % ($sum / 5))"
+done

@@ -1,0 +1,60 @@
+// Models built from a graph of named layers (model.arch = "graph"; docs/MODELS.md).
+//
+//   "model": {"arch": "graph", "layers": [
+//     {"name": "dense", "type": "dense"},
+//     {"name": "emb",   "type": "embedding", "dim": 16},
+//     {"name": "deep",  "type": "mlp", "input": "dense", "sizes": [64, 16], "relu_last": true},
+//     {"name": "inter", "type": "dot", "inputs": ["deep", "emb"]},
+//     {"name": "top",   "type": "mlp", "input": "inter", "sizes": [64, 1]},
+//     {"name": "logit", "type": "output", "input": "top"}]}
+//
+// GraphSpec::parse checks what needs no data layout (keys, types, names, inputs, cycles, the
+// one output); build_graph_model checks the shapes against the layout.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dlrec/core/config.h"
+#include "dlrec/model/model.h"
+
+namespace dlrec::model {
+
+struct LayerSpec {
+  std::string name, type;
+  std::vector<std::string> inputs;
+  std::string where;  // "model.layers[3] ('top', mlp)": the prefix of this layer's errors
+  bool has_init_tag = false;
+  uint64_t init_tag = 0;  // seeds the layer's parameters: derive_seed(run seed, init_tag)
+  // embedding / wide
+  bool all_features = true;
+  std::vector<int64_t> features;  // categorical feature indices when !all_features
+  int64_t dim = 16;
+  std::vector<int64_t> dims;  // per selected feature (embedding), overrides dim when set
+  std::string pooling = "sum";
+  // mlp
+  std::vector<int64_t> sizes;
+  bool relu_last = false;
+  // cross
+  int64_t num_layers = 1;
+  int64_t low_rank = 0;
+};
+
+struct GraphSpec {
+  std::vector<LayerSpec> layers;  // as listed
+  std::vector<int> order;         // a topological order (inputs before their consumers)
+  int output = -1;                // index of the "output" layer
+  // `layers` is the JSON list, `path` its config path ("model.layers") for messages.
+  static GraphSpec parse(const json& layers, const std::string& path);
+};
+
+// The layer types GraphSpec knows.
+const std::vector<std::string>& graph_layer_types();
+
+std::unique_ptr<Model> build_graph_model(const ModelConfig& model, const OptimizerConfig& opt,
+                                         const io::ShardLayout& layout, Device device,
+                                         uint64_t seed);
+
+}  // namespace dlrec::model

@@ -1,0 +1,455 @@
+// The graph model (arch "graph"): config errors, equivalence with the DLRM class, whole-graph
+// gradients, training, parameters round trip, the shipped zoo configs and the CLI.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <string>
+#include <unistd.h>
+
+#include "dlrec/model/graph.h"
+#include "dlrec/model/model.h"
+#include "dlrec/nn/loss.h"
+#include "model/test_batches.h"
+
+namespace dlrec::model {
+namespace {
+
+using testing::make_batch;
+using testing::make_layout;
+
+RunConfig config_from(const std::string& text) { return RunConfig::from_json(json::parse(text)); }
+
+RunConfig load_config(const std::string& name) {
+  return RunConfig::load(std::string(DLREC_SOURCE_DIR) + "/configs/" + name);
+}
+
+// A model JSON with the given layers and an SGD optimizer.
+std::string graph_json(const std::string& layers, const std::string& opt = R"({"type": "sgd",
+    "lr": 0.1})") {
+  return R"({"model": {"arch": "graph", "layers": [)" + layers + R"(]}, "optimizer": )" + opt +
+         "}";
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+  const std::string e = error_of(fn);
+  ASSERT_FALSE(e.empty()) << "no error; expected one with " << parts[0];
+  for (const auto& p : parts) EXPECT_NE(e.find(p), std::string::npos) << "'" << p << "' not in: " << e;
+}
+
+const char* kDeepFmLayers = R"(
+  {"name": "dense", "type": "dense"},
+  {"name": "first", "type": "wide"},
+  {"name": "emb", "type": "embedding", "dim": 4, "pooling": "mean"},
+  {"name": "fm", "type": "fm", "inputs": ["emb"]},
+  {"name": "deep_in", "type": "concat", "inputs": ["dense", "emb"]},
+  {"name": "deep", "type": "mlp", "input": "deep_in", "sizes": [8, 1]},
+  {"name": "sum", "type": "add", "inputs": ["first", "fm", "deep"]},
+  {"name": "logit", "type": "output", "input": "sum"})";
+
+// Both DCNv2 variants on one graph: a low-rank stack feeding an MLP and a full-rank cross in
+// parallel with an MLP, plus a dot interaction over differently-sized embeddings' fields.
+const char* kCrossLayers = R"(
+  {"name": "dense", "type": "dense"},
+  {"name": "bottom", "type": "mlp", "input": "dense", "sizes": [4], "relu_last": true},
+  {"name": "emb", "type": "embedding", "features": [0, 2], "dim": 4},
+  {"name": "emb2", "type": "embedding", "features": [1], "dims": [3]},
+  {"name": "x0", "type": "concat", "inputs": ["bottom", "emb", "emb2"]},
+  {"name": "stacked", "type": "cross", "input": "x0", "num_layers": 2, "low_rank": 3},
+  {"name": "top", "type": "mlp", "input": "stacked", "sizes": [5, 1]},
+  {"name": "par_cross", "type": "cross", "input": "x0", "num_layers": 1},
+  {"name": "par_deep", "type": "mlp", "input": "x0", "sizes": [3], "relu_last": true},
+  {"name": "par", "type": "concat", "inputs": ["par_cross", "par_deep"]},
+  {"name": "par_head", "type": "mlp", "input": "par", "sizes": [1]},
+  {"name": "dot", "type": "dot", "inputs": ["emb", "bottom"]},
+  {"name": "dot_head", "type": "mlp", "input": "dot", "sizes": [1]},
+  {"name": "sum", "type": "add", "inputs": ["top", "par_head", "dot_head"]},
+  {"name": "logit", "type": "output", "input": "sum"})";
+
+// ---- config errors ----
+
+TEST(GraphConfig, ParsesAndRoundTrips) {
+  RunConfig c = config_from(graph_json(kDeepFmLayers));
+  EXPECT_EQ(c.model.arch, "graph");
+  GraphSpec g = GraphSpec::parse(c.model.layers, "model.layers");
+  ASSERT_EQ(g.layers.size(), 8u);
+  EXPECT_EQ(g.layers[g.output].name, "logit");
+  // Inputs come before their consumers.
+  std::map<std::string, size_t> pos;
+  for (size_t k = 0; k < g.order.size(); ++k) pos[g.layers[g.order[k]].name] = k;
+  EXPECT_LT(pos["emb"], pos["fm"]);
+  EXPECT_LT(pos["deep"], pos["sum"]);
+  RunConfig d = RunConfig::from_json(c.to_json());
+  EXPECT_EQ(d.to_json(), c.to_json());
+  // A dlrm config's JSON is unchanged (no layers key).
+  EXPECT_FALSE(RunConfig().to_json()["model"].contains("layers"));
+}
+
+TEST(GraphConfig, UnknownLayerTypeNamesLayerAndKey) {
+  expect_error([] { config_from(graph_json(R"({"name": "x", "type": "crosss"},
+      {"name": "o", "type": "output", "input": "x"})")); },
+               {"layer 'x'", "model.layers[0].type", "cross"});
+}
+
+TEST(GraphConfig, UnknownInputNamesLayerKeyAndNearestName) {
+  expect_error([] { config_from(graph_json(R"({"name": "dense", "type": "dense"},
+      {"name": "top", "type": "mlp", "input": "dnse", "sizes": [1]},
+      {"name": "o", "type": "output", "input": "top"})")); },
+               {"layer 'top'", "key 'input'", "unknown layer 'dnse'", "did you mean 'dense'"});
+  expect_error([] { config_from(graph_json(R"({"name": "dense", "type": "dense"},
+      {"name": "c", "type": "concat", "inputs": ["dense", "nope"]},
+      {"name": "top", "type": "mlp", "input": "c", "sizes": [1]},
+      {"name": "o", "type": "output", "input": "top"})")); },
+               {"layer 'c'", "key 'inputs'", "unknown layer 'nope'"});
+}
+
+TEST(GraphConfig, CycleIsNamed) {
+  expect_error([] { config_from(graph_json(R"({"name": "dense", "type": "dense"},
+      {"name": "a", "type": "concat", "inputs": ["dense", "b"]},
+      {"name": "b", "type": "mlp", "input": "a", "sizes": [4]},
+      {"name": "top", "type": "mlp", "input": "b", "sizes": [1]},
+      {"name": "o", "type": "output", "input": "top"})")); },
+               {"cycle", "'a'", "'b'"});
+}
+
+TEST(GraphConfig, StructuralErrors) {
+  // Unknown option key, with the nearest valid one.
+  expect_error([] { config_from(graph_json(R"({"name": "dense", "type": "dense"},
+      {"name": "top", "type": "mlp", "input": "dense", "size": [1]},
+      {"name": "o", "type": "output", "input": "top"})")); },
+               {"layer 'top'", "model.layers[1]"});
+  expect_error([] { config_from(graph_json(R"({"name": "dense", "type": "dense"},
+      {"name": "top", "type": "mlp", "input": "dense", "sizes": [1], "relu_lst": true},
+      {"name": "o", "type": "output", "input": "top"})")); },
+               {"layer 'top'", "model.layers[1].relu_lst", "relu_last"});
+  // Duplicate names, no output, two outputs, a layer feeding nothing, wrong input counts.
+  expect_error([] { config_from(graph_json(R"({"name": "d", "type": "dense"},
+      {"name": "d", "type": "mlp", "input": "d", "sizes": [1]},
+      {"name": "o", "type": "output", "input": "d"})")); },
+               {"name 'd' is already used"});
+  expect_error([] { config_from(graph_json(R"({"name": "d", "type": "dense"})")); },
+               {"no layer of type \"output\""});
+  expect_error([] { config_from(graph_json(R"({"name": "d", "type": "dense"},
+      {"name": "m", "type": "mlp", "input": "d", "sizes": [1]},
+      {"name": "o1", "type": "output", "input": "m"},
+      {"name": "o2", "type": "output", "input": "m"})")); },
+               {"layer 'o2'", "second output"});
+  expect_error([] { config_from(graph_json(R"({"name": "d", "type": "dense"},
+      {"name": "e", "type": "embedding"},
+      {"name": "m", "type": "mlp", "input": "d", "sizes": [1]},
+      {"name": "o", "type": "output", "input": "m"})")); },
+               {"layer 'e'", "does not feed the output"});
+  expect_error([] { config_from(graph_json(R"({"name": "d", "type": "dense", "input": "d"},
+      {"name": "o", "type": "output", "input": "d"})")); },
+               {"layer 'd'", "takes no 'input'"});
+  expect_error([] { config_from(graph_json(R"({"name": "d", "type": "dense"},
+      {"name": "m", "type": "mlp", "inputs": ["d", "d"], "sizes": [1]},
+      {"name": "o", "type": "output", "input": "m"})")); },
+               {"layer 'm'", "exactly one input"});
+  // layers without arch graph; arch graph without layers.
+  expect_error([] { config_from(R"({"model": {"layers": []}})"); },
+               {"model.layers", "\"graph\""});
+  expect_error([] { config_from(R"({"model": {"arch": "graph"}})"); }, {"model.layers"});
+}
+
+TEST(GraphConfig, ShapeMismatchesNameLayerAndKey) {
+  const io::ShardLayout l = make_layout(3, {5, 6, 7});
+  auto build = [&](const std::string& layers) {
+    RunConfig c = config_from(graph_json(layers));
+    build_model(c.model, c.optimizer, l, Device::cpu(), 1);
+  };
+  // dot: the bottom MLP's 8 outputs against embeddings of 4.
+  expect_error([&] { build(R"({"name": "dense", "type": "dense"},
+      {"name": "bottom", "type": "mlp", "input": "dense", "sizes": [8], "relu_last": true},
+      {"name": "emb", "type": "embedding", "dim": 4},
+      {"name": "inter", "type": "dot", "inputs": ["bottom", "emb"]},
+      {"name": "top", "type": "mlp", "input": "inter", "sizes": [1]},
+      {"name": "o", "type": "output", "input": "top"})"); },
+               {"layer 'inter'", "key 'inputs'", "widths [4, 4, 4]"});
+  // output wider than one logit.
+  expect_error([&] { build(R"({"name": "dense", "type": "dense"},
+      {"name": "top", "type": "mlp", "input": "dense", "sizes": [2]},
+      {"name": "o", "type": "output", "input": "top"})"); },
+               {"layer 'o'", "key 'input'", "'top' is 2 wide"});
+  // add over different widths.
+  expect_error([&] { build(R"({"name": "dense", "type": "dense"},
+      {"name": "a", "type": "mlp", "input": "dense", "sizes": [2]},
+      {"name": "b", "type": "mlp", "input": "dense", "sizes": [1]},
+      {"name": "s", "type": "add", "inputs": ["a", "b"]},
+      {"name": "o", "type": "output", "input": "s"})"); },
+               {"layer 's'", "key 'inputs'"});
+  // a feature index beyond the data; a low rank above the width.
+  expect_error([&] { build(R"({"name": "w", "type": "wide", "features": [0, 3]},
+      {"name": "o", "type": "output", "input": "w"})"); },
+               {"layer 'w'", "key 'features'", "feature 3"});
+  expect_error([&] { build(R"({"name": "dense", "type": "dense"},
+      {"name": "c", "type": "cross", "input": "dense", "low_rank": 4},
+      {"name": "top", "type": "mlp", "input": "c", "sizes": [1]},
+      {"name": "o", "type": "output", "input": "top"})"); },
+               {"layer 'c'", "key 'low_rank'"});
+  // CUDA is not offered for graphs.
+  RunConfig c = config_from(graph_json(kDeepFmLayers));
+  expect_error([&] { build_model(c.model, c.optimizer, l, Device::parse("cuda"), 1); },
+               {"CPU only"});
+}
+
+// ---- the engine ----
+
+// arch "graph" with configs/dlrm_graph.json equals arch "dlrm" with the same sizes and seed:
+// the same parameters, logits and training trajectory, bit for bit.
+TEST(GraphModel, DlrmGraphMatchesDlrmClass) {
+  RunConfig g = load_config("dlrm_graph.json");
+  RunConfig d = load_config("dlrm_small.json");
+  ASSERT_EQ(g.optimizer.to_json(), d.optimizer.to_json());
+  const io::ShardLayout l = make_layout(13, {40, 7, 300, 1, 25});
+  auto mg = build_model(g.model, g.optimizer, l, Device::cpu(), 77);
+  auto md = build_model(d.model, d.optimizer, l, Device::cpu(), 77);
+  auto pg = mg->parameters(), pd = md->parameters();
+  ASSERT_EQ(pg.size(), pd.size());
+  std::map<std::string, Tensor> byname;
+  for (auto& p : pd) byname[p.first] = p.second;
+  for (auto& p : pg) {
+    ASSERT_TRUE(byname.count(p.first)) << p.first;
+    EXPECT_EQ(p.second.to_vector<float>(), byname[p.first].to_vector<float>()) << p.first;
+  }
+  for (int step = 0; step < 5; ++step) {
+    io::Batch b = make_batch(l, 96, 100 + step, /*multi_hot=*/true);
+    const double lg = mg->train_step(b, 1.0, true), ld = md->train_step(b, 1.0, true);
+    EXPECT_EQ(lg, ld) << "step " << step;
+  }
+  io::Batch e = make_batch(l, 50, 999, true);
+  EXPECT_EQ(mg->forward(e, false).to_vector<float>(), md->forward(e, false).to_vector<float>());
+  auto sg = mg->optimizer_state(), sd = md->optimizer_state();
+  ASSERT_EQ(sg.size(), sd.size());
+  for (auto& s : sd) byname[s.first] = s.second;
+  for (auto& s : sg) EXPECT_EQ(s.second.to_vector<float>(), byname.at(s.first).to_vector<float>());
+}
+
+double batch_loss(Model& m, const io::Batch& b) {
+  Tensor z = m.forward(b, false);
+  return nn::bce_with_logits(z.data<float>(), b.labels.data(), b.rows, nullptr);
+}
+
+// Whole-graph gradients: with SGD, w_after = w_before - lr * dL/dw, so one step with lr = 1
+// reveals the gradient backward_and_update used. Checked against central differences of the
+// batch loss for a sample of every parameter's elements (shared inputs, concat, dot, add,
+// cross, FM, wide, embeddings with mean pooling and multi-hot bags).
+void check_graph_grads(const char* layers) {
+  RunConfig c = config_from(graph_json(layers, R"({"type": "sgd", "lr": 1.0})"));
+  const io::ShardLayout l = make_layout(3, {5, 6, 7});
+  auto m = build_model(c.model, c.optimizer, l, Device::cpu(), 5);
+  io::Batch b = make_batch(l, 12, 31, /*multi_hot=*/true);
+  // Central differences of the loss in double around the current parameters.
+  std::map<std::string, std::vector<double>> numeric;
+  std::map<std::string, std::vector<int64_t>> picked;
+  nn::Rng rng(3);
+  const double eps = 1e-3;
+  for (auto& p : m->parameters()) {
+    float* v = p.second.data<float>();
+    const int64_t n = p.second.numel();
+    for (int k = 0; k < std::min<int64_t>(n, 12); ++k) {
+      const int64_t i = n <= 12 ? k : rng.below(n);
+      const float saved = v[i];
+      v[i] = saved + static_cast<float>(eps);
+      const double up = batch_loss(*m, b);
+      v[i] = saved - static_cast<float>(eps);
+      const double down = batch_loss(*m, b);
+      v[i] = saved;
+      numeric[p.first].push_back((up - down) / (2 * eps));
+      picked[p.first].push_back(i);
+    }
+  }
+  std::map<std::string, std::vector<float>> before;
+  for (auto& p : m->parameters()) before[p.first] = p.second.to_vector<float>();
+  m->train_step(b, 1.0, false);
+  int checked = 0;
+  for (auto& p : m->parameters()) {
+    const std::vector<float> after = p.second.to_vector<float>();
+    for (size_t k = 0; k < picked[p.first].size(); ++k) {
+      const int64_t i = picked[p.first][k];
+      const double analytic = static_cast<double>(before[p.first][i]) - after[i];
+      const double num = numeric[p.first][k];
+      EXPECT_NEAR(analytic, num, 2e-4 + 2e-2 * std::fabs(num)) << p.first << "[" << i << "]";
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 50);
+}
+
+TEST(GraphModel, DeepFmGradientsMatchFiniteDifferences) { check_graph_grads(kDeepFmLayers); }
+TEST(GraphModel, CrossAndDotGradientsMatchFiniteDifferences) { check_graph_grads(kCrossLayers); }
+
+TEST(GraphModel, ParameterNames) {
+  RunConfig c = config_from(graph_json(kCrossLayers, R"({"type": "adagrad", "lr": 0.1})"));
+  const io::ShardLayout l = make_layout(3, {5, 6, 7});
+  auto m = build_model(c.model, c.optimizer, l, Device::cpu(), 5);
+  std::map<std::string, Shape> shapes;
+  for (auto& p : m->parameters()) shapes[p.first] = p.second.shape();
+  EXPECT_EQ(shapes.at("emb.2.weight"), (Shape{7, 4}));
+  EXPECT_EQ(shapes.at("emb2.1.weight"), (Shape{6, 3}));
+  EXPECT_EQ(shapes.at("stacked.1.v.weight"), (Shape{3, 15}));
+  EXPECT_EQ(shapes.at("par_cross.0.w.weight"), (Shape{15, 15}));
+  EXPECT_EQ(shapes.at("top.1.bias"), (Shape{1}));
+  EXPECT_FALSE(shapes.count("emb.1.weight"));
+  EXPECT_EQ(m->optimizer_state().size(), m->parameters().size());
+  EXPECT_EQ(m->optimizer_state()[0].first, m->parameters()[0].first + ".adagrad");
+}
+
+// Training on a planted signal lowers the validation loss, for each zoo model.
+void expect_learns(const RunConfig& c, const std::string& what) {
+  const io::ShardLayout l = make_layout(4, {20, 30, 10, 50});
+  auto m = build_model(c.model, c.optimizer, l, Device::cpu(), 11);
+  // Labels: a majority vote of the ids of features 0 and 1 and the first dense value (a
+  // signal the linear parts can carry as well as the deep ones).
+  auto label = [](io::Batch& b) {
+    for (int64_t r = 0; r < b.rows; ++r) {
+      const int64_t a = b.cat_indices[0][b.cat_offsets[0][r]];
+      const int64_t s = b.cat_indices[1][b.cat_offsets[1][r]];
+      const int votes = (a % 3 == 0) + (s % 2 == 0) + (b.dense[r * b.num_dense] > 0.f);
+      b.labels[r] = votes >= 2 ? 1.f : 0.f;
+    }
+  };
+  io::Batch valid = make_batch(l, 512, 1, false);
+  label(valid);
+  const double before = batch_loss(*m, valid);
+  for (int step = 0; step < 150; ++step) {
+    io::Batch b = make_batch(l, 64, 1000 + step, false);
+    label(b);
+    m->train_step(b, 1.0, false);
+  }
+  const double after = batch_loss(*m, valid);
+  EXPECT_LT(after, before * 0.8) << what << ": loss " << before << " -> " << after;
+  EXPECT_TRUE(std::isfinite(after)) << what;
+}
+
+TEST(GraphModel, ZooModelsLearn) {
+  for (const char* name : {"criteo_sample_wide_deep.json", "criteo_sample_dcnv2.json",
+                           "criteo_sample_dcnv2_parallel.json", "criteo_sample_deepfm.json"}) {
+    RunConfig c = load_config(name);
+    c.optimizer.lr = 0.1;
+    expect_learns(c, name);
+  }
+  RunConfig c = load_config("criteo_sample_deepfm.json");
+  c.optimizer = OptimizerConfig();
+  c.optimizer.type = "adagrad";
+  c.optimizer.lr = 0.05;
+  expect_learns(c, "deepfm with adagrad");
+}
+
+// Parameters are shared storage: copying them into a model built with another seed makes it
+// predict the same, which is how checkpoints, export and the Predictor load a model.
+TEST(GraphModel, ParametersSaveAndLoad) {
+  RunConfig c = config_from(graph_json(kCrossLayers, R"({"type": "adagrad", "lr": 0.05})"));
+  const io::ShardLayout l = make_layout(3, {5, 6, 7});
+  auto a = build_model(c.model, c.optimizer, l, Device::cpu(), 1);
+  for (int s = 0; s < 3; ++s) a->train_step(make_batch(l, 32, 50 + s, true), 1.0, false);
+  auto b = build_model(c.model, c.optimizer, l, Device::cpu(), 2);
+  io::Batch e = make_batch(l, 40, 7, true);
+  EXPECT_NE(a->forward(e, false).to_vector<float>(), b->forward(e, false).to_vector<float>());
+  std::map<std::string, Tensor> saved;
+  for (auto& p : a->parameters()) saved[p.first] = p.second.clone();
+  for (auto& s : a->optimizer_state()) saved[s.first] = s.second.clone();
+  for (auto& p : b->parameters()) p.second.copy_from(saved.at(p.first));
+  for (auto& s : b->optimizer_state()) s.second.copy_from(saved.at(s.first));
+  EXPECT_EQ(a->forward(e, false).to_vector<float>(), b->forward(e, false).to_vector<float>());
+  // And they keep training identically (the optimizer state came along).
+  io::Batch t = make_batch(l, 32, 60, true);
+  EXPECT_EQ(a->train_step(t, 1.0, true), b->train_step(t, 1.0, true));
+  EXPECT_EQ(a->forward(e, false).to_vector<float>(), b->forward(e, false).to_vector<float>());
+}
+
+TEST(GraphModel, RejectsBadUse) {
+  RunConfig c = config_from(graph_json(kDeepFmLayers));
+  const io::ShardLayout l = make_layout(3, {5, 6, 7});
+  auto m = build_model(c.model, c.optimizer, l, Device::cpu(), 1);
+  EXPECT_THROW(m->backward_and_update(Tensor::zeros({4}, DType::F32), 1.0), Error);
+  io::Batch b = make_batch(make_layout(2, {5, 6, 7}), 4, 1, false);
+  EXPECT_THROW(m->forward(b, true), Error);
+  io::Batch ok = make_batch(l, 4, 1, false);
+  m->forward(ok, true);
+  EXPECT_THROW(m->backward_and_update(Tensor::zeros({5}, DType::F32), 1.0), Error);
+}
+
+// Every shipped zoo config loads and builds; the MLPerf-sized DCNv2 has the reference's shapes.
+TEST(GraphModel, ShippedConfigsBuild) {
+  const io::ShardLayout l = make_layout(13, std::vector<int64_t>(26, 10));
+  for (const char* name : {"wide_deep.json", "dcnv2.json", "deepfm.json", "dlrm_graph.json",
+                           "criteo_sample_wide_deep.json", "criteo_sample_dcnv2.json",
+                           "criteo_sample_dcnv2_parallel.json", "criteo_sample_deepfm.json"}) {
+    RunConfig c = load_config(name);
+    EXPECT_EQ(c.model.arch, "graph") << name;
+    auto m = build_model(c.model, c.optimizer, l, Device::cpu(), 1);
+    io::Batch b = make_batch(l, 3, 2, false);
+    EXPECT_EQ(m->forward(b, false).numel(), 3) << name;
+    if (std::string(name) == "dcnv2.json") {
+      std::map<std::string, Shape> s;
+      for (auto& p : m->parameters()) s[p.first] = p.second.shape();
+      EXPECT_EQ(s.at("emb.0.weight"), (Shape{10, 128}));
+      EXPECT_EQ(s.at("bottom.2.weight"), (Shape{128, 256}));
+      EXPECT_EQ(s.at("cross.2.v.weight"), (Shape{512, 27 * 128}));
+      EXPECT_EQ(s.at("cross.2.w.weight"), (Shape{27 * 128, 512}));
+      EXPECT_FALSE(s.count("cross.3.w.weight"));
+      EXPECT_EQ(s.at("top.0.weight"), (Shape{1024, 27 * 128}));
+      EXPECT_EQ(s.at("top.4.weight"), (Shape{1, 256}));
+    }
+  }
+}
+
+// The CLI end to end: datagen -> etl -> train (a graph config) -> eval -> export -> predict.
+TEST(GraphModel, CliTrainExportPredict) {
+  namespace fs = std::filesystem;
+  const std::string bin = std::string(DLREC_BIN_DIR) + "/dlrec";
+  if (!fs::exists(bin)) GTEST_SKIP() << bin << " not built";
+  const fs::path dir = fs::temp_directory_path() / ("dlrec_graph_cli_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string d = dir.string(), src = DLREC_SOURCE_DIR;
+  // A small DeepFM run with a periodic checkpoint and a resume.
+  {
+    std::ofstream f(d + "/config.json");
+    RunConfig c = load_config("criteo_sample_deepfm.json");
+    c.train.batch_size = 128;
+    c.train.epochs = 1;
+    c.optimizer.lr = 0.05;
+    f << c.to_json().dump(2);
+  }
+  auto run = [&](const std::string& cmd) {
+    const std::string full = "DLREC_QUIET=1 " + cmd + " > " + d + "/out.txt 2>&1";
+    const int rc = std::system(full.c_str());
+    std::ifstream in(d + "/out.txt");
+    std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(rc, 0) << cmd << "\n" << out;
+    return out;
+  };
+  run(bin + " datagen --rows 3000 --seed 3 --out " + d + "/logs.tsv");
+  run(bin + " etl --input " + d + "/logs.tsv --workflow " + src +
+      "/configs/etl_criteo.json --valid-ratio 0.2 --out " + d + "/data");
+  const std::string train = run(bin + " train --config " + d + "/config.json --data " + d +
+                                "/data --run " + d + "/run");
+  EXPECT_NE(train.find("AUC="), std::string::npos) << train;
+  const std::string ev = run(bin + " eval --run " + d + "/run");
+  EXPECT_NE(ev.find("AUC"), std::string::npos) << ev;
+  run(bin + " export --run " + d + "/run --out " + d + "/model");
+  const std::string pred = run("head -5 " + d + "/logs.tsv | " + bin + " predict --model " + d +
+                               "/model --input -");
+  int lines = 0;
+  for (char ch : pred) lines += ch == '\n';
+  EXPECT_GE(lines, 5) << pred;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace dlrec::model
