@@ -2,7 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 
+#include "dlrec/core/config.h"
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/nn/optimizer.h"
 
@@ -479,6 +482,45 @@ TEST(Optimizer, OptionErrorsNameTheField) {
   Param p = make_param({1.f, 2.f}, {1.f, 1.f});
   ada.init_state(p);
   EXPECT_THROW(adam.step(p, 0.1f), Error);
+}
+
+
+// Driven by tests/python/test_optimizers_torch.py (PyTorch equivalence): with DLREC_OPT_CASE
+// naming a JSON case {"options": {...}, "lr": x, "shape": [r, c], "w": [...], "grads": [[...]...]}
+// it runs the dense steps (step_dense: clipping included) and writes {"w": [...]} to
+// DLREC_OPT_OUT. Skipped otherwise.
+TEST(OptimizerTorch, StepsFromFile) {
+  const char* in = std::getenv("DLREC_OPT_CASE");
+  const char* out = std::getenv("DLREC_OPT_OUT");
+  if (!in || !out) GTEST_SKIP() << "DLREC_OPT_CASE/DLREC_OPT_OUT not set (run by the pytest)";
+  std::ifstream f(in);
+  ASSERT_TRUE(f) << in;
+  const json c = json::parse(f);
+  const json& jo = c.at("options");
+  OptimizerOptions o;
+  o.kind = parse_optimizer(jo.at("type").get<std::string>());
+  o.momentum = jo.value("momentum", 0.f);
+  o.nesterov = jo.value("nesterov", false);
+  o.adagrad_eps = jo.value("adagrad_eps", 1e-8f);
+  o.initial_accumulator = jo.value("adagrad_init", 0.f);
+  o.beta1 = jo.value("beta1", 0.9f);
+  o.beta2 = jo.value("beta2", 0.999f);
+  o.adam_eps = jo.value("adam_eps", 1e-8f);
+  o.weight_decay = jo.value("weight_decay", 0.f);
+  o.clip_norm = jo.value("clip_norm", 0.f);
+  o.clip_value = jo.value("clip_value", 0.f);
+  Optimizer opt(o);
+  Shape shape = c.at("shape").get<Shape>();
+  Param p;
+  p.value = Tensor::from_vector(c.at("w").get<std::vector<float>>(), shape);
+  opt.init_state(p);
+  std::vector<Param*> ps = {&p};
+  for (const auto& g : c.at("grads")) {
+    p.grad = Tensor::from_vector(g.get<std::vector<float>>(), shape);
+    opt.step_dense(ps, c.at("lr").get<float>());
+  }
+  std::ofstream o_(out);
+  o_ << json{{"w", p.value.to_vector<float>()}}.dump();
 }
 
 }  // namespace
