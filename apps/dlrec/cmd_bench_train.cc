@@ -27,7 +27,8 @@ struct TrainBenchOptions {
   double lr = -1;
   int steps = 30, warmup = 5, distinct = 8;
   int64_t max_rows = -1;
-  bool tf32 = false;
+  bool tf32 = false, reader_only = false;
+  std::string precision = "fp32";
   uint64_t seed = 1;
 };
 
@@ -45,13 +46,37 @@ std::vector<int64_t> parse_sizes(const std::string& s) {
   return r;
 }
 
+// The input pipeline alone: batches/s and samples/s of the shard loader (background reader
+// threads, prefetch), reading the dataset's training shards start to end `steps` times over
+// at most.
+int run_reader_bench(const TrainBenchOptions& o, const std::vector<std::string>& shards) {
+  DLREC_CHECK(!shards.empty(), "--reader-only needs --data (an ETL output directory)");
+  for (int64_t B : parse_sizes(o.batches_arg)) {
+    io::Batch b;
+    int64_t rows = 0, batches = 0;
+    Timer t;
+    for (int pass = 0; pass < std::max(1, o.steps / 10); ++pass) {
+      io::ShardLoader loader(shards, B);
+      while (loader.next(b)) {
+        rows += b.rows;
+        ++batches;
+      }
+    }
+    const double s = t.seconds();
+    std::printf("bench train --reader-only: source=shards batch=%lld batches=%lld rows=%lld "
+                "seconds=%.3f batches/s=%.1f samples/s=%.0f\n",
+                static_cast<long long>(B), static_cast<long long>(batches),
+                static_cast<long long>(rows), s, batches / s, rows / s);
+  }
+  return 0;
+}
+
 int run_train_bench(const TrainBenchOptions& o) {
   model::RunConfig cfg = o.config.empty() ? model::RunConfig::from_json(json::parse(kMlperfDlrm))
                                           : model::RunConfig::load(o.config);
   if (!o.optimizer.empty()) cfg.optimizer.type = o.optimizer;
   if (o.lr > 0) cfg.optimizer.lr = o.lr;
-  // DLREC_TF32=1 lets the CUDA DLRM's GEMMs use TF32 tensor cores (fp32 storage).
-  if (o.tf32) setenv("DLREC_TF32", "1", 1);
+  const std::string precision = o.tf32 ? "tf32" : o.precision;
   io::ShardLayout layout;
   std::vector<std::string> shards;
   if (!o.data.empty()) {
@@ -65,9 +90,10 @@ int run_train_bench(const TrainBenchOptions& o) {
       layout.multi_hot.push_back(false);
     }
   }
+  if (o.reader_only) return run_reader_bench(o, shards);
   const Device device = Device::parse(o.device);
   Timer build;
-  auto m = model::build_model(cfg.model, cfg.optimizer, layout, device, o.seed);
+  auto m = model::build_model(cfg.model, cfg.optimizer, layout, device, o.seed, precision);
   std::fprintf(stderr, "[bench train] built %s on %s in %.1fs\n", cfg.model.arch.c_str(),
                device.str().c_str(), build.seconds());
   for (int64_t B : parse_sizes(o.batches_arg)) {
@@ -102,11 +128,11 @@ int run_train_bench(const TrainBenchOptions& o) {
     const double peak_gb =
         device.is_cuda() ? cuda::pool_peak_bytes(device.index) / 1e9 : 0.0;
     std::printf("bench train: arch=%s optimizer=%s device=%s threads=%d source=%s batch=%lld "
-                "steps=%d ms/iter=%.3f samples/s=%.0f loss=%.4f%s",
+                "steps=%d ms/iter=%.3f samples/s=%.0f loss=%.4f precision=%s",
                 cfg.model.arch.c_str(), cfg.optimizer.type.c_str(), device.str().c_str(),
                 num_threads(),
                 shards.empty() ? "memory" : "shards", static_cast<long long>(B), o.steps,
-                1e3 * s / o.steps, samples / s, loss, o.tf32 ? " tf32" : "");
+                1e3 * s / o.steps, samples / s, loss, precision.c_str());
     if (device.is_cuda()) std::printf(" peak_mem=%.2fGB", peak_gb);
     std::printf("\n");
   }
@@ -131,7 +157,11 @@ Runner add_bench(CLI::App& app) {
   t->add_option("--dist", o->dist, "Ids: uniform or zipf")->check(CLI::IsMember({"uniform", "zipf"}));
   t->add_option("--max-rows", o->max_rows, "Cap each table's rows (synthetic layout)");
   t->add_option("--data", o->data, "Stream batches from this ETL output's training shards");
-  t->add_flag("--tf32", o->tf32, "CUDA: TF32 tensor-core GEMMs (fp32 storage)");
+  t->add_option("--precision", o->precision, "CUDA arithmetic: fp32, tf32 or bf16")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
+  t->add_flag("--tf32", o->tf32, "Same as --precision tf32");
+  t->add_flag("--reader-only", o->reader_only,
+              "Time the shard reader alone (needs --data; --steps/10 passes, at least one)");
   t->add_option("--optimizer", o->optimizer, "Override the config's optimizer")
       ->check(CLI::IsMember({"sgd", "adagrad"}));
   t->add_option("--lr", o->lr, "Override the config's learning rate");
@@ -142,7 +172,9 @@ Runner add_bench(CLI::App& app) {
 #else
   Runner serve = [] { return 1; };
 #endif
-  return [t, train, serve] { return t->parsed() ? train() : serve(); };
+  Runner etl = add_bench_etl(b);
+  CLI::App* e = b->get_subcommand("etl");
+  return [t, e, train, serve, etl] { return t->parsed() ? train() : e->parsed() ? etl() : serve(); };
 }
 
 }  // namespace dlrec::cli

@@ -13,7 +13,7 @@ struct TrainArgs {
   bool resume = false;
   int64_t batch_size = 0, max_steps = -2;
   int epochs = 0;
-  std::string device;
+  std::string device, precision;
 };
 
 model::RunConfig apply(const TrainArgs& a) {
@@ -22,6 +22,7 @@ model::RunConfig apply(const TrainArgs& a) {
   if (a.epochs > 0) cfg.train.epochs = a.epochs;
   if (a.max_steps != -2) cfg.train.max_steps = a.max_steps;
   if (!a.device.empty()) cfg.train.device = a.device;
+  if (!a.precision.empty()) cfg.train.precision = a.precision;
   return cfg;
 }
 
@@ -42,6 +43,8 @@ Runner add_train(CLI::App& app) {
   c->add_option("--epochs", a->epochs, "Override train.epochs");
   c->add_option("--max-steps", a->max_steps, "Override train.max_steps");
   c->add_option("--device", a->device, "Override train.device (cpu, cuda:N)");
+  c->add_option("--precision", a->precision, "Override train.precision (CUDA: fp32, tf32, bf16)")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
   return [a] {
     train::TrainerOptions opt;
     opt.data_dir = a->data;

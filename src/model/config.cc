@@ -66,13 +66,6 @@ json ModelConfig::to_json() const {
   return j;
 }
 
-OptimizerConfig OptimizerConfig::from_json(ConfigReader& r) {
-  OptimizerConfig c;
-  read_optimizer_fields(r, c);
-  c.embedding_lr = r.get_range("embedding_lr", c.embedding_lr, -kInf, 1e6);
-  if (c.embedding_lr < 0) c.embedding_lr = -1;
-  c.weight_decay = r.get_range("weight_decay", c.weight_decay, 0.0, 1e6);
-  c.clip_norm = r.get_range("clip_norm", c.clip_norm, 0.0, 1e30);
 namespace {
 
 // Below 1 (inclusive range checks cannot say it).
@@ -121,18 +114,17 @@ json optimizer_fields_json(const OptimizerConfig& c) {
 
 }  // namespace
 
+OptimizerConfig OptimizerConfig::from_json(ConfigReader& r) {
+  OptimizerConfig c;
+  read_optimizer_fields(r, c);
+  c.embedding_lr = r.get_range("embedding_lr", c.embedding_lr, -kInf, 1e6);
+  if (c.embedding_lr < 0) c.embedding_lr = -1;
+  c.weight_decay = r.get_range("weight_decay", c.weight_decay, 0.0, 1e6);
+  c.clip_norm = r.get_range("clip_norm", c.clip_norm, 0.0, 1e30);
   if (r.has("schedule")) {
     ConfigReader sr = r.child("schedule");
     c.schedule = LrSchedule::from_json(sr);
   }
-  r.finish();
-  return c;
-}
-
-LrSchedule LrSchedule::from_json(ConfigReader& r) {
-  constexpr int64_t kBig = int64_t{1} << 40;
-  LrSchedule s;
-  s.warmup_steps = r.get_int_range("warmup_steps", s.warmup_steps, 0, kBig);
   r.get<json>("schedule", json());
   if (r.has("embedding")) {
     ConfigReader er = r.child("embedding");
@@ -150,10 +142,10 @@ LrSchedule LrSchedule::from_json(ConfigReader& r) {
     c.embedding.push_back(std::move(e));
   }
   r.get<json>("embedding", json());
-  s.decay_start_step = r.get_int_range("decay_start_step", s.decay_start_step, 0, kBig);
-  s.decay_steps = r.get_int_range("decay_steps", s.decay_steps, -1, kBig);
-  s.decay_power = r.get_range("decay_power", s.decay_power, 0.0, 100.0);
-  s.end_factor = r.get_range("end_factor", s.end_factor, 0.0, 1.0);
+  r.finish();
+  return c;
+}
+
 OptimizerConfig OptimizerConfig::embedding_config() const {
   if (!embedding.empty()) return embedding.front();
   OptimizerConfig e = *this;
@@ -169,6 +161,19 @@ double OptimizerConfig::embedding_lr_value() const {
   return embedding_lr >= 0 ? embedding_lr : lr;
 }
 
+LrSchedule LrSchedule::from_json(ConfigReader& r) {
+  constexpr int64_t kBig = int64_t{1} << 40;
+  LrSchedule s;
+  s.warmup_steps = r.get_int_range("warmup_steps", s.warmup_steps, 0, kBig);
+  s.decay_start_step = r.get_int_range("decay_start_step", s.decay_start_step, 0, kBig);
+  s.decay_steps = r.get_int_range("decay_steps", s.decay_steps, -1, kBig);
+  s.decay_power = r.get_range("decay_power", s.decay_power, 0.0, 100.0);
+  s.end_factor = r.get_range("end_factor", s.end_factor, 0.0, 1.0);
+  s.decay_every = r.get_int_range("decay_every", s.decay_every, 0, kBig);
+  s.gamma = r.get_range("gamma", s.gamma, 0.0, 1.0);
+  if (s.decay_every > 0 && s.decay_steps != 0)
+    fail("config keys '", r.key_path("decay_every"), "' (step decay) and '",
+         r.key_path("decay_steps"), "' (polynomial decay) cannot both be set");
   r.finish();
   return s;
 }
@@ -177,11 +182,6 @@ json LrSchedule::to_json() const {
   return {{"warmup_steps", warmup_steps},
           {"decay_start_step", decay_start_step},
           {"decay_steps", decay_steps},
-  s.decay_every = r.get_int_range("decay_every", s.decay_every, 0, kBig);
-  s.gamma = r.get_range("gamma", s.gamma, 0.0, 1.0);
-  if (s.decay_every > 0 && s.decay_steps != 0)
-    fail("config keys '", r.key_path("decay_every"), "' (step decay) and '",
-         r.key_path("decay_steps"), "' (polynomial decay) cannot both be set");
           {"decay_power", decay_power},
           {"end_factor", end_factor},
           {"decay_every", decay_every},
@@ -235,6 +235,7 @@ TrainConfig TrainConfig::from_json(ConfigReader& r) {
   } catch (const Error& e) {
     fail("config key '", r.key_path("device"), "': ", e.what());
   }
+  c.precision = r.get_choice("precision", c.precision, {"fp32", "tf32", "bf16"});
   r.finish();
   return c;
 }
@@ -248,7 +249,8 @@ json TrainConfig::to_json() const {
           {"log_every", log_every},
           {"checkpoint_every", checkpoint_every},
           {"seed", seed},
-          {"device", device}};
+          {"device", device},
+          {"precision", precision}};
 }
 
 RunConfig RunConfig::from_json(const json& j) {

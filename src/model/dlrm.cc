@@ -8,8 +8,8 @@
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/model/graph.h"
 #include "dlrec/model/model.h"
-#ifdef DLREC_WITH_CUDA
 #include "dlrec/model/optimizer_factory.h"
+#ifdef DLREC_WITH_CUDA
 #include "dlrec/model/dlrm_cuda.h"
 #endif
 #include "dlrec/nn/embedding_bag.h"
@@ -60,8 +60,8 @@ class Dlrm final : public Model {
   nn::Optimizer opt_;      // dense layers
   nn::Optimizer emb_opt_;  // embedding tables (optimizer.embedding, or the same settings)
   std::vector<std::pair<std::string, nn::Param*>> dense_params_;
-  // Buffers reused across steps.
   std::vector<nn::Param*> dense_ptrs_;
+  // Buffers reused across steps.
   Tensor dense_in_, emb_out_;
   int64_t fwd_rows_ = 0;
   bool have_training_forward_ = false;
@@ -224,13 +224,16 @@ std::vector<NamedTensor> Dlrm::optimizer_state() {
 }  // namespace
 
 std::unique_ptr<Model> build_model(const ModelConfig& model, const OptimizerConfig& opt,
-                                   const io::ShardLayout& layout, Device device, uint64_t seed) {
+                                   const io::ShardLayout& layout, Device device, uint64_t seed,
+                                   const std::string& precision) {
+  DLREC_CHECK(precision == "fp32" || device.is_cuda(), "precision '", precision,
+              "' needs a CUDA device; the CPU computes in fp32");
   if (model.arch == "graph") return build_graph_model(model, opt, layout, device, seed);
   if (model.arch != "dlrm")
     fail("unknown model arch '", model.arch, "' (this build knows: dlrm, graph)");
   if (device.is_cuda()) {
 #ifdef DLREC_WITH_CUDA
-    return make_dlrm_cuda(model, opt, layout, device, seed);
+    return make_dlrm_cuda(model, opt, layout, device, seed, precision);
 #else
     fail("cannot build the DLRM on ", device.str(),
          ": this build of dlrec has no CUDA support (use \"device\": \"cpu\")");

@@ -2,12 +2,23 @@
 // CPU model (src/model/dlrm.cc): the MLPs are initialised on the CPU by nn::MLP and copied, the
 // tables are initialised on the device by a kernel that computes the CPU's values bit for bit.
 //
-// A step: the host packs the batch into a pinned staging slot (ids become rows of the
-// concatenation of all tables, uint32; offsets int32) and copies it asynchronously; the bottom
-// MLP (cuBLAS SGEMM + bias/ReLU kernel), the embedding bags, the interaction and the top MLP run
-// on the model's stream; backward computes all gradients, then the dense optimizer steps and the
-// embedding update (sorted de-duplication, optimizer fused into the row update) run.
-// fp32 throughout (no TF32): this path is the parity reference on the GPU.
+// A step: the host packs the batch into one of two pinned staging slots (ids become rows of the
+// concatenation of all tables, uint32; offsets int32) and copies it on a copy stream into that
+// slot's device inputs, so the copy of step i+1 overlaps the compute of step i. The bottom MLP
+// runs on a side stream concurrently with the embedding bags; the interaction and the top MLP
+// follow; backward computes all gradients, then the dense optimizer steps and the embedding
+// update (sorted de-duplication, optimizer fused into the row update) run, the bottom MLP's
+// backward again beside the embedding update. Learning rates live in device memory, so from
+// the second step of a shape on, the whole step is one CUDA graph replay (DLREC_CUDA_GRAPH=0
+// turns that off).
+//
+// Precision (train.precision):
+//   fp32  cuBLAS SGEMM without TF32 + own epilogue kernels: the parity reference on the GPU.
+//   tf32  the same with TF32 tensor-core GEMMs.
+//   bf16  bf16 weights copies and activations, fp32 master weights, fp32 embedding tables and
+//         gradients of the tables, fp32 accumulation; GEMMs through cuBLASLt with fused
+//         epilogues (bias+ReLU with a ReLU bit mask forward, dReLU and bias gradient backward),
+//         falling back to plain GEMMs + own kernels where cuBLASLt has no algorithm.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -31,12 +42,18 @@
 #include "dlrec/nn/rng.h"
 #include "nn/dense_cuda.h"
 #include "nn/embedding_cuda.h"
+#include "nn/lt_gemm.h"
 
 namespace dlrec::model {
 namespace {
 
 namespace ce = nn::cuda_emb;
 namespace cd = nn::cuda_dense;
+namespace lt = nn::cuda_lt;
+using bf16 = cd::bf16;
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+bf16* bfp(const Tensor& t) { return static_cast<bf16*>(t.raw()); }
 
 #define DLREC_CUBLAS_CHECK(expr)                                                          \
   do {                                                                                    \
@@ -67,17 +84,30 @@ PinnedPtr pinned_alloc(size_t bytes) {
 }
 
 struct DenseLayer {
-  int64_t in = 0, out = 0;
+  int64_t in = 0, in_pad = 0, out = 0;
   bool relu = false;
-  Tensor w, b, dw, db, sw, sb;  // device; sw/sb: Adagrad state (undefined for SGD)
-  Tensor y, dz, dx;             // activations and gradients [capB, ...]
-  const float* x = nullptr;     // input of the last forward
+  bool out_f32 = true;            // bf16 mode: only the logit layer writes f32
+  Tensor w, b, dw, db, sw, sb;    // device f32; sw/sb: Adagrad state (undefined for SGD)
+  Tensor wh, bh;                  // bf16 mode: compute copies [out, in_pad], [out]
+  Tensor y, dz, dx;               // activations and gradients [capB, ...] (bf16 in bf16 mode)
+  Tensor aux;                     // bf16 mode: ReLU bit mask of y, aux_ld bits per row
+  int64_t aux_ld = 0;
+  bool aux_valid = false;         // the last forward wrote aux (cuBLASLt epilogue path)
+  const void* x = nullptr;        // input of the last forward (rows in_pad apart)
 };
+
+enum class Precision { FP32, TF32, BF16 };
+Precision parse_precision(const std::string& p) {
+  if (p == "fp32") return Precision::FP32;
+  if (p == "tf32") return Precision::TF32;
+  if (p == "bf16") return Precision::BF16;
+  fail("unknown precision '", p, "' (expected fp32, tf32 or bf16)");
+}
 
 class DlrmCuda final : public CudaModel {
  public:
   DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::ShardLayout& layout,
-           Device device, uint64_t seed);
+           Device device, uint64_t seed, const std::string& precision);
   ~DlrmCuda() override;
   Tensor forward(const io::Batch& batch, bool training) override;
   void backward_and_update(const Tensor& dlogits, double lr_scale) override;
@@ -88,29 +118,61 @@ class DlrmCuda final : public CudaModel {
   void synchronize() override;
 
  private:
+  // Device inputs of one step, double-buffered with their pinned staging memory.
+  struct Slot {
+    PinnedPtr mem;
+    float* dense = nullptr;
+    float* labels = nullptr;
+    int32_t* offsets = nullptr;
+    uint32_t* keys = nullptr;
+    float* lr = nullptr;            // [2]: dense and embedding learning rate of the step
+    Tensor d_dense, d_labels, d_offsets, d_keys, d_lr;
+    cudaEvent_t ready = nullptr;    // copy stream: inputs on the device
+    cudaEvent_t free = nullptr;     // model stream: last use of the device inputs
+    bool pending = false;           // a copy from `mem` was enqueued
+    // The CUDA graph of a training step on this slot's inputs, for (rows, nnz).
+    cudaGraphExec_t graph = nullptr;
+    int64_t graph_rows = -1, graph_nnz = -1;
+    int eager_steps = 0;            // eager steps with the current shape (graph after one)
+  };
+
   void check_batch(const io::Batch& b) const;
   void ensure_capacity(int64_t B, int64_t nnz);
-  void upload(const io::Batch& b);     // pack + async copy into the device inputs
+  // Packs the batch and enqueues its copy; the model stream waits for it. Sets cur_.
+  void upload(const io::Batch& b, float lr, float emb_lr);
   void run_forward(bool training);     // from the device inputs to logits (top_.back().y)
-  void run_backward_update(float lr, float emb_lr);
-  void mlp_forward(std::vector<DenseLayer>& mlp, const float* x, int64_t B);
+  void run_backward_update();
+  void step_body();                    // BCE + backward + update after run_forward(true)
+  void mlp_forward(std::vector<DenseLayer>& mlp, const void* x, int64_t B, cudaStream_t s,
+                   lt::Lt* l, cublasHandle_t h);
   // dy [B, out of last] -> gradients of every layer; returns dx of the first layer (or null).
-  const float* mlp_backward(std::vector<DenseLayer>& mlp, const float* dy, int64_t B,
-                            bool need_dx);
+  const void* mlp_backward(std::vector<DenseLayer>& mlp, const void* dy, int64_t B,
+                           bool need_dx, cudaStream_t s, lt::Lt* l, cublasHandle_t h,
+                           Tensor& partial);
+  void dense_updates(std::vector<DenseLayer>& mlp, cudaStream_t s);
+  void refresh_shadows();             // bf16 copies from the f32 masters
+  void drop_graphs();
+  cudaStream_t side() const { return overlap_ ? side_ : stream_; }
   Tensor dev_tensor(Shape s, DType t = DType::F32) { return Tensor::empty(std::move(s), t, dev_); }
+  const float* lr_ptr() const { return slots_[cur_].d_lr.data<float>(); }
 
   ModelConfig mc_;
   OptimizerConfig oc_;
   io::ShardLayout layout_;
   Device dev_;
   int dev_index_;
-  int64_t dim_, T_, num_dense_, dense_dim_, inter_out_;
+  Precision prec_;
+  bool bf16_ = false;
+  int64_t dim_, T_, num_dense_, dense_dim_, inter_out_, inter_ld_;
   bool dot_, mean_, adagrad_;
   float eps_, init_acc_;
   int key_bits_;
-  cudaStream_t stream_ = nullptr;
-  cublasHandle_t blas_ = nullptr;
-  Tensor blas_workspace_;
+  cudaStream_t stream_ = nullptr, copy_ = nullptr, side_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  cublasHandle_t blas_ = nullptr, blas_side_ = nullptr;
+  Tensor blas_workspace_, side_workspace_, lt_workspace_, lt_side_workspace_;
+  std::unique_ptr<lt::Lt> lt_, lt_side_;
+  bool overlap_ = true, graphs_ = true, shadows_stale_ = false;
 
   std::vector<DenseLayer> bottom_, top_;
   std::vector<Tensor> tables_, table_states_;
@@ -118,28 +180,19 @@ class DlrmCuda final : public CudaModel {
   Tensor table_ptrs_, state_ptrs_, row_base_;  // device arrays for the kernels
   ce::Tables tab_;
 
-  // Inputs and activations, sized for cap_b_ rows and cap_nnz_ ids.
+  // Activations, sized for cap_b_ rows and cap_nnz_ ids.
   int64_t cap_b_ = 0, cap_nnz_ = 0;
-  Tensor dense_in_, labels_, offsets_, keys_, emb_out_, inter_, d_dense_, d_emb_, dlogits_,
-      bgrad_partial_, loss_, scratch_mem_;
+  Tensor dense_h_, emb_out_, inter_, d_dense_, d_emb_, dlogits_, dlogits_h_, bgrad_partial_,
+      bgrad_partial_side_, loss_, scratch_mem_;
   ce::Scratch scratch_;
-  struct Slot {
-    PinnedPtr mem;
-    float* dense = nullptr;
-    float* labels = nullptr;
-    int32_t* offsets = nullptr;
-    uint32_t* keys = nullptr;
-    cudaEvent_t copied = nullptr;
-    bool pending = false;
-  };
   Slot slots_[2];
-  int slot_ = 0;
+  int next_ = 0, cur_ = 0;
 
   int64_t fwd_rows_ = 0, fwd_nnz_ = 0;
   bool have_training_forward_ = false;
 
   // DLREC_PROFILE=1: device time per phase of train_step from events between the phases (one
-  // host sync per step, so steps no longer overlap the host's packing), printed at destruction.
+  // host sync per step, everything on one stream, no graphs), printed at destruction.
   void mark(const char* phase);
   void flush_profile();
   bool profile_ = false;
@@ -180,11 +233,12 @@ void DlrmCuda::flush_profile() {
 }
 
 DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::ShardLayout& layout,
-                   Device device, uint64_t seed)
+                   Device device, uint64_t seed, const std::string& precision)
     : mc_(mc), oc_(oc), layout_(layout), dev_(device), dev_index_(device.index),
-      dim_(mc.embedding_dim) {
+      prec_(parse_precision(precision)), dim_(mc.embedding_dim) {
   cuda::require_device(dev_index_);
   DeviceGuard g(dev_index_);
+  bf16_ = prec_ == Precision::BF16;
   DLREC_CHECK(layout.num_dense >= 0, "DLRM: negative number of dense features");
   DLREC_CHECK(dim_ > 0, "DLRM: embedding_dim must be positive");
   DLREC_CHECK(!mc.top_mlp.empty() && mc.top_mlp.back() == 1,
@@ -199,25 +253,62 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
     DLREC_CHECK(num_dense_ > 0,
                 "DLRM: the dot interaction needs dense features (the data has none); use "
                 "\"interaction\": \"cat\"");
+  if (bf16_) {
+    DLREC_CHECK(dot_ && !mc.bottom_mlp.empty(),
+                "bf16 precision supports DLRM with the dot interaction and a bottom MLP; use "
+                "\"precision\": \"fp32\" or \"tf32\" for this model");
+    auto check_sizes = [](const std::vector<int64_t>& sizes, const char* name) {
+      for (size_t i = 0; i < sizes.size(); ++i)
+        DLREC_CHECK((i + 1 == sizes.size() && sizes[i] == 1) || sizes[i] % 8 == 0, "bf16 precision needs MLP sizes that are multiples of 8 ",
+                    "(tensor-core alignment): ", name, "[", i, "] = ", sizes[i]);
+    };
+    check_sizes(mc.bottom_mlp, "model.bottom_mlp");
+    check_sizes(mc.top_mlp, "model.top_mlp");
+  }
   mean_ = nn::parse_pooling(mc.pooling) == nn::Pooling::Mean;
-  adagrad_ = nn::parse_optimizer(oc.type) == nn::OptimizerKind::Adagrad;
+  const nn::OptimizerKind kind = nn::parse_optimizer(oc.type);
+  DLREC_CHECK(kind == nn::OptimizerKind::SGD || kind == nn::OptimizerKind::Adagrad,
+              "the CUDA DLRM supports the sgd and adagrad optimizers, not '", oc.type,
+              "' (train it on the CPU)");
+  adagrad_ = kind == nn::OptimizerKind::Adagrad;
   eps_ = static_cast<float>(oc.adagrad_eps);
   init_acc_ = static_cast<float>(oc.adagrad_init);
   DLREC_CHECK(eps_ >= 0 && init_acc_ >= 0,
               "Optimizer: eps and the initial accumulator must be >= 0");
 
-  DLREC_CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: ordered with legacy-stream copies
-  DLREC_CUBLAS_CHECK(cublasCreate(&blas_));
-  DLREC_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
-  // fp32 (no TF32) unless DLREC_TF32=1 asks for the tensor cores' reduced-precision fp32.
-  const char* tf32 = std::getenv("DLREC_TF32");
-  DLREC_CUBLAS_CHECK(cublasSetMathMode(
-      blas_, (tf32 && tf32[0] == '1') ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-  blas_workspace_ = dev_tensor({32 << 20}, DType::U8);
-  DLREC_CUBLAS_CHECK(cublasSetWorkspace(blas_, blas_workspace_.raw(), blas_workspace_.nbytes()));
-  for (auto& s : slots_) DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
   const char* prof = std::getenv("DLREC_PROFILE");
   profile_ = prof && prof[0] == '1';
+  const char* gr = std::getenv("DLREC_CUDA_GRAPH");
+  graphs_ = !profile_ && !(gr && gr[0] == '0');
+  overlap_ = !profile_;
+  // Blocking streams: ordered with legacy-stream copies done by Tensor::to().
+  DLREC_CUDA_CHECK(cudaStreamCreate(&stream_));
+  DLREC_CUDA_CHECK(cudaStreamCreate(&copy_));
+  DLREC_CUDA_CHECK(cudaStreamCreate(&side_));
+  DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+  DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+  const cublasMath_t math = prec_ == Precision::TF32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                     : CUBLAS_DEFAULT_MATH;
+  blas_workspace_ = dev_tensor({32 << 20}, DType::U8);
+  side_workspace_ = dev_tensor({32 << 20}, DType::U8);
+  for (auto [h, st, ws] : {std::make_tuple(&blas_, stream_, &blas_workspace_),
+                           std::make_tuple(&blas_side_, side_, &side_workspace_)}) {
+    DLREC_CUBLAS_CHECK(cublasCreate(h));
+    DLREC_CUBLAS_CHECK(cublasSetStream(*h, st));
+    DLREC_CUBLAS_CHECK(cublasSetMathMode(*h, math));
+    DLREC_CUBLAS_CHECK(cublasSetWorkspace(*h, ws->raw(), ws->nbytes()));
+  }
+  if (bf16_) {
+    lt_workspace_ = dev_tensor({32 << 20}, DType::U8);
+    lt_side_workspace_ = dev_tensor({32 << 20}, DType::U8);
+    lt_ = std::make_unique<lt::Lt>(lt_workspace_.raw(), lt_workspace_.nbytes());
+    lt_side_ = std::make_unique<lt::Lt>(lt_side_workspace_.raw(), lt_side_workspace_.nbytes());
+  }
+  for (auto& sl : slots_) {
+    DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&sl.ready, cudaEventDisableTiming));
+    DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&sl.free, cudaEventDisableTiming));
+    sl.d_lr = dev_tensor({2});
+  }
 
   // Dense layers: initialised on the CPU exactly as the CPU model does, then copied.
   auto make_mlp = [&](int64_t in, const std::vector<int64_t>& sizes, bool relu_last,
@@ -227,12 +318,18 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
     for (auto& l : cpu.layers()) {
       DenseLayer d;
       d.in = l.in_features();
+      d.in_pad = bf16_ ? round_up(d.in, 8) : d.in;
       d.out = l.out_features();
       d.relu = l.activation() == nn::Activation::ReLU;
       d.w = l.weight().value.to(dev_);
       d.b = l.bias().value.to(dev_);
-      d.dw = dev_tensor({d.out, d.in});
+      d.dw = dev_tensor({d.out, d.in_pad});
       d.db = dev_tensor({d.out});
+      if (bf16_) {
+        d.wh = dev_tensor({d.out, d.in_pad}, DType::BF16);
+        d.bh = dev_tensor({d.out}, DType::BF16);
+        d.aux_ld = round_up(d.out, 128);
+      }
       if (adagrad_) {
         d.sw = dev_tensor({d.out, d.in});
         d.sb = dev_tensor({d.out});
@@ -254,7 +351,14 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
                                : " (set the last bottom_mlp size to embedding_dim)");
   const int64_t n = T_ + 1;
   inter_out_ = dot_ ? dim_ + n * (n - 1) / 2 : dense_dim_ + T_ * dim_;
+  inter_ld_ = bf16_ ? round_up(inter_out_, 8) : inter_out_;
   make_mlp(inter_out_, mc.top_mlp, false, nn::derive_seed(seed, 2), top_);
+  if (bf16_) {
+    for (auto* mlp : {&bottom_, &top_})
+      for (auto& l : *mlp) l.out_f32 = false;
+    top_.back().out_f32 = true;
+    refresh_shadows();
+  }
 
   // Tables: initialised on the device, identical to EmbeddingBag::init.
   const uint64_t emb_seed = nn::derive_seed(seed, 3);
@@ -274,10 +378,10 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
     wp.push_back(w.data<float>());
     tables_.push_back(w);
     if (adagrad_) {
-      Tensor s = dev_tensor({rows, dim_});
-      ce::fill(s.data<float>(), s.numel(), init_acc_, stream_);
-      sp.push_back(s.data<float>());
-      table_states_.push_back(s);
+      Tensor st = dev_tensor({rows, dim_});
+      ce::fill(st.data<float>(), st.numel(), init_acc_, stream_);
+      sp.push_back(st.data<float>());
+      table_states_.push_back(st);
     }
   }
   key_bits_ = 1;
@@ -299,7 +403,28 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
   DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+void DlrmCuda::refresh_shadows() {
+  if (!bf16_) return;
+  for (auto* mlp : {&bottom_, &top_})
+    for (auto& l : *mlp) {
+      cd::to_bf16_padded(l.w.data<float>(), l.out, l.in, bfp(l.wh), l.in_pad, stream_);
+      cd::to_bf16_padded(l.b.data<float>(), 1, l.out, bfp(l.bh), l.out, stream_);
+    }
+  shadows_stale_ = false;
+}
+
+void DlrmCuda::drop_graphs() {
+  for (auto& sl : slots_) {
+    if (sl.graph) cudaGraphExecDestroy(sl.graph);
+    sl.graph = nullptr;
+    sl.graph_rows = sl.graph_nnz = -1;
+    sl.eager_steps = 0;
+  }
+}
+
 DlrmCuda::~DlrmCuda() {
+  cudaStreamSynchronize(copy_);
+  cudaStreamSynchronize(side_);
   cudaStreamSynchronize(stream_);
   if (profile_ && profiled_steps_ > 0) {
     double total = 0;
@@ -312,12 +437,24 @@ DlrmCuda::~DlrmCuda() {
     std::fprintf(stderr, "[profile]   %-24s %8.3f ms (host packing, inside h2d)\n", "host pack",
                  host_pack_ms_ / profiled_steps_);
     std::fprintf(stderr, "[profile]   %-24s %8.3f ms\n", "total", total / profiled_steps_);
+    if (lt_)
+      std::fprintf(stderr, "[profile]   cuBLASLt plans without an algorithm (fallbacks): %d\n",
+                   lt_->unsupported_count() + lt_side_->unsupported_count());
   }
+  drop_graphs();
   for (auto e : events_) cudaEventDestroy(e);
-  for (auto& s : slots_)
-    if (s.copied) cudaEventDestroy(s.copied);
+  for (auto& sl : slots_) {
+    if (sl.ready) cudaEventDestroy(sl.ready);
+    if (sl.free) cudaEventDestroy(sl.free);
+  }
+  if (fork_) cudaEventDestroy(fork_);
+  if (join_) cudaEventDestroy(join_);
+  lt_.reset();
+  lt_side_.reset();
   if (blas_) cublasDestroy(blas_);
-  if (stream_) cudaStreamDestroy(stream_);
+  if (blas_side_) cublasDestroy(blas_side_);
+  for (auto st : {stream_, copy_, side_})
+    if (st) cudaStreamDestroy(st);
 }
 
 void DlrmCuda::check_batch(const io::Batch& b) const {
@@ -344,61 +481,73 @@ void DlrmCuda::check_batch(const io::Batch& b) const {
 
 void DlrmCuda::ensure_capacity(int64_t B, int64_t nnz) {
   if (B <= cap_b_ && nnz <= cap_nnz_) return;
-  DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (auto st : {copy_, side_, stream_}) DLREC_CUDA_CHECK(cudaStreamSynchronize(st));
+  drop_graphs();  // they hold the old buffers
   const int64_t nb = std::max(B, cap_b_), nn_ = std::max<int64_t>(std::max(nnz, cap_nnz_), 1);
   DLREC_CHECK(nn_ < (int64_t{1} << 31) && nb * T_ < (int64_t{1} << 31),
               "CUDA DLRM: a batch with ", nn_, " ids is too large (int32 offsets)");
   cap_b_ = nb;
   cap_nnz_ = nn_;
   const int64_t cb = std::max<int64_t>(nb, 1);
-  dense_in_ = dev_tensor({cb, std::max<int64_t>(num_dense_, 1)});
-  labels_ = dev_tensor({cb});
-  offsets_ = dev_tensor({cb * T_ + 1}, DType::I32);
-  keys_ = dev_tensor({nn_}, DType::I32);
-  emb_out_ = dev_tensor({cb, std::max<int64_t>(T_, 1), dim_});
-  d_emb_ = dev_tensor({cb, std::max<int64_t>(T_, 1), dim_});
-  inter_ = dev_tensor({cb, inter_out_});
-  d_dense_ = dev_tensor({cb, std::max<int64_t>(dense_dim_, 1)});
+  const DType act = bf16_ ? DType::BF16 : DType::F32;
+  emb_out_ = dev_tensor({cb, std::max<int64_t>(T_, 1), dim_}, act);
+  d_emb_ = dev_tensor({cb, std::max<int64_t>(T_, 1), dim_});  // f32: the tables' gradients
+  inter_ = dev_tensor({cb, inter_ld_}, act);
+  d_dense_ = dev_tensor({cb, std::max<int64_t>(dense_dim_, 1)}, act);
   dlogits_ = dev_tensor({cb});
+  if (bf16_) {
+    dlogits_h_ = dev_tensor({cb}, DType::BF16);
+    dense_h_ = dev_tensor({cb, bottom_.front().in_pad}, DType::BF16);
+  }
   int64_t max_out = 1;
   for (auto* mlp : {&bottom_, &top_})
     for (auto& l : *mlp) {
       max_out = std::max(max_out, l.out);
-      l.y = dev_tensor({cb, l.out});
-      l.dz = l.relu ? dev_tensor({cb, l.out}) : Tensor();
-      l.dx = dev_tensor({cb, l.in});
+      l.y = dev_tensor({cb, l.out}, l.out_f32 ? DType::F32 : act);
+      l.dz = l.relu ? dev_tensor({cb, l.out}, act) : Tensor();
+      l.dx = dev_tensor({cb, l.in_pad}, act);
+      if (bf16_ && l.relu) l.aux = dev_tensor({cb * l.aux_ld / 8}, DType::U8);
     }
   bgrad_partial_ = dev_tensor({std::max<int64_t>(cd::bias_grad_chunks(cb), 1), max_out});
+  bgrad_partial_side_ = dev_tensor({std::max<int64_t>(cd::bias_grad_chunks(cb), 1), max_out});
   const size_t sb = ce::scratch_bytes(nn_, key_bits_, static_cast<int>(dim_));
   scratch_mem_ = dev_tensor({static_cast<int64_t>(sb)}, DType::U8);
   scratch_ = ce::carve(scratch_mem_.raw(), nn_, key_bits_, static_cast<int>(dim_));
   ce::prepare(scratch_, stream_);
   const size_t host_bytes = sizeof(float) * cb * (num_dense_ + 1) +
-                            sizeof(int32_t) * (cb * T_ + 1) + sizeof(uint32_t) * nn_ + 256;
-  for (auto& s : slots_) {
-    if (s.pending) DLREC_CUDA_CHECK(cudaEventSynchronize(s.copied));
-    s.pending = false;
-    s.mem = pinned_alloc(host_bytes);
-    char* p = static_cast<char*>(s.mem.get());
-    s.dense = reinterpret_cast<float*>(p);
+                            sizeof(int32_t) * (cb * T_ + 1) + sizeof(uint32_t) * nn_ + 512;
+  for (auto& sl : slots_) {
+    sl.pending = false;
+    sl.mem = pinned_alloc(host_bytes);
+    char* p = static_cast<char*>(sl.mem.get());
+    sl.lr = reinterpret_cast<float*>(p);
+    p += 256;
+    sl.dense = reinterpret_cast<float*>(p);
     p += sizeof(float) * cb * num_dense_;
-    s.labels = reinterpret_cast<float*>(p);
+    sl.labels = reinterpret_cast<float*>(p);
     p += sizeof(float) * cb;
-    s.offsets = reinterpret_cast<int32_t*>(p);
+    sl.offsets = reinterpret_cast<int32_t*>(p);
     p += sizeof(int32_t) * (cb * T_ + 1);
-    s.keys = reinterpret_cast<uint32_t*>(p);
+    sl.keys = reinterpret_cast<uint32_t*>(p);
+    sl.d_dense = dev_tensor({cb, std::max<int64_t>(num_dense_, 1)});
+    sl.d_labels = dev_tensor({cb});
+    sl.d_offsets = dev_tensor({cb * T_ + 1}, DType::I32);
+    sl.d_keys = dev_tensor({nn_}, DType::I32);
   }
 }
 
-void DlrmCuda::upload(const io::Batch& b) {
+void DlrmCuda::upload(const io::Batch& b, float lr, float emb_lr) {
   const int64_t B = b.rows;
   int64_t nnz = 0;
   for (int64_t t = 0; t < T_; ++t) nnz += b.cat_offsets[t][B] - b.cat_offsets[t][0];
   ensure_capacity(B, nnz);
-  Slot& s = slots_[slot_];
-  slot_ ^= 1;
+  Slot& s = slots_[next_];
+  cur_ = next_;
+  next_ ^= 1;
   // The slot's previous copy must have left the pinned buffer before we overwrite it.
-  if (s.pending) DLREC_CUDA_CHECK(cudaEventSynchronize(s.copied));
+  if (s.pending) DLREC_CUDA_CHECK(cudaEventSynchronize(s.ready));
+  s.lr[0] = lr;
+  s.lr[1] = emb_lr;
   if (B * num_dense_ > 0) std::memcpy(s.dense, b.dense.data(), sizeof(float) * B * num_dense_);
   if (b.labels.empty()) std::memset(s.labels, 0, sizeof(float) * B);
   else std::memcpy(s.labels, b.labels.data(), sizeof(float) * B);
@@ -435,121 +584,276 @@ void DlrmCuda::upload(const io::Batch& b) {
     }
   });
   s.offsets[T_ * B] = start[T_];
+  // The copy stream writes the slot's device inputs once the step that last read them is done.
+  cudaStream_t cs = overlap_ ? copy_ : stream_;
+  if (overlap_) DLREC_CUDA_CHECK(cudaStreamWaitEvent(copy_, s.free, 0));
   auto h2d = [&](void* dst, const void* src, size_t bytes) {
-    if (bytes) DLREC_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    if (bytes) DLREC_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cs));
   };
-  h2d(dense_in_.raw(), s.dense, sizeof(float) * B * num_dense_);
-  h2d(labels_.raw(), s.labels, sizeof(float) * B);
-  h2d(offsets_.raw(), s.offsets, sizeof(int32_t) * (T_ * B + 1));
-  h2d(keys_.raw(), s.keys, sizeof(uint32_t) * nnz);
-  DLREC_CUDA_CHECK(cudaEventRecord(s.copied, stream_));
+  h2d(s.d_lr.raw(), s.lr, sizeof(float) * 2);
+  h2d(s.d_dense.raw(), s.dense, sizeof(float) * B * num_dense_);
+  h2d(s.d_labels.raw(), s.labels, sizeof(float) * B);
+  h2d(s.d_offsets.raw(), s.offsets, sizeof(int32_t) * (T_ * B + 1));
+  h2d(s.d_keys.raw(), s.keys, sizeof(uint32_t) * nnz);
+  DLREC_CUDA_CHECK(cudaEventRecord(s.ready, cs));
+  if (overlap_) DLREC_CUDA_CHECK(cudaStreamWaitEvent(stream_, s.ready, 0));
   s.pending = true;
   fwd_rows_ = B;
   fwd_nnz_ = nnz;
+  if (shadows_stale_) refresh_shadows();
 }
 
-void DlrmCuda::mlp_forward(std::vector<DenseLayer>& mlp, const float* x, int64_t B) {
+void DlrmCuda::mlp_forward(std::vector<DenseLayer>& mlp, const void* x, int64_t B,
+                           cudaStream_t st, lt::Lt* lth, cublasHandle_t h) {
   const float one = 1.f, zero = 0.f;
   for (auto& l : mlp) {
     l.x = x;
-    float* y = l.y.data<float>();
-    // Row-major y [B, out] = x [B, in] W^T, i.e. column-major y^T = W x^T.
-    DLREC_CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(l.out),
-                                   static_cast<int>(B), static_cast<int>(l.in), &one,
-                                   l.w.data<float>(), static_cast<int>(l.in), x,
-                                   static_cast<int>(l.in), &zero, y, static_cast<int>(l.out)));
-    cd::bias_act(y, l.b.data<float>(), B, l.out, l.relu, stream_);
-    x = y;
+    if (!bf16_) {
+      float* y = l.y.data<float>();
+      // Row-major y [B, out] = x [B, in] W^T, i.e. column-major y^T = W x^T.
+      DLREC_CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(l.out),
+                                     static_cast<int>(B), static_cast<int>(l.in), &one,
+                                     l.w.data<float>(), static_cast<int>(l.in),
+                                     static_cast<const float*>(x), static_cast<int>(l.in), &zero,
+                                     y, static_cast<int>(l.out)));
+      cd::bias_act(y, l.b.data<float>(), B, l.out, l.relu, st);
+      x = y;
+      continue;
+    }
+    // bf16: column-major y^T [out, B] = Wh^T... with Wh stored [out, in_pad] row-major.
+    lt::Gemm g;
+    g.trans_a = true;
+    g.m = l.out;
+    g.n = B;
+    g.k = l.in_pad;
+    g.lda = l.in_pad;
+    g.ldb = l.in_pad;
+    g.ldd = l.out;
+    g.d_type = l.out_f32 ? CUDA_R_32F : CUDA_R_16BF;
+    g.epi = l.relu ? lt::Epi::ReluAuxBias : lt::Epi::Bias;
+    g.aux_ld = l.aux_ld;
+    void* bias = l.out_f32 ? l.b.raw() : l.bh.raw();
+    l.aux_valid = lth->run(g, l.wh.raw(), x, l.y.raw(), bias, l.relu ? l.aux.raw() : nullptr, st);
+    if (!l.aux_valid) {
+      DLREC_CUBLAS_CHECK(cublasGemmEx(
+          h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(l.out), static_cast<int>(B),
+          static_cast<int>(l.in_pad), &one, l.wh.raw(), CUDA_R_16BF, static_cast<int>(l.in_pad),
+          x, CUDA_R_16BF, static_cast<int>(l.in_pad), &zero, l.y.raw(), g.d_type,
+          static_cast<int>(l.out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      if (l.out_f32) cd::bias_act(l.y.data<float>(), l.b.data<float>(), B, l.out, l.relu, st);
+      else cd::bias_act(bfp(l.y), bfp(l.bh), B, l.out, l.relu, st);
+    }
+    l.aux_valid = l.aux_valid && l.relu;
+    x = l.y.raw();
   }
 }
 
-const float* DlrmCuda::mlp_backward(std::vector<DenseLayer>& mlp, const float* dy, int64_t B,
-                                    bool need_dx) {
+const void* DlrmCuda::mlp_backward(std::vector<DenseLayer>& mlp, const void* dy, int64_t B,
+                                   bool need_dx, cudaStream_t st, lt::Lt* lth, cublasHandle_t h,
+                                   Tensor& partial) {
   const float one = 1.f, zero = 0.f;
+  const int b = static_cast<int>(B);
+  if (!bf16_) {
+    for (size_t k = mlp.size(); k-- > 0;) {
+      DenseLayer& l = mlp[k];
+      // ReLU mask and bias gradient in one pass over dy.
+      cd::mask_bias_grad(static_cast<const float*>(dy), l.relu ? l.y.data<float>() : nullptr,
+                         l.relu ? l.dz.data<float>() : nullptr, partial.data<float>(),
+                         l.db.data<float>(), B, l.out, st);
+      const float* dz = l.relu ? l.dz.data<float>() : static_cast<const float*>(dy);
+      const int in = static_cast<int>(l.in), out = static_cast<int>(l.out);
+      // dW [out, in] = dz^T x: column-major dW^T [in, out] = x^T [in, B] dz [B, out].
+      DLREC_CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, in, out, b, &one,
+                                     static_cast<const float*>(l.x), in, dz, out, &zero,
+                                     l.dw.data<float>(), in));
+      if (k > 0 || need_dx) {
+        // dx [B, in] = dz W: column-major dx^T [in, B] = W^T [in, out] dz^T [out, B].
+        DLREC_CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, in, b, out, &one,
+                                       l.w.data<float>(), in, dz, out, &zero, l.dx.data<float>(),
+                                       in));
+        dy = l.dx.raw();
+      } else {
+        dy = nullptr;
+      }
+    }
+    return dy;
+  }
+  // bf16: `dy` is already the gradient of the last layer's pre-activation (its ReLU, if any,
+  // was applied by whoever produced it); each dgrad GEMM applies the previous layer's ReLU.
+  const void* dz = dy;
   for (size_t k = mlp.size(); k-- > 0;) {
     DenseLayer& l = mlp[k];
-    // ReLU mask and bias gradient in one pass over dy.
-    cd::mask_bias_grad(dy, l.relu ? l.y.data<float>() : nullptr,
-                       l.relu ? l.dz.data<float>() : nullptr, bgrad_partial_.data<float>(),
-                       l.db.data<float>(), B, l.out, stream_);
-    const float* dz = l.relu ? l.dz.data<float>() : dy;
-    const int in = static_cast<int>(l.in), out = static_cast<int>(l.out), b = static_cast<int>(B);
-    // dW [out, in] = dz^T x: column-major dW^T [in, out] = x^T [in, B] dz [B, out].
-    DLREC_CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, in, out, b, &one, l.x, in, dz,
-                                   out, &zero, l.dw.data<float>(), in));
-    if (k > 0 || need_dx) {
-      // dx [B, in] = dz W: column-major dx^T [in, B] = W^T [in, out] dz^T [out, B].
-      DLREC_CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, in, b, out, &one,
-                                     l.w.data<float>(), in, dz, out, &zero, l.dx.data<float>(),
-                                     in));
-      dy = l.dx.data<float>();
-    } else {
-      dy = nullptr;
+    const int in_pad = static_cast<int>(l.in_pad), out = static_cast<int>(l.out);
+    // dW^T [in_pad, out] (f32) = x^T [in_pad, B] dz [B, out], bias gradient from dz.
+    lt::Gemm wg;
+    wg.trans_b = true;
+    wg.m = in_pad;
+    wg.n = out;
+    wg.k = B;
+    wg.lda = in_pad;
+    wg.ldb = out;
+    wg.ldd = in_pad;
+    wg.d_type = CUDA_R_32F;
+    wg.epi = lt::Epi::BGradB;
+    if (!lth->run(wg, l.x, dz, l.dw.raw(), l.db.raw(), nullptr, st)) {
+      DLREC_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, in_pad, out, b, &one, l.x,
+                                      CUDA_R_16BF, in_pad, dz, CUDA_R_16BF, out, &zero,
+                                      l.dw.raw(), CUDA_R_32F, in_pad, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+      cd::mask_bias_grad(static_cast<const bf16*>(dz), nullptr, nullptr, partial.data<float>(),
+                         l.db.data<float>(), B, l.out, st);
     }
+    if (k == 0 && !need_dx) return nullptr;
+    // dx^T [in_pad, B] = Wh [in_pad, out] (column-major view) dz^T [out, B]; into the previous
+    // layer's dz with its ReLU applied when there is one.
+    DenseLayer* prev = k > 0 ? &mlp[k - 1] : nullptr;
+    void* dst = prev ? prev->dz.raw() : l.dx.raw();
+    lt::Gemm dg;
+    dg.m = in_pad;
+    dg.n = B;
+    dg.k = out;
+    dg.lda = in_pad;
+    dg.ldb = out;
+    dg.ldd = in_pad;
+    dg.d_type = CUDA_R_16BF;
+    bool done = false;
+    if (prev && prev->aux_valid) {
+      dg.epi = lt::Epi::DRelu;
+      dg.aux_ld = prev->aux_ld;
+      done = lth->run(dg, l.wh.raw(), dz, dst, nullptr, prev->aux.raw(), st);
+    }
+    if (!done) {
+      void* tmp = prev ? l.dx.raw() : dst;
+      DLREC_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, in_pad, b, out, &one,
+                                      l.wh.raw(), CUDA_R_16BF, in_pad, dz, CUDA_R_16BF, out,
+                                      &zero, tmp, CUDA_R_16BF, in_pad, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+      if (prev) cd::relu_mask(bfp(l.dx), bfp(prev->y), bfp(prev->dz), B * l.in, st);
+    }
+    dz = dst;
   }
-  return dy;
+  return dz;
+}
+
+void DlrmCuda::dense_updates(std::vector<DenseLayer>& mlp, cudaStream_t st) {
+  for (auto& l : mlp) {
+    cd::optimizer_step(l.w.data<float>(), l.dw.data<float>(),
+                       adagrad_ ? l.sw.data<float>() : nullptr, l.out, l.in, l.in_pad,
+                       bf16_ ? bfp(l.wh) : nullptr, l.in_pad, lr_ptr(), eps_, st);
+    cd::optimizer_step(l.b.data<float>(), l.db.data<float>(),
+                       adagrad_ ? l.sb.data<float>() : nullptr, 1, l.out, l.out,
+                       bf16_ ? bfp(l.bh) : nullptr, l.out, lr_ptr(), eps_, st);
+  }
 }
 
 void DlrmCuda::run_forward(bool training) {
   const int64_t B = fwd_rows_;
   have_training_forward_ = training;
   if (B == 0) return;
-  const float* dense = dense_in_.data<float>();
-  if (!bottom_.empty()) {
-    mlp_forward(bottom_, dense, B);
-    dense = bottom_.back().y.data<float>();
+  const Slot& sl = slots_[cur_];
+  // Bottom MLP on the side stream, beside the embedding lookup.
+  cudaStream_t bs = side();
+  const bool fork = bs != stream_;
+  if (fork) {
+    DLREC_CUDA_CHECK(cudaEventRecord(fork_, stream_));
+    DLREC_CUDA_CHECK(cudaStreamWaitEvent(bs, fork_, 0));
   }
+  const void* dense = sl.d_dense.raw();
+  if (bf16_) {
+    cd::to_bf16_padded(sl.d_dense.data<float>(), B, num_dense_, bfp(dense_h_),
+                       bottom_.front().in_pad, bs);
+    dense = dense_h_.raw();
+  }
+  if (!bottom_.empty()) {
+    mlp_forward(bottom_, dense, B, bs, fork ? lt_side_.get() : lt_.get(),
+                fork ? blas_side_ : blas_);
+    dense = bottom_.back().y.raw();
+  }
+  if (fork) DLREC_CUDA_CHECK(cudaEventRecord(join_, bs));
   mark("bottom mlp fwd");
-  ce::forward(tab_, offsets_.data<int32_t>(), reinterpret_cast<const uint32_t*>(keys_.raw()), B,
-              mean_, emb_out_.data<float>(), stream_);
+  const auto* offsets = sl.d_offsets.data<int32_t>();
+  const auto* keys = static_cast<const uint32_t*>(sl.d_keys.raw());
+  if (bf16_) ce::forward(tab_, offsets, keys, B, mean_, bfp(emb_out_), stream_);
+  else ce::forward(tab_, offsets, keys, B, mean_, emb_out_.data<float>(), stream_);
   mark("embedding fwd");
-  if (dot_)
-    cd::dot_forward(dense, emb_out_.data<float>(), B, static_cast<int>(T_), static_cast<int>(dim_),
-                    inter_.data<float>(), stream_);
+  if (fork) DLREC_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
+  const int T = static_cast<int>(T_), d = static_cast<int>(dim_);
+  if (bf16_)
+    cd::dot_forward(static_cast<const bf16*>(dense), bfp(emb_out_), B, T, d, bfp(inter_),
+                    inter_ld_, stream_);
+  else if (dot_)
+    cd::dot_forward(static_cast<const float*>(dense), emb_out_.data<float>(), B, T, d,
+                    inter_.data<float>(), inter_ld_, stream_);
   else
-    cd::cat_forward(dense, emb_out_.data<float>(), B, static_cast<int>(dense_dim_), T_ * dim_,
-                    inter_.data<float>(), stream_);
+    cd::cat_forward(static_cast<const float*>(dense), emb_out_.data<float>(), B,
+                    static_cast<int>(dense_dim_), T_ * dim_, inter_.data<float>(), stream_);
   mark("interaction fwd");
-  mlp_forward(top_, inter_.data<float>(), B);
+  mlp_forward(top_, inter_.raw(), B, stream_, lt_.get(), blas_);
   mark("top mlp fwd");
 }
 
-void DlrmCuda::run_backward_update(float lr, float emb_lr) {
+void DlrmCuda::run_backward_update() {
   const int64_t B = fwd_rows_;
   if (B == 0) return;
-  const float* dinter = mlp_backward(top_, dlogits_.data<float>(), B, true);
+  const Slot& sl = slots_[cur_];
+  const void* dlog = bf16_ ? dlogits_h_.raw() : dlogits_.raw();
+  const void* dinter = mlp_backward(top_, dlog, B, true, stream_, lt_.get(), blas_,
+                                    bgrad_partial_);
   mark("top mlp bwd");
-  const float* dense = bottom_.empty() ? dense_in_.data<float>() : bottom_.back().y.data<float>();
-  if (dot_)
-    cd::dot_backward(dense, emb_out_.data<float>(), dinter, B, static_cast<int>(T_),
-                     static_cast<int>(dim_), d_dense_.data<float>(), d_emb_.data<float>(),
-                     stream_);
+  const void* dense = bottom_.empty() ? sl.d_dense.raw() : bottom_.back().y.raw();
+  const int T = static_cast<int>(T_), d = static_cast<int>(dim_);
+  if (bf16_)
+    cd::dot_backward(static_cast<const bf16*>(dense), bfp(emb_out_),
+                     static_cast<const bf16*>(dinter), inter_ld_, B, T, d,
+                     bottom_.back().relu, bfp(d_dense_), d_emb_.data<float>(), stream_);
+  else if (dot_)
+    cd::dot_backward(static_cast<const float*>(dense), emb_out_.data<float>(),
+                     static_cast<const float*>(dinter), inter_ld_, B, T, d, false,
+                     d_dense_.data<float>(), d_emb_.data<float>(), stream_);
   else
-    cd::cat_backward(dinter, B, static_cast<int>(dense_dim_), T_ * dim_, d_dense_.data<float>(),
-                     d_emb_.data<float>(), stream_);
+    cd::cat_backward(static_cast<const float*>(dinter), B, static_cast<int>(dense_dim_),
+                     T_ * dim_, d_dense_.data<float>(), d_emb_.data<float>(), stream_);
   mark("interaction bwd");
-  if (!bottom_.empty()) mlp_backward(bottom_, d_dense_.data<float>(), B, false);
-  mark("bottom mlp bwd");
-  for (auto* mlp : {&bottom_, &top_})
-    for (auto& l : *mlp) {
-      cd::optimizer_step(l.w.data<float>(), l.dw.data<float>(),
-                         adagrad_ ? l.sw.data<float>() : nullptr, l.w.numel(), lr, eps_, stream_);
-      cd::optimizer_step(l.b.data<float>(), l.db.data<float>(),
-                         adagrad_ ? l.sb.data<float>() : nullptr, l.b.numel(), lr, eps_, stream_);
-    }
-  mark("dense optimizer");
-  ce::backward_update(tab_, offsets_.data<int32_t>(), reinterpret_cast<const uint32_t*>(keys_.raw()),
-                      B, fwd_nnz_, mean_, d_emb_.data<float>(),
-                      adagrad_ ? ce::Update::Adagrad : ce::Update::SGD, emb_lr, eps_, key_bits_,
-                      scratch_, stream_);
+  // The bottom MLP's backward and update on the side stream, beside the embedding update.
+  cudaStream_t bs = side();
+  const bool fork = bs != stream_;
+  if (fork) {
+    DLREC_CUDA_CHECK(cudaEventRecord(fork_, stream_));
+    DLREC_CUDA_CHECK(cudaStreamWaitEvent(bs, fork_, 0));
+  }
+  if (!bottom_.empty()) {
+    mlp_backward(bottom_, d_dense_.raw(), B, false, bs, fork ? lt_side_.get() : lt_.get(),
+                 fork ? blas_side_ : blas_, fork ? bgrad_partial_side_ : bgrad_partial_);
+    dense_updates(bottom_, bs);
+  }
+  if (fork) DLREC_CUDA_CHECK(cudaEventRecord(join_, bs));
+  mark("bottom mlp bwd+update");
+  dense_updates(top_, stream_);
+  mark("top optimizer");
+  ce::backward_update(tab_, sl.d_offsets.data<int32_t>(),
+                      static_cast<const uint32_t*>(sl.d_keys.raw()), B, fwd_nnz_, mean_,
+                      d_emb_.data<float>(), adagrad_ ? ce::Update::Adagrad : ce::Update::SGD,
+                      lr_ptr() + 1, eps_, key_bits_, scratch_, stream_);
   mark("embedding bwd+update");
+  if (fork) DLREC_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
+}
+
+void DlrmCuda::step_body() {
+  const Slot& sl = slots_[cur_];
+  run_forward(true);
+  have_training_forward_ = false;
+  cd::bce_with_logits(top_.back().y.data<float>(), sl.d_labels.data<float>(), fwd_rows_,
+                      dlogits_.data<float>(), static_cast<double*>(loss_.raw()), stream_,
+                      bf16_ ? bfp(dlogits_h_) : nullptr);
+  mark("bce");
+  run_backward_update();
 }
 
 Tensor DlrmCuda::forward(const io::Batch& batch, bool training) {
   DeviceGuard g(dev_index_);
   check_batch(batch);
   have_training_forward_ = false;
-  upload(batch);
+  upload(batch, 0.f, 0.f);
   run_forward(training);
   mark_names_.clear();  // phases are profiled in train_step only
   const int64_t B = fwd_rows_;
@@ -558,6 +862,7 @@ Tensor DlrmCuda::forward(const io::Batch& batch, bool training) {
   if (B)
     DLREC_CUDA_CHECK(cudaMemcpyAsync(logits.raw(), top_.back().y.raw(), sizeof(float) * B,
                                      cudaMemcpyDeviceToDevice, stream_));
+  if (!training) DLREC_CUDA_CHECK(cudaEventRecord(slots_[cur_].free, stream_));
   return logits;
 }
 
@@ -572,15 +877,23 @@ void DlrmCuda::backward_and_update(const Tensor& dlogits, double lr_scale) {
               "DLRM: dlogits on ", dlogits.device().str(), ", the model is on ", dev_.str());
   DLREC_CHECK(lr_scale >= 0, "DLRM: lr_scale must be >= 0, got ", lr_scale);
   have_training_forward_ = false;
+  Slot& sl = slots_[cur_];
+  // The learning rates go through the slot's pinned buffer (its copy was waited for in
+  // upload, and the next upload into it waits for this copy).
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  sl.lr[0] = static_cast<float>(oc_.lr * lr_scale);
+  sl.lr[1] = static_cast<float>((oc_.embedding_lr >= 0 ? oc_.embedding_lr : oc_.lr) * lr_scale);
+  DLREC_CUDA_CHECK(cudaMemcpyAsync(sl.d_lr.raw(), sl.lr, sizeof(float) * 2,
+                                   cudaMemcpyHostToDevice, stream_));
   if (fwd_rows_)
     DLREC_CUDA_CHECK(cudaMemcpyAsync(dlogits_.raw(), dlogits.raw(), sizeof(float) * fwd_rows_,
                                      dlogits.device().is_cuda() ? cudaMemcpyDeviceToDevice
                                                                 : cudaMemcpyHostToDevice,
                                      stream_));
-  const float lr = static_cast<float>(oc_.lr * lr_scale);
-  const float emb_lr =
-      static_cast<float>((oc_.embedding_lr >= 0 ? oc_.embedding_lr : oc_.lr) * lr_scale);
-  run_backward_update(lr, emb_lr);
+  if (bf16_ && fwd_rows_)
+    cd::to_bf16_padded(dlogits_.data<float>(), fwd_rows_, 1, bfp(dlogits_h_), 1, stream_);
+  run_backward_update();
+  DLREC_CUDA_CHECK(cudaEventRecord(sl.free, stream_));
   mark_names_.clear();
 }
 
@@ -592,21 +905,60 @@ double DlrmCuda::train_step(const io::Batch& batch, double lr_scale, bool want_l
   DLREC_CHECK(lr_scale >= 0, "DLRM: lr_scale must be >= 0, got ", lr_scale);
   mark("begin");
   const auto t0 = std::chrono::steady_clock::now();
-  upload(batch);
+  const float lr = static_cast<float>(oc_.lr * lr_scale);
+  const float emb_lr =
+      static_cast<float>((oc_.embedding_lr >= 0 ? oc_.embedding_lr : oc_.lr) * lr_scale);
+  upload(batch, lr, emb_lr);
   if (profile_)
     host_pack_ms_ +=
         (seen_steps_ >= 3) *
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   mark("h2d (+host packing)");
-  run_forward(true);
-  have_training_forward_ = false;
-  cd::bce_with_logits(top_.back().y.data<float>(), labels_.data<float>(), fwd_rows_,
-                      dlogits_.data<float>(), static_cast<double*>(loss_.raw()), stream_);
-  const float lr = static_cast<float>(oc_.lr * lr_scale);
-  const float emb_lr =
-      static_cast<float>((oc_.embedding_lr >= 0 ? oc_.embedding_lr : oc_.lr) * lr_scale);
-  mark("bce");
-  run_backward_update(lr, emb_lr);
+  Slot& sl = slots_[cur_];
+  if (graphs_ && fwd_rows_ > 0) {
+    if (sl.graph && (sl.graph_rows != fwd_rows_ || sl.graph_nnz != fwd_nnz_)) {
+      DLREC_CUDA_CHECK(cudaGraphExecDestroy(sl.graph));
+      sl.graph = nullptr;
+      sl.eager_steps = 0;
+    }
+    if (!sl.graph && sl.eager_steps >= 1) {
+      // Capture once the shape has run eagerly (cuBLAS/cuBLASLt plans and CUB sizes are set).
+      cudaGraph_t graph = nullptr;
+      DLREC_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      try {
+        step_body();
+      } catch (...) {
+        cudaStreamEndCapture(stream_, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      DLREC_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+      const cudaError_t e = cudaGraphInstantiate(&sl.graph, graph, 0);
+      cudaGraphDestroy(graph);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        sl.graph = nullptr;
+        graphs_ = false;  // run eagerly from now on
+        std::fprintf(stderr, "dlrec: warning: CUDA graph instantiation failed (%s); running "
+                     "eagerly\n", cudaGetErrorString(e));
+      } else {
+        sl.graph_rows = fwd_rows_;
+        sl.graph_nnz = fwd_nnz_;
+      }
+    }
+  }
+  if (graphs_ && sl.graph) {
+    DLREC_CUDA_CHECK(cudaGraphLaunch(sl.graph, stream_));
+  } else {
+    step_body();
+    if (sl.graph_rows != fwd_rows_ || sl.graph_nnz != fwd_nnz_) {
+      sl.graph_rows = fwd_rows_;
+      sl.graph_nnz = fwd_nnz_;
+      sl.eager_steps = 0;
+    }
+    ++sl.eager_steps;
+  }
+  DLREC_CUDA_CHECK(cudaEventRecord(sl.free, stream_));
   flush_profile();
   if (!want_loss) return std::numeric_limits<double>::quiet_NaN();
   double loss = 0;
@@ -618,11 +970,12 @@ double DlrmCuda::train_step(const io::Batch& batch, double lr_scale, bool want_l
 
 void DlrmCuda::synchronize() {
   DeviceGuard g(dev_index_);
-  DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (auto st : {copy_, side_, stream_}) DLREC_CUDA_CHECK(cudaStreamSynchronize(st));
 }
 
 std::vector<NamedTensor> DlrmCuda::parameters() {
   synchronize();
+  shadows_stale_ = bf16_;  // the caller may write into the f32 masters
   std::vector<NamedTensor> out;
   auto add = [&](std::vector<DenseLayer>& mlp, const std::string& prefix) {
     for (size_t k = 0; k < mlp.size(); ++k) {
@@ -659,9 +1012,9 @@ std::vector<NamedTensor> DlrmCuda::optimizer_state() {
 
 std::unique_ptr<CudaModel> make_dlrm_cuda(const ModelConfig& model, const OptimizerConfig& opt,
                                           const io::ShardLayout& layout, Device device,
-                                          uint64_t seed) {
+                                          uint64_t seed, const std::string& precision) {
   DLREC_CHECK(device.is_cuda(), "make_dlrm_cuda: ", device.str(), " is not a CUDA device");
-  return std::make_unique<DlrmCuda>(model, opt, layout, device, seed);
+  return std::make_unique<DlrmCuda>(model, opt, layout, device, seed, precision);
 }
 
 }  // namespace dlrec::model

@@ -11,12 +11,29 @@ int grid_for(int64_t n, int threads, int cap = 65536) {
   return static_cast<int>(b < 1 ? 1 : (b > cap ? cap : b));
 }
 
-__global__ void bias_act_kernel(float* __restrict__ y, const float* __restrict__ b, int64_t n,
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
+template <class E> __device__ __forceinline__ E from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16(x); }
+
+__global__ void to_bf16_kernel(const float* __restrict__ x, int64_t B, int64_t cols,
+                               bf16* __restrict__ y, int64_t ld) {
+  const int64_t n = B * ld;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / ld, c = i - r * ld;
+    y[i] = __float2bfloat16(c < cols ? x[r * cols + c] : 0.f);
+  }
+}
+
+template <class E>
+__global__ void bias_act_kernel(E* __restrict__ y, const E* __restrict__ b, int64_t n,
                                 int64_t out, bool relu) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const float v = y[i] + b[i % out];
-    y[i] = relu ? fmaxf(v, 0.f) : v;
+    const float v = to_f(y[i]) + to_f(b[i % out]);
+    y[i] = from_f<E>(relu ? fmaxf(v, 0.f) : v);
   }
 }
 
@@ -37,8 +54,9 @@ __global__ void bias_act4_kernel(float4* __restrict__ y, const float4* __restric
 // dz = dy masked by y > 0 (when y is given) and, per chunk of kBgradRows rows, the column sums
 // of dz: block (32, 8) covers 32 columns of one chunk, rows summed in a fixed order.
 constexpr int kBgradRows = 256;
-__global__ void mask_bgrad_kernel(const float* __restrict__ dy, const float* __restrict__ y,
-                                  float* __restrict__ dz, float* __restrict__ partial, int64_t B,
+template <class E>
+__global__ void mask_bgrad_kernel(const E* __restrict__ dy, const E* __restrict__ y,
+                                  E* __restrict__ dz, float* __restrict__ partial, int64_t B,
                                   int out) {
   __shared__ float red[8][33];
   const int col = blockIdx.x * 32 + threadIdx.x;
@@ -48,10 +66,10 @@ __global__ void mask_bgrad_kernel(const float* __restrict__ dy, const float* __r
   if (col < out) {
     for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
       const int64_t i = r * out + col;
-      float v = dy[i];
+      float v = to_f(dy[i]);
       if (y) {
-        v = y[i] > 0.f ? v : 0.f;
-        dz[i] = v;
+        v = to_f(y[i]) > 0.f ? v : 0.f;
+        dz[i] = from_f<E>(v);
       }
       acc += v;
     }
@@ -74,11 +92,12 @@ __global__ void sum_partials_kernel(const float* __restrict__ partial, int chunk
   db[col] = s;
 }
 
-__global__ void relu_mask_kernel(const float* __restrict__ dy, const float* __restrict__ y,
-                                 float* __restrict__ dz, int64_t n) {
+template <class E>
+__global__ void relu_mask_kernel(const E* __restrict__ dy, const E* __restrict__ y,
+                                 E* __restrict__ dz, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    dz[i] = y[i] > 0.f ? dy[i] : 0.f;
+    dz[i] = to_f(y[i]) > 0.f ? dy[i] : from_f<E>(0.f);
 }
 
 // Row i, column j (j < i) of pair q of the strict lower triangle in row-major order.
@@ -89,24 +108,61 @@ __device__ __forceinline__ void pair_of(int q, int& i, int& j) {
   j = q - i * (i - 1) / 2;
 }
 
+// Loads Z_b = [dense_b; emb_b] (n rows of d elements E) into shared memory as float, rows ld
+// floats apart, with 16-byte loads issued back to back (the kernels are bound by memory
+// latency otherwise). Requires d % (16 / sizeof(E)) == 0.
+constexpr int kDotThreads = 128;
+template <class E>
+__device__ __forceinline__ void load_z(const E* __restrict__ zd, const E* __restrict__ ze, int n,
+                                       int d, int ld, float* z) {
+  constexpr int VW = 16 / sizeof(E);
+  if (d % VW != 0) {  // unaligned rows: scalar loads
+    for (int e = threadIdx.x; e < n * d; e += kDotThreads) {
+      const int r = e / d, k = e - r * d;
+      z[r * ld + k] = to_f(r == 0 ? zd[k] : ze[(r - 1) * d + k]);
+    }
+    return;
+  }
+  const int per_row = d / VW, nvec = n * per_row;
+  constexpr int kUnroll = 4;
+  for (int v0 = threadIdx.x; v0 < nvec; v0 += kDotThreads * kUnroll) {
+    uint4 buf[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int v = v0 + u * kDotThreads;
+      if (v < nvec) {
+        const int r = v / per_row, k = (v - r * per_row) * VW;
+        const E* src = r == 0 ? zd + k : ze + (r - 1) * d + k;
+        buf[u] = *reinterpret_cast<const uint4*>(src);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int v = v0 + u * kDotThreads;
+      if (v < nvec) {
+        const int r = v / per_row, k = (v - r * per_row) * VW;
+        const E* e = reinterpret_cast<const E*>(&buf[u]);
+#pragma unroll
+        for (int w = 0; w < VW; ++w) z[r * ld + k + w] = to_f(e[w]);
+      }
+    }
+  }
+}
+
 // One block per sample; Z in shared memory with rows padded by one float (no bank conflicts
 // between threads reading different rows at the same k).
-__global__ void dot_forward_kernel(const float* __restrict__ dense, const float* __restrict__ emb,
-                                   int T, int d, float* __restrict__ out) {
+template <class E>
+__global__ void dot_forward_kernel(const E* __restrict__ dense, const E* __restrict__ emb, int T,
+                                   int d, E* __restrict__ out, int64_t ld_out) {
   extern __shared__ float z[];
   const int64_t b = blockIdx.x;
   const int n = T + 1, ld = d + 1;
   const int64_t F = d + int64_t(n) * (n - 1) / 2;
-  const float* zd = dense + b * d;
-  const float* ze = emb + b * int64_t(T) * d;
-  float* o = out + b * F;
-  for (int e = threadIdx.x; e < n * d; e += blockDim.x) {
-    const int r = e / d, k = e - r * d;
-    const float v = r == 0 ? zd[k] : ze[(r - 1) * d + k];
-    z[r * ld + k] = v;
-    if (r == 0) o[k] = v;
-  }
+  E* o = out + b * ld_out;
+  load_z(dense + b * d, emb + b * int64_t(T) * d, n, d, ld, z);
   __syncthreads();
+  for (int k = threadIdx.x; k < d; k += blockDim.x) o[k] = from_f<E>(z[k]);
+  for (int64_t k = F + threadIdx.x; k < ld_out; k += blockDim.x) o[k] = from_f<E>(0.f);
   const int pairs = n * (n - 1) / 2;
   for (int q = threadIdx.x; q < pairs; q += blockDim.x) {
     int i, j;
@@ -115,31 +171,27 @@ __global__ void dot_forward_kernel(const float* __restrict__ dense, const float*
     const float* zj = z + j * ld;
     float acc = 0.f;
     for (int k = 0; k < d; ++k) acc = __fadd_rn(acc, __fmul_rn(zi[k], zj[k]));
-    o[d + q] = acc;
+    o[d + q] = from_f<E>(acc);
   }
 }
 
-__global__ void dot_backward_kernel(const float* __restrict__ dense, const float* __restrict__ emb,
-                                    const float* __restrict__ dout, int T, int d,
-                                    float* __restrict__ d_dense, float* __restrict__ d_emb) {
+template <class E, class G>
+__global__ void dot_backward_kernel(const E* __restrict__ dense, const E* __restrict__ emb,
+                                    const E* __restrict__ dout, int64_t ld_out, int T, int d,
+                                    bool relu_dense, E* __restrict__ d_dense,
+                                    G* __restrict__ d_emb) {
   extern __shared__ float sm[];
   const int64_t b = blockIdx.x;
   const int n = T + 1, ld = d + 1;
   float* z = sm;
   float* g = sm + n * ld;  // [n, n] symmetric, zero diagonal
-  const int64_t F = d + int64_t(n) * (n - 1) / 2;
-  const float* zd = dense + b * d;
-  const float* ze = emb + b * int64_t(T) * d;
-  const float* gb = dout + b * F;
-  for (int e = threadIdx.x; e < n * d; e += blockDim.x) {
-    const int r = e / d, k = e - r * d;
-    z[r * ld + k] = r == 0 ? zd[k] : ze[(r - 1) * d + k];
-  }
+  const E* gb = dout + b * ld_out;
+  load_z(dense + b * d, emb + b * int64_t(T) * d, n, d, ld, z);
   for (int e = threadIdx.x; e < n * n; e += blockDim.x) {
     const int i = e / n, j = e - i * n;
     float v = 0.f;
-    if (j < i) v = gb[d + i * (i - 1) / 2 + j];
-    else if (i < j) v = gb[d + j * (j - 1) / 2 + i];
+    if (j < i) v = to_f(gb[d + i * (i - 1) / 2 + j]);
+    else if (i < j) v = to_f(gb[d + j * (j - 1) / 2 + i]);
     g[e] = v;
   }
   __syncthreads();
@@ -149,8 +201,13 @@ __global__ void dot_backward_kernel(const float* __restrict__ dense, const float
     float acc = 0.f;
     for (int j = 0; j < n; ++j)
       if (j != m) acc = __fadd_rn(acc, __fmul_rn(g[m * n + j], z[j * ld + k]));
-    if (m == 0) d_dense[b * d + k] = gb[k] + acc;
-    else d_emb[(b * T + (m - 1)) * int64_t(d) + k] = acc;
+    if (m == 0) {
+      float v = to_f(gb[k]) + acc;
+      if (relu_dense && !(z[k] > 0.f)) v = 0.f;
+      d_dense[b * d + k] = from_f<E>(v);
+    } else {
+      d_emb[(b * T + (m - 1)) * int64_t(d) + k] = from_f<G>(acc);
+    }
   }
 }
 
@@ -179,7 +236,8 @@ constexpr int kBceThreads = 1024;
 
 // One block: deterministic (fixed tree) reduction of the loss in double.
 __global__ void bce_kernel(const float* __restrict__ logits, const float* __restrict__ labels,
-                           int64_t n, float* __restrict__ dlogits, double* loss) {
+                           int64_t n, float* __restrict__ dlogits, double* loss,
+                           bf16* __restrict__ dlogits_h) {
   __shared__ double part[kBceThreads];
   const double inv_n = 1.0 / static_cast<double>(n);
   double s = 0.0;
@@ -187,7 +245,9 @@ __global__ void bce_kernel(const float* __restrict__ logits, const float* __rest
     const double z = logits[i], y = labels[i];
     s += fmax(z, 0.0) - z * y + log1p(exp(-fabs(z)));
     const double p = z >= 0 ? 1.0 / (1.0 + exp(-z)) : exp(z) / (1.0 + exp(z));
-    dlogits[i] = static_cast<float>((p - y) * inv_n);
+    const float g = static_cast<float>((p - y) * inv_n);
+    dlogits[i] = g;
+    if (dlogits_h) dlogits_h[i] = __float2bfloat16(g);
   }
   part[threadIdx.x] = s;
   __syncthreads();
@@ -198,25 +258,47 @@ __global__ void bce_kernel(const float* __restrict__ logits, const float* __rest
   if (threadIdx.x == 0) *loss = part[0] * inv_n;
 }
 
-__global__ void sgd_kernel(float* __restrict__ w, const float* __restrict__ g, int64_t n,
-                           float lr) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    w[i] = __fsub_rn(w[i], __fmul_rn(lr, g[i]));
-}
-
-__global__ void adagrad_kernel(float* __restrict__ w, const float* __restrict__ g,
-                               float* __restrict__ a, int64_t n, float lr, float eps) {
+// One thread per element of a [rows, cols] parameter; gradient rows ldg apart; optional bf16
+// copy wh with rows ldh apart. SGD without state, Adagrad with it.
+__global__ void optimizer_kernel(float* __restrict__ w, const float* __restrict__ g,
+                                 float* __restrict__ a, int64_t rows, int64_t cols, int64_t ldg,
+                                 bf16* __restrict__ wh, int64_t ldh, const float* __restrict__ lr_p,
+                                 float eps) {
+  const float lr = *lr_p;
+  const int64_t n = rows * cols;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const float gi = g[i];
-    const float acc = __fadd_rn(a[i], __fmul_rn(gi, gi));
-    a[i] = acc;
-    w[i] = __fsub_rn(w[i], __fdiv_rn(__fmul_rn(lr, gi), __fadd_rn(sqrtf(acc), eps)));
+    const int64_t r = i / cols, c = i - r * cols;
+    const float gi = g[r * ldg + c];
+    float wi;
+    if (a) {
+      const float acc = __fadd_rn(a[i], __fmul_rn(gi, gi));
+      a[i] = acc;
+      wi = __fsub_rn(w[i], __fdiv_rn(__fmul_rn(lr, gi), __fadd_rn(sqrtf(acc), eps)));
+    } else {
+      wi = __fsub_rn(w[i], __fmul_rn(lr, gi));
+    }
+    w[i] = wi;
+    if (wh) wh[r * ldh + c] = __float2bfloat16(wi);
   }
 }
 
 }  // namespace
+
+void to_bf16_padded(const float* x, int64_t B, int64_t cols, bf16* y, int64_t ld,
+                    cudaStream_t stream) {
+  const int64_t n = B * ld;
+  if (n == 0) return;
+  to_bf16_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, B, cols, y, ld);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+void bias_act(bf16* y, const bf16* b, int64_t B, int64_t out, bool relu, cudaStream_t stream) {
+  const int64_t n = B * out;
+  if (n == 0) return;
+  bias_act_kernel<bf16><<<grid_for(n, 256), 256, 0, stream>>>(y, b, n, out, relu);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
 
 void bias_act(float* y, const float* b, int64_t B, int64_t out, bool relu, cudaStream_t stream) {
   const int64_t n = B * out;
@@ -227,15 +309,16 @@ void bias_act(float* y, const float* b, int64_t B, int64_t out, bool relu, cudaS
         reinterpret_cast<float4*>(y), reinterpret_cast<const float4*>(b), n4,
         static_cast<int>(out / 4), relu);
   } else {
-    bias_act_kernel<<<grid_for(n, 256), 256, 0, stream>>>(y, b, n, out, relu);
+    bias_act_kernel<float><<<grid_for(n, 256), 256, 0, stream>>>(y, b, n, out, relu);
   }
   DLREC_CUDA_LAUNCH_CHECK();
 }
 
 int64_t bias_grad_chunks(int64_t B) { return (B + kBgradRows - 1) / kBgradRows; }
 
-void mask_bias_grad(const float* dy, const float* y, float* dz, float* partial, float* db,
-                    int64_t B, int64_t out, cudaStream_t stream) {
+template <class E>
+void mask_bias_grad_impl(const E* dy, const E* y, E* dz, float* partial, float* db, int64_t B,
+                         int64_t out, cudaStream_t stream) {
   if (out == 0) return;
   const int64_t chunks = bias_grad_chunks(B);
   if (chunks == 0) {
@@ -244,17 +327,31 @@ void mask_bias_grad(const float* dy, const float* y, float* dz, float* partial, 
   }
   DLREC_CHECK(chunks < 65536, "mask_bias_grad: batch of ", B, " rows is too large");
   dim3 grid(static_cast<unsigned>((out + 31) / 32), static_cast<unsigned>(chunks));
-  mask_bgrad_kernel<<<grid, dim3(32, 8), 0, stream>>>(dy, y, dz, partial, B,
-                                                       static_cast<int>(out));
+  mask_bgrad_kernel<E><<<grid, dim3(32, 8), 0, stream>>>(dy, y, dz, partial, B,
+                                                          static_cast<int>(out));
   DLREC_CUDA_LAUNCH_CHECK();
   sum_partials_kernel<<<static_cast<unsigned>((out + 127) / 128), 128, 0, stream>>>(
       partial, static_cast<int>(chunks), static_cast<int>(out), db);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 
+void mask_bias_grad(const float* dy, const float* y, float* dz, float* partial, float* db,
+                    int64_t B, int64_t out, cudaStream_t stream) {
+  mask_bias_grad_impl(dy, y, dz, partial, db, B, out, stream);
+}
+void mask_bias_grad(const bf16* dy, const bf16* y, bf16* dz, float* partial, float* db,
+                    int64_t B, int64_t out, cudaStream_t stream) {
+  mask_bias_grad_impl(dy, y, dz, partial, db, B, out, stream);
+}
+
 void relu_mask(const float* dy, const float* y, float* dz, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  relu_mask_kernel<<<grid_for(n, 256), 256, 0, stream>>>(dy, y, dz, n);
+  relu_mask_kernel<float><<<grid_for(n, 256), 256, 0, stream>>>(dy, y, dz, n);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+void relu_mask(const bf16* dy, const bf16* y, bf16* dz, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  relu_mask_kernel<bf16><<<grid_for(n, 256), 256, 0, stream>>>(dy, y, dz, n);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 
@@ -268,25 +365,37 @@ int smem_limit_checked(size_t bytes, const void* fn) {
 }
 }  // namespace
 
-void dot_forward(const float* dense, const float* emb, int64_t B, int T, int d, float* out,
+template <class E>
+void dot_forward(const E* dense, const E* emb, int64_t B, int T, int d, E* out, int64_t ld_out,
                  cudaStream_t stream) {
   if (B == 0) return;
   const size_t smem = sizeof(float) * size_t(T + 1) * (d + 1);
-  smem_limit_checked(smem, reinterpret_cast<const void*>(dot_forward_kernel));
-  dot_forward_kernel<<<static_cast<unsigned>(B), 128, smem, stream>>>(dense, emb, T, d, out);
+  smem_limit_checked(smem, reinterpret_cast<const void*>(dot_forward_kernel<E>));
+  dot_forward_kernel<E><<<static_cast<unsigned>(B), kDotThreads, smem, stream>>>(dense, emb, T, d,
+                                                                               out, ld_out);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 
-void dot_backward(const float* dense, const float* emb, const float* dout, int64_t B, int T, int d,
-                  float* d_dense, float* d_emb, cudaStream_t stream) {
+template <class E, class G>
+void dot_backward(const E* dense, const E* emb, const E* dout, int64_t ld_out, int64_t B, int T,
+                  int d, bool relu_dense, E* d_dense, G* d_emb, cudaStream_t stream) {
   if (B == 0) return;
   const size_t n = T + 1;
   const size_t smem = sizeof(float) * (n * (d + 1) + n * n);
-  smem_limit_checked(smem, reinterpret_cast<const void*>(dot_backward_kernel));
-  dot_backward_kernel<<<static_cast<unsigned>(B), 128, smem, stream>>>(dense, emb, dout, T, d,
-                                                                       d_dense, d_emb);
+  smem_limit_checked(smem, reinterpret_cast<const void*>(dot_backward_kernel<E, G>));
+  dot_backward_kernel<E, G><<<static_cast<unsigned>(B), kDotThreads, smem, stream>>>(
+      dense, emb, dout, ld_out, T, d, relu_dense, d_dense, d_emb);
   DLREC_CUDA_LAUNCH_CHECK();
 }
+
+template void dot_forward<float>(const float*, const float*, int64_t, int, int, float*, int64_t,
+                                 cudaStream_t);
+template void dot_forward<bf16>(const bf16*, const bf16*, int64_t, int, int, bf16*, int64_t,
+                                cudaStream_t);
+template void dot_backward<float, float>(const float*, const float*, const float*, int64_t,
+                                         int64_t, int, int, bool, float*, float*, cudaStream_t);
+template void dot_backward<bf16, float>(const bf16*, const bf16*, const bf16*, int64_t, int64_t,
+                                        int, int, bool, bf16*, float*, cudaStream_t);
 
 void cat_forward(const float* dense, const float* emb, int64_t B, int dd, int64_t E, float* out,
                  cudaStream_t stream) {
@@ -305,22 +414,22 @@ void cat_backward(const float* dout, int64_t B, int dd, int64_t E, float* d_dens
 }
 
 void bce_with_logits(const float* logits, const float* labels, int64_t n, float* dlogits,
-                     double* loss, cudaStream_t stream) {
+                     double* loss, cudaStream_t stream, bf16* dlogits_h) {
   if (n == 0) {
     DLREC_CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(double), stream));
     return;
   }
-  bce_kernel<<<1, kBceThreads, 0, stream>>>(logits, labels, n, dlogits, loss);
+  bce_kernel<<<1, kBceThreads, 0, stream>>>(logits, labels, n, dlogits, loss, dlogits_h);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 
-void optimizer_step(float* w, const float* g, float* state, int64_t n, float lr, float eps,
+void optimizer_step(float* w, const float* g, float* state, int64_t rows, int64_t cols,
+                    int64_t ldg, bf16* wh, int64_t ldh, const float* lr, float eps,
                     cudaStream_t stream) {
+  const int64_t n = rows * cols;
   if (n == 0) return;
-  if (state)
-    adagrad_kernel<<<grid_for(n, 256), 256, 0, stream>>>(w, g, state, n, lr, eps);
-  else
-    sgd_kernel<<<grid_for(n, 256), 256, 0, stream>>>(w, g, n, lr);
+  optimizer_kernel<<<grid_for(n, 256), 256, 0, stream>>>(w, g, state, rows, cols, ldg, wh, ldh,
+                                                         lr, eps);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 

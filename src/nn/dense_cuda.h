@@ -4,30 +4,47 @@
 // here (no fused multiply-add), so that fp32 runs track the CPU closely.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 namespace dlrec::nn::cuda_dense {
 
+using bf16 = __nv_bfloat16;
+
+// y [B, ld] (bf16) = x [B, cols] (f32), columns cols..ld-1 set to 0 (GEMM-aligned padding).
+void to_bf16_padded(const float* x, int64_t B, int64_t cols, bf16* y, int64_t ld,
+                    cudaStream_t stream);
+
 // y [B, out] += b (per column), then ReLU when relu.
 void bias_act(float* y, const float* b, int64_t B, int64_t out, bool relu, cudaStream_t stream);
+void bias_act(bf16* y, const bf16* b, int64_t B, int64_t out, bool relu, cudaStream_t stream);
 // Backward of bias (+ ReLU) for dy [B, out]: with y given, dz = dy where y > 0 else 0 (dz is
 // unused when y is null: then dz = dy); db [out] = column sums of dz, summed in a fixed order
 // (deterministic) through `partial` [bias_grad_chunks(B), out].
 int64_t bias_grad_chunks(int64_t B);
 void mask_bias_grad(const float* dy, const float* y, float* dz, float* partial, float* db,
                     int64_t B, int64_t out, cudaStream_t stream);
+void mask_bias_grad(const bf16* dy, const bf16* y, bf16* dz, float* partial, float* db,
+                    int64_t B, int64_t out, cudaStream_t stream);
 // dz = dy where y > 0, else 0 (all [n]).
 void relu_mask(const float* dy, const float* y, float* dz, int64_t n, cudaStream_t stream);
+void relu_mask(const bf16* dy, const bf16* y, bf16* dz, int64_t n, cudaStream_t stream);
 
-// Dot interaction: Z_b = [dense_b; emb_b,0..T-1] (n = T + 1 rows of dim d);
-// out [B, d + n(n-1)/2] = [dense, strict lower triangle of Z Z^T row-major].
-void dot_forward(const float* dense, const float* emb, int64_t B, int T, int d, float* out,
+// Dot interaction over elements E (float or bf16; products and sums in float, in the CPU's
+// order): Z_b = [dense_b; emb_b,0..T-1] (n = T + 1 rows of dim d);
+// out [B, ld_out] = [dense, strict lower triangle of Z Z^T row-major] (F = d + n(n-1)/2
+// values, then zeros up to ld_out >= F).
+template <class E>
+void dot_forward(const E* dense, const E* emb, int64_t B, int T, int d, E* out, int64_t ld_out,
                  cudaStream_t stream);
-// dout [B, F] -> d_dense [B, d] (pass-through + dZ_0), d_emb [B, T, d].
-void dot_backward(const float* dense, const float* emb, const float* dout, int64_t B, int T, int d,
-                  float* d_dense, float* d_emb, cudaStream_t stream);
+// dout [B, ld_out] -> d_dense [B, d] (pass-through + dZ_0; masked by dense > 0 when
+// relu_dense, i.e. the ReLU of the layer that produced `dense` is applied here), d_emb
+// [B, T, d] in G (float or bf16).
+template <class E, class G>
+void dot_backward(const E* dense, const E* emb, const E* dout, int64_t ld_out, int64_t B, int T,
+                  int d, bool relu_dense, E* d_dense, G* d_emb, cudaStream_t stream);
 // Cat interaction: out [B, dd + T d] = [dense, emb flattened]; backward splits.
 void cat_forward(const float* dense, const float* emb, int64_t B, int dd, int64_t E, float* out,
                  cudaStream_t stream);
@@ -35,11 +52,16 @@ void cat_backward(const float* dout, int64_t B, int dd, int64_t E, float* d_dens
                   cudaStream_t stream);
 
 // Mean BCE-with-logits over n samples: *loss (double, device) and dlogits = (sigmoid - y) / n.
+// With dlogits_h, dL/dlogits is also written as bf16 (for bf16 backward GEMMs).
 void bce_with_logits(const float* logits, const float* labels, int64_t n, float* dlogits,
-                     double* loss, cudaStream_t stream);
+                     double* loss, cudaStream_t stream, bf16* dlogits_h = nullptr);
 
-// Dense optimizer steps (SGD when state is null, else Adagrad with accumulator `state`).
-void optimizer_step(float* w, const float* g, float* state, int64_t n, float lr, float eps,
+// Dense optimizer steps (SGD when state is null, else Adagrad with accumulator `state`) on a
+// [rows, cols] parameter w (and state) whose gradient rows are ldg apart; the learning rate is
+// read from device memory (*lr), so a captured CUDA graph follows the schedule. With wh, the
+// updated weights are also written as bf16 into wh [rows, ldh] (the compute copy).
+void optimizer_step(float* w, const float* g, float* state, int64_t rows, int64_t cols,
+                    int64_t ldg, bf16* wh, int64_t ldh, const float* lr, float eps,
                     cudaStream_t stream);
 
 }  // namespace dlrec::nn::cuda_dense

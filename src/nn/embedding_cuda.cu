@@ -41,10 +41,21 @@ int grid_for(int64_t n, int threads, int cap = 65536) {
 }
 
 // One warp per bag. V = 4: float4 lanes (dim % 4 == 0), V = 1: scalar lanes.
-template <int V>
+__device__ __forceinline__ void store4(float* o, float4 v) { *reinterpret_cast<float4*>(o) = v; }
+__device__ __forceinline__ void store4(__nv_bfloat16* o, float4 v) {
+  __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+  uint2 u;
+  u.x = *reinterpret_cast<uint32_t*>(&a);
+  u.y = *reinterpret_cast<uint32_t*>(&b);
+  *reinterpret_cast<uint2*>(o) = u;
+}
+__device__ __forceinline__ void store1(float* o, float v) { *o = v; }
+__device__ __forceinline__ void store1(__nv_bfloat16* o, float v) { *o = __float2bfloat16(v); }
+
+template <int V, class O>
 __global__ void forward_kernel(Tables tab, const int32_t* __restrict__ offsets,
                                const uint32_t* __restrict__ keys, int64_t B, bool mean,
-                               float* __restrict__ out) {
+                               O* __restrict__ out) {
   const int64_t bag = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   const int T = tab.num_tables, d = tab.dim;
@@ -54,7 +65,7 @@ __global__ void forward_kernel(Tables tab, const int32_t* __restrict__ offsets,
   const int32_t beg = offsets[bag], end = offsets[bag + 1];
   const float* __restrict__ w = tab.weights[t];
   const uint32_t base = tab.row_base[t];
-  float* o = out + (b * T + t) * d;
+  O* o = out + (b * T + t) * d;
   const float s = (mean && end - beg > 1) ? 1.f / static_cast<float>(end - beg) : 1.f;
   if constexpr (V == 4) {
     const int nv = d / 4;
@@ -70,7 +81,7 @@ __global__ void forward_kernel(Tables tab, const int32_t* __restrict__ offsets,
         }
       }
       if (s != 1.f) { acc.x *= s; acc.y *= s; acc.z *= s; acc.w *= s; }
-      reinterpret_cast<float4*>(o)[v] = acc;
+      store4(o + 4 * v, acc);
     }
   } else {
     for (int k = lane; k < d; k += 32) {
@@ -80,7 +91,7 @@ __global__ void forward_kernel(Tables tab, const int32_t* __restrict__ offsets,
         acc = (p == beg) ? w[row * d + k] : acc + w[row * d + k];
       }
       if (s != 1.f) acc *= s;
-      o[k] = acc;
+      store1(o + k, acc);
     }
   }
 }
@@ -136,8 +147,10 @@ __global__ void chunk_kernel(Tables tab, const int32_t* __restrict__ offsets,
                              const uint32_t* __restrict__ keys_sorted,
                              const int32_t* __restrict__ pos_sorted,
                              const int32_t* __restrict__ pos_bag, int64_t B, int64_t nnz, bool mean,
-                             const float* __restrict__ dpooled, Update kind, float lr, float eps,
-                             float* __restrict__ head, float* __restrict__ tail) {
+                             const float* __restrict__ dpooled, Update kind,
+                             const float* __restrict__ lr_p, float eps, float* __restrict__ head,
+                             float* __restrict__ tail) {
+  const float lr = *lr_p;
   __shared__ uint32_t sh_key[kWarpsPerBlock][kChunk];
   __shared__ int32_t sh_bag[kWarpsPerBlock][kChunk];
   __shared__ float sh_scale[kWarpsPerBlock][kChunk];
@@ -206,8 +219,8 @@ __global__ void finalize_kernel(Tables tab, const uint32_t* __restrict__ keys_so
                                 const int32_t* __restrict__ pos_bag,
                                 const int32_t* __restrict__ seg_start,
                                 const int32_t* __restrict__ num_segs, int64_t B, int64_t nnz,
-                                Update kind, float lr, float eps, const float* __restrict__ head,
-                                const float* __restrict__ tail) {
+                                Update kind, const float* __restrict__ lr_p, float eps,
+                                const float* __restrict__ head, const float* __restrict__ tail) {
   const int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   const int U = *num_segs;
@@ -216,6 +229,7 @@ __global__ void finalize_kernel(Tables tab, const uint32_t* __restrict__ keys_so
   const int64_t q1 = (u + 1 < U) ? seg_start[u + 1] : nnz;
   const int64_t cs = q0 / kChunk, ce = (q1 - 1) / kChunk;
   if (cs == ce) return;  // applied by chunk_kernel
+  const float lr = *lr_p;
   const int d = tab.dim;
   const uint32_t key = keys_sorted[q0];
   const int t0 = pos_bag[pos_sorted[q0]] / static_cast<int32_t>(B);
@@ -262,20 +276,25 @@ void fill(float* p, int64_t n, float value, cudaStream_t stream) {
   DLREC_CUDA_LAUNCH_CHECK();
 }
 
+template <class O>
 void forward(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B, bool mean,
-             float* out, cudaStream_t stream) {
+             O* out, cudaStream_t stream) {
   const int64_t bags = B * tab.num_tables;
   if (bags == 0) return;
   const int threads = 256;
   const int64_t blocks = (bags * 32 + threads - 1) / threads;
   if (tab.dim % 4 == 0)
-    forward_kernel<4><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(tab, offsets, keys, B,
-                                                                            mean, out);
+    forward_kernel<4, O><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(tab, offsets, keys,
+                                                                               B, mean, out);
   else
-    forward_kernel<1><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(tab, offsets, keys, B,
-                                                                            mean, out);
+    forward_kernel<1, O><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(tab, offsets, keys,
+                                                                               B, mean, out);
   DLREC_CUDA_LAUNCH_CHECK();
 }
+template void forward<float>(const Tables&, const int32_t*, const uint32_t*, int64_t, bool, float*,
+                             cudaStream_t);
+template void forward<__nv_bfloat16>(const Tables&, const int32_t*, const uint32_t*, int64_t, bool,
+                                     __nv_bfloat16*, cudaStream_t);
 
 int64_t num_chunks(int64_t n) { return (n + kChunk - 1) / kChunk; }
 
@@ -316,8 +335,8 @@ void prepare(const Scratch& s, cudaStream_t stream) {
 }
 
 void backward_update(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
-                     int64_t nnz, bool mean, const float* dpooled, Update kind, float lr, float eps,
-                     int key_bits, const Scratch& s, cudaStream_t stream) {
+                     int64_t nnz, bool mean, const float* dpooled, Update kind, const float* lr,
+                     float eps, int key_bits, const Scratch& s, cudaStream_t stream) {
   if (nnz == 0) return;
   DLREC_CHECK(nnz <= s.capacity, "embedding backward: ", nnz, " ids exceed the scratch for ",
               s.capacity);

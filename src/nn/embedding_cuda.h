@@ -9,6 +9,7 @@
 // their gradients are [B, T, dim] (sample-major, as the interaction wants them).
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -29,9 +30,11 @@ struct Tables {
 void init_uniform(float* w, int64_t n, uint64_t seed, double a, cudaStream_t stream);
 void fill(float* p, int64_t n, float value, cudaStream_t stream);
 
-// out[b, t, :] = sum (or mean) of the rows of bag t * B + b; zeros for an empty bag.
+// out[b, t, :] = sum (or mean) of the rows of bag t * B + b; zeros for an empty bag. O is
+// float or __nv_bfloat16 (sums in float, rounded once).
+template <class O>
 void forward(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
-             bool mean, float* out, cudaStream_t stream);
+             bool mean, O* out, cudaStream_t stream);
 
 // Scratch for backward, sized for up to `max_nnz` ids (allocate with the byte count of
 // scratch_bytes and carve with carve()).
@@ -62,7 +65,7 @@ enum class Update { SGD, Adagrad };
 // at once by SGD or Adagrad. No table
 // gradient is materialised. nnz = offsets[T * B] - offsets[0] with offsets[0] = 0.
 void backward_update(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
-                     int64_t nnz, bool mean, const float* dpooled, Update kind, float lr,
+                     int64_t nnz, bool mean, const float* dpooled, Update kind, const float* lr,
                      float eps, int key_bits, const Scratch& s, cudaStream_t stream);
 
 }  // namespace dlrec::nn::cuda_emb

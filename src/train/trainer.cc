@@ -25,6 +25,33 @@ EvalResult evaluate_shards(model::Model& model, const std::vector<std::string>& 
   EvalResult r;
   if (shards.empty()) return r;
   io::ShardLoader loader(shards, batch_size);
+#ifdef DLREC_WITH_CUDA
+  if (model.device().is_cuda() && !probs_out) {
+    // On the GPU: logits and labels gathered in device memory, metrics computed there.
+    const int64_t total = loader.total_rows();
+    const Device dev = model.device();
+    Tensor logits = Tensor::empty({std::max<int64_t>(total, 1)}, DType::F32, dev);
+    Tensor labels = Tensor::empty({std::max<int64_t>(total, 1)}, DType::F32, dev);
+    io::Batch batch;
+    int64_t at = 0;
+    while (loader.next(batch)) {
+      DLREC_CHECK(at + batch.rows <= total, "evaluation: the shards hold more rows than counted");
+      Tensor z = model.forward(batch, false);
+      copy_bytes(logits.data<float>() + at, dev, z.raw(), dev, sizeof(float) * batch.rows);
+      copy_bytes(labels.data<float>() + at, dev, batch.labels.data(), Device::cpu(),
+                 sizeof(float) * batch.rows);
+      at += batch.rows;
+    }
+    const DeviceMetrics dm =
+        metrics_from_logits_cuda(logits.data<float>(), labels.data<float>(), at, dev.index);
+    r.rows = at;
+    r.auc = dm.auc;
+    r.logloss = at ? dm.logloss : 0;
+    r.positive_rate = at ? dm.positives / at : 0;
+    r.seconds = timer.seconds();
+    return r;
+  }
+#endif
   std::vector<float> probs, labels;
   probs.reserve(loader.total_rows());
   labels.reserve(loader.total_rows());
@@ -85,7 +112,8 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
   m.data = io::DatasetInfo::load(m.opt.data_dir);
   DLREC_CHECK(m.data.train_rows > 0, "dataset '", m.opt.data_dir, "' has no training rows");
   m.model = model::build_model(m.cfg.model, m.cfg.optimizer, m.data.layout,
-                               Device::parse(m.cfg.train.device), m.cfg.train.seed);
+                               Device::parse(m.cfg.train.device), m.cfg.train.seed,
+                               m.cfg.train.precision);
   if (!m.opt.run_dir.empty()) {
     make_dirs(m.opt.run_dir);
     if (m.opt.resume && file_exists(m.checkpoint_path())) {

@@ -194,6 +194,11 @@ TEST(DlrmCuda, VaryingBatchSizes) {
   EXPECT_LE(param_diff(*gpu, *cpu, nullptr), 1e-4);
 }
 
+TEST(DlrmCuda, PrecisionOnCpuIsAClearError) {
+  SmallDlrm s;
+  EXPECT_THROW(build_model(s.mc, s.oc, s.layout, Device::cpu(), 1, "bf16"), Error);
+}
+
 #ifdef DLREC_WITH_CUDA
 TEST(DlrmCuda, DeviceTrainStepMatchesHostLoss) {
   SKIP_WITHOUT_GPU();
@@ -217,6 +222,98 @@ TEST(DlrmCuda, DeviceTrainStepMatchesHostLoss) {
   a->synchronize();
 }
 #endif
+
+#ifdef DLREC_WITH_CUDA
+// Training steps replayed from CUDA graphs (the default from the second step of a shape on)
+// give exactly the weights of eager steps, through batch-size changes (re-capture) and a
+// learning rate that changes every step (read from device memory by the graph).
+TEST(DlrmCuda, GraphReplayIsBitIdenticalToEager) {
+  SKIP_WITHOUT_GPU();
+  SmallDlrm s;
+  s.oc.type = "adagrad";
+  s.oc.adagrad_init = 0.01;
+  auto graphed = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21);
+  setenv("DLREC_CUDA_GRAPH", "0", 1);
+  auto eager = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21);
+  unsetenv("DLREC_CUDA_GRAPH");
+  int step = 0;
+  for (int64_t rows : {64, 64, 64, 64, 64, 31, 31, 31, 31, 64, 64, 64}) {
+    io::Batch b = make_batch(s.layout, rows, 300 + step, true);
+    const double scale = 1.0 / (1.0 + 0.1 * step++);
+    const double la = graphed->train_step(b, scale, true);
+    const double lb = eager->train_step(b, scale, true);
+    ASSERT_EQ(la, lb) << "step " << step;
+  }
+  EXPECT_EQ(param_diff(*graphed, *eager, nullptr), 0.0);
+}
+#endif
+
+// bf16 GEMMs and activations with f32 master weights: losses follow the f32 CPU reference
+// within bf16 rounding over a few hundred steps (sum and mean pooling, SGD and Adagrad), and
+// the weights written through parameters() are the ones the next forward uses.
+void bf16_tracks_cpu(SmallDlrm s, int steps) {
+  auto cpu = build_model(s.mc, s.oc, s.layout, Device::cpu(), 5);
+  auto gpu = build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "bf16");
+  double worst = 0, first_loss = 0, last_loss = 0;
+  for (int i = 0; i < steps; ++i) {
+    io::Batch b = make_batch(s.layout, s.batch, 2000 + i, s.multi_hot);
+    Tensor dl;
+    const double lc = nn::bce_with_logits(cpu->forward(b, true), b.labels.data(), &dl);
+    cpu->backward_and_update(dl, 1.0);
+    const double lg = gpu->train_step(b, 1.0, true);
+    ASSERT_TRUE(std::isfinite(lg)) << "step " << i;
+    worst = std::max(worst, rel(lg, lc));
+    if (i == 0) first_loss = lg;
+    last_loss = lg;
+  }
+  std::printf("[bf16] %d steps: worst loss rel diff vs f32 CPU %.3g\n", steps, worst);
+  EXPECT_LE(worst, 0.05);
+  EXPECT_LT(last_loss, first_loss);
+  EXPECT_LE(param_diff(*gpu, *cpu, nullptr), 0.1);
+}
+
+TEST(DlrmCuda, Bf16SgdSumTracksCpu) {
+  SKIP_WITHOUT_GPU();
+  SmallDlrm s;
+  s.mc.embedding_dim = 16;
+  s.mc.bottom_mlp = {32, 16};
+  s.mc.top_mlp = {32, 16, 1};
+  bf16_tracks_cpu(s, steps_or(300));
+}
+
+TEST(DlrmCuda, Bf16AdagradMeanTracksCpu) {
+  SKIP_WITHOUT_GPU();
+  SmallDlrm s;
+  s.mc.embedding_dim = 8;
+  s.mc.pooling = "mean";
+  s.oc.type = "adagrad";
+  s.oc.lr = 0.02;
+  s.oc.adagrad_init = 0.01;
+  bf16_tracks_cpu(s, steps_or(200));
+}
+
+TEST(DlrmCuda, Bf16WeightsWrittenThroughParametersAreUsed) {
+  SKIP_WITHOUT_GPU();
+  SmallDlrm s;
+  auto gpu = build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "bf16");
+  io::Batch b = make_batch(s.layout, 40, 9, true);
+  gpu->train_step(b, 1.0, true);
+  for (auto& [name, t] : gpu->parameters())
+    if (name.rfind("top.", 0) == 0) t.zero_();
+  auto z = gpu->forward(b, false).to_vector<float>();
+  for (float v : z) EXPECT_EQ(v, 0.f);  // zero top MLP: logits exactly 0
+}
+
+TEST(DlrmCuda, Bf16UnsupportedShapesAreClearErrors) {
+  SKIP_WITHOUT_GPU();
+  SmallDlrm s;
+  s.mc.top_mlp = {12, 1};
+  EXPECT_THROW(build_model(s.mc, s.oc, s.layout, Device::cuda(0), 1, "bf16"), Error);
+  SmallDlrm c;
+  c.mc.interaction = "cat";
+  EXPECT_THROW(build_model(c.mc, c.oc, c.layout, Device::cuda(0), 1, "bf16"), Error);
+  EXPECT_THROW(build_model(c.mc, c.oc, c.layout, Device::cuda(0), 1, "fp16"), Error);
+}
 
 TEST(DlrmCuda, BadIdsAndMisuseThrow) {
   SKIP_WITHOUT_GPU();

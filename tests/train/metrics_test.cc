@@ -4,6 +4,11 @@
 
 #include "dlrec/train/metrics.h"
 
+#include <random>
+
+#include "dlrec/core/device.h"
+#include "dlrec/core/tensor.h"
+
 using namespace dlrec::train;
 
 TEST(Metrics, AucMatchesPairCounting) {
@@ -29,3 +34,32 @@ TEST(Metrics, LogLoss) {
   EXPECT_LT(log_loss({0.f}, {0}), 1e-6);  // clamped, finite
   EXPECT_TRUE(std::isfinite(log_loss({0.f}, {1})));
 }
+
+#ifdef DLREC_WITH_CUDA
+// The device AUC and log loss equal the host's on data with many tied scores.
+TEST(Metrics, DeviceAucAndLogLossMatchHost) {
+  if (dlrec::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU metrics not run";
+  std::mt19937 rng(3);
+  const int64_t n = 200000;
+  std::vector<float> logits(n), labels(n), probs(n);
+  for (int64_t i = 0; i < n; ++i) {
+    logits[i] = static_cast<float>(static_cast<int>(rng() % 41) - 20) * 0.25f;  // heavy ties
+    const float p = 1.f / (1.f + std::exp(-logits[i]));
+    labels[i] = (rng() % 1000) < p * 1000 ? 1.f : 0.f;
+    probs[i] = p;
+  }
+  auto dev = dlrec::Device::cuda(0);
+  dlrec::Tensor z = dlrec::Tensor::from_vector(logits, {n}, dev);
+  dlrec::Tensor y = dlrec::Tensor::from_vector(labels, {n}, dev);
+  auto m = metrics_from_logits_cuda(z.data<float>(), y.data<float>(), n, 0);
+  EXPECT_NEAR(m.auc, roc_auc(probs, labels), 1e-9);
+  EXPECT_NEAR(m.logloss, log_loss(probs, labels), 1e-6);
+  double pos = 0;
+  for (float l : labels) pos += l;
+  EXPECT_EQ(m.positives, pos);
+  // One class only: NaN, as on the host.
+  std::vector<float> ones(1000, 1.f);
+  dlrec::Tensor o = dlrec::Tensor::from_vector(ones, {1000}, dev);
+  EXPECT_TRUE(std::isnan(metrics_from_logits_cuda(z.data<float>(), o.data<float>(), 1000, 0).auc));
+}
+#endif

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "dlrec/model/model.h"
 
@@ -21,8 +22,10 @@ class CudaModel : public Model {
 };
 
 // Throws dlrec::Error when the device is unusable or the configuration is invalid.
+// precision: "fp32" (parity reference), "tf32" (TF32 GEMMs) or "bf16" (mixed precision with
+// f32 master weights and f32 tables; see src/model/dlrm_cuda.cu).
 std::unique_ptr<CudaModel> make_dlrm_cuda(const ModelConfig& model, const OptimizerConfig& opt,
                                           const io::ShardLayout& layout, Device device,
-                                          uint64_t seed);
+                                          uint64_t seed, const std::string& precision = "fp32");
 
 }  // namespace dlrec::model

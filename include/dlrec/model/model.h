@@ -36,33 +36,33 @@ struct ModelConfig {
 //       the end of training when decay_steps = -1;
 //       factor = end_factor + (1 - end_factor) * (1 - t)^decay_power      (polynomial decay,
 //       the MLPerf DLRM schedule)
-//   otherwise:                       1
 //   step >= decay_start_step and decay_every > 0:
 //       factor = gamma^floor((step - decay_start_step) / decay_every)   (step decay; exclusive
 //       with decay_steps != 0)
+//   otherwise:                       1
 struct LrSchedule {
   int64_t warmup_steps = 0;
   int64_t decay_start_step = 0;
   int64_t decay_steps = 0;  // 0: no decay; -1: decay until the last step
   double decay_power = 2.0;
   double end_factor = 0.0;
-  double factor(int64_t step, int64_t total_steps) const;
   int64_t decay_every = 0;  // step decay period; 0: off
   double gamma = 0.1;       // step decay factor per period
+  double factor(int64_t step, int64_t total_steps) const;
   static LrSchedule from_json(ConfigReader& r);
   json to_json() const;
 };
 
-struct OptimizerConfig {
 // The optimizer section (docs/CONFIG.md). `embedding` holds at most one entry: the optimizer of
 // the embedding tables when it differs from the dense layers' one (the JSON sub-object
 // "optimizer.embedding"; its missing keys take the values of the section around it).
+struct OptimizerConfig {
   std::string type = "sgd";  // "sgd" | "adagrad" | "rowwise_adagrad" | "adam" | "ftrl"
   double lr = 0.1;           // dense and embedding learning rate
   double embedding_lr = -1;  // < 0: same as lr
-  double adagrad_eps = 1e-8;
   double momentum = 0.0;     // sgd
   bool nesterov = false;     // sgd
+  double adagrad_eps = 1e-8;
   double adagrad_init = 0.0;  // initial accumulator value (adagrad, rowwise_adagrad)
   double beta1 = 0.9, beta2 = 0.999, adam_eps = 1e-8;  // adam
   double ftrl_beta = 1.0, ftrl_l1 = 0.0, ftrl_l2 = 0.0;  // ftrl (alpha = lr)
@@ -70,12 +70,12 @@ struct OptimizerConfig {
   double clip_norm = 0.0;     // global-norm clipping of the dense gradients; 0: off
   double clip_value = 0.0;    // element-wise clipping of every gradient; 0: off
   LrSchedule schedule;
-  static OptimizerConfig from_json(ConfigReader& r);
   std::vector<OptimizerConfig> embedding;  // 0 or 1 override for the embedding tables
   // The effective configuration of the embedding tables (the override, or this one).
   OptimizerConfig embedding_config() const;
   // The embedding tables' learning rate before the schedule.
   double embedding_lr_value() const;
+  static OptimizerConfig from_json(ConfigReader& r);
   json to_json() const;
 };
 
@@ -89,6 +89,7 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;  // checkpoint every N steps (0: at the end only)
   uint64_t seed = 1234;
   std::string device = "cpu";
+  std::string precision = "fp32";  // CUDA: "fp32" | "tf32" | "bf16" (mixed, f32 master weights)
   static TrainConfig from_json(ConfigReader& r);
   json to_json() const;
 };
@@ -128,7 +129,10 @@ class Model {
 };
 
 // Builds a model for data of the given layout; parameters initialised from `seed`.
+// `precision` ("fp32", "tf32", "bf16") selects the arithmetic of CUDA models
+// (train.precision); CPU models compute in fp32 and accept only "fp32".
 std::unique_ptr<Model> build_model(const ModelConfig& model, const OptimizerConfig& opt,
-                                   const io::ShardLayout& layout, Device device, uint64_t seed);
+                                   const io::ShardLayout& layout, Device device, uint64_t seed,
+                                   const std::string& precision = "fp32");
 
 }  // namespace dlrec::model

@@ -13,6 +13,15 @@ double roc_auc(const std::vector<float>& scores, const std::vector<float>& label
 // Mean binary cross-entropy of probabilities `probs` (clamped to [1e-7, 1 - 1e-7]).
 double log_loss(const std::vector<float>& probs, const std::vector<float>& labels);
 
+// The same metrics on a CUDA device, from logits and labels in that device's memory (built with
+// CUDA only): probabilities sigmoid(logits) as in evaluation on the host, exact AUC by a
+// device sort (large validation sets never leave the GPU), mean log loss, positive count.
+struct DeviceMetrics {
+  double auc = 0, logloss = 0, positives = 0;
+};
+DeviceMetrics metrics_from_logits_cuda(const float* logits, const float* labels, int64_t n,
+                                       int device);
+
 struct EvalResult {
   int64_t rows = 0;
   double auc = 0;

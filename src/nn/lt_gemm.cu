@@ -1,0 +1,109 @@
+// cuBLASLt GEMM plans with epilogues; see lt_gemm.h.
+#include "nn/lt_gemm.h"
+
+#include "core/cuda_check.h"
+
+namespace dlrec::nn::cuda_lt {
+
+#define DLREC_LT_CHECK(expr)                                                               \
+  do {                                                                                     \
+    cublasStatus_t _s = (expr);                                                            \
+    if (_s != CUBLAS_STATUS_SUCCESS)                                                       \
+      ::dlrec::fail("cuBLASLt error ", static_cast<int>(_s), " in ", #expr, " at ", __FILE__, \
+                    ":", __LINE__);                                                        \
+  } while (0)
+
+struct Lt::Plan {
+  bool ok = false;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~Plan() {
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+  }
+};
+
+Lt::Lt(void* workspace, size_t workspace_bytes) : ws_(workspace), ws_bytes_(workspace_bytes) {
+  DLREC_LT_CHECK(cublasLtCreate(&handle_));
+}
+
+Lt::~Lt() {
+  plans_.clear();
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+namespace {
+cublasLtEpilogue_t to_lt(Epi e) {
+  switch (e) {
+    case Epi::Bias: return CUBLASLT_EPILOGUE_BIAS;
+    case Epi::ReluAuxBias: return CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
+    case Epi::DRelu: return CUBLASLT_EPILOGUE_DRELU;
+    case Epi::BGradB: return CUBLASLT_EPILOGUE_BGRADB;
+    case Epi::None: break;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+}  // namespace
+
+Lt::Plan* Lt::plan(const Gemm& g) {
+  auto it = plans_.find(g.key());
+  if (it != plans_.end()) return it->second.get();
+  auto p = std::make_unique<Plan>();
+  DLREC_LT_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  DLREC_LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  DLREC_LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  const cublasLtEpilogue_t epi = to_lt(g.epi);
+  DLREC_LT_CHECK(
+      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  if (g.epi == Epi::ReluAuxBias || g.epi == Epi::DRelu) {
+    const int64_t ld = g.aux_ld;
+    DLREC_LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                  &ld, sizeof ld));
+  }
+  // Rows x columns of the stored (untransposed) matrices.
+  const uint64_t ar = g.trans_a ? g.k : g.m, ac = g.trans_a ? g.m : g.k;
+  const uint64_t br = g.trans_b ? g.n : g.k, bc = g.trans_b ? g.k : g.n;
+  DLREC_LT_CHECK(cublasLtMatrixLayoutCreate(&p->a, g.ab_type, ar, ac, g.lda));
+  DLREC_LT_CHECK(cublasLtMatrixLayoutCreate(&p->b, g.ab_type, br, bc, g.ldb));
+  DLREC_LT_CHECK(cublasLtMatrixLayoutCreate(&p->d, g.d_type, g.m, g.n, g.ldd));
+  cublasLtMatmulPreference_t pref = nullptr;
+  DLREC_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  DLREC_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes_, sizeof ws_bytes_));
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->d,
+                                                           p->d, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  p->ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS;
+  if (p->ok) p->algo = res.algo;
+  else ++unsupported_;
+  Plan* raw = p.get();
+  plans_.emplace(g.key(), std::move(p));
+  return raw;
+}
+
+bool Lt::supported(const Gemm& g) { return plan(g)->ok; }
+
+bool Lt::run(const Gemm& g, const void* A, const void* B, void* D, void* vec, void* aux,
+             cudaStream_t stream) {
+  Plan* p = plan(g);
+  if (!p->ok) return false;
+  if (g.epi == Epi::Bias || g.epi == Epi::ReluAuxBias || g.epi == Epi::BGradB)
+    DLREC_LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                  &vec, sizeof vec));
+  if (g.epi == Epi::ReluAuxBias || g.epi == Epi::DRelu)
+    DLREC_LT_CHECK(cublasLtMatmulDescSetAttribute(
+        p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+  const float one = 1.f, zero = 0.f;
+  DLREC_LT_CHECK(cublasLtMatmul(handle_, p->desc, &one, A, p->a, B, p->b, &zero, D, p->d, D, p->d,
+                                &p->algo, ws_, ws_bytes_, stream));
+  return true;
+}
+
+}  // namespace dlrec::nn::cuda_lt

@@ -1,0 +1,66 @@
+// Internal: column-major GEMMs through cuBLASLt with fused epilogues, planned once per shape.
+//
+//   D [m, n] = op(A) [m, k] * op(B) [k, n]       (column-major, leading dimensions lda/ldb/ldd)
+//
+// Epilogues (cuBLASLt's names):
+//   Bias:        D += bias (per row of D, length m; bias type = D type)
+//   ReluAuxBias: D = relu(D + bias), and the ReLU mask as bits into `aux` (ld aux_ld bits)
+//   DRelu:       D = D masked by the bit mask `aux` of a ReluAuxBias output of the same shape
+//   BGradB:      bias gradient: grad [n] = sums of op(B) over k (type = D type)
+// A plan that cuBLASLt cannot serve (no algorithm for the types, shapes and epilogue) is
+// remembered as unsupported and run() returns false: the caller then uses a plain GEMM and its
+// own kernels. Plans are cached per descriptor, so the heuristic query runs once per shape and
+// run() is safe inside CUDA graph capture after a first eager call.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+namespace dlrec::nn::cuda_lt {
+
+enum class Epi { None, Bias, ReluAuxBias, DRelu, BGradB };
+
+struct Gemm {
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0, ldd = 0;
+  cudaDataType_t ab_type = CUDA_R_16BF, d_type = CUDA_R_16BF;
+  Epi epi = Epi::None;
+  int64_t aux_ld = 0;  // bits, multiple of 128 (ReluAuxBias / DRelu)
+  auto key() const {
+    return std::make_tuple(trans_a, trans_b, m, n, k, lda, ldb, ldd, static_cast<int>(ab_type),
+                           static_cast<int>(d_type), static_cast<int>(epi), aux_ld);
+  }
+};
+
+class Lt {
+ public:
+  Lt(void* workspace, size_t workspace_bytes);
+  ~Lt();
+  Lt(const Lt&) = delete;
+  Lt& operator=(const Lt&) = delete;
+  // D = op(A) op(B) with the epilogue; `vec` is the bias (input) or bias gradient (output),
+  // `aux` the ReLU mask (output of ReluAuxBias, input of DRelu). False when unsupported.
+  bool run(const Gemm& g, const void* A, const void* B, void* D, void* vec, void* aux,
+           cudaStream_t stream);
+  // Whether the plan exists (queries the heuristic on first use).
+  bool supported(const Gemm& g);
+  // How many plans fell back (for the profile print).
+  int unsupported_count() const { return unsupported_; }
+
+ private:
+  struct Plan;
+  Plan* plan(const Gemm& g);
+  cublasLtHandle_t handle_ = nullptr;
+  void* ws_;
+  size_t ws_bytes_;
+  int unsupported_ = 0;
+  std::map<decltype(Gemm{}.key()), std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace dlrec::nn::cuda_lt
