@@ -21,5 +21,6 @@ Runner add_parquet(CLI::App& app);  // parquet dump | write (inspection, interop
 Runner add_serve(CLI::App& app);  // built with DLREC_WITH_SERVER
 Runner add_bench(CLI::App& app);  // bench train, and bench serve with DLREC_WITH_SERVER
 Runner add_bench_serve(CLI::App* bench);  // built with DLREC_WITH_SERVER
+Runner add_bench_etl(CLI::App* bench);    // cmd_bench_etl.cc
 
 }  // namespace dlrec::cli

@@ -38,6 +38,10 @@ struct EtlOptions {
   // An output_dir that already holds a dataset.json is an error unless `overwrite`; then the
   // old dataset.json and the shards it lists are removed first.
   bool overwrite = false;
+  // Memory budget in MB for the fit's vocabularies (0: no limit, all in memory). Past it,
+  // Categorify spills sorted (key, count) runs to `spill_dir` and merges them (docs/ETL.md).
+  int64_t memory_budget_mb = 0;
+  std::string spill_dir;  // default: output_dir
 };
 
 struct EtlResult {

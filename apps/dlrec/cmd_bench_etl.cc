@@ -1,0 +1,143 @@
+// dlrec bench etl: fit + transform throughput of a workflow on a Criteo-shaped TSV, written to
+// shards exactly as `dlrec etl` does (etl::run_etl). The input is generated first with the
+// synthetic-log generator (not timed), or given with --data. One summary line per run: input
+// MB, seconds, MB/s, MB/s per core (threads), rows/s, CPU seconds, peak RSS.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <unistd.h>
+
+#include "commands.h"
+#include "dlrec/core/error.h"
+#include "dlrec/core/file_util.h"
+#include "dlrec/core/progress.h"
+#include "dlrec/core/thread_pool.h"
+#include "dlrec/etl/run.h"
+#include "dlrec/io/datagen.h"
+
+namespace dlrec::cli {
+
+namespace {
+
+// The workflow of the acceptance figure: configs/etl_criteo.json plus Normalize
+// (bench/etl_criteo_workflow.json holds the same).
+const char* kBenchWorkflow = R"({"pipeline": [
+  {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "Clip", "min": 0},
+                                {"op": "LogOp"}, {"op": "Normalize"}]},
+  {"columns": "@categorical", "ops": [{"op": "Categorify", "freq_threshold": 15}]}]})";
+
+struct EtlBenchOptions {
+  std::string data, workflow, out, work_dir = "/tmp";
+  int64_t rows = 2000000;
+  int64_t seed = 7;
+  int repeat = 1;
+  double valid_ratio = 0.1;
+  int64_t memory_budget_mb = 0;
+  bool keep = false;
+};
+
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec +
+         u.ru_stime.tv_usec * 1e-6;
+}
+
+double peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss / 1024.0;  // kilobytes on Linux
+}
+
+int run_etl_bench(const EtlBenchOptions& o) {
+  namespace fs = std::filesystem;
+  std::string input = o.data;
+  std::string generated;
+  if (input.empty()) {
+    DLREC_CHECK(o.rows > 0, "--rows must be positive");
+    io::DatagenConfig cfg;
+    cfg.rows = o.rows;
+    cfg.seed = static_cast<uint64_t>(o.seed);
+    generated = o.work_dir + "/dlrec_bench_etl_" + std::to_string(::getpid()) + ".tsv";
+    Timer g;
+    io::generate_file(cfg, generated);
+    std::fprintf(stderr, "[bench etl] generated %lld rows in %.1fs (not timed) -> %s\n",
+                 static_cast<long long>(o.rows), g.seconds(), generated.c_str());
+    input = generated;
+  }
+  DLREC_CHECK(file_exists(input), "--data '", input, "' does not exist");
+  const std::string out =
+      o.out.empty() ? o.work_dir + "/dlrec_bench_etl_out_" + std::to_string(::getpid()) : o.out;
+  std::vector<double> rates;
+  int status = 0;
+  try {
+    for (int rep = 0; rep < o.repeat; ++rep) {
+      etl::EtlOptions e;
+      e.inputs = {input};
+      e.schema = io::Schema::criteo();
+      e.workflow = o.workflow.empty() ? json::parse(kBenchWorkflow) : read_json_file(o.workflow);
+      e.output_dir = out;
+      e.valid_ratio = o.valid_ratio;
+      e.overwrite = true;
+      e.memory_budget_mb = o.memory_budget_mb;
+      const double cpu0 = cpu_seconds();
+      etl::EtlResult r = etl::run_etl(e);
+      const double cpu = cpu_seconds() - cpu0;
+      const double mb = r.input_bytes / 1e6;
+      const double s = r.total_seconds;
+      const int threads = num_threads();
+      const int64_t rows = r.train_rows + r.valid_rows;
+      rates.push_back(mb / s);
+      std::printf("bench etl: input=%.1fMB rows=%lld threads=%d seconds=%.2f MB/s=%.1f "
+                  "MB/s/core=%.1f rows/s=%.0f cpu_seconds=%.2f MB/cpu_s=%.1f peak_rss=%.0fMB "
+                  "(count %.2fs, fit %.2fs x%d, transform+write %.2fs, output %.1fMB)\n",
+                  mb, static_cast<long long>(rows), threads, s, mb / s, mb / s / threads,
+                  rows / s, cpu, mb / std::max(cpu, 1e-9), peak_rss_mb(), r.count_seconds,
+                  r.fit_seconds, r.fit_passes, r.transform_seconds, r.output_bytes / 1e6);
+      std::fflush(stdout);
+    }
+  } catch (...) {
+    if (!generated.empty()) std::remove(generated.c_str());
+    if (!o.keep && o.out.empty()) fs::remove_all(out);
+    throw;
+  }
+  if (rates.size() > 1) {
+    std::vector<double> v = rates;
+    std::sort(v.begin(), v.end());
+    std::printf("bench etl: %zu runs, MB/s best=%.1f median=%.1f\n", v.size(), v.back(),
+                v[v.size() / 2]);
+  }
+  if (!generated.empty() && !o.keep) std::remove(generated.c_str());
+  if (!o.keep && o.out.empty()) fs::remove_all(out);
+  return status;
+}
+
+}  // namespace
+
+Runner add_bench_etl(CLI::App* b) {
+  auto o = std::make_shared<EtlBenchOptions>();
+  CLI::App* s = b->add_subcommand(
+      "etl", "ETL fit+transform throughput (MB/s of input, per core, rows/s, peak RSS) on a "
+             "Criteo-shaped TSV, to shards; generation is not timed");
+  s->add_option("--data", o->data, "Criteo-layout TSV to process (default: generate one)");
+  s->add_option("--rows", o->rows, "Rows to generate without --data (default 2,000,000)");
+  s->add_option("--seed", o->seed, "Generator seed (default 7)");
+  s->add_option("--workflow", o->workflow,
+                "Workflow JSON (default: FillMissing, Clip(0), LogOp, Normalize; Categorify "
+                "freq_threshold 15, as bench/etl_criteo_workflow.json)");
+  s->add_option("--valid-ratio", o->valid_ratio, "Last fraction of rows validates (default 0.1)")
+      ->check(CLI::Range(0.0, 0.99));
+  s->add_option("--out", o->out, "Output directory (default: a temporary one, removed)");
+  s->add_option("--work-dir", o->work_dir, "Where to generate the input (default /tmp)");
+  s->add_option("--repeat", o->repeat, "Timed runs (default 1); prints best and median")
+      ->check(CLI::Range(1, 100));
+  s->add_option("--memory-budget", o->memory_budget_mb,
+                "ETL memory budget in MB (0: unbounded vocabularies in memory)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  s->add_flag("--keep", o->keep, "Keep the generated input and the output");
+  return [o] { return run_etl_bench(*o); };
+}
+
+}  // namespace dlrec::cli
