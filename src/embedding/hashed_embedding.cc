@@ -247,8 +247,16 @@ void HashedEmbedding::forward(const int64_t* offsets, const int64_t* keys, int64
   {
     std::unique_lock<std::shared_mutex> lock(mu_);
     int64_t hits = 0;
+    // The index positions of the keys a few iterations ahead are prefetched: the probes are
+    // random accesses into an index much larger than the caches.
+    constexpr int64_t kAhead = 8;
+    std::vector<uint64_t> hashes(U);
+    for (int64_t u = 0; u < U; ++u) hashes[u] = key_hash(uniq_keys[u]);
+    for (int64_t u = 0; u < std::min(U, kAhead); ++u)
+      __builtin_prefetch(&index_[hashes[u] & mask_]);
     for (int64_t u = 0; u < U; ++u) {
-      const uint64_t pos = index_find(uniq_keys[u], key_hash(uniq_keys[u]));
+      if (u + kAhead < U) __builtin_prefetch(&index_[hashes[u + kAhead] & mask_]);
+      const uint64_t pos = index_find(uniq_keys[u], hashes[u]);
       if (pos != kNone) {
         const int32_t s = entry_slot(index_[pos]);
         lru_unlink(s);
