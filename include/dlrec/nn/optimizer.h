@@ -26,6 +26,7 @@
 //                                                           w = |z| <= l1 ? 0 :
 //                                                             -(z - sign(z) l1) /
 //                                                              ((beta + sqrt(n)) / alpha + l2)
+//                                                           (a step with lr = 0 does nothing)
 //
 // Dense steps (step, step_dense) update every value. Sparse steps (step_sparse) update only the
 // rows of the gradient: the weights and the state of every other row stay exactly as they
