@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "dlrec/model/graph.h"
+#include "dlrec/io/shard.h"
 #include "dlrec/model/model.h"
 #include "dlrec/nn/loss.h"
 #include "model/test_batches.h"
@@ -408,47 +409,121 @@ TEST(GraphModel, ShippedConfigsBuild) {
   }
 }
 
-// The CLI end to end: datagen -> etl -> train (a graph config) -> eval -> export -> predict.
-TEST(GraphModel, CliTrainExportPredict) {
-  namespace fs = std::filesystem;
-  const std::string bin = std::string(DLREC_BIN_DIR) + "/dlrec";
-  if (!fs::exists(bin)) GTEST_SKIP() << bin << " not built";
-  const fs::path dir = fs::temp_directory_path() / ("dlrec_graph_cli_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  const std::string d = dir.string(), src = DLREC_SOURCE_DIR;
-  // A small DeepFM run with a periodic checkpoint and a resume.
-  {
-    std::ofstream f(d + "/config.json");
-    RunConfig c = load_config("criteo_sample_deepfm.json");
-    c.train.batch_size = 128;
-    c.train.epochs = 1;
-    c.optimizer.lr = 0.05;
-    f << c.to_json().dump(2);
+// The CLI end to end: datagen -> etl -> train (graph configs) -> eval -> export -> predict, and
+// an interrupted run resumed from its checkpoint ending where an uninterrupted one does.
+class GraphCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    namespace fs = std::filesystem;
+    bin_ = std::string(DLREC_BIN_DIR) + "/dlrec";
+    if (!fs::exists(bin_)) GTEST_SKIP() << bin_ << " not built";
+    dir_ = (fs::temp_directory_path() / ("dlrec_graph_cli_" + std::to_string(::getpid()))).string();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    run(bin_ + " datagen --rows 3000 --seed 3 --out " + dir_ + "/logs.tsv");
   }
-  auto run = [&](const std::string& cmd) {
-    const std::string full = "DLREC_QUIET=1 " + cmd + " > " + d + "/out.txt 2>&1";
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  std::string run(const std::string& cmd) {
+    const std::string full = "DLREC_QUIET=1 " + cmd + " > " + dir_ + "/out.txt 2>&1";
     const int rc = std::system(full.c_str());
-    std::ifstream in(d + "/out.txt");
+    std::ifstream in(dir_ + "/out.txt");
     std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     EXPECT_EQ(rc, 0) << cmd << "\n" << out;
     return out;
+  }
+  void write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ + "/" + name) << text;
+  }
+  void etl(const std::string& workflow) {
+    run(bin_ + " etl --input " + dir_ + "/logs.tsv --workflow " + workflow +
+        " --valid-ratio 0.2 --out " + dir_ + "/data");
+  }
+  std::string train(const RunConfig& c, const std::string& run_name, bool resume = false) {
+    write(run_name + ".json", c.to_json().dump(2));
+    return run(bin_ + " train --config " + dir_ + "/" + run_name + ".json --data " + dir_ +
+               "/data --run " + dir_ + "/" + run_name + (resume ? " --resume" : ""));
+  }
+  // Train, eval, export and predict 5 raw rows.
+  void pipeline(const RunConfig& c) {
+    const std::string t = train(c, "run");
+    EXPECT_NE(t.find("AUC="), std::string::npos) << t;
+    const std::string ev = run(bin_ + " eval --run " + dir_ + "/run");
+    EXPECT_NE(ev.find("AUC"), std::string::npos) << ev;
+    run(bin_ + " export --run " + dir_ + "/run --out " + dir_ + "/model");
+    const std::string pred = run("head -5 " + dir_ + "/logs.tsv | " + bin_ + " predict --model " +
+                                 dir_ + "/model --input -");
+    int lines = 0;
+    for (char ch : pred) lines += ch == '\n';
+    EXPECT_GE(lines, 5) << pred;
+  }
+  std::string bin_, dir_;
+};
+
+TEST_F(GraphCli, DeepFmTrainEvalExportPredict) {
+  etl(std::string(DLREC_SOURCE_DIR) + "/configs/etl_criteo.json");
+  RunConfig c = load_config("criteo_sample_deepfm.json");
+  c.train.batch_size = 128;
+  c.train.epochs = 1;
+  pipeline(c);
+}
+
+// Wide & Deep with crossed features: ETL's HashedCross adds features 26 and 27, which the wide
+// part reads besides the 26 categorical columns; the deep part embeds only the 26.
+TEST_F(GraphCli, WideDeepWithCrossedFeatures) {
+  write("etl.json", R"({"pipeline": [
+    {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "Clip", "min": 0},
+                                  {"op": "LogOp"}]},
+    {"columns": "@categorical", "ops": [{"op": "Categorify", "freq_threshold": 2}]},
+    {"columns": ["C1", "C2"], "ops": [{"op": "HashedCross", "num_buckets": 1000}]},
+    {"columns": ["C3", "C4", "C5"], "ops": [{"op": "HashedCross", "num_buckets": 1000}]}]})");
+  etl(dir_ + "/etl.json");
+  std::vector<int> first26(26);
+  for (int i = 0; i < 26; ++i) first26[i] = i;
+  RunConfig c = config_from(graph_json(R"(
+    {"name": "dense", "type": "dense"},
+    {"name": "wide", "type": "wide"},
+    {"name": "emb", "type": "embedding", "dim": 8, "features": )" + json(first26).dump() + R"(},
+    {"name": "deep_in", "type": "concat", "inputs": ["dense", "emb"]},
+    {"name": "deep", "type": "mlp", "input": "deep_in", "sizes": [16, 1]},
+    {"name": "sum", "type": "add", "inputs": ["wide", "deep"]},
+    {"name": "logit", "type": "output", "input": "sum"})", R"({"type": "adagrad", "lr": 0.05})"));
+  c.train.batch_size = 128;
+  pipeline(c);
+  // The wide part has a weight table for each crossed feature (1001 rows: 1000 buckets + 0).
+  const std::string meta = run("cat " + dir_ + "/data/dataset.json");
+  EXPECT_NE(meta.find("C1_X_C2"), std::string::npos) << meta;
+  auto m = build_model(c.model, c.optimizer,
+                       io::DatasetInfo::load(dir_ + "/data").layout, Device::cpu(), 1);
+  std::map<std::string, Shape> s;
+  for (auto& p : m->parameters()) s[p.first] = p.second.shape();
+  EXPECT_EQ(s.at("wide.26.weight"), (Shape{1001, 1}));
+  EXPECT_EQ(s.at("wide.27.weight"), (Shape{1001, 1}));
+  EXPECT_FALSE(s.count("emb.26.weight"));
+}
+
+TEST_F(GraphCli, ResumeEqualsUninterruptedRun) {
+  etl(std::string(DLREC_SOURCE_DIR) + "/configs/etl_criteo.json");
+  RunConfig c = load_config("criteo_sample_dcnv2.json");
+  c.train.batch_size = 100;
+  c.optimizer = OptimizerConfig();
+  c.optimizer.type = "adagrad";
+  c.optimizer.lr = 0.02;
+  c.train.max_steps = 16;
+  const std::string whole = train(c, "whole");
+  c.train.max_steps = 8;
+  train(c, "split");
+  c.train.max_steps = 16;
+  const std::string resumed = train(c, "split", /*resume=*/true);
+  auto auc = [](const std::string& out) {
+    const size_t at = out.rfind("AUC=");
+    return at == std::string::npos ? std::string("none") : out.substr(at, 12);
   };
-  run(bin + " datagen --rows 3000 --seed 3 --out " + d + "/logs.tsv");
-  run(bin + " etl --input " + d + "/logs.tsv --workflow " + src +
-      "/configs/etl_criteo.json --valid-ratio 0.2 --out " + d + "/data");
-  const std::string train = run(bin + " train --config " + d + "/config.json --data " + d +
-                                "/data --run " + d + "/run");
-  EXPECT_NE(train.find("AUC="), std::string::npos) << train;
-  const std::string ev = run(bin + " eval --run " + d + "/run");
-  EXPECT_NE(ev.find("AUC"), std::string::npos) << ev;
-  run(bin + " export --run " + d + "/run --out " + d + "/model");
-  const std::string pred = run("head -5 " + d + "/logs.tsv | " + bin + " predict --model " + d +
-                               "/model --input -");
-  int lines = 0;
-  for (char ch : pred) lines += ch == '\n';
-  EXPECT_GE(lines, 5) << pred;
-  fs::remove_all(dir);
+  EXPECT_NE(auc(whole), "none") << whole;
+  EXPECT_EQ(auc(whole), auc(resumed)) << whole << "\n---\n" << resumed;
+  EXPECT_EQ(run(bin_ + " eval --run " + dir_ + "/whole"), run(bin_ + " eval --run " + dir_ +
+                                                            "/split"));
 }
 
 }  // namespace
