@@ -35,6 +35,7 @@ struct EtlBenchOptions {
   int repeat = 1;
   double valid_ratio = 0.1;
   int64_t memory_budget_mb = 0;
+  int64_t chunk_rows = 0;
   bool keep = false;
 };
 
@@ -82,6 +83,7 @@ int run_etl_bench(const EtlBenchOptions& o) {
       e.valid_ratio = o.valid_ratio;
       e.overwrite = true;
       e.memory_budget_mb = o.memory_budget_mb;
+      if (o.chunk_rows > 0) e.read.chunk_rows = o.chunk_rows;
       const double cpu0 = cpu_seconds();
       etl::EtlResult r = etl::run_etl(e);
       const double cpu = cpu_seconds() - cpu0;
@@ -136,6 +138,7 @@ Runner add_bench_etl(CLI::App* b) {
   s->add_option("--memory-budget", o->memory_budget_mb,
                 "ETL memory budget in MB (0: unbounded vocabularies in memory)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  s->add_option("--chunk-rows", o->chunk_rows, "Rows per parsed chunk (default: the reader's)");
   s->add_flag("--keep", o->keep, "Keep the generated input and the output");
   return [o] { return run_etl_bench(*o); };
 }

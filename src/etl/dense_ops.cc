@@ -121,9 +121,50 @@ class Normalize final : public DenseOp {
     n_ = 0;
     acc_mean_ = 0;
     m2_ = 0;
+    pending_.clear();
     fitted_ = false;
   }
+  // Values are merged in blocks of kBlock consecutive values whatever the chunks they come in,
+  // so the fitted mean/std do not depend on the reader's chunk size (bit for bit).
   void fit_chunk(const float* v, int64_t n) override {
+    while (n > 0) {
+      if (pending_.empty() && n >= kBlock) {
+        merge_block(v, kBlock);
+      } else {
+        const int64_t take = std::min<int64_t>(n, kBlock - static_cast<int64_t>(pending_.size()));
+        pending_.insert(pending_.end(), v, v + take);
+        if (static_cast<int64_t>(pending_.size()) < kBlock) return;
+        merge_block(pending_.data(), kBlock);
+        pending_.clear();
+        v += take;
+        n -= take;
+        continue;
+      }
+      v += kBlock;
+      n -= kBlock;
+    }
+  }
+  void fit_end() override {
+    merge_block(pending_.data(), static_cast<int64_t>(pending_.size()));
+    std::vector<float>().swap(pending_);
+    count_ = n_;
+    mean_ = n_ ? acc_mean_ : 0.0;
+    std_ = n_ ? std::sqrt(m2_ / n_) : 1.0;
+    if (!(std_ > 0) || !std::isfinite(std_)) std_ = 1.0;
+    fitted_ = true;
+  }
+  void transform(float* v, int64_t n, int64_t stride) const override {
+    const double inv = 1.0 / std_;
+    for (int64_t i = 0; i < n; ++i) {
+      float& x = v[i * stride];
+      x = static_cast<float>((static_cast<double>(x) - mean_) * inv);
+    }
+  }
+
+ private:
+  static constexpr int64_t kBlock = int64_t{1} << 16;
+
+  void merge_block(const float* v, int64_t n) {
     int64_t nb = 0;
     double sum = 0;
     for (int64_t i = 0; i < n; ++i)
@@ -145,28 +186,14 @@ class Normalize final : public DenseOp {
     m2_ += m2b + delta * delta * (static_cast<double>(n_) * nb / total);
     n_ += nb;
   }
-  void fit_end() override {
-    count_ = n_;
-    mean_ = n_ ? acc_mean_ : 0.0;
-    std_ = n_ ? std::sqrt(m2_ / n_) : 1.0;
-    if (!(std_ > 0) || !std::isfinite(std_)) std_ = 1.0;
-    fitted_ = true;
-  }
-  void transform(float* v, int64_t n, int64_t stride) const override {
-    const double inv = 1.0 / std_;
-    for (int64_t i = 0; i < n; ++i) {
-      float& x = v[i * stride];
-      x = static_cast<float>((static_cast<double>(x) - mean_) * inv);
-    }
-  }
 
- private:
   double mean_ = 0, std_ = 1;
   int64_t count_ = 0;
   bool fitted_ = false;
   // Running statistics during fit.
   int64_t n_ = 0;
   double acc_mean_ = 0, m2_ = 0;
+  std::vector<float> pending_;  // values of the block being filled
 };
 
 

@@ -48,6 +48,31 @@ std::string quote_text(const char* b, const char* e) {
   return s;
 }
 
+// SWAR helpers on 8 bytes (little-endian): high bit of each byte set iff lo < byte < hi
+// (bytes below 128; lo, hi <= 128), without carries between bytes.
+constexpr uint64_t kOnes = ~uint64_t{0} / 255;
+inline uint64_t bytes_between(uint64_t x, uint64_t lo, uint64_t hi) {
+  const uint64_t low7 = x & kOnes * 127;
+  return (kOnes * (127 + hi) - low7) & ~x & (low7 + kOnes * (127 - lo)) & kOnes * 128;
+}
+
+// Parses exactly 8 hexadecimal digits at p (the first is the most significant) into v;
+// false when one of them is not a hex digit. Same value as the digit-by-digit loop.
+inline bool hex8(const char* p, uint64_t& v) {
+  uint64_t x;
+  std::memcpy(&x, p, 8);
+  const uint64_t ok = bytes_between(x, 0x2F, 0x3A) | bytes_between(x, 0x60, 0x67) |
+                      bytes_between(x, 0x40, 0x47);
+  if (ok != kOnes * 128) return false;
+  // Digit values: low nibble, plus 9 for letters (bit 6 set).
+  const uint64_t d = (x & kOnes * 0x0F) + ((x >> 6) & kOnes) * 9;
+  // Byte i holds digit i; pack pairs, then quads, then the halves (first digit highest).
+  const uint64_t a = ((d & 0x000F000F000F000FULL) << 4) | ((d >> 8) & 0x000F000F000F000FULL);
+  const uint64_t b = ((a & 0x000000FF000000FFULL) << 8) | ((a >> 16) & 0x000000FF000000FFULL);
+  v = ((b & 0xFFFF) << 16) | ((b >> 32) & 0xFFFF);
+  return true;
+}
+
 // One field of a line: [b, e). `escaped` marks a quoted field holding "" pairs.
 struct Field {
   const char* b;
@@ -266,6 +291,14 @@ class LineParser {
         case ColumnKind::Categorical: {
           if (q == e || *q == delim) break;  // missing
           if (hex_ && !t.multi_hot) {
+            if (e - q >= 8 && (e - q == 8 || q[8] == delim)) {  // 8 digits: Criteo's keys
+              uint64_t v8;
+              if (hex8(q, v8)) {
+                out.cat_values[t.index].push_back(v8);
+                q += 8;
+                break;
+              }
+            }
             uint64_t v = 0;
             while (q < e) {
               const unsigned d = kHex.v[static_cast<unsigned char>(*q)];
