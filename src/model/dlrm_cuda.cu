@@ -173,6 +173,7 @@ class DlrmCuda final : public CudaModel {
   Tensor blas_workspace_, side_workspace_, lt_workspace_, lt_side_workspace_;
   std::unique_ptr<lt::Lt> lt_, lt_side_;
   bool overlap_ = true, graphs_ = true, shadows_stale_ = false;
+  bool bwd_epilogues_ = true;  // DLREC_BWD_EPILOGUES=0: plain GEMMs + own kernels backward
 
   std::vector<DenseLayer> bottom_, top_;
   std::vector<Tensor> tables_, table_states_;
@@ -281,6 +282,8 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
   const char* gr = std::getenv("DLREC_CUDA_GRAPH");
   graphs_ = !profile_ && !(gr && gr[0] == '0');
   overlap_ = !profile_;
+  const char* be = std::getenv("DLREC_BWD_EPILOGUES");
+  bwd_epilogues_ = !(be && be[0] == '0');
   // Blocking streams: ordered with legacy-stream copies done by Tensor::to().
   DLREC_CUDA_CHECK(cudaStreamCreate(&stream_));
   DLREC_CUDA_CHECK(cudaStreamCreate(&copy_));
@@ -695,7 +698,7 @@ const void* DlrmCuda::mlp_backward(std::vector<DenseLayer>& mlp, const void* dy,
     wg.ldd = in_pad;
     wg.d_type = CUDA_R_32F;
     wg.epi = lt::Epi::BGradB;
-    if (!lth->run(wg, l.x, dz, l.dw.raw(), l.db.raw(), nullptr, st)) {
+    if (!bwd_epilogues_ || !lth->run(wg, l.x, dz, l.dw.raw(), l.db.raw(), nullptr, st)) {
       DLREC_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, in_pad, out, b, &one, l.x,
                                       CUDA_R_16BF, in_pad, dz, CUDA_R_16BF, out, &zero,
                                       l.dw.raw(), CUDA_R_32F, in_pad, CUBLAS_COMPUTE_32F,
@@ -717,7 +720,7 @@ const void* DlrmCuda::mlp_backward(std::vector<DenseLayer>& mlp, const void* dy,
     dg.ldd = in_pad;
     dg.d_type = CUDA_R_16BF;
     bool done = false;
-    if (prev && prev->aux_valid) {
+    if (prev && prev->aux_valid && bwd_epilogues_) {
       dg.epi = lt::Epi::DRelu;
       dg.aux_ld = prev->aux_ld;
       done = lth->run(dg, l.wh.raw(), dz, dst, nullptr, prev->aux.raw(), st);

@@ -1,6 +1,12 @@
 // CUDA kernels for the dense layers of the DLRM; see dense_cuda.h.
 #include "nn/dense_cuda.h"
 
+#include <mma.h>
+
+#include <map>
+#include <mutex>
+#include <type_traits>
+
 #include "core/cuda_check.h"
 
 namespace dlrec::nn::cuda_dense {
@@ -211,6 +217,137 @@ __global__ void dot_backward_kernel(const E* __restrict__ dense, const E* __rest
   }
 }
 
+// bf16 dot interaction on tensor cores (WMMA 16x16x16, f32 accumulation), one warp per
+// sample: Z (n <= 32 rows of d, d % 16 == 0) is staged in shared memory padded to 32 rows;
+// forward S = Z Z^T on the tiles of the lower triangle; backward dZ = G Z with G the symmetric
+// matrix of the pair gradients (zero diagonal), 16 rows at a time. The products of bf16 values
+// are exact and the sums are in f32, as in the CUDA-core kernels (only the order differs).
+namespace wm = nvcuda::wmma;
+constexpr int kWmmaWarps = 2;
+constexpr int kSLd = 36;  // forward S tile row stride (floats)
+constexpr int kGLd = 40;  // G row stride (bf16)
+__host__ __device__ inline int wmma_z_ld(int d) { return d + 8; }
+__host__ __device__ inline size_t wmma_warp_bytes(int d) {
+  const size_t z = size_t(32) * wmma_z_ld(d) * 2;
+  const size_t fwd = size_t(32) * kSLd * 4;
+  const size_t bwd = size_t(32) * kGLd * 2 + size_t(16) * (d + 4) * 4;
+  return (z + (fwd > bwd ? fwd : bwd) + 31) / 32 * 32;
+}
+
+__device__ __forceinline__ void wmma_load_z(const bf16* __restrict__ zd, const bf16* __restrict__ ze,
+                                            int n, int d, bf16* z, int lane) {
+  const int per_row = d / 8, zld = wmma_z_ld(d);
+  for (int v = lane; v < 32 * per_row; v += 32) {
+    const int r = v / per_row, c = (v - r * per_row) * 8;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (r < n) val = *reinterpret_cast<const uint4*>(r == 0 ? zd + c : ze + (r - 1) * d + c);
+    *reinterpret_cast<uint4*>(z + r * zld + c) = val;
+  }
+}
+
+__global__ void dot_forward_wmma_kernel(const bf16* __restrict__ dense, const bf16* __restrict__ emb,
+                                        int64_t B, int T, int d, bf16* __restrict__ out,
+                                        int64_t ld_out) {
+  extern __shared__ __align__(128) unsigned char wsm[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int64_t b = int64_t(blockIdx.x) * kWmmaWarps + warp;
+  if (b >= B) return;
+  unsigned char* base = wsm + warp * wmma_warp_bytes(d);
+  bf16* z = reinterpret_cast<bf16*>(base);
+  float* sm = reinterpret_cast<float*>(base + size_t(32) * wmma_z_ld(d) * 2);
+  const int n = T + 1, zld = wmma_z_ld(d);
+  wmma_load_z(dense + b * d, emb + b * int64_t(T) * d, n, d, z, lane);
+  __syncwarp();
+  const int tiles = n > 16 ? 2 : 1;
+  for (int ti = 0; ti < tiles; ++ti)
+    for (int tj = 0; tj <= ti; ++tj) {
+      wm::fragment<wm::accumulator, 16, 16, 16, float> acc;
+      wm::fill_fragment(acc, 0.f);
+      for (int k0 = 0; k0 < d; k0 += 16) {
+        wm::fragment<wm::matrix_a, 16, 16, 16, bf16, wm::row_major> fa;
+        wm::fragment<wm::matrix_b, 16, 16, 16, bf16, wm::col_major> fb;
+        wm::load_matrix_sync(fa, z + ti * 16 * zld + k0, zld);
+        wm::load_matrix_sync(fb, z + tj * 16 * zld + k0, zld);
+        wm::mma_sync(acc, fa, fb, acc);
+      }
+      wm::store_matrix_sync(sm + ti * 16 * kSLd + tj * 16, acc, kSLd, wm::mem_row_major);
+    }
+  __syncwarp();
+  bf16* o = out + b * ld_out;
+  for (int k = lane; k < d; k += 32) o[k] = z[k];
+  const int pairs = n * (n - 1) / 2;
+  for (int q = lane; q < pairs; q += 32) {
+    int i, j;
+    pair_of(q, i, j);
+    o[d + q] = __float2bfloat16(sm[i * kSLd + j]);
+  }
+  for (int64_t k = d + pairs + lane; k < ld_out; k += 32) o[k] = __float2bfloat16(0.f);
+}
+
+__global__ void dot_backward_wmma_kernel(const bf16* __restrict__ dense,
+                                         const bf16* __restrict__ emb,
+                                         const bf16* __restrict__ dout, int64_t ld_out, int64_t B,
+                                         int T, int d, bool relu_dense, bf16* __restrict__ d_dense,
+                                         float* __restrict__ d_emb) {
+  extern __shared__ __align__(128) unsigned char wsm[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int64_t b = int64_t(blockIdx.x) * kWmmaWarps + warp;
+  if (b >= B) return;
+  unsigned char* base = wsm + warp * wmma_warp_bytes(d);
+  bf16* z = reinterpret_cast<bf16*>(base);
+  bf16* g = reinterpret_cast<bf16*>(base + size_t(32) * wmma_z_ld(d) * 2);
+  float* dz = reinterpret_cast<float*>(base + size_t(32) * wmma_z_ld(d) * 2 +
+                                       size_t(32) * kGLd * 2);
+  const int n = T + 1, zld = wmma_z_ld(d), dzld = d + 4;
+  wmma_load_z(dense + b * d, emb + b * int64_t(T) * d, n, d, z, lane);
+  const bf16* gb = dout + b * ld_out;
+  for (int e = lane; e < 32 * 32; e += 32) {
+    const int i = e / 32, j = e - i * 32;
+    bf16 v = __float2bfloat16(0.f);
+    if (i < n && j < n) {
+      if (j < i) v = gb[d + i * (i - 1) / 2 + j];
+      else if (i < j) v = gb[d + j * (j - 1) / 2 + i];
+    }
+    g[i * kGLd + j] = v;
+  }
+  __syncwarp();
+  const int ktiles = n > 16 ? 2 : 1;
+  for (int mt = 0; mt * 16 < n; ++mt) {
+    for (int nt = 0; nt < d / 16; ++nt) {
+      wm::fragment<wm::accumulator, 16, 16, 16, float> acc;
+      wm::fill_fragment(acc, 0.f);
+      for (int kt = 0; kt < ktiles; ++kt) {
+        wm::fragment<wm::matrix_a, 16, 16, 16, bf16, wm::row_major> fa;
+        wm::fragment<wm::matrix_b, 16, 16, 16, bf16, wm::row_major> fb;
+        wm::load_matrix_sync(fa, g + mt * 16 * kGLd + kt * 16, kGLd);
+        wm::load_matrix_sync(fb, z + kt * 16 * zld + nt * 16, zld);
+        wm::mma_sync(acc, fa, fb, acc);
+      }
+      wm::store_matrix_sync(dz + nt * 16, acc, dzld, wm::mem_row_major);
+    }
+    __syncwarp();
+    const int rows = min(16, n - mt * 16);
+    const int per_row = d / 4;
+    for (int v = lane; v < rows * per_row; v += 32) {
+      const int r = v / per_row, k = (v - r * per_row) * 4;
+      const int m = mt * 16 + r;
+      const float4 x = *reinterpret_cast<const float4*>(dz + r * dzld + k);
+      if (m == 0) {
+        const float xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          float val = __bfloat162float(gb[k + w]) + xs[w];
+          if (relu_dense && !(__bfloat162float(z[k + w]) > 0.f)) val = 0.f;
+          d_dense[b * d + k + w] = __float2bfloat16(val);
+        }
+      } else {
+        *reinterpret_cast<float4*>(d_emb + (b * T + (m - 1)) * int64_t(d) + k) = x;
+      }
+    }
+    __syncwarp();
+  }
+}
+
 __global__ void cat_forward_kernel(const float* __restrict__ dense, const float* __restrict__ emb,
                                    int64_t B, int dd, int64_t E, float* __restrict__ out) {
   const int64_t F = dd + E, n = B * F;
@@ -357,10 +494,19 @@ void relu_mask(const bf16* dy, const bf16* y, bf16* dz, int64_t n, cudaStream_t 
 
 namespace {
 // Kernels needing more than 48 KB of dynamic shared memory must opt in.
+// Raises a kernel's limit once per size (not again while a CUDA graph is being captured).
 int smem_limit_checked(size_t bytes, const void* fn) {
-  if (bytes > 48 * 1024)
-    DLREC_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(bytes)));
+  static std::mutex mu;
+  static std::map<const void*, size_t> raised;
+  if (bytes > 48 * 1024) {
+    std::lock_guard<std::mutex> lock(mu);
+    size_t& r = raised[fn];
+    if (r < bytes) {
+      DLREC_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(bytes)));
+      r = bytes;
+    }
+  }
   return static_cast<int>(bytes);
 }
 }  // namespace
@@ -369,6 +515,17 @@ template <class E>
 void dot_forward(const E* dense, const E* emb, int64_t B, int T, int d, E* out, int64_t ld_out,
                  cudaStream_t stream) {
   if (B == 0) return;
+  if constexpr (std::is_same_v<E, bf16>) {
+    if (T + 1 <= 32 && d % 16 == 0) {
+      const size_t smem = kWmmaWarps * wmma_warp_bytes(d);
+      smem_limit_checked(smem, reinterpret_cast<const void*>(dot_forward_wmma_kernel));
+      const int64_t blocks = (B + kWmmaWarps - 1) / kWmmaWarps;
+      dot_forward_wmma_kernel<<<static_cast<unsigned>(blocks), 32 * kWmmaWarps, smem, stream>>>(
+          dense, emb, B, T, d, out, ld_out);
+      DLREC_CUDA_LAUNCH_CHECK();
+      return;
+    }
+  }
   const size_t smem = sizeof(float) * size_t(T + 1) * (d + 1);
   smem_limit_checked(smem, reinterpret_cast<const void*>(dot_forward_kernel<E>));
   dot_forward_kernel<E><<<static_cast<unsigned>(B), kDotThreads, smem, stream>>>(dense, emb, T, d,
@@ -380,6 +537,18 @@ template <class E, class G>
 void dot_backward(const E* dense, const E* emb, const E* dout, int64_t ld_out, int64_t B, int T,
                   int d, bool relu_dense, E* d_dense, G* d_emb, cudaStream_t stream) {
   if (B == 0) return;
+  if constexpr (std::is_same_v<E, bf16> && std::is_same_v<G, float>) {
+    if (T + 1 <= 32 && d % 16 == 0) {
+      const size_t smem = kWmmaWarps * wmma_warp_bytes(d);
+      smem_limit_checked(smem, reinterpret_cast<const void*>(dot_backward_wmma_kernel));
+      const int64_t blocks = (B + kWmmaWarps - 1) / kWmmaWarps;
+      dot_backward_wmma_kernel<<<static_cast<unsigned>(blocks), 32 * kWmmaWarps, smem,
+                                 stream>>>(dense, emb, dout, ld_out, B, T, d, relu_dense, d_dense,
+                                           d_emb);
+      DLREC_CUDA_LAUNCH_CHECK();
+      return;
+    }
+  }
   const size_t n = T + 1;
   const size_t smem = sizeof(float) * (n * (d + 1) + n * n);
   smem_limit_checked(smem, reinterpret_cast<const void*>(dot_backward_kernel<E, G>));

@@ -1,6 +1,9 @@
 // cuBLASLt GEMM plans with epilogues; see lt_gemm.h.
 #include "nn/lt_gemm.h"
 
+#include <cstdlib>
+#include <vector>
+
 #include "core/cuda_check.h"
 
 namespace dlrec::nn::cuda_lt {
@@ -15,6 +18,8 @@ namespace dlrec::nn::cuda_lt {
 
 struct Lt::Plan {
   bool ok = false;
+  bool tuned = false;
+  std::vector<cublasLtMatmulAlgo_t> candidates;
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
@@ -75,14 +80,21 @@ Lt::Plan* Lt::plan(const Gemm& g) {
   DLREC_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   DLREC_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes_, sizeof ws_bytes_));
-  cublasLtMatmulHeuristicResult_t res{};
+  constexpr int kMax = 8;
+  cublasLtMatmulHeuristicResult_t res[kMax] = {};
   int found = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->d,
-                                                           p->d, pref, 1, &res, &found);
+                                                           p->d, pref, kMax, res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  p->ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS;
-  if (p->ok) p->algo = res.algo;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    for (int i = 0; i < found; ++i)
+      if (res[i].state == CUBLAS_STATUS_SUCCESS) p->candidates.push_back(res[i].algo);
+  p->ok = !p->candidates.empty();
+  if (p->ok) p->algo = p->candidates.front();
   else ++unsupported_;
+  // DLREC_LT_TUNE=0: take the heuristic's first choice instead of timing the candidates.
+  const char* tune = std::getenv("DLREC_LT_TUNE");
+  p->tuned = p->candidates.size() < 2 || (tune && tune[0] == '0');
   Plan* raw = p.get();
   plans_.emplace(g.key(), std::move(p));
   return raw;
@@ -101,6 +113,38 @@ bool Lt::run(const Gemm& g, const void* A, const void* B, void* D, void* vec, vo
     DLREC_LT_CHECK(cublasLtMatmulDescSetAttribute(
         p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
   const float one = 1.f, zero = 0.f;
+  if (!p->tuned) {
+    // First use of the plan, on the real operands (every epilogue here is idempotent: D, the
+    // bias gradient and the ReLU mask are overwritten): time each candidate, keep the fastest.
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    DLREC_CUDA_CHECK(cudaStreamIsCapturing(stream, &cap));
+    if (cap == cudaStreamCaptureStatusNone) {
+      cudaEvent_t e0, e1;
+      DLREC_CUDA_CHECK(cudaEventCreate(&e0));
+      DLREC_CUDA_CHECK(cudaEventCreate(&e1));
+      float best = 1e30f;
+      for (const auto& algo : p->candidates) {
+        bool good = true;
+        for (int rep = 0; rep < 3 && good; ++rep) {
+          if (rep == 1) DLREC_CUDA_CHECK(cudaEventRecord(e0, stream));
+          good = cublasLtMatmul(handle_, p->desc, &one, A, p->a, B, p->b, &zero, D, p->d, D,
+                                p->d, &algo, ws_, ws_bytes_, stream) == CUBLAS_STATUS_SUCCESS;
+        }
+        if (!good) continue;
+        DLREC_CUDA_CHECK(cudaEventRecord(e1, stream));
+        DLREC_CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        DLREC_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        if (ms < best) {
+          best = ms;
+          p->algo = algo;
+        }
+      }
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
+      p->tuned = true;
+    }
+  }
   DLREC_LT_CHECK(cublasLtMatmul(handle_, p->desc, &one, A, p->a, B, p->b, &zero, D, p->d, D, p->d,
                                 &p->algo, ws_, ws_bytes_, stream));
   return true;

@@ -7,6 +7,8 @@
 //   ReluAuxBias: D = relu(D + bias), and the ReLU mask as bits into `aux` (ld aux_ld bits)
 //   DRelu:       D = D masked by the bit mask `aux` of a ReluAuxBias output of the same shape
 //   BGradB:      bias gradient: grad [n] = sums of op(B) over k (type = D type)
+// On its first use outside graph capture, a plan times up to 8 of the heuristic's candidates on
+// the real operands and keeps the fastest (DLREC_LT_TUNE=0: the heuristic's first choice).
 // A plan that cuBLASLt cannot serve (no algorithm for the types, shapes and epilogue) is
 // remembered as unsupported and run() returns false: the caller then uses a plain GEMM and its
 // own kernels. Plans are cached per descriptor, so the heuristic query runs once per shape and

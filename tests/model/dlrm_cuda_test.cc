@@ -292,6 +292,32 @@ TEST(DlrmCuda, Bf16AdagradMeanTracksCpu) {
   bf16_tracks_cpu(s, steps_or(200));
 }
 
+// Tensor-core interaction (n = 21 > 16 vectors: both row tiles) and bf16 GEMMs: the first
+// logits are the f32 CPU's within bf16 rounding, and training tracks it.
+TEST(DlrmCuda, Bf16WideInteractionMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  SmallDlrm s;
+  std::vector<int64_t> cards;
+  for (int t = 0; t < 20; ++t) cards.push_back(10 + 7 * t);
+  s.layout = make_layout(4, cards);
+  s.mc.embedding_dim = 16;
+  s.mc.bottom_mlp = {32, 16};
+  s.mc.top_mlp = {32, 1};
+  auto cpu = build_model(s.mc, s.oc, s.layout, Device::cpu(), 8);
+  auto gpu = build_model(s.mc, s.oc, s.layout, Device::cuda(0), 8, "bf16");
+  io::Batch b = make_batch(s.layout, 100, 4, true);
+  auto zc = cpu->forward(b, false).to_vector<float>();
+  auto zg = gpu->forward(b, false).to_vector<float>();
+  ASSERT_EQ(zc.size(), zg.size());
+  double scale = 1e-6, diff = 0;
+  for (size_t i = 0; i < zc.size(); ++i) {
+    scale = std::max(scale, std::fabs(double(zc[i])));
+    diff = std::max(diff, std::fabs(double(zg[i]) - zc[i]));
+  }
+  EXPECT_LE(diff / scale, 0.03) << "bf16 logits far from the f32 CPU's";
+  bf16_tracks_cpu(s, steps_or(100));
+}
+
 TEST(DlrmCuda, Bf16WeightsWrittenThroughParametersAreUsed) {
   SKIP_WITHOUT_GPU();
   SmallDlrm s;
