@@ -211,9 +211,7 @@ TEST(GraphConfig, ShapeMismatchesNameLayerAndKey) {
 
 // arch "graph" with configs/dlrm_graph.json equals arch "dlrm" with the same sizes and seed:
 // the same parameters, logits and training trajectory, bit for bit.
-TEST(GraphModel, DlrmGraphMatchesDlrmClass) {
-  RunConfig g = load_config("dlrm_graph.json");
-  RunConfig d = load_config("dlrm_small.json");
+void expect_same_as_dlrm(const RunConfig& g, const RunConfig& d) {
   ASSERT_EQ(g.optimizer.to_json(), d.optimizer.to_json());
   const io::ShardLayout l = make_layout(13, {40, 7, 300, 1, 25});
   auto mg = build_model(g.model, g.optimizer, l, Device::cpu(), 77);
@@ -237,6 +235,20 @@ TEST(GraphModel, DlrmGraphMatchesDlrmClass) {
   ASSERT_EQ(sg.size(), sd.size());
   for (auto& s : sd) byname[s.first] = s.second;
   for (auto& s : sg) EXPECT_EQ(s.second.to_vector<float>(), byname.at(s.first).to_vector<float>());
+}
+
+TEST(GraphModel, DlrmGraphMatchesDlrmClass) {
+  expect_same_as_dlrm(load_config("dlrm_graph.json"), load_config("dlrm_small.json"));
+}
+
+// DLRM's cat interaction is the graph's concat.
+TEST(GraphModel, DlrmCatGraphMatchesDlrmClass) {
+  RunConfig g = load_config("dlrm_graph.json");
+  RunConfig d = load_config("dlrm_small.json");
+  d.model.interaction = "cat";
+  for (auto& layer : g.model.layers)
+    if (layer["name"] == "inter") layer["type"] = "concat";
+  expect_same_as_dlrm(g, d);
 }
 
 double batch_loss(Model& m, const io::Batch& b) {
