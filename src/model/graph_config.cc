@@ -15,11 +15,11 @@ int input_arity(const std::string& type) {
   return -1;  // dot, concat, fm, add
 }
 
-std::vector<int64_t> read_int_list(ConfigReader& r, const std::string& key, int64_t lo,
-                                   int64_t hi, bool allow_empty) {
+std::vector<int64_t> read_int_list(ConfigReader& r, const std::string& key, int64_t lo, int64_t hi,
+                                   bool allow_empty) {
   const json& v = r.raw(key);
-  if (!v.is_array()) fail("config key '", r.key_path(key), "' must be a list of integers, got ",
-                          v.dump());
+  if (!v.is_array())
+    fail("config key '", r.key_path(key), "' must be a list of integers, got ", v.dump());
   std::vector<int64_t> out;
   for (size_t i = 0; i < v.size(); ++i) {
     if (!v[i].is_number_integer() || v[i].get<int64_t>() < lo || v[i].get<int64_t>() > hi)
@@ -37,18 +37,20 @@ LayerSpec parse_layer(const json& j, const std::string& path) {
   LayerSpec s;
   s.name = r.require<std::string>("name");
   if (s.name.empty() || s.name.find_first_of(". \t") != std::string::npos)
-    fail("config key '", r.key_path("name"), "' must be a non-empty name without dots or "
-         "spaces (it prefixes the layer's parameter names), got '", s.name, "'");
+    fail("config key '", r.key_path("name"),
+         "' must be a non-empty name without dots or "
+         "spaces (it prefixes the layer's parameter names), got '",
+         s.name, "'");
   s.where = path + " (layer '" + s.name + "')";
   try {
     if (!r.has("type")) fail("config key '", r.key_path("type"), "' is required");
     s.type = r.get_choice("type", "", graph_layer_types());
     s.where = path + " (layer '" + s.name + "', " + s.type + ")";
     const int arity = input_arity(s.type);
-    if (r.has("input") && r.has("inputs"))
-      fail("give either 'input' or 'inputs', not both");
+    if (r.has("input") && r.has("inputs")) fail("give either 'input' or 'inputs', not both");
     if (r.has("input")) s.inputs.push_back(r.get<std::string>("input", ""));
     if (r.has("inputs")) {
+      s.input_key = "inputs";
       const json& v = r.raw("inputs");
       if (!v.is_array() || v.empty())
         fail("config key '", r.key_path("inputs"), "' must be a non-empty list of layer names");
@@ -101,8 +103,8 @@ LayerSpec parse_layer(const json& j, const std::string& path) {
         if (r.has("dim")) fail("give either 'dim' or 'dims', not both");
         s.dims = read_int_list(r, "dims", 1, 1 << 16, false);
         if (!s.all_features && s.dims.size() != s.features.size())
-          fail("config key '", r.key_path("dims"), "' has ", s.dims.size(),
-               " widths for the ", s.features.size(), " features of 'features'");
+          fail("config key '", r.key_path("dims"), "' has ", s.dims.size(), " widths for the ",
+               s.features.size(), " features of 'features'");
       }
       r.get<json>("dims", json());
     } else if (s.type == "mlp") {
@@ -122,9 +124,8 @@ LayerSpec parse_layer(const json& j, const std::string& path) {
 }  // namespace
 
 const std::vector<std::string>& graph_layer_types() {
-  static const std::vector<std::string> types = {"dense", "embedding", "wide",  "mlp",
-                                                 "cross", "dot",       "concat", "fm",
-                                                 "add",   "output"};
+  static const std::vector<std::string> types = {"dense", "embedding", "wide", "mlp", "cross",
+                                                 "dot",   "concat",    "fm",   "add", "output"};
   return types;
 }
 
@@ -143,21 +144,19 @@ GraphSpec GraphSpec::parse(const json& layers, const std::string& path) {
     names.push_back(s.name);
   }
   const int n = static_cast<int>(g.layers.size());
-  std::vector<std::vector<int>> in(n);
   for (int i = 0; i < n; ++i) {
-    const LayerSpec& s = g.layers[i];
+    LayerSpec& s = g.layers[i];
     for (const auto& x : s.inputs) {
       auto it = index.find(x);
       if (it == index.end()) {
         const std::string near = nearest_name(x, names);
-        fail(s.where, ": key '", s.inputs.size() == 1 && input_arity(s.type) == 1 ? "input"
-                                                                                 : "inputs",
-             "': unknown layer '", x, "'", near.empty() ? "" : " (did you mean '" + near + "'?)");
+        fail(s.where, ": key '", s.input_key, "': unknown layer '", x, "'",
+             near.empty() ? "" : " (did you mean '" + near + "'?)");
       }
       if (it->second == i) fail(s.where, ": the layer lists itself as an input");
       if (g.layers[it->second].type == "output")
         fail(s.where, ": '", x, "' is the output layer and feeds nothing");
-      in[i].push_back(it->second);
+      s.input_ids.push_back(it->second);
     }
     if (s.type == "output") {
       if (g.output >= 0)
@@ -173,14 +172,13 @@ GraphSpec GraphSpec::parse(const json& layers, const std::string& path) {
   std::function<void(int)> visit = [&](int v) {
     color[v] = 1;
     stack.push_back(v);
-    for (int u : in[v]) {
+    for (int u : g.layers[v].input_ids) {
       if (color[u] == 1) {
         std::string cyc;
         auto at = std::find(stack.begin(), stack.end(), u);
         for (auto k = at; k != stack.end(); ++k) cyc += "'" + g.layers[*k].name + "' -> ";
         cyc += "'" + g.layers[u].name + "'";
-        fail(g.layers[v].where, ": the layers form a cycle (", cyc,
-             ", each consuming the next)");
+        fail(g.layers[v].where, ": the layers form a cycle (", cyc, ", each consuming the next)");
       }
       if (color[u] == 0) visit(u);
     }

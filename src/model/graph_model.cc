@@ -136,15 +136,16 @@ class EmbeddingNode final : public Node {
     float* out = out_.data<float>();
     for_each_table([&](size_t k) {
       const int64_t f = features_[k];
-      tables_[k].forward(b.cat_offsets[f].data(), b.cat_indices[f].data(), B, out + offset_[k],
-                         W, training);
+      tables_[k].forward(b.cat_offsets[f].data(), b.cat_indices[f].data(), B, out + offset_[k], W,
+                         training);
     });
     return out_;
   }
   void backward(const Tensor& dout, const std::vector<bool>&, std::vector<Tensor>&) override {
     const float* g = dout.data<float>();
     grads_.resize(tables_.size());
-    for_each_table([&](size_t k) { grads_[k] = &tables_[k].backward(g + offset_[k], shape.width); });
+    for_each_table(
+        [&](size_t k) { grads_[k] = &tables_[k].backward(g + offset_[k], shape.width); });
   }
   void step_tables(const nn::Optimizer& opt, float lr) override {
     for_each_table([&](size_t k) { opt.step_sparse(tables_[k].weight(), *grads_[k], lr); });
@@ -179,8 +180,8 @@ class EmbeddingNode final : public Node {
 
 class WideNode final : public Node {
  public:
-  WideNode(const std::string& name, std::vector<int64_t> features,
-           const io::ShardLayout& layout, nn::Pooling pooling)
+  WideNode(const std::string& name, std::vector<int64_t> features, const io::ShardLayout& layout,
+           nn::Pooling pooling)
       : name_(name), features_(std::move(features)), wide_(cards(features_, layout), pooling) {
     shape = {1, {1}};
   }
@@ -297,8 +298,7 @@ class ConcatNode final : public Node {
 // followed by the n(n-1)/2 pairwise dot products (nn::DotInteraction).
 class DotNode final : public Node {
  public:
-  DotNode(const std::vector<Shape2>& in, int64_t n, int64_t d)
-      : n_(n), d_(d), dot_(n - 1, d) {
+  DotNode(const std::vector<Shape2>& in, int64_t n, int64_t d) : n_(n), d_(d), dot_(n - 1, d) {
     for (const auto& s : in) widths_.push_back(s.width);
     // Inputs [one field of d, then anything]: no copies (the DLRM layout).
     direct_ = in.size() == 2 && in[0].width == d;
@@ -421,8 +421,7 @@ class GraphModel final : public Model {
   Device device() const override { return Device::cpu(); }
 
  private:
-  std::unique_ptr<Node> make_node(const LayerSpec& s, const std::vector<Shape2>& in,
-                                  uint64_t seed);
+  std::unique_ptr<Node> make_node(const LayerSpec& s, const std::vector<Shape2>& in, uint64_t seed);
   void check_batch(const io::Batch& b) const;
 
   OptimizerConfig oc_;
@@ -432,7 +431,7 @@ class GraphModel final : public Model {
   nn::Optimizer emb_opt_;  // embedding tables and the wide part's weights (optimizer.embedding)
   std::vector<std::unique_ptr<Node>> nodes_;  // by layer index
   std::vector<std::vector<int>> inputs_;
-  std::vector<bool> need_grad_;  // the layer's output gradient leads to parameters
+  std::vector<bool> need_grad_;             // the layer's output gradient leads to parameters
   std::vector<NamedParam> dense_, tables_;  // in layer order
   std::vector<nn::Param*> dense_ptrs_;
   std::vector<Tensor> outs_, grads_, acc_;
@@ -449,20 +448,14 @@ GraphModel::GraphModel(const ModelConfig& mc, const OptimizerConfig& oc,
       opt_(make_dense_optimizer(oc)),
       emb_opt_(make_embedding_optimizer(oc)) {
   const size_t n = spec_.layers.size();
-  std::vector<int> index_of_name;
   nodes_.resize(n);
   inputs_.resize(n);
   need_grad_.assign(n, false);
   for (int i : spec_.order) {
     const LayerSpec& s = spec_.layers[i];
     std::vector<Shape2> in;
-    for (const auto& name : s.inputs) {
-      for (size_t j = 0; j < n; ++j)
-        if (spec_.layers[j].name == name) {
-          inputs_[i].push_back(static_cast<int>(j));
-          in.push_back(nodes_[j]->shape);
-        }
-    }
+    inputs_[i] = s.input_ids;
+    for (int j : s.input_ids) in.push_back(nodes_[j]->shape);
     const uint64_t tag = s.has_init_tag ? s.init_tag : fnv1a(s.name);
     try {
       nodes_[i] = make_node(s, in, nn::derive_seed(seed, tag));
@@ -525,8 +518,7 @@ std::unique_ptr<Node> GraphModel::make_node(const LayerSpec& s, const std::vecto
   }
   if (t == "wide")
     return std::make_unique<WideNode>(s.name, features(), layout_, nn::parse_pooling(s.pooling));
-  if (t == "mlp")
-    return std::make_unique<MlpNode>(s.name, in[0].width, s.sizes, s.relu_last, seed);
+  if (t == "mlp") return std::make_unique<MlpNode>(s.name, in[0].width, s.sizes, s.relu_last, seed);
   if (t == "cross") {
     if (s.low_rank > in[0].width)
       fail("key 'low_rank': ", s.low_rank, " exceeds the input width ", in[0].width, " of '",
@@ -540,28 +532,28 @@ std::unique_ptr<Node> GraphModel::make_node(const LayerSpec& s, const std::vecto
     for (size_t k = 0; k < in.size(); ++k)
       for (int64_t w : in[k].fields) {
         if (w != d)
-          fail("key 'inputs': the ", t, " interaction needs vectors of one width, but '",
+          fail("key '", s.input_key, "': the ", t, " interaction needs vectors of one width, but '",
                s.inputs[0], "' starts with width ", d, " and '", s.inputs[k],
                "' has vectors of widths ", fields_str(in[k]),
                t == "dot" ? " (make the MLP's last size equal the embedding dim)" : "");
         ++nf;
       }
     if (nf < 2)
-      fail("key 'inputs': the ", t, " interaction needs at least 2 vectors, its inputs give ",
-           nf);
+      fail("key '", s.input_key, "': the ", t,
+           " interaction needs at least 2 vectors, its inputs give ", nf);
     if (t == "dot") return std::make_unique<DotNode>(in, nf, d);
     return std::make_unique<FmNode>(in, nf, d);
   }
   if (t == "add") {
     for (size_t k = 1; k < in.size(); ++k)
       if (in[k].width != in[0].width)
-        fail("key 'inputs': add needs inputs of one width, but '", s.inputs[0], "' is ",
+        fail("key '", s.input_key, "': add needs inputs of one width, but '", s.inputs[0], "' is ",
              in[0].width, " wide and '", s.inputs[k], "' is ", in[k].width);
     return std::make_unique<AddNode>(in[0].width);
   }
   if (t == "output") {
     if (in[0].width != 1)
-      fail("key 'input': the output must be one logit per sample, but '", s.inputs[0],
+      fail("key '", s.input_key, "': the output must be one logit per sample, but '", s.inputs[0],
            "' is ", in[0].width, " wide (end it with a layer of size 1)");
     return std::make_unique<OutputNode>();
   }
@@ -608,10 +600,10 @@ Tensor GraphModel::forward(const io::Batch& batch, bool training) {
 void GraphModel::backward_and_update(const Tensor& dlogits, double lr_scale) {
   DLREC_CHECK(have_training_forward_,
               "graph model: backward_and_update needs a forward(batch, training = true) before it");
-  DLREC_CHECK(dlogits.dtype() == DType::F32 && !dlogits.device().is_cuda() &&
-                  dlogits.numel() == fwd_rows_,
-              "graph model: dlogits must be f32 on the CPU with ", fwd_rows_, " values, got ",
-              dtype_name(dlogits.dtype()), " ", shape_str(dlogits.shape()));
+  DLREC_CHECK(
+      dlogits.dtype() == DType::F32 && !dlogits.device().is_cuda() && dlogits.numel() == fwd_rows_,
+      "graph model: dlogits must be f32 on the CPU with ", fwd_rows_, " values, got ",
+      dtype_name(dlogits.dtype()), " ", shape_str(dlogits.shape()));
   DLREC_CHECK(lr_scale >= 0, "graph model: lr_scale must be >= 0, got ", lr_scale);
   have_training_forward_ = false;
   nn::use_single_threaded_blas();
@@ -683,8 +675,10 @@ std::unique_ptr<Model> build_graph_model(const ModelConfig& model, const Optimiz
                                          const io::ShardLayout& layout, Device device,
                                          uint64_t seed) {
   if (device.is_cuda())
-    fail("the graph model (arch \"graph\") runs on the CPU only in this build; use "
-         "\"device\": \"cpu\" (", device.str(), " was asked for)");
+    fail(
+        "the graph model (arch \"graph\") runs on the CPU only in this build; use "
+        "\"device\": \"cpu\" (",
+        device.str(), " was asked for)");
   return std::make_unique<GraphModel>(model, opt, layout, seed);
 }
 

@@ -62,8 +62,8 @@ const Tensor& CrossNet::forward(const Tensor& x0) {
 const Tensor& CrossNet::backward(const Tensor& dy) {
   DLREC_CHECK(x0_.defined(), "CrossNet::backward called before forward");
   const int64_t B = x0_.dim(0), F = f_;
-  DLREC_CHECK(check_matrix(dy, F, "CrossNet::backward dy") == B,
-              "CrossNet::backward: dy has ", dy.dim(0), " rows, the forward had ", B);
+  DLREC_CHECK(check_matrix(dy, F, "CrossNet::backward dy") == B, "CrossNet::backward: dy has ",
+              dy.dim(0), " rows, the forward had ", B);
   ensure_buffer(dx0_, {B, F});
   ensure_buffer(du_, {B, F});
   ensure_buffer(g_, {B, F});

@@ -8,8 +8,10 @@ namespace dlrec::nn {
 
 FactorizationMachine::FactorizationMachine(int64_t num_fields, int64_t dim)
     : n_(num_fields), d_(dim) {
-  DLREC_CHECK(num_fields >= 2 && dim > 0, "FactorizationMachine: needs at least 2 fields of a "
-              "positive width, got ", num_fields, " fields of width ", dim);
+  DLREC_CHECK(num_fields >= 2 && dim > 0,
+              "FactorizationMachine: needs at least 2 fields of a "
+              "positive width, got ",
+              num_fields, " fields of width ", dim);
 }
 
 const Tensor& FactorizationMachine::forward(const Tensor& v) {

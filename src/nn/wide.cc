@@ -37,8 +37,8 @@ const Tensor& WideLinear::forward(const std::vector<Bags>& bags, int64_t batch_r
 
 void WideLinear::backward(const Tensor& dy) {
   const int64_t B = check_matrix(dy, 1, "WideLinear::backward dy");
-  DLREC_CHECK(B == parts_.dim(0), "WideLinear::backward: dy has ", B,
-              " rows, the forward had ", parts_.dim(0));
+  DLREC_CHECK(B == parts_.dim(0), "WideLinear::backward: dy has ", B, " rows, the forward had ",
+              parts_.dim(0));
   const float* g = dy.data<float>();
   double sum = 0;
   for (int64_t r = 0; r < B; ++r) sum += g[r];

@@ -9,10 +9,11 @@
 #include <functional>
 #include <map>
 #include <string>
+
 #include <unistd.h>
 
-#include "dlrec/model/graph.h"
 #include "dlrec/io/shard.h"
+#include "dlrec/model/graph.h"
 #include "dlrec/model/model.h"
 #include "dlrec/nn/loss.h"
 #include "model/test_batches.h"
@@ -48,7 +49,8 @@ std::string error_of(const std::function<void()>& fn) {
 void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
   const std::string e = error_of(fn);
   ASSERT_FALSE(e.empty()) << "no error; expected one with " << parts[0];
-  for (const auto& p : parts) EXPECT_NE(e.find(p), std::string::npos) << "'" << p << "' not in: " << e;
+  for (const auto& p : parts)
+    EXPECT_NE(e.find(p), std::string::npos) << "'" << p << "' not in: " << e;
 }
 
 const char* kDeepFmLayers = R"(

@@ -133,7 +133,8 @@ TEST(FactorizationMachine, ForwardIsSumOfPairwiseDots) {
     double s = 0;
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = i + 1; j < n; ++j)
-        for (int64_t k = 0; k < d; ++k) s += double(x[b * n * d + i * d + k]) * x[b * n * d + j * d + k];
+        for (int64_t k = 0; k < d; ++k)
+          s += double(x[b * n * d + i * d + k]) * x[b * n * d + j * d + k];
     EXPECT_NEAR(y.data<float>()[b], s, 1e-5);
   }
 }
@@ -160,7 +161,9 @@ TEST(FactorizationMachine, RejectsBadInput) {
 struct WideData {
   std::vector<int64_t> off0 = {0, 1, 2, 3, 4}, idx0 = {0, 2, 2, 1};
   std::vector<int64_t> off1 = {0, 2, 2, 5, 6}, idx1 = {3, 1, 0, 0, 4, 3};
-  std::vector<Bags> bags() const { return {{off0.data(), idx0.data()}, {off1.data(), idx1.data()}}; }
+  std::vector<Bags> bags() const {
+    return {{off0.data(), idx0.data()}, {off1.data(), idx1.data()}};
+  }
 };
 
 void check_wide(Pooling pooling) {

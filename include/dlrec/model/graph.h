@@ -25,6 +25,8 @@ namespace dlrec::model {
 struct LayerSpec {
   std::string name, type;
   std::vector<std::string> inputs;
+  std::vector<int> input_ids;       // indices of the inputs in GraphSpec::layers
+  std::string input_key = "input";  // the key that named them ("input" or "inputs")
   std::string where;  // "model.layers[3] ('top', mlp)": the prefix of this layer's errors
   bool has_init_tag = false;
   uint64_t init_tag = 0;  // seeds the layer's parameters: derive_seed(run seed, init_tag)
