@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include "dlrec/core/thread_pool.h"
 #include "dlrec/io/shard.h"
 #include "dlrec/model/graph.h"
 #include "dlrec/model/model.h"
@@ -384,6 +385,27 @@ TEST(GraphModel, ParametersSaveAndLoad) {
   io::Batch t = make_batch(l, 32, 60, true);
   EXPECT_EQ(a->train_step(t, 1.0, true), b->train_step(t, 1.0, true));
   EXPECT_EQ(a->forward(e, false).to_vector<float>(), b->forward(e, false).to_vector<float>());
+}
+
+// Training is bit-identical whatever the thread count (as for the DLRM class): every layer sums
+// in an order fixed by the data, never by the threads.
+TEST(GraphModel, SameResultsOnAnyThreadCount) {
+  const io::ShardLayout l = make_layout(3, {5, 6, 7});
+  auto trained = [&](const char* layers, int threads) {
+    set_num_threads(threads);
+    RunConfig c = config_from(graph_json(layers, R"({"type": "adagrad", "lr": 0.05})"));
+    auto m = build_model(c.model, c.optimizer, l, Device::cpu(), 3);
+    // Batches above the layers' parallel grain sizes, so that the threads do split them.
+    for (int s = 0; s < 3; ++s) m->train_step(make_batch(l, 700, 80 + s, true), 1.0, false);
+    std::map<std::string, std::vector<float>> out;
+    for (auto& p : m->parameters()) out[p.first] = p.second.to_vector<float>();
+    return out;
+  };
+  for (const char* layers : {kDeepFmLayers, kCrossLayers}) {
+    const auto one = trained(layers, 1), three = trained(layers, 3);
+    EXPECT_TRUE(one == three);
+  }
+  set_num_threads(0);
 }
 
 TEST(GraphModel, RejectsBadUse) {
