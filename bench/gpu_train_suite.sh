@@ -60,6 +60,11 @@ for part in "$@"; do
       D=$(mktemp -d)
       "$BIN/dlrec" datagen --out "$D/logs.tsv" --rows 4000000 > "$OUT/auc.log" 2>&1
       "$BIN/dlrec" etl --input "$D/logs.tsv" --out "$D/data" >> "$OUT/auc.log" 2>&1
+      # The input pipeline alone, and MLPerf-model training fed from these shards.
+      "$BIN/dlrec" bench train --reader-only --data "$D/data" --batch 32768 --steps 30 2>&1 \
+        | tee -a "$OUT/auc.log" | grep "^bench"
+      "$BIN/dlrec" bench train --device cuda --data "$D/data" --batch 32768 --steps 60 \
+        --warmup 5 --precision bf16 2>&1 | tee -a "$OUT/auc.log" | grep "^bench"
       for p in fp32 bf16; do
         "$BIN/dlrec" train --config configs/dlrm_small.json --data "$D/data" --run "$D/run_$p" \
           --device cuda --precision $p >> "$OUT/auc_$p.log" 2>&1

@@ -16,9 +16,11 @@
 //   fp32  cuBLAS SGEMM without TF32 + own epilogue kernels: the parity reference on the GPU.
 //   tf32  the same with TF32 tensor-core GEMMs.
 //   bf16  bf16 weights copies and activations, fp32 master weights, fp32 embedding tables and
-//         gradients of the tables, fp32 accumulation; GEMMs through cuBLASLt with fused
-//         epilogues (bias+ReLU with a ReLU bit mask forward, dReLU and bias gradient backward),
-//         falling back to plain GEMMs + own kernels where cuBLASLt has no algorithm.
+//         gradients of the tables, fp32 accumulation; forward GEMMs through cuBLASLt with fused
+//         bias+ReLU epilogues (falling back to plain GEMMs + own kernels where cuBLASLt has no
+//         algorithm); backward GEMMs followed by one fused dReLU + bias-gradient pass (or
+//         cuBLASLt's DRELU/BGRADB epilogues with DLREC_BWD_EPILOGUES=1); the dot interaction
+//         on tensor cores.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -173,7 +175,7 @@ class DlrmCuda final : public CudaModel {
   Tensor blas_workspace_, side_workspace_, lt_workspace_, lt_side_workspace_;
   std::unique_ptr<lt::Lt> lt_, lt_side_;
   bool overlap_ = true, graphs_ = true, shadows_stale_ = false;
-  bool bwd_epilogues_ = true;  // DLREC_BWD_EPILOGUES=0: plain GEMMs + own kernels backward
+  bool bwd_epilogues_ = false;  // DLREC_BWD_EPILOGUES=1: cuBLASLt BGRADB/DRELU backward
 
   std::vector<DenseLayer> bottom_, top_;
   std::vector<Tensor> tables_, table_states_;
@@ -283,7 +285,7 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
   graphs_ = !profile_ && !(gr && gr[0] == '0');
   overlap_ = !profile_;
   const char* be = std::getenv("DLREC_BWD_EPILOGUES");
-  bwd_epilogues_ = !(be && be[0] == '0');
+  bwd_epilogues_ = be && be[0] == '1';
   // Blocking streams: ordered with legacy-stream copies done by Tensor::to().
   DLREC_CUDA_CHECK(cudaStreamCreate(&stream_));
   DLREC_CUDA_CHECK(cudaStreamCreate(&copy_));
@@ -682,12 +684,17 @@ const void* DlrmCuda::mlp_backward(std::vector<DenseLayer>& mlp, const void* dy,
     return dy;
   }
   // bf16: `dy` is already the gradient of the last layer's pre-activation (its ReLU, if any,
-  // was applied by whoever produced it); each dgrad GEMM applies the previous layer's ReLU.
+  // was applied by whoever produced it); the previous layer's ReLU is applied to each dgrad.
+  // Default: plain GEMMs, and after each dgrad one pass that masks it by the previous layer's
+  // ReLU and sums that layer's bias gradient (mask_bias_grad). With DLREC_BWD_EPILOGUES=1 the
+  // same is done by cuBLASLt's BGRADB (wgrad) and DRELU (dgrad) epilogues instead — measured
+  // slower on an H100 (bench/RESULTS.md), hence not the default.
   const void* dz = dy;
+  bool db_done = false;  // the bias gradient of layer k was summed by the pass after dgrad k+1
   for (size_t k = mlp.size(); k-- > 0;) {
     DenseLayer& l = mlp[k];
     const int in_pad = static_cast<int>(l.in_pad), out = static_cast<int>(l.out);
-    // dW^T [in_pad, out] (f32) = x^T [in_pad, B] dz [B, out], bias gradient from dz.
+    // dW^T [in_pad, out] (f32) = x^T [in_pad, B] dz [B, out].
     lt::Gemm wg;
     wg.trans_b = true;
     wg.m = in_pad;
@@ -698,14 +705,18 @@ const void* DlrmCuda::mlp_backward(std::vector<DenseLayer>& mlp, const void* dy,
     wg.ldd = in_pad;
     wg.d_type = CUDA_R_32F;
     wg.epi = lt::Epi::BGradB;
-    if (!bwd_epilogues_ || !lth->run(wg, l.x, dz, l.dw.raw(), l.db.raw(), nullptr, st)) {
+    const bool fused_wgrad =
+        bwd_epilogues_ && lth->run(wg, l.x, dz, l.dw.raw(), l.db.raw(), nullptr, st);
+    if (!fused_wgrad) {
       DLREC_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, in_pad, out, b, &one, l.x,
                                       CUDA_R_16BF, in_pad, dz, CUDA_R_16BF, out, &zero,
                                       l.dw.raw(), CUDA_R_32F, in_pad, CUBLAS_COMPUTE_32F,
                                       CUBLAS_GEMM_DEFAULT));
-      cd::mask_bias_grad(static_cast<const bf16*>(dz), nullptr, nullptr, partial.data<float>(),
-                         l.db.data<float>(), B, l.out, st);
+      if (!db_done)
+        cd::mask_bias_grad(static_cast<const bf16*>(dz), nullptr, nullptr, partial.data<float>(),
+                           l.db.data<float>(), B, l.out, st);
     }
+    db_done = false;
     if (k == 0 && !need_dx) return nullptr;
     // dx^T [in_pad, B] = Wh [in_pad, out] (column-major view) dz^T [out, B]; into the previous
     // layer's dz with its ReLU applied when there is one.
@@ -731,7 +742,12 @@ const void* DlrmCuda::mlp_backward(std::vector<DenseLayer>& mlp, const void* dy,
                                       l.wh.raw(), CUDA_R_16BF, in_pad, dz, CUDA_R_16BF, out,
                                       &zero, tmp, CUDA_R_16BF, in_pad, CUBLAS_COMPUTE_32F,
                                       CUBLAS_GEMM_DEFAULT));
-      if (prev) cd::relu_mask(bfp(l.dx), bfp(prev->y), bfp(prev->dz), B * l.in, st);
+      if (prev) {
+        // dReLU and the previous layer's bias gradient in one pass.
+        cd::mask_bias_grad(bfp(l.dx), bfp(prev->y), bfp(prev->dz), partial.data<float>(),
+                           prev->db.data<float>(), B, prev->out, st);
+        db_done = true;
+      }
     }
     dz = dst;
   }
