@@ -239,30 +239,46 @@ EtlResult run_etl(const EtlOptions& o) {
     ShardSetWriter valid(o.output_dir, "valid", layout, o.shard_rows, o.block_rows, &created);
     reader = io::open_reader(o.inputs, o.schema, o.read);
     Progress tp("etl transform", expected_rows, "rows");
-    // Writing batch i (checksums, file I/O) overlaps reading and transforming batch i + 1.
+    // Chunks are transformed into a batch of about block_rows rows (appending), so the shard
+    // writer encodes whole blocks straight from it; writing batch i (checksums, file I/O)
+    // overlaps reading and transforming batch i + 1.
     io::RawChunk chunk;
     io::Batch batches[2];
     int cur = 0;
     int64_t seen = 0;
+    int64_t batch_train = 0;    // rows of batches[cur] that train (a prefix: the split is by position)
     std::vector<int64_t> kept;  // input row of each output row (Filter ops drop rows)
     std::future<void> writing;
-    while (reader->next(chunk)) {
+    auto flush = [&]() {
       io::Batch& batch = batches[cur];
-      workflow.transform(chunk, batch, &kept);
+      if (batch.rows == 0) return;
       if (writing.valid()) writing.get();  // rethrows a write error
-      // The split is by input position: output rows from the chunk's first to_train_in rows.
-      const int64_t to_train_in =
-          n_train < 0 ? chunk.rows : std::max<int64_t>(0, std::min(chunk.rows, n_train - seen));
-      const int64_t to_train =
-          std::lower_bound(kept.begin(), kept.end(), to_train_in) - kept.begin();
+      const int64_t to_train = batch_train;
       writing = std::async(std::launch::async, [&train, &valid, &batch, to_train] {
         if (to_train > 0) train.write(batch, 0, to_train);
         if (to_train < batch.rows) valid.write(batch, to_train, batch.rows);
       });
       cur ^= 1;
+      batches[cur].rows = 0;
+      batch_train = 0;
+    };
+    while (reader->next(chunk)) {
+      io::Batch& batch = batches[cur];
+      const int64_t before = batch.rows;
+      workflow.transform(chunk, batch, &kept, /*append=*/true);
+      // The split is by input position: output rows from the chunk's first to_train_in rows.
+      const int64_t to_train_in =
+          n_train < 0 ? chunk.rows : std::max<int64_t>(0, std::min(chunk.rows, n_train - seen));
+      const int64_t to_train =
+          std::lower_bound(kept.begin(), kept.end(), to_train_in) - kept.begin();
+      if (batch_train == before) batch_train += to_train;
       seen += chunk.rows;
       tp.update(seen);
+      // A batch switching from training to validation rows goes out at once, so the
+      // validation shards start on a block boundary of their own.
+      if (batch.rows >= o.block_rows || (batch_train > 0 && batch_train < batch.rows)) flush();
     }
+    flush();
     if (writing.valid()) writing.get();
     train.close(true);
     valid.close(false);

@@ -757,7 +757,7 @@ void Workflow::fit_multipass(const std::function<ChunkSource()>& open_pass) {
 bool Workflow::fitted() const { return impl_->fitted; }
 
 void Workflow::transform(const io::RawChunk& raw, io::Batch& out,
-                         std::vector<int64_t>* kept) const {
+                         std::vector<int64_t>* kept, bool append) const {
   const Impl& m = *impl_;
   DLREC_CHECK(m.fitted, "Workflow::transform: the workflow is not fitted; call fit() first");
   m.check_chunk(raw, "transform");
@@ -781,13 +781,22 @@ void Workflow::transform(const io::RawChunk& raw, io::Batch& out,
   const int nd = static_cast<int>(m.dense_out.size());
   const int nc = static_cast<int>(m.cat_out.size());
   const int64_t rows = in.rows;
-  out.reset(nd, nc);
-  out.rows = rows;
+  // Appending: the chunk's rows go after the `rows0` rows already in `out`.
+  int64_t rows0 = 0;
+  if (append && out.rows > 0) {
+    DLREC_CHECK(out.num_dense == nd && out.num_cat() == nc,
+                "Workflow::transform: cannot append to a batch of another layout");
+    rows0 = out.rows;
+  } else {
+    out.reset(nd, nc);
+  }
+  out.rows = rows0 + rows;
+  out.labels.resize(rows0 + rows);
   if (static_cast<int64_t>(in.label.size()) == rows)
-    out.labels = in.label;
+    std::copy(in.label.begin(), in.label.end(), out.labels.begin() + rows0);
   else
-    out.labels.assign(rows, 0.0f);
-  out.dense.resize(rows * nd);
+    std::fill(out.labels.begin() + rows0, out.labels.end(), 0.0f);
+  out.dense.resize((rows0 + rows) * nd);
 
   // Output offsets: one id per one-hot row; max(1, values) per multi-hot row.
   std::mutex err_mu;
@@ -803,11 +812,12 @@ void Workflow::transform(const io::RawChunk& raw, io::Batch& out,
   parallel_for(0, nc, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t k = lo; k < hi; ++k) {
       const CatOut& o = m.cat_out[k];
-      auto& off = out.cat_offsets[k];
-      off.resize(rows + 1);
-      off[0] = 0;
+      auto& offv = out.cat_offsets[k];
+      if (rows0 == 0) offv.assign(1, 0);
+      offv.resize(rows0 + rows + 1);
+      int64_t* off = offv.data() + rows0;  // off[r]: the chunk's row r; off[0] is the old end
       if (o.cat_pipe < 0) {
-        for (int64_t r = 0; r < rows; ++r) off[r + 1] = r + 1;
+        for (int64_t r = 0; r < rows; ++r) off[r + 1] = off[0] + r + 1;
       } else if (!o.multi_hot) {
         const ColumnPipe& p = m.cat[o.cat_pipe];
         const auto& in_off = in.cat_offsets[p.index];
@@ -818,7 +828,7 @@ void Workflow::transform(const io::RawChunk& raw, io::Batch& out,
                                      " values (declare it multi_hot in the schema)"));
             break;
           }
-          off[r + 1] = r + 1;
+          off[r + 1] = off[0] + r + 1;
         }
       } else {
         const auto& in_off = in.cat_offsets[m.cat[o.cat_pipe].index];
@@ -871,7 +881,7 @@ void Workflow::transform(const io::RawChunk& raw, io::Batch& out,
         const DenseOut& o = m.dense_out[task];
         if (o.pipe < 0) continue;  // a feature op's output: written by its task
         const ColumnPipe& p = m.dense[o.pipe];
-        float* v = out.dense.data() + lo * nd + task;
+        float* v = out.dense.data() + (rows0 + lo) * nd + task;
         for (int64_t r = lo; r < hi; ++r) v[(r - lo) * nd] = in.dense[r * nd_in + p.index];
         p.apply_dense(v, hi - lo, nd);
         check_finite(v, lo, hi - lo, p.name, p.index);
@@ -879,21 +889,21 @@ void Workflow::transform(const io::RawChunk& raw, io::Batch& out,
         const int64_t k = task - nd;
         const CatOut& o = m.cat_out[k];
         if (o.feature >= 0) continue;
+        const int64_t* off = out.cat_offsets[k].data() + rows0;  // the chunk's rows
         int64_t* ids = out.cat_indices[k].data();
-        if (o.dense_pipe >= 0) {  // Bucketize
+        if (o.dense_pipe >= 0) {  // Bucketize (one-hot)
           const ColumnPipe& p = m.dense[o.dense_pipe];
           fbuf.resize(hi - lo);
           for (int64_t r = lo; r < hi; ++r) fbuf[r - lo] = in.dense[r * nd_in + p.index];
           const int e = p.encoder_index();
           p.apply_dense(fbuf.data(), hi - lo, 1, e);
-          p.dense_encoder()->encode(fbuf.data(), hi - lo, 1, ids + lo);
+          p.dense_encoder()->encode(fbuf.data(), hi - lo, 1, ids + off[lo]);
           continue;
         }
         const ColumnPipe& p = m.cat[o.cat_pipe];
         const CategoricalEncoder& enc = p.encoder();
         const auto& in_off = in.cat_offsets[p.index];
         const uint64_t* keys = in.cat_values[p.index].data();
-        const auto& off = out.cat_offsets[k];
         const int64_t k_lo = in_off[lo], k_hi = in_off[hi];
         if (k_hi - k_lo == off[hi] - off[lo]) {  // no missing rows: ids map 1:1 to keys
           enc.encode(keys + k_lo, k_hi - k_lo, ids + off[lo]);
@@ -914,8 +924,8 @@ void Workflow::transform(const io::RawChunk& raw, io::Batch& out,
         const int f = static_cast<int>(task - nd - nc);
         std::vector<float*> dptr;
         std::vector<int64_t*> iptr;
-        for (int j : feat_dense[f]) dptr.push_back(out.dense.data() + lo * nd + j);
-        for (int j : feat_cat[f]) iptr.push_back(out.cat_indices[j].data() + lo);
+        for (int j : feat_dense[f]) dptr.push_back(out.dense.data() + (rows0 + lo) * nd + j);
+        for (int j : feat_cat[f]) iptr.push_back(out.cat_indices[j].data() + rows0 + lo);
         m.features[f].op->transform(in, lo, hi, dptr.data(), nd, iptr.data());
         for (size_t j = 0; j < dptr.size(); ++j)
           check_finite(dptr[j], lo, hi - lo, m.dense_out[feat_dense[f][j]].name, -1);

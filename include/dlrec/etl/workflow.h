@@ -67,8 +67,10 @@ class Workflow {
   // Filter ops drop rows only when `kept` is given: it then receives, for each output row,
   // its row index in `in` (run_etl uses it to keep the train/valid split by input position).
   // Without it every row is encoded (serving answers every request row).
-  void transform(const io::RawChunk& in, io::Batch& out,
-                 std::vector<int64_t>* kept = nullptr) const;
+  // With `append`, the rows are added after those already in `out` (same layout) instead of
+  // replacing them; `kept` still indexes `in`.
+  void transform(const io::RawChunk& in, io::Batch& out, std::vector<int64_t>* kept = nullptr,
+                 bool append = false) const;
 
   io::ShardLayout output_layout() const;  // requires fitted()
   std::vector<std::string> dense_names() const;  // output dense features, in order
