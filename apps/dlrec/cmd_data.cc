@@ -61,7 +61,8 @@ Runner add_etl(CLI::App& app) {
     std::vector<std::string> inputs;
     std::string format = "criteo", schema, workflow, out;
     std::string on_error = "fail";
-    int64_t train_rows = -1, shard_rows = 0;
+    int64_t train_rows = -1, shard_rows = 0, memory_budget_mb = 0;
+    std::string spill_dir;
     double valid_ratio = -1;
     bool overwrite = false;
   };
@@ -79,6 +80,11 @@ Runner add_etl(CLI::App& app) {
   c->add_option("--on-error", a->on_error, "Malformed rows: fail (default) or skip")
       ->check(CLI::IsMember({"fail", "skip"}));
   c->add_flag("--overwrite", a->overwrite, "Replace a dataset already in --out");
+  c->add_option("--memory-budget", a->memory_budget_mb,
+                "Memory budget in MB for fitting vocabularies: past half of it, value counts "
+                "spill to disk and are merged (exact). 0 (default): no bound")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  c->add_option("--spill-dir", a->spill_dir, "Directory for spill files (default: --out)");
   return [a] {
     etl::EtlOptions o;
     o.inputs = a->inputs;
@@ -92,6 +98,8 @@ Runner add_etl(CLI::App& app) {
     if (a->shard_rows > 0) o.shard_rows = a->shard_rows;
     o.read.on_error = io::parse_on_error(a->on_error);
     o.overwrite = a->overwrite;
+    o.memory_budget_mb = a->memory_budget_mb;
+    o.spill_dir = a->spill_dir;
     etl::EtlResult r = etl::run_etl(o);
     std::printf("etl: train=%lld valid=%lld skipped=%lld input=%.1f MB output=%.1f MB "
                 "fit=%.2fs transform=%.2fs total=%.2fs (%.1f MB/s) -> %s\n",
@@ -99,6 +107,9 @@ Runner add_etl(CLI::App& app) {
                 static_cast<long long>(r.skipped_rows), r.input_bytes / 1e6, r.output_bytes / 1e6,
                 r.fit_seconds, r.transform_seconds, r.total_seconds,
                 r.input_bytes / 1e6 / std::max(r.total_seconds, 1e-9), a->out.c_str());
+    if (r.spill_runs)
+      std::printf("etl: vocabulary counts spilled: %lld runs, %.1f MB\n",
+                  static_cast<long long>(r.spill_runs), r.spill_bytes / 1e6);
     return 0;
   };
 }

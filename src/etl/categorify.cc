@@ -1,6 +1,13 @@
 // Categorical encoders: Categorify, HashBucket (docs/ETL.md).
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <limits>
+#include <memory>
+#include <string>
 
 #include "dlrec/core/error.h"
 #include "dlrec/etl/key_map.h"
@@ -44,26 +51,47 @@ class Categorify final : public CategoricalEncoder {
             {"cardinality", cardinality()}};
   }
 
+  ~Categorify() override { remove_runs(); }
+
+  void set_fit_memory(std::shared_ptr<FitMemory> memory) override { memory_ = std::move(memory); }
+
   void fit_begin() override {
     counts_.clear();
+    remove_runs();
     fitted_ = false;
   }
   void fit_chunk(const uint64_t* keys, int64_t n) override {
     constexpr int64_t kAhead = 16;
     for (int64_t i = 0; i < n; ++i) {
       if (i + kAhead < n) counts_.prefetch(keys[i + kAhead]);
+      // Under a memory budget the table doubles only when the budget has room for it;
+      // otherwise its keys go to disk as a sorted run (merged by fit_end).
+      if (memory_ && counts_.full() && !counts_.find(keys[i])) {
+        const int64_t grow = static_cast<int64_t>(counts_.table_bytes());
+        if (memory_->take(grow))
+          reserved_ += grow;
+        else
+          spill();
+      }
       ++counts_[keys[i]];
     }
   }
   void fit_end() override {
     std::vector<std::pair<uint64_t, uint64_t>> kept;  // (count, key)
     const uint64_t threshold = static_cast<uint64_t>(std::max<int64_t>(1, freq_threshold_));
-    distinct_ = static_cast<int64_t>(counts_.size());
+    distinct_ = 0;
     values_ = 0;
-    counts_.for_each([&](uint64_t key, uint64_t count) {
+    auto add = [&](uint64_t key, uint64_t count) {
+      ++distinct_;
       values_ += static_cast<int64_t>(count);
       if (count >= threshold) kept.emplace_back(count, key);
-    });
+    };
+    if (runs_.empty()) {
+      counts_.for_each(add);
+    } else {
+      if (counts_.size() > 0) spill();
+      merge_runs(add);
+    }
     auto order = [](const std::pair<uint64_t, uint64_t>& a, const std::pair<uint64_t, uint64_t>& b) {
       return a.first != b.first ? a.first > b.first : a.second < b.second;
     };
@@ -80,6 +108,8 @@ class Categorify final : public CategoricalEncoder {
     }
     oov_values_ = values_ - in_vocab;
     counts_ = KeyMap<uint64_t>();  // frees the counts
+    if (memory_) memory_->give_back(reserved_);
+    reserved_ = 0;
     build_lookup();
   }
 
@@ -117,6 +147,121 @@ class Categorify final : public CategoricalEncoder {
     }
     fitted_ = true;
   }
+
+  // Writes the table's (key, count) pairs, ascending keys, as a run file; empties the table.
+  void spill() {
+    const std::string path = memory_->spill_dir + "/.dlrec-spill-" + std::to_string(::getpid()) +
+                             "-" + std::to_string(reinterpret_cast<uintptr_t>(this)) + "-" +
+                             std::to_string(runs_.size()) + ".tmp";
+    runs_.push_back(path);  // removed by remove_runs() whatever happens next
+    FILE* f = std::fopen(path.c_str(), "wb");
+    if (!f) fail("Categorify: cannot create spill file '", path, "': ", std::strerror(errno));
+    std::vector<uint64_t> buf;
+    buf.reserve(kSpillBuffer);
+    bool ok = true;
+    int64_t pairs = 0;
+    auto put = [&](uint64_t key, uint64_t count) {
+      ++pairs;
+      buf.push_back(key);
+      buf.push_back(count);
+      if (buf.size() >= kSpillBuffer) {
+        ok = ok && std::fwrite(buf.data(), 8, buf.size(), f) == buf.size();
+        buf.clear();
+      }
+    };
+    counts_.drain_sorted(put);
+    ok = ok && std::fwrite(buf.data(), 8, buf.size(), f) == buf.size();
+    const int err = errno;
+    ok = std::fclose(f) == 0 && ok;
+    if (!ok) fail("Categorify: writing spill file '", path, "' failed: ", std::strerror(err));
+    memory_->spilled_runs += 1;
+    memory_->spilled_bytes += pairs * 16;
+  }
+
+  // Merges the runs by key, summing counts: add(key, total) once per distinct key.
+  template <class F>
+  void merge_runs(F&& add) {
+    struct Run {
+      FILE* f = nullptr;
+      std::vector<uint64_t> buf;
+      size_t pos = 0, len = 0;
+      uint64_t key = 0, count = 0;
+      std::string path;
+      bool next() {
+        if (pos == len) {
+          len = std::fread(buf.data(), 8, buf.size(), f);
+          if (std::ferror(f)) fail("Categorify: reading spill file '", path, "' failed");
+          if (len % 2) fail("Categorify: spill file '", path, "' is truncated");
+          pos = 0;
+          if (len == 0) return false;
+        }
+        key = buf[pos];
+        count = buf[pos + 1];
+        pos += 2;
+        return true;
+      }
+    };
+    std::vector<Run> runs(runs_.size());
+    struct Closer {
+      std::vector<Run>& r;
+      ~Closer() {
+        for (auto& x : r)
+          if (x.f) std::fclose(x.f);
+      }
+    } closer{runs};
+    // Read buffers share about 8 MB: 512 KB each at most, less with many runs.
+    const size_t per_run =  // (key, count) pairs
+        std::max<size_t>(512, std::min<size_t>(size_t{1} << 15, (size_t{8} << 20) / 16 / runs.size()));
+    using Head = std::pair<uint64_t, size_t>;  // (key, run)
+    std::vector<Head> heap;
+    auto cmp = [](const Head& a, const Head& b) { return a.first > b.first; };
+    for (size_t i = 0; i < runs.size(); ++i) {
+      Run& r = runs[i];
+      r.path = runs_[i];
+      r.f = std::fopen(r.path.c_str(), "rb");
+      if (!r.f) fail("Categorify: cannot open spill file '", r.path, "': ", std::strerror(errno));
+      r.buf.resize(per_run * 2);
+      if (r.next()) heap.emplace_back(r.key, i);
+    }
+    std::make_heap(heap.begin(), heap.end(), cmp);
+    bool have = false;
+    uint64_t key = 0, total = 0;
+    while (!heap.empty()) {
+      std::pop_heap(heap.begin(), heap.end(), cmp);
+      const size_t i = heap.back().second;
+      heap.pop_back();
+      Run& r = runs[i];
+      if (have && r.key == key) {
+        total += r.count;
+      } else {
+        if (have) add(key, total);
+        have = true;
+        key = r.key;
+        total = r.count;
+      }
+      if (r.next()) {
+        heap.emplace_back(r.key, i);
+        std::push_heap(heap.begin(), heap.end(), cmp);
+      }
+    }
+    if (have) add(key, total);
+    for (auto& x : runs) {
+      std::fclose(x.f);
+      x.f = nullptr;
+    }
+    remove_runs();
+  }
+
+  void remove_runs() {
+    for (const auto& p : runs_) std::remove(p.c_str());
+    runs_.clear();
+  }
+
+  static constexpr size_t kSpillBuffer = size_t{1} << 16;  // u64 words per write
+
+  std::shared_ptr<FitMemory> memory_;  // null: no budget, everything in memory
+  int64_t reserved_ = 0;               // bytes of memory_ taken by counts_
+  std::vector<std::string> runs_;      // spill files of this fit
 
   int64_t freq_threshold_, max_size_, num_buckets_;
   std::vector<uint64_t> vocab_;  // keys in id order (id = index + 2)

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <future>
 #include <memory>
+#include <tuple>
 
 #include "dlrec/core/error.h"
 #include "dlrec/core/file_util.h"
@@ -203,6 +204,9 @@ EtlResult run_etl(const EtlOptions& o) {
   try {
     // ---- fit, on the training rows only
     Timer fit_timer;
+    if (o.memory_budget_mb > 0)
+      workflow.set_fit_memory(o.memory_budget_mb << 20,
+                              o.spill_dir.empty() ? o.output_dir : o.spill_dir);
     res.fit_passes = workflow.num_fit_passes();
     int pass = 0;
     std::unique_ptr<io::ChunkReader> reader;
@@ -231,6 +235,7 @@ EtlResult run_etl(const EtlOptions& o) {
       fail("etl: train_rows is ", n_train, " but the input holds only ", fit_rows,
            " good rows; no rows would be left for validation");
     res.fit_seconds = fit_timer.seconds();
+    std::tie(res.spill_runs, res.spill_bytes) = workflow.fit_spill_stats();
 
     // ---- transform every row into train/valid shards
     Timer tr_timer;

@@ -170,6 +170,7 @@ struct Workflow::Impl {
   std::vector<CatOut> cat_out;
   bool fitted = false;
   bool have_stats = false;
+  std::shared_ptr<FitMemory> fit_memory;  // set_fit_memory's budget (null: none)
   int64_t stats_rows = 0, stats_input_rows = 0;
 
   std::string label_name() const {
@@ -755,6 +756,26 @@ void Workflow::fit_multipass(const std::function<ChunkSource()>& open_pass) {
 }
 
 bool Workflow::fitted() const { return impl_->fitted; }
+
+std::pair<int64_t, int64_t> Workflow::fit_spill_stats() const {
+  const auto& m = impl_->fit_memory;
+  return m ? std::make_pair(m->spilled_runs.load(), m->spilled_bytes.load())
+           : std::make_pair(int64_t{0}, int64_t{0});
+}
+
+void Workflow::set_fit_memory(int64_t budget_bytes, const std::string& spill_dir) {
+  std::shared_ptr<FitMemory> mem;
+  if (budget_bytes > 0) {
+    DLREC_CHECK(!spill_dir.empty(), "Workflow::set_fit_memory: no spill directory");
+    mem = std::make_shared<FitMemory>();
+    mem->available = budget_bytes / 2;
+    mem->spill_dir = spill_dir;
+  }
+  impl_->fit_memory = mem;
+  for (auto& p : impl_->cat)
+    for (auto& op : p.ops)
+      if (auto* e = dynamic_cast<CategoricalEncoder*>(op.get())) e->set_fit_memory(mem);
+}
 
 void Workflow::transform(const io::RawChunk& raw, io::Batch& out,
                          std::vector<int64_t>* kept, bool append) const {

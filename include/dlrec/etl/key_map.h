@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -71,6 +72,30 @@ class KeyMap {
     for (const Slot& s : slots_)
       if (s.key != kEmpty) f(s.key, s.value);
     if (has_marker_) f(kEmpty, marker_value_);
+  }
+
+  // Slots in the table (the map rehashes to twice as many when size() would pass half).
+  size_t capacity() const { return slots_.size(); }
+  // Bytes of the table; growing it next would add as many again.
+  size_t table_bytes() const { return slots_.size() * sizeof(Slot); }
+  // Whether inserting one more new key would double the table.
+  bool full() const { return 2 * (size_ + 1) > slots_.size(); }
+
+  // Moves the entries to the front of the table, sorts them by key, calls f(key, value) for
+  // each in ascending key order, then empties the map
+  // keeping its capacity. No memory beyond the table is used.
+  template <class F>
+  void drain_sorted(F&& f) {
+    size_t n = 0;
+    for (size_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i].key != kEmpty) slots_[n++] = slots_[i];
+    std::sort(slots_.begin(), slots_.begin() + n,
+              [](const Slot& a, const Slot& b) { return a.key < b.key; });
+    for (size_t i = 0; i < n; ++i) f(slots_[i].key, slots_[i].value);
+    if (has_marker_) f(kEmpty, marker_value_);  // the largest key, so it goes last
+    for (Slot& s : slots_) s = Slot{};
+    size_ = 0;
+    has_marker_ = false;
   }
 
   void clear() {

@@ -21,6 +21,7 @@
 // family's register_*_ops() function (docs/ETL.md lists the ops and their JSON).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -60,9 +61,27 @@ class DenseOp : public Op {
   virtual void transform(float* values, int64_t n, int64_t stride) const = 0;
 };
 
+// Memory shared by the encoders of one workflow while fitting (Workflow::set_fit_memory):
+// their count tables grow only while `available` allows, and spill sorted runs to
+// `spill_dir` otherwise.
+struct FitMemory {
+  std::atomic<int64_t> available{0};  // bytes the count tables may still grow by
+  std::string spill_dir;
+  std::atomic<int64_t> spilled_runs{0}, spilled_bytes{0};  // what went to disk
+  bool take(int64_t bytes) {  // reserves `bytes` if that many are left
+    int64_t a = available.load();
+    while (a >= bytes)
+      if (available.compare_exchange_weak(a, a - bytes)) return true;
+    return false;
+  }
+  void give_back(int64_t bytes) { available += bytes; }
+};
+
 class CategoricalEncoder : public Op {
  public:
   ColumnType input_type() const override { return ColumnType::Categorical; }
+  // Bounds the memory of the next fit (encoders without a fit ignore it).
+  virtual void set_fit_memory(std::shared_ptr<FitMemory> memory) {}
   virtual void fit_begin() {}
   virtual void fit_chunk(const uint64_t* keys, int64_t n) {}
   virtual void fit_end() {}

@@ -53,6 +53,7 @@ struct EtlResult {
   int64_t input_bytes = 0;   // size of the input files
   int64_t output_bytes = 0;  // size of every file written
   int fit_passes = 0;
+  int64_t spill_runs = 0, spill_bytes = 0;  // vocabulary counts spilled under memory_budget_mb
   std::vector<std::string> train_shards, valid_shards;  // names inside output_dir
   double count_seconds = 0, fit_seconds = 0, transform_seconds = 0, total_seconds = 0;
 };

@@ -60,6 +60,12 @@ class Workflow {
   // Fits in num_fit_passes() passes; `open_pass()` returns a fresh source over the same rows.
   void fit_multipass(const std::function<ChunkSource()>& open_pass);
   bool fitted() const;
+  // Bounds the memory of the next fit: the Categorify count tables together grow by at most
+  // half of `budget_bytes`; past that they spill sorted (key, count) runs into `spill_dir` and
+  // merge them at the end of the pass (exact: the same vocabulary as in memory). 0: no bound.
+  void set_fit_memory(int64_t budget_bytes, const std::string& spill_dir);
+  // Spill runs and bytes written by the fits since set_fit_memory (0, 0 without a budget).
+  std::pair<int64_t, int64_t> fit_spill_stats() const;
 
   // Encodes `in` into `out` (replacing its contents). Const and thread-safe; parallel over
   // columns and rows. Throws if a dense value is not finite after its ops (naming the column
