@@ -1,0 +1,298 @@
+// The ETL speed and memory paths give the same results as the plain ones: the text parser's
+// fast path, Categorify's spilled counts, appending transforms, chunk-size-independent fits,
+// run_etl under a memory budget and with small chunks.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "dlrec/core/error.h"
+#include "dlrec/core/file_util.h"
+#include "dlrec/etl/key_map.h"
+#include "dlrec/etl/run.h"
+#include "dlrec/etl/workflow.h"
+#include "dlrec/io/text_reader.h"
+
+namespace dlrec::etl {
+namespace {
+
+std::string temp_dir(const std::string& tag) {
+  std::string d = std::string(::testing::TempDir()) + "dlrec_fast_" + tag + "_" +
+                  std::to_string(::getpid());
+  make_dirs(d);
+  return d;
+}
+
+std::vector<std::string> list_dir(const std::string& dir) {
+  std::vector<std::string> v;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d))  // hidden files too (spill runs are .dlrec-spill-*)
+      if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) v.push_back(e->d_name);
+    ::closedir(d);
+  }
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Criteo-layout text: label, 13 integers (some missing, some negative), 26 hex keys drawn
+// from a skewed pool per column (some missing).
+std::string criteo_text(int rows, uint64_t seed, int pool = 5000) {
+  std::mt19937_64 rng(seed);
+  std::string s;
+  char buf[32];
+  for (int i = 0; i < rows; ++i) {
+    s += rng() % 4 == 0 ? "1" : "0";
+    for (int d = 0; d < 13; ++d) {
+      s += '\t';
+      if (rng() % 10) s += std::to_string(static_cast<int>(rng() % 500) - 5);
+    }
+    for (int c = 0; c < 26; ++c) {
+      s += '\t';
+      if (rng() % 25 == 0) continue;
+      const uint64_t u = rng();
+      const uint64_t k = u % 3 ? (u >> 20) % 50 : (u >> 20) % static_cast<uint64_t>(pool);
+      std::snprintf(buf, sizeof buf, "%08x", static_cast<unsigned>(k * 2654435761u + c));
+      s += buf;
+    }
+    s += '\n';
+  }
+  return s;
+}
+
+json criteo_workflow(int64_t freq_threshold) {
+  return json::parse(R"({"pipeline": [
+    {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "Clip", "min": 0},
+                                  {"op": "LogOp"}, {"op": "Normalize"}]},
+    {"columns": "@categorical", "ops": [{"op": "Categorify", "freq_threshold": )" +
+                     std::to_string(freq_threshold) + "}]}]}");
+}
+
+// Reads every chunk of a file.
+std::vector<io::RawChunk> read_chunks(const std::string& path, const io::Schema& schema,
+                                      int64_t chunk_rows) {
+  io::ReadOptions ro;
+  ro.chunk_rows = chunk_rows;
+  io::TextReader r({path}, schema, ro);
+  std::vector<io::RawChunk> v;
+  io::RawChunk c;
+  while (r.next(c)) v.push_back(c);
+  return v;
+}
+
+ChunkSource source_of(const std::vector<io::RawChunk>& chunks) {
+  auto i = std::make_shared<size_t>(0);
+  return [&chunks, i](io::RawChunk& out) {
+    if (*i >= chunks.size()) return false;
+    out = chunks[(*i)++];
+    return true;
+  };
+}
+
+// ---- the parser's fast path
+
+// Lines that the fast path takes and lines it must hand to the general path decode as
+// written, whichever path took them.
+TEST(TextFastPathTest, ValuesMatchTheSpecification) {
+  io::Schema s;
+  s.columns = {{"label", io::ColumnKind::Label, false},
+               {"I1", io::ColumnKind::Dense, false},
+               {"I2", io::ColumnKind::Dense, false},
+               {"C1", io::ColumnKind::Categorical, false},
+               {"C2", io::ColumnKind::Categorical, false}};
+  const std::string dir = temp_dir("parse");
+  const std::string path = dir + "/in.tsv";
+  std::ofstream(path) << "1\t12\t-3\t0123abcd\tFFFFFFFF\n"      // 8-digit keys (SWAR)
+                      << "0\t+7\t\tABCDEF01\t\n"                 // '+', missing
+                      << "1\t1.5\t2e3\t1\t0000000000000fff\n"    // decimals, short/16-digit keys
+                      << "0\t-0\t123456789012345678\t\"a1\"\t7\n"  // quoted field, 18 digits
+                      << "1.0\t1234567890123456789\t0\t12345678\t9abcdef0\n";  // '1.0' label
+  auto chunks = read_chunks(path, s, 1024);
+  ASSERT_EQ(chunks.size(), 1u);
+  const io::RawChunk& c = chunks[0];
+  ASSERT_EQ(c.rows, 5);
+  EXPECT_EQ(c.label, (std::vector<float>{1, 0, 1, 0, 1}));
+  EXPECT_EQ(c.dense[0], 12.f);
+  EXPECT_EQ(c.dense[1], -3.f);
+  EXPECT_EQ(c.dense[2], 7.f);
+  EXPECT_TRUE(std::isnan(c.dense[3]));
+  EXPECT_EQ(c.dense[4], 1.5f);
+  EXPECT_EQ(c.dense[5], 2000.f);
+  EXPECT_EQ(c.dense[6], 0.f);
+  EXPECT_TRUE(std::signbit(c.dense[6]));  // "-0" keeps its sign on both paths
+  EXPECT_EQ(c.dense[7], static_cast<float>(123456789012345678.0));
+  EXPECT_EQ(c.dense[8], static_cast<float>(1234567890123456789.0));
+  EXPECT_EQ(c.cat_values[0],
+            (std::vector<uint64_t>{0x0123abcd, 0xABCDEF01, 0x1, 0xa1, 0x12345678}));
+  EXPECT_EQ(c.cat_values[1], (std::vector<uint64_t>{0xFFFFFFFF, 0xfff, 0x7, 0x9abcdef0}));
+  EXPECT_EQ(c.cat_offsets[1], (std::vector<int64_t>{0, 1, 1, 2, 3, 4}));
+}
+
+// What the fast path rejects gets the general path's message, with file, line and column.
+TEST(TextFastPathTest, BadValuesKeepTheirMessages) {
+  io::Schema s = io::Schema::criteo();
+  const std::string dir = temp_dir("parsebad");
+  const std::string good = criteo_text(3, 1);
+  for (const auto& [key, expect] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"0123abcg", "column 15 (C1): '0123abcg' is not a hexadecimal category"},
+           {"0123456789abcdef0", "more than 16 digits"},
+           {"0123 abc", "is not a hexadecimal category"}}) {
+    std::string text = criteo_text(1, 2);
+    // Replace C1 of the single line (field 15) by `key`.
+    size_t p = 0;
+    for (int f = 0; f < 14; ++f) p = text.find('\t', p) + 1;
+    size_t q = text.find('\t', p);
+    text = good + text.substr(0, p) + key + text.substr(q);
+    const std::string path = dir + "/bad.tsv";
+    std::ofstream(path) << text;
+    std::string err;
+    try {
+      read_chunks(path, s, 1024);
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    EXPECT_NE(err.find(path + ":4:"), std::string::npos) << err;
+    EXPECT_NE(err.find(expect), std::string::npos) << err;
+  }
+  // A row with one field too many is a field-count error, not a value error.
+  std::string text = good;
+  text.insert(text.find('\n'), "\t");
+  std::ofstream(dir + "/ragged.tsv") << text;
+  std::string err;
+  try {
+    read_chunks(dir + "/ragged.tsv", s, 1024);
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  EXPECT_NE(err.find("ragged.tsv:1: expected 40 fields, got 41"), std::string::npos) << err;
+}
+
+// ---- Categorify under a memory budget
+
+TEST(SpillTest, TinyBudgetSpillsAndGivesTheInMemoryVocabulary) {
+  const std::string dir = temp_dir("spill");
+  const std::string path = dir + "/in.tsv";
+  std::ofstream(path) << criteo_text(6000, 3);
+  const io::Schema s = io::Schema::criteo();
+  auto chunks = read_chunks(path, s, 1000);
+  Workflow mem = Workflow::from_config(criteo_workflow(2), s);
+  mem.fit(source_of(chunks));
+  Workflow spill = Workflow::from_config(criteo_workflow(2), s);
+  spill.set_fit_memory(8 << 10, dir);  // 4 KB of count tables: spills every few hundred keys
+  spill.fit(source_of(chunks));
+  const auto [runs, bytes] = spill.fit_spill_stats();
+  EXPECT_GT(runs, 26);
+  EXPECT_GT(bytes, 0);
+  EXPECT_EQ(mem.to_json().dump(), spill.to_json().dump());
+  EXPECT_EQ(mem.fit_stats().dump(), spill.fit_stats().dump());
+  EXPECT_EQ(list_dir(dir), std::vector<std::string>{"in.tsv"});  // runs removed after merging
+  io::Batch a, b;
+  mem.transform(chunks[1], a);
+  spill.transform(chunks[1], b);
+  EXPECT_EQ(a.cat_indices, b.cat_indices);
+  EXPECT_EQ(a.dense, b.dense);
+}
+
+TEST(SpillTest, RunEtlUnderBudgetEqualsInMemoryAndLeavesNoSpillFiles) {
+  const std::string dir = temp_dir("spillrun");
+  const std::string path = dir + "/in.tsv";
+  std::ofstream(path) << criteo_text(40000, 4, 200000);
+  EtlOptions o;
+  o.inputs = {path};
+  o.schema = io::Schema::criteo();
+  o.workflow = criteo_workflow(2);
+  o.valid_ratio = 0.1;
+  o.shard_rows = 15000;
+  o.block_rows = 4096;
+  o.output_dir = dir + "/mem";
+  EtlResult r1 = run_etl(o);
+  EXPECT_EQ(r1.spill_runs, 0);
+  o.output_dir = dir + "/budget";
+  o.memory_budget_mb = 1;  // 512 KB of count tables for ~26 x 35000 distinct keys
+  EtlResult r2 = run_etl(o);
+  EXPECT_GT(r2.spill_runs, 0);
+  const auto files = list_dir(dir + "/mem");
+  EXPECT_EQ(files, list_dir(dir + "/budget"));  // no spill file left behind
+  for (const auto& f : files)
+    EXPECT_EQ(read_all(dir + "/mem/" + f), read_all(dir + "/budget/" + f)) << f;
+}
+
+TEST(SpillTest, FailedRunRemovesSpillFiles) {
+  const std::string dir = temp_dir("spillfail");
+  const std::string path = dir + "/in.tsv";
+  std::string text = criteo_text(20000, 5, 100000);
+  text += "1\tnot-a-number\n";  // fails the fit pass after many spills
+  std::ofstream(path) << text;
+  EtlOptions o;
+  o.inputs = {path};
+  o.schema = io::Schema::criteo();
+  o.workflow = criteo_workflow(2);
+  o.output_dir = dir + "/out";
+  o.memory_budget_mb = 1;
+  EXPECT_THROW(run_etl(o), Error);
+  EXPECT_EQ(list_dir(dir + "/out"), std::vector<std::string>{});
+}
+
+TEST(KeyMapTest, DrainSortedKeepsCapacityAndAllKeys) {
+  KeyMap<uint64_t> m;
+  std::mt19937_64 rng(9);
+  std::map<uint64_t, uint64_t> ref;
+  for (int i = 0; i < 5000; ++i) {
+    const uint64_t k = i % 7 == 0 ? ~uint64_t{0} : rng() % 3000;
+    ++m[k];
+    ++ref[k];
+  }
+  const size_t cap = m.capacity();
+  std::vector<std::pair<uint64_t, uint64_t>> got;
+  m.drain_sorted([&](uint64_t k, uint64_t v) { got.emplace_back(k, v); });
+  const std::vector<std::pair<uint64_t, uint64_t>> want(ref.begin(), ref.end());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(m.size(), 0u);
+  EXPECT_EQ(m.capacity(), cap);
+  EXPECT_EQ(m.find(got[0].first), nullptr);
+  ++m[5];
+  EXPECT_EQ(*m.find(5), 1u);
+}
+
+// ---- transform append, chunk-size independence
+
+TEST(FastTransformTest, AppendEqualsConcatenationAndFitIgnoresChunkSize) {
+  const std::string dir = temp_dir("append");
+  const std::string path = dir + "/in.tsv";
+  std::ofstream(path) << criteo_text(70000, 6);
+  const io::Schema s = io::Schema::criteo();
+  auto big = read_chunks(path, s, 1 << 16);
+  auto small = read_chunks(path, s, 777);
+  Workflow a = Workflow::from_config(criteo_workflow(3), s);
+  a.fit(source_of(big));
+  Workflow b = Workflow::from_config(criteo_workflow(3), s);
+  b.fit(source_of(small));
+  // Normalize merges fixed blocks of values: the same mean/std bit for bit.
+  EXPECT_EQ(a.to_json().dump(), b.to_json().dump());
+  io::Batch whole, appended, part;
+  for (const auto& c : big) {
+    a.transform(c, part);
+    whole.rows ? whole.append(part) : void(whole = part);
+  }
+  for (const auto& c : small) a.transform(c, appended, nullptr, /*append=*/true);
+  EXPECT_EQ(whole.rows, appended.rows);
+  EXPECT_EQ(whole.labels, appended.labels);
+  EXPECT_EQ(whole.dense, appended.dense);
+  EXPECT_EQ(whole.cat_offsets, appended.cat_offsets);
+  EXPECT_EQ(whole.cat_indices, appended.cat_indices);
+}
+
+}  // namespace
+}  // namespace dlrec::etl
