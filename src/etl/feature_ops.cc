@@ -78,7 +78,7 @@ class HashedCross final : public FeatureOp {
   std::vector<std::string> cat_outputs() const override { return {out_name_}; }
   int64_t cat_cardinality(size_t) const override { return num_buckets_ + 1; }
   void transform(const io::RawChunk& c, int64_t lo, int64_t hi, float* const*, int64_t,
-                 int64_t* const* ids) const override {
+                 int64_t* const* ids, const TrainRows*) const override {
     const uint64_t b = static_cast<uint64_t>(num_buckets_);
     for (int64_t r = lo; r < hi; ++r) {
       uint64_t h = 0, k = 0;
@@ -105,13 +105,18 @@ class HashedCross final : public FeatureOp {
 // training rows. A missing or unseen key gets mean. (No k-fold: docs/ETL.md.)
 class TargetEncoding final : public FeatureOp {
  public:
-  explicit TargetEncoding(double smoothing) : smoothing_(smoothing) {}
+  TargetEncoding(double smoothing, int64_t kfold, uint64_t seed)
+      : smoothing_(smoothing), kfold_(kfold), seed_(seed) {}
   std::string name() const override { return "TargetEncoding"; }
   ColumnType input_type() const override { return ColumnType::Categorical; }
   bool needs_fit() const override { return true; }
   bool fitted() const override { return fitted_; }
   json to_json() const override {
     json j = {{"op", name()}, {"smoothing", smoothing_}};
+    if (kfold_ >= 2) {
+      j["kfold"] = kfold_;
+      j["seed"] = seed_;
+    }
     if (fitted_) {
       j["mean"] = mean_;
       j["rows"] = rows_;
@@ -138,18 +143,39 @@ class TargetEncoding final : public FeatureOp {
     total_ = 0;
     n_ = 0;
     fitted_ = false;
+    has_folds_ = false;
+    fold_index_ = KeyMap<int64_t>();
+    fold_sum_.clear();
+    fold_count_.clear();
+    fold_total_.assign(static_cast<size_t>(std::max<int64_t>(kfold_, 0)), 0.0);
+    fold_rows_.assign(fold_total_.size(), 0);
   }
   void fit_chunk(const io::RawChunk& c) override {
     const bool has_label = static_cast<int64_t>(c.label.size()) == c.rows;
     uint64_t k;
     for (int64_t r = 0; r < c.rows; ++r) {
       const double y = has_label ? c.label[r] : 0.0;
+      const int64_t f = kfold_ >= 2 ? fold_of(n_) : -1;  // n_: this row's training index
       total_ += y;
       ++n_;
+      if (f >= 0) {
+        fold_total_[f] += y;
+        ++fold_rows_[f];
+      }
       if (key_of(c, inputs_.cat[0], r, &k)) {
         Stat& s = acc_[k];
         s.sum += y;
         ++s.count;
+        if (f >= 0) {
+          int64_t& slot = fold_index_[k];
+          if (slot == 0) {  // 1-based while fitting: 0 = new key
+            fold_sum_.resize(fold_sum_.size() + kfold_, 0.0);
+            fold_count_.resize(fold_count_.size() + kfold_, 0);
+            slot = static_cast<int64_t>(fold_sum_.size() / kfold_);
+          }
+          fold_sum_[(slot - 1) * kfold_ + f] += y;
+          ++fold_count_[(slot - 1) * kfold_ + f];
+        }
       }
     }
   }
@@ -170,6 +196,7 @@ class TargetEncoding final : public FeatureOp {
     rows_ = n_;
     mean_ = n_ ? total_ / n_ : 0.0;
     build();
+    if (kfold_ >= 2) build_folds();
   }
   void set_state(double mean, int64_t rows, std::vector<uint64_t> keys, std::vector<double> sums,
                  std::vector<int64_t> counts) {
@@ -181,10 +208,21 @@ class TargetEncoding final : public FeatureOp {
     build();
   }
   void transform(const io::RawChunk& c, int64_t lo, int64_t hi, float* const* dense,
-                 int64_t stride, int64_t* const*) const override {
+                 int64_t stride, int64_t* const*, const TrainRows* train) const override {
     const float prior = static_cast<float>(mean_);
     uint64_t k;
-    for (int64_t r = lo; r < hi; ++r) {
+    const int64_t train_end = kfold_ >= 2 && train ? std::min(hi, train->rows) : lo;
+    if (train_end > lo && !has_folds_)
+      fail("TargetEncoding (kfold ", kfold_, ") of column '", inputs_.cat_names[0],
+           "': encoding training rows needs the per-fold statistics of a fit in this process");
+    for (int64_t r = lo; r < train_end; ++r) {  // out of fold
+      const int64_t f = fold_of(train->first + r);
+      float v = oof_prior_[f];
+      if (key_of(c, inputs_.cat[0], r, &k))
+        if (const int64_t* i = fold_index_.find(k)) v = oof_[(*i - 1) * kfold_ + f];
+      dense[0][(r - lo) * stride] = v;
+    }
+    for (int64_t r = std::max(lo, train_end); r < hi; ++r) {
       float v = prior;
       if (key_of(c, inputs_.cat[0], r, &k))
         if (const int64_t* i = index_.find(k)) v = encoded_[*i];
@@ -208,7 +246,55 @@ class TargetEncoding final : public FeatureOp {
     fitted_ = true;
   }
 
+  // Fold of training row i: a seeded hash, so folds are balanced and do not follow the input
+  // order (NVTabular assigns folds at random too).
+  int64_t fold_of(int64_t i) const {
+    return static_cast<int64_t>(mix64(static_cast<uint64_t>(i) ^ mix64(seed_ + 0x9E3779B97F4A7C15ULL)) %
+                                static_cast<uint64_t>(kfold_));
+  }
+  // Out-of-fold encodings: for fold f, the statistics of the training rows of the other folds.
+  void build_folds() {
+    const int64_t k = kfold_;
+    oof_prior_.assign(k, static_cast<float>(mean_));
+    for (int64_t f = 0; f < k; ++f) {
+      const int64_t n = n_ - fold_rows_[f];
+      if (n > 0) oof_prior_[f] = static_cast<float>((total_ - fold_total_[f]) / n);
+    }
+    const size_t slots = fold_sum_.size() / k;
+    oof_.resize(fold_sum_.size());
+    std::vector<double> key_sum(slots, 0.0);
+    std::vector<int64_t> key_count(slots, 0);
+    for (size_t s = 0; s < slots; ++s)
+      for (int64_t f = 0; f < k; ++f) {
+        key_sum[s] += fold_sum_[s * k + f];
+        key_count[s] += fold_count_[s * k + f];
+      }
+    for (size_t s = 0; s < slots; ++s)
+      for (int64_t f = 0; f < k; ++f) {
+        const int64_t n = n_ - fold_rows_[f];
+        const double prior = n > 0 ? (total_ - fold_total_[f]) / n : mean_;
+        const double sum = key_sum[s] - fold_sum_[s * k + f];
+        const int64_t count = key_count[s] - fold_count_[s * k + f];
+        oof_[s * k + f] = static_cast<float>((sum + smoothing_ * prior) /
+                                             (static_cast<double>(count) + smoothing_));
+        if (count == 0 && smoothing_ == 0) oof_[s * k + f] = static_cast<float>(prior);
+      }
+    std::vector<double>().swap(fold_sum_);
+    std::vector<int64_t>().swap(fold_count_);
+    has_folds_ = true;
+  }
+
   double smoothing_;
+  int64_t kfold_ = 0;
+  uint64_t seed_ = 0;
+  bool has_folds_ = false;
+  KeyMap<int64_t> fold_index_;             // key -> 1 + slot (per-fold tables below)
+  std::vector<double> fold_sum_;           // [slot * kfold + fold], while fitting
+  std::vector<int64_t> fold_count_;
+  std::vector<double> fold_total_;         // label sum per fold
+  std::vector<int64_t> fold_rows_;         // training rows per fold
+  std::vector<float> oof_;                 // out-of-fold encoding [slot * kfold + fold]
+  std::vector<float> oof_prior_;           // out-of-fold mean per fold
   double mean_ = 0;
   int64_t rows_ = 0;
   std::vector<uint64_t> keys_;
@@ -320,7 +406,7 @@ class JoinGroupby final : public FeatureOp {
     build();
   }
   void transform(const io::RawChunk& c, int64_t lo, int64_t hi, float* const* dense,
-                 int64_t stride, int64_t* const*) const override {
+                 int64_t stride, int64_t* const*, const TrainRows*) const override {
     const size_t nout = table_.empty() ? 0 : table_.size() / (keys_.size() + 1);
     uint64_t k;
     for (int64_t r = lo; r < hi; ++r) {
@@ -404,7 +490,14 @@ void register_feature_ops(OpRegistry& reg) {
   reg.add("TargetEncoding", ColumnType::Categorical,
           [](ConfigReader& r, bool fitted) -> std::unique_ptr<Op> {
             double s = r.get_range("smoothing", 20.0, 0.0, 1e300);
-            auto op = std::make_unique<TargetEncoding>(s);
+            const int64_t kfold = r.get_int_range("kfold", 0, 0, 1000);
+            if (kfold == 1)
+              fail("'", r.key_path("kfold"), "' must be 0 (off) or at least 2, got 1");
+            if (kfold == 0 && r.has("seed"))
+              fail("'", r.key_path("seed"), "' applies with kfold >= 2 only");
+            const int64_t seed =
+                r.get_int_range("seed", 42, 0, std::numeric_limits<int64_t>::max());
+            auto op = std::make_unique<TargetEncoding>(s, kfold, static_cast<uint64_t>(seed));
             if (fitted) {
               double mean = r.require<double>("mean");
               int64_t rows = r.get<int64_t>("rows", 0);

@@ -267,15 +267,18 @@ EtlResult run_etl(const EtlOptions& o) {
       batches[cur].rows = 0;
       batch_train = 0;
     };
+    int64_t train_seen = 0;  // training rows written so far (after filtering)
     while (reader->next(chunk)) {
       io::Batch& batch = batches[cur];
       const int64_t before = batch.rows;
-      workflow.transform(chunk, batch, &kept, /*append=*/true);
       // The split is by input position: output rows from the chunk's first to_train_in rows.
       const int64_t to_train_in =
           n_train < 0 ? chunk.rows : std::max<int64_t>(0, std::min(chunk.rows, n_train - seen));
+      const TrainRows train_rows{train_seen, to_train_in};
+      workflow.transform(chunk, batch, &kept, /*append=*/true, &train_rows);
       const int64_t to_train =
           std::lower_bound(kept.begin(), kept.end(), to_train_in) - kept.begin();
+      train_seen += to_train;
       if (batch_train == before) batch_train += to_train;
       seen += chunk.rows;
       tp.update(seen);

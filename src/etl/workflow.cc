@@ -778,7 +778,7 @@ void Workflow::set_fit_memory(int64_t budget_bytes, const std::string& spill_dir
 }
 
 void Workflow::transform(const io::RawChunk& raw, io::Batch& out,
-                         std::vector<int64_t>* kept, bool append) const {
+                         std::vector<int64_t>* kept, bool append, const TrainRows* train) const {
   const Impl& m = *impl_;
   DLREC_CHECK(m.fitted, "Workflow::transform: the workflow is not fitted; call fit() first");
   m.check_chunk(raw, "transform");
@@ -798,6 +798,14 @@ void Workflow::transform(const io::RawChunk& raw, io::Batch& out,
       for (int64_t r = 0; r < raw.rows; ++r) kept->push_back(r);
   }
   const io::RawChunk& in = use_filtered ? filtered : raw;
+  // `train` counts input rows; the feature ops see the kept ones (a prefix of `in` too).
+  TrainRows train_rows;
+  if (train) {
+    train_rows.first = train->first;
+    train_rows.rows = std::min(train->rows, raw.rows);
+    if (use_filtered)
+      train_rows.rows = std::lower_bound(kept->begin(), kept->end(), train_rows.rows) - kept->begin();
+  }
   const int nd_in = in.num_dense;
   const int nd = static_cast<int>(m.dense_out.size());
   const int nc = static_cast<int>(m.cat_out.size());
@@ -947,7 +955,8 @@ void Workflow::transform(const io::RawChunk& raw, io::Batch& out,
         std::vector<int64_t*> iptr;
         for (int j : feat_dense[f]) dptr.push_back(out.dense.data() + (rows0 + lo) * nd + j);
         for (int j : feat_cat[f]) iptr.push_back(out.cat_indices[j].data() + rows0 + lo);
-        m.features[f].op->transform(in, lo, hi, dptr.data(), nd, iptr.data());
+        m.features[f].op->transform(in, lo, hi, dptr.data(), nd, iptr.data(),
+                                    train ? &train_rows : nullptr);
         for (size_t j = 0; j < dptr.size(); ++j)
           check_finite(dptr[j], lo, hi - lo, m.dense_out[feat_dense[f][j]].name, -1);
       }

@@ -3,6 +3,8 @@
 // Expected values are computed by hand (docs/ETL.md gives the formulas).
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -338,10 +340,86 @@ TEST(TargetEncodingTest, SmoothedMeans) {
   EXPECT_NE(msg.find("'C3' is multi-hot"), std::string::npos) << msg;
   msg = error_of([] {
     Workflow::from_config(
-        {{"pipeline", {cats(), step(json::array({"C1"}), {{{"op", "TargetEncoding"}, {"kfold", 5}}})}}},
+        {{"pipeline", {cats(), step(json::array({"C1"}), {{{"op", "TargetEncoding"}, {"kfold", 1}}})}}},
         schema3());
   });
-  EXPECT_NE(msg.find("kfold"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'pipeline[1].ops[0].kfold' must be 0 (off) or at least 2"), std::string::npos)
+      << msg;
+  msg = error_of([] {
+    Workflow::from_config(
+        {{"pipeline", {cats(), step(json::array({"C1"}), {{{"op", "TargetEncoding"}, {"seed", 3}}})}}},
+        schema3());
+  });
+  EXPECT_NE(msg.find("'pipeline[1].ops[0].seed' applies with kfold >= 2 only"), std::string::npos)
+      << msg;
+}
+
+// K-fold: training row i (in fit order) is encoded with the statistics of the training rows of
+// the other folds, fold = mix64(i ^ mix64(seed + 0x9E3779B97F4A7C15)) % kfold; other rows (and
+// serving) use all training rows.
+TEST(TargetEncodingTest, KFoldOutOfFold) {
+  Rows r;
+  std::mt19937 rng(5);
+  for (int i = 0; i < 400; ++i) {
+    Keys k;
+    if (i % 13) k.push_back(rng() % 6);
+    r.row(static_cast<float>(rng() % 3 == 0), 0, 0, k, {1});
+  }
+  const int64_t kfold = 4, seed = 9;
+  const double smoothing = 3;
+  io::Batch all;
+  auto w = fit_on({cats(), step(json::array({"C1"}), {{{"op", "TargetEncoding"},
+                                                       {"smoothing", smoothing},
+                                                       {"kfold", kfold},
+                                                       {"seed", seed}}})},
+                  r.c, all);
+  // The rows from 250 on are not training rows; rows 0..249 are training rows 100..349.
+  const TrainRows train{100, 250};
+  io::Batch out;
+  std::vector<int64_t> kept;
+  w.transform(r.c, out, &kept, false, &train);
+  auto fold = [&](int64_t i) {
+    return static_cast<int64_t>(mix64(static_cast<uint64_t>(i) ^ mix64(seed + 0x9E3779B97F4A7C15ULL)) %
+                                kfold);
+  };
+  // Fit order: row i of the chunk is training row i.
+  std::vector<int> folds_seen(kfold, 0);
+  for (int64_t i = 0; i < r.c.rows; ++i) {
+    const bool training = i < train.rows;
+    const int64_t f = training ? fold(train.first + i) : -1;
+    if (training) ++folds_seen[f];
+    double tot = 0, n = 0, sum = 0, cnt = 0;
+    const bool has_key = r.c.cat_offsets[0][i + 1] > r.c.cat_offsets[0][i];
+    const uint64_t key = has_key ? r.c.cat_values[0][r.c.cat_offsets[0][i]] : 0;
+    for (int64_t j = 0; j < r.c.rows; ++j) {
+      if (training && fold(j) == f) continue;
+      tot += r.c.label[j];
+      ++n;
+      const bool hk = r.c.cat_offsets[0][j + 1] > r.c.cat_offsets[0][j];
+      if (has_key && hk && r.c.cat_values[0][r.c.cat_offsets[0][j]] == key) {
+        sum += r.c.label[j];
+        ++cnt;
+      }
+    }
+    const double prior = tot / n;
+    const float want = static_cast<float>(has_key ? (sum + smoothing * prior) / (cnt + smoothing) : prior);
+    ASSERT_NEAR(dense_col(out, 2)[i], want, 1e-6) << "row " << i << " training " << training;
+    // Without `train` (serving) every row gets the all-rows encoding.
+    if (!training) EXPECT_EQ(dense_col(out, 2)[i], dense_col(all, 2)[i]) << i;
+  }
+  for (int f = 0; f < kfold; ++f) EXPECT_GT(folds_seen[f], 30) << "fold " << f;
+  // Training rows differ from their all-rows encoding (no leak of their own label).
+  EXPECT_NE(dense_col(out, 2)[0], dense_col(all, 2)[0]);
+  // The reloaded workflow keeps the parameters; encoding training rows needs the fold state.
+  json j = w.to_json();
+  EXPECT_EQ(j["features"][0]["op"]["kfold"], kfold);
+  EXPECT_EQ(j["features"][0]["op"]["seed"], seed);
+  Workflow again = Workflow::from_json(j);
+  io::Batch b;
+  again.transform(r.c, b);
+  EXPECT_EQ(b.dense, all.dense);
+  std::string msg = error_of([&] { again.transform(r.c, b, &kept, false, &train); });
+  EXPECT_NE(msg.find("per-fold statistics"), std::string::npos) << msg;
 }
 
 TEST(JoinGroupbyTest, CountSumMean) {

@@ -119,6 +119,14 @@ struct FeatureInputs {
   std::string label_name;  // "" when the schema has no label
 };
 
+// The training rows of a chunk being transformed (run_etl): rows [0, rows) of the chunk are
+// training rows number first, first + 1, ... in fit order (after filtering). Ops that encode
+// training rows differently from other rows (k-fold TargetEncoding) use it.
+struct TrainRows {
+  int64_t first = 0;
+  int64_t rows = 0;
+};
+
 class FeatureOp : public Op {
  public:
   // One instance per listed column (TargetEncoding, JoinGroupby) or one for all the step's
@@ -139,9 +147,10 @@ class FeatureOp : public Op {
   virtual void fit_chunk(const io::RawChunk& c) {}
   virtual void fit_end() {}
   // Rows [lo, hi) of `c`: dense output j of row r goes to dense[j][(r - lo) * stride], one-hot
-  // categorical output j to ids[j][r - lo] (0 = missing).
+  // categorical output j to ids[j][r - lo] (0 = missing). `train`: which rows of `c` are
+  // training rows (nullptr: none, e.g. serving).
   virtual void transform(const io::RawChunk& c, int64_t lo, int64_t hi, float* const* dense,
-                         int64_t stride, int64_t* const* ids) const = 0;
+                         int64_t stride, int64_t* const* ids, const TrainRows* train) const = 0;
 
  protected:
   FeatureInputs inputs_;

@@ -75,8 +75,11 @@ class Workflow {
   // Without it every row is encoded (serving answers every request row).
   // With `append`, the rows are added after those already in `out` (same layout) instead of
   // replacing them; `kept` still indexes `in`.
+  // `train` (run_etl): the first train->rows input rows of `in` are training rows, the first
+  // kept one being training row train->first (in fit order, after filtering); k-fold
+  // TargetEncoding encodes them out of fold. Needs `kept` when the workflow has Filter ops.
   void transform(const io::RawChunk& in, io::Batch& out, std::vector<int64_t>* kept = nullptr,
-                 bool append = false) const;
+                 bool append = false, const TrainRows* train = nullptr) const;
 
   io::ShardLayout output_layout() const;  // requires fitted()
   std::vector<std::string> dense_names() const;  // output dense features, in order
