@@ -102,7 +102,8 @@ class HashedCross final : public FeatureOp {
 // {"op": "TargetEncoding", "smoothing": 20}: one dense feature "TE_<column>_<label>" per listed
 // one-hot categorical column: (sum + smoothing * mean) / (count + smoothing), with sum and count
 // of the label over the training rows holding the key and mean = the label's mean over all
-// training rows. A missing or unseen key gets mean. (No k-fold: docs/ETL.md.)
+// training rows. A missing or unseen key gets mean. With "kfold": k >= 2, training rows are
+// encoded out of fold (docs/ETL.md).
 class TargetEncoding final : public FeatureOp {
  public:
   TargetEncoding(double smoothing, int64_t kfold, uint64_t seed)
