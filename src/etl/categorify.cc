@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "dlrec/core/error.h"
@@ -29,8 +30,19 @@ constexpr int64_t kFirstVocabId = 2;
 // ids do not depend on B. Cardinality = 2 + V + B.
 class Categorify final : public CategoricalEncoder {
  public:
-  Categorify(int64_t freq_threshold, int64_t max_size, int64_t num_buckets)
-      : freq_threshold_(freq_threshold), max_size_(max_size), num_buckets_(num_buckets) {}
+  Categorify(int64_t freq_threshold, int64_t max_size, int64_t num_buckets, bool joint)
+      : freq_threshold_(freq_threshold),
+        max_size_(max_size),
+        num_buckets_(num_buckets),
+        joint_wanted_(joint) {}
+
+  bool joint() const override { return joint_wanted_; }
+  void join_fit(CategoricalEncoder& first) override {
+    auto* f = dynamic_cast<Categorify*>(&first);
+    DLREC_CHECK(f && f->joint_wanted_, "Categorify: joint vocabulary with a different encoder");
+    if (!f->joint_) f->joint_ = std::make_shared<Joint>();
+    joint_ = f->joint_;
+  }
 
   std::string name() const override { return "Categorify"; }
   bool needs_fit() const override { return true; }
@@ -38,6 +50,7 @@ class Categorify final : public CategoricalEncoder {
 
   json to_json() const override {
     json j = {{"op", name()}, {"freq_threshold", freq_threshold_}};
+    if (joint_wanted_) j["encode_type"] = "joint";
     if (max_size_ > 0) j["max_size"] = max_size_;
     if (num_buckets_ > 0) j["num_buckets"] = num_buckets_;
     if (fitted_) j["vocab"] = vocab_;
@@ -59,9 +72,19 @@ class Categorify final : public CategoricalEncoder {
     counts_.clear();
     remove_runs();
     fitted_ = false;
+    if (joint_) {  // every column of the group resets it, before any chunk
+      std::lock_guard<std::mutex> g(joint_->mu);
+      joint_->counts.clear();
+      joint_->finished = false;
+    }
   }
   void fit_chunk(const uint64_t* keys, int64_t n) override {
     constexpr int64_t kAhead = 16;
+    if (joint_) {  // the group's columns count into one table (in memory)
+      std::lock_guard<std::mutex> g(joint_->mu);
+      for (int64_t i = 0; i < n; ++i) ++joint_->counts[keys[i]];
+      return;
+    }
     for (int64_t i = 0; i < n; ++i) {
       if (i + kAhead < n) counts_.prefetch(keys[i + kAhead]);
       // Under a memory budget the table doubles only when the budget has room for it;
@@ -77,6 +100,31 @@ class Categorify final : public CategoricalEncoder {
     }
   }
   void fit_end() override {
+    if (joint_) {  // the first column to finish builds the group's vocabulary
+      std::lock_guard<std::mutex> g(joint_->mu);
+      if (!joint_->finished) {
+        std::swap(counts_, joint_->counts);
+        finish_counts();
+        joint_->vocab = vocab_;
+        joint_->distinct = distinct_;
+        joint_->values = values_;
+        joint_->oov_values = oov_values_;
+        joint_->finished = true;
+      } else {
+        vocab_ = joint_->vocab;
+        distinct_ = joint_->distinct;
+        values_ = joint_->values;
+        oov_values_ = joint_->oov_values;
+      }
+      build_lookup();
+      return;
+    }
+    finish_counts();
+    build_lookup();
+  }
+
+  // Turns the counts (in counts_ or spilled) into vocab_ and the statistics.
+  void finish_counts() {
     std::vector<std::pair<uint64_t, uint64_t>> kept;  // (count, key)
     const uint64_t threshold = static_cast<uint64_t>(std::max<int64_t>(1, freq_threshold_));
     distinct_ = 0;
@@ -110,7 +158,6 @@ class Categorify final : public CategoricalEncoder {
     counts_ = KeyMap<uint64_t>();  // frees the counts
     if (memory_) memory_->give_back(reserved_);
     reserved_ = 0;
-    build_lookup();
   }
 
   void set_vocab(std::vector<uint64_t> vocab) {
@@ -259,6 +306,17 @@ class Categorify final : public CategoricalEncoder {
 
   static constexpr size_t kSpillBuffer = size_t{1} << 16;  // u64 words per write
 
+  // The shared state of a joint group (one vocabulary for several columns).
+  struct Joint {
+    std::mutex mu;
+    KeyMap<uint64_t> counts;
+    bool finished = false;
+    std::vector<uint64_t> vocab;
+    int64_t distinct = 0, values = 0, oov_values = 0;
+  };
+  bool joint_wanted_;
+  std::shared_ptr<Joint> joint_;  // set by join_fit on every column of the group
+
   std::shared_ptr<FitMemory> memory_;  // null: no budget, everything in memory
   int64_t reserved_ = 0;               // bytes of memory_ taken by counts_
   std::vector<std::string> runs_;      // spill files of this fit
@@ -299,7 +357,14 @@ void register_categorical_ops(OpRegistry& reg) {
             int64_t threshold = r.get_int_range("freq_threshold", 0, 0, big);
             int64_t max_size = r.get_int_range("max_size", 0, 0, big);
             int64_t num_buckets = r.get_int_range("num_buckets", 0, 0, big);
-            auto op = std::make_unique<Categorify>(threshold, max_size, num_buckets);
+            const std::string encode = r.get<std::string>("encode_type", "column");
+            if (encode != "column" && encode != "joint") {
+              std::string near = nearest_name(encode, {"column", "joint"});
+              fail("'", r.key_path("encode_type"), "' must be \"column\" or \"joint\", got '",
+                   encode, "'", near.empty() ? "" : " (did you mean '" + near + "'?)");
+            }
+            auto op = std::make_unique<Categorify>(threshold, max_size, num_buckets,
+                                                   encode == "joint");
             if (fitted) {
               const json& v = r.raw("vocab");
               if (!v.is_array()) fail("'", r.key_path("vocab"), "' must be an array of keys");

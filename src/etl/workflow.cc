@@ -248,6 +248,12 @@ struct Workflow::Impl {
       return;
     }
     for (ColumnPipe* p : targets) add_op(*p, spec, where, fitted_state);
+    // A joint encoder: the step's columns fit one vocabulary together.
+    auto* first = targets.empty() ? nullptr
+                                  : dynamic_cast<CategoricalEncoder*>(targets[0]->ops.back().get());
+    if (first && first->joint() && !fitted_state)
+      for (size_t i = 1; i < targets.size(); ++i)
+        static_cast<CategoricalEncoder&>(*targets[i]->ops.back()).join_fit(*first);
   }
 
   void add_feature(std::unique_ptr<FeatureOp> op, const std::vector<std::string>& cols,

@@ -312,6 +312,44 @@ TEST(DropLowCardinalityTest, DropsEmptyVocabularyAndRenames) {
   EXPECT_NE(msg.find("'x' is produced twice"), std::string::npos) << msg;
 }
 
+// ---- joint vocabularies
+
+TEST(CategorifyJointTest, ColumnsShareOneVocabulary) {
+  Rows r;
+  r.row(0, 0, 0, {7}, {8}).row(0, 0, 0, {7}, {7}).row(0, 0, 0, {8}, {7});
+  r.row(0, 0, 0, {8}, {9}).row(0, 0, 0, {9}, {8}).row(0, 0, 0, {}, {});
+  io::Batch out;
+  auto w = fit_on({step(json::array({"C1", "C2"}),
+                        {{{"op", "Categorify"}, {"freq_threshold", 2}, {"encode_type", "joint"}}}),
+                   step(json::array({"C3"}), {{{"op", "Categorify"}}})},
+                  r.c, out);
+  // Joint counts: 7 -> 2 + 2, 8 -> 2 + 2, 9 -> 1 + 1: all reach 2; ties by key.
+  EXPECT_EQ(out.cat_indices[0], (std::vector<int64_t>{2, 2, 3, 3, 4, 0}));
+  EXPECT_EQ(out.cat_indices[1], (std::vector<int64_t>{3, 2, 2, 4, 3, 0}));
+  EXPECT_EQ(w.output_layout().cardinalities[0], 5);
+  EXPECT_EQ(w.output_layout().cardinalities[1], 5);
+  json j = w.to_json();
+  EXPECT_EQ(j["columns"][2]["ops"][0]["encode_type"], "joint");
+  EXPECT_EQ(j["columns"][2]["ops"][0]["vocab"], j["columns"][3]["ops"][0]["vocab"]);
+  expect_reload_identical(w, r.c);
+  // Per column, 9 is seen once in each: out of vocabulary.
+  io::Batch sep;
+  fit_on({step(json::array({"C1", "C2"}), {{{"op", "Categorify"}, {"freq_threshold", 2}}}),
+          step(json::array({"C3"}), {{{"op", "Categorify"}}})},
+         r.c, sep);
+  EXPECT_EQ(sep.cat_indices[0], (std::vector<int64_t>{2, 2, 3, 3, 1, 0}));
+  EXPECT_EQ(sep.cat_indices[1], (std::vector<int64_t>{3, 2, 2, 1, 3, 0}));
+  std::string msg = error_of([] {
+    Workflow::from_config(
+        {{"pipeline", {step("@categorical", {{{"op", "Categorify"}, {"encode_type", "jiont"}}})}}},
+        schema3());
+  });
+  EXPECT_NE(msg.find("'pipeline[0].ops[0].encode_type' must be \"column\" or \"joint\", got "
+                     "'jiont' (did you mean 'joint'?)"),
+            std::string::npos)
+      << msg;
+}
+
 // ---- features from statistics
 
 TEST(TargetEncodingTest, SmoothedMeans) {

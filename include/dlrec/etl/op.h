@@ -82,6 +82,11 @@ class CategoricalEncoder : public Op {
   ColumnType input_type() const override { return ColumnType::Categorical; }
   // Bounds the memory of the next fit (encoders without a fit ignore it).
   virtual void set_fit_memory(std::shared_ptr<FitMemory> memory) {}
+  // Joint vocabularies: whether this encoder wants one vocabulary with the other columns of
+  // its step, and the call (by the Workflow, on each column's instance but the first) that
+  // makes it fit together with `first`.
+  virtual bool joint() const { return false; }
+  virtual void join_fit(CategoricalEncoder& first) {}
   virtual void fit_begin() {}
   virtual void fit_chunk(const uint64_t* keys, int64_t n) {}
   virtual void fit_end() {}
