@@ -40,13 +40,19 @@ for part in "$@"; do
       nsys stats --report cuda_gpu_kern_sum --format csv "$OUT/bf16.nsys-rep" > "$OUT/kernels_bf16.csv" 2>&1
       rm -f "$OUT/bf16.nsys-rep" "$OUT/bf16.sqlite"
       ;;
+    pytorch)
+      python3 bench/pytorch_dlrm_gpu.py --batch 32768,55296 --steps 30 --warmup 5 \
+        > "$OUT/pytorch_fp32.log" 2>&1; tail -2 "$OUT/pytorch_fp32.log"
+      python3 bench/pytorch_dlrm_gpu.py --batch 32768,55296 --steps 30 --warmup 5 --bf16 \
+        > "$OUT/pytorch_bf16.log" 2>&1; tail -2 "$OUT/pytorch_bf16.log"
+      ;;
     peers)
       python3 bench/pytorch_dlrm_gpu.py --batch 32768,55296 --steps 30 --warmup 5 \
         > "$OUT/pytorch_fp32.log" 2>&1; tail -3 "$OUT/pytorch_fp32.log"
       python3 bench/pytorch_dlrm_gpu.py --batch 32768,55296 --steps 30 --warmup 5 --bf16 \
         > "$OUT/pytorch_bf16.log" 2>&1; tail -3 "$OUT/pytorch_bf16.log"
-      for B in 32768 55296; do
-        timeout 300 python3 bench/dlrm_reference.py --dlrm "$DLRM_DIR" -- --use-gpu --print-time \
+      for B in ${REF_BATCHES:-32768 55296}; do
+        timeout ${REF_TIMEOUT:-300} python3 bench/dlrm_reference.py --dlrm "$DLRM_DIR" -- --use-gpu --print-time \
           --arch-sparse-feature-size=128 --arch-mlp-bot=13-512-256-128 \
           --arch-mlp-top=1024-1024-512-256-1 --arch-interaction-op=dot \
           --arch-embedding-size=$KAGGLE --data-generation=random --num-indices-per-lookup=1 \
