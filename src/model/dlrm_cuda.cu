@@ -118,8 +118,20 @@ class DlrmCuda final : public CudaModel {
   Device device() const override { return dev_; }
   double train_step(const io::Batch& batch, double lr_scale, bool want_loss) override;
   void synchronize() override;
+  void predict(const io::Batch& batch, float* probs) override;
 
  private:
+  // Serving: one CUDA graph per power-of-two number of rows (one id per table).
+  struct InferBucket {
+    int64_t rows = 0;
+    PinnedPtr in, out;
+    float* dense = nullptr;    // [rows, num_dense]
+    uint32_t* keys = nullptr;  // [T, rows] global rows
+    float* probs = nullptr;    // [rows]
+    Tensor d_offsets, d_probs;
+    cudaGraphExec_t graph = nullptr;
+  };
+  void infer_body(InferBucket& bk);
   // Device inputs of one step, double-buffered with their pinned staging memory.
   struct Slot {
     PinnedPtr mem;
@@ -190,6 +202,7 @@ class DlrmCuda final : public CudaModel {
   ce::Scratch scratch_;
   Slot slots_[2];
   int next_ = 0, cur_ = 0;
+  std::vector<std::unique_ptr<InferBucket>> buckets_;  // by log2(rows)
 
   int64_t fwd_rows_ = 0, fwd_nnz_ = 0;
   bool have_training_forward_ = false;
@@ -419,6 +432,11 @@ void DlrmCuda::refresh_shadows() {
 }
 
 void DlrmCuda::drop_graphs() {
+  for (auto& bk : buckets_)
+    if (bk && bk->graph) {
+      cudaGraphExecDestroy(bk->graph);
+      bk->graph = nullptr;
+    }
   for (auto& sl : slots_) {
     if (sl.graph) cudaGraphExecDestroy(sl.graph);
     sl.graph = nullptr;
@@ -985,6 +1003,115 @@ double DlrmCuda::train_step(const io::Batch& batch, double lr_scale, bool want_l
       cudaMemcpyAsync(&loss, loss_.raw(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
   DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return loss;
+}
+
+void DlrmCuda::infer_body(InferBucket& bk) {
+  Slot& sl = slots_[0];
+  const int64_t R = bk.rows;
+  cur_ = 0;
+  fwd_rows_ = R;
+  fwd_nnz_ = R * T_;
+  if (R * num_dense_ > 0)
+    DLREC_CUDA_CHECK(cudaMemcpyAsync(sl.d_dense.raw(), bk.dense, sizeof(float) * R * num_dense_,
+                                     cudaMemcpyHostToDevice, stream_));
+  if (T_ > 0) {
+    DLREC_CUDA_CHECK(cudaMemcpyAsync(sl.d_keys.raw(), bk.keys, sizeof(uint32_t) * R * T_,
+                                     cudaMemcpyHostToDevice, stream_));
+    DLREC_CUDA_CHECK(cudaMemcpyAsync(sl.d_offsets.raw(), bk.d_offsets.raw(),
+                                     sizeof(int32_t) * (R * T_ + 1), cudaMemcpyDeviceToDevice,
+                                     stream_));
+  }
+  run_forward(false);
+  cd::sigmoid(top_.back().y.data<float>(), bk.d_probs.data<float>(), R, stream_);
+  DLREC_CUDA_CHECK(cudaMemcpyAsync(bk.probs, bk.d_probs.raw(), sizeof(float) * R,
+                                   cudaMemcpyDeviceToHost, stream_));
+}
+
+void DlrmCuda::predict(const io::Batch& batch, float* probs) {
+  DeviceGuard g(dev_index_);
+  check_batch(batch);
+  const int64_t B = batch.rows;
+  if (B == 0) return;
+  bool one_hot = B <= 65536;
+  for (int64_t t = 0; t < T_ && one_hot; ++t) {
+    const auto& off = batch.cat_offsets[t];
+    one_hot = off[B] - off[0] == B;
+    for (int64_t r = 0; r < B && one_hot; ++r) one_hot = off[r + 1] - off[r] == 1;
+  }
+  if (!one_hot || profile_) {  // eager
+    std::vector<float> z = forward(batch, false).to_vector<float>();
+    for (int64_t i = 0; i < B; ++i) probs[i] = 1.f / (1.f + std::exp(-z[i]));
+    return;
+  }
+  int lg = 0;
+  while ((int64_t{1} << lg) < B) ++lg;
+  const int64_t R = int64_t{1} << lg;
+  if (static_cast<int>(buckets_.size()) <= lg) buckets_.resize(lg + 1);
+  if (R > cap_b_ || R * T_ > cap_nnz_) ensure_capacity(R, std::max<int64_t>(R * T_, 1));
+  auto& bkp = buckets_[lg];
+  if (!bkp) {
+    bkp = std::make_unique<InferBucket>();
+    InferBucket& bk = *bkp;
+    bk.rows = R;
+    const size_t in_bytes = sizeof(float) * R * num_dense_ + sizeof(uint32_t) * R * T_ + 64;
+    bk.in = pinned_alloc(in_bytes);
+    std::memset(bk.in.get(), 0, in_bytes);
+    bk.dense = static_cast<float*>(bk.in.get());
+    bk.keys = reinterpret_cast<uint32_t*>(bk.dense + R * num_dense_);
+    for (int64_t t = 0; t < T_; ++t)
+      for (int64_t r = 0; r < R; ++r) bk.keys[t * R + r] = row_base_host_[t];  // padding: row 0
+    bk.out = pinned_alloc(sizeof(float) * R);
+    bk.probs = static_cast<float*>(bk.out.get());
+    std::vector<int32_t> off(R * T_ + 1);
+    for (int64_t i = 0; i <= R * T_; ++i) off[i] = static_cast<int32_t>(i);
+    bk.d_offsets = Tensor::from_vector(off, {R * T_ + 1}, dev_);
+    bk.d_probs = dev_tensor({R});
+  }
+  InferBucket& bk = *bkp;
+  if (shadows_stale_) refresh_shadows();
+  // Pack: dense rows, then one global row per (table, row); ids are range-checked.
+  if (B * num_dense_ > 0) std::memcpy(bk.dense, batch.dense.data(), sizeof(float) * B * num_dense_);
+  parallel_for(0, T_, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t* ids = batch.cat_indices[t].data() + batch.cat_offsets[t][0];
+      const int64_t rows = layout_.cardinalities[t];
+      const uint32_t base = row_base_host_[t];
+      uint32_t* k = bk.keys + t * R;
+      for (int64_t r = 0; r < B; ++r) {
+        const int64_t id = ids[r];
+        if (id < 0 || id >= rows)
+          fail("EmbeddingBag: id ", id, " of table ", t, " is out of range [0, ", rows, ")");
+        k[r] = base + static_cast<uint32_t>(id);
+      }
+    }
+  });
+  // The inputs of the previous call's padding rows may remain from a larger batch: harmless
+  // (valid rows and finite values; their outputs are not read).
+  if (graphs_ && !bk.graph) {
+    infer_body(bk);  // eager once: plans, tuning and lazy loading outside the capture
+    DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    cudaGraph_t graph = nullptr;
+    DLREC_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      infer_body(bk);
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    DLREC_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    const cudaError_t e = cudaGraphInstantiate(&bk.graph, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      bk.graph = nullptr;
+      graphs_ = false;
+    }
+  }
+  if (graphs_ && bk.graph) DLREC_CUDA_CHECK(cudaGraphLaunch(bk.graph, stream_));
+  else infer_body(bk);
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::memcpy(probs, bk.probs, sizeof(float) * B);
 }
 
 void DlrmCuda::synchronize() {

@@ -369,6 +369,12 @@ __global__ void cat_backward_kernel(const float* __restrict__ dout, int64_t B, i
   }
 }
 
+__global__ void sigmoid_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = 1.f / (1.f + expf(-x[i]));
+}
+
 constexpr int kBceThreads = 1024;
 
 // One block: deterministic (fixed tree) reduction of the loss in double.
@@ -579,6 +585,12 @@ void cat_backward(const float* dout, int64_t B, int dd, int64_t E, float* d_dens
   const int64_t n = B * (dd + E);
   if (n == 0) return;
   cat_backward_kernel<<<grid_for(n, 256), 256, 0, stream>>>(dout, B, dd, E, d_dense, d_emb);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+void sigmoid(const float* x, float* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  sigmoid_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, y, n);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 

@@ -52,6 +52,9 @@ void cat_backward(const float* dout, int64_t B, int dd, int64_t E, float* d_dens
                   cudaStream_t stream);
 
 // Mean BCE-with-logits over n samples: *loss (double, device) and dlogits = (sigmoid - y) / n.
+// y = 1 / (1 + exp(-x)) over n values.
+void sigmoid(const float* x, float* y, int64_t n, cudaStream_t stream);
+
 // With dlogits_h, dL/dlogits is also written as bf16 (for bf16 backward GEMMs).
 void bce_with_logits(const float* logits, const float* labels, int64_t n, float* dlogits,
                      double* loss, cudaStream_t stream, bf16* dlogits_h = nullptr);

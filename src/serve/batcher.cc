@@ -16,8 +16,16 @@ struct DynamicBatcher::Job {
 };
 
 DynamicBatcher::DynamicBatcher(BatchingConfig cfg, Execute execute, OnExecute on_execute)
+    : DynamicBatcher(
+          std::move(cfg), 1,
+          [f = std::move(execute)](const io::Batch& b, int) { return f(b); },
+          std::move(on_execute)) {}
+
+DynamicBatcher::DynamicBatcher(BatchingConfig cfg, int workers, ExecuteOn execute,
+                               OnExecute on_execute)
     : cfg_(std::move(cfg)), execute_(std::move(execute)), on_execute_(std::move(on_execute)) {
-  thread_ = std::thread([this] { worker(); });
+  DLREC_CHECK(workers >= 1, "DynamicBatcher: at least one worker");
+  for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] { worker(i); });
 }
 
 DynamicBatcher::~DynamicBatcher() {
@@ -26,7 +34,7 @@ DynamicBatcher::~DynamicBatcher() {
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  for (auto& t : threads_) t.join();
 }
 
 int64_t DynamicBatcher::queued() const {
@@ -52,7 +60,7 @@ DynamicBatcher::Result DynamicBatcher::run(io::Batch batch) {
   return fut.get();
 }
 
-void DynamicBatcher::worker() {
+void DynamicBatcher::worker(int index) {
   const int64_t preferred = cfg_.preferred_rows();
   std::vector<std::shared_ptr<Job>> jobs;
   io::Batch merged;
@@ -77,6 +85,9 @@ void DynamicBatcher::worker() {
         queue_.pop_front();
         if (rows >= preferred) break;
       }
+      // Another worker may have taken the requests while this one waited.
+      if (jobs.empty()) continue;
+      if (!queue_.empty()) cv_.notify_one();  // more for an idle worker
     }
     const uint64_t start = now_ns();
     const io::Batch* input = &jobs[0]->batch;
@@ -88,7 +99,7 @@ void DynamicBatcher::worker() {
     std::vector<float> out;
     std::exception_ptr err;
     try {
-      out = execute_(*input);
+      out = execute_(*input, index);
       if (static_cast<int64_t>(out.size()) != input->rows)
         request_fail(Status::Internal, "the model returned ", out.size(), " outputs for ",
                      input->rows, " rows");

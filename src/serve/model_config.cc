@@ -93,6 +93,29 @@ ModelConfig ModelConfig::from_json(const json& j, const BatchingConfig& defaults
         d.get_int_range("max_queue_size", defaults.max_queue_size, 1, int64_t{1} << 24);
     d.finish();
   }
+  if (r.has("instance_group")) {
+    const json& g = r.raw("instance_group");
+    DLREC_CHECK(g.is_array() && g.size() == 1,
+                "config key 'instance_group' must be a list of one group (dlrec serves a version "
+                "from one kind of device)");
+    ConfigReader ig(g[0], "instance_group[0]");
+    const std::string kind = ig.get_choice("kind", "KIND_CPU", {"KIND_CPU", "KIND_GPU"});
+    c.instances.gpu = kind == "KIND_GPU";
+    c.instances.count = ig.get_int_range("count", 1, 1, 64);
+    c.instances.gpus = ig.get<std::vector<int64_t>>("gpus", {});
+    for (int64_t d : c.instances.gpus)
+      DLREC_CHECK(d >= 0 && d < 1024, "config key 'instance_group[0].gpus': device ", d,
+                  " is not a device index");
+    DLREC_CHECK(c.instances.gpu || c.instances.gpus.empty(),
+                "config key 'instance_group[0].gpus' needs \"kind\": \"KIND_GPU\"");
+    if (c.instances.gpu && c.instances.gpus.empty()) c.instances.gpus = {0};
+    ig.finish();
+  }
+  r.get<json>("instance_group", json());
+  c.instances.precision = r.get_choice("precision", "fp32", {"fp32", "tf32", "bf16"});
+  DLREC_CHECK(c.instances.gpu || c.instances.precision == "fp32",
+              "config key 'precision': '", c.instances.precision,
+              "' needs a GPU instance group (the CPU engine computes in fp32)");
   r.finish();
   return c;
 }

@@ -94,7 +94,8 @@ void ModelRepository::load(const std::string& name) {
       try {
         (*versions)[v] = std::make_shared<ServedModel>(name, v, (dir / std::to_string(v)).string(),
                                                        cfg.batching,
-                                                       stats_->get(name, std::to_string(v)));
+                                                       stats_->get(name, std::to_string(v)),
+                                                       cfg.instances);
       } catch (const RequestError&) {
         throw;
       } catch (const std::exception& e) {

@@ -107,12 +107,22 @@ void parse_category(std::string_view f, const io::Schema& schema, bool multi_hot
 }  // namespace
 
 ServedModel::ServedModel(std::string name, int64_t version, const std::string& dir,
-                         const BatchingConfig& batching, std::shared_ptr<ModelStats> stats)
+                         const BatchingConfig& batching, std::shared_ptr<ModelStats> stats,
+                         const InstanceGroup& instances)
     : name_(std::move(name)), version_(version), batching_(batching), stats_(std::move(stats)) {
-  predictor_ = std::make_unique<train::Predictor>(dir);
+  auto device_of = [&](int64_t i) {
+    if (!instances.gpu) return Device::cpu();
+    return Device::cuda(static_cast<int>(instances.gpus[i % instances.gpus.size()]));
+  };
+  predictor_ = std::make_unique<train::Predictor>(dir, device_of(0), instances.precision);
+  for (int64_t i = 1; i < instances.count; ++i)
+    more_.push_back(std::make_unique<train::Predictor>(dir, device_of(i), instances.precision));
   layout_ = predictor_->workflow().output_layout();
   batcher_ = std::make_unique<DynamicBatcher>(
-      batching_, [this](const io::Batch& b) { return predictor_->predict(b); },
+      batching_, static_cast<int>(instances.count),
+      [this](const io::Batch& b, int worker) {
+        return worker == 0 ? predictor_->predict(b) : more_[worker - 1]->predict(b);
+      },
       [this](int64_t rows, uint64_t ns) { stats_->add_execution(rows, ns); });
 }
 

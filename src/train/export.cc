@@ -1,5 +1,9 @@
 #include "dlrec/train/export.h"
 
+#ifdef DLREC_WITH_CUDA
+#include "dlrec/model/dlrm_cuda.h"
+#endif
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -67,7 +71,8 @@ struct Predictor::Impl {
   std::unique_ptr<model::Model> model;
 };
 
-Predictor::Predictor(const std::string& dir, Device device) : impl_(new Impl) {
+Predictor::Predictor(const std::string& dir, Device device, const std::string& precision)
+    : impl_(new Impl) {
   json meta = read_json_file(dir + "/model.json");
   DLREC_CHECK(meta.value("format", "") == "dlrec-model", "'", dir,
               "/model.json' is not a dlrec model (format field)");
@@ -79,7 +84,8 @@ Predictor::Predictor(const std::string& dir, Device device) : impl_(new Impl) {
   impl_->wf = std::make_unique<etl::Workflow>(etl::Workflow::load(dir + "/workflow.json"));
   DLREC_CHECK(impl_->wf->output_layout() == layout, "'", dir,
               "': workflow.json does not match the model's input layout");
-  impl_->model = model::build_model(impl_->cfg.model, impl_->cfg.optimizer, layout, device, 0);
+  impl_->model =
+      model::build_model(impl_->cfg.model, impl_->cfg.optimizer, layout, device, 0, precision);
   load_tensors(dir + "/weights.dlrec", impl_->model->parameters());
 }
 
@@ -87,7 +93,16 @@ Predictor::~Predictor() = default;
 const etl::Workflow& Predictor::workflow() const { return *impl_->wf; }
 const model::RunConfig& Predictor::config() const { return impl_->cfg; }
 
+Device Predictor::device() const { return impl_->model->device(); }
+
 std::vector<float> Predictor::predict(const io::Batch& batch) {
+#ifdef DLREC_WITH_CUDA
+  if (auto* cm = dynamic_cast<model::CudaModel*>(impl_->model.get())) {
+    std::vector<float> p(static_cast<size_t>(batch.rows));
+    cm->predict(batch, p.data());
+    return p;
+  }
+#endif
   std::vector<float> p = impl_->model->forward(batch, false).to_vector<float>();
   for (float& v : p) v = 1.f / (1.f + std::exp(-v));
   return p;

@@ -341,6 +341,36 @@ TEST(DlrmCuda, Bf16UnsupportedShapesAreClearErrors) {
   EXPECT_THROW(build_model(c.mc, c.oc, c.layout, Device::cuda(0), 1, "fp16"), Error);
 }
 
+#ifdef DLREC_WITH_CUDA
+// Serving path: one-hot batches of any size (graph buckets, padded rows) and multi-hot batches
+// (eager) give sigmoid(forward logits); a bad id is an error and the next call still works.
+TEST(DlrmCuda, PredictMatchesForward) {
+  SKIP_WITHOUT_GPU();
+  for (const char* precision : {"fp32", "bf16"}) {
+    SmallDlrm s;
+    auto m = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 13, precision);
+    for (int64_t rows : {1, 3, 64, 100, 1, 64, 257}) {
+      for (bool multi : {false, true}) {
+        io::Batch b = make_batch(s.layout, rows, 50 + rows, multi);
+        std::vector<float> p(rows, -1.f);
+        m->predict(b, p.data());
+        auto z = m->forward(b, false).to_vector<float>();
+        for (int64_t i = 0; i < rows; ++i)
+          ASSERT_NEAR(p[i], 1.f / (1.f + std::exp(-z[i])), 2e-3)
+              << precision << " rows " << rows << " multi " << multi << " row " << i;
+      }
+    }
+    io::Batch bad = make_batch(s.layout, 8, 1, false);
+    bad.cat_indices[2][3] = 100;
+    std::vector<float> p(8);
+    EXPECT_THROW(m->predict(bad, p.data()), Error);
+    io::Batch ok = make_batch(s.layout, 8, 1, false);
+    m->predict(ok, p.data());
+    for (float v : p) EXPECT_TRUE(v > 0.f && v < 1.f);
+  }
+}
+#endif
+
 TEST(DlrmCuda, BadIdsAndMisuseThrow) {
   SKIP_WITHOUT_GPU();
   SmallDlrm s;

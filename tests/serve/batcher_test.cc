@@ -3,6 +3,8 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "dlrec/serve/batcher.h"
@@ -151,4 +153,40 @@ TEST(DynamicBatcher, DestructorFinishesQueuedRequests) {
   }  // the destructor waits for all six
   releaser.join();
   for (int i = 0; i < 6; ++i) EXPECT_EQ(fs[i].get().outputs[0], 2.f * i);
+}
+
+// Several workers (one per model instance) run merged batches concurrently from one queue; every
+// request gets its own rows back and each worker index is used.
+TEST(DynamicBatcher, SeveralWorkersShareTheQueue) {
+  BatchingConfig cfg;
+  cfg.max_batch_size = 4;
+  cfg.max_queue_delay_us = 0;
+  std::atomic<int> running{0}, max_running{0};
+  std::mutex mu;
+  std::set<int> used;
+  DynamicBatcher b(cfg, 3, [&](const io::Batch& x, int worker) {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      used.insert(worker);
+    }
+    const int now = ++running;
+    int prev = max_running.load();
+    while (now > prev && !max_running.compare_exchange_weak(prev, now)) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    --running;
+    return doubled(x);
+  });
+  std::vector<std::future<void>> fs;
+  for (int i = 0; i < 24; ++i)
+    fs.push_back(std::async(std::launch::async, [&, i] {
+      auto r = b.run(rows_with({float(i), float(i) + 0.25f, float(i) + 0.5f}));
+      ASSERT_EQ(r.outputs.size(), 3u);
+      EXPECT_EQ(r.outputs[0], 2.f * i);
+      EXPECT_EQ(r.outputs[2], 2.f * i + 1.f);
+    }));
+  for (auto& f : fs) f.get();
+  EXPECT_GE(max_running.load(), 2) << "workers never overlapped";
+  EXPECT_LE(max_running.load(), 3);
+  EXPECT_EQ(used.size(), 3u);
 }

@@ -77,3 +77,36 @@ TEST(ModelName, Validation) {
     EXPECT_EQ(http_status(e.status()), 400);
   }
 }
+
+TEST(ModelConfig, InstanceGroupAndPrecision) {
+  BatchingConfig d;
+  ModelConfig c = ModelConfig::from_json(
+      json::parse(R"({"instance_group": [{"kind": "KIND_GPU", "count": 2, "gpus": [0, 1]}],
+                      "precision": "bf16"})"),
+      d);
+  EXPECT_TRUE(c.instances.gpu);
+  EXPECT_EQ(c.instances.count, 2);
+  EXPECT_EQ(c.instances.gpus, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(c.instances.precision, "bf16");
+  ModelConfig g = ModelConfig::from_json(json::parse(R"({"instance_group": [{"kind": "KIND_GPU"}]})"), d);
+  EXPECT_EQ(g.instances.gpus, (std::vector<int64_t>{0}));  // default device
+  ModelConfig cpu = ModelConfig::from_json(json::parse(R"({"instance_group": [{"count": 3}]})"), d);
+  EXPECT_FALSE(cpu.instances.gpu);
+  EXPECT_EQ(cpu.instances.count, 3);
+  ModelConfig none = ModelConfig::from_json(json::parse("{}"), d);
+  EXPECT_FALSE(none.instances.gpu);
+  EXPECT_EQ(none.instances.count, 1);
+  EXPECT_EQ(none.instances.precision, "fp32");
+  for (const char* bad : {
+           R"({"instance_group": []})",
+           R"({"instance_group": [{"kind": "KIND_GPU"}, {"kind": "KIND_CPU"}]})",
+           R"({"instance_group": [{"kind": "KIND_TPU"}]})",
+           R"({"instance_group": [{"count": 0}]})",
+           R"({"instance_group": [{"gpus": [0]}]})",
+           R"({"instance_group": [{"kind": "KIND_GPU", "gpus": [-1]}]})",
+           R"({"instance_group": [{"kind": "KIND_GPU", "cuont": 2}]})",
+           R"({"precision": "bf16"})",
+           R"({"instance_group": [{"kind": "KIND_GPU"}], "precision": "fp8"})"}) {
+    EXPECT_THROW(ModelConfig::from_json(json::parse(bad), d), Error) << bad;
+  }
+}

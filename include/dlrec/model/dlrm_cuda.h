@@ -19,6 +19,12 @@ class CudaModel : public Model {
   double train_step(const io::Batch& batch, double lr_scale, bool want_loss) override = 0;
   // Waits for all work the model has enqueued.
   void synchronize() override = 0;
+  // Serving: probabilities sigmoid(logits) of the batch's rows into `probs` (host memory).
+  // Batches with one id per table and at most 65536 rows run as one CUDA graph per
+  // power-of-two bucket of rows (pinned staging, copies, forward and sigmoid captured
+  // together; rows beyond the batch are padding); others run eagerly. Blocks until done.
+  // Not to be called concurrently with itself or with training on the same model.
+  virtual void predict(const io::Batch& batch, float* probs) = 0;
 };
 
 // Throws dlrec::Error when the device is unusable or the configuration is invalid.

@@ -1,7 +1,7 @@
 // DynamicBatcher: merges concurrent requests for one model version into larger executions.
 //
-// Requests (encoded io::Batch rows) wait in a bounded FIFO queue. One worker thread takes the
-// oldest request and waits up to max_queue_delay_us for more, until the queued rows reach the
+// Requests (encoded io::Batch rows) wait in a bounded FIFO queue. A worker thread (one per
+// model instance) takes the oldest request and waits up to max_queue_delay_us for more, until the queued rows reach the
 // preferred batch size; it then merges requests in order while the total stays within
 // max_batch_size, runs `execute` once on the merged rows and hands each request its slice of
 // the outputs. A full queue rejects new requests at once (RequestError ResourceExhausted).
@@ -26,6 +26,8 @@ class DynamicBatcher {
  public:
   // One output value per row of the batch it is given.
   using Execute = std::function<std::vector<float>(const io::Batch&)>;
+  // The same, told which worker (0 .. workers-1) runs it (one model instance per worker).
+  using ExecuteOn = std::function<std::vector<float>(const io::Batch&, int worker)>;
   // Called after each execution with its rows and duration (nanoseconds).
   using OnExecute = std::function<void(int64_t rows, uint64_t ns)>;
 
@@ -37,6 +39,8 @@ class DynamicBatcher {
   };
 
   DynamicBatcher(BatchingConfig cfg, Execute execute, OnExecute on_execute = {});
+  // `workers` threads take merged batches from the one queue concurrently.
+  DynamicBatcher(BatchingConfig cfg, int workers, ExecuteOn execute, OnExecute on_execute = {});
   ~DynamicBatcher();
   DynamicBatcher(const DynamicBatcher&) = delete;
   DynamicBatcher& operator=(const DynamicBatcher&) = delete;
@@ -49,17 +53,17 @@ class DynamicBatcher {
 
  private:
   struct Job;
-  void worker();
+  void worker(int index);
 
   BatchingConfig cfg_;
-  Execute execute_;
+  ExecuteOn execute_;
   OnExecute on_execute_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;
   int64_t queued_rows_ = 0;
   bool stop_ = false;
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace dlrec::serve

@@ -3,7 +3,9 @@
 //                      {"specific": {"versions": [1, 3]}},
 //    "max_batch_size": 65536,
 //    "dynamic_batching": {"preferred_batch_size": [4096], "max_queue_delay_microseconds": 200,
-//                         "max_queue_size": 1024}}
+//                         "max_queue_size": 1024},
+//    "instance_group": [{"kind": "KIND_GPU", "count": 1, "gpus": [0]}],
+//    "precision": "bf16"}
 // Names follow Triton's model configuration where the meaning is the same. Unknown keys are
 // errors naming the nearest valid key.
 #pragma once
@@ -38,9 +40,19 @@ struct BatchingConfig {
   int64_t preferred_rows() const;
 };
 
+// Where a version runs: `count` instances (each a copy of the model and a worker taking
+// merged batches from the version's queue), on the CPU or on the listed GPUs (round robin).
+struct InstanceGroup {
+  bool gpu = false;            // "KIND_CPU" (default) | "KIND_GPU"
+  int64_t count = 1;
+  std::vector<int64_t> gpus;   // KIND_GPU: device indices (default [0])
+  std::string precision = "fp32";  // GPU arithmetic: fp32 | tf32 | bf16 (dlrec extension)
+};
+
 struct ModelConfig {
   VersionPolicy version_policy;
   BatchingConfig batching;
+  InstanceGroup instances;
   // Reads config.json's object; `defaults` supplies the batching values it leaves out.
   static ModelConfig from_json(const json& j, const BatchingConfig& defaults);
 };

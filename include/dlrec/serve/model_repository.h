@@ -29,7 +29,8 @@ struct TensorInfo {
 class ServedModel {
  public:
   ServedModel(std::string name, int64_t version, const std::string& dir,
-              const BatchingConfig& batching, std::shared_ptr<ModelStats> stats);
+              const BatchingConfig& batching, std::shared_ptr<ModelStats> stats,
+              const InstanceGroup& instances = InstanceGroup());
   ~ServedModel();
 
   const std::string& name() const { return name_; }
@@ -55,7 +56,8 @@ class ServedModel {
   int64_t version_;
   BatchingConfig batching_;
   std::shared_ptr<ModelStats> stats_;
-  std::unique_ptr<train::Predictor> predictor_;
+  std::unique_ptr<train::Predictor> predictor_;  // instance 0 (also the workflow's owner)
+  std::vector<std::unique_ptr<train::Predictor>> more_;  // instances 1..count-1
   io::ShardLayout layout_;
   std::unique_ptr<DynamicBatcher> batcher_;
 };

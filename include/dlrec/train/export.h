@@ -24,7 +24,11 @@ void export_model(const std::string& run_dir, const std::string& out_dir, bool o
 
 class Predictor {
  public:
-  explicit Predictor(const std::string& model_dir, Device device = Device::cpu());
+  // On a CUDA device the model computes in `precision` ("fp32", "tf32", "bf16"; see
+  // train.precision) and predict(Batch) uses the model's serving path (CUDA graphs per batch
+  // bucket, pinned staging).
+  explicit Predictor(const std::string& model_dir, Device device = Device::cpu(),
+                     const std::string& precision = "fp32");
   ~Predictor();
   const etl::Workflow& workflow() const;
   const model::RunConfig& config() const;
@@ -32,6 +36,7 @@ class Predictor {
   std::vector<float> predict(const io::RawChunk& raw);
   // Probabilities for already-encoded rows.
   std::vector<float> predict(const io::Batch& batch);
+  Device device() const;
   // Parses raw text lines (as in the logs, the schema's format) and scores them; `source`
   // names the input in errors. Lines are scored in batches of `batch_rows`.
   std::vector<float> predict_lines(const std::vector<std::string>& lines,
