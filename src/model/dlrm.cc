@@ -11,6 +11,7 @@
 #include "dlrec/model/optimizer_factory.h"
 #ifdef DLREC_WITH_CUDA
 #include "dlrec/model/dlrm_cuda.h"
+#include "dlrec/model/graph_cuda.h"
 #endif
 #include "dlrec/nn/embedding_bag.h"
 #include "dlrec/nn/interaction.h"
@@ -228,7 +229,12 @@ std::unique_ptr<Model> build_model(const ModelConfig& model, const OptimizerConf
                                    const std::string& precision) {
   DLREC_CHECK(precision == "fp32" || device.is_cuda(), "precision '", precision,
               "' needs a CUDA device; the CPU computes in fp32");
-  if (model.arch == "graph") return build_graph_model(model, opt, layout, device, seed);
+  if (model.arch == "graph") {
+#ifdef DLREC_WITH_CUDA
+    if (device.is_cuda()) return make_graph_cuda(model, opt, layout, device, seed, precision);
+#endif
+    return build_graph_model(model, opt, layout, device, seed);
+  }
   if (model.arch != "dlrm")
     fail("unknown model arch '", model.arch, "' (this build knows: dlrm, graph)");
   if (device.is_cuda()) {

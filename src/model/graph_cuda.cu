@@ -1,0 +1,1503 @@
+// The graph model on a CUDA device (include/dlrec/model/graph_cuda.h). Same layers, parameter
+// names, shapes and initial values as the CPU graph model (src/model/graph_model.cc): dense
+// layers are initialised on the CPU by nn::MLP / nn::CrossNet with the layer's seed and copied,
+// tables are initialised on the device by the kernel that computes EmbeddingBag::init's values
+// bit for bit.
+//
+// Values. Every layer's output is a device matrix [B, width] with rows `ld` elements apart, and
+// (when a parameter lies upstream) a gradient buffer of the same shape. In bf16 precision
+// outputs are bf16 except 1-wide ones (logits, kept in f32), and embedding gradients are f32
+// (the table update reads them); the rows of bf16 values other than embeddings and MLP outputs
+// are padded to a multiple of 8 elements (tensor-core alignment of the GEMMs that read them);
+// padding is zero from allocation on and never written with anything else. A layer's
+// gradient is complete once every consumer (later in the topological order) has run its
+// backward: the first one writes it, the others add to it (GEMMs with beta = 1, copies that
+// accumulate). Each layer applies the optimizer to its own parameters as soon as its gradients
+// are known (no global-norm clipping, so the order does not matter).
+//
+// A step follows src/model/dlrm_cuda.cu: the batch is packed into one of two pinned slots and
+// copied on a copy stream (overlapping the previous step), learning rates live in device memory,
+// and from the second step of a shape on the whole step (forward, BCE, backward, updates) is one
+// CUDA graph replay (DLREC_CUDA_GRAPH=0 turns that off).
+//
+// The cross layer (DCNv2): forward per layer h = x_l V^T (low rank), u = h U^T + b (or
+// x_l W^T + b) through cuBLASLt's bias epilogue in bf16, then x_{l+1} = x0 * u + x_l in one
+// pass. Backward per layer, g = dL/dx_{l+1}: one pass writes du = g * x0, adds g * u to the f32
+// accumulator of dL/dx0 (and g itself at layer 0, the residual into x0) and sums the bias
+// gradient; then the weight and input gradients are GEMMs, the input gradient accumulated into
+// g in place (beta = 1: dL/dx_l = g + dh V) or, at layer 0, into the accumulator.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "dlrec/core/thread_pool.h"
+#include "dlrec/model/graph.h"
+#include "dlrec/model/graph_cuda.h"
+#include "dlrec/nn/cross.h"
+#include "dlrec/nn/embedding_bag.h"
+#include "dlrec/nn/mlp.h"
+#include "dlrec/nn/optimizer.h"
+#include "dlrec/nn/rng.h"
+#include "nn/cross_cuda.h"
+#include "nn/dense_cuda.h"
+#include "nn/embedding_cuda.h"
+#include "nn/lt_gemm.h"
+
+namespace dlrec::model {
+namespace {
+
+namespace ce = nn::cuda_emb;
+namespace cd = nn::cuda_dense;
+namespace cg = nn::cuda_graph;
+namespace lt = nn::cuda_lt;
+using bf16 = cd::bf16;
+
+#define GCUDA_CUBLAS_CHECK(expr)                                                          \
+  do {                                                                                    \
+    cublasStatus_t _s = (expr);                                                           \
+    if (_s != CUBLAS_STATUS_SUCCESS)                                                      \
+      ::dlrec::fail("cuBLAS error ", static_cast<int>(_s), " in ", #expr, " at ", __FILE__, \
+                    ":", __LINE__);                                                       \
+  } while (0)
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// The CPU graph model's default init tag: FNV-1a of the layer name (graph_model.cc).
+uint64_t name_tag(const std::string& s) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
+struct DeviceGuard {
+  int prev = 0;
+  explicit DeviceGuard(int d) {
+    DLREC_CUDA_CHECK(cudaGetDevice(&prev));
+    if (prev != d) DLREC_CUDA_CHECK(cudaSetDevice(d));
+  }
+  ~DeviceGuard() { cudaSetDevice(prev); }
+};
+
+struct PinnedDeleter {
+  void operator()(void* p) const { cudaFreeHost(p); }
+};
+using PinnedPtr = std::unique_ptr<void, PinnedDeleter>;
+PinnedPtr pinned_alloc(size_t bytes) {
+  void* p = nullptr;
+  DLREC_CUDA_CHECK(cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault));
+  return PinnedPtr(p);
+}
+
+enum class Precision { FP32, TF32, BF16 };
+Precision parse_precision(const std::string& p) {
+  if (p == "fp32") return Precision::FP32;
+  if (p == "tf32") return Precision::TF32;
+  if (p == "bf16") return Precision::BF16;
+  fail("unknown precision '", p, "' (expected fp32, tf32 or bf16)");
+}
+
+cg::Elem elem(DType t) { return t == DType::BF16 ? cg::Elem::BF16 : cg::Elem::F32; }
+cudaDataType_t cuda_type(DType t) { return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+// A layer's output and its gradient.
+struct Value {
+  int64_t width = 0, ld = 0;
+  std::vector<int64_t> fields;
+  DType dt = DType::F32, gdt = DType::F32;
+  Tensor y, g;  // [cap, ld]
+  bool need_grad = false;
+  bool has_grad = false;  // during backward: some consumer wrote g
+};
+
+// y [B, out] = x [B, in] W^T (+ b, ReLU): the master weights w [out, in] (f32), their gradient
+// dw [out, in_pad], optional Adagrad state, and in bf16 the compute copies wh [out, in_pad],
+// bh [out]. `in_pad` is the row stride of the input (its producer's ld); the padding columns of
+// wh and dw are zero.
+struct Lin {
+  int64_t in = 0, in_pad = 0, out = 0, out_ld = 0;
+  bool has_bias = true, relu = false;
+  Tensor w, b, dw, db, sw, sb, wh, bh;
+  Tensor aux;  // bf16 ReLU layers: the ReLU bit mask cuBLASLt's epilogue writes (unused after)
+  int64_t aux_ld = 0;
+  const void* x = nullptr;  // input of the last forward
+};
+
+struct NamedState {
+  std::string name;
+  Tensor value, state;  // state undefined without one
+};
+
+// What every layer shares: streams, handles, precision, the step's inputs and rows.
+struct Engine {
+  Device dev;
+  Precision prec = Precision::FP32;
+  bool lowp = false;  // bf16 precision
+  DType act = DType::F32;
+  cudaStream_t st = nullptr;
+  cublasHandle_t blas = nullptr;
+  std::unique_ptr<lt::Lt> lt;
+  bool dense_adagrad = false, emb_adagrad = false;
+  float eps = 1e-8f, init_acc = 0.f, emb_eps = 1e-8f, emb_init_acc = 0.f;
+  std::vector<Value> vals;
+  Tensor partial;  // bias-gradient partial sums [chunks, max_cols]
+  // The current step.
+  int64_t B = 0, nnz = 0;
+  const float* lr = nullptr;  // device [2]: dense, embedding
+  const float* dense = nullptr;
+  const int32_t* offsets = nullptr;
+  const uint32_t* keys = nullptr;
+
+  Tensor buf(Shape s, DType t) {
+    Tensor x = Tensor::empty(std::move(s), t, dev);
+    if (x.nbytes()) DLREC_CUDA_CHECK(cudaMemsetAsync(x.raw(), 0, x.nbytes(), st));
+    return x;
+  }
+  cudaDataType_t ab_type() const { return lowp ? CUDA_R_16BF : CUDA_R_32F; }
+
+  // Column-major D [m, n] = op(A) op(B) (+ D when accumulate); A and B of the compute type.
+  void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
+            const void* Bm, int64_t ldb, void* D, DType dt, int64_t ldd, bool accumulate) {
+    if (m == 0 || n == 0) return;
+    const float one = 1.f, zero = 0.f;
+    const cublasComputeType_t ct =
+        prec == Precision::TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    GCUDA_CUBLAS_CHECK(cublasGemmEx(
+        blas, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+        static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &one, A, ab_type(),
+        static_cast<int>(lda), Bm, ab_type(), static_cast<int>(ldb), accumulate ? &one : &zero,
+        D, cuda_type(dt), static_cast<int>(ldd), ct, CUBLAS_GEMM_DEFAULT));
+  }
+
+  const void* wcomp(const Lin& l) const { return lowp ? l.wh.raw() : l.w.raw(); }
+
+  // y [B, out] (rows out_ld apart, type ydt) = x W^T + b, ReLU when l.relu.
+  void lin_forward(Lin& l, const void* x, void* y, DType ydt) {
+    l.x = x;
+    if (B == 0) return;
+    if (lowp && l.has_bias) {
+      lt::Gemm g;
+      g.trans_a = true;
+      g.m = l.out;
+      g.n = B;
+      g.k = l.in_pad;
+      g.lda = l.in_pad;
+      g.ldb = l.in_pad;
+      g.ldd = l.out_ld;
+      g.d_type = cuda_type(ydt);
+      g.epi = l.relu ? lt::Epi::ReluAuxBias : lt::Epi::Bias;
+      g.aux_ld = l.aux_ld;
+      void* bias = ydt == DType::F32 ? l.b.raw() : l.bh.raw();
+      if (lt->run(g, l.wh.raw(), x, y, bias, l.relu ? l.aux.raw() : nullptr, st)) return;
+    }
+    gemm(true, false, l.out, B, l.in_pad, wcomp(l), l.in_pad, x, l.in_pad, y, ydt, l.out_ld,
+         false);
+    if (!l.has_bias) return;
+    if (ydt == DType::F32) {
+      if (l.out_ld == l.out) cd::bias_act(static_cast<float*>(y), l.b.data<float>(), B, l.out,
+                                          l.relu, st);
+      else cg::bias_act_strided(static_cast<float*>(y), l.b.data<float>(), B, l.out, l.out_ld,
+                                l.relu, st);
+    } else {
+      cg::bias_act_strided(static_cast<bf16*>(y), static_cast<const bf16*>(l.bh.raw()), B, l.out,
+                           l.out_ld, l.relu, st);
+    }
+  }
+  // dw [out, in_pad] = dz^T x, dz [B, out] rows dz_ld apart (compute type).
+  void lin_wgrad(Lin& l, const void* dz, int64_t dz_ld) {
+    gemm(false, true, l.in_pad, l.out, B, l.x, l.in_pad, dz, dz_ld, l.dw.raw(), DType::F32,
+         l.in_pad, false);
+  }
+  // dst [B, in_pad] (+)= dz W.
+  void lin_dgrad(Lin& l, const void* dz, int64_t dz_ld, void* dst, DType dt, int64_t dst_ld,
+                 bool accumulate) {
+    gemm(false, false, l.in_pad, B, l.out, wcomp(l), l.in_pad, dz, dz_ld, dst, dt, dst_ld,
+         accumulate);
+  }
+  void lin_update(Lin& l) {
+    cd::optimizer_step(l.w.data<float>(), l.dw.data<float>(),
+                       dense_adagrad ? l.sw.data<float>() : nullptr, l.out, l.in, l.in_pad,
+                       lowp ? static_cast<bf16*>(l.wh.raw()) : nullptr, l.in_pad, lr, eps, st);
+    if (l.has_bias)
+      cd::optimizer_step(l.b.data<float>(), l.db.data<float>(),
+                         dense_adagrad ? l.sb.data<float>() : nullptr, 1, l.out, l.out,
+                         lowp ? static_cast<bf16*>(l.bh.raw()) : nullptr, l.out, lr, eps, st);
+  }
+  void refresh(Lin& l) {
+    if (!lowp) return;
+    cd::to_bf16_padded(l.w.data<float>(), l.out, l.in, static_cast<bf16*>(l.wh.raw()), l.in_pad,
+                       st);
+    if (l.has_bias)
+      cd::to_bf16_padded(l.b.data<float>(), 1, l.out, static_cast<bf16*>(l.bh.raw()), l.out, st);
+  }
+  // Builds the device copy of a CPU nn::Linear (its values, zeroed gradients and state).
+  Lin make_lin(nn::Linear& cpu, int64_t in_pad, int64_t out_ld, bool has_bias, bool relu) {
+    Lin l;
+    l.in = cpu.in_features();
+    l.out = cpu.out_features();
+    l.in_pad = in_pad;
+    l.out_ld = out_ld;
+    l.has_bias = has_bias;
+    l.relu = relu;
+    l.w = cpu.weight().value.to(dev);
+    l.dw = buf({l.out, l.in_pad}, DType::F32);
+    if (dense_adagrad) {
+      l.sw = Tensor::empty({l.out, l.in}, DType::F32, dev);
+      ce::fill(l.sw.data<float>(), l.sw.numel(), init_acc, st);
+    }
+    if (has_bias) {
+      l.b = cpu.bias().value.to(dev);
+      l.db = buf({l.out}, DType::F32);
+      if (dense_adagrad) {
+        l.sb = Tensor::empty({l.out}, DType::F32, dev);
+        ce::fill(l.sb.data<float>(), l.sb.numel(), init_acc, st);
+      }
+    }
+    if (lowp) {
+      l.wh = buf({l.out, l.in_pad}, DType::BF16);
+      if (has_bias) l.bh = buf({l.out}, DType::BF16);
+      l.aux_ld = round_up(l.out, 128);
+    }
+    refresh(l);
+    return l;
+  }
+  void add_params(Lin& l, const std::string& wname, const std::string& bname,
+                  std::vector<NamedState>& out) {
+    out.push_back({wname, l.w, l.sw});
+    if (l.has_bias) out.push_back({bname, l.b, l.sb});
+  }
+
+  // Value j's gradient columns [dst_col, dst_col + cols) (+)= src columns from src_col.
+  void deliver(int j, const void* src, DType sdt, int64_t src_ld, int64_t src_col,
+               int64_t dst_col, int64_t cols, bool accumulate) {
+    Value& v = vals[j];
+    cg::copy_cols(src, elem(sdt), src_ld, src_col, v.g.raw(), elem(v.gdt), v.ld, dst_col, B,
+                  cols, accumulate, st);
+  }
+  // Marks j's gradient as written; true when an earlier consumer wrote it (then add to it).
+  bool claim(int j) {
+    const bool acc = vals[j].has_grad;
+    vals[j].has_grad = true;
+    return acc;
+  }
+};
+
+class Node {
+ public:
+  virtual ~Node() = default;
+  // Allocates the activations for `cap` rows (the value's y and g included, unless noted).
+  virtual void alloc(Engine& e, int64_t cap) = 0;
+  virtual void forward(Engine& e) = 0;
+  virtual void backward(Engine& e) = 0;
+  virtual void collect(Engine&, std::vector<NamedState>&, std::vector<NamedState>&) {}
+  virtual void refresh(Engine&) {}
+  int self = -1;
+  std::vector<int> in;
+  // The value's own buffers.
+  void alloc_value(Engine& e, int64_t cap) {
+    Value& v = e.vals[self];
+    v.y = e.buf({cap, v.ld}, v.dt);
+    if (v.need_grad) v.g = e.buf({cap, v.ld}, v.gdt);
+  }
+};
+
+class DenseNode final : public Node {
+ public:
+  void alloc(Engine& e, int64_t cap) override { alloc_value(e, cap); }
+  void forward(Engine& e) override {
+    Value& v = e.vals[self];
+    if (v.dt == DType::BF16)
+      cd::to_bf16_padded(e.dense, e.B, v.width, static_cast<bf16*>(v.y.raw()), v.ld, e.st);
+    else
+      cg::copy_cols(e.dense, cg::Elem::F32, v.width, 0, v.y.raw(), cg::Elem::F32, v.ld, 0, e.B,
+                    v.width, false, e.st);
+  }
+  void backward(Engine&) override {}
+};
+
+class EmbeddingNode final : public Node {
+ public:
+  EmbeddingNode(Engine& e, const std::string& name, const io::ShardLayout& layout, int64_t dim,
+                bool mean, uint64_t seed)
+      : name_(name), dim_(dim), mean_(mean) {
+    const int64_t T = static_cast<int64_t>(layout.cardinalities.size());
+    uint64_t total = 0;
+    std::vector<float*> wp, sp;
+    std::vector<uint32_t> base;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t rows = layout.cardinalities[t];
+      base.push_back(static_cast<uint32_t>(total));
+      total += static_cast<uint64_t>(rows);
+      DLREC_CHECK(total < (uint64_t{1} << 32), "key 'features': more than 2^32 embedding rows "
+                  "in all tables together are not supported on CUDA");
+      Tensor w = Tensor::empty({rows, dim}, DType::F32, e.dev);
+      ce::init_uniform(w.data<float>(), w.numel(), nn::derive_seed(seed, static_cast<uint64_t>(t)),
+                       std::sqrt(1.0 / static_cast<double>(rows)), e.st);
+      wp.push_back(w.data<float>());
+      tables_.push_back(w);
+      if (e.emb_adagrad) {
+        Tensor s = Tensor::empty({rows, dim}, DType::F32, e.dev);
+        ce::fill(s.data<float>(), s.numel(), e.emb_init_acc, e.st);
+        sp.push_back(s.data<float>());
+        states_.push_back(s);
+      }
+    }
+    total_rows_ = total;
+    key_bits_ = 1;
+    while (key_bits_ < 32 && (uint64_t{1} << key_bits_) < total) ++key_bits_;
+    auto upload = [&](const void* src, size_t bytes) {
+      Tensor t = Tensor::empty({static_cast<int64_t>(bytes ? bytes : 1)}, DType::U8, e.dev);
+      if (bytes) copy_bytes(t.raw(), e.dev, src, Device::cpu(), bytes);
+      return t;
+    };
+    ptrs_ = upload(wp.data(), wp.size() * sizeof(float*));
+    sptrs_ = upload(sp.data(), sp.size() * sizeof(float*));
+    base_ = upload(base.data(), base.size() * sizeof(uint32_t));
+    tab_.weights = static_cast<float* const*>(ptrs_.raw());
+    tab_.states = e.emb_adagrad ? static_cast<float* const*>(sptrs_.raw()) : nullptr;
+    tab_.row_base = static_cast<const uint32_t*>(base_.raw());
+    tab_.num_tables = static_cast<int>(T);
+    tab_.dim = static_cast<int>(dim);
+    row_base_ = std::move(base);
+  }
+  void alloc(Engine& e, int64_t cap) override { alloc_value(e, cap); }
+  void alloc_scratch(Engine& e, int64_t max_nnz) {
+    const size_t sb = ce::scratch_bytes(max_nnz, key_bits_, static_cast<int>(dim_));
+    scratch_mem_ = Tensor::empty({static_cast<int64_t>(sb)}, DType::U8, e.dev);
+    scratch_ = ce::carve(scratch_mem_.raw(), max_nnz, key_bits_, static_cast<int>(dim_));
+    ce::prepare(scratch_, e.st);
+  }
+  void forward(Engine& e) override {
+    Value& v = e.vals[self];
+    if (v.dt == DType::BF16)
+      ce::forward(tab_, e.offsets, e.keys, e.B, mean_, static_cast<bf16*>(v.y.raw()), e.st);
+    else
+      ce::forward(tab_, e.offsets, e.keys, e.B, mean_, v.y.data<float>(), e.st);
+  }
+  void backward(Engine& e) override {
+    Value& v = e.vals[self];
+    ce::backward_update(tab_, e.offsets, e.keys, e.B, e.nnz, mean_, v.g.data<float>(),
+                        e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD, e.lr + 1,
+                        e.emb_eps, key_bits_, scratch_, e.st);
+  }
+  void collect(Engine&, std::vector<NamedState>&, std::vector<NamedState>& tables) override {
+    for (size_t t = 0; t < tables_.size(); ++t)
+      tables.push_back({name_ + "." + std::to_string(t) + ".weight", tables_[t],
+                        states_.empty() ? Tensor() : states_[t]});
+  }
+  const std::vector<uint32_t>& row_base() const { return row_base_; }
+
+ private:
+  std::string name_;
+  int64_t dim_;
+  bool mean_;
+  std::vector<Tensor> tables_, states_;
+  std::vector<uint32_t> row_base_;
+  uint64_t total_rows_ = 0;
+  int key_bits_ = 1;
+  Tensor ptrs_, sptrs_, base_, scratch_mem_;
+  ce::Tables tab_;
+  ce::Scratch scratch_;
+};
+
+class MlpNode final : public Node {
+ public:
+  MlpNode(Engine& e, const std::string& name, int64_t in_width, int64_t in_ld,
+          const std::vector<int64_t>& sizes, bool relu_last, uint64_t seed)
+      : name_(name) {
+    nn::MLP cpu(in_width, sizes, relu_last);
+    cpu.init(seed);
+    int64_t in_pad = in_ld;
+    for (auto& l : cpu.layers()) {
+      const bool relu = l.activation() == nn::Activation::ReLU;
+      layers_.push_back(e.make_lin(l, in_pad, l.out_features(), true, relu));
+      in_pad = l.out_features();
+    }
+  }
+  void alloc(Engine& e, int64_t cap) override {
+    alloc_value(e, cap);
+    const Value& v = e.vals[self];
+    ys_.assign(layers_.size(), Tensor());
+    gys_.assign(layers_.size(), Tensor());
+    dzs_.assign(layers_.size(), Tensor());
+    dzh_ = Tensor();
+    for (size_t k = 0; k < layers_.size(); ++k) {
+      Lin& l = layers_[k];
+      const bool last = k + 1 == layers_.size();
+      const DType ydt = last ? v.dt : e.act;
+      if (!last) {
+        ys_[k] = e.buf({cap, l.out}, e.act);
+        gys_[k] = e.buf({cap, l.out}, e.act);
+      }
+      if (l.relu) dzs_[k] = e.buf({cap, l.out}, ydt);
+      if (e.lowp && l.relu) l.aux = e.buf({cap * l.aux_ld / 8}, DType::U8);
+      if (last && ydt != e.act) dzh_ = e.buf({cap, l.out}, e.act);
+    }
+  }
+  void forward(Engine& e) override {
+    const Value& x = e.vals[in[0]];
+    Value& v = e.vals[self];
+    const void* p = x.y.raw();
+    for (size_t k = 0; k < layers_.size(); ++k) {
+      const bool last = k + 1 == layers_.size();
+      void* y = last ? v.y.raw() : ys_[k].raw();
+      e.lin_forward(layers_[k], p, y, last ? v.dt : e.act);
+      p = y;
+    }
+  }
+  void backward(Engine& e) override {
+    Value& v = e.vals[self];
+    const void* dy = v.g.raw();
+    for (size_t k = layers_.size(); k-- > 0;) {
+      Lin& l = layers_[k];
+      const bool last = k + 1 == layers_.size();
+      const DType ydt = last ? v.dt : e.act;
+      const void* y = last ? v.y.raw() : ys_[k].raw();
+      void* dz = l.relu ? dzs_[k].raw() : nullptr;
+      // ReLU mask and bias gradient in one pass; dzc: the GEMMs' operand.
+      const void* dzc = nullptr;
+      if (ydt == DType::F32) {
+        cd::mask_bias_grad(static_cast<const float*>(dy), l.relu ? static_cast<const float*>(y)
+                                                                 : nullptr,
+                           static_cast<float*>(dz), e.partial.data<float>(), l.db.data<float>(),
+                           e.B, l.out, e.st);
+        dzc = l.relu ? dz : dy;
+        if (e.act == DType::BF16) {  // a 1-wide f32 output in bf16 precision
+          cd::to_bf16_padded(static_cast<const float*>(dzc), e.B, l.out,
+                             static_cast<bf16*>(dzh_.raw()), l.out, e.st);
+          dzc = dzh_.raw();
+        }
+      } else {
+        cd::mask_bias_grad(static_cast<const bf16*>(dy), l.relu ? static_cast<const bf16*>(y)
+                                                                : nullptr,
+                           static_cast<bf16*>(dz), e.partial.data<float>(), l.db.data<float>(),
+                           e.B, l.out, e.st);
+        dzc = l.relu ? dz : dy;
+      }
+      e.lin_wgrad(l, dzc, l.out);
+      if (k > 0) {
+        e.lin_dgrad(l, dzc, l.out, gys_[k - 1].raw(), e.act, layers_[k - 1].out, false);
+        dy = gys_[k - 1].raw();
+      } else if (e.vals[in[0]].need_grad) {
+        Value& x = e.vals[in[0]];
+        const bool acc = e.claim(in[0]);
+        e.lin_dgrad(l, dzc, l.out, x.g.raw(), x.gdt, x.ld, acc);
+      }
+      e.lin_update(l);
+    }
+  }
+  void collect(Engine& e, std::vector<NamedState>& dense, std::vector<NamedState>&) override {
+    for (size_t k = 0; k < layers_.size(); ++k) {
+      const std::string p = name_ + "." + std::to_string(k);
+      e.add_params(layers_[k], p + ".weight", p + ".bias", dense);
+    }
+  }
+  void refresh(Engine& e) override {
+    for (auto& l : layers_) e.refresh(l);
+  }
+
+ private:
+  std::string name_;
+  std::vector<Lin> layers_;
+  std::vector<Tensor> ys_, gys_, dzs_;
+  Tensor dzh_;
+};
+
+class CrossNode final : public Node {
+ public:
+  CrossNode(Engine& e, const std::string& name, int64_t F, int64_t in_ld, int64_t ld,
+            int64_t layers, int64_t rank, uint64_t seed)
+      : name_(name), F_(F), in_ld_(in_ld), ld_(ld), r_(rank) {
+    nn::CrossNet cpu(F, layers, rank);
+    cpu.init(seed);
+    auto params = cpu.params();
+    rld_ = e.lowp ? round_up(std::max<int64_t>(rank, 1), 8) : rank;
+    // params(): per layer "<l>.w.weight", "<l>.w.bias", and low rank "<l>.v.weight". The
+    // Linear objects behind them: w (F x F, or U: r -> F) and v (V: F -> r, bias unused).
+    size_t p = 0;
+    for (int64_t l = 0; l < layers; ++l) {
+      Layer L;
+      nn::Param* w = params[p++].second;
+      nn::Param* b = params[p++].second;
+      nn::Param* v = r_ > 0 ? params[p++].second : nullptr;
+      // Rebuild Linear shells around the CPU values (same shapes) for make_lin.
+      if (r_ > 0) {
+        nn::Linear vl(F, r_), ul(r_, F);
+        vl.weight().value = v->value;
+        ul.weight().value = w->value;
+        ul.bias().value = b->value;
+        L.v = e.make_lin(vl, ld_, rld_, false, false);
+        L.w = e.make_lin(ul, rld_, ld_, true, false);
+      } else {
+        nn::Linear wl(F, F);
+        wl.weight().value = w->value;
+        wl.bias().value = b->value;
+        L.w = e.make_lin(wl, ld_, ld_, true, false);
+      }
+      layers_.push_back(std::move(L));
+    }
+  }
+  void alloc(Engine& e, int64_t cap) override {
+    alloc_value(e, cap);
+    const Value& v = e.vals[self];
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      Layer& L = layers_[l];
+      L.u = e.buf({cap, ld_}, e.act);
+      if (r_ > 0) L.h = e.buf({cap, rld_}, e.act);
+      L.x = l + 1 == layers_.size() ? v.y : e.buf({cap, ld_}, e.act);
+    }
+    if (in_ld_ != ld_) x0_ = e.buf({cap, ld_}, e.act);
+    if (v.need_grad) {
+      du_ = e.buf({cap, ld_}, e.act);
+      if (r_ > 0) dh_ = e.buf({cap, rld_}, e.act);
+      acc_ = e.buf({cap, ld_}, DType::F32);
+    }
+  }
+  void forward(Engine& e) override {
+    const Value& in0 = e.vals[in[0]];
+    const void* x0 = in0.y.raw();
+    if (in_ld_ != ld_) {
+      cg::copy_cols(x0, elem(in0.dt), in_ld_, 0, x0_.raw(), elem(e.act), ld_, 0, e.B, F_, false,
+                    e.st);
+      x0 = x0_.raw();
+    }
+    x0p_ = x0;
+    const void* xl = x0;
+    for (auto& L : layers_) {
+      if (r_ > 0) {
+        e.lin_forward(L.v, xl, L.h.raw(), e.act);
+        e.lin_forward(L.w, L.h.raw(), L.u.raw(), e.act);
+      } else {
+        e.lin_forward(L.w, xl, L.u.raw(), e.act);
+      }
+      if (e.lowp)
+        cg::cross_combine(static_cast<const bf16*>(x0), static_cast<const bf16*>(L.u.raw()),
+                          static_cast<const bf16*>(xl), static_cast<bf16*>(L.x.raw()), e.B, F_,
+                          ld_, e.st);
+      else
+        cg::cross_combine(static_cast<const float*>(x0), L.u.data<float>(),
+                          static_cast<const float*>(xl), L.x.data<float>(), e.B, F_, ld_, e.st);
+      xl = L.x.raw();
+    }
+  }
+  void backward(Engine& e) override {
+    Value& v = e.vals[self];
+    void* g = v.g.raw();
+    const int64_t L = static_cast<int64_t>(layers_.size());
+    for (int64_t l = L; l-- > 0;) {
+      Layer& Y = layers_[l];
+      if (e.lowp)
+        cg::cross_backward(static_cast<const bf16*>(g), static_cast<const bf16*>(x0p_),
+                           static_cast<const bf16*>(Y.u.raw()), static_cast<bf16*>(du_.raw()),
+                           acc_.data<float>(), e.partial.data<float>(), Y.w.db.data<float>(),
+                           e.B, F_, ld_, l == L - 1, l == 0, e.st);
+      else
+        cg::cross_backward(static_cast<const float*>(g), static_cast<const float*>(x0p_),
+                           Y.u.data<float>(), du_.data<float>(), acc_.data<float>(),
+                           e.partial.data<float>(), Y.w.db.data<float>(), e.B, F_, ld_,
+                           l == L - 1, l == 0, e.st);
+      // dL/dx_l = g + (du through W, or through U then V): into g in place, or at layer 0
+      // into the accumulator of dL/dx0.
+      void* dst = l > 0 ? g : acc_.raw();
+      const DType dt = l > 0 ? e.act : DType::F32;
+      e.lin_wgrad(Y.w, du_.raw(), ld_);
+      if (r_ > 0) {
+        e.lin_dgrad(Y.w, du_.raw(), ld_, dh_.raw(), e.act, rld_, false);
+        e.lin_wgrad(Y.v, dh_.raw(), rld_);
+        e.lin_dgrad(Y.v, dh_.raw(), rld_, dst, dt, ld_, true);
+        e.lin_update(Y.v);
+      } else {
+        e.lin_dgrad(Y.w, du_.raw(), ld_, dst, dt, ld_, true);
+      }
+      e.lin_update(Y.w);
+    }
+    if (e.vals[in[0]].need_grad) {
+      const bool acc = e.claim(in[0]);
+      e.deliver(in[0], acc_.raw(), DType::F32, ld_, 0, 0, F_, acc);
+    }
+  }
+  void collect(Engine& e, std::vector<NamedState>& dense, std::vector<NamedState>&) override {
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const std::string p = name_ + "." + std::to_string(l);
+      e.add_params(layers_[l].w, p + ".w.weight", p + ".w.bias", dense);
+      if (r_ > 0) e.add_params(layers_[l].v, p + ".v.weight", "", dense);
+    }
+  }
+  void refresh(Engine& e) override {
+    for (auto& L : layers_) {
+      e.refresh(L.w);
+      if (r_ > 0) e.refresh(L.v);
+    }
+  }
+
+ private:
+  struct Layer {
+    Lin w, v;       // w: W (full) or U (low rank); v: V (low rank)
+    Tensor u, h, x;  // u = W x_l + b; h = V x_l; x = x_{l+1}
+  };
+  std::string name_;
+  int64_t F_, in_ld_, ld_, r_, rld_ = 0;
+  std::vector<Layer> layers_;
+  Tensor x0_, du_, dh_, acc_;
+  const void* x0p_ = nullptr;
+};
+
+class ConcatNode final : public Node {
+ public:
+  void alloc(Engine& e, int64_t cap) override { alloc_value(e, cap); }
+  void forward(Engine& e) override {
+    Value& v = e.vals[self];
+    int64_t c = 0;
+    for (int j : in) {
+      const Value& x = e.vals[j];
+      cg::copy_cols(x.y.raw(), elem(x.dt), x.ld, 0, v.y.raw(), elem(v.dt), v.ld, c, e.B, x.width,
+                    false, e.st);
+      c += x.width;
+    }
+  }
+  void backward(Engine& e) override {
+    Value& v = e.vals[self];
+    int64_t c = 0;
+    for (int j : in) {
+      const int64_t w = e.vals[j].width;
+      if (e.vals[j].need_grad) {
+        const bool acc = e.claim(j);
+        e.deliver(j, v.g.raw(), v.gdt, v.ld, c, 0, w, acc);
+      }
+      c += w;
+    }
+  }
+};
+
+// DLRM's dot interaction over the n fields (width d) of the inputs: cd::dot_forward with the
+// first vector and the other n - 1 read in place when the inputs are laid out that way (one
+// d-wide input, then one input of n - 1 vectors, both of the compute type and unpadded),
+// otherwise gathered first.
+class DotNode final : public Node {
+ public:
+  DotNode(const Engine& e, const std::vector<const Value*>& ins, int64_t n, int64_t d)
+      : n_(n), d_(d) {
+    direct_ = ins.size() == 2 && ins[0]->width == d && ins[0]->ld == d &&
+              ins[1]->ld == (n - 1) * d && ins[0]->dt == e.act && ins[1]->dt == e.act;
+  }
+  void alloc(Engine& e, int64_t cap) override {
+    alloc_value(e, cap);
+    if (!direct_) {
+      first_ = e.buf({cap, d_}, e.act);
+      rest_ = e.buf({cap, (n_ - 1) * d_}, e.act);
+    }
+    if (e.vals[self].need_grad) {
+      dfirst_ = e.buf({cap, d_}, e.act);
+      drest_ = e.buf({cap, (n_ - 1) * d_}, DType::F32);
+    }
+  }
+  void forward(Engine& e) override {
+    Value& v = e.vals[self];
+    const void* a;
+    const void* b;
+    if (direct_) {
+      a = e.vals[in[0]].y.raw();
+      b = e.vals[in[1]].y.raw();
+    } else {
+      // Global column c of the concatenated inputs: c < d -> first_, else rest_[c - d].
+      int64_t c = 0;
+      for (int j : in) {
+        const Value& x = e.vals[j];
+        const int64_t lo = c, hi = c + x.width;
+        if (lo < d_)
+          cg::copy_cols(x.y.raw(), elem(x.dt), x.ld, 0, first_.raw(), elem(e.act), d_, lo,
+                        e.B, std::min(hi, d_) - lo, false, e.st);
+        if (hi > d_) {
+          const int64_t s = std::max(lo, d_);
+          cg::copy_cols(x.y.raw(), elem(x.dt), x.ld, s - lo, rest_.raw(), elem(e.act),
+                        (n_ - 1) * d_, s - d_, e.B, hi - s, false, e.st);
+        }
+        c = hi;
+      }
+      a = first_.raw();
+      b = rest_.raw();
+    }
+    a_ = a;
+    b_ = b;
+    const int T = static_cast<int>(n_ - 1), d = static_cast<int>(d_);
+    if (e.lowp)
+      cd::dot_forward(static_cast<const bf16*>(a), static_cast<const bf16*>(b), e.B, T, d,
+                      static_cast<bf16*>(v.y.raw()), v.ld, e.st);
+    else
+      cd::dot_forward(static_cast<const float*>(a), static_cast<const float*>(b), e.B, T, d,
+                      v.y.data<float>(), v.ld, e.st);
+  }
+  void backward(Engine& e) override {
+    Value& v = e.vals[self];
+    const int T = static_cast<int>(n_ - 1), d = static_cast<int>(d_);
+    if (e.lowp)
+      cd::dot_backward(static_cast<const bf16*>(a_), static_cast<const bf16*>(b_),
+                       static_cast<const bf16*>(v.g.raw()), v.ld, e.B, T, d, false,
+                       static_cast<bf16*>(dfirst_.raw()), drest_.data<float>(), e.st);
+    else
+      cd::dot_backward(static_cast<const float*>(a_), static_cast<const float*>(b_),
+                       v.g.data<float>(), v.ld, e.B, T, d, false, dfirst_.data<float>(),
+                       drest_.data<float>(), e.st);
+    int64_t c = 0;
+    for (int j : in) {
+      const Value& x = e.vals[j];
+      const int64_t lo = c, hi = c + x.width;
+      c = hi;
+      if (!x.need_grad) continue;
+      const bool acc = e.claim(j);
+      if (lo < d_) e.deliver(j, dfirst_.raw(), e.act, d_, lo, 0, std::min(hi, d_) - lo, acc);
+      if (hi > d_) {
+        const int64_t s = std::max(lo, d_);
+        e.deliver(j, drest_.raw(), DType::F32, (n_ - 1) * d_, s - d_, s - lo, hi - s, acc);
+      }
+    }
+  }
+
+ private:
+  int64_t n_, d_;
+  bool direct_ = false;
+  Tensor first_, rest_, dfirst_, drest_;
+  const void* a_ = nullptr;
+  const void* b_ = nullptr;
+};
+
+class AddNode final : public Node {
+ public:
+  void alloc(Engine& e, int64_t cap) override { alloc_value(e, cap); }
+  void forward(Engine& e) override {
+    Value& v = e.vals[self];
+    for (size_t i = 0; i < in.size(); ++i) {
+      const Value& x = e.vals[in[i]];
+      cg::copy_cols(x.y.raw(), elem(x.dt), x.ld, 0, v.y.raw(), elem(v.dt), v.ld, 0, e.B, v.width,
+                    i > 0, e.st);
+    }
+  }
+  void backward(Engine& e) override {
+    Value& v = e.vals[self];
+    for (int j : in) {
+      if (!e.vals[j].need_grad) continue;
+      const bool acc = e.claim(j);
+      e.deliver(j, v.g.raw(), v.gdt, v.ld, 0, 0, v.width, acc);
+    }
+  }
+};
+
+// The logit: the input's value itself (1 wide, f32); its gradient is the model's dlogits.
+class OutputNode final : public Node {
+ public:
+  void alloc(Engine&, int64_t) override {}
+  void forward(Engine&) override {}
+  void backward(Engine& e) override {
+    Value& v = e.vals[self];
+    if (!e.vals[in[0]].need_grad) return;
+    const bool acc = e.claim(in[0]);
+    e.deliver(in[0], v.g.raw(), DType::F32, 1, 0, 0, 1, acc);
+  }
+};
+
+class GraphCuda final : public CudaModel {
+ public:
+  GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::ShardLayout& layout,
+            Device device, uint64_t seed, const std::string& precision);
+  ~GraphCuda() override;
+  Tensor forward(const io::Batch& batch, bool training) override;
+  void backward_and_update(const Tensor& dlogits, double lr_scale) override;
+  std::vector<NamedTensor> parameters() override;
+  std::vector<NamedTensor> optimizer_state() override;
+  Device device() const override { return dev_; }
+  double train_step(const io::Batch& batch, double lr_scale, bool want_loss) override;
+  void synchronize() override;
+  // Serving (CudaModel::predict where the base declares it): sigmoid of the logits, eagerly.
+  void predict(const io::Batch& batch, float* probs) {
+    const std::vector<float> z = forward(batch, false).to_vector<float>();
+    for (size_t i = 0; i < z.size(); ++i) {
+      const double x = z[i];
+      probs[i] = static_cast<float>(x >= 0 ? 1.0 / (1.0 + std::exp(-x))
+                                           : std::exp(x) / (1.0 + std::exp(x)));
+    }
+  }
+
+ private:
+  struct Slot {
+    PinnedPtr mem;
+    float* dense = nullptr;
+    float* labels = nullptr;
+    int32_t* offsets = nullptr;
+    uint32_t* keys = nullptr;
+    float* lr = nullptr;
+    Tensor d_dense, d_labels, d_offsets, d_keys, d_lr;
+    cudaEvent_t ready = nullptr, free = nullptr;
+    bool pending = false;
+    cudaGraphExec_t graph = nullptr;
+    int64_t graph_rows = -1, graph_nnz = -1;
+    int eager_steps = 0;
+  };
+
+  std::unique_ptr<Node> make_node(const LayerSpec& s, int idx, uint64_t seed);
+  void check_batch(const io::Batch& b) const;
+  void ensure_capacity(int64_t B, int64_t nnz);
+  void upload(const io::Batch& b, float lr, float emb_lr);
+  void bind_slot();
+  void run_forward();
+  void run_backward();
+  void step_body();
+  void refresh_shadows();
+  void drop_graphs();
+  const float* logits() const { return e_.vals[spec_.layers[spec_.output].input_ids[0]].y.data<float>(); }
+
+  OptimizerConfig oc_;
+  io::ShardLayout layout_;
+  GraphSpec spec_;
+  Device dev_;
+  int dev_index_;
+  Engine e_;
+  int64_t T_ = 0, num_dense_ = 0;
+  float lr_ = 0, emb_lr_ = 0;
+  cudaStream_t copy_ = nullptr;
+  Tensor blas_ws_, lt_ws_;
+  bool graphs_ = true, shadows_stale_ = false;
+  std::vector<std::unique_ptr<Node>> nodes_;
+  EmbeddingNode* emb_ = nullptr;
+  std::vector<NamedState> dense_, tables_;
+  int64_t cap_b_ = 0, cap_nnz_ = 0;
+  Tensor dlogits_, loss_;
+  Slot slots_[2];
+  int next_ = 0, cur_ = 0;
+  int64_t fwd_rows_ = 0, fwd_nnz_ = 0;
+  bool have_training_forward_ = false;
+
+  // DLREC_PROFILE=1: device time per layer and direction from events around each layer (no
+  // CUDA graphs), summed over train_step calls after the first 3, printed at destruction.
+  void mark(const std::string& what);
+  void flush_profile();
+  bool profile_ = false;
+  std::vector<cudaEvent_t> events_;
+  std::vector<std::string> marks_;
+  std::vector<std::pair<std::string, double>> phase_ms_;
+  int64_t profiled_steps_ = 0, seen_steps_ = 0;
+};
+
+void GraphCuda::mark(const std::string& what) {
+  if (!profile_) return;
+  const size_t i = marks_.size();
+  if (i == events_.size()) {
+    cudaEvent_t ev;
+    DLREC_CUDA_CHECK(cudaEventCreate(&ev));
+    events_.push_back(ev);
+  }
+  DLREC_CUDA_CHECK(cudaEventRecord(events_[i], e_.st));
+  marks_.push_back(what);
+}
+
+void GraphCuda::flush_profile() {
+  if (!profile_ || marks_.empty()) return;
+  DLREC_CUDA_CHECK(cudaEventSynchronize(events_[marks_.size() - 1]));
+  if (++seen_steps_ > 3) {
+    ++profiled_steps_;
+    for (size_t i = 1; i < marks_.size(); ++i) {
+      float ms = 0;
+      DLREC_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]));
+      auto it = std::find_if(phase_ms_.begin(), phase_ms_.end(),
+                             [&](const auto& p) { return p.first == marks_[i]; });
+      if (it == phase_ms_.end()) phase_ms_.emplace_back(marks_[i], ms);
+      else it->second += ms;
+    }
+  }
+  marks_.clear();
+}
+
+GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
+                     const io::ShardLayout& layout, Device device, uint64_t seed,
+                     const std::string& precision)
+    : oc_(oc), layout_(layout), spec_(GraphSpec::parse(mc.layers, "model.layers")), dev_(device),
+      dev_index_(device.index) {
+  e_.prec = parse_precision(precision);
+  e_.lowp = e_.prec == Precision::BF16;
+  e_.act = e_.lowp ? DType::BF16 : DType::F32;
+  e_.dev = device;
+  // Everything that needs no device is checked first: unsupported layers and optimizers.
+  for (const LayerSpec& s : spec_.layers) {
+    if (s.type == "fm" || s.type == "wide")
+      fail(s.where, ": the '", s.type, "' layer is not implemented on CUDA yet; this model runs "
+           "on the CPU only (\"device\": \"cpu\")");
+  }
+  auto check_opt = [](const OptimizerConfig& c, const std::string& what, bool dense) {
+    const nn::OptimizerKind k = nn::parse_optimizer(c.type);
+    DLREC_CHECK(k == nn::OptimizerKind::SGD || k == nn::OptimizerKind::Adagrad,
+                "the CUDA graph model supports the sgd and adagrad optimizers, not '", c.type,
+                "' (", what, "; train this model on the CPU: \"device\": \"cpu\")");
+    DLREC_CHECK(c.momentum == 0 && !c.nesterov, "the CUDA graph model supports sgd without "
+                "momentum (", what, "; optimizer.momentum = ", c.momentum, ")");
+    DLREC_CHECK(c.clip_value == 0, "the CUDA graph model does not clip gradients (", what,
+                "; optimizer.clip_value = ", c.clip_value, ")");
+    if (dense) {
+      DLREC_CHECK(c.weight_decay == 0, "the CUDA graph model has no weight decay (",
+                  "optimizer.weight_decay = ", c.weight_decay, ")");
+      DLREC_CHECK(c.clip_norm == 0, "the CUDA graph model does not clip gradients (",
+                  "optimizer.clip_norm = ", c.clip_norm, ")");
+    }
+    return k == nn::OptimizerKind::Adagrad;
+  };
+  e_.dense_adagrad = check_opt(oc, "optimizer", true);
+  const OptimizerConfig ec = oc.embedding_config();
+  e_.emb_adagrad = check_opt(ec, "optimizer.embedding", false);
+  e_.eps = static_cast<float>(oc.adagrad_eps);
+  e_.init_acc = static_cast<float>(oc.adagrad_init);
+  e_.emb_eps = static_cast<float>(ec.adagrad_eps);
+  e_.emb_init_acc = static_cast<float>(ec.adagrad_init);
+  DLREC_CHECK(e_.eps >= 0 && e_.init_acc >= 0 && e_.emb_eps >= 0 && e_.emb_init_acc >= 0,
+              "Optimizer: eps and the initial accumulator must be >= 0");
+  lr_ = static_cast<float>(oc.lr);
+  emb_lr_ = static_cast<float>(oc.embedding_lr_value());
+  T_ = static_cast<int64_t>(layout.cardinalities.size());
+  num_dense_ = layout.num_dense;
+  DLREC_CHECK(num_dense_ >= 0, "graph model: negative number of dense features");
+
+  cuda::require_device(dev_index_);
+  DeviceGuard guard(dev_index_);
+  const char* prof = std::getenv("DLREC_PROFILE");
+  profile_ = prof && prof[0] == '1';
+  const char* gr = std::getenv("DLREC_CUDA_GRAPH");
+  graphs_ = !profile_ && !(gr && gr[0] == '0');
+  DLREC_CUDA_CHECK(cudaStreamCreate(&e_.st));
+  DLREC_CUDA_CHECK(cudaStreamCreate(&copy_));
+  blas_ws_ = Tensor::empty({32 << 20}, DType::U8, dev_);
+  GCUDA_CUBLAS_CHECK(cublasCreate(&e_.blas));
+  GCUDA_CUBLAS_CHECK(cublasSetStream(e_.blas, e_.st));
+  GCUDA_CUBLAS_CHECK(cublasSetMathMode(
+      e_.blas, e_.prec == Precision::TF32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  GCUDA_CUBLAS_CHECK(cublasSetWorkspace(e_.blas, blas_ws_.raw(), blas_ws_.nbytes()));
+  if (e_.lowp) {
+    lt_ws_ = Tensor::empty({32 << 20}, DType::U8, dev_);
+    e_.lt = std::make_unique<lt::Lt>(lt_ws_.raw(), lt_ws_.nbytes());
+  }
+  for (auto& sl : slots_) {
+    DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&sl.ready, cudaEventDisableTiming));
+    DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&sl.free, cudaEventDisableTiming));
+    sl.d_lr = Tensor::empty({2}, DType::F32, dev_);
+  }
+
+  const size_t n = spec_.layers.size();
+  nodes_.resize(n);
+  e_.vals.resize(n);
+  for (int i : spec_.order) {
+    const LayerSpec& s = spec_.layers[i];
+    const uint64_t tag = s.has_init_tag ? s.init_tag : name_tag(s.name);
+    try {
+      nodes_[i] = make_node(s, i, nn::derive_seed(seed, tag));
+    } catch (const Error& err) {
+      fail(s.where, ": ", err.what());
+    }
+    nodes_[i]->self = i;
+    nodes_[i]->in = s.input_ids;
+    std::vector<NamedState> d, t;
+    nodes_[i]->collect(e_, d, t);
+    bool need = !d.empty() || !t.empty();
+    for (int j : s.input_ids) need = need || e_.vals[j].need_grad;
+    e_.vals[i].need_grad = need;
+  }
+  for (size_t i = 0; i < n; ++i) nodes_[i]->collect(e_, dense_, tables_);
+  loss_ = Tensor::empty({8}, DType::U8, dev_);
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
+}
+
+std::unique_ptr<Node> GraphCuda::make_node(const LayerSpec& s, int idx, uint64_t seed) {
+  Value& v = e_.vals[idx];
+  std::vector<const Value*> ins;
+  for (int j : s.input_ids) ins.push_back(&e_.vals[j]);
+  // Default value layout: one field; bf16 unless 1 wide; padded rows in bf16.
+  auto set_value = [&](int64_t width, bool pad) {
+    v.width = width;
+    v.fields = {width};
+    v.dt = (e_.lowp && width != 1) ? DType::BF16 : DType::F32;
+    v.gdt = v.dt;
+    v.ld = (v.dt == DType::BF16 && pad) ? round_up(width, 8) : width;
+  };
+  auto need_compute_type = [&](const Value& x, const std::string& name) {
+    if (x.dt != e_.act)
+      fail("key '", s.input_key, "': in bf16 precision a '", s.type,
+           "' layer cannot read the 1-wide (f32) output of '", name,
+           "'; use \"precision\": \"fp32\" or \"tf32\"");
+  };
+  const std::string& t = s.type;
+  if (t == "dense") {
+    if (num_dense_ <= 0) fail("the data has no dense features");
+    set_value(num_dense_, true);
+    return std::make_unique<DenseNode>();
+  }
+  if (t == "embedding") {
+    DLREC_CHECK(emb_ == nullptr, "the CUDA graph model supports one embedding layer (over all "
+                "categorical features); train this model on the CPU");
+    if (T_ == 0) fail("the data has no categorical features");
+    if (!s.all_features) {
+      bool all = static_cast<int64_t>(s.features.size()) == T_;
+      for (size_t k = 0; all && k < s.features.size(); ++k)
+        all = s.features[k] == static_cast<int64_t>(k);
+      if (!all)
+        fail("key 'features': the CUDA graph model's embedding layer reads all categorical "
+             "features (0 .. ", T_ - 1, ", in order); train this model on the CPU");
+    }
+    int64_t dim = s.dim;
+    for (int64_t d : s.dims)
+      if (d != s.dims[0])
+        fail("key 'dims': the CUDA graph model needs one width for all tables (got ", s.dims[0],
+             " and ", d, "); train this model on the CPU");
+    if (!s.dims.empty()) {
+      if (static_cast<int64_t>(s.dims.size()) != T_)
+        fail("key 'dims': ", s.dims.size(), " widths for ", T_, " features");
+      dim = s.dims[0];
+    }
+    DLREC_CHECK(dim > 0, "key 'dim': must be positive");
+    for (int64_t f = 0; f < T_; ++f)
+      if (layout_.cardinalities[f] <= 0)
+        fail("key 'features': categorical feature ", f, " has cardinality ",
+             layout_.cardinalities[f], "; every table needs rows");
+    set_value(T_ * dim, false);
+    v.fields.assign(T_, dim);
+    v.gdt = DType::F32;
+    auto node = std::make_unique<EmbeddingNode>(e_, s.name, layout_, dim,
+                                                nn::parse_pooling(s.pooling) == nn::Pooling::Mean,
+                                                seed);
+    emb_ = node.get();
+    return node;
+  }
+  if (t == "mlp") {
+    need_compute_type(*ins[0], s.inputs[0]);
+    if (s.sizes.empty()) fail("key 'sizes': needs at least one size");
+    for (size_t k = 0; k + 1 < s.sizes.size(); ++k)
+      if (e_.lowp && s.sizes[k] == 1)
+        fail("key 'sizes': in bf16 precision hidden layers need more than one unit");
+    set_value(s.sizes.back(), false);
+    return std::make_unique<MlpNode>(e_, s.name, ins[0]->width, ins[0]->ld, s.sizes, s.relu_last,
+                                     seed);
+  }
+  if (t == "cross") {
+    need_compute_type(*ins[0], s.inputs[0]);
+    const int64_t F = ins[0]->width;
+    if (s.low_rank > F)
+      fail("key 'low_rank': ", s.low_rank, " exceeds the input width ", F, " of '", s.inputs[0],
+           "'");
+    set_value(F, true);
+    return std::make_unique<CrossNode>(e_, s.name, F, ins[0]->ld, v.ld, s.num_layers, s.low_rank,
+                                       seed);
+  }
+  if (t == "concat") {
+    int64_t w = 0;
+    std::vector<int64_t> fields;
+    for (const Value* x : ins) {
+      w += x->width;
+      fields.insert(fields.end(), x->fields.begin(), x->fields.end());
+    }
+    set_value(w, true);
+    v.fields = fields;
+    return std::make_unique<ConcatNode>();
+  }
+  if (t == "dot") {
+    int64_t nf = 0;
+    const int64_t d = ins[0]->fields.at(0);
+    for (size_t k = 0; k < ins.size(); ++k)
+      for (int64_t w : ins[k]->fields) {
+        if (w != d)
+          fail("key '", s.input_key, "': the dot interaction needs vectors of one width, but '",
+               s.inputs[0], "' starts with width ", d, " and '", s.inputs[k],
+               "' has other widths (make the MLP's last size equal the embedding dim)");
+        ++nf;
+      }
+    if (nf < 2)
+      fail("key '", s.input_key, "': the dot interaction needs at least 2 vectors, its inputs "
+           "give ", nf);
+    set_value(d + nf * (nf - 1) / 2, true);
+    return std::make_unique<DotNode>(e_, ins, nf, d);
+  }
+  if (t == "add") {
+    for (size_t k = 1; k < ins.size(); ++k)
+      if (ins[k]->width != ins[0]->width)
+        fail("key '", s.input_key, "': add needs inputs of one width, but '", s.inputs[0],
+             "' is ", ins[0]->width, " wide and '", s.inputs[k], "' is ", ins[k]->width);
+    set_value(ins[0]->width, true);
+    return std::make_unique<AddNode>();
+  }
+  if (t == "output") {
+    if (ins[0]->width != 1)
+      fail("key '", s.input_key, "': the output must be one logit per sample, but '",
+           s.inputs[0], "' is ", ins[0]->width, " wide (end it with a layer of size 1)");
+    set_value(1, false);
+    return std::make_unique<OutputNode>();
+  }
+  fail("the '", t, "' layer is not implemented on CUDA yet; this model runs on the CPU only "
+       "(\"device\": \"cpu\")");
+}
+
+void GraphCuda::refresh_shadows() {
+  for (auto& n : nodes_) n->refresh(e_);
+  shadows_stale_ = false;
+}
+
+void GraphCuda::drop_graphs() {
+  for (auto& sl : slots_) {
+    if (sl.graph) cudaGraphExecDestroy(sl.graph);
+    sl.graph = nullptr;
+    sl.graph_rows = sl.graph_nnz = -1;
+    sl.eager_steps = 0;
+  }
+}
+
+GraphCuda::~GraphCuda() {
+  if (copy_) cudaStreamSynchronize(copy_);
+  if (e_.st) cudaStreamSynchronize(e_.st);
+  if (profile_ && profiled_steps_ > 0) {
+    double total = 0;
+    for (auto& p : phase_ms_) total += p.second;
+    std::fprintf(stderr, "[profile] %lld steps of batch %lld, device ms per step by phase:\n",
+                 static_cast<long long>(profiled_steps_), static_cast<long long>(fwd_rows_));
+    for (auto& p : phase_ms_)
+      std::fprintf(stderr, "[profile]   %-28s %8.3f ms  %5.1f%%\n", p.first.c_str(),
+                   p.second / profiled_steps_, 100.0 * p.second / std::max(total, 1e-9));
+    std::fprintf(stderr, "[profile]   %-28s %8.3f ms\n", "total", total / profiled_steps_);
+    if (e_.lt)
+      std::fprintf(stderr, "[profile]   cuBLASLt plans without an algorithm (fallbacks): %d\n",
+                   e_.lt->unsupported_count());
+  }
+  for (auto ev : events_) cudaEventDestroy(ev);
+  drop_graphs();
+  for (auto& sl : slots_) {
+    if (sl.ready) cudaEventDestroy(sl.ready);
+    if (sl.free) cudaEventDestroy(sl.free);
+  }
+  nodes_.clear();
+  e_.lt.reset();
+  if (e_.blas) cublasDestroy(e_.blas);
+  if (copy_) cudaStreamDestroy(copy_);
+  if (e_.st) cudaStreamDestroy(e_.st);
+}
+
+void GraphCuda::check_batch(const io::Batch& b) const {
+  DLREC_CHECK(b.rows >= 0, "graph model: negative batch size");
+  DLREC_CHECK(b.num_dense == num_dense_, "graph model: the batch has ", b.num_dense,
+              " dense features, the model was built for ", num_dense_);
+  DLREC_CHECK(b.num_cat() == T_ && static_cast<int64_t>(b.cat_indices.size()) == T_,
+              "graph model: the batch has ", b.num_cat(),
+              " categorical features, the model was built for ", T_);
+  DLREC_CHECK(static_cast<int64_t>(b.dense.size()) == b.rows * b.num_dense,
+              "graph model: the batch has ", b.dense.size(), " dense values for ", b.rows,
+              " rows x ", b.num_dense, " features");
+  DLREC_CHECK(static_cast<int64_t>(b.labels.size()) >= b.rows || b.labels.empty(),
+              "graph model: the batch has ", b.labels.size(), " labels for ", b.rows, " rows");
+  for (int64_t t = 0; t < T_; ++t) {
+    const auto& off = b.cat_offsets[t];
+    DLREC_CHECK(static_cast<int64_t>(off.size()) == b.rows + 1,
+                "graph model: categorical feature ", t, " has ", off.size(), " offsets for ",
+                b.rows, " rows");
+    DLREC_CHECK(off.front() >= 0 && off.back() <= static_cast<int64_t>(b.cat_indices[t].size()),
+                "graph model: categorical feature ", t, ": offsets do not fit its ",
+                b.cat_indices[t].size(), " ids");
+  }
+}
+
+void GraphCuda::ensure_capacity(int64_t B, int64_t nnz) {
+  if (B <= cap_b_ && nnz <= cap_nnz_) return;
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(copy_));
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
+  drop_graphs();
+  const int64_t nb = std::max(B, cap_b_), nn_ = std::max<int64_t>(std::max(nnz, cap_nnz_), 1);
+  DLREC_CHECK(nn_ < (int64_t{1} << 31) && nb * std::max<int64_t>(T_, 1) < (int64_t{1} << 31),
+              "CUDA graph model: a batch with ", nn_, " ids is too large (int32 offsets)");
+  cap_b_ = nb;
+  cap_nnz_ = nn_;
+  const int64_t cb = std::max<int64_t>(nb, 1);
+  int64_t max_cols = 1;
+  for (const Value& v : e_.vals) max_cols = std::max(max_cols, v.ld);
+  for (const LayerSpec& s : spec_.layers)
+    for (int64_t z : s.sizes) max_cols = std::max(max_cols, z);
+  e_.partial = Tensor::empty(
+      {std::max<int64_t>(std::max(cd::bias_grad_chunks(cb), cg::cross_grad_chunks(cb)), 1),
+       max_cols},
+      DType::F32, dev_);
+  for (int i : spec_.order) nodes_[i]->alloc(e_, cb);
+  dlogits_ = e_.buf({cb}, DType::F32);
+  e_.vals[spec_.output].g = dlogits_;
+  if (emb_) emb_->alloc_scratch(e_, nn_);
+  const size_t host_bytes = sizeof(float) * cb * (num_dense_ + 1) +
+                            sizeof(int32_t) * (cb * T_ + 1) + sizeof(uint32_t) * nn_ + 512;
+  for (auto& sl : slots_) {
+    sl.pending = false;
+    sl.mem = pinned_alloc(host_bytes);
+    char* p = static_cast<char*>(sl.mem.get());
+    sl.lr = reinterpret_cast<float*>(p);
+    p += 256;
+    sl.dense = reinterpret_cast<float*>(p);
+    p += sizeof(float) * cb * num_dense_;
+    sl.labels = reinterpret_cast<float*>(p);
+    p += sizeof(float) * cb;
+    sl.offsets = reinterpret_cast<int32_t*>(p);
+    p += sizeof(int32_t) * (cb * T_ + 1);
+    sl.keys = reinterpret_cast<uint32_t*>(p);
+    sl.d_dense = Tensor::empty({cb, std::max<int64_t>(num_dense_, 1)}, DType::F32, dev_);
+    sl.d_labels = Tensor::empty({cb}, DType::F32, dev_);
+    sl.d_offsets = Tensor::empty({cb * T_ + 1}, DType::I32, dev_);
+    sl.d_keys = Tensor::empty({nn_}, DType::I32, dev_);
+  }
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
+}
+
+void GraphCuda::upload(const io::Batch& b, float lr, float emb_lr) {
+  const int64_t B = b.rows;
+  int64_t nnz = 0;
+  for (int64_t t = 0; t < T_; ++t) nnz += b.cat_offsets[t][B] - b.cat_offsets[t][0];
+  ensure_capacity(B, nnz);
+  Slot& s = slots_[next_];
+  cur_ = next_;
+  next_ ^= 1;
+  if (s.pending) DLREC_CUDA_CHECK(cudaEventSynchronize(s.ready));
+  s.lr[0] = lr;
+  s.lr[1] = emb_lr;
+  if (B * num_dense_ > 0) std::memcpy(s.dense, b.dense.data(), sizeof(float) * B * num_dense_);
+  if (b.labels.empty()) std::memset(s.labels, 0, sizeof(float) * B);
+  else std::memcpy(s.labels, b.labels.data(), sizeof(float) * B);
+  // Ids become rows of the concatenation of all tables (uint32), offsets int32, packed table by
+  // table in parallel; ids are range-checked here.
+  std::vector<int32_t> start(T_ + 1, 0);
+  for (int64_t t = 0; t < T_; ++t)
+    start[t + 1] = start[t] + static_cast<int32_t>(b.cat_offsets[t][B] - b.cat_offsets[t][0]);
+  const std::vector<uint32_t>* base = emb_ ? &emb_->row_base() : nullptr;
+  parallel_for(0, T_, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const auto& off = b.cat_offsets[t];
+      const auto& idx = b.cat_indices[t];
+      const int64_t rows = layout_.cardinalities[t];
+      const uint32_t rb = base ? (*base)[t] : 0;
+      const int32_t pos = start[t];
+      int32_t* o = s.offsets + t * B;
+      for (int64_t r = 0; r < B; ++r) {
+        DLREC_CHECK(off[r] <= off[r + 1], "graph model: categorical feature ", t,
+                    ": offsets decrease at row ", r);
+        o[r] = pos + static_cast<int32_t>(off[r] - off[0]);
+      }
+      const int64_t* ids = idx.data() + off[0];
+      uint32_t* keys = s.keys + pos;
+      const int64_t m = off[B] - off[0];
+      bool bad = false;
+      for (int64_t p = 0; p < m; ++p) {
+        const int64_t id = ids[p];
+        bad |= (id < 0) | (id >= rows);
+        keys[p] = rb + static_cast<uint32_t>(id);
+      }
+      if (bad)
+        for (int64_t p = 0; p < m; ++p)
+          if (ids[p] < 0 || ids[p] >= rows)
+            fail("EmbeddingBag: id ", ids[p], " of table ", t, " is out of range [0, ", rows,
+                 ")");
+    }
+  });
+  s.offsets[T_ * B] = start[T_];
+  DLREC_CUDA_CHECK(cudaStreamWaitEvent(copy_, s.free, 0));
+  auto h2d = [&](void* dst, const void* src, size_t bytes) {
+    if (bytes) DLREC_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_));
+  };
+  h2d(s.d_lr.raw(), s.lr, sizeof(float) * 2);
+  h2d(s.d_dense.raw(), s.dense, sizeof(float) * B * num_dense_);
+  h2d(s.d_labels.raw(), s.labels, sizeof(float) * B);
+  h2d(s.d_offsets.raw(), s.offsets, sizeof(int32_t) * (T_ * B + 1));
+  h2d(s.d_keys.raw(), s.keys, sizeof(uint32_t) * nnz);
+  DLREC_CUDA_CHECK(cudaEventRecord(s.ready, copy_));
+  DLREC_CUDA_CHECK(cudaStreamWaitEvent(e_.st, s.ready, 0));
+  s.pending = true;
+  fwd_rows_ = B;
+  fwd_nnz_ = nnz;
+  bind_slot();
+  if (shadows_stale_) refresh_shadows();
+}
+
+void GraphCuda::bind_slot() {
+  const Slot& s = slots_[cur_];
+  e_.B = fwd_rows_;
+  e_.nnz = fwd_nnz_;
+  e_.lr = s.d_lr.data<float>();
+  e_.dense = s.d_dense.data<float>();
+  e_.offsets = s.d_offsets.data<int32_t>();
+  e_.keys = static_cast<const uint32_t*>(s.d_keys.raw());
+}
+
+void GraphCuda::run_forward() {
+  if (e_.B == 0) return;
+  for (int i : spec_.order) {
+    nodes_[i]->forward(e_);
+    mark(spec_.layers[i].name + " fwd");
+  }
+}
+
+void GraphCuda::run_backward() {
+  if (e_.B == 0) return;
+  for (auto& v : e_.vals) v.has_grad = false;
+  e_.vals[spec_.output].has_grad = true;
+  for (size_t k = spec_.order.size(); k-- > 0;) {
+    const int i = spec_.order[k];
+    if (!e_.vals[i].need_grad || !e_.vals[i].has_grad) continue;
+    nodes_[i]->backward(e_);
+    mark(spec_.layers[i].name + " bwd+update");
+  }
+}
+
+void GraphCuda::step_body() {
+  run_forward();
+  cd::bce_with_logits(logits(), slots_[cur_].d_labels.data<float>(), fwd_rows_,
+                      dlogits_.data<float>(), static_cast<double*>(loss_.raw()), e_.st, nullptr);
+  mark("bce");
+  run_backward();
+}
+
+Tensor GraphCuda::forward(const io::Batch& batch, bool training) {
+  DeviceGuard g(dev_index_);
+  check_batch(batch);
+  have_training_forward_ = false;
+  upload(batch, 0.f, 0.f);
+  run_forward();
+  marks_.clear();  // phases are profiled in train_step only
+  const int64_t B = fwd_rows_;
+  Tensor out = Tensor::empty({B}, DType::F32, dev_);
+  if (B)
+    DLREC_CUDA_CHECK(cudaMemcpyAsync(out.raw(), logits(), sizeof(float) * B,
+                                     cudaMemcpyDeviceToDevice, e_.st));
+  if (!training) DLREC_CUDA_CHECK(cudaEventRecord(slots_[cur_].free, e_.st));
+  have_training_forward_ = training;
+  return out;
+}
+
+void GraphCuda::backward_and_update(const Tensor& dlogits, double lr_scale) {
+  DeviceGuard g(dev_index_);
+  DLREC_CHECK(have_training_forward_,
+              "graph model: backward_and_update needs a forward(batch, training = true) before it");
+  DLREC_CHECK(dlogits.dtype() == DType::F32 && dlogits.numel() == fwd_rows_,
+              "graph model: dlogits must be f32 with ", fwd_rows_, " values, got ",
+              dtype_name(dlogits.dtype()), " ", shape_str(dlogits.shape()));
+  DLREC_CHECK(!dlogits.device().is_cuda() || dlogits.device() == dev_, "graph model: dlogits on ",
+              dlogits.device().str(), ", the model is on ", dev_.str());
+  DLREC_CHECK(lr_scale >= 0, "graph model: lr_scale must be >= 0, got ", lr_scale);
+  have_training_forward_ = false;
+  Slot& sl = slots_[cur_];
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
+  sl.lr[0] = static_cast<float>(lr_ * lr_scale);
+  sl.lr[1] = static_cast<float>(emb_lr_ * lr_scale);
+  DLREC_CUDA_CHECK(cudaMemcpyAsync(sl.d_lr.raw(), sl.lr, sizeof(float) * 2,
+                                   cudaMemcpyHostToDevice, e_.st));
+  if (fwd_rows_)
+    DLREC_CUDA_CHECK(cudaMemcpyAsync(dlogits_.raw(), dlogits.raw(), sizeof(float) * fwd_rows_,
+                                     dlogits.device().is_cuda() ? cudaMemcpyDeviceToDevice
+                                                                : cudaMemcpyHostToDevice,
+                                     e_.st));
+  run_backward();
+  marks_.clear();
+  DLREC_CUDA_CHECK(cudaEventRecord(sl.free, e_.st));
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));  // the host lr buffer and dlogits are reused
+}
+
+double GraphCuda::train_step(const io::Batch& batch, double lr_scale, bool want_loss) {
+  DeviceGuard g(dev_index_);
+  check_batch(batch);
+  DLREC_CHECK(static_cast<int64_t>(batch.labels.size()) == batch.rows,
+              "graph model: train_step needs one label per row");
+  DLREC_CHECK(lr_scale >= 0, "graph model: lr_scale must be >= 0, got ", lr_scale);
+  have_training_forward_ = false;
+  mark("begin");
+  upload(batch, static_cast<float>(lr_ * lr_scale), static_cast<float>(emb_lr_ * lr_scale));
+  mark("h2d (+host packing)");
+  Slot& sl = slots_[cur_];
+  if (graphs_ && fwd_rows_ > 0) {
+    if (sl.graph && (sl.graph_rows != fwd_rows_ || sl.graph_nnz != fwd_nnz_)) {
+      DLREC_CUDA_CHECK(cudaGraphExecDestroy(sl.graph));
+      sl.graph = nullptr;
+      sl.eager_steps = 0;
+    }
+    if (!sl.graph && sl.eager_steps >= 1) {
+      cudaGraph_t graph = nullptr;
+      DLREC_CUDA_CHECK(cudaStreamBeginCapture(e_.st, cudaStreamCaptureModeThreadLocal));
+      try {
+        step_body();
+      } catch (...) {
+        cudaStreamEndCapture(e_.st, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      DLREC_CUDA_CHECK(cudaStreamEndCapture(e_.st, &graph));
+      const cudaError_t err = cudaGraphInstantiate(&sl.graph, graph, 0);
+      cudaGraphDestroy(graph);
+      if (err != cudaSuccess) {
+        cudaGetLastError();
+        sl.graph = nullptr;
+        graphs_ = false;
+        std::fprintf(stderr, "dlrec: warning: CUDA graph instantiation failed (%s); running "
+                     "eagerly\n", cudaGetErrorString(err));
+      } else {
+        sl.graph_rows = fwd_rows_;
+        sl.graph_nnz = fwd_nnz_;
+      }
+    }
+  }
+  if (graphs_ && sl.graph) {
+    DLREC_CUDA_CHECK(cudaGraphLaunch(sl.graph, e_.st));
+  } else {
+    step_body();
+    if (sl.graph_rows != fwd_rows_ || sl.graph_nnz != fwd_nnz_) {
+      sl.graph_rows = fwd_rows_;
+      sl.graph_nnz = fwd_nnz_;
+      sl.eager_steps = 0;
+    }
+    ++sl.eager_steps;
+  }
+  DLREC_CUDA_CHECK(cudaEventRecord(sl.free, e_.st));
+  flush_profile();
+  if (!want_loss) return std::numeric_limits<double>::quiet_NaN();
+  double loss = 0;
+  DLREC_CUDA_CHECK(
+      cudaMemcpyAsync(&loss, loss_.raw(), sizeof(double), cudaMemcpyDeviceToHost, e_.st));
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
+  return loss;
+}
+
+void GraphCuda::synchronize() {
+  DeviceGuard g(dev_index_);
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(copy_));
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
+}
+
+std::vector<NamedTensor> GraphCuda::parameters() {
+  synchronize();
+  shadows_stale_ = e_.lowp;  // the caller may write into the f32 masters
+  std::vector<NamedTensor> out;
+  for (auto& p : dense_) out.emplace_back(p.name, p.value);
+  for (auto& p : tables_) out.emplace_back(p.name, p.value);
+  return out;
+}
+
+std::vector<NamedTensor> GraphCuda::optimizer_state() {
+  synchronize();
+  std::vector<NamedTensor> out;
+  if (e_.dense_adagrad)
+    for (auto& p : dense_) out.emplace_back(p.name + ".adagrad", p.state);
+  if (e_.emb_adagrad)
+    for (auto& p : tables_) out.emplace_back(p.name + ".adagrad", p.state);
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<CudaModel> make_graph_cuda(const ModelConfig& model, const OptimizerConfig& opt,
+                                           const io::ShardLayout& layout, Device device,
+                                           uint64_t seed, const std::string& precision) {
+  DLREC_CHECK(device.is_cuda(), "make_graph_cuda: ", device.str(), " is not a CUDA device");
+  DLREC_CHECK(model.arch == "graph", "make_graph_cuda: model.arch is '", model.arch,
+              "', expected \"graph\"");
+  return std::make_unique<GraphCuda>(model, opt, layout, device, seed, precision);
+}
+
+}  // namespace dlrec::model

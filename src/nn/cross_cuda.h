@@ -1,0 +1,49 @@
+// Internal: CUDA kernels of the graph model (src/model/graph_cuda.cu) beside those of the DLRM:
+// the DCNv2 cross layer's element-wise parts and strided column copies (concat, gradient
+// routing between layers). Launchers enqueue on `stream` and never synchronise.
+//
+// Matrices are row-major [B, cols] with rows `ld` elements apart (ld >= cols; the columns past
+// `cols` are padding that these kernels never read or write). Elements are float or bf16
+// (`Elem`); arithmetic is in float, f32 products and sums rounded separately (no fused
+// multiply-add), as the CPU reference does.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dlrec::nn::cuda_graph {
+
+using bf16 = __nv_bfloat16;
+enum class Elem { F32, BF16 };
+
+// dst[b, dst_col + c] (+)= src[b, src_col + c] for b < B, c < cols, converting between the
+// element types; accumulate adds to dst instead of overwriting it.
+void copy_cols(const void* src, Elem src_t, int64_t src_ld, int64_t src_col, void* dst,
+               Elem dst_t, int64_t dst_ld, int64_t dst_col, int64_t B, int64_t cols,
+               bool accumulate, cudaStream_t stream);
+
+// y [B, out] (rows ld apart) += b per column, then ReLU when relu (bias of the element type).
+template <class E>
+void bias_act_strided(E* y, const E* b, int64_t B, int64_t out, int64_t ld, bool relu,
+                      cudaStream_t stream);
+
+// Cross layer forward, element-wise part: out = x0 * u + xl ([B, F], rows ld apart; u already
+// holds W x_l + b).
+template <class E>
+void cross_combine(const E* x0, const E* u, const E* xl, E* out, int64_t B, int64_t F,
+                   int64_t ld, cudaStream_t stream);
+
+// Cross layer backward, element-wise part, for g = dL/dx_{l+1}:
+//   du = g * x0                       (E, [B, F])
+//   acc = (overwrite ? 0 : acc) + g * u (+ g when add_g)     (f32 accumulator of dL/dx0)
+//   db [F] = column sums of du, summed in a fixed order through `partial`
+//            [cross_grad_chunks(B), F] (deterministic).
+int64_t cross_grad_chunks(int64_t B);
+template <class E>
+void cross_backward(const E* g, const E* x0, const E* u, E* du, float* acc, float* partial,
+                    float* db, int64_t B, int64_t F, int64_t ld, bool overwrite, bool add_g,
+                    cudaStream_t stream);
+
+}  // namespace dlrec::nn::cuda_graph
