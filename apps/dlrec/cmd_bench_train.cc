@@ -174,7 +174,11 @@ Runner add_bench(CLI::App& app) {
 #endif
   Runner etl = add_bench_etl(b);
   CLI::App* e = b->get_subcommand("etl");
-  return [t, e, train, serve, etl] { return t->parsed() ? train() : e->parsed() ? etl() : serve(); };
+  Runner infer = add_bench_infer(b);
+  CLI::App* inf = b->get_subcommand("infer");
+  return [t, e, inf, train, serve, etl, infer] {
+    return t->parsed() ? train() : e->parsed() ? etl() : inf->parsed() ? infer() : serve();
+  };
 }
 
 }  // namespace dlrec::cli

@@ -11,15 +11,28 @@ namespace dlrec::cli {
 
 Runner add_export(CLI::App& app) {
   struct Args {
-    std::string run, out;
+    std::string run, out, init_config, data;
     bool overwrite = false;
+    uint64_t seed = 1234;
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand("export", "Write a self-contained model directory from a run");
-  c->add_option("--run", a->run, "Run directory written by dlrec train")->required();
+  c->add_option("--run", a->run, "Run directory written by dlrec train");
+  c->add_option("--init", a->init_config,
+                "Instead of a run: an untrained model of this run config (needs --data)");
+  c->add_option("--data", a->data, "With --init: the ETL output giving layout and workflow");
+  c->add_option("--seed", a->seed, "With --init: parameter seed (default 1234)");
   c->add_option("--out", a->out, "Model directory to create")->required();
   c->add_flag("--overwrite", a->overwrite, "Replace an existing model directory");
   return [a] {
+    DLREC_CHECK(a->run.empty() != a->init_config.empty(),
+                "dlrec export: give either --run (a trained run) or --init CONFIG --data DIR");
+    if (!a->init_config.empty()) {
+      DLREC_CHECK(!a->data.empty(), "dlrec export --init needs --data (an ETL output)");
+      train::export_initialized(a->init_config, a->data, a->out, a->seed, a->overwrite);
+      std::printf("exported an untrained %s -> %s\n", a->init_config.c_str(), a->out.c_str());
+      return 0;
+    }
     train::export_model(a->run, a->out, a->overwrite);
     std::printf("exported %s -> %s\n", a->run.c_str(), a->out.c_str());
     return 0;

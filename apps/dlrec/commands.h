@@ -22,5 +22,6 @@ Runner add_serve(CLI::App& app);  // built with DLREC_WITH_SERVER
 Runner add_bench(CLI::App& app);  // bench train, and bench serve with DLREC_WITH_SERVER
 Runner add_bench_serve(CLI::App* bench);  // built with DLREC_WITH_SERVER
 Runner add_bench_etl(CLI::App* bench);    // cmd_bench_etl.cc
+Runner add_bench_infer(CLI::App* bench);  // cmd_bench_infer.cc
 
 }  // namespace dlrec::cli

@@ -22,32 +22,19 @@ namespace dlrec::train {
 
 namespace fs = std::filesystem;
 
-void export_model(const std::string& run_dir, const std::string& out_dir, bool overwrite) {
-  json run = read_json_file(run_dir + "/run.json");
-  model::RunConfig cfg = model::RunConfig::from_json(run.at("config"));
-  std::string data_dir = run.at("data_dir").get<std::string>();
-  std::string ckpt = run_dir + "/checkpoint.dlrec";
-  DLREC_CHECK(file_exists(ckpt), "no checkpoint at '", ckpt, "' (train first)");
-  io::DatasetInfo data = io::DatasetInfo::load(data_dir);
-  etl::Workflow wf = etl::Workflow::load(data_dir + "/workflow.json");
-  DLREC_CHECK(wf.output_layout() == data.layout, "workflow.json of '", data_dir,
-              "' does not match its dataset.json");
+namespace {
 
-  auto model = model::build_model(cfg.model, cfg.optimizer, data.layout, Device::cpu(), 0);
-  CheckpointState st = load_checkpoint(ckpt, *model);
-
+// Writes model.json, workflow.json and weights.dlrec into a temporary directory and renames it
+// into place (an existing out_dir is replaced only with `overwrite`).
+void write_model_dir(const std::string& out_dir, bool overwrite, const json& meta,
+                     model::Model& model, const etl::Workflow& wf) {
   if (fs::exists(out_dir) && !overwrite)
     fail("'", out_dir, "' already exists (use --overwrite to replace it)");
   std::string tmp = out_dir + ".tmp." + std::to_string(::getpid());
   fs::remove_all(tmp);
   make_dirs(tmp);
   try {
-    json meta = {{"format", "dlrec-model"},
-                 {"version", kModelFormatVersion},
-                 {"config", cfg.to_json()},
-                 {"layout", data.layout.to_json()},
-                 {"step", st.step}};
-    save_tensors(tmp + "/weights.dlrec", model->parameters(), {{"kind", "weights"}});
+    save_tensors(tmp + "/weights.dlrec", model.parameters(), {{"kind", "weights"}});
     wf.save(tmp + "/workflow.json");
     write_file_atomic(tmp + "/model.json", meta.dump(2));
     if (fs::exists(out_dir)) {
@@ -63,6 +50,44 @@ void export_model(const std::string& run_dir, const std::string& out_dir, bool o
     fs::remove_all(tmp, ec);
     throw;
   }
+}
+
+}  // namespace
+
+void export_model(const std::string& run_dir, const std::string& out_dir, bool overwrite) {
+  json run = read_json_file(run_dir + "/run.json");
+  model::RunConfig cfg = model::RunConfig::from_json(run.at("config"));
+  std::string data_dir = run.at("data_dir").get<std::string>();
+  std::string ckpt = run_dir + "/checkpoint.dlrec";
+  DLREC_CHECK(file_exists(ckpt), "no checkpoint at '", ckpt, "' (train first)");
+  io::DatasetInfo data = io::DatasetInfo::load(data_dir);
+  etl::Workflow wf = etl::Workflow::load(data_dir + "/workflow.json");
+  DLREC_CHECK(wf.output_layout() == data.layout, "workflow.json of '", data_dir,
+              "' does not match its dataset.json");
+  auto model = model::build_model(cfg.model, cfg.optimizer, data.layout, Device::cpu(), 0);
+  CheckpointState st = load_checkpoint(ckpt, *model);
+  json meta = {{"format", "dlrec-model"},
+               {"version", kModelFormatVersion},
+               {"config", cfg.to_json()},
+               {"layout", data.layout.to_json()},
+               {"step", st.step}};
+  write_model_dir(out_dir, overwrite, meta, *model, wf);
+}
+
+void export_initialized(const std::string& config_path, const std::string& data_dir,
+                        const std::string& out_dir, uint64_t seed, bool overwrite) {
+  model::RunConfig cfg = model::RunConfig::load(config_path);
+  io::DatasetInfo data = io::DatasetInfo::load(data_dir);
+  etl::Workflow wf = etl::Workflow::load(data_dir + "/workflow.json");
+  DLREC_CHECK(wf.output_layout() == data.layout, "workflow.json of '", data_dir,
+              "' does not match its dataset.json");
+  auto model = model::build_model(cfg.model, cfg.optimizer, data.layout, Device::cpu(), seed);
+  json meta = {{"format", "dlrec-model"},
+               {"version", kModelFormatVersion},
+               {"config", cfg.to_json()},
+               {"layout", data.layout.to_json()},
+               {"step", 0}};
+  write_model_dir(out_dir, overwrite, meta, *model, wf);
 }
 
 struct Predictor::Impl {

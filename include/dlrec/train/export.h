@@ -21,6 +21,11 @@ constexpr int kModelFormatVersion = 1;
 // Exports the latest checkpoint of `run_dir` (written by dlrec train) with the fitted workflow
 // of its dataset. `out_dir` must not exist unless `overwrite`.
 void export_model(const std::string& run_dir, const std::string& out_dir, bool overwrite = false);
+// An untrained model (parameters initialised from `seed` as training would start) for the
+// config and an ETL output's layout and workflow: for load tests and serving benchmarks of
+// full-size models without a training run.
+void export_initialized(const std::string& config_path, const std::string& data_dir,
+                        const std::string& out_dir, uint64_t seed, bool overwrite = false);
 
 class Predictor {
  public:

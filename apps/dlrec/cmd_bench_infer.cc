@@ -1,0 +1,130 @@
+// dlrec bench infer: latency and throughput of the inference engine alone (no RPC, no
+// batching): one call scores one batch of encoded rows, as the server's worker does.
+// GPU: CudaModel::predict (CUDA graph per batch bucket, pinned staging, copies included);
+// CPU: the model's forward + sigmoid. Default model: the MLPerf DLRM on the 26 Criteo Kaggle
+// tables (random weights), or --model DIR (an exported model) for its layout and weights.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include "commands.h"
+#include "dlrec/core/progress.h"
+#include "dlrec/core/thread_pool.h"
+#include "dlrec/io/synthetic_batch.h"
+#include "dlrec/model/model.h"
+#include "dlrec/train/export.h"
+#ifdef DLREC_WITH_CUDA
+#include "dlrec/model/dlrm_cuda.h"
+#endif
+
+namespace dlrec::cli {
+
+namespace {
+
+const char* kMlperfDlrm = R"({
+  "model": {"embedding_dim": 128, "bottom_mlp": [512, 256, 128],
+            "top_mlp": [1024, 1024, 512, 256, 1], "interaction": "dot"}})";
+
+struct InferBenchOptions {
+  std::string config, model_dir, device = "cpu", precision = "fp32", batches_arg = "1,2048,32768";
+  int iters = 200, warmup = 20, distinct = 4;
+  uint64_t seed = 1;
+};
+
+double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+int run_infer_bench(const InferBenchOptions& o) {
+  const Device device = Device::parse(o.device);
+  io::ShardLayout layout;
+  std::function<std::vector<float>(const io::Batch&)> score;
+  std::unique_ptr<train::Predictor> predictor;
+  std::unique_ptr<model::Model> m;
+  Timer build;
+  if (!o.model_dir.empty()) {
+    predictor = std::make_unique<train::Predictor>(o.model_dir, device, o.precision);
+    layout = predictor->workflow().output_layout();
+    score = [&](const io::Batch& b) { return predictor->predict(b); };
+  } else {
+    model::RunConfig cfg = o.config.empty()
+                               ? model::RunConfig::from_json(json::parse(kMlperfDlrm))
+                               : model::RunConfig::load(o.config);
+    layout.num_dense = 13;
+    for (int64_t c : io::criteo_kaggle_cardinalities()) {
+      layout.cardinalities.push_back(c);
+      layout.multi_hot.push_back(false);
+    }
+    m = model::build_model(cfg.model, cfg.optimizer, layout, device, o.seed, o.precision);
+#ifdef DLREC_WITH_CUDA
+    if (auto* cm = dynamic_cast<model::CudaModel*>(m.get())) {
+      score = [cm](const io::Batch& b) {
+        std::vector<float> p(static_cast<size_t>(b.rows));
+        cm->predict(b, p.data());
+        return p;
+      };
+    }
+#endif
+    if (!score)
+      score = [&](const io::Batch& b) {
+        std::vector<float> p = m->forward(b, false).to_vector<float>();
+        for (float& v : p) v = 1.f / (1.f + std::exp(-v));
+        return p;
+      };
+  }
+  std::fprintf(stderr, "[bench infer] model ready on %s in %.1fs\n", device.str().c_str(),
+               build.seconds());
+  std::stringstream ss(o.batches_arg);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const int64_t B = std::stoll(item);
+    DLREC_CHECK(B > 0, "--batch: sizes must be positive");
+    std::vector<io::Batch> batches;
+    for (int i = 0; i < o.distinct; ++i)
+      batches.push_back(io::random_batch(layout, B, false, o.seed * 7919 + B + i));
+    for (int i = 0; i < o.warmup; ++i) score(batches[i % batches.size()]);
+    std::vector<double> us;
+    us.reserve(o.iters);
+    double checksum = 0;
+    Timer total;
+    for (int i = 0; i < o.iters; ++i) {
+      Timer t;
+      std::vector<float> p = score(batches[i % batches.size()]);
+      us.push_back(t.seconds() * 1e6);
+      checksum += p[0];
+    }
+    const double s = total.seconds();
+    std::printf("bench infer: device=%s precision=%s batch=%lld iters=%d p50_us=%.1f p90_us=%.1f "
+                "p99_us=%.1f mean_us=%.1f samples/s=%.0f checksum=%.4f\n",
+                device.str().c_str(), o.precision.c_str(), static_cast<long long>(B), o.iters,
+                quantile(us, 0.5), quantile(us, 0.9), quantile(us, 0.99), 1e6 * s / o.iters,
+                B * o.iters / s, checksum / o.iters);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner add_bench_infer(CLI::App* bench) {
+  auto o = std::make_shared<InferBenchOptions>();
+  CLI::App* c = bench->add_subcommand(
+      "infer", "Inference engine alone: latency percentiles and samples/s per batch size");
+  c->add_option("--config", o->config, "Run config for the model (default: MLPerf DLRM)");
+  c->add_option("--model", o->model_dir, "Exported model directory instead of random weights");
+  c->add_option("--device", o->device, "cpu or cuda[:N]");
+  c->add_option("--precision", o->precision, "CUDA arithmetic: fp32, tf32 or bf16")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
+  c->add_option("--batch", o->batches_arg, "Batch sizes, comma-separated (default 1,2048,32768)");
+  c->add_option("--iters", o->iters, "Timed calls per batch size")->check(CLI::Range(1, 10000000));
+  c->add_option("--warmup", o->warmup, "Untimed calls first")->check(CLI::Range(0, 1000000));
+  c->add_option("--batches", o->distinct, "Distinct batches, rotated")->check(CLI::Range(1, 1024));
+  c->add_option("--seed", o->seed, "Seed of weights and inputs");
+  return [o] { return run_infer_bench(*o); };
+}
+
+}  // namespace dlrec::cli

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Issue 5 GPU figures, MLPerf DLRM size (26 Criteo Kaggle tables, dim 128, bottom 512-256-128,
+# top 1024-1024-512-256-1; untrained weights), on one GPU host. Logs under $OUT (default ./out).
+#   bash bench/serve_gpu_e2e.sh engine   # the engine alone vs PyTorch bf16 from a CUDA graph
+#   bash bench/serve_gpu_e2e.sh e2e      # dlrec serve, gRPC on loopback: latency and saturation
+# Binaries from $BIN (default .gpu/bin); scratch in $WORK (default /tmp/dlrec_serve_e2e).
+set -u
+OUT=${OUT:-out}
+BIN=${BIN:-.gpu/bin}
+W=${WORK:-/tmp/dlrec_serve_e2e}
+mkdir -p "$OUT" "$W"
+for part in "$@"; do
+  case $part in
+    engine)
+      "$BIN/dlrec" bench infer --device cuda --precision bf16 --batch 1,2048,32768 --iters 500 \
+        --warmup 50 2>&1 | tee "$OUT/engine_dlrec.log" | grep "^bench"
+      python3 bench/pytorch_dlrm_infer_gpu.py --batch 1,2048,32768 --iters 500 --warmup 50 \
+        2>&1 | tee "$OUT/engine_pytorch.log" | grep "^pytorch"
+      python3 bench/pytorch_dlrm_infer_gpu.py --batch 1,2048,32768 --iters 500 --warmup 50 \
+        --no-copies 2>&1 | tee -a "$OUT/engine_pytorch.log" | grep "^pytorch"
+      ;;
+    e2e)
+      "$BIN/dlrec" datagen --out "$W/logs.tsv" --rows 100000 > "$OUT/e2e_setup.log" 2>&1
+      "$BIN/dlrec" etl --input "$W/logs.tsv" --out "$W/data" --overwrite \
+        --workflow configs/etl_criteo_kaggle_hash.json >> "$OUT/e2e_setup.log" 2>&1
+      rm -rf "$W/repo"
+      mkdir -p "$W/repo/dlrm"
+      "$BIN/dlrec" export --init configs/mlperf_dlrm.json --data "$W/data" --out "$W/repo/dlrm/1" \
+        >> "$OUT/e2e_setup.log" 2>&1 || { echo "export failed"; tail "$OUT/e2e_setup.log"; exit 1; }
+      cat > "$W/repo/dlrm/config.json" <<'CFG'
+{"max_batch_size": 65536,
+ "dynamic_batching": {"preferred_batch_size": [16384], "max_queue_delay_microseconds": 50,
+                      "max_queue_size": 4096},
+ "instance_group": [{"kind": "KIND_GPU", "count": 1, "gpus": [0]}],
+ "precision": "bf16"}
+CFG
+      "$BIN/dlrec" serve --model-repository "$W/repo" --grpc-port 18001 --http-port 18000 \
+        --metrics-port 18002 > "$OUT/e2e_server.log" 2>&1 &
+      SERVER=$!
+      for i in $(seq 1 240); do
+        python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:18000/v2/models/dlrm/ready', timeout=1)" 2>/dev/null && break
+        sleep 0.5
+      done
+      echo "server ready after ~$((i / 2)) s"
+      run() {  # batch concurrency seconds
+        "$BIN/dlrec" bench serve --protocol grpc --url 127.0.0.1:18001 --model dlrm \
+          --model-dir "$W/repo/dlrm/1" --input encoded --batch "$1" --concurrency "$2" \
+          --duration "$3" --warmup 2 --variants 8 2>&1 | tee -a "$OUT/e2e_client.log" | grep -v "^\["
+      }
+      run 1 1 10
+      run 2048 1 10
+      run 2048 16 10
+      run 8192 16 10
+      run 16384 16 10
+      python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:18002/metrics').read().decode())" \
+        > "$OUT/e2e_metrics.txt" 2>&1
+      kill -INT $SERVER; wait $SERVER
+      rm -rf "$W"
+      ;;
+  esac
+done
