@@ -1,6 +1,7 @@
 // dlrec datagen | etl
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 #include "commands.h"
 #include "dlrec/core/progress.h"
@@ -63,6 +64,9 @@ Runner add_etl(CLI::App& app) {
     std::string on_error = "fail";
     int64_t train_rows = -1, shard_rows = 0, memory_budget_mb = 0;
     std::string spill_dir;
+    bool shuffle = false;
+    int64_t seed = 0;
+    int ranks = 1;
     double valid_ratio = -1;
     bool overwrite = false;
   };
@@ -85,6 +89,14 @@ Runner add_etl(CLI::App& app) {
                 "spill to disk and are merged (exact). 0 (default): no bound")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   c->add_option("--spill-dir", a->spill_dir, "Directory for spill files (default: --out)");
+  c->add_flag("--shuffle", a->shuffle,
+              "Shuffle the training rows within and across files (seeded permutation)");
+  c->add_option("--seed", a->seed, "Seed of --shuffle (default 0)")
+      ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
+  c->add_option("--ranks", a->ranks,
+                "Split the training rows into N equal shard sets, one per training rank "
+                "(listed in ranks.json)")
+      ->check(CLI::Range(1, 65536));
   return [a] {
     etl::EtlOptions o;
     o.inputs = a->inputs;
@@ -100,6 +112,9 @@ Runner add_etl(CLI::App& app) {
     o.overwrite = a->overwrite;
     o.memory_budget_mb = a->memory_budget_mb;
     o.spill_dir = a->spill_dir;
+    o.shuffle = a->shuffle;
+    o.seed = static_cast<uint64_t>(a->seed);
+    o.ranks = a->ranks;
     etl::EtlResult r = etl::run_etl(o);
     std::printf("etl: train=%lld valid=%lld skipped=%lld input=%.1f MB output=%.1f MB "
                 "fit=%.2fs transform=%.2fs total=%.2fs (%.1f MB/s) -> %s\n",

@@ -92,6 +92,225 @@ class ShardSetWriter {
   int64_t rows_ = 0;
 };
 
+// rows idx[0..n) of src, in that order, into out.
+void gather_rows(const io::Batch& src, const int64_t* idx, int64_t n, io::Batch& out) {
+  const int nd = src.num_dense, nc = src.num_cat();
+  out.reset(nd, nc);
+  out.rows = n;
+  out.labels.resize(n);
+  out.dense.resize(n * nd);
+  for (int64_t k = 0; k < n; ++k) {
+    out.labels[k] = src.labels[idx[k]];
+    std::copy_n(src.dense.data() + idx[k] * nd, nd, out.dense.data() + k * nd);
+  }
+  for (int t = 0; t < nc; ++t) {
+    const auto& off = src.cat_offsets[t];
+    const auto& ids = src.cat_indices[t];
+    auto& o = out.cat_offsets[t];
+    auto& d = out.cat_indices[t];
+    o.resize(n + 1);
+    for (int64_t k = 0; k < n; ++k) {
+      d.insert(d.end(), ids.begin() + off[idx[k]], ids.begin() + off[idx[k] + 1]);
+      o[k + 1] = static_cast<int64_t>(d.size());
+    }
+  }
+}
+
+// A seeded bijection of [0, n): a 4-round Feistel network over the smallest even number of
+// bits covering n, walking values >= n through it again until they fall in range.
+class Permutation {
+ public:
+  Permutation(int64_t n, uint64_t seed) : n_(static_cast<uint64_t>(std::max<int64_t>(n, 1))) {
+    int bits = 2;
+    while ((uint64_t{1} << bits) < n_) bits += 2;
+    half_ = bits / 2;
+    mask_ = (uint64_t{1} << half_) - 1;
+    for (int r = 0; r < 4; ++r) keys_[r] = mix64(seed + 0x9E3779B97F4A7C15ULL * (r + 1));
+  }
+  int64_t operator()(int64_t i) const {
+    uint64_t x = static_cast<uint64_t>(i);
+    do {
+      uint64_t l = x >> half_, r = x & mask_;
+      for (int k = 0; k < 4; ++k) {
+        const uint64_t t = l ^ (mix64(r ^ keys_[k]) & mask_);
+        l = r;
+        r = t;
+      }
+      x = (l << half_) | r;
+    } while (x >= n_);
+    return static_cast<int64_t>(x);
+  }
+
+ private:
+  uint64_t n_, mask_ = 0, keys_[4] = {};
+  int half_ = 1;
+};
+
+// Training rows for ranks, shuffled or not. Output position p = perm(i) of training row i
+// (identity without shuffle); rank r holds positions [start[r], start[r + 1]) (equal sizes, +-1),
+// cut into files of at most file_rows. Phase 1 (write) appends each row to the temporary
+// bucket of its destination file with its position there; phase 2 (finish) loads one bucket at
+// a time, orders it by position and writes the final shard.
+class RankWriter {
+ public:
+  RankWriter(std::string dir, io::ShardLayout layout, int64_t total, int ranks, int64_t file_rows,
+             bool shuffle, uint64_t seed, int64_t block_rows, std::vector<std::string>* created)
+      : dir_(std::move(dir)),
+        layout_(std::move(layout)),
+        total_(total),
+        ranks_(ranks),
+        shuffle_(shuffle),
+        perm_(total, seed),
+        block_rows_(block_rows),
+        created_(created) {
+    for (int r = 0; r <= ranks; ++r) start_.push_back(total * r / ranks);
+    for (int r = 0; r < ranks; ++r) {
+      const int64_t rows = start_[r + 1] - start_[r];
+      const int64_t files = std::max<int64_t>(1, (rows + file_rows - 1) / file_rows);
+      for (int64_t f = 0; f < files; ++f) {
+        File x;
+        x.rank = r;
+        x.begin = start_[r] + f * file_rows;
+        x.end = std::min(start_[r + 1], x.begin + file_rows);
+        char name[64];
+        if (ranks == 1)
+          std::snprintf(name, sizeof name, "train_%05lld.shard", static_cast<long long>(f));
+        else
+          std::snprintf(name, sizeof name, "train_r%03d_%05lld.shard", r,
+                        static_cast<long long>(f));
+        x.name = name;
+        const std::string tmp = dir_ + "/.shuffle-" + std::to_string(::getpid()) + "-" +
+                                std::to_string(files_.size());
+        x.bucket = tmp + ".shard";
+        x.pos = tmp + ".pos";
+        files_.push_back(x);
+      }
+    }
+    DLREC_CHECK(files_.size() <= 4096, "etl: ", files_.size(),
+                " training files for the ranks; raise shard_rows");
+    for (int r = 0; r < ranks; ++r) file0_.push_back(-1);
+    for (size_t g = 0; g < files_.size(); ++g)
+      if (file0_[files_[g].rank] < 0) file0_[files_[g].rank] = static_cast<int64_t>(g);
+    writers_.resize(files_.size());
+    pos_files_.resize(files_.size(), nullptr);
+  }
+  ~RankWriter() {
+    for (FILE* f : pos_files_)
+      if (f) std::fclose(f);
+    writers_.clear();  // unclosed shard writers drop their temporary files
+    for (const auto& f : files_) {
+      std::remove(f.bucket.c_str());
+      std::remove(f.pos.c_str());
+    }
+  }
+
+  // Rows [begin, end) of b are training rows first, first + 1, ...
+  void write(const io::Batch& b, int64_t begin, int64_t end, int64_t first) {
+    by_file_.assign(files_.size(), {});
+    pos_by_file_.assign(files_.size(), {});
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t i = first + (r - begin);
+      DLREC_CHECK(i < total_, "etl: more training rows than the fit saw (", total_, ")");
+      const int64_t p = shuffle_ ? perm_(i) : i;
+      const int rank = static_cast<int>(std::upper_bound(start_.begin(), start_.end(), p) -
+                                        start_.begin()) - 1;
+      int64_t g = file0_[rank];
+      while (p >= files_[g].end) ++g;  // files of a rank are consecutive
+      by_file_[g].push_back(r);
+      pos_by_file_[g].push_back(p - files_[g].begin);
+    }
+    for (size_t g = 0; g < files_.size(); ++g) {
+      if (by_file_[g].empty()) continue;
+      if (!writers_[g]) {
+        // Temporary buckets: small blocks, so many open buckets stay small in memory.
+        writers_[g] = std::make_unique<io::ShardWriter>(files_[g].bucket, layout_, 8192);
+        pos_files_[g] = std::fopen(files_[g].pos.c_str(), "wb");
+        if (!pos_files_[g]) fail("etl: cannot create '", files_[g].pos, "': ", std::strerror(errno));
+      }
+      gather_rows(b, by_file_[g].data(), static_cast<int64_t>(by_file_[g].size()), part_);
+      writers_[g]->write(part_);
+      const auto& pos = pos_by_file_[g];
+      if (std::fwrite(pos.data(), 8, pos.size(), pos_files_[g]) != pos.size())
+        fail("etl: writing '", files_[g].pos, "' failed: ", std::strerror(errno));
+    }
+    received_ += end - begin;
+  }
+
+  // Phase 2: the final shards, one file at a time.
+  void finish() {
+    DLREC_CHECK(received_ == total_, "etl: the transform pass produced ", received_,
+                " training rows, the fit ", total_);
+    io::Batch all, out;
+    std::vector<int64_t> order, pos;
+    for (size_t g = 0; g < files_.size(); ++g) {
+      File& f = files_[g];
+      const int64_t n = f.end - f.begin;
+      all.reset(layout_.num_dense, static_cast<int>(layout_.cardinalities.size()));
+      pos.clear();
+      if (writers_[g]) {
+        writers_[g]->close();
+        writers_[g].reset();
+        const bool ok = std::fclose(pos_files_[g]) == 0;
+        pos_files_[g] = nullptr;
+        if (!ok) fail("etl: writing '", f.pos, "' failed");
+        io::ShardReader reader(f.bucket);
+        reader.read(0, reader.rows(), all);
+        pos.resize(all.rows);
+        FILE* pf = std::fopen(f.pos.c_str(), "rb");
+        const size_t got = pf ? std::fread(pos.data(), 8, pos.size(), pf) : 0;
+        if (pf) std::fclose(pf);
+        DLREC_CHECK(got == pos.size(), "etl: reading '", f.pos, "' failed");
+      }
+      DLREC_CHECK(all.rows == n, "etl: training file ", f.name, " got ", all.rows, " rows, expected ",
+                  n);
+      order.assign(n, -1);
+      for (int64_t k = 0; k < n; ++k) {
+        DLREC_CHECK(pos[k] >= 0 && pos[k] < n && order[pos[k]] < 0, "etl: shuffle positions broken");
+        order[pos[k]] = k;
+      }
+      io::ShardWriter w(dir_ + "/" + f.name, layout_, block_rows_);
+      for (int64_t k = 0; k < n; k += block_rows_) {
+        const int64_t m = std::min(block_rows_, n - k);
+        gather_rows(all, order.data() + k, m, out);
+        w.write(out);
+      }
+      w.close();
+      created_->push_back(dir_ + "/" + f.name);
+      std::remove(f.bucket.c_str());
+      std::remove(f.pos.c_str());
+    }
+    rank_names_.assign(ranks_, {});
+    for (const auto& f : files_) rank_names_[f.rank].push_back(f.name);
+  }
+
+  const std::vector<std::vector<std::string>>& rank_names() const { return rank_names_; }
+  int64_t rank_rows(int r) const { return start_[r + 1] - start_[r]; }
+
+ private:
+  struct File {
+    int rank = 0;
+    int64_t begin = 0, end = 0;  // positions
+    std::string name, bucket, pos;
+  };
+  std::string dir_;
+  io::ShardLayout layout_;
+  int64_t total_;
+  int ranks_;
+  bool shuffle_;
+  Permutation perm_;
+  int64_t block_rows_;
+  std::vector<std::string>* created_;
+  std::vector<int64_t> start_;
+  std::vector<File> files_;
+  std::vector<int64_t> file0_;  // first file of each rank
+  std::vector<std::unique_ptr<io::ShardWriter>> writers_;
+  std::vector<FILE*> pos_files_;
+  std::vector<std::vector<int64_t>> by_file_, pos_by_file_;
+  io::Batch part_;
+  int64_t received_ = 0;
+  std::vector<std::vector<std::string>> rank_names_;
+};
+
 void remove_files(const std::vector<std::string>& paths) {
   for (const auto& p : paths) std::remove(p.c_str());
 }
@@ -109,6 +328,7 @@ void remove_old_dataset(const std::string& dir) {
   }
   std::remove(ds.c_str());  // first, so no dataset.json ever lists missing shards
   remove_files(files);
+  std::remove((dir + "/ranks.json").c_str());
 }
 
 }  // namespace
@@ -170,6 +390,7 @@ EtlResult run_etl(const EtlOptions& o) {
   DLREC_CHECK(o.block_rows >= 1, "etl: block_rows must be >= 1, got ", o.block_rows);
   DLREC_CHECK(o.valid_ratio >= 0 && o.valid_ratio < 1, "etl: valid_ratio must be in [0, 1), got ",
               o.valid_ratio);
+  DLREC_CHECK(o.ranks >= 1 && o.ranks <= 65536, "etl: ranks must be in [1, 65536], got ", o.ranks);
   for (const auto& f : o.inputs) {
     if (!file_exists(f)) fail("etl: input file '", f, "' does not exist");
     res.input_bytes += static_cast<int64_t>(file_size(f));
@@ -242,6 +463,22 @@ EtlResult run_etl(const EtlOptions& o) {
     const io::ShardLayout layout = workflow.output_layout();
     ShardSetWriter train(o.output_dir, "train", layout, o.shard_rows, o.block_rows, &created);
     ShardSetWriter valid(o.output_dir, "valid", layout, o.shard_rows, o.block_rows, &created);
+    // Shuffled and/or per-rank training rows go through a RankWriter (two phases).
+    const bool rank_mode = o.shuffle || o.ranks > 1;
+    std::unique_ptr<RankWriter> ranked;
+    if (rank_mode) {
+      const int64_t total = workflow.fit_stats().at("rows").get<int64_t>();
+      int64_t file_rows = o.shard_rows;
+      if (o.memory_budget_mb > 0) {  // phase 2 holds one file's rows: a quarter of the budget
+        const int64_t row_bytes = 8 + 4 * layout.num_dense +
+                                  16 * static_cast<int64_t>(layout.cardinalities.size());
+        file_rows = std::max<int64_t>(o.block_rows,
+                                      std::min(file_rows, (o.memory_budget_mb << 20) / 4 / row_bytes));
+      }
+      ranked = std::make_unique<RankWriter>(o.output_dir, layout, total, o.ranks, file_rows,
+                                            o.shuffle, o.seed, o.block_rows, &created);
+    }
+    int64_t written_train = 0;  // training rows handed to the writers
     reader = io::open_reader(o.inputs, o.schema, o.read);
     Progress tp("etl transform", expected_rows, "rows");
     // Chunks are transformed into a batch of about block_rows rows (appending), so the shard
@@ -259,8 +496,16 @@ EtlResult run_etl(const EtlOptions& o) {
       if (batch.rows == 0) return;
       if (writing.valid()) writing.get();  // rethrows a write error
       const int64_t to_train = batch_train;
-      writing = std::async(std::launch::async, [&train, &valid, &batch, to_train] {
-        if (to_train > 0) train.write(batch, 0, to_train);
+      const int64_t first = written_train;
+      written_train += to_train;
+      RankWriter* rw = ranked.get();
+      writing = std::async(std::launch::async, [&train, &valid, &batch, to_train, rw, first] {
+        if (to_train > 0) {
+          if (rw)
+            rw->write(batch, 0, to_train, first);
+          else
+            train.write(batch, 0, to_train);
+        }
         if (to_train < batch.rows) valid.write(batch, to_train, batch.rows);
       });
       cur ^= 1;
@@ -288,14 +533,21 @@ EtlResult run_etl(const EtlOptions& o) {
     }
     flush();
     if (writing.valid()) writing.get();
-    train.close(true);
+    if (ranked) {
+      ranked->finish();
+      res.rank_shards = ranked->rank_names();
+    } else {
+      train.close(true);
+    }
     valid.close(false);
     res.skipped_rows = reader->stats().skipped_rows;
     tp.finish(res.skipped_rows ? std::to_string(res.skipped_rows) + " malformed rows skipped"
                                : "");
-    res.train_rows = train.rows();
+    res.train_rows = ranked ? written_train : train.rows();
     res.valid_rows = valid.rows();
     res.train_shards = train.names();
+    for (const auto& r : res.rank_shards)
+      res.train_shards.insert(res.train_shards.end(), r.begin(), r.end());
     res.valid_shards = valid.names();
     res.transform_seconds = tr_timer.seconds();
 
@@ -314,6 +566,21 @@ EtlResult run_etl(const EtlOptions& o) {
     const std::string st = o.output_dir + "/stats.json";
     write_file_atomic(st, stats.dump(2) + "\n");
     created.push_back(st);
+
+    if (ranked) {  // which training shards each rank reads
+      json rk = {{"format", "dlrec-ranks"}, {"version", 1}, {"ranks", o.ranks},
+                 {"shuffle", o.shuffle}, {"seed", o.seed}};
+      json rows = json::array(), shards = json::array();
+      for (int r = 0; r < o.ranks; ++r) {
+        rows.push_back(ranked->rank_rows(r));
+        shards.push_back(res.rank_shards[r]);
+      }
+      rk["train_rows"] = rows;
+      rk["train_shards"] = shards;
+      const std::string rp = o.output_dir + "/ranks.json";
+      write_file_atomic(rp, rk.dump(2) + "\n");
+      created.push_back(rp);
+    }
 
     io::DatasetInfo info;
     info.layout = layout;

@@ -15,7 +15,9 @@
 
 #include "dlrec/core/error.h"
 #include "dlrec/core/file_util.h"
+#include "dlrec/core/thread_pool.h"
 #include "dlrec/etl/key_map.h"
+#include "dlrec/io/shard.h"
 #include "dlrec/etl/run.h"
 #include "dlrec/etl/workflow.h"
 #include "dlrec/io/text_reader.h"
@@ -292,6 +294,123 @@ TEST(FastTransformTest, AppendEqualsConcatenationAndFitIgnoresChunkSize) {
   EXPECT_EQ(whole.dense, appended.dense);
   EXPECT_EQ(whole.cat_offsets, appended.cat_offsets);
   EXPECT_EQ(whole.cat_indices, appended.cat_indices);
+}
+
+}  // namespace
+}  // namespace dlrec::etl
+
+namespace dlrec::etl {
+namespace {
+
+// ---- shuffled output for ranks
+
+// Rows of shards as sortable tuples (label, dense, ids).
+std::vector<std::vector<double>> rows_of(const std::string& dir,
+                                         const std::vector<std::string>& names) {
+  std::vector<std::vector<double>> v;
+  for (const auto& n : names) {
+    io::ShardReader r(dir + "/" + n);
+    io::Batch b;
+    r.read(0, r.rows(), b);
+    for (int64_t i = 0; i < b.rows; ++i) {
+      std::vector<double> row = {b.labels[i]};
+      for (int d = 0; d < b.num_dense; ++d) row.push_back(b.dense[i * b.num_dense + d]);
+      for (int t = 0; t < b.num_cat(); ++t)
+        for (int64_t k = b.cat_offsets[t][i]; k < b.cat_offsets[t][i + 1]; ++k)
+          row.push_back(static_cast<double>(b.cat_indices[t][k]));
+      v.push_back(row);
+    }
+  }
+  return v;
+}
+
+EtlOptions shuffle_options(const std::string& dir, const std::string& input) {
+  EtlOptions o;
+  o.inputs = {input};
+  o.schema = io::Schema::criteo();
+  o.workflow = criteo_workflow(2);
+  o.valid_ratio = 0.2;
+  o.shard_rows = 1000;
+  o.block_rows = 256;
+  o.output_dir = dir;
+  return o;
+}
+
+TEST(ShuffleTest, RanksGetEqualShuffledPartsOfTheSameRows) {
+  const std::string dir = temp_dir("shuffle");
+  const std::string path = dir + "/in.tsv";
+  std::ofstream(path) << criteo_text(9001, 8);
+  EtlOptions o = shuffle_options(dir + "/plain", path);
+  EtlResult plain = run_etl(o);
+  o.output_dir = dir + "/s1";
+  o.shuffle = true;
+  o.seed = 5;
+  o.ranks = 3;
+  EtlResult s1 = run_etl(o);
+  EXPECT_EQ(s1.train_rows, plain.train_rows);
+  ASSERT_EQ(s1.rank_shards.size(), 3u);
+  // 7201 training rows: 2400, 2400, 2401 (files of <= 1000 rows).
+  json rk = read_json_file(o.output_dir + "/ranks.json");
+  EXPECT_EQ(rk["train_rows"], json::array({2400, 2400, 2401}));
+  EXPECT_EQ(rk["train_shards"][0],
+            json::array({"train_r000_00000.shard", "train_r000_00001.shard", "train_r000_00002.shard"}));
+  std::vector<std::vector<double>> all;
+  for (int r = 0; r < 3; ++r) {
+    auto part = rows_of(o.output_dir, s1.rank_shards[r]);
+    EXPECT_EQ(static_cast<int64_t>(part.size()), rk["train_rows"][r].get<int64_t>());
+    all.insert(all.end(), part.begin(), part.end());
+  }
+  auto ref = rows_of(dir + "/plain", plain.train_shards);
+  EXPECT_NE(all, ref);  // moved around, within and across files
+  auto first_file_ref = std::vector<std::vector<double>>(ref.begin(), ref.begin() + 1000);
+  auto first_file = rows_of(o.output_dir, {s1.rank_shards[0][0]});
+  std::sort(first_file.begin(), first_file.end());
+  std::sort(first_file_ref.begin(), first_file_ref.end());
+  EXPECT_NE(first_file, first_file_ref);  // not only within files
+  std::sort(all.begin(), all.end());
+  std::sort(ref.begin(), ref.end());
+  EXPECT_EQ(all, ref);  // the same rows
+  // Validation rows keep their order and files.
+  EXPECT_EQ(read_all(dir + "/plain/valid_00000.shard"), read_all(o.output_dir + "/valid_00000.shard"));
+  // The same seed gives the same bytes, whatever the thread count; another seed does not.
+  const int threads = num_threads();
+  set_num_threads(1);
+  o.output_dir = dir + "/s2";
+  run_etl(o);
+  set_num_threads(threads);
+  for (const auto& f : list_dir(dir + "/s1"))
+    EXPECT_EQ(read_all(dir + "/s1/" + f), read_all(dir + "/s2/" + f)) << f;
+  o.output_dir = dir + "/s3";
+  o.seed = 6;
+  run_etl(o);
+  EXPECT_NE(read_all(dir + "/s1/train_r000_00000.shard"), read_all(dir + "/s3/train_r000_00000.shard"));
+  // No temporary bucket is left.
+  for (const auto& f : list_dir(dir + "/s1")) EXPECT_EQ(f.find(".shuffle"), std::string::npos) << f;
+}
+
+TEST(ShuffleTest, RanksWithoutShuffleSplitInOrder) {
+  const std::string dir = temp_dir("ranks");
+  const std::string path = dir + "/in.tsv";
+  std::ofstream(path) << criteo_text(3000, 9);
+  EtlOptions o = shuffle_options(dir + "/plain", path);
+  o.valid_ratio = 0;
+  EtlResult plain = run_etl(o);
+  o.output_dir = dir + "/r";
+  o.ranks = 2;
+  EtlResult r = run_etl(o);
+  auto a = rows_of(o.output_dir, r.rank_shards[0]);
+  auto b = rows_of(o.output_dir, r.rank_shards[1]);
+  a.insert(a.end(), b.begin(), b.end());
+  EXPECT_EQ(a, rows_of(dir + "/plain", plain.train_shards));
+  o.ranks = 0;
+  o.output_dir = dir + "/bad";
+  std::string err;
+  try {
+    run_etl(o);
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  EXPECT_NE(err.find("ranks must be in [1, 65536], got 0"), std::string::npos) << err;
 }
 
 }  // namespace

@@ -44,6 +44,14 @@ struct EtlOptions {
   // Categorify spills sorted (key, count) runs to `spill_dir` and merges them (docs/ETL.md).
   int64_t memory_budget_mb = 0;
   std::string spill_dir;  // default: output_dir
+  // Training rows for N data-parallel ranks (docs/ETL.md "Shuffling and ranks"): with
+  // `shuffle`, the training rows are permuted (a seeded permutation of their positions: rows
+  // move within and across files); with ranks > 1 they are split into `ranks` sets of equal
+  // size (+-1 row), train_rRRR_NNNNN.shard, listed per rank in ranks.json. Validation rows keep
+  // their order. Deterministic for a seed, whatever the thread count.
+  bool shuffle = false;
+  uint64_t seed = 0;
+  int ranks = 1;
 };
 
 struct EtlResult {
@@ -55,6 +63,7 @@ struct EtlResult {
   int fit_passes = 0;
   int64_t spill_runs = 0, spill_bytes = 0;  // vocabulary counts spilled under memory_budget_mb
   std::vector<std::string> train_shards, valid_shards;  // names inside output_dir
+  std::vector<std::vector<std::string>> rank_shards;    // per rank (ranks > 1 or shuffle)
   double count_seconds = 0, fit_seconds = 0, transform_seconds = 0, total_seconds = 0;
 };
 
