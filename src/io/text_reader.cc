@@ -1,5 +1,10 @@
 #include "dlrec/io/text_reader.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
@@ -578,9 +583,53 @@ struct TextReader::Impl {
   FilePtr file;
   std::string name;
   bool eof = false;
-  // Unconsumed input is buf[pos, end); capacity `cap`.
+  // Unconsumed input is data[pos, end); capacity `cap`. `data` is `buf` (read in blocks), or
+  // the whole file mapped in memory (regular files): no copy, and the pages already parsed
+  // are dropped from the mapping as the reader moves on, so RSS stays bounded.
   std::unique_ptr<char[]> buf;
+  char* data = nullptr;
   size_t cap = 0, pos = 0, end = 0;
+  bool is_open = false;
+  void* map = nullptr;
+  size_t map_size = 0, released = 0;
+
+  void close_current() {
+    file.reset();
+    if (map) ::munmap(map, map_size);
+    map = nullptr;
+    map_size = released = 0;
+    data = buf.get();
+    is_open = false;
+  }
+
+  // Maps a regular, non-empty file; false to read it in blocks instead.
+  bool map_file() {
+    int fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    struct stat st {};
+    void* m = MAP_FAILED;
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0)
+      m = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (m == MAP_FAILED) return false;
+    ::madvise(m, static_cast<size_t>(st.st_size), MADV_SEQUENTIAL);
+    map = m;
+    map_size = static_cast<size_t>(st.st_size);
+    data = static_cast<char*>(m);
+    cap = end = map_size;
+    eof = true;
+    return true;
+  }
+
+  // Drops the mapped pages before `pos` (already parsed) from this process.
+  void release_parsed() {
+    if (!map) return;
+    const size_t page = 4096;
+    const size_t upto = pos / page * page;
+    if (upto < released + (size_t{32} << 20)) return;
+    ::madvise(data + released, upto - released, MADV_DONTNEED);
+    released = upto;
+  }
   int64_t line_no = 1;  // 1-based line number of the line starting at `pos`
   std::unique_ptr<LineParser> parser;
 
@@ -597,7 +646,7 @@ struct TextReader::Impl {
     size_t want = std::max<size_t>(opt.block_bytes, 1);
     if (cap - end < want) {
       if (pos > 0) {  // drop consumed bytes first
-        std::memmove(buf.get(), buf.get() + pos, end - pos);
+        std::memmove(data, data + pos, end - pos);
         for (auto& l : lines) l.first -= pos, l.second -= pos;
         end -= pos;
         pos = 0;
@@ -605,12 +654,13 @@ struct TextReader::Impl {
       if (cap - end < want) {
         size_t ncap = std::max(cap * 2, end + want);
         std::unique_ptr<char[]> nb(new char[ncap]);
-        if (end) std::memcpy(nb.get(), buf.get(), end);
+        if (end) std::memcpy(nb.get(), data, end);
         buf = std::move(nb);
+        data = buf.get();
         cap = ncap;
       }
     }
-    size_t got = std::fread(buf.get() + end, 1, want, file.get());
+    size_t got = std::fread(data + end, 1, want, file.get());
     if (got < want) {
       if (std::ferror(file.get())) fail(name, ": read error: ", std::strerror(errno));
       eof = true;
@@ -621,8 +671,8 @@ struct TextReader::Impl {
   // Offset of the scanned line's end ('\n'), reading more input as needed; npos at EOF.
   size_t find_newline(size_t& scan) {
     for (;;) {
-      const void* nl = scan < end ? std::memchr(buf.get() + scan, '\n', end - scan) : nullptr;
-      if (nl) return static_cast<size_t>(static_cast<const char*>(nl) - buf.get());
+      const void* nl = scan < end ? std::memchr(data + scan, '\n', end - scan) : nullptr;
+      if (nl) return static_cast<size_t>(static_cast<const char*>(nl) - data);
       if (eof) return std::string::npos;
       size_t before = pos;
       read_block();
@@ -631,20 +681,25 @@ struct TextReader::Impl {
   }
 
   bool open_next() {
-    file.reset();
+    close_current();
     if (next_file >= files.size()) return false;
     name = files[next_file++];
-    file.reset(std::fopen(name.c_str(), "rb"));
-    if (!file) fail("cannot open '", name, "': ", std::strerror(errno));
-    eof = false;
     pos = end = 0;
+    eof = false;
+    if (!map_file()) {
+      file.reset(std::fopen(name.c_str(), "rb"));
+      if (!file) fail("cannot open '", name, "': ", std::strerror(errno));
+      data = buf.get();
+      end = 0;
+    }
+    is_open = true;
     line_no = 1;
     std::string header;
     if (schema.header) {
       size_t scan = pos;
       size_t nl = find_newline(scan);
       size_t stop = nl == std::string::npos ? end : nl;
-      header.assign(buf.get() + pos, stop - pos);
+      header.assign(data + pos, stop - pos);
       size_t consumed = nl == std::string::npos ? end - pos : nl + 1 - pos;
       stats.bytes += static_cast<int64_t>(consumed);
       pos += consumed;
@@ -675,7 +730,7 @@ struct TextReader::Impl {
         le = nl;
         scan = nl + 1;
       }
-      if (le > lb && buf[le - 1] == '\r') --le;
+      if (le > lb && data[le - 1] == '\r') --le;
       lines.emplace_back(lb, le);
     }
     return scan;
@@ -695,7 +750,7 @@ struct TextReader::Impl {
   void parse_task(int64_t lo, int64_t hi, RawChunk& out, LineParser::Scratch& s,
                   TaskResult& res) {
     res = TaskResult();
-    const char* base = buf.get();
+    const char* base = data;
     LineError err;
     for (int64_t i = lo; i < hi; ++i) {
       const auto& l = lines[i];
@@ -766,11 +821,11 @@ struct TextReader::Impl {
       int64_t want = std::max<int64_t>(opt.chunk_rows, 1);
       if (opt.max_rows >= 0) want = std::min(want, opt.max_rows - stats.rows);
       if (want <= 0) break;
-      if (!file && !open_next()) break;
-      if (pos > 0 && pos == end) pos = end = 0;
+      if (!is_open && !open_next()) break;
+      if (!map && pos > 0 && pos == end) pos = end = 0;
       const size_t stop = gather(want);
       if (lines.empty()) {
-        file.reset();
+        close_current();
         continue;
       }
       const int64_t n = static_cast<int64_t>(lines.size());
@@ -801,15 +856,17 @@ struct TextReader::Impl {
       stats.bytes += static_cast<int64_t>(stop - pos);
       line_no += n;
       pos = stop;
+      release_parsed();
       if (out.rows > 0) {
         stats.rows += out.rows;
         return true;
       }
     }
     done = true;
-    file.reset();
+    close_current();
     return false;
   }
+  ~Impl() { close_current(); }
 };
 
 TextReader::TextReader(std::vector<std::string> files, Schema schema, ReadOptions options)

@@ -415,3 +415,43 @@ TEST(ShuffleTest, RanksWithoutShuffleSplitInOrder) {
 
 }  // namespace
 }  // namespace dlrec::etl
+
+namespace dlrec::etl {
+namespace {
+
+// count_rows (mapped, counted in parallel parts) against a line-by-line reference.
+TEST(CountRowsTest, BlankLinesHeaderAndUnterminatedLastLine) {
+  const std::string dir = temp_dir("count");
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string text;
+    const int n = static_cast<int>(rng() % 40);
+    for (int i = 0; i < n; ++i) {
+      const int kind = static_cast<int>(rng() % 4);
+      if (kind == 0) text += "\n";                     // blank
+      else if (kind == 1) text += "\r\n";              // a '\r' is a byte of the line
+      else text += std::string(rng() % 9 + 1, 'x') + "\n";
+    }
+    if (rng() % 2) text += "tail";  // no newline at the end
+    for (bool header : {false, true}) {
+      int64_t want = 0;
+      bool first = true;
+      size_t p = 0;
+      while (p < text.size()) {
+        size_t q = text.find('\n', p);
+        if (q == std::string::npos) q = text.size();
+        if (!(first && header) && q > p) ++want;
+        first = false;
+        p = q + 1;
+      }
+      const std::string path = dir + "/c.txt";
+      std::ofstream(path, std::ios::binary) << text;
+      io::Schema s = io::Schema::criteo();
+      s.header = header;
+      ASSERT_EQ(count_rows({path}, s), want) << "trial " << trial << " header " << header;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dlrec::etl
