@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -203,6 +204,7 @@ class DlrmCuda final : public CudaModel {
   Slot slots_[2];
   int next_ = 0, cur_ = 0;
   std::vector<std::unique_ptr<InferBucket>> buckets_;  // by log2(rows)
+  cudaEvent_t infer_done_ = nullptr;
 
   int64_t fwd_rows_ = 0, fwd_nnz_ = 0;
   bool have_training_forward_ = false;
@@ -305,6 +307,7 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
   DLREC_CUDA_CHECK(cudaStreamCreate(&side_));
   DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+  DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&infer_done_, cudaEventDisableTiming));
   const cublasMath_t math = prec_ == Precision::TF32 ? CUBLAS_TF32_TENSOR_OP_MATH
                                                      : CUBLAS_DEFAULT_MATH;
   blas_workspace_ = dev_tensor({32 << 20}, DType::U8);
@@ -472,6 +475,7 @@ DlrmCuda::~DlrmCuda() {
   }
   if (fork_) cudaEventDestroy(fork_);
   if (join_) cudaEventDestroy(join_);
+  if (infer_done_) cudaEventDestroy(infer_done_);
   lt_.reset();
   lt_side_.reset();
   if (blas_) cublasDestroy(blas_);
@@ -1032,17 +1036,11 @@ void DlrmCuda::predict(const io::Batch& batch, float* probs) {
   check_batch(batch);
   const int64_t B = batch.rows;
   if (B == 0) return;
-  bool one_hot = B <= 65536;
-  for (int64_t t = 0; t < T_ && one_hot; ++t) {
-    const auto& off = batch.cat_offsets[t];
-    one_hot = off[B] - off[0] == B;
-    for (int64_t r = 0; r < B && one_hot; ++r) one_hot = off[r + 1] - off[r] == 1;
-  }
-  if (!one_hot || profile_) {  // eager
+  auto eager = [&] {
     std::vector<float> z = forward(batch, false).to_vector<float>();
     for (int64_t i = 0; i < B; ++i) probs[i] = 1.f / (1.f + std::exp(-z[i]));
-    return;
-  }
+  };
+  if (B > 65536 || profile_) return eager();
   int lg = 0;
   while ((int64_t{1} << lg) < B) ++lg;
   const int64_t R = int64_t{1} << lg;
@@ -1069,22 +1067,50 @@ void DlrmCuda::predict(const io::Batch& batch, float* probs) {
   }
   InferBucket& bk = *bkp;
   if (shadows_stale_) refresh_shadows();
-  // Pack: dense rows, then one global row per (table, row); ids are range-checked.
-  if (B * num_dense_ > 0) std::memcpy(bk.dense, batch.dense.data(), sizeof(float) * B * num_dense_);
-  parallel_for(0, T_, 1, [&](int64_t lo, int64_t hi) {
+  // Pack: dense rows, then one global row per (table, row); ids are range-checked. A table
+  // with other than one id per row sends the batch to the eager path. Small batches are packed
+  // on this thread (waking the pool costs more than the work).
+  std::atomic<bool> multi_hot{false};
+  auto pack = [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
-      const int64_t* ids = batch.cat_indices[t].data() + batch.cat_offsets[t][0];
+      const auto& off = batch.cat_offsets[t];
+      if (off[B] - off[0] != B) {
+        multi_hot = true;
+        return;
+      }
+      for (int64_t r = 0; r < B; ++r)
+        if (off[r + 1] - off[r] != 1) {
+          multi_hot = true;
+          return;
+        }
+      const int64_t* ids = batch.cat_indices[t].data() + off[0];
       const int64_t rows = layout_.cardinalities[t];
       const uint32_t base = row_base_host_[t];
       uint32_t* k = bk.keys + t * R;
+      bool bad = false;
       for (int64_t r = 0; r < B; ++r) {
         const int64_t id = ids[r];
-        if (id < 0 || id >= rows)
-          fail("EmbeddingBag: id ", id, " of table ", t, " is out of range [0, ", rows, ")");
+        bad |= (id < 0) | (id >= rows);
         k[r] = base + static_cast<uint32_t>(id);
       }
+      if (bad) {
+        for (int64_t r = 0; r < B; ++r) k[r] = base;  // padding rows of later calls stay valid
+        for (int64_t r = 0; r < B; ++r)
+          if (ids[r] < 0 || ids[r] >= rows)
+            fail("EmbeddingBag: id ", ids[r], " of table ", t, " is out of range [0, ", rows,
+                 ")");
+      }
     }
-  });
+  };
+  if (B * T_ <= 16384) pack(0, T_);
+  else parallel_for(0, T_, 1, pack);
+  if (multi_hot) {
+    // Restore the padding key of the rows this call overwrote (valid rows for later calls).
+    for (int64_t t = 0; t < T_; ++t)
+      for (int64_t r = 0; r < B; ++r) bk.keys[t * R + r] = row_base_host_[t];
+    return eager();
+  }
+  if (B * num_dense_ > 0) std::memcpy(bk.dense, batch.dense.data(), sizeof(float) * B * num_dense_);
   // The inputs of the previous call's padding rows may remain from a larger batch: harmless
   // (valid rows and finite values; their outputs are not read).
   if (graphs_ && !bk.graph) {
@@ -1110,7 +1136,13 @@ void DlrmCuda::predict(const io::Batch& batch, float* probs) {
   }
   if (graphs_ && bk.graph) DLREC_CUDA_CHECK(cudaGraphLaunch(bk.graph, stream_));
   else infer_body(bk);
-  DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  // Spin on an event rather than sleeping in a stream sync: serving wants the latency.
+  DLREC_CUDA_CHECK(cudaEventRecord(infer_done_, stream_));
+  for (;;) {
+    const cudaError_t q = cudaEventQuery(infer_done_);
+    if (q == cudaSuccess) break;
+    if (q != cudaErrorNotReady) DLREC_CUDA_CHECK(q);
+  }
   std::memcpy(probs, bk.probs, sizeof(float) * B);
 }
 
