@@ -27,11 +27,11 @@ for part in "$@"; do
       mkdir -p "$W/repo/dlrm"
       "$BIN/dlrec" export --init configs/mlperf_dlrm.json --data "$W/data" --out "$W/repo/dlrm/1" \
         >> "$OUT/e2e_setup.log" 2>&1 || { echo "export failed"; tail "$OUT/e2e_setup.log"; exit 1; }
-      cat > "$W/repo/dlrm/config.json" <<'CFG'
+      cat > "$W/repo/dlrm/config.json" <<CFG
 {"max_batch_size": 65536,
- "dynamic_batching": {"preferred_batch_size": [16384], "max_queue_delay_microseconds": 50,
+ "dynamic_batching": {"preferred_batch_size": [32768], "max_queue_delay_microseconds": 0,
                       "max_queue_size": 4096},
- "instance_group": [{"kind": "KIND_GPU", "count": 1, "gpus": [0]}],
+ "instance_group": [{"kind": "KIND_GPU", "count": ${INSTANCES:-2}, "gpus": [0]}],
  "precision": "bf16"}
 CFG
       "$BIN/dlrec" serve --model-repository "$W/repo" --grpc-port 18001 --http-port 18000 \
@@ -49,9 +49,9 @@ CFG
       }
       run 1 1 10
       run 2048 1 10
-      run 2048 16 10
-      run 8192 16 10
+      run 4096 32 10
       run 16384 16 10
+      run 16384 32 10
       python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:18002/metrics').read().decode())" \
         > "$OUT/e2e_metrics.txt" 2>&1
       kill -INT $SERVER; wait $SERVER

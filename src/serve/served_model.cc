@@ -273,14 +273,26 @@ io::Batch ServedModel::encode(const InferRequest& req) const {
     ids.resize(static_cast<size_t>(rows));
     offs.resize(static_cast<size_t>(rows + 1));
     const int64_t card = layout_.cardinalities[static_cast<size_t>(idx)];
+    // The type is checked once; the values are copied (little-endian hosts) and then checked
+    // in one tight pass.
+    if (t.datatype == "INT64") {
+      std::memcpy(ids.data(), t.data.data(), sizeof(int64_t) * static_cast<size_t>(rows));
+    } else {
+      for (int64_t r = 0; r < rows; ++r) ids[static_cast<size_t>(r)] = int_at(t, r);
+    }
+    bool out_of_range = false;
     for (int64_t r = 0; r < rows; ++r) {
-      int64_t id = int_at(t, r);
-      if (id < 0 || id >= card)
-        bad(detail::concat("input '", t.name, "' row ", r, ": id ", id, " is outside [0, ", card,
-                           ")"));
-      ids[static_cast<size_t>(r)] = id;
+      const int64_t id = ids[static_cast<size_t>(r)];
+      out_of_range |= (id < 0) | (id >= card);
       offs[static_cast<size_t>(r + 1)] = r + 1;
     }
+    if (out_of_range)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t id = ids[static_cast<size_t>(r)];
+        if (id < 0 || id >= card)
+          bad(detail::concat("input '", t.name, "' row ", r, ": id ", id, " is outside [0, ",
+                             card, ")"));
+      }
   }
   if (static_cast<int>(req.inputs.size()) != ncat + (layout_.num_dense > 0 ? 1 : 0)) {
     std::string missing;
