@@ -131,8 +131,11 @@ class DlrmCuda final : public CudaModel {
     float* probs = nullptr;    // [rows]
     Tensor d_offsets, d_probs;
     cudaGraphExec_t graph = nullptr;
+    cudaEvent_t done = nullptr;
   };
   void infer_body(InferBucket& bk);
+  InferBucket& infer_bucket(int64_t rows, int parity);  // created on first use
+  void infer_launch(InferBucket& bk);                   // graph (captured on first use)
   // Device inputs of one step, double-buffered with their pinned staging memory.
   struct Slot {
     PinnedPtr mem;
@@ -204,7 +207,6 @@ class DlrmCuda final : public CudaModel {
   Slot slots_[2];
   int next_ = 0, cur_ = 0;
   std::vector<std::unique_ptr<InferBucket>> buckets_;  // by log2(rows)
-  cudaEvent_t infer_done_ = nullptr;
 
   int64_t fwd_rows_ = 0, fwd_nnz_ = 0;
   bool have_training_forward_ = false;
@@ -307,7 +309,6 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
   DLREC_CUDA_CHECK(cudaStreamCreate(&side_));
   DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
-  DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&infer_done_, cudaEventDisableTiming));
   const cublasMath_t math = prec_ == Precision::TF32 ? CUBLAS_TF32_TENSOR_OP_MATH
                                                      : CUBLAS_DEFAULT_MATH;
   blas_workspace_ = dev_tensor({32 << 20}, DType::U8);
@@ -468,6 +469,8 @@ DlrmCuda::~DlrmCuda() {
                    lt_->unsupported_count() + lt_side_->unsupported_count());
   }
   drop_graphs();
+  for (auto& bk : buckets_)
+    if (bk && bk->done) cudaEventDestroy(bk->done);
   for (auto e : events_) cudaEventDestroy(e);
   for (auto& sl : slots_) {
     if (sl.ready) cudaEventDestroy(sl.ready);
@@ -475,7 +478,6 @@ DlrmCuda::~DlrmCuda() {
   }
   if (fork_) cudaEventDestroy(fork_);
   if (join_) cudaEventDestroy(join_);
-  if (infer_done_) cudaEventDestroy(infer_done_);
   lt_.reset();
   lt_side_.reset();
   if (blas_) cublasDestroy(blas_);
@@ -1031,22 +1033,13 @@ void DlrmCuda::infer_body(InferBucket& bk) {
                                    cudaMemcpyDeviceToHost, stream_));
 }
 
-void DlrmCuda::predict(const io::Batch& batch, float* probs) {
-  DeviceGuard g(dev_index_);
-  check_batch(batch);
-  const int64_t B = batch.rows;
-  if (B == 0) return;
-  auto eager = [&] {
-    std::vector<float> z = forward(batch, false).to_vector<float>();
-    for (int64_t i = 0; i < B; ++i) probs[i] = 1.f / (1.f + std::exp(-z[i]));
-  };
-  if (B > 65536 || profile_) return eager();
+DlrmCuda::InferBucket& DlrmCuda::infer_bucket(int64_t R, int parity) {
   int lg = 0;
-  while ((int64_t{1} << lg) < B) ++lg;
-  const int64_t R = int64_t{1} << lg;
-  if (static_cast<int>(buckets_.size()) <= lg) buckets_.resize(lg + 1);
+  while ((int64_t{1} << lg) < R) ++lg;
+  const size_t i = static_cast<size_t>(2 * lg + parity);
+  if (buckets_.size() <= i) buckets_.resize(i + 1);
   if (R > cap_b_ || R * T_ > cap_nnz_) ensure_capacity(R, std::max<int64_t>(R * T_, 1));
-  auto& bkp = buckets_[lg];
+  auto& bkp = buckets_[i];
   if (!bkp) {
     bkp = std::make_unique<InferBucket>();
     InferBucket& bk = *bkp;
@@ -1061,58 +1054,15 @@ void DlrmCuda::predict(const io::Batch& batch, float* probs) {
     bk.out = pinned_alloc(sizeof(float) * R);
     bk.probs = static_cast<float*>(bk.out.get());
     std::vector<int32_t> off(R * T_ + 1);
-    for (int64_t i = 0; i <= R * T_; ++i) off[i] = static_cast<int32_t>(i);
+    for (int64_t k = 0; k <= R * T_; ++k) off[k] = static_cast<int32_t>(k);
     bk.d_offsets = Tensor::from_vector(off, {R * T_ + 1}, dev_);
     bk.d_probs = dev_tensor({R});
+    DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&bk.done, cudaEventDisableTiming));
   }
-  InferBucket& bk = *bkp;
-  if (shadows_stale_) refresh_shadows();
-  // Pack: dense rows, then one global row per (table, row); ids are range-checked. A table
-  // with other than one id per row sends the batch to the eager path. Small batches are packed
-  // on this thread (waking the pool costs more than the work).
-  std::atomic<bool> multi_hot{false};
-  auto pack = [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const auto& off = batch.cat_offsets[t];
-      if (off[B] - off[0] != B) {
-        multi_hot = true;
-        return;
-      }
-      for (int64_t r = 0; r < B; ++r)
-        if (off[r + 1] - off[r] != 1) {
-          multi_hot = true;
-          return;
-        }
-      const int64_t* ids = batch.cat_indices[t].data() + off[0];
-      const int64_t rows = layout_.cardinalities[t];
-      const uint32_t base = row_base_host_[t];
-      uint32_t* k = bk.keys + t * R;
-      bool bad = false;
-      for (int64_t r = 0; r < B; ++r) {
-        const int64_t id = ids[r];
-        bad |= (id < 0) | (id >= rows);
-        k[r] = base + static_cast<uint32_t>(id);
-      }
-      if (bad) {
-        for (int64_t r = 0; r < B; ++r) k[r] = base;  // padding rows of later calls stay valid
-        for (int64_t r = 0; r < B; ++r)
-          if (ids[r] < 0 || ids[r] >= rows)
-            fail("EmbeddingBag: id ", ids[r], " of table ", t, " is out of range [0, ", rows,
-                 ")");
-      }
-    }
-  };
-  if (B * T_ <= 16384) pack(0, T_);
-  else parallel_for(0, T_, 1, pack);
-  if (multi_hot) {
-    // Restore the padding key of the rows this call overwrote (valid rows for later calls).
-    for (int64_t t = 0; t < T_; ++t)
-      for (int64_t r = 0; r < B; ++r) bk.keys[t * R + r] = row_base_host_[t];
-    return eager();
-  }
-  if (B * num_dense_ > 0) std::memcpy(bk.dense, batch.dense.data(), sizeof(float) * B * num_dense_);
-  // The inputs of the previous call's padding rows may remain from a larger batch: harmless
-  // (valid rows and finite values; their outputs are not read).
+  return *bkp;
+}
+
+void DlrmCuda::infer_launch(InferBucket& bk) {
   if (graphs_ && !bk.graph) {
     infer_body(bk);  // eager once: plans, tuning and lazy loading outside the capture
     DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -1136,14 +1086,107 @@ void DlrmCuda::predict(const io::Batch& batch, float* probs) {
   }
   if (graphs_ && bk.graph) DLREC_CUDA_CHECK(cudaGraphLaunch(bk.graph, stream_));
   else infer_body(bk);
-  // Spin on an event rather than sleeping in a stream sync: serving wants the latency.
-  DLREC_CUDA_CHECK(cudaEventRecord(infer_done_, stream_));
+  DLREC_CUDA_CHECK(cudaEventRecord(bk.done, stream_));
+}
+
+// Spins on the event rather than sleeping in a sync: serving wants the latency.
+void spin_wait(cudaEvent_t e) {
   for (;;) {
-    const cudaError_t q = cudaEventQuery(infer_done_);
-    if (q == cudaSuccess) break;
+    const cudaError_t q = cudaEventQuery(e);
+    if (q == cudaSuccess) return;
     if (q != cudaErrorNotReady) DLREC_CUDA_CHECK(q);
   }
-  std::memcpy(probs, bk.probs, sizeof(float) * B);
+}
+
+void DlrmCuda::predict(const io::Batch& batch, float* probs) {
+  DeviceGuard g(dev_index_);
+  check_batch(batch);
+  const int64_t B = batch.rows;
+  if (B == 0) return;
+  auto eager = [&] {
+    std::vector<float> z = forward(batch, false).to_vector<float>();
+    for (int64_t i = 0; i < B; ++i) probs[i] = 1.f / (1.f + std::exp(-z[i]));
+  };
+  if (profile_) return eager();
+  if (shadows_stale_) refresh_shadows();
+  // Batches over kChunk rows go in chunks through two alternating buckets, so the host packs
+  // chunk c + 1 while the GPU runs chunk c.
+  constexpr int64_t kChunk = 8192;
+  const int64_t chunk = std::min(B, kChunk);
+  int64_t R = 1;
+  while (R < chunk) R *= 2;
+  const int64_t nchunks = (B + chunk - 1) / chunk;
+  int64_t pending[2] = {-1, -1};  // chunk waiting in bucket parity p
+  auto finish = [&](int p) {
+    if (pending[p] < 0) return;
+    InferBucket& bk = infer_bucket(R, p);
+    spin_wait(bk.done);
+    const int64_t r0 = pending[p] * chunk, n = std::min(chunk, B - r0);
+    std::memcpy(probs + r0, bk.probs, sizeof(float) * n);
+    pending[p] = -1;
+  };
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const int p = static_cast<int>(c & 1);
+    finish(p);  // the bucket's previous chunk must be out before repacking it
+    InferBucket& bk = infer_bucket(R, p);
+    const int64_t r0 = c * chunk, n = std::min(chunk, B - r0);
+    // Pack rows [r0, r0 + n): dense rows, then one global row per (table, row); ids are
+    // range-checked. A table with other than one id per row sends the batch to the eager
+    // path. Small chunks are packed on this thread (waking the pool costs more).
+    std::atomic<bool> multi_hot{false};
+    auto pack = [&](int64_t lo, int64_t hi) {
+      for (int64_t t = lo; t < hi; ++t) {
+        const auto& off = batch.cat_offsets[t];
+        if (off[r0 + n] - off[r0] != n) {
+          multi_hot = true;
+          return;
+        }
+        for (int64_t r = r0; r < r0 + n; ++r)
+          if (off[r + 1] - off[r] != 1) {
+            multi_hot = true;
+            return;
+          }
+        const int64_t* ids = batch.cat_indices[t].data() + off[r0];
+        const int64_t rows = layout_.cardinalities[t];
+        const uint32_t base = row_base_host_[t];
+        uint32_t* k = bk.keys + t * R;
+        bool bad = false;
+        for (int64_t r = 0; r < n; ++r) {
+          const int64_t id = ids[r];
+          bad |= (id < 0) | (id >= rows);
+          k[r] = base + static_cast<uint32_t>(id);
+        }
+        if (bad) {
+          for (int64_t r = 0; r < n; ++r) k[r] = base;  // padding of later calls stays valid
+          for (int64_t r = 0; r < n; ++r)
+            if (ids[r] < 0 || ids[r] >= rows)
+              fail("EmbeddingBag: id ", ids[r], " of table ", t, " is out of range [0, ", rows,
+                   ")");
+        }
+      }
+    };
+    try {
+      if (n * T_ <= 16384) pack(0, T_);
+      else parallel_for(0, T_, 1, pack);
+    } catch (...) {
+      finish(0);
+      finish(1);
+      throw;
+    }
+    if (multi_hot) {
+      for (int64_t t = 0; t < T_; ++t)
+        for (int64_t r = 0; r < n; ++r) bk.keys[t * R + r] = row_base_host_[t];
+      finish(0);
+      finish(1);
+      return eager();
+    }
+    if (n * num_dense_ > 0)
+      std::memcpy(bk.dense, batch.dense.data() + r0 * num_dense_, sizeof(float) * n * num_dense_);
+    // Rows n..R-1 keep an earlier call's inputs: valid rows and finite values, outputs unread.
+    infer_launch(bk);
+    pending[p] = c;
+  }
+  for (int64_t c = std::max<int64_t>(0, nchunks - 2); c < nchunks; ++c) finish(static_cast<int>(c & 1));
 }
 
 void DlrmCuda::synchronize() {

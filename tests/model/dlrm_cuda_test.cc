@@ -342,14 +342,15 @@ TEST(DlrmCuda, Bf16UnsupportedShapesAreClearErrors) {
 }
 
 #ifdef DLREC_WITH_CUDA
-// Serving path: one-hot batches of any size (graph buckets, padded rows) and multi-hot batches
-// (eager) give sigmoid(forward logits); a bad id is an error and the next call still works.
+// Serving path: one-hot batches of any size (graph buckets, padded rows, chunks of 8192 rows
+// through two alternating buckets) and multi-hot batches (eager) give sigmoid(forward logits);
+// a bad id is an error and the next call still works.
 TEST(DlrmCuda, PredictMatchesForward) {
   SKIP_WITHOUT_GPU();
   for (const char* precision : {"fp32", "bf16"}) {
     SmallDlrm s;
     auto m = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 13, precision);
-    for (int64_t rows : {1, 3, 64, 100, 1, 64, 257}) {
+    for (int64_t rows : {1, 3, 64, 100, 1, 64, 257, 20000, 9000}) {  // > 8192: chunked
       for (bool multi : {false, true}) {
         io::Batch b = make_batch(s.layout, rows, 50 + rows, multi);
         std::vector<float> p(rows, -1.f);
