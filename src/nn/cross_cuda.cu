@@ -28,11 +28,15 @@ __device__ __forceinline__ void loadv(const E* p, float (&o)[V]) {
   if constexpr (V == 1) {
     o[0] = ld1(p);
   } else {
-    static_assert(V * sizeof(E) == 16, "16-byte vectors");
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const E* e = reinterpret_cast<const E*>(&raw);
+    static_assert((V * sizeof(E)) % 16 == 0, "16-byte vectors");
+    constexpr int W = 16 / sizeof(E);  // elements per 16-byte access
 #pragma unroll
-    for (int k = 0; k < V; ++k) o[k] = ld1(e + k);
+    for (int q = 0; q < V / W; ++q) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(p + q * W);
+      const E* e = reinterpret_cast<const E*>(&raw);
+#pragma unroll
+      for (int k = 0; k < W; ++k) o[q * W + k] = ld1(e + k);
+    }
   }
 }
 template <int V, class E>
@@ -40,11 +44,15 @@ __device__ __forceinline__ void storev(E* p, const float (&v)[V]) {
   if constexpr (V == 1) {
     st1(p, v[0]);
   } else {
-    uint4 raw;
-    E* e = reinterpret_cast<E*>(&raw);
+    constexpr int W = 16 / sizeof(E);
 #pragma unroll
-    for (int k = 0; k < V; ++k) st1(e + k, v[k]);
-    *reinterpret_cast<uint4*>(p) = raw;
+    for (int q = 0; q < V / W; ++q) {
+      uint4 raw;
+      E* e = reinterpret_cast<E*>(&raw);
+#pragma unroll
+      for (int k = 0; k < W; ++k) st1(e + k, v[q * W + k]);
+      *reinterpret_cast<uint4*>(p + q * W) = raw;
+    }
   }
 }
 
@@ -67,6 +75,27 @@ template <int V, class E>
 __global__ void copy_cols_vec_kernel(const E* __restrict__ src, int64_t src_ld,
                                      E* __restrict__ dst, int64_t dst_ld, int64_t B,
                                      int64_t cols, bool accumulate) {
+  const int64_t c = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V;
+  if (c >= cols) return;
+  for (int64_t r = blockIdx.y * int64_t(blockDim.y) + threadIdx.y; r < B;
+       r += int64_t(gridDim.y) * blockDim.y) {
+    float v[V];
+    loadv<V>(src + r * src_ld + c, v);
+    if (accumulate) {
+      float o[V];
+      loadv<V>(dst + r * dst_ld + c, o);
+#pragma unroll
+      for (int k = 0; k < V; ++k) v[k] = __fadd_rn(o[k], v[k]);
+    }
+    storev<V>(dst + r * dst_ld + c, v);
+  }
+}
+
+// Mixed element types, V elements per thread (16-byte or wider accesses on both sides).
+template <int V, class S, class D>
+__global__ void copy_cols_mixed_vec_kernel(const S* __restrict__ src, int64_t src_ld,
+                                           D* __restrict__ dst, int64_t dst_ld, int64_t B,
+                                           int64_t cols, bool accumulate) {
   const int64_t c = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V;
   if (c >= cols) return;
   for (int64_t r = blockIdx.y * int64_t(blockDim.y) + threadIdx.y; r < B;
@@ -237,6 +266,17 @@ void copy_typed(const void* src, int64_t src_ld, void* dst, int64_t dst_ld, int6
       sweep_shape(B, cols / V, grid, block);
       copy_cols_vec_kernel<V, S><<<grid, block, 0, stream>>>(s, src_ld, d, dst_ld, B, cols,
                                                               accumulate);
+      DLREC_CUDA_LAUNCH_CHECK();
+      return;
+    }
+  }
+  if constexpr (!std::is_same<S, D>::value) {
+    constexpr int VM = 8;  // 16 bytes of bf16, 32 of float
+    if (cols % VM == 0 && src_ld % VM == 0 && dst_ld % VM == 0 && aligned16(s) &&
+        aligned16(d)) {
+      sweep_shape(B, cols / VM, grid, block);
+      copy_cols_mixed_vec_kernel<VM, S, D><<<grid, block, 0, stream>>>(s, src_ld, d, dst_ld, B,
+                                                                      cols, accumulate);
       DLREC_CUDA_LAUNCH_CHECK();
       return;
     }

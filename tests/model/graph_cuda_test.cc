@@ -297,14 +297,15 @@ void bf16_tracks_cpu(const Case& c, int steps) {
     const double lg = gpu->train_step(b, 1.0, true);
     ASSERT_TRUE(std::isfinite(lg)) << "step " << i;
     worst = std::max(worst, rel(lg, lc));
-    if (i == 0) first = lg;
-    last = lg;
+    // Mean losses of the first and the last 10 steps (one batch's loss is noisy).
+    if (i < 10) first += lg / 10;
+    if (i >= steps - 10) last += lg / 10;
   }
   const double pd = param_diff(*gpu, *cpu, nullptr);
   std::printf("[graph bf16] %d steps: loss %.4f -> %.4f, worst loss rel diff vs f32 CPU %.3g, "
               "params %.3g\n", steps, first, last, worst, pd);
   EXPECT_LE(worst, 0.05);
-  EXPECT_LT(last, first);
+  if (steps >= 20) EXPECT_LT(last, first);
   EXPECT_LE(pd, 0.1);
 }
 
