@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -57,6 +58,8 @@ using bf16 = cd::bf16;
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 bf16* bfp(const Tensor& t) { return static_cast<bf16*>(t.raw()); }
+cudaGraphExec_t capture_graph(cudaStream_t stream, const std::function<void()>& body,
+                              const char* what);
 
 #define DLREC_CUBLAS_CHECK(expr)                                                          \
   do {                                                                                    \
@@ -131,6 +134,7 @@ class DlrmCuda final : public CudaModel {
     float* probs = nullptr;    // [rows]
     Tensor d_offsets, d_probs;
     cudaGraphExec_t graph = nullptr;
+    bool no_graph = false;  // capture failed: eager
     cudaEvent_t done = nullptr;
   };
   void infer_body(InferBucket& bk);
@@ -191,6 +195,8 @@ class DlrmCuda final : public CudaModel {
   Tensor blas_workspace_, side_workspace_, lt_workspace_, lt_side_workspace_;
   std::unique_ptr<lt::Lt> lt_, lt_side_;
   bool overlap_ = true, graphs_ = true, shadows_stale_ = false;
+  bool exposed_ = false;  // parameters()/optimizer_state() handed out tensors since last step
+  void absorb_external_writes();  // waits for legacy-stream writes, refreshes bf16 copies
   bool bwd_epilogues_ = false;  // DLREC_BWD_EPILOGUES=1: cuBLASLt BGRADB/DRELU backward
 
   std::vector<DenseLayer> bottom_, top_;
@@ -303,10 +309,14 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
   overlap_ = !profile_;
   const char* be = std::getenv("DLREC_BWD_EPILOGUES");
   bwd_epilogues_ = be && be[0] == '1';
-  // Blocking streams: ordered with legacy-stream copies done by Tensor::to().
-  DLREC_CUDA_CHECK(cudaStreamCreate(&stream_));
-  DLREC_CUDA_CHECK(cudaStreamCreate(&copy_));
-  DLREC_CUDA_CHECK(cudaStreamCreate(&side_));
+  // Non-blocking streams: another model in the process (serving instances) may copy on the
+  // legacy stream while this one captures a CUDA graph, which blocking streams turn into an
+  // error. Work handed out (forward's logits, parameters()) is synchronised before it is
+  // returned, and after parameters() exposed the weights, the next step first waits for the
+  // legacy stream (where Tensor copies and fills run).
+  DLREC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  DLREC_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  DLREC_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
   const cublasMath_t math = prec_ == Precision::TF32 ? CUBLAS_TF32_TENSOR_OP_MATH
@@ -433,6 +443,14 @@ void DlrmCuda::refresh_shadows() {
       cd::to_bf16_padded(l.b.data<float>(), 1, l.out, bfp(l.bh), l.out, stream_);
     }
   shadows_stale_ = false;
+}
+
+void DlrmCuda::absorb_external_writes() {
+  if (exposed_) {
+    DLREC_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+    exposed_ = false;
+  }
+  if (shadows_stale_) refresh_shadows();
 }
 
 void DlrmCuda::drop_graphs() {
@@ -629,7 +647,7 @@ void DlrmCuda::upload(const io::Batch& b, float lr, float emb_lr) {
   s.pending = true;
   fwd_rows_ = B;
   fwd_nnz_ = nnz;
-  if (shadows_stale_) refresh_shadows();
+  absorb_external_writes();
 }
 
 void DlrmCuda::mlp_forward(std::vector<DenseLayer>& mlp, const void* x, int64_t B,
@@ -906,6 +924,8 @@ Tensor DlrmCuda::forward(const io::Batch& batch, bool training) {
     DLREC_CUDA_CHECK(cudaMemcpyAsync(logits.raw(), top_.back().y.raw(), sizeof(float) * B,
                                      cudaMemcpyDeviceToDevice, stream_));
   if (!training) DLREC_CUDA_CHECK(cudaEventRecord(slots_[cur_].free, stream_));
+  // Callers read the logits with legacy-stream copies, which do not wait for our streams.
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return logits;
 }
 
@@ -966,27 +986,12 @@ double DlrmCuda::train_step(const io::Batch& batch, double lr_scale, bool want_l
     }
     if (!sl.graph && sl.eager_steps >= 1) {
       // Capture once the shape has run eagerly (cuBLAS/cuBLASLt plans and CUB sizes are set).
-      cudaGraph_t graph = nullptr;
-      DLREC_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      try {
-        step_body();
-      } catch (...) {
-        cudaStreamEndCapture(stream_, &graph);
-        if (graph) cudaGraphDestroy(graph);
-        throw;
-      }
-      DLREC_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-      const cudaError_t e = cudaGraphInstantiate(&sl.graph, graph, 0);
-      cudaGraphDestroy(graph);
-      if (e != cudaSuccess) {
-        cudaGetLastError();
-        sl.graph = nullptr;
-        graphs_ = false;  // run eagerly from now on
-        std::fprintf(stderr, "dlrec: warning: CUDA graph instantiation failed (%s); running "
-                     "eagerly\n", cudaGetErrorString(e));
-      } else {
+      sl.graph = capture_graph(stream_, [&] { step_body(); }, "training step");
+      if (sl.graph) {
         sl.graph_rows = fwd_rows_;
         sl.graph_nnz = fwd_nnz_;
+      } else {
+        graphs_ = false;  // run eagerly from now on
       }
     }
   }
@@ -1062,29 +1067,52 @@ DlrmCuda::InferBucket& DlrmCuda::infer_bucket(int64_t R, int parity) {
   return *bkp;
 }
 
+// Captures `body` on the model stream into an executable graph; nullptr (and a one-time
+// warning) when the capture or the instantiation fails, so that the caller runs eagerly.
+cudaGraphExec_t capture_graph(cudaStream_t stream, const std::function<void()>& body,
+                              const char* what) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  bool ok = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+  std::string why;
+  if (ok) {
+    try {
+      body();
+    } catch (const std::exception& e) {
+      ok = false;
+      why = e.what();
+    }
+    const cudaError_t e = cudaStreamEndCapture(stream, &graph);
+    if (e != cudaSuccess && why.empty()) why = cudaGetErrorString(e);
+    ok = ok && e == cudaSuccess && graph;
+    if (ok) {
+      const cudaError_t ie = cudaGraphInstantiate(&exec, graph, 0);
+      if (ie != cudaSuccess) {
+        ok = false;
+        why = cudaGetErrorString(ie);
+        exec = nullptr;
+      }
+    }
+    if (graph) cudaGraphDestroy(graph);
+  }
+  if (!ok) {
+    cudaGetLastError();  // clear the sticky-free error of the failed capture
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true))
+      std::fprintf(stderr, "dlrec: warning: CUDA graph capture of the %s failed (%s); running "
+                   "it eagerly\n", what, why.c_str());
+  }
+  return exec;
+}
+
 void DlrmCuda::infer_launch(InferBucket& bk) {
-  if (graphs_ && !bk.graph) {
+  if (graphs_ && !bk.graph && !bk.no_graph) {
     infer_body(bk);  // eager once: plans, tuning and lazy loading outside the capture
     DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    cudaGraph_t graph = nullptr;
-    DLREC_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    try {
-      infer_body(bk);
-    } catch (...) {
-      cudaStreamEndCapture(stream_, &graph);
-      if (graph) cudaGraphDestroy(graph);
-      throw;
-    }
-    DLREC_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-    const cudaError_t e = cudaGraphInstantiate(&bk.graph, graph, 0);
-    cudaGraphDestroy(graph);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      bk.graph = nullptr;
-      graphs_ = false;
-    }
+    bk.graph = capture_graph(stream_, [&] { infer_body(bk); }, "inference step");
+    bk.no_graph = bk.graph == nullptr;
   }
-  if (graphs_ && bk.graph) DLREC_CUDA_CHECK(cudaGraphLaunch(bk.graph, stream_));
+  if (bk.graph) DLREC_CUDA_CHECK(cudaGraphLaunch(bk.graph, stream_));
   else infer_body(bk);
   DLREC_CUDA_CHECK(cudaEventRecord(bk.done, stream_));
 }
@@ -1108,7 +1136,7 @@ void DlrmCuda::predict(const io::Batch& batch, float* probs) {
     for (int64_t i = 0; i < B; ++i) probs[i] = 1.f / (1.f + std::exp(-z[i]));
   };
   if (profile_) return eager();
-  if (shadows_stale_) refresh_shadows();
+  absorb_external_writes();
   // Batches over kChunk rows go in chunks through two alternating buckets, so the host packs
   // chunk c + 1 while the GPU runs chunk c.
   constexpr int64_t kChunk = 8192;
@@ -1197,6 +1225,7 @@ void DlrmCuda::synchronize() {
 std::vector<NamedTensor> DlrmCuda::parameters() {
   synchronize();
   shadows_stale_ = bf16_;  // the caller may write into the f32 masters
+  exposed_ = true;
   std::vector<NamedTensor> out;
   auto add = [&](std::vector<DenseLayer>& mlp, const std::string& prefix) {
     for (size_t k = 0; k < mlp.size(); ++k) {
@@ -1213,6 +1242,7 @@ std::vector<NamedTensor> DlrmCuda::parameters() {
 
 std::vector<NamedTensor> DlrmCuda::optimizer_state() {
   synchronize();
+  exposed_ = true;
   std::vector<NamedTensor> out;
   if (!adagrad_) return out;
   const char* suffix = ".adagrad";

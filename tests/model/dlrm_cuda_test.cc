@@ -19,6 +19,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <map>
+#include <atomic>
+#include <thread>
 
 #include "dlrec/core/device.h"
 #include "dlrec/model/model.h"
@@ -371,6 +373,57 @@ TEST(DlrmCuda, PredictMatchesForward) {
     m->predict(ok, p.data());
     for (float v : p) EXPECT_TRUE(v > 0.f && v < 1.f);
   }
+}
+#endif
+
+#ifdef DLREC_WITH_CUDA
+// Serving runs several model instances in one process: while one captures its CUDA graphs,
+// others copy on the legacy stream (Tensor copies). Every call succeeds with the same
+// probabilities as a lone call.
+TEST(DlrmCuda, InstancesPredictConcurrentlyWithLegacyCopies) {
+  SKIP_WITHOUT_GPU();
+  SmallDlrm s;
+  std::vector<std::unique_ptr<CudaModel>> models;
+  for (int i = 0; i < 2; ++i)
+    models.push_back(make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 31, "bf16"));
+  auto ref = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 31, "bf16");
+  const std::vector<int64_t> sizes = {1, 2, 5, 9, 17, 33, 65, 129, 300, 513, 1000, 2100};
+  std::vector<std::vector<float>> want;
+  std::vector<io::Batch> batches;
+  for (int64_t rows : sizes) {
+    batches.push_back(make_batch(s.layout, rows, 900 + rows, false));
+    want.emplace_back(rows);
+    ref->predict(batches.back(), want.back().data());
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int> errors{0};
+  std::thread copier([&] {
+    std::vector<float> v(4096, 1.f);
+    while (!stop) {
+      Tensor t = Tensor::from_vector(v, {4096}, Device::cuda(0));
+      if (t.to_vector<float>()[7] != 1.f) ++errors;
+    }
+  });
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 2; ++w)
+    workers.emplace_back([&, w] {
+      try {
+        for (int rep = 0; rep < 3; ++rep)
+          for (size_t i = 0; i < sizes.size(); ++i) {
+            const size_t k = (i * 5 + w * 3) % sizes.size();
+            std::vector<float> p(sizes[k]);
+            models[w]->predict(batches[k], p.data());
+            for (int64_t r = 0; r < sizes[k]; ++r)
+              if (std::fabs(p[r] - want[k][r]) > 1e-3f) ++errors;
+          }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "worker " << w << ": " << e.what();
+      }
+    });
+  for (auto& t : workers) t.join();
+  stop = true;
+  copier.join();
+  EXPECT_EQ(errors.load(), 0);
 }
 #endif
 
