@@ -210,7 +210,7 @@ TEST(SpillTest, TinyBudgetSpillsAndGivesTheInMemoryVocabulary) {
 TEST(SpillTest, RunEtlUnderBudgetEqualsInMemoryAndLeavesNoSpillFiles) {
   const std::string dir = temp_dir("spillrun");
   const std::string path = dir + "/in.tsv";
-  std::ofstream(path) << criteo_text(40000, 4, 200000);
+  std::ofstream(path) << criteo_text(25000, 4, 200000);
   EtlOptions o;
   o.inputs = {path};
   o.schema = io::Schema::criteo();
@@ -222,7 +222,7 @@ TEST(SpillTest, RunEtlUnderBudgetEqualsInMemoryAndLeavesNoSpillFiles) {
   EtlResult r1 = run_etl(o);
   EXPECT_EQ(r1.spill_runs, 0);
   o.output_dir = dir + "/budget";
-  o.memory_budget_mb = 1;  // 512 KB of count tables for ~26 x 35000 distinct keys
+  o.memory_budget_mb = 1;  // 512 KB of count tables for ~26 x 23000 distinct keys
   EtlResult r2 = run_etl(o);
   EXPECT_GT(r2.spill_runs, 0);
   const auto files = list_dir(dir + "/mem");
