@@ -10,6 +10,7 @@
 #include <map>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -25,12 +26,19 @@
 namespace dlrec::etl {
 namespace {
 
-std::string temp_dir(const std::string& tag) {
-  std::string d = std::string(::testing::TempDir()) + "dlrec_fast_" + tag + "_" +
-                  std::to_string(::getpid());
-  make_dirs(d);
-  return d;
-}
+// A scratch directory, removed with everything in it at the end of the test.
+struct TempDir {
+  std::string path;
+  explicit TempDir(const std::string& tag)
+      : path(std::string(::testing::TempDir()) + "dlrec_fast_" + tag + "_" +
+             std::to_string(::getpid())) {
+    make_dirs(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
 
 std::vector<std::string> list_dir(const std::string& dir) {
   std::vector<std::string> v;
@@ -113,7 +121,8 @@ TEST(TextFastPathTest, ValuesMatchTheSpecification) {
                {"I2", io::ColumnKind::Dense, false},
                {"C1", io::ColumnKind::Categorical, false},
                {"C2", io::ColumnKind::Categorical, false}};
-  const std::string dir = temp_dir("parse");
+  TempDir tmp("parse");
+  const std::string& dir = tmp.path;
   const std::string path = dir + "/in.tsv";
   std::ofstream(path) << "1\t12\t-3\t0123abcd\tFFFFFFFF\n"      // 8-digit keys (SWAR)
                       << "0\t+7\t\tABCDEF01\t\n"                 // '+', missing
@@ -144,7 +153,8 @@ TEST(TextFastPathTest, ValuesMatchTheSpecification) {
 // What the fast path rejects gets the general path's message, with file, line and column.
 TEST(TextFastPathTest, BadValuesKeepTheirMessages) {
   io::Schema s = io::Schema::criteo();
-  const std::string dir = temp_dir("parsebad");
+  TempDir tmp("parsebad");
+  const std::string& dir = tmp.path;
   const std::string good = criteo_text(3, 1);
   for (const auto& [key, expect] :
        std::vector<std::pair<std::string, std::string>>{
@@ -184,7 +194,8 @@ TEST(TextFastPathTest, BadValuesKeepTheirMessages) {
 // ---- Categorify under a memory budget
 
 TEST(SpillTest, TinyBudgetSpillsAndGivesTheInMemoryVocabulary) {
-  const std::string dir = temp_dir("spill");
+  TempDir tmp("spill");
+  const std::string& dir = tmp.path;
   const std::string path = dir + "/in.tsv";
   std::ofstream(path) << criteo_text(6000, 3);
   const io::Schema s = io::Schema::criteo();
@@ -208,7 +219,8 @@ TEST(SpillTest, TinyBudgetSpillsAndGivesTheInMemoryVocabulary) {
 }
 
 TEST(SpillTest, RunEtlUnderBudgetEqualsInMemoryAndLeavesNoSpillFiles) {
-  const std::string dir = temp_dir("spillrun");
+  TempDir tmp("spillrun");
+  const std::string& dir = tmp.path;
   const std::string path = dir + "/in.tsv";
   std::ofstream(path) << criteo_text(25000, 4, 200000);
   EtlOptions o;
@@ -232,7 +244,8 @@ TEST(SpillTest, RunEtlUnderBudgetEqualsInMemoryAndLeavesNoSpillFiles) {
 }
 
 TEST(SpillTest, FailedRunRemovesSpillFiles) {
-  const std::string dir = temp_dir("spillfail");
+  TempDir tmp("spillfail");
+  const std::string& dir = tmp.path;
   const std::string path = dir + "/in.tsv";
   std::string text = criteo_text(20000, 5, 100000);
   text += "1\tnot-a-number\n";  // fails the fit pass after many spills
@@ -271,7 +284,8 @@ TEST(KeyMapTest, DrainSortedKeepsCapacityAndAllKeys) {
 // ---- transform append, chunk-size independence
 
 TEST(FastTransformTest, AppendEqualsConcatenationAndFitIgnoresChunkSize) {
-  const std::string dir = temp_dir("append");
+  TempDir tmp("append");
+  const std::string& dir = tmp.path;
   const std::string path = dir + "/in.tsv";
   std::ofstream(path) << criteo_text(70000, 6);
   const io::Schema s = io::Schema::criteo();
@@ -337,7 +351,8 @@ EtlOptions shuffle_options(const std::string& dir, const std::string& input) {
 }
 
 TEST(ShuffleTest, RanksGetEqualShuffledPartsOfTheSameRows) {
-  const std::string dir = temp_dir("shuffle");
+  TempDir tmp("shuffle");
+  const std::string& dir = tmp.path;
   const std::string path = dir + "/in.tsv";
   std::ofstream(path) << criteo_text(9001, 8);
   EtlOptions o = shuffle_options(dir + "/plain", path);
@@ -389,7 +404,8 @@ TEST(ShuffleTest, RanksGetEqualShuffledPartsOfTheSameRows) {
 }
 
 TEST(ShuffleTest, RanksWithoutShuffleSplitInOrder) {
-  const std::string dir = temp_dir("ranks");
+  TempDir tmp("ranks");
+  const std::string& dir = tmp.path;
   const std::string path = dir + "/in.tsv";
   std::ofstream(path) << criteo_text(3000, 9);
   EtlOptions o = shuffle_options(dir + "/plain", path);
@@ -421,7 +437,8 @@ namespace {
 
 // count_rows (mapped, counted in parallel parts) against a line-by-line reference.
 TEST(CountRowsTest, BlankLinesHeaderAndUnterminatedLastLine) {
-  const std::string dir = temp_dir("count");
+  TempDir tmp("count");
+  const std::string& dir = tmp.path;
   std::mt19937 rng(3);
   for (int trial = 0; trial < 200; ++trial) {
     std::string text;
