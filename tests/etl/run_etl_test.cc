@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -20,11 +21,25 @@
 namespace dlrec::etl {
 namespace {
 
+// Scratch directories of this process, removed when the test program ends.
+std::vector<std::string>& scratch_dirs() {
+  static std::vector<std::string> v;
+  return v;
+}
+struct RemoveScratch : ::testing::Environment {
+  void TearDown() override {
+    std::error_code ec;
+    for (const auto& d : scratch_dirs()) std::filesystem::remove_all(d, ec);
+  }
+};
+const auto* const kRemoveScratch = ::testing::AddGlobalTestEnvironment(new RemoveScratch);
+
 std::string test_dir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   std::string d = std::string(::testing::TempDir()) + "dlrec_etl_" + info->name() + "_" +
                   std::to_string(::getpid());
   make_dirs(d);
+  scratch_dirs().push_back(d);
   return d;
 }
 
