@@ -22,10 +22,12 @@
 //
 // The cross layer (DCNv2): forward per layer h = x_l V^T (low rank), u = h U^T + b (or
 // x_l W^T + b) through cuBLASLt's bias epilogue in bf16, then x_{l+1} = x0 * u + x_l in one
-// pass. Backward per layer, g = dL/dx_{l+1}: one pass writes du = g * x0, adds g * u to the f32
+// pass. Backward per layer, g = dL/dx_{l+1}: one pass writes du = g * x0, adds g * u to the
 // accumulator of dL/dx0 (and g itself at layer 0, the residual into x0) and sums the bias
 // gradient; then the weight and input gradients are GEMMs, the input gradient accumulated into
-// g in place (beta = 1: dL/dx_l = g + dh V) or, at layer 0, into the accumulator.
+// g in place (beta = 1: dL/dx_l = g + dh V) or, at layer 0, into the accumulator. The
+// accumulator has the compute type (bf16 in bf16, as autograd's would) and is the input's
+// gradient buffer itself when the cross layer is its first consumer.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -147,6 +149,7 @@ struct Engine {
   cudaStream_t st = nullptr;
   cublasHandle_t blas = nullptr;
   std::unique_ptr<lt::Lt> lt;
+  bool use_lt = true;  // DLREC_GRAPH_LT=0: plain cublasGemmEx for epilogue-free bf16 GEMMs
   bool dense_adagrad = false, emb_adagrad = false;
   float eps = 1e-8f, init_acc = 0.f, emb_eps = 1e-8f, emb_init_acc = 0.f;
   std::vector<Value> vals;
@@ -169,6 +172,20 @@ struct Engine {
   void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
             const void* Bm, int64_t ldb, void* D, DType dt, int64_t ldd, bool accumulate) {
     if (m == 0 || n == 0) return;
+    if (lt && !accumulate && use_lt) {
+      // bf16 GEMMs that overwrite D: cuBLASLt, the fastest of its candidates timed on first use.
+      lt::Gemm g;
+      g.trans_a = ta;
+      g.trans_b = tb;
+      g.m = m;
+      g.n = n;
+      g.k = k;
+      g.lda = lda;
+      g.ldb = ldb;
+      g.ldd = ldd;
+      g.d_type = cuda_type(dt);
+      if (lt->run(g, A, Bm, D, nullptr, nullptr, st)) return;
+    }
     const float one = 1.f, zero = 0.f;
     const cublasComputeType_t ct =
         prec == Precision::TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -560,7 +577,7 @@ class CrossNode final : public Node {
     if (v.need_grad) {
       du_ = e.buf({cap, ld_}, e.act);
       if (r_ > 0) dh_ = e.buf({cap, rld_}, e.act);
-      acc_ = e.buf({cap, ld_}, DType::F32);
+      acc_ = e.buf({cap, ld_}, e.act);
     }
   }
   void forward(Engine& e) override {
@@ -592,24 +609,30 @@ class CrossNode final : public Node {
   }
   void backward(Engine& e) override {
     Value& v = e.vals[self];
+    Value& x = e.vals[in[0]];
     void* g = v.g.raw();
+    // The accumulator of dL/dx0 (compute type): the input's gradient buffer itself when this is
+    // its first consumer and the layouts agree (no copy), else our own, delivered at the end.
+    const bool alias = x.need_grad && !x.has_grad && x.gdt == e.act && in_ld_ == ld_;
+    void* acc = alias ? x.g.raw() : acc_.raw();
+    if (alias) e.claim(in[0]);
     const int64_t L = static_cast<int64_t>(layers_.size());
     for (int64_t l = L; l-- > 0;) {
       Layer& Y = layers_[l];
       if (e.lowp)
         cg::cross_backward(static_cast<const bf16*>(g), static_cast<const bf16*>(x0p_),
                            static_cast<const bf16*>(Y.u.raw()), static_cast<bf16*>(du_.raw()),
-                           acc_.data<float>(), e.partial.data<float>(), Y.w.db.data<float>(),
+                           static_cast<bf16*>(acc), e.partial.data<float>(), Y.w.db.data<float>(),
                            e.B, F_, ld_, l == L - 1, l == 0, e.st);
       else
         cg::cross_backward(static_cast<const float*>(g), static_cast<const float*>(x0p_),
-                           Y.u.data<float>(), du_.data<float>(), acc_.data<float>(),
+                           Y.u.data<float>(), du_.data<float>(), static_cast<float*>(acc),
                            e.partial.data<float>(), Y.w.db.data<float>(), e.B, F_, ld_,
                            l == L - 1, l == 0, e.st);
       // dL/dx_l = g + (du through W, or through U then V): into g in place, or at layer 0
       // into the accumulator of dL/dx0.
-      void* dst = l > 0 ? g : acc_.raw();
-      const DType dt = l > 0 ? e.act : DType::F32;
+      void* dst = l > 0 ? g : acc;
+      const DType dt = e.act;
       e.lin_wgrad(Y.w, du_.raw(), ld_);
       if (r_ > 0) {
         e.lin_dgrad(Y.w, du_.raw(), ld_, dh_.raw(), e.act, rld_, false);
@@ -621,9 +644,9 @@ class CrossNode final : public Node {
       }
       e.lin_update(Y.w);
     }
-    if (e.vals[in[0]].need_grad) {
-      const bool acc = e.claim(in[0]);
-      e.deliver(in[0], acc_.raw(), DType::F32, ld_, 0, 0, F_, acc);
+    if (x.need_grad && !alias) {
+      const bool accumulate = e.claim(in[0]);
+      e.deliver(in[0], acc_.raw(), e.act, ld_, 0, 0, F_, accumulate);
     }
   }
   void collect(Engine& e, std::vector<NamedState>& dense, std::vector<NamedState>&) override {
@@ -850,6 +873,7 @@ class GraphCuda final : public CudaModel {
   void bind_slot();
   void run_forward();
   void run_backward();
+  void on_side(int i, bool fwd);
   void step_body();
   void refresh_shadows();
   void drop_graphs();
@@ -863,7 +887,10 @@ class GraphCuda final : public CudaModel {
   Engine e_;
   int64_t T_ = 0, num_dense_ = 0;
   float lr_ = 0, emb_lr_ = 0;
-  cudaStream_t copy_ = nullptr;
+  cudaStream_t copy_ = nullptr, side_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  bool overlap_ = true;  // the embedding layer on a side stream (off when profiling)
+  int emb_idx_ = -1;
   Tensor blas_ws_, lt_ws_;
   bool graphs_ = true, shadows_stale_ = false;
   std::vector<std::unique_ptr<Node>> nodes_;
@@ -971,6 +998,10 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
   graphs_ = !profile_ && !(gr && gr[0] == '0');
   DLREC_CUDA_CHECK(cudaStreamCreate(&e_.st));
   DLREC_CUDA_CHECK(cudaStreamCreate(&copy_));
+  DLREC_CUDA_CHECK(cudaStreamCreate(&side_));
+  DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+  DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+  overlap_ = !profile_;
   blas_ws_ = Tensor::empty({32 << 20}, DType::U8, dev_);
   GCUDA_CUBLAS_CHECK(cublasCreate(&e_.blas));
   GCUDA_CUBLAS_CHECK(cublasSetStream(e_.blas, e_.st));
@@ -980,6 +1011,8 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
   if (e_.lowp) {
     lt_ws_ = Tensor::empty({32 << 20}, DType::U8, dev_);
     e_.lt = std::make_unique<lt::Lt>(lt_ws_.raw(), lt_ws_.nbytes());
+    const char* gl = std::getenv("DLREC_GRAPH_LT");
+    e_.use_lt = !(gl && gl[0] == '0');
   }
   for (auto& sl : slots_) {
     DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&sl.ready, cudaEventDisableTiming));
@@ -1069,6 +1102,7 @@ std::unique_ptr<Node> GraphCuda::make_node(const LayerSpec& s, int idx, uint64_t
                                                 nn::parse_pooling(s.pooling) == nn::Pooling::Mean,
                                                 seed);
     emb_ = node.get();
+    emb_idx_ = idx;
     return node;
   }
   if (t == "mlp") {
@@ -1154,6 +1188,7 @@ void GraphCuda::drop_graphs() {
 
 GraphCuda::~GraphCuda() {
   if (copy_) cudaStreamSynchronize(copy_);
+  if (side_) cudaStreamSynchronize(side_);
   if (e_.st) cudaStreamSynchronize(e_.st);
   if (profile_ && profiled_steps_ > 0) {
     double total = 0;
@@ -1177,6 +1212,9 @@ GraphCuda::~GraphCuda() {
   nodes_.clear();
   e_.lt.reset();
   if (e_.blas) cublasDestroy(e_.blas);
+  if (fork_) cudaEventDestroy(fork_);
+  if (join_) cudaEventDestroy(join_);
+  if (side_) cudaStreamDestroy(side_);
   if (copy_) cudaStreamDestroy(copy_);
   if (e_.st) cudaStreamDestroy(e_.st);
 }
@@ -1207,6 +1245,7 @@ void GraphCuda::check_batch(const io::Batch& b) const {
 void GraphCuda::ensure_capacity(int64_t B, int64_t nnz) {
   if (B <= cap_b_ && nnz <= cap_nnz_) return;
   DLREC_CUDA_CHECK(cudaStreamSynchronize(copy_));
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(side_));
   DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
   drop_graphs();
   const int64_t nb = std::max(B, cap_b_), nn_ = std::max<int64_t>(std::max(nnz, cap_nnz_), 1);
@@ -1328,24 +1367,66 @@ void GraphCuda::bind_slot() {
   e_.keys = static_cast<const uint32_t*>(s.d_keys.raw());
 }
 
+// Runs node i's forward or backward on the side stream, forked from and joined to the main one.
+void GraphCuda::on_side(int i, bool fwd) {
+  cudaStream_t main = e_.st;
+  DLREC_CUDA_CHECK(cudaEventRecord(fork_, main));
+  DLREC_CUDA_CHECK(cudaStreamWaitEvent(side_, fork_, 0));
+  e_.st = side_;
+  try {
+    if (fwd) nodes_[i]->forward(e_);
+    else nodes_[i]->backward(e_);
+  } catch (...) {
+    e_.st = main;
+    throw;
+  }
+  e_.st = main;
+  DLREC_CUDA_CHECK(cudaEventRecord(join_, side_));
+}
+
 void GraphCuda::run_forward() {
   if (e_.B == 0) return;
+  // The embedding lookup (no inputs) runs on the side stream beside the dense layers before
+  // its first consumer.
+  const bool ov = overlap_ && emb_idx_ >= 0;
+  bool pending = false;
+  if (ov) {
+    on_side(emb_idx_, true);
+    pending = true;
+  }
   for (int i : spec_.order) {
+    if (ov && i == emb_idx_) continue;
+    if (pending)
+      for (int j : spec_.layers[i].input_ids)
+        if (j == emb_idx_ && pending) {
+          DLREC_CUDA_CHECK(cudaStreamWaitEvent(e_.st, join_, 0));
+          pending = false;
+        }
     nodes_[i]->forward(e_);
     mark(spec_.layers[i].name + " fwd");
   }
+  if (pending) DLREC_CUDA_CHECK(cudaStreamWaitEvent(e_.st, join_, 0));
 }
 
 void GraphCuda::run_backward() {
   if (e_.B == 0) return;
   for (auto& v : e_.vals) v.has_grad = false;
   e_.vals[spec_.output].has_grad = true;
+  // The embedding update (its gradient is complete when its turn comes) runs on the side
+  // stream beside the backward of the layers before it (the bottom MLP).
+  bool pending = false;
   for (size_t k = spec_.order.size(); k-- > 0;) {
     const int i = spec_.order[k];
     if (!e_.vals[i].need_grad || !e_.vals[i].has_grad) continue;
+    if (overlap_ && i == emb_idx_) {
+      on_side(i, false);
+      pending = true;
+      continue;
+    }
     nodes_[i]->backward(e_);
     mark(spec_.layers[i].name + " bwd+update");
   }
+  if (pending) DLREC_CUDA_CHECK(cudaStreamWaitEvent(e_.st, join_, 0));
 }
 
 void GraphCuda::step_body() {
@@ -1467,6 +1548,7 @@ double GraphCuda::train_step(const io::Batch& batch, double lr_scale, bool want_
 void GraphCuda::synchronize() {
   DeviceGuard g(dev_index_);
   DLREC_CUDA_CHECK(cudaStreamSynchronize(copy_));
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(side_));
   DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
 }
 

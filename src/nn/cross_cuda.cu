@@ -180,7 +180,7 @@ constexpr int kRows = 256;
 template <int V, class E>
 __global__ void cross_backward_kernel(const E* __restrict__ g, const E* __restrict__ x0,
                                       const E* __restrict__ u, E* __restrict__ du,
-                                      float* __restrict__ acc, float* __restrict__ partial,
+                                      E* __restrict__ acc, float* __restrict__ partial,
                                       int64_t B, int64_t F, int64_t ld, bool overwrite,
                                       bool add_g) {
   __shared__ float red[8][32 * V + 1];
@@ -201,15 +201,7 @@ __global__ void cross_backward_kernel(const E* __restrict__ g, const E* __restri
 #pragma unroll
         for (int k = 0; k < V; ++k) av[k] = 0.f;
       } else {
-        if constexpr (V == 1) {
-          av[0] = acc[i];
-        } else {
-#pragma unroll
-          for (int k = 0; k < V; k += 4) {
-            const float4 t = *reinterpret_cast<const float4*>(acc + i + k);
-            av[k] = t.x; av[k + 1] = t.y; av[k + 2] = t.z; av[k + 3] = t.w;
-          }
-        }
+        loadv<V>(acc + i, av);
       }
 #pragma unroll
       for (int k = 0; k < V; ++k) {
@@ -219,14 +211,7 @@ __global__ void cross_backward_kernel(const E* __restrict__ g, const E* __restri
         av[k] = a;
       }
       storev<V>(du + i, dv);
-      if constexpr (V == 1) {
-        acc[i] = av[0];
-      } else {
-        // f32 accumulator: V floats as V / 4 vectors.
-#pragma unroll
-        for (int k = 0; k < V; k += 4)
-          *reinterpret_cast<float4*>(acc + i + k) = make_float4(av[k], av[k + 1], av[k + 2], av[k + 3]);
-      }
+      storev<V>(acc + i, av);
       // The column sums use du as stored (rounded to E), like the GEMMs that read it.
 #pragma unroll
       for (int k = 0; k < V; ++k) s[k] += rounded<E>(dv[k]);
@@ -340,7 +325,7 @@ template void bias_act_strided<bf16>(bf16*, const bf16*, int64_t, int64_t, int64
 int64_t cross_grad_chunks(int64_t B) { return (B + kRows - 1) / kRows; }
 
 template <class E>
-void cross_backward(const E* g, const E* x0, const E* u, E* du, float* acc, float* partial,
+void cross_backward(const E* g, const E* x0, const E* u, E* du, E* acc, float* partial,
                     float* db, int64_t B, int64_t F, int64_t ld, bool overwrite, bool add_g,
                     cudaStream_t stream) {
   if (F == 0) return;
@@ -375,7 +360,7 @@ template void cross_combine<bf16>(const bf16*, const bf16*, const bf16*, bf16*, 
 template void cross_backward<float>(const float*, const float*, const float*, float*, float*,
                                     float*, float*, int64_t, int64_t, int64_t, bool, bool,
                                     cudaStream_t);
-template void cross_backward<bf16>(const bf16*, const bf16*, const bf16*, bf16*, float*, float*,
+template void cross_backward<bf16>(const bf16*, const bf16*, const bf16*, bf16*, bf16*, float*,
                                    float*, int64_t, int64_t, int64_t, bool, bool, cudaStream_t);
 
 }  // namespace dlrec::nn::cuda_graph

@@ -37,12 +37,12 @@ void cross_combine(const E* x0, const E* u, const E* xl, E* out, int64_t B, int6
 
 // Cross layer backward, element-wise part, for g = dL/dx_{l+1}:
 //   du = g * x0                       (E, [B, F])
-//   acc = (overwrite ? 0 : acc) + g * u (+ g when add_g)     (f32 accumulator of dL/dx0)
+//   acc = (overwrite ? 0 : acc) + g * u (+ g when add_g)     (accumulator of dL/dx0, E)
 //   db [F] = column sums of du, summed in a fixed order through `partial`
 //            [cross_grad_chunks(B), F] (deterministic).
 int64_t cross_grad_chunks(int64_t B);
 template <class E>
-void cross_backward(const E* g, const E* x0, const E* u, E* du, float* acc, float* partial,
+void cross_backward(const E* g, const E* x0, const E* u, E* du, E* acc, float* partial,
                     float* db, int64_t B, int64_t F, int64_t ld, bool overwrite, bool add_g,
                     cudaStream_t stream);
 
