@@ -285,7 +285,9 @@ TEST(GraphCuda, DeviceTrainStepAndGraphReplay) {
 #endif
 
 // bf16 activations and GEMMs with f32 master weights follow the f32 CPU within bf16 rounding.
-void bf16_tracks_cpu(const Case& c, int steps) {
+// max_param_diff: Adagrad's first steps move every weight by about lr whatever the gradient's
+// size, so where bf16 rounding flips the sign of a tiny gradient the weights differ by ~2 lr.
+void bf16_tracks_cpu(const Case& c, int steps, double max_param_diff = 0.1) {
   auto cpu = build_model(c.cfg.model, c.cfg.optimizer, c.layout, Device::cpu(), 5);
   auto gpu = build_model(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 5, "bf16");
   double worst = 0, first = 0, last = 0;
@@ -306,12 +308,12 @@ void bf16_tracks_cpu(const Case& c, int steps) {
               "params %.3g\n", steps, first, last, worst, pd);
   EXPECT_LE(worst, 0.05);
   if (steps >= 20) EXPECT_LT(last, first);
-  EXPECT_LE(pd, 0.1);
+  EXPECT_LE(pd, max_param_diff);
 }
 
 TEST(GraphCuda, Bf16DcnStackedTracksCpu) {
   SKIP_WITHOUT_GPU();
-  bf16_tracks_cpu(Case(kDcnStacked, kAdagrad), steps_or(200));
+  bf16_tracks_cpu(Case(kDcnStacked, kAdagrad), steps_or(200), 0.15);  // measured 0.083, 0.093
 }
 
 TEST(GraphCuda, Bf16DcnParallelPaddedRowsTracksCpu) {
