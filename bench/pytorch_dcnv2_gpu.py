@@ -96,7 +96,8 @@ def main():
     cards = [min(c, args.max_rows) if args.max_rows > 0 else c for c in KAGGLE]
     torch.manual_seed(1)
     t0 = time.time()
-    model = DCNv2(cards).to(dev)
+    with torch.device(dev):  # parameters created and initialised on the GPU
+        model = DCNv2(cards)
     print(f"built in {time.time() - t0:.1f} s on {torch.cuda.get_device_name()}", flush=True)
     sparse = [p for e in model.embs for p in e.parameters()]
     dense = [p for n, p in model.named_parameters() if not n.startswith("embs.")]
