@@ -18,7 +18,11 @@
 // A step follows src/model/dlrm_cuda.cu: the batch is packed into one of two pinned slots and
 // copied on a copy stream (overlapping the previous step), learning rates live in device memory,
 // and from the second step of a shape on the whole step (forward, BCE, backward, updates) is one
-// CUDA graph replay (DLREC_CUDA_GRAPH=0 turns that off).
+// CUDA graph replay (DLREC_CUDA_GRAPH=0 turns that off). The embedding layer's lookup and its
+// fused update run on a side stream beside the dense layers that do not depend on them.
+// bf16 GEMMs without an epilogue that overwrite their output go through cuBLASLt with the
+// fastest of its candidates (DLREC_GRAPH_LT=0: cublasGemmEx); DLREC_PROFILE=1 prints the device
+// time per layer (no graphs, no side stream).
 //
 // The cross layer (DCNv2): forward per layer h = x_l V^T (low rank), u = h U^T + b (or
 // x_l W^T + b) through cuBLASLt's bias epilogue in bf16, then x_{l+1} = x0 * u + x_l in one
@@ -369,7 +373,6 @@ class EmbeddingNode final : public Node {
         states_.push_back(s);
       }
     }
-    total_rows_ = total;
     key_bits_ = 1;
     while (key_bits_ < 32 && (uint64_t{1} << key_bits_) < total) ++key_bits_;
     auto upload = [&](const void* src, size_t bytes) {
@@ -420,7 +423,6 @@ class EmbeddingNode final : public Node {
   bool mean_;
   std::vector<Tensor> tables_, states_;
   std::vector<uint32_t> row_base_;
-  uint64_t total_rows_ = 0;
   int key_bits_ = 1;
   Tensor ptrs_, sptrs_, base_, scratch_mem_;
   ce::Tables tab_;
