@@ -25,6 +25,7 @@ DynamicBatcher::DynamicBatcher(BatchingConfig cfg, int workers, ExecuteOn execut
                                OnExecute on_execute)
     : cfg_(std::move(cfg)), execute_(std::move(execute)), on_execute_(std::move(on_execute)) {
   DLREC_CHECK(workers >= 1, "DynamicBatcher: at least one worker");
+  busy_.assign(static_cast<size_t>(workers), false);
   for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] { worker(i); });
 }
 
@@ -45,7 +46,8 @@ int64_t DynamicBatcher::queued() const {
 DynamicBatcher::Result DynamicBatcher::run(io::Batch batch) {
   auto job = std::make_shared<Job>();
   job->batch = std::move(batch);
-  std::future<Result> fut = job->promise.get_future();
+  int inline_worker = -1;
+  std::future<Result> fut;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (stop_) request_fail(Status::Unavailable, "the model is being unloaded");
@@ -53,11 +55,55 @@ DynamicBatcher::Result DynamicBatcher::run(io::Batch batch) {
       request_fail(Status::ResourceExhausted, "overloaded: the queue of the model holds ",
                    queue_.size(), " requests (max_queue_size); retry later");
     job->enqueued_ns = now_ns();
-    queued_rows_ += job->batch.rows;
-    queue_.push_back(job);
+    // No queue delay, nothing queued and an instance idle: run on this thread (no hand-off to
+    // a worker and back, which is most of a small request's latency).
+    if (cfg_.max_queue_delay_us == 0 && queue_.empty())
+      for (size_t i = 0; i < busy_.size(); ++i)
+        if (!busy_[i]) {
+          busy_[i] = true;
+          inline_worker = static_cast<int>(i);
+          break;
+        }
+    if (inline_worker < 0) {
+      fut = job->promise.get_future();
+      queued_rows_ += job->batch.rows;
+      queue_.push_back(job);
+    }
   }
-  cv_.notify_one();
-  return fut.get();
+  if (inline_worker < 0) {
+    cv_.notify_one();
+    return fut.get();
+  }
+  auto release = [&] {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      busy_[static_cast<size_t>(inline_worker)] = false;
+    }
+    cv_.notify_all();  // the instance's worker may have requests waiting for it
+  };
+  Result r;
+  const uint64_t start = now_ns();
+  try {
+    r.outputs = execute_(job->batch, inline_worker);
+    if (static_cast<int64_t>(r.outputs.size()) != job->batch.rows)
+      request_fail(Status::Internal, "the model returned ", r.outputs.size(), " outputs for ",
+                   job->batch.rows, " rows");
+  } catch (...) {
+    release();
+    throw;
+  }
+  const uint64_t end = now_ns();
+  release();
+  if (on_execute_) {
+    try {
+      on_execute_(job->batch.rows, end - start);
+    } catch (...) {
+    }
+  }
+  r.queue_ns = start - job->enqueued_ns;
+  r.compute_ns = end - start;
+  r.merged_rows = job->batch.rows;
+  return r;
 }
 
 void DynamicBatcher::worker(int index) {
@@ -68,7 +114,8 @@ void DynamicBatcher::worker(int index) {
     jobs.clear();
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      // This instance may be running an inline request (run()); wait until it is free.
+      cv_.wait(lk, [&] { return (stop_ && queue_.empty()) || (!queue_.empty() && !busy_[index]); });
       if (queue_.empty()) return;  // stopping and drained
       // Wait for more rows until the oldest request has waited max_queue_delay_us.
       auto deadline = std::chrono::steady_clock::time_point(
@@ -87,6 +134,7 @@ void DynamicBatcher::worker(int index) {
       }
       // Another worker may have taken the requests while this one waited.
       if (jobs.empty()) continue;
+      busy_[index] = true;
       if (!queue_.empty()) cv_.notify_one();  // more for an idle worker
     }
     const uint64_t start = now_ns();
@@ -107,6 +155,10 @@ void DynamicBatcher::worker(int index) {
       err = std::current_exception();
     }
     const uint64_t end = now_ns();
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      busy_[index] = false;
+    }
     if (!err && on_execute_) {
       try {
         on_execute_(input->rows, end - start);

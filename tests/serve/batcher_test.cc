@@ -190,3 +190,40 @@ TEST(DynamicBatcher, SeveralWorkersShareTheQueue) {
   EXPECT_LE(max_running.load(), 3);
   EXPECT_EQ(used.size(), 3u);
 }
+
+// With no queue delay, a request that finds the queue empty and an instance idle runs on the
+// caller's thread; under concurrency the rest queue as usual, and no instance ever runs two
+// batches at once.
+TEST(DynamicBatcher, IdleInstanceRunsTheRequestInline) {
+  BatchingConfig cfg;
+  cfg.max_batch_size = 64;
+  cfg.max_queue_delay_us = 0;
+  std::mutex mu;
+  std::vector<std::thread::id> ran_on;
+  std::atomic<int> running[2] = {{0}, {0}};
+  std::atomic<int> overlaps{0};
+  DynamicBatcher b(cfg, 2, [&](const io::Batch& x, int worker) {
+    if (++running[worker] > 1) ++overlaps;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      ran_on.push_back(std::this_thread::get_id());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    --running[worker];
+    return doubled(x);
+  });
+  auto r = b.run(rows_with({1.f, 2.f}));
+  EXPECT_EQ(r.outputs, (std::vector<float>{2.f, 4.f}));
+  ASSERT_EQ(ran_on.size(), 1u);
+  EXPECT_EQ(ran_on[0], std::this_thread::get_id()) << "an idle instance should run it inline";
+  std::vector<std::future<void>> fs;
+  for (int i = 0; i < 40; ++i)
+    fs.push_back(std::async(std::launch::async, [&, i] {
+      auto rr = b.run(rows_with({float(i)}));
+      ASSERT_EQ(rr.outputs.size(), 1u);
+      EXPECT_EQ(rr.outputs[0], 2.f * i);
+    }));
+  for (auto& f : fs) f.get();
+  EXPECT_EQ(overlaps.load(), 0) << "an instance ran two batches at once";
+  EXPECT_EQ(ran_on.size() > 1, true);
+}

@@ -1,11 +1,14 @@
 // DynamicBatcher: merges concurrent requests for one model version into larger executions.
 //
 // Requests (encoded io::Batch rows) wait in a bounded FIFO queue. A worker thread (one per
-// model instance) takes the oldest request and waits up to max_queue_delay_us for more, until the queued rows reach the
-// preferred batch size; it then merges requests in order while the total stays within
-// max_batch_size, runs `execute` once on the merged rows and hands each request its slice of
-// the outputs. A full queue rejects new requests at once (RequestError ResourceExhausted).
-// The destructor finishes every queued request before returning.
+// model instance) takes the oldest request and waits up to max_queue_delay_us for more, until
+// the queued rows reach the preferred batch size; it then merges requests in order while the
+// total stays within max_batch_size, runs `execute` once on the merged rows and hands each
+// request its slice of the outputs. A full queue rejects new requests at once (RequestError
+// ResourceExhausted). With max_queue_delay_us = 0, a request that finds the queue empty and an
+// instance idle runs on the caller's thread (no hand-off to a worker and back); an instance
+// never runs two batches at once. The destructor finishes every queued request before
+// returning.
 #pragma once
 
 #include <condition_variable>
@@ -63,6 +66,7 @@ class DynamicBatcher {
   std::deque<std::shared_ptr<Job>> queue_;
   int64_t queued_rows_ = 0;
   bool stop_ = false;
+  std::vector<bool> busy_;  // per instance: executing (a worker's batch or an inline request)
   std::vector<std::thread> threads_;
 };
 
