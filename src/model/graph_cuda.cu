@@ -895,6 +895,7 @@ class GraphCuda final : public CudaModel {
   int emb_idx_ = -1;
   Tensor blas_ws_, lt_ws_;
   bool graphs_ = true, shadows_stale_ = false;
+  bool exposed_ = false;  // parameters()/optimizer_state() handed out tensors since last upload
   std::vector<std::unique_ptr<Node>> nodes_;
   EmbeddingNode* emb_ = nullptr;
   std::vector<NamedState> dense_, tables_;
@@ -998,9 +999,13 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
   profile_ = prof && prof[0] == '1';
   const char* gr = std::getenv("DLREC_CUDA_GRAPH");
   graphs_ = !profile_ && !(gr && gr[0] == '0');
-  DLREC_CUDA_CHECK(cudaStreamCreate(&e_.st));
-  DLREC_CUDA_CHECK(cudaStreamCreate(&copy_));
-  DLREC_CUDA_CHECK(cudaStreamCreate(&side_));
+  // Non-blocking streams (as the CUDA DLRM): with several serving instances in a process,
+  // another model's legacy-stream copy during this one's graph capture would otherwise fail the
+  // capture. forward() synchronises before returning; after parameters()/optimizer_state()
+  // handed out tensors, the next step first waits for the legacy stream (Tensor copies/fills).
+  DLREC_CUDA_CHECK(cudaStreamCreateWithFlags(&e_.st, cudaStreamNonBlocking));
+  DLREC_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  DLREC_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
   overlap_ = !profile_;
@@ -1356,6 +1361,10 @@ void GraphCuda::upload(const io::Batch& b, float lr, float emb_lr) {
   fwd_rows_ = B;
   fwd_nnz_ = nnz;
   bind_slot();
+  if (exposed_) {
+    DLREC_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+    exposed_ = false;
+  }
   if (shadows_stale_) refresh_shadows();
 }
 
@@ -1453,6 +1462,8 @@ Tensor GraphCuda::forward(const io::Batch& batch, bool training) {
                                      cudaMemcpyDeviceToDevice, e_.st));
   if (!training) DLREC_CUDA_CHECK(cudaEventRecord(slots_[cur_].free, e_.st));
   have_training_forward_ = training;
+  // Callers read the logits with legacy-stream copies, which do not wait for our streams.
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
   return out;
 }
 
@@ -1557,6 +1568,7 @@ void GraphCuda::synchronize() {
 std::vector<NamedTensor> GraphCuda::parameters() {
   synchronize();
   shadows_stale_ = e_.lowp;  // the caller may write into the f32 masters
+  exposed_ = true;
   std::vector<NamedTensor> out;
   for (auto& p : dense_) out.emplace_back(p.name, p.value);
   for (auto& p : tables_) out.emplace_back(p.name, p.value);
@@ -1565,6 +1577,7 @@ std::vector<NamedTensor> GraphCuda::parameters() {
 
 std::vector<NamedTensor> GraphCuda::optimizer_state() {
   synchronize();
+  exposed_ = true;
   std::vector<NamedTensor> out;
   if (e_.dense_adagrad)
     for (auto& p : dense_) out.emplace_back(p.name + ".adagrad", p.state);
