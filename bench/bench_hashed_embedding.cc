@@ -132,6 +132,15 @@ struct GpuRunner : Runner {
 
 int main(int argc, char** argv) {
   using namespace dlrec;
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      std::printf("usage: bench_hashed_embedding [--ids N] [--space N] [--capacity ROWS] [--dim D]\n"
+                  "         [--batch N] [--zipf S] [--optimizer sgd|adagrad|...] [--lr LR]\n"
+                  "         [--seed N] [--distinct] [--device cpu|cuda]\n"
+                  "defaults: 100M ids over a 1B-id space, capacity 10M rows, dim 16, batch 8192,\n"
+                  "zipf 1.05, adagrad lr 0.05 (see the header of bench/bench_hashed_embedding.cc)\n");
+      return 0;
+    }
   try {
     const int64_t ids = static_cast<int64_t>(arg_num(argc, argv, "--ids", 1e8));
     const double space = arg_num(argc, argv, "--space", 1e9);
