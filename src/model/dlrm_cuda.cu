@@ -47,6 +47,7 @@
 #include "nn/dense_cuda.h"
 #include "nn/embedding_cuda.h"
 #include "nn/lt_gemm.h"
+#include "model/cuda_step.h"
 
 namespace dlrec::model {
 namespace {
@@ -56,38 +57,8 @@ namespace cd = nn::cuda_dense;
 namespace lt = nn::cuda_lt;
 using bf16 = cd::bf16;
 
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 bf16* bfp(const Tensor& t) { return static_cast<bf16*>(t.raw()); }
-cudaGraphExec_t capture_graph(cudaStream_t stream, const std::function<void()>& body,
-                              const char* what);
-
-#define DLREC_CUBLAS_CHECK(expr)                                                          \
-  do {                                                                                    \
-    cublasStatus_t _s = (expr);                                                           \
-    if (_s != CUBLAS_STATUS_SUCCESS)                                                      \
-      ::dlrec::fail("cuBLAS error ", static_cast<int>(_s), " in ", #expr, " at ", __FILE__, \
-                    ":", __LINE__);                                                       \
-  } while (0)
-
-struct DeviceGuard {
-  int prev = 0;
-  explicit DeviceGuard(int d) {
-    DLREC_CUDA_CHECK(cudaGetDevice(&prev));
-    if (prev != d) DLREC_CUDA_CHECK(cudaSetDevice(d));
-  }
-  ~DeviceGuard() { cudaSetDevice(prev); }
-};
-
-// Pinned host memory that frees itself.
-struct PinnedDeleter {
-  void operator()(void* p) const { cudaFreeHost(p); }
-};
-using PinnedPtr = std::unique_ptr<void, PinnedDeleter>;
-PinnedPtr pinned_alloc(size_t bytes) {
-  void* p = nullptr;
-  DLREC_CUDA_CHECK(cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault));
-  return PinnedPtr(p);
-}
+using namespace cuda_step;
 
 struct DenseLayer {
   int64_t in = 0, in_pad = 0, out = 0;
@@ -101,14 +72,6 @@ struct DenseLayer {
   bool aux_valid = false;         // the last forward wrote aux (cuBLASLt epilogue path)
   const void* x = nullptr;        // input of the last forward (rows in_pad apart)
 };
-
-enum class Precision { FP32, TF32, BF16 };
-Precision parse_precision(const std::string& p) {
-  if (p == "fp32") return Precision::FP32;
-  if (p == "tf32") return Precision::TF32;
-  if (p == "bf16") return Precision::BF16;
-  fail("unknown precision '", p, "' (expected fp32, tf32 or bf16)");
-}
 
 class DlrmCuda final : public CudaModel {
  public:
@@ -140,24 +103,6 @@ class DlrmCuda final : public CudaModel {
   void infer_body(InferBucket& bk);
   InferBucket& infer_bucket(int64_t rows, int parity);  // created on first use
   void infer_launch(InferBucket& bk);                   // graph (captured on first use)
-  // Device inputs of one step, double-buffered with their pinned staging memory.
-  struct Slot {
-    PinnedPtr mem;
-    float* dense = nullptr;
-    float* labels = nullptr;
-    int32_t* offsets = nullptr;
-    uint32_t* keys = nullptr;
-    float* lr = nullptr;            // [2]: dense and embedding learning rate of the step
-    Tensor d_dense, d_labels, d_offsets, d_keys, d_lr;
-    cudaEvent_t ready = nullptr;    // copy stream: inputs on the device
-    cudaEvent_t free = nullptr;     // model stream: last use of the device inputs
-    bool pending = false;           // a copy from `mem` was enqueued
-    // The CUDA graph of a training step on this slot's inputs, for (rows, nnz).
-    cudaGraphExec_t graph = nullptr;
-    int64_t graph_rows = -1, graph_nnz = -1;
-    int eager_steps = 0;            // eager steps with the current shape (graph after one)
-  };
-
   void check_batch(const io::Batch& b) const;
   void ensure_capacity(int64_t B, int64_t nnz);
   // Packs the batch and enqueues its copy; the model stream waits for it. Sets cur_.
@@ -176,7 +121,7 @@ class DlrmCuda final : public CudaModel {
   void drop_graphs();
   cudaStream_t side() const { return overlap_ ? side_ : stream_; }
   Tensor dev_tensor(Shape s, DType t = DType::F32) { return Tensor::empty(std::move(s), t, dev_); }
-  const float* lr_ptr() const { return slots_[cur_].d_lr.data<float>(); }
+  const float* lr_ptr() const { return inputs_->slots[cur_].d_lr.data<float>(); }
 
   ModelConfig mc_;
   OptimizerConfig oc_;
@@ -210,8 +155,8 @@ class DlrmCuda final : public CudaModel {
   Tensor dense_h_, emb_out_, inter_, d_dense_, d_emb_, dlogits_, dlogits_h_, bgrad_partial_,
       bgrad_partial_side_, loss_, scratch_mem_;
   ce::Scratch scratch_;
-  Slot slots_[2];
-  int next_ = 0, cur_ = 0;
+  std::unique_ptr<StepInputs> inputs_;  // double-buffered step inputs (cuda_step.h)
+  int cur_ = 0;                          // the slot of the last upload
   std::vector<std::unique_ptr<InferBucket>> buckets_;  // by log2(rows)
 
   int64_t fwd_rows_ = 0, fwd_nnz_ = 0;
@@ -336,11 +281,7 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
     lt_ = std::make_unique<lt::Lt>(lt_workspace_.raw(), lt_workspace_.nbytes());
     lt_side_ = std::make_unique<lt::Lt>(lt_side_workspace_.raw(), lt_side_workspace_.nbytes());
   }
-  for (auto& sl : slots_) {
-    DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&sl.ready, cudaEventDisableTiming));
-    DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&sl.free, cudaEventDisableTiming));
-    sl.d_lr = dev_tensor({2});
-  }
+  inputs_ = std::make_unique<StepInputs>(dev_);
 
   // Dense layers: initialised on the CPU exactly as the CPU model does, then copied.
   auto make_mlp = [&](int64_t in, const std::vector<int64_t>& sizes, bool relu_last,
@@ -459,12 +400,7 @@ void DlrmCuda::drop_graphs() {
       cudaGraphExecDestroy(bk->graph);
       bk->graph = nullptr;
     }
-  for (auto& sl : slots_) {
-    if (sl.graph) cudaGraphExecDestroy(sl.graph);
-    sl.graph = nullptr;
-    sl.graph_rows = sl.graph_nnz = -1;
-    sl.eager_steps = 0;
-  }
+  if (inputs_) inputs_->drop_graphs();
 }
 
 DlrmCuda::~DlrmCuda() {
@@ -490,10 +426,7 @@ DlrmCuda::~DlrmCuda() {
   for (auto& bk : buckets_)
     if (bk && bk->done) cudaEventDestroy(bk->done);
   for (auto e : events_) cudaEventDestroy(e);
-  for (auto& sl : slots_) {
-    if (sl.ready) cudaEventDestroy(sl.ready);
-    if (sl.free) cudaEventDestroy(sl.free);
-  }
+  inputs_.reset();
   if (fork_) cudaEventDestroy(fork_);
   if (join_) cudaEventDestroy(join_);
   lt_.reset();
@@ -505,25 +438,7 @@ DlrmCuda::~DlrmCuda() {
 }
 
 void DlrmCuda::check_batch(const io::Batch& b) const {
-  DLREC_CHECK(b.rows >= 0, "DLRM: negative batch size");
-  DLREC_CHECK(b.num_dense == num_dense_, "DLRM: the batch has ", b.num_dense,
-              " dense features, the model was built for ", num_dense_);
-  DLREC_CHECK(b.num_cat() == T_ && static_cast<int64_t>(b.cat_indices.size()) == T_,
-              "DLRM: the batch has ", b.num_cat(),
-              " categorical features, the model was built for ", T_);
-  DLREC_CHECK(static_cast<int64_t>(b.dense.size()) == b.rows * b.num_dense,
-              "DLRM: the batch has ", b.dense.size(), " dense values for ", b.rows, " rows x ",
-              b.num_dense, " features");
-  DLREC_CHECK(static_cast<int64_t>(b.labels.size()) >= b.rows || b.labels.empty(),
-              "DLRM: the batch has ", b.labels.size(), " labels for ", b.rows, " rows");
-  for (int64_t t = 0; t < T_; ++t) {
-    const auto& off = b.cat_offsets[t];
-    DLREC_CHECK(static_cast<int64_t>(off.size()) == b.rows + 1, "DLRM: categorical feature ", t,
-                " has ", off.size(), " offsets for ", b.rows, " rows");
-    DLREC_CHECK(off.front() >= 0 && off.back() <= static_cast<int64_t>(b.cat_indices[t].size()),
-                "DLRM: categorical feature ", t, ": offsets do not fit its ",
-                b.cat_indices[t].size(), " ids");
-  }
+  cuda_step::check_batch(b, num_dense_, T_, "DLRM");
 }
 
 void DlrmCuda::ensure_capacity(int64_t B, int64_t nnz) {
@@ -561,26 +476,7 @@ void DlrmCuda::ensure_capacity(int64_t B, int64_t nnz) {
   scratch_mem_ = dev_tensor({static_cast<int64_t>(sb)}, DType::U8);
   scratch_ = ce::carve(scratch_mem_.raw(), nn_, key_bits_, static_cast<int>(dim_));
   ce::prepare(scratch_, stream_);
-  const size_t host_bytes = sizeof(float) * cb * (num_dense_ + 1) +
-                            sizeof(int32_t) * (cb * T_ + 1) + sizeof(uint32_t) * nn_ + 512;
-  for (auto& sl : slots_) {
-    sl.pending = false;
-    sl.mem = pinned_alloc(host_bytes);
-    char* p = static_cast<char*>(sl.mem.get());
-    sl.lr = reinterpret_cast<float*>(p);
-    p += 256;
-    sl.dense = reinterpret_cast<float*>(p);
-    p += sizeof(float) * cb * num_dense_;
-    sl.labels = reinterpret_cast<float*>(p);
-    p += sizeof(float) * cb;
-    sl.offsets = reinterpret_cast<int32_t*>(p);
-    p += sizeof(int32_t) * (cb * T_ + 1);
-    sl.keys = reinterpret_cast<uint32_t*>(p);
-    sl.d_dense = dev_tensor({cb, std::max<int64_t>(num_dense_, 1)});
-    sl.d_labels = dev_tensor({cb});
-    sl.d_offsets = dev_tensor({cb * T_ + 1}, DType::I32);
-    sl.d_keys = dev_tensor({nn_}, DType::I32);
-  }
+  inputs_->allocate(cb, nn_, num_dense_, T_);
 }
 
 void DlrmCuda::upload(const io::Batch& b, float lr, float emb_lr) {
@@ -588,63 +484,8 @@ void DlrmCuda::upload(const io::Batch& b, float lr, float emb_lr) {
   int64_t nnz = 0;
   for (int64_t t = 0; t < T_; ++t) nnz += b.cat_offsets[t][B] - b.cat_offsets[t][0];
   ensure_capacity(B, nnz);
-  Slot& s = slots_[next_];
-  cur_ = next_;
-  next_ ^= 1;
-  // The slot's previous copy must have left the pinned buffer before we overwrite it.
-  if (s.pending) DLREC_CUDA_CHECK(cudaEventSynchronize(s.ready));
-  s.lr[0] = lr;
-  s.lr[1] = emb_lr;
-  if (B * num_dense_ > 0) std::memcpy(s.dense, b.dense.data(), sizeof(float) * B * num_dense_);
-  if (b.labels.empty()) std::memset(s.labels, 0, sizeof(float) * B);
-  else std::memcpy(s.labels, b.labels.data(), sizeof(float) * B);
-  // Tables are packed in parallel (each into its own range); ids are range-checked here.
-  std::vector<int32_t> start(T_ + 1, 0);
-  for (int64_t t = 0; t < T_; ++t)
-    start[t + 1] = start[t] + static_cast<int32_t>(b.cat_offsets[t][B] - b.cat_offsets[t][0]);
-  parallel_for(0, T_, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const auto& off = b.cat_offsets[t];
-      const auto& idx = b.cat_indices[t];
-      const int64_t rows = layout_.cardinalities[t];
-      const uint32_t base = row_base_host_[t];
-      const int32_t pos = start[t];
-      int32_t* o = s.offsets + t * B;
-      for (int64_t r = 0; r < B; ++r) {
-        DLREC_CHECK(off[r] <= off[r + 1], "EmbeddingBag::forward: offsets decrease at row ", r);
-        o[r] = pos + static_cast<int32_t>(off[r] - off[0]);
-      }
-      const int64_t* ids = idx.data() + off[0];
-      uint32_t* keys = s.keys + pos;
-      const int64_t m = off[B] - off[0];
-      bool bad = false;
-      for (int64_t p = 0; p < m; ++p) {
-        const int64_t id = ids[p];
-        bad |= (id < 0) | (id >= rows);
-        keys[p] = base + static_cast<uint32_t>(id);
-      }
-      if (bad)
-        for (int64_t p = 0; p < m; ++p)
-          if (ids[p] < 0 || ids[p] >= rows)
-            fail("EmbeddingBag: id ", ids[p], " of table ", t, " is out of range [0, ", rows,
-                 ")");
-    }
-  });
-  s.offsets[T_ * B] = start[T_];
-  // The copy stream writes the slot's device inputs once the step that last read them is done.
-  cudaStream_t cs = overlap_ ? copy_ : stream_;
-  if (overlap_) DLREC_CUDA_CHECK(cudaStreamWaitEvent(copy_, s.free, 0));
-  auto h2d = [&](void* dst, const void* src, size_t bytes) {
-    if (bytes) DLREC_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cs));
-  };
-  h2d(s.d_lr.raw(), s.lr, sizeof(float) * 2);
-  h2d(s.d_dense.raw(), s.dense, sizeof(float) * B * num_dense_);
-  h2d(s.d_labels.raw(), s.labels, sizeof(float) * B);
-  h2d(s.d_offsets.raw(), s.offsets, sizeof(int32_t) * (T_ * B + 1));
-  h2d(s.d_keys.raw(), s.keys, sizeof(uint32_t) * nnz);
-  DLREC_CUDA_CHECK(cudaEventRecord(s.ready, cs));
-  if (overlap_) DLREC_CUDA_CHECK(cudaStreamWaitEvent(stream_, s.ready, 0));
-  s.pending = true;
+  cur_ = inputs_->upload(b, layout_.cardinalities, &row_base_host_, lr, emb_lr,
+                         overlap_ ? copy_ : stream_, stream_, "DLRM");
   fwd_rows_ = B;
   fwd_nnz_ = nnz;
   absorb_external_writes();
@@ -811,7 +652,7 @@ void DlrmCuda::run_forward(bool training) {
   const int64_t B = fwd_rows_;
   have_training_forward_ = training;
   if (B == 0) return;
-  const Slot& sl = slots_[cur_];
+  const InputSlot& sl = inputs_->slots[cur_];
   // Bottom MLP on the side stream, beside the embedding lookup.
   cudaStream_t bs = side();
   const bool fork = bs != stream_;
@@ -856,7 +697,7 @@ void DlrmCuda::run_forward(bool training) {
 void DlrmCuda::run_backward_update() {
   const int64_t B = fwd_rows_;
   if (B == 0) return;
-  const Slot& sl = slots_[cur_];
+  const InputSlot& sl = inputs_->slots[cur_];
   const void* dlog = bf16_ ? dlogits_h_.raw() : dlogits_.raw();
   const void* dinter = mlp_backward(top_, dlog, B, true, stream_, lt_.get(), blas_,
                                     bgrad_partial_);
@@ -900,7 +741,7 @@ void DlrmCuda::run_backward_update() {
 }
 
 void DlrmCuda::step_body() {
-  const Slot& sl = slots_[cur_];
+  const InputSlot& sl = inputs_->slots[cur_];
   run_forward(true);
   have_training_forward_ = false;
   cd::bce_with_logits(top_.back().y.data<float>(), sl.d_labels.data<float>(), fwd_rows_,
@@ -923,7 +764,7 @@ Tensor DlrmCuda::forward(const io::Batch& batch, bool training) {
   if (B)
     DLREC_CUDA_CHECK(cudaMemcpyAsync(logits.raw(), top_.back().y.raw(), sizeof(float) * B,
                                      cudaMemcpyDeviceToDevice, stream_));
-  if (!training) DLREC_CUDA_CHECK(cudaEventRecord(slots_[cur_].free, stream_));
+  if (!training) DLREC_CUDA_CHECK(cudaEventRecord(inputs_->slots[cur_].free, stream_));
   // Callers read the logits with legacy-stream copies, which do not wait for our streams.
   DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return logits;
@@ -940,7 +781,7 @@ void DlrmCuda::backward_and_update(const Tensor& dlogits, double lr_scale) {
               "DLRM: dlogits on ", dlogits.device().str(), ", the model is on ", dev_.str());
   DLREC_CHECK(lr_scale >= 0, "DLRM: lr_scale must be >= 0, got ", lr_scale);
   have_training_forward_ = false;
-  Slot& sl = slots_[cur_];
+  InputSlot& sl = inputs_->slots[cur_];
   // The learning rates go through the slot's pinned buffer (its copy was waited for in
   // upload, and the next upload into it waits for this copy).
   DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -977,35 +818,8 @@ double DlrmCuda::train_step(const io::Batch& batch, double lr_scale, bool want_l
         (seen_steps_ >= 3) *
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   mark("h2d (+host packing)");
-  Slot& sl = slots_[cur_];
-  if (graphs_ && fwd_rows_ > 0) {
-    if (sl.graph && (sl.graph_rows != fwd_rows_ || sl.graph_nnz != fwd_nnz_)) {
-      DLREC_CUDA_CHECK(cudaGraphExecDestroy(sl.graph));
-      sl.graph = nullptr;
-      sl.eager_steps = 0;
-    }
-    if (!sl.graph && sl.eager_steps >= 1) {
-      // Capture once the shape has run eagerly (cuBLAS/cuBLASLt plans and CUB sizes are set).
-      sl.graph = capture_graph(stream_, [&] { step_body(); }, "training step");
-      if (sl.graph) {
-        sl.graph_rows = fwd_rows_;
-        sl.graph_nnz = fwd_nnz_;
-      } else {
-        graphs_ = false;  // run eagerly from now on
-      }
-    }
-  }
-  if (graphs_ && sl.graph) {
-    DLREC_CUDA_CHECK(cudaGraphLaunch(sl.graph, stream_));
-  } else {
-    step_body();
-    if (sl.graph_rows != fwd_rows_ || sl.graph_nnz != fwd_nnz_) {
-      sl.graph_rows = fwd_rows_;
-      sl.graph_nnz = fwd_nnz_;
-      sl.eager_steps = 0;
-    }
-    ++sl.eager_steps;
-  }
+  InputSlot& sl = inputs_->slots[cur_];
+  run_step(sl, fwd_rows_, fwd_nnz_, graphs_, stream_, [&] { step_body(); });
   DLREC_CUDA_CHECK(cudaEventRecord(sl.free, stream_));
   flush_profile();
   if (!want_loss) return std::numeric_limits<double>::quiet_NaN();
@@ -1017,7 +831,7 @@ double DlrmCuda::train_step(const io::Batch& batch, double lr_scale, bool want_l
 }
 
 void DlrmCuda::infer_body(InferBucket& bk) {
-  Slot& sl = slots_[0];
+  InputSlot& sl = inputs_->slots[0];
   const int64_t R = bk.rows;
   cur_ = 0;
   fwd_rows_ = R;
@@ -1065,44 +879,6 @@ DlrmCuda::InferBucket& DlrmCuda::infer_bucket(int64_t R, int parity) {
     DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&bk.done, cudaEventDisableTiming));
   }
   return *bkp;
-}
-
-// Captures `body` on the model stream into an executable graph; nullptr (and a one-time
-// warning) when the capture or the instantiation fails, so that the caller runs eagerly.
-cudaGraphExec_t capture_graph(cudaStream_t stream, const std::function<void()>& body,
-                              const char* what) {
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  bool ok = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
-  std::string why;
-  if (ok) {
-    try {
-      body();
-    } catch (const std::exception& e) {
-      ok = false;
-      why = e.what();
-    }
-    const cudaError_t e = cudaStreamEndCapture(stream, &graph);
-    if (e != cudaSuccess && why.empty()) why = cudaGetErrorString(e);
-    ok = ok && e == cudaSuccess && graph;
-    if (ok) {
-      const cudaError_t ie = cudaGraphInstantiate(&exec, graph, 0);
-      if (ie != cudaSuccess) {
-        ok = false;
-        why = cudaGetErrorString(ie);
-        exec = nullptr;
-      }
-    }
-    if (graph) cudaGraphDestroy(graph);
-  }
-  if (!ok) {
-    cudaGetLastError();  // clear the sticky-free error of the failed capture
-    static std::atomic<bool> warned{false};
-    if (!warned.exchange(true))
-      std::fprintf(stderr, "dlrec: warning: CUDA graph capture of the %s failed (%s); running "
-                   "it eagerly\n", what, why.c_str());
-  }
-  return exec;
 }
 
 void DlrmCuda::infer_launch(InferBucket& bk) {

@@ -59,6 +59,7 @@
 #include "nn/dense_cuda.h"
 #include "nn/embedding_cuda.h"
 #include "nn/lt_gemm.h"
+#include "model/cuda_step.h"
 
 namespace dlrec::model {
 namespace {
@@ -69,48 +70,13 @@ namespace cg = nn::cuda_graph;
 namespace lt = nn::cuda_lt;
 using bf16 = cd::bf16;
 
-#define GCUDA_CUBLAS_CHECK(expr)                                                          \
-  do {                                                                                    \
-    cublasStatus_t _s = (expr);                                                           \
-    if (_s != CUBLAS_STATUS_SUCCESS)                                                      \
-      ::dlrec::fail("cuBLAS error ", static_cast<int>(_s), " in ", #expr, " at ", __FILE__, \
-                    ":", __LINE__);                                                       \
-  } while (0)
-
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+using namespace cuda_step;
 
 // The CPU graph model's default init tag: FNV-1a of the layer name (graph_model.cc).
 uint64_t name_tag(const std::string& s) {
   uint64_t h = 1469598103934665603ULL;
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
   return h;
-}
-
-struct DeviceGuard {
-  int prev = 0;
-  explicit DeviceGuard(int d) {
-    DLREC_CUDA_CHECK(cudaGetDevice(&prev));
-    if (prev != d) DLREC_CUDA_CHECK(cudaSetDevice(d));
-  }
-  ~DeviceGuard() { cudaSetDevice(prev); }
-};
-
-struct PinnedDeleter {
-  void operator()(void* p) const { cudaFreeHost(p); }
-};
-using PinnedPtr = std::unique_ptr<void, PinnedDeleter>;
-PinnedPtr pinned_alloc(size_t bytes) {
-  void* p = nullptr;
-  DLREC_CUDA_CHECK(cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault));
-  return PinnedPtr(p);
-}
-
-enum class Precision { FP32, TF32, BF16 };
-Precision parse_precision(const std::string& p) {
-  if (p == "fp32") return Precision::FP32;
-  if (p == "tf32") return Precision::TF32;
-  if (p == "bf16") return Precision::BF16;
-  fail("unknown precision '", p, "' (expected fp32, tf32 or bf16)");
 }
 
 cg::Elem elem(DType t) { return t == DType::BF16 ? cg::Elem::BF16 : cg::Elem::F32; }
@@ -193,7 +159,7 @@ struct Engine {
     const float one = 1.f, zero = 0.f;
     const cublasComputeType_t ct =
         prec == Precision::TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    GCUDA_CUBLAS_CHECK(cublasGemmEx(
+    DLREC_CUBLAS_CHECK(cublasGemmEx(
         blas, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
         static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &one, A, ab_type(),
         static_cast<int>(lda), Bm, ab_type(), static_cast<int>(ldb), accumulate ? &one : &zero,
@@ -853,21 +819,6 @@ class GraphCuda final : public CudaModel {
   }
 
  private:
-  struct Slot {
-    PinnedPtr mem;
-    float* dense = nullptr;
-    float* labels = nullptr;
-    int32_t* offsets = nullptr;
-    uint32_t* keys = nullptr;
-    float* lr = nullptr;
-    Tensor d_dense, d_labels, d_offsets, d_keys, d_lr;
-    cudaEvent_t ready = nullptr, free = nullptr;
-    bool pending = false;
-    cudaGraphExec_t graph = nullptr;
-    int64_t graph_rows = -1, graph_nnz = -1;
-    int eager_steps = 0;
-  };
-
   std::unique_ptr<Node> make_node(const LayerSpec& s, int idx, uint64_t seed);
   void check_batch(const io::Batch& b) const;
   void ensure_capacity(int64_t B, int64_t nnz);
@@ -901,8 +852,8 @@ class GraphCuda final : public CudaModel {
   std::vector<NamedState> dense_, tables_;
   int64_t cap_b_ = 0, cap_nnz_ = 0;
   Tensor dlogits_, loss_;
-  Slot slots_[2];
-  int next_ = 0, cur_ = 0;
+  std::unique_ptr<StepInputs> inputs_;  // double-buffered step inputs (cuda_step.h)
+  int cur_ = 0;                          // the slot of the last upload
   int64_t fwd_rows_ = 0, fwd_nnz_ = 0;
   bool have_training_forward_ = false;
 
@@ -1010,22 +961,18 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
   DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
   overlap_ = !profile_;
   blas_ws_ = Tensor::empty({32 << 20}, DType::U8, dev_);
-  GCUDA_CUBLAS_CHECK(cublasCreate(&e_.blas));
-  GCUDA_CUBLAS_CHECK(cublasSetStream(e_.blas, e_.st));
-  GCUDA_CUBLAS_CHECK(cublasSetMathMode(
+  DLREC_CUBLAS_CHECK(cublasCreate(&e_.blas));
+  DLREC_CUBLAS_CHECK(cublasSetStream(e_.blas, e_.st));
+  DLREC_CUBLAS_CHECK(cublasSetMathMode(
       e_.blas, e_.prec == Precision::TF32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-  GCUDA_CUBLAS_CHECK(cublasSetWorkspace(e_.blas, blas_ws_.raw(), blas_ws_.nbytes()));
+  DLREC_CUBLAS_CHECK(cublasSetWorkspace(e_.blas, blas_ws_.raw(), blas_ws_.nbytes()));
   if (e_.lowp) {
     lt_ws_ = Tensor::empty({32 << 20}, DType::U8, dev_);
     e_.lt = std::make_unique<lt::Lt>(lt_ws_.raw(), lt_ws_.nbytes());
     const char* gl = std::getenv("DLREC_GRAPH_LT");
     e_.use_lt = !(gl && gl[0] == '0');
   }
-  for (auto& sl : slots_) {
-    DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&sl.ready, cudaEventDisableTiming));
-    DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&sl.free, cudaEventDisableTiming));
-    sl.d_lr = Tensor::empty({2}, DType::F32, dev_);
-  }
+  inputs_ = std::make_unique<StepInputs>(dev_);
 
   const size_t n = spec_.layers.size();
   nodes_.resize(n);
@@ -1185,12 +1132,7 @@ void GraphCuda::refresh_shadows() {
 }
 
 void GraphCuda::drop_graphs() {
-  for (auto& sl : slots_) {
-    if (sl.graph) cudaGraphExecDestroy(sl.graph);
-    sl.graph = nullptr;
-    sl.graph_rows = sl.graph_nnz = -1;
-    sl.eager_steps = 0;
-  }
+  if (inputs_) inputs_->drop_graphs();
 }
 
 GraphCuda::~GraphCuda() {
@@ -1211,11 +1153,7 @@ GraphCuda::~GraphCuda() {
                    e_.lt->unsupported_count());
   }
   for (auto ev : events_) cudaEventDestroy(ev);
-  drop_graphs();
-  for (auto& sl : slots_) {
-    if (sl.ready) cudaEventDestroy(sl.ready);
-    if (sl.free) cudaEventDestroy(sl.free);
-  }
+  inputs_.reset();
   nodes_.clear();
   e_.lt.reset();
   if (e_.blas) cublasDestroy(e_.blas);
@@ -1227,26 +1165,7 @@ GraphCuda::~GraphCuda() {
 }
 
 void GraphCuda::check_batch(const io::Batch& b) const {
-  DLREC_CHECK(b.rows >= 0, "graph model: negative batch size");
-  DLREC_CHECK(b.num_dense == num_dense_, "graph model: the batch has ", b.num_dense,
-              " dense features, the model was built for ", num_dense_);
-  DLREC_CHECK(b.num_cat() == T_ && static_cast<int64_t>(b.cat_indices.size()) == T_,
-              "graph model: the batch has ", b.num_cat(),
-              " categorical features, the model was built for ", T_);
-  DLREC_CHECK(static_cast<int64_t>(b.dense.size()) == b.rows * b.num_dense,
-              "graph model: the batch has ", b.dense.size(), " dense values for ", b.rows,
-              " rows x ", b.num_dense, " features");
-  DLREC_CHECK(static_cast<int64_t>(b.labels.size()) >= b.rows || b.labels.empty(),
-              "graph model: the batch has ", b.labels.size(), " labels for ", b.rows, " rows");
-  for (int64_t t = 0; t < T_; ++t) {
-    const auto& off = b.cat_offsets[t];
-    DLREC_CHECK(static_cast<int64_t>(off.size()) == b.rows + 1,
-                "graph model: categorical feature ", t, " has ", off.size(), " offsets for ",
-                b.rows, " rows");
-    DLREC_CHECK(off.front() >= 0 && off.back() <= static_cast<int64_t>(b.cat_indices[t].size()),
-                "graph model: categorical feature ", t, ": offsets do not fit its ",
-                b.cat_indices[t].size(), " ids");
-  }
+  cuda_step::check_batch(b, num_dense_, T_, "graph model");
 }
 
 void GraphCuda::ensure_capacity(int64_t B, int64_t nnz) {
@@ -1273,26 +1192,7 @@ void GraphCuda::ensure_capacity(int64_t B, int64_t nnz) {
   dlogits_ = e_.buf({cb}, DType::F32);
   e_.vals[spec_.output].g = dlogits_;
   if (emb_) emb_->alloc_scratch(e_, nn_);
-  const size_t host_bytes = sizeof(float) * cb * (num_dense_ + 1) +
-                            sizeof(int32_t) * (cb * T_ + 1) + sizeof(uint32_t) * nn_ + 512;
-  for (auto& sl : slots_) {
-    sl.pending = false;
-    sl.mem = pinned_alloc(host_bytes);
-    char* p = static_cast<char*>(sl.mem.get());
-    sl.lr = reinterpret_cast<float*>(p);
-    p += 256;
-    sl.dense = reinterpret_cast<float*>(p);
-    p += sizeof(float) * cb * num_dense_;
-    sl.labels = reinterpret_cast<float*>(p);
-    p += sizeof(float) * cb;
-    sl.offsets = reinterpret_cast<int32_t*>(p);
-    p += sizeof(int32_t) * (cb * T_ + 1);
-    sl.keys = reinterpret_cast<uint32_t*>(p);
-    sl.d_dense = Tensor::empty({cb, std::max<int64_t>(num_dense_, 1)}, DType::F32, dev_);
-    sl.d_labels = Tensor::empty({cb}, DType::F32, dev_);
-    sl.d_offsets = Tensor::empty({cb * T_ + 1}, DType::I32, dev_);
-    sl.d_keys = Tensor::empty({nn_}, DType::I32, dev_);
-  }
+  inputs_->allocate(cb, nn_, num_dense_, T_);
   DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
 }
 
@@ -1301,63 +1201,8 @@ void GraphCuda::upload(const io::Batch& b, float lr, float emb_lr) {
   int64_t nnz = 0;
   for (int64_t t = 0; t < T_; ++t) nnz += b.cat_offsets[t][B] - b.cat_offsets[t][0];
   ensure_capacity(B, nnz);
-  Slot& s = slots_[next_];
-  cur_ = next_;
-  next_ ^= 1;
-  if (s.pending) DLREC_CUDA_CHECK(cudaEventSynchronize(s.ready));
-  s.lr[0] = lr;
-  s.lr[1] = emb_lr;
-  if (B * num_dense_ > 0) std::memcpy(s.dense, b.dense.data(), sizeof(float) * B * num_dense_);
-  if (b.labels.empty()) std::memset(s.labels, 0, sizeof(float) * B);
-  else std::memcpy(s.labels, b.labels.data(), sizeof(float) * B);
-  // Ids become rows of the concatenation of all tables (uint32), offsets int32, packed table by
-  // table in parallel; ids are range-checked here.
-  std::vector<int32_t> start(T_ + 1, 0);
-  for (int64_t t = 0; t < T_; ++t)
-    start[t + 1] = start[t] + static_cast<int32_t>(b.cat_offsets[t][B] - b.cat_offsets[t][0]);
-  const std::vector<uint32_t>* base = emb_ ? &emb_->row_base() : nullptr;
-  parallel_for(0, T_, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const auto& off = b.cat_offsets[t];
-      const auto& idx = b.cat_indices[t];
-      const int64_t rows = layout_.cardinalities[t];
-      const uint32_t rb = base ? (*base)[t] : 0;
-      const int32_t pos = start[t];
-      int32_t* o = s.offsets + t * B;
-      for (int64_t r = 0; r < B; ++r) {
-        DLREC_CHECK(off[r] <= off[r + 1], "graph model: categorical feature ", t,
-                    ": offsets decrease at row ", r);
-        o[r] = pos + static_cast<int32_t>(off[r] - off[0]);
-      }
-      const int64_t* ids = idx.data() + off[0];
-      uint32_t* keys = s.keys + pos;
-      const int64_t m = off[B] - off[0];
-      bool bad = false;
-      for (int64_t p = 0; p < m; ++p) {
-        const int64_t id = ids[p];
-        bad |= (id < 0) | (id >= rows);
-        keys[p] = rb + static_cast<uint32_t>(id);
-      }
-      if (bad)
-        for (int64_t p = 0; p < m; ++p)
-          if (ids[p] < 0 || ids[p] >= rows)
-            fail("EmbeddingBag: id ", ids[p], " of table ", t, " is out of range [0, ", rows,
-                 ")");
-    }
-  });
-  s.offsets[T_ * B] = start[T_];
-  DLREC_CUDA_CHECK(cudaStreamWaitEvent(copy_, s.free, 0));
-  auto h2d = [&](void* dst, const void* src, size_t bytes) {
-    if (bytes) DLREC_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_));
-  };
-  h2d(s.d_lr.raw(), s.lr, sizeof(float) * 2);
-  h2d(s.d_dense.raw(), s.dense, sizeof(float) * B * num_dense_);
-  h2d(s.d_labels.raw(), s.labels, sizeof(float) * B);
-  h2d(s.d_offsets.raw(), s.offsets, sizeof(int32_t) * (T_ * B + 1));
-  h2d(s.d_keys.raw(), s.keys, sizeof(uint32_t) * nnz);
-  DLREC_CUDA_CHECK(cudaEventRecord(s.ready, copy_));
-  DLREC_CUDA_CHECK(cudaStreamWaitEvent(e_.st, s.ready, 0));
-  s.pending = true;
+  cur_ = inputs_->upload(b, layout_.cardinalities, emb_ ? &emb_->row_base() : nullptr, lr,
+                         emb_lr, copy_, e_.st, "graph model");
   fwd_rows_ = B;
   fwd_nnz_ = nnz;
   bind_slot();
@@ -1369,7 +1214,7 @@ void GraphCuda::upload(const io::Batch& b, float lr, float emb_lr) {
 }
 
 void GraphCuda::bind_slot() {
-  const Slot& s = slots_[cur_];
+  const InputSlot& s = inputs_->slots[cur_];
   e_.B = fwd_rows_;
   e_.nnz = fwd_nnz_;
   e_.lr = s.d_lr.data<float>();
@@ -1442,7 +1287,7 @@ void GraphCuda::run_backward() {
 
 void GraphCuda::step_body() {
   run_forward();
-  cd::bce_with_logits(logits(), slots_[cur_].d_labels.data<float>(), fwd_rows_,
+  cd::bce_with_logits(logits(), inputs_->slots[cur_].d_labels.data<float>(), fwd_rows_,
                       dlogits_.data<float>(), static_cast<double*>(loss_.raw()), e_.st, nullptr);
   mark("bce");
   run_backward();
@@ -1460,7 +1305,7 @@ Tensor GraphCuda::forward(const io::Batch& batch, bool training) {
   if (B)
     DLREC_CUDA_CHECK(cudaMemcpyAsync(out.raw(), logits(), sizeof(float) * B,
                                      cudaMemcpyDeviceToDevice, e_.st));
-  if (!training) DLREC_CUDA_CHECK(cudaEventRecord(slots_[cur_].free, e_.st));
+  if (!training) DLREC_CUDA_CHECK(cudaEventRecord(inputs_->slots[cur_].free, e_.st));
   have_training_forward_ = training;
   // Callers read the logits with legacy-stream copies, which do not wait for our streams.
   DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
@@ -1478,7 +1323,7 @@ void GraphCuda::backward_and_update(const Tensor& dlogits, double lr_scale) {
               dlogits.device().str(), ", the model is on ", dev_.str());
   DLREC_CHECK(lr_scale >= 0, "graph model: lr_scale must be >= 0, got ", lr_scale);
   have_training_forward_ = false;
-  Slot& sl = slots_[cur_];
+  InputSlot& sl = inputs_->slots[cur_];
   DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
   sl.lr[0] = static_cast<float>(lr_ * lr_scale);
   sl.lr[1] = static_cast<float>(emb_lr_ * lr_scale);
@@ -1505,49 +1350,8 @@ double GraphCuda::train_step(const io::Batch& batch, double lr_scale, bool want_
   mark("begin");
   upload(batch, static_cast<float>(lr_ * lr_scale), static_cast<float>(emb_lr_ * lr_scale));
   mark("h2d (+host packing)");
-  Slot& sl = slots_[cur_];
-  if (graphs_ && fwd_rows_ > 0) {
-    if (sl.graph && (sl.graph_rows != fwd_rows_ || sl.graph_nnz != fwd_nnz_)) {
-      DLREC_CUDA_CHECK(cudaGraphExecDestroy(sl.graph));
-      sl.graph = nullptr;
-      sl.eager_steps = 0;
-    }
-    if (!sl.graph && sl.eager_steps >= 1) {
-      cudaGraph_t graph = nullptr;
-      DLREC_CUDA_CHECK(cudaStreamBeginCapture(e_.st, cudaStreamCaptureModeThreadLocal));
-      try {
-        step_body();
-      } catch (...) {
-        cudaStreamEndCapture(e_.st, &graph);
-        if (graph) cudaGraphDestroy(graph);
-        throw;
-      }
-      DLREC_CUDA_CHECK(cudaStreamEndCapture(e_.st, &graph));
-      const cudaError_t err = cudaGraphInstantiate(&sl.graph, graph, 0);
-      cudaGraphDestroy(graph);
-      if (err != cudaSuccess) {
-        cudaGetLastError();
-        sl.graph = nullptr;
-        graphs_ = false;
-        std::fprintf(stderr, "dlrec: warning: CUDA graph instantiation failed (%s); running "
-                     "eagerly\n", cudaGetErrorString(err));
-      } else {
-        sl.graph_rows = fwd_rows_;
-        sl.graph_nnz = fwd_nnz_;
-      }
-    }
-  }
-  if (graphs_ && sl.graph) {
-    DLREC_CUDA_CHECK(cudaGraphLaunch(sl.graph, e_.st));
-  } else {
-    step_body();
-    if (sl.graph_rows != fwd_rows_ || sl.graph_nnz != fwd_nnz_) {
-      sl.graph_rows = fwd_rows_;
-      sl.graph_nnz = fwd_nnz_;
-      sl.eager_steps = 0;
-    }
-    ++sl.eager_steps;
-  }
+  InputSlot& sl = inputs_->slots[cur_];
+  run_step(sl, fwd_rows_, fwd_nnz_, graphs_, e_.st, [&] { step_body(); });
   DLREC_CUDA_CHECK(cudaEventRecord(sl.free, e_.st));
   flush_profile();
   if (!want_loss) return std::numeric_limits<double>::quiet_NaN();
