@@ -70,30 +70,10 @@ __global__ void copy_cols_kernel(const S* __restrict__ src, int64_t src_ld, D* _
   }
 }
 
-// The same, V elements per thread (16-byte accesses; cols, lds and offsets multiples of V).
-template <int V, class E>
-__global__ void copy_cols_vec_kernel(const E* __restrict__ src, int64_t src_ld,
-                                     E* __restrict__ dst, int64_t dst_ld, int64_t B,
-                                     int64_t cols, bool accumulate) {
-  const int64_t c = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V;
-  if (c >= cols) return;
-  for (int64_t r = blockIdx.y * int64_t(blockDim.y) + threadIdx.y; r < B;
-       r += int64_t(gridDim.y) * blockDim.y) {
-    float v[V];
-    loadv<V>(src + r * src_ld + c, v);
-    if (accumulate) {
-      float o[V];
-      loadv<V>(dst + r * dst_ld + c, o);
-#pragma unroll
-      for (int k = 0; k < V; ++k) v[k] = __fadd_rn(o[k], v[k]);
-    }
-    storev<V>(dst + r * dst_ld + c, v);
-  }
-}
-
-// Mixed element types, V elements per thread (16-byte or wider accesses on both sides).
+// The same, V elements per thread (16-byte or wider accesses on both sides; cols, lds and
+// offsets multiples of V); S and D may differ.
 template <int V, class S, class D>
-__global__ void copy_cols_mixed_vec_kernel(const S* __restrict__ src, int64_t src_ld,
+__global__ void copy_cols_vec_kernel(const S* __restrict__ src, int64_t src_ld,
                                            D* __restrict__ dst, int64_t dst_ld, int64_t B,
                                            int64_t cols, bool accumulate) {
   const int64_t c = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V;
@@ -249,8 +229,8 @@ void copy_typed(const void* src, int64_t src_ld, void* dst, int64_t dst_ld, int6
   if constexpr (sizeof(S) == sizeof(D) && (std::is_same<S, D>::value)) {
     if (cols % V == 0 && src_ld % V == 0 && dst_ld % V == 0 && aligned16(s) && aligned16(d)) {
       sweep_shape(B, cols / V, grid, block);
-      copy_cols_vec_kernel<V, S><<<grid, block, 0, stream>>>(s, src_ld, d, dst_ld, B, cols,
-                                                              accumulate);
+      copy_cols_vec_kernel<V, S, S><<<grid, block, 0, stream>>>(s, src_ld, d, dst_ld, B, cols,
+                                                                 accumulate);
       DLREC_CUDA_LAUNCH_CHECK();
       return;
     }
@@ -260,7 +240,7 @@ void copy_typed(const void* src, int64_t src_ld, void* dst, int64_t dst_ld, int6
     if (cols % VM == 0 && src_ld % VM == 0 && dst_ld % VM == 0 && aligned16(s) &&
         aligned16(d)) {
       sweep_shape(B, cols / VM, grid, block);
-      copy_cols_mixed_vec_kernel<VM, S, D><<<grid, block, 0, stream>>>(s, src_ld, d, dst_ld, B,
+      copy_cols_vec_kernel<VM, S, D><<<grid, block, 0, stream>>>(s, src_ld, d, dst_ld, B,
                                                                       cols, accumulate);
       DLREC_CUDA_LAUNCH_CHECK();
       return;
