@@ -43,7 +43,7 @@ Runner add_train(CLI::App& app) {
   c->add_option("--epochs", a->epochs, "Override train.epochs");
   c->add_option("--max-steps", a->max_steps, "Override train.max_steps");
   c->add_option("--device", a->device, "Override train.device (cpu, cuda:N)");
-  c->add_option("--precision", a->precision, "Override train.precision (CUDA: fp32, tf32, bf16)")
+  c->add_option("--precision", a->precision, "Override train.precision (CUDA: fp32, tf32, bf16, fp16)")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
   return [a] {
     train::TrainerOptions opt;
