@@ -640,7 +640,155 @@ struct TextReader::Impl {
   std::vector<LineParser::Scratch> scratch;
   std::vector<TaskResult> results;
 
+  // Mapped files are parsed ahead in pieces: up to num_threads() byte ranges cut at line ends,
+  // each parsed into its own chunk by one task (no serial line scan, no concatenation), then
+  // handed out one by one by next(). Errors, skipped rows and max_rows are settled in order at
+  // delivery, so what next() returns (and throws) is what parsing line by line would give.
+  struct Piece {
+    RawChunk chunk;
+    LineParser::Scratch scratch;
+    size_t begin = 0, end = 0;   // byte range [begin, end) of the mapped file
+    int64_t lines = 0;           // lines in the range, blank ones included
+    int64_t first_local = -1;    // line index (in the range) of the chunk's first row
+    int64_t skipped = 0;         // bad lines skipped (OnError::Skip)
+    std::vector<int64_t> skip_rows;  // good rows before each skipped line
+    int64_t error_line = -1;     // line index of the first bad line, -1 if none
+    int64_t error_rows = 0;      // good rows before it
+    LineError error;
+    bool error_unterminated = false;  // the bad line is the file's last, without newline
+  };
+  std::vector<Piece> pieces;
+  size_t next_piece = 0, num_pieces = 0;
+  size_t piece_bytes = 0;  // bytes per piece: about chunk_rows lines (0: not estimated yet)
+
   bool done = false;
+
+  // Offset of the first line starting at or after `a` (a > pos), or `limit` if none.
+  size_t line_start(size_t a, size_t limit) const {
+    if (a >= limit) return limit;
+    const void* nl = std::memchr(data + a - 1, '\n', limit - (a - 1));
+    return nl ? static_cast<size_t>(static_cast<const char*>(nl) - data) + 1 : limit;
+  }
+
+  void parse_piece(Piece& P, size_t b, size_t e) const {
+    P.chunk.reset(schema.num_dense(), schema.num_cat());
+    P.begin = b;
+    P.end = e;
+    P.lines = 0;
+    P.first_local = -1;
+    P.skipped = 0;
+    P.skip_rows.clear();
+    P.error_line = -1;
+    P.error_rows = 0;
+    P.error_unterminated = false;
+    const char* base = data;
+    LineError err;
+    size_t p = b;
+    while (p < e) {
+      const char* nl = static_cast<const char*>(std::memchr(base + p, '\n', e - p));
+      const size_t lb = p;
+      size_t le = nl ? static_cast<size_t>(nl - base) : e;
+      p = nl ? le + 1 : e;
+      if (le > lb && base[le - 1] == '\r') --le;
+      const int64_t idx = P.lines++;
+      if (le == lb) continue;  // blank lines carry no row
+      const int64_t before = P.chunk.rows;
+      if (parser->parse(base + lb, base + le, P.chunk, P.scratch, err)) {
+        if (before == 0) P.first_local = idx;
+        continue;
+      }
+      if (P.error_line < 0) {
+        P.error_line = idx;
+        P.error_rows = P.chunk.rows;
+        P.error = err;
+        P.error_unterminated = nl == nullptr;
+      }
+      if (opt.on_error == OnError::Fail) return;
+      ++P.skipped;
+      P.skip_rows.push_back(P.chunk.rows);
+    }
+  }
+
+  // Parses the next pieces of the mapped file from `pos` (at a line start) in parallel.
+  void refill_pieces() {
+    const size_t rem = end - pos;
+    if (piece_bytes == 0) {  // the average line length of the first MB
+      const size_t sample = std::min<size_t>(rem, size_t{1} << 20);
+      size_t lines = 0;
+      for (const char* p = data + pos; p < data + pos + sample;) {
+        const void* nl = std::memchr(p, '\n', data + pos + sample - p);
+        if (!nl) break;
+        ++lines;
+        p = static_cast<const char*>(nl) + 1;
+      }
+      const size_t avg = std::max<size_t>(1, sample / std::max<size_t>(lines, 1));
+      const size_t rows = static_cast<size_t>(std::max<int64_t>(opt.chunk_rows, 1));
+      piece_bytes = rows > rem / avg ? rem + 1 : rows * avg;
+    }
+    const size_t pb = std::min(piece_bytes, rem);
+    const size_t k = std::min<size_t>(std::max(1, num_threads()), (rem + pb - 1) / pb);
+    const size_t stop = k * pb >= rem ? end : line_start(pos + k * pb, end);
+    if (pieces.size() < k) pieces.resize(k);
+    const size_t from = pos;
+    parallel_for(0, static_cast<int64_t>(k), 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t t = lo; t < hi; ++t) {
+        const size_t b = t == 0 ? from : line_start(from + t * pb, stop);
+        const size_t e = t + 1 == static_cast<int64_t>(k) ? stop : line_start(from + (t + 1) * pb, stop);
+        parse_piece(pieces[t], b, std::max(b, e));
+      }
+    });
+    num_pieces = k;
+    next_piece = 0;
+    pos = stop;
+    release_parsed();
+  }
+
+  // Hands out the next parsed piece (false when it holds no row); settles its errors, skipped
+  // rows and the max_rows cut in input order.
+  bool deliver_piece(RawChunk& out) {
+    Piece& P = pieces[next_piece++];
+    const int64_t remaining =
+        opt.max_rows < 0 ? std::numeric_limits<int64_t>::max() : opt.max_rows - stats.rows;
+    auto piece_message = [&] {
+      std::string m = name + ":" + std::to_string(line_no + P.error_line) + ": " +
+                      parser->field_prefix(P.error.field) + P.error.msg;
+      if (P.error_unterminated) m += " (the last line is truncated: no newline at end of file)";
+      return m;
+    };
+    // With OnError::Fail parsing stopped at the bad line; it matters only before the cut.
+    if (P.error_line >= 0 && opt.on_error == OnError::Fail && P.error_rows < remaining) {
+      done = true;
+      fail(piece_message());
+    }
+    if (P.chunk.rows > remaining) truncate_chunk(P.chunk, remaining);
+    // Bad lines after the last row wanted are never reached.
+    const int64_t skipped = std::count_if(P.skip_rows.begin(), P.skip_rows.end(),
+                                          [&](int64_t r) { return r < remaining; });
+    const bool cut = opt.max_rows >= 0 && P.chunk.rows >= remaining;
+    if (skipped > 0 && stats.first_skip_reason.empty()) stats.first_skip_reason = piece_message();
+    stats.skipped_rows += skipped;
+    stats.bytes += static_cast<int64_t>(P.end - P.begin);  // the whole range, even when cut
+    if (P.first_local >= 0) P.chunk.first_line = line_no + P.first_local;
+    line_no += P.lines;
+    stats.rows += P.chunk.rows;
+    if (cut) {  // max_rows reached: the pieces after this one are dropped
+      done = true;
+      num_pieces = next_piece;
+    }
+    if (P.chunk.rows == 0) return false;
+    std::swap(out, P.chunk);
+    return true;
+  }
+
+  static void truncate_chunk(RawChunk& c, int64_t rows) {
+    c.rows = rows;
+    c.label.resize(static_cast<size_t>(rows));
+    c.dense.resize(static_cast<size_t>(rows * c.num_dense));
+    for (int k = 0; k < c.num_cat; ++k) {
+      c.cat_offsets[k].resize(static_cast<size_t>(rows + 1));
+      c.cat_values[k].resize(static_cast<size_t>(c.cat_offsets[k][rows]));
+    }
+  }
 
   void read_block() {
     size_t want = std::max<size_t>(opt.block_bytes, 1);
@@ -817,11 +965,23 @@ struct TextReader::Impl {
   bool next(RawChunk& out) {
     const int nd = schema.num_dense(), nc = schema.num_cat();
     out.reset(nd, nc);
-    while (!done) {
+    while (next_piece < num_pieces || !done) {
+      if (next_piece < num_pieces) {
+        if (deliver_piece(out)) return true;
+        continue;
+      }
       int64_t want = std::max<int64_t>(opt.chunk_rows, 1);
       if (opt.max_rows >= 0) want = std::min(want, opt.max_rows - stats.rows);
       if (want <= 0) break;
       if (!is_open && !open_next()) break;
+      if (map) {
+        if (pos >= end) {
+          close_current();
+        } else {
+          refill_pieces();
+        }
+        continue;
+      }
       if (!map && pos > 0 && pos == end) pos = end = 0;
       const size_t stop = gather(want);
       if (lines.empty()) {
