@@ -14,6 +14,12 @@
 // Threads: find(), read_row() and forward(training = false) take a shared lock and may run
 // concurrently from any number of threads; forward(training = true), backward(), apply(),
 // insert-or-lookup and import take the exclusive lock. Counters are atomic.
+//
+// The table's whole state lives in five tensors (tensors()): the graph model hands them to
+// checkpoints and exports as they are (no copy) and rebuilds the hash index from them after a
+// load (import_tensors()). The member functions other than save()/load() are defined inline
+// (hashed_embedding_impl.h) so that the model library can use the table without linking the
+// embedding library (which depends on the tensor-file code of the train library).
 #pragma once
 
 #include <atomic>
@@ -22,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "dlrec/core/tensor.h"
 #include "dlrec/nn/embedding_bag.h"
 #include "dlrec/nn/optimizer.h"
 
@@ -29,7 +36,7 @@ namespace dlrec::embedding {
 
 // The initial value of element k of the row of `key` in a table seeded `seed`: uniform in
 // [-scale, scale), counter-based (splitmix64), identical on the CPU and the GPU.
-float initial_value(uint64_t seed, int64_t key, int64_t k, float scale);
+inline float initial_value(uint64_t seed, int64_t key, int64_t k, float scale);
 
 struct HashedEmbeddingOptions {
   int64_t dim = 16;
@@ -95,10 +102,30 @@ class HashedEmbedding {
   // Bytes allocated for the table (all of it allocated at construction).
   int64_t memory_bytes() const;
   // The row and state of a slot (valid until the next insertion).
-  float* row(int64_t slot) { return w_.data() + slot * dim_; }
-  float* state_row(int64_t slot) { return st_.data() + slot * srow_; }
+  float* row(int64_t slot) { return w_ + slot * dim_; }
+  float* state_row(int64_t slot) { return st_ + slot * srow_; }
   // Keys from least to most recently used (tests, export).
   std::vector<int64_t> keys_by_recency() const;
+
+  // --- The state as tensors (checkpoints and exports of models) ------------------------
+  // Slot s of every tensor is row s of the table; rows >= size are unused (zeros until first
+  // used). The tensors share the table's storage: writing into them (a checkpoint load) changes
+  // the table, and import_tensors() must then be called before the next use.
+  struct StateTensors {
+    Tensor keys;     // I64 [capacity]: the key of each slot
+    Tensor weights;  // F32 [capacity, dim]
+    Tensor state;    // F32 [capacity, S] (undefined when the optimizer keeps no state)
+    Tensor links;    // I32 [2, capacity]: LRU list, previous (row 0) and next (row 1) slot, -1 at
+                     // the ends
+    Tensor meta;     // I64 [kMetaSize]: size, head (least recent slot), tail (most recent),
+                     // lookups, hits, inserts, evictions, capacity
+  };
+  static constexpr int64_t kMetaSize = 8;
+  // The tensors, with `meta` brought up to date first.
+  StateTensors tensors();
+  // Rebuilds the index, the LRU ends, size and counters from the tensors (after they were
+  // overwritten), checking that they describe a valid table; errors start with `what`.
+  void import_tensors(const std::string& what);
 
  private:
   uint64_t index_find(int64_t key, uint64_t h) const;  // index position, or kNone
@@ -112,10 +139,13 @@ class HashedEmbedding {
   int64_t dim_, cap_, srow_;
   nn::Optimizer opt_;
   mutable std::shared_mutex mu_;
-  // Rows: slot s holds key keys_[s], weights w_[s * dim ...], state st_[s * srow ...].
-  std::vector<float> w_, st_;
-  std::vector<int64_t> keys_;
-  std::vector<int32_t> prev_, next_;  // LRU list over slots; head_ = least recently used
+  // Rows: slot s holds key keys_[s], weights w_[s * dim ...], state st_[s * srow ...]; the
+  // pointers point into the tensors of StateTensors.
+  StateTensors t_;
+  float* w_ = nullptr;
+  float* st_ = nullptr;
+  int64_t* keys_ = nullptr;
+  int32_t *prev_ = nullptr, *next_ = nullptr;  // LRU list over slots; head_ = least recently used
   int32_t head_ = -1, tail_ = -1;
   int64_t size_ = 0;
   // Open addressing, linear probing, backward-shift deletion. Entry: (tag << 32) | (slot + 1),
@@ -132,3 +162,5 @@ class HashedEmbedding {
 };
 
 }  // namespace dlrec::embedding
+
+#include "dlrec/embedding/hashed_embedding_impl.h"
