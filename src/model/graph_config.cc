@@ -31,6 +31,37 @@ std::vector<int64_t> read_int_list(ConfigReader& r, const std::string& key, int6
   return out;
 }
 
+// The keys an optimizer override may hold; the others of the optimizer section apply to the
+// whole run (or, for embedding_lr, are the override's lr).
+const std::vector<std::string>& override_keys() {
+  static const std::vector<std::string> keys = {
+      "type",  "lr",    "momentum", "nesterov", "adagrad_eps", "adagrad_init", "beta1",
+      "beta2", "adam_eps", "ftrl_beta", "ftrl_l1", "ftrl_l2", "clip_value", "weight_decay"};
+  return keys;
+}
+
+HashedSpec parse_hashed(ConfigReader& parent, const std::string& key) {
+  const json& v = parent.raw(key);
+  if (!v.is_object())
+    fail("config key '", parent.key_path(key),
+         "' must be an object like {\"capacity\": 1000000, \"eviction\": \"lru\"}, got ",
+         v.dump());
+  ConfigReader r = parent.child(key);
+  HashedSpec h;
+  h.on = true;
+  if (!r.has("capacity")) fail("config key '", r.key_path("capacity"), "' is required");
+  h.capacity = r.get_int_range("capacity", 0, 1, (int64_t{1} << 31) - 1);
+  if (r.has("eviction") && r.raw("eviction").is_string() &&
+      r.raw("eviction").get<std::string>() == "lfu")
+    fail("config key '", r.key_path("eviction"),
+         "': \"lfu\" is not implemented; hashed tables evict the least recently used row "
+         "(\"lru\", docs/EMBEDDINGS.md says why)");
+  h.eviction = r.get_choice("eviction", h.eviction, {"lru"});
+  if (r.has("init_scale")) h.init_scale = r.get_range("init_scale", 0.0, 0.0, 1e6);
+  r.finish();
+  return h;
+}
+
 LayerSpec parse_layer(const json& j, const std::string& path) {
   if (!j.is_object()) fail("config key '", path, "' must be a layer object, got ", j.dump());
   ConfigReader r(j, path);
@@ -96,7 +127,64 @@ LayerSpec parse_layer(const json& j, const std::string& path) {
       }
       r.get<json>("features", json());
       s.pooling = r.get_choice("pooling", s.pooling, {"sum", "mean"});
+      if (r.has("tables")) {
+        const json& t = r.raw("tables");
+        if (!t.is_object())
+          fail("config key '", r.key_path("tables"),
+               "' must be an object of per-feature settings, e.g. {\"3\": {\"optimizer\": "
+               "{\"type\": \"adagrad\"}}}, got ",
+               t.dump());
+        ConfigReader tr = r.child("tables");
+        for (auto it = t.begin(); it != t.end(); ++it) {
+          const std::string& k = it.key();
+          int64_t f = -1;
+          if (!k.empty() && k.size() <= 7 && k.find_first_not_of("0123456789") == std::string::npos)
+            f = std::stoll(k);
+          if (f < 0)
+            fail("config key '", tr.key_path(k),
+                 "': tables are named by their categorical feature index (\"0\", \"1\", ...), got '",
+                 k, "'");
+          if (!s.all_features &&
+              std::find(s.features.begin(), s.features.end(), f) == s.features.end())
+            fail("config key '", tr.key_path(k), "': feature ", f,
+                 " is not one of the layer's 'features'");
+          if (!it.value().is_object())
+            fail("config key '", tr.key_path(k), "' must be an object, got ", it.value().dump());
+          ConfigReader er = tr.child(k);
+          TableSpec ts;
+          ts.where = s.where + ": " + tr.key_path(k);
+          if (er.has("optimizer")) {
+            ts.optimizer = er.raw("optimizer");
+            layer_optimizer(OptimizerConfig(), ts.optimizer, er.key_path("optimizer"), false);
+          }
+          er.get<json>("optimizer", json());
+          if (er.has("hashed")) {
+            if (s.type != "embedding")
+              fail("config key '", er.key_path("hashed"),
+                   "': hashed tables are for embedding layers (the wide part's tables are fixed)");
+            ts.hashed = parse_hashed(er, "hashed");
+          }
+          er.finish();
+          s.tables[f] = std::move(ts);
+        }
+        tr.finish();
+      }
+      r.get<json>("tables", json());
     }
+    if (r.has("hashed") && s.type != "embedding")
+      fail("key 'hashed': hashed tables are for embedding layers, not '", s.type, "'");
+    if (r.has("tables") && s.type != "embedding" && s.type != "wide")
+      fail("key 'tables': per-table settings are for embedding and wide layers, not '", s.type,
+           "'");
+    if (r.has("optimizer")) {
+      if (s.type != "embedding" && s.type != "wide" && s.type != "mlp" && s.type != "cross")
+        fail("key 'optimizer': a '", s.type,
+             "' layer has no parameters to optimize (embedding, wide, mlp and cross layers do)");
+      s.optimizer = r.raw("optimizer");
+      layer_optimizer(OptimizerConfig(), s.optimizer, r.key_path("optimizer"),
+                      s.type == "mlp" || s.type == "cross");
+    }
+    r.get<json>("optimizer", json());
     if (s.type == "embedding") {
       s.dim = r.get_int_range("dim", s.dim, 1, 1 << 16);
       if (r.has("dims")) {
@@ -107,6 +195,7 @@ LayerSpec parse_layer(const json& j, const std::string& path) {
                s.features.size(), " features of 'features'");
       }
       r.get<json>("dims", json());
+      if (r.has("hashed")) s.hashed = parse_hashed(r, "hashed");
     } else if (s.type == "mlp") {
       s.sizes = read_int_list(r, "sizes", 1, 1 << 20, false);
       s.relu_last = r.get<bool>("relu_last", false);
@@ -122,6 +211,40 @@ LayerSpec parse_layer(const json& j, const std::string& path) {
 }
 
 }  // namespace
+
+OptimizerConfig layer_optimizer(const OptimizerConfig& base, const json& o,
+                                const std::string& path, bool dense) {
+  if (!o.is_object())
+    fail("config key '", path, "' must be an object of optimizer keys, e.g. {\"type\": \"ftrl\", "
+         "\"lr\": 0.05}, got ", o.dump());
+  for (auto it = o.begin(); it != o.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "schedule" || k == "clip_norm" || k == "embedding" || k == "embedding_lr")
+      fail("config key '", path, ".", k, "': '", k,
+           "' applies to the whole run; set it in the optimizer section",
+           k == "embedding_lr" ? " (or give this override an 'lr')" : "");
+    if (k == "weight_decay" && !dense)
+      fail("config key '", path, ".weight_decay': embedding rows and the wide part never decay; "
+           "weight_decay is for mlp and cross layers");
+  }
+  {
+    ConfigReader r(o, path);  // unknown keys name the nearest valid one
+    for (const auto& k : override_keys()) r.get<json>(k, json());
+    r.finish();
+  }
+  // The override's keys over the base's values, read (and range-checked) as a section.
+  json merged = base.to_json();
+  merged.erase("embedding");
+  merged["embedding_lr"] = -1;
+  if (!dense) merged["weight_decay"] = 0.0;
+  for (auto it = o.begin(); it != o.end(); ++it) merged[it.key()] = it.value();
+  ConfigReader r(merged, path);
+  OptimizerConfig c = OptimizerConfig::from_json(r);
+  c.embedding.clear();
+  c.schedule = base.schedule;
+  c.clip_norm = base.clip_norm;
+  return c;
+}
 
 const std::vector<std::string>& graph_layer_types() {
   static const std::vector<std::string> types = {"dense", "embedding", "wide", "mlp", "cross",

@@ -1,12 +1,24 @@
 // The graph model on the CPU: layers from GraphSpec, run in topological order; backward in
 // reverse order with gradients summed where a layer's output feeds several consumers. Each
 // layer applies the optimizer to its own parameters once its gradients are known.
+//
+// Optimizers: every parameter has one. Dense parameters take the optimizer section's dense
+// optimizer, or their layer's "optimizer" override; tables take the embedding optimizer, their
+// layer's override, or their table's ("tables": {"<f>": {"optimizer": ...}}). Global-norm
+// clipping covers all dense gradients together whatever their optimizer.
+// Hashed tables (embedding::HashedEmbedding) replace fixed ones per table; their state is five
+// tensors shared with parameters()/optimizer_state(); after those were handed out (a checkpoint
+// load may have written into them) the table is re-imported before its next use.
+#include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "dlrec/core/thread_pool.h"
+#include "dlrec/embedding/hashed_embedding.h"
 #include "dlrec/model/graph.h"
 #include "dlrec/model/optimizer_factory.h"
 #include "dlrec/nn/cross.h"
@@ -21,7 +33,29 @@
 namespace dlrec::model {
 namespace {
 
-using NamedParam = std::pair<std::string, nn::Param*>;
+// A dense parameter with its optimizer and learning rate (before the schedule).
+struct DenseRef {
+  std::string name;
+  nn::Param* p;
+  const nn::Optimizer* opt;
+  double lr;
+};
+// A table: fixed (p) or hashed (h, with the flag that says its tensors were handed out).
+struct TableRef {
+  std::string name;  // "<layer>.<feature>"
+  nn::Param* p = nullptr;
+  embedding::HashedEmbedding* h = nullptr;
+  bool* handed_out = nullptr;
+  const nn::Optimizer* opt = nullptr;  // fixed tables (hashed ones keep theirs)
+};
+// How one table of an embedding or wide layer is set up.
+struct TableSetup {
+  int64_t feature = 0, dim = 1;
+  const nn::Optimizer* opt = nullptr;
+  double lr = 0;
+  bool hashed = false;
+  embedding::HashedEmbeddingOptions hashed_options;
+};
 
 // What a layer outputs: [B, width], made of fields (vectors) of the given widths. Embedding
 // layers output one field per table; concat keeps its inputs' fields; the rest output one.
@@ -91,11 +125,14 @@ class Node {
   // grads in Param::grad, sparse ones kept by the tables).
   virtual void backward(const Tensor& dout, const std::vector<bool>& need,
                         std::vector<Tensor>& dins) = 0;
-  // Applies the embedding optimizer to the tables' rows of the last backward.
-  virtual void step_tables(const nn::Optimizer& opt, float lr) {}
-  // Dense parameters (the model steps them) and embedding tables (step_tables).
-  virtual void collect(std::vector<NamedParam>& dense, std::vector<NamedParam>& tables) {}
+  // Applies the tables' optimizers to their rows of the last backward (lr times lr_scale).
+  virtual void step_tables(double lr_scale) {}
+  // Dense parameters (the model steps them) and tables (step_tables).
+  virtual void collect(std::vector<DenseRef>& dense, std::vector<TableRef>& tables) {}
   Shape2 shape;
+  // The optimizer of the layer's dense parameters (set by the model after construction).
+  const nn::Optimizer* dense_opt = nullptr;
+  double dense_lr = 0;
 };
 
 class DenseNode final : public Node {
@@ -115,18 +152,25 @@ class DenseNode final : public Node {
 
 class EmbeddingNode final : public Node {
  public:
-  EmbeddingNode(const std::string& name, std::vector<int64_t> features,
-                const std::vector<int64_t>& dims, const io::ShardLayout& layout,
-                nn::Pooling pooling, uint64_t seed)
-      : name_(name), features_(std::move(features)) {
-    tables_.reserve(features_.size());
-    for (size_t k = 0; k < features_.size(); ++k) {
-      const int64_t f = features_[k];
-      tables_.emplace_back(layout.cardinalities[f], dims[k], pooling);
-      tables_.back().init(nn::derive_seed(seed, static_cast<uint64_t>(f)));
+  EmbeddingNode(const std::string& name, std::vector<TableSetup> setup,
+                const io::ShardLayout& layout, nn::Pooling pooling, uint64_t seed)
+      : name_(name), setup_(std::move(setup)) {
+    const size_t T = setup_.size();
+    fixed_.resize(T);
+    hashed_.resize(T);
+    handed_out_.reset(new bool[T]());
+    for (size_t k = 0; k < T; ++k) {
+      const TableSetup& t = setup_[k];
+      if (t.hashed) {
+        hashed_[k] = std::make_unique<embedding::HashedEmbedding>(t.hashed_options);
+      } else {
+        fixed_[k] = std::make_unique<nn::EmbeddingBag>(layout.cardinalities[t.feature], t.dim,
+                                                       pooling);
+        fixed_[k]->init(nn::derive_seed(seed, static_cast<uint64_t>(t.feature)));
+      }
       offset_.push_back(shape.width);
-      shape.width += dims[k];
-      shape.fields.push_back(dims[k]);
+      shape.width += t.dim;
+      shape.fields.push_back(t.dim);
     }
   }
   const Tensor& forward(const std::vector<const Tensor*>&, const io::Batch& b,
@@ -135,33 +179,63 @@ class EmbeddingNode final : public Node {
     nn::ensure_buffer(out_, {B, W});
     float* out = out_.data<float>();
     for_each_table([&](size_t k) {
-      const int64_t f = features_[k];
-      tables_[k].forward(b.cat_offsets[f].data(), b.cat_indices[f].data(), B, out + offset_[k], W,
-                         training);
+      const int64_t f = setup_[k].feature;
+      if (hashed_[k]) {
+        refresh(k);
+        hashed_[k]->forward(b.cat_offsets[f].data(), b.cat_indices[f].data(), B, out + offset_[k],
+                            W, training);
+      } else {
+        fixed_[k]->forward(b.cat_offsets[f].data(), b.cat_indices[f].data(), B, out + offset_[k],
+                           W, training);
+      }
     });
     return out_;
   }
   void backward(const Tensor& dout, const std::vector<bool>&, std::vector<Tensor>&) override {
     const float* g = dout.data<float>();
-    grads_.resize(tables_.size());
-    for_each_table(
-        [&](size_t k) { grads_[k] = &tables_[k].backward(g + offset_[k], shape.width); });
+    grads_.resize(setup_.size());
+    for_each_table([&](size_t k) {
+      grads_[k] = hashed_[k] ? &hashed_[k]->backward(g + offset_[k], shape.width)
+                             : &fixed_[k]->backward(g + offset_[k], shape.width);
+    });
   }
-  void step_tables(const nn::Optimizer& opt, float lr) override {
-    for_each_table([&](size_t k) { opt.step_sparse(tables_[k].weight(), *grads_[k], lr); });
+  void step_tables(double lr_scale) override {
+    for_each_table([&](size_t k) {
+      const float lr = static_cast<float>(setup_[k].lr * lr_scale);
+      if (hashed_[k])
+        hashed_[k]->apply(*grads_[k], lr);
+      else
+        setup_[k].opt->step_sparse(fixed_[k]->weight(), *grads_[k], lr);
+    });
   }
-  void collect(std::vector<NamedParam>&, std::vector<NamedParam>& tables) override {
-    for (size_t k = 0; k < tables_.size(); ++k)
-      tables.emplace_back(name_ + "." + std::to_string(features_[k]) + ".weight",
-                          &tables_[k].weight());
+  void collect(std::vector<DenseRef>&, std::vector<TableRef>& tables) override {
+    for (size_t k = 0; k < setup_.size(); ++k) {
+      TableRef t;
+      t.name = name_ + "." + std::to_string(setup_[k].feature);
+      if (hashed_[k]) {
+        t.h = hashed_[k].get();
+        t.handed_out = &handed_out_[k];
+      } else {
+        t.p = &fixed_[k]->weight();
+        t.opt = setup_[k].opt;
+      }
+      tables.push_back(std::move(t));
+    }
   }
 
  private:
+  // A hashed table whose tensors were handed out is rebuilt from them before its next use.
+  void refresh(size_t k) {
+    if (!handed_out_[k]) return;
+    hashed_[k]->import_tensors("hashed table '" + name_ + "." +
+                               std::to_string(setup_[k].feature) + "'");
+    handed_out_[k] = false;
+  }
   // Across tables when there are enough to keep the threads busy (each table's own loops then
   // run serially), else table by table with the tables' own parallel loops.
   template <class F>
   void for_each_table(F&& fn) {
-    const int64_t T = static_cast<int64_t>(tables_.size());
+    const int64_t T = static_cast<int64_t>(setup_.size());
     if (T >= num_threads()) {
       parallel_for(0, T, 1, [&](int64_t lo, int64_t hi) {
         for (int64_t t = lo; t < hi; ++t) fn(static_cast<size_t>(t));
@@ -172,17 +246,23 @@ class EmbeddingNode final : public Node {
   }
 
   std::string name_;
-  std::vector<int64_t> features_, offset_;
-  std::vector<nn::EmbeddingBag> tables_;
+  std::vector<TableSetup> setup_;
+  std::vector<int64_t> offset_;
+  std::vector<std::unique_ptr<nn::EmbeddingBag>> fixed_;
+  std::vector<std::unique_ptr<embedding::HashedEmbedding>> hashed_;
+  std::unique_ptr<bool[]> handed_out_;
   std::vector<const nn::SparseGrad*> grads_;
   Tensor out_;
 };
 
 class WideNode final : public Node {
  public:
-  WideNode(const std::string& name, std::vector<int64_t> features, const io::ShardLayout& layout,
+  WideNode(const std::string& name, std::vector<TableSetup> setup, const io::ShardLayout& layout,
            nn::Pooling pooling)
-      : name_(name), features_(std::move(features)), wide_(cards(features_, layout), pooling) {
+      : name_(name),
+        setup_(std::move(setup)),
+        features_(features_of(setup_)),
+        wide_(cards(features_, layout), pooling) {
     shape = {1, {1}};
   }
   const Tensor& forward(const std::vector<const Tensor*>&, const io::Batch& b,
@@ -194,24 +274,35 @@ class WideNode final : public Node {
   void backward(const Tensor& dout, const std::vector<bool>&, std::vector<Tensor>&) override {
     wide_.backward(dout);
   }
-  void step_tables(const nn::Optimizer& opt, float lr) override {
+  void step_tables(double lr_scale) override {
     for (size_t k = 0; k < features_.size(); ++k)
-      opt.step_sparse(wide_.tables()[k].weight(), wide_.grad(k), lr);
+      setup_[k].opt->step_sparse(wide_.tables()[k].weight(), wide_.grad(k),
+                                 static_cast<float>(setup_[k].lr * lr_scale));
   }
-  void collect(std::vector<NamedParam>& dense, std::vector<NamedParam>& tables) override {
-    dense.emplace_back(name_ + ".bias", &wide_.bias());
-    for (size_t k = 0; k < features_.size(); ++k)
-      tables.emplace_back(name_ + "." + std::to_string(features_[k]) + ".weight",
-                          &wide_.tables()[k].weight());
+  void collect(std::vector<DenseRef>& dense, std::vector<TableRef>& tables) override {
+    dense.push_back({name_ + ".bias", &wide_.bias(), dense_opt, dense_lr});
+    for (size_t k = 0; k < features_.size(); ++k) {
+      TableRef t;
+      t.name = name_ + "." + std::to_string(features_[k]);
+      t.p = &wide_.tables()[k].weight();
+      t.opt = setup_[k].opt;
+      tables.push_back(std::move(t));
+    }
   }
 
  private:
+  static std::vector<int64_t> features_of(const std::vector<TableSetup>& s) {
+    std::vector<int64_t> f;
+    for (const auto& t : s) f.push_back(t.feature);
+    return f;
+  }
   static std::vector<int64_t> cards(const std::vector<int64_t>& f, const io::ShardLayout& l) {
     std::vector<int64_t> c;
     for (int64_t x : f) c.push_back(l.cardinalities[x]);
     return c;
   }
   std::string name_;
+  std::vector<TableSetup> setup_;
   std::vector<int64_t> features_;
   nn::WideLinear wide_;
   std::vector<nn::Bags> bags_;
@@ -233,11 +324,12 @@ class MlpNode final : public Node {
     const Tensor& dx = mlp_.backward(dout, need[0]);
     if (need[0]) dins[0] = dx;
   }
-  void collect(std::vector<NamedParam>& dense, std::vector<NamedParam>&) override {
+  void collect(std::vector<DenseRef>& dense, std::vector<TableRef>&) override {
     for (size_t k = 0; k < mlp_.layers().size(); ++k) {
       auto& l = mlp_.layers()[k];
-      dense.emplace_back(name_ + "." + std::to_string(k) + ".weight", &l.weight());
-      dense.emplace_back(name_ + "." + std::to_string(k) + ".bias", &l.bias());
+      dense.push_back({name_ + "." + std::to_string(k) + ".weight", &l.weight(), dense_opt,
+                       dense_lr});
+      dense.push_back({name_ + "." + std::to_string(k) + ".bias", &l.bias(), dense_opt, dense_lr});
     }
   }
 
@@ -261,8 +353,9 @@ class CrossNode final : public Node {
     const Tensor& dx = cross_.backward(dout);
     if (need[0]) dins[0] = dx;
   }
-  void collect(std::vector<NamedParam>& dense, std::vector<NamedParam>&) override {
-    for (auto& p : cross_.params()) dense.emplace_back(name_ + "." + p.first, p.second);
+  void collect(std::vector<DenseRef>& dense, std::vector<TableRef>&) override {
+    for (auto& p : cross_.params())
+      dense.push_back({name_ + "." + p.first, p.second, dense_opt, dense_lr});
   }
 
  private:
@@ -422,18 +515,26 @@ class GraphModel final : public Model {
 
  private:
   std::unique_ptr<Node> make_node(const LayerSpec& s, const std::vector<Shape2>& in, uint64_t seed);
+  // The tables of an embedding or wide layer: features, widths, optimizers, hashed or fixed.
+  std::vector<TableSetup> table_setup(const LayerSpec& s, const std::vector<int64_t>& features,
+                                      const std::vector<int64_t>& dims, uint64_t seed);
+  // Keeps an optimizer alive for the model's lifetime (stable address).
+  const nn::Optimizer* keep(const OptimizerConfig& c, bool dense);
   void check_batch(const io::Batch& b) const;
+  // A "[hashed]" line per hashed table on stderr (when they were used since the last one).
+  void report_hashed();
 
   OptimizerConfig oc_;
   io::ShardLayout layout_;
   GraphSpec spec_;
-  nn::Optimizer opt_;      // dense parameters (weight decay, global-norm clipping)
-  nn::Optimizer emb_opt_;  // embedding tables and the wide part's weights (optimizer.embedding)
+  std::deque<nn::Optimizer> opts_;  // [0]: dense, [1]: embedding (the section's), then overrides
   std::vector<std::unique_ptr<Node>> nodes_;  // by layer index
   std::vector<std::vector<int>> inputs_;
-  std::vector<bool> need_grad_;             // the layer's output gradient leads to parameters
-  std::vector<NamedParam> dense_, tables_;  // in layer order
+  std::vector<bool> need_grad_;    // the layer's output gradient leads to parameters
+  std::vector<DenseRef> dense_;    // in layer order
+  std::vector<TableRef> tables_;   // in layer order
   std::vector<nn::Param*> dense_ptrs_;
+  int64_t hashed_reported_lookups_ = 0;
   std::vector<Tensor> outs_, grads_, acc_;
   std::vector<bool> has_grad_, owns_grad_;
   int64_t fwd_rows_ = 0;
@@ -444,9 +545,9 @@ GraphModel::GraphModel(const ModelConfig& mc, const OptimizerConfig& oc,
                        const io::ShardLayout& layout, uint64_t seed)
     : oc_(oc),
       layout_(layout),
-      spec_(GraphSpec::parse(mc.layers, "model.layers")),
-      opt_(make_dense_optimizer(oc)),
-      emb_opt_(make_embedding_optimizer(oc)) {
+      spec_(GraphSpec::parse(mc.layers, "model.layers")) {
+  opts_.push_back(make_dense_optimizer(oc));
+  opts_.push_back(make_embedding_optimizer(oc));
   const size_t n = spec_.layers.size();
   nodes_.resize(n);
   inputs_.resize(n);
@@ -459,10 +560,22 @@ GraphModel::GraphModel(const ModelConfig& mc, const OptimizerConfig& oc,
     const uint64_t tag = s.has_init_tag ? s.init_tag : fnv1a(s.name);
     try {
       nodes_[i] = make_node(s, in, nn::derive_seed(seed, tag));
+      // The dense parameters' optimizer: the layer's override, or the section's (the wide
+      // part's bias follows the wide layer's override, without weight decay).
+      nodes_[i]->dense_opt = &opts_[0];
+      nodes_[i]->dense_lr = dense_lr(oc_);
+      if (!s.optimizer.is_null()) {
+        const bool dense = s.type == "mlp" || s.type == "cross";
+        const OptimizerConfig c = layer_optimizer(dense ? oc_ : oc_.embedding_config(),
+                                                  s.optimizer, "optimizer", dense);
+        nodes_[i]->dense_opt = keep(c, dense);
+        nodes_[i]->dense_lr = c.lr;
+      }
     } catch (const Error& e) {
       fail(s.where, ": ", e.what());
     }
-    std::vector<NamedParam> dense, tables;
+    std::vector<DenseRef> dense;
+    std::vector<TableRef> tables;
     nodes_[i]->collect(dense, tables);
     bool need = !dense.empty() || !tables.empty();
     for (int j : inputs_[i]) need = need || need_grad_[j];
@@ -470,16 +583,71 @@ GraphModel::GraphModel(const ModelConfig& mc, const OptimizerConfig& oc,
   }
   // Parameters in the order the layers are listed.
   for (size_t i = 0; i < n; ++i) nodes_[i]->collect(dense_, tables_);
-  for (auto& p : dense_) {
-    opt_.init_state(*p.second);
-    dense_ptrs_.push_back(p.second);
+  for (auto& d : dense_) {
+    d.opt->init_state(*d.p);
+    dense_ptrs_.push_back(d.p);
   }
-  for (auto& p : tables_) emb_opt_.init_state(*p.second);
+  for (auto& t : tables_)
+    if (t.p) t.opt->init_state(*t.p);
   outs_.resize(n);
   grads_.resize(n);
   acc_.resize(n);
   has_grad_.assign(n, false);
   owns_grad_.assign(n, false);
+}
+
+const nn::Optimizer* GraphModel::keep(const OptimizerConfig& c, bool dense) {
+  opts_.push_back(dense ? make_dense_optimizer(c) : make_embedding_optimizer(c));
+  return &opts_.back();
+}
+
+std::vector<TableSetup> GraphModel::table_setup(const LayerSpec& s,
+                                                const std::vector<int64_t>& features,
+                                                const std::vector<int64_t>& dims, uint64_t seed) {
+  for (const auto& kv : s.tables)
+    if (std::find(features.begin(), features.end(), kv.first) == features.end())
+      fail("key 'tables': feature ", kv.first, " is not one of the layer's ", features.size(),
+           " features");
+  const OptimizerConfig layer_cfg =
+      s.optimizer.is_null() ? oc_.embedding_config()
+                            : layer_optimizer(oc_.embedding_config(), s.optimizer, "optimizer",
+                                              false);
+  const nn::Optimizer* layer_opt = s.optimizer.is_null() ? &opts_[1] : keep(layer_cfg, false);
+  std::vector<TableSetup> out;
+  for (size_t k = 0; k < features.size(); ++k) {
+    const int64_t f = features[k];
+    TableSetup t;
+    t.feature = f;
+    t.dim = dims[k];
+    t.opt = layer_opt;
+    t.lr = layer_cfg.lr;
+    auto it = s.tables.find(f);
+    const HashedSpec* h = s.hashed.on ? &s.hashed : nullptr;
+    if (it != s.tables.end()) {
+      if (!it->second.optimizer.is_null()) {
+        const std::string key = "tables." + std::to_string(f) + ".optimizer";
+        const OptimizerConfig c = layer_optimizer(layer_cfg, it->second.optimizer, key, false);
+        t.opt = keep(c, false);
+        t.lr = c.lr;
+      }
+      if (it->second.hashed.on) h = &it->second.hashed;
+    }
+    if (h) {
+      // More rows than the feature has ids would never fill: the capacity is clamped.
+      const int64_t cap = std::min<int64_t>(h->capacity, layout_.cardinalities[f]);
+      embedding::HashedEmbeddingOptions& o = t.hashed_options;
+      t.hashed = true;
+      o.dim = t.dim;
+      o.capacity = cap;
+      o.seed = nn::derive_seed(seed, static_cast<uint64_t>(f));
+      o.init_scale = static_cast<float>(
+          h->init_scale >= 0 ? h->init_scale : std::sqrt(1.0 / static_cast<double>(cap)));
+      o.pooling = nn::parse_pooling(s.pooling);
+      o.optimizer = t.opt->options();
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
 }
 
 std::unique_ptr<Node> GraphModel::make_node(const LayerSpec& s, const std::vector<Shape2>& in,
@@ -513,11 +681,14 @@ std::unique_ptr<Node> GraphModel::make_node(const LayerSpec& s, const std::vecto
     std::vector<int64_t> dims = s.dims.empty() ? std::vector<int64_t>(f.size(), s.dim) : s.dims;
     if (dims.size() != f.size())
       fail("key 'dims': ", dims.size(), " widths for ", f.size(), " features");
-    return std::make_unique<EmbeddingNode>(s.name, f, dims, layout_, nn::parse_pooling(s.pooling),
-                                           seed);
+    return std::make_unique<EmbeddingNode>(s.name, table_setup(s, f, dims, seed), layout_,
+                                           nn::parse_pooling(s.pooling), seed);
   }
-  if (t == "wide")
-    return std::make_unique<WideNode>(s.name, features(), layout_, nn::parse_pooling(s.pooling));
+  if (t == "wide") {
+    std::vector<int64_t> f = features();
+    return std::make_unique<WideNode>(s.name, table_setup(s, f, std::vector<int64_t>(f.size(), 1), seed),
+                                      layout_, nn::parse_pooling(s.pooling));
+  }
   if (t == "mlp") return std::make_unique<MlpNode>(s.name, in[0].width, s.sizes, s.relu_last, seed);
   if (t == "cross") {
     if (s.low_rank > in[0].width)
@@ -645,27 +816,73 @@ void GraphModel::backward_and_update(const Tensor& dlogits, double lr_scale) {
       });
     }
   }
-  // Every gradient is known: the dense step over all dense parameters at once, then the rows.
-  const float lr = static_cast<float>(dense_lr(oc_) * lr_scale);
-  const float emb_lr = static_cast<float>(embedding_lr(oc_) * lr_scale);
-  opt_.step_dense(dense_ptrs_, lr);
+  // Every gradient is known: the dense step (global-norm clipping over all dense gradients,
+  // whatever their optimizer), then the rows.
+  float scale = 1.f;
+  const float clip_norm = opts_[0].options().clip_norm;  // as nn::Optimizer::step_dense does
+  if (clip_norm > 0.f) {
+    const double norm = nn::Optimizer::grad_norm(dense_ptrs_);
+    if (norm > clip_norm) scale = static_cast<float>(clip_norm / norm);
+  }
+  for (auto& d : dense_) d.opt->step(*d.p, static_cast<float>(d.lr * lr_scale), scale);
   for (int i : spec_.order)
-    if (need_grad_[i]) nodes_[i]->step_tables(emb_opt_, emb_lr);
+    if (need_grad_[i]) nodes_[i]->step_tables(lr_scale);
 }
 
+void GraphModel::report_hashed() {
+  int64_t total = 0;
+  for (auto& t : tables_)
+    if (t.h) total += t.h->stats().lookups;
+  if (total == hashed_reported_lookups_) return;
+  hashed_reported_lookups_ = total;
+  for (auto& t : tables_) {
+    if (!t.h) continue;
+    const auto st = t.h->stats();
+    std::fprintf(stderr,
+                 "[hashed] %s: %lld/%lld rows, %lld lookups, hit rate %.4f, %lld inserts, %lld "
+                 "evictions\n",
+                 t.name.c_str(), static_cast<long long>(st.size),
+                 static_cast<long long>(t.h->capacity()), static_cast<long long>(st.lookups),
+                 st.hit_rate(), static_cast<long long>(st.inserts),
+                 static_cast<long long>(st.evictions));
+  }
+}
+
+// Hashed tables: "<t>.weight" [capacity, dim], "<t>.keys" I64 [capacity], "<t>.lru" I32
+// [2, capacity] and "<t>.hash_meta" I64 [8] (size, LRU ends, counters, capacity); their
+// optimizer state "<t>.weight<suffix>" [capacity, S] (docs/EMBEDDINGS.md).
 std::vector<NamedTensor> GraphModel::parameters() {
+  report_hashed();  // checkpoints and exports call this: the training log gets the counters
   std::vector<NamedTensor> out;
-  for (auto& p : dense_) out.emplace_back(p.first, p.second->value);
-  for (auto& p : tables_) out.emplace_back(p.first, p.second->value);
+  for (auto& d : dense_) out.emplace_back(d.name, d.p->value);
+  for (auto& t : tables_) {
+    if (t.p) {
+      out.emplace_back(t.name + ".weight", t.p->value);
+      continue;
+    }
+    const auto st = t.h->tensors();
+    *t.handed_out = true;
+    out.emplace_back(t.name + ".weight", st.weights);
+    out.emplace_back(t.name + ".keys", st.keys);
+    out.emplace_back(t.name + ".lru", st.links);
+    out.emplace_back(t.name + ".hash_meta", st.meta);
+  }
   return out;
 }
 
 std::vector<NamedTensor> GraphModel::optimizer_state() {
   std::vector<NamedTensor> out;
-  if (opt_.has_state())
-    for (auto& p : dense_) out.emplace_back(p.first + opt_.state_suffix(), p.second->state);
-  if (emb_opt_.has_state())
-    for (auto& p : tables_) out.emplace_back(p.first + emb_opt_.state_suffix(), p.second->state);
+  for (auto& d : dense_)
+    if (d.opt->has_state()) out.emplace_back(d.name + d.opt->state_suffix(), d.p->state);
+  for (auto& t : tables_) {
+    if (t.p && t.opt->has_state())
+      out.emplace_back(t.name + ".weight" + t.opt->state_suffix(), t.p->state);
+    if (t.h && t.h->optimizer().has_state()) {
+      const auto st = t.h->tensors();
+      *t.handed_out = true;
+      out.emplace_back(t.name + ".weight" + t.h->optimizer().state_suffix(), st.state);
+    }
+  }
   return out;
 }
 

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,22 @@
 #include "dlrec/model/model.h"
 
 namespace dlrec::model {
+
+// A hashed (dynamic) embedding table instead of a fixed one (docs/EMBEDDINGS.md): raw ids,
+// insert on first sight, LRU eviction at `capacity` rows.
+struct HashedSpec {
+  bool on = false;
+  int64_t capacity = 0;         // rows; clamped to the feature's cardinality at build time
+  std::string eviction = "lru";  // the only policy
+  double init_scale = -1;       // rows start uniform in [-s, s); < 0: sqrt(1 / capacity)
+};
+
+// Per-table settings of an embedding or wide layer ("tables": {"<feature>": {...}}).
+struct TableSpec {
+  json optimizer;     // override object over the layer's optimizer; null: none
+  HashedSpec hashed;  // embedding layers only; off: the layer's setting
+  std::string where;  // "model.layers[1] (layer 'emb', embedding): tables.3" for messages
+};
 
 struct LayerSpec {
   std::string name, type;
@@ -36,6 +53,13 @@ struct LayerSpec {
   int64_t dim = 16;
   std::vector<int64_t> dims;  // per selected feature (embedding), overrides dim when set
   std::string pooling = "sum";
+  // Optimizer override (a JSON object of optimizer keys, docs/MODELS.md) for the layer's
+  // parameters; null: the optimizer section's.
+  json optimizer;
+  // embedding: hashed tables for every feature of the layer (per table: tables[f].hashed)
+  HashedSpec hashed;
+  // embedding / wide: per-feature settings, by categorical feature index
+  std::map<int64_t, TableSpec> tables;
   // mlp
   std::vector<int64_t> sizes;
   bool relu_last = false;
@@ -51,6 +75,13 @@ struct GraphSpec {
   // `layers` is the JSON list, `path` its config path ("model.layers") for messages.
   static GraphSpec parse(const json& layers, const std::string& path);
 };
+
+// The optimizer of a layer or table: `override_json` (an object of optimizer keys, see
+// docs/MODELS.md) over `base`; `path` names it in errors ("model.layers[2].optimizer").
+// `dense`: the parameters are dense ones (weight_decay allowed). Unknown keys, keys that only
+// the optimizer section may hold (schedule, clip_norm, ...) and bad values are errors.
+OptimizerConfig layer_optimizer(const OptimizerConfig& base, const json& override_json,
+                                const std::string& path, bool dense);
 
 // The layer types GraphSpec knows.
 const std::vector<std::string>& graph_layer_types();
