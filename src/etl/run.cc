@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -64,6 +65,34 @@ class ShardSetWriter {
       rows_ += n;
       if (cur_->rows() == shard_rows_) finish_current();
     }
+  }
+
+  // Writes the parts' rows in order (the same files as write() of each part); each shard's
+  // whole blocks are encoded on all cores (io::ShardWriter::write_parts).
+  void write_parts(const std::vector<io::BatchRows>& parts) {
+    std::vector<io::BatchRows> batch;  // parts of the open file not yet handed to it
+    int64_t in_file = cur_ ? cur_->rows() : 0;
+    for (io::BatchRows p : parts) {
+      while (p.begin < p.end) {
+        if (!cur_) {
+          names_.push_back(shard_name(prefix_, static_cast<int>(names_.size())));
+          cur_ = std::make_unique<io::ShardWriter>(dir_ + "/" + names_.back(), layout_,
+                                                   block_rows_);
+          in_file = 0;
+        }
+        const int64_t n = std::min(p.end - p.begin, shard_rows_ - in_file);
+        batch.push_back({p.batch, p.begin, p.begin + n});
+        p.begin += n;
+        in_file += n;
+        rows_ += n;
+        if (in_file == shard_rows_) {
+          cur_->write_parts(batch);
+          batch.clear();
+          finish_current();
+        }
+      }
+    }
+    if (!batch.empty()) cur_->write_parts(batch);
   }
 
   // Closes the open file; `at_least_one` writes an empty shard when no row came.
@@ -314,6 +343,48 @@ class RankWriter {
   std::vector<std::vector<std::string>> rank_names_;
 };
 
+// Batches of up to `k` chunks from a reader; the next batch is read (parsed on all cores by
+// the reader) by a helper thread while the caller processes the current one. A read error
+// surfaces at the batch it belongs to.
+class BatchReader {
+ public:
+  BatchReader(std::unique_ptr<io::ChunkReader> reader, int k)
+      : reader_(std::move(reader)), k_(std::max(1, k)) {}
+  ~BatchReader() {
+    if (ahead_.valid()) ahead_.wait();
+  }
+  // Fills out[0, n) with the next chunks (resizing `out` as needed); 0 at the end.
+  int next(std::vector<io::RawChunk>& out) {
+    Timer t;
+    if (!ahead_.valid()) start();
+    const int n = ahead_.get();
+    wait_seconds_ += t.seconds();
+    std::swap(out, spare_);
+    if (n > 0) start();
+    return n;
+  }
+  const io::ChunkReader& reader() const { return *reader_; }
+  double wait_seconds() const { return wait_seconds_; }  // time next() waited for the reader
+
+ private:
+  void start() {
+    ahead_ = std::async(std::launch::async, [this] {
+      if (static_cast<int>(spare_.size()) < k_) spare_.resize(k_);
+      int n = 0;
+      while (n < k_ && reader_->next(spare_[n])) ++n;
+      return n;
+    });
+  }
+  std::unique_ptr<io::ChunkReader> reader_;
+  int k_;
+  std::vector<io::RawChunk> spare_;
+  std::future<int> ahead_;
+  double wait_seconds_ = 0;
+};
+
+// Chunks per batch: one per thread, so that a batch is one parallel parse of the reader.
+int batch_chunks() { return std::max(2, num_threads()); }
+
 void remove_files(const std::vector<std::string>& paths) {
   for (const auto& p : paths) std::remove(p.c_str());
 }
@@ -488,26 +559,31 @@ EtlResult run_etl(const EtlOptions& o) {
                               o.spill_dir.empty() ? o.output_dir : o.spill_dir);
     res.fit_passes = workflow.num_fit_passes();
     int pass = 0;
-    std::unique_ptr<io::ChunkReader> reader;
+    std::unique_ptr<BatchReader> batches;
     std::unique_ptr<Progress> progress;
     int64_t fit_rows = 0;
-    workflow.fit_multipass([&]() -> ChunkSource {
+    workflow.fit_batches([&]() -> ChunkBatchSource {
       if (progress) progress->finish();
       io::ReadOptions ro = o.read;
       ro.max_rows = n_train;
-      reader = io::open_reader(o.inputs, o.schema, ro);
+      if (batches) res.read_wait_seconds += batches->wait_seconds();
+      batches.reset();
+      batches = std::make_unique<BatchReader>(io::open_reader(o.inputs, o.schema, ro),
+                                              batch_chunks());
       ++pass;
       progress = std::make_unique<Progress>(
           "etl fit (pass " + std::to_string(pass) + "/" + std::to_string(res.fit_passes) + ")",
           n_train, "rows");
       fit_rows = 0;
-      return [&](io::RawChunk& c) {
-        if (!reader->next(c)) return false;
-        fit_rows += c.rows;
+      return [&](std::vector<io::RawChunk>& c) {
+        const int n = batches->next(c);
+        for (int i = 0; i < n; ++i) fit_rows += c[i].rows;
         progress->update(fit_rows);
-        return true;
+        return n;
       };
     });
+    if (batches) res.read_wait_seconds += batches->wait_seconds();
+    batches.reset();
     if (progress) progress->finish();
     if (fit_rows == 0) fail("etl: the input holds no rows to fit on");
     if (o.train_rows >= 0 && fit_rows < n_train)
@@ -537,60 +613,97 @@ EtlResult run_etl(const EtlOptions& o) {
                                             o.shuffle, o.seed, o.block_rows, &created);
     }
     int64_t written_train = 0;  // training rows handed to the writers
-    reader = io::open_reader(o.inputs, o.schema, o.read);
+    BatchReader input(io::open_reader(o.inputs, o.schema, o.read), batch_chunks());
     Progress tp("etl transform", expected_rows, "rows");
-    // Chunks are transformed into a batch of about block_rows rows (appending), so the shard
-    // writer encodes whole blocks straight from it; writing batch i (checksums, file I/O)
-    // overlaps reading and transforming batch i + 1.
-    io::RawChunk chunk;
-    io::Batch batches[2];
+    // Each batch of chunks is transformed on all cores (a chunk per task, into its own
+    // io::Batch); the writer thread then hands its rows to the shard writers, which encode
+    // whole blocks on all cores, while the next batch is read and transformed. The split is
+    // by input position: a chunk's first to_train_in[i] input rows train.
+    std::vector<io::RawChunk> chunks;
+    std::vector<io::Batch> outs[2];
+    std::vector<std::vector<int64_t>> kept;
+    std::vector<int64_t> to_train_in, to_train, first_train;
+    std::vector<std::exception_ptr> errors;
     int cur = 0;
-    int64_t seen = 0;
-    int64_t batch_train = 0;    // rows of batches[cur] that train (a prefix: the split is by position)
-    std::vector<int64_t> kept;  // input row of each output row (Filter ops drop rows)
+    int64_t seen = 0;        // input rows so far
+    int64_t train_seen = 0;  // training rows so far (after filtering)
     std::future<void> writing;
-    auto flush = [&]() {
-      io::Batch& batch = batches[cur];
-      if (batch.rows == 0) return;
-      if (writing.valid()) writing.get();  // rethrows a write error
-      const int64_t to_train = batch_train;
-      const int64_t first = written_train;
-      written_train += to_train;
-      RankWriter* rw = ranked.get();
-      writing = std::async(std::launch::async, [&train, &valid, &batch, to_train, rw, first] {
-        if (to_train > 0) {
-          if (rw)
-            rw->write(batch, 0, to_train, first);
-          else
-            train.write(batch, 0, to_train);
+    double write_busy = 0;   // seconds the writer thread worked
+    for (int n; (n = input.next(chunks)) > 0;) {
+      std::vector<io::Batch>& out = outs[cur];
+      if (static_cast<int>(out.size()) < n) out.resize(n);
+      kept.resize(std::max<size_t>(kept.size(), n));
+      to_train_in.assign(n, 0);
+      to_train.assign(n, 0);
+      first_train.assign(n, 0);
+      errors.assign(n, nullptr);
+      for (int i = 0; i < n; ++i) {
+        const int64_t rows = chunks[i].rows;
+        to_train_in[i] = n_train < 0 ? rows : std::max<int64_t>(0, std::min(rows, n_train - seen));
+        seen += rows;
+      }
+      auto transform_one = [&](int i) {
+        try {
+          const TrainRows tr{first_train[i], to_train_in[i]};
+          workflow.transform(chunks[i], out[i], &kept[i], /*append=*/false, &tr);
+        } catch (...) {
+          errors[i] = std::current_exception();
         }
-        if (to_train < batch.rows) valid.write(batch, to_train, batch.rows);
+      };
+      if (!workflow.has_filters()) {
+        // Every input row is kept: chunk i's training rows start at the sum before it.
+        for (int i = 0; i < n; ++i) {
+          first_train[i] = train_seen;
+          train_seen += to_train_in[i];
+          to_train[i] = to_train_in[i];
+        }
+        parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+          for (int64_t i = lo; i < hi; ++i) transform_one(static_cast<int>(i));
+        });
+        for (const auto& e : errors)
+          if (e) std::rethrow_exception(e);  // the first failing chunk in input order
+      } else {
+        // Filters: a chunk's first training row depends on the rows kept before it.
+        for (int i = 0; i < n; ++i) {
+          first_train[i] = train_seen;
+          transform_one(i);
+          if (errors[i]) std::rethrow_exception(errors[i]);
+          to_train[i] = std::lower_bound(kept[i].begin(), kept[i].end(), to_train_in[i]) -
+                        kept[i].begin();
+          train_seen += to_train[i];
+        }
+      }
+      tp.update(seen);
+      if (writing.valid()) writing.get();  // rethrows a write error
+      std::vector<io::BatchRows> train_parts, valid_parts;
+      std::vector<std::array<int64_t, 3>> ranked_parts;  // (chunk, rows, first training row)
+      for (int i = 0; i < n; ++i) {
+        if (to_train[i] > 0) {
+          if (ranked)
+            ranked_parts.push_back({i, to_train[i], written_train});
+          else
+            train_parts.push_back({&out[i], 0, to_train[i]});
+          written_train += to_train[i];
+        }
+        if (to_train[i] < out[i].rows) valid_parts.push_back({&out[i], to_train[i], out[i].rows});
+      }
+      RankWriter* rw = ranked.get();
+      writing = std::async(std::launch::async, [&, rw, train_parts = std::move(train_parts),
+                                                valid_parts = std::move(valid_parts),
+                                                ranked_parts = std::move(ranked_parts), cur] {
+        Timer t;
+        const std::vector<io::Batch>& b = outs[cur];
+        for (const auto& [i, rows, first] : ranked_parts) rw->write(b[i], 0, rows, first);
+        if (!train_parts.empty()) train.write_parts(train_parts);
+        if (!valid_parts.empty()) valid.write_parts(valid_parts);
+        write_busy += t.seconds();
       });
       cur ^= 1;
-      batches[cur].rows = 0;
-      batch_train = 0;
-    };
-    int64_t train_seen = 0;  // training rows written so far (after filtering)
-    while (reader->next(chunk)) {
-      io::Batch& batch = batches[cur];
-      const int64_t before = batch.rows;
-      // The split is by input position: output rows from the chunk's first to_train_in rows.
-      const int64_t to_train_in =
-          n_train < 0 ? chunk.rows : std::max<int64_t>(0, std::min(chunk.rows, n_train - seen));
-      const TrainRows train_rows{train_seen, to_train_in};
-      workflow.transform(chunk, batch, &kept, /*append=*/true, &train_rows);
-      const int64_t to_train =
-          std::lower_bound(kept.begin(), kept.end(), to_train_in) - kept.begin();
-      train_seen += to_train;
-      if (batch_train == before) batch_train += to_train;
-      seen += chunk.rows;
-      tp.update(seen);
-      // A batch switching from training to validation rows goes out at once, so the
-      // validation shards start on a block boundary of their own.
-      if (batch.rows >= o.block_rows || (batch_train > 0 && batch_train < batch.rows)) flush();
     }
-    flush();
     if (writing.valid()) writing.get();
+    res.read_wait_seconds += input.wait_seconds();
+    res.write_seconds = write_busy;
+    const io::ChunkReader* reader = &input.reader();
     if (ranked) {
       ranked->finish();
       res.rank_shards = ranked->rank_names();

@@ -1,6 +1,7 @@
 #include "dlrec/etl/workflow.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -483,70 +484,95 @@ struct Workflow::Impl {
                             : "row " + std::to_string(r) + " of the chunk";
   }
 
-  // One chunk of fit pass `pass`: accumulates statistics (pass 0) and feeds each column's
-  // pass-th fitted op with the values transformed by the ops before it.
-  void fit_chunk(const io::RawChunk& raw, int pass) {
-    check_chunk(raw, "fit");
-    if (pass == 0) stats_input_rows += raw.rows;
-    io::RawChunk filtered;
+  // Chunks [0, n) of fit pass `pass`, in order: accumulates statistics (pass 0) and feeds each
+  // column's pass-th fitted op with the values transformed by the ops before it. One task per
+  // column (and feature op) walks all the chunks in order, so every op sees exactly the value
+  // sequence of a chunk-by-chunk fit; the tasks are claimed dynamically, Categorify columns
+  // (the heaviest) first.
+  void fit_chunks(const io::RawChunk* raws, int n, int pass) {
+    for (int i = 0; i < n; ++i) check_chunk(raws[i], "fit");
+    std::vector<io::RawChunk> filtered;
+    std::vector<const io::RawChunk*> chunks(n);
+    for (int i = 0; i < n; ++i) chunks[i] = &raws[i];
     if (!filters.empty()) {
-      std::vector<uint8_t> keep;
-      filter_mask(raw, keep);
-      compact(raw, keep, filtered, nullptr);
+      filtered.resize(n);
+      parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+        std::vector<uint8_t> keep;
+        for (int64_t i = lo; i < hi; ++i) {
+          filter_mask(raws[i], keep);
+          compact(raws[i], keep, filtered[i], nullptr);
+          chunks[i] = &filtered[i];
+        }
+      });
     }
-    const io::RawChunk& c = filters.empty() ? raw : filtered;
-    if (pass == 0) stats_rows += c.rows;
+    for (int i = 0; i < n; ++i) {
+      if (pass == 0) stats_input_rows += raws[i].rows;
+      if (pass == 0) stats_rows += chunks[i]->rows;
+    }
     const int nd = static_cast<int>(dense.size());
     const int ncols = nd + static_cast<int>(cat.size());
     const int ntasks = ncols + (pass == 0 ? static_cast<int>(features.size()) : 0);
-    parallel_for(0, ntasks, 1, [&](int64_t lo, int64_t hi) {
+    // Task order: categorical columns, feature ops, dense columns.
+    std::vector<int> order;
+    for (int col = nd; col < ncols; ++col) order.push_back(col);
+    for (int col = ncols; col < ntasks; ++col) order.push_back(col);
+    for (int col = 0; col < nd; ++col) order.push_back(col);
+    std::atomic<int> next{0};
+    parallel_for(0, std::min(ntasks, num_threads()), 1, [&](int64_t, int64_t) {
       std::vector<float> buf;
-      for (int64_t col = lo; col < hi; ++col) {
-        if (col >= ncols) {
-          features[col - ncols].op->fit_chunk(c);
-          continue;
-        }
-        ColumnPipe& p = col < nd ? dense[col] : cat[col - nd];
-        std::vector<int> fit_ops = p.fit_ops();
-        const int stage = pass < static_cast<int>(fit_ops.size()) ? fit_ops[pass] : -1;
-        if (p.type == ColumnType::Dense) {
-          if (pass > 0 && stage < 0) continue;
-          buf.resize(c.rows);
-          for (int64_t r = 0; r < c.rows; ++r) buf[r] = c.dense[r * nd + p.index];
-          if (pass == 0) {
-            ColumnStats& s = p.stats;
-            s.rows += c.rows;
-            for (float v : buf) {
-              if (std::isnan(v)) {
-                ++s.nulls;
-                continue;
-              }
-              ++s.values;
-              s.min = std::min<double>(s.min, v);
-              s.max = std::max<double>(s.max, v);
-              s.sum += v;
-            }
-          }
-          if (stage < 0) continue;
-          p.apply_dense(buf.data(), c.rows, 1, stage);
-          static_cast<DenseOp&>(*p.ops[stage]).fit_chunk(buf.data(), c.rows);
-        } else {
-          const auto& off = c.cat_offsets[p.index];
-          const auto& vals = c.cat_values[p.index];
-          if (pass == 0) {
-            ColumnStats& s = p.stats;
-            s.rows += c.rows;
-            s.values += static_cast<int64_t>(vals.size());
-            for (int64_t r = 0; r < c.rows; ++r) s.nulls += off[r + 1] == off[r];
-          }
-          if (stage < 0) continue;
-          // A categorical chain holds one encoder (and column ops), so the keys reach it
-          // unchanged.
-          static_cast<CategoricalEncoder&>(*p.ops[stage])
-              .fit_chunk(vals.data(), static_cast<int64_t>(vals.size()));
-        }
+      for (int k = next++; k < ntasks; k = next++) {
+        const int col = order[k];
+        for (int i = 0; i < n; ++i) fit_column(*chunks[i], col, pass, buf);
       }
     });
+  }
+
+  // Column (or feature op, col >= columns) `col` of one chunk.
+  void fit_column(const io::RawChunk& c, int col, int pass, std::vector<float>& buf) {
+    const int nd = static_cast<int>(dense.size());
+    const int ncols = nd + static_cast<int>(cat.size());
+    if (col >= ncols) {
+      features[col - ncols].op->fit_chunk(c);
+      return;
+    }
+    ColumnPipe& p = col < nd ? dense[col] : cat[col - nd];
+    std::vector<int> fit_ops = p.fit_ops();
+    const int stage = pass < static_cast<int>(fit_ops.size()) ? fit_ops[pass] : -1;
+    if (p.type == ColumnType::Dense) {
+      if (pass > 0 && stage < 0) return;
+      buf.resize(c.rows);
+      for (int64_t r = 0; r < c.rows; ++r) buf[r] = c.dense[r * nd + p.index];
+      if (pass == 0) {
+        ColumnStats& s = p.stats;
+        s.rows += c.rows;
+        for (float v : buf) {
+          if (std::isnan(v)) {
+            ++s.nulls;
+            continue;
+          }
+          ++s.values;
+          s.min = std::min<double>(s.min, v);
+          s.max = std::max<double>(s.max, v);
+          s.sum += v;
+        }
+      }
+      if (stage < 0) return;
+      p.apply_dense(buf.data(), c.rows, 1, stage);
+      static_cast<DenseOp&>(*p.ops[stage]).fit_chunk(buf.data(), c.rows);
+    } else {
+      const auto& off = c.cat_offsets[p.index];
+      const auto& vals = c.cat_values[p.index];
+      if (pass == 0) {
+        ColumnStats& s = p.stats;
+        s.rows += c.rows;
+        s.values += static_cast<int64_t>(vals.size());
+        for (int64_t r = 0; r < c.rows; ++r) s.nulls += off[r + 1] == off[r];
+      }
+      if (stage < 0) return;
+      // A categorical chain holds one encoder (and column ops), so the keys reach it unchanged.
+      static_cast<CategoricalEncoder&>(*p.ops[stage])
+          .fit_chunk(vals.data(), static_cast<int64_t>(vals.size()));
+    }
   }
 
   void begin_pass(int pass) {
@@ -753,13 +779,36 @@ void Workflow::fit_multipass(const std::function<ChunkSource()>& open_pass) {
   for (int pass = 0; pass < passes; ++pass) {
     m.begin_pass(pass);
     ChunkSource next = open_pass();
-    while (next(chunk)) m.fit_chunk(chunk, pass);
+    while (next(chunk)) m.fit_chunks(&chunk, 1, pass);
     m.end_pass(pass);
   }
   m.fitted = true;
   m.have_stats = true;
   m.build_plan(true);
 }
+
+void Workflow::fit_batches(const std::function<ChunkBatchSource()>& open_pass) {
+  Impl& m = *impl_;
+  m.fitted = false;
+  m.have_stats = false;
+  const int passes = num_fit_passes();
+  std::vector<io::RawChunk> chunks;
+  for (int pass = 0; pass < passes; ++pass) {
+    m.begin_pass(pass);
+    ChunkBatchSource next = open_pass();
+    for (int n; (n = next(chunks)) > 0;) {
+      DLREC_CHECK(n <= static_cast<int>(chunks.size()), "Workflow::fit_batches: the source reported ",
+                  n, " chunks but holds ", chunks.size());
+      m.fit_chunks(chunks.data(), n, pass);
+    }
+    m.end_pass(pass);
+  }
+  m.fitted = true;
+  m.have_stats = true;
+  m.build_plan(true);
+}
+
+bool Workflow::has_filters() const { return !impl_->filters.empty(); }
 
 bool Workflow::fitted() const { return impl_->fitted; }
 

@@ -132,7 +132,9 @@ struct ShardWriter::Impl {
     file.write(buf);
   }
 
-  void validate(const Batch& b) const {
+  // Checks the batch's structure and rows [begin, end) (ids in range, one id per one-hot row);
+  // messages count rows from `first_row` (the shard row of `begin`).
+  void validate(const Batch& b, int64_t begin, int64_t end, int64_t first_row) const {
     const int nc = static_cast<int>(layout.cardinalities.size());
     DLREC_CHECK(b.num_dense == layout.num_dense && b.num_cat() == nc, "shard '", name,
                 "': batch has ", b.num_dense, " dense and ", b.num_cat(),
@@ -141,6 +143,8 @@ struct ShardWriter::Impl {
                     static_cast<int64_t>(b.dense.size()) == b.rows * b.num_dense,
                 "shard '", name, "': batch of ", b.rows, " rows has ", b.labels.size(),
                 " labels and ", b.dense.size(), " dense values");
+    DLREC_CHECK(0 <= begin && begin <= end && end <= b.rows, "shard '", name, "': rows [", begin,
+                ", ", end, ") of a batch of ", b.rows);
     for (int t = 0; t < nc; ++t) {
       const auto& off = b.cat_offsets[t];
       const auto& ids = b.cat_indices[t];
@@ -149,64 +153,95 @@ struct ShardWriter::Impl {
                   "shard '", name, "': categorical feature ", t, " has inconsistent offsets");
       const int64_t card = layout.cardinalities[t];
       if (!layout.multi_hot[t]) {
-        for (int64_t r = 0; r < b.rows; ++r)
+        for (int64_t r = begin; r < end; ++r)
           if (off[r + 1] - off[r] != 1)
-            fail("shard '", name, "': one-hot categorical feature ", t, " row ", rows + r,
-                 " has ", off[r + 1] - off[r], " ids (must be exactly 1)");
+            fail("shard '", name, "': one-hot categorical feature ", t, " row ",
+                 first_row + r - begin, " has ", off[r + 1] - off[r], " ids (must be exactly 1)");
       } else {
-        for (int64_t r = 0; r < b.rows; ++r)
+        for (int64_t r = begin; r < end; ++r)
           if (off[r + 1] < off[r])
-            fail("shard '", name, "': categorical feature ", t, " row ", rows + r,
+            fail("shard '", name, "': categorical feature ", t, " row ", first_row + r - begin,
                  " has decreasing offsets");
       }
-      for (size_t i = 0; i < ids.size(); ++i) {
+      for (int64_t i = off[begin]; i < off[end]; ++i) {
         if (static_cast<uint64_t>(ids[i]) >= static_cast<uint64_t>(card)) {
-          int64_t r = std::upper_bound(off.begin(), off.end(), static_cast<int64_t>(i)) -
-                      off.begin() - 1;
-          fail("shard '", name, "': categorical feature ", t, " row ", rows + r, ": id ",
-               ids[i], " is out of range [0, ", card, ")");
+          int64_t r = std::upper_bound(off.begin(), off.end(), i) - off.begin() - 1;
+          fail("shard '", name, "': categorical feature ", t, " row ", first_row + r - begin,
+               ": id ", ids[i], " is out of range [0, ", card, ")");
+        }
+      }
+    }
+  }
+  void validate(const Batch& b) const { validate(b, 0, b.rows, rows); }
+
+  // Where the sections of a block start: labels and dense values (section 0), then each
+  // categorical feature (section 1 + t); the last entry is the block's size.
+  std::vector<size_t> block_sections(const std::vector<BatchRows>& segs, int64_t n) const {
+    const int nc = static_cast<int>(layout.cardinalities.size());
+    std::vector<size_t> at(nc + 2);
+    at[0] = kBlockHeaderBytes;
+    at[1] = at[0] + static_cast<size_t>(n) * 4 * (1 + layout.num_dense);
+    for (int t = 0; t < nc; ++t) {
+      int64_t n_ids = 0;
+      for (const auto& s : segs) n_ids += s.batch->cat_offsets[t][s.end] - s.batch->cat_offsets[t][s.begin];
+      if (layout.multi_hot[t])
+        DLREC_CHECK(n_ids <= int64_t{UINT32_MAX}, "shard '", name, "': block ", index.size(),
+                    " holds ", n_ids, " ids of feature ", t, "; use fewer rows per block");
+      at[t + 2] = at[t + 1] + (layout.multi_hot[t] ? static_cast<size_t>(n) * 4 : 0) +
+                  static_cast<size_t>(n_ids) * (wide_ids(layout.cardinalities[t]) ? 8 : 4);
+    }
+    return at;
+  }
+
+  // Encodes section `sec` of the block made of `segs` (n rows) at dst.
+  void encode_section(const std::vector<BatchRows>& segs, int64_t n, int sec, char* dst) const {
+    const int nd = layout.num_dense;
+    if (sec == 0) {  // labels, then dense values
+      char* lab = dst;
+      char* den = dst + n * 4;
+      for (const auto& s : segs) {
+        const int64_t m = s.end - s.begin;
+        std::memcpy(lab, s.batch->labels.data() + s.begin, m * 4);
+        std::memcpy(den, s.batch->dense.data() + s.begin * nd, m * nd * 4);
+        lab += m * 4;
+        den += m * nd * 4;
+      }
+      return;
+    }
+    const int t = sec - 1;
+    char* p = dst;
+    if (layout.multi_hot[t]) {  // row ends, counted from the block's first id
+      int64_t before = 0;
+      for (const auto& s : segs) {
+        const auto& off = s.batch->cat_offsets[t];
+        for (int64_t r = s.begin; r < s.end; ++r) {
+          const uint32_t e = static_cast<uint32_t>(before + off[r + 1] - off[s.begin]);
+          std::memcpy(p, &e, 4);
+          p += 4;
+        }
+        before += off[s.end] - off[s.begin];
+      }
+    }
+    const bool wide = wide_ids(layout.cardinalities[t]);
+    for (const auto& s : segs) {
+      const auto& off = s.batch->cat_offsets[t];
+      const int64_t* ids = s.batch->cat_indices[t].data();
+      const int64_t lo = off[s.begin], hi = off[s.end];
+      if (wide) {
+        std::memcpy(p, ids + lo, (hi - lo) * 8);
+        p += (hi - lo) * 8;
+      } else {
+        for (int64_t i = lo; i < hi; ++i) {
+          const int32_t v = static_cast<int32_t>(ids[i]);
+          std::memcpy(p, &v, 4);
+          p += 4;
         }
       }
     }
   }
 
-  // Encodes rows [begin, end) of `src` as one block.
-  void flush_block(const Batch& src, int64_t begin, int64_t end) {
-    const int64_t n = end - begin;
-    if (n <= 0) return;
-    const int nd = layout.num_dense;
-    buf.clear();
-    buf.resize(kBlockHeaderBytes);
-    buf.append(reinterpret_cast<const char*>(src.labels.data() + begin), n * 4);
-    buf.append(reinterpret_cast<const char*>(src.dense.data() + begin * nd), n * nd * 4);
-    for (size_t t = 0; t < layout.cardinalities.size(); ++t) {
-      const auto& off = src.cat_offsets[t];
-      const auto& ids = src.cat_indices[t];
-      const int64_t base = off[begin];
-      const int64_t n_ids = off[end] - base;
-      if (layout.multi_hot[t]) {
-        DLREC_CHECK(n_ids <= int64_t{UINT32_MAX}, "shard '", name, "': block ", index.size(),
-                    " holds ", n_ids, " ids of feature ", t, "; use fewer rows per block");
-        size_t at = buf.size();
-        buf.resize(at + n * 4);
-        char* p = &buf[at];
-        for (int64_t r = 0; r < n; ++r) {
-          uint32_t e = static_cast<uint32_t>(off[begin + r + 1] - base);
-          std::memcpy(p + r * 4, &e, 4);
-        }
-      }
-      if (wide_ids(layout.cardinalities[t])) {
-        buf.append(reinterpret_cast<const char*>(ids.data() + base), n_ids * 8);
-      } else {
-        size_t at = buf.size();
-        buf.resize(at + n_ids * 4);
-        char* p = &buf[at];
-        for (int64_t i = 0; i < n_ids; ++i) {
-          int32_t v = static_cast<int32_t>(ids[base + i]);
-          std::memcpy(p + i * 4, &v, 4);
-        }
-      }
-    }
+  // The block header (rows, payload size, checksum) of an encoded block of n rows.
+  static void finish_block(std::string& buf, int64_t n) {
     const uint64_t rows64 = static_cast<uint64_t>(n);
     const uint64_t payload = buf.size() - kBlockHeaderBytes;
     std::memcpy(&buf[0], &rows64, 8);
@@ -215,9 +250,91 @@ struct ShardWriter::Impl {
     crc = crc32c(buf.data() + kBlockHeaderBytes, payload, crc);
     std::memcpy(&buf[16], &crc, 4);
     std::memset(&buf[20], 0, 4);
+  }
+
+  void append_block(const std::string& block, int64_t n) {
     index.emplace_back(static_cast<uint64_t>(written), file.bytes_written());
-    file.write(buf);
+    file.write(block);
     written += n;
+  }
+
+  // Encodes rows [begin, end) of `src` as one block.
+  void flush_block(const Batch& src, int64_t begin, int64_t end) {
+    const int64_t n = end - begin;
+    if (n <= 0) return;
+    const std::vector<BatchRows> segs = {{&src, begin, end}};
+    const std::vector<size_t> at = block_sections(segs, n);
+    buf.assign(at.back(), '\0');
+    for (size_t sec = 0; sec + 1 < at.size(); ++sec)
+      encode_section(segs, n, static_cast<int>(sec), &buf[at[sec]]);
+    finish_block(buf, n);
+    append_block(buf, n);
+  }
+
+  // write_parts: the pending rows and the parts as one row sequence; whole blocks are encoded
+  // on all cores (one task per block section, then one per block for the checksum) and written
+  // in order; the rows past the last whole block become the pending rows.
+  void write_parts(const std::vector<BatchRows>& parts) {
+    const size_t np = parts.size();
+    std::vector<int64_t> first(np + 1, rows);
+    for (size_t i = 0; i < np; ++i) first[i + 1] = first[i] + (parts[i].end - parts[i].begin);
+    std::vector<std::exception_ptr> errors(np);
+    parallel_for(0, static_cast<int64_t>(np), 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        try {
+          DLREC_CHECK(parts[i].batch, "shard '", name, "': a part without a batch");
+          validate(*parts[i].batch, parts[i].begin, parts[i].end, first[i]);
+        } catch (...) {
+          errors[i] = std::current_exception();
+        }
+      }
+    });
+    for (const auto& e : errors)
+      if (e) std::rethrow_exception(e);  // the first bad part in order; nothing written
+    std::vector<BatchRows> seq;
+    if (pending.rows > 0) seq.push_back({&pending, 0, pending.rows});
+    for (const auto& p : parts)
+      if (p.end > p.begin) seq.push_back(p);
+    const int64_t total = pending.rows + (first[np] - rows);
+    const int64_t nblocks = total / block_rows;
+    std::vector<std::vector<BatchRows>> blocks(nblocks);
+    size_t s = 0;
+    int64_t at = seq.empty() ? 0 : seq[0].begin;
+    for (int64_t k = 0; k < nblocks; ++k) {
+      for (int64_t need = block_rows; need > 0;) {
+        const int64_t take = std::min(need, seq[s].end - at);
+        blocks[k].push_back({seq[s].batch, at, at + take});
+        need -= take;
+        at += take;
+        if (at == seq[s].end && ++s < seq.size()) at = seq[s].begin;
+      }
+    }
+    if (nblocks > 0) {
+      const int nsec = static_cast<int>(layout.cardinalities.size()) + 1;
+      std::vector<std::vector<size_t>> layouts(nblocks);
+      std::vector<std::string> bufs(nblocks);
+      for (int64_t k = 0; k < nblocks; ++k) {
+        layouts[k] = block_sections(blocks[k], block_rows);
+        bufs[k].resize(layouts[k].back());
+      }
+      parallel_for(0, nblocks * nsec, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+          const int64_t k = i / nsec;
+          const int sec = static_cast<int>(i % nsec);
+          encode_section(blocks[k], block_rows, sec, &bufs[k][layouts[k][sec]]);
+        }
+      });
+      parallel_for(0, nblocks, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t k = lo; k < hi; ++k) finish_block(bufs[k], block_rows);
+      });
+      for (int64_t k = 0; k < nblocks; ++k) append_block(bufs[k], block_rows);
+    }
+    Batch rest;
+    rest.reset(layout.num_dense, static_cast<int>(layout.cardinalities.size()));
+    for (; s < seq.size(); ++s, at = s < seq.size() ? seq[s].begin : 0)
+      if (seq[s].end > at) rest.append_rows(*seq[s].batch, at, seq[s].end);
+    pending = std::move(rest);
+    rows = first[np];
   }
 
   void flush_full_blocks(bool all) {
@@ -262,6 +379,11 @@ void ShardWriter::write(const Batch& batch) {
     m.flush_full_blocks(false);
   }
   m.rows += batch.rows;
+}
+
+void ShardWriter::write_parts(const std::vector<BatchRows>& parts) {
+  DLREC_CHECK(!impl_->closed, "shard '", impl_->name, "': write after close");
+  impl_->write_parts(parts);
 }
 
 void ShardWriter::close() {

@@ -65,6 +65,11 @@ struct EtlResult {
   std::vector<std::string> train_shards, valid_shards;  // names inside output_dir
   std::vector<std::vector<std::string>> rank_shards;    // per rank (ranks > 1 or shuffle)
   double count_seconds = 0, fit_seconds = 0, transform_seconds = 0, total_seconds = 0;
+  // Where the passes waited: read_wait_seconds = time the fit and transform loops waited for
+  // the next batch of parsed chunks (the reader is the bottleneck when it is large);
+  // write_seconds = time the shard-writing thread worked (encoding, file writes, fsync) during
+  // the transform pass (the writer is the bottleneck when it nears transform_seconds).
+  double read_wait_seconds = 0, write_seconds = 0;
 };
 
 EtlResult run_etl(const EtlOptions& options);

@@ -36,6 +36,9 @@ namespace dlrec::etl {
 
 // Fills the chunk with the next rows; false when the pass is over.
 using ChunkSource = std::function<bool(io::RawChunk&)>;
+// Fills chunks[0, n) with the next rows (resizing the vector as needed) and returns n; 0 when
+// the pass is over.
+using ChunkBatchSource = std::function<int(std::vector<io::RawChunk>&)>;
 
 class Workflow {
  public:
@@ -59,6 +62,10 @@ class Workflow {
   void fit(const ChunkSource& next_chunk);
   // Fits in num_fit_passes() passes; `open_pass()` returns a fresh source over the same rows.
   void fit_multipass(const std::function<ChunkSource()>& open_pass);
+  // The same fit from batches of chunks (run_etl): one parallel task per column walks all the
+  // chunks of a batch, so a batch of many chunks costs one fork-join instead of one per chunk.
+  // Same fitted state as fit_multipass over the same rows.
+  void fit_batches(const std::function<ChunkBatchSource()>& open_pass);
   bool fitted() const;
   // Bounds the memory of the next fit: the Categorify count tables together grow by at most
   // half of `budget_bytes`; past that they spill sorted (key, count) runs into `spill_dir` and
@@ -80,6 +87,9 @@ class Workflow {
   // TargetEncoding encodes them out of fold. Needs `kept` when the workflow has Filter ops.
   void transform(const io::RawChunk& in, io::Batch& out, std::vector<int64_t>* kept = nullptr,
                  bool append = false, const TrainRows* train = nullptr) const;
+
+  // Whether the workflow has Filter ops (which make a chunk's output rows depend on its input).
+  bool has_filters() const;
 
   io::ShardLayout output_layout() const;  // requires fitted()
   std::vector<std::string> dense_names() const;  // output dense features, in order

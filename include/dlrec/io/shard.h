@@ -28,12 +28,22 @@ struct ShardLayout {
   static ShardLayout from_json(const json& j);
 };
 
+// Rows [begin, end) of a batch (ShardWriter::write_parts).
+struct BatchRows {
+  const Batch* batch = nullptr;
+  int64_t begin = 0, end = 0;
+};
+
 class ShardWriter {
  public:
   // Writes atomically: the file appears at `path` only after close().
   ShardWriter(const std::string& path, ShardLayout layout, int64_t block_rows = 1 << 16);
   ~ShardWriter();
   void write(const Batch& batch);  // validates ids against the cardinalities
+  // Writes the parts' rows in order: the same bytes as write() of each part in turn. The parts
+  // are validated (before anything is written), and the whole blocks they complete encoded
+  // and checksummed, on all cores; the blocks reach the file in order.
+  void write_parts(const std::vector<BatchRows>& parts);
   void close();
   int64_t rows() const;
 
