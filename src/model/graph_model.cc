@@ -225,11 +225,17 @@ class EmbeddingNode final : public Node {
 
  private:
   // A hashed table whose tensors were handed out is rebuilt from them before its next use.
+  // A state that fails the checks leaves the table empty, its tensors saying so.
   void refresh(size_t k) {
     if (!handed_out_[k]) return;
-    hashed_[k]->import_tensors("hashed table '" + name_ + "." +
-                               std::to_string(setup_[k].feature) + "'");
     handed_out_[k] = false;
+    try {
+      hashed_[k]->import_tensors("hashed table '" + name_ + "." +
+                                 std::to_string(setup_[k].feature) + "'");
+    } catch (...) {
+      hashed_[k]->tensors();
+      throw;
+    }
   }
   // Across tables when there are enough to keep the threads busy (each table's own loops then
   // run serially), else table by table with the tables' own parallel loops.
@@ -848,7 +854,10 @@ void GraphModel::report_hashed() {
   }
 }
 
-// Hashed tables: "<t>.weight" [capacity, dim], "<t>.keys" I64 [capacity], "<t>.lru" I32
+// Hashed tables: the tensors are handed out as they are (shared storage), and the table is
+// marked to be re-imported from them before its next use, since the caller may write into them
+// (a checkpoint load); until then, further calls leave the tensors as the caller left them.
+// Names: "<t>.weight" [capacity, dim], "<t>.keys" I64 [capacity], "<t>.lru" I32
 // [2, capacity] and "<t>.hash_meta" I64 [8] (size, LRU ends, counters, capacity); their
 // optimizer state "<t>.weight<suffix>" [capacity, S] (docs/EMBEDDINGS.md).
 std::vector<NamedTensor> GraphModel::parameters() {
@@ -860,7 +869,7 @@ std::vector<NamedTensor> GraphModel::parameters() {
       out.emplace_back(t.name + ".weight", t.p->value);
       continue;
     }
-    const auto st = t.h->tensors();
+    const auto st = t.h->tensors(/*update_meta=*/!*t.handed_out);
     *t.handed_out = true;
     out.emplace_back(t.name + ".weight", st.weights);
     out.emplace_back(t.name + ".keys", st.keys);
@@ -878,7 +887,7 @@ std::vector<NamedTensor> GraphModel::optimizer_state() {
     if (t.p && t.opt->has_state())
       out.emplace_back(t.name + ".weight" + t.opt->state_suffix(), t.p->state);
     if (t.h && t.h->optimizer().has_state()) {
-      const auto st = t.h->tensors();
+      const auto st = t.h->tensors(/*update_meta=*/!*t.handed_out);
       *t.handed_out = true;
       out.emplace_back(t.name + ".weight" + t.h->optimizer().state_suffix(), st.state);
     }

@@ -121,8 +121,9 @@ class HashedEmbedding {
                      // lookups, hits, inserts, evictions, capacity
   };
   static constexpr int64_t kMetaSize = 8;
-  // The tensors, with `meta` brought up to date first.
-  StateTensors tensors();
+  // The tensors, with `meta` brought up to date first unless !update_meta (when the tensors may
+  // hold a loaded state not imported yet, which must not be overwritten).
+  StateTensors tensors(bool update_meta = true);
   // Rebuilds the index, the LRU ends, size and counters from the tensors (after they were
   // overwritten), checking that they describe a valid table; errors start with `what`.
   void import_tensors(const std::string& what);

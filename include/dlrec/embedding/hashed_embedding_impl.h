@@ -346,8 +346,9 @@ inline std::vector<int64_t> HashedEmbedding::keys_by_recency() const {
   return out;
 }
 
-inline HashedEmbedding::StateTensors HashedEmbedding::tensors() {
+inline HashedEmbedding::StateTensors HashedEmbedding::tensors(bool update_meta) {
   std::unique_lock<std::shared_mutex> lock(mu_);
+  if (!update_meta) return t_;
   int64_t* m = t_.meta.data<int64_t>();
   m[0] = size_;
   m[1] = head_;
