@@ -11,6 +11,12 @@ biases 0, the wide part's weights and bias 0.
 
     python3 bench/pytorch_zoo_criteo_sample.py [day_0.part.tsv] [--models wide_deep,dcnv2,...]
         [--seeds 5]
+
+wide_deep_ftrl is Wide&Deep with the paper's optimizers (configs/criteo_sample_wide_deep_ftrl.json):
+FTRL-Proximal with L1 for the wide part (its weights and bias; the FTRL class below, written
+from McMahan et al. 2013 as dlrec's nn::Optimizer computes it) and Adagrad (eps 1e-8, as
+dlrec) for the embeddings and the deep MLP; --wide-lr, --deep-lr and --l1 override the
+learning rates and the L1 strength (chosen with --holdout: see bench/zoo_criteo_sample.sh).
 Prints "<model> seed <s>: AUC=<v>" per run and "<model> mean AUC=<v>" per model.
 """
 import argparse
@@ -129,12 +135,57 @@ class DCNv2(nn.Module):
         return self.top(self.cross(x0)).squeeze(1)
 
 
+class FTRL(torch.optim.Optimizer):
+    """FTRL-Proximal, per value: s = (sqrt(n + g^2) - sqrt(n)) / alpha; z += g - s w; n += g^2;
+    w = 0 if |z| <= l1 else -(z - sign(z) l1) / ((beta + sqrt(n)) / alpha + l2). A value whose
+    gradient is 0 (an embedding row not in the batch) keeps its z and n, and so its weight: the
+    dense update equals dlrec's sparse one."""
+
+    def __init__(self, params, lr, beta=1.0, l1=0.0, l2=0.0):
+        super().__init__(params, dict(lr=lr, beta=beta, l1=l1, l2=l2))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            alpha, beta, l1, l2 = group["lr"], group["beta"], group["l1"], group["l2"]
+            for w in group["params"]:
+                if w.grad is None:
+                    continue
+                st = self.state[w]
+                if not st:
+                    st["z"] = torch.zeros_like(w)
+                    st["n"] = torch.zeros_like(w)
+                z, n, g = st["z"], st["n"], w.grad
+                n_new = n + g * g
+                sigma = (n_new.sqrt() - n.sqrt()) / alpha
+                z.add_(g - sigma * w)
+                n.copy_(n_new)
+                shrunk = z - torch.sign(z) * l1
+                w.copy_(torch.where(z.abs() <= l1, torch.zeros_like(w),
+                                    -shrunk / ((beta + n.sqrt()) / alpha + l2)))
+
+
+# Wide&Deep with the paper's optimizers: FTRL (wide) and Adagrad (the rest); the values of
+# configs/criteo_sample_wide_deep_ftrl.json.
+FTRL_WIDE_LR, FTRL_L1, ADAGRAD_LR = 0.1, 0.0, 0.05
+
+
+def make_optimizers(name, m, a):
+    if name != "wide_deep_ftrl":
+        return [torch.optim.SGD(m.parameters(), lr=a.lr or LR[name])]
+    wide = list(m.wide.parameters())
+    rest = [p for p in m.parameters() if all(p is not q for q in wide)]
+    return [FTRL(wide, lr=a.wide_lr or FTRL_WIDE_LR, l1=FTRL_L1 if a.l1 is None else a.l1),
+            torch.optim.Adagrad(rest, lr=a.deep_lr or ADAGRAD_LR, eps=1e-8)]
+
+
 # SGD learning rates (configs/criteo_sample_<model>.json; bench/zoo_criteo_sample.sh says how
 # they were chosen).
 LR = {"wide_deep": 0.1, "dcnv2": 0.1, "dcnv2_parallel": 0.1, "deepfm": 0.1}
 
 MODELS = {
     "wide_deep": WideDeep,
+    "wide_deep_ftrl": WideDeep,
     "dcnv2": lambda cards: DCNv2(cards, parallel=False),
     "dcnv2_parallel": lambda cards: DCNv2(cards, parallel=True),
     "deepfm": DeepFM,
@@ -144,11 +195,14 @@ MODELS = {
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("path", nargs="?", default="../shared/data/criteo/day_0.part.tsv")
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default="wide_deep,dcnv2,dcnv2_parallel,deepfm")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     ap.add_argument("--lr", type=float, default=None,
                     help="SGD learning rate (default: each model's, from the configs)")
+    ap.add_argument("--wide-lr", type=float, default=None, help="wide_deep_ftrl: FTRL alpha")
+    ap.add_argument("--deep-lr", type=float, default=None, help="wide_deep_ftrl: Adagrad lr")
+    ap.add_argument("--l1", type=float, default=None, help="wide_deep_ftrl: FTRL L1")
     ap.add_argument("--holdout", action="store_true",
                     help="hyperparameter selection: train on rows 0-5,999, validate on rows "
                          "6,000-7,999 (never reads the validation rows 8,000-9,999)")
@@ -172,13 +226,15 @@ def main():
         for seed in range(a.seeds):
             torch.manual_seed(seed)
             m = MODELS[name](cards)
-            opt = torch.optim.SGD(m.parameters(), lr=a.lr or LR[name])
+            opts = make_optimizers(name, m, a)
             loss_fn = nn.BCEWithLogitsLoss()
             for _ in range(4):
                 for s in range(0, ntr, 64):
-                    opt.zero_grad()
+                    for opt in opts:
+                        opt.zero_grad()
                     loss_fn(m(dense_t[s:s + 64], ids[s:s + 64]), y_t[s:s + 64]).backward()
-                    opt.step()
+                    for opt in opts:
+                        opt.step()
             with torch.no_grad():
                 p = torch.sigmoid(m(dense_t[ntr:], ids[ntr:])).numpy()
             aucs.append(roc_auc_score(y[ntr:], p) if np.isfinite(p).all() else float("nan"))

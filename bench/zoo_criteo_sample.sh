@@ -9,7 +9,10 @@
 # 6,000-7,999, 5 seeds) over X in {0.3, 0.1, 0.03}: 0.1 was the best holdout AUC for Wide&Deep
 # and parallel DCNv2 and within 0.005 of the best for DCNv2 and DeepFM, while 0.3 made DCNv2
 # diverge (NaN) for seed 1 on the 8,000 training rows. bench/RESULTS.md has the figures.
-#   bench/zoo_criteo_sample.sh [wide_deep dcnv2 dcnv2_parallel deepfm]
+# wide_deep_ftrl (not in the default list): Wide&Deep with the paper's optimizers, FTRL for the
+# wide part and Adagrad for the rest (configs/criteo_sample_wide_deep_ftrl.json); its learning
+# rates were chosen with the peer's --holdout, --wide-lr/--deep-lr (3 seeds; results-zoo.md).
+#   bench/zoo_criteo_sample.sh [wide_deep dcnv2 dcnv2_parallel deepfm wide_deep_ftrl]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${DLREC_BIN:-$here/build/bin/dlrec}
