@@ -12,6 +12,7 @@
 // messages printed); it never stops the run.
 #ifdef DLREC_WITH_SERVER
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
 #include <signal.h>
@@ -60,6 +61,8 @@ struct ServeBenchOptions {
   int grpc_channels = 0;  // 0: one per 16 clients
   int variants = 8;       // distinct request payloads, cycled
   uint64_t seed = 1;
+  std::string rpc = "infer";          // infer, or live: the protocol's floor without the model
+  std::string grpc_client = "async";  // async: own completion queue, pre-serialized requests
 };
 
 struct Tensor {
@@ -282,6 +285,7 @@ std::vector<Tensor> synthetic_encoded(const io::ShardLayout& layout, int64_t row
 // One request, prepared for both protocols' wire formats.
 struct Payload {
   inference::ModelInferRequest grpc;
+  grpc::ByteBuffer grpc_bytes;  // `grpc` serialized once (the async client sends it as is)
   std::string http_body;
   size_t http_header_length = 0;
 };
@@ -299,6 +303,10 @@ Payload make_payload(const ServeBenchOptions& o, const std::vector<Tensor>& tens
       *p.grpc.add_raw_input_contents() = t.data;
     }
     p.grpc.add_outputs()->set_name("probability");
+    bool own = false;
+    grpc::Status st = grpc::SerializationTraits<inference::ModelInferRequest>::Serialize(
+        p.grpc, &p.grpc_bytes, &own);
+    DLREC_CHECK(st.ok(), "cannot serialize the gRPC request: ", st.error_message());
     return p;
   }
   njson h;
@@ -411,6 +419,54 @@ std::string check_grpc(const grpc::Status& st, const inference::ModelInferRespon
   return {};
 }
 
+// The async gRPC client of one sender thread: its own completion queue, the requests sent as
+// the bytes serialized before the run (a reference, not a copy), the response parsed into one
+// reused message. No thread but the sender's takes part in a call.
+class GrpcAsyncClient {
+ public:
+  explicit GrpcAsyncClient(std::shared_ptr<grpc::Channel> ch) : stub_(std::move(ch)) {}
+  ~GrpcAsyncClient() {
+    cq_.Shutdown();
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq_.Next(&tag, &ok)) {
+    }
+  }
+
+  // One call of `method` ("/inference.GRPCInferenceService/ModelInfer"); "" on success.
+  std::string call(const std::string& method, const grpc::ByteBuffer& request, int64_t batch,
+                   int timeout_ms) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
+    auto rpc = stub_.PrepareUnaryCall(&ctx, method, request, &cq_);
+    rpc->StartCall();
+    grpc::ByteBuffer reply;
+    grpc::Status st;
+    rpc->Finish(&reply, &st, this);
+    void* tag = nullptr;
+    bool ok = false;
+    if (!cq_.Next(&tag, &ok) || !ok || tag != this) return "gRPC: the call did not complete";
+    if (batch < 0) {  // ServerLive
+      if (!st.ok()) return check_grpc(st, infer_, 0);
+      inference::ServerLiveResponse live;
+      if (!grpc::SerializationTraits<inference::ServerLiveResponse>::Deserialize(&reply, &live)
+               .ok() || !live.live())
+        return "gRPC ServerLive: not live";
+      return {};
+    }
+    infer_.Clear();
+    if (st.ok() &&
+        !grpc::SerializationTraits<inference::ModelInferResponse>::Deserialize(&reply, &infer_).ok())
+      return "gRPC OK with a response that does not parse";
+    return check_grpc(st, infer_, batch);
+  }
+
+ private:
+  grpc::GenericStub stub_;
+  grpc::CompletionQueue cq_;
+  inference::ModelInferResponse infer_;
+};
+
 double percentile(const std::vector<uint32_t>& sorted, double q) {
   if (sorted.empty()) return 0;
   size_t k = static_cast<size_t>(std::ceil(q * static_cast<double>(sorted.size()))) ;
@@ -473,12 +529,24 @@ int run_serve_bench(ServeBenchOptions o) {
                                                 : file_raw(meta, lines, o.batch, v * o.batch);
     run.payloads.push_back(make_payload(o, t));
   }
-  const size_t bytes = o.protocol == "grpc" ? run.payloads[0].grpc.ByteSizeLong()
-                                            : run.payloads[0].http_body.size();
+  const bool live = o.rpc == "live";
+  const size_t bytes = live                 ? 0
+                       : o.protocol == "grpc" ? run.payloads[0].grpc.ByteSizeLong()
+                                              : run.payloads[0].http_body.size();
+  grpc::ByteBuffer live_bytes;  // an empty ServerLiveRequest
+  if (live && o.protocol == "grpc") {
+    bool own = false;
+    (void)grpc::SerializationTraits<inference::ServerLiveRequest>::Serialize(
+        inference::ServerLiveRequest(), &live_bytes, &own);
+  }
 
-  std::printf("dlrec bench serve: %s %s, model '%s' version %s, batch %lld, %s, %s inputs "
+  std::printf("dlrec bench serve: %s %s%s, model '%s' version %s, batch %lld, %s, %s inputs "
               "(%zu tensors, %zu bytes per request)\n",
-              o.protocol.c_str(), o.url.c_str(), o.model.c_str(),
+              o.protocol.c_str(), o.url.c_str(),
+              live ? " (liveness round trips only: no inference)"
+              : o.protocol == "grpc" ? (" (" + o.grpc_client + " client)").c_str()
+                                     : "",
+              o.model.c_str(),
               o.version.empty() ? "latest" : o.version.c_str(), static_cast<long long>(o.batch),
               open ? ("open loop " + std::to_string(o.rate) + " req/s, " +
                       std::to_string(o.concurrency) + " senders")
@@ -499,14 +567,30 @@ int run_serve_bench(ServeBenchOptions o) {
       SenderResult& res = results[static_cast<size_t>(c)];
       res.latency_us.reserve(4096);
       std::this_thread::sleep_until(run.start);
-      if (o.protocol == "grpc") {
-        auto stub = inference::GRPCInferenceService::NewStub(
-            channels[static_cast<size_t>(c) % channels.size()]);
+      std::shared_ptr<grpc::Channel> channel;
+      if (!channels.empty()) channel = channels[static_cast<size_t>(c) % channels.size()];
+      if (o.protocol == "grpc" && o.grpc_client == "async") {
+        GrpcAsyncClient client(channel);
+        const std::string method = live ? "/inference.GRPCInferenceService/ServerLive"
+                                         : "/inference.GRPCInferenceService/ModelInfer";
+        sender_loop(run, res, [&](const Payload& p) {
+          return client.call(method, live ? live_bytes : p.grpc_bytes, live ? -1 : o.batch,
+                             o.timeout_ms);
+        });
+      } else if (o.protocol == "grpc") {
+        auto stub = inference::GRPCInferenceService::NewStub(channel);
+        inference::ModelInferResponse r;  // reused: Clear() keeps its buffers
         sender_loop(run, res, [&](const Payload& p) {
           grpc::ClientContext ctx;
           ctx.set_deadline(std::chrono::system_clock::now() +
                            std::chrono::milliseconds(o.timeout_ms));
-          inference::ModelInferResponse r;
+          if (live) {
+            inference::ServerLiveResponse lr;
+            grpc::Status st = stub->ServerLive(&ctx, inference::ServerLiveRequest(), &lr);
+            if (st.ok() && !lr.live()) return std::string("gRPC ServerLive: not live");
+            return st.ok() ? std::string() : check_grpc(st, r, 0);
+          }
+          r.Clear();
           grpc::Status st = stub->ModelInfer(&ctx, p.grpc, &r);
           return check_grpc(st, r, o.batch);
         });
@@ -518,6 +602,12 @@ int run_serve_bench(ServeBenchOptions o) {
         cli.set_read_timeout(std::chrono::milliseconds(o.timeout_ms));
         cli.set_write_timeout(std::chrono::milliseconds(o.timeout_ms));
         sender_loop(run, res, [&](const Payload& p) {
+          if (live) {
+            auto r = cli.Get("/v2/health/live");
+            if (!r) return "HTTP: " + httplib::to_string(r.error());
+            return r->status == 200 ? std::string()
+                                    : "HTTP " + std::to_string(r->status) + " from /v2/health/live";
+          }
           httplib::Headers h = {
               {"Inference-Header-Content-Length", std::to_string(p.http_header_length)}};
           auto r = cli.Post(path.c_str(), h, p.http_body, "application/octet-stream");
@@ -565,12 +655,12 @@ int run_serve_bench(ServeBenchOptions o) {
   std::printf("  %-22s %14.0f\n", "latency mean (us)", mean);
   if (open) std::printf("  %-22s %14lld\n", "sent late (> 1 ms)", static_cast<long long>(all.late));
   std::printf("\nsummary: %s batch=%lld %s requests=%lld failures=%lld throughput=%.1f req/s "
-              "(%.1f samples/s) latency_us p50=%.0f p90=%.0f p99=%.0f max=%.0f\n",
+              "(%.1f samples/s)%s latency_us p50=%.0f p90=%.0f p99=%.0f max=%.0f\n",
               o.protocol.c_str(), static_cast<long long>(o.batch),
               open ? ("rate=" + std::to_string(o.rate)).c_str()
                    : ("concurrency=" + std::to_string(o.concurrency)).c_str(),
               static_cast<long long>(all.ok + all.fail), static_cast<long long>(all.fail_total),
-              rps, sps, p50, p90, p99, mx);
+              rps, sps, live ? " rpc=live" : "", p50, p90, p99, mx);
   std::fflush(stdout);
 
   if (!o.json_file.empty()) {
@@ -583,6 +673,8 @@ int run_serve_bench(ServeBenchOptions o) {
                {"concurrency", o.concurrency},
                {"rate", o.rate},
                {"input", o.input},
+               {"rpc", o.rpc},
+               {"grpc_client", o.grpc_client},
                {"warmup_s", o.warmup},
                {"duration_s", o.duration},
                {"drain_s", drain_s},
@@ -641,6 +733,14 @@ Runner add_bench_serve(CLI::App* b) {
   s->add_option("--variants", o->variants, "Distinct request payloads, cycled")
       ->check(CLI::Range(1, 1024));
   s->add_option("--seed", o->seed, "Seed of the synthetic inputs");
+  s->add_option("--rpc", o->rpc,
+                "infer (ModelInfer / POST .../infer), or live: ServerLive / GET /v2/health/live "
+                "round trips, the protocol's floor without the model")
+      ->check(CLI::IsMember({"infer", "live"}));
+  s->add_option("--grpc-client", o->grpc_client,
+                "async (a completion queue per sender, requests serialized once) or sync "
+                "(the generated blocking stub, serializing each request)")
+      ->check(CLI::IsMember({"async", "sync"}));
   return [o]() -> int { return run_serve_bench(*o); };
 }
 

@@ -44,9 +44,8 @@ int64_t DynamicBatcher::queued() const {
 }
 
 DynamicBatcher::Result DynamicBatcher::run(io::Batch batch) {
-  auto job = std::make_shared<Job>();
-  job->batch = std::move(batch);
   int inline_worker = -1;
+  uint64_t enqueued_ns = 0;
   std::future<Result> fut;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -54,7 +53,7 @@ DynamicBatcher::Result DynamicBatcher::run(io::Batch batch) {
     if (static_cast<int64_t>(queue_.size()) >= cfg_.max_queue_size)
       request_fail(Status::ResourceExhausted, "overloaded: the queue of the model holds ",
                    queue_.size(), " requests (max_queue_size); retry later");
-    job->enqueued_ns = now_ns();
+    enqueued_ns = now_ns();
     // No queue delay, nothing queued and an instance idle: run on this thread (no hand-off to
     // a worker and back, which is most of a small request's latency).
     if (cfg_.max_queue_delay_us == 0 && queue_.empty())
@@ -65,29 +64,39 @@ DynamicBatcher::Result DynamicBatcher::run(io::Batch batch) {
           break;
         }
     if (inline_worker < 0) {
+      auto job = std::make_shared<Job>();
+      job->batch = std::move(batch);
+      job->enqueued_ns = enqueued_ns;
       fut = job->promise.get_future();
       queued_rows_ += job->batch.rows;
-      queue_.push_back(job);
+      queue_.push_back(std::move(job));
     }
   }
   if (inline_worker < 0) {
-    cv_.notify_one();
+    // Every idle worker looks: notify_one could wake the worker of an instance that is busy
+    // with an inline request, which would go back to sleep.
+    if (busy_.size() > 1) cv_.notify_all();
+    else cv_.notify_one();
     return fut.get();
   }
   auto release = [&] {
+    bool waiting;
     {
       std::lock_guard<std::mutex> lk(mu_);
       busy_[static_cast<size_t>(inline_worker)] = false;
+      waiting = !queue_.empty();
     }
-    cv_.notify_all();  // the instance's worker may have requests waiting for it
+    // Only queued requests need a worker: waking the idle workers after every inline request
+    // would cost each of them a context switch for nothing.
+    if (waiting) cv_.notify_all();
   };
   Result r;
   const uint64_t start = now_ns();
   try {
-    r.outputs = execute_(job->batch, inline_worker);
-    if (static_cast<int64_t>(r.outputs.size()) != job->batch.rows)
+    r.outputs = execute_(batch, inline_worker);
+    if (static_cast<int64_t>(r.outputs.size()) != batch.rows)
       request_fail(Status::Internal, "the model returned ", r.outputs.size(), " outputs for ",
-                   job->batch.rows, " rows");
+                   batch.rows, " rows");
   } catch (...) {
     release();
     throw;
@@ -96,13 +105,13 @@ DynamicBatcher::Result DynamicBatcher::run(io::Batch batch) {
   release();
   if (on_execute_) {
     try {
-      on_execute_(job->batch.rows, end - start);
+      on_execute_(batch.rows, end - start);
     } catch (...) {
     }
   }
-  r.queue_ns = start - job->enqueued_ns;
+  r.queue_ns = start - enqueued_ns;
   r.compute_ns = end - start;
-  r.merged_rows = job->batch.rows;
+  r.merged_rows = batch.rows;
   return r;
 }
 

@@ -1,7 +1,13 @@
-// KServe v2 gRPC front end: inference.GRPCInferenceService (synchronous gRPC server).
+// KServe v2 gRPC front end: inference.GRPCInferenceService on gRPC's asynchronous server API.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
 
 #include "dlrec/serve/request_error.h"
 #include "frontends.h"
@@ -63,9 +69,11 @@ std::string contents_to_wire(const inference::InferTensorContents& c, const std:
   return s;
 }
 
-class Service final : public inference::GRPCInferenceService::Service {
+// The RPC handlers, each filling its response and returning the call's status. They run on the
+// completion-queue threads of GrpcFrontend (below), one call at a time per thread.
+class Handlers {
  public:
-  explicit Service(ServerCore& core) : core_(core) {}
+  explicit Handlers(ServerCore& core) : core_(core) {}
 
   template <class F>
   grpc::Status guarded(const char* rpc, F&& f) {
@@ -85,22 +93,22 @@ class Service final : public inference::GRPCInferenceService::Service {
   }
 
   grpc::Status ServerLive(grpc::ServerContext*, const inference::ServerLiveRequest*,
-                          inference::ServerLiveResponse* r) override {
+                          inference::ServerLiveResponse* r) {
     return guarded("ServerLive", [&] { r->set_live(true); });
   }
   grpc::Status ServerReady(grpc::ServerContext*, const inference::ServerReadyRequest*,
-                           inference::ServerReadyResponse* r) override {
+                           inference::ServerReadyResponse* r) {
     return guarded("ServerReady", [&] { r->set_ready(core_.ready.load()); });
   }
   grpc::Status ModelReady(grpc::ServerContext*, const inference::ModelReadyRequest* q,
-                          inference::ModelReadyResponse* r) override {
+                          inference::ModelReadyResponse* r) {
     return guarded("ModelReady", [&] {
       check_model_name(q->name());
       r->set_ready(core_.repository->ready(q->name(), q->version()));
     });
   }
   grpc::Status ServerMetadata(grpc::ServerContext*, const inference::ServerMetadataRequest*,
-                              inference::ServerMetadataResponse* r) override {
+                              inference::ServerMetadataResponse* r) {
     return guarded("ServerMetadata", [&] {
       r->set_name("dlrec");
       r->set_version("0.1.0");
@@ -109,7 +117,7 @@ class Service final : public inference::GRPCInferenceService::Service {
     });
   }
   grpc::Status ModelMetadata(grpc::ServerContext*, const inference::ModelMetadataRequest* q,
-                             inference::ModelMetadataResponse* r) override {
+                             inference::ModelMetadataResponse* r) {
     return guarded("ModelMetadata", [&] {
       auto model = core_.repository->get(q->name(), q->version());
       r->set_name(q->name());
@@ -125,21 +133,24 @@ class Service final : public inference::GRPCInferenceService::Service {
       for (const auto& t : model->outputs()) fill(t, r->add_outputs());
     });
   }
+  // `req` is the calling slot's scratch, reused from call to call (its vectors and strings keep
+  // their capacity); the input tensors point into the request message, which outlives it.
   grpc::Status ModelInfer(grpc::ServerContext*, const inference::ModelInferRequest* q,
-                          inference::ModelInferResponse* r) override {
+                          inference::ModelInferResponse* r, InferRequest& req) {
     return guarded("ModelInfer", [&] {
       auto model = core_.repository->get(q->model_name(), q->model_version());
-      InferRequest req;
       req.model = q->model_name();
       req.version = q->model_version();
       req.id = q->id();
+      req.storage.clear();
       const bool raw = q->raw_input_contents_size() > 0;
       if (raw && q->raw_input_contents_size() != q->inputs_size())
         request_fail(Status::InvalidArgument, "raw_input_contents has ",
                      q->raw_input_contents_size(), " entries for ", q->inputs_size(), " inputs");
+      req.inputs.resize(static_cast<size_t>(q->inputs_size()));
       for (int i = 0; i < q->inputs_size(); ++i) {
         const auto& in = q->inputs(i);
-        InputTensor t;
+        InputTensor& t = req.inputs[static_cast<size_t>(i)];
         t.name = in.name();
         t.datatype = in.datatype();
         if (datatype_size(t.datatype) < 0)
@@ -151,7 +162,7 @@ class Service final : public inference::GRPCInferenceService::Service {
         const int64_t count =
             element_count(t.shape, t.name, core_.options.limits.max_tensor_elements);
         if (raw) {
-          t.data = q->raw_input_contents(i);
+          t.data = q->raw_input_contents(i);  // in place: no copy of the tensor
           const int es = datatype_size(t.datatype);
           if (es > 0 && static_cast<int64_t>(t.data.size()) != count * es)
             request_fail(Status::InvalidArgument, "input '", t.name, "': ", t.data.size(),
@@ -161,9 +172,12 @@ class Service final : public inference::GRPCInferenceService::Service {
           req.storage.push_back(contents_to_wire(in.contents(), t.datatype, count, t.name));
           t.data = req.storage.back();
         }
-        req.inputs.push_back(std::move(t));
       }
-      for (const auto& o : q->outputs()) req.outputs.push_back({o.name(), false});
+      req.outputs.resize(static_cast<size_t>(q->outputs_size()));
+      for (int i = 0; i < q->outputs_size(); ++i) {
+        req.outputs[static_cast<size_t>(i)].name = q->outputs(i).name();
+        req.outputs[static_cast<size_t>(i)].binary = false;
+      }
       InferResponse resp = model->infer(req);
       r->set_model_name(resp.model);
       r->set_model_version(resp.version);
@@ -178,7 +192,7 @@ class Service final : public inference::GRPCInferenceService::Service {
     });
   }
   grpc::Status ModelStatistics(grpc::ServerContext*, const inference::ModelStatisticsRequest* q,
-                               inference::ModelStatisticsResponse* r) override {
+                               inference::ModelStatisticsResponse* r) {
     return guarded("ModelStatistics", [&] {
       if (!q->name().empty()) {
         check_model_name(q->name());
@@ -218,7 +232,7 @@ class Service final : public inference::GRPCInferenceService::Service {
     });
   }
   grpc::Status RepositoryIndex(grpc::ServerContext*, const inference::RepositoryIndexRequest* q,
-                               inference::RepositoryIndexResponse* r) override {
+                               inference::RepositoryIndexResponse* r) {
     return guarded("RepositoryIndex", [&] {
       for (const auto& e : core_.repository->index(q->ready())) {
         auto* m = r->add_models();
@@ -231,12 +245,12 @@ class Service final : public inference::GRPCInferenceService::Service {
   }
   grpc::Status RepositoryModelLoad(grpc::ServerContext*,
                                    const inference::RepositoryModelLoadRequest* q,
-                                   inference::RepositoryModelLoadResponse*) override {
+                                   inference::RepositoryModelLoadResponse*) {
     return guarded("RepositoryModelLoad", [&] { core_.repository->load(q->model_name()); });
   }
   grpc::Status RepositoryModelUnload(grpc::ServerContext*,
                                      const inference::RepositoryModelUnloadRequest* q,
-                                     inference::RepositoryModelUnloadResponse*) override {
+                                     inference::RepositoryModelUnloadResponse*) {
     return guarded("RepositoryModelUnload", [&] { core_.repository->unload(q->model_name()); });
   }
 
@@ -244,9 +258,74 @@ class Service final : public inference::GRPCInferenceService::Service {
   ServerCore& core_;
 };
 
+// --- the asynchronous server -------------------------------------------------------------------
+//
+// Completion queues, each served by its own threads: a thread takes the next event from its
+// queue (a new call, or a finished response), runs the handler inline and sends the response
+// from the same thread, so a call involves no hand-off between gRPC's threads and ours (the
+// synchronous server handed every call to a worker and created a completion queue per call).
+// A handler may block (a queued inference, a model load): when every thread of a queue is
+// inside a handler, one more thread joins that queue (up to kMaxThreads over all queues), so
+// blocked handlers never stall the calls behind them.
+
+// A completion queue and its threads.
+struct Queue {
+  std::unique_ptr<grpc::ServerCompletionQueue> cq;
+  std::mutex mu;               // guards `stopping` (no request after cq->Shutdown()) and `threads`
+  bool stopping = false;
+  std::vector<std::thread> threads;
+  std::atomic<int> idle{0};    // threads waiting in Next()
+};
+
+class CallBase {
+ public:
+  virtual ~CallBase() = default;
+  // Advances on the completion of the call's pending operation; false: delete the call.
+  virtual bool proceed(bool ok) = 0;
+};
+
+struct NoScratch {};
+
+using AsyncService = inference::GRPCInferenceService::AsyncService;
+
+class GrpcFrontend;
+
+// One slot for calls of one unary RPC on one queue: requested from the server, handled when a
+// call arrives, finished, then requested again. The request and response messages (and the
+// handler's scratch) are reused from call to call, so that a steady stream of calls allocates
+// little.
+template <class Req, class Resp, class Scratch = NoScratch>
+class UnaryCall final : public CallBase {
+ public:
+  using RequestFn = void (AsyncService::*)(grpc::ServerContext*, Req*,
+                                           grpc::ServerAsyncResponseWriter<Resp>*,
+                                           grpc::CompletionQueue*, grpc::ServerCompletionQueue*,
+                                           void*);
+  using Handle = grpc::Status (*)(Handlers&, grpc::ServerContext*, const Req&, Resp&, Scratch&);
+
+  UnaryCall(GrpcFrontend& fe, Queue& q, RequestFn request, Handle handle)
+      : fe_(fe), q_(q), request_(request), handle_(handle) {}
+
+  // Asks the server for the next call; false when the queue is shutting down.
+  bool arm();
+  bool proceed(bool ok) override;
+
+ private:
+  GrpcFrontend& fe_;
+  Queue& q_;
+  RequestFn request_;
+  Handle handle_;
+  bool finishing_ = false;
+  std::optional<grpc::ServerContext> ctx_;
+  std::optional<grpc::ServerAsyncResponseWriter<Resp>> writer_;
+  Req req_;
+  Resp resp_;
+  Scratch scratch_;
+};
+
 class GrpcFrontend : public Frontend {
  public:
-  explicit GrpcFrontend(ServerCore& core) : core_(core), service_(core) {}
+  explicit GrpcFrontend(ServerCore& core) : core_(core), handlers_(core) {}
   ~GrpcFrontend() override { stop(); }
 
   void start() override {
@@ -258,27 +337,142 @@ class GrpcFrontend : public Frontend {
     b.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(o.max_request_bytes, INT32_MAX)));
     b.SetMaxSendMessageSize(INT32_MAX);
     b.RegisterService(&service_);
+    int n = o.grpc_threads;
+    if (n <= 0) n = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8);
+    for (int i = 0; i < n; ++i) {
+      queues_.push_back(std::make_unique<Queue>());
+      queues_.back()->cq = b.AddCompletionQueue();
+    }
     server_ = b.BuildAndStart();
     DLREC_CHECK(server_ && port_ > 0, "gRPC: cannot bind ", addr, " (in use, or not a local address)");
+    for (auto& q : queues_) {
+      arm_all(*q);
+      std::lock_guard<std::mutex> lk(q->mu);
+      add_thread(*q);
+    }
   }
 
   void stop() override {
-    if (server_) {
-      // Finishes the calls in flight (up to 30 s), then cancels what is left.
-      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(30));
-      server_->Wait();
-      server_.reset();
+    if (!server_) return;
+    // Finishes the calls in flight (up to 30 s; the queues' threads keep serving them), then
+    // cancels what is left; requested calls complete with ok = false and are deleted.
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    for (auto& q : queues_) {
+      std::lock_guard<std::mutex> lk(q->mu);
+      q->stopping = true;
+      q->cq->Shutdown();
     }
+    // The threads drain their queue (deleting the calls) and return; none is added any more.
+    for (auto& q : queues_)
+      for (auto& t : q->threads) t.join();
+    server_.reset();
+    queues_.clear();
   }
 
   int port() const override { return port_; }
 
+  Handlers& handlers() { return handlers_; }
+  AsyncService& service() { return service_; }
+
+  // A handler is about to run on a thread of `q`: if that leaves the queue no idle thread,
+  // one more joins it (a handler may block for long: a queued inference, a model load).
+  void begin_handler(Queue& q) {
+    if (q.idle.load(std::memory_order_relaxed) > 0) return;
+    std::lock_guard<std::mutex> lk(q.mu);
+    if (!q.stopping && q.idle.load(std::memory_order_relaxed) == 0 &&
+        total_threads_.load(std::memory_order_relaxed) < kMaxThreads)
+      add_thread(q);
+  }
+
  private:
+  static constexpr int kMaxThreads = 1024;
+
+  void add_thread(Queue& q) {  // with q.mu held
+    total_threads_.fetch_add(1, std::memory_order_relaxed);
+    q.idle.fetch_add(1, std::memory_order_relaxed);  // counted idle until it takes an event
+    q.threads.emplace_back([&q] {
+      void* tag = nullptr;
+      bool ok = false;
+      while (q.cq->Next(&tag, &ok)) {
+        q.idle.fetch_sub(1, std::memory_order_relaxed);
+        auto* call = static_cast<CallBase*>(tag);
+        if (!call->proceed(ok)) delete call;
+        q.idle.fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  }
+
+  template <class Req, class Resp, class Scratch = NoScratch>
+  void arm(Queue& q, int slots, typename UnaryCall<Req, Resp, Scratch>::RequestFn request,
+           typename UnaryCall<Req, Resp, Scratch>::Handle handle) {
+    for (int i = 0; i < slots; ++i) {
+      auto* c = new UnaryCall<Req, Resp, Scratch>(*this, q, request, handle);
+      if (!c->arm()) delete c;
+    }
+  }
+
+  void arm_all(Queue& q);
+
   ServerCore& core_;
-  Service service_;
+  Handlers handlers_;
+  AsyncService service_;
   std::unique_ptr<grpc::Server> server_;
+  std::vector<std::unique_ptr<Queue>> queues_;
+  std::atomic<int> total_threads_{0};
   int port_ = 0;
 };
+
+template <class Req, class Resp, class Scratch>
+bool UnaryCall<Req, Resp, Scratch>::arm() {
+  finishing_ = false;
+  writer_.reset();
+  ctx_.reset();  // a server context serves one call only
+  ctx_.emplace();
+  writer_.emplace(&*ctx_);
+  req_.Clear();  // keeps the allocated fields for the next call
+  resp_.Clear();
+  std::lock_guard<std::mutex> lk(q_.mu);
+  if (q_.stopping) return false;
+  (fe_.service().*request_)(&*ctx_, &req_, &*writer_, q_.cq.get(), q_.cq.get(), this);
+  return true;
+}
+
+template <class Req, class Resp, class Scratch>
+bool UnaryCall<Req, Resp, Scratch>::proceed(bool ok) {
+  if (finishing_) return arm();  // the response is sent (or the client went away): next call
+  if (!ok) return false;         // the server is shutting down
+  fe_.begin_handler(q_);
+  grpc::Status st = handle_(fe_.handlers(), &*ctx_, req_, resp_, scratch_);
+  finishing_ = true;
+  if (st.ok()) writer_->Finish(resp_, st, this);
+  else writer_->FinishWithError(st, this);
+  return true;
+}
+
+void GrpcFrontend::arm_all(Queue& q) {
+  using namespace inference;
+  using S = AsyncService;
+  // Several ModelInfer slots per queue so that concurrent inferences are matched at once.
+  arm<ModelInferRequest, ModelInferResponse, InferRequest>(
+      q, 8, &S::RequestModelInfer,
+      [](Handlers& h, grpc::ServerContext* c, const ModelInferRequest& q, ModelInferResponse& r,
+         InferRequest& scratch) { return h.ModelInfer(c, &q, &r, scratch); });
+#define DLREC_GRPC_ARM(RPC)                                                                    \
+  arm<RPC##Request, RPC##Response>(                                                            \
+      q, 2, &S::Request##RPC,                                                                  \
+      [](Handlers& h, grpc::ServerContext* c, const RPC##Request& q, RPC##Response& r,         \
+         NoScratch&) { return h.RPC(c, &q, &r); })
+  DLREC_GRPC_ARM(ServerLive);
+  DLREC_GRPC_ARM(ServerReady);
+  DLREC_GRPC_ARM(ModelReady);
+  DLREC_GRPC_ARM(ServerMetadata);
+  DLREC_GRPC_ARM(ModelMetadata);
+  DLREC_GRPC_ARM(ModelStatistics);
+  DLREC_GRPC_ARM(RepositoryIndex);
+  DLREC_GRPC_ARM(RepositoryModelLoad);
+  DLREC_GRPC_ARM(RepositoryModelUnload);
+#undef DLREC_GRPC_ARM
+}
 
 }  // namespace
 

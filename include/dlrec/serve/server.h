@@ -22,6 +22,7 @@ struct ServerOptions {
   int grpc_port = 8001;
   int metrics_port = 8002;
   int http_threads = 16;
+  int grpc_threads = 0;  // gRPC completion queues, one polling thread each (0: cores / 2, 1..8)
   int64_t max_request_bytes = int64_t{64} << 20;
   HttpLimits limits;
   BatchingConfig batching;  // defaults for models whose config.json leaves them out
