@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 3 measurements on one GPU host, in one go; every log under $OUT (default ./out).
-#   bash bench/gpu_train_suite.sh tests|dlrec|peers|auc ...   (parts, in the order given)
+#   bash bench/gpu_train_suite.sh tests|dlrec|peers|auc|fp16 ...   (parts, in the order given)
 # Binaries from $BIN (default .gpu/bin: a bundle made by ../shared/tools/bundle-portable.sh);
 # the facebookresearch/dlrm checkout for the reference run from $DLRM_DIR (default .gpu/dlrm).
 set -u
@@ -23,7 +23,7 @@ for part in "$@"; do
         --gtest_filter='Metrics.*' > "$OUT/memcheck_metrics.log" 2>&1; echo "memcheck metrics rc=$?"
       ;;
     dlrec)
-      for p in fp32 tf32 bf16; do
+      for p in fp32 tf32 bf16 fp16; do
         "$BIN/dlrec" bench train --device cuda --batch 32768,55296 --steps 30 --warmup 5 \
           --precision $p 2>&1 | tee -a "$OUT/dlrec_bench.log" | grep "^bench"
       done
@@ -75,6 +75,23 @@ for part in "$@"; do
         "$BIN/dlrec" train --config configs/dlrm_small.json --data "$D/data" --run "$D/run_$p" \
           --device cuda --precision $p >> "$OUT/auc_$p.log" 2>&1
         echo "$p: $(grep -i 'auc' "$OUT/auc_$p.log" | tail -1)"
+      done
+      rm -rf "$D"
+      ;;
+    fp16)
+      # fp16 with loss scaling beside bf16 (speed), and its validation AUC beside fp32's.
+      for p in bf16 fp16; do
+        "$BIN/dlrec" bench train --device cuda --batch 32768,55296 --steps 30 --warmup 5 \
+          --precision $p 2>&1 | tee -a "$OUT/fp16_bench.log" | grep "^bench"
+      done
+      D=$(mktemp -d)
+      "$BIN/dlrec" datagen --out "$D/logs.tsv" --rows 4000000 > "$OUT/fp16_auc.log" 2>&1
+      "$BIN/dlrec" etl --input "$D/logs.tsv" --out "$D/data" >> "$OUT/fp16_auc.log" 2>&1
+      for p in fp32 fp16; do
+        "$BIN/dlrec" train --config configs/dlrm_small.json --data "$D/data" --run "$D/run_$p" \
+          --device cuda --precision $p >> "$OUT/fp16_auc_$p.log" 2>&1
+        echo "$p: $(grep -i 'auc' "$OUT/fp16_auc_$p.log" | tail -1)"
+        grep "^\[fp16\]" "$OUT/fp16_auc_$p.log"
       done
       rm -rf "$D"
       ;;

@@ -3,6 +3,8 @@
 # top 1024-1024-512-256-1; untrained weights), on one GPU host. Logs under $OUT (default ./out).
 #   bash bench/serve_gpu_e2e.sh engine   # the engine alone vs PyTorch bf16 from a CUDA graph
 #   bash bench/serve_gpu_e2e.sh e2e      # dlrec serve, gRPC on loopback: latency and saturation
+#   bash bench/serve_gpu_e2e.sh profile  # the engine's device time per phase (eager, one stream)
+#                                        # and predict() with other chunk sizes
 # Binaries from $BIN (default .gpu/bin); scratch in $WORK (default /tmp/dlrec_serve_e2e).
 set -u
 OUT=${OUT:-out}
@@ -18,6 +20,18 @@ for part in "$@"; do
         2>&1 | tee "$OUT/engine_pytorch.log" | grep "^pytorch"
       python3 bench/pytorch_dlrm_infer_gpu.py --batch 1,2048,32768 --iters 500 --warmup 50 \
         --no-copies 2>&1 | tee -a "$OUT/engine_pytorch.log" | grep "^pytorch"
+      ;;
+    profile)
+      for B in 1 2048 32768; do
+        DLREC_PROFILE=1 "$BIN/dlrec" bench infer --device cuda --precision bf16 --batch $B \
+          --iters 200 --warmup 20 > "$OUT/profile_infer_$B.log" 2>&1
+        grep "profile\]" "$OUT/profile_infer_$B.log"
+      done
+      for C in 2048 4096 16384 32768; do
+        DLREC_INFER_CHUNK=$C "$BIN/dlrec" bench infer --device cuda --precision bf16 \
+          --batch 32768 --iters 300 --warmup 30 2>&1 | sed "s/^/chunk $C: /" \
+          | tee -a "$OUT/infer_chunks.log" | grep "bench"
+      done
       ;;
     e2e)
       "$BIN/dlrec" datagen --out "$W/logs.tsv" --rows 100000 > "$OUT/e2e_setup.log" 2>&1

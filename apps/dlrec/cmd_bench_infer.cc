@@ -117,8 +117,8 @@ Runner add_bench_infer(CLI::App* bench) {
   c->add_option("--config", o->config, "Run config for the model (default: MLPerf DLRM)");
   c->add_option("--model", o->model_dir, "Exported model directory instead of random weights");
   c->add_option("--device", o->device, "cpu or cuda[:N]");
-  c->add_option("--precision", o->precision, "CUDA arithmetic: fp32, tf32 or bf16")
-      ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
+  c->add_option("--precision", o->precision, "CUDA arithmetic: fp32, tf32, bf16 or fp16")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
   c->add_option("--batch", o->batches_arg, "Batch sizes, comma-separated (default 1,2048,32768)");
   c->add_option("--iters", o->iters, "Timed calls per batch size")->check(CLI::Range(1, 10000000));
   c->add_option("--warmup", o->warmup, "Untimed calls first")->check(CLI::Range(0, 1000000));

@@ -157,8 +157,8 @@ Runner add_bench(CLI::App& app) {
   t->add_option("--dist", o->dist, "Ids: uniform or zipf")->check(CLI::IsMember({"uniform", "zipf"}));
   t->add_option("--max-rows", o->max_rows, "Cap each table's rows (synthetic layout)");
   t->add_option("--data", o->data, "Stream batches from this ETL output's training shards");
-  t->add_option("--precision", o->precision, "CUDA arithmetic: fp32, tf32 or bf16")
-      ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
+  t->add_option("--precision", o->precision, "CUDA arithmetic: fp32, tf32, bf16 or fp16")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
   t->add_flag("--tf32", o->tf32, "Same as --precision tf32");
   t->add_flag("--reader-only", o->reader_only,
               "Time the shard reader alone (needs --data; --steps/10 passes, at least one)");

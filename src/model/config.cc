@@ -235,7 +235,7 @@ TrainConfig TrainConfig::from_json(ConfigReader& r) {
   } catch (const Error& e) {
     fail("config key '", r.key_path("device"), "': ", e.what());
   }
-  c.precision = r.get_choice("precision", c.precision, {"fp32", "tf32", "bf16"});
+  c.precision = r.get_choice("precision", c.precision, {"fp32", "tf32", "bf16", "fp16"});
   r.finish();
   return c;
 }

@@ -26,7 +26,8 @@ Precision parse_precision(const std::string& p) {
   if (p == "fp32") return Precision::FP32;
   if (p == "tf32") return Precision::TF32;
   if (p == "bf16") return Precision::BF16;
-  fail("unknown precision '", p, "' (expected fp32, tf32 or bf16)");
+  if (p == "fp16") return Precision::FP16;
+  fail("unknown precision '", p, "' (expected fp32, tf32, bf16 or fp16)");
 }
 
 cudaGraphExec_t capture_graph(cudaStream_t stream, const std::function<void()>& body,

@@ -40,8 +40,8 @@ struct PinnedDeleter {
 using PinnedPtr = std::unique_ptr<void, PinnedDeleter>;
 PinnedPtr pinned_alloc(size_t bytes);
 
-enum class Precision { FP32, TF32, BF16 };
-Precision parse_precision(const std::string& p);  // "fp32" | "tf32" | "bf16"
+enum class Precision { FP32, TF32, BF16, FP16 };
+Precision parse_precision(const std::string& p);  // "fp32" | "tf32" | "bf16" | "fp16"
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 

@@ -21,6 +21,12 @@
 //         algorithm); backward GEMMs followed by one fused dReLU + bias-gradient pass (or
 //         cuBLASLt's DRELU/BGRADB epilogues with DLREC_BWD_EPILOGUES=1); the dot interaction
 //         on tensor cores.
+//   fp16  the bf16 path with fp16 (half) in place of bf16, plus dynamic loss scaling: dL/dlogits
+//         is multiplied by the loss scale S (2^16 at the start) before the fp16 backward; once
+//         every gradient exists, one pass checks them for Inf/NaN; an overflowed step updates
+//         nothing and halves S, otherwise the optimizers see the gradients times 1/S and S
+//         doubles after 2000 good steps in a row. All of it is on the device (no host sync, one
+//         CUDA graph); the count of skipped steps is printed when the model is destroyed.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -57,17 +63,25 @@ namespace cd = nn::cuda_dense;
 namespace lt = nn::cuda_lt;
 using bf16 = cd::bf16;
 
-bf16* bfp(const Tensor& t) { return static_cast<bf16*>(t.raw()); }
+using f16 = cd::f16;
+template <class H>
+H* hp(const Tensor& t) { return static_cast<H*>(t.raw()); }
+// Calls f with a value of the 16-bit compute type (bf16, or f16 in fp16 mode).
+template <class F>
+void with_half(bool fp16, F&& f) {
+  if (fp16) f(f16{});
+  else f(bf16{});
+}
 using namespace cuda_step;
 
 struct DenseLayer {
   int64_t in = 0, in_pad = 0, out = 0;
   bool relu = false;
-  bool out_f32 = true;            // bf16 mode: only the logit layer writes f32
+  bool out_f32 = true;            // 16-bit modes: only the logit layer writes f32
   Tensor w, b, dw, db, sw, sb;    // device f32; sw/sb: Adagrad state (undefined for SGD)
-  Tensor wh, bh;                  // bf16 mode: compute copies [out, in_pad], [out]
-  Tensor y, dz, dx;               // activations and gradients [capB, ...] (bf16 in bf16 mode)
-  Tensor aux;                     // bf16 mode: ReLU bit mask of y, aux_ld bits per row
+  Tensor wh, bh;                  // 16-bit modes: compute copies [out, in_pad], [out]
+  Tensor y, dz, dx;               // activations and gradients [capB, ...] (16-bit in 16-bit modes)
+  Tensor aux;                     // 16-bit modes: ReLU bit mask of y, aux_ld bits per row
   int64_t aux_ld = 0;
   bool aux_valid = false;         // the last forward wrote aux (cuBLASLt epilogue path)
   const void* x = nullptr;        // input of the last forward (rows in_pad apart)
@@ -95,6 +109,7 @@ class DlrmCuda final : public CudaModel {
     float* dense = nullptr;    // [rows, num_dense]
     uint32_t* keys = nullptr;  // [T, rows] global rows
     float* probs = nullptr;    // [rows]
+    Tensor d_in;               // device copy of `in` (dense, then keys): one copy per call
     Tensor d_offsets, d_probs;
     cudaGraphExec_t graph = nullptr;
     bool no_graph = false;  // capture failed: eager
@@ -117,7 +132,9 @@ class DlrmCuda final : public CudaModel {
                            bool need_dx, cudaStream_t s, lt::Lt* l, cublasHandle_t h,
                            Tensor& partial);
   void dense_updates(std::vector<DenseLayer>& mlp, cudaStream_t s);
-  void refresh_shadows();             // bf16 copies from the f32 masters
+  void refresh_shadows();             // 16-bit copies from the f32 masters
+  void check_gradients(cudaStream_t st);  // fp16: overflow check + loss-scale update
+  const float* gscale() const { return fp16_ ? ls_.gscale : nullptr; }
   void drop_graphs();
   cudaStream_t side() const { return overlap_ ? side_ : stream_; }
   Tensor dev_tensor(Shape s, DType t = DType::F32) { return Tensor::empty(std::move(s), t, dev_); }
@@ -129,7 +146,16 @@ class DlrmCuda final : public CudaModel {
   Device dev_;
   int dev_index_;
   Precision prec_;
-  bool bf16_ = false;
+  bool half_ = false;  // bf16 or fp16: 16-bit activations and weight copies
+  bool fp16_ = false;  // fp16 with loss scaling
+  cudaDataType_t h16_ = CUDA_R_16BF;
+  DType hdt_ = DType::BF16;
+  // fp16: loss-scale state (device) and the dense gradients checked for overflow.
+  Tensor ls_mem_, grad_ptrs_, grad_counts_;
+  cd::LossScale ls_;
+  int num_grads_ = 0;
+  int growth_interval_ = 2000;
+  bool trained_ = false;  // a training step ran (fp16: report the loss scale at the end)
   int64_t dim_, T_, num_dense_, dense_dim_, inter_out_, inter_ld_;
   bool dot_, mean_, adagrad_;
   float eps_, init_acc_;
@@ -160,6 +186,13 @@ class DlrmCuda final : public CudaModel {
   std::vector<std::unique_ptr<InferBucket>> buckets_;  // by log2(rows)
 
   int64_t fwd_rows_ = 0, fwd_nnz_ = 0;
+  // Serving: run_forward reads these bucket inputs instead of the step slot's when set.
+  struct {
+    const float* dense = nullptr;
+    const int32_t* offsets = nullptr;
+    const uint32_t* keys = nullptr;
+  } infer_in_;
+  int64_t infer_chunk_ = 8192;  // DLREC_INFER_CHUNK: rows per graph launch of predict()
   bool have_training_forward_ = false;
 
   // DLREC_PROFILE=1: device time per phase of train_step from events between the phases (one
@@ -209,7 +242,10 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
       prec_(parse_precision(precision)), dim_(mc.embedding_dim) {
   cuda::require_device(dev_index_);
   DeviceGuard g(dev_index_);
-  bf16_ = prec_ == Precision::BF16;
+  fp16_ = prec_ == Precision::FP16;
+  half_ = prec_ == Precision::BF16 || fp16_;
+  h16_ = fp16_ ? CUDA_R_16F : CUDA_R_16BF;
+  hdt_ = fp16_ ? DType::F16 : DType::BF16;
   DLREC_CHECK(layout.num_dense >= 0, "DLRM: negative number of dense features");
   DLREC_CHECK(dim_ > 0, "DLRM: embedding_dim must be positive");
   DLREC_CHECK(!mc.top_mlp.empty() && mc.top_mlp.back() == 1,
@@ -224,13 +260,14 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
     DLREC_CHECK(num_dense_ > 0,
                 "DLRM: the dot interaction needs dense features (the data has none); use "
                 "\"interaction\": \"cat\"");
-  if (bf16_) {
+  if (half_) {
     DLREC_CHECK(dot_ && !mc.bottom_mlp.empty(),
-                "bf16 precision supports DLRM with the dot interaction and a bottom MLP; use "
-                "\"precision\": \"fp32\" or \"tf32\" for this model");
+                precision, " precision supports DLRM with the dot interaction and a bottom MLP; "
+                "use \"precision\": \"fp32\" or \"tf32\" for this model");
     auto check_sizes = [](const std::vector<int64_t>& sizes, const char* name) {
       for (size_t i = 0; i < sizes.size(); ++i)
-        DLREC_CHECK((i + 1 == sizes.size() && sizes[i] == 1) || sizes[i] % 8 == 0, "bf16 precision needs MLP sizes that are multiples of 8 ",
+        DLREC_CHECK((i + 1 == sizes.size() && sizes[i] == 1) || sizes[i] % 8 == 0,
+                    "16-bit precision needs MLP sizes that are multiples of 8 ",
                     "(tensor-core alignment): ", name, "[", i, "] = ", sizes[i]);
     };
     check_sizes(mc.bottom_mlp, "model.bottom_mlp");
@@ -252,6 +289,11 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
   const char* gr = std::getenv("DLREC_CUDA_GRAPH");
   graphs_ = !profile_ && !(gr && gr[0] == '0');
   overlap_ = !profile_;
+  if (const char* ic = std::getenv("DLREC_INFER_CHUNK")) {
+    infer_chunk_ = std::atoll(ic);
+    DLREC_CHECK(infer_chunk_ >= 256 && (infer_chunk_ & (infer_chunk_ - 1)) == 0,
+                "DLREC_INFER_CHUNK must be a power of two >= 256, got '", ic, "'");
+  }
   const char* be = std::getenv("DLREC_BWD_EPILOGUES");
   bwd_epilogues_ = be && be[0] == '1';
   // Non-blocking streams: another model in the process (serving instances) may copy on the
@@ -275,7 +317,7 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
     DLREC_CUBLAS_CHECK(cublasSetMathMode(*h, math));
     DLREC_CUBLAS_CHECK(cublasSetWorkspace(*h, ws->raw(), ws->nbytes()));
   }
-  if (bf16_) {
+  if (half_) {
     lt_workspace_ = dev_tensor({32 << 20}, DType::U8);
     lt_side_workspace_ = dev_tensor({32 << 20}, DType::U8);
     lt_ = std::make_unique<lt::Lt>(lt_workspace_.raw(), lt_workspace_.nbytes());
@@ -291,16 +333,16 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
     for (auto& l : cpu.layers()) {
       DenseLayer d;
       d.in = l.in_features();
-      d.in_pad = bf16_ ? round_up(d.in, 8) : d.in;
+      d.in_pad = half_ ? round_up(d.in, 8) : d.in;
       d.out = l.out_features();
       d.relu = l.activation() == nn::Activation::ReLU;
       d.w = l.weight().value.to(dev_);
       d.b = l.bias().value.to(dev_);
       d.dw = dev_tensor({d.out, d.in_pad});
       d.db = dev_tensor({d.out});
-      if (bf16_) {
-        d.wh = dev_tensor({d.out, d.in_pad}, DType::BF16);
-        d.bh = dev_tensor({d.out}, DType::BF16);
+      if (half_) {
+        d.wh = dev_tensor({d.out, d.in_pad}, hdt_);
+        d.bh = dev_tensor({d.out}, hdt_);
         d.aux_ld = round_up(d.out, 128);
       }
       if (adagrad_) {
@@ -324,9 +366,9 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
                                : " (set the last bottom_mlp size to embedding_dim)");
   const int64_t n = T_ + 1;
   inter_out_ = dot_ ? dim_ + n * (n - 1) / 2 : dense_dim_ + T_ * dim_;
-  inter_ld_ = bf16_ ? round_up(inter_out_, 8) : inter_out_;
+  inter_ld_ = half_ ? round_up(inter_out_, 8) : inter_out_;
   make_mlp(inter_out_, mc.top_mlp, false, nn::derive_seed(seed, 2), top_);
-  if (bf16_) {
+  if (half_) {
     for (auto* mlp : {&bottom_, &top_})
       for (auto& l : *mlp) l.out_f32 = false;
     top_.back().out_f32 = true;
@@ -373,15 +415,60 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
   tab_.num_tables = static_cast<int>(T_);
   tab_.dim = static_cast<int>(dim_);
   loss_ = dev_tensor({8}, DType::U8);
+  if (fp16_) {
+    // scale, gscale (f32), overflow, good_steps (i32), skipped (i64)
+    ls_mem_ = dev_tensor({32}, DType::U8);
+    char* m = static_cast<char*>(ls_mem_.raw());
+    ls_.scale = reinterpret_cast<float*>(m);
+    ls_.gscale = reinterpret_cast<float*>(m + 4);
+    ls_.overflow = reinterpret_cast<int*>(m + 8);
+    ls_.good_steps = reinterpret_cast<int*>(m + 12);
+    ls_.skipped = reinterpret_cast<int64_t*>(m + 16);
+    float init[2] = {65536.f, 1.f / 65536.f};
+    if (const char* si = std::getenv("DLREC_LOSS_SCALE_INIT")) {
+      init[0] = std::strtof(si, nullptr);
+      DLREC_CHECK(std::isfinite(init[0]) && init[0] >= 1.f,
+                  "DLREC_LOSS_SCALE_INIT must be a number >= 1, got '", si, "'");
+      init[1] = 1.f / init[0];
+    }
+    DLREC_CUDA_CHECK(cudaMemsetAsync(m, 0, 32, stream_));
+    DLREC_CUDA_CHECK(cudaMemcpyAsync(m, init, sizeof init, cudaMemcpyHostToDevice, stream_));
+    if (const char* gi = std::getenv("DLREC_LOSS_SCALE_GROWTH")) growth_interval_ = std::atoi(gi);
+    DLREC_CHECK(growth_interval_ > 0, "DLREC_LOSS_SCALE_GROWTH must be a positive step count");
+    // Every dense gradient (f32): the checks cover them and d_emb_ (sized per batch).
+    std::vector<const float*> gp;
+    std::vector<int64_t> gc;
+    for (auto* mlp : {&bottom_, &top_})
+      for (auto& l : *mlp) {
+        gp.push_back(l.dw.data<float>());
+        gc.push_back(l.dw.numel());
+        gp.push_back(l.db.data<float>());
+        gc.push_back(l.db.numel());
+      }
+    num_grads_ = static_cast<int>(gp.size());
+    grad_ptrs_ = upload_vec(gp.data(), gp.size() * sizeof(float*));
+    grad_counts_ = upload_vec(gc.data(), gc.size() * sizeof(int64_t));
+  }
   DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+void DlrmCuda::check_gradients(cudaStream_t st) {
+  if (!fp16_) return;
+  cd::check_finite(static_cast<const float* const*>(grad_ptrs_.raw()),
+                   static_cast<const int64_t*>(grad_counts_.raw()), num_grads_, ls_.overflow, st);
+  cd::check_finite(d_emb_.data<float>(), fwd_rows_ * T_ * dim_, ls_.overflow, st);
+  cd::loss_scale_update(ls_, growth_interval_, st);
+}
+
 void DlrmCuda::refresh_shadows() {
-  if (!bf16_) return;
+  if (!half_) return;
   for (auto* mlp : {&bottom_, &top_})
     for (auto& l : *mlp) {
-      cd::to_bf16_padded(l.w.data<float>(), l.out, l.in, bfp(l.wh), l.in_pad, stream_);
-      cd::to_bf16_padded(l.b.data<float>(), 1, l.out, bfp(l.bh), l.out, stream_);
+      with_half(fp16_, [&](auto h) {
+        using H = decltype(h);
+        cd::to_bf16_padded(l.w.data<float>(), l.out, l.in, hp<H>(l.wh), l.in_pad, stream_);
+        cd::to_bf16_padded(l.b.data<float>(), 1, l.out, hp<H>(l.bh), l.out, stream_);
+      });
     }
   shadows_stale_ = false;
 }
@@ -422,6 +509,14 @@ DlrmCuda::~DlrmCuda() {
       std::fprintf(stderr, "[profile]   cuBLASLt plans without an algorithm (fallbacks): %d\n",
                    lt_->unsupported_count() + lt_side_->unsupported_count());
   }
+  if (fp16_ && trained_) {
+    float scale = 0;
+    int64_t skipped = 0;
+    if (cudaMemcpy(&scale, ls_.scale, sizeof scale, cudaMemcpyDeviceToHost) == cudaSuccess &&
+        cudaMemcpy(&skipped, ls_.skipped, sizeof skipped, cudaMemcpyDeviceToHost) == cudaSuccess)
+      std::fprintf(stderr, "[fp16] loss scale %g at the end; %lld step(s) skipped (gradient "
+                   "overflow)\n", scale, static_cast<long long>(skipped));
+  }
   drop_graphs();
   for (auto& bk : buckets_)
     if (bk && bk->done) cudaEventDestroy(bk->done);
@@ -451,15 +546,15 @@ void DlrmCuda::ensure_capacity(int64_t B, int64_t nnz) {
   cap_b_ = nb;
   cap_nnz_ = nn_;
   const int64_t cb = std::max<int64_t>(nb, 1);
-  const DType act = bf16_ ? DType::BF16 : DType::F32;
+  const DType act = half_ ? hdt_ : DType::F32;
   emb_out_ = dev_tensor({cb, std::max<int64_t>(T_, 1), dim_}, act);
   d_emb_ = dev_tensor({cb, std::max<int64_t>(T_, 1), dim_});  // f32: the tables' gradients
   inter_ = dev_tensor({cb, inter_ld_}, act);
   d_dense_ = dev_tensor({cb, std::max<int64_t>(dense_dim_, 1)}, act);
   dlogits_ = dev_tensor({cb});
-  if (bf16_) {
-    dlogits_h_ = dev_tensor({cb}, DType::BF16);
-    dense_h_ = dev_tensor({cb, bottom_.front().in_pad}, DType::BF16);
+  if (half_) {
+    dlogits_h_ = dev_tensor({cb}, hdt_);
+    dense_h_ = dev_tensor({cb, bottom_.front().in_pad}, hdt_);
   }
   int64_t max_out = 1;
   for (auto* mlp : {&bottom_, &top_})
@@ -468,7 +563,7 @@ void DlrmCuda::ensure_capacity(int64_t B, int64_t nnz) {
       l.y = dev_tensor({cb, l.out}, l.out_f32 ? DType::F32 : act);
       l.dz = l.relu ? dev_tensor({cb, l.out}, act) : Tensor();
       l.dx = dev_tensor({cb, l.in_pad}, act);
-      if (bf16_ && l.relu) l.aux = dev_tensor({cb * l.aux_ld / 8}, DType::U8);
+      if (half_ && l.relu) l.aux = dev_tensor({cb * l.aux_ld / 8}, DType::U8);
     }
   bgrad_partial_ = dev_tensor({std::max<int64_t>(cd::bias_grad_chunks(cb), 1), max_out});
   bgrad_partial_side_ = dev_tensor({std::max<int64_t>(cd::bias_grad_chunks(cb), 1), max_out});
@@ -496,7 +591,7 @@ void DlrmCuda::mlp_forward(std::vector<DenseLayer>& mlp, const void* x, int64_t 
   const float one = 1.f, zero = 0.f;
   for (auto& l : mlp) {
     l.x = x;
-    if (!bf16_) {
+    if (!half_) {
       float* y = l.y.data<float>();
       // Row-major y [B, out] = x [B, in] W^T, i.e. column-major y^T = W x^T.
       DLREC_CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(l.out),
@@ -508,7 +603,7 @@ void DlrmCuda::mlp_forward(std::vector<DenseLayer>& mlp, const void* x, int64_t 
       x = y;
       continue;
     }
-    // bf16: column-major y^T [out, B] = Wh^T... with Wh stored [out, in_pad] row-major.
+    // 16-bit: column-major y^T [out, B] = Wh^T... with Wh stored [out, in_pad] row-major.
     lt::Gemm g;
     g.trans_a = true;
     g.m = l.out;
@@ -517,7 +612,8 @@ void DlrmCuda::mlp_forward(std::vector<DenseLayer>& mlp, const void* x, int64_t 
     g.lda = l.in_pad;
     g.ldb = l.in_pad;
     g.ldd = l.out;
-    g.d_type = l.out_f32 ? CUDA_R_32F : CUDA_R_16BF;
+    g.ab_type = h16_;
+    g.d_type = l.out_f32 ? CUDA_R_32F : h16_;
     g.epi = l.relu ? lt::Epi::ReluAuxBias : lt::Epi::Bias;
     g.aux_ld = l.aux_ld;
     void* bias = l.out_f32 ? l.b.raw() : l.bh.raw();
@@ -525,11 +621,15 @@ void DlrmCuda::mlp_forward(std::vector<DenseLayer>& mlp, const void* x, int64_t 
     if (!l.aux_valid) {
       DLREC_CUBLAS_CHECK(cublasGemmEx(
           h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(l.out), static_cast<int>(B),
-          static_cast<int>(l.in_pad), &one, l.wh.raw(), CUDA_R_16BF, static_cast<int>(l.in_pad),
-          x, CUDA_R_16BF, static_cast<int>(l.in_pad), &zero, l.y.raw(), g.d_type,
+          static_cast<int>(l.in_pad), &one, l.wh.raw(), h16_, static_cast<int>(l.in_pad),
+          x, h16_, static_cast<int>(l.in_pad), &zero, l.y.raw(), g.d_type,
           static_cast<int>(l.out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       if (l.out_f32) cd::bias_act(l.y.data<float>(), l.b.data<float>(), B, l.out, l.relu, st);
-      else cd::bias_act(bfp(l.y), bfp(l.bh), B, l.out, l.relu, st);
+      else
+        with_half(fp16_, [&](auto h) {
+          using H = decltype(h);
+          cd::bias_act(hp<H>(l.y), hp<H>(l.bh), B, l.out, l.relu, st);
+        });
     }
     l.aux_valid = l.aux_valid && l.relu;
     x = l.y.raw();
@@ -541,7 +641,7 @@ const void* DlrmCuda::mlp_backward(std::vector<DenseLayer>& mlp, const void* dy,
                                    Tensor& partial) {
   const float one = 1.f, zero = 0.f;
   const int b = static_cast<int>(B);
-  if (!bf16_) {
+  if (!half_) {
     for (size_t k = mlp.size(); k-- > 0;) {
       DenseLayer& l = mlp[k];
       // ReLU mask and bias gradient in one pass over dy.
@@ -566,7 +666,7 @@ const void* DlrmCuda::mlp_backward(std::vector<DenseLayer>& mlp, const void* dy,
     }
     return dy;
   }
-  // bf16: `dy` is already the gradient of the last layer's pre-activation (its ReLU, if any,
+  // 16-bit: `dy` is already the gradient of the last layer's pre-activation (its ReLU, if any,
   // was applied by whoever produced it); the previous layer's ReLU is applied to each dgrad.
   // Default: plain GEMMs, and after each dgrad one pass that masks it by the previous layer's
   // ReLU and sums that layer's bias gradient (mask_bias_grad). With DLREC_BWD_EPILOGUES=1 the
@@ -586,18 +686,22 @@ const void* DlrmCuda::mlp_backward(std::vector<DenseLayer>& mlp, const void* dy,
     wg.lda = in_pad;
     wg.ldb = out;
     wg.ldd = in_pad;
+    wg.ab_type = h16_;
     wg.d_type = CUDA_R_32F;
     wg.epi = lt::Epi::BGradB;
     const bool fused_wgrad =
         bwd_epilogues_ && lth->run(wg, l.x, dz, l.dw.raw(), l.db.raw(), nullptr, st);
     if (!fused_wgrad) {
       DLREC_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, in_pad, out, b, &one, l.x,
-                                      CUDA_R_16BF, in_pad, dz, CUDA_R_16BF, out, &zero,
+                                      h16_, in_pad, dz, h16_, out, &zero,
                                       l.dw.raw(), CUDA_R_32F, in_pad, CUBLAS_COMPUTE_32F,
                                       CUBLAS_GEMM_DEFAULT));
       if (!db_done)
-        cd::mask_bias_grad(static_cast<const bf16*>(dz), nullptr, nullptr, partial.data<float>(),
-                           l.db.data<float>(), B, l.out, st);
+        with_half(fp16_, [&](auto h) {
+          using H = decltype(h);
+          cd::mask_bias_grad(static_cast<const H*>(dz), nullptr, nullptr, partial.data<float>(),
+                             l.db.data<float>(), B, l.out, st);
+        });
     }
     db_done = false;
     if (k == 0 && !need_dx) return nullptr;
@@ -612,7 +716,8 @@ const void* DlrmCuda::mlp_backward(std::vector<DenseLayer>& mlp, const void* dy,
     dg.lda = in_pad;
     dg.ldb = out;
     dg.ldd = in_pad;
-    dg.d_type = CUDA_R_16BF;
+    dg.ab_type = h16_;
+    dg.d_type = h16_;
     bool done = false;
     if (prev && prev->aux_valid && bwd_epilogues_) {
       dg.epi = lt::Epi::DRelu;
@@ -622,13 +727,16 @@ const void* DlrmCuda::mlp_backward(std::vector<DenseLayer>& mlp, const void* dy,
     if (!done) {
       void* tmp = prev ? l.dx.raw() : dst;
       DLREC_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, in_pad, b, out, &one,
-                                      l.wh.raw(), CUDA_R_16BF, in_pad, dz, CUDA_R_16BF, out,
-                                      &zero, tmp, CUDA_R_16BF, in_pad, CUBLAS_COMPUTE_32F,
+                                      l.wh.raw(), h16_, in_pad, dz, h16_, out,
+                                      &zero, tmp, h16_, in_pad, CUBLAS_COMPUTE_32F,
                                       CUBLAS_GEMM_DEFAULT));
       if (prev) {
         // dReLU and the previous layer's bias gradient in one pass.
-        cd::mask_bias_grad(bfp(l.dx), bfp(prev->y), bfp(prev->dz), partial.data<float>(),
-                           prev->db.data<float>(), B, prev->out, st);
+        with_half(fp16_, [&](auto h) {
+          using H = decltype(h);
+          cd::mask_bias_grad(hp<H>(l.dx), hp<H>(prev->y), hp<H>(prev->dz),
+                             partial.data<float>(), prev->db.data<float>(), B, prev->out, st);
+        });
         db_done = true;
       }
     }
@@ -638,14 +746,16 @@ const void* DlrmCuda::mlp_backward(std::vector<DenseLayer>& mlp, const void* dy,
 }
 
 void DlrmCuda::dense_updates(std::vector<DenseLayer>& mlp, cudaStream_t st) {
-  for (auto& l : mlp) {
-    cd::optimizer_step(l.w.data<float>(), l.dw.data<float>(),
-                       adagrad_ ? l.sw.data<float>() : nullptr, l.out, l.in, l.in_pad,
-                       bf16_ ? bfp(l.wh) : nullptr, l.in_pad, lr_ptr(), eps_, st);
-    cd::optimizer_step(l.b.data<float>(), l.db.data<float>(),
-                       adagrad_ ? l.sb.data<float>() : nullptr, 1, l.out, l.out,
-                       bf16_ ? bfp(l.bh) : nullptr, l.out, lr_ptr(), eps_, st);
-  }
+  for (auto& l : mlp)
+    with_half(fp16_, [&](auto h) {
+      using H = decltype(h);
+      cd::optimizer_step(l.w.data<float>(), l.dw.data<float>(),
+                         adagrad_ ? l.sw.data<float>() : nullptr, l.out, l.in, l.in_pad,
+                         half_ ? hp<H>(l.wh) : nullptr, l.in_pad, lr_ptr(), eps_, st, gscale());
+      cd::optimizer_step(l.b.data<float>(), l.db.data<float>(),
+                         adagrad_ ? l.sb.data<float>() : nullptr, 1, l.out, l.out,
+                         half_ ? hp<H>(l.bh) : nullptr, l.out, lr_ptr(), eps_, st, gscale());
+    });
 }
 
 void DlrmCuda::run_forward(bool training) {
@@ -660,10 +770,14 @@ void DlrmCuda::run_forward(bool training) {
     DLREC_CUDA_CHECK(cudaEventRecord(fork_, stream_));
     DLREC_CUDA_CHECK(cudaStreamWaitEvent(bs, fork_, 0));
   }
-  const void* dense = sl.d_dense.raw();
-  if (bf16_) {
-    cd::to_bf16_padded(sl.d_dense.data<float>(), B, num_dense_, bfp(dense_h_),
-                       bottom_.front().in_pad, bs);
+  const float* dense_in = infer_in_.dense ? infer_in_.dense : sl.d_dense.data<float>();
+  const void* dense = dense_in;
+  if (half_) {
+    with_half(fp16_, [&](auto h) {
+      using H = decltype(h);
+      cd::to_bf16_padded(dense_in, B, num_dense_, hp<H>(dense_h_),
+                         bottom_.front().in_pad, bs);
+    });
     dense = dense_h_.raw();
   }
   if (!bottom_.empty()) {
@@ -673,16 +787,23 @@ void DlrmCuda::run_forward(bool training) {
   }
   if (fork) DLREC_CUDA_CHECK(cudaEventRecord(join_, bs));
   mark("bottom mlp fwd");
-  const auto* offsets = sl.d_offsets.data<int32_t>();
-  const auto* keys = static_cast<const uint32_t*>(sl.d_keys.raw());
-  if (bf16_) ce::forward(tab_, offsets, keys, B, mean_, bfp(emb_out_), stream_);
+  const auto* offsets = infer_in_.offsets ? infer_in_.offsets : sl.d_offsets.data<int32_t>();
+  const auto* keys =
+      infer_in_.keys ? infer_in_.keys : static_cast<const uint32_t*>(sl.d_keys.raw());
+  if (half_)
+    with_half(fp16_, [&](auto h) {
+      ce::forward(tab_, offsets, keys, B, mean_, hp<decltype(h)>(emb_out_), stream_);
+    });
   else ce::forward(tab_, offsets, keys, B, mean_, emb_out_.data<float>(), stream_);
   mark("embedding fwd");
   if (fork) DLREC_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
   const int T = static_cast<int>(T_), d = static_cast<int>(dim_);
-  if (bf16_)
-    cd::dot_forward(static_cast<const bf16*>(dense), bfp(emb_out_), B, T, d, bfp(inter_),
-                    inter_ld_, stream_);
+  if (half_)
+    with_half(fp16_, [&](auto h) {
+      using H = decltype(h);
+      cd::dot_forward(static_cast<const H*>(dense), hp<H>(emb_out_), B, T, d, hp<H>(inter_),
+                      inter_ld_, stream_);
+    });
   else if (dot_)
     cd::dot_forward(static_cast<const float*>(dense), emb_out_.data<float>(), B, T, d,
                     inter_.data<float>(), inter_ld_, stream_);
@@ -697,17 +818,21 @@ void DlrmCuda::run_forward(bool training) {
 void DlrmCuda::run_backward_update() {
   const int64_t B = fwd_rows_;
   if (B == 0) return;
+  trained_ = true;
   const InputSlot& sl = inputs_->slots[cur_];
-  const void* dlog = bf16_ ? dlogits_h_.raw() : dlogits_.raw();
+  const void* dlog = half_ ? dlogits_h_.raw() : dlogits_.raw();
   const void* dinter = mlp_backward(top_, dlog, B, true, stream_, lt_.get(), blas_,
                                     bgrad_partial_);
   mark("top mlp bwd");
   const void* dense = bottom_.empty() ? sl.d_dense.raw() : bottom_.back().y.raw();
   const int T = static_cast<int>(T_), d = static_cast<int>(dim_);
-  if (bf16_)
-    cd::dot_backward(static_cast<const bf16*>(dense), bfp(emb_out_),
-                     static_cast<const bf16*>(dinter), inter_ld_, B, T, d,
-                     bottom_.back().relu, bfp(d_dense_), d_emb_.data<float>(), stream_);
+  if (half_)
+    with_half(fp16_, [&](auto h) {
+      using H = decltype(h);
+      cd::dot_backward(static_cast<const H*>(dense), hp<H>(emb_out_),
+                       static_cast<const H*>(dinter), inter_ld_, B, T, d, bottom_.back().relu,
+                       hp<H>(d_dense_), d_emb_.data<float>(), stream_);
+    });
   else if (dot_)
     cd::dot_backward(static_cast<const float*>(dense), emb_out_.data<float>(),
                      static_cast<const float*>(dinter), inter_ld_, B, T, d, false,
@@ -726,16 +851,28 @@ void DlrmCuda::run_backward_update() {
   if (!bottom_.empty()) {
     mlp_backward(bottom_, d_dense_.raw(), B, false, bs, fork ? lt_side_.get() : lt_.get(),
                  fork ? blas_side_ : blas_, fork ? bgrad_partial_side_ : bgrad_partial_);
-    dense_updates(bottom_, bs);
+    if (!fp16_) dense_updates(bottom_, bs);
   }
   if (fork) DLREC_CUDA_CHECK(cudaEventRecord(join_, bs));
+  if (fp16_) {
+    // Every gradient exists before any update: check them, then update the scale and the
+    // bottom MLP (again beside the embedding update).
+    if (fork) DLREC_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
+    check_gradients(stream_);
+    if (fork) {
+      DLREC_CUDA_CHECK(cudaEventRecord(fork_, stream_));
+      DLREC_CUDA_CHECK(cudaStreamWaitEvent(bs, fork_, 0));
+    }
+    dense_updates(bottom_, bs);
+    if (fork) DLREC_CUDA_CHECK(cudaEventRecord(join_, bs));
+  }
   mark("bottom mlp bwd+update");
   dense_updates(top_, stream_);
   mark("top optimizer");
   ce::backward_update(tab_, sl.d_offsets.data<int32_t>(),
                       static_cast<const uint32_t*>(sl.d_keys.raw()), B, fwd_nnz_, mean_,
                       d_emb_.data<float>(), adagrad_ ? ce::Update::Adagrad : ce::Update::SGD,
-                      lr_ptr() + 1, eps_, key_bits_, scratch_, stream_);
+                      lr_ptr() + 1, eps_, key_bits_, scratch_, stream_, gscale());
   mark("embedding bwd+update");
   if (fork) DLREC_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
 }
@@ -744,9 +881,14 @@ void DlrmCuda::step_body() {
   const InputSlot& sl = inputs_->slots[cur_];
   run_forward(true);
   have_training_forward_ = false;
-  cd::bce_with_logits(top_.back().y.data<float>(), sl.d_labels.data<float>(), fwd_rows_,
-                      dlogits_.data<float>(), static_cast<double*>(loss_.raw()), stream_,
-                      bf16_ ? bfp(dlogits_h_) : nullptr);
+  if (fp16_)  // dL/dlogits times the loss scale, in fp16
+    cd::bce_with_logits(top_.back().y.data<float>(), sl.d_labels.data<float>(), fwd_rows_,
+                        dlogits_.data<float>(), static_cast<double*>(loss_.raw()), stream_,
+                        hp<f16>(dlogits_h_), ls_.scale);
+  else
+    cd::bce_with_logits(top_.back().y.data<float>(), sl.d_labels.data<float>(), fwd_rows_,
+                        dlogits_.data<float>(), static_cast<double*>(loss_.raw()), stream_,
+                        half_ ? hp<bf16>(dlogits_h_) : nullptr);
   mark("bce");
   run_backward_update();
 }
@@ -755,9 +897,13 @@ Tensor DlrmCuda::forward(const io::Batch& batch, bool training) {
   DeviceGuard g(dev_index_);
   check_batch(batch);
   have_training_forward_ = false;
+  // Phases are profiled in train_step, and here only in a model that never trained (the
+  // serving engine's breakdown: `dlrec bench infer` with DLREC_PROFILE=1).
+  const bool profile_here = profile_ && !trained_;
+  if (profile_here) mark("begin");
   upload(batch, 0.f, 0.f);
+  if (profile_here) mark("h2d (+host packing)");
   run_forward(training);
-  mark_names_.clear();  // phases are profiled in train_step only
   const int64_t B = fwd_rows_;
   // A copy: callers may keep logits across steps, the buffer is reused.
   Tensor logits = dev_tensor({B});
@@ -767,6 +913,8 @@ Tensor DlrmCuda::forward(const io::Batch& batch, bool training) {
   if (!training) DLREC_CUDA_CHECK(cudaEventRecord(inputs_->slots[cur_].free, stream_));
   // Callers read the logits with legacy-stream copies, which do not wait for our streams.
   DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (profile_here) flush_profile();
+  mark_names_.clear();
   return logits;
 }
 
@@ -794,8 +942,10 @@ void DlrmCuda::backward_and_update(const Tensor& dlogits, double lr_scale) {
                                      dlogits.device().is_cuda() ? cudaMemcpyDeviceToDevice
                                                                 : cudaMemcpyHostToDevice,
                                      stream_));
-  if (bf16_ && fwd_rows_)
-    cd::to_bf16_padded(dlogits_.data<float>(), fwd_rows_, 1, bfp(dlogits_h_), 1, stream_);
+  if (fp16_ && fwd_rows_)
+    cd::scale_to_f16(dlogits_.data<float>(), fwd_rows_, ls_.scale, hp<f16>(dlogits_h_), stream_);
+  else if (half_ && fwd_rows_)
+    cd::to_bf16_padded(dlogits_.data<float>(), fwd_rows_, 1, hp<bf16>(dlogits_h_), 1, stream_);
   run_backward_update();
   DLREC_CUDA_CHECK(cudaEventRecord(sl.free, stream_));
   mark_names_.clear();
@@ -831,22 +981,25 @@ double DlrmCuda::train_step(const io::Batch& batch, double lr_scale, bool want_l
 }
 
 void DlrmCuda::infer_body(InferBucket& bk) {
-  InputSlot& sl = inputs_->slots[0];
   const int64_t R = bk.rows;
   cur_ = 0;
   fwd_rows_ = R;
   fwd_nnz_ = R * T_;
-  if (R * num_dense_ > 0)
-    DLREC_CUDA_CHECK(cudaMemcpyAsync(sl.d_dense.raw(), bk.dense, sizeof(float) * R * num_dense_,
-                                     cudaMemcpyHostToDevice, stream_));
-  if (T_ > 0) {
-    DLREC_CUDA_CHECK(cudaMemcpyAsync(sl.d_keys.raw(), bk.keys, sizeof(uint32_t) * R * T_,
-                                     cudaMemcpyHostToDevice, stream_));
-    DLREC_CUDA_CHECK(cudaMemcpyAsync(sl.d_offsets.raw(), bk.d_offsets.raw(),
-                                     sizeof(int32_t) * (R * T_ + 1), cudaMemcpyDeviceToDevice,
+  // One copy of the packed inputs; the offsets (one id per bag) are the bucket's constants.
+  const size_t bytes = sizeof(float) * R * num_dense_ + sizeof(uint32_t) * R * T_;
+  if (bytes)
+    DLREC_CUDA_CHECK(cudaMemcpyAsync(bk.d_in.raw(), bk.in.get(), bytes, cudaMemcpyHostToDevice,
                                      stream_));
+  infer_in_.dense = bk.d_in.data<float>();
+  infer_in_.keys = reinterpret_cast<const uint32_t*>(bk.d_in.data<float>() + R * num_dense_);
+  infer_in_.offsets = bk.d_offsets.data<int32_t>();
+  try {
+    run_forward(false);
+  } catch (...) {
+    infer_in_ = {};
+    throw;
   }
-  run_forward(false);
+  infer_in_ = {};
   cd::sigmoid(top_.back().y.data<float>(), bk.d_probs.data<float>(), R, stream_);
   DLREC_CUDA_CHECK(cudaMemcpyAsync(bk.probs, bk.d_probs.raw(), sizeof(float) * R,
                                    cudaMemcpyDeviceToHost, stream_));
@@ -875,6 +1028,7 @@ DlrmCuda::InferBucket& DlrmCuda::infer_bucket(int64_t R, int parity) {
     std::vector<int32_t> off(R * T_ + 1);
     for (int64_t k = 0; k <= R * T_; ++k) off[k] = static_cast<int32_t>(k);
     bk.d_offsets = Tensor::from_vector(off, {R * T_ + 1}, dev_);
+    bk.d_in = dev_tensor({static_cast<int64_t>(in_bytes)}, DType::U8);
     bk.d_probs = dev_tensor({R});
     DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&bk.done, cudaEventDisableTiming));
   }
@@ -913,10 +1067,9 @@ void DlrmCuda::predict(const io::Batch& batch, float* probs) {
   };
   if (profile_) return eager();
   absorb_external_writes();
-  // Batches over kChunk rows go in chunks through two alternating buckets, so the host packs
-  // chunk c + 1 while the GPU runs chunk c.
-  constexpr int64_t kChunk = 8192;
-  const int64_t chunk = std::min(B, kChunk);
+  // Batches over infer_chunk_ rows (DLREC_INFER_CHUNK, default 8192) go in chunks through two
+  // alternating buckets, so the host packs chunk c + 1 while the GPU runs chunk c.
+  const int64_t chunk = std::min(B, infer_chunk_);
   int64_t R = 1;
   while (R < chunk) R *= 2;
   const int64_t nchunks = (B + chunk - 1) / chunk;
@@ -1000,7 +1153,7 @@ void DlrmCuda::synchronize() {
 
 std::vector<NamedTensor> DlrmCuda::parameters() {
   synchronize();
-  shadows_stale_ = bf16_;  // the caller may write into the f32 masters
+  shadows_stale_ = half_;  // the caller may write into the f32 masters
   exposed_ = true;
   std::vector<NamedTensor> out;
   auto add = [&](std::vector<DenseLayer>& mlp, const std::string& prefix) {
@@ -1020,6 +1173,9 @@ std::vector<NamedTensor> DlrmCuda::optimizer_state() {
   synchronize();
   exposed_ = true;
   std::vector<NamedTensor> out;
+  // fp16: the loss-scale state (f32 scale, f32 1/scale, i32 overflow flag, i32 good steps,
+  // i64 skipped steps), so that a resumed run continues with the same scale.
+  if (fp16_) out.emplace_back("amp.loss_scale", ls_mem_);
   if (!adagrad_) return out;
   const char* suffix = ".adagrad";
   auto add = [&](std::vector<DenseLayer>& mlp, const std::string& prefix) {

@@ -903,6 +903,9 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
     : oc_(oc), layout_(layout), spec_(GraphSpec::parse(mc.layers, "model.layers")), dev_(device),
       dev_index_(device.index) {
   e_.prec = parse_precision(precision);
+  if (e_.prec == Precision::FP16)
+    fail("graph models on CUDA support precision fp32, tf32 and bf16; fp16 (with loss "
+         "scaling) is implemented for arch dlrm only — use \"precision\": \"bf16\"");
   e_.lowp = e_.prec == Precision::BF16;
   e_.act = e_.lowp ? DType::BF16 : DType::F32;
   e_.dev = device;

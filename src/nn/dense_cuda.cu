@@ -19,17 +19,20 @@ int grid_for(int64_t n, int threads, int cap = 65536) {
 
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(f16 x) { return __half2float(x); }
 template <class E> __device__ __forceinline__ E from_f(float x);
 template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
 template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16(x); }
+template <> __device__ __forceinline__ f16 from_f<f16>(float x) { return __float2half_rn(x); }
 
-__global__ void to_bf16_kernel(const float* __restrict__ x, int64_t B, int64_t cols,
-                               bf16* __restrict__ y, int64_t ld) {
+template <class H>
+__global__ void to_half_kernel(const float* __restrict__ x, int64_t B, int64_t cols,
+                               H* __restrict__ y, int64_t ld) {
   const int64_t n = B * ld;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / ld, c = i - r * ld;
-    y[i] = __float2bfloat16(c < cols ? x[r * cols + c] : 0.f);
+    y[i] = from_f<H>(c < cols ? x[r * cols + c] : 0.f);
   }
 }
 
@@ -217,15 +220,15 @@ __global__ void dot_backward_kernel(const E* __restrict__ dense, const E* __rest
   }
 }
 
-// bf16 dot interaction on tensor cores (WMMA 16x16x16, f32 accumulation), one warp per
-// sample: Z (n <= 32 rows of d, d % 16 == 0) is staged in shared memory padded to 32 rows;
+// 16-bit (bf16 or f16) dot interaction on tensor cores (WMMA 16x16x16, f32 accumulation), one
+// warp per sample: Z (n <= 32 rows of d, d % 16 == 0) is staged in shared memory padded to 32 rows;
 // forward S = Z Z^T on the tiles of the lower triangle; backward dZ = G Z with G the symmetric
-// matrix of the pair gradients (zero diagonal), 16 rows at a time. The products of bf16 values
+// matrix of the pair gradients (zero diagonal), 16 rows at a time. The products of 16-bit values
 // are exact and the sums are in f32, as in the CUDA-core kernels (only the order differs).
 namespace wm = nvcuda::wmma;
 constexpr int kWmmaWarps = 2;
 constexpr int kSLd = 36;  // forward S tile row stride (floats)
-constexpr int kGLd = 40;  // G row stride (bf16)
+constexpr int kGLd = 40;  // G row stride (16-bit elements)
 __host__ __device__ inline int wmma_z_ld(int d) { return d + 8; }
 __host__ __device__ inline size_t wmma_warp_bytes(int d) {
   const size_t z = size_t(32) * wmma_z_ld(d) * 2;
@@ -234,8 +237,9 @@ __host__ __device__ inline size_t wmma_warp_bytes(int d) {
   return (z + (fwd > bwd ? fwd : bwd) + 31) / 32 * 32;
 }
 
-__device__ __forceinline__ void wmma_load_z(const bf16* __restrict__ zd, const bf16* __restrict__ ze,
-                                            int n, int d, bf16* z, int lane) {
+template <class H>
+__device__ __forceinline__ void wmma_load_z(const H* __restrict__ zd, const H* __restrict__ ze,
+                                            int n, int d, H* z, int lane) {
   const int per_row = d / 8, zld = wmma_z_ld(d);
   for (int v = lane; v < 32 * per_row; v += 32) {
     const int r = v / per_row, c = (v - r * per_row) * 8;
@@ -245,15 +249,16 @@ __device__ __forceinline__ void wmma_load_z(const bf16* __restrict__ zd, const b
   }
 }
 
-__global__ void dot_forward_wmma_kernel(const bf16* __restrict__ dense, const bf16* __restrict__ emb,
-                                        int64_t B, int T, int d, bf16* __restrict__ out,
+template <class H>
+__global__ void dot_forward_wmma_kernel(const H* __restrict__ dense, const H* __restrict__ emb,
+                                        int64_t B, int T, int d, H* __restrict__ out,
                                         int64_t ld_out) {
   extern __shared__ __align__(128) unsigned char wsm[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int64_t b = int64_t(blockIdx.x) * kWmmaWarps + warp;
   if (b >= B) return;
   unsigned char* base = wsm + warp * wmma_warp_bytes(d);
-  bf16* z = reinterpret_cast<bf16*>(base);
+  H* z = reinterpret_cast<H*>(base);
   float* sm = reinterpret_cast<float*>(base + size_t(32) * wmma_z_ld(d) * 2);
   const int n = T + 1, zld = wmma_z_ld(d);
   wmma_load_z(dense + b * d, emb + b * int64_t(T) * d, n, d, z, lane);
@@ -264,8 +269,8 @@ __global__ void dot_forward_wmma_kernel(const bf16* __restrict__ dense, const bf
       wm::fragment<wm::accumulator, 16, 16, 16, float> acc;
       wm::fill_fragment(acc, 0.f);
       for (int k0 = 0; k0 < d; k0 += 16) {
-        wm::fragment<wm::matrix_a, 16, 16, 16, bf16, wm::row_major> fa;
-        wm::fragment<wm::matrix_b, 16, 16, 16, bf16, wm::col_major> fb;
+        wm::fragment<wm::matrix_a, 16, 16, 16, H, wm::row_major> fa;
+        wm::fragment<wm::matrix_b, 16, 16, 16, H, wm::col_major> fb;
         wm::load_matrix_sync(fa, z + ti * 16 * zld + k0, zld);
         wm::load_matrix_sync(fb, z + tj * 16 * zld + k0, zld);
         wm::mma_sync(acc, fa, fb, acc);
@@ -273,37 +278,38 @@ __global__ void dot_forward_wmma_kernel(const bf16* __restrict__ dense, const bf
       wm::store_matrix_sync(sm + ti * 16 * kSLd + tj * 16, acc, kSLd, wm::mem_row_major);
     }
   __syncwarp();
-  bf16* o = out + b * ld_out;
+  H* o = out + b * ld_out;
   for (int k = lane; k < d; k += 32) o[k] = z[k];
   const int pairs = n * (n - 1) / 2;
   for (int q = lane; q < pairs; q += 32) {
     int i, j;
     pair_of(q, i, j);
-    o[d + q] = __float2bfloat16(sm[i * kSLd + j]);
+    o[d + q] = from_f<H>(sm[i * kSLd + j]);
   }
-  for (int64_t k = d + pairs + lane; k < ld_out; k += 32) o[k] = __float2bfloat16(0.f);
+  for (int64_t k = d + pairs + lane; k < ld_out; k += 32) o[k] = from_f<H>(0.f);
 }
 
-__global__ void dot_backward_wmma_kernel(const bf16* __restrict__ dense,
-                                         const bf16* __restrict__ emb,
-                                         const bf16* __restrict__ dout, int64_t ld_out, int64_t B,
-                                         int T, int d, bool relu_dense, bf16* __restrict__ d_dense,
+template <class H>
+__global__ void dot_backward_wmma_kernel(const H* __restrict__ dense,
+                                         const H* __restrict__ emb,
+                                         const H* __restrict__ dout, int64_t ld_out, int64_t B,
+                                         int T, int d, bool relu_dense, H* __restrict__ d_dense,
                                          float* __restrict__ d_emb) {
   extern __shared__ __align__(128) unsigned char wsm[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int64_t b = int64_t(blockIdx.x) * kWmmaWarps + warp;
   if (b >= B) return;
   unsigned char* base = wsm + warp * wmma_warp_bytes(d);
-  bf16* z = reinterpret_cast<bf16*>(base);
-  bf16* g = reinterpret_cast<bf16*>(base + size_t(32) * wmma_z_ld(d) * 2);
+  H* z = reinterpret_cast<H*>(base);
+  H* g = reinterpret_cast<H*>(base + size_t(32) * wmma_z_ld(d) * 2);
   float* dz = reinterpret_cast<float*>(base + size_t(32) * wmma_z_ld(d) * 2 +
                                        size_t(32) * kGLd * 2);
   const int n = T + 1, zld = wmma_z_ld(d), dzld = d + 4;
   wmma_load_z(dense + b * d, emb + b * int64_t(T) * d, n, d, z, lane);
-  const bf16* gb = dout + b * ld_out;
+  const H* gb = dout + b * ld_out;
   for (int e = lane; e < 32 * 32; e += 32) {
     const int i = e / 32, j = e - i * 32;
-    bf16 v = __float2bfloat16(0.f);
+    H v = from_f<H>(0.f);
     if (i < n && j < n) {
       if (j < i) v = gb[d + i * (i - 1) / 2 + j];
       else if (i < j) v = gb[d + j * (j - 1) / 2 + i];
@@ -317,8 +323,8 @@ __global__ void dot_backward_wmma_kernel(const bf16* __restrict__ dense,
       wm::fragment<wm::accumulator, 16, 16, 16, float> acc;
       wm::fill_fragment(acc, 0.f);
       for (int kt = 0; kt < ktiles; ++kt) {
-        wm::fragment<wm::matrix_a, 16, 16, 16, bf16, wm::row_major> fa;
-        wm::fragment<wm::matrix_b, 16, 16, 16, bf16, wm::row_major> fb;
+        wm::fragment<wm::matrix_a, 16, 16, 16, H, wm::row_major> fa;
+        wm::fragment<wm::matrix_b, 16, 16, 16, H, wm::row_major> fb;
         wm::load_matrix_sync(fa, g + mt * 16 * kGLd + kt * 16, kGLd);
         wm::load_matrix_sync(fb, z + kt * 16 * zld + nt * 16, zld);
         wm::mma_sync(acc, fa, fb, acc);
@@ -336,9 +342,9 @@ __global__ void dot_backward_wmma_kernel(const bf16* __restrict__ dense,
         const float xs[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
-          float val = __bfloat162float(gb[k + w]) + xs[w];
-          if (relu_dense && !(__bfloat162float(z[k + w]) > 0.f)) val = 0.f;
-          d_dense[b * d + k + w] = __float2bfloat16(val);
+          float val = to_f(gb[k + w]) + xs[w];
+          if (relu_dense && !(to_f(z[k + w]) > 0.f)) val = 0.f;
+          d_dense[b * d + k + w] = from_f<H>(val);
         }
       } else {
         *reinterpret_cast<float4*>(d_emb + (b * T + (m - 1)) * int64_t(d) + k) = x;
@@ -378,11 +384,13 @@ __global__ void sigmoid_kernel(const float* __restrict__ x, float* __restrict__ 
 constexpr int kBceThreads = 1024;
 
 // One block: deterministic (fixed tree) reduction of the loss in double.
+template <class H>
 __global__ void bce_kernel(const float* __restrict__ logits, const float* __restrict__ labels,
                            int64_t n, float* __restrict__ dlogits, double* loss,
-                           bf16* __restrict__ dlogits_h) {
+                           H* __restrict__ dlogits_h, const float* __restrict__ scale_p) {
   __shared__ double part[kBceThreads];
   const double inv_n = 1.0 / static_cast<double>(n);
+  const float scale = scale_p ? *scale_p : 1.f;
   double s = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const double z = logits[i], y = labels[i];
@@ -390,7 +398,7 @@ __global__ void bce_kernel(const float* __restrict__ logits, const float* __rest
     const double p = z >= 0 ? 1.0 / (1.0 + exp(-z)) : exp(z) / (1.0 + exp(z));
     const float g = static_cast<float>((p - y) * inv_n);
     dlogits[i] = g;
-    if (dlogits_h) dlogits_h[i] = __float2bfloat16(g);
+    if (dlogits_h) dlogits_h[i] = from_f<H>(scale_p ? g * scale : g);
   }
   part[threadIdx.x] = s;
   __syncthreads();
@@ -401,18 +409,22 @@ __global__ void bce_kernel(const float* __restrict__ logits, const float* __rest
   if (threadIdx.x == 0) *loss = part[0] * inv_n;
 }
 
-// One thread per element of a [rows, cols] parameter; gradient rows ldg apart; optional bf16
-// copy wh with rows ldh apart. SGD without state, Adagrad with it.
+// One thread per element of a [rows, cols] parameter; gradient rows ldg apart; optional 16-bit
+// copy wh with rows ldh apart. SGD without state, Adagrad with it. With gscale_p: gradients
+// times *gscale_p, nothing done when it is 0 (loss scaling).
+template <class H>
 __global__ void optimizer_kernel(float* __restrict__ w, const float* __restrict__ g,
                                  float* __restrict__ a, int64_t rows, int64_t cols, int64_t ldg,
-                                 bf16* __restrict__ wh, int64_t ldh, const float* __restrict__ lr_p,
-                                 float eps) {
+                                 H* __restrict__ wh, int64_t ldh, const float* __restrict__ lr_p,
+                                 float eps, const float* __restrict__ gscale_p) {
   const float lr = *lr_p;
+  const float gs = gscale_p ? *gscale_p : 1.f;
+  if (gs == 0.f) return;
   const int64_t n = rows * cols;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / cols, c = i - r * cols;
-    const float gi = g[r * ldg + c];
+    const float gi = gscale_p ? __fmul_rn(g[r * ldg + c], gs) : g[r * ldg + c];
     float wi;
     if (a) {
       const float acc = __fadd_rn(a[i], __fmul_rn(gi, gi));
@@ -422,25 +434,86 @@ __global__ void optimizer_kernel(float* __restrict__ w, const float* __restrict_
       wi = __fsub_rn(w[i], __fmul_rn(lr, gi));
     }
     w[i] = wi;
-    if (wh) wh[r * ldh + c] = __float2bfloat16(wi);
+    if (wh) wh[r * ldh + c] = from_f<H>(wi);
   }
+}
+
+__global__ void scale_to_f16_kernel(const float* __restrict__ x, int64_t n,
+                                    const float* __restrict__ scale, f16* __restrict__ y) {
+  const float s = *scale;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = __float2half_rn(x[i] * s);
+}
+
+// blockIdx.y: the tensor; grid-stride over its elements.
+__global__ void check_finite_kernel(const float* const* __restrict__ ptrs,
+                                    const int64_t* __restrict__ counts, int* overflow) {
+  const float* p = ptrs[blockIdx.y];
+  const int64_t n = counts[blockIdx.y];
+  bool bad = false;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    bad |= !isfinite(p[i]);
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *overflow = 1;
+}
+
+__global__ void check_finite1_kernel(const float* __restrict__ p, int64_t n, int* overflow) {
+  bool bad = false;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    bad |= !isfinite(p[i]);
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *overflow = 1;
+}
+
+__global__ void loss_scale_update_kernel(LossScale ls, int growth_interval) {
+  const float s = *ls.scale;
+  if (*ls.overflow) {
+    *ls.gscale = 0.f;
+    *ls.scale = fmaxf(s * 0.5f, 1.f);
+    *ls.good_steps = 0;
+    *ls.skipped += 1;
+  } else {
+    *ls.gscale = 1.f / s;
+    if (++*ls.good_steps >= growth_interval) {
+      *ls.scale = fminf(s * 2.f, 16777216.f);
+      *ls.good_steps = 0;
+    }
+  }
+  *ls.overflow = 0;
 }
 
 }  // namespace
 
-void to_bf16_padded(const float* x, int64_t B, int64_t cols, bf16* y, int64_t ld,
+template <class H>
+void to_half_padded(const float* x, int64_t B, int64_t cols, H* y, int64_t ld,
                     cudaStream_t stream) {
   const int64_t n = B * ld;
   if (n == 0) return;
-  to_bf16_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, B, cols, y, ld);
+  to_half_kernel<H><<<grid_for(n, 256), 256, 0, stream>>>(x, B, cols, y, ld);
   DLREC_CUDA_LAUNCH_CHECK();
 }
+void to_bf16_padded(const float* x, int64_t B, int64_t cols, bf16* y, int64_t ld,
+                    cudaStream_t stream) {
+  to_half_padded(x, B, cols, y, ld, stream);
+}
+void to_bf16_padded(const float* x, int64_t B, int64_t cols, f16* y, int64_t ld,
+                    cudaStream_t stream) {
+  to_half_padded(x, B, cols, y, ld, stream);
+}
 
-void bias_act(bf16* y, const bf16* b, int64_t B, int64_t out, bool relu, cudaStream_t stream) {
+template <class H>
+void bias_act_half(H* y, const H* b, int64_t B, int64_t out, bool relu, cudaStream_t stream) {
   const int64_t n = B * out;
   if (n == 0) return;
-  bias_act_kernel<bf16><<<grid_for(n, 256), 256, 0, stream>>>(y, b, n, out, relu);
+  bias_act_kernel<H><<<grid_for(n, 256), 256, 0, stream>>>(y, b, n, out, relu);
   DLREC_CUDA_LAUNCH_CHECK();
+}
+void bias_act(bf16* y, const bf16* b, int64_t B, int64_t out, bool relu, cudaStream_t stream) {
+  bias_act_half(y, b, B, out, relu, stream);
+}
+void bias_act(f16* y, const f16* b, int64_t B, int64_t out, bool relu, cudaStream_t stream) {
+  bias_act_half(y, b, B, out, relu, stream);
 }
 
 void bias_act(float* y, const float* b, int64_t B, int64_t out, bool relu, cudaStream_t stream) {
@@ -486,6 +559,10 @@ void mask_bias_grad(const bf16* dy, const bf16* y, bf16* dz, float* partial, flo
                     int64_t B, int64_t out, cudaStream_t stream) {
   mask_bias_grad_impl(dy, y, dz, partial, db, B, out, stream);
 }
+void mask_bias_grad(const f16* dy, const f16* y, f16* dz, float* partial, float* db,
+                    int64_t B, int64_t out, cudaStream_t stream) {
+  mask_bias_grad_impl(dy, y, dz, partial, db, B, out, stream);
+}
 
 void relu_mask(const float* dy, const float* y, float* dz, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
@@ -495,6 +572,11 @@ void relu_mask(const float* dy, const float* y, float* dz, int64_t n, cudaStream
 void relu_mask(const bf16* dy, const bf16* y, bf16* dz, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   relu_mask_kernel<bf16><<<grid_for(n, 256), 256, 0, stream>>>(dy, y, dz, n);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+void relu_mask(const f16* dy, const f16* y, f16* dz, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  relu_mask_kernel<f16><<<grid_for(n, 256), 256, 0, stream>>>(dy, y, dz, n);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 
@@ -521,12 +603,12 @@ template <class E>
 void dot_forward(const E* dense, const E* emb, int64_t B, int T, int d, E* out, int64_t ld_out,
                  cudaStream_t stream) {
   if (B == 0) return;
-  if constexpr (std::is_same_v<E, bf16>) {
+  if constexpr (std::is_same_v<E, bf16> || std::is_same_v<E, f16>) {
     if (T + 1 <= 32 && d % 16 == 0) {
       const size_t smem = kWmmaWarps * wmma_warp_bytes(d);
-      smem_limit_checked(smem, reinterpret_cast<const void*>(dot_forward_wmma_kernel));
+      smem_limit_checked(smem, reinterpret_cast<const void*>(dot_forward_wmma_kernel<E>));
       const int64_t blocks = (B + kWmmaWarps - 1) / kWmmaWarps;
-      dot_forward_wmma_kernel<<<static_cast<unsigned>(blocks), 32 * kWmmaWarps, smem, stream>>>(
+      dot_forward_wmma_kernel<E><<<static_cast<unsigned>(blocks), 32 * kWmmaWarps, smem, stream>>>(
           dense, emb, B, T, d, out, ld_out);
       DLREC_CUDA_LAUNCH_CHECK();
       return;
@@ -543,12 +625,13 @@ template <class E, class G>
 void dot_backward(const E* dense, const E* emb, const E* dout, int64_t ld_out, int64_t B, int T,
                   int d, bool relu_dense, E* d_dense, G* d_emb, cudaStream_t stream) {
   if (B == 0) return;
-  if constexpr (std::is_same_v<E, bf16> && std::is_same_v<G, float>) {
+  if constexpr ((std::is_same_v<E, bf16> || std::is_same_v<E, f16>) &&
+                std::is_same_v<G, float>) {
     if (T + 1 <= 32 && d % 16 == 0) {
       const size_t smem = kWmmaWarps * wmma_warp_bytes(d);
-      smem_limit_checked(smem, reinterpret_cast<const void*>(dot_backward_wmma_kernel));
+      smem_limit_checked(smem, reinterpret_cast<const void*>(dot_backward_wmma_kernel<E>));
       const int64_t blocks = (B + kWmmaWarps - 1) / kWmmaWarps;
-      dot_backward_wmma_kernel<<<static_cast<unsigned>(blocks), 32 * kWmmaWarps, smem,
+      dot_backward_wmma_kernel<E><<<static_cast<unsigned>(blocks), 32 * kWmmaWarps, smem,
                                  stream>>>(dense, emb, dout, ld_out, B, T, d, relu_dense, d_dense,
                                            d_emb);
       DLREC_CUDA_LAUNCH_CHECK();
@@ -571,6 +654,10 @@ template void dot_backward<float, float>(const float*, const float*, const float
                                          int64_t, int, int, bool, float*, float*, cudaStream_t);
 template void dot_backward<bf16, float>(const bf16*, const bf16*, const bf16*, int64_t, int64_t,
                                         int, int, bool, bf16*, float*, cudaStream_t);
+template void dot_forward<f16>(const f16*, const f16*, int64_t, int, int, f16*, int64_t,
+                               cudaStream_t);
+template void dot_backward<f16, float>(const f16*, const f16*, const f16*, int64_t, int64_t, int,
+                                       int, bool, f16*, float*, cudaStream_t);
 
 void cat_forward(const float* dense, const float* emb, int64_t B, int dd, int64_t E, float* out,
                  cudaStream_t stream) {
@@ -600,18 +687,66 @@ void bce_with_logits(const float* logits, const float* labels, int64_t n, float*
     DLREC_CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(double), stream));
     return;
   }
-  bce_kernel<<<1, kBceThreads, 0, stream>>>(logits, labels, n, dlogits, loss, dlogits_h);
+  bce_kernel<bf16><<<1, kBceThreads, 0, stream>>>(logits, labels, n, dlogits, loss, dlogits_h,
+                                                  nullptr);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 
-void optimizer_step(float* w, const float* g, float* state, int64_t rows, int64_t cols,
-                    int64_t ldg, bf16* wh, int64_t ldh, const float* lr, float eps,
-                    cudaStream_t stream) {
+void bce_with_logits(const float* logits, const float* labels, int64_t n, float* dlogits,
+                     double* loss, cudaStream_t stream, f16* dlogits_h, const float* loss_scale) {
+  if (n == 0) {
+    DLREC_CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(double), stream));
+    return;
+  }
+  bce_kernel<f16><<<1, kBceThreads, 0, stream>>>(logits, labels, n, dlogits, loss, dlogits_h,
+                                                 loss_scale);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+void scale_to_f16(const float* x, int64_t n, const float* scale, f16* y, cudaStream_t stream) {
+  if (n == 0) return;
+  scale_to_f16_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, n, scale, y);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+void check_finite(const float* const* ptrs, const int64_t* counts, int n_tensors, int* overflow,
+                  cudaStream_t stream) {
+  if (n_tensors == 0) return;
+  check_finite_kernel<<<dim3(64, static_cast<unsigned>(n_tensors)), 256, 0, stream>>>(
+      ptrs, counts, overflow);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+void check_finite(const float* p, int64_t n, int* overflow, cudaStream_t stream) {
+  if (n == 0) return;
+  check_finite1_kernel<<<grid_for(n, 256, 1024), 256, 0, stream>>>(p, n, overflow);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+void loss_scale_update(const LossScale& ls, int growth_interval, cudaStream_t stream) {
+  loss_scale_update_kernel<<<1, 1, 0, stream>>>(ls, growth_interval);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+template <class H>
+void optimizer_step_impl(float* w, const float* g, float* state, int64_t rows, int64_t cols,
+                         int64_t ldg, H* wh, int64_t ldh, const float* lr, float eps,
+                         cudaStream_t stream, const float* gscale) {
   const int64_t n = rows * cols;
   if (n == 0) return;
-  optimizer_kernel<<<grid_for(n, 256), 256, 0, stream>>>(w, g, state, rows, cols, ldg, wh, ldh,
-                                                         lr, eps);
+  optimizer_kernel<H><<<grid_for(n, 256), 256, 0, stream>>>(w, g, state, rows, cols, ldg, wh,
+                                                            ldh, lr, eps, gscale);
   DLREC_CUDA_LAUNCH_CHECK();
+}
+void optimizer_step(float* w, const float* g, float* state, int64_t rows, int64_t cols,
+                    int64_t ldg, bf16* wh, int64_t ldh, const float* lr, float eps,
+                    cudaStream_t stream, const float* gscale) {
+  optimizer_step_impl(w, g, state, rows, cols, ldg, wh, ldh, lr, eps, stream, gscale);
+}
+void optimizer_step(float* w, const float* g, float* state, int64_t rows, int64_t cols,
+                    int64_t ldg, f16* wh, int64_t ldh, const float* lr, float eps,
+                    cudaStream_t stream, const float* gscale) {
+  optimizer_step_impl(w, g, state, rows, cols, ldg, wh, ldh, lr, eps, stream, gscale);
 }
 
 }  // namespace dlrec::nn::cuda_dense

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -12,14 +13,19 @@
 namespace dlrec::nn::cuda_dense {
 
 using bf16 = __nv_bfloat16;
+using f16 = __half;  // fp16 mode (with loss scaling); every bf16 launcher below has an f16 twin
 
-// y [B, ld] (bf16) = x [B, cols] (f32), columns cols..ld-1 set to 0 (GEMM-aligned padding).
+// y [B, ld] (bf16 or f16) = x [B, cols] (f32), columns cols..ld-1 set to 0 (GEMM-aligned
+// padding).
 void to_bf16_padded(const float* x, int64_t B, int64_t cols, bf16* y, int64_t ld,
+                    cudaStream_t stream);
+void to_bf16_padded(const float* x, int64_t B, int64_t cols, f16* y, int64_t ld,
                     cudaStream_t stream);
 
 // y [B, out] += b (per column), then ReLU when relu.
 void bias_act(float* y, const float* b, int64_t B, int64_t out, bool relu, cudaStream_t stream);
 void bias_act(bf16* y, const bf16* b, int64_t B, int64_t out, bool relu, cudaStream_t stream);
+void bias_act(f16* y, const f16* b, int64_t B, int64_t out, bool relu, cudaStream_t stream);
 // Backward of bias (+ ReLU) for dy [B, out]: with y given, dz = dy where y > 0 else 0 (dz is
 // unused when y is null: then dz = dy); db [out] = column sums of dz, summed in a fixed order
 // (deterministic) through `partial` [bias_grad_chunks(B), out].
@@ -28,12 +34,15 @@ void mask_bias_grad(const float* dy, const float* y, float* dz, float* partial, 
                     int64_t B, int64_t out, cudaStream_t stream);
 void mask_bias_grad(const bf16* dy, const bf16* y, bf16* dz, float* partial, float* db,
                     int64_t B, int64_t out, cudaStream_t stream);
+void mask_bias_grad(const f16* dy, const f16* y, f16* dz, float* partial, float* db,
+                    int64_t B, int64_t out, cudaStream_t stream);
 // dz = dy where y > 0, else 0 (all [n]).
 void relu_mask(const float* dy, const float* y, float* dz, int64_t n, cudaStream_t stream);
 void relu_mask(const bf16* dy, const bf16* y, bf16* dz, int64_t n, cudaStream_t stream);
+void relu_mask(const f16* dy, const f16* y, f16* dz, int64_t n, cudaStream_t stream);
 
-// Dot interaction over elements E (float or bf16; products and sums in float, in the CPU's
-// order): Z_b = [dense_b; emb_b,0..T-1] (n = T + 1 rows of dim d);
+// Dot interaction over elements E (float, bf16 or f16, the 16-bit types on tensor cores;
+// products and sums in float, in the CPU's order): Z_b = [dense_b; emb_b,0..T-1] (n = T + 1 rows of dim d);
 // out [B, ld_out] = [dense, strict lower triangle of Z Z^T row-major] (F = d + n(n-1)/2
 // values, then zeros up to ld_out >= F).
 template <class E>
@@ -55,16 +64,44 @@ void cat_backward(const float* dout, int64_t B, int dd, int64_t E, float* d_dens
 // y = 1 / (1 + exp(-x)) over n values.
 void sigmoid(const float* x, float* y, int64_t n, cudaStream_t stream);
 
-// With dlogits_h, dL/dlogits is also written as bf16 (for bf16 backward GEMMs).
+// With dlogits_h, dL/dlogits is also written as bf16 (for bf16 backward GEMMs); the f16 form
+// writes it multiplied by the loss scale *loss_scale (device), for fp16 backward GEMMs.
 void bce_with_logits(const float* logits, const float* labels, int64_t n, float* dlogits,
                      double* loss, cudaStream_t stream, bf16* dlogits_h = nullptr);
+void bce_with_logits(const float* logits, const float* labels, int64_t n, float* dlogits,
+                     double* loss, cudaStream_t stream, f16* dlogits_h, const float* loss_scale);
+// y [n] (f16) = x [n] (f32) * *scale (device).
+void scale_to_f16(const float* x, int64_t n, const float* scale, f16* y, cudaStream_t stream);
 
 // Dense optimizer steps (SGD when state is null, else Adagrad with accumulator `state`) on a
 // [rows, cols] parameter w (and state) whose gradient rows are ldg apart; the learning rate is
 // read from device memory (*lr), so a captured CUDA graph follows the schedule. With wh, the
-// updated weights are also written as bf16 into wh [rows, ldh] (the compute copy).
+// updated weights are also written as bf16 (or f16) into wh [rows, ldh] (the compute copy).
+// With gscale (device; loss scaling), the gradient is multiplied by *gscale first, and
+// *gscale == 0 skips the update (an overflowed step).
 void optimizer_step(float* w, const float* g, float* state, int64_t rows, int64_t cols,
                     int64_t ldg, bf16* wh, int64_t ldh, const float* lr, float eps,
-                    cudaStream_t stream);
+                    cudaStream_t stream, const float* gscale = nullptr);
+void optimizer_step(float* w, const float* g, float* state, int64_t rows, int64_t cols,
+                    int64_t ldg, f16* wh, int64_t ldh, const float* lr, float eps,
+                    cudaStream_t stream, const float* gscale = nullptr);
+
+// Dynamic loss scaling (fp16 mode), all state on the device so a CUDA graph can replay it.
+struct LossScale {
+  float* scale = nullptr;   // the loss scale S: dL/dlogits is multiplied by it
+  float* gscale = nullptr;  // this step's gradient factor: 1 / S, or 0 when the step overflowed
+  int* overflow = nullptr;  // set by check_finite when a gradient holds Inf/NaN
+  int* good_steps = nullptr;
+  int64_t* skipped = nullptr;  // steps skipped so far
+};
+// Sets *overflow when any of the n_tensors float arrays (device arrays of pointers and
+// element counts) holds a non-finite value.
+void check_finite(const float* const* ptrs, const int64_t* counts, int n_tensors, int* overflow,
+                  cudaStream_t stream);
+void check_finite(const float* p, int64_t n, int* overflow, cudaStream_t stream);
+// After the checks: gscale = overflow ? 0 : 1 / S; on overflow S halves (not below 1) and the
+// good-step count restarts, else after `growth_interval` good steps in a row S doubles (up to
+// 2^24); overflow is cleared for the next step.
+void loss_scale_update(const LossScale& ls, int growth_interval, cudaStream_t stream);
 
 }  // namespace dlrec::nn::cuda_dense

@@ -49,6 +49,14 @@ __device__ __forceinline__ void store4(__nv_bfloat16* o, float4 v) {
   u.y = *reinterpret_cast<uint32_t*>(&b);
   *reinterpret_cast<uint2*>(o) = u;
 }
+__device__ __forceinline__ void store4(__half* o, float4 v) {
+  __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+  uint2 u;
+  u.x = *reinterpret_cast<uint32_t*>(&a);
+  u.y = *reinterpret_cast<uint32_t*>(&b);
+  *reinterpret_cast<uint2*>(o) = u;
+}
+__device__ __forceinline__ void store1(__half* o, float v) { *o = __float2half_rn(v); }
 __device__ __forceinline__ void store1(float* o, float v) { *o = v; }
 __device__ __forceinline__ void store1(__nv_bfloat16* o, float v) { *o = __float2bfloat16(v); }
 
@@ -127,8 +135,12 @@ constexpr int kChunk = 32;
 constexpr int kWarpsPerBlock = 8;
 
 template <int V>
-__device__ __forceinline__ void apply_update(float* w, float* a, int k0, const float* g,
-                                             Update kind, float lr, float eps) {
+__device__ __forceinline__ void apply_update(float* w, float* a, int k0, float* g,
+                                             Update kind, float lr, float eps, float gs) {
+  if (gs != 1.f) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) g[j] = __fmul_rn(g[j], gs);
+  }
   if (kind == Update::SGD) {
 #pragma unroll
     for (int j = 0; j < V; ++j) w[k0 + j] = __fsub_rn(w[k0 + j], __fmul_rn(lr, g[j]));
@@ -149,8 +161,10 @@ __global__ void chunk_kernel(Tables tab, const int32_t* __restrict__ offsets,
                              const int32_t* __restrict__ pos_bag, int64_t B, int64_t nnz, bool mean,
                              const float* __restrict__ dpooled, Update kind,
                              const float* __restrict__ lr_p, float eps, float* __restrict__ head,
-                             float* __restrict__ tail) {
+                             float* __restrict__ tail, const float* __restrict__ gscale_p) {
   const float lr = *lr_p;
+  const float gs = gscale_p ? *gscale_p : 1.f;
+  if (gs == 0.f) return;  // an overflowed step (loss scaling): no update
   __shared__ uint32_t sh_key[kWarpsPerBlock][kChunk];
   __shared__ int32_t sh_bag[kWarpsPerBlock][kChunk];
   __shared__ float sh_scale[kWarpsPerBlock][kChunk];
@@ -205,7 +219,7 @@ __global__ void chunk_kernel(Tables tab, const int32_t* __restrict__ offsets,
 #pragma unroll
         for (int v = 0; v < V; ++v) dst[v] = g[v];
       } else {
-        apply_update<V>(w, a, k0, g, kind, lr, eps);
+        apply_update<V>(w, a, k0, g, kind, lr, eps, gs);
       }
     }
     i = j;
@@ -220,7 +234,8 @@ __global__ void finalize_kernel(Tables tab, const uint32_t* __restrict__ keys_so
                                 const int32_t* __restrict__ seg_start,
                                 const int32_t* __restrict__ num_segs, int64_t B, int64_t nnz,
                                 Update kind, const float* __restrict__ lr_p, float eps,
-                                const float* __restrict__ head, const float* __restrict__ tail) {
+                                const float* __restrict__ head, const float* __restrict__ tail,
+                                const float* __restrict__ gscale_p) {
   const int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   const int U = *num_segs;
@@ -229,6 +244,8 @@ __global__ void finalize_kernel(Tables tab, const uint32_t* __restrict__ keys_so
   const int64_t q1 = (u + 1 < U) ? seg_start[u + 1] : nnz;
   const int64_t cs = q0 / kChunk, ce = (q1 - 1) / kChunk;
   if (cs == ce) return;  // applied by chunk_kernel
+  const float gs = gscale_p ? *gscale_p : 1.f;
+  if (gs == 0.f) return;
   const float lr = *lr_p;
   const int d = tab.dim;
   const uint32_t key = keys_sorted[q0];
@@ -244,7 +261,7 @@ __global__ void finalize_kernel(Tables tab, const uint32_t* __restrict__ keys_so
 #pragma unroll
       for (int v = 0; v < V; ++v) g[v] = __fadd_rn(g[v], head[c * d + k0 + v]);
     }
-    apply_update<V>(w, a, k0, g, kind, lr, eps);
+    apply_update<V>(w, a, k0, g, kind, lr, eps, gs);
   }
 }
 
@@ -295,6 +312,8 @@ template void forward<float>(const Tables&, const int32_t*, const uint32_t*, int
                              cudaStream_t);
 template void forward<__nv_bfloat16>(const Tables&, const int32_t*, const uint32_t*, int64_t, bool,
                                      __nv_bfloat16*, cudaStream_t);
+template void forward<__half>(const Tables&, const int32_t*, const uint32_t*, int64_t, bool,
+                              __half*, cudaStream_t);
 
 int64_t num_chunks(int64_t n) { return (n + kChunk - 1) / kChunk; }
 
@@ -336,7 +355,8 @@ void prepare(const Scratch& s, cudaStream_t stream) {
 
 void backward_update(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
                      int64_t nnz, bool mean, const float* dpooled, Update kind, const float* lr,
-                     float eps, int key_bits, const Scratch& s, cudaStream_t stream) {
+                     float eps, int key_bits, const Scratch& s, cudaStream_t stream,
+                     const float* gscale) {
   if (nnz == 0) return;
   DLREC_CHECK(nnz <= s.capacity, "embedding backward: ", nnz, " ids exceed the scratch for ",
               s.capacity);
@@ -358,19 +378,19 @@ void backward_update(const Tables& tab, const int32_t* offsets, const uint32_t* 
   if (tab.dim % 4 == 0) {
     chunk_kernel<4><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
         tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, kind, lr, eps,
-        s.head, s.tail);
+        s.head, s.tail, gscale);
     DLREC_CUDA_LAUNCH_CHECK();
     finalize_kernel<4><<<static_cast<unsigned>(run_blocks), 256, 0, stream>>>(
         tab, s.keys_sorted, s.pos_sorted, s.pos_bag, s.seg_start, s.num_segs, B, nnz, kind, lr, eps,
-        s.head, s.tail);
+        s.head, s.tail, gscale);
   } else {
     chunk_kernel<1><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
         tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, kind, lr, eps,
-        s.head, s.tail);
+        s.head, s.tail, gscale);
     DLREC_CUDA_LAUNCH_CHECK();
     finalize_kernel<1><<<static_cast<unsigned>(run_blocks), 256, 0, stream>>>(
         tab, s.keys_sorted, s.pos_sorted, s.pos_bag, s.seg_start, s.num_segs, B, nnz, kind, lr, eps,
-        s.head, s.tail);
+        s.head, s.tail, gscale);
   }
   DLREC_CUDA_LAUNCH_CHECK();
 }

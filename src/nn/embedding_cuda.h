@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -31,7 +32,7 @@ void init_uniform(float* w, int64_t n, uint64_t seed, double a, cudaStream_t str
 void fill(float* p, int64_t n, float value, cudaStream_t stream);
 
 // out[b, t, :] = sum (or mean) of the rows of bag t * B + b; zeros for an empty bag. O is
-// float or __nv_bfloat16 (sums in float, rounded once).
+// float, __nv_bfloat16 or __half (sums in float, rounded once).
 template <class O>
 void forward(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
              bool mean, O* out, cudaStream_t stream);
@@ -62,10 +63,12 @@ enum class Update { SGD, Adagrad };
 // dL/dpooled [B, T, dim] -> for every distinct row of the batch: its gradient, summed over its
 // occurrences (mean bags scaled by 1/len) in chunks of 32 occurrences whose partial sums are
 // then added in order (deterministic; equal to the CPU's in-order sum up to rounding), applied
-// at once by SGD or Adagrad. No table
+// at once by SGD or Adagrad. With gscale (device, loss scaling) the gradients are multiplied
+// by *gscale first, and *gscale == 0 leaves the tables untouched (an overflowed step). No table
 // gradient is materialised. nnz = offsets[T * B] - offsets[0] with offsets[0] = 0.
 void backward_update(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
                      int64_t nnz, bool mean, const float* dpooled, Update kind, const float* lr,
-                     float eps, int key_bits, const Scratch& s, cudaStream_t stream);
+                     float eps, int key_bits, const Scratch& s, cudaStream_t stream,
+                     const float* gscale = nullptr);
 
 }  // namespace dlrec::nn::cuda_emb

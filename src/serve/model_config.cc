@@ -112,7 +112,7 @@ ModelConfig ModelConfig::from_json(const json& j, const BatchingConfig& defaults
     ig.finish();
   }
   r.get<json>("instance_group", json());
-  c.instances.precision = r.get_choice("precision", "fp32", {"fp32", "tf32", "bf16"});
+  c.instances.precision = r.get_choice("precision", "fp32", {"fp32", "tf32", "bf16", "fp16"});
   DLREC_CHECK(c.instances.gpu || c.instances.precision == "fp32",
               "config key 'precision': '", c.instances.precision,
               "' needs a GPU instance group (the CPU engine computes in fp32)");

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <atomic>
 #include <thread>
@@ -250,12 +251,13 @@ TEST(DlrmCuda, GraphReplayIsBitIdenticalToEager) {
 }
 #endif
 
-// bf16 GEMMs and activations with f32 master weights: losses follow the f32 CPU reference
-// within bf16 rounding over a few hundred steps (sum and mean pooling, SGD and Adagrad), and
-// the weights written through parameters() are the ones the next forward uses.
-void bf16_tracks_cpu(SmallDlrm s, int steps) {
+// bf16 (or fp16 with loss scaling) GEMMs and activations with f32 master weights: losses follow
+// the f32 CPU reference within 16-bit rounding over a few hundred steps (sum and mean pooling,
+// SGD and Adagrad), and the weights written through parameters() are the ones the next forward
+// uses.
+void bf16_tracks_cpu(SmallDlrm s, int steps, const char* precision = "bf16") {
   auto cpu = build_model(s.mc, s.oc, s.layout, Device::cpu(), 5);
-  auto gpu = build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "bf16");
+  auto gpu = build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, precision);
   double worst = 0, first_loss = 0, last_loss = 0;
   for (int i = 0; i < steps; ++i) {
     io::Batch b = make_batch(s.layout, s.batch, 2000 + i, s.multi_hot);
@@ -268,7 +270,7 @@ void bf16_tracks_cpu(SmallDlrm s, int steps) {
     if (i == 0) first_loss = lg;
     last_loss = lg;
   }
-  std::printf("[bf16] %d steps: worst loss rel diff vs f32 CPU %.3g\n", steps, worst);
+  std::printf("[%s] %d steps: worst loss rel diff vs f32 CPU %.3g\n", precision, steps, worst);
   EXPECT_LE(worst, 0.05);
   EXPECT_LT(last_loss, first_loss);
   EXPECT_LE(param_diff(*gpu, *cpu, nullptr), 0.1);
@@ -320,6 +322,143 @@ TEST(DlrmCuda, Bf16WideInteractionMatchesCpu) {
   bf16_tracks_cpu(s, steps_or(100));
 }
 
+TEST(DlrmCuda, Fp16SgdSumTracksCpu) {
+  SKIP_WITHOUT_GPU();
+  SmallDlrm s;
+  s.mc.embedding_dim = 16;
+  s.mc.bottom_mlp = {32, 16};
+  s.mc.top_mlp = {32, 16, 1};
+  bf16_tracks_cpu(s, steps_or(300), "fp16");
+}
+
+TEST(DlrmCuda, Fp16AdagradMeanWideInteractionTracksCpu) {
+  SKIP_WITHOUT_GPU();
+  SmallDlrm s;
+  std::vector<int64_t> cards;
+  for (int t = 0; t < 20; ++t) cards.push_back(10 + 7 * t);
+  s.layout = make_layout(4, cards);
+  s.mc.embedding_dim = 16;
+  s.mc.bottom_mlp = {32, 16};
+  s.mc.top_mlp = {32, 1};
+  s.mc.pooling = "mean";
+  s.oc.type = "adagrad";
+  s.oc.lr = 0.02;
+  s.oc.adagrad_init = 0.01;
+  bf16_tracks_cpu(s, steps_or(200), "fp16");
+}
+
+// The loss-scale state of an fp16 model: {scale, 1/scale, overflow, good steps, skipped}.
+struct LossScaleState {
+  float scale = 0, gscale = 0;
+  int32_t overflow = 0, good = 0;
+  int64_t skipped = 0;
+};
+LossScaleState loss_scale_of(Model& m) {
+  for (auto& [name, t] : m.optimizer_state())
+    if (name == "amp.loss_scale") {
+      auto v = t.to(Device::cpu());
+      LossScaleState s;
+      std::memcpy(&s.scale, static_cast<const char*>(v.raw()), 4);
+      std::memcpy(&s.gscale, static_cast<const char*>(v.raw()) + 4, 4);
+      std::memcpy(&s.overflow, static_cast<const char*>(v.raw()) + 8, 4);
+      std::memcpy(&s.good, static_cast<const char*>(v.raw()) + 12, 4);
+      std::memcpy(&s.skipped, static_cast<const char*>(v.raw()) + 16, 8);
+      return s;
+    }
+  ADD_FAILURE() << "no amp.loss_scale in the optimizer state";
+  return {};
+}
+
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~ScopedEnv() { unsetenv(name.c_str()); }
+};
+
+// A loss scale so large that the fp16 gradients overflow: the step changes no weight and no
+// optimizer state, the scale halves, and training goes on once the scale is small enough.
+TEST(DlrmCuda, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
+  SKIP_WITHOUT_GPU();
+  SmallDlrm s;
+  s.oc.type = "adagrad";
+  s.oc.adagrad_init = 0.01;
+  std::unique_ptr<Model> gpu;
+  {
+    ScopedEnv e("DLREC_LOSS_SCALE_INIT", "1e30");
+    gpu = build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "fp16");
+  }
+  auto snapshot = [&] {
+    std::vector<std::vector<float>> v;
+    for (auto& [n, t] : gpu->parameters()) v.push_back(t.to_vector<float>());
+    for (auto& [n, t] : gpu->optimizer_state())
+      if (n != "amp.loss_scale") v.push_back(t.to_vector<float>());
+    return v;
+  };
+  const auto before = snapshot();
+  io::Batch b = make_batch(s.layout, s.batch, 77, s.multi_hot);
+  const double l0 = gpu->train_step(b, 1.0, true);
+  EXPECT_TRUE(std::isfinite(l0)) << "the loss itself is computed in f32 and stays finite";
+  EXPECT_EQ(snapshot(), before) << "an overflowed step must not touch weights or state";
+  LossScaleState ls = loss_scale_of(*gpu);
+  EXPECT_EQ(ls.skipped, 1);
+  EXPECT_FLOAT_EQ(ls.scale, 5e29f);
+  EXPECT_EQ(ls.gscale, 0.f);
+  EXPECT_EQ(ls.overflow, 0) << "the flag is cleared for the next step";
+  // The scale halves on every overflow until the gradients fit; then the model trains.
+  double first = 0, last = 0;
+  for (int i = 0; i < 300; ++i) {
+    const double l = gpu->train_step(make_batch(s.layout, s.batch, 100 + i, s.multi_hot), 1.0,
+                                     true);
+    if (i == 150) first = l;
+    last = l;
+  }
+  ls = loss_scale_of(*gpu);
+  std::printf("[fp16] after 301 steps: scale %g, %lld skipped\n", ls.scale,
+              static_cast<long long>(ls.skipped));
+  EXPECT_GT(ls.skipped, 10);
+  EXPECT_LT(ls.skipped, 150);
+  EXPECT_LT(ls.scale, 1e30f);
+  EXPECT_NE(snapshot(), before);
+  EXPECT_TRUE(std::isfinite(last));
+  EXPECT_LE(last, first * 1.2);
+}
+
+// Without overflow the scale doubles after DLREC_LOSS_SCALE_GROWTH good steps in a row.
+TEST(DlrmCuda, Fp16ScaleGrowsAfterGoodSteps) {
+  SKIP_WITHOUT_GPU();
+  SmallDlrm s;
+  std::unique_ptr<Model> gpu;
+  {
+    ScopedEnv e1("DLREC_LOSS_SCALE_INIT", "4");
+    ScopedEnv e2("DLREC_LOSS_SCALE_GROWTH", "3");
+    gpu = build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "fp16");
+  }
+  for (int i = 0; i < 7; ++i) gpu->train_step(make_batch(s.layout, s.batch, i, true), 1.0, false);
+  const LossScaleState ls = loss_scale_of(*gpu);
+  EXPECT_EQ(ls.skipped, 0);
+  EXPECT_FLOAT_EQ(ls.scale, 16.f);  // 4 -> 8 after step 3 -> 16 after step 6
+  EXPECT_EQ(ls.good, 1);
+  EXPECT_FLOAT_EQ(ls.gscale, 1.f / 16.f) << "step 7 unscaled by the scale it ran with";
+}
+
+TEST(DlrmCuda, Fp16BadLossScaleSettingsAreClearErrors) {
+  SKIP_WITHOUT_GPU();
+  SmallDlrm s;
+  {
+    ScopedEnv e("DLREC_LOSS_SCALE_INIT", "0.5");
+    EXPECT_THROW(build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "fp16"), Error);
+  }
+  {
+    ScopedEnv e("DLREC_LOSS_SCALE_INIT", "nan");
+    EXPECT_THROW(build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "fp16"), Error);
+  }
+  {
+    ScopedEnv e("DLREC_LOSS_SCALE_GROWTH", "0");
+    EXPECT_THROW(build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "fp16"), Error);
+  }
+  EXPECT_THROW(build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "fp8"), Error);
+}
+
 TEST(DlrmCuda, Bf16WeightsWrittenThroughParametersAreUsed) {
   SKIP_WITHOUT_GPU();
   SmallDlrm s;
@@ -349,7 +488,7 @@ TEST(DlrmCuda, Bf16UnsupportedShapesAreClearErrors) {
 // a bad id is an error and the next call still works.
 TEST(DlrmCuda, PredictMatchesForward) {
   SKIP_WITHOUT_GPU();
-  for (const char* precision : {"fp32", "bf16"}) {
+  for (const char* precision : {"fp32", "bf16", "fp16"}) {
     SmallDlrm s;
     auto m = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 13, precision);
     for (int64_t rows : {1, 3, 64, 100, 1, 64, 257, 20000, 9000}) {  // > 8192: chunked
