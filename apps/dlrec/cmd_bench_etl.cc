@@ -94,10 +94,12 @@ int run_etl_bench(const EtlBenchOptions& o) {
       rates.push_back(mb / s);
       std::printf("bench etl: input=%.1fMB rows=%lld threads=%d seconds=%.2f MB/s=%.1f "
                   "MB/s/core=%.1f rows/s=%.0f cpu_seconds=%.2f MB/cpu_s=%.1f peak_rss=%.0fMB "
-                  "(count %.2fs, fit %.2fs x%d, transform+write %.2fs, output %.1fMB)\n",
+                  "(count %.2fs, fit %.2fs x%d, transform+write %.2fs, output %.1fMB; waited for the "
+                  "reader %.2fs, writer thread busy %.2fs)\n",
                   mb, static_cast<long long>(rows), threads, s, mb / s, mb / s / threads,
                   rows / s, cpu, mb / std::max(cpu, 1e-9), peak_rss_mb(), r.count_seconds,
-                  r.fit_seconds, r.fit_passes, r.transform_seconds, r.output_bytes / 1e6);
+                  r.fit_seconds, r.fit_passes, r.transform_seconds, r.output_bytes / 1e6,
+                  r.read_wait_seconds, r.write_seconds);
       std::fflush(stdout);
     }
   } catch (...) {

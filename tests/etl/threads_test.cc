@@ -1,0 +1,204 @@
+// run_etl gives the same bytes whatever the thread count (the parallel reader, the batched fit
+// and transform, the parallel shard encoding), and reports the first error in input order.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "dlrec/core/error.h"
+#include "dlrec/core/file_util.h"
+#include "dlrec/core/thread_pool.h"
+#include "dlrec/etl/run.h"
+
+namespace dlrec::etl {
+namespace {
+
+struct TempDir {
+  std::string path;
+  explicit TempDir(const std::string& tag)
+      : path(std::string(::testing::TempDir()) + "dlrec_threads_" + tag + "_" +
+             std::to_string(::getpid())) {
+    make_dirs(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+// Restores the thread count at the end of a test.
+struct ThreadsGuard {
+  int saved = num_threads();
+  ~ThreadsGuard() { set_num_threads(saved); }
+};
+
+std::vector<std::string> list_dir(const std::string& dir) {
+  std::vector<std::string> v;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d))
+      if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) v.push_back(e->d_name);
+    ::closedir(d);
+  }
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Criteo-layout rows; `missing` = 1 in N dense fields is empty (0: none).
+std::string criteo_text(int rows, uint64_t seed, int missing = 10) {
+  std::mt19937_64 rng(seed);
+  std::string s;
+  char buf[32];
+  for (int i = 0; i < rows; ++i) {
+    s += rng() % 4 == 0 ? "1" : "0";
+    for (int d = 0; d < 13; ++d) {
+      s += '\t';
+      if (missing == 0 || rng() % missing) s += std::to_string(static_cast<int>(rng() % 500));
+    }
+    for (int c = 0; c < 26; ++c) {
+      s += '\t';
+      if (rng() % 25 == 0) continue;
+      const uint64_t u = rng();
+      const uint64_t k = u % 3 ? (u >> 20) % 50 : (u >> 20) % 3000;
+      std::snprintf(buf, sizeof buf, "%08x", static_cast<unsigned>(k * 2654435761u + c));
+      s += buf;
+    }
+    s += '\n';
+  }
+  return s;
+}
+
+EtlOptions options(const std::string& input, const std::string& out, const json& workflow) {
+  EtlOptions o;
+  o.inputs = {input};
+  o.schema = io::Schema::criteo();
+  o.workflow = workflow;
+  o.valid_ratio = 0.15;
+  o.shard_rows = 7000;  // several shards, cut inside batches
+  o.block_rows = 1000;
+  o.read.chunk_rows = 500;  // many chunks per batch
+  o.output_dir = out;
+  return o;
+}
+
+const char* kCriteo = R"({"pipeline": [
+  {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "Clip", "min": 0},
+                                {"op": "LogOp"}, {"op": "Normalize"}]},
+  {"columns": "@categorical", "ops": [{"op": "Categorify", "freq_threshold": 3}]}]})";
+
+// Filter (rows dropped: the serial transform path), k-fold TargetEncoding (training rows
+// encoded by their position), a crossed feature and a second fit pass (Normalize twice).
+const char* kFeatures = R"({"pipeline": [
+  {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "Normalize"},
+                                {"op": "Clip", "min": -1}, {"op": "Normalize"}]},
+  {"columns": "@categorical", "ops": [{"op": "Categorify", "freq_threshold": 2}]},
+  {"columns": ["C1", "C2"], "ops": [{"op": "TargetEncoding", "kfold": 3, "seed": 5},
+                                    {"op": "HashedCross", "num_buckets": 1000}]},
+  {"columns": ["I3"], "ops": [{"op": "Filter", "min": 3}]}]})";
+
+// Every file of every thread count equals the one-thread output.
+void expect_same_bytes_for_threads(const json& workflow, int64_t memory_budget_mb) {
+  TempDir tmp("same");
+  const std::string input = tmp.path + "/in.tsv";
+  std::ofstream(input) << criteo_text(30000, 3);
+  ThreadsGuard guard;
+  std::vector<std::string> ref_files;
+  for (int threads : {1, 3, 8}) {
+    set_num_threads(threads);
+    const std::string out = tmp.path + "/t" + std::to_string(threads);
+    EtlOptions o = options(input, out, workflow);
+    o.memory_budget_mb = memory_budget_mb;
+    EtlResult r = run_etl(o);
+    EXPECT_GT(r.train_shards.size(), 2u);
+    EXPECT_GT(r.valid_rows, 0);
+    if (threads == 1) {
+      ref_files = list_dir(out);
+      continue;
+    }
+    EXPECT_EQ(list_dir(out), ref_files) << threads << " threads";
+    for (const auto& f : ref_files)
+      EXPECT_EQ(read_all(tmp.path + "/t1/" + f), read_all(out + "/" + f))
+          << f << " differs with " << threads << " threads";
+  }
+}
+
+TEST(ThreadsTest, CriteoWorkflowSameBytesForAnyThreadCount) {
+  expect_same_bytes_for_threads(json::parse(kCriteo), 0);
+}
+
+TEST(ThreadsTest, FeatureOpsFiltersAndTwoPassesSameBytesForAnyThreadCount) {
+  expect_same_bytes_for_threads(json::parse(kFeatures), 0);
+}
+
+TEST(ThreadsTest, MemoryBudgetSameBytesForAnyThreadCount) {
+  expect_same_bytes_for_threads(json::parse(kCriteo), 1);  // 1 MB: the counts spill
+}
+
+std::string error_of(const EtlOptions& o) {
+  try {
+    run_etl(o);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// A parse error late in the input and a transform error (a dense value left missing) earlier:
+// the earlier one is reported, with any thread count; either alone is reported as itself.
+TEST(ThreadsTest, FirstErrorInInputOrderWinsForAnyThreadCount) {
+  TempDir tmp("errors");
+  std::string text = criteo_text(20000, 4, /*missing=*/0);
+  auto line_start = [&](int line) {  // 1-based
+    size_t p = 0;
+    for (int i = 1; i < line; ++i) p = text.find('\n', p) + 1;
+    return p;
+  };
+  std::string with_parse = text;
+  with_parse.insert(line_start(15000), "1\t2\t3\n");
+  std::string both = with_parse;
+  {  // I1 of line 4000 (after "<label>\t") left empty
+    const size_t b = line_start(4000) + 2, e = both.find('\t', b);
+    both.erase(b, e - b);
+  }
+  const std::string parse_file = tmp.path + "/parse.tsv", both_file = tmp.path + "/both.tsv";
+  std::ofstream(parse_file) << with_parse;
+  std::ofstream(both_file) << both;
+  // No FillMissing: a missing I1 is an error of the transform pass (the fit skips NaNs).
+  const json wf = json::parse(R"({"pipeline": [
+    {"columns": "@dense", "ops": [{"op": "Clip", "min": 0}, {"op": "LogOp"}]},
+    {"columns": "@categorical", "ops": [{"op": "Categorify"}]}]})");
+  ThreadsGuard guard;
+  std::string parse_ref, both_ref;
+  for (int threads : {1, 4, 8}) {
+    set_num_threads(threads);
+    EtlOptions o = options(parse_file, tmp.path + "/o" + std::to_string(threads), wf);
+    o.train_rows = 10000;  // the fit stops before both bad lines; the transform meets them
+    const std::string parse_msg = error_of(o);
+    o.inputs = {both_file};
+    const std::string both_msg = error_of(o);
+    EXPECT_NE(parse_msg.find(parse_file + ":15000: expected 40 fields, got 3"), std::string::npos)
+        << parse_msg;
+    EXPECT_NE(both_msg.find("line 4000"), std::string::npos) << both_msg;
+    EXPECT_EQ(both_msg.find("15000"), std::string::npos) << both_msg;
+    if (threads == 1) {
+      parse_ref = parse_msg;
+      both_ref = both_msg;
+    }
+    EXPECT_EQ(parse_msg, parse_ref);
+    EXPECT_EQ(both_msg, both_ref);
+    EXPECT_FALSE(file_exists(o.output_dir + "/dataset.json"));
+  }
+}
+
+}  // namespace
+}  // namespace dlrec::etl
