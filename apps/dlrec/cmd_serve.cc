@@ -23,9 +23,9 @@ Runner add_serve(CLI::App& app) {
                 "Prometheus metrics port, GET /metrics (0: any free port, -1: off)");
   c->add_option("--http-threads", o->http_threads, "HTTP worker threads")->check(CLI::Range(2, 1024));
   c->add_option("--grpc-threads", o->grpc_threads,
-                "gRPC completion queues, each with its own polling thread that runs the calls "
-                "it takes (more join a queue whose threads are all busy); 0: cores / 2, 1 to 8")
-      ->check(CLI::Range(0, 256));
+                "gRPC completion queues (default 1), each with a polling thread that runs the "
+                "calls it takes; more threads join a queue whose threads are all busy")
+      ->check(CLI::Range(1, 256));
   c->add_option("--max-request-bytes", o->max_request_bytes,
                 "Largest request body accepted (HTTP 413 / gRPC RESOURCE_EXHAUSTED beyond)")
       ->check(CLI::Range(int64_t{1024}, int64_t{1} << 31));

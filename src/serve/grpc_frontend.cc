@@ -337,8 +337,7 @@ class GrpcFrontend : public Frontend {
     b.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(o.max_request_bytes, INT32_MAX)));
     b.SetMaxSendMessageSize(INT32_MAX);
     b.RegisterService(&service_);
-    int n = o.grpc_threads;
-    if (n <= 0) n = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8);
+    const int n = std::max(1, o.grpc_threads);
     for (int i = 0; i < n; ++i) {
       queues_.push_back(std::make_unique<Queue>());
       queues_.back()->cq = b.AddCompletionQueue();

@@ -135,3 +135,31 @@ def test_failures_are_counted_not_fatal(tmp_path, server):
     assert r.returncode == 3, r.stdout + r.stderr
     assert j["total_failures"] > 0 and j["total_success"] == 0
     assert "request failed" in r.stderr and j["errors"]
+
+
+def test_grpc_sync_client_agrees_with_metrics(tmp_path, server):
+    """The generated blocking stub (--grpc-client sync) as well as the default async client."""
+    before = success_metric(server)
+    r, j = bench(tmp_path, server["grpc"], "--protocol", "grpc", "--grpc-client", "sync",
+                 "--batch", 3, "--concurrency", 2, "--duration", 1, "--warmup", 0.2)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "(sync client)" in r.stdout and j["grpc_client"] == "sync"
+    assert j["total_failures"] == 0 and j["requests"] > 0
+    assert success_metric(server) - before == j["total_success"]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize("client", ["async", "sync"])
+def test_rpc_live_measures_the_floor_without_inference(tmp_path, server, protocol, client):
+    """--rpc live: liveness round trips, counted like requests; the model scores nothing."""
+    if protocol == "http" and client == "sync":
+        pytest.skip("--grpc-client applies to gRPC only")
+    before = success_metric(server)
+    r, j = bench(tmp_path, server[protocol], "--protocol", protocol, "--rpc", "live",
+                 "--grpc-client", client, "--duration", 0.5, "--warmup", 0.1)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "liveness round trips only" in r.stdout and "rpc=live" in r.stdout
+    assert j["rpc"] == "live" and j["total_failures"] == 0 and j["requests"] > 0
+    assert 0 < j["latency_us"]["p50"] <= j["latency_us"]["p99"]
+    assert success_metric(server) == before
+

@@ -513,3 +513,111 @@ def test_proto_matches_tritonclient_wire_format(tmp_path):
     mine, theirs = dumps
     assert len(mine) > 100
     assert {k: v for k, v in mine.items() if theirs.get(k) != v} == {}
+
+
+# --- blocked calls, overload and graceful shutdown over gRPC -----------------------------------
+# A model whose requests wait in the queue for SLOW_S (long delay, preferred batch never
+# reached, max_queue_size 1), served with one gRPC completion-queue thread: a call blocked in
+# the batcher must not hold up the calls behind it.
+
+SLOW_S = 1.5
+
+
+def start_slow_server(work, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(work["repo"] / "m" / "1", repo / "slow" / "1")
+    (repo / "slow" / "config.json").write_text(json.dumps(
+        {"max_batch_size": 1024,
+         "dynamic_batching": {"preferred_batch_size": [1024],
+                              "max_queue_delay_microseconds": int(SLOW_S * 1e6),
+                              "max_queue_size": 1}}))
+    ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
+    log_path = tmp_path / "slow_server.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [DLREC, "serve", "--model-repository", str(repo), "--http-port", str(ports["http"]),
+         "--grpc-port", str(ports["grpc"]), "--metrics-port", str(ports["metrics"]),
+         "--grpc-threads", "1"], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 60
+    while True:
+        assert proc.poll() is None, log_path.read_text()
+        try:
+            if grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc']}").is_server_ready():
+                break
+        except Exception:  # noqa: BLE001
+            pass
+        assert time.time() < deadline, "server did not start"
+        time.sleep(0.2)
+    return proc, ports, log, log_path
+
+
+def infer_in_thread(url, cols, out):
+    def go():
+        t0 = time.time()
+        try:
+            p = grpcclient.InferenceServerClient(url).infer("slow", make_inputs(grpcclient, cols))
+            out["probability"] = p.as_numpy("probability")
+        except Exception as e:  # noqa: BLE001
+            out["error"] = repr(e)
+        out["seconds"] = time.time() - t0
+    t = threading.Thread(target=go)
+    t.start()
+    return t
+
+
+def let_it_queue():
+    """Time for the call started in a thread to reach the server's queue (a loopback call takes
+    milliseconds). Were it late, the tests fail (the order of the calls is asserted), never pass
+    by accident."""
+    time.sleep(0.5)
+
+
+def test_grpc_overload_while_a_call_blocks(work, tmp_path):
+    """With the one queue slot taken by a waiting call, the next inference is rejected with
+    RESOURCE_EXHAUSTED at once and other RPCs are answered: the thread blocked in the first
+    call does not stall them. The blocked call then succeeds."""
+    proc, ports, log, log_path = start_slow_server(work, tmp_path)
+    url = f"127.0.0.1:{ports['grpc']}"
+    try:
+        cols = encoded_columns(work, 2)
+        first = {}
+        t = infer_in_thread(url, cols, first)
+        let_it_queue()
+        gc = grpcclient.InferenceServerClient(url)
+        t0 = time.time()
+        assert gc.is_server_live()
+        with pytest.raises(InferenceServerException) as e:
+            gc.infer("slow", make_inputs(grpcclient, cols))
+        assert "RESOURCE_EXHAUSTED" in e.value.status(), str(e.value)
+        assert "max_queue_size" in e.value.message()
+        assert time.time() - t0 < SLOW_S / 2, "the rejection waited for the blocked call"
+        t.join(timeout=30)
+        assert "error" not in first, first
+        assert first["probability"].shape == (2, 1)
+        assert first["seconds"] >= SLOW_S * 0.8  # it did wait in the queue
+        st = gc.get_inference_statistics("slow")  # protobuf message
+        stats = st.model_stats[0].inference_stats
+        assert stats.success.count == 1 and stats.fail.count == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        log.close()
+
+
+def test_grpc_graceful_shutdown_finishes_calls_in_flight(work, tmp_path):
+    """SIGTERM while a call waits in the queue: the call completes with its result, the server
+    then exits 0."""
+    proc, ports, log, log_path = start_slow_server(work, tmp_path)
+    url = f"127.0.0.1:{ports['grpc']}"
+    cols = encoded_columns(work, 3)
+    out = {}
+    t = infer_in_thread(url, cols, out)
+    let_it_queue()
+    proc.send_signal(signal.SIGTERM)
+    t.join(timeout=60)
+    assert proc.wait(timeout=60) == 0
+    log.close()
+    assert "error" not in out, out
+    assert out["probability"].shape == (3, 1)
+    text = log_path.read_text()
+    assert "finishing requests in flight" in text and "stopped" in text
