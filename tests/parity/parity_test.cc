@@ -576,6 +576,10 @@ const Tol kGpuTol[] = {
     {"tf32", 5e-3, 2e-2, 1e-2},
     {"bf16", 5e-2, 1e-1, 5e-2},
 };
+// Measured on an H100 (docs/PARITY.md): all within these bounds except dlrm_class in bf16 at
+// dim 16 batch 33, where one table row's update differs by 0.161 of the largest update; the CPU
+// model alone moves the same element as much when its weights are rounded to bf16 (an
+// ill-conditioned element, listed under "Known failures"; the bound is kept).
 constexpr int kSteps = 5;
 
 const OptCase kGpuOpts[] = {
