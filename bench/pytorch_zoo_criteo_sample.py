@@ -167,7 +167,7 @@ class FTRL(torch.optim.Optimizer):
 
 # Wide&Deep with the paper's optimizers: FTRL (wide) and Adagrad (the rest); the values of
 # configs/criteo_sample_wide_deep_ftrl.json.
-FTRL_WIDE_LR, FTRL_L1, ADAGRAD_LR = 0.1, 0.0, 0.05
+FTRL_WIDE_LR, FTRL_L1, ADAGRAD_LR = 0.03, 0.001, 0.01
 
 
 def make_optimizers(name, m, a):
