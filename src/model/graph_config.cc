@@ -35,8 +35,8 @@ std::vector<int64_t> read_int_list(ConfigReader& r, const std::string& key, int6
 // whole run (or, for embedding_lr, are the override's lr).
 const std::vector<std::string>& override_keys() {
   static const std::vector<std::string> keys = {
-      "type",  "lr",    "momentum", "nesterov", "adagrad_eps", "adagrad_init", "beta1",
-      "beta2", "adam_eps", "ftrl_beta", "ftrl_l1", "ftrl_l2", "clip_value", "weight_decay"};
+      "type",  "lr",       "momentum",  "nesterov", "adagrad_eps", "adagrad_init", "beta1",
+      "beta2", "adam_eps", "ftrl_beta", "ftrl_l1",  "ftrl_l2",     "clip_value",   "weight_decay"};
   return keys;
 }
 
@@ -44,8 +44,7 @@ HashedSpec parse_hashed(ConfigReader& parent, const std::string& key) {
   const json& v = parent.raw(key);
   if (!v.is_object())
     fail("config key '", parent.key_path(key),
-         "' must be an object like {\"capacity\": 1000000, \"eviction\": \"lru\"}, got ",
-         v.dump());
+         "' must be an object like {\"capacity\": 1000000, \"eviction\": \"lru\"}, got ", v.dump());
   ConfigReader r = parent.child(key);
   HashedSpec h;
   h.on = true;
@@ -141,9 +140,10 @@ LayerSpec parse_layer(const json& j, const std::string& path) {
           if (!k.empty() && k.size() <= 7 && k.find_first_not_of("0123456789") == std::string::npos)
             f = std::stoll(k);
           if (f < 0)
-            fail("config key '", tr.key_path(k),
-                 "': tables are named by their categorical feature index (\"0\", \"1\", ...), got '",
-                 k, "'");
+            fail(
+                "config key '", tr.key_path(k),
+                "': tables are named by their categorical feature index (\"0\", \"1\", ...), got '",
+                k, "'");
           if (!s.all_features &&
               std::find(s.features.begin(), s.features.end(), f) == s.features.end())
             fail("config key '", tr.key_path(k), "': feature ", f,
@@ -212,11 +212,13 @@ LayerSpec parse_layer(const json& j, const std::string& path) {
 
 }  // namespace
 
-OptimizerConfig layer_optimizer(const OptimizerConfig& base, const json& o,
-                                const std::string& path, bool dense) {
+OptimizerConfig layer_optimizer(const OptimizerConfig& base, const json& o, const std::string& path,
+                                bool dense) {
   if (!o.is_object())
-    fail("config key '", path, "' must be an object of optimizer keys, e.g. {\"type\": \"ftrl\", "
-         "\"lr\": 0.05}, got ", o.dump());
+    fail("config key '", path,
+         "' must be an object of optimizer keys, e.g. {\"type\": \"ftrl\", "
+         "\"lr\": 0.05}, got ",
+         o.dump());
   for (auto it = o.begin(); it != o.end(); ++it) {
     const std::string& k = it.key();
     if (k == "schedule" || k == "clip_norm" || k == "embedding" || k == "embedding_lr")
@@ -224,7 +226,8 @@ OptimizerConfig layer_optimizer(const OptimizerConfig& base, const json& o,
            "' applies to the whole run; set it in the optimizer section",
            k == "embedding_lr" ? " (or give this override an 'lr')" : "");
     if (k == "weight_decay" && !dense)
-      fail("config key '", path, ".weight_decay': embedding rows and the wide part never decay; "
+      fail("config key '", path,
+           ".weight_decay': embedding rows and the wide part never decay; "
            "weight_decay is for mlp and cross layers");
   }
   {

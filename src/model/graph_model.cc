@@ -164,8 +164,8 @@ class EmbeddingNode final : public Node {
       if (t.hashed) {
         hashed_[k] = std::make_unique<embedding::HashedEmbedding>(t.hashed_options);
       } else {
-        fixed_[k] = std::make_unique<nn::EmbeddingBag>(layout.cardinalities[t.feature], t.dim,
-                                                       pooling);
+        fixed_[k] =
+            std::make_unique<nn::EmbeddingBag>(layout.cardinalities[t.feature], t.dim, pooling);
         fixed_[k]->init(nn::derive_seed(seed, static_cast<uint64_t>(t.feature)));
       }
       offset_.push_back(shape.width);
@@ -185,8 +185,8 @@ class EmbeddingNode final : public Node {
         hashed_[k]->forward(b.cat_offsets[f].data(), b.cat_indices[f].data(), B, out + offset_[k],
                             W, training);
       } else {
-        fixed_[k]->forward(b.cat_offsets[f].data(), b.cat_indices[f].data(), B, out + offset_[k],
-                           W, training);
+        fixed_[k]->forward(b.cat_offsets[f].data(), b.cat_indices[f].data(), B, out + offset_[k], W,
+                           training);
       }
     });
     return out_;
@@ -333,8 +333,8 @@ class MlpNode final : public Node {
   void collect(std::vector<DenseRef>& dense, std::vector<TableRef>&) override {
     for (size_t k = 0; k < mlp_.layers().size(); ++k) {
       auto& l = mlp_.layers()[k];
-      dense.push_back({name_ + "." + std::to_string(k) + ".weight", &l.weight(), dense_opt,
-                       dense_lr});
+      dense.push_back(
+          {name_ + "." + std::to_string(k) + ".weight", &l.weight(), dense_opt, dense_lr});
       dense.push_back({name_ + "." + std::to_string(k) + ".bias", &l.bias(), dense_opt, dense_lr});
     }
   }
@@ -536,9 +536,9 @@ class GraphModel final : public Model {
   std::deque<nn::Optimizer> opts_;  // [0]: dense, [1]: embedding (the section's), then overrides
   std::vector<std::unique_ptr<Node>> nodes_;  // by layer index
   std::vector<std::vector<int>> inputs_;
-  std::vector<bool> need_grad_;    // the layer's output gradient leads to parameters
-  std::vector<DenseRef> dense_;    // in layer order
-  std::vector<TableRef> tables_;   // in layer order
+  std::vector<bool> need_grad_;   // the layer's output gradient leads to parameters
+  std::vector<DenseRef> dense_;   // in layer order
+  std::vector<TableRef> tables_;  // in layer order
   std::vector<nn::Param*> dense_ptrs_;
   int64_t hashed_reported_lookups_ = 0;
   std::vector<Tensor> outs_, grads_, acc_;
@@ -549,9 +549,7 @@ class GraphModel final : public Model {
 
 GraphModel::GraphModel(const ModelConfig& mc, const OptimizerConfig& oc,
                        const io::ShardLayout& layout, uint64_t seed)
-    : oc_(oc),
-      layout_(layout),
-      spec_(GraphSpec::parse(mc.layers, "model.layers")) {
+    : oc_(oc), layout_(layout), spec_(GraphSpec::parse(mc.layers, "model.layers")) {
   opts_.push_back(make_dense_optimizer(oc));
   opts_.push_back(make_embedding_optimizer(oc));
   const size_t n = spec_.layers.size();
@@ -572,8 +570,8 @@ GraphModel::GraphModel(const ModelConfig& mc, const OptimizerConfig& oc,
       nodes_[i]->dense_lr = dense_lr(oc_);
       if (!s.optimizer.is_null()) {
         const bool dense = s.type == "mlp" || s.type == "cross";
-        const OptimizerConfig c = layer_optimizer(dense ? oc_ : oc_.embedding_config(),
-                                                  s.optimizer, "optimizer", dense);
+        const OptimizerConfig c =
+            layer_optimizer(dense ? oc_ : oc_.embedding_config(), s.optimizer, "optimizer", dense);
         nodes_[i]->dense_opt = keep(c, dense);
         nodes_[i]->dense_lr = c.lr;
       }
@@ -615,9 +613,9 @@ std::vector<TableSetup> GraphModel::table_setup(const LayerSpec& s,
       fail("key 'tables': feature ", kv.first, " is not one of the layer's ", features.size(),
            " features");
   const OptimizerConfig layer_cfg =
-      s.optimizer.is_null() ? oc_.embedding_config()
-                            : layer_optimizer(oc_.embedding_config(), s.optimizer, "optimizer",
-                                              false);
+      s.optimizer.is_null()
+          ? oc_.embedding_config()
+          : layer_optimizer(oc_.embedding_config(), s.optimizer, "optimizer", false);
   const nn::Optimizer* layer_opt = s.optimizer.is_null() ? &opts_[1] : keep(layer_cfg, false);
   std::vector<TableSetup> out;
   for (size_t k = 0; k < features.size(); ++k) {
@@ -692,7 +690,8 @@ std::unique_ptr<Node> GraphModel::make_node(const LayerSpec& s, const std::vecto
   }
   if (t == "wide") {
     std::vector<int64_t> f = features();
-    return std::make_unique<WideNode>(s.name, table_setup(s, f, std::vector<int64_t>(f.size(), 1), seed),
+    return std::make_unique<WideNode>(s.name,
+                                      table_setup(s, f, std::vector<int64_t>(f.size(), 1), seed),
                                       layout_, nn::parse_pooling(s.pooling));
   }
   if (t == "mlp") return std::make_unique<MlpNode>(s.name, in[0].width, s.sizes, s.relu_last, seed);

@@ -4,14 +4,13 @@
 // probabilities, bit for bit, as the trained model), and a checkpoint of another capacity
 // refused with the tensor's name.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
-
-#include <unistd.h>
 
 #include "dlrec/etl/workflow.h"
 #include "dlrec/io/shard.h"
@@ -30,24 +29,29 @@ class GraphHashedCli : public ::testing::Test {
   void SetUp() override {
     bin_ = std::string(DLREC_BIN_DIR) + "/dlrec";
     if (!fs::exists(bin_)) GTEST_SKIP() << bin_ << " not built";
-    dir_ = (fs::temp_directory_path() / ("dlrec_hashed_cli_" + std::to_string(::getpid()))).string();
+    dir_ =
+        (fs::temp_directory_path() / ("dlrec_hashed_cli_" + std::to_string(::getpid()))).string();
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     run(bin_ + " datagen --rows 4000 --seed 5 --out " + dir_ + "/logs.tsv");
-    run(bin_ + " etl --input " + dir_ + "/logs.tsv --workflow " + src("configs/etl_criteo_raw_ids.json") +
-        " --valid-ratio 0.2 --out " + dir_ + "/data");
+    run(bin_ + " etl --input " + dir_ + "/logs.tsv --workflow " +
+        src("configs/etl_criteo_raw_ids.json") + " --valid-ratio 0.2 --out " + dir_ + "/data");
   }
   void TearDown() override {
     if (!dir_.empty()) fs::remove_all(dir_);
   }
-  static std::string src(const std::string& rel) { return std::string(DLREC_SOURCE_DIR) + "/" + rel; }
+  static std::string src(const std::string& rel) {
+    return std::string(DLREC_SOURCE_DIR) + "/" + rel;
+  }
   std::string run(const std::string& cmd, bool ok = true) {
     const std::string full = "DLREC_QUIET=1 " + cmd + " > " + dir_ + "/out.txt 2>&1";
     const int rc = std::system(full.c_str());
     std::ifstream in(dir_ + "/out.txt");
     std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (ok) EXPECT_EQ(rc, 0) << cmd << "\n" << out;
-    else EXPECT_NE(rc, 0) << cmd << "\n" << out;
+    if (ok)
+      EXPECT_EQ(rc, 0) << cmd << "\n" << out;
+    else
+      EXPECT_NE(rc, 0) << cmd << "\n" << out;
     return out;
   }
   // configs/dlrm_hashed.json with a small capacity (evictions on 3,200 training rows).
@@ -87,7 +91,8 @@ TEST_F(GraphHashedCli, TrainResumeExportPredict) {
   train(config(300, 12), "split");
   const std::string resumed = train(config(300, 24), "split", /*resume=*/true);
   EXPECT_EQ(last_auc(whole), last_auc(resumed)) << whole << "\n---\n" << resumed;
-  EXPECT_EQ(run(bin_ + " eval --run " + dir_ + "/whole"), run(bin_ + " eval --run " + dir_ + "/split"));
+  EXPECT_EQ(run(bin_ + " eval --run " + dir_ + "/whole"),
+            run(bin_ + " eval --run " + dir_ + "/split"));
 
   // Export, then the Predictor scores raw rows exactly as the trained model does.
   run(bin_ + " export --run " + dir_ + "/whole --out " + dir_ + "/model");

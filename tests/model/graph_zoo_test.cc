@@ -21,8 +21,7 @@ using testing::make_layout;
 RunConfig config_from(const std::string& text) { return RunConfig::from_json(json::parse(text)); }
 
 std::string graph_json(const std::string& layers, const std::string& opt) {
-  return R"({"model": {"arch": "graph", "layers": [)" + layers + R"(]}, "optimizer": )" + opt +
-         "}";
+  return R"({"model": {"arch": "graph", "layers": [)" + layers + R"(]}, "optimizer": )" + opt + "}";
 }
 
 std::string error_of(const std::function<void()>& fn) {
@@ -46,10 +45,13 @@ std::string wide_deep(const std::string& wide_extra, const std::string& emb_extr
                       const std::string& deep_extra) {
   return R"(
     {"name": "dense", "type": "dense"},
-    {"name": "wide", "type": "wide")" + wide_extra + R"(},
-    {"name": "emb", "type": "embedding", "dim": 4)" + emb_extra + R"(},
+    {"name": "wide", "type": "wide")" +
+         wide_extra + R"(},
+    {"name": "emb", "type": "embedding", "dim": 4)" +
+         emb_extra + R"(},
     {"name": "deep_in", "type": "concat", "inputs": ["dense", "emb"]},
-    {"name": "deep", "type": "mlp", "input": "deep_in", "sizes": [8, 1])" + deep_extra + R"(},
+    {"name": "deep", "type": "mlp", "input": "deep_in", "sizes": [8, 1])" +
+         deep_extra + R"(},
     {"name": "sum", "type": "add", "inputs": ["wide", "deep"]},
     {"name": "logit", "type": "output", "input": "sum"})";
 }
@@ -69,10 +71,12 @@ TEST(GraphZooConfig, LayerOptimizerErrorsNameLayerAndKey) {
       {"layer 'wide', wide", "model.layers[1].optimizer.ftrl_l3", "did you mean 'ftrl_l1'"});
   bad(wide_deep(R"(, "optimizer": {"type": "lamb"})", "", ""),
       {"layer 'wide'", "optimizer.type", "lamb", "ftrl"});
-  bad(wide_deep("", "", R"(, "optimizer": {"lr": 0})"), {"layer 'deep', mlp", "optimizer.lr", "> 0"});
+  bad(wide_deep("", "", R"(, "optimizer": {"lr": 0})"),
+      {"layer 'deep', mlp", "optimizer.lr", "> 0"});
   bad(wide_deep("", "", R"(, "optimizer": {"schedule": {"warmup_steps": 3}})"),
       {"layer 'deep'", "optimizer.schedule", "whole run"});
-  bad(wide_deep("", "", R"(, "optimizer": {"clip_norm": 1})"), {"optimizer.clip_norm", "whole run"});
+  bad(wide_deep("", "", R"(, "optimizer": {"clip_norm": 1})"),
+      {"optimizer.clip_norm", "whole run"});
   bad(wide_deep("", R"(, "optimizer": {"embedding_lr": 0.1})", ""),
       {"layer 'emb'", "embedding_lr", "give this override an 'lr'"});
   bad(wide_deep("", R"(, "optimizer": {"weight_decay": 0.1})", ""),
@@ -99,7 +103,8 @@ TEST(GraphZooConfig, LayerOptimizerErrorsNameLayerAndKey) {
   bad(wide_deep("", R"(, "tables": {"1": {"optimizer": {"typ": "sgd"}}})", ""),
       {"tables.1.optimizer.typ", "did you mean 'type'"});
   bad(wide_deep("", R"(, "tables": [1])", ""), {"layer 'emb'", "tables", "must be an object"});
-  bad(wide_deep("", "", R"(, "tables": {"1": {}})"), {"layer 'deep'", "tables", "embedding and wide"});
+  bad(wide_deep("", "", R"(, "tables": {"1": {}})"),
+      {"layer 'deep'", "tables", "embedding and wide"});
 }
 
 TEST(GraphZooConfig, HashedErrorsNameLayerAndKey) {
@@ -108,35 +113,40 @@ TEST(GraphZooConfig, HashedErrorsNameLayerAndKey) {
         [&] { config_from(graph_json(wide_deep("", emb_extra, ""), R"({"type": "adagrad"})")); },
         parts);
   };
-  bad(R"(, "hashed": {"capacity": 0})", {"layer 'emb', embedding", "hashed.capacity", "out of range [1"});
+  bad(R"(, "hashed": {"capacity": 0})",
+      {"layer 'emb', embedding", "hashed.capacity", "out of range [1"});
   bad(R"(, "hashed": {"capacity": -5})", {"layer 'emb'", "hashed.capacity", "-5"});
   bad(R"(, "hashed": {"capacity": 4294967296})", {"hashed.capacity"});
   bad(R"(, "hashed": {})", {"hashed.capacity", "required"});
-  bad(R"(, "hashed": {"capacity": 10, "eviction": "lfu"})", {"hashed.eviction", "not implemented", "lru"});
+  bad(R"(, "hashed": {"capacity": 10, "eviction": "lfu"})",
+      {"hashed.eviction", "not implemented", "lru"});
   bad(R"(, "hashed": {"capacity": 10, "eviction": "fifo"})", {"hashed.eviction", "fifo"});
-  bad(R"(, "hashed": {"capacity": 10, "capacty": 10})", {"hashed.capacty", "did you mean 'capacity'"});
+  bad(R"(, "hashed": {"capacity": 10, "capacty": 10})",
+      {"hashed.capacty", "did you mean 'capacity'"});
   bad(R"(, "hashed": {"capacity": 10, "init_scale": -1})", {"hashed.init_scale"});
   bad(R"(, "hashed": 1000)", {"layer 'emb'", "hashed", "must be an object"});
   bad(R"(, "tables": {"0": {"hashed": {"capacity": 0}}})", {"tables.0.hashed.capacity"});
   // Hashed tables are for embedding layers.
   expect_error(
       [] {
-        config_from(graph_json(wide_deep(R"(, "hashed": {"capacity": 10})", "", ""),
-                               R"({"type": "sgd"})"));
+        config_from(
+            graph_json(wide_deep(R"(, "hashed": {"capacity": 10})", "", ""), R"({"type": "sgd"})"));
       },
       {"layer 'wide', wide", "hashed tables are for embedding layers"});
   expect_error(
       [] {
-        config_from(graph_json(wide_deep(R"(, "tables": {"0": {"hashed": {"capacity": 10}}})", "", ""),
-                               R"({"type": "sgd"})"));
+        config_from(
+            graph_json(wide_deep(R"(, "tables": {"0": {"hashed": {"capacity": 10}}})", "", ""),
+                       R"({"type": "sgd"})"));
       },
       {"layer 'wide', wide", "tables.0.hashed", "embedding layers"});
 }
 
 // At build time: a table entry for a feature the data does not have.
 TEST(GraphZooConfig, TableOfAMissingFeatureIsABuildError) {
-  RunConfig c = config_from(graph_json(
-      wide_deep("", R"(, "tables": {"7": {"optimizer": {"type": "sgd"}}})", ""), R"({"type": "sgd"})"));
+  RunConfig c = config_from(
+      graph_json(wide_deep("", R"(, "tables": {"7": {"optimizer": {"type": "sgd"}}})", ""),
+                 R"({"type": "sgd"})"));
   const io::ShardLayout l = make_layout(2, {5, 6, 7});
   expect_error([&] { build_model(c.model, c.optimizer, l, Device::cpu(), 1); },
                {"layer 'emb', embedding", "tables", "feature 7 is not one of the layer's 3"});
@@ -144,19 +154,19 @@ TEST(GraphZooConfig, TableOfAMissingFeatureIsABuildError) {
 
 // The optimizer state names say which optimizer each parameter has.
 TEST(GraphZooOptimizers, EachParameterGetsItsLayersOrTablesOptimizer) {
-  RunConfig c = config_from(graph_json(
-      wide_deep(R"(, "optimizer": {"type": "ftrl", "lr": 0.05, "ftrl_l1": 2})",
-                R"(, "tables": {"1": {"optimizer": {"type": "rowwise_adagrad"}},
+  RunConfig c = config_from(
+      graph_json(wide_deep(R"(, "optimizer": {"type": "ftrl", "lr": 0.05, "ftrl_l1": 2})",
+                           R"(, "tables": {"1": {"optimizer": {"type": "rowwise_adagrad"}},
                                 "2": {"optimizer": {"type": "sgd", "lr": 0.3}}})",
-                ""),
-      R"({"type": "adam", "lr": 0.001, "embedding": {"type": "adagrad", "lr": 0.02}})"));
+                           ""),
+                 R"({"type": "adam", "lr": 0.001, "embedding": {"type": "adagrad", "lr": 0.02}})"));
   const io::ShardLayout l = make_layout(2, {5, 6, 7});
   auto m = build_model(c.model, c.optimizer, l, Device::cpu(), 1);
   std::map<std::string, Shape> s;
   for (auto& [n, t] : m->optimizer_state()) s[n] = t.shape();
   EXPECT_EQ(s.at("wide.0.weight.ftrl"), (Shape{5, 2}));  // z, n per value
   EXPECT_EQ(s.at("wide.2.weight.ftrl"), (Shape{7, 2}));
-  EXPECT_EQ(s.at("wide.bias.ftrl"), (Shape{1, 2}));      // the wide part's bias too
+  EXPECT_EQ(s.at("wide.bias.ftrl"), (Shape{1, 2}));        // the wide part's bias too
   EXPECT_EQ(s.at("emb.0.weight.adagrad"), (Shape{5, 4}));  // optimizer.embedding
   EXPECT_EQ(s.at("emb.1.weight.rowwise_adagrad"), (Shape{6}));
   EXPECT_FALSE(s.count("emb.2.weight.adagrad"));  // plain SGD keeps no state
@@ -186,13 +196,13 @@ TEST(GraphZooOptimizers, EachParameterGetsItsLayersOrTablesOptimizer) {
 //   B: section FTRL 0.1 (dense and tables); emb and deep override with adagrad 0.05.
 // Both give the wide tables and bias FTRL 0.1 and the rest adagrad 0.05.
 TEST(GraphZooOptimizers, OverridesRouteLikeTheSectionWould) {
-  RunConfig a = config_from(graph_json(
-      wide_deep(R"(, "optimizer": {"type": "ftrl", "lr": 0.1})", "", ""),
-      R"({"type": "adagrad", "lr": 0.05})"));
-  RunConfig b = config_from(graph_json(
-      wide_deep("", R"(, "optimizer": {"type": "adagrad", "lr": 0.05})",
-                R"(, "optimizer": {"type": "adagrad", "lr": 0.05})"),
-      R"({"type": "ftrl", "lr": 0.1})"));
+  RunConfig a =
+      config_from(graph_json(wide_deep(R"(, "optimizer": {"type": "ftrl", "lr": 0.1})", "", ""),
+                             R"({"type": "adagrad", "lr": 0.05})"));
+  RunConfig b =
+      config_from(graph_json(wide_deep("", R"(, "optimizer": {"type": "adagrad", "lr": 0.05})",
+                                       R"(, "optimizer": {"type": "adagrad", "lr": 0.05})"),
+                             R"({"type": "ftrl", "lr": 0.1})"));
   const io::ShardLayout l = make_layout(3, {5, 6, 7});
   auto ma = build_model(a.model, a.optimizer, l, Device::cpu(), 3);
   auto mb = build_model(b.model, b.optimizer, l, Device::cpu(), 3);
@@ -204,7 +214,8 @@ TEST(GraphZooOptimizers, OverridesRouteLikeTheSectionWould) {
   ASSERT_EQ(pa.size(), pb.size());
   for (auto& [n, t] : pa) EXPECT_EQ(t.to_vector<float>(), pb.at(n).to_vector<float>()) << n;
   // And differ from the section's optimizer everywhere (the override is not ignored).
-  RunConfig plain = config_from(graph_json(wide_deep("", "", ""), R"({"type": "adagrad", "lr": 0.05})"));
+  RunConfig plain =
+      config_from(graph_json(wide_deep("", "", ""), R"({"type": "adagrad", "lr": 0.05})"));
   auto mp = build_model(plain.model, plain.optimizer, l, Device::cpu(), 3);
   for (int k = 0; k < 10; ++k) mp->train_step(make_batch(l, 32, 100 + k, true), 1.0, false);
   EXPECT_NE(named(mp->parameters()).at("wide.0.weight").to_vector<float>(),
@@ -222,7 +233,8 @@ TEST(GraphZooOptimizers, PerTableOptimizerEqualsASeparateLayer) {
     {"name": "x", "type": "concat", "inputs": ["dense", "emb"]},
     {"name": "deep", "type": "mlp", "input": "x", "sizes": [6, 1], "init_tag": 4,
      "optimizer": {"type": "sgd", "lr": 0.2, "momentum": 0.5, "weight_decay": 0.01}},
-    {"name": "logit", "type": "output", "input": "deep"})", opt));
+    {"name": "logit", "type": "output", "input": "deep"})",
+                                       opt));
   RunConfig b = config_from(graph_json(R"(
     {"name": "dense", "type": "dense"},
     {"name": "e0", "type": "embedding", "dim": 4, "init_tag": 9, "features": [0],
@@ -231,7 +243,8 @@ TEST(GraphZooOptimizers, PerTableOptimizerEqualsASeparateLayer) {
     {"name": "x", "type": "concat", "inputs": ["dense", "e0", "e12"]},
     {"name": "deep", "type": "mlp", "input": "x", "sizes": [6, 1], "init_tag": 4,
      "optimizer": {"type": "sgd", "lr": 0.2, "momentum": 0.5, "weight_decay": 0.01}},
-    {"name": "logit", "type": "output", "input": "deep"})", opt));
+    {"name": "logit", "type": "output", "input": "deep"})",
+                                       opt));
   const io::ShardLayout l = make_layout(3, {5, 6, 7});
   auto ma = build_model(a.model, a.optimizer, l, Device::cpu(), 5);
   auto mb = build_model(b.model, b.optimizer, l, Device::cpu(), 5);
@@ -292,12 +305,12 @@ TEST(GraphZooHashed, TrainsWithEvictionAndNamesItsTensors) {
   s = named(m->parameters());
   const auto meta0 = s.at("emb.0.hash_meta").to_vector<int64_t>();
   const auto meta2 = s.at("emb.2.hash_meta").to_vector<int64_t>();
-  EXPECT_EQ(meta0[0], 40);    // full
-  EXPECT_GT(meta0[6], 0);     // evictions
+  EXPECT_EQ(meta0[0], 40);       // full
+  EXPECT_GT(meta0[6], 0);        // evictions
   EXPECT_EQ(meta0[3], 60 * 16);  // one id per row (feature 0 is one-hot)
-  EXPECT_EQ(meta2[6], 0);     // room for every id: no evictions
+  EXPECT_EQ(meta2[6], 0);        // room for every id: no evictions
   EXPECT_LE(meta2[0], 300);
-  EXPECT_GT(meta2[4], 0);     // hits
+  EXPECT_GT(meta2[4], 0);         // hits
   EXPECT_EQ(meta2[5], meta2[0]);  // inserts = rows
   EXPECT_TRUE(std::isfinite(first) && std::isfinite(last));
 }

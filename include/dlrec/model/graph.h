@@ -27,9 +27,9 @@ namespace dlrec::model {
 // insert on first sight, LRU eviction at `capacity` rows.
 struct HashedSpec {
   bool on = false;
-  int64_t capacity = 0;         // rows; clamped to the feature's cardinality at build time
+  int64_t capacity = 0;          // rows; clamped to the feature's cardinality at build time
   std::string eviction = "lru";  // the only policy
-  double init_scale = -1;       // rows start uniform in [-s, s); < 0: sqrt(1 / capacity)
+  double init_scale = -1;        // rows start uniform in [-s, s); < 0: sqrt(1 / capacity)
 };
 
 // Per-table settings of an embedding or wide layer ("tables": {"<feature>": {...}}).
