@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -260,21 +261,29 @@ class Handlers {
 
 // --- the asynchronous server -------------------------------------------------------------------
 //
-// Completion queues, each served by its own threads: a thread takes the next event from its
-// queue (a new call, or a finished response), runs the handler inline and sends the response
-// from the same thread, so a call involves no hand-off between gRPC's threads and ours (the
-// synchronous server handed every call to a worker and created a completion queue per call).
-// A handler may block (a queued inference, a model load): when every thread of a queue is
-// inside a handler, one more thread joins that queue (up to kMaxThreads over all queues), so
-// blocked handlers never stall the calls behind them.
+// Completion queues (one by default), each served by one thread while the calls are quick: the
+// thread waits in Next(), which polls the sockets itself, takes the next event (a new call, or
+// a sent response), runs the handler and sends the response, so a call involves no hand-off
+// between threads. (The synchronous server handed calls between two polling threads and
+// created a completion queue per call.) A single thread per queue matters: gRPC passes the
+// polling role between the threads waiting on a queue, a wake-up per event.
+//
+// A handler may block for long (an inference waiting in the batcher's queue or running a big
+// batch, a model load). A monitor thread checks every kStallMs: when no thread of a queue is
+// free and none has taken an event since the last check, one more thread joins that queue
+// (up to kMaxThreads over all queues). A thread beyond a queue's first leaves again after an
+// event when another thread of its queue is already waiting, so a burst's threads go away
+// once the load is quick again.
 
 // A completion queue and its threads.
 struct Queue {
   std::unique_ptr<grpc::ServerCompletionQueue> cq;
-  std::mutex mu;               // guards `stopping` (no request after cq->Shutdown()) and `threads`
+  std::mutex mu;  // guards `stopping` (no request after cq->Shutdown()) and `live`
+  std::condition_variable done;  // `live` reached 0
   bool stopping = false;
-  std::vector<std::thread> threads;
-  std::atomic<int> idle{0};    // threads waiting in Next()
+  int live = 0;                   // threads running (detached; stop() waits for 0)
+  std::atomic<int> idle{0};       // threads waiting in Next()
+  std::atomic<uint64_t> events{0};  // events taken so far (the monitor's sign of progress)
 };
 
 class CallBase {
@@ -347,8 +356,9 @@ class GrpcFrontend : public Frontend {
     for (auto& q : queues_) {
       arm_all(*q);
       std::lock_guard<std::mutex> lk(q->mu);
-      add_thread(*q);
+      add_thread(*q, true);
     }
+    monitor_ = std::thread([this] { monitor(); });
   }
 
   void stop() override {
@@ -356,14 +366,18 @@ class GrpcFrontend : public Frontend {
     // Finishes the calls in flight (up to 30 s; the queues' threads keep serving them), then
     // cancels what is left; requested calls complete with ok = false and are deleted.
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    stopping_ = true;
     for (auto& q : queues_) {
       std::lock_guard<std::mutex> lk(q->mu);
       q->stopping = true;
       q->cq->Shutdown();
     }
+    monitor_.join();
     // The threads drain their queue (deleting the calls) and return; none is added any more.
-    for (auto& q : queues_)
-      for (auto& t : q->threads) t.join();
+    for (auto& q : queues_) {
+      std::unique_lock<std::mutex> lk(q->mu);
+      q->done.wait(lk, [&] { return q->live == 0; });
+    }
     server_.reset();
     queues_.clear();
   }
@@ -373,32 +387,51 @@ class GrpcFrontend : public Frontend {
   Handlers& handlers() { return handlers_; }
   AsyncService& service() { return service_; }
 
-  // A handler is about to run on a thread of `q`: if that leaves the queue no idle thread,
-  // one more joins it (a handler may block for long: a queued inference, a model load).
-  void begin_handler(Queue& q) {
-    if (q.idle.load(std::memory_order_relaxed) > 0) return;
-    std::lock_guard<std::mutex> lk(q.mu);
-    if (!q.stopping && q.idle.load(std::memory_order_relaxed) == 0 &&
-        total_threads_.load(std::memory_order_relaxed) < kMaxThreads)
-      add_thread(q);
-  }
-
  private:
   static constexpr int kMaxThreads = 1024;
+  static constexpr int kStallMs = 1;
 
-  void add_thread(Queue& q) {  // with q.mu held
+  // One more thread on `q`; with q.mu held. `first`: the queue's own thread, which stays.
+  void add_thread(Queue& q, bool first) {
+    ++q.live;
     total_threads_.fetch_add(1, std::memory_order_relaxed);
-    q.idle.fetch_add(1, std::memory_order_relaxed);  // counted idle until it takes an event
-    q.threads.emplace_back([&q] {
+    q.idle.fetch_add(1, std::memory_order_relaxed);  // counted free until it takes an event
+    std::thread([this, &q, first] {
       void* tag = nullptr;
       bool ok = false;
-      while (q.cq->Next(&tag, &ok)) {
+      bool more = true;
+      while (more && q.cq->Next(&tag, &ok)) {
         q.idle.fetch_sub(1, std::memory_order_relaxed);
+        q.events.fetch_add(1, std::memory_order_relaxed);
         auto* call = static_cast<CallBase*>(tag);
         if (!call->proceed(ok)) delete call;
-        q.idle.fetch_add(1, std::memory_order_relaxed);
+        // An extra thread leaves when another one already waits (not while stopping: then
+        // the queue must be drained to its end).
+        more = first || q.idle.load(std::memory_order_relaxed) == 0 || stopping_.load();
+        if (more) q.idle.fetch_add(1, std::memory_order_relaxed);
       }
-    });
+      total_threads_.fetch_sub(1, std::memory_order_relaxed);
+      std::lock_guard<std::mutex> lk(q.mu);
+      if (--q.live == 0) q.done.notify_all();
+    }).detach();
+  }
+
+  // Adds a thread to each queue whose threads are all inside handlers and took no event for
+  // the last kStallMs.
+  void monitor() {
+    std::vector<uint64_t> seen(queues_.size(), 0);
+    while (!stopping_.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(kStallMs));
+      for (size_t i = 0; i < queues_.size(); ++i) {
+        Queue& q = *queues_[i];
+        const uint64_t ev = q.events.load(std::memory_order_relaxed);
+        const bool stalled = q.idle.load(std::memory_order_relaxed) == 0 && ev == seen[i];
+        seen[i] = ev;
+        if (!stalled || total_threads_.load(std::memory_order_relaxed) >= kMaxThreads) continue;
+        std::lock_guard<std::mutex> lk(q.mu);
+        if (!q.stopping) add_thread(q, false);
+      }
+    }
   }
 
   template <class Req, class Resp, class Scratch = NoScratch>
@@ -418,6 +451,8 @@ class GrpcFrontend : public Frontend {
   std::unique_ptr<grpc::Server> server_;
   std::vector<std::unique_ptr<Queue>> queues_;
   std::atomic<int> total_threads_{0};
+  std::atomic<bool> stopping_{false};
+  std::thread monitor_;
   int port_ = 0;
 };
 
@@ -440,7 +475,6 @@ template <class Req, class Resp, class Scratch>
 bool UnaryCall<Req, Resp, Scratch>::proceed(bool ok) {
   if (finishing_) return arm();  // the response is sent (or the client went away): next call
   if (!ok) return false;         // the server is shutting down
-  fe_.begin_handler(q_);
   grpc::Status st = handle_(fe_.handlers(), &*ctx_, req_, resp_, scratch_);
   finishing_ = true;
   if (st.ok()) writer_->Finish(resp_, st, this);
