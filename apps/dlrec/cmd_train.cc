@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "dlrec/core/error.h"
 #include "dlrec/core/file_util.h"
 #include "dlrec/train/trainer.h"
 
@@ -14,6 +15,7 @@ struct TrainArgs {
   int64_t batch_size = 0, max_steps = -2;
   int epochs = 0;
   std::string device, precision;
+  int rank = -1, ranks = 0;
 };
 
 model::RunConfig apply(const TrainArgs& a) {
@@ -45,11 +47,23 @@ Runner add_train(CLI::App& app) {
   c->add_option("--device", a->device, "Override train.device (cpu, cuda:N)");
   c->add_option("--precision", a->precision, "Override train.precision (CUDA: fp32, tf32, bf16, fp16)")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
+  c->add_option("--rank", a->rank,
+                "Train on this data-parallel rank's rows only (its shards in <data>/ranks.json, "
+                "from `dlrec etl --ranks N`); needs --ranks");
+  c->add_option("--ranks", a->ranks, "Number of ranks that --rank counts in (must match ranks.json)");
   return [a] {
     train::TrainerOptions opt;
     opt.data_dir = a->data;
     opt.run_dir = a->run;
     opt.resume = a->resume;
+    if (a->rank != -1 || a->ranks != 0) {
+      DLREC_CHECK(a->rank != -1 && a->ranks != 0, "--rank and --ranks go together");
+      opt.rank = a->rank;
+      opt.ranks = a->ranks;
+      DLREC_CHECK(opt.ranks >= 1, "--ranks must be >= 1, got ", opt.ranks);
+      DLREC_CHECK(opt.rank >= 0 && opt.rank < opt.ranks, "--rank ", opt.rank,
+                  " is out of range for --ranks ", opt.ranks, " (0 to ", opt.ranks - 1, ")");
+    }
     train::Trainer trainer(apply(*a), opt);
     train::TrainResult r = trainer.train();
     std::printf("trained: steps=%lld samples=%lld time=%.1fs throughput=%.0f samples/s loss=%.5f\n",

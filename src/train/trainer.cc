@@ -110,6 +110,11 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
   m.cfg = std::move(config);
   m.opt = std::move(options);
   m.data = io::DatasetInfo::load(m.opt.data_dir);
+  if (m.opt.rank >= 0) {  // this rank's part of the training rows only
+    io::RankShards part = io::load_rank_shards(m.opt.data_dir, m.opt.rank, m.opt.ranks);
+    m.data.train_shards = part.shards;
+    m.data.train_rows = part.rows;
+  }
   DLREC_CHECK(m.data.train_rows > 0, "dataset '", m.opt.data_dir, "' has no training rows");
   m.model = model::build_model(m.cfg.model, m.cfg.optimizer, m.data.layout,
                                Device::parse(m.cfg.train.device), m.cfg.train.seed,

@@ -82,6 +82,16 @@ struct DatasetInfo {
   void save(const std::string& dir) const;          // writes <dir>/dataset.json atomically
 };
 
+// One data-parallel rank's part of the training rows: the shards listed for `rank` in
+// <dir>/ranks.json (`dlrec etl --ranks N`), paths relative to `dir`, and their row count.
+// Errors name the cause: no ranks.json, a ranks.json for another number of ranks, rank
+// outside [0, ranks), or shards that do not hold the rows ranks.json lists.
+struct RankShards {
+  std::vector<std::string> shards;
+  int64_t rows = 0;
+};
+RankShards load_rank_shards(const std::string& dir, int rank, int ranks);
+
 // Streams batches of a fixed size from a list of shards in order, from a row position, with a
 // background thread prefetching the next batch. The last batch may be smaller.
 class ShardLoader {

@@ -20,6 +20,9 @@ struct TrainerOptions {
   // Stops this process after this many steps without a final checkpoint, as a crash would
   // (used by tests of resumption). -1: off.
   int64_t stop_after_steps = -1;
+  // Data-parallel rank: with rank >= 0, train on rank `rank` of `ranks` only (its shards from
+  // <data_dir>/ranks.json, io::load_rank_shards). -1: every training shard.
+  int rank = -1, ranks = 1;
 };
 
 struct TrainResult {
