@@ -268,12 +268,13 @@ class Handlers {
 // created a completion queue per call.) A single thread per queue matters: gRPC passes the
 // polling role between the threads waiting on a queue, a wake-up per event.
 //
-// A handler may block for long (an inference waiting in the batcher's queue or running a big
-// batch, a model load). A monitor thread checks every kStallMs: when no thread of a queue is
-// free and none has taken an event since the last check, one more thread joins that queue
-// (up to kMaxThreads over all queues). A thread beyond a queue's first leaves again after an
-// event when another thread of its queue is already waiting, so a burst's threads go away
-// once the load is quick again.
+// More threads are needed when handlers block (an inference waiting in the batcher's queue or
+// running a big batch, a model load) or when one thread cannot keep up (many clients). A
+// monitor looks at each queue every kWindowMs and sets its target thread count: one more when
+// no thread is free and none took an event in the window (stalled), or when the threads were
+// busy in handlers more than 90 % of the window; one fewer when they were busy less than 50 %.
+// Threads are added by the monitor (up to kMaxThreads over all queues); a thread beyond the
+// target leaves after its next event (never a queue's first thread).
 
 // A completion queue and its threads.
 struct Queue {
@@ -283,7 +284,10 @@ struct Queue {
   bool stopping = false;
   int live = 0;                   // threads running (detached; stop() waits for 0)
   std::atomic<int> idle{0};       // threads waiting in Next()
-  std::atomic<uint64_t> events{0};  // events taken so far (the monitor's sign of progress)
+  std::atomic<int> running{0};    // threads running (what `live` is, readable without mu)
+  std::atomic<int> target{1};     // threads wanted (set by the monitor)
+  std::atomic<uint64_t> events{0};   // events taken so far (the monitor's sign of progress)
+  std::atomic<uint64_t> busy_ns{0};  // time spent in handlers so far, all threads
 };
 
 class CallBase {
@@ -389,11 +393,12 @@ class GrpcFrontend : public Frontend {
 
  private:
   static constexpr int kMaxThreads = 1024;
-  static constexpr int kStallMs = 1;
+  static constexpr int kWindowMs = 2;
 
   // One more thread on `q`; with q.mu held. `first`: the queue's own thread, which stays.
   void add_thread(Queue& q, bool first) {
     ++q.live;
+    q.running.fetch_add(1, std::memory_order_relaxed);
     total_threads_.fetch_add(1, std::memory_order_relaxed);
     q.idle.fetch_add(1, std::memory_order_relaxed);  // counted free until it takes an event
     std::thread([this, &q, first] {
@@ -403,31 +408,58 @@ class GrpcFrontend : public Frontend {
       while (more && q.cq->Next(&tag, &ok)) {
         q.idle.fetch_sub(1, std::memory_order_relaxed);
         q.events.fetch_add(1, std::memory_order_relaxed);
+        const uint64_t t0 = now_ns();
         auto* call = static_cast<CallBase*>(tag);
         if (!call->proceed(ok)) delete call;
-        // An extra thread leaves when another one already waits (not while stopping: then
-        // the queue must be drained to its end).
-        more = first || q.idle.load(std::memory_order_relaxed) == 0 || stopping_.load();
-        if (more) q.idle.fetch_add(1, std::memory_order_relaxed);
+        q.busy_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+        // Beyond the target, an extra thread leaves (not while stopping: then the queue must
+        // be drained to its end by whoever is left, the first thread at least).
+        more = first || stopping_.load(std::memory_order_relaxed) ||
+               q.running.load(std::memory_order_relaxed) <= q.target.load(std::memory_order_relaxed);
+        if (more) {
+          q.idle.fetch_add(1, std::memory_order_relaxed);
+        } else if (q.running.fetch_sub(1, std::memory_order_relaxed) <=
+                   q.target.load(std::memory_order_relaxed)) {
+          // Another extra thread left at the same time: stay after all.
+          q.running.fetch_add(1, std::memory_order_relaxed);
+          q.idle.fetch_add(1, std::memory_order_relaxed);
+          more = true;
+        }
       }
+      if (more) q.running.fetch_sub(1, std::memory_order_relaxed);
       total_threads_.fetch_sub(1, std::memory_order_relaxed);
       std::lock_guard<std::mutex> lk(q.mu);
       if (--q.live == 0) q.done.notify_all();
     }).detach();
   }
 
-  // Adds a thread to each queue whose threads are all inside handlers and took no event for
-  // the last kStallMs.
+  // Every kWindowMs: sets each queue's target thread count from what its threads did in the
+  // window and adds the threads the target asks for.
   void monitor() {
-    std::vector<uint64_t> seen(queues_.size(), 0);
+    std::vector<uint64_t> events(queues_.size(), 0), busy(queues_.size(), 0);
+    const uint64_t window_ns = uint64_t{kWindowMs} * 1000000;
+    uint64_t last = now_ns();
     while (!stopping_.load()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(kStallMs));
+      std::this_thread::sleep_for(std::chrono::milliseconds(kWindowMs));
+      const uint64_t now = now_ns();
+      const uint64_t elapsed = std::max<uint64_t>(now - last, window_ns);
+      last = now;
       for (size_t i = 0; i < queues_.size(); ++i) {
         Queue& q = *queues_[i];
         const uint64_t ev = q.events.load(std::memory_order_relaxed);
-        const bool stalled = q.idle.load(std::memory_order_relaxed) == 0 && ev == seen[i];
-        seen[i] = ev;
-        if (!stalled || total_threads_.load(std::memory_order_relaxed) >= kMaxThreads) continue;
+        const uint64_t bz = q.busy_ns.load(std::memory_order_relaxed);
+        const int running = q.running.load(std::memory_order_relaxed);
+        const bool stalled = q.idle.load(std::memory_order_relaxed) == 0 && ev == events[i];
+        const double use = static_cast<double>(bz - busy[i]) /
+                           (static_cast<double>(elapsed) * std::max(running, 1));
+        events[i] = ev;
+        busy[i] = bz;
+        int target = q.target.load(std::memory_order_relaxed);
+        if (stalled || use > 0.9) target = std::max(target, running) + 1;
+        else if (use < 0.5) target = std::max(1, std::min(target, running) - 1);
+        q.target.store(target, std::memory_order_relaxed);
+        if (running >= target || total_threads_.load(std::memory_order_relaxed) >= kMaxThreads)
+          continue;
         std::lock_guard<std::mutex> lk(q.mu);
         if (!q.stopping) add_thread(q, false);
       }
