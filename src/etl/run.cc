@@ -107,12 +107,39 @@ class ShardSetWriter {
   const std::vector<std::string>& names() const { return names_; }
   int64_t rows() const { return rows_; }
 
- private:
-  void finish_current() {
-    cur_->close();
-    created_->push_back(dir_ + "/" + names_.back());
-    cur_.reset();
+  // Waits for the files being closed in the background; rethrows the first close error.
+  void wait_closed() {
+    std::exception_ptr first;
+    for (auto& c : closing_) {
+      try {
+        c.done.get();
+        created_->push_back(c.path);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    closing_.clear();
+    if (first) std::rethrow_exception(first);
   }
+  ~ShardSetWriter() {
+    try {
+      wait_closed();  // a closed file is listed in `created`, for the caller's cleanup
+    } catch (...) {
+    }
+  }
+
+ private:
+  // A full file is closed (footer, fsync, rename) on a helper thread while rows go on to
+  // the next one; write_parts' early writeback has sent most of it to the disk already.
+  void finish_current() {
+    std::shared_ptr<io::ShardWriter> w(std::move(cur_));
+    closing_.push_back({dir_ + "/" + names_.back(), std::async(std::launch::async, [w] { w->close(); })});
+  }
+  struct Closing {
+    std::string path;
+    std::future<void> done;
+  };
+  std::vector<Closing> closing_;
 
   std::string dir_, prefix_;
   io::ShardLayout layout_;
@@ -711,6 +738,8 @@ EtlResult run_etl(const EtlOptions& o) {
       train.close(true);
     }
     valid.close(false);
+    train.wait_closed();
+    valid.wait_closed();
     res.skipped_rows = reader->stats().skipped_rows;
     tp.finish(res.skipped_rows ? std::to_string(res.skipped_rows) + " malformed rows skipped"
                                : "");
