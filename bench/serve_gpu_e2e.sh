@@ -56,11 +56,12 @@ CFG
         sleep 0.5
       done
       echo "server ready after ~$((i / 2)) s"
-      run() {  # batch concurrency seconds
+      run() {  # batch concurrency seconds [more bench serve options]
         "$BIN/dlrec" bench serve --protocol grpc --url 127.0.0.1:18001 --model dlrm \
           --model-dir "$W/repo/dlrm/1" --input encoded --batch "$1" --concurrency "$2" \
-          --duration "$3" --warmup 2 --variants 8 2>&1 | tee -a "$OUT/e2e_client.log" | grep -v "^\["
+          --duration "$3" --warmup 2 --variants 8 "${@:4}" 2>&1 | tee -a "$OUT/e2e_client.log" | grep -v "^\["
       }
+      run 1 1 5 --rpc live  # the gRPC floor: ServerLive round trips, no model
       run 1 1 10
       run 2048 1 10
       run 4096 32 10
