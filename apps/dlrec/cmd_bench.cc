@@ -10,6 +10,10 @@
 // read from the exported model's model.json via --model-dir). HTTP uses the binary tensor
 // extension; gRPC uses raw_input_contents. A failed request is counted (and the first few
 // messages printed); it never stops the run.
+//
+// gRPC senders use their own completion queue and send requests serialized once before the run
+// (--grpc-client sync: the generated blocking stub instead). --rpc live sends liveness checks
+// instead of inferences: the protocol's round-trip floor on the same connection.
 #ifdef DLREC_WITH_SERVER
 
 #include <grpcpp/generic/generic_stub.h>

@@ -23,8 +23,9 @@ struct ServerOptions {
   int metrics_port = 8002;
   int http_threads = 16;
   // gRPC completion queues, each with a polling thread that runs the calls it takes (more
-  // threads join a queue whose threads are all inside a handler). One queue is the fastest for
-  // latency: the thread that reads a call is the one that runs it.
+  // threads join a queue when its threads are stalled or busy, docs/SERVING.md). With one queue
+  // the thread that reads a call runs it; with several, gRPC may hand a call to another
+  // queue's thread.
   int grpc_threads = 1;
   int64_t max_request_bytes = int64_t{64} << 20;
   HttpLimits limits;
