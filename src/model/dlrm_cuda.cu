@@ -790,6 +790,7 @@ void DlrmCuda::run_forward(bool training) {
   const auto* offsets = infer_in_.offsets ? infer_in_.offsets : sl.d_offsets.data<int32_t>();
   const auto* keys =
       infer_in_.keys ? infer_in_.keys : static_cast<const uint32_t*>(sl.d_keys.raw());
+  const int T = static_cast<int>(T_), d = static_cast<int>(dim_);
   if (half_)
     with_half(fp16_, [&](auto h) {
       ce::forward(tab_, offsets, keys, B, mean_, hp<decltype(h)>(emb_out_), stream_);
@@ -797,7 +798,6 @@ void DlrmCuda::run_forward(bool training) {
   else ce::forward(tab_, offsets, keys, B, mean_, emb_out_.data<float>(), stream_);
   mark("embedding fwd");
   if (fork) DLREC_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
-  const int T = static_cast<int>(T_), d = static_cast<int>(dim_);
   if (half_)
     with_half(fp16_, [&](auto h) {
       using H = decltype(h);
@@ -990,8 +990,8 @@ void DlrmCuda::infer_body(InferBucket& bk) {
   if (bytes)
     DLREC_CUDA_CHECK(cudaMemcpyAsync(bk.d_in.raw(), bk.in.get(), bytes, cudaMemcpyHostToDevice,
                                      stream_));
-  infer_in_.dense = bk.d_in.data<float>();
-  infer_in_.keys = reinterpret_cast<const uint32_t*>(bk.d_in.data<float>() + R * num_dense_);
+  infer_in_.dense = static_cast<const float*>(bk.d_in.raw());
+  infer_in_.keys = reinterpret_cast<const uint32_t*>(infer_in_.dense + R * num_dense_);
   infer_in_.offsets = bk.d_offsets.data<int32_t>();
   try {
     run_forward(false);

@@ -914,6 +914,15 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
     if (s.type == "fm" || s.type == "wide")
       fail(s.where, ": the '", s.type, "' layer is not implemented on CUDA yet; this model runs "
            "on the CPU only (\"device\": \"cpu\")");
+    if (!s.optimizer.is_null())
+      fail(s.where, ": per-layer optimizers are not implemented on CUDA yet (the layer's "
+           "\"optimizer\"); remove it or train on the CPU (\"device\": \"cpu\")");
+    if (!s.tables.empty())
+      fail(s.where, ": per-table settings (\"tables\") are not implemented on CUDA yet; remove "
+           "them or train on the CPU (\"device\": \"cpu\")");
+    if (s.hashed.on)
+      fail(s.where, ": hashed embedding tables are not implemented as a CUDA model layer yet; "
+           "train this model on the CPU (\"device\": \"cpu\")");
   }
   auto check_opt = [](const OptimizerConfig& c, const std::string& what, bool dense) {
     const nn::OptimizerKind k = nn::parse_optimizer(c.type);

@@ -230,22 +230,40 @@ constexpr int kWmmaWarps = 2;
 constexpr int kSLd = 36;  // forward S tile row stride (floats)
 constexpr int kGLd = 40;  // G row stride (16-bit elements)
 __host__ __device__ inline int wmma_z_ld(int d) { return d + 8; }
-__host__ __device__ inline size_t wmma_warp_bytes(int d) {
-  const size_t z = size_t(32) * wmma_z_ld(d) * 2;
-  const size_t fwd = size_t(32) * kSLd * 4;
-  const size_t bwd = size_t(32) * kGLd * 2 + size_t(16) * (d + 4) * 4;
-  return (z + (fwd > bwd ? fwd : bwd) + 31) / 32 * 32;
+// Shared memory per warp: Z, then the forward's S tile or the backward's G and dZ rows (the
+// backward also stages the sample's output gradient in the dZ rows before building G).
+__host__ __device__ inline size_t wmma_fwd_warp_bytes(int d) {
+  return (size_t(32) * wmma_z_ld(d) * 2 + size_t(32) * kSLd * 4 + 31) / 32 * 32;
+}
+__host__ __device__ inline size_t wmma_bwd_warp_bytes(int d) {
+  return (size_t(32) * wmma_z_ld(d) * 2 + size_t(32) * kGLd * 2 + size_t(16) * (d + 4) * 4 +
+          31) / 32 * 32;
 }
 
+// Z (rows 0..n-1 from dense and emb, zero rows up to 32) into shared memory. The 16-byte loads
+// go out 8 at a time before their stores: one at a time, each warp would wait a full memory
+// latency per load and the kernel would be bound by it.
 template <class H>
 __device__ __forceinline__ void wmma_load_z(const H* __restrict__ zd, const H* __restrict__ ze,
                                             int n, int d, H* z, int lane) {
-  const int per_row = d / 8, zld = wmma_z_ld(d);
-  for (int v = lane; v < 32 * per_row; v += 32) {
-    const int r = v / per_row, c = (v - r * per_row) * 8;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (r < n) val = *reinterpret_cast<const uint4*>(r == 0 ? zd + c : ze + (r - 1) * d + c);
-    *reinterpret_cast<uint4*>(z + r * zld + c) = val;
+  const int per_row = d / 8, zld = wmma_z_ld(d), total = 32 * per_row;
+  constexpr int U = 8;
+  for (int v0 = lane; v0 < total; v0 += 32 * U) {
+    uint4 buf[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = v0 + u * 32;
+      const int r = v / per_row, c = (v - r * per_row) * 8;
+      buf[u] = make_uint4(0, 0, 0, 0);
+      if (v < total && r < n)
+        buf[u] = *reinterpret_cast<const uint4*>(r == 0 ? zd + c : ze + (r - 1) * d + c);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = v0 + u * 32;
+      const int r = v / per_row, c = (v - r * per_row) * 8;
+      if (v < total) *reinterpret_cast<uint4*>(z + r * zld + c) = buf[u];
+    }
   }
 }
 
@@ -257,7 +275,7 @@ __global__ void dot_forward_wmma_kernel(const H* __restrict__ dense, const H* __
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int64_t b = int64_t(blockIdx.x) * kWmmaWarps + warp;
   if (b >= B) return;
-  unsigned char* base = wsm + warp * wmma_warp_bytes(d);
+  unsigned char* base = wsm + warp * wmma_fwd_warp_bytes(d);
   H* z = reinterpret_cast<H*>(base);
   float* sm = reinterpret_cast<float*>(base + size_t(32) * wmma_z_ld(d) * 2);
   const int n = T + 1, zld = wmma_z_ld(d);
@@ -299,7 +317,7 @@ __global__ void dot_backward_wmma_kernel(const H* __restrict__ dense,
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int64_t b = int64_t(blockIdx.x) * kWmmaWarps + warp;
   if (b >= B) return;
-  unsigned char* base = wsm + warp * wmma_warp_bytes(d);
+  unsigned char* base = wsm + warp * wmma_bwd_warp_bytes(d);
   H* z = reinterpret_cast<H*>(base);
   H* g = reinterpret_cast<H*>(base + size_t(32) * wmma_z_ld(d) * 2);
   float* dz = reinterpret_cast<float*>(base + size_t(32) * wmma_z_ld(d) * 2 +
@@ -307,12 +325,39 @@ __global__ void dot_backward_wmma_kernel(const H* __restrict__ dense,
   const int n = T + 1, zld = wmma_z_ld(d), dzld = d + 4;
   wmma_load_z(dense + b * d, emb + b * int64_t(T) * d, n, d, z, lane);
   const H* gb = dout + b * ld_out;
+  // The sample's pair gradients into the dZ rows first (loads in flight together), then G
+  // from there.
+  H* gs = reinterpret_cast<H*>(dz);
+  const int F = d + n * (n - 1) / 2;
+  if ((ld_out & 7) == 0 && (reinterpret_cast<uintptr_t>(dout) & 15) == 0) {
+    const int nv = (F + 7) / 8;  // whole 16-byte vectors, within ld_out
+    for (int v0 = lane; v0 < nv; v0 += 32 * 4) {
+      uint4 buf[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (v0 + u * 32 < nv) buf[u] = reinterpret_cast<const uint4*>(gb)[v0 + u * 32];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (v0 + u * 32 < nv) reinterpret_cast<uint4*>(gs)[v0 + u * 32] = buf[u];
+    }
+  } else {
+    for (int e0 = lane; e0 < F; e0 += 32 * 8) {
+      H buf[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        if (e0 + u * 32 < F) buf[u] = gb[e0 + u * 32];
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        if (e0 + u * 32 < F) gs[e0 + u * 32] = buf[u];
+    }
+  }
+  __syncwarp();
   for (int e = lane; e < 32 * 32; e += 32) {
     const int i = e / 32, j = e - i * 32;
     H v = from_f<H>(0.f);
     if (i < n && j < n) {
-      if (j < i) v = gb[d + i * (i - 1) / 2 + j];
-      else if (i < j) v = gb[d + j * (j - 1) / 2 + i];
+      if (j < i) v = gs[d + i * (i - 1) / 2 + j];
+      else if (i < j) v = gs[d + j * (j - 1) / 2 + i];
     }
     g[i * kGLd + j] = v;
   }
@@ -605,7 +650,7 @@ void dot_forward(const E* dense, const E* emb, int64_t B, int T, int d, E* out, 
   if (B == 0) return;
   if constexpr (std::is_same_v<E, bf16> || std::is_same_v<E, f16>) {
     if (T + 1 <= 32 && d % 16 == 0) {
-      const size_t smem = kWmmaWarps * wmma_warp_bytes(d);
+      const size_t smem = kWmmaWarps * wmma_fwd_warp_bytes(d);
       smem_limit_checked(smem, reinterpret_cast<const void*>(dot_forward_wmma_kernel<E>));
       const int64_t blocks = (B + kWmmaWarps - 1) / kWmmaWarps;
       dot_forward_wmma_kernel<E><<<static_cast<unsigned>(blocks), 32 * kWmmaWarps, smem, stream>>>(
@@ -628,7 +673,7 @@ void dot_backward(const E* dense, const E* emb, const E* dout, int64_t ld_out, i
   if constexpr ((std::is_same_v<E, bf16> || std::is_same_v<E, f16>) &&
                 std::is_same_v<G, float>) {
     if (T + 1 <= 32 && d % 16 == 0) {
-      const size_t smem = kWmmaWarps * wmma_warp_bytes(d);
+      const size_t smem = kWmmaWarps * wmma_bwd_warp_bytes(d);
       smem_limit_checked(smem, reinterpret_cast<const void*>(dot_backward_wmma_kernel<E>));
       const int64_t blocks = (B + kWmmaWarps - 1) / kWmmaWarps;
       dot_backward_wmma_kernel<E><<<static_cast<unsigned>(blocks), 32 * kWmmaWarps, smem,

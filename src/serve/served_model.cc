@@ -1,7 +1,7 @@
 // ServedModel: the tensor contract (docs/SERVING.md) and one model version's inference path.
 #include <cmath>
 #include <cstring>
-#include <set>
+#include <algorithm>
 #include <string_view>
 
 #include "dlrec/io/schema.h"
@@ -118,6 +118,11 @@ ServedModel::ServedModel(std::string name, int64_t version, const std::string& d
   for (int64_t i = 1; i < instances.count; ++i)
     more_.push_back(std::make_unique<train::Predictor>(dir, device_of(i), instances.precision));
   layout_ = predictor_->workflow().output_layout();
+  int di = 0, ci = 0;
+  for (const auto& c : predictor_->workflow().schema().columns) {
+    if (c.kind == io::ColumnKind::Dense) raw_col_[c.name] = di++;
+    if (c.kind == io::ColumnKind::Categorical) raw_col_[c.name] = ~(ci++);
+  }
   batcher_ = std::make_unique<DynamicBatcher>(
       batching_, static_cast<int>(instances.count),
       [this](const io::Batch& b, int worker) {
@@ -154,14 +159,7 @@ io::Batch ServedModel::encode(const InferRequest& req) const {
   const int nd = schema.num_dense(), nc = schema.num_cat();
 
   // Which contract: raw (schema column names) or encoded ("dense", "cat_<t>").
-  std::map<std::string, int> raw_col;  // name -> dense index (>= 0) or ~cat index
-  {
-    int di = 0, ci = 0;
-    for (const auto& c : schema.columns) {
-      if (c.kind == io::ColumnKind::Dense) raw_col[c.name] = di++;
-      if (c.kind == io::ColumnKind::Categorical) raw_col[c.name] = ~(ci++);
-    }
-  }
+  const auto& raw_col = raw_col_;
   bool raw = raw_col.count(req.inputs[0].name) > 0;
 
   const InputTensor& first = req.inputs[0];
@@ -172,9 +170,19 @@ io::Batch ServedModel::encode(const InferRequest& req) const {
     bad(detail::concat("the request has ", rows, " rows; this model accepts at most ",
                        batching_.max_batch_size, " (max_batch_size)"));
 
-  std::set<std::string> seen;
-  for (const auto& t : req.inputs)
-    if (!seen.insert(t.name).second) bad(detail::concat("input '", t.name, "' appears twice"));
+  {
+    std::vector<std::string_view> names;  // sorted, so a repeated name is adjacent
+    names.reserve(req.inputs.size());
+    for (const auto& t : req.inputs) names.push_back(t.name);
+    std::sort(names.begin(), names.end());
+    auto dup = std::adjacent_find(names.begin(), names.end());
+    if (dup != names.end()) bad(detail::concat("input '", *dup, "' appears twice"));
+  }
+  auto has_input = [&](std::string_view name) {  // error paths only
+    for (const auto& t : req.inputs)
+      if (t.name == name) return true;
+    return false;
+  };
 
   io::Batch batch;
   if (raw) {
@@ -224,8 +232,10 @@ io::Batch ServedModel::encode(const InferRequest& req) const {
     }
     if (static_cast<int>(req.inputs.size()) != nd + nc) {
       std::string missing;
-      for (const auto& [n, i] : raw_col)
-        if (!seen.count(n)) missing += (missing.empty() ? "" : ", ") + n;
+      for (const auto& c : schema.columns)
+        if ((c.kind == io::ColumnKind::Dense || c.kind == io::ColumnKind::Categorical) &&
+            !has_input(c.name))
+          missing += (missing.empty() ? "" : ", ") + c.name;
       bad("missing raw inputs: " + missing);
     }
     try {
@@ -296,9 +306,9 @@ io::Batch ServedModel::encode(const InferRequest& req) const {
   }
   if (static_cast<int>(req.inputs.size()) != ncat + (layout_.num_dense > 0 ? 1 : 0)) {
     std::string missing;
-    if (layout_.num_dense > 0 && !seen.count("dense")) missing = "dense";
+    if (layout_.num_dense > 0 && !has_input("dense")) missing = "dense";
     for (int t = 0; t < ncat; ++t)
-      if (!seen.count("cat_" + std::to_string(t)))
+      if (!has_input("cat_" + std::to_string(t)))
         missing += (missing.empty() ? "cat_" : ", cat_") + std::to_string(t);
     bad("missing encoded inputs: " + missing);
   }

@@ -104,7 +104,7 @@ TEST(RunConfig, RangesAndChoicesAreChecked) {
       {R"({"optimizer": {"lr": -0.1}})", "optimizer.lr"},
       {R"({"optimizer": {"lr": "fast"}})", "optimizer.lr"},
       {R"({"optimizer": {"type": "lamb"}})", "optimizer.type"},
-      {R"({"train": {"precision": "fp16"}})", "train.precision"},
+      {R"({"train": {"precision": "fp8"}})", "train.precision"},
       {R"({"optimizer": {"adagrad_eps": -1}})", "optimizer.adagrad_eps"},
       {R"({"train": {"batch_size": 0}})", "train.batch_size"},
       {R"({"train": {"epochs": 0}})", "train.epochs"},

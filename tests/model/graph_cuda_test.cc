@@ -307,7 +307,9 @@ void bf16_tracks_cpu(const Case& c, int steps, double max_param_diff = 0.1) {
   std::printf("[graph bf16] %d steps: loss %.4f -> %.4f, worst loss rel diff vs f32 CPU %.3g, "
               "params %.3g\n", steps, first, last, worst, pd);
   EXPECT_LE(worst, 0.05);
-  if (steps >= 20) EXPECT_LT(last, first);
+  if (steps >= 20) {
+    EXPECT_LT(last, first);
+  }
   EXPECT_LE(pd, max_param_diff);
 }
 
@@ -396,6 +398,21 @@ TEST(GraphCuda, UnsupportedLayersAndOptimizersAreClearErrors) {
                            "fp32"); },
                {"ftrl", "optimizer.embedding"});
   expect_error([&] { build(kDlrm, kSgd, "fp16"); }, {"fp16"});
+  const std::string per_layer = R"(
+    {"name": "emb", "type": "embedding", "dim": 4, "optimizer": {"type": "adagrad"}},
+    {"name": "c", "type": "concat", "inputs": ["emb"]},
+    {"name": "o", "type": "output", "input": "c"})";
+  expect_error([&] { build(per_layer, kSgd, "fp32"); }, {"layer 'emb'", "per-layer", "CPU"});
+  const std::string per_table = R"(
+    {"name": "emb", "type": "embedding", "dim": 4, "tables": {"1": {"optimizer": {"lr": 0.5}}}},
+    {"name": "c", "type": "concat", "inputs": ["emb"]},
+    {"name": "o", "type": "output", "input": "c"})";
+  expect_error([&] { build(per_table, kSgd, "fp32"); }, {"layer 'emb'", "tables", "CPU"});
+  const std::string hashed = R"(
+    {"name": "emb", "type": "embedding", "dim": 4, "hashed": {"capacity": 10}},
+    {"name": "c", "type": "concat", "inputs": ["emb"]},
+    {"name": "o", "type": "output", "input": "c"})";
+  expect_error([&] { build(hashed, kSgd, "fp32"); }, {"layer 'emb'", "hashed", "CPU"});
 }
 
 TEST(GraphCuda, UnsupportedEmbeddingShapesAreClearErrors) {

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "dlrec/serve/batcher.h"
@@ -59,6 +60,8 @@ class ServedModel {
   std::unique_ptr<train::Predictor> predictor_;  // instance 0 (also the workflow's owner)
   std::vector<std::unique_ptr<train::Predictor>> more_;  // instances 1..count-1
   io::ShardLayout layout_;
+  // Raw-contract input names: schema column -> dense index (>= 0) or ~categorical index.
+  std::unordered_map<std::string, int> raw_col_;
   std::unique_ptr<DynamicBatcher> batcher_;
 };
 
