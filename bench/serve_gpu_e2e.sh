@@ -3,6 +3,7 @@
 # top 1024-1024-512-256-1; untrained weights), on one GPU host. Logs under $OUT (default ./out).
 #   bash bench/serve_gpu_e2e.sh engine   # the engine alone vs PyTorch bf16 from a CUDA graph
 #   bash bench/serve_gpu_e2e.sh e2e      # dlrec serve, gRPC on loopback: latency and saturation
+#     (GRPC_THREADS=N: the server's --grpc-threads; SATURATION_ONLY=1: the saturation loads only)
 #   bash bench/serve_gpu_e2e.sh profile  # the engine's device time per phase (eager, one stream)
 #                                        # and predict() with other chunk sizes
 # Binaries from $BIN (default .gpu/bin); scratch in $WORK (default /tmp/dlrec_serve_e2e).
@@ -49,7 +50,7 @@ for part in "$@"; do
  "precision": "bf16"}
 CFG
       "$BIN/dlrec" serve --model-repository "$W/repo" --grpc-port 18001 --http-port 18000 \
-        --metrics-port 18002 > "$OUT/e2e_server.log" 2>&1 &
+        --metrics-port 18002 --grpc-threads "${GRPC_THREADS:-1}" > "$OUT/e2e_server.log" 2>&1 &
       SERVER=$!
       for i in $(seq 1 240); do
         python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:18000/v2/models/dlrm/ready', timeout=1)" 2>/dev/null && break
@@ -61,6 +62,10 @@ CFG
           --model-dir "$W/repo/dlrm/1" --input encoded --batch "$1" --concurrency "$2" \
           --duration "$3" --warmup 2 --variants 8 "${@:4}" 2>&1 | tee -a "$OUT/e2e_client.log" | grep -v "^\["
       }
+      if [ -n "${SATURATION_ONLY:-}" ]; then  # the saturation loads alone
+        run 4096 32 10; run 16384 16 10; run 16384 32 10
+        kill -INT $SERVER; wait $SERVER; rm -rf "$W"; continue
+      fi
       run 1 1 5 --rpc live  # the gRPC floor: ServerLive round trips, no model
       run 1 1 10
       run 2048 1 10

@@ -114,10 +114,13 @@ class DlrmCuda final : public CudaModel {
     cudaGraphExec_t graph = nullptr;
     bool no_graph = false;  // capture failed: eager
     cudaEvent_t done = nullptr;
+    cudaEvent_t copied = nullptr;  // the input copy (copy stream) finished
   };
   void infer_body(InferBucket& bk);
   InferBucket& infer_bucket(int64_t rows, int parity);  // created on first use
-  void infer_launch(InferBucket& bk);                   // graph (captured on first use)
+  // Copies the packed inputs (on the copy stream when copy_aside: chunked batches), then runs
+  // the bucket's graph (captured on first use).
+  void infer_launch(InferBucket& bk, bool copy_aside);
   void check_batch(const io::Batch& b) const;
   void ensure_capacity(int64_t B, int64_t nnz);
   // Packs the batch and enqueues its copy; the model stream waits for it. Sets cur_.
@@ -193,6 +196,16 @@ class DlrmCuda final : public CudaModel {
     const uint32_t* keys = nullptr;
   } infer_in_;
   int64_t infer_chunk_ = 8192;  // DLREC_INFER_CHUNK: rows per graph launch of predict()
+  // DLREC_INFER_TIMING=1: per predict() call of one chunk, the host packing time, the device
+  // time of the input copy + graph, and the wall time, averaged and printed at destruction.
+  bool timing_ = false;
+  int64_t timing_skip_ = 20;  // the first calls build buckets, plans and graphs
+  // predict() packs chunks of at most this many ids on the calling thread, larger ones on the
+  // thread pool (DLREC_INFER_PACK_SERIAL_IDS).
+  int64_t pack_serial_ids_ = 16384;
+  cudaEvent_t timing_ev_[2] = {nullptr, nullptr};
+  double timing_sum_[3] = {0, 0, 0};
+  int64_t timing_calls_ = 0, timing_rows_ = 0;
   bool have_training_forward_ = false;
 
   // DLREC_PROFILE=1: device time per phase of train_step from events between the phases (one
@@ -293,6 +306,15 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
     infer_chunk_ = std::atoll(ic);
     DLREC_CHECK(infer_chunk_ >= 256 && (infer_chunk_ & (infer_chunk_ - 1)) == 0,
                 "DLREC_INFER_CHUNK must be a power of two >= 256, got '", ic, "'");
+  }
+  if (const char* ps = std::getenv("DLREC_INFER_PACK_SERIAL_IDS")) {
+    pack_serial_ids_ = std::atoll(ps);
+    DLREC_CHECK(pack_serial_ids_ >= 0, "DLREC_INFER_PACK_SERIAL_IDS must be >= 0, got '", ps,
+                "'");
+  }
+  if (const char* it = std::getenv("DLREC_INFER_TIMING"); it && it[0] == '1') {
+    timing_ = true;
+    for (auto& e : timing_ev_) DLREC_CUDA_CHECK(cudaEventCreate(&e));
   }
   const char* be = std::getenv("DLREC_BWD_EPILOGUES");
   bwd_epilogues_ = be && be[0] == '1';
@@ -517,9 +539,20 @@ DlrmCuda::~DlrmCuda() {
       std::fprintf(stderr, "[fp16] loss scale %g at the end; %lld step(s) skipped (gradient "
                    "overflow)\n", scale, static_cast<long long>(skipped));
   }
+  if (timing_ && timing_calls_ > 0)
+    std::fprintf(stderr, "[infer timing] %lld calls of %lld rows (after 20 warm-up calls), mean "
+                 "us: host packing %.1f, "
+                 "device (input copy + graph) %.1f, wall %.1f\n",
+                 static_cast<long long>(timing_calls_), static_cast<long long>(timing_rows_),
+                 timing_sum_[0] / timing_calls_, timing_sum_[1] / timing_calls_,
+                 timing_sum_[2] / timing_calls_);
+  for (auto e : timing_ev_)
+    if (e) cudaEventDestroy(e);
   drop_graphs();
   for (auto& bk : buckets_)
     if (bk && bk->done) cudaEventDestroy(bk->done);
+  for (auto& bk : buckets_)
+    if (bk && bk->copied) cudaEventDestroy(bk->copied);
   for (auto e : events_) cudaEventDestroy(e);
   inputs_.reset();
   if (fork_) cudaEventDestroy(fork_);
@@ -985,11 +1018,9 @@ void DlrmCuda::infer_body(InferBucket& bk) {
   cur_ = 0;
   fwd_rows_ = R;
   fwd_nnz_ = R * T_;
-  // One copy of the packed inputs; the offsets (one id per bag) are the bucket's constants.
-  const size_t bytes = sizeof(float) * R * num_dense_ + sizeof(uint32_t) * R * T_;
-  if (bytes)
-    DLREC_CUDA_CHECK(cudaMemcpyAsync(bk.d_in.raw(), bk.in.get(), bytes, cudaMemcpyHostToDevice,
-                                     stream_));
+  // The inputs were copied into bk.d_in by infer_launch (on the copy stream, outside the
+  // graph, so that the copy of the next chunk overlaps this one); the offsets (one id per bag)
+  // are the bucket's constants.
   infer_in_.dense = static_cast<const float*>(bk.d_in.raw());
   infer_in_.keys = reinterpret_cast<const uint32_t*>(infer_in_.dense + R * num_dense_);
   infer_in_.offsets = bk.d_offsets.data<int32_t>();
@@ -1031,11 +1062,22 @@ DlrmCuda::InferBucket& DlrmCuda::infer_bucket(int64_t R, int parity) {
     bk.d_in = dev_tensor({static_cast<int64_t>(in_bytes)}, DType::U8);
     bk.d_probs = dev_tensor({R});
     DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&bk.done, cudaEventDisableTiming));
+    DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&bk.copied, cudaEventDisableTiming));
   }
   return *bkp;
 }
 
-void DlrmCuda::infer_launch(InferBucket& bk) {
+void DlrmCuda::infer_launch(InferBucket& bk, bool copy_aside) {
+  const size_t bytes = sizeof(float) * bk.rows * num_dense_ + sizeof(uint32_t) * bk.rows * T_;
+  if (bytes) {
+    cudaStream_t cs = overlap_ && copy_aside ? copy_ : stream_;
+    DLREC_CUDA_CHECK(cudaMemcpyAsync(bk.d_in.raw(), bk.in.get(), bytes, cudaMemcpyHostToDevice,
+                                     cs));
+    if (cs != stream_) {
+      DLREC_CUDA_CHECK(cudaEventRecord(bk.copied, cs));
+      DLREC_CUDA_CHECK(cudaStreamWaitEvent(stream_, bk.copied, 0));
+    }
+  }
   if (graphs_ && !bk.graph && !bk.no_graph) {
     infer_body(bk);  // eager once: plans, tuning and lazy loading outside the capture
     DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -1067,6 +1109,8 @@ void DlrmCuda::predict(const io::Batch& batch, float* probs) {
   };
   if (profile_) return eager();
   absorb_external_writes();
+  const auto t_start = std::chrono::steady_clock::now();
+  double pack_us = 0;  // DLREC_INFER_TIMING: host packing time of this call
   // Batches over infer_chunk_ rows (DLREC_INFER_CHUNK, default 8192) go in chunks through two
   // alternating buckets, so the host packs chunk c + 1 while the GPU runs chunk c.
   const int64_t chunk = std::min(B, infer_chunk_);
@@ -1123,7 +1167,7 @@ void DlrmCuda::predict(const io::Batch& batch, float* probs) {
       }
     };
     try {
-      if (n * T_ <= 16384) pack(0, T_);
+      if (n * T_ <= pack_serial_ids_) pack(0, T_);
       else parallel_for(0, T_, 1, pack);
     } catch (...) {
       finish(0);
@@ -1139,11 +1183,28 @@ void DlrmCuda::predict(const io::Batch& batch, float* probs) {
     }
     if (n * num_dense_ > 0)
       std::memcpy(bk.dense, batch.dense.data() + r0 * num_dense_, sizeof(float) * n * num_dense_);
+    if (timing_)
+      pack_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() -
+                                                           t_start).count();
     // Rows n..R-1 keep an earlier call's inputs: valid rows and finite values, outputs unread.
-    infer_launch(bk);
+    if (timing_ && nchunks == 1) DLREC_CUDA_CHECK(cudaEventRecord(timing_ev_[0], stream_));
+    infer_launch(bk, nchunks > 1);
+    if (timing_ && nchunks == 1) DLREC_CUDA_CHECK(cudaEventRecord(timing_ev_[1], stream_));
     pending[p] = c;
   }
   for (int64_t c = std::max<int64_t>(0, nchunks - 2); c < nchunks; ++c) finish(static_cast<int>(c & 1));
+  if (timing_ && nchunks == 1 && timing_skip_ > 0) {
+    --timing_skip_;
+  } else if (timing_ && nchunks == 1) {
+    float gpu_ms = 0;
+    DLREC_CUDA_CHECK(cudaEventElapsedTime(&gpu_ms, timing_ev_[0], timing_ev_[1]));
+    timing_sum_[0] += pack_us;
+    timing_sum_[1] += 1000.0 * gpu_ms;
+    timing_sum_[2] += std::chrono::duration<double, std::micro>(
+                          std::chrono::steady_clock::now() - t_start).count();
+    ++timing_calls_;
+    timing_rows_ = B;
+  }
 }
 
 void DlrmCuda::synchronize() {
