@@ -1137,30 +1137,30 @@ void DlrmCuda::predict(const io::Batch& batch, float* probs) {
     std::atomic<bool> multi_hot{false};
     auto pack = [&](int64_t lo, int64_t hi) {
       for (int64_t t = lo; t < hi; ++t) {
-        const auto& off = batch.cat_offsets[t];
-        if (off[r0 + n] - off[r0] != n) {
+        // One id per row: offsets o0, o0 + 1, ..., o0 + n (checked without branches, so the
+        // loop vectorises), then ids range-checked (unsigned: negatives too) and offset.
+        const int64_t* o = batch.cat_offsets[t].data() + r0;
+        const int64_t o0 = o[0];
+        int64_t diff = 0;
+        for (int64_t r = 1; r <= n; ++r) diff |= o[r] - o0 - r;
+        if (diff != 0) {
           multi_hot = true;
           return;
         }
-        for (int64_t r = r0; r < r0 + n; ++r)
-          if (off[r + 1] - off[r] != 1) {
-            multi_hot = true;
-            return;
-          }
-        const int64_t* ids = batch.cat_indices[t].data() + off[r0];
-        const int64_t rows = layout_.cardinalities[t];
+        const int64_t* ids = batch.cat_indices[t].data() + o0;
+        const uint64_t rows = static_cast<uint64_t>(layout_.cardinalities[t]);
         const uint32_t base = row_base_host_[t];
         uint32_t* k = bk.keys + t * R;
         bool bad = false;
         for (int64_t r = 0; r < n; ++r) {
           const int64_t id = ids[r];
-          bad |= (id < 0) | (id >= rows);
+          bad |= static_cast<uint64_t>(id) >= rows;
           k[r] = base + static_cast<uint32_t>(id);
         }
         if (bad) {
           for (int64_t r = 0; r < n; ++r) k[r] = base;  // padding of later calls stays valid
           for (int64_t r = 0; r < n; ++r)
-            if (ids[r] < 0 || ids[r] >= rows)
+            if (static_cast<uint64_t>(ids[r]) >= rows)
               fail("EmbeddingBag: id ", ids[r], " of table ", t, " is out of range [0, ", rows,
                    ")");
         }
