@@ -3,6 +3,8 @@
 // Expected values are computed by hand (docs/ETL.md gives the formulas).
 #include <gtest/gtest.h>
 
+#include "test_errors.h"
+
 #include <random>
 
 #include <cmath>
@@ -72,14 +74,7 @@ std::vector<float> dense_col(const io::Batch& b, int col) {
   return v;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using dlrec::testing::error_of;
 
 // Reloads through text and checks the JSON and the transform are identical.
 void expect_reload_identical(const Workflow& w, const io::RawChunk& rows) {
@@ -443,7 +438,9 @@ TEST(TargetEncodingTest, KFoldOutOfFold) {
     const float want = static_cast<float>(has_key ? (sum + smoothing * prior) / (cnt + smoothing) : prior);
     ASSERT_NEAR(dense_col(out, 2)[i], want, 1e-6) << "row " << i << " training " << training;
     // Without `train` (serving) every row gets the all-rows encoding.
-    if (!training) EXPECT_EQ(dense_col(out, 2)[i], dense_col(all, 2)[i]) << i;
+    if (!training) {
+      EXPECT_EQ(dense_col(out, 2)[i], dense_col(all, 2)[i]) << i;
+    }
   }
   for (int f = 0; f < kfold; ++f) EXPECT_GT(folds_seen[f], 30) << "fold " << f;
   // Training rows differ from their all-rows encoding (no leak of their own label).

@@ -1,6 +1,8 @@
 // A trainer of rank r of N reads exactly its rows: io::load_rank_shards over the ranks.json of
 // run_etl(--ranks N); the ranks' rows together are the training rows, each once.
 #include <gtest/gtest.h>
+
+#include "test_errors.h"
 #include <unistd.h>
 
 #include <algorithm>
@@ -73,14 +75,7 @@ std::vector<int64_t> rank_rows(const std::string& dir, int rank, int ranks) {
   return v;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using dlrec::testing::error_of;
 
 TEST(RanksTest, EachRankReadsItsRowsTogetherAllDisjoint) {
   TempDir tmp("parts");

@@ -2,6 +2,8 @@
 
 #include <dirent.h>
 #include <gtest/gtest.h>
+
+#include "test_errors.h"
 #include <unistd.h>
 
 #include <algorithm>
@@ -119,14 +121,7 @@ io::Batch read_shards(const std::string& dir, const std::vector<std::string>& na
   return all;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using dlrec::testing::error_of;
 
 TEST(RunEtlTest, TrainRowsSplitFilesAndContents) {
   std::string dir = test_dir();

@@ -1,6 +1,8 @@
 #include "dlrec/etl/workflow.h"
 
 #include <gtest/gtest.h>
+
+#include "test_errors.h"
 #include <unistd.h>
 
 #include <cmath>
@@ -57,14 +59,7 @@ ChunkSource source_of(const std::vector<io::RawChunk>& chunks) {
   };
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using dlrec::testing::error_of;
 
 json cat_step(json op = {{"op", "Categorify"}}) {
   return {{"columns", "@categorical"}, {"ops", json::array({op})}};

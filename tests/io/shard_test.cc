@@ -1,6 +1,8 @@
 #include "dlrec/io/shard.h"
 
 #include <gtest/gtest.h>
+
+#include "test_errors.h"
 #include <unistd.h>
 
 #include <cstdio>
@@ -77,14 +79,7 @@ std::string write_shard(const std::string& name, int64_t rows, int64_t block_row
   return path;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using dlrec::testing::error_of;
 
 TEST(ShardTest, RoundTripOneHotAndMultiHot) {
   std::string path = write_shard("rt.shard", 1000, 128);

@@ -14,6 +14,8 @@
 // under compute-sanitizer).
 #include <gtest/gtest.h>
 
+#include "test_errors.h"
+
 #include "model/test_batches.h"
 
 #include <algorithm>
@@ -354,21 +356,8 @@ TEST(GraphCuda, Bf16ParametersWrittenByTheCallerAreUsed) {
   for (float v : gpu->forward(b, false).to_vector<float>()) EXPECT_EQ(v, 0.f);
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  const std::string e = error_of(fn);
-  ASSERT_FALSE(e.empty()) << "no error; expected one with " << parts[0];
-  for (const auto& p : parts)
-    EXPECT_NE(e.find(p), std::string::npos) << "'" << p << "' not in: " << e;
-}
+using dlrec::testing::error_of;
+using dlrec::testing::expect_error;
 
 // Checked before the device is touched: these errors are the same with or without a GPU (in a
 // CUDA build).

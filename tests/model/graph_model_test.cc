@@ -2,6 +2,8 @@
 // gradients, training, parameters round trip, the shipped zoo configs and the CLI.
 #include <gtest/gtest.h>
 
+#include "test_errors.h"
+
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -38,21 +40,8 @@ std::string graph_json(const std::string& layers, const std::string& opt = R"({"
          "}";
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  const std::string e = error_of(fn);
-  ASSERT_FALSE(e.empty()) << "no error; expected one with " << parts[0];
-  for (const auto& p : parts)
-    EXPECT_NE(e.find(p), std::string::npos) << "'" << p << "' not in: " << e;
-}
+using dlrec::testing::error_of;
+using dlrec::testing::expect_error;
 
 const char* kDeepFmLayers = R"(
   {"name": "dense", "type": "dense"},

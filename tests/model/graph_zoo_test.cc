@@ -3,6 +3,8 @@
 // layer option (config errors, training with eviction, state round trip through parameters()).
 #include <gtest/gtest.h>
 
+#include "test_errors.h"
+
 #include <cmath>
 #include <functional>
 #include <map>
@@ -24,21 +26,8 @@ std::string graph_json(const std::string& layers, const std::string& opt) {
   return R"({"model": {"arch": "graph", "layers": [)" + layers + R"(]}, "optimizer": )" + opt + "}";
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  const std::string e = error_of(fn);
-  ASSERT_FALSE(e.empty()) << "no error; expected one with " << parts[0];
-  for (const auto& p : parts)
-    EXPECT_NE(e.find(p), std::string::npos) << "'" << p << "' not in: " << e;
-}
+using dlrec::testing::error_of;
+using dlrec::testing::expect_error;
 
 // Wide & Deep with a placeholder for each layer's extra keys.
 std::string wide_deep(const std::string& wide_extra, const std::string& emb_extra,
