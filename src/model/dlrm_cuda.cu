@@ -203,6 +203,8 @@ class DlrmCuda final : public CudaModel {
   // predict() packs chunks of at most this many ids on the calling thread, larger ones on the
   // thread pool (DLREC_INFER_PACK_SERIAL_IDS).
   int64_t pack_serial_ids_ = 16384;
+  // ... in at most this many tasks (DLREC_INFER_PACK_TASKS; each task wakes a pool thread).
+  int64_t pack_tasks_ = 16;
   cudaEvent_t timing_ev_[2] = {nullptr, nullptr};
   double timing_sum_[3] = {0, 0, 0};
   int64_t timing_calls_ = 0, timing_rows_ = 0;
@@ -311,6 +313,10 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
     pack_serial_ids_ = std::atoll(ps);
     DLREC_CHECK(pack_serial_ids_ >= 0, "DLREC_INFER_PACK_SERIAL_IDS must be >= 0, got '", ps,
                 "'");
+  }
+  if (const char* pt = std::getenv("DLREC_INFER_PACK_TASKS")) {
+    pack_tasks_ = std::atoll(pt);
+    DLREC_CHECK(pack_tasks_ >= 1, "DLREC_INFER_PACK_TASKS must be >= 1, got '", pt, "'");
   }
   if (const char* it = std::getenv("DLREC_INFER_TIMING"); it && it[0] == '1') {
     timing_ = true;
@@ -1148,19 +1154,23 @@ void DlrmCuda::predict(const io::Batch& batch, float* probs) {
           return;
         }
         const int64_t* ids = batch.cat_indices[t].data() + o0;
-        const uint64_t rows = static_cast<uint64_t>(layout_.cardinalities[t]);
+        const int64_t rows = layout_.cardinalities[t];
         const uint32_t base = row_base_host_[t];
         uint32_t* k = bk.keys + t * R;
-        bool bad = false;
+        // 0 <= id < rows  <=>  the sign bits of id and of ~(id - rows) are both clear: adds,
+        // nots and ors only, so the loop vectorises without 64-bit compares.
+        // (Unsigned arithmetic: no overflow for any id.)
+        const uint64_t urows = static_cast<uint64_t>(rows);
+        uint64_t sign = 0;
         for (int64_t r = 0; r < n; ++r) {
-          const int64_t id = ids[r];
-          bad |= static_cast<uint64_t>(id) >= rows;
+          const uint64_t id = static_cast<uint64_t>(ids[r]);
+          sign |= id | ~(id - urows);
           k[r] = base + static_cast<uint32_t>(id);
         }
-        if (bad) {
+        if (sign >> 63) {
           for (int64_t r = 0; r < n; ++r) k[r] = base;  // padding of later calls stays valid
           for (int64_t r = 0; r < n; ++r)
-            if (static_cast<uint64_t>(ids[r]) >= rows)
+            if (ids[r] < 0 || ids[r] >= rows)
               fail("EmbeddingBag: id ", ids[r], " of table ", t, " is out of range [0, ", rows,
                    ")");
         }
@@ -1168,7 +1178,7 @@ void DlrmCuda::predict(const io::Batch& batch, float* probs) {
     };
     try {
       if (n * T_ <= pack_serial_ids_) pack(0, T_);
-      else parallel_for(0, T_, 1, pack);
+      else parallel_for(0, T_, (T_ + pack_tasks_ - 1) / pack_tasks_, pack);
     } catch (...) {
       finish(0);
       finish(1);

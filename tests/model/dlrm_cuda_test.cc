@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <atomic>
 #include <thread>
@@ -503,9 +504,15 @@ TEST(DlrmCuda, PredictMatchesForward) {
       }
     }
     io::Batch bad = make_batch(s.layout, 8, 1, false);
-    bad.cat_indices[2][3] = 100;
+    bad.cat_indices[2][3] = 100;  // = the cardinality
     std::vector<float> p(8);
     EXPECT_THROW(m->predict(bad, p.data()), Error);
+    for (int64_t id : {int64_t{-1}, std::numeric_limits<int64_t>::min(),
+                       std::numeric_limits<int64_t>::max()}) {
+      io::Batch neg = make_batch(s.layout, 8, 1, false);
+      neg.cat_indices[1][7] = id;
+      EXPECT_THROW(m->predict(neg, p.data()), Error) << id;
+    }
     // Fewer rows in the same bucket: the failed call's rows are padding now and must be valid.
     io::Batch ok = make_batch(s.layout, 5, 1, false);
     p.assign(5, -1.f);
