@@ -32,6 +32,13 @@
 // g in place (beta = 1: dL/dx_l = g + dh V) or, at layer 0, into the accumulator. The
 // accumulator has the compute type (bf16 in bf16, as autograd's would) and is the input's
 // gradient buffer itself when the cross layer is its first consumer.
+//
+// The fm layer (DeepFM) and the wide layer (Wide&Deep's linear part) write 1-wide f32 values
+// (src/nn/graph_layers_cuda.h): fm reads its fields in the compute type, sums in f32 (the last
+// sum in double, as the CPU), and writes its input's gradient in place or through an f32
+// buffer; wide pools its [cardinality, 1] tables with the embedding kernels (dim 1, zero
+// initial values, the fused de-duplicated update with the embedding optimizer) and updates its
+// bias [1] with the dense optimizer.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -58,6 +65,7 @@
 #include "nn/cross_cuda.h"
 #include "nn/dense_cuda.h"
 #include "nn/embedding_cuda.h"
+#include "nn/graph_layers_cuda.h"
 #include "nn/lt_gemm.h"
 #include "model/cuda_step.h"
 
@@ -288,6 +296,8 @@ class Node {
   virtual void backward(Engine& e) = 0;
   virtual void collect(Engine&, std::vector<NamedState>&, std::vector<NamedState>&) {}
   virtual void refresh(Engine&) {}
+  // Scratch sized by the batch's number of ids (table layers).
+  virtual void alloc_scratch(Engine&, int64_t /*max_nnz*/) {}
   int self = -1;
   std::vector<int> in;
   // The value's own buffers.
@@ -312,87 +322,158 @@ class DenseNode final : public Node {
   void backward(Engine&) override {}
 };
 
-class EmbeddingNode final : public Node {
- public:
-  EmbeddingNode(Engine& e, const std::string& name, const io::ShardLayout& layout, int64_t dim,
-                bool mean, uint64_t seed)
-      : name_(name), dim_(dim), mean_(mean) {
+// Device tables of one width over all categorical features (table t: [cardinality_t, dim]),
+// with the pointer arrays the embedding kernels read (nn/embedding_cuda.h), optional Adagrad
+// accumulators and the backward's scratch. Rows are initialised like EmbeddingBag::init
+// (uniform, a = sqrt(1 / rows), seed derived per table) or zero (the wide layer's tables).
+struct TableSet {
+  std::vector<Tensor> tables, states;
+  std::vector<uint32_t> row_base;
+  int key_bits = 1;
+  int64_t dim = 0;
+  Tensor ptrs, sptrs, base, scratch_mem;
+  ce::Tables tab;
+  ce::Scratch scratch;
+
+  TableSet(Engine& e, const io::ShardLayout& layout, int64_t d, bool zero, uint64_t seed)
+      : dim(d) {
     const int64_t T = static_cast<int64_t>(layout.cardinalities.size());
     uint64_t total = 0;
     std::vector<float*> wp, sp;
-    std::vector<uint32_t> base;
     for (int64_t t = 0; t < T; ++t) {
       const int64_t rows = layout.cardinalities[t];
-      base.push_back(static_cast<uint32_t>(total));
+      row_base.push_back(static_cast<uint32_t>(total));
       total += static_cast<uint64_t>(rows);
-      DLREC_CHECK(total < (uint64_t{1} << 32), "key 'features': more than 2^32 embedding rows "
-                  "in all tables together are not supported on CUDA");
-      Tensor w = Tensor::empty({rows, dim}, DType::F32, e.dev);
-      ce::init_uniform(w.data<float>(), w.numel(), nn::derive_seed(seed, static_cast<uint64_t>(t)),
-                       std::sqrt(1.0 / static_cast<double>(rows)), e.st);
+      DLREC_CHECK(total < (uint64_t{1} << 32), "key 'features': more than 2^32 rows in all "
+                  "tables of a layer together are not supported on CUDA");
+      Tensor w;
+      if (zero) {
+        w = e.buf({rows, dim}, DType::F32);
+      } else {
+        w = Tensor::empty({rows, dim}, DType::F32, e.dev);
+        ce::init_uniform(w.data<float>(), w.numel(),
+                         nn::derive_seed(seed, static_cast<uint64_t>(t)),
+                         std::sqrt(1.0 / static_cast<double>(rows)), e.st);
+      }
       wp.push_back(w.data<float>());
-      tables_.push_back(w);
+      tables.push_back(w);
       if (e.emb_adagrad) {
         Tensor s = Tensor::empty({rows, dim}, DType::F32, e.dev);
         ce::fill(s.data<float>(), s.numel(), e.emb_init_acc, e.st);
         sp.push_back(s.data<float>());
-        states_.push_back(s);
+        states.push_back(s);
       }
     }
-    key_bits_ = 1;
-    while (key_bits_ < 32 && (uint64_t{1} << key_bits_) < total) ++key_bits_;
+    while (key_bits < 32 && (uint64_t{1} << key_bits) < total) ++key_bits;
     auto upload = [&](const void* src, size_t bytes) {
       Tensor t = Tensor::empty({static_cast<int64_t>(bytes ? bytes : 1)}, DType::U8, e.dev);
       if (bytes) copy_bytes(t.raw(), e.dev, src, Device::cpu(), bytes);
       return t;
     };
-    ptrs_ = upload(wp.data(), wp.size() * sizeof(float*));
-    sptrs_ = upload(sp.data(), sp.size() * sizeof(float*));
-    base_ = upload(base.data(), base.size() * sizeof(uint32_t));
-    tab_.weights = static_cast<float* const*>(ptrs_.raw());
-    tab_.states = e.emb_adagrad ? static_cast<float* const*>(sptrs_.raw()) : nullptr;
-    tab_.row_base = static_cast<const uint32_t*>(base_.raw());
-    tab_.num_tables = static_cast<int>(T);
-    tab_.dim = static_cast<int>(dim);
-    row_base_ = std::move(base);
+    ptrs = upload(wp.data(), wp.size() * sizeof(float*));
+    sptrs = upload(sp.data(), sp.size() * sizeof(float*));
+    base = upload(row_base.data(), row_base.size() * sizeof(uint32_t));
+    tab.weights = static_cast<float* const*>(ptrs.raw());
+    tab.states = e.emb_adagrad ? static_cast<float* const*>(sptrs.raw()) : nullptr;
+    tab.row_base = static_cast<const uint32_t*>(base.raw());
+    tab.num_tables = static_cast<int>(T);
+    tab.dim = static_cast<int>(dim);
   }
-  void alloc(Engine& e, int64_t cap) override { alloc_value(e, cap); }
   void alloc_scratch(Engine& e, int64_t max_nnz) {
-    const size_t sb = ce::scratch_bytes(max_nnz, key_bits_, static_cast<int>(dim_));
-    scratch_mem_ = Tensor::empty({static_cast<int64_t>(sb)}, DType::U8, e.dev);
-    scratch_ = ce::carve(scratch_mem_.raw(), max_nnz, key_bits_, static_cast<int>(dim_));
-    ce::prepare(scratch_, e.st);
+    const size_t sb = ce::scratch_bytes(max_nnz, key_bits, static_cast<int>(dim));
+    scratch_mem = Tensor::empty({static_cast<int64_t>(sb)}, DType::U8, e.dev);
+    scratch = ce::carve(scratch_mem.raw(), max_nnz, key_bits, static_cast<int>(dim));
+    ce::prepare(scratch, e.st);
   }
+  // The fused de-duplicated update from dL/dpooled [B, T, dim] (f32), embedding optimizer.
+  void update(Engine& e, bool mean, const float* dpooled) {
+    ce::backward_update(tab, e.offsets, e.keys, e.B, e.nnz, mean, dpooled,
+                        e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD, e.lr + 1,
+                        e.emb_eps, key_bits, scratch, e.st);
+  }
+  void collect(const std::string& name, std::vector<NamedState>& out) {
+    for (size_t t = 0; t < tables.size(); ++t)
+      out.push_back({name + "." + std::to_string(t) + ".weight", tables[t],
+                     states.empty() ? Tensor() : states[t]});
+  }
+};
+
+class EmbeddingNode final : public Node {
+ public:
+  EmbeddingNode(Engine& e, const std::string& name, const io::ShardLayout& layout, int64_t dim,
+                bool mean, uint64_t seed)
+      : name_(name), mean_(mean), ts_(e, layout, dim, false, seed) {}
+  void alloc(Engine& e, int64_t cap) override { alloc_value(e, cap); }
+  void alloc_scratch(Engine& e, int64_t max_nnz) override { ts_.alloc_scratch(e, max_nnz); }
   void forward(Engine& e) override {
     Value& v = e.vals[self];
     if (v.dt == DType::BF16)
-      ce::forward(tab_, e.offsets, e.keys, e.B, mean_, static_cast<bf16*>(v.y.raw()), e.st);
+      ce::forward(ts_.tab, e.offsets, e.keys, e.B, mean_, static_cast<bf16*>(v.y.raw()), e.st);
     else
-      ce::forward(tab_, e.offsets, e.keys, e.B, mean_, v.y.data<float>(), e.st);
+      ce::forward(ts_.tab, e.offsets, e.keys, e.B, mean_, v.y.data<float>(), e.st);
   }
-  void backward(Engine& e) override {
-    Value& v = e.vals[self];
-    ce::backward_update(tab_, e.offsets, e.keys, e.B, e.nnz, mean_, v.g.data<float>(),
-                        e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD, e.lr + 1,
-                        e.emb_eps, key_bits_, scratch_, e.st);
-  }
+  void backward(Engine& e) override { ts_.update(e, mean_, e.vals[self].g.data<float>()); }
   void collect(Engine&, std::vector<NamedState>&, std::vector<NamedState>& tables) override {
-    for (size_t t = 0; t < tables_.size(); ++t)
-      tables.push_back({name_ + "." + std::to_string(t) + ".weight", tables_[t],
-                        states_.empty() ? Tensor() : states_[t]});
+    ts_.collect(name_, tables);
   }
-  const std::vector<uint32_t>& row_base() const { return row_base_; }
+  const std::vector<uint32_t>& row_base() const { return ts_.row_base; }
 
  private:
   std::string name_;
-  int64_t dim_;
   bool mean_;
-  std::vector<Tensor> tables_, states_;
-  std::vector<uint32_t> row_base_;
-  int key_bits_ = 1;
-  Tensor ptrs_, sptrs_, base_, scratch_mem_;
-  ce::Tables tab_;
-  ce::Scratch scratch_;
+  TableSet ts_;
+};
+
+// Wide & Deep's linear part over the one-hot categorical features (nn::WideLinear):
+// y = b + sum_t w_t[ids of feature t] (pooled), tables [cardinality_t, 1] zero-initialised and
+// updated by the embedding optimizer (the fused table update, dim 1), the bias [1] (zero) by
+// the dense one. Forward pools the parts [B, T] (f32) and sums them in the CPU's order;
+// backward broadcasts dL/dy to every part and sums it for the bias.
+class WideNode final : public Node {
+ public:
+  WideNode(Engine& e, const std::string& name, const io::ShardLayout& layout, bool mean)
+      : name_(name), mean_(mean), T_(static_cast<int>(layout.cardinalities.size())),
+        ts_(e, layout, 1, true, 0) {
+    b_ = e.buf({1}, DType::F32);
+    db_ = e.buf({1}, DType::F32);
+    if (e.dense_adagrad) {
+      sb_ = Tensor::empty({1}, DType::F32, e.dev);
+      ce::fill(sb_.data<float>(), 1, e.init_acc, e.st);
+    }
+  }
+  void alloc(Engine& e, int64_t cap) override {
+    alloc_value(e, cap);
+    parts_ = e.buf({cap, T_}, DType::F32);
+    if (e.vals[self].need_grad) dparts_ = e.buf({cap, T_}, DType::F32);
+  }
+  void alloc_scratch(Engine& e, int64_t max_nnz) override { ts_.alloc_scratch(e, max_nnz); }
+  void forward(Engine& e) override {
+    ce::forward(ts_.tab, e.offsets, e.keys, e.B, mean_, parts_.data<float>(), e.st);
+    cg::wide_sum(parts_.data<float>(), b_.data<float>(), e.B, T_, e.vals[self].y.data<float>(),
+                 e.st);
+  }
+  void backward(Engine& e) override {
+    const float* dy = e.vals[self].g.data<float>();
+    cd::mask_bias_grad(dy, nullptr, nullptr, e.partial.data<float>(), db_.data<float>(), e.B, 1,
+                       e.st);
+    cg::wide_broadcast(dy, e.B, T_, dparts_.data<float>(), e.st);
+    ts_.update(e, mean_, dparts_.data<float>());
+    cd::optimizer_step(b_.data<float>(), db_.data<float>(),
+                       e.dense_adagrad ? sb_.data<float>() : nullptr, 1, 1, 1,
+                       static_cast<bf16*>(nullptr), 1, e.lr, e.eps, e.st);
+  }
+  void collect(Engine&, std::vector<NamedState>& dense, std::vector<NamedState>& tables) override {
+    dense.push_back({name_ + ".bias", b_, sb_});
+    ts_.collect(name_, tables);
+  }
+  const std::vector<uint32_t>& row_base() const { return ts_.row_base; }
+
+ private:
+  std::string name_;
+  bool mean_;
+  int T_;
+  TableSet ts_;
+  Tensor b_, db_, sb_, parts_, dparts_;
 };
 
 class MlpNode final : public Node {
@@ -762,6 +843,80 @@ class DotNode final : public Node {
   const void* b_ = nullptr;
 };
 
+// DeepFM's second-order term over the n fields (width d) of its inputs (1-wide f32 output):
+// read in place when one input holds them unpadded (ld == n d), its gradient then written
+// straight into that input's gradient buffer; otherwise gathered into a compute-type buffer
+// first and the gradient (f32) routed to the inputs' columns.
+class FmNode final : public Node {
+ public:
+  FmNode(const std::vector<const Value*>& ins, int64_t n, int64_t d) : n_(n), d_(d) {
+    direct_ = ins.size() == 1 && ins[0]->ld == n * d;
+  }
+  void alloc(Engine& e, int64_t cap) override {
+    alloc_value(e, cap);
+    if (direct_) return;
+    x_ = e.buf({cap, n_ * d_}, e.act);
+    if (e.vals[self].need_grad) dx_ = e.buf({cap, n_ * d_}, DType::F32);
+  }
+  void forward(Engine& e) override {
+    if (!direct_) {
+      int64_t c = 0;
+      for (int j : in) {
+        const Value& x = e.vals[j];
+        cg::copy_cols(x.y.raw(), elem(x.dt), x.ld, 0, x_.raw(), elem(e.act), n_ * d_, c, e.B,
+                      x.width, false, e.st);
+        c += x.width;
+      }
+    }
+    const void* x = input(e);
+    float* y = e.vals[self].y.data<float>();
+    if (input_type(e) == DType::BF16)
+      cg::fm_forward(static_cast<const bf16*>(x), n_ * d_, e.B, ni(), di(), y, e.st);
+    else
+      cg::fm_forward(static_cast<const float*>(x), n_ * d_, e.B, ni(), di(), y, e.st);
+  }
+  void backward(Engine& e) override {
+    const float* dy = e.vals[self].g.data<float>();
+    if (direct_) {
+      Value& x = e.vals[in[0]];
+      if (!x.need_grad) return;
+      const bool acc = e.claim(in[0]);
+      if (x.gdt == DType::BF16) grad(e, static_cast<bf16*>(x.g.raw()), x.ld, acc, dy);
+      else grad(e, x.g.data<float>(), x.ld, acc, dy);
+      return;
+    }
+    grad(e, dx_.data<float>(), n_ * d_, false, dy);
+    int64_t c = 0;
+    for (int j : in) {
+      const int64_t w = e.vals[j].width;
+      if (e.vals[j].need_grad) {
+        const bool acc = e.claim(j);
+        e.deliver(j, dx_.raw(), DType::F32, n_ * d_, c, 0, w, acc);
+      }
+      c += w;
+    }
+  }
+
+ private:
+  int ni() const { return static_cast<int>(n_); }
+  int di() const { return static_cast<int>(d_); }
+  const void* input(Engine& e) const { return direct_ ? e.vals[in[0]].y.raw() : x_.raw(); }
+  DType input_type(Engine& e) const { return direct_ ? e.vals[in[0]].dt : e.act; }
+  template <class D>
+  void grad(Engine& e, D* dst, int64_t ld, bool acc, const float* dy) {
+    const void* x = input(e);
+    if (input_type(e) == DType::BF16)
+      cg::fm_backward(static_cast<const bf16*>(x), n_ * d_, dy, e.B, ni(), di(), dst, ld, acc,
+                      e.st);
+    else
+      cg::fm_backward(static_cast<const float*>(x), n_ * d_, dy, e.B, ni(), di(), dst, ld, acc,
+                      e.st);
+  }
+  int64_t n_, d_;
+  bool direct_ = false;
+  Tensor x_, dx_;
+};
+
 class AddNode final : public Node {
  public:
   void alloc(Engine& e, int64_t cap) override { alloc_value(e, cap); }
@@ -849,6 +1004,9 @@ class GraphCuda final : public CudaModel {
   bool exposed_ = false;  // parameters()/optimizer_state() handed out tensors since last upload
   std::vector<std::unique_ptr<Node>> nodes_;
   EmbeddingNode* emb_ = nullptr;
+  // The global row of id 0 of each feature in the keys uploaded (the same for every table
+  // layer: all read all features), or null without table layers.
+  const std::vector<uint32_t>* row_base_ = nullptr;
   std::vector<NamedState> dense_, tables_;
   int64_t cap_b_ = 0, cap_nnz_ = 0;
   Tensor dlogits_, loss_;
@@ -911,9 +1069,6 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
   e_.dev = device;
   // Everything that needs no device is checked first: unsupported layers and optimizers.
   for (const LayerSpec& s : spec_.layers) {
-    if (s.type == "fm" || s.type == "wide")
-      fail(s.where, ": the '", s.type, "' layer is not implemented on CUDA yet; this model runs "
-           "on the CPU only (\"device\": \"cpu\")");
     if (!s.optimizer.is_null())
       fail(s.where, ": per-layer optimizers are not implemented on CUDA yet (the layer's "
            "\"optimizer\"); remove it or train on the CPU (\"device\": \"cpu\")");
@@ -1034,18 +1189,26 @@ std::unique_ptr<Node> GraphCuda::make_node(const LayerSpec& s, int idx, uint64_t
     set_value(num_dense_, true);
     return std::make_unique<DenseNode>();
   }
-  if (t == "embedding") {
-    DLREC_CHECK(emb_ == nullptr, "the CUDA graph model supports one embedding layer (over all "
-                "categorical features); train this model on the CPU");
+  // Table layers (embedding, wide) read all categorical features, in order.
+  auto all_features = [&]() {
     if (T_ == 0) fail("the data has no categorical features");
     if (!s.all_features) {
       bool all = static_cast<int64_t>(s.features.size()) == T_;
       for (size_t k = 0; all && k < s.features.size(); ++k)
         all = s.features[k] == static_cast<int64_t>(k);
       if (!all)
-        fail("key 'features': the CUDA graph model's embedding layer reads all categorical "
+        fail("key 'features': the CUDA graph model's ", t, " layer reads all categorical "
              "features (0 .. ", T_ - 1, ", in order); train this model on the CPU");
     }
+    for (int64_t f = 0; f < T_; ++f)
+      if (layout_.cardinalities[f] <= 0)
+        fail("key 'features': categorical feature ", f, " has cardinality ",
+             layout_.cardinalities[f], "; every table needs rows");
+  };
+  if (t == "embedding") {
+    DLREC_CHECK(emb_ == nullptr, "the CUDA graph model supports one embedding layer (over all "
+                "categorical features); train this model on the CPU");
+    all_features();
     int64_t dim = s.dim;
     for (int64_t d : s.dims)
       if (d != s.dims[0])
@@ -1057,10 +1220,6 @@ std::unique_ptr<Node> GraphCuda::make_node(const LayerSpec& s, int idx, uint64_t
       dim = s.dims[0];
     }
     DLREC_CHECK(dim > 0, "key 'dim': must be positive");
-    for (int64_t f = 0; f < T_; ++f)
-      if (layout_.cardinalities[f] <= 0)
-        fail("key 'features': categorical feature ", f, " has cardinality ",
-             layout_.cardinalities[f], "; every table needs rows");
     set_value(T_ * dim, false);
     v.fields.assign(T_, dim);
     v.gdt = DType::F32;
@@ -1069,6 +1228,15 @@ std::unique_ptr<Node> GraphCuda::make_node(const LayerSpec& s, int idx, uint64_t
                                                 seed);
     emb_ = node.get();
     emb_idx_ = idx;
+    row_base_ = &node->row_base();
+    return node;
+  }
+  if (t == "wide") {
+    all_features();
+    set_value(1, false);
+    auto node = std::make_unique<WideNode>(e_, s.name, layout_,
+                                           nn::parse_pooling(s.pooling) == nn::Pooling::Mean);
+    row_base_ = &node->row_base();
     return node;
   }
   if (t == "mlp") {
@@ -1102,20 +1270,25 @@ std::unique_ptr<Node> GraphCuda::make_node(const LayerSpec& s, int idx, uint64_t
     v.fields = fields;
     return std::make_unique<ConcatNode>();
   }
-  if (t == "dot") {
+  if (t == "dot" || t == "fm") {
     int64_t nf = 0;
     const int64_t d = ins[0]->fields.at(0);
     for (size_t k = 0; k < ins.size(); ++k)
       for (int64_t w : ins[k]->fields) {
         if (w != d)
-          fail("key '", s.input_key, "': the dot interaction needs vectors of one width, but '",
-               s.inputs[0], "' starts with width ", d, " and '", s.inputs[k],
-               "' has other widths (make the MLP's last size equal the embedding dim)");
+          fail("key '", s.input_key, "': the ", t, " interaction needs vectors of one width, "
+               "but '", s.inputs[0], "' starts with width ", d, " and '", s.inputs[k],
+               "' has other widths",
+               t == "dot" ? " (make the MLP's last size equal the embedding dim)" : "");
         ++nf;
       }
     if (nf < 2)
-      fail("key '", s.input_key, "': the dot interaction needs at least 2 vectors, its inputs "
-           "give ", nf);
+      fail("key '", s.input_key, "': the ", t, " interaction needs at least 2 vectors, its "
+           "inputs give ", nf);
+    if (t == "fm") {
+      set_value(1, false);
+      return std::make_unique<FmNode>(ins, nf, d);
+    }
     set_value(d + nf * (nf - 1) / 2, true);
     return std::make_unique<DotNode>(e_, ins, nf, d);
   }
@@ -1203,7 +1376,7 @@ void GraphCuda::ensure_capacity(int64_t B, int64_t nnz) {
   for (int i : spec_.order) nodes_[i]->alloc(e_, cb);
   dlogits_ = e_.buf({cb}, DType::F32);
   e_.vals[spec_.output].g = dlogits_;
-  if (emb_) emb_->alloc_scratch(e_, nn_);
+  for (int i : spec_.order) nodes_[i]->alloc_scratch(e_, nn_);
   inputs_->allocate(cb, nn_, num_dense_, T_);
   DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
 }
@@ -1213,7 +1386,7 @@ void GraphCuda::upload(const io::Batch& b, float lr, float emb_lr) {
   int64_t nnz = 0;
   for (int64_t t = 0; t < T_; ++t) nnz += b.cat_offsets[t][B] - b.cat_offsets[t][0];
   ensure_capacity(B, nnz);
-  cur_ = inputs_->upload(b, layout_.cardinalities, emb_ ? &emb_->row_base() : nullptr, lr,
+  cur_ = inputs_->upload(b, layout_.cardinalities, row_base_, lr,
                          emb_lr, copy_, e_.st, "graph model");
   fwd_rows_ = B;
   fwd_nnz_ = nnz;

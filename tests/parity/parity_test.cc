@@ -181,11 +181,11 @@ const std::vector<LayerCase>& cases() {
        graph(R"({"name": "emb", "type": "embedding", "dim": $D},
                 {"name": "fm", "type": "fm", "inputs": ["emb"]},
                 {"name": "logit", "type": "output", "input": "fm"})"),
-       true, kOdd, false},
+       true, kOdd, true},
       {"wide",
        graph(R"({"name": "wide", "type": "wide"},
                 {"name": "logit", "type": "output", "input": "wide"})"),
-       true, kOdd, false},
+       true, kOdd, true},
       // The DLRM class (arch "dlrm"; src/model/dlrm.cc, dlrm_cuda.cu). bf16 on CUDA needs MLP
       // sizes that are multiples of 8, so its widths are 8 and 16.
       {"dlrm_class",
