@@ -193,10 +193,11 @@ TEST(GraphConfig, ShapeMismatchesNameLayerAndKey) {
       {"name": "top", "type": "mlp", "input": "c", "sizes": [1]},
       {"name": "o", "type": "output", "input": "top"})"); },
                {"layer 'c'", "key 'low_rank'"});
-  // CUDA is not offered for graphs.
-  RunConfig c = config_from(graph_json(kDeepFmLayers));
-  expect_error([&] { build_model(c.model, c.optimizer, l, Device::parse("cuda"), 1); },
-               {"CPU only"});
+  // A graph CUDA cannot train (a layer's own optimizer; or any graph in a build without CUDA)
+  // is refused before the device is touched, pointing at the CPU.
+  RunConfig c = config_from(graph_json(R"({"name": "w", "type": "wide", "optimizer": {"type": "ftrl"}},
+      {"name": "o", "type": "output", "input": "w"})"));
+  expect_error([&] { build_model(c.model, c.optimizer, l, Device::parse("cuda"), 1); }, {"CPU"});
 }
 
 // ---- the engine ----
