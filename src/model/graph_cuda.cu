@@ -230,10 +230,10 @@ struct Engine {
   }
   void refresh(Lin& l) {
     if (!lowp) return;
-    cd::to_bf16_padded(l.w.data<float>(), l.out, l.in, static_cast<bf16*>(l.wh.raw()), l.in_pad,
+    cd::to_half_padded(l.w.data<float>(), l.out, l.in, static_cast<bf16*>(l.wh.raw()), l.in_pad,
                        st);
     if (l.has_bias)
-      cd::to_bf16_padded(l.b.data<float>(), 1, l.out, static_cast<bf16*>(l.bh.raw()), l.out, st);
+      cd::to_half_padded(l.b.data<float>(), 1, l.out, static_cast<bf16*>(l.bh.raw()), l.out, st);
   }
   // Builds the device copy of a CPU nn::Linear (its values, zeroed gradients and state).
   Lin make_lin(nn::Linear& cpu, int64_t in_pad, int64_t out_ld, bool has_bias, bool relu) {
@@ -314,7 +314,7 @@ class DenseNode final : public Node {
   void forward(Engine& e) override {
     Value& v = e.vals[self];
     if (v.dt == DType::BF16)
-      cd::to_bf16_padded(e.dense, e.B, v.width, static_cast<bf16*>(v.y.raw()), v.ld, e.st);
+      cd::to_half_padded(e.dense, e.B, v.width, static_cast<bf16*>(v.y.raw()), v.ld, e.st);
     else
       cg::copy_cols(e.dense, cg::Elem::F32, v.width, 0, v.y.raw(), cg::Elem::F32, v.ld, 0, e.B,
                     v.width, false, e.st);
@@ -539,7 +539,7 @@ class MlpNode final : public Node {
                            e.B, l.out, e.st);
         dzc = l.relu ? dz : dy;
         if (e.act == DType::BF16) {  // a 1-wide f32 output in bf16 precision
-          cd::to_bf16_padded(static_cast<const float*>(dzc), e.B, l.out,
+          cd::to_half_padded(static_cast<const float*>(dzc), e.B, l.out,
                              static_cast<bf16*>(dzh_.raw()), l.out, e.st);
           dzc = dzh_.raw();
         }

@@ -531,20 +531,20 @@ __global__ void loss_scale_update_kernel(LossScale ls, int growth_interval) {
 }  // namespace
 
 template <class H>
-void to_half_padded(const float* x, int64_t B, int64_t cols, H* y, int64_t ld,
+void launch_to_half(const float* x, int64_t B, int64_t cols, H* y, int64_t ld,
                     cudaStream_t stream) {
   const int64_t n = B * ld;
   if (n == 0) return;
   to_half_kernel<H><<<grid_for(n, 256), 256, 0, stream>>>(x, B, cols, y, ld);
   DLREC_CUDA_LAUNCH_CHECK();
 }
-void to_bf16_padded(const float* x, int64_t B, int64_t cols, bf16* y, int64_t ld,
+void to_half_padded(const float* x, int64_t B, int64_t cols, bf16* y, int64_t ld,
                     cudaStream_t stream) {
-  to_half_padded(x, B, cols, y, ld, stream);
+  launch_to_half(x, B, cols, y, ld, stream);
 }
-void to_bf16_padded(const float* x, int64_t B, int64_t cols, f16* y, int64_t ld,
+void to_half_padded(const float* x, int64_t B, int64_t cols, f16* y, int64_t ld,
                     cudaStream_t stream) {
-  to_half_padded(x, B, cols, y, ld, stream);
+  launch_to_half(x, B, cols, y, ld, stream);
 }
 
 template <class H>

@@ -17,9 +17,9 @@ using f16 = __half;  // fp16 mode (with loss scaling); every bf16 launcher below
 
 // y [B, ld] (bf16 or f16) = x [B, cols] (f32), columns cols..ld-1 set to 0 (GEMM-aligned
 // padding).
-void to_bf16_padded(const float* x, int64_t B, int64_t cols, bf16* y, int64_t ld,
+void to_half_padded(const float* x, int64_t B, int64_t cols, bf16* y, int64_t ld,
                     cudaStream_t stream);
-void to_bf16_padded(const float* x, int64_t B, int64_t cols, f16* y, int64_t ld,
+void to_half_padded(const float* x, int64_t B, int64_t cols, f16* y, int64_t ld,
                     cudaStream_t stream);
 
 // y [B, out] += b (per column), then ReLU when relu.

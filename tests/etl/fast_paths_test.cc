@@ -3,6 +3,8 @@
 // run_etl under a memory budget and with small chunks.
 #include <dirent.h>
 #include <gtest/gtest.h>
+
+#include "test_files.h"
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,35 +28,10 @@
 namespace dlrec::etl {
 namespace {
 
-// A scratch directory, removed with everything in it at the end of the test.
-struct TempDir {
-  std::string path;
-  explicit TempDir(const std::string& tag)
-      : path(std::string(::testing::TempDir()) + "dlrec_fast_" + tag + "_" +
-             std::to_string(::getpid())) {
-    make_dirs(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
+using dlrec::testing::TempDir;
+using dlrec::testing::list_dir;
+using dlrec::testing::read_all;
 
-std::vector<std::string> list_dir(const std::string& dir) {
-  std::vector<std::string> v;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d))  // hidden files too (spill runs are .dlrec-spill-*)
-      if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) v.push_back(e->d_name);
-    ::closedir(d);
-  }
-  std::sort(v.begin(), v.end());
-  return v;
-}
-
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
 
 // Criteo-layout text: label, 13 integers (some missing, some negative), 26 hex keys drawn
 // from a skewed pool per column (some missing).
@@ -121,7 +98,7 @@ TEST(TextFastPathTest, ValuesMatchTheSpecification) {
                {"I2", io::ColumnKind::Dense, false},
                {"C1", io::ColumnKind::Categorical, false},
                {"C2", io::ColumnKind::Categorical, false}};
-  TempDir tmp("parse");
+  TempDir tmp("fast_parse");
   const std::string& dir = tmp.path;
   const std::string path = dir + "/in.tsv";
   std::ofstream(path) << "1\t12\t-3\t0123abcd\tFFFFFFFF\n"      // 8-digit keys (SWAR)
@@ -153,7 +130,7 @@ TEST(TextFastPathTest, ValuesMatchTheSpecification) {
 // What the fast path rejects gets the general path's message, with file, line and column.
 TEST(TextFastPathTest, BadValuesKeepTheirMessages) {
   io::Schema s = io::Schema::criteo();
-  TempDir tmp("parsebad");
+  TempDir tmp("fast_parsebad");
   const std::string& dir = tmp.path;
   const std::string good = criteo_text(3, 1);
   for (const auto& [key, expect] :
@@ -194,7 +171,7 @@ TEST(TextFastPathTest, BadValuesKeepTheirMessages) {
 // ---- Categorify under a memory budget
 
 TEST(SpillTest, TinyBudgetSpillsAndGivesTheInMemoryVocabulary) {
-  TempDir tmp("spill");
+  TempDir tmp("fast_spill");
   const std::string& dir = tmp.path;
   const std::string path = dir + "/in.tsv";
   std::ofstream(path) << criteo_text(6000, 3);
@@ -219,7 +196,7 @@ TEST(SpillTest, TinyBudgetSpillsAndGivesTheInMemoryVocabulary) {
 }
 
 TEST(SpillTest, RunEtlUnderBudgetEqualsInMemoryAndLeavesNoSpillFiles) {
-  TempDir tmp("spillrun");
+  TempDir tmp("fast_spillrun");
   const std::string& dir = tmp.path;
   const std::string path = dir + "/in.tsv";
   std::ofstream(path) << criteo_text(25000, 4, 200000);
@@ -244,7 +221,7 @@ TEST(SpillTest, RunEtlUnderBudgetEqualsInMemoryAndLeavesNoSpillFiles) {
 }
 
 TEST(SpillTest, FailedRunRemovesSpillFiles) {
-  TempDir tmp("spillfail");
+  TempDir tmp("fast_spillfail");
   const std::string& dir = tmp.path;
   const std::string path = dir + "/in.tsv";
   std::string text = criteo_text(20000, 5, 100000);
@@ -284,7 +261,7 @@ TEST(KeyMapTest, DrainSortedKeepsCapacityAndAllKeys) {
 // ---- transform append, chunk-size independence
 
 TEST(FastTransformTest, AppendEqualsConcatenationAndFitIgnoresChunkSize) {
-  TempDir tmp("append");
+  TempDir tmp("fast_append");
   const std::string& dir = tmp.path;
   const std::string path = dir + "/in.tsv";
   std::ofstream(path) << criteo_text(70000, 6);
@@ -351,7 +328,7 @@ EtlOptions shuffle_options(const std::string& dir, const std::string& input) {
 }
 
 TEST(ShuffleTest, RanksGetEqualShuffledPartsOfTheSameRows) {
-  TempDir tmp("shuffle");
+  TempDir tmp("fast_shuffle");
   const std::string& dir = tmp.path;
   const std::string path = dir + "/in.tsv";
   std::ofstream(path) << criteo_text(9001, 8);
@@ -404,7 +381,7 @@ TEST(ShuffleTest, RanksGetEqualShuffledPartsOfTheSameRows) {
 }
 
 TEST(ShuffleTest, RanksWithoutShuffleSplitInOrder) {
-  TempDir tmp("ranks");
+  TempDir tmp("fast_ranks");
   const std::string& dir = tmp.path;
   const std::string path = dir + "/in.tsv";
   std::ofstream(path) << criteo_text(3000, 9);
@@ -437,7 +414,7 @@ namespace {
 
 // count_rows (mapped, counted in parallel parts) against a line-by-line reference.
 TEST(CountRowsTest, BlankLinesHeaderAndUnterminatedLastLine) {
-  TempDir tmp("count");
+  TempDir tmp("fast_count");
   const std::string& dir = tmp.path;
   std::mt19937 rng(3);
   for (int trial = 0; trial < 200; ++trial) {

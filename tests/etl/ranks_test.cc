@@ -2,6 +2,8 @@
 // run_etl(--ranks N); the ranks' rows together are the training rows, each once.
 #include <gtest/gtest.h>
 
+#include "test_files.h"
+
 #include "test_errors.h"
 #include <unistd.h>
 
@@ -18,18 +20,7 @@
 namespace dlrec::etl {
 namespace {
 
-struct TempDir {
-  std::string path;
-  explicit TempDir(const std::string& tag)
-      : path(std::string(::testing::TempDir()) + "dlrec_ranks_" + tag + "_" +
-             std::to_string(::getpid())) {
-    make_dirs(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
+using dlrec::testing::TempDir;
 
 // Rows whose I1 is the row number: every training row is told apart by its first dense value.
 std::string numbered_text(int rows) {
@@ -78,7 +69,7 @@ std::vector<int64_t> rank_rows(const std::string& dir, int rank, int ranks) {
 using dlrec::testing::error_of;
 
 TEST(RanksTest, EachRankReadsItsRowsTogetherAllDisjoint) {
-  TempDir tmp("parts");
+  TempDir tmp("ranks_parts");
   const std::string input = tmp.path + "/in.tsv";
   std::ofstream(input) << numbered_text(3001);
   for (bool shuffle : {false, true}) {
@@ -107,7 +98,7 @@ TEST(RanksTest, EachRankReadsItsRowsTogetherAllDisjoint) {
 }
 
 TEST(RanksTest, ClearErrors) {
-  TempDir tmp("errors");
+  TempDir tmp("ranks_errors");
   const std::string input = tmp.path + "/in.tsv";
   std::ofstream(input) << numbered_text(500);
   EtlOptions o = options(input, tmp.path + "/plain");

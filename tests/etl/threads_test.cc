@@ -2,6 +2,8 @@
 // and transform, the parallel shard encoding), and reports the first error in input order.
 #include <dirent.h>
 #include <gtest/gtest.h>
+
+#include "test_files.h"
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,18 +21,9 @@
 namespace dlrec::etl {
 namespace {
 
-struct TempDir {
-  std::string path;
-  explicit TempDir(const std::string& tag)
-      : path(std::string(::testing::TempDir()) + "dlrec_threads_" + tag + "_" +
-             std::to_string(::getpid())) {
-    make_dirs(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
+using dlrec::testing::TempDir;
+using dlrec::testing::list_dir;
+using dlrec::testing::read_all;
 
 // Restores the thread count at the end of a test.
 struct ThreadsGuard {
@@ -38,21 +31,6 @@ struct ThreadsGuard {
   ~ThreadsGuard() { set_num_threads(saved); }
 };
 
-std::vector<std::string> list_dir(const std::string& dir) {
-  std::vector<std::string> v;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d))
-      if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) v.push_back(e->d_name);
-    ::closedir(d);
-  }
-  std::sort(v.begin(), v.end());
-  return v;
-}
-
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
 
 // Criteo-layout rows; `missing` = 1 in N dense fields is empty (0: none).
 std::string criteo_text(int rows, uint64_t seed, int missing = 10) {
@@ -108,7 +86,7 @@ const char* kFeatures = R"({"pipeline": [
 
 // Every file of every thread count equals the one-thread output.
 void expect_same_bytes_for_threads(const json& workflow, int64_t memory_budget_mb) {
-  TempDir tmp("same");
+  TempDir tmp("threads_same");
   const std::string input = tmp.path + "/in.tsv";
   std::ofstream(input) << criteo_text(30000, 3);
   ThreadsGuard guard;
@@ -156,7 +134,7 @@ std::string error_of(const EtlOptions& o) {
 // A parse error late in the input and a transform error (a dense value left missing) earlier:
 // the earlier one is reported, with any thread count; either alone is reported as itself.
 TEST(ThreadsTest, FirstErrorInInputOrderWinsForAnyThreadCount) {
-  TempDir tmp("errors");
+  TempDir tmp("threads_errors");
   std::string text = criteo_text(20000, 4, /*missing=*/0);
   auto line_start = [&](int line) {  // 1-based
     size_t p = 0;
