@@ -458,6 +458,10 @@ TEST(DlrmCuda, Fp16BadLossScaleSettingsAreClearErrors) {
     EXPECT_THROW(build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "fp16"), Error);
   }
   EXPECT_THROW(build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "fp8"), Error);
+  for (const char* chunk : {"1000", "128", "-4", "x"}) {  // not a power of two >= 256
+    ScopedEnv e("DLREC_INFER_CHUNK", chunk);
+    EXPECT_THROW(build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "bf16"), Error) << chunk;
+  }
 }
 
 TEST(DlrmCuda, Bf16WeightsWrittenThroughParametersAreUsed) {
