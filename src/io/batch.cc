@@ -6,6 +6,7 @@ namespace dlrec::io {
 
 void Batch::reset(int nd, int nc) {
   rows = 0;
+  one_id_per_row = false;
   num_dense = nd;
   labels.clear();
   dense.clear();
@@ -32,6 +33,8 @@ void Batch::append_rows(const Batch& o, int64_t begin, int64_t end) {
                           o.cat_indices[t].begin() + off[end]);
     for (int64_t r = begin + 1; r <= end; ++r) cat_offsets[t].push_back(base + off[r]);
   }
+  // An empty batch takes the appended rows' promise; otherwise both must hold it.
+  one_id_per_row = (rows == 0 || one_id_per_row) && o.one_id_per_row;
   rows += end - begin;
 }
 

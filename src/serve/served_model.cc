@@ -304,6 +304,7 @@ io::Batch ServedModel::encode(const InferRequest& req) const {
                              card, ")"));
       }
   }
+  batch.one_id_per_row = true;  // every encoded cat_<t> is [rows] (checked above)
   if (static_cast<int>(req.inputs.size()) != ncat + (layout_.num_dense > 0 ? 1 : 0)) {
     std::string missing;
     if (layout_.num_dense > 0 && !has_input("dense")) missing = "dense";

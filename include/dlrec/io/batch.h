@@ -16,6 +16,11 @@ struct Batch {
   // Ids are in [0, cardinality of feature t).
   std::vector<std::vector<int64_t>> cat_offsets;  // each [rows + 1]
   std::vector<std::vector<int64_t>> cat_indices;
+  // A producer's promise that every feature has exactly one id per row (cat_offsets[t][r] == r
+  // for all t, r), e.g. encoded one-hot requests. Consumers may then skip reading the offsets
+  // (the GPU engine's predict does); false promises nothing. reset() clears it; append keeps it
+  // only when both sides hold it.
+  bool one_id_per_row = false;
 
   int num_cat() const { return static_cast<int>(cat_offsets.size()); }
   void reset(int num_dense, int num_cat);  // empties, keeps capacity
