@@ -68,6 +68,7 @@
 #include "nn/graph_layers_cuda.h"
 #include "nn/lt_gemm.h"
 #include "model/cuda_step.h"
+#include "model/graph_hashed_cuda.h"
 
 namespace dlrec::model {
 namespace {
@@ -326,6 +327,8 @@ class DenseNode final : public Node {
 // with the pointer arrays the embedding kernels read (nn/embedding_cuda.h), optional Adagrad
 // accumulators and the backward's scratch. Rows are initialised like EmbeddingBag::init
 // (uniform, a = sqrt(1 / rows), seed derived per table) or zero (the wide layer's tables).
+// Hashed tables (`capacities` given) have capacity_t rows, zero with zero state until a key is
+// inserted (graph_hashed_cuda.h initialises a row then).
 struct TableSet {
   std::vector<Tensor> tables, states;
   std::vector<uint32_t> row_base;
@@ -335,13 +338,16 @@ struct TableSet {
   ce::Tables tab;
   ce::Scratch scratch;
 
-  TableSet(Engine& e, const io::ShardLayout& layout, int64_t d, bool zero, uint64_t seed)
+  TableSet(Engine& e, const io::ShardLayout& layout, int64_t d, bool zero, uint64_t seed,
+           const std::vector<int64_t>& capacities = {})
       : dim(d) {
     const int64_t T = static_cast<int64_t>(layout.cardinalities.size());
+    const bool hashed = !capacities.empty();
+    if (hashed) zero = true;
     uint64_t total = 0;
     std::vector<float*> wp, sp;
     for (int64_t t = 0; t < T; ++t) {
-      const int64_t rows = layout.cardinalities[t];
+      const int64_t rows = hashed ? capacities[t] : layout.cardinalities[t];
       row_base.push_back(static_cast<uint32_t>(total));
       total += static_cast<uint64_t>(rows);
       DLREC_CHECK(total < (uint64_t{1} << 32), "key 'features': more than 2^32 rows in all "
@@ -358,8 +364,9 @@ struct TableSet {
       wp.push_back(w.data<float>());
       tables.push_back(w);
       if (e.emb_adagrad) {
-        Tensor s = Tensor::empty({rows, dim}, DType::F32, e.dev);
-        ce::fill(s.data<float>(), s.numel(), e.emb_init_acc, e.st);
+        Tensor s = hashed ? e.buf({rows, dim}, DType::F32)
+                          : Tensor::empty({rows, dim}, DType::F32, e.dev);
+        if (!hashed) ce::fill(s.data<float>(), s.numel(), e.emb_init_acc, e.st);
         sp.push_back(s.data<float>());
         states.push_back(s);
       }
@@ -398,15 +405,39 @@ struct TableSet {
   }
 };
 
+// The embedding layer. Hashed (`hashed` non-empty: one table's options per feature): before
+// the pooling, the batch's keys are resolved to rows on the device (graph_hashed_cuda.h), which
+// overwrites the step's row array; an evaluation forward pools with keys no table holds as zeros.
 class EmbeddingNode final : public Node {
  public:
   EmbeddingNode(Engine& e, const std::string& name, const io::ShardLayout& layout, int64_t dim,
-                bool mean, uint64_t seed)
-      : name_(name), mean_(mean), ts_(e, layout, dim, false, seed) {}
+                bool mean, uint64_t seed, std::vector<hashed_cuda::TableOptions> hashed = {})
+      : name_(name), mean_(mean), ts_(e, layout, dim, false, seed, capacities(hashed)) {
+    if (hashed.empty()) return;
+    hashed_ = std::make_unique<hashed_cuda::HashedTables>(std::move(hashed), dim, e.emb_adagrad,
+                                                          e.emb_init_acc, e.dev, e.st);
+    hashed_->bind(ts_.tab);
+  }
   void alloc(Engine& e, int64_t cap) override { alloc_value(e, cap); }
-  void alloc_scratch(Engine& e, int64_t max_nnz) override { ts_.alloc_scratch(e, max_nnz); }
+  void alloc_scratch(Engine& e, int64_t max_nnz) override {
+    ts_.alloc_scratch(e, max_nnz);
+    if (hashed_) hashed_->alloc(max_nnz);
+  }
   void forward(Engine& e) override {
     Value& v = e.vals[self];
+    if (hashed_) {
+      // The step's row array belongs to this step's inputs; only table layers read it, and a
+      // hashed embedding layer is the only one (the constructor refuses a wide layer beside it).
+      uint32_t* rows = const_cast<uint32_t*>(e.keys);
+      hashed_->resolve(e.offsets, rows, e.B, e.nnz, e.st);
+      if (!hashed_->training()) {
+        if (v.dt == DType::BF16)
+          hashed_->pool_eval(e.offsets, rows, e.B, mean_, static_cast<bf16*>(v.y.raw()), e.st);
+        else
+          hashed_->pool_eval(e.offsets, rows, e.B, mean_, v.y.data<float>(), e.st);
+        return;
+      }
+    }
     if (v.dt == DType::BF16)
       ce::forward(ts_.tab, e.offsets, e.keys, e.B, mean_, static_cast<bf16*>(v.y.raw()), e.st);
     else
@@ -417,11 +448,19 @@ class EmbeddingNode final : public Node {
     ts_.collect(name_, tables);
   }
   const std::vector<uint32_t>& row_base() const { return ts_.row_base; }
+  hashed_cuda::HashedTables* hashed() const { return hashed_.get(); }
+  const std::string& name() const { return name_; }
 
  private:
+  static std::vector<int64_t> capacities(const std::vector<hashed_cuda::TableOptions>& h) {
+    std::vector<int64_t> c;
+    for (const auto& o : h) c.push_back(o.capacity);
+    return c;
+  }
   std::string name_;
   bool mean_;
   TableSet ts_;
+  std::unique_ptr<hashed_cuda::HashedTables> hashed_;
 };
 
 // Wide & Deep's linear part over the one-hot categorical features (nn::WideLinear):
@@ -977,7 +1016,8 @@ class GraphCuda final : public CudaModel {
   std::unique_ptr<Node> make_node(const LayerSpec& s, int idx, uint64_t seed);
   void check_batch(const io::Batch& b) const;
   void ensure_capacity(int64_t B, int64_t nnz);
-  void upload(const io::Batch& b, float lr, float emb_lr);
+  // `training`: hashed tables insert the batch's keys (evaluation only looks them up).
+  void upload(const io::Batch& b, float lr, float emb_lr, bool training);
   void bind_slot();
   void run_forward();
   void run_backward();
@@ -985,6 +1025,8 @@ class GraphCuda final : public CudaModel {
   void step_body();
   void refresh_shadows();
   void drop_graphs();
+  void report_hashed(hashed_cuda::HashedTables& h);
+  int64_t hashed_reported_lookups_ = 0;
   const float* logits() const { return e_.vals[spec_.layers[spec_.output].input_ids[0]].y.data<float>(); }
 
   OptimizerConfig oc_;
@@ -1075,10 +1117,14 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
     if (!s.tables.empty())
       fail(s.where, ": per-table settings (\"tables\") are not implemented on CUDA yet; remove "
            "them or train on the CPU (\"device\": \"cpu\")");
-    if (s.hashed.on)
-      fail(s.where, ": hashed embedding tables are not implemented as a CUDA model layer yet; "
-           "train this model on the CPU (\"device\": \"cpu\")");
   }
+  // Hashed tables number their rows by capacity; the step's row array is shared by all table
+  // layers, so a wide layer (rows by cardinality) cannot sit beside a hashed embedding layer.
+  for (const LayerSpec& h : spec_.layers)
+    for (const LayerSpec& w : spec_.layers)
+      if (h.hashed.on && w.type == "wide")
+        fail(h.where, ": hashed tables and a wide layer ('", w.name, "') in one model are not "
+             "implemented on CUDA; train this model on the CPU (\"device\": \"cpu\")");
   auto check_opt = [](const OptimizerConfig& c, const std::string& what, bool dense) {
     const nn::OptimizerKind k = nn::parse_optimizer(c.type);
     DLREC_CHECK(k == nn::OptimizerKind::SGD || k == nn::OptimizerKind::Adagrad,
@@ -1223,9 +1269,23 @@ std::unique_ptr<Node> GraphCuda::make_node(const LayerSpec& s, int idx, uint64_t
     set_value(T_ * dim, false);
     v.fields.assign(T_, dim);
     v.gdt = DType::F32;
+    // Hashed: the CPU layer's table options (graph_model.cc): capacity clamped to the feature's
+    // cardinality, seed per feature, init_scale or sqrt(1 / capacity).
+    std::vector<hashed_cuda::TableOptions> hashed;
+    if (s.hashed.on)
+      for (int64_t f = 0; f < T_; ++f) {
+        hashed_cuda::TableOptions o;
+        o.name = s.name + "." + std::to_string(f);
+        o.capacity = std::min<int64_t>(s.hashed.capacity, layout_.cardinalities[f]);
+        o.seed = nn::derive_seed(seed, static_cast<uint64_t>(f));
+        o.init_scale = static_cast<float>(s.hashed.init_scale >= 0
+                                              ? s.hashed.init_scale
+                                              : std::sqrt(1.0 / static_cast<double>(o.capacity)));
+        hashed.push_back(std::move(o));
+      }
     auto node = std::make_unique<EmbeddingNode>(e_, s.name, layout_, dim,
                                                 nn::parse_pooling(s.pooling) == nn::Pooling::Mean,
-                                                seed);
+                                                seed, std::move(hashed));
     emb_ = node.get();
     emb_idx_ = idx;
     row_base_ = &node->row_base();
@@ -1381,13 +1441,19 @@ void GraphCuda::ensure_capacity(int64_t B, int64_t nnz) {
   DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
 }
 
-void GraphCuda::upload(const io::Batch& b, float lr, float emb_lr) {
+void GraphCuda::upload(const io::Batch& b, float lr, float emb_lr, bool training) {
   const int64_t B = b.rows;
   int64_t nnz = 0;
   for (int64_t t = 0; t < T_; ++t) nnz += b.cat_offsets[t][B] - b.cat_offsets[t][0];
   ensure_capacity(B, nnz);
+  // Hashed tables: their state is rebuilt if it was handed out, their keys checked, before the
+  // common upload (which would reject a negative key with a fixed table's message); their int64
+  // keys follow on the copy stream after it (ordered after its wait for the slot to be free).
+  hashed_cuda::HashedTables* hashed = emb_ ? emb_->hashed() : nullptr;
+  if (hashed) hashed->prepare(b, training);
   cur_ = inputs_->upload(b, layout_.cardinalities, row_base_, lr,
                          emb_lr, copy_, e_.st, "graph model");
+  if (hashed) hashed->upload(b, cur_, copy_, e_.st);
   fwd_rows_ = B;
   fwd_nnz_ = nnz;
   bind_slot();
@@ -1482,7 +1548,7 @@ Tensor GraphCuda::forward(const io::Batch& batch, bool training) {
   DeviceGuard g(dev_index_);
   check_batch(batch);
   have_training_forward_ = false;
-  upload(batch, 0.f, 0.f);
+  upload(batch, 0.f, 0.f, training);
   run_forward();
   marks_.clear();  // phases are profiled in train_step only
   const int64_t B = fwd_rows_;
@@ -1533,7 +1599,8 @@ double GraphCuda::train_step(const io::Batch& batch, double lr_scale, bool want_
   DLREC_CHECK(lr_scale >= 0, "graph model: lr_scale must be >= 0, got ", lr_scale);
   have_training_forward_ = false;
   mark("begin");
-  upload(batch, static_cast<float>(lr_ * lr_scale), static_cast<float>(emb_lr_ * lr_scale));
+  upload(batch, static_cast<float>(lr_ * lr_scale), static_cast<float>(emb_lr_ * lr_scale),
+         true);
   mark("h2d (+host packing)");
   InputSlot& sl = inputs_->slots[cur_];
   run_step(sl, fwd_rows_, fwd_nnz_, graphs_, e_.st, [&] { step_body(); });
@@ -1560,8 +1627,47 @@ std::vector<NamedTensor> GraphCuda::parameters() {
   exposed_ = true;
   std::vector<NamedTensor> out;
   for (auto& p : dense_) out.emplace_back(p.name, p.value);
-  for (auto& p : tables_) out.emplace_back(p.name, p.value);
+  hashed_cuda::HashedTables* hashed = emb_ ? emb_->hashed() : nullptr;
+  if (!hashed) {
+    for (auto& p : tables_) out.emplace_back(p.name, p.value);
+    return out;
+  }
+  // Hashed tables as the CPU graph model hands them out (names, order, shapes and meaning):
+  // per table "<t>.weight" (the device rows by slot), then host tensors "<t>.keys", "<t>.lru"
+  // and "<t>.hash_meta" built from the device state; the caller may write into all of them (a
+  // checkpoint load), and the next step rebuilds the device state from them.
+  report_hashed(*hashed);
+  const auto& st = hashed->export_state();
+  DLREC_CHECK(st.size() == tables_.size(), "graph model: ", st.size(), " hashed tables for ",
+              tables_.size(), " tables (bug)");
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    const std::string base = emb_->name() + "." + std::to_string(t);
+    out.emplace_back(tables_[t].name, tables_[t].value);
+    out.emplace_back(base + ".keys", st[t].keys);
+    out.emplace_back(base + ".lru", st[t].lru);
+    out.emplace_back(base + ".hash_meta", st[t].meta);
+  }
   return out;
+}
+
+// One "[hashed]" line per table on stderr when lookups happened since the last report, as the
+// CPU graph model prints at checkpoints and exports.
+void GraphCuda::report_hashed(hashed_cuda::HashedTables& h) {
+  const auto st = h.stats();
+  int64_t total = 0;
+  for (const auto& s : st) total += s.lookups;
+  if (total == hashed_reported_lookups_) return;
+  hashed_reported_lookups_ = total;
+  for (size_t t = 0; t < st.size(); ++t) {
+    const auto& s = st[t];
+    std::fprintf(stderr,
+                 "[hashed] %s.%zu: %lld/%lld rows, %lld lookups, hit rate %.4f, %lld inserts, "
+                 "%lld evictions\n",
+                 emb_->name().c_str(), t, static_cast<long long>(s.size),
+                 static_cast<long long>(h.capacities()[t]), static_cast<long long>(s.lookups),
+                 s.lookups ? static_cast<double>(s.hits) / s.lookups : 0.0,
+                 static_cast<long long>(s.inserts), static_cast<long long>(s.evictions));
+  }
 }
 
 std::vector<NamedTensor> GraphCuda::optimizer_state() {

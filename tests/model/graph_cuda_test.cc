@@ -498,11 +498,16 @@ TEST(GraphCuda, UnsupportedLayersAndOptimizersAreClearErrors) {
     {"name": "c", "type": "concat", "inputs": ["emb"]},
     {"name": "o", "type": "output", "input": "c"})";
   expect_error([&] { build(per_table, kSgd, "fp32"); }, {"layer 'emb'", "tables", "CPU"});
-  const std::string hashed = R"(
+  // Hashed tables train on CUDA (tests/embedding/graph_hashed_cuda_test.cc), but not beside a
+  // wide layer.
+  const std::string hashed_wide = R"(
     {"name": "emb", "type": "embedding", "dim": 4, "hashed": {"capacity": 10}},
+    {"name": "w", "type": "wide"},
     {"name": "c", "type": "concat", "inputs": ["emb"]},
-    {"name": "o", "type": "output", "input": "c"})";
-  expect_error([&] { build(hashed, kSgd, "fp32"); }, {"layer 'emb'", "hashed", "CPU"});
+    {"name": "m", "type": "mlp", "input": "c", "sizes": [1]},
+    {"name": "s", "type": "add", "inputs": ["m", "w"]},
+    {"name": "o", "type": "output", "input": "s"})";
+  expect_error([&] { build(hashed_wide, kSgd, "fp32"); }, {"layer 'emb'", "hashed", "wide", "CPU"});
 }
 
 TEST(GraphCuda, UnsupportedEmbeddingShapesAreClearErrors) {
