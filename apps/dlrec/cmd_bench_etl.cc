@@ -36,6 +36,7 @@ struct EtlBenchOptions {
   double valid_ratio = 0.1;
   int64_t memory_budget_mb = 0;
   int64_t chunk_rows = 0;
+  int64_t input_cache_mb = -1;
   bool keep = false;
 };
 
@@ -84,6 +85,7 @@ int run_etl_bench(const EtlBenchOptions& o) {
       e.overwrite = true;
       e.memory_budget_mb = o.memory_budget_mb;
       if (o.chunk_rows > 0) e.read.chunk_rows = o.chunk_rows;
+      e.input_cache_mb = o.input_cache_mb;
       const double cpu0 = cpu_seconds();
       etl::EtlResult r = etl::run_etl(e);
       const double cpu = cpu_seconds() - cpu0;
@@ -93,11 +95,12 @@ int run_etl_bench(const EtlBenchOptions& o) {
       const int64_t rows = r.train_rows + r.valid_rows;
       rates.push_back(mb / s);
       std::printf("bench etl: input=%.1fMB rows=%lld threads=%d seconds=%.2f MB/s=%.1f "
-                  "MB/s/core=%.1f rows/s=%.0f cpu_seconds=%.2f MB/cpu_s=%.1f peak_rss=%.0fMB "
+                  "MB/s/core=%.1f rows/s=%.0f cpu_seconds=%.2f MB/cpu_s=%.1f peak_rss=%.0fMB input_cache=%.0fMB "
                   "(count %.2fs, fit %.2fs x%d, transform+write %.2fs, output %.1fMB; waited for the "
                   "reader %.2fs, writer thread busy %.2fs)\n",
                   mb, static_cast<long long>(rows), threads, s, mb / s, mb / s / threads,
-                  rows / s, cpu, mb / std::max(cpu, 1e-9), peak_rss_mb(), r.count_seconds,
+                  rows / s, cpu, mb / std::max(cpu, 1e-9), peak_rss_mb(), r.input_cache_bytes / 1e6,
+                  r.count_seconds,
                   r.fit_seconds, r.fit_passes, r.transform_seconds, r.output_bytes / 1e6,
                   r.read_wait_seconds, r.write_seconds);
       std::fflush(stdout);
@@ -141,6 +144,10 @@ Runner add_bench_etl(CLI::App* b) {
                 "ETL memory budget in MB (0: unbounded vocabularies in memory)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   s->add_option("--chunk-rows", o->chunk_rows, "Rows per parsed chunk (default: the reader's)");
+  s->add_option("--input-cache", o->input_cache_mb,
+                "MB for the parsed input kept between the passes (0: parse it again; default: "
+                "as dlrec etl)")
+      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 30));
   s->add_flag("--keep", o->keep, "Keep the generated input and the output");
   return [o] { return run_etl_bench(*o); };
 }

@@ -62,7 +62,7 @@ Runner add_etl(CLI::App& app) {
     std::vector<std::string> inputs;
     std::string format = "criteo", schema, workflow, out;
     std::string on_error = "fail";
-    int64_t train_rows = -1, shard_rows = 0, memory_budget_mb = 0;
+    int64_t train_rows = -1, shard_rows = 0, memory_budget_mb = 0, input_cache_mb = -1;
     std::string spill_dir;
     bool shuffle = false;
     int64_t seed = 0;
@@ -89,6 +89,11 @@ Runner add_etl(CLI::App& app) {
                 "spill to disk and are merged (exact). 0 (default): no bound")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   c->add_option("--spill-dir", a->spill_dir, "Directory for spill files (default: --out)");
+  c->add_option("--input-cache", a->input_cache_mb,
+                "MB of memory for the parsed input kept between the passes, so that it is "
+                "parsed once (0: parse it again each pass; default: half of --memory-budget, "
+                "else 40% of the RAM; past it the input is read again)")
+      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 30));
   c->add_flag("--shuffle", a->shuffle,
               "Shuffle the training rows within and across files (seeded permutation)");
   c->add_option("--seed", a->seed, "Seed of --shuffle (default 0)")
@@ -112,6 +117,7 @@ Runner add_etl(CLI::App& app) {
     o.overwrite = a->overwrite;
     o.memory_budget_mb = a->memory_budget_mb;
     o.spill_dir = a->spill_dir;
+    o.input_cache_mb = a->input_cache_mb;
     o.shuffle = a->shuffle;
     o.seed = static_cast<uint64_t>(a->seed);
     o.ranks = a->ranks;

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <future>
 #include <memory>
 #include <tuple>
@@ -409,6 +410,57 @@ class BatchReader {
   double wait_seconds_ = 0;
 };
 
+// Heap bytes a parsed chunk holds (its vectors' capacities).
+int64_t chunk_bytes(const io::RawChunk& c) {
+  int64_t b = static_cast<int64_t>(c.label.capacity() + c.dense.capacity()) * 4;
+  for (const auto& v : c.cat_values) b += static_cast<int64_t>(v.capacity()) * 8;
+  for (const auto& v : c.cat_offsets) b += static_cast<int64_t>(v.capacity()) * 8;
+  return b;
+}
+
+// Moves rows [k, rows) of c into `tail` (c keeps rows [0, k)).
+void split_chunk(io::RawChunk& c, int64_t k, io::RawChunk& tail) {
+  const int nd = c.num_dense, nc = c.num_cat;
+  tail.reset(nd, nc);
+  tail.rows = c.rows - k;
+  tail.first_line = c.first_line > 0 ? c.first_line + k : 0;  // as Workflow's messages count
+  tail.label.assign(c.label.begin() + std::min<int64_t>(k, c.label.size()), c.label.end());
+  tail.dense.assign(c.dense.begin() + k * nd, c.dense.end());
+  c.label.resize(std::min<int64_t>(k, c.label.size()));
+  c.dense.resize(k * nd);
+  for (int t = 0; t < nc; ++t) {
+    auto& off = c.cat_offsets[t];
+    auto& val = c.cat_values[t];
+    const int64_t v0 = off[k];
+    tail.cat_values[t].assign(val.begin() + v0, val.end());
+    auto& toff = tail.cat_offsets[t];
+    toff.resize(tail.rows + 1);
+    for (int64_t r = 0; r <= tail.rows; ++r) toff[r] = off[k + r] - v0;
+    val.resize(v0);
+    off.resize(k + 1);
+  }
+  c.rows = k;
+}
+
+// The parsed input kept between the passes (EtlOptions::input_cache_mb): every row in input
+// order, chunks [0, train_chunks) holding the training rows and the rest the validation rows
+// (the chunk holding the split is cut in two). A deque, so that the chunks handed to the fit
+// stay where they are while more come.
+struct InputCache {
+  std::deque<io::RawChunk> chunks;
+  size_t train_chunks = 0;
+  int64_t bytes = 0, cap = 0;
+  bool on = false;    // keeping chunks (pass 0) or holding all of them (later)
+  bool drop = false;  // over the cap: drop the chunks at the next call (the fit still reads them)
+};
+
+// The default cache size: half of the memory budget, else 40 % of the physical memory.
+int64_t default_cache_bytes(int64_t memory_budget_mb) {
+  if (memory_budget_mb > 0) return (memory_budget_mb << 20) / 2;
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page / 5 * 2 : 0;
+}
+
 // Chunks per batch: one per thread, so that a batch is one parallel parse of the reader.
 int batch_chunks() { return std::max(2, num_threads()); }
 
@@ -589,29 +641,122 @@ EtlResult run_etl(const EtlOptions& o) {
     std::unique_ptr<BatchReader> batches;
     std::unique_ptr<Progress> progress;
     int64_t fit_rows = 0;
-    workflow.fit_batches([&]() -> ChunkBatchSource {
+    // The input cache: on unless it is off or the row count says it cannot fit.
+    InputCache cache;
+    cache.cap = o.input_cache_mb < 0 ? default_cache_bytes(o.memory_budget_mb)
+                                     : o.input_cache_mb << 20;
+    {
+      const io::Schema& sc = o.schema;
+      const int64_t row_bytes = 4 + 4 * sc.num_dense() + 16 * sc.num_cat();
+      cache.on = cache.cap > 0 && (expected_rows < 0 || expected_rows * row_bytes <= cache.cap);
+    }
+    bool cached = false;          // the transform pass reads the cache
+    int64_t read_rows = 0;        // input rows read by this fit pass
+    std::vector<io::RawChunk> batch;  // the reader's current batch
+    io::RawChunk tail;
+    bool cache_read_failed = false;   // the reader failed in the first pass, keeping rows
+    auto open_fit_pass = [&]() -> ChunkBatchSource {
       if (progress) progress->finish();
-      io::ReadOptions ro = o.read;
-      ro.max_rows = n_train;
-      if (batches) res.read_wait_seconds += batches->wait_seconds();
-      batches.reset();
-      batches = std::make_unique<BatchReader>(io::open_reader(o.inputs, o.schema, ro),
-                                              batch_chunks());
       ++pass;
       progress = std::make_unique<Progress>(
           "etl fit (pass " + std::to_string(pass) + "/" + std::to_string(res.fit_passes) + ")",
           n_train, "rows");
       fit_rows = 0;
-      return [&](std::vector<io::RawChunk>& c) {
-        const int n = batches->next(c);
-        for (int i = 0; i < n; ++i) fit_rows += c[i].rows;
+      if (cached) {  // a later pass over the kept training chunks
+        size_t at = 0;
+        return [&, at](std::vector<const io::RawChunk*>& out) mutable {
+          out.clear();
+          const size_t k = static_cast<size_t>(batch_chunks());
+          for (; at < cache.train_chunks && out.size() < k; ++at) {
+            out.push_back(&cache.chunks[at]);
+            fit_rows += cache.chunks[at].rows;
+          }
+          progress->update(fit_rows);
+          return static_cast<int>(out.size());
+        };
+      }
+      io::ReadOptions ro = o.read;
+      // Keeping the rows: the first pass reads all of them (the validation rows too).
+      if (!(pass == 1 && cache.on)) ro.max_rows = n_train;
+      if (batches) res.read_wait_seconds += batches->wait_seconds();
+      batches.reset();
+      batches = std::make_unique<BatchReader>(io::open_reader(o.inputs, o.schema, ro),
+                                              batch_chunks());
+      const bool first = pass == 1;
+      read_rows = 0;
+      return [&, first](std::vector<const io::RawChunk*>& out) {
+        out.clear();
+        if (cache.drop) {  // the fit is done with the chunks handed out last time
+          cache.chunks.clear();
+          cache.bytes = 0;
+          cache.train_chunks = 0;
+          cache.drop = false;
+        }
+        while (out.empty()) {
+          int n = 0;
+          try {
+            n = batches->next(batch);
+          } catch (...) {
+            if (first && cache.on) cache_read_failed = true;
+            throw;
+          }
+          if (n == 0) break;
+          for (int i = 0; i < n; ++i) {
+            io::RawChunk& c = batch[i];
+            const int64_t train =
+                n_train < 0 ? c.rows : std::max<int64_t>(0, std::min(c.rows, n_train - read_rows));
+            read_rows += c.rows;
+            const bool has_tail = first && train > 0 && train < c.rows;
+            if (has_tail) split_chunk(c, train, tail);
+            if (first && cache.on) {
+              cache.bytes += chunk_bytes(c) + (has_tail ? chunk_bytes(tail) : 0);
+              cache.chunks.push_back(std::move(c));
+              if (train > 0) {
+                out.push_back(&cache.chunks.back());
+                cache.train_chunks = cache.chunks.size();
+              }
+              if (has_tail) cache.chunks.push_back(std::move(tail));
+            } else if (train > 0) {
+              out.push_back(&c);  // stays in `batch` until the next call
+            }
+            if (train > 0) fit_rows += train;
+          }
+          if (first && cache.on && cache.bytes > cache.cap) {
+            cache.on = false;  // too large: the later passes read the input again
+            cache.drop = true;
+          }
+        }
         progress->update(fit_rows);
-        return n;
+        return static_cast<int>(out.size());
       };
-    });
-    if (batches) res.read_wait_seconds += batches->wait_seconds();
-    batches.reset();
+    };
+    try {
+      workflow.fit_batches(open_fit_pass);
+    } catch (const Error&) {
+      // A bad row met while keeping the rows may lie past the training rows, where the fit
+      // alone would not have read (the transform pass would report it, or an earlier error of
+      // its own first). The fit starts again without keeping rows, so errors come as they would
+      // without the cache.
+      if (!cache_read_failed) throw;
+      if (batches) res.read_wait_seconds += batches->wait_seconds();
+      batches.reset();
+      cache = InputCache{};
+      pass = 0;
+      workflow.fit_batches(open_fit_pass);
+    }
     if (progress) progress->finish();
+    if (batches) res.read_wait_seconds += batches->wait_seconds();
+    if (cache.drop) {
+      cache.chunks.clear();
+      cache.bytes = 0;
+    }
+    cached = cache.on;
+    res.input_cache_bytes = cached ? cache.bytes : 0;
+    // The first pass's reader has seen every row when the transform reads the cache: its
+    // statistics (skipped rows) are the transform's.
+    std::unique_ptr<BatchReader> fit_reader;
+    if (cached) fit_reader = std::move(batches);
+    batches.reset();
     if (fit_rows == 0) fail("etl: the input holds no rows to fit on");
     if (o.train_rows >= 0 && fit_rows < n_train)
       fail("etl: train_rows is ", n_train, " but the input holds only ", fit_rows,
@@ -640,7 +785,21 @@ EtlResult run_etl(const EtlOptions& o) {
                                             o.shuffle, o.seed, o.block_rows, &created);
     }
     int64_t written_train = 0;  // training rows handed to the writers
-    BatchReader input(io::open_reader(o.inputs, o.schema, o.read), batch_chunks());
+    // The rows: from the cache (each batch's chunks leave it, so its memory goes down as the
+    // pass goes on), else read again.
+    std::unique_ptr<BatchReader> input;
+    if (!cached) input = std::make_unique<BatchReader>(io::open_reader(o.inputs, o.schema, o.read),
+                                                       batch_chunks());
+    auto next_batch = [&](std::vector<io::RawChunk>& out) -> int {
+      if (input) return input->next(out);
+      const size_t k = std::min(cache.chunks.size(), static_cast<size_t>(batch_chunks()));
+      if (out.size() < k) out.resize(k);
+      for (size_t i = 0; i < k; ++i) {
+        out[i] = std::move(cache.chunks.front());
+        cache.chunks.pop_front();
+      }
+      return static_cast<int>(k);
+    };
     Progress tp("etl transform", expected_rows, "rows");
     // Each batch of chunks is transformed on all cores (a chunk per task, into its own
     // io::Batch); the writer thread then hands its rows to the shard writers, which encode
@@ -656,7 +815,7 @@ EtlResult run_etl(const EtlOptions& o) {
     int64_t train_seen = 0;  // training rows so far (after filtering)
     std::future<void> writing;
     double write_busy = 0;   // seconds the writer thread worked
-    for (int n; (n = input.next(chunks)) > 0;) {
+    for (int n; (n = next_batch(chunks)) > 0;) {
       std::vector<io::Batch>& out = outs[cur];
       if (static_cast<int>(out.size()) < n) out.resize(n);
       kept.resize(std::max<size_t>(kept.size(), n));
@@ -728,9 +887,9 @@ EtlResult run_etl(const EtlOptions& o) {
       cur ^= 1;
     }
     if (writing.valid()) writing.get();
-    res.read_wait_seconds += input.wait_seconds();
     res.write_seconds = write_busy;
-    const io::ChunkReader* reader = &input.reader();
+    if (input) res.read_wait_seconds += input->wait_seconds();
+    const io::ChunkReader* reader = input ? &input->reader() : &fit_reader->reader();
     if (ranked) {
       ranked->finish();
       res.rank_shards = ranked->rank_names();

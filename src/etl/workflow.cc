@@ -489,24 +489,24 @@ struct Workflow::Impl {
   // column (and feature op) walks all the chunks in order, so every op sees exactly the value
   // sequence of a chunk-by-chunk fit; the tasks are claimed dynamically, Categorify columns
   // (the heaviest) first.
-  void fit_chunks(const io::RawChunk* raws, int n, int pass) {
-    for (int i = 0; i < n; ++i) check_chunk(raws[i], "fit");
+  void fit_chunks(const io::RawChunk* const* raws, int n, int pass) {
+    for (int i = 0; i < n; ++i) check_chunk(*raws[i], "fit");
     std::vector<io::RawChunk> filtered;
     std::vector<const io::RawChunk*> chunks(n);
-    for (int i = 0; i < n; ++i) chunks[i] = &raws[i];
+    for (int i = 0; i < n; ++i) chunks[i] = raws[i];
     if (!filters.empty()) {
       filtered.resize(n);
       parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
         std::vector<uint8_t> keep;
         for (int64_t i = lo; i < hi; ++i) {
-          filter_mask(raws[i], keep);
-          compact(raws[i], keep, filtered[i], nullptr);
+          filter_mask(*raws[i], keep);
+          compact(*raws[i], keep, filtered[i], nullptr);
           chunks[i] = &filtered[i];
         }
       });
     }
     for (int i = 0; i < n; ++i) {
-      if (pass == 0) stats_input_rows += raws[i].rows;
+      if (pass == 0) stats_input_rows += raws[i]->rows;
       if (pass == 0) stats_rows += chunks[i]->rows;
     }
     const int nd = static_cast<int>(dense.size());
@@ -776,10 +776,11 @@ void Workflow::fit_multipass(const std::function<ChunkSource()>& open_pass) {
   m.have_stats = false;
   const int passes = num_fit_passes();
   io::RawChunk chunk;
+  const io::RawChunk* one = &chunk;
   for (int pass = 0; pass < passes; ++pass) {
     m.begin_pass(pass);
     ChunkSource next = open_pass();
-    while (next(chunk)) m.fit_chunks(&chunk, 1, pass);
+    while (next(chunk)) m.fit_chunks(&one, 1, pass);
     m.end_pass(pass);
   }
   m.fitted = true;
@@ -792,7 +793,7 @@ void Workflow::fit_batches(const std::function<ChunkBatchSource()>& open_pass) {
   m.fitted = false;
   m.have_stats = false;
   const int passes = num_fit_passes();
-  std::vector<io::RawChunk> chunks;
+  std::vector<const io::RawChunk*> chunks;
   for (int pass = 0; pass < passes; ++pass) {
     m.begin_pass(pass);
     ChunkBatchSource next = open_pass();

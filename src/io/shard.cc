@@ -110,6 +110,8 @@ struct ShardWriter::Impl {
   int64_t block_rows;
   AtomicFile file;
   Batch pending;
+  Batch spare;                          // write_parts: the next pending rows are built here
+  std::vector<std::string> block_bufs;  // write_parts: encoded blocks, kept for the next call
   std::string buf;
   std::vector<std::pair<uint64_t, uint64_t>> index;  // (first_row, file_offset) per block
   int64_t rows = 0;     // rows accepted (written + pending)
@@ -333,7 +335,8 @@ struct ShardWriter::Impl {
     if (nblocks > 0) {
       const int nsec = static_cast<int>(layout.cardinalities.size()) + 1;
       std::vector<std::vector<size_t>> layouts(nblocks);
-      std::vector<std::string> bufs(nblocks);
+      std::vector<std::string>& bufs = block_bufs;  // reused: no new pages to fault in
+      if (static_cast<int64_t>(bufs.size()) < nblocks) bufs.resize(nblocks);
       for (int64_t k = 0; k < nblocks; ++k) {
         layouts[k] = block_sections(blocks[k], block_rows);
         bufs[k].resize(layouts[k].back());
@@ -351,11 +354,11 @@ struct ShardWriter::Impl {
       for (int64_t k = 0; k < nblocks; ++k) append_block(bufs[k], block_rows);
       start_writeback();
     }
-    Batch rest;
+    Batch& rest = spare;  // the previous pending rows' vectors, reused
     rest.reset(layout.num_dense, static_cast<int>(layout.cardinalities.size()));
     for (; s < seq.size(); ++s, at = s < seq.size() ? seq[s].begin : 0)
       if (seq[s].end > at) rest.append_rows(*seq[s].batch, at, seq[s].end);
-    pending = std::move(rest);
+    std::swap(pending, rest);
     rows = first[np];
   }
 

@@ -660,6 +660,7 @@ struct TextReader::Impl {
   std::vector<Piece> pieces;
   size_t next_piece = 0, num_pieces = 0;
   size_t piece_bytes = 0;  // bytes per piece: about chunk_rows lines (0: not estimated yet)
+  size_t avg_line = 0;     // average line length in the first MB (bytes, newline included)
 
   bool done = false;
 
@@ -681,6 +682,7 @@ struct TextReader::Impl {
     P.error_line = -1;
     P.error_rows = 0;
     P.error_unterminated = false;
+    reserve_rows(P.chunk, e - b);
     const char* base = data;
     LineError err;
     size_t p = b;
@@ -710,6 +712,21 @@ struct TextReader::Impl {
   }
 
   // Parses the next pieces of the mapped file from `pos` (at a line start) in parallel.
+  // Room for the rows of `bytes` of text (by the average line length, 6 % over), so that the
+  // chunk's vectors are not regrown (copied, their new pages faulted in) row after row; one
+  // value per categorical column and row (multi-hot lists may still grow theirs). Nothing to do
+  // for a chunk whose vectors already have the room (a reused chunk).
+  void reserve_rows(RawChunk& c, size_t bytes) const {
+    if (avg_line == 0) return;
+    const size_t rows = bytes / avg_line + bytes / avg_line / 16 + 16;
+    c.label.reserve(rows);
+    c.dense.reserve(rows * static_cast<size_t>(c.num_dense));
+    for (int k = 0; k < c.num_cat; ++k) {
+      c.cat_values[k].reserve(rows);
+      c.cat_offsets[k].reserve(rows + 1);
+    }
+  }
+
   void refill_pieces() {
     const size_t rem = end - pos;
     if (piece_bytes == 0) {  // the average line length of the first MB
@@ -722,6 +739,7 @@ struct TextReader::Impl {
         p = static_cast<const char*>(nl) + 1;
       }
       const size_t avg = std::max<size_t>(1, sample / std::max<size_t>(lines, 1));
+      avg_line = avg;
       const size_t rows = static_cast<size_t>(std::max<int64_t>(opt.chunk_rows, 1));
       piece_bytes = rows > rem / avg ? rem + 1 : rows * avg;
     }

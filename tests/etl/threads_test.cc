@@ -122,6 +122,52 @@ TEST(ThreadsTest, MemoryBudgetSameBytesForAnyThreadCount) {
   expect_same_bytes_for_threads(json::parse(kCriteo), 1);  // 1 MB: the counts spill
 }
 
+// The input parsed once and kept between the passes (input_cache_mb) gives the bytes of the
+// input parsed again for every pass: kept whole (default size), dropped part-way through the
+// first pass (1 MB, less than the parsed rows), and never kept (0); with filters, feature ops
+// and two fit passes, and with malformed rows skipped in the training and validation parts.
+TEST(ThreadsTest, InputCacheSameBytesKeptDroppedOrOff) {
+  TempDir tmp("input_cache");
+  const std::string input = tmp.path + "/in.tsv";
+  std::string text = criteo_text(30000, 5);
+  for (int line : {25000, 9000}) {  // malformed rows: one validates, one trains (skip mode)
+    size_t p = 0;
+    for (int i = 1; i < line; ++i) p = text.find('\n', p) + 1;
+    text.insert(p, "1\tx\t3\n");
+  }
+  std::ofstream(input) << text;
+  ThreadsGuard guard;
+  set_num_threads(3);
+  for (const char* wf : {kCriteo, kFeatures}) {
+    std::vector<std::string> ref_files;
+    int64_t ref_skipped = -1;
+    for (int64_t cache_mb : {int64_t{0}, int64_t{-1}, int64_t{1}}) {
+      const std::string out = tmp.path + "/c" + std::to_string(cache_mb + 1);
+      EtlOptions o = options(input, out, json::parse(wf));
+      o.read.on_error = io::OnError::Skip;
+      o.input_cache_mb = cache_mb;
+      o.overwrite = true;
+      EtlResult r = run_etl(o);
+      EXPECT_EQ(r.skipped_rows, 2);
+      if (cache_mb == -1)
+        EXPECT_GT(r.input_cache_bytes, int64_t{1} << 20) << "the parsed rows were not kept";
+      else
+        EXPECT_EQ(r.input_cache_bytes, 0) << "cache " << cache_mb << " MB";
+      if (cache_mb == 0) {
+        ref_files = list_dir(out);
+        ref_skipped = r.skipped_rows;
+        EXPECT_GT(ref_files.size(), 4u);
+        continue;
+      }
+      EXPECT_EQ(r.skipped_rows, ref_skipped);
+      EXPECT_EQ(list_dir(out), ref_files) << "cache " << cache_mb << " MB";
+      for (const auto& f : ref_files)
+        EXPECT_EQ(read_all(tmp.path + "/c1/" + f), read_all(out + "/" + f))
+            << f << " differs with an input cache of " << cache_mb << " MB";
+    }
+  }
+}
+
 std::string error_of(const EtlOptions& o) {
   try {
     run_etl(o);

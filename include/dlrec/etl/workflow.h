@@ -36,9 +36,9 @@ namespace dlrec::etl {
 
 // Fills the chunk with the next rows; false when the pass is over.
 using ChunkSource = std::function<bool(io::RawChunk&)>;
-// Fills chunks[0, n) with the next rows (resizing the vector as needed) and returns n; 0 when
-// the pass is over.
-using ChunkBatchSource = std::function<int(std::vector<io::RawChunk>&)>;
+// Sets `chunks` to the next chunks of rows, in order (they stay valid until the next call) and
+// returns their number; 0 when the pass is over.
+using ChunkBatchSource = std::function<int(std::vector<const io::RawChunk*>& chunks)>;
 
 class Workflow {
  public:
