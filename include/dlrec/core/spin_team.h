@@ -1,0 +1,52 @@
+// SpinTeam: a few threads for parallel work that lasts microseconds (the GPU engine's input
+// packing at serving batch sizes), where waking pool threads through a condition variable
+// costs more than the work.
+//
+// run(fn) calls fn(i) for i in [0, size()): i = 0 on the caller, the others on the team's
+// threads, and returns when all are done (rethrowing the first exception). After a job the
+// threads spin for `spin_us` microseconds waiting for the next one (a back-to-back caller finds
+// them awake: a dispatch costs an atomic store), then sleep until woken. One run() at a time;
+// concurrent callers are serialised.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace dlrec {
+
+class SpinTeam {
+ public:
+  // `size` >= 1 participants (size - 1 threads are started); spin_us >= 0.
+  explicit SpinTeam(int size, int spin_us = 200);
+  ~SpinTeam();
+  SpinTeam(const SpinTeam&) = delete;
+  SpinTeam& operator=(const SpinTeam&) = delete;
+
+  int size() const { return static_cast<int>(threads_.size()) + 1; }
+  void run(const std::function<void(int)>& fn);
+
+ private:
+  void loop(int index);
+  void call(int index);
+
+  const int spin_us_;
+  std::mutex run_mu_;  // one run() at a time
+  const std::function<void(int)>* job_ = nullptr;
+  std::atomic<uint64_t> generation_{0};  // bumped per job; workers start when it changes
+  std::atomic<int> pending_{0};          // workers still running the current job
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;  // guards sleeping_ and the wake-up
+  std::condition_variable wake_;
+  int sleeping_ = 0;
+  std::mutex error_mu_;
+  std::exception_ptr error_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace dlrec

@@ -1,0 +1,91 @@
+#include "dlrec/core/spin_team.h"
+
+#include <chrono>
+
+#include "dlrec/core/error.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define DLREC_CPU_RELAX() _mm_pause()
+#else
+#define DLREC_CPU_RELAX() std::this_thread::yield()
+#endif
+
+namespace dlrec {
+
+SpinTeam::SpinTeam(int size, int spin_us) : spin_us_(spin_us) {
+  DLREC_CHECK(size >= 1, "SpinTeam: size must be >= 1, got ", size);
+  DLREC_CHECK(spin_us >= 0, "SpinTeam: spin_us must be >= 0, got ", spin_us);
+  threads_.reserve(static_cast<size_t>(size - 1));
+  for (int i = 1; i < size; ++i) threads_.emplace_back([this, i] { loop(i); });
+}
+
+SpinTeam::~SpinTeam() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_.store(true);
+    generation_.fetch_add(1);
+  }
+  wake_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void SpinTeam::call(int index) {
+  try {
+    (*job_)(index);
+  } catch (...) {
+    std::lock_guard<std::mutex> lk(error_mu_);
+    if (!error_) error_ = std::current_exception();
+  }
+}
+
+void SpinTeam::loop(int index) {
+  uint64_t seen = 0;  // the generation at construction: a job posted before this thread
+                     // got here still counts as new
+  for (;;) {
+    // Spin for the next job, then sleep.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
+    uint64_t g = generation_.load(std::memory_order_acquire);
+    for (int k = 0; g == seen; ++k) {
+      DLREC_CPU_RELAX();
+      if ((k & 255) == 255 && std::chrono::steady_clock::now() >= deadline) break;
+      g = generation_.load(std::memory_order_acquire);
+    }
+    if (g == seen) {
+      std::unique_lock<std::mutex> lk(mu_);
+      ++sleeping_;
+      wake_.wait(lk, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+      --sleeping_;
+      g = generation_.load(std::memory_order_acquire);
+    }
+    seen = g;
+    if (stop_.load()) return;
+    call(index);
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+void SpinTeam::run(const std::function<void(int)>& fn) {
+  std::lock_guard<std::mutex> one(run_mu_);
+  job_ = &fn;
+  error_ = nullptr;
+  pending_.store(size() - 1, std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_acq_rel);  // publishes job_ and pending_
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (sleeping_ > 0) wake_.notify_all();
+  }
+  call(0);
+  for (int k = 0; pending_.load(std::memory_order_acquire) != 0; ++k) {
+    DLREC_CPU_RELAX();
+    if (k > (1 << 16)) std::this_thread::yield();  // a descheduled worker: do not burn the core
+  }
+  job_ = nullptr;
+  if (error_) {
+    std::exception_ptr e = error_;
+    error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+}  // namespace dlrec
