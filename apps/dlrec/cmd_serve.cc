@@ -23,9 +23,13 @@ Runner add_serve(CLI::App& app) {
                 "Prometheus metrics port, GET /metrics (0: any free port, -1: off)");
   c->add_option("--http-threads", o->http_threads, "HTTP worker threads")->check(CLI::Range(2, 1024));
   c->add_option("--grpc-threads", o->grpc_threads,
-                "gRPC completion queues (default 1), each with a polling thread that runs the "
-                "calls it takes; more threads join a queue whose threads are all busy")
+                "gRPC completion queues (default 1), each with one polling thread that parses "
+                "the calls and hands inferences to the batchers without waiting")
       ->check(CLI::Range(1, 256));
+  c->add_option("--grpc-inline-rows", o->grpc_inline_max_rows,
+                "gRPC inferences of fewer rows (default 1024) are scored on the polling thread "
+                "when an instance is idle and the queue delay is 0; bigger ones on a worker")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   c->add_option("--max-request-bytes", o->max_request_bytes,
                 "Largest request body accepted (HTTP 413 / gRPC RESOURCE_EXHAUSTED beyond)")
       ->check(CLI::Range(int64_t{1024}, int64_t{1} << 31));

@@ -12,8 +12,22 @@ namespace dlrec::serve {
 struct DynamicBatcher::Job {
   io::Batch batch;
   uint64_t enqueued_ns = 0;
-  std::promise<Result> promise;
+  Done done;
 };
+
+namespace {
+
+// Calls a request's `done`; what it throws (it should not) is dropped, so that a worker keeps
+// serving the others.
+void call_done(const DynamicBatcher::Done& done, DynamicBatcher::Result&& r,
+               std::exception_ptr err) {
+  try {
+    done(std::move(r), std::move(err));
+  } catch (...) {
+  }
+}
+
+}  // namespace
 
 DynamicBatcher::DynamicBatcher(BatchingConfig cfg, Execute execute, OnExecute on_execute)
     : DynamicBatcher(
@@ -43,10 +57,9 @@ int64_t DynamicBatcher::queued() const {
   return static_cast<int64_t>(queue_.size());
 }
 
-DynamicBatcher::Result DynamicBatcher::run(io::Batch batch) {
+void DynamicBatcher::submit(io::Batch batch, Done&& done, int64_t inline_max_rows) {
   int inline_worker = -1;
   uint64_t enqueued_ns = 0;
-  std::future<Result> fut;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (stop_) request_fail(Status::Unavailable, "the model is being unloaded");
@@ -54,9 +67,11 @@ DynamicBatcher::Result DynamicBatcher::run(io::Batch batch) {
       request_fail(Status::ResourceExhausted, "overloaded: the queue of the model holds ",
                    queue_.size(), " requests (max_queue_size); retry later");
     enqueued_ns = now_ns();
-    // No queue delay, nothing queued and an instance idle: run on this thread (no hand-off to
-    // a worker and back, which is most of a small request's latency).
-    if (cfg_.max_queue_delay_us == 0 && queue_.empty())
+    // No queue delay, nothing queued and an instance idle: a small request runs on this thread
+    // (no hand-off to a worker and back, which is most of its latency). A big one goes to a
+    // worker all the same, so that the caller (a front end's I/O thread) is free for the next
+    // request while it runs.
+    if (cfg_.max_queue_delay_us == 0 && queue_.empty() && batch.rows < inline_max_rows)
       for (size_t i = 0; i < busy_.size(); ++i)
         if (!busy_[i]) {
           busy_[i] = true;
@@ -67,52 +82,63 @@ DynamicBatcher::Result DynamicBatcher::run(io::Batch batch) {
       auto job = std::make_shared<Job>();
       job->batch = std::move(batch);
       job->enqueued_ns = enqueued_ns;
-      fut = job->promise.get_future();
+      job->done = std::move(done);
       queued_rows_ += job->batch.rows;
       queue_.push_back(std::move(job));
     }
   }
-  if (inline_worker < 0) {
-    // Every idle worker looks: notify_one could wake the worker of an instance that is busy
-    // with an inline request, which would go back to sleep.
-    if (busy_.size() > 1) cv_.notify_all();
-    else cv_.notify_one();
-    return fut.get();
-  }
-  auto release = [&] {
-    bool waiting;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      busy_[static_cast<size_t>(inline_worker)] = false;
-      waiting = !queue_.empty();
-    }
-    // Only queued requests need a worker: waking the idle workers after every inline request
-    // would cost each of them a context switch for nothing.
-    if (waiting) cv_.notify_all();
-  };
+  if (inline_worker >= 0) return run_inline(batch, inline_worker, enqueued_ns, done);
+  // Every idle worker looks: notify_one could wake the worker of an instance that is busy with
+  // an inline request, which would go back to sleep.
+  if (busy_.size() > 1) cv_.notify_all();
+  else cv_.notify_one();
+}
+
+DynamicBatcher::Result DynamicBatcher::run(io::Batch batch) {
+  std::promise<Result> promise;
+  std::future<Result> fut = promise.get_future();
+  submit(std::move(batch), [&promise](Result&& r, std::exception_ptr err) {
+    if (err) promise.set_exception(std::move(err));
+    else promise.set_value(std::move(r));
+  });
+  return fut.get();
+}
+
+void DynamicBatcher::run_inline(io::Batch& batch, int index, uint64_t enqueued_ns,
+                                const Done& done) {
   Result r;
+  std::exception_ptr err;
   const uint64_t start = now_ns();
   try {
-    r.outputs = execute_(batch, inline_worker);
+    r.outputs = execute_(batch, index);
     if (static_cast<int64_t>(r.outputs.size()) != batch.rows)
       request_fail(Status::Internal, "the model returned ", r.outputs.size(), " outputs for ",
                    batch.rows, " rows");
   } catch (...) {
-    release();
-    throw;
+    err = std::current_exception();
   }
   const uint64_t end = now_ns();
-  release();
-  if (on_execute_) {
+  bool waiting;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    busy_[static_cast<size_t>(index)] = false;
+    waiting = !queue_.empty();
+  }
+  // Only queued requests need a worker: waking the idle workers after every inline request
+  // would cost each of them a context switch for nothing.
+  if (waiting) cv_.notify_all();
+  if (!err && on_execute_) {
     try {
       on_execute_(batch.rows, end - start);
     } catch (...) {
     }
   }
-  r.queue_ns = start - enqueued_ns;
-  r.compute_ns = end - start;
-  r.merged_rows = batch.rows;
-  return r;
+  if (!err) {
+    r.queue_ns = start - enqueued_ns;
+    r.compute_ns = end - start;
+    r.merged_rows = batch.rows;
+  }
+  call_done(done, std::move(r), std::move(err));
 }
 
 void DynamicBatcher::worker(int index) {
@@ -176,18 +202,21 @@ void DynamicBatcher::worker(int index) {
     }
     int64_t offset = 0;
     for (auto& j : jobs) {
-      if (err) {
-        j->promise.set_exception(err);
-        continue;
-      }
       Result r;
-      r.outputs.assign(out.begin() + offset, out.begin() + offset + j->batch.rows);
-      offset += j->batch.rows;
-      r.queue_ns = start - j->enqueued_ns;
-      r.compute_ns = end - start;
-      r.merged_rows = input->rows;
-      j->promise.set_value(std::move(r));
+      if (!err) {
+        if (jobs.size() == 1) {
+          r.outputs = std::move(out);
+        } else {
+          r.outputs.assign(out.begin() + offset, out.begin() + offset + j->batch.rows);
+          offset += j->batch.rows;
+        }
+        r.queue_ns = start - j->enqueued_ns;
+        r.compute_ns = end - start;
+        r.merged_rows = input->rows;
+      }
+      call_done(j->done, std::move(r), err);
     }
+    jobs.clear();  // the callbacks and their captures go now, not with the next batch
   }
 }
 

@@ -6,7 +6,9 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <memory>
 #include <optional>
+#include <type_traits>
 #include <thread>
 #include <vector>
 
@@ -71,26 +73,24 @@ std::string contents_to_wire(const inference::InferTensorContents& c, const std:
 }
 
 // The RPC handlers, each filling its response and returning the call's status. They run on the
-// completion-queue threads of GrpcFrontend (below), one call at a time per thread.
+// completion-queue threads of GrpcFrontend (below), one call at a time per thread, except
+// ModelInfer (parsed there, finished where it is scored) and the repository's load and unload
+// (on a thread of their own).
 class Handlers {
  public:
   explicit Handlers(ServerCore& core) : core_(core) {}
 
+  // Runs a handler body; the call's status (OK, or what it threw), logged.
   template <class F>
   grpc::Status guarded(const char* rpc, F&& f) {
     const uint64_t t0 = now_ns();
-    grpc::Status st = grpc::Status::OK;
-    std::string msg;
     try {
       f();
     } catch (...) {
-      Status s = classify_current_exception(msg);
-      st = grpc::Status(grpc_code(s), msg);
+      return failed(rpc, t0);
     }
-    if (core_.options.access_log)
-      core_.access_log("grpc", "POST", std::string("/inference.GRPCInferenceService/") + rpc,
-                       static_cast<int>(st.error_code()), now_ns() - t0, msg);
-    return st;
+    log(rpc, t0, grpc::Status::OK);
+    return grpc::Status::OK;
   }
 
   grpc::Status ServerLive(grpc::ServerContext*, const inference::ServerLiveRequest*,
@@ -134,64 +134,81 @@ class Handlers {
       for (const auto& t : model->outputs()) fill(t, r->add_outputs());
     });
   }
-  // `req` is the calling slot's scratch, reused from call to call (its vectors and strings keep
-  // their capacity); the input tensors point into the request message, which outlives it.
-  grpc::Status ModelInfer(grpc::ServerContext*, const inference::ModelInferRequest* q,
-                          inference::ModelInferResponse* r, InferRequest& req) {
-    return guarded("ModelInfer", [&] {
-      auto model = core_.repository->get(q->model_name(), q->model_version());
-      req.model = q->model_name();
-      req.version = q->model_version();
-      req.id = q->id();
-      req.storage.clear();
-      const bool raw = q->raw_input_contents_size() > 0;
-      if (raw && q->raw_input_contents_size() != q->inputs_size())
-        request_fail(Status::InvalidArgument, "raw_input_contents has ",
-                     q->raw_input_contents_size(), " entries for ", q->inputs_size(), " inputs");
-      req.inputs.resize(static_cast<size_t>(q->inputs_size()));
-      for (int i = 0; i < q->inputs_size(); ++i) {
-        const auto& in = q->inputs(i);
-        InputTensor& t = req.inputs[static_cast<size_t>(i)];
-        t.name = in.name();
-        t.datatype = in.datatype();
-        if (datatype_size(t.datatype) < 0)
-          request_fail(Status::InvalidArgument, "input '", t.name, "': unknown datatype '",
-                       t.datatype.substr(0, 20), "'");
-        if (in.shape_size() > 8)
-          request_fail(Status::InvalidArgument, "input '", t.name, "': more than 8 dimensions");
-        t.shape.assign(in.shape().begin(), in.shape().end());
-        const int64_t count =
-            element_count(t.shape, t.name, core_.options.limits.max_tensor_elements);
-        if (raw) {
-          t.data = q->raw_input_contents(i);  // in place: no copy of the tensor
-          const int es = datatype_size(t.datatype);
-          if (es > 0 && static_cast<int64_t>(t.data.size()) != count * es)
-            request_fail(Status::InvalidArgument, "input '", t.name, "': ", t.data.size(),
-                         " bytes of raw_input_contents; shape and ", t.datatype, " need ",
-                         count * es);
-        } else {
-          req.storage.push_back(contents_to_wire(in.contents(), t.datatype, count, t.name));
-          t.data = req.storage.back();
-        }
+  // ModelInfer, first half (on a completion-queue thread): finds the model and turns the
+  // message into `req`, the calling slot's scratch, reused from call to call (its vectors and
+  // strings keep their capacity); the input tensors point into the request message, which
+  // outlives the call. Throws RequestError.
+  std::shared_ptr<ServedModel> parse_infer(const inference::ModelInferRequest* q,
+                                           InferRequest& req) {
+    auto model = core_.repository->get(q->model_name(), q->model_version());
+    req.model = q->model_name();
+    req.version = q->model_version();
+    req.id = q->id();
+    req.storage.clear();
+    const bool raw = q->raw_input_contents_size() > 0;
+    if (raw && q->raw_input_contents_size() != q->inputs_size())
+      request_fail(Status::InvalidArgument, "raw_input_contents has ",
+                   q->raw_input_contents_size(), " entries for ", q->inputs_size(), " inputs");
+    req.inputs.resize(static_cast<size_t>(q->inputs_size()));
+    for (int i = 0; i < q->inputs_size(); ++i) {
+      const auto& in = q->inputs(i);
+      InputTensor& t = req.inputs[static_cast<size_t>(i)];
+      t.name = in.name();
+      t.datatype = in.datatype();
+      if (datatype_size(t.datatype) < 0)
+        request_fail(Status::InvalidArgument, "input '", t.name, "': unknown datatype '",
+                     t.datatype.substr(0, 20), "'");
+      if (in.shape_size() > 8)
+        request_fail(Status::InvalidArgument, "input '", t.name, "': more than 8 dimensions");
+      t.shape.assign(in.shape().begin(), in.shape().end());
+      const int64_t count =
+          element_count(t.shape, t.name, core_.options.limits.max_tensor_elements);
+      if (raw) {
+        t.data = q->raw_input_contents(i);  // in place: no copy of the tensor
+        const int es = datatype_size(t.datatype);
+        if (es > 0 && static_cast<int64_t>(t.data.size()) != count * es)
+          request_fail(Status::InvalidArgument, "input '", t.name, "': ", t.data.size(),
+                       " bytes of raw_input_contents; shape and ", t.datatype, " need ",
+                       count * es);
+      } else {
+        req.storage.push_back(contents_to_wire(in.contents(), t.datatype, count, t.name));
+        t.data = req.storage.back();
       }
-      req.outputs.resize(static_cast<size_t>(q->outputs_size()));
-      for (int i = 0; i < q->outputs_size(); ++i) {
-        req.outputs[static_cast<size_t>(i)].name = q->outputs(i).name();
-        req.outputs[static_cast<size_t>(i)].binary = false;
-      }
-      InferResponse resp = model->infer(req);
-      r->set_model_name(resp.model);
-      r->set_model_version(resp.version);
-      r->set_id(resp.id);
-      auto* out = r->add_outputs();
-      out->set_name("probability");
-      out->set_datatype("FP32");
-      out->add_shape(resp.rows);
-      out->add_shape(1);
-      r->add_raw_output_contents()->assign(reinterpret_cast<const char*>(resp.probability.data()),
-                                           resp.probability.size() * sizeof(float));
-    });
+    }
+    req.outputs.resize(static_cast<size_t>(q->outputs_size()));
+    for (int i = 0; i < q->outputs_size(); ++i) {
+      req.outputs[static_cast<size_t>(i)].name = q->outputs(i).name();
+      req.outputs[static_cast<size_t>(i)].binary = false;
+    }
+    return model;
   }
+  // ModelInfer, second half (on the thread that scored the request): the response message.
+  static void fill_infer(const InferResponse& resp, inference::ModelInferResponse* r) {
+    r->set_model_name(resp.model);
+    r->set_model_version(resp.version);
+    r->set_id(resp.id);
+    auto* out = r->add_outputs();
+    out->set_name("probability");
+    out->set_datatype("FP32");
+    out->add_shape(resp.rows);
+    out->add_shape(1);
+    r->add_raw_output_contents()->assign(reinterpret_cast<const char*>(resp.probability.data()),
+                                         resp.probability.size() * sizeof(float));
+  }
+  // The status of the exception in flight; logs the call when the access log is on.
+  grpc::Status failed(const char* rpc, uint64_t t0) {
+    std::string msg;
+    grpc::Status st(grpc_code(classify_current_exception(msg)), msg);
+    log(rpc, t0, st);
+    return st;
+  }
+  void log(const char* rpc, uint64_t t0, const grpc::Status& st) {
+    if (core_.options.access_log)
+      core_.access_log("grpc", "POST", std::string("/inference.GRPCInferenceService/") + rpc,
+                       static_cast<int>(st.error_code()), now_ns() - t0, st.error_message());
+  }
+  int64_t inline_max_rows() const { return core_.options.grpc_inline_max_rows; }
+
   grpc::Status ModelStatistics(grpc::ServerContext*, const inference::ModelStatisticsRequest* q,
                                inference::ModelStatisticsResponse* r) {
     return guarded("ModelStatistics", [&] {
@@ -261,33 +278,39 @@ class Handlers {
 
 // --- the asynchronous server -------------------------------------------------------------------
 //
-// Completion queues (one by default), each served by one thread while the calls are quick: the
-// thread waits in Next(), which polls the sockets itself, takes the next event (a new call, or
-// a sent response), runs the handler and sends the response, so a call involves no hand-off
-// between threads. (The synchronous server handed calls between two polling threads and
-// created a completion queue per call.) A single thread per queue matters: gRPC passes the
-// polling role between the threads waiting on a queue, a wake-up per event.
+// Completion queues (one by default), each served by one thread: the thread waits in Next(),
+// which polls the sockets itself, takes the next event (a new call, or a sent response), runs
+// the handler and sends the response, so a quick call involves no hand-off between threads.
+// One thread per queue matters: gRPC would pass the polling role between several threads
+// waiting on a queue, a wake-up per event.
 //
-// More threads are needed when handlers block (an inference waiting in the batcher's queue or
-// running a big batch, a model load) or when one thread cannot keep up (many clients). A
-// monitor looks at each queue every kWindowMs and sets its target thread count: one more when
-// no thread is free and none took an event in the window (stalled), or when the threads were
-// busy in handlers more than 90 % of the window; one fewer when they were busy less than 50 %.
-// Threads are added by the monitor (up to kMaxThreads over all queues); a thread beyond the
-// target leaves after its next event (never a queue's first thread).
+// No handler waits on this thread. ModelInfer parses the request here and submits it to the
+// model's batcher (ServedModel::infer_async); the thread that scores it (a batcher worker)
+// fills the response and calls Finish, which gRPC allows from any thread. A small request that
+// finds an instance idle (no queue delay) is scored right here, which is what gives batch-1
+// its latency; a big one (--grpc-inline-rows) goes to a worker, so the next calls are parsed
+// while it runs. Model load and unload run on a thread of their own. Each call slot keeps its
+// messages and scratch until its Finish has completed; then it is re-armed.
 
-// A completion queue and its threads.
+class GrpcFrontend;
+
+// The armed (waiting) slots of one RPC on one queue; touched only by the queue's thread (and
+// start()). A queue keeps between `min` and `max` slots armed: one more is armed when a call
+// takes the last spare ones, a finished slot is deleted when `max` are armed already. So slots
+// grow with the calls in flight (ModelInfer may have many waiting in the batcher) and shrink
+// back when they end.
+struct Slots {
+  int armed = 0;
+  int min = 1, max = 2;
+};
+
+// A completion queue and its thread.
 struct Queue {
   std::unique_ptr<grpc::ServerCompletionQueue> cq;
-  std::mutex mu;  // guards `stopping` (no request after cq->Shutdown()) and `live`
-  std::condition_variable done;  // `live` reached 0
+  std::thread thread;
+  std::mutex mu;          // guards `stopping` (no request after cq->Shutdown())
   bool stopping = false;
-  int live = 0;                   // threads running (detached; stop() waits for 0)
-  std::atomic<int> idle{0};       // threads waiting in Next()
-  std::atomic<int> running{0};    // threads running (what `live` is, readable without mu)
-  std::atomic<int> target{1};     // threads wanted (set by the monitor)
-  std::atomic<uint64_t> events{0};   // events taken so far (the monitor's sign of progress)
-  std::atomic<uint64_t> busy_ns{0};  // time spent in handlers so far, all threads
+  std::vector<Slots> slots;  // per RPC, in arm_all's order
 };
 
 class CallBase {
@@ -299,14 +322,21 @@ class CallBase {
 
 struct NoScratch {};
 
+// ModelInfer's scratch: the parsed request, the model it runs on (kept alive until the slot is
+// re-armed, on the queue's thread: the last reference must not go on a worker, whose batcher
+// it would destroy) and the start time for the access log.
+struct InferScratch {
+  InferRequest req;
+  std::shared_ptr<ServedModel> model;
+  uint64_t t0 = 0;
+};
+
 using AsyncService = inference::GRPCInferenceService::AsyncService;
 
-class GrpcFrontend;
-
 // One slot for calls of one unary RPC on one queue: requested from the server, handled when a
-// call arrives, finished, then requested again. The request and response messages (and the
-// handler's scratch) are reused from call to call, so that a steady stream of calls allocates
-// little.
+// call arrives, finished, then requested again (or deleted, see Slots). The request and
+// response messages (and the handler's scratch) are reused from call to call, so that a steady
+// stream of calls allocates little.
 template <class Req, class Resp, class Scratch = NoScratch>
 class UnaryCall final : public CallBase {
  public:
@@ -314,18 +344,28 @@ class UnaryCall final : public CallBase {
                                            grpc::ServerAsyncResponseWriter<Resp>*,
                                            grpc::CompletionQueue*, grpc::ServerCompletionQueue*,
                                            void*);
-  using Handle = grpc::Status (*)(Handlers&, grpc::ServerContext*, const Req&, Resp&, Scratch&);
+  // Starts handling the call that arrived; calls finish() once, now or later, on any thread.
+  using Handle = void (*)(GrpcFrontend&, UnaryCall&);
 
-  UnaryCall(GrpcFrontend& fe, Queue& q, RequestFn request, Handle handle)
-      : fe_(fe), q_(q), request_(request), handle_(handle) {}
+  UnaryCall(GrpcFrontend& fe, Queue& q, Slots& slots, RequestFn request, Handle handle)
+      : fe_(fe), q_(q), slots_(slots), request_(request), handle_(handle) {}
 
   // Asks the server for the next call; false when the queue is shutting down.
   bool arm();
   bool proceed(bool ok) override;
+  // Sends the response (status OK) or the error. The slot's messages and scratch stay as they
+  // are until the send completes on the queue's thread.
+  void finish(const grpc::Status& st);
+
+  GrpcFrontend& frontend() { return fe_; }
+  const Req& req() const { return req_; }
+  Resp& resp() { return resp_; }
+  Scratch& scratch() { return scratch_; }
 
  private:
   GrpcFrontend& fe_;
   Queue& q_;
+  Slots& slots_;
   RequestFn request_;
   Handle handle_;
   bool finishing_ = false;
@@ -354,34 +394,41 @@ class GrpcFrontend : public Frontend {
     for (int i = 0; i < n; ++i) {
       queues_.push_back(std::make_unique<Queue>());
       queues_.back()->cq = b.AddCompletionQueue();
+      queues_.back()->slots.resize(kRpcs);
     }
     server_ = b.BuildAndStart();
     DLREC_CHECK(server_ && port_ > 0, "gRPC: cannot bind ", addr, " (in use, or not a local address)");
-    for (auto& q : queues_) {
-      arm_all(*q);
-      std::lock_guard<std::mutex> lk(q->mu);
-      add_thread(*q, true);
-    }
-    monitor_ = std::thread([this] { monitor(); });
+    for (auto& q : queues_) arm_all(*q);
+    for (auto& q : queues_)
+      q->thread = std::thread([qp = q.get()] {
+        void* tag = nullptr;
+        bool ok = false;
+        while (qp->cq->Next(&tag, &ok)) {
+          auto* call = static_cast<CallBase*>(tag);
+          if (!call->proceed(ok)) delete call;
+        }
+      });
   }
 
   void stop() override {
     if (!server_) return;
-    // Finishes the calls in flight (up to 30 s; the queues' threads keep serving them), then
-    // cancels what is left; requested calls complete with ok = false and are deleted.
+    // Finishes the calls in flight (up to 30 s; the queues' threads and the batchers' workers
+    // keep serving them), then cancels what is left; requested calls complete with ok = false
+    // and are deleted.
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    stopping_ = true;
+    // A call cancelled at the deadline may still be in a batcher or a model load: its Finish
+    // must come before the queue shuts down.
+    {
+      std::unique_lock<std::mutex> lk(active_mu_);
+      active_cv_.wait(lk, [&] { return active_ == 0; });
+    }
     for (auto& q : queues_) {
       std::lock_guard<std::mutex> lk(q->mu);
       q->stopping = true;
       q->cq->Shutdown();
     }
-    monitor_.join();
-    // The threads drain their queue (deleting the calls) and return; none is added any more.
-    for (auto& q : queues_) {
-      std::unique_lock<std::mutex> lk(q->mu);
-      q->done.wait(lk, [&] { return q->live == 0; });
-    }
+    // The threads drain their queue (deleting the calls) and return.
+    for (auto& q : queues_) q->thread.join();
     server_.reset();
     queues_.clear();
   }
@@ -391,86 +438,28 @@ class GrpcFrontend : public Frontend {
   Handlers& handlers() { return handlers_; }
   AsyncService& service() { return service_; }
 
+  // Calls between their start and the Finish of their response (stop() waits for none).
+  void call_started() {
+    std::lock_guard<std::mutex> lk(active_mu_);
+    ++active_;
+  }
+  void call_finished() {
+    std::lock_guard<std::mutex> lk(active_mu_);
+    if (--active_ == 0) active_cv_.notify_all();  // under the lock: stop() may be waiting
+  }
+
  private:
-  static constexpr int kMaxThreads = 1024;
-  static constexpr int kWindowMs = 2;
-
-  // One more thread on `q`; with q.mu held. `first`: the queue's own thread, which stays.
-  void add_thread(Queue& q, bool first) {
-    ++q.live;
-    q.running.fetch_add(1, std::memory_order_relaxed);
-    total_threads_.fetch_add(1, std::memory_order_relaxed);
-    q.idle.fetch_add(1, std::memory_order_relaxed);  // counted free until it takes an event
-    std::thread([this, &q, first] {
-      void* tag = nullptr;
-      bool ok = false;
-      bool more = true;
-      while (more && q.cq->Next(&tag, &ok)) {
-        q.idle.fetch_sub(1, std::memory_order_relaxed);
-        q.events.fetch_add(1, std::memory_order_relaxed);
-        const uint64_t t0 = now_ns();
-        auto* call = static_cast<CallBase*>(tag);
-        if (!call->proceed(ok)) delete call;
-        q.busy_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);
-        // Beyond the target, an extra thread leaves (not while stopping: then the queue must
-        // be drained to its end by whoever is left, the first thread at least).
-        more = first || stopping_.load(std::memory_order_relaxed) ||
-               q.running.load(std::memory_order_relaxed) <= q.target.load(std::memory_order_relaxed);
-        if (more) {
-          q.idle.fetch_add(1, std::memory_order_relaxed);
-        } else if (q.running.fetch_sub(1, std::memory_order_relaxed) <=
-                   q.target.load(std::memory_order_relaxed)) {
-          // Another extra thread left at the same time: stay after all.
-          q.running.fetch_add(1, std::memory_order_relaxed);
-          q.idle.fetch_add(1, std::memory_order_relaxed);
-          more = true;
-        }
-      }
-      if (more) q.running.fetch_sub(1, std::memory_order_relaxed);
-      total_threads_.fetch_sub(1, std::memory_order_relaxed);
-      std::lock_guard<std::mutex> lk(q.mu);
-      if (--q.live == 0) q.done.notify_all();
-    }).detach();
-  }
-
-  // Every kWindowMs: sets each queue's target thread count from what its threads did in the
-  // window and adds the threads the target asks for.
-  void monitor() {
-    std::vector<uint64_t> events(queues_.size(), 0), busy(queues_.size(), 0);
-    const uint64_t window_ns = uint64_t{kWindowMs} * 1000000;
-    uint64_t last = now_ns();
-    while (!stopping_.load()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(kWindowMs));
-      const uint64_t now = now_ns();
-      const uint64_t elapsed = std::max<uint64_t>(now - last, window_ns);
-      last = now;
-      for (size_t i = 0; i < queues_.size(); ++i) {
-        Queue& q = *queues_[i];
-        const uint64_t ev = q.events.load(std::memory_order_relaxed);
-        const uint64_t bz = q.busy_ns.load(std::memory_order_relaxed);
-        const int running = q.running.load(std::memory_order_relaxed);
-        const bool stalled = q.idle.load(std::memory_order_relaxed) == 0 && ev == events[i];
-        const double use = static_cast<double>(bz - busy[i]) /
-                           (static_cast<double>(elapsed) * std::max(running, 1));
-        events[i] = ev;
-        busy[i] = bz;
-        int target = q.target.load(std::memory_order_relaxed);
-        if (stalled || use > 0.9) target = std::max(target, running) + 1;
-        else if (use < 0.5) target = std::max(1, std::min(target, running) - 1);
-        q.target.store(target, std::memory_order_relaxed);
-        if (running >= target || total_threads_.load(std::memory_order_relaxed) >= kMaxThreads)
-          continue;
-        std::lock_guard<std::mutex> lk(q.mu);
-        if (!q.stopping) add_thread(q, false);
-      }
-    }
-  }
+  // Slots index per RPC (arm_all); ModelInfer first.
+  static constexpr int kRpcs = 10;
 
   template <class Req, class Resp, class Scratch = NoScratch>
-  void arm(Queue& q, int slots, typename UnaryCall<Req, Resp, Scratch>::RequestFn request,
+  void arm(Queue& q, Slots& slots, int min, int max,
+           typename UnaryCall<Req, Resp, Scratch>::RequestFn request,
            typename UnaryCall<Req, Resp, Scratch>::Handle handle) {
-    for (int i = 0; i < slots; ++i) {
-      auto* c = new UnaryCall<Req, Resp, Scratch>(*this, q, request, handle);
+    slots.min = min;
+    slots.max = max;
+    for (int i = 0; i < min; ++i) {
+      auto* c = new UnaryCall<Req, Resp, Scratch>(*this, q, slots, request, handle);
       if (!c->arm()) delete c;
     }
   }
@@ -482,9 +471,9 @@ class GrpcFrontend : public Frontend {
   AsyncService service_;
   std::unique_ptr<grpc::Server> server_;
   std::vector<std::unique_ptr<Queue>> queues_;
-  std::atomic<int> total_threads_{0};
-  std::atomic<bool> stopping_{false};
-  std::thread monitor_;
+  std::mutex active_mu_;
+  std::condition_variable active_cv_;
+  int active_ = 0;
   int port_ = 0;
 };
 
@@ -500,43 +489,113 @@ bool UnaryCall<Req, Resp, Scratch>::arm() {
   std::lock_guard<std::mutex> lk(q_.mu);
   if (q_.stopping) return false;
   (fe_.service().*request_)(&*ctx_, &req_, &*writer_, q_.cq.get(), q_.cq.get(), this);
+  ++slots_.armed;
   return true;
 }
 
 template <class Req, class Resp, class Scratch>
 bool UnaryCall<Req, Resp, Scratch>::proceed(bool ok) {
-  if (finishing_) return arm();  // the response is sent (or the client went away): next call
-  if (!ok) return false;         // the server is shutting down
-  grpc::Status st = handle_(fe_.handlers(), &*ctx_, req_, resp_, scratch_);
-  finishing_ = true;
-  if (st.ok()) writer_->Finish(resp_, st, this);
-  else writer_->FinishWithError(st, this);
+  if (finishing_) {
+    // The response is sent (or the client went away): the next call, unless enough slots wait.
+    if constexpr (std::is_same_v<Scratch, InferScratch>) scratch_.model.reset();
+    if (slots_.armed >= slots_.max) return false;
+    return arm();
+  }
+  --slots_.armed;
+  if (!ok) return false;  // the server is shutting down
+  // A call took this slot: keep `min` slots waiting for the next ones.
+  while (slots_.armed < slots_.min) {
+    auto* c = new UnaryCall(fe_, q_, slots_, request_, handle_);
+    if (!c->arm()) {
+      delete c;
+      break;
+    }
+  }
+  fe_.call_started();
+  handle_(fe_, *this);  // finish() now or later; the call is not touched here after it
   return true;
 }
 
+template <class Req, class Resp, class Scratch>
+void UnaryCall<Req, Resp, Scratch>::finish(const grpc::Status& st) {
+  GrpcFrontend& fe = fe_;  // `this` may be re-armed by the queue's thread once Finish is called
+  finishing_ = true;
+  if (st.ok()) writer_->Finish(resp_, st, this);
+  else writer_->FinishWithError(st, this);
+  fe.call_finished();
+}
+
+using InferCall =
+    UnaryCall<inference::ModelInferRequest, inference::ModelInferResponse, InferScratch>;
+
+// ModelInfer: parsed and submitted on the queue's thread; finished by whoever scores it.
+void start_infer(GrpcFrontend& fe, InferCall& call) {
+  Handlers& h = fe.handlers();
+  InferScratch& s = call.scratch();
+  s.t0 = now_ns();
+  try {
+    s.model = h.parse_infer(&call.req(), s.req);
+  } catch (...) {
+    return call.finish(h.failed("ModelInfer", s.t0));
+  }
+  // `s.model` stays set until the slot is re-armed, so the model outlives the request.
+  s.model->infer_async(
+      s.req,
+      [&call](InferResponse* resp, std::exception_ptr err) {
+        Handlers& hd = call.frontend().handlers();
+        const uint64_t t0 = call.scratch().t0;
+        if (err) {
+          try {
+            std::rethrow_exception(err);
+          } catch (...) {
+            return call.finish(hd.failed("ModelInfer", t0));
+          }
+        }
+        Handlers::fill_infer(*resp, &call.resp());
+        hd.log("ModelInfer", t0, grpc::Status::OK);
+        call.finish(grpc::Status::OK);
+      },
+      h.inline_max_rows());
+}
+
+// Model load and unload take long: on a thread of their own, so that the queue's thread keeps
+// serving other calls.
+template <class Req, class Resp>
+void start_blocking(GrpcFrontend& fe, UnaryCall<Req, Resp>& call,
+                    grpc::Status (Handlers::*rpc)(grpc::ServerContext*, const Req*, Resp*)) {
+  std::thread([&fe, &call, rpc] {
+    call.finish((fe.handlers().*rpc)(nullptr, &call.req(), &call.resp()));
+  }).detach();
+}
+
 void GrpcFrontend::arm_all(Queue& q) {
+  std::vector<Slots>& slots = q.slots;
   using namespace inference;
   using S = AsyncService;
-  // Several ModelInfer slots per queue so that concurrent inferences are matched at once.
-  arm<ModelInferRequest, ModelInferResponse, InferRequest>(
-      q, 8, &S::RequestModelInfer,
-      [](Handlers& h, grpc::ServerContext* c, const ModelInferRequest& q, ModelInferResponse& r,
-         InferRequest& scratch) { return h.ModelInfer(c, &q, &r, scratch); });
-#define DLREC_GRPC_ARM(RPC)                                                                    \
-  arm<RPC##Request, RPC##Response>(                                                            \
-      q, 2, &S::Request##RPC,                                                                  \
-      [](Handlers& h, grpc::ServerContext* c, const RPC##Request& q, RPC##Response& r,         \
-         NoScratch&) { return h.RPC(c, &q, &r); })
-  DLREC_GRPC_ARM(ServerLive);
-  DLREC_GRPC_ARM(ServerReady);
-  DLREC_GRPC_ARM(ModelReady);
-  DLREC_GRPC_ARM(ServerMetadata);
-  DLREC_GRPC_ARM(ModelMetadata);
-  DLREC_GRPC_ARM(ModelStatistics);
-  DLREC_GRPC_ARM(RepositoryIndex);
-  DLREC_GRPC_ARM(RepositoryModelLoad);
-  DLREC_GRPC_ARM(RepositoryModelUnload);
+  // ModelInfer: 8 to 64 slots waiting, more while many calls are in flight.
+  arm<ModelInferRequest, ModelInferResponse, InferScratch>(q, slots[0], 8, 64,
+                                                           &S::RequestModelInfer, &start_infer);
+#define DLREC_GRPC_ARM(I, RPC)                                                                 \
+  arm<RPC##Request, RPC##Response>(q, slots[I], 1, 2, &S::Request##RPC,                        \
+                                   [](GrpcFrontend& fe, UnaryCall<RPC##Request, RPC##Response>& c) { \
+                                     c.finish(fe.handlers().RPC(nullptr, &c.req(), &c.resp())); \
+                                   })
+  DLREC_GRPC_ARM(1, ServerLive);
+  DLREC_GRPC_ARM(2, ServerReady);
+  DLREC_GRPC_ARM(3, ModelReady);
+  DLREC_GRPC_ARM(4, ServerMetadata);
+  DLREC_GRPC_ARM(5, ModelMetadata);
+  DLREC_GRPC_ARM(6, ModelStatistics);
+  DLREC_GRPC_ARM(7, RepositoryIndex);
 #undef DLREC_GRPC_ARM
+#define DLREC_GRPC_ARM_BLOCKING(I, RPC)                                                        \
+  arm<RPC##Request, RPC##Response>(q, slots[I], 1, 2, &S::Request##RPC,                        \
+                                   [](GrpcFrontend& fe, UnaryCall<RPC##Request, RPC##Response>& c) { \
+                                     start_blocking(fe, c, &Handlers::RPC);                    \
+                                   })
+  DLREC_GRPC_ARM_BLOCKING(8, RepositoryModelLoad);
+  DLREC_GRPC_ARM_BLOCKING(9, RepositoryModelUnload);
+#undef DLREC_GRPC_ARM_BLOCKING
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 // ServedModel: the tensor contract (docs/SERVING.md) and one model version's inference path.
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
 #include <cstring>
 #include <algorithm>
 #include <string_view>
@@ -317,32 +319,64 @@ io::Batch ServedModel::encode(const InferRequest& req) const {
 }
 
 InferResponse ServedModel::infer(const InferRequest& req) {
+  InferResponse out;
+  std::exception_ptr failed;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;
+  infer_async(req, [&](InferResponse* resp, std::exception_ptr err) {
+    if (resp) out = std::move(*resp);
+    failed = std::move(err);
+    std::lock_guard<std::mutex> lk(mu);
+    finished = true;
+    cv.notify_one();  // under the lock: `cv` lives on the waiting thread's stack
+  });
+  std::unique_lock<std::mutex> lk(mu);
+  cv.wait(lk, [&] { return finished; });
+  if (failed) std::rethrow_exception(failed);
+  return out;
+}
+
+void ServedModel::infer_async(const InferRequest& req, InferDone done, int64_t inline_max_rows) {
   const uint64_t t0 = now_ns();
+  io::Batch batch;
   try {
     for (const auto& o : req.outputs)
       if (o.name != kOutput)
         bad(detail::concat("unknown output '", o.name, "' (the output is '", kOutput, "')"));
-    io::Batch batch = encode(req);
-    const uint64_t t1 = now_ns();
-    DynamicBatcher::Result r = batcher_->run(std::move(batch));
+    batch = encode(req);
+  } catch (...) {
+    stats_->fail.add(now_ns() - t0);
+    return done(nullptr, std::current_exception());
+  }
+  const uint64_t t1 = now_ns();
+  DynamicBatcher::Done scored = [this, t0, t1, id = req.id, done = std::move(done)](
+                                    DynamicBatcher::Result&& r, std::exception_ptr err) {
+    if (err) {
+      stats_->fail.add(now_ns() - t0);
+      return done(nullptr, std::move(err));
+    }
     InferResponse resp;
     resp.model = name_;
     resp.version = version_str();
-    resp.id = req.id;
+    resp.id = id;
     resp.rows = static_cast<int64_t>(r.outputs.size());
     resp.probability = std::move(r.outputs);
     const uint64_t t2 = now_ns();
     stats_->compute_input.add(t1 - t0);
     stats_->queue.add(r.queue_ns);
     stats_->compute_infer.add(r.compute_ns);
-    uint64_t done = t1 + r.queue_ns + r.compute_ns;
-    stats_->compute_output.add(t2 > done ? t2 - done : 0);
+    const uint64_t end = t1 + r.queue_ns + r.compute_ns;
+    stats_->compute_output.add(t2 > end ? t2 - end : 0);
     stats_->success.add(t2 - t0);
     stats_->last_inference_ms.store(wall_ms(), std::memory_order_relaxed);
-    return resp;
+    done(&resp, nullptr);
+  };
+  try {
+    batcher_->submit(std::move(batch), std::move(scored), inline_max_rows);
   } catch (...) {
-    stats_->fail.add(now_ns() - t0);
-    throw;
+    // Rejected (queue full, unloading): `scored` was left as it was; it reports the failure.
+    scored(DynamicBatcher::Result(), std::current_exception());
   }
 }
 

@@ -523,14 +523,14 @@ def test_proto_matches_tritonclient_wire_format(tmp_path):
 SLOW_S = 1.5
 
 
-def start_slow_server(work, tmp_path):
+def start_slow_server(work, tmp_path, max_queue_size=1, delay_s=SLOW_S):
     repo = tmp_path / "repo"
     shutil.copytree(work["repo"] / "m" / "1", repo / "slow" / "1")
     (repo / "slow" / "config.json").write_text(json.dumps(
         {"max_batch_size": 1024,
          "dynamic_batching": {"preferred_batch_size": [1024],
-                              "max_queue_delay_microseconds": int(SLOW_S * 1e6),
-                              "max_queue_size": 1}}))
+                              "max_queue_delay_microseconds": int(delay_s * 1e6),
+                              "max_queue_size": max_queue_size}}))
     ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
     log_path = tmp_path / "slow_server.log"
     log = open(log_path, "w")
@@ -619,5 +619,160 @@ def test_grpc_graceful_shutdown_finishes_calls_in_flight(work, tmp_path):
     log.close()
     assert "error" not in out, out
     assert out["probability"].shape == (3, 1)
+    text = log_path.read_text()
+    assert "finishing requests in flight" in text and "stopped" in text
+
+
+# --- many calls in flight: ModelInfer never holds the completion-queue thread ---------------
+# Calls wait in the batcher (the slow model's queue delay) without a server thread each: the
+# one completion-queue thread parses and submits them, a batcher worker answers them. More
+# calls are in flight than the server arms call slots for at start (8 per queue; it arms more
+# on demand).
+
+def server_threads(proc):
+    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError("no Threads line")
+
+
+def async_calls(url, calls):
+    """Starts `calls` (a list of (model, inputs)) at once on one connection; returns the client
+    and a function waiting for their outcomes: (result array or None, status or None)."""
+    c = grpcclient.InferenceServerClient(url)
+    out = [None] * len(calls)
+    left = threading.Semaphore(0)
+
+    def callback(i, result, error):
+        if error is not None:
+            out[i] = (None, error.status(), error.message())
+        else:
+            out[i] = (result.as_numpy("probability"), None, None)
+        left.release()
+
+    for i, (model, inputs) in enumerate(calls):
+        c.async_infer(model, inputs, lambda result, error, i=i: callback(i, result, error))
+
+    def wait(timeout=60):
+        for _ in calls:
+            assert left.acquire(timeout=timeout), "a call got no answer"
+        return out
+    return c, wait
+
+
+def roll_cols(cols, k):
+    return {n: np.roll(a, k, axis=0) for n, a in cols.items()}
+
+
+def test_grpc_many_calls_in_flight_each_get_their_answer(work, tmp_path):
+    """300 concurrent calls (valid ones with rows rolled by i, every third one malformed) wait
+    together in the batcher: each gets its own rows back or its INVALID_ARGUMENT, they are
+    merged into few executions, and the server does not grow a thread per waiting call."""
+    proc, ports, log, log_path = start_slow_server(work, tmp_path, max_queue_size=4096,
+                                                   delay_s=0.5)
+    url = f"127.0.0.1:{ports['grpc']}"
+    try:
+        cols = encoded_columns(work, 3, seed=11)
+        gc = grpcclient.InferenceServerClient(url)
+        base = gc.infer("slow", make_inputs(grpcclient, cols)).as_numpy("probability")[:, 0]
+        threads_before = server_threads(proc)
+        n = 300
+        calls = []
+        for i in range(n):
+            c = roll_cols(cols, i)
+            if i % 3 == 2:
+                c["cat_0"] = c["cat_0"].astype(np.float32)  # wrong datatype
+            calls.append(("slow", make_inputs(grpcclient, c)))
+        t0 = time.time()
+        _, wait = async_calls(url, calls)
+        time.sleep(0.25)  # all are queued now (the queue delay is 0.5 s)
+        threads_during = server_threads(proc)
+        t_live = time.time()
+        assert gc.is_server_live()
+        live_s = time.time() - t_live
+        out = wait()
+        seconds = time.time() - t0
+        for i, (p, status, msg) in enumerate(out):
+            if i % 3 == 2:
+                assert p is None and "INVALID_ARGUMENT" in status, (i, status, msg)
+                assert "cat_0" in msg, msg
+            else:
+                assert status is None, (i, status, msg)
+                np.testing.assert_allclose(p[:, 0], np.roll(base, i), rtol=1e-6, atol=1e-7)
+        assert threads_during <= threads_before + 4, (threads_before, threads_during)
+        assert live_s < 0.3, f"ServerLive waited behind the queued calls ({live_s:.2f} s)"
+        assert seconds < 10, seconds
+        st = gc.get_inference_statistics("slow").model_stats[0]
+        assert st.inference_stats.success.count == 1 + 200
+        assert st.inference_stats.fail.count == 100
+        assert st.execution_count <= 1 + 10, st.execution_count  # merged, not one by one
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        log.close()
+
+
+def test_grpc_overload_of_many_calls_in_flight(work, tmp_path):
+    """40 concurrent calls into a queue of 8: 8 wait and succeed, the rest are answered at once
+    with RESOURCE_EXHAUSTED; the statistics count both."""
+    proc, ports, log, log_path = start_slow_server(work, tmp_path, max_queue_size=8, delay_s=1.0)
+    url = f"127.0.0.1:{ports['grpc']}"
+    try:
+        cols = encoded_columns(work, 2)
+        _, wait = async_calls(url, [("slow", make_inputs(grpcclient, cols))] * 40)
+        out = wait()
+        ok = [o for o in out if o[1] is None]
+        rejected = [o for o in out if o[1] is not None]
+        assert len(ok) == 8, [o[1:] for o in out]
+        assert all("RESOURCE_EXHAUSTED" in o[1] and "max_queue_size" in o[2] for o in rejected)
+        assert all(o[0].shape == (2, 1) for o in ok)
+        st = grpcclient.InferenceServerClient(url).get_inference_statistics("slow").model_stats[0]
+        assert st.inference_stats.success.count == 8 and st.inference_stats.fail.count == 32
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        log.close()
+
+
+def test_grpc_unload_while_calls_wait(work, tmp_path):
+    """The model is unloaded (over gRPC) while 50 calls wait in its queue: they all finish on
+    the version they started with; later calls get NOT_FOUND until it is loaded again."""
+    proc, ports, log, log_path = start_slow_server(work, tmp_path, max_queue_size=4096,
+                                                   delay_s=1.0)
+    url = f"127.0.0.1:{ports['grpc']}"
+    try:
+        cols = encoded_columns(work, 2)
+        _, wait = async_calls(url, [("slow", make_inputs(grpcclient, cols))] * 50)
+        let_it_queue()
+        gc = grpcclient.InferenceServerClient(url)
+        gc.unload_model("slow")
+        assert not gc.is_model_ready("slow")
+        with pytest.raises(InferenceServerException) as e:
+            gc.infer("slow", make_inputs(grpcclient, cols))
+        assert "NOT_FOUND" in e.value.status(), str(e.value)
+        out = wait()
+        assert all(o[1] is None and o[0].shape == (2, 1) for o in out), [o[1:] for o in out]
+        gc.load_model("slow")
+        assert gc.infer("slow", make_inputs(grpcclient, cols)).as_numpy("probability").shape == \
+            (2, 1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        log.close()
+
+
+def test_grpc_shutdown_answers_every_call_in_flight(work, tmp_path):
+    """SIGTERM while 100 calls wait in the batcher: every call gets its result, the server
+    exits 0."""
+    proc, ports, log, log_path = start_slow_server(work, tmp_path, max_queue_size=4096)
+    url = f"127.0.0.1:{ports['grpc']}"
+    cols = encoded_columns(work, 2)
+    _, wait = async_calls(url, [("slow", make_inputs(grpcclient, cols))] * 100)
+    let_it_queue()
+    proc.send_signal(signal.SIGTERM)
+    out = wait()
+    assert proc.wait(timeout=60) == 0
+    log.close()
+    assert all(o[1] is None and o[0].shape == (2, 1) for o in out), [o[1:] for o in out][:5]
     text = log_path.read_text()
     assert "finishing requests in flight" in text and "stopped" in text

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <chrono>
 #include <future>
 #include <mutex>
@@ -226,4 +228,186 @@ TEST(DynamicBatcher, IdleInstanceRunsTheRequestInline) {
   for (auto& f : fs) f.get();
   EXPECT_EQ(overlaps.load(), 0) << "an instance ran two batches at once";
   EXPECT_EQ(ran_on.size() > 1, true);
+}
+
+// --- submit(): the asynchronous form --------------------------------------------------------
+
+namespace {
+
+// Collects the callbacks of submitted requests.
+struct Collected {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::pair<float, std::vector<float>>> ok;  // first input value -> outputs
+  std::vector<std::string> errors;
+  std::set<std::thread::id> threads;
+  int calls = 0;
+
+  DynamicBatcher::Done done_for(float first) {
+    return [this, first](DynamicBatcher::Result&& r, std::exception_ptr err) {
+      std::lock_guard<std::mutex> lk(mu);
+      threads.insert(std::this_thread::get_id());
+      ++calls;
+      if (err) {
+        try {
+          std::rethrow_exception(err);
+        } catch (const std::exception& e) {
+          errors.push_back(e.what());
+        }
+      } else {
+        ok.emplace_back(first, std::move(r.outputs));
+      }
+      cv.notify_all();
+    };
+  }
+  void wait_for(int n) {
+    std::unique_lock<std::mutex> lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(30), [&] { return calls >= n; }))
+        << calls << " of " << n << " callbacks";
+  }
+};
+
+}  // namespace
+
+// submit() returns while its requests wait behind a busy instance; each is answered later, on
+// the worker, with its own rows.
+TEST(DynamicBatcher, SubmitReturnsAtOnceAndTheWorkerAnswers) {
+  BatchingConfig cfg;
+  cfg.max_batch_size = 8;
+  cfg.max_queue_delay_us = 0;
+  cfg.max_queue_size = 1000;
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  std::atomic<int> executions{0};
+  Collected c;
+  DynamicBatcher b(cfg, [&](const io::Batch& x) {
+    gate.wait();
+    ++executions;
+    return doubled(x);
+  });
+  const int n = 300;
+  for (int i = 0; i < n; ++i)
+    b.submit(rows_with({float(i), float(i) + 0.5f}), c.done_for(float(i)), /*inline_max_rows=*/0);
+  {
+    std::lock_guard<std::mutex> lk(c.mu);
+    EXPECT_EQ(c.calls, 0) << "a callback ran before its execution was released";
+  }
+  release.set_value();
+  c.wait_for(n);
+  std::lock_guard<std::mutex> lk(c.mu);
+  ASSERT_EQ(c.ok.size(), size_t(n));
+  EXPECT_TRUE(c.errors.empty());
+  for (const auto& [first, out] : c.ok) {
+    ASSERT_EQ(out.size(), 2u);
+    EXPECT_EQ(out[0], 2 * first);
+    EXPECT_EQ(out[1], 2 * first + 1);
+  }
+  EXPECT_EQ(c.threads.count(std::this_thread::get_id()), 0u) << "answered on the caller";
+  EXPECT_EQ(c.threads.size(), 1u);  // the one worker
+  EXPECT_LE(executions.load(), n / 4 + 2) << "requests were not merged (4 per execution)";
+}
+
+// Below the inline limit an idle instance scores the request on the caller's thread (the
+// callback has run when submit returns); at the limit it goes to the worker.
+TEST(DynamicBatcher, InlineOnlyBelowTheRowLimit) {
+  BatchingConfig cfg;
+  cfg.max_queue_delay_us = 0;
+  std::mutex mu;
+  std::vector<std::thread::id> ran_on;
+  DynamicBatcher b(cfg, [&](const io::Batch& x) {
+    std::lock_guard<std::mutex> g(mu);
+    ran_on.push_back(std::this_thread::get_id());
+    return doubled(x);
+  });
+  Collected small;
+  b.submit(rows_with({1.f, 2.f, 3.f}), small.done_for(1.f), /*inline_max_rows=*/4);
+  {
+    std::lock_guard<std::mutex> lk(small.mu);
+    ASSERT_EQ(small.calls, 1) << "an idle instance should score a small request inline";
+    EXPECT_EQ(small.ok[0].second, (std::vector<float>{2.f, 4.f, 6.f}));
+  }
+  Collected big;
+  b.submit(rows_with({1.f, 2.f, 3.f, 4.f}), big.done_for(1.f), /*inline_max_rows=*/4);
+  big.wait_for(1);
+  std::lock_guard<std::mutex> g(mu);
+  ASSERT_EQ(ran_on.size(), 2u);
+  EXPECT_EQ(ran_on[0], std::this_thread::get_id());
+  EXPECT_NE(ran_on[1], std::this_thread::get_id()) << "a big request ran on the caller";
+  EXPECT_EQ(big.ok[0].second, (std::vector<float>{2.f, 4.f, 6.f, 8.f}));
+}
+
+// Failures after submission reach the callback (inline and on the worker), with the message;
+// a wrong output count is an Internal error naming the counts.
+TEST(DynamicBatcher, SubmitDeliversExecutionErrorsToTheCallback) {
+  BatchingConfig cfg;
+  cfg.max_batch_size = 2;  // the two requests never merge
+  cfg.max_queue_delay_us = 0;
+  DynamicBatcher b(cfg, [](const io::Batch& x) -> std::vector<float> {
+    if (x.dense[0] < 0) fail("engine failed on row 0");
+    return std::vector<float>(static_cast<size_t>(x.rows) + 1, 0.f);  // one output too many
+  });
+  for (int64_t limit : {int64_t{1} << 20, int64_t{0}}) {  // inline, then on the worker
+    Collected c;
+    b.submit(rows_with({-1.f}), c.done_for(-1.f), limit);
+    b.submit(rows_with({1.f, 2.f}), c.done_for(1.f), limit);
+    c.wait_for(2);
+    std::lock_guard<std::mutex> lk(c.mu);
+    EXPECT_TRUE(c.ok.empty());
+    ASSERT_EQ(c.errors.size(), 2u);
+    std::sort(c.errors.begin(), c.errors.end());
+    EXPECT_NE(c.errors[0].find("engine failed on row 0"), std::string::npos) << c.errors[0];
+    EXPECT_NE(c.errors[1].find("3 outputs for 2 rows"), std::string::npos) << c.errors[1];
+  }
+}
+
+// A full queue rejects by throwing; the callback is neither called nor moved from, so the
+// caller can still report the error through it.
+TEST(DynamicBatcher, SubmitToAFullQueueThrowsAndKeepsTheCallback) {
+  BatchingConfig cfg;
+  cfg.max_batch_size = 1;
+  cfg.max_queue_delay_us = 0;
+  cfg.max_queue_size = 1;
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  DynamicBatcher b(cfg, [&](const io::Batch& x) {
+    gate.wait();
+    return doubled(x);
+  });
+  Collected c;
+  b.submit(rows_with({1.f}), c.done_for(1.f), 0);  // taken by the worker, which waits
+  while (b.queued() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  b.submit(rows_with({2.f}), c.done_for(2.f), 0);  // queued
+  DynamicBatcher::Done rejected = c.done_for(3.f);
+  try {
+    b.submit(rows_with({3.f}), std::move(rejected), 0);
+    FAIL() << "expected an overload error";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.status(), Status::ResourceExhausted);
+    EXPECT_NE(std::string(e.what()).find("max_queue_size"), std::string::npos);
+  }
+  ASSERT_TRUE(static_cast<bool>(rejected)) << "the rejected callback was moved from";
+  release.set_value();
+  c.wait_for(2);
+  std::lock_guard<std::mutex> lk(c.mu);
+  EXPECT_EQ(c.calls, 2);
+  EXPECT_EQ(c.ok.size(), 2u);
+}
+
+// The destructor answers every submitted request before it returns.
+TEST(DynamicBatcher, DestructorAnswersSubmittedRequests) {
+  BatchingConfig cfg;
+  cfg.max_batch_size = 2;
+  cfg.max_queue_delay_us = 0;
+  Collected c;
+  {
+    DynamicBatcher b(cfg, 2, [&](const io::Batch& x, int) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      return doubled(x);
+    });
+    for (int i = 0; i < 40; ++i) b.submit(rows_with({float(i)}), c.done_for(float(i)), 0);
+  }
+  std::lock_guard<std::mutex> lk(c.mu);
+  EXPECT_EQ(c.calls, 40);
+  ASSERT_EQ(c.ok.size(), 40u);
+  for (const auto& [first, out] : c.ok) EXPECT_EQ(out, std::vector<float>{2 * first});
 }

@@ -6,14 +6,19 @@
 // total stays within max_batch_size, runs `execute` once on the merged rows and hands each
 // request its slice of the outputs. A full queue rejects new requests at once (RequestError
 // ResourceExhausted). With max_queue_delay_us = 0, a request that finds the queue empty and an
-// instance idle runs on the caller's thread (no hand-off to a worker and back); an instance
-// never runs two batches at once. The destructor finishes every queued request before
-// returning.
+// instance idle runs on the caller's thread (no hand-off to a worker and back) when it holds
+// fewer rows than the caller's inline limit; an instance never runs two batches at once.
+// The destructor finishes every queued request before returning.
+//
+// submit() is the asynchronous form: it returns once the request is queued (or, inline, once
+// it is scored) and calls `done` with the result on the thread that scored it (a worker, or
+// the caller). run() is submit() plus a wait.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -40,6 +45,11 @@ class DynamicBatcher {
     uint64_t compute_ns = 0;     // the merged execution's duration
     int64_t merged_rows = 0;     // rows of the execution this request was part of
   };
+  // Called once per submitted request: `error` null and `result` filled, or `error` set (what
+  // `execute` threw, or RequestError(Internal) for a wrong output count). It runs on a worker
+  // thread (or inline on the submitting thread) and must not throw; a worker scores nothing
+  // else while it runs, so it should be quick. It must not destroy the batcher.
+  using Done = std::function<void(Result&& result, std::exception_ptr error)>;
 
   DynamicBatcher(BatchingConfig cfg, Execute execute, OnExecute on_execute = {});
   // `workers` threads take merged batches from the one queue concurrently.
@@ -48,8 +58,15 @@ class DynamicBatcher {
   DynamicBatcher(const DynamicBatcher&) = delete;
   DynamicBatcher& operator=(const DynamicBatcher&) = delete;
 
-  // Blocks until the request's rows are scored. Throws RequestError(ResourceExhausted) when
-  // the queue is full or the batcher is stopping, and rethrows what `execute` throws.
+  // Queues the request, or scores it on this thread when the queue delay is 0, nothing is
+  // queued, an instance is idle and batch.rows < inline_max_rows; `done` is then called before
+  // submit returns. Throws RequestError(ResourceExhausted) when the queue is full and
+  // RequestError(Unavailable) when the batcher is stopping; `done` is then neither called nor
+  // moved from (the caller may still call it to report the error).
+  void submit(io::Batch batch, Done&& done, int64_t inline_max_rows = INT64_MAX);
+
+  // Blocks until the request's rows are scored (inline whenever submit allows it). Throws what
+  // submit throws, and rethrows what `execute` throws.
   Result run(io::Batch batch);
 
   int64_t queued() const;  // requests waiting now
@@ -57,6 +74,9 @@ class DynamicBatcher {
  private:
   struct Job;
   void worker(int index);
+  // Scores `batch` on this thread as instance `index` (already marked busy), then frees the
+  // instance and calls `done`.
+  void run_inline(io::Batch& batch, int index, uint64_t enqueued_ns, const Done& done);
 
   BatchingConfig cfg_;
   ExecuteOn execute_;

@@ -6,6 +6,8 @@
 // and the old set is released when the last of them finishes (no request is dropped).
 #pragma once
 
+#include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,6 +53,18 @@ class ServedModel {
   io::Batch encode(const InferRequest& req) const;
   // encode + dynamic batching + scoring; updates the statistics (success or failure).
   InferResponse infer(const InferRequest& req);
+
+  // Called once per infer_async request: `response` set and `error` null, or `error` set (a
+  // RequestError or what the model threw) and `response` null. The response may be moved from.
+  using InferDone = std::function<void(InferResponse* response, std::exception_ptr error)>;
+  // infer without waiting: validates and encodes `req` on this thread (`req` may be released
+  // when the call returns), then submits it to the batcher (DynamicBatcher::submit; a request
+  // of fewer than `inline_max_rows` rows may be scored on this thread). `done` runs on the
+  // thread that scored the request, or on this one before infer_async returns (invalid request,
+  // queue full, inline scoring). The statistics are those of infer(). The caller keeps this
+  // model alive until `done` has run, and `done` must not drop the last reference to it (the
+  // model's destructor joins the worker that runs `done`).
+  void infer_async(const InferRequest& req, InferDone done, int64_t inline_max_rows = INT64_MAX);
 
  private:
   std::string name_;

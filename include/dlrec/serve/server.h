@@ -22,11 +22,13 @@ struct ServerOptions {
   int grpc_port = 8001;
   int metrics_port = 8002;
   int http_threads = 16;
-  // gRPC completion queues, each with a polling thread that runs the calls it takes (more
-  // threads join a queue when its threads are stalled or busy, docs/SERVING.md). With one queue
-  // the thread that reads a call runs it; with several, gRPC may hand a call to another
-  // queue's thread.
+  // gRPC completion queues, each with one polling thread that parses the calls it takes and
+  // submits inferences to the batchers without waiting for them (docs/SERVING.md). With
+  // several, gRPC may hand a call to another queue's thread.
   int grpc_threads = 1;
+  // A gRPC inference of fewer rows may be scored on the polling thread when it finds an
+  // instance idle and no queue delay (no hand-off); bigger ones always go to a batcher worker.
+  int64_t grpc_inline_max_rows = 1024;
   int64_t max_request_bytes = int64_t{64} << 20;
   HttpLimits limits;
   BatchingConfig batching;  // defaults for models whose config.json leaves them out
