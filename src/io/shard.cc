@@ -24,6 +24,7 @@
 #include <deque>
 #include <map>
 #include <exception>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -111,7 +112,11 @@ struct ShardWriter::Impl {
   AtomicFile file;
   Batch pending;
   Batch spare;                          // write_parts: the next pending rows are built here
-  std::vector<std::string> block_bufs;  // write_parts: encoded blocks, kept for the next call
+  // write_parts: encoded blocks, two sets: one being written to the file by `appending` while
+  // the next call encodes into the other (kept between calls: no new pages to fault in).
+  std::vector<std::string> block_bufs[2];
+  int side = 0;
+  uint64_t file_pos = 0;  // bytes written or being written (the next block's file offset)
   std::string buf;
   std::vector<std::pair<uint64_t, uint64_t>> index;  // (first_row, file_offset) per block
   int64_t rows = 0;     // rows accepted (written + pending)
@@ -129,7 +134,15 @@ struct ShardWriter::Impl {
     wb_fd = ::open((p + ".tmp." + std::to_string(::getpid())).c_str(), O_RDONLY | O_CLOEXEC);
   }
   ~Impl() {
+    if (appending.valid()) appending.wait();  // its error is dropped with the file
     if (wb_fd >= 0) ::close(wb_fd);
+  }
+
+  // The blocks of the last write_parts call being written (std::async), or nothing.
+  std::future<void> appending;
+  // Waits for those blocks; rethrows a write error.
+  void wait_append() {
+    if (appending.valid()) appending.get();
   }
 
   // Starts writing back what was written since the last call, every 8 MB (a hint: errors show
@@ -153,6 +166,7 @@ struct ShardWriter::Impl {
     buf += js;
     put<uint32_t>(buf, crc32c(buf.data() + 8, buf.size() - 8));
     file.write(buf);
+    file_pos = file.bytes_written();
   }
 
   // Checks the batch's structure and rows [begin, end) (ids in range, one id per one-hot row);
@@ -276,8 +290,10 @@ struct ShardWriter::Impl {
   }
 
   void append_block(const std::string& block, int64_t n) {
-    index.emplace_back(static_cast<uint64_t>(written), file.bytes_written());
+    wait_append();
+    index.emplace_back(static_cast<uint64_t>(written), file_pos);
     file.write(block);
+    file_pos += block.size();
     written += n;
   }
 
@@ -335,7 +351,8 @@ struct ShardWriter::Impl {
     if (nblocks > 0) {
       const int nsec = static_cast<int>(layout.cardinalities.size()) + 1;
       std::vector<std::vector<size_t>> layouts(nblocks);
-      std::vector<std::string>& bufs = block_bufs;  // reused: no new pages to fault in
+      side ^= 1;  // the other set may still be being written
+      std::vector<std::string>& bufs = block_bufs[side];
       if (static_cast<int64_t>(bufs.size()) < nblocks) bufs.resize(nblocks);
       for (int64_t k = 0; k < nblocks; ++k) {
         layouts[k] = block_sections(blocks[k], block_rows);
@@ -351,8 +368,18 @@ struct ShardWriter::Impl {
       parallel_for(0, nblocks, 1, [&](int64_t lo, int64_t hi) {
         for (int64_t k = lo; k < hi; ++k) finish_block(bufs[k], block_rows);
       });
-      for (int64_t k = 0; k < nblocks; ++k) append_block(bufs[k], block_rows);
-      start_writeback();
+      // The blocks go to the file on a helper thread (their offsets are known now), so that the
+      // caller goes on (encodes the next rows) while the kernel copies these.
+      for (int64_t k = 0; k < nblocks; ++k) {
+        index.emplace_back(static_cast<uint64_t>(written), file_pos);
+        file_pos += bufs[k].size();
+        written += block_rows;
+      }
+      wait_append();
+      appending = std::async(std::launch::async, [this, &bufs, nblocks] {
+        for (int64_t k = 0; k < nblocks; ++k) file.write(bufs[k]);
+        start_writeback();
+      });
     }
     Batch& rest = spare;  // the previous pending rows' vectors, reused
     rest.reset(layout.num_dense, static_cast<int>(layout.cardinalities.size()));
@@ -414,8 +441,9 @@ void ShardWriter::write_parts(const std::vector<BatchRows>& parts) {
 void ShardWriter::close() {
   Impl& m = *impl_;
   if (m.closed) return;
+  m.wait_append();
   m.flush_full_blocks(true);
-  const uint64_t footer_offset = m.file.bytes_written();
+  const uint64_t footer_offset = m.file_pos;
   std::string& b = m.buf;
   b.clear();
   put<uint64_t>(b, m.index.size());
