@@ -7,6 +7,9 @@
 # unless DATA=file.tsv is given, then runs `dlrec --threads T bench etl --data FILE --repeat R`
 # for each T (default 1 2 4 8 16; R = $REPEAT, default 3, or 2 for T <= 2). PEER=other_dlrec_bin
 # adds that binary's run at the largest T (e.g. an older build, same file, same session).
+# ALTERNATE=1 (with PEER) instead runs, at every T, R pairs of single runs (DLREC_BIN --repeat 1,
+# then PEER --repeat 1), so both builds share the same minutes and neither times the deletion
+# of a previous run's output; lines of PEER's runs start with "peer".
 set -euo pipefail
 DLREC=${1:?usage: $0 DLREC_BIN [ROWS] [THREADS...]}
 ROWS=${2:-8000000}
@@ -25,9 +28,17 @@ echo "input: $DATA ($(stat -c %s "$DATA") bytes)"
 for t in "${THREADS[@]}"; do
   r=${REPEAT:-3}
   [ "$t" -le 2 ] && [ -z "${REPEAT:-}" ] && r=2
+  if [ -n "${PEER:-}" ] && [ "${ALTERNATE:-0}" = 1 ]; then
+    for ((i = 0; i < r; ++i)); do
+      "$DLREC" --threads "$t" bench etl --data "$DATA" --repeat 1 --work-dir "$WORK" 2>/dev/null
+      "$PEER" --threads "$t" bench etl --data "$DATA" --repeat 1 --work-dir "$WORK" 2>/dev/null |
+        sed 's/^/peer /'
+    done
+    continue
+  fi
   "$DLREC" --threads "$t" bench etl --data "$DATA" --repeat "$r" --work-dir "$WORK" 2>/dev/null
 done
-if [ -n "${PEER:-}" ]; then
+if [ -n "${PEER:-}" ] && [ "${ALTERNATE:-0}" != 1 ]; then
   t=${THREADS[-1]}
   echo "peer: $PEER"
   "$PEER" --threads "$t" bench etl --data "$DATA" --repeat "${REPEAT:-3}" --work-dir "$WORK" 2>/dev/null

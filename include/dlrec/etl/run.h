@@ -65,7 +65,7 @@ struct EtlOptions {
 struct EtlResult {
   int64_t train_rows = 0;
   int64_t valid_rows = 0;
-  int64_t skipped_rows = 0;  // malformed rows skipped in the transform pass (OnError::Skip)
+  int64_t skipped_rows = 0;  // malformed rows skipped in the whole input (OnError::Skip)
   int64_t input_bytes = 0;   // size of the input files
   int64_t output_bytes = 0;  // size of every file written
   int fit_passes = 0;
