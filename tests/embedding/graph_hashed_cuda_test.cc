@@ -280,7 +280,9 @@ TEST(GraphHashedCuda, EvictionFollowsTheLruReferenceAndMemoryStaysAtTheCap) {
     io::Batch b = batch_of(rows, 5000 + i, ids / 2 + (i * 3) % (ids / 2));
     ref_step(ref, b, seq);
     const double loss = gpu->train_step(b, 1.0, i % 10 == 0);  // NaN when not asked for
-    if (i % 10 == 0) ASSERT_TRUE(std::isfinite(loss)) << "step " << i;
+    if (i % 10 == 0) {
+      ASSERT_TRUE(std::isfinite(loss)) << "step " << i;
+    }
     if (i == std::min(20, n_steps / 2)) {
       gpu->synchronize();
       peak_after_warmup = cuda::pool_peak_bytes(0);
