@@ -599,6 +599,8 @@ EtlResult run_etl(const EtlOptions& o) {
   DLREC_CHECK(o.valid_ratio >= 0 && o.valid_ratio < 1, "etl: valid_ratio must be in [0, 1), got ",
               o.valid_ratio);
   DLREC_CHECK(o.ranks >= 1 && o.ranks <= 65536, "etl: ranks must be in [1, 65536], got ", o.ranks);
+  DLREC_CHECK(o.input_cache_mb >= -1, "etl: input_cache_mb must be -1 (default size), 0 (off) or a "
+              "size in MB, got ", o.input_cache_mb);
   for (const auto& f : o.inputs) {
     if (!file_exists(f)) fail("etl: input file '", f, "' does not exist");
     res.input_bytes += static_cast<int64_t>(file_size(f));

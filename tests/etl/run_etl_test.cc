@@ -301,6 +301,17 @@ TEST(RunEtlTest, ConfigErrorBeforeAnyOutput) {
   EXPECT_FALSE(file_exists(o.output_dir));
 }
 
+TEST(RunEtlTest, BadInputCacheSizeIsAnErrorBeforeAnyOutput) {
+  std::string dir = test_dir();
+  EtlOptions o = options(dir, write_input(dir, tsv(10)));
+  o.input_cache_mb = -2;
+  std::string msg = error_of([&] { run_etl(o); });
+  EXPECT_NE(msg.find("input_cache_mb must be -1 (default size), 0 (off) or a size in MB, got -2"),
+            std::string::npos)
+      << msg;
+  EXPECT_FALSE(file_exists(o.output_dir));
+}
+
 TEST(RunEtlTest, TrainRowsBeyondInputIsAnError) {
   std::string dir = test_dir();
   EtlOptions o = options(dir, write_input(dir, tsv(100)));
