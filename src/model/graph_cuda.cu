@@ -22,16 +22,23 @@
 // fused update run on a side stream beside the dense layers that do not depend on them.
 // bf16 GEMMs without an epilogue that overwrite their output go through cuBLASLt with the
 // fastest of its candidates (DLREC_GRAPH_LT=0: cublasGemmEx); DLREC_PROFILE=1 prints the device
-// time per layer (no graphs, no side stream).
+// time per layer and, for MLP and cross layers, per kind of work (no graphs, no side streams).
 //
 // The cross layer (DCNv2): forward per layer h = x_l V^T (low rank), u = h U^T + b (or
 // x_l W^T + b) through cuBLASLt's bias epilogue in bf16, then x_{l+1} = x0 * u + x_l in one
-// pass. Backward per layer, g = dL/dx_{l+1}: one pass writes du = g * x0, adds g * u to the
-// accumulator of dL/dx0 (and g itself at layer 0, the residual into x0) and sums the bias
-// gradient; then the weight and input gradients are GEMMs, the input gradient accumulated into
-// g in place (beta = 1: dL/dx_l = g + dh V) or, at layer 0, into the accumulator. The
-// accumulator has the compute type (bf16 in bf16, as autograd's would) and is the input's
-// gradient buffer itself when the cross layer is its first consumer.
+// pass. Backward per layer, g = dL/dx_{l+1}: one pass writes du = g * x0 and sums the bias
+// gradient; then the data GEMMs dh = du U and dL/dx_l = g + dh V (into a new buffer: cuBLASLt's
+// beta = 1 with C != D). The dL/dx0 sum, sum_l g_{l+1} * u_l + g_1 (+ dh_0 V_0 by the last
+// GEMM, beta = 1 in place), is formed once, by layer 0's pass, from the kept g's and u's
+// (DLREC_CROSS_DEFER=0, or more than 8 layers: added layer by layer into an accumulator, each
+// pass reading and writing it). It has the compute type (bf16 in bf16, as autograd's would) and
+// is the input's gradient buffer itself when the cross layer is its first consumer.
+//
+// Weight gradients and updates (every MLP and cross layer) run on a weight stream beside the
+// data-gradient chain (Engine::weights: forked after the layer's dgrad, which reads the
+// weights; joined at the end of the backward pass; own cuBLAS handle and cuBLASLt workspace;
+// DLREC_GRAPH_WSTREAM=0: in order on the main stream). The main stream and the embedding's side
+// stream have the device's greatest priority, the weight stream the least.
 //
 // The fm layer (DeepFM) and the wide layer (Wide&Deep's linear part) write 1-wide f32 values
 // (src/nn/graph_layers_cuda.h): fm reads its fields in the compute type, sums in f32 (the last
@@ -47,6 +54,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -128,7 +136,18 @@ struct Engine {
   cudaStream_t st = nullptr;
   cublasHandle_t blas = nullptr;
   std::unique_ptr<lt::Lt> lt;
+  int sms = 0;  // SM count target of cuBLASLt GEMMs on st (0: all)
+  // The weight-gradient stream: weights() runs a layer's weight gradients and update there,
+  // beside the data-gradient chain on st (own cuBLAS handle and cuBLASLt workspace; null: off).
+  cudaStream_t wst = nullptr;
+  cublasHandle_t wblas = nullptr;
+  std::unique_ptr<lt::Lt> wlt;
+  int wsms = 0;
+  cudaEvent_t wfork = nullptr, wjoin = nullptr;
+  bool w_pending = false;
   bool use_lt = true;  // DLREC_GRAPH_LT=0: plain cublasGemmEx for epilogue-free bf16 GEMMs
+  // DLREC_PROFILE=1: records a named event on st (sub-phases of a layer); null otherwise.
+  std::function<void(const std::string&)> mark;
   bool dense_adagrad = false, emb_adagrad = false;
   float eps = 1e-8f, init_acc = 0.f, emb_eps = 1e-8f, emb_init_acc = 0.f;
   std::vector<Value> vals;
@@ -163,6 +182,7 @@ struct Engine {
       g.ldb = ldb;
       g.ldd = ldd;
       g.d_type = cuda_type(dt);
+      g.sm_target = sms;
       if (lt->run(g, A, Bm, D, nullptr, nullptr, st)) return;
     }
     const float one = 1.f, zero = 0.f;
@@ -173,6 +193,68 @@ struct Engine {
         static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &one, A, ab_type(),
         static_cast<int>(lda), Bm, ab_type(), static_cast<int>(ldb), accumulate ? &one : &zero,
         D, cuda_type(dt), static_cast<int>(ldd), ct, CUBLAS_GEMM_DEFAULT));
+  }
+
+  // D = op(A) op(B) + C with C != D of D's type and layout: cuBLASLt's beta = 1 with a separate
+  // C in bf16, else a copy of C into D and an accumulating GEMM (the same sums).
+  void gemm_c(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
+              const void* Bm, int64_t ldb, const void* C, void* D, DType dt, int64_t ldd) {
+    if (m == 0 || n == 0) return;
+    if (lt && use_lt) {
+      lt::Gemm g;
+      g.trans_a = ta;
+      g.trans_b = tb;
+      g.m = m;
+      g.n = n;
+      g.k = k;
+      g.lda = lda;
+      g.ldb = ldb;
+      g.ldd = ldd;
+      g.d_type = cuda_type(dt);
+      g.accumulate_c = true;
+      g.sm_target = sms;
+      if (lt->run(g, A, Bm, D, nullptr, nullptr, st, C)) return;
+    }
+    // Column-major [m, n] with leading dimension ldd: n rows of m elements, ldd apart.
+    cg::copy_cols(C, elem(dt), ldd, 0, D, elem(dt), ldd, 0, n, m, false, st);
+    gemm(ta, tb, m, n, k, A, lda, Bm, ldb, D, dt, ldd, true);
+  }
+
+  // Runs f (a layer's weight gradients and update) on the weight stream, after everything
+  // enqueued on st so far; joined back by join_weights(). Without that stream: f() on st.
+  template <class F>
+  void weights(F&& f) {
+    if (!wst) {
+      f();
+      return;
+    }
+    DLREC_CUDA_CHECK(cudaEventRecord(wfork, st));
+    DLREC_CUDA_CHECK(cudaStreamWaitEvent(wst, wfork, 0));
+    auto swap_all = [&] {
+      std::swap(st, wst);
+      std::swap(blas, wblas);
+      std::swap(lt, wlt);
+      std::swap(sms, wsms);
+    };
+    swap_all();
+    try {
+      f();
+    } catch (...) {
+      swap_all();
+      throw;
+    }
+    swap_all();
+    w_pending = true;
+  }
+  // st waits for the weight stream's work (end of the backward pass).
+  void join_weights() {
+    if (!w_pending) return;
+    DLREC_CUDA_CHECK(cudaEventRecord(wjoin, wst));
+    DLREC_CUDA_CHECK(cudaStreamWaitEvent(st, wjoin, 0));
+    w_pending = false;
+  }
+  void sub(const std::string& what) {
+    if (mark) mark(what);
   }
 
   const void* wcomp(const Lin& l) const { return lowp ? l.wh.raw() : l.w.raw(); }
@@ -589,7 +671,9 @@ class MlpNode final : public Node {
                            e.B, l.out, e.st);
         dzc = l.relu ? dz : dy;
       }
-      e.lin_wgrad(l, dzc, l.out);
+      e.sub(name_ + ": bwd mask+bias grad");
+      // The input gradient on st (the chain to the layers below), then this layer's weight
+      // gradient and update on the weight stream (after the dgrad, which reads the weights).
       if (k > 0) {
         e.lin_dgrad(l, dzc, l.out, gys_[k - 1].raw(), e.act, layers_[k - 1].out, false);
         dy = gys_[k - 1].raw();
@@ -598,7 +682,13 @@ class MlpNode final : public Node {
         const bool acc = e.claim(in[0]);
         e.lin_dgrad(l, dzc, l.out, x.g.raw(), x.gdt, x.ld, acc);
       }
-      e.lin_update(l);
+      e.sub(name_ + ": bwd dgrad");
+      e.weights([&e, &l, dzc, this] {
+        e.lin_wgrad(l, dzc, l.out);
+        e.sub(name_ + ": bwd wgrad");
+        e.lin_update(l);
+        e.sub(name_ + ": bwd update");
+      });
     }
   }
   void collect(Engine& e, std::vector<NamedState>& dense, std::vector<NamedState>&) override {
@@ -626,6 +716,8 @@ class CrossNode final : public Node {
     nn::CrossNet cpu(F, layers, rank);
     cpu.init(seed);
     auto params = cpu.params();
+    const char* defer = std::getenv("DLREC_CROSS_DEFER");
+    deferred_ = layers - 1 <= cg::kMaxCrossTerms && !(defer && defer[0] == '0');
     rld_ = e.lowp ? round_up(std::max<int64_t>(rank, 1), 8) : rank;
     // params(): per layer "<l>.w.weight", "<l>.w.bias", and low rank "<l>.v.weight". The
     // Linear objects behind them: w (F x F, or U: r -> F) and v (V: F -> r, bias unused).
@@ -655,18 +747,24 @@ class CrossNode final : public Node {
   void alloc(Engine& e, int64_t cap) override {
     alloc_value(e, cap);
     const Value& v = e.vals[self];
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      Layer& L = layers_[l];
-      L.u = e.buf({cap, ld_}, e.act);
-      if (r_ > 0) L.h = e.buf({cap, rld_}, e.act);
-      L.x = l + 1 == layers_.size() ? v.y : e.buf({cap, ld_}, e.act);
+    const size_t L = layers_.size();
+    for (size_t l = 0; l < L; ++l) {
+      Layer& Y = layers_[l];
+      Y.u = e.buf({cap, ld_}, e.act);
+      if (r_ > 0) Y.h = e.buf({cap, rld_}, e.act);
+      Y.x = l + 1 == L ? v.y : e.buf({cap, ld_}, e.act);
+      // Backward: per layer (the weight stream reads them while st goes on to the next layer).
+      Y.du = Tensor();
+      Y.dh = Tensor();
+      Y.gin = Tensor();
+      if (v.need_grad) {
+        Y.du = e.buf({cap, ld_}, e.act);
+        if (r_ > 0) Y.dh = e.buf({cap, rld_}, e.act);
+        if (deferred_ && l > 0) Y.gin = e.buf({cap, ld_}, e.act);
+      }
     }
     if (in_ld_ != ld_) x0_ = e.buf({cap, ld_}, e.act);
-    if (v.need_grad) {
-      du_ = e.buf({cap, ld_}, e.act);
-      if (r_ > 0) dh_ = e.buf({cap, rld_}, e.act);
-      acc_ = e.buf({cap, ld_}, e.act);
-    }
+    if (v.need_grad) acc_ = e.buf({cap, ld_}, e.act);
   }
   void forward(Engine& e) override {
     const Value& in0 = e.vals[in[0]];
@@ -685,6 +783,7 @@ class CrossNode final : public Node {
       } else {
         e.lin_forward(L.w, xl, L.u.raw(), e.act);
       }
+      e.sub(name_ + ": fwd gemms");
       if (e.lowp)
         cg::cross_combine(static_cast<const bf16*>(x0), static_cast<const bf16*>(L.u.raw()),
                           static_cast<const bf16*>(xl), static_cast<bf16*>(L.x.raw()), e.B, F_,
@@ -692,45 +791,89 @@ class CrossNode final : public Node {
       else
         cg::cross_combine(static_cast<const float*>(x0), L.u.data<float>(),
                           static_cast<const float*>(xl), L.x.data<float>(), e.B, F_, ld_, e.st);
+      e.sub(name_ + ": fwd combine");
       xl = L.x.raw();
     }
   }
+  // Backward of layer l, g = dL/dx_{l+1}: the element-wise pass (du = g * x0, the bias
+  // gradient, and the dL/dx0 sum: per layer into an accumulator, or deferred: all layers' terms
+  // at layer 0 from the kept g's), then on st the data GEMMs dh = du U, dL/dx_l = g + dh V (a
+  // new buffer when deferred, else g in place; at layer 0 added to the dL/dx0 sum), and on the
+  // weight stream the weight GEMMs and the updates.
   void backward(Engine& e) override {
     Value& v = e.vals[self];
     Value& x = e.vals[in[0]];
-    void* g = v.g.raw();
     // The accumulator of dL/dx0 (compute type): the input's gradient buffer itself when this is
     // its first consumer and the layouts agree (no copy), else our own, delivered at the end.
     const bool alias = x.need_grad && !x.has_grad && x.gdt == e.act && in_ld_ == ld_;
     void* acc = alias ? x.g.raw() : acc_.raw();
     if (alias) e.claim(in[0]);
     const int64_t L = static_cast<int64_t>(layers_.size());
+    // gs[l] = dL/dx_l for l >= 1 (deferred: each in its own buffer; else all in v.g).
+    std::vector<void*> gs(L + 1, v.g.raw());
     for (int64_t l = L; l-- > 0;) {
       Layer& Y = layers_[l];
-      if (e.lowp)
+      void* g = gs[l + 1];
+      if (deferred_) {
+        cg::CrossTerms terms;
+        if (l == 0)
+          for (int64_t k = L - 1; k >= 1; --k) {
+            terms.g[terms.n] = gs[k + 1];
+            terms.u[terms.n] = layers_[k].u.raw();
+            ++terms.n;
+          }
+        void* a = l == 0 ? acc : nullptr;
+        if (e.lowp)
+          cg::cross_backward_deferred(static_cast<const bf16*>(g),
+                                      static_cast<const bf16*>(x0p_),
+                                      static_cast<const bf16*>(Y.u.raw()),
+                                      static_cast<bf16*>(Y.du.raw()), static_cast<bf16*>(a),
+                                      terms, e.partial.data<float>(), Y.w.db.data<float>(), e.B,
+                                      F_, ld_, l == 0, e.st);
+        else
+          cg::cross_backward_deferred(static_cast<const float*>(g),
+                                      static_cast<const float*>(x0p_), Y.u.data<float>(),
+                                      Y.du.data<float>(), static_cast<float*>(a), terms,
+                                      e.partial.data<float>(), Y.w.db.data<float>(), e.B, F_,
+                                      ld_, l == 0, e.st);
+      } else if (e.lowp) {
         cg::cross_backward(static_cast<const bf16*>(g), static_cast<const bf16*>(x0p_),
-                           static_cast<const bf16*>(Y.u.raw()), static_cast<bf16*>(du_.raw()),
+                           static_cast<const bf16*>(Y.u.raw()), static_cast<bf16*>(Y.du.raw()),
                            static_cast<bf16*>(acc), e.partial.data<float>(), Y.w.db.data<float>(),
                            e.B, F_, ld_, l == L - 1, l == 0, e.st);
-      else
+      } else {
         cg::cross_backward(static_cast<const float*>(g), static_cast<const float*>(x0p_),
-                           Y.u.data<float>(), du_.data<float>(), static_cast<float*>(acc),
+                           Y.u.data<float>(), Y.du.data<float>(), static_cast<float*>(acc),
                            e.partial.data<float>(), Y.w.db.data<float>(), e.B, F_, ld_,
                            l == L - 1, l == 0, e.st);
-      // dL/dx_l = g + (du through W, or through U then V): into g in place, or at layer 0
-      // into the accumulator of dL/dx0.
-      void* dst = l > 0 ? g : acc;
-      const DType dt = e.act;
-      e.lin_wgrad(Y.w, du_.raw(), ld_);
-      if (r_ > 0) {
-        e.lin_dgrad(Y.w, du_.raw(), ld_, dh_.raw(), e.act, rld_, false);
-        e.lin_wgrad(Y.v, dh_.raw(), rld_);
-        e.lin_dgrad(Y.v, dh_.raw(), rld_, dst, dt, ld_, true);
-        e.lin_update(Y.v);
-      } else {
-        e.lin_dgrad(Y.w, du_.raw(), ld_, dst, dt, ld_, true);
       }
-      e.lin_update(Y.w);
+      e.sub(name_ + ": bwd elementwise");
+      // dL/dx_l = g + (du through W, or through U then V); at layer 0 added to the dL/dx0 sum.
+      void* dst = l > 0 ? (deferred_ ? Y.gin.raw() : g) : acc;
+      Lin& last = r_ > 0 ? Y.v : Y.w;  // the Lin whose dgrad gives dL/dx_l
+      const void* dz = Y.du.raw();
+      int64_t dz_ld = ld_;
+      if (r_ > 0) {
+        e.lin_dgrad(Y.w, Y.du.raw(), ld_, Y.dh.raw(), e.act, rld_, false);
+        dz = Y.dh.raw();
+        dz_ld = rld_;
+      }
+      if (l == 0 || !deferred_) {  // added in place to g or to the dL/dx0 sum
+        e.lin_dgrad(last, dz, dz_ld, dst, e.act, ld_, true);
+      } else {  // a new buffer: dst = dz W + g
+        e.gemm_c(false, false, last.in_pad, e.B, last.out, e.wcomp(last), last.in_pad, dz,
+                 dz_ld, g, dst, e.act, ld_);
+      }
+      gs[l] = dst;
+      e.sub(name_ + ": bwd dgrad");
+      e.weights([&e, &Y, this] {
+        e.lin_wgrad(Y.w, Y.du.raw(), ld_);
+        if (r_ > 0) e.lin_wgrad(Y.v, Y.dh.raw(), rld_);
+        e.sub(name_ + ": bwd wgrad");
+        if (r_ > 0) e.lin_update(Y.v);
+        e.lin_update(Y.w);
+        e.sub(name_ + ": bwd update");
+      });
     }
     if (x.need_grad && !alias) {
       const bool accumulate = e.claim(in[0]);
@@ -753,13 +896,16 @@ class CrossNode final : public Node {
 
  private:
   struct Layer {
-    Lin w, v;       // w: W (full) or U (low rank); v: V (low rank)
+    Lin w, v;        // w: W (full) or U (low rank); v: V (low rank)
     Tensor u, h, x;  // u = W x_l + b; h = V x_l; x = x_{l+1}
+    Tensor du, dh;   // backward: dL/du, dL/dh
+    Tensor gin;      // deferred, l >= 1: dL/dx_l
   };
   std::string name_;
   int64_t F_, in_ld_, ld_, r_, rld_ = 0;
+  bool deferred_ = true;  // the dL/dx0 sum at layer 0 (DLREC_CROSS_DEFER=0: per layer)
   std::vector<Layer> layers_;
-  Tensor x0_, du_, dh_, acc_;
+  Tensor x0_, acc_;
   const void* x0p_ = nullptr;
 };
 
@@ -1041,7 +1187,7 @@ class GraphCuda final : public CudaModel {
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   bool overlap_ = true;  // the embedding layer on a side stream (off when profiling)
   int emb_idx_ = -1;
-  Tensor blas_ws_, lt_ws_;
+  Tensor blas_ws_, lt_ws_, wblas_ws_, wlt_ws_;
   bool graphs_ = true, shadows_stale_ = false;
   bool exposed_ = false;  // parameters()/optimizer_state() handed out tensors since last upload
   std::vector<std::unique_ptr<Node>> nodes_;
@@ -1167,9 +1313,16 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
   // another model's legacy-stream copy during this one's graph capture would otherwise fail the
   // capture. forward() synchronises before returning; after parameters()/optimizer_state()
   // handed out tensors, the next step first waits for the legacy stream (Tensor copies/fills).
-  DLREC_CUDA_CHECK(cudaStreamCreateWithFlags(&e_.st, cudaStreamNonBlocking));
+  // Priorities: the main stream and the embedding's side stream (the critical path) get the
+  // device's greatest priority, the weight-gradient stream the least, so that waiting blocks
+  // of the critical path go first (DLREC_STREAM_PRIO=0: all at the default priority).
+  int least = 0, greatest = 0;
+  DLREC_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  const char* prio = std::getenv("DLREC_STREAM_PRIO");
+  if (prio && prio[0] == '0') greatest = least;
+  DLREC_CUDA_CHECK(cudaStreamCreateWithPriority(&e_.st, cudaStreamNonBlocking, greatest));
   DLREC_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
-  DLREC_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+  DLREC_CUDA_CHECK(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, greatest));
   DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
   overlap_ = !profile_;
@@ -1185,6 +1338,27 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
     const char* gl = std::getenv("DLREC_GRAPH_LT");
     e_.use_lt = !(gl && gl[0] == '0');
   }
+  // The weight-gradient stream (Engine::weights), off when profiling or DLREC_GRAPH_WSTREAM=0.
+  // DLREC_WSIDE_SMS=N: its cuBLASLt GEMMs target N SMs (leaving the rest to the main stream).
+  const char* wsv = std::getenv("DLREC_GRAPH_WSTREAM");
+  if (overlap_ && !(wsv && wsv[0] == '0')) {
+    DLREC_CUDA_CHECK(cudaStreamCreateWithPriority(&e_.wst, cudaStreamNonBlocking, least));
+    DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&e_.wfork, cudaEventDisableTiming));
+    DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&e_.wjoin, cudaEventDisableTiming));
+    wblas_ws_ = Tensor::empty({32 << 20}, DType::U8, dev_);
+    DLREC_CUBLAS_CHECK(cublasCreate(&e_.wblas));
+    DLREC_CUBLAS_CHECK(cublasSetStream(e_.wblas, e_.wst));
+    DLREC_CUBLAS_CHECK(cublasSetMathMode(
+        e_.wblas, e_.prec == Precision::TF32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    DLREC_CUBLAS_CHECK(cublasSetWorkspace(e_.wblas, wblas_ws_.raw(), wblas_ws_.nbytes()));
+    if (e_.lowp) {
+      wlt_ws_ = Tensor::empty({32 << 20}, DType::U8, dev_);
+      e_.wlt = std::make_unique<lt::Lt>(wlt_ws_.raw(), wlt_ws_.nbytes());
+    }
+    const char* sms = std::getenv("DLREC_WSIDE_SMS");
+    if (sms) e_.wsms = std::max(0, std::atoi(sms));
+  }
+  if (profile_) e_.mark = [this](const std::string& what) { mark(what); };
   inputs_ = std::make_unique<StepInputs>(dev_);
 
   const size_t n = spec_.layers.size();
@@ -1383,6 +1557,7 @@ void GraphCuda::drop_graphs() {
 GraphCuda::~GraphCuda() {
   if (copy_) cudaStreamSynchronize(copy_);
   if (side_) cudaStreamSynchronize(side_);
+  if (e_.wst) cudaStreamSynchronize(e_.wst);
   if (e_.st) cudaStreamSynchronize(e_.st);
   if (profile_ && profiled_steps_ > 0) {
     double total = 0;
@@ -1401,7 +1576,12 @@ GraphCuda::~GraphCuda() {
   inputs_.reset();
   nodes_.clear();
   e_.lt.reset();
+  e_.wlt.reset();
   if (e_.blas) cublasDestroy(e_.blas);
+  if (e_.wblas) cublasDestroy(e_.wblas);
+  if (e_.wfork) cudaEventDestroy(e_.wfork);
+  if (e_.wjoin) cudaEventDestroy(e_.wjoin);
+  if (e_.wst) cudaStreamDestroy(e_.wst);
   if (fork_) cudaEventDestroy(fork_);
   if (join_) cudaEventDestroy(join_);
   if (side_) cudaStreamDestroy(side_);
@@ -1417,6 +1597,7 @@ void GraphCuda::ensure_capacity(int64_t B, int64_t nnz) {
   if (B <= cap_b_ && nnz <= cap_nnz_) return;
   DLREC_CUDA_CHECK(cudaStreamSynchronize(copy_));
   DLREC_CUDA_CHECK(cudaStreamSynchronize(side_));
+  if (e_.wst) DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.wst));
   DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
   drop_graphs();
   const int64_t nb = std::max(B, cap_b_), nn_ = std::max<int64_t>(std::max(nnz, cap_nnz_), 1);
@@ -1533,6 +1714,7 @@ void GraphCuda::run_backward() {
     nodes_[i]->backward(e_);
     mark(spec_.layers[i].name + " bwd+update");
   }
+  e_.join_weights();
   if (pending) DLREC_CUDA_CHECK(cudaStreamWaitEvent(e_.st, join_, 0));
 }
 
@@ -1618,6 +1800,7 @@ void GraphCuda::synchronize() {
   DeviceGuard g(dev_index_);
   DLREC_CUDA_CHECK(cudaStreamSynchronize(copy_));
   DLREC_CUDA_CHECK(cudaStreamSynchronize(side_));
+  if (e_.wst) DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.wst));
   DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
 }
 

@@ -78,6 +78,7 @@ __global__ void copy_cols_vec_kernel(const S* __restrict__ src, int64_t src_ld,
                                            int64_t cols, bool accumulate) {
   const int64_t c = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V;
   if (c >= cols) return;
+#pragma unroll 4  // several rows in flight per thread (one 16-byte load each)
   for (int64_t r = blockIdx.y * int64_t(blockDim.y) + threadIdx.y; r < B;
        r += int64_t(gridDim.y) * blockDim.y) {
     float v[V];
@@ -135,10 +136,11 @@ __global__ void cross_combine_kernel(const E* __restrict__ x0, const E* __restri
   }
 }
 
+// same: xl is x0 (the first layer), read once.
 template <int V, class E>
-__global__ void cross_combine_vec_kernel(const E* __restrict__ x0, const E* __restrict__ u,
-                                         const E* __restrict__ xl, E* __restrict__ out,
-                                         int64_t B, int64_t F, int64_t ld) {
+__global__ void cross_combine_vec_kernel(const E* x0, const E* __restrict__ u, const E* xl,
+                                         E* __restrict__ out, int64_t B, int64_t F, int64_t ld,
+                                         bool same) {
   const int64_t c = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V;
   if (c >= F) return;
   for (int64_t r = blockIdx.y * int64_t(blockDim.y) + threadIdx.y; r < B;
@@ -147,7 +149,12 @@ __global__ void cross_combine_vec_kernel(const E* __restrict__ x0, const E* __re
     float a[V], b[V], x[V];
     loadv<V>(x0 + i, a);
     loadv<V>(u + i, b);
-    loadv<V>(xl + i, x);
+    if (same) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) x[k] = a[k];
+    } else {
+      loadv<V>(xl + i, x);
+    }
 #pragma unroll
     for (int k = 0; k < V; ++k) a[k] = __fadd_rn(__fmul_rn(a[k], b[k]), x[k]);
     storev<V>(out + i, a);
@@ -155,14 +162,15 @@ __global__ void cross_combine_vec_kernel(const E* __restrict__ x0, const E* __re
 }
 
 // Block (32, 8): 32 * V columns of one chunk of kRows rows; partial column sums of du reduced
-// over threadIdx.y in a fixed order.
+// over threadIdx.y in a fixed order. mode: 0 = du only (ACC false), 1 = acc overwritten, 2 = acc
+// added to (ACC true); in mode 1 the terms' products come first (n = 0 otherwise).
 constexpr int kRows = 256;
-template <int V, class E>
+template <int V, class E, bool ACC>
 __global__ void cross_backward_kernel(const E* __restrict__ g, const E* __restrict__ x0,
                                       const E* __restrict__ u, E* __restrict__ du,
-                                      E* __restrict__ acc, float* __restrict__ partial,
-                                      int64_t B, int64_t F, int64_t ld, bool overwrite,
-                                      bool add_g) {
+                                      E* __restrict__ acc, CrossTerms terms,
+                                      float* __restrict__ partial, int64_t B, int64_t F,
+                                      int64_t ld, int mode, bool add_g) {
   __shared__ float red[8][32 * V + 1];
   const int64_t c = (blockIdx.x * int64_t(32) + threadIdx.x) * V;
   const int64_t r0 = int64_t(blockIdx.y) * kRows;
@@ -171,27 +179,41 @@ __global__ void cross_backward_kernel(const E* __restrict__ g, const E* __restri
 #pragma unroll
   for (int k = 0; k < V; ++k) s[k] = 0.f;
   if (c < F) {
+#pragma unroll(ACC ? 1 : 2)  // du only: two rows in flight per thread
     for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
       const int64_t i = r * ld + c;
-      float gv[V], xv[V], uv[V], av[V], dv[V];
+      float gv[V], xv[V], dv[V];
       loadv<V>(g + i, gv);
       loadv<V>(x0 + i, xv);
-      loadv<V>(u + i, uv);
-      if (overwrite) {
 #pragma unroll
-        for (int k = 0; k < V; ++k) av[k] = 0.f;
-      } else {
-        loadv<V>(acc + i, av);
-      }
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        dv[k] = __fmul_rn(gv[k], xv[k]);
-        float a = __fadd_rn(av[k], __fmul_rn(gv[k], uv[k]));
-        if (add_g) a = __fadd_rn(a, gv[k]);
-        av[k] = a;
-      }
+      for (int k = 0; k < V; ++k) dv[k] = __fmul_rn(gv[k], xv[k]);
       storev<V>(du + i, dv);
-      storev<V>(acc + i, av);
+      if (ACC) {
+        float av[V], uv[V];
+        if (mode == 1) {
+#pragma unroll
+          for (int k = 0; k < V; ++k) av[k] = 0.f;
+#pragma unroll
+          for (int t = 0; t < kMaxCrossTerms; ++t) {  // constant indices: terms stay in registers
+            if (t >= terms.n) break;
+            float tg[V], tu[V];
+            loadv<V>(static_cast<const E*>(terms.g[t]) + i, tg);
+            loadv<V>(static_cast<const E*>(terms.u[t]) + i, tu);
+#pragma unroll
+            for (int k = 0; k < V; ++k) av[k] = __fadd_rn(av[k], __fmul_rn(tg[k], tu[k]));
+          }
+        } else {
+          loadv<V>(acc + i, av);
+        }
+        loadv<V>(u + i, uv);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          float a = __fadd_rn(av[k], __fmul_rn(gv[k], uv[k]));
+          if (add_g) a = __fadd_rn(a, gv[k]);
+          av[k] = a;
+        }
+        storev<V>(acc + i, av);
+      }
       // The column sums use du as stored (rounded to E), like the GEMMs that read it.
 #pragma unroll
       for (int k = 0; k < V; ++k) s[k] += rounded<E>(dv[k]);
@@ -280,7 +302,8 @@ void cross_combine(const E* x0, const E* u, const E* xl, E* out, int64_t B, int6
   if (F % V == 0 && ld % V == 0 && aligned16(x0) && aligned16(u) && aligned16(xl) &&
       aligned16(out)) {
     sweep_shape(B, F / V, grid, block);
-    cross_combine_vec_kernel<V, E><<<grid, block, 0, stream>>>(x0, u, xl, out, B, F, ld);
+    cross_combine_vec_kernel<V, E><<<grid, block, 0, stream>>>(x0, u, xl, out, B, F, ld,
+                                                                 xl == x0);
   } else {
     sweep_shape(B, F, grid, block);
     cross_combine_kernel<E><<<grid, block, 0, stream>>>(x0, u, xl, out, B, F, ld);
@@ -304,10 +327,11 @@ template void bias_act_strided<bf16>(bf16*, const bf16*, int64_t, int64_t, int64
 
 int64_t cross_grad_chunks(int64_t B) { return (B + kRows - 1) / kRows; }
 
+namespace {
 template <class E>
-void cross_backward(const E* g, const E* x0, const E* u, E* du, E* acc, float* partial,
-                    float* db, int64_t B, int64_t F, int64_t ld, bool overwrite, bool add_g,
-                    cudaStream_t stream) {
+void launch_cross_backward(const E* g, const E* x0, const E* u, E* du, E* acc,
+                           const CrossTerms& terms, float* partial, float* db, int64_t B,
+                           int64_t F, int64_t ld, int mode, bool add_g, cudaStream_t stream) {
   if (F == 0) return;
   const int64_t chunks = cross_grad_chunks(B);
   if (chunks == 0) {
@@ -315,22 +339,54 @@ void cross_backward(const E* g, const E* x0, const E* u, E* du, E* acc, float* p
     return;
   }
   DLREC_CHECK(chunks < 65536, "cross_backward: batch of ", B, " rows is too large");
+  DLREC_CHECK(terms.n >= 0 && terms.n <= kMaxCrossTerms && (terms.n == 0 || mode == 1),
+              "cross_backward: ", terms.n, " deferred terms (at most ", kMaxCrossTerms,
+              ", only when the accumulator is overwritten)");
   constexpr int V = 16 / sizeof(E);
-  const bool vec = F % V == 0 && ld % V == 0 && aligned16(g) && aligned16(x0) && aligned16(u) &&
-                   aligned16(du) && aligned16(acc);
+  bool vec = F % V == 0 && ld % V == 0 && aligned16(g) && aligned16(x0) && aligned16(du);
+  if (mode != 0) vec = vec && aligned16(u) && aligned16(acc);
+  for (int t = 0; t < terms.n; ++t) vec = vec && aligned16(terms.g[t]) && aligned16(terms.u[t]);
+  const dim3 block(32, 8);
   if (vec) {
     dim3 grid(static_cast<unsigned>((F / V + 31) / 32), static_cast<unsigned>(chunks));
-    cross_backward_kernel<V, E><<<grid, dim3(32, 8), 0, stream>>>(g, x0, u, du, acc, partial, B,
-                                                                  F, ld, overwrite, add_g);
+    if (mode == 0)
+      cross_backward_kernel<V, E, false><<<grid, block, 0, stream>>>(
+          g, x0, u, du, acc, terms, partial, B, F, ld, mode, add_g);
+    else
+      cross_backward_kernel<V, E, true><<<grid, block, 0, stream>>>(
+          g, x0, u, du, acc, terms, partial, B, F, ld, mode, add_g);
   } else {
     dim3 grid(static_cast<unsigned>((F + 31) / 32), static_cast<unsigned>(chunks));
-    cross_backward_kernel<1, E><<<grid, dim3(32, 8), 0, stream>>>(g, x0, u, du, acc, partial, B,
-                                                                  F, ld, overwrite, add_g);
+    if (mode == 0)
+      cross_backward_kernel<1, E, false><<<grid, block, 0, stream>>>(
+          g, x0, u, du, acc, terms, partial, B, F, ld, mode, add_g);
+    else
+      cross_backward_kernel<1, E, true><<<grid, block, 0, stream>>>(
+          g, x0, u, du, acc, terms, partial, B, F, ld, mode, add_g);
   }
   DLREC_CUDA_LAUNCH_CHECK();
   sum_partials_kernel<<<static_cast<unsigned>((F + 127) / 128), 128, 0, stream>>>(
       partial, static_cast<int>(chunks), F, db);
   DLREC_CUDA_LAUNCH_CHECK();
+}
+}  // namespace
+
+template <class E>
+void cross_backward(const E* g, const E* x0, const E* u, E* du, E* acc, float* partial,
+                    float* db, int64_t B, int64_t F, int64_t ld, bool overwrite, bool add_g,
+                    cudaStream_t stream) {
+  launch_cross_backward(g, x0, u, du, acc, CrossTerms{}, partial, db, B, F, ld,
+                        overwrite ? 1 : 2, add_g, stream);
+}
+
+template <class E>
+void cross_backward_deferred(const E* g, const E* x0, const E* u, E* du, E* acc,
+                             const CrossTerms& terms, float* partial, float* db, int64_t B,
+                             int64_t F, int64_t ld, bool add_g, cudaStream_t stream) {
+  DLREC_CHECK(acc != nullptr || (terms.n == 0 && !add_g),
+              "cross_backward_deferred: terms or add_g without an accumulator");
+  launch_cross_backward(g, x0, u, du, acc, terms, partial, db, B, F, ld, acc ? 1 : 0, add_g,
+                        stream);
 }
 
 template void cross_combine<float>(const float*, const float*, const float*, float*, int64_t,
@@ -342,5 +398,11 @@ template void cross_backward<float>(const float*, const float*, const float*, fl
                                     cudaStream_t);
 template void cross_backward<bf16>(const bf16*, const bf16*, const bf16*, bf16*, bf16*, float*,
                                    float*, int64_t, int64_t, int64_t, bool, bool, cudaStream_t);
+template void cross_backward_deferred<float>(const float*, const float*, const float*, float*,
+                                             float*, const CrossTerms&, float*, float*, int64_t,
+                                             int64_t, int64_t, bool, cudaStream_t);
+template void cross_backward_deferred<bf16>(const bf16*, const bf16*, const bf16*, bf16*, bf16*,
+                                            const CrossTerms&, float*, float*, int64_t, int64_t,
+                                            int64_t, bool, cudaStream_t);
 
 }  // namespace dlrec::nn::cuda_graph

@@ -46,4 +46,21 @@ void cross_backward(const E* g, const E* x0, const E* u, E* du, E* acc, float* p
                     float* db, int64_t B, int64_t F, int64_t ld, bool overwrite, bool add_g,
                     cudaStream_t stream);
 
+// The same pass with the dL/dx0 sum deferred to the first layer (one read and one write of it
+// instead of one per layer). Layers l >= 1 pass acc = null: only du and db. Layer 0 passes the
+// deeper layers' pairs (dL/dx_{k+1}, u_k) in `terms`, deepest first, and gets
+//   acc = ((terms.g[0] * terms.u[0] + terms.g[1] * terms.u[1]) + ...) + g * u (+ g when add_g)
+// summed in f32 in that order and rounded to E once: the order in which cross_backward adds
+// them layer by layer (identical results in f32; in bf16 without the rounding between layers).
+constexpr int kMaxCrossTerms = 7;
+struct CrossTerms {
+  const void* g[kMaxCrossTerms] = {};
+  const void* u[kMaxCrossTerms] = {};
+  int n = 0;
+};
+template <class E>
+void cross_backward_deferred(const E* g, const E* x0, const E* u, E* du, E* acc,
+                             const CrossTerms& terms, float* partial, float* db, int64_t B,
+                             int64_t F, int64_t ld, bool add_g, cudaStream_t stream);
+
 }  // namespace dlrec::nn::cuda_graph

@@ -65,6 +65,11 @@ Lt::Plan* Lt::plan(const Gemm& g) {
   const cublasLtEpilogue_t epi = to_lt(g.epi);
   DLREC_LT_CHECK(
       cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  if (g.sm_target > 0) {
+    const int32_t sms = g.sm_target;
+    DLREC_LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                                                  &sms, sizeof sms));
+  }
   if (g.epi == Epi::ReluAuxBias || g.epi == Epi::DRelu) {
     const int64_t ld = g.aux_ld;
     DLREC_LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
@@ -103,9 +108,13 @@ Lt::Plan* Lt::plan(const Gemm& g) {
 bool Lt::supported(const Gemm& g) { return plan(g)->ok; }
 
 bool Lt::run(const Gemm& g, const void* A, const void* B, void* D, void* vec, void* aux,
-             cudaStream_t stream) {
+             cudaStream_t stream, const void* C) {
   Plan* p = plan(g);
   if (!p->ok) return false;
+  DLREC_CHECK(!g.accumulate_c || (C != nullptr && C != D),
+              "cuBLASLt GEMM: accumulate_c needs a C operand distinct from D");
+  // C has D's type and layout (p->d); without accumulate_c it is D itself, scaled by 0.
+  const void* c = g.accumulate_c ? C : D;
   if (g.epi == Epi::Bias || g.epi == Epi::ReluAuxBias || g.epi == Epi::BGradB)
     DLREC_LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                   &vec, sizeof vec));
@@ -113,9 +122,11 @@ bool Lt::run(const Gemm& g, const void* A, const void* B, void* D, void* vec, vo
     DLREC_LT_CHECK(cublasLtMatmulDescSetAttribute(
         p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
   const float one = 1.f, zero = 0.f;
+  const float* beta = g.accumulate_c ? &one : &zero;
   if (!p->tuned) {
     // First use of the plan, on the real operands (every epilogue here is idempotent: D, the
-    // bias gradient and the ReLU mask are overwritten): time each candidate, keep the fastest.
+    // bias gradient and the ReLU mask are overwritten, C != D is only read): time each
+    // candidate, keep the fastest.
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     DLREC_CUDA_CHECK(cudaStreamIsCapturing(stream, &cap));
     if (cap == cudaStreamCaptureStatusNone) {
@@ -127,7 +138,7 @@ bool Lt::run(const Gemm& g, const void* A, const void* B, void* D, void* vec, vo
         bool good = true;
         for (int rep = 0; rep < 3 && good; ++rep) {
           if (rep == 1) DLREC_CUDA_CHECK(cudaEventRecord(e0, stream));
-          good = cublasLtMatmul(handle_, p->desc, &one, A, p->a, B, p->b, &zero, D, p->d, D,
+          good = cublasLtMatmul(handle_, p->desc, &one, A, p->a, B, p->b, beta, c, p->d, D,
                                 p->d, &algo, ws_, ws_bytes_, stream) == CUBLAS_STATUS_SUCCESS;
         }
         if (!good) continue;
@@ -145,7 +156,7 @@ bool Lt::run(const Gemm& g, const void* A, const void* B, void* D, void* vec, vo
       p->tuned = true;
     }
   }
-  DLREC_LT_CHECK(cublasLtMatmul(handle_, p->desc, &one, A, p->a, B, p->b, &zero, D, p->d, D, p->d,
+  DLREC_LT_CHECK(cublasLtMatmul(handle_, p->desc, &one, A, p->a, B, p->b, beta, c, p->d, D, p->d,
                                 &p->algo, ws_, ws_bytes_, stream));
   return true;
 }

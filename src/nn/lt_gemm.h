@@ -2,6 +2,8 @@
 //
 //   D [m, n] = op(A) [m, k] * op(B) [k, n]       (column-major, leading dimensions lda/ldb/ldd)
 //
+// With `accumulate_c` the GEMM adds a separate matrix C (same type and layout as D, C != D):
+//   D = op(A) op(B) + C   (beta = 1; C is read only, so a first-use timing run is harmless).
 // Epilogues (cuBLASLt's names):
 //   Bias:        D += bias (per row of D, length m; bias type = D type)
 //   ReluAuxBias: D = relu(D + bias), and the ReLU mask as bits into `aux` (ld aux_ld bits)
@@ -34,9 +36,12 @@ struct Gemm {
   cudaDataType_t ab_type = CUDA_R_16BF, d_type = CUDA_R_16BF;
   Epi epi = Epi::None;
   int64_t aux_ld = 0;  // bits, multiple of 128 (ReluAuxBias / DRelu)
+  bool accumulate_c = false;  // D = op(A) op(B) + C (C passed to run(), C != D)
+  int sm_target = 0;  // > 0: cuBLASLt's SM count target (a kernel meant to share the device)
   auto key() const {
     return std::make_tuple(trans_a, trans_b, m, n, k, lda, ldb, ldd, static_cast<int>(ab_type),
-                           static_cast<int>(d_type), static_cast<int>(epi), aux_ld);
+                           static_cast<int>(d_type), static_cast<int>(epi), aux_ld,
+                           accumulate_c, sm_target);
   }
 };
 
@@ -47,9 +52,10 @@ class Lt {
   Lt(const Lt&) = delete;
   Lt& operator=(const Lt&) = delete;
   // D = op(A) op(B) with the epilogue; `vec` is the bias (input) or bias gradient (output),
-  // `aux` the ReLU mask (output of ReluAuxBias, input of DRelu). False when unsupported.
+  // `aux` the ReLU mask (output of ReluAuxBias, input of DRelu), `C` the added matrix when
+  // g.accumulate_c (else ignored). False when unsupported.
   bool run(const Gemm& g, const void* A, const void* B, void* D, void* vec, void* aux,
-           cudaStream_t stream);
+           cudaStream_t stream, const void* C = nullptr);
   // Whether the plan exists (queries the heuristic on first use).
   bool supported(const Gemm& g);
   // How many plans fell back (for the profile print).
