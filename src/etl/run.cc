@@ -789,12 +789,18 @@ EtlResult run_etl(const EtlOptions& o) {
     int64_t written_train = 0;  // training rows handed to the writers
     // The rows: from the cache (each batch's chunks leave it, so its memory goes down as the
     // pass goes on), else read again.
+    // Batches of at least a shard block of rows: the shard writers then encode most blocks
+    // straight from the transformed chunks instead of first copying them into pending rows
+    // (with few threads a batch of one chunk per thread is a fraction of a block).
+    const int tchunks = static_cast<int>(std::max<int64_t>(
+        batch_chunks(), (o.block_rows + o.read.chunk_rows - 1) / std::max<int64_t>(1, o.read.chunk_rows)));
+    const int transform_chunks = std::min(tchunks, std::max(batch_chunks(), 64));
     std::unique_ptr<BatchReader> input;
     if (!cached) input = std::make_unique<BatchReader>(io::open_reader(o.inputs, o.schema, o.read),
-                                                       batch_chunks());
+                                                       transform_chunks);
     auto next_batch = [&](std::vector<io::RawChunk>& out) -> int {
       if (input) return input->next(out);
-      const size_t k = std::min(cache.chunks.size(), static_cast<size_t>(batch_chunks()));
+      const size_t k = std::min(cache.chunks.size(), static_cast<size_t>(transform_chunks));
       if (out.size() < k) out.resize(k);
       for (size_t i = 0; i < k; ++i) {
         out[i] = std::move(cache.chunks.front());
