@@ -41,10 +41,11 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/cuda_check.h"
-#include "dlrec/core/thread_pool.h"
+#include "dlrec/core/spin_team.h"
 #include "dlrec/model/dlrm_cuda.h"
 #include "dlrec/nn/embedding_bag.h"
 #include "dlrec/nn/mlp.h"
@@ -196,12 +197,17 @@ class DlrmCuda final : public CudaModel {
     const uint32_t* keys = nullptr;
   } infer_in_;
   int64_t infer_chunk_ = 8192;  // DLREC_INFER_CHUNK: rows per graph launch of predict()
+  // predict()'s packing of big chunks runs on a team of DLREC_INFER_PACK_THREADS threads
+  // (default min(8, cores / 2); 1: on the caller alone), one team per process (pack_team()).
+  int pack_threads_ = 1;
+  // 16-bit inference of <= 8 rows through cd::skinny_linear (DLREC_INFER_SKINNY=0: cuBLASLt).
+  bool skinny_ = true;
   // DLREC_INFER_TIMING=1: per predict() call of one chunk, the host packing time, the device
   // time of the input copy + graph, and the wall time, averaged and printed at destruction.
   bool timing_ = false;
   int64_t timing_skip_ = 20;  // the first calls build buckets, plans and graphs
-  cudaEvent_t timing_ev_[2] = {nullptr, nullptr};
-  double timing_sum_[3] = {0, 0, 0};
+  cudaEvent_t timing_ev_[3] = {nullptr, nullptr, nullptr};  // before copy, after copy, after graph
+  double timing_sum_[4] = {0, 0, 0, 0};  // packing, copy, graph, wall
   int64_t timing_calls_ = 0, timing_rows_ = 0;
   bool have_training_forward_ = false;
 
@@ -216,6 +222,13 @@ class DlrmCuda final : public CudaModel {
   int64_t profiled_steps_ = 0, seen_steps_ = 0;
   double host_pack_ms_ = 0;
 };
+
+// Keeps the GPU busy for about `ns` nanoseconds (one thread).
+__global__ void gpu_sleep_kernel(long long ns) {
+  const long long t0 = clock64();
+  // clock64 counts SM cycles: 1.5 GHz or more on the GPUs we target, so ns cycles >= ns.
+  while (clock64() - t0 < ns) __nanosleep(1000);
+}
 
 void DlrmCuda::mark(const char* phase) {
   if (!profile_) return;
@@ -304,6 +317,15 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
     DLREC_CHECK(infer_chunk_ >= 256 && (infer_chunk_ & (infer_chunk_ - 1)) == 0,
                 "DLREC_INFER_CHUNK must be a power of two >= 256, got '", ic, "'");
   }
+  pack_threads_ = std::max(1, std::min(8, static_cast<int>(std::thread::hardware_concurrency()) / 2));
+  if (const char* pt = std::getenv("DLREC_INFER_PACK_THREADS")) {
+    char* end = nullptr;
+    const long v = std::strtol(pt, &end, 10);
+    DLREC_CHECK(end != pt && *end == '\0' && v >= 1 && v <= 256,
+                "DLREC_INFER_PACK_THREADS must be an integer in [1, 256], got '", pt, "'");
+    pack_threads_ = static_cast<int>(v);
+  }
+  if (const char* sk = std::getenv("DLREC_INFER_SKINNY")) skinny_ = sk[0] != '0';
   if (const char* it = std::getenv("DLREC_INFER_TIMING"); it && it[0] == '1') {
     timing_ = true;
     for (auto& e : timing_ev_) DLREC_CUDA_CHECK(cudaEventCreate(&e));
@@ -533,11 +555,11 @@ DlrmCuda::~DlrmCuda() {
   }
   if (timing_ && timing_calls_ > 0)
     std::fprintf(stderr, "[infer timing] %lld calls of %lld rows (after 20 warm-up calls), mean "
-                 "us: host packing %.1f, "
-                 "device (input copy + graph) %.1f, wall %.1f\n",
+                 "us: host packing %.1f (%d thread(s)), device: input copy %.1f + graph %.1f, "
+                 "wall %.1f\n",
                  static_cast<long long>(timing_calls_), static_cast<long long>(timing_rows_),
-                 timing_sum_[0] / timing_calls_, timing_sum_[1] / timing_calls_,
-                 timing_sum_[2] / timing_calls_);
+                 timing_sum_[0] / timing_calls_, pack_threads_, timing_sum_[1] / timing_calls_,
+                 timing_sum_[2] / timing_calls_, timing_sum_[3] / timing_calls_);
   for (auto e : timing_ev_)
     if (e) cudaEventDestroy(e);
   drop_graphs();
@@ -614,7 +636,17 @@ void DlrmCuda::upload(const io::Batch& b, float lr, float emb_lr) {
 void DlrmCuda::mlp_forward(std::vector<DenseLayer>& mlp, const void* x, int64_t B,
                            cudaStream_t st, lt::Lt* lth, cublasHandle_t h) {
   const float one = 1.f, zero = 0.f;
+  // DLREC_PROFILE: one phase per layer ("top mlp fwd 0", ...).
+  static const auto names = [] {
+    std::vector<std::string> v;
+    for (const char* m : {"bottom", "top"})
+      for (int i = 0; i < 16; ++i) v.push_back(std::string(m) + " mlp fwd " + std::to_string(i));
+    return v;
+  }();
+  const size_t name0 = &mlp == &top_ ? 16 : 0;
   for (auto& l : mlp) {
+    if (profile_ && &l != &mlp.front() && &l - &mlp.front() < 16)
+      mark(names[name0 + static_cast<size_t>(&l - &mlp.front()) - 1].c_str());
     l.x = x;
     if (!half_) {
       float* y = l.y.data<float>();
@@ -627,6 +659,22 @@ void DlrmCuda::mlp_forward(std::vector<DenseLayer>& mlp, const void* x, int64_t 
       cd::bias_act(y, l.b.data<float>(), B, l.out, l.relu, st);
       x = y;
       continue;
+    }
+    // Inference of a few rows (serving at batch 1..8): the warp-per-output kernel instead of a
+    // GEMM that streams the whole weight matrix through a few thread blocks.
+    if (skinny_ && !have_training_forward_ && B <= cd::kSkinnyRows) {
+      bool done = false;
+      with_half(fp16_, [&](auto h) {
+        using H = decltype(h);
+        done = cd::skinny_linear(static_cast<const H*>(l.wh.raw()), static_cast<const H*>(x), B,
+                                 l.out, l.in_pad, l.out_f32 ? l.b.raw() : l.bh.raw(), l.relu,
+                                 l.y.raw(), l.out_f32, st);
+      });
+      if (done) {
+        l.aux_valid = false;  // no ReLU mask written (a backward needs a training forward)
+        x = l.y.raw();
+        continue;
+      }
     }
     // 16-bit: column-major y^T [out, B] = Wh^T... with Wh stored [out, in_pad] row-major.
     lt::Gemm g;
@@ -927,7 +975,14 @@ Tensor DlrmCuda::forward(const io::Batch& batch, bool training) {
   const bool profile_here = profile_ && !trained_;
   if (profile_here) mark("begin");
   upload(batch, 0.f, 0.f);
-  if (profile_here) mark("h2d (+host packing)");
+  if (profile_here) {
+    mark("h2d (+host packing)");
+    // The GPU waits ~2 ms while the host queues the forward behind it, so that the phases
+    // below measure the kernels back to back (as in a CUDA graph), not the launch gaps.
+    gpu_sleep_kernel<<<1, 1, 0, stream_>>>(2000000);
+    DLREC_CUDA_CHECK(cudaGetLastError());
+    mark("(gpu sleep: launches queue up)");
+  }
   run_forward(training);
   const int64_t B = fwd_rows_;
   // A copy: callers may keep logits across steps, the buffer is reused.
@@ -1070,6 +1125,7 @@ void DlrmCuda::infer_launch(InferBucket& bk, bool copy_aside) {
       DLREC_CUDA_CHECK(cudaStreamWaitEvent(stream_, bk.copied, 0));
     }
   }
+  if (timing_ && !copy_aside) DLREC_CUDA_CHECK(cudaEventRecord(timing_ev_[1], stream_));
   if (graphs_ && !bk.graph && !bk.no_graph) {
     infer_body(bk);  // eager once: plans, tuning and lazy loading outside the capture
     DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -1079,6 +1135,14 @@ void DlrmCuda::infer_launch(InferBucket& bk, bool copy_aside) {
   if (bk.graph) DLREC_CUDA_CHECK(cudaGraphLaunch(bk.graph, stream_));
   else infer_body(bk);
   DLREC_CUDA_CHECK(cudaEventRecord(bk.done, stream_));
+}
+
+// The packing team of predict(), shared by all models of the process (model instances serving
+// at once take turns: a packing lasts microseconds), so that no more than `size` threads spin.
+// Created on first use with the size asked for then (DLREC_INFER_PACK_THREADS is per process).
+SpinTeam& pack_team(int size) {
+  static SpinTeam team(size);
+  return team;
 }
 
 // Spins on the event rather than sleeping in a sync: serving wants the latency.
@@ -1125,20 +1189,27 @@ void DlrmCuda::predict(const io::Batch& batch, float* probs) {
     const int64_t r0 = c * chunk, n = std::min(chunk, B - r0);
     // Pack rows [r0, r0 + n): dense rows, then one global row per (table, row); ids are
     // range-checked. A table with other than one id per row sends the batch to the eager
-    // path. Small chunks are packed on this thread (waking the pool costs more).
+    // path. Small chunks are packed on this thread (waking threads costs more).
     std::atomic<bool> multi_hot{false};
     auto pack = [&](int64_t lo, int64_t hi) {
       for (int64_t t = lo; t < hi; ++t) {
         // One id per row: offsets o0, o0 + 1, ..., o0 + n (checked without branches, so the
-        // loop vectorises), then ids range-checked (unsigned: negatives too) and offset.
-        const int64_t* o = batch.cat_offsets[t].data() + r0;
-        const int64_t o0 = o[0];
-        int64_t diff = 0;
-        for (int64_t r = 1; r <= n; ++r) diff |= o[r] - o0 - r;
-        if (diff != 0) {
-          multi_hot = true;
-          return;
+        // loop vectorises; not read at all when the producer promises one id per row), then
+        // ids range-checked (unsigned: negatives too) and offset.
+        int64_t o0 = r0;
+        if (!batch.one_id_per_row) {
+          const int64_t* o = batch.cat_offsets[t].data() + r0;
+          o0 = o[0];
+          int64_t diff = 0;
+          for (int64_t r = 1; r <= n; ++r) diff |= o[r] - o0 - r;
+          if (diff != 0) {
+            multi_hot = true;
+            return;
+          }
         }
+        DLREC_CHECK(static_cast<int64_t>(batch.cat_indices[t].size()) >= o0 + n,
+                    "predict: feature ", t, " has ", batch.cat_indices[t].size(), " ids for ",
+                    o0 + n, " rows (a batch promising one id per row must hold one per row)");
         const int64_t* ids = batch.cat_indices[t].data() + o0;
         const int64_t rows = layout_.cardinalities[t];
         const uint32_t base = row_base_host_[t];
@@ -1163,11 +1234,16 @@ void DlrmCuda::predict(const io::Batch& batch, float* probs) {
       }
     };
     try {
-      // Up to 16384 ids on this thread; more in at most 16 pool tasks (each wakes a thread;
-      // on an H100 host 16 tasks measured fastest at batch 2048, 16384 ids the break-even).
-      constexpr int64_t kSerialIds = 16384, kTasks = 16;
-      if (n * T_ <= kSerialIds) pack(0, T_);
-      else parallel_for(0, T_, (T_ + kTasks - 1) / kTasks, pack);
+      // Up to 16384 ids on this thread; more on the packing team (threads that stay awake
+      // between calls: a dispatch costs no wake-up), a contiguous range of tables each.
+      constexpr int64_t kSerialIds = 16384;
+      if (n * T_ <= kSerialIds || pack_threads_ == 1) {
+        pack(0, T_);
+      } else {
+        SpinTeam& team = pack_team(pack_threads_);
+        const int64_t parts = team.size();
+        team.run([&](int i) { pack(T_ * i / parts, T_ * (i + 1) / parts); });
+      }
     } catch (...) {
       finish(0);
       finish(1);
@@ -1188,18 +1264,20 @@ void DlrmCuda::predict(const io::Batch& batch, float* probs) {
     // Rows n..R-1 keep an earlier call's inputs: valid rows and finite values, outputs unread.
     if (timing_ && nchunks == 1) DLREC_CUDA_CHECK(cudaEventRecord(timing_ev_[0], stream_));
     infer_launch(bk, nchunks > 1);
-    if (timing_ && nchunks == 1) DLREC_CUDA_CHECK(cudaEventRecord(timing_ev_[1], stream_));
+    if (timing_ && nchunks == 1) DLREC_CUDA_CHECK(cudaEventRecord(timing_ev_[2], stream_));
     pending[p] = c;
   }
   for (int64_t c = std::max<int64_t>(0, nchunks - 2); c < nchunks; ++c) finish(static_cast<int>(c & 1));
   if (timing_ && nchunks == 1 && timing_skip_ > 0) {
     --timing_skip_;
   } else if (timing_ && nchunks == 1) {
-    float gpu_ms = 0;
-    DLREC_CUDA_CHECK(cudaEventElapsedTime(&gpu_ms, timing_ev_[0], timing_ev_[1]));
+    float copy_ms = 0, graph_ms = 0;
+    DLREC_CUDA_CHECK(cudaEventElapsedTime(&copy_ms, timing_ev_[0], timing_ev_[1]));
+    DLREC_CUDA_CHECK(cudaEventElapsedTime(&graph_ms, timing_ev_[1], timing_ev_[2]));
     timing_sum_[0] += pack_us;
-    timing_sum_[1] += 1000.0 * gpu_ms;
-    timing_sum_[2] += std::chrono::duration<double, std::micro>(
+    timing_sum_[1] += 1000.0 * copy_ms;
+    timing_sum_[2] += 1000.0 * graph_ms;
+    timing_sum_[3] += std::chrono::duration<double, std::micro>(
                           std::chrono::steady_clock::now() - t_start).count();
     ++timing_calls_;
     timing_rows_ = B;

@@ -22,6 +22,18 @@ void to_half_padded(const float* x, int64_t B, int64_t cols, bf16* y, int64_t ld
 void to_half_padded(const float* x, int64_t B, int64_t cols, f16* y, int64_t ld,
                     cudaStream_t stream);
 
+// Inference layer for a handful of rows (serving at batch 1..kSkinnyRows), where a GEMM runs
+// a few thread blocks over the whole weight matrix: one warp per output, 16-byte loads.
+// y [R, out] = x [R, k] W^T + b, then ReLU when relu; W [out, k] row-major and x [R, k], both
+// 16-bit with k a multiple of 8 and 16-byte aligned rows; sums in f32. With f32_out, b and y are
+// f32, else 16-bit like x. Returns false (nothing enqueued) when R or the alignment is outside
+// that contract.
+constexpr int64_t kSkinnyRows = 8;
+bool skinny_linear(const bf16* w, const bf16* x, int64_t R, int64_t out, int64_t k,
+                   const void* b, bool relu, void* y, bool f32_out, cudaStream_t stream);
+bool skinny_linear(const f16* w, const f16* x, int64_t R, int64_t out, int64_t k,
+                   const void* b, bool relu, void* y, bool f32_out, cudaStream_t stream);
+
 // y [B, out] += b (per column), then ReLU when relu.
 void bias_act(float* y, const float* b, int64_t B, int64_t out, bool relu, cudaStream_t stream);
 void bias_act(bf16* y, const bf16* b, int64_t B, int64_t out, bool relu, cudaStream_t stream);

@@ -462,6 +462,10 @@ TEST(DlrmCuda, Fp16BadLossScaleSettingsAreClearErrors) {
     ScopedEnv e("DLREC_INFER_CHUNK", chunk);
     EXPECT_THROW(build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "bf16"), Error) << chunk;
   }
+  for (const char* threads : {"0", "-1", "257", "4x", ""}) {  // not an integer in [1, 256]
+    ScopedEnv e("DLREC_INFER_PACK_THREADS", threads);
+    EXPECT_THROW(build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "bf16"), Error) << threads;
+  }
 }
 
 TEST(DlrmCuda, Bf16WeightsWrittenThroughParametersAreUsed) {
@@ -505,7 +509,20 @@ TEST(DlrmCuda, PredictMatchesForward) {
         for (int64_t i = 0; i < rows; ++i)
           ASSERT_NEAR(p[i], 1.f / (1.f + std::exp(-z[i])), 2e-3)
               << precision << " rows " << rows << " multi " << multi << " row " << i;
+        if (multi) continue;
+        // The producer's one-id-per-row promise skips reading the offsets: same result.
+        b.one_id_per_row = true;
+        std::vector<float> q(rows, -1.f);
+        m->predict(b, q.data());
+        ASSERT_EQ(p, q) << precision << " rows " << rows;
       }
+    }
+    {  // A false promise with too few ids is an error, not a read past the ids.
+      io::Batch lie = make_batch(s.layout, 300, 7, false);
+      lie.one_id_per_row = true;
+      lie.cat_indices[1].resize(299);
+      std::vector<float> p(300);
+      EXPECT_THROW(m->predict(lie, p.data()), Error);
     }
     io::Batch bad = make_batch(s.layout, 8, 1, false);
     bad.cat_indices[2][3] = 100;  // = the cardinality
@@ -522,6 +539,34 @@ TEST(DlrmCuda, PredictMatchesForward) {
     p.assign(5, -1.f);
     m->predict(ok, p.data());
     for (float v : p) EXPECT_TRUE(v > 0.f && v < 1.f);
+  }
+}
+#endif
+
+#ifdef DLREC_WITH_CUDA
+// 16-bit inference of 1..8 rows runs the warp-per-output layer kernel (cd::skinny_linear)
+// instead of cuBLASLt: the same rows inside a 64-row batch (cuBLASLt) give the same
+// probabilities up to 16-bit rounding of the layer outputs.
+TEST(DlrmCuda, SmallBatchInferenceMatchesTheGemmPath) {
+  SKIP_WITHOUT_GPU();
+  for (const char* precision : {"bf16", "fp16"}) {
+    SmallDlrm s;
+    auto m = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21, precision);
+    io::Batch big = make_batch(s.layout, 64, 77, false);
+    std::vector<float> want(64, -1.f);
+    m->predict(big, want.data());
+    for (int64_t rows : {1, 2, 3, 5, 8}) {
+      io::Batch small;
+      small.reset(big.num_dense, big.num_cat());
+      small.append_rows(big, 10, 10 + rows);
+      std::vector<float> got(rows, -1.f);
+      m->predict(small, got.data());
+      auto z = m->forward(small, false).to_vector<float>();  // eager: the same kernel
+      for (int64_t i = 0; i < rows; ++i) {
+        ASSERT_NEAR(got[i], want[10 + i], 4e-3) << precision << " rows " << rows << " row " << i;
+        ASSERT_NEAR(got[i], 1.f / (1.f + std::exp(-z[i])), 1e-6) << precision << " row " << i;
+      }
+    }
   }
 }
 #endif
