@@ -91,7 +91,7 @@ Runner add_etl(CLI::App& app) {
   c->add_option("--spill-dir", a->spill_dir, "Directory for spill files (default: --out)");
   c->add_option("--input-cache", a->input_cache_mb,
                 "MB of memory for the parsed input kept between the passes, so that it is "
-                "parsed once (0: parse it again each pass; default: half of --memory-budget, "
+                "parsed once (0: parse it again each pass; default: a quarter of --memory-budget, "
                 "else 40% of the RAM; past it the input is read again)")
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 30));
   c->add_flag("--shuffle", a->shuffle,

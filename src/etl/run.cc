@@ -454,9 +454,10 @@ struct InputCache {
   bool drop = false;  // over the cap: drop the chunks at the next call (the fit still reads them)
 };
 
-// The default cache size: half of the memory budget, else 40 % of the physical memory.
+// The default cache size: a quarter of the memory budget (the Categorify count tables have
+// half, the reader's and writer's buffers the rest), else 40 % of the physical memory.
 int64_t default_cache_bytes(int64_t memory_budget_mb) {
-  if (memory_budget_mb > 0) return (memory_budget_mb << 20) / 2;
+  if (memory_budget_mb > 0) return (memory_budget_mb << 20) / 4;
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page / 5 * 2 : 0;
 }
@@ -794,7 +795,9 @@ EtlResult run_etl(const EtlOptions& o) {
     // (with few threads a batch of one chunk per thread is a fraction of a block).
     const int tchunks = static_cast<int>(std::max<int64_t>(
         batch_chunks(), (o.block_rows + o.read.chunk_rows - 1) / std::max<int64_t>(1, o.read.chunk_rows)));
-    const int transform_chunks = std::min(tchunks, std::max(batch_chunks(), 64));
+    // Under a memory budget, one chunk per thread as before (less memory in flight).
+    const int transform_chunks =
+        o.memory_budget_mb > 0 ? batch_chunks() : std::min(tchunks, std::max(batch_chunks(), 64));
     std::unique_ptr<BatchReader> input;
     if (!cached) input = std::make_unique<BatchReader>(io::open_reader(o.inputs, o.schema, o.read),
                                                        transform_chunks);

@@ -57,7 +57,7 @@ struct EtlOptions {
   // Memory in MB for the parsed input kept between the passes, so that it is parsed only once
   // (about 1.8x the size of Criteo-shaped text). The first fit pass then reads every row and
   // keeps it; past this size it drops what it kept and the later passes read the input again
-  // (the output is the same either way). 0: never keep it. -1 (default): half of
+  // (the output is the same either way). 0: never keep it. -1 (default): a quarter of
   // memory_budget_mb when that is set, else 40 % of the machine's physical memory.
   int64_t input_cache_mb = -1;
 };
