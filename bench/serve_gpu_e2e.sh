@@ -4,7 +4,7 @@
 #   bash bench/serve_gpu_e2e.sh engine   # the engine alone vs PyTorch bf16 from a CUDA graph
 #   bash bench/serve_gpu_e2e.sh e2e      # dlrec serve, gRPC on loopback: latency and saturation
 #     (GRPC_THREADS=N: the server's --grpc-threads; INLINE_ROWS=N: its --grpc-inline-rows;
-#      SATURATION_ONLY=1: the saturation loads only)
+#      SPIN_US=N: its --grpc-spin-us; SATURATION_ONLY=1: the saturation loads only)
 #   bash bench/serve_gpu_e2e.sh profile  # the engine's device time per phase (eager, one stream)
 #                                        # and predict() with other chunk sizes
 # Binaries from $BIN (default .gpu/bin); scratch in $WORK (default /tmp/dlrec_serve_e2e).
@@ -52,7 +52,8 @@ for part in "$@"; do
 CFG
       "$BIN/dlrec" serve --model-repository "$W/repo" --grpc-port 18001 --http-port 18000 \
         --metrics-port 18002 --grpc-threads "${GRPC_THREADS:-1}" \
-        --grpc-inline-rows "${INLINE_ROWS:-1024}" > "$OUT/e2e_server.log" 2>&1 &
+        --grpc-inline-rows "${INLINE_ROWS:-1024}" --grpc-spin-us "${SPIN_US:-0}" \
+        > "$OUT/e2e_server.log" 2>&1 &
       SERVER=$!
       for i in $(seq 1 240); do
         python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:18000/v2/models/dlrm/ready', timeout=1)" 2>/dev/null && break

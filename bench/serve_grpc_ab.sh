@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gRPC end to end, two `dlrec serve` binaries side by side on this host (CPU engine, a tiny
-# DLRM): rounds of before/after interleaved, each load with the same client binary.
+# DLRM; ports PORT and PORT+1): each load runs on one and then the other (the order alternates
+# by round), with the same client binary.
 #
 #   bash bench/serve_grpc_ab.sh BEFORE_DLREC AFTER_DLREC
 #
@@ -45,31 +46,40 @@ CFG
     > "$W/repo/m/config.json"
 fi
 
+# Both servers run throughout (an idle one sleeps in epoll); each load runs on one, then the
+# other, so that the pair sees the same background load (this host is shared).
+declare -A server port
+for side in before after; do
+  bin=$BEFORE
+  extra=""
+  port[$side]=$PORT
+  if [ $side = after ]; then bin=$AFTER; extra=${AFTER_ARGS:-}; port[$side]=$((PORT + 1)); fi
+  # shellcheck disable=SC2086
+  env ${SERVER_ENV:-} "$bin" serve --model-repository "$W/repo" --grpc-port "${port[$side]}" \
+    --http-port -1 --metrics-port -1 ${SERVER_ARGS:-} $extra > "$W/server_$side.log" 2>&1 &
+  server[$side]=$!
+  for _ in $(seq 1 100); do
+    "$CLIENT" bench serve --protocol grpc --url "127.0.0.1:${port[$side]}" --model m --batch 1 \
+      --concurrency 1 --duration 0.2 --warmup 0 --rpc live > /dev/null 2>&1 && break
+    sleep 0.2
+  done
+done
+
 for r in $(seq 1 "$ROUNDS"); do
-  for side in before after; do
-    bin=$BEFORE
-    extra=""
-    if [ $side = after ]; then bin=$AFTER; extra=${AFTER_ARGS:-}; fi
-    # shellcheck disable=SC2086
-    env ${SERVER_ENV:-} "$bin" serve --model-repository "$W/repo" --grpc-port "$PORT" \
-      --http-port -1 --metrics-port -1 ${SERVER_ARGS:-} $extra > "$W/server_$side.log" 2>&1 &
-    server=$!
-    for _ in $(seq 1 100); do
-      "$CLIENT" bench serve --protocol grpc --url "127.0.0.1:$PORT" --model m --batch 1 \
-        --concurrency 1 --duration 0.2 --warmup 0 --rpc live > /dev/null 2>&1 && break
-      sleep 0.2
-    done
-    for load in $LOADS; do
-      b=${load%%:*}
-      c=${load##*:}
-      args=(--batch "$b")
-      [ "$b" = live ] && args=(--batch 1 --rpc live)
+  for load in $LOADS; do
+    b=${load%%:*}
+    c=${load##*:}
+    args=(--batch "$b")
+    [ "$b" = live ] && args=(--batch 1 --rpc live)
+    sides="before after"
+    [ $((r % 2)) = 0 ] && sides="after before"  # alternate which goes first
+    for side in $sides; do
       if [ -n "${PERF:-}" ]; then
-        perf stat -x, -e context-switches,task-clock -p $server -o "$W/perf.txt" -- \
+        perf stat -x, -e context-switches,task-clock -p ${server[$side]} -o "$W/perf.txt" -- \
           sleep $((DURATION + 1)) &
         perf_pid=$!
       fi
-      line=$("$CLIENT" bench serve --protocol grpc --url "127.0.0.1:$PORT" --model m \
+      line=$("$CLIENT" bench serve --protocol grpc --url "127.0.0.1:${port[$side]}" --model m \
         --model-dir "$W/repo/m/1" --input encoded "${args[@]}" --concurrency "$c" \
         --duration "$DURATION" --warmup 1 2>&1 | grep "^summary")
       echo "round $r $side load=$load $line"
@@ -78,12 +88,14 @@ for r in $(seq 1 "$ROUNDS"); do
         reqs=$(echo "$line" | sed -n 's/.*requests=\([0-9]*\).*/\1/p')
         cs=$(grep context-switches "$W/perf.txt" | cut -d, -f1)
         ms=$(grep task-clock "$W/perf.txt" | cut -d, -f1)
-        # perf counts DURATION + 1 s (warmup included); requests= counts the measured window.
+        # perf counts DURATION + 1 s (the warmup too): requests scaled by (DURATION + 1) / DURATION.
         awk -v cs="$cs" -v ms="$ms" -v n="$reqs" -v d="$DURATION" -v side=$side -v load=$load -v r=$r \
           'BEGIN { k = n * (d + 1) / d; if (k > 0) printf "round %s %s load=%s perf: server cs/req %.2f, server cpu us/req %.1f\n", r, side, load, cs / k, ms * 1000 / k }'
       fi
     done
-    kill -INT $server
-    wait $server
   done
+done
+for side in before after; do
+  kill -INT ${server[$side]}
+  wait ${server[$side]}
 done

@@ -30,6 +30,10 @@ Runner add_serve(CLI::App& app) {
                 "gRPC inferences of fewer rows (default 1024) are scored on the polling thread "
                 "when an instance is idle and the queue delay is 0; bigger ones on a worker")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  c->add_option("--grpc-spin-us", o->grpc_spin_us,
+                "Microseconds a gRPC polling thread keeps polling after each event before it "
+                "sleeps (default 0; saves a thread wake-up per call at the price of CPU)")
+      ->check(CLI::Range(0, 100000));
   c->add_option("--max-request-bytes", o->max_request_bytes,
                 "Largest request body accepted (HTTP 413 / gRPC RESOURCE_EXHAUSTED beyond)")
       ->check(CLI::Range(int64_t{1024}, int64_t{1} << 31));

@@ -376,6 +376,25 @@ class UnaryCall final : public CallBase {
   Scratch scratch_;
 };
 
+// The queue's next event, as cq.Next. With spin_ns > 0 the thread first polls without sleeping
+// for up to spin_ns (zero-deadline AsyncNext), so that an event arriving soon after the last
+// one finds it running: no wake-up of a sleeping thread (whose cost grows with the idle state
+// its CPU fell into), at the price of that much CPU after each event.
+bool next_event(grpc::ServerCompletionQueue& cq, uint64_t spin_ns, void** tag, bool* ok) {
+  if (spin_ns > 0) {
+    const uint64_t until = now_ns() + spin_ns;
+    const gpr_timespec now = gpr_time_0(GPR_CLOCK_MONOTONIC);
+    do {
+      switch (cq.AsyncNext(tag, ok, now)) {
+        case grpc::CompletionQueue::GOT_EVENT: return true;
+        case grpc::CompletionQueue::SHUTDOWN: return false;
+        case grpc::CompletionQueue::TIMEOUT: break;
+      }
+    } while (now_ns() < until);
+  }
+  return cq.Next(tag, ok);
+}
+
 class GrpcFrontend : public Frontend {
  public:
   explicit GrpcFrontend(ServerCore& core) : core_(core), handlers_(core) {}
@@ -387,6 +406,9 @@ class GrpcFrontend : public Frontend {
     std::string addr = (o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host) +
                        ":" + std::to_string(o.grpc_port);
     b.AddListeningPort(addr, grpc::InsecureServerCredentials(), &port_);
+    // gRPC binds with SO_REUSEPORT by default: a second server on the same port would start
+    // and silently share the connections. Off, binding a port in use fails (below).
+    b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     b.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(o.max_request_bytes, INT32_MAX)));
     b.SetMaxSendMessageSize(INT32_MAX);
     b.RegisterService(&service_);
@@ -400,10 +422,10 @@ class GrpcFrontend : public Frontend {
     DLREC_CHECK(server_ && port_ > 0, "gRPC: cannot bind ", addr, " (in use, or not a local address)");
     for (auto& q : queues_) arm_all(*q);
     for (auto& q : queues_)
-      q->thread = std::thread([qp = q.get()] {
+      q->thread = std::thread([qp = q.get(), spin_ns = uint64_t(std::max(0, o.grpc_spin_us)) * 1000] {
         void* tag = nullptr;
         bool ok = false;
-        while (qp->cq->Next(&tag, &ok)) {
+        while (next_event(*qp->cq, spin_ns, &tag, &ok)) {
           auto* call = static_cast<CallBase*>(tag);
           if (!call->proceed(ok)) delete call;
         }

@@ -165,6 +165,18 @@ def test_health_and_metadata_http(hc):
     assert hc.get_model_metadata("m", "1")["name"] == "m"
 
 
+def test_grpc_port_in_use_is_a_clear_error(work, server):
+    """A second server on the gRPC port of the running one fails to start (gRPC's default
+    SO_REUSEPORT would let it bind and share the port's connections)."""
+    grpc_port = server["grpc"].rsplit(":", 1)[1]
+    r = subprocess.run([DLREC, "serve", "--model-repository", str(work["repo"]), "--http-port",
+                        "-1", "--metrics-port", "-1", "--grpc-port", grpc_port],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert f"gRPC: cannot bind 127.0.0.1:{grpc_port}" in r.stderr, r.stderr[-2000:]
+    assert grpcclient.InferenceServerClient(server["grpc"]).is_server_live()
+
+
 def test_health_and_metadata_grpc(gc):
     assert gc.is_server_live()
     assert gc.is_server_ready()
@@ -523,7 +535,7 @@ def test_proto_matches_tritonclient_wire_format(tmp_path):
 SLOW_S = 1.5
 
 
-def start_slow_server(work, tmp_path, max_queue_size=1, delay_s=SLOW_S):
+def start_slow_server(work, tmp_path, max_queue_size=1, delay_s=SLOW_S, args=()):
     repo = tmp_path / "repo"
     shutil.copytree(work["repo"] / "m" / "1", repo / "slow" / "1")
     (repo / "slow" / "config.json").write_text(json.dumps(
@@ -537,7 +549,7 @@ def start_slow_server(work, tmp_path, max_queue_size=1, delay_s=SLOW_S):
     proc = subprocess.Popen(
         [DLREC, "serve", "--model-repository", str(repo), "--http-port", str(ports["http"]),
          "--grpc-port", str(ports["grpc"]), "--metrics-port", str(ports["metrics"]),
-         "--grpc-threads", "1"], stdout=log, stderr=subprocess.STDOUT)
+         "--grpc-threads", "1", *args], stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 60
     while True:
         assert proc.poll() is None, log_path.read_text()
@@ -761,10 +773,12 @@ def test_grpc_unload_while_calls_wait(work, tmp_path):
         log.close()
 
 
-def test_grpc_shutdown_answers_every_call_in_flight(work, tmp_path):
+@pytest.mark.parametrize("spin_us", [0, 200])
+def test_grpc_shutdown_answers_every_call_in_flight(work, tmp_path, spin_us):
     """SIGTERM while 100 calls wait in the batcher: every call gets its result, the server
-    exits 0."""
-    proc, ports, log, log_path = start_slow_server(work, tmp_path, max_queue_size=4096)
+    exits 0 (also with the polling thread spinning between events)."""
+    proc, ports, log, log_path = start_slow_server(work, tmp_path, max_queue_size=4096,
+                                                   args=("--grpc-spin-us", str(spin_us)))
     url = f"127.0.0.1:{ports['grpc']}"
     cols = encoded_columns(work, 2)
     _, wait = async_calls(url, [("slow", make_inputs(grpcclient, cols))] * 100)
