@@ -31,10 +31,10 @@ constexpr int64_t kFirstVocabId = 2;
 class Categorify final : public CategoricalEncoder {
  public:
   Categorify(int64_t freq_threshold, int64_t max_size, int64_t num_buckets, bool joint)
-      : freq_threshold_(freq_threshold),
+      : joint_wanted_(joint),
+        freq_threshold_(freq_threshold),
         max_size_(max_size),
-        num_buckets_(num_buckets),
-        joint_wanted_(joint) {}
+        num_buckets_(num_buckets) {}
 
   bool joint() const override { return joint_wanted_; }
   void join_fit(CategoricalEncoder& first) override {
