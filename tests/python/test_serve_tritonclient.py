@@ -790,3 +790,37 @@ def test_grpc_shutdown_answers_every_call_in_flight(work, tmp_path, spin_us):
     assert all(o[1] is None and o[0].shape == (2, 1) for o in out), [o[1:] for o in out][:5]
     text = log_path.read_text()
     assert "finishing requests in flight" in text and "stopped" in text
+
+
+def test_grpc_client_gone_before_the_answer(work, tmp_path):
+    """20 calls time out on the client (0.3 s) while they wait in the batcher (1 s): their
+    answers, sent later from the worker, go nowhere; the server keeps serving and counts them
+    as scored."""
+    proc, ports, log, log_path = start_slow_server(work, tmp_path, max_queue_size=4096,
+                                                   delay_s=1.0)
+    url = f"127.0.0.1:{ports['grpc']}"
+    try:
+        cols = encoded_columns(work, 2)
+        c = grpcclient.InferenceServerClient(url)
+        errors = []
+        left = threading.Semaphore(0)
+
+        def callback(result, error):
+            errors.append(None if error is None else error.status())
+            left.release()
+
+        for _ in range(20):
+            c.async_infer("slow", make_inputs(grpcclient, cols), callback, client_timeout=0.3)
+        for _ in range(20):
+            assert left.acquire(timeout=30)
+        assert all(e is not None and "DEADLINE_EXCEEDED" in e for e in errors), errors
+        time.sleep(1.5)  # the worker answers the abandoned calls
+        assert c.is_server_live()
+        p = c.infer("slow", make_inputs(grpcclient, cols)).as_numpy("probability")
+        assert p.shape == (2, 1)
+        st = c.get_inference_statistics("slow").model_stats[0].inference_stats
+        assert st.success.count == 21, st
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        log.close()
