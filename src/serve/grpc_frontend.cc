@@ -2,7 +2,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
-#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -284,7 +283,7 @@ class Handlers {
 // One thread per queue matters: gRPC would pass the polling role between several threads
 // waiting on a queue, a wake-up per event.
 //
-// No handler waits on this thread. ModelInfer parses the request here and submits it to the
+// No handler waits on this thread (a small inference may run on it, see below). ModelInfer parses the request here and submits it to the
 // model's batcher (ServedModel::infer_async); the thread that scores it (a batcher worker)
 // fills the response and calls Finish, which gRPC allows from any thread. A small request that
 // finds an instance idle (no queue delay) is scored right here, which is what gives batch-1
@@ -295,8 +294,8 @@ class Handlers {
 class GrpcFrontend;
 
 // The armed (waiting) slots of one RPC on one queue; touched only by the queue's thread (and
-// start()). A queue keeps between `min` and `max` slots armed: one more is armed when a call
-// takes the last spare ones, a finished slot is deleted when `max` are armed already. So slots
+// start()). A queue keeps between `min` and `max` slots armed: when a call leaves fewer than
+// `min` waiting, one more is armed; a finished slot is deleted when `max` are armed already. So slots
 // grow with the calls in flight (ModelInfer may have many waiting in the batcher) and shrink
 // back when they end.
 struct Slots {
