@@ -3,6 +3,9 @@
 #include <chrono>
 #include <exception>
 #include <future>
+#include <string>
+
+#include <pthread.h>
 
 #include "dlrec/serve/request_error.h"
 #include "dlrec/serve/stats.h"
@@ -142,6 +145,9 @@ void DynamicBatcher::run_inline(io::Batch& batch, int index, uint64_t enqueued_n
 }
 
 void DynamicBatcher::worker(int index) {
+#ifdef __linux__
+  pthread_setname_np(pthread_self(), ("batcher-w" + std::to_string(index)).substr(0, 15).c_str());
+#endif
   const int64_t preferred = cfg_.preferred_rows();
   std::vector<std::shared_ptr<Job>> jobs;
   io::Batch merged;

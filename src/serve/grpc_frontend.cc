@@ -1,5 +1,6 @@
 // KServe v2 gRPC front end: inference.GRPCInferenceService on gRPC's asynchronous server API.
 #include <grpcpp/grpcpp.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -420,8 +421,13 @@ class GrpcFrontend : public Frontend {
     server_ = b.BuildAndStart();
     DLREC_CHECK(server_ && port_ > 0, "gRPC: cannot bind ", addr, " (in use, or not a local address)");
     for (auto& q : queues_) arm_all(*q);
-    for (auto& q : queues_)
-      q->thread = std::thread([qp = q.get(), spin_ns = uint64_t(std::max(0, o.grpc_spin_us)) * 1000] {
+    for (size_t i = 0; i < queues_.size(); ++i)
+      queues_[i]->thread = std::thread([qp = queues_[i].get(), i,
+                                        spin_ns = uint64_t(std::max(0, o.grpc_spin_us)) * 1000] {
+#ifdef __linux__
+        // Named for top -H / perf: is the queue's thread the bottleneck?
+        pthread_setname_np(pthread_self(), ("grpc-cq" + std::to_string(i)).substr(0, 15).c_str());
+#endif
         void* tag = nullptr;
         bool ok = false;
         while (next_event(*qp->cq, spin_ns, &tag, &ok)) {
