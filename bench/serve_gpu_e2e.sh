@@ -60,10 +60,25 @@ CFG
         sleep 0.5
       done
       echo "server ready after ~$((i / 2)) s"
+      # CPU seconds of the server's threads by name (grpc-cq<i>, batcher-w<i>, ...; a thread
+      # started by a named one, e.g. the CPU engine's pool, carries its name).
+      thread_cpu() {
+        for t in /proc/$SERVER/task/*; do
+          echo "$(tr ' ' _ < "$t/comm") $(awk '{print $14 + $15}' "$t/stat")"
+        done | awk -v hz="$(getconf CLK_TCK)" '{a[$1] += $2} END {for (k in a) print k, a[k] / hz}' | sort
+      }
       run() {  # batch concurrency seconds [more bench serve options]
+        thread_cpu > "$W/cpu0"
+        local t0=$(date +%s.%N)
         "$BIN/dlrec" bench serve --protocol grpc --url 127.0.0.1:18001 --model dlrm \
           --model-dir "$W/repo/dlrm/1" --input encoded --batch "$1" --concurrency "$2" \
           --duration "$3" --warmup 2 --variants 8 "${@:4}" 2>&1 | tee -a "$OUT/e2e_client.log" | grep -v "^\["
+        thread_cpu > "$W/cpu1"
+        # Busy share of each server thread over the run (warmup included): a grpc-cq thread
+        # near 100 % is the bottleneck (then try GRPC_THREADS=2).
+        join "$W/cpu0" "$W/cpu1" | awk -v s="$(awk -v a="$t0" -v z="$(date +%s.%N)" 'BEGIN { print z - a }')" -v b="$1" -v c="$2" \
+          '{ u = ($3 - $2) / s * 100; if (u >= 1) line = line sprintf(" %s %.0f%%", $1, u) }
+           END { print "threads batch=" b " concurrency=" c ":" line }' | tee -a "$OUT/e2e_threads.log"
       }
       if [ -n "${SATURATION_ONLY:-}" ]; then  # the saturation loads alone
         run 4096 32 10; run 16384 16 10; run 16384 32 10
