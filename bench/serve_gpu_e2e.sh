@@ -51,7 +51,7 @@ for part in "$@"; do
  "precision": "bf16"}
 CFG
       "$BIN/dlrec" serve --model-repository "$W/repo" --grpc-port 18001 --http-port 18000 \
-        --metrics-port 18002 --grpc-threads "${GRPC_THREADS:-1}" \
+        --metrics-port 18002 --grpc-threads "${GRPC_THREADS:-2}" \
         --grpc-inline-rows "${INLINE_ROWS:-1024}" --grpc-spin-us "${SPIN_US:-0}" \
         > "$OUT/e2e_server.log" 2>&1 &
       SERVER=$!

@@ -23,7 +23,7 @@ Runner add_serve(CLI::App& app) {
                 "Prometheus metrics port, GET /metrics (0: any free port, -1: off)");
   c->add_option("--http-threads", o->http_threads, "HTTP worker threads")->check(CLI::Range(2, 1024));
   c->add_option("--grpc-threads", o->grpc_threads,
-                "gRPC completion queues (default 1), each with one polling thread that parses "
+                "gRPC completion queues (default 2), each with one polling thread that parses "
                 "the calls and hands inferences to the batchers without waiting")
       ->check(CLI::Range(1, 256));
   c->add_option("--grpc-inline-rows", o->grpc_inline_max_rows,

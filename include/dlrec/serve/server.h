@@ -25,7 +25,7 @@ struct ServerOptions {
   // gRPC completion queues, each with one polling thread that parses the calls it takes and
   // submits inferences to the batchers without waiting for them (docs/SERVING.md). With
   // several, gRPC may hand a call to another queue's thread.
-  int grpc_threads = 1;
+  int grpc_threads = 2;
   // A gRPC inference of fewer rows may be scored on the polling thread when it finds an
   // instance idle and no queue delay (no hand-off); bigger ones always go to a batcher worker.
   int64_t grpc_inline_max_rows = 1024;
