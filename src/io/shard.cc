@@ -460,6 +460,12 @@ void ShardWriter::close() {
   m.file.write(b);
   m.file.commit();
   m.closed = true;
+  // A closed writer may be kept alive for a while (the ETL closes full files on a helper thread
+  // and collects them at the end): it keeps none of its encoding buffers.
+  for (auto& set : m.block_bufs) std::vector<std::string>().swap(set);
+  m.pending = Batch();
+  m.spare = Batch();
+  std::string().swap(m.buf);
 }
 
 int64_t ShardWriter::rows() const { return impl_->rows; }
