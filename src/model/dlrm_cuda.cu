@@ -677,14 +677,7 @@ void DlrmCuda::mlp_forward(std::vector<DenseLayer>& mlp, const void* x, int64_t 
       }
     }
     // 16-bit: column-major y^T [out, B] = Wh^T... with Wh stored [out, in_pad] row-major.
-    lt::Gemm g;
-    g.trans_a = true;
-    g.m = l.out;
-    g.n = B;
-    g.k = l.in_pad;
-    g.lda = l.in_pad;
-    g.ldb = l.in_pad;
-    g.ldd = l.out;
+    lt::Gemm g = lt::Gemm::shape(true, false, l.out, B, l.in_pad, l.in_pad, l.in_pad, l.out);
     g.ab_type = h16_;
     g.d_type = l.out_f32 ? CUDA_R_32F : h16_;
     g.epi = l.relu ? lt::Epi::ReluAuxBias : lt::Epi::Bias;
@@ -751,14 +744,7 @@ const void* DlrmCuda::mlp_backward(std::vector<DenseLayer>& mlp, const void* dy,
     DenseLayer& l = mlp[k];
     const int in_pad = static_cast<int>(l.in_pad), out = static_cast<int>(l.out);
     // dW^T [in_pad, out] (f32) = x^T [in_pad, B] dz [B, out].
-    lt::Gemm wg;
-    wg.trans_b = true;
-    wg.m = in_pad;
-    wg.n = out;
-    wg.k = B;
-    wg.lda = in_pad;
-    wg.ldb = out;
-    wg.ldd = in_pad;
+    lt::Gemm wg = lt::Gemm::shape(false, true, in_pad, out, B, in_pad, out, in_pad);
     wg.ab_type = h16_;
     wg.d_type = CUDA_R_32F;
     wg.epi = lt::Epi::BGradB;
@@ -782,13 +768,7 @@ const void* DlrmCuda::mlp_backward(std::vector<DenseLayer>& mlp, const void* dy,
     // layer's dz with its ReLU applied when there is one.
     DenseLayer* prev = k > 0 ? &mlp[k - 1] : nullptr;
     void* dst = prev ? prev->dz.raw() : l.dx.raw();
-    lt::Gemm dg;
-    dg.m = in_pad;
-    dg.n = B;
-    dg.k = out;
-    dg.lda = in_pad;
-    dg.ldb = out;
-    dg.ldd = in_pad;
+    lt::Gemm dg = lt::Gemm::shape(false, false, in_pad, B, out, in_pad, out, in_pad);
     dg.ab_type = h16_;
     dg.d_type = h16_;
     bool done = false;

@@ -172,15 +172,7 @@ struct Engine {
     if (m == 0 || n == 0) return;
     if (lt && !accumulate && use_lt) {
       // bf16 GEMMs that overwrite D: cuBLASLt, the fastest of its candidates timed on first use.
-      lt::Gemm g;
-      g.trans_a = ta;
-      g.trans_b = tb;
-      g.m = m;
-      g.n = n;
-      g.k = k;
-      g.lda = lda;
-      g.ldb = ldb;
-      g.ldd = ldd;
+      lt::Gemm g = lt::Gemm::shape(ta, tb, m, n, k, lda, ldb, ldd);
       g.d_type = cuda_type(dt);
       g.sm_target = sms;
       if (lt->run(g, A, Bm, D, nullptr, nullptr, st)) return;
@@ -201,15 +193,7 @@ struct Engine {
               const void* Bm, int64_t ldb, const void* C, void* D, DType dt, int64_t ldd) {
     if (m == 0 || n == 0) return;
     if (lt && use_lt) {
-      lt::Gemm g;
-      g.trans_a = ta;
-      g.trans_b = tb;
-      g.m = m;
-      g.n = n;
-      g.k = k;
-      g.lda = lda;
-      g.ldb = ldb;
-      g.ldd = ldd;
+      lt::Gemm g = lt::Gemm::shape(ta, tb, m, n, k, lda, ldb, ldd);
       g.d_type = cuda_type(dt);
       g.accumulate_c = true;
       g.sm_target = sms;
@@ -264,14 +248,7 @@ struct Engine {
     l.x = x;
     if (B == 0) return;
     if (lowp && l.has_bias) {
-      lt::Gemm g;
-      g.trans_a = true;
-      g.m = l.out;
-      g.n = B;
-      g.k = l.in_pad;
-      g.lda = l.in_pad;
-      g.ldb = l.in_pad;
-      g.ldd = l.out_ld;
+      lt::Gemm g = lt::Gemm::shape(true, false, l.out, B, l.in_pad, l.in_pad, l.in_pad, l.out_ld);
       g.d_type = cuda_type(ydt);
       g.epi = l.relu ? lt::Epi::ReluAuxBias : lt::Epi::Bias;
       g.aux_ld = l.aux_ld;

@@ -38,6 +38,20 @@ struct Gemm {
   int64_t aux_ld = 0;  // bits, multiple of 128 (ReluAuxBias / DRelu)
   bool accumulate_c = false;  // D = op(A) op(B) + C (C passed to run(), C != D)
   int sm_target = 0;  // > 0: cuBLASLt's SM count target (a kernel meant to share the device)
+  // A GEMM of this shape (column-major D [m, n] = op(A) op(B)), other fields at their defaults.
+  static Gemm shape(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                    int64_t ldd) {
+    Gemm g;
+    g.trans_a = ta;
+    g.trans_b = tb;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.lda = lda;
+    g.ldb = ldb;
+    g.ldd = ldd;
+    return g;
+  }
   auto key() const {
     return std::make_tuple(trans_a, trans_b, m, n, k, lda, ldb, ldd, static_cast<int>(ab_type),
                            static_cast<int>(d_type), static_cast<int>(epi), aux_ld,

@@ -39,6 +39,8 @@
 namespace dlrec::model {
 namespace {
 
+using dlrec::model::testing::rel;
+
 #define SKIP_WITHOUT_GPU()                                                                   \
   do {                                                                                       \
     if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: hashed GPU tests not run"; \
@@ -51,8 +53,6 @@ int steps(int dflt) {
   const char* e = std::getenv("DLREC_PARITY_STEPS");
   return e ? std::max(1, std::min(dflt, std::atoi(e))) : dflt;
 }
-
-double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-12); }
 
 RunConfig config(const std::string& layers, const std::string& opt) {
   return RunConfig::from_json(json::parse(R"({"model": {"arch": "graph", "layers": [)" + layers +

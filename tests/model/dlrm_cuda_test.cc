@@ -35,6 +35,8 @@
 namespace dlrec::model {
 namespace {
 
+using dlrec::model::testing::rel;
+
 #define SKIP_WITHOUT_GPU()                                                      \
   do {                                                                          \
     if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU parity not run"; \
@@ -65,8 +67,6 @@ struct SmallDlrm {
     oc.lr = 0.05;
   }
 };
-
-double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-12); }
 
 // max |a - b| / max |b| over every parameter tensor.
 double param_diff(Model& gpu, Model& cpu, std::string* worst) {

@@ -36,6 +36,8 @@
 namespace dlrec::model {
 namespace {
 
+using dlrec::model::testing::rel;
+
 #define SKIP_WITHOUT_GPU()                                                                  \
   do {                                                                                      \
     if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: graph GPU parity not run"; \
@@ -47,8 +49,6 @@ int steps_or(int dflt) {
   const char* e = std::getenv("DLREC_PARITY_STEPS");
   return e ? std::max(1, std::atoi(e)) : dflt;
 }
-
-double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-12); }
 
 RunConfig graph_config(const std::string& layers, const std::string& opt) {
   return RunConfig::from_json(json::parse(R"({"model": {"arch": "graph", "layers": [)" + layers +

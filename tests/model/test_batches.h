@@ -2,6 +2,8 @@
 // multi-hot bags.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -10,6 +12,9 @@
 #include "dlrec/nn/rng.h"
 
 namespace dlrec::model::testing {
+
+// |a - b| relative to |b| (1e-12 floor): the parity tests' measure.
+inline double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-12); }
 
 inline io::ShardLayout make_layout(int num_dense, std::vector<int64_t> cards) {
   io::ShardLayout l;
