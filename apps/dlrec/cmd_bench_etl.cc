@@ -37,6 +37,7 @@ struct EtlBenchOptions {
   int64_t memory_budget_mb = 0;
   int64_t chunk_rows = 0;
   int64_t input_cache_mb = -1;
+  bool cache_huge_pages = false;
   bool keep = false;
 };
 
@@ -90,6 +91,7 @@ int run_etl_bench(const EtlBenchOptions& o) {
       e.memory_budget_mb = o.memory_budget_mb;
       if (o.chunk_rows > 0) e.read.chunk_rows = o.chunk_rows;
       e.input_cache_mb = o.input_cache_mb;
+      e.input_cache_huge_pages = o.cache_huge_pages;
       const double cpu0 = cpu_seconds();
       etl::EtlResult r = etl::run_etl(e);
       const double cpu = cpu_seconds() - cpu0;
@@ -152,6 +154,8 @@ Runner add_bench_etl(CLI::App* b) {
                 "MB for the parsed input kept between the passes (0: parse it again; default: "
                 "as dlrec etl)")
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 30));
+  s->add_flag("--cache-huge-pages", o->cache_huge_pages,
+              "Transparent huge pages for the kept parsed input (as dlrec etl)");
   s->add_flag("--keep", o->keep, "Keep the generated input and the output");
   return [o] { return run_etl_bench(*o); };
 }

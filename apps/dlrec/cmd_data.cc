@@ -64,7 +64,7 @@ Runner add_etl(CLI::App& app) {
     std::string on_error = "fail";
     int64_t train_rows = -1, shard_rows = 0, memory_budget_mb = 0, input_cache_mb = -1;
     std::string spill_dir;
-    bool shuffle = false;
+    bool shuffle = false, cache_huge_pages = false;
     int64_t seed = 0;
     int ranks = 1;
     double valid_ratio = -1;
@@ -94,6 +94,9 @@ Runner add_etl(CLI::App& app) {
                 "parsed once (0: parse it again each pass; default: a quarter of --memory-budget, "
                 "else 40% of the RAM; past it the input is read again)")
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 30));
+  c->add_flag("--cache-huge-pages", a->cache_huge_pages,
+              "Ask for transparent huge pages for the kept parsed input (MADV_HUGEPAGE; off by "
+              "default: slower where the kernel must compact memory to find them)");
   c->add_flag("--shuffle", a->shuffle,
               "Shuffle the training rows within and across files (seeded permutation)");
   c->add_option("--seed", a->seed, "Seed of --shuffle (default 0)")
@@ -118,6 +121,7 @@ Runner add_etl(CLI::App& app) {
     o.memory_budget_mb = a->memory_budget_mb;
     o.spill_dir = a->spill_dir;
     o.input_cache_mb = a->input_cache_mb;
+    o.input_cache_huge_pages = a->cache_huge_pages;
     o.shuffle = a->shuffle;
     o.seed = static_cast<uint64_t>(a->seed);
     o.ranks = a->ranks;

@@ -20,6 +20,7 @@
 #include "dlrec/core/file_util.h"
 #include "dlrec/core/progress.h"
 #include "dlrec/core/thread_pool.h"
+#include "dlrec/etl/kept_chunks.h"
 #include "dlrec/etl/workflow.h"
 #include "dlrec/io/parquet.h"
 #include "dlrec/io/shard.h"
@@ -410,48 +411,56 @@ class BatchReader {
   double wait_seconds_ = 0;
 };
 
-// Heap bytes a parsed chunk holds (its vectors' capacities).
-int64_t chunk_bytes(const io::RawChunk& c) {
-  int64_t b = static_cast<int64_t>(c.label.capacity() + c.dense.capacity()) * 4;
-  for (const auto& v : c.cat_values) b += static_cast<int64_t>(v.capacity()) * 8;
-  for (const auto& v : c.cat_offsets) b += static_cast<int64_t>(v.capacity()) * 8;
-  return b;
-}
-
-// Moves rows [k, rows) of c into `tail` (c keeps rows [0, k)).
-void split_chunk(io::RawChunk& c, int64_t k, io::RawChunk& tail) {
-  const int nd = c.num_dense, nc = c.num_cat;
-  tail.reset(nd, nc);
-  tail.rows = c.rows - k;
-  tail.first_line = c.first_line > 0 ? c.first_line + k : 0;  // as Workflow's messages count
-  tail.label.assign(c.label.begin() + std::min<int64_t>(k, c.label.size()), c.label.end());
-  tail.dense.assign(c.dense.begin() + k * nd, c.dense.end());
-  c.label.resize(std::min<int64_t>(k, c.label.size()));
-  c.dense.resize(k * nd);
-  for (int t = 0; t < nc; ++t) {
-    auto& off = c.cat_offsets[t];
-    auto& val = c.cat_values[t];
-    const int64_t v0 = off[k];
-    tail.cat_values[t].assign(val.begin() + v0, val.end());
-    auto& toff = tail.cat_offsets[t];
-    toff.resize(tail.rows + 1);
-    for (int64_t r = 0; r <= tail.rows; ++r) toff[r] = off[k + r] - v0;
-    val.resize(v0);
-    off.resize(k + 1);
+// Rows [k, rows) of c dropped (c keeps rows [0, k) and its capacity).
+void keep_first_rows(io::RawChunk& c, int64_t k) {
+  c.label.resize(std::min<size_t>(static_cast<size_t>(k), c.label.size()));
+  c.dense.resize(static_cast<size_t>(k * c.num_dense));
+  for (int t = 0; t < c.num_cat; ++t) {
+    c.cat_values[t].resize(static_cast<size_t>(c.cat_offsets[t][k]));
+    c.cat_offsets[t].resize(static_cast<size_t>(k + 1));
   }
   c.rows = k;
 }
 
-// The parsed input kept between the passes (EtlOptions::input_cache_mb): every row in input
-// order, chunks [0, train_chunks) holding the training rows and the rest the validation rows
-// (the chunk holding the split is cut in two). A deque, so that the chunks handed to the fit
-// stay where they are while more come.
+// The parsed input kept between the passes (EtlOptions::input_cache_mb), compacted
+// (etl::KeptChunk): every row in input order, chunks [0, train_chunks) holding the training
+// rows and the rest the validation rows (the chunk holding the split is kept in two). A deque,
+// so that kept chunks stay where they are while more come.
 struct InputCache {
-  std::deque<io::RawChunk> chunks;
+  std::deque<KeptChunk> chunks;
   size_t train_chunks = 0;
   int64_t bytes = 0, cap = 0;
-  bool on = false;    // keeping chunks (pass 0) or holding all of them (later)
-  bool drop = false;  // over the cap: drop the chunks at the next call (the fit still reads them)
+  bool on = false;  // keeping chunks (first pass) or holding all of them (later)
+  std::unique_ptr<KeptArena> arena;
+  // First pass: rows of the reader's current batch to keep once the fit is done with them
+  // (they are kept on all cores before the reader reuses the chunks).
+  struct Pending {
+    KeptChunk* slot;
+    const io::RawChunk* chunk;
+    int64_t lo, hi;
+  };
+  std::vector<Pending> pending;
+
+  // Keeps the pending rows; past the cap, drops everything kept and stops keeping.
+  void flush() {
+    if (pending.empty()) return;
+    parallel_for(0, static_cast<int64_t>(pending.size()), 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const Pending& p = pending[i];
+        *p.slot = KeptChunk::keep(*p.chunk, p.lo, p.hi, *arena);
+      }
+    });
+    for (const Pending& p : pending) bytes += p.slot->bytes();
+    pending.clear();
+    if (bytes > cap) drop();
+  }
+  void drop() {  // too large: the later passes read the input again
+    on = false;
+    pending.clear();
+    chunks.clear();
+    bytes = 0;
+    train_chunks = 0;
+  }
 };
 
 // The default cache size: a quarter of the memory budget (the Categorify count tables have
@@ -650,13 +659,15 @@ EtlResult run_etl(const EtlOptions& o) {
                                      : o.input_cache_mb << 20;
     {
       const io::Schema& sc = o.schema;
+      // A RawChunk's bytes per row: kept rows take less (KeptChunk), but how much less
+      // depends on the values.
       const int64_t row_bytes = 4 + 4 * sc.num_dense() + 16 * sc.num_cat();
       cache.on = cache.cap > 0 && (expected_rows < 0 || expected_rows * row_bytes <= cache.cap);
     }
     bool cached = false;          // the transform pass reads the cache
     int64_t read_rows = 0;        // input rows read by this fit pass
     std::vector<io::RawChunk> batch;  // the reader's current batch
-    io::RawChunk tail;
+    std::vector<io::RawChunk> unpacked;  // kept chunks unpacked for a later fit pass
     bool cache_read_failed = false;   // the reader failed in the first pass, keeping rows
     auto open_fit_pass = [&]() -> ChunkBatchSource {
       if (progress) progress->finish();
@@ -669,11 +680,16 @@ EtlResult run_etl(const EtlOptions& o) {
         size_t at = 0;
         return [&, at](std::vector<const io::RawChunk*>& out) mutable {
           out.clear();
-          const size_t k = static_cast<size_t>(batch_chunks());
-          for (; at < cache.train_chunks && out.size() < k; ++at) {
-            out.push_back(&cache.chunks[at]);
-            fit_rows += cache.chunks[at].rows;
+          const size_t k = std::min(cache.train_chunks - at, static_cast<size_t>(batch_chunks()));
+          if (unpacked.size() < k) unpacked.resize(k);
+          parallel_for(0, static_cast<int64_t>(k), 1, [&](int64_t lo, int64_t hi) {
+            for (int64_t i = lo; i < hi; ++i) cache.chunks[at + i].unpack(unpacked[i]);
+          });
+          for (size_t i = 0; i < k; ++i) {
+            out.push_back(&unpacked[i]);
+            fit_rows += unpacked[i].rows;
           }
+          at += k;
           progress->update(fit_rows);
           return static_cast<int>(out.size());
         };
@@ -686,16 +702,17 @@ EtlResult run_etl(const EtlOptions& o) {
       batches = std::make_unique<BatchReader>(io::open_reader(o.inputs, o.schema, ro),
                                               batch_chunks());
       const bool first = pass == 1;
+      if (first && cache.on && !cache.arena)
+        cache.arena = std::make_unique<KeptArena>(
+            o.input_cache_huge_pages,  // blocks of an eighth of the cap, 2-64 MB
+            std::clamp<size_t>(static_cast<size_t>(cache.cap / 8), size_t{2} << 20,
+                               KeptArena::kBlockBytes));
       read_rows = 0;
       return [&, first](std::vector<const io::RawChunk*>& out) {
         out.clear();
-        if (cache.drop) {  // the fit is done with the chunks handed out last time
-          cache.chunks.clear();
-          cache.bytes = 0;
-          cache.train_chunks = 0;
-          cache.drop = false;
-        }
         while (out.empty()) {
+          // The fit is done with the last batch: keep its rows before the reader reuses it.
+          cache.flush();
           int n = 0;
           try {
             n = batches->next(batch);
@@ -709,24 +726,26 @@ EtlResult run_etl(const EtlOptions& o) {
             const int64_t train =
                 n_train < 0 ? c.rows : std::max<int64_t>(0, std::min(c.rows, n_train - read_rows));
             read_rows += c.rows;
-            const bool has_tail = first && train > 0 && train < c.rows;
-            if (has_tail) split_chunk(c, train, tail);
-            if (first && cache.on) {
-              cache.bytes += chunk_bytes(c) + (has_tail ? chunk_bytes(tail) : 0);
-              cache.chunks.push_back(std::move(c));
-              if (train > 0) {
-                out.push_back(&cache.chunks.back());
-                cache.train_chunks = cache.chunks.size();
-              }
-              if (has_tail) cache.chunks.push_back(std::move(tail));
-            } else if (train > 0) {
-              out.push_back(&c);  // stays in `batch` until the next call
+            const bool keep = first && cache.on;
+            if (keep && train > 0) {
+              cache.chunks.emplace_back();
+              cache.pending.push_back({&cache.chunks.back(), &c, 0, train});
+              cache.train_chunks = cache.chunks.size();
             }
-            if (train > 0) fit_rows += train;
-          }
-          if (first && cache.on && cache.bytes > cache.cap) {
-            cache.on = false;  // too large: the later passes read the input again
-            cache.drop = true;
+            if (keep && train < c.rows) {
+              cache.chunks.emplace_back();
+              if (train == 0) {
+                cache.pending.push_back({&cache.chunks.back(), &c, 0, c.rows});
+              } else {  // the split: the validation rows now, before the fit sees the chunk
+                cache.chunks.back() = KeptChunk::keep(c, train, c.rows, *cache.arena);
+                cache.bytes += cache.chunks.back().bytes();
+              }
+            }
+            if (train > 0 && train < c.rows) keep_first_rows(c, train);
+            if (train > 0) {
+              out.push_back(&c);  // stays in `batch` until the next call
+              fit_rows += train;
+            }
           }
         }
         progress->update(fit_rows);
@@ -749,10 +768,7 @@ EtlResult run_etl(const EtlOptions& o) {
     }
     if (progress) progress->finish();
     if (batches) res.read_wait_seconds += batches->wait_seconds();
-    if (cache.drop) {
-      cache.chunks.clear();
-      cache.bytes = 0;
-    }
+    cache.flush();  // nothing left, unless the source was not asked past the last batch
     cached = cache.on;
     res.input_cache_bytes = cached ? cache.bytes : 0;
     // The first pass's reader has seen every row when the transform reads the cache: its
@@ -801,12 +817,16 @@ EtlResult run_etl(const EtlOptions& o) {
     std::unique_ptr<BatchReader> input;
     if (!cached) input = std::make_unique<BatchReader>(io::open_reader(o.inputs, o.schema, o.read),
                                                        transform_chunks);
+    // From the cache, a batch's kept chunks are unpacked by the transform tasks (into the
+    // reused `chunks`); they leave the cache, so its memory goes down as the pass goes on.
+    std::vector<KeptChunk> kept_batch;
     auto next_batch = [&](std::vector<io::RawChunk>& out) -> int {
       if (input) return input->next(out);
       const size_t k = std::min(cache.chunks.size(), static_cast<size_t>(transform_chunks));
       if (out.size() < k) out.resize(k);
+      if (kept_batch.size() < k) kept_batch.resize(k);
       for (size_t i = 0; i < k; ++i) {
-        out[i] = std::move(cache.chunks.front());
+        kept_batch[i] = std::move(cache.chunks.front());
         cache.chunks.pop_front();
       }
       return static_cast<int>(k);
@@ -835,13 +855,14 @@ EtlResult run_etl(const EtlOptions& o) {
       first_train.assign(n, 0);
       errors.assign(n, nullptr);
       for (int i = 0; i < n; ++i) {
-        const int64_t rows = chunks[i].rows;
+        const int64_t rows = input ? chunks[i].rows : kept_batch[i].rows();
         to_train_in[i] = n_train < 0 ? rows : std::max<int64_t>(0, std::min(rows, n_train - seen));
         seen += rows;
       }
       auto transform_one = [&](int i) {
         try {
           const TrainRows tr{first_train[i], to_train_in[i]};
+          if (!input) kept_batch[i].unpack(chunks[i]);
           workflow.transform(chunks[i], out[i], &kept[i], /*append=*/false, &tr);
         } catch (...) {
           errors[i] = std::current_exception();

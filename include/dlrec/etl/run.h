@@ -55,11 +55,14 @@ struct EtlOptions {
   uint64_t seed = 0;
   int ranks = 1;
   // Memory in MB for the parsed input kept between the passes, so that it is parsed only once
-  // (about 1.8x the size of Criteo-shaped text). The first fit pass then reads every row and
+  // (compacted, etl::KeptChunk: about 0.65x the size of Criteo-shaped text). The first fit pass then reads every row and
   // keeps it; past this size it drops what it kept and the later passes read the input again
   // (the output is the same either way). 0: never keep it. -1 (default): a quarter of
   // memory_budget_mb when that is set, else 40 % of the machine's physical memory.
   int64_t input_cache_mb = -1;
+  // Ask for transparent huge pages (MADV_HUGEPAGE) on the memory of the kept input
+  // (etl::KeptArena). Off by default: see docs/ETL.md for where it helps.
+  bool input_cache_huge_pages = false;
 };
 
 struct EtlResult {

@@ -1,0 +1,202 @@
+#include "dlrec/etl/kept_chunks.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "dlrec/core/error.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+
+namespace dlrec::etl {
+namespace {
+
+constexpr size_t round8(size_t n) { return (n + 7) & ~size_t{7}; }
+
+// Whether a float is exactly 0.0f or 1.0f (bit patterns: -0.0f is not 0.0f here).
+inline bool zero_or_one(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, 4);
+  return b == 0 || b == 0x3F800000u;
+}
+
+}  // namespace
+
+char* KeptArena::alloc(size_t bytes, std::shared_ptr<char>& block) {
+  bytes = round8(bytes);
+  std::lock_guard<std::mutex> g(mu_);
+  if (!cur_ || used_ + bytes > size_) {
+    const size_t huge = size_t{2} << 20;
+    const size_t size = std::max(block_, (bytes + huge - 1) / huge * huge);
+    void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+      fail("etl: cannot map ", size >> 20, " MB for the kept input rows: ", std::strerror(errno));
+    if (huge_) ::madvise(m, size, MADV_HUGEPAGE);
+    // All pages at once; without it (an older kernel) they fault in as they are written.
+    ::madvise(m, size, MADV_POPULATE_WRITE);
+    cur_ = std::shared_ptr<char>(static_cast<char*>(m), [size](char* p) { ::munmap(p, size); });
+    used_ = 0;
+    size_ = size;
+    mapped_ += static_cast<int64_t>(size);
+  }
+  char* p = cur_.get() + used_;
+  used_ += bytes;
+  block = cur_;
+  return p;
+}
+
+KeptChunk KeptChunk::keep(const io::RawChunk& c, int64_t lo, int64_t hi, KeptArena& arena) {
+  DLREC_CHECK(lo >= 0 && lo <= hi && hi <= c.rows, "KeptChunk::keep: rows [", lo, ", ", hi,
+              ") of a chunk of ", c.rows);
+  DLREC_CHECK(c.label.empty() || static_cast<int64_t>(c.label.size()) == c.rows,
+              "KeptChunk::keep: ", c.label.size(), " labels for ", c.rows, " rows");
+  const int nd = c.num_dense, nc = c.num_cat;
+  const int64_t rows = hi - lo;
+  KeptChunk k;
+  k.rows_ = rows;
+  k.first_line_ = c.first_line > 0 ? c.first_line + lo : 0;
+  k.num_dense_ = nd;
+  k.num_cat_ = nc;
+  k.cat_.resize(nc);
+
+  // Sizes first: which form each part takes.
+  size_t bytes = 0;
+  if (!c.label.empty()) {
+    bool small = true;
+    for (int64_t r = lo; r < hi && small; ++r) small = zero_or_one(c.label[r]);
+    k.label_kind_ = small ? 1 : 2;
+    bytes += round8(static_cast<size_t>(rows) * (small ? 1 : 4));
+  }
+  bytes += round8(static_cast<size_t>(rows * nd) * 4);
+  // Each categorical column is read once: its presence bitmap and its values cut to 32 bits
+  // go to per-thread scratch (copied into the arena below), and tell whether the narrow form
+  // holds the column.
+  const int64_t words = (rows + 63) / 64;
+  const size_t bitmap_bytes = static_cast<size_t>(words) * 8;
+  thread_local std::vector<std::vector<uint64_t>> bits_scratch;
+  thread_local std::vector<std::vector<uint32_t>> narrow_scratch;
+  if (static_cast<int>(bits_scratch.size()) < nc) bits_scratch.resize(nc);
+  if (static_cast<int>(narrow_scratch.size()) < nc) narrow_scratch.resize(nc);
+  std::vector<uint8_t> narrow(nc), all_present(nc);
+  for (int t = 0; t < nc; ++t) {
+    const int64_t* off = c.cat_offsets[t].data() + lo;
+    const uint64_t* val = c.cat_values[t].data() + off[0];
+    const int64_t count = off[rows] - off[0];
+    k.cat_[t].count = count;
+    auto& bits = bits_scratch[t];
+    bits.resize(static_cast<size_t>(words));
+    uint64_t over = 0;  // non-zero when a row holds more than one value
+    for (int64_t w = 0; w < words; ++w) {
+      const int64_t r0 = w * 64, r1 = std::min(rows, r0 + 64);
+      uint64_t word = 0;
+      for (int64_t r = r0; r < r1; ++r) {
+        const uint64_t d = static_cast<uint64_t>(off[r + 1] - off[r]);
+        over |= d >> 1;
+        word |= static_cast<uint64_t>(d != 0) << (r - r0);
+      }
+      bits[w] = word;
+    }
+    bool fits = over == 0;
+    if (fits) {
+      auto& v32 = narrow_scratch[t];
+      v32.resize(static_cast<size_t>(count));
+      uint64_t high = 0;
+      for (int64_t i = 0; i < count; ++i) {
+        high |= val[i];
+        v32[i] = static_cast<uint32_t>(val[i]);
+      }
+      fits = (high >> 32) == 0;
+    }
+    narrow[t] = fits;
+    all_present[t] = fits && count == rows;  // one value per row at most, so each has one
+    if (narrow[t])
+      bytes += round8(static_cast<size_t>(count) * 4) + (all_present[t] ? 0 : bitmap_bytes);
+    else
+      bytes += static_cast<size_t>(count) * 8 + static_cast<size_t>(rows + 1) * 8;
+  }
+  k.bytes_ = static_cast<int64_t>(std::max<size_t>(bytes, 8));
+  char* p = arena.alloc(static_cast<size_t>(k.bytes_), k.block_);
+
+  // Then the copies.
+  if (k.label_kind_ == 1) {
+    auto* l = reinterpret_cast<uint8_t*>(p);
+    for (int64_t r = 0; r < rows; ++r) l[r] = c.label[lo + r] != 0.f;
+    k.label_ = l;
+    p += round8(static_cast<size_t>(rows));
+  } else if (k.label_kind_ == 2) {
+    std::memcpy(p, c.label.data() + lo, static_cast<size_t>(rows) * 4);
+    k.label_ = p;
+    p += round8(static_cast<size_t>(rows) * 4);
+  }
+  if (rows * nd > 0) std::memcpy(p, c.dense.data() + lo * nd, static_cast<size_t>(rows * nd) * 4);
+  k.dense_ = reinterpret_cast<const float*>(p);
+  p += round8(static_cast<size_t>(rows * nd) * 4);
+  for (int t = 0; t < nc; ++t) {
+    Cat& x = k.cat_[t];
+    const int64_t* off = c.cat_offsets[t].data();
+    const uint64_t* val = c.cat_values[t].data() + off[lo];
+    if (narrow[t]) {
+      if (x.count > 0) std::memcpy(p, narrow_scratch[t].data(), static_cast<size_t>(x.count) * 4);
+      x.narrow = reinterpret_cast<const uint32_t*>(p);
+      p += round8(static_cast<size_t>(x.count) * 4);
+      if (!all_present[t]) {
+        std::memcpy(p, bits_scratch[t].data(), bitmap_bytes);
+        x.present = reinterpret_cast<const uint64_t*>(p);
+        p += bitmap_bytes;
+      }
+    } else {
+      auto* v = reinterpret_cast<uint64_t*>(p);
+      if (x.count > 0) std::memcpy(v, val, static_cast<size_t>(x.count) * 8);
+      p += static_cast<size_t>(x.count) * 8;
+      auto* o = reinterpret_cast<int64_t*>(p);
+      for (int64_t r = 0; r <= rows; ++r) o[r] = off[lo + r] - off[lo];
+      p += static_cast<size_t>(rows + 1) * 8;
+      x.values = v;
+      x.offsets = o;
+    }
+  }
+  return k;
+}
+
+void KeptChunk::unpack(io::RawChunk& out) const {
+  out.reset(num_dense_, num_cat_);
+  out.rows = rows_;
+  out.first_line = first_line_;
+  if (label_kind_ == 1) {
+    const auto* l = static_cast<const uint8_t*>(label_);
+    out.label.assign(l, l + rows_);  // 0 -> 0.0f, 1 -> 1.0f
+  } else if (label_kind_ == 2) {
+    const auto* l = static_cast<const float*>(label_);
+    out.label.assign(l, l + rows_);
+  }
+  out.dense.assign(dense_, dense_ + rows_ * num_dense_);
+  for (int t = 0; t < num_cat_; ++t) {
+    const Cat& x = cat_[t];
+    auto& vals = out.cat_values[t];
+    auto& off = out.cat_offsets[t];
+    if (x.narrow) {
+      vals.assign(x.narrow, x.narrow + x.count);
+      off.resize(static_cast<size_t>(rows_ + 1));
+      int64_t* o = off.data();
+      if (!x.present) {
+        for (int64_t r = 0; r <= rows_; ++r) o[r] = r;
+      } else {
+        int64_t n = 0;
+        o[0] = 0;
+        for (int64_t r = 0; r < rows_; ++r) {
+          n += static_cast<int64_t>((x.present[r >> 6] >> (r & 63)) & 1);
+          o[r + 1] = n;
+        }
+      }
+    } else {
+      vals.assign(x.values, x.values + x.count);
+      off.assign(x.offsets, x.offsets + rows_ + 1);
+    }
+  }
+}
+
+}  // namespace dlrec::etl
