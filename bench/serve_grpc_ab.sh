@@ -9,6 +9,9 @@
 # default "live:1 1:1 2048:1 4096:16 4096:32". Each run prints the client's summary line
 # prefixed with "round R side". PERF=1: also `perf stat -e context-switches,task-clock` on the
 # server during each load, printed as server context switches and CPU microseconds per request.
+# CQ=1: also the CPU time of the server's completion-queue threads (grpc-cq*) and of its
+# batcher threads (batcher-w*, with the engine threads they start) per request, from
+# /proc/<server>/task/*/stat around each load.
 # SERVER_ENV: environment for the servers (e.g. "DLREC_THREADS=1"); SERVER_ARGS: more serve
 # options for both (e.g. "--grpc-threads 2"); AFTER_ARGS: for the after side only (e.g.
 # "--grpc-inline-rows 4096"). ROUNDS (3), DURATION (4 s per load), WORK (/tmp/dlrec_grpc_ab),
@@ -65,6 +68,13 @@ for side in before after; do
   done
 done
 
+# CPU seconds of a server's threads whose name starts with $2, summed.
+thread_cpu() {
+  for t in /proc/"$1"/task/*; do
+    case $(cat "$t/comm" 2>/dev/null) in "$2"*) awk '{print $14 + $15}' "$t/stat" 2>/dev/null;; esac
+  done | awk -v hz="$(getconf CLK_TCK)" '{s += $1} END {printf "%.3f\n", s / hz}'
+}
+
 for r in $(seq 1 "$ROUNDS"); do
   for load in $LOADS; do
     b=${load%%:*}
@@ -79,10 +89,22 @@ for r in $(seq 1 "$ROUNDS"); do
           sleep $((DURATION + 1)) &
         perf_pid=$!
       fi
+      if [ -n "${CQ:-}" ]; then
+        cq0=$(thread_cpu ${server[$side]} grpc-cq)
+        bw0=$(thread_cpu ${server[$side]} batcher-w)
+      fi
       line=$("$CLIENT" bench serve --protocol grpc --url "127.0.0.1:${port[$side]}" --model m \
         --model-dir "$W/repo/m/1" --input encoded "${args[@]}" --concurrency "$c" \
         --duration "$DURATION" --warmup 1 2>&1 | grep "^summary")
       echo "round $r $side load=$load $line"
+      if [ -n "${CQ:-}" ]; then
+        reqs=$(echo "$line" | sed -n 's/.*requests=\([0-9]*\).*/\1/p')
+        awk -v a="$cq0" -v b="$(thread_cpu ${server[$side]} grpc-cq)" -v c="$bw0" \
+          -v e="$(thread_cpu ${server[$side]} batcher-w)" -v n="$reqs" -v d="$DURATION" \
+          -v side=$side -v load=$load -v r=$r 'BEGIN { k = n * (d + 1) / d; if (k > 0)
+            printf "round %s %s load=%s threads: grpc-cq cpu us/req %.1f, batcher-w cpu us/req %.1f\n",
+              r, side, load, (b - a) * 1e6 / k, (e - c) * 1e6 / k }'
+      fi
       if [ -n "${PERF:-}" ]; then
         wait $perf_pid
         reqs=$(echo "$line" | sed -n 's/.*requests=\([0-9]*\).*/\1/p')

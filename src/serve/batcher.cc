@@ -13,7 +13,8 @@
 namespace dlrec::serve {
 
 struct DynamicBatcher::Job {
-  io::Batch batch;
+  io::Batch owned;               // submit's batch (submit_ref: unused)
+  const io::Batch* batch = nullptr;  // the request's rows: &owned or the caller's
   uint64_t enqueued_ns = 0;
   Done done;
 };
@@ -61,6 +62,15 @@ int64_t DynamicBatcher::queued() const {
 }
 
 void DynamicBatcher::submit(io::Batch batch, Done&& done, int64_t inline_max_rows) {
+  submit_impl(batch, &batch, std::move(done), inline_max_rows);
+}
+
+void DynamicBatcher::submit_ref(const io::Batch& batch, Done&& done, int64_t inline_max_rows) {
+  submit_impl(batch, nullptr, std::move(done), inline_max_rows);
+}
+
+void DynamicBatcher::submit_impl(const io::Batch& batch, io::Batch* owned, Done&& done,
+                                 int64_t inline_max_rows) {
   int inline_worker = -1;
   uint64_t enqueued_ns = 0;
   {
@@ -83,10 +93,15 @@ void DynamicBatcher::submit(io::Batch batch, Done&& done, int64_t inline_max_row
         }
     if (inline_worker < 0) {
       auto job = std::make_shared<Job>();
-      job->batch = std::move(batch);
+      if (owned) {
+        job->owned = std::move(*owned);
+        job->batch = &job->owned;
+      } else {
+        job->batch = &batch;
+      }
       job->enqueued_ns = enqueued_ns;
       job->done = std::move(done);
-      queued_rows_ += job->batch.rows;
+      queued_rows_ += job->batch->rows;
       queue_.push_back(std::move(job));
     }
   }
@@ -107,7 +122,7 @@ DynamicBatcher::Result DynamicBatcher::run(io::Batch batch) {
   return fut.get();
 }
 
-void DynamicBatcher::run_inline(io::Batch& batch, int index, uint64_t enqueued_ns,
+void DynamicBatcher::run_inline(const io::Batch& batch, int index, uint64_t enqueued_ns,
                                 const Done& done) {
   Result r;
   std::exception_ptr err;
@@ -165,7 +180,7 @@ void DynamicBatcher::worker(int index) {
         cv_.wait_until(lk, deadline);
       int64_t rows = 0;
       while (!queue_.empty()) {
-        int64_t r = queue_.front()->batch.rows;
+        int64_t r = queue_.front()->batch->rows;
         if (!jobs.empty() && rows + r > cfg_.max_batch_size) break;
         rows += r;
         queued_rows_ -= r;
@@ -179,10 +194,10 @@ void DynamicBatcher::worker(int index) {
       if (!queue_.empty()) cv_.notify_one();  // more for an idle worker
     }
     const uint64_t start = now_ns();
-    const io::Batch* input = &jobs[0]->batch;
+    const io::Batch* input = jobs[0]->batch;
     if (jobs.size() > 1) {
-      merged.reset(jobs[0]->batch.num_dense, jobs[0]->batch.num_cat());
-      for (auto& j : jobs) merged.append(j->batch);
+      merged.reset(jobs[0]->batch->num_dense, jobs[0]->batch->num_cat());
+      for (auto& j : jobs) merged.append(*j->batch);
       input = &merged;
     }
     std::vector<float> out;
@@ -213,13 +228,14 @@ void DynamicBatcher::worker(int index) {
         if (jobs.size() == 1) {
           r.outputs = std::move(out);
         } else {
-          r.outputs.assign(out.begin() + offset, out.begin() + offset + j->batch.rows);
-          offset += j->batch.rows;
+          r.outputs.assign(out.begin() + offset, out.begin() + offset + j->batch->rows);
+          offset += j->batch->rows;
         }
         r.queue_ns = start - j->enqueued_ns;
         r.compute_ns = end - start;
         r.merged_rows = input->rows;
       }
+      // After this the caller may reuse a submit_ref batch: j->batch is not read again.
       call_done(j->done, std::move(r), err);
     }
     jobs.clear();  // the callbacks and their captures go now, not with the next batch

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "dlrec/serve/infer_wire.h"
 #include "dlrec/serve/request_error.h"
 #include "frontends.h"
 #include "grpc_service.grpc.pb.h"
@@ -31,46 +32,22 @@ grpc::StatusCode grpc_code(Status s) {
   return grpc::StatusCode::INTERNAL;
 }
 
-template <class T>
-void put(std::string& s, T v) {
-  char b[sizeof(T)];
-  std::memcpy(b, &v, sizeof v);
-  s.append(b, sizeof b);
-}
-
-// Typed contents -> the wire layout. Checks the element count against the shape.
-std::string contents_to_wire(const inference::InferTensorContents& c, const std::string& dt,
-                             int64_t count, const std::string& name) {
-  std::string s;
-  auto check = [&](int n) {
-    if (n != count)
-      request_fail(Status::InvalidArgument, "input '", name, "': contents hold ", n,
-                   " elements; its shape needs ", count);
-  };
-  if (dt == "FP32") {
-    check(c.fp32_contents_size());
-    s.assign(reinterpret_cast<const char*>(c.fp32_contents().data()), sizeof(float) * count);
-  } else if (dt == "FP64") {
-    check(c.fp64_contents_size());
-    s.assign(reinterpret_cast<const char*>(c.fp64_contents().data()), sizeof(double) * count);
-  } else if (dt == "INT64") {
-    check(c.int64_contents_size());
-    s.assign(reinterpret_cast<const char*>(c.int64_contents().data()), sizeof(int64_t) * count);
-  } else if (dt == "INT32") {
-    check(c.int_contents_size());
-    s.assign(reinterpret_cast<const char*>(c.int_contents().data()), sizeof(int32_t) * count);
-  } else if (dt == "BYTES") {
-    check(c.bytes_contents_size());
-    for (const auto& b : c.bytes_contents()) {
-      put<uint32_t>(s, static_cast<uint32_t>(b.size()));
-      s += b;
-    }
-  } else {
-    request_fail(Status::InvalidArgument, "input '", name, "': datatype ", dt.substr(0, 20),
-                 " is not supported in typed contents (use raw_input_contents)");
-  }
-  return s;
-}
+// ModelInfer's scratch, one per call slot, reused from call to call (no allocation per request
+// once the buffers have grown): the request's slices and what was read from them, the encoded
+// request the batcher scores in place, the model it runs on (kept alive until the slot is
+// re-armed, on the queue's thread: the last reference must not go on a worker, whose batcher
+// it would destroy) and the start time for the access log.
+struct InferScratch {
+  std::vector<grpc::Slice> slices;  // the request's bytes as received (references, no copy)
+  std::vector<WireSegment> segments;
+  InferWireScratch wire;
+  std::unique_ptr<inference::ModelInferRequest> proto;  // messages left to protobuf
+  InferRequest req;
+  std::vector<std::string_view> raw;
+  io::Batch batch;
+  std::shared_ptr<ServedModel> model;
+  uint64_t t0 = 0;
+};
 
 // The RPC handlers, each filling its response and returning the call's status. They run on the
 // completion-queue threads of GrpcFrontend (below), one call at a time per thread, except
@@ -134,66 +111,20 @@ class Handlers {
       for (const auto& t : model->outputs()) fill(t, r->add_outputs());
     });
   }
-  // ModelInfer, first half (on a completion-queue thread): finds the model and turns the
-  // message into `req`, the calling slot's scratch, reused from call to call (its vectors and
-  // strings keep their capacity); the input tensors point into the request message, which
-  // outlives the call. Throws RequestError.
-  std::shared_ptr<ServedModel> parse_infer(const inference::ModelInferRequest* q,
-                                           InferRequest& req) {
-    auto model = core_.repository->get(q->model_name(), q->model_version());
-    req.model = q->model_name();
-    req.version = q->model_version();
-    req.id = q->id();
-    req.storage.clear();
-    const bool raw = q->raw_input_contents_size() > 0;
-    if (raw && q->raw_input_contents_size() != q->inputs_size())
-      request_fail(Status::InvalidArgument, "raw_input_contents has ",
-                   q->raw_input_contents_size(), " entries for ", q->inputs_size(), " inputs");
-    req.inputs.resize(static_cast<size_t>(q->inputs_size()));
-    for (int i = 0; i < q->inputs_size(); ++i) {
-      const auto& in = q->inputs(i);
-      InputTensor& t = req.inputs[static_cast<size_t>(i)];
-      t.name = in.name();
-      t.datatype = in.datatype();
-      if (datatype_size(t.datatype) < 0)
-        request_fail(Status::InvalidArgument, "input '", t.name, "': unknown datatype '",
-                     t.datatype.substr(0, 20), "'");
-      if (in.shape_size() > 8)
-        request_fail(Status::InvalidArgument, "input '", t.name, "': more than 8 dimensions");
-      t.shape.assign(in.shape().begin(), in.shape().end());
-      const int64_t count =
-          element_count(t.shape, t.name, core_.options.limits.max_tensor_elements);
-      if (raw) {
-        t.data = q->raw_input_contents(i);  // in place: no copy of the tensor
-        const int es = datatype_size(t.datatype);
-        if (es > 0 && static_cast<int64_t>(t.data.size()) != count * es)
-          request_fail(Status::InvalidArgument, "input '", t.name, "': ", t.data.size(),
-                       " bytes of raw_input_contents; shape and ", t.datatype, " need ",
-                       count * es);
-      } else {
-        req.storage.push_back(contents_to_wire(in.contents(), t.datatype, count, t.name));
-        t.data = req.storage.back();
-      }
-    }
-    req.outputs.resize(static_cast<size_t>(q->outputs_size()));
-    for (int i = 0; i < q->outputs_size(); ++i) {
-      req.outputs[static_cast<size_t>(i)].name = q->outputs(i).name();
-      req.outputs[static_cast<size_t>(i)].binary = false;
-    }
-    return model;
-  }
-  // ModelInfer, second half (on the thread that scored the request): the response message.
-  static void fill_infer(const InferResponse& resp, inference::ModelInferResponse* r) {
-    r->set_model_name(resp.model);
-    r->set_model_version(resp.version);
-    r->set_id(resp.id);
-    auto* out = r->add_outputs();
-    out->set_name("probability");
-    out->set_datatype("FP32");
-    out->add_shape(resp.rows);
-    out->add_shape(1);
-    r->add_raw_output_contents()->assign(reinterpret_cast<const char*>(resp.probability.data()),
-                                         resp.probability.size() * sizeof(float));
+  // ModelInfer, first half (on a completion-queue thread): reads the request from its bytes
+  // into `s.req` (the calling slot's scratch, reused from call to call: its vectors and strings
+  // keep their capacity) and finds the model. The wire reader takes the usual messages straight
+  // from the received slices; what it leaves to protobuf (infer_wire.h) is parsed into
+  // `s.proto`. The input tensors point into the slices, `s.wire` or `s.proto`, which stay until
+  // the slot is re-armed. Throws RequestError.
+  std::shared_ptr<ServedModel> parse_infer(const grpc::ByteBuffer& bytes, InferScratch& s);
+  // ModelInfer, second half (on the thread that scored the request): the response message,
+  // written straight into one slice.
+  static void fill_infer(const InferResponse& resp, grpc::ByteBuffer* out) {
+    grpc::Slice slice(infer_response_size(resp));
+    write_infer_response(resp, reinterpret_cast<char*>(const_cast<uint8_t*>(slice.begin())));
+    grpc::ByteBuffer b(&slice, 1);
+    out->Swap(&b);
   }
   // The status of the exception in flight; logs the call when the access log is on.
   grpc::Status failed(const char* rpc, uint64_t t0) {
@@ -322,16 +253,11 @@ class CallBase {
 
 struct NoScratch {};
 
-// ModelInfer's scratch: the parsed request, the model it runs on (kept alive until the slot is
-// re-armed, on the queue's thread: the last reference must not go on a worker, whose batcher
-// it would destroy) and the start time for the access log.
-struct InferScratch {
-  InferRequest req;
-  std::shared_ptr<ServedModel> model;
-  uint64_t t0 = 0;
-};
 
-using AsyncService = inference::GRPCInferenceService::AsyncService;
+// Every RPC asynchronous; ModelInfer "raw": its request and response are byte buffers, which
+// the front end reads and writes itself (infer_wire.h).
+using AsyncService = inference::GRPCInferenceService::WithRawMethod_ModelInfer<
+    inference::GRPCInferenceService::AsyncService>;
 
 // One slot for calls of one unary RPC on one queue: requested from the server, handled when a
 // call arrives, finished, then requested again (or deleted, see Slots). The request and
@@ -524,7 +450,10 @@ template <class Req, class Resp, class Scratch>
 bool UnaryCall<Req, Resp, Scratch>::proceed(bool ok) {
   if (finishing_) {
     // The response is sent (or the client went away): the next call, unless enough slots wait.
-    if constexpr (std::is_same_v<Scratch, InferScratch>) scratch_.model.reset();
+    if constexpr (std::is_same_v<Scratch, InferScratch>) {
+      scratch_.model.reset();
+      scratch_.slices.clear();  // the transport's receive buffers go back
+    }
     if (slots_.armed >= slots_.max) return false;
     return arm();
   }
@@ -552,8 +481,33 @@ void UnaryCall<Req, Resp, Scratch>::finish(const grpc::Status& st) {
   fe.call_finished();
 }
 
-using InferCall =
-    UnaryCall<inference::ModelInferRequest, inference::ModelInferResponse, InferScratch>;
+using InferCall = UnaryCall<grpc::ByteBuffer, grpc::ByteBuffer, InferScratch>;
+
+std::shared_ptr<ServedModel> Handlers::parse_infer(const grpc::ByteBuffer& bytes,
+                                                   InferScratch& s) {
+  s.slices.clear();
+  s.segments.clear();
+  if (bytes.Valid() && !bytes.Dump(&s.slices).ok()) s.slices.clear();
+  for (const grpc::Slice& sl : s.slices)
+    s.segments.push_back({reinterpret_cast<const char*>(sl.begin()), sl.size()});
+  const inference::ModelInferRequest* typed = nullptr;
+  if (read_infer_wire(s.segments.data(), s.segments.size(), s.req, s.raw, s.wire) ==
+      WireRead::Unusual) {
+    if (!s.proto) s.proto = std::make_unique<inference::ModelInferRequest>();
+    s.proto->Clear();
+    // A copy of the (unusual) message's slices for protobuf to read: the slot keeps its own.
+    grpc::ByteBuffer copy(s.slices.data(), s.slices.size());
+    if (!grpc::SerializationTraits<inference::ModelInferRequest>::Deserialize(&copy, s.proto.get())
+             .ok())
+      request_fail(Status::InvalidArgument, "the request (", bytes.Length(),
+                   " bytes) is not a valid inference.ModelInferRequest message");
+    read_infer_proto(*s.proto, s.req, s.raw);
+    typed = s.proto.get();
+  }
+  auto model = core_.repository->get(s.req.model, s.req.version);
+  bind_infer_inputs(s.req, s.raw, typed, core_.options.limits.max_tensor_elements);
+  return model;
+}
 
 // ModelInfer: parsed and submitted on the queue's thread; finished by whoever scores it.
 void start_infer(GrpcFrontend& fe, InferCall& call) {
@@ -561,7 +515,7 @@ void start_infer(GrpcFrontend& fe, InferCall& call) {
   InferScratch& s = call.scratch();
   s.t0 = now_ns();
   try {
-    s.model = h.parse_infer(&call.req(), s.req);
+    s.model = h.parse_infer(call.req(), s);
   } catch (...) {
     return call.finish(h.failed("ModelInfer", s.t0));
   }
@@ -582,7 +536,7 @@ void start_infer(GrpcFrontend& fe, InferCall& call) {
         hd.log("ModelInfer", t0, grpc::Status::OK);
         call.finish(grpc::Status::OK);
       },
-      h.inline_max_rows());
+      h.inline_max_rows(), &s.batch);
 }
 
 // Model load and unload take long: on a thread of their own, so that the queue's thread keeps
@@ -600,8 +554,8 @@ void GrpcFrontend::arm_all(Queue& q) {
   using namespace inference;
   using S = AsyncService;
   // ModelInfer: 8 to 64 slots waiting, more while many calls are in flight.
-  arm<ModelInferRequest, ModelInferResponse, InferScratch>(q, slots[0], 8, 64,
-                                                           &S::RequestModelInfer, &start_infer);
+  arm<grpc::ByteBuffer, grpc::ByteBuffer, InferScratch>(q, slots[0], 8, 64,
+                                                        &S::RequestModelInfer, &start_infer);
 #define DLREC_GRPC_ARM(I, RPC)                                                                 \
   arm<RPC##Request, RPC##Response>(q, slots[I], 1, 2, &S::Request##RPC,                        \
                                    [](GrpcFrontend& fe, UnaryCall<RPC##Request, RPC##Response>& c) { \

@@ -156,6 +156,18 @@ std::vector<TensorInfo> ServedModel::encoded_inputs() const {
 std::vector<TensorInfo> ServedModel::outputs() const { return {{kOutput, "FP32", {-1, 1}}}; }
 
 io::Batch ServedModel::encode(const InferRequest& req) const {
+  io::Batch batch;
+  encode_into(req, batch);
+  return batch;
+}
+
+void ServedModel::encode_into(const InferRequest& req, io::Batch& batch) const {
+  // Encoded inputs reuse `batch`'s buffers: nothing is allocated or zero-filled when it held a
+  // request of as many rows before. What this path leaves in a batch it marks one_id_per_row
+  // (set last, after every check): its labels are all 0 and each feature's offsets hold
+  // offsets[r] == r over their whole length, so the next request only extends them.
+  const bool reusable = batch.one_id_per_row;
+  batch.one_id_per_row = false;
   if (req.inputs.empty()) bad("the request has no inputs");
   const io::Schema& schema = predictor_->workflow().schema();
   const int nd = schema.num_dense(), nc = schema.num_cat();
@@ -186,7 +198,6 @@ io::Batch ServedModel::encode(const InferRequest& req) const {
     return false;
   };
 
-  io::Batch batch;
   if (raw) {
     io::RawChunk chunk;
     chunk.reset(nd, nc);
@@ -240,18 +251,25 @@ io::Batch ServedModel::encode(const InferRequest& req) const {
           missing += (missing.empty() ? "" : ", ") + c.name;
       bad("missing raw inputs: " + missing);
     }
+    io::Batch encoded;
     try {
-      predictor_->workflow().transform(chunk, batch);
+      predictor_->workflow().transform(chunk, encoded);
     } catch (const Error& e) {
       bad(std::string("raw features: ") + e.what());
     }
-    return batch;
+    batch = std::move(encoded);
+    batch.one_id_per_row = false;  // the invariant above does not hold for these offsets
+    return;
   }
 
-  batch.reset(layout_.num_dense, static_cast<int>(layout_.cardinalities.size()));
-  batch.rows = rows;
-  batch.labels.assign(static_cast<size_t>(rows), 0.f);
   const int ncat = static_cast<int>(layout_.cardinalities.size());
+  batch.rows = rows;
+  batch.num_dense = layout_.num_dense;
+  if (reusable) batch.labels.resize(static_cast<size_t>(rows));  // new elements are 0
+  else batch.labels.assign(static_cast<size_t>(rows), 0.f);
+  if (layout_.num_dense == 0) batch.dense.clear();  // else resized and overwritten below
+  batch.cat_offsets.resize(static_cast<size_t>(ncat));
+  batch.cat_indices.resize(static_cast<size_t>(ncat));
   for (const auto& t : req.inputs) {
     if (t.name == "dense" && layout_.num_dense > 0) {
       require_type(t, {"FP32"});
@@ -282,8 +300,11 @@ io::Batch ServedModel::encode(const InferRequest& req) const {
     check_tensor(t, rows, 1, true);
     auto& ids = batch.cat_indices[idx];
     auto& offs = batch.cat_offsets[idx];
-    ids.resize(static_cast<size_t>(rows));
+    ids.resize(static_cast<size_t>(rows));  // overwritten below
+    // offsets[r] = r: only the part the last request did not cover is written.
+    const size_t have = reusable ? std::min(offs.size(), static_cast<size_t>(rows + 1)) : 0;
     offs.resize(static_cast<size_t>(rows + 1));
+    for (size_t r = have; r < offs.size(); ++r) offs[r] = static_cast<int64_t>(r);
     const int64_t card = layout_.cardinalities[static_cast<size_t>(idx)];
     // The type is checked once; the values are copied (little-endian hosts) and then checked
     // in one tight pass.
@@ -296,7 +317,6 @@ io::Batch ServedModel::encode(const InferRequest& req) const {
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t id = ids[static_cast<size_t>(r)];
       out_of_range |= (id < 0) | (id >= card);
-      offs[static_cast<size_t>(r + 1)] = r + 1;
     }
     if (out_of_range)
       for (int64_t r = 0; r < rows; ++r) {
@@ -306,7 +326,6 @@ io::Batch ServedModel::encode(const InferRequest& req) const {
                              card, ")"));
       }
   }
-  batch.one_id_per_row = true;  // every encoded cat_<t> is [rows] (checked above)
   if (static_cast<int>(req.inputs.size()) != ncat + (layout_.num_dense > 0 ? 1 : 0)) {
     std::string missing;
     if (layout_.num_dense > 0 && !has_input("dense")) missing = "dense";
@@ -315,7 +334,9 @@ io::Batch ServedModel::encode(const InferRequest& req) const {
         missing += (missing.empty() ? "cat_" : ", cat_") + std::to_string(t);
     bad("missing encoded inputs: " + missing);
   }
-  return batch;
+  // Every encoded cat_<t> is [rows] (checked above), each feature was written once (names are
+  // distinct) and all are present: one id per row, and the invariant above holds.
+  batch.one_id_per_row = true;
 }
 
 InferResponse ServedModel::infer(const InferRequest& req) {
@@ -337,14 +358,16 @@ InferResponse ServedModel::infer(const InferRequest& req) {
   return out;
 }
 
-void ServedModel::infer_async(const InferRequest& req, InferDone done, int64_t inline_max_rows) {
+void ServedModel::infer_async(const InferRequest& req, InferDone done, int64_t inline_max_rows,
+                              io::Batch* reuse) {
   const uint64_t t0 = now_ns();
-  io::Batch batch;
+  io::Batch own;
+  io::Batch& batch = reuse ? *reuse : own;
   try {
     for (const auto& o : req.outputs)
       if (o.name != kOutput)
         bad(detail::concat("unknown output '", o.name, "' (the output is '", kOutput, "')"));
-    batch = encode(req);
+    encode_into(req, batch);
   } catch (...) {
     stats_->fail.add(now_ns() - t0);
     return done(nullptr, std::current_exception());
@@ -373,7 +396,8 @@ void ServedModel::infer_async(const InferRequest& req, InferDone done, int64_t i
     done(&resp, nullptr);
   };
   try {
-    batcher_->submit(std::move(batch), std::move(scored), inline_max_rows);
+    if (reuse) batcher_->submit_ref(batch, std::move(scored), inline_max_rows);
+    else batcher_->submit(std::move(batch), std::move(scored), inline_max_rows);
   } catch (...) {
     // Rejected (queue full, unloading): `scored` was left as it was; it reports the failure.
     scored(DynamicBatcher::Result(), std::current_exception());

@@ -480,6 +480,109 @@ def test_bad_grpc_requests_get_status_codes(work, gc):
     assert gc.infer("m", make_inputs(grpcclient, cols)).as_numpy("probability").shape == (2, 1)
 
 
+
+# --- ModelInfer as raw bytes: the server's own wire reader and its protobuf fallback ----------
+
+def raw_model_infer(server):
+    import grpc
+    ch = grpc.insecure_channel(server["grpc"])
+    # No serializers: bytes in, bytes out.
+    return ch, ch.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+
+
+def infer_request_pb(cols, typed=False, parameters=False):
+    import tritonclient.grpc.service_pb2 as pb
+    q = pb.ModelInferRequest(model_name="m", id="raw-bytes")
+    for name, arr in cols.items():
+        t = q.inputs.add(name=name, datatype="FP32" if arr.dtype == np.float32 else "INT64",
+                         shape=list(arr.shape))
+        if typed:
+            if arr.dtype == np.float32:
+                t.contents.fp32_contents.extend(arr.ravel().tolist())
+            else:
+                t.contents.int64_contents.extend(arr.ravel().tolist())
+        else:
+            q.raw_input_contents.append(arr.tobytes())
+        if parameters:
+            t.parameters["note"].string_param = "x"
+    out = q.outputs.add(name="probability")
+    if parameters:
+        q.parameters["priority"].int64_param = 1
+        out.parameters["binary_data"].bool_param = True
+    return q
+
+
+def probabilities(reply):
+    import tritonclient.grpc.service_pb2 as pb
+    r = pb.ModelInferResponse.FromString(reply)
+    assert r.model_name == "m" and r.model_version == "1" and r.id == "raw-bytes"
+    assert [o.name for o in r.outputs] == ["probability"] and r.outputs[0].datatype == "FP32"
+    rows = r.outputs[0].shape[0]
+    assert list(r.outputs[0].shape) == [rows, 1]
+    return np.frombuffer(r.raw_output_contents[0], np.float32).reshape(rows, 1)
+
+
+def test_grpc_wire_reader_and_protobuf_fallback_agree(work, hc, server):
+    """Plain messages (read from the received bytes), typed contents and parameters (left to
+    protobuf) give the HTTP answer; rows vary from call to call, and a raw-contract request
+    comes in between, so that reused per-call buffers grow, shrink and change contract."""
+    ch, infer = raw_model_infer(server)
+    raw_cols = raw_columns(work, metadata_inputs(hc))
+    raw_expected = hc.infer("m", make_inputs(httpclient, raw_cols)).as_numpy("probability")
+    for k, rows in enumerate([1, 7, 3, 16, 2, 64, 5, 1, 33, 8] * 4):
+        cols = encoded_columns(work, rows, seed=100 + k)
+        expected = hc.infer("m", make_inputs(httpclient, cols)).as_numpy("probability")
+        got = probabilities(infer(infer_request_pb(cols).SerializeToString(), timeout=30))
+        assert np.max(np.abs(got - expected)) <= 1e-6, (k, rows)
+        if k % 3 == 0:
+            typed = infer_request_pb(cols, typed=True, parameters=k % 2 == 0)
+            got = probabilities(infer(typed.SerializeToString(), timeout=30))
+            assert np.max(np.abs(got - expected)) <= 1e-6, ("typed", k, rows)
+        if k % 7 == 0:
+            q = infer_request_pb({}, parameters=True)
+            del q.inputs[:]
+            for name, arr in raw_cols.items():
+                dt = "BYTES" if arr.dtype == np.object_ else "FP32"
+                q.inputs.add(name=name, datatype=dt, shape=list(arr.shape))
+                if dt == "FP32":
+                    q.raw_input_contents.append(arr.tobytes())
+                else:
+                    q.raw_input_contents.append(b"".join(
+                        len(v).to_bytes(4, "little") + v for v in arr.ravel()))
+            got = probabilities(infer(q.SerializeToString(), timeout=30))
+            assert np.max(np.abs(got - raw_expected)) <= 1e-6, ("raw contract", k)
+    ch.close()
+
+
+def test_grpc_malformed_model_infer_bytes_are_invalid_argument(work, server, gc):
+    import grpc
+    ch, infer = raw_model_infer(server)
+    good = infer_request_pb(encoded_columns(work, 4)).SerializeToString()
+    cases = {
+        "truncated in a tensor": good[:-5],
+        "truncated in a tag": good[: good.index(b"dense") - 1],
+        "garbage": b"\xff\xff\xff\xff",
+        "length past the end": b"\x0a\x7fm",
+        "invalid UTF-8 model name": b"\x0a\x02\xc3\x28",
+    }
+    for what, body in cases.items():
+        with pytest.raises(grpc.RpcError) as e:
+            infer(body, timeout=30)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (what, e.value.details())
+        assert "not a valid inference.ModelInferRequest" in e.value.details(), what
+    # A prefix that ends on a field boundary is a valid (smaller) message: protobuf's answer.
+    with pytest.raises(grpc.RpcError) as e:
+        infer(good[: good.index(b"dense") - 4], timeout=30)  # model name and id only
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+    assert "no inputs" in e.value.details()
+    # The empty message: no model name.
+    with pytest.raises(grpc.RpcError) as e:
+        infer(b"", timeout=30)
+    assert e.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
+    assert gc.is_server_live()
+    assert probabilities(infer(good, timeout=30)).shape == (4, 1)
+    ch.close()
+
 # --- protocol definition -------------------------------------------------------------------
 
 _DUMP = r'''

@@ -64,6 +64,10 @@ class DynamicBatcher {
   // RequestError(Unavailable) when the batcher is stopping; `done` is then neither called nor
   // moved from (the caller may still call it to report the error).
   void submit(io::Batch batch, Done&& done, int64_t inline_max_rows = INT64_MAX);
+  // submit without taking the batch: the caller keeps `batch` alive and unchanged until `done`
+  // has been called (or submit has thrown), and may reuse its buffers after that (no copy, no
+  // allocation per request).
+  void submit_ref(const io::Batch& batch, Done&& done, int64_t inline_max_rows = INT64_MAX);
 
   // Blocks until the request's rows are scored (inline whenever submit allows it). Throws what
   // submit throws, and rethrows what `execute` throws.
@@ -76,7 +80,9 @@ class DynamicBatcher {
   void worker(int index);
   // Scores `batch` on this thread as instance `index` (already marked busy), then frees the
   // instance and calls `done`.
-  void run_inline(io::Batch& batch, int index, uint64_t enqueued_ns, const Done& done);
+  void run_inline(const io::Batch& batch, int index, uint64_t enqueued_ns, const Done& done);
+  // submit's body: `owned` (moved into the queue) is `batch` itself, or null for submit_ref.
+  void submit_impl(const io::Batch& batch, io::Batch* owned, Done&& done, int64_t inline_max_rows);
 
   BatchingConfig cfg_;
   ExecuteOn execute_;

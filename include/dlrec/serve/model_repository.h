@@ -51,6 +51,9 @@ class ServedModel {
   // Validates the request's tensors and encodes them into model inputs (applies the fitted
   // workflow to raw features). Throws RequestError(InvalidArgument) with the reason.
   io::Batch encode(const InferRequest& req) const;
+  // encode into `batch`, reusing its buffers (its previous contents are replaced; on an error
+  // it is left in a state the next encode_into overwrites).
+  void encode_into(const InferRequest& req, io::Batch& batch) const;
   // encode + dynamic batching + scoring; updates the statistics (success or failure).
   InferResponse infer(const InferRequest& req);
 
@@ -63,8 +66,11 @@ class ServedModel {
   // thread that scored the request, or on this one before infer_async returns (invalid request,
   // queue full, inline scoring). The statistics are those of infer(). The caller keeps this
   // model alive until `done` has run, and `done` must not drop the last reference to it (the
-  // model's destructor joins the worker that runs `done`).
-  void infer_async(const InferRequest& req, InferDone done, int64_t inline_max_rows = INT64_MAX);
+  // model's destructor joins the worker that runs `done`). With `reuse` the request is encoded
+  // into *reuse (encode_into: no allocation when it served a request of as many rows before)
+  // and scored from there: the caller keeps *reuse untouched until `done` has run.
+  void infer_async(const InferRequest& req, InferDone done, int64_t inline_max_rows = INT64_MAX,
+                   io::Batch* reuse = nullptr);
 
  private:
   std::string name_;
