@@ -7,7 +7,8 @@
 // Values. Every layer's output is a device matrix [B, width] with rows `ld` elements apart, and
 // (when a parameter lies upstream) a gradient buffer of the same shape. In bf16 precision
 // outputs are bf16 except 1-wide ones (logits, kept in f32), and embedding gradients are f32
-// (the table update reads them); the rows of bf16 values other than embeddings and MLP outputs
+// (the table update reads them; an embedding layer written into a concat has none and reads
+// the concat's, widened on load); the rows of bf16 values other than embeddings and MLP outputs
 // are padded to a multiple of 8 elements (tensor-core alignment of the GEMMs that read them);
 // padding is zero from allocation on and never written with anything else. A layer's
 // gradient is complete once every consumer (later in the topological order) has run its
@@ -19,7 +20,11 @@
 // copied on a copy stream (overlapping the previous step), learning rates live in device memory,
 // and from the second step of a shape on the whole step (forward, BCE, backward, updates) is one
 // CUDA graph replay (DLREC_CUDA_GRAPH=0 turns that off). The embedding layer's lookup and its
-// fused update run on a side stream beside the dense layers that do not depend on them.
+// fused update run on a side stream beside the dense layers that do not depend on them; in
+// training the update's id work (radix sort by row, runs of equal rows) follows the lookup
+// there, beside the dense forward (DLREC_EMB_EARLY_IDS=0: at the update). When a concat is the
+// embedding layer's only consumer, the lookup writes into the concat's columns and the update
+// reads its gradient from the concat's gradient (no copies; DLREC_EMB_DIRECT=0: off).
 // bf16 GEMMs without an epilogue that overwrite their output go through cuBLASLt with the
 // fastest of its candidates (DLREC_GRAPH_LT=0: cublasGemmEx); DLREC_PROFILE=1 prints the device
 // time per layer and, for MLP and cross layers, per kind of work (no graphs, no side streams).
@@ -457,6 +462,15 @@ struct TableSet {
                         e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD, e.lr + 1,
                         e.emb_eps, key_bits, scratch, e.st);
   }
+  // The same in two halves: the id work of the step's batch (any time after its keys are
+  // final), then the update from dL/dpooled (f32 or bf16, rows ld apart).
+  void ids(Engine& e) { ce::backward_ids(tab, e.offsets, e.keys, e.B, e.nnz, key_bits, scratch, e.st); }
+  template <class G>
+  void apply(Engine& e, bool mean, const G* dpooled, int64_t ld) {
+    ce::backward_apply(tab, e.offsets, e.B, e.nnz, mean, dpooled, ld,
+                       e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD, e.lr + 1,
+                       e.emb_eps, scratch, e.st);
+  }
   void collect(const std::string& name, std::vector<NamedState>& out) {
     for (size_t t = 0; t < tables.size(); ++t)
       out.push_back({name + "." + std::to_string(t) + ".weight", tables[t],
@@ -467,6 +481,13 @@ struct TableSet {
 // The embedding layer. Hashed (`hashed` non-empty: one table's options per feature): before
 // the pooling, the batch's keys are resolved to rows on the device (graph_hashed_cuda.h), which
 // overwrites the step's row array; an evaluation forward pools with keys no table holds as zeros.
+//
+// Direct (write_into(): a concat is its only consumer, see GraphCuda::plan_direct_embedding):
+// the pooled rows are written straight into the concat's columns [col, col + T * dim) (its
+// row stride and type), and the backward reads its gradient from the same columns of the
+// concat's gradient (bf16 widened on load), so the layer has no buffers of its own and the
+// concat neither copies nor splits it. The backward's id work (sort, runs) can run ahead, from
+// prepare_backward() after the forward; backward() then only reduces and updates.
 class EmbeddingNode final : public Node {
  public:
   EmbeddingNode(Engine& e, const std::string& name, const io::ShardLayout& layout, int64_t dim,
@@ -477,10 +498,21 @@ class EmbeddingNode final : public Node {
                                                           e.emb_init_acc, e.dev, e.st);
     hashed_->bind(ts_.tab);
   }
-  void alloc(Engine& e, int64_t cap) override { alloc_value(e, cap); }
+  void alloc(Engine& e, int64_t cap) override {
+    if (into_ < 0) alloc_value(e, cap);
+  }
   void alloc_scratch(Engine& e, int64_t max_nnz) override {
     ts_.alloc_scratch(e, max_nnz);
     if (hashed_) hashed_->alloc(max_nnz);
+  }
+  void write_into(int into, int64_t col) {
+    into_ = into;
+    col_ = col;
+  }
+  // The backward's id work for this step's batch, ahead of backward() (training forwards).
+  void prepare_backward(Engine& e) {
+    ts_.ids(e);
+    ids_ready_ = true;
   }
   void forward(Engine& e) override {
     Value& v = e.vals[self];
@@ -497,12 +529,29 @@ class EmbeddingNode final : public Node {
         return;
       }
     }
-    if (v.dt == DType::BF16)
-      ce::forward(ts_.tab, e.offsets, e.keys, e.B, mean_, static_cast<bf16*>(v.y.raw()), e.st);
+    ids_ready_ = false;  // a new batch
+    // Direct: the concat's columns (same type: checked by the plan), else our own rows.
+    const Value& o = into_ >= 0 ? e.vals[into_] : v;
+    const int64_t col = into_ >= 0 ? col_ : 0;
+    if (o.dt == DType::BF16)
+      ce::forward(ts_.tab, e.offsets, e.keys, e.B, mean_, static_cast<bf16*>(o.y.raw()) + col,
+                  e.st, o.ld);
     else
-      ce::forward(ts_.tab, e.offsets, e.keys, e.B, mean_, v.y.data<float>(), e.st);
+      ce::forward(ts_.tab, e.offsets, e.keys, e.B, mean_, o.y.data<float>() + col, e.st, o.ld);
   }
-  void backward(Engine& e) override { ts_.update(e, mean_, e.vals[self].g.data<float>()); }
+  void backward(Engine& e) override {
+    if (!ids_ready_) ts_.ids(e);
+    ids_ready_ = false;
+    if (into_ < 0) {
+      ts_.apply(e, mean_, e.vals[self].g.data<float>(), e.vals[self].ld);
+      return;
+    }
+    const Value& c = e.vals[into_];
+    if (c.gdt == DType::BF16)
+      ts_.apply(e, mean_, static_cast<const bf16*>(c.g.raw()) + col_, c.ld);
+    else
+      ts_.apply(e, mean_, c.g.data<float>() + col_, c.ld);
+  }
   void collect(Engine&, std::vector<NamedState>&, std::vector<NamedState>& tables) override {
     ts_.collect(name_, tables);
   }
@@ -520,6 +569,9 @@ class EmbeddingNode final : public Node {
   bool mean_;
   TableSet ts_;
   std::unique_ptr<hashed_cuda::HashedTables> hashed_;
+  int into_ = -1;           // direct: the concat value written into (else -1)
+  int64_t col_ = 0;         // and the first of its columns
+  bool ids_ready_ = false;  // prepare_backward() ran for the current batch
 };
 
 // Wide & Deep's linear part over the one-hot categorical features (nn::WideLinear):
@@ -886,14 +938,22 @@ class CrossNode final : public Node {
   const void* x0p_ = nullptr;
 };
 
+// Concatenates its inputs' columns. An input that writes its columns itself (`direct`, the
+// embedding layer in direct mode) is neither copied forward nor handed its gradient backward
+// (it reads it from ours); it is only marked as having one.
 class ConcatNode final : public Node {
  public:
+  int direct = -1;  // the input value that writes into our columns itself
   void alloc(Engine& e, int64_t cap) override { alloc_value(e, cap); }
   void forward(Engine& e) override {
     Value& v = e.vals[self];
     int64_t c = 0;
     for (int j : in) {
       const Value& x = e.vals[j];
+      if (j == direct) {
+        c += x.width;
+        continue;
+      }
       cg::copy_cols(x.y.raw(), elem(x.dt), x.ld, 0, v.y.raw(), elem(v.dt), v.ld, c, e.B, x.width,
                     false, e.st);
       c += x.width;
@@ -906,7 +966,7 @@ class ConcatNode final : public Node {
       const int64_t w = e.vals[j].width;
       if (e.vals[j].need_grad) {
         const bool acc = e.claim(j);
-        e.deliver(j, v.g.raw(), v.gdt, v.ld, c, 0, w, acc);
+        if (j != direct) e.deliver(j, v.g.raw(), v.gdt, v.ld, c, 0, w, acc);
       }
       c += w;
     }
@@ -1142,10 +1202,11 @@ class GraphCuda final : public CudaModel {
   // `training`: hashed tables insert the batch's keys (evaluation only looks them up).
   void upload(const io::Batch& b, float lr, float emb_lr, bool training);
   void bind_slot();
-  void run_forward();
+  void run_forward(bool training);
   void run_backward();
   void on_side(int i, bool fwd);
   void step_body();
+  void plan_direct_embedding();
   void refresh_shadows();
   void drop_graphs();
   void report_hashed(hashed_cuda::HashedTables& h);
@@ -1162,7 +1223,9 @@ class GraphCuda final : public CudaModel {
   float lr_ = 0, emb_lr_ = 0;
   cudaStream_t copy_ = nullptr, side_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  cudaEvent_t ids_join_ = nullptr;  // the embedding backward's id work, run ahead on side_
   bool overlap_ = true;  // the embedding layer on a side stream (off when profiling)
+  bool early_ids_ = true;  // that id work during the forward (DLREC_EMB_EARLY_IDS=0: off)
   int emb_idx_ = -1;
   Tensor blas_ws_, lt_ws_, wblas_ws_, wlt_ws_;
   bool graphs_ = true, shadows_stale_ = false;
@@ -1302,7 +1365,10 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
   DLREC_CUDA_CHECK(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, greatest));
   DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+  DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&ids_join_, cudaEventDisableTiming));
   overlap_ = !profile_;
+  const char* eids = std::getenv("DLREC_EMB_EARLY_IDS");
+  early_ids_ = !(eids && eids[0] == '0');
   blas_ws_ = Tensor::empty({32 << 20}, DType::U8, dev_);
   DLREC_CUBLAS_CHECK(cublasCreate(&e_.blas));
   DLREC_CUBLAS_CHECK(cublasSetStream(e_.blas, e_.st));
@@ -1358,6 +1424,7 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
     e_.vals[i].need_grad = need;
   }
   for (size_t i = 0; i < n; ++i) nodes_[i]->collect(e_, dense_, tables_);
+  plan_direct_embedding();
   loss_ = Tensor::empty({8}, DType::U8, dev_);
   DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
 }
@@ -1522,6 +1589,35 @@ std::unique_ptr<Node> GraphCuda::make_node(const LayerSpec& s, int idx, uint64_t
        "(\"device\": \"cpu\")");
 }
 
+// The embedding layer writes its pooled rows straight into a concat's columns (and reads its
+// gradient from there) when that concat is its only consumer, reading it once, and has its
+// type (EmbeddingNode::write_into). Off for hashed tables (their evaluation pooling writes
+// packed rows) and with DLREC_EMB_DIRECT=0.
+void GraphCuda::plan_direct_embedding() {
+  if (emb_idx_ < 0 || emb_->hashed()) return;
+  const char* ev = std::getenv("DLREC_EMB_DIRECT");
+  if (ev && ev[0] == '0') return;
+  int uses = 0, consumer = -1;
+  for (size_t i = 0; i < spec_.layers.size(); ++i)
+    for (int j : spec_.layers[i].input_ids)
+      if (j == emb_idx_) {
+        ++uses;
+        consumer = static_cast<int>(i);
+      }
+  if (uses != 1) return;
+  auto* cat = dynamic_cast<ConcatNode*>(nodes_[consumer].get());
+  const Value& x = e_.vals[emb_idx_];
+  const Value& c = e_.vals[consumer];
+  if (!cat || x.dt != c.dt || (x.need_grad && (!c.need_grad || c.gdt != c.dt))) return;
+  int64_t col = 0;
+  for (int j : spec_.layers[consumer].input_ids) {
+    if (j == emb_idx_) break;
+    col += e_.vals[j].width;
+  }
+  cat->direct = emb_idx_;
+  emb_->write_into(consumer, col);
+}
+
 void GraphCuda::refresh_shadows() {
   for (auto& n : nodes_) n->refresh(e_);
   shadows_stale_ = false;
@@ -1561,6 +1657,7 @@ GraphCuda::~GraphCuda() {
   if (e_.wst) cudaStreamDestroy(e_.wst);
   if (fork_) cudaEventDestroy(fork_);
   if (join_) cudaEventDestroy(join_);
+  if (ids_join_) cudaEventDestroy(ids_join_);
   if (side_) cudaStreamDestroy(side_);
   if (copy_) cudaStreamDestroy(copy_);
   if (e_.st) cudaStreamDestroy(e_.st);
@@ -1649,15 +1746,29 @@ void GraphCuda::on_side(int i, bool fwd) {
   DLREC_CUDA_CHECK(cudaEventRecord(join_, side_));
 }
 
-void GraphCuda::run_forward() {
+void GraphCuda::run_forward(bool training) {
   if (e_.B == 0) return;
   // The embedding lookup (no inputs) runs on the side stream beside the dense layers before
-  // its first consumer.
+  // its first consumer; in training, the backward's id work (sort by row) follows it there,
+  // beside the dense forward, and the main stream waits for it at the end of the forward.
   const bool ov = overlap_ && emb_idx_ >= 0;
+  const bool ids = training && early_ids_ && emb_idx_ >= 0;
   bool pending = false;
   if (ov) {
     on_side(emb_idx_, true);
     pending = true;
+    if (ids) {
+      cudaStream_t main = e_.st;
+      e_.st = side_;
+      try {
+        emb_->prepare_backward(e_);
+      } catch (...) {
+        e_.st = main;
+        throw;
+      }
+      e_.st = main;
+      DLREC_CUDA_CHECK(cudaEventRecord(ids_join_, side_));
+    }
   }
   for (int i : spec_.order) {
     if (ov && i == emb_idx_) continue;
@@ -1669,8 +1780,13 @@ void GraphCuda::run_forward() {
         }
     nodes_[i]->forward(e_);
     mark(spec_.layers[i].name + " fwd");
+    if (ids && !ov && i == emb_idx_) {
+      emb_->prepare_backward(e_);
+      mark(spec_.layers[i].name + " bwd ids");
+    }
   }
   if (pending) DLREC_CUDA_CHECK(cudaStreamWaitEvent(e_.st, join_, 0));
+  if (ids && ov) DLREC_CUDA_CHECK(cudaStreamWaitEvent(e_.st, ids_join_, 0));
 }
 
 void GraphCuda::run_backward() {
@@ -1696,7 +1812,7 @@ void GraphCuda::run_backward() {
 }
 
 void GraphCuda::step_body() {
-  run_forward();
+  run_forward(true);
   cd::bce_with_logits(logits(), inputs_->slots[cur_].d_labels.data<float>(), fwd_rows_,
                       dlogits_.data<float>(), static_cast<double*>(loss_.raw()), e_.st, nullptr);
   mark("bce");
@@ -1708,7 +1824,7 @@ Tensor GraphCuda::forward(const io::Batch& batch, bool training) {
   check_batch(batch);
   have_training_forward_ = false;
   upload(batch, 0.f, 0.f, training);
-  run_forward();
+  run_forward(training);
   marks_.clear();  // phases are profiled in train_step only
   const int64_t B = fwd_rows_;
   Tensor out = Tensor::empty({B}, DType::F32, dev_);

@@ -63,7 +63,7 @@ __device__ __forceinline__ void store1(__nv_bfloat16* o, float v) { *o = __float
 template <int V, class O>
 __global__ void forward_kernel(Tables tab, const int32_t* __restrict__ offsets,
                                const uint32_t* __restrict__ keys, int64_t B, bool mean,
-                               O* __restrict__ out) {
+                               O* __restrict__ out, int64_t ld) {
   const int64_t bag = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   const int T = tab.num_tables, d = tab.dim;
@@ -73,7 +73,7 @@ __global__ void forward_kernel(Tables tab, const int32_t* __restrict__ offsets,
   const int32_t beg = offsets[bag], end = offsets[bag + 1];
   const float* __restrict__ w = tab.weights[t];
   const uint32_t base = tab.row_base[t];
-  O* o = out + (b * T + t) * d;
+  O* o = out + b * ld + int64_t(t) * d;
   const float s = (mean && end - beg > 1) ? 1.f / static_cast<float>(end - beg) : 1.f;
   if constexpr (V == 4) {
     const int nv = d / 4;
@@ -154,12 +154,25 @@ __device__ __forceinline__ void apply_update(float* w, float* a, int k0, float* 
   }
 }
 
-template <int V>
+// Gradient loads, widened to float (exact for bf16).
+__device__ __forceinline__ float4 load4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ float load1(const float* p) { return *p; }
+__device__ __forceinline__ float load1(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+
+template <int V, class G>
 __global__ void chunk_kernel(Tables tab, const int32_t* __restrict__ offsets,
                              const uint32_t* __restrict__ keys_sorted,
                              const int32_t* __restrict__ pos_sorted,
                              const int32_t* __restrict__ pos_bag, int64_t B, int64_t nnz, bool mean,
-                             const float* __restrict__ dpooled, Update kind,
+                             const G* __restrict__ dpooled, int64_t ld, Update kind,
                              const float* __restrict__ lr_p, float eps, float* __restrict__ head,
                              float* __restrict__ tail, const float* __restrict__ gscale_p) {
   const float lr = *lr_p;
@@ -184,7 +197,7 @@ __global__ void chunk_kernel(Tables tab, const int32_t* __restrict__ offsets,
   __syncwarp();
   const bool starts_before = q_lo > 0 && keys_sorted[q_lo - 1] == sh_key[warp][0];
   const bool continues_after = q_lo + n < nnz && keys_sorted[q_lo + n] == sh_key[warp][n - 1];
-  const int T = tab.num_tables, d = tab.dim;
+  const int d = tab.dim;
   for (int i = 0; i < n;) {
     const uint32_t key = sh_key[warp][i];
     int j = i + 1;
@@ -203,15 +216,15 @@ __global__ void chunk_kernel(Tables tab, const int32_t* __restrict__ offsets,
         const int32_t bag = sh_bag[warp][q];
         const int64_t b = bag - int64_t(t0) * B;
         const float sc = sh_scale[warp][q];
-        const float* src = dpooled + (b * T + t0) * d + k0;
+        const G* src = dpooled + b * ld + int64_t(t0) * d + k0;
         if constexpr (V == 4) {
-          const float4 x = *reinterpret_cast<const float4*>(src);
+          const float4 x = load4(src);
           g[0] = __fadd_rn(g[0], __fmul_rn(sc, x.x));
           g[1] = __fadd_rn(g[1], __fmul_rn(sc, x.y));
           g[2] = __fadd_rn(g[2], __fmul_rn(sc, x.z));
           g[3] = __fadd_rn(g[3], __fmul_rn(sc, x.w));
         } else {
-          g[0] = __fadd_rn(g[0], __fmul_rn(sc, src[0]));
+          g[0] = __fadd_rn(g[0], __fmul_rn(sc, load1(src)));
         }
       }
       if (first || last) {
@@ -293,27 +306,37 @@ void fill(float* p, int64_t n, float value, cudaStream_t stream) {
   DLREC_CUDA_LAUNCH_CHECK();
 }
 
+// float4 lanes need dim and ld multiples of 4 and a base aligned to 4 elements.
+template <class P>
+bool vec4_ok(const P* p, int d, int64_t ld) {
+  return d % 4 == 0 && ld % 4 == 0 && reinterpret_cast<uintptr_t>(p) % (4 * sizeof(P)) == 0;
+}
+
 template <class O>
 void forward(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B, bool mean,
-             O* out, cudaStream_t stream) {
+             O* out, cudaStream_t stream, int64_t ld) {
   const int64_t bags = B * tab.num_tables;
   if (bags == 0) return;
+  const int64_t width = int64_t(tab.num_tables) * tab.dim;
+  if (ld == 0) ld = width;
+  DLREC_CHECK(ld >= width, "embedding forward: row stride ", ld, " is below the ", width,
+              " pooled columns");
   const int threads = 256;
   const int64_t blocks = (bags * 32 + threads - 1) / threads;
-  if (tab.dim % 4 == 0)
+  if (vec4_ok(out, tab.dim, ld))
     forward_kernel<4, O><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(tab, offsets, keys,
-                                                                               B, mean, out);
+                                                                               B, mean, out, ld);
   else
     forward_kernel<1, O><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(tab, offsets, keys,
-                                                                               B, mean, out);
+                                                                               B, mean, out, ld);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 template void forward<float>(const Tables&, const int32_t*, const uint32_t*, int64_t, bool, float*,
-                             cudaStream_t);
+                             cudaStream_t, int64_t);
 template void forward<__nv_bfloat16>(const Tables&, const int32_t*, const uint32_t*, int64_t, bool,
-                                     __nv_bfloat16*, cudaStream_t);
+                                     __nv_bfloat16*, cudaStream_t, int64_t);
 template void forward<__half>(const Tables&, const int32_t*, const uint32_t*, int64_t, bool,
-                              __half*, cudaStream_t);
+                              __half*, cudaStream_t, int64_t);
 
 int64_t num_chunks(int64_t n) { return (n + kChunk - 1) / kChunk; }
 
@@ -353,10 +376,8 @@ void prepare(const Scratch& s, cudaStream_t stream) {
   DLREC_CUDA_LAUNCH_CHECK();
 }
 
-void backward_update(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
-                     int64_t nnz, bool mean, const float* dpooled, Update kind, const float* lr,
-                     float eps, int key_bits, const Scratch& s, cudaStream_t stream,
-                     const float* gscale) {
+void backward_ids(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
+                  int64_t nnz, int key_bits, const Scratch& s, cudaStream_t stream) {
   if (nnz == 0) return;
   DLREC_CHECK(nnz <= s.capacity, "embedding backward: ", nnz, " ids exceed the scratch for ",
               s.capacity);
@@ -371,28 +392,55 @@ void backward_update(const Tables& tab, const int32_t* offsets, const uint32_t* 
   tb = s.cub_bytes;
   DLREC_CUDA_CHECK(cub::DeviceSelect::Flagged(s.cub_temp, tb, s.iota, s.flags, s.seg_start,
                                               s.num_segs, nnz, stream));
+}
+
+template <class G>
+void backward_apply(const Tables& tab, const int32_t* offsets, int64_t B, int64_t nnz, bool mean,
+                    const G* dpooled, int64_t ld, Update kind, const float* lr, float eps,
+                    const Scratch& s, cudaStream_t stream, const float* gscale) {
+  if (nnz == 0) return;
+  DLREC_CHECK(nnz <= s.capacity, "embedding backward: ", nnz, " ids exceed the scratch for ",
+              s.capacity);
   DLREC_CHECK(tab.dim == s.dim, "embedding backward: scratch carved for dim ", s.dim, ", tables have ",
               tab.dim);
+  const int64_t width = int64_t(tab.num_tables) * tab.dim;
+  if (ld == 0) ld = width;
+  DLREC_CHECK(ld >= width, "embedding backward: row stride ", ld, " is below the ", width,
+              " pooled columns");
   const int64_t chunk_blocks = (num_chunks(nnz) + kWarpsPerBlock - 1) / kWarpsPerBlock;
   const int64_t run_blocks = (nnz * 32 + 255) / 256;  // at most nnz runs, a warp each
-  if (tab.dim % 4 == 0) {
-    chunk_kernel<4><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
-        tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, kind, lr, eps,
-        s.head, s.tail, gscale);
+  if (vec4_ok(dpooled, tab.dim, ld)) {
+    chunk_kernel<4, G><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
+        tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, ld, kind, lr,
+        eps, s.head, s.tail, gscale);
     DLREC_CUDA_LAUNCH_CHECK();
     finalize_kernel<4><<<static_cast<unsigned>(run_blocks), 256, 0, stream>>>(
         tab, s.keys_sorted, s.pos_sorted, s.pos_bag, s.seg_start, s.num_segs, B, nnz, kind, lr, eps,
         s.head, s.tail, gscale);
   } else {
-    chunk_kernel<1><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
-        tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, kind, lr, eps,
-        s.head, s.tail, gscale);
+    chunk_kernel<1, G><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
+        tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, ld, kind, lr,
+        eps, s.head, s.tail, gscale);
     DLREC_CUDA_LAUNCH_CHECK();
     finalize_kernel<1><<<static_cast<unsigned>(run_blocks), 256, 0, stream>>>(
         tab, s.keys_sorted, s.pos_sorted, s.pos_bag, s.seg_start, s.num_segs, B, nnz, kind, lr, eps,
         s.head, s.tail, gscale);
   }
   DLREC_CUDA_LAUNCH_CHECK();
+}
+template void backward_apply<float>(const Tables&, const int32_t*, int64_t, int64_t, bool,
+                                    const float*, int64_t, Update, const float*, float,
+                                    const Scratch&, cudaStream_t, const float*);
+template void backward_apply<__nv_bfloat16>(const Tables&, const int32_t*, int64_t, int64_t, bool,
+                                            const __nv_bfloat16*, int64_t, Update, const float*,
+                                            float, const Scratch&, cudaStream_t, const float*);
+
+void backward_update(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
+                     int64_t nnz, bool mean, const float* dpooled, Update kind, const float* lr,
+                     float eps, int key_bits, const Scratch& s, cudaStream_t stream,
+                     const float* gscale) {
+  backward_ids(tab, offsets, keys, B, nnz, key_bits, s, stream);
+  backward_apply(tab, offsets, B, nnz, mean, dpooled, 0, kind, lr, eps, s, stream, gscale);
 }
 
 }  // namespace dlrec::nn::cuda_emb

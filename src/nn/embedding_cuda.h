@@ -6,7 +6,9 @@
 // T * B bags, bag = t * B + b. `offsets` [T * B + 1] (int32) index one concatenated id array
 // `keys` [nnz] (uint32): the ids of bag `bag` are keys[offsets[bag] .. offsets[bag + 1]), each
 // stored as row_base[t] + id, i.e. a row of the concatenation of all tables. Pooled outputs and
-// their gradients are [B, T, dim] (sample-major, as the interaction wants them).
+// their gradients are [B, T, dim] (sample-major, as the interaction wants them), with rows `ld`
+// elements apart (ld = 0: T * dim, packed). A larger ld lets the pooled rows of sample b live in
+// a wider matrix (e.g. columns of a concatenation): out[b * ld + t * dim + k].
 #pragma once
 
 #include <cuda_bf16.h>
@@ -32,10 +34,11 @@ void init_uniform(float* w, int64_t n, uint64_t seed, double a, cudaStream_t str
 void fill(float* p, int64_t n, float value, cudaStream_t stream);
 
 // out[b, t, :] = sum (or mean) of the rows of bag t * B + b; zeros for an empty bag. O is
-// float, __nv_bfloat16 or __half (sums in float, rounded once).
+// float, __nv_bfloat16 or __half (sums in float, rounded once). Rows ld apart (0: T * dim,
+// else ld >= T * dim); the columns beyond T * dim of each row are not written.
 template <class O>
 void forward(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
-             bool mean, O* out, cudaStream_t stream);
+             bool mean, O* out, cudaStream_t stream, int64_t ld = 0);
 
 // Scratch for backward, sized for up to `max_nnz` ids (allocate with the byte count of
 // scratch_bytes and carve with carve()).
@@ -66,9 +69,23 @@ enum class Update { SGD, Adagrad };
 // at once by SGD or Adagrad. With gscale (device, loss scaling) the gradients are multiplied
 // by *gscale first, and *gscale == 0 leaves the tables untouched (an overflowed step). No table
 // gradient is materialised. nnz = offsets[T * B] - offsets[0] with offsets[0] = 0.
+// backward_update = backward_ids, then backward_apply on a packed f32 dpooled (ld = T * dim).
 void backward_update(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
                      int64_t nnz, bool mean, const float* dpooled, Update kind, const float* lr,
                      float eps, int key_bits, const Scratch& s, cudaStream_t stream,
                      const float* gscale = nullptr);
+
+// The two halves of backward_update, so that the first can run early. backward_ids does the
+// work that depends on the batch's ids only (the bag of each id, the stable sort by row, the
+// runs of equal rows) and leaves it in `s`; backward_apply reads it (the same batch and
+// scratch, nothing else using `s` in between) and reduces the gradient and updates the rows.
+// dpooled is float or __nv_bfloat16 (widened to float on load: the same sums as from an f32
+// copy of it), rows ld apart (0: T * dim).
+void backward_ids(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
+                  int64_t nnz, int key_bits, const Scratch& s, cudaStream_t stream);
+template <class G>
+void backward_apply(const Tables& tab, const int32_t* offsets, int64_t B, int64_t nnz, bool mean,
+                    const G* dpooled, int64_t ld, Update kind, const float* lr, float eps,
+                    const Scratch& s, cudaStream_t stream, const float* gscale = nullptr);
 
 }  // namespace dlrec::nn::cuda_emb

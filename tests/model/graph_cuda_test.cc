@@ -408,6 +408,76 @@ TEST(GraphCuda, CrossDeferredSumAndWeightStreamBitIdentical) {
     EXPECT_EQ(param_diff(*fast, *ref, nullptr), 0.0);
   }
 }
+
+// The embedding layer written straight into its concat's columns (its gradient read from the
+// concat's), the embedding backward's id work run during the forward and the step graph's
+// per-node priorities (the defaults) against none of them (DLREC_EMB_DIRECT=0
+// DLREC_EMB_EARLY_IDS=0 DLREC_GRAPH_NODE_PRIO=0): the same values summed in the same order (a
+// bf16 gradient widened on load is the value its f32 copy held), so in fp32 and in bf16 every
+// loss, logit and final parameter is bit-identical, with graph replay, a batch-size change and
+// forward + backward_and_update steps; for the embeddings at an odd column of x0 (dense 3 wide,
+// dim 3, mean pooling over multi-hot bags: scalar lanes), after a bottom MLP (float4 lanes),
+// and first in the concat. cuBLASLt takes its heuristic's first choice in both models
+// (DLREC_LT_TUNE=0), so the bf16 GEMMs are the same too.
+TEST(GraphCuda, EmbeddingIntoConcatAndEarlyIdsBitIdentical) {
+  SKIP_WITHOUT_GPU();
+  const char* odd = R"(
+    {"name": "dense", "type": "dense"},
+    {"name": "emb", "type": "embedding", "dim": 3, "pooling": "mean"},
+    {"name": "x0", "type": "concat", "inputs": ["dense", "emb"]},
+    {"name": "cross", "type": "cross", "input": "x0", "num_layers": 2, "low_rank": 4},
+    {"name": "top", "type": "mlp", "input": "cross", "sizes": [8, 1]},
+    {"name": "logit", "type": "output", "input": "top"})";
+  const char* first = R"(
+    {"name": "dense", "type": "dense"},
+    {"name": "emb", "type": "embedding", "dim": 4},
+    {"name": "x0", "type": "concat", "inputs": ["emb", "dense"]},
+    {"name": "top", "type": "mlp", "input": "x0", "sizes": [16, 1]},
+    {"name": "logit", "type": "output", "input": "top"})";
+  setenv("DLREC_LT_TUNE", "0", 1);
+  for (const char* prec : {"fp32", "bf16"})
+    for (const char* layers : {odd, kDcnStacked, first}) {
+      Case c(layers, kAdagrad);
+      if (layers == odd) c.layout = make_layout(3, {50, 7, 100, 3, 20});
+      setenv("DLREC_EMB_DIRECT", "0", 1);
+      setenv("DLREC_EMB_EARLY_IDS", "0", 1);
+      setenv("DLREC_GRAPH_NODE_PRIO", "0", 1);
+      auto ref = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 17, prec);
+      unsetenv("DLREC_EMB_DIRECT");
+      unsetenv("DLREC_EMB_EARLY_IDS");
+      unsetenv("DLREC_GRAPH_NODE_PRIO");
+      auto fast =
+          make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 17, prec);
+      double l0 = 0, l1 = 0;
+      for (int i = 0; i < 14; ++i) {
+        io::Batch b = batch_of(c, i < 6 ? 64 : 41, 800 + i);
+        double lr, lf;
+        if (i % 5 == 4) {  // forward + host loss + backward_and_update
+          Tensor dr, df;
+          lr = nn::bce_with_logits(ref->forward(b, true).to(Device::cpu()), b.labels.data(), &dr);
+          lf = nn::bce_with_logits(fast->forward(b, true).to(Device::cpu()), b.labels.data(), &df);
+          ref->backward_and_update(dr.to(Device::cuda(0)), 1.0);
+          fast->backward_and_update(df.to(Device::cuda(0)), 1.0);
+        } else {
+          lr = ref->train_step(b, 1.0, true);
+          lf = fast->train_step(b, 1.0, true);
+        }
+        ASSERT_EQ(lf, lr) << prec << " step " << i;
+        if (i == 0) l0 = lr;
+        l1 = lr;
+      }
+      EXPECT_NE(l0, l1) << "the model must train for the comparison to mean anything";
+      EXPECT_EQ(param_diff(*fast, *ref, nullptr), 0.0) << prec;
+      auto sr = ref->optimizer_state(), sf = fast->optimizer_state();
+      ASSERT_EQ(sr.size(), sf.size());
+      for (size_t i = 0; i < sr.size(); ++i)
+        EXPECT_EQ(sf[i].second.to_vector<float>(), sr[i].second.to_vector<float>()) << sr[i].first;
+      io::Batch e = batch_of(c, 77, 999);
+      EXPECT_EQ(fast->forward(e, false).to_vector<float>(), ref->forward(e, false).to_vector<float>())
+          << prec << ": evaluation logits";
+    }
+  unsetenv("DLREC_LT_TUNE");
+}
 #endif
 
 // bf16 activations and GEMMs with f32 master weights follow the f32 CPU within bf16 rounding.

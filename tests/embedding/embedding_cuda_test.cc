@@ -1,0 +1,366 @@
+// The CUDA embedding-bag kernels (src/nn/embedding_cuda.h) against a CPU reference written
+// here: pooling into rows of a wider matrix (a row stride ld > T * dim and a first column, as
+// when the embedding layer writes into a concat's columns), f32 and bf16 outputs, sum and mean
+// pooling over multi-hot bags (empty bags, duplicate ids, hot rows whose runs span several
+// 32-id chunks), odd and float4-sized widths; the backward reading a strided f32 or bf16
+// gradient, split into backward_ids + backward_apply, against the packed f32 backward_update
+// (bit for bit: the same sums) and against the CPU's SGD and Adagrad updates (within
+// rounding of the chunked sum). Without a GPU (or in a build without CUDA) every test skips.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "dlrec/core/device.h"
+#include "dlrec/nn/rng.h"
+#ifdef DLREC_WITH_CUDA
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "../../src/nn/embedding_cuda.h"
+#endif
+
+namespace dlrec::nn {
+namespace {
+
+#ifdef DLREC_WITH_CUDA
+#define SKIP_WITHOUT_GPU()                                                                    \
+  do {                                                                                        \
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: embedding kernels not run"; \
+  } while (0)
+#else
+#define SKIP_WITHOUT_GPU() GTEST_SKIP() << "built without CUDA: embedding kernels not run"
+#endif
+
+#ifdef DLREC_WITH_CUDA
+namespace ce = cuda_emb;
+
+// A device buffer holding a copy of a host vector (or n zero-filled elements).
+template <class T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) {
+    EXPECT_EQ(cudaMalloc(&p, sizeof(T) * (n ? n : 1)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(p, 0, sizeof(T) * (n ? n : 1)), cudaSuccess);
+  }
+  explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
+    if (n) {
+      EXPECT_EQ(cudaMemcpy(p, v.data(), sizeof(T) * n, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  std::vector<T> get() const {
+    std::vector<T> v(n);
+    if (n) {
+      EXPECT_EQ(cudaMemcpy(v.data(), p, sizeof(T) * n, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    return v;
+  }
+};
+
+// Host bf16 <-> float through the bit pattern (round to nearest even, as __float2bfloat16).
+uint16_t to_bf16_bits(float f) {
+  const __nv_bfloat16 h = __float2bfloat16(f);
+  uint16_t u;
+  std::memcpy(&u, &h, 2);
+  return u;
+}
+float from_bf16_bits(uint16_t u) {
+  uint32_t w = uint32_t(u) << 16;
+  float f;
+  std::memcpy(&f, &w, 4);
+  return f;
+}
+
+// T tables of `rows[t]` rows x dim, their ids and bags, on host and device.
+struct Problem {
+  int T = 0, dim = 0;
+  int64_t B = 0;
+  std::vector<int64_t> rows;
+  std::vector<uint32_t> row_base;
+  std::vector<std::vector<float>> w, acc;  // per table, [rows_t * dim]
+  std::vector<int32_t> offsets;            // [T * B + 1], bag = t * B + b
+  std::vector<uint32_t> keys;              // row_base[t] + id
+  int key_bits = 1;
+
+  Problem(std::vector<int64_t> r, int d, int64_t b, uint64_t seed) : dim(d), B(b), rows(r) {
+    T = static_cast<int>(rows.size());
+    Rng rng(seed);
+    uint32_t total = 0;
+    for (int t = 0; t < T; ++t) {
+      row_base.push_back(total);
+      total += static_cast<uint32_t>(rows[t]);
+      std::vector<float> x(rows[t] * dim);
+      for (auto& v : x) v = static_cast<float>(rng.uniform(-1, 1));
+      w.push_back(x);
+      acc.push_back(std::vector<float>(rows[t] * dim, 0.1f));
+    }
+    while (key_bits < 32 && (uint64_t{1} << key_bits) < total) ++key_bits;
+    // Bags of 0..4 ids; table 0 (the smallest) sees its few rows hundreds of times.
+    offsets.push_back(0);
+    for (int t = 0; t < T; ++t)
+      for (int64_t i = 0; i < B; ++i) {
+        const int64_t len = rng.below(5);
+        for (int64_t j = 0; j < len; ++j)
+          keys.push_back(row_base[t] + static_cast<uint32_t>(rng.below(rows[t])));
+        offsets.push_back(static_cast<int32_t>(keys.size()));
+      }
+  }
+  int64_t nnz() const { return static_cast<int64_t>(keys.size()); }
+  int bag_len(int t, int64_t b) const { return offsets[t * B + b + 1] - offsets[t * B + b]; }
+
+  // Pooled bag (t, b) as the kernel sums it: first row, then each next one added in order,
+  // scaled by 1/len once for mean bags of more than one id.
+  std::vector<float> pool(int t, int64_t b, bool mean) const {
+    std::vector<float> out(dim, 0.f);
+    const int32_t beg = offsets[t * B + b], end = offsets[t * B + b + 1];
+    for (int32_t p = beg; p < end; ++p) {
+      const int64_t r = keys[p] - row_base[t];
+      for (int k = 0; k < dim; ++k) out[k] = p == beg ? w[t][r * dim + k] : out[k] + w[t][r * dim + k];
+    }
+    if (mean && end - beg > 1) {
+      const float s = 1.f / static_cast<float>(end - beg);
+      for (auto& v : out) v *= s;
+    }
+    return out;
+  }
+};
+
+// The device side of a Problem: tables, accumulators, their pointer arrays, ids, scratch.
+struct DevProblem {
+  std::vector<std::unique_ptr<Dev<float>>> w, acc;
+  std::unique_ptr<Dev<float*>> wp, ap;
+  std::unique_ptr<Dev<uint32_t>> base, keys;
+  std::unique_ptr<Dev<int32_t>> offsets;
+  std::unique_ptr<Dev<char>> scratch_mem;
+  ce::Tables tab;
+  ce::Scratch scratch;
+
+  explicit DevProblem(const Problem& p) {
+    std::vector<float*> hw, ha;
+    for (int t = 0; t < p.T; ++t) {
+      w.push_back(std::make_unique<Dev<float>>(p.w[t]));
+      acc.push_back(std::make_unique<Dev<float>>(p.acc[t]));
+      hw.push_back(w.back()->p);
+      ha.push_back(acc.back()->p);
+    }
+    wp = std::make_unique<Dev<float*>>(hw);
+    ap = std::make_unique<Dev<float*>>(ha);
+    base = std::make_unique<Dev<uint32_t>>(p.row_base);
+    keys = std::make_unique<Dev<uint32_t>>(p.keys);
+    offsets = std::make_unique<Dev<int32_t>>(p.offsets);
+    tab.weights = wp->p;
+    tab.states = ap->p;
+    tab.row_base = base->p;
+    tab.num_tables = p.T;
+    tab.dim = p.dim;
+    scratch_mem = std::make_unique<Dev<char>>(ce::scratch_bytes(p.nnz(), p.key_bits, p.dim));
+    scratch = ce::carve(scratch_mem->p, p.nnz(), p.key_bits, p.dim);
+    ce::prepare(scratch, nullptr);
+  }
+  std::vector<std::vector<float>> tables() const {
+    std::vector<std::vector<float>> out;
+    for (const auto& x : w) out.push_back(x->get());
+    return out;
+  }
+  std::vector<std::vector<float>> states() const {
+    std::vector<std::vector<float>> out;
+    for (const auto& x : acc) out.push_back(x->get());
+    return out;
+  }
+};
+
+struct Shape {
+  std::vector<int64_t> rows;
+  int dim;
+  int64_t B;
+  int64_t extra;  // ld = col + T * dim + extra
+  int64_t col;    // first column of the pooled rows
+};
+
+// dim 3 (scalar lanes, odd), dim 8 with an odd first column (scalar: misaligned), dim 8 and
+// 36 aligned (float4 lanes; 36: more columns than one warp's float4s).
+const Shape kShapes[] = {{{5, 40, 1000}, 3, 70, 2, 1},
+                         {{3, 17, 200, 9}, 8, 50, 3, 5},
+                         {{4, 100}, 8, 90, 4, 8},
+                         {{7, 300, 11}, 36, 45, 0, 4}};
+#endif
+
+TEST(EmbeddingCuda, StridedForwardMatchesCpuF32AndBf16) {
+  SKIP_WITHOUT_GPU();
+#ifdef DLREC_WITH_CUDA
+  int checked = 0;
+  for (const Shape& sh : kShapes)
+    for (bool mean : {false, true}) {
+      Problem p(sh.rows, sh.dim, sh.B, 11 + sh.dim);
+      DevProblem d(p);
+      const int64_t width = int64_t(p.T) * p.dim, ld = sh.col + width + sh.extra;
+      const float sentinel = 1234.5f;  // exact in f32; in bf16 it is 1232
+      const uint16_t sentinel16 = to_bf16_bits(sentinel);
+      Dev<float> out32(std::vector<float>(p.B * ld, sentinel));
+      Dev<uint16_t> out16(std::vector<uint16_t>(p.B * ld, sentinel16));
+      ce::forward(d.tab, d.offsets->p, d.keys->p, p.B, mean, out32.p + sh.col, nullptr, ld);
+      ce::forward(d.tab, d.offsets->p, d.keys->p, p.B, mean,
+                  reinterpret_cast<__nv_bfloat16*>(out16.p) + sh.col, nullptr, ld);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto o32 = out32.get();
+      const auto o16 = out16.get();
+      for (int64_t b = 0; b < p.B; ++b) {
+        for (int64_t c = 0; c < ld; ++c) {
+          if (c >= sh.col && c < sh.col + width) continue;
+          ASSERT_EQ(o32[b * ld + c], sentinel) << "column " << c << " outside the pooled ones";
+          ASSERT_EQ(o16[b * ld + c], sentinel16) << "bf16, column " << c;
+        }
+        for (int t = 0; t < p.T; ++t) {
+          const auto ref = p.pool(t, b, mean);
+          for (int k = 0; k < p.dim; ++k) {
+            const int64_t at = b * ld + sh.col + int64_t(t) * p.dim + k;
+            ASSERT_EQ(o32[at], ref[k]) << "dim " << p.dim << " bag (" << t << ", " << b << ")";
+            ASSERT_EQ(o16[at], to_bf16_bits(ref[k])) << "bf16, bag (" << t << ", " << b << ")";
+            ++checked;
+          }
+        }
+      }
+    }
+  EXPECT_GT(checked, 10000);
+#endif
+}
+
+// The packed default (ld 0) is the layout [B, T, dim].
+TEST(EmbeddingCuda, PackedForwardIsStrideTimesDim) {
+  SKIP_WITHOUT_GPU();
+#ifdef DLREC_WITH_CUDA
+  Problem p({6, 30}, 5, 40, 3);
+  DevProblem d(p);
+  const int64_t width = int64_t(p.T) * p.dim;
+  Dev<float> packed(p.B * width), strided(p.B * width);
+  ce::forward(d.tab, d.offsets->p, d.keys->p, p.B, true, packed.p, nullptr);
+  ce::forward(d.tab, d.offsets->p, d.keys->p, p.B, true, strided.p, nullptr, width);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto a = packed.get();
+  EXPECT_EQ(a, strided.get());
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int t = 0; t < p.T; ++t) {
+      const auto ref = p.pool(t, b, true);
+      for (int k = 0; k < p.dim; ++k) ASSERT_EQ(a[(b * p.T + t) * p.dim + k], ref[k]);
+    }
+#endif
+}
+
+TEST(EmbeddingCuda, StrideBelowWidthIsAnError) {
+  SKIP_WITHOUT_GPU();
+#ifdef DLREC_WITH_CUDA
+  Problem p({6, 30}, 4, 8, 3);
+  DevProblem d(p);
+  Dev<float> out(p.B * 8);
+  EXPECT_THROW(ce::forward(d.tab, d.offsets->p, d.keys->p, p.B, false, out.p, nullptr, 7),
+               std::exception);
+  Dev<float> lr(std::vector<float>{0.1f});
+  ce::backward_ids(d.tab, d.offsets->p, d.keys->p, p.B, p.nnz(), p.key_bits, d.scratch, nullptr);
+  EXPECT_THROW(ce::backward_apply(d.tab, d.offsets->p, p.B, p.nnz(), false, out.p, 7,
+                                  ce::Update::SGD, lr.p, 1e-8f, d.scratch, nullptr),
+               std::exception);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(d.tables(), p.w) << "a refused update must leave the tables alone";
+#endif
+}
+
+// backward_ids + backward_apply reading a strided gradient (f32, or bf16 widened on load) give
+// the same tables and accumulators bit for bit as backward_update on a packed f32 copy of the
+// same values, and both follow the CPU's update (the gradient of each row summed over its
+// occurrences, mean bags scaled by 1/len) within the rounding of the chunked sums.
+TEST(EmbeddingCuda, StridedBackwardMatchesPackedAndCpu) {
+  SKIP_WITHOUT_GPU();
+#ifdef DLREC_WITH_CUDA
+  int compared = 0;
+  for (const Shape& sh : kShapes)
+    for (bool mean : {false, true})
+      for (auto kind : {ce::Update::SGD, ce::Update::Adagrad})
+        for (bool bf16 : {false, true}) {
+          Problem p(sh.rows, sh.dim, sh.B, 29 + sh.dim);
+          const int64_t width = int64_t(p.T) * p.dim, ld = sh.col + width + sh.extra;
+          // The gradient: random values in the pooled columns (bf16-representable, so the
+          // packed f32 copy holds the very values the bf16 path widens), garbage elsewhere.
+          Rng rng(5 + sh.dim + (mean ? 1 : 0));
+          std::vector<float> g(p.B * ld), packed(p.B * width);
+          for (int64_t b = 0; b < p.B; ++b)
+            for (int64_t c = 0; c < ld; ++c) {
+              float v = static_cast<float>(rng.uniform(-1, 1));
+              if (bf16) v = from_bf16_bits(to_bf16_bits(v));
+              const bool pooled = c >= sh.col && c < sh.col + width;
+              g[b * ld + c] = pooled ? v : 1e30f;
+              if (pooled) packed[b * width + (c - sh.col)] = v;
+            }
+          std::vector<uint16_t> g16(g.size());
+          for (size_t i = 0; i < g.size(); ++i) g16[i] = to_bf16_bits(g[i]);
+          Dev<float> lr(std::vector<float>{0.05f});
+          const float eps = 1e-8f;
+
+          DevProblem ref(p), strided(p);
+          Dev<float> dpacked(packed);
+          ce::backward_update(ref.tab, ref.offsets->p, ref.keys->p, p.B, p.nnz(), mean,
+                              dpacked.p, kind, lr.p, eps, p.key_bits, ref.scratch, nullptr);
+          Dev<float> d32(g);
+          Dev<uint16_t> d16(g16);
+          ce::backward_ids(strided.tab, strided.offsets->p, strided.keys->p, p.B, p.nnz(),
+                           p.key_bits, strided.scratch, nullptr);
+          if (bf16)
+            ce::backward_apply(strided.tab, strided.offsets->p, p.B, p.nnz(), mean,
+                               reinterpret_cast<const __nv_bfloat16*>(d16.p) + sh.col, ld, kind,
+                               lr.p, eps, strided.scratch, nullptr);
+          else
+            ce::backward_apply(strided.tab, strided.offsets->p, p.B, p.nnz(), mean,
+                               d32.p + sh.col, ld, kind, lr.p, eps, strided.scratch, nullptr);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          const auto wr = ref.tables(), ws = strided.tables();
+          ASSERT_EQ(ws, wr) << "dim " << p.dim << " mean " << mean << " bf16 " << bf16;
+          if (kind == ce::Update::Adagrad) {
+            ASSERT_EQ(strided.states(), ref.states());
+          }
+
+          // The CPU's update, summing in double.
+          for (int t = 0; t < p.T; ++t) {
+            std::vector<double> gr(p.rows[t] * p.dim, 0.0);
+            std::vector<bool> hit(p.rows[t], false);
+            for (int64_t b = 0; b < p.B; ++b) {
+              const int len = p.bag_len(t, b);
+              const double sc = mean ? 1.0 / len : 1.0;
+              for (int32_t q = p.offsets[t * p.B + b]; q < p.offsets[t * p.B + b + 1]; ++q) {
+                const int64_t r = p.keys[q] - p.row_base[t];
+                hit[r] = true;
+                for (int k = 0; k < p.dim; ++k)
+                  gr[r * p.dim + k] += sc * packed[b * width + int64_t(t) * p.dim + k];
+              }
+            }
+            for (int64_t r = 0; r < p.rows[t]; ++r)
+              for (int k = 0; k < p.dim; ++k) {
+                const int64_t i = r * p.dim + k;
+                double want = p.w[t][i];
+                if (hit[r]) {
+                  if (kind == ce::Update::SGD) {
+                    want -= 0.05 * gr[i];
+                  } else {
+                    const double a = 0.1 + gr[i] * gr[i];
+                    want -= 0.05 * gr[i] / (std::sqrt(a) + eps);
+                  }
+                } else {
+                  ASSERT_EQ(ws[t][i], p.w[t][i]) << "a row the batch did not touch changed";
+                }
+                ASSERT_NEAR(ws[t][i], want, 1e-5 + 1e-5 * std::fabs(want))
+                    << "table " << t << " row " << r << " col " << k;
+                ++compared;
+              }
+          }
+        }
+  EXPECT_GT(compared, 100000);
+#endif
+}
+
+}  // namespace
+}  // namespace dlrec::nn
