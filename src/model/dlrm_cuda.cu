@@ -55,6 +55,7 @@
 #include "nn/embedding_cuda.h"
 #include "nn/lt_gemm.h"
 #include "model/cuda_step.h"
+#include "model/infer_small_cuda.h"
 
 namespace dlrec::model {
 namespace {
@@ -116,12 +117,21 @@ class DlrmCuda final : public CudaModel {
     bool no_graph = false;  // capture failed: eager
     cudaEvent_t done = nullptr;
     cudaEvent_t copied = nullptr;  // the input copy (copy stream) finished
+    // `in` and `out` as the device sees them (mapped pinned memory): the fused small-batch
+    // kernel reads the inputs and writes the probabilities there directly.
+    const void* dev_in = nullptr;
+    float* dev_out = nullptr;
   };
   void infer_body(InferBucket& bk);
   InferBucket& infer_bucket(int64_t rows, int parity);  // created on first use
   // Copies the packed inputs (on the copy stream when copy_aside: chunked batches), then runs
   // the bucket's graph (captured on first use).
   void infer_launch(InferBucket& bk, bool copy_aside);
+  // Rows 1..fused_rows_ of 16-bit inference: the whole forward as one kernel reading the
+  // bucket's pinned inputs and writing its pinned probabilities (model/infer_small_cuda.h).
+  // False (nothing enqueued; the path is switched off for this model) when the model's shape
+  // does not fit that kernel.
+  bool fused_launch(InferBucket& bk, int64_t n);
   void check_batch(const io::Batch& b) const;
   void ensure_capacity(int64_t B, int64_t nnz);
   // Packs the batch and enqueues its copy; the model stream waits for it. Sets cur_.
@@ -202,6 +212,13 @@ class DlrmCuda final : public CudaModel {
   int pack_threads_ = 1;
   // 16-bit inference of <= 8 rows through cd::skinny_linear (DLREC_INFER_SKINNY=0: cuBLASLt).
   bool skinny_ = true;
+  // predict() of 1..fused_rows_ rows in 16-bit modes: one fused kernel (DLREC_INFER_FUSED=1:
+  // on, default off; DLREC_INFER_FUSED_ROWS: the largest batch it takes, 1..64, default 8;
+  // DLREC_INFER_FUSED_BLOCKS: its grid, default and at most the SM count).
+  bool fused_ = false;
+  int64_t fused_rows_ = 8;
+  int fused_blocks_ = 0;
+  Tensor fused_barrier_;  // the kernel's grid-barrier counters (2 x u32, zero between launches)
   // DLREC_INFER_TIMING=1: per predict() call of one chunk, the host packing time, the device
   // time of the input copy + graph, and the wall time, averaged and printed at destruction.
   bool timing_ = false;
@@ -326,6 +343,20 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
     pack_threads_ = static_cast<int>(v);
   }
   if (const char* sk = std::getenv("DLREC_INFER_SKINNY")) skinny_ = sk[0] != '0';
+  if (const char* fu = std::getenv("DLREC_INFER_FUSED")) fused_ = fu[0] != '0';
+  auto env_int = [](const char* name, long lo, long hi, long& v) {
+    const char* e = std::getenv(name);
+    if (!e) return;
+    char* end = nullptr;
+    v = std::strtol(e, &end, 10);
+    DLREC_CHECK(end != e && *end == '\0' && v >= lo && v <= hi, name, " must be an integer in [",
+                lo, ", ", hi, "], got '", e, "'");
+  };
+  long fr = fused_rows_, fb = fused_blocks_;
+  env_int("DLREC_INFER_FUSED_ROWS", 1, fused_infer::kMaxRows, fr);
+  env_int("DLREC_INFER_FUSED_BLOCKS", 1, 1 << 16, fb);
+  fused_rows_ = fr;
+  fused_blocks_ = static_cast<int>(fb);
   if (const char* it = std::getenv("DLREC_INFER_TIMING"); it && it[0] == '1') {
     timing_ = true;
     for (auto& e : timing_ev_) DLREC_CUDA_CHECK(cudaEventCreate(&e));
@@ -1075,13 +1106,25 @@ DlrmCuda::InferBucket& DlrmCuda::infer_bucket(int64_t R, int parity) {
     InferBucket& bk = *bkp;
     bk.rows = R;
     const size_t in_bytes = sizeof(float) * R * num_dense_ + sizeof(uint32_t) * R * T_ + 64;
-    bk.in = pinned_alloc(in_bytes);
+    // Mapped, so that the fused small-batch kernel can read it in place.
+    auto mapped_alloc = [](size_t bytes) {
+      void* q = nullptr;
+      DLREC_CUDA_CHECK(cudaHostAlloc(&q, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+      return PinnedPtr(q);
+    };
+    bk.in = mapped_alloc(in_bytes);
     std::memset(bk.in.get(), 0, in_bytes);
     bk.dense = static_cast<float*>(bk.in.get());
     bk.keys = reinterpret_cast<uint32_t*>(bk.dense + R * num_dense_);
     for (int64_t t = 0; t < T_; ++t)
       for (int64_t r = 0; r < R; ++r) bk.keys[t * R + r] = row_base_host_[t];  // padding: row 0
-    bk.out = pinned_alloc(sizeof(float) * R);
+    bk.out = mapped_alloc(sizeof(float) * R);
+    void* din = nullptr;
+    void* dout = nullptr;
+    DLREC_CUDA_CHECK(cudaHostGetDevicePointer(&din, bk.in.get(), 0));
+    DLREC_CUDA_CHECK(cudaHostGetDevicePointer(&dout, bk.out.get(), 0));
+    bk.dev_in = din;
+    bk.dev_out = static_cast<float*>(dout);
     bk.probs = static_cast<float*>(bk.out.get());
     std::vector<int32_t> off(R * T_ + 1);
     for (int64_t k = 0; k <= R * T_; ++k) off[k] = static_cast<int32_t>(k);
@@ -1115,6 +1158,58 @@ void DlrmCuda::infer_launch(InferBucket& bk, bool copy_aside) {
   if (bk.graph) DLREC_CUDA_CHECK(cudaGraphLaunch(bk.graph, stream_));
   else infer_body(bk);
   DLREC_CUDA_CHECK(cudaEventRecord(bk.done, stream_));
+}
+
+bool DlrmCuda::fused_launch(InferBucket& bk, int64_t n) {
+  namespace fi = fused_infer;
+  fi::Params p;
+  p.nb = static_cast<int>(bottom_.size());
+  p.nt = static_cast<int>(top_.size());
+  std::string why;
+  if (p.nb + p.nt > fi::kMaxLayers) {
+    why = "more than " + std::to_string(fi::kMaxLayers) + " layers";
+  } else {
+    p.dense = static_cast<const float*>(bk.dev_in);
+    p.keys = reinterpret_cast<const uint32_t*>(p.dense + bk.rows * num_dense_);
+    p.probs = bk.dev_out;
+    p.rows = static_cast<int>(n);
+    p.ld_keys = static_cast<int>(bk.rows);
+    p.num_dense = static_cast<int>(num_dense_);
+    p.T = static_cast<int>(T_);
+    p.d = static_cast<int>(dim_);
+    p.inter_ld = static_cast<int>(inter_ld_);
+    p.x0 = dense_h_.raw();
+    p.emb = emb_out_.raw();
+    p.inter = inter_.raw();
+    p.tables = tab_.weights;
+    p.row_base = tab_.row_base;
+    int i = 0;
+    for (auto* mlp : {&bottom_, &top_})
+      for (auto& l : *mlp) {
+        fi::Layer& f = p.layer[i++];
+        f.w = l.wh.raw();
+        f.b = l.out_f32 ? l.b.raw() : l.bh.raw();
+        f.y = l.y.raw();
+        f.out = static_cast<int>(l.out);
+        f.k = static_cast<int>(l.in_pad);
+        f.relu = l.relu;
+        f.f32_out = l.out_f32;
+      }
+    why = fi::unsupported(p);
+  }
+  if (!why.empty()) {
+    std::fprintf(stderr, "[dlrec] fused small-batch inference off for this model: %s\n",
+                 why.c_str());
+    fused_ = false;
+    return false;
+  }
+  if (!fused_barrier_.defined()) {
+    fused_barrier_ = dev_tensor({8}, DType::U8);
+    DLREC_CUDA_CHECK(cudaMemsetAsync(fused_barrier_.raw(), 0, 8, stream_));
+  }
+  p.barrier = static_cast<unsigned*>(fused_barrier_.raw());
+  fi::launch(p, fp16_, fused_blocks_, stream_);
+  return true;
 }
 
 // The packing team of predict(), shared by all models of the process (model instances serving
@@ -1243,7 +1338,12 @@ void DlrmCuda::predict(const io::Batch& batch, float* probs) {
                                                            t_start).count();
     // Rows n..R-1 keep an earlier call's inputs: valid rows and finite values, outputs unread.
     if (timing_ && nchunks == 1) DLREC_CUDA_CHECK(cudaEventRecord(timing_ev_[0], stream_));
-    infer_launch(bk, nchunks > 1);
+    if (nchunks == 1 && n <= fused_rows_ && fused_ && half_ && fused_launch(bk, n)) {
+      if (timing_) DLREC_CUDA_CHECK(cudaEventRecord(timing_ev_[1], stream_));  // no copy
+      DLREC_CUDA_CHECK(cudaEventRecord(bk.done, stream_));
+    } else {
+      infer_launch(bk, nchunks > 1);
+    }
     if (timing_ && nchunks == 1) DLREC_CUDA_CHECK(cudaEventRecord(timing_ev_[2], stream_));
     pending[p] = c;
   }

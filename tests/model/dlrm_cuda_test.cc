@@ -549,6 +549,7 @@ TEST(DlrmCuda, PredictMatchesForward) {
 // probabilities up to 16-bit rounding of the layer outputs.
 TEST(DlrmCuda, SmallBatchInferenceMatchesTheGemmPath) {
   SKIP_WITHOUT_GPU();
+  ScopedEnv layers("DLREC_INFER_FUSED", "0");  // the layer-by-layer graph (fused: test below)
   for (const char* precision : {"bf16", "fp16"}) {
     SmallDlrm s;
     auto m = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21, precision);
@@ -568,6 +569,99 @@ TEST(DlrmCuda, SmallBatchInferenceMatchesTheGemmPath) {
       }
     }
   }
+}
+#endif
+
+#ifdef DLREC_WITH_CUDA
+}  // namespace
+// The fused small-batch kernel's launch counter (src/model/infer_small_cuda.h, an internal
+// header): tests check that the path they mean to test ran.
+namespace fused_infer {
+int64_t launches();
+}  // namespace fused_infer
+namespace {
+
+// 16-bit predict() of 1..DLREC_INFER_FUSED_ROWS rows runs the whole forward as one kernel
+// (model/infer_small_cuda.h). Against the layer-by-layer graph of the same weights (skinny
+// layers up to 8 rows, cuBLASLt above) and against the rows inside a 64-row cuBLASLt batch:
+// equal up to 16-bit rounding (the interaction's dot products are summed in another order).
+// Also: the boundary where the path switches, a grid of 2 blocks (every stage loops over its
+// work), a model shape the kernel does not take (falls back, same answers), and bad ids.
+TEST(DlrmCuda, FusedSmallBatchInferenceMatchesTheLayerPath) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    int64_t dim;
+    std::vector<int64_t> bottom, top;
+    bool fused;  // the kernel takes this shape
+  };
+  const std::vector<Shape> shapes = {
+      {8, {16, 8}, {16, 1}, true},
+      {32, {64, 32}, {1024, 512, 1}, true},  // a 1024-wide input: the whole register row
+      {8, {16, 8}, {1032, 1}, false},        // a 1032-wide input: over the kernel's limit
+  };
+  for (const Shape& sh : shapes)
+    for (const char* precision : {"bf16", "fp16"}) {
+      SCOPED_TRACE(std::string(precision) + " dim " + std::to_string(sh.dim) + " top0 " +
+                   std::to_string(sh.top[0]));
+      SmallDlrm s;
+      s.mc.embedding_dim = sh.dim;
+      s.mc.bottom_mlp = sh.bottom;
+      s.mc.top_mlp = sh.top;
+      std::unique_ptr<CudaModel> off, on, wide;
+      {
+        ScopedEnv e("DLREC_INFER_FUSED", "0");
+        off = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21, precision);
+      }
+      {
+        ScopedEnv e("DLREC_INFER_FUSED", "1");
+        on = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21, precision);  // <= 8 rows
+      }
+      {
+        ScopedEnv e0("DLREC_INFER_FUSED", "1");
+        ScopedEnv e1("DLREC_INFER_FUSED_ROWS", "16");
+        ScopedEnv e2("DLREC_INFER_FUSED_BLOCKS", "2");
+        wide = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21, precision);
+      }
+      io::Batch big = make_batch(s.layout, 64, 77, false);
+      std::vector<float> gemm(64, -1.f);
+      off->predict(big, gemm.data());
+      for (int rep = 0; rep < 2; ++rep)
+        for (int64_t rows : {1, 2, 7, 8, 9, 12, 16, 1}) {
+          io::Batch small;
+          small.reset(big.num_dense, big.num_cat());
+          small.append_rows(big, 10 + rep, 10 + rep + rows);
+          std::vector<float> ref(rows, -1.f);
+          off->predict(small, ref.data());
+          for (CudaModel* m : {on.get(), wide.get()}) {
+            const int64_t limit = m == wide.get() ? 16 : 8;
+            const int64_t before = fused_infer::launches();
+            std::vector<float> got(rows, -1.f);
+            m->predict(small, got.data());
+            EXPECT_EQ(fused_infer::launches() - before, sh.fused && rows <= limit ? 1 : 0)
+                << "rows " << rows << " limit " << limit;
+            for (int64_t i = 0; i < rows; ++i) {
+              ASSERT_NEAR(got[i], ref[i], 2e-3) << "rows " << rows << " row " << i;
+              ASSERT_NEAR(got[i], gemm[10 + rep + i], 4e-3) << "rows " << rows << " row " << i;
+            }
+          }
+        }
+      // An id out of range (or negative) is an error before anything is launched; the model
+      // serves the next call as before.
+      io::Batch three;
+      three.reset(big.num_dense, big.num_cat());
+      three.append_rows(big, 20, 23);
+      std::vector<float> want(3), got(3);
+      on->predict(three, want.data());
+      for (int64_t bad_id : {int64_t{100}, int64_t{-1}}) {
+        io::Batch bad = three;
+        bad.cat_indices[2][1] = bad_id;  // table 2 has 100 rows
+        const int64_t before = fused_infer::launches();
+        EXPECT_THROW(on->predict(bad, got.data()), Error) << bad_id;
+        EXPECT_EQ(fused_infer::launches(), before);
+      }
+      on->predict(three, got.data());
+      EXPECT_EQ(got, want);
+    }
 }
 #endif
 

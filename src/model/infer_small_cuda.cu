@@ -1,0 +1,341 @@
+// The fused small-batch DLRM inference kernel (see infer_small_cuda.h for the stages and the
+// co-residency contract).
+#include "model/infer_small_cuda.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <atomic>
+#include <string>
+
+#include "core/cuda_check.h"
+#include "dlrec/core/error.h"
+
+namespace dlrec::model::fused_infer {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using f16 = __half;
+
+constexpr int kWarps = 8;              // warps per block
+constexpr int kThreads = 32 * kWarps;  // threads per block
+constexpr int kPre = kMaxK / 256;      // 16-byte weight pieces per lane: k <= 32 * 8 * kPre
+constexpr int kGroupRows = 8;          // rows per pass over a layer (kernel template G <= 8)
+
+std::atomic<int64_t> g_launches{0};
+
+__device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(f16 x) { return __half2float(x); }
+template <class H> __device__ __forceinline__ H from_f(float x);
+template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16(x); }
+template <> __device__ __forceinline__ f16 from_f<f16>(float x) { return __float2half_rn(x); }
+
+__device__ __forceinline__ void unpack8(const uint4& v, float* f, const bf16*) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 t = __bfloat1622float2(h[i]);
+    f[2 * i] = t.x;
+    f[2 * i + 1] = t.y;
+  }
+}
+__device__ __forceinline__ void unpack8(const uint4& v, float* f, const f16*) {
+  const __half2* h = reinterpret_cast<const __half2*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 t = __half22float2(h[i]);
+    f[2 * i] = t.x;
+    f[2 * i + 1] = t.y;
+  }
+}
+
+// Grid-wide barrier: arrive on bar[0]; the last block to arrive resets it and bumps the
+// generation bar[1], which the others wait for. Leaves bar[0] == 0 for the next launch.
+// Writes before the barrier are visible to reads after it that bypass L1 (__ldcg).
+__device__ __forceinline__ void grid_sync(unsigned* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    volatile unsigned* gen = bar + 1;
+    const unsigned g = *gen;
+    __threadfence();
+    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+      atomicExch(bar, 0u);
+      __threadfence();
+      atomicAdd(bar + 1, 1u);
+    } else {
+      while (*gen == g) {
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// The weight row of output o, each lane's pieces lane, lane + 32, ... (16 bytes each).
+template <class H>
+__device__ __forceinline__ void load_w(const Layer& L, int o, int lane, uint4 (&w)[kPre]) {
+  const int pieces = L.k / 8;
+  const uint4* row = reinterpret_cast<const uint4*>(static_cast<const H*>(L.w) +
+                                                    static_cast<int64_t>(o) * L.k);
+#pragma unroll
+  for (int i = 0; i < kPre; ++i) {
+    const int p = lane + 32 * i;
+    w[i] = p < pieces ? __ldg(row + p) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// One layer stage: every output of L for every row. The rows are taken G at a time (the
+// whole block stages them from global memory into shared memory `xs` once, so each block reads
+// the activations once rather than each warp); warp gw computes outputs gw, gw + nw, ... with
+// the weight row in registers (`w` holds the row of output `held` on entry, -1: none). The
+// same order of operations per output as cd::skinny_linear. With probs, the sigmoid of the
+// (f32) result is also written there. Blocks without an output return at once.
+template <class H, int G>
+__device__ __forceinline__ void layer_stage(const Layer& L, const H* x, int rows, int gw, int nw,
+                                            int lane, uint4 (&w)[kPre], int held, float* probs,
+                                            uint4* xs) {
+  if (static_cast<int>(blockIdx.x) * kWarps >= L.out) return;  // the same for the whole block
+  const int pieces = L.k / 8;
+  for (int g0 = 0; g0 < rows; g0 += G) {
+    const int gn = min(G, rows - g0);
+    __syncthreads();  // the previous group's readers are done with xs
+    const uint4* src = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(g0) * L.k);
+    for (int i = threadIdx.x; i < gn * pieces; i += kThreads) xs[i] = __ldcg(src + i);
+    __syncthreads();
+    for (int o = gw; o < L.out; o += nw) {
+      if (o != held) {
+        load_w<H>(L, o, lane, w);
+        held = o;
+      }
+      float acc[G];
+#pragma unroll
+      for (int r = 0; r < G; ++r) acc[r] = 0.f;
+#pragma unroll
+      for (int i = 0; i < kPre; ++i) {
+        const int p = lane + 32 * i;
+        if (p < pieces) {
+          float wf[8];
+          unpack8(w[i], wf, static_cast<const H*>(nullptr));
+#pragma unroll
+          for (int r = 0; r < G; ++r) {
+            const int row = min(r, gn - 1);  // rows past the end: computed, not written
+            float xf[8];
+            unpack8(xs[row * pieces + p], xf, static_cast<const H*>(nullptr));
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[r] = fmaf(wf[j], xf[j], acc[r]);
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < G; ++r)
+#pragma unroll
+        for (int s = 16; s > 0; s >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], s);
+      if (lane < gn) {
+        const int64_t row = g0 + lane;
+        float v = 0.f;
+#pragma unroll
+        for (int r = 0; r < G; ++r)
+          if (r == lane) v = acc[r];
+        v += L.f32_out ? static_cast<const float*>(L.b)[o] : to_f(static_cast<const H*>(L.b)[o]);
+        if (L.relu) v = fmaxf(v, 0.f);
+        if (L.f32_out) static_cast<float*>(L.y)[row * L.out + o] = v;
+        else static_cast<H*>(L.y)[row * L.out + o] = from_f<H>(v);
+        if (probs) probs[row] = 1.f / (1.f + expf(-v));
+      }
+    }
+  }
+}
+
+// Strict lower triangle, row-major: q -> (i, j) with j < i, q = i (i - 1) / 2 + j.
+__device__ __forceinline__ void pair_index(int q, int& i, int& j) {
+  i = max(1, static_cast<int>(sqrtf(2.f * static_cast<float>(q))));
+  while (i * (i - 1) / 2 > q) --i;
+  while (i * (i + 1) / 2 <= q) ++i;
+  j = q - i * (i - 1) / 2;
+}
+
+// Dot product of two 16-bit vectors of d elements by the 8 lanes of a group (sub = lane & 7):
+// f32 partial sums per lane, then a reduction inside the group. Every lane of the warp must
+// call it (the shuffles); lanes with !valid contribute nothing.
+template <class H>
+__device__ __forceinline__ float group_dot(const H* a, const H* b, int d, int sub, bool valid) {
+  float acc = 0.f;
+  if (valid)
+    for (int pc = sub; pc < d / 8; pc += 8) {
+      float af[8], bf[8];
+      unpack8(__ldcg(reinterpret_cast<const uint4*>(a) + pc), af, static_cast<const H*>(nullptr));
+      unpack8(__ldcg(reinterpret_cast<const uint4*>(b) + pc), bf, static_cast<const H*>(nullptr));
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc = fmaf(af[j], bf[j], acc);
+    }
+  acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+  return acc;
+}
+
+template <class H, int G>
+__global__ void __launch_bounds__(kThreads, 2) fused_forward(const __grid_constant__ Params p) {
+  const int lane = threadIdx.x & 31, group = lane >> 3, sub = lane & 7;
+  const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), nw = gridDim.x * kWarps;
+  const int gt = blockIdx.x * kThreads + threadIdx.x, nthr = gridDim.x * kThreads;
+  const int rows = p.rows, T = p.T, d = p.d;
+  H* x0 = static_cast<H*>(p.x0);
+  H* emb = static_cast<H*>(p.emb);
+  H* inter = static_cast<H*>(p.inter);
+  uint4 w[kPre];
+  __shared__ uint4 xs[kGroupRows * kMaxK / 8];  // G activation rows of the current layer
+
+  // Stage "in": the padded 16-bit dense rows and the gathered embedding rows.
+  {
+    const int k0 = p.layer[0].k;
+    for (int i = gt; i < rows * k0; i += nthr) {
+      const int r = i / k0, c = i - r * k0;
+      x0[i] = from_f<H>(c < p.num_dense ? p.dense[r * p.num_dense + c] : 0.f);
+    }
+    for (int it = gw; it < rows * T; it += nw) {
+      const int r = it / T, t = it - r * T;
+      const uint32_t key = p.keys[static_cast<int64_t>(t) * p.ld_keys + r];
+      const int64_t row = static_cast<int64_t>(key - __ldg(p.row_base + t));
+      const float4* src = reinterpret_cast<const float4*>(p.tables[t] + row * d);
+      H* dst = emb + (static_cast<int64_t>(r) * T + t) * d;
+      for (int v = lane; v < d / 4; v += 32) {
+        const float4 f = __ldg(src + v);
+        dst[4 * v] = from_f<H>(f.x);
+        dst[4 * v + 1] = from_f<H>(f.y);
+        dst[4 * v + 2] = from_f<H>(f.z);
+        dst[4 * v + 3] = from_f<H>(f.w);
+      }
+    }
+  }
+  if (gw < p.layer[0].out) load_w<H>(p.layer[0], gw, lane, w);
+  grid_sync(p.barrier);
+
+  const int nl = p.nb + p.nt;
+  const int pee = T * (T - 1) / 2;  // embedding-embedding pairs per row
+  for (int l = 0; l < nl; ++l) {
+    const Layer& L = p.layer[l];
+    const H* x = l == 0 ? x0 : l == p.nb ? inter : static_cast<const H*>(p.layer[l - 1].y);
+    const bool last = l == nl - 1;
+    layer_stage<H, G>(L, x, rows, gw, nw, lane, w, gw < L.out ? gw : -1,
+                      last ? p.probs : nullptr, xs);
+    // Beside bottom layer 0: the embedding-embedding dot products, 4 per warp, from the last
+    // warp down (the warps without a layer output first).
+    const int tasks = l == 0 ? (rows * pee + 3) / 4 : 0;
+    for (int it = nw - 1 - gw; it < tasks; it += nw) {
+      const int e = it * 4 + group;
+      const bool valid = e < rows * pee;
+      const int r = valid ? e / pee : 0;
+      int i = 1, j = 0;
+      if (valid) pair_index(e - r * pee, i, j);
+      i += 1;  // rows of Z: 0 is the dense vector, 1..T the embeddings
+      j += 1;
+      const H* er = emb + static_cast<int64_t>(r) * T * d;
+      const float v = group_dot(er + (i - 1) * d, er + (j - 1) * d, d, sub, valid);
+      if (valid && sub == 0)
+        inter[static_cast<int64_t>(r) * p.inter_ld + d + i * (i - 1) / 2 + j] = from_f<H>(v);
+    }
+    if (last) break;
+    if (l == p.nb - 1) {
+      // Stage "int": the dense vector (bottom output) copied, its dot products with every
+      // embedding, zeros after the last pair.
+      grid_sync(p.barrier);
+      const unsigned short* dense = static_cast<const unsigned short*>(L.y);
+      unsigned short* in16 = static_cast<unsigned short*>(p.inter);
+      const int F = d + (T + 1) * T / 2;
+      for (int i = gt; i < rows * d; i += nthr) {
+        const int r = i / d, c = i - r * d;
+        in16[static_cast<int64_t>(r) * p.inter_ld + c] = __ldcg(dense + i);
+      }
+      const int pad = p.inter_ld - F;
+      for (int i = gt; i < rows * pad; i += nthr) {
+        const int r = i / pad, c = i - r * pad;
+        in16[static_cast<int64_t>(r) * p.inter_ld + F + c] = 0;
+      }
+      for (int base = gw * 4; base < rows * T; base += nw * 4) {
+        const int e = base + group;
+        const bool valid = e < rows * T;
+        const int r = valid ? e / T : 0, i = valid ? e - r * T + 1 : 1;
+        const float v = group_dot(static_cast<const H*>(L.y) + static_cast<int64_t>(r) * d,
+                                  emb + (static_cast<int64_t>(r) * T + (i - 1)) * d, d, sub,
+                                  valid);
+        if (valid && sub == 0)
+          inter[static_cast<int64_t>(r) * p.inter_ld + d + i * (i - 1) / 2] = from_f<H>(v);
+      }
+    }
+    // The next layer's first weight row into registers before waiting (weights are constant).
+    if (gw < p.layer[l + 1].out) load_w<H>(p.layer[l + 1], gw, lane, w);
+    grid_sync(p.barrier);
+  }
+}
+
+template <class H>
+void launch_typed(const Params& p, int blocks, cudaStream_t stream) {
+  const int g = p.rows < kGroupRows ? p.rows : kGroupRows;
+#define DLREC_FUSED(NG)                                                          \
+  case NG:                                                                       \
+    fused_forward<H, NG><<<blocks, kThreads, 0, stream>>>(p);                    \
+    break;
+  switch (g) {
+    DLREC_FUSED(1) DLREC_FUSED(2) DLREC_FUSED(3) DLREC_FUSED(4)
+    DLREC_FUSED(5) DLREC_FUSED(6) DLREC_FUSED(7) DLREC_FUSED(8)
+  }
+#undef DLREC_FUSED
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+int sm_count() {
+  static std::atomic<int> cache[64] = {};
+  int dev = 0;
+  DLREC_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) dev = 0;
+  int n = cache[dev].load(std::memory_order_relaxed);
+  if (n == 0) {
+    DLREC_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    cache[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+bool aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; }
+
+}  // namespace
+
+std::string unsupported(const Params& p) {
+  const int nl = p.nb + p.nt;
+  if (p.nb < 1 || p.nt < 1 || nl > kMaxLayers)
+    return "needs 1.." + std::to_string(kMaxLayers) + " layers, a bottom and a top MLP";
+  if (p.T < 0 || p.d < 8 || p.d % 8 != 0) return "embedding dim must be a multiple of 8";
+  if (p.inter_ld < p.d + (p.T + 1) * p.T / 2 || p.inter_ld % 8 != 0)
+    return "interaction width";
+  if (p.layer[p.nb - 1].out != p.d) return "the bottom MLP must output embedding_dim values";
+  for (int l = 0; l < nl; ++l) {
+    const Layer& L = p.layer[l];
+    const bool last = l == nl - 1;
+    const int want_k = l == 0 ? L.k : l == p.nb ? p.inter_ld : p.layer[l - 1].out;
+    if (L.k != want_k || L.k < 8 || L.k % 8 != 0 || L.k > kMaxK)
+      return "layer " + std::to_string(l) + " input width " + std::to_string(L.k) +
+             " (needs a multiple of 8 up to " + std::to_string(kMaxK) + ")";
+    if (L.out < 1 || (!last && L.out % 8 != 0) || (last && (L.out != 1 || !L.f32_out)) ||
+        (!last && L.f32_out))
+      return "layer " + std::to_string(l) + " outputs";
+    if (!aligned16(L.w) || !L.b || !L.y || (!last && !aligned16(L.y)))
+      return "layer " + std::to_string(l) + " buffers";
+  }
+  if (!aligned16(p.x0) || !aligned16(p.emb) || !aligned16(p.inter)) return "buffer alignment";
+  return "";
+}
+
+void launch(const Params& p, bool fp16, int blocks, cudaStream_t stream) {
+  DLREC_CHECK(p.rows >= 1 && p.rows <= kMaxRows, "fused inference: ", p.rows,
+              " rows (1..", kMaxRows, ")");
+  const int sms = sm_count();
+  if (blocks <= 0 || blocks > sms) blocks = sms;
+  if (fp16) launch_typed<f16>(p, blocks, stream);
+  else launch_typed<bf16>(p, blocks, stream);
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+int64_t launches() { return g_launches.load(std::memory_order_relaxed); }
+
+}  // namespace dlrec::model::fused_infer
