@@ -37,7 +37,8 @@ struct EtlBenchOptions {
   int64_t memory_budget_mb = 0;
   int64_t chunk_rows = 0;
   int64_t input_cache_mb = -1;
-  bool cache_huge_pages = false;
+  bool cache_huge_pages = false, cache_as_parsed = false;
+  int read_ahead = 0;
   bool keep = false;
 };
 
@@ -92,6 +93,8 @@ int run_etl_bench(const EtlBenchOptions& o) {
       if (o.chunk_rows > 0) e.read.chunk_rows = o.chunk_rows;
       e.input_cache_mb = o.input_cache_mb;
       e.input_cache_huge_pages = o.cache_huge_pages;
+      e.input_cache_compact = !o.cache_as_parsed;
+      e.read_ahead = o.read_ahead;
       const double cpu0 = cpu_seconds();
       etl::EtlResult r = etl::run_etl(e);
       const double cpu = cpu_seconds() - cpu0;
@@ -103,12 +106,15 @@ int run_etl_bench(const EtlBenchOptions& o) {
       std::printf("bench etl: input=%.1fMB rows=%lld threads=%d seconds=%.2f MB/s=%.1f "
                   "MB/s/core=%.1f rows/s=%.0f cpu_seconds=%.2f MB/cpu_s=%.1f peak_rss=%.0fMB input_cache=%.0fMB "
                   "(count %.2fs, fit %.2fs x%d, transform+write %.2fs, output %.1fMB; waited for the "
-                  "reader %.2fs, writer thread busy %.2fs)\n",
+                  "reader %.2fs, writer thread busy %.2fs; threads busy: fit %.0f%%, transform "
+                  "%.0f%%)\n",
                   mb, static_cast<long long>(rows), threads, s, mb / s, mb / s / threads,
                   rows / s, cpu, mb / std::max(cpu, 1e-9), peak_rss_mb(), r.input_cache_bytes / 1e6,
                   r.count_seconds,
                   r.fit_seconds, r.fit_passes, r.transform_seconds, r.output_bytes / 1e6,
-                  r.read_wait_seconds, r.write_seconds);
+                  r.read_wait_seconds, r.write_seconds,
+                  100 * r.fit_cpu_seconds / std::max(1e-9, r.fit_seconds * threads),
+                  100 * r.transform_cpu_seconds / std::max(1e-9, r.transform_seconds * threads));
       std::fflush(stdout);
     }
   } catch (...) {
@@ -156,6 +162,11 @@ Runner add_bench_etl(CLI::App* b) {
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 30));
   s->add_flag("--cache-huge-pages", o->cache_huge_pages,
               "Transparent huge pages for the kept parsed input (as dlrec etl)");
+  s->add_flag("--cache-as-parsed", o->cache_as_parsed,
+              "Keep the parsed input as parsed chunks instead of compacted (comparison)");
+  s->add_option("--read-ahead", o->read_ahead,
+                "Batches parsed ahead of the fit and transform (0: default, as dlrec etl)")
+      ->check(CLI::Range(0, 64));
   s->add_flag("--keep", o->keep, "Keep the generated input and the output");
   return [o] { return run_etl_bench(*o); };
 }

@@ -26,19 +26,28 @@ inline bool zero_or_one(float v) {
 
 }  // namespace
 
+std::shared_ptr<char> KeptArena::map_block(size_t size) const {
+  void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED)
+    fail("etl: cannot map ", size >> 20, " MB for the kept input rows: ", std::strerror(errno));
+  if (huge_) ::madvise(m, size, MADV_HUGEPAGE);
+  // All pages at once; without it (an older kernel) they fault in as they are written.
+  ::madvise(m, size, MADV_POPULATE_WRITE);
+  return std::shared_ptr<char>(static_cast<char*>(m), [size](char* p) { ::munmap(p, size); });
+}
+
 char* KeptArena::alloc(size_t bytes, std::shared_ptr<char>& block) {
   bytes = round8(bytes);
-  std::lock_guard<std::mutex> g(mu_);
+  std::unique_lock<std::mutex> g(mu_);
   if (!cur_ || used_ + bytes > size_) {
     const size_t huge = size_t{2} << 20;
     const size_t size = std::max(block_, (bytes + huge - 1) / huge * huge);
-    void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED)
-      fail("etl: cannot map ", size >> 20, " MB for the kept input rows: ", std::strerror(errno));
-    if (huge_) ::madvise(m, size, MADV_HUGEPAGE);
-    // All pages at once; without it (an older kernel) they fault in as they are written.
-    ::madvise(m, size, MADV_POPULATE_WRITE);
-    cur_ = std::shared_ptr<char>(static_cast<char*>(m), [size](char* p) { ::munmap(p, size); });
+    if (next_ && size == block_) {  // the block made ready ahead
+      cur_ = std::move(next_);
+    } else {
+      cur_ = map_block(size);  // the first block, or a large request
+    }
+    next_.reset();
     used_ = 0;
     size_ = size;
     mapped_ += static_cast<int64_t>(size);
@@ -46,7 +55,27 @@ char* KeptArena::alloc(size_t bytes, std::shared_ptr<char>& block) {
   char* p = cur_.get() + used_;
   used_ += bytes;
   block = cur_;
+  // Past half of the block, the caller maps and faults in the next one, outside the lock, so
+  // that the others go on meanwhile.
+  if (used_ > size_ / 2 && !next_ && !preparing_ && !last_) {
+    preparing_ = true;
+    g.unlock();
+    std::shared_ptr<char> ready;
+    try {
+      ready = map_block(block_);
+    } catch (...) {  // the next request maps its own block (and reports the error)
+    }
+    g.lock();
+    next_ = std::move(ready);
+    preparing_ = false;
+  }
   return p;
+}
+
+void KeptArena::finish() {
+  std::lock_guard<std::mutex> g(mu_);
+  last_ = true;
+  next_.reset();
 }
 
 KeptChunk KeptChunk::keep(const io::RawChunk& c, int64_t lo, int64_t hi, KeptArena& arena) {
@@ -162,7 +191,31 @@ KeptChunk KeptChunk::keep(const io::RawChunk& c, int64_t lo, int64_t hi, KeptAre
   return k;
 }
 
+KeptChunk KeptChunk::keep_parsed(io::RawChunk&& c) {
+  KeptChunk k;
+  k.rows_ = c.rows;
+  k.num_dense_ = c.num_dense;
+  k.num_cat_ = c.num_cat;
+  int64_t b = static_cast<int64_t>(c.label.capacity() + c.dense.capacity()) * 4;
+  for (const auto& v : c.cat_values) b += static_cast<int64_t>(v.capacity()) * 8;
+  for (const auto& v : c.cat_offsets) b += static_cast<int64_t>(v.capacity()) * 8;
+  k.bytes_ = b;
+  k.parsed_ = std::make_unique<io::RawChunk>(std::move(c));
+  c = io::RawChunk();
+  return k;
+}
+
+void KeptChunk::unpack_move(io::RawChunk& out) {
+  if (!parsed_) return unpack(out);
+  std::swap(out, *parsed_);
+  parsed_.reset();
+}
+
 void KeptChunk::unpack(io::RawChunk& out) const {
+  if (parsed_) {
+    out = *parsed_;
+    return;
+  }
   out.reset(num_dense_, num_cat_);
   out.rows = rows_;
   out.first_line = first_line_;

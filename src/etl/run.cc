@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,8 +12,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <condition_variable>
 #include <deque>
 #include <future>
+#include <mutex>
+#include <thread>
 #include <memory>
 #include <tuple>
 
@@ -372,42 +376,89 @@ class RankWriter {
   std::vector<std::vector<std::string>> rank_names_;
 };
 
-// Batches of up to `k` chunks from a reader; the next batch is read (parsed on all cores by
-// the reader) by a helper thread while the caller processes the current one. A read error
-// surfaces at the batch it belongs to.
+// Batches of up to `k` chunks from a reader, read (parsed on all cores by the reader) by a
+// helper thread up to `depth` batches ahead of the caller, so that the parse of the next
+// batches fills the threads the caller's work on the current one leaves idle. A read error
+// surfaces at the batch it belongs to (the helper stops there).
 class BatchReader {
  public:
-  BatchReader(std::unique_ptr<io::ChunkReader> reader, int k)
-      : reader_(std::move(reader)), k_(std::max(1, k)) {}
+  BatchReader(std::unique_ptr<io::ChunkReader> reader, int k, int depth)
+      : reader_(std::move(reader)), k_(std::max(1, k)), depth_(std::max(1, depth)) {}
   ~BatchReader() {
-    if (ahead_.valid()) ahead_.wait();
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
   }
-  // Fills out[0, n) with the next chunks (resizing `out` as needed); 0 at the end.
+  // Fills out[0, n) with the next chunks (resizing `out` as needed); 0 at the end. The chunks
+  // `out` held before go back to the helper, to be parsed into again.
   int next(std::vector<io::RawChunk>& out) {
     Timer t;
-    if (!ahead_.valid()) start();
-    const int n = ahead_.get();
+    std::unique_lock<std::mutex> l(mu_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { produce(); });
+    cv_.wait(l, [&] { return !ready_.empty() || ended_; });
+    if (ready_.empty()) {
+      wait_seconds_ += t.seconds();
+      return 0;
+    }
+    Batch b = std::move(ready_.front());
+    ready_.pop_front();
+    free_.push_back(std::move(out));
+    out = std::move(b.chunks);
+    l.unlock();
+    cv_.notify_all();
     wait_seconds_ += t.seconds();
-    std::swap(out, spare_);
-    if (n > 0) start();
-    return n;
+    if (b.error) std::rethrow_exception(b.error);
+    return b.n;
   }
+  // The reader, for its statistics once next() returned 0.
   const io::ChunkReader& reader() const { return *reader_; }
   double wait_seconds() const { return wait_seconds_; }  // time next() waited for the reader
 
  private:
-  void start() {
-    ahead_ = std::async(std::launch::async, [this] {
-      if (static_cast<int>(spare_.size()) < k_) spare_.resize(k_);
-      int n = 0;
-      while (n < k_ && reader_->next(spare_[n])) ++n;
-      return n;
-    });
+  struct Batch {
+    std::vector<io::RawChunk> chunks;
+    int n = 0;
+    std::exception_ptr error;
+  };
+  void produce() {
+    for (;;) {
+      Batch b;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return stop_ || static_cast<int>(ready_.size()) < depth_; });
+        if (stop_) return;
+        if (!free_.empty()) {
+          b.chunks = std::move(free_.back());
+          free_.pop_back();
+        }
+      }
+      try {
+        if (static_cast<int>(b.chunks.size()) < k_) b.chunks.resize(k_);
+        while (b.n < k_ && reader_->next(b.chunks[b.n])) ++b.n;
+      } catch (...) {
+        b.error = std::current_exception();
+      }
+      const bool last = b.n == 0 || b.error;
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        ready_.push_back(std::move(b));
+        ended_ = last;
+      }
+      cv_.notify_all();
+      if (last) return;
+    }
   }
   std::unique_ptr<io::ChunkReader> reader_;
-  int k_;
-  std::vector<io::RawChunk> spare_;
-  std::future<int> ahead_;
+  int k_, depth_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Batch> ready_;                       // parsed batches, in order
+  std::vector<std::vector<io::RawChunk>> free_;  // chunks handed back, to parse into
+  bool stop_ = false, ended_ = false;
+  std::thread thread_;
   double wait_seconds_ = 0;
 };
 
@@ -422,37 +473,70 @@ void keep_first_rows(io::RawChunk& c, int64_t k) {
   c.rows = k;
 }
 
-// The parsed input kept between the passes (EtlOptions::input_cache_mb), compacted
-// (etl::KeptChunk): every row in input order, chunks [0, train_chunks) holding the training
-// rows and the rest the validation rows (the chunk holding the split is kept in two). A deque,
-// so that kept chunks stay where they are while more come.
+// Rows [lo, hi) of c as a chunk of their own.
+io::RawChunk copy_rows(const io::RawChunk& c, int64_t lo, int64_t hi) {
+  io::RawChunk t;
+  t.reset(c.num_dense, c.num_cat);
+  t.rows = hi - lo;
+  t.first_line = c.first_line > 0 ? c.first_line + lo : 0;  // as Workflow's messages count
+  if (!c.label.empty()) t.label.assign(c.label.begin() + lo, c.label.begin() + hi);
+  t.dense.assign(c.dense.begin() + lo * c.num_dense, c.dense.begin() + hi * c.num_dense);
+  for (int k = 0; k < c.num_cat; ++k) {
+    const auto& off = c.cat_offsets[k];
+    t.cat_values[k].assign(c.cat_values[k].begin() + off[lo], c.cat_values[k].begin() + off[hi]);
+    auto& toff = t.cat_offsets[k];
+    toff.resize(static_cast<size_t>(t.rows + 1));
+    for (int64_t r = 0; r <= t.rows; ++r) toff[r] = off[lo + r] - off[lo];
+  }
+  return t;
+}
+
+// The parsed input kept between the passes (EtlOptions::input_cache_mb): every row in input
+// order, chunks [0, train_chunks) holding the training rows and the rest the validation rows
+// (the chunk holding the split is kept in two). A deque, so that kept chunks stay where they
+// are while more come.
+//
+// Compacted (EtlOptions::input_cache_compact, etl::KeptChunk::keep), the rows of a batch are
+// copied by side tasks of the fit (FitSideWork: they fill the threads its last columns leave
+// idle) and the reader reuses its chunks; as parsed, the chunks are moved in once the fit is
+// done with them.
 struct InputCache {
   std::deque<KeptChunk> chunks;
   size_t train_chunks = 0;
   int64_t bytes = 0, cap = 0;
   bool on = false;  // keeping chunks (first pass) or holding all of them (later)
+  bool compact = true;
   std::unique_ptr<KeptArena> arena;
-  // First pass: rows of the reader's current batch to keep once the fit is done with them
-  // (they are kept on all cores before the reader reuses the chunks).
+  // First pass: rows of the reader's current batch to keep once the fit is done with them.
   struct Pending {
     KeptChunk* slot;
-    const io::RawChunk* chunk;
+    io::RawChunk* chunk;
     int64_t lo, hi;
   };
   std::vector<Pending> pending;
 
-  // Keeps the pending rows; past the cap, drops everything kept and stops keeping.
-  void flush() {
-    if (pending.empty()) return;
-    parallel_for(0, static_cast<int64_t>(pending.size()), 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) {
-        const Pending& p = pending[i];
-        *p.slot = KeptChunk::keep(*p.chunk, p.lo, p.hi, *arena);
-      }
-    });
+  void keep_one(const Pending& p) {
+    if (compact)
+      *p.slot = KeptChunk::keep(*p.chunk, p.lo, p.hi, *arena);
+    else  // as parsed: the whole chunk (a split chunk's tail was copied out already)
+      *p.slot = KeptChunk::keep_parsed(std::move(*p.chunk));
+  }
+  // Counts the pending rows, which the fit's side tasks kept (compact); past the cap, drops
+  // everything kept and stops keeping.
+  void settle() {
+    if (!compact)
+      for (const Pending& p : pending) keep_one(p);
     for (const Pending& p : pending) bytes += p.slot->bytes();
     pending.clear();
     if (bytes > cap) drop();
+  }
+  // Keeps the pending rows here (rows the fit did not see: the validation rows).
+  void flush() {
+    if (compact && !pending.empty())
+      parallel_for(0, static_cast<int64_t>(pending.size()), 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) keep_one(pending[i]);
+      });
+    settle();
   }
   void drop() {  // too large: the later passes read the input again
     on = false;
@@ -469,6 +553,14 @@ int64_t default_cache_bytes(int64_t memory_budget_mb) {
   if (memory_budget_mb > 0) return (memory_budget_mb << 20) / 4;
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page / 5 * 2 : 0;
+}
+
+// User + system CPU seconds of the process so far.
+double process_cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
 // Chunks per batch: one per thread, so that a batch is one parallel parse of the reader.
@@ -609,6 +701,8 @@ EtlResult run_etl(const EtlOptions& o) {
   DLREC_CHECK(o.valid_ratio >= 0 && o.valid_ratio < 1, "etl: valid_ratio must be in [0, 1), got ",
               o.valid_ratio);
   DLREC_CHECK(o.ranks >= 1 && o.ranks <= 65536, "etl: ranks must be in [1, 65536], got ", o.ranks);
+  DLREC_CHECK(o.read_ahead >= 0 && o.read_ahead <= 64, "etl: read_ahead must be in [0, 64] "
+              "batches (0: the default), got ", o.read_ahead);
   DLREC_CHECK(o.input_cache_mb >= -1, "etl: input_cache_mb must be -1 (default size), 0 (off) or a "
               "size in MB, got ", o.input_cache_mb);
   for (const auto& f : o.inputs) {
@@ -645,6 +739,7 @@ EtlResult run_etl(const EtlOptions& o) {
   try {
     // ---- fit, on the training rows only
     Timer fit_timer;
+    const double fit_cpu0 = process_cpu_seconds();
     if (o.memory_budget_mb > 0)
       workflow.set_fit_memory(o.memory_budget_mb << 20,
                               o.spill_dir.empty() ? o.output_dir : o.spill_dir);
@@ -654,6 +749,8 @@ EtlResult run_etl(const EtlOptions& o) {
     std::unique_ptr<Progress> progress;
     int64_t fit_rows = 0;
     // The input cache: on unless it is off or the row count says it cannot fit.
+    // Batches parsed ahead: one under a memory budget (less memory in flight).
+    const int read_ahead = o.read_ahead > 0 ? o.read_ahead : (o.memory_budget_mb > 0 ? 1 : 2);
     InputCache cache;
     cache.cap = o.input_cache_mb < 0 ? default_cache_bytes(o.memory_budget_mb)
                                      : o.input_cache_mb << 20;
@@ -669,6 +766,7 @@ EtlResult run_etl(const EtlOptions& o) {
     std::vector<io::RawChunk> batch;  // the reader's current batch
     std::vector<io::RawChunk> unpacked;  // kept chunks unpacked for a later fit pass
     bool cache_read_failed = false;   // the reader failed in the first pass, keeping rows
+    FitSideWork side;                 // the fit's side tasks: keeping a batch's rows
     auto open_fit_pass = [&]() -> ChunkBatchSource {
       if (progress) progress->finish();
       ++pass;
@@ -683,11 +781,13 @@ EtlResult run_etl(const EtlOptions& o) {
           const size_t k = std::min(cache.train_chunks - at, static_cast<size_t>(batch_chunks()));
           if (unpacked.size() < k) unpacked.resize(k);
           parallel_for(0, static_cast<int64_t>(k), 1, [&](int64_t lo, int64_t hi) {
-            for (int64_t i = lo; i < hi; ++i) cache.chunks[at + i].unpack(unpacked[i]);
+            for (int64_t i = lo; i < hi; ++i)
+              if (!cache.chunks[at + i].parsed()) cache.chunks[at + i].unpack(unpacked[i]);
           });
           for (size_t i = 0; i < k; ++i) {
-            out.push_back(&unpacked[i]);
-            fit_rows += unpacked[i].rows;
+            const KeptChunk& kc = cache.chunks[at + i];
+            out.push_back(kc.parsed() ? kc.parsed() : &unpacked[i]);
+            fit_rows += kc.rows();
           }
           at += k;
           progress->update(fit_rows);
@@ -700,19 +800,21 @@ EtlResult run_etl(const EtlOptions& o) {
       if (batches) res.read_wait_seconds += batches->wait_seconds();
       batches.reset();
       batches = std::make_unique<BatchReader>(io::open_reader(o.inputs, o.schema, ro),
-                                              batch_chunks());
+                                              batch_chunks(), read_ahead);
       const bool first = pass == 1;
-      if (first && cache.on && !cache.arena)
+      if (first && cache.on && !cache.arena) {
+        cache.compact = o.input_cache_compact;
         cache.arena = std::make_unique<KeptArena>(
             o.input_cache_huge_pages,  // blocks of an eighth of the cap, 2-64 MB
             std::clamp<size_t>(static_cast<size_t>(cache.cap / 8), size_t{2} << 20,
                                KeptArena::kBlockBytes));
+      }
       read_rows = 0;
       return [&, first](std::vector<const io::RawChunk*>& out) {
         out.clear();
+        cache.settle();  // the last batch's rows: kept by the fit's side tasks
         while (out.empty()) {
-          // The fit is done with the last batch: keep its rows before the reader reuses it.
-          cache.flush();
+          cache.flush();  // rows of a batch the fit does not see, before the reader reuses it
           int n = 0;
           try {
             n = batches->next(batch);
@@ -727,33 +829,40 @@ EtlResult run_etl(const EtlOptions& o) {
                 n_train < 0 ? c.rows : std::max<int64_t>(0, std::min(c.rows, n_train - read_rows));
             read_rows += c.rows;
             const bool keep = first && cache.on;
-            if (keep && train > 0) {
-              cache.chunks.emplace_back();
-              cache.pending.push_back({&cache.chunks.back(), &c, 0, train});
+            if (keep && train > 0 && train < c.rows) {
+              // The split: the validation rows now, before the fit sees the chunk.
+              cache.chunks.emplace_back();  // the training rows, kept below
+              KeptChunk* slot = &cache.chunks.back();
               cache.train_chunks = cache.chunks.size();
-            }
-            if (keep && train < c.rows) {
+              cache.chunks.push_back(cache.compact
+                                         ? KeptChunk::keep(c, train, c.rows, *cache.arena)
+                                         : KeptChunk::keep_parsed(copy_rows(c, train, c.rows)));
+              cache.bytes += cache.chunks.back().bytes();
+              keep_first_rows(c, train);
+              cache.pending.push_back({slot, &c, 0, train});
+            } else if (keep) {
               cache.chunks.emplace_back();
-              if (train == 0) {
-                cache.pending.push_back({&cache.chunks.back(), &c, 0, c.rows});
-              } else {  // the split: the validation rows now, before the fit sees the chunk
-                cache.chunks.back() = KeptChunk::keep(c, train, c.rows, *cache.arena);
-                cache.bytes += cache.chunks.back().bytes();
-              }
+              cache.pending.push_back({&cache.chunks.back(), &c, 0, c.rows});
+              if (train > 0) cache.train_chunks = cache.chunks.size();
+            } else if (train > 0 && train < c.rows) {
+              keep_first_rows(c, train);
             }
-            if (train > 0 && train < c.rows) keep_first_rows(c, train);
             if (train > 0) {
               out.push_back(&c);  // stays in `batch` until the next call
               fit_rows += train;
             }
           }
         }
+        // Compact: the fit keeps this batch's rows on its threads (the pending validation
+        // rows of earlier batches in this call were kept by flush()).
+        side.count = cache.compact ? static_cast<int>(cache.pending.size()) : 0;
         progress->update(fit_rows);
         return static_cast<int>(out.size());
       };
     };
+    side.task = [&](int i) { cache.keep_one(cache.pending[i]); };
     try {
-      workflow.fit_batches(open_fit_pass);
+      workflow.fit_batches(open_fit_pass, &side);
     } catch (const Error&) {
       // A bad row met while keeping the rows may lie past the training rows, where the fit
       // alone would not have read (the transform pass would report it, or an earlier error of
@@ -764,11 +873,12 @@ EtlResult run_etl(const EtlOptions& o) {
       batches.reset();
       cache = InputCache{};
       pass = 0;
-      workflow.fit_batches(open_fit_pass);
+      workflow.fit_batches(open_fit_pass, &side);
     }
     if (progress) progress->finish();
     if (batches) res.read_wait_seconds += batches->wait_seconds();
     cache.flush();  // nothing left, unless the source was not asked past the last batch
+    if (cache.arena) cache.arena->finish();
     cached = cache.on;
     res.input_cache_bytes = cached ? cache.bytes : 0;
     // The first pass's reader has seen every row when the transform reads the cache: its
@@ -781,10 +891,12 @@ EtlResult run_etl(const EtlOptions& o) {
       fail("etl: train_rows is ", n_train, " but the input holds only ", fit_rows,
            " good rows; no rows would be left for validation");
     res.fit_seconds = fit_timer.seconds();
+    res.fit_cpu_seconds = process_cpu_seconds() - fit_cpu0;
     std::tie(res.spill_runs, res.spill_bytes) = workflow.fit_spill_stats();
 
     // ---- transform every row into train/valid shards
     Timer tr_timer;
+    const double tr_cpu0 = process_cpu_seconds();
     const io::ShardLayout layout = workflow.output_layout();
     ShardSetWriter train(o.output_dir, "train", layout, o.shard_rows, o.block_rows, &created);
     ShardSetWriter valid(o.output_dir, "valid", layout, o.shard_rows, o.block_rows, &created);
@@ -815,8 +927,9 @@ EtlResult run_etl(const EtlOptions& o) {
     const int transform_chunks =
         o.memory_budget_mb > 0 ? batch_chunks() : std::min(tchunks, std::max(batch_chunks(), 64));
     std::unique_ptr<BatchReader> input;
-    if (!cached) input = std::make_unique<BatchReader>(io::open_reader(o.inputs, o.schema, o.read),
-                                                       transform_chunks);
+    if (!cached)
+      input = std::make_unique<BatchReader>(io::open_reader(o.inputs, o.schema, o.read),
+                                            transform_chunks, read_ahead);
     // From the cache, a batch's kept chunks are unpacked by the transform tasks (into the
     // reused `chunks`); they leave the cache, so its memory goes down as the pass goes on.
     std::vector<KeptChunk> kept_batch;
@@ -862,7 +975,7 @@ EtlResult run_etl(const EtlOptions& o) {
       auto transform_one = [&](int i) {
         try {
           const TrainRows tr{first_train[i], to_train_in[i]};
-          if (!input) kept_batch[i].unpack(chunks[i]);
+          if (!input) kept_batch[i].unpack_move(chunks[i]);
           workflow.transform(chunks[i], out[i], &kept[i], /*append=*/false, &tr);
         } catch (...) {
           errors[i] = std::current_exception();
@@ -941,6 +1054,7 @@ EtlResult run_etl(const EtlOptions& o) {
       res.train_shards.insert(res.train_shards.end(), r.begin(), r.end());
     res.valid_shards = valid.names();
     res.transform_seconds = tr_timer.seconds();
+    res.transform_cpu_seconds = process_cpu_seconds() - tr_cpu0;
 
     // ---- metadata; dataset.json last
     const std::string wf = o.output_dir + "/workflow.json";

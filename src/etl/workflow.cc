@@ -489,7 +489,7 @@ struct Workflow::Impl {
   // column (and feature op) walks all the chunks in order, so every op sees exactly the value
   // sequence of a chunk-by-chunk fit; the tasks are claimed dynamically, Categorify columns
   // (the heaviest) first.
-  void fit_chunks(const io::RawChunk* const* raws, int n, int pass) {
+  void fit_chunks(const io::RawChunk* const* raws, int n, int pass, FitSideWork* side = nullptr) {
     for (int i = 0; i < n; ++i) check_chunk(*raws[i], "fit");
     std::vector<io::RawChunk> filtered;
     std::vector<const io::RawChunk*> chunks(n);
@@ -517,10 +517,17 @@ struct Workflow::Impl {
     for (int col = nd; col < ncols; ++col) order.push_back(col);
     for (int col = ncols; col < ntasks; ++col) order.push_back(col);
     for (int col = 0; col < nd; ++col) order.push_back(col);
+    // Then the caller's side tasks.
+    const int nside = side && side->task ? side->count : 0;
+    const int total = ntasks + nside;
     std::atomic<int> next{0};
-    parallel_for(0, std::min(ntasks, num_threads()), 1, [&](int64_t, int64_t) {
+    parallel_for(0, std::min(total, num_threads()), 1, [&](int64_t, int64_t) {
       std::vector<float> buf;
-      for (int k = next++; k < ntasks; k = next++) {
+      for (int k = next++; k < total; k = next++) {
+        if (k >= ntasks) {
+          side->task(k - ntasks);
+          continue;
+        }
         const int col = order[k];
         for (int i = 0; i < n; ++i) fit_column(*chunks[i], col, pass, buf);
       }
@@ -788,7 +795,8 @@ void Workflow::fit_multipass(const std::function<ChunkSource()>& open_pass) {
   m.build_plan(true);
 }
 
-void Workflow::fit_batches(const std::function<ChunkBatchSource()>& open_pass) {
+void Workflow::fit_batches(const std::function<ChunkBatchSource()>& open_pass,
+                           FitSideWork* side) {
   Impl& m = *impl_;
   m.fitted = false;
   m.have_stats = false;
@@ -800,7 +808,8 @@ void Workflow::fit_batches(const std::function<ChunkBatchSource()>& open_pass) {
     for (int n; (n = next(chunks)) > 0;) {
       DLREC_CHECK(n <= static_cast<int>(chunks.size()), "Workflow::fit_batches: the source reported ",
                   n, " chunks but holds ", chunks.size());
-      m.fit_chunks(chunks.data(), n, pass);
+      m.fit_chunks(chunks.data(), n, pass, side);
+      if (side) side->count = 0;
     }
     m.end_pass(pass);
   }

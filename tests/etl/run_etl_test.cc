@@ -312,6 +312,20 @@ TEST(RunEtlTest, BadInputCacheSizeIsAnErrorBeforeAnyOutput) {
   EXPECT_FALSE(file_exists(o.output_dir));
 }
 
+TEST(RunEtlTest, BadReadAheadIsAnErrorBeforeAnyOutput) {
+  std::string dir = test_dir();
+  EtlOptions o = options(dir, write_input(dir, tsv(10)));
+  for (int bad : {-1, 65}) {
+    o.read_ahead = bad;
+    std::string msg = error_of([&] { run_etl(o); });
+    EXPECT_NE(msg.find("read_ahead must be in [0, 64] batches (0: the default), got " +
+                       std::to_string(bad)),
+              std::string::npos)
+        << msg;
+    EXPECT_FALSE(file_exists(o.output_dir));
+  }
+}
+
 TEST(RunEtlTest, TrainRowsBeyondInputIsAnError) {
   std::string dir = test_dir();
   EtlOptions o = options(dir, write_input(dir, tsv(100)));

@@ -123,9 +123,10 @@ TEST(ThreadsTest, MemoryBudgetSameBytesForAnyThreadCount) {
 }
 
 // The input parsed once and kept between the passes (input_cache_mb) gives the bytes of the
-// input parsed again for every pass: kept whole (default size), dropped part-way through the
-// first pass (1 MB, less than the parsed rows), and never kept (0); with filters, feature ops
-// and two fit passes, and with malformed rows skipped in the training and validation parts.
+// input parsed again for every pass: kept whole (default size; compacted, or as parsed), dropped
+// part-way through the first pass (1 MB, less than the parsed rows), and never kept (0); with 1
+// or 3 batches read ahead; with filters, feature ops and two fit passes, and with malformed
+// rows skipped in the training and validation parts.
 TEST(ThreadsTest, InputCacheSameBytesKeptDroppedOrOff) {
   TempDir tmp("input_cache");
   const std::string input = tmp.path + "/in.tsv";
@@ -138,32 +139,50 @@ TEST(ThreadsTest, InputCacheSameBytesKeptDroppedOrOff) {
   std::ofstream(input) << text;
   ThreadsGuard guard;
   set_num_threads(3);
+  struct Case {
+    int64_t cache_mb;
+    bool compact;
+    int read_ahead;
+  };
+  const Case cases[] = {{0, true, 0}, {-1, true, 0}, {1, true, 0},
+                        {-1, false, 0}, {-1, true, 1}, {0, true, 3}};
   for (const char* wf : {kCriteo, kFeatures}) {
     std::vector<std::string> ref_files;
     int64_t ref_skipped = -1;
-    for (int64_t cache_mb : {int64_t{0}, int64_t{-1}, int64_t{1}}) {
-      const std::string out = tmp.path + "/c" + std::to_string(cache_mb + 1);
+    int64_t compact_bytes = 0;
+    for (size_t c = 0; c < std::size(cases); ++c) {
+      const Case& k = cases[c];
+      const std::string name = "cache " + std::to_string(k.cache_mb) + " MB, compact " +
+                               std::to_string(k.compact) + ", read ahead " +
+                               std::to_string(k.read_ahead);
+      const std::string out = tmp.path + "/c" + std::to_string(c);
       EtlOptions o = options(input, out, json::parse(wf));
       o.read.on_error = io::OnError::Skip;
-      o.input_cache_mb = cache_mb;
+      o.input_cache_mb = k.cache_mb;
+      o.input_cache_compact = k.compact;
+      o.read_ahead = k.read_ahead;
       o.overwrite = true;
       EtlResult r = run_etl(o);
-      EXPECT_EQ(r.skipped_rows, 2);
-      if (cache_mb == -1)
+      EXPECT_EQ(r.skipped_rows, 2) << name;
+      if (k.cache_mb == -1) {
         EXPECT_GT(r.input_cache_bytes, int64_t{1} << 20) << "the parsed rows were not kept";
-      else
-        EXPECT_EQ(r.input_cache_bytes, 0) << "cache " << cache_mb << " MB";
-      if (cache_mb == 0) {
+        if (k.compact && k.read_ahead == 0) compact_bytes = r.input_cache_bytes;
+        if (!k.compact)  // as parsed: 8 bytes per key and per offset, more than compacted
+          EXPECT_GT(r.input_cache_bytes, 2 * compact_bytes) << name;
+      } else {
+        EXPECT_EQ(r.input_cache_bytes, 0) << name;
+      }
+      if (c == 0) {
         ref_files = list_dir(out);
         ref_skipped = r.skipped_rows;
         EXPECT_GT(ref_files.size(), 4u);
         continue;
       }
       EXPECT_EQ(r.skipped_rows, ref_skipped);
-      EXPECT_EQ(list_dir(out), ref_files) << "cache " << cache_mb << " MB";
+      EXPECT_EQ(list_dir(out), ref_files) << name;
       for (const auto& f : ref_files)
-        EXPECT_EQ(read_all(tmp.path + "/c1/" + f), read_all(out + "/" + f))
-            << f << " differs with an input cache of " << cache_mb << " MB";
+        EXPECT_EQ(read_all(tmp.path + "/c0/" + f), read_all(out + "/" + f))
+            << f << " differs with " << name;
     }
   }
 }

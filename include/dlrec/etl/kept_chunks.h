@@ -9,12 +9,12 @@
 //     when all do); any other column as the RawChunk holds it (8-byte values and offsets);
 // so about 165 bytes per Criteo row, and unpack() gives back the RawChunk bit for bit.
 //
-// Its memory comes from a KeptArena: blocks (64 MB by default), mapped at once and faulted in
-// by one madvise(MADV_POPULATE_WRITE) call (where the kernel has it), which costs 2-4x less
-// kernel time than a page fault per 4 KB page as the rows are written (measured on the 2-core
-// build machine, docs/ETL.md), optionally with MADV_HUGEPAGE (transparent huge pages). A block
-// is unmapped when the last chunk kept in it is destroyed, so the memory goes down as the
-// transform pass consumes the chunks.
+// Its memory comes from a KeptArena: blocks (64 MB by default), each mapped and faulted in by
+// one madvise(MADV_POPULATE_WRITE) call (where the kernel has it; 2-3x less kernel time than a
+// page fault per 4 KB page on the 2-core build machine, docs/ETL.md) while the one before is
+// being filled, optionally with MADV_HUGEPAGE (transparent huge pages). A block is unmapped
+// when the last chunk kept in it is destroyed, so the memory goes down as the transform pass
+// consumes the chunks.
 #pragma once
 
 #include <cstddef>
@@ -39,16 +39,22 @@ class KeptArena {
   // `bytes` of zeroed memory (8-byte aligned); `block` shares the ownership of its block.
   // Thread-safe. Throws dlrec::Error when no memory can be mapped.
   char* alloc(size_t bytes, std::shared_ptr<char>& block);
-  // Bytes mapped so far (blocks, including the unused end of the current one).
+  // Bytes of the blocks used so far (including the unused end of the current one).
   int64_t mapped_bytes() const { return mapped_; }
+  // No more requests: drops the block made ready ahead, if any, and makes no more.
+  void finish();
 
   static constexpr size_t kBlockBytes = size_t{64} << 20;
 
  private:
+  std::shared_ptr<char> map_block(size_t size) const;
+
   std::mutex mu_;
   bool huge_;
   size_t block_;
   std::shared_ptr<char> cur_;
+  std::shared_ptr<char> next_;  // the next block, mapped and faulted in ahead
+  bool preparing_ = false, last_ = false;
   size_t used_ = 0, size_ = 0;
   int64_t mapped_ = 0;
 };
@@ -59,12 +65,18 @@ class KeptChunk {
   // Rows [lo, hi) of c (0 <= lo <= hi <= c.rows), copied into memory from `arena`.
   // first_line becomes c.first_line + lo (0 stays 0).
   static KeptChunk keep(const io::RawChunk& c, int64_t lo, int64_t hi, KeptArena& arena);
+  // The chunk as parsed, moved in (no copy, no compaction; `c` is left empty).
+  static KeptChunk keep_parsed(io::RawChunk&& c);
 
   // The rows as a RawChunk, bit-identical to the rows kept; reuses out's capacity.
   void unpack(io::RawChunk& out) const;
+  // The same, moving a chunk kept as parsed out of this one (no copy; it is empty after).
+  void unpack_move(io::RawChunk& out);
 
+  // A chunk kept as parsed (keep_parsed), else null.
+  const io::RawChunk* parsed() const { return parsed_.get(); }
   int64_t rows() const { return rows_; }
-  int64_t bytes() const { return bytes_; }  // arena bytes this chunk holds
+  int64_t bytes() const { return bytes_; }  // bytes this chunk holds (arena, or the parsed chunk's)
 
  private:
   struct Cat {
@@ -81,6 +93,7 @@ class KeptChunk {
   const float* dense_ = nullptr;
   std::vector<Cat> cat_;
   std::shared_ptr<char> block_;
+  std::unique_ptr<io::RawChunk> parsed_;  // keep_parsed(): the chunk itself
 };
 
 }  // namespace dlrec::etl

@@ -63,6 +63,13 @@ struct EtlOptions {
   // Ask for transparent huge pages (MADV_HUGEPAGE) on the memory of the kept input
   // (etl::KeptArena). Off by default: see docs/ETL.md for where it helps.
   bool input_cache_huge_pages = false;
+  // Keep the input compacted (etl::KeptChunk::keep: about a third of the parsed chunks'
+  // memory) rather than as parsed.
+  bool input_cache_compact = true;
+  // Batches of parsed chunks the reader's helper thread may have ready ahead of the fit and
+  // transform loops (their parse fills the threads those loops leave idle). 0: 2, or 1 under
+  // memory_budget_mb.
+  int read_ahead = 0;
 };
 
 struct EtlResult {
@@ -81,6 +88,9 @@ struct EtlResult {
   // write_seconds = time the shard-writing thread worked (encoding, file writes, fsync) during
   // the transform pass (the writer is the bottleneck when it nears transform_seconds).
   double read_wait_seconds = 0, write_seconds = 0;
+  // CPU seconds (user + system, all threads) of the process during the fit and the transform
+  // pass: divided by the seconds and the thread count, how busy the threads were.
+  double fit_cpu_seconds = 0, transform_cpu_seconds = 0;
   // Bytes of parsed input kept in memory between the passes (0: the input was parsed again
   // for each pass, see EtlOptions::input_cache_mb).
   int64_t input_cache_bytes = 0;

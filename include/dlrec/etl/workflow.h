@@ -39,6 +39,14 @@ using ChunkSource = std::function<bool(io::RawChunk&)>;
 // Sets `chunks` to the next chunks of rows, in order (they stay valid until the next call) and
 // returns their number; 0 when the pass is over.
 using ChunkBatchSource = std::function<int(std::vector<const io::RawChunk*>& chunks)>;
+// The caller's own work, run by fit_batches on the fit's threads together with a batch's column
+// tasks and claimed after them, so that it fills the threads the last columns leave idle: after
+// each call of the source, task(i) runs once for every i in [0, count) (count as the source
+// just set it) before the source is called again. An exception from a task ends the fit.
+struct FitSideWork {
+  int count = 0;
+  std::function<void(int i)> task;
+};
 
 class Workflow {
  public:
@@ -65,7 +73,9 @@ class Workflow {
   // The same fit from batches of chunks (run_etl): one parallel task per column walks all the
   // chunks of a batch, so a batch of many chunks costs one fork-join instead of one per chunk.
   // Same fitted state as fit_multipass over the same rows.
-  void fit_batches(const std::function<ChunkBatchSource()>& open_pass);
+  // `side` (optional): the caller's work run alongside each batch (FitSideWork).
+  void fit_batches(const std::function<ChunkBatchSource()>& open_pass,
+                   FitSideWork* side = nullptr);
   bool fitted() const;
   // Bounds the memory of the next fit: the Categorify count tables together grow by at most
   // half of `budget_bytes`; past that they spill sorted (key, count) runs into `spill_dir` and
