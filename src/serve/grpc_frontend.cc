@@ -491,7 +491,23 @@ std::shared_ptr<ServedModel> Handlers::parse_infer(const grpc::ByteBuffer& bytes
   for (const grpc::Slice& sl : s.slices)
     s.segments.push_back({reinterpret_cast<const char*>(sl.begin()), sl.size()});
   const inference::ModelInferRequest* typed = nullptr;
-  if (read_infer_wire(s.segments.data(), s.segments.size(), s.req, s.raw, s.wire) ==
+  // A tensor that spans slices is gathered straight into the model's input buffer (the slot's
+  // batch) when the model is known by then (its name comes first in the message): then it is
+  // copied once, not gathered here and copied again by the encoding. Failing to find the model
+  // here only means the ordinary gather; the lookup below reports it.
+  std::shared_ptr<ServedModel> early;
+  bool looked = false;
+  auto target = [&](size_t, const InputTensor& t, size_t bytes) -> char* {
+    if (!looked) {
+      looked = true;
+      try {
+        early = core_.repository->get(s.req.model, s.req.version);
+      } catch (...) {
+      }
+    }
+    return early ? early->input_buffer(s.batch, t, bytes) : nullptr;
+  };
+  if (read_infer_wire(s.segments.data(), s.segments.size(), s.req, s.raw, s.wire, target) ==
       WireRead::Unusual) {
     if (!s.proto) s.proto = std::make_unique<inference::ModelInferRequest>();
     s.proto->Clear();

@@ -49,8 +49,10 @@ class SegmentReader {
   }
 
   // `len` bytes: a view into the current segment when they lie in it, else copied into
-  // `gather` (no zero-fill: assign/append from the segments).
-  bool bytes(size_t len, std::string_view& out, std::string& gather) {
+  // `target()` when it gives a buffer, or into `gather` (no zero-fill: assign/append from the
+  // segments).
+  template <class Target>
+  bool bytes(size_t len, std::string_view& out, std::string& gather, Target&& target) {
     if (len > total_ - pos_) return false;
     if (static_cast<size_t>(end_ - p_) >= len) {
       out = std::string_view(p_, len);
@@ -58,19 +60,27 @@ class SegmentReader {
       pos_ += len;
       return true;
     }
-    gather.clear();
-    gather.reserve(len);
-    size_t left = len;
+    char* dst = target();
+    if (!dst) {
+      gather.clear();
+      gather.reserve(len);
+    }
+    size_t left = len, at = 0;
     while (left > 0) {
       if (p_ == end_ && !next()) return false;
       const size_t k = std::min(left, static_cast<size_t>(end_ - p_));
-      gather.append(p_, k);
+      if (dst) std::memcpy(dst + at, p_, k);
+      else gather.append(p_, k);
       p_ += k;
       pos_ += k;
       left -= k;
+      at += k;
     }
-    out = gather;
+    out = dst ? std::string_view(dst, len) : std::string_view(gather);
     return true;
+  }
+  bool bytes(size_t len, std::string_view& out, std::string& gather) {
+    return bytes(len, out, gather, [] { return static_cast<char*>(nullptr); });
   }
 
  private:
@@ -243,7 +253,8 @@ size_t output_tensor_size(int64_t rows) {
 }  // namespace
 
 WireRead read_infer_wire(const WireSegment* segs, size_t n, InferRequest& req,
-                         std::vector<std::string_view>& raw, InferWireScratch& scratch) {
+                         std::vector<std::string_view>& raw, InferWireScratch& scratch,
+                         const GatherTarget& target) {
   SegmentReader r(segs, n);
   req.model.clear();
   req.version.clear();
@@ -279,7 +290,12 @@ WireRead read_infer_wire(const WireSegment* segs, size_t n, InferRequest& req,
       case 7: {
         const size_t k = raw.size();
         if (scratch.gathered.size() <= k) scratch.gathered.resize(k + 1);
-        ok = r.bytes(static_cast<size_t>(v), raw.emplace_back(), scratch.gathered[k]);
+        const size_t len = static_cast<size_t>(v);
+        ok = r.bytes(len, raw.emplace_back(), scratch.gathered[k], [&]() -> char* {
+          if (!target) return nullptr;
+          static const InputTensor none;
+          return target(k, k < ni ? req.inputs[k] : none, len);
+        });
         break;
       }
       default: ok = false;  // parameters (4), unknown fields

@@ -106,6 +106,58 @@ void parse_category(std::string_view f, const io::Schema& schema, bool multi_hot
   }
 }
 
+// The encoded inputs' copy-and-check loops, one pass each; compiled for AVX2 too (picked at
+// run time where the CPU has it: 4 ids per instruction instead of 1).
+// Copies n ids (or checks them in place when src == dst); whether any is outside [0, card).
+__attribute__((target_clones("avx2", "default"))) bool copy_ids(const char* src, int64_t* dst,
+                                                                  int64_t n, uint64_t card) {
+  uint64_t out = 0;
+  if (src == reinterpret_cast<const char*>(dst)) {
+    for (int64_t r = 0; r < n; ++r) out |= static_cast<uint64_t>(static_cast<uint64_t>(dst[r]) >= card);
+  } else {
+    for (int64_t r = 0; r < n; ++r) {
+      int64_t v;
+      std::memcpy(&v, src + 8 * r, 8);
+      dst[r] = v;
+      out |= static_cast<uint64_t>(static_cast<uint64_t>(v) >= card);
+    }
+  }
+  return out != 0;
+}
+
+// Copies n floats (or checks them in place); whether any is not finite (exponent bits all set).
+__attribute__((target_clones("avx2", "default"))) bool copy_floats(const char* src, float* dst,
+                                                                     size_t n) {
+  uint32_t bad = 0;
+  char* d = reinterpret_cast<char*>(dst);
+  if (src == d) {
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, src + 4 * i, 4);
+      bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, src + 4 * i, 4);
+      std::memcpy(d + 4 * i, &bits, 4);
+      bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    }
+  }
+  return bad != 0;
+}
+
+// t of an encoded input named "cat_<t>", else -1.
+int cat_index(const std::string& name) {
+  if (name.rfind("cat_", 0) != 0 || name.size() <= 4 || name.size() >= 12) return -1;
+  int idx = 0;
+  for (size_t k = 4; k < name.size(); ++k) {
+    if (name[k] < '0' || name[k] > '9') return -1;
+    idx = idx * 10 + (name[k] - '0');
+  }
+  return idx;
+}
+
 }  // namespace
 
 ServedModel::ServedModel(std::string name, int64_t version, const std::string& dir,
@@ -274,25 +326,18 @@ void ServedModel::encode_into(const InferRequest& req, io::Batch& batch) const {
     if (t.name == "dense" && layout_.num_dense > 0) {
       require_type(t, {"FP32"});
       check_tensor(t, rows, layout_.num_dense, layout_.num_dense == 1);
-      batch.dense.resize(static_cast<size_t>(rows * layout_.num_dense));
-      std::memcpy(batch.dense.data(), t.data.data(), batch.dense.size() * sizeof(float));
-      for (size_t i = 0; i < batch.dense.size(); ++i)
-        if (!std::isfinite(batch.dense[i]))
-          bad(detail::concat("input 'dense' row ", static_cast<int64_t>(i) / layout_.num_dense,
-                             ": the value is not finite"));
+      const size_t n = static_cast<size_t>(rows * layout_.num_dense);
+      batch.dense.resize(n);
+      // Copied and checked in one pass; the data may already lie in the batch (input_buffer):
+      // then it is only checked.
+      if (copy_floats(t.data.data(), batch.dense.data(), n))
+        for (size_t i = 0; i < n; ++i)
+          if (!std::isfinite(batch.dense[i]))
+            bad(detail::concat("input 'dense' row ", static_cast<int64_t>(i) / layout_.num_dense,
+                               ": the value is not finite"));
       continue;
     }
-    int idx = -1;
-    if (t.name.rfind("cat_", 0) == 0 && t.name.size() > 4 && t.name.size() < 12) {
-      idx = 0;
-      for (size_t k = 4; k < t.name.size(); ++k) {
-        if (t.name[k] < '0' || t.name[k] > '9') {
-          idx = -1;
-          break;
-        }
-        idx = idx * 10 + (t.name[k] - '0');
-      }
-    }
+    const int idx = cat_index(t.name);
     if (idx < 0 || idx >= ncat)
       bad(detail::concat("unknown input '", t.name, "' (encoded inputs: 'dense' and 'cat_0'..'cat_",
                          ncat - 1, "'; raw inputs: the schema's columns)"));
@@ -306,17 +351,21 @@ void ServedModel::encode_into(const InferRequest& req, io::Batch& batch) const {
     offs.resize(static_cast<size_t>(rows + 1));
     for (size_t r = have; r < offs.size(); ++r) offs[r] = static_cast<int64_t>(r);
     const int64_t card = layout_.cardinalities[static_cast<size_t>(idx)];
-    // The type is checked once; the values are copied (little-endian hosts) and then checked
-    // in one tight pass.
-    if (t.datatype == "INT64") {
-      std::memcpy(ids.data(), t.data.data(), sizeof(int64_t) * static_cast<size_t>(rows));
-    } else {
-      for (int64_t r = 0; r < rows; ++r) ids[static_cast<size_t>(r)] = int_at(t, r);
-    }
+    // The type is checked once; the values are copied (little-endian hosts) and range-checked
+    // in the same pass (one unsigned compare: a negative id is a huge unsigned one).
+    const uint64_t ucard = static_cast<uint64_t>(card);
     bool out_of_range = false;
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t id = ids[static_cast<size_t>(r)];
-      out_of_range |= (id < 0) | (id >= card);
+    const char* src = t.data.data();
+    int64_t* dst = ids.data();
+    if (t.datatype == "INT64") {
+      out_of_range = copy_ids(src, dst, rows, ucard);  // or only checked, when in place
+    } else {
+      for (int64_t r = 0; r < rows; ++r) {
+        int32_t v;
+        std::memcpy(&v, src + 4 * r, 4);
+        dst[r] = v;
+        out_of_range |= static_cast<uint64_t>(int64_t{v}) >= ucard;
+      }
     }
     if (out_of_range)
       for (int64_t r = 0; r < rows; ++r) {
@@ -337,6 +386,28 @@ void ServedModel::encode_into(const InferRequest& req, io::Batch& batch) const {
   // Every encoded cat_<t> is [rows] (checked above), each feature was written once (names are
   // distinct) and all are present: one id per row, and the invariant above holds.
   batch.one_id_per_row = true;
+}
+
+char* ServedModel::input_buffer(io::Batch& batch, const InputTensor& t, size_t bytes) const {
+  if (t.shape.empty() || t.shape[0] < 1 || t.shape[0] > batching_.max_batch_size ||
+      raw_col_.count(t.name))
+    return nullptr;
+  const size_t rows = static_cast<size_t>(t.shape[0]);
+  if (t.name == "dense" && layout_.num_dense > 0) {
+    const size_t n = rows * static_cast<size_t>(layout_.num_dense);
+    if (t.datatype != "FP32" || bytes != n * sizeof(float)) return nullptr;
+    batch.dense.resize(n);  // as encode_into will
+    return reinterpret_cast<char*>(batch.dense.data());
+  }
+  const int idx = cat_index(t.name);
+  const size_t ncat = layout_.cardinalities.size();
+  if (idx < 0 || static_cast<size_t>(idx) >= ncat || t.datatype != "INT64" ||
+      bytes != rows * sizeof(int64_t))
+    return nullptr;
+  if (batch.cat_indices.size() < ncat) batch.cat_indices.resize(ncat);
+  auto& ids = batch.cat_indices[static_cast<size_t>(idx)];
+  ids.resize(rows);  // as encode_into will
+  return reinterpret_cast<char*>(ids.data());
 }
 
 InferResponse ServedModel::infer(const InferRequest& req) {

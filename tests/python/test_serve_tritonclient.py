@@ -554,6 +554,38 @@ def test_grpc_wire_reader_and_protobuf_fallback_agree(work, hc, server):
     ch.close()
 
 
+
+def test_grpc_big_requests_across_transport_slices(work, hc, server):
+    """Requests of ~0.3-1 MB arrive in several transport slices; tensors that span them are
+    gathered into the model's input buffers. Every answer must equal HTTP's, and a bad id in
+    such a tensor must be reported (and leave the next call intact)."""
+    import grpc
+    ch, infer = raw_model_infer(server)
+    for k, rows in enumerate([3000, 1200, 4000, 7, 3000]):
+        cols = encoded_columns(work, rows, seed=200 + k)
+        expected = hc.infer("m", make_inputs(httpclient, cols)).as_numpy("probability")
+        got = probabilities(infer(infer_request_pb(cols).SerializeToString(), timeout=60))
+        assert np.max(np.abs(got - expected)) <= 1e-6, (k, rows)
+    cols = encoded_columns(work, 3000, seed=300)
+    card = work["layout"]["cardinalities"][20]
+    cols["cat_20"] = cols["cat_20"].copy()
+    cols["cat_20"][2500, 0] = card
+    with pytest.raises(grpc.RpcError) as e:
+        infer(infer_request_pb(cols).SerializeToString(), timeout=60)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "cat_20" in e.value.details() and "row 2500" in e.value.details(), e.value.details()
+    cols["dense"] = cols["dense"].copy()
+    cols["cat_20"][2500, 0] = 0
+    cols["dense"][1999, 1] = np.inf
+    with pytest.raises(grpc.RpcError) as e:
+        infer(infer_request_pb(cols).SerializeToString(), timeout=60)
+    assert "dense" in e.value.details() and "row 1999" in e.value.details(), e.value.details()
+    cols["dense"][1999, 1] = 0.5
+    expected = hc.infer("m", make_inputs(httpclient, cols)).as_numpy("probability")
+    got = probabilities(infer(infer_request_pb(cols).SerializeToString(), timeout=60))
+    assert np.max(np.abs(got - expected)) <= 1e-6
+    ch.close()
+
 def test_grpc_malformed_model_infer_bytes_are_invalid_argument(work, server, gc):
     import grpc
     ch, infer = raw_model_infer(server)

@@ -395,3 +395,59 @@ TEST(InferWire, ResponseBytesAreProtobufs) {
     }
   }
 }
+
+TEST(InferWire, SplitTensorsGoWhereTheTargetSays) {
+  // 600 rows: 26 tensors of 4800 bytes, cut every 4096 bytes, so that most span a cut.
+  const auto q = encoded_request(600, 3, 26, 8);
+  const std::string bytes = q.SerializeAsString();
+  std::vector<std::string> pieces;
+  for (size_t at = 0; at < bytes.size(); at += 4096) pieces.push_back(bytes.substr(at, 4096));
+  std::vector<WireSegment> segs;
+  for (const auto& p : pieces) segs.push_back({p.data(), p.size()});
+  std::vector<std::vector<char>> buffers(q.raw_input_contents_size());
+  std::vector<std::string> names(q.raw_input_contents_size());
+  int calls = 0;
+  GatherTarget target = [&](size_t k, const InputTensor& in, size_t n) -> char* {
+    ++calls;
+    names[k] = in.name;
+    EXPECT_EQ(n, q.raw_input_contents(static_cast<int>(k)).size());
+    if (k % 2) return nullptr;  // odd ones: the reader's own gather buffer
+    buffers[k].resize(n);
+    return buffers[k].data();
+  };
+  InferWireScratch scratch;
+  InferRequest req;
+  std::vector<std::string_view> raw;
+  ASSERT_EQ(read_infer_wire(segs.data(), segs.size(), req, raw, scratch, target),
+            WireRead::Parsed);
+  EXPECT_GT(calls, 10);
+  ASSERT_EQ(raw.size(), static_cast<size_t>(q.raw_input_contents_size()));
+  for (size_t k = 0; k < raw.size(); ++k) {
+    EXPECT_EQ(raw[k], q.raw_input_contents(static_cast<int>(k))) << k;
+    if (!names[k].empty()) {  // it spanned a cut: the target was asked, with its input
+      EXPECT_EQ(names[k], q.inputs(static_cast<int>(k)).name());
+      if (k % 2 == 0) EXPECT_EQ(raw[k].data(), buffers[k].data()) << k;
+      else EXPECT_EQ(raw[k].data(), scratch.gathered[k].data()) << k;
+    } else {  // within one segment: in place
+      bool inside = false;
+      for (const auto& s : segs) inside |= raw[k].data() >= s.data && raw[k].data() < s.data + s.size;
+      EXPECT_TRUE(inside) << k;
+    }
+  }
+  // Raw contents before the inputs (legal, if unusual): the target is told nothing of them.
+  std::string reordered;
+  for (const auto& c : q.raw_input_contents()) reordered += field_len(7, c);
+  for (const auto& in : q.inputs()) reordered += field_len(5, in.SerializeAsString());
+  std::vector<std::string> rpieces;
+  for (size_t at = 0; at < reordered.size(); at += 4096) rpieces.push_back(reordered.substr(at, 4096));
+  segs.clear();
+  for (const auto& p : rpieces) segs.push_back({p.data(), p.size()});
+  names.assign(names.size(), "?");
+  ASSERT_EQ(read_infer_wire(segs.data(), segs.size(), req, raw, scratch, target),
+            WireRead::Parsed);
+  for (size_t k = 0; k < raw.size(); ++k) {
+    EXPECT_EQ(raw[k], q.raw_input_contents(static_cast<int>(k))) << k;
+    EXPECT_TRUE(names[k] == "?" || names[k].empty()) << k << " " << names[k];
+  }
+  check_read(reordered, {4096, 8192, 20000}, "raw contents first");
+}

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,14 +39,22 @@ struct InferWireScratch {
 
 enum class WireRead { Parsed, Unusual };
 
+// Where a raw tensor that spans segments may be gathered: given its index among the
+// raw_input_contents, its input (name, datatype and shape as read so far; empty when its
+// InferInputTensor comes later in the message) and its size in bytes, a buffer of that size,
+// or null for `scratch`. The gRPC front end passes the model's own input buffer (so that the
+// tensor is copied once, straight to where the model reads it).
+using GatherTarget = std::function<char*(size_t index, const InputTensor& input, size_t bytes)>;
+
 // Reads a serialized ModelInferRequest made of `n` segments into `req` (model, version, id;
 // each input's name, datatype and shape; the requested outputs' names) and `raw` (the
 // raw_input_contents in order: views into the segments or into `scratch`, valid while both
-// are). Returns Unusual for what it does not read itself (see above); `req` and `raw` then
+// are, or into the buffers `target` gave). Returns Unusual for what it does not read itself (see above); `req` and `raw` then
 // hold partial results and the caller must parse the message with protobuf instead. Never
 // throws for bad bytes.
 WireRead read_infer_wire(const WireSegment* segs, size_t n, InferRequest& req,
-                         std::vector<std::string_view>& raw, InferWireScratch& scratch);
+                         std::vector<std::string_view>& raw, InferWireScratch& scratch,
+                         const GatherTarget& target = {});
 
 // The same fields from a message protobuf parsed (views into `q`).
 void read_infer_proto(const inference::ModelInferRequest& q, InferRequest& req,

@@ -54,6 +54,12 @@ class ServedModel {
   // encode into `batch`, reusing its buffers (its previous contents are replaced; on an error
   // it is left in a state the next encode_into overwrites).
   void encode_into(const InferRequest& req, io::Batch& batch) const;
+  // Where encode_into(req, batch) reads an encoded input from when its data already lies there:
+  // for "dense" (FP32) and "cat_<t>" (INT64) of `bytes` bytes matching their shape, the batch's
+  // own buffer for it (resized, as encode_into would), else null. A front end that must copy a
+  // tensor anyway (gRPC: one that spans transport slices) copies it there and points the
+  // input's data at it; encode_into then checks it in place (no second copy).
+  char* input_buffer(io::Batch& batch, const InputTensor& t, size_t bytes) const;
   // encode + dynamic batching + scoring; updates the statistics (success or failure).
   InferResponse infer(const InferRequest& req);
 
