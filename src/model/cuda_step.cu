@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
 #include "dlrec/core/thread_pool.h"
@@ -48,15 +47,7 @@ cudaGraphExec_t capture_graph(cudaStream_t stream, const std::function<void()>& 
     if (e != cudaSuccess && why.empty()) why = cudaGetErrorString(e);
     ok = ok && e == cudaSuccess && graph;
     if (ok) {
-      // Node priorities: each kernel keeps the priority of the stream it was captured on (the
-      // graph models' critical-path and weight-gradient streams); without the flag a graph's
-      // kernels all run at the launch stream's. DLREC_GRAPH_NODE_PRIO=0: without it.
-      static const bool prio = [] {
-        const char* v = std::getenv("DLREC_GRAPH_NODE_PRIO");
-        return !(v && v[0] == '0');
-      }();
-      const cudaError_t ie = cudaGraphInstantiate(
-          &exec, graph, prio ? cudaGraphInstantiateFlagUseNodePriority : 0);
+      const cudaError_t ie = cudaGraphInstantiate(&exec, graph, 0);
       if (ie != cudaSuccess) {
         ok = false;
         why = cudaGetErrorString(ie);

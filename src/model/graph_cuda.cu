@@ -20,11 +20,10 @@
 // copied on a copy stream (overlapping the previous step), learning rates live in device memory,
 // and from the second step of a shape on the whole step (forward, BCE, backward, updates) is one
 // CUDA graph replay (DLREC_CUDA_GRAPH=0 turns that off). The embedding layer's lookup and its
-// fused update run on a side stream beside the dense layers that do not depend on them; in
-// training the update's id work (radix sort by row, runs of equal rows) follows the lookup
-// there, beside the dense forward (DLREC_EMB_EARLY_IDS=0: at the update). When a concat is the
-// embedding layer's only consumer, the lookup writes into the concat's columns and the update
-// reads its gradient from the concat's gradient (no copies; DLREC_EMB_DIRECT=0: off).
+// fused update run on a side stream beside the dense layers that do not depend on them. When a
+// concat is the embedding layer's only consumer, the lookup writes into the concat's columns
+// and the update reads its gradient from the concat's gradient (no copies; DLREC_EMB_DIRECT=0:
+// off).
 // bf16 GEMMs without an epilogue that overwrite their output go through cuBLASLt with the
 // fastest of its candidates (DLREC_GRAPH_LT=0: cublasGemmEx); DLREC_PROFILE=1 prints the device
 // time per layer and, for MLP and cross layers, per kind of work (no graphs, no side streams).
@@ -462,8 +461,8 @@ struct TableSet {
                         e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD, e.lr + 1,
                         e.emb_eps, key_bits, scratch, e.st);
   }
-  // The same in two halves: the id work of the step's batch (any time after its keys are
-  // final), then the update from dL/dpooled (f32 or bf16, rows ld apart).
+  // The same in two halves: the id work of the step's batch (sort by row, runs), then the
+  // update from dL/dpooled (f32 or bf16, rows ld apart).
   void ids(Engine& e) { ce::backward_ids(tab, e.offsets, e.keys, e.B, e.nnz, key_bits, scratch, e.st); }
   template <class G>
   void apply(Engine& e, bool mean, const G* dpooled, int64_t ld) {
@@ -486,8 +485,7 @@ struct TableSet {
 // the pooled rows are written straight into the concat's columns [col, col + T * dim) (its
 // row stride and type), and the backward reads its gradient from the same columns of the
 // concat's gradient (bf16 widened on load), so the layer has no buffers of its own and the
-// concat neither copies nor splits it. The backward's id work (sort, runs) can run ahead, from
-// prepare_backward() after the forward; backward() then only reduces and updates.
+// concat neither copies nor splits it.
 class EmbeddingNode final : public Node {
  public:
   EmbeddingNode(Engine& e, const std::string& name, const io::ShardLayout& layout, int64_t dim,
@@ -509,11 +507,6 @@ class EmbeddingNode final : public Node {
     into_ = into;
     col_ = col;
   }
-  // The backward's id work for this step's batch, ahead of backward() (training forwards).
-  void prepare_backward(Engine& e) {
-    ts_.ids(e);
-    ids_ready_ = true;
-  }
   void forward(Engine& e) override {
     Value& v = e.vals[self];
     if (hashed_) {
@@ -529,7 +522,6 @@ class EmbeddingNode final : public Node {
         return;
       }
     }
-    ids_ready_ = false;  // a new batch
     // Direct: the concat's columns (same type: checked by the plan), else our own rows.
     const Value& o = into_ >= 0 ? e.vals[into_] : v;
     const int64_t col = into_ >= 0 ? col_ : 0;
@@ -540,8 +532,7 @@ class EmbeddingNode final : public Node {
       ce::forward(ts_.tab, e.offsets, e.keys, e.B, mean_, o.y.data<float>() + col, e.st, o.ld);
   }
   void backward(Engine& e) override {
-    if (!ids_ready_) ts_.ids(e);
-    ids_ready_ = false;
+    ts_.ids(e);
     if (into_ < 0) {
       ts_.apply(e, mean_, e.vals[self].g.data<float>(), e.vals[self].ld);
       return;
@@ -569,9 +560,8 @@ class EmbeddingNode final : public Node {
   bool mean_;
   TableSet ts_;
   std::unique_ptr<hashed_cuda::HashedTables> hashed_;
-  int into_ = -1;           // direct: the concat value written into (else -1)
-  int64_t col_ = 0;         // and the first of its columns
-  bool ids_ready_ = false;  // prepare_backward() ran for the current batch
+  int into_ = -1;    // direct: the concat value written into (else -1)
+  int64_t col_ = 0;  // and the first of its columns
 };
 
 // Wide & Deep's linear part over the one-hot categorical features (nn::WideLinear):
@@ -1202,7 +1192,7 @@ class GraphCuda final : public CudaModel {
   // `training`: hashed tables insert the batch's keys (evaluation only looks them up).
   void upload(const io::Batch& b, float lr, float emb_lr, bool training);
   void bind_slot();
-  void run_forward(bool training);
+  void run_forward();
   void run_backward();
   void on_side(int i, bool fwd);
   void step_body();
@@ -1223,9 +1213,7 @@ class GraphCuda final : public CudaModel {
   float lr_ = 0, emb_lr_ = 0;
   cudaStream_t copy_ = nullptr, side_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
-  cudaEvent_t ids_join_ = nullptr;  // the embedding backward's id work, run ahead on side_
   bool overlap_ = true;  // the embedding layer on a side stream (off when profiling)
-  bool early_ids_ = true;  // that id work during the forward (DLREC_EMB_EARLY_IDS=0: off)
   int emb_idx_ = -1;
   Tensor blas_ws_, lt_ws_, wblas_ws_, wlt_ws_;
   bool graphs_ = true, shadows_stale_ = false;
@@ -1365,10 +1353,7 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
   DLREC_CUDA_CHECK(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, greatest));
   DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
-  DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&ids_join_, cudaEventDisableTiming));
   overlap_ = !profile_;
-  const char* eids = std::getenv("DLREC_EMB_EARLY_IDS");
-  early_ids_ = !(eids && eids[0] == '0');
   blas_ws_ = Tensor::empty({32 << 20}, DType::U8, dev_);
   DLREC_CUBLAS_CHECK(cublasCreate(&e_.blas));
   DLREC_CUBLAS_CHECK(cublasSetStream(e_.blas, e_.st));
@@ -1657,7 +1642,6 @@ GraphCuda::~GraphCuda() {
   if (e_.wst) cudaStreamDestroy(e_.wst);
   if (fork_) cudaEventDestroy(fork_);
   if (join_) cudaEventDestroy(join_);
-  if (ids_join_) cudaEventDestroy(ids_join_);
   if (side_) cudaStreamDestroy(side_);
   if (copy_) cudaStreamDestroy(copy_);
   if (e_.st) cudaStreamDestroy(e_.st);
@@ -1746,29 +1730,15 @@ void GraphCuda::on_side(int i, bool fwd) {
   DLREC_CUDA_CHECK(cudaEventRecord(join_, side_));
 }
 
-void GraphCuda::run_forward(bool training) {
+void GraphCuda::run_forward() {
   if (e_.B == 0) return;
   // The embedding lookup (no inputs) runs on the side stream beside the dense layers before
-  // its first consumer; in training, the backward's id work (sort by row) follows it there,
-  // beside the dense forward, and the main stream waits for it at the end of the forward.
+  // its first consumer.
   const bool ov = overlap_ && emb_idx_ >= 0;
-  const bool ids = training && early_ids_ && emb_idx_ >= 0;
   bool pending = false;
   if (ov) {
     on_side(emb_idx_, true);
     pending = true;
-    if (ids) {
-      cudaStream_t main = e_.st;
-      e_.st = side_;
-      try {
-        emb_->prepare_backward(e_);
-      } catch (...) {
-        e_.st = main;
-        throw;
-      }
-      e_.st = main;
-      DLREC_CUDA_CHECK(cudaEventRecord(ids_join_, side_));
-    }
   }
   for (int i : spec_.order) {
     if (ov && i == emb_idx_) continue;
@@ -1780,13 +1750,8 @@ void GraphCuda::run_forward(bool training) {
         }
     nodes_[i]->forward(e_);
     mark(spec_.layers[i].name + " fwd");
-    if (ids && !ov && i == emb_idx_) {
-      emb_->prepare_backward(e_);
-      mark(spec_.layers[i].name + " bwd ids");
-    }
   }
   if (pending) DLREC_CUDA_CHECK(cudaStreamWaitEvent(e_.st, join_, 0));
-  if (ids && ov) DLREC_CUDA_CHECK(cudaStreamWaitEvent(e_.st, ids_join_, 0));
 }
 
 void GraphCuda::run_backward() {
@@ -1812,7 +1777,7 @@ void GraphCuda::run_backward() {
 }
 
 void GraphCuda::step_body() {
-  run_forward(true);
+  run_forward();
   cd::bce_with_logits(logits(), inputs_->slots[cur_].d_labels.data<float>(), fwd_rows_,
                       dlogits_.data<float>(), static_cast<double*>(loss_.raw()), e_.st, nullptr);
   mark("bce");
@@ -1824,7 +1789,7 @@ Tensor GraphCuda::forward(const io::Batch& batch, bool training) {
   check_batch(batch);
   have_training_forward_ = false;
   upload(batch, 0.f, 0.f, training);
-  run_forward(training);
+  run_forward();
   marks_.clear();  // phases are profiled in train_step only
   const int64_t B = fwd_rows_;
   Tensor out = Tensor::empty({B}, DType::F32, dev_);

@@ -75,8 +75,9 @@ void backward_update(const Tables& tab, const int32_t* offsets, const uint32_t* 
                      float eps, int key_bits, const Scratch& s, cudaStream_t stream,
                      const float* gscale = nullptr);
 
-// The two halves of backward_update, so that the first can run early. backward_ids does the
-// work that depends on the batch's ids only (the bag of each id, the stable sort by row, the
+// The two halves of backward_update (the second also reads a strided or bf16 gradient in
+// place, as the graph model's embedding layer written into a concat does). backward_ids does
+// the work that depends on the batch's ids only (the bag of each id, the stable sort by row, the
 // runs of equal rows) and leaves it in `s`; backward_apply reads it (the same batch and
 // scratch, nothing else using `s` in between) and reduces the gradient and updates the rows.
 // dpooled is float or __nv_bfloat16 (widened to float on load: the same sums as from an f32

@@ -409,17 +409,16 @@ TEST(GraphCuda, CrossDeferredSumAndWeightStreamBitIdentical) {
   }
 }
 
-// The embedding layer written straight into its concat's columns (its gradient read from the
-// concat's), the embedding backward's id work run during the forward and the step graph's
-// per-node priorities (the defaults) against none of them (DLREC_EMB_DIRECT=0
-// DLREC_EMB_EARLY_IDS=0 DLREC_GRAPH_NODE_PRIO=0): the same values summed in the same order (a
-// bf16 gradient widened on load is the value its f32 copy held), so in fp32 and in bf16 every
-// loss, logit and final parameter is bit-identical, with graph replay, a batch-size change and
+// The embedding layer written straight into its concat's columns and its gradient read from
+// the concat's (the default) against its own buffers, copied into and out of the concat
+// (DLREC_EMB_DIRECT=0): the same values summed in the same order (a bf16 gradient widened on
+// load is the value its f32 copy held), so in fp32 and in bf16 every loss, logit, final
+// parameter and accumulator is bit-identical, with graph replay, a batch-size change and
 // forward + backward_and_update steps; for the embeddings at an odd column of x0 (dense 3 wide,
 // dim 3, mean pooling over multi-hot bags: scalar lanes), after a bottom MLP (float4 lanes),
 // and first in the concat. cuBLASLt takes its heuristic's first choice in both models
 // (DLREC_LT_TUNE=0), so the bf16 GEMMs are the same too.
-TEST(GraphCuda, EmbeddingIntoConcatAndEarlyIdsBitIdentical) {
+TEST(GraphCuda, EmbeddingIntoConcatBitIdentical) {
   SKIP_WITHOUT_GPU();
   const char* odd = R"(
     {"name": "dense", "type": "dense"},
@@ -440,12 +439,8 @@ TEST(GraphCuda, EmbeddingIntoConcatAndEarlyIdsBitIdentical) {
       Case c(layers, kAdagrad);
       if (layers == odd) c.layout = make_layout(3, {50, 7, 100, 3, 20});
       setenv("DLREC_EMB_DIRECT", "0", 1);
-      setenv("DLREC_EMB_EARLY_IDS", "0", 1);
-      setenv("DLREC_GRAPH_NODE_PRIO", "0", 1);
       auto ref = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 17, prec);
       unsetenv("DLREC_EMB_DIRECT");
-      unsetenv("DLREC_EMB_EARLY_IDS");
-      unsetenv("DLREC_GRAPH_NODE_PRIO");
       auto fast =
           make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 17, prec);
       double l0 = 0, l1 = 0;
