@@ -37,7 +37,8 @@ struct EtlBenchOptions {
   int64_t memory_budget_mb = 0;
   int64_t chunk_rows = 0;
   int64_t input_cache_mb = -1;
-  bool cache_huge_pages = false, cache_as_parsed = false;
+  bool cache_huge_pages = false;
+  std::string cache_form = "auto";
   int read_ahead = 0;
   bool keep = false;
 };
@@ -93,7 +94,7 @@ int run_etl_bench(const EtlBenchOptions& o) {
       if (o.chunk_rows > 0) e.read.chunk_rows = o.chunk_rows;
       e.input_cache_mb = o.input_cache_mb;
       e.input_cache_huge_pages = o.cache_huge_pages;
-      e.input_cache_compact = !o.cache_as_parsed;
+      e.input_cache_form = etl::parse_cache_form(o.cache_form);
       e.read_ahead = o.read_ahead;
       const double cpu0 = cpu_seconds();
       etl::EtlResult r = etl::run_etl(e);
@@ -162,8 +163,9 @@ Runner add_bench_etl(CLI::App* b) {
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 30));
   s->add_flag("--cache-huge-pages", o->cache_huge_pages,
               "Transparent huge pages for the kept parsed input (as dlrec etl)");
-  s->add_flag("--cache-as-parsed", o->cache_as_parsed,
-              "Keep the parsed input as parsed chunks instead of compacted (comparison)");
+  s->add_option("--cache-form", o->cache_form,
+                "auto, compact or parsed: how the kept input is held (as dlrec etl)")
+      ->check(CLI::IsMember({"auto", "compact", "parsed"}));
   s->add_option("--read-ahead", o->read_ahead,
                 "Batches parsed ahead of the fit and transform (0: default, as dlrec etl)")
       ->check(CLI::Range(0, 64));

@@ -496,7 +496,7 @@ io::RawChunk copy_rows(const io::RawChunk& c, int64_t lo, int64_t hi) {
 // (the chunk holding the split is kept in two). A deque, so that kept chunks stay where they
 // are while more come.
 //
-// Compacted (EtlOptions::input_cache_compact, etl::KeptChunk::keep), the rows of a batch are
+// Compacted (EtlOptions::input_cache_form, etl::KeptChunk::keep), the rows of a batch are
 // copied by side tasks of the fit (FitSideWork: they fill the threads its last columns leave
 // idle) and the reader reuses its chunks; as parsed, the chunks are moved in once the fit is
 // done with them.
@@ -691,6 +691,13 @@ int64_t count_rows(const std::vector<std::string>& files, const io::Schema& sche
   return total;
 }
 
+CacheForm parse_cache_form(const std::string& s) {
+  if (s == "auto") return CacheForm::Auto;
+  if (s == "compact") return CacheForm::Compact;
+  if (s == "parsed") return CacheForm::Parsed;
+  fail("input cache form must be 'auto', 'compact' or 'parsed', got '", s, "'");
+}
+
 EtlResult run_etl(const EtlOptions& o) {
   Timer total_timer;
   EtlResult res;
@@ -748,19 +755,30 @@ EtlResult run_etl(const EtlOptions& o) {
     std::unique_ptr<BatchReader> batches;
     std::unique_ptr<Progress> progress;
     int64_t fit_rows = 0;
-    // The input cache: on unless it is off or the row count says it cannot fit.
-    // Batches parsed ahead: one under a memory budget (less memory in flight).
-    const int read_ahead = o.read_ahead > 0 ? o.read_ahead : (o.memory_budget_mb > 0 ? 1 : 2);
+    // The input cache: on unless it is off or the row count says it cannot fit. Its form
+    // (EtlOptions::input_cache_form): Auto keeps the rows as parsed when the count says they
+    // fit (the fastest on 16 cores, docs/ETL.md), else compacted (about a third of the memory).
     InputCache cache;
     cache.cap = o.input_cache_mb < 0 ? default_cache_bytes(o.memory_budget_mb)
                                      : o.input_cache_mb << 20;
     {
       const io::Schema& sc = o.schema;
-      // A RawChunk's bytes per row: kept rows take less (KeptChunk), but how much less
-      // depends on the values.
-      const int64_t row_bytes = 4 + 4 * sc.num_dense() + 16 * sc.num_cat();
+      // Bytes per row as parsed (RawChunk), and compacted when every key is narrow
+      // (KeptChunk; wide columns take more, and then the cache may be dropped part-way).
+      const int64_t parsed_row = 4 + 4 * sc.num_dense() + 16 * sc.num_cat();
+      const int64_t compact_row = 1 + 4 * sc.num_dense() + 5 * sc.num_cat();
+      cache.compact = o.input_cache_form == CacheForm::Compact ||
+                      (o.input_cache_form == CacheForm::Auto &&
+                       (o.memory_budget_mb > 0 || expected_rows < 0 ||
+                        expected_rows * parsed_row > cache.cap));
+      const int64_t row_bytes = cache.compact ? compact_row : parsed_row;
       cache.on = cache.cap > 0 && (expected_rows < 0 || expected_rows * row_bytes <= cache.cap);
     }
+    // Batches parsed ahead: two for the compacted cache (measured on 16 cores), else one as
+    // before (and under a memory budget: less memory in flight).
+    const int read_ahead = o.read_ahead > 0
+                               ? o.read_ahead
+                               : (o.memory_budget_mb == 0 && cache.on && cache.compact ? 2 : 1);
     bool cached = false;          // the transform pass reads the cache
     int64_t read_rows = 0;        // input rows read by this fit pass
     std::vector<io::RawChunk> batch;  // the reader's current batch
@@ -803,7 +821,6 @@ EtlResult run_etl(const EtlOptions& o) {
                                               batch_chunks(), read_ahead);
       const bool first = pass == 1;
       if (first && cache.on && !cache.arena) {
-        cache.compact = o.input_cache_compact;
         cache.arena = std::make_unique<KeptArena>(
             o.input_cache_huge_pages,  // blocks of an eighth of the cap, 2-64 MB
             std::clamp<size_t>(static_cast<size_t>(cache.cap / 8), size_t{2} << 20,

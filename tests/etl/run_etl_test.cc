@@ -326,6 +326,16 @@ TEST(RunEtlTest, BadReadAheadIsAnErrorBeforeAnyOutput) {
   }
 }
 
+TEST(RunEtlTest, CacheFormNames) {
+  EXPECT_EQ(parse_cache_form("auto"), CacheForm::Auto);
+  EXPECT_EQ(parse_cache_form("compact"), CacheForm::Compact);
+  EXPECT_EQ(parse_cache_form("parsed"), CacheForm::Parsed);
+  std::string msg = error_of([] { parse_cache_form("compacted"); });
+  EXPECT_NE(msg.find("input cache form must be 'auto', 'compact' or 'parsed', got 'compacted'"),
+            std::string::npos)
+      << msg;
+}
+
 TEST(RunEtlTest, TrainRowsBeyondInputIsAnError) {
   std::string dir = test_dir();
   EtlOptions o = options(dir, write_input(dir, tsv(100)));

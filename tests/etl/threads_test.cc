@@ -123,9 +123,9 @@ TEST(ThreadsTest, MemoryBudgetSameBytesForAnyThreadCount) {
 }
 
 // The input parsed once and kept between the passes (input_cache_mb) gives the bytes of the
-// input parsed again for every pass: kept whole (default size; compacted, or as parsed), dropped
-// part-way through the first pass (1 MB, less than the parsed rows), and never kept (0); with 1
-// or 3 batches read ahead; with filters, feature ops and two fit passes, and with malformed
+// input parsed again for every pass: kept whole (default size; compacted, as parsed, or auto:
+// as parsed since the row count says they fit), dropped part-way through the first pass (1 MB,
+// less than the parsed rows), and never kept (0); with 1 to 3 batches read ahead; with filters, feature ops and two fit passes, and with malformed
 // rows skipped in the training and validation parts.
 TEST(ThreadsTest, InputCacheSameBytesKeptDroppedOrOff) {
   TempDir tmp("input_cache");
@@ -141,34 +141,37 @@ TEST(ThreadsTest, InputCacheSameBytesKeptDroppedOrOff) {
   set_num_threads(3);
   struct Case {
     int64_t cache_mb;
-    bool compact;
+    CacheForm form;
     int read_ahead;
   };
-  const Case cases[] = {{0, true, 0}, {-1, true, 0}, {1, true, 0},
-                        {-1, false, 0}, {-1, true, 1}, {0, true, 3}};
+  const CacheForm kAuto = CacheForm::Auto, kCompact = CacheForm::Compact,
+                  kParsed = CacheForm::Parsed;
+  const Case cases[] = {{0, kAuto, 0},     {-1, kCompact, 0}, {1, kCompact, 0}, {1, kParsed, 0},
+                        {-1, kParsed, 0},  {-1, kAuto, 0},    {-1, kCompact, 1},
+                        {-1, kParsed, 2},  {0, kAuto, 3}};
   for (const char* wf : {kCriteo, kFeatures}) {
     std::vector<std::string> ref_files;
     int64_t ref_skipped = -1;
     int64_t compact_bytes = 0;
     for (size_t c = 0; c < std::size(cases); ++c) {
       const Case& k = cases[c];
-      const std::string name = "cache " + std::to_string(k.cache_mb) + " MB, compact " +
-                               std::to_string(k.compact) + ", read ahead " +
+      const std::string name = "cache " + std::to_string(k.cache_mb) + " MB, form " +
+                               std::to_string(static_cast<int>(k.form)) + ", read ahead " +
                                std::to_string(k.read_ahead);
       const std::string out = tmp.path + "/c" + std::to_string(c);
       EtlOptions o = options(input, out, json::parse(wf));
       o.read.on_error = io::OnError::Skip;
       o.input_cache_mb = k.cache_mb;
-      o.input_cache_compact = k.compact;
+      o.input_cache_form = k.form;
       o.read_ahead = k.read_ahead;
       o.overwrite = true;
       EtlResult r = run_etl(o);
       EXPECT_EQ(r.skipped_rows, 2) << name;
       if (k.cache_mb == -1) {
         EXPECT_GT(r.input_cache_bytes, int64_t{1} << 20) << "the parsed rows were not kept";
-        if (k.compact && k.read_ahead == 0) compact_bytes = r.input_cache_bytes;
-        if (!k.compact)  // as parsed: 8 bytes per key and per offset, more than compacted
-          EXPECT_GT(r.input_cache_bytes, 2 * compact_bytes) << name;
+        if (k.form == kCompact && k.read_ahead == 0) compact_bytes = r.input_cache_bytes;
+        // As parsed (Auto: the row count says they fit): 8 bytes per key and per offset.
+        if (k.form != kCompact) EXPECT_GT(r.input_cache_bytes, 2 * compact_bytes) << name;
       } else {
         EXPECT_EQ(r.input_cache_bytes, 0) << name;
       }

@@ -22,6 +22,9 @@
 
 namespace dlrec::etl {
 
+// The form of the parsed input kept between the passes (EtlOptions::input_cache_form).
+enum class CacheForm { Auto, Compact, Parsed };
+
 struct EtlOptions {
   std::vector<std::string> inputs;  // text files, read in order as one stream of rows
   io::Schema schema;
@@ -54,21 +57,24 @@ struct EtlOptions {
   bool shuffle = false;
   uint64_t seed = 0;
   int ranks = 1;
-  // Memory in MB for the parsed input kept between the passes, so that it is parsed only once
-  // (compacted, etl::KeptChunk: about 0.65x the size of Criteo-shaped text). The first fit pass then reads every row and
-  // keeps it; past this size it drops what it kept and the later passes read the input again
-  // (the output is the same either way). 0: never keep it. -1 (default): a quarter of
-  // memory_budget_mb when that is set, else 40 % of the machine's physical memory.
+  // Memory in MB for the parsed input kept between the passes, so that it is parsed only once.
+  // The first fit pass then reads every row and keeps it; past this size it drops what it
+  // kept and the later passes read the input again (the output is the same either way).
+  // 0: never keep it. -1 (default): a quarter of memory_budget_mb when that is set, else 40 %
+  // of the machine's physical memory.
   int64_t input_cache_mb = -1;
-  // Ask for transparent huge pages (MADV_HUGEPAGE) on the memory of the kept input
+  // How the kept rows are held (the output is the same): as parsed (io::RawChunk, about 1.9x
+  // the Criteo-shaped text), or compacted (etl::KeptChunk, about 0.6x, copied on the fit's
+  // threads and unpacked by the transform: 3-10 % slower on 16 cores, as fast on 2-8; docs/ETL.md).
+  // Auto: as parsed when the row count (valid_ratio) says they fit in input_cache_mb and there
+  // is no memory budget, else compacted.
+  CacheForm input_cache_form = CacheForm::Auto;
+  // Ask for transparent huge pages (MADV_HUGEPAGE) on the memory of the compacted rows
   // (etl::KeptArena). Off by default: see docs/ETL.md for where it helps.
   bool input_cache_huge_pages = false;
-  // Keep the input compacted (etl::KeptChunk::keep: about a third of the parsed chunks'
-  // memory) rather than as parsed.
-  bool input_cache_compact = true;
   // Batches of parsed chunks the reader's helper thread may have ready ahead of the fit and
-  // transform loops (their parse fills the threads those loops leave idle). 0: 2, or 1 under
-  // memory_budget_mb.
+  // transform loops (their parse fills the threads those loops leave idle). 0: 2 with a
+  // compacted cache, else 1 (and 1 under memory_budget_mb).
   int read_ahead = 0;
 };
 
@@ -97,6 +103,9 @@ struct EtlResult {
 };
 
 EtlResult run_etl(const EtlOptions& options);
+
+// "auto", "compact" or "parsed"; anything else is an error naming the valid ones.
+CacheForm parse_cache_form(const std::string& s);
 
 // Non-blank lines of the files (minus one header line per file when schema.header), counted
 // with memchr over large reads: the row count before parsing.
