@@ -3,8 +3,10 @@
 # top 1024-1024-512-256-1; untrained weights), on one GPU host. Logs under $OUT (default ./out).
 #   bash bench/serve_gpu_e2e.sh engine   # the engine alone vs PyTorch bf16 from a CUDA graph
 #   bash bench/serve_gpu_e2e.sh e2e      # dlrec serve, gRPC on loopback: latency and saturation
-#     (GRPC_THREADS=N: the server's --grpc-threads; INLINE_ROWS=N: its --grpc-inline-rows;
-#      SPIN_US=N: its --grpc-spin-us; SATURATION_ONLY=1: the saturation loads only)
+#     (GRPC_THREADS=N: the server's --grpc-threads, unset: its default; a list such as "1 2 3"
+#      runs the loads against one server per value in turn, after one setup, each line
+#      prefixed "grpc_threads=N"; INLINE_ROWS=N: --grpc-inline-rows; SPIN_US=N: --grpc-spin-us;
+#      SATURATION_ONLY=1: the saturation loads only; DURATION=S: seconds per load, default 10)
 #   bash bench/serve_gpu_e2e.sh profile  # the engine's device time per phase (eager, one stream)
 #                                        # and predict() with other chunk sizes
 # Binaries from $BIN (default .gpu/bin); scratch in $WORK (default /tmp/dlrec_serve_e2e).
@@ -50,49 +52,57 @@ for part in "$@"; do
  "instance_group": [{"kind": "KIND_GPU", "count": ${INSTANCES:-2}, "gpus": [0]}],
  "precision": "bf16"}
 CFG
-      "$BIN/dlrec" serve --model-repository "$W/repo" --grpc-port 18001 --http-port 18000 \
-        --metrics-port 18002 --grpc-threads "${GRPC_THREADS:-2}" \
-        --grpc-inline-rows "${INLINE_ROWS:-1024}" --grpc-spin-us "${SPIN_US:-0}" \
-        > "$OUT/e2e_server.log" 2>&1 &
-      SERVER=$!
-      for i in $(seq 1 240); do
-        python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:18000/v2/models/dlrm/ready', timeout=1)" 2>/dev/null && break
-        sleep 0.5
+      D=${DURATION:-10}
+      for G in ${GRPC_THREADS:-default}; do
+        tag=""
+        [ "${GRPC_THREADS:-}" != "" ] && [ "$(echo $GRPC_THREADS | wc -w)" -gt 1 ] && tag="_g$G"
+        gflag=()
+        [ "$G" != default ] && gflag=(--grpc-threads "$G")
+        "$BIN/dlrec" serve --model-repository "$W/repo" --grpc-port 18001 --http-port 18000 \
+          --metrics-port 18002 "${gflag[@]}" \
+          ${INLINE_ROWS:+--grpc-inline-rows "$INLINE_ROWS"} ${SPIN_US:+--grpc-spin-us "$SPIN_US"} \
+          > "$OUT/e2e_server$tag.log" 2>&1 &
+        SERVER=$!
+        for i in $(seq 1 240); do
+          python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:18000/v2/models/dlrm/ready', timeout=1)" 2>/dev/null && break
+          sleep 0.5
+        done
+        echo "grpc_threads=$G: server ready after ~$((i / 2)) s"
+        # CPU seconds of the server's threads by name (grpc-cq<i>, batcher-w<i>, ...; a thread
+        # started by a named one, e.g. the CPU engine's pool, carries its name).
+        thread_cpu() {
+          for t in /proc/$SERVER/task/*; do
+            echo "$(tr ' ' _ < "$t/comm") $(awk '{print $14 + $15}' "$t/stat")"
+          done | awk -v hz="$(getconf CLK_TCK)" '{a[$1] += $2} END {for (k in a) print k, a[k] / hz}' | sort
+        }
+        run() {  # batch concurrency seconds [more bench serve options]
+          thread_cpu > "$W/cpu0"
+          local t0=$(date +%s.%N)
+          "$BIN/dlrec" bench serve --protocol grpc --url 127.0.0.1:18001 --model dlrm \
+            --model-dir "$W/repo/dlrm/1" --input encoded --batch "$1" --concurrency "$2" \
+            --duration "$3" --warmup 2 --variants 8 "${@:4}" 2>&1 | tee -a "$OUT/e2e_client$tag.log" \
+            | grep -v "^\[" | sed "s/^/grpc_threads=$G /"
+          thread_cpu > "$W/cpu1"
+          # Busy share of each server thread over the run (warmup included): a grpc-cq thread
+          # near 100 % is the bottleneck (then try more GRPC_THREADS).
+          join "$W/cpu0" "$W/cpu1" | awk -v s="$(awk -v a="$t0" -v z="$(date +%s.%N)" 'BEGIN { print z - a }')" -v b="$1" -v c="$2" -v g="$G" \
+            '{ u = ($3 - $2) / s * 100; if (u >= 1) line = line sprintf(" %s %.0f%%", $1, u) }
+             END { print "grpc_threads=" g " threads batch=" b " concurrency=" c ":" line }' | tee -a "$OUT/e2e_threads.log"
+        }
+        if [ -n "${SATURATION_ONLY:-}" ]; then  # the saturation loads alone
+          run 4096 32 "$D"; run 16384 16 "$D"; run 16384 32 "$D"
+        else
+          run 1 1 5 --rpc live  # the gRPC floor: ServerLive round trips, no model
+          run 1 1 "$D"
+          run 2048 1 "$D"
+          run 4096 32 "$D"
+          run 16384 16 "$D"
+          run 16384 32 "$D"
+          python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:18002/metrics').read().decode())" \
+            > "$OUT/e2e_metrics$tag.txt" 2>&1
+        fi
+        kill -INT $SERVER; wait $SERVER
       done
-      echo "server ready after ~$((i / 2)) s"
-      # CPU seconds of the server's threads by name (grpc-cq<i>, batcher-w<i>, ...; a thread
-      # started by a named one, e.g. the CPU engine's pool, carries its name).
-      thread_cpu() {
-        for t in /proc/$SERVER/task/*; do
-          echo "$(tr ' ' _ < "$t/comm") $(awk '{print $14 + $15}' "$t/stat")"
-        done | awk -v hz="$(getconf CLK_TCK)" '{a[$1] += $2} END {for (k in a) print k, a[k] / hz}' | sort
-      }
-      run() {  # batch concurrency seconds [more bench serve options]
-        thread_cpu > "$W/cpu0"
-        local t0=$(date +%s.%N)
-        "$BIN/dlrec" bench serve --protocol grpc --url 127.0.0.1:18001 --model dlrm \
-          --model-dir "$W/repo/dlrm/1" --input encoded --batch "$1" --concurrency "$2" \
-          --duration "$3" --warmup 2 --variants 8 "${@:4}" 2>&1 | tee -a "$OUT/e2e_client.log" | grep -v "^\["
-        thread_cpu > "$W/cpu1"
-        # Busy share of each server thread over the run (warmup included): a grpc-cq thread
-        # near 100 % is the bottleneck (then try GRPC_THREADS=2).
-        join "$W/cpu0" "$W/cpu1" | awk -v s="$(awk -v a="$t0" -v z="$(date +%s.%N)" 'BEGIN { print z - a }')" -v b="$1" -v c="$2" \
-          '{ u = ($3 - $2) / s * 100; if (u >= 1) line = line sprintf(" %s %.0f%%", $1, u) }
-           END { print "threads batch=" b " concurrency=" c ":" line }' | tee -a "$OUT/e2e_threads.log"
-      }
-      if [ -n "${SATURATION_ONLY:-}" ]; then  # the saturation loads alone
-        run 4096 32 10; run 16384 16 10; run 16384 32 10
-        kill -INT $SERVER; wait $SERVER; rm -rf "$W"; continue
-      fi
-      run 1 1 5 --rpc live  # the gRPC floor: ServerLive round trips, no model
-      run 1 1 10
-      run 2048 1 10
-      run 4096 32 10
-      run 16384 16 10
-      run 16384 32 10
-      python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:18002/metrics').read().decode())" \
-        > "$OUT/e2e_metrics.txt" 2>&1
-      kill -INT $SERVER; wait $SERVER
       rm -rf "$W"
       ;;
   esac
