@@ -254,7 +254,9 @@ class LineParser {
   // empty fields in dense columns, 0/1 labels, hexadecimal or hashed categories. Whatever else
   // (a quote, a decimal point, a bad value, a wrong field count) rolls the row back and returns
   // false, and parse_general() decides, so both paths give the same values and errors.
-  bool parse_fast(const char* b, const char* e, RawChunk& out) const {
+  // Flattened: every call in it inlined (the vectors' push_back were calls, 26 per row for the
+  // offsets; -6 % user CPU of a 1-thread `bench etl` on the 2-core build machine).
+  [[gnu::flatten]] bool parse_fast(const char* b, const char* e, RawChunk& out) const {
     const int64_t r = out.rows;
     const int nf = num_fields();
     const char delim = schema_.delimiter;
