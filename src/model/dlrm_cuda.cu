@@ -212,13 +212,17 @@ class DlrmCuda final : public CudaModel {
   int pack_threads_ = 1;
   // 16-bit inference of <= 8 rows through cd::skinny_linear (DLREC_INFER_SKINNY=0: cuBLASLt).
   bool skinny_ = true;
-  // predict() of 1..fused_rows_ rows in 16-bit modes: one fused kernel (DLREC_INFER_FUSED=1:
-  // on, default off; DLREC_INFER_FUSED_ROWS: the largest batch it takes, 1..64, default 8;
-  // DLREC_INFER_FUSED_BLOCKS: its grid, default and at most the SM count).
-  bool fused_ = false;
+  // predict() of 1..fused_rows_ rows in 16-bit modes: one fused kernel (DLREC_INFER_FUSED=0:
+  // off, the layer-by-layer graph; DLREC_INFER_FUSED_ROWS: the largest batch it takes, 1..64,
+  // default 8 (no faster than the GEMM path from 16 rows on); DLREC_INFER_FUSED_BLOCKS: its
+  // grid, default and at most the SM count; DLREC_INFER_FUSED_COOP=0: a plain launch instead
+  // of a cooperative one).
+  bool fused_ = true;
   int64_t fused_rows_ = 8;
   int fused_blocks_ = 0;
-  Tensor fused_barrier_;  // the kernel's grid-barrier counters (2 x u32, zero between launches)
+  bool fused_coop_ = true;
+  Tensor fused_barrier_;          // the kernel's grid-barrier counter (u32, zeroed once)
+  uint32_t fused_counter_ = 0;    // its value when the next launch starts
   // DLREC_INFER_TIMING=1: per predict() call of one chunk, the host packing time, the device
   // time of the input copy + graph, and the wall time, averaged and printed at destruction.
   bool timing_ = false;
@@ -344,6 +348,7 @@ DlrmCuda::DlrmCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::S
   }
   if (const char* sk = std::getenv("DLREC_INFER_SKINNY")) skinny_ = sk[0] != '0';
   if (const char* fu = std::getenv("DLREC_INFER_FUSED")) fused_ = fu[0] != '0';
+  if (const char* fc = std::getenv("DLREC_INFER_FUSED_COOP")) fused_coop_ = fc[0] != '0';
   auto env_int = [](const char* name, long lo, long hi, long& v) {
     const char* e = std::getenv(name);
     if (!e) return;
@@ -1178,7 +1183,6 @@ bool DlrmCuda::fused_launch(InferBucket& bk, int64_t n) {
     p.T = static_cast<int>(T_);
     p.d = static_cast<int>(dim_);
     p.inter_ld = static_cast<int>(inter_ld_);
-    p.x0 = dense_h_.raw();
     p.emb = emb_out_.raw();
     p.inter = inter_.raw();
     p.tables = tab_.weights;
@@ -1208,7 +1212,7 @@ bool DlrmCuda::fused_launch(InferBucket& bk, int64_t n) {
     DLREC_CUDA_CHECK(cudaMemsetAsync(fused_barrier_.raw(), 0, 8, stream_));
   }
   p.barrier = static_cast<unsigned*>(fused_barrier_.raw());
-  fi::launch(p, fp16_, fused_blocks_, stream_);
+  fi::launch(p, fp16_, fused_blocks_, fused_coop_, &fused_counter_, stream_);
   return true;
 }
 
@@ -1338,8 +1342,9 @@ void DlrmCuda::predict(const io::Batch& batch, float* probs) {
                                                            t_start).count();
     // Rows n..R-1 keep an earlier call's inputs: valid rows and finite values, outputs unread.
     if (timing_ && nchunks == 1) DLREC_CUDA_CHECK(cudaEventRecord(timing_ev_[0], stream_));
-    if (nchunks == 1 && n <= fused_rows_ && fused_ && half_ && fused_launch(bk, n)) {
-      if (timing_) DLREC_CUDA_CHECK(cudaEventRecord(timing_ev_[1], stream_));  // no copy
+    const bool fuse = nchunks == 1 && n <= fused_rows_ && fused_ && half_;
+    if (fuse && timing_) DLREC_CUDA_CHECK(cudaEventRecord(timing_ev_[1], stream_));  // no copy
+    if (fuse && fused_launch(bk, n)) {
       DLREC_CUDA_CHECK(cudaEventRecord(bk.done, stream_));
     } else {
       infer_launch(bk, nchunks > 1);
@@ -1352,6 +1357,8 @@ void DlrmCuda::predict(const io::Batch& batch, float* probs) {
     --timing_skip_;
   } else if (timing_ && nchunks == 1) {
     float copy_ms = 0, graph_ms = 0;
+    // The end event was recorded after bk.done, which is all that finish() waited for.
+    DLREC_CUDA_CHECK(cudaEventSynchronize(timing_ev_[2]));
     DLREC_CUDA_CHECK(cudaEventElapsedTime(&copy_ms, timing_ev_[0], timing_ev_[1]));
     DLREC_CUDA_CHECK(cudaEventElapsedTime(&graph_ms, timing_ev_[1], timing_ev_[2]));
     timing_sum_[0] += pack_us;

@@ -49,26 +49,47 @@ __device__ __forceinline__ void unpack8(const uint4& v, float* f, const f16*) {
   }
 }
 
-// Grid-wide barrier: arrive on bar[0]; the last block to arrive resets it and bumps the
-// generation bar[1], which the others wait for. Leaves bar[0] == 0 for the next launch.
-// Writes before the barrier are visible to reads after it that bypass L1 (__ldcg).
-__device__ __forceinline__ void grid_sync(unsigned* bar) {
+// Grid-wide barriers on one monotonic counter (wrapping u32). The host knows how many
+// arrivals each launch makes and passes the counter's value at the launch's start, so barrier
+// n of a launch waits for base + n * gridDim.x arrivals: an arrival is one fire-and-forget add,
+// and the waiting blocks see the last one on their next poll (no reset, no second round trip).
+// Writes before a barrier are visible after it to reads that bypass L1 (__ldcg).
+struct Barrier {
+  unsigned* counter;
+  unsigned target;  // arrivals that complete the last barrier passed
+};
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void grid_sync(Barrier& bar) {
+  bar.target += gridDim.x;
   __syncthreads();
   if (threadIdx.x == 0) {
-    volatile unsigned* gen = bar + 1;
-    const unsigned g = *gen;
     __threadfence();
-    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-      atomicExch(bar, 0u);
-      __threadfence();
-      atomicAdd(bar + 1, 1u);
-    } else {
-      while (*gen == g) {
-      }
+    atomicAdd(bar.counter, 1u);
+    while (static_cast<int>(load_acquire(bar.counter) - bar.target) < 0) {
     }
+  }
+  __syncthreads();
+}
+
+// An arrival like grid_sync's, but only the block arriving last goes on (true; it sees every
+// other block's writes); the others must return without touching the counter again.
+__device__ __forceinline__ bool last_block(Barrier& bar) {
+  __shared__ int last;
+  bar.target += gridDim.x;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(bar.counter, 1u) + 1 == bar.target;
     __threadfence();
   }
   __syncthreads();
+  return last;
 }
 
 // The weight row of output o, each lane's pieces lane, lane + 32, ... (16 bytes each).
@@ -85,22 +106,32 @@ __device__ __forceinline__ void load_w(const Layer& L, int o, int lane, uint4 (&
 }
 
 // One layer stage: every output of L for every row. The rows are taken G at a time (the
-// whole block stages them from global memory into shared memory `xs` once, so each block reads
-// the activations once rather than each warp); warp gw computes outputs gw, gw + nw, ... with
-// the weight row in registers (`w` holds the row of output `held` on entry, -1: none). The
-// same order of operations per output as cd::skinny_linear. With probs, the sigmoid of the
-// (f32) result is also written there. Blocks without an output return at once.
+// whole block stages them into shared memory `xs` once, so each block reads the activations
+// once rather than each warp): from x (16-bit, device), or with host_x from the caller's f32
+// rows of `nx` values (converted and zero-padded to L.k as cd::to_half_padded does). Warp gw
+// (of nw, in block `block`) computes outputs gw, gw + nw, ... with the weight row in
+// registers (`w` holds the row of output `held` on entry, -1: none). The same order of
+// operations per output as cd::skinny_linear. With probs, the sigmoid of the (f32) result is
+// also written there. Blocks without an output return at once.
 template <class H, int G>
-__device__ __forceinline__ void layer_stage(const Layer& L, const H* x, int rows, int gw, int nw,
-                                            int lane, uint4 (&w)[kPre], int held, float* probs,
-                                            uint4* xs) {
-  if (static_cast<int>(blockIdx.x) * kWarps >= L.out) return;  // the same for the whole block
+__device__ __forceinline__ void layer_stage(const Layer& L, const H* x, const float* host_x,
+                                            int nx, int rows, int block, int gw, int nw, int lane,
+                                            uint4 (&w)[kPre], int held, float* probs, uint4* xs) {
+  if (block * kWarps >= L.out) return;  // the same for the whole block
   const int pieces = L.k / 8;
   for (int g0 = 0; g0 < rows; g0 += G) {
     const int gn = min(G, rows - g0);
     __syncthreads();  // the previous group's readers are done with xs
-    const uint4* src = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(g0) * L.k);
-    for (int i = threadIdx.x; i < gn * pieces; i += kThreads) xs[i] = __ldcg(src + i);
+    if (host_x) {
+      H* xh = reinterpret_cast<H*>(xs);
+      for (int i = threadIdx.x; i < gn * L.k; i += kThreads) {
+        const int r = i / L.k, c = i - r * L.k;
+        xh[i] = from_f<H>(c < nx ? host_x[static_cast<int64_t>(g0 + r) * nx + c] : 0.f);
+      }
+    } else {
+      const uint4* src = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(g0) * L.k);
+      for (int i = threadIdx.x; i < gn * pieces; i += kThreads) xs[i] = __ldcg(src + i);
+    }
     __syncthreads();
     for (int o = gw; o < L.out; o += nw) {
       if (o != held) {
@@ -174,72 +205,80 @@ __device__ __forceinline__ float group_dot(const H* a, const H* b, int d, int su
   return acc;
 }
 
+// Embedding-embedding dot products of the interaction (pairs of Z rows i > j >= 1), 4 per
+// warp task, tasks from the last warp down (warps without a layer output in the stage first).
+template <class H>
+__device__ __forceinline__ void emb_pairs(const Params& p, int gw, int nw, int group, int sub) {
+  const int T = p.T, d = p.d, pee = T * (T - 1) / 2;
+  const H* emb = static_cast<const H*>(p.emb);
+  H* inter = static_cast<H*>(p.inter);
+  const int tasks = (p.rows * pee + 3) / 4;
+  for (int it = nw - 1 - gw; it < tasks; it += nw) {
+    const int e = it * 4 + group;
+    const bool valid = e < p.rows * pee;
+    const int r = valid ? e / pee : 0;
+    int i = 1, j = 0;
+    if (valid) pair_index(e - r * pee, i, j);
+    i += 1;  // rows of Z: 0 is the dense vector, 1..T the embeddings
+    j += 1;
+    const H* er = emb + static_cast<int64_t>(r) * T * d;
+    const float v = group_dot(er + (i - 1) * d, er + (j - 1) * d, d, sub, valid);
+    if (valid && sub == 0)
+      inter[static_cast<int64_t>(r) * p.inter_ld + d + i * (i - 1) / 2 + j] = from_f<H>(v);
+  }
+}
+
+// Stages (MLPerf shape: 8 arrivals at the counter, the last one a ticket):
+//   b0    bottom layer 0 from the caller's dense rows || the embedding gather (keys read from
+//         the caller's buffer)
+//   b1    bottom layer 1 || the embedding-embedding dot products
+//   b2..  the other bottom layers
+//   int   the dense vector copied into the interaction, its dot products with the embeddings,
+//         the zero padding (and the embedding-embedding products when there is no b1)
+//   t0..  the top layers but the last, each behind a grid barrier
+//   last  the last top layer (one output) by the block arriving last, with the sigmoid
 template <class H, int G>
 __global__ void __launch_bounds__(kThreads, 2) fused_forward(const __grid_constant__ Params p) {
-  const int lane = threadIdx.x & 31, group = lane >> 3, sub = lane & 7;
-  const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), nw = gridDim.x * kWarps;
+  const int lane = threadIdx.x & 31, group = lane >> 3, sub = lane & 7, warp = threadIdx.x >> 5;
+  const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
   const int gt = blockIdx.x * kThreads + threadIdx.x, nthr = gridDim.x * kThreads;
   const int rows = p.rows, T = p.T, d = p.d;
-  H* x0 = static_cast<H*>(p.x0);
   H* emb = static_cast<H*>(p.emb);
   H* inter = static_cast<H*>(p.inter);
   uint4 w[kPre];
   __shared__ uint4 xs[kGroupRows * kMaxK / 8];  // G activation rows of the current layer
+  Barrier bar{p.barrier, p.bar_base};
+  const int nl = p.nb + p.nt;
 
-  // Stage "in": the padded 16-bit dense rows and the gathered embedding rows.
-  {
-    const int k0 = p.layer[0].k;
-    for (int i = gt; i < rows * k0; i += nthr) {
-      const int r = i / k0, c = i - r * k0;
-      x0[i] = from_f<H>(c < p.num_dense ? p.dense[r * p.num_dense + c] : 0.f);
-    }
-    for (int it = gw; it < rows * T; it += nw) {
-      const int r = it / T, t = it - r * T;
-      const uint32_t key = p.keys[static_cast<int64_t>(t) * p.ld_keys + r];
-      const int64_t row = static_cast<int64_t>(key - __ldg(p.row_base + t));
-      const float4* src = reinterpret_cast<const float4*>(p.tables[t] + row * d);
-      H* dst = emb + (static_cast<int64_t>(r) * T + t) * d;
-      for (int v = lane; v < d / 4; v += 32) {
-        const float4 f = __ldg(src + v);
-        dst[4 * v] = from_f<H>(f.x);
-        dst[4 * v + 1] = from_f<H>(f.y);
-        dst[4 * v + 2] = from_f<H>(f.z);
-        dst[4 * v + 3] = from_f<H>(f.w);
+  if (gw < p.layer[0].out) load_w<H>(p.layer[0], gw, lane, w);
+  for (int l = 0; l < nl - 1; ++l) {
+    const Layer& L = p.layer[l];
+    const H* x = l == p.nb ? inter : l > 0 ? static_cast<const H*>(p.layer[l - 1].y) : nullptr;
+    layer_stage<H, G>(L, x, l == 0 ? p.dense : nullptr, p.num_dense, rows, blockIdx.x, gw, nw,
+                      lane, w, gw < L.out ? gw : -1, nullptr, xs);
+    if (l == 0) {
+      // The embedding rows, (row, table) per warp from the last warp down: f32 -> 16-bit.
+      for (int it = nw - 1 - gw; it < rows * T; it += nw) {
+        const int r = it / T, t = it - r * T;
+        const uint32_t key = p.keys[static_cast<int64_t>(t) * p.ld_keys + r];
+        const int64_t row = static_cast<int64_t>(key - __ldg(p.row_base + t));
+        const float4* src = reinterpret_cast<const float4*>(p.tables[t] + row * d);
+        H* dst = emb + (static_cast<int64_t>(r) * T + t) * d;
+        for (int v = lane; v < d / 4; v += 32) {
+          const float4 f = __ldg(src + v);
+          dst[4 * v] = from_f<H>(f.x);
+          dst[4 * v + 1] = from_f<H>(f.y);
+          dst[4 * v + 2] = from_f<H>(f.z);
+          dst[4 * v + 3] = from_f<H>(f.w);
+        }
       }
     }
-  }
-  if (gw < p.layer[0].out) load_w<H>(p.layer[0], gw, lane, w);
-  grid_sync(p.barrier);
-
-  const int nl = p.nb + p.nt;
-  const int pee = T * (T - 1) / 2;  // embedding-embedding pairs per row
-  for (int l = 0; l < nl; ++l) {
-    const Layer& L = p.layer[l];
-    const H* x = l == 0 ? x0 : l == p.nb ? inter : static_cast<const H*>(p.layer[l - 1].y);
-    const bool last = l == nl - 1;
-    layer_stage<H, G>(L, x, rows, gw, nw, lane, w, gw < L.out ? gw : -1,
-                      last ? p.probs : nullptr, xs);
-    // Beside bottom layer 0: the embedding-embedding dot products, 4 per warp, from the last
-    // warp down (the warps without a layer output first).
-    const int tasks = l == 0 ? (rows * pee + 3) / 4 : 0;
-    for (int it = nw - 1 - gw; it < tasks; it += nw) {
-      const int e = it * 4 + group;
-      const bool valid = e < rows * pee;
-      const int r = valid ? e / pee : 0;
-      int i = 1, j = 0;
-      if (valid) pair_index(e - r * pee, i, j);
-      i += 1;  // rows of Z: 0 is the dense vector, 1..T the embeddings
-      j += 1;
-      const H* er = emb + static_cast<int64_t>(r) * T * d;
-      const float v = group_dot(er + (i - 1) * d, er + (j - 1) * d, d, sub, valid);
-      if (valid && sub == 0)
-        inter[static_cast<int64_t>(r) * p.inter_ld + d + i * (i - 1) / 2 + j] = from_f<H>(v);
-    }
-    if (last) break;
+    if (l == 1 && p.nb >= 2) emb_pairs<H>(p, gw, nw, group, sub);
     if (l == p.nb - 1) {
       // Stage "int": the dense vector (bottom output) copied, its dot products with every
       // embedding, zeros after the last pair.
-      grid_sync(p.barrier);
+      grid_sync(bar);
+      if (p.nb == 1) emb_pairs<H>(p, gw, nw, group, sub);
       const unsigned short* dense = static_cast<const unsigned short*>(L.y);
       unsigned short* in16 = static_cast<unsigned short*>(p.inter);
       const int F = d + (T + 1) * T / 2;
@@ -263,25 +302,49 @@ __global__ void __launch_bounds__(kThreads, 2) fused_forward(const __grid_consta
           inter[static_cast<int64_t>(r) * p.inter_ld + d + i * (i - 1) / 2] = from_f<H>(v);
       }
     }
+    const Layer& next = p.layer[l + 1];
+    if (l + 1 == nl - 1) {
+      // The last layer (one output): every block loads its weight row, the last to arrive
+      // computes it.
+      if (warp < next.out) load_w<H>(next, warp, lane, w);
+      if (!last_block(bar)) return;
+      const H* xn = l + 1 == p.nb ? inter : static_cast<const H*>(L.y);
+      layer_stage<H, G>(next, xn, nullptr, 0, rows, 0, warp, kWarps, lane, w,
+                        warp < next.out ? warp : -1, p.probs, xs);
+      return;
+    }
     // The next layer's first weight row into registers before waiting (weights are constant).
-    if (gw < p.layer[l + 1].out) load_w<H>(p.layer[l + 1], gw, lane, w);
-    grid_sync(p.barrier);
+    if (gw < next.out) load_w<H>(next, gw, lane, w);
+    grid_sync(bar);
   }
 }
 
+// Counter arrivals per launch (grid_sync and last_block calls): one per layer boundary and
+// one for the interaction stage.
+int arrivals(const Params& p) { return p.nb + p.nt; }
+
 template <class H>
-void launch_typed(const Params& p, int blocks, cudaStream_t stream) {
+void launch_typed(const Params& p, int blocks, bool cooperative, cudaStream_t stream) {
   const int g = p.rows < kGroupRows ? p.rows : kGroupRows;
-#define DLREC_FUSED(NG)                                                          \
-  case NG:                                                                       \
-    fused_forward<H, NG><<<blocks, kThreads, 0, stream>>>(p);                    \
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = cooperative ? 1 : 0;
+#define DLREC_FUSED(NG)                                                        \
+  case NG:                                                                     \
+    DLREC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, fused_forward<H, NG>, p));       \
     break;
   switch (g) {
     DLREC_FUSED(1) DLREC_FUSED(2) DLREC_FUSED(3) DLREC_FUSED(4)
     DLREC_FUSED(5) DLREC_FUSED(6) DLREC_FUSED(7) DLREC_FUSED(8)
   }
 #undef DLREC_FUSED
-  DLREC_CUDA_LAUNCH_CHECK();
 }
 
 int sm_count() {
@@ -322,17 +385,21 @@ std::string unsupported(const Params& p) {
     if (!aligned16(L.w) || !L.b || !L.y || (!last && !aligned16(L.y)))
       return "layer " + std::to_string(l) + " buffers";
   }
-  if (!aligned16(p.x0) || !aligned16(p.emb) || !aligned16(p.inter)) return "buffer alignment";
+  if (!aligned16(p.emb) || !aligned16(p.inter)) return "buffer alignment";
   return "";
 }
 
-void launch(const Params& p, bool fp16, int blocks, cudaStream_t stream) {
+void launch(Params p, bool fp16, int blocks, bool cooperative, uint32_t* counter_base,
+            cudaStream_t stream) {
   DLREC_CHECK(p.rows >= 1 && p.rows <= kMaxRows, "fused inference: ", p.rows,
               " rows (1..", kMaxRows, ")");
   const int sms = sm_count();
   if (blocks <= 0 || blocks > sms) blocks = sms;
-  if (fp16) launch_typed<f16>(p, blocks, stream);
-  else launch_typed<bf16>(p, blocks, stream);
+  p.bar_base = *counter_base;
+  if (fp16) launch_typed<f16>(p, blocks, cooperative, stream);
+  else launch_typed<bf16>(p, blocks, cooperative, stream);
+  // Only a launch that was enqueued moves the base (the check above threw otherwise).
+  *counter_base += static_cast<uint32_t>(arrivals(p)) * static_cast<uint32_t>(blocks);
   g_launches.fetch_add(1, std::memory_order_relaxed);
 }
 

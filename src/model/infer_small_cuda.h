@@ -1,34 +1,43 @@
 // Internal: the whole 16-bit DLRM inference forward of a few rows (serving at batch 1..64) as
 // ONE persistent kernel, instead of a CUDA graph of ~15 small kernels and two copies.
 //
-// Why: at batch 1 each of those kernels runs ~1 us of work behind ~3 us of launch, tail and
-// dependency latency; the copies in and out cost a copy-engine round trip each. Here all blocks
-// are resident at once (grid <= SM count, __launch_bounds__ guaranteeing 2 blocks per SM), and
-// the stages are separated by a grid-wide barrier on a counter in global memory:
+// Why: at batch 1..8 the graph path is ~15 small kernels, each ~1 us of work behind ~2 us of
+// dependency latency, plus a copy-engine round trip in (~5 us) and one out. Here there are no
+// copies (the kernel reads the caller's pinned inputs and writes the probabilities there) and
+// 8 stage boundaries for the MLPerf shape. Measured on an H100 (bench infer, bf16, p50):
+// batch 1 33.7-35.5 us vs 35.8-38.7, batch 2 34.5-36.7 vs 44.0-47.0, batch 8 41.3-43.7 vs
+// 56.3-60.3. The kernel alone at batch 1 took ~31 us: a stage boundary (grid barrier and
+// re-reading the activations from L2) costs 3-4 us, about what a graph's kernel boundary does.
+// Past 8 rows each warp loops over groups of 8 rows: 16 rows took 59 us, no better than the
+// GEMM path at 64 rows (55-66 us); 32 and 64 rows took 95 and 164 us. Hence 8 by default.
+// All blocks are resident at once (cooperative launch, grid <= SM count, __launch_bounds__
+// guaranteeing 2 blocks per SM), and the stages are separated by grid-wide barriers on a
+// counter in global memory:
 //
-//   in:    dense features (read from the caller's pinned host buffer, which is mapped into the
-//          device's address space) -> 16-bit padded rows; each (row, table) embedding row
-//          gathered from the f32 tables -> 16-bit (the key read from the pinned host buffer)
-//   b0:    bottom layer 0 || the embedding-embedding dot products of the interaction
-//   b1..:  the other bottom layers
+//   b0:    bottom layer 0, its input read from the caller's pinned host buffer (mapped into
+//          the device's address space) and converted to 16-bit || each (row, table) embedding
+//          row gathered from the f32 tables -> 16-bit (the key read from the pinned buffer)
+//   b1:    bottom layer 1 || the embedding-embedding dot products of the interaction
+//   b2..:  the other bottom layers
 //   int:   the dense-embedding dot products, the dense copy, the zero padding
-//   t0..:  the top layers; the last one (one output) also applies the sigmoid and writes the
-//          probabilities straight into the caller's pinned host buffer
+//   t0..:  the top layers but the last
+//   last:  the last top layer (one output) by the last block to finish the one before, with
+//          the sigmoid, the probabilities written straight into the caller's pinned buffer
 //
 // A layer is warp-per-output like cd::skinny_linear, with the same per-lane order of fused
 // multiply-adds and the same warp reduction, so a layer given the same input gives the same
-// bits; the weight row of a warp's first output of the next layer is loaded into registers
-// before the barrier (weights never change during a launch), so after the barrier only the
-// activations are waited for. The dot products are summed in f32 by 8-lane groups (4 pairs per
-// warp) rather than on tensor cores: the interaction output can differ from the graph path's
-// by one 16-bit rounding step.
+// bits; each block stages the layer's input rows in shared memory once; the weight row of a
+// warp's first output of the next layer is loaded into registers before the barrier (weights
+// never change during a launch), so after the barrier only the activations are waited for.
+// The dot products are summed in f32 by 8-lane groups (4 pairs per warp) rather than on tensor
+// cores: the interaction output can differ from the graph path's by one 16-bit rounding step.
 //
-// Co-residency: the barrier needs every block of a launch resident at once. Blocks are at most
-// the SM count and the kernel is compiled for 2 blocks of 256 threads per SM without shared
-// memory, so up to 2 such launches (two model instances on one GPU) are always resident
-// together; other kernels only delay the start of some blocks. More concurrent launches than
-// 2 x (blocks/SM) could deadlock: callers keep one launch per model stream and the block count
-// at or below the SM count.
+// Co-residency: the barrier needs every block of a launch resident at once. The launch is
+// cooperative by default (the runtime refuses a grid that cannot be co-resident and places its
+// blocks together); besides, blocks are at most the SM count and the kernel is compiled for 2
+// blocks of 256 threads per SM (16 KiB of shared memory each), so two such launches (two model
+// instances on one GPU, tested) fit beside each other; other kernels only delay the start of
+// some blocks. More model instances per GPU running this kernel at once are not tested.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -58,12 +67,12 @@ struct Params {
   float* probs = nullptr;         // [rows]
   int rows = 0, ld_keys = 0, num_dense = 0, T = 0, d = 0, inter_ld = 0;
   int nb = 0, nt = 0;             // bottom layers, then top layers, in `layer`
-  void* x0 = nullptr;             // device 16-bit [rows, layer[0].k]: the padded dense rows
   void* emb = nullptr;            // device 16-bit [rows, T, d]
   void* inter = nullptr;          // device 16-bit [rows, inter_ld]
   float* const* tables = nullptr; // device [T] table pointers (f32 [rows_t, d])
   const uint32_t* row_base = nullptr;  // device [T] first global row of each table
-  unsigned* barrier = nullptr;    // device [2] zero-initialised, one per concurrent launcher
+  unsigned* barrier = nullptr;    // device counter of the grid barriers, one per launcher
+  unsigned bar_base = 0;          // its value when the launch starts (set by launch())
   Layer layer[kMaxLayers];
 };
 
@@ -72,8 +81,14 @@ std::string unsupported(const Params& p);
 
 // Enqueues the kernel on `stream` with `blocks` blocks (at most the device's SM count;
 // <= 0: the SM count). bf16 when !fp16, else f16. p.rows in [1, kMaxRows]; unsupported(p)
-// must be "".
-void launch(const Params& p, bool fp16, int blocks, cudaStream_t stream);
+// must be "". *counter_base is the value p.barrier's counter will hold when this launch
+// starts (0 for a zeroed counter); it is advanced by this launch's arrivals. Launches sharing
+// a counter must run one after the other (one stream) and all go through the same
+// *counter_base: a counter ahead of its base would let barriers pass early.
+// With cooperative, the launch is a cooperative one (the driver then guarantees that all its
+// blocks are resident together, whatever else runs).
+void launch(Params p, bool fp16, int blocks, bool cooperative, uint32_t* counter_base,
+            cudaStream_t stream);
 
 // Launches so far in this process (tests check that the path ran).
 int64_t launches();

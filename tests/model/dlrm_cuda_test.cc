@@ -585,8 +585,9 @@ namespace {
 // (model/infer_small_cuda.h). Against the layer-by-layer graph of the same weights (skinny
 // layers up to 8 rows, cuBLASLt above) and against the rows inside a 64-row cuBLASLt batch:
 // equal up to 16-bit rounding (the interaction's dot products are summed in another order).
-// Also: the boundary where the path switches, a grid of 2 blocks (every stage loops over its
-// work), a model shape the kernel does not take (falls back, same answers), and bad ids.
+// Also: the boundary where the path switches, a grid of 2 blocks launched without the
+// cooperative attribute (every stage loops over its work), one-layer MLPs, a model shape the
+// kernel does not take (falls back, same answers), and bad ids.
 TEST(DlrmCuda, FusedSmallBatchInferenceMatchesTheLayerPath) {
   SKIP_WITHOUT_GPU();
   struct Shape {
@@ -597,6 +598,7 @@ TEST(DlrmCuda, FusedSmallBatchInferenceMatchesTheLayerPath) {
   const std::vector<Shape> shapes = {
       {8, {16, 8}, {16, 1}, true},
       {32, {64, 32}, {1024, 512, 1}, true},  // a 1024-wide input: the whole register row
+      {8, {8}, {1}, true},                    // one bottom and one top layer
       {8, {16, 8}, {1032, 1}, false},        // a 1032-wide input: over the kernel's limit
   };
   for (const Shape& sh : shapes)
@@ -620,6 +622,7 @@ TEST(DlrmCuda, FusedSmallBatchInferenceMatchesTheLayerPath) {
         ScopedEnv e0("DLREC_INFER_FUSED", "1");
         ScopedEnv e1("DLREC_INFER_FUSED_ROWS", "16");
         ScopedEnv e2("DLREC_INFER_FUSED_BLOCKS", "2");
+        ScopedEnv e3("DLREC_INFER_FUSED_COOP", "0");  // a plain launch
         wide = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21, precision);
       }
       io::Batch big = make_batch(s.layout, 64, 77, false);
@@ -671,48 +674,54 @@ TEST(DlrmCuda, FusedSmallBatchInferenceMatchesTheLayerPath) {
 // probabilities as a lone call.
 TEST(DlrmCuda, InstancesPredictConcurrentlyWithLegacyCopies) {
   SKIP_WITHOUT_GPU();
-  SmallDlrm s;
-  std::vector<std::unique_ptr<CudaModel>> models;
-  for (int i = 0; i < 2; ++i)
-    models.push_back(make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 31, "bf16"));
-  auto ref = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 31, "bf16");
-  const std::vector<int64_t> sizes = {1, 2, 5, 9, 17, 33, 65, 129, 300, 513, 1000, 2100};
-  std::vector<std::vector<float>> want;
-  std::vector<io::Batch> batches;
-  for (int64_t rows : sizes) {
-    batches.push_back(make_batch(s.layout, rows, 900 + rows, false));
-    want.emplace_back(rows);
-    ref->predict(batches.back(), want.back().data());
-  }
-  std::atomic<bool> stop{false};
-  std::atomic<int> errors{0};
-  std::thread copier([&] {
-    std::vector<float> v(4096, 1.f);
-    while (!stop) {
-      Tensor t = Tensor::from_vector(v, {4096}, Device::cuda(0));
-      if (t.to_vector<float>()[7] != 1.f) ++errors;
+  // Layer-by-layer graphs, then the fused small-batch kernel (two instances' grid barriers
+  // in flight at once).
+  for (const char* fused : {"0", "1"}) {
+    SCOPED_TRACE(std::string("DLREC_INFER_FUSED=") + fused);
+    ScopedEnv env("DLREC_INFER_FUSED", fused);
+    SmallDlrm s;
+    std::vector<std::unique_ptr<CudaModel>> models;
+    for (int i = 0; i < 2; ++i)
+      models.push_back(make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 31, "bf16"));
+    auto ref = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 31, "bf16");
+    const std::vector<int64_t> sizes = {1, 2, 5, 9, 17, 33, 65, 129, 300, 513, 1000, 2100};
+    std::vector<std::vector<float>> want;
+    std::vector<io::Batch> batches;
+    for (int64_t rows : sizes) {
+      batches.push_back(make_batch(s.layout, rows, 900 + rows, false));
+      want.emplace_back(rows);
+      ref->predict(batches.back(), want.back().data());
     }
-  });
-  std::vector<std::thread> workers;
-  for (int w = 0; w < 2; ++w)
-    workers.emplace_back([&, w] {
-      try {
-        for (int rep = 0; rep < 3; ++rep)
-          for (size_t i = 0; i < sizes.size(); ++i) {
-            const size_t k = (i * 5 + w * 3) % sizes.size();
-            std::vector<float> p(sizes[k]);
-            models[w]->predict(batches[k], p.data());
-            for (int64_t r = 0; r < sizes[k]; ++r)
-              if (std::fabs(p[r] - want[k][r]) > 1e-3f) ++errors;
-          }
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "worker " << w << ": " << e.what();
+    std::atomic<bool> stop{false};
+    std::atomic<int> errors{0};
+    std::thread copier([&] {
+      std::vector<float> v(4096, 1.f);
+      while (!stop) {
+        Tensor t = Tensor::from_vector(v, {4096}, Device::cuda(0));
+        if (t.to_vector<float>()[7] != 1.f) ++errors;
       }
     });
-  for (auto& t : workers) t.join();
-  stop = true;
-  copier.join();
-  EXPECT_EQ(errors.load(), 0);
+    std::vector<std::thread> workers;
+    for (int w = 0; w < 2; ++w)
+      workers.emplace_back([&, w] {
+        try {
+          for (int rep = 0; rep < 3; ++rep)
+            for (size_t i = 0; i < sizes.size(); ++i) {
+              const size_t k = (i * 5 + w * 3) % sizes.size();
+              std::vector<float> p(sizes[k]);
+              models[w]->predict(batches[k], p.data());
+              for (int64_t r = 0; r < sizes[k]; ++r)
+                if (std::fabs(p[r] - want[k][r]) > 1e-3f) ++errors;
+            }
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "worker " << w << ": " << e.what();
+        }
+      });
+    for (auto& t : workers) t.join();
+    stop = true;
+    copier.join();
+    EXPECT_EQ(errors.load(), 0);
+  }
 }
 #endif
 
