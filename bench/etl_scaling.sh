@@ -9,7 +9,8 @@
 # adds that binary's run at the largest T (e.g. an older build, same file, same session).
 # ALTERNATE=1 (with PEER) instead runs, at every T, R pairs of single runs (DLREC_BIN --repeat 1,
 # then PEER --repeat 1), so both builds share the same minutes and neither times the deletion
-# of a previous run's output; lines of PEER's runs start with "peer".
+# of a previous run's output; lines of PEER's runs start with "peer". ARGS="..." adds options
+# to DLREC_BIN's `bench etl` runs only (e.g. ARGS="--cache-form compact").
 set -euo pipefail
 DLREC=${1:?usage: $0 DLREC_BIN [ROWS] [THREADS...]}
 ROWS=${2:-8000000}
@@ -30,13 +31,13 @@ for t in "${THREADS[@]}"; do
   [ "$t" -le 2 ] && [ -z "${REPEAT:-}" ] && r=2
   if [ -n "${PEER:-}" ] && [ "${ALTERNATE:-0}" = 1 ]; then
     for ((i = 0; i < r; ++i)); do
-      "$DLREC" --threads "$t" bench etl --data "$DATA" --repeat 1 --work-dir "$WORK" 2>/dev/null
+      "$DLREC" --threads "$t" bench etl --data "$DATA" --repeat 1 --work-dir "$WORK" ${ARGS:-} 2>/dev/null
       "$PEER" --threads "$t" bench etl --data "$DATA" --repeat 1 --work-dir "$WORK" 2>/dev/null |
         sed 's/^/peer /'
     done
     continue
   fi
-  "$DLREC" --threads "$t" bench etl --data "$DATA" --repeat "$r" --work-dir "$WORK" 2>/dev/null
+  "$DLREC" --threads "$t" bench etl --data "$DATA" --repeat "$r" --work-dir "$WORK" ${ARGS:-} 2>/dev/null
 done
 if [ -n "${PEER:-}" ] && [ "${ALTERNATE:-0}" != 1 ]; then
   t=${THREADS[-1]}
