@@ -38,19 +38,19 @@ std::shared_ptr<char> KeptArena::map_block(size_t size) const {
 
 char* KeptArena::alloc(size_t bytes, std::shared_ptr<char>& block) {
   bytes = round8(bytes);
+  constexpr size_t kHuge = size_t{2} << 20;
   std::unique_lock<std::mutex> g(mu_);
   if (!cur_ || used_ + bytes > size_) {
-    const size_t huge = size_t{2} << 20;
-    const size_t size = std::max(block_, (bytes + huge - 1) / huge * huge);
-    if (next_ && size == block_) {  // the block made ready ahead
+    if (next_ && next_size_ >= bytes) {  // the block made ready ahead
       cur_ = std::move(next_);
-    } else {
-      cur_ = map_block(size);  // the first block, or a large request
+      size_ = next_size_;
+    } else {  // the first block, or a request larger than the next one
+      size_ = std::max(grown_size(), (bytes + kHuge - 1) / kHuge * kHuge);
+      cur_ = map_block(size_);
     }
     next_.reset();
     used_ = 0;
-    size_ = size;
-    mapped_ += static_cast<int64_t>(size);
+    mapped_ += static_cast<int64_t>(size_);
   }
   char* p = cur_.get() + used_;
   used_ += bytes;
@@ -59,17 +59,23 @@ char* KeptArena::alloc(size_t bytes, std::shared_ptr<char>& block) {
   // that the others go on meanwhile.
   if (used_ > size_ / 2 && !next_ && !preparing_ && !last_) {
     preparing_ = true;
+    const size_t size = grown_size();
     g.unlock();
     std::shared_ptr<char> ready;
     try {
-      ready = map_block(block_);
+      ready = map_block(size);
     } catch (...) {  // the next request maps its own block (and reports the error)
     }
     g.lock();
     next_ = std::move(ready);
+    next_size_ = size;
     preparing_ = false;
   }
   return p;
+}
+
+size_t KeptArena::grown_size() const {
+  return std::clamp(static_cast<size_t>(mapped_), size_t{2} << 20, std::max(block_, size_t{2} << 20));
 }
 
 void KeptArena::finish() {

@@ -154,6 +154,22 @@ TEST(KeptChunkTest, ArenaBlocksAreSharedAndLargeRequestsGetTheirOwn) {
   EXPECT_EQ(p1[99], 1);  // b1 still holds the first block
 }
 
+TEST(KeptChunkTest, ArenaBlocksGrowWithTheData) {
+  KeptArena arena;  // blocks of up to 64 MB
+  std::shared_ptr<char> b;
+  arena.alloc(100, b);
+  EXPECT_EQ(arena.mapped_bytes(), int64_t{2} << 20);  // a small input maps a small block
+  int64_t used = 100;
+  for (int i = 0; i < 100; ++i) {
+    char* p = arena.alloc(size_t{1} << 20, b);
+    p[0] = p[(1 << 20) - 1] = 1;
+    used += int64_t{1} << 20;
+    EXPECT_LE(arena.mapped_bytes(), 2 * used + (int64_t{2} << 20)) << "after " << i + 1 << " MB";
+  }
+  EXPECT_GE(arena.mapped_bytes(), used);
+  arena.finish();
+}
+
 TEST(KeptChunkTest, BadRangeIsAnError) {
   KeptArena arena;
   const io::RawChunk c = make_chunk(10, true, 3);

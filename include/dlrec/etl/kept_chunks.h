@@ -9,7 +9,7 @@
 //     when all do); any other column as the RawChunk holds it (8-byte values and offsets);
 // so about 165 bytes per Criteo row, and unpack() gives back the RawChunk bit for bit.
 //
-// Its memory comes from a KeptArena: blocks (64 MB by default), each mapped and faulted in by
+// Its memory comes from a KeptArena: blocks (2 MB growing to 64 MB), each mapped and faulted in by
 // one madvise(MADV_POPULATE_WRITE) call (where the kernel has it; 2-3x less kernel time than a
 // page fault per 4 KB page on the 2-core build machine, docs/ETL.md) while the one before is
 // being filled, optionally with MADV_HUGEPAGE (transparent huge pages). A block is unmapped
@@ -30,7 +30,8 @@ namespace dlrec::etl {
 class KeptArena {
  public:
   // huge_pages: ask for transparent huge pages on the blocks (MADV_HUGEPAGE); block_bytes:
-  // the size of a block (a larger one is mapped for a larger request).
+  // the largest block (blocks grow from 2 MB to it, doubling the memory mapped; a larger
+  // request gets a block of its own size).
   explicit KeptArena(bool huge_pages = false, size_t block_bytes = kBlockBytes)
       : huge_(huge_pages), block_(block_bytes) {}
   KeptArena(const KeptArena&) = delete;
@@ -48,12 +49,16 @@ class KeptArena {
 
  private:
   std::shared_ptr<char> map_block(size_t size) const;
+  // The size of a new block: as much as all blocks so far (at least 2 MB, at most block_), so
+  // that a small input does not fault in a large block.
+  size_t grown_size() const;
 
   std::mutex mu_;
   bool huge_;
   size_t block_;
   std::shared_ptr<char> cur_;
   std::shared_ptr<char> next_;  // the next block, mapped and faulted in ahead
+  size_t next_size_ = 0;
   bool preparing_ = false, last_ = false;
   size_t used_ = 0, size_ = 0;
   int64_t mapped_ = 0;
