@@ -5,8 +5,9 @@
 #   bash bench/serve_gpu_e2e.sh e2e      # dlrec serve, gRPC on loopback: latency and saturation
 #     (GRPC_THREADS=N: the server's --grpc-threads, unset: its default; a list such as "1 2 3"
 #      runs the loads against one server per value in turn, after one setup, each line
-#      prefixed "grpc_threads=N"; INLINE_ROWS=N: --grpc-inline-rows; SPIN_US=N: --grpc-spin-us;
-#      SATURATION_ONLY=1: the saturation loads only; DURATION=S: seconds per load, default 10)
+#      prefixed "grpc_threads=N" (a value may repeat: "1 2 1"); INLINE_ROWS=N: --grpc-inline-rows; SPIN_US=N: --grpc-spin-us;
+#      SATURATION_ONLY=1: the saturation loads only; DURATION=S: seconds per load, default 10;
+#      SETUP_BIN=path: the dlrec that makes the data and the model, default $BIN/dlrec)
 #   bash bench/serve_gpu_e2e.sh profile  # the engine's device time per phase (eager, one stream)
 #                                        # and predict() with other chunk sizes
 # Binaries from $BIN (default .gpu/bin); scratch in $WORK (default /tmp/dlrec_serve_e2e).
@@ -38,12 +39,13 @@ for part in "$@"; do
       done
       ;;
     e2e)
-      "$BIN/dlrec" datagen --out "$W/logs.tsv" --rows 100000 > "$OUT/e2e_setup.log" 2>&1
-      "$BIN/dlrec" etl --input "$W/logs.tsv" --out "$W/data" --overwrite \
+      SB=${SETUP_BIN:-$BIN/dlrec}  # makes the data and the model (SETUP_BIN: another build)
+      "$SB" datagen --out "$W/logs.tsv" --rows 100000 > "$OUT/e2e_setup.log" 2>&1
+      "$SB" etl --input "$W/logs.tsv" --out "$W/data" --overwrite \
         --workflow configs/etl_criteo_kaggle_hash.json >> "$OUT/e2e_setup.log" 2>&1
       rm -rf "$W/repo"
       mkdir -p "$W/repo/dlrm"
-      "$BIN/dlrec" export --init configs/mlperf_dlrm.json --data "$W/data" --out "$W/repo/dlrm/1" \
+      "$SB" export --init configs/mlperf_dlrm.json --data "$W/data" --out "$W/repo/dlrm/1" \
         >> "$OUT/e2e_setup.log" 2>&1 || { echo "export failed"; tail "$OUT/e2e_setup.log"; exit 1; }
       cat > "$W/repo/dlrm/config.json" <<CFG
 {"max_batch_size": 65536,
@@ -53,9 +55,11 @@ for part in "$@"; do
  "precision": "bf16"}
 CFG
       D=${DURATION:-10}
+      n=0
       for G in ${GRPC_THREADS:-default}; do
-        tag=""
-        [ "${GRPC_THREADS:-}" != "" ] && [ "$(echo $GRPC_THREADS | wc -w)" -gt 1 ] && tag="_g$G"
+        n=$((n + 1))
+        tag=""  # several servers: logs e2e_*_g<N>_<k>.log (k-th server of the list)
+        [ "${GRPC_THREADS:-}" != "" ] && [ "$(echo $GRPC_THREADS | wc -w)" -gt 1 ] && tag="_g${G}_$n"
         gflag=()
         [ "$G" != default ] && gflag=(--grpc-threads "$G")
         "$BIN/dlrec" serve --model-repository "$W/repo" --grpc-port 18001 --http-port 18000 \

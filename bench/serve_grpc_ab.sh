@@ -9,8 +9,9 @@
 # default "live:1 1:1 2048:1 4096:16 4096:32". Each run prints the client's summary line
 # prefixed with "round R side". PERF=1: also `perf stat -e context-switches,task-clock` on the
 # server during each load, printed as server context switches and CPU microseconds per request.
-# CQ=1: also the CPU time of the server's completion-queue threads (grpc-cq*) and of its
-# batcher threads (batcher-w*, with the engine threads they start) per request, from
+# CQ=1: also the CPU time of the server's completion-queue threads (grpc-cq*), its parse
+# threads (grpc-parse*) and its batcher threads (batcher-w*, with the engine threads they
+# start) per request, from
 # /proc/<server>/task/*/stat around each load.
 # SERVER_ENV: environment for the servers (e.g. "DLREC_THREADS=1"); SERVER_ARGS: more serve
 # options for both (e.g. "--grpc-threads 2"); AFTER_ARGS: for the after side only (e.g.
@@ -91,6 +92,7 @@ for r in $(seq 1 "$ROUNDS"); do
       fi
       if [ -n "${CQ:-}" ]; then
         cq0=$(thread_cpu ${server[$side]} grpc-cq)
+        gp0=$(thread_cpu ${server[$side]} grpc-parse)
         bw0=$(thread_cpu ${server[$side]} batcher-w)
       fi
       line=$("$CLIENT" bench serve --protocol grpc --url "127.0.0.1:${port[$side]}" --model m \
@@ -100,10 +102,11 @@ for r in $(seq 1 "$ROUNDS"); do
       if [ -n "${CQ:-}" ]; then
         reqs=$(echo "$line" | sed -n 's/.*requests=\([0-9]*\).*/\1/p')
         awk -v a="$cq0" -v b="$(thread_cpu ${server[$side]} grpc-cq)" -v c="$bw0" \
-          -v e="$(thread_cpu ${server[$side]} batcher-w)" -v n="$reqs" -v d="$DURATION" \
+          -v e="$(thread_cpu ${server[$side]} batcher-w)" -v f="$gp0" \
+          -v g="$(thread_cpu ${server[$side]} grpc-parse)" -v n="$reqs" -v d="$DURATION" \
           -v side=$side -v load=$load -v r=$r 'BEGIN { k = n * (d + 1) / d; if (k > 0)
-            printf "round %s %s load=%s threads: grpc-cq cpu us/req %.1f, batcher-w cpu us/req %.1f\n",
-              r, side, load, (b - a) * 1e6 / k, (e - c) * 1e6 / k }'
+            printf "round %s %s load=%s threads: grpc-cq cpu us/req %.1f, batcher-w cpu us/req %.1f, grpc-parse cpu us/req %.1f\n",
+              r, side, load, (b - a) * 1e6 / k, (e - c) * 1e6 / k, (g - f) * 1e6 / k }'
       fi
       if [ -n "${PERF:-}" ]; then
         wait $perf_pid

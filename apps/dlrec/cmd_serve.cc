@@ -23,8 +23,9 @@ Runner add_serve(CLI::App& app) {
                 "Prometheus metrics port, GET /metrics (0: any free port, -1: off)");
   c->add_option("--http-threads", o->http_threads, "HTTP worker threads")->check(CLI::Range(2, 1024));
   c->add_option("--grpc-threads", o->grpc_threads,
-                "gRPC completion queues (default 2), each with one polling thread that parses "
-                "the calls and hands inferences to the batchers without waiting")
+                "gRPC completion queues (default 1), each with one polling thread that receives "
+                "the calls and hands inferences on without waiting (more: gRPC passes events "
+                "between the threads, slower single calls)")
       ->check(CLI::Range(1, 256));
   c->add_option("--grpc-inline-rows", o->grpc_inline_max_rows,
                 "gRPC inferences of fewer rows (default 1024) are scored on the polling thread "
@@ -34,6 +35,14 @@ Runner add_serve(CLI::App& app) {
                 "Microseconds a gRPC polling thread keeps polling after each event before it "
                 "sleeps (default 0; saves a thread wake-up per call at the price of CPU)")
       ->check(CLI::Range(0, 100000));
+  c->add_option("--grpc-parse-threads", o->grpc_parse_threads,
+                "Threads that read and encode big gRPC inferences (default 2) so that the "
+                "polling threads only receive bytes; 0: the polling threads do it")
+      ->check(CLI::Range(0, 256));
+  c->add_option("--grpc-parse-bytes", o->grpc_parse_min_bytes,
+                "gRPC inference messages of at least this many bytes (default 65536) go to the "
+                "parse threads; smaller ones are handled on the polling thread")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   c->add_option("--max-request-bytes", o->max_request_bytes,
                 "Largest request body accepted (HTTP 413 / gRPC RESOURCE_EXHAUSTED beyond)")
       ->check(CLI::Range(int64_t{1024}, int64_t{1} << 31));

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <mutex>
 #include <memory>
 #include <optional>
@@ -321,6 +323,62 @@ bool next_event(grpc::ServerCompletionQueue& cq, uint64_t spin_ns, void** tag, b
   return cq.Next(tag, ok);
 }
 
+// Threads that read big ModelInfer requests off the completion-queue threads
+// (ServerOptions::grpc_parse_threads): the queue's thread then only receives the bytes and
+// hands the call over; reading, encoding and submitting it (ModelInfer's first half) run here,
+// in parallel. Small requests never come here (no hand-off on the batch-1 path).
+class ParsePool {
+ public:
+  void start(int threads) {
+    for (int i = 0; i < threads; ++i)
+      threads_.emplace_back([this, i] {
+#ifdef __linux__
+        pthread_setname_np(pthread_self(), ("grpc-parse" + std::to_string(i)).substr(0, 15).c_str());
+#endif
+        run();
+      });
+  }
+  bool active() const { return !threads_.empty(); }
+  void post(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      tasks_.push_back(std::move(task));
+    }
+    cv_.notify_one();
+  }
+  // Runs what was posted, then joins the threads.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stop_ || !tasks_.empty(); });
+        if (tasks_.empty()) return;  // stopping and drained
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
 class GrpcFrontend : public Frontend {
  public:
   explicit GrpcFrontend(ServerCore& core) : core_(core), handlers_(core) {}
@@ -346,6 +404,7 @@ class GrpcFrontend : public Frontend {
     }
     server_ = b.BuildAndStart();
     DLREC_CHECK(server_ && port_ > 0, "gRPC: cannot bind ", addr, " (in use, or not a local address)");
+    parse_pool_.start(std::max(0, o.grpc_parse_threads));
     for (auto& q : queues_) arm_all(*q);
     for (size_t i = 0; i < queues_.size(); ++i)
       queues_[i]->thread = std::thread([qp = queues_[i].get(), i,
@@ -375,6 +434,7 @@ class GrpcFrontend : public Frontend {
       std::unique_lock<std::mutex> lk(active_mu_);
       active_cv_.wait(lk, [&] { return active_ == 0; });
     }
+    parse_pool_.stop();  // idle now: every call it was given has finished
     for (auto& q : queues_) {
       std::lock_guard<std::mutex> lk(q->mu);
       q->stopping = true;
@@ -389,6 +449,12 @@ class GrpcFrontend : public Frontend {
   int port() const override { return port_; }
 
   Handlers& handlers() { return handlers_; }
+  // ModelInfer requests of at least this many bytes go to the parse pool, when it has threads.
+  bool parse_elsewhere(size_t bytes) const {
+    return parse_pool_.active() &&
+           static_cast<int64_t>(bytes) >= core_.options.grpc_parse_min_bytes;
+  }
+  ParsePool& parse_pool() { return parse_pool_; }
   AsyncService& service() { return service_; }
 
   // Calls between their start and the Finish of their response (stop() waits for none).
@@ -424,6 +490,7 @@ class GrpcFrontend : public Frontend {
   AsyncService service_;
   std::unique_ptr<grpc::Server> server_;
   std::vector<std::unique_ptr<Queue>> queues_;
+  ParsePool parse_pool_;
   std::mutex active_mu_;
   std::condition_variable active_cv_;
   int active_ = 0;
@@ -525,8 +592,9 @@ std::shared_ptr<ServedModel> Handlers::parse_infer(const grpc::ByteBuffer& bytes
   return model;
 }
 
-// ModelInfer: parsed and submitted on the queue's thread; finished by whoever scores it.
-void start_infer(GrpcFrontend& fe, InferCall& call) {
+// ModelInfer's first half: parsed and submitted (on the queue's thread or a parse thread);
+// finished by whoever scores it.
+void run_infer(GrpcFrontend& fe, InferCall& call) {
   Handlers& h = fe.handlers();
   InferScratch& s = call.scratch();
   s.t0 = now_ns();
@@ -553,6 +621,18 @@ void start_infer(GrpcFrontend& fe, InferCall& call) {
         call.finish(grpc::Status::OK);
       },
       h.inline_max_rows(), &s.batch);
+}
+
+// ModelInfer on the queue's thread: a big request is handed to a parse thread (the queue's
+// thread only receives bytes); a small one is read, encoded and submitted (or scored) right
+// here. Until its Finish completes the call is not touched by the queue's thread, so the parse
+// thread may use the slot freely.
+void start_infer(GrpcFrontend& fe, InferCall& call) {
+  if (fe.parse_elsewhere(call.req().Length())) {
+    fe.parse_pool().post([&fe, &call] { run_infer(fe, call); });
+    return;
+  }
+  run_infer(fe, call);
 }
 
 // Model load and unload take long: on a thread of their own, so that the queue's thread keeps

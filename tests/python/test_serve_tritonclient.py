@@ -485,14 +485,14 @@ def test_bad_grpc_requests_get_status_codes(work, gc):
 
 def raw_model_infer(server):
     import grpc
-    ch = grpc.insecure_channel(server["grpc"])
+    ch = grpc.insecure_channel(server["grpc"] if isinstance(server, dict) else server)
     # No serializers: bytes in, bytes out.
     return ch, ch.unary_unary("/inference.GRPCInferenceService/ModelInfer")
 
 
-def infer_request_pb(cols, typed=False, parameters=False):
+def infer_request_pb(cols, typed=False, parameters=False, model="m"):
     import tritonclient.grpc.service_pb2 as pb
-    q = pb.ModelInferRequest(model_name="m", id="raw-bytes")
+    q = pb.ModelInferRequest(model_name=model, id="raw-bytes")
     for name, arr in cols.items():
         t = q.inputs.add(name=name, datatype="FP32" if arr.dtype == np.float32 else "INT64",
                          shape=list(arr.shape))
@@ -512,10 +512,10 @@ def infer_request_pb(cols, typed=False, parameters=False):
     return q
 
 
-def probabilities(reply):
+def probabilities(reply, model="m"):
     import tritonclient.grpc.service_pb2 as pb
     r = pb.ModelInferResponse.FromString(reply)
-    assert r.model_name == "m" and r.model_version == "1" and r.id == "raw-bytes"
+    assert r.model_name == model and r.model_version == "1" and r.id == "raw-bytes"
     assert [o.name for o in r.outputs] == ["probability"] and r.outputs[0].datatype == "FP32"
     rows = r.outputs[0].shape[0]
     assert list(r.outputs[0].shape) == [rows, 1]
@@ -555,12 +555,29 @@ def test_grpc_wire_reader_and_protobuf_fallback_agree(work, hc, server):
 
 
 
-def test_grpc_big_requests_across_transport_slices(work, hc, server):
+@pytest.mark.parametrize("parse_threads", [None, 0])
+def test_grpc_big_requests_across_transport_slices(work, hc, server, tmp_path, parse_threads):
     """Requests of ~0.3-1 MB arrive in several transport slices; tensors that span them are
     gathered into the model's input buffers. Every answer must equal HTTP's, and a bad id in
-    such a tensor must be reported (and leave the next call intact)."""
+    such a tensor must be reported (and leave the next call intact). None: the module's server
+    (defaults: big requests read on the parse threads); 0: a server reading them on its
+    polling thread (--grpc-parse-threads 0)."""
     import grpc
-    ch, infer = raw_model_infer(server)
+    if parse_threads is None:
+        ch, infer = raw_model_infer(server)
+    else:
+        proc, ports, log, _ = start_slow_server(
+            work, tmp_path, max_queue_size=4096, delay_s=0, max_batch=8192,
+            args=("--grpc-parse-threads", str(parse_threads)))
+        ch, infer0 = raw_model_infer(f"127.0.0.1:{ports['grpc']}")
+
+        def infer(body, timeout):  # the same request, for the model of that server
+            import tritonclient.grpc.service_pb2 as pb
+            q = pb.ModelInferRequest.FromString(body)
+            q.model_name = "slow"
+            r = pb.ModelInferResponse.FromString(infer0(q.SerializeToString(), timeout=timeout))
+            r.model_name = "m"
+            return r.SerializeToString()
     for k, rows in enumerate([3000, 1200, 4000, 7, 3000]):
         cols = encoded_columns(work, rows, seed=200 + k)
         expected = hc.infer("m", make_inputs(httpclient, cols)).as_numpy("probability")
@@ -585,6 +602,10 @@ def test_grpc_big_requests_across_transport_slices(work, hc, server):
     got = probabilities(infer(infer_request_pb(cols).SerializeToString(), timeout=60))
     assert np.max(np.abs(got - expected)) <= 1e-6
     ch.close()
+    if parse_threads is not None:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        log.close()
 
 def test_grpc_malformed_model_infer_bytes_are_invalid_argument(work, server, gc):
     import grpc
@@ -670,12 +691,13 @@ def test_proto_matches_tritonclient_wire_format(tmp_path):
 SLOW_S = 1.5
 
 
-def start_slow_server(work, tmp_path, max_queue_size=1, delay_s=SLOW_S, args=()):
+def start_slow_server(work, tmp_path, max_queue_size=1, delay_s=SLOW_S, args=(),
+                      max_batch=1024):
     repo = tmp_path / "repo"
     shutil.copytree(work["repo"] / "m" / "1", repo / "slow" / "1")
     (repo / "slow" / "config.json").write_text(json.dumps(
-        {"max_batch_size": 1024,
-         "dynamic_batching": {"preferred_batch_size": [1024],
+        {"max_batch_size": max_batch,
+         "dynamic_batching": {"preferred_batch_size": [max_batch],
                               "max_queue_delay_microseconds": int(delay_s * 1e6),
                               "max_queue_size": max_queue_size}}))
     ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
@@ -811,12 +833,15 @@ def roll_cols(cols, k):
     return {n: np.roll(a, k, axis=0) for n, a in cols.items()}
 
 
-def test_grpc_many_calls_in_flight_each_get_their_answer(work, tmp_path):
+@pytest.mark.parametrize("parse_bytes", [65536, 0])
+def test_grpc_many_calls_in_flight_each_get_their_answer(work, tmp_path, parse_bytes):
     """300 concurrent calls (valid ones with rows rolled by i, every third one malformed) wait
     together in the batcher: each gets its own rows back or its INVALID_ARGUMENT, they are
-    merged into few executions, and the server does not grow a thread per waiting call."""
+    merged into few executions, and the server does not grow a thread per waiting call (also
+    with every request read on the parse threads: --grpc-parse-bytes 0)."""
     proc, ports, log, log_path = start_slow_server(work, tmp_path, max_queue_size=4096,
-                                                   delay_s=0.5)
+                                                   delay_s=0.5,
+                                                   args=("--grpc-parse-bytes", str(parse_bytes)))
     url = f"127.0.0.1:{ports['grpc']}"
     try:
         cols = encoded_columns(work, 3, seed=11)
@@ -908,12 +933,14 @@ def test_grpc_unload_while_calls_wait(work, tmp_path):
         log.close()
 
 
-@pytest.mark.parametrize("spin_us", [0, 200])
-def test_grpc_shutdown_answers_every_call_in_flight(work, tmp_path, spin_us):
+@pytest.mark.parametrize("spin_us,parse_bytes", [(0, 65536), (200, 65536), (0, 0)])
+def test_grpc_shutdown_answers_every_call_in_flight(work, tmp_path, spin_us, parse_bytes):
     """SIGTERM while 100 calls wait in the batcher: every call gets its result, the server
-    exits 0 (also with the polling thread spinning between events)."""
-    proc, ports, log, log_path = start_slow_server(work, tmp_path, max_queue_size=4096,
-                                                   args=("--grpc-spin-us", str(spin_us)))
+    exits 0 (also with the polling thread spinning between events, and with every request
+    read on the parse threads: --grpc-parse-bytes 0)."""
+    proc, ports, log, log_path = start_slow_server(
+        work, tmp_path, max_queue_size=4096,
+        args=("--grpc-spin-us", str(spin_us), "--grpc-parse-bytes", str(parse_bytes)))
     url = f"127.0.0.1:{ports['grpc']}"
     cols = encoded_columns(work, 2)
     _, wait = async_calls(url, [("slow", make_inputs(grpcclient, cols))] * 100)

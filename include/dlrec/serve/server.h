@@ -22,10 +22,11 @@ struct ServerOptions {
   int grpc_port = 8001;
   int metrics_port = 8002;
   int http_threads = 16;
-  // gRPC completion queues, each with one polling thread that parses the calls it takes and
-  // submits inferences to the batchers without waiting for them (docs/SERVING.md). With
-  // several, gRPC may hand a call to another queue's thread.
-  int grpc_threads = 2;
+  // gRPC completion queues, each with one polling thread that receives the calls, reads small
+  // inferences itself and hands big ones to the parse threads (below), never waiting for them
+  // (docs/SERVING.md). One is the fastest for single calls: with several, gRPC hands events
+  // between the polling threads (batch-1 p99 +70 us on the H100 host).
+  int grpc_threads = 1;
   // A gRPC inference of fewer rows may be scored on the polling thread when it finds an
   // instance idle and no queue delay (no hand-off); bigger ones always go to a batcher worker.
   int64_t grpc_inline_max_rows = 1024;
@@ -33,6 +34,11 @@ struct ServerOptions {
   // sleeps at once). Saves the wake-up of a sleeping thread when calls come close together, at
   // the price of that much CPU per event.
   int grpc_spin_us = 0;
+  // Threads that read, encode and submit big gRPC inferences (of at least grpc_parse_min_bytes
+  // bytes) instead of the polling threads, which then only receive bytes; 0: the polling
+  // threads do it all. Smaller requests stay on the polling thread (no hand-off).
+  int grpc_parse_threads = 2;
+  int64_t grpc_parse_min_bytes = 65536;
   int64_t max_request_bytes = int64_t{64} << 20;
   HttpLimits limits;
   BatchingConfig batching;  // defaults for models whose config.json leaves them out
