@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <condition_variable>
 #include <deque>
@@ -497,9 +498,10 @@ io::RawChunk copy_rows(const io::RawChunk& c, int64_t lo, int64_t hi) {
 // are while more come.
 //
 // Compacted (EtlOptions::input_cache_form, etl::KeptChunk::keep), the rows of a batch are
-// copied by side tasks of the fit (FitSideWork: they fill the threads its last columns leave
-// idle) and the reader reuses its chunks; as parsed, the chunks are moved in once the fit is
-// done with them.
+// copied by side tasks of the fit (FitSideWork: they fill the threads its columns leave idle)
+// and the reader reuses its chunks; as parsed, the chunks are moved in once the fit is done
+// with them. The fit has up to `window` batches in flight (Workflow::fit_batches), each in
+// its own slot (the source's call number modulo the window) with its own pending rows.
 struct InputCache {
   std::deque<KeptChunk> chunks;
   size_t train_chunks = 0;
@@ -507,13 +509,13 @@ struct InputCache {
   bool on = false;  // keeping chunks (first pass) or holding all of them (later)
   bool compact = true;
   std::unique_ptr<KeptArena> arena;
-  // First pass: rows of the reader's current batch to keep once the fit is done with them.
+  // First pass: rows of a batch to keep once the fit is done with them, per batch slot.
   struct Pending {
     KeptChunk* slot;
     io::RawChunk* chunk;
     int64_t lo, hi;
   };
-  std::vector<Pending> pending;
+  std::vector<std::vector<Pending>> pending = std::vector<std::vector<Pending>>(1);
 
   void keep_one(const Pending& p) {
     if (compact)
@@ -521,26 +523,30 @@ struct InputCache {
     else  // as parsed: the whole chunk (a split chunk's tail was copied out already)
       *p.slot = KeptChunk::keep_parsed(std::move(*p.chunk));
   }
-  // Counts the pending rows, which the fit's side tasks kept (compact); past the cap, drops
-  // everything kept and stops keeping.
-  void settle() {
+  // Counts the pending rows of batch slot s, which the fit's side tasks kept (compact) or which
+  // are moved in now (parsed); past the cap, stops keeping, and drops everything kept once no
+  // side task of a batch still in flight can be writing into it (no slot has pending rows).
+  void settle(size_t s) {
     if (!compact)
-      for (const Pending& p : pending) keep_one(p);
-    for (const Pending& p : pending) bytes += p.slot->bytes();
-    pending.clear();
-    if (bytes > cap) drop();
+      for (const Pending& p : pending[s]) keep_one(p);
+    for (const Pending& p : pending[s]) bytes += p.slot->bytes();
+    pending[s].clear();
+    if (bytes > cap) on = false;
+    if (!on && !chunks.empty() &&
+        std::all_of(pending.begin(), pending.end(), [](const auto& v) { return v.empty(); }))
+      drop();
   }
-  // Keeps the pending rows here (rows the fit did not see: the validation rows).
-  void flush() {
-    if (compact && !pending.empty())
-      parallel_for(0, static_cast<int64_t>(pending.size()), 1, [&](int64_t lo, int64_t hi) {
-        for (int64_t i = lo; i < hi; ++i) keep_one(pending[i]);
+  // Keeps the pending rows of slot s here (rows the fit did not see: the validation rows).
+  void flush(size_t s) {
+    if (compact && !pending[s].empty())
+      parallel_for(0, static_cast<int64_t>(pending[s].size()), 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) keep_one(pending[s][i]);
       });
-    settle();
+    settle(s);
   }
   void drop() {  // too large: the later passes read the input again
     on = false;
-    pending.clear();
+    for (auto& v : pending) v.clear();
     chunks.clear();
     bytes = 0;
     train_chunks = 0;
@@ -779,10 +785,23 @@ EtlResult run_etl(const EtlOptions& o) {
     const int read_ahead = o.read_ahead > 0
                                ? o.read_ahead
                                : (o.memory_budget_mb == 0 && cache.on && cache.compact ? 2 : 1);
+    // Fit batches in flight (Workflow::fit_batches): no barrier per batch, but one (as before)
+    // under a memory budget (less memory in flight) and with one thread (nothing to overlap).
+    int window = o.fit_window;
+    if (window == 0) {
+      const char* env = std::getenv("DLREC_ETL_FIT_WINDOW");
+      window = env && *env ? std::atoi(env) : 4;
+      DLREC_CHECK(window >= 1 && window <= 64, "etl: DLREC_ETL_FIT_WINDOW must be in [1, 64], "
+                  "got '", env ? env : "", "'");
+      if (o.memory_budget_mb > 0 || num_threads() == 1) window = 1;
+    }
+    cache.pending.resize(window);
     bool cached = false;          // the transform pass reads the cache
     int64_t read_rows = 0;        // input rows read by this fit pass
-    std::vector<io::RawChunk> batch;  // the reader's current batch
-    std::vector<io::RawChunk> unpacked;  // kept chunks unpacked for a later fit pass
+    // The reader's batches in flight, one per slot (the source's call number modulo window).
+    std::vector<std::vector<io::RawChunk>> ring(window);
+    // Kept chunks unpacked for a later fit pass, per slot.
+    std::vector<std::vector<io::RawChunk>> unpacked(window);
     bool cache_read_failed = false;   // the reader failed in the first pass, keeping rows
     FitSideWork side;                 // the fit's side tasks: keeping a batch's rows
     auto open_fit_pass = [&]() -> ChunkBatchSource {
@@ -794,17 +813,19 @@ EtlResult run_etl(const EtlOptions& o) {
       fit_rows = 0;
       if (cached) {  // a later pass over the kept training chunks
         size_t at = 0;
-        return [&, at](std::vector<const io::RawChunk*>& out) mutable {
+        int64_t call = 0;
+        return [&, at, call](std::vector<const io::RawChunk*>& out) mutable {
           out.clear();
+          std::vector<io::RawChunk>& into = unpacked[call++ % window];
           const size_t k = std::min(cache.train_chunks - at, static_cast<size_t>(batch_chunks()));
-          if (unpacked.size() < k) unpacked.resize(k);
+          if (into.size() < k) into.resize(k);
           parallel_for(0, static_cast<int64_t>(k), 1, [&](int64_t lo, int64_t hi) {
             for (int64_t i = lo; i < hi; ++i)
-              if (!cache.chunks[at + i].parsed()) cache.chunks[at + i].unpack(unpacked[i]);
+              if (!cache.chunks[at + i].parsed()) cache.chunks[at + i].unpack(into[i]);
           });
           for (size_t i = 0; i < k; ++i) {
             const KeptChunk& kc = cache.chunks[at + i];
-            out.push_back(kc.parsed() ? kc.parsed() : &unpacked[i]);
+            out.push_back(kc.parsed() ? kc.parsed() : &into[i]);
             fit_rows += kc.rows();
           }
           at += k;
@@ -827,11 +848,16 @@ EtlResult run_etl(const EtlOptions& o) {
                                KeptArena::kBlockBytes));
       }
       read_rows = 0;
-      return [&, first](std::vector<const io::RawChunk*>& out) {
+      int64_t call = 0;
+      return [&, first, call](std::vector<const io::RawChunk*>& out) mutable {
         out.clear();
-        cache.settle();  // the last batch's rows: kept by the fit's side tasks
+        // The slot of the batch given up `window` calls ago: its rows were kept by the fit's
+        // side tasks (Workflow::fit_batches calls again only once it is done with them).
+        const size_t s = static_cast<size_t>(call++ % window);
+        std::vector<io::RawChunk>& batch = ring[s];
+        cache.settle(s);
         while (out.empty()) {
-          cache.flush();  // rows of a batch the fit does not see, before the reader reuses it
+          cache.flush(s);  // rows of a batch the fit does not see, before the reader reuses it
           int n = 0;
           try {
             n = batches->next(batch);
@@ -856,30 +882,30 @@ EtlResult run_etl(const EtlOptions& o) {
                                          : KeptChunk::keep_parsed(copy_rows(c, train, c.rows)));
               cache.bytes += cache.chunks.back().bytes();
               keep_first_rows(c, train);
-              cache.pending.push_back({slot, &c, 0, train});
+              cache.pending[s].push_back({slot, &c, 0, train});
             } else if (keep) {
               cache.chunks.emplace_back();
-              cache.pending.push_back({&cache.chunks.back(), &c, 0, c.rows});
+              cache.pending[s].push_back({&cache.chunks.back(), &c, 0, c.rows});
               if (train > 0) cache.train_chunks = cache.chunks.size();
             } else if (train > 0 && train < c.rows) {
               keep_first_rows(c, train);
             }
             if (train > 0) {
-              out.push_back(&c);  // stays in `batch` until the next call
+              out.push_back(&c);  // stays in batch[s] until this slot's next call
               fit_rows += train;
             }
           }
         }
         // Compact: the fit keeps this batch's rows on its threads (the pending validation
         // rows of earlier batches in this call were kept by flush()).
-        side.count = cache.compact ? static_cast<int>(cache.pending.size()) : 0;
+        side.count = cache.compact ? static_cast<int>(cache.pending[s].size()) : 0;
         progress->update(fit_rows);
         return static_cast<int>(out.size());
       };
     };
-    side.task = [&](int i) { cache.keep_one(cache.pending[i]); };
+    side.task = [&](int64_t b, int i) { cache.keep_one(cache.pending[b % window][i]); };
     try {
-      workflow.fit_batches(open_fit_pass, &side);
+      workflow.fit_batches(open_fit_pass, &side, window);
     } catch (const Error&) {
       // A bad row met while keeping the rows may lie past the training rows, where the fit
       // alone would not have read (the transform pass would report it, or an earlier error of
@@ -889,12 +915,14 @@ EtlResult run_etl(const EtlOptions& o) {
       if (batches) res.read_wait_seconds += batches->wait_seconds();
       batches.reset();
       cache = InputCache{};
+      cache.pending.resize(window);
       pass = 0;
-      workflow.fit_batches(open_fit_pass, &side);
+      workflow.fit_batches(open_fit_pass, &side, window);
     }
     if (progress) progress->finish();
     if (batches) res.read_wait_seconds += batches->wait_seconds();
-    cache.flush();  // nothing left, unless the source was not asked past the last batch
+    // The batches still in their slots: the fit is done with them (their side tasks ran).
+    for (size_t s = 0; s < cache.pending.size(); ++s) cache.settle(s);
     if (cache.arena) cache.arena->finish();
     cached = cache.on;
     res.input_cache_bytes = cached ? cache.bytes : 0;

@@ -3,10 +3,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <exception>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "dlrec/core/error.h"
 #include "dlrec/core/file_util.h"
@@ -484,16 +488,13 @@ struct Workflow::Impl {
                             : "row " + std::to_string(r) + " of the chunk";
   }
 
-  // Chunks [0, n) of fit pass `pass`, in order: accumulates statistics (pass 0) and feeds each
-  // column's pass-th fitted op with the values transformed by the ops before it. One task per
-  // column (and feature op) walks all the chunks in order, so every op sees exactly the value
-  // sequence of a chunk-by-chunk fit; the tasks are claimed dynamically, Categorify columns
-  // (the heaviest) first.
-  void fit_chunks(const io::RawChunk* const* raws, int n, int pass, FitSideWork* side = nullptr) {
+  // Checks a batch's chunks, applies the Filter ops (copies of the kept rows in `filtered`) and
+  // counts its rows (pass 0); `chunks` receives the chunks the fit sees.
+  void prepare_batch(const io::RawChunk* const* raws, int n, int pass,
+                     std::vector<const io::RawChunk*>& chunks,
+                     std::vector<io::RawChunk>& filtered) {
     for (int i = 0; i < n; ++i) check_chunk(*raws[i], "fit");
-    std::vector<io::RawChunk> filtered;
-    std::vector<const io::RawChunk*> chunks(n);
-    for (int i = 0; i < n; ++i) chunks[i] = raws[i];
+    chunks.assign(raws, raws + n);
     if (!filters.empty()) {
       filtered.resize(n);
       parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
@@ -509,15 +510,34 @@ struct Workflow::Impl {
       if (pass == 0) stats_input_rows += raws[i]->rows;
       if (pass == 0) stats_rows += chunks[i]->rows;
     }
+  }
+
+  // The fit tasks of a pass (one per column, and per feature op in pass 0), in the order they
+  // are claimed: categorical columns (the heaviest), feature ops, dense columns.
+  std::vector<int> task_order(int pass) const {
     const int nd = static_cast<int>(dense.size());
     const int ncols = nd + static_cast<int>(cat.size());
     const int ntasks = ncols + (pass == 0 ? static_cast<int>(features.size()) : 0);
-    // Task order: categorical columns, feature ops, dense columns.
     std::vector<int> order;
     for (int col = nd; col < ncols; ++col) order.push_back(col);
     for (int col = ncols; col < ntasks; ++col) order.push_back(col);
     for (int col = 0; col < nd; ++col) order.push_back(col);
-    // Then the caller's side tasks.
+    return order;
+  }
+
+  // Chunks [0, n) of fit pass `pass`, in order: accumulates statistics (pass 0) and feeds each
+  // column's pass-th fitted op with the values transformed by the ops before it. One task per
+  // column (and feature op) walks all the chunks in order, so every op sees exactly the value
+  // sequence of a chunk-by-chunk fit; the tasks are claimed dynamically, Categorify columns
+  // (the heaviest) first, then the side tasks of the batch. A fork-join: it returns when the
+  // slowest task is done.
+  void fit_chunks(const io::RawChunk* const* raws, int n, int pass, FitSideWork* side = nullptr,
+                  int64_t batch = 0) {
+    std::vector<io::RawChunk> filtered;
+    std::vector<const io::RawChunk*> chunks;
+    prepare_batch(raws, n, pass, chunks, filtered);
+    const std::vector<int> order = task_order(pass);
+    const int ntasks = static_cast<int>(order.size());
     const int nside = side && side->task ? side->count : 0;
     const int total = ntasks + nside;
     std::atomic<int> next{0};
@@ -525,13 +545,166 @@ struct Workflow::Impl {
       std::vector<float> buf;
       for (int k = next++; k < total; k = next++) {
         if (k >= ntasks) {
-          side->task(k - ntasks);
+          side->task(batch, k - ntasks);
           continue;
         }
         const int col = order[k];
         for (int i = 0; i < n; ++i) fit_column(*chunks[i], col, pass, buf);
       }
     });
+  }
+
+  // Fit pass `pass` over the batches of `next` with up to `window` (> 1) batches in flight and
+  // no barrier between batches (Workflow::fit_batches). Each fit task (task_order) is a strand:
+  // it fits the batches one after the other in input order, so every op sees the same value
+  // sequence as with fit_chunks, but the strands of different columns may be on different
+  // batches. num_threads() workers (this thread and threads of their own, which block while
+  // there is nothing to do, so they must not be the shared pool's: the reader's parse runs
+  // there) take, under one lock, in this order of preference:
+  //  - the source's next batch (one caller at a time), when fewer than `window` are in flight;
+  //  - the strand or side task whose batch is the oldest (strands first, in task order).
+  // A batch is given up (the source may reuse its chunks at its `window`-th next call) once
+  // every strand has passed it and its side tasks are done. An exception (from the source, a
+  // strand or a side task) stops the work on its batch and later ones; the older batches are
+  // finished, and the exception of the oldest failing batch is rethrown: the error a batch by
+  // batch fit would report.
+  void fit_pipelined(const ChunkBatchSource& next, int pass, FitSideWork* side, int window) {
+    struct InFlight {
+      std::vector<const io::RawChunk*> chunks;  // as the fit sees them (filtered)
+      std::vector<io::RawChunk> filtered;
+      int nside = 0;      // side tasks
+      int side_next = 0;  // side tasks claimed
+      int remaining = 0;  // strands and side tasks not done with it
+    };
+    const std::vector<int> order = task_order(pass);
+    const int ntasks = static_cast<int>(order.size());
+    constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<InFlight> win;        // batches [base, fetched) in flight
+    int64_t base = 0, fetched = 0;
+    bool fetching = false, ended = false;
+    int running = 0;                 // claimed items not finished
+    std::vector<int64_t> strand_at(ntasks, 0);  // the next batch of each strand
+    std::vector<char> strand_busy(ntasks, 0);
+    int64_t stop = kNone;            // the oldest failed batch: no work from it on
+    std::exception_ptr error;
+    auto fail_at = [&](int64_t seq, std::exception_ptr e) {  // under mu
+      if (seq < stop) {
+        stop = seq;
+        error = std::move(e);
+      }
+    };
+    auto done_with = [&](int64_t seq) {  // under mu: one strand or side task done with seq
+      --win[seq - base].remaining;
+      while (!win.empty() && win.front().remaining == 0) {
+        win.pop_front();
+        ++base;
+      }
+    };
+    auto work = [&] {
+      std::vector<float> buf;
+      std::vector<const io::RawChunk*> got;
+      std::unique_lock<std::mutex> l(mu);
+      for (;;) {
+        // The source's next batch.
+        if (!ended && !fetching && fetched < stop && static_cast<int64_t>(win.size()) < window) {
+          fetching = true;
+          ++running;
+          const int64_t seq = fetched;
+          l.unlock();
+          InFlight b;
+          std::exception_ptr e;
+          int n = 0;
+          try {
+            n = next(got);
+            DLREC_CHECK(n <= static_cast<int>(got.size()), "Workflow::fit_batches: the source "
+                        "reported ", n, " chunks but holds ", got.size());
+            if (n > 0) {
+              prepare_batch(got.data(), n, pass, b.chunks, b.filtered);
+              b.nside = side && side->task ? side->count : 0;
+              b.remaining = ntasks + b.nside;
+            }
+          } catch (...) {
+            e = std::current_exception();
+          }
+          l.lock();
+          fetching = false;
+          --running;
+          if (e) {
+            fail_at(seq, e);
+            ended = true;
+          } else if (n == 0) {
+            ended = true;
+          } else {
+            win.push_back(std::move(b));
+            ++fetched;
+            if (win.back().remaining == 0) done_with(seq);  // nothing to do (no tasks)
+          }
+          cv.notify_all();
+          continue;
+        }
+        // The oldest batch's work: a strand (in task order), else a side task.
+        int64_t best = kNone;
+        int pick = -1;  // strand k, or ntasks + side task of batch `best`
+        for (int k = 0; k < ntasks; ++k)
+          if (!strand_busy[k] && strand_at[k] < fetched && strand_at[k] < best) {
+            best = strand_at[k];
+            pick = k;
+          }
+        for (int64_t seq = base; seq < std::min(best, fetched); ++seq)
+          if (win[seq - base].side_next < win[seq - base].nside) {
+            best = seq;
+            pick = ntasks;
+            break;
+          }
+        if (pick < 0 || best >= stop) {
+          // Nothing to do now: wait for a running item, or end when none can come.
+          const bool can_fetch = !ended && !fetching && fetched < stop &&
+                                 static_cast<int64_t>(win.size()) < window;
+          if (running == 0 && !can_fetch) break;
+          cv.wait(l);
+          continue;
+        }
+        ++running;
+        InFlight& b = win[best - base];  // stays in place: only the front leaves, when done
+        std::exception_ptr e;
+        if (pick < ntasks) {
+          strand_busy[pick] = 1;
+          l.unlock();
+          try {
+            for (const io::RawChunk* c : b.chunks) fit_column(*c, order[pick], pass, buf);
+          } catch (...) {
+            e = std::current_exception();
+          }
+          l.lock();
+          strand_busy[pick] = 0;
+          ++strand_at[pick];
+        } else {
+          const int i = b.side_next++;
+          l.unlock();
+          try {
+            side->task(best, i);
+          } catch (...) {
+            e = std::current_exception();
+          }
+          l.lock();
+        }
+        --running;
+        if (e) fail_at(best, e);
+        done_with(best);
+        cv.notify_all();
+      }
+      cv.notify_all();  // the others see the end too
+    };
+    std::vector<std::thread> threads;
+    try {
+      for (int t = 1; t < num_threads(); ++t) threads.emplace_back(work);
+    } catch (...) {  // no more threads: go on with those started
+    }
+    work();
+    for (auto& t : threads) t.join();
+    if (error) std::rethrow_exception(error);
   }
 
   // Column (or feature op, col >= columns) `col` of one chunk.
@@ -796,7 +969,8 @@ void Workflow::fit_multipass(const std::function<ChunkSource()>& open_pass) {
 }
 
 void Workflow::fit_batches(const std::function<ChunkBatchSource()>& open_pass,
-                           FitSideWork* side) {
+                           FitSideWork* side, int window) {
+  DLREC_CHECK(window >= 1, "Workflow::fit_batches: window must be >= 1, got ", window);
   Impl& m = *impl_;
   m.fitted = false;
   m.have_stats = false;
@@ -805,11 +979,15 @@ void Workflow::fit_batches(const std::function<ChunkBatchSource()>& open_pass,
   for (int pass = 0; pass < passes; ++pass) {
     m.begin_pass(pass);
     ChunkBatchSource next = open_pass();
-    for (int n; (n = next(chunks)) > 0;) {
-      DLREC_CHECK(n <= static_cast<int>(chunks.size()), "Workflow::fit_batches: the source reported ",
-                  n, " chunks but holds ", chunks.size());
-      m.fit_chunks(chunks.data(), n, pass, side);
-      if (side) side->count = 0;
+    if (window > 1) {
+      m.fit_pipelined(next, pass, side, window);
+    } else {
+      for (int64_t batch = 0, n; (n = next(chunks)) > 0; ++batch) {
+        DLREC_CHECK(n <= static_cast<int64_t>(chunks.size()), "Workflow::fit_batches: the source "
+                    "reported ", n, " chunks but holds ", chunks.size());
+        m.fit_chunks(chunks.data(), static_cast<int>(n), pass, side, batch);
+        if (side) side->count = 0;
+      }
     }
     m.end_pass(pass);
   }

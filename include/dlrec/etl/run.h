@@ -76,6 +76,11 @@ struct EtlOptions {
   // transform loops (their parse fills the threads those loops leave idle). 0: 2 with a
   // compacted cache, else 1 (and 1 under memory_budget_mb).
   int read_ahead = 0;
+  // Fit batches in flight (Workflow::fit_batches' window): the fit's column tasks go through
+  // up to this many batches each at its own pace instead of waiting for the slowest column at
+  // every batch. 0: the environment variable DLREC_ETL_FIT_WINDOW when set, else 4; 1 (no
+  // overlap, one fork-join per batch as before) under memory_budget_mb or with one thread.
+  int fit_window = 0;
 };
 
 struct EtlResult {

@@ -36,16 +36,19 @@ namespace dlrec::etl {
 
 // Fills the chunk with the next rows; false when the pass is over.
 using ChunkSource = std::function<bool(io::RawChunk&)>;
-// Sets `chunks` to the next chunks of rows, in order (they stay valid until the next call) and
-// returns their number; 0 when the pass is over.
+// Sets `chunks` to the next chunks of rows, in order, and returns their number; 0 when the
+// pass is over. The chunks of a call stay valid until the source has been called `window` more
+// times (Workflow::fit_batches' window; 1: until the next call).
 using ChunkBatchSource = std::function<int(std::vector<const io::RawChunk*>& chunks)>;
-// The caller's own work, run by fit_batches on the fit's threads together with a batch's column
-// tasks and claimed after them, so that it fills the threads the last columns leave idle: after
-// each call of the source, task(i) runs once for every i in [0, count) (count as the source
-// just set it) before the source is called again. An exception from a task ends the fit.
+// The caller's own work, run by fit_batches on the fit's threads together with the column tasks
+// and claimed after those of the same batch, so that it fills the threads the columns leave
+// idle: after call number `batch` of the source (0, 1, ... within a pass), task(batch, i) runs
+// once for every i in [0, count) (count as that call just set it), before that call's chunks
+// are given up (the source is not called `window` more times before). An exception from a task
+// ends the fit.
 struct FitSideWork {
   int count = 0;
-  std::function<void(int i)> task;
+  std::function<void(int64_t batch, int i)> task;
 };
 
 class Workflow {
@@ -70,12 +73,16 @@ class Workflow {
   void fit(const ChunkSource& next_chunk);
   // Fits in num_fit_passes() passes; `open_pass()` returns a fresh source over the same rows.
   void fit_multipass(const std::function<ChunkSource()>& open_pass);
-  // The same fit from batches of chunks (run_etl): one parallel task per column walks all the
-  // chunks of a batch, so a batch of many chunks costs one fork-join instead of one per chunk.
-  // Same fitted state as fit_multipass over the same rows.
+  // The same fit from batches of chunks (run_etl). Same fitted state as fit_multipass over the
+  // same rows: each column (and feature op) is a strand that sees the chunks in input order.
+  // window 1: one fork-join per batch (one task per column walks all the chunks of the batch;
+  // the next batch starts when the slowest column is done). window W > 1: no barrier between
+  // batches: up to W batches are in flight, each column strand goes through them in order on
+  // its own, so the columns may be on different batches, and a batch is given up once every
+  // strand and side task is done with it (the source's next call may then reuse its chunks).
   // `side` (optional): the caller's work run alongside each batch (FitSideWork).
   void fit_batches(const std::function<ChunkBatchSource()>& open_pass,
-                   FitSideWork* side = nullptr);
+                   FitSideWork* side = nullptr, int window = 1);
   bool fitted() const;
   // Bounds the memory of the next fit: the Categorify count tables together grow by at most
   // half of `budget_bytes`; past that they spill sorted (key, count) runs into `spill_dir` and
