@@ -716,6 +716,8 @@ EtlResult run_etl(const EtlOptions& o) {
   DLREC_CHECK(o.ranks >= 1 && o.ranks <= 65536, "etl: ranks must be in [1, 65536], got ", o.ranks);
   DLREC_CHECK(o.read_ahead >= 0 && o.read_ahead <= 64, "etl: read_ahead must be in [0, 64] "
               "batches (0: the default), got ", o.read_ahead);
+  DLREC_CHECK(o.fit_window >= 0 && o.fit_window <= 64, "etl: fit_window must be in [0, 64] "
+              "batches (0: the default), got ", o.fit_window);
   DLREC_CHECK(o.input_cache_mb >= -1, "etl: input_cache_mb must be -1 (default size), 0 (off) or a "
               "size in MB, got ", o.input_cache_mb);
   for (const auto& f : o.inputs) {

@@ -190,6 +190,72 @@ TEST(ThreadsTest, InputCacheSameBytesKeptDroppedOrOff) {
   }
 }
 
+// The fit with several batches in flight (EtlOptions::fit_window) gives the bytes of one batch
+// at a time (window 1), over many small batches (100-row chunks), with the kept input
+// compacted by the fit's side tasks, kept as parsed, dropped part-way (1 MB) or off, with
+// filters, feature ops and two fit passes.
+TEST(ThreadsTest, FitWindowSameBytesAsOneBatchAtATime) {
+  TempDir tmp("fit_window");
+  const std::string input = tmp.path + "/in.tsv";
+  std::ofstream(input) << criteo_text(20000, 6);
+  ThreadsGuard guard;
+  set_num_threads(4);
+  struct Case {
+    int64_t cache_mb;
+    CacheForm form;
+  };
+  const Case forms[] = {{-1, CacheForm::Compact}, {-1, CacheForm::Parsed}, {1, CacheForm::Compact},
+                        {0, CacheForm::Auto}};
+  for (const char* wf : {kCriteo, kFeatures}) {
+    for (size_t f = 0; f < std::size(forms); ++f) {
+      std::vector<std::string> ref_files;
+      for (int window : {1, 2, 3, 16}) {
+        const std::string name = "form case " + std::to_string(f) + ", window " +
+                                 std::to_string(window);
+        const std::string out = tmp.path + "/w" + std::to_string(window);
+        EtlOptions o = options(input, out, json::parse(wf));
+        o.read.chunk_rows = 100;
+        // A row count instead of a ratio: the cache starts keeping without a count of the rows,
+        // so 1 MB is dropped part-way through the first pass, batches in flight.
+        o.train_rows = 17000;
+        o.input_cache_mb = forms[f].cache_mb;
+        o.input_cache_form = forms[f].form;
+        o.fit_window = window;
+        o.overwrite = true;
+        EtlResult r = run_etl(o);
+        EXPECT_EQ(r.input_cache_bytes > 0, forms[f].cache_mb == -1) << name;
+        if (window == 1) {
+          ref_files = list_dir(out);
+          EXPECT_GT(ref_files.size(), 4u);
+          continue;
+        }
+        EXPECT_EQ(list_dir(out), ref_files) << name;
+        for (const auto& file : ref_files)
+          EXPECT_EQ(read_all(tmp.path + "/w1/" + file), read_all(out + "/" + file))
+              << file << " differs with " << name;
+      }
+    }
+  }
+}
+
+TEST(ThreadsTest, BadFitWindowIsAnError) {
+  TempDir tmp("fit_window_bad");
+  const std::string input = tmp.path + "/in.tsv";
+  std::ofstream(input) << criteo_text(100, 6);
+  for (int w : {-1, 65}) {
+    EtlOptions o = options(input, tmp.path + "/out", json::parse(kCriteo));
+    o.fit_window = w;
+    try {
+      run_etl(o);
+      ADD_FAILURE() << "fit_window " << w << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("fit_window must be in [0, 64]"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_FALSE(file_exists(tmp.path + "/out/dataset.json"));
+  }
+}
+
 std::string error_of(const EtlOptions& o) {
   try {
     run_etl(o);
