@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -14,6 +16,7 @@
 
 #include "dlrec/core/error.h"
 #include "dlrec/core/file_util.h"
+#include "dlrec/core/progress.h"
 #include "dlrec/core/thread_pool.h"
 
 namespace dlrec::etl {
@@ -589,6 +592,10 @@ struct Workflow::Impl {
     std::vector<char> strand_busy(ntasks, 0);
     int64_t stop = kNone;            // the oldest failed batch: no work from it on
     std::exception_ptr error;
+    // Seconds of work per strand, of the side tasks and of the source's calls (DLREC_ETL_FIT_PROFILE).
+    std::vector<double> strand_seconds(ntasks, 0.0);
+    double side_seconds = 0, source_seconds = 0;
+    Timer pass_timer;
     auto fail_at = [&](int64_t seq, std::exception_ptr e) {  // under mu
       if (seq < stop) {
         stop = seq;
@@ -616,6 +623,7 @@ struct Workflow::Impl {
           InFlight b;
           std::exception_ptr e;
           int n = 0;
+          Timer t;
           try {
             n = next(got);
             DLREC_CHECK(n <= static_cast<int>(got.size()), "Workflow::fit_batches: the source "
@@ -629,6 +637,7 @@ struct Workflow::Impl {
             e = std::current_exception();
           }
           l.lock();
+          source_seconds += t.seconds();
           fetching = false;
           --running;
           if (e) {
@@ -669,6 +678,7 @@ struct Workflow::Impl {
         ++running;
         InFlight& b = win[best - base];  // stays in place: only the front leaves, when done
         std::exception_ptr e;
+        Timer t;
         if (pick < ntasks) {
           strand_busy[pick] = 1;
           l.unlock();
@@ -678,6 +688,7 @@ struct Workflow::Impl {
             e = std::current_exception();
           }
           l.lock();
+          strand_seconds[pick] += t.seconds();
           strand_busy[pick] = 0;
           ++strand_at[pick];
         } else {
@@ -689,6 +700,7 @@ struct Workflow::Impl {
             e = std::current_exception();
           }
           l.lock();
+          side_seconds += t.seconds();
         }
         --running;
         if (e) fail_at(best, e);
@@ -704,6 +716,27 @@ struct Workflow::Impl {
     }
     work();
     for (auto& t : threads) t.join();
+    if (const char* p = std::getenv("DLREC_ETL_FIT_PROFILE"); p && *p && *p != '0') {
+      // Where the pass's time went: if the slowest strand's seconds come near the wall time,
+      // that column bounds the pass whatever the window.
+      double sum = 0;
+      int slow = 0;
+      for (int k = 0; k < ntasks; ++k) {
+        sum += strand_seconds[k];
+        if (strand_seconds[k] > strand_seconds[slow]) slow = k;
+      }
+      const int ncols = static_cast<int>(dense.size() + cat.size());
+      const int col = ntasks ? order[slow] : 0;
+      const std::string name = col < static_cast<int>(dense.size()) ? dense[col].name
+                               : col < ncols ? cat[col - dense.size()].name
+                                             : "feature " + std::to_string(col - ncols);
+      std::fprintf(stderr,
+                   "fit pass %d: %lld batches, window %d, %d threads, wall %.3f s; strands %.3f s "
+                   "(slowest %s %.3f s), side tasks %.3f s, source calls %.3f s\n",
+                   pass, static_cast<long long>(fetched), window, num_threads(),
+                   pass_timer.seconds(), sum, name.c_str(), ntasks ? strand_seconds[slow] : 0.0,
+                   side_seconds, source_seconds);
+    }
     if (error) std::rethrow_exception(error);
   }
 
