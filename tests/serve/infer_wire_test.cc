@@ -451,3 +451,17 @@ TEST(InferWire, SplitTensorsGoWhereTheTargetSays) {
   }
   check_read(reordered, {4096, 8192, 20000}, "raw contents first");
 }
+
+TEST(InferWire, ManySmallTensorsSplitAtEveryByte) {
+  // 1 row, 30 tensors of 8 bytes: each lies across segments (one byte each), so each is
+  // gathered, into buffers short enough to live inside a std::string: the views must survive
+  // the gathering of the ones after them.
+  const std::string bytes = encoded_request(1, 1, 29, 9).SerializeAsString();
+  std::vector<size_t> cuts;
+  for (size_t c = 1; c < bytes.size(); ++c) cuts.push_back(c);
+  check_read(bytes, cuts, "every byte");
+  InferWireScratch scratch;
+  InferRequest req;
+  for (int k = 0; k < 3; ++k)  // reused scratch
+    expect_same(by_proto(bytes), by_wire(bytes, cuts, scratch, req), "reused " + std::to_string(k));
+}

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -34,7 +35,9 @@ struct WireSegment {
 
 // Buffers the wire reader reuses from call to call (their capacity stays).
 struct InferWireScratch {
-  std::vector<std::string> gathered;  // copies of raw tensors that span segments
+  // Copies of raw tensors that span segments. A deque: growing it never moves the strings,
+  // whose short contents live inside them (earlier views must stay valid).
+  std::deque<std::string> gathered;
 };
 
 enum class WireRead { Parsed, Unusual };
