@@ -53,8 +53,8 @@ struct InferScratch {
 
 // The RPC handlers, each filling its response and returning the call's status. They run on the
 // completion-queue threads of GrpcFrontend (below), one call at a time per thread, except
-// ModelInfer (parsed there, finished where it is scored) and the repository's load and unload
-// (on a thread of their own).
+// ModelInfer (read there or on a parse thread, finished where it is scored) and the
+// repository's load and unload (on a thread of their own).
 class Handlers {
  public:
   explicit Handlers(ServerCore& core) : core_(core) {}
@@ -217,13 +217,16 @@ class Handlers {
 // One thread per queue matters: gRPC would pass the polling role between several threads
 // waiting on a queue, a wake-up per event.
 //
-// No handler waits on this thread (a small inference may run on it, see below). ModelInfer parses the request here and submits it to the
-// model's batcher (ServedModel::infer_async); the thread that scores it (a batcher worker)
-// fills the response and calls Finish, which gRPC allows from any thread. A small request that
-// finds an instance idle (no queue delay) is scored right here, which is what gives batch-1
-// its latency; a big one (--grpc-inline-rows) goes to a worker, so the next calls are parsed
-// while it runs. Model load and unload run on a thread of their own. Each call slot keeps its
-// messages and scratch until its Finish has completed; then it is re-armed.
+// No handler waits on this thread (a small inference may run on it, see below). ModelInfer
+// arrives as raw bytes; a small message is read here (infer_wire.h) and submitted to the
+// model's batcher (ServedModel::infer_async), a big one (--grpc-parse-bytes) is handed to a
+// parse thread (ParsePool) that does the same, so that this thread only receives bytes. The
+// thread that scores the request (a batcher worker) fills the response and calls Finish,
+// which gRPC allows from any thread. A small request that finds an instance idle (no queue
+// delay) is scored right here, which is what gives batch-1 its latency; a big one
+// (--grpc-inline-rows) goes to a worker, so the next calls are read while it runs. Model load
+// and unload run on a thread of their own. Each call slot keeps its messages and scratch until
+// its Finish has completed; then it is re-armed.
 
 class GrpcFrontend;
 
