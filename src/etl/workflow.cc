@@ -602,12 +602,15 @@ struct Workflow::Impl {
         error = std::move(e);
       }
     };
-    auto done_with = [&](int64_t seq) {  // under mu: one strand or side task done with seq
-      --win[seq - base].remaining;
+    auto release = [&] {  // under mu: gives up the oldest batches nothing works on any more
       while (!win.empty() && win.front().remaining == 0) {
         win.pop_front();
         ++base;
       }
+    };
+    auto done_with = [&](int64_t seq) {  // under mu: one strand or side task done with seq
+      --win[seq - base].remaining;
+      release();
     };
     auto work = [&] {
       std::vector<float> buf;
@@ -648,7 +651,7 @@ struct Workflow::Impl {
           } else {
             win.push_back(std::move(b));
             ++fetched;
-            if (win.back().remaining == 0) done_with(seq);  // nothing to do (no tasks)
+            release();  // (a batch without tasks: given up at once)
           }
           cv.notify_all();
           continue;
