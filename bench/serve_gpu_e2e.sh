@@ -6,7 +6,7 @@
 #     (GRPC_THREADS=N: the server's --grpc-threads, unset: its default; a list such as "1 2 3"
 #      runs the loads against one server per value in turn, after one setup, each line
 #      prefixed "grpc_threads=N" (a value may repeat: "1 2 1"); INLINE_ROWS=N: --grpc-inline-rows; SPIN_US=N: --grpc-spin-us;
-#      SATURATION_ONLY=1: the saturation loads only; DURATION=S: seconds per load, default 10;
+#      SERVE_ARGS='...': more flags for dlrec serve; SATURATION_ONLY=1: the saturation loads only; DURATION=S: seconds per load, default 10;
 #      SETUP_BIN=path: the dlrec that makes the data and the model, default $BIN/dlrec)
 #   bash bench/serve_gpu_e2e.sh profile  # the engine's device time per phase (eager, one stream)
 #                                        # and predict() with other chunk sizes
@@ -65,7 +65,7 @@ CFG
         "$BIN/dlrec" serve --model-repository "$W/repo" --grpc-port 18001 --http-port 18000 \
           --metrics-port 18002 "${gflag[@]}" \
           ${INLINE_ROWS:+--grpc-inline-rows "$INLINE_ROWS"} ${SPIN_US:+--grpc-spin-us "$SPIN_US"} \
-          > "$OUT/e2e_server$tag.log" 2>&1 &
+          ${SERVE_ARGS:-} > "$OUT/e2e_server$tag.log" 2>&1 &
         SERVER=$!
         for i in $(seq 1 240); do
           python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:18000/v2/models/dlrm/ready', timeout=1)" 2>/dev/null && break
