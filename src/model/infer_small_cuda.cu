@@ -10,6 +10,7 @@
 
 #include "core/cuda_check.h"
 #include "dlrec/core/error.h"
+#include "nn/half_cuda.cuh"
 
 namespace dlrec::model::fused_infer {
 namespace {
@@ -24,30 +25,9 @@ constexpr int kGroupRows = 8;          // rows per pass over a layer (kernel tem
 
 std::atomic<int64_t> g_launches{0};
 
-__device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_f(f16 x) { return __half2float(x); }
-template <class H> __device__ __forceinline__ H from_f(float x);
-template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16(x); }
-template <> __device__ __forceinline__ f16 from_f<f16>(float x) { return __float2half_rn(x); }
-
-__device__ __forceinline__ void unpack8(const uint4& v, float* f, const bf16*) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 t = __bfloat1622float2(h[i]);
-    f[2 * i] = t.x;
-    f[2 * i + 1] = t.y;
-  }
-}
-__device__ __forceinline__ void unpack8(const uint4& v, float* f, const f16*) {
-  const __half2* h = reinterpret_cast<const __half2*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 t = __half22float2(h[i]);
-    f[2 * i] = t.x;
-    f[2 * i + 1] = t.y;
-  }
-}
+using nn::half_cuda::from_f;
+using nn::half_cuda::to_f;
+using nn::half_cuda::unpack8;
 
 // Grid-wide barriers on one monotonic counter (wrapping u32). The host knows how many
 // arrivals each launch makes and passes the counter's value at the launch's start, so barrier

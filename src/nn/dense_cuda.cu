@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "core/cuda_check.h"
+#include "nn/half_cuda.cuh"
 
 namespace dlrec::nn::cuda_dense {
 namespace {
@@ -17,13 +18,9 @@ int grid_for(int64_t n, int threads, int cap = 65536) {
   return static_cast<int>(b < 1 ? 1 : (b > cap ? cap : b));
 }
 
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_f(f16 x) { return __half2float(x); }
-template <class E> __device__ __forceinline__ E from_f(float x);
-template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
-template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16(x); }
-template <> __device__ __forceinline__ f16 from_f<f16>(float x) { return __float2half_rn(x); }
+using half_cuda::from_f;
+using half_cuda::to_f;
+using half_cuda::unpack8;
 
 template <class H>
 __global__ void to_half_kernel(const float* __restrict__ x, int64_t B, int64_t cols,
@@ -799,24 +796,6 @@ void optimizer_step(float* w, const float* g, float* state, int64_t rows, int64_
 
 namespace {
 
-__device__ __forceinline__ void unpack8(const uint4& v, float* f, const bf16*) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 t = __bfloat1622float2(h[i]);
-    f[2 * i] = t.x;
-    f[2 * i + 1] = t.y;
-  }
-}
-__device__ __forceinline__ void unpack8(const uint4& v, float* f, const f16*) {
-  const __half2* h = reinterpret_cast<const __half2*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 t = __half22float2(h[i]);
-    f[2 * i] = t.x;
-    f[2 * i + 1] = t.y;
-  }
-}
 
 constexpr int kSkinnyWarps = 8;  // outputs per block of 256 threads
 
