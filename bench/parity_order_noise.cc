@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../tests/model/graph_cases.h"
 #include "../tests/model/test_batches.h"
 #include "dlrec/core/config.h"
 #include "dlrec/core/device.h"
@@ -26,31 +27,9 @@ using namespace dlrec;
 namespace {
 
 const char* layers_of(const std::string& name) {
-  if (name == "wide_deep")
-    return R"({"name": "dense", "type": "dense"},
-      {"name": "wide", "type": "wide", "features": "all"},
-      {"name": "emb", "type": "embedding", "dim": 8},
-      {"name": "deep_in", "type": "concat", "inputs": ["dense", "emb"]},
-      {"name": "deep", "type": "mlp", "input": "deep_in", "sizes": [32, 16, 1]},
-      {"name": "sum", "type": "add", "inputs": ["wide", "deep"]},
-      {"name": "logit", "type": "output", "input": "sum"})";
-  if (name == "dcn")
-    return R"({"name": "dense", "type": "dense"},
-      {"name": "bottom", "type": "mlp", "input": "dense", "sizes": [16, 8], "relu_last": true},
-      {"name": "emb", "type": "embedding", "dim": 8},
-      {"name": "x0", "type": "concat", "inputs": ["bottom", "emb"]},
-      {"name": "cross", "type": "cross", "input": "x0", "num_layers": 3, "low_rank": 8},
-      {"name": "top", "type": "mlp", "input": "cross", "sizes": [16, 8, 1]},
-      {"name": "logit", "type": "output", "input": "top"})";
-  if (name == "deepfm")
-    return R"({"name": "dense", "type": "dense"},
-      {"name": "first_order", "type": "wide", "features": "all"},
-      {"name": "emb", "type": "embedding", "dim": 8},
-      {"name": "fm", "type": "fm", "inputs": ["emb"]},
-      {"name": "deep_in", "type": "concat", "inputs": ["dense", "emb"]},
-      {"name": "deep", "type": "mlp", "input": "deep_in", "sizes": [16, 1]},
-      {"name": "sum", "type": "add", "inputs": ["first_order", "fm", "deep"]},
-      {"name": "logit", "type": "output", "input": "sum"})";
+  if (name == "wide_deep") return model::testing::kWideDeep;
+  if (name == "dcn") return model::testing::kDcnStacked;
+  if (name == "deepfm") return model::testing::kDeepFm;
   return nullptr;
 }
 
@@ -113,9 +92,7 @@ int main(int argc, char** argv) {
                  "[sgd|adagrad]\n");
     return 2;
   }
-  const std::string opt =
-      opt_name == "sgd" ? R"({"type": "sgd", "lr": 0.05})"
-                        : R"({"type": "adagrad", "lr": 0.02, "embedding_lr": 0.05, "adagrad_init": 0.01})";
+  const std::string opt = opt_name == "sgd" ? model::testing::kSgd : model::testing::kAdagrad;
   const auto cfg = model::RunConfig::from_json(json::parse(
       std::string(R"({"model": {"arch": "graph", "layers": [)") + layers + "]}, \"optimizer\": " +
       opt + "}"));

@@ -18,6 +18,7 @@
 
 #include "test_errors.h"
 
+#include "model/graph_cases.h"
 #include "model/test_batches.h"
 
 #include <algorithm>
@@ -55,93 +56,7 @@ RunConfig graph_config(const std::string& layers, const std::string& opt) {
                                           R"(]}, "optimizer": )" + opt + "}"));
 }
 
-const char* kSgd = R"({"type": "sgd", "lr": 0.05})";
-const char* kAdagrad =
-    R"({"type": "adagrad", "lr": 0.02, "embedding_lr": 0.05, "adagrad_init": 0.01})";
-
-// DCNv2, stacked: the deep part reads the cross network's output; low-rank cross layers.
-const char* kDcnStacked = R"(
-  {"name": "dense", "type": "dense"},
-  {"name": "bottom", "type": "mlp", "input": "dense", "sizes": [16, 8], "relu_last": true},
-  {"name": "emb", "type": "embedding", "dim": 8},
-  {"name": "x0", "type": "concat", "inputs": ["bottom", "emb"]},
-  {"name": "cross", "type": "cross", "input": "x0", "num_layers": 3, "low_rank": 8},
-  {"name": "top", "type": "mlp", "input": "cross", "sizes": [16, 8, 1]},
-  {"name": "logit", "type": "output", "input": "top"})";
-
-// DCNv2, parallel: cross network (full rank) and an MLP both read x0 = [dense, emb]; x0 is
-// 4 + 5 * 8 = 44 wide (rows padded to 48 in bf16).
-const char* kDcnParallel = R"(
-  {"name": "dense", "type": "dense"},
-  {"name": "emb", "type": "embedding", "dim": 8, "pooling": "mean"},
-  {"name": "x0", "type": "concat", "inputs": ["dense", "emb"]},
-  {"name": "cross", "type": "cross", "input": "x0", "num_layers": 2},
-  {"name": "deep", "type": "mlp", "input": "x0", "sizes": [32, 16], "relu_last": true},
-  {"name": "both", "type": "concat", "inputs": ["cross", "deep"]},
-  {"name": "head", "type": "mlp", "input": "both", "sizes": [1]},
-  {"name": "logit", "type": "output", "input": "head"})";
-
-// DLRM: bottom MLP, embeddings, dot interaction, top MLP.
-const char* kDlrm = R"(
-  {"name": "dense", "type": "dense"},
-  {"name": "bottom", "type": "mlp", "input": "dense", "sizes": [16, 8], "relu_last": true},
-  {"name": "emb", "type": "embedding", "dim": 8},
-  {"name": "inter", "type": "dot", "inputs": ["bottom", "emb"]},
-  {"name": "top", "type": "mlp", "input": "inter", "sizes": [16, 1]},
-  {"name": "logit", "type": "output", "input": "top"})";
-
-// Every other path: a dot over three inputs (gathered), the embeddings feeding two layers (their
-// gradients summed), two logits added, the dense features read by three layers.
-const char* kMixed = R"(
-  {"name": "dense", "type": "dense"},
-  {"name": "b1", "type": "mlp", "input": "dense", "sizes": [8], "relu_last": true},
-  {"name": "b2", "type": "mlp", "input": "dense", "sizes": [8]},
-  {"name": "emb", "type": "embedding", "dim": 8},
-  {"name": "inter", "type": "dot", "inputs": ["b1", "emb", "b2"]},
-  {"name": "head", "type": "mlp", "input": "inter", "sizes": [8, 1]},
-  {"name": "deep_in", "type": "concat", "inputs": ["dense", "emb"]},
-  {"name": "deep", "type": "mlp", "input": "deep_in", "sizes": [16, 1]},
-  {"name": "sum", "type": "add", "inputs": ["deep", "head"]},
-  {"name": "logit", "type": "output", "input": "sum"})";
-
-// DeepFM: first-order (wide) + second-order (fm over the embeddings, read in place) + deep.
-const char* kDeepFm = R"(
-  {"name": "dense", "type": "dense"},
-  {"name": "first_order", "type": "wide", "features": "all"},
-  {"name": "emb", "type": "embedding", "dim": 8},
-  {"name": "fm", "type": "fm", "inputs": ["emb"]},
-  {"name": "deep_in", "type": "concat", "inputs": ["dense", "emb"]},
-  {"name": "deep", "type": "mlp", "input": "deep_in", "sizes": [16, 1]},
-  {"name": "sum", "type": "add", "inputs": ["first_order", "fm", "deep"]},
-  {"name": "logit", "type": "output", "input": "sum"})";
-
-// DeepFM variant: the fm over two inputs (a bottom MLP's 8-vector and the embeddings: gathered,
-// its gradient routed to both), mean pooling in both table layers.
-const char* kDeepFmGathered = R"(
-  {"name": "dense", "type": "dense"},
-  {"name": "bottom", "type": "mlp", "input": "dense", "sizes": [8], "relu_last": true},
-  {"name": "first_order", "type": "wide", "pooling": "mean"},
-  {"name": "emb", "type": "embedding", "dim": 8, "pooling": "mean"},
-  {"name": "fm", "type": "fm", "inputs": ["bottom", "emb"]},
-  {"name": "deep_in", "type": "concat", "inputs": ["bottom", "emb"]},
-  {"name": "deep", "type": "mlp", "input": "deep_in", "sizes": [16, 1]},
-  {"name": "sum", "type": "add", "inputs": ["first_order", "fm", "deep"]},
-  {"name": "logit", "type": "output", "input": "sum"})";
-
-// Wide & Deep (configs/wide_deep.json without its per-layer FTRL optimizer).
-const char* kWideDeep = R"(
-  {"name": "dense", "type": "dense"},
-  {"name": "wide", "type": "wide", "features": "all"},
-  {"name": "emb", "type": "embedding", "dim": 8},
-  {"name": "deep_in", "type": "concat", "inputs": ["dense", "emb"]},
-  {"name": "deep", "type": "mlp", "input": "deep_in", "sizes": [32, 16, 1]},
-  {"name": "sum", "type": "add", "inputs": ["wide", "deep"]},
-  {"name": "logit", "type": "output", "input": "sum"})";
-
-// Logistic regression over the one-hot features: a wide layer and no embedding layer.
-const char* kWideOnly = R"(
-  {"name": "wide", "type": "wide"},
-  {"name": "logit", "type": "output", "input": "wide"})";
+using namespace testing;  // the graph cases (graph_cases.h) and the batch helpers
 
 struct Case {
   RunConfig cfg;
