@@ -1354,15 +1354,23 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
   DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
   overlap_ = !profile_;
-  blas_ws_ = Tensor::empty({32 << 20}, DType::U8, dev_);
-  DLREC_CUBLAS_CHECK(cublasCreate(&e_.blas));
-  DLREC_CUBLAS_CHECK(cublasSetStream(e_.blas, e_.st));
-  DLREC_CUBLAS_CHECK(cublasSetMathMode(
-      e_.blas, e_.prec == Precision::TF32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-  DLREC_CUBLAS_CHECK(cublasSetWorkspace(e_.blas, blas_ws_.raw(), blas_ws_.nbytes()));
+  // A cuBLAS handle on `stream` with its own 32 MB workspace, and in 16-bit modes a cuBLASLt
+  // planner with another (the main stream's and the weight stream's).
+  auto gemm_handles = [&](cudaStream_t stream, Tensor& ws, cublasHandle_t* blas, Tensor& lt_ws,
+                          std::unique_ptr<lt::Lt>* lt) {
+    ws = Tensor::empty({32 << 20}, DType::U8, dev_);
+    DLREC_CUBLAS_CHECK(cublasCreate(blas));
+    DLREC_CUBLAS_CHECK(cublasSetStream(*blas, stream));
+    DLREC_CUBLAS_CHECK(cublasSetMathMode(
+        *blas, e_.prec == Precision::TF32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    DLREC_CUBLAS_CHECK(cublasSetWorkspace(*blas, ws.raw(), ws.nbytes()));
+    if (e_.lowp) {
+      lt_ws = Tensor::empty({32 << 20}, DType::U8, dev_);
+      *lt = std::make_unique<lt::Lt>(lt_ws.raw(), lt_ws.nbytes());
+    }
+  };
+  gemm_handles(e_.st, blas_ws_, &e_.blas, lt_ws_, &e_.lt);
   if (e_.lowp) {
-    lt_ws_ = Tensor::empty({32 << 20}, DType::U8, dev_);
-    e_.lt = std::make_unique<lt::Lt>(lt_ws_.raw(), lt_ws_.nbytes());
     const char* gl = std::getenv("DLREC_GRAPH_LT");
     e_.use_lt = !(gl && gl[0] == '0');
   }
@@ -1373,16 +1381,7 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
     DLREC_CUDA_CHECK(cudaStreamCreateWithPriority(&e_.wst, cudaStreamNonBlocking, least));
     DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&e_.wfork, cudaEventDisableTiming));
     DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&e_.wjoin, cudaEventDisableTiming));
-    wblas_ws_ = Tensor::empty({32 << 20}, DType::U8, dev_);
-    DLREC_CUBLAS_CHECK(cublasCreate(&e_.wblas));
-    DLREC_CUBLAS_CHECK(cublasSetStream(e_.wblas, e_.wst));
-    DLREC_CUBLAS_CHECK(cublasSetMathMode(
-        e_.wblas, e_.prec == Precision::TF32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-    DLREC_CUBLAS_CHECK(cublasSetWorkspace(e_.wblas, wblas_ws_.raw(), wblas_ws_.nbytes()));
-    if (e_.lowp) {
-      wlt_ws_ = Tensor::empty({32 << 20}, DType::U8, dev_);
-      e_.wlt = std::make_unique<lt::Lt>(wlt_ws_.raw(), wlt_ws_.nbytes());
-    }
+    gemm_handles(e_.wst, wblas_ws_, &e_.wblas, wlt_ws_, &e_.wlt);
     const char* sms = std::getenv("DLREC_WSIDE_SMS");
     if (sms) e_.wsms = std::max(0, std::atoi(sms));
   }
