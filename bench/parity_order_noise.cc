@@ -64,14 +64,9 @@ double param_diff(model::Model& a, model::Model& b, std::string* worst) {
   auto pa = a.parameters(), pb = b.parameters();
   double w = 0;
   for (size_t i = 0; i < pa.size(); ++i) {
-    auto u = pa[i].second.to_vector<float>(), v = pb[i].second.to_vector<float>();
-    double scale = 1e-12, d = 0;
-    for (size_t k = 0; k < u.size(); ++k) {
-      scale = std::max(scale, std::fabs(double(u[k])));
-      d = std::max(d, std::fabs(double(u[k]) - double(v[k])));
-    }
-    if (d / scale > w) {
-      w = d / scale;
+    const double d = model::testing::tensor_rel_diff(pb[i].second, pa[i].second);
+    if (d > w) {
+      w = d;
       *worst = pa[i].first;
     }
   }

@@ -78,15 +78,10 @@ double param_diff(Model& gpu, Model& cpu, std::string* worst) {
     EXPECT_EQ(pg[i].first, pc[i].first);
     EXPECT_EQ(pg[i].second.shape(), pc[i].second.shape()) << pc[i].first;
     EXPECT_TRUE(pg[i].second.device().is_cuda()) << pg[i].first;
-    auto a = pg[i].second.to_vector<float>(), b = pc[i].second.to_vector<float>();
-    if (a.size() != b.size()) continue;
-    double scale = 1e-12, d = 0;
-    for (size_t k = 0; k < a.size(); ++k) {
-      scale = std::max(scale, std::fabs(double(b[k])));
-      d = std::max(d, std::fabs(double(a[k]) - double(b[k])));
-    }
-    if (d / scale > w) {
-      w = d / scale;
+    if (pg[i].second.numel() != pc[i].second.numel()) continue;
+    const double d = testing::tensor_rel_diff(pg[i].second, pc[i].second);
+    if (d > w) {
+      w = d;
       if (worst) *worst = pc[i].first;
     }
   }

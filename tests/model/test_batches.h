@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "dlrec/core/tensor.h"
 #include "dlrec/io/batch.h"
 #include "dlrec/io/shard.h"
 #include "dlrec/nn/rng.h"
@@ -15,6 +16,18 @@ namespace dlrec::model::testing {
 
 // |a - b| relative to |b| (1e-12 floor): the parity tests' measure.
 inline double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-12); }
+
+// max |a - ref| / max |ref| over two tensors' elements (1e-12 floor), read as f32 on the host; the
+// parity tests' measure of how far two parameter tensors are apart. Sizes must match.
+inline double tensor_rel_diff(const Tensor& a, const Tensor& ref) {
+  const auto x = a.to_vector<float>(), y = ref.to_vector<float>();
+  double scale = 1e-12, d = 0;
+  for (size_t k = 0; k < x.size() && k < y.size(); ++k) {
+    scale = std::max(scale, std::fabs(double(y[k])));
+    d = std::max(d, std::fabs(double(x[k]) - double(y[k])));
+  }
+  return d / scale;
+}
 
 inline io::ShardLayout make_layout(int num_dense, std::vector<int64_t> cards) {
   io::ShardLayout l;
