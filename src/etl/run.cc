@@ -572,6 +572,22 @@ double process_cpu_seconds() {
 // Chunks per batch: one per thread, so that a batch is one parallel parse of the reader.
 int batch_chunks() { return std::max(2, num_threads()); }
 
+// The reader's options for a pass. Pieces parsed ahead (io::ReadOptions::parse_ahead): under a
+// memory budget one per thread (no more parsed rows in flight than a batch); else the given
+// value, DLREC_ETL_PARSE_AHEAD (for A/B runs of one binary) or the reader's default.
+io::ReadOptions pass_read_options(const EtlOptions& o) {
+  io::ReadOptions ro = o.read;
+  if (ro.parse_ahead == 0) {
+    if (const char* env = std::getenv("DLREC_ETL_PARSE_AHEAD"); env && *env) {
+      ro.parse_ahead = std::atoi(env);
+      DLREC_CHECK(ro.parse_ahead >= 1 && ro.parse_ahead <= 4096,
+                  "etl: DLREC_ETL_PARSE_AHEAD must be in [1, 4096], got '", env, "'");
+    }
+  }
+  if (o.memory_budget_mb > 0) ro.parse_ahead = std::max(1, num_threads());
+  return ro;
+}
+
 void remove_files(const std::vector<std::string>& paths) {
   for (const auto& p : paths) std::remove(p.c_str());
 }
@@ -842,7 +858,7 @@ EtlResult run_etl(const EtlOptions& o) {
           return static_cast<int>(out.size());
         };
       }
-      io::ReadOptions ro = o.read;
+      io::ReadOptions ro = pass_read_options(o);
       // Keeping the rows: the first pass reads all of them (the validation rows too).
       if (!(pass == 1 && cache.on)) ro.max_rows = n_train;
       if (batches) res.read_wait_seconds += batches->wait_seconds();
@@ -982,8 +998,8 @@ EtlResult run_etl(const EtlOptions& o) {
         o.memory_budget_mb > 0 ? batch_chunks() : std::min(tchunks, std::max(batch_chunks(), 64));
     std::unique_ptr<BatchReader> input;
     if (!cached)
-      input = std::make_unique<BatchReader>(io::open_reader(o.inputs, o.schema, o.read),
-                                            transform_chunks, read_ahead);
+      input = std::make_unique<BatchReader>(
+          io::open_reader(o.inputs, o.schema, pass_read_options(o)), transform_chunks, read_ahead);
     // From the cache, a batch's kept chunks are unpacked by the transform tasks (into the
     // reused `chunks`); they leave the cache, so its memory goes down as the pass goes on.
     std::vector<KeptChunk> kept_batch;

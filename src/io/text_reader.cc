@@ -9,9 +9,13 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <limits>
+#include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "dlrec/core/error.h"
@@ -596,6 +600,7 @@ struct TextReader::Impl {
   size_t map_size = 0, released = 0;
 
   void close_current() {
+    if (active) stop_pieces();
     file.reset();
     if (map) ::munmap(map, map_size);
     map = nullptr;
@@ -642,10 +647,21 @@ struct TextReader::Impl {
   std::vector<LineParser::Scratch> scratch;
   std::vector<TaskResult> results;
 
-  // Mapped files are parsed ahead in pieces: up to num_threads() byte ranges cut at line ends,
-  // each parsed into its own chunk by one task (no serial line scan, no concatenation), then
-  // handed out one by one by next(). Errors, skipped rows and max_rows are settled in order at
-  // delivery, so what next() returns (and throws) is what parsing line by line would give.
+  // Mapped files are parsed ahead in pieces: byte ranges of about chunk_rows lines cut at line
+  // ends, each parsed into its own chunk (no serial line scan, no concatenation), then handed
+  // out one by one by next() in input order. Errors, skipped rows and max_rows are settled in
+  // order at delivery, so what next() returns (and throws) is what parsing line by line would
+  // give.
+  //
+  // No join per batch: num_threads() - 1 parse threads of the reader's own (not the shared
+  // pool's workers, which the caller's own parallel work needs meanwhile) claim the next piece
+  // whenever fewer than `window` pieces are claimed and not yet delivered, parse it into the
+  // slot of its sequence number (seq % window) and go on to the next; next() waits for the
+  // oldest piece only, and parses a piece itself when none is ready and one may be claimed (so
+  // with one thread it parses each piece in turn, as before). The cut is the one a parallel
+  // parse of groups of num_threads() pieces would make (group g starts where g - 1 ended,
+  // piece t of it at the first line start after from + t * piece_bytes): the chunks, and all
+  // that follows from them, do not depend on when a piece was parsed.
   struct Piece {
     RawChunk chunk;
     LineParser::Scratch scratch;
@@ -658,9 +674,27 @@ struct TextReader::Impl {
     int64_t error_rows = 0;      // good rows before it
     LineError error;
     bool error_unterminated = false;  // the bad line is the file's last, without newline
+    std::exception_ptr crash;    // what parsing threw (out of memory), rethrown at delivery
+    int64_t guess = 0;           // rows guessed at the cut (by the average line length)
   };
-  std::vector<Piece> pieces;
-  size_t next_piece = 0, num_pieces = 0;
+  enum class Slot : unsigned char { Free, Parsing, Ready };
+  std::vector<Piece> pieces;     // piece `seq` in pieces[seq % window]
+  std::vector<Slot> slot_state;
+  size_t window = 0;
+  uint64_t claimed = 0;    // pieces of this file cut (claimed) so far
+  uint64_t delivered = 0;  // pieces of this file handed out (or dropped) by next()
+  int parsing = 0;         // pieces being parsed now
+  bool active = false;     // a mapped file is being cut
+  bool no_more = true;     // no further piece of this file will be cut
+  // The cut: the next group starts at `cut`; the current one is [g_from, g_stop), g_k pieces
+  // of g_pb bytes, g_t of them cut.
+  size_t cut = 0, g_from = 0, g_stop = 0, g_pb = 0, g_k = 0, g_t = 0;
+  int64_t rows_cut = 0;    // rows delivered plus the rows of the pieces since (or guesses)
+  std::mutex mu;
+  std::condition_variable work_cv;   // parse threads: a piece may be claimed, or quit
+  std::condition_variable ready_cv;  // next(): a piece was parsed, or the cut ended
+  std::vector<std::thread> workers;
+  bool quit = false;
   size_t piece_bytes = 0;  // bytes per piece: about chunk_rows lines (0: not estimated yet)
   size_t avg_line = 0;     // average line length in the first MB (bytes, newline included)
 
@@ -684,36 +718,40 @@ struct TextReader::Impl {
     P.error_line = -1;
     P.error_rows = 0;
     P.error_unterminated = false;
-    reserve_rows(P.chunk, e - b);
-    const char* base = data;
-    LineError err;
-    size_t p = b;
-    while (p < e) {
-      const char* nl = static_cast<const char*>(std::memchr(base + p, '\n', e - p));
-      const size_t lb = p;
-      size_t le = nl ? static_cast<size_t>(nl - base) : e;
-      p = nl ? le + 1 : e;
-      if (le > lb && base[le - 1] == '\r') --le;
-      const int64_t idx = P.lines++;
-      if (le == lb) continue;  // blank lines carry no row
-      const int64_t before = P.chunk.rows;
-      if (parser->parse(base + lb, base + le, P.chunk, P.scratch, err)) {
-        if (before == 0) P.first_local = idx;
-        continue;
+    P.crash = nullptr;
+    try {
+      reserve_rows(P.chunk, e - b);
+      const char* base = data;
+      LineError err;
+      size_t p = b;
+      while (p < e) {
+        const char* nl = static_cast<const char*>(std::memchr(base + p, '\n', e - p));
+        const size_t lb = p;
+        size_t le = nl ? static_cast<size_t>(nl - base) : e;
+        p = nl ? le + 1 : e;
+        if (le > lb && base[le - 1] == '\r') --le;
+        const int64_t idx = P.lines++;
+        if (le == lb) continue;  // blank lines carry no row
+        const int64_t before = P.chunk.rows;
+        if (parser->parse(base + lb, base + le, P.chunk, P.scratch, err)) {
+          if (before == 0) P.first_local = idx;
+          continue;
+        }
+        if (P.error_line < 0) {
+          P.error_line = idx;
+          P.error_rows = P.chunk.rows;
+          P.error = err;
+          P.error_unterminated = nl == nullptr;
+        }
+        if (opt.on_error == OnError::Fail) return;
+        ++P.skipped;
+        P.skip_rows.push_back(P.chunk.rows);
       }
-      if (P.error_line < 0) {
-        P.error_line = idx;
-        P.error_rows = P.chunk.rows;
-        P.error = err;
-        P.error_unterminated = nl == nullptr;
-      }
-      if (opt.on_error == OnError::Fail) return;
-      ++P.skipped;
-      P.skip_rows.push_back(P.chunk.rows);
+    } catch (...) {
+      P.crash = std::current_exception();
     }
   }
 
-  // Parses the next pieces of the mapped file from `pos` (at a line start) in parallel.
   // Room for the rows of `bytes` of text (by the average line length, 6 % over), so that the
   // chunk's vectors are not regrown (copied, their new pages faulted in) row after row; one
   // value per categorical column and row (multi-hot lists may still grow theirs). Nothing to do
@@ -729,9 +767,12 @@ struct TextReader::Impl {
     }
   }
 
-  void refill_pieces() {
+  // Starts cutting the mapped file from `pos` (at a line start): the window, the piece size
+  // (once per reader, from the average line length of the first MB) and the parse threads
+  // (once per reader).
+  void start_pieces() {
     const size_t rem = end - pos;
-    if (piece_bytes == 0) {  // the average line length of the first MB
+    if (piece_bytes == 0) {
       const size_t sample = std::min<size_t>(rem, size_t{1} << 20);
       size_t lines = 0;
       for (const char* p = data + pos; p < data + pos + sample;) {
@@ -745,28 +786,133 @@ struct TextReader::Impl {
       const size_t rows = static_cast<size_t>(std::max<int64_t>(opt.chunk_rows, 1));
       piece_bytes = rows > rem / avg ? rem + 1 : rows * avg;
     }
-    const size_t pb = std::min(piece_bytes, rem);
-    const size_t k = std::min<size_t>(std::max(1, num_threads()), (rem + pb - 1) / pb);
-    const size_t stop = k * pb >= rem ? end : line_start(pos + k * pb, end);
-    if (pieces.size() < k) pieces.resize(k);
-    const size_t from = pos;
-    parallel_for(0, static_cast<int64_t>(k), 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t t = lo; t < hi; ++t) {
-        const size_t b = t == 0 ? from : line_start(from + t * pb, stop);
-        const size_t e = t + 1 == static_cast<int64_t>(k) ? stop : line_start(from + (t + 1) * pb, stop);
-        parse_piece(pieces[t], b, std::max(b, e));
-      }
-    });
-    num_pieces = k;
-    next_piece = 0;
-    pos = stop;
-    release_parsed();
+    const int threads = std::max(1, num_threads());
+    if (window == 0) {
+      window = opt.parse_ahead > 0 ? static_cast<size_t>(opt.parse_ahead)
+                                   : static_cast<size_t>(2 * threads);
+      pieces.resize(window);
+      slot_state.assign(window, Slot::Free);
+      for (int t = 1; t < std::min<int>(threads, static_cast<int>(window)); ++t)
+        workers.emplace_back([this] { parse_loop(); });
+    }
+    std::lock_guard<std::mutex> g(mu);
+    claimed = delivered = 0;
+    cut = pos;
+    g_k = g_t = 0;
+    rows_cut = stats.rows;
+    no_more = false;
+    active = true;
+    work_cv.notify_all();
   }
 
-  // Hands out the next parsed piece (false when it holds no row); settles its errors, skipped
-  // rows and the max_rows cut in input order.
-  bool deliver_piece(RawChunk& out) {
-    Piece& P = pieces[next_piece++];
+  // Whether a piece may be claimed now (under mu): the file not fully cut, room in the window,
+  // and, with max_rows, fewer rows cut (parsed, or guessed for pieces being parsed) than wanted.
+  bool can_claim() const {
+    return active && !no_more && claimed < delivered + window &&
+           (opt.max_rows < 0 || rows_cut < opt.max_rows);
+  }
+
+  // Cuts the next piece (under mu, can_claim() true) into its slot, marked Parsing; false
+  // when the file is fully cut (then no_more is set).
+  bool claim(uint64_t& seq, size_t& b, size_t& e) {
+    if (g_t == g_k) {  // a new group from `cut`
+      if (cut >= end) {
+        no_more = true;
+        ready_cv.notify_all();
+        return false;
+      }
+      const size_t rem = end - cut;
+      g_pb = std::min(piece_bytes, rem);
+      g_k = std::min<size_t>(std::max(1, num_threads()), (rem + g_pb - 1) / g_pb);
+      g_from = cut;
+      g_t = 0;
+      g_stop = g_k * g_pb >= rem ? end : line_start(cut + g_k * g_pb, end);
+      cut = g_stop;
+    }
+    const size_t t = g_t++;
+    b = t == 0 ? g_from : line_start(g_from + t * g_pb, g_stop);
+    e = t + 1 == g_k ? g_stop : line_start(g_from + (t + 1) * g_pb, g_stop);
+    e = std::max(b, e);
+    seq = claimed++;
+    Piece& P = pieces[seq % window];
+    P.guess = static_cast<int64_t>((e - b) / std::max<size_t>(avg_line, 1));
+    rows_cut += P.guess;
+    slot_state[seq % window] = Slot::Parsing;
+    ++parsing;
+    return true;
+  }
+
+  // Parses a claimed piece without the lock, then marks it Ready (`l` holds mu on entry and
+  // on return). After a bad line that stops the reader (OnError::Fail) no later piece can be
+  // delivered: the cut ends there.
+  void parse_claimed(std::unique_lock<std::mutex>& l, uint64_t seq, size_t b, size_t e) {
+    Piece& P = pieces[seq % window];
+    l.unlock();
+    parse_piece(P, b, e);
+    l.lock();
+    rows_cut += P.chunk.rows - P.guess;
+    if (P.crash || (P.error_line >= 0 && opt.on_error == OnError::Fail)) no_more = true;
+    slot_state[seq % window] = Slot::Ready;
+    --parsing;
+    ready_cv.notify_all();
+    if (opt.max_rows >= 0) work_cv.notify_all();  // the guess replaced by the count
+  }
+
+  // A parse thread: claims and parses pieces until the reader goes away.
+  void parse_loop() {
+    std::unique_lock<std::mutex> l(mu);
+    for (;;) {
+      work_cv.wait(l, [&] { return quit || can_claim(); });
+      if (quit) return;
+      uint64_t seq;
+      size_t b, e;
+      if (claim(seq, b, e)) parse_claimed(l, seq, b, e);
+    }
+  }
+
+  // The next piece of the file in order, parsed (parsing one itself while it waits, if one may
+  // be claimed); nullptr when the file has no more.
+  Piece* wait_piece() {
+    std::unique_lock<std::mutex> l(mu);
+    for (;;) {
+      const size_t s = delivered % window;
+      if (delivered < claimed && slot_state[s] == Slot::Ready) return &pieces[s];
+      if (no_more && delivered == claimed) return nullptr;
+      uint64_t seq;
+      size_t b, e;
+      if (can_claim()) {
+        if (claim(seq, b, e)) parse_claimed(l, seq, b, e);
+        continue;
+      }
+      ready_cv.wait(l);
+    }
+  }
+
+  // The piece handed out by deliver_piece: its slot is free for the piece `window` later.
+  void release_piece() {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      slot_state[delivered % window] = Slot::Free;
+      ++delivered;
+    }
+    work_cv.notify_all();
+  }
+
+  // No more pieces of this file: waits for the ones being parsed (they read the mapping).
+  void stop_pieces() {
+    std::unique_lock<std::mutex> l(mu);
+    no_more = true;
+    active = false;
+    ready_cv.wait(l, [&] { return parsing == 0; });
+  }
+
+  // Hands out the parsed piece P (false when it holds no row); settles its errors, skipped rows
+  // and the max_rows cut in input order.
+  bool deliver_piece(Piece& P, RawChunk& out) {
+    if (P.crash) {
+      done = true;
+      std::rethrow_exception(P.crash);
+    }
     const int64_t remaining =
         opt.max_rows < 0 ? std::numeric_limits<int64_t>::max() : opt.max_rows - stats.rows;
     auto piece_message = [&] {
@@ -784,17 +930,15 @@ struct TextReader::Impl {
     // Bad lines after the last row wanted are never reached.
     const int64_t skipped = std::count_if(P.skip_rows.begin(), P.skip_rows.end(),
                                           [&](int64_t r) { return r < remaining; });
-    const bool cut = opt.max_rows >= 0 && P.chunk.rows >= remaining;
+    const bool cut_here = opt.max_rows >= 0 && P.chunk.rows >= remaining;
     if (skipped > 0 && stats.first_skip_reason.empty()) stats.first_skip_reason = piece_message();
     stats.skipped_rows += skipped;
     stats.bytes += static_cast<int64_t>(P.end - P.begin);  // the whole range, even when cut
     if (P.first_local >= 0) P.chunk.first_line = line_no + P.first_local;
     line_no += P.lines;
     stats.rows += P.chunk.rows;
-    if (cut) {  // max_rows reached: the pieces after this one are dropped
-      done = true;
-      num_pieces = next_piece;
-    }
+    pos = P.end;
+    if (cut_here) done = true;  // max_rows reached: the pieces after this one are dropped
     if (P.chunk.rows == 0) return false;
     std::swap(out, P.chunk);
     return true;
@@ -985,21 +1129,28 @@ struct TextReader::Impl {
   bool next(RawChunk& out) {
     const int nd = schema.num_dense(), nc = schema.num_cat();
     out.reset(nd, nc);
-    while (next_piece < num_pieces || !done) {
-      if (next_piece < num_pieces) {
-        if (deliver_piece(out)) return true;
-        continue;
-      }
+    while (!done) {
       int64_t want = std::max<int64_t>(opt.chunk_rows, 1);
       if (opt.max_rows >= 0) want = std::min(want, opt.max_rows - stats.rows);
       if (want <= 0) break;
       if (!is_open && !open_next()) break;
       if (map) {
-        if (pos >= end) {
+        if (!active) start_pieces();
+        Piece* P = wait_piece();
+        if (P == nullptr) {  // the file is done
           close_current();
-        } else {
-          refill_pieces();
+          continue;
         }
+        bool got = false;
+        try {
+          got = deliver_piece(*P, out);
+        } catch (...) {
+          release_piece();
+          throw;
+        }
+        release_piece();
+        release_parsed();
+        if (got) return true;
         continue;
       }
       if (!map && pos > 0 && pos == end) pos = end = 0;
@@ -1046,12 +1197,22 @@ struct TextReader::Impl {
     close_current();
     return false;
   }
-  ~Impl() { close_current(); }
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      quit = true;
+    }
+    work_cv.notify_all();
+    for (auto& w : workers) w.join();
+    close_current();
+  }
 };
 
 TextReader::TextReader(std::vector<std::string> files, Schema schema, ReadOptions options)
     : impl_(new Impl) {
   DLREC_CHECK(!schema.columns.empty(), "TextReader: the schema has no columns");
+  DLREC_CHECK(options.parse_ahead >= 0, "TextReader: parse_ahead must be >= 0 (0: the default), "
+              "got ", options.parse_ahead);
   impl_->files = std::move(files);
   impl_->schema = std::move(schema);
   impl_->opt = options;

@@ -1,7 +1,9 @@
 // Streaming reader for delimited text (Criteo TSV, CSV) that parses on all cores.
 //
-// Input is read in blocks of `block_bytes` cut at line ends; each block is split among threads
-// and parsed into a RawChunk of at most `chunk_rows` rows. A malformed row (wrong field count,
+// A regular file is mapped and cut into pieces of about `chunk_rows` lines, parsed ahead by
+// num_threads() - 1 threads of the reader (and the caller) into one RawChunk each and handed out
+// in input order; other input (a pipe) is read in blocks of `block_bytes` cut at line ends,
+// each block split among threads and parsed into a RawChunk of at most `chunk_rows` rows. A malformed row (wrong field count,
 // unparsable number, bad hex, truncated last line) throws dlrec::Error naming the file, the
 // 1-based line and the 1-based column; with OnError::Skip it is skipped and counted instead.
 #pragma once
@@ -24,6 +26,10 @@ struct ReadOptions {
   size_t block_bytes = 8u << 20;
   OnError on_error = OnError::Fail;
   int64_t max_rows = -1;  // stop after this many good rows (-1: all)
+  // Mapped files: pieces (of about chunk_rows lines) parsed ahead of next() by the reader's
+  // own threads, at most this many claimed and not yet handed out (0: 2 x num_threads()).
+  // Bounds the memory of parsed rows in flight.
+  int parse_ahead = 0;
 };
 
 struct ReadStats {
