@@ -8,6 +8,7 @@
 // rounding of the chunked sum). Without a GPU (or in a build without CUDA) every test skips.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -359,6 +360,101 @@ TEST(EmbeddingCuda, StridedBackwardMatchesPackedAndCpu) {
           }
         }
   EXPECT_GT(compared, 100000);
+#endif
+}
+
+// Rows that occur thousands of times (a 2-row and a 3-row table: runs of hundreds of 32-id
+// chunks, the finalize's chunk search and batched loads) and rows that occur a few times, next
+// to a table where most rows occur once: the update must equal, bit for bit, the order the
+// header documents, computed here on the host in float: the ids sorted stably by row, cut into
+// chunks of 32; each run's piece in a chunk summed in order (g += scale * x from 0), the pieces
+// added in chunk order, times gscale, then SGD or Adagrad in float. A gscale of 0 leaves the
+// tables and accumulators alone.
+TEST(EmbeddingCuda, LongRunsFollowTheDocumentedOrderBitForBit) {
+  SKIP_WITHOUT_GPU();
+#ifdef DLREC_WITH_CUDA
+  int64_t long_runs = 0, compared = 0;
+  for (int dim : {8, 3})
+    for (bool mean : {false, true})
+      for (auto kind : {ce::Update::SGD, ce::Update::Adagrad})
+        for (float gscale : {1.f, 0.5f, 0.f}) {
+          Problem p({2, 3, 60, 5000}, dim, 6000, 71 + dim);
+          const int64_t width = int64_t(p.T) * dim, col = 4, ld = col + width + 4;
+          Rng rng(3 + dim);
+          std::vector<uint16_t> g16(p.B * ld);
+          for (auto& v : g16) v = to_bf16_bits(static_cast<float>(rng.uniform(-1, 1)));
+          const float lr = 0.05f, eps = 1e-8f;
+          Dev<float> d_lr(std::vector<float>{lr}), d_gs(std::vector<float>{gscale});
+          Dev<uint16_t> d16(g16);
+          DevProblem d(p);
+          ce::backward_ids(d.tab, d.offsets->p, d.keys->p, p.B, p.nnz(), p.key_bits, d.scratch,
+                           nullptr);
+          ce::backward_apply(d.tab, d.offsets->p, p.B, p.nnz(), mean,
+                             reinterpret_cast<const __nv_bfloat16*>(d16.p) + col, ld, kind,
+                             d_lr.p, eps, d.scratch, nullptr, d_gs.p);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          const auto ws = d.tables(), as = d.states();
+
+          // Host: positions sorted stably by row.
+          std::vector<int32_t> bag_of(p.nnz());
+          for (int64_t bag = 0; bag < p.T * p.B; ++bag)
+            for (int32_t q = p.offsets[bag]; q < p.offsets[bag + 1]; ++q)
+              bag_of[q] = static_cast<int32_t>(bag);
+          std::vector<int32_t> order(p.nnz());
+          for (int64_t i = 0; i < p.nnz(); ++i) order[i] = static_cast<int32_t>(i);
+          std::stable_sort(order.begin(), order.end(),
+                           [&](int32_t x, int32_t y) { return p.keys[x] < p.keys[y]; });
+          auto w = p.w;
+          auto acc = p.acc;
+          for (int64_t i = 0; i < p.nnz();) {
+            int64_t j = i + 1;
+            while (j < p.nnz() && p.keys[order[j]] == p.keys[order[i]]) ++j;
+            if ((j - 1) / 32 - i / 32 >= 2) ++long_runs;
+            const int32_t bag0 = bag_of[order[i]];
+            const int t = static_cast<int>(bag0 / p.B);
+            const int64_t r = p.keys[order[i]] - p.row_base[t];
+            for (int k = 0; k < dim; ++k) {
+              float total = 0.f, piece = 0.f;
+              for (int64_t q = i; q < j; ++q) {
+                const int32_t bag = bag_of[order[q]];
+                const int64_t b = bag - int64_t(t) * p.B;
+                const float sc =
+                    mean ? 1.f / static_cast<float>(p.offsets[bag + 1] - p.offsets[bag]) : 1.f;
+                const float x = from_bf16_bits(g16[b * ld + col + int64_t(t) * dim + k]);
+                const float prod = sc * x;
+                piece = piece + prod;
+                if (q + 1 == j || (q + 1) % 32 == 0) {  // the piece ends with the run or chunk
+                  total = q / 32 == i / 32 ? piece : total + piece;
+                  piece = 0.f;
+                }
+              }
+              if (gscale == 0.f) continue;
+              float gv = total;
+              if (gscale != 1.f) gv = gv * gscale;
+              float& wv = w[t][r * dim + k];
+              if (kind == ce::Update::SGD) {
+                const float step = lr * gv;
+                wv = wv - step;
+              } else {
+                float& av = acc[t][r * dim + k];
+                const float sq = gv * gv;
+                av = av + sq;
+                const float num = lr * gv, den = std::sqrt(av) + eps;
+                wv = wv - num / den;
+              }
+            }
+            i = j;
+          }
+          for (int t = 0; t < p.T; ++t) {
+            ASSERT_EQ(ws[t], w[t]) << "weights, table " << t << " dim " << dim << " mean " << mean
+                                   << " adagrad " << (kind == ce::Update::Adagrad) << " gscale "
+                                   << gscale;
+            ASSERT_EQ(as[t], acc[t]) << "accumulators, table " << t;
+            compared += static_cast<int64_t>(w[t].size());
+          }
+        }
+  EXPECT_GT(long_runs, 100) << "the case must have runs over several chunks";
+  EXPECT_GT(compared, 600000);
 #endif
 }
 
