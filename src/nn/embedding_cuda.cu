@@ -107,6 +107,114 @@ __global__ void forward_kernel(Tables tab, const int32_t* __restrict__ offsets,
   }
 }
 
+// forward_kernel with kFwdBags consecutive bags per warp, their rows loaded together (one id per
+// bag, as in DCNv2, left one row load in flight per warp); each bag is summed and scaled as there,
+// so the output is the same bit for bit. DLREC_EMB_FWD_OLD=1 launches forward_kernel instead.
+constexpr int kFwdBags = 4;
+
+template <int V, class O>
+__global__ void __launch_bounds__(256, 3)
+    forward_kernel2(Tables tab, const int32_t* __restrict__ offsets,
+                    const uint32_t* __restrict__ keys, int64_t B, bool mean, O* __restrict__ out,
+                    int64_t ld) {
+  const int64_t bag0 = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32 * kFwdBags;
+  const int lane = threadIdx.x & 31;
+  const int d = tab.dim;
+  const int64_t bags = B * tab.num_tables;
+  if (bag0 >= bags) return;
+  int32_t beg[kFwdBags], len[kFwdBags];
+  int32_t maxlen = 0;
+#pragma unroll
+  for (int u = 0; u < kFwdBags; ++u) {
+    const int64_t bag = bag0 + u;
+    beg[u] = 0;
+    len[u] = 0;
+    if (bag < bags) {
+      beg[u] = offsets[bag];
+      len[u] = offsets[bag + 1] - beg[u];
+      maxlen = max(maxlen, len[u]);
+    }
+  }
+  // Table and sample of bag bag0 + u (the bags of a warp may lie in several tables).
+  const int t0 = static_cast<int>(bag0 / B);
+  const int64_t b0 = bag0 - int64_t(t0) * B;
+  auto table_of = [&](int u, int64_t& b) {
+    int t = t0;
+    b = b0 + u;
+    while (b >= B) {
+      b -= B;
+      ++t;
+    }
+    return t;
+  };
+  auto row = [&](int u, int32_t p) {
+    int64_t b;
+    const int t = table_of(u, b);
+    return tab.weights[t] + int64_t(keys[beg[u] + p] - tab.row_base[t]) * d;
+  };
+  auto dest = [&](int u, float& scale) {
+    int64_t b;
+    const int t = table_of(u, b);
+    scale = (mean && len[u] > 1) ? 1.f / static_cast<float>(len[u]) : 1.f;
+    return out + b * ld + int64_t(t) * d;
+  };
+  if constexpr (V == 4) {
+    const int nv = d / 4;
+    for (int v = lane; v < nv; v += 32) {
+      float4 acc[kFwdBags];
+#pragma unroll
+      for (int u = 0; u < kFwdBags; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int32_t p = 0; p < maxlen; ++p) {
+        float4 x[kFwdBags];
+#pragma unroll
+        for (int u = 0; u < kFwdBags; ++u)
+          if (p < len[u]) x[u] = reinterpret_cast<const float4*>(row(u, p))[v];
+#pragma unroll
+        for (int u = 0; u < kFwdBags; ++u)
+          if (p < len[u]) {
+            if (p == 0) {
+              acc[u] = x[u];
+            } else {
+              acc[u].x += x[u].x; acc[u].y += x[u].y; acc[u].z += x[u].z; acc[u].w += x[u].w;
+            }
+          }
+      }
+#pragma unroll
+      for (int u = 0; u < kFwdBags; ++u)
+        if (bag0 + u < bags) {
+          float sc;
+          O* o = dest(u, sc);
+          if (sc != 1.f) {
+            acc[u].x *= sc; acc[u].y *= sc; acc[u].z *= sc; acc[u].w *= sc;
+          }
+          store4(o + 4 * v, acc[u]);
+        }
+    }
+  } else {
+    for (int k = lane; k < d; k += 32) {
+      float acc[kFwdBags];
+#pragma unroll
+      for (int u = 0; u < kFwdBags; ++u) acc[u] = 0.f;
+      for (int32_t p = 0; p < maxlen; ++p) {
+        float x[kFwdBags];
+#pragma unroll
+        for (int u = 0; u < kFwdBags; ++u)
+          if (p < len[u]) x[u] = row(u, p)[k];
+#pragma unroll
+        for (int u = 0; u < kFwdBags; ++u)
+          if (p < len[u]) acc[u] = p == 0 ? x[u] : acc[u] + x[u];
+      }
+#pragma unroll
+      for (int u = 0; u < kFwdBags; ++u)
+        if (bag0 + u < bags) {
+          float sc;
+          O* o = dest(u, sc);
+          store1(o + k, sc != 1.f ? acc[u] * sc : acc[u]);
+        }
+    }
+  }
+}
+
 __global__ void bag_of_kernel(const int32_t* __restrict__ offsets, int64_t bags,
                               int32_t* __restrict__ pos_bag) {
   for (int64_t bag = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; bag < bags;
@@ -359,7 +467,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
                   const int32_t* __restrict__ pos_bag, int64_t B, int64_t nnz, bool mean,
                   const G* __restrict__ dpooled, int64_t ld, Update kind,
                   const float* __restrict__ lr_p, float eps, float* __restrict__ head,
-                  float* __restrict__ tail, const float* __restrict__ gscale_p) {
+                  float* __restrict__ tail, const float* __restrict__ gscale_p, bool pair_runs) {
   const float lr = *lr_p;
   const float gs = gscale_p ? *gscale_p : 1.f;
   if (gs == 0.f) return;  // an overflowed step (loss scaling): no update
@@ -398,6 +506,40 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     float* w = tab.weights[t0] + row;
     float* a = kind == Update::Adagrad ? tab.states[t0] + row : nullptr;
     const G* gcol = dpooled + int64_t(t0) * d;
+    // Two runs of one id each, both applied here (most rows of the large tables): the loads of
+    // both rows issued together (pair_runs() false: one run at a time, to time the difference).
+    if (j == i + 1 && apply && i + 2 <= n && pair_runs) {
+      const uint32_t key1 = sh_key[warp][i + 1];
+      const bool single1 = i + 2 == n || sh_key[warp][i + 2] != key1;
+      if (single1 && !(i + 2 == n && continues_after)) {
+        const int t1 = sh_t[warp][i + 1];
+        const int64_t row1 = int64_t(key1 - tab.row_base[t1]) * d;
+        float* w1 = tab.weights[t1] + row1;
+        float* a1 = kind == Update::Adagrad ? tab.states[t1] + row1 : nullptr;
+        const G* g0p = gcol + sh_b[warp][i] * ld;
+        const G* g1p = dpooled + int64_t(t1) * d + sh_b[warp][i + 1] * ld;
+        const float sc0 = sh_scale[warp][i], sc1 = sh_scale[warp][i + 1];
+        for (int k0 = lane * V; k0 < d; k0 += 32 * V) {
+          const Vec<V> w0v = ld_row<V>(w + k0), w1v = ld_row<V>(w1 + k0);
+          Vec<V> a0v{}, a1v{};
+          if (a) {
+            a0v = ld_row<V>(a + k0);
+            a1v = ld_row<V>(a1 + k0);
+          }
+          const Vec<V> x0 = ld_grad<V>(g0p + k0), x1 = ld_grad<V>(g1p + k0);
+          float g0[V], g1[V];
+#pragma unroll
+          for (int v = 0; v < V; ++v) {  // as the general path: 0 + scale * x
+            g0[v] = __fadd_rn(0.f, __fmul_rn(sc0, x0.v[v]));
+            g1[v] = __fadd_rn(0.f, __fmul_rn(sc1, x1.v[v]));
+          }
+          apply_loaded<V>(w + k0, a ? a + k0 : nullptr, w0v, a0v, g0, kind, lr, eps, gs);
+          apply_loaded<V>(w1 + k0, a1 ? a1 + k0 : nullptr, w1v, a1v, g1, kind, lr, eps, gs);
+        }
+        i += 2;
+        continue;
+      }
+    }
     for (int k0 = lane * V; k0 < d; k0 += 32 * V) {
       Vec<V> wv{}, av{};
       if (apply) {  // in flight while the gradient rows load
@@ -519,6 +661,21 @@ bool old_chunk_kernel() {
   static const bool v = bwd_env() != nullptr;
   return v;
 }
+bool old_forward() {
+  static const bool v = [] {
+    const char* e = std::getenv("DLREC_EMB_FWD_OLD");
+    return e != nullptr && *e != '\0' && std::strcmp(e, "0") != 0;
+  }();
+  return v;
+}
+// DLREC_EMB_PAIRS=0: chunk_kernel2 takes one run at a time (same results).
+bool pair_runs() {
+  static const bool v = [] {
+    const char* e = std::getenv("DLREC_EMB_PAIRS");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return v;
+}
 
 size_t align_up(size_t x) { return (x + 255) & ~size_t(255); }
 
@@ -564,6 +721,17 @@ void forward(const Tables& tab, const int32_t* offsets, const uint32_t* keys, in
   DLREC_CHECK(ld >= width, "embedding forward: row stride ", ld, " is below the ", width,
               " pooled columns");
   const int threads = 256;
+  if (!old_forward()) {
+    const int64_t blocks = ((bags + kFwdBags - 1) / kFwdBags * 32 + threads - 1) / threads;
+    if (vec4_ok(out, tab.dim, ld))
+      forward_kernel2<4, O><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+          tab, offsets, keys, B, mean, out, ld);
+    else
+      forward_kernel2<1, O><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+          tab, offsets, keys, B, mean, out, ld);
+    DLREC_CUDA_LAUNCH_CHECK();
+    return;
+  }
   const int64_t blocks = (bags * 32 + threads - 1) / threads;
   if (vec4_ok(out, tab.dim, ld))
     forward_kernel<4, O><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(tab, offsets, keys,
@@ -655,19 +823,29 @@ void backward_apply(const Tables& tab, const int32_t* offsets, int64_t B, int64_
     // A warp per chunk in both kernels.
     const unsigned fin_blocks = static_cast<unsigned>((num_chunks(nnz) * 32 + 255) / 256);
     if (vec4_ok(dpooled, tab.dim, ld)) {
-      (old_chunk_kernel() ? chunk_kernel<4, G> : chunk_kernel2<4, G>)<<<
-          static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
-          tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, ld, kind,
-          lr, eps, s.head, s.tail, gscale);
+      if (old_chunk_kernel())
+        chunk_kernel<4, G><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
+            tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, ld, kind,
+            lr, eps, s.head, s.tail, gscale);
+      else
+        chunk_kernel2<4, G><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0,
+                               stream>>>(tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B,
+                                         nnz, mean, dpooled, ld, kind, lr, eps, s.head, s.tail,
+                                         gscale, pair_runs());
       DLREC_CUDA_LAUNCH_CHECK();
       finalize2_kernel<4><<<fin_blocks, 256, 0, stream>>>(tab, s.keys_sorted, s.pos_sorted,
                                                           s.pos_bag, B, nnz, kind, lr, eps, s.head,
                                                           s.tail, gscale);
     } else {
-      (old_chunk_kernel() ? chunk_kernel<1, G> : chunk_kernel2<1, G>)<<<
-          static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
-          tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, ld, kind,
-          lr, eps, s.head, s.tail, gscale);
+      if (old_chunk_kernel())
+        chunk_kernel<1, G><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
+            tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, ld, kind,
+            lr, eps, s.head, s.tail, gscale);
+      else
+        chunk_kernel2<1, G><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0,
+                               stream>>>(tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B,
+                                         nnz, mean, dpooled, ld, kind, lr, eps, s.head, s.tail,
+                                         gscale, pair_runs());
       DLREC_CUDA_LAUNCH_CHECK();
       finalize2_kernel<1><<<fin_blocks, 256, 0, stream>>>(tab, s.keys_sorted, s.pos_sorted,
                                                           s.pos_bag, B, nnz, kind, lr, eps, s.head,

@@ -5,7 +5,9 @@
 // 32-id chunks), odd and float4-sized widths; the backward reading a strided f32 or bf16
 // gradient, split into backward_ids + backward_apply, against the packed f32 backward_update
 // (bit for bit: the same sums) and against the CPU's SGD and Adagrad updates (within
-// rounding of the chunked sum). Without a GPU (or in a build without CUDA) every test skips.
+// rounding of the chunked sum), and rows that occur thousands of times against the documented
+// summation order (bit for bit, computed here). Without a GPU (or in a build without CUDA)
+// every test skips.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -251,6 +253,36 @@ TEST(EmbeddingCuda, PackedForwardIsStrideTimesDim) {
       const auto ref = p.pool(t, b, true);
       for (int k = 0; k < p.dim; ++k) ASSERT_EQ(a[(b * p.T + t) * p.dim + k], ref[k]);
     }
+#endif
+}
+
+// The forward pools several consecutive bags per warp; with fewer samples than that, one warp's
+// bags lie in several tables (and the last warp's run past the end).
+TEST(EmbeddingCuda, ForwardWithFewSamplesPerTable) {
+  SKIP_WITHOUT_GPU();
+#ifdef DLREC_WITH_CUDA
+  int checked = 0;
+  for (int64_t B : {1, 2, 3, 5})
+    for (int dim : {8, 3})
+      for (bool mean : {false, true}) {
+        Problem p({5, 40, 1000, 7, 9}, dim, B, 17 + B);
+        DevProblem d(p);
+        const int64_t width = int64_t(p.T) * p.dim;
+        Dev<float> out(std::vector<float>(p.B * width, 99.f));
+        ce::forward(d.tab, d.offsets->p, d.keys->p, p.B, mean, out.p, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto a = out.get();
+        for (int64_t b = 0; b < p.B; ++b)
+          for (int t = 0; t < p.T; ++t) {
+            const auto ref = p.pool(t, b, mean);
+            for (int k = 0; k < p.dim; ++k) {
+              ASSERT_EQ(a[(b * p.T + t) * p.dim + k], ref[k])
+                  << "B " << B << " dim " << dim << " bag (" << t << ", " << b << ")";
+              ++checked;
+            }
+          }
+      }
+  EXPECT_EQ(checked, 2 * 5 * (1 + 2 + 3 + 5) * (8 + 3));
 #endif
 }
 
