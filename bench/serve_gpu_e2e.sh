@@ -7,7 +7,14 @@
 #      runs the loads against one server per value in turn, after one setup, each line
 #      prefixed "grpc_threads=N" (a value may repeat: "1 2 1"); INLINE_ROWS=N: --grpc-inline-rows; SPIN_US=N: --grpc-spin-us;
 #      SERVE_ARGS='...': more flags for dlrec serve; SATURATION_ONLY=1: the saturation loads only; DURATION=S: seconds per load, default 10;
-#      SETUP_BIN=path: the dlrec that makes the data and the model, default $BIN/dlrec)
+#      SETUP_BIN=path: the dlrec that makes the data and the model, default $BIN/dlrec;
+#      REUSE=1: keep the data and the model in $WORK after the run and use them if there
+#      (several configurations compared on one host without redoing the setup);
+#      MODEL_CONFIG=path (default configs/mlperf_dlrm.json), KIND=KIND_CPU (fp32 on the CPU: a
+#      check of the script on a machine without a GPU, with a small MODEL_CONFIG);
+#      CLIENT_SPIN_US=N: the load generator's --grpc-spin-us (it polls for its answers);
+#      each load also prints the server's own p50/p99 from its duration histogram, "server
+#      p50<=A p99<=B us" = the upper bounds of the buckets holding them)
 #   bash bench/serve_gpu_e2e.sh profile  # the engine's device time per phase (eager, one stream)
 #                                        # and predict() with other chunk sizes
 # Binaries from $BIN (default .gpu/bin); scratch in $WORK (default /tmp/dlrec_serve_e2e).
@@ -39,21 +46,26 @@ for part in "$@"; do
       done
       ;;
     e2e)
-      SB=${SETUP_BIN:-$BIN/dlrec}  # makes the data and the model (SETUP_BIN: another build)
-      "$SB" datagen --out "$W/logs.tsv" --rows 100000 > "$OUT/e2e_setup.log" 2>&1
-      "$SB" etl --input "$W/logs.tsv" --out "$W/data" --overwrite \
-        --workflow configs/etl_criteo_kaggle_hash.json >> "$OUT/e2e_setup.log" 2>&1
-      rm -rf "$W/repo"
-      mkdir -p "$W/repo/dlrm"
-      "$SB" export --init configs/mlperf_dlrm.json --data "$W/data" --out "$W/repo/dlrm/1" \
-        >> "$OUT/e2e_setup.log" 2>&1 || { echo "export failed"; tail "$OUT/e2e_setup.log"; exit 1; }
-      cat > "$W/repo/dlrm/config.json" <<CFG
-{"max_batch_size": 65536,
- "dynamic_batching": {"preferred_batch_size": [32768], "max_queue_delay_microseconds": 0,
-                      "max_queue_size": 4096},
- "instance_group": [{"kind": "KIND_GPU", "count": ${INSTANCES:-2}, "gpus": [0]}],
- "precision": "bf16"}
+      if [ -n "${REUSE:-}" ] && [ -f "$W/repo/dlrm/config.json" ]; then
+        echo "reusing the model in $W/repo (REUSE=1)"
+      else
+        SB=${SETUP_BIN:-$BIN/dlrec}  # makes the data and the model (SETUP_BIN: another build)
+        "$SB" datagen --out "$W/logs.tsv" --rows 100000 > "$OUT/e2e_setup.log" 2>&1
+        "$SB" etl --input "$W/logs.tsv" --out "$W/data" --overwrite \
+          --workflow configs/etl_criteo_kaggle_hash.json >> "$OUT/e2e_setup.log" 2>&1
+        rm -rf "$W/repo"
+        mkdir -p "$W/repo/dlrm"
+        "$SB" export --init "${MODEL_CONFIG:-configs/mlperf_dlrm.json}" --data "$W/data" --out "$W/repo/dlrm/1" \
+          >> "$OUT/e2e_setup.log" 2>&1 || { echo "export failed"; tail "$OUT/e2e_setup.log"; exit 1; }
+        K=${KIND:-KIND_GPU}
+        cat > "$W/repo/dlrm/config.json" <<CFG
+  {"max_batch_size": 65536,
+   "dynamic_batching": {"preferred_batch_size": [32768], "max_queue_delay_microseconds": 0,
+                        "max_queue_size": 4096},
+   "instance_group": [{"kind": "$K", "count": ${INSTANCES:-2}$([ "$K" = KIND_GPU ] && echo ', "gpus": [0]')}]$([ "$K" = KIND_GPU ] && echo ',
+   "precision": "bf16"')}
 CFG
+      fi
       D=${DURATION:-10}
       n=0
       for G in ${GRPC_THREADS:-default}; do
@@ -68,6 +80,7 @@ CFG
           ${SERVE_ARGS:-} > "$OUT/e2e_server$tag.log" 2>&1 &
         SERVER=$!
         for i in $(seq 1 240); do
+          kill -0 $SERVER 2>/dev/null || { echo "the server exited:"; tail -5 "$OUT/e2e_server$tag.log"; break; }
           python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:18000/v2/models/dlrm/ready', timeout=1)" 2>/dev/null && break
           sleep 0.5
         done
@@ -79,14 +92,30 @@ CFG
             echo "$(tr ' ' _ < "$t/comm") $(awk '{print $14 + $15}' "$t/stat")"
           done | awk -v hz="$(getconf CLK_TCK)" '{a[$1] += $2} END {for (k in a) print k, a[k] / hz}' | sort
         }
+        scrape() {  # the server's request-duration histogram (cumulative buckets, all models)
+          python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:18002/metrics').read().decode())" 2>/dev/null \
+            | grep '^dlrec_inference_request_duration_us_bucket' | sed 's/.*le="\([^"]*\)"} /\1 /' \
+            | awk '{a[$1] += $2} END {for (k in a) print k, a[k]}'
+        }
+        server_quantiles() {  # before after -> "server p50<=A p99<=B us (N requests)"
+          join <(sort "$1") <(sort "$2") | awk '$1 != "+Inf" {print $1, $3 - $2} $1 == "+Inf" {inf = $3 - $2}
+            END {print "+Inf", inf}' | sort -g | awk '{le[NR] = $1; c[NR] = $2; n = $2}
+            END { if (n == 0) { print "server: no requests"; exit }
+                  for (i = 1; i <= NR; i++) { if (!a && c[i] >= 0.5 * n) a = le[i]; if (!b && c[i] >= 0.99 * n) b = le[i] }
+                  printf "server p50<=%s p99<=%s us (%d requests)\n", a, b, n }'
+        }
         run() {  # batch concurrency seconds [more bench serve options]
           thread_cpu > "$W/cpu0"
+          scrape > "$W/h0"
           local t0=$(date +%s.%N)
           "$BIN/dlrec" bench serve --protocol grpc --url 127.0.0.1:18001 --model dlrm \
             --model-dir "$W/repo/dlrm/1" --input encoded --batch "$1" --concurrency "$2" \
-            --duration "$3" --warmup 2 --variants 8 "${@:4}" 2>&1 | tee -a "$OUT/e2e_client$tag.log" \
+            --duration "$3" --warmup 2 --variants 8 ${CLIENT_SPIN_US:+--grpc-spin-us "$CLIENT_SPIN_US"} \
+            "${@:4}" 2>&1 | tee -a "$OUT/e2e_client$tag.log" \
             | grep -v "^\[" | sed "s/^/grpc_threads=$G /"
           thread_cpu > "$W/cpu1"
+          scrape > "$W/h1"
+          echo "grpc_threads=$G batch=$1 concurrency=$2 $(server_quantiles "$W/h0" "$W/h1")" | tee -a "$OUT/e2e_server_quantiles.log"
           # Busy share of each server thread over the run (warmup included): a grpc-cq thread
           # near 100 % is the bottleneck (then try more GRPC_THREADS).
           join "$W/cpu0" "$W/cpu1" | awk -v s="$(awk -v a="$t0" -v z="$(date +%s.%N)" 'BEGIN { print z - a }')" -v b="$1" -v c="$2" -v g="$G" \
@@ -107,7 +136,7 @@ CFG
         fi
         kill -INT $SERVER; wait $SERVER
       done
-      rm -rf "$W"
+      [ -n "${REUSE:-}" ] || rm -rf "$W"
       ;;
   esac
 done

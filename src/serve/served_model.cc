@@ -463,6 +463,7 @@ void ServedModel::infer_async(const InferRequest& req, InferDone done, int64_t i
     const uint64_t end = t1 + r.queue_ns + r.compute_ns;
     stats_->compute_output.add(t2 > end ? t2 - end : 0);
     stats_->success.add(t2 - t0);
+    stats_->success_us.add(t2 - t0);
     stats_->last_inference_ms.store(wall_ms(), std::memory_order_relaxed);
     done(&resp, nullptr);
   };

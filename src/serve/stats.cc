@@ -1,5 +1,6 @@
 #include "dlrec/serve/stats.h"
 
+#include <algorithm>
 #include <chrono>
 #include <sstream>
 
@@ -15,6 +16,13 @@ uint64_t wall_ms() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count());
+}
+
+void LatencyHistogram::add(uint64_t ns) {
+  const uint64_t us = (ns + 999) / 1000;  // a bucket holds durations <= its bound
+  const uint32_t* end = kBoundsUs + (kBuckets - 1);
+  const size_t b = static_cast<size_t>(std::lower_bound(kBoundsUs, end, us) - kBoundsUs);
+  counts[b].fetch_add(1, std::memory_order_relaxed);
 }
 
 void ModelStats::add_execution(int64_t rows, uint64_t ns) {
@@ -102,6 +110,25 @@ std::string StatsRegistry::prometheus() const {
   family("nv_inference_compute_output_duration_us",
          "Cumulative inference compute output duration in microseconds",
          [&](const ModelStats& s) { return us(s.compute_output); });
+  const char* h = "dlrec_inference_request_duration_us";
+  os << "# HELP " << h
+     << " Successful inference requests by duration in microseconds (from the request's "
+        "decoding to its scored output; the RPC layer not included)\n# TYPE "
+     << h << " histogram\n";
+  for (auto& s : all) {
+    const std::string labels =
+        "model=\"" + escape_label(s->name) + "\",version=\"" + escape_label(s->version) + "\"";
+    uint64_t cum = 0;
+    for (size_t b = 0; b < LatencyHistogram::kBuckets; ++b) {
+      cum += s->success_us.counts[b].load(std::memory_order_relaxed);
+      os << h << "_bucket{" << labels << ",le=\"";
+      if (b + 1 < LatencyHistogram::kBuckets) os << LatencyHistogram::kBoundsUs[b];
+      else os << "+Inf";
+      os << "\"} " << cum << '\n';
+    }
+    os << h << "_sum{" << labels << "} " << us(s->success) << '\n';
+    os << h << "_count{" << labels << "} " << cum << '\n';
+  }
   return os.str();
 }
 

@@ -148,6 +148,45 @@ def test_grpc_sync_client_agrees_with_metrics(tmp_path, server):
     assert success_metric(server) - before == j["total_success"]
 
 
+def histogram(ports):
+    """dlrec_inference_request_duration_us for model m: (cumulative buckets by le, count)."""
+    conn = http.client.HTTPConnection("127.0.0.1", ports["metrics"], timeout=10)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    buckets, count = {}, 0
+    for line in text.splitlines():
+        if 'model="m"' not in line:
+            continue
+        if line.startswith("dlrec_inference_request_duration_us_bucket{"):
+            le = re.search(r'le="([^"]+)"', line)[1]
+            buckets[le] = buckets.get(le, 0) + int(line.split()[-1])
+        elif line.startswith("dlrec_inference_request_duration_us_count{"):
+            count += int(line.split()[-1])
+    return buckets, count
+
+
+def test_grpc_spinning_client_and_the_duration_histogram(tmp_path, server):
+    """--grpc-spin-us: the async client polls for its answers; every request is still counted
+    once, and the server's duration histogram grows by the same number of requests."""
+    before = success_metric(server)
+    b0, c0 = histogram(server)
+    r, j = bench(tmp_path, server["grpc"], "--protocol", "grpc", "--grpc-spin-us", 300,
+                 "--batch", 2, "--concurrency", 2, "--duration", 1, "--warmup", 0.2)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "spinning 300 us" in r.stdout and j["grpc_spin_us"] == 300
+    assert j["total_failures"] == 0 and j["requests"] > 0
+    assert success_metric(server) - before == j["total_success"]
+    b1, c1 = histogram(server)
+    assert c1 - c0 == j["total_success"]
+    assert b1["+Inf"] == c1
+    bounds = sorted((float(k) for k in b1 if k != "+Inf"))
+    cum = [b1[f"{int(x)}"] for x in bounds]
+    assert cum == sorted(cum), "buckets must be cumulative"
+    r, _ = bench(tmp_path, server["grpc"], "--protocol", "grpc", "--grpc-spin-us", -1,
+                 "--duration", 0.2, "--warmup", 0)
+    assert r.returncode != 0 and "--grpc-spin-us" in r.stderr
+
+
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 @pytest.mark.parametrize("client", ["async", "sync"])
 def test_rpc_live_measures_the_floor_without_inference(tmp_path, server, protocol, client):
