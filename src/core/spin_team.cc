@@ -1,6 +1,10 @@
 #include "dlrec/core/spin_team.h"
 
 #include <chrono>
+#include <string>
+#ifdef __linux__
+#include <pthread.h>
+#endif
 
 #include "dlrec/core/error.h"
 
@@ -40,6 +44,11 @@ void SpinTeam::call(int index) {
 }
 
 void SpinTeam::loop(int index) {
+#ifdef __linux__
+  // Named, so that per-thread CPU figures (top -H, /proc/<pid>/task) show the team as itself
+  // rather than under the name of the thread that happened to create it.
+  pthread_setname_np(pthread_self(), ("spin-team" + std::to_string(index)).substr(0, 15).c_str());
+#endif
   uint64_t seen = 0;  // the generation at construction: a job posted before this thread
                      // got here still counts as new
   for (;;) {
