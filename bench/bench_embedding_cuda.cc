@@ -40,6 +40,7 @@
 
 namespace {
 
+#ifdef DLREC_WITH_CUDA
 bool has_flag(int argc, char** argv, const char* name) {
   for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], name) == 0) return true;
@@ -51,7 +52,6 @@ long long arg_int(int argc, char** argv, const char* name, long long dflt) {
   return dflt;
 }
 
-#ifdef DLREC_WITH_CUDA
 namespace ce = dlrec::nn::cuda_emb;
 
 void check(cudaError_t e, const char* what) {
@@ -137,8 +137,8 @@ int run(int argc, char** argv) {
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "device properties");
   std::printf("device: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
-  std::printf("tables: %d (Criteo Kaggle), %llu rows, dim %d, %s, key bits %d; ids: %s, batch %lld, "
-              "%d batches\n",
+  std::printf("tables: %d (Criteo Kaggle), %llu rows, dim %d, %s, key bits %d; ids: %s, "
+              "batch %lld, %d batches\n",
               T, static_cast<unsigned long long>(total), dim, adagrad ? "adagrad" : "sgd", key_bits,
               zipf ? "log-uniform (--zipf)" : "uniform", static_cast<long long>(B), nb);
   std::printf("batch 0: %lld ids, %lld distinct rows, longest run %lld (%lld runs over 32 ids)\n",
@@ -218,7 +218,9 @@ int run(int argc, char** argv) {
   check(cudaMemcpy(d_lr, &lr, sizeof(float), cudaMemcpyHostToDevice), "lr");
   const auto kind = adagrad ? ce::Update::Adagrad : ce::Update::SGD;
 
-  auto fwd = [&](const Ids& x) { ce::forward(tab, x.d_offsets, x.d_keys, B, false, x0 + col, st, ld); };
+  auto fwd = [&](const Ids& x) {
+    ce::forward(tab, x.d_offsets, x.d_keys, B, false, x0 + col, st, ld);
+  };
   auto bwd_ids = [&](const Ids& x) {
     ce::backward_ids(tab, x.d_offsets, x.d_keys, B, static_cast<int64_t>(x.keys.size()), key_bits,
                      scratch, st);
@@ -311,7 +313,8 @@ int run(int argc, char** argv) {
     check(cudaMemsetAsync(a, 1, n, st), "copy");
     check(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st), "copy");
     check(cudaEventRecord(ev[0], st), "record");
-    for (int i = 0; i < 10; ++i) check(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st), "copy");
+    for (int i = 0; i < 10; ++i)
+      check(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st), "copy");
     check(cudaEventRecord(ev[1], st), "record");
     check(cudaStreamSynchronize(st), "copy");
     float ms;
@@ -324,8 +327,8 @@ int run(int argc, char** argv) {
   std::printf("forward (bf16 into x0 columns)        %8.3f ms  floor %.0f MB -> %.0f GB/s\n", t_fwd,
               fwd_bytes / 1e6, fwd_bytes / (t_fwd * 1e-3) / 1e9);
   std::printf("backward ids (bag of id, sort, runs)  %8.3f ms\n", t_ids);
-  std::printf("backward reduce + update              %8.3f ms  floor %.0f MB -> %.0f GB/s\n", t_apply,
-              upd_bytes / 1e6, upd_bytes / (t_apply * 1e-3) / 1e9);
+  std::printf("backward reduce + update              %8.3f ms  floor %.0f MB -> %.0f GB/s\n",
+              t_apply, upd_bytes / 1e6, upd_bytes / (t_apply * 1e-3) / 1e9);
   std::printf("backward (ids + apply)                %8.3f ms\n", t_ids + t_apply);
   std::printf("backward back to back, no events      %8.3f ms\n", double(t_bwd_loop));
   std::printf("device copy bandwidth (1 GiB d2d)     %8.0f GB/s (read + write)\n", copy_gbs);
@@ -349,7 +352,8 @@ int main(int argc, char** argv) {
 #else
   (void)argc;
   (void)argv;
-  std::fprintf(stderr, "bench_embedding_cuda: built without CUDA (configure with -DDLREC_CUDA=ON)\n");
+  std::fprintf(stderr,
+               "bench_embedding_cuda: built without CUDA (configure with -DDLREC_CUDA=ON)\n");
   return 1;
 #endif
 }

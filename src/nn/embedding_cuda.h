@@ -47,6 +47,8 @@ struct Scratch {
   uint32_t* keys_sorted = nullptr; // [nnz]
   int32_t* iota = nullptr;         // [nnz] 0..nnz-1 (filled by prepare())
   int32_t* pos_sorted = nullptr;   // [nnz]
+  // The run list of the old backward (DLREC_EMB_BWD_OLD=1, embedding_cuda.cu); the default
+  // finds the runs in keys_sorted.
   uint8_t* flags = nullptr;        // [nnz] first-of-run flags
   int32_t* seg_start = nullptr;    // [nnz] start of each run of equal keys
   int32_t* num_segs = nullptr;     // [1]
@@ -64,11 +66,12 @@ void prepare(const Scratch& s, cudaStream_t stream);  // once after carve()
 enum class Update { SGD, Adagrad };
 
 // dL/dpooled [B, T, dim] -> for every distinct row of the batch: its gradient, summed over its
-// occurrences (mean bags scaled by 1/len) in chunks of 32 occurrences whose partial sums are
-// then added in order (deterministic; equal to the CPU's in-order sum up to rounding), applied
-// at once by SGD or Adagrad. With gscale (device, loss scaling) the gradients are multiplied
-// by *gscale first, and *gscale == 0 leaves the tables untouched (an overflowed step). No table
-// gradient is materialised. nnz = offsets[T * B] - offsets[0] with offsets[0] = 0.
+// occurrences (mean bags scaled by 1/len) in chunks of 32 occurrences (in order of occurrence)
+// whose partial sums are then added in chunk order (deterministic; equal to the CPU's in-order
+// sum up to rounding), applied at once by SGD or Adagrad. With gscale (device, loss scaling)
+// the gradients are multiplied by *gscale first, and *gscale == 0 leaves the tables untouched
+// (an overflowed step). No table gradient is materialised. nnz = offsets[T * B] - offsets[0]
+// with offsets[0] = 0.
 // backward_update = backward_ids, then backward_apply on a packed f32 dpooled (ld = T * dim).
 void backward_update(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
                      int64_t nnz, bool mean, const float* dpooled, Update kind, const float* lr,
