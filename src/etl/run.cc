@@ -15,6 +15,7 @@
 #include <cstring>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -730,6 +731,17 @@ CacheForm parse_cache_form(const std::string& s) {
 EtlResult run_etl(const EtlOptions& o) {
   Timer total_timer;
   EtlResult res;
+  // DLREC_ETL_TIMES=1: the run's clock at the end of each phase and of the clean-up, on stderr
+  // (where the seconds outside the count, fit and transform timers go).
+  const bool times = std::getenv("DLREC_ETL_TIMES") && *std::getenv("DLREC_ETL_TIMES") == '1';
+  auto mark = [&](const char* what) {
+    if (times) std::fprintf(stderr, "etl times: %-28s %.3f s\n", what, total_timer.seconds());
+  };
+  struct AtExit {  // marks a point of the clean-up (destructors run in reverse order)
+    std::function<void()> f;
+    ~AtExit() { f(); }
+  };
+  AtExit end_mark{[&] { mark("clean-up done"); }};
   DLREC_CHECK(!o.inputs.empty(), "etl: no input files");
   DLREC_CHECK(!o.output_dir.empty(), "etl: no output directory");
   DLREC_CHECK(o.shard_rows >= 1, "etl: shard_rows must be >= 1, got ", o.shard_rows);
@@ -770,6 +782,7 @@ EtlResult run_etl(const EtlOptions& o) {
         static_cast<int64_t>(std::floor(static_cast<double>(expected_rows) * o.valid_ratio));
     n_train = expected_rows - n_valid;
     res.count_seconds = t.seconds();
+    mark("count done");
   }
   if (n_train == 0) fail("etl: the split leaves no training rows");
 
@@ -960,7 +973,9 @@ EtlResult run_etl(const EtlOptions& o) {
     res.input_cache_bytes = cached ? cache.bytes : 0;
     // The first pass's reader has seen every row when the transform reads the cache: its
     // statistics (skipped rows) are the transform's.
+    AtExit after_reader{[&] { mark("first reader gone"); }};
     std::unique_ptr<BatchReader> fit_reader;
+    AtExit before_reader{[&] { mark("transform state gone"); }};
     if (cached) fit_reader = std::move(batches);
     batches.reset();
     if (fit_rows == 0) fail("etl: the input holds no rows to fit on");
@@ -969,6 +984,7 @@ EtlResult run_etl(const EtlOptions& o) {
            " good rows; no rows would be left for validation");
     res.fit_seconds = fit_timer.seconds();
     res.fit_cpu_seconds = process_cpu_seconds() - fit_cpu0;
+    mark("fit done");
     std::tie(res.spill_runs, res.spill_bytes) = workflow.fit_spill_stats();
 
     // ---- transform every row into train/valid shards
@@ -1146,6 +1162,7 @@ EtlResult run_etl(const EtlOptions& o) {
     res.valid_shards = valid.names();
     res.transform_seconds = tr_timer.seconds();
     res.transform_cpu_seconds = process_cpu_seconds() - tr_cpu0;
+    mark("transform done");
 
     // ---- metadata; dataset.json last
     const std::string wf = o.output_dir + "/workflow.json";
@@ -1188,6 +1205,7 @@ EtlResult run_etl(const EtlOptions& o) {
     info.cat_names = workflow.cat_names();
     info.save(o.output_dir);
     created.push_back(o.output_dir + "/dataset.json");
+    mark("metadata written");
   } catch (...) {
     remove_files(created);
     throw;
