@@ -112,10 +112,6 @@ class ShardSetWriter {
 
   const std::vector<std::string>& names() const { return names_; }
   int64_t rows() const { return rows_; }
-  // Encoded bytes that may wait for each file (io::ShardWriter::set_queue_bytes): with more
-  // than 0 the rows run ahead of a file's writing, so a full file is still being written while
-  // the next one fills (two files written at once by their own threads).
-  void set_queue_bytes(size_t bytes) { queue_bytes_ = bytes; }
 
   // Waits for the files being closed in the background; rethrows the first close error.
   void wait_closed() {
@@ -141,7 +137,6 @@ class ShardSetWriter {
  private:
   void open_next() {
     cur_ = std::make_unique<io::ShardWriter>(dir_ + "/" + names_.back(), layout_, block_rows_);
-    cur_->set_queue_bytes(queue_bytes_);
   }
   // A full file is closed (footer, fsync, rename) on a helper thread while rows go on to
   // the next one; write_parts' early writeback has sent most of it to the disk already.
@@ -160,7 +155,6 @@ class ShardSetWriter {
   int64_t shard_rows_, block_rows_;
   std::vector<std::string>* created_;
   std::unique_ptr<io::ShardWriter> cur_;
-  size_t queue_bytes_ = 0;
   std::vector<std::string> names_;
   io::Batch part_;
   int64_t rows_ = 0;
@@ -993,20 +987,6 @@ EtlResult run_etl(const EtlOptions& o) {
     const io::ShardLayout layout = workflow.output_layout();
     ShardSetWriter train(o.output_dir, "train", layout, o.shard_rows, o.block_rows, &created);
     ShardSetWriter valid(o.output_dir, "valid", layout, o.shard_rows, o.block_rows, &created);
-    {
-      // Encoded shard blocks that may wait for their file: none under a memory budget, else
-      // DLREC_ETL_WRITE_QUEUE_MB (A/B runs) or the default.
-      size_t queue_mb = 0;
-      if (const char* env = std::getenv("DLREC_ETL_WRITE_QUEUE_MB"); env && *env) {
-        const int mb = std::atoi(env);
-        DLREC_CHECK(mb >= 0 && mb <= (1 << 20), "etl: DLREC_ETL_WRITE_QUEUE_MB must be in "
-                    "[0, 1048576], got '", env, "'");
-        queue_mb = static_cast<size_t>(mb);
-      }
-      if (o.memory_budget_mb > 0) queue_mb = 0;
-      train.set_queue_bytes(queue_mb << 20);
-      valid.set_queue_bytes(queue_mb << 20);
-    }
     // Shuffled and/or per-rank training rows go through a RankWriter (two phases).
     const bool rank_mode = o.shuffle || o.ranks > 1;
     std::unique_ptr<RankWriter> ranked;

@@ -112,21 +112,10 @@ struct ShardWriter::Impl {
   AtomicFile file;
   Batch pending;
   Batch spare;                          // write_parts: the next pending rows are built here
-  // write_parts: sets of encoded blocks go to the file in order on a thread of the writer's own
-  // (the appender), so that the caller goes on (encodes the next rows) while the kernel copies
-  // them. `queue_cap` bytes may wait: 0 (the default) lets one set be written while the next
-  // is encoded; more lets the caller run ahead of the file (the ETL then has several shard
-  // files written at once). Written sets are encoded into again (no new pages to fault in).
-  using BlockSet = std::vector<std::string>;
-  std::mutex q_mu;
-  std::condition_variable q_cv;
-  std::deque<std::pair<BlockSet, size_t>> queue;  // sets not yet written (front: being written)
-  std::vector<BlockSet> spare_sets;
-  size_t queued_bytes = 0;
-  size_t queue_cap = 0;
-  bool q_stop = false;
-  std::exception_ptr q_error;  // the appender's write error, rethrown to the caller
-  std::thread appender;
+  // write_parts: encoded blocks, two sets: one being written to the file by `appending` while
+  // the next call encodes into the other (kept between calls: no new pages to fault in).
+  std::vector<std::string> block_bufs[2];
+  int side = 0;
   uint64_t file_pos = 0;  // bytes written or being written (the next block's file offset)
   std::string buf;
   std::vector<std::pair<uint64_t, uint64_t>> index;  // (first_row, file_offset) per block
@@ -145,68 +134,15 @@ struct ShardWriter::Impl {
     wb_fd = ::open((p + ".tmp." + std::to_string(::getpid())).c_str(), O_RDONLY | O_CLOEXEC);
   }
   ~Impl() {
-    {
-      std::lock_guard<std::mutex> g(q_mu);
-      q_stop = true;  // sets not written yet are dropped with the file
-    }
-    q_cv.notify_all();
-    if (appender.joinable()) appender.join();
+    if (appending.valid()) appending.wait();  // its error is dropped with the file
     if (wb_fd >= 0) ::close(wb_fd);
   }
 
-  // The appender: writes the queued sets in order until stopped; after an error it writes
-  // nothing more (the caller gets the error at its next call).
-  void append_loop() {
-    std::unique_lock<std::mutex> l(q_mu);
-    for (;;) {
-      q_cv.wait(l, [&] { return q_stop || !queue.empty(); });
-      if (q_stop) return;
-      BlockSet& set = queue.front().first;
-      const size_t bytes = queue.front().second;
-      l.unlock();
-      std::exception_ptr err;
-      try {
-        if (!q_error)
-          for (const auto& b : set) file.write(b);
-        start_writeback();
-      } catch (...) {
-        err = std::current_exception();
-      }
-      l.lock();
-      if (err && !q_error) q_error = err;
-      spare_sets.push_back(std::move(set));
-      queue.pop_front();
-      queued_bytes -= bytes;
-      q_cv.notify_all();
-    }
-  }
-
-  // A set to encode into: a written one, or a new one.
-  BlockSet take_set() {
-    std::lock_guard<std::mutex> g(q_mu);
-    if (spare_sets.empty()) return {};
-    BlockSet s = std::move(spare_sets.back());
-    spare_sets.pop_back();
-    return s;
-  }
-
-  // Queues an encoded set once fewer than queue_cap bytes wait (at once when none does);
-  // rethrows a write error.
-  void enqueue(BlockSet set, size_t bytes) {
-    std::unique_lock<std::mutex> l(q_mu);
-    if (!appender.joinable()) appender = std::thread([this] { append_loop(); });
-    q_cv.wait(l, [&] { return q_error || queue.empty() || queued_bytes + bytes <= queue_cap; });
-    if (q_error) std::rethrow_exception(q_error);
-    queue.emplace_back(std::move(set), bytes);
-    queued_bytes += bytes;
-    q_cv.notify_all();
-  }
-
-  // Waits until every queued set is written; rethrows a write error.
+  // The blocks of the last write_parts call being written (std::async), or nothing.
+  std::future<void> appending;
+  // Waits for those blocks; rethrows a write error.
   void wait_append() {
-    std::unique_lock<std::mutex> l(q_mu);
-    q_cv.wait(l, [&] { return queue.empty(); });
-    if (q_error) std::rethrow_exception(q_error);
+    if (appending.valid()) appending.get();
   }
 
   // Starts writing back what was written since the last call, every 8 MB (a hint: errors show
@@ -415,9 +351,9 @@ struct ShardWriter::Impl {
     if (nblocks > 0) {
       const int nsec = static_cast<int>(layout.cardinalities.size()) + 1;
       std::vector<std::vector<size_t>> layouts(nblocks);
-      BlockSet bufs = take_set();
+      side ^= 1;  // the other set may still be being written
+      std::vector<std::string>& bufs = block_bufs[side];
       if (static_cast<int64_t>(bufs.size()) < nblocks) bufs.resize(nblocks);
-      bufs.resize(nblocks);  // a reused set may hold more
       for (int64_t k = 0; k < nblocks; ++k) {
         layouts[k] = block_sections(blocks[k], block_rows);
         bufs[k].resize(layouts[k].back());
@@ -432,15 +368,18 @@ struct ShardWriter::Impl {
       parallel_for(0, nblocks, 1, [&](int64_t lo, int64_t hi) {
         for (int64_t k = lo; k < hi; ++k) finish_block(bufs[k], block_rows);
       });
-      // The blocks go to the file on the appender (their offsets are known now).
-      size_t bytes = 0;
+      // The blocks go to the file on a helper thread (their offsets are known now), so that the
+      // caller goes on (encodes the next rows) while the kernel copies these.
       for (int64_t k = 0; k < nblocks; ++k) {
         index.emplace_back(static_cast<uint64_t>(written), file_pos);
         file_pos += bufs[k].size();
-        bytes += bufs[k].size();
         written += block_rows;
       }
-      enqueue(std::move(bufs), bytes);
+      wait_append();
+      appending = std::async(std::launch::async, [this, &bufs, nblocks] {
+        for (int64_t k = 0; k < nblocks; ++k) file.write(bufs[k]);
+        start_writeback();
+      });
     }
     Batch& rest = spare;  // the previous pending rows' vectors, reused
     rest.reset(layout.num_dense, static_cast<int>(layout.cardinalities.size()));
@@ -521,29 +460,15 @@ void ShardWriter::close() {
   m.file.write(b);
   m.file.commit();
   m.closed = true;
-  {
-    std::lock_guard<std::mutex> g(m.q_mu);
-    m.q_stop = true;  // the queue is empty: the appender has nothing left to write
-  }
-  m.q_cv.notify_all();
-  if (m.appender.joinable()) m.appender.join();
   // A closed writer may be kept alive for a while (the ETL closes full files on a helper thread
   // and collects them at the end): it keeps none of its encoding buffers.
-  {
-    std::lock_guard<std::mutex> g(m.q_mu);
-    std::vector<Impl::BlockSet>().swap(m.spare_sets);
-  }
+  for (auto& set : m.block_bufs) std::vector<std::string>().swap(set);
   m.pending = Batch();
   m.spare = Batch();
   std::string().swap(m.buf);
 }
 
 int64_t ShardWriter::rows() const { return impl_->rows; }
-
-void ShardWriter::set_queue_bytes(size_t bytes) {
-  std::lock_guard<std::mutex> g(impl_->q_mu);
-  impl_->queue_cap = bytes;
-}
 
 // ---------------------------------------------------------------------------------------------
 // ShardReader

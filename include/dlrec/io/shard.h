@@ -44,10 +44,6 @@ class ShardWriter {
   // are validated (before anything is written), and the whole blocks they complete encoded
   // and checksummed, on all cores; the blocks reach the file in order.
   void write_parts(const std::vector<BatchRows>& parts);
-  // write_parts: encoded blocks that may wait for the file (written in order by a thread of the
-  // writer's own) before write_parts waits. 0 (default): one call's blocks are written while the
-  // next call encodes. More lets the caller run ahead of the file, with that much memory.
-  void set_queue_bytes(size_t bytes);
   void close();
   int64_t rows() const;
 
