@@ -14,3 +14,9 @@ $SUDO apt-get install -y --no-install-recommends \
 # Python packages used by tests/python (interop with pyarrow, protocol checks with tritonclient).
 python3 -m pip install --quiet --disable-pip-version-check pytest pyarrow numpy 'tritonclient[http,grpc]' \
   || $SUDO apt-get install -y --no-install-recommends python3-pytest python3-numpy
+# CUTLASS headers (NVIDIA's nvidia-cutlass package) for the fused GPU kernels in src/fused,
+# only where the CUDA sources are built; without them those kernels are skipped (unfused paths).
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  python3 -m pip install --quiet --disable-pip-version-check nvidia-cutlass==4.2.0.0 \
+    || echo "install-deps: nvidia-cutlass not installed; the fused CUDA kernels will not be built"
+fi

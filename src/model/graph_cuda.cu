@@ -28,15 +28,16 @@
 // fastest of its candidates (DLREC_GRAPH_LT=0: cublasGemmEx); DLREC_PROFILE=1 prints the device
 // time per layer and, for MLP and cross layers, per kind of work (no graphs, no side streams).
 //
-// The cross layer (DCNv2): forward per layer h = x_l V^T (low rank), u = h U^T + b (or
-// x_l W^T + b) through cuBLASLt's bias epilogue in bf16, then x_{l+1} = x0 * u + x_l in one
-// pass. Backward per layer, g = dL/dx_{l+1}: one pass writes du = g * x0 and sums the bias
-// gradient; then the data GEMMs dh = du U and dL/dx_l = g + dh V (into a new buffer: cuBLASLt's
-// beta = 1 with C != D). The dL/dx0 sum, sum_l g_{l+1} * u_l + g_1 (+ dh_0 V_0 by the last
-// GEMM, beta = 1 in place), is formed once, by layer 0's pass, from the kept g's and u's
-// (DLREC_CROSS_DEFER=0, or more than 8 layers: added layer by layer into an accumulator, each
-// pass reading and writing it). It has the compute type (bf16 in bf16, as autograd's would) and
-// is the input's gradient buffer itself when the cross layer is its first consumer.
+// The cross layer (DCNv2): forward per layer h = x_l V^T (low rank), u = h U^T + b (or x_l W^T + b)
+// through cuBLASLt's bias epilogue in bf16, then x_{l+1} = x0 * u + x_l in one pass; in bf16 builds
+// with CUTLASS the second GEMM and that pass are one kernel (src/fused/cross_fused.h;
+// DLREC_CROSS_FUSED=0: off). Backward per layer, g = dL/dx_{l+1}: one pass writes du = g * x0 and
+// sums the bias gradient; then the data GEMMs dh = du U and dL/dx_l = g + dh V (into a new buffer:
+// cuBLASLt's beta = 1 with C != D). The dL/dx0 sum, sum_l g_{l+1} * u_l + g_1 (+ dh_0 V_0 by the
+// last GEMM, beta = 1 in place), is formed once, by layer 0's pass, from the kept g's and u's
+// (DLREC_CROSS_DEFER=0, or more than 8 layers: added layer by layer into an accumulator, each pass
+// reading and writing it). It has the compute type (bf16 in bf16, as autograd's would) and is the
+// input's gradient buffer itself when the cross layer is its first consumer.
 //
 // Weight gradients and updates (every MLP and cross layer) run on a weight stream beside the
 // data-gradient chain (Engine::weights: forked after the layer's dgrad, which reads the
@@ -75,6 +76,9 @@
 #include "dlrec/nn/optimizer.h"
 #include "dlrec/nn/rng.h"
 #include "nn/cross_cuda.h"
+#if DLREC_WITH_CUTLASS
+#include "fused/cross_fused.h"
+#endif
 #include "nn/dense_cuda.h"
 #include "nn/embedding_cuda.h"
 #include "nn/graph_layers_cuda.h"
@@ -737,6 +741,8 @@ class CrossNode final : public Node {
     auto params = cpu.params();
     const char* defer = std::getenv("DLREC_CROSS_DEFER");
     deferred_ = layers - 1 <= cg::kMaxCrossTerms && !(defer && defer[0] == '0');
+    const char* fused = std::getenv("DLREC_CROSS_FUSED");
+    fused_ = !(fused && fused[0] == '0');
     rld_ = e.lowp ? round_up(std::max<int64_t>(rank, 1), 8) : rank;
     // params(): per layer "<l>.w.weight", "<l>.w.bias", and low rank "<l>.v.weight". The
     // Linear objects behind them: w (F x F, or U: r -> F) and v (V: F -> r, bias unused).
@@ -796,12 +802,25 @@ class CrossNode final : public Node {
     x0p_ = x0;
     const void* xl = x0;
     for (auto& L : layers_) {
+      const void* in = xl;  // the input of the F-wide GEMM: h (low rank) or x_l
       if (r_ > 0) {
         e.lin_forward(L.v, xl, L.h.raw(), e.act);
-        e.lin_forward(L.w, L.h.raw(), L.u.raw(), e.act);
-      } else {
-        e.lin_forward(L.w, xl, L.u.raw(), e.act);
+        in = L.h.raw();
       }
+#if DLREC_WITH_CUTLASS
+      // bf16: u = in W^T + b and x_{l+1} = x0 * u + x_l in one kernel (src/fused); declined
+      // (false) on a device or layout it cannot serve, then the two steps below.
+      if (e.lowp && fused_ && e.B > 0 &&
+          cutlass_k::cross_gemm_combine(L.w.out, e.B, L.w.in_pad, L.w.wh.raw(), L.w.in_pad, in,
+                                        L.w.in_pad, L.w.bh.raw(), x0, xl, L.u.raw(), L.x.raw(),
+                                        ld_, e.st)) {
+        L.w.x = in;  // the weight gradient's input, as lin_forward records it
+        e.sub(name_ + ": fwd gemms + combine (fused)");
+        xl = L.x.raw();
+        continue;
+      }
+#endif
+      e.lin_forward(L.w, in, L.u.raw(), e.act);
       e.sub(name_ + ": fwd gemms");
       if (e.lowp)
         cg::cross_combine(static_cast<const bf16*>(x0), static_cast<const bf16*>(L.u.raw()),
@@ -923,6 +942,7 @@ class CrossNode final : public Node {
   std::string name_;
   int64_t F_, in_ld_, ld_, r_, rld_ = 0;
   bool deferred_ = true;  // the dL/dx0 sum at layer 0 (DLREC_CROSS_DEFER=0: per layer)
+  bool fused_ = true;     // bf16: GEMM + combine as one kernel when built (DLREC_CROSS_FUSED=0: off)
   std::vector<Layer> layers_;
   Tensor x0_, acc_;
   const void* x0p_ = nullptr;

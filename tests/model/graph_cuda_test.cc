@@ -31,7 +31,12 @@
 #include "dlrec/model/model.h"
 #include "dlrec/nn/loss.h"
 #ifdef DLREC_WITH_CUDA
+#include <cuda_runtime.h>
+
 #include "dlrec/model/graph_cuda.h"
+#endif
+#if DLREC_WITH_CUTLASS
+#include "../../src/fused/cross_fused.h"
 #endif
 
 namespace dlrec::model {
@@ -386,6 +391,72 @@ TEST(GraphCuda, EmbeddingIntoConcatBitIdentical) {
     }
   unsetenv("DLREC_LT_TUNE");
 }
+
+#if DLREC_WITH_CUTLASS
+// bf16 DCNv2 with the cross layer's second GEMM and its combine as one CUTLASS kernel (the
+// default on an H100/H200) against the two-step path (cuBLASLt GEMM with bias epilogue, then the
+// combine pass; DLREC_CROSS_FUSED=0). u is the same GEMM output rounded the same way; x_{l+1}
+// is formed from the unrounded u, so the two paths differ by bf16 rounding: losses within 2e-2
+// at every step and final parameters within 0.05 of their scale after 20 SGD steps (batches of
+// 64 and 37 rows, graph replay), for the stacked low-rank test model (x0 48 wide, rank 8) and a
+// wider one whose GEMMs span several tiles (x0 64 wide, rank 24, 300 rows); on an sm_90 device
+// the fused kernel must have run. A cross layer whose width is not a multiple of 8 (the parallel
+// full-rank model, x0 44 wide) is declined by the kernel (TMA needs 16-byte rows) and takes the
+// two-step path: bit-identical results, no launch. cuBLASLt takes its heuristic's first choice
+// in both models (DLREC_LT_TUNE=0), so their other GEMMs are the same.
+TEST(GraphCuda, Bf16CrossFusedKernelMatchesTwoStepPath) {
+  SKIP_WITHOUT_GPU();
+  const char* wide = R"(
+    {"name": "dense", "type": "dense"},
+    {"name": "emb", "type": "embedding", "dim": 12},
+    {"name": "x0", "type": "concat", "inputs": ["dense", "emb"]},
+    {"name": "cross", "type": "cross", "input": "x0", "num_layers": 3, "low_rank": 24},
+    {"name": "top", "type": "mlp", "input": "cross", "sizes": [32, 1]},
+    {"name": "logit", "type": "output", "input": "top"})";
+  int dev = 0, major = 0, minor = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  const bool hopper = major == 9 && minor == 0;
+  setenv("DLREC_LT_TUNE", "0", 1);
+  for (const char* layers : {kDcnStacked, wide, kDcnParallel}) {
+    const bool declined = layers == kDcnParallel;  // x0 44 wide
+    Case c(layers, kSgd);
+    const int64_t rows = layers == wide ? 300 : 64;
+    setenv("DLREC_CROSS_FUSED", "0", 1);
+    auto ref = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 19, "bf16");
+    unsetenv("DLREC_CROSS_FUSED");
+    auto fast = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 19, "bf16");
+    const int64_t before = cutlass_k::cross_gemm_combine_launches();
+    double l0 = 0, l1 = 0;
+    for (int i = 0; i < steps_or(20); ++i) {
+      io::Batch b = batch_of(c, i < 10 ? rows : 37, 900 + i);
+      const double lr = ref->train_step(b, 1.0, true), lf = fast->train_step(b, 1.0, true);
+      ASSERT_TRUE(std::isfinite(lf)) << "step " << i;
+      if (declined) {
+        ASSERT_EQ(lf, lr) << "step " << i;
+      } else {
+        EXPECT_LE(rel(lf, lr), 2e-2) << "step " << i << ": fused " << lf << ", two-step " << lr;
+      }
+      if (i == 0) l0 = lr;
+      l1 = lr;
+    }
+    EXPECT_NE(l0, l1) << "the model must train for the comparison to mean anything";
+    const int64_t launched = cutlass_k::cross_gemm_combine_launches() - before;
+    if (declined) {
+      EXPECT_EQ(launched, 0);
+      EXPECT_EQ(param_diff(*fast, *ref, nullptr), 0.0);
+    } else {
+      EXPECT_LE(param_diff(*fast, *ref, nullptr), 0.05);
+      if (hopper) {
+        EXPECT_GT(launched, 0) << "fused path not taken";
+      }
+    }
+  }
+  unsetenv("DLREC_LT_TUNE");
+}
+#endif
+
 #endif
 
 // bf16 activations and GEMMs with f32 master weights follow the f32 CPU within bf16 rounding.
