@@ -44,6 +44,14 @@ inline std::vector<std::string> list_dir(const std::string& dir) {
   return v;
 }
 
+// Writes `text` to dir/name (binary) and returns that path.
+inline std::string write_file(const std::string& dir, const std::string& name,
+                              const std::string& text) {
+  std::string p = dir + "/" + name;
+  std::ofstream(p, std::ios::binary) << text;
+  return p;
+}
+
 inline std::string read_all(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});

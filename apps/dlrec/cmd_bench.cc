@@ -40,6 +40,7 @@
 #include "commands.h"
 #include "dlrec/core/error.h"
 #include "dlrec/io/shard.h"
+#include "dlrec/serve/grpc_poll.h"
 #include "grpc_service.grpc.pb.h"
 
 namespace dlrec::cli {
@@ -471,20 +472,7 @@ class GrpcAsyncClient {
   }
 
  private:
-  bool next(void** tag, bool* ok) {
-    if (spin_.count() > 0) {
-      const auto until = Clock::now() + spin_;
-      const gpr_timespec now = gpr_time_0(GPR_CLOCK_MONOTONIC);
-      do {
-        switch (cq_.AsyncNext(tag, ok, now)) {
-          case grpc::CompletionQueue::GOT_EVENT: return true;
-          case grpc::CompletionQueue::SHUTDOWN: return false;
-          case grpc::CompletionQueue::TIMEOUT: break;
-        }
-      } while (Clock::now() < until);
-    }
-    return cq_.Next(tag, ok);
-  }
+  bool next(void** tag, bool* ok) { return serve::next_event(cq_, spin_, tag, ok); }
 
   grpc::GenericStub stub_;
   std::chrono::microseconds spin_;

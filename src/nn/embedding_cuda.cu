@@ -16,6 +16,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "core/cuda_check.h"
 
@@ -830,35 +831,25 @@ void backward_apply(const Tables& tab, const int32_t* offsets, int64_t B, int64_
   if (!old_backward()) {
     // A warp per chunk in both kernels.
     const unsigned fin_blocks = static_cast<unsigned>((num_chunks(nnz) * 32 + 255) / 256);
-    if (vec4_ok(dpooled, tab.dim, ld)) {
+    // float4 lanes where the widths and the base allow, else scalar lanes.
+    auto launch = [&](auto lanes) {
+      constexpr int V = decltype(lanes)::value;
       if (old_chunk_kernel())
-        chunk_kernel<4, G><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
+        chunk_kernel<V, G><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
             tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, ld, kind,
             lr, eps, s.head, s.tail, gscale);
       else
-        chunk_kernel2<4, G><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0,
+        chunk_kernel2<V, G><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0,
                                stream>>>(tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B,
                                          nnz, mean, dpooled, ld, kind, lr, eps, s.head, s.tail,
                                          gscale, pair_runs());
       DLREC_CUDA_LAUNCH_CHECK();
-      finalize2_kernel<4><<<fin_blocks, 256, 0, stream>>>(tab, s.keys_sorted, s.pos_sorted,
+      finalize2_kernel<V><<<fin_blocks, 256, 0, stream>>>(tab, s.keys_sorted, s.pos_sorted,
                                                           s.pos_bag, B, nnz, kind, lr, eps, s.head,
                                                           s.tail, gscale);
-    } else {
-      if (old_chunk_kernel())
-        chunk_kernel<1, G><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
-            tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, ld, kind,
-            lr, eps, s.head, s.tail, gscale);
-      else
-        chunk_kernel2<1, G><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0,
-                               stream>>>(tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B,
-                                         nnz, mean, dpooled, ld, kind, lr, eps, s.head, s.tail,
-                                         gscale, pair_runs());
-      DLREC_CUDA_LAUNCH_CHECK();
-      finalize2_kernel<1><<<fin_blocks, 256, 0, stream>>>(tab, s.keys_sorted, s.pos_sorted,
-                                                          s.pos_bag, B, nnz, kind, lr, eps, s.head,
-                                                          s.tail, gscale);
-    }
+    };
+    if (vec4_ok(dpooled, tab.dim, ld)) launch(std::integral_constant<int, 4>());
+    else launch(std::integral_constant<int, 1>());
     DLREC_CUDA_LAUNCH_CHECK();
     return;
   }

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "dlrec/serve/grpc_poll.h"
 #include "dlrec/serve/infer_wire.h"
 #include "dlrec/serve/request_error.h"
 #include "frontends.h"
@@ -307,25 +308,6 @@ class UnaryCall final : public CallBase {
   Scratch scratch_;
 };
 
-// The queue's next event, as cq.Next. With spin_ns > 0 the thread first polls without sleeping
-// for up to spin_ns (zero-deadline AsyncNext), so that an event arriving soon after the last
-// one finds it running: no wake-up of a sleeping thread (whose cost grows with the idle state
-// its CPU fell into), at the price of that much CPU after each event.
-bool next_event(grpc::ServerCompletionQueue& cq, uint64_t spin_ns, void** tag, bool* ok) {
-  if (spin_ns > 0) {
-    const uint64_t until = now_ns() + spin_ns;
-    const gpr_timespec now = gpr_time_0(GPR_CLOCK_MONOTONIC);
-    do {
-      switch (cq.AsyncNext(tag, ok, now)) {
-        case grpc::CompletionQueue::GOT_EVENT: return true;
-        case grpc::CompletionQueue::SHUTDOWN: return false;
-        case grpc::CompletionQueue::TIMEOUT: break;
-      }
-    } while (now_ns() < until);
-  }
-  return cq.Next(tag, ok);
-}
-
 // Threads that read big ModelInfer requests off the completion-queue threads
 // (ServerOptions::grpc_parse_threads): the queue's thread then only receives the bytes and
 // hands the call over; reading, encoding and submitting it (ModelInfer's first half) run here,
@@ -409,16 +391,16 @@ class GrpcFrontend : public Frontend {
     DLREC_CHECK(server_ && port_ > 0, "gRPC: cannot bind ", addr, " (in use, or not a local address)");
     parse_pool_.start(std::max(0, o.grpc_parse_threads));
     for (auto& q : queues_) arm_all(*q);
+    const auto spin = std::chrono::microseconds(std::max(0, o.grpc_spin_us));
     for (size_t i = 0; i < queues_.size(); ++i)
-      queues_[i]->thread = std::thread([qp = queues_[i].get(), i,
-                                        spin_ns = uint64_t(std::max(0, o.grpc_spin_us)) * 1000] {
+      queues_[i]->thread = std::thread([qp = queues_[i].get(), i, spin] {
 #ifdef __linux__
         // Named for top -H / perf: is the queue's thread the bottleneck?
         pthread_setname_np(pthread_self(), ("grpc-cq" + std::to_string(i)).substr(0, 15).c_str());
 #endif
         void* tag = nullptr;
         bool ok = false;
-        while (next_event(*qp->cq, spin_ns, &tag, &ok)) {
+        while (next_event(*qp->cq, spin, &tag, &ok)) {
           auto* call = static_cast<CallBase*>(tag);
           if (!call->proceed(ok)) delete call;
         }

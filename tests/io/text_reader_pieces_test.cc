@@ -13,6 +13,7 @@
 #include "dlrec/core/file_util.h"
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/io/text_reader.h"
+#include "test_files.h"
 
 namespace dlrec::io {
 namespace {
@@ -25,11 +26,7 @@ std::string test_dir() {
   return d;
 }
 
-std::string write(const std::string& dir, const std::string& name, const std::string& text) {
-  std::string p = dir + "/" + name;
-  std::ofstream(p, std::ios::binary) << text;
-  return p;
-}
+using dlrec::testing::write_file;
 
 // A valid Criteo line whose I1 holds `tag`, and (varying the line length) a category whose
 // length depends on it.
@@ -111,7 +108,7 @@ Text tagged_text(int n, const std::vector<int>& bad_before = {}) {
 TEST(TextReaderPieces, ManyPiecesInOrder) {
   const int n = 6000;
   Text t = tagged_text(n);
-  auto f = write(test_dir(), "many.tsv", t.text);
+  auto f = write_file(test_dir(), "many.tsv", t.text);
   for (int threads : {1, 2, 3, 8}) {
     Threads th(threads);
     for (int ahead : {1, 2, 5, 64, 0}) {
@@ -135,7 +132,7 @@ TEST(TextReaderPieces, FirstErrorInInputOrderFromLatePieces) {
   // Bad lines before tags 5100 and 5900: with ~37 rows a piece they lie in late pieces, and
   // the later one may well be parsed first.
   Text t = tagged_text(n, {5100, 5900});
-  auto f = write(test_dir(), "bad.tsv", t.text);
+  auto f = write_file(test_dir(), "bad.tsv", t.text);
   const int64_t bad_line = t.line_of_tag[5100] - 1;
   for (int threads : {1, 2, 4, 8}) {
     Threads th(threads);
@@ -175,7 +172,7 @@ TEST(TextReaderPieces, FirstErrorInInputOrderFromLatePieces) {
 TEST(TextReaderPieces, MaxRowsCut) {
   const int n = 3000;
   Text t = tagged_text(n);
-  auto f = write(test_dir(), "cut.tsv", t.text);
+  auto f = write_file(test_dir(), "cut.tsv", t.text);
   for (int threads : {1, 3, 8}) {
     Threads th(threads);
     for (int64_t max_rows : {int64_t{1}, int64_t{36}, int64_t{37}, int64_t{38}, int64_t{1500},
@@ -206,7 +203,7 @@ TEST(TextReaderPieces, MaxRowsWithMisleadingGuesses) {
     t.add(tagged_line(i), i);
     for (int k = 0; k < (i > 50 ? 40 : 0); ++k) t.add("");
   }
-  auto f = write(test_dir(), "blank.tsv", t.text);
+  auto f = write_file(test_dir(), "blank.tsv", t.text);
   for (int threads : {1, 2, 8}) {
     Threads th(threads);
     for (int64_t max_rows : {int64_t{60}, int64_t{399}, int64_t{1000}}) {
@@ -227,7 +224,7 @@ TEST(TextReaderPieces, SkipModeAcrossManyPieces) {
   std::vector<int> bad;
   for (int i = 1; i <= n; i += 97) bad.push_back(i);  // the first line too
   Text t = tagged_text(n, bad);
-  auto f = write(test_dir(), "skip.tsv", t.text);
+  auto f = write_file(test_dir(), "skip.tsv", t.text);
   for (int threads : {1, 4, 8}) {
     Threads th(threads);
     ReadOptions opt;
@@ -253,8 +250,8 @@ TEST(TextReaderPieces, SeveralFilesAndEarlyStop) {
   auto dir = test_dir();
   Text a = tagged_text(700), b;
   for (int i = 701; i <= 1500; ++i) b.add(tagged_line(i), i);
-  auto fa = write(dir, "a.tsv", a.text), fb = write(dir, "b.tsv", b.text);
-  auto fe = write(dir, "empty.tsv", "");
+  auto fa = write_file(dir, "a.tsv", a.text), fb = write_file(dir, "b.tsv", b.text);
+  auto fe = write_file(dir, "empty.tsv", "");
   for (int threads : {1, 3, 8}) {
     Threads th(threads);
     ReadOptions opt;

@@ -1,4 +1,5 @@
 #include "dlrec/io/text_reader.h"
+#include "test_files.h"
 
 #include <gtest/gtest.h>
 #include <gmock/gmock.h>
@@ -28,11 +29,7 @@ std::string test_dir() {
   return d;
 }
 
-std::string write(const std::string& dir, const std::string& name, const std::string& text) {
-  std::string p = dir + "/" + name;
-  std::ofstream(p, std::ios::binary) << text;
-  return p;
-}
+using dlrec::testing::write_file;
 
 // A Criteo line: label, 13 dense, 26 categorical; the fields are given as text.
 std::string criteo_line(const std::string& label, std::vector<std::string> dense,
@@ -91,7 +88,7 @@ TEST(TextReader, CriteoRoundTrip) {
                      criteo_line("0", {"", "", "", "", "", "", "", "", "", "", "", "", "7"},
                                  {"FFFFFFFF", "0", "ffffffffffffffff"}) +
                      "\n";
-  auto f = write(dir, "a.tsv", text);
+  auto f = write_file(dir, "a.tsv", text);
   ReadStats st;
   RawChunk c = read_all({f}, Schema::criteo(), {}, &st);
   ASSERT_EQ(c.rows, 2);
@@ -141,7 +138,7 @@ TEST(TextReader, CsvHeaderReorderedQuotedMultiHot) {
       "\"New York, NY\",31,\"said \"\"hi\"\"\",a|b|c,1,9.99\r\n"
       "Paris,,,,0,\r\n"
       "\"\",40,x,\"solo\",0,-1\r\n";
-  auto f = write(dir, "a.csv", text);
+  auto f = write_file(dir, "a.csv", text);
   RawChunk c = read_all({f}, s);
   ASSERT_EQ(c.rows, 3);
   EXPECT_EQ(c.first_line, 2);
@@ -184,7 +181,7 @@ TEST(TextReader, MultiHotHex) {
   auto dir = test_dir();
   Schema s = Schema::criteo(1, 2);
   s.columns[3].multi_hot = true;
-  auto f = write(dir, "m.tsv", "1\t3\tab\t1,2,ff\n0\t\t\t\n1\t4\tcd\t10\n0\t\tef\t7,,8\n");
+  auto f = write_file(dir, "m.tsv", "1\t3\tab\t1,2,ff\n0\t\t\t\n1\t4\tcd\t10\n0\t\tef\t7,,8\n");
   RawChunk c = read_all({f}, s);
   ASSERT_EQ(c.rows, 4);
   EXPECT_EQ(cats_of(c, 1, 0), (std::vector<uint64_t>{1, 2, 0xff}));
@@ -199,17 +196,17 @@ TEST(TextReader, EmptyAndHeaderOnlyFiles) {
   auto dir = test_dir();
   Schema csv = Schema::from_json(json::parse(
       R"({"format": "csv", "columns": [{"name": "y", "kind": "label"}, {"name": "x", "kind": "dense"}]})"));
-  std::vector<std::string> files = {write(dir, "empty.tsv", "")};
+  std::vector<std::string> files = {write_file(dir, "empty.tsv", "")};
   ReadStats st;
   RawChunk c = read_all(files, Schema::criteo(), {}, &st);
   EXPECT_EQ(c.rows, 0);
   EXPECT_EQ(st.rows, 0);
-  EXPECT_EQ(read_all({write(dir, "empty.csv", "")}, csv).rows, 0);
-  EXPECT_EQ(read_all({write(dir, "h1.csv", "y,x\n")}, csv).rows, 0);
-  EXPECT_EQ(read_all({write(dir, "h2.csv", "y,x")}, csv).rows, 0);
-  EXPECT_EQ(read_all({write(dir, "h3.csv", "x,y\r\n")}, csv).rows, 0);
+  EXPECT_EQ(read_all({write_file(dir, "empty.csv", "")}, csv).rows, 0);
+  EXPECT_EQ(read_all({write_file(dir, "h1.csv", "y,x\n")}, csv).rows, 0);
+  EXPECT_EQ(read_all({write_file(dir, "h2.csv", "y,x")}, csv).rows, 0);
+  EXPECT_EQ(read_all({write_file(dir, "h3.csv", "x,y\r\n")}, csv).rows, 0);
   // Blank lines carry no rows; a last line without newline is fine when complete.
-  RawChunk d = read_all({write(dir, "b.csv", "x,y\n\n1,0\n\r\n2,1")}, csv);
+  RawChunk d = read_all({write_file(dir, "b.csv", "x,y\n\n1,0\n\r\n2,1")}, csv);
   ASSERT_EQ(d.rows, 2);
   EXPECT_EQ(d.dense, (std::vector<float>{1, 2}));
   EXPECT_EQ(d.label, (std::vector<float>{0, 1}));
@@ -217,7 +214,7 @@ TEST(TextReader, EmptyAndHeaderOnlyFiles) {
 
 TEST(TextReader, WindowsLineEndings) {
   auto dir = test_dir();
-  auto f = write(dir, "w.tsv", tagged_line(1) + "\r\n" + tagged_line(2) + "\r\n");
+  auto f = write_file(dir, "w.tsv", tagged_line(1) + "\r\n" + tagged_line(2) + "\r\n");
   RawChunk c = read_all({f}, Schema::criteo());
   ASSERT_EQ(c.rows, 2);
   EXPECT_EQ(c.dense[13], 2);
@@ -259,7 +256,7 @@ TEST(TextReader, ErrorsNameFileLineAndColumn) {
       {"space", criteo_line("1", {" 1"}, cats), "column 2 (I1): ' 1' is not a number"},
   };
   for (const auto& c : cases) {
-    auto f = write(dir, "e.tsv", good + "\n" + good + "\n" + c.bad_line + "\n" + good + "\n");
+    auto f = write_file(dir, "e.tsv", good + "\n" + good + "\n" + c.bad_line + "\n" + good + "\n");
     EXPECT_EQ(read_error({f}, Schema::criteo()), f + ":3: " + c.expected) << c.what;
   }
 }
@@ -269,12 +266,12 @@ TEST(TextReader, TruncatedFile) {
   std::string text;
   for (int i = 1; i <= 5; ++i) text += tagged_line(i) + "\n";
   text += tagged_line(6).substr(0, 20);  // the file ends in the middle of row 6
-  auto f = write(dir, "cut.tsv", text);
+  auto f = write_file(dir, "cut.tsv", text);
   std::string msg = read_error({f}, Schema::criteo());
   EXPECT_THAT(msg, HasSubstr(f + ":6: expected 40 fields, got "));
   EXPECT_THAT(msg, HasSubstr("(the last line is truncated: no newline at end of file)"));
   // Cut inside the last field: the field count is right, so the row is accepted as is.
-  auto g = write(dir, "cut2.tsv", tagged_line(1) + "\n" + tagged_line(2));
+  auto g = write_file(dir, "cut2.tsv", tagged_line(1) + "\n" + tagged_line(2));
   EXPECT_EQ(read_all({g}, Schema::criteo()).rows, 2);
 }
 
@@ -288,7 +285,7 @@ TEST(TextReader, SkipModeCountsBadRows) {
     else
       text += tagged_line(i) + "\n";
   }
-  auto f = write(dir, "s.tsv", text);
+  auto f = write_file(dir, "s.tsv", text);
   ReadOptions opt;
   opt.on_error = OnError::Skip;
   opt.chunk_rows = 6;
@@ -316,7 +313,7 @@ TEST(TextReader, LineNumbersExactAcrossBlocksAndThreads) {
   const int n = 3000;
   std::string text;
   for (int i = 1; i <= n; ++i) text += tagged_line(i) + (i % 7 == 0 ? "\r\n" : "\n");
-  auto f = write(dir, "big.tsv", text);
+  auto f = write_file(dir, "big.tsv", text);
   for (int threads : {1, 2, 3, 4}) {
     set_num_threads(threads);
     for (size_t block : {size_t{64}, size_t{1000}, size_t{1} << 20}) {
@@ -342,7 +339,7 @@ TEST(TextReader, LineNumbersExactAcrossBlocksAndThreads) {
     bad.insert(at, "1\t2\n");  // now line 2777 has 2 fields
     size_t at2 = bad.rfind('\n', bad.size() - 2) + 1;
     bad.insert(at2, "zz\n");
-    auto g = write(dir, "bad.tsv", bad);
+    auto g = write_file(dir, "bad.tsv", bad);
     ReadOptions opt;
     opt.block_bytes = 100;
     EXPECT_EQ(read_error({g}, Schema::criteo(), opt), g + ":2777: expected 40 fields, got 2")
@@ -362,7 +359,7 @@ TEST(TextReader, MaxRowsAndSeveralFiles) {
   std::string a, b;
   for (int i = 1; i <= 10; ++i) a += tagged_line(i) + "\n";
   for (int i = 11; i <= 25; ++i) b += tagged_line(i) + "\n";
-  auto fa = write(dir, "a.tsv", a), fb = write(dir, "b.tsv", b);
+  auto fa = write_file(dir, "a.tsv", a), fb = write_file(dir, "b.tsv", b);
   RawChunk all = read_all({fa, fb}, Schema::criteo());
   ASSERT_EQ(all.rows, 25);
   for (int r = 0; r < 25; ++r) EXPECT_EQ(all.dense[r * 13], r + 1);
@@ -373,7 +370,7 @@ TEST(TextReader, MaxRowsAndSeveralFiles) {
   EXPECT_EQ(read_all({fa, fb}, Schema::criteo(), opt, &st).rows, 13);
   EXPECT_EQ(st.rows, 13);
   // Line numbers restart in each file; the message names the file.
-  auto fc = write(dir, "c.tsv", tagged_line(1) + "\n" + "1\t2\n");
+  auto fc = write_file(dir, "c.tsv", tagged_line(1) + "\n" + "1\t2\n");
   EXPECT_EQ(read_error({fa, fc}, Schema::criteo()), fc + ":2: expected 40 fields, got 2");
   EXPECT_THAT(read_error({dir + "/nope.tsv"}, Schema::criteo()),
               HasSubstr("cannot open '" + dir + "/nope.tsv'"));
