@@ -19,8 +19,8 @@
 // in f32 and the pooled rows written; update: each distinct row's weights and accumulator read
 // and written once and every id's gradient row read once) as GB/s; a 1 GiB device-to-device copy
 // as the card's copy bandwidth for comparison; then checksums of the forward's output and of
-// the tables of up to 300k rows after one forward + backward of each batch, so two runs (e.g.
-// DLREC_EMB_BWD_OLD=1 and not) can be compared for bit-identical results.
+// the tables of up to 300k rows after one forward + backward of each batch, so two builds or
+// settings (e.g. DLREC_EMB_PAIRS=0 and not) can be compared for bit-identical results.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -144,8 +144,8 @@ int run(int argc, char** argv) {
   std::printf("batch 0: %lld ids, %lld distinct rows, longest run %lld (%lld runs over 32 ids)\n",
               static_cast<long long>(nnz), static_cast<long long>(distinct),
               static_cast<long long>(longest), static_cast<long long>(long_runs));
-  const char* path = std::getenv("DLREC_EMB_BWD_OLD");
-  std::printf("backward path: DLREC_EMB_BWD_OLD=%s\n", path ? path : "(unset: default)");
+  const char* pairs = std::getenv("DLREC_EMB_PAIRS");
+  std::printf("backward: DLREC_EMB_PAIRS=%s\n", pairs ? pairs : "(unset: pairs on)");
 
   // Tables and accumulators, as the graph engine sets them up.
   cudaStream_t st;
@@ -326,7 +326,7 @@ int run(int argc, char** argv) {
 
   std::printf("forward (bf16 into x0 columns)        %8.3f ms  floor %.0f MB -> %.0f GB/s\n", t_fwd,
               fwd_bytes / 1e6, fwd_bytes / (t_fwd * 1e-3) / 1e9);
-  std::printf("backward ids (bag of id, sort, runs)  %8.3f ms\n", t_ids);
+  std::printf("backward ids (bag of id, sort)        %8.3f ms\n", t_ids);
   std::printf("backward reduce + update              %8.3f ms  floor %.0f MB -> %.0f GB/s\n",
               t_apply, upd_bytes / 1e6, upd_bytes / (t_apply * 1e-3) / 1e9);
   std::printf("backward (ids + apply)                %8.3f ms\n", t_ids + t_apply);

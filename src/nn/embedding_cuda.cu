@@ -2,17 +2,14 @@
 // radix sort (stable, so each row's contributions are summed in order of occurrence, as on the
 // CPU) and applies the optimizer to each distinct row in the same kernel.
 //
-// Default kernels: forward_kernel2, chunk_kernel2 + finalize2_kernel. The previous ones stay for
-// comparison (bench/bench_embedding_cuda.cc), with the same results bit for bit:
-// DLREC_EMB_FWD_OLD=1 (forward_kernel), DLREC_EMB_BWD_OLD=1 (chunk_kernel + run list +
-// finalize_kernel), DLREC_EMB_BWD_OLD=chunk (chunk_kernel + finalize2_kernel), DLREC_EMB_PAIRS=0
-// (chunk_kernel2 without its two-run path). Measured on DCNv2's tables, one H100, 2026-11-22:
-// forward 0.427 -> 0.385 ms, backward 1.121 -> 0.670 ms (ids 0.128 -> 0.110, reduce + update
-// 0.992 -> 0.561; old chunk kernel with finalize2: 0.848; without pairs: 0.569).
+// Kernels: forward_kernel2; backward chunk_kernel2 + finalize2_kernel (DLREC_EMB_PAIRS=0:
+// chunk_kernel2 without its two-run path, same results). They replaced simpler kernels with the
+// same sums in the same order (bit-identical results; removed after the comparison, see git
+// history and bench/RESULTS.md): on DCNv2's tables, one H100, 2026-11-22, forward 0.427 -> 0.385
+// ms, backward 1.121 -> 0.670 ms (ids 0.128 -> 0.110, reduce + update 0.992 -> 0.561).
 #include "nn/embedding_cuda.h"
 
 #include <cub/device/device_radix_sort.cuh>
-#include <cub/device/device_select.cuh>
 
 #include <cstdlib>
 #include <cstring>
@@ -52,7 +49,7 @@ int grid_for(int64_t n, int threads, int cap = 65536) {
   return static_cast<int>(b < 1 ? 1 : (b > cap ? cap : b));
 }
 
-// One warp per bag. V = 4: float4 lanes (dim % 4 == 0), V = 1: scalar lanes.
+// Output stores of float4 (V = 4) and scalar lanes.
 __device__ __forceinline__ void store4(float* o, float4 v) { *reinterpret_cast<float4*>(o) = v; }
 __device__ __forceinline__ void store4(__nv_bfloat16* o, float4 v) {
   __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
@@ -72,53 +69,9 @@ __device__ __forceinline__ void store1(__half* o, float v) { *o = __float2half_r
 __device__ __forceinline__ void store1(float* o, float v) { *o = v; }
 __device__ __forceinline__ void store1(__nv_bfloat16* o, float v) { *o = __float2bfloat16(v); }
 
-template <int V, class O>
-__global__ void forward_kernel(Tables tab, const int32_t* __restrict__ offsets,
-                               const uint32_t* __restrict__ keys, int64_t B, bool mean,
-                               O* __restrict__ out, int64_t ld) {
-  const int64_t bag = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
-  const int lane = threadIdx.x & 31;
-  const int T = tab.num_tables, d = tab.dim;
-  if (bag >= B * T) return;
-  const int t = static_cast<int>(bag / B);
-  const int64_t b = bag - int64_t(t) * B;
-  const int32_t beg = offsets[bag], end = offsets[bag + 1];
-  const float* __restrict__ w = tab.weights[t];
-  const uint32_t base = tab.row_base[t];
-  O* o = out + b * ld + int64_t(t) * d;
-  const float s = (mean && end - beg > 1) ? 1.f / static_cast<float>(end - beg) : 1.f;
-  if constexpr (V == 4) {
-    const int nv = d / 4;
-    for (int v = lane; v < nv; v += 32) {
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int32_t p = beg; p < end; ++p) {
-        const int64_t row = keys[p] - base;
-        const float4 x = reinterpret_cast<const float4*>(w + row * d)[v];
-        if (p == beg) {
-          acc = x;
-        } else {
-          acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
-        }
-      }
-      if (s != 1.f) { acc.x *= s; acc.y *= s; acc.z *= s; acc.w *= s; }
-      store4(o + 4 * v, acc);
-    }
-  } else {
-    for (int k = lane; k < d; k += 32) {
-      float acc = 0.f;
-      for (int32_t p = beg; p < end; ++p) {
-        const int64_t row = keys[p] - base;
-        acc = (p == beg) ? w[row * d + k] : acc + w[row * d + k];
-      }
-      if (s != 1.f) acc *= s;
-      store1(o + k, acc);
-    }
-  }
-}
-
-// forward_kernel with kFwdBags consecutive bags per warp, their rows loaded together (one id per
-// bag, as in DCNv2, left one row load in flight per warp); each bag is summed and scaled as there,
-// so the output is the same bit for bit. DLREC_EMB_FWD_OLD=1 launches forward_kernel instead.
+// Forward: kFwdBags consecutive bags per warp, their rows loaded together (with one bag per warp,
+// DCNv2's one id per bag left one row load in flight); V = 4: float4 lanes (dim % 4 == 0), V = 1:
+// scalar lanes. Each bag is summed in order and scaled once.
 constexpr int kFwdBags = 4;
 
 template <int V, class O>
@@ -237,42 +190,15 @@ __global__ void iota_kernel(int32_t* p, int64_t n) {
     p[i] = static_cast<int32_t>(i);
 }
 
-__global__ void run_flags_kernel(const uint32_t* __restrict__ k, int64_t n,
-                                 uint8_t* __restrict__ flags) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    flags[i] = (i == 0 || k[i] != k[i - 1]) ? 1 : 0;
-}
-
 // The sorted occurrences are cut into chunks of 32 (one warp each, one occurrence per lane), so
 // a row that occurs thousands of times (small tables, hot ids) is summed by many warps at once
 // instead of one warp walking the run at memory latency. Within a chunk, each piece of a run is
 // summed in order. A piece that is a whole run is applied to its row at once; a run that crosses
 // chunk boundaries leaves its first piece in tail[chunk] and its later pieces in head[chunk],
-// and finalize_kernel adds them in chunk order and applies the update. The summation order is
+// and finalize2_kernel adds them in chunk order and applies the update. The summation order is
 // fixed by the batch, so results are deterministic.
 constexpr int kChunk = 32;
 constexpr int kWarpsPerBlock = 8;
-
-template <int V>
-__device__ __forceinline__ void apply_update(float* w, float* a, int k0, float* g,
-                                             Update kind, float lr, float eps, float gs) {
-  if (gs != 1.f) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) g[j] = __fmul_rn(g[j], gs);
-  }
-  if (kind == Update::SGD) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) w[k0 + j] = __fsub_rn(w[k0 + j], __fmul_rn(lr, g[j]));
-  } else {
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float acc = __fadd_rn(a[k0 + j], __fmul_rn(g[j], g[j]));
-      a[k0 + j] = acc;
-      w[k0 + j] = __fsub_rn(w[k0 + j], __fdiv_rn(__fmul_rn(lr, g[j]), __fadd_rn(sqrtf(acc), eps)));
-    }
-  }
-}
 
 // Gradient loads, widened to float (exact for bf16).
 __device__ __forceinline__ float4 load4(const float* p) {
@@ -287,130 +213,17 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
 __device__ __forceinline__ float load1(const float* p) { return *p; }
 __device__ __forceinline__ float load1(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 
-template <int V, class G>
-__global__ void chunk_kernel(Tables tab, const int32_t* __restrict__ offsets,
-                             const uint32_t* __restrict__ keys_sorted,
-                             const int32_t* __restrict__ pos_sorted,
-                             const int32_t* __restrict__ pos_bag, int64_t B, int64_t nnz, bool mean,
-                             const G* __restrict__ dpooled, int64_t ld, Update kind,
-                             const float* __restrict__ lr_p, float eps, float* __restrict__ head,
-                             float* __restrict__ tail, const float* __restrict__ gscale_p) {
-  const float lr = *lr_p;
-  const float gs = gscale_p ? *gscale_p : 1.f;
-  if (gs == 0.f) return;  // an overflowed step (loss scaling): no update
-  __shared__ uint32_t sh_key[kWarpsPerBlock][kChunk];
-  __shared__ int32_t sh_bag[kWarpsPerBlock][kChunk];
-  __shared__ float sh_scale[kWarpsPerBlock][kChunk];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int64_t c = blockIdx.x * int64_t(kWarpsPerBlock) + warp;
-  const int64_t q_lo = c * kChunk;
-  if (q_lo >= nnz) return;  // whole warp exits together
-  const int n = static_cast<int>(nnz - q_lo < kChunk ? nnz - q_lo : kChunk);
-  if (lane < n) {
-    const uint32_t key = keys_sorted[q_lo + lane];
-    const int32_t bag = pos_bag[pos_sorted[q_lo + lane]];
-    sh_key[warp][lane] = key;
-    sh_bag[warp][lane] = bag;
-    sh_scale[warp][lane] =
-        mean ? 1.f / static_cast<float>(offsets[bag + 1] - offsets[bag]) : 1.f;
-  }
-  __syncwarp();
-  const bool starts_before = q_lo > 0 && keys_sorted[q_lo - 1] == sh_key[warp][0];
-  const bool continues_after = q_lo + n < nnz && keys_sorted[q_lo + n] == sh_key[warp][n - 1];
-  const int d = tab.dim;
-  for (int i = 0; i < n;) {
-    const uint32_t key = sh_key[warp][i];
-    int j = i + 1;
-    while (j < n && sh_key[warp][j] == key) ++j;
-    const int t0 = sh_bag[warp][i] / static_cast<int32_t>(B);
-    const bool first = i == 0 && starts_before;
-    const bool last = j == n && continues_after;
-    float* w = tab.weights[t0] + (key - tab.row_base[t0]) * int64_t(d);
-    float* a = kind == Update::Adagrad ? tab.states[t0] + (key - tab.row_base[t0]) * int64_t(d)
-                                       : nullptr;
-    for (int k0 = lane * V; k0 < d; k0 += 32 * V) {
-      float g[V];
-#pragma unroll
-      for (int v = 0; v < V; ++v) g[v] = 0.f;
-      for (int q = i; q < j; ++q) {
-        const int32_t bag = sh_bag[warp][q];
-        const int64_t b = bag - int64_t(t0) * B;
-        const float sc = sh_scale[warp][q];
-        const G* src = dpooled + b * ld + int64_t(t0) * d + k0;
-        if constexpr (V == 4) {
-          const float4 x = load4(src);
-          g[0] = __fadd_rn(g[0], __fmul_rn(sc, x.x));
-          g[1] = __fadd_rn(g[1], __fmul_rn(sc, x.y));
-          g[2] = __fadd_rn(g[2], __fmul_rn(sc, x.z));
-          g[3] = __fadd_rn(g[3], __fmul_rn(sc, x.w));
-        } else {
-          g[0] = __fadd_rn(g[0], __fmul_rn(sc, load1(src)));
-        }
-      }
-      if (first || last) {
-        float* dst = (first ? head : tail) + c * d + k0;
-#pragma unroll
-        for (int v = 0; v < V; ++v) dst[v] = g[v];
-      } else {
-        apply_update<V>(w, a, k0, g, kind, lr, eps, gs);
-      }
-    }
-    i = j;
-  }
-}
-
-// One warp per run that crosses a chunk boundary: its pieces, added in chunk order.
-template <int V>
-__global__ void finalize_kernel(Tables tab, const uint32_t* __restrict__ keys_sorted,
-                                const int32_t* __restrict__ pos_sorted,
-                                const int32_t* __restrict__ pos_bag,
-                                const int32_t* __restrict__ seg_start,
-                                const int32_t* __restrict__ num_segs, int64_t B, int64_t nnz,
-                                Update kind, const float* __restrict__ lr_p, float eps,
-                                const float* __restrict__ head, const float* __restrict__ tail,
-                                const float* __restrict__ gscale_p) {
-  const int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
-  const int lane = threadIdx.x & 31;
-  const int U = *num_segs;
-  if (u >= U) return;
-  const int64_t q0 = seg_start[u];
-  const int64_t q1 = (u + 1 < U) ? seg_start[u + 1] : nnz;
-  const int64_t cs = q0 / kChunk, ce = (q1 - 1) / kChunk;
-  if (cs == ce) return;  // applied by chunk_kernel
-  const float gs = gscale_p ? *gscale_p : 1.f;
-  if (gs == 0.f) return;
-  const float lr = *lr_p;
-  const int d = tab.dim;
-  const uint32_t key = keys_sorted[q0];
-  const int t0 = pos_bag[pos_sorted[q0]] / static_cast<int32_t>(B);
-  float* w = tab.weights[t0] + (key - tab.row_base[t0]) * int64_t(d);
-  float* a = kind == Update::Adagrad ? tab.states[t0] + (key - tab.row_base[t0]) * int64_t(d)
-                                     : nullptr;
-  for (int k0 = lane * V; k0 < d; k0 += 32 * V) {
-    float g[V];
-#pragma unroll
-    for (int v = 0; v < V; ++v) g[v] = tail[cs * d + k0 + v];
-    for (int64_t c = cs + 1; c <= ce; ++c) {
-#pragma unroll
-      for (int v = 0; v < V; ++v) g[v] = __fadd_rn(g[v], head[c * d + k0 + v]);
-    }
-    apply_update<V>(w, a, k0, g, kind, lr, eps, gs);
-  }
-}
-
-// ---- The default backward (the kernels above stay as DLREC_EMB_BWD_OLD=1, for comparison) ----
+// ---- The backward kernels ----
 //
-// The same sums in the same order as chunk_kernel + finalize_kernel, so the results are bit for
-// bit those of the old path; what changes is how many memory accesses are in flight:
+// Many memory accesses in flight:
 // - chunk_kernel2 loads the row's weights and accumulator before summing its gradient (their
 //   latencies overlap instead of following each other), the gradient rows four at a time, and
 //   uses float4 loads and stores for the row when V = 4.
 // - finalize2_kernel gives the run that crosses chunk boundaries to the warp of the chunk where
-//   it begins (found from the sorted ids alone: no run list, so backward_ids needs no
-//   flag + select pass), finds the run's last chunk by a warp-wide search over the chunks'
+//   it begins (found from the sorted ids alone: no run list), finds the run's last chunk by a warp-wide search over the chunks'
 //   first ids, and adds its per-chunk partial rows in chunk order, kBatch of them loaded at once.
-//   The old finalize walked a run of P chunks with one load at a time: a row of a 3-row table
-//   occurs ~18,000 times per DCNv2 batch (576 chunks), and that one warp was the step's tail.
+//   (A finalize walking a run of P chunks one load at a time made that warp the step's tail: a
+//   row of a 3-row table occurs ~18,000 times per DCNv2 batch, 576 chunks.)
 constexpr int kBatch = 16;
 
 template <int V>
@@ -447,7 +260,8 @@ __device__ __forceinline__ Vec<V> ld_grad(const G* p) {
   return r;
 }
 
-// apply_update on values already loaded (w, a: the row's weights and accumulator at k0).
+// The optimizer step of one row slice on values already loaded (w, a: the row's weights and
+// accumulator at k0): SGD, or Adagrad with the accumulator updated first.
 template <int V>
 __device__ __forceinline__ void apply_loaded(float* wp, float* ap, Vec<V> w, Vec<V> a, float* g,
                                              Update kind, float lr, float eps, float gs) {
@@ -656,27 +470,6 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// DLREC_EMB_BWD_OLD: unset or 0 = the default kernels; "chunk" = the old chunk_kernel with
-// finalize2_kernel (to time the two changes apart); anything else = the old path throughout.
-const char* bwd_env() {
-  const char* e = std::getenv("DLREC_EMB_BWD_OLD");
-  return e != nullptr && *e != '\0' && std::strcmp(e, "0") != 0 ? e : nullptr;
-}
-bool old_backward() {
-  static const bool v = bwd_env() != nullptr && std::strcmp(bwd_env(), "chunk") != 0;
-  return v;
-}
-bool old_chunk_kernel() {
-  static const bool v = bwd_env() != nullptr;
-  return v;
-}
-bool old_forward() {
-  static const bool v = [] {
-    const char* e = std::getenv("DLREC_EMB_FWD_OLD");
-    return e != nullptr && *e != '\0' && std::strcmp(e, "0") != 0;
-  }();
-  return v;
-}
 // DLREC_EMB_PAIRS=0: chunk_kernel2 takes one run at a time (same results).
 bool pair_runs() {
   static const bool v = [] {
@@ -689,15 +482,11 @@ bool pair_runs() {
 size_t align_up(size_t x) { return (x + 255) & ~size_t(255); }
 
 size_t cub_bytes_for(int64_t n, int key_bits) {
-  size_t sort_b = 0, sel_b = 0;
+  size_t sort_b = 0;
   DLREC_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
       nullptr, sort_b, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
       static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n, 0, key_bits));
-  DLREC_CUDA_CHECK(cub::DeviceSelect::Flagged(nullptr, sel_b, static_cast<const int32_t*>(nullptr),
-                                              static_cast<const uint8_t*>(nullptr),
-                                              static_cast<int32_t*>(nullptr),
-                                              static_cast<int32_t*>(nullptr), n));
-  return sort_b > sel_b ? sort_b : sel_b;
+  return sort_b;
 }
 
 }  // namespace
@@ -730,24 +519,13 @@ void forward(const Tables& tab, const int32_t* offsets, const uint32_t* keys, in
   DLREC_CHECK(ld >= width, "embedding forward: row stride ", ld, " is below the ", width,
               " pooled columns");
   const int threads = 256;
-  if (!old_forward()) {
-    const int64_t blocks = ((bags + kFwdBags - 1) / kFwdBags * 32 + threads - 1) / threads;
-    if (vec4_ok(out, tab.dim, ld))
-      forward_kernel2<4, O><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-          tab, offsets, keys, B, mean, out, ld);
-    else
-      forward_kernel2<1, O><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-          tab, offsets, keys, B, mean, out, ld);
-    DLREC_CUDA_LAUNCH_CHECK();
-    return;
-  }
-  const int64_t blocks = (bags * 32 + threads - 1) / threads;
+  const int64_t blocks = ((bags + kFwdBags - 1) / kFwdBags * 32 + threads - 1) / threads;
   if (vec4_ok(out, tab.dim, ld))
-    forward_kernel<4, O><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(tab, offsets, keys,
-                                                                               B, mean, out, ld);
+    forward_kernel2<4, O><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+        tab, offsets, keys, B, mean, out, ld);
   else
-    forward_kernel<1, O><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(tab, offsets, keys,
-                                                                               B, mean, out, ld);
+    forward_kernel2<1, O><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+        tab, offsets, keys, B, mean, out, ld);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 template void forward<float>(const Tables&, const int32_t*, const uint32_t*, int64_t, bool, float*,
@@ -761,7 +539,7 @@ int64_t num_chunks(int64_t n) { return (n + kChunk - 1) / kChunk; }
 
 size_t scratch_bytes(int64_t n, int key_bits, int dim) {
   n = n < 1 ? 1 : n;
-  return align_up(n * 4) * 5 + align_up(n) + align_up(4) + align_up(cub_bytes_for(n, key_bits)) +
+  return align_up(n * 4) * 4 + align_up(cub_bytes_for(n, key_bits)) +
          2 * align_up(sizeof(float) * num_chunks(n) * dim);
 }
 
@@ -778,9 +556,6 @@ Scratch carve(void* base, int64_t n, int key_bits, int dim) {
   s.keys_sorted = reinterpret_cast<uint32_t*>(take(n * 4));
   s.iota = reinterpret_cast<int32_t*>(take(n * 4));
   s.pos_sorted = reinterpret_cast<int32_t*>(take(n * 4));
-  s.seg_start = reinterpret_cast<int32_t*>(take(n * 4));
-  s.flags = reinterpret_cast<uint8_t*>(take(n));
-  s.num_segs = reinterpret_cast<int32_t*>(take(4));
   s.cub_bytes = cub_bytes_for(n, key_bits);
   s.cub_temp = take(s.cub_bytes);
   s.head = reinterpret_cast<float*>(take(sizeof(float) * num_chunks(n) * dim));
@@ -806,12 +581,6 @@ void backward_ids(const Tables& tab, const int32_t* offsets, const uint32_t* key
   size_t tb = s.cub_bytes;
   DLREC_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(s.cub_temp, tb, keys, s.keys_sorted, s.iota,
                                                    s.pos_sorted, nnz, 0, key_bits, stream));
-  if (!old_backward()) return;  // finalize2_kernel finds the runs in keys_sorted itself
-  run_flags_kernel<<<grid_for(nnz, 256), 256, 0, stream>>>(s.keys_sorted, nnz, s.flags);
-  DLREC_CUDA_LAUNCH_CHECK();
-  tb = s.cub_bytes;
-  DLREC_CUDA_CHECK(cub::DeviceSelect::Flagged(s.cub_temp, tb, s.iota, s.flags, s.seg_start,
-                                              s.num_segs, nnz, stream));
 }
 
 template <class G>
@@ -828,50 +597,22 @@ void backward_apply(const Tables& tab, const int32_t* offsets, int64_t B, int64_
   DLREC_CHECK(ld >= width, "embedding backward: row stride ", ld, " is below the ", width,
               " pooled columns");
   const int64_t chunk_blocks = (num_chunks(nnz) + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  if (!old_backward()) {
-    // A warp per chunk in both kernels.
-    const unsigned fin_blocks = static_cast<unsigned>((num_chunks(nnz) * 32 + 255) / 256);
-    // float4 lanes where the widths and the base allow, else scalar lanes.
-    auto launch = [&](auto lanes) {
-      constexpr int V = decltype(lanes)::value;
-      if (old_chunk_kernel())
-        chunk_kernel<V, G><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
-            tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, ld, kind,
-            lr, eps, s.head, s.tail, gscale);
-      else
-        chunk_kernel2<V, G><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0,
-                               stream>>>(tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B,
-                                         nnz, mean, dpooled, ld, kind, lr, eps, s.head, s.tail,
-                                         gscale, pair_runs());
-      DLREC_CUDA_LAUNCH_CHECK();
-      finalize2_kernel<V><<<fin_blocks, 256, 0, stream>>>(tab, s.keys_sorted, s.pos_sorted,
-                                                          s.pos_bag, B, nnz, kind, lr, eps, s.head,
-                                                          s.tail, gscale);
-    };
-    if (vec4_ok(dpooled, tab.dim, ld)) launch(std::integral_constant<int, 4>());
-    else launch(std::integral_constant<int, 1>());
-    DLREC_CUDA_LAUNCH_CHECK();
-    return;
-  }
-  const int64_t run_blocks = (nnz * 32 + 255) / 256;  // at most nnz runs, a warp each
-  if (vec4_ok(dpooled, tab.dim, ld)) {
-    chunk_kernel<4, G><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
+  // A warp per chunk in both kernels; float4 lanes where the widths and the base allow, else
+  // scalar lanes.
+  const unsigned fin_blocks = static_cast<unsigned>((num_chunks(nnz) * 32 + 255) / 256);
+  auto launch = [&](auto lanes) {
+    constexpr int V = decltype(lanes)::value;
+    chunk_kernel2<V, G><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
         tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, ld, kind, lr,
-        eps, s.head, s.tail, gscale);
+        eps, s.head, s.tail, gscale, pair_runs());
     DLREC_CUDA_LAUNCH_CHECK();
-    finalize_kernel<4><<<static_cast<unsigned>(run_blocks), 256, 0, stream>>>(
-        tab, s.keys_sorted, s.pos_sorted, s.pos_bag, s.seg_start, s.num_segs, B, nnz, kind, lr, eps,
-        s.head, s.tail, gscale);
-  } else {
-    chunk_kernel<1, G><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
-        tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, ld, kind, lr,
-        eps, s.head, s.tail, gscale);
+    finalize2_kernel<V><<<fin_blocks, 256, 0, stream>>>(tab, s.keys_sorted, s.pos_sorted,
+                                                        s.pos_bag, B, nnz, kind, lr, eps, s.head,
+                                                        s.tail, gscale);
     DLREC_CUDA_LAUNCH_CHECK();
-    finalize_kernel<1><<<static_cast<unsigned>(run_blocks), 256, 0, stream>>>(
-        tab, s.keys_sorted, s.pos_sorted, s.pos_bag, s.seg_start, s.num_segs, B, nnz, kind, lr, eps,
-        s.head, s.tail, gscale);
-  }
-  DLREC_CUDA_LAUNCH_CHECK();
+  };
+  if (vec4_ok(dpooled, tab.dim, ld)) launch(std::integral_constant<int, 4>());
+  else launch(std::integral_constant<int, 1>());
 }
 template void backward_apply<float>(const Tables&, const int32_t*, int64_t, int64_t, bool,
                                     const float*, int64_t, Update, const float*, float,

@@ -47,11 +47,6 @@ struct Scratch {
   uint32_t* keys_sorted = nullptr; // [nnz]
   int32_t* iota = nullptr;         // [nnz] 0..nnz-1 (filled by prepare())
   int32_t* pos_sorted = nullptr;   // [nnz]
-  // The run list of the old backward (DLREC_EMB_BWD_OLD=1, embedding_cuda.cu); the default
-  // finds the runs in keys_sorted.
-  uint8_t* flags = nullptr;        // [nnz] first-of-run flags
-  int32_t* seg_start = nullptr;    // [nnz] start of each run of equal keys
-  int32_t* num_segs = nullptr;     // [1]
   void* cub_temp = nullptr;
   size_t cub_bytes = 0;
   float* head = nullptr;           // [chunks, dim] partial sums of runs that began earlier
