@@ -265,6 +265,28 @@ std::string error_of(const EtlOptions& o) {
   return "(no error)";
 }
 
+// DLREC_ETL_PARSE_AHEAD (the reader's window, for A/B runs) outside [1, 4096] or not a number
+// is an error naming the variable, before anything is written; a good value gives the same
+// output as the default.
+TEST(ThreadsTest, BadParseAheadEnvironmentIsAnError) {
+  TempDir tmp("parse_ahead_env");
+  const std::string input = tmp.path + "/in.tsv";
+  std::ofstream(input) << criteo_text(100, 6);
+  for (const char* v : {"0", "-3", "4097", "many"}) {
+    setenv("DLREC_ETL_PARSE_AHEAD", v, 1);
+    const std::string e = error_of(options(input, tmp.path + "/out", json::parse(kCriteo)));
+    EXPECT_NE(e.find("DLREC_ETL_PARSE_AHEAD must be in [1, 4096]"), std::string::npos)
+        << v << ": " << e;
+    EXPECT_FALSE(file_exists(tmp.path + "/out/dataset.json")) << v;
+  }
+  setenv("DLREC_ETL_PARSE_AHEAD", "3", 1);
+  run_etl(options(input, tmp.path + "/a", json::parse(kCriteo)));
+  unsetenv("DLREC_ETL_PARSE_AHEAD");
+  run_etl(options(input, tmp.path + "/b", json::parse(kCriteo)));
+  for (const auto& f : list_dir(tmp.path + "/b"))
+    EXPECT_EQ(read_all(tmp.path + "/a/" + f), read_all(tmp.path + "/b/" + f)) << f;
+}
+
 // A parse error late in the input and a transform error (a dense value left missing) earlier:
 // the earlier one is reported, with any thread count; either alone is reported as itself.
 TEST(ThreadsTest, FirstErrorInInputOrderWinsForAnyThreadCount) {
