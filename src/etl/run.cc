@@ -614,37 +614,70 @@ void remove_old_dataset(const std::string& dir) {
 
 namespace {
 
-// count_rows of one mapped file: '\n' bytes whose line is not empty, counted on all cores
-// window by window (the pages of a counted window are dropped again, so RSS stays small).
-int64_t count_mapped(const char* data, size_t size, bool header) {
-  constexpr size_t kWindow = size_t{64} << 20;
-  int64_t lines = 0;
-  for (size_t w = 0; w < size; w += kWindow) {
-    const size_t we = std::min(size, w + kWindow);
-    const int parts = std::max(1, num_threads());
-    std::vector<int64_t> counts(parts, 0);
-    parallel_for(0, parts, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t t = lo; t < hi; ++t) {
-        const char* p = data + w + (we - w) * t / parts;
-        const char* e = data + w + (we - w) * (t + 1) / parts;
+// count_rows of one regular file of `size` bytes: '\n' bytes whose line is not empty, counted on
+// all cores, each task reading its parts of the file with pread into a buffer of its own (no
+// mapping of the file: no page tables to fill and drop again).
+int64_t count_read(int fd, uint64_t size, bool header, const std::string& path) {
+  constexpr size_t kBuf = size_t{1} << 20;
+  auto read_at = [&](char* dst, size_t n, uint64_t at) {  // n bytes, all there (size known)
+    while (n > 0) {
+      const ssize_t got = ::pread(fd, dst, n, static_cast<off_t>(at));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0)
+        fail("reading '", path, "' failed: ", got < 0 ? std::strerror(errno) : "file shrank");
+      dst += got;
+      n -= static_cast<size_t>(got);
+      at += static_cast<uint64_t>(got);
+    }
+  };
+  // Parts of at least 8 MB, several per thread (they differ in speed).
+  const int64_t parts = std::clamp<int64_t>(static_cast<int64_t>(size >> 23), 1,
+                                            4 * std::max(1, num_threads()));
+  std::vector<int64_t> counts(parts, 0);
+  std::vector<std::exception_ptr> errors(parts);
+  parallel_for(0, parts, 1, [&](int64_t lo, int64_t hi) {
+    thread_local std::vector<char> buf;
+    if (buf.size() < kBuf) buf.resize(kBuf);
+    for (int64_t t = lo; t < hi; ++t) {
+      try {
+        const uint64_t from = size * t / parts, to = size * (t + 1) / parts;
+        // The byte before the part: a '\n' right after another one ends a blank line. Before
+        // the file's first byte counts as a '\n' (a '\n' there ends an empty first line).
+        char prev = '\n';
+        if (from > 0) read_at(&prev, 1, from - 1);
         int64_t n = 0;
-        while (p < e) {
-          const char* nl = static_cast<const char*>(std::memchr(p, '\n', e - p));
-          if (!nl) break;
-          n += nl > data && nl[-1] != '\n';  // a line with at least one byte
-          p = nl + 1;
+        for (uint64_t at = from; at < to;) {
+          const size_t len = static_cast<size_t>(std::min<uint64_t>(kBuf, to - at));
+          read_at(buf.data(), len, at);
+          const char* p = buf.data();
+          const char* e = p + len;
+          while (p < e) {
+            const char* nl = static_cast<const char*>(std::memchr(p, '\n', e - p));
+            if (!nl) break;
+            n += (nl > buf.data() ? nl[-1] : prev) != '\n';  // a line with at least one byte
+            p = nl + 1;
+          }
+          prev = e[-1];
+          at += len;
         }
         counts[t] = n;
+      } catch (...) {
+        errors[t] = std::current_exception();
       }
-    });
-    for (int64_t c : counts) lines += c;
-    const size_t page = 4096, from = w / page * page;
-    ::madvise(const_cast<char*>(data) + from, we / page * page - from, MADV_DONTNEED);
-  }
-  if (size > 0 && data[size - 1] != '\n') ++lines;  // an unterminated last line
+    }
+  });
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  int64_t lines = 0;
+  for (int64_t c : counts) lines += c;
+  if (size == 0) return 0;
+  char last;
+  read_at(&last, 1, size - 1);
+  if (last != '\n') ++lines;  // an unterminated last line
   if (header) {  // the first line is the header, whatever it holds
-    const char* nl = static_cast<const char*>(std::memchr(data, '\n', size));
-    if (nl ? nl > data : size > 0) --lines;
+    char first;
+    read_at(&first, 1, 0);
+    if (first != '\n') --lines;  // a non-empty first line was counted
   }
   return lines;
 }
@@ -659,20 +692,22 @@ int64_t count_rows(const std::vector<std::string>& files, const io::Schema& sche
       total += io::parquet_num_rows(path);
       continue;
     }
-    {  // a regular file: mapped, no copy
+    {  // a regular file: read in parallel parts
       int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
       struct stat st {};
-      void* m = MAP_FAILED;
-      if (fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0)
-        m = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-      if (fd >= 0) ::close(fd);
-      if (m != MAP_FAILED) {
-        const size_t size = static_cast<size_t>(st.st_size);
-        ::madvise(m, size, MADV_SEQUENTIAL);
-        total += count_mapped(static_cast<const char*>(m), size, schema.header);
-        ::munmap(m, size);
+      if (fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+        int64_t lines = 0;
+        try {
+          lines = count_read(fd, static_cast<uint64_t>(st.st_size), schema.header, path);
+        } catch (...) {
+          ::close(fd);
+          throw;
+        }
+        ::close(fd);
+        total += lines;
         continue;
       }
+      if (fd >= 0) ::close(fd);
     }
     buf.resize(size_t{16} << 20);
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -1119,6 +1154,7 @@ EtlResult run_etl(const EtlOptions& o) {
       cur ^= 1;
     }
     if (writing.valid()) writing.get();
+    mark("rows written");
     res.write_seconds = write_busy;
     if (input) res.read_wait_seconds += input->wait_seconds();
     const io::ChunkReader* reader = input ? &input->reader() : &fit_reader->reader();
@@ -1143,6 +1179,22 @@ EtlResult run_etl(const EtlOptions& o) {
     res.transform_seconds = tr_timer.seconds();
     res.transform_cpu_seconds = process_cpu_seconds() - tr_cpu0;
     mark("transform done");
+    // DLREC_ETL_RELEASE=parallel (A/B): the transform's batches freed on all cores here.
+    if (const char* rel = std::getenv("DLREC_ETL_RELEASE"); rel && std::string(rel) == "parallel") {
+      const int64_t nb = static_cast<int64_t>(outs[0].size() + outs[1].size());
+      const int64_t nall = nb + static_cast<int64_t>(chunks.size());
+      parallel_for(0, nall, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+          if (i < nb) {
+            const size_t k = static_cast<size_t>(i);
+            (k < outs[0].size() ? outs[0][k] : outs[1][k - outs[0].size()]) = io::Batch();
+          } else {
+            chunks[static_cast<size_t>(i - nb)] = io::RawChunk();
+          }
+        }
+      });
+      mark("transform batches freed");
+    }
 
     // ---- metadata; dataset.json last
     const std::string wf = o.output_dir + "/workflow.json";
@@ -1190,6 +1242,7 @@ EtlResult run_etl(const EtlOptions& o) {
     remove_files(created);
     throw;
   }
+  mark("run state gone");
   for (const auto& f : created) res.output_bytes += static_cast<int64_t>(file_size(f));
   res.total_seconds = total_timer.seconds();
   return res;

@@ -447,5 +447,54 @@ TEST(CountRowsTest, BlankLinesHeaderAndUnterminatedLastLine) {
   }
 }
 
+// count_rows on a file of several parts (8 MB or more each) read in 1 MB buffers, with lines
+// and blank lines ('\n' after '\n') ending right at part and buffer boundaries, at 1 and 3
+// threads.
+TEST(CountRowsTest, PartAndBufferBoundaries) {
+  TempDir tmp("fast_count_big");
+  std::mt19937 rng(11);
+  std::string text;
+  while (text.size() < (size_t{26} << 20)) {
+    const int kind = static_cast<int>(rng() % 10);
+    if (kind < 3) text += "\n";  // blank
+    else text += std::string(rng() % 300 + 1, 'x') + "\n";
+  }
+  text += "tail";
+  // At the boundaries of the 3 parts (26 MB >> 23) and of the 1 MB buffers inside them: a
+  // '\n' right after the boundary, ending a blank line or a line of bytes in turn.
+  int turn = 0;
+  for (int t = 0; t < 3; ++t) {
+    const size_t from = text.size() * t / 3, to = text.size() * (t + 1) / 3;
+    for (size_t b = from; b < to; b += size_t{1} << 20) {
+      if (b < 2) continue;
+      text[b - 2] = 'x';
+      text[b - 1] = turn % 2 ? '\n' : 'x';
+      text[b] = '\n';
+      ++turn;
+    }
+  }
+  const std::string path = tmp.path + "/big.txt";
+  std::ofstream(path, std::ios::binary) << text;
+  const int saved = num_threads();
+  for (bool header : {false, true}) {
+    int64_t want = 0;
+    bool first = true;
+    for (size_t p = 0; p < text.size();) {
+      size_t q = text.find('\n', p);
+      if (q == std::string::npos) q = text.size();
+      if (!(first && header) && q > p) ++want;
+      first = false;
+      p = q + 1;
+    }
+    for (int threads : {1, 3}) {
+      set_num_threads(threads);
+      io::Schema s = io::Schema::criteo();
+      s.header = header;
+      EXPECT_EQ(count_rows({path}, s), want) << "threads " << threads << " header " << header;
+    }
+  }
+  set_num_threads(saved);
+}
+
 }  // namespace
 }  // namespace dlrec::etl
