@@ -72,8 +72,10 @@ std::atomic<int64_t> g_launches{0};
 
 bool aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+}  // namespace
+
 // Whether the current device runs sm_90a code, asked once per device.
-bool device_ok() {
+bool cross_fused_device_ok() {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
   static int known[64] = {};  // 0 unknown, 1 yes, 2 no
@@ -86,12 +88,10 @@ bool device_ok() {
   return known[dev] == 1;
 }
 
-}  // namespace
-
 bool cross_gemm_combine(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
                         const void* b, int64_t ldb, const void* bias, const void* x0,
                         const void* xl, void* u, void* x_next, int64_t ld, cudaStream_t stream) {
-  if (m <= 0 || n <= 0 || k <= 0 || !device_ok()) return false;
+  if (m <= 0 || n <= 0 || k <= 0 || !cross_fused_device_ok()) return false;
   if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return false;
   // The contiguous extent of every operand a multiple of 8 elements (CUTLASS's TMA check).
   if (m % kAlign || k % kAlign || lda % kAlign || ldb % kAlign || ld % kAlign) return false;

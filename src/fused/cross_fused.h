@@ -26,4 +26,40 @@ bool cross_gemm_combine(int64_t m, int64_t n, int64_t k, const void* a, int64_t 
 // Kernels launched by cross_gemm_combine so far (all devices): lets tests see the path taken.
 int64_t cross_gemm_combine_launches();
 
+// Whether the current device runs these kernels (sm_90).
+bool cross_fused_device_ok();
+
+// The backward (cross_bwd_fused.cu): layer l's data GEMM that forms g = dL/dx_l,
+//   g [m, n] = W [m, k] (m-major: columns lda apart, the weights as stored) * dh [k, n]
+//              (columns ldb apart) + C          (C = dL/dx_{l+1}; all bf16, fp32 accumulation)
+// with layer l-1's element-wise pass in its epilogue: du = x0 * g (both rounded to bf16 where the
+// two-step path rounds them, so g and du carry its bits) and db [m] = column sums of du (f32,
+// per 128-column tile into `partial`, then added in tile order: deterministic; the two-step
+// path sums in another order). x0, C, du and the outputs: columns ld apart.
+struct DgradArgs {
+  int64_t m = 0, n = 0, k = 0;
+  const void* w = nullptr;
+  int64_t lda = 0;
+  const void* dh = nullptr;
+  int64_t ldb = 0;
+  const void* c = nullptr;   // dL/dx_{l+1}
+  const void* x0 = nullptr;
+  void* du = nullptr;        // layer l-1's du
+  float* db = nullptr;       // layer l-1's bias gradient [m]
+  float* partial = nullptr;  // at least dgrad_partial_floats(m, n) floats
+  int64_t partial_floats = 0;
+  int64_t ld = 0;
+};
+int64_t dgrad_partial_floats(int64_t m, int64_t n);
+// Layers l >= 2 (l-1 >= 1 keeps its g): also stores g into g_out.
+bool cross_dgrad_du(const DgradArgs& a, void* g_out, cudaStream_t stream);
+// Layer 1 (l-1 = 0, where the deferred dL/dx0 sum is formed), g itself not stored:
+//   acc = ((g3 * u2 + C * u1) + g * u0) + g   with g3/u2 (the top layer's terms when there are
+// three layers) or without them (null: two layers), the products and sums in the order
+// cross_backward_deferred uses.
+bool cross_dgrad_acc(const DgradArgs& a, const void* u0, const void* u1, const void* g3,
+                     const void* u2, void* acc, cudaStream_t stream);
+// Backward kernels launched so far (all devices).
+int64_t cross_dgrad_fused_launches();
+
 }  // namespace dlrec::cutlass_k

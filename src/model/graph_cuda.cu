@@ -852,7 +852,10 @@ class CrossNode final : public Node {
     for (int64_t l = L; l-- > 0;) {
       Layer& Y = layers_[l];
       void* g = gs[l + 1];
-      if (deferred_) {
+      const bool ran_pass = !pass_done;
+      if (pass_done) {
+        pass_done = false;
+      } else if (deferred_) {
         cg::CrossTerms terms;
         if (l == 0)
           for (int64_t k = L - 1; k >= 1; --k) {
@@ -880,12 +883,17 @@ class CrossNode final : public Node {
                            static_cast<bf16*>(acc), e.partial.data<float>(), Y.w.db.data<float>(),
                            e.B, F_, ld_, l == L - 1, l == 0, e.st);
       } else {
+#if DLREC_WITH_CUTLASS
+    part_ = Tensor();
+    if (v.need_grad && e.lowp && fused_ && deferred_ && r_ > 0 && ld_ == F_)
+      part_ = e.buf({cutlass_k::dgrad_partial_floats(ld_, cap)}, DType::F32);
+#endif
         cg::cross_backward(static_cast<const float*>(g), static_cast<const float*>(x0p_),
                            Y.u.data<float>(), Y.du.data<float>(), static_cast<float*>(acc),
                            e.partial.data<float>(), Y.w.db.data<float>(), e.B, F_, ld_,
                            l == L - 1, l == 0, e.st);
       }
-      e.sub(name_ + ": bwd elementwise");
+      if (ran_pass) e.sub(name_ + ": bwd elementwise");
       // dL/dx_l = g + (du through W, or through U then V); at layer 0 added to the dL/dx0 sum.
       void* dst = l > 0 ? (deferred_ ? Y.gin.raw() : g) : acc;
       Lin& last = r_ > 0 ? Y.v : Y.w;  // the Lin whose dgrad gives dL/dx_l
@@ -896,14 +904,20 @@ class CrossNode final : public Node {
         dz = Y.dh.raw();
         dz_ld = rld_;
       }
-      if (l == 0 || !deferred_) {  // added in place to g or to the dL/dx0 sum
+      if (l > 0 && fused_bwd(e, l, last, dz, dz_ld, gs, acc)) {
+        pass_done = true;
+        gs[l] = l > 1 ? Y.gin.raw() : nullptr;  // layer 0's g lives only in the dL/dx0 sum
+        e.sub(name_ + ": bwd dgrad + next elementwise (fused)");
+      } else if (l == 0 || !deferred_) {  // added in place to g or to the dL/dx0 sum
         e.lin_dgrad(last, dz, dz_ld, dst, e.act, ld_, true);
       } else {  // a new buffer: dst = dz W + g
         e.gemm_c(false, false, last.in_pad, e.B, last.out, e.wcomp(last), last.in_pad, dz,
                  dz_ld, g, dst, e.act, ld_);
       }
-      gs[l] = dst;
-      e.sub(name_ + ": bwd dgrad");
+      if (!pass_done) {
+        gs[l] = dst;
+        e.sub(name_ + ": bwd dgrad");
+      }
       e.weights([&e, &Y, this] {
         e.lin_wgrad(Y.w, Y.du.raw(), ld_);
         if (r_ > 0) e.lin_wgrad(Y.v, Y.dh.raw(), rld_);
@@ -939,6 +953,7 @@ class CrossNode final : public Node {
     Tensor du, dh;   // backward: dL/du, dL/dh
     Tensor gin;      // deferred, l >= 1: dL/dx_l
   };
+    bool pass_done = false;  // layer l's element-wise pass was done by layer l+1's data GEMM
   std::string name_;
   int64_t F_, in_ld_, ld_, r_, rld_ = 0;
   bool deferred_ = true;  // the dL/dx0 sum at layer 0 (DLREC_CROSS_DEFER=0: per layer)
@@ -1008,6 +1023,43 @@ class DotNode final : public Node {
   void forward(Engine& e) override {
     Value& v = e.vals[self];
     const void* a;
+  // bf16, deferred sum, low rank, unpadded x0: layer l's data GEMM dL/dx_l = g + dh V with
+  // layer l-1's element-wise pass in its epilogue (src/fused, cross_bwd_fused.cu): for l >= 2
+  // it also stores dL/dx_l (Y.gin); for l == 1 it forms the dL/dx0 sum (two or three layers)
+  // instead. False (nothing done) where the kernel declines; then the two-step path.
+  bool fused_bwd(Engine& e, int64_t l, const Lin& last, const void* dz, int64_t dz_ld,
+                 const std::vector<void*>& gs, void* acc) {
+#if DLREC_WITH_CUTLASS
+    const int64_t L = static_cast<int64_t>(layers_.size());
+    if (!e.lowp || !fused_ || !deferred_ || r_ == 0 || ld_ != F_ || e.B == 0 || !part_.raw())
+      return false;
+    if (l == 1 && L > 3) return false;  // the kernel forms at most two deferred terms
+    Layer& below = layers_[l - 1];
+    cutlass_k::DgradArgs a;
+    a.m = last.in_pad;
+    a.n = e.B;
+    a.k = last.out;
+    a.w = e.wcomp(last);
+    a.lda = last.in_pad;
+    a.dh = dz;
+    a.ldb = dz_ld;
+    a.c = gs[l + 1];
+    a.x0 = x0p_;
+    a.du = below.du.raw();
+    a.db = below.w.db.data<float>();
+    a.partial = part_.data<float>();
+    a.partial_floats = part_.numel();
+    a.ld = ld_;
+    if (l >= 2) return cutlass_k::cross_dgrad_du(a, layers_[l].gin.raw(), e.st);
+    const bool three = L == 3;
+    return cutlass_k::cross_dgrad_acc(a, layers_[0].u.raw(), layers_[1].u.raw(),
+                                      three ? gs[3] : nullptr,
+                                      three ? layers_[2].u.raw() : nullptr, acc, e.st);
+#else
+    (void)e, (void)l, (void)last, (void)dz, (void)dz_ld, (void)gs, (void)acc;
+    return false;
+#endif
+  }
     const void* b;
     if (direct_) {
       a = e.vals[in[0]].y.raw();
@@ -1035,6 +1087,7 @@ class DotNode final : public Node {
     b_ = b;
     const int T = static_cast<int>(n_ - 1), d = static_cast<int>(d_);
     if (e.lowp)
+  Tensor part_;  // the fused backward's column sums per tile (bf16 with CUTLASS only)
       cd::dot_forward(static_cast<const bf16*>(a), static_cast<const bf16*>(b), e.B, T, d,
                       static_cast<bf16*>(v.y.raw()), v.ld, e.st);
     else
