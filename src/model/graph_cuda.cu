@@ -743,6 +743,8 @@ class CrossNode final : public Node {
     deferred_ = layers - 1 <= cg::kMaxCrossTerms && !(defer && defer[0] == '0');
     const char* fused = std::getenv("DLREC_CROSS_FUSED");
     fused_ = !(fused && fused[0] == '0');
+    const char* fused_bwd = std::getenv("DLREC_CROSS_FUSED_BWD");
+    fused_bwd_ = fused_ && !(fused_bwd && fused_bwd[0] == '0');
     rld_ = e.lowp ? round_up(std::max<int64_t>(rank, 1), 8) : rank;
     // params(): per layer "<l>.w.weight", "<l>.w.bias", and low rank "<l>.v.weight". The
     // Linear objects behind them: w (F x F, or U: r -> F) and v (V: F -> r, bias unused).
@@ -790,6 +792,11 @@ class CrossNode final : public Node {
     }
     if (in_ld_ != ld_) x0_ = e.buf({cap, ld_}, e.act);
     if (v.need_grad) acc_ = e.buf({cap, ld_}, e.act);
+#if DLREC_WITH_CUTLASS
+    part_ = Tensor();
+    if (v.need_grad && e.lowp && fused_bwd_ && deferred_ && r_ > 0 && ld_ == F_)
+      part_ = e.buf({cutlass_k::dgrad_partial_floats(ld_, cap)}, DType::F32);
+#endif
   }
   void forward(Engine& e) override {
     const Value& in0 = e.vals[in[0]];
@@ -849,6 +856,7 @@ class CrossNode final : public Node {
     const int64_t L = static_cast<int64_t>(layers_.size());
     // gs[l] = dL/dx_l for l >= 1 (deferred: each in its own buffer; else all in v.g).
     std::vector<void*> gs(L + 1, v.g.raw());
+    bool pass_done = false;  // layer l's element-wise pass was done by layer l+1's data GEMM
     for (int64_t l = L; l-- > 0;) {
       Layer& Y = layers_[l];
       void* g = gs[l + 1];
@@ -883,11 +891,6 @@ class CrossNode final : public Node {
                            static_cast<bf16*>(acc), e.partial.data<float>(), Y.w.db.data<float>(),
                            e.B, F_, ld_, l == L - 1, l == 0, e.st);
       } else {
-#if DLREC_WITH_CUTLASS
-    part_ = Tensor();
-    if (v.need_grad && e.lowp && fused_ && deferred_ && r_ > 0 && ld_ == F_)
-      part_ = e.buf({cutlass_k::dgrad_partial_floats(ld_, cap)}, DType::F32);
-#endif
         cg::cross_backward(static_cast<const float*>(g), static_cast<const float*>(x0p_),
                            Y.u.data<float>(), Y.du.data<float>(), static_cast<float*>(acc),
                            e.partial.data<float>(), Y.w.db.data<float>(), e.B, F_, ld_,
@@ -932,6 +935,43 @@ class CrossNode final : public Node {
       e.deliver(in[0], acc_.raw(), e.act, ld_, 0, 0, F_, accumulate);
     }
   }
+  // bf16, deferred sum, low rank, unpadded x0: layer l's data GEMM dL/dx_l = g + dh V with
+  // layer l-1's element-wise pass in its epilogue (src/fused, cross_bwd_fused.cu): for l >= 2
+  // it also stores dL/dx_l (Y.gin); for l == 1 it forms the dL/dx0 sum (two or three layers)
+  // instead. False (nothing done) where the kernel declines; then the two-step path.
+  bool fused_bwd(Engine& e, int64_t l, const Lin& last, const void* dz, int64_t dz_ld,
+                 const std::vector<void*>& gs, void* acc) {
+#if DLREC_WITH_CUTLASS
+    const int64_t L = static_cast<int64_t>(layers_.size());
+    if (!e.lowp || !fused_bwd_ || !deferred_ || r_ == 0 || ld_ != F_ || e.B == 0 || !part_.raw())
+      return false;
+    if (l == 1 && L > 3) return false;  // the kernel forms at most two deferred terms
+    Layer& below = layers_[l - 1];
+    cutlass_k::DgradArgs a;
+    a.m = last.in_pad;
+    a.n = e.B;
+    a.k = last.out;
+    a.w = e.wcomp(last);
+    a.lda = last.in_pad;
+    a.dh = dz;
+    a.ldb = dz_ld;
+    a.c = gs[l + 1];
+    a.x0 = x0p_;
+    a.du = below.du.raw();
+    a.db = below.w.db.data<float>();
+    a.partial = part_.data<float>();
+    a.partial_floats = part_.numel();
+    a.ld = ld_;
+    if (l >= 2) return cutlass_k::cross_dgrad_du(a, layers_[l].gin.raw(), e.st);
+    const bool three = L == 3;
+    return cutlass_k::cross_dgrad_acc(a, layers_[0].u.raw(), layers_[1].u.raw(),
+                                      three ? gs[3] : nullptr,
+                                      three ? layers_[2].u.raw() : nullptr, acc, e.st);
+#else
+    (void)e, (void)l, (void)last, (void)dz, (void)dz_ld, (void)gs, (void)acc;
+    return false;
+#endif
+  }
   void collect(Engine& e, std::vector<NamedState>& dense, std::vector<NamedState>&) override {
     for (size_t l = 0; l < layers_.size(); ++l) {
       const std::string p = name_ + "." + std::to_string(l);
@@ -953,13 +993,14 @@ class CrossNode final : public Node {
     Tensor du, dh;   // backward: dL/du, dL/dh
     Tensor gin;      // deferred, l >= 1: dL/dx_l
   };
-    bool pass_done = false;  // layer l's element-wise pass was done by layer l+1's data GEMM
   std::string name_;
   int64_t F_, in_ld_, ld_, r_, rld_ = 0;
   bool deferred_ = true;  // the dL/dx0 sum at layer 0 (DLREC_CROSS_DEFER=0: per layer)
   bool fused_ = true;     // bf16: GEMM + combine as one kernel when built (DLREC_CROSS_FUSED=0: off)
+  bool fused_bwd_ = true;  // bf16: data GEMM + next pass as one kernel (DLREC_CROSS_FUSED_BWD=0: off)
   std::vector<Layer> layers_;
   Tensor x0_, acc_;
+  Tensor part_;  // the fused backward's column sums per tile (bf16 with CUTLASS only)
   const void* x0p_ = nullptr;
 };
 
@@ -1023,43 +1064,6 @@ class DotNode final : public Node {
   void forward(Engine& e) override {
     Value& v = e.vals[self];
     const void* a;
-  // bf16, deferred sum, low rank, unpadded x0: layer l's data GEMM dL/dx_l = g + dh V with
-  // layer l-1's element-wise pass in its epilogue (src/fused, cross_bwd_fused.cu): for l >= 2
-  // it also stores dL/dx_l (Y.gin); for l == 1 it forms the dL/dx0 sum (two or three layers)
-  // instead. False (nothing done) where the kernel declines; then the two-step path.
-  bool fused_bwd(Engine& e, int64_t l, const Lin& last, const void* dz, int64_t dz_ld,
-                 const std::vector<void*>& gs, void* acc) {
-#if DLREC_WITH_CUTLASS
-    const int64_t L = static_cast<int64_t>(layers_.size());
-    if (!e.lowp || !fused_ || !deferred_ || r_ == 0 || ld_ != F_ || e.B == 0 || !part_.raw())
-      return false;
-    if (l == 1 && L > 3) return false;  // the kernel forms at most two deferred terms
-    Layer& below = layers_[l - 1];
-    cutlass_k::DgradArgs a;
-    a.m = last.in_pad;
-    a.n = e.B;
-    a.k = last.out;
-    a.w = e.wcomp(last);
-    a.lda = last.in_pad;
-    a.dh = dz;
-    a.ldb = dz_ld;
-    a.c = gs[l + 1];
-    a.x0 = x0p_;
-    a.du = below.du.raw();
-    a.db = below.w.db.data<float>();
-    a.partial = part_.data<float>();
-    a.partial_floats = part_.numel();
-    a.ld = ld_;
-    if (l >= 2) return cutlass_k::cross_dgrad_du(a, layers_[l].gin.raw(), e.st);
-    const bool three = L == 3;
-    return cutlass_k::cross_dgrad_acc(a, layers_[0].u.raw(), layers_[1].u.raw(),
-                                      three ? gs[3] : nullptr,
-                                      three ? layers_[2].u.raw() : nullptr, acc, e.st);
-#else
-    (void)e, (void)l, (void)last, (void)dz, (void)dz_ld, (void)gs, (void)acc;
-    return false;
-#endif
-  }
     const void* b;
     if (direct_) {
       a = e.vals[in[0]].y.raw();
@@ -1087,7 +1091,6 @@ class DotNode final : public Node {
     b_ = b;
     const int T = static_cast<int>(n_ - 1), d = static_cast<int>(d_);
     if (e.lowp)
-  Tensor part_;  // the fused backward's column sums per tile (bf16 with CUTLASS only)
       cd::dot_forward(static_cast<const bf16*>(a), static_cast<const bf16*>(b), e.B, T, d,
                       static_cast<bf16*>(v.y.raw()), v.ld, e.st);
     else
