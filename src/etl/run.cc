@@ -1179,22 +1179,6 @@ EtlResult run_etl(const EtlOptions& o) {
     res.transform_seconds = tr_timer.seconds();
     res.transform_cpu_seconds = process_cpu_seconds() - tr_cpu0;
     mark("transform done");
-    // DLREC_ETL_RELEASE=parallel (A/B): the transform's batches freed on all cores here.
-    if (const char* rel = std::getenv("DLREC_ETL_RELEASE"); rel && std::string(rel) == "parallel") {
-      const int64_t nb = static_cast<int64_t>(outs[0].size() + outs[1].size());
-      const int64_t nall = nb + static_cast<int64_t>(chunks.size());
-      parallel_for(0, nall, 1, [&](int64_t lo, int64_t hi) {
-        for (int64_t i = lo; i < hi; ++i) {
-          if (i < nb) {
-            const size_t k = static_cast<size_t>(i);
-            (k < outs[0].size() ? outs[0][k] : outs[1][k - outs[0].size()]) = io::Batch();
-          } else {
-            chunks[static_cast<size_t>(i - nb)] = io::RawChunk();
-          }
-        }
-      });
-      mark("transform batches freed");
-    }
 
     // ---- metadata; dataset.json last
     const std::string wf = o.output_dir + "/workflow.json";

@@ -14,13 +14,11 @@
 #include "dlrec/io/shard.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -111,67 +109,50 @@ struct ShardWriter::Impl {
   std::string path, name;
   ShardLayout layout;
   int64_t block_rows;
-  // The temporary file ("<path>.tmp.<pid>", fsync'ed and renamed over `path` by commit()).
-  // Every byte goes through `fd`, a second descriptor of it, at its known offset (pwrite or a
-  // shared mapping), so that the blocks of a write_parts call reach the file from several
-  // threads at once; `file` only creates, syncs and renames (or drops) it.
   AtomicFile file;
-  std::string tmp;
-  int fd = -1;
-  // How write_parts puts whole blocks into the file (DLREC_SHARD_WRITE, read once per writer):
-  // Map: encoded straight into a shared mapping of the file's new bytes (space reserved first
-  // with fallocate); Pwrite: encoded into buffers, then each written by its task (pwrite).
-  enum class Mode { Map, Pwrite } mode = Mode::Map;
   Batch pending;
   Batch spare;                          // write_parts: the next pending rows are built here
-  std::vector<std::string> block_bufs;  // write_parts (Pwrite): encoded blocks, reused
-  uint64_t file_pos = 0;  // bytes written (the next block's file offset)
+  // write_parts: encoded blocks, two sets: one being written to the file by `appending` while
+  // the next call encodes into the other (kept between calls: no new pages to fault in).
+  std::vector<std::string> block_bufs[2];
+  int side = 0;
+  uint64_t file_pos = 0;  // bytes written or being written (the next block's file offset)
   std::string buf;
   std::vector<std::pair<uint64_t, uint64_t>> index;  // (first_row, file_offset) per block
   int64_t rows = 0;     // rows accepted (written + pending)
   int64_t written = 0;  // rows in blocks on disk
   bool closed = false;
-  uint64_t wb_done = 0;  // bytes whose disk writeback was started
+
+  // A read-only descriptor of AtomicFile's temporary file ("<path>.tmp.<pid>") to start the
+  // disk writeback of the blocks as they come (sync_file_range), so that the fsync of
+  // close() finds most of the file already written. -1 when it cannot be opened (no hint).
+  int wb_fd = -1;
+  uint64_t wb_done = 0;  // bytes whose writeback was started
 
   Impl(const std::string& p, ShardLayout l, int64_t br)
       : path(p), name(base_name(p)), layout(std::move(l)), block_rows(br), file(p) {
-    tmp = p + ".tmp." + std::to_string(::getpid());
-    fd = ::open(tmp.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) fail("shard '", name, "': cannot open '", tmp, "': ", std::strerror(errno));
-    const char* env = std::getenv("DLREC_SHARD_WRITE");
-    if (env && std::string(env) == "pwrite") mode = Mode::Pwrite;
+    wb_fd = ::open((p + ".tmp." + std::to_string(::getpid())).c_str(), O_RDONLY | O_CLOEXEC);
   }
   ~Impl() {
-    if (fd >= 0) ::close(fd);
+    if (appending.valid()) appending.wait();  // its error is dropped with the file
+    if (wb_fd >= 0) ::close(wb_fd);
   }
 
-  [[noreturn]] void write_failed(uint64_t at, size_t n, int err) const {
-    fail("shard '", name, "': writing ", n, " bytes at offset ", at, " of '", tmp,
-         "' failed: ", std::strerror(err));
+  // The blocks of the last write_parts call being written (std::async), or nothing.
+  std::future<void> appending;
+  // Waits for those blocks; rethrows a write error.
+  void wait_append() {
+    if (appending.valid()) appending.get();
   }
 
-  // Writes n bytes at offset `at` of the file (any thread; several at once).
-  void pwrite_all(const char* p, size_t n, uint64_t at) const {
-    while (n > 0) {
-      const ssize_t got = ::pwrite(fd, p, n, static_cast<off_t>(at));
-      if (got < 0) {
-        if (errno == EINTR) continue;
-        write_failed(at, n, errno);
-      }
-      if (got == 0) write_failed(at, n, EIO);
-      p += got;
-      n -= static_cast<size_t>(got);
-      at += static_cast<uint64_t>(got);
-    }
-  }
-
-  // Starts the disk writeback of what was written since the last call, every 8 MB (a hint:
-  // errors show at the fsync of close()), so that the fsync finds most of the file written.
+  // Starts writing back what was written since the last call, every 8 MB (a hint: errors show
+  // at the fsync of close()).
   void start_writeback() {
-    if (file_pos - wb_done < (uint64_t{8} << 20)) return;
-    ::sync_file_range(fd, static_cast<off_t>(wb_done), static_cast<off_t>(file_pos - wb_done),
+    const uint64_t n = file.bytes_written();
+    if (wb_fd < 0 || n - wb_done < (uint64_t{8} << 20)) return;
+    ::sync_file_range(wb_fd, static_cast<off_t>(wb_done), static_cast<off_t>(n - wb_done),
                       SYNC_FILE_RANGE_WRITE);
-    wb_done = file_pos;
+    wb_done = n;
   }
 
   void write_header() {
@@ -184,8 +165,8 @@ struct ShardWriter::Impl {
     put<uint32_t>(buf, static_cast<uint32_t>(js.size()));
     buf += js;
     put<uint32_t>(buf, crc32c(buf.data() + 8, buf.size() - 8));
-    pwrite_all(buf.data(), buf.size(), 0);
-    file_pos = buf.size();
+    file.write(buf);
+    file_pos = file.bytes_written();
   }
 
   // Checks the batch's structure and rows [begin, end) (ids in range, one id per one-hot row);
@@ -296,25 +277,24 @@ struct ShardWriter::Impl {
     }
   }
 
-  // The block header (rows, payload size, checksum) of an encoded block of n rows and `size`
-  // bytes at b.
-  static void finish_block(char* b, size_t size, int64_t n) {
+  // The block header (rows, payload size, checksum) of an encoded block of n rows.
+  static void finish_block(std::string& buf, int64_t n) {
     const uint64_t rows64 = static_cast<uint64_t>(n);
-    const uint64_t payload = size - kBlockHeaderBytes;
-    std::memcpy(b, &rows64, 8);
-    std::memcpy(b + 8, &payload, 8);
-    uint32_t crc = crc32c(b, 16);
-    crc = crc32c(b + kBlockHeaderBytes, payload, crc);
-    std::memcpy(b + 16, &crc, 4);
-    std::memset(b + 20, 0, 4);
+    const uint64_t payload = buf.size() - kBlockHeaderBytes;
+    std::memcpy(&buf[0], &rows64, 8);
+    std::memcpy(&buf[8], &payload, 8);
+    uint32_t crc = crc32c(buf.data(), 16);
+    crc = crc32c(buf.data() + kBlockHeaderBytes, payload, crc);
+    std::memcpy(&buf[16], &crc, 4);
+    std::memset(&buf[20], 0, 4);
   }
 
   void append_block(const std::string& block, int64_t n) {
+    wait_append();
     index.emplace_back(static_cast<uint64_t>(written), file_pos);
-    pwrite_all(block.data(), block.size(), file_pos);
+    file.write(block);
     file_pos += block.size();
     written += n;
-    start_writeback();
   }
 
   // Encodes rows [begin, end) of `src` as one block.
@@ -326,105 +306,8 @@ struct ShardWriter::Impl {
     buf.assign(at.back(), '\0');
     for (size_t sec = 0; sec + 1 < at.size(); ++sec)
       encode_section(segs, n, static_cast<int>(sec), &buf[at[sec]]);
-    finish_block(&buf[0], buf.size(), n);
+    finish_block(buf, n);
     append_block(buf, n);
-  }
-
-  // The first error of a parallel loop's tasks, in task order, rethrown.
-  static void rethrow_first(const std::vector<std::exception_ptr>& errors) {
-    for (const auto& e : errors)
-      if (e) std::rethrow_exception(e);
-  }
-
-  // Pwrite: the blocks encoded into buffers on all cores (one task per block section), then
-  // each block checksummed and written at its offset by its own task.
-  void write_buffered(const std::vector<std::vector<BatchRows>>& blocks,
-                      const std::vector<std::vector<size_t>>& layouts,
-                      const std::vector<uint64_t>& at_file) {
-    const int64_t nblocks = static_cast<int64_t>(blocks.size());
-    const int nsec = static_cast<int>(layout.cardinalities.size()) + 1;
-    if (static_cast<int64_t>(block_bufs.size()) < nblocks) block_bufs.resize(nblocks);
-    for (int64_t k = 0; k < nblocks; ++k) block_bufs[k].resize(layouts[k].back());
-    parallel_for(0, nblocks * nsec, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) {
-        const int64_t k = i / nsec;
-        const int sec = static_cast<int>(i % nsec);
-        encode_section(blocks[k], block_rows, sec, &block_bufs[k][layouts[k][sec]]);
-      }
-    });
-    std::vector<std::exception_ptr> errors(nblocks);
-    parallel_for(0, nblocks, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t k = lo; k < hi; ++k) {
-        try {
-          finish_block(&block_bufs[k][0], block_bufs[k].size(), block_rows);
-          pwrite_all(block_bufs[k].data(), block_bufs[k].size(), at_file[k]);
-        } catch (...) {
-          errors[k] = std::current_exception();
-        }
-      }
-    });
-    rethrow_first(errors);
-  }
-
-  // Map: the file grows by the blocks' bytes (fallocate: the disk space is reserved, so that
-  // storing into the mapping cannot fail for want of it), the new bytes are mapped and the
-  // blocks encoded straight into them on all cores (one task per block section; its pages are
-  // faulted in first with MADV_POPULATE_WRITE, which reports an error instead of raising
-  // SIGBUS), then checksummed, one task per block. False when the file system cannot reserve
-  // space (the caller then writes with pwrite); other errors throw naming the file.
-  bool write_mapped(const std::vector<std::vector<BatchRows>>& blocks,
-                    const std::vector<std::vector<size_t>>& layouts,
-                    const std::vector<uint64_t>& at_file) {
-    const int64_t nblocks = static_cast<int64_t>(blocks.size());
-    const int nsec = static_cast<int>(layout.cardinalities.size()) + 1;
-    const uint64_t begin = at_file[0], end = at_file[nblocks];
-    for (;;) {
-      const int r = ::fallocate(fd, 0, static_cast<off_t>(begin), static_cast<off_t>(end - begin));
-      if (r == 0) break;
-      if (errno == EINTR) continue;
-      if (errno == EOPNOTSUPP || errno == ENOSYS) return false;
-      write_failed(begin, end - begin, errno);
-    }
-    static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-    const uint64_t map_at = begin / page * page;
-    const size_t map_len = static_cast<size_t>(end - map_at);
-    void* m = ::mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-                     static_cast<off_t>(map_at));
-    if (m == MAP_FAILED) {
-      if (errno == ENODEV) return false;  // no mapping of this file system's files
-      write_failed(begin, end - begin, errno);
-    }
-    char* base = static_cast<char*>(m) - map_at;  // base + file offset = its mapped byte
-    struct Unmap {
-      void* m;
-      size_t n;
-      ~Unmap() { ::munmap(m, n); }
-    } unmap{m, map_len};
-    std::vector<std::exception_ptr> errors(nblocks * nsec);
-    parallel_for(0, nblocks * nsec, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) {
-        const int64_t k = i / nsec;
-        const int sec = static_cast<int>(i % nsec);
-        const uint64_t from = at_file[k] + (sec == 0 ? 0 : layouts[k][sec]);
-        const uint64_t to = at_file[k] + layouts[k][sec + 1];
-        const uint64_t p0 = std::max(map_at, from / page * page);
-        const uint64_t p1 = (to + page - 1) / page * page;  // inside the mapping: to <= end
-        if (p1 > p0 && ::madvise(base + p0, p1 - p0, MADV_POPULATE_WRITE) != 0 &&
-            errno != EINVAL) {  // EINVAL: a kernel without it (older than 5.14), faults then
-          errors[i] = std::make_exception_ptr(Error(
-              "shard '" + name + "': mapping " + std::to_string(to - from) + " bytes at offset " +
-              std::to_string(from) + " of '" + tmp + "' failed: " + std::strerror(errno)));
-          continue;
-        }
-        encode_section(blocks[k], block_rows, sec, base + at_file[k] + layouts[k][sec]);
-      }
-    });
-    rethrow_first(errors);
-    parallel_for(0, nblocks, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t k = lo; k < hi; ++k)
-        finish_block(base + at_file[k], layouts[k].back(), block_rows);
-    });
-    return true;
   }
 
   // write_parts: the pending rows and the parts as one row sequence; whole blocks are encoded
@@ -466,20 +349,37 @@ struct ShardWriter::Impl {
       }
     }
     if (nblocks > 0) {
+      const int nsec = static_cast<int>(layout.cardinalities.size()) + 1;
       std::vector<std::vector<size_t>> layouts(nblocks);
-      std::vector<uint64_t> at_file(nblocks + 1, file_pos);  // each block's file offset
+      side ^= 1;  // the other set may still be being written
+      std::vector<std::string>& bufs = block_bufs[side];
+      if (static_cast<int64_t>(bufs.size()) < nblocks) bufs.resize(nblocks);
       for (int64_t k = 0; k < nblocks; ++k) {
         layouts[k] = block_sections(blocks[k], block_rows);
-        at_file[k + 1] = at_file[k] + layouts[k].back();
+        bufs[k].resize(layouts[k].back());
       }
-      if (mode == Mode::Map && !write_mapped(blocks, layouts, at_file)) mode = Mode::Pwrite;
-      if (mode == Mode::Pwrite) write_buffered(blocks, layouts, at_file);
+      parallel_for(0, nblocks * nsec, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+          const int64_t k = i / nsec;
+          const int sec = static_cast<int>(i % nsec);
+          encode_section(blocks[k], block_rows, sec, &bufs[k][layouts[k][sec]]);
+        }
+      });
+      parallel_for(0, nblocks, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t k = lo; k < hi; ++k) finish_block(bufs[k], block_rows);
+      });
+      // The blocks go to the file on a helper thread (their offsets are known now), so that the
+      // caller goes on (encodes the next rows) while the kernel copies these.
       for (int64_t k = 0; k < nblocks; ++k) {
-        index.emplace_back(static_cast<uint64_t>(written), at_file[k]);
+        index.emplace_back(static_cast<uint64_t>(written), file_pos);
+        file_pos += bufs[k].size();
         written += block_rows;
       }
-      file_pos = at_file[nblocks];
-      start_writeback();
+      wait_append();
+      appending = std::async(std::launch::async, [this, &bufs, nblocks] {
+        for (int64_t k = 0; k < nblocks; ++k) file.write(bufs[k]);
+        start_writeback();
+      });
     }
     Batch& rest = spare;  // the previous pending rows' vectors, reused
     rest.reset(layout.num_dense, static_cast<int>(layout.cardinalities.size()));
@@ -541,6 +441,7 @@ void ShardWriter::write_parts(const std::vector<BatchRows>& parts) {
 void ShardWriter::close() {
   Impl& m = *impl_;
   if (m.closed) return;
+  m.wait_append();
   m.flush_full_blocks(true);
   const uint64_t footer_offset = m.file_pos;
   std::string& b = m.buf;
@@ -556,12 +457,12 @@ void ShardWriter::close() {
   put<uint32_t>(b, crc);
   put<uint32_t>(b, 0);
   b.append(kEndMagic, 8);
-  m.pwrite_all(b.data(), b.size(), footer_offset);
+  m.file.write(b);
   m.file.commit();
   m.closed = true;
   // A closed writer may be kept alive for a while (the ETL closes full files on a helper thread
   // and collects them at the end): it keeps none of its encoding buffers.
-  std::vector<std::string>().swap(m.block_bufs);
+  for (auto& set : m.block_bufs) std::vector<std::string>().swap(set);
   m.pending = Batch();
   m.spare = Batch();
   std::string().swap(m.buf);

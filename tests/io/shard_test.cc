@@ -452,50 +452,10 @@ TEST(ShardWriteParts, BadIdInALaterPartWritesNothing) {
 namespace dlrec::io {
 namespace {
 
-// DLREC_SHARD_WRITE for the writers created while it lives ("" = the default, mapped).
-struct WriteMode {
-  explicit WriteMode(const char* mode) {
-    if (*mode) ::setenv("DLREC_SHARD_WRITE", mode, 1);
-  }
-  ~WriteMode() { ::unsetenv("DLREC_SHARD_WRITE"); }
-};
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), {});
-}
-
-// Both ways of putting write_parts' blocks into the file (mapped, pwrite), with many blocks per
-// call written by several tasks at once, give the bytes of write().
-TEST(ShardWriteParts, MappedAndPwriteGiveTheBytesOfWrite) {
-  const ShardLayout l = test_layout();
-  const Batch a = make_rows(0, 5000, l), b = make_rows(5000, 3001, l);
-  const std::string ref = temp_dir() + "/modes_ref.shard";
-  {
-    ShardWriter w(ref, l, 16);
-    w.write(make_rows(0, 8001, l));
-    w.close();
-  }
-  for (const char* mode : {"", "pwrite"}) {
-    WriteMode env(mode);
-    const std::string path = temp_dir() + "/modes_" + (*mode ? mode : "map") + ".shard";
-    ShardWriter w(path, l, 16);
-    w.write_parts({{&a, 0, 7}});                  // pending only
-    w.write_parts({{&a, 7, 4000}, {&a, 4000, 5000}, {&b, 0, 1}});  // ~312 blocks
-    w.write_parts({{&b, 1, 3001}});
-    w.close();
-    EXPECT_EQ(file_bytes(path), file_bytes(ref)) << "mode '" << mode << "'";
-    ShardReader r(path);
-    Batch all;
-    r.read(0, r.rows(), all);
-    expect_same(all, make_rows(0, 8001, l));
-  }
-}
-
-// A write that fails part-way through a write_parts call (here: the file size limit of the
-// process, RLIMIT_FSIZE, reached by blocks written in parallel) throws naming the temporary
-// file and the cause; the writer destroyed afterwards leaves neither the shard nor its
-// temporary file behind.
+// A write that fails part-way through write_parts' blocks (here: the file size limit of the
+// process, RLIMIT_FSIZE, reached by the blocks' writer thread) throws naming the temporary
+// file and the cause (at the call or at close, whichever waits for the failed write); the
+// writer destroyed afterwards leaves neither the shard nor its temporary file behind.
 TEST(ShardWriteParts, FailingWriteNamesTheFileAndLeavesNothing) {
   const ShardLayout l = test_layout();
   const Batch rows = make_rows(0, 300000, l);  // ~11 MB of blocks
@@ -504,25 +464,24 @@ TEST(ShardWriteParts, FailingWriteNamesTheFileAndLeavesNothing) {
   if (old.rlim_cur != RLIM_INFINITY && old.rlim_cur < (rlim_t{64} << 20))
     GTEST_SKIP() << "the file size limit is already small";
   auto old_sig = std::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of the signal
-  for (const char* mode : {"", "pwrite"}) {
-    WriteMode env(mode);
-    const std::string path = temp_dir() + "/fsize_" + (*mode ? mode : "map") + ".shard";
-    std::string msg;
-    {
-      ShardWriter w(path, l, 4096);
-      struct rlimit lim = old;
-      lim.rlim_cur = rlim_t{4} << 20;
-      ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
-      msg = error_of([&] { w.write_parts({{&rows, 0, rows.rows}}); });
-      ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
-      EXPECT_NE(msg.find("shard 'fsize_"), std::string::npos) << msg;
-      EXPECT_NE(msg.find(path + ".tmp."), std::string::npos) << msg;
-      EXPECT_NE(msg.find(std::strerror(EFBIG)), std::string::npos) << msg;
-      EXPECT_TRUE(file_exists(path + ".tmp." + std::to_string(::getpid())));
-    }
-    EXPECT_FALSE(file_exists(path)) << mode;
-    EXPECT_FALSE(file_exists(path + ".tmp." + std::to_string(::getpid()))) << mode;
+  const std::string path = temp_dir() + "/fsize.shard";
+  std::string msg;
+  {
+    ShardWriter w(path, l, 4096);
+    struct rlimit lim = old;
+    lim.rlim_cur = rlim_t{4} << 20;
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
+    msg = error_of([&] {
+      w.write_parts({{&rows, 0, rows.rows}});
+      w.close();
+    });
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+    EXPECT_NE(msg.find(path + ".tmp."), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::strerror(EFBIG)), std::string::npos) << msg;
+    EXPECT_TRUE(file_exists(path + ".tmp." + std::to_string(::getpid())));
   }
+  EXPECT_FALSE(file_exists(path));
+  EXPECT_FALSE(file_exists(path + ".tmp." + std::to_string(::getpid())));
   std::signal(SIGXFSZ, old_sig);
 }
 
