@@ -334,5 +334,87 @@ TEST(ThreadsTest, FirstErrorInInputOrderWinsForAnyThreadCount) {
   }
 }
 
+// The transform in two streams (the cached rows from a training file boundary on written by a
+// second stream at the same time) gives the bytes of one stream (DLREC_ETL_STREAMS=1): the
+// boundary inside a chunk (its rows written by both streams in part), at a chunk's start,
+// or at the end of the training rows (the second stream writes the validation rows only), with
+// k-fold TargetEncoding (training rows encoded by their position), the cache compacted or as
+// parsed, and no validation rows. Also: a bad DLREC_ETL_STREAMS is an error naming it.
+TEST(ThreadsTest, TwoTransformStreamsSameBytesAsOne) {
+  TempDir tmp("streams");
+  const std::string input = tmp.path + "/in.tsv";
+  std::ofstream(input) << criteo_text(30000, 8);
+  ThreadsGuard guard;
+  set_num_threads(3);
+  const char* kTarget = R"({"pipeline": [
+    {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "Normalize"}]},
+    {"columns": "@categorical", "ops": [{"op": "Categorify", "freq_threshold": 2}]},
+    {"columns": ["C1", "C2"], "ops": [{"op": "TargetEncoding", "kfold": 3, "seed": 5},
+                                      {"op": "HashedCross", "num_buckets": 1000}]}]})";
+  struct Case {
+    double valid_ratio;
+    int64_t shard_rows;
+    CacheForm form;
+    int file;         // the second stream's first training file
+    bool mid_chunk;   // its first row inside a chunk (else at a chunk's start)
+  };
+  // 30000 rows in chunks of about 500: 0.15 -> 25500 training rows; files of 7000 -> boundary
+  // 14000; 6001 -> 12002; 100000 -> 25500 (the validation rows: the cache splits the chunk
+  // there); no validation rows, 7001 -> 14002.
+  const Case cases[] = {{0.15, 7000, CacheForm::Parsed, 2, true},
+                        {0.15, 6001, CacheForm::Compact, 2, true},
+                        {0.15, 6001, CacheForm::Parsed, 2, true},
+                        {0.15, 100000, CacheForm::Parsed, 0, false},
+                        {0.0, 7001, CacheForm::Compact, 2, true}};
+  for (const Case& k : cases) {
+    const std::string name = "valid " + std::to_string(k.valid_ratio) + ", files of " +
+                             std::to_string(k.shard_rows) + ", form " +
+                             std::to_string(static_cast<int>(k.form));
+    std::vector<std::string> files[2];
+    for (int streams : {1, 2}) {
+      EtlOptions o = options(input, tmp.path + "/s" + std::to_string(streams),
+                             json::parse(kTarget));
+      o.valid_ratio = k.valid_ratio;
+      o.shard_rows = k.shard_rows;
+      o.input_cache_form = k.form;
+      o.overwrite = true;
+      ::setenv("DLREC_ETL_STREAMS", std::to_string(streams).c_str(), 1);
+      ::setenv("DLREC_ETL_TIMES", "1", 1);
+      ::testing::internal::CaptureStderr();
+      run_etl(o);
+      const std::string err = ::testing::internal::GetCapturedStderr();
+      ::unsetenv("DLREC_ETL_STREAMS");
+      ::unsetenv("DLREC_ETL_TIMES");
+      const size_t at = err.find("2 transform streams, the second from chunk ");
+      EXPECT_EQ(at != std::string::npos, streams == 2) << name << "\n" << err;
+      if (at != std::string::npos) {
+        const std::string line = err.substr(at, err.find('\n', at) - at);
+        EXPECT_NE(line.find("(training file " + std::to_string(k.file) + ")"), std::string::npos)
+            << name << ": " << line;
+        EXPECT_EQ(line.find(" row 0 ") == std::string::npos, k.mid_chunk) << name << ": " << line;
+      }
+      files[streams - 1] = list_dir(o.output_dir);
+    }
+    ASSERT_EQ(files[0], files[1]) << name;
+    EXPECT_GT(files[0].size(), 3u);
+    for (const auto& f : files[0])
+      EXPECT_EQ(read_all(tmp.path + "/s1/" + f), read_all(tmp.path + "/s2/" + f))
+          << f << " differs, " << name;
+  }
+  for (const char* bad : {"0", "3", "x"}) {
+    ::setenv("DLREC_ETL_STREAMS", bad, 1);
+    EtlOptions o = options(input, tmp.path + "/bad", json::parse(kCriteo));
+    o.overwrite = true;
+    std::string msg;
+    try {
+      run_etl(o);
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+    ::unsetenv("DLREC_ETL_STREAMS");
+    EXPECT_NE(msg.find("DLREC_ETL_STREAMS must be 1 or 2"), std::string::npos) << bad << ": " << msg;
+  }
+}
+
 }  // namespace
 }  // namespace dlrec::etl
