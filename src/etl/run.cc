@@ -1124,6 +1124,14 @@ EtlResult run_etl(const EtlOptions& o) {
       }
     }
     const bool shared_chunk = streams.size() == 2 && streams[1].skip > 0;
+    // Chunks per batch of a stream: two streams take half each (as many rows in flight as
+    // one), but still a shard block of rows. DLREC_ETL_STREAM_CHUNKS=full (A/B): all.
+    int stream_chunks = transform_chunks;
+    if (streams.size() == 2 && !(std::getenv("DLREC_ETL_STREAM_CHUNKS") &&
+                                 std::string(std::getenv("DLREC_ETL_STREAM_CHUNKS")) == "full"))
+      stream_chunks = std::max<int>(
+          transform_chunks / 2,
+          static_cast<int>((o.block_rows + o.read.chunk_rows - 1) / std::max<int64_t>(1, o.read.chunk_rows)));
     if (times && streams.size() == 2)
       std::fprintf(stderr, "etl times: 2 transform streams, the second from chunk %zu row %lld "
                    "(training file %d)\n", streams[1].first,
@@ -1143,7 +1151,7 @@ EtlResult run_etl(const EtlOptions& o) {
       size_t at = st.first;
       auto next_batch = [&](std::vector<io::RawChunk>& out) -> int {
         if (input) return input->next(out);
-        const size_t k = std::min(st.end - at, static_cast<size_t>(transform_chunks));
+        const size_t k = std::min(st.end - at, static_cast<size_t>(stream_chunks));
         if (out.size() < k) out.resize(k);
         from_cache.assign(k, nullptr);
         copy.assign(k, 0);
