@@ -3,6 +3,9 @@
 
 #include <mma.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <type_traits>
@@ -57,11 +60,24 @@ __global__ void bias_act4_kernel(float4* __restrict__ y, const float4* __restric
   }
 }
 
-// dz = dy masked by y > 0 (when y is given) and, per chunk of kBgradRows rows, the column sums
-// of dz: block (32, 8) covers 32 columns of one chunk, rows summed in a fixed order.
+// dz = dy masked (Mask::Y: y > 0; Mask::Bits: the ReLU bit of a cuBLASLt RELU_AUX epilogue, see
+// relu_bit) and, per chunk of kBgradRows rows, the column sums of dz (Mask::None: of dy, no dz).
+// block (32, 8) covers 32 columns of one chunk; thread (x, k) sums rows r0 + k, r0 + k + 8, ... in
+// that order, then the 8 sums are added in k order: the order that mask_bgrad8_kernel keeps too.
 constexpr int kBgradRows = 256;
-template <class E>
+enum class Mask { None, Y, Bits };
+
+// The bit of row r, column c of a column-major bit matrix (cuBLASLt's ReLU mask of a [out, B]
+// column-major output: one sample per column), `ld_bytes` = its leading dimension in bits / 8:
+// bit c % 8 (least significant first) of byte r * ld_bytes + c / 8.
+__device__ __forceinline__ bool relu_bit(const uint8_t* __restrict__ bits, int64_t ld_bytes,
+                                         int64_t r, int c) {
+  return (bits[r * ld_bytes + (c >> 3)] >> (c & 7)) & 1;
+}
+
+template <class E, Mask M>
 __global__ void mask_bgrad_kernel(const E* __restrict__ dy, const E* __restrict__ y,
+                                  const uint8_t* __restrict__ bits, int64_t bits_ld,
                                   E* __restrict__ dz, float* __restrict__ partial, int64_t B,
                                   int out) {
   __shared__ float red[8][33];
@@ -73,8 +89,9 @@ __global__ void mask_bgrad_kernel(const E* __restrict__ dy, const E* __restrict_
     for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
       const int64_t i = r * out + col;
       float v = to_f(dy[i]);
-      if (y) {
-        v = to_f(y[i]) > 0.f ? v : 0.f;
+      if constexpr (M != Mask::None) {
+        const bool on = M == Mask::Y ? to_f(y[i]) > 0.f : relu_bit(bits, bits_ld, r, col);
+        v = on ? v : 0.f;
         dz[i] = from_f<E>(v);
       }
       acc += v;
@@ -86,6 +103,85 @@ __global__ void mask_bgrad_kernel(const E* __restrict__ dy, const E* __restrict_
     float s = red[0][threadIdx.x];
     for (int k = 1; k < 8; ++k) s += red[k][threadIdx.x];
     partial[int64_t(blockIdx.y) * out + col] = s;
+  }
+}
+
+// 16-bit E, out % 8 == 0, 16-byte aligned rows: the same pass with 8 adjacent columns per thread
+// (16-byte loads and stores of dy, y and dz; one mask byte). Block (GX, 8) covers 8 * GX columns
+// of one chunk; thread (x, k) sums the same rows in the same order as mask_bgrad_kernel, and the
+// 8 row sums of a column are added in k order, so the partials are bit-identical to it. Rows are
+// loaded 4 at a time (4 loads in flight per thread).
+template <class E, Mask M>
+__global__ void __launch_bounds__(256)
+    mask_bgrad8_kernel(const E* __restrict__ dy, const E* __restrict__ y,
+                       const uint8_t* __restrict__ bits, int64_t bits_ld,
+                       E* __restrict__ dz, float* __restrict__ partial, int64_t B, int out) {
+  __shared__ float red[8][8][33];  // [k][column within the group][x]
+  const int g = blockIdx.x * blockDim.x + threadIdx.x;  // group of 8 columns
+  const int col = g * 8;
+  const int64_t r0 = int64_t(blockIdx.y) * kBgradRows;
+  const int64_t r1 = min(B, r0 + kBgradRows);
+  float acc[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j] = 0.f;
+  if (col < out) {
+    const int64_t ld8 = out / 8;  // row stride in 16-byte vectors
+    const uint4* dy8 = reinterpret_cast<const uint4*>(dy) + g;
+    const uint4* y8 = reinterpret_cast<const uint4*>(y) + g;
+    uint4* dz8 = reinterpret_cast<uint4*>(dz) + g;
+    auto one = [&](int64_t r, const uint4& d, const uint4& yv, uint8_t m) {
+      float v[8];
+      unpack8(d, v, static_cast<const E*>(nullptr));
+      if constexpr (M != Mask::None) {
+        float yf[8];
+        if constexpr (M == Mask::Y) unpack8(yv, yf, static_cast<const E*>(nullptr));
+        union {
+          uint4 u;
+          E e[8];
+        } o;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const bool on = M == Mask::Y ? yf[j] > 0.f : ((m >> j) & 1);
+          v[j] = on ? v[j] : 0.f;
+          o.e[j] = from_f<E>(v[j]);
+        }
+        dz8[r * ld8] = o.u;
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] += v[j];
+    };
+    int64_t r = r0 + threadIdx.y;
+    for (; r + 24 < r1; r += 32) {  // 4 rows r, r + 8, r + 16, r + 24
+      uint4 d[4], yv[4];
+      uint8_t m[4] = {0, 0, 0, 0};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int64_t rq = r + 8 * q;
+        d[q] = dy8[rq * ld8];
+        if constexpr (M == Mask::Y) yv[q] = y8[rq * ld8];
+        if constexpr (M == Mask::Bits) m[q] = bits[rq * bits_ld + g];
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) one(r + 8 * q, d[q], yv[q], m[q]);
+    }
+    for (; r < r1; r += 8) {
+      const uint4 d = dy8[r * ld8];
+      uint4 yv{};
+      uint8_t m = 0;
+      if constexpr (M == Mask::Y) yv = y8[r * ld8];
+      if constexpr (M == Mask::Bits) m = bits[r * bits_ld + g];
+      one(r, d, yv, m);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) red[threadIdx.y][j][threadIdx.x] = acc[j];
+  __syncthreads();
+  // Thread (x, k) finishes column 8 * g + k of its group.
+  if (col < out) {
+    const int j = threadIdx.y;
+    float s = red[0][j][threadIdx.x];
+    for (int k = 1; k < 8; ++k) s += red[k][j][threadIdx.x];
+    partial[int64_t(blockIdx.y) * out + col + j] = s;
   }
 }
 
@@ -574,9 +670,45 @@ void bias_act(float* y, const float* b, int64_t B, int64_t out, bool relu, cudaS
 
 int64_t bias_grad_chunks(int64_t B) { return (B + kBgradRows - 1) / kBgradRows; }
 
+// DLREC_BGRAD_VEC=0: the one-column-per-thread kernel for 16-bit types too (the same sums).
+static bool bgrad_vec_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("DLREC_BGRAD_VEC");
+    return !(v && v[0] == '0');
+  }();
+  return on;
+}
+
+template <class E, Mask M>
+void launch_mask_bgrad(const E* dy, const E* y, const uint8_t* bits, int64_t bits_ld, E* dz,
+                       float* partial, int64_t B, int64_t out, int64_t chunks,
+                       cudaStream_t stream) {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = sizeof(E) == 2 && out % 8 == 0 && aligned(dy) &&
+                   (M != Mask::Y || aligned(y)) && (M == Mask::None || aligned(dz)) &&
+                   bgrad_vec_enabled();
+  if constexpr (sizeof(E) == 2) {
+    if (vec) {
+      const int64_t groups = out / 8;
+      const int gx = static_cast<int>(std::min<int64_t>(32, groups));
+      dim3 grid(static_cast<unsigned>((groups + gx - 1) / gx), static_cast<unsigned>(chunks));
+      mask_bgrad8_kernel<E, M><<<grid, dim3(gx, 8), 0, stream>>>(dy, y, bits, bits_ld, dz,
+                                                                   partial, B,
+                                                                   static_cast<int>(out));
+      DLREC_CUDA_LAUNCH_CHECK();
+      return;
+    }
+  }
+  dim3 grid(static_cast<unsigned>((out + 31) / 32), static_cast<unsigned>(chunks));
+  mask_bgrad_kernel<E, M><<<grid, dim3(32, 8), 0, stream>>>(dy, y, bits, bits_ld, dz, partial,
+                                                            B, static_cast<int>(out));
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+// y given: Mask::Y; else bits given: Mask::Bits (bits_ld in bits); else no mask.
 template <class E>
-void mask_bias_grad_impl(const E* dy, const E* y, E* dz, float* partial, float* db, int64_t B,
-                         int64_t out, cudaStream_t stream) {
+void mask_bias_grad_impl(const E* dy, const E* y, const uint8_t* bits, int64_t bits_ld, E* dz,
+                         float* partial, float* db, int64_t B, int64_t out, cudaStream_t stream) {
   if (out == 0) return;
   const int64_t chunks = bias_grad_chunks(B);
   if (chunks == 0) {
@@ -584,10 +716,14 @@ void mask_bias_grad_impl(const E* dy, const E* y, E* dz, float* partial, float* 
     return;
   }
   DLREC_CHECK(chunks < 65536, "mask_bias_grad: batch of ", B, " rows is too large");
-  dim3 grid(static_cast<unsigned>((out + 31) / 32), static_cast<unsigned>(chunks));
-  mask_bgrad_kernel<E><<<grid, dim3(32, 8), 0, stream>>>(dy, y, dz, partial, B,
-                                                          static_cast<int>(out));
-  DLREC_CUDA_LAUNCH_CHECK();
+  if (y)
+    launch_mask_bgrad<E, Mask::Y>(dy, y, nullptr, 0, dz, partial, B, out, chunks, stream);
+  else if (bits)
+    launch_mask_bgrad<E, Mask::Bits>(dy, nullptr, bits, bits_ld / 8, dz, partial, B, out, chunks,
+                                     stream);
+  else
+    launch_mask_bgrad<E, Mask::None>(dy, nullptr, nullptr, 0, dz, partial, B, out, chunks,
+                                     stream);
   sum_partials_kernel<<<static_cast<unsigned>((out + 127) / 128), 128, 0, stream>>>(
       partial, static_cast<int>(chunks), static_cast<int>(out), db);
   DLREC_CUDA_LAUNCH_CHECK();
@@ -595,16 +731,39 @@ void mask_bias_grad_impl(const E* dy, const E* y, E* dz, float* partial, float* 
 
 void mask_bias_grad(const float* dy, const float* y, float* dz, float* partial, float* db,
                     int64_t B, int64_t out, cudaStream_t stream) {
-  mask_bias_grad_impl(dy, y, dz, partial, db, B, out, stream);
+  mask_bias_grad_impl(dy, y, nullptr, 0, dz, partial, db, B, out, stream);
 }
 void mask_bias_grad(const bf16* dy, const bf16* y, bf16* dz, float* partial, float* db,
                     int64_t B, int64_t out, cudaStream_t stream) {
-  mask_bias_grad_impl(dy, y, dz, partial, db, B, out, stream);
+  mask_bias_grad_impl(dy, y, nullptr, 0, dz, partial, db, B, out, stream);
 }
 void mask_bias_grad(const f16* dy, const f16* y, f16* dz, float* partial, float* db,
                     int64_t B, int64_t out, cudaStream_t stream) {
-  mask_bias_grad_impl(dy, y, dz, partial, db, B, out, stream);
+  mask_bias_grad_impl(dy, y, nullptr, 0, dz, partial, db, B, out, stream);
 }
+
+static std::atomic<int64_t> g_mask_bits_launches{0};
+
+template <class E>
+void mask_bias_grad_bits_impl(const E* dy, const uint8_t* bits, int64_t bits_ld, E* dz,
+                              float* partial, float* db, int64_t B, int64_t out,
+                              cudaStream_t stream) {
+  DLREC_CHECK(bits != nullptr && bits_ld >= out && bits_ld % 128 == 0,
+              "mask_bias_grad_bits: the mask's leading dimension (", bits_ld,
+              " bits) must be a multiple of 128 and at least the width ", out);
+  mask_bias_grad_impl(dy, static_cast<const E*>(nullptr), bits, bits_ld, dz, partial, db, B, out,
+                      stream);
+  ++g_mask_bits_launches;
+}
+void mask_bias_grad_bits(const bf16* dy, const uint8_t* bits, int64_t bits_ld, bf16* dz,
+                         float* partial, float* db, int64_t B, int64_t out, cudaStream_t stream) {
+  mask_bias_grad_bits_impl(dy, bits, bits_ld, dz, partial, db, B, out, stream);
+}
+void mask_bias_grad_bits(const f16* dy, const uint8_t* bits, int64_t bits_ld, f16* dz,
+                         float* partial, float* db, int64_t B, int64_t out, cudaStream_t stream) {
+  mask_bias_grad_bits_impl(dy, bits, bits_ld, dz, partial, db, B, out, stream);
+}
+int64_t mask_bits_launches() { return g_mask_bits_launches.load(); }
 
 void relu_mask(const float* dy, const float* y, float* dz, int64_t n, cudaStream_t stream) {
   if (n == 0) return;

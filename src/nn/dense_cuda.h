@@ -40,7 +40,9 @@ void bias_act(bf16* y, const bf16* b, int64_t B, int64_t out, bool relu, cudaStr
 void bias_act(f16* y, const f16* b, int64_t B, int64_t out, bool relu, cudaStream_t stream);
 // Backward of bias (+ ReLU) for dy [B, out]: with y given, dz = dy where y > 0 else 0 (dz is
 // unused when y is null: then dz = dy); db [out] = column sums of dz, summed in a fixed order
-// (deterministic) through `partial` [bias_grad_chunks(B), out].
+// (deterministic) through `partial` [bias_grad_chunks(B), out]. 16-bit types with out % 8 == 0
+// and 16-byte aligned rows read 8 columns per thread (the same sums in the same order;
+// DLREC_BGRAD_VEC=0: one column per thread).
 int64_t bias_grad_chunks(int64_t B);
 void mask_bias_grad(const float* dy, const float* y, float* dz, float* partial, float* db,
                     int64_t B, int64_t out, cudaStream_t stream);
@@ -48,6 +50,20 @@ void mask_bias_grad(const bf16* dy, const bf16* y, bf16* dz, float* partial, flo
                     int64_t B, int64_t out, cudaStream_t stream);
 void mask_bias_grad(const f16* dy, const f16* y, f16* dz, float* partial, float* db,
                     int64_t B, int64_t out, cudaStream_t stream);
+// The same with the ReLU mask as bits instead of y: dz = dy where the bit is set, else 0. `bits`
+// is the mask a cuBLASLt RELU_AUX(_BIAS) epilogue writes beside a [out, B] column-major output
+// (one sample per column), a column-major bit matrix whose leading dimension bits_ld (in bits)
+// is a multiple of 128 and >= out: row r's bit for column c is bit c % 8 (least significant
+// first) of byte r * bits_ld / 8 + c / 8 (checked against cuBLASLt on an H100). cuBLASLt sets
+// the bit where its pre-activation is >= 0, so the bits are y > 0 except where that is exactly
+// 0 (bit set, y = 0) and, for some shapes, at a few more elements (25 of 100,000 in a 100-wide
+// test). The sums are in the same order as the y form's. mask_bits_launches(): how many such
+// passes were enqueued in this process (for tests).
+void mask_bias_grad_bits(const bf16* dy, const uint8_t* bits, int64_t bits_ld, bf16* dz,
+                         float* partial, float* db, int64_t B, int64_t out, cudaStream_t stream);
+void mask_bias_grad_bits(const f16* dy, const uint8_t* bits, int64_t bits_ld, f16* dz,
+                         float* partial, float* db, int64_t B, int64_t out, cudaStream_t stream);
+int64_t mask_bits_launches();
 // dz = dy where y > 0, else 0 (all [n]).
 void relu_mask(const float* dy, const float* y, float* dz, int64_t n, cudaStream_t stream);
 void relu_mask(const bf16* dy, const bf16* y, bf16* dz, int64_t n, cudaStream_t stream);
