@@ -1,14 +1,12 @@
 #include "dlrec/etl/run.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -45,11 +43,9 @@ std::string shard_name(const std::string& prefix, int index) {
 // file's path is appended to `created` (for cleanup on failure).
 class ShardSetWriter {
  public:
-  // The first file is <prefix>_<first_index>.
   ShardSetWriter(std::string dir, std::string prefix, io::ShardLayout layout, int64_t shard_rows,
-                 int64_t block_rows, std::vector<std::string>* created, int first_index = 0)
-      : first_index_(first_index),
-        dir_(std::move(dir)),
+                 int64_t block_rows, std::vector<std::string>* created)
+      : dir_(std::move(dir)),
         prefix_(std::move(prefix)),
         layout_(std::move(layout)),
         shard_rows_(shard_rows),
@@ -60,7 +56,7 @@ class ShardSetWriter {
   void write(const io::Batch& b, int64_t begin, int64_t end) {
     while (begin < end) {
       if (!cur_) {
-        names_.push_back(shard_name(prefix_, first_index_ + static_cast<int>(names_.size())));
+        names_.push_back(shard_name(prefix_, static_cast<int>(names_.size())));
         open_next();
       }
       const int64_t n = std::min(end - begin, shard_rows_ - cur_->rows());
@@ -85,7 +81,7 @@ class ShardSetWriter {
     for (io::BatchRows p : parts) {
       while (p.begin < p.end) {
         if (!cur_) {
-          names_.push_back(shard_name(prefix_, first_index_ + static_cast<int>(names_.size())));
+          names_.push_back(shard_name(prefix_, static_cast<int>(names_.size())));
           open_next();
           in_file = 0;
         }
@@ -107,7 +103,7 @@ class ShardSetWriter {
   // Closes the open file; `at_least_one` writes an empty shard when no row came.
   void close(bool at_least_one) {
     if (!cur_ && names_.empty() && at_least_one) {
-      names_.push_back(shard_name(prefix_, first_index_));
+      names_.push_back(shard_name(prefix_, 0));
       open_next();
     }
     if (cur_) finish_current();
@@ -153,7 +149,6 @@ class ShardSetWriter {
   };
   std::vector<Closing> closing_;
 
-  int first_index_;
   std::string dir_, prefix_;
   io::ShardLayout layout_;
   int64_t shard_rows_, block_rows_;
@@ -1056,235 +1051,110 @@ EtlResult run_etl(const EtlOptions& o) {
     if (!cached)
       input = std::make_unique<BatchReader>(
           io::open_reader(o.inputs, o.schema, pass_read_options(o)), transform_chunks, read_ahead);
+    // From the cache, a batch's kept chunks are unpacked by the transform tasks (into the
+    // reused `chunks`); they leave the cache, so its memory goes down as the pass goes on.
+    std::vector<KeptChunk> kept_batch;
+    auto next_batch = [&](std::vector<io::RawChunk>& out) -> int {
+      if (input) return input->next(out);
+      const size_t k = std::min(cache.chunks.size(), static_cast<size_t>(transform_chunks));
+      if (out.size() < k) out.resize(k);
+      if (kept_batch.size() < k) kept_batch.resize(k);
+      for (size_t i = 0; i < k; ++i) {
+        kept_batch[i] = std::move(cache.chunks.front());
+        cache.chunks.pop_front();
+      }
+      return static_cast<int>(k);
+    };
     Progress tp("etl transform", expected_rows, "rows");
-    std::mutex tp_mu;
-    int64_t tp_done = 0;  // input rows transformed, all streams
-    // The transform streams: each runs the pass below over its own range of the cached chunks
-    // with shard writers of its own, so that two shard files are written at once (one
-    // thread appends a file's blocks and the kernel takes one file's writes in turn: on the
-    // 16-core host a pwrite per block from the pool made the transform slower, 0.93-1.06 s vs
-    // 0.72-0.77). Stream 1 starts at a training shard file boundary (chunk `first`, whose
-    // rows before `skip` stream 0 writes), so that the files are the same as from one stream.
-    // One stream when the rows are read again, with filters (a chunk's rows then depend on the
-    // chunks before), with a RankWriter, under a memory budget, or where the rows do not
-    // fill a training file and leave validation rows.
-    struct Stream {
-      size_t first = 0, end = 0;  // cached chunks [first, end)
-      int64_t skip = 0;           // output rows of chunk `first` written by the stream before
-      int64_t stop = -1;          // output rows of chunk end - 1 to write (-1: all)
-      int64_t seen = 0, train_seen = 0;  // input / training rows before chunk `first`
-      int file = 0;                      // the first training file of the stream
-      ShardSetWriter* train = nullptr;
-      double write_busy = 0;
-      std::exception_ptr error;
-    };
-    std::vector<Stream> streams(1);
-    streams[0].end = cached ? cache.chunks.size() : 0;
-    streams[0].train = &train;
-    std::unique_ptr<ShardSetWriter> train2;
-    int want_streams = 2;
-    if (const char* env = std::getenv("DLREC_ETL_STREAMS"); env && *env) {
-      want_streams = std::atoi(env);
-      DLREC_CHECK(want_streams == 1 || want_streams == 2, "etl: DLREC_ETL_STREAMS must be 1 or 2, "
-                  "got '", env, "'");
-    }
-    if (cached && !workflow.has_filters() && !ranked && o.memory_budget_mb == 0 &&
-        num_threads() >= 2 && want_streams == 2) {
-      // Training rows T (chunks [0, train_chunks)), all rows N; the boundary S: the training
-      // file boundary (a multiple of shard_rows below T) nearest N / 2, else T itself (all
-      // training rows in stream 0, the validation rows in stream 1).
-      int64_t T = 0, N = 0;
-      for (size_t j = 0; j < cache.chunks.size(); ++j) {
-        N += cache.chunks[j].rows();
-        if (j < cache.train_chunks) T += cache.chunks[j].rows();
+    // Each batch of chunks is transformed on all cores (a chunk per task, into its own
+    // io::Batch); the writer thread then hands its rows to the shard writers, which encode
+    // whole blocks on all cores, while the next batch is read and transformed. The split is
+    // by input position: a chunk's first to_train_in[i] input rows train.
+    std::vector<io::RawChunk> chunks;
+    std::vector<io::Batch> outs[2];
+    std::vector<std::vector<int64_t>> kept;
+    std::vector<int64_t> to_train_in, to_train, first_train;
+    std::vector<std::exception_ptr> errors;
+    int cur = 0;
+    int64_t seen = 0;        // input rows so far
+    int64_t train_seen = 0;  // training rows so far (after filtering)
+    std::future<void> writing;
+    double write_busy = 0;   // seconds the writer thread worked
+    for (int n; (n = next_batch(chunks)) > 0;) {
+      std::vector<io::Batch>& out = outs[cur];
+      if (static_cast<int>(out.size()) < n) out.resize(n);
+      kept.resize(std::max<size_t>(kept.size(), n));
+      to_train_in.assign(n, 0);
+      to_train.assign(n, 0);
+      first_train.assign(n, 0);
+      errors.assign(n, nullptr);
+      for (int i = 0; i < n; ++i) {
+        const int64_t rows = input ? chunks[i].rows : kept_batch[i].rows();
+        to_train_in[i] = n_train < 0 ? rows : std::max<int64_t>(0, std::min(rows, n_train - seen));
+        seen += rows;
       }
-      int64_t S = 0;
-      for (int64_t m = 1; m * o.shard_rows < T; ++m)
-        if (S == 0 || std::llabs(2 * m * o.shard_rows - N) < std::llabs(2 * S - N))
-          S = m * o.shard_rows;
-      if (S == 0 && T < N && T % o.shard_rows != 0) S = T;  // T == N: nothing for stream 1
-      if (S > 0 && T > 0) {
-        Stream& s1 = streams.emplace_back();
-        size_t k = 0;
-        int64_t before = 0;
-        while (before + cache.chunks[k].rows() <= S) before += cache.chunks[k++].rows();
-        // S < N, so chunk k exists; it holds training row S at row S - before.
-        s1.first = k;
-        s1.end = cache.chunks.size();
-        s1.skip = S - before;
-        s1.seen = before;
-        s1.train_seen = before;
-        streams[0].end = s1.skip > 0 ? k + 1 : k;
-        streams[0].stop = s1.skip > 0 ? s1.skip : -1;
-        train2 = std::make_unique<ShardSetWriter>(o.output_dir, "train", layout, o.shard_rows,
-                                                  o.block_rows, &created,
-                                                  static_cast<int>(S / o.shard_rows));
-        s1.train = train2.get();
-        s1.file = static_cast<int>(S / o.shard_rows);
-      }
-    }
-    const bool shared_chunk = streams.size() == 2 && streams[1].skip > 0;
-    // Chunks per batch of a stream: two streams take half each (as many rows in flight as
-    // one), but still a shard block of rows. DLREC_ETL_STREAM_CHUNKS=full (A/B): all.
-    int stream_chunks = transform_chunks;
-    if (streams.size() == 2 && !(std::getenv("DLREC_ETL_STREAM_CHUNKS") &&
-                                 std::string(std::getenv("DLREC_ETL_STREAM_CHUNKS")) == "full"))
-      stream_chunks = std::max<int>(
-          transform_chunks / 2,
-          static_cast<int>((o.block_rows + o.read.chunk_rows - 1) / std::max<int64_t>(1, o.read.chunk_rows)));
-    if (times && streams.size() == 2)
-      std::fprintf(stderr, "etl times: 2 transform streams, the second from chunk %zu row %lld "
-                   "(training file %d)\n", streams[1].first,
-                   static_cast<long long>(streams[1].skip), streams[1].file);
-    // One stream's pass. Each batch of chunks is transformed on all cores (a chunk per task,
-    // into its own io::Batch); the stream's writer thread then hands its rows to the shard
-    // writers, which encode whole blocks on all cores, while the next batch is read and
-    // transformed. The split is by input position: a chunk's first to_train_in[i] input rows
-    // train. From the cache, a batch's kept chunks are unpacked by the transform tasks (into
-    // the reused `chunks`); they leave the cache, so its memory goes down as the pass goes on
-    // (a chunk shared by two streams is copied out by both).
-    std::atomic<bool> stream0_failed{false};
-    auto run_stream = [&](Stream& st, bool is_first) {
-      std::vector<io::RawChunk> chunks;
-      std::vector<KeptChunk*> from_cache;
-      std::vector<char> copy;  // from_cache[i] is shared with the other stream: copy it out
-      size_t at = st.first;
-      auto next_batch = [&](std::vector<io::RawChunk>& out) -> int {
-        if (input) return input->next(out);
-        const size_t k = std::min(st.end - at, static_cast<size_t>(stream_chunks));
-        if (out.size() < k) out.resize(k);
-        from_cache.assign(k, nullptr);
-        copy.assign(k, 0);
-        for (size_t i = 0; i < k; ++i, ++at) {
-          from_cache[i] = &cache.chunks[at];
-          copy[i] = shared_chunk && at == streams[1].first;
-        }
-        return static_cast<int>(k);
-      };
-      bool first_batch = true;
-      std::vector<io::Batch> outs[2];
-      std::vector<std::vector<int64_t>> kept;
-      std::vector<int64_t> to_train_in, to_train, first_train;
-      std::vector<std::exception_ptr> errors;
-      int cur = 0;
-      int64_t seen = st.seen;              // input rows so far
-      int64_t train_seen = st.train_seen;  // training rows so far (after filtering)
-      std::future<void> writing;
-      for (int n; (n = next_batch(chunks)) > 0;) {
-        if (!is_first && stream0_failed.load()) break;  // its error comes first in input order
-        std::vector<io::Batch>& out = outs[cur];
-        if (static_cast<int>(out.size()) < n) out.resize(n);
-        kept.resize(std::max<size_t>(kept.size(), n));
-        to_train_in.assign(n, 0);
-        to_train.assign(n, 0);
-        first_train.assign(n, 0);
-        errors.assign(n, nullptr);
-        for (int i = 0; i < n; ++i) {
-          const int64_t rows = input ? chunks[i].rows : from_cache[i]->rows();
-          to_train_in[i] = n_train < 0 ? rows : std::max<int64_t>(0, std::min(rows, n_train - seen));
-          seen += rows;
-        }
-        auto transform_one = [&](int i) {
-          try {
-            const TrainRows tr{first_train[i], to_train_in[i]};
-            if (!input) {
-              if (copy[i])
-                from_cache[i]->unpack(chunks[i]);
-              else
-                from_cache[i]->unpack_move(chunks[i]);
-            }
-            workflow.transform(chunks[i], out[i], &kept[i], /*append=*/false, &tr);
-          } catch (...) {
-            errors[i] = std::current_exception();
-          }
-        };
-        if (!workflow.has_filters()) {
-          // Every input row is kept: chunk i's training rows start at the sum before it.
-          for (int i = 0; i < n; ++i) {
-            first_train[i] = train_seen;
-            train_seen += to_train_in[i];
-            to_train[i] = to_train_in[i];
-          }
-          parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
-            for (int64_t i = lo; i < hi; ++i) transform_one(static_cast<int>(i));
-          });
-          for (const auto& e : errors)
-            if (e) std::rethrow_exception(e);  // the first failing chunk in input order
-        } else {
-          // Filters: a chunk's first training row depends on the rows kept before it.
-          for (int i = 0; i < n; ++i) {
-            first_train[i] = train_seen;
-            transform_one(i);
-            if (errors[i]) std::rethrow_exception(errors[i]);
-            to_train[i] = std::lower_bound(kept[i].begin(), kept[i].end(), to_train_in[i]) -
-                          kept[i].begin();
-            train_seen += to_train[i];
-          }
-        }
-        if (writing.valid()) writing.get();  // rethrows a write error
-        std::vector<io::BatchRows> train_parts, valid_parts;
-        std::vector<std::array<int64_t, 3>> ranked_parts;  // (chunk, rows, first training row)
-        const bool last_batch = !input && at == st.end;
-        int64_t batch_rows = 0;  // output rows this stream writes of the batch
-        for (int i = 0; i < n; ++i) {
-          // The output rows [lo, hi) of chunk i that this stream writes.
-          const int64_t lo = first_batch && i == 0 ? st.skip : 0;
-          const int64_t hi = last_batch && i == n - 1 && st.stop >= 0 ? st.stop : out[i].rows;
-          batch_rows += hi - lo;
-          if (ranked) {  // one stream
-            if (to_train[i] > 0) ranked_parts.push_back({i, to_train[i], written_train});
-            written_train += to_train[i];
-          } else if (std::min(hi, to_train[i]) > lo) {
-            train_parts.push_back({&out[i], lo, std::min(hi, to_train[i])});
-          }
-          if (std::max(lo, to_train[i]) < hi)
-            valid_parts.push_back({&out[i], std::max(lo, to_train[i]), hi});
-        }
-        first_batch = false;
-        {
-          std::lock_guard<std::mutex> g(tp_mu);
-          tp_done += batch_rows;
-          tp.update(tp_done);
-        }
-        RankWriter* rw = ranked.get();
-        ShardSetWriter* tw = st.train;
-        writing = std::async(std::launch::async, [&, rw, tw, train_parts = std::move(train_parts),
-                                                  valid_parts = std::move(valid_parts),
-                                                  ranked_parts = std::move(ranked_parts), cur] {
-          Timer t;
-          const std::vector<io::Batch>& b = outs[cur];
-          for (const auto& [i, rows, first] : ranked_parts) rw->write(b[i], 0, rows, first);
-          if (!train_parts.empty()) tw->write_parts(train_parts);
-          if (!valid_parts.empty()) valid.write_parts(valid_parts);
-          st.write_busy += t.seconds();
-        });
-        cur ^= 1;
-      }
-      if (writing.valid()) writing.get();
-    };
-    if (streams.size() == 1) {
-      run_stream(streams[0], true);
-    } else {
-      std::thread second([&] {
+      auto transform_one = [&](int i) {
         try {
-          run_stream(streams[1], false);
+          const TrainRows tr{first_train[i], to_train_in[i]};
+          if (!input) kept_batch[i].unpack_move(chunks[i]);
+          workflow.transform(chunks[i], out[i], &kept[i], /*append=*/false, &tr);
         } catch (...) {
-          streams[1].error = std::current_exception();
+          errors[i] = std::current_exception();
         }
-      });
-      try {
-        run_stream(streams[0], true);
-      } catch (...) {
-        streams[0].error = std::current_exception();
-        stream0_failed = true;
+      };
+      if (!workflow.has_filters()) {
+        // Every input row is kept: chunk i's training rows start at the sum before it.
+        for (int i = 0; i < n; ++i) {
+          first_train[i] = train_seen;
+          train_seen += to_train_in[i];
+          to_train[i] = to_train_in[i];
+        }
+        parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+          for (int64_t i = lo; i < hi; ++i) transform_one(static_cast<int>(i));
+        });
+        for (const auto& e : errors)
+          if (e) std::rethrow_exception(e);  // the first failing chunk in input order
+      } else {
+        // Filters: a chunk's first training row depends on the rows kept before it.
+        for (int i = 0; i < n; ++i) {
+          first_train[i] = train_seen;
+          transform_one(i);
+          if (errors[i]) std::rethrow_exception(errors[i]);
+          to_train[i] = std::lower_bound(kept[i].begin(), kept[i].end(), to_train_in[i]) -
+                        kept[i].begin();
+          train_seen += to_train[i];
+        }
       }
-      second.join();
-      for (const Stream& st : streams)  // the first error in input order
-        if (st.error) std::rethrow_exception(st.error);
+      tp.update(seen);
+      if (writing.valid()) writing.get();  // rethrows a write error
+      std::vector<io::BatchRows> train_parts, valid_parts;
+      std::vector<std::array<int64_t, 3>> ranked_parts;  // (chunk, rows, first training row)
+      for (int i = 0; i < n; ++i) {
+        if (to_train[i] > 0) {
+          if (ranked)
+            ranked_parts.push_back({i, to_train[i], written_train});
+          else
+            train_parts.push_back({&out[i], 0, to_train[i]});
+          written_train += to_train[i];
+        }
+        if (to_train[i] < out[i].rows) valid_parts.push_back({&out[i], to_train[i], out[i].rows});
+      }
+      RankWriter* rw = ranked.get();
+      writing = std::async(std::launch::async, [&, rw, train_parts = std::move(train_parts),
+                                                valid_parts = std::move(valid_parts),
+                                                ranked_parts = std::move(ranked_parts), cur] {
+        Timer t;
+        const std::vector<io::Batch>& b = outs[cur];
+        for (const auto& [i, rows, first] : ranked_parts) rw->write(b[i], 0, rows, first);
+        if (!train_parts.empty()) train.write_parts(train_parts);
+        if (!valid_parts.empty()) valid.write_parts(valid_parts);
+        write_busy += t.seconds();
+      });
+      cur ^= 1;
     }
+    if (writing.valid()) writing.get();
     mark("rows written");
-    res.write_seconds = 0;
-    for (const Stream& st : streams) res.write_seconds += st.write_busy;
+    res.write_seconds = write_busy;
     if (input) res.read_wait_seconds += input->wait_seconds();
     const io::ChunkReader* reader = input ? &input->reader() : &fit_reader->reader();
     if (ranked) {
@@ -1292,20 +1162,16 @@ EtlResult run_etl(const EtlOptions& o) {
       res.rank_shards = ranked->rank_names();
     } else {
       train.close(true);
-      if (train2) train2->close(false);
     }
     valid.close(false);
     train.wait_closed();
-    if (train2) train2->wait_closed();
     valid.wait_closed();
     res.skipped_rows = reader->stats().skipped_rows;
     tp.finish(res.skipped_rows ? std::to_string(res.skipped_rows) + " malformed rows skipped"
                                : "");
-    res.train_rows = ranked ? written_train : train.rows() + (train2 ? train2->rows() : 0);
+    res.train_rows = ranked ? written_train : train.rows();
     res.valid_rows = valid.rows();
     res.train_shards = train.names();
-    if (train2)
-      res.train_shards.insert(res.train_shards.end(), train2->names().begin(), train2->names().end());
     for (const auto& r : res.rank_shards)
       res.train_shards.insert(res.train_shards.end(), r.begin(), r.end());
     res.valid_shards = valid.names();
