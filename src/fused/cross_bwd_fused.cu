@@ -69,6 +69,12 @@ using ColSums = fu::Sm90ColReduction<cutlass::plus, cutlass::plus, cutlass::plus
 // Layers >= 1: D = du (of the layer below), g stored.
 using TreeDu = fu::Sm90EVT<fu::Sm90Compute<cutlass::epilogue::thread::Identity, Bf, Acc, kRound>,
                            fu::Sm90EVT<ColSums, Du<fu::Sm90EVT<Store, G>>>>;
+// The same without C (g = acc: the gradient formed by the next layer's data GEMM, e.g. the
+// first MLP layer above the cross layers).
+using G0 = fu::Sm90EVT<fu::Sm90Compute<cutlass::epilogue::thread::Identity, Bf, Acc, kRound>,
+                       fu::Sm90AccFetch>;
+using TreeDuNoC = fu::Sm90EVT<fu::Sm90Compute<cutlass::epilogue::thread::Identity, Bf, Acc, kRound>,
+                              fu::Sm90EVT<ColSums, Du<fu::Sm90EVT<Store, G0>>>>;
 
 // Layer 0's dL/dx0 sum, as cross_backward_deferred forms it (no FMA contraction: the same
 // products and sums in the same order). The last input (du's branch: stored and summed on
@@ -109,11 +115,11 @@ using TreeAcc2 = fu::Sm90EVT<fu::Sm90Compute<Acc2, Bf, Acc, kRound>, Load, Load,
 using TreeAcc1 = fu::Sm90EVT<fu::Sm90Compute<Acc1, Bf, Acc, kRound>, fu::Sm90SrcFetch<Bf>, Load, G,
                              Load, DuBranch>;
 
-template <class Tree>
+template <class Tree, class ElementC = Bf>
 struct Kern {
   using Epilogue = typename ec::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster, EpiTile, Acc, Acc, Bf,
-      LayoutC, kAlign, Bf, LayoutC, kAlign, EpiSchedule, Tree>::CollectiveOp;
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster, EpiTile, Acc, Acc,
+      ElementC, LayoutC, kAlign, Bf, LayoutC, kAlign, EpiSchedule, Tree>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf, LayoutA, kAlign, Bf, LayoutB,
       kAlign, Acc, Tile, Cluster,
@@ -147,7 +153,7 @@ bool servable(const DgradArgs& a) {
     return false;
   if (a.lda < a.m || a.ldb < a.k || a.ld < a.m) return false;
   if (!a.partial || a.partial_floats < dgrad_partial_floats(a.m, a.n)) return false;
-  for (const void* p : {a.w, a.dh, a.c, a.x0, static_cast<const void*>(a.du),
+  for (const void* p : {a.w, a.dh, a.x0, static_cast<const void*>(a.du),
                         static_cast<const void*>(a.partial), static_cast<const void*>(a.db)})
     if (!aligned(p)) return false;
   return true;
@@ -183,7 +189,7 @@ typename K::Gemm::Arguments base_args(const DgradArgs& a, void* d) {
       cutlass::gemm::GemmUniversalMode::kGemm,
       {static_cast<int>(a.m), static_cast<int>(a.n), static_cast<int>(a.k), 1},
       {static_cast<const Bf*>(a.w), sa, static_cast<const Bf*>(a.dh), sb},
-      {{}, static_cast<const Bf*>(a.c), sc, static_cast<Bf*>(d), sc},
+      {{}, static_cast<const typename K::Epilogue::ElementC*>(a.c), sc, static_cast<Bf*>(d), sc},
       hw};
 }
 
@@ -194,10 +200,19 @@ int64_t dgrad_partial_floats(int64_t m, int64_t n) {
 }
 
 bool cross_dgrad_du(const DgradArgs& a, void* g_out, cudaStream_t stream) {
-  if (!servable(a) || !g_out || !aligned(g_out)) return false;
+  if (!servable(a) || !g_out || !aligned(g_out) || !aligned(a.c)) return false;
+  const AuxStride s = make_stride(Int<1>{}, a.ld, int64_t(0));
+  if (!a.c) {  // g = acc
+    using K = Kern<TreeDuNoC, void>;
+    auto args = base_args<K>(a, a.du);
+    args.epilogue.thread = {
+        {{{static_cast<const Bf*>(a.x0), Bf(0), s}, {{{}, {}}, {static_cast<Bf*>(g_out), s}}, {}},
+         {a.partial, 0.f, {}}},
+        {}};
+    return launch<K>(a, args, stream);
+  }
   using K = Kern<TreeDu>;
   auto args = base_args<K>(a, a.du);
-  const AuxStride s = make_stride(Int<1>{}, a.ld, int64_t(0));
   // Children first, then the node's own: ((x0, ((acc, C, plus), store g), multiply), sums),
   // identity.
   args.epilogue.thread = {
@@ -209,7 +224,7 @@ bool cross_dgrad_du(const DgradArgs& a, void* g_out, cudaStream_t stream) {
 
 bool cross_dgrad_acc(const DgradArgs& a, const void* u0, const void* u1, const void* g3,
                      const void* u2, void* acc, cudaStream_t stream) {
-  if (!servable(a) || !acc || !aligned(acc) || !u0 || !aligned(u0) || !u1 || !aligned(u1))
+  if (!servable(a) || !a.c || !aligned(a.c) || !acc || !aligned(acc) || !u0 || !aligned(u0) || !u1 || !aligned(u1))
     return false;
   if ((g3 == nullptr) != (u2 == nullptr) || (g3 && (!aligned(g3) || !aligned(u2)))) return false;
   const AuxStride s = make_stride(Int<1>{}, a.ld, int64_t(0));

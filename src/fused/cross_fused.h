@@ -51,7 +51,9 @@ struct DgradArgs {
   int64_t ld = 0;
 };
 int64_t dgrad_partial_floats(int64_t m, int64_t n);
-// Layers l >= 2 (l-1 >= 1 keeps its g): also stores g into g_out.
+// Layers l >= 2 (l-1 >= 1 keeps its g): also stores g into g_out. With c null, g = W dh alone:
+// the data GEMM of the layer above the cross layers (the first MLP layer) doing the top cross
+// layer's pass.
 bool cross_dgrad_du(const DgradArgs& a, void* g_out, cudaStream_t stream);
 // Layer 1 (l-1 = 0, where the deferred dL/dx0 sum is formed), g itself not stored:
 //   acc = ((g3 * u2 + C * u1) + g * u0) + g   with g3/u2 (the top layer's terms when there are

@@ -108,6 +108,8 @@ cg::Elem elem(DType t) { return t == DType::BF16 ? cg::Elem::BF16 : cg::Elem::F3
 cudaDataType_t cuda_type(DType t) { return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 
 // A layer's output and its gradient.
+struct Engine;
+struct Lin;
 struct Value {
   int64_t width = 0, ld = 0;
   std::vector<int64_t> fields;
@@ -115,6 +117,11 @@ struct Value {
   Tensor y, g;  // [cap, ld]
   bool need_grad = false;
   bool has_grad = false;  // during backward: some consumer wrote g
+  int consumers = 0;      // inputs of other layers that name this value
+  // Set by the producer: a consumer whose backward forms g with one data GEMM, g = dz W (dz rows
+  // dz_ld apart, W the Lin's weights; nothing accumulated), offers it here first; true: the
+  // producer ran it (g written) with its own backward's first pass fused in.
+  std::function<bool(Engine&, const Lin&, const void* dz, int64_t dz_ld)> fused_dgrad;
 };
 
 // y [B, out] = x [B, in] W^T (+ b, ReLU): the master weights w [out, in] (f32), their gradient
@@ -729,7 +736,9 @@ class MlpNode final : public Node {
       } else if (e.vals[in[0]].need_grad) {
         Value& x = e.vals[in[0]];
         const bool acc = e.claim(in[0]);
-        e.lin_dgrad(l, dzc, l.out, x.g.raw(), x.gdt, x.ld, acc);
+        // The producer may run this GEMM with its own first backward pass fused in (cross).
+        if (acc || !x.fused_dgrad || !x.fused_dgrad(e, l, dzc, l.out))
+          e.lin_dgrad(l, dzc, l.out, x.g.raw(), x.gdt, x.ld, acc);
       }
       e.sub(name_ + ": bwd dgrad");
       e.weights([&e, &l, dzc, this] {
@@ -821,8 +830,13 @@ class CrossNode final : public Node {
     if (v.need_grad) acc_ = e.buf({cap, ld_}, e.act);
 #if DLREC_WITH_CUTLASS
     part_ = Tensor();
-    if (v.need_grad && e.lowp && fused_bwd_ && deferred_ && r_ > 0 && ld_ == F_)
+    e.vals[self].fused_dgrad = nullptr;
+    if (v.need_grad && e.lowp && fused_bwd_ && deferred_ && r_ > 0 && ld_ == F_) {
       part_ = e.buf({cutlass_k::dgrad_partial_floats(ld_, cap)}, DType::F32);
+      if (L >= 2)
+        e.vals[self].fused_dgrad = [this](Engine& en, const Lin& l, const void* dz,
+                                          int64_t dz_ld) { return fused_top(en, l, dz, dz_ld); };
+    }
 #endif
   }
   void forward(Engine& e) override {
@@ -883,7 +897,10 @@ class CrossNode final : public Node {
     const int64_t L = static_cast<int64_t>(layers_.size());
     // gs[l] = dL/dx_l for l >= 1 (deferred: each in its own buffer; else all in v.g).
     std::vector<void*> gs(L + 1, v.g.raw());
-    bool pass_done = false;  // layer l's element-wise pass was done by layer l+1's data GEMM
+    // Layer l's element-wise pass was done by layer l+1's data GEMM (the top layer's: by the
+    // consumer's, fused_top).
+    bool pass_done = top_pass_done_;
+    top_pass_done_ = false;
     for (int64_t l = L; l-- > 0;) {
       Layer& Y = layers_[l];
       void* g = gs[l + 1];
@@ -962,6 +979,39 @@ class CrossNode final : public Node {
       e.deliver(in[0], acc_.raw(), e.act, ld_, 0, 0, F_, accumulate);
     }
   }
+  // The consumer's data GEMM that forms our gradient (v.g = dz W), with the top cross layer's
+  // du pass in its epilogue (two or more layers: the top layer's pass is du only).
+  bool fused_top(Engine& e, const Lin& l, const void* dz, int64_t dz_ld) {
+#if DLREC_WITH_CUTLASS
+    Value& v = e.vals[self];
+    if (!e.lowp || !fused_bwd_ || !deferred_ || r_ == 0 || ld_ != F_ || e.B == 0 ||
+        !part_.raw() || layers_.size() < 2 || v.consumers != 1 || l.in_pad != ld_ ||
+        v.gdt != e.act)
+      return false;
+    Layer& top = layers_.back();
+    cutlass_k::DgradArgs a;
+    a.m = l.in_pad;
+    a.n = e.B;
+    a.k = l.out;
+    a.w = e.wcomp(l);
+    a.lda = l.in_pad;
+    a.dh = dz;
+    a.ldb = dz_ld;
+    a.c = nullptr;
+    a.x0 = x0p_;
+    a.du = top.du.raw();
+    a.db = top.w.db.data<float>();
+    a.partial = part_.data<float>();
+    a.partial_floats = part_.numel();
+    a.ld = ld_;
+    if (!cutlass_k::cross_dgrad_du(a, v.g.raw(), e.st)) return false;
+    top_pass_done_ = true;
+    return true;
+#else
+    (void)e, (void)l, (void)dz, (void)dz_ld;
+    return false;
+#endif
+  }
   // bf16, deferred sum, low rank, unpadded x0: layer l's data GEMM dL/dx_l = g + dh V with
   // layer l-1's element-wise pass in its epilogue (src/fused, cross_bwd_fused.cu): for l >= 2
   // it also stores dL/dx_l (Y.gin); for l == 1 it forms the dL/dx0 sum (two or three layers)
@@ -1028,6 +1078,7 @@ class CrossNode final : public Node {
   std::vector<Layer> layers_;
   Tensor x0_, acc_;
   Tensor part_;  // the fused backward's column sums per tile (bf16 with CUTLASS only)
+  bool top_pass_done_ = false;  // fused_top ran the top layer's pass in this backward
   const void* x0p_ = nullptr;
 };
 
@@ -1504,6 +1555,7 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
     }
     nodes_[i]->self = i;
     nodes_[i]->in = s.input_ids;
+    for (int j : s.input_ids) ++e_.vals[j].consumers;
     std::vector<NamedState> d, t;
     nodes_[i]->collect(e_, d, t);
     bool need = !d.empty() || !t.empty();
