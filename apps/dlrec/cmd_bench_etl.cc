@@ -37,7 +37,7 @@ struct EtlBenchOptions {
   int64_t memory_budget_mb = 0;
   int64_t chunk_rows = 0;
   int64_t input_cache_mb = -1;
-  bool cache_huge_pages = false;
+  bool cache_huge_pages = false, no_cache_huge_pages = false;
   std::string cache_form = "auto";
   int read_ahead = 0;
   bool keep = false;
@@ -93,7 +93,9 @@ int run_etl_bench(const EtlBenchOptions& o) {
       e.memory_budget_mb = o.memory_budget_mb;
       if (o.chunk_rows > 0) e.read.chunk_rows = o.chunk_rows;
       e.input_cache_mb = o.input_cache_mb;
-      e.input_cache_huge_pages = o.cache_huge_pages;
+      e.input_cache_huge_pages = o.cache_huge_pages      ? etl::HugePages::On
+                               : o.no_cache_huge_pages ? etl::HugePages::Off
+                                                       : etl::HugePages::Auto;
       e.input_cache_form = etl::parse_cache_form(o.cache_form);
       e.read_ahead = o.read_ahead;
       const double cpu0 = cpu_seconds();
@@ -105,12 +107,16 @@ int run_etl_bench(const EtlBenchOptions& o) {
       const int64_t rows = r.train_rows + r.valid_rows;
       rates.push_back(mb / s);
       std::printf("bench etl: input=%.1fMB rows=%lld threads=%d seconds=%.2f MB/s=%.1f "
-                  "MB/s/core=%.1f rows/s=%.0f cpu_seconds=%.2f MB/cpu_s=%.1f peak_rss=%.0fMB input_cache=%.0fMB "
+                  "MB/s/core=%.1f rows/s=%.0f cpu_seconds=%.2f MB/cpu_s=%.1f peak_rss=%.0fMB input_cache=%.0fMB%s "
                   "(count %.2fs, fit %.2fs x%d, transform+write %.2fs, output %.1fMB; waited for the "
                   "reader %.2fs, writer thread busy %.2fs; threads busy: fit %.0f%%, transform "
                   "%.0f%%)\n",
                   mb, static_cast<long long>(rows), threads, s, mb / s, mb / s / threads,
                   rows / s, cpu, mb / std::max(cpu, 1e-9), peak_rss_mb(), r.input_cache_bytes / 1e6,
+                  r.input_cache_bytes == 0      ? ""
+                  : !r.input_cache_compact      ? "(parsed)"
+                  : r.input_cache_huge_pages    ? "(compact,huge)"
+                                                : "(compact)",
                   r.count_seconds,
                   r.fit_seconds, r.fit_passes, r.transform_seconds, r.output_bytes / 1e6,
                   r.read_wait_seconds, r.write_seconds,
@@ -162,7 +168,10 @@ Runner add_bench_etl(CLI::App* b) {
                 "as dlrec etl)")
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 30));
   s->add_flag("--cache-huge-pages", o->cache_huge_pages,
-              "Transparent huge pages for the kept parsed input (as dlrec etl)");
+              "Always ask for transparent huge pages for the kept input (as dlrec etl)");
+  s->add_flag("--no-cache-huge-pages", o->no_cache_huge_pages,
+              "Never ask for huge pages for the kept input (as dlrec etl)")
+      ->excludes("--cache-huge-pages");
   s->add_option("--cache-form", o->cache_form,
                 "auto, compact or parsed: how the kept input is held (as dlrec etl)")
       ->check(CLI::IsMember({"auto", "compact", "parsed"}));

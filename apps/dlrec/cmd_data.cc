@@ -64,7 +64,7 @@ Runner add_etl(CLI::App& app) {
     std::string on_error = "fail";
     int64_t train_rows = -1, shard_rows = 0, memory_budget_mb = 0, input_cache_mb = -1;
     std::string spill_dir, cache_form = "auto";
-    bool shuffle = false, cache_huge_pages = false;
+    bool shuffle = false, cache_huge_pages = false, no_cache_huge_pages = false;
     int64_t seed = 0;
     int ranks = 1;
     double valid_ratio = -1;
@@ -95,13 +95,18 @@ Runner add_etl(CLI::App& app) {
                 "else 40% of the RAM; past it the input is read again)")
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 30));
   c->add_option("--cache-form", a->cache_form,
-                "How the kept input is held: parsed (fastest on many cores, ~1.9x the text), "
-                "compact (~0.6x), auto (default: parsed when the row count says it fits and "
-                "there is no --memory-budget, else compact)")
+                "How the kept input is held: parsed (~1.9x the text), compact (~0.6x), auto "
+                "(default: compact when it gets huge pages, under --memory-budget or when the "
+                "parsed rows would not fit, else parsed)")
       ->check(CLI::IsMember({"auto", "compact", "parsed"}));
   c->add_flag("--cache-huge-pages", a->cache_huge_pages,
-              "Ask for transparent huge pages for the kept parsed input (MADV_HUGEPAGE; off by "
-              "default: slower where the kernel must compact memory to find them)");
+              "Always ask for transparent huge pages for the kept compacted input (MADV_HUGEPAGE; "
+              "default: only where free 2 MB blocks already hold it, so that the kernel need "
+              "not compact memory)");
+  c->add_flag("--no-cache-huge-pages", a->no_cache_huge_pages,
+              "Never ask for huge pages for the kept input (then --cache-form auto keeps it as "
+              "parsed when it fits)")
+      ->excludes("--cache-huge-pages");
   c->add_flag("--shuffle", a->shuffle,
               "Shuffle the training rows within and across files (seeded permutation)");
   c->add_option("--seed", a->seed, "Seed of --shuffle (default 0)")
@@ -126,7 +131,9 @@ Runner add_etl(CLI::App& app) {
     o.memory_budget_mb = a->memory_budget_mb;
     o.spill_dir = a->spill_dir;
     o.input_cache_mb = a->input_cache_mb;
-    o.input_cache_huge_pages = a->cache_huge_pages;
+    o.input_cache_huge_pages = a->cache_huge_pages      ? etl::HugePages::On
+                               : a->no_cache_huge_pages ? etl::HugePages::Off
+                                                        : etl::HugePages::Auto;
     o.input_cache_form = etl::parse_cache_form(a->cache_form);
     o.shuffle = a->shuffle;
     o.seed = static_cast<uint64_t>(a->seed);

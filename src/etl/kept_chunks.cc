@@ -1,10 +1,14 @@
 #include "dlrec/etl/kept_chunks.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "dlrec/core/error.h"
 
@@ -24,7 +28,55 @@ inline bool zero_or_one(float v) {
   return b == 0 || b == 0x3F800000u;
 }
 
+std::string read_small_file(const char* path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  if (f) ss << f.rdbuf();
+  return ss.str();
+}
+
 }  // namespace
+
+bool thp_madvise_allowed(const std::string& enabled) {
+  return enabled.find("[always]") != std::string::npos ||
+         enabled.find("[madvise]") != std::string::npos;
+}
+
+int64_t free_huge_block_bytes(const std::string& buddyinfo, int64_t page_bytes,
+                              int64_t huge_bytes) {
+  if (page_bytes <= 0 || huge_bytes <= 0) return -1;
+  std::istringstream lines(buddyinfo);
+  std::string line;
+  int64_t total = 0;
+  int zones = 0;
+  while (std::getline(lines, line)) {
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;  // blank
+    // "Node <n>, zone <name> <count of order 0> <order 1> ..."
+    std::istringstream in(line);
+    std::string node, id, zone, name;
+    if (!(in >> node >> id >> zone >> name) || node != "Node" || zone != "zone") return -1;
+    int64_t count = 0;
+    int order = 0;
+    for (; in >> count; ++order) {
+      if (count < 0 || order > 40) return -1;
+      const int64_t block = page_bytes << order;
+      if (block >= huge_bytes) total += count * block;
+    }
+    if (!in.eof() || order == 0) return -1;  // a token that is no count, or no counts
+    ++zones;
+  }
+  return zones > 0 ? total : -1;
+}
+
+bool huge_pages_free_for(int64_t bytes) {
+  if (!thp_madvise_allowed(read_small_file("/sys/kernel/mm/transparent_hugepage/enabled")))
+    return false;
+  int64_t huge = std::atoll(read_small_file("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size").c_str());
+  if (huge <= 0) huge = int64_t{2} << 20;
+  const int64_t free = free_huge_block_bytes(read_small_file("/proc/buddyinfo"),
+                                             ::sysconf(_SC_PAGESIZE), huge);
+  return free >= 0 && free >= 2 * bytes;
+}
 
 std::shared_ptr<char> KeptArena::map_block(size_t size) const {
   void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -181,4 +181,36 @@ TEST(KeptChunkTest, BadRangeIsAnError) {
 }
 
 }  // namespace
+TEST(HugePagesTest, ThpModeFromTheSysfsText) {
+  EXPECT_TRUE(thp_madvise_allowed("always [madvise] never\n"));
+  EXPECT_TRUE(thp_madvise_allowed("[always] madvise never\n"));
+  EXPECT_FALSE(thp_madvise_allowed("always madvise [never]\n"));
+  EXPECT_FALSE(thp_madvise_allowed(""));  // the file could not be read
+  EXPECT_FALSE(thp_madvise_allowed("always madvise never"));  // no mode marked
+}
+
+TEST(HugePagesTest, FreeHugeBlocksFromBuddyinfo) {
+  // Orders 0..10 of 4 KB pages: orders 9 (2 MB) and 10 (4 MB) count for 2 MB huge pages.
+  const std::string text =
+      "Node 0, zone      DMA      0      0      0      0      0      0      0      0      1      1      3 \n"
+      "Node 0, zone   Normal  18343  15650   9513   7383   5228   3139   2219   1603    486    174   4091 \n";
+  const int64_t p = 4096, mb2 = int64_t{2} << 20;
+  const int64_t want = (1 + 174) * (p << 9) + (3 + 4091) * (p << 10);
+  EXPECT_EQ(free_huge_block_bytes(text, p, mb2), want);
+  // 1 MB "huge pages" also count order 8.
+  EXPECT_EQ(free_huge_block_bytes(text, p, mb2 / 2), want + (1 + 486) * (p << 8));
+  // Blank lines are skipped; a zone with fewer orders than 2 MB counts nothing.
+  EXPECT_EQ(free_huge_block_bytes("\nNode 0, zone DMA 5 6 7\n", p, mb2), 0);
+}
+
+TEST(HugePagesTest, MalformedBuddyinfoIsUnknown) {
+  const int64_t p = 4096, mb2 = int64_t{2} << 20;
+  EXPECT_EQ(free_huge_block_bytes("", p, mb2), -1);                               // no zone
+  EXPECT_EQ(free_huge_block_bytes("Node 0, zone Normal 1 2 x 4\n", p, mb2), -1);  // not a count
+  EXPECT_EQ(free_huge_block_bytes("Node 0, zone Normal\n", p, mb2), -1);          // no counts
+  EXPECT_EQ(free_huge_block_bytes("Node 0, zone Normal 1 -2\n", p, mb2), -1);     // negative
+  EXPECT_EQ(free_huge_block_bytes("Zone 0, node Normal 1 2\n", p, mb2), -1);      // other form
+  EXPECT_EQ(free_huge_block_bytes("Node 0, zone Normal 1 2\n", 0, mb2), -1);      // bad page
+}
+
 }  // namespace dlrec::etl

@@ -336,6 +336,57 @@ TEST(RunEtlTest, CacheFormNames) {
       << msg;
 }
 
+// The kept rows' form and huge pages (EtlOptions::input_cache_form, input_cache_huge_pages):
+// Auto keeps them compacted exactly when they get huge pages (the rows fit as parsed here);
+// every choice writes the same bytes.
+TEST(RunEtlTest, CacheHugePagesChooseTheFormAndKeepTheBytes) {
+  std::string dir = test_dir();
+  const std::string input = write_input(dir, tsv(700));
+  auto read_file = [](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  };
+  struct Case {
+    CacheForm form;
+    HugePages huge;
+    int compact, huge_pages;  // expected; -1: as Auto decides (checked below)
+  };
+  const Case cases[] = {{CacheForm::Auto, HugePages::Off, 0, 0},
+                        {CacheForm::Auto, HugePages::On, 1, 1},
+                        {CacheForm::Parsed, HugePages::On, 0, 0},
+                        {CacheForm::Compact, HugePages::Off, 1, 0},
+                        {CacheForm::Compact, HugePages::On, 1, 1},
+                        {CacheForm::Auto, HugePages::Auto, -1, -1}};
+  std::vector<std::string> ref_names;
+  std::vector<std::string> ref_bytes;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(static_cast<int>(c.form) * 10 + static_cast<int>(c.huge));
+    EtlOptions o = options(dir, input);
+    o.valid_ratio = 0.1;  // counted: the rows' size decides Auto's choices
+    o.overwrite = true;
+    o.input_cache_form = c.form;
+    o.input_cache_huge_pages = c.huge;
+    EtlResult r = run_etl(o);
+    EXPECT_GT(r.input_cache_bytes, 0);
+    if (c.compact >= 0) {
+      EXPECT_EQ(r.input_cache_compact, c.compact == 1);
+      EXPECT_EQ(r.input_cache_huge_pages, c.huge_pages == 1);
+    } else {
+      EXPECT_EQ(r.input_cache_compact, r.input_cache_huge_pages);
+    }
+    std::vector<std::string> names = list_dir(o.output_dir), bytes;
+    for (const auto& n : names) bytes.push_back(read_file(o.output_dir + "/" + n));
+    if (ref_names.empty()) {
+      ref_names = names;
+      ref_bytes = bytes;
+      ASSERT_GE(names.size(), 3u);
+    } else {
+      EXPECT_EQ(names, ref_names);
+      EXPECT_TRUE(bytes == ref_bytes);
+    }
+  }
+}
+
 TEST(RunEtlTest, TrainRowsBeyondInputIsAnError) {
   std::string dir = test_dir();
   EtlOptions o = options(dir, write_input(dir, tsv(100)));

@@ -21,11 +21,27 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "dlrec/io/raw_chunk.h"
 
 namespace dlrec::etl {
+
+// Whether madvise(MADV_HUGEPAGE) can give transparent huge pages: `enabled` is the text of
+// /sys/kernel/mm/transparent_hugepage/enabled (e.g. "always [madvise] never"); true when the
+// bracketed mode is "always" or "madvise", false for "never" or any other text.
+bool thp_madvise_allowed(const std::string& enabled);
+// Bytes of free memory in blocks of at least `huge_bytes` (the buddy allocator's orders whose
+// block of `page_bytes << order` is that large), summed over the zones listed in `buddyinfo`
+// (the text of /proc/buddyinfo: "Node 0, zone   Normal  18343  15650 ..." with the free block
+// counts of orders 0, 1, ...). -1 when the text lists no zone or a line is not of that form.
+int64_t free_huge_block_bytes(const std::string& buddyinfo, int64_t page_bytes,
+                              int64_t huge_bytes);
+// From the running system (the two files above, the page size, hpage_pmd_size): whether huge
+// pages may be asked for and free 2 MB blocks already cover 2 * `bytes` (so the kernel need
+// not compact memory to find them). False where a file cannot be read or parsed.
+bool huge_pages_free_for(int64_t bytes);
 
 class KeptArena {
  public:
