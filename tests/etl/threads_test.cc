@@ -143,11 +143,14 @@ TEST(ThreadsTest, InputCacheSameBytesKeptDroppedOrOff) {
     int64_t cache_mb;
     CacheForm form;
     int read_ahead;
+    HugePages huge = HugePages::Auto;
   };
   const CacheForm kAuto = CacheForm::Auto, kCompact = CacheForm::Compact,
                   kParsed = CacheForm::Parsed;
+  // Auto with huge pages off keeps the rows as parsed (they fit), with them on compacted.
   const Case cases[] = {{0, kAuto, 0},     {-1, kCompact, 0}, {1, kCompact, 0}, {1, kParsed, 0},
-                        {-1, kParsed, 0},  {-1, kAuto, 0},    {-1, kCompact, 1},
+                        {-1, kParsed, 0},  {-1, kAuto, 0, HugePages::Off},
+                        {-1, kAuto, 0, HugePages::On},    {-1, kAuto, 0},   {-1, kCompact, 1},
                         {-1, kParsed, 2},  {0, kAuto, 3}};
   for (const char* wf : {kCriteo, kFeatures}) {
     std::vector<std::string> ref_files;
@@ -157,21 +160,29 @@ TEST(ThreadsTest, InputCacheSameBytesKeptDroppedOrOff) {
       const Case& k = cases[c];
       const std::string name = "cache " + std::to_string(k.cache_mb) + " MB, form " +
                                std::to_string(static_cast<int>(k.form)) + ", read ahead " +
-                               std::to_string(k.read_ahead);
+                               std::to_string(k.read_ahead) + ", huge pages " +
+                               std::to_string(static_cast<int>(k.huge));
       const std::string out = tmp.path + "/c" + std::to_string(c);
       EtlOptions o = options(input, out, json::parse(wf));
       o.read.on_error = io::OnError::Skip;
       o.input_cache_mb = k.cache_mb;
       o.input_cache_form = k.form;
       o.read_ahead = k.read_ahead;
+      o.input_cache_huge_pages = k.huge;
       o.overwrite = true;
       EtlResult r = run_etl(o);
       EXPECT_EQ(r.skipped_rows, 2) << name;
       if (k.cache_mb == -1) {
         EXPECT_GT(r.input_cache_bytes, int64_t{1} << 20) << "the parsed rows were not kept";
         if (k.form == kCompact && k.read_ahead == 0) compact_bytes = r.input_cache_bytes;
-        // As parsed (Auto: the row count says they fit): 8 bytes per key and per offset.
-        if (k.form != kCompact) EXPECT_GT(r.input_cache_bytes, 2 * compact_bytes) << name;
+        // As parsed (Auto without huge pages: the row count says they fit): 8 bytes per key
+        // and per offset. Auto with huge pages: compacted.
+        const bool parsed = k.form == kParsed || (k.form == kAuto && k.huge == HugePages::Off);
+        if (parsed) EXPECT_GT(r.input_cache_bytes, 2 * compact_bytes) << name;
+        if (k.form == kAuto && k.huge == HugePages::On)
+          EXPECT_EQ(r.input_cache_bytes, compact_bytes) << name;
+        EXPECT_EQ(r.input_cache_compact, !parsed && (k.form != kAuto || r.input_cache_huge_pages))
+            << name;
       } else {
         EXPECT_EQ(r.input_cache_bytes, 0) << name;
       }
