@@ -101,8 +101,8 @@ Runner add_etl(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "compact", "parsed"}));
   c->add_flag("--cache-huge-pages", a->cache_huge_pages,
               "Always ask for transparent huge pages for the kept compacted input (MADV_HUGEPAGE; "
-              "default: only where free 2 MB blocks already hold it, so that the kernel need "
-              "not compact memory)");
+              "default: only where free 2 MB blocks already hold twice its size, so that the "
+              "kernel need not compact memory)");
   c->add_flag("--no-cache-huge-pages", a->no_cache_huge_pages,
               "Never ask for huge pages for the kept input (then --cache-form auto keeps it as "
               "parsed when it fits)")
