@@ -26,6 +26,7 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 
 #include "fused/cross_fused.h"
+#include "fused/sm90_parts.cuh"
 
 namespace dlrec::cutlass_k {
 namespace {
@@ -34,28 +35,20 @@ using namespace cute;
 namespace fu = cutlass::epilogue::fusion;
 namespace ec = cutlass::epilogue::collective;
 
-using Bf = cutlass::bfloat16_t;
-using Acc = float;
-constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
-constexpr int kAlign = 8;
+using namespace sm90;
 constexpr int kTileM = 128, kTileN = 128;
 using LayoutA = cutlass::layout::ColumnMajor;  // the weights [k, m] as stored: m contiguous
 using LayoutB = cutlass::layout::ColumnMajor;  // dh^T [k, n]: k contiguous
-using LayoutC = cutlass::layout::ColumnMajor;  // m x n, m contiguous (C, D and every aux)
 using Tile = Shape<Int<kTileM>, Int<kTileN>, _64>;
 using Cluster = Shape<_1, _1, _1>;
 using MainSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
 using EpiSchedule = cutlass::epilogue::TmaWarpSpecialized;
 
-using EpiDesc = ec::detail::EpilogueDescriptor<Tile, ec::EpilogueTileAuto, Bf, Bf, EpiSchedule>;
-using EpiTile = typename EpiDesc::EpilogueTile;
-using LDesc = ec::detail::AuxLoadDescriptor<EpiDesc, LayoutC, Bf>;
-using SDesc = ec::detail::AuxStoreDescriptor<EpiDesc, LayoutC, Bf>;
-using Load = fu::Sm90AuxLoad<LDesc::Stages, EpiTile, Bf, typename LDesc::Stride,
-                             typename LDesc::SmemLayoutAtom, typename LDesc::CopyOpS2R, kAlign>;
-using Store = fu::Sm90AuxStore<SDesc::Stages, EpiTile, Bf, kRound, typename SDesc::Stride,
-                               typename SDesc::SmemLayoutAtom, typename SDesc::CopyOpR2S, kAlign>;
-using AuxStride = typename LDesc::Stride;
+using Aux = AuxNodes<Tile, EpiSchedule>;
+using EpiTile = typename Aux::EpiTile;
+using Load = typename Aux::Load;
+using Store = typename Aux::Store;
+using AuxStride = typename Aux::Stride;
 
 // g = acc + C, rounded to bf16 (what cuBLASLt's beta = 1 GEMM stores).
 using G = fu::Sm90EVT<fu::Sm90Compute<cutlass::plus, Bf, Acc, kRound>, fu::Sm90AccFetch,
@@ -127,13 +120,12 @@ struct Kern {
           static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       MainSchedule>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop,
-                                                       Epilogue, cutlass::gemm::PersistentScheduler>;
+                                                       Epilogue,
+                                                       cutlass::gemm::PersistentScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
 std::atomic<int64_t> g_launches{0};
-
-bool aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // db[c] = sum over tiles t (in order) of part[t * mp + c].
 __global__ void sum_tiles_kernel(const float* __restrict__ part, int tiles, int64_t mp, int64_t m,
@@ -155,7 +147,7 @@ bool servable(const DgradArgs& a) {
   if (!a.partial || a.partial_floats < dgrad_partial_floats(a.m, a.n)) return false;
   for (const void* p : {a.w, a.dh, a.x0, static_cast<const void*>(a.du),
                         static_cast<const void*>(a.partial), static_cast<const void*>(a.db)})
-    if (!aligned(p)) return false;
+    if (!aligned16(p)) return false;
   return true;
 }
 
@@ -200,7 +192,7 @@ int64_t dgrad_partial_floats(int64_t m, int64_t n) {
 }
 
 bool cross_dgrad_du(const DgradArgs& a, void* g_out, cudaStream_t stream) {
-  if (!servable(a) || !g_out || !aligned(g_out) || !aligned(a.c)) return false;
+  if (!servable(a) || !g_out || !aligned16(g_out) || !aligned16(a.c)) return false;
   const AuxStride s = make_stride(Int<1>{}, a.ld, int64_t(0));
   if (!a.c) {  // g = acc
     using K = Kern<TreeDuNoC, void>;
@@ -224,9 +216,11 @@ bool cross_dgrad_du(const DgradArgs& a, void* g_out, cudaStream_t stream) {
 
 bool cross_dgrad_acc(const DgradArgs& a, const void* u0, const void* u1, const void* g3,
                      const void* u2, void* acc, cudaStream_t stream) {
-  if (!servable(a) || !a.c || !aligned(a.c) || !acc || !aligned(acc) || !u0 || !aligned(u0) || !u1 || !aligned(u1))
+  if (!servable(a) || !a.c || !aligned16(a.c) || !acc || !aligned16(acc) || !u0 ||
+      !aligned16(u0) || !u1 || !aligned16(u1))
     return false;
-  if ((g3 == nullptr) != (u2 == nullptr) || (g3 && (!aligned(g3) || !aligned(u2)))) return false;
+  if ((g3 == nullptr) != (u2 == nullptr) || (g3 && (!aligned16(g3) || !aligned16(u2))))
+    return false;
   const AuxStride s = make_stride(Int<1>{}, a.ld, int64_t(0));
   auto load = [&](const void* p) {
     return typename Load::Arguments{static_cast<const Bf*>(p), Bf(0), s};

@@ -7,6 +7,7 @@
 // (MLPerf DCNv2 layer: m 3456, n 55296, k 512): 0.645 ms against 0.83 ms for cuBLASLt's
 // bias-epilogue GEMM (0.31) and the combine pass.
 #include "fused/cross_fused.h"
+#include "fused/sm90_parts.cuh"
 
 #include <atomic>
 
@@ -26,29 +27,19 @@ using namespace cute;
 namespace fu = cutlass::epilogue::fusion;
 namespace ec = cutlass::epilogue::collective;
 
-using Bf = cutlass::bfloat16_t;
-using Acc = float;
-constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
-constexpr int kAlign = 8;  // elements: 16 bytes, what TMA needs of every leading dimension
+using namespace sm90;
 using LayoutA = cutlass::layout::RowMajor;     // m x k, k contiguous
 using LayoutB = cutlass::layout::ColumnMajor;  // k x n, k contiguous
-using LayoutC = cutlass::layout::ColumnMajor;  // m x n, m contiguous (C, D, x0, u)
 using Tile = Shape<_128, _128, _64>;
 using Cluster = Shape<_2, _1, _1>;
 using MainSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
 using EpiSchedule = cutlass::epilogue::TmaWarpSpecialized;
 
-// The epilogue's tile and pipeline depths, as the builder will choose them, so that the x0
-// load and the u store use the same shared-memory stages as C and D.
-using EpiDesc = ec::detail::EpilogueDescriptor<Tile, ec::EpilogueTileAuto, Bf, Bf, EpiSchedule>;
-using EpiTile = typename EpiDesc::EpilogueTile;
-using X0Desc = ec::detail::AuxLoadDescriptor<EpiDesc, LayoutC, Bf>;
-using UDesc = ec::detail::AuxStoreDescriptor<EpiDesc, LayoutC, Bf>;
-
-using LoadX0 = fu::Sm90AuxLoad<X0Desc::Stages, EpiTile, Bf, typename X0Desc::Stride,
-                               typename X0Desc::SmemLayoutAtom, typename X0Desc::CopyOpS2R, kAlign>;
-using StoreU = fu::Sm90AuxStore<UDesc::Stages, EpiTile, Bf, kRound, typename UDesc::Stride,
-                                typename UDesc::SmemLayoutAtom, typename UDesc::CopyOpR2S, kAlign>;
+// x0 loaded and u stored through the epilogue's shared-memory stages, like C and D.
+using Aux = AuxNodes<Tile, EpiSchedule>;
+using EpiTile = typename Aux::EpiTile;
+using LoadX0 = typename Aux::Load;
+using StoreU = typename Aux::Store;
 using BiasPerRow = fu::Sm90ColBroadcast<0, Tile, Bf, Acc, Stride<_1, _0, int64_t>, kAlign>;
 using AccPlusBias = fu::Sm90EVT<fu::Sm90Compute<cutlass::plus, Acc, Acc, kRound>, fu::Sm90AccFetch,
                                 BiasPerRow>;
@@ -69,8 +60,6 @@ using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, M
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
 std::atomic<int64_t> g_launches{0};
-
-bool aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 }  // namespace
 
@@ -98,15 +87,15 @@ bool cross_gemm_combine(int64_t m, int64_t n, int64_t k, const void* a, int64_t 
   if (lda < k || ldb < k || ld < m) return false;
   for (const void* p : {a, b, bias, x0, xl, static_cast<const void*>(u),
                         static_cast<const void*>(x_next)})
-    if (!aligned(p)) return false;
+    if (!aligned16(p)) return false;
   using StrideA = typename Kernel::StrideA;  // (m, k, l): (lda, 1, .)
   using StrideB = typename Kernel::StrideB;  // (n, k, l): (ldb, 1, .)
   using StrideC = typename Kernel::StrideC;  // (m, n, l): (1, ld, .)
   StrideA sa = make_stride(lda, Int<1>{}, int64_t(0));
   StrideB sb = make_stride(ldb, Int<1>{}, int64_t(0));
   StrideC sc = make_stride(Int<1>{}, ld, int64_t(0));
-  typename X0Desc::Stride sx0 = make_stride(Int<1>{}, ld, int64_t(0));
-  typename UDesc::Stride su = make_stride(Int<1>{}, ld, int64_t(0));
+  typename Aux::Stride sx0 = make_stride(Int<1>{}, ld, int64_t(0));
+  typename Aux::Stride su = make_stride(Int<1>{}, ld, int64_t(0));
   static int sms = 0;  // the first device's count; the scheduler only sizes its grid by it
   if (sms == 0) sms = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(0);
   cutlass::KernelHardwareInfo hw;

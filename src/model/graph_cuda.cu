@@ -979,31 +979,44 @@ class CrossNode final : public Node {
       e.deliver(in[0], acc_.raw(), e.act, ld_, 0, 0, F_, accumulate);
     }
   }
+#if DLREC_WITH_CUTLASS
+  // Whether the fused backward kernels (src/fused, cross_bwd_fused.cu) may run: bf16, the
+  // deferred dL/dx0 sum, low rank, x0 unpadded.
+  bool can_fuse_bwd(const Engine& e) const {
+    return e.lowp && fused_bwd_ && deferred_ && r_ > 0 && ld_ == F_ && e.B > 0 &&
+           part_.raw() != nullptr;
+  }
+  // A fused data GEMM g = dz W (+ c) by `w`'s weights that also writes layer `below`'s du and
+  // bias gradient.
+  cutlass_k::DgradArgs dgrad_args(Engine& e, const Lin& w, const void* dz, int64_t dz_ld,
+                                  const void* c, size_t below) {
+    cutlass_k::DgradArgs a;
+    a.m = w.in_pad;
+    a.n = e.B;
+    a.k = w.out;
+    a.w = e.wcomp(w);
+    a.lda = w.in_pad;
+    a.dh = dz;
+    a.ldb = dz_ld;
+    a.c = c;
+    a.x0 = x0p_;
+    a.du = layers_[below].du.raw();
+    a.db = layers_[below].w.db.data<float>();
+    a.partial = part_.data<float>();
+    a.partial_floats = part_.numel();
+    a.ld = ld_;
+    return a;
+  }
+#endif
   // The consumer's data GEMM that forms our gradient (v.g = dz W), with the top cross layer's
   // du pass in its epilogue (two or more layers: the top layer's pass is du only).
   bool fused_top(Engine& e, const Lin& l, const void* dz, int64_t dz_ld) {
 #if DLREC_WITH_CUTLASS
     Value& v = e.vals[self];
-    if (!e.lowp || !fused_bwd_ || !deferred_ || r_ == 0 || ld_ != F_ || e.B == 0 ||
-        !part_.raw() || layers_.size() < 2 || v.consumers != 1 || l.in_pad != ld_ ||
+    if (!can_fuse_bwd(e) || layers_.size() < 2 || v.consumers != 1 || l.in_pad != ld_ ||
         v.gdt != e.act)
       return false;
-    Layer& top = layers_.back();
-    cutlass_k::DgradArgs a;
-    a.m = l.in_pad;
-    a.n = e.B;
-    a.k = l.out;
-    a.w = e.wcomp(l);
-    a.lda = l.in_pad;
-    a.dh = dz;
-    a.ldb = dz_ld;
-    a.c = nullptr;
-    a.x0 = x0p_;
-    a.du = top.du.raw();
-    a.db = top.w.db.data<float>();
-    a.partial = part_.data<float>();
-    a.partial_floats = part_.numel();
-    a.ld = ld_;
+    const cutlass_k::DgradArgs a = dgrad_args(e, l, dz, dz_ld, nullptr, layers_.size() - 1);
     if (!cutlass_k::cross_dgrad_du(a, v.g.raw(), e.st)) return false;
     top_pass_done_ = true;
     return true;
@@ -1012,33 +1025,17 @@ class CrossNode final : public Node {
     return false;
 #endif
   }
-  // bf16, deferred sum, low rank, unpadded x0: layer l's data GEMM dL/dx_l = g + dh V with
-  // layer l-1's element-wise pass in its epilogue (src/fused, cross_bwd_fused.cu): for l >= 2
-  // it also stores dL/dx_l (Y.gin); for l == 1 it forms the dL/dx0 sum (two or three layers)
-  // instead. False (nothing done) where the kernel declines; then the two-step path.
+  // Layer l's data GEMM dL/dx_l = g + dh V with layer l-1's element-wise pass in its epilogue:
+  // for l >= 2 it also stores dL/dx_l (Y.gin); for l == 1 it forms the dL/dx0 sum (two or three
+  // layers) instead. False (nothing done) where the kernel declines; then the two-step path.
   bool fused_bwd(Engine& e, int64_t l, const Lin& last, const void* dz, int64_t dz_ld,
                  const std::vector<void*>& gs, void* acc) {
 #if DLREC_WITH_CUTLASS
     const int64_t L = static_cast<int64_t>(layers_.size());
-    if (!e.lowp || !fused_bwd_ || !deferred_ || r_ == 0 || ld_ != F_ || e.B == 0 || !part_.raw())
-      return false;
+    if (!can_fuse_bwd(e)) return false;
     if (l == 1 && L > 3) return false;  // the kernel forms at most two deferred terms
-    Layer& below = layers_[l - 1];
-    cutlass_k::DgradArgs a;
-    a.m = last.in_pad;
-    a.n = e.B;
-    a.k = last.out;
-    a.w = e.wcomp(last);
-    a.lda = last.in_pad;
-    a.dh = dz;
-    a.ldb = dz_ld;
-    a.c = gs[l + 1];
-    a.x0 = x0p_;
-    a.du = below.du.raw();
-    a.db = below.w.db.data<float>();
-    a.partial = part_.data<float>();
-    a.partial_floats = part_.numel();
-    a.ld = ld_;
+    const cutlass_k::DgradArgs a =
+        dgrad_args(e, last, dz, dz_ld, gs[l + 1], static_cast<size_t>(l - 1));
     if (l >= 2) return cutlass_k::cross_dgrad_du(a, layers_[l].gin.raw(), e.st);
     const bool three = L == 3;
     return cutlass_k::cross_dgrad_acc(a, layers_[0].u.raw(), layers_[1].u.raw(),
@@ -1074,7 +1071,7 @@ class CrossNode final : public Node {
   int64_t F_, in_ld_, ld_, r_, rld_ = 0;
   bool deferred_ = true;  // the dL/dx0 sum at layer 0 (DLREC_CROSS_DEFER=0: per layer)
   bool fused_ = true;     // bf16: GEMM + combine as one kernel when built (DLREC_CROSS_FUSED=0: off)
-  bool fused_bwd_ = true;  // bf16: data GEMM + next pass as one kernel (DLREC_CROSS_FUSED_BWD=0: off)
+  bool fused_bwd_ = true;  // bf16: data GEMM + next pass in one (DLREC_CROSS_FUSED_BWD=0: off)
   std::vector<Layer> layers_;
   Tensor x0_, acc_;
   Tensor part_;  // the fused backward's column sums per tile (bf16 with CUTLASS only)
