@@ -7,10 +7,10 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 
 #include "dlrec/core/error.h"
+#include "dlrec/core/file_util.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14
@@ -28,11 +28,9 @@ inline bool zero_or_one(float v) {
   return b == 0 || b == 0x3F800000u;
 }
 
-std::string read_small_file(const char* path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  if (f) ss << f.rdbuf();
-  return ss.str();
+// A /proc or /sys file's text, or "" where it does not exist.
+std::string read_if_there(const std::string& path) {
+  return file_exists(path) ? read_file(path) : std::string();
 }
 
 }  // namespace
@@ -69,11 +67,12 @@ int64_t free_huge_block_bytes(const std::string& buddyinfo, int64_t page_bytes,
 }
 
 bool huge_pages_free_for(int64_t bytes) {
-  if (!thp_madvise_allowed(read_small_file("/sys/kernel/mm/transparent_hugepage/enabled")))
+  if (!thp_madvise_allowed(read_if_there("/sys/kernel/mm/transparent_hugepage/enabled")))
     return false;
-  int64_t huge = std::atoll(read_small_file("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size").c_str());
+  int64_t huge =
+      std::atoll(read_if_there("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size").c_str());
   if (huge <= 0) huge = int64_t{2} << 20;
-  const int64_t free = free_huge_block_bytes(read_small_file("/proc/buddyinfo"),
+  const int64_t free = free_huge_block_bytes(read_if_there("/proc/buddyinfo"),
                                              ::sysconf(_SC_PAGESIZE), huge);
   return free >= 0 && free >= 2 * bytes;
 }

@@ -59,19 +59,26 @@ using Du = fu::Sm90EVT<fu::Sm90Compute<cutlass::multiplies, Bf, Acc, kRound>, Lo
 using ColSums = fu::Sm90ColReduction<cutlass::plus, cutlass::plus, cutlass::plus, 0, Tile, float,
                                      Acc, kRound, Stride<_1, _0, int64_t>, 4, true, false>;
 
-// Layers >= 1: D = du (of the layer below), g stored.
-using TreeDu = fu::Sm90EVT<fu::Sm90Compute<cutlass::epilogue::thread::Identity, Bf, Acc, kRound>,
-                           fu::Sm90EVT<ColSums, Du<fu::Sm90EVT<Store, G>>>>;
-// The same without C (g = acc: the gradient formed by the next layer's data GEMM, e.g. the
-// first MLP layer above the cross layers).
+// D = du (of the layer below), g stored: layers >= 1 with G (g = acc + C), and the data GEMM of
+// the layer above the cross layers (the first MLP layer) with G0 (g = acc, no C).
 using G0 = fu::Sm90EVT<fu::Sm90Compute<cutlass::epilogue::thread::Identity, Bf, Acc, kRound>,
                        fu::Sm90AccFetch>;
-using TreeDuNoC = fu::Sm90EVT<fu::Sm90Compute<cutlass::epilogue::thread::Identity, Bf, Acc, kRound>,
-                              fu::Sm90EVT<ColSums, Du<fu::Sm90EVT<Store, G0>>>>;
+template <class GNode>
+using TreeDuOf =
+    fu::Sm90EVT<fu::Sm90Compute<cutlass::epilogue::thread::Identity, Bf, Acc, kRound>,
+                 fu::Sm90EVT<ColSums, Du<fu::Sm90EVT<Store, GNode>>>>;
+using TreeDu = TreeDuOf<G>;
+using TreeDuNoC = TreeDuOf<G0>;
 
 // Layer 0's dL/dx0 sum, as cross_backward_deferred forms it (no FMA contraction: the same
-// products and sums in the same order). The last input (du's branch: stored and summed on
-// the way) only has to be visited.
+// products and sums in the same order): ((a + g2 * u1) + g * u0) + g, where a = 0 + g3 * u2 for
+// three layers and 0 for two. The last input (du's branch: stored and summed on the way) only
+// has to be visited.
+CUTLASS_DEVICE float acc_sum(float a, float g2, float u1, float g, float u0) {
+  a = __fadd_rn(a, __fmul_rn(g2, u1));
+  a = __fadd_rn(a, __fmul_rn(g, u0));
+  return __fadd_rn(a, g);
+}
 template <class T>
 struct Acc2 {  // inputs: g3, u2, C (g2), u1, g (g1), u0, du
   template <class A>
@@ -79,12 +86,8 @@ struct Acc2 {  // inputs: g3, u2, C (g2), u1, g (g1), u0, du
                               A const& u0, A const&) const {
     A out;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < A::kElements; ++i) {
-      float a = __fadd_rn(0.f, __fmul_rn(g3[i], u2[i]));
-      a = __fadd_rn(a, __fmul_rn(g2[i], u1[i]));
-      a = __fadd_rn(a, __fmul_rn(g[i], u0[i]));
-      out[i] = __fadd_rn(a, g[i]);
-    }
+    for (int i = 0; i < A::kElements; ++i)
+      out[i] = acc_sum(__fadd_rn(0.f, __fmul_rn(g3[i], u2[i])), g2[i], u1[i], g[i], u0[i]);
     return out;
   }
 };
@@ -94,11 +97,7 @@ struct Acc1 {  // inputs: C (g2), u1, g (g1), u0, du
   CUTLASS_DEVICE A operator()(A const& g2, A const& u1, A const& g, A const& u0, A const&) const {
     A out;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < A::kElements; ++i) {
-      float a = __fadd_rn(0.f, __fmul_rn(g2[i], u1[i]));
-      a = __fadd_rn(a, __fmul_rn(g[i], u0[i]));
-      out[i] = __fadd_rn(a, g[i]);
-    }
+    for (int i = 0; i < A::kElements; ++i) out[i] = acc_sum(0.f, g2[i], u1[i], g[i], u0[i]);
     return out;
   }
 };
