@@ -109,7 +109,7 @@ int run_etl_bench(const EtlBenchOptions& o) {
       std::printf("bench etl: input=%.1fMB rows=%lld threads=%d seconds=%.2f MB/s=%.1f "
                   "MB/s/core=%.1f rows/s=%.0f cpu_seconds=%.2f MB/cpu_s=%.1f peak_rss=%.0fMB input_cache=%.0fMB%s "
                   "(count %.2fs, fit %.2fs x%d, transform+write %.2fs, output %.1fMB; waited for the "
-                  "reader %.2fs, writer thread busy %.2fs; threads busy: fit %.0f%%, transform "
+                  "reader %.2fs, writer thread busy %.2fs, file writes %.2fs, writer waited for them %.2fs; threads busy: fit %.0f%%, transform "
                   "%.0f%%)\n",
                   mb, static_cast<long long>(rows), threads, s, mb / s, mb / s / threads,
                   rows / s, cpu, mb / std::max(cpu, 1e-9), peak_rss_mb(), r.input_cache_bytes / 1e6,
@@ -119,7 +119,7 @@ int run_etl_bench(const EtlBenchOptions& o) {
                                                 : "(compact)",
                   r.count_seconds,
                   r.fit_seconds, r.fit_passes, r.transform_seconds, r.output_bytes / 1e6,
-                  r.read_wait_seconds, r.write_seconds,
+                  r.read_wait_seconds, r.write_seconds, r.file_write_seconds, r.append_wait_seconds,
                   100 * r.fit_cpu_seconds / std::max(1e-9, r.fit_seconds * threads),
                   100 * r.transform_cpu_seconds / std::max(1e-9, r.transform_seconds * threads));
       std::fflush(stdout);

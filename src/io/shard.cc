@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -30,6 +31,7 @@
 
 #include "dlrec/core/error.h"
 #include "dlrec/core/file_util.h"
+#include "dlrec/core/progress.h"
 #include "dlrec/core/thread_pool.h"
 
 namespace dlrec::io {
@@ -135,14 +137,19 @@ struct ShardWriter::Impl {
   }
   ~Impl() {
     if (appending.valid()) appending.wait();  // its error is dropped with the file
+    stop_direct();
     if (wb_fd >= 0) ::close(wb_fd);
   }
 
   // The blocks of the last write_parts call being written (std::async), or nothing.
   std::future<void> appending;
+  Times times;  // file_write is updated by the helper; read once it is done (wait_append)
   // Waits for those blocks; rethrows a write error.
   void wait_append() {
-    if (appending.valid()) appending.get();
+    if (!appending.valid()) return;
+    Timer t;
+    appending.get();
+    times.append_wait += t.seconds();
   }
 
   // Starts writing back what was written since the last call, every 8 MB (a hint: errors show
@@ -377,8 +384,10 @@ struct ShardWriter::Impl {
       }
       wait_append();
       appending = std::async(std::launch::async, [this, &bufs, nblocks] {
+        Timer t;
         for (int64_t k = 0; k < nblocks; ++k) file.write(bufs[k]);
         start_writeback();
+        times.file_write += t.seconds();
       });
     }
     Batch& rest = spare;  // the previous pending rows' vectors, reused
@@ -387,6 +396,187 @@ struct ShardWriter::Impl {
       if (seq[s].end > at) rest.append_rows(*seq[s].batch, at, seq[s].end);
     std::swap(pending, rest);
     rows = first[np];
+  }
+
+  // ---- direct mode (reserve/write_at): blocks laid out for block_rows rows, filled by many threads
+  struct DirectBlock {
+    std::string buf;               // the full block's layout (a last, partial block is packed)
+    std::atomic<int64_t> in{0};    // rows written so far
+    int64_t reserved = 0;          // rows reserved in it
+    bool done = false;             // checksummed (under dmu)
+  };
+  bool direct = false;
+  std::vector<size_t> dat;  // section offsets of a full block (block_sections for one-hot)
+  std::mutex dmu;
+  std::condition_variable dcv;  // the file thread's queue, and reserve()'s wait for room
+  std::deque<std::unique_ptr<DirectBlock>> dblocks;  // not yet queued for the file; from dfirst
+  int64_t dfirst = 0;
+  std::deque<std::unique_ptr<DirectBlock>> dqueue;  // finished, in order, for the file thread
+  std::vector<std::string> dfree;                   // buffers written, to reuse
+  std::thread dthread;
+  bool dstop = false;
+  std::exception_ptr derror;
+  static constexpr size_t kDirectQueue = 8;  // finished blocks waiting for the file, at most
+
+  void start_direct() {
+    direct = true;
+    const int nc = static_cast<int>(layout.cardinalities.size());
+    dat.assign(nc + 2, 0);
+    dat[0] = kBlockHeaderBytes;
+    dat[1] = dat[0] + static_cast<size_t>(block_rows) * 4 * (1 + layout.num_dense);
+    for (int t = 0; t < nc; ++t)
+      dat[t + 2] = dat[t + 1] + static_cast<size_t>(block_rows) * id_bytes(t);
+    dthread = std::thread([this] { direct_file_loop(); });
+  }
+  size_t id_bytes(int t) const { return wide_ids(layout.cardinalities[t]) ? 8 : 4; }
+  void stop_direct() {
+    if (!dthread.joinable()) return;
+    {
+      std::lock_guard<std::mutex> g(dmu);
+      dstop = true;
+    }
+    dcv.notify_all();
+    dthread.join();
+  }
+  // The file thread: writes the finished blocks in order.
+  void direct_file_loop() {
+    for (;;) {
+      std::unique_ptr<DirectBlock> b;
+      {
+        std::unique_lock<std::mutex> l(dmu);
+        dcv.wait(l, [&] { return dstop || !dqueue.empty(); });
+        if (dqueue.empty()) return;
+        b = std::move(dqueue.front());
+        dqueue.pop_front();
+      }
+      if (!derror) {
+        try {
+          Timer t;
+          file.write(b->buf);
+          start_writeback();
+          times.file_write += t.seconds();
+        } catch (...) {
+          std::lock_guard<std::mutex> g(dmu);
+          derror = std::current_exception();
+        }
+      }
+      {
+        std::lock_guard<std::mutex> g(dmu);
+        dfree.push_back(std::move(b->buf));
+      }
+      dcv.notify_all();
+    }
+  }
+  // Under dmu: hands the leading finished blocks to the file thread (offsets and index now).
+  void queue_done_blocks() {
+    bool any = false;
+    while (!dblocks.empty() && dblocks.front()->done) {
+      std::unique_ptr<DirectBlock> b = std::move(dblocks.front());
+      dblocks.pop_front();
+      ++dfirst;
+      index.emplace_back(static_cast<uint64_t>(written), file_pos);
+      file_pos += b->buf.size();
+      written += b->reserved;
+      dqueue.push_back(std::move(b));
+      any = true;
+    }
+    if (any) dcv.notify_all();
+  }
+  int64_t direct_reserve(int64_t n) {
+    std::unique_lock<std::mutex> l(dmu);
+    Timer t;
+    dcv.wait(l, [&] { return derror || dqueue.size() < kDirectQueue; });
+    times.append_wait += t.seconds();
+    if (derror) std::rethrow_exception(derror);
+    const int64_t first = rows;
+    for (int64_t r = rows; r < rows + n;) {
+      const int64_t k = r / block_rows;
+      if (k - dfirst >= static_cast<int64_t>(dblocks.size())) {
+        auto b = std::make_unique<DirectBlock>();
+        if (!dfree.empty()) {
+          b->buf = std::move(dfree.back());
+          dfree.pop_back();
+        }
+        b->buf.resize(dat.back());
+        dblocks.push_back(std::move(b));
+      }
+      const int64_t take = std::min(rows + n - r, (k + 1) * block_rows - r);
+      dblocks[k - dfirst]->reserved += take;
+      r += take;
+    }
+    rows += n;
+    return first;
+  }
+  // Encodes rows [begin, begin + n) of b (validated) at rows [r0, r0 + n) of a full block's layout.
+  void encode_direct(const Batch& b, int64_t begin, int64_t n, int64_t r0, char* buf) const {
+    const int nd = layout.num_dense;
+    std::memcpy(buf + dat[0] + r0 * 4, b.labels.data() + begin, n * 4);
+    std::memcpy(buf + dat[0] + block_rows * 4 + r0 * nd * 4, b.dense.data() + begin * nd,
+                n * nd * 4);
+    for (int t = 0; t + 2 < static_cast<int>(dat.size()); ++t) {
+      const int64_t* ids = b.cat_indices[t].data() + b.cat_offsets[t][begin];
+      char* p = buf + dat[t + 1];
+      if (id_bytes(t) == 8) {
+        std::memcpy(p + r0 * 8, ids, n * 8);
+      } else {
+        int32_t* q = reinterpret_cast<int32_t*>(p) + r0;  // dat offsets are multiples of 4
+        for (int64_t i = 0; i < n; ++i) q[i] = static_cast<int32_t>(ids[i]);
+      }
+    }
+  }
+  void direct_put(const Batch& b, int64_t begin, int64_t end, int64_t at) {
+    validate(b, begin, end, at);
+    for (int64_t r = at; r < at + (end - begin);) {
+      const int64_t k = r / block_rows;
+      DirectBlock* blk;
+      {
+        std::lock_guard<std::mutex> g(dmu);
+        DLREC_CHECK(k >= dfirst && k - dfirst < static_cast<int64_t>(dblocks.size()), "shard '",
+                    name, "': row ", r, " was not reserved or is already written");
+        blk = dblocks[k - dfirst].get();
+      }
+      const int64_t take = std::min(at + (end - begin) - r, (k + 1) * block_rows - r);
+      encode_direct(b, begin + (r - at), take, r - k * block_rows, blk->buf.data());
+      if (blk->in.fetch_add(take) + take == block_rows) finish_direct(blk);
+      r += take;
+    }
+  }
+  // A block whose rows are all in: packs a partial one, checksums it, queues it (in order).
+  void finish_direct(DirectBlock* blk) {
+    const int64_t n = blk->reserved;
+    if (n < block_rows) {  // the sections of n rows, moved down (each starts at or before its old place)
+      std::vector<size_t> at(dat.size());
+      at[0] = dat[0];
+      at[1] = at[0] + static_cast<size_t>(n) * 4 * (1 + layout.num_dense);
+      for (size_t t = 0; t + 2 < dat.size(); ++t) at[t + 2] = at[t + 1] + static_cast<size_t>(n) * id_bytes(static_cast<int>(t));
+      char* p = blk->buf.data();
+      std::memmove(p + at[0] + n * 4, p + dat[0] + block_rows * 4, n * layout.num_dense * 4);
+      for (size_t sec = 2; sec < dat.size(); ++sec)
+        std::memmove(p + at[sec - 1], p + dat[sec - 1], at[sec] - at[sec - 1]);
+      blk->buf.resize(at.back());
+    }
+    finish_block(blk->buf, n);
+    std::lock_guard<std::mutex> g(dmu);
+    blk->done = true;
+    queue_done_blocks();
+  }
+  // close(): the last block (partial), then the file thread's queue; rethrows a write error.
+  void close_direct() {
+    DirectBlock* last = nullptr;
+    {
+      std::lock_guard<std::mutex> g(dmu);
+      int64_t missing = 0;
+      for (const auto& b : dblocks) {
+        missing += b->reserved - b->in.load();
+        if (!b->done) last = b.get();
+      }
+      DLREC_CHECK(missing == 0, "shard '", name, "': closed with ", missing,
+                  " reserved rows not written");
+    }
+    if (last && last->reserved > 0) finish_direct(last);
+    stop_direct();
+    if (derror) std::rethrow_exception(derror);
+    dfree.clear();
   }
 
   void flush_full_blocks(bool all) {
@@ -419,6 +609,7 @@ ShardWriter::~ShardWriter() = default;  // without close(), AtomicFile drops the
 void ShardWriter::write(const Batch& batch) {
   Impl& m = *impl_;
   DLREC_CHECK(!m.closed, "shard '", m.name, "': write after close");
+  DLREC_CHECK(!m.direct, "shard '", m.name, "': write after reserve/write_at");
   m.validate(batch);
   if (m.pending.rows == 0 && batch.rows >= m.block_rows) {
     // Whole blocks straight from the caller's batch; only the remainder is copied.
@@ -435,12 +626,42 @@ void ShardWriter::write(const Batch& batch) {
 
 void ShardWriter::write_parts(const std::vector<BatchRows>& parts) {
   DLREC_CHECK(!impl_->closed, "shard '", impl_->name, "': write after close");
+  DLREC_CHECK(!impl_->direct, "shard '", impl_->name, "': write after reserve/write_at");
   impl_->write_parts(parts);
+}
+
+bool ShardWriter::direct_ok() const {
+  for (bool mh : impl_->layout.multi_hot)
+    if (mh) return false;
+  return true;
+}
+
+int64_t ShardWriter::reserve(int64_t n) {
+  Impl& m = *impl_;
+  DLREC_CHECK(!m.closed, "shard '", m.name, "': reserve after close");
+  DLREC_CHECK(n >= 0, "shard '", m.name, "': reserve of ", n, " rows");
+  if (!m.direct) {
+    DLREC_CHECK(direct_ok(), "shard '", m.name, "': reserve/write_at need one-hot features only");
+    DLREC_CHECK(m.rows == 0 && m.index.empty(), "shard '", m.name,
+                "': reserve/write_at after write()/write_parts()");
+    m.start_direct();
+  }
+  return m.direct_reserve(n);
+}
+
+void ShardWriter::write_at(const Batch& b, int64_t begin, int64_t end, int64_t at) {
+  Impl& m = *impl_;
+  DLREC_CHECK(m.direct && !m.closed, "shard '", m.name, "': write_at without reserve, or after close");
+  DLREC_CHECK(0 <= begin && begin <= end && end <= b.rows && at >= 0 && at + (end - begin) <= m.rows,
+              "shard '", m.name, "': write_at of rows [", begin, ", ", end, ") of a batch of ", b.rows,
+              " at row ", at, " of ", m.rows, " reserved");
+  m.direct_put(b, begin, end, at);
 }
 
 void ShardWriter::close() {
   Impl& m = *impl_;
   if (m.closed) return;
+  if (m.direct) m.close_direct();
   m.wait_append();
   m.flush_full_blocks(true);
   const uint64_t footer_offset = m.file_pos;
@@ -469,6 +690,8 @@ void ShardWriter::close() {
 }
 
 int64_t ShardWriter::rows() const { return impl_->rows; }
+
+ShardWriter::Times ShardWriter::times() const { return impl_->times; }
 
 // ---------------------------------------------------------------------------------------------
 // ShardReader

@@ -6,12 +6,14 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 
 #include "dlrec/core/error.h"
 #include "dlrec/core/file_util.h"
@@ -83,6 +85,7 @@ std::string write_shard(const std::string& name, int64_t rows, int64_t block_row
 }
 
 using dlrec::testing::error_of;
+using dlrec::testing::expect_error;
 
 TEST(ShardTest, RoundTripOneHotAndMultiHot) {
   std::string path = write_shard("rt.shard", 1000, 128);
@@ -483,6 +486,101 @@ TEST(ShardWriteParts, FailingWriteNamesTheFileAndLeavesNothing) {
   EXPECT_FALSE(file_exists(path));
   EXPECT_FALSE(file_exists(path + ".tmp." + std::to_string(::getpid())));
   std::signal(SIGXFSZ, old_sig);
+}
+
+}  // namespace
+}  // namespace dlrec::io
+
+namespace dlrec::io {
+namespace {
+
+// One-hot only (reserve/write_at): 2 dense, a narrow and a wide (64-bit) feature.
+ShardLayout one_hot_layout() {
+  ShardLayout l;
+  l.num_dense = 2;
+  l.cardinalities = {50, int64_t{1} << 40};
+  l.multi_hot = {false, false};
+  return l;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
+// Rows reserved in uneven pieces and written from several threads in a shuffled order give
+// the bytes of write() of the same rows: full blocks, blocks completed by several pieces, a
+// piece spanning blocks and the last, partial block (packed at close).
+TEST(ShardWriteAt, SameBytesAsWriteFromManyThreadsInAnyOrder) {
+  const ShardLayout l = one_hot_layout();
+  for (const int64_t total : {int64_t{0}, int64_t{5}, int64_t{64}, int64_t{1000}}) {
+    SCOPED_TRACE("rows " + std::to_string(total));
+    const Batch rows = make_rows(0, total, l);
+    const std::string p1 = temp_dir() + "/at_ref.shard", p2 = temp_dir() + "/at.shard";
+    {
+      ShardWriter ref(p1, l, 64);
+      ref.write(rows);
+      ref.close();
+    }
+    ShardWriter w(p2, l, 64);
+    ASSERT_TRUE(w.direct_ok());
+    struct Piece {
+      int64_t begin, end, at;
+    };
+    std::vector<Piece> pieces;
+    std::mt19937 rng(static_cast<uint32_t>(total));
+    for (int64_t r = 0; r < total;) {
+      const int64_t n = std::min<int64_t>(total - r, 1 + rng() % 150);
+      const int64_t at = w.reserve(n);
+      EXPECT_EQ(at, r);
+      pieces.push_back({r, r + n, at});
+      r += n;
+    }
+    EXPECT_EQ(w.rows(), total);
+    std::shuffle(pieces.begin(), pieces.end(), rng);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t)
+      threads.emplace_back([&, t] {
+        for (size_t i = t; i < pieces.size(); i += 4)
+          w.write_at(rows, pieces[i].begin, pieces[i].end, pieces[i].at);
+      });
+    for (auto& th : threads) th.join();
+    w.close();
+    EXPECT_EQ(file_bytes(p1), file_bytes(p2));
+    ShardReader r(p2);
+    Batch all;
+    r.read(0, r.rows(), all);
+    expect_same(all, rows);
+  }
+}
+
+// Bad input and misuse: an out-of-range id names the row and writes nothing of the piece (the
+// file then cannot be closed: its rows are missing); multi-hot layouts, write() after
+// reserve(), rows not reserved or written twice, and close() with rows missing are errors.
+TEST(ShardWriteAt, ErrorsNameTheRowAndMisuseIsRefused) {
+  const ShardLayout l = one_hot_layout();
+  const std::string path = temp_dir() + "/at_bad.shard";
+  {
+    ShardWriter w(path, l, 16);
+    Batch bad = make_rows(0, 40, l);
+    bad.cat_indices[0][27] = 50;
+    w.reserve(40);
+    w.write_at(bad, 0, 20, 0);
+    expect_error([&] { w.write_at(bad, 20, 40, 20); },
+                 {"'at_bad.shard': categorical feature 0 row 27: id 50 is out of range [0, 50)"});
+    expect_error([&] { w.write(bad); }, {"'at_bad.shard': write after reserve/write_at"});
+    expect_error([&] { w.write_at(bad, 0, 10, 35); }, {"write_at of rows [0, 10)", "at row 35 of 40"});
+    expect_error([&] { w.write_at(bad, 0, 10, 0); }, {"row 0 was not reserved or is already written"});
+    expect_error([&] { w.close(); }, {"closed with 20 reserved rows not written"});
+  }
+  EXPECT_FALSE(file_exists(path));
+  EXPECT_FALSE(file_exists(path + ".tmp." + std::to_string(::getpid())));
+  ShardWriter mh(temp_dir() + "/at_mh.shard", test_layout(), 16);
+  EXPECT_FALSE(mh.direct_ok());
+  expect_error([&] { mh.reserve(1); }, {"reserve/write_at need one-hot features only"});
+  ShardWriter after(temp_dir() + "/at_after.shard", l, 16);
+  after.write(make_rows(0, 3, l));
+  expect_error([&] { after.reserve(1); }, {"reserve/write_at after write()/write_parts()"});
 }
 
 }  // namespace

@@ -107,6 +107,11 @@ struct EtlResult {
   // write_seconds = time the shard-writing thread worked (encoding, file writes, fsync) during
   // the transform pass (the writer is the bottleneck when it nears transform_seconds).
   double read_wait_seconds = 0, write_seconds = 0;
+  // Of the shard files (not the ranked ones): seconds spent copying encoded blocks into the
+  // files (a helper thread per file, io::ShardWriter::Times), and seconds the writer thread
+  // waited for those copies before encoding the next blocks (the file copy is the
+  // bottleneck when it is large).
+  double file_write_seconds = 0, append_wait_seconds = 0;
   // CPU seconds (user + system, all threads) of the process during the fit and the transform
   // pass: divided by the seconds and the thread count, how busy the threads were.
   double fit_cpu_seconds = 0, transform_cpu_seconds = 0;

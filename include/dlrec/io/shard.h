@@ -47,6 +47,30 @@ class ShardWriter {
   void close();
   int64_t rows() const;
 
+  // Rows placed at known positions, from several threads at once (the ETL's transform tasks
+  // encode their own rows: no separate encoding pass). Only for layouts whose features are all
+  // one-hot (direct_ok()); do not mix with write()/write_parts() on one writer.
+  //   reserve(n): the next n rows of the file; returns the first one's row number. One thread
+  //     at a time. Waits while many finished blocks wait for the file (bounded memory);
+  //     rethrows an earlier file write error.
+  //   write_at(b, begin, end, at): validates rows [begin, end) of b (as write() does; nothing is
+  //     encoded if they are bad) and encodes them as the file's rows [at, at + end - begin),
+  //     which must be reserved and not written before. Thread-safe for disjoint ranges. The thread
+  //     that completes a block checksums it; a helper thread writes the finished blocks in
+  //     order. close() (once every reserved row is written) writes the last, partial block.
+  // The file's bytes are those write() of the same rows gives.
+  bool direct_ok() const;
+  int64_t reserve(int64_t n);
+  void write_at(const Batch& b, int64_t begin, int64_t end, int64_t at);
+  // Where write_parts' time went (for the ETL's bench line): seconds its helper thread spent
+  // handing encoded blocks to the file (the page-cache copy), and seconds write_parts waited
+  // for the previous call's blocks to reach the file before starting on the next ones. Complete
+  // after close().
+  struct Times {
+    double file_write = 0, append_wait = 0;
+  };
+  Times times() const;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
