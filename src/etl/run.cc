@@ -122,9 +122,13 @@ class ShardSetWriter {
       if (cur_->rows() == shard_rows_) full_.push_back({std::move(cur_), names_.back()});
     }
   }
-  void close_full() {
-    for (auto& [w, name] : full_) finish(std::move(w), name);
-    full_.clear();
+  // `written_only`: only those whose reserved rows are all written (others may still be
+  // writing into the rest).
+  void close_full(bool written_only = false) {
+    for (auto& [w, name] : full_)
+      if (!written_only || w->unwritten() == 0) finish(std::move(w), name);
+    full_.erase(std::remove_if(full_.begin(), full_.end(), [](const auto& f) { return !f.first; }),
+                full_.end());
   }
 
   // Closes the open file; `at_least_one` writes an empty shard when no row came.
@@ -1155,6 +1159,74 @@ EtlResult run_etl(const EtlOptions& o) {
                                      [](bool m) { return m; }) &&
                         !(direct_env && std::string(direct_env) == "0");
     std::vector<std::vector<ShardSetWriter::Piece>> train_pieces, valid_pieces;
+    if (direct && !input) {
+      // From the cache, without a barrier per batch: every thread takes the cache's next chunk
+      // in input order (its rows reserved in the shard files under the lock), then unpacks,
+      // transforms and writes it on its own. On an error no more chunks are taken, and the
+      // error of the first failing chunk in input order is reported.
+      std::mutex mu;
+      bool stop = false;
+      int64_t next_seq = 0, error_seq = -1;
+      std::exception_ptr error;
+      auto failed = [&](int64_t seq) {  // under mu
+        if (error_seq < 0 || seq < error_seq) {
+          error_seq = seq;
+          error = std::current_exception();
+        }
+        stop = true;
+      };
+      parallel_tasks(num_threads(), [&](int) {
+        io::RawChunk chunk;
+        io::Batch out;
+        std::vector<int64_t> kept_rows;
+        std::vector<ShardSetWriter::Piece> trp, vap;
+        for (;;) {
+          KeptChunk kc;
+          int64_t seq = 0, rows = 0;
+          TrainRows tr{};
+          {
+            std::lock_guard<std::mutex> g(mu);
+            if (stop || cache.chunks.empty()) return;
+            kc = std::move(cache.chunks.front());
+            cache.chunks.pop_front();
+            seq = next_seq++;
+            rows = kc.rows();
+            tr.first = train_seen;
+            tr.rows = n_train < 0 ? rows : std::max<int64_t>(0, std::min(rows, n_train - seen));
+            seen += rows;
+            train_seen += tr.rows;
+            written_train += tr.rows;
+            try {
+              train.close_full(/*written_only=*/true);
+              valid.close_full(true);
+              train.reserve(tr.rows, trp);
+              valid.reserve(rows - tr.rows, vap);
+            } catch (...) {
+              failed(seq);
+              return;
+            }
+            tp.update(seen);
+          }
+          try {
+            kc.unpack_move(chunk);
+            workflow.transform(chunk, out, &kept_rows, /*append=*/false, &tr);
+            DLREC_CHECK(out.rows == rows, "etl: a chunk of ", rows, " rows was transformed into ",
+                        out.rows);
+            int64_t r = 0;
+            for (const auto* pieces : {&trp, &vap})
+              for (const ShardSetWriter::Piece& p : *pieces) {
+                p.writer->write_at(out, r, r + p.rows, p.at);
+                r += p.rows;
+              }
+          } catch (...) {
+            std::lock_guard<std::mutex> g(mu);
+            failed(seq);
+            return;
+          }
+        }
+      });
+      if (error) std::rethrow_exception(error);
+    }
     for (int n; direct && (n = next_batch(chunks)) > 0;) {
       std::vector<io::Batch>& out = outs[0];
       if (static_cast<int>(out.size()) < n) out.resize(n);

@@ -406,6 +406,7 @@ struct ShardWriter::Impl {
     bool done = false;             // checksummed (under dmu)
   };
   bool direct = false;
+  std::atomic<int64_t> rows_done{0};  // rows whose write_at returned
   std::vector<size_t> dat;  // section offsets of a full block (block_sections for one-hot)
   std::mutex dmu;
   std::condition_variable dcv;  // the file thread's queue, and reserve()'s wait for room
@@ -540,6 +541,7 @@ struct ShardWriter::Impl {
       if (blk->in.fetch_add(take) + take == block_rows) finish_direct(blk);
       r += take;
     }
+    rows_done += end - begin;
   }
   // A block whose rows are all in: packs a partial one, checksums it, queues it (in order).
   void finish_direct(DirectBlock* blk) {
@@ -568,7 +570,7 @@ struct ShardWriter::Impl {
       int64_t missing = 0;
       for (const auto& b : dblocks) {
         missing += b->reserved - b->in.load();
-        if (!b->done) last = b.get();
+        if (!b->done && b->reserved < block_rows) last = b.get();  // full ones: write_at's
       }
       DLREC_CHECK(missing == 0, "shard '", name, "': closed with ", missing,
                   " reserved rows not written");
@@ -629,6 +631,8 @@ void ShardWriter::write_parts(const std::vector<BatchRows>& parts) {
   DLREC_CHECK(!impl_->direct, "shard '", impl_->name, "': write after reserve/write_at");
   impl_->write_parts(parts);
 }
+
+int64_t ShardWriter::unwritten() const { return impl_->direct ? impl_->rows - impl_->rows_done : 0; }
 
 bool ShardWriter::direct_ok() const {
   for (bool mh : impl_->layout.multi_hot)

@@ -61,6 +61,8 @@ class ShardWriter {
   // The file's bytes are those write() of the same rows gives.
   bool direct_ok() const;
   int64_t reserve(int64_t n);
+  // Reserved rows whose write_at has not returned yet (0: close() may be called).
+  int64_t unwritten() const;
   void write_at(const Batch& b, int64_t begin, int64_t end, int64_t at);
   // Where write_parts' time went (for the ETL's bench line): seconds its helper thread spent
   // handing encoded blocks to the file (the page-cache copy), and seconds write_parts waited
