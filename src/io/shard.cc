@@ -669,7 +669,12 @@ void ShardWriter::write_parts(const std::vector<BatchRows>& parts) {
   impl_->write_parts(parts);
 }
 
-int64_t ShardWriter::unwritten() const { return impl_->direct ? impl_->rows - impl_->rows_done : 0; }
+int64_t ShardWriter::unwritten() const {
+  Impl& m = *impl_;
+  if (!m.direct) return 0;
+  std::lock_guard<std::mutex> g(m.dmu);
+  return m.rows - m.rows_done;
+}
 
 bool ShardWriter::direct_ok() const {
   for (bool mh : impl_->layout.multi_hot)
@@ -693,9 +698,14 @@ int64_t ShardWriter::reserve(int64_t n) {
 void ShardWriter::write_at(const Batch& b, int64_t begin, int64_t end, int64_t at) {
   Impl& m = *impl_;
   DLREC_CHECK(m.direct && !m.closed, "shard '", m.name, "': write_at without reserve, or after close");
-  DLREC_CHECK(0 <= begin && begin <= end && end <= b.rows && at >= 0 && at + (end - begin) <= m.rows,
+  int64_t reserved;
+  {
+    std::lock_guard<std::mutex> g(m.dmu);  // reserve() may run meanwhile
+    reserved = m.rows;
+  }
+  DLREC_CHECK(0 <= begin && begin <= end && end <= b.rows && at >= 0 && at + (end - begin) <= reserved,
               "shard '", m.name, "': write_at of rows [", begin, ", ", end, ") of a batch of ", b.rows,
-              " at row ", at, " of ", m.rows, " reserved");
+              " at row ", at, " of ", reserved, " reserved");
   m.direct_put(b, begin, end, at);
 }
 
