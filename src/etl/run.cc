@@ -1175,6 +1175,22 @@ EtlResult run_etl(const EtlOptions& o) {
                                      [](bool m) { return m; }) &&
                         !(direct_env && std::string(direct_env) == "0");
     std::vector<std::vector<ShardSetWriter::Piece>> train_pieces, valid_pieces;
+    // Direct: transforms a chunk (its first tr.rows rows train) and writes its rows at the
+    // places reserved for them (training pieces, then validation pieces).
+    auto transform_and_write = [&](const io::RawChunk& chunk, io::Batch& out,
+                                   std::vector<int64_t>& kept_rows, const TrainRows& tr,
+                                   int64_t rows, const std::vector<ShardSetWriter::Piece>& trp,
+                                   const std::vector<ShardSetWriter::Piece>& vap) {
+      workflow.transform(chunk, out, &kept_rows, /*append=*/false, &tr);
+      DLREC_CHECK(out.rows == rows, "etl: a chunk of ", rows, " rows was transformed into ",
+                  out.rows);
+      int64_t r = 0;
+      for (const auto* pieces : {&trp, &vap})
+        for (const ShardSetWriter::Piece& p : *pieces) {
+          p.writer->write_at(out, r, r + p.rows, p.at);
+          r += p.rows;
+        }
+    };
     if (direct && !input) {
       // From the cache, without a barrier per batch: every thread takes the next kept chunk
       // (its rows reserved in the shard files under the lock), then unpacks, transforms and
@@ -1233,15 +1249,7 @@ EtlResult run_etl(const EtlOptions& o) {
           }
           try {
             kc.unpack_move(chunk);
-            workflow.transform(chunk, out, &kept_rows, /*append=*/false, &tr);
-            DLREC_CHECK(out.rows == rows, "etl: a chunk of ", rows, " rows was transformed into ",
-                        out.rows);
-            int64_t r = 0;
-            for (const auto* pieces : {&trp, &vap})
-              for (const ShardSetWriter::Piece& p : *pieces) {
-                p.writer->write_at(out, r, r + p.rows, p.at);
-                r += p.rows;
-              }
+            transform_and_write(chunk, out, kept_rows, tr, rows, trp, vap);
           } catch (...) {
             std::lock_guard<std::mutex> g(mu);
             failed(seq);
@@ -1276,17 +1284,9 @@ EtlResult run_etl(const EtlOptions& o) {
       parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) {
           try {
-            const TrainRows tr{first_train[i], to_train_in[i]};
             if (!input) kept_batch[i].unpack_move(chunks[i]);
-            workflow.transform(chunks[i], out[i], &kept[i], /*append=*/false, &tr);
-            DLREC_CHECK(out[i].rows == in_rows[i], "etl: a chunk of ", in_rows[i],
-                        " rows was transformed into ", out[i].rows);
-            int64_t r = 0;
-            for (const auto* pieces : {&train_pieces[i], &valid_pieces[i]})
-              for (const ShardSetWriter::Piece& p : *pieces) {
-                p.writer->write_at(out[i], r, r + p.rows, p.at);
-                r += p.rows;
-              }
+            transform_and_write(chunks[i], out[i], kept[i], {first_train[i], to_train_in[i]},
+                                in_rows[i], train_pieces[i], valid_pieces[i]);
           } catch (...) {
             errors[i] = std::current_exception();
           }

@@ -420,14 +420,19 @@ struct ShardWriter::Impl {
   std::exception_ptr derror;
   static constexpr size_t kDirectQueue = 8;  // finished blocks waiting for the file, at most
 
+  // Section offsets of a block of n rows of a one-hot layout (block_sections without the id
+  // counts: one id per row).
+  std::vector<size_t> one_hot_sections(int64_t n) const {
+    const int nc = static_cast<int>(layout.cardinalities.size());
+    std::vector<size_t> at(nc + 2);
+    at[0] = kBlockHeaderBytes;
+    at[1] = at[0] + static_cast<size_t>(n) * 4 * (1 + layout.num_dense);
+    for (int t = 0; t < nc; ++t) at[t + 2] = at[t + 1] + static_cast<size_t>(n) * id_bytes(t);
+    return at;
+  }
   void start_direct() {
     direct = true;
-    const int nc = static_cast<int>(layout.cardinalities.size());
-    dat.assign(nc + 2, 0);
-    dat[0] = kBlockHeaderBytes;
-    dat[1] = dat[0] + static_cast<size_t>(block_rows) * 4 * (1 + layout.num_dense);
-    for (int t = 0; t < nc; ++t)
-      dat[t + 2] = dat[t + 1] + static_cast<size_t>(block_rows) * id_bytes(t);
+    dat = one_hot_sections(block_rows);
     dthread = std::thread([this] { direct_file_loop(); });
     wbthread = std::thread([this] { writeback_loop(); });
   }
@@ -584,10 +589,7 @@ struct ShardWriter::Impl {
   void finish_direct(DirectBlock* blk) {
     const int64_t n = blk->reserved;
     if (n < block_rows) {  // the sections of n rows, moved down (each starts at or before its old place)
-      std::vector<size_t> at(dat.size());
-      at[0] = dat[0];
-      at[1] = at[0] + static_cast<size_t>(n) * 4 * (1 + layout.num_dense);
-      for (size_t t = 0; t + 2 < dat.size(); ++t) at[t + 2] = at[t + 1] + static_cast<size_t>(n) * id_bytes(static_cast<int>(t));
+      const std::vector<size_t> at = one_hot_sections(n);
       char* p = blk->buf.data();
       std::memmove(p + at[0] + n * 4, p + dat[0] + block_rows * 4, n * layout.num_dense * 4);
       for (size_t sec = 2; sec < dat.size(); ++sec)
