@@ -108,7 +108,7 @@ int run_etl_bench(const EtlBenchOptions& o) {
       rates.push_back(mb / s);
       std::printf("bench etl: input=%.1fMB rows=%lld threads=%d seconds=%.2f MB/s=%.1f "
                   "MB/s/core=%.1f rows/s=%.0f cpu_seconds=%.2f MB/cpu_s=%.1f peak_rss=%.0fMB input_cache=%.0fMB%s "
-                  "(count %.2fs, fit %.2fs x%d, transform+write %.2fs, output %.1fMB; waited for the "
+                  "(count %.2fs%s, fit %.2fs x%d, transform+write %.2fs, output %.1fMB; waited for the "
                   "reader %.2fs, writer thread busy %.2fs, file writes %.2fs, writer waited for them %.2fs; threads busy: fit %.0f%%, transform "
                   "%.0f%%)\n",
                   mb, static_cast<long long>(rows), threads, s, mb / s, mb / s / threads,
@@ -117,7 +117,7 @@ int run_etl_bench(const EtlBenchOptions& o) {
                   : !r.input_cache_compact      ? "(parsed)"
                   : r.input_cache_huge_pages    ? "(compact,huge)"
                                                 : "(compact)",
-                  r.count_seconds,
+                  r.count_seconds, r.count_ahead ? " ahead" : "",
                   r.fit_seconds, r.fit_passes, r.transform_seconds, r.output_bytes / 1e6,
                   r.read_wait_seconds, r.write_seconds, r.file_write_seconds, r.append_wait_seconds,
                   100 * r.fit_cpu_seconds / std::max(1e-9, r.fit_seconds * threads),

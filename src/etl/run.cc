@@ -678,22 +678,41 @@ int64_t count_line_ends(const char* p, const char* e, char prev) {
   return n;
 }
 
+// Reads n bytes of `path` at `at` (all there: the size is known).
+void read_fully_at(int fd, char* dst, size_t n, uint64_t at, const std::string& path) {
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, dst, n, static_cast<off_t>(at));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      fail("reading '", path, "' failed: ", got < 0 ? std::strerror(errno) : "file shrank");
+    dst += got;
+    n -= static_cast<size_t>(got);
+    at += static_cast<uint64_t>(got);
+  }
+}
+
+// The rows of a file of `size` bytes holding `ends` line ends of non-empty lines: plus an
+// unterminated last line, less the header line.
+int64_t rows_of_line_ends(int fd, uint64_t size, bool header, const std::string& path,
+                          int64_t ends) {
+  if (size == 0) return 0;
+  char last;
+  read_fully_at(fd, &last, 1, size - 1, path);
+  if (last != '\n') ++ends;  // an unterminated last line
+  if (header) {  // the first line is the header, whatever it holds
+    char first;
+    read_fully_at(fd, &first, 1, 0, path);
+    if (first != '\n') --ends;  // a non-empty first line was counted
+  }
+  return ends;
+}
+
+constexpr size_t kCountBuf = size_t{1} << 20;  // bytes per read of the count
+
 // count_rows of one regular file of `size` bytes: '\n' bytes whose line is not empty, counted on
 // all cores, each task reading its parts of the file with pread into a buffer of its own (no
 // mapping of the file: no page tables to fill and drop again).
 int64_t count_read(int fd, uint64_t size, bool header, const std::string& path) {
-  constexpr size_t kBuf = size_t{1} << 20;
-  auto read_at = [&](char* dst, size_t n, uint64_t at) {  // n bytes, all there (size known)
-    while (n > 0) {
-      const ssize_t got = ::pread(fd, dst, n, static_cast<off_t>(at));
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0)
-        fail("reading '", path, "' failed: ", got < 0 ? std::strerror(errno) : "file shrank");
-      dst += got;
-      n -= static_cast<size_t>(got);
-      at += static_cast<uint64_t>(got);
-    }
-  };
   // Parts of at least 8 MB, several per thread (they differ in speed).
   const int64_t parts = std::clamp<int64_t>(static_cast<int64_t>(size >> 23), 1,
                                             4 * std::max(1, num_threads()));
@@ -701,18 +720,18 @@ int64_t count_read(int fd, uint64_t size, bool header, const std::string& path) 
   std::vector<std::exception_ptr> errors(parts);
   parallel_for(0, parts, 1, [&](int64_t lo, int64_t hi) {
     thread_local std::vector<char> buf;
-    if (buf.size() < kBuf) buf.resize(kBuf);
+    if (buf.size() < kCountBuf) buf.resize(kCountBuf);
     for (int64_t t = lo; t < hi; ++t) {
       try {
         const uint64_t from = size * t / parts, to = size * (t + 1) / parts;
         // The byte before the part: a '\n' right after another one ends a blank line. Before
         // the file's first byte counts as a '\n' (a '\n' there ends an empty first line).
         char prev = '\n';
-        if (from > 0) read_at(&prev, 1, from - 1);
+        if (from > 0) read_fully_at(fd, &prev, 1, from - 1, path);
         int64_t n = 0;
         for (uint64_t at = from; at < to;) {
-          const size_t len = static_cast<size_t>(std::min<uint64_t>(kBuf, to - at));
-          read_at(buf.data(), len, at);
+          const size_t len = static_cast<size_t>(std::min<uint64_t>(kCountBuf, to - at));
+          read_fully_at(fd, buf.data(), len, at, path);
           n += count_line_ends(buf.data(), buf.data() + len, prev);
           prev = buf[len - 1];
           at += len;
@@ -725,21 +744,145 @@ int64_t count_read(int fd, uint64_t size, bool header, const std::string& path) 
   });
   for (const auto& e : errors)
     if (e) std::rethrow_exception(e);
-  int64_t lines = 0;
-  for (int64_t c : counts) lines += c;
-  if (size == 0) return 0;
-  char last;
-  read_at(&last, 1, size - 1);
-  if (last != '\n') ++lines;  // an unterminated last line
-  if (header) {  // the first line is the header, whatever it holds
-    char first;
-    read_at(&first, 1, 0);
-    if (first != '\n') --lines;  // a non-empty first line was counted
+  int64_t ends = 0;
+  for (int64_t c : counts) ends += c;
+  return rows_of_line_ends(fd, size, header, path, ends);
+}
+
+// Whether every input is a regular file or Parquet (it can be read twice).
+bool inputs_rereadable(const std::vector<std::string>& files) {
+  for (const auto& f : files) {
+    if (io::is_parquet_path(f)) continue;
+    struct stat st {};
+    if (::stat(f.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
   }
-  return lines;
+  return true;
+}
+
+// The rows of the inputs estimated from the average line of the first MB of the first text
+// file (Parquet: the footer's count); -1 when there is no text to estimate from.
+int64_t estimate_rows(const std::vector<std::string>& files) {
+  int64_t rows = 0, text_bytes = 0;
+  double line = 0;  // bytes per line
+  for (const auto& f : files) {
+    if (io::is_parquet_path(f)) {
+      rows += io::parquet_num_rows(f);
+      continue;
+    }
+    const uint64_t size = file_size(f);
+    text_bytes += static_cast<int64_t>(size);
+    if (line > 0 || size == 0) continue;
+    const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail("cannot open '", f, "': ", std::strerror(errno));
+    std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(size, kCountBuf)));
+    try {
+      read_fully_at(fd, buf.data(), buf.size(), 0, f);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    ::close(fd);
+    const int64_t ends = count_line_ends(buf.data(), buf.data() + buf.size(), '\n');
+    line = static_cast<double>(buf.size()) / static_cast<double>(std::max<int64_t>(ends, 1));
+  }
+  if (text_bytes > 0 && line <= 0) return -1;
+  return rows + (text_bytes > 0 ? static_cast<int64_t>(static_cast<double>(text_bytes) / line) : 0);
 }
 
 }  // namespace
+
+int64_t train_rows_of(int64_t rows, double valid_ratio) {
+  return rows - static_cast<int64_t>(std::floor(static_cast<double>(rows) * valid_ratio));
+}
+
+RowCountAhead::RowCountAhead(std::vector<std::string> files, io::Schema schema,
+                             double valid_ratio)
+    : files_(std::move(files)), schema_(std::move(schema)), valid_ratio_(valid_ratio) {
+  thread_ = std::thread([this] { run(); });
+}
+
+RowCountAhead::~RowCountAhead() {
+  stop_ = true;
+  thread_.join();
+}
+
+// The files one after the other, each read in order into one buffer: after every read, the
+// rows of the files done plus the line ends so far (less a header) are a lower bound of the
+// count, published for train_before().
+void RowCountAhead::run() {
+  try {
+    std::vector<char> buf(kCountBuf);
+    int64_t done = 0;  // rows of the files counted
+    auto publish = [&](int64_t lower) {
+      std::lock_guard<std::mutex> g(mu_);
+      lower_ = lower;
+      cv_.notify_all();
+    };
+    for (const auto& path : files_) {
+      if (stop_) return;
+      if (io::is_parquet_path(path)) {
+        done += io::parquet_num_rows(path);
+        publish(done);
+        continue;
+      }
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) fail("cannot open '", path, "': ", std::strerror(errno));
+      struct Closer {
+        int fd;
+        ~Closer() { ::close(fd); }
+      } closer{fd};
+      struct stat st {};
+      if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        fail("etl: counting rows ahead needs a regular file, '", path, "' is not one");
+      const uint64_t size = static_cast<uint64_t>(st.st_size);
+      char prev = '\n';
+      int64_t ends = 0;
+      for (uint64_t at = 0; at < size;) {
+        if (stop_) return;
+        const size_t len = static_cast<size_t>(std::min<uint64_t>(kCountBuf, size - at));
+        read_fully_at(fd, buf.data(), len, at, path);
+        ends += count_line_ends(buf.data(), buf.data() + len, prev);
+        prev = buf[len - 1];
+        at += len;
+        publish(done + std::max<int64_t>(0, ends - (schema_.header ? 1 : 0)));
+      }
+      done += rows_of_line_ends(fd, size, schema_.header, path, ends);
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    lower_ = total_ = done;
+    cv_.notify_all();
+  } catch (...) {
+    std::lock_guard<std::mutex> g(mu_);
+    error_ = std::current_exception();
+    cv_.notify_all();
+  }
+}
+
+int64_t RowCountAhead::train_before(int64_t upto) {
+  std::unique_lock<std::mutex> lk(mu_);
+  auto known = [&] {
+    return error_ || total_ >= 0 || train_rows_of(lower_, valid_ratio_) >= upto;
+  };
+  if (!known()) {
+    Timer t;
+    cv_.wait(lk, known);
+    waited_ += t.seconds();
+  }
+  if (error_) std::rethrow_exception(error_);
+  return total_ >= 0 ? std::min(upto, train_rows_of(total_, valid_ratio_)) : upto;
+}
+
+int64_t RowCountAhead::rows() {
+  std::unique_lock<std::mutex> lk(mu_);
+  auto known = [&] { return error_ || total_ >= 0; };
+  if (!known()) {
+    Timer t;
+    cv_.wait(lk, known);
+    waited_ += t.seconds();
+  }
+  if (error_) std::rethrow_exception(error_);
+  return total_;
+}
 
 int64_t count_rows(const std::vector<std::string>& files, const io::Schema& schema) {
   int64_t total = 0;
@@ -859,16 +1002,45 @@ EtlResult run_etl(const EtlOptions& o) {
   // The split: the first n_train good rows train (-1: all rows).
   int64_t n_train = -1;
   int64_t expected_rows = -1;
+  // Counting ahead (EtlOptions::count_ahead_min_bytes): until count_known(), n_train is not
+  // set, expected_rows is an estimate, and split_before() asks the count.
+  std::unique_ptr<RowCountAhead> ahead;
+  bool counting = false;
+  auto count_known = [&] {  // waits for the count ahead and sets the split from it
+    if (!counting) return;
+    Timer t;
+    expected_rows = ahead->rows();
+    n_train = train_rows_of(expected_rows, o.valid_ratio);
+    counting = false;
+    res.count_seconds += ahead->wait_seconds();
+    mark("count known");
+    if (n_train == 0) fail("etl: the split leaves no training rows");
+  };
+  // min(upto, n_train): how many of the first `upto` rows train.
+  auto split_before = [&](int64_t upto) -> int64_t {
+    if (counting) return ahead->train_before(upto);
+    return n_train < 0 ? upto : std::min(upto, n_train);
+  };
   if (o.train_rows >= 0) {
     n_train = o.train_rows;
   } else if (o.valid_ratio > 0) {
     Timer t;
-    expected_rows = count_rows(o.inputs, o.schema);
-    const int64_t n_valid =
-        static_cast<int64_t>(std::floor(static_cast<double>(expected_rows) * o.valid_ratio));
-    n_train = expected_rows - n_valid;
+    // DLREC_ETL_COUNT_AHEAD=0: count first whatever the size (for A/B runs of one binary).
+    const char* env = std::getenv("DLREC_ETL_COUNT_AHEAD");
+    const bool allowed = !(env && std::strcmp(env, "0") == 0);
+    if (allowed && o.count_ahead_min_bytes >= 0 && res.input_bytes >= o.count_ahead_min_bytes &&
+        inputs_rereadable(o.inputs)) {
+      expected_rows = estimate_rows(o.inputs);
+      counting = expected_rows >= 0;
+    }
+    if (!counting) {
+      expected_rows = count_rows(o.inputs, o.schema);
+      n_train = train_rows_of(expected_rows, o.valid_ratio);
+      mark("count done");
+    }
     res.count_seconds = t.seconds();
-    mark("count done");
+    res.count_ahead = counting;
+    if (counting) ahead = std::make_unique<RowCountAhead>(o.inputs, o.schema, o.valid_ratio);
   }
   if (n_train == 0) fail("etl: the split leaves no training rows");
 
@@ -893,7 +1065,11 @@ EtlResult run_etl(const EtlOptions& o) {
     InputCache cache;
     cache.cap = o.input_cache_mb < 0 ? default_cache_bytes(o.memory_budget_mb)
                                      : o.input_cache_mb << 20;
-    {
+    // The decisions below from the row count, or from the estimate (an eighth over it) while
+    // counting ahead; counting ahead only where the cache is on (the reader reads past the
+    // split, so that it need not know where the split is), else the count comes first.
+    auto decide = [&] {
+      const int64_t rows_for = counting ? expected_rows + expected_rows / 8 : expected_rows;
       const io::Schema& sc = o.schema;
       // Bytes per row as parsed (RawChunk), and compacted when every key is narrow
       // (KeptChunk; wide columns take more, and then the cache may be dropped part-way).
@@ -903,16 +1079,29 @@ EtlResult run_etl(const EtlOptions& o) {
       // 2 MB blocks already hold twice the compacted rows (no memory compaction to find them).
       const bool huge =
           o.input_cache_huge_pages == HugePages::On ||
-          (o.input_cache_huge_pages == HugePages::Auto && cache.cap > 0 && expected_rows >= 0 &&
-           expected_rows * compact_row <= cache.cap &&
-           huge_pages_free_for(expected_rows * compact_row));
+          (o.input_cache_huge_pages == HugePages::Auto && cache.cap > 0 && rows_for >= 0 &&
+           rows_for * compact_row <= cache.cap &&
+           huge_pages_free_for(rows_for * compact_row));
       cache.compact = o.input_cache_form == CacheForm::Compact ||
                       (o.input_cache_form == CacheForm::Auto &&
-                       (huge || o.memory_budget_mb > 0 || expected_rows < 0 ||
-                        expected_rows * parsed_row > cache.cap));
+                       (huge || o.memory_budget_mb > 0 || rows_for < 0 ||
+                        rows_for * parsed_row > cache.cap));
       cache.huge = cache.compact && huge;
       const int64_t row_bytes = cache.compact ? compact_row : parsed_row;
-      cache.on = cache.cap > 0 && (expected_rows < 0 || expected_rows * row_bytes <= cache.cap);
+      cache.on = cache.cap > 0 && (rows_for < 0 || rows_for * row_bytes <= cache.cap);
+    };
+    decide();
+    if (counting && !cache.on) {  // the count first, on all cores
+      Timer t;
+      ahead.reset();
+      counting = false;
+      res.count_ahead = false;
+      expected_rows = count_rows(o.inputs, o.schema);
+      n_train = train_rows_of(expected_rows, o.valid_ratio);
+      res.count_seconds += t.seconds();
+      mark("count done");
+      if (n_train == 0) fail("etl: the split leaves no training rows");
+      decide();
     }
     // Batches parsed ahead: two for the compacted cache (measured on 16 cores), else one as
     // before (and under a memory budget: less memory in flight).
@@ -950,7 +1139,7 @@ EtlResult run_etl(const EtlOptions& o) {
       ++pass;
       progress = std::make_unique<Progress>(
           "etl fit (pass " + std::to_string(pass) + "/" + std::to_string(res.fit_passes) + ")",
-          n_train, "rows");
+          counting ? train_rows_of(expected_rows, o.valid_ratio) : n_train, "rows");
       fit_rows = 0;
       if (cached) {  // a later pass over the kept training chunks
         size_t at = 0;
@@ -976,7 +1165,10 @@ EtlResult run_etl(const EtlOptions& o) {
       }
       io::ReadOptions ro = pass_read_options(o);
       // Keeping the rows: the first pass reads all of them (the validation rows too).
-      if (!(pass == 1 && cache.on)) ro.max_rows = n_train;
+      if (!(pass == 1 && cache.on)) {
+        count_known();  // this reader stops at the split
+        ro.max_rows = n_train;
+      }
       if (batches) res.read_wait_seconds += batches->wait_seconds();
       batches.reset();
       batches = std::make_unique<BatchReader>(io::open_reader(o.inputs, o.schema, ro),
@@ -1009,8 +1201,8 @@ EtlResult run_etl(const EtlOptions& o) {
           if (n == 0) break;
           for (int i = 0; i < n; ++i) {
             io::RawChunk& c = batch[i];
-            const int64_t train =
-                n_train < 0 ? c.rows : std::max<int64_t>(0, std::min(c.rows, n_train - read_rows));
+            const int64_t train = std::max<int64_t>(
+                0, std::min(c.rows, split_before(read_rows + c.rows) - read_rows));
             read_rows += c.rows;
             const bool keep = first && cache.on;
             if (keep && train > 0 && train < c.rows) {
@@ -1061,6 +1253,7 @@ EtlResult run_etl(const EtlOptions& o) {
       workflow.fit_batches(open_fit_pass, &side, window);
     }
     if (progress) progress->finish();
+    count_known();
     if (batches) res.read_wait_seconds += batches->wait_seconds();
     // The batches still in their slots: the fit is done with them (their side tasks ran).
     for (size_t s = 0; s < cache.pending.size(); ++s) cache.settle(s);

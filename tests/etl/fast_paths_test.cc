@@ -443,8 +443,45 @@ TEST(CountRowsTest, BlankLinesHeaderAndUnterminatedLastLine) {
       io::Schema s = io::Schema::criteo();
       s.header = header;
       ASSERT_EQ(count_rows({path}, s), want) << "trial " << trial << " header " << header;
+      RowCountAhead ahead({path, path}, s, 0.25);  // the file twice: two files in turn
+      ASSERT_EQ(ahead.rows(), 2 * want) << "trial " << trial << " header " << header;
+      EXPECT_EQ(ahead.train_before(2 * want + 1), train_rows_of(2 * want, 0.25));
     }
   }
+}
+
+// train_rows_of: rows less floor(rows * ratio), never decreasing as rows grow (what
+// RowCountAhead::train_before relies on with a partial count).
+TEST(CountRowsTest, TrainRowsOfNeverDecreases) {
+  std::mt19937_64 rng(5);
+  EXPECT_EQ(train_rows_of(10, 0.1), 9);
+  EXPECT_EQ(train_rows_of(9, 0.1), 9);
+  EXPECT_EQ(train_rows_of(0, 0.3), 0);
+  EXPECT_EQ(train_rows_of(1000, 0), 1000);
+  for (double ratio : {0.1, 0.25, 1.0 / 3, 0.5, 0.77, 0.999}) {
+    for (int i = 0; i < 20000; ++i) {
+      const int64_t r = static_cast<int64_t>(rng() % (int64_t{1} << (i % 2 ? 20 : 40)));
+      EXPECT_LE(train_rows_of(r, ratio), train_rows_of(r + 1, ratio)) << r << " " << ratio;
+    }
+  }
+}
+
+// RowCountAhead on a missing file: the error names it, from rows() and train_before() alike.
+TEST(CountRowsTest, CountAheadErrorNamesTheFile) {
+  RowCountAhead ahead({"/nonexistent/dir/x.tsv"}, io::Schema::criteo(), 0.1);
+  std::string a, b;
+  try {
+    ahead.rows();
+  } catch (const Error& e) {
+    a = e.what();
+  }
+  try {
+    ahead.train_before(5);
+  } catch (const Error& e) {
+    b = e.what();
+  }
+  EXPECT_NE(a.find("cannot open '/nonexistent/dir/x.tsv'"), std::string::npos) << a;
+  EXPECT_EQ(a, b);
 }
 
 // count_rows on a file of several parts (8 MB or more each) read in 1 MB buffers, with lines
@@ -492,6 +529,18 @@ TEST(CountRowsTest, PartAndBufferBoundaries) {
       s.header = header;
       EXPECT_EQ(count_rows({path}, s), want) << "threads " << threads << " header " << header;
     }
+    // Counted ahead: asked at once (before the count is done), train_before gives min(upto,
+    // the training rows) for rows anywhere in the file, then the count.
+    io::Schema s = io::Schema::criteo();
+    s.header = header;
+    RowCountAhead ahead({path}, s, 0.1);
+    const int64_t train = train_rows_of(want, 0.1);
+    for (int64_t upto : {int64_t{1}, want / 3, train - 1, train, train + 1, want, want + 7})
+      EXPECT_EQ(ahead.train_before(upto), std::min(upto, train)) << upto << " header " << header;
+    EXPECT_EQ(ahead.rows(), want);
+  }
+  {  // stopped while counting: the destructor returns
+    RowCountAhead ahead({path, path, path}, io::Schema::criteo(), 0.1);
   }
   set_num_threads(saved);
 }

@@ -16,6 +16,7 @@
 #include "dlrec/core/error.h"
 #include "dlrec/core/file_util.h"
 #include "dlrec/core/progress.h"
+#include "dlrec/core/thread_pool.h"
 #include "dlrec/etl/workflow.h"
 #include "dlrec/io/shard.h"
 #include "dlrec/io/text_reader.h"
@@ -384,6 +385,75 @@ TEST(RunEtlTest, CacheHugePagesChooseTheFormAndKeepTheBytes) {
       EXPECT_EQ(names, ref_names);
       EXPECT_TRUE(bytes == ref_bytes);
     }
+  }
+}
+
+// Counting the rows ahead (beside the fit) writes the same bytes as counting them first:
+// validation ratios with the split inside a chunk, 1 and 3 threads, malformed rows skipped,
+// blank lines, two input files, and no input cache (then the count comes first anyway).
+TEST(RunEtlTest, CountAheadWritesTheSameBytes) {
+  std::string dir = test_dir();
+  std::string text = tsv(1500);
+  // Blank lines and malformed rows (skipped with OnError::Skip) spread through the text.
+  std::string messy;
+  int line = 0;
+  for (size_t p = 0; p < text.size();) {
+    const size_t q = text.find('\n', p);
+    messy += text.substr(p, q + 1 - p);
+    if (++line % 97 == 0) messy += "\n";
+    if (line % 211 == 0) messy += "1\tnot-a-number\t3\ta\t1\n";
+    p = q + 1;
+  }
+  const std::string a = dir + "/a.tsv", b = dir + "/b.tsv";
+  const size_t cut = messy.find('\n', messy.size() / 3) + 1;
+  std::ofstream(a, std::ios::binary) << messy.substr(0, cut);
+  std::ofstream(b, std::ios::binary) << messy.substr(cut);
+  auto read_file = [](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  };
+  const int saved = num_threads();
+  for (int threads : {1, 3}) {
+    for (double ratio : {0.1, 0.37}) {
+      for (int64_t cache_mb : {int64_t{-1}, int64_t{0}}) {
+        SCOPED_TRACE(std::to_string(threads) + " threads, ratio " + std::to_string(ratio) +
+                     ", cache " + std::to_string(cache_mb));
+        set_num_threads(threads);
+        std::vector<std::string> names[2], bytes[2];
+        for (int ahead : {0, 1}) {
+          EtlOptions o = options(dir, a);
+          o.inputs = {a, b};
+          o.valid_ratio = ratio;
+          o.read.on_error = io::OnError::Skip;
+          o.read.chunk_rows = 64;  // many chunks: the split falls inside one
+          o.input_cache_mb = cache_mb;
+          o.count_ahead_min_bytes = ahead ? 0 : -1;
+          o.overwrite = true;
+          const EtlResult r = run_etl(o);
+          EXPECT_EQ(r.count_ahead, ahead == 1 && cache_mb != 0);
+          EXPECT_GT(r.valid_rows, 0);
+          names[ahead] = list_dir(o.output_dir);
+          for (const auto& n : names[ahead]) bytes[ahead].push_back(read_file(o.output_dir + "/" + n));
+        }
+        EXPECT_EQ(names[0], names[1]);
+        EXPECT_TRUE(bytes[0] == bytes[1]);
+      }
+    }
+  }
+  set_num_threads(saved);
+}
+
+// An input with no rows, counted ahead: the same error as counted first, nothing written.
+TEST(RunEtlTest, CountAheadOfNoRowsIsAnError) {
+  std::string dir = test_dir();
+  const std::string input = write_input(dir, "\n\n");
+  for (int ahead : {0, 1}) {
+    EtlOptions o = options(dir, input);
+    o.valid_ratio = 0.1;
+    o.count_ahead_min_bytes = ahead ? 0 : -1;
+    const std::string err = error_of([&] { run_etl(o); });
+    EXPECT_NE(err.find("the split leaves no training rows"), std::string::npos) << err;
+    EXPECT_TRUE(list_dir(o.output_dir).empty()) << ahead;
   }
 }
 

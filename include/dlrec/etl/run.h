@@ -12,8 +12,13 @@
 // Every file goes through AtomicFile; on an error, the files this run created are removed.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dlrec/core/config.h"
@@ -89,6 +94,13 @@ struct EtlOptions {
   // threads on 16 cores, no gain at 16: docs/ETL.md), else 1; always 1 (one fork-join per
   // batch, as before) under memory_budget_mb or with one thread.
   int fit_window = 0;
+  // The row count of the split (valid_ratio) for inputs of at least this many bytes: counted on
+  // a thread of its own while the fit reads the first rows (RowCountAhead), instead of on all
+  // cores before it (0.08-0.14 s of a 2 GB input on the 16-core host); the fit waits only where
+  // a chunk might hold the split before the count is that far. Only for regular text files
+  // (and Parquet) whose estimated rows fit in the input cache (the cache decisions then use
+  // an estimate from the first MB; the reader must not stop at the split). -1: never.
+  int64_t count_ahead_min_bytes = int64_t{64} << 20;
 };
 
 struct EtlResult {
@@ -101,6 +113,9 @@ struct EtlResult {
   int64_t spill_runs = 0, spill_bytes = 0;  // vocabulary counts spilled under memory_budget_mb
   std::vector<std::string> train_shards, valid_shards;  // names inside output_dir
   std::vector<std::vector<std::string>> rank_shards;    // per rank (ranks > 1 or shuffle)
+  // count_seconds: the row count before the fit, or with count_ahead the time the fit waited
+  // for the count (RowCountAhead) and its estimate took.
+  bool count_ahead = false;
   double count_seconds = 0, fit_seconds = 0, transform_seconds = 0, total_seconds = 0;
   // Where the passes waited: read_wait_seconds = time the fit and transform loops waited for
   // the next batch of parsed chunks (the reader is the bottleneck when it is large);
@@ -130,5 +145,45 @@ CacheForm parse_cache_form(const std::string& s);
 // Non-blank lines of the files (minus one header line per file when schema.header), counted
 // with memchr over large reads: the row count before parsing.
 int64_t count_rows(const std::vector<std::string>& files, const io::Schema& schema);
+
+// The training rows of a split with `valid_ratio` of `rows` rows validating (the last
+// floor(rows * valid_ratio)). Never decreases as `rows` grows.
+int64_t train_rows_of(int64_t rows, double valid_ratio);
+
+// count_rows on a thread of its own, the files one after the other (Parquet: from the footer),
+// so that a reader can start on the first rows meanwhile: train_before() says how many of the
+// first rows are training rows as soon as the lines counted so far prove it (they are a lower
+// bound of the count, and train_rows_of never decreases), waiting only until then. Regular
+// files and Parquet only (a pipe cannot be read twice). The destructor stops the count.
+class RowCountAhead {
+ public:
+  RowCountAhead(std::vector<std::string> files, io::Schema schema, double valid_ratio);
+  ~RowCountAhead();
+  RowCountAhead(const RowCountAhead&) = delete;
+  RowCountAhead& operator=(const RowCountAhead&) = delete;
+
+  // min(upto, train_rows_of(count)): waits until the count is done or its lines so far show
+  // that the first `upto` rows all train. Rethrows the count's error.
+  int64_t train_before(int64_t upto);
+  // The count, waiting for it; rethrows its error.
+  int64_t rows();
+  // Seconds the calls above waited.
+  double wait_seconds() const { return waited_; }
+
+ private:
+  void run();
+
+  std::vector<std::string> files_;
+  io::Schema schema_;
+  double valid_ratio_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t lower_ = 0;   // rows counted so far: at most the count
+  int64_t total_ = -1;  // the count, once done
+  std::exception_ptr error_;
+  std::atomic<bool> stop_{false};
+  double waited_ = 0;
+  std::thread thread_;
+};
 
 }  // namespace dlrec::etl
