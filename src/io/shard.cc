@@ -1,11 +1,13 @@
-// dlrec training shards, format version 1 (byte-exact layout in docs/FORMATS.md).
+// dlrec training shards, format version 2 (byte-exact layout in docs/FORMATS.md; version 1 is
+// still read).
 //
 //   file    = header block* footer trailer
 //   header  = "DLRSHARD" u32 version u32 json_len json u32 crc32c(version..json)
 //   block   = u64 rows u64 payload_bytes u32 crc32c(rows, payload_bytes, payload) u32 0 payload
 //   payload = labels f32[rows] dense f32[rows*num_dense]
 //             per categorical feature t: (multi-hot only) u32 row_end[rows], then ids
-//             (i32 when cardinality <= 2^31 else i64)[n_ids]
+//             (u8, u16, i32 or i64: the narrowest holding every id of the feature's
+//             cardinality; version 1: i32 when cardinality <= 2^31 else i64)[n_ids]
 //   footer  = u64 num_blocks u64 total_rows (u64 first_row, u64 file_offset)[num_blocks]
 //   trailer = u64 footer_offset u32 crc32c(footer) u32 0 "DLRSEND\0"
 //
@@ -41,7 +43,7 @@ namespace {
 
 constexpr char kMagic[8] = {'D', 'L', 'R', 'S', 'H', 'A', 'R', 'D'};
 constexpr char kEndMagic[8] = {'D', 'L', 'R', 'S', 'E', 'N', 'D', '\0'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // written; 1 and 2 are read
 constexpr size_t kBlockHeaderBytes = 24;
 constexpr size_t kTrailerBytes = 24;
 constexpr int64_t kInt32Cardinality = int64_t{1} << 31;
@@ -53,7 +55,72 @@ std::string base_name(const std::string& path) {
   return p == std::string::npos ? path : path.substr(p + 1);
 }
 
-bool wide_ids(int64_t cardinality) { return cardinality > kInt32Cardinality; }
+// Bytes per id of a feature of `cardinality` in a file of format `version`: version 2 the
+// narrowest of u8/u16/i32/i64 holding ids [0, cardinality); version 1 i32 or i64.
+size_t id_width(int64_t cardinality, uint32_t version) {
+  if (cardinality > kInt32Cardinality) return 8;
+  if (version >= 2 && cardinality <= 256) return 1;
+  if (version >= 2 && cardinality <= 65536) return 2;
+  return 4;
+}
+
+// Stores n ids (checked to fit) as `width`-byte integers at p (any alignment).
+void store_ids(char* p, const int64_t* ids, int64_t n, size_t width) {
+  switch (width) {
+    case 1:
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<char>(ids[i]);
+      break;
+    case 2:
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t v = static_cast<uint16_t>(ids[i]);
+        std::memcpy(p + 2 * i, &v, 2);
+      }
+      break;
+    case 4:
+      for (int64_t i = 0; i < n; ++i) {
+        const int32_t v = static_cast<int32_t>(ids[i]);
+        std::memcpy(p + 4 * i, &v, 4);
+      }
+      break;
+    default:
+      std::memcpy(p, ids, static_cast<size_t>(n) * 8);
+  }
+}
+
+// Loads n `width`-byte ids from p into out; false when one is not in [0, cardinality).
+bool load_ids(const char* p, int64_t n, size_t width, int64_t cardinality, int64_t* out) {
+  const uint64_t card = static_cast<uint64_t>(cardinality);
+  uint64_t bad = 0;
+  switch (width) {
+    case 1:
+      for (int64_t i = 0; i < n; ++i) {
+        const uint8_t v = static_cast<uint8_t>(p[i]);
+        bad |= v >= card;
+        out[i] = v;
+      }
+      break;
+    case 2:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t v;
+        std::memcpy(&v, p + 2 * i, 2);
+        bad |= v >= card;
+        out[i] = v;
+      }
+      break;
+    case 4:
+      for (int64_t i = 0; i < n; ++i) {
+        int32_t v;
+        std::memcpy(&v, p + 4 * i, 4);
+        bad |= static_cast<uint64_t>(static_cast<int64_t>(v)) >= card;  // negative: huge
+        out[i] = v;
+      }
+      break;
+    default:
+      std::memcpy(out, p, static_cast<size_t>(n) * 8);
+      for (int64_t i = 0; i < n; ++i) bad |= static_cast<uint64_t>(out[i]) >= card;
+  }
+  return bad == 0;
+}
 
 template <class T>
 void put(std::string& buf, T v) {
@@ -233,7 +300,7 @@ struct ShardWriter::Impl {
         DLREC_CHECK(n_ids <= int64_t{UINT32_MAX}, "shard '", name, "': block ", index.size(),
                     " holds ", n_ids, " ids of feature ", t, "; use fewer rows per block");
       at[t + 2] = at[t + 1] + (layout.multi_hot[t] ? static_cast<size_t>(n) * 4 : 0) +
-                  static_cast<size_t>(n_ids) * (wide_ids(layout.cardinalities[t]) ? 8 : 4);
+                  static_cast<size_t>(n_ids) * id_width(layout.cardinalities[t], kVersion);
     }
     return at;
   }
@@ -267,21 +334,12 @@ struct ShardWriter::Impl {
         before += off[s.end] - off[s.begin];
       }
     }
-    const bool wide = wide_ids(layout.cardinalities[t]);
+    const size_t width = id_width(layout.cardinalities[t], kVersion);
     for (const auto& s : segs) {
       const auto& off = s.batch->cat_offsets[t];
-      const int64_t* ids = s.batch->cat_indices[t].data();
       const int64_t lo = off[s.begin], hi = off[s.end];
-      if (wide) {
-        std::memcpy(p, ids + lo, (hi - lo) * 8);
-        p += (hi - lo) * 8;
-      } else {
-        for (int64_t i = lo; i < hi; ++i) {
-          const int32_t v = static_cast<int32_t>(ids[i]);
-          std::memcpy(p, &v, 4);
-          p += 4;
-        }
-      }
+      store_ids(p, s.batch->cat_indices[t].data() + lo, hi - lo, width);
+      p += (hi - lo) * width;
     }
   }
 
@@ -459,7 +517,7 @@ struct ShardWriter::Impl {
       wb_done = n;
     }
   }
-  size_t id_bytes(int t) const { return wide_ids(layout.cardinalities[t]) ? 8 : 4; }
+  size_t id_bytes(int t) const { return id_width(layout.cardinalities[t], kVersion); }
   void stop_direct() {
     if (!dthread.joinable()) return;
     {
@@ -558,13 +616,8 @@ struct ShardWriter::Impl {
                 n * nd * 4);
     for (int t = 0; t + 2 < static_cast<int>(dat.size()); ++t) {
       const int64_t* ids = b.cat_indices[t].data() + b.cat_offsets[t][begin];
-      char* p = buf + dat[t + 1];
-      if (id_bytes(t) == 8) {
-        std::memcpy(p + r0 * 8, ids, n * 8);
-      } else {
-        int32_t* q = reinterpret_cast<int32_t*>(p) + r0;  // dat offsets are multiples of 4
-        for (int64_t i = 0; i < n; ++i) q[i] = static_cast<int32_t>(ids[i]);
-      }
+      const size_t width = id_bytes(t);
+      store_ids(buf + dat[t + 1] + r0 * width, ids, n, width);
     }
   }
   void direct_put(const Batch& b, int64_t begin, int64_t end, int64_t at) {
@@ -753,6 +806,7 @@ struct ShardReader::Impl {
   std::string path, name;
   int fd = -1;
   uint64_t size = 0;
+  uint32_t file_version = 0;  // the file's format version (the width of its ids)
   ShardLayout layout;
   int64_t rows = 0;
   std::vector<uint64_t> first_row;  // per block, plus total at the end
@@ -801,9 +855,10 @@ struct ShardReader::Impl {
     pread_all(head, 16, 0, "header");
     if (std::memcmp(head, kMagic, 8) != 0) fail("shard '", name, "': bad magic (not a dlrec shard)");
     const uint32_t version = get_at<uint32_t>(head + 8);
-    if (version != kVersion)
-      fail("shard '", name, "': unsupported format version ", version, " (this build reads ",
-           kVersion, ")");
+    if (version != 1 && version != kVersion)
+      fail("shard '", name, "': unsupported format version ", version, " (this build reads 1 "
+           "and ", kVersion, ")");
+    file_version = version;
     const uint32_t json_len = get_at<uint32_t>(head + 12);
     if (16 + uint64_t{json_len} + 4 + kTrailerBytes > size)
       fail("shard '", name, "': truncated file (header of ", json_len, " bytes, file of ", size,
@@ -897,7 +952,7 @@ struct ShardReader::Impl {
       }
       ids_pos[t] = pos;
       n_ids[t] = static_cast<int64_t>(count);
-      pos += count * (wide_ids(layout.cardinalities[t]) ? 8 : 4);
+      pos += count * id_width(layout.cardinalities[t], file_version);
       if (pos > len) fail(where, ": payload too short");
     }
     if (pos != len) fail(where, ": payload has ", len - pos, " unexpected trailing bytes");
@@ -936,23 +991,11 @@ struct ShardReader::Impl {
       const int64_t m = id_hi - id_lo;
       const size_t at = oids.size();
       oids.resize(at + m);
-      const char* src = block.data() + ids_pos[t];
       const int64_t card = layout.cardinalities[t];
-      if (wide_ids(card)) {
-        std::memcpy(oids.data() + at, src + id_lo * 8, m * 8);
-        for (int64_t i = 0; i < m; ++i)
-          if (static_cast<uint64_t>(oids[at + i]) >= static_cast<uint64_t>(card))
-            fail("shard '", name, "' block ", cached, ": id out of range in feature ", t);
-      } else {
-        const char* s = src + id_lo * 4;
-        uint32_t bad = 0;
-        for (int64_t i = 0; i < m; ++i) {
-          int32_t v = get_at<int32_t>(s + i * 4);
-          bad |= static_cast<uint32_t>(static_cast<int64_t>(v) >= card || v < 0);
-          oids[at + i] = v;
-        }
-        if (bad) fail("shard '", name, "' block ", cached, ": id out of range in feature ", t);
-      }
+      const size_t width = id_width(card, file_version);
+      if (!load_ids(block.data() + ids_pos[t] + id_lo * width, m, width, card,
+                    oids.data() + at))
+        fail("shard '", name, "' block ", cached, ": id out of range in feature ", t);
     }
     out.rows += k;
   }

@@ -158,6 +158,148 @@ TEST(ShardTest, Int32IdsAreSmallerThanInt64) {
   EXPECT_EQ(size_of(wide, "wide.shard") - size_of(narrow, "narrow.shard"), 4000u);
 }
 
+// Format version 2: each feature's ids take the narrowest of u8/u16/i32/i64 that holds ids up
+// to its cardinality (docs/FORMATS.md), by write(), write_parts() and write_at() alike, and
+// read back unchanged (the largest id too).
+TEST(ShardTest, IdWidthFollowsTheCardinality) {
+  const int64_t cards[] = {1, 256, 257, 65536, 65537, int64_t{1} << 31, (int64_t{1} << 31) + 1};
+  const size_t widths[] = {1, 1, 2, 2, 4, 4, 8};
+  const int n = 1000;
+  uint64_t size1 = 0;
+  for (int i = 0; i < 7; ++i) {
+    SCOPED_TRACE(cards[i]);
+    ShardLayout l;
+    l.num_dense = 1;
+    l.cardinalities = {cards[i]};
+    l.multi_hot = {false};
+    Batch b;
+    b.reset(1, 1);
+    for (int r = 0; r < n; ++r) {
+      b.labels.push_back(r % 2);
+      b.dense.push_back(r);
+      b.cat_indices[0].push_back(r % 3 == 0 ? cards[i] - 1 : (r * 7919) % cards[i]);
+      b.cat_offsets[0].push_back(r + 1);
+    }
+    b.rows = n;
+    const std::string path = temp_dir() + "/width" + std::to_string(i) + ".shard";
+    {
+      ShardWriter w(path, l, 300);
+      w.write(b);
+      w.close();
+    }
+    Batch back;
+    ShardReader(path).read(0, n, back);
+    EXPECT_EQ(back.cat_indices[0], b.cat_indices[0]);
+    const std::string bytes = read_file(path);  // less the header JSON (its digits differ)
+    const uint64_t size = bytes.size() - *reinterpret_cast<const uint32_t*>(bytes.data() + 12);
+    if (i == 0) size1 = size;
+    EXPECT_EQ(size - size1, n * (widths[i] - 1));
+    // The same bytes written row by row at reserved places from two threads.
+    const std::string path2 = temp_dir() + "/width_at" + std::to_string(i) + ".shard";
+    {
+      ShardWriter w(path2, l, 300);
+      w.reserve(n);
+      std::thread t([&] { w.write_at(b, 500, n, 500); });
+      w.write_at(b, 0, 500, 0);
+      t.join();
+      w.close();
+    }
+    EXPECT_EQ(read_file(path2), read_file(path));
+  }
+}
+
+// Files of format version 1 (i32 ids up to 2^31, written by earlier builds) are still read:
+// one built byte by byte from docs/FORMATS.md (a one-hot feature of cardinality 10 and a
+// multi-hot one of 70000, both i32 there).
+TEST(ShardTest, ReadsVersion1Files) {
+  auto put32 = [](std::string& s, uint32_t v) { s.append(reinterpret_cast<const char*>(&v), 4); };
+  auto put64 = [](std::string& s, uint64_t v) { s.append(reinterpret_cast<const char*>(&v), 8); };
+  auto putf = [](std::string& s, float v) { s.append(reinterpret_cast<const char*>(&v), 4); };
+  std::string f = "DLRSHARD";
+  const std::string js = "{\"format\":\"dlrec-shard\",\"block_rows\":4,\"layout\":{\"num_dense\":1,"
+                         "\"cardinalities\":[10,70000],\"multi_hot\":[false,true]}}";
+  put32(f, 1);
+  put32(f, static_cast<uint32_t>(js.size()));
+  f += js;
+  put32(f, crc32c(f.data() + 8, 8 + js.size()));
+  const uint64_t block_at = f.size();
+  // 3 rows: labels, dense, feature 0 ids, feature 1 row ends then ids.
+  std::string payload;
+  for (float v : {1.f, 0.f, 1.f}) putf(payload, v);
+  for (float v : {0.5f, -2.f, 7.f}) putf(payload, v);
+  for (uint32_t v : {9u, 0u, 3u}) put32(payload, v);
+  for (uint32_t v : {2u, 2u, 3u}) put32(payload, v);         // row ends: 2, 0, 1 ids
+  for (uint32_t v : {69999u, 5u, 70u}) put32(payload, v);
+  std::string block;
+  put64(block, 3);
+  put64(block, payload.size());
+  uint32_t crc = crc32c(block.data(), 16);
+  crc = crc32c(payload.data(), payload.size(), crc);
+  put32(block, crc);
+  put32(block, 0);
+  f += block + payload;
+  const uint64_t footer_at = f.size();
+  std::string footer;
+  put64(footer, 1);
+  put64(footer, 3);
+  put64(footer, 0);
+  put64(footer, block_at);
+  f += footer;
+  put64(f, footer_at);
+  put32(f, crc32c(footer.data(), footer.size()));
+  put32(f, 0);
+  f.append("DLRSEND\0", 8);
+  const std::string path = temp_dir() + "/v1.shard";
+  write_file_atomic(path, f);
+  ShardReader r(path);
+  ASSERT_EQ(r.rows(), 3);
+  Batch b;
+  r.read(0, 3, b);
+  EXPECT_EQ(b.labels, (std::vector<float>{1, 0, 1}));
+  EXPECT_EQ(b.dense, (std::vector<float>{0.5f, -2, 7}));
+  EXPECT_EQ(b.cat_indices[0], (std::vector<int64_t>{9, 0, 3}));
+  EXPECT_EQ(b.cat_offsets[1], (std::vector<int64_t>{0, 2, 2, 3}));
+  EXPECT_EQ(b.cat_indices[1], (std::vector<int64_t>{69999, 5, 70}));
+}
+
+// A narrow (u8) id past its feature's cardinality, under a correct checksum: the read names the
+// block and feature.
+TEST(ShardTest, NarrowIdOutOfRangeIsAnError) {
+  ShardLayout l;
+  l.num_dense = 0;
+  l.cardinalities = {5};
+  l.multi_hot = {false};
+  Batch b;
+  b.reset(0, 1);
+  for (int r = 0; r < 10; ++r) {
+    b.labels.push_back(0);
+    b.cat_indices[0].push_back(r % 5);
+    b.cat_offsets[0].push_back(r + 1);
+  }
+  b.rows = 10;
+  const std::string path = temp_dir() + "/u8.shard";
+  {
+    ShardWriter w(path, l);
+    w.write(b);
+    w.close();
+  }
+  std::string data = read_file(path);
+  const uint64_t block_at = 16 + *reinterpret_cast<const uint32_t*>(data.data() + 12) + 4;
+  const uint64_t payload = *reinterpret_cast<const uint64_t*>(data.data() + block_at + 8);
+  ASSERT_EQ(payload, 10u * 4 + 10u);  // labels, then one byte per id
+  data[block_at + 24 + 40 + 6] = 9;   // row 6's id
+  uint32_t crc = crc32c(data.data() + block_at, 16);
+  crc = crc32c(data.data() + block_at + 24, payload, crc);
+  std::memcpy(&data[block_at + 16], &crc, 4);
+  const std::string bad = temp_dir() + "/u8bad.shard";
+  write_file_atomic(bad, data);
+  ShardReader r(bad);
+  Batch out;
+  const std::string msg = error_of([&] { r.read(0, 10, out); });
+  EXPECT_NE(msg.find("shard 'u8bad.shard' block 0: id out of range in feature 0"),
+            std::string::npos) << msg;
+}
+
 TEST(ShardTest, NoFileBeforeCloseAndNoneWithoutClose) {
   std::string path = temp_dir() + "/unclosed.shard";
   {
