@@ -195,39 +195,90 @@ class Categorify final : public CategoricalEncoder {
     fitted_ = true;
   }
 
-  // Writes the table's (key, count) pairs, ascending keys, as a run file; empties the table.
-  void spill() {
+  // A new run file's path, listed in runs_ (so that remove_runs() removes it whatever happens).
+  std::string new_run_path() {
     const std::string path = memory_->spill_dir + "/.dlrec-spill-" + std::to_string(::getpid()) +
                              "-" + std::to_string(reinterpret_cast<uintptr_t>(this)) + "-" +
-                             std::to_string(runs_.size()) + ".tmp";
-    runs_.push_back(path);  // removed by remove_runs() whatever happens next
+                             std::to_string(next_run_++) + ".tmp";
+    runs_.push_back(path);
+    return path;
+  }
+
+  // Writes the (key, count) pairs that `produce(put)` gives (ascending keys) as a run file at
+  // `path`; returns the pairs written.
+  template <class P>
+  int64_t write_run(const std::string& path, P&& produce) {
     FILE* f = std::fopen(path.c_str(), "wb");
     if (!f) fail("Categorify: cannot create spill file '", path, "': ", std::strerror(errno));
     std::vector<uint64_t> buf;
     buf.reserve(kSpillBuffer);
     bool ok = true;
+    int err = 0;
     int64_t pairs = 0;
     auto put = [&](uint64_t key, uint64_t count) {
       ++pairs;
       buf.push_back(key);
       buf.push_back(count);
       if (buf.size() >= kSpillBuffer) {
-        ok = ok && std::fwrite(buf.data(), 8, buf.size(), f) == buf.size();
+        if (ok && std::fwrite(buf.data(), 8, buf.size(), f) != buf.size()) {
+          ok = false;
+          err = errno;
+        }
         buf.clear();
       }
     };
-    counts_.drain_sorted(put);
-    ok = ok && std::fwrite(buf.data(), 8, buf.size(), f) == buf.size();
-    const int err = errno;
-    ok = std::fclose(f) == 0 && ok;
+    try {
+      produce(put);
+    } catch (...) {
+      std::fclose(f);
+      throw;
+    }
+    if (ok && std::fwrite(buf.data(), 8, buf.size(), f) != buf.size()) {
+      ok = false;
+      err = errno;
+    }
+    if (std::fclose(f) != 0 && ok) {
+      ok = false;
+      err = errno;
+    }
     if (!ok) fail("Categorify: writing spill file '", path, "' failed: ", std::strerror(err));
+    return pairs;
+  }
+
+  // Writes the table's (key, count) pairs, ascending keys, as a run file; empties the table.
+  void spill() {
+    const int64_t pairs =
+        write_run(new_run_path(), [&](auto& put) { counts_.drain_sorted(put); });
     memory_->spilled_runs += 1;
     memory_->spilled_bytes += pairs * 16;
   }
 
-  // Merges the runs by key, summing counts: add(key, total) once per distinct key.
+  // Merges the runs by key, summing counts: add(key, total) once per distinct key. At most
+  // kMaxFanIn runs are open at once: more are first merged in groups into fewer, larger runs
+  // (a tiny budget makes thousands of runs, and the columns merge at the same time; all of
+  // them open at once ran out of file descriptors: "Too many open files").
   template <class F>
   void merge_runs(F&& add) {
+    while (runs_.size() > kMaxFanIn) {
+      const std::vector<std::string> level = runs_;
+      for (size_t g = 0; g < level.size(); g += kMaxFanIn) {
+        const std::vector<std::string> group(
+            level.begin() + g, level.begin() + std::min(level.size(), g + kMaxFanIn));
+        if (group.size() == 1) continue;  // stays as it is
+        write_run(new_run_path(), [&](auto& put) { merge_files(group, put); });
+        for (const auto& p : group) {
+          std::remove(p.c_str());
+          runs_.erase(std::find(runs_.begin(), runs_.end(), p));
+        }
+      }
+    }
+    merge_files(runs_, add);
+    remove_runs();
+  }
+
+  // The k-way merge of the run files `paths`: add(key, total) once per distinct key, ascending.
+  template <class F>
+  static void merge_files(const std::vector<std::string>& paths, F&& add) {
     struct Run {
       FILE* f = nullptr;
       std::vector<uint64_t> buf;
@@ -248,7 +299,7 @@ class Categorify final : public CategoricalEncoder {
         return true;
       }
     };
-    std::vector<Run> runs(runs_.size());
+    std::vector<Run> runs(paths.size());
     struct Closer {
       std::vector<Run>& r;
       ~Closer() {
@@ -264,7 +315,7 @@ class Categorify final : public CategoricalEncoder {
     auto cmp = [](const Head& a, const Head& b) { return a.first > b.first; };
     for (size_t i = 0; i < runs.size(); ++i) {
       Run& r = runs[i];
-      r.path = runs_[i];
+      r.path = paths[i];
       r.f = std::fopen(r.path.c_str(), "rb");
       if (!r.f) fail("Categorify: cannot open spill file '", r.path, "': ", std::strerror(errno));
       r.buf.resize(per_run * 2);
@@ -292,11 +343,6 @@ class Categorify final : public CategoricalEncoder {
       }
     }
     if (have) add(key, total);
-    for (auto& x : runs) {
-      std::fclose(x.f);
-      x.f = nullptr;
-    }
-    remove_runs();
   }
 
   void remove_runs() {
@@ -305,6 +351,7 @@ class Categorify final : public CategoricalEncoder {
   }
 
   static constexpr size_t kSpillBuffer = size_t{1} << 16;  // u64 words per write
+  static constexpr size_t kMaxFanIn = 16;  // run files open at once per column
 
   // The shared state of a joint group (one vocabulary for several columns).
   struct Joint {
@@ -320,6 +367,7 @@ class Categorify final : public CategoricalEncoder {
   std::shared_ptr<FitMemory> memory_;  // null: no budget, everything in memory
   int64_t reserved_ = 0;               // bytes of memory_ taken by counts_
   std::vector<std::string> runs_;      // spill files of this fit
+  int64_t next_run_ = 0;               // numbers the run files
 
   int64_t freq_threshold_, max_size_, num_buckets_;
   std::vector<uint64_t> vocab_;  // keys in id order (id = index + 2)

@@ -2,6 +2,7 @@
 // fast path, Categorify's spilled counts, appending transforms, chunk-size-independent fits,
 // run_etl under a memory budget and with small chunks.
 #include <dirent.h>
+#include <sys/resource.h>
 #include <gtest/gtest.h>
 
 #include "test_files.h"
@@ -193,6 +194,41 @@ TEST(SpillTest, TinyBudgetSpillsAndGivesTheInMemoryVocabulary) {
   spill.transform(chunks[1], b);
   EXPECT_EQ(a.cat_indices, b.cat_indices);
   EXPECT_EQ(a.dense, b.dense);
+}
+
+// Thousands of runs (more than kMaxFanIn^2: two levels of group merges before the last one)
+// merge within 40 file descriptors: the in-memory vocabulary, no run left behind. All runs of a
+// column opened at once ran out of descriptors ("Too many open files") with 16 threads.
+TEST(SpillTest, ThousandsOfRunsMergeWithFewFileDescriptors) {
+  TempDir tmp("fast_spillfd");
+  const std::string& dir = tmp.path;
+  const std::string path = dir + "/in.tsv";
+  std::ofstream(path) << criteo_text(20000, 6, 100000);
+  const io::Schema s = io::Schema::criteo();
+  auto chunks = read_chunks(path, s, 1000);
+  Workflow mem = Workflow::from_config(criteo_workflow(1), s);
+  mem.fit(source_of(chunks));
+  const int saved = num_threads();
+  set_num_threads(1);  // one column at a time: its merge alone holds descriptors
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  rlimit low = old;
+  low.rlim_cur = 40;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  Workflow spill = Workflow::from_config(criteo_workflow(1), s);
+  std::string err;
+  try {
+    spill.set_fit_memory(4 << 10, dir);  // 2 KB of count tables: a run every ~100 keys
+    spill.fit(source_of(chunks));
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  ::setrlimit(RLIMIT_NOFILE, &old);
+  set_num_threads(saved);
+  ASSERT_EQ(err, "");
+  EXPECT_GT(spill.fit_spill_stats().first, 26 * 16 * 16);
+  EXPECT_EQ(mem.to_json().dump(), spill.to_json().dump());
+  EXPECT_EQ(list_dir(dir), std::vector<std::string>{"in.tsv"});
 }
 
 TEST(SpillTest, RunEtlUnderBudgetEqualsInMemoryAndLeavesNoSpillFiles) {
