@@ -1,4 +1,7 @@
 // dlrec: ETL, training, evaluation, export and prediction for deep-learning recommenders.
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <new>
@@ -8,6 +11,13 @@
 #include "dlrec/core/thread_pool.h"
 
 int main(int argc, char** argv) {
+  // The open-file limit raised to what the system allows (as far as 2^20): the ETL's spill
+  // merges and the server's connections need descriptors, and the default soft limit (1024)
+  // is often far below the hard one.
+  if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = std::min<rlim_t>(rl.rlim_max, rlim_t{1} << 20);
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+  }
   CLI::App app{"dlrec: deep-learning recommender pipeline (ETL, training, export, prediction)"};
   app.require_subcommand(1);
   int threads = 0;

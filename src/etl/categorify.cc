@@ -1,4 +1,5 @@
 // Categorical encoders: Categorify, HashBucket (docs/ETL.md).
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "dlrec/core/error.h"
+#include "dlrec/core/thread_pool.h"
 #include "dlrec/etl/key_map.h"
 #include "dlrec/etl/op.h"
 
@@ -253,17 +255,31 @@ class Categorify final : public CategoricalEncoder {
     memory_->spilled_bytes += pairs * 16;
   }
 
+  // Run files one merge may hold open: the descriptors the process may open (RLIMIT_NOFILE,
+  // less 64 for everything else) shared by the columns merging at the same time (one per
+  // thread), 8 to 4096.
+  static size_t merge_fan_in() {
+    rlimit rl{};
+    size_t limit = 1024;
+    if (::getrlimit(RLIMIT_NOFILE, &rl) == 0)
+      limit = rl.rlim_cur == RLIM_INFINITY ? size_t{1} << 20 : static_cast<size_t>(rl.rlim_cur);
+    const size_t per_thread =
+        limit > 64 ? (limit - 64) / static_cast<size_t>(std::max(1, num_threads())) : 0;
+    return std::clamp<size_t>(per_thread > 0 ? per_thread - 1 : 0, 8, 4096);  // - the output
+  }
+
   // Merges the runs by key, summing counts: add(key, total) once per distinct key. At most
-  // kMaxFanIn runs are open at once: more are first merged in groups into fewer, larger runs
-  // (a tiny budget makes thousands of runs, and the columns merge at the same time; all of
-  // them open at once ran out of file descriptors: "Too many open files").
+  // merge_fan_in() runs are open at once: more are first merged in groups into fewer, larger
+  // runs (a tiny budget makes thousands of runs, and the columns merge at the same time; all
+  // of them open at once ran out of file descriptors: "Too many open files").
   template <class F>
   void merge_runs(F&& add) {
-    while (runs_.size() > kMaxFanIn) {
+    const size_t fan_in = merge_fan_in();
+    while (runs_.size() > fan_in) {
       const std::vector<std::string> level = runs_;
-      for (size_t g = 0; g < level.size(); g += kMaxFanIn) {
+      for (size_t g = 0; g < level.size(); g += fan_in) {
         const std::vector<std::string> group(
-            level.begin() + g, level.begin() + std::min(level.size(), g + kMaxFanIn));
+            level.begin() + g, level.begin() + std::min(level.size(), g + fan_in));
         if (group.size() == 1) continue;  // stays as it is
         write_run(new_run_path(), [&](auto& put) { merge_files(group, put); });
         for (const auto& p : group) {
@@ -351,7 +367,7 @@ class Categorify final : public CategoricalEncoder {
   }
 
   static constexpr size_t kSpillBuffer = size_t{1} << 16;  // u64 words per write
-  static constexpr size_t kMaxFanIn = 16;  // run files open at once per column
+
 
   // The shared state of a joint group (one vocabulary for several columns).
   struct Joint {
