@@ -78,6 +78,27 @@ class LogOp final : public DenseOp {
     // Count-like columns hold small non-negative integers: their log1p comes from a table
     // filled by the same std::log1p, so the result is bit-identical, without the libm call.
     const float* table = small_log1p_table();
+    if (stride == 1) {
+      // Contiguous values, in blocks: first each one's table index (-1: not in the table) in a
+      // loop without branches (vectorized), then the table or log1p.
+      constexpr int64_t kStep = 512;
+      int32_t idx[kStep];
+      for (int64_t b = 0; b < n; b += kStep) {
+        const int64_t m = std::min(kStep, n - b);
+        float* w = v + b;
+        for (int64_t i = 0; i < m; ++i) {
+          const float x = w[i];
+          uint32_t bits;
+          std::memcpy(&bits, &x, 4);
+          const float c = x >= 0.f && x < static_cast<float>(kTableSize) ? x : 0.f;  // NaN: 0
+          const int32_t k = static_cast<int32_t>(c);
+          // +0 and up (not -0: log1p(-0) is -0), a whole number below the table size.
+          idx[i] = (bits >> 31) == 0 && static_cast<float>(k) == x ? k : -1;
+        }
+        for (int64_t i = 0; i < m; ++i) w[i] = idx[i] >= 0 ? table[idx[i]] : std::log1p(w[i]);
+      }
+      return;
+    }
     for (int64_t i = 0; i < n; ++i) {
       float& x = v[i * stride];
       if (x >= 0.f && x < static_cast<float>(kTableSize) && !std::signbit(x)) {

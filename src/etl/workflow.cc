@@ -762,16 +762,24 @@ struct Workflow::Impl {
       if (pass == 0) {
         ColumnStats& s = p.stats;
         s.rows += c.rows;
+        // Without a branch per value (missing values are frequent and random): a missing one
+        // adds 0 to the sum (which is never -0: it starts at +0) and leaves min/max as they
+        // are, so the results are those of skipping it.
+        int64_t nulls = 0;
+        double lo = s.min, hi = s.max, sum = s.sum;
         for (float v : buf) {
-          if (std::isnan(v)) {
-            ++s.nulls;
-            continue;
-          }
-          ++s.values;
-          s.min = std::min<double>(s.min, v);
-          s.max = std::max<double>(s.max, v);
-          s.sum += v;
+          const bool missing = std::isnan(v);
+          nulls += missing;
+          const double d = missing ? 0.0 : static_cast<double>(v);
+          sum += d;
+          lo = missing ? lo : std::min(lo, d);
+          hi = missing ? hi : std::max(hi, d);
         }
+        s.nulls += nulls;
+        s.values += c.rows - nulls;
+        s.min = lo;
+        s.max = hi;
+        s.sum = sum;
       }
       if (stage < 0) return;
       p.apply_dense(buf.data(), c.rows, 1, stage);

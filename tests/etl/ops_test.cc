@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "dlrec/core/error.h"
+#include "dlrec/etl/op.h"
 #include "dlrec/etl/workflow.h"
 
 namespace dlrec::etl {
@@ -537,6 +538,59 @@ TEST(OpsConfigTest, UnknownNamesNearest) {
     Workflow::from_config({{"pipeline", {step("@dense", {{{"op", "FillMedain"}}}), cats()}}}, schema3());
   });
   EXPECT_NE(msg.find("did you mean 'FillMedian'"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace dlrec::etl
+
+namespace dlrec::etl {
+namespace {
+
+// LogOp and the dense ops' contiguous (stride 1, vectorized) and strided loops give the same
+// bits as the plain formula, for values in and out of LogOp's table: -0, +0, whole numbers at
+// the table's edge, fractions, negatives, huge values, infinities, NaN.
+TEST(DenseOpsExactTest, ContiguousAndStridedMatchTheFormula) {
+  std::vector<float> vals = {-0.0f, 0.0f, 1.0f, 2.0f, 16383.0f, 16384.0f, 16385.0f, 0.5f,
+                             -0.5f, -1.0f, -2.0f, 1e10f, -1e30f, 3.0e9f,
+                             std::numeric_limits<float>::infinity(),
+                             -std::numeric_limits<float>::infinity(),
+                             std::numeric_limits<float>::quiet_NaN(), 7.25f, 100.0f};
+  std::mt19937 rng(3);
+  for (int i = 0; i < 3000; ++i)
+    vals.push_back(i % 3 ? static_cast<float>(rng() % 20000)
+                         : std::ldexp(static_cast<float>(rng() % 1000), static_cast<int>(rng() % 40) - 20));
+  auto bits = [](float x) {
+    uint32_t b;
+    std::memcpy(&b, &x, 4);
+    return b;
+  };
+  const json ops[] = {{{"op", "LogOp"}},
+                      {{"op", "FillMissing"}, {"value", 3.5}},
+                      {{"op", "Clip"}, {"min", -1}, {"max", 5000}}};
+  auto formula = [](const json& op, float x) -> float {
+    const std::string name = op["op"];
+    if (name == "LogOp") return std::log1p(x);
+    if (name == "FillMissing") return std::isnan(x) ? 3.5f : x;
+    x = x < -1.f ? -1.f : x;
+    return x > 5000.f ? 5000.f : x;
+  };
+  for (const json& spec : ops) {
+    SCOPED_TRACE(spec.dump());
+    auto op = OpRegistry::global().create(spec, "test", false);
+    auto* d = dynamic_cast<DenseOp*>(op.get());
+    ASSERT_NE(d, nullptr);
+    std::vector<float> flat = vals;
+    d->transform(flat.data(), static_cast<int64_t>(flat.size()), 1);
+    std::vector<float> strided(vals.size() * 3, 42.0f);
+    for (size_t i = 0; i < vals.size(); ++i) strided[i * 3] = vals[i];
+    d->transform(strided.data(), static_cast<int64_t>(vals.size()), 3);
+    for (size_t i = 0; i < vals.size(); ++i) {
+      const float want = formula(spec, vals[i]);
+      ASSERT_EQ(bits(flat[i]), bits(want)) << "value " << vals[i];
+      ASSERT_EQ(bits(strided[i * 3]), bits(want)) << "value " << vals[i];
+      ASSERT_EQ(strided[i * 3 + 1], 42.0f);
+    }
+  }
 }
 
 }  // namespace
