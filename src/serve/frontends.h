@@ -11,6 +11,9 @@ class Frontend {
  public:
   virtual ~Frontend() = default;
   virtual void start() = 0;  // binds and serves on background threads; throws on bind failure
+  // Called on every front end before any is stopped: refuse new work from now on (gRPC:
+  // inferences and model loads), so that stop() drains. Default: nothing.
+  virtual void begin_stop() {}
   virtual void stop() = 0;   // stops accepting, finishes requests in flight
   virtual int port() const = 0;
 };

@@ -136,6 +136,13 @@ class Handlers {
     log(rpc, t0, st);
     return st;
   }
+  // A call that arrived after stop() began and would start work (an inference, a model load):
+  // refused, so that the drain ends.
+  grpc::Status refused(const char* rpc) {
+    grpc::Status st(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
+    log(rpc, now_ns(), st);
+    return st;
+  }
   void log(const char* rpc, uint64_t t0, const grpc::Status& st) {
     if (core_.options.access_log)
       core_.access_log("grpc", "POST", std::string("/inference.GRPCInferenceService/") + rpc,
@@ -228,6 +235,18 @@ class Handlers {
 // (--grpc-inline-rows) goes to a worker, so the next calls are read while it runs. Model load
 // and unload run on a thread of their own. Each call slot keeps its messages and scratch until
 // its Finish has completed; then it is re-armed.
+//
+// Stopping (GrpcFrontend::stop) drains before it shuts the gRPC server down: new inferences
+// and model loads are refused (UNAVAILABLE) while the calls in flight finish, and only once
+// every Finish has completed (the response is in the transport's output, ahead of anything
+// queued later) does grpc::Server::Shutdown send its GOAWAY and PING. gRPC closes a connection
+// as soon as its last stream has been written to the socket after the final GOAWAY, and that
+// GOAWAY goes out once the client has acknowledged the PING; the client acknowledges it only
+// after reading every byte before it, so every answer has reached the client before its
+// connection closes. Shutting down first (GOAWAY and PING at once, the answers later) let the
+// connection close, and the process exit, right after the last answers were written to the
+// socket: a client that had not read them yet (a loaded machine) got a TCP reset instead, and
+// its calls UNAVAILABLE ("Stream removed ... Connection reset by peer").
 
 class GrpcFrontend;
 
@@ -290,6 +309,8 @@ class UnaryCall final : public CallBase {
   void finish(const grpc::Status& st);
 
   GrpcFrontend& frontend() { return fe_; }
+  // The front end was stopping when this call arrived: inferences and model loads are refused.
+  bool arrived_while_stopping() const { return arrived_while_stopping_; }
   const Req& req() const { return req_; }
   Resp& resp() { return resp_; }
   Scratch& scratch() { return scratch_; }
@@ -301,6 +322,7 @@ class UnaryCall final : public CallBase {
   RequestFn request_;
   Handle handle_;
   bool finishing_ = false;
+  bool arrived_while_stopping_ = false;
   std::optional<grpc::ServerContext> ctx_;
   std::optional<grpc::ServerAsyncResponseWriter<Resp>> writer_;
   Req req_;
@@ -407,14 +429,31 @@ class GrpcFrontend : public Frontend {
       });
   }
 
+  // New inferences and model loads are refused from now on (UNAVAILABLE).
+  void begin_stop() override {
+    std::lock_guard<std::mutex> lk(active_mu_);
+    stopping_ = true;
+  }
+
   void stop() override {
     if (!server_) return;
-    // Finishes the calls in flight (up to 30 s; the queues' threads and the batchers' workers
-    // keep serving them), then cancels what is left; requested calls complete with ok = false
-    // and are deleted.
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    // Drains first (see above): the calls in flight finish (up to 30 s; the queues' threads
+    // and the batchers' workers keep serving them, new inferences and loads are refused) and
+    // their responses are handed to the transport, ahead of the GOAWAY and PING of Shutdown.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    {
+      std::unique_lock<std::mutex> lk(active_mu_);
+      stopping_ = true;
+      active_cv_.wait_until(lk, deadline, [&] { return active_ == 0; });
+    }
+    // Then the connections close once their clients have acknowledged the PING (gRPC waits
+    // up to 20 s for it). At the deadline (at least 10 s from now, for that acknowledgement)
+    // what is left is cancelled; requested calls complete with ok = false and are deleted.
+    const auto grace = std::max<std::chrono::steady_clock::duration>(
+        deadline - std::chrono::steady_clock::now(), std::chrono::seconds(10));
+    server_->Shutdown(std::chrono::system_clock::now() + grace);
     // A call cancelled at the deadline may still be in a batcher or a model load: its Finish
-    // must come before the queue shuts down.
+    // must come (and complete) before the queue shuts down.
     {
       std::unique_lock<std::mutex> lk(active_mu_);
       active_cv_.wait(lk, [&] { return active_ == 0; });
@@ -442,10 +481,13 @@ class GrpcFrontend : public Frontend {
   ParsePool& parse_pool() { return parse_pool_; }
   AsyncService& service() { return service_; }
 
-  // Calls between their start and the Finish of their response (stop() waits for none).
-  void call_started() {
+  // Calls between their start and the completion of their Finish (stop() waits for none).
+  // call_started returns whether the front end is stopping (under the same lock as stop()'s
+  // check of the count: a call either counts before the drain looks, or sees it).
+  bool call_started() {
     std::lock_guard<std::mutex> lk(active_mu_);
     ++active_;
+    return stopping_;
   }
   void call_finished() {
     std::lock_guard<std::mutex> lk(active_mu_);
@@ -479,6 +521,7 @@ class GrpcFrontend : public Frontend {
   std::mutex active_mu_;
   std::condition_variable active_cv_;
   int active_ = 0;
+  bool stopping_ = false;  // begin_stop() or stop() was called: inferences and loads refused
   int port_ = 0;
 };
 
@@ -501,11 +544,13 @@ bool UnaryCall<Req, Resp, Scratch>::arm() {
 template <class Req, class Resp, class Scratch>
 bool UnaryCall<Req, Resp, Scratch>::proceed(bool ok) {
   if (finishing_) {
-    // The response is sent (or the client went away): the next call, unless enough slots wait.
+    // The response is in the transport's output (or the client went away): the next call,
+    // unless enough slots wait.
     if constexpr (std::is_same_v<Scratch, InferScratch>) {
       scratch_.model.reset();
       scratch_.slices.clear();  // the transport's receive buffers go back
     }
+    fe_.call_finished();
     if (slots_.armed >= slots_.max) return false;
     return arm();
   }
@@ -519,18 +564,18 @@ bool UnaryCall<Req, Resp, Scratch>::proceed(bool ok) {
       break;
     }
   }
-  fe_.call_started();
+  arrived_while_stopping_ = fe_.call_started();
   handle_(fe_, *this);  // finish() now or later; the call is not touched here after it
   return true;
 }
 
 template <class Req, class Resp, class Scratch>
 void UnaryCall<Req, Resp, Scratch>::finish(const grpc::Status& st) {
-  GrpcFrontend& fe = fe_;  // `this` may be re-armed by the queue's thread once Finish is called
+  // `this` may be re-armed by the queue's thread once Finish is called: nothing after it. The
+  // call counts as in flight until the Finish completes (proceed).
   finishing_ = true;
   if (st.ok()) writer_->Finish(resp_, st, this);
   else writer_->FinishWithError(st, this);
-  fe.call_finished();
 }
 
 using InferCall = UnaryCall<grpc::ByteBuffer, grpc::ByteBuffer, InferScratch>;
@@ -613,6 +658,7 @@ void run_infer(GrpcFrontend& fe, InferCall& call) {
 // here. Until its Finish completes the call is not touched by the queue's thread, so the parse
 // thread may use the slot freely.
 void start_infer(GrpcFrontend& fe, InferCall& call) {
+  if (call.arrived_while_stopping()) return call.finish(fe.handlers().refused("ModelInfer"));
   if (fe.parse_elsewhere(call.req().Length())) {
     fe.parse_pool().post([&fe, &call] { run_infer(fe, call); });
     return;
@@ -623,8 +669,9 @@ void start_infer(GrpcFrontend& fe, InferCall& call) {
 // Model load and unload take long: on a thread of their own, so that the queue's thread keeps
 // serving other calls.
 template <class Req, class Resp>
-void start_blocking(GrpcFrontend& fe, UnaryCall<Req, Resp>& call,
+void start_blocking(GrpcFrontend& fe, UnaryCall<Req, Resp>& call, const char* name,
                     grpc::Status (Handlers::*rpc)(grpc::ServerContext*, const Req*, Resp*)) {
+  if (call.arrived_while_stopping()) return call.finish(fe.handlers().refused(name));
   std::thread([&fe, &call, rpc] {
     call.finish((fe.handlers().*rpc)(nullptr, &call.req(), &call.resp()));
   }).detach();
@@ -653,7 +700,7 @@ void GrpcFrontend::arm_all(Queue& q) {
 #define DLREC_GRPC_ARM_BLOCKING(I, RPC)                                                        \
   arm<RPC##Request, RPC##Response>(q, slots[I], 1, 2, &S::Request##RPC,                        \
                                    [](GrpcFrontend& fe, UnaryCall<RPC##Request, RPC##Response>& c) { \
-                                     start_blocking(fe, c, &Handlers::RPC);                    \
+                                     start_blocking(fe, c, #RPC, &Handlers::RPC);              \
                                    })
   DLREC_GRPC_ARM_BLOCKING(8, RepositoryModelLoad);
   DLREC_GRPC_ARM_BLOCKING(9, RepositoryModelUnload);

@@ -87,8 +87,12 @@ void Server::start() {
 
 void Server::stop() {
   if (!impl_ || !impl_->started) return;
+  // New work is refused from here on (before readiness goes: a client that sees the server not
+  // ready also sees the refusals). Front ends first (they finish their requests in flight),
+  // then the models.
+  for (auto* f : {impl_->http.get(), impl_->grpc.get(), impl_->metrics.get()})
+    if (f) f->begin_stop();
   impl_->core.ready = false;
-  // Front ends first (they finish their requests in flight), then the models.
   if (impl_->http) impl_->http->stop();
   if (impl_->grpc) impl_->grpc->stop();
   if (impl_->metrics) impl_->metrics->stop();

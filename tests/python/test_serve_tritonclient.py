@@ -8,6 +8,7 @@ index/load/unload, statistics, metrics, bad requests, and a version swap under l
 import http.client
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -949,9 +950,143 @@ def test_grpc_shutdown_answers_every_call_in_flight(work, tmp_path, spin_us, par
     out = wait()
     assert proc.wait(timeout=60) == 0
     log.close()
-    assert all(o[1] is None and o[0].shape == (2, 1) for o in out), [o[1:] for o in out][:5]
+    assert all(o[1] is None and o[0].shape == (2, 1) for o in out), \
+        [(i, o[1:]) for i, o in enumerate(out) if o[1] is not None or o[0] is None][:5]
     text = log_path.read_text()
     assert "finishing requests in flight" in text and "stopped" in text
+
+
+class StallingProxy:
+    """A TCP proxy in front of the server's gRPC port. It forwards both ways until stall();
+    from then on what the server sends waits, unread, in the proxy's socket (as with a client
+    too busy to read) until resume(). The client's bytes keep flowing to the server."""
+
+    def __init__(self, port):
+        self.target = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self.forwarded_after_stall = 0  # server bytes passed on while stalled: must stay 0
+        self.stalled = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def stall(self):
+        self.stalled = True
+        self.flowing.clear()
+
+    def resume(self):
+        self.stalled = False
+        self.flowing.set()
+
+    def close(self):
+        self.listener.close()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+
+    def _pump(self, src, dst, gated):
+        try:
+            while True:
+                if not select.select([src], [], [], 0.05)[0]:
+                    continue
+                if gated:
+                    self.flowing.wait()  # checked after select: nothing is read while stalled
+                data = src.recv(1 << 16)
+                if not data:
+                    dst.shutdown(socket.SHUT_WR)
+                    return
+                if gated and self.stalled:
+                    self.forwarded_after_stall += len(data)
+                dst.sendall(data)
+        except OSError:
+            for sock in (src, dst):
+                sock.close()
+
+
+def wait_until(cond, timeout=60):
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_grpc_shutdown_closes_no_connection_before_its_answers_are_read(work, tmp_path):
+    """SIGTERM while 100 calls wait in the batcher, their client reading nothing of what the
+    server sends (a proxy holds it) by the time they are answered: the server must not close
+    the connection, nor exit, before the client has read the answers. It did: it closed the
+    connection right after writing them to the socket, and under load (the client slow to
+    read) the client got a TCP reset instead of its answers (UNAVAILABLE "Stream removed ...
+    Connection reset by peer"). Now the answers go out before the GOAWAY and PING of the
+    shutdown, and the connection closes once the client has acknowledged the PING."""
+    proc, ports, log, log_path = start_slow_server(
+        work, tmp_path, max_queue_size=4096, delay_s=3.0, args=("--access-log",))
+    proxy = StallingProxy(ports["grpc"])
+    try:
+        cols = encoded_columns(work, 2)
+        _, wait = async_calls(f"127.0.0.1:{proxy.port}",
+                              [("slow", make_inputs(grpcclient, cols))] * 100)
+        let_it_queue()
+        proc.send_signal(signal.SIGTERM)
+        let_it_queue()  # a shutdown that starts with GOAWAY and PING has them answered by now
+        proxy.stall()
+
+        def answered():
+            lines = [json.loads(x) for x in log_path.read_text().splitlines() if x.startswith("{")]
+            return sum(x["path"].endswith("/ModelInfer") and x["status"] == 0 for x in lines)
+        wait_until(lambda: answered() == 100)  # 3 s after they were queued
+        # The answers wait in the proxy: the server must keep the connection (and run) until
+        # the client has read them. (Before, it exited within milliseconds here.)
+        for _ in range(20):
+            assert proc.poll() is None, "the server closed before the client read its answers"
+            time.sleep(0.1)
+        assert proxy.forwarded_after_stall == 0
+        proxy.resume()
+        out = wait()
+        assert proc.wait(timeout=60) == 0
+        assert all(o[1] is None and o[0].shape == (2, 1) for o in out), \
+            [(i, o[1:]) for i, o in enumerate(out) if o[1] is not None or o[0] is None][:5]
+    finally:
+        proxy.close()
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+
+
+def test_grpc_shutdown_refuses_new_inferences_while_it_drains(work, tmp_path):
+    """After SIGTERM, while a call waits in the batcher, a new inference is refused at once with
+    UNAVAILABLE (the server is shutting down); liveness and readiness are still answered (not
+    ready). The waiting call then completes and the server exits 0."""
+    proc, ports, log, log_path = start_slow_server(work, tmp_path, delay_s=3.0)
+    url = f"127.0.0.1:{ports['grpc']}"
+    cols = encoded_columns(work, 2)
+    gc = grpcclient.InferenceServerClient(url)
+    assert gc.is_server_live()  # connected before the shutdown
+    first = {}
+    t = infer_in_thread(url, cols, first)
+    let_it_queue()
+    proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: "finishing requests in flight" in log_path.read_text())
+    wait_until(lambda: not gc.is_server_ready())
+    t0 = time.time()
+    with pytest.raises(InferenceServerException) as e:
+        gc.infer("slow", make_inputs(grpcclient, cols))
+    assert "UNAVAILABLE" in e.value.status(), str(e.value)
+    assert "shutting down" in e.value.message()
+    assert time.time() - t0 < 1.5, "the refusal waited for the call in flight"
+    assert gc.is_server_live()
+    t.join(timeout=60)
+    assert proc.wait(timeout=60) == 0
+    log.close()
+    assert "error" not in first, first
+    assert first["probability"].shape == (2, 1)
 
 
 def test_grpc_client_gone_before_the_answer(work, tmp_path):
