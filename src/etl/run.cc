@@ -709,6 +709,25 @@ int64_t rows_of_line_ends(int fd, uint64_t size, bool header, const std::string&
 
 constexpr size_t kCountBuf = size_t{1} << 20;  // bytes per read of the count
 
+// Line ends of non-empty lines in bytes [from, to) of `path` (`prev`: the byte before `from`),
+// read kCountBuf at a time into `buf`; after each read, keep_going(ends so far) may stop the
+// count (returns -1 then).
+template <class F>
+int64_t count_line_ends_in(int fd, uint64_t from, uint64_t to, char prev, std::vector<char>& buf,
+                           const std::string& path, F&& keep_going) {
+  if (buf.size() < kCountBuf) buf.resize(kCountBuf);
+  int64_t n = 0;
+  for (uint64_t at = from; at < to;) {
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(kCountBuf, to - at));
+    read_fully_at(fd, buf.data(), len, at, path);
+    n += count_line_ends(buf.data(), buf.data() + len, prev);
+    prev = buf[len - 1];
+    at += len;
+    if (!keep_going(n)) return -1;
+  }
+  return n;
+}
+
 // count_rows of one regular file of `size` bytes: '\n' bytes whose line is not empty, counted on
 // all cores, each task reading its parts of the file with pread into a buffer of its own (no
 // mapping of the file: no page tables to fill and drop again).
@@ -720,7 +739,6 @@ int64_t count_read(int fd, uint64_t size, bool header, const std::string& path) 
   std::vector<std::exception_ptr> errors(parts);
   parallel_for(0, parts, 1, [&](int64_t lo, int64_t hi) {
     thread_local std::vector<char> buf;
-    if (buf.size() < kCountBuf) buf.resize(kCountBuf);
     for (int64_t t = lo; t < hi; ++t) {
       try {
         const uint64_t from = size * t / parts, to = size * (t + 1) / parts;
@@ -728,15 +746,7 @@ int64_t count_read(int fd, uint64_t size, bool header, const std::string& path) 
         // the file's first byte counts as a '\n' (a '\n' there ends an empty first line).
         char prev = '\n';
         if (from > 0) read_fully_at(fd, &prev, 1, from - 1, path);
-        int64_t n = 0;
-        for (uint64_t at = from; at < to;) {
-          const size_t len = static_cast<size_t>(std::min<uint64_t>(kCountBuf, to - at));
-          read_fully_at(fd, buf.data(), len, at, path);
-          n += count_line_ends(buf.data(), buf.data() + len, prev);
-          prev = buf[len - 1];
-          at += len;
-        }
-        counts[t] = n;
+        counts[t] = count_line_ends_in(fd, from, to, prev, buf, path, [](int64_t) { return true; });
       } catch (...) {
         errors[t] = std::current_exception();
       }
@@ -811,7 +821,7 @@ RowCountAhead::~RowCountAhead() {
 // count, published for train_before().
 void RowCountAhead::run() {
   try {
-    std::vector<char> buf(kCountBuf);
+    std::vector<char> buf;
     int64_t done = 0;  // rows of the files counted
     auto publish = [&](int64_t lower) {
       std::lock_guard<std::mutex> g(mu_);
@@ -835,17 +845,11 @@ void RowCountAhead::run() {
       if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
         fail("etl: counting rows ahead needs a regular file, '", path, "' is not one");
       const uint64_t size = static_cast<uint64_t>(st.st_size);
-      char prev = '\n';
-      int64_t ends = 0;
-      for (uint64_t at = 0; at < size;) {
-        if (stop_) return;
-        const size_t len = static_cast<size_t>(std::min<uint64_t>(kCountBuf, size - at));
-        read_fully_at(fd, buf.data(), len, at, path);
-        ends += count_line_ends(buf.data(), buf.data() + len, prev);
-        prev = buf[len - 1];
-        at += len;
-        publish(done + std::max<int64_t>(0, ends - (schema_.header ? 1 : 0)));
-      }
+      const int64_t ends = count_line_ends_in(fd, 0, size, '\n', buf, path, [&](int64_t n) {
+        publish(done + std::max<int64_t>(0, n - (schema_.header ? 1 : 0)));
+        return !stop_;
+      });
+      if (ends < 0) return;  // stopped
       done += rows_of_line_ends(fd, size, schema_.header, path, ends);
     }
     std::lock_guard<std::mutex> g(mu_);
@@ -1003,18 +1007,29 @@ EtlResult run_etl(const EtlOptions& o) {
   int64_t n_train = -1;
   int64_t expected_rows = -1;
   // Counting ahead (EtlOptions::count_ahead_min_bytes): until count_known(), n_train is not
-  // set, expected_rows is an estimate, and split_before() asks the count.
+  // set, expected_rows is an estimate, and split_before() asks the count (started once the
+  // input cache is known to be on).
   std::unique_ptr<RowCountAhead> ahead;
   bool counting = false;
+  auto set_split = [&](int64_t rows) {  // the split of `rows` rows (valid_ratio)
+    expected_rows = rows;
+    n_train = train_rows_of(rows, o.valid_ratio);
+    if (n_train == 0) fail("etl: the split leaves no training rows");
+  };
+  auto count_first = [&] {  // counts on all cores now
+    Timer t;
+    const int64_t rows = count_rows(o.inputs, o.schema);
+    res.count_seconds += t.seconds();
+    mark("count done");
+    set_split(rows);
+  };
   auto count_known = [&] {  // waits for the count ahead and sets the split from it
     if (!counting) return;
-    Timer t;
-    expected_rows = ahead->rows();
-    n_train = train_rows_of(expected_rows, o.valid_ratio);
     counting = false;
+    const int64_t rows = ahead->rows();
     res.count_seconds += ahead->wait_seconds();
     mark("count known");
-    if (n_train == 0) fail("etl: the split leaves no training rows");
+    set_split(rows);
   };
   // min(upto, n_train): how many of the first `upto` rows train.
   auto split_before = [&](int64_t upto) -> int64_t {
@@ -1033,14 +1048,8 @@ EtlResult run_etl(const EtlOptions& o) {
       expected_rows = estimate_rows(o.inputs);
       counting = expected_rows >= 0;
     }
-    if (!counting) {
-      expected_rows = count_rows(o.inputs, o.schema);
-      n_train = train_rows_of(expected_rows, o.valid_ratio);
-      mark("count done");
-    }
-    res.count_seconds = t.seconds();
-    res.count_ahead = counting;
-    if (counting) ahead = std::make_unique<RowCountAhead>(o.inputs, o.schema, o.valid_ratio);
+    res.count_seconds = t.seconds();  // the estimate
+    if (!counting) count_first();  // else the count starts once the cache is known to be on
   }
   if (n_train == 0) fail("etl: the split leaves no training rows");
 
@@ -1092,16 +1101,12 @@ EtlResult run_etl(const EtlOptions& o) {
     };
     decide();
     if (counting && !cache.on) {  // the count first, on all cores
-      Timer t;
-      ahead.reset();
       counting = false;
-      res.count_ahead = false;
-      expected_rows = count_rows(o.inputs, o.schema);
-      n_train = train_rows_of(expected_rows, o.valid_ratio);
-      res.count_seconds += t.seconds();
-      mark("count done");
-      if (n_train == 0) fail("etl: the split leaves no training rows");
+      count_first();
       decide();
+    } else if (counting) {
+      ahead = std::make_unique<RowCountAhead>(o.inputs, o.schema, o.valid_ratio);
+      res.count_ahead = true;
     }
     // Batches parsed ahead: two for the compacted cache (measured on 16 cores), else one as
     // before (and under a memory budget: less memory in flight).
