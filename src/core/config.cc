@@ -99,16 +99,48 @@ std::string nearest_name(const std::string& name, const std::vector<std::string>
   return best;
 }
 
+namespace {
+// Thrown from the parse callback; carries no JSON state, so unwinding frees the partial value.
+struct JsonLimitHit {
+  std::string reason;
+};
+}  // namespace
+
+json parse_json(std::string_view text, const std::string& what, const JsonLimits& limits) {
+  int64_t values = 0;
+  // nlohmann's parser is iterative, but the values it builds are destroyed, copied and dumped
+  // recursively; the callback stops the parse before a deep or huge value exists.
+  auto limit = [&](int depth, json::parse_event_t event, json&) {
+    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
+        depth >= limits.max_depth)
+      throw JsonLimitHit{"nesting deeper than " + std::to_string(limits.max_depth) + " levels"};
+    if (event == json::parse_event_t::value || event == json::parse_event_t::object_start ||
+        event == json::parse_event_t::array_start) {
+      if (++values > limits.max_values)
+        throw JsonLimitHit{"more than " + std::to_string(limits.max_values) + " values"};
+    }
+    return true;
+  };
+  try {
+    return json::parse(text.begin(), text.end(), limit);
+  } catch (const JsonLimitHit& e) {
+    fail(what, " is refused: ", e.reason);
+  } catch (const json::parse_error& e) {
+    fail(what, " is not valid JSON: ", e.what());
+  }
+}
+
+std::string dump_json_safe(const json& j, int indent) {
+  return j.dump(indent, ' ', false, json::error_handler_t::replace);
+}
+
 json read_json_file(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot open '", path, "'");
   std::stringstream ss;
   ss << in.rdbuf();
-  try {
-    return json::parse(ss.str());
-  } catch (const json::parse_error& e) {
-    fail("'", path, "' is not valid JSON: ", e.what());
-  }
+  if (in.bad()) fail("cannot read '", path, "'");
+  return parse_json(ss.str(), "'" + path + "'");
 }
 
 }  // namespace dlrec

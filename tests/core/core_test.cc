@@ -90,6 +90,43 @@ TEST(Config, RangeTypeAndChoiceErrors) {
   EXPECT_THROW(r.require<int>("missing"), Error);
 }
 
+TEST(Json, DepthAndValueLimitsAreErrorsNotCrashes) {
+  // 100,000 nested arrays overflowed the stack of every JSON reader before parse_json.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  try {
+    parse_json(deep, "'deep.json'");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'deep.json' is refused: nesting deeper than 64"),
+              std::string::npos) << e.what();
+  }
+  const std::string objs = [] {
+    std::string s;
+    for (int i = 0; i < 10000; ++i) s += "{\"a\":";
+    s += "1";
+    for (int i = 0; i < 10000; ++i) s += "}";
+    return s;
+  }();
+  EXPECT_THROW(parse_json(objs, "body"), Error);
+  // 64 levels pass, 65 do not.
+  EXPECT_NO_THROW(parse_json(std::string(64, '[') + std::string(64, ']'), "x"));
+  EXPECT_THROW(parse_json(std::string(65, '[') + std::string(65, ']'), "x"), Error);
+  JsonLimits small;
+  small.max_values = 3;
+  EXPECT_NO_THROW(parse_json("[1,2]", "x", small));
+  EXPECT_THROW(parse_json("[1,2,3]", "x", small), Error);
+  // Syntax errors and invalid UTF-8 name the document.
+  try {
+    parse_json("{\"a\": \"\xff\"}", "request body");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("request body is not valid JSON"), std::string::npos);
+  }
+  // Text from outside with invalid UTF-8 serialises without throwing.
+  json j = {{"error", std::string("bad path /\xff")}};
+  EXPECT_NE(dump_json_safe(j).find("bad path"), std::string::npos);
+}
+
 TEST(Files, AtomicWriteCommitsOrLeavesNothing) {
   std::string p = temp_path("atomic.txt");
   std::remove(p.c_str());

@@ -8,8 +8,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dlrec/core/error.h"
@@ -50,7 +52,23 @@ class ConfigReader {
 // The closest string by edit distance (empty if none within distance 3 or half the length).
 std::string nearest_name(const std::string& name, const std::vector<std::string>& candidates);
 
-// Reads and parses a JSON file; errors name the file and the parse position.
+// Limits on JSON read from anywhere outside the program (files, requests). Every JSON text
+// dlrec reads goes through parse_json, so that a hostile document cannot exhaust the stack
+// (nesting) or memory (values) before a typed reader looks at it.
+struct JsonLimits {
+  int max_depth = 64;                  // nesting of objects/arrays; the root is depth 1
+  int64_t max_values = int64_t{1} << 27;  // values of any kind (each array element counts)
+};
+
+// Parses `text`; errors name `what` (a file name, "request body", ...), the byte offset and
+// the reason (syntax, invalid UTF-8, depth or value-count limit). Never returns a partial value.
+json parse_json(std::string_view text, const std::string& what, const JsonLimits& limits = {});
+
+// Serialises `j` without throwing on invalid UTF-8 in its strings (replaced by U+FFFD): for
+// values that carry text from outside (a request path, a file name) into an error body.
+std::string dump_json_safe(const json& j, int indent = -1);
+
+// Reads and parses a JSON file (parse_json's limits); errors name the file and the position.
 json read_json_file(const std::string& path);
 
 template <class T>
