@@ -84,12 +84,16 @@ def table(values):
         if not new and not old:
             continue
         change = check = "—"
+        if old and not new and tol is not None:
+            check = "**NO FIGURE** from new"
+            verdicts.append((label, False))
         if new and old:
             ratio = statistics.median(new) / statistics.median(old)
             change = f"{(ratio - 1) * 100:+.1f} %"
             if tol is not None:
                 ok = ratio <= 1 + tol
-                check = f"ok (≤ +{tol * 100:.0f} %)" if ok else f"**SLOWER** (> +{tol * 100:.0f} %)"
+                bound = f"{tol * 100:.0f} %"
+                check = f"ok (≤ +{bound})" if ok else f"**SLOWER** (> +{bound})"
                 verdicts.append((label, ok))
         speedup = "—"
         if new and torch:
@@ -115,10 +119,14 @@ def main():
             "new's median against old's; issue 17 asks for new within +2 % (training) and +5 % "
             "(inference p50) of old, side by side in one call.", ""]
     out += rows + [""]
+    if len(rows) == 2:
+        out += ["No figure was recorded: every run failed or none ran (see the notes and logs).",
+                ""]
     if verdicts:
         slower = [label for label, ok in verdicts if not ok]
         out.append("Verdict: " + ("every judged figure within its tolerance." if not slower
-                                  else "outside the tolerance: " + "; ".join(slower) + "."))
+                                  else "outside the tolerance or missing: " + "; ".join(slower)
+                                  + "."))
         out.append("")
     if args.notes:
         with open(args.notes) as f:
