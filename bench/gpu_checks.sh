@@ -9,10 +9,13 @@
 # pytest: the lent hosts' image lists torch but not pytest, and nothing can be installed there.
 # If `python3 -c "import pytest"` fails, this script says so on a line starting
 # "gpu_checks: NOT RUN" and exits 3, unless --pytest-dir names a folder of pure-Python packages
-# carried along (made on the build machine, e.g.
-#   pip install --target .gpu-pytest --no-deps pytest==9.2.0 iniconfig==2.3.1 \
-#       packaging==26.4 pluggy==1.7.0 Pygments==2.21.0      # the pins of requirements-test.txt
-# ), which is put on PYTHONPATH.
+# carried along and put on PYTHONPATH. The build machine's own pytest (the pins of
+# requirements-test.txt) serves; copied without byte code it is ~10 MB:
+#   SP=$(python3 -c 'import site; print(site.getsitepackages()[0])'); mkdir -p .gpu-pytest
+#   cp -r $SP/{pytest,_pytest,pluggy,iniconfig,packaging,pygments,py.py} \
+#         $SP/{pytest,pluggy,iniconfig,packaging,pygments}-*.dist-info .gpu-pytest/
+#   find .gpu-pytest -name __pycache__ -prune -exec rm -rf {} +
+# (checked here: that folder alone, `python3 -S` with it on PYTHONPATH, runs run_pytest.py).
 # Exit status: 0 all passed, 1 a failure, 3 not run (no pytest, no torch, no test_nn),
 # 77 every test skipped (run_pytest.py's code), 2 bad arguments.
 set -u
@@ -47,7 +50,8 @@ not_run() { echo "gpu_checks: NOT RUN torch.optim comparison: $*"; exit 3; }
 [ -e "$BIN/test_nn" ] || [ ! -e "$BIN/test_nn.gz" ] || gunzip -k "$BIN/test_nn.gz"
 [ -x "$BIN/test_nn" ] || not_run "$BIN/test_nn is not in the bundle (bundle it beside dlrec)"
 if [ -n "$PYTEST_DIR" ]; then
-  export PYTHONPATH="$(cd "$PYTEST_DIR" && pwd)${PYTHONPATH:+:$PYTHONPATH}"
+  PYTHONPATH="$(cd "$PYTEST_DIR" && pwd)${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONPATH
 fi
 "$PY" -c "import torch" 2>/dev/null || not_run "$PY has no torch"
 if ! "$PY" -c "import pytest" 2>/dev/null; then
