@@ -19,6 +19,11 @@
 #   zoo    (not in the default --parts) DeepFM and Wide&Deep bf16, Adagrad, batch 16384, 50
 #          steps after 5; Wide&Deep is configs/wide_deep.json minus the wide layer's FTRL, as
 #          measured for bench/RESULTS.md (layer optimizers are refused on CUDA)
+#   e2e    (not in the default --parts: ~75 s per build and round, plus ~1 min of set-up; best
+#          in a call of its own, e.g. --parts e2e --rounds 2) gRPC end to end as in
+#          bench/RESULTS.md: bench/serve_gpu_e2e.sh e2e with the server and the load generator
+#          polling (SPIN_US=2000 CLIENT_SPIN_US=2000), DURATION=5; the model is made once, by
+#          the new build, and served by each build in turn
 #   and, in the first --peer-rounds rounds, right after each dlrec pair: bench/pytorch_dlrm_gpu.py
 #   --bf16, bench/pytorch_dcnv2_gpu.py --bf16, bench/pytorch_dlrm_infer_gpu.py (same settings).
 # Before round 1: one untimed warm-up run (fresh hosts run their first seconds slow) and the
@@ -44,7 +49,7 @@ Options:
   --out DIR          output folder (default $OUT, else ./out)
   --rounds N         rounds (default 3 with --old, else 2)
   --peer-rounds N    rounds that also run the PyTorch peers (default 2; 0: no peers)
-  --parts LIST       comma-separated: train,infer,zoo (default train,infer)
+  --parts LIST       comma-separated: train,infer,zoo,e2e (default train,infer)
   --budget-s S       no new round once the previous round's length would end past S s (default 450)
   --no-checks        skip bench/gpu_checks.sh
   --pytest-dir DIR   passed to bench/gpu_checks.sh (pytest carried as a --target folder)
@@ -81,12 +86,12 @@ for v in rounds:ROUNDS peer-rounds:PEER_ROUNDS budget-s:BUDGET; do
   n=${v#*:}; [[ ${!n} =~ ^[0-9]+$ ]] || die "--${v%%:*} must be a whole number, got '${!n}'"
 done
 [ "$ROUNDS" -ge 1 ] && [ "$ROUNDS" -le 20 ] || die "--rounds must be 1..20, got $ROUNDS"
-DO_TRAIN=0 DO_ZOO=0 DO_INFER=0
+DO_TRAIN=0 DO_ZOO=0 DO_INFER=0 DO_E2E=0
 IFS=, read -r -a parts <<< "$PARTS"
 [ ${#parts[@]} -gt 0 ] || die "--parts is empty"
 for p in "${parts[@]}"; do
-  case $p in train) DO_TRAIN=1 ;; zoo) DO_ZOO=1 ;; infer) DO_INFER=1 ;;
-    *) die "--parts: unknown part '$p' (train, zoo, infer)" ;; esac
+  case $p in train) DO_TRAIN=1 ;; zoo) DO_ZOO=1 ;; infer) DO_INFER=1 ;; e2e) DO_E2E=1 ;;
+    *) die "--parts: unknown part '$p' (train, infer, zoo, e2e)" ;; esac
 done
 [ "$OLD" != "$NEW" ] || die "--old and --new name the same folder"
 # Paths as given (relative to where the script was started), then work from the repository
@@ -178,8 +183,19 @@ record() {  # round build figure-prefix logname
     /^(bench infer:|pytorch infer: .*with-copies)/ && field("batch") != "" {
       out("p50", field("p50_us")); out("p99", field("p99_us"))
     }
+    / summary: grpc / {  # bench/serve_gpu_e2e.sh e2e: one line per load
+      key = f "_" ($0 ~ / rpc=live / ? "live" : field("batch") "x" field("concurrency"))
+      sps = ""
+      for (i = 2; i <= NF; i++) if ($i == "samples/s)") sps = substr($(i - 1), 2)
+      print r "\t" b "\t" key "\tp50\t" field("p50")
+      print r "\t" b "\t" key "\tp99\t" field("p99")
+      if (sps != "") print r "\t" b "\t" key "\tsamples_s\t" sps
+      print r "\t" b "\t" key "\tfailures\t" field("failures")
+    }
   ' "$L/$4.log" >> "$RES"
 }
+
+E2E_WORK=/tmp/dlrec_headline_e2e  # data and model of the e2e part (~17 GB), removed at the end
 
 # Wide&Deep as measured: configs/wide_deep.json without the wide layer's own optimizer (FTRL;
 # per-layer optimizers are refused on CUDA).
@@ -249,18 +265,27 @@ round() {  # r
     for b in "${ORDER[@]}"; do  # with its bf16 run beside it when fp16 is accepted
       [ -n "${FP16[$b:deepfm]:-}" ] || continue
       for p in bf16 fp16; do
-        dl "$b" 90 "r${r}_deepfm_${p}_$b" 6 "${ZOO[@]}" --config configs/deepfm.json --precision $p \
-          && record "$r" "$b" deepfm_$p "r${r}_deepfm_${p}_$b"
+        dl "$b" 90 "r${r}_deepfm_${p}_$b" 6 "${ZOO[@]}" --config configs/deepfm.json \
+          --precision $p && record "$r" "$b" deepfm_$p "r${r}_deepfm_${p}_$b"
       done
     done
   fi
   if [ $DO_ZOO = 1 ]; then
     for b in "${ORDER[@]}"; do  # (already run by the train part where fp16 is accepted)
       [ -z "${FP16[$b:deepfm]:-}" ] || [ $DO_TRAIN = 0 ] || continue
-      dl "$b" 90 "r${r}_deepfm_bf16_$b" 6 "${ZOO[@]}" --config configs/deepfm.json --precision bf16 \
-        && record "$r" "$b" deepfm_bf16 "r${r}_deepfm_bf16_$b"
+      dl "$b" 90 "r${r}_deepfm_bf16_$b" 6 "${ZOO[@]}" --config configs/deepfm.json \
+        --precision bf16 && record "$r" "$b" deepfm_bf16 "r${r}_deepfm_bf16_$b"
     done
     pair "$r" widedeep_bf16 90 6 "${ZOO[@]}" --config "$WD_CONFIG" --precision bf16
+  fi
+  if [ $DO_E2E = 1 ]; then
+    local e=("${ORDER[@]}")  # the first run makes the data and the model: the new build's
+    [ -f "$E2E_WORK/repo/dlrm/config.json" ] || e=(new ${OLD:+old})
+    for b in "${e[@]}"; do
+      run 400 "r${r}_e2e_$b" 75 env LD_LIBRARY_PATH="${LDP[$b]}" BIN="${DIR[$b]}/bin" \
+        OUT="$L/r${r}_e2e_$b" WORK="$E2E_WORK" REUSE=1 DURATION=5 SPIN_US=2000 \
+        CLIENT_SPIN_US=2000 bash bench/serve_gpu_e2e.sh e2e && record "$r" "$b" e2e "r${r}_e2e_$b"
+    done
   fi
   if [ $DO_INFER = 1 ]; then
     pair "$r" infer 120 8 bench infer --device cuda --precision bf16 --batch 1,2048,32768 \
@@ -327,9 +352,14 @@ if [ $CHECKS = 1 ]; then
 fi
 
 if [ $DRY = 1 ]; then
-  echo "estimated device time: ~$((ESTIMATE / 60)) min $((ESTIMATE % 60)) s (plus the machine's start)"
+  echo "estimated device time: ~$((ESTIMATE / 60)) min $((ESTIMATE % 60)) s" \
+    "(plus the machine's start)"
   [ $ESTIMATE -le "$BUDGET" ] || echo "over --budget-s $BUDGET: later rounds would be skipped"
   exit 0
+fi
+[ $DO_E2E = 1 ] && rm -rf "$E2E_WORK"
+if awk -F'\t' '$4 == "failures" && $5 != 0 {bad = 1} END {exit !bad}' "$RES"; then
+  note "gRPC e2e: some loads had failed requests (results.tsv, metric failures)"
 fi
 echo "- total: $(($(date +%s) - START)) s, $RAN round(s)" >> "$NOTES"
 "$PY" bench/headline_summary.py "$RES" --env "$ENVF" --notes "$NOTES" > "$OUTDIR/summary.md" \

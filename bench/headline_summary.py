@@ -36,6 +36,18 @@ FIGURES = [
      "infer_2048"),
     ("infer_32768", "`bench infer` batch 32768, p99 (µs; shown, not judged)", "p99", None,
      "infer_32768"),
+    # gRPC end to end (--parts e2e): shown, not judged (tails move with the host's scheduling).
+    ("e2e_live", "gRPC e2e ServerLive floor, p99 (µs)", "p99", None, None),
+    ("e2e_1x1", "gRPC e2e batch 1, p50 (µs)", "p50", None, None),
+    ("e2e_1x1", "gRPC e2e batch 1, p99 (µs)", "p99", None, None),
+    ("e2e_2048x1", "gRPC e2e batch 2048, p50 (µs)", "p50", None, None),
+    ("e2e_2048x1", "gRPC e2e batch 2048, p99 (µs)", "p99", None, None),
+    ("e2e_4096x32", "gRPC e2e 4096 × 32 clients (samples/s, higher is better)", "samples_s",
+     None, None),
+    ("e2e_16384x16", "gRPC e2e 16384 × 16 clients (samples/s, higher is better)", "samples_s",
+     None, None),
+    ("e2e_16384x32", "gRPC e2e 16384 × 32 clients (samples/s, higher is better)", "samples_s",
+     None, None),
 ]
 
 
@@ -60,6 +72,8 @@ def read_results(path):
 
 
 def fmt(v, metric):
+    if metric == "samples_s":
+        return f"{v / 1e6:,.2f} M"
     return f"{v:,.3f}" if metric == "ms" else f"{v:,.1f}"
 
 
