@@ -246,7 +246,9 @@ round() {  # r
   local r=$1
   ORDER=("${BUILDS[@]}")
   [ ${#BUILDS[@]} = 2 ] && [ $((r % 2)) = 0 ] && ORDER=(new old)
-  echo "round $r of $ROUNDS: ${ORDER[*]}$([ "$r" -le "$PEER_ROUNDS" ] && echo ', PyTorch peers')"
+  local with_peers=""
+  [ "$r" -le "$PEER_ROUNDS" ] && [ $((DO_TRAIN + DO_INFER)) -gt 0 ] && with_peers=", PyTorch peers"
+  echo "round $r of $ROUNDS: ${ORDER[*]}$with_peers"
   if [ $DO_TRAIN = 1 ]; then
     local dlrm=(--config configs/mlperf_dlrm.json --batch "32768,55296")
     pair "$r" dlrm_bf16 120 8 "${TRAIN[@]}" "${dlrm[@]}" --precision bf16
