@@ -38,8 +38,9 @@
 # Device time: about 5.5 min with --old and the defaults (3 rounds, peers in 2), about 3 min
 # without (estimates from earlier calls' start-up times, not yet measured as a whole);
 # --dry-run prints the plan and its estimate without running anything (no GPU needed).
-# --budget-s S (default 450) starts no new round once the last round's length would end past
-# S seconds after the start: the summary then says how many rounds ran.
+# --budget-s S (default 450) starts no new round once the longest round so far would end past
+# S seconds after the start: the summary then says how many rounds ran. Give the device call
+# timeout_s 600 (its limit); the checks after the rounds take well under a minute.
 set -u
 
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; cat <<'EOF'
@@ -50,9 +51,9 @@ Options:
   --rounds N         rounds (default 3 with --old, else 2)
   --peer-rounds N    rounds that also run the PyTorch peers (default 2; 0: no peers)
   --parts LIST       comma-separated: train,infer,zoo,e2e (default train,infer)
-  --budget-s S       no new round once the previous round's length would end past S s (default 450)
+  --budget-s S       no new round once the longest round would end past S s (default 450)
   --no-checks        skip bench/gpu_checks.sh
-  --pytest-dir DIR   passed to bench/gpu_checks.sh (pytest carried as a --target folder)
+  --pytest-dir DIR   passed to bench/gpu_checks.sh (a carried pytest: see its --help)
   --python CMD       Python with torch for the peers (default python3)
   --dry-run          print the plan and its time estimate; run nothing
   -h, --help         this text
