@@ -2,8 +2,8 @@
 // radix sort (stable, so each row's contributions are summed in order of occurrence, as on the
 // CPU) and applies the optimizer to each distinct row in the same kernel.
 //
-// Kernels: forward_kernel2; backward chunk_kernel2 + finalize2_kernel (DLREC_EMB_PAIRS=0:
-// chunk_kernel2 without its two-run path, same results). They replaced simpler kernels with the
+// Kernels: forward_kernel2; backward chunk_kernel2 (two one-id runs updated together) +
+// finalize2_kernel. They replaced simpler kernels with the
 // same sums in the same order (bit-identical results; removed after the comparison, see git
 // history and bench/RESULTS.md): on DCNv2's tables, one H100, 2026-11-22, forward 0.427 -> 0.385
 // ms, backward 1.121 -> 0.670 ms (ids 0.128 -> 0.110, reduce + update 0.992 -> 0.561).

@@ -56,14 +56,14 @@ void expect_flat(const Snapshot& a, const Snapshot& b, const char* what) {
       << what << ": device free memory fell from " << a.device_free << " to " << b.device_free;
 }
 
-struct Setup {
+struct LeakCase {
   ModelConfig mc;
   OptimizerConfig oc;
   io::ShardLayout good = testing::make_layout(4, {50, 7, 100, 3});
   // The last table has no rows: the constructor throws in its table loop, after the streams,
   // events, handles, MLP weights and the first tables exist.
   io::ShardLayout bad = testing::make_layout(4, {50, 7, 100, 0});
-  Setup() {
+  LeakCase() {
     mc.embedding_dim = 16;
     mc.bottom_mlp = {32, 16};
     mc.top_mlp = {32, 1};
@@ -94,7 +94,7 @@ struct Setup {
 
 TEST(GpuResourcesLeak, ThousandFailedDlrmBuildsLeakNothing) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the leak test needs a GPU";
-  Setup s;
+  LeakCase s;
   // Held by the test as a server's other models would hold it: failed builds lease the pooled
   // handles and must give them back.
   auto res = gpu::DeviceResources::get(0);
@@ -118,7 +118,7 @@ TEST(GpuResourcesLeak, ThousandFailedDlrmBuildsLeakNothing) {
 
 TEST(GpuResourcesLeak, ModelsBuiltAndDestroyedLeakNothing) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the leak test needs a GPU";
-  Setup s;
+  LeakCase s;
   auto res = gpu::DeviceResources::get(0);
   s.build_use_destroy(0);
   s.build_use_destroy(1);
@@ -129,7 +129,7 @@ TEST(GpuResourcesLeak, ModelsBuiltAndDestroyedLeakNothing) {
 
 TEST(GpuResourcesLeak, LastHolderReleasesTheDeviceResources) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the leak test needs a GPU";
-  Setup s;
+  LeakCase s;
   s.build_use_destroy(1);
   // Nobody holds the device's resources now (this test runs alone in its process or after
   // tests that let theirs go): the handles are gone, also after failed builds.
