@@ -99,10 +99,9 @@ TEST(GpuResourcesLeak, ThousandFailedDlrmBuildsLeakNothing) {
   // handles and must give them back.
   auto res = gpu::DeviceResources::get(0);
   // Warm-up: cuBLAS loads its kernels, the pool gets its blocks, the pools their handles.
-  s.build_use_destroy(0);
-  s.build_use_destroy(1);
-  s.fail_once(0);
-  s.fail_once(1);
+  // (Several rounds: the pool's free lists settle once both precisions' sizes are cached.)
+  for (int i = 0; i < 4; ++i) s.build_use_destroy(i);
+  for (int i = 0; i < 10; ++i) s.fail_once(i);
   const Snapshot before = snapshot();
   for (int i = 0; i < 1000; ++i) {
     s.fail_once(i);
@@ -120,8 +119,7 @@ TEST(GpuResourcesLeak, ModelsBuiltAndDestroyedLeakNothing) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the leak test needs a GPU";
   LeakCase s;
   auto res = gpu::DeviceResources::get(0);
-  s.build_use_destroy(0);
-  s.build_use_destroy(1);
+  for (int i = 0; i < 4; ++i) s.build_use_destroy(i);
   const Snapshot before = snapshot();
   for (int i = 0; i < 40; ++i) s.build_use_destroy(i);
   expect_flat(before, snapshot(), "40 models built, trained and destroyed");
