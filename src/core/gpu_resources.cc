@@ -2,9 +2,10 @@
 // (cuda::require_device's "built without CUDA" error). CUDA builds use gpu_resources_cuda.cu.
 #ifndef DLREC_WITH_CUDA
 
+#include "dlrec/core/gpu_resources.h"
+
 #include "dlrec/core/device.h"
 #include "dlrec/core/error.h"
-#include "dlrec/core/gpu_resources.h"
 
 namespace dlrec::gpu {
 

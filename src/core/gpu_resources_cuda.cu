@@ -22,12 +22,12 @@ namespace {
 std::atomic<int64_t> g_streams{0}, g_events{0}, g_graphs{0}, g_blas{0}, g_lt{0};
 std::atomic<int64_t> g_streams_created{0};
 
-#define DLREC_BLAS_CHECK(expr)                                                              \
-  do {                                                                                      \
-    cublasStatus_t _s = (expr);                                                             \
-    if (_s != CUBLAS_STATUS_SUCCESS)                                                        \
-      ::dlrec::fail("cuBLAS error ", static_cast<int>(_s), " in ", #expr, " at ", __FILE__, \
-                    ":", __LINE__);                                                         \
+#define DLREC_BLAS_CHECK(expr)                                                                   \
+  do {                                                                                           \
+    cublasStatus_t _s = (expr);                                                                  \
+    if (_s != CUBLAS_STATUS_SUCCESS)                                                             \
+      ::dlrec::fail("cuBLAS error ", static_cast<int>(_s), " in ", #expr, " at ", __FILE__, ":", \
+                    __LINE__);                                                                   \
   } while (0)
 
 // Makes `device` current for the scope.
@@ -231,8 +231,8 @@ BlasLease DeviceResources::blas(CUstream_st* stream, bool tf32) {
     }
   if (slot < 0) {
     auto e = std::make_unique<Impl::BlasEntry>();
-    e->workspace = Tensor::empty({static_cast<int64_t>(kWorkspaceBytes)}, DType::U8,
-                                 Device::cuda(device_));
+    e->workspace =
+        Tensor::empty({static_cast<int64_t>(kWorkspaceBytes)}, DType::U8, Device::cuda(device_));
     e->handle = std::make_unique<OwnedBlas>();
     impl_->blas.push_back(std::move(e));
     slot = static_cast<int>(impl_->blas.size() - 1);
@@ -263,8 +263,8 @@ LtLease DeviceResources::blas_lt() {
     }
   if (slot < 0) {
     auto e = std::make_unique<Impl::LtEntry>();
-    e->workspace = Tensor::empty({static_cast<int64_t>(kWorkspaceBytes)}, DType::U8,
-                                 Device::cuda(device_));
+    e->workspace =
+        Tensor::empty({static_cast<int64_t>(kWorkspaceBytes)}, DType::U8, Device::cuda(device_));
     e->handle = std::make_unique<OwnedLt>();
     impl_->lt.push_back(std::move(e));
     slot = static_cast<int>(impl_->lt.size() - 1);

@@ -1,5 +1,7 @@
 // GPU resources (include/dlrec/core/gpu_resources.h): one owner each, pooled cuBLAS handles,
 // and a clear error without CUDA.
+#include "dlrec/core/gpu_resources.h"
+
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -9,7 +11,6 @@
 
 #include "dlrec/core/device.h"
 #include "dlrec/core/error.h"
-#include "dlrec/core/gpu_resources.h"
 
 namespace dlrec::gpu {
 namespace {
@@ -18,8 +19,8 @@ bool have_gpu() { return cuda::built_with_cuda() && cuda::device_count() > 0; }
 
 TEST(GpuResources, WithoutCudaEveryCreationSaysWhy) {
   if (cuda::built_with_cuda()) GTEST_SKIP() << "CUDA build: the stub is not compiled in";
-  for (auto make : std::vector<std::function<void()>>{
-           [] { DeviceResources::get(0); }, [] { Stream s(0); }, [] { Event e(0); }}) {
+  for (auto make : std::vector<std::function<void()>>{[] { DeviceResources::get(0); },
+                                                      [] { Stream s(0); }, [] { Event e(0); }}) {
     try {
       make();
       FAIL() << "no error without CUDA";
