@@ -144,8 +144,6 @@ int run(int argc, char** argv) {
   std::printf("batch 0: %lld ids, %lld distinct rows, longest run %lld (%lld runs over 32 ids)\n",
               static_cast<long long>(nnz), static_cast<long long>(distinct),
               static_cast<long long>(longest), static_cast<long long>(long_runs));
-  const char* pairs = std::getenv("DLREC_EMB_PAIRS");
-  std::printf("backward: DLREC_EMB_PAIRS=%s\n", pairs ? pairs : "(unset: pairs on)");
 
   // Tables and accumulators, as the graph engine sets them up.
   cudaStream_t st;

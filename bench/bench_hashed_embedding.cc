@@ -2,7 +2,7 @@
 //
 //   bench_hashed_embedding [--ids 100000000] [--space 1000000000] [--capacity 10000000]
 //                          [--dim 16] [--batch 8192] [--zipf 1.05] [--optimizer adagrad]
-//                          [--lr 0.05] [--seed 1] [--distinct] [--device cpu|cuda]
+//                          [--lr 0.05] [--seed 1] [--distinct]
 //
 // Draws `ids` ids from a Zipf-like distribution over `space` ranks (rank r with probability
 // ~ r^-zipf, by the inverse of the continuous CDF; seeded), scrambles each rank into a 64-bit key
@@ -15,11 +15,6 @@
 // space / 8 bytes, reported apart and added to the allowance). Fails (exit 1) when the peak RSS exceeds the table's memory plus 256 MiB
 // for the program, the batch buffers and the C++ runtime.
 //
-// --device cuda (CUDA builds) trains embedding::HashTableCuda instead, through its host API
-// (each batch's keys and gradients are copied to the GPU; gradients of duplicate ids are summed
-// on the host), with maybe_sweep(0.95, 0.8) after every batch; only sgd and adagrad. Its
-// counters count a repeated id within a batch as a hit; the memory check is then on the device
-// bytes of the table (host RSS is reported, not checked against the table).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -34,11 +29,6 @@
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/embedding/hash_common.h"
 #include "dlrec/embedding/hashed_embedding.h"
-#ifdef DLREC_WITH_CUDA
-#include <unordered_map>
-
-#include "dlrec/embedding/hash_table_cuda.h"
-#endif
 
 namespace {
 
@@ -94,39 +84,6 @@ struct CpuRunner : Runner {
   int64_t capacity() const override { return t.capacity(); }
 };
 
-#ifdef DLREC_WITH_CUDA
-struct GpuRunner : Runner {
-  dlrec::embedding::HashTableCuda t;
-  std::unordered_map<int32_t, int64_t> where;
-  std::vector<int32_t> slots;
-  std::vector<float> grads;
-  explicit GpuRunner(const dlrec::embedding::HashedEmbeddingOptions& o) : t(o) {}
-  void step(const std::vector<int64_t>&, const std::vector<int64_t>& keys, int64_t b,
-            std::vector<float>&, const std::vector<float>& dout, float lr) override {
-    const int64_t d = t.dim();
-    std::vector<int64_t> batch(keys.begin(), keys.begin() + b);
-    const std::vector<int32_t> s = t.lookup_or_insert(batch);
-    where.clear();
-    slots.clear();
-    grads.clear();
-    for (int64_t i = 0; i < b; ++i) {
-      if (s[i] < 0) continue;
-      auto [it, fresh] = where.emplace(s[i], static_cast<int64_t>(slots.size()));
-      if (fresh) {
-        slots.push_back(s[i]);
-        grads.insert(grads.end(), dout.begin() + i * d, dout.begin() + (i + 1) * d);
-      } else {
-        for (int64_t k = 0; k < d; ++k) grads[it->second * d + k] += dout[i * d + k];
-      }
-    }
-    t.apply(slots, grads, lr);
-    t.maybe_sweep(0.95, 0.8);
-  }
-  dlrec::embedding::HashedEmbeddingStats stats() const override { return t.stats(); }
-  int64_t memory_bytes() const override { return t.memory_bytes(); }
-  int64_t capacity() const override { return t.capacity(); }
-};
-#endif
 
 }  // namespace
 
@@ -136,7 +93,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
       std::printf("usage: bench_hashed_embedding [--ids N] [--space N] [--capacity ROWS] [--dim D]\n"
                   "         [--batch N] [--zipf S] [--optimizer sgd|adagrad|...] [--lr LR]\n"
-                  "         [--seed N] [--distinct] [--device cpu|cuda]\n"
+                  "         [--seed N] [--distinct]\n"
                   "defaults: 100M ids over a 1B-id space, capacity 10M rows, dim 16, batch 8192,\n"
                   "zipf 1.05, adagrad lr 0.05 (see the header of bench/bench_hashed_embedding.cc)\n");
       return 0;
@@ -156,18 +113,11 @@ int main(int argc, char** argv) {
     o.optimizer.kind = nn::parse_optimizer(arg_str(argc, argv, "--optimizer", "adagrad"));
     const int64_t rss0 = peak_rss_bytes();
     const std::string device = arg_str(argc, argv, "--device", "cpu");
-    std::unique_ptr<Runner> runner;
-    if (device == "cpu") {
-      runner = std::make_unique<CpuRunner>(o);
-    } else if (device == "cuda") {
-#ifdef DLREC_WITH_CUDA
-      runner = std::make_unique<GpuRunner>(o);
-#else
-      fail("--device cuda: this build has no CUDA support");
-#endif
-    } else {
-      fail("--device must be cpu or cuda, got '", device, "'");
-    }
+    // The stand-alone GPU table this once compared is gone (the CUDA graph model's hashed layer
+    // is measured through `dlrec bench train`); the option stays to say so.
+    if (device != "cpu")
+      fail("--device: only cpu (the stand-alone GPU hash table was removed), got '", device, "'");
+    std::unique_ptr<Runner> runner = std::make_unique<CpuRunner>(o);
     Runner& table = *runner;
     const int64_t table_bytes = table.memory_bytes();
     std::printf("hashed embedding (%s): %lld ids over %.0f ranks (zipf %.2f), capacity %lld rows x dim "
@@ -241,11 +191,6 @@ int main(int argc, char** argv) {
       std::printf("result: %lld distinct ids in the stream (%.2fx the capacity); bitset %.1f MiB\n",
                   static_cast<long long>(n), static_cast<double>(n) / table.capacity(),
                   bitset_bytes / 1048576.0);
-    }
-    if (device == "cuda") {
-      std::printf("result: device memory of the table %.1f MiB (allocated once for the capacity)\n",
-                  table_bytes / 1048576.0);
-      return 0;
     }
     const int64_t allowance = table_bytes + bitset_bytes + (int64_t{256} << 20);
     if (rss > allowance) {

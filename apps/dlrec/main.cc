@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
   CLI::App app{"dlrec: deep-learning recommender pipeline (ETL, training, export, prediction)"};
   app.require_subcommand(1);
   int threads = 0;
-  app.add_option("--threads", threads, "CPU threads (default: all cores, or $DLREC_THREADS)");
+  app.add_option("--threads", threads, "CPU threads (default: all cores)");
   std::vector<std::pair<CLI::App*, dlrec::cli::Runner>> commands;
   auto add = [&](dlrec::cli::Runner (*f)(CLI::App&)) {
     size_t before = app.get_subcommands({}).size();

@@ -103,6 +103,12 @@ void copy(void* dst, bool dst_cuda, const void* src, bool src_cuda, size_t bytes
 
 void memset0(void* p, size_t bytes) { DLREC_CUDA_CHECK(cudaMemset(p, 0, bytes)); }
 
+size_t pool_live_bytes(int device) {
+  DevicePool& p = pool(device);
+  std::lock_guard<std::mutex> g(p.mu);
+  return p.in_use;
+}
+
 }  // namespace cuda_impl
 
 namespace cuda {

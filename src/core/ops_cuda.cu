@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 
 #include "core/cuda_check.h"
 
@@ -46,6 +47,8 @@ void axpy(float alpha, const float* x, float* y, int64_t n) {
 double sum(const float* x, int64_t n) {
   double* d = nullptr;
   DLREC_CUDA_CHECK(cudaMalloc(&d, sizeof(double)));
+  // Freed however this returns (the checks below throw).
+  const std::unique_ptr<double, cudaError_t (*)(void*)> owner(d, cudaFree);
   DLREC_CUDA_CHECK(cudaMemset(d, 0, sizeof(double)));
   if (n > 0) {
     sum_kernel<<<blocks_for(n, 256), 256>>>(x, n, d);
@@ -53,7 +56,6 @@ double sum(const float* x, int64_t n) {
   }
   double h = 0;
   DLREC_CUDA_CHECK(cudaMemcpy(&h, d, sizeof(double), cudaMemcpyDeviceToHost));
-  cudaFree(d);
   return h;
 }
 

@@ -13,13 +13,9 @@
 namespace dlrec {
 namespace {
 
-int default_threads() {
-  if (const char* e = std::getenv("DLREC_THREADS")) {
-    int n = std::atoi(e);
-    if (n > 0) return n;
-  }
-  return std::max(1u, std::thread::hardware_concurrency());
-}
+// All hardware threads; programs choose otherwise through set_num_threads (the CLI's
+// --threads).
+int default_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
 
 std::atomic<int> g_threads{0};
 thread_local bool t_in_parallel = false;

@@ -121,6 +121,9 @@ OptimizerConfig OptimizerConfig::from_json(ConfigReader& r) {
   if (c.embedding_lr < 0) c.embedding_lr = -1;
   c.weight_decay = r.get_range("weight_decay", c.weight_decay, 0.0, 1e6);
   c.clip_norm = r.get_range("clip_norm", c.clip_norm, 0.0, 1e30);
+  c.loss_scale_init = r.get_range("loss_scale_init", c.loss_scale_init, 1.0, 1e38);
+  c.loss_scale_growth_interval = r.get_int_range(
+      "loss_scale_growth_interval", c.loss_scale_growth_interval, 1, (int64_t{1} << 31) - 1);
   if (r.has("schedule")) {
     ConfigReader sr = r.child("schedule");
     c.schedule = LrSchedule::from_json(sr);
@@ -205,6 +208,8 @@ json OptimizerConfig::to_json() const {
   j["embedding_lr"] = embedding_lr;
   j["weight_decay"] = weight_decay;
   j["clip_norm"] = clip_norm;
+  j["loss_scale_init"] = loss_scale_init;
+  j["loss_scale_growth_interval"] = loss_scale_growth_interval;
   j["schedule"] = schedule.to_json();
   if (!embedding.empty()) j["embedding"] = optimizer_fields_json(embedding.front());
   return j;

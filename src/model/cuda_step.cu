@@ -66,6 +66,10 @@ cudaGraphExec_t capture_graph(cudaStream_t stream, const std::function<void()>& 
   return exec;
 }
 
+gpu::GraphExec capture(cudaStream_t stream, const std::function<void()>& body, const char* what) {
+  return gpu::GraphExec(capture_graph(stream, body, what));
+}
+
 void check_batch(const io::Batch& b, int64_t num_dense, int64_t tables, const char* what) {
   DLREC_CHECK(b.rows >= 0, what, ": negative batch size");
   DLREC_CHECK(b.num_dense == num_dense, what, ": the batch has ", b.num_dense,
@@ -89,26 +93,23 @@ void check_batch(const io::Batch& b, int64_t num_dense, int64_t tables, const ch
 }
 
 StepInputs::StepInputs(Device dev) : dev_(dev) {
+  // The slots' events and tensors own themselves: a throw half-way releases what exists.
   for (auto& sl : slots) {
-    DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&sl.ready, cudaEventDisableTiming));
-    DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&sl.free, cudaEventDisableTiming));
+    sl.ready = gpu::Event(dev_.index);
+    sl.free = gpu::Event(dev_.index);
     sl.d_lr = Tensor::empty({2}, DType::F32, dev_);
   }
 }
 
 StepInputs::~StepInputs() {
   drop_graphs();
-  for (auto& sl : slots) {
-    if (sl.pending) cudaEventSynchronize(sl.ready);
-    if (sl.ready) cudaEventDestroy(sl.ready);
-    if (sl.free) cudaEventDestroy(sl.free);
-  }
+  for (auto& sl : slots)
+    if (sl.pending) cudaEventSynchronize(sl.ready);  // the copy has left the pinned buffer
 }
 
 void StepInputs::drop_graphs() {
   for (auto& sl : slots) {
-    if (sl.graph) cudaGraphExecDestroy(sl.graph);
-    sl.graph = nullptr;
+    sl.graph.reset();
     sl.graph_rows = sl.graph_nnz = -1;
     sl.eager_steps = 0;
   }
@@ -206,13 +207,12 @@ void run_step(InputSlot& sl, int64_t rows, int64_t nnz, bool& graphs, cudaStream
               const std::function<void()>& body) {
   if (graphs && rows > 0) {
     if (sl.graph && (sl.graph_rows != rows || sl.graph_nnz != nnz)) {
-      DLREC_CUDA_CHECK(cudaGraphExecDestroy(sl.graph));
-      sl.graph = nullptr;
+      sl.graph.reset();
       sl.eager_steps = 0;
     }
     if (!sl.graph && sl.eager_steps >= 1) {
       // Capture once the shape has run eagerly (cuBLAS/cuBLASLt plans and CUB sizes are set).
-      sl.graph = capture_graph(stream, body, "training step");
+      sl.graph = capture(stream, body, "training step");
       if (sl.graph) {
         sl.graph_rows = rows;
         sl.graph_nnz = nnz;
@@ -222,7 +222,7 @@ void run_step(InputSlot& sl, int64_t rows, int64_t nnz, bool& graphs, cudaStream
     }
   }
   if (graphs && sl.graph) {
-    DLREC_CUDA_CHECK(cudaGraphLaunch(sl.graph, stream));
+    DLREC_CUDA_CHECK(cudaGraphLaunch(sl.graph.get(), stream));
     return;
   }
   body();

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "dlrec/core/gpu_resources.h"
 #include "dlrec/core/tensor.h"
 #include "dlrec/io/batch.h"
 
@@ -45,8 +46,10 @@ Precision parse_precision(const std::string& p);  // "fp32" | "tf32" | "bf16" | 
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// Captures `body` on `stream` into an executable graph; nullptr (and a one-time warning naming
+// Captures `body` on `stream` into an executable graph; empty (and a one-time warning naming
 // `what`) when the capture or the instantiation fails, so that the caller runs eagerly.
+gpu::GraphExec capture(cudaStream_t stream, const std::function<void()>& body, const char* what);
+// The same as a raw handle that the caller must destroy (graph_cuda.cu; new code uses capture).
 cudaGraphExec_t capture_graph(cudaStream_t stream, const std::function<void()>& body,
                               const char* what);
 
@@ -62,11 +65,11 @@ struct InputSlot {
   uint32_t* keys = nullptr;
   float* lr = nullptr;         // [2]: dense and embedding learning rate of the step
   Tensor d_dense, d_labels, d_offsets, d_keys, d_lr;
-  cudaEvent_t ready = nullptr; // copy stream: inputs on the device
-  cudaEvent_t free = nullptr;  // model stream: last use of the device inputs
+  gpu::Event ready;            // copy stream: inputs on the device
+  gpu::Event free;             // model stream: last use of the device inputs
   bool pending = false;        // a copy from `mem` was enqueued
   // The CUDA graph of a training step on this slot's inputs, for (rows, nnz).
-  cudaGraphExec_t graph = nullptr;
+  gpu::GraphExec graph;
   int64_t graph_rows = -1, graph_nnz = -1;
   int eager_steps = 0;         // eager steps with the current shape (graph after one)
 };

@@ -304,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, 2) fused_forward(const __grid_consta
 int arrivals(const Params& p) { return p.nb + p.nt; }
 
 template <class H>
-void launch_typed(const Params& p, int blocks, bool cooperative, cudaStream_t stream) {
+void launch_typed(const Params& p, int blocks, cudaStream_t stream) {
   const int g = p.rows < kGroupRows ? p.rows : kGroupRows;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(blocks));
@@ -315,7 +315,7 @@ void launch_typed(const Params& p, int blocks, bool cooperative, cudaStream_t st
   attr[0].id = cudaLaunchAttributeCooperative;
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = cooperative ? 1 : 0;
+  cfg.numAttrs = 1;
 #define DLREC_FUSED(NG)                                                        \
   case NG:                                                                     \
     DLREC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, fused_forward<H, NG>, p));       \
@@ -325,19 +325,6 @@ void launch_typed(const Params& p, int blocks, bool cooperative, cudaStream_t st
     DLREC_FUSED(5) DLREC_FUSED(6) DLREC_FUSED(7) DLREC_FUSED(8)
   }
 #undef DLREC_FUSED
-}
-
-int sm_count() {
-  static std::atomic<int> cache[64] = {};
-  int dev = 0;
-  DLREC_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64) dev = 0;
-  int n = cache[dev].load(std::memory_order_relaxed);
-  if (n == 0) {
-    DLREC_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    cache[dev].store(n, std::memory_order_relaxed);
-  }
-  return n;
 }
 
 bool aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; }
@@ -369,15 +356,15 @@ std::string unsupported(const Params& p) {
   return "";
 }
 
-void launch(Params p, bool fp16, int blocks, bool cooperative, uint32_t* counter_base,
+void launch(Params p, bool fp16, int blocks, int sm_count, uint32_t* counter_base,
             cudaStream_t stream) {
   DLREC_CHECK(p.rows >= 1 && p.rows <= kMaxRows, "fused inference: ", p.rows,
               " rows (1..", kMaxRows, ")");
-  const int sms = sm_count();
-  if (blocks <= 0 || blocks > sms) blocks = sms;
+  DLREC_CHECK(sm_count >= 1, "fused inference: the device's SM count is ", sm_count);
+  if (blocks <= 0 || blocks > sm_count) blocks = sm_count;
   p.bar_base = *counter_base;
-  if (fp16) launch_typed<f16>(p, blocks, cooperative, stream);
-  else launch_typed<bf16>(p, blocks, cooperative, stream);
+  if (fp16) launch_typed<f16>(p, blocks, stream);
+  else launch_typed<bf16>(p, blocks, stream);
   // Only a launch that was enqueued moves the base (the check above threw otherwise).
   *counter_base += static_cast<uint32_t>(arrivals(p)) * static_cast<uint32_t>(blocks);
   g_launches.fetch_add(1, std::memory_order_relaxed);

@@ -33,8 +33,9 @@
 // cores: the interaction output can differ from the graph path's by one 16-bit rounding step.
 //
 // Co-residency: the barrier needs every block of a launch resident at once. The launch is
-// cooperative by default (the runtime refuses a grid that cannot be co-resident and places its
-// blocks together); besides, blocks are at most the SM count and the kernel is compiled for 2
+// cooperative (the runtime refuses a grid that cannot be co-resident and places its blocks
+// together; the plain launch that was kept for A/B runs is gone, since only the cooperative
+// one guarantees co-residency); besides, blocks are at most the SM count and the kernel is compiled for 2
 // blocks of 256 threads per SM (16 KiB of shared memory each), so two such launches (two model
 // instances on one GPU, tested) fit beside each other; other kernels only delay the start of
 // some blocks. More model instances per GPU running this kernel at once are not tested.
@@ -79,15 +80,15 @@ struct Params {
 // Why `p`'s shape cannot run fused ("" when it can): layer count, widths, alignment.
 std::string unsupported(const Params& p);
 
-// Enqueues the kernel on `stream` with `blocks` blocks (at most the device's SM count;
-// <= 0: the SM count). bf16 when !fp16, else f16. p.rows in [1, kMaxRows]; unsupported(p)
+// Enqueues the kernel on `stream` with `blocks` blocks (at most `sm_count`, the device's SM
+// count from gpu::DeviceResources; <= 0: the SM count). bf16 when !fp16, else f16. p.rows in [1, kMaxRows]; unsupported(p)
 // must be "". *counter_base is the value p.barrier's counter will hold when this launch
 // starts (0 for a zeroed counter); it is advanced by this launch's arrivals. Launches sharing
 // a counter must run one after the other (one stream) and all go through the same
 // *counter_base: a counter ahead of its base would let barriers pass early.
-// With cooperative, the launch is a cooperative one (the driver then guarantees that all its
-// blocks are resident together, whatever else runs).
-void launch(Params p, bool fp16, int blocks, bool cooperative, uint32_t* counter_base,
+// The launch is a cooperative one (the driver guarantees that all its blocks are resident
+// together, whatever else runs).
+void launch(Params p, bool fp16, int blocks, int sm_count, uint32_t* counter_base,
             cudaStream_t stream);
 
 // Launches so far in this process (tests check that the path ran).

@@ -2,6 +2,8 @@
 // BCE loss, dense optimizer steps). Launchers enqueue on `stream` and never synchronise.
 // Arithmetic that the CPU reference does as a separate multiply and add is rounded the same way
 // here (no fused multiply-add), so that fp32 runs track the CPU closely.
+// Defined in dense_cuda.cu (element-wise passes, BCE, loss scaling, optimizer steps),
+// interaction_cuda.cu (dot and concat interactions) and skinny_linear_cuda.cu.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -41,8 +43,8 @@ void bias_act(f16* y, const f16* b, int64_t B, int64_t out, bool relu, cudaStrea
 // Backward of bias (+ ReLU) for dy [B, out]: with y given, dz = dy where y > 0 else 0 (dz is
 // unused when y is null: then dz = dy); db [out] = column sums of dz, summed in a fixed order
 // (deterministic) through `partial` [bias_grad_chunks(B), out]. 16-bit types with out % 8 == 0
-// and 16-byte aligned rows read 8 columns per thread (the same sums in the same order;
-// DLREC_BGRAD_VEC=0: one column per thread).
+// and 16-byte aligned rows read 8 columns per thread (the same sums in the same order as one
+// column per thread, which the other cases use).
 int64_t bias_grad_chunks(int64_t B);
 void mask_bias_grad(const float* dy, const float* y, float* dz, float* partial, float* db,
                     int64_t B, int64_t out, cudaStream_t stream);

@@ -2,8 +2,8 @@
 // radix sort (stable, so each row's contributions are summed in order of occurrence, as on the
 // CPU) and applies the optimizer to each distinct row in the same kernel.
 //
-// Kernels: forward_kernel2; backward chunk_kernel2 + finalize2_kernel (DLREC_EMB_PAIRS=0:
-// chunk_kernel2 without its two-run path, same results). They replaced simpler kernels with the
+// Kernels: forward_kernel2; backward chunk_kernel2 (two one-id runs updated together) +
+// finalize2_kernel. They replaced simpler kernels with the
 // same sums in the same order (bit-identical results; removed after the comparison, see git
 // history and bench/RESULTS.md): on DCNv2's tables, one H100, 2026-11-22, forward 0.427 -> 0.385
 // ms, backward 1.121 -> 0.670 ms (ids 0.128 -> 0.110, reduce + update 0.992 -> 0.561).
@@ -290,7 +290,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
                   const int32_t* __restrict__ pos_bag, int64_t B, int64_t nnz, bool mean,
                   const G* __restrict__ dpooled, int64_t ld, Update kind,
                   const float* __restrict__ lr_p, float eps, float* __restrict__ head,
-                  float* __restrict__ tail, const float* __restrict__ gscale_p, bool pair_runs) {
+                  float* __restrict__ tail, const float* __restrict__ gscale_p) {
   const float lr = *lr_p;
   const float gs = gscale_p ? *gscale_p : 1.f;
   if (gs == 0.f) return;  // an overflowed step (loss scaling): no update
@@ -330,8 +330,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     float* a = kind == Update::Adagrad ? tab.states[t0] + row : nullptr;
     const G* gcol = dpooled + int64_t(t0) * d;
     // Two runs of one id each, both applied here (most rows of the large tables): the loads of
-    // both rows issued together (pair_runs() false: one run at a time, to time the difference).
-    if (j == i + 1 && apply && i + 2 <= n && pair_runs) {
+    // both rows issued together (0.561 ms against 0.569 one run at a time, bench/RESULTS.md).
+    if (j == i + 1 && apply && i + 2 <= n) {
       const uint32_t key1 = sh_key[warp][i + 1];
       const bool single1 = i + 2 == n || sh_key[warp][i + 2] != key1;
       if (single1 && !(i + 2 == n && continues_after)) {
@@ -470,15 +470,6 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// DLREC_EMB_PAIRS=0: chunk_kernel2 takes one run at a time (same results).
-bool pair_runs() {
-  static const bool v = [] {
-    const char* e = std::getenv("DLREC_EMB_PAIRS");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
-  return v;
-}
-
 size_t align_up(size_t x) { return (x + 255) & ~size_t(255); }
 
 size_t cub_bytes_for(int64_t n, int key_bits) {
@@ -604,7 +595,7 @@ void backward_apply(const Tables& tab, const int32_t* offsets, int64_t B, int64_
     constexpr int V = decltype(lanes)::value;
     chunk_kernel2<V, G><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
         tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, ld, kind, lr,
-        eps, s.head, s.tail, gscale, pair_runs());
+        eps, s.head, s.tail, gscale);
     DLREC_CUDA_LAUNCH_CHECK();
     finalize2_kernel<V><<<fin_blocks, 256, 0, stream>>>(tab, s.keys_sorted, s.pos_sorted,
                                                         s.pos_bag, B, nnz, kind, lr, eps, s.head,

@@ -31,14 +31,42 @@ struct Lt::Plan {
   }
 };
 
+Lt::Lt(gpu::LtLease lease, bool tune)
+    : lease_(std::move(lease)), ws_(lease_.workspace()), ws_bytes_(lease_.workspace_bytes()),
+      tune_(tune) {
+  DLREC_CHECK(static_cast<bool>(lease_), "cuBLASLt planner: no handle leased");
+  handle_ = lease_.handle();
+}
+
 Lt::Lt(void* workspace, size_t workspace_bytes) : ws_(workspace), ws_bytes_(workspace_bytes) {
-  DLREC_LT_CHECK(cublasLtCreate(&handle_));
+  const char* tune = std::getenv("DLREC_LT_TUNE");  // transitional, see lt_gemm.h
+  tune_ = !(tune && tune[0] == '0');
+  DLREC_LT_CHECK(cublasLtCreate(&own_handle_));
+  handle_ = own_handle_;
 }
 
 Lt::~Lt() {
   plans_.clear();
-  if (handle_) cublasLtDestroy(handle_);
+  if (own_handle_) cublasLtDestroy(own_handle_);
 }
+
+namespace {
+// A matmul preference and timing events that release themselves (plan() and run() throw on
+// cuBLASLt and CUDA errors).
+struct Preference {
+  cublasLtMatmulPreference_t p = nullptr;
+  ~Preference() {
+    if (p) cublasLtMatmulPreferenceDestroy(p);
+  }
+};
+struct TimingEvent {
+  cudaEvent_t e = nullptr;
+  TimingEvent() { DLREC_CUDA_CHECK(cudaEventCreate(&e)); }
+  ~TimingEvent() {
+    if (e) cudaEventDestroy(e);
+  }
+};
+}  // namespace
 
 namespace {
 cublasLtEpilogue_t to_lt(Epi e) {
@@ -81,25 +109,23 @@ Lt::Plan* Lt::plan(const Gemm& g) {
   DLREC_LT_CHECK(cublasLtMatrixLayoutCreate(&p->a, g.ab_type, ar, ac, g.lda));
   DLREC_LT_CHECK(cublasLtMatrixLayoutCreate(&p->b, g.ab_type, br, bc, g.ldb));
   DLREC_LT_CHECK(cublasLtMatrixLayoutCreate(&p->d, g.d_type, g.m, g.n, g.ldd));
-  cublasLtMatmulPreference_t pref = nullptr;
-  DLREC_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  Preference pref;
+  DLREC_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref.p));
   DLREC_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes_, sizeof ws_bytes_));
+      pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes_, sizeof ws_bytes_));
   constexpr int kMax = 8;
   cublasLtMatmulHeuristicResult_t res[kMax] = {};
   int found = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->d,
-                                                           p->d, pref, kMax, res, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+                                                           p->d, pref.p, kMax, res, &found);
   if (st == CUBLAS_STATUS_SUCCESS)
     for (int i = 0; i < found; ++i)
       if (res[i].state == CUBLAS_STATUS_SUCCESS) p->candidates.push_back(res[i].algo);
   p->ok = !p->candidates.empty();
   if (p->ok) p->algo = p->candidates.front();
   else ++unsupported_;
-  // DLREC_LT_TUNE=0: take the heuristic's first choice instead of timing the candidates.
-  const char* tune = std::getenv("DLREC_LT_TUNE");
-  p->tuned = p->candidates.size() < 2 || (tune && tune[0] == '0');
+  // Without tuning: the heuristic's first choice instead of timing the candidates.
+  p->tuned = p->candidates.size() < 2 || !tune_;
   Plan* raw = p.get();
   plans_.emplace(g.key(), std::move(p));
   return raw;
@@ -130,9 +156,8 @@ bool Lt::run(const Gemm& g, const void* A, const void* B, void* D, void* vec, vo
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     DLREC_CUDA_CHECK(cudaStreamIsCapturing(stream, &cap));
     if (cap == cudaStreamCaptureStatusNone) {
-      cudaEvent_t e0, e1;
-      DLREC_CUDA_CHECK(cudaEventCreate(&e0));
-      DLREC_CUDA_CHECK(cudaEventCreate(&e1));
+      TimingEvent t0, t1;
+      const cudaEvent_t e0 = t0.e, e1 = t1.e;
       float best = 1e30f;
       for (const auto& algo : p->candidates) {
         bool good = true;
@@ -151,8 +176,6 @@ bool Lt::run(const Gemm& g, const void* A, const void* B, void* D, void* vec, vo
           p->algo = algo;
         }
       }
-      cudaEventDestroy(e0);
-      cudaEventDestroy(e1);
       p->tuned = true;
     }
   }

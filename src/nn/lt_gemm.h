@@ -10,7 +10,8 @@
 //   DRelu:       D = D masked by the bit mask `aux` of a ReluAuxBias output of the same shape
 //   BGradB:      bias gradient: grad [n] = sums of op(B) over k (type = D type)
 // On its first use outside graph capture, a plan times up to 8 of the heuristic's candidates on
-// the real operands and keeps the fastest (DLREC_LT_TUNE=0: the heuristic's first choice).
+// the real operands and keeps the fastest (Lt's `tune` false: the heuristic's first choice,
+// the same algorithm in every run, which bit-identity tests need).
 // A plan that cuBLASLt cannot serve (no algorithm for the types, shapes and epilogue) is
 // remembered as unsupported and run() returns false: the caller then uses a plain GEMM and its
 // own kernels. Plans are cached per descriptor, so the heuristic query runs once per shape and
@@ -24,6 +25,8 @@
 #include <map>
 #include <memory>
 #include <tuple>
+
+#include "dlrec/core/gpu_resources.h"
 
 namespace dlrec::nn::cuda_lt {
 
@@ -61,6 +64,12 @@ struct Gemm {
 
 class Lt {
  public:
+  // A planner on a handle and workspace leased from the device's pool (gpu_resources.h).
+  // tune: time the heuristic's candidates on first use (false: take its first choice).
+  explicit Lt(gpu::LtLease lease, bool tune = true);
+  // A planner with its own handle, on the caller's workspace. TRANSITIONAL: graph_cuda.cu
+  // still builds its planners this way; there `tune` defaults to the DLREC_LT_TUNE variable
+  // ("0": off) that its bit-identity tests set, until it passes the option itself.
   Lt(void* workspace, size_t workspace_bytes);
   ~Lt();
   Lt(const Lt&) = delete;
@@ -78,9 +87,12 @@ class Lt {
  private:
   struct Plan;
   Plan* plan(const Gemm& g);
+  gpu::LtLease lease_;                 // the pooled handle and workspace, when leased
+  cublasLtHandle_t own_handle_ = nullptr;  // the handle created by the transitional constructor
   cublasLtHandle_t handle_ = nullptr;
   void* ws_;
   size_t ws_bytes_;
+  bool tune_ = true;
   int unsupported_ = 0;
   std::map<decltype(Gemm{}.key()), std::unique_ptr<Plan>> plans_;
 };

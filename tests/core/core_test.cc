@@ -1,9 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <numeric>
+#include <thread>
 
 #include "dlrec/core/config.h"
 #include "dlrec/core/file_util.h"
@@ -200,3 +203,20 @@ TEST(Parity, AxpyAndSumMatchCpu) {
   for (size_t i = 0; i < y.size(); ++i) ASSERT_FLOAT_EQ(back[i], yc.data<float>()[i]) << i;
   EXPECT_NEAR(ops::sum(yg), s, 1e-6 * std::abs(s) + 1e-6);
 }
+
+namespace dlrec {
+namespace {
+// The thread count is the program's choice (set_num_threads, the CLI's --threads), not the
+// environment's: DLREC_THREADS, once read here, no longer changes it.
+TEST(ThreadPool, DefaultIsTheHardwareAndTheEnvironmentDoesNotChangeIt) {
+  setenv("DLREC_THREADS", "3", 1);
+  set_num_threads(0);
+  const int n = num_threads();
+  unsetenv("DLREC_THREADS");
+  EXPECT_EQ(n, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  set_num_threads(5);
+  EXPECT_EQ(num_threads(), 5);
+  set_num_threads(0);
+}
+}  // namespace
+}  // namespace dlrec

@@ -129,6 +129,34 @@ TEST(RunConfig, LoadNamesTheFile) {
   }
 }
 
+// fp16 loss scaling (optimizer.loss_scale_init, optimizer.loss_scale_growth_interval): read,
+// range-checked, written back; not accepted inside the embedding override.
+TEST(RunConfig, LossScaleKeys) {
+  const RunConfig d = RunConfig::from_json(json::object());
+  EXPECT_EQ(d.optimizer.loss_scale_init, 65536.0);
+  EXPECT_EQ(d.optimizer.loss_scale_growth_interval, 2000);
+  const RunConfig c = RunConfig::from_json(
+      json{{"optimizer", {{"loss_scale_init", 1024}, {"loss_scale_growth_interval", 50}}}});
+  EXPECT_EQ(c.optimizer.loss_scale_init, 1024.0);
+  EXPECT_EQ(c.optimizer.loss_scale_growth_interval, 50);
+  const RunConfig back = RunConfig::from_json(c.to_json());
+  EXPECT_EQ(back.optimizer.loss_scale_init, 1024.0);
+  EXPECT_EQ(back.optimizer.loss_scale_growth_interval, 50);
+  for (const json& bad : {json{{"loss_scale_init", 0.5}}, json{{"loss_scale_init", 1e39}},
+                          json{{"loss_scale_init", "big"}},
+                          json{{"loss_scale_growth_interval", 0}},
+                          json{{"loss_scale_growth_interval", 1.5}},
+                          json{{"loss_scale_growth_interval", int64_t{1} << 31}},
+                          json{{"embedding", {{"loss_scale_init", 8}}}}}) {
+    try {
+      RunConfig::from_json(json{{"optimizer", bad}});
+      ADD_FAILURE() << bad.dump() << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("loss_scale"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dlrec::model
 

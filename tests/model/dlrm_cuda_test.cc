@@ -232,9 +232,9 @@ TEST(DlrmCuda, GraphReplayIsBitIdenticalToEager) {
   s.oc.type = "adagrad";
   s.oc.adagrad_init = 0.01;
   auto graphed = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21);
-  setenv("DLREC_CUDA_GRAPH", "0", 1);
-  auto eager = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21);
-  unsetenv("DLREC_CUDA_GRAPH");
+  DlrmCudaOptions no_graphs;
+  no_graphs.cuda_graphs = false;
+  auto eager = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21, "fp32", no_graphs);
   int step = 0;
   for (int64_t rows : {64, 64, 64, 64, 64, 31, 31, 31, 31, 64, 64, 64}) {
     io::Batch b = make_batch(s.layout, rows, 300 + step, true);
@@ -365,11 +365,14 @@ LossScaleState loss_scale_of(Model& m) {
   return {};
 }
 
-struct ScopedEnv {
-  std::string name;
-  ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-  ~ScopedEnv() { unsetenv(name.c_str()); }
-};
+#ifdef DLREC_WITH_CUDA
+// Options with the fused small-batch kernel off (the layer-by-layer graph) or on.
+DlrmCudaOptions fused_rows(int64_t rows) {
+  DlrmCudaOptions o;
+  o.infer_fused_rows = rows;
+  return o;
+}
+#endif
 
 // A loss scale so large that the fp16 gradients overflow: the step changes no weight and no
 // optimizer state, the scale halves, and training goes on once the scale is small enough.
@@ -378,11 +381,8 @@ TEST(DlrmCuda, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
   SmallDlrm s;
   s.oc.type = "adagrad";
   s.oc.adagrad_init = 0.01;
-  std::unique_ptr<Model> gpu;
-  {
-    ScopedEnv e("DLREC_LOSS_SCALE_INIT", "1e30");
-    gpu = build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "fp16");
-  }
+  s.oc.loss_scale_init = 1e30;  // optimizer.loss_scale_init
+  std::unique_ptr<Model> gpu = build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "fp16");
   auto snapshot = [&] {
     std::vector<std::vector<float>> v;
     for (auto& [n, t] : gpu->parameters()) v.push_back(t.to_vector<float>());
@@ -419,16 +419,14 @@ TEST(DlrmCuda, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
   EXPECT_LE(last, first * 1.2);
 }
 
-// Without overflow the scale doubles after DLREC_LOSS_SCALE_GROWTH good steps in a row.
+// Without overflow the scale doubles after optimizer.loss_scale_growth_interval good steps in
+// a row.
 TEST(DlrmCuda, Fp16ScaleGrowsAfterGoodSteps) {
   SKIP_WITHOUT_GPU();
   SmallDlrm s;
-  std::unique_ptr<Model> gpu;
-  {
-    ScopedEnv e1("DLREC_LOSS_SCALE_INIT", "4");
-    ScopedEnv e2("DLREC_LOSS_SCALE_GROWTH", "3");
-    gpu = build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "fp16");
-  }
+  s.oc.loss_scale_init = 4;
+  s.oc.loss_scale_growth_interval = 3;
+  std::unique_ptr<Model> gpu = build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "fp16");
   for (int i = 0; i < 7; ++i) gpu->train_step(make_batch(s.layout, s.batch, i, true), 1.0, false);
   const LossScaleState ls = loss_scale_of(*gpu);
   EXPECT_EQ(ls.skipped, 0);
@@ -440,27 +438,54 @@ TEST(DlrmCuda, Fp16ScaleGrowsAfterGoodSteps) {
 TEST(DlrmCuda, Fp16BadLossScaleSettingsAreClearErrors) {
   SKIP_WITHOUT_GPU();
   SmallDlrm s;
-  {
-    ScopedEnv e("DLREC_LOSS_SCALE_INIT", "0.5");
-    EXPECT_THROW(build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "fp16"), Error);
+  // Through the config, as a run gives them: out-of-range values name the key.
+  for (const char* bad : {R"({"loss_scale_init": 0.5})", R"({"loss_scale_init": 1e39})",
+                          R"({"loss_scale_growth_interval": 0})",
+                          R"({"loss_scale_growth_interval": 2.5})"}) {
+    try {
+      RunConfig::from_json(json{{"optimizer", json::parse(bad)}});
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("optimizer.loss_scale"), std::string::npos)
+          << e.what();
+    }
   }
-  {
-    ScopedEnv e("DLREC_LOSS_SCALE_INIT", "nan");
-    EXPECT_THROW(build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "fp16"), Error);
+  // Built directly (no config reader in between): the model checks them too.
+  for (double init : {0.5, std::nan(""), 1e39}) {
+    OptimizerConfig oc = s.oc;
+    oc.loss_scale_init = init;
+    EXPECT_THROW(build_model(s.mc, oc, s.layout, Device::cuda(0), 5, "fp16"), Error) << init;
   }
-  {
-    ScopedEnv e("DLREC_LOSS_SCALE_GROWTH", "0");
-    EXPECT_THROW(build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "fp16"), Error);
+  for (int64_t growth : {int64_t{0}, int64_t{-3}, int64_t{1} << 40}) {
+    OptimizerConfig oc = s.oc;
+    oc.loss_scale_growth_interval = growth;
+    EXPECT_THROW(build_model(s.mc, oc, s.layout, Device::cuda(0), 5, "fp16"), Error) << growth;
   }
   EXPECT_THROW(build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "fp8"), Error);
-  for (const char* chunk : {"1000", "128", "-4", "x"}) {  // not a power of two >= 256
-    ScopedEnv e("DLREC_INFER_CHUNK", chunk);
-    EXPECT_THROW(build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "bf16"), Error) << chunk;
+#ifdef DLREC_WITH_CUDA
+  // The engine options (no config key reaches them; tests and benchmarks set them).
+  auto build_with = [&](DlrmCudaOptions o) {
+    return make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 5, "bf16", o);
+  };
+  for (int64_t chunk : {1000, 128, -4, 0, 131072}) {  // not a power of two in [256, 65536]
+    DlrmCudaOptions o;
+    o.infer_chunk = chunk;
+    EXPECT_THROW(build_with(o), Error) << chunk;
   }
-  for (const char* threads : {"0", "-1", "257", "4x", ""}) {  // not an integer in [1, 256]
-    ScopedEnv e("DLREC_INFER_PACK_THREADS", threads);
-    EXPECT_THROW(build_model(s.mc, s.oc, s.layout, Device::cuda(0), 5, "bf16"), Error) << threads;
+  for (int threads : {-1, 257}) {  // not in [0, 256]
+    DlrmCudaOptions o;
+    o.infer_pack_threads = threads;
+    EXPECT_THROW(build_with(o), Error) << threads;
   }
+  for (int64_t rows : {-1, 65}) {  // not in [0, 64]
+    EXPECT_THROW(build_with(fused_rows(rows)), Error) << rows;
+  }
+  for (int blocks : {-1, 65537}) {
+    DlrmCudaOptions o;
+    o.infer_fused_blocks = blocks;
+    EXPECT_THROW(build_with(o), Error) << blocks;
+  }
+#endif
 }
 
 TEST(DlrmCuda, Bf16WeightsWrittenThroughParametersAreUsed) {
@@ -544,10 +569,10 @@ TEST(DlrmCuda, PredictMatchesForward) {
 // probabilities up to 16-bit rounding of the layer outputs.
 TEST(DlrmCuda, SmallBatchInferenceMatchesTheGemmPath) {
   SKIP_WITHOUT_GPU();
-  ScopedEnv layers("DLREC_INFER_FUSED", "0");  // the layer-by-layer graph (fused: test below)
   for (const char* precision : {"bf16", "fp16"}) {
     SmallDlrm s;
-    auto m = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21, precision);
+    // The layer-by-layer graph (the fused kernel: the test below).
+    auto m = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21, precision, fused_rows(0));
     io::Batch big = make_batch(s.layout, 64, 77, false);
     std::vector<float> want(64, -1.f);
     m->predict(big, want.data());
@@ -576,12 +601,12 @@ int64_t launches();
 }  // namespace fused_infer
 namespace {
 
-// 16-bit predict() of 1..DLREC_INFER_FUSED_ROWS rows runs the whole forward as one kernel
+// 16-bit predict() of 1..infer_fused_rows rows runs the whole forward as one kernel
 // (model/infer_small_cuda.h). Against the layer-by-layer graph of the same weights (skinny
 // layers up to 8 rows, cuBLASLt above) and against the rows inside a 64-row cuBLASLt batch:
 // equal up to 16-bit rounding (the interaction's dot products are summed in another order).
-// Also: the boundary where the path switches, a grid of 2 blocks launched without the
-// cooperative attribute (every stage loops over its work), one-layer MLPs, a model shape the
+// Also: the boundary where the path switches, a grid of 2 blocks (every stage loops over its
+// work), one-layer MLPs, a model shape the
 // kernel does not take (falls back, same answers), and bad ids.
 TEST(DlrmCuda, FusedSmallBatchInferenceMatchesTheLayerPath) {
   SKIP_WITHOUT_GPU();
@@ -605,21 +630,11 @@ TEST(DlrmCuda, FusedSmallBatchInferenceMatchesTheLayerPath) {
       s.mc.bottom_mlp = sh.bottom;
       s.mc.top_mlp = sh.top;
       std::unique_ptr<CudaModel> off, on, wide;
-      {
-        ScopedEnv e("DLREC_INFER_FUSED", "0");
-        off = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21, precision);
-      }
-      {
-        ScopedEnv e("DLREC_INFER_FUSED", "1");
-        on = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21, precision);  // <= 8 rows
-      }
-      {
-        ScopedEnv e0("DLREC_INFER_FUSED", "1");
-        ScopedEnv e1("DLREC_INFER_FUSED_ROWS", "16");
-        ScopedEnv e2("DLREC_INFER_FUSED_BLOCKS", "2");
-        ScopedEnv e3("DLREC_INFER_FUSED_COOP", "0");  // a plain launch
-        wide = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21, precision);
-      }
+      off = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21, precision, fused_rows(0));
+      on = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21, precision);  // <= 8 rows
+      DlrmCudaOptions wide_options = fused_rows(16);
+      wide_options.infer_fused_blocks = 2;  // every stage loops over its work
+      wide = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21, precision, wide_options);
       io::Batch big = make_batch(s.layout, 64, 77, false);
       std::vector<float> gemm(64, -1.f);
       off->predict(big, gemm.data());
@@ -671,14 +686,14 @@ TEST(DlrmCuda, InstancesPredictConcurrentlyWithLegacyCopies) {
   SKIP_WITHOUT_GPU();
   // Layer-by-layer graphs, then the fused small-batch kernel (two instances' grid barriers
   // in flight at once).
-  for (const char* fused : {"0", "1"}) {
-    SCOPED_TRACE(std::string("DLREC_INFER_FUSED=") + fused);
-    ScopedEnv env("DLREC_INFER_FUSED", fused);
+  for (int64_t fused : {0, 8}) {
+    SCOPED_TRACE("infer_fused_rows " + std::to_string(fused));
+    const DlrmCudaOptions o = fused_rows(fused);
     SmallDlrm s;
     std::vector<std::unique_ptr<CudaModel>> models;
     for (int i = 0; i < 2; ++i)
-      models.push_back(make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 31, "bf16"));
-    auto ref = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 31, "bf16");
+      models.push_back(make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 31, "bf16", o));
+    auto ref = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 31, "bf16", o);
     const std::vector<int64_t> sizes = {1, 2, 5, 9, 17, 33, 65, 129, 300, 513, 1000, 2100};
     std::vector<std::vector<float>> want;
     std::vector<io::Batch> batches;
@@ -717,6 +732,30 @@ TEST(DlrmCuda, InstancesPredictConcurrentlyWithLegacyCopies) {
     copier.join();
     EXPECT_EQ(errors.load(), 0);
   }
+}
+#endif
+
+#ifdef DLREC_WITH_CUDA
+// predict() in chunks (DlrmCudaOptions::infer_chunk) packed on one thread or on a team
+// (infer_pack_threads) gives the probabilities of one eager forward, row for row.
+TEST(DlrmCuda, ChunkedPredictMatchesForwardWhateverTheChunkAndThreads) {
+  SKIP_WITHOUT_GPU();
+  SmallDlrm s;
+  io::Batch b = make_batch(s.layout, 5000, 123, false);  // 25000 ids: the team packs them
+  auto ref = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 41);
+  const std::vector<float> z = ref->forward(b, false).to_vector<float>();
+  for (int64_t chunk : {256, 4096, 8192})
+    for (int threads : {1, 3}) {
+      DlrmCudaOptions o;
+      o.infer_chunk = chunk;
+      o.infer_pack_threads = threads;
+      auto m = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 41, "fp32", o);
+      std::vector<float> p(b.rows, -1.f);
+      m->predict(b, p.data());
+      for (int64_t i = 0; i < b.rows; ++i)
+        ASSERT_NEAR(p[i], 1.f / (1.f + std::exp(-z[i])), 1e-5)
+            << "chunk " << chunk << " threads " << threads << " row " << i;
+    }
 }
 #endif
 

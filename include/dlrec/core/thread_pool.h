@@ -10,7 +10,8 @@
 
 namespace dlrec {
 
-// Number of threads parallel_for uses (default: hardware concurrency, or DLREC_THREADS).
+// Number of threads parallel_for uses (default: hardware concurrency; the CLI's --threads sets
+// it through set_num_threads).
 int num_threads();
 // Sets the thread count for later parallel_for calls (n <= 0 means hardware concurrency).
 void set_num_threads(int n);

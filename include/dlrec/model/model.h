@@ -69,6 +69,10 @@ struct OptimizerConfig {
   double weight_decay = 0.0;  // dense layers only
   double clip_norm = 0.0;     // global-norm clipping of the dense gradients; 0: off
   double clip_value = 0.0;    // element-wise clipping of every gradient; 0: off
+  // train.precision "fp16" (dynamic loss scaling): the starting scale, and how many good steps
+  // in a row double it (an overflowed step halves it).
+  double loss_scale_init = 65536.0;
+  int64_t loss_scale_growth_interval = 2000;
   LrSchedule schedule;
   std::vector<OptimizerConfig> embedding;  // 0 or 1 override for the embedding tables
   // The effective configuration of the embedding tables (the override, or this one).
