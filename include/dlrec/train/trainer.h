@@ -49,6 +49,19 @@ class Trainer {
   std::unique_ptr<Impl> impl_;
 };
 
+// The dataset directory of a training run, from its run.json (`run`). dlrec writes it as an
+// absolute path; a run.json of an older dlrec holds it relative to the directory training ran
+// in, which is looked for as given (relative to the current directory) and then relative to
+// the run directory's parent; neither holding a dataset.json is an error naming both.
+std::string run_data_dir(const std::string& run_dir, const json& run);
+
+// A run's run.json and its config; errors name the file. Its data directory: run_data_dir.
+struct RunInfo {
+  json run;
+  model::RunConfig config;
+};
+RunInfo load_run_info(const std::string& run_dir);
+
 // Runs `model` over the shards and computes AUC/logloss; probabilities in row order.
 EvalResult evaluate_shards(model::Model& model, const std::vector<std::string>& shards,
                            int64_t batch_size, std::vector<float>* probs = nullptr);
