@@ -87,7 +87,9 @@ Runner add_eval(CLI::App& app) {
     std::string ckpt = a->run + "/checkpoint.dlrec";
     DLREC_CHECK(file_exists(ckpt), "no checkpoint at '", ckpt, "'");
     train::Trainer trainer(cfg, opt);
-    train::load_checkpoint(ckpt, trainer.model());
+    const train::CheckpointState st = train::load_checkpoint(ckpt, trainer.model());
+    train::check_checkpoint_layout(ckpt, st, io::DatasetInfo::load(opt.data_dir).layout,
+                                   opt.data_dir);
     print_eval("validation", trainer.evaluate());
     return 0;
   };

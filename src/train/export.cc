@@ -66,6 +66,7 @@ void export_model(const std::string& run_dir, const std::string& out_dir, bool o
               "' does not match its dataset.json");
   auto model = model::build_model(cfg.model, cfg.optimizer, data.layout, Device::cpu(), 0);
   CheckpointState st = load_checkpoint(ckpt, *model);
+  check_checkpoint_layout(ckpt, st, data.layout, data_dir);
   json meta = {{"format", "dlrec-model"},
                {"version", kModelFormatVersion},
                {"config", cfg.to_json()},

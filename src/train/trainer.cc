@@ -133,7 +133,21 @@ CheckpointState load_checkpoint(const std::string& path, model::Model& model) {
   }
   s.step = meta.at("step").get<int64_t>();
   s.position = meta.at("position").get<int64_t>();
+  if (meta.contains("layout")) {
+    try {
+      s.layout = io::ShardLayout::from_json(meta.at("layout"));
+    } catch (const Error& e) {
+      fail("checkpoint '", path, "': meta: ", e.what());
+    }
+  }
   return s;
+}
+
+void check_checkpoint_layout(const std::string& path, const CheckpointState& st,
+                             const io::ShardLayout& data_layout, const std::string& data_dir) {
+  if (st.layout && !(*st.layout == data_layout))
+    fail("checkpoint '", path, "' was trained on the data layout ", st.layout->to_json().dump(),
+         "; the dataset '", data_dir, "' has ", data_layout.to_json().dump());
 }
 
 struct Trainer::Impl {
@@ -170,6 +184,7 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
     make_dirs(m.opt.run_dir);
     if (m.opt.resume && file_exists(m.checkpoint_path())) {
       m.state = load_checkpoint(m.checkpoint_path(), *m.model);
+      check_checkpoint_layout(m.checkpoint_path(), m.state, m.data.layout, m.opt.data_dir);
       std::fprintf(stderr, "[train] resumed from %s at step %lld\n", m.checkpoint_path().c_str(),
                    static_cast<long long>(m.state.step));
     }

@@ -260,3 +260,32 @@ TEST(Files, NaNWeightsAreRefusedByEvalAndPredict) {
   EXPECT_NE(out.find("non-finite"), std::string::npos) << out;
   EXPECT_EQ(out.find("nan"), std::string::npos) << out;
 }
+
+// A checkpoint trained on another data layout (here: a feature's multi-hot flag, which no
+// tensor shape shows) is refused by resume, eval and export instead of being used silently.
+TEST(Files, CheckpointOfAnotherDataLayoutIsRefused) {
+  const World& w = world();
+  const std::string dir = fresh_dir("layout");
+  fs::copy(w.run, dir + "/run");
+  const std::string ckpt = dir + "/run/checkpoint.dlrec";
+  {
+    train::TrainerOptions opt;
+    opt.data_dir = w.data;
+    train::Trainer t(tiny_config(), opt);
+    const train::CheckpointState st = train::load_checkpoint(ckpt, t.model());
+    io::ShardLayout other = io::DatasetInfo::load(w.data).layout;
+    other.multi_hot[0] = !other.multi_hot[0];
+    train::save_checkpoint(ckpt, t.model(), tiny_config(), other, st);
+  }
+  const char* kWhy = "was trained on the data layout";
+  expect_error([&] { train::export_model(dir + "/run", dir + "/model"); },
+               {"checkpoint.dlrec", kWhy});
+  train::TrainerOptions opt;
+  opt.data_dir = w.data;
+  opt.run_dir = dir + "/run";
+  opt.resume = true;
+  expect_error([&] { train::Trainer t(tiny_config(), opt); }, {"checkpoint.dlrec", kWhy});
+  std::string out;
+  EXPECT_EQ(run_cli("eval --run " + dir + "/run", &out), 1) << out;
+  EXPECT_NE(out.find(kWhy), std::string::npos) << out;
+}

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,9 +71,15 @@ EvalResult evaluate_shards(model::Model& model, const std::vector<std::string>& 
 struct CheckpointState {
   int64_t step = 0;
   int64_t position = 0;  // training rows consumed since the start (across epochs)
+  // The data layout the checkpoint was trained on (absent in a meta without "layout").
+  std::optional<io::ShardLayout> layout;
 };
 void save_checkpoint(const std::string& path, model::Model& model, const model::RunConfig& config,
                      const io::ShardLayout& layout, const CheckpointState& state);
 CheckpointState load_checkpoint(const std::string& path, model::Model& model);
+// Throws unless the checkpoint at `path` (state `st`) was trained on `data_layout` (the layout
+// of the dataset in `data_dir`): tensor shapes alone do not tell, e.g., a multi-hot flag apart.
+void check_checkpoint_layout(const std::string& path, const CheckpointState& st,
+                             const io::ShardLayout& data_layout, const std::string& data_dir);
 
 }  // namespace dlrec::train
