@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "dlrec/core/config.h"
 #include "dlrec/core/error.h"
 #include "dlrec/io/shard.h"
 #include "dlrec/serve/grpc_poll.h"
@@ -128,7 +129,7 @@ std::vector<InputMeta> fetch_metadata_http(const ServeBenchOptions& o) {
               httplib::to_string(res.error()));
   DLREC_CHECK(res->status == 200, "model metadata from http://", o.url, model_path(o),
               ": HTTP ", res->status, " ", res->body.substr(0, 300));
-  njson j = njson::parse(res->body, nullptr, false);
+  njson j = parse_json(res->body, "model metadata from http://" + o.url + model_path(o));
   DLREC_CHECK(j.is_object() && j.contains("inputs") && j["inputs"].is_array(),
               "model metadata: no 'inputs' array in ", res->body.substr(0, 300));
   std::vector<InputMeta> out;
@@ -170,9 +171,7 @@ io::ShardLayout read_layout(const std::string& dir) {
                 "': no model.json there nor in a numbered version directory");
     p /= std::to_string(best);
   }
-  std::ifstream f(p / "model.json");
-  DLREC_CHECK(f.good(), "cannot read ", (p / "model.json").string());
-  njson j = njson::parse(f, nullptr, false);
+  njson j = read_json_file((p / "model.json").string());
   DLREC_CHECK(j.is_object() && j.contains("layout"), (p / "model.json").string(),
               ": no 'layout' (not a dlrec export?)");
   return io::ShardLayout::from_json(j.at("layout"));

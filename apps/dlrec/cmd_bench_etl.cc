@@ -86,7 +86,8 @@ int run_etl_bench(const EtlBenchOptions& o) {
       etl::EtlOptions e;
       e.inputs = {input};
       e.schema = io::Schema::criteo();
-      e.workflow = o.workflow.empty() ? json::parse(kBenchWorkflow) : read_json_file(o.workflow);
+      e.workflow = o.workflow.empty() ? parse_json(kBenchWorkflow, "the built-in bench workflow")
+                                      : read_json_file(o.workflow);
       e.output_dir = out;
       e.valid_ratio = o.valid_ratio;
       e.overwrite = true;

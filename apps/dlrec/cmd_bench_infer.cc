@@ -51,9 +51,9 @@ int run_infer_bench(const InferBenchOptions& o) {
     layout = predictor->workflow().output_layout();
     score = [&](const io::Batch& b) { return predictor->predict(b); };
   } else {
-    model::RunConfig cfg = o.config.empty()
-                               ? model::RunConfig::from_json(json::parse(kMlperfDlrm))
-                               : model::RunConfig::load(o.config);
+    model::RunConfig cfg = o.config.empty() ? model::RunConfig::from_json(parse_json(
+                                                  kMlperfDlrm, "the built-in MLPerf DLRM config"))
+                                            : model::RunConfig::load(o.config);
     layout.num_dense = 13;
     for (int64_t c : io::criteo_kaggle_cardinalities()) {
       layout.cardinalities.push_back(c);

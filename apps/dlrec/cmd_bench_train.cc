@@ -72,8 +72,10 @@ int run_reader_bench(const TrainBenchOptions& o, const std::vector<std::string>&
 }
 
 int run_train_bench(const TrainBenchOptions& o) {
-  model::RunConfig cfg = o.config.empty() ? model::RunConfig::from_json(json::parse(kMlperfDlrm))
-                                          : model::RunConfig::load(o.config);
+  model::RunConfig cfg =
+      o.config.empty()
+          ? model::RunConfig::from_json(parse_json(kMlperfDlrm, "the built-in MLPerf DLRM config"))
+          : model::RunConfig::load(o.config);
   if (!o.optimizer.empty()) cfg.optimizer.type = o.optimizer;
   if (o.lr > 0) cfg.optimizer.lr = o.lr;
   const std::string precision = o.tf32 ? "tf32" : o.precision;

@@ -119,7 +119,8 @@ Runner add_etl(CLI::App& app) {
     etl::EtlOptions o;
     o.inputs = a->inputs;
     o.schema = load_schema(a->format, a->schema);
-    o.workflow = a->workflow.empty() ? json::parse(kDefaultWorkflow) : read_json_file(a->workflow);
+    o.workflow = a->workflow.empty() ? parse_json(kDefaultWorkflow, "the default workflow")
+                                     : read_json_file(a->workflow);
     o.output_dir = a->out;
     DLREC_CHECK(a->train_rows < 0 || a->valid_ratio < 0,
                 "give either --train-rows or --valid-ratio, not both");

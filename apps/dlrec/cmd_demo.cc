@@ -65,7 +65,7 @@ Runner add_demo(CLI::App& app) {
     etl::EtlOptions eo;
     eo.inputs = {logs};
     eo.schema = gcfg.schema();
-    eo.workflow = json::parse(kDemoWorkflow);
+    eo.workflow = parse_json(kDemoWorkflow, "the demo workflow");
     eo.output_dir = data;
     eo.valid_ratio = 0.1;
     etl::EtlResult er = etl::run_etl(eo);
@@ -75,7 +75,8 @@ Runner add_demo(CLI::App& app) {
                 times.back().second, er.input_bytes / 1e6 / times.back().second);
 
     t.reset();
-    model::RunConfig cfg = model::RunConfig::from_json(json::parse(kDemoModel));
+    model::RunConfig cfg =
+        model::RunConfig::from_json(parse_json(kDemoModel, "the demo model config"));
     train::TrainerOptions to;
     to.data_dir = data;
     to.run_dir = run;

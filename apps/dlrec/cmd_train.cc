@@ -80,14 +80,16 @@ Runner add_eval(CLI::App& app) {
   c->add_option("--run", a->run, "Run directory written by dlrec train")->required();
   c->add_option("--data", a->data, "ETL output directory (default: the run's)");
   return [a] {
-    json run = read_json_file(a->run + "/run.json");
-    model::RunConfig cfg = model::RunConfig::from_json(run.at("config"));
+    const train::RunInfo info = train::load_run_info(a->run);
+    const model::RunConfig& cfg = info.config;
     train::TrainerOptions opt;
-    opt.data_dir = a->data.empty() ? run.at("data_dir").get<std::string>() : a->data;
+    opt.data_dir = a->data.empty() ? train::run_data_dir(a->run, info.run) : a->data;
     std::string ckpt = a->run + "/checkpoint.dlrec";
     DLREC_CHECK(file_exists(ckpt), "no checkpoint at '", ckpt, "'");
     train::Trainer trainer(cfg, opt);
-    train::load_checkpoint(ckpt, trainer.model());
+    const train::CheckpointState st = train::load_checkpoint(ckpt, trainer.model());
+    train::check_checkpoint_layout(ckpt, st, io::DatasetInfo::load(opt.data_dir).layout,
+                                   opt.data_dir);
     print_eval("validation", trainer.evaluate());
     return 0;
   };

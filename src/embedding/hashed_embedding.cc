@@ -1,10 +1,11 @@
 // HashedEmbedding's export and import as a tensor file; everything else is inline in
 // include/dlrec/embedding/hashed_embedding_impl.h.
+#include "dlrec/embedding/hashed_embedding.h"
+
 #include <cstring>
 #include <mutex>
 
-#include "dlrec/embedding/hashed_embedding.h"
-#include "dlrec/train/tensor_file.h"
+#include "dlrec/io/tensor_file.h"
 
 namespace dlrec::embedding {
 
@@ -25,7 +26,7 @@ void HashedEmbedding::save(const std::string& path) const {
                   srow_ * sizeof(float));
   }
   DLREC_CHECK(i == n, "HashedEmbedding::save: LRU list out of step with the size (bug)");
-  std::vector<model::NamedTensor> tensors = {{"keys", keys}, {"weights", w}};
+  std::vector<io::NamedTensor> tensors = {{"keys", keys}, {"weights", w}};
   if (srow_) tensors.emplace_back("state", st);
   const json meta = {{"kind", "hashed_embedding"},
                      {"rows", n},
@@ -39,11 +40,11 @@ void HashedEmbedding::save(const std::string& path) const {
                      {"hits", hits_.load()},
                      {"inserts", inserts_.load()},
                      {"evictions", evictions_.load()}};
-  train::save_tensors(path, tensors, meta);
+  io::save_tensors(path, tensors, meta);
 }
 
 void HashedEmbedding::load(const std::string& path) {
-  const json meta = train::read_tensor_meta(path);
+  const json meta = io::read_tensor_meta(path);
   int64_t n = 0;
   try {
     DLREC_CHECK(meta.value("kind", "") == "hashed_embedding", "'", path,
@@ -63,9 +64,9 @@ void HashedEmbedding::load(const std::string& path) {
   Tensor keys = Tensor::empty({n}, DType::I64);
   Tensor w = Tensor::empty({n, dim_}, DType::F32);
   Tensor st = srow_ ? Tensor::empty({n, srow_}, DType::F32) : Tensor();
-  std::vector<model::NamedTensor> tensors = {{"keys", keys}, {"weights", w}};
+  std::vector<io::NamedTensor> tensors = {{"keys", keys}, {"weights", w}};
   if (srow_) tensors.emplace_back("state", st);
-  train::load_tensors(path, tensors);
+  io::load_tensors(path, tensors);
 
   std::unique_lock<std::shared_mutex> lock(mu_);
   std::fill(index_.begin(), index_.end(), 0);

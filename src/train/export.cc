@@ -14,8 +14,8 @@
 #include <filesystem>
 
 #include "dlrec/core/file_util.h"
+#include "dlrec/io/tensor_file.h"
 #include "dlrec/io/text_reader.h"
-#include "dlrec/train/tensor_file.h"
 #include "dlrec/train/trainer.h"
 
 namespace dlrec::train {
@@ -34,7 +34,7 @@ void write_model_dir(const std::string& out_dir, bool overwrite, const json& met
   fs::remove_all(tmp);
   make_dirs(tmp);
   try {
-    save_tensors(tmp + "/weights.dlrec", model.parameters(), {{"kind", "weights"}});
+    io::save_tensors(tmp + "/weights.dlrec", model.parameters(), {{"kind", "weights"}});
     wf.save(tmp + "/workflow.json");
     write_file_atomic(tmp + "/model.json", meta.dump(2));
     if (fs::exists(out_dir)) {
@@ -55,9 +55,9 @@ void write_model_dir(const std::string& out_dir, bool overwrite, const json& met
 }  // namespace
 
 void export_model(const std::string& run_dir, const std::string& out_dir, bool overwrite) {
-  json run = read_json_file(run_dir + "/run.json");
-  model::RunConfig cfg = model::RunConfig::from_json(run.at("config"));
-  std::string data_dir = run.at("data_dir").get<std::string>();
+  const RunInfo info = load_run_info(run_dir);
+  const model::RunConfig& cfg = info.config;
+  const std::string data_dir = run_data_dir(run_dir, info.run);
   std::string ckpt = run_dir + "/checkpoint.dlrec";
   DLREC_CHECK(file_exists(ckpt), "no checkpoint at '", ckpt, "' (train first)");
   io::DatasetInfo data = io::DatasetInfo::load(data_dir);
@@ -66,6 +66,7 @@ void export_model(const std::string& run_dir, const std::string& out_dir, bool o
               "' does not match its dataset.json");
   auto model = model::build_model(cfg.model, cfg.optimizer, data.layout, Device::cpu(), 0);
   CheckpointState st = load_checkpoint(ckpt, *model);
+  check_checkpoint_layout(ckpt, st, data.layout, data_dir);
   json meta = {{"format", "dlrec-model"},
                {"version", kModelFormatVersion},
                {"config", cfg.to_json()},
@@ -111,7 +112,10 @@ Predictor::Predictor(const std::string& dir, Device device, const std::string& p
               "': workflow.json does not match the model's input layout");
   impl_->model =
       model::build_model(impl_->cfg.model, impl_->cfg.optimizer, layout, device, 0, precision);
-  load_tensors(dir + "/weights.dlrec", impl_->model->parameters());
+  // Weights that are NaN or infinite would score every row NaN: refused at load.
+  io::TensorLoadOptions load;
+  load.require_finite = true;
+  io::load_tensors(dir + "/weights.dlrec", impl_->model->parameters(), load);
 }
 
 Predictor::~Predictor() = default;
@@ -119,6 +123,24 @@ const etl::Workflow& Predictor::workflow() const { return *impl_->wf; }
 const model::RunConfig& Predictor::config() const { return impl_->cfg; }
 
 Device Predictor::device() const { return impl_->model->device(); }
+
+namespace {
+// A score that is not a number is refused, never printed or served (finite weights can still
+// overflow to infinity in the dense layers, and sigmoid(NaN) is NaN).
+// (Raw rows only: the server's batches mix requests, and it answers per request.)
+void check_scores(const std::vector<float>& p, int64_t first_line) {
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < p.size(); ++i)
+    if (!std::isfinite(p[i])) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++bad;
+    }
+  if (bad > 0)
+    fail("the model scored ", bad, " of ", p.size(), " rows as NaN or infinity (first: row ",
+         first + 1, " of those from line ", first_line,
+         "); its weights or inputs are out of range");
+}
+}  // namespace
 
 std::vector<float> Predictor::predict(const io::Batch& batch) {
 #ifdef DLREC_WITH_CUDA
@@ -136,7 +158,9 @@ std::vector<float> Predictor::predict(const io::Batch& batch) {
 std::vector<float> Predictor::predict(const io::RawChunk& raw) {
   io::Batch batch;
   impl_->wf->transform(raw, batch);
-  return predict(batch);
+  std::vector<float> p = predict(batch);
+  check_scores(p, raw.first_line);
+  return p;
 }
 
 std::vector<float> Predictor::predict_lines(const std::vector<std::string>& lines,

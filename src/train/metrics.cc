@@ -13,6 +13,15 @@ double roc_auc(const std::vector<float>& scores, const std::vector<float>& label
   DLREC_CHECK(scores.size() == labels.size(), "roc_auc: ", scores.size(), " scores for ",
               labels.size(), " labels");
   const size_t n = scores.size();
+  DLREC_CHECK(n > 0, "AUC of no rows: there is nothing to evaluate");
+  // A NaN score has no rank (it compares unequal to itself, and would make the sort's order
+  // undefined and the tie loop below spin forever): refused, counted.
+  size_t nan_scores = 0;
+  for (float s : scores) nan_scores += std::isnan(s);
+  DLREC_CHECK(nan_scores == 0, "AUC: ", nan_scores, " of ", n,
+              " scores are NaN (the model's outputs are not numbers; its weights have diverged "
+              "or hold NaN)");
+  DLREC_CHECK(n <= UINT32_MAX, "AUC: ", n, " rows is more than this implementation ranks");
   std::vector<uint32_t> order(n);
   std::iota(order.begin(), order.end(), 0u);
   std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return scores[a] < scores[b]; });
@@ -33,7 +42,7 @@ double roc_auc(const std::vector<float>& scores, const std::vector<float>& label
 
 double log_loss(const std::vector<float>& probs, const std::vector<float>& labels) {
   DLREC_CHECK(probs.size() == labels.size(), "log_loss: size mismatch");
-  if (probs.empty()) return 0;
+  DLREC_CHECK(!probs.empty(), "log loss of no rows: there is nothing to evaluate");
   double s = 0;
   for (size_t i = 0; i < probs.size(); ++i) {
     double p = std::min(std::max<double>(probs[i], 1e-7), 1 - 1e-7);

@@ -7,6 +7,7 @@
 // double.
 #include <cub/device/device_radix_sort.cuh>
 #include <thrust/device_vector.h>
+#include <thrust/count.h>
 #include <thrust/execution_policy.h>
 #include <thrust/functional.h>
 #include <thrust/iterator/counting_iterator.h>
@@ -51,6 +52,10 @@ struct GroupEnd {  // one past the group's last element where a group ends, else
   }
 };
 
+struct IsNan {
+  __device__ bool operator()(float x) const { return isnan(x); }
+};
+
 struct Negative {
   const float* y;
   __device__ int64_t operator()(int64_t i) const { return y[i] > 0.5f ? 0 : 1; }
@@ -75,7 +80,7 @@ struct PositiveCredit {
 DeviceMetrics metrics_from_logits_cuda(const float* logits, const float* labels, int64_t n,
                                        int device) {
   DeviceMetrics r;
-  if (n <= 0) return r;
+  DLREC_CHECK(n > 0, "AUC of no rows: there is nothing to evaluate");
   int prev = 0;
   DLREC_CUDA_CHECK(cudaGetDevice(&prev));
   DLREC_CUDA_CHECK(cudaSetDevice(device));
@@ -85,6 +90,15 @@ DeviceMetrics metrics_from_logits_cuda(const float* logits, const float* labels,
     thrust::transform(pol, thrust::device_pointer_cast(logits),
                       thrust::device_pointer_cast(logits) + n, probs.begin(), Sigmoid());
     const float* p = thrust::raw_pointer_cast(probs.data());
+    // NaN has no rank (the radix sort would place it by its bits, and every NaN would be a
+    // group of its own): refused and counted, as roc_auc does on the host.
+    const int64_t nan_scores = thrust::count_if(pol, probs.begin(), probs.end(), IsNan());
+    if (nan_scores > 0) {
+      cudaSetDevice(prev);
+      fail("AUC: ", nan_scores, " of ", n,
+           " scores are NaN (the model's outputs are not numbers; its weights have diverged or "
+           "hold NaN)");
+    }
     r.logloss = thrust::transform_reduce(pol, thrust::counting_iterator<int64_t>(0),
                                          thrust::counting_iterator<int64_t>(n),
                                          LogLossTerm{p, labels}, 0.0, thrust::plus<double>()) /

@@ -2,11 +2,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "dlrec/core/file_util.h"
 #include "dlrec/core/progress.h"
 #include "dlrec/core/thread_pool.h"
-#include "dlrec/train/tensor_file.h"
+#include "dlrec/io/tensor_file.h"
 
 namespace dlrec::train {
 
@@ -23,7 +24,7 @@ EvalResult evaluate_shards(model::Model& model, const std::vector<std::string>& 
                            int64_t batch_size, std::vector<float>* probs_out) {
   Timer timer;
   EvalResult r;
-  if (shards.empty()) return r;
+  DLREC_CHECK(!shards.empty(), "evaluation: no shards to evaluate");
   io::ShardLoader loader(shards, batch_size);
 #ifdef DLREC_WITH_CUDA
   if (model.device().is_cuda() && !probs_out) {
@@ -72,6 +73,39 @@ EvalResult evaluate_shards(model::Model& model, const std::vector<std::string>& 
   return r;
 }
 
+std::string run_data_dir(const std::string& run_dir, const json& run) {
+  namespace fs = std::filesystem;
+  const std::string where = "'" + run_dir + "/run.json'";
+  if (!run.is_object() || !run.contains("data_dir") || !run.at("data_dir").is_string())
+    fail(where, ": no data_dir string");
+  const fs::path stored = run.at("data_dir").get<std::string>();
+  if (stored.empty()) fail(where, ": empty data_dir");
+  if (stored.is_absolute()) return stored.string();
+  // An older run.json: relative to where training ran, which is not recorded.
+  fs::path run_abs = fs::absolute(run_dir).lexically_normal();
+  if (!run_abs.has_filename()) run_abs = run_abs.parent_path();  // "run/" -> "run"
+  const fs::path beside_run = run_abs.parent_path() / stored;
+  for (const fs::path& p : {stored, beside_run})
+    if (file_exists((p / "dataset.json").string())) return p.string();
+  fail(where, " (written by an older dlrec) holds the data directory '", stored.string(),
+       "' relative to where training ran; it has no dataset.json from here nor beside the run ('",
+       beside_run.string(), "'): run from that directory, give the data directory (--data "
+       "where the command has it), or set data_dir in run.json to an absolute path");
+}
+
+RunInfo load_run_info(const std::string& run_dir) {
+  const std::string path = run_dir + "/run.json";
+  RunInfo r;
+  r.run = read_json_file(path);
+  if (!r.run.is_object() || !r.run.contains("config")) fail("'", path, "': no config");
+  try {
+    r.config = model::RunConfig::from_json(r.run.at("config"));
+  } catch (const Error& e) {
+    fail("'", path, "': ", e.what());
+  }
+  return r;
+}
+
 void save_checkpoint(const std::string& path, model::Model& model, const model::RunConfig& config,
                      const io::ShardLayout& layout, const CheckpointState& state) {
   auto tensors = model.parameters();
@@ -81,18 +115,39 @@ void save_checkpoint(const std::string& path, model::Model& model, const model::
                {"position", state.position},
                {"config", config.to_json()},
                {"layout", layout.to_json()}};
-  save_tensors(path, tensors, meta);
+  io::save_tensors(path, tensors, meta);
 }
 
 CheckpointState load_checkpoint(const std::string& path, model::Model& model) {
   auto tensors = model.parameters();
   for (auto& t : model.optimizer_state()) tensors.push_back(t);
-  json meta = load_tensors(path, tensors);
+  json meta = io::load_tensors(path, tensors);
   DLREC_CHECK(meta.value("kind", "") == "checkpoint", "'", path, "' is not a checkpoint");
   CheckpointState s;
+  for (const char* key : {"step", "position"}) {
+    const bool count = meta.contains(key) && meta.at(key).is_number_integer() &&
+                       meta.at(key).get<int64_t>() >= 0;
+    if (!count)
+      fail("checkpoint '", path, "': meta key '", key, "' is missing or not a count (",
+           meta.contains(key) ? dump_json_safe(meta.at(key)).substr(0, 40) : "absent", ")");
+  }
   s.step = meta.at("step").get<int64_t>();
   s.position = meta.at("position").get<int64_t>();
+  if (meta.contains("layout")) {
+    try {
+      s.layout = io::ShardLayout::from_json(meta.at("layout"));
+    } catch (const Error& e) {
+      fail("checkpoint '", path, "': meta: ", e.what());
+    }
+  }
   return s;
+}
+
+void check_checkpoint_layout(const std::string& path, const CheckpointState& st,
+                             const io::ShardLayout& data_layout, const std::string& data_dir) {
+  if (st.layout && !(*st.layout == data_layout))
+    fail("checkpoint '", path, "' was trained on the data layout ", st.layout->to_json().dump(),
+         "; the dataset '", data_dir, "' has ", data_layout.to_json().dump());
 }
 
 struct Trainer::Impl {
@@ -110,8 +165,14 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
   m.cfg = std::move(config);
   m.opt = std::move(options);
   m.data = io::DatasetInfo::load(m.opt.data_dir);
+  m.data.verify(m.opt.data_dir);  // the counts and layout that the epochs and model rely on
   if (m.opt.rank >= 0) {  // this rank's part of the training rows only
     io::RankShards part = io::load_rank_shards(m.opt.data_dir, m.opt.rank, m.opt.ranks);
+    for (const auto& s : part.shards) {
+      io::ShardReader r(m.opt.data_dir + "/" + s);
+      DLREC_CHECK(r.layout() == m.data.layout, "'", m.opt.data_dir, "/ranks.json': shard '", s,
+                  "' has another layout than dataset.json");
+    }
     m.data.train_shards = part.shards;
     m.data.train_rows = part.rows;
   }
@@ -123,11 +184,15 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
     make_dirs(m.opt.run_dir);
     if (m.opt.resume && file_exists(m.checkpoint_path())) {
       m.state = load_checkpoint(m.checkpoint_path(), *m.model);
+      check_checkpoint_layout(m.checkpoint_path(), m.state, m.data.layout, m.opt.data_dir);
       std::fprintf(stderr, "[train] resumed from %s at step %lld\n", m.checkpoint_path().c_str(),
                    static_cast<long long>(m.state.step));
     }
+    // The data directory absolute, so that eval and export find it from anywhere.
+    const std::string data_abs =
+        std::filesystem::absolute(m.opt.data_dir).lexically_normal().string();
     write_file_atomic(m.opt.run_dir + "/run.json",
-                      json{{"config", m.cfg.to_json()}, {"data_dir", m.opt.data_dir}}.dump(2));
+                      json{{"config", m.cfg.to_json()}, {"data_dir", data_abs}}.dump(2));
   }
 }
 
@@ -137,6 +202,8 @@ int64_t Trainer::step() const { return impl_->state.step; }
 
 EvalResult Trainer::evaluate(std::vector<float>* probs) {
   Impl& m = *impl_;
+  DLREC_CHECK(m.data.valid_rows > 0, "dataset '", m.opt.data_dir,
+              "' has no validation rows (dataset.json: valid_rows 0): nothing to evaluate");
   return evaluate_shards(*m.model, under(m.opt.data_dir, m.data.valid_shards),
                          m.cfg.train.eval_batch_size, probs);
 }
@@ -192,7 +259,7 @@ TrainResult Trainer::train() {
       loss_n = 0;
     }
     if (tc.eval_every > 0 && m.state.step % tc.eval_every == 0 && m.state.step < total_steps &&
-        !m.data.valid_shards.empty()) {
+        m.data.valid_rows > 0) {
       EvalResult e = evaluate();
       std::fprintf(stderr, "[eval] step %lld AUC %.5f logloss %.5f (%lld rows, %.1fs)\n",
                    static_cast<long long>(m.state.step), e.auc, e.logloss,
@@ -217,7 +284,7 @@ TrainResult Trainer::train() {
   if (res.stopped_early) return res;
   if (!m.opt.run_dir.empty())
     save_checkpoint(m.checkpoint_path(), *m.model, m.cfg, m.data.layout, m.state);
-  if (!m.data.valid_shards.empty()) res.eval = evaluate();
+  if (m.data.valid_rows > 0) res.eval = evaluate();
   return res;
 }
 

@@ -12,8 +12,8 @@
 #include "dlrec/core/file_util.h"
 #include "dlrec/etl/run.h"
 #include "dlrec/io/datagen.h"
+#include "dlrec/io/tensor_file.h"
 #include "dlrec/train/export.h"
-#include "dlrec/train/tensor_file.h"
 #include "dlrec/train/trainer.h"
 
 using namespace dlrec;
@@ -130,7 +130,7 @@ TEST(Pipeline, ResumeAfterCrashGivesIdenticalWeights) {
       train::TrainResult rb = b.train();
       ASSERT_TRUE(rb.stopped_early);
     }
-    json meta = train::read_tensor_meta(crash.run_dir + "/checkpoint.dlrec");
+    json meta = io::read_tensor_meta(crash.run_dir + "/checkpoint.dlrec");
     EXPECT_EQ(meta.at("step").get<int64_t>(), 120);
     crash.stop_after_steps = -1;
     crash.resume = true;

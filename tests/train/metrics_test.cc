@@ -1,13 +1,14 @@
+#include "dlrec/train/metrics.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
-
-#include "dlrec/train/metrics.h"
-
+#include <limits>
 #include <random>
 
 #include "dlrec/core/device.h"
 #include "dlrec/core/tensor.h"
+#include "test_errors.h"
 
 using namespace dlrec::train;
 
@@ -33,6 +34,23 @@ TEST(Metrics, LogLoss) {
   EXPECT_NEAR(log_loss({0.9f, 0.2f}, {1, 0}), -(std::log(0.9) + std::log(0.8)) / 2, 1e-6);
   EXPECT_LT(log_loss({0.f}, {0}), 1e-6);  // clamped, finite
   EXPECT_TRUE(std::isfinite(log_loss({0.f}, {1})));
+}
+
+// A NaN score once made roc_auc loop forever (NaN == NaN is false, so its tie group never
+// advanced) and `dlrec eval` hang: now an error that counts them.
+TEST(Metrics, NaNScoresAreAnErrorNamingTheCount) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  dlrec::testing::expect_error(
+      [&] {
+        roc_auc({0.1f, nan, 0.7f, nan, nan}, {0, 1, 1, 0, 1});
+      },
+      {"AUC", "3 of 5 scores are NaN"});
+  dlrec::testing::expect_error([&] { roc_auc({nan}, {1}); }, {"1 of 1 scores are NaN"});
+}
+
+TEST(Metrics, NoRowsIsAnErrorNotZero) {
+  dlrec::testing::expect_error([] { roc_auc({}, {}); }, {"AUC of no rows"});
+  dlrec::testing::expect_error([] { log_loss({}, {}); }, {"log loss of no rows"});
 }
 
 #ifdef DLREC_WITH_CUDA
@@ -61,5 +79,20 @@ TEST(Metrics, DeviceAucAndLogLossMatchHost) {
   std::vector<float> ones(1000, 1.f);
   dlrec::Tensor o = dlrec::Tensor::from_vector(ones, {1000}, dev);
   EXPECT_TRUE(std::isnan(metrics_from_logits_cuda(z.data<float>(), o.data<float>(), 1000, 0).auc));
+}
+
+TEST(Metrics, DeviceNaNLogitsAndNoRowsAreErrors) {
+  if (dlrec::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU metrics not run";
+  std::vector<float> logits = {0.5f, std::numeric_limits<float>::quiet_NaN(), -1.f, 2.f};
+  std::vector<float> labels = {1, 0, 1, 0};
+  auto dev = dlrec::Device::cuda(0);
+  dlrec::Tensor z = dlrec::Tensor::from_vector(logits, {4}, dev);
+  dlrec::Tensor y = dlrec::Tensor::from_vector(labels, {4}, dev);
+  dlrec::testing::expect_error(
+      [&] { metrics_from_logits_cuda(z.data<float>(), y.data<float>(), 4, 0); },
+      {"1 of 4 scores are NaN"});
+  dlrec::testing::expect_error(
+      [&] { metrics_from_logits_cuda(z.data<float>(), y.data<float>(), 0, 0); },
+      {"AUC of no rows"});
 }
 #endif

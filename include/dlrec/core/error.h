@@ -12,9 +12,27 @@
 
 namespace dlrec {
 
+// The message is kept printable as a C string: a NUL byte (from a file name, a key or a line
+// quoted in it) is written as the two characters "\0", so that what() and everything that
+// prints it (the CLI, the server, Python) carry the whole message, not the part before the NUL.
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& message) : std::runtime_error(without_nul(message)) {}
+  explicit Error(const char* message) : std::runtime_error(message) {}
+
+ private:
+  static std::string without_nul(const std::string& s) {
+    if (s.find('\0') == std::string::npos) return s;
+    std::string r;
+    r.reserve(s.size() + 8);
+    for (char c : s) {
+      if (c == '\0')
+        r += "\\0";
+      else
+        r += c;
+    }
+    return r;
+  }
 };
 
 namespace detail {

@@ -106,6 +106,11 @@ struct DatasetInfo {
   static DatasetInfo from_json(const json& j);
   static DatasetInfo load(const std::string& dir);  // reads <dir>/dataset.json
   void save(const std::string& dir) const;          // writes <dir>/dataset.json atomically
+  // Checks the description against the shards in `dir` (their headers and footers): every
+  // listed shard opens, none is listed twice, each has this layout, and their rows add up to
+  // train_rows and valid_rows. Errors name dataset.json, the shard and the numbers. The trainer
+  // calls it before it trusts the counts (a wrong train_rows would change the epoch silently).
+  void verify(const std::string& dir) const;
 };
 
 // One data-parallel rank's part of the training rows: the shards listed for `rank` in

@@ -7,15 +7,18 @@
 namespace dlrec::train {
 
 // Exact ROC AUC of `scores` against binary `labels` (ties get half credit, as in the
-// Mann-Whitney statistic). Returns NaN when one class is absent.
+// Mann-Whitney statistic). Returns NaN when one class is absent. No rows, or any NaN score, is
+// an error (naming the count of NaN scores).
 double roc_auc(const std::vector<float>& scores, const std::vector<float>& labels);
 
-// Mean binary cross-entropy of probabilities `probs` (clamped to [1e-7, 1 - 1e-7]).
+// Mean binary cross-entropy of probabilities `probs` (clamped to [1e-7, 1 - 1e-7]); no rows is
+// an error.
 double log_loss(const std::vector<float>& probs, const std::vector<float>& labels);
 
 // The same metrics on a CUDA device, from logits and labels in that device's memory (built with
 // CUDA only): probabilities sigmoid(logits) as in evaluation on the host, exact AUC by a
 // device sort (large validation sets never leave the GPU), mean log loss, positive count.
+// The same errors as roc_auc: no rows, NaN logits (counted).
 struct DeviceMetrics {
   double auc = 0, logloss = 0, positives = 0;
 };

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,19 @@ class Trainer {
   std::unique_ptr<Impl> impl_;
 };
 
+// The dataset directory of a training run, from its run.json (`run`). dlrec writes it as an
+// absolute path; a run.json of an older dlrec holds it relative to the directory training ran
+// in, which is looked for as given (relative to the current directory) and then relative to
+// the run directory's parent; neither holding a dataset.json is an error naming both.
+std::string run_data_dir(const std::string& run_dir, const json& run);
+
+// A run's run.json and its config; errors name the file. Its data directory: run_data_dir.
+struct RunInfo {
+  json run;
+  model::RunConfig config;
+};
+RunInfo load_run_info(const std::string& run_dir);
+
 // Runs `model` over the shards and computes AUC/logloss; probabilities in row order.
 EvalResult evaluate_shards(model::Model& model, const std::vector<std::string>& shards,
                            int64_t batch_size, std::vector<float>* probs = nullptr);
@@ -57,9 +71,15 @@ EvalResult evaluate_shards(model::Model& model, const std::vector<std::string>& 
 struct CheckpointState {
   int64_t step = 0;
   int64_t position = 0;  // training rows consumed since the start (across epochs)
+  // The data layout the checkpoint was trained on (absent in a meta without "layout").
+  std::optional<io::ShardLayout> layout;
 };
 void save_checkpoint(const std::string& path, model::Model& model, const model::RunConfig& config,
                      const io::ShardLayout& layout, const CheckpointState& state);
 CheckpointState load_checkpoint(const std::string& path, model::Model& model);
+// Throws unless the checkpoint at `path` (state `st`) was trained on `data_layout` (the layout
+// of the dataset in `data_dir`): tensor shapes alone do not tell, e.g., a multi-hot flag apart.
+void check_checkpoint_layout(const std::string& path, const CheckpointState& st,
+                             const io::ShardLayout& data_layout, const std::string& data_dir);
 
 }  // namespace dlrec::train

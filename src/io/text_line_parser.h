@@ -1,0 +1,485 @@
+// Private to the text reader files (text_line.cc, text_reader.cc): splitting a line into
+// fields, number and hex parsing, and LineParser, which turns one line of a schema's format into
+// a row of a RawChunk. Inline here so that both files compile the same fast paths.
+#pragma once
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dlrec/core/error.h"
+#include "dlrec/io/raw_chunk.h"
+#include "dlrec/io/schema.h"
+
+namespace dlrec::io::text_detail {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+// Lines per parsing task below which a chunk is not split further among threads.
+constexpr int64_t kMinLinesPerTask = 256;
+// Longest field text quoted back in an error message.
+constexpr size_t kMaxQuoted = 40;
+
+// Hex digit values; 0xFF marks a character that is not a hex digit.
+struct HexTable {
+  unsigned char v[256];
+  HexTable() {
+    std::memset(v, 0xFF, sizeof(v));
+    for (int i = 0; i < 10; ++i) v['0' + i] = static_cast<unsigned char>(i);
+    for (int i = 0; i < 6; ++i) {
+      v['a' + i] = static_cast<unsigned char>(10 + i);
+      v['A' + i] = static_cast<unsigned char>(10 + i);
+    }
+  }
+};
+inline const HexTable kHex;
+
+inline std::string quote_text(const char* b, const char* e) {
+  size_t n = static_cast<size_t>(e - b);
+  std::string s = "'";
+  if (n > kMaxQuoted) {
+    s.append(b, kMaxQuoted);
+    s += "...";
+  } else {
+    s.append(b, n);
+  }
+  s += "'";
+  return s;
+}
+
+// SWAR helpers on 8 bytes (little-endian): high bit of each byte set iff lo < byte < hi
+// (bytes below 128; lo, hi <= 128), without carries between bytes.
+constexpr uint64_t kOnes = ~uint64_t{0} / 255;
+inline uint64_t bytes_between(uint64_t x, uint64_t lo, uint64_t hi) {
+  const uint64_t low7 = x & kOnes * 127;
+  return (kOnes * (127 + hi) - low7) & ~x & (low7 + kOnes * (127 - lo)) & kOnes * 128;
+}
+
+// Parses exactly 8 hexadecimal digits at p (the first is the most significant) into v;
+// false when one of them is not a hex digit. Same value as the digit-by-digit loop.
+inline bool hex8(const char* p, uint64_t& v) {
+  uint64_t x;
+  std::memcpy(&x, p, 8);
+  const uint64_t ok = bytes_between(x, 0x2F, 0x3A) | bytes_between(x, 0x60, 0x67) |
+                      bytes_between(x, 0x40, 0x47);
+  if (ok != kOnes * 128) return false;
+  // Digit values: low nibble, plus 9 for letters (bit 6 set).
+  const uint64_t d = (x & kOnes * 0x0F) + ((x >> 6) & kOnes) * 9;
+  // Byte i holds digit i; pack pairs, then quads, then the halves (first digit highest).
+  const uint64_t a = ((d & 0x000F000F000F000FULL) << 4) | ((d >> 8) & 0x000F000F000F000FULL);
+  const uint64_t b = ((a & 0x000000FF000000FFULL) << 8) | ((a >> 16) & 0x000000FF000000FFULL);
+  v = ((b & 0xFFFF) << 16) | ((b >> 32) & 0xFFFF);
+  return true;
+}
+
+// One field of a line: [b, e). `escaped` marks a quoted field holding "" pairs.
+struct Field {
+  const char* b;
+  const char* e;
+  bool escaped;
+};
+
+// Why a line was rejected: `field` is the 0-based file field (-1: the whole line).
+struct LineError {
+  int field = -1;
+  std::string msg;
+};
+
+// Splits a line into fields. A field that starts with '"' is quoted: it ends at the next '"'
+// not doubled, and "" inside stands for one '"'. Quoted fields cannot span lines.
+inline bool split_fields(const char* b, const char* e, char delim, std::vector<Field>& out,
+                  LineError& err) {
+  out.clear();
+  const char* p = b;
+  for (;;) {
+    if (p < e && *p == '"') {
+      const char* q = p + 1;
+      bool escaped = false;
+      for (;;) {
+        q = static_cast<const char*>(std::memchr(q, '"', static_cast<size_t>(e - q)));
+        if (q == nullptr) {
+          err.field = static_cast<int>(out.size());
+          err.msg = "unterminated quoted field";
+          return false;
+        }
+        if (q + 1 < e && q[1] == '"') {
+          escaped = true;
+          q += 2;
+          continue;
+        }
+        break;
+      }
+      out.push_back({p + 1, q, escaped});
+      p = q + 1;
+      if (p < e && *p != delim) {
+        err.field = static_cast<int>(out.size()) - 1;
+        err.msg = "unexpected character after the closing quote";
+        return false;
+      }
+    } else {
+      const char* q = p;
+      while (q < e && *q != delim) ++q;
+      out.push_back({p, q, false});
+      p = q;
+    }
+    if (p >= e) return true;
+    ++p;  // the delimiter; a delimiter at the very end opens one more (empty) field
+  }
+}
+
+// Replaces "" by " in a quoted field, using `scratch` as storage.
+inline Field unescape(const Field& f, std::string& scratch) {
+  scratch.clear();
+  for (const char* p = f.b; p < f.e; ++p) {
+    scratch.push_back(*p);
+    if (*p == '"' && p + 1 < f.e && p[1] == '"') ++p;
+  }
+  return {scratch.data(), scratch.data() + scratch.size(), false};
+}
+
+// Parses a decimal number: [+-]digits[.digits][(e|E)[+-]digits], at least one mantissa digit.
+// Text such as "nan", "inf", "0x10" or " 1" is rejected. Returns nullptr on success, else why.
+inline const char* parse_number(const char* b, const char* e, float& out) {
+  const char* p = b;
+  bool neg = false;
+  if (p < e && (*p == '+' || *p == '-')) {
+    neg = *p == '-';
+    ++p;
+  }
+  // Fast path: a plain integer of at most 18 digits.
+  const char* digits = p;
+  uint64_t v = 0;
+  while (p < e && static_cast<unsigned>(*p - '0') < 10u && p - digits < 18) {
+    v = v * 10 + static_cast<unsigned>(*p - '0');
+    ++p;
+  }
+  if (p == e && p > digits) {
+    double d = static_cast<double>(v);
+    out = static_cast<float>(neg ? -d : d);
+    return nullptr;
+  }
+  // General syntax check, then the standard conversion (locale independent).
+  p = digits;
+  int mant = 0;
+  while (p < e && static_cast<unsigned>(*p - '0') < 10u) ++p, ++mant;
+  if (p < e && *p == '.') {
+    ++p;
+    while (p < e && static_cast<unsigned>(*p - '0') < 10u) ++p, ++mant;
+  }
+  if (mant == 0) {
+    std::string low;
+    for (const char* q = digits; q < e && low.size() < 9; ++q)
+      low.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(*q))));
+    if (low == "nan" || low == "inf" || low == "infinity") return "is not a finite number";
+    return "is not a number";
+  }
+  if (p < e && (*p == 'e' || *p == 'E')) {
+    ++p;
+    if (p < e && (*p == '+' || *p == '-')) ++p;
+    int exp_digits = 0;
+    while (p < e && static_cast<unsigned>(*p - '0') < 10u) ++p, ++exp_digits;
+    if (exp_digits == 0) return "is not a number";
+  }
+  if (p != e) return "is not a number";
+  double d = 0;
+  auto res = std::from_chars(digits, e, d);
+  if (res.ec == std::errc::result_out_of_range) return "is out of range";
+  if (res.ec != std::errc() || res.ptr != e) return "is not a number";
+  float f = static_cast<float>(neg ? -d : d);
+  if (!std::isfinite(f)) return "is out of range";
+  out = f;
+  return nullptr;
+}
+
+// What a file field becomes in a RawChunk.
+struct Target {
+  ColumnKind kind = ColumnKind::Skip;
+  int index = 0;  // dense or categorical ordinal
+  bool multi_hot = false;
+  int column = -1;  // schema column, -1 when the field is ignored
+};
+
+// Parses lines of one file layout into RawChunk rows. Immutable after construction, so one
+// parser serves all threads; per-thread scratch lives in Scratch.
+class LineParser {
+ public:
+  struct Scratch {
+    std::vector<Field> fields;
+    std::string unescaped;
+  };
+
+  LineParser(const Schema& schema, const std::vector<int>& field_to_column)
+      : schema_(schema),
+        num_dense_(schema.num_dense()),
+        num_cat_(schema.num_cat()),
+        hex_(schema.cat_encoding == CatEncoding::Hex) {
+    std::vector<int> ordinal(schema.columns.size());
+    int nd = 0, nc = 0;
+    for (size_t i = 0; i < schema.columns.size(); ++i) {
+      const auto& c = schema.columns[i];
+      ordinal[i] = c.kind == ColumnKind::Dense ? nd++ : c.kind == ColumnKind::Categorical ? nc++ : 0;
+    }
+    for (int col : field_to_column) {
+      Target t;
+      if (col >= 0) {
+        DLREC_CHECK(col < static_cast<int>(schema.columns.size()), "field mapping names column ",
+                    col, " but the schema has ", schema.columns.size());
+        const auto& c = schema.columns[col];
+        t.kind = c.kind;
+        t.index = ordinal[col];
+        t.multi_hot = c.multi_hot;
+        t.column = col;
+      }
+      targets_.push_back(t);
+    }
+  }
+
+  int num_fields() const { return static_cast<int>(targets_.size()); }
+
+  // Appends the line as row `out.rows`; on failure leaves `out` unchanged and fills `err`.
+  // One pass over the line: fields are cut and parsed as they come. A wrong field count is
+  // reported in preference to a bad value (a missing tab shifts every later field).
+  bool parse(const char* b, const char* e, RawChunk& out, Scratch& s, LineError& err) const {
+    if (parse_fast(b, e, out)) return true;
+    return parse_general(b, e, out, s, err);
+  }
+
+  // The common case in one tight pass: no quoted field, plain integers (at most 18 digits) or
+  // empty fields in dense columns, 0/1 labels, hexadecimal or hashed categories. Whatever else
+  // (a quote, a decimal point, a bad value, a wrong field count) rolls the row back and returns
+  // false, and parse_general() decides, so both paths give the same values and errors.
+  // Flattened: every call in it inlined (the vectors' push_back were calls, 26 per row for the
+  // offsets; -6 % user CPU of a 1-thread `bench etl` on the 2-core build machine).
+  [[gnu::flatten]] bool parse_fast(const char* b, const char* e, RawChunk& out) const {
+    const int64_t r = out.rows;
+    const int nf = num_fields();
+    const char delim = schema_.delimiter;
+    float label = 0;
+    out.dense.resize(static_cast<size_t>((r + 1) * num_dense_), kNaN);
+    float* dense = out.dense.data() + r * num_dense_;
+    const char* p = b;
+    for (int i = 0; i < nf; ++i) {
+      const Target& t = targets_[i];
+      if (p < e && *p == '"') return rollback(out);
+      const char* q = p;
+      switch (t.kind) {
+        case ColumnKind::Label:
+          if (q < e && (*q == '0' || *q == '1') && (q + 1 == e || q[1] == delim)) {
+            label = *q == '1' ? 1.f : 0.f;
+            ++q;
+          } else {
+            return rollback(out);
+          }
+          break;
+        case ColumnKind::Dense: {
+          if (q == e || *q == delim) break;  // missing
+          bool neg = false;
+          if (*q == '-' || *q == '+') {
+            neg = *q == '-';
+            ++q;
+          }
+          const char* d0 = q;
+          uint64_t v = 0;
+          while (q < e && static_cast<unsigned>(*q - '0') < 10u) {
+            v = v * 10 + static_cast<unsigned>(*q - '0');
+            ++q;
+          }
+          if (q == d0 || q - d0 > 18 || (q < e && *q != delim)) return rollback(out);
+          const double d = static_cast<double>(v);
+          dense[t.index] = static_cast<float>(neg ? -d : d);
+          break;
+        }
+        case ColumnKind::Categorical: {
+          if (q == e || *q == delim) break;  // missing
+          if (hex_ && !t.multi_hot) {
+            if (e - q >= 8 && (e - q == 8 || q[8] == delim)) {  // 8 digits: Criteo's keys
+              uint64_t v8;
+              if (hex8(q, v8)) {
+                out.cat_values[t.index].push_back(v8);
+                q += 8;
+                break;
+              }
+            }
+            uint64_t v = 0;
+            while (q < e) {
+              const unsigned d = kHex.v[static_cast<unsigned char>(*q)];
+              if (d == 0xFF) break;
+              v = (v << 4) | d;
+              ++q;
+            }
+            if (q - p > 16 || (q < e && *q != delim)) return rollback(out);
+            out.cat_values[t.index].push_back(v);
+            break;
+          }
+          while (q < e && *q != delim) ++q;
+          if (parse_cat({p, q, false}, t.multi_hot, out.cat_values[t.index]) != nullptr)
+            return rollback(out);
+          break;
+        }
+        case ColumnKind::Skip:
+          while (q < e && *q != delim) ++q;
+          break;
+      }
+      p = q;
+      if (i + 1 < nf) {
+        if (p >= e) return rollback(out);  // too few fields
+        ++p;                               // the delimiter
+      }
+    }
+    if (p != e) return rollback(out);  // more fields (or a trailing delimiter)
+    out.label.push_back(label);
+    for (int c = 0; c < num_cat_; ++c)
+      out.cat_offsets[c].push_back(static_cast<int64_t>(out.cat_values[c].size()));
+    ++out.rows;
+    return true;
+  }
+
+  bool parse_general(const char* b, const char* e, RawChunk& out, Scratch& s,
+                     LineError& err) const {
+    const int64_t r = out.rows;
+    const int nf = num_fields();
+    const char delim = schema_.delimiter;
+    float label = 0;
+    out.dense.resize(static_cast<size_t>((r + 1) * num_dense_), kNaN);
+    float* dense = out.dense.data() + r * num_dense_;
+    bool bad = false;
+    int i = 0;
+    for (const char* p = b;; ++p, ++i) {
+      Field f;
+      if (p < e && *p == '"') {
+        const char* q = p + 1;
+        bool escaped = false;
+        for (;;) {
+          q = static_cast<const char*>(std::memchr(q, '"', static_cast<size_t>(e - q)));
+          if (q == nullptr || (q + 1 < e && q[1] != '"' && q[1] != delim)) {
+            err.field = i;
+            err.msg = q ? "unexpected character after the closing quote"
+                        : "unterminated quoted field";
+            return rollback(out);
+          }
+          if (q + 1 < e && q[1] == '"') {
+            escaped = true;
+            q += 2;
+            continue;
+          }
+          break;
+        }
+        f = escaped ? unescape({p + 1, q, true}, s.unescaped) : Field{p + 1, q, false};
+        p = q + 1;
+      } else {
+        const char* q = p;
+        while (q < e && *q != delim) ++q;
+        f = {p, q, false};
+        p = q;
+      }
+      if (i < nf && !bad && targets_[i].kind != ColumnKind::Skip) {
+        const char* why = parse_field(targets_[i], f, dense, label, out);
+        if (why != nullptr) {
+          bad = true;
+          err.field = i;
+          if (why == kBadLabel)
+            err.msg = "label must be 0 or 1, got " + quote_text(f.b, f.e);
+          else if (f.b == f.e)
+            err.msg = why;
+          else
+            err.msg = quote_text(f.b, f.e) + " " + why;
+        }
+      }
+      if (p >= e) break;
+    }
+    if (i + 1 != nf) {
+      err.field = -1;
+      err.msg = "expected " + std::to_string(nf) + " fields, got " + std::to_string(i + 1);
+      return rollback(out);
+    }
+    if (bad) return rollback(out);
+    out.label.push_back(label);
+    for (int c = 0; c < num_cat_; ++c)
+      out.cat_offsets[c].push_back(static_cast<int64_t>(out.cat_values[c].size()));
+    ++out.rows;
+    return true;
+  }
+
+  // "column 15 (C1): " for a field error, "" for a line error.
+  std::string field_prefix(int field) const {
+    if (field < 0) return "";
+    std::string s = "column " + std::to_string(field + 1);
+    if (field < num_fields() && targets_[field].column >= 0)
+      s += " (" + schema_.columns[targets_[field].column].name + ")";
+    return s + ": ";
+  }
+
+ private:
+  static constexpr const char* kBadLabel = "label must be 0 or 1";
+
+  // Parses one field into the row; returns nullptr or why the field is bad.
+  const char* parse_field(const Target& t, const Field& f, float* dense, float& label,
+                          RawChunk& out) const {
+    switch (t.kind) {
+      case ColumnKind::Label: {
+        if (f.b == f.e) return "the label is missing";
+        float v = 0;
+        if (parse_number(f.b, f.e, v) != nullptr || (v != 0.f && v != 1.f)) return kBadLabel;
+        label = v;
+        return nullptr;
+      }
+      case ColumnKind::Dense:
+        return f.b == f.e ? nullptr : parse_number(f.b, f.e, dense[t.index]);
+      case ColumnKind::Categorical:
+        return parse_cat(f, t.multi_hot, out.cat_values[t.index]);
+      case ColumnKind::Skip:
+        break;
+    }
+    return nullptr;
+  }
+
+  bool rollback(RawChunk& out) const {
+    out.dense.resize(static_cast<size_t>(out.rows * num_dense_));
+    for (int c = 0; c < num_cat_; ++c)
+      out.cat_values[c].resize(static_cast<size_t>(out.cat_offsets[c].back()));
+    return false;
+  }
+
+  const char* parse_one(const char* b, const char* e, std::vector<uint64_t>& vals) const {
+    if (!hex_) {
+      vals.push_back(hash_category(std::string_view(b, static_cast<size_t>(e - b))));
+      return nullptr;
+    }
+    if (e - b > 16) return "is not a hexadecimal category (more than 16 digits)";
+    uint64_t v = 0;
+    for (const char* p = b; p < e; ++p) {
+      unsigned d = kHex.v[static_cast<unsigned char>(*p)];
+      if (d == 0xFF) return "is not a hexadecimal category";
+      v = (v << 4) | d;
+    }
+    vals.push_back(v);
+    return nullptr;
+  }
+
+  const char* parse_cat(const Field& f, bool multi_hot, std::vector<uint64_t>& vals) const {
+    if (f.b == f.e) return nullptr;  // missing: an empty list
+    if (!multi_hot) return parse_one(f.b, f.e, vals);
+    const char sep = schema_.list_sep;
+    for (const char* p = f.b; p < f.e;) {
+      const char* q = p;
+      while (q < f.e && *q != sep) ++q;
+      if (q > p) {  // empty items ("a,,b") are ignored
+        if (const char* why = parse_one(p, q, vals)) return why;
+      }
+      p = q + 1;
+    }
+    return nullptr;
+  }
+
+  const Schema& schema_;
+  int num_dense_, num_cat_;
+  bool hex_;
+  std::vector<Target> targets_;
+};
+
+
+}  // namespace dlrec::io::text_detail
