@@ -1,6 +1,6 @@
 // The input side of run_etl: batches of parsed chunks read ahead (BatchReader), the parsed
 // input kept between the passes (InputCache), and the row count helpers of row_count.cc.
-// Internal to src/etl (run.cc).
+// Internal to src/etl (run.cc, run_transform.cc).
 #pragma once
 
 #include <sys/resource.h>

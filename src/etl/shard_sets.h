@@ -1,6 +1,6 @@
 // The shard files of a run_etl output: ShardSetWriter (train_NNNNN.shard / valid_NNNNN.shard
 // in input order) and RankWriter (training rows per rank, shuffled or not, through temporary
-// buckets). Internal to src/etl (run.cc).
+// buckets). Internal to src/etl (run.cc, run_transform.cc).
 #pragma once
 
 #include <algorithm>
