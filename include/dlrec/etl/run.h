@@ -9,7 +9,8 @@
 //   workflow.json          the fitted workflow (Workflow::to_json)
 //   stats.json             row counts and per-column statistics of the training rows
 //   dataset.json           io::DatasetInfo; written last, so its presence means "complete"
-// Every file goes through AtomicFile; on an error, the files this run created are removed.
+// Every file goes through AtomicFile; on an error, the files this run created are removed, and
+// temporaries left by killed runs are removed at the next start (src/etl/output_dir.h).
 #pragma once
 
 #include <atomic>
@@ -52,7 +53,10 @@ struct EtlOptions {
   // by one per thread under memory_budget_mb.
   io::ReadOptions read = {int64_t{1} << 13};
   // An output_dir that already holds a dataset.json is an error unless `overwrite`; then the
-  // old dataset.json and the shards it lists are removed first.
+  // new dataset is written beside it ("<output_dir>.tmp.<pid>") and swapped in once complete,
+  // so that the old one stays whole until then (docs/ETL.md "Crashes and --overwrite"); the
+  // directory must hold nothing but dataset files. A new output_dir is written beside it too
+  // and renamed into place; an existing one without a dataset is written in place.
   bool overwrite = false;
   // Memory budget in MB for the fit's vocabularies (0: no limit, all in memory). Past it,
   // Categorify spills sorted (key, count) runs to `spill_dir` and merges them (docs/ETL.md).
