@@ -40,6 +40,9 @@ struct EtlBenchOptions {
   bool cache_huge_pages = false, no_cache_huge_pages = false;
   std::string cache_form = "auto";
   int read_ahead = 0;
+  int parse_ahead = 0;
+  int fit_window = 0;
+  int64_t count_ahead_min_mb = -2;  // -2: EtlOptions' default
   bool keep = false;
 };
 
@@ -99,6 +102,10 @@ int run_etl_bench(const EtlBenchOptions& o) {
                                                        : etl::HugePages::Auto;
       e.input_cache_form = etl::parse_cache_form(o.cache_form);
       e.read_ahead = o.read_ahead;
+      e.read.parse_ahead = o.parse_ahead;
+      e.fit_window = o.fit_window;
+      if (o.count_ahead_min_mb >= 0) e.count_ahead_min_bytes = o.count_ahead_min_mb << 20;
+      if (o.count_ahead_min_mb == -1) e.count_ahead_min_bytes = -1;
       const double cpu0 = cpu_seconds();
       etl::EtlResult r = etl::run_etl(e);
       const double cpu = cpu_seconds() - cpu0;
@@ -179,6 +186,18 @@ Runner add_bench_etl(CLI::App* b) {
   s->add_option("--read-ahead", o->read_ahead,
                 "Batches parsed ahead of the fit and transform (0: default, as dlrec etl)")
       ->check(CLI::Range(0, 64));
+  // The tuning options of etl::EtlOptions, for A/B runs of one binary (they were environment
+  // variables before; docs/ETL.md says what each does and what was measured).
+  s->add_option("--parse-ahead", o->parse_ahead,
+                "Pieces the reader parses ahead (0: its default, 2 x threads)")
+      ->check(CLI::Range(0, 4096));
+  s->add_option("--fit-window", o->fit_window,
+                "Fit batches in flight (0: default, 4 at <= half the cores, else 1)")
+      ->check(CLI::Range(0, 64));
+  s->add_option("--count-ahead-min-mb", o->count_ahead_min_mb,
+                "Count the split's rows beside the fit for inputs of at least this many MB "
+                "(-1: never, count first; default 64)")
+      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 30));
   s->add_flag("--keep", o->keep, "Keep the generated input and the output");
   return [o] { return run_etl_bench(*o); };
 }

@@ -24,27 +24,56 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Writes model.json, workflow.json and weights.dlrec into a temporary directory and renames it
-// into place (an existing out_dir is replaced only with `overwrite`).
+// Refuses parameters holding NaN or Inf (a diverged run): a served model would answer NaN for
+// every request. The error names the first such tensor, its count and first position.
+void check_finite(const std::vector<model::NamedTensor>& params) {
+  for (const auto& [name, t] : params) {
+    if (!t.defined()) continue;
+    const Tensor c = t.to(Device::cpu());
+    const int64_t n = c.numel();
+    int64_t bad = 0, first = -1;
+    auto note = [&](int64_t i) {
+      if (first < 0) first = i;
+      ++bad;
+    };
+    if (c.dtype() == DType::F32) {
+      const float* v = c.data<float>();
+      for (int64_t i = 0; i < n; ++i)
+        if (!std::isfinite(v[i])) note(i);
+    } else if (c.dtype() == DType::BF16 || c.dtype() == DType::F16) {
+      const uint16_t* v = static_cast<const uint16_t*>(c.raw());
+      const uint16_t exp = c.dtype() == DType::BF16 ? 0x7F80 : 0x7C00;  // all-ones exponent
+      for (int64_t i = 0; i < n; ++i)
+        if ((v[i] & exp) == exp) note(i);
+    }
+    if (bad)
+      fail("export: parameter tensor '", name, "' holds ", bad, " non-finite value(s) (NaN or Inf)",
+           ", the first at element ", first, " of ", n,
+           "; the training diverged (lower the learning rate or resume from an earlier "
+           "checkpoint): nothing was exported");
+  }
+}
+
+// Writes model.json, workflow.json and weights.dlrec into a staging directory
+// ("<out_dir>.tmp.<pid>") and puts it in place with replace_dir (an existing out_dir is replaced
+// only with `overwrite`): out_dir names a complete model, old or new, at every moment, even if
+// the process is killed. Leftovers of a killed export are cleaned first (recover_dir).
 void write_model_dir(const std::string& out_dir, bool overwrite, const json& meta,
                      model::Model& model, const etl::Workflow& wf) {
+  for (const std::string& line : recover_dir(out_dir))
+    std::fprintf(stderr, "export: %s\n", line.c_str());
   if (fs::exists(out_dir) && !overwrite)
     fail("'", out_dir, "' already exists (use --overwrite to replace it)");
-  std::string tmp = out_dir + ".tmp." + std::to_string(::getpid());
+  const std::vector<model::NamedTensor> params = model.parameters();
+  check_finite(params);
+  const std::string tmp = staging_dir_for(out_dir);
   fs::remove_all(tmp);
   make_dirs(tmp);
   try {
-    io::save_tensors(tmp + "/weights.dlrec", model.parameters(), {{"kind", "weights"}});
+    io::save_tensors(tmp + "/weights.dlrec", params, {{"kind", "weights"}});
     wf.save(tmp + "/workflow.json");
     write_file_atomic(tmp + "/model.json", meta.dump(2));
-    if (fs::exists(out_dir)) {
-      std::string old = out_dir + ".old." + std::to_string(::getpid());
-      fs::rename(out_dir, old);
-      fs::rename(tmp, out_dir);
-      fs::remove_all(old);
-    } else {
-      fs::rename(tmp, out_dir);
-    }
+    replace_dir(tmp, out_dir);
   } catch (...) {
     std::error_code ec;
     fs::remove_all(tmp, ec);

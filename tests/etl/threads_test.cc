@@ -276,26 +276,29 @@ std::string error_of(const EtlOptions& o) {
   return "(no error)";
 }
 
-// DLREC_ETL_PARSE_AHEAD (the reader's window, for A/B runs) outside [1, 4096] or not a number
-// is an error naming the variable, before anything is written; a good value gives the same
-// output as the default.
-TEST(ThreadsTest, BadParseAheadEnvironmentIsAnError) {
-  TempDir tmp("parse_ahead_env");
+// EtlOptions::read.parse_ahead (the reader's window of pieces) outside [0, 4096] is an error
+// naming the option, before anything is written; any good value gives the default's output.
+TEST(ThreadsTest, BadParseAheadIsAnError) {
+  TempDir tmp("parse_ahead");
   const std::string input = tmp.path + "/in.tsv";
   std::ofstream(input) << criteo_text(100, 6);
-  for (const char* v : {"0", "-3", "4097", "many"}) {
-    setenv("DLREC_ETL_PARSE_AHEAD", v, 1);
-    const std::string e = error_of(options(input, tmp.path + "/out", json::parse(kCriteo)));
-    EXPECT_NE(e.find("DLREC_ETL_PARSE_AHEAD must be in [1, 4096]"), std::string::npos)
+  for (int v : {-1, -3, 4097}) {
+    EtlOptions o = options(input, tmp.path + "/out", json::parse(kCriteo));
+    o.read.parse_ahead = v;
+    const std::string e = error_of(o);
+    EXPECT_NE(e.find("read.parse_ahead must be in [0, 4096]"), std::string::npos)
         << v << ": " << e;
     EXPECT_FALSE(file_exists(tmp.path + "/out/dataset.json")) << v;
   }
-  setenv("DLREC_ETL_PARSE_AHEAD", "3", 1);
-  run_etl(options(input, tmp.path + "/a", json::parse(kCriteo)));
-  unsetenv("DLREC_ETL_PARSE_AHEAD");
   run_etl(options(input, tmp.path + "/b", json::parse(kCriteo)));
-  for (const auto& f : list_dir(tmp.path + "/b"))
-    EXPECT_EQ(read_all(tmp.path + "/a/" + f), read_all(tmp.path + "/b/" + f)) << f;
+  for (int v : {1, 3, 4096}) {
+    const std::string a = tmp.path + "/a" + std::to_string(v);
+    EtlOptions o = options(input, a, json::parse(kCriteo));
+    o.read.parse_ahead = v;
+    run_etl(o);
+    for (const auto& f : list_dir(tmp.path + "/b"))
+      EXPECT_EQ(read_all(a + "/" + f), read_all(tmp.path + "/b/" + f)) << v << " " << f;
+  }
 }
 
 // A parse error late in the input and a transform error (a dense value left missing) earlier:

@@ -9,7 +9,8 @@
 //   workflow.json          the fitted workflow (Workflow::to_json)
 //   stats.json             row counts and per-column statistics of the training rows
 //   dataset.json           io::DatasetInfo; written last, so its presence means "complete"
-// Every file goes through AtomicFile; on an error, the files this run created are removed.
+// Every file goes through AtomicFile; on an error, the files this run created are removed, and
+// temporaries left by killed runs are removed at the next start (src/etl/output_dir.h).
 #pragma once
 
 #include <atomic>
@@ -48,9 +49,14 @@ struct EtlOptions {
   int64_t block_rows = int64_t{1} << 16;  // rows per checksummed shard block
   // Parsed chunks of 8192 rows stay in the L2 cache between parsing, fitting/transforming and
   // writing (2-3x faster than 65536-row chunks); results do not depend on the chunk size.
+  // read.parse_ahead (pieces the reader parses ahead, [0, 4096], 0: its default) is replaced
+  // by one per thread under memory_budget_mb.
   io::ReadOptions read = {int64_t{1} << 13};
   // An output_dir that already holds a dataset.json is an error unless `overwrite`; then the
-  // old dataset.json and the shards it lists are removed first.
+  // new dataset is written beside it ("<output_dir>.tmp.<pid>") and swapped in once complete,
+  // so that the old one stays whole until then (docs/ETL.md "Crashes and --overwrite"); the
+  // directory must hold nothing but dataset files. A new output_dir is written beside it too
+  // and renamed into place; an existing one without a dataset is written in place.
   bool overwrite = false;
   // Memory budget in MB for the fit's vocabularies (0: no limit, all in memory). Past it,
   // Categorify spills sorted (key, count) runs to `spill_dir` and merges them (docs/ETL.md).
@@ -89,8 +95,7 @@ struct EtlOptions {
   int read_ahead = 0;
   // Fit batches in flight (Workflow::fit_batches' window): the fit's column tasks go through
   // up to this many batches each at its own pace, on threads of their own, instead of waiting
-  // for the slowest column at every batch. 0: the environment variable DLREC_ETL_FIT_WINDOW
-  // when set, else 4 when the thread count is at most half the cores (measured +13-18 % at 8
+  // for the slowest column at every batch. 0: 4 when the thread count is at most half the cores (measured +13-18 % at 8
   // threads on 16 cores, no gain at 16: docs/ETL.md), else 1; always 1 (one fork-join per
   // batch, as before) under memory_budget_mb or with one thread.
   int fit_window = 0;
