@@ -246,7 +246,11 @@ TEST(GraphModel, DlrmCatGraphMatchesDlrmClass) {
 
 // arch "dlrm" is a preset (model::dlrm_graph_layers): for every variant (dot or cat, sum or
 // mean pooling, with or without a bottom MLP, without dense features) and optimizer, its graph
-// is arch "dlrm" bit for bit (parameters, names, losses, logits, optimizer state).
+// is arch "dlrm" bit for bit (parameters, names, losses, logits, optimizer state). Until commit
+// cc34c18 arch "dlrm" on the CPU was a class of its own (src/model/dlrm.cc): this test passed
+// against it for every variant and optimizer below, and the class was then deleted. Since then
+// it checks that build_model expands arch "dlrm" to this graph, and DlrmGraphMatchesDlrmClass
+// that configs/dlrm_graph.json (written by hand) is that graph.
 TEST(GraphModel, DlrmPresetVariantsMatchArchDlrm) {
   struct Variant {
     const char* interaction;
