@@ -15,15 +15,16 @@ namespace {
 // weight decay), else why not.
 std::string optimizer_unsupported(const OptimizerConfig& c, const std::string& what, bool dense) {
   auto why = [&](const std::string& s) {
-    return "the CUDA graph model " + s + " (" + what + "; train this model on the CPU: "
+    return "the CUDA graph model " + s + " (" + what +
+           "; train this model on the CPU: "
            "\"device\": \"cpu\")";
   };
   const nn::OptimizerKind k = nn::parse_optimizer(c.type);
   if (k != nn::OptimizerKind::SGD && k != nn::OptimizerKind::Adagrad)
     return why("supports the sgd and adagrad optimizers, not '" + c.type + "'");
   if (c.momentum != 0 || c.nesterov)
-    return why("supports sgd without momentum (optimizer.momentum = " +
-               std::to_string(c.momentum) + ")");
+    return why("supports sgd without momentum (optimizer.momentum = " + std::to_string(c.momentum) +
+               ")");
   if (c.clip_value != 0)
     return why("does not clip gradients (optimizer.clip_value = " + std::to_string(c.clip_value) +
                ")");
@@ -45,10 +46,12 @@ std::string graph_cuda_unsupported(const GraphSpec& spec, const OptimizerConfig&
            "scaling) is implemented for arch dlrm only — use \"precision\": \"bf16\"";
   for (const LayerSpec& s : spec.layers) {
     if (!s.optimizer.is_null())
-      return s.where + ": per-layer optimizers are not implemented on CUDA yet (the layer's "
+      return s.where +
+             ": per-layer optimizers are not implemented on CUDA yet (the layer's "
              "\"optimizer\"); remove it or train on the CPU (\"device\": \"cpu\")";
     if (!s.tables.empty())
-      return s.where + ": per-table settings (\"tables\") are not implemented on CUDA yet; "
+      return s.where +
+             ": per-table settings (\"tables\") are not implemented on CUDA yet; "
              "remove them or train on the CPU (\"device\": \"cpu\")";
   }
   // Hashed tables number their rows by capacity; the step's row array is shared by all table
@@ -60,7 +63,8 @@ std::string graph_cuda_unsupported(const GraphSpec& spec, const OptimizerConfig&
                "') in one model are not implemented on CUDA; train this model on the CPU "
                "(\"device\": \"cpu\")";
   std::string why = optimizer_unsupported(opt, "optimizer", true);
-  if (why.empty()) why = optimizer_unsupported(opt.embedding_config(), "optimizer.embedding", false);
+  if (why.empty())
+    why = optimizer_unsupported(opt.embedding_config(), "optimizer.embedding", false);
   if (!why.empty()) return why;
   // Layer by layer in topological order, with the inputs' shapes.
   std::vector<ValueShape> shapes(spec.layers.size());
@@ -78,8 +82,10 @@ std::string graph_cuda_unsupported(const GraphSpec& spec, const OptimizerConfig&
     if (type.cuda_single) {
       auto it = single.find(s.type);
       if (it != single.end())
-        return s.where + ": the CUDA graph model supports one " + s.type + " layer (over all "
-               "categorical features; '" + it->second + "' is one); train this model on the CPU";
+        return s.where + ": the CUDA graph model supports one " + s.type +
+               " layer (over all "
+               "categorical features; '" +
+               it->second + "' is one); train this model on the CPU";
       single[s.type] = s.name;
     }
     const std::string w = type.cuda_unsupported(CudaQuery{s, in, layout, precision});

@@ -13,9 +13,8 @@ double Model::train_step(const io::Batch& batch, double lr_scale, bool /*want_lo
   // The loss is the CPU reference's BCE; for a model on a GPU the logits come over and
   // dL/dlogits goes back (a few KB per step).
   Tensor logits = forward(batch, true).to(Device::cpu());
-  DLREC_CHECK(static_cast<int64_t>(batch.labels.size()) == batch.rows,
-              "train_step: the batch has ", batch.labels.size(), " labels for ", batch.rows,
-              " rows");
+  DLREC_CHECK(static_cast<int64_t>(batch.labels.size()) == batch.rows, "train_step: the batch has ",
+              batch.labels.size(), " labels for ", batch.rows, " rows");
   Tensor dlogits = Tensor::empty(logits.shape(), DType::F32);
   const double loss = nn::bce_with_logits(logits.data<float>(), batch.labels.data(), batch.rows,
                                           dlogits.data<float>());

@@ -20,8 +20,8 @@ json dlrm_graph_layers(const ModelConfig& mc, const io::ShardLayout& layout) {
                 "DLRM: the dot interaction needs dense features (the data has none); use "
                 "\"interaction\": \"cat\"");
   for (int64_t t = 0; t < T; ++t)
-    DLREC_CHECK(layout.cardinalities[t] > 0, "DLRM: categorical feature ", t,
-                " has cardinality ", layout.cardinalities[t], "; every table needs rows");
+    DLREC_CHECK(layout.cardinalities[t] > 0, "DLRM: categorical feature ", t, " has cardinality ",
+                layout.cardinalities[t], "; every table needs rows");
   json layers = json::array();
   json inter_inputs = json::array();
   if (layout.num_dense > 0) {
@@ -51,8 +51,7 @@ json dlrm_graph_layers(const ModelConfig& mc, const io::ShardLayout& layout) {
                       {"init_tag", 3}});
     inter_inputs.push_back("emb");
   }
-  layers.push_back(
-      {{"name", "inter"}, {"type", dot ? "dot" : "concat"}, {"inputs", inter_inputs}});
+  layers.push_back({{"name", "inter"}, {"type", dot ? "dot" : "concat"}, {"inputs", inter_inputs}});
   layers.push_back({{"name", "top"},
                     {"type", "mlp"},
                     {"input", "inter"},

@@ -22,7 +22,8 @@ class CrossNode final : public cpu_graph::Node {
     const Tensor& dx = cross_.backward(dout);
     if (need[0]) dins[0] = dx;
   }
-  void collect(std::vector<cpu_graph::DenseRef>& dense, std::vector<cpu_graph::TableRef>&) override {
+  void collect(std::vector<cpu_graph::DenseRef>& dense,
+               std::vector<cpu_graph::TableRef>&) override {
     for (auto& p : cross_.params())
       dense.push_back({name_ + "." + p.first, p.second, dense_opt, dense_lr});
   }

@@ -1,9 +1,9 @@
 // Layer "dense": the batch's dense features, [B, num_dense], one field.
 #include <cstring>
 
+#include "dlrec/nn/param.h"
 #include "model/layers/graph_cpu.h"
 #include "model/layers/layer.h"
-#include "dlrec/nn/param.h"
 
 namespace dlrec::model {
 namespace {

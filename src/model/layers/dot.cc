@@ -1,7 +1,6 @@
 // Layer "dot": DLRM's dot interaction over all fields of the inputs (n vectors of width d): the
 // first vector followed by the n(n-1)/2 pairwise dot products (nn::DotInteraction).
 #include "dlrec/nn/interaction.h"
-
 #include "model/layers/graph_cpu.h"
 #include "model/layers/layer.h"
 

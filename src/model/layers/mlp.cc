@@ -23,7 +23,8 @@ class MlpNode final : public cpu_graph::Node {
     const Tensor& dx = mlp_.backward(dout, need[0]);
     if (need[0]) dins[0] = dx;
   }
-  void collect(std::vector<cpu_graph::DenseRef>& dense, std::vector<cpu_graph::TableRef>&) override {
+  void collect(std::vector<cpu_graph::DenseRef>& dense,
+               std::vector<cpu_graph::TableRef>&) override {
     for (size_t k = 0; k < mlp_.layers().size(); ++k) {
       auto& l = mlp_.layers()[k];
       dense.push_back(
@@ -54,8 +55,8 @@ const LayerType& mlp_layer() {
       return ValueShape{s.sizes.back(), {s.sizes.back()}};
     };
     t.make_cpu = [](cpu_graph::Build& b) {
-      return std::make_unique<MlpNode>(b.spec.name, b.in[0].width, b.spec.sizes,
-                                       b.spec.relu_last, b.seed);
+      return std::make_unique<MlpNode>(b.spec.name, b.in[0].width, b.spec.sizes, b.spec.relu_last,
+                                       b.seed);
     };
     t.cuda_unsupported = [](const CudaQuery& q) {
       std::string why = cuda_compute_type_input(q);
@@ -63,7 +64,8 @@ const LayerType& mlp_layer() {
       if (q.precision == "bf16")
         for (size_t k = 0; k + 1 < q.spec.sizes.size(); ++k)
           if (q.spec.sizes[k] == 1)
-            return std::string("key 'sizes': in bf16 precision hidden layers need more than one unit");
+            return std::string(
+                "key 'sizes': in bf16 precision hidden layers need more than one unit");
       return std::string();
     };
     t.make_cuda = DLREC_CUDA_LAYER(gpu_graph::make_mlp);

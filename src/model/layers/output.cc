@@ -28,8 +28,8 @@ const LayerType& output_layer() {
     t.parse = [](ConfigReader&, LayerSpec&) {};
     t.infer = [](const LayerSpec& s, const std::vector<ValueShape>& in, const io::ShardLayout&) {
       if (in[0].width != 1)
-        fail("key '", s.input_key, "': the output must be one logit per sample, but '",
-             s.inputs[0], "' is ", in[0].width, " wide (end it with a layer of size 1)");
+        fail("key '", s.input_key, "': the output must be one logit per sample, but '", s.inputs[0],
+             "' is ", in[0].width, " wide (end it with a layer of size 1)");
       return ValueShape{1, {1}};
     };
     t.make_cpu = [](cpu_graph::Build&) { return std::make_unique<OutputNode>(); };

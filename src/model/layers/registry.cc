@@ -37,8 +37,8 @@ const std::vector<std::string>& graph_layer_types() {
   return names;
 }
 
-std::vector<int64_t> read_int_list(ConfigReader& r, const std::string& key, int64_t lo,
-                                   int64_t hi, bool allow_empty) {
+std::vector<int64_t> read_int_list(ConfigReader& r, const std::string& key, int64_t lo, int64_t hi,
+                                   bool allow_empty) {
   const json& v = r.raw(key);
   if (!v.is_array())
     fail("config key '", r.key_path(key), "' must be a list of integers, got ", v.dump());
@@ -68,8 +68,8 @@ std::vector<int64_t> table_features(const LayerSpec& s, const io::ShardLayout& l
   }
   for (int64_t x : f)
     if (layout.cardinalities[x] <= 0)
-      fail("key 'features': categorical feature ", x, " has cardinality ",
-           layout.cardinalities[x], "; every table needs rows");
+      fail("key 'features': categorical feature ", x, " has cardinality ", layout.cardinalities[x],
+           "; every table needs rows");
   return f;
 }
 
@@ -91,8 +91,7 @@ std::pair<int64_t, int64_t> interaction_fields(const LayerSpec& s,
       if (w != d)
         fail("key '", s.input_key, "': the ", s.type,
              " interaction needs vectors of one width, but '", s.inputs[0], "' starts with width ",
-             d, " and '", s.inputs[k], "' has vectors of widths ", fields_str(in[k]),
-             hint);
+             d, " and '", s.inputs[k], "' has vectors of widths ", fields_str(in[k]), hint);
       ++nf;
     }
   if (nf < 2)

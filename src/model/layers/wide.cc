@@ -79,9 +79,8 @@ const LayerType& wide_layer() {
     };
     t.make_cpu = [](cpu_graph::Build& b) {
       const std::vector<int64_t> f = table_features(b.spec, b.layout);
-      return std::make_unique<WideNode>(b.spec.name,
-                                        b.tables(f, std::vector<int64_t>(f.size(), 1)), b.layout,
-                                        nn::parse_pooling(b.spec.pooling));
+      return std::make_unique<WideNode>(b.spec.name, b.tables(f, std::vector<int64_t>(f.size(), 1)),
+                                        b.layout, nn::parse_pooling(b.spec.pooling));
     };
     t.cuda_unsupported = [](const CudaQuery& q) { return cuda_all_features(q.spec, q.layout); };
     t.make_cuda = DLREC_CUDA_LAYER(gpu_graph::make_wide);
