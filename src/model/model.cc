@@ -1,5 +1,7 @@
 #include "dlrec/model/model.h"
 
+#include <algorithm>
+
 #include "dlrec/model/graph.h"
 #ifdef DLREC_WITH_CUDA
 #include "dlrec/model/dlrm_cuda.h"
@@ -23,8 +25,8 @@ double Model::train_step(const io::Batch& batch, double lr_scale, bool /*want_lo
   return loss;
 }
 
-// Every model is a graph of registry layers run by the graph engine; arch "dlrm" is a preset
-// (presets.cc). On CUDA, arch "dlrm" is still built by the CUDA DLRM (dlrm_cuda.cu), which has
+// Every model is a graph of registry layers run by the graph engine; every arch but "graph" is
+// a preset (presets.cc) expanded to one. On CUDA, arch "dlrm" is still built by the CUDA DLRM (dlrm_cuda.cu), which has
 // what the CUDA graph engine lacks so far: fp16 with loss scaling, the bucketed inference
 // graphs and the fused small-batch forward.
 std::unique_ptr<Model> build_model(const ModelConfig& model, const OptimizerConfig& opt,
@@ -32,22 +34,26 @@ std::unique_ptr<Model> build_model(const ModelConfig& model, const OptimizerConf
                                    const std::string& precision) {
   DLREC_CHECK(precision == "fp32" || device.is_cuda(), "precision '", precision,
               "' needs a CUDA device; the CPU computes in fp32");
-  if (model.arch != "dlrm" && model.arch != "graph")
-    fail("unknown model arch '", model.arch, "' (this build knows: dlrm, graph)");
-  if (device.is_cuda()) {
+  const std::vector<std::string>& presets = preset_archs();
+  if (model.arch != "graph" &&
+      std::find(presets.begin(), presets.end(), model.arch) == presets.end())
+    preset_graph_layers(model, layout);  // fails naming the known archs
+  if (device.is_cuda() && model.arch == "dlrm") {
 #ifdef DLREC_WITH_CUDA
-    if (model.arch == "dlrm") return make_dlrm_cuda(model, opt, layout, device, seed, precision);
-    return make_graph_cuda(model, opt, layout, device, seed, precision);
+    return make_dlrm_cuda(model, opt, layout, device, seed, precision);
 #else
-    if (model.arch == "graph") return build_graph_model(model, opt, layout, device, seed);
     fail("cannot build the DLRM on ", device.str(),
          ": this build of dlrec has no CUDA support (use \"device\": \"cpu\")");
 #endif
   }
-  if (model.arch == "graph") return build_graph_model(model, opt, layout, device, seed);
   ModelConfig graph = model;
-  graph.arch = "graph";
-  graph.layers = dlrm_graph_layers(model, layout);
+  if (model.arch != "graph") {
+    graph.arch = "graph";
+    graph.layers = preset_graph_layers(model, layout);
+  }
+#ifdef DLREC_WITH_CUDA
+  if (device.is_cuda()) return make_graph_cuda(graph, opt, layout, device, seed, precision);
+#endif
   return build_graph_model(graph, opt, layout, device, seed);
 }
 

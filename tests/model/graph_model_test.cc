@@ -287,6 +287,44 @@ TEST(GraphModel, DlrmPresetVariantsMatchArchDlrm) {
     }
 }
 
+// The zoo presets (arch "dcnv2", "deepfm", "wide_deep") with the keys of the shipped graph
+// configs are those configs: the same parameters (names, values), losses and logits, bit for bit
+// (the wide part's FTRL override of wide_deep.json taken out: presets use the optimizer section).
+TEST(GraphModel, ZooPresetsMatchShippedConfigs) {
+  struct Zoo {
+    const char* file;
+    const char* preset;
+  };
+  for (const Zoo& z : {Zoo{"dcnv2.json", R"({"arch": "dcnv2", "embedding_dim": 128,
+                              "bottom_mlp": [512, 256, 128], "cross_layers": 3,
+                              "cross_low_rank": 512, "top_mlp": [1024, 1024, 512, 256, 1]})"},
+                       Zoo{"deepfm.json", R"({"arch": "deepfm", "embedding_dim": 10,
+                              "top_mlp": [400, 400, 400, 1]})"},
+                       Zoo{"wide_deep.json", R"({"arch": "wide_deep", "embedding_dim": 16,
+                              "top_mlp": [1024, 1024, 1024, 1]})"}}) {
+    SCOPED_TRACE(z.file);
+    RunConfig g = load_config(z.file);
+    for (auto& l : g.model.layers) l.erase("optimizer");
+    RunConfig p = g;
+    const json pj = json::parse(z.preset);  // ConfigReader keeps a reference
+    ConfigReader r(pj, "model");
+    p.model = ModelConfig::from_json(r);
+    expect_same_as_dlrm(g, p, make_layout(13, {40, 7, 300, 1, 25}));
+    // The preset's keys survive the run's config (checkpoints and exports keep it).
+    const json back_json = p.model.to_json();
+    ConfigReader back(back_json, "model");
+    EXPECT_EQ(ModelConfig::from_json(back).to_json(), p.model.to_json());
+  }
+  // Keys of one preset are errors on another.
+  RunConfig bad = config_from(R"({"model": {"arch": "dcnv2"}, "optimizer": {}, "train": {}})");
+  EXPECT_EQ(bad.model.cross_layers, 3);
+  EXPECT_NE(error_of([] {
+              config_from(R"({"model": {"arch": "dlrm", "cross_layers": 2}, "optimizer": {},
+                              "train": {}})");
+            }).find("needs \"arch\": \"dcnv2\""),
+            std::string::npos);
+}
+
 double batch_loss(Model& m, const io::Batch& b) {
   Tensor z = m.forward(b, false);
   return nn::bce_with_logits(z.data<float>(), b.labels.data(), b.rows, nullptr);

@@ -92,6 +92,11 @@ const std::vector<std::string>& graph_layer_types();
 // "logit". DLRM's own checks (the dot interaction's widths, ...) are errors here.
 json dlrm_graph_layers(const ModelConfig& model, const io::ShardLayout& layout);
 
+// The presets (docs/MODELS.md, "Presets"): "dlrm", "dcnv2", "deepfm", "wide_deep", and the
+// graph a preset's keys expand to for data of this layout.
+const std::vector<std::string>& preset_archs();
+json preset_graph_layers(const ModelConfig& model, const io::ShardLayout& layout);
+
 // What the CUDA graph engine does not support in this graph at this precision ("" when it runs
 // it): the first layer, optimizer or precision it refuses, with the layer's config path
 // ("model.layers[2] (layer 'emb', embedding): key 'dims': ..."). Asked before anything is built
