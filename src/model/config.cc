@@ -39,7 +39,9 @@ double positive(ConfigReader& r, const std::string& key, double fallback, double
 
 ModelConfig ModelConfig::from_json(ConfigReader& r) {
   ModelConfig c;
-  c.arch = r.get_choice("arch", c.arch, {"dlrm", "graph"});
+  std::vector<std::string> archs = preset_archs();
+  archs.insert(archs.begin() + 1, "graph");
+  c.arch = r.get_choice("arch", c.arch, archs);
   c.layers = r.get<json>("layers", json());
   if (c.arch == "graph")
     GraphSpec::parse(c.layers, r.key_path("layers"));  // the layout-free checks, early
@@ -55,6 +57,11 @@ ModelConfig ModelConfig::from_json(ConfigReader& r) {
          c.top_mlp.back());
   c.interaction = r.get_choice("interaction", c.interaction, {"dot", "cat"});
   c.pooling = r.get_choice("pooling", c.pooling, {"sum", "mean"});
+  for (const char* k : {"cross_layers", "cross_low_rank"})
+    if (r.has(k) && c.arch != "dcnv2")
+      fail("config key '", r.key_path(k), "' needs \"arch\": \"dcnv2\"");
+  c.cross_layers = r.get_int_range("cross_layers", c.cross_layers, 1, 1024);
+  c.cross_low_rank = r.get_int_range("cross_low_rank", c.cross_low_rank, 0, 1 << 20);
   r.finish();
   return c;
 }
@@ -63,6 +70,10 @@ json ModelConfig::to_json() const {
   json j = {{"arch", arch},       {"embedding_dim", embedding_dim}, {"bottom_mlp", bottom_mlp},
             {"top_mlp", top_mlp}, {"interaction", interaction},     {"pooling", pooling}};
   if (arch == "graph") j["layers"] = layers;
+  if (arch == "dcnv2") {
+    j["cross_layers"] = cross_layers;
+    j["cross_low_rank"] = cross_low_rank;
+  }
   return j;
 }
 

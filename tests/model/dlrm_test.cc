@@ -1,5 +1,6 @@
-// DLRM end to end: gradients against finite differences of the loss, learning, determinism,
-// parameter naming and errors.
+// arch "dlrm" end to end (on the CPU the preset graph of the layer engine, src/model/presets.cc):
+// gradients against finite differences of the loss, learning, determinism, parameter naming (the
+// names checkpoints and exports of the former DLRM class hold) and errors.
 #include <gtest/gtest.h>
 
 #include "model/test_batches.h"

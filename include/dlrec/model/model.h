@@ -17,6 +17,8 @@
 
 namespace dlrec::model {
 
+// arch "graph": the model is the `layers` list; any other arch is a preset (docs/MODELS.md,
+// "Presets") whose keys below expand to such a list for the data's layout (presets.cc).
 struct ModelConfig {
   std::string arch = "dlrm";
   int64_t embedding_dim = 16;
@@ -24,6 +26,8 @@ struct ModelConfig {
   std::vector<int64_t> top_mlp = {64, 1};      // hidden..output sizes; last must be 1
   std::string interaction = "dot";             // "dot" | "cat"
   std::string pooling = "sum";                 // "sum" | "mean" (multi-hot bags)
+  int64_t cross_layers = 3;    // arch "dcnv2": cross layers
+  int64_t cross_low_rank = 0;  // arch "dcnv2": rank of the cross layers' weights; 0: full
   json layers;  // arch "graph": the list of named layers (docs/MODELS.md); null otherwise
   static ModelConfig from_json(ConfigReader& r);
   json to_json() const;
