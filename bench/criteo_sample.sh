@@ -13,8 +13,7 @@ DATA=${CRITEO_SAMPLE:-$here/../shared/data/criteo/day_0.part.tsv}
 [ -x "$BIN" ] || { echo "build first (make build): $BIN missing" >&2; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-export DLREC_QUIET=1
-"$BIN" etl --input "$DATA" --workflow "$here/configs/etl_criteo.json" --train-rows 8000 \
+"$BIN" --quiet --threads "${THREADS:-0}" etl --input "$DATA" --workflow "$here/configs/etl_criteo.json" --train-rows 8000 \
   --out "$work/data"
 # The architecture is dlrm_small's; check that the two configs agree on it.
 python3 - "$here/configs/dlrm_small.json" "$here/configs/criteo_sample.json" <<'PY'
@@ -27,7 +26,7 @@ sum=0
 for seed in 0 1 2 3 4; do
   sed "s/\"seed\": 1234/\"seed\": $seed/" "$here/configs/criteo_sample.json" > "$work/config.json"
   grep -q "\"seed\": $seed" "$work/config.json" || { echo "cannot set the seed" >&2; exit 2; }
-  "$BIN" train --config "$work/config.json" --data "$work/data" --run "$work/run$seed" \
+  "$BIN" --quiet --threads "${THREADS:-0}" train --config "$work/config.json" --data "$work/data" --run "$work/run$seed" \
     > "$work/train$seed.log"
   auc=$(grep -o 'AUC=[0-9.]*' "$work/train$seed.log" | tail -1 | cut -d= -f2)
   echo "seed $seed: AUC=$auc"

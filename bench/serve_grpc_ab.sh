@@ -13,7 +13,7 @@
 # threads (grpc-parse*) and its batcher threads (batcher-w*, with the engine threads they
 # start) per request, from
 # /proc/<server>/task/*/stat around each load.
-# SERVER_ENV: environment for the servers (e.g. "DLREC_QUIET=1"; CPU threads are the global
+# SERVER_ENV: environment for the servers (e.g. "LD_LIBRARY_PATH=..."; CPU threads are the global
 # --threads option); SERVER_ARGS: more serve options for both (e.g. "--grpc-threads 2");
 # AFTER_ARGS: for the after side only (e.g. "--grpc-inline-rows 4096"). ROUNDS (3),
 # DURATION (4 s per load), WORK (/tmp/dlrec_grpc_ab),

@@ -3,6 +3,7 @@
 # 2,000 validate), like bench/criteo_sample.sh for DLRM: ETL with configs/etl_criteo.json, then
 # each configs/criteo_sample_<model>.json trained with seeds 0-4; prints each run's validation
 # AUC and "<model> mean AUC=<value>". bench/pytorch_zoo_criteo_sample.py is the peer.
+# THREADS=N: dlrec --threads N (default 0: all cores).
 # Recipe: the DLRM one of configs/criteo_sample.json (dim 16, batch 64, 4 epochs, SGD) except the
 # learning rate, 0.1 instead of 0.3 for all four models. It was chosen without the validation
 # rows: `pytorch_zoo_criteo_sample.py --holdout --lr X` (train rows 0-5,999, holdout rows
@@ -23,8 +24,7 @@ models=("$@")
 [ ${#models[@]} -gt 0 ] || models=(wide_deep dcnv2 dcnv2_parallel deepfm)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-export DLREC_QUIET=1
-"$BIN" etl --input "$DATA" --workflow "$here/configs/etl_criteo.json" --train-rows 8000 \
+"$BIN" --quiet --threads "${THREADS:-0}" etl --input "$DATA" --workflow "$here/configs/etl_criteo.json" --train-rows 8000 \
   --out "$work/data"
 for model in "${models[@]}"; do
   config="$here/configs/criteo_sample_$model.json"
@@ -32,7 +32,7 @@ for model in "${models[@]}"; do
   for seed in 0 1 2 3 4; do
     sed "s/\"seed\": 1234/\"seed\": $seed/" "$config" > "$work/config.json"
     grep -q "\"seed\": $seed" "$work/config.json" || { echo "cannot set the seed" >&2; exit 2; }
-    "$BIN" train --config "$work/config.json" --data "$work/data" --run "$work/run_$model$seed" \
+    "$BIN" --quiet --threads "${THREADS:-0}" train --config "$work/config.json" --data "$work/data" --run "$work/run_$model$seed" \
       > "$work/train.log"
     auc=$(grep -o 'AUC=[0-9.]*' "$work/train.log" | tail -1 | cut -d= -f2)
     echo "$model seed $seed: AUC=$auc"

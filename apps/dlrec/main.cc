@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "dlrec/core/error.h"
+#include "dlrec/core/progress.h"
 #include "dlrec/core/thread_pool.h"
 
 int main(int argc, char** argv) {
@@ -22,6 +23,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   int threads = 0;
   app.add_option("--threads", threads, "CPU threads (default: all cores)");
+  bool quiet = false;
+  app.add_flag("--quiet", quiet, "no progress lines on stderr (errors and results still print)");
+  // The global options may also follow the subcommand's own (dlrec train ... --quiet).
+  app.fallthrough();
   std::vector<std::pair<CLI::App*, dlrec::cli::Runner>> commands;
   auto add = [&](dlrec::cli::Runner (*f)(CLI::App&)) {
     size_t before = app.get_subcommands({}).size();
@@ -47,6 +52,7 @@ int main(int argc, char** argv) {
   }
   try {
     dlrec::set_num_threads(threads);
+    dlrec::set_progress_quiet(quiet);
     for (auto& [sub, run] : commands)
       if (sub->parsed()) return run();
   } catch (const dlrec::Error& e) {

@@ -1,5 +1,7 @@
 #include "dlrec/core/progress.h"
 
+#include <atomic>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,11 +26,14 @@ std::string duration(double s) {
 }
 }  // namespace
 
+std::atomic<bool> g_quiet{false};
+
+void set_progress_quiet(bool quiet) { g_quiet.store(quiet, std::memory_order_relaxed); }
+
 Progress::Progress(std::string label, int64_t total, std::string unit, double interval_s)
     : label_(std::move(label)), unit_(std::move(unit)), total_(total), interval_s_(interval_s) {
   start_ = last_ = std::chrono::steady_clock::now();
-  const char* q = std::getenv("DLREC_QUIET");
-  quiet_ = q && std::strcmp(q, "0") != 0;
+  quiet_ = g_quiet.load(std::memory_order_relaxed);
 }
 
 double Progress::elapsed_s() const {

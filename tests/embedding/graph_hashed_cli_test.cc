@@ -44,7 +44,7 @@ class GraphHashedCli : public ::testing::Test {
     return std::string(DLREC_SOURCE_DIR) + "/" + rel;
   }
   std::string run(const std::string& cmd, bool ok = true) {
-    const std::string full = "DLREC_QUIET=1 " + cmd + " > " + dir_ + "/out.txt 2>&1";
+    const std::string full = cmd + " --quiet > " + dir_ + "/out.txt 2>&1";
     const int rc = std::system(full.c_str());
     std::ifstream in(dir_ + "/out.txt");
     std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -547,8 +547,8 @@ TEST(RunEtlTest, DISABLED_Throughput) {
   o.valid_ratio = 0.1;
   EtlResult r = run_etl(o);
   const double mb = r.input_bytes / 1e6;
-  std::printf("rows %lld, input %.1f MB, threads %s\n", static_cast<long long>(rows), mb,
-              std::getenv("DLREC_THREADS") ? std::getenv("DLREC_THREADS") : "default");
+  std::printf("rows %lld, input %.1f MB, threads %d\n", static_cast<long long>(rows), mb,
+              num_threads());
   std::printf("count %.2fs, fit %.2fs (%.1f MB/s), transform+write %.2fs (%.1f MB/s), total "
               "%.2fs (%.1f MB/s), output %.1f MB\n",
               r.count_seconds, r.fit_seconds, mb * 0.9 / r.fit_seconds, r.transform_seconds,

@@ -533,7 +533,7 @@ class GraphCli : public ::testing::Test {
     if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
   std::string run(const std::string& cmd) {
-    const std::string full = "DLREC_QUIET=1 " + cmd + " > " + dir_ + "/out.txt 2>&1";
+    const std::string full = cmd + " --quiet > " + dir_ + "/out.txt 2>&1";
     const int rc = std::system(full.c_str());
     std::ifstream in(dir_ + "/out.txt");
     std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

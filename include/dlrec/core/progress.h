@@ -1,5 +1,5 @@
 // Progress reporting for long work: rate, ETA and free-form status, printed to stderr at most
-// once per interval. Silent when DLREC_QUIET=1 is set in the environment.
+// once per interval. Silent after set_progress_quiet(true) (the CLI's --quiet).
 #pragma once
 
 #include <chrono>
@@ -7,6 +7,9 @@
 #include <string>
 
 namespace dlrec {
+
+// Silences every Progress of the process (progress lines only; errors and results still print).
+void set_progress_quiet(bool quiet);
 
 class Progress {
  public:
