@@ -1,5 +1,7 @@
 #include "dlrec/serve/server.h"
 
+#include <malloc.h>
+
 #include <cstdio>
 #include <ctime>
 #include <new>
@@ -8,6 +10,12 @@
 #include "frontends.h"
 
 namespace dlrec::serve {
+
+void return_freed_memory() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
 
 Status classify_current_exception(std::string& message) {
   try {
