@@ -15,9 +15,11 @@ Every loop is bounded (a fixed number of connections, pauses between rounds). A 
 the server's RSS every second and restarts it if it died (each death is counted).
 
 Reports server deaths, valid inferences (ok / overload answers 429 or 503 / failed), their
-latency, the attacks sent, and the RSS before (after the warm-up) and after (once the attacks
-stop and the server has been idle 5 s). Exit status 0 when there were no deaths, no failed
-valid inferences and the RSS after is within 10% of before; 1 otherwise.
+latency, the attacks sent, and the RSS: at the start (valid traffic only), after the warm-up
+(--warmup seconds of every attack, measured with the big bodies paused for 3 s: by then every
+worker thread has its allocator arena) and at the end (attacks stopped, 5 s idle). Exit status
+0 when there were no deaths, no failed valid inferences and the RSS at the end is within 10% of
+the one after the warm-up; 1 otherwise.
 
   python3 bench/serve_soak.py --dlrec build/bin/dlrec --duration 600 [--json out.json]
 """
@@ -322,7 +324,7 @@ def idle_loop(srv, stats, stop, count):
         s.close()
 
 
-def big_loop(srv, stats, stop, seed, lines, inputs):
+def big_loop(srv, stats, stop, seed, lines, inputs, pause, paused):
     rnd = random.Random(seed)
     # ~60 MB JSON body (valid JSON, many rows; the server parses it, then refuses or scores it).
     base = infer_body(lines, inputs, 256, 0)
@@ -362,6 +364,11 @@ def big_loop(srv, stats, stop, seed, lines, inputs):
                      % len(body) + body, timeout=30)
         stats.add("attack_big_" + kind)
         stop.wait(rnd.uniform(1.0, 3.0))
+        if pause.is_set():  # the monitor measures the settled RSS meanwhile
+            paused.set()
+            while pause.is_set() and not stop.is_set():
+                time.sleep(0.1)
+            paused.clear()
 
 
 def grpc_garbage_loop(srv, stats, stop, seed):
@@ -394,6 +401,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dlrec", default="build/bin/dlrec")
     ap.add_argument("--duration", type=float, default=600.0)
+    ap.add_argument("--warmup", type=float, default=60.0,
+                    help="seconds of attacks before the RSS the end is compared with")
     ap.add_argument("--slow-connections", type=int, default=300)
     ap.add_argument("--idle-connections", type=int, default=50)
     ap.add_argument("--valid-clients", type=int, default=2)
@@ -420,29 +429,41 @@ def main():
         warm_stop.set()
         warm.join()
         time.sleep(2)
-        rss_before = rss_bytes(srv.proc.pid)
+        rss_start = rss_bytes(srv.proc.pid)
         stats = Stats()
 
         stop = threading.Event()
+        pause, paused = threading.Event(), threading.Event()
         threads = [threading.Thread(target=valid_client,
                                     args=(srv, stats, lines, inputs, stop, a.seed + 10 + i))
                    for i in range(a.valid_clients)]
         threads += [
             threading.Thread(target=malformed_loop, args=(srv, stats, stop, a.seed + 1)),
+            threading.Thread(target=malformed_loop, args=(srv, stats, stop, a.seed + 5)),
             threading.Thread(target=slow_loop,
                              args=(srv, stats, stop, a.seed + 2, a.slow_connections)),
             threading.Thread(target=idle_loop, args=(srv, stats, stop, a.idle_connections)),
-            threading.Thread(target=big_loop, args=(srv, stats, stop, a.seed + 3, lines, inputs)),
+            threading.Thread(target=big_loop,
+                             args=(srv, stats, stop, a.seed + 3, lines, inputs, pause, paused)),
             threading.Thread(target=grpc_garbage_loop, args=(srv, stats, stop, a.seed + 4)),
         ]
         t0 = time.time()
         for t in threads:
             t.start()
         rss_samples = []
+        rss_warm = None
         while time.time() - t0 < a.duration:
             time.sleep(1.0)
             if srv.check():
                 rss_samples.append(rss_bytes(srv.proc.pid))
+            if rss_warm is None and time.time() - t0 >= a.warmup:
+                # Every attack has run a few rounds (every worker thread has served some): with
+                # the big bodies paused and 3 s to settle, the RSS the end is compared with.
+                pause.set()
+                paused.wait(timeout=120)
+                time.sleep(3)
+                rss_warm = rss_bytes(srv.proc.pid)
+                pause.clear()
         stop.set()
         for t in threads:
             t.join(timeout=120)
@@ -465,17 +486,18 @@ def main():
             "valid_latency_ms": {k: (round(percentile(lat, p) * 1000, 2) if lat else None)
                                  for k, p in (("p50", 50), ("p99", 99), ("max", 100))},
             "attacks": {k: v for k, v in sorted(stats.counts.items()) if k.startswith("attack")},
-            "rss_before_mb": round(rss_before / MB, 1),
-            "rss_after_mb": round(rss_after / MB, 1),
+            "rss_start_mb": round(rss_start / MB, 1),
+            "rss_after_warmup_mb": round(rss_warm / MB, 1) if rss_warm else None,
+            "rss_end_mb": round(rss_after / MB, 1),
             "rss_max_during_mb": round(max(rss_samples) / MB, 1) if rss_samples else None,
-            "rss_after_over_before": round(rss_after / rss_before, 3) if rss_before else None,
+            "rss_end_over_after_warmup": round(rss_after / rss_warm, 3) if rss_warm else None,
         }
         print(json.dumps(summary, indent=2))
         if a.json:
             Path(a.json).write_text(json.dumps(summary, indent=2) + "\n")
         ok = (summary["server_deaths"] == 0 and summary["valid_failed"] == 0 and
-              summary["rss_after_over_before"] is not None and
-              summary["rss_after_over_before"] <= 1.10)
+              summary["rss_end_over_after_warmup"] is not None and
+              summary["rss_end_over_after_warmup"] <= 1.10)
         return 0 if ok else 1
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -1,6 +1,6 @@
 // KServe v2 HTTP/REST front end and the Prometheus metrics endpoint, on HttpServer
 // (http_server.h: the connection handling, limits and timeouts).
-#include <regex>
+#include <functional>
 
 #include "dlrec/core/config.h"
 #include "dlrec/serve/request_error.h"
@@ -94,29 +94,65 @@ json optional_body(const Req& req) {
   return j;
 }
 
-// Method + path regex -> handler; the first match runs.
+// Method + path template -> handler; the first match runs. A template is a path whose "*"
+// segments match any one non-empty segment and are captured in order (req.matches[1..]); a
+// model route is added twice, without and with "/versions/*" after the model name (an absent
+// version is captured as ""). Plain segment comparison: std::regex backtracks recursively, and a
+// long request path (up to the 16 KB head limit) used megabytes of a worker's stack.
 class Router {
  public:
   using Handler = std::function<void(Req&, Res&)>;
   void add(const char* method, const std::string& pattern, Handler h) {
-    routes_.push_back({method, std::regex(pattern), std::move(h)});
+    routes_.push_back({method, split(pattern), -1, std::move(h)});
+  }
+  // `pattern` starts with "/v2/models/*"; also adds it with "/versions/*" after that.
+  void add_model(const char* method, const std::string& pattern, Handler h) {
+    std::vector<std::string> segs = split(pattern);
+    routes_.push_back({method, segs, 3, h});
+    segs.insert(segs.begin() + 3, {"versions", "*"});
+    routes_.push_back({method, segs, -1, std::move(h)});
   }
   void operator()(Req& req, Res& res) const {
     t_request_error.clear();
+    const std::vector<std::string> path = split(req.path);
     for (const auto& r : routes_) {
-      std::smatch m;
-      if (req.method != r.method || !std::regex_match(req.path, m, r.pattern)) continue;
-      req.matches.clear();
-      for (const auto& g : m) req.matches.push_back(g.str());
+      if (req.method != r.method || path.size() != r.segments.size() || req.path.empty() ||
+          req.path.back() == '/')
+        continue;
+      std::vector<std::string> caps = {req.path};
+      bool ok = true;
+      for (size_t i = 0; i < path.size() && ok; ++i) {
+        if (r.segments[i] == "*") {
+          ok = !path[i].empty();
+          caps.push_back(path[i]);
+        } else {
+          ok = path[i] == r.segments[i];
+        }
+        if (static_cast<int>(i + 1) == r.empty_version_after) caps.push_back("");
+      }
+      if (!ok) continue;
+      req.matches = std::move(caps);
       return r.handler(req, res);
     }
     send_error(res, 404, "no endpoint " + req.method + " " + req.path.substr(0, 200));
   }
 
  private:
+  static std::vector<std::string> split(const std::string& path) {
+    std::vector<std::string> out;
+    size_t i = 1;  // after the leading '/'
+    while (i <= path.size()) {
+      size_t j = path.find('/', i);
+      if (j == std::string::npos) j = path.size();
+      out.push_back(path.substr(i, j - i));
+      i = j + 1;
+    }
+    return out;
+  }
   struct Route {
     std::string method;
-    std::regex pattern;
+    std::vector<std::string> segments;
+    int empty_version_after;  // >= 0: capture "" as the version after this many segments
     Handler handler;
   };
   std::vector<Route> routes_;
@@ -193,8 +229,8 @@ class HttpFrontend : public Frontend {
         send_json(res, 200, {{"model_stats", a}});
       });
     });
-    const std::string m = R"(/v2/models/([^/]+)(?:/versions/([^/]+))?)";
-    r.add("GET", m + "/stats", [this](const Req& req, Res& res) {
+    const std::string m = "/v2/models/*";
+    r.add_model("GET", m + "/stats", [this](const Req& req, Res& res) {
       guarded(res, [&] {
         std::string name = match(req, 1), version = match(req, 2);
         check_model_name(name);
@@ -206,13 +242,13 @@ class HttpFrontend : public Frontend {
         send_json(res, 200, {{"model_stats", a}});
       });
     });
-    r.add("GET", m + "/ready", [this](const Req& req, Res& res) {
+    r.add_model("GET", m + "/ready", [this](const Req& req, Res& res) {
       guarded(res, [&] {
         core_.repository->get(match(req, 1), match(req, 2));
         send_json(res, 200, {{"ready", true}});
       });
     });
-    r.add("GET", m, [this](const Req& req, Res& res) {
+    r.add_model("GET", m, [this](const Req& req, Res& res) {
       guarded(res, [&] {
         std::string name = match(req, 1);
         auto model = core_.repository->get(name, match(req, 2));
@@ -226,7 +262,7 @@ class HttpFrontend : public Frontend {
                    {"outputs", tensors_json(model->outputs())}});
       });
     });
-    r.add("POST", m + "/infer", [this](Req& req, Res& res) {
+    r.add_model("POST", m + "/infer", [this](Req& req, Res& res) {
       guarded(res, [&] { infer(req, res); });
     });
     r.add("POST", "/v2/repository/index", [this](const Req& req, Res& res) {
@@ -245,7 +281,9 @@ class HttpFrontend : public Frontend {
         send_json(res, 200, a);
       });
     });
-    r.add("POST", R"(/v2/repository/models/([^/]+)/(load|unload))", [this](const Req& req, Res& res) {
+    r.add("POST", "/v2/repository/models/*/*", [this](const Req& req, Res& res) {
+      if (match(req, 2) != "load" && match(req, 2) != "unload")
+        return send_error(res, 404, "no endpoint POST " + req.path.substr(0, 200));
       guarded(res, [&] {
         optional_body(req);
         if (match(req, 2) == "load") {

@@ -706,6 +706,8 @@ void HttpServer::Impl::run_worker() {
 }
 
 void HttpServer::Impl::serve(Conn& c) {
+  // A big body (the handler may have released it already) is followed by a trim below.
+  const bool big = c.req.body.capacity() > (size_t{1} << 20);
   HttpResponse res;
   if (c.refusal.status != 0) {
     res.status = c.refusal.status;
@@ -741,7 +743,7 @@ void HttpServer::Impl::serve(Conn& c) {
     } catch (...) {
     }
   }
-  if (c.req.body.capacity() > (size_t{1} << 20)) {
+  if (big) {
     std::string().swap(c.req.body);
     return_freed_memory();
   }

@@ -248,6 +248,12 @@ TEST_F(ServerHostile, MalformedRequestsAreAnsweredAndClosed) {
     }
     ::close(fd);
   }
+  // A path as long as the head limit allows: routed by plain segment comparison (std::regex
+  // recursed per character on the worker's stack).
+  for (const char* prefix : {"/v2/models/", "/v2/models/m/versions/", "/x/"}) {
+    Answer lp = request(port_, get(prefix + std::string(16000, 'm')));
+    EXPECT_TRUE(lp.status == 400 || lp.status == 404) << lp.head;
+  }
   // A body nested 10,000 deep (the stack overflow of the issue, here in a repository call).
   std::string deep(10000, '[');
   deep += std::string(10000, ']');
