@@ -156,10 +156,14 @@ class Handlers {
   }
   // The status of the exception in flight; logs the call when the access log is on.
   grpc::Status failed(const char* rpc, uint64_t t0) {
-    std::string msg;
-    grpc::Status st(grpc_code(classify_current_exception(msg)), msg);
-    log(rpc, t0, st);
-    return st;
+    try {
+      std::string msg;
+      grpc::Status st(grpc_code(classify_current_exception(msg)), msg);
+      log(rpc, t0, st);
+      return st;
+    } catch (...) {  // forming the error failed too (out of memory): still an answer
+      return grpc::Status(grpc::StatusCode::INTERNAL, "internal error");
+    }
   }
   // A call that arrived after stop() began and would start work (an inference, a model load):
   // refused, so that the drain ends.

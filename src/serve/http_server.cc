@@ -696,7 +696,11 @@ void HttpServer::Impl::run_worker() {
       c = work.front();
       work.pop_front();
     }
-    serve(*c);
+    try {
+      serve(*c);
+    } catch (...) {
+      c->close_after = true;  // no memory even for the answer: drop the connection
+    }
     {
       std::lock_guard<std::mutex> lk(mu);
       returned.push_back(c);
@@ -717,13 +721,16 @@ void HttpServer::Impl::serve(Conn& c) {
       handler(c.req, res);
     } catch (...) {
       // The handler's own guard converts failures; this is the last line (e.g. bad_alloc
-      // while forming an error).
-      res = HttpResponse{};
+      // while forming an error), and must not throw itself.
       res.status = 500;
+      res.content_type = "application/json";
+      res.headers.clear();
       try {
-        std::rethrow_exception(std::current_exception());
-      } catch (const std::exception& e) {
-        res.body = error_body(std::string("internal error: ") + e.what());
+        try {
+          throw;
+        } catch (const std::exception& e) {
+          res.body = error_body(std::string("internal error: ") + e.what());
+        }
       } catch (...) {
         res.body = "{\"error\":\"internal error\"}";
       }
