@@ -451,11 +451,14 @@ def main():
         for t in threads:
             t.start()
         rss_samples = []
+        rss_by_minute = []
         rss_warm = None
         while time.time() - t0 < a.duration:
             time.sleep(1.0)
             if srv.check():
                 rss_samples.append(rss_bytes(srv.proc.pid))
+            if time.time() - t0 >= 60 * (len(rss_by_minute) + 1):
+                rss_by_minute.append(round(rss_bytes(srv.proc.pid) / MB, 1))
             if rss_warm is None and time.time() - t0 >= a.warmup:
                 # Every attack has run a few rounds (every worker thread has served some): with
                 # the big bodies paused and 3 s to settle, the RSS the end is compared with.
@@ -489,6 +492,7 @@ def main():
             "rss_start_mb": round(rss_start / MB, 1),
             "rss_after_warmup_mb": round(rss_warm / MB, 1) if rss_warm else None,
             "rss_end_mb": round(rss_after / MB, 1),
+            "rss_each_minute_mb": rss_by_minute,
             "rss_max_during_mb": round(max(rss_samples) / MB, 1) if rss_samples else None,
             "rss_end_over_after_warmup": round(rss_after / rss_warm, 3) if rss_warm else None,
         }

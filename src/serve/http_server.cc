@@ -40,40 +40,37 @@ int64_t now_ms() {
 
 const char* reason_phrase(int status) {
   switch (status) {
-    case 100: return "Continue";
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 413: return "Payload Too Large";
-    case 417: return "Expectation Failed";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 503: return "Service Unavailable";
-    case 505: return "HTTP Version Not Supported";
-    default: return "Status";
+    case 100:
+      return "Continue";
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 413:
+      return "Payload Too Large";
+    case 417:
+      return "Expectation Failed";
+    case 429:
+      return "Too Many Requests";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 501:
+      return "Not Implemented";
+    case 503:
+      return "Service Unavailable";
+    case 505:
+      return "HTTP Version Not Supported";
+    default:
+      return "Status";
   }
-}
-
-bool is_token_char(unsigned char c) {
-  if (c >= '0' && c <= '9') return true;
-  if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return true;
-  return std::strchr("!#$%&'*+-.^_`|~", c) != nullptr && c != 0;
-}
-
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-std::string trim_ows(const std::string& s) {
-  size_t b = 0, e = s.size();
-  while (b < e && (s[b] == ' ' || s[b] == '\t')) ++b;
-  while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t')) --e;
-  return s.substr(b, e - b);
 }
 
 // A request the server answers itself: status and message.
@@ -88,92 +85,35 @@ std::string error_body(const std::string& message) {
 
 }  // namespace
 
-bool valid_utf8(const char* s, size_t n) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s);
-  size_t i = 0;
-  while (i < n) {
-    unsigned char c = p[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    int len;
-    uint32_t cp;
-    if (c >= 0xC2 && c <= 0xDF) len = 2, cp = c & 0x1F;
-    else if (c >= 0xE0 && c <= 0xEF) len = 3, cp = c & 0x0F;
-    else if (c >= 0xF0 && c <= 0xF4) len = 4, cp = c & 0x07;
-    else return false;
-    if (n - i < static_cast<size_t>(len)) return false;
-    for (int k = 1; k < len; ++k) {
-      if ((p[i + k] & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (p[i + k] & 0x3F);
-    }
-    if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-        (cp >= 0xD800 && cp <= 0xDFFF))
-      return false;
-    i += len;
-  }
-  return true;
-}
-
-bool decode_request_path(const std::string& raw, std::string& out) {
-  out.clear();
-  out.reserve(raw.size());
-  auto hex = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  for (size_t i = 0; i < raw.size(); ++i) {
-    if (raw[i] != '%') {
-      out.push_back(raw[i]);
-      continue;
-    }
-    if (i + 2 >= raw.size()) return false;
-    int h = hex(raw[i + 1]), l = hex(raw[i + 2]);
-    if (h < 0 || l < 0) return false;
-    out.push_back(static_cast<char>(h * 16 + l));
-    i += 2;
-  }
-  return out.find('\0') == std::string::npos && valid_utf8(out.data(), out.size());
-}
-
-const std::string* HttpRequest::header(const std::string& lower_name) const {
-  for (const auto& [k, v] : headers)
-    if (k == lower_name) return &v;
-  return nullptr;
-}
-
 // --- connections ------------------------------------------------------------------------------
 
 namespace {
 
 enum class ConnState {
-  Idle,        // waiting for the first byte of a request (keep-alive)
-  Head,        // reading the request line and headers
-  Body,        // reading a Content-Length body
-  ChunkLine,   // reading a chunk-size line
-  ChunkData,   // reading chunk data
-  ChunkEnd,    // reading the CRLF after chunk data
-  Trailers,    // reading the trailer section after the last chunk
-  Busy,        // a worker has it (not in the epoll set)
-  Lingering,   // answered and shut down for writing; reading and discarding until EOF
+  Idle,       // waiting for the first byte of a request (keep-alive)
+  Head,       // reading the request line and headers
+  Body,       // reading a Content-Length body
+  ChunkLine,  // reading a chunk-size line
+  ChunkData,  // reading chunk data
+  ChunkEnd,   // reading the CRLF after chunk data
+  Trailers,   // reading the trailer section after the last chunk
+  Busy,       // a worker has it (not in the epoll set)
+  Lingering,  // answered and shut down for writing; reading and discarding until EOF
 };
 
 struct Conn {
   int fd = -1;
   ConnState state = ConnState::Idle;
-  int64_t deadline = 0;   // ms (steady clock) at which the current state expires
-  std::string head;       // the head (or a chunk line / trailers) as it arrives
-  std::string pending;    // bytes received after a complete request (pipelining)
+  int64_t deadline = 0;  // ms (steady clock) at which the current state expires
+  std::string head;      // the head (or a chunk line / trailers) as it arrives
+  std::string pending;   // bytes received after a complete request (pipelining)
   HttpRequest req;
   int64_t body_left = 0;  // Body: bytes still to come; ChunkData: bytes left in the chunk
   bool keep_alive = true;
   bool close_after = false;  // a refusal: answer, then linger and close
   Refusal refusal{0, ""};
-  uint64_t t0 = 0;           // ns (steady) of the request's first byte, for the log
-  int64_t discarded = 0;     // Lingering: bytes read and dropped
+  uint64_t t0 = 0;        // ns (steady) of the request's first byte, for the log
+  int64_t discarded = 0;  // Lingering: bytes read and dropped
 };
 
 uint64_t now_ns_steady() {
@@ -311,8 +251,8 @@ void HttpServer::Impl::accept_all() {
       static const std::string msg = [] {
         std::string body = error_body("too many open connections; try again later");
         return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-               "Content-Length: " + std::to_string(body.size()) +
-               "\r\nConnection: close\r\n\r\n" + body;
+               "Content-Length: " +
+               std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
       }();
       ssize_t w = ::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       (void)w;
@@ -388,9 +328,11 @@ void HttpServer::Impl::feed(Conn& c, const char* p, size_t n) {
         if (c.state == ConnState::Trailers && c.head.compare(0, 2, "\r\n") == 0) end = 0;
         if (end == std::string::npos) {
           if (c.head.size() > static_cast<size_t>(lim.max_header_bytes))
-            return refuse(c, 431, c.state == ConnState::Head ? "the request head exceeds " +
-                                  std::to_string(lim.max_header_bytes) + " bytes"
-                                  : "the chunked trailers are too long");
+            return refuse(
+                c, 431,
+                c.state == ConnState::Head
+                    ? "the request head exceeds " + std::to_string(lim.max_header_bytes) + " bytes"
+                    : "the chunked trailers are too long");
           i += take;
           continue;
         }
@@ -443,8 +385,8 @@ void HttpServer::Impl::feed(Conn& c, const char* p, size_t n) {
           if (++digits > 15) return refuse(c, 413, "a chunk is larger than the request limit");
           size = size * 16 + v;
         }
-        if (digits == 0 || (c.head[k] != ';' && c.head[k] != '\r' && c.head[k] != ' ' &&
-                            c.head[k] != '\t'))
+        if (digits == 0 ||
+            (c.head[k] != ';' && c.head[k] != '\r' && c.head[k] != ' ' && c.head[k] != '\t'))
           return refuse(c, 400, "malformed chunk size");
         c.head.clear();
         if (size == 0) {
@@ -452,8 +394,9 @@ void HttpServer::Impl::feed(Conn& c, const char* p, size_t n) {
           break;
         }
         if (size > lim.max_body_bytes - static_cast<int64_t>(c.req.body.size()))
-          return refuse(c, 413, "the request body exceeds the server's maximum request size (" +
-                                    std::to_string(lim.max_body_bytes) + " bytes)");
+          return refuse(c, 413,
+                        "the request body exceeds the server's maximum request size (" +
+                            std::to_string(lim.max_body_bytes) + " bytes)");
         c.body_left = size;
         c.state = ConnState::ChunkData;
         break;
@@ -485,89 +428,20 @@ void HttpServer::Impl::feed(Conn& c, const char* p, size_t n) {
   }
 }
 
-// Parses c.head (request line and headers, ending with an empty line) into c.req and decides
-// how the body comes.
+// Parses c.head into c.req (http_request_head.cc) and decides how the body comes.
 void HttpServer::Impl::parse_head(Conn& c) {
-  const std::string& h = c.head;
-  if (!valid_utf8(h.data(), h.size())) return refuse(c, 400, "the request head is not valid UTF-8");
-  size_t eol = h.find("\r\n");
-  const std::string line = h.substr(0, eol);
-  // request-line = method SP request-target SP HTTP-version
-  size_t sp1 = line.find(' ');
-  size_t sp2 = sp1 == std::string::npos ? sp1 : line.find(' ', sp1 + 1);
-  if (sp1 == 0 || sp2 == std::string::npos || line.find(' ', sp2 + 1) != std::string::npos)
-    return refuse(c, 400, "malformed request line");
-  c.req.method = line.substr(0, sp1);
-  for (char ch : c.req.method)
-    if (!is_token_char(static_cast<unsigned char>(ch)))
-      return refuse(c, 400, "malformed request method");
-  const std::string target = line.substr(sp1 + 1, sp2 - sp1 - 1);
-  const std::string version = line.substr(sp2 + 1);
-  if (version == "HTTP/1.1") c.req.minor_version = 1;
-  else if (version == "HTTP/1.0") c.req.minor_version = 0;
-  else if (version.compare(0, 5, "HTTP/") == 0)
-    return refuse(c, 505, "only HTTP/1.0 and HTTP/1.1 are served");
-  else return refuse(c, 400, "malformed request line");
-  for (char ch : target)
-    if (static_cast<unsigned char>(ch) <= 0x20 || ch == 0x7f)
-      return refuse(c, 400, "control bytes in the request target");
-  if (target.empty() || target[0] != '/') return refuse(c, 400, "the request target must be a path");
-  const size_t q = target.find('?');
-  if (!decode_request_path(target.substr(0, q), c.req.path))
-    return refuse(c, 400, "the request path has a bad %-escape or is not valid UTF-8");
-  if (q != std::string::npos) c.req.query = target.substr(q + 1);
-
-  bool chunked = false;
-  int64_t content_length = -1;
-  bool close_requested = false, keep_alive_requested = false, expect_continue = false;
-  size_t pos = eol + 2;
-  while (pos < h.size()) {
-    size_t e = h.find("\r\n", pos);
-    if (e == pos) break;  // the empty line
-    const std::string field = h.substr(pos, e - pos);
-    pos = e + 2;
-    if (field[0] == ' ' || field[0] == '\t') return refuse(c, 400, "obsolete header folding");
-    size_t colon = field.find(':');
-    if (colon == std::string::npos || colon == 0) return refuse(c, 400, "malformed header line");
-    for (size_t k = 0; k < colon; ++k)
-      if (!is_token_char(static_cast<unsigned char>(field[k])))
-        return refuse(c, 400, "malformed header name");
-    std::string name = lower(field.substr(0, colon));
-    std::string value = trim_ows(field.substr(colon + 1));
-    for (char ch : value)
-      if ((static_cast<unsigned char>(ch) < 0x20 && ch != '\t') || ch == 0x7f)
-        return refuse(c, 400, "control bytes in header '" + name + "'");
-    if (name == "content-length") {
-      if (value.empty() || value.size() > 18 ||
-          value.find_first_not_of("0123456789") != std::string::npos)
-        return refuse(c, 400, "malformed Content-Length");
-      int64_t v = std::stoll(value);
-      if (content_length >= 0 && v != content_length)
-        return refuse(c, 400, "conflicting Content-Length headers");
-      content_length = v;
-    } else if (name == "transfer-encoding") {
-      if (lower(value) != "chunked") return refuse(c, 501, "only the chunked transfer coding is served");
-      if (chunked) return refuse(c, 400, "repeated Transfer-Encoding");
-      chunked = true;
-    } else if (name == "connection") {
-      std::string v = lower(value);
-      if (v.find("close") != std::string::npos) close_requested = true;
-      if (v.find("keep-alive") != std::string::npos) keep_alive_requested = true;
-    } else if (name == "expect") {
-      if (lower(value) != "100-continue") return refuse(c, 417, "unsupported Expect header");
-      expect_continue = true;
-    }
-    c.req.headers.emplace_back(std::move(name), std::move(value));
-  }
-  if (chunked && content_length >= 0)
-    return refuse(c, 400, "both Content-Length and Transfer-Encoding");
-  c.keep_alive = c.req.minor_version == 1 ? !close_requested : keep_alive_requested;
+  RequestHead h = parse_request_head(c.head, c.req);
+  if (h.refusal_status != 0) return refuse(c, h.refusal_status, std::move(h.refusal));
+  const bool chunked = h.chunked;
+  const int64_t content_length = h.content_length;
+  c.keep_alive = h.keep_alive;
   if (content_length > lim.max_body_bytes)
-    return refuse(c, 413, "the request body (" + std::to_string(content_length) +
-                              " bytes) exceeds the server's maximum request size (" +
-                              std::to_string(lim.max_body_bytes) + " bytes)");
+    return refuse(c, 413,
+                  "the request body (" + std::to_string(content_length) +
+                      " bytes) exceeds the server's maximum request size (" +
+                      std::to_string(lim.max_body_bytes) + " bytes)");
   if (!chunked && content_length <= 0) return request_complete(c);  // no body
-  if (expect_continue) {
+  if (h.expect_continue) {
     static const char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
     // Into an empty send buffer this never blocks; if it fails the body does not come and the
     // body deadline answers.
@@ -673,12 +547,14 @@ void HttpServer::Impl::check_deadlines() {
         close_conn(*c);
         break;
       case ConnState::Head:
-        refuse(*c, stop_seen ? 503 : 408,
-               stop_seen ? "the server is shutting down" : "the request head did not arrive in time");
+        refuse(
+            *c, stop_seen ? 503 : 408,
+            stop_seen ? "the server is shutting down" : "the request head did not arrive in time");
         break;
       default:
-        refuse(*c, stop_seen ? 503 : 408,
-               stop_seen ? "the server is shutting down" : "the request body did not arrive in time");
+        refuse(
+            *c, stop_seen ? 503 : 408,
+            stop_seen ? "the server is shutting down" : "the request body did not arrive in time");
         break;
     }
   }
@@ -806,8 +682,8 @@ HttpServer::~HttpServer() { stop(); }
 
 void HttpServer::start(const std::string& host, int port) {
   Impl& m = *impl_;
-  DLREC_CHECK(m.lim.threads >= 1 && m.lim.max_connections >= 1 && m.lim.max_body_bytes > 0,
-              m.name, ": bad limits");
+  DLREC_CHECK(m.lim.threads >= 1 && m.lim.max_connections >= 1 && m.lim.max_body_bytes > 0, m.name,
+              ": bad limits");
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;

@@ -33,15 +33,15 @@
 namespace dlrec::serve {
 
 struct HttpServerLimits {
-  int threads = 16;                       // workers running handlers
-  int max_connections = 1024;             // open connections (each costs a descriptor)
+  int threads = 16;            // workers running handlers
+  int max_connections = 1024;  // open connections (each costs a descriptor)
   int64_t max_body_bytes = int64_t{64} << 20;
-  int64_t max_header_bytes = 16384;       // request line + headers (+ chunked trailers)
+  int64_t max_header_bytes = 16384;  // request line + headers (+ chunked trailers)
   int header_timeout_ms = 10000;
   int body_timeout_ms = 60000;
-  int idle_timeout_ms = 30000;            // keep-alive wait for the next request
-  int write_timeout_ms = 30000;           // sending one response
-  int stop_grace_ms = 5000;               // at stop: how long a half-received request may finish
+  int idle_timeout_ms = 30000;   // keep-alive wait for the next request
+  int write_timeout_ms = 30000;  // sending one response
+  int stop_grace_ms = 5000;      // at stop: how long a half-received request may finish
 };
 
 struct HttpRequest {
@@ -92,6 +92,20 @@ class HttpServer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// A request head, read (http_request_head.cc). refusal_status != 0: refused with that status
+// and message; the fields below are then unspecified.
+struct RequestHead {
+  int refusal_status = 0;
+  std::string refusal;
+  bool chunked = false;
+  int64_t content_length = -1;  // -1: none
+  bool keep_alive = true;
+  bool expect_continue = false;
+};
+// Parses `head` (request line, header fields, the empty line) into req's method, path, query,
+// version and headers.
+RequestHead parse_request_head(const std::string& head, HttpRequest& req);
 
 // Percent-decodes a request path; false (and `out` unspecified) for a bad escape, a NUL byte
 // or bytes that are not valid UTF-8.

@@ -54,11 +54,11 @@ def build_repository(d: Path):
         "--max-steps", 5)
     repo = d / "repo"
     run("export", "--run", d / "run", "--out", repo / "m" / "1")
-    # "slow": every request waits 1.5 s in the batcher (a request in flight to unload under).
+    # "slow": every request waits 3 s in the batcher (a request in flight to unload under).
     shutil.copytree(repo / "m" / "1", repo / "slow" / "1")
     (repo / "slow" / "config.json").write_text(json.dumps(
         {"max_batch_size": 4096,
-         "dynamic_batching": {"max_queue_delay_microseconds": 1500000, "max_queue_size": 64}}))
+         "dynamic_batching": {"max_queue_delay_microseconds": 3000000, "max_queue_size": 64}}))
     return repo
 
 
@@ -379,18 +379,18 @@ def test_post_without_body_is_answered_at_once(server, work):
 
 
 def test_unload_answers_503_until_done(server, work):
-    """While "slow" unloads (a request in flight holds it for 1.5 s), requests get 503."""
+    """While "slow" unloads (a request in flight holds it for 3 s), requests get 503."""
     port = server["http"]
     inflight = []
     t = threading.Thread(target=lambda: inflight.append(http_request(
         port, "POST", "/v2/models/slow/infer", body=infer_body(work, server["inputs"]))))
     t.start()
-    time.sleep(0.3)
+    time.sleep(0.8)
     unload = []
     u = threading.Thread(target=lambda: unload.append(http_request(
         port, "POST", "/v2/repository/models/slow/unload")))
     u.start()
-    time.sleep(0.3)
+    time.sleep(0.8)
     status, answer = http_request(port, "POST", "/v2/models/slow/infer",
                                   body=infer_body(work, server["inputs"]))
     assert status == 503 and b"being unloaded" in answer, (status, answer[:200])
@@ -459,7 +459,7 @@ def test_shutdown_answers_requests_in_flight(work):
     req = (b"POST /v2/models/slow/infer HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
     c = socket.create_connection(("127.0.0.1", s["http"]), timeout=20)
     c.sendall(req + req)
-    time.sleep(0.3)
+    time.sleep(0.8)
     s["proc"].send_signal(signal.SIGTERM)
     time.sleep(0.5)
     answer = b""

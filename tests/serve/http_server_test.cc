@@ -3,6 +3,8 @@
 // health, repository and error paths) or to the HttpServer beneath it, then checks the answer
 // and that the server still answers health checks. Inference under the same attacks, against a
 // real model: tests/python/test_serve_hostile.py.
+#include "../src/serve/http_server.h"
+
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -19,7 +21,6 @@
 #include <thread>
 #include <vector>
 
-#include "../src/serve/http_server.h"
 #include "dlrec/core/config.h"
 #include "dlrec/serve/server.h"
 
@@ -136,16 +137,13 @@ std::string post_index(const std::string& body) {
          "\r\n\r\n" + body;
 }
 
-std::string get(const std::string& path) {
-  return "GET " + path + " HTTP/1.1\r\nHost: t\r\n\r\n";
-}
+std::string get(const std::string& path) { return "GET " + path + " HTTP/1.1\r\nHost: t\r\n\r\n"; }
 
 class ServerHostile : public ::testing::Test {
  protected:
   void SetUp() override {
-    repo_ = fs::temp_directory_path() /
-            ("dlrec_http_hostile_" + std::to_string(::getpid()) + "_" +
-             std::to_string(std::random_device{}()));
+    repo_ = fs::temp_directory_path() / ("dlrec_http_hostile_" + std::to_string(::getpid()) + "_" +
+                                         std::to_string(std::random_device{}()));
     fs::create_directories(repo_);
   }
   void TearDown() override {
@@ -216,7 +214,9 @@ TEST_F(ServerHostile, MalformedRequestsAreAnsweredAndClosed) {
       {"GET / HTTP/1.1\r\nNoColon\r\n\r\n", 400},
       {"GET / HTTP/1.1\r\nBad Name: v\r\n\r\n", 400},
       {"GET / HTTP/1.1\r\nX: a\r\n folded\r\n\r\n", 400},
-      {"GET / HTTP/1.1\r\nX: a\x01" "b\r\n\r\n", 400},
+      {"GET / HTTP/1.1\r\nX: a\x01"
+       "b\r\n\r\n",
+       400},
       {"POST /v2/repository/index HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked"
        "\r\n\r\n{}",
        400},
@@ -266,7 +266,8 @@ TEST_F(ServerHostile, MalformedRequestsAreAnsweredAndClosed) {
 TEST_F(ServerHostile, BodiesOverTheLimitAre413ChunkedIncluded) {
   start();
   // Declared too big: refused before any body byte is read.
-  Answer a = request(port_, "POST /v2/repository/index HTTP/1.1\r\nContent-Length: 209715200\r\n\r\n");
+  Answer a =
+      request(port_, "POST /v2/repository/index HTTP/1.1\r\nContent-Length: 209715200\r\n\r\n");
   EXPECT_EQ(a.status, 413);
   // Chunked: the sum of the chunks counts (1 MB limit; up to 200 chunks of 64 KB offered). The
   // 413 comes once the limit is passed, while the client is still sending (the server reads on
@@ -397,8 +398,9 @@ TEST_F(ServerHostile, PipelinedAndContinuedRequests) {
   EXPECT_EQ(read_answer(fd, 5, &rest).body, R"({"ready":true})");
   EXPECT_EQ(read_answer(fd, 5, &rest).status, 200);
   // Expect: 100-continue: the interim answer, then the body is read.
-  send_bytes(fd, "POST /v2/repository/index HTTP/1.1\r\nExpect: 100-continue\r\n"
-                 "Content-Length: 2\r\n\r\n");
+  send_bytes(fd,
+             "POST /v2/repository/index HTTP/1.1\r\nExpect: 100-continue\r\n"
+             "Content-Length: 2\r\n\r\n");
   char buf[64] = {};
   pollfd p{fd, POLLIN, 0};
   ASSERT_EQ(::poll(&p, 1, 2000), 1);
