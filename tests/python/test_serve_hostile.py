@@ -321,7 +321,7 @@ def test_idle_and_unfinished_connections_do_not_delay_requests(server, work):
     for _ in range(5):
         t0 = time.time()
         assert_alive(server, work)
-        assert time.time() - t0 < 1.0, f"{time.time() - t0:.2f} s"
+        assert time.time() - t0 < 2.0, f"{time.time() - t0:.2f} s"
     for s in idle + partial:
         s.close()
 
@@ -363,7 +363,7 @@ def test_three_hundred_trickling_connections(server, work):
         except OSError:
             pass
         c.close()
-    assert worst < 1.0, f"health + inference took {worst:.2f} s"
+    assert worst < 2.0, f"health + inference took {worst:.2f} s"
     assert timed_out == 300
 
 

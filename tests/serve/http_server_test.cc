@@ -324,7 +324,7 @@ TEST_F(ServerHostile, IdleAndHalfSentConnectionsDoNotDelayOthers) {
     partial.push_back(fd);
   }
   for (int i = 0; i < 16; ++i) fds.push_back(connect_to(port_));
-  for (int i = 0; i < 10; ++i) expect_healthy(0.5);
+  for (int i = 0; i < 10; ++i) expect_healthy(1.0);
   // The unfinished heads time out (700 ms) with a 408 and are closed.
   for (int fd : partial) {
     Answer a = read_answer(fd, 3.0);
@@ -363,7 +363,7 @@ TEST_F(ServerHostile, TricklingClientsTimeOutAndHealthStaysFast) {
     EXPECT_EQ(a.status, 200);
     worst = std::max(worst, seconds_since(t0));
   }
-  EXPECT_LT(worst, 0.5);
+  EXPECT_LT(worst, 1.0);  // seconds before (4.5 s with 16 idle connections)
   done = true;
   trickle.join();
   int timed_out = 0;
