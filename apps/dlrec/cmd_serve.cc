@@ -21,7 +21,30 @@ Runner add_serve(CLI::App& app) {
   c->add_option("--grpc-port", o->grpc_port, "gRPC port (0: any free port, -1: off)");
   c->add_option("--metrics-port", o->metrics_port,
                 "Prometheus metrics port, GET /metrics (0: any free port, -1: off)");
-  c->add_option("--http-threads", o->http_threads, "HTTP worker threads")->check(CLI::Range(2, 1024));
+  c->add_option("--http-threads", o->http_threads,
+                "HTTP worker threads (default 16); they run complete requests only, connections "
+                "are read by one event-loop thread")
+      ->check(CLI::Range(2, 1024));
+  c->add_option("--http-max-connections", o->http_max_connections,
+                "Open HTTP connections allowed (default 1024); beyond, a new one is answered 503 "
+                "and closed")
+      ->check(CLI::Range(1, 1 << 20));
+  c->add_option("--http-header-timeout-ms", o->http_header_timeout_ms,
+                "A request's line and headers must arrive within this many ms of its first byte "
+                "(default 10000; 408 and closed otherwise)")
+      ->check(CLI::Range(100, 3600000));
+  c->add_option("--http-body-timeout-ms", o->http_body_timeout_ms,
+                "A request body must arrive within this many ms of the end of its headers "
+                "(default 60000; 408 and closed otherwise)")
+      ->check(CLI::Range(100, 3600000));
+  c->add_option("--http-idle-timeout-ms", o->http_idle_timeout_ms,
+                "A keep-alive connection that sends no request for this many ms is closed "
+                "(default 30000)")
+      ->check(CLI::Range(100, 3600000));
+  c->add_option("--http-write-timeout-ms", o->http_write_timeout_ms,
+                "Sending one response may take this many ms before the connection is dropped "
+                "(default 30000)")
+      ->check(CLI::Range(100, 3600000));
   c->add_option("--grpc-threads", o->grpc_threads,
                 "gRPC completion queues (default 1), each with one polling thread that receives "
                 "the calls and hands inferences on without waiting (more: gRPC passes events "

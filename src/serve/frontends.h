@@ -3,6 +3,7 @@
 
 #include <memory>
 
+#include "dlrec/serve/request_error.h"
 #include "dlrec/serve/server.h"
 
 namespace dlrec::serve {
@@ -25,5 +26,10 @@ std::unique_ptr<Frontend> make_grpc_frontend(ServerCore& core);     // inference
 // Converts the exception in flight into a status and message (RequestError keeps its status;
 // other dlrec::Error -> InvalidArgument; anything else -> Internal).
 Status classify_current_exception(std::string& message);
+
+// Hands memory freed after a big request back to the system (glibc: malloc_trim). glibc raises
+// its mmap threshold to the largest block freed (up to 32 MB), so the buffers of later big
+// requests come from the heap and stay resident once freed; called after such a request.
+void return_freed_memory();
 
 }  // namespace dlrec::serve

@@ -13,18 +13,173 @@ namespace {
 
 [[noreturn]] void bad(const std::string& msg) { request_fail(Status::InvalidArgument, msg); }
 
-// Appends the elements of a (possibly nested) JSON array in row-major order.
-void flatten(const json& j, std::vector<const json*>& out, int64_t limit, const std::string& n,
-             int depth = 0) {
-  if (depth > 32) bad("input '" + n + "': 'data' is nested too deeply");
-  if (!j.is_array()) {
-    if (static_cast<int64_t>(out.size()) >= limit)
-      bad(detail::concat("input '", n, "': 'data' has more elements than its shape"));
-    out.push_back(&j);
-    return;
+// The elements of one input's "data", as the parser met them (row-major; nested arrays only
+// give the order). Kept compact, 1 byte of kind plus 8 of value per number, strings as BYTES
+// wire bytes, instead of a DOM node per element: a JSON DOM costs 16 bytes per number and ~64
+// per string (four concurrent 60 MB bodies took 5.5 GB). Converted to the wire layout once the
+// datatype is known (it may come after "data" in the object).
+struct DataValues {
+  enum Kind : uint8_t { kInt, kUnsigned, kFloat, kBool, kString };
+  bool present = false;
+  std::vector<uint8_t> kind;
+  std::vector<uint64_t> num;  // the bits of int64 / uint64 / double / bool, in order
+  std::string bytes;          // strings, each as a 4-byte length and its bytes
+};
+
+// Builds the request's JSON value without its inputs' "data", which goes to DataValues.
+// nlohmann's SAX parser is iterative; the depth limit keeps the value built (and destroyed
+// recursively) shallow, and the counts keep memory proportional to the body.
+class InferBodySax {
+ public:
+  InferBodySax(int max_depth, int64_t max_values, int64_t max_elements)
+      : max_depth_(max_depth), max_values_(max_values), max_elements_(max_elements) {}
+
+  json root;
+  std::vector<DataValues> data;  // per element of "inputs"
+  std::string error;
+
+  bool null() { return in_data() ? data_error("null") : add(json(nullptr)); }
+  bool boolean(bool v) { return in_data() ? put(DataValues::kBool, v ? 1 : 0) : add(json(v)); }
+  bool number_integer(int64_t v) {
+    uint64_t bits;
+    std::memcpy(&bits, &v, 8);
+    return in_data() ? put(DataValues::kInt, bits) : add(json(v));
   }
-  for (const auto& e : j) flatten(e, out, limit, n, depth + 1);
-}
+  bool number_unsigned(uint64_t v) { return in_data() ? put(DataValues::kUnsigned, v) : add(json(v)); }
+  bool number_float(double v, const std::string&) {
+    uint64_t bits;
+    std::memcpy(&bits, &v, 8);
+    return in_data() ? put(DataValues::kFloat, bits) : add(json(v));
+  }
+  bool string(std::string& v) {
+    if (!in_data()) return add(json(std::move(v)));
+    if (v.size() > UINT32_MAX) return fail_with("a BYTES element is longer than 4 GB");
+    DataValues& d = data[data_input_];
+    uint32_t len = static_cast<uint32_t>(v.size());
+    char b[4];
+    std::memcpy(b, &len, 4);
+    d.bytes.append(b, 4);
+    d.bytes += v;
+    return put(DataValues::kString, 0);
+  }
+  bool binary(json::binary_t&) { return fail_with("binary values are not JSON"); }
+  bool start_object(size_t) {
+    if (in_data()) return data_error("an object");
+    if (!deeper()) return false;
+    const bool input = !stack_.empty() && stack_.back().inputs_array;
+    const size_t index = input ? stack_.back().node->size() : 0;
+    json* node = add_container(json::object());
+    if (!node) return false;
+    stack_.push_back({node, true, {}, false, input, index});
+    return true;
+  }
+  bool key(std::string& k) {
+    Frame& f = stack_.back();
+    if (f.node->contains(k))
+      return fail_with("duplicate key '" + k.substr(0, 64) + "' in a JSON object");
+    f.key = std::move(k);
+    if (f.input_object && f.key == "data") {
+      // The next value is the input's data.
+      if (f.input_index >= data.size()) data.resize(f.input_index + 1);
+      if (data[f.input_index].present) return fail_with("duplicate key 'data' in an input");
+      data_input_ = f.input_index;
+      data[data_input_].present = true;
+      data_next_ = true;
+    }
+    return true;
+  }
+  bool end_object() {
+    stack_.pop_back();
+    return true;
+  }
+  bool start_array(size_t) {
+    if (!deeper()) return false;
+    if (in_data()) {
+      data_next_ = false;
+      ++data_nest_;
+      return true;
+    }
+    const bool inputs = stack_.size() == 1 && stack_.back().key == "inputs";
+    json* node = add_container(json::array());
+    if (!node) return false;
+    stack_.push_back({node, false, {}, inputs, false, 0});
+    return true;
+  }
+  bool end_array() {
+    if (data_nest_ > 0) {
+      --data_nest_;
+      return true;
+    }
+    stack_.pop_back();
+    return true;
+  }
+  bool parse_error(size_t, const std::string&, const nlohmann::detail::exception& e) {
+    if (error.empty()) error = std::string("malformed JSON in the request body: ") + e.what();
+    return false;
+  }
+
+ private:
+  struct Frame {
+    json* node;
+    bool object;
+    std::string key;       // objects: the key of the value that comes next
+    bool inputs_array;     // the root's "inputs"
+    bool input_object;     // an element of it
+    size_t input_index;
+  };
+
+  bool in_data() const { return data_nest_ > 0 || data_next_; }
+  bool fail_with(std::string msg) {
+    if (error.empty()) error = std::move(msg);
+    return false;
+  }
+  bool data_error(const char* what) {
+    return fail_with("'data' of input " + std::to_string(data_input_) + " holds " + what +
+                     "; it must hold scalars, in (nested) arrays");
+  }
+  bool deeper() {
+    if (static_cast<int>(stack_.size()) + data_nest_ + 1 > max_depth_)
+      return fail_with("the request body is nested deeper than " + std::to_string(max_depth_) +
+                       " levels");
+    return true;
+  }
+  bool put(DataValues::Kind k, uint64_t bits) {
+    data_next_ = false;
+    DataValues& d = data[data_input_];
+    if (static_cast<int64_t>(d.kind.size()) >= max_elements_)
+      return fail_with("'data' of input " + std::to_string(data_input_) + " has more than " +
+                       std::to_string(max_elements_) + " elements");
+    d.kind.push_back(k);
+    if (k != DataValues::kString) d.num.push_back(bits);
+    return true;
+  }
+  // Adds a value where the parser is (the root, an array element or an object member).
+  bool add(json&& v) { return add_container(std::move(v)) != nullptr; }
+  json* add_container(json&& v) {
+    if (++values_ > max_values_) {
+      fail_with("the request body holds more than " + std::to_string(max_values_) +
+                " JSON values outside 'data'");
+      return nullptr;
+    }
+    if (stack_.empty()) {
+      root = std::move(v);
+      return &root;
+    }
+    Frame& f = stack_.back();
+    if (f.object) return &((*f.node)[f.key] = std::move(v));
+    f.node->push_back(std::move(v));
+    return &f.node->back();
+  }
+
+ private:
+  int max_depth_;
+  int64_t max_values_, max_elements_;
+  int64_t values_ = 0;
+  std::vector<Frame> stack_;
+  int data_nest_ = 0;
+  bool data_next_ = false;
+  size_t data_input_ = 0;
+};
 
 template <class T>
 void put(std::string& s, T v) {
@@ -33,61 +188,81 @@ void put(std::string& s, T v) {
   s.append(b, sizeof b);
 }
 
-template <class T>
-void put_int(std::string& s, const json& e, const std::string& n) {
-  if (e.is_number_integer()) {
-    if (e.is_number_unsigned()) {
-      uint64_t u = e.get<uint64_t>();
-      if (u > static_cast<uint64_t>(std::numeric_limits<T>::max()))
-        bad("input '" + n + "': value " + e.dump() + " is out of range");
-      put<T>(s, static_cast<T>(u));
-      return;
-    }
-    int64_t v = e.get<int64_t>();
-    if (v < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
-        (v > 0 && static_cast<uint64_t>(v) > static_cast<uint64_t>(std::numeric_limits<T>::max())))
-      bad("input '" + n + "': value " + e.dump() + " is out of range");
-    put<T>(s, static_cast<T>(v));
-    return;
+const char* kind_name(uint8_t k) {
+  switch (k) {
+    case DataValues::kInt:
+    case DataValues::kUnsigned: return "an integer";
+    case DataValues::kFloat: return "a number with a fraction or exponent";
+    case DataValues::kBool: return "a boolean";
+    default: return "a string";
   }
-  bad("input '" + n + "': expected integers in 'data', found " + e.dump().substr(0, 40));
 }
 
-// JSON "data" -> the binary wire layout of the datatype.
-std::string to_wire(const json& data, const std::string& dt, int64_t count, const std::string& n,
-                    int64_t limit) {
-  std::vector<const json*> el;
-  flatten(data, el, std::min(count, limit), n);
-  if (static_cast<int64_t>(el.size()) != count)
-    bad(detail::concat("input '", n, "': 'data' has ", el.size(), " elements; its shape needs ",
-                       count));
+template <class T>
+void put_int(std::string& s, uint8_t k, uint64_t bits, const std::string& n) {
+  if (k == DataValues::kUnsigned) {
+    if (bits > static_cast<uint64_t>(std::numeric_limits<T>::max()))
+      bad("input '" + n + "': value " + std::to_string(bits) + " is out of range");
+    put<T>(s, static_cast<T>(bits));
+    return;
+  }
+  if (k != DataValues::kInt)
+    bad(std::string("input '") + n + "': expected integers in 'data', found " + kind_name(k));
+  int64_t v;
+  std::memcpy(&v, &bits, 8);
+  if (v < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+      (v > 0 && static_cast<uint64_t>(v) > static_cast<uint64_t>(std::numeric_limits<T>::max())))
+    bad("input '" + n + "': value " + std::to_string(v) + " is out of range");
+  put<T>(s, static_cast<T>(v));
+}
+
+// The data's elements -> the binary wire layout of the datatype (moves the strings out).
+std::string to_wire(DataValues& d, const std::string& dt, int64_t count, const std::string& n) {
+  if (static_cast<int64_t>(d.kind.size()) != count)
+    bad(detail::concat("input '", n, "': 'data' has ", d.kind.size(),
+                       " elements; its shape needs ", count));
+  if (dt == "BYTES") {
+    for (uint8_t k : d.kind)
+      if (k != DataValues::kString) bad("input '" + n + "': BYTES 'data' must hold strings");
+    return std::move(d.bytes);
+  }
+  const int esize = datatype_size(dt);
   std::string s;
-  for (const json* p : el) {
-    const json& e = *p;
-    if (dt == "BYTES") {
-      if (!e.is_string()) bad("input '" + n + "': BYTES 'data' must hold strings");
-      const auto& str = e.get_ref<const std::string&>();
-      put<uint32_t>(s, static_cast<uint32_t>(str.size()));
-      s += str;
-    } else if (dt == "FP32" || dt == "FP64") {
-      if (!e.is_number()) bad("input '" + n + "': expected numbers in 'data', found " +
-                              e.dump().substr(0, 40));
-      double v = e.get<double>();
+  s.reserve(static_cast<size_t>(count) * static_cast<size_t>(std::max(esize, 1)));
+  size_t j = 0;
+  for (uint8_t k : d.kind) {
+    if (k == DataValues::kString)
+      bad("input '" + n + "': expected " + (dt == "BOOL" ? "true/false" : "numbers") +
+          " in 'data', found a string");
+    const uint64_t bits = d.num[j++];
+    if (dt == "FP32" || dt == "FP64") {
+      if (k == DataValues::kBool) bad("input '" + n + "': expected numbers in 'data', found a boolean");
+      double v;
+      if (k == DataValues::kFloat) std::memcpy(&v, &bits, 8);
+      else if (k == DataValues::kUnsigned) v = static_cast<double>(bits);
+      else {
+        int64_t i;
+        std::memcpy(&i, &bits, 8);
+        v = static_cast<double>(i);
+      }
       if (dt == "FP32") put<float>(s, static_cast<float>(v));
       else put<double>(s, v);
     } else if (dt == "BOOL") {
-      if (!e.is_boolean()) bad("input '" + n + "': BOOL 'data' must hold true/false");
-      put<uint8_t>(s, e.get<bool>() ? 1 : 0);
-    } else if (dt == "INT8") put_int<int8_t>(s, e, n);
-    else if (dt == "INT16") put_int<int16_t>(s, e, n);
-    else if (dt == "INT32") put_int<int32_t>(s, e, n);
-    else if (dt == "INT64") put_int<int64_t>(s, e, n);
-    else if (dt == "UINT8") put_int<uint8_t>(s, e, n);
-    else if (dt == "UINT16") put_int<uint16_t>(s, e, n);
-    else if (dt == "UINT32") put_int<uint32_t>(s, e, n);
-    else if (dt == "UINT64") put_int<uint64_t>(s, e, n);
+      if (k != DataValues::kBool) bad("input '" + n + "': BOOL 'data' must hold true/false");
+      put<uint8_t>(s, bits ? 1 : 0);
+    } else if (dt == "INT8") put_int<int8_t>(s, k, bits, n);
+    else if (dt == "INT16") put_int<int16_t>(s, k, bits, n);
+    else if (dt == "INT32") put_int<int32_t>(s, k, bits, n);
+    else if (dt == "INT64") put_int<int64_t>(s, k, bits, n);
+    else if (dt == "UINT8") put_int<uint8_t>(s, k, bits, n);
+    else if (dt == "UINT16") put_int<uint16_t>(s, k, bits, n);
+    else if (dt == "UINT32") put_int<uint32_t>(s, k, bits, n);
+    else if (dt == "UINT64") put_int<uint64_t>(s, k, bits, n);
     else bad("input '" + n + "': datatype " + dt + " is not supported in JSON 'data'");
   }
+  // The compact copy goes as soon as the wire form exists.
+  std::vector<uint8_t>().swap(d.kind);
+  std::vector<uint64_t>().swap(d.num);
   return s;
 }
 
@@ -110,8 +285,13 @@ InferRequest parse_infer_request(std::string_view body, int64_t header_length,
                                              : body;
   std::string_view binary =
       header_length >= 0 ? body.substr(static_cast<size_t>(header_length)) : std::string_view{};
-  json j = json::parse(head.begin(), head.end(), nullptr, false);
-  if (j.is_discarded()) bad("malformed JSON in the request body");
+  // The JSON is read with the limits of dlrec::parse_json (depth 64), the inputs' data straight
+  // into a compact form (InferBodySax) and bounded by the element limit as it arrives.
+  const JsonLimits jl;
+  InferBodySax sax(jl.max_depth, int64_t{1} << 20, limits.max_tensor_elements);
+  if (!json::sax_parse(head.begin(), head.end(), &sax) || !sax.error.empty())
+    bad(sax.error.empty() ? std::string("malformed JSON in the request body") : sax.error);
+  json& j = sax.root;
   if (!j.is_object()) bad("the request body must be a JSON object");
 
   InferRequest req;
@@ -127,7 +307,8 @@ InferRequest parse_infer_request(std::string_view body, int64_t header_length,
   if (inputs == j.end() || !inputs->is_array() || inputs->empty())
     bad("'inputs' must be a non-empty array");
   size_t offset = 0;
-  for (const auto& in : *inputs) {
+  for (size_t index = 0; index < inputs->size(); ++index) {
+    const json& in = (*inputs)[index];
     if (!in.is_object()) bad("each input must be a JSON object");
     InputTensor t;
     auto name = in.find("name");
@@ -153,7 +334,7 @@ InferRequest parse_infer_request(std::string_view body, int64_t header_length,
       if (!p->is_object()) bad("input '" + t.name + "': 'parameters' must be an object");
       params = &*p;
     }
-    const bool has_data = in.contains("data");
+    const bool has_data = index < sax.data.size() && sax.data[index].present;
     if (params && params->contains("binary_data_size")) {
       const json& bs = params->at("binary_data_size");
       if (!bs.is_number_integer() || bs.get<int64_t>() < 0)
@@ -173,8 +354,7 @@ InferRequest parse_infer_request(std::string_view body, int64_t header_length,
                            t.datatype, " need ", count * esize));
     } else {
       if (!has_data) bad("input '" + t.name + "' has neither 'data' nor 'binary_data_size'");
-      req.storage.push_back(
-          to_wire(in.at("data"), t.datatype, count, t.name, limits.max_tensor_elements));
+      req.storage.push_back(to_wire(sax.data[index], t.datatype, count, t.name));
       t.data = req.storage.back();
     }
     req.inputs.push_back(std::move(t));
@@ -216,7 +396,7 @@ HttpBody encode_infer_response(const InferResponse& resp, const InferRequest& re
   json j = {{"model_name", resp.model}, {"model_version", resp.version}};
   if (!resp.id.empty()) j["id"] = resp.id;
   j["outputs"] = json::array({std::move(out)});
-  b.body = j.dump();
+  b.body = dump_json_safe(j);
   if (binary) {
     b.header_length = static_cast<int64_t>(b.body.size());
     b.body.append(reinterpret_cast<const char*>(resp.probability.data()), nbytes);

@@ -1,33 +1,37 @@
-// KServe v2 HTTP/REST front end (cpp-httplib) and the Prometheus metrics endpoint.
-#include <httplib.h>
-#include <sys/socket.h>
+// KServe v2 HTTP/REST front end and the Prometheus metrics endpoint, on HttpServer
+// (http_server.h: the connection handling, limits and timeouts).
+#include <functional>
 
-#include <new>
-#include <thread>
-
+#include "dlrec/core/config.h"
 #include "dlrec/serve/request_error.h"
 #include "frontends.h"
+#include "http_server.h"
 
 namespace dlrec::serve {
 
 namespace {
 
-thread_local uint64_t t_request_start = 0;
 thread_local std::string t_request_error;
 
-void send_json(httplib::Response& res, int status, const json& j) {
+using Req = HttpRequest;
+using Res = HttpResponse;
+
+// Every JSON body goes out through dump_json_safe: a string from outside the program that is
+// not valid UTF-8 must not make the serialisation throw (it did, and terminated the server).
+void send_json(Res& res, int status, const json& j) {
   res.status = status;
-  res.set_content(j.dump(), "application/json");
+  res.content_type = "application/json";
+  res.body = dump_json_safe(j);
 }
 
-void send_error(httplib::Response& res, int status, const std::string& msg) {
+void send_error(Res& res, int status, const std::string& msg) {
   t_request_error = msg;
   send_json(res, status, {{"error", msg}});
 }
 
 // Runs a handler at the request boundary: every failure becomes a JSON error response.
 template <class F>
-void guarded(httplib::Response& res, F&& f) {
+void guarded(Res& res, F&& f) {
   try {
     f();
   } catch (...) {
@@ -37,8 +41,8 @@ void guarded(httplib::Response& res, F&& f) {
   }
 }
 
-std::string match(const httplib::Request& req, size_t i) {
-  return i < req.matches.size() ? req.matches[i].str() : std::string();
+std::string match(const Req& req, size_t i) {
+  return i < req.matches.size() ? req.matches[i] : std::string();
 }
 
 json duration(const Duration& d) { return {{"count", d.count.load()}, {"ns", d.ns.load()}}; }
@@ -76,114 +80,157 @@ json tensors_json(const std::vector<TensorInfo>& ts) {
 }
 
 // An optional JSON object body (repository endpoints); empty bodies are fine.
-json optional_body(const httplib::Request& req) {
+json optional_body(const Req& req) {
   if (req.body.empty()) return json::object();
-  json j = json::parse(req.body, nullptr, false);
-  if (j.is_discarded() || !j.is_object())
-    request_fail(Status::InvalidArgument, "malformed JSON in the request body");
+  json j;
+  try {
+    j = parse_json(req.body, "the request body");
+  } catch (const RequestError&) {
+    throw;
+  } catch (const Error& e) {
+    request_fail(Status::InvalidArgument, e.what());
+  }
+  if (!j.is_object()) request_fail(Status::InvalidArgument, "the request body must be a JSON object");
   return j;
+}
+
+// Method + path template -> handler; the first match runs. A template is a path whose "*"
+// segments match any one non-empty segment and are captured in order (req.matches[1..]); a
+// model route is added twice, without and with "/versions/*" after the model name (an absent
+// version is captured as ""). Plain segment comparison: std::regex backtracks recursively, and a
+// long request path (up to the 16 KB head limit) used megabytes of a worker's stack.
+class Router {
+ public:
+  using Handler = std::function<void(Req&, Res&)>;
+  void add(const char* method, const std::string& pattern, Handler h) {
+    routes_.push_back({method, split(pattern), -1, std::move(h)});
+  }
+  // `pattern` starts with "/v2/models/*"; also adds it with "/versions/*" after that.
+  void add_model(const char* method, const std::string& pattern, Handler h) {
+    std::vector<std::string> segs = split(pattern);
+    routes_.push_back({method, segs, 3, h});
+    segs.insert(segs.begin() + 3, {"versions", "*"});
+    routes_.push_back({method, segs, -1, std::move(h)});
+  }
+  void operator()(Req& req, Res& res) const {
+    t_request_error.clear();
+    const std::vector<std::string> path = split(req.path);
+    for (const auto& r : routes_) {
+      if (req.method != r.method || path.size() != r.segments.size() || req.path.empty() ||
+          req.path.back() == '/')
+        continue;
+      std::vector<std::string> caps = {req.path};
+      bool ok = true;
+      for (size_t i = 0; i < path.size() && ok; ++i) {
+        if (r.segments[i] == "*") {
+          ok = !path[i].empty();
+          caps.push_back(path[i]);
+        } else {
+          ok = path[i] == r.segments[i];
+        }
+        if (static_cast<int>(i + 1) == r.empty_version_after) caps.push_back("");
+      }
+      if (!ok) continue;
+      req.matches = std::move(caps);
+      return r.handler(req, res);
+    }
+    send_error(res, 404, "no endpoint " + req.method + " " + req.path.substr(0, 200));
+  }
+
+ private:
+  static std::vector<std::string> split(const std::string& path) {
+    std::vector<std::string> out;
+    size_t i = 1;  // after the leading '/'
+    while (i <= path.size()) {
+      size_t j = path.find('/', i);
+      if (j == std::string::npos) j = path.size();
+      out.push_back(path.substr(i, j - i));
+      i = j + 1;
+    }
+    return out;
+  }
+  struct Route {
+    std::string method;
+    std::vector<std::string> segments;
+    int empty_version_after;  // >= 0: capture "" as the version after this many segments
+    Handler handler;
+  };
+  std::vector<Route> routes_;
+};
+
+HttpServerLimits http_limits(const ServerOptions& o, int threads) {
+  HttpServerLimits l;
+  l.threads = threads;
+  l.max_connections = o.http_max_connections;
+  l.max_body_bytes = o.max_request_bytes;
+  l.header_timeout_ms = o.http_header_timeout_ms;
+  l.body_timeout_ms = o.http_body_timeout_ms;
+  l.idle_timeout_ms = o.http_idle_timeout_ms;
+  l.write_timeout_ms = o.http_write_timeout_ms;
+  return l;
 }
 
 class HttpFrontend : public Frontend {
  public:
-  explicit HttpFrontend(ServerCore& core) : core_(core) { routes(); }
+  explicit HttpFrontend(ServerCore& core) : core_(core) {
+    routes();
+    HttpLogger logger;
+    if (core_.options.access_log)
+      logger = [this](const Req& req, const Res& res, uint64_t ns) {
+        core_.access_log("http", req.method, req.path, res.status, ns,
+                         res.status >= 400 ? error_of(res) : std::string());
+      };
+    server_ = std::make_unique<HttpServer>(
+        "HTTP", http_limits(core_.options, std::max(2, core_.options.http_threads)),
+        [this](Req& req, Res& res) { router_(req, res); }, std::move(logger));
+  }
   ~HttpFrontend() override { stop(); }
 
-  void start() override {
-    const auto& o = core_.options;
-    if (o.http_port == 0) {
-      port_ = svr_.bind_to_any_port(o.host);
-      DLREC_CHECK(port_ > 0, "HTTP: cannot bind ", o.host, " on any port");
-    } else {
-      DLREC_CHECK(svr_.bind_to_port(o.host, o.http_port), "HTTP: cannot bind ", o.host, ":",
-                  o.http_port, " (in use, or not a local address)");
-      port_ = o.http_port;
-    }
-    // cpp-httplib listens with a backlog of 5: a burst of new connections (64 clients starting
-    // at once) overflows it and clients see resets. Listening again raises the backlog.
-    if (listen_fd_ >= 0) ::listen(listen_fd_, SOMAXCONN);
-    thread_ = std::thread([this] { svr_.listen_after_bind(); });
-    // stop() only works once the server runs; do not return before it does.
-    for (int i = 0; i < 5000 && !svr_.is_running(); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-
-  void stop() override {
-    if (thread_.joinable()) {
-      svr_.stop();  // closes the listening socket; the pool finishes requests in flight
-      thread_.join();
-    }
-  }
-
-  int port() const override { return port_; }
+  void start() override { server_->start(core_.options.host, core_.options.http_port); }
+  void begin_stop() override { server_->begin_stop(); }
+  void stop() override { server_->stop(); }
+  int port() const override { return server_->port(); }
 
  private:
-  void routes() {
-    const auto& o = core_.options;
-    svr_.set_payload_max_length(static_cast<size_t>(o.max_request_bytes));
-    const int threads = std::max(2, o.http_threads);
-    svr_.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-    svr_.set_read_timeout(30, 0);
-    svr_.set_tcp_nodelay(true);  // small responses must not wait for delayed ACKs (Nagle)
-    // Keep connections open (cpp-httplib closes them after 5 requests by default): under load
-    // that churn overflows its listen backlog of 5 and clients see resets and 1-2 s connects.
-    svr_.set_keep_alive_max_count(size_t{1} << 30);
-    svr_.set_socket_options([this](socket_t sock) {
-      httplib::default_socket_options(sock);
-      listen_fd_ = sock;  // the listening socket (start() raises its backlog)
-    });
-    svr_.set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
-      t_request_start = now_ns();
-      t_request_error.clear();
-      return httplib::Server::HandlerResponse::Unhandled;
-    });
-    svr_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return;
-      std::string msg;
-      if (res.status == 413) msg = "the request body exceeds the server's maximum request size";
-      else if (res.status == 404) msg = "no endpoint " + req.method + " " + req.path.substr(0, 200);
-      else msg = "HTTP error " + std::to_string(res.status);
-      send_error(res, res.status, msg);
-    });
-    svr_.set_exception_handler(
-        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-          std::string msg;
-          try {
-            std::rethrow_exception(ep);
-          } catch (...) {
-            send_error(res, http_status(classify_current_exception(msg)), msg);
-          }
-        });
-    if (o.access_log) {
-      svr_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-        core_.access_log("http", req.method, req.path, res.status, now_ns() - t_request_start,
-                         t_request_error);
-      });
+  // The message of an error body (the handlers' own, or the server's refusals).
+  static std::string error_of(const Res& res) {
+    if (!t_request_error.empty()) return t_request_error;
+    try {
+      json j = parse_json(res.body, "error body");
+      if (j.is_object() && j.contains("error") && j["error"].is_string()) return j["error"];
+    } catch (...) {
     }
+    return {};
+  }
 
-    using Req = httplib::Request;
-    using Res = httplib::Response;
-    svr_.Get("/v2/health/live", [](const Req&, Res& res) { send_json(res, 200, {{"live", true}}); });
-    svr_.Get("/v2/health/ready", [this](const Req&, Res& res) {
+  // Inferences and model loads that arrive once stopping began are refused (as over gRPC).
+  void refuse_if_stopping() const {
+    if (server_->stopping()) request_fail(Status::Unavailable, "the server is shutting down");
+  }
+
+  void routes() {
+    Router& r = router_;
+    r.add("GET", "/v2/health/live", [](const Req&, Res& res) { send_json(res, 200, {{"live", true}}); });
+    r.add("GET", "/v2/health/ready", [this](const Req&, Res& res) {
       if (core_.ready) send_json(res, 200, {{"ready", true}});
       else send_error(res, 503, "the server is not ready");
     });
-    svr_.Get("/v2", [](const Req&, Res& res) {
+    r.add("GET", "/v2", [](const Req&, Res& res) {
       send_json(res, 200,
                 {{"name", "dlrec"},
                  {"version", "0.1.0"},
                  {"extensions",
                   {"binary_tensor_data", "statistics", "model_repository", "schedule_policy"}}});
     });
-    svr_.Get("/v2/models/stats", [this](const Req&, Res& res) {
+    r.add("GET", "/v2/models/stats", [this](const Req&, Res& res) {
       guarded(res, [&] {
         json a = json::array();
         for (const auto& s : core_.stats->list()) a.push_back(model_stats_json(*s));
         send_json(res, 200, {{"model_stats", a}});
       });
     });
-    const std::string m = R"(/v2/models/([^/]+)(?:/versions/([^/]+))?)";
-    svr_.Get(m + "/stats", [this](const Req& req, Res& res) {
+    const std::string m = "/v2/models/*";
+    r.add_model("GET", m + "/stats", [this](const Req& req, Res& res) {
       guarded(res, [&] {
         std::string name = match(req, 1), version = match(req, 2);
         check_model_name(name);
@@ -195,13 +242,13 @@ class HttpFrontend : public Frontend {
         send_json(res, 200, {{"model_stats", a}});
       });
     });
-    svr_.Get(m + "/ready", [this](const Req& req, Res& res) {
+    r.add_model("GET", m + "/ready", [this](const Req& req, Res& res) {
       guarded(res, [&] {
         core_.repository->get(match(req, 1), match(req, 2));
         send_json(res, 200, {{"ready", true}});
       });
     });
-    svr_.Get(m, [this](const Req& req, Res& res) {
+    r.add_model("GET", m, [this](const Req& req, Res& res) {
       guarded(res, [&] {
         std::string name = match(req, 1);
         auto model = core_.repository->get(name, match(req, 2));
@@ -215,35 +262,16 @@ class HttpFrontend : public Frontend {
                    {"outputs", tensors_json(model->outputs())}});
       });
     });
-    svr_.Post(m + "/infer", [this](const Req& req, Res& res) {
-      guarded(res, [&] {
-        std::string name = match(req, 1), version = match(req, 2);
-        check_model_name(name);
-        int64_t header_length = -1;
-        if (req.has_header("Inference-Header-Content-Length")) {
-          const std::string h = req.get_header_value("Inference-Header-Content-Length");
-          char* end = nullptr;
-          long long v = std::strtoll(h.c_str(), &end, 10);
-          if (h.empty() || *end != '\0' || v < 0)
-            request_fail(Status::InvalidArgument, "bad Inference-Header-Content-Length '",
-                         h.substr(0, 40), "'");
-          header_length = v;
-        }
-        auto model = core_.repository->get(name, version);
-        InferRequest ir = parse_infer_request(req.body, header_length, core_.options.limits);
-        ir.model = name;
-        InferResponse resp = model->infer(ir);
-        HttpBody b = encode_infer_response(resp, ir);
-        if (b.header_length >= 0)
-          res.set_header("Inference-Header-Content-Length", std::to_string(b.header_length));
-        res.status = 200;
-        res.set_content(std::move(b.body), b.content_type.c_str());
-      });
+    r.add_model("POST", m + "/infer", [this](Req& req, Res& res) {
+      guarded(res, [&] { infer(req, res); });
     });
-    svr_.Post("/v2/repository/index", [this](const Req& req, Res& res) {
+    r.add("POST", "/v2/repository/index", [this](const Req& req, Res& res) {
       guarded(res, [&] {
         json body = optional_body(req);
-        bool ready_only = body.value("ready", false);
+        auto ready = body.find("ready");
+        if (ready != body.end() && !ready->is_boolean())
+          request_fail(Status::InvalidArgument, "'ready' must be true or false");
+        const bool ready_only = ready != body.end() && ready->get<bool>();
         json a = json::array();
         for (const auto& e : core_.repository->index(ready_only)) {
           json x = {{"name", e.name}, {"state", e.state}, {"reason", e.reason}};
@@ -253,60 +281,82 @@ class HttpFrontend : public Frontend {
         send_json(res, 200, a);
       });
     });
-    svr_.Post(R"(/v2/repository/models/([^/]+)/(load|unload))", [this](const Req& req, Res& res) {
+    r.add("POST", "/v2/repository/models/*/*", [this](const Req& req, Res& res) {
+      if (match(req, 2) != "load" && match(req, 2) != "unload")
+        return send_error(res, 404, "no endpoint POST " + req.path.substr(0, 200));
       guarded(res, [&] {
         optional_body(req);
-        if (match(req, 2) == "load") core_.repository->load(match(req, 1));
-        else core_.repository->unload(match(req, 1));
+        if (match(req, 2) == "load") {
+          refuse_if_stopping();
+          core_.repository->load(match(req, 1));
+        } else {
+          core_.repository->unload(match(req, 1));
+        }
         send_json(res, 200, json::object());
       });
     });
   }
 
+  void infer(Req& req, Res& res) {
+    refuse_if_stopping();
+    std::string name = match(req, 1), version = match(req, 2);
+    check_model_name(name);
+    int64_t header_length = -1;
+    if (const std::string* h = req.header("inference-header-content-length")) {
+      char* end = nullptr;
+      long long v = std::strtoll(h->c_str(), &end, 10);
+      if (h->empty() || *end != '\0' || v < 0)
+        request_fail(Status::InvalidArgument, "bad Inference-Header-Content-Length '",
+                     h->substr(0, 40), "'");
+      header_length = v;
+    }
+    auto model = core_.repository->get(name, version);
+    InferRequest ir = parse_infer_request(req.body, header_length, core_.options.limits);
+    ir.model = name;
+    InferResponse resp = model->infer(ir);
+    // The body and the converted inputs go before the response is formed (peak memory).
+    InferRequest shape_of_answer;
+    shape_of_answer.binary_output = ir.binary_output;
+    shape_of_answer.outputs = std::move(ir.outputs);
+    ir = InferRequest{};
+    std::string().swap(req.body);
+    HttpBody b = encode_infer_response(resp, shape_of_answer);
+    if (b.header_length >= 0)
+      res.headers.emplace_back("Inference-Header-Content-Length", std::to_string(b.header_length));
+    res.status = 200;
+    res.body = std::move(b.body);
+    res.content_type = std::move(b.content_type);
+  }
+
   ServerCore& core_;
-  httplib::Server svr_;
-  std::thread thread_;
-  int port_ = -1;
-  int listen_fd_ = -1;
+  Router router_;
+  std::unique_ptr<HttpServer> server_;
 };
 
 class MetricsFrontend : public Frontend {
  public:
   explicit MetricsFrontend(ServerCore& core) : core_(core) {
-    svr_.new_task_queue = [] { return new httplib::ThreadPool(2); };
-    svr_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(core_.stats->prometheus(), "text/plain; version=0.0.4");
+    HttpServerLimits l = http_limits(core_.options, 2);
+    l.max_body_bytes = 65536;  // GET /metrics takes no body
+    server_ = std::make_unique<HttpServer>("metrics", l, [this](Req& req, Res& res) {
+      if (req.method != "GET" || req.path != "/metrics") {
+        send_error(res, 404, "no endpoint " + req.method + " " + req.path.substr(0, 200));
+        return;
+      }
+      res.status = 200;
+      res.content_type = "text/plain; version=0.0.4";
+      res.body = core_.stats->prometheus();
     });
   }
   ~MetricsFrontend() override { stop(); }
-  void start() override {
-    const auto& o = core_.options;
-    if (o.metrics_port == 0) {
-      port_ = svr_.bind_to_any_port(o.host);
-      DLREC_CHECK(port_ > 0, "metrics: cannot bind ", o.host, " on any port");
-    } else {
-      DLREC_CHECK(svr_.bind_to_port(o.host, o.metrics_port), "metrics: cannot bind ", o.host,
-                  ":", o.metrics_port);
-      port_ = o.metrics_port;
-    }
-    thread_ = std::thread([this] { svr_.listen_after_bind(); });
-    // stop() only works once the server runs; do not return before it does.
-    for (int i = 0; i < 5000 && !svr_.is_running(); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  void stop() override {
-    if (thread_.joinable()) {
-      svr_.stop();
-      thread_.join();
-    }
-  }
-  int port() const override { return port_; }
+  void start() override { server_->start(core_.options.host, core_.options.metrics_port); }
+  void begin_stop() override { server_->begin_stop(); }
+  void stop() override { server_->stop(); }
+  int port() const override { return server_->port(); }
 
  private:
   ServerCore& core_;
-  httplib::Server svr_;
-  std::thread thread_;
-  int port_ = -1;
+  std::unique_ptr<HttpServer> server_;
 };
 
 }  // namespace

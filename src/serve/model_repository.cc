@@ -1,7 +1,9 @@
 #include "dlrec/serve/model_repository.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "dlrec/serve/request_error.h"
 
@@ -120,7 +122,7 @@ void ModelRepository::load(const std::string& name) {
 void ModelRepository::unload(const std::string& name) {
   check_model_name(name);
   std::lock_guard<std::mutex> load_lock(load_mu_);
-  std::shared_ptr<const VersionMap> old;
+  std::vector<std::weak_ptr<ServedModel>> going;
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = models_.find(name);
@@ -130,10 +132,25 @@ void ModelRepository::unload(const std::string& name) {
         request_fail(Status::NotFound, "model '", name, "' is not in the repository");
       return;  // unloading a model that is not loaded is not an error (as in Triton)
     }
-    old = std::move(it->second);
-    models_.erase(it);
-    failures_[name] = "unloaded";
+    for (const auto& [v, m] : *it->second) going.push_back(m);
+    models_.erase(it);  // the versions go once the requests still using them finish
+    unloading_.insert(name);
+    failures_[name] = "unloading";
   }
+  // Until the versions are gone (their requests in flight answered, their batchers stopped) the
+  // model is UNAVAILABLE (503), not unknown (404): a client retries a 503. Bounded, so that a
+  // stuck request cannot hold an unload forever.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  auto gone = [&] {
+    for (const auto& w : going)
+      if (!w.expired()) return false;
+    return true;
+  };
+  while (!gone() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::lock_guard<std::mutex> lk(mu_);
+  unloading_.erase(name);
+  failures_[name] = "unloaded";
 }
 
 std::shared_ptr<ServedModel> ModelRepository::get(const std::string& name,
@@ -147,8 +164,11 @@ std::shared_ptr<ServedModel> ModelRepository::get(const std::string& name,
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = models_.find(name);
-    if (it == models_.end())
+    if (it == models_.end()) {
+      if (unloading_.count(name))
+        request_fail(Status::Unavailable, "model '", name, "' is being unloaded");
       request_fail(Status::NotFound, "model '", name, "' is not loaded");
+    }
     versions = it->second;
   }
   if (version.empty()) return versions->rbegin()->second;

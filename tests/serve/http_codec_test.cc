@@ -83,7 +83,7 @@ TEST(HttpCodec, RejectsMalformedRequests) {
   expect_invalid(R"({"inputs": [{"name": "a", "datatype": "FP32", "shape": [3], "data": [1, 2]}]})",
                  -1, "shape needs 3");
   expect_invalid(R"({"inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "data": [1, 2]}]})",
-                 -1, "more elements");
+                 -1, "has 2 elements; its shape needs 1");
   expect_invalid(R"({"inputs": [{"name": "a", "datatype": "FP32", "shape": [-1], "data": [1]}]})",
                  -1, "negative");
   expect_invalid(R"({"inputs": [{"name": "a", "datatype": "INT64", "shape": [1], "data": [1.5]}]})",
@@ -134,4 +134,71 @@ TEST(HttpCodec, EncodesJsonAndBinaryResponses) {
   float got[2];
   std::memcpy(got, b.body.data() + b.header_length, 8);
   EXPECT_EQ(got[1], 0.75f);
+}
+
+// Issue 25: a body whose 'data' holds ~10,000 nested arrays or objects crashed the server (stack
+// overflow); now refused by the depth limit of parse_json (64), before anything deep exists.
+TEST(HttpCodec, DeeplyNestedBodiesAreRefused) {
+  for (const char* open_close : {"[]", "{}"}) {
+    std::string deep;
+    for (int i = 0; i < 10000; ++i) deep += open_close[0] == '[' ? "[" : "{\"a\":";
+    deep += "1";
+    for (int i = 0; i < 10000; ++i) deep += open_close[1];
+    // In 'data' an object is refused at once, arrays at the depth limit.
+    expect_invalid(R"({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": )" +
+                       deep + "}]}",
+                   -1, open_close[0] == '[' ? "nested deeper than 64" : "holds an object");
+    expect_invalid(R"({"parameters": {"p": )" + deep + "}}", -1, "nested deeper than 64");
+  }
+  // 60 levels of arrays around one number are fine (within the limit).
+  std::string ok = R"({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": )";
+  ok += std::string(60, '[') + "2" + std::string(60, ']') + "}]}";
+  InferRequest r = parse_infer_request(ok, -1);
+  ASSERT_EQ(r.inputs.size(), 1u);
+  float v;
+  std::memcpy(&v, r.inputs[0].data.data(), 4);
+  EXPECT_EQ(v, 2.0f);
+}
+
+TEST(HttpCodec, DataIsReadInAnyKeyOrderAndCheckedAfterwards) {
+  // 'data' before 'datatype' and 'shape': converted once the datatype is known.
+  InferRequest r = parse_infer_request(
+      R"({"inputs": [{"data": [[1, 2], [3, 4]], "name": "a", "shape": [2, 2], "datatype": "INT32"},
+                     {"data": ["x", "yz"], "datatype": "BYTES", "name": "b", "shape": [2]}]})",
+      -1);
+  ASSERT_EQ(r.inputs.size(), 2u);
+  int32_t a[4];
+  ASSERT_EQ(r.inputs[0].data.size(), sizeof a);
+  std::memcpy(a, r.inputs[0].data.data(), sizeof a);
+  EXPECT_EQ(a[0], 1);
+  EXPECT_EQ(a[3], 4);
+  EXPECT_EQ(r.inputs[1].data, std::string("\x01\0\0\0x\x02\0\0\0yz", 11));
+  expect_invalid(R"({"inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "data": [1],
+                   "data": [2]}]})", -1, "duplicate key 'data'");
+  expect_invalid(R"({"inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "data": [{}]}]})",
+                 -1, "holds an object");
+  expect_invalid(R"({"inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "data": [null]}]})",
+                 -1, "holds null");
+  expect_invalid(R"({"inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "data": ["s"]}]})",
+                 -1, "found a string");
+  expect_invalid(R"({"inputs": [{"name": "a", "datatype": "BYTES", "shape": [1], "data": [1]}]})",
+                 -1, "must hold strings");
+  expect_invalid(R"({"inputs": [{"name": "a", "datatype": "INT8", "shape": [1], "data": [1.5]}]})",
+                 -1, "expected integers");
+  expect_invalid(R"({"id": "1", "id": "2", "inputs": []})", -1, "duplicate key 'id'");
+  expect_invalid("{\"id\": \"\xff\", \"inputs\": []}", -1, "malformed JSON");
+}
+
+TEST(HttpCodec, ElementsBeyondTheLimitStopTheParse) {
+  HttpLimits lim;
+  lim.max_tensor_elements = 1000;
+  std::string body = R"({"inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "data": [)";
+  for (int i = 0; i < 5000; ++i) body += (i ? ",1" : "1");
+  body += "]}]}";
+  try {
+    parse_infer_request(body, -1, lim);
+    ADD_FAILURE() << "accepted";
+  } catch (const RequestError& e) {
+    EXPECT_NE(std::string(e.what()).find("more than 1000 elements"), std::string::npos) << e.what();
+  }
 }

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -109,7 +110,9 @@ class ModelRepository {
   // (Re)loads one model per its config.json and version policy. Throws RequestError: NotFound
   // if the directory is absent, InvalidArgument for a bad name, config or model.
   void load(const std::string& name);
-  // Unloads; requests in flight finish on their versions. NotFound if not loaded.
+  // Unloads; requests in flight finish on their versions, and until they have (and the
+  // versions are destroyed, at most 60 s) the model answers Unavailable, not NotFound. Returns
+  // then. Not loaded: nothing to do; not in the repository: NotFound.
   void unload(const std::string& name);
 
   // The version to serve: `version` empty means the highest loaded. NotFound when the model or
@@ -128,6 +131,7 @@ class ModelRepository {
   mutable std::mutex mu_;     // guards models_ and failures_
   std::map<std::string, std::shared_ptr<const VersionMap>> models_;
   std::map<std::string, std::string> failures_;  // last load error per model
+  std::set<std::string> unloading_;              // unload() waits for their versions to go
 };
 
 }  // namespace dlrec::serve

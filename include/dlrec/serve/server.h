@@ -21,7 +21,14 @@ struct ServerOptions {
   int http_port = 8000;            // < 0 disables the endpoint
   int grpc_port = 8001;
   int metrics_port = 8002;
+  // HTTP workers run complete requests only: connections are read by one event-loop thread,
+  // so idle and slow clients hold no worker (docs/SERVING.md, "Connections and timeouts").
   int http_threads = 16;
+  int http_max_connections = 1024;     // open HTTP connections; beyond: 503 and closed
+  int http_header_timeout_ms = 10000;  // first byte of a request to the end of its headers
+  int http_body_timeout_ms = 60000;    // end of the headers to the end of the body
+  int http_idle_timeout_ms = 30000;    // a keep-alive connection with no request is closed
+  int http_write_timeout_ms = 30000;   // sending one response
   // gRPC completion queues, each with one polling thread that receives the calls, reads small
   // inferences itself and hands big ones to the parse threads (below), never waiting for them
   // (docs/SERVING.md). One is the fastest for single calls: with several, gRPC hands events
