@@ -37,10 +37,10 @@ void inflate_gzip(const uint8_t* data, size_t size, size_t want, std::string& ou
       continue;  // the next member
     }
     const size_t got = want - z.avail_out;
-    if (rc == Z_BUF_ERROR && z.avail_out == 0)
-      fail(what, ": GZIP data holds more than the page header's ", want, " bytes");
-    if (rc == Z_BUF_ERROR)
+    if (rc == Z_BUF_ERROR && z.avail_in == 0)
       fail(what, ": truncated GZIP data (the stream ends after ", got, " of ", want, " bytes)");
+    if (rc == Z_BUF_ERROR)
+      fail(what, ": GZIP data holds more than the page header's ", want, " bytes");
     fail(what, ": corrupt GZIP data (zlib: ", z.msg ? z.msg : "error " + std::to_string(rc),
          ", after ", got, " of ", want, " bytes)");
   }

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "io/thrift_compact.h"
+#include "thrift_compact.h"  // (relative: tests/io include this header by path)
 
 namespace dlrec::io::pq {
 
