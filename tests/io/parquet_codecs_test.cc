@@ -733,5 +733,39 @@ TEST(ParquetEncodingsMalformed, InFilesTheErrorNamesThePage) {
   std::remove(path.c_str());
 }
 
+
+TEST(ParquetEncodingsMalformed, RandomDamageIsAnErrorNeverACrash) {
+  std::mt19937_64 rng(23);
+  std::vector<int64_t> ints;
+  std::vector<std::string> strs;
+  for (int i = 0; i < 700; ++i) {
+    ints.push_back(static_cast<int64_t>(rng()) >> (rng() % 64));
+    strs.push_back("value_" + std::to_string(rng() % 50) + std::string(rng() % 4, 'x'));
+  }
+  const std::string streams[] = {dbp(ints, 64), dlba(strs), dba(strs)};
+  std::vector<int64_t> out_ints, lengths;
+  std::vector<std::string_view> views;
+  std::string arena;
+  int errors = 0;
+  for (int kind = 0; kind < 3; ++kind) {
+    for (int trial = 0; trial < 400; ++trial) {
+      std::string d = streams[kind];
+      if (trial % 4 == 0) d.resize(rng() % d.size());
+      for (int k = static_cast<int>(rng() % 3); k >= 0; --k)
+        if (!d.empty()) d[rng() % d.size()] = static_cast<char>(rng());
+      const auto* p = reinterpret_cast<const uint8_t*>(d.data());
+      try {
+        if (kind == 0) pq::delta_binary_packed_decode(p, d.size(), 64, 700, out_ints, "fuzz");
+        if (kind == 1) pq::delta_length_byte_array_decode(p, d.size(), 700, views, lengths, "fuzz");
+        if (kind == 2) pq::delta_byte_array_decode(p, d.size(), 700, arena, views, "fuzz");
+      } catch (const Error& e) {
+        ++errors;
+        EXPECT_HAS(e.what(), "fuzz: ");
+      }
+    }
+  }
+  EXPECT_GT(errors, 300);
+}
+
 }  // namespace
 }  // namespace dlrec::io
