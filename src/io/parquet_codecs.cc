@@ -45,8 +45,7 @@ void inflate_gzip(const uint8_t* data, size_t size, size_t want, std::string& ou
          ", after ", got, " of ", want, " bytes)");
   }
   const size_t got = want - z.avail_out;
-  if (got != want)
-    fail(what, ": GZIP data holds ", got, " bytes, the page header says ", want);
+  if (got != want) fail(what, ": GZIP data holds ", got, " bytes, the page header says ", want);
 }
 
 void lz4_raw(const uint8_t* data, size_t size, size_t want, std::string& out,
@@ -67,8 +66,7 @@ uint32_t load_be32(const uint8_t* p) {
 // Hadoop's BlockCompressorStream framing: blocks of [u32 BE raw length] followed by chunks of
 // [u32 BE compressed length][LZ4 block] until the block's raw length is reached. False (with
 // the reason) when the bytes are not such frames adding up to exactly `want` bytes.
-bool lz4_hadoop(const uint8_t* data, size_t size, size_t want, std::string& out,
-                std::string& why) {
+bool lz4_hadoop(const uint8_t* data, size_t size, size_t want, std::string& out, std::string& why) {
   size_t in = 0, produced = 0;
   while (in < size) {
     if (size - in < 4) return why = "a frame header is cut short", false;
@@ -84,8 +82,7 @@ bool lz4_hadoop(const uint8_t* data, size_t size, size_t want, std::string& out,
       if (chunk > size - in)
         return why = "a chunk of " + std::to_string(chunk) + " bytes runs past the page", false;
       const int n = LZ4_decompress_safe(reinterpret_cast<const char*>(data + in),
-                                        out.data() + produced + block_done,
-                                        static_cast<int>(chunk),
+                                        out.data() + produced + block_done, static_cast<int>(chunk),
                                         static_cast<int>(block_raw - block_done));
       if (n <= 0) return why = "a chunk is not a valid LZ4 block", false;
       in += chunk;
@@ -116,16 +113,16 @@ void brotli(const uint8_t* data, size_t size, size_t want, std::string& out,
     case BROTLI_DECODER_RESULT_SUCCESS:
       if (avail_in != 0)
         fail(what, ": corrupt BROTLI data (", avail_in, " bytes after the end of the stream)");
-      if (got != want) fail(what, ": BROTLI data holds ", got, " bytes, the page header says ", want);
+      if (got != want)
+        fail(what, ": BROTLI data holds ", got, " bytes, the page header says ", want);
       return;
     case BROTLI_DECODER_RESULT_NEEDS_MORE_INPUT:
       fail(what, ": truncated BROTLI data (the stream ends after ", got, " of ", want, " bytes)");
     case BROTLI_DECODER_RESULT_NEEDS_MORE_OUTPUT:
       fail(what, ": BROTLI data holds more than the page header's ", want, " bytes");
     default:
-      fail(what, ": corrupt BROTLI data (",
-           BrotliDecoderErrorString(BrotliDecoderGetErrorCode(s)), ", after ", got, " of ", want,
-           " bytes)");
+      fail(what, ": corrupt BROTLI data (", BrotliDecoderErrorString(BrotliDecoderGetErrorCode(s)),
+           ", after ", got, " of ", want, " bytes)");
   }
 }
 
@@ -134,24 +131,27 @@ void brotli(const uint8_t* data, size_t size, size_t want, std::string& out,
 void decompress_more(int32_t codec, const uint8_t* data, size_t size, size_t uncompressed_size,
                      std::string& out, const std::string& what) {
   switch (codec) {
-    case kGzip: return inflate_gzip(data, size, uncompressed_size, out, what);
-    case kLz4Raw: return lz4_raw(data, size, uncompressed_size, out, what, "LZ4_RAW");
+    case kGzip:
+      return inflate_gzip(data, size, uncompressed_size, out, what);
+    case kLz4Raw:
+      return lz4_raw(data, size, uncompressed_size, out, what, "LZ4_RAW");
     case kLz4: {
       // The deprecated LZ4 codec: Hadoop-framed (parquet-mr), or, as older parquet-cpp wrote
       // it, a bare LZ4 block; Arrow reads both the same way.
       std::string why;
       if (lz4_hadoop(data, size, uncompressed_size, out, why)) return;
-      const int n = LZ4_decompress_safe(reinterpret_cast<const char*>(data), out.data(),
-                                        static_cast<int>(size),
-                                        static_cast<int>(uncompressed_size));
+      const int n =
+          LZ4_decompress_safe(reinterpret_cast<const char*>(data), out.data(),
+                              static_cast<int>(size), static_cast<int>(uncompressed_size));
       if (n >= 0 && static_cast<size_t>(n) == uncompressed_size) return;
       fail(what, ": corrupt LZ4 data: neither Hadoop-framed LZ4 (", why,
            ") nor a bare LZ4 block of ", uncompressed_size, " bytes");
     }
-    case kBrotli: return brotli(data, size, uncompressed_size, out, what);
+    case kBrotli:
+      return brotli(data, size, uncompressed_size, out, what);
     default:
-      fail(what, ": unsupported compression codec ", codec_name(codec), " (supported: ",
-           kSupportedCodecs, ")");
+      fail(what, ": unsupported compression codec ", codec_name(codec),
+           " (supported: ", kSupportedCodecs, ")");
   }
 }
 

@@ -87,8 +87,8 @@ size_t delta_binary_packed_decode(const uint8_t* data, size_t size, int value_bi
              " bits of the values (value ", done, " of ", total, ")");
       const uint64_t bytes = per_mini * static_cast<uint64_t>(width) / 8;
       if (bytes > size - pos)
-        fail(what, ": a miniblock of ", bytes, " bytes is past the end of the data (value ",
-             done, " of ", total, ")");
+        fail(what, ": a miniblock of ", bytes, " bytes is past the end of the data (value ", done,
+             " of ", total, ")");
       const int64_t n = static_cast<int64_t>(std::min(per_mini, total - done));
       unpack(data + pos, bytes, width, n, deltas.data());
       for (int64_t k = 0; k < n; ++k) {
@@ -110,8 +110,8 @@ size_t delta_length_byte_array_decode(const uint8_t* data, size_t size, int64_t 
     const int64_t len = lengths[i];
     if (len < 0) fail(what, ": value ", i, " has a negative length ", len);
     if (static_cast<uint64_t>(len) > size - pos)
-      fail(what, ": value ", i, " of ", len, " bytes is past the end of the data (",
-           size - pos, " bytes left)");
+      fail(what, ": value ", i, " of ", len, " bytes is past the end of the data (", size - pos,
+           " bytes left)");
     out[i] = std::string_view(reinterpret_cast<const char*>(data + pos), static_cast<size_t>(len));
     pos += static_cast<size_t>(len);
   }
@@ -138,8 +138,8 @@ void delta_byte_array_decode(const uint8_t* data, size_t size, int64_t max_value
     prev_len = static_cast<uint64_t>(prefix[i]) + suffix[i].size();
     total += prev_len;
     if (total > kMaxDeltaByteArrayBytes)
-      fail(what, ": the values expand to more than ", kMaxDeltaByteArrayBytes,
-           " bytes (at value ", i, ")");
+      fail(what, ": the values expand to more than ", kMaxDeltaByteArrayBytes, " bytes (at value ",
+           i, ")");
   }
   arena.resize(total);
   char* base = arena.data();

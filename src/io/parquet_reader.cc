@@ -302,7 +302,7 @@ struct ColumnCursor::State {
   std::vector<int64_t> p_ints;
   std::vector<double> p_reals;
   std::vector<std::string_view> p_views;
-  std::string p_bytes;            // BYTE_STREAM_SPLIT as PLAIN; DELTA_BYTE_ARRAY's values
+  std::string p_bytes;             // BYTE_STREAM_SPLIT as PLAIN; DELTA_BYTE_ARRAY's values
   std::vector<int64_t> p_lengths;  // DELTA_LENGTH_BYTE_ARRAY scratch
   int data_pages = 0;              // data pages read so far (for messages)
   std::string page_ctx;            // ctx + ": data page N"
@@ -523,8 +523,8 @@ struct ColumnCursor::State {
     if (encoding == pq::kByteStreamSplit) {
       const int width = t == pq::kInt32 || t == pq::kFloat ? 4 : 8;
       pq::byte_stream_split_decode(p, size, n_vals, width, p_bytes, what);
-      decode_plain(reinterpret_cast<const uint8_t*>(p_bytes.data()), p_bytes.size(), n_vals,
-                   p_ints, p_reals, p_views);
+      decode_plain(reinterpret_cast<const uint8_t*>(p_bytes.data()), p_bytes.size(), n_vals, p_ints,
+                   p_reals, p_views);
     } else if (encoding == pq::kDeltaBinaryPacked) {
       pq::delta_binary_packed_decode(p, size, t == pq::kInt32 ? 32 : 64, n_levels, p_ints, what);
       enough(p_ints.size());
@@ -747,8 +747,8 @@ ColumnCursor::ColumnCursor(const ParquetFile::Impl& f, int row_group, int field,
          pq::type_name(s.lv.physical));
   s.codec = cm.codec;
   if (!pq::codec_supported(s.codec))
-    fail(s.ctx, ": unsupported compression codec ", pq::codec_name(s.codec), " (supported: ",
-         pq::kSupportedCodecs, ")");
+    fail(s.ctx, ": unsupported compression codec ", pq::codec_name(s.codec),
+         " (supported: ", pq::kSupportedCodecs, ")");
   int64_t start = cm.data_page_offset;
   if (cm.dictionary_page_offset >= 4 && cm.dictionary_page_offset < start)
     start = cm.dictionary_page_offset;

@@ -38,8 +38,9 @@ std::string error_of(const std::function<void()>& fn) {
   return "(no error)";
 }
 
-#define EXPECT_HAS(text, part) \
-  EXPECT_NE(std::string(text).find(part), std::string::npos) << "missing '" << (part) << "' in: " << (text)
+#define EXPECT_HAS(text, part)                               \
+  EXPECT_NE(std::string(text).find(part), std::string::npos) \
+      << "missing '" << (part) << "' in: " << (text)
 
 // ---- compression with the libraries
 
@@ -109,9 +110,12 @@ std::vector<Codec> codecs() {
   return {
       {"gzip", pq::kGzip, "GZIP", gzip},
       {"gzip_two_members", pq::kGzip, "GZIP",
-       [](const std::string& s) { return gzip(s.substr(0, s.size() / 2)) + gzip(s.substr(s.size() / 2)); }},
+       [](const std::string& s) {
+         return gzip(s.substr(0, s.size() / 2)) + gzip(s.substr(s.size() / 2));
+       }},
       {"lz4_raw", pq::kLz4Raw, "LZ4_RAW", lz4_block},
-      {"lz4_hadoop", pq::kLz4, "LZ4", [](const std::string& s) { return lz4_hadoop(s, s.size(), s.size()); }},
+      {"lz4_hadoop", pq::kLz4, "LZ4",
+       [](const std::string& s) { return lz4_hadoop(s, s.size(), s.size()); }},
       {"lz4_hadoop_frames_of_chunks", pq::kLz4, "LZ4",
        [](const std::string& s) { return lz4_hadoop(s, 100, 40); }},
       {"lz4_bare_block", pq::kLz4, "LZ4", lz4_block},
@@ -301,8 +305,8 @@ void write_file(const std::string& path, int32_t type, bool nullable, int32_t co
   data += footer;
   data.append(reinterpret_cast<const char*>(&len), 4);
   data += "PAR1";
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(data.data(),
-                                                                static_cast<std::streamsize>(data.size()));
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(data.data(), static_cast<std::streamsize>(data.size()));
 }
 
 // Encodes the present slots of one page.
@@ -331,7 +335,8 @@ std::string plain_int64(const ParquetColumnData& c, const std::vector<int64_t>& 
   return out;
 }
 
-void expect_same(const ParquetColumnData& want, const ParquetColumnData& got, const std::string& what) {
+void expect_same(const ParquetColumnData& want, const ParquetColumnData& got,
+                 const std::string& what) {
   ASSERT_EQ(want.rows, got.rows) << what;
   for (int64_t s = 0; s < want.rows; ++s) {
     ASSERT_EQ(want.present(s), got.present(s)) << what << " row " << s;
@@ -360,7 +365,6 @@ ParquetColumnData int64_column(int64_t rows, uint64_t seed) {
 }
 
 ParquetColumnData read_x(const std::string& path) { return ParquetFile(path).read_column(0, 0); }
-
 
 // ---- codecs
 
@@ -394,10 +398,11 @@ TEST_P(ParquetCodecTest, DamagedStreamsAreErrorsNamingFileColumnPageAndCodec) {
   const Packer cut = [](const std::string& z) { return z.substr(0, z.size() / 2); };
   const Packer garbage = [](const std::string& z) { return std::string(z.size(), '\xFF'); };
   const std::string where = path + ": row group 0, column 'x': data page 1: ";
-  for (const auto& [what, e] : {std::pair<const char*, std::string>{"truncated", error_with(cut, 0)},
-                                {"garbage", error_with(garbage, 0)},
-                                {"size - 1", error_with(same, -1)},
-                                {"size + 1", error_with(same, +1)}}) {
+  for (const auto& [what, e] :
+       {std::pair<const char*, std::string>{"truncated", error_with(cut, 0)},
+        {"garbage", error_with(garbage, 0)},
+        {"size - 1", error_with(same, -1)},
+        {"size + 1", error_with(same, +1)}}) {
     EXPECT_HAS(e, where) << what;
     EXPECT_HAS(e, std::string(" ") + cd.name + " data") << what;
   }
@@ -456,8 +461,9 @@ TEST(ParquetCodecs, UnsupportedCodecIsNamed) {
   write_file(path, pq::kInt64, true, pq::kLzo,
              pages_of(c, true, 10, false, pq::kPlain, plain_int64, nullptr), c.rows);
   const std::string e = error_of([&] { read_x(path); });
-  EXPECT_HAS(e, path + ": row group 0, column 'x': unsupported compression codec LZO (supported: "
-                       "UNCOMPRESSED, SNAPPY, ZSTD, GZIP, LZ4_RAW, LZ4, BROTLI)");
+  EXPECT_HAS(e, path +
+                    ": row group 0, column 'x': unsupported compression codec LZO (supported: "
+                    "UNCOMPRESSED, SNAPPY, ZSTD, GZIP, LZ4_RAW, LZ4, BROTLI)");
   std::remove(path.c_str());
 }
 
@@ -497,15 +503,21 @@ ParquetColumnData column_for(int32_t type, int64_t rows, bool nullable, uint64_t
     const bool extreme = r % 50 < 6, constant = r >= 300 && r < 500;
     switch (type) {
       case pq::kInt32:
-        c.ints.push_back(extreme ? (r % 2 ? INT32_MIN : INT32_MAX)
-                                 : constant ? 7 : static_cast<int32_t>(static_cast<uint32_t>(x)));
+        c.ints.push_back(extreme    ? (r % 2 ? INT32_MIN : INT32_MAX)
+                         : constant ? 7
+                                    : static_cast<int32_t>(static_cast<uint32_t>(x)));
         break;
       case pq::kInt64:
-        c.ints.push_back(extreme ? (r % 2 ? INT64_MIN : INT64_MAX)
-                                 : constant ? -7 : static_cast<int64_t>(x >> (x % 60)));
+        c.ints.push_back(extreme    ? (r % 2 ? INT64_MIN : INT64_MAX)
+                         : constant ? -7
+                                    : static_cast<int64_t>(x >> (x % 60)));
         break;
-      case pq::kFloat: c.reals.push_back(static_cast<float>(static_cast<int64_t>(x % 20001) - 10000) / 64.f); break;
-      case pq::kDouble: c.reals.push_back(static_cast<double>(static_cast<int64_t>(x)) * 1e-7); break;
+      case pq::kFloat:
+        c.reals.push_back(static_cast<float>(static_cast<int64_t>(x % 20001) - 10000) / 64.f);
+        break;
+      case pq::kDouble:
+        c.reals.push_back(static_cast<double>(static_cast<int64_t>(x)) * 1e-7);
+        break;
       default:
         c.strings.push_back(constant ? "same" : std::string(words[x % 8]) + std::to_string(x % 13));
     }
@@ -560,9 +572,10 @@ TEST_P(ParquetEncodingTest, ReadsBackPagesV1AndV2WithNulls) {
   const ParquetColumnData c = column_for(ec.type, 1100, nullable, 7 + ci);
   const std::string path = temp_path(std::string(ec.label) + ".parquet");
   // V2 pages compressed (GZIP), V1 pages not.
-  write_file(path, ec.type, nullable, v2 ? pq::kGzip : pq::kUncompressed,
-             pages_of(c, nullable, 400, v2, ec.encoding, encoder_for(ec), v2 ? Packer(gzip) : nullptr),
-             c.rows);
+  write_file(
+      path, ec.type, nullable, v2 ? pq::kGzip : pq::kUncompressed,
+      pages_of(c, nullable, 400, v2, ec.encoding, encoder_for(ec), v2 ? Packer(gzip) : nullptr),
+      c.rows);
   expect_same(c, read_x(path), ec.label);
   std::remove(path.c_str());
 }
@@ -590,8 +603,8 @@ TEST(ParquetEncodings, DeltaBinaryPackedSpecExample) {
   for (int k = 3; k < 7; ++k) rel[k] = 3;
   put_bits(d, rel, 2);
   std::vector<int64_t> out;
-  EXPECT_EQ(pq::delta_binary_packed_decode(reinterpret_cast<const uint8_t*>(d.data()), d.size(),
-                                           32, 8, out, "ex"),
+  EXPECT_EQ(pq::delta_binary_packed_decode(reinterpret_cast<const uint8_t*>(d.data()), d.size(), 32,
+                                           8, out, "ex"),
             d.size());
   EXPECT_EQ(out, (std::vector<int64_t>{7, 5, 3, 1, 2, 3, 4, 5}));
   EXPECT_EQ(dbp({7, 5, 3, 1, 2, 3, 4, 5}, 32, 128, 1), d);  // the test's encoder agrees
@@ -632,9 +645,9 @@ TEST(ParquetEncodingsMalformed, DeltaBinaryPacked) {
   for (const auto& [bits, width] : {std::pair<int, int>{32, 33}, {64, 65}}) {
     std::string d = dbp_header(128, 4, 2, 0) + '\0';  // min delta 0
     d += std::string{static_cast<char>(width), 0, 0, 0} + std::string(32 * width / 8, '\0');
-    EXPECT_HAS(dbp_error(d, bits, 10),
-               "miniblock bit width " + std::to_string(width) + " exceeds the " +
-                   std::to_string(bits) + " bits of the values");
+    EXPECT_HAS(dbp_error(d, bits, 10), "miniblock bit width " + std::to_string(width) +
+                                           " exceeds the " + std::to_string(bits) +
+                                           " bits of the values");
   }
   EXPECT_HAS(dbp_error(good.substr(0, good.size() - 3), 64, 300),
              "bytes is past the end of the data");
@@ -656,8 +669,8 @@ TEST(ParquetEncodingsMalformed, DeltaLengthAndDeltaByteArray) {
     std::vector<std::string_view> out;
     std::string arena;
     return error_of([&] {
-      pq::delta_byte_array_decode(reinterpret_cast<const uint8_t*>(d.data()), d.size(),
-                                  max_values, arena, out, "page");
+      pq::delta_byte_array_decode(reinterpret_cast<const uint8_t*>(d.data()), d.size(), max_values,
+                                  arena, out, "page");
     });
   };
   EXPECT_EQ(dlba_error(dlba({"Hello", "World", "Foobar", "ABCDEF"}), 4), "(no error)");
@@ -670,7 +683,8 @@ TEST(ParquetEncodingsMalformed, DeltaLengthAndDeltaByteArray) {
   EXPECT_HAS(dba_error(dbp({0, 5}, 32) + dlba({"ab", "c"}), 4),
              "page: value 1 has prefix length 5 but the value before it has 2 bytes");
   EXPECT_HAS(dba_error(dbp({2}, 32) + dlba({"ab"}), 4), "value 0 has prefix length 2");
-  EXPECT_HAS(dba_error(dbp({0, 1, 1}, 32) + dlba({"ab", "c"}), 4), "3 prefix lengths but 2 suffixes");
+  EXPECT_HAS(dba_error(dbp({0, 1, 1}, 32) + dlba({"ab", "c"}), 4),
+             "3 prefix lengths but 2 suffixes");
   EXPECT_HAS(dba_error(dbp({0, 1}, 32), 4), "page: suffixes: lengths: ");
   // Prefixes that would expand a 1 MiB page past the limit fail before allocating.
   std::vector<int64_t> prefix(1100, 1 << 20);
@@ -685,8 +699,8 @@ TEST(ParquetEncodingsMalformed, ByteStreamSplit) {
   std::string out;
   const std::string d = "0123456789";
   EXPECT_HAS(error_of([&] {
-               pq::byte_stream_split_decode(reinterpret_cast<const uint8_t*>(d.data()), d.size(),
-                                            3, 4, out, "page");
+               pq::byte_stream_split_decode(reinterpret_cast<const uint8_t*>(d.data()), d.size(), 3,
+                                            4, out, "page");
              }),
              "page: 10 bytes of data do not hold 3 values of 4 bytes");
   pq::byte_stream_split_decode(reinterpret_cast<const uint8_t*>(d.data()), 8, 2, 4, out, "page");
@@ -705,8 +719,9 @@ TEST(ParquetEncodingsMalformed, InFilesTheErrorNamesThePage) {
   const Bad bad[] = {
       {pq::kInt64, pq::kDeltaBinaryPacked, dbp({1, 2}, 64),
        "DELTA_BINARY_PACKED: the data holds 2 values, the page's levels need 3"},
-      {pq::kInt32, pq::kDeltaBinaryPacked, dbp_header(128, 4, 3, 0) + '\0' + std::string("\x21\0\0\0", 4) +
-                                               std::string(32 * 33 / 8, '\0'),
+      {pq::kInt32, pq::kDeltaBinaryPacked,
+       dbp_header(128, 4, 3, 0) + '\0' + std::string("\x21\0\0\0", 4) +
+           std::string(32 * 33 / 8, '\0'),
        "DELTA_BINARY_PACKED: miniblock bit width 33 exceeds the 32 bits"},
       {pq::kFloat, pq::kDeltaBinaryPacked, dbp({1, 2, 3}, 32),
        "encoding DELTA_BINARY_PACKED is not valid for a FLOAT column"},
@@ -732,7 +747,6 @@ TEST(ParquetEncodingsMalformed, InFilesTheErrorNamesThePage) {
   }
   std::remove(path.c_str());
 }
-
 
 TEST(ParquetEncodingsMalformed, RandomDamageIsAnErrorNeverACrash) {
   std::mt19937_64 rng(23);

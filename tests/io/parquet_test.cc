@@ -515,8 +515,7 @@ TEST(ParquetCorrupt, UnsupportedEncoding) {
   Schema s;
   s.columns = {{"x", ColumnKind::Dense, false}};
   e = error_of([&] { ParquetReader({path}, s).next(c); });
-  EXPECT_NE(e.find("row group 0, column 'x': unsupported encoding BIT_PACKED"),
-            std::string::npos)
+  EXPECT_NE(e.find("row group 0, column 'x': unsupported encoding BIT_PACKED"), std::string::npos)
       << e;
   std::remove(path.c_str());
 }
