@@ -515,6 +515,7 @@ struct ColumnCursor::State {
     if (!ok)
       fail(page_ctx, ": encoding ", pq::encoding_name(encoding), " is not valid for a ",
            pq::type_name(t), " column");
+    if (n_vals == 0) return;  // all nulls: nothing to decode (some writers leave no bytes)
     const std::string what = page_ctx + ": " + pq::encoding_name(encoding);
     auto enough = [&](size_t got) {
       if (got < static_cast<size_t>(n_vals))
