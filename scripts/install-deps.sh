@@ -11,7 +11,7 @@ $SUDO apt-get update
 $SUDO apt-get install -y --no-install-recommends \
   build-essential cmake make pkg-config git \
   nlohmann-json3-dev libcli11-dev libopenblas-dev \
-  libgtest-dev libgmock-dev libsnappy-dev libzstd-dev \
+  libgtest-dev libgmock-dev libsnappy-dev libzstd-dev zlib1g-dev liblz4-dev libbrotli-dev \
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libcpp-httplib-dev
 PIP="python3 -m pip install --quiet --disable-pip-version-check"
 # Python packages used by tests/python (every one pinned, transitive ones included).

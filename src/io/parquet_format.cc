@@ -521,8 +521,7 @@ void decompress(int32_t codec, const uint8_t* data, size_t size, size_t uncompre
       return;
     }
     default:
-      fail(what, ": unsupported compression codec ", codec_name(codec),
-           " (supported: UNCOMPRESSED, SNAPPY, ZSTD)");
+      decompress_more(codec, data, size, uncompressed_size, out, what);
   }
 }
 

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "io/thrift_compact.h"
+#include "thrift_compact.h"  // (relative: tests/io include this header by path)
 
 namespace dlrec::io::pq {
 
@@ -125,10 +125,22 @@ void rle_encode(const uint32_t* values, int64_t count, int width, std::string& o
 
 // ---- codecs
 
+// The codecs the reader decompresses.
+inline constexpr const char* kSupportedCodecs =
+    "UNCOMPRESSED, SNAPPY, ZSTD, GZIP, LZ4_RAW, LZ4, BROTLI";
+inline bool codec_supported(int32_t c) {
+  return c == kUncompressed || c == kSnappy || c == kZstd || c == kGzip || c == kLz4Raw ||
+         c == kLz4 || c == kBrotli;
+}
+
 // Decompresses into exactly `uncompressed_size` bytes. Throws naming the codec when it is not
 // supported or the data is corrupt.
 void decompress(int32_t codec, const uint8_t* data, size_t size, size_t uncompressed_size,
                 std::string& out, const std::string& what);
+// decompress() for GZIP, LZ4_RAW, LZ4 and BROTLI (parquet_codecs.cc); `out` is already
+// `uncompressed_size` bytes long.
+void decompress_more(int32_t codec, const uint8_t* data, size_t size, size_t uncompressed_size,
+                     std::string& out, const std::string& what);
 void compress(int32_t codec, const char* data, size_t size, std::string& out);
 
 }  // namespace dlrec::io::pq

@@ -9,6 +9,7 @@
 
 #include "dlrec/core/error.h"
 #include "io/parquet_column.h"
+#include "io/parquet_encodings.h"
 
 namespace dlrec::io {
 namespace {
@@ -301,6 +302,10 @@ struct ColumnCursor::State {
   std::vector<int64_t> p_ints;
   std::vector<double> p_reals;
   std::vector<std::string_view> p_views;
+  std::string p_bytes;             // BYTE_STREAM_SPLIT as PLAIN; DELTA_BYTE_ARRAY's values
+  std::vector<int64_t> p_lengths;  // DELTA_LENGTH_BYTE_ARRAY scratch
+  int data_pages = 0;              // data pages read so far (for messages)
+  std::string page_ctx;            // ctx + ": data page N"
 
   State(const ParquetFile::Impl& file) : f(file) {}
 
@@ -475,6 +480,12 @@ struct ColumnCursor::State {
                  dict_size, " values)");
         return;
       }
+      case pq::kDeltaBinaryPacked:
+      case pq::kDeltaLengthByteArray:
+      case pq::kDeltaByteArray:
+      case pq::kByteStreamSplit:
+        decode_delta_or_split(encoding, p, size);
+        return;
       case pq::kRle:
         if (lv.physical == pq::kBoolean) {
           if (size < 4) fail(ctx, ": RLE booleans are past the page's end");
@@ -488,13 +499,50 @@ struct ColumnCursor::State {
         [[fallthrough]];
       default:
         fail(ctx, ": unsupported encoding ", pq::encoding_name(encoding), " (supported: PLAIN, ",
-             "PLAIN_DICTIONARY, RLE_DICTIONARY, and RLE for booleans)");
+             "PLAIN_DICTIONARY, RLE_DICTIONARY, DELTA_BINARY_PACKED, DELTA_LENGTH_BYTE_ARRAY, ",
+             "DELTA_BYTE_ARRAY, BYTE_STREAM_SPLIT, and RLE for booleans)");
+    }
+  }
+
+  // The DELTA_* and BYTE_STREAM_SPLIT encodings (parquet_encodings.h) into the vectors
+  // decode_plain fills.
+  void decode_delta_or_split(int32_t encoding, const uint8_t* p, size_t size) {
+    const int32_t t = lv.physical;
+    const bool ok = encoding == pq::kDeltaBinaryPacked ? t == pq::kInt32 || t == pq::kInt64
+                    : encoding == pq::kByteStreamSplit
+                        ? t == pq::kInt32 || t == pq::kInt64 || t == pq::kFloat || t == pq::kDouble
+                        : t == pq::kByteArray;
+    if (!ok)
+      fail(page_ctx, ": encoding ", pq::encoding_name(encoding), " is not valid for a ",
+           pq::type_name(t), " column");
+    if (n_vals == 0) return;  // all nulls: nothing to decode (some writers leave no bytes)
+    const std::string what = page_ctx + ": " + pq::encoding_name(encoding);
+    auto enough = [&](size_t got) {
+      if (got < static_cast<size_t>(n_vals))
+        fail(what, ": the data holds ", got, " values, the page's levels need ", n_vals);
+    };
+    if (encoding == pq::kByteStreamSplit) {
+      const int width = t == pq::kInt32 || t == pq::kFloat ? 4 : 8;
+      pq::byte_stream_split_decode(p, size, n_vals, width, p_bytes, what);
+      decode_plain(reinterpret_cast<const uint8_t*>(p_bytes.data()), p_bytes.size(), n_vals, p_ints,
+                   p_reals, p_views);
+    } else if (encoding == pq::kDeltaBinaryPacked) {
+      pq::delta_binary_packed_decode(p, size, t == pq::kInt32 ? 32 : 64, n_levels, p_ints, what);
+      enough(p_ints.size());
+      if (t == pq::kInt32 && field.is_unsigned)
+        for (int64_t& v : p_ints) v = static_cast<int64_t>(static_cast<uint32_t>(v));
+    } else if (encoding == pq::kDeltaLengthByteArray) {
+      pq::delta_length_byte_array_decode(p, size, n_levels, p_views, p_lengths, what);
+      enough(p_views.size());
+    } else {
+      pq::delta_byte_array_decode(p, size, n_levels, p_bytes, p_views, what);
+      enough(p_views.size());
     }
   }
 
   void decode_v1(const pq::PageHeader& h) {
     pq::decompress(codec, reinterpret_cast<const uint8_t*>(raw.data()), raw.size(),
-                   static_cast<size_t>(h.uncompressed_size), buf, ctx + ": data page");
+                   static_cast<size_t>(h.uncompressed_size), buf, page_ctx);
     const uint8_t* p = reinterpret_cast<const uint8_t*>(buf.data());
     size_t size = buf.size();
     n_levels = h.num_values;
@@ -525,7 +573,7 @@ struct ColumnCursor::State {
     const size_t off = static_cast<size_t>(h.rep_bytes) + h.def_bytes;
     const size_t vsize = static_cast<size_t>(h.uncompressed_size) - off;
     if (h.v2_compressed && codec != pq::kUncompressed) {
-      pq::decompress(codec, p + off, raw.size() - off, vsize, buf, ctx + ": data page");
+      pq::decompress(codec, p + off, raw.size() - off, vsize, buf, page_ctx);
     } else {
       if (raw.size() - off != vsize) fail(ctx, ": data page V2 sizes disagree");
       buf.assign(raw, off, std::string::npos);
@@ -572,8 +620,14 @@ struct ColumnCursor::State {
       bytes += static_cast<int64_t>(hlen) + h.compressed_size;
       switch (h.type) {
         case pq::kDictionaryPage: decode_dictionary(h); break;
-        case pq::kDataPage: decode_v1(h); return true;
-        case pq::kDataPageV2: decode_v2(h); return true;
+        case pq::kDataPage:
+        case pq::kDataPageV2:
+          page_ctx = ctx + ": data page " + std::to_string(data_pages++);
+          if (h.type == pq::kDataPage)
+            decode_v1(h);
+          else
+            decode_v2(h);
+          return true;
         case pq::kIndexPage: break;
         default: fail(ctx, ": unsupported page type ", h.type);
       }
@@ -693,9 +747,9 @@ ColumnCursor::ColumnCursor(const ParquetFile::Impl& f, int row_group, int field,
     fail(s.ctx, ": the column chunk's type ", pq::type_name(cm.type), " differs from the schema's ",
          pq::type_name(s.lv.physical));
   s.codec = cm.codec;
-  if (s.codec != pq::kUncompressed && s.codec != pq::kSnappy && s.codec != pq::kZstd)
+  if (!pq::codec_supported(s.codec))
     fail(s.ctx, ": unsupported compression codec ", pq::codec_name(s.codec),
-         " (supported: UNCOMPRESSED, SNAPPY, ZSTD)");
+         " (supported: ", pq::kSupportedCodecs, ")");
   int64_t start = cm.data_page_offset;
   if (cm.dictionary_page_offset >= 4 && cm.dictionary_page_offset < start)
     start = cm.dictionary_page_offset;

@@ -9,11 +9,13 @@
 //   types        BOOLEAN, INT32, INT64, FLOAT, DOUBLE, BYTE_ARRAY (UTF-8 or binary).
 //   pages        data pages V1 and V2, dictionary pages; index pages are skipped.
 //   encodings    PLAIN, PLAIN_DICTIONARY / RLE_DICTIONARY, RLE (booleans, levels),
-//                RLE/bit-packed hybrid definition and repetition levels.
-//   codecs       UNCOMPRESSED, SNAPPY, ZSTD.
+//                RLE/bit-packed hybrid definition and repetition levels, DELTA_BINARY_PACKED,
+//                DELTA_LENGTH_BYTE_ARRAY, DELTA_BYTE_ARRAY, BYTE_STREAM_SPLIT (read only).
+//   codecs       UNCOMPRESSED, SNAPPY, ZSTD; for reading also GZIP, LZ4_RAW, LZ4 (Hadoop-framed
+//                or a bare block) and BROTLI.
 // Errors throw dlrec::Error naming the file and, inside data, the row group (0-based, as
-// pyarrow counts them) and the column: "f.parquet: row group 2, column 'C3': unsupported
-// encoding DELTA_BINARY_PACKED".
+// pyarrow counts them) and the column, and inside a page its number: "f.parquet: row group 2,
+// column 'C3': data page 4: corrupt GZIP data (...)".
 #pragma once
 
 #include <cstdint>
