@@ -4,32 +4,10 @@
 #include <map>
 
 #include "dlrec/model/graph.h"
+#include "model/layers/layer.h"
 
 namespace dlrec::model {
 namespace {
-
-// Number of graph inputs each layer type takes: exact count, or at least one (-1).
-int input_arity(const std::string& type) {
-  if (type == "dense" || type == "embedding" || type == "wide") return 0;
-  if (type == "mlp" || type == "cross" || type == "output") return 1;
-  return -1;  // dot, concat, fm, add
-}
-
-std::vector<int64_t> read_int_list(ConfigReader& r, const std::string& key, int64_t lo, int64_t hi,
-                                   bool allow_empty) {
-  const json& v = r.raw(key);
-  if (!v.is_array())
-    fail("config key '", r.key_path(key), "' must be a list of integers, got ", v.dump());
-  std::vector<int64_t> out;
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (!v[i].is_number_integer() || v[i].get<int64_t>() < lo || v[i].get<int64_t>() > hi)
-      fail("config key '", r.key_path(key), "[", i, "]' must be an integer in ", lo, " .. ", hi,
-           ", got ", v[i].dump());
-    out.push_back(v[i].get<int64_t>());
-  }
-  if (out.empty() && !allow_empty) fail("config key '", r.key_path(key), "' must not be empty");
-  return out;
-}
 
 // The keys an optimizer override may hold; the others of the optimizer section apply to the
 // whole run (or, for embedding_lr, are the override's lr).
@@ -39,6 +17,8 @@ const std::vector<std::string>& override_keys() {
       "beta2", "adam_eps", "ftrl_beta", "ftrl_l1",  "ftrl_l2",     "clip_value",   "weight_decay"};
   return keys;
 }
+
+}  // namespace
 
 HashedSpec parse_hashed(ConfigReader& parent, const std::string& key) {
   const json& v = parent.raw(key);
@@ -61,6 +41,19 @@ HashedSpec parse_hashed(ConfigReader& parent, const std::string& key) {
   return h;
 }
 
+namespace {
+
+// "embedding, wide and mlp": the registered types with the flag, for messages.
+std::string types_with(bool LayerType::*flag) {
+  std::vector<std::string> names;
+  for (const LayerType* t : layer_registry())
+    if (t->*flag) names.push_back(t->name);
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+  return out;
+}
+
 LayerSpec parse_layer(const json& j, const std::string& path) {
   if (!j.is_object()) fail("config key '", path, "' must be a layer object, got ", j.dump());
   ConfigReader r(j, path);
@@ -76,7 +69,8 @@ LayerSpec parse_layer(const json& j, const std::string& path) {
     if (!r.has("type")) fail("config key '", r.key_path("type"), "' is required");
     s.type = r.get_choice("type", "", graph_layer_types());
     s.where = path + " (layer '" + s.name + "', " + s.type + ")";
-    const int arity = input_arity(s.type);
+    const LayerType& type = layer_type(s.type);
+    const int arity = type.arity;
     if (r.has("input") && r.has("inputs")) fail("give either 'input' or 'inputs', not both");
     if (r.has("input")) s.inputs.push_back(r.get<std::string>("input", ""));
     if (r.has("inputs")) {
@@ -100,7 +94,7 @@ LayerSpec parse_layer(const json& j, const std::string& path) {
       fail("a '", s.type, "' layer needs its inputs (key 'inputs')");
     if (r.has("init_tag")) {
       const json& t = r.raw("init_tag");
-      if (!t.is_number_unsigned())
+      if (!t.is_number_unsigned() && !(t.is_number_integer() && t.get<int64_t>() >= 0))
         fail("config key '", r.key_path("init_tag"), "' must be a non-negative integer, got ",
              t.dump());
       s.has_init_tag = true;
@@ -108,7 +102,7 @@ LayerSpec parse_layer(const json& j, const std::string& path) {
     }
     r.get<json>("init_tag", json());
 
-    if (s.type == "embedding" || s.type == "wide") {
+    if (type.table_keys) {
       if (r.has("features")) {
         const json& f = r.raw("features");
         if (f.is_string()) {
@@ -159,7 +153,7 @@ LayerSpec parse_layer(const json& j, const std::string& path) {
           }
           er.get<json>("optimizer", json());
           if (er.has("hashed")) {
-            if (s.type != "embedding")
+            if (!type.hashed_tables)
               fail("config key '", er.key_path("hashed"),
                    "': hashed tables are for embedding layers (the wide part's tables are fixed)");
             ts.hashed = parse_hashed(er, "hashed");
@@ -171,38 +165,21 @@ LayerSpec parse_layer(const json& j, const std::string& path) {
       }
       r.get<json>("tables", json());
     }
-    if (r.has("hashed") && s.type != "embedding")
-      fail("key 'hashed': hashed tables are for embedding layers, not '", s.type, "'");
-    if (r.has("tables") && s.type != "embedding" && s.type != "wide")
-      fail("key 'tables': per-table settings are for embedding and wide layers, not '", s.type,
-           "'");
+    if (r.has("hashed") && !type.hashed_tables)
+      fail("key 'hashed': hashed tables are for ", types_with(&LayerType::hashed_tables),
+           " layers, not '", s.type, "'");
+    if (r.has("tables") && !type.table_keys)
+      fail("key 'tables': per-table settings are for ", types_with(&LayerType::table_keys),
+           " layers, not '", s.type, "'");
     if (r.has("optimizer")) {
-      if (s.type != "embedding" && s.type != "wide" && s.type != "mlp" && s.type != "cross")
-        fail("key 'optimizer': a '", s.type,
-             "' layer has no parameters to optimize (embedding, wide, mlp and cross layers do)");
+      if (!type.trainable)
+        fail("key 'optimizer': a '", s.type, "' layer has no parameters to optimize (",
+             types_with(&LayerType::trainable), " layers do)");
       s.optimizer = r.raw("optimizer");
-      layer_optimizer(OptimizerConfig(), s.optimizer, r.key_path("optimizer"),
-                      s.type == "mlp" || s.type == "cross");
+      layer_optimizer(OptimizerConfig(), s.optimizer, r.key_path("optimizer"), type.dense_params);
     }
     r.get<json>("optimizer", json());
-    if (s.type == "embedding") {
-      s.dim = r.get_int_range("dim", s.dim, 1, 1 << 16);
-      if (r.has("dims")) {
-        if (r.has("dim")) fail("give either 'dim' or 'dims', not both");
-        s.dims = read_int_list(r, "dims", 1, 1 << 16, false);
-        if (!s.all_features && s.dims.size() != s.features.size())
-          fail("config key '", r.key_path("dims"), "' has ", s.dims.size(), " widths for the ",
-               s.features.size(), " features of 'features'");
-      }
-      r.get<json>("dims", json());
-      if (r.has("hashed")) s.hashed = parse_hashed(r, "hashed");
-    } else if (s.type == "mlp") {
-      s.sizes = read_int_list(r, "sizes", 1, 1 << 20, false);
-      s.relu_last = r.get<bool>("relu_last", false);
-    } else if (s.type == "cross") {
-      s.num_layers = r.get_int_range("num_layers", s.num_layers, 1, 1024);
-      s.low_rank = r.get_int_range("low_rank", s.low_rank, 0, 1 << 20);
-    }
+    type.parse(r, s);
     r.finish();
   } catch (const Error& e) {
     fail(s.where, ": ", e.what());
@@ -249,12 +226,6 @@ OptimizerConfig layer_optimizer(const OptimizerConfig& base, const json& o, cons
   return c;
 }
 
-const std::vector<std::string>& graph_layer_types() {
-  static const std::vector<std::string> types = {"dense", "embedding", "wide", "mlp", "cross",
-                                                 "dot",   "concat",    "fm",   "add", "output"};
-  return types;
-}
-
 GraphSpec GraphSpec::parse(const json& layers, const std::string& path) {
   if (!layers.is_array() || layers.empty())
     fail("config key '", path, "' must be a non-empty list of layers (arch \"graph\")");
@@ -280,11 +251,11 @@ GraphSpec GraphSpec::parse(const json& layers, const std::string& path) {
              near.empty() ? "" : " (did you mean '" + near + "'?)");
       }
       if (it->second == i) fail(s.where, ": the layer lists itself as an input");
-      if (g.layers[it->second].type == "output")
+      if (layer_type(g.layers[it->second].type).is_output)
         fail(s.where, ": '", x, "' is the output layer and feeds nothing");
       s.input_ids.push_back(it->second);
     }
-    if (s.type == "output") {
+    if (layer_type(s.type).is_output) {
       if (g.output >= 0)
         fail(s.where, ": a second output layer (", g.layers[g.output].where, " is one)");
       g.output = i;

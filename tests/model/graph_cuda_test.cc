@@ -267,9 +267,10 @@ void train_step_and_replay(const char* layers) {
   Case c(layers, kAdagrad);
   auto a = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 9);
   auto b = build_model(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 9);
-  setenv("DLREC_CUDA_GRAPH", "0", 1);
-  auto eager = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 9);
-  unsetenv("DLREC_CUDA_GRAPH");
+  GraphCudaOptions no_graphs;
+  no_graphs.cuda_graphs = false;
+  auto eager =
+      make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 9, "fp32", no_graphs);
   int step = 0;
   for (int64_t rows : {64, 64, 64, 64, 64, 31, 31, 31, 31, 64, 64, 64}) {
     io::Batch batch = batch_of(c, rows, 300 + step);
@@ -296,7 +297,7 @@ TEST(GraphCuda, DeviceTrainStepAndGraphReplay) {
 
 // The cross layer's backward with the dL/dx0 sum deferred to layer 0 (the default) and the
 // weight gradients on their own stream (the default) against the per-layer sum with everything
-// in order on one stream (DLREC_CROSS_DEFER=0 DLREC_GRAPH_WSTREAM=0): in fp32 the same sums in
+// in order on one stream (GraphCudaOptions cross_defer_dx0 and weight_stream off): in fp32 the same sums in
 // the same order, so every loss and every final parameter is bit-identical, with graph replay,
 // for stacked low rank, parallel full rank (two consumers of x0), 8 layers (the most the
 // deferred pass takes at once) and 9 (falls back to the per-layer sum).
@@ -315,11 +316,11 @@ TEST(GraphCuda, CrossDeferredSumAndWeightStreamBitIdentical) {
   const std::string d8 = deep(8), d9 = deep(9);
   for (const char* layers : {kDcnStacked, kDcnParallel, d8.c_str(), d9.c_str()}) {
     Case c(layers, kAdagrad);
-    setenv("DLREC_CROSS_DEFER", "0", 1);
-    setenv("DLREC_GRAPH_WSTREAM", "0", 1);
-    auto ref = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 13);
-    unsetenv("DLREC_CROSS_DEFER");
-    unsetenv("DLREC_GRAPH_WSTREAM");
+    GraphCudaOptions slow;
+    slow.cross_defer_dx0 = false;
+    slow.weight_stream = false;
+    auto ref =
+        make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 13, "fp32", slow);
     auto fast = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 13);
     double first = 0, last = 0;
     for (int i = 0; i < 12; ++i) {
@@ -336,7 +337,7 @@ TEST(GraphCuda, CrossDeferredSumAndWeightStreamBitIdentical) {
 
 // The embedding layer written straight into its concat's columns and its gradient read from
 // the concat's (the default) against its own buffers, copied into and out of the concat
-// (DLREC_EMB_DIRECT=0): the same values summed in the same order (a bf16 gradient widened on
+// (GraphCudaOptions::embedding_direct off): the same values summed in the same order (a bf16 gradient widened on
 // load is the value its f32 copy held), so in fp32 and in bf16 every loss, logit, final
 // parameter and accumulator is bit-identical, with graph replay, a batch-size change and
 // forward + backward_and_update steps; for the embeddings at an odd column of x0 (dense 3 wide,
@@ -363,9 +364,10 @@ TEST(GraphCuda, EmbeddingIntoConcatBitIdentical) {
     for (const char* layers : {odd, kDcnStacked, first}) {
       Case c(layers, kAdagrad);
       if (layers == odd) c.layout = make_layout(3, {50, 7, 100, 3, 20});
-      setenv("DLREC_EMB_DIRECT", "0", 1);
-      auto ref = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 17, prec);
-      unsetenv("DLREC_EMB_DIRECT");
+      GraphCudaOptions copies;
+      copies.embedding_direct = false;
+      auto ref = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 17, prec,
+                                 copies);
       auto fast =
           make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 17, prec);
       double l0 = 0, l1 = 0;
@@ -402,7 +404,7 @@ TEST(GraphCuda, EmbeddingIntoConcatBitIdentical) {
 #if DLREC_WITH_CUTLASS
 // bf16 DCNv2 with the cross layer's second GEMM and its combine as one CUTLASS kernel (the
 // default on an H100/H200) against the two-step path (cuBLASLt GEMM with bias epilogue, then the
-// combine pass; DLREC_CROSS_FUSED=0). u is the same GEMM output rounded the same way; x_{l+1}
+// combine pass; GraphCudaOptions::cross_fused off). u is the same GEMM output rounded the same way; x_{l+1}
 // is formed from the unrounded u, so the two paths differ by bf16 rounding: losses within 2e-2
 // at every step and final parameters within 0.05 of their scale after 20 SGD steps (batches of
 // 64 and 37 rows, graph replay), for the stacked low-rank test model (x0 48 wide, rank 8) and a
@@ -430,9 +432,10 @@ TEST(GraphCuda, Bf16CrossFusedKernelMatchesTwoStepPath) {
     const bool declined = layers == kDcnParallel;  // x0 44 wide
     Case c(layers, kSgd);
     const int64_t rows = layers == wide ? 300 : 64;
-    setenv("DLREC_CROSS_FUSED", "0", 1);
-    auto ref = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 19, "bf16");
-    unsetenv("DLREC_CROSS_FUSED");
+    GraphCudaOptions two_step;
+    two_step.cross_fused = false;
+    auto ref = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 19, "bf16",
+                               two_step);
     auto fast = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 19, "bf16");
     // The same fused model again: the fused backward's bias-gradient sums must be deterministic.
     auto again = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 19, "bf16");
@@ -823,65 +826,6 @@ TEST(GraphCuda, Bf16MaskBiasGradPassesMatchHostReference) {
   for (void* p : owned) cudaFree(p);
 }
 
-// bf16 models with the MLP backward's ReLU mask read from the forward's bit mask
-// (DLREC_MLP_MASK_BITS=1, opt-in) track the default (mask from y) and take that path: losses
-// within 1e-2 at every step and final parameters within 0.05 of their scale, with graph replay,
-// batch-size changes and forward + backward_and_update steps, for the stacked DCNv2 test model
-// (bottom MLP 16-8 with relu_last, top 16-8-1) and one with MLP widths that are not multiples of
-// 8; the bit pass ran for every ReLU layer's backward. In fp32 the switch changes nothing (no
-// bits): bit-identical. cuBLASLt takes its heuristic's first choice (DLREC_LT_TUNE=0).
-TEST(GraphCuda, MlpMaskBitsOptInTracksDefault) {
-  SKIP_WITHOUT_GPU();
-  const char* odd = R"(
-    {"name": "dense", "type": "dense"},
-    {"name": "bottom", "type": "mlp", "input": "dense", "sizes": [20, 12], "relu_last": true},
-    {"name": "emb", "type": "embedding", "dim": 4},
-    {"name": "x0", "type": "concat", "inputs": ["bottom", "emb"]},
-    {"name": "top", "type": "mlp", "input": "x0", "sizes": [36, 12, 1]},
-    {"name": "logit", "type": "output", "input": "top"})";
-  setenv("DLREC_LT_TUNE", "0", 1);
-  for (const char* prec : {"bf16", "fp32"})
-    for (const char* layers : {kDcnStacked, odd}) {
-      const bool bf16 = std::string(prec) == "bf16";
-      Case c(layers, kAdagrad);
-      auto ref = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 23, prec);
-      setenv("DLREC_MLP_MASK_BITS", "1", 1);
-      auto bits = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 23, prec);
-      unsetenv("DLREC_MLP_MASK_BITS");
-      const int64_t before = nn::cuda_dense::mask_bits_launches();
-      double l0 = 0, l1 = 0;
-      const int steps = steps_or(14);
-      for (int i = 0; i < steps; ++i) {
-        io::Batch b = batch_of(c, i < 6 ? 64 : (i < 10 ? 300 : 41), 600 + i);
-        double lr, lb;
-        if (i % 5 == 4) {  // forward + host loss + backward_and_update
-          Tensor dr, db;
-          lr = nn::bce_with_logits(ref->forward(b, true).to(Device::cpu()), b.labels.data(), &dr);
-          lb = nn::bce_with_logits(bits->forward(b, true).to(Device::cpu()), b.labels.data(), &db);
-          ref->backward_and_update(dr.to(Device::cuda(0)), 1.0);
-          bits->backward_and_update(db.to(Device::cuda(0)), 1.0);
-        } else {
-          lr = ref->train_step(b, 1.0, true);
-          lb = bits->train_step(b, 1.0, true);
-        }
-        ASSERT_TRUE(std::isfinite(lb)) << prec << " step " << i;
-        if (bf16) EXPECT_LE(rel(lb, lr), 1e-2) << "step " << i << ": bits " << lb << ", y " << lr;
-        else ASSERT_EQ(lb, lr) << "fp32 step " << i;
-        if (i == 0) l0 = lr;
-        l1 = lr;
-      }
-      EXPECT_NE(l0, l1) << "the model must train for the comparison to mean anything";
-      const double pd = param_diff(*bits, *ref, nullptr);
-      if (bf16) EXPECT_LE(pd, 0.05);
-      else EXPECT_EQ(pd, 0.0);
-      // bf16: one bit pass per ReLU layer (bottom 2, top 2) and backward; graph replays run the
-      // captured launches without counting them, so at least the eager steps' passes.
-      const int64_t launched = nn::cuda_dense::mask_bits_launches() - before;
-      if (bf16) EXPECT_GE(launched, 4) << "bit-mask path not taken";
-      else EXPECT_EQ(launched, 0);
-    }
-  unsetenv("DLREC_LT_TUNE");
-}
 #endif
 
 }  // namespace

@@ -15,10 +15,13 @@
 //   GpuParity/*     for each case and each precision fp32, tf32, bf16, with sgd and adagrad:
 //                   identical initial parameters, forward logits, the device loss (BCE) and the
 //                   parameter updates of one training step, and the losses of 5 steps, all
-//                   against the CPU model (the reference). Cases the CUDA backend does not
-//                   implement are skipped as "not implemented on cuda" (after checking that it
-//                   does refuse them); without a GPU (or built without CUDA) every GPU case is
-//                   skipped with a message naming it.
+//                   against the CPU model (the reference). Which cases run is what the CUDA
+//                   backend declares (model::graph_cuda_unsupported: the engine's and each layer
+//                   type's support predicates); a case it declares unsupported is skipped with
+//                   that reason, after checking that building it fails with exactly that
+//                   message; without a GPU (or built without CUDA) every GPU case is skipped
+//                   with a message naming it.
+//   Registry/*      every registered layer type (model::graph_layer_types) has a case.
 //
 // Tolerances: kFd* (finite differences) and kGpuTol (per precision) below; docs/PARITY.md
 // gives the same table and the reasons.
@@ -38,6 +41,7 @@
 #include <vector>
 
 #include "dlrec/core/device.h"
+#include "dlrec/model/graph.h"
 #include "dlrec/model/model.h"
 #include "dlrec/nn/loss.h"
 #include "model/test_batches.h"
@@ -62,7 +66,9 @@ struct LayerCase {
   std::string model;  // the "model" section, $D standing for Size::dim
   bool multi_hot;     // bags of 0..3 ids (empty bags too) in every other feature, else one id
   std::vector<Size> sizes;
-  bool cuda;  // the CUDA backend implements the whole model (else it must refuse it)
+  // The registered layer types (model::graph_layer_types) this case is about; "preset:<arch>"
+  // for a preset. Registry.EveryLayerTypeHasACase fails for a type no case names.
+  std::vector<std::string> layers;
 };
 
 // Data layout of every case: 5 dense features, 3 small tables (duplicate ids in a batch are the
@@ -81,40 +87,40 @@ const std::vector<LayerCase>& cases() {
        graph(R"({"name": "emb", "type": "embedding", "dim": $D},
                 {"name": "top", "type": "mlp", "input": "emb", "sizes": [1]},
                 {"name": "logit", "type": "output", "input": "top"})"),
-       false, kOdd, true},
+       false, kOdd, {"embedding", "output"}},
       {"embedding_multihot_sum",
        graph(R"({"name": "emb", "type": "embedding", "dim": $D},
                 {"name": "top", "type": "mlp", "input": "emb", "sizes": [1]},
                 {"name": "logit", "type": "output", "input": "top"})"),
-       true, kOdd, true},
+       true, kOdd, {"embedding"}},
       {"embedding_multihot_mean",
        graph(R"({"name": "emb", "type": "embedding", "dim": $D, "pooling": "mean"},
                 {"name": "top", "type": "mlp", "input": "emb", "sizes": [1]},
                 {"name": "logit", "type": "output", "input": "top"})"),
-       true, kOdd, true},
+       true, kOdd, {"embedding"}},
       // Per-table widths and a subset of the features: CPU only.
       {"embedding_dims_subset",
        graph(R"({"name": "emb", "type": "embedding", "features": [2, 0], "dims": [3, $D]},
                 {"name": "top", "type": "mlp", "input": "emb", "sizes": [1]},
                 {"name": "logit", "type": "output", "input": "top"})"),
-       true, kOdd, false},
+       true, kOdd, {"embedding"}},
       {"linear",
        graph(R"({"name": "dense", "type": "dense"},
                 {"name": "lin", "type": "mlp", "input": "dense", "sizes": [1]},
                 {"name": "logit", "type": "output", "input": "lin"})"),
-       false, kOdd, true},
+       false, kOdd, {"dense", "mlp"}},
       {"mlp_relu",
        graph(R"({"name": "dense", "type": "dense"},
                 {"name": "deep", "type": "mlp", "input": "dense", "sizes": [$D, 3, 1]},
                 {"name": "logit", "type": "output", "input": "deep"})"),
-       false, kOdd, true},
+       false, kOdd, {"mlp"}},
       {"mlp_relu_last",
        graph(R"({"name": "dense", "type": "dense"},
                 {"name": "bottom", "type": "mlp", "input": "dense", "sizes": [7, $D],
                  "relu_last": true},
                 {"name": "top", "type": "mlp", "input": "bottom", "sizes": [1]},
                 {"name": "logit", "type": "output", "input": "top"})"),
-       false, kOdd, true},
+       false, kOdd, {"mlp"}},
       {"dot",
        graph(R"({"name": "dense", "type": "dense"},
                 {"name": "bottom", "type": "mlp", "input": "dense", "sizes": [7, $D],
@@ -123,14 +129,14 @@ const std::vector<LayerCase>& cases() {
                 {"name": "inter", "type": "dot", "inputs": ["bottom", "emb"]},
                 {"name": "top", "type": "mlp", "input": "inter", "sizes": [5, 1]},
                 {"name": "logit", "type": "output", "input": "top"})"),
-       true, kOdd, true},
+       true, kOdd, {"dot"}},
       {"concat",
        graph(R"({"name": "dense", "type": "dense"},
                 {"name": "emb", "type": "embedding", "dim": $D},
                 {"name": "x", "type": "concat", "inputs": ["emb", "dense"]},
                 {"name": "top", "type": "mlp", "input": "x", "sizes": [1]},
                 {"name": "logit", "type": "output", "input": "top"})"),
-       true, kOdd, true},
+       true, kOdd, {"concat"}},
       {"add",
        graph(R"({"name": "dense", "type": "dense"},
                 {"name": "emb", "type": "embedding", "dim": $D},
@@ -138,7 +144,7 @@ const std::vector<LayerCase>& cases() {
                 {"name": "b", "type": "mlp", "input": "emb", "sizes": [1]},
                 {"name": "sum", "type": "add", "inputs": ["a", "b"]},
                 {"name": "logit", "type": "output", "input": "sum"})"),
-       true, kOdd, true},
+       true, kOdd, {"add"}},
       {"cross_full_stacked",
        graph(R"({"name": "dense", "type": "dense"},
                 {"name": "emb", "type": "embedding", "dim": $D},
@@ -146,7 +152,7 @@ const std::vector<LayerCase>& cases() {
                 {"name": "cross", "type": "cross", "input": "x0", "num_layers": 2},
                 {"name": "top", "type": "mlp", "input": "cross", "sizes": [1]},
                 {"name": "logit", "type": "output", "input": "top"})"),
-       true, kOdd, true},
+       true, kOdd, {"cross"}},
       {"cross_lowrank_stacked",
        graph(R"({"name": "dense", "type": "dense"},
                 {"name": "emb", "type": "embedding", "dim": $D},
@@ -155,7 +161,7 @@ const std::vector<LayerCase>& cases() {
                  "low_rank": 3},
                 {"name": "top", "type": "mlp", "input": "cross", "sizes": [1]},
                 {"name": "logit", "type": "output", "input": "top"})"),
-       true, kOdd, true},
+       true, kOdd, {"cross"}},
       {"cross_full_parallel",
        graph(R"({"name": "dense", "type": "dense"},
                 {"name": "emb", "type": "embedding", "dim": $D, "pooling": "mean"},
@@ -165,7 +171,7 @@ const std::vector<LayerCase>& cases() {
                 {"name": "both", "type": "concat", "inputs": ["cross", "deep"]},
                 {"name": "head", "type": "mlp", "input": "both", "sizes": [1]},
                 {"name": "logit", "type": "output", "input": "head"})"),
-       true, kOdd, true},
+       true, kOdd, {"cross"}},
       {"cross_lowrank_parallel",
        graph(R"({"name": "dense", "type": "dense"},
                 {"name": "emb", "type": "embedding", "dim": $D},
@@ -176,21 +182,22 @@ const std::vector<LayerCase>& cases() {
                 {"name": "both", "type": "concat", "inputs": ["cross", "deep"]},
                 {"name": "head", "type": "mlp", "input": "both", "sizes": [1]},
                 {"name": "logit", "type": "output", "input": "head"})"),
-       true, kOdd, true},
+       true, kOdd, {"cross"}},
       {"fm",
        graph(R"({"name": "emb", "type": "embedding", "dim": $D},
                 {"name": "fm", "type": "fm", "inputs": ["emb"]},
                 {"name": "logit", "type": "output", "input": "fm"})"),
-       true, kOdd, true},
+       true, kOdd, {"fm"}},
       {"wide",
        graph(R"({"name": "wide", "type": "wide"},
                 {"name": "logit", "type": "output", "input": "wide"})"),
-       true, kOdd, true},
-      // The DLRM class (arch "dlrm"; src/model/dlrm.cc, dlrm_cuda.cu). bf16 on CUDA needs MLP
-      // sizes that are multiples of 8, so its widths are 8 and 16.
-      {"dlrm_class",
+       true, kOdd, {"wide"}},
+      // arch "dlrm": on the CPU the preset graph (src/model/presets.cc), on CUDA the CUDA DLRM
+      // (dlrm_cuda.cu). bf16 on CUDA needs MLP sizes that are multiples of 8, so its widths are
+      // 8 and 16.
+      {"dlrm_preset",
        R"({"arch": "dlrm", "embedding_dim": $D, "bottom_mlp": [16, $D], "top_mlp": [8, 1]})",
-       true, {{8, 1}, {8, 7}, {16, 33}}, true},
+       true, {{8, 1}, {8, 7}, {16, 33}}, {"preset:dlrm"}},
   };
   return c;
 }
@@ -675,14 +682,26 @@ std::string offenders(const std::string& name, const std::vector<float>& w0,
   return std::to_string(total) + " elements over the tolerance:" + out;
 }
 
+// What the CUDA backend declares it does not support in the case's model ("" when it runs it).
+std::string gpu_unsupported(const RunConfig& cfg, const char* precision) {
+  if (cfg.model.arch != "graph") return "";
+  const auto spec = model::GraphSpec::parse(cfg.model.layers, "model.layers");
+  return model::graph_cuda_unsupported(spec, cfg.optimizer, layout(), precision);
+}
+
 class GpuParity : public ::testing::TestWithParam<std::tuple<size_t, size_t>> {};
 
 TEST_P(GpuParity, MatchesCpu) {
   const LayerCase& c = cases()[std::get<0>(GetParam())];
   const Tol& tol = kGpuTol[std::get<1>(GetParam())];
   const std::string id = c.name + "/" + tol.precision;
-  if (!c.cuda) {
-    // The backend must refuse the model with an error (checked where a device exists).
+  // Whether the CUDA backend runs the case is what it declares (graph_cuda_unsupported: the
+  // engine's and each layer type's support predicates); arch "dlrm" is the CUDA DLRM, which
+  // runs every precision.
+  const std::string why = gpu_unsupported(config(c, c.sizes[0].dim, kGpuOpts[0].json),
+                                          tol.precision);
+  if (!why.empty()) {
+    // The backend must refuse the model with that error (checked where a device exists).
     if (cuda::device_count() > 0) {
       std::string msg;
       try {
@@ -690,11 +709,10 @@ TEST_P(GpuParity, MatchesCpu) {
       } catch (const Error& e) {
         msg = e.what();
       }
-      ASSERT_FALSE(msg.empty()) << id << ": the CUDA backend accepts this model now; set the "
-                                   "case's cuda flag and let the harness compare it";
-      GTEST_SKIP() << id << ": not implemented on cuda (" << msg << ")";
+      ASSERT_EQ(msg, why) << id << ": the CUDA backend does not refuse the model as its "
+                             "support predicate says";
     }
-    GTEST_SKIP() << id << ": not implemented on cuda";
+    GTEST_SKIP() << id << ": not supported on cuda (" << why << ")";
   }
   if (cuda::device_count() == 0)
     GTEST_SKIP() << id << ": no CUDA device" << (cuda::built_with_cuda() ? "" : " (built without "
@@ -707,16 +725,7 @@ TEST_P(GpuParity, MatchesCpu) {
       SCOPED_TRACE(what);
       const RunConfig cfg = config(c, s.dim, opt.json);
       auto cpu = build(cfg, Device::cpu(), 21);
-      std::unique_ptr<Model> gpu;
-      try {
-        gpu = build(cfg, Device::cuda(0), 21, tol.precision);
-      } catch (const Error& e) {
-        // fp16 exists for arch dlrm only: the graph engine must refuse it by name.
-        if (std::string(tol.precision) == "fp16" &&
-            std::string(e.what()).find("fp16") != std::string::npos)
-          GTEST_SKIP() << id << ": not implemented on cuda (" << e.what() << ")";
-        throw;
-      }
+      std::unique_ptr<Model> gpu = build(cfg, Device::cuda(0), 21, tol.precision);
       ASSERT_TRUE(gpu->device().is_cuda());
       // Identical initial parameters (names, shapes, values).
       auto pc = cpu->parameters(), pg = gpu->parameters();
@@ -818,6 +827,28 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<std::tuple<size_t, size_t>>& i) {
       return cases()[std::get<0>(i.param)].name + "_" + kGpuTol[std::get<1>(i.param)].precision;
     });
+
+// Parity by registry: every registered layer type has a case (the CPU gradient and optimizer
+// checks run it; the GPU part runs it wherever the type's support predicate accepts it), and
+// every case names types that exist and that its model uses.
+TEST(Registry, EveryLayerTypeHasACase) {
+  const std::vector<std::string>& types = model::graph_layer_types();
+  ASSERT_FALSE(types.empty());
+  std::set<std::string> covered;
+  for (const LayerCase& c : cases())
+    for (const std::string& t : c.layers) {
+      covered.insert(t);
+      if (t.rfind("preset:", 0) == 0) continue;
+      EXPECT_NE(std::find(types.begin(), types.end(), t), types.end())
+          << c.name << ": '" << t << "' is not a registered layer type";
+      EXPECT_NE(c.model.find("\"type\": \"" + t + "\""), std::string::npos)
+          << c.name << ": its model has no '" << t << "' layer";
+    }
+  for (const std::string& t : types)
+    EXPECT_TRUE(covered.count(t)) << "layer type '" << t
+                                  << "' is registered but has no parity case: add one to "
+                                     "cases() in tests/parity/parity_test.cc";
+}
 
 }  // namespace
 }  // namespace dlrec::parity

@@ -86,6 +86,20 @@ OptimizerConfig layer_optimizer(const OptimizerConfig& base, const json& overrid
 // The layer types GraphSpec knows.
 const std::vector<std::string>& graph_layer_types();
 
+// The graph of arch "dlrm" for data of this layout (src/model/presets.cc): layers "dense",
+// "bottom" (mlp, init_tag 1; absent without bottom_mlp or dense features), "emb" (embedding,
+// init_tag 3), "inter" (dot, or concat for interaction "cat"), "top" (mlp, init_tag 2) and
+// "logit". DLRM's own checks (the dot interaction's widths, ...) are errors here.
+json dlrm_graph_layers(const ModelConfig& model, const io::ShardLayout& layout);
+
+// What the CUDA graph engine does not support in this graph at this precision ("" when it runs
+// it): the first layer, optimizer or precision it refuses, with the layer's config path
+// ("model.layers[2] (layer 'emb', embedding): key 'dims': ..."). Asked before anything is built
+// (make_graph_cuda refuses with this message); tests/parity chooses its GPU cases by it. Shape
+// errors of the graph are thrown as when it is built.
+std::string graph_cuda_unsupported(const GraphSpec& spec, const OptimizerConfig& opt,
+                                   const io::ShardLayout& layout, const std::string& precision);
+
 std::unique_ptr<Model> build_graph_model(const ModelConfig& model, const OptimizerConfig& opt,
                                          const io::ShardLayout& layout, Device device,
                                          uint64_t seed);

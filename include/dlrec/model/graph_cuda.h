@@ -3,10 +3,10 @@
 // (src/model/graph_model.cc), trained with CUDA kernels, cuBLAS and cuBLASLt. Built only when
 // CUDA is (DLREC_WITH_CUDA); build_model() dispatches here for arch "graph" on Device::cuda(i).
 //
-// Supported: layers dense, embedding (one layer over all categorical features, one dim for all
-// tables), mlp, concat, dot, cross (full and low rank), add, output; optimizers sgd (no
-// momentum) and adagrad, no weight decay or clipping. Anything else is a clear error naming the
-// layer or the key. Precision as for the CUDA DLRM: "fp32" (no TF32: the parity reference),
+// Supported: every layer type, as each type's LayerType::cuda_unsupported says (e.g. one
+// embedding layer over all categorical features, one dim for all tables); optimizers sgd (no
+// momentum) and adagrad, no weight decay or clipping (graph_cuda_unsupported in graph.h).
+// Anything else is a clear error naming the layer or the key, before anything is built. Precision as for the CUDA DLRM: "fp32" (no TF32: the parity reference),
 // "tf32", "bf16" (bf16 activations and compute copies of the weights, f32 master weights,
 // f32 tables).
 #pragma once
@@ -18,8 +18,24 @@
 
 namespace dlrec::model {
 
+// Alternative paths of the engine that give the same results as the defaults (bit for bit in
+// fp32; the fused cross kernels differ only in the bias gradient's summation order) and were
+// slower on an H100 (bench/RESULTS.md). Not configuration: build_model always takes the
+// defaults; tests build with them off to check the paths against each other, and the engine
+// itself takes the unfused and per-layer paths where the fast ones do not apply (no CUTLASS,
+// not sm_90, widths not multiples of 8, more than 8 cross layers, DLREC_PROFILE=1).
+struct GraphCudaOptions {
+  bool cuda_graphs = true;       // the step as one CUDA graph replay (off: eager launches)
+  bool weight_stream = true;     // weight gradients and updates on a low-priority stream
+  bool cross_defer_dx0 = true;   // the cross layer's dL/dx0 sum formed once, at layer 0
+  bool cross_fused = true;       // bf16 cross: GEMM + combine as one CUTLASS kernel
+  bool cross_fused_bwd = true;   // bf16 cross: data GEMM + next element-wise pass as one kernel
+  bool embedding_direct = true;  // an embedding layer read only by a concat writes into it
+};
+
 std::unique_ptr<CudaModel> make_graph_cuda(const ModelConfig& model, const OptimizerConfig& opt,
                                            const io::ShardLayout& layout, Device device,
-                                           uint64_t seed, const std::string& precision = "fp32");
+                                           uint64_t seed, const std::string& precision = "fp32",
+                                           const GraphCudaOptions& options = {});
 
 }  // namespace dlrec::model

@@ -1,0 +1,111 @@
+// Layer "dot" on CUDA (src/model/layers/dot.cc).
+#include "model/layers/graph_cuda_engine.h"
+
+namespace dlrec::model::gpu_graph {
+namespace {
+
+// DLRM's dot interaction over the n fields (width d) of the inputs: cd::dot_forward with the
+// first vector and the other n - 1 read in place when the inputs are laid out that way (one
+// d-wide input, then one input of n - 1 vectors, both of the compute type and unpadded),
+// otherwise gathered first.
+class DotNode final : public Node {
+ public:
+  DotNode(const Engine& e, const std::vector<const Value*>& ins, int64_t n, int64_t d)
+      : n_(n), d_(d) {
+    direct_ = ins.size() == 2 && ins[0]->width == d && ins[0]->ld == d &&
+              ins[1]->ld == (n - 1) * d && ins[0]->dt == e.act && ins[1]->dt == e.act;
+  }
+  void alloc(Engine& e, int64_t cap) override {
+    alloc_value(e, cap);
+    if (!direct_) {
+      first_ = e.buf({cap, d_}, e.act);
+      rest_ = e.buf({cap, (n_ - 1) * d_}, e.act);
+    }
+    if (e.vals[self].need_grad) {
+      dfirst_ = e.buf({cap, d_}, e.act);
+      drest_ = e.buf({cap, (n_ - 1) * d_}, DType::F32);
+    }
+  }
+  void forward(Engine& e) override {
+    Value& v = e.vals[self];
+    const void* a;
+    const void* b;
+    if (direct_) {
+      a = e.vals[in[0]].y.raw();
+      b = e.vals[in[1]].y.raw();
+    } else {
+      // Global column c of the concatenated inputs: c < d -> first_, else rest_[c - d].
+      int64_t c = 0;
+      for (int j : in) {
+        const Value& x = e.vals[j];
+        const int64_t lo = c, hi = c + x.width;
+        if (lo < d_)
+          cg::copy_cols(x.y.raw(), elem(x.dt), x.ld, 0, first_.raw(), elem(e.act), d_, lo,
+                        e.B, std::min(hi, d_) - lo, false, e.st);
+        if (hi > d_) {
+          const int64_t s = std::max(lo, d_);
+          cg::copy_cols(x.y.raw(), elem(x.dt), x.ld, s - lo, rest_.raw(), elem(e.act),
+                        (n_ - 1) * d_, s - d_, e.B, hi - s, false, e.st);
+        }
+        c = hi;
+      }
+      a = first_.raw();
+      b = rest_.raw();
+    }
+    a_ = a;
+    b_ = b;
+    const int T = static_cast<int>(n_ - 1), d = static_cast<int>(d_);
+    if (e.lowp)
+      cd::dot_forward(static_cast<const bf16*>(a), static_cast<const bf16*>(b), e.B, T, d,
+                      static_cast<bf16*>(v.y.raw()), v.ld, e.st);
+    else
+      cd::dot_forward(static_cast<const float*>(a), static_cast<const float*>(b), e.B, T, d,
+                      v.y.data<float>(), v.ld, e.st);
+  }
+  void backward(Engine& e) override {
+    Value& v = e.vals[self];
+    const int T = static_cast<int>(n_ - 1), d = static_cast<int>(d_);
+    if (e.lowp)
+      cd::dot_backward(static_cast<const bf16*>(a_), static_cast<const bf16*>(b_),
+                       static_cast<const bf16*>(v.g.raw()), v.ld, e.B, T, d, false,
+                       static_cast<bf16*>(dfirst_.raw()), drest_.data<float>(), e.st);
+    else
+      cd::dot_backward(static_cast<const float*>(a_), static_cast<const float*>(b_),
+                       v.g.data<float>(), v.ld, e.B, T, d, false, dfirst_.data<float>(),
+                       drest_.data<float>(), e.st);
+    int64_t c = 0;
+    for (int j : in) {
+      const Value& x = e.vals[j];
+      const int64_t lo = c, hi = c + x.width;
+      c = hi;
+      if (!x.need_grad) continue;
+      const bool acc = e.claim(j);
+      if (lo < d_) e.deliver(j, dfirst_.raw(), e.act, d_, lo, 0, std::min(hi, d_) - lo, acc);
+      if (hi > d_) {
+        const int64_t s = std::max(lo, d_);
+        e.deliver(j, drest_.raw(), DType::F32, (n_ - 1) * d_, s - d_, s - lo, hi - s, acc);
+      }
+    }
+  }
+
+ private:
+  int64_t n_, d_;
+  bool direct_ = false;
+  Tensor first_, rest_, dfirst_, drest_;
+  const void* a_ = nullptr;
+  const void* b_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Node> make_dot(Build& b) {
+  const auto nd = interaction_fields(b.spec, [&] {
+    std::vector<ValueShape> in;
+    for (const Value* x : b.ins) in.push_back({x->width, x->fields});
+    return in;
+  }(), "");
+  b.set_value(b.shape.width, true);
+  return std::make_unique<DotNode>(b.e, b.ins, nd.first, nd.second);
+}
+
+}  // namespace dlrec::model::gpu_graph

@@ -1,0 +1,367 @@
+// The CUDA graph engine's layer interface (include/dlrec/model/graph_cuda.h; the engine is
+// src/model/graph_cuda.cu, each layer type's CUDA node is in src/model/layers/<type>_cuda.cu).
+// Everything the nodes share: values (a layer's output and gradient), the engine (streams,
+// handles, precision, the step's inputs, GEMM helpers), the dense-layer helper Lin and the node
+// base class. Internal to dlrec_model; CUDA builds only.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "dlrec/core/thread_pool.h"
+#include "dlrec/model/graph.h"
+#include "dlrec/model/graph_cuda.h"
+#include "dlrec/nn/cross.h"
+#include "dlrec/nn/embedding_bag.h"
+#include "dlrec/nn/mlp.h"
+#include "dlrec/nn/optimizer.h"
+#include "dlrec/nn/rng.h"
+#include "nn/cross_cuda.h"
+#if DLREC_WITH_CUTLASS
+#include "fused/cross_fused.h"
+#endif
+#include "nn/dense_cuda.h"
+#include "nn/embedding_cuda.h"
+#include "nn/graph_layers_cuda.h"
+#include "nn/lt_gemm.h"
+#include "model/cuda_step.h"
+#include "model/graph_hashed_cuda.h"
+#include "model/layers/layer.h"
+
+namespace dlrec::model::gpu_graph {
+
+namespace ce = nn::cuda_emb;
+namespace cd = nn::cuda_dense;
+namespace cg = nn::cuda_graph;
+namespace lt = nn::cuda_lt;
+using bf16 = cd::bf16;
+
+using namespace cuda_step;
+
+inline cg::Elem elem(DType t) { return t == DType::BF16 ? cg::Elem::BF16 : cg::Elem::F32; }
+inline cudaDataType_t cuda_type(DType t) { return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+struct Engine;
+struct Lin;
+struct Value {
+  int64_t width = 0, ld = 0;
+  std::vector<int64_t> fields;
+  DType dt = DType::F32, gdt = DType::F32;
+  Tensor y, g;  // [cap, ld]
+  bool need_grad = false;
+  bool has_grad = false;  // during backward: some consumer wrote g
+  int consumers = 0;      // inputs of other layers that name this value
+  // Set by the producer: a consumer whose backward forms g with one data GEMM, g = dz W (dz rows
+  // dz_ld apart, W the Lin's weights; nothing accumulated), offers it here first; true: the
+  // producer ran it (g written) with its own backward's first pass fused in.
+  std::function<bool(Engine&, const Lin&, const void* dz, int64_t dz_ld)> fused_dgrad;
+};
+
+// y [B, out] = x [B, in] W^T (+ b, ReLU): the master weights w [out, in] (f32), their gradient
+// dw [out, in_pad], optional Adagrad state, and in bf16 the compute copies wh [out, in_pad],
+// bh [out]. `in_pad` is the row stride of the input (its producer's ld); the padding columns of
+// wh and dw are zero.
+struct Lin {
+  int64_t in = 0, in_pad = 0, out = 0, out_ld = 0;
+  bool has_bias = true, relu = false;
+  Tensor w, b, dw, db, sw, sb, wh, bh;
+  // bf16 ReLU layers: the ReLU bit mask cuBLASLt's epilogue writes (not read: the bits are not
+  // exactly y > 0, see MlpNode; the epilogue is the one that fuses bias and ReLU)
+  Tensor aux;
+  int64_t aux_ld = 0;
+  bool aux_written = false;  // the last forward wrote aux (cuBLASLt ran the RELU_AUX epilogue)
+  const void* x = nullptr;  // input of the last forward
+};
+
+struct NamedState {
+  std::string name;
+  Tensor value, state;  // state undefined without one
+};
+
+// What every layer shares: streams, handles, precision, the step's inputs and rows.
+struct Engine {
+  Device dev;
+  Precision prec = Precision::FP32;
+  bool lowp = false;  // bf16 precision
+  DType act = DType::F32;
+  cudaStream_t st = nullptr;
+  cublasHandle_t blas = nullptr;
+  std::unique_ptr<lt::Lt> lt;
+  // The weight-gradient stream: weights() runs a layer's weight gradients and update there,
+  // beside the data-gradient chain on st (own cuBLAS handle and cuBLASLt workspace; null: off).
+  cudaStream_t wst = nullptr;
+  cublasHandle_t wblas = nullptr;
+  std::unique_ptr<lt::Lt> wlt;
+  cudaEvent_t wfork = nullptr, wjoin = nullptr;
+  bool w_pending = false;
+  const GraphCudaOptions* opts = nullptr;  // the model's (engine paths that tests compare)
+  // DLREC_PROFILE=1: records a named event on st (sub-phases of a layer); null otherwise.
+  std::function<void(const std::string&)> mark;
+  bool dense_adagrad = false, emb_adagrad = false;
+  float eps = 1e-8f, init_acc = 0.f, emb_eps = 1e-8f, emb_init_acc = 0.f;
+  std::vector<Value> vals;
+  Tensor partial;  // bias-gradient partial sums [chunks, max_cols]
+  // The current step.
+  int64_t B = 0, nnz = 0;
+  const float* lr = nullptr;  // device [2]: dense, embedding
+  const float* dense = nullptr;
+  const int32_t* offsets = nullptr;
+  const uint32_t* keys = nullptr;
+
+  Tensor buf(Shape s, DType t) {
+    Tensor x = Tensor::empty(std::move(s), t, dev);
+    if (x.nbytes()) DLREC_CUDA_CHECK(cudaMemsetAsync(x.raw(), 0, x.nbytes(), st));
+    return x;
+  }
+  cudaDataType_t ab_type() const { return lowp ? CUDA_R_16BF : CUDA_R_32F; }
+
+  // Column-major D [m, n] = op(A) op(B) (+ D when accumulate); A and B of the compute type.
+  void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
+            const void* Bm, int64_t ldb, void* D, DType dt, int64_t ldd, bool accumulate) {
+    if (m == 0 || n == 0) return;
+    if (lt && !accumulate) {
+      // bf16 GEMMs that overwrite D: cuBLASLt, the fastest of its candidates timed on first use.
+      lt::Gemm g = lt::Gemm::shape(ta, tb, m, n, k, lda, ldb, ldd);
+      g.d_type = cuda_type(dt);
+      if (lt->run(g, A, Bm, D, nullptr, nullptr, st)) return;
+    }
+    const float one = 1.f, zero = 0.f;
+    const cublasComputeType_t ct =
+        prec == Precision::TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    DLREC_CUBLAS_CHECK(cublasGemmEx(
+        blas, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+        static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &one, A, ab_type(),
+        static_cast<int>(lda), Bm, ab_type(), static_cast<int>(ldb), accumulate ? &one : &zero,
+        D, cuda_type(dt), static_cast<int>(ldd), ct, CUBLAS_GEMM_DEFAULT));
+  }
+
+  // D = op(A) op(B) + C with C != D of D's type and layout: cuBLASLt's beta = 1 with a separate
+  // C in bf16, else a copy of C into D and an accumulating GEMM (the same sums).
+  void gemm_c(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
+              const void* Bm, int64_t ldb, const void* C, void* D, DType dt, int64_t ldd) {
+    if (m == 0 || n == 0) return;
+    if (lt) {
+      lt::Gemm g = lt::Gemm::shape(ta, tb, m, n, k, lda, ldb, ldd);
+      g.d_type = cuda_type(dt);
+      g.accumulate_c = true;
+      if (lt->run(g, A, Bm, D, nullptr, nullptr, st, C)) return;
+    }
+    // Column-major [m, n] with leading dimension ldd: n rows of m elements, ldd apart.
+    cg::copy_cols(C, elem(dt), ldd, 0, D, elem(dt), ldd, 0, n, m, false, st);
+    gemm(ta, tb, m, n, k, A, lda, Bm, ldb, D, dt, ldd, true);
+  }
+
+  // Runs f (a layer's weight gradients and update) on the weight stream, after everything
+  // enqueued on st so far; joined back by join_weights(). Without that stream: f() on st.
+  template <class F>
+  void weights(F&& f) {
+    if (!wst) {
+      f();
+      return;
+    }
+    DLREC_CUDA_CHECK(cudaEventRecord(wfork, st));
+    DLREC_CUDA_CHECK(cudaStreamWaitEvent(wst, wfork, 0));
+    auto swap_all = [&] {
+      std::swap(st, wst);
+      std::swap(blas, wblas);
+      std::swap(lt, wlt);
+    };
+    swap_all();
+    try {
+      f();
+    } catch (...) {
+      swap_all();
+      throw;
+    }
+    swap_all();
+    w_pending = true;
+  }
+  // st waits for the weight stream's work (end of the backward pass).
+  void join_weights() {
+    if (!w_pending) return;
+    DLREC_CUDA_CHECK(cudaEventRecord(wjoin, wst));
+    DLREC_CUDA_CHECK(cudaStreamWaitEvent(st, wjoin, 0));
+    w_pending = false;
+  }
+  void sub(const std::string& what) {
+    if (mark) mark(what);
+  }
+
+  const void* wcomp(const Lin& l) const { return lowp ? l.wh.raw() : l.w.raw(); }
+
+  // y [B, out] (rows out_ld apart, type ydt) = x W^T + b, ReLU when l.relu.
+  void lin_forward(Lin& l, const void* x, void* y, DType ydt) {
+    l.x = x;
+    l.aux_written = false;
+    if (B == 0) return;
+    if (lowp && l.has_bias) {
+      lt::Gemm g = lt::Gemm::shape(true, false, l.out, B, l.in_pad, l.in_pad, l.in_pad, l.out_ld);
+      g.d_type = cuda_type(ydt);
+      g.epi = l.relu ? lt::Epi::ReluAuxBias : lt::Epi::Bias;
+      g.aux_ld = l.aux_ld;
+      void* bias = ydt == DType::F32 ? l.b.raw() : l.bh.raw();
+      if (lt->run(g, l.wh.raw(), x, y, bias, l.relu ? l.aux.raw() : nullptr, st)) {
+        l.aux_written = l.relu;
+        return;
+      }
+    }
+    gemm(true, false, l.out, B, l.in_pad, wcomp(l), l.in_pad, x, l.in_pad, y, ydt, l.out_ld,
+         false);
+    if (!l.has_bias) return;
+    if (ydt == DType::F32) {
+      if (l.out_ld == l.out) cd::bias_act(static_cast<float*>(y), l.b.data<float>(), B, l.out,
+                                          l.relu, st);
+      else cg::bias_act_strided(static_cast<float*>(y), l.b.data<float>(), B, l.out, l.out_ld,
+                                l.relu, st);
+    } else {
+      cg::bias_act_strided(static_cast<bf16*>(y), static_cast<const bf16*>(l.bh.raw()), B, l.out,
+                           l.out_ld, l.relu, st);
+    }
+  }
+  // dw [out, in_pad] = dz^T x, dz [B, out] rows dz_ld apart (compute type).
+  void lin_wgrad(Lin& l, const void* dz, int64_t dz_ld) {
+    gemm(false, true, l.in_pad, l.out, B, l.x, l.in_pad, dz, dz_ld, l.dw.raw(), DType::F32,
+         l.in_pad, false);
+  }
+  // dst [B, in_pad] (+)= dz W.
+  void lin_dgrad(Lin& l, const void* dz, int64_t dz_ld, void* dst, DType dt, int64_t dst_ld,
+                 bool accumulate) {
+    gemm(false, false, l.in_pad, B, l.out, wcomp(l), l.in_pad, dz, dz_ld, dst, dt, dst_ld,
+         accumulate);
+  }
+  void lin_update(Lin& l) {
+    cd::optimizer_step(l.w.data<float>(), l.dw.data<float>(),
+                       dense_adagrad ? l.sw.data<float>() : nullptr, l.out, l.in, l.in_pad,
+                       lowp ? static_cast<bf16*>(l.wh.raw()) : nullptr, l.in_pad, lr, eps, st);
+    if (l.has_bias)
+      cd::optimizer_step(l.b.data<float>(), l.db.data<float>(),
+                         dense_adagrad ? l.sb.data<float>() : nullptr, 1, l.out, l.out,
+                         lowp ? static_cast<bf16*>(l.bh.raw()) : nullptr, l.out, lr, eps, st);
+  }
+  void refresh(Lin& l) {
+    if (!lowp) return;
+    cd::to_half_padded(l.w.data<float>(), l.out, l.in, static_cast<bf16*>(l.wh.raw()), l.in_pad,
+                       st);
+    if (l.has_bias)
+      cd::to_half_padded(l.b.data<float>(), 1, l.out, static_cast<bf16*>(l.bh.raw()), l.out, st);
+  }
+  // Builds the device copy of a CPU nn::Linear (its values, zeroed gradients and state).
+  Lin make_lin(nn::Linear& cpu, int64_t in_pad, int64_t out_ld, bool has_bias, bool relu) {
+    Lin l;
+    l.in = cpu.in_features();
+    l.out = cpu.out_features();
+    l.in_pad = in_pad;
+    l.out_ld = out_ld;
+    l.has_bias = has_bias;
+    l.relu = relu;
+    l.w = cpu.weight().value.to(dev);
+    l.dw = buf({l.out, l.in_pad}, DType::F32);
+    if (dense_adagrad) {
+      l.sw = Tensor::empty({l.out, l.in}, DType::F32, dev);
+      ce::fill(l.sw.data<float>(), l.sw.numel(), init_acc, st);
+    }
+    if (has_bias) {
+      l.b = cpu.bias().value.to(dev);
+      l.db = buf({l.out}, DType::F32);
+      if (dense_adagrad) {
+        l.sb = Tensor::empty({l.out}, DType::F32, dev);
+        ce::fill(l.sb.data<float>(), l.sb.numel(), init_acc, st);
+      }
+    }
+    if (lowp) {
+      l.wh = buf({l.out, l.in_pad}, DType::BF16);
+      if (has_bias) l.bh = buf({l.out}, DType::BF16);
+      l.aux_ld = round_up(l.out, 128);
+    }
+    refresh(l);
+    return l;
+  }
+  void add_params(Lin& l, const std::string& wname, const std::string& bname,
+                  std::vector<NamedState>& out) {
+    out.push_back({wname, l.w, l.sw});
+    if (l.has_bias) out.push_back({bname, l.b, l.sb});
+  }
+
+  // Value j's gradient columns [dst_col, dst_col + cols) (+)= src columns from src_col.
+  void deliver(int j, const void* src, DType sdt, int64_t src_ld, int64_t src_col,
+               int64_t dst_col, int64_t cols, bool accumulate) {
+    Value& v = vals[j];
+    cg::copy_cols(src, elem(sdt), src_ld, src_col, v.g.raw(), elem(v.gdt), v.ld, dst_col, B,
+                  cols, accumulate, st);
+  }
+  // Marks j's gradient as written; true when an earlier consumer wrote it (then add to it).
+  bool claim(int j) {
+    const bool acc = vals[j].has_grad;
+    vals[j].has_grad = true;
+    return acc;
+  }
+};
+
+class Node {
+ public:
+  virtual ~Node() = default;
+  // Allocates the activations for `cap` rows (the value's y and g included, unless noted).
+  virtual void alloc(Engine& e, int64_t cap) = 0;
+  virtual void forward(Engine& e) = 0;
+  virtual void backward(Engine& e) = 0;
+  virtual void collect(Engine&, std::vector<NamedState>&, std::vector<NamedState>&) {}
+  virtual void refresh(Engine&) {}
+  // Scratch sized by the batch's number of ids (table layers).
+  virtual void alloc_scratch(Engine&, int64_t /*max_nnz*/) {}
+  // The embedding layer (Build::embedding): its hashed tables (null: fixed), its name, and
+  // the direct mode (GraphCuda::plan_direct_embedding): write into a concat's columns.
+  virtual hashed_cuda::HashedTables* hashed() const { return nullptr; }
+  virtual const std::string& layer_name() const;
+  virtual void write_into(int /*into*/, int64_t /*col*/) {}
+  // A concat: input value j writes its columns itself (true when the layer supports that).
+  virtual bool set_direct_input(int /*j*/) { return false; }
+  int self = -1;
+  std::vector<int> in;
+  // The value's own buffers.
+  void alloc_value(Engine& e, int64_t cap) {
+    Value& v = e.vals[self];
+    v.y = e.buf({cap, v.ld}, v.dt);
+    if (v.need_grad) v.g = e.buf({cap, v.ld}, v.gdt);
+  }
+};
+
+inline const std::string& Node::layer_name() const {
+  static const std::string none;
+  return none;
+}
+
+// What a layer type's CUDA factory (LayerType::make_cuda) gets and sets.
+struct Build {
+  Engine& e;
+  const LayerSpec& spec;
+  const std::vector<const Value*>& ins;  // the inputs' values
+  const ValueShape& shape;               // the output's (LayerType::infer)
+  const io::ShardLayout& layout;
+  uint64_t seed;  // the layer's stream: derive_seed(run seed, init_tag)
+  Value& v;       // the layer's value; set_value() lays it out
+  // Table layers set these: the global row of id 0 of each feature in the step's keys (the
+  // same for every table layer: all read all features), and the embedding layer itself.
+  const std::vector<uint32_t>* row_base = nullptr;
+  Node* embedding = nullptr;
+  // The default value layout: `width` wide, one field, bf16 in bf16 precision unless 1 wide,
+  // rows padded to a multiple of 8 in bf16 when `pad`.
+  void set_value(int64_t width, bool pad) {
+    v.width = width;
+    v.fields = {width};
+    v.dt = (e.lowp && width != 1) ? DType::BF16 : DType::F32;
+    v.gdt = v.dt;
+    v.ld = (v.dt == DType::BF16 && pad) ? round_up(width, 8) : width;
+  }
+};
+
+}  // namespace dlrec::model::gpu_graph

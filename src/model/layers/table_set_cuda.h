@@ -1,0 +1,102 @@
+// Device tables of the CUDA table layers (embedding, wide): one width over all categorical
+// features. Internal; CUDA builds only.
+#pragma once
+
+#include <cmath>
+
+#include "model/layers/graph_cuda_engine.h"
+
+namespace dlrec::model::gpu_graph {
+
+// Device tables of one width over all categorical features (table t: [cardinality_t, dim]),
+// with the pointer arrays the embedding kernels read (nn/embedding_cuda.h), optional Adagrad
+// accumulators and the backward's scratch. Rows are initialised like EmbeddingBag::init
+// (uniform, a = sqrt(1 / rows), seed derived per table) or zero (the wide layer's tables).
+// Hashed tables (`capacities` given) have capacity_t rows, zero with zero state until a key is
+// inserted (graph_hashed_cuda.h initialises a row then).
+struct TableSet {
+  std::vector<Tensor> tables, states;
+  std::vector<uint32_t> row_base;
+  int key_bits = 1;
+  int64_t dim = 0;
+  Tensor ptrs, sptrs, base, scratch_mem;
+  ce::Tables tab;
+  ce::Scratch scratch;
+
+  TableSet(Engine& e, const io::ShardLayout& layout, int64_t d, bool zero, uint64_t seed,
+           const std::vector<int64_t>& capacities = {})
+      : dim(d) {
+    const int64_t T = static_cast<int64_t>(layout.cardinalities.size());
+    const bool hashed = !capacities.empty();
+    if (hashed) zero = true;
+    uint64_t total = 0;
+    std::vector<float*> wp, sp;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t rows = hashed ? capacities[t] : layout.cardinalities[t];
+      row_base.push_back(static_cast<uint32_t>(total));
+      total += static_cast<uint64_t>(rows);
+      DLREC_CHECK(total < (uint64_t{1} << 32), "key 'features': more than 2^32 rows in all "
+                  "tables of a layer together are not supported on CUDA");
+      Tensor w;
+      if (zero) {
+        w = e.buf({rows, dim}, DType::F32);
+      } else {
+        w = Tensor::empty({rows, dim}, DType::F32, e.dev);
+        ce::init_uniform(w.data<float>(), w.numel(),
+                         nn::derive_seed(seed, static_cast<uint64_t>(t)),
+                         std::sqrt(1.0 / static_cast<double>(rows)), e.st);
+      }
+      wp.push_back(w.data<float>());
+      tables.push_back(w);
+      if (e.emb_adagrad) {
+        Tensor s = hashed ? e.buf({rows, dim}, DType::F32)
+                          : Tensor::empty({rows, dim}, DType::F32, e.dev);
+        if (!hashed) ce::fill(s.data<float>(), s.numel(), e.emb_init_acc, e.st);
+        sp.push_back(s.data<float>());
+        states.push_back(s);
+      }
+    }
+    while (key_bits < 32 && (uint64_t{1} << key_bits) < total) ++key_bits;
+    auto upload = [&](const void* src, size_t bytes) {
+      Tensor t = Tensor::empty({static_cast<int64_t>(bytes ? bytes : 1)}, DType::U8, e.dev);
+      if (bytes) copy_bytes(t.raw(), e.dev, src, Device::cpu(), bytes);
+      return t;
+    };
+    ptrs = upload(wp.data(), wp.size() * sizeof(float*));
+    sptrs = upload(sp.data(), sp.size() * sizeof(float*));
+    base = upload(row_base.data(), row_base.size() * sizeof(uint32_t));
+    tab.weights = static_cast<float* const*>(ptrs.raw());
+    tab.states = e.emb_adagrad ? static_cast<float* const*>(sptrs.raw()) : nullptr;
+    tab.row_base = static_cast<const uint32_t*>(base.raw());
+    tab.num_tables = static_cast<int>(T);
+    tab.dim = static_cast<int>(dim);
+  }
+  void alloc_scratch(Engine& e, int64_t max_nnz) {
+    const size_t sb = ce::scratch_bytes(max_nnz, key_bits, static_cast<int>(dim));
+    scratch_mem = Tensor::empty({static_cast<int64_t>(sb)}, DType::U8, e.dev);
+    scratch = ce::carve(scratch_mem.raw(), max_nnz, key_bits, static_cast<int>(dim));
+    ce::prepare(scratch, e.st);
+  }
+  // The fused de-duplicated update from dL/dpooled [B, T, dim] (f32), embedding optimizer.
+  void update(Engine& e, bool mean, const float* dpooled) {
+    ce::backward_update(tab, e.offsets, e.keys, e.B, e.nnz, mean, dpooled,
+                        e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD, e.lr + 1,
+                        e.emb_eps, key_bits, scratch, e.st);
+  }
+  // The same in two halves: the id work of the step's batch (sort by row, runs), then the
+  // update from dL/dpooled (f32 or bf16, rows ld apart).
+  void ids(Engine& e) { ce::backward_ids(tab, e.offsets, e.keys, e.B, e.nnz, key_bits, scratch, e.st); }
+  template <class G>
+  void apply(Engine& e, bool mean, const G* dpooled, int64_t ld) {
+    ce::backward_apply(tab, e.offsets, e.B, e.nnz, mean, dpooled, ld,
+                       e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD, e.lr + 1,
+                       e.emb_eps, scratch, e.st);
+  }
+  void collect(const std::string& name, std::vector<NamedState>& out) {
+    for (size_t t = 0; t < tables.size(); ++t)
+      out.push_back({name + "." + std::to_string(t) + ".weight", tables[t],
+                     states.empty() ? Tensor() : states[t]});
+  }
+};
+
+}  // namespace dlrec::model::gpu_graph
