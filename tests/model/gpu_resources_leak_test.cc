@@ -189,7 +189,11 @@ TEST(GpuResourcesLeak, GraphModelsBuiltAndDestroyedLeakNothing) {
   auto res = gpu::DeviceResources::get(0);
   for (const char* layers : {testing::kDcnStacked, testing::kDeepFmGathered}) {
     GraphLeakCase s(layers);
-    for (int i = 0; i < 4; ++i) s.build_use_destroy(i);
+    // A longer warm-up than the DLRM's: run alone in a fresh process (compute-sanitizer, H200,
+    // 2026-11-26), 4 builds left the pool 1 KiB short of its fixed point (cached bytes +1024
+    // after the 40 builds, live bytes exact): its best-fit free lists take a few rounds of both
+    // precisions to settle.
+    for (int i = 0; i < 12; ++i) s.build_use_destroy(i);
     const Snapshot before = snapshot();
     for (int i = 0; i < 40; ++i) s.build_use_destroy(i);
     expect_flat(before, snapshot(), "40 graph models built, trained and destroyed");
