@@ -26,8 +26,13 @@
 // and the update reads its gradient from the concat's gradient (no copies;
 // GraphCudaOptions::embedding_direct).
 // bf16 GEMMs without an epilogue that overwrite their output go through cuBLASLt with the
-// fastest of its candidates; DLREC_PROFILE=1 prints the device
-// time per layer and, for MLP and cross layers, per kind of work (no graphs, no side streams).
+// fastest of its candidates (GraphCudaOptions::lt_tune off: the heuristic's first choice).
+// DLREC_PROFILE=1 (a diagnostic) prints the device time per layer and, for MLP and cross
+// layers, per kind of work (no graphs, no side streams).
+//
+// GPU resources (include/dlrec/core/gpu_resources.h): the streams and events are gpu::Stream /
+// gpu::Event members, the cuBLAS and cuBLASLt handles with their workspaces are leased from the
+// device's DeviceResources; a build that throws part-way releases all of them.
 //
 // The cross layer (DCNv2): forward per layer h = x_l V^T (low rank), u = h U^T + b (or x_l W^T + b)
 // through cuBLASLt's bias epilogue in bf16, then x_{l+1} = x0 * u + x_l in one pass; in bf16 builds
@@ -52,9 +57,6 @@
 // buffer; wide pools its [cardinality, 1] tables with the embedding kernels (dim 1, zero
 // initial values, the fused de-duplicated update with the embedding optimizer) and updates its
 // bias [1] with the dense optimizer.
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
-
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -124,6 +126,9 @@ class GraphCuda final : public CudaModel {
 
   GraphCudaOptions opts_;
   OptimizerConfig oc_;
+  // The device's shared pools (cuBLAS and cuBLASLt handles with workspaces): held while the
+  // model lives; its leases (Engine::blas, lt, ...) go back to them on destruction.
+  std::shared_ptr<gpu::DeviceResources> res_;
   io::ShardLayout layout_;
   GraphSpec spec_;
   Device dev_;
@@ -131,11 +136,8 @@ class GraphCuda final : public CudaModel {
   Engine e_;
   int64_t T_ = 0, num_dense_ = 0;
   float lr_ = 0, emb_lr_ = 0;
-  cudaStream_t copy_ = nullptr, side_ = nullptr;
-  cudaEvent_t fork_ = nullptr, join_ = nullptr;
   bool overlap_ = true;  // the embedding layer on a side stream (off when profiling)
   int emb_idx_ = -1;
-  Tensor blas_ws_, lt_ws_, wblas_ws_, wlt_ws_;
   bool graphs_ = true, shadows_stale_ = false;
   bool exposed_ = false;  // parameters()/optimizer_state() handed out tensors since last upload
   std::vector<std::unique_ptr<Node>> nodes_;
@@ -156,20 +158,23 @@ class GraphCuda final : public CudaModel {
   void mark(const std::string& what);
   void flush_profile();
   bool profile_ = false;
-  std::vector<cudaEvent_t> events_;
+  std::vector<gpu::Event> events_;
   std::vector<std::string> marks_;
   std::vector<std::pair<std::string, double>> phase_ms_;
   int64_t profiled_steps_ = 0, seen_steps_ = 0;
+
+  // Events and streams last: destroyed first, before the engine, nodes, inputs and tensors (a
+  // gpu::Stream waits for its work when destroyed, so no buffer is freed while in use).
+  gpu::Event fork_, join_;
+  // st_: the main stream (Engine::st is a non-owning copy), wst_: the weight-gradient stream
+  // (Engine::wst; none without it), copy_: input copies, side_: the embedding layer.
+  gpu::Stream st_, wst_, copy_, side_;
 };
 
 void GraphCuda::mark(const std::string& what) {
   if (!profile_) return;
   const size_t i = marks_.size();
-  if (i == events_.size()) {
-    cudaEvent_t ev;
-    DLREC_CUDA_CHECK(cudaEventCreate(&ev));
-    events_.push_back(ev);
-  }
+  if (i == events_.size()) events_.emplace_back(dev_index_, /*timing=*/true);
   DLREC_CUDA_CHECK(cudaEventRecord(events_[i], e_.st));
   marks_.push_back(what);
 }
@@ -232,37 +237,29 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
   // Priorities: the main stream and the embedding's side stream (the critical path) get the
   // device's greatest priority, the weight-gradient stream the least, so that waiting blocks
   // of the critical path go first.
-  int least = 0, greatest = 0;
-  DLREC_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  DLREC_CUDA_CHECK(cudaStreamCreateWithPriority(&e_.st, cudaStreamNonBlocking, greatest));
-  DLREC_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
-  DLREC_CUDA_CHECK(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, greatest));
-  DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
-  DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+  res_ = gpu::DeviceResources::get(dev_index_);
+  const int greatest = res_->greatest_priority(), least = res_->least_priority();
+  st_ = gpu::Stream(dev_index_, greatest);
+  e_.st = st_;
+  copy_ = gpu::Stream(dev_index_);
+  side_ = gpu::Stream(dev_index_, greatest);
+  fork_ = gpu::Event(dev_index_);
+  join_ = gpu::Event(dev_index_);
   overlap_ = !profile_;
-  // A cuBLAS handle on `stream` with its own 32 MB workspace, and in 16-bit modes a cuBLASLt
-  // planner with another (the main stream's and the weight stream's).
-  auto gemm_handles = [&](cudaStream_t stream, Tensor& ws, cublasHandle_t* blas, Tensor& lt_ws,
-                          std::unique_ptr<lt::Lt>* lt) {
-    ws = Tensor::empty({32 << 20}, DType::U8, dev_);
-    DLREC_CUBLAS_CHECK(cublasCreate(blas));
-    DLREC_CUBLAS_CHECK(cublasSetStream(*blas, stream));
-    DLREC_CUBLAS_CHECK(cublasSetMathMode(
-        *blas, e_.prec == Precision::TF32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-    DLREC_CUBLAS_CHECK(cublasSetWorkspace(*blas, ws.raw(), ws.nbytes()));
-    if (e_.lowp) {
-      lt_ws = Tensor::empty({32 << 20}, DType::U8, dev_);
-      *lt = std::make_unique<lt::Lt>(lt_ws.raw(), lt_ws.nbytes());
-    }
-  };
-  gemm_handles(e_.st, blas_ws_, &e_.blas, lt_ws_, &e_.lt);
+  // A pooled cuBLAS handle bound to the stream (its own workspace), and in bf16 a cuBLASLt
+  // planner on another pooled handle and workspace (the main stream's and the weight stream's).
+  const bool tf32 = e_.prec == Precision::TF32;
+  e_.blas = res_->blas(e_.st, tf32);
+  if (e_.lowp) e_.lt = std::make_unique<lt::Lt>(res_->blas_lt(), opts_.lt_tune);
   // The weight-gradient stream (Engine::weights), off when profiling
   // (GraphCudaOptions::weight_stream: off for comparisons).
   if (overlap_ && opts_.weight_stream) {
-    DLREC_CUDA_CHECK(cudaStreamCreateWithPriority(&e_.wst, cudaStreamNonBlocking, least));
-    DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&e_.wfork, cudaEventDisableTiming));
-    DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&e_.wjoin, cudaEventDisableTiming));
-    gemm_handles(e_.wst, wblas_ws_, &e_.wblas, wlt_ws_, &e_.wlt);
+    wst_ = gpu::Stream(dev_index_, least);
+    e_.wst = wst_;
+    e_.wfork = gpu::Event(dev_index_);
+    e_.wjoin = gpu::Event(dev_index_);
+    e_.wblas = res_->blas(e_.wst, tf32);
+    if (e_.lowp) e_.wlt = std::make_unique<lt::Lt>(res_->blas_lt(), opts_.lt_tune);
   }
   if (profile_) e_.mark = [this](const std::string& what) { mark(what); };
   inputs_ = std::make_unique<StepInputs>(dev_);
@@ -371,21 +368,6 @@ GraphCuda::~GraphCuda() {
       std::fprintf(stderr, "[profile]   cuBLASLt plans without an algorithm (fallbacks): %d\n",
                    e_.lt->unsupported_count());
   }
-  for (auto ev : events_) cudaEventDestroy(ev);
-  inputs_.reset();
-  nodes_.clear();
-  e_.lt.reset();
-  e_.wlt.reset();
-  if (e_.blas) cublasDestroy(e_.blas);
-  if (e_.wblas) cublasDestroy(e_.wblas);
-  if (e_.wfork) cudaEventDestroy(e_.wfork);
-  if (e_.wjoin) cudaEventDestroy(e_.wjoin);
-  if (e_.wst) cudaStreamDestroy(e_.wst);
-  if (fork_) cudaEventDestroy(fork_);
-  if (join_) cudaEventDestroy(join_);
-  if (side_) cudaStreamDestroy(side_);
-  if (copy_) cudaStreamDestroy(copy_);
-  if (e_.st) cudaStreamDestroy(e_.st);
 }
 
 void GraphCuda::check_batch(const io::Batch& b) const {

@@ -433,8 +433,7 @@ HashedTables::HashedTables(std::vector<TableOptions> tables, int64_t dim, bool a
   d_ctl_ = Tensor::zeros({T * kNF}, DType::I64, dev_);
   d_glob_ = Tensor::zeros({kNG}, DType::I64, dev_);
   d_hist_ = Tensor::zeros({T * 256}, DType::I32, dev_);
-  for (auto& s : slots_) DLREC_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied,
-                                                                   cudaEventDisableTiming));
+  for (auto& s : slots_) s.copied = gpu::Event(dev_.index);
   // The empty state, through the import path (host tensors as a fresh CPU table writes them).
   host_.resize(T);
   for (int64_t t = 0; t < T; ++t) {
@@ -453,7 +452,6 @@ HashedTables::HashedTables(std::vector<TableOptions> tables, int64_t dim, bool a
 HashedTables::~HashedTables() {
   for (auto& s : slots_) {
     if (s.pending) cudaEventSynchronize(s.copied);
-    if (s.copied) cudaEventDestroy(s.copied);
   }
 }
 

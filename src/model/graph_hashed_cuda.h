@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "dlrec/core/gpu_resources.h"
 #include "dlrec/core/tensor.h"
 #include "dlrec/io/batch.h"
 #include "model/cuda_step.h"
@@ -124,7 +125,7 @@ class HashedTables {
   struct Slot {
     cuda_step::PinnedPtr host;
     Tensor dev;
-    cudaEvent_t copied = nullptr;
+    gpu::Event copied;  // the keys' copy (copy stream) finished
     bool pending = false;
   } slots_[2];
   int cur_ = 0;

@@ -1,7 +1,6 @@
 // cuBLASLt GEMM plans with epilogues; see lt_gemm.h.
 #include "nn/lt_gemm.h"
 
-#include <cstdlib>
 #include <vector>
 
 #include "core/cuda_check.h"
@@ -38,17 +37,7 @@ Lt::Lt(gpu::LtLease lease, bool tune)
   handle_ = lease_.handle();
 }
 
-Lt::Lt(void* workspace, size_t workspace_bytes) : ws_(workspace), ws_bytes_(workspace_bytes) {
-  const char* tune = std::getenv("DLREC_LT_TUNE");  // transitional, see lt_gemm.h
-  tune_ = !(tune && tune[0] == '0');
-  DLREC_LT_CHECK(cublasLtCreate(&own_handle_));
-  handle_ = own_handle_;
-}
-
-Lt::~Lt() {
-  plans_.clear();
-  if (own_handle_) cublasLtDestroy(own_handle_);
-}
+Lt::~Lt() { plans_.clear(); }
 
 namespace {
 // A matmul preference and timing events that release themselves (plan() and run() throw on

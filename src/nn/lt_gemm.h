@@ -67,10 +67,6 @@ class Lt {
   // A planner on a handle and workspace leased from the device's pool (gpu_resources.h).
   // tune: time the heuristic's candidates on first use (false: take its first choice).
   explicit Lt(gpu::LtLease lease, bool tune = true);
-  // A planner with its own handle, on the caller's workspace. TRANSITIONAL: graph_cuda.cu
-  // still builds its planners this way; there `tune` defaults to the DLREC_LT_TUNE variable
-  // ("0": off) that its bit-identity tests set, until it passes the option itself.
-  Lt(void* workspace, size_t workspace_bytes);
   ~Lt();
   Lt(const Lt&) = delete;
   Lt& operator=(const Lt&) = delete;
@@ -87,8 +83,7 @@ class Lt {
  private:
   struct Plan;
   Plan* plan(const Gemm& g);
-  gpu::LtLease lease_;                 // the pooled handle and workspace, when leased
-  cublasLtHandle_t own_handle_ = nullptr;  // the handle created by the transitional constructor
+  gpu::LtLease lease_;  // the pooled handle and workspace
   cublasLtHandle_t handle_ = nullptr;
   void* ws_;
   size_t ws_bytes_;

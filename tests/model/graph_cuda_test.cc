@@ -343,7 +343,7 @@ TEST(GraphCuda, CrossDeferredSumAndWeightStreamBitIdentical) {
 // forward + backward_and_update steps; for the embeddings at an odd column of x0 (dense 3 wide,
 // dim 3, mean pooling over multi-hot bags: scalar lanes), after a bottom MLP (float4 lanes),
 // and first in the concat. cuBLASLt takes its heuristic's first choice in both models
-// (DLREC_LT_TUNE=0), so the bf16 GEMMs are the same too.
+// (GraphCudaOptions::lt_tune off), so the bf16 GEMMs are the same too.
 TEST(GraphCuda, EmbeddingIntoConcatBitIdentical) {
   SKIP_WITHOUT_GPU();
   const char* odd = R"(
@@ -359,17 +359,17 @@ TEST(GraphCuda, EmbeddingIntoConcatBitIdentical) {
     {"name": "x0", "type": "concat", "inputs": ["emb", "dense"]},
     {"name": "top", "type": "mlp", "input": "x0", "sizes": [16, 1]},
     {"name": "logit", "type": "output", "input": "top"})";
-  setenv("DLREC_LT_TUNE", "0", 1);
   for (const char* prec : {"fp32", "bf16"})
     for (const char* layers : {odd, kDcnStacked, first}) {
       Case c(layers, kAdagrad);
       if (layers == odd) c.layout = make_layout(3, {50, 7, 100, 3, 20});
-      GraphCudaOptions copies;
+      GraphCudaOptions copies, untuned;
       copies.embedding_direct = false;
+      copies.lt_tune = untuned.lt_tune = false;
       auto ref = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 17, prec,
                                  copies);
-      auto fast =
-          make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 17, prec);
+      auto fast = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 17,
+                                  prec, untuned);
       double l0 = 0, l1 = 0;
       for (int i = 0; i < 14; ++i) {
         io::Batch b = batch_of(c, i < 6 ? 64 : 41, 800 + i);
@@ -398,7 +398,6 @@ TEST(GraphCuda, EmbeddingIntoConcatBitIdentical) {
       EXPECT_EQ(fast->forward(e, false).to_vector<float>(), ref->forward(e, false).to_vector<float>())
           << prec << ": evaluation logits";
     }
-  unsetenv("DLREC_LT_TUNE");
 }
 
 #if DLREC_WITH_CUTLASS
@@ -412,7 +411,7 @@ TEST(GraphCuda, EmbeddingIntoConcatBitIdentical) {
 // the fused kernel must have run. A cross layer whose width is not a multiple of 8 (the parallel
 // full-rank model, x0 44 wide) is declined by the kernel (TMA needs 16-byte rows) and takes the
 // two-step path: bit-identical results, no launch. cuBLASLt takes its heuristic's first choice
-// in both models (DLREC_LT_TUNE=0), so their other GEMMs are the same.
+// in both models (GraphCudaOptions::lt_tune off), so their other GEMMs are the same.
 TEST(GraphCuda, Bf16CrossFusedKernelMatchesTwoStepPath) {
   SKIP_WITHOUT_GPU();
   const char* wide = R"(
@@ -427,18 +426,20 @@ TEST(GraphCuda, Bf16CrossFusedKernelMatchesTwoStepPath) {
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
   const bool hopper = major == 9 && minor == 0;
-  setenv("DLREC_LT_TUNE", "0", 1);
   for (const char* layers : {kDcnStacked, wide, kDcnParallel}) {
     const bool declined = layers == kDcnParallel;  // x0 44 wide
     Case c(layers, kSgd);
     const int64_t rows = layers == wide ? 300 : 64;
-    GraphCudaOptions two_step;
+    GraphCudaOptions two_step, untuned;
     two_step.cross_fused = false;
+    two_step.lt_tune = untuned.lt_tune = false;
     auto ref = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 19, "bf16",
                                two_step);
-    auto fast = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 19, "bf16");
+    auto fast = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 19,
+                                "bf16", untuned);
     // The same fused model again: the fused backward's bias-gradient sums must be deterministic.
-    auto again = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 19, "bf16");
+    auto again = make_graph_cuda(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 19,
+                                 "bf16", untuned);
     const int64_t before = cutlass_k::cross_gemm_combine_launches();
     const int64_t before_bwd = cutlass_k::cross_dgrad_fused_launches();
     double l0 = 0, l1 = 0;
@@ -473,7 +474,6 @@ TEST(GraphCuda, Bf16CrossFusedKernelMatchesTwoStepPath) {
       }
     }
   }
-  unsetenv("DLREC_LT_TUNE");
 }
 #endif
 
@@ -708,8 +708,7 @@ TEST(GraphCuda, Bf16MaskBiasGradPassesMatchHostReference) {
     std::memcpy(u.data(), v.data(), v.size() * 2);
     return u;
   };
-  void* ws = dev_alloc(32 << 20);
-  lt::Lt planner(ws, 32 << 20);
+  lt::Lt planner(gpu::DeviceResources::get(0)->blas_lt());
   std::vector<bf16> x(B * k);
   for (int64_t r = 0; r < B; ++r)
     for (int64_t j = 0; j < k; ++j) x[r * k + j] = __float2bfloat16(r % 37 == 5 ? 0.f : nd(rng));
@@ -816,8 +815,8 @@ TEST(GraphCuda, Bf16MaskBiasGradPassesMatchHostReference) {
   EXPECT_EQ(cd::mask_bits_launches() - before, 4);
   // A mask leading dimension that is not a multiple of 128, or narrower than the layer, is
   // refused before anything runs.
-  const auto* mask = static_cast<const uint8_t*>(ws);
-  auto* h = static_cast<bf16*>(ws);
+  const auto* mask = static_cast<const uint8_t*>(dx);  // never read: refused first
+  auto* h = static_cast<bf16*>(dx);
   expect_error([&] { cd::mask_bias_grad_bits(h, mask, 100, h, nullptr, nullptr, 4, 64, nullptr); },
                {"mask_bias_grad_bits", "100 bits", "multiple of 128"});
   expect_error([&] { cd::mask_bias_grad_bits(h, mask, 128, h, nullptr, nullptr, 4, 200, nullptr); },

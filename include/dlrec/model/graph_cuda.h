@@ -31,6 +31,9 @@ struct GraphCudaOptions {
   bool cross_fused = true;       // bf16 cross: GEMM + combine as one CUTLASS kernel
   bool cross_fused_bwd = true;   // bf16 cross: data GEMM + next element-wise pass as one kernel
   bool embedding_direct = true;  // an embedding layer read only by a concat writes into it
+  // cuBLASLt times its candidate algorithms on first use and keeps the fastest (off: the
+  // heuristic's first choice, the same algorithm in every model, which bit-identity tests need).
+  bool lt_tune = true;
 };
 
 std::unique_ptr<CudaModel> make_graph_cuda(const ModelConfig& model, const OptimizerConfig& opt,

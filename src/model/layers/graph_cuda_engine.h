@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "dlrec/core/gpu_resources.h"
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/model/graph.h"
 #include "dlrec/model/graph_cuda.h"
@@ -94,15 +95,17 @@ struct Engine {
   Precision prec = Precision::FP32;
   bool lowp = false;  // bf16 precision
   DType act = DType::F32;
+  // The streams are owned by the model (gpu::Stream members); these are non-owning copies that
+  // weights() and the side stream swap in and out.
   cudaStream_t st = nullptr;
-  cublasHandle_t blas = nullptr;
+  gpu::BlasLease blas;  // leased from the device's pool (gpu_resources.h), bound to st
   std::unique_ptr<lt::Lt> lt;
   // The weight-gradient stream: weights() runs a layer's weight gradients and update there,
   // beside the data-gradient chain on st (own cuBLAS handle and cuBLASLt workspace; null: off).
   cudaStream_t wst = nullptr;
-  cublasHandle_t wblas = nullptr;
+  gpu::BlasLease wblas;
   std::unique_ptr<lt::Lt> wlt;
-  cudaEvent_t wfork = nullptr, wjoin = nullptr;
+  gpu::Event wfork, wjoin;
   bool w_pending = false;
   const GraphCudaOptions* opts = nullptr;  // the model's (engine paths that tests compare)
   // DLREC_PROFILE=1: records a named event on st (sub-phases of a layer); null otherwise.
