@@ -3,7 +3,11 @@
 // writer, checkpoints and weights, KServe requests), each with the selector bytes its target
 // reads first. Nothing is committed: CI and the campaign script run this first.
 //
-//   make_fuzz_seeds OUT_DIR     creates OUT_DIR/<target>/<seed> for every target
+//   make_fuzz_seeds OUT_DIR              creates OUT_DIR/<target>/<seed> for every target
+//   make_fuzz_seeds --findings OUT_DIR   creates OUT_DIR/<target>/<name>: reproducers of the
+//                                        open findings (docs/FUZZING.md, "Findings"); each
+//                                        must run clean once its bug is fixed:
+//                                        `fuzz_shard OUT_DIR/shard/*`
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -315,15 +319,53 @@ void wire_seeds() {
 }
 #endif
 
+template <class T>
+void append_le(std::string& s, T v) {
+  s.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+// Reproducers of open findings (not seeds: they fail until fixed).
+void finding_inputs() {
+  // Shard block whose row count times 4 wraps around 2^64: load_block's size check passes
+  // (24-byte block, no payload) and decode() reads the labels past the block
+  // (UBSan: signed overflow in decode's n * 4; then a heap read out of bounds).
+  const std::string hdr =
+      R"({"layout": {"num_dense": 0, "cardinalities": [70000], "multi_hot": [false]}})";
+  std::string f = "DLRSHARD";
+  append_le<uint32_t>(f, 2);
+  append_le<uint32_t>(f, static_cast<uint32_t>(hdr.size()));
+  f += hdr;
+  append_le<uint32_t>(f, 0);  // the target's selector bit 0 rewrites every checksum
+  const uint64_t header_end = f.size(), rows = uint64_t{1} << 62;
+  append_le<uint64_t>(f, rows);
+  append_le<uint64_t>(f, 0);
+  append_le<uint32_t>(f, 0);
+  append_le<uint32_t>(f, 0);
+  const uint64_t footer = f.size();
+  for (uint64_t v : {uint64_t{1}, rows, uint64_t{0}, header_end}) append_le<uint64_t>(f, v);
+  append_le<uint64_t>(f, footer);
+  append_le<uint32_t>(f, 0);
+  append_le<uint32_t>(f, 0);
+  f.append("DLRSEND\0", 8);
+  seed("shard", "block_rows_overflow", sel({0x01}) + f);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s OUT_DIR\n", argv[0]);
+  const bool findings = argc == 3 && std::string(argv[1]) == "--findings";
+  if (argc != 2 && !findings) {
+    std::fprintf(stderr, "usage: %s [--findings] OUT_DIR\n", argv[0]);
     return 2;
   }
   try {
-    g_out = argv[1];
+    g_out = argv[argc - 1];
+    if (findings) {
+      fs::create_directories(g_out);
+      finding_inputs();
+      std::printf("make_fuzz_seeds: %d finding reproducers in %s\n", g_count, g_out.c_str());
+      return 0;
+    }
     fs::create_directories(g_out);
     const std::string tmp = g_out + "/.work." + std::to_string(::getpid());
     fs::create_directories(tmp);
@@ -341,6 +383,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "make_fuzz_seeds: %s\n", e.what());
     return 1;
   }
-  std::printf("make_fuzz_seeds: %d seeds in %s\n", g_count, argv[1]);
+  std::printf("make_fuzz_seeds: %d seeds in %s\n", g_count, g_out.c_str());
   return 0;
 }
