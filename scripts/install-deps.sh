@@ -12,7 +12,10 @@ $SUDO apt-get install -y --no-install-recommends \
   build-essential cmake make pkg-config git \
   nlohmann-json3-dev libcli11-dev libopenblas-dev \
   libgtest-dev libgmock-dev libsnappy-dev libzstd-dev zlib1g-dev liblz4-dev libbrotli-dev \
-  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libcpp-httplib-dev
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libcpp-httplib-dev \
+  clang-14 libclang-rt-14-dev
+# clang-14 and libclang-rt-14-dev (Debian 12's clang and its compiler-rt: ASan, UBSan, TSan,
+# libFuzzer) build the sanitizer and fuzzing stage of CI (scripts/ci-sanitizers.sh).
 PIP="python3 -m pip install --quiet --disable-pip-version-check"
 # Python packages used by tests/python (every one pinned, transitive ones included).
 $PIP -r requirements-test.txt

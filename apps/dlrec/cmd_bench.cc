@@ -497,7 +497,11 @@ int run_serve_bench(ServeBenchOptions o) {
               "--input encoded needs --model-dir (the model's directory in the repository or "
               "an export directory): the model metadata lists raw inputs and no cardinalities");
   DLREC_CHECK(o.rows_file.empty() || o.input == "raw", "--rows goes with --input raw");
-  auto [host, port] = split_url(o.url);
+  // Plain variables, not a structured binding: lambdas below capture them (C++20 for
+  // bindings; clang rejects it in C++17).
+  const auto url_parts = split_url(o.url);
+  const std::string host = url_parts.first;
+  const int port = url_parts.second;
 
   // gRPC channels: several connections so that one HTTP/2 connection is not the bottleneck.
   std::vector<std::shared_ptr<grpc::Channel>> channels;
