@@ -10,17 +10,20 @@
 # repository API (each load builds the CUDA model: streams, leased cuBLAS handles, tables, CUDA
 # graphs; each unload destroys it), and one inference of `c` checks every load. WARM cycles run
 # first (the caching pool and malloc's arenas reach their working size); the server's GPU memory
-# (nvidia-smi, per process) and RSS are read after them and after the measured cycles.
+# (nvidia-smi, per process) and RSS are read after them and after the measured cycles, both
+# while the load on m runs.
 # Prints PASS/FAIL lines and the figures; exits non-zero when a check fails:
 #   every load and unload answered 200, every inference of `c` answered, zero failed requests
 #   of `m` (client and server metrics), GPU memory equal before/after, RSS within 5 % (+8 MiB).
-# Environment: CYCLES (200), WARM (20), CONCURRENCY (16), BATCH (64), WORK (temporary dir).
+# Environment: CYCLES (200), WARM (20), DURATION (60: seconds of load on m; the cycles must end
+# within it), CONCURRENCY (16), BATCH (64), WORK (temporary dir).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DLREC="${1:-${DLREC:-$ROOT/build/bin/dlrec}}"
 CYCLES="${CYCLES:-200}"
 WARM="${WARM:-20}"
+DURATION="${DURATION:-60}"
 CONCURRENCY="${CONCURRENCY:-16}"
 BATCH="${BATCH:-64}"
 WORK="${WORK:-$(mktemp -d /tmp/dlrec-reload.XXXXXX)}"
@@ -101,28 +104,30 @@ CODE=$(curl -s -o "$WORK/infer.out" -w '%{http_code}' -H 'Content-Type: applicat
        --data-binary "@$INFER_BODY" "$H/v2/models/m/infer" || echo 000)
 [[ $CODE == 200 ]] || { echo "FAIL: inference of m answered $CODE: $(head -c 300 "$WORK/infer.out")"; exit 1; }
 
-echo "== $WARM warm-up cycles"
-T0=$(date +%s.%N)
-for _ in $(seq 1 "$WARM"); do cycle; done
-T1=$(date +%s.%N)
-PER=$(awk -v a="$T0" -v b="$T1" -v n="$WARM" 'BEGIN { printf "%.3f", (b - a) / n }')
-DURATION=$(awk -v p="$PER" -v n="$CYCLES" 'BEGIN { d = int(p * n * 1.5) + 15; print d }')
-echo "   $PER s per cycle; load on m for ${DURATION}s"
-GPU0=$(gpu_mib); RSS0=$(rss_kib)
-
+# The load on m runs through the warm-up and the measured cycles, and the before/after readings
+# are both taken under it: what the load itself holds (its connections, the batcher's larger
+# buckets) is in both, so the difference is what the cycles left behind.
 JSON="$WORK/bench.json"
 "$DLREC" bench serve --protocol grpc --url "127.0.0.1:$GRPC_PORT" --model m --batch "$BATCH" \
   --concurrency "$CONCURRENCY" --duration "$DURATION" --warmup 1 --json "$JSON" \
   >"$WORK/bench.out" 2>&1 &
 BENCH_PID=$!
-sleep 2
-echo "== $CYCLES measured cycles under load"
+sleep 3
+echo "== $WARM warm-up cycles under a ${DURATION}s load on m"
+for _ in $(seq 1 "$WARM"); do cycle; done
+sleep 1
+GPU0=$(gpu_mib); RSS0=$(rss_kib)
+echo "== $CYCLES measured cycles"
 T0=$(date +%s.%N)
-for _ in $(seq 1 "$CYCLES"); do cycle; done
+for k in $(seq 1 "$CYCLES"); do
+  cycle
+  (( k % 50 == 0 )) && echo "   after $k: GPU $(gpu_mib) MiB, RSS $(( $(rss_kib) / 1024 )) MiB"
+done
 T1=$(date +%s.%N)
+sleep 1
+GPU1=$(gpu_mib); RSS1=$(rss_kib)
 kill -0 "$BENCH_PID" 2>/dev/null && LOAD_ALIVE=1 || LOAD_ALIVE=0
 set +e; wait "$BENCH_PID"; BENCH_RC=$?; set -e
-GPU1=$(gpu_mib); RSS1=$(rss_kib)
 curl -s --max-time 10 "http://127.0.0.1:$METRICS_PORT/metrics" >"$WORK/metrics.txt" || true
 read -r OK FAIL RPS P50 P99 <<<"$(python3 -c '
 import json, sys

@@ -29,6 +29,7 @@ class GraphHashedCli : public ::testing::Test {
   void SetUp() override {
     bin_ = std::string(DLREC_BIN_DIR) + "/dlrec";
     if (!fs::exists(bin_)) GTEST_SKIP() << bin_ << " not built";
+    bin_ += " --quiet";  // no progress lines in the outputs the tests compare
     dir_ =
         (fs::temp_directory_path() / ("dlrec_hashed_cli_" + std::to_string(::getpid()))).string();
     fs::remove_all(dir_);
@@ -44,7 +45,7 @@ class GraphHashedCli : public ::testing::Test {
     return std::string(DLREC_SOURCE_DIR) + "/" + rel;
   }
   std::string run(const std::string& cmd, bool ok = true) {
-    const std::string full = cmd + " --quiet > " + dir_ + "/out.txt 2>&1";
+    const std::string full = cmd + " > " + dir_ + "/out.txt 2>&1";
     const int rc = std::system(full.c_str());
     std::ifstream in(dir_ + "/out.txt");
     std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -524,6 +524,7 @@ class GraphCli : public ::testing::Test {
     namespace fs = std::filesystem;
     bin_ = std::string(DLREC_BIN_DIR) + "/dlrec";
     if (!fs::exists(bin_)) GTEST_SKIP() << bin_ << " not built";
+    bin_ += " --quiet";  // no progress lines in the outputs the tests compare
     dir_ = (fs::temp_directory_path() / ("dlrec_graph_cli_" + std::to_string(::getpid()))).string();
     fs::remove_all(dir_);
     fs::create_directories(dir_);
@@ -533,7 +534,7 @@ class GraphCli : public ::testing::Test {
     if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
   std::string run(const std::string& cmd) {
-    const std::string full = cmd + " --quiet > " + dir_ + "/out.txt 2>&1";
+    const std::string full = cmd + " > " + dir_ + "/out.txt 2>&1";
     const int rc = std::system(full.c_str());
     std::ifstream in(dir_ + "/out.txt");
     std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
