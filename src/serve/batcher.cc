@@ -53,6 +53,10 @@ DynamicBatcher::~DynamicBatcher() {
     stop_ = true;
   }
   cv_.notify_all();
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    inline_done_cv_.wait(lk, [&] { return inline_running_ == 0; });
+  }
   for (auto& t : threads_) t.join();
 }
 
@@ -89,6 +93,7 @@ void DynamicBatcher::submit_impl(const io::Batch& batch, io::Batch* owned, Done&
         if (!busy_[i]) {
           busy_[i] = true;
           inline_worker = static_cast<int>(i);
+          ++inline_running_;
           break;
         }
     if (inline_worker < 0) {
@@ -155,6 +160,12 @@ void DynamicBatcher::run_inline(const io::Batch& batch, int index, uint64_t enqu
     r.queue_ns = start - enqueued_ns;
     r.compute_ns = end - start;
     r.merged_rows = batch.rows;
+  }
+  {
+    // The last use of the batcher on this thread: from here on its destructor may finish.
+    std::lock_guard<std::mutex> lk(mu_);
+    --inline_running_;
+    inline_done_cv_.notify_all();
   }
   call_done(done, std::move(r), std::move(err));
 }

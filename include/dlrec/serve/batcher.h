@@ -93,6 +93,11 @@ class DynamicBatcher {
   int64_t queued_rows_ = 0;
   bool stop_ = false;
   std::vector<bool> busy_;  // per instance: executing (a worker's batch or an inline request)
+  // Callers' threads inside run_inline: the destructor waits for them as it joins the workers,
+  // since they run on threads it does not own (found by ASan in CI: an inline request that
+  // outlived the batcher read its members after destruction).
+  int inline_running_ = 0;
+  std::condition_variable inline_done_cv_;
   std::vector<std::thread> threads_;
 };
 
