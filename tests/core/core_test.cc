@@ -130,6 +130,19 @@ TEST(Json, DepthAndValueLimitsAreErrorsNotCrashes) {
   EXPECT_NE(dump_json_safe(j).find("bad path"), std::string::npos);
 }
 
+TEST(Config, HugeFloatForAnIntegerIsAnErrorNotUndefinedBehaviour) {
+  // Found by fuzz_shard in CI: a shard header's "cardinalities": [5e300] reached nlohmann's
+  // float-to-integer cast (undefined behaviour) through ConfigReader::require<vector<int64_t>>.
+  json j = json::parse(R"({"a": 5e300, "b": [1, 5e300], "c": [3.0, 4], "d": 2.5, "e": -1e19})");
+  ConfigReader r(j, "x");
+  EXPECT_THROW(r.get<int64_t>("a", 0), Error);
+  EXPECT_THROW(r.get<std::vector<int64_t>>("b", {}), Error);
+  EXPECT_EQ(r.get<std::vector<int64_t>>("c", {}), (std::vector<int64_t>{3, 4}));
+  EXPECT_THROW(r.get<int>("d", 0), Error);
+  EXPECT_THROW(r.get<uint64_t>("e", 0), Error);
+  EXPECT_NEAR(r.get<double>("a", 0), 5e300, 1e285);
+}
+
 TEST(Files, AtomicWriteCommitsOrLeavesNothing) {
   std::string p = temp_path("atomic.txt");
   std::remove(p.c_str());

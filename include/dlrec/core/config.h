@@ -8,10 +8,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <set>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "dlrec/core/error.h"
@@ -71,12 +74,42 @@ std::string dump_json_safe(const json& j, int indent = -1);
 // Reads and parses a JSON file (parse_json's limits); errors name the file and the position.
 json read_json_file(const std::string& path);
 
+namespace detail {
+// Whether JSON value v converts to the integer type I without undefined behaviour: nlohmann
+// converts a float with a plain cast, which is undefined outside I's range (found by fuzzing:
+// a shard header with "cardinalities": [5e300]). Integers and integral floats inside the range
+// pass; anything else is refused by the caller with the key's name.
+template <class I>
+bool json_fits_integer(const json& v) {
+  if (!v.is_number_float()) return true;
+  const double d = v.get<double>();
+  const double hi = std::ldexp(1.0, std::numeric_limits<I>::digits);  // exclusive
+  const double lo = std::numeric_limits<I>::is_signed ? -hi : 0.0;
+  return std::isfinite(d) && d == std::floor(d) && d >= lo && d < hi;
+}
+template <class T>
+struct IntegerVector : std::false_type {};
+template <class U, class A>
+struct IntegerVector<std::vector<U, A>>
+    : std::integral_constant<bool, std::is_integral<U>::value && !std::is_same<U, bool>::value> {};
+}  // namespace detail
+
 template <class T>
 T ConfigReader::get(const std::string& key, const T& fallback) {
   known_.insert(key);
   if (!j_->contains(key)) return fallback;
+  const json& v = (*j_)[key];
+  bool fits = true;
+  if constexpr (std::is_integral<T>::value && !std::is_same<T, bool>::value) {
+    fits = detail::json_fits_integer<T>(v);
+  } else if constexpr (detail::IntegerVector<T>::value) {
+    if (v.is_array())
+      for (const json& e : v) fits = fits && detail::json_fits_integer<typename T::value_type>(e);
+  }
+  if (!fits)
+    fail("config key '", key_path(key), "' must hold integers in range, got ", v.dump());
   try {
-    return (*j_)[key].template get<T>();
+    return v.template get<T>();
   } catch (const nlohmann::json::exception&) {
     fail("config key '", key_path(key), "' has the wrong type: ", (*j_)[key].dump());
   }
