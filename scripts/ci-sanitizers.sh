@@ -102,7 +102,10 @@ if [ "$fuzz_seconds" -gt 0 ]; then
   for t in $FUZZ_TARGETS; do
     corpus="$logs/corpus-$t"
     mkdir -p "$corpus" "$logs/artifacts-$t"
-    run_logged "$t" "$build/bin/$t" -max_total_time="$fuzz_seconds" -timeout=10 \
+    # A fixed seed and a cap on the runs: CI's bounded run is reproducible (the same inputs on
+    # every machine, whatever its speed, up to the cap); finding new bugs is the long
+    # campaign's job (scripts/fuzz-campaign.sh, random seeds, >= 10M runs per target).
+    run_logged "$t" "$build/bin/$t" -seed=1 -runs=500000 -max_total_time="$fuzz_seconds" -timeout=10 \
       -rss_limit_mb=2048 -malloc_limit_mb=1024 -print_final_stats=1 \
       -artifact_prefix="$logs/artifacts-$t/" "$corpus" "$logs/seeds/${t#fuzz_}"
     echo "   $(grep -E '^stat::number_of_executed_units' "$logs/$t.log") in ${fuzz_seconds} s"
