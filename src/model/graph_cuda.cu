@@ -25,6 +25,12 @@
 // concat is the embedding layer's only consumer, the lookup writes into the concat's columns
 // and the update reads its gradient from the concat's gradient (no copies;
 // GraphCudaOptions::embedding_direct).
+// fp16 (Engine::fp16): as bf16 with f16 in its place, plus dynamic loss scaling inside the step
+// (run_backward): dL/dlogits times the scale, each parameter gradient checked for Inf/NaN as it
+// is formed (Engine::check_grad), every update deferred (Engine::update) until one kernel has
+// set the step's gradient factor (1 / scale, or 0 after an overflow: nothing changes) and the
+// next scale; then the updates run on the main stream (no weight-stream overlap for them).
+// predict() is in graph_cuda_infer.cu.
 // bf16 GEMMs without an epilogue that overwrite their output go through cuBLASLt with the
 // fastest of its candidates (GraphCudaOptions::lt_tune off: the heuristic's first choice).
 // DLREC_PROFILE=1 (a diagnostic) prints the device time per layer and, for MLP and cross
@@ -69,12 +75,11 @@
 #include <utility>
 #include <vector>
 
-#include "model/layers/graph_cuda_engine.h"
+#include "model/graph_cuda_impl.h"
 
 namespace dlrec::model {
+namespace graph_cuda_impl {
 namespace {
-
-using namespace gpu_graph;
 
 // The CPU graph model's default init tag: FNV-1a of the layer name (graph_model.cc).
 uint64_t name_tag(const std::string& s) {
@@ -83,93 +88,7 @@ uint64_t name_tag(const std::string& s) {
   return h;
 }
 
-class GraphCuda final : public CudaModel {
- public:
-  GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::ShardLayout& layout,
-            Device device, uint64_t seed, const std::string& precision,
-            const GraphCudaOptions& opts);
-  ~GraphCuda() override;
-  Tensor forward(const io::Batch& batch, bool training) override;
-  void backward_and_update(const Tensor& dlogits, double lr_scale) override;
-  std::vector<NamedTensor> parameters() override;
-  std::vector<NamedTensor> optimizer_state() override;
-  Device device() const override { return dev_; }
-  double train_step(const io::Batch& batch, double lr_scale, bool want_loss) override;
-  void synchronize() override;
-  // Serving (CudaModel::predict where the base declares it): sigmoid of the logits, eagerly.
-  void predict(const io::Batch& batch, float* probs) {
-    const std::vector<float> z = forward(batch, false).to_vector<float>();
-    for (size_t i = 0; i < z.size(); ++i) {
-      const double x = z[i];
-      probs[i] = static_cast<float>(x >= 0 ? 1.0 / (1.0 + std::exp(-x))
-                                           : std::exp(x) / (1.0 + std::exp(x)));
-    }
-  }
-
- private:
-  std::unique_ptr<Node> make_node(const LayerSpec& s, int idx, uint64_t seed);
-  void check_batch(const io::Batch& b) const;
-  void ensure_capacity(int64_t B, int64_t nnz);
-  // `training`: hashed tables insert the batch's keys (evaluation only looks them up).
-  void upload(const io::Batch& b, float lr, float emb_lr, bool training);
-  void bind_slot();
-  void run_forward();
-  void run_backward();
-  void on_side(int i, bool fwd);
-  void step_body();
-  void plan_direct_embedding();
-  void refresh_shadows();
-  void drop_graphs();
-  void report_hashed(hashed_cuda::HashedTables& h);
-  int64_t hashed_reported_lookups_ = 0;
-  const float* logits() const { return e_.vals[spec_.layers[spec_.output].input_ids[0]].y.data<float>(); }
-
-  GraphCudaOptions opts_;
-  OptimizerConfig oc_;
-  // The device's shared pools (cuBLAS and cuBLASLt handles with workspaces): held while the
-  // model lives; its leases (Engine::blas, lt, ...) go back to them on destruction.
-  std::shared_ptr<gpu::DeviceResources> res_;
-  io::ShardLayout layout_;
-  GraphSpec spec_;
-  Device dev_;
-  int dev_index_;
-  Engine e_;
-  int64_t T_ = 0, num_dense_ = 0;
-  float lr_ = 0, emb_lr_ = 0;
-  bool overlap_ = true;  // the embedding layer on a side stream (off when profiling)
-  int emb_idx_ = -1;
-  bool graphs_ = true, shadows_stale_ = false;
-  bool exposed_ = false;  // parameters()/optimizer_state() handed out tensors since last upload
-  std::vector<std::unique_ptr<Node>> nodes_;
-  Node* emb_ = nullptr;  // the embedding layer (Build::embedding), if any
-  // The global row of id 0 of each feature in the keys uploaded (the same for every table
-  // layer: all read all features), or null without table layers.
-  const std::vector<uint32_t>* row_base_ = nullptr;
-  std::vector<NamedState> dense_, tables_;
-  int64_t cap_b_ = 0, cap_nnz_ = 0;
-  Tensor dlogits_, loss_;
-  std::unique_ptr<StepInputs> inputs_;  // double-buffered step inputs (cuda_step.h)
-  int cur_ = 0;                          // the slot of the last upload
-  int64_t fwd_rows_ = 0, fwd_nnz_ = 0;
-  bool have_training_forward_ = false;
-
-  // DLREC_PROFILE=1: device time per layer and direction from events around each layer (no
-  // CUDA graphs), summed over train_step calls after the first 3, printed at destruction.
-  void mark(const std::string& what);
-  void flush_profile();
-  bool profile_ = false;
-  std::vector<gpu::Event> events_;
-  std::vector<std::string> marks_;
-  std::vector<std::pair<std::string, double>> phase_ms_;
-  int64_t profiled_steps_ = 0, seen_steps_ = 0;
-
-  // Events and streams last: destroyed first, before the engine, nodes, inputs and tensors (a
-  // gpu::Stream waits for its work when destroyed, so no buffer is freed while in use).
-  gpu::Event fork_, join_;
-  // st_: the main stream (Engine::st is a non-owning copy), wst_: the weight-gradient stream
-  // (Engine::wst; none without it), copy_: input copies, side_: the embedding layer.
-  gpu::Stream st_, wst_, copy_, side_;
-};
+}  // namespace
 
 void GraphCuda::mark(const std::string& what) {
   if (!profile_) return;
@@ -206,8 +125,18 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
   // layer's LayerType::cuda_unsupported (graph_support.cc).
   const std::string why = graph_cuda_unsupported(spec_, oc, layout, precision);
   if (!why.empty()) fail(why);
-  e_.lowp = e_.prec == Precision::BF16;
-  e_.act = e_.lowp ? DType::BF16 : DType::F32;
+  e_.fp16 = e_.prec == Precision::FP16;
+  e_.lowp = e_.prec == Precision::BF16 || e_.fp16;
+  e_.half = e_.fp16 ? DType::F16 : DType::BF16;
+  e_.act = e_.lowp ? e_.half : DType::F32;
+  DLREC_CHECK(std::isfinite(oc.loss_scale_init) && oc.loss_scale_init >= 1 &&
+                  oc.loss_scale_init <= 1e38,
+              "optimizer.loss_scale_init must be a number in [1, 1e38], got ", oc.loss_scale_init);
+  DLREC_CHECK(oc.loss_scale_growth_interval >= 1 &&
+                  oc.loss_scale_growth_interval <= std::numeric_limits<int>::max(),
+              "optimizer.loss_scale_growth_interval must be a positive step count, got ",
+              oc.loss_scale_growth_interval);
+  growth_interval_ = static_cast<int>(oc.loss_scale_growth_interval);
   e_.dev = device;
   e_.opts = &opts_;
   const OptimizerConfig ec = oc.embedding_config();
@@ -287,6 +216,7 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
   for (size_t i = 0; i < n; ++i) nodes_[i]->collect(e_, dense_, tables_);
   plan_direct_embedding();
   loss_ = Tensor::empty({8}, DType::U8, dev_);
+  if (e_.fp16) init_loss_scale();
   DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
 }
 
@@ -341,6 +271,24 @@ void GraphCuda::plan_direct_embedding() {
   emb_->write_into(consumer, col);
 }
 
+void GraphCuda::init_loss_scale() {
+  // scale, gscale (f32), overflow, good_steps (i32), skipped (i64)
+  ls_mem_ = Tensor::empty({32}, DType::U8, dev_);
+  char* m = static_cast<char*>(ls_mem_.raw());
+  ls_.scale = reinterpret_cast<float*>(m);
+  ls_.gscale = reinterpret_cast<float*>(m + 4);
+  ls_.overflow = reinterpret_cast<int*>(m + 8);
+  ls_.good_steps = reinterpret_cast<int*>(m + 12);
+  ls_.skipped = reinterpret_cast<int64_t*>(m + 16);
+  const float scale = static_cast<float>(oc_.loss_scale_init);
+  const float init[2] = {scale, 1.f / scale};
+  DLREC_CUDA_CHECK(cudaMemsetAsync(m, 0, 32, e_.st));
+  DLREC_CUDA_CHECK(cudaMemcpyAsync(m, init, sizeof init, cudaMemcpyHostToDevice, e_.st));
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));  // `init` is on the stack
+  e_.gscale = ls_.gscale;
+  e_.overflow = ls_.overflow;
+}
+
 void GraphCuda::refresh_shadows() {
   for (auto& n : nodes_) n->refresh(e_);
   shadows_stale_ = false;
@@ -348,6 +296,12 @@ void GraphCuda::refresh_shadows() {
 
 void GraphCuda::drop_graphs() {
   if (inputs_) inputs_->drop_graphs();
+  // predict()'s graphs read the value buffers that a larger batch replaces.
+  for (auto& bk : buckets_)
+    if (bk) {
+      bk->graph.reset();
+      bk->no_graph = false;
+    }
 }
 
 GraphCuda::~GraphCuda() {
@@ -367,6 +321,14 @@ GraphCuda::~GraphCuda() {
     if (e_.lt)
       std::fprintf(stderr, "[profile]   cuBLASLt plans without an algorithm (fallbacks): %d\n",
                    e_.lt->unsupported_count());
+  }
+  if (e_.fp16 && trained_) {
+    float scale = 0;
+    int64_t skipped = 0;
+    if (cudaMemcpy(&scale, ls_.scale, sizeof scale, cudaMemcpyDeviceToHost) == cudaSuccess &&
+        cudaMemcpy(&skipped, ls_.skipped, sizeof skipped, cudaMemcpyDeviceToHost) == cudaSuccess)
+      std::fprintf(stderr, "[fp16] loss scale %g at the end; %lld step(s) skipped (gradient "
+                   "overflow)\n", scale, static_cast<long long>(skipped));
   }
 }
 
@@ -477,8 +439,17 @@ void GraphCuda::run_forward() {
   if (pending) DLREC_CUDA_CHECK(cudaStreamWaitEvent(e_.st, join_, 0));
 }
 
+// In fp16 (loss scaling), dL/dlogits is first multiplied by the scale, every update is deferred
+// (Engine::update) while the gradients are checked as they are formed, and after the backward
+// one kernel sets the step's gradient factor (0 on overflow: the deferred updates change
+// nothing) and the next scale; then the updates run on the main stream.
 void GraphCuda::run_backward() {
   if (e_.B == 0) return;
+  e_.deferred.clear();
+  if (e_.fp16) {
+    cd::scale_inplace(dlogits_.data<float>(), e_.B, ls_.scale, e_.st);
+    trained_ = true;
+  }
   for (auto& v : e_.vals) v.has_grad = false;
   e_.vals[spec_.output].has_grad = true;
   // The embedding update (its gradient is complete when its turn comes) runs on the side
@@ -497,6 +468,11 @@ void GraphCuda::run_backward() {
   }
   e_.join_weights();
   if (pending) DLREC_CUDA_CHECK(cudaStreamWaitEvent(e_.st, join_, 0));
+  if (!e_.fp16) return;
+  cd::loss_scale_update(ls_, growth_interval_, e_.st);
+  for (auto& f : e_.deferred) f();
+  e_.deferred.clear();
+  mark("fp16 check + updates");
 }
 
 void GraphCuda::step_body() {
@@ -642,10 +618,11 @@ std::vector<NamedTensor> GraphCuda::optimizer_state() {
     for (auto& p : dense_) out.emplace_back(p.name + ".adagrad", p.state);
   if (e_.emb_adagrad)
     for (auto& p : tables_) out.emplace_back(p.name + ".adagrad", p.state);
+  if (e_.fp16) out.emplace_back("amp.loss_scale", ls_mem_);
   return out;
 }
 
-}  // namespace
+}  // namespace graph_cuda_impl
 
 std::unique_ptr<CudaModel> make_graph_cuda(const ModelConfig& model, const OptimizerConfig& opt,
                                            const io::ShardLayout& layout, Device device,
@@ -654,7 +631,8 @@ std::unique_ptr<CudaModel> make_graph_cuda(const ModelConfig& model, const Optim
   DLREC_CHECK(device.is_cuda(), "make_graph_cuda: ", device.str(), " is not a CUDA device");
   DLREC_CHECK(model.arch == "graph", "make_graph_cuda: model.arch is '", model.arch,
               "', expected \"graph\"");
-  return std::make_unique<GraphCuda>(model, opt, layout, device, seed, precision, opts);
+  return std::make_unique<graph_cuda_impl::GraphCuda>(model, opt, layout, device, seed,
+                                                      precision, opts);
 }
 
 }  // namespace dlrec::model

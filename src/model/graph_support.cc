@@ -41,10 +41,11 @@ std::string optimizer_unsupported(const OptimizerConfig& c, const std::string& w
 
 std::string graph_cuda_unsupported(const GraphSpec& spec, const OptimizerConfig& opt,
                                    const io::ShardLayout& layout, const std::string& precision) {
-  if (precision == "fp16")
-    return "graph models on CUDA support precision fp32, tf32 and bf16; fp16 (with loss "
-           "scaling) is implemented for arch dlrm only — use \"precision\": \"bf16\"";
   for (const LayerSpec& s : spec.layers) {
+    if (precision == "fp16" && s.hashed.on)
+      return s.where +
+             ": hashed tables are not implemented in fp16 on CUDA (their evaluation pooling "
+             "writes f32 or bf16); use \"precision\": \"bf16\" or \"fp32\"";
     if (!s.optimizer.is_null())
       return s.where +
              ": per-layer optimizers are not implemented on CUDA yet (the layer's "

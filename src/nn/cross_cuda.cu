@@ -15,11 +15,16 @@ __device__ __forceinline__ float ld1(const float* p) { return *p; }
 __device__ __forceinline__ float ld1(const bf16* p) { return __bfloat162float(*p); }
 __device__ __forceinline__ void st1(float* p, float v) { *p = v; }
 __device__ __forceinline__ void st1(bf16* p, float v) { *p = __float2bfloat16(v); }
+__device__ __forceinline__ float ld1(const f16* p) { return __half2float(*p); }
+__device__ __forceinline__ void st1(f16* p, float v) { *p = __float2half_rn(v); }
 
 template <class E> __device__ __forceinline__ float rounded(float v);
 template <> __device__ __forceinline__ float rounded<float>(float v) { return v; }
 template <> __device__ __forceinline__ float rounded<bf16>(float v) {
   return __bfloat162float(__float2bfloat16(v));
+}
+template <> __device__ __forceinline__ float rounded<f16>(float v) {
+  return __half2float(__float2half_rn(v));
 }
 
 // V consecutive elements as floats; V * sizeof(E) is 16 bytes for V > 1 (one vector access).
@@ -283,14 +288,23 @@ void copy_cols(const void* src, Elem src_t, int64_t src_ld, int64_t src_col, voi
   if (B == 0 || cols == 0) return;
   const void* s = static_cast<const char*>(src) + src_col * elem_size(src_t);
   void* d = static_cast<char*>(dst) + dst_col * elem_size(dst_t);
+  // One 16-bit type per model (bf16 or fp16 precision): no copies between the two.
+  DLREC_CHECK(src_t == Elem::F32 || dst_t == Elem::F32 || src_t == dst_t,
+              "copy_cols: no conversion between bf16 and fp16 (bug)");
   if (src_t == Elem::F32 && dst_t == Elem::F32)
     copy_typed<float, float>(s, src_ld, d, dst_ld, B, cols, accumulate, stream);
   else if (src_t == Elem::BF16 && dst_t == Elem::BF16)
     copy_typed<bf16, bf16>(s, src_ld, d, dst_ld, B, cols, accumulate, stream);
-  else if (src_t == Elem::F32)
+  else if (src_t == Elem::F16 && dst_t == Elem::F16)
+    copy_typed<f16, f16>(s, src_ld, d, dst_ld, B, cols, accumulate, stream);
+  else if (src_t == Elem::F32 && dst_t == Elem::BF16)
     copy_typed<float, bf16>(s, src_ld, d, dst_ld, B, cols, accumulate, stream);
-  else
+  else if (src_t == Elem::F32)
+    copy_typed<float, f16>(s, src_ld, d, dst_ld, B, cols, accumulate, stream);
+  else if (src_t == Elem::BF16)
     copy_typed<bf16, float>(s, src_ld, d, dst_ld, B, cols, accumulate, stream);
+  else
+    copy_typed<f16, float>(s, src_ld, d, dst_ld, B, cols, accumulate, stream);
 }
 
 template <class E>
@@ -324,6 +338,8 @@ template void bias_act_strided<float>(float*, const float*, int64_t, int64_t, in
                                       cudaStream_t);
 template void bias_act_strided<bf16>(bf16*, const bf16*, int64_t, int64_t, int64_t, bool,
                                      cudaStream_t);
+template void bias_act_strided<f16>(f16*, const f16*, int64_t, int64_t, int64_t, bool,
+                                    cudaStream_t);
 
 int64_t cross_grad_chunks(int64_t B) { return (B + kRows - 1) / kRows; }
 
@@ -404,5 +420,12 @@ template void cross_backward_deferred<float>(const float*, const float*, const f
 template void cross_backward_deferred<bf16>(const bf16*, const bf16*, const bf16*, bf16*, bf16*,
                                             const CrossTerms&, float*, float*, int64_t, int64_t,
                                             int64_t, bool, cudaStream_t);
+template void cross_combine<f16>(const f16*, const f16*, const f16*, f16*, int64_t, int64_t,
+                                 int64_t, cudaStream_t);
+template void cross_backward<f16>(const f16*, const f16*, const f16*, f16*, f16*, float*, float*,
+                                  int64_t, int64_t, int64_t, bool, bool, cudaStream_t);
+template void cross_backward_deferred<f16>(const f16*, const f16*, const f16*, f16*, f16*,
+                                           const CrossTerms&, float*, float*, int64_t, int64_t,
+                                           int64_t, bool, cudaStream_t);
 
 }  // namespace dlrec::nn::cuda_graph

@@ -3,12 +3,13 @@
 // routing between layers). Launchers enqueue on `stream` and never synchronise.
 //
 // Matrices are row-major [B, cols] with rows `ld` elements apart (ld >= cols; the columns past
-// `cols` are padding that these kernels never read or write). Elements are float or bf16
-// (`Elem`); arithmetic is in float, f32 products and sums rounded separately (no fused
+// `cols` are padding that these kernels never read or write). Elements are float, bf16 or
+// f16 (`Elem`); arithmetic is in float, f32 products and sums rounded separately (no fused
 // multiply-add), as the CPU reference does.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -16,7 +17,8 @@
 namespace dlrec::nn::cuda_graph {
 
 using bf16 = __nv_bfloat16;
-enum class Elem { F32, BF16 };
+using f16 = __half;  // fp16 precision (with loss scaling): every bf16 form has an f16 twin
+enum class Elem { F32, BF16, F16 };
 
 // dst[b, dst_col + c] (+)= src[b, src_col + c] for b < B, c < cols, converting between the
 // element types; accumulate adds to dst instead of overwriting it.

@@ -291,6 +291,22 @@ __global__ void check_finite1_kernel(const float* __restrict__ p, int64_t n, int
   if (__syncthreads_or(bad) && threadIdx.x == 0) *overflow = 1;
 }
 
+__global__ void check_finite_f16_kernel(const f16* __restrict__ p, int64_t n, int* overflow) {
+  bool bad = false;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    bad |= !isfinite(__half2float(p[i]));
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *overflow = 1;
+}
+
+__global__ void scale_inplace_kernel(float* __restrict__ x, int64_t n,
+                                     const float* __restrict__ scale) {
+  const float s = *scale;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    x[i] *= s;
+}
+
 __global__ void loss_scale_update_kernel(LossScale ls, int growth_interval) {
   const float s = *ls.scale;
   if (*ls.overflow) {
@@ -503,6 +519,18 @@ void check_finite(const float* const* ptrs, const int64_t* counts, int n_tensors
 void check_finite(const float* p, int64_t n, int* overflow, cudaStream_t stream) {
   if (n == 0) return;
   check_finite1_kernel<<<grid_for(n, 256, 1024), 256, 0, stream>>>(p, n, overflow);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+void check_finite(const f16* p, int64_t n, int* overflow, cudaStream_t stream) {
+  if (n == 0) return;
+  check_finite_f16_kernel<<<grid_for(n, 256, 1024), 256, 0, stream>>>(p, n, overflow);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+void scale_inplace(float* x, int64_t n, const float* scale, cudaStream_t stream) {
+  if (n == 0) return;
+  scale_inplace_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, n, scale);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 

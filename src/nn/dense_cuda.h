@@ -129,6 +129,9 @@ struct LossScale {
 void check_finite(const float* const* ptrs, const int64_t* counts, int n_tensors, int* overflow,
                   cudaStream_t stream);
 void check_finite(const float* p, int64_t n, int* overflow, cudaStream_t stream);
+void check_finite(const f16* p, int64_t n, int* overflow, cudaStream_t stream);
+// x [n] *= *scale (device): the graph engine's dL/dlogits (f32) times the loss scale.
+void scale_inplace(float* x, int64_t n, const float* scale, cudaStream_t stream);
 // After the checks: gscale = overflow ? 0 : 1 / S; on overflow S halves (not below 1) and the
 // good-step count restarts, else after `growth_interval` good steps in a row S doubles (up to
 // 2^24); overflow is cleared for the next step.

@@ -200,7 +200,7 @@ __global__ void iota_kernel(int32_t* p, int64_t n) {
 constexpr int kChunk = 32;
 constexpr int kWarpsPerBlock = 8;
 
-// Gradient loads, widened to float (exact for bf16).
+// Gradient loads, widened to float (exact for bf16 and f16).
 __device__ __forceinline__ float4 load4(const float* p) {
   return *reinterpret_cast<const float4*>(p);
 }
@@ -210,8 +210,15 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
   const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
   return make_float4(a.x, a.y, b.x, b.y);
 }
+__device__ __forceinline__ float4 load4(const __half* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
 __device__ __forceinline__ float load1(const float* p) { return *p; }
 __device__ __forceinline__ float load1(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float load1(const __half* p) { return __half2float(*p); }
 
 // ---- The backward kernels ----
 //
@@ -611,6 +618,9 @@ template void backward_apply<float>(const Tables&, const int32_t*, int64_t, int6
 template void backward_apply<__nv_bfloat16>(const Tables&, const int32_t*, int64_t, int64_t, bool,
                                             const __nv_bfloat16*, int64_t, Update, const float*,
                                             float, const Scratch&, cudaStream_t, const float*);
+template void backward_apply<__half>(const Tables&, const int32_t*, int64_t, int64_t, bool,
+                                     const __half*, int64_t, Update, const float*, float,
+                                     const Scratch&, cudaStream_t, const float*);
 
 void backward_update(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
                      int64_t nnz, bool mean, const float* dpooled, Update kind, const float* lr,

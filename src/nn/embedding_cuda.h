@@ -78,7 +78,7 @@ void backward_update(const Tables& tab, const int32_t* offsets, const uint32_t* 
 // the work that depends on the batch's ids only (the bag of each id, the stable sort by row, the
 // runs of equal rows) and leaves it in `s`; backward_apply reads it (the same batch and
 // scratch, nothing else using `s` in between) and reduces the gradient and updates the rows.
-// dpooled is float or __nv_bfloat16 (widened to float on load: the same sums as from an f32
+// dpooled is float, __nv_bfloat16 or __half (widened to float on load: the same sums as from an f32
 // copy of it), rows ld apart (0: T * dim).
 void backward_ids(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
                   int64_t nnz, int key_bits, const Scratch& s, cudaStream_t stream);

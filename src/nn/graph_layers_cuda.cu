@@ -12,6 +12,8 @@ __device__ __forceinline__ float ldf(const float* p) { return *p; }
 __device__ __forceinline__ float ldf(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 __device__ __forceinline__ void stf(float* p, float v) { *p = v; }
 __device__ __forceinline__ void stf(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
+__device__ __forceinline__ float ldf(const __half* p) { return __half2float(*p); }
+__device__ __forceinline__ void stf(__half* p, float v) { *p = __float2half_rn(v); }
 
 constexpr int kWarps = 8;  // warps (samples) per block of the FM kernels
 
@@ -139,5 +141,12 @@ template void fm_backward<__nv_bfloat16, __nv_bfloat16>(const __nv_bfloat16*, in
                                                         const float*, int64_t, int, int,
                                                         __nv_bfloat16*, int64_t, bool,
                                                         cudaStream_t);
+template void fm_forward<__half>(const __half*, int64_t, int64_t, int, int, float*, cudaStream_t);
+template void fm_backward<__half, float>(const __half*, int64_t, const float*, int64_t, int, int,
+                                         float*, int64_t, bool, cudaStream_t);
+template void fm_backward<float, __half>(const float*, int64_t, const float*, int64_t, int, int,
+                                         __half*, int64_t, bool, cudaStream_t);
+template void fm_backward<__half, __half>(const __half*, int64_t, const float*, int64_t, int, int,
+                                          __half*, int64_t, bool, cudaStream_t);
 
 }  // namespace dlrec::nn::cuda_graph

@@ -1,13 +1,15 @@
 // Internal: CUDA kernels of the graph model's `fm` and `wide` layers (src/model/graph_cuda.cu),
 // beside cross_cuda.h. Launchers enqueue on `stream` and never synchronise.
 //
-// Inputs are row-major [B, n * d] with rows `ld` elements apart, elements float or bf16; all
+// Inputs are row-major [B, n * d] with rows `ld` elements apart, elements float, bf16 or
+// f16; all
 // arithmetic is in float (the FM's final sum over the d components in double, as the CPU's
 // nn::FactorizationMachine does), f32 products and sums rounded separately (no fused
 // multiply-add), so fp32 results equal the CPU's but for the order of the final sum's terms.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -20,7 +22,7 @@ template <class E>
 void fm_forward(const E* x, int64_t ld, int64_t B, int n, int d, float* y, cudaStream_t stream);
 
 // Its backward: dx[b, i, k] (+)= dy[b] * (sum_j x[b, j, k] - x[b, i, k]), dx of type D
-// (float or bf16) with rows dx_ld apart; accumulate adds to dx instead of overwriting it.
+// (float, bf16 or f16) with rows dx_ld apart; accumulate adds to dx instead of overwriting it.
 template <class E, class D>
 void fm_backward(const E* x, int64_t ld, const float* dy, int64_t B, int n, int d, D* dx,
                  int64_t dx_ld, bool accumulate, cudaStream_t stream);

@@ -586,7 +586,6 @@ TEST(GraphCuda, UnsupportedLayersAndOptimizersAreClearErrors) {
     {"name": "w", "type": "wide", "optimizer": {"type": "ftrl", "lr": 0.05}},
     {"name": "o", "type": "output", "input": "w"})";
   expect_error([&] { build(wide_ftrl, kSgd, "fp32"); }, {"layer 'w'", "per-layer", "CPU"});
-  expect_error([&] { build(kDeepFm, kSgd, "fp16"); }, {"fp16"});
   expect_error([&] { build(kDlrm, R"({"type": "adam", "lr": 0.001})", "fp32"); },
                {"adam", "sgd and adagrad"});
   expect_error([&] { build(kDlrm, R"({"type": "sgd", "lr": 0.1, "momentum": 0.9})", "fp32"); },
@@ -596,7 +595,6 @@ TEST(GraphCuda, UnsupportedLayersAndOptimizersAreClearErrors) {
   expect_error([&] { build(kDlrm, R"({"type": "sgd", "lr": 0.1, "embedding": {"type": "ftrl"}})",
                            "fp32"); },
                {"ftrl", "optimizer.embedding"});
-  expect_error([&] { build(kDlrm, kSgd, "fp16"); }, {"fp16"});
   const std::string per_layer = R"(
     {"name": "emb", "type": "embedding", "dim": 4, "optimizer": {"type": "adagrad"}},
     {"name": "c", "type": "concat", "inputs": ["emb"]},

@@ -6,9 +6,12 @@
 // Supported: every layer type, as each type's LayerType::cuda_unsupported says (e.g. one
 // embedding layer over all categorical features, one dim for all tables); optimizers sgd (no
 // momentum) and adagrad, no weight decay or clipping (graph_cuda_unsupported in graph.h).
-// Anything else is a clear error naming the layer or the key, before anything is built. Precision as for the CUDA DLRM: "fp32" (no TF32: the parity reference),
-// "tf32", "bf16" (bf16 activations and compute copies of the weights, f32 master weights,
-// f32 tables).
+// Anything else is a clear error naming the layer or the key, before anything is built.
+// Precision as for the CUDA DLRM: "fp32" (no TF32: the parity reference), "tf32", "bf16" (bf16
+// activations and compute copies of the weights, f32 master weights, f32 tables), "fp16" (the
+// same in fp16 with dynamic loss scaling: optimizer.loss_scale_init and
+// loss_scale_growth_interval; not with hashed tables). predict() replays one CUDA graph per
+// power-of-two bucket of rows (src/model/graph_cuda_infer.cu).
 #pragma once
 
 #include <memory>
@@ -25,7 +28,7 @@ namespace dlrec::model {
 // itself takes the unfused and per-layer paths where the fast ones do not apply (no CUTLASS,
 // not sm_90, widths not multiples of 8, more than 8 cross layers, DLREC_PROFILE=1).
 struct GraphCudaOptions {
-  bool cuda_graphs = true;       // the step as one CUDA graph replay (off: eager launches)
+  bool cuda_graphs = true;  // the step and predict() as CUDA graph replays (off: eager launches)
   bool weight_stream = true;     // weight gradients and updates on a low-priority stream
   bool cross_defer_dx0 = true;   // the cross layer's dL/dx0 sum formed once, at layer 0
   bool cross_fused = true;       // bf16 cross: GEMM + combine as one CUTLASS kernel

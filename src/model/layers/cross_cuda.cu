@@ -18,7 +18,8 @@ class CrossNode final : public Node {
     cpu.init(seed);
     auto params = cpu.params();
     deferred_ = layers - 1 <= cg::kMaxCrossTerms && e.opts->cross_defer_dx0;
-    fused_ = e.opts->cross_fused;
+    // The CUTLASS kernels (src/fused) are bf16 only: fp16 takes the two-step paths.
+    fused_ = e.opts->cross_fused && !e.fp16;
     fused_bwd_ = fused_ && e.opts->cross_fused_bwd;
     rld_ = e.lowp ? round_up(std::max<int64_t>(rank, 1), 8) : rank;
     // params(): per layer "<l>.w.weight", "<l>.w.bias", and low rank "<l>.v.weight". The
@@ -110,9 +111,12 @@ class CrossNode final : public Node {
       e.lin_forward(L.w, in, L.u.raw(), e.act);
       e.sub(name_ + ": fwd gemms");
       if (e.lowp)
-        cg::cross_combine(static_cast<const bf16*>(x0), static_cast<const bf16*>(L.u.raw()),
-                          static_cast<const bf16*>(xl), static_cast<bf16*>(L.x.raw()), e.B, F_,
-                          ld_, e.st);
+        with_half(e.act, [&](auto* h) {
+          using H = std::remove_pointer_t<decltype(h)>;
+          cg::cross_combine(static_cast<const H*>(x0), static_cast<const H*>(L.u.raw()),
+                            static_cast<const H*>(xl), static_cast<H*>(L.x.raw()), e.B, F_, ld_,
+                            e.st);
+        });
       else
         cg::cross_combine(static_cast<const float*>(x0), L.u.data<float>(),
                           static_cast<const float*>(xl), L.x.data<float>(), e.B, F_, ld_, e.st);
@@ -156,12 +160,14 @@ class CrossNode final : public Node {
           }
         void* a = l == 0 ? acc : nullptr;
         if (e.lowp)
-          cg::cross_backward_deferred(static_cast<const bf16*>(g),
-                                      static_cast<const bf16*>(x0p_),
-                                      static_cast<const bf16*>(Y.u.raw()),
-                                      static_cast<bf16*>(Y.du.raw()), static_cast<bf16*>(a),
-                                      terms, e.partial.data<float>(), Y.w.db.data<float>(), e.B,
-                                      F_, ld_, l == 0, e.st);
+          with_half(e.act, [&](auto* h) {
+            using H = std::remove_pointer_t<decltype(h)>;
+            cg::cross_backward_deferred(static_cast<const H*>(g), static_cast<const H*>(x0p_),
+                                        static_cast<const H*>(Y.u.raw()),
+                                        static_cast<H*>(Y.du.raw()), static_cast<H*>(a), terms,
+                                        e.partial.data<float>(), Y.w.db.data<float>(), e.B, F_,
+                                        ld_, l == 0, e.st);
+          });
         else
           cg::cross_backward_deferred(static_cast<const float*>(g),
                                       static_cast<const float*>(x0p_), Y.u.data<float>(),
@@ -169,10 +175,13 @@ class CrossNode final : public Node {
                                       e.partial.data<float>(), Y.w.db.data<float>(), e.B, F_,
                                       ld_, l == 0, e.st);
       } else if (e.lowp) {
-        cg::cross_backward(static_cast<const bf16*>(g), static_cast<const bf16*>(x0p_),
-                           static_cast<const bf16*>(Y.u.raw()), static_cast<bf16*>(Y.du.raw()),
-                           static_cast<bf16*>(acc), e.partial.data<float>(), Y.w.db.data<float>(),
-                           e.B, F_, ld_, l == L - 1, l == 0, e.st);
+        with_half(e.act, [&](auto* h) {
+          using H = std::remove_pointer_t<decltype(h)>;
+          cg::cross_backward(static_cast<const H*>(g), static_cast<const H*>(x0p_),
+                             static_cast<const H*>(Y.u.raw()), static_cast<H*>(Y.du.raw()),
+                             static_cast<H*>(acc), e.partial.data<float>(), Y.w.db.data<float>(),
+                             e.B, F_, ld_, l == L - 1, l == 0, e.st);
+        });
       } else {
         cg::cross_backward(static_cast<const float*>(g), static_cast<const float*>(x0p_),
                            Y.u.data<float>(), Y.du.data<float>(), static_cast<float*>(acc),

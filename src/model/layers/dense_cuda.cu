@@ -1,4 +1,4 @@
-// Layer "dense" on CUDA (src/model/layers/dense.cc): the batch's dense features, in bf16
+// Layer "dense" on CUDA (src/model/layers/dense.cc): the batch's dense features, in bf16/fp16
 // converted with padded rows.
 #include "model/layers/graph_cuda_engine.h"
 
@@ -10,8 +10,11 @@ class DenseNode final : public Node {
   void alloc(Engine& e, int64_t cap) override { alloc_value(e, cap); }
   void forward(Engine& e) override {
     Value& v = e.vals[self];
-    if (v.dt == DType::BF16)
-      cd::to_half_padded(e.dense, e.B, v.width, static_cast<bf16*>(v.y.raw()), v.ld, e.st);
+    if (is_half(v.dt))
+      with_half(v.dt, [&](auto* h) {
+        using H = std::remove_pointer_t<decltype(h)>;
+        cd::to_half_padded(e.dense, e.B, v.width, static_cast<H*>(v.y.raw()), v.ld, e.st);
+      });
     else
       cg::copy_cols(e.dense, cg::Elem::F32, v.width, 0, v.y.raw(), cg::Elem::F32, v.ld, 0, e.B,
                     v.width, false, e.st);

@@ -56,8 +56,11 @@ class DotNode final : public Node {
     b_ = b;
     const int T = static_cast<int>(n_ - 1), d = static_cast<int>(d_);
     if (e.lowp)
-      cd::dot_forward(static_cast<const bf16*>(a), static_cast<const bf16*>(b), e.B, T, d,
-                      static_cast<bf16*>(v.y.raw()), v.ld, e.st);
+      with_half(e.act, [&](auto* h) {
+        using H = std::remove_pointer_t<decltype(h)>;
+        cd::dot_forward(static_cast<const H*>(a), static_cast<const H*>(b), e.B, T, d,
+                        static_cast<H*>(v.y.raw()), v.ld, e.st);
+      });
     else
       cd::dot_forward(static_cast<const float*>(a), static_cast<const float*>(b), e.B, T, d,
                       v.y.data<float>(), v.ld, e.st);
@@ -66,9 +69,12 @@ class DotNode final : public Node {
     Value& v = e.vals[self];
     const int T = static_cast<int>(n_ - 1), d = static_cast<int>(d_);
     if (e.lowp)
-      cd::dot_backward(static_cast<const bf16*>(a_), static_cast<const bf16*>(b_),
-                       static_cast<const bf16*>(v.g.raw()), v.ld, e.B, T, d, false,
-                       static_cast<bf16*>(dfirst_.raw()), drest_.data<float>(), e.st);
+      with_half(e.act, [&](auto* h) {
+        using H = std::remove_pointer_t<decltype(h)>;
+        cd::dot_backward(static_cast<const H*>(a_), static_cast<const H*>(b_),
+                         static_cast<const H*>(v.g.raw()), v.ld, e.B, T, d, false,
+                         static_cast<H*>(dfirst_.raw()), drest_.data<float>(), e.st);
+      });
     else
       cd::dot_backward(static_cast<const float*>(a_), static_cast<const float*>(b_),
                        v.g.data<float>(), v.ld, e.B, T, d, false, dfirst_.data<float>(),

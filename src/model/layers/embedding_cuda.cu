@@ -12,7 +12,7 @@ namespace {
 // Direct (write_into(): a concat is its only consumer, see GraphCuda::plan_direct_embedding):
 // the pooled rows are written straight into the concat's columns [col, col + T * dim) (its
 // row stride and type), and the backward reads its gradient from the same columns of the
-// concat's gradient (bf16 widened on load), so the layer has no buffers of its own and the
+// concat's gradient (bf16/f16 widened on load), so the layer has no buffers of its own and the
 // concat neither copies nor splits it.
 class EmbeddingNode final : public Node {
  public:
@@ -53,23 +53,35 @@ class EmbeddingNode final : public Node {
     // Direct: the concat's columns (same type: checked by the plan), else our own rows.
     const Value& o = into_ >= 0 ? e.vals[into_] : v;
     const int64_t col = into_ >= 0 ? col_ : 0;
-    if (o.dt == DType::BF16)
-      ce::forward(ts_.tab, e.offsets, e.keys, e.B, mean_, static_cast<bf16*>(o.y.raw()) + col,
-                  e.st, o.ld);
+    if (is_half(o.dt))
+      with_half(o.dt, [&](auto* h) {
+        using H = std::remove_pointer_t<decltype(h)>;
+        ce::forward(ts_.tab, e.offsets, e.keys, e.B, mean_, static_cast<H*>(o.y.raw()) + col,
+                    e.st, o.ld);
+      });
     else
       ce::forward(ts_.tab, e.offsets, e.keys, e.B, mean_, o.y.data<float>() + col, e.st, o.ld);
   }
+  // The id work now; the update now, or in fp16 once every gradient is checked (Engine::update;
+  // the gradient read stays untouched until then).
   void backward(Engine& e) override {
     ts_.ids(e);
-    if (into_ < 0) {
-      ts_.apply(e, mean_, e.vals[self].g.data<float>(), e.vals[self].ld);
-      return;
-    }
-    const Value& c = e.vals[into_];
-    if (c.gdt == DType::BF16)
-      ts_.apply(e, mean_, static_cast<const bf16*>(c.g.raw()) + col_, c.ld);
-    else
-      ts_.apply(e, mean_, c.g.data<float>() + col_, c.ld);
+    const Value& c = into_ >= 0 ? e.vals[into_] : e.vals[self];
+    e.check_grad(c.g.raw(), c.gdt, e.B * c.ld);
+    e.update([this, &e] {
+      if (into_ < 0) {
+        ts_.apply(e, mean_, e.vals[self].g.data<float>(), e.vals[self].ld);
+        return;
+      }
+      const Value& c = e.vals[into_];
+      if (is_half(c.gdt))
+        with_half(c.gdt, [&](auto* h) {
+          using H = std::remove_pointer_t<decltype(h)>;
+          ts_.apply(e, mean_, static_cast<const H*>(c.g.raw()) + col_, c.ld);
+        });
+      else
+        ts_.apply(e, mean_, c.g.data<float>() + col_, c.ld);
+    });
   }
   void collect(Engine&, std::vector<NamedState>&, std::vector<NamedState>& tables) override {
     ts_.collect(name_, tables);

@@ -31,8 +31,11 @@ class FmNode final : public Node {
     }
     const void* x = input(e);
     float* y = e.vals[self].y.data<float>();
-    if (input_type(e) == DType::BF16)
-      cg::fm_forward(static_cast<const bf16*>(x), n_ * d_, e.B, ni(), di(), y, e.st);
+    if (is_half(input_type(e)))
+      with_half(input_type(e), [&](auto* h) {
+        using H = std::remove_pointer_t<decltype(h)>;
+        cg::fm_forward(static_cast<const H*>(x), n_ * d_, e.B, ni(), di(), y, e.st);
+      });
     else
       cg::fm_forward(static_cast<const float*>(x), n_ * d_, e.B, ni(), di(), y, e.st);
   }
@@ -42,8 +45,13 @@ class FmNode final : public Node {
       Value& x = e.vals[in[0]];
       if (!x.need_grad) return;
       const bool acc = e.claim(in[0]);
-      if (x.gdt == DType::BF16) grad(e, static_cast<bf16*>(x.g.raw()), x.ld, acc, dy);
-      else grad(e, x.g.data<float>(), x.ld, acc, dy);
+      if (is_half(x.gdt))
+        with_half(x.gdt, [&](auto* h) {
+          using H = std::remove_pointer_t<decltype(h)>;
+          grad(e, static_cast<H*>(x.g.raw()), x.ld, acc, dy);
+        });
+      else
+        grad(e, x.g.data<float>(), x.ld, acc, dy);
       return;
     }
     grad(e, dx_.data<float>(), n_ * d_, false, dy);
@@ -66,12 +74,19 @@ class FmNode final : public Node {
   template <class D>
   void grad(Engine& e, D* dst, int64_t ld, bool acc, const float* dy) {
     const void* x = input(e);
-    if (input_type(e) == DType::BF16)
-      cg::fm_backward(static_cast<const bf16*>(x), n_ * d_, dy, e.B, ni(), di(), dst, ld, acc,
-                      e.st);
-    else
+    if (!is_half(input_type(e))) {
       cg::fm_backward(static_cast<const float*>(x), n_ * d_, dy, e.B, ni(), di(), dst, ld, acc,
                       e.st);
+    } else if constexpr (std::is_same_v<D, float>) {
+      with_half(input_type(e), [&](auto* h) {
+        using H = std::remove_pointer_t<decltype(h)>;
+        cg::fm_backward(static_cast<const H*>(x), n_ * d_, dy, e.B, ni(), di(), dst, ld, acc,
+                        e.st);
+      });
+    } else {  // a 16-bit gradient of a 16-bit input: one 16-bit type per model
+      cg::fm_backward(static_cast<const D*>(x), n_ * d_, dy, e.B, ni(), di(), dst, ld, acc,
+                      e.st);
+    }
   }
   int64_t n_, d_;
   bool direct_ = false;

@@ -14,6 +14,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -46,11 +47,24 @@ namespace cd = nn::cuda_dense;
 namespace cg = nn::cuda_graph;
 namespace lt = nn::cuda_lt;
 using bf16 = cd::bf16;
+using f16 = cd::f16;
 
 using namespace cuda_step;
 
-inline cg::Elem elem(DType t) { return t == DType::BF16 ? cg::Elem::BF16 : cg::Elem::F32; }
-inline cudaDataType_t cuda_type(DType t) { return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+inline cg::Elem elem(DType t) {
+  return t == DType::BF16 ? cg::Elem::BF16 : t == DType::F16 ? cg::Elem::F16 : cg::Elem::F32;
+}
+inline cudaDataType_t cuda_type(DType t) {
+  return t == DType::BF16 ? CUDA_R_16BF : t == DType::F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+inline bool is_half(DType t) { return t == DType::BF16 || t == DType::F16; }
+// Calls f with a null pointer of the 16-bit type `t` (bf16 or f16): the layers' launches for
+// either 16-bit precision, f(static_cast<H*>(nullptr)) with H deduced from the argument.
+template <class F>
+void with_half(DType t, F&& f) {
+  if (t == DType::F16) f(static_cast<f16*>(nullptr));
+  else f(static_cast<bf16*>(nullptr));
+}
 
 struct Engine;
 struct Lin;
@@ -93,8 +107,17 @@ struct NamedState {
 struct Engine {
   Device dev;
   Precision prec = Precision::FP32;
-  bool lowp = false;  // bf16 precision
+  bool lowp = false;  // bf16 or fp16 precision: 16-bit activations and weight copies
+  bool fp16 = false;  // fp16 precision: dynamic loss scaling (below)
+  DType half = DType::BF16;  // the 16-bit compute type (bf16, or f16 in fp16)
   DType act = DType::F32;
+  // fp16 loss scaling (GraphCuda::step_body): dL/dlogits is multiplied by the loss scale, every
+  // parameter gradient is checked for Inf/NaN as it is formed (check_grad: sets *overflow) and
+  // its update deferred (update()) until all of them are checked; the deferred updates then
+  // run with the gradient factor *gscale (1 / scale, or 0: the step overflowed, nothing changes).
+  const float* gscale = nullptr;
+  int* overflow = nullptr;
+  std::vector<std::function<void()>> deferred;
   // The streams are owned by the model (gpu::Stream members); these are non-owning copies that
   // weights() and the side stream swap in and out.
   cudaStream_t st = nullptr;
@@ -126,7 +149,20 @@ struct Engine {
     if (x.nbytes()) DLREC_CUDA_CHECK(cudaMemsetAsync(x.raw(), 0, x.nbytes(), st));
     return x;
   }
-  cudaDataType_t ab_type() const { return lowp ? CUDA_R_16BF : CUDA_R_32F; }
+  cudaDataType_t ab_type() const { return lowp ? cuda_type(half) : CUDA_R_32F; }
+
+  // A parameter update: now, or in fp16 after every gradient of the step is checked.
+  template <class F>
+  void update(F&& f) {
+    if (fp16) deferred.emplace_back(std::forward<F>(f));
+    else f();
+  }
+  // fp16: checks n gradient values (f32 or f16) at p for Inf/NaN on the current stream.
+  void check_grad(const void* p, DType t, int64_t n) {
+    if (!fp16 || n == 0) return;
+    if (t == DType::F16) cd::check_finite(static_cast<const f16*>(p), n, overflow, st);
+    else cd::check_finite(static_cast<const float*>(p), n, overflow, st);
+  }
 
   // Column-major D [m, n] = op(A) op(B) (+ D when accumulate); A and B of the compute type.
   void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
@@ -135,6 +171,7 @@ struct Engine {
     if (lt && !accumulate) {
       // bf16 GEMMs that overwrite D: cuBLASLt, the fastest of its candidates timed on first use.
       lt::Gemm g = lt::Gemm::shape(ta, tb, m, n, k, lda, ldb, ldd);
+      g.ab_type = ab_type();
       g.d_type = cuda_type(dt);
       if (lt->run(g, A, Bm, D, nullptr, nullptr, st)) return;
     }
@@ -155,6 +192,7 @@ struct Engine {
     if (m == 0 || n == 0) return;
     if (lt) {
       lt::Gemm g = lt::Gemm::shape(ta, tb, m, n, k, lda, ldb, ldd);
+      g.ab_type = ab_type();
       g.d_type = cuda_type(dt);
       g.accumulate_c = true;
       if (lt->run(g, A, Bm, D, nullptr, nullptr, st, C)) return;
@@ -209,6 +247,7 @@ struct Engine {
     if (B == 0) return;
     if (lowp && l.has_bias) {
       lt::Gemm g = lt::Gemm::shape(true, false, l.out, B, l.in_pad, l.in_pad, l.in_pad, l.out_ld);
+      g.ab_type = ab_type();
       g.d_type = cuda_type(ydt);
       g.epi = l.relu ? lt::Epi::ReluAuxBias : lt::Epi::Bias;
       g.aux_ld = l.aux_ld;
@@ -227,8 +266,11 @@ struct Engine {
       else cg::bias_act_strided(static_cast<float*>(y), l.b.data<float>(), B, l.out, l.out_ld,
                                 l.relu, st);
     } else {
-      cg::bias_act_strided(static_cast<bf16*>(y), static_cast<const bf16*>(l.bh.raw()), B, l.out,
-                           l.out_ld, l.relu, st);
+      with_half(ydt, [&](auto* h) {
+        using H = std::remove_pointer_t<decltype(h)>;
+        cg::bias_act_strided(static_cast<H*>(y), static_cast<const H*>(l.bh.raw()), B, l.out,
+                             l.out_ld, l.relu, st);
+      });
     }
   }
   // dw [out, in_pad] = dz^T x, dz [B, out] rows dz_ld apart (compute type).
@@ -243,20 +285,32 @@ struct Engine {
          accumulate);
   }
   void lin_update(Lin& l) {
-    cd::optimizer_step(l.w.data<float>(), l.dw.data<float>(),
-                       dense_adagrad ? l.sw.data<float>() : nullptr, l.out, l.in, l.in_pad,
-                       lowp ? static_cast<bf16*>(l.wh.raw()) : nullptr, l.in_pad, lr, eps, st);
-    if (l.has_bias)
-      cd::optimizer_step(l.b.data<float>(), l.db.data<float>(),
-                         dense_adagrad ? l.sb.data<float>() : nullptr, 1, l.out, l.out,
-                         lowp ? static_cast<bf16*>(l.bh.raw()) : nullptr, l.out, lr, eps, st);
+    check_grad(l.dw.raw(), DType::F32, l.dw.numel());
+    if (l.has_bias) check_grad(l.db.raw(), DType::F32, l.db.numel());
+    update([this, &l] {
+      with_half(half, [&](auto* h) {
+        using H = std::remove_pointer_t<decltype(h)>;
+        cd::optimizer_step(l.w.data<float>(), l.dw.data<float>(),
+                           dense_adagrad ? l.sw.data<float>() : nullptr, l.out, l.in, l.in_pad,
+                           lowp ? static_cast<H*>(l.wh.raw()) : nullptr, l.in_pad, lr, eps, st,
+                           gscale);
+        if (l.has_bias)
+          cd::optimizer_step(l.b.data<float>(), l.db.data<float>(),
+                             dense_adagrad ? l.sb.data<float>() : nullptr, 1, l.out, l.out,
+                             lowp ? static_cast<H*>(l.bh.raw()) : nullptr, l.out, lr, eps, st,
+                             gscale);
+      });
+    });
   }
   void refresh(Lin& l) {
     if (!lowp) return;
-    cd::to_half_padded(l.w.data<float>(), l.out, l.in, static_cast<bf16*>(l.wh.raw()), l.in_pad,
-                       st);
-    if (l.has_bias)
-      cd::to_half_padded(l.b.data<float>(), 1, l.out, static_cast<bf16*>(l.bh.raw()), l.out, st);
+    with_half(half, [&](auto* h) {
+      using H = std::remove_pointer_t<decltype(h)>;
+      cd::to_half_padded(l.w.data<float>(), l.out, l.in, static_cast<H*>(l.wh.raw()), l.in_pad,
+                         st);
+      if (l.has_bias)
+        cd::to_half_padded(l.b.data<float>(), 1, l.out, static_cast<H*>(l.bh.raw()), l.out, st);
+    });
   }
   // Builds the device copy of a CPU nn::Linear (its values, zeroed gradients and state).
   Lin make_lin(nn::Linear& cpu, int64_t in_pad, int64_t out_ld, bool has_bias, bool relu) {
@@ -282,8 +336,8 @@ struct Engine {
       }
     }
     if (lowp) {
-      l.wh = buf({l.out, l.in_pad}, DType::BF16);
-      if (has_bias) l.bh = buf({l.out}, DType::BF16);
+      l.wh = buf({l.out, l.in_pad}, half);
+      if (has_bias) l.bh = buf({l.out}, half);
       l.aux_ld = round_up(l.out, 128);
     }
     refresh(l);
@@ -356,14 +410,14 @@ struct Build {
   // same for every table layer: all read all features), and the embedding layer itself.
   const std::vector<uint32_t>* row_base = nullptr;
   Node* embedding = nullptr;
-  // The default value layout: `width` wide, one field, bf16 in bf16 precision unless 1 wide,
-  // rows padded to a multiple of 8 in bf16 when `pad`.
+  // The default value layout: `width` wide, one field, 16-bit in bf16/fp16 precision unless 1
+  // wide, rows padded to a multiple of 8 in 16 bits when `pad`.
   void set_value(int64_t width, bool pad) {
     v.width = width;
     v.fields = {width};
-    v.dt = (e.lowp && width != 1) ? DType::BF16 : DType::F32;
+    v.dt = (e.lowp && width != 1) ? e.half : DType::F32;
     v.gdt = v.dt;
-    v.ld = (v.dt == DType::BF16 && pad) ? round_up(width, 8) : width;
+    v.ld = (is_half(v.dt) && pad) ? round_up(width, 8) : width;
   }
 };
 

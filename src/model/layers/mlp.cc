@@ -61,11 +61,11 @@ const LayerType& mlp_layer() {
     t.cuda_unsupported = [](const CudaQuery& q) {
       std::string why = cuda_compute_type_input(q);
       if (!why.empty()) return why;
-      if (q.precision == "bf16")
+      if (q.precision == "bf16" || q.precision == "fp16")
         for (size_t k = 0; k + 1 < q.spec.sizes.size(); ++k)
           if (q.spec.sizes[k] == 1)
-            return std::string(
-                "key 'sizes': in bf16 precision hidden layers need more than one unit");
+            return "key 'sizes': in " + q.precision +
+                   " precision hidden layers need more than one unit";
       return std::string();
     };
     t.make_cuda = DLREC_CUDA_LAYER(gpu_graph::make_mlp);

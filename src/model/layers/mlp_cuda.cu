@@ -76,16 +76,21 @@ class MlpNode final : public Node {
                            static_cast<float*>(dz), e.partial.data<float>(), l.db.data<float>(),
                            e.B, l.out, e.st);
         dzc = l.relu ? dz : dy;
-        if (e.act == DType::BF16) {  // a 1-wide f32 output in bf16 precision
-          cd::to_half_padded(static_cast<const float*>(dzc), e.B, l.out,
-                             static_cast<bf16*>(dzh_.raw()), l.out, e.st);
+        if (is_half(e.act)) {  // a 1-wide f32 output in bf16/fp16 precision
+          with_half(e.act, [&](auto* h) {
+            using H = std::remove_pointer_t<decltype(h)>;
+            cd::to_half_padded(static_cast<const float*>(dzc), e.B, l.out,
+                               static_cast<H*>(dzh_.raw()), l.out, e.st);
+          });
           dzc = dzh_.raw();
         }
       } else {
-        cd::mask_bias_grad(static_cast<const bf16*>(dy), l.relu ? static_cast<const bf16*>(y)
-                                                                : nullptr,
-                           static_cast<bf16*>(dz), e.partial.data<float>(), l.db.data<float>(),
-                           e.B, l.out, e.st);
+        with_half(ydt, [&](auto* h) {
+          using H = std::remove_pointer_t<decltype(h)>;
+          cd::mask_bias_grad(static_cast<const H*>(dy),
+                             l.relu ? static_cast<const H*>(y) : nullptr, static_cast<H*>(dz),
+                             e.partial.data<float>(), l.db.data<float>(), e.B, l.out, e.st);
+        });
         dzc = l.relu ? dz : dy;
       }
       e.sub(name_ + ": bwd mask+bias grad");

@@ -113,10 +113,10 @@ std::string cuda_all_features(const LayerSpec& s, const io::ShardLayout& layout)
 }
 
 std::string cuda_compute_type_input(const CudaQuery& q) {
-  if (q.precision != "bf16") return "";
+  if (q.precision != "bf16" && q.precision != "fp16") return "";
   for (size_t k = 0; k < q.in.size(); ++k)
     if (q.in[k].width == 1)
-      return "key '" + q.spec.input_key + "': in bf16 precision a '" + q.spec.type +
+      return "key '" + q.spec.input_key + "': in " + q.precision + " precision a '" + q.spec.type +
              "' layer cannot read the 1-wide (f32) output of '" + q.spec.inputs[k] +
              "'; use \"precision\": \"fp32\" or \"tf32\"";
   return "";

@@ -81,16 +81,17 @@ struct TableSet {
   void update(Engine& e, bool mean, const float* dpooled) {
     ce::backward_update(tab, e.offsets, e.keys, e.B, e.nnz, mean, dpooled,
                         e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD, e.lr + 1,
-                        e.emb_eps, key_bits, scratch, e.st);
+                        e.emb_eps, key_bits, scratch, e.st, e.gscale);
   }
   // The same in two halves: the id work of the step's batch (sort by row, runs), then the
-  // update from dL/dpooled (f32 or bf16, rows ld apart).
+  // update from dL/dpooled (f32, bf16 or f16, rows ld apart). Both read Engine::gscale (fp16
+  // loss scaling; null otherwise).
   void ids(Engine& e) { ce::backward_ids(tab, e.offsets, e.keys, e.B, e.nnz, key_bits, scratch, e.st); }
   template <class G>
   void apply(Engine& e, bool mean, const G* dpooled, int64_t ld) {
     ce::backward_apply(tab, e.offsets, e.B, e.nnz, mean, dpooled, ld,
                        e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD, e.lr + 1,
-                       e.emb_eps, scratch, e.st);
+                       e.emb_eps, scratch, e.st, e.gscale);
   }
   void collect(const std::string& name, std::vector<NamedState>& out) {
     for (size_t t = 0; t < tables.size(); ++t)

@@ -38,10 +38,14 @@ class WideNode final : public Node {
     cd::mask_bias_grad(dy, nullptr, nullptr, e.partial.data<float>(), db_.data<float>(), e.B, 1,
                        e.st);
     cg::wide_broadcast(dy, e.B, T_, dparts_.data<float>(), e.st);
-    ts_.update(e, mean_, dparts_.data<float>());
-    cd::optimizer_step(b_.data<float>(), db_.data<float>(),
-                       e.dense_adagrad ? sb_.data<float>() : nullptr, 1, 1, 1,
-                       static_cast<bf16*>(nullptr), 1, e.lr, e.eps, e.st);
+    e.check_grad(dparts_.raw(), DType::F32, e.B * T_);
+    e.check_grad(db_.raw(), DType::F32, 1);
+    e.update([this, &e] {
+      ts_.update(e, mean_, dparts_.data<float>());
+      cd::optimizer_step(b_.data<float>(), db_.data<float>(),
+                         e.dense_adagrad ? sb_.data<float>() : nullptr, 1, 1, 1,
+                         static_cast<bf16*>(nullptr), 1, e.lr, e.eps, e.st, e.gscale);
+    });
   }
   void collect(Engine&, std::vector<NamedState>& dense, std::vector<NamedState>& tables) override {
     dense.push_back({name_ + ".bias", b_, sb_});

@@ -1,0 +1,134 @@
+// Internal: the CUDA graph engine's model class (include/dlrec/model/graph_cuda.h), defined in
+// src/model/graph_cuda.cu (building, the training step, parameters) and
+// src/model/graph_cuda_infer.cu (predict(): the bucketed inference graphs with host packing).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/layers/graph_cuda_engine.h"
+
+namespace dlrec::model::graph_cuda_impl {
+
+using namespace gpu_graph;
+
+class GraphCuda final : public CudaModel {
+ public:
+  GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc, const io::ShardLayout& layout,
+            Device device, uint64_t seed, const std::string& precision,
+            const GraphCudaOptions& opts);
+  ~GraphCuda() override;
+  Tensor forward(const io::Batch& batch, bool training) override;
+  void backward_and_update(const Tensor& dlogits, double lr_scale) override;
+  std::vector<NamedTensor> parameters() override;
+  std::vector<NamedTensor> optimizer_state() override;
+  Device device() const override { return dev_; }
+  double train_step(const io::Batch& batch, double lr_scale, bool want_loss) override;
+  void synchronize() override;
+  // Serving (graph_cuda_infer.cu): batches with one id per table and row run as one CUDA graph
+  // per power-of-two bucket of rows (copy in, forward, sigmoid, copy out), in chunks of
+  // kInferChunk rows through two alternating buckets (the host packs one while the device runs
+  // the other); other batches, hashed tables, DLREC_PROFILE=1 and GraphCudaOptions::cuda_graphs
+  // off run eagerly (forward() and a sigmoid on the host).
+  void predict(const io::Batch& batch, float* probs) override;
+  static constexpr int64_t kInferChunk = 8192;
+
+ private:
+  std::unique_ptr<Node> make_node(const LayerSpec& s, int idx, uint64_t seed);
+  void check_batch(const io::Batch& b) const;
+  void ensure_capacity(int64_t B, int64_t nnz);
+  // `training`: hashed tables insert the batch's keys (evaluation only looks them up).
+  void upload(const io::Batch& b, float lr, float emb_lr, bool training);
+  void bind_slot();
+  void run_forward();
+  void run_backward();
+  void on_side(int i, bool fwd);
+  void step_body();
+  void plan_direct_embedding();
+  void refresh_shadows();
+  void drop_graphs();
+  void report_hashed(hashed_cuda::HashedTables& h);
+  // predict()'s buckets: per power of two R and parity, pinned inputs (dense [R, num_dense],
+  // then global table rows [T, R]; rows past a chunk keep earlier valid values), their device
+  // copy, constant offsets (one id per bag), the probabilities and the captured graph.
+  struct InferBucket {
+    int64_t rows = 0;
+    PinnedPtr in, out;
+    float* dense = nullptr;
+    uint32_t* keys = nullptr;
+    float* probs = nullptr;
+    Tensor d_in, d_offsets, d_probs;
+    gpu::Event done, copied;
+    gpu::GraphExec graph;
+    bool no_graph = false;  // the capture failed: eager from now on
+  };
+  std::vector<std::unique_ptr<InferBucket>> buckets_;
+  InferBucket& infer_bucket(int64_t R, int parity);
+  void infer_body(InferBucket& bk);
+  void infer_launch(InferBucket& bk, bool copy_aside);
+  // Packs rows [r0, r0 + n) of `batch` into bk; false when a table has other than one id per
+  // row there (then the bucket's keys are reset to valid padding).
+  bool infer_pack(const io::Batch& batch, int64_t r0, int64_t n, InferBucket& bk);
+  void predict_eager(const io::Batch& batch, float* probs);
+  int64_t hashed_reported_lookups_ = 0;
+  const float* logits() const {
+    return e_.vals[spec_.layers[spec_.output].input_ids[0]].y.data<float>();
+  }
+
+  GraphCudaOptions opts_;
+  OptimizerConfig oc_;
+  // The device's shared pools (cuBLAS and cuBLASLt handles with workspaces): held while the
+  // model lives; its leases (Engine::blas, lt, ...) go back to them on destruction.
+  std::shared_ptr<gpu::DeviceResources> res_;
+  io::ShardLayout layout_;
+  GraphSpec spec_;
+  Device dev_;
+  int dev_index_;
+  Engine e_;
+  int64_t T_ = 0, num_dense_ = 0;
+  float lr_ = 0, emb_lr_ = 0;
+  bool overlap_ = true;  // the embedding layer on a side stream (off when profiling)
+  int emb_idx_ = -1;
+  bool graphs_ = true, shadows_stale_ = false;
+  bool exposed_ = false;  // parameters()/optimizer_state() handed out tensors since last upload
+  std::vector<std::unique_ptr<Node>> nodes_;
+  Node* emb_ = nullptr;  // the embedding layer (Build::embedding), if any
+  // The global row of id 0 of each feature in the keys uploaded (the same for every table
+  // layer: all read all features), or null without table layers.
+  const std::vector<uint32_t>* row_base_ = nullptr;
+  std::vector<NamedState> dense_, tables_;
+  int64_t cap_b_ = 0, cap_nnz_ = 0;
+  Tensor dlogits_, loss_;
+  std::unique_ptr<StepInputs> inputs_;  // double-buffered step inputs (cuda_step.h)
+  // fp16 loss scaling (Engine::fp16): the device state {scale, 1/scale or 0, overflow, good
+  // steps, skipped steps} as the CUDA DLRM lays it out ("amp.loss_scale" in optimizer_state).
+  Tensor ls_mem_;
+  cd::LossScale ls_;
+  int growth_interval_ = 2000;  // optimizer.loss_scale_growth_interval
+  bool trained_ = false;        // a training step ran (fp16: report the scale at the end)
+  void init_loss_scale();
+  int cur_ = 0;                          // the slot of the last upload
+  int64_t fwd_rows_ = 0, fwd_nnz_ = 0;
+  bool have_training_forward_ = false;
+
+  // DLREC_PROFILE=1: device time per layer and direction from events around each layer (no
+  // CUDA graphs), summed over train_step calls after the first 3, printed at destruction.
+  void mark(const std::string& what);
+  void flush_profile();
+  bool profile_ = false;
+  std::vector<gpu::Event> events_;
+  std::vector<std::string> marks_;
+  std::vector<std::pair<std::string, double>> phase_ms_;
+  int64_t profiled_steps_ = 0, seen_steps_ = 0;
+
+  // Events and streams last: destroyed first, before the engine, nodes, inputs and tensors (a
+  // gpu::Stream waits for its work when destroyed, so no buffer is freed while in use).
+  gpu::Event fork_, join_;
+  // st_: the main stream (Engine::st is a non-owning copy), wst_: the weight-gradient stream
+  // (Engine::wst; none without it), copy_: input copies, side_: the embedding layer.
+  gpu::Stream st_, wst_, copy_, side_;
+};
+
+}  // namespace dlrec::model::graph_cuda_impl

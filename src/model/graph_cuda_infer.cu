@@ -1,0 +1,210 @@
+// The CUDA graph engine's serving path, predict() (graph_cuda_impl.h): host packing into pinned
+// buckets, one CUDA graph per power-of-two bucket of rows (copy in on the copy stream, forward,
+// sigmoid, copy out), chunks of big batches through two alternating buckets.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+
+#include "dlrec/core/thread_pool.h"
+#include "model/graph_cuda_impl.h"
+
+namespace dlrec::model::graph_cuda_impl {
+namespace {
+
+// Spins on the event rather than sleeping in a sync: serving wants the latency.
+void spin_wait(cudaEvent_t e) {
+  for (;;) {
+    const cudaError_t q = cudaEventQuery(e);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) DLREC_CUDA_CHECK(q);
+  }
+}
+
+float sigmoid_host(float z) {
+  const double x = z;
+  return static_cast<float>(x >= 0 ? 1.0 / (1.0 + std::exp(-x))
+                                   : std::exp(x) / (1.0 + std::exp(x)));
+}
+
+}  // namespace
+
+void GraphCuda::predict_eager(const io::Batch& batch, float* probs) {
+  const std::vector<float> z = forward(batch, false).to_vector<float>();
+  for (size_t i = 0; i < z.size(); ++i) probs[i] = sigmoid_host(z[i]);
+}
+
+GraphCuda::InferBucket& GraphCuda::infer_bucket(int64_t R, int parity) {
+  int lg = 0;
+  while ((int64_t{1} << lg) < R) ++lg;
+  const size_t i = static_cast<size_t>(2 * lg + parity);
+  if (buckets_.size() <= i) buckets_.resize(i + 1);
+  auto& bkp = buckets_[i];
+  if (bkp) return *bkp;
+  auto bk = std::make_unique<InferBucket>();
+  bk->rows = R;
+  const size_t in_bytes = sizeof(float) * R * num_dense_ + sizeof(uint32_t) * R * T_ + 64;
+  bk->in = pinned_alloc(in_bytes);
+  std::memset(bk->in.get(), 0, in_bytes);
+  bk->dense = static_cast<float*>(bk->in.get());
+  bk->keys = reinterpret_cast<uint32_t*>(bk->dense + R * num_dense_);
+  for (int64_t t = 0; t < T_; ++t)  // padding: row 0 of each table
+    for (int64_t r = 0; r < R; ++r) bk->keys[t * R + r] = row_base_ ? (*row_base_)[t] : 0;
+  bk->out = pinned_alloc(sizeof(float) * R);
+  bk->probs = static_cast<float*>(bk->out.get());
+  // Bag t * R + r holds id position t * R + r (the step's layout: offsets per table, R apart).
+  std::vector<int32_t> off(R * T_ + 1);
+  for (int64_t k = 0; k <= R * T_; ++k) off[k] = static_cast<int32_t>(k);
+  bk->d_offsets = Tensor::from_vector(off, {R * T_ + 1}, dev_);
+  bk->d_in = Tensor::empty({static_cast<int64_t>(in_bytes)}, DType::U8, dev_);
+  bk->d_probs = Tensor::empty({R}, DType::F32, dev_);
+  bk->done = gpu::Event(dev_index_);
+  bk->copied = gpu::Event(dev_index_);
+  bkp = std::move(bk);
+  return *bkp;
+}
+
+void GraphCuda::infer_body(InferBucket& bk) {
+  const int64_t R = bk.rows;
+  e_.B = R;
+  e_.nnz = R * T_;
+  e_.dense = static_cast<const float*>(bk.d_in.raw());
+  e_.keys = reinterpret_cast<const uint32_t*>(e_.dense + R * num_dense_);
+  e_.offsets = bk.d_offsets.data<int32_t>();
+  run_forward();
+  cd::sigmoid(logits(), bk.d_probs.data<float>(), R, e_.st);
+  DLREC_CUDA_CHECK(cudaMemcpyAsync(bk.probs, bk.d_probs.raw(), sizeof(float) * R,
+                                   cudaMemcpyDeviceToHost, e_.st));
+}
+
+// The inputs go over on the copy stream (outside the graph, so that the next chunk's copy
+// overlaps this chunk's forward); the first launch of a bucket runs eagerly (cuBLAS/cuBLASLt
+// plans, tuning and lazy loading outside the capture), then it is captured once.
+void GraphCuda::infer_launch(InferBucket& bk, bool copy_aside) {
+  const size_t bytes = sizeof(float) * bk.rows * num_dense_ + sizeof(uint32_t) * bk.rows * T_;
+  if (bytes) {
+    cudaStream_t cs = copy_aside ? copy_.get() : e_.st;
+    DLREC_CUDA_CHECK(
+        cudaMemcpyAsync(bk.d_in.raw(), bk.in.get(), bytes, cudaMemcpyHostToDevice, cs));
+    if (cs != e_.st) {
+      DLREC_CUDA_CHECK(cudaEventRecord(bk.copied, cs));
+      DLREC_CUDA_CHECK(cudaStreamWaitEvent(e_.st, bk.copied, 0));
+    }
+  }
+  if (!bk.graph && !bk.no_graph) {
+    infer_body(bk);
+    DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
+    bk.graph = capture(e_.st, [&] { infer_body(bk); }, "inference step");
+    bk.no_graph = !bk.graph;
+  }
+  if (bk.graph) DLREC_CUDA_CHECK(cudaGraphLaunch(bk.graph.get(), e_.st));
+  else infer_body(bk);
+  DLREC_CUDA_CHECK(cudaEventRecord(bk.done, e_.st));
+}
+
+bool GraphCuda::infer_pack(const io::Batch& batch, int64_t r0, int64_t n, InferBucket& bk) {
+  const int64_t R = bk.rows;
+  std::atomic<bool> multi_hot{false};
+  auto pack = [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      // One id per row: offsets o0, o0 + 1, ..., o0 + n (not read when the producer promises
+      // it), then the ids range-checked and offset to global rows.
+      int64_t o0 = r0;
+      if (!batch.one_id_per_row) {
+        const int64_t* o = batch.cat_offsets[t].data() + r0;
+        o0 = o[0];
+        int64_t diff = 0;
+        for (int64_t r = 1; r <= n; ++r) diff |= o[r] - o0 - r;
+        if (diff != 0) {
+          multi_hot = true;
+          return;
+        }
+      }
+      DLREC_CHECK(static_cast<int64_t>(batch.cat_indices[t].size()) >= o0 + n, "predict: feature ",
+                  t, " has ", batch.cat_indices[t].size(), " ids for ", o0 + n,
+                  " rows (a batch promising one id per row must hold one per row)");
+      const int64_t* ids = batch.cat_indices[t].data() + o0;
+      const int64_t rows = layout_.cardinalities[t];
+      const uint32_t base = row_base_ ? (*row_base_)[t] : 0;
+      uint32_t* k = bk.keys + t * R;
+      bool bad = false;
+      for (int64_t r = 0; r < n; ++r) {
+        bad |= (ids[r] < 0) | (ids[r] >= rows);
+        k[r] = base + static_cast<uint32_t>(ids[r]);
+      }
+      if (bad) {
+        for (int64_t r = 0; r < n; ++r) k[r] = base;  // later calls' padding stays valid
+        for (int64_t r = 0; r < n; ++r)
+          if (ids[r] < 0 || ids[r] >= rows)
+            fail("EmbeddingBag: id ", ids[r], " of table ", t, " is out of range [0, ", rows,
+                 ")");
+      }
+    }
+  };
+  // Small chunks on this thread (waking the pool costs more), big ones a range of tables each.
+  if (n * T_ <= 16384) pack(0, T_);
+  else parallel_for(0, T_, 1, pack);
+  if (multi_hot) {
+    for (int64_t t = 0; t < T_; ++t)
+      for (int64_t r = 0; r < n; ++r) bk.keys[t * R + r] = row_base_ ? (*row_base_)[t] : 0;
+    return false;
+  }
+  if (n * num_dense_ > 0)
+    std::memcpy(bk.dense, batch.dense.data() + r0 * num_dense_, sizeof(float) * n * num_dense_);
+  return true;
+}
+
+void GraphCuda::predict(const io::Batch& batch, float* probs) {
+  DeviceGuard g(dev_index_);
+  check_batch(batch);
+  const int64_t B = batch.rows;
+  if (B == 0) return;
+  hashed_cuda::HashedTables* hashed = emb_ ? emb_->hashed() : nullptr;
+  if (profile_ || !graphs_ || hashed) return predict_eager(batch, probs);
+  have_training_forward_ = false;
+  const int64_t chunk = std::min(B, kInferChunk);
+  int64_t R = 1;
+  while (R < chunk) R *= 2;
+  ensure_capacity(R, R * T_);  // drops the captured graphs when the buffers grow
+  if (exposed_) {
+    DLREC_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+    exposed_ = false;
+  }
+  if (shadows_stale_) refresh_shadows();
+  const int64_t nchunks = (B + chunk - 1) / chunk;
+  int64_t pending[2] = {-1, -1};  // the chunk waiting in the bucket of parity p
+  auto finish = [&](int p) {
+    if (pending[p] < 0) return;
+    InferBucket& bk = infer_bucket(R, p);
+    spin_wait(bk.done);
+    const int64_t r0 = pending[p] * chunk, n = std::min(chunk, B - r0);
+    std::memcpy(probs + r0, bk.probs, sizeof(float) * n);
+    pending[p] = -1;
+  };
+  auto finish_all = [&] {
+    finish(0);
+    finish(1);
+  };
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const int p = static_cast<int>(c & 1);
+    finish(p);  // the bucket's previous chunk must be out before repacking it
+    InferBucket& bk = infer_bucket(R, p);
+    const int64_t r0 = c * chunk, n = std::min(chunk, B - r0);
+    bool one_hot = false;
+    try {
+      one_hot = infer_pack(batch, r0, n, bk);
+    } catch (...) {
+      finish_all();
+      throw;
+    }
+    if (!one_hot) {
+      finish_all();
+      return predict_eager(batch, probs);
+    }
+    infer_launch(bk, nchunks > 1);
+    pending[p] = c;
+  }
+  finish_all();
+}
+
+}  // namespace dlrec::model::graph_cuda_impl
