@@ -14,7 +14,7 @@
 # What runs, per round (old and new alternate; the first of the two swaps every round):
 #   train  dlrec bench train, MLPerf DLRM bf16 and fp16 at batch 32768,55296 and DCNv2 bf16 at
 #          55296, 30 steps after 5 warm-up; DCNv2 fp16 and DeepFM fp16 (Adagrad, 16384) only if
-#          the build accepts fp16 for graph models (probed first; today's code refuses it)
+#          the build accepts fp16 for graph models (probed first; builds before the fold refuse it)
 #   infer  dlrec bench infer --precision bf16 at batch 1,2048,32768, 500 calls after 50
 #   zoo    (not in the default --parts) DeepFM and Wide&Deep bf16, Adagrad, batch 16384, 50
 #          steps after 5; Wide&Deep is configs/wide_deep.json minus the wide layer's FTRL, as
@@ -218,10 +218,10 @@ TRAIN=(bench train --device cuda --steps 30 --warmup 5)
 ZOO=(bench train --device cuda --optimizer adagrad --batch 16384 --steps 50 --warmup 5)
 declare -A FP16=()  # build:model -> 1 when the build trains that graph model in fp16
 
-probe_fp16() {  # build model config
-  local b=$1 m=$2 c=$3
+probe_fp16() {  # build model config [more bench-train args]
+  local b=$1 m=$2 c=$3; shift 3
   if QUIET=1 dl "$b" 60 "probe_fp16_${m}_$b" 5 bench train --config "$c" --device cuda \
-      --batch 1024 --steps 1 --warmup 0 --max-rows 1000 --precision fp16; then
+      --batch 1024 --steps 1 --warmup 0 --max-rows 1000 --precision fp16 "$@"; then
     [ $DRY = 1 ] && { echo "         (if accepted: $m fp16 runs in every round)"; return 0; }
     FP16[$b:$m]=1
   else
@@ -323,7 +323,7 @@ dl new 120 warmup 10 "${TRAIN[@]}" --config configs/mlperf_dlrm.json --batch 327
 for b in "${BUILDS[@]}"; do
   if [ $DO_TRAIN = 1 ]; then
     probe_fp16 "$b" dcnv2 configs/dcnv2.json
-    probe_fp16 "$b" deepfm configs/deepfm.json
+    probe_fp16 "$b" deepfm configs/deepfm.json --optimizer adagrad  # as ZOO runs it (no Adam on CUDA)
   fi
 done
 if [ $DO_ZOO = 1 ] && ! make_wd_config; then

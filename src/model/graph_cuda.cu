@@ -29,7 +29,7 @@
 // (run_backward): dL/dlogits times the scale, each parameter gradient checked for Inf/NaN as it
 // is formed (Engine::check_grad), every update deferred (Engine::update) until one kernel has
 // set the step's gradient factor (1 / scale, or 0 after an overflow: nothing changes) and the
-// next scale; then the updates run on the main stream (no weight-stream overlap for them).
+// next scale; then the dense updates run on the weight stream beside the table updates.
 // predict() is in graph_cuda_infer.cu.
 // bf16 GEMMs without an epilogue that overwrite their output go through cuBLASLt with the
 // fastest of its candidates (GraphCudaOptions::lt_tune off: the heuristic's first choice).
@@ -442,10 +442,12 @@ void GraphCuda::run_forward() {
 // In fp16 (loss scaling), dL/dlogits is first multiplied by the scale, every update is deferred
 // (Engine::update) while the gradients are checked as they are formed, and after the backward
 // one kernel sets the step's gradient factor (0 on overflow: the deferred updates change
-// nothing) and the next scale; then the updates run on the main stream.
+// nothing) and the next scale; then the dense updates run on the weight stream beside the table
+// updates on the main stream.
 void GraphCuda::run_backward() {
   if (e_.B == 0) return;
   e_.deferred.clear();
+  e_.deferred_tables.clear();
   if (e_.fp16) {
     cd::scale_inplace(dlogits_.data<float>(), e_.B, ls_.scale, e_.st);
     trained_ = true;
@@ -470,8 +472,15 @@ void GraphCuda::run_backward() {
   if (pending) DLREC_CUDA_CHECK(cudaStreamWaitEvent(e_.st, join_, 0));
   if (!e_.fp16) return;
   cd::loss_scale_update(ls_, growth_interval_, e_.st);
-  for (auto& f : e_.deferred) f();
+  // The dense updates on the weight stream (forked after the scale update), the table updates
+  // beside them on the main stream.
+  e_.weights([&] {
+    for (auto& f : e_.deferred) f();
+  });
+  for (auto& f : e_.deferred_tables) f();
+  e_.join_weights();
   e_.deferred.clear();
+  e_.deferred_tables.clear();
   mark("fp16 check + updates");
 }
 

@@ -81,7 +81,7 @@ class EmbeddingNode final : public Node {
         });
       else
         ts_.apply(e, mean_, c.g.data<float>() + col_, c.ld);
-    });
+    }, true);
   }
   void collect(Engine&, std::vector<NamedState>&, std::vector<NamedState>& tables) override {
     ts_.collect(name_, tables);

@@ -117,7 +117,9 @@ struct Engine {
   // run with the gradient factor *gscale (1 / scale, or 0: the step overflowed, nothing changes).
   const float* gscale = nullptr;
   int* overflow = nullptr;
-  std::vector<std::function<void()>> deferred;
+  // The deferred updates: dense parameters (run on the weight stream) and tables (beside them,
+  // on the main stream).
+  std::vector<std::function<void()>> deferred, deferred_tables;
   // The streams are owned by the model (gpu::Stream members); these are non-owning copies that
   // weights() and the side stream swap in and out.
   cudaStream_t st = nullptr;
@@ -151,10 +153,11 @@ struct Engine {
   }
   cudaDataType_t ab_type() const { return lowp ? cuda_type(half) : CUDA_R_32F; }
 
-  // A parameter update: now, or in fp16 after every gradient of the step is checked.
+  // A parameter update: now, or in fp16 after every gradient of the step is checked (`table`:
+  // a table update, which runs beside the dense ones).
   template <class F>
-  void update(F&& f) {
-    if (fp16) deferred.emplace_back(std::forward<F>(f));
+  void update(F&& f, bool table = false) {
+    if (fp16) (table ? deferred_tables : deferred).emplace_back(std::forward<F>(f));
     else f();
   }
   // fp16: checks n gradient values (f32 or f16) at p for Inf/NaN on the current stream.

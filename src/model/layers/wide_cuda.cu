@@ -45,7 +45,7 @@ class WideNode final : public Node {
       cd::optimizer_step(b_.data<float>(), db_.data<float>(),
                          e.dense_adagrad ? sb_.data<float>() : nullptr, 1, 1, 1,
                          static_cast<bf16*>(nullptr), 1, e.lr, e.eps, e.st, e.gscale);
-    });
+    }, true);
   }
   void collect(Engine&, std::vector<NamedState>& dense, std::vector<NamedState>& tables) override {
     dense.push_back({name_ + ".bias", b_, sb_});
