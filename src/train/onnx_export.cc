@@ -11,6 +11,7 @@
 #include "model/layers/layer.h"
 #include "model/layers/onnx_emit.h"
 #include "onnx_model.pb.h"
+#include "train/onnx_export_impl.h"
 
 namespace dlrec::train {
 
@@ -25,10 +26,14 @@ constexpr int kMlOpset = 3;    // ai.onnx.ml of opset 17 (LabelEncoder 2)
 
 int onnx_dtype(DType t) {
   switch (t) {
-    case DType::F32: return onnxpb::TensorProto::FLOAT;
-    case DType::I32: return onnxpb::TensorProto::INT32;
-    case DType::I64: return onnxpb::TensorProto::INT64;
-    default: fail("ONNX export: unsupported tensor type ", dtype_name(t));
+    case DType::F32:
+      return onnxpb::TensorProto::FLOAT;
+    case DType::I32:
+      return onnxpb::TensorProto::INT32;
+    case DType::I64:
+      return onnxpb::TensorProto::INT64;
+    default:
+      fail("ONNX export: unsupported tensor type ", dtype_name(t));
   }
 }
 
@@ -87,8 +92,13 @@ struct Inputs {
 
 std::string onnx_model_bytes(const model::ModelConfig& config, const io::ShardLayout& layout,
                              model::Model& mdl) {
-  const model::GraphSpec spec = model::GraphSpec::parse(graph_layers(config, layout),
-                                                        "model.layers");
+  return onnx_model_bytes_with(config, layout, mdl, model::layer_type);
+}
+
+std::string onnx_model_bytes_with(const model::ModelConfig& config, const io::ShardLayout& layout,
+                                  model::Model& mdl, const LayerTypeLookup& type_of) {
+  const model::GraphSpec spec =
+      model::GraphSpec::parse(graph_layers(config, layout), "model.layers");
   std::map<std::string, Tensor> params;
   for (auto& [name, t] : mdl.parameters()) params[name] = t.to(Device::cpu());
 
@@ -131,8 +141,9 @@ std::string onnx_model_bytes(const model::ModelConfig& config, const io::ShardLa
     value_info(gp->add_input(), p + "_ids", onnxpb::TensorProto::INT64, {-1}, {"nnz_" + p},
                "multi-hot feature " + std::to_string(t) + ": ids, row by row");
     value_info(gp->add_input(), p + "_offsets", onnxpb::TensorProto::INT64, {-1}, {"N_plus_1"},
-               "multi-hot feature " + std::to_string(t) + ": row r's ids are ids[offsets[r] .. "
-               "offsets[r + 1])");
+               "multi-hot feature " + std::to_string(t) +
+                   ": row r's ids are ids[offsets[r] .. "
+                   "offsets[r + 1])");
     inputs.ids[t] = OnnxIds{true, p + "_ids", p + "_offsets"};
   }
   auto dense = [&]() {
@@ -143,10 +154,11 @@ std::string onnx_model_bytes(const model::ModelConfig& config, const io::ShardLa
     DLREC_CHECK(t >= 0 && t < T, "ONNX export: no categorical feature ", t);
     auto it = inputs.ids.find(t);
     if (it != inputs.ids.end()) return it->second;
-    const std::string col = g.constant("cat.col" + std::to_string(t),
-                                       Tensor::from_vector(std::vector<int64_t>{t}, {}));
-    OnnxIds one{false, g.op("Gather", {inputs.cat, col}, "cat_" + std::to_string(t),
-                            {OnnxAttr::integer("axis", 1)}),
+    const std::string col =
+        g.constant("cat.col" + std::to_string(t), Tensor::from_vector(std::vector<int64_t>{t}, {}));
+    OnnxIds one{false,
+                g.op("Gather", {inputs.cat, col}, "cat_" + std::to_string(t),
+                     {OnnxAttr::integer("axis", 1)}),
                 ""};
     inputs.ids[t] = one;
     return one;
@@ -161,7 +173,7 @@ std::string onnx_model_bytes(const model::ModelConfig& config, const io::ShardLa
   std::vector<std::string> values(spec.layers.size());
   for (int i : spec.order) {
     const model::LayerSpec& s = spec.layers[i];
-    const model::LayerType& type = model::layer_type(s.type);
+    const model::LayerType& type = type_of(s.type);
     try {
       std::vector<model::ValueShape> in;
       std::vector<std::string> in_values;
@@ -214,7 +226,8 @@ std::string onnx_model_bytes(const model::ModelConfig& config, const io::ShardLa
   value_info(gp->add_output(), "probability", onnxpb::TensorProto::FLOAT, {-1}, {"N"},
              "sigmoid(logit): the click probability, as dlrec predict gives");
   std::string bytes;
-  DLREC_CHECK(m.SerializeToString(&bytes), "ONNX export: the model could not be serialized (over "
+  DLREC_CHECK(m.SerializeToString(&bytes),
+              "ONNX export: the model could not be serialized (over "
               "2 GB? protobuf files cannot be larger)");
   return bytes;
 }

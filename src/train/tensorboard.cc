@@ -90,8 +90,8 @@ void EventFileWriter::append(const std::string& event_bytes) {
     const ssize_t w = ::write(fd_, rec.data() + done, rec.size() - done);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0)
-      fail("cannot write to the TensorBoard event file '", path_, "': ",
-           w < 0 ? std::strerror(errno) : "no progress");
+      fail("cannot write to the TensorBoard event file '", path_,
+           "': ", w < 0 ? std::strerror(errno) : "no progress");
     done += static_cast<size_t>(w);
   }
 }

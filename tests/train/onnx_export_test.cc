@@ -6,8 +6,9 @@
 #include <gtest/gtest.h>
 
 #include "dlrec/model/graph.h"
-// The registry is internal to the model library (the test removes an emitter to see the error).
-#include "../../src/model/layers/layer.h"
+// The registry and the exporter's lookup are internal (the test removes an emitter to see the
+// error).
+#include "../../src/train/onnx_export_impl.h"
 #include "test_errors.h"
 
 namespace dlrec::train {
@@ -47,25 +48,27 @@ TEST(OnnxExport, WritesAModelForEveryPreset) {
     const std::string bytes = onnx_model_bytes(c, layout, *m);
     EXPECT_GT(bytes.size(), 1000u) << arch;
     // The graph's inputs and outputs by name (protobuf strings are stored as they are).
-    for (const char* name : {"dense", "cat", "cat_1_ids", "cat_1_offsets", "logit", "probability",
-                             "ai.onnx.ml"})
+    for (const char* name :
+         {"dense", "cat", "cat_1_ids", "cat_1_offsets", "logit", "probability", "ai.onnx.ml"})
       EXPECT_NE(bytes.find(name), std::string::npos) << arch << ": " << name;
   }
 }
 
 TEST(OnnxExport, LayerTypeWithoutEmitterIsAnErrorNamingTheLayer) {
-  // A newly registered type that has no to_onnx yet, simulated by removing fm's for the test.
-  auto& fm = const_cast<model::LayerType&>(model::layer_type("fm"));
-  const auto saved = fm.to_onnx;
-  fm.to_onnx = nullptr;
+  // A newly registered type that has no to_onnx yet: the registry with fm's emitter removed.
+  model::LayerType fm_without = model::layer_type("fm");
+  fm_without.to_onnx = nullptr;
+  const LayerTypeLookup lookup = [&](const std::string& name) -> const model::LayerType& {
+    return name == "fm" ? fm_without : model::layer_type(name);
+  };
   model::ModelConfig c = dlrm_config();
   c.arch = "deepfm";
   const io::ShardLayout layout = small_layout();
   auto m = model::build_model(c, model::OptimizerConfig(), layout, Device::cpu(), 1);
-  expect_error([&] { onnx_model_bytes(c, layout, *m); },
-               {"ONNX export", "'fm'", "layer type 'fm' has no ONNX export"});
-  fm.to_onnx = saved;
-  EXPECT_NO_THROW(onnx_model_bytes(c, layout, *m));
+  expect_error(
+      [&] { onnx_model_bytes_with(c, layout, *m, lookup); },
+      {"ONNX export: model.layers[3] (layer 'fm', fm)", "layer type 'fm' has no ONNX export"});
+  EXPECT_NO_THROW(onnx_model_bytes_with(c, layout, *m, model::layer_type));
 }
 
 TEST(OnnxExport, InputsOfABatch) {
@@ -84,8 +87,7 @@ TEST(OnnxExport, InputsOfABatch) {
   EXPECT_EQ(j.at("cat_1_offsets"), json::parse("[0, 3, 3]"));
   // A one-hot feature with two ids in a row cannot be a column of "cat".
   b.cat_offsets[0] = {0, 2, 2};
-  expect_error([&] { onnx_inputs_json(b, layout); },
-               {"one-hot feature 0 has 2 ids in row 0"});
+  expect_error([&] { onnx_inputs_json(b, layout); }, {"one-hot feature 0 has 2 ids in row 0"});
 }
 
 }  // namespace

@@ -9,7 +9,8 @@
 //                                                   t holds feature t's id; columns of multi-hot
 //                                                   features are not read)
 //   cat_<t>_ids           int64 [nnz]              (multi-hot feature t: its ids, row by row)
-//   cat_<t>_offsets       int64 [N + 1]            (row r's ids are ids[offsets[r] .. offsets[r+1]),
+//   cat_<t>_offsets       int64 [N + 1]            (row r's ids are ids[offsets[r] ..
+//   offsets[r+1]),
 //                                                   offsets[0] = 0)
 // and gives
 //   logit                 float [N]

@@ -1,4 +1,4 @@
-// TensorBoard event files, written by dlrec itself (docs/TRAINING.md, "TensorBoard").
+// TensorBoard event files, written by dlrec itself (docs/FORMATS.md, "TensorBoard event files").
 //
 // A file is a sequence of TFRecord records, each
 //   uint64 length (little-endian), uint32 masked CRC-32C of those 8 bytes,

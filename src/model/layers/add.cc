@@ -32,7 +32,6 @@ class AddNode final : public cpu_graph::Node {
   Tensor out_;
 };
 
-
 std::string add_to_onnx(OnnxEmit& e) {
   if (e.inputs.size() == 1) return e.inputs[0];
   return e.g.op("Sum", e.inputs, e.spec.name);

@@ -26,7 +26,6 @@ class ConcatNode final : public cpu_graph::Node {
   std::vector<Tensor> bufs_;
 };
 
-
 std::string concat_to_onnx(OnnxEmit& e) { return onnx_concat(e.g, e.inputs, e.spec.name); }
 
 }  // namespace

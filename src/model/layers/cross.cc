@@ -34,7 +34,6 @@ class CrossNode final : public cpu_graph::Node {
   nn::CrossNet cross_;
 };
 
-
 // x_{l+1} = x0 * (W_l x_l + b_l) + x_l; low rank: W_l = U_l V_l (V without bias).
 std::string cross_to_onnx(OnnxEmit& e) {
   const std::string x0 = e.inputs[0];

@@ -23,7 +23,6 @@ class DenseNode final : public cpu_graph::Node {
   Tensor out_;
 };
 
-
 // The batch's dense features are the graph's input "dense".
 std::string dense_to_onnx(OnnxEmit& e) { return e.dense(); }
 

@@ -51,7 +51,6 @@ class DotNode final : public cpu_graph::Node {
 
 const char* kHint = " (make the MLP's last size equal the embedding dim)";
 
-
 // Z = the n vectors [N, n, d]; Z Z^T's entries below the diagonal, row by row (Gather), after
 // the first vector.
 std::string dot_to_onnx(OnnxEmit& e) {
@@ -59,7 +58,8 @@ std::string dot_to_onnx(OnnxEmit& e) {
   const int64_t n = nd.first, d = nd.second;
   const std::string& name = e.spec.name;
   const std::string x = onnx_concat(e.g, e.inputs, name + ".z");
-  const std::string z = e.g.op("Reshape", {x, e.g.ints(name + ".zshape", {-1, n, d})}, name + ".z3");
+  const std::string z =
+      e.g.op("Reshape", {x, e.g.ints(name + ".zshape", {-1, n, d})}, name + ".z3");
   const std::string zt =
       e.g.op("Transpose", {z}, name + ".zt", {OnnxAttr::integers("perm", {0, 2, 1})});
   const std::string zz = e.g.op("MatMul", {z, zt}, name + ".zz");
@@ -68,12 +68,12 @@ std::string dot_to_onnx(OnnxEmit& e) {
   std::vector<int64_t> tri;
   for (int64_t i = 1; i < n; ++i)
     for (int64_t j = 0; j < i; ++j) tri.push_back(i * n + j);
-  const std::string pairs = e.g.op("Gather", {flat, e.g.ints(name + ".pairs", tri)},
-                                   name + ".dots", {OnnxAttr::integer("axis", 1)});
-  const std::string first =
-      e.g.op("Slice", {x, e.g.ints(name + ".s0", {0}), e.g.ints(name + ".s1", {d}),
-                       e.g.ints(name + ".sa", {1})},
-             name + ".first");
+  const std::string pairs = e.g.op("Gather", {flat, e.g.ints(name + ".pairs", tri)}, name + ".dots",
+                                   {OnnxAttr::integer("axis", 1)});
+  const std::string first = e.g.op(
+      "Slice",
+      {x, e.g.ints(name + ".s0", {0}), e.g.ints(name + ".s1", {d}), e.g.ints(name + ".sa", {1})},
+      name + ".first");
   return e.g.op("Concat", {first, pairs}, name, {OnnxAttr::integer("axis", 1)});
 }
 

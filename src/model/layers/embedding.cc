@@ -137,7 +137,6 @@ std::vector<int64_t> table_dims(const LayerSpec& s, size_t features) {
   return dims;
 }
 
-
 // One Gather (pooled with ScatterND for multi-hot bags) per table, side by side.
 std::string embedding_to_onnx(OnnxEmit& e) {
   const std::vector<int64_t> f = table_features(e.spec, e.layout);

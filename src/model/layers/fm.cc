@@ -36,7 +36,6 @@ class FmNode final : public cpu_graph::Node {
   std::vector<Tensor> bufs_;
 };
 
-
 // 0.5 * sum_k ((sum_i v_ik)^2 - sum_i v_ik^2) over the n vectors [N, n, d].
 std::string fm_to_onnx(OnnxEmit& e) {
   const auto nd = interaction_fields(e.spec, e.in, "");

@@ -39,7 +39,6 @@ class MlpNode final : public cpu_graph::Node {
   nn::MLP mlp_;
 };
 
-
 // Gemm (x W^T + b) per layer, Relu between them (and after the last with relu_last).
 std::string mlp_to_onnx(OnnxEmit& e) {
   std::string x = e.inputs[0];

@@ -50,10 +50,10 @@ std::string OnnxGraph::unique(const std::string& hint) {
 }
 
 std::string OnnxGraph::constant(const std::string& hint, Tensor value) {
-  DLREC_CHECK(!value.device().is_cuda() && (value.dtype() == DType::F32 ||
-                                            value.dtype() == DType::I32 ||
-                                            value.dtype() == DType::I64),
-              "ONNX export: constant '", hint, "' must be an f32, i32 or i64 CPU tensor");
+  DLREC_CHECK(
+      !value.device().is_cuda() && (value.dtype() == DType::F32 || value.dtype() == DType::I32 ||
+                                    value.dtype() == DType::I64),
+      "ONNX export: constant '", hint, "' must be an f32, i32 or i64 CPU tensor");
   const std::string name = unique(hint);
   constants_.push_back({name, std::move(value)});
   return name;
@@ -96,13 +96,12 @@ std::string onnx_linear(OnnxGraph& g, const std::string& x, const std::string& w
 std::string onnx_pooled_lookup(OnnxGraph& g, const OnnxIds& ids, const std::string& table,
                                int64_t dim, const std::string& pooling, const std::string& hint) {
   // One id per row: a plain Gather (sum and mean of one row are the row).
-  if (!ids.multi_hot)
-    return g.op("Gather", {table, ids.ids}, hint, {OnnxAttr::integer("axis", 0)});
+  if (!ids.multi_hot) return g.op("Gather", {table, ids.ids}, hint, {OnnxAttr::integer("axis", 0)});
   // Bags: the rows of all ids, then summed into their row's slot (ScatterND, reduction add).
   // The slot of each id comes from the offsets: a 1 at every row start (offsets[1 .. N - 1],
   // equal ones added), cumulatively summed over the ids.
-  const std::string rows = g.op("Gather", {table, ids.ids}, hint + ".rows",
-                                {OnnxAttr::integer("axis", 0)});
+  const std::string rows =
+      g.op("Gather", {table, ids.ids}, hint + ".rows", {OnnxAttr::integer("axis", 0)});
   const std::string nnz = g.op("Shape", {ids.ids}, hint + ".nnz");
   const std::string one = g.ints(hint + ".one", {1});
   const std::string zero = g.ints(hint + ".zero", {0});
@@ -111,32 +110,30 @@ std::string onnx_pooled_lookup(OnnxGraph& g, const OnnxIds& ids, const std::stri
   const std::string nnz1 = g.op("Add", {nnz, one}, hint + ".nnz1");
   const std::string marks0 = g.op("Expand", {zero, nnz1}, hint + ".marks0");
   const std::string starts = g.op("Slice", {ids.offsets, one, last, axis0}, hint + ".starts");
-  const std::string ones = g.op("Expand", {one, g.op("Shape", {starts}, hint + ".nstarts")},
-                                hint + ".ones");
+  const std::string ones =
+      g.op("Expand", {one, g.op("Shape", {starts}, hint + ".nstarts")}, hint + ".ones");
   const std::string marks = g.op("ScatterElements", {marks0, starts, ones}, hint + ".marks",
                                  {OnnxAttr::text("reduction", "add")});
-  const std::string cum = g.op("CumSum", {marks, g.constant(hint + ".cumaxis",
-                                                           Tensor::from_vector(
-                                                               std::vector<int64_t>{0}, {}))},
-                               hint + ".cum");
+  const std::string cum =
+      g.op("CumSum",
+           {marks, g.constant(hint + ".cumaxis", Tensor::from_vector(std::vector<int64_t>{0}, {}))},
+           hint + ".cum");
   const std::string seg = g.op("Slice", {cum, zero, nnz, axis0}, hint + ".seg");
   const std::string seg2 = g.op("Unsqueeze", {seg, g.ints(hint + ".axis1", {1})}, hint + ".seg2");
   const std::string n = g.op("Sub", {g.op("Shape", {ids.offsets}, hint + ".n1"), one}, hint + ".n");
-  const std::string out_shape =
-      g.op("Concat", {n, g.ints(hint + ".dim", {dim})}, hint + ".shape",
-           {OnnxAttr::integer("axis", 0)});
+  const std::string out_shape = g.op("Concat", {n, g.ints(hint + ".dim", {dim})}, hint + ".shape",
+                                     {OnnxAttr::integer("axis", 0)});
   const std::string zeros =
       g.op("Expand", {g.scalar(hint + ".fzero", 0.f), out_shape}, hint + ".zeros");
   std::string out = g.op("ScatterND", {zeros, seg2, rows}, hint + (pooling == "mean" ? ".sum" : ""),
                          {OnnxAttr::text("reduction", "add")});
   if (pooling != "mean") return out;
   // Mean: divided by the bag's length (an empty bag stays zero).
-  const std::string ends = g.op("Slice", {ids.offsets, one, g.ints(hint + ".big", {INT64_MAX}),
-                                          axis0},
-                                hint + ".ends");
+  const std::string ends =
+      g.op("Slice", {ids.offsets, one, g.ints(hint + ".big", {INT64_MAX}), axis0}, hint + ".ends");
   const std::string begins = g.op("Slice", {ids.offsets, zero, last, axis0}, hint + ".begins");
-  const std::string len = g.op("Max", {g.op("Sub", {ends, begins}, hint + ".len0"), one},
-                               hint + ".len");
+  const std::string len =
+      g.op("Max", {g.op("Sub", {ends, begins}, hint + ".len0"), one}, hint + ".len");
   const std::string lenf =
       g.op("Cast", {len}, hint + ".lenf", {OnnxAttr::integer("to", 1 /* FLOAT */)});
   const std::string len2 = g.op("Unsqueeze", {lenf, g.ints(hint + ".axis1b", {1})}, hint + ".len2");
@@ -147,11 +144,11 @@ std::string onnx_table_lookup(OnnxEmit& e, int64_t feature, int64_t dim) {
   const std::string name = e.spec.name + "." + std::to_string(feature);
   const OnnxIds ids = e.ids(feature);
   const Tensor w = e.param(name + ".weight");
-  const bool hashed = e.spec.hashed.on || (e.spec.tables.count(feature) &&
-                                           e.spec.tables.at(feature).hashed.on);
+  const bool hashed =
+      e.spec.hashed.on || (e.spec.tables.count(feature) && e.spec.tables.at(feature).hashed.on);
   if (!hashed) {
-    DLREC_CHECK(w.ndim() == 2 && w.dim(1) == dim, "ONNX export: table '", name,
-                "' has shape ", shape_str(w.shape()), ", expected [rows, ", dim, "]");
+    DLREC_CHECK(w.ndim() == 2 && w.dim(1) == dim, "ONNX export: table '", name, "' has shape ",
+                shape_str(w.shape()), ", expected [rows, ", dim, "]");
     return onnx_pooled_lookup(e.g, ids, e.g.constant(name + ".weight", w), dim, e.spec.pooling,
                               name + ".pooled");
   }
@@ -163,8 +160,8 @@ std::string onnx_table_lookup(OnnxEmit& e, int64_t feature, int64_t dim) {
                   w.ndim() == 2 && w.dim(1) == dim && keys.numel() == w.dim(0),
               "ONNX export: hashed table '", name, "' has unexpected tensors");
   const int64_t size = meta.data<int64_t>()[0];
-  DLREC_CHECK(size >= 0 && size <= keys.numel(), "ONNX export: hashed table '", name,
-              "' holds ", size, " rows of ", keys.numel());
+  DLREC_CHECK(size >= 0 && size <= keys.numel(), "ONNX export: hashed table '", name, "' holds ",
+              size, " rows of ", keys.numel());
   Tensor rows = Tensor::zeros({size + 1, dim}, DType::F32);
   if (size > 0) std::memcpy(rows.data<float>(), w.data<float>(), size * dim * sizeof(float));
   const std::string table = e.g.constant(name + ".weight", rows);
@@ -175,10 +172,11 @@ std::string onnx_table_lookup(OnnxEmit& e, int64_t feature, int64_t dim) {
   } else {
     std::vector<int64_t> k(keys.data<int64_t>(), keys.data<int64_t>() + size), v(size);
     for (int64_t s = 0; s < size; ++s) v[s] = s;
-    slots.ids = e.g.op("LabelEncoder", {ids.ids}, name + ".slots",
-                       {OnnxAttr::integers("keys_int64s", k), OnnxAttr::integers("values_int64s", v),
-                        OnnxAttr::integer("default_int64", size)},
-                       "ai.onnx.ml");
+    slots.ids =
+        e.g.op("LabelEncoder", {ids.ids}, name + ".slots",
+               {OnnxAttr::integers("keys_int64s", k), OnnxAttr::integers("values_int64s", v),
+                OnnxAttr::integer("default_int64", size)},
+               "ai.onnx.ml");
   }
   return onnx_pooled_lookup(e.g, slots, table, dim, e.spec.pooling, name + ".pooled");
 }

@@ -86,15 +86,15 @@ struct OnnxIds {
 // What a layer's to_onnx gets.
 struct OnnxEmit {
   const LayerSpec& spec;
-  const std::vector<ValueShape>& in;     // the inputs' shapes
-  const ValueShape& shape;               // the output's
+  const std::vector<ValueShape>& in;  // the inputs' shapes
+  const ValueShape& shape;            // the output's
   const io::ShardLayout& layout;
   const std::vector<std::string>& inputs;  // the inputs' values, [N, in[i].width]
   OnnxGraph& g;
   // The model's tensor `name` (as Model::parameters() names it: "top.0.weight"), on the CPU;
   // fails naming it when the model has none.
   std::function<Tensor(const std::string& name)> param;
-  std::function<std::string()> dense;          // float [N, num_dense]
+  std::function<std::string()> dense;           // float [N, num_dense]
   std::function<OnnxIds(int64_t feature)> ids;  // categorical feature's ids
 };
 

@@ -18,7 +18,6 @@ class OutputNode final : public cpu_graph::Node {
   }
 };
 
-
 // The logit is its input (the exporter adds the sigmoid).
 std::string output_to_onnx(OnnxEmit& e) { return e.inputs[0]; }
 

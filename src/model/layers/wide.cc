@@ -64,7 +64,6 @@ class WideNode final : public cpu_graph::Node {
   std::vector<nn::Bags> bags_;
 };
 
-
 // b + the sum of each feature's pooled 1-wide table.
 std::string wide_to_onnx(OnnxEmit& e) {
   std::vector<std::string> parts;
