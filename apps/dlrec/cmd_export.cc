@@ -13,7 +13,7 @@ namespace dlrec::cli {
 Runner add_export(CLI::App& app) {
   struct Args {
     std::string run, out, init_config, data;
-    bool overwrite = false, onnx = false;
+    bool overwrite = false, onnx = false, onnx_external = false;
     uint64_t seed = 1234;
   };
   auto a = std::make_shared<Args>();
@@ -26,17 +26,23 @@ Runner add_export(CLI::App& app) {
   c->add_option("--out", a->out, "Model directory to create")->required();
   c->add_flag("--overwrite", a->overwrite, "Replace an existing model directory");
   c->add_flag("--onnx", a->onnx,
-              "Also write model.onnx (the model as ONNX, opset 17; docs/EXPORT.md)");
+              "Also write model.onnx (the model as ONNX, opset 17; docs/EXPORT.md); weights over "
+              "1 GiB go to model.onnx.data beside it");
+  c->add_flag("--onnx-external-data", a->onnx_external,
+              "Like --onnx, with all large weights in model.onnx.data (ONNX external data)");
   return [a] {
+    const train::OnnxExport onnx = a->onnx_external ? train::OnnxExport::ExternalData
+                                   : a->onnx        ? train::OnnxExport::Auto
+                                                    : train::OnnxExport::None;
     DLREC_CHECK(a->run.empty() != a->init_config.empty(),
                 "dlrec export: give either --run (a trained run) or --init CONFIG --data DIR");
     if (!a->init_config.empty()) {
       DLREC_CHECK(!a->data.empty(), "dlrec export --init needs --data (an ETL output)");
-      train::export_initialized(a->init_config, a->data, a->out, a->seed, a->overwrite, a->onnx);
+      train::export_initialized(a->init_config, a->data, a->out, a->seed, a->overwrite, onnx);
       std::printf("exported an untrained %s -> %s\n", a->init_config.c_str(), a->out.c_str());
       return 0;
     }
-    train::export_model(a->run, a->out, a->overwrite, a->onnx);
+    train::export_model(a->run, a->out, a->overwrite, onnx);
     std::printf("exported %s -> %s\n", a->run.c_str(), a->out.c_str());
     return 0;
   };

@@ -3,9 +3,15 @@
 // as an ONNX ModelProto (src/train/proto/onnx_model.proto).
 #include "dlrec/train/onnx_export.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 
+#include "dlrec/core/file_util.h"
 #include "dlrec/io/text_reader.h"
 #include "dlrec/model/graph.h"
 #include "model/layers/layer.h"
@@ -17,6 +23,7 @@ namespace dlrec::train {
 
 namespace {
 
+namespace fs = std::filesystem;
 using model::OnnxAttr;
 using model::OnnxGraph;
 using model::OnnxIds;
@@ -88,15 +95,87 @@ struct Inputs {
   std::map<int64_t, OnnxIds> ids;  // per feature, made on first use
 };
 
+// Constants below this size stay inside the model even with external data (shapes, indices).
+constexpr int64_t kExternalMinBytes = 1024;
+
+// The graph's constants as initializers: raw_data inside the model, or, when they exceed
+// `inline_limit` bytes in all, the large ones in `external_path` (each at an offset aligned to
+// 4 KiB, which lets readers map them).
+void write_initializers(onnxpb::GraphProto* gp, const std::vector<model::OnnxConstant>& constants,
+                        int64_t inline_limit, const std::string& external_path) {
+  int64_t total = 0;
+  for (const auto& c : constants) total += static_cast<int64_t>(c.value.nbytes());
+  const bool external = total > inline_limit;
+  if (external && external_path.empty())
+    fail("ONNX export: the model's weights take ", total, " bytes, more than a protobuf file ",
+         "holds inline (", inline_limit, "); write them as external data (dlrec export ",
+         "--onnx-external-data)");
+  std::FILE* f = nullptr;
+  const std::string location = fs::path(external_path).filename().string();
+  if (external) {
+    f = std::fopen(external_path.c_str(), "wb");
+    if (!f) fail("cannot create '", external_path, "': ", std::strerror(errno));
+  }
+  int64_t offset = 0;
+  try {
+    for (const model::OnnxConstant& c : constants) {
+      onnxpb::TensorProto* tp = gp->add_initializer();
+      tp->set_name(c.name);
+      tp->set_data_type(onnx_dtype(c.value.dtype()));
+      for (int64_t d : c.value.shape()) tp->add_dims(d);
+      const int64_t n = static_cast<int64_t>(c.value.nbytes());
+      // Values are little-endian, as this machine's memory (x86-64, aarch64).
+      const char* bytes = static_cast<const char*>(c.value.raw());
+      if (!external || n < kExternalMinBytes) {
+        tp->set_raw_data(std::string(bytes, n));
+        continue;
+      }
+      const int64_t at = (offset + 4095) / 4096 * 4096;
+      static const char zeros[4096] = {};
+      if (at > offset && std::fwrite(zeros, 1, at - offset, f) != static_cast<size_t>(at - offset))
+        fail("cannot write '", external_path, "': ", std::strerror(errno));
+      if (std::fwrite(bytes, 1, n, f) != static_cast<size_t>(n))
+        fail("cannot write '", external_path, "': ", std::strerror(errno));
+      offset = at + n;
+      tp->set_data_location(onnxpb::TensorProto::EXTERNAL);
+      const std::pair<const char*, std::string> entries[] = {
+          {"location", location}, {"offset", std::to_string(at)}, {"length", std::to_string(n)}};
+      for (const auto& [k, v] : entries) {
+        auto* e = tp->add_external_data();
+        e->set_key(k);
+        e->set_value(v);
+      }
+    }
+    if (f && (std::fflush(f) != 0 || ::fsync(fileno(f)) != 0))
+      fail("cannot write '", external_path, "': ", std::strerror(errno));
+  } catch (...) {
+    if (f) std::fclose(f);
+    throw;
+  }
+  if (f && std::fclose(f) != 0) fail("cannot write '", external_path, "': ", std::strerror(errno));
+}
+
 }  // namespace
 
 std::string onnx_model_bytes(const model::ModelConfig& config, const io::ShardLayout& layout,
                              model::Model& mdl) {
-  return onnx_model_bytes_with(config, layout, mdl, model::layer_type);
+  return onnx_model_bytes_with(config, layout, mdl, model::layer_type, INT64_MAX, "");
+}
+
+void write_onnx_model(const std::string& dir, const model::ModelConfig& config,
+                      const io::ShardLayout& layout, model::Model& mdl, OnnxWeights weights) {
+  const int64_t limit = weights == OnnxWeights::Inline     ? INT64_MAX
+                        : weights == OnnxWeights::External ? 0
+                                                           : kOnnxInlineLimit;
+  const std::string data = dir + "/model.onnx.data";
+  write_file_atomic(dir + "/model.onnx",
+                    onnx_model_bytes_with(config, layout, mdl, model::layer_type, limit,
+                                          weights == OnnxWeights::Inline ? "" : data));
 }
 
 std::string onnx_model_bytes_with(const model::ModelConfig& config, const io::ShardLayout& layout,
-                                  model::Model& mdl, const LayerTypeLookup& type_of) {
+                                  model::Model& mdl, const LayerTypeLookup& type_of,
+                                  int64_t inline_limit, const std::string& external_path) {
   const model::GraphSpec spec =
       model::GraphSpec::parse(graph_layers(config, layout), "model.layers");
   std::map<std::string, Tensor> params;
@@ -213,14 +292,7 @@ std::string onnx_model_bytes_with(const model::ModelConfig& config, const io::Sh
   };
   node("Reshape", {logit_src, n1}, "logit");
   node("Sigmoid", {"logit"}, "probability");
-  for (const model::OnnxConstant& c : g.constants()) {
-    onnxpb::TensorProto* tp = gp->add_initializer();
-    tp->set_name(c.name);
-    tp->set_data_type(onnx_dtype(c.value.dtype()));
-    for (int64_t d : c.value.shape()) tp->add_dims(d);
-    // raw_data is little-endian, as this machine's memory (x86-64, aarch64).
-    tp->set_raw_data(std::string(static_cast<const char*>(c.value.raw()), c.value.nbytes()));
-  }
+  write_initializers(gp, g.constants(), inline_limit, external_path);
   value_info(gp->add_output(), "logit", onnxpb::TensorProto::FLOAT, {-1}, {"N"},
              "the model's logit per row");
   value_info(gp->add_output(), "probability", onnxpb::TensorProto::FLOAT, {-1}, {"N"},

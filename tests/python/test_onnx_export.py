@@ -18,7 +18,8 @@ np = pytest.importorskip("numpy")
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-BIN_DIR = os.environ.get("DLREC_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../build/bin"))
+BIN_DIR = os.environ.get("DLREC_BIN_DIR",
+                         os.path.join(os.path.dirname(__file__), "../../build/bin"))
 DLREC = os.path.join(BIN_DIR, "dlrec")
 SRC = os.environ.get("DLREC_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "../.."))
 TOL = 1e-5
@@ -113,7 +114,7 @@ MODELS = {
 }
 
 
-def check(work, tag, name, data, pooling=None, steps=12):
+def check(work, tag, name, data, pooling=None, steps=12, flag="--onnx"):
     model = MODELS[name]()
     optimizer = shipped(SHIPPED[name], "optimizer") if name in SHIPPED else OPTIMIZER
     if pooling is not None:
@@ -129,9 +130,10 @@ def check(work, tag, name, data, pooling=None, steps=12):
         json.dump(cfg, f)
     run("train", "--config", os.path.join(d, "config.json"), "--data",
         os.path.join(work, f"data_{data}"), "--run", os.path.join(d, "run"))
-    run("export", "--run", os.path.join(d, "run"), "--out", os.path.join(d, "model"), "--onnx")
+    run("export", "--run", os.path.join(d, "run"), "--out", os.path.join(d, "model"), flag)
     path = os.path.join(d, "model", "model.onnx")
-    onnx.checker.check_model(onnx.load(path), full_check=True)
+    # (By path: with external data the checker reads the tensors beside the model.)
+    onnx.checker.check_model(path, full_check=True)
     run("predict", "--model", os.path.join(d, "model"), "--input",
         os.path.join(work, f"{data}_rows.tsv"), "--output", os.path.join(d, "probs.txt"),
         "--onnx-inputs", os.path.join(d, "feed.json"))
@@ -168,6 +170,20 @@ def test_multihot_models_match_onnxruntime(work, name, pooling):
     assert names["cat"].shape == ["N", NUM_CAT]
     lens = np.diff(feed[f"cat_{NUM_CAT - 1}_offsets"])
     assert lens.max() > 1, "the data should hold bags of several ids"
+
+
+@pytest.mark.parametrize("name", ["dcnv2_preset", "graph_mixed"])
+def test_external_data_matches_onnxruntime(work, name):
+    """--onnx-external-data: the large weights in model.onnx.data beside model.onnx."""
+    check(work, f"external_{name}", name, "onehot", flag="--onnx-external-data")
+    model_dir = os.path.join(work, f"external_{name}", "model")
+    assert os.path.getsize(os.path.join(model_dir, "model.onnx.data")) > 10000
+    m = onnx.load(os.path.join(model_dir, "model.onnx"), load_external_data=False)
+    external = [t for t in m.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    # Only small constants (shapes, indices) stay inside.
+    assert all(len(t.raw_data) < 1024 for t in m.graph.initializer)
+    assert external and all(int(next(e.value for e in t.external_data if e.key == "offset"))
+                            % 4096 == 0 for t in external)
 
 
 def test_untrained_hashed_model_exports(work):

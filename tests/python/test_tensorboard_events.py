@@ -22,7 +22,8 @@ import pytest
 loader = pytest.importorskip("tensorboard.backend.event_processing.event_file_loader")
 accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
-BIN_DIR = os.environ.get("DLREC_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../build/bin"))
+BIN_DIR = os.environ.get("DLREC_BIN_DIR",
+                         os.path.join(os.path.dirname(__file__), "../../build/bin"))
 DLREC = os.path.join(BIN_DIR, "dlrec")
 
 pytestmark = pytest.mark.skipif(not os.path.exists(DLREC), reason=f"{DLREC} is not built")

@@ -66,9 +66,18 @@ TEST(OnnxExport, LayerTypeWithoutEmitterIsAnErrorNamingTheLayer) {
   const io::ShardLayout layout = small_layout();
   auto m = model::build_model(c, model::OptimizerConfig(), layout, Device::cpu(), 1);
   expect_error(
-      [&] { onnx_model_bytes_with(c, layout, *m, lookup); },
+      [&] { onnx_model_bytes_with(c, layout, *m, lookup, INT64_MAX, ""); },
       {"ONNX export: model.layers[3] (layer 'fm', fm)", "layer type 'fm' has no ONNX export"});
-  EXPECT_NO_THROW(onnx_model_bytes_with(c, layout, *m, model::layer_type));
+  EXPECT_NO_THROW(onnx_model_bytes_with(c, layout, *m, model::layer_type, INT64_MAX, ""));
+}
+
+TEST(OnnxExport, WeightsTooLargeToHoldInlineAreAnError) {
+  model::ModelConfig c = dlrm_config();
+  const io::ShardLayout layout = small_layout();
+  auto m = model::build_model(c, model::OptimizerConfig(), layout, Device::cpu(), 1);
+  // A 1-byte limit stands for protobuf's 2 GB: with nowhere to put external data, an error.
+  expect_error([&] { onnx_model_bytes_with(c, layout, *m, model::layer_type, 1, ""); },
+               {"ONNX export: the model's weights take", "--onnx-external-data"});
 }
 
 TEST(OnnxExport, InputsOfABatch) {

@@ -17,6 +17,7 @@
 //   probability           float [N]                (sigmoid of the logit: what dlrec predict gives)
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -30,9 +31,20 @@ namespace dlrec::train {
 constexpr int kOnnxOpset = 17;
 
 // The serialized ONNX ModelProto of `model` (its current parameters; any device), a model of
-// `config` for data of `layout`.
+// `config` for data of `layout`, weights inside (a protobuf file holds at most 2 GB).
 std::string onnx_model_bytes(const model::ModelConfig& config, const io::ShardLayout& layout,
                              model::Model& model);
+
+// Where write_onnx_model puts the weights: inside model.onnx, in model.onnx.data beside it (ONNX
+// external data), or the latter when they exceed kOnnxInlineLimit bytes (auto).
+enum class OnnxWeights { Auto, Inline, External };
+constexpr int64_t kOnnxInlineLimit = int64_t{1} << 30;
+
+// Writes <dir>/model.onnx and, with external weights, <dir>/model.onnx.data (`dir` exists; the
+// caller makes the directory appear atomically, as export_model does).
+void write_onnx_model(const std::string& dir, const model::ModelConfig& config,
+                      const io::ShardLayout& layout, model::Model& model,
+                      OnnxWeights weights = OnnxWeights::Auto);
 
 // The ONNX model's inputs for an encoded batch, as JSON: {"dense": [[...], ...], "cat": [[...]],
 // "cat_<t>_ids": [...], "cat_<t>_offsets": [...]} (the names and shapes above).
