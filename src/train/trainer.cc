@@ -294,6 +294,7 @@ TrainResult Trainer::train() {
                    static_cast<long long>(m.state.step), e.auc, e.logloss,
                    static_cast<long long>(e.rows), e.seconds);
       log_eval(e);
+      window_start += e.seconds;  // samples/s counts training time only
     }
     if (m.opt.stop_after_steps >= 0 && steps_here >= m.opt.stop_after_steps) {
       res.stopped_early = true;

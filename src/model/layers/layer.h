@@ -41,9 +41,9 @@ class Node;
 struct Build;
 }  // namespace gpu_graph
 
-// What the CUDA engine is asked to run for one layer.
-struct OnnxEmit;
+struct OnnxEmit;  // onnx_emit.h
 
+// What the CUDA engine is asked to run for one layer.
 struct CudaQuery {
   const LayerSpec& spec;
   const std::vector<ValueShape>& in;  // the inputs' shapes
