@@ -6,13 +6,14 @@
 #include "commands.h"
 #include "dlrec/core/file_util.h"
 #include "dlrec/train/export.h"
+#include "dlrec/train/onnx_export.h"
 
 namespace dlrec::cli {
 
 Runner add_export(CLI::App& app) {
   struct Args {
     std::string run, out, init_config, data;
-    bool overwrite = false;
+    bool overwrite = false, onnx = false, onnx_external = false;
     uint64_t seed = 1234;
   };
   auto a = std::make_shared<Args>();
@@ -24,16 +25,24 @@ Runner add_export(CLI::App& app) {
   c->add_option("--seed", a->seed, "With --init: parameter seed (default 1234)");
   c->add_option("--out", a->out, "Model directory to create")->required();
   c->add_flag("--overwrite", a->overwrite, "Replace an existing model directory");
+  c->add_flag("--onnx", a->onnx,
+              "Also write model.onnx (the model as ONNX, opset 17; docs/EXPORT.md); weights over "
+              "1 GiB go to model.onnx.data beside it");
+  c->add_flag("--onnx-external-data", a->onnx_external,
+              "Like --onnx, with all large weights in model.onnx.data (ONNX external data)");
   return [a] {
+    const train::OnnxExport onnx = a->onnx_external ? train::OnnxExport::ExternalData
+                                   : a->onnx        ? train::OnnxExport::Auto
+                                                    : train::OnnxExport::None;
     DLREC_CHECK(a->run.empty() != a->init_config.empty(),
                 "dlrec export: give either --run (a trained run) or --init CONFIG --data DIR");
     if (!a->init_config.empty()) {
       DLREC_CHECK(!a->data.empty(), "dlrec export --init needs --data (an ETL output)");
-      train::export_initialized(a->init_config, a->data, a->out, a->seed, a->overwrite);
+      train::export_initialized(a->init_config, a->data, a->out, a->seed, a->overwrite, onnx);
       std::printf("exported an untrained %s -> %s\n", a->init_config.c_str(), a->out.c_str());
       return 0;
     }
-    train::export_model(a->run, a->out, a->overwrite);
+    train::export_model(a->run, a->out, a->overwrite, onnx);
     std::printf("exported %s -> %s\n", a->run.c_str(), a->out.c_str());
     return 0;
   };
@@ -41,7 +50,7 @@ Runner add_export(CLI::App& app) {
 
 Runner add_predict(CLI::App& app) {
   struct Args {
-    std::string model, input = "-", output;
+    std::string model, input = "-", output, onnx_inputs;
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand(
@@ -49,6 +58,9 @@ Runner add_predict(CLI::App& app) {
   c->add_option("--model", a->model, "Model directory written by dlrec export")->required();
   c->add_option("--input", a->input, "Raw rows file, or - for standard input (default)");
   c->add_option("--output", a->output, "Write probabilities here (default: standard output)");
+  c->add_option("--onnx-inputs", a->onnx_inputs,
+                "Also write the rows encoded as the inputs of the model's model.onnx (JSON "
+                "object of input name -> nested lists; docs/EXPORT.md)");
   return [a] {
     train::Predictor predictor(a->model);
     std::vector<std::string> lines;
@@ -60,8 +72,13 @@ Runner add_predict(CLI::App& app) {
       DLREC_CHECK(in, "cannot open '", a->input, "'");
       while (std::getline(in, line)) lines.push_back(line);
     }
-    std::vector<float> p =
-        predictor.predict_lines(lines, a->input == "-" ? "<stdin>" : a->input);
+    const std::string source = a->input == "-" ? "<stdin>" : a->input;
+    std::vector<float> p = predictor.predict_lines(lines, source);
+    if (!a->onnx_inputs.empty()) {
+      const io::Batch batch = train::encode_lines(predictor.workflow(), lines, source);
+      write_file_atomic(a->onnx_inputs,
+                        train::onnx_inputs_json(batch, predictor.workflow().output_layout()).dump());
+    }
     std::string text;
     char buf[32];
     for (float v : p) {

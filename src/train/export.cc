@@ -16,6 +16,7 @@
 #include "dlrec/core/file_util.h"
 #include "dlrec/io/tensor_file.h"
 #include "dlrec/io/text_reader.h"
+#include "dlrec/train/onnx_export.h"
 #include "dlrec/train/trainer.h"
 
 namespace dlrec::train {
@@ -59,7 +60,7 @@ void check_finite(const std::vector<model::NamedTensor>& params) {
 // only with `overwrite`): out_dir names a complete model, old or new, at every moment, even if
 // the process is killed. Leftovers of a killed export are cleaned first (recover_dir).
 void write_model_dir(const std::string& out_dir, bool overwrite, const json& meta,
-                     model::Model& model, const etl::Workflow& wf) {
+                     model::Model& model, const etl::Workflow& wf, OnnxExport onnx) {
   for (const std::string& line : recover_dir(out_dir))
     std::fprintf(stderr, "export: %s\n", line.c_str());
   if (fs::exists(out_dir) && !overwrite)
@@ -73,6 +74,12 @@ void write_model_dir(const std::string& out_dir, bool overwrite, const json& met
     io::save_tensors(tmp + "/weights.dlrec", params, {{"kind", "weights"}});
     wf.save(tmp + "/workflow.json");
     write_file_atomic(tmp + "/model.json", meta.dump(2));
+    if (onnx != OnnxExport::None) {
+      const model::RunConfig cfg = model::RunConfig::from_json(meta.at("config"));
+      write_onnx_model(tmp, cfg.model, wf.output_layout(), model,
+                       onnx == OnnxExport::ExternalData ? OnnxWeights::External
+                                                        : OnnxWeights::Auto);
+    }
     replace_dir(tmp, out_dir);
   } catch (...) {
     std::error_code ec;
@@ -83,7 +90,8 @@ void write_model_dir(const std::string& out_dir, bool overwrite, const json& met
 
 }  // namespace
 
-void export_model(const std::string& run_dir, const std::string& out_dir, bool overwrite) {
+void export_model(const std::string& run_dir, const std::string& out_dir, bool overwrite,
+                  OnnxExport onnx) {
   const RunInfo info = load_run_info(run_dir);
   const model::RunConfig& cfg = info.config;
   const std::string data_dir = run_data_dir(run_dir, info.run);
@@ -101,11 +109,12 @@ void export_model(const std::string& run_dir, const std::string& out_dir, bool o
                {"config", cfg.to_json()},
                {"layout", data.layout.to_json()},
                {"step", st.step}};
-  write_model_dir(out_dir, overwrite, meta, *model, wf);
+  write_model_dir(out_dir, overwrite, meta, *model, wf, onnx);
 }
 
 void export_initialized(const std::string& config_path, const std::string& data_dir,
-                        const std::string& out_dir, uint64_t seed, bool overwrite) {
+                        const std::string& out_dir, uint64_t seed, bool overwrite,
+                        OnnxExport onnx) {
   model::RunConfig cfg = model::RunConfig::load(config_path);
   io::DatasetInfo data = io::DatasetInfo::load(data_dir);
   etl::Workflow wf = etl::Workflow::load(data_dir + "/workflow.json");
@@ -117,7 +126,7 @@ void export_initialized(const std::string& config_path, const std::string& data_
                {"config", cfg.to_json()},
                {"layout", data.layout.to_json()},
                {"step", 0}};
-  write_model_dir(out_dir, overwrite, meta, *model, wf);
+  write_model_dir(out_dir, overwrite, meta, *model, wf, onnx);
 }
 
 struct Predictor::Impl {

@@ -8,6 +8,7 @@
 #include "dlrec/core/progress.h"
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/io/tensor_file.h"
+#include "dlrec/train/tensorboard.h"
 
 namespace dlrec::train {
 
@@ -156,6 +157,8 @@ struct Trainer::Impl {
   io::DatasetInfo data;
   std::unique_ptr<model::Model> model;
   CheckpointState state;
+  // TensorBoard event file in the run directory (rank 0 only); null without a run directory.
+  std::unique_ptr<EventFileWriter> events;
 
   std::string checkpoint_path() const { return opt.run_dir + "/checkpoint.dlrec"; }
 };
@@ -221,6 +224,30 @@ TrainResult Trainer::train() {
   TrainResult res;
   Progress progress("train", total_steps * bs, "samples", 2.0);
   Timer timer;
+  if (!m.opt.run_dir.empty() && m.opt.rank <= 0 && !m.events)
+    m.events = std::make_unique<EventFileWriter>(m.opt.run_dir);
+  // Throughput over each logging window (samples/s in the event file).
+  double window_start = 0;
+  int64_t window_samples = 0;
+  auto log_scalars = [&](double loss) {
+    if (!m.events) return;
+    const int64_t step = m.state.step;
+    const double now = timer.seconds();
+    m.events->scalar("train/loss", step, loss);
+    if (now > window_start)
+      m.events->scalar("train/samples_per_sec", step, window_samples / (now - window_start));
+    m.events->scalar("train/learning_rate", step,
+                     m.cfg.optimizer.lr * m.cfg.optimizer.schedule.factor(step - 1, total_steps));
+    const double scale = m.model->loss_scale();
+    if (scale > 0) m.events->scalar("train/loss_scale", step, scale);
+    window_start = now;
+    window_samples = 0;
+  };
+  auto log_eval = [&](const EvalResult& e) {
+    if (!m.events) return;
+    m.events->scalar("eval/auc", m.state.step, e.auc);
+    m.events->scalar("eval/logloss", m.state.step, e.logloss);
+  };
   double loss_sum = 0;
   int64_t loss_n = 0;
   io::Batch batch;
@@ -244,6 +271,7 @@ TrainResult Trainer::train() {
     m.state.step++;
     m.state.position += batch.rows;
     res.samples += batch.rows;
+    window_samples += batch.rows;
     steps_here++;
     if (!std::isnan(loss)) {
       loss_sum += loss;
@@ -255,6 +283,7 @@ TrainResult Trainer::train() {
       std::snprintf(buf, sizeof buf, "step %lld loss %.5f", static_cast<long long>(m.state.step),
                     res.last_loss);
       progress.update(m.state.step * bs, buf);
+      log_scalars(res.last_loss);
       loss_sum = 0;
       loss_n = 0;
     }
@@ -264,6 +293,8 @@ TrainResult Trainer::train() {
       std::fprintf(stderr, "[eval] step %lld AUC %.5f logloss %.5f (%lld rows, %.1fs)\n",
                    static_cast<long long>(m.state.step), e.auc, e.logloss,
                    static_cast<long long>(e.rows), e.seconds);
+      log_eval(e);
+      window_start += e.seconds;  // samples/s counts training time only
     }
     if (m.opt.stop_after_steps >= 0 && steps_here >= m.opt.stop_after_steps) {
       res.stopped_early = true;
@@ -276,7 +307,10 @@ TrainResult Trainer::train() {
   m.model->synchronize();
   res.seconds = timer.seconds();
   res.steps = m.state.step;
-  if (loss_n > 0) res.last_loss = loss_sum / loss_n;
+  if (loss_n > 0) {
+    res.last_loss = loss_sum / loss_n;
+    log_scalars(res.last_loss);  // the steps after the last logging point
+  }
   char buf[64];
   std::snprintf(buf, sizeof buf, "step %lld loss %.5f", static_cast<long long>(m.state.step),
                 res.last_loss);
@@ -284,7 +318,10 @@ TrainResult Trainer::train() {
   if (res.stopped_early) return res;
   if (!m.opt.run_dir.empty())
     save_checkpoint(m.checkpoint_path(), *m.model, m.cfg, m.data.layout, m.state);
-  if (m.data.valid_rows > 0) res.eval = evaluate();
+  if (m.data.valid_rows > 0) {
+    res.eval = evaluate();
+    log_eval(res.eval);
+  }
   return res;
 }
 

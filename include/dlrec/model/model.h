@@ -134,6 +134,9 @@ class Model {
   // Optimizer state (e.g. "emb.3.weight.adagrad"); empty for plain SGD.
   virtual std::vector<NamedTensor> optimizer_state() = 0;
   virtual Device device() const = 0;
+  // The dynamic loss scale of train.precision "fp16" (TensorBoard's train/loss_scale); 0 when
+  // the model keeps none. May wait for the device: call it at logging points only.
+  virtual double loss_scale() { return 0; }
 };
 
 // Builds a model for data of the given layout; parameters initialised from `seed`.

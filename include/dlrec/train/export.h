@@ -2,6 +2,8 @@
 //   model.json     {"format": "dlrec-model", "version": 1, "config", "layout", "step"}
 //   workflow.json  the fitted ETL workflow (raw features -> model inputs)
 //   weights.dlrec  tensor file with the model parameters (no optimizer state)
+//   model.onnx     with `onnx`: the model as ONNX (onnx_export.h, docs/EXPORT.md), its weights
+//                  in model.onnx.data beside it when they exceed 1 GiB or when asked for
 // The directory is written under a temporary name and renamed into place, so a reader never
 // sees a half-written model. Predictor loads it and scores raw log rows.
 #pragma once
@@ -18,14 +20,20 @@ namespace dlrec::train {
 
 constexpr int kModelFormatVersion = 1;
 
+// Whether export writes model.onnx too (dlrec export --onnx, --onnx-external-data): no; yes,
+// with the weights inside unless they exceed 1 GiB; yes, with the weights in model.onnx.data.
+enum class OnnxExport { None, Auto, ExternalData };
+
 // Exports the latest checkpoint of `run_dir` (written by dlrec train) with the fitted workflow
 // of its dataset. `out_dir` must not exist unless `overwrite`.
-void export_model(const std::string& run_dir, const std::string& out_dir, bool overwrite = false);
+void export_model(const std::string& run_dir, const std::string& out_dir, bool overwrite = false,
+                  OnnxExport onnx = OnnxExport::None);
 // An untrained model (parameters initialised from `seed` as training would start) for the
 // config and an ETL output's layout and workflow: for load tests and serving benchmarks of
 // full-size models without a training run.
 void export_initialized(const std::string& config_path, const std::string& data_dir,
-                        const std::string& out_dir, uint64_t seed, bool overwrite = false);
+                        const std::string& out_dir, uint64_t seed, bool overwrite = false,
+                        OnnxExport onnx = OnnxExport::None);
 
 class Predictor {
  public:

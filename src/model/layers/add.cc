@@ -4,6 +4,7 @@
 #include "dlrec/nn/param.h"
 #include "model/layers/graph_cpu.h"
 #include "model/layers/layer.h"
+#include "model/layers/onnx_emit.h"
 
 namespace dlrec::model {
 namespace {
@@ -31,6 +32,11 @@ class AddNode final : public cpu_graph::Node {
   Tensor out_;
 };
 
+std::string add_to_onnx(OnnxEmit& e) {
+  if (e.inputs.size() == 1) return e.inputs[0];
+  return e.g.op("Sum", e.inputs, e.spec.name);
+}
+
 }  // namespace
 
 const LayerType& add_layer() {
@@ -49,6 +55,7 @@ const LayerType& add_layer() {
     t.make_cpu = [](cpu_graph::Build&) { return std::make_unique<AddNode>(); };
     t.cuda_unsupported = [](const CudaQuery&) { return std::string(); };
     t.make_cuda = DLREC_CUDA_LAYER(gpu_graph::make_add);
+    t.to_onnx = add_to_onnx;
     return t;
   }();
   return t;

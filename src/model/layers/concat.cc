@@ -1,6 +1,7 @@
 // Layer "concat": the inputs side by side, their fields kept.
 #include "model/layers/graph_cpu.h"
 #include "model/layers/layer.h"
+#include "model/layers/onnx_emit.h"
 
 namespace dlrec::model {
 namespace {
@@ -25,6 +26,8 @@ class ConcatNode final : public cpu_graph::Node {
   std::vector<Tensor> bufs_;
 };
 
+std::string concat_to_onnx(OnnxEmit& e) { return onnx_concat(e.g, e.inputs, e.spec.name); }
+
 }  // namespace
 
 const LayerType& concat_layer() {
@@ -44,6 +47,7 @@ const LayerType& concat_layer() {
     t.make_cpu = [](cpu_graph::Build& b) { return std::make_unique<ConcatNode>(b.in); };
     t.cuda_unsupported = [](const CudaQuery&) { return std::string(); };
     t.make_cuda = DLREC_CUDA_LAYER(gpu_graph::make_concat);
+    t.to_onnx = concat_to_onnx;
     return t;
   }();
   return t;

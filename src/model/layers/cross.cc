@@ -4,6 +4,7 @@
 
 #include "model/layers/graph_cpu.h"
 #include "model/layers/layer.h"
+#include "model/layers/onnx_emit.h"
 
 namespace dlrec::model {
 namespace {
@@ -33,6 +34,24 @@ class CrossNode final : public cpu_graph::Node {
   nn::CrossNet cross_;
 };
 
+// x_{l+1} = x0 * (W_l x_l + b_l) + x_l; low rank: W_l = U_l V_l (V without bias).
+std::string cross_to_onnx(OnnxEmit& e) {
+  const std::string x0 = e.inputs[0];
+  std::string x = x0;
+  for (int64_t l = 0; l < e.spec.num_layers; ++l) {
+    const std::string p = e.spec.name + "." + std::to_string(l);
+    std::string h = x;
+    if (e.spec.low_rank > 0)
+      h = onnx_linear(e.g, x, e.g.constant(p + ".v.weight", e.param(p + ".v.weight")), "",
+                      p + ".v");
+    const std::string u =
+        onnx_linear(e.g, h, e.g.constant(p + ".w.weight", e.param(p + ".w.weight")),
+                    e.g.constant(p + ".w.bias", e.param(p + ".w.bias")), p + ".u");
+    x = e.g.op("Add", {e.g.op("Mul", {x0, u}, p + ".x0u"), x}, p + ".out");
+  }
+  return x;
+}
+
 }  // namespace
 
 const LayerType& cross_layer() {
@@ -58,6 +77,7 @@ const LayerType& cross_layer() {
     };
     t.cuda_unsupported = [](const CudaQuery& q) { return cuda_compute_type_input(q); };
     t.make_cuda = DLREC_CUDA_LAYER(gpu_graph::make_cross);
+    t.to_onnx = cross_to_onnx;
     return t;
   }();
   return t;

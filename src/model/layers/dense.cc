@@ -4,6 +4,7 @@
 #include "dlrec/nn/param.h"
 #include "model/layers/graph_cpu.h"
 #include "model/layers/layer.h"
+#include "model/layers/onnx_emit.h"
 
 namespace dlrec::model {
 namespace {
@@ -22,6 +23,9 @@ class DenseNode final : public cpu_graph::Node {
   Tensor out_;
 };
 
+// The batch's dense features are the graph's input "dense".
+std::string dense_to_onnx(OnnxEmit& e) { return e.dense(); }
+
 }  // namespace
 
 const LayerType& dense_layer() {
@@ -37,6 +41,7 @@ const LayerType& dense_layer() {
     t.make_cpu = [](cpu_graph::Build&) { return std::make_unique<DenseNode>(); };
     t.cuda_unsupported = [](const CudaQuery&) { return std::string(); };
     t.make_cuda = DLREC_CUDA_LAYER(gpu_graph::make_dense);
+    t.to_onnx = dense_to_onnx;
     return t;
   }();
   return t;

@@ -3,6 +3,7 @@
 #include "dlrec/nn/interaction.h"
 #include "model/layers/graph_cpu.h"
 #include "model/layers/layer.h"
+#include "model/layers/onnx_emit.h"
 
 namespace dlrec::model {
 namespace {
@@ -50,6 +51,32 @@ class DotNode final : public cpu_graph::Node {
 
 const char* kHint = " (make the MLP's last size equal the embedding dim)";
 
+// Z = the n vectors [N, n, d]; Z Z^T's entries below the diagonal, row by row (Gather), after
+// the first vector.
+std::string dot_to_onnx(OnnxEmit& e) {
+  const auto nd = interaction_fields(e.spec, e.in, kHint);
+  const int64_t n = nd.first, d = nd.second;
+  const std::string& name = e.spec.name;
+  const std::string x = onnx_concat(e.g, e.inputs, name + ".z");
+  const std::string z =
+      e.g.op("Reshape", {x, e.g.ints(name + ".zshape", {-1, n, d})}, name + ".z3");
+  const std::string zt =
+      e.g.op("Transpose", {z}, name + ".zt", {OnnxAttr::integers("perm", {0, 2, 1})});
+  const std::string zz = e.g.op("MatMul", {z, zt}, name + ".zz");
+  const std::string flat =
+      e.g.op("Reshape", {zz, e.g.ints(name + ".flatshape", {-1, n * n})}, name + ".flat");
+  std::vector<int64_t> tri;
+  for (int64_t i = 1; i < n; ++i)
+    for (int64_t j = 0; j < i; ++j) tri.push_back(i * n + j);
+  const std::string pairs = e.g.op("Gather", {flat, e.g.ints(name + ".pairs", tri)}, name + ".dots",
+                                   {OnnxAttr::integer("axis", 1)});
+  const std::string first = e.g.op(
+      "Slice",
+      {x, e.g.ints(name + ".s0", {0}), e.g.ints(name + ".s1", {d}), e.g.ints(name + ".sa", {1})},
+      name + ".first");
+  return e.g.op("Concat", {first, pairs}, name, {OnnxAttr::integer("axis", 1)});
+}
+
 }  // namespace
 
 const LayerType& dot_layer() {
@@ -69,6 +96,7 @@ const LayerType& dot_layer() {
     };
     t.cuda_unsupported = [](const CudaQuery& q) { return cuda_compute_type_input(q); };
     t.make_cuda = DLREC_CUDA_LAYER(gpu_graph::make_dot);
+    t.to_onnx = dot_to_onnx;
     return t;
   }();
   return t;

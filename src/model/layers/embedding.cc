@@ -11,6 +11,7 @@
 #include "dlrec/nn/rng.h"
 #include "model/layers/graph_cpu.h"
 #include "model/layers/layer.h"
+#include "model/layers/onnx_emit.h"
 
 namespace dlrec::model {
 namespace {
@@ -136,6 +137,15 @@ std::vector<int64_t> table_dims(const LayerSpec& s, size_t features) {
   return dims;
 }
 
+// One Gather (pooled with ScatterND for multi-hot bags) per table, side by side.
+std::string embedding_to_onnx(OnnxEmit& e) {
+  const std::vector<int64_t> f = table_features(e.spec, e.layout);
+  const std::vector<int64_t> dims = table_dims(e.spec, f.size());
+  std::vector<std::string> parts;
+  for (size_t k = 0; k < f.size(); ++k) parts.push_back(onnx_table_lookup(e, f[k], dims[k]));
+  return onnx_concat(e.g, parts, e.spec.name);
+}
+
 }  // namespace
 
 const LayerType& embedding_layer() {
@@ -182,6 +192,7 @@ const LayerType& embedding_layer() {
       return std::string();
     };
     t.make_cuda = DLREC_CUDA_LAYER(gpu_graph::make_embedding);
+    t.to_onnx = embedding_to_onnx;
     return t;
   }();
   return t;

@@ -4,6 +4,7 @@
 
 #include "model/layers/graph_cpu.h"
 #include "model/layers/layer.h"
+#include "model/layers/onnx_emit.h"
 
 namespace dlrec::model {
 namespace {
@@ -35,6 +36,23 @@ class FmNode final : public cpu_graph::Node {
   std::vector<Tensor> bufs_;
 };
 
+// 0.5 * sum_k ((sum_i v_ik)^2 - sum_i v_ik^2) over the n vectors [N, n, d].
+std::string fm_to_onnx(OnnxEmit& e) {
+  const auto nd = interaction_fields(e.spec, e.in, "");
+  const std::string& name = e.spec.name;
+  const std::string x = onnx_concat(e.g, e.inputs, name + ".v");
+  const std::string v =
+      e.g.op("Reshape", {x, e.g.ints(name + ".vshape", {-1, nd.first, nd.second})}, name + ".v3");
+  const std::string axis1 = e.g.ints(name + ".axis1", {1});
+  const auto sum1 = [&](const std::string& t, const std::string& hint, int64_t keep) {
+    return e.g.op("ReduceSum", {t, axis1}, hint, {OnnxAttr::integer("keepdims", keep)});
+  };
+  const std::string s = sum1(v, name + ".s", 0);
+  const std::string q = sum1(e.g.op("Mul", {v, v}, name + ".vv"), name + ".q", 0);
+  const std::string diff = e.g.op("Sub", {e.g.op("Mul", {s, s}, name + ".ss"), q}, name + ".diff");
+  return e.g.op("Mul", {sum1(diff, name + ".sum", 1), e.g.scalar(name + ".half", 0.5f)}, name);
+}
+
 }  // namespace
 
 const LayerType& fm_layer() {
@@ -53,6 +71,7 @@ const LayerType& fm_layer() {
     };
     t.cuda_unsupported = [](const CudaQuery& q) { return cuda_compute_type_input(q); };
     t.make_cuda = DLREC_CUDA_LAYER(gpu_graph::make_fm);
+    t.to_onnx = fm_to_onnx;
     return t;
   }();
   return t;

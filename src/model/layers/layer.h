@@ -6,7 +6,9 @@
 //   - its CPU implementation (make_cpu: the reference, always built),
 //   - what the CUDA engine supports (cuda_unsupported: a predicate over the layer's keys, the
 //     precision and its optimizers, asked before anything is built), and
-//   - its CUDA implementation (make_cuda, in <type>_cuda.cu; null in builds without CUDA).
+//   - its CUDA implementation (make_cuda, in <type>_cuda.cu; null in builds without CUDA), and
+//   - its ONNX export (to_onnx: the ONNX nodes computing it, onnx_emit.h; null: the type has
+//     none, and exporting a model with it is an error naming the layer).
 // No code outside the layer's files switches on the type's name: the engines look the type up
 // here and call its functions.
 #pragma once
@@ -39,6 +41,8 @@ class Node;
 struct Build;
 }  // namespace gpu_graph
 
+struct OnnxEmit;  // onnx_emit.h
+
 // What the CUDA engine is asked to run for one layer.
 struct CudaQuery {
   const LayerSpec& spec;
@@ -69,6 +73,8 @@ struct LayerType {
   std::function<std::string(const CudaQuery& q)> cuda_unsupported;
   // Null in builds without CUDA.
   std::unique_ptr<gpu_graph::Node> (*make_cuda)(gpu_graph::Build& b) = nullptr;
+  // Appends the layer's ONNX nodes; returns the name of its output value [N, width].
+  std::function<std::string(OnnxEmit& e)> to_onnx;
 };
 
 // The registered types, in a fixed order; find_layer_type: null when unknown.

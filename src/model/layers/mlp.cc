@@ -4,6 +4,7 @@
 
 #include "model/layers/graph_cpu.h"
 #include "model/layers/layer.h"
+#include "model/layers/onnx_emit.h"
 
 namespace dlrec::model {
 namespace {
@@ -38,6 +39,19 @@ class MlpNode final : public cpu_graph::Node {
   nn::MLP mlp_;
 };
 
+// Gemm (x W^T + b) per layer, Relu between them (and after the last with relu_last).
+std::string mlp_to_onnx(OnnxEmit& e) {
+  std::string x = e.inputs[0];
+  const size_t n = e.spec.sizes.size();
+  for (size_t k = 0; k < n; ++k) {
+    const std::string p = e.spec.name + "." + std::to_string(k);
+    x = onnx_linear(e.g, x, e.g.constant(p + ".weight", e.param(p + ".weight")),
+                    e.g.constant(p + ".bias", e.param(p + ".bias")), p + ".linear");
+    if (k + 1 < n || e.spec.relu_last) x = e.g.op("Relu", {x}, p + ".relu");
+  }
+  return x;
+}
+
 }  // namespace
 
 const LayerType& mlp_layer() {
@@ -69,6 +83,7 @@ const LayerType& mlp_layer() {
       return std::string();
     };
     t.make_cuda = DLREC_CUDA_LAYER(gpu_graph::make_mlp);
+    t.to_onnx = mlp_to_onnx;
     return t;
   }();
   return t;

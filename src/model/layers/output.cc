@@ -2,6 +2,7 @@
 // (GraphSpec::parse finds it by LayerType::is_output).
 #include "model/layers/graph_cpu.h"
 #include "model/layers/layer.h"
+#include "model/layers/onnx_emit.h"
 
 namespace dlrec::model {
 namespace {
@@ -16,6 +17,9 @@ class OutputNode final : public cpu_graph::Node {
     if (need[0]) dins[0] = dout;
   }
 };
+
+// The logit is its input (the exporter adds the sigmoid).
+std::string output_to_onnx(OnnxEmit& e) { return e.inputs[0]; }
 
 }  // namespace
 
@@ -35,6 +39,7 @@ const LayerType& output_layer() {
     t.make_cpu = [](cpu_graph::Build&) { return std::make_unique<OutputNode>(); };
     t.cuda_unsupported = [](const CudaQuery&) { return std::string(); };
     t.make_cuda = DLREC_CUDA_LAYER(gpu_graph::make_output);
+    t.to_onnx = output_to_onnx;
     return t;
   }();
   return t;

@@ -5,6 +5,7 @@
 
 #include "model/layers/graph_cpu.h"
 #include "model/layers/layer.h"
+#include "model/layers/onnx_emit.h"
 
 namespace dlrec::model {
 namespace {
@@ -63,6 +64,14 @@ class WideNode final : public cpu_graph::Node {
   std::vector<nn::Bags> bags_;
 };
 
+// b + the sum of each feature's pooled 1-wide table.
+std::string wide_to_onnx(OnnxEmit& e) {
+  std::vector<std::string> parts;
+  for (int64_t f : table_features(e.spec, e.layout)) parts.push_back(onnx_table_lookup(e, f, 1));
+  parts.push_back(e.g.constant(e.spec.name + ".bias", e.param(e.spec.name + ".bias")));
+  return e.g.op("Sum", parts, e.spec.name);
+}
+
 }  // namespace
 
 const LayerType& wide_layer() {
@@ -84,6 +93,7 @@ const LayerType& wide_layer() {
     };
     t.cuda_unsupported = [](const CudaQuery& q) { return cuda_all_features(q.spec, q.layout); };
     t.make_cuda = DLREC_CUDA_LAYER(gpu_graph::make_wide);
+    t.to_onnx = wide_to_onnx;
     return t;
   }();
   return t;
