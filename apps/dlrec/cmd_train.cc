@@ -105,7 +105,8 @@ Runner add_train(CLI::App& app) {
       co.timeout_seconds = a->comm_timeout;
       comm = dist::make_communicator(a->comm, co);
       if (job > 0 && comm->size() != job)
-        fail("this job has ", comm->size(), comm->size() == 1 ? " rank" : " ranks", " but the command asks for ", job,
+        fail("this job has ", comm->size(), comm->size() == 1 ? " rank" : " ranks",
+             " but the command asks for ", job,
              " (--", a->gpus > 0 ? "gpus" : "ranks", " ", job, "); start it with mpirun -np ",
              job, " or drop the option");
       const int rc = run_train(*a, comm.get());

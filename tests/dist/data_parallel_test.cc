@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <memory>
 #include <regex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dist/run_job.h"
@@ -16,6 +18,7 @@
 #include "dlrec/dist/communicator.h"
 #include "dlrec/etl/run.h"
 #include "dlrec/io/datagen.h"
+#include "dlrec/io/shard.h"
 #include "test_files.h"
 
 using namespace dlrec;
@@ -27,8 +30,8 @@ namespace {
 
 const std::string kDlrec = std::string(DLREC_BIN_DIR) + "/dlrec";
 
-#define SKIP_WITHOUT_MPIRUN(n)                                                            \
-  if (!dist::mpi_built() || mpirun_prefix(n).empty())                                     \
+#define SKIP_WITHOUT_MPIRUN(n)                                                             \
+  if (!dist::mpi_built() || mpirun_prefix(n).empty())                                      \
   GTEST_SKIP() << "this build has no MPI or mpirun is not installed (Debian: openmpi-bin " \
                   "libopenmpi-dev); data-parallel training is not tested here"
 
@@ -38,8 +41,7 @@ struct Data {
   TempDir tmp{"dp"};
   std::string dir = tmp.path + "/data", config = tmp.path + "/config.json";
   // optimizer: the config's optimizer section.
-  explicit Data(int etl_ranks = 1,
-                const std::string& optimizer = R"({"type": "sgd", "lr": 0.1})") {
+  explicit Data(int etl_ranks = 1, const std::string& optimizer = R"({"type": "sgd", "lr": 0.1})") {
     io::DatagenConfig g;
     g.rows = 12000;
     g.seed = 11;
@@ -62,7 +64,8 @@ struct Data {
     etl::run_etl(o);
     std::ofstream(config) << R"({
       "model": {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
-      "optimizer": )" << optimizer << R"(,
+      "optimizer": )" << optimizer
+                          << R"(,
       "train": {"batch_size": 32, "epochs": 7, "max_steps": 1000, "log_every": 10,
                 "seed": 3}})";
   }
@@ -80,8 +83,8 @@ struct Data {
 };
 
 // Every logged loss within 1e-5 relative and the final AUC within 1e-4 (the issue's test).
-void expect_equivalent(const std::vector<json>& one, const std::vector<json>& many,
-                       int64_t steps, double min_auc) {
+void expect_equivalent(const std::vector<json>& one, const std::vector<json>& many, int64_t steps,
+                       double min_auc) {
   ASSERT_EQ(one.size(), many.size());
   ASSERT_EQ(static_cast<int64_t>(one.size()), steps / 10 + 1);  // losses, then the evaluation
   double worst = 0;
@@ -169,8 +172,7 @@ TEST(DataParallel, ARankKilledMidTrainingEndsTheJobNamingIt) {
   if (access("/usr/bin/pgrep", X_OK) != 0) GTEST_SKIP() << "no pgrep (procps) to find a rank";
   Data d;
   // A long run; 4 s in, one rank (a child of mpirun) is killed.
-  const std::string cmd = "sh -c '" + mpirun_prefix(2) +
-                          d.train_args("k", 32, "k.jsonl") +
+  const std::string cmd = "sh -c '" + mpirun_prefix(2) + d.train_args("k", 32, "k.jsonl") +
                           " --max-steps 100000000 --epochs 100000 & M=$!; sleep 4; "
                           "P=$(pgrep -P $M | tail -n 1); "
                           "echo killing $(tr \"\\\\0\" \"\\\\n\" < /proc/$P/environ | "
@@ -178,8 +180,7 @@ TEST(DataParallel, ARankKilledMidTrainingEndsTheJobNamingIt) {
                           "wait $M; echo job exit $?'";
   const auto t0 = std::chrono::steady_clock::now();
   auto r = run_job(cmd, 90);
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_FALSE(r.hung) << r.output;
   EXPECT_LT(secs, 60) << r.output;
   std::smatch rank;
@@ -190,6 +191,39 @@ TEST(DataParallel, ARankKilledMidTrainingEndsTheJobNamingIt) {
       r.output, std::regex("process rank " + rank[1].str() + " with PID .*exited on signal 9")))
       << r.output;
   EXPECT_EQ(r.output.find("job exit 0"), std::string::npos) << r.output;
+}
+
+// The parts of each global batch, in part order, are the rows of one loader with the global
+// batch, from any start row, through the last partial batch (whose pieces may be empty).
+TEST(DataParallel, LoaderPartsTogetherAreTheGlobalBatches) {
+  Data d;
+  const io::DatasetInfo info = io::DatasetInfo::load(d.dir);
+  std::vector<std::string> shards;
+  for (const auto& s : info.train_shards) shards.push_back(d.dir + "/" + s);
+  for (auto [per_part, parts, start] : std::vector<std::tuple<int64_t, int, int64_t>>{
+           {64, 3, 0}, {64, 2, 2950}, {1, 7, 9995}, {100, 1, 0}}) {
+    io::ShardLoader whole(shards, per_part * parts, start);
+    std::vector<std::unique_ptr<io::ShardLoader>> part;
+    for (int p = 0; p < parts; ++p)
+      part.push_back(std::make_unique<io::ShardLoader>(shards, per_part, start, p, parts));
+    io::Batch g, b;
+    int64_t batches = 0;
+    while (whole.next(g)) {
+      std::vector<float> labels, dense;
+      for (int p = 0; p < parts; ++p) {
+        ASSERT_TRUE(part[p]->next(b)) << "part " << p << " ended early";
+        EXPECT_LE(b.rows, per_part);
+        labels.insert(labels.end(), b.labels.begin(), b.labels.end());
+        dense.insert(dense.end(), b.dense.begin(), b.dense.end());
+      }
+      ASSERT_EQ(labels, g.labels) << "batch " << batches;
+      ASSERT_EQ(dense, g.dense) << "batch " << batches;
+      ++batches;
+    }
+    for (int p = 0; p < parts; ++p) EXPECT_FALSE(part[p]->next(b));
+    EXPECT_EQ(batches, (10000 - start + per_part * parts - 1) / (per_part * parts));
+  }
+  EXPECT_THROW(io::ShardLoader(shards, 8, 0, 2, 2), Error);
 }
 
 TEST(DataParallel, WithoutMpiOrALauncherRanksAreAClearError) {

@@ -21,8 +21,7 @@ struct JobResult {
 // instead of hanging it.
 inline JobResult run_job(const std::string& cmd, int limit_seconds) {
   JobResult r;
-  const std::string full =
-      "timeout -s KILL " + std::to_string(limit_seconds) + " " + cmd + " 2>&1";
+  const std::string full = "timeout -s KILL " + std::to_string(limit_seconds) + " " + cmd + " 2>&1";
   const auto t0 = std::chrono::steady_clock::now();
   FILE* p = popen(full.c_str(), "r");
   if (!p) return r;
