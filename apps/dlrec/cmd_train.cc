@@ -97,8 +97,15 @@ Runner add_train(CLI::App& app) {
     const int job = a->gpus > 0 ? a->gpus : (a->rank == -1 ? a->ranks : 0);
     DLREC_CHECK(!(a->gpus > 0 && a->ranks > 0), "--gpus and --ranks exclude each other");
     DLREC_CHECK(a->gpus >= 0 && a->ranks >= 0, "--gpus and --ranks must be >= 1");
-    if (job > 0 && !dist::started_by_mpi_launcher() && a->comm != "single")
-      return dist::launch_local_job(job, own_command_line());  // this command on each rank
+    if (job > 0 && !dist::started_by_mpi_launcher() && a->comm != "single") {
+      const int rc = dist::launch_local_job(job, own_command_line());  // this command per rank
+      if (rc != 0)
+        std::fprintf(stderr,
+                     "dlrec: error: the training job of %d ranks failed (exit status %d); the "
+                     "messages above name the rank that failed first\n",
+                     job, rc);
+      return rc;
+    }
     std::unique_ptr<dist::Communicator> comm;
     try {
       dist::CommOptions co;

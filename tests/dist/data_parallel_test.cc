@@ -114,7 +114,15 @@ void expect_ranks_match_one_process(int ranks, const std::string& optimizer) {
   auto many = run_job(mpirun_prefix(ranks) + d.train_args("many", 64 / ranks, "many.jsonl"), 600);
   ASSERT_EQ(many.exit_code, 0) << many.output;
   // Rank 0 alone reports: one result line and one evaluation line for the job.
-  EXPECT_EQ(std::count(many.output.begin(), many.output.end(), '\n'), 2) << many.output;
+  auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = many.output.find(what); at != std::string::npos;
+         at = many.output.find(what, at + 1))
+      ++n;
+    return n;
+  };
+  EXPECT_EQ(count("trained: "), 1u) << many.output;
+  EXPECT_EQ(count("validation: "), 1u) << many.output;
   EXPECT_NE(many.output.find("trained: steps=1000 samples=63712 "), std::string::npos)
       << many.output;
   expect_equivalent(d.metrics("one.jsonl"), d.metrics("many.jsonl"), 1000, 0.6);
@@ -143,7 +151,9 @@ TEST(DataParallel, RanksFlagStartsTheJobItself) {
   Data d;
   auto one = run_job(d.train_args("one", 64, "one.jsonl") + " --max-steps 200", 300);
   ASSERT_EQ(one.exit_code, 0) << one.output;
-  auto two = run_job(d.train_args("two", 32, "two.jsonl") + " --max-steps 200 --ranks 2", 300);
+  auto two = run_job(std::string(dlrec::testing::kMpiEnv) + d.train_args("two", 32, "two.jsonl") +
+                         " --max-steps 200 --ranks 2",
+                     300);
   ASSERT_EQ(two.exit_code, 0) << two.output;
   expect_equivalent(d.metrics("one.jsonl"), d.metrics("two.jsonl"), 200, 0.5);
 }
@@ -164,6 +174,16 @@ TEST(DataParallel, MismatchedRankCountsAreClearErrors) {
   EXPECT_FALSE(r.hung) << r.output;
   EXPECT_NE(r.output.find("ranks.json' splits the training rows for 3 ranks, not 2"),
             std::string::npos)
+      << r.output;
+  // The same through `--ranks 2`, which starts the job itself and says that it failed.
+  r = run_job(
+      std::string(dlrec::testing::kMpiEnv) + d.train_args("c", 32, "c.jsonl") + " --ranks 2", 120);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_FALSE(r.hung) << r.output;
+  EXPECT_NE(r.output.find("ranks.json' splits the training rows for 3 ranks, not 2"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("dlrec: error: the training job of 2 ranks failed"), std::string::npos)
       << r.output;
 }
 
