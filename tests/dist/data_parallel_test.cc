@@ -213,6 +213,25 @@ TEST(DataParallel, ARankKilledMidTrainingEndsTheJobNamingIt) {
   EXPECT_EQ(r.output.find("job exit 0"), std::string::npos) << r.output;
 }
 
+// A job stopped at step 100 (its final checkpoint, by rank 0) and resumed on every rank
+// continues exactly as the uninterrupted job, across an epoch's end (step 157).
+TEST(DataParallel, ResumedJobContinuesAsTheUninterruptedOne) {
+  SKIP_WITHOUT_MPIRUN(2);
+  Data d(1, R"({"type": "adagrad", "lr": 0.05, "adagrad_init": 0.01})");
+  const std::string mpirun = mpirun_prefix(2);
+  auto full = run_job(mpirun + d.train_args("full", 32, "full.jsonl") + " --max-steps 200", 300);
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  auto first = run_job(mpirun + d.train_args("part", 32, "part.jsonl") + " --max-steps 100", 300);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  auto second = run_job(
+      mpirun + d.train_args("part", 32, "part2.jsonl") + " --max-steps 200 --resume", 300);
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  const auto a = d.metrics("full.jsonl"), b = d.metrics("part2.jsonl");
+  ASSERT_EQ(a.size(), 21u);
+  ASSERT_EQ(b.size(), 11u);  // steps 110..200 and the evaluation
+  for (size_t i = 0; i < b.size(); ++i) EXPECT_EQ(a[10 + i].dump(), b[i].dump());
+}
+
 // The parts of each global batch, in part order, are the rows of one loader with the global
 // batch, from any start row, through the last partial batch (whose pieces may be empty).
 TEST(DataParallel, LoaderPartsTogetherAreTheGlobalBatches) {
