@@ -232,6 +232,20 @@ TEST(DataParallel, ResumedJobContinuesAsTheUninterruptedOne) {
   for (size_t i = 0; i < b.size(); ++i) EXPECT_EQ(a[10 + i].dump(), b[i].dump());
 }
 
+// Tables that cannot sum their gradients over the ranks yet are refused before training.
+TEST(DataParallel, LayersThatCannotReduceTheirTablesAreClearErrors) {
+  SKIP_WITHOUT_MPIRUN(2);
+  Data d;
+  std::ofstream(d.config) << R"({"model": {"arch": "wide_deep", "embedding_dim": 8},
+      "optimizer": {"type": "sgd", "lr": 0.05}, "train": {"max_steps": 3}})";
+  auto r = run_job(mpirun_prefix(2) + d.train_args("w", 32, "w.jsonl"), 120);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_FALSE(r.hung) << r.output;
+  EXPECT_NE(r.output.find("layer 'wide' (type 'wide') cannot sum its tables' gradients"),
+            std::string::npos)
+      << r.output;
+}
+
 // The parts of each global batch, in part order, are the rows of one loader with the global
 // batch, from any start row, through the last partial batch (whose pieces may be empty).
 TEST(DataParallel, LoaderPartsTogetherAreTheGlobalBatches) {
