@@ -223,8 +223,8 @@ TEST(DataParallel, ResumedJobContinuesAsTheUninterruptedOne) {
   ASSERT_EQ(full.exit_code, 0) << full.output;
   auto first = run_job(mpirun + d.train_args("part", 32, "part.jsonl") + " --max-steps 100", 300);
   ASSERT_EQ(first.exit_code, 0) << first.output;
-  auto second = run_job(
-      mpirun + d.train_args("part", 32, "part2.jsonl") + " --max-steps 200 --resume", 300);
+  auto second =
+      run_job(mpirun + d.train_args("part", 32, "part2.jsonl") + " --max-steps 200 --resume", 300);
   ASSERT_EQ(second.exit_code, 0) << second.output;
   const auto a = d.metrics("full.jsonl"), b = d.metrics("part2.jsonl");
   ASSERT_EQ(a.size(), 21u);
