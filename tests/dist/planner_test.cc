@@ -14,14 +14,13 @@ namespace {
 using dlrec::testing::error_of;
 using dlrec::testing::expect_error;
 
-// The MLPerf DLRM v1 model's 26 tables on Criteo 1TB with max_ind_range 40M
-// (issue 18).
+// The MLPerf DLRM v1 model's 26 tables on Criteo 1TB with max_ind_range 40M (issue 18).
 const std::vector<int64_t> kCriteo1TB = {
     39884406, 39043,    17289,    7420,     20263,  3,     7120, 1543, 63,
     38532951, 2953546,  403346,   10,       2208,   11938, 155,  4,    976,
     14,       39979771, 25641295, 39664984, 585935, 12972, 108,  36};
 
-constexpr int64_t kH100 = 80'000'000'000; // bytes (80 GB)
+constexpr int64_t kH100 = 80'000'000'000;  // bytes (80 GB)
 
 std::vector<TableSpec> criteo_tables(int64_t dim, bool adagrad) {
   std::vector<TableSpec> t;
@@ -46,32 +45,28 @@ PlannerOptions options(int ranks, int64_t memory) {
   return o;
 }
 
-// Every table is covered exactly once (rows and columns) and no rank is over
-// its budget.
-void check_plan(const Plan &p, const std::vector<TableSpec> &specs,
-                const PlannerOptions &o) {
+// Every table is covered exactly once (rows and columns) and no rank is over its budget.
+void check_plan(const Plan& p, const std::vector<TableSpec>& specs, const PlannerOptions& o) {
   ASSERT_EQ(p.tables.size(), specs.size());
   ASSERT_EQ(static_cast<int>(p.per_rank.size()), o.ranks);
   std::vector<int64_t> rank_bytes(o.ranks, 0);
   for (size_t t = 0; t < specs.size(); ++t) {
-    const TablePlan &tp = p.tables[t];
-    const TableSpec &s = specs[t];
+    const TablePlan& tp = p.tables[t];
+    const TableSpec& s = specs[t];
     EXPECT_EQ(tp.name, s.name);
     int64_t rows = 0, cols = 0;
-    for (const Shard &sh : tp.shards) {
+    for (const Shard& sh : tp.shards) {
       ASSERT_GE(sh.rank, 0);
       ASSERT_LT(sh.rank, o.ranks);
       rank_bytes[sh.rank] += sh.bytes;
       if (tp.kind == ShardingKind::RowWise) {
         EXPECT_EQ(sh.col_begin, 0);
         EXPECT_EQ(sh.col_end, s.dim);
-        EXPECT_EQ(sh.rows, sh.rank < s.rows
-                               ? (s.rows - sh.rank + o.ranks - 1) / o.ranks
-                               : 0);
+        EXPECT_EQ(sh.rows, sh.rank < s.rows ? (s.rows - sh.rank + o.ranks - 1) / o.ranks : 0);
         rows += sh.rows;
       } else if (tp.kind == ShardingKind::ColumnWise) {
         EXPECT_EQ(sh.rows, s.rows);
-        EXPECT_EQ(sh.col_begin, cols) << s.name; // contiguous, in order
+        EXPECT_EQ(sh.col_begin, cols) << s.name;  // contiguous, in order
         cols = sh.col_end;
       } else {
         EXPECT_EQ(sh.rows, s.rows);
@@ -79,18 +74,18 @@ void check_plan(const Plan &p, const std::vector<TableSpec> &specs,
       }
     }
     switch (tp.kind) {
-    case ShardingKind::Replicated:
-      EXPECT_EQ(static_cast<int>(tp.shards.size()), o.ranks);
-      break;
-    case ShardingKind::TableWise:
-      EXPECT_EQ(tp.shards.size(), 1u);
-      break;
-    case ShardingKind::RowWise:
-      EXPECT_EQ(rows, s.rows);
-      break;
-    case ShardingKind::ColumnWise:
-      EXPECT_EQ(cols, s.dim);
-      break;
+      case ShardingKind::Replicated:
+        EXPECT_EQ(static_cast<int>(tp.shards.size()), o.ranks);
+        break;
+      case ShardingKind::TableWise:
+        EXPECT_EQ(tp.shards.size(), 1u);
+        break;
+      case ShardingKind::RowWise:
+        EXPECT_EQ(rows, s.rows);
+        break;
+      case ShardingKind::ColumnWise:
+        EXPECT_EQ(cols, s.dim);
+        break;
     }
   }
   for (int r = 0; r < o.ranks; ++r) {
@@ -102,12 +97,10 @@ void check_plan(const Plan &p, const std::vector<TableSpec> &specs,
 TEST(ShardPlanner, Criteo1TBDoesNotFitOneH100) {
   const auto specs = criteo_tables(128, false);
   int64_t total = 0;
-  for (const auto &s : specs)
-    total += s.bytes();
+  for (const auto& s : specs) total += s.bytes();
   EXPECT_NEAR(static_cast<double>(total), 96.2e9,
-              0.1e9); // the issue's 96 GB in fp32
-  const std::string e =
-      error_of([&] { plan_sharding(specs, options(1, kH100)); });
+              0.1e9);  // the issue's 96 GB in fp32
+  const std::string e = error_of([&] { plan_sharding(specs, options(1, kH100)); });
   EXPECT_NE(e.find("sharding plan: table 'cat_"), std::string::npos) << e;
   EXPECT_NE(e.find(" GB"), std::string::npos) << e;
   EXPECT_NE(e.find("does not fit"), std::string::npos) << e;
@@ -120,26 +113,20 @@ TEST(ShardPlanner, Criteo1TBWithSgdOnTwoAndFourH100) {
     const PlannerOptions o = options(ranks, kH100);
     const Plan p = plan_sharding(specs, o);
     check_plan(p, specs, o);
-    // The small tables are replicated, the large ones placed whole: they fit
-    // without a split.
+    // The small tables are replicated, the large ones placed whole: they fit without a split.
     int replicated = 0;
-    for (const auto &t : p.tables) {
-      if (t.kind == ShardingKind::Replicated)
-        ++replicated;
+    for (const auto& t : p.tables) {
+      if (t.kind == ShardingKind::Replicated) ++replicated;
       EXPECT_NE(t.kind, ShardingKind::RowWise);
     }
-    EXPECT_GE(replicated, 10); // 3, 4, 10, 14, 36, 63, 108, 155, 976, 1543 rows
-    // Memory is balanced: no rank above 60 % of the usable memory with 2 ranks
-    // (96 / 2 / 72).
-    for (const RankLoad &l : p.per_rank)
-      EXPECT_LT(static_cast<double>(l.bytes),
-                (ranks == 2 ? 0.75 : 0.5) * o.usable_per_rank());
+    EXPECT_GE(replicated, 10);  // 3, 4, 10, 14, 36, 63, 108, 155, 976, 1543 rows
+    // Memory is balanced: no rank above 60 % of the usable memory with 2 ranks (96 / 2 / 72).
+    for (const RankLoad& l : p.per_rank)
+      EXPECT_LT(static_cast<double>(l.bytes), (ranks == 2 ? 0.75 : 0.5) * o.usable_per_rank());
     std::ostringstream os;
     print_plan(p, specs, os);
-    if (ranks == 2)
-      std::cout << os.str(); // the plan the issue asks to report
-    EXPECT_NE(os.str().find("rank " + std::to_string(ranks - 1) + ": memory"),
-              std::string::npos)
+    if (ranks == 2) std::cout << os.str();  // the plan the issue asks to report
+    EXPECT_NE(os.str().find("rank " + std::to_string(ranks - 1) + ": memory"), std::string::npos)
         << os.str();
     EXPECT_NE(os.str().find("cat_19"), std::string::npos);
   }
@@ -147,44 +134,39 @@ TEST(ShardPlanner, Criteo1TBWithSgdOnTwoAndFourH100) {
 
 TEST(ShardPlanner, Criteo1TBWithAdagradNeedsFourH100) {
   const auto specs = criteo_tables(128, true);
-  const std::string e2 =
-      error_of([&] { plan_sharding(specs, options(2, kH100)); });
+  const std::string e2 = error_of([&] { plan_sharding(specs, options(2, kH100)); });
   EXPECT_NE(e2.find("does not fit"), std::string::npos) << e2;
-  EXPECT_NE(e2.find("192."), std::string::npos)
-      << e2; // 192 GB with the Adagrad state
+  EXPECT_NE(e2.find("192."), std::string::npos) << e2;  // 192 GB with the Adagrad state
   const PlannerOptions o = options(4, kH100);
   const Plan p = plan_sharding(specs, o);
   check_plan(p, specs, o);
   std::ostringstream os;
   print_plan(p, specs, os);
   std::cout << os.str();
-  // Placed whole, two of the five ~40 GB tables would share a rank (66 GB); the
-  // planner splits one so that no rank holds more than 1.25x the mean.
+  // Placed whole, two of the five ~40 GB tables would share a rank (66 GB); the planner splits one
+  // so that no rank holds more than 1.25x the mean.
   int64_t most = 0, sum = 0;
-  for (const RankLoad &l : p.per_rank)
-    most = std::max(most, l.bytes), sum += l.bytes;
-  EXPECT_LE(static_cast<double>(most),
-            o.max_memory_imbalance * static_cast<double>(sum) / 4);
+  for (const RankLoad& l : p.per_rank) most = std::max(most, l.bytes), sum += l.bytes;
+  EXPECT_LE(static_cast<double>(most), o.max_memory_imbalance * static_cast<double>(sum) / 4);
   EXPECT_NE(os.str().find("4 rank(s)"), std::string::npos) << os.str();
 }
 
 TEST(ShardPlanner, OneRankPlacesEverythingWhole) {
-  const auto specs = criteo_tables(16, false); // 12 GB: fits one rank
+  const auto specs = criteo_tables(16, false);  // 12 GB: fits one rank
   const PlannerOptions o = options(1, kH100);
   const Plan p = plan_sharding(specs, o);
   check_plan(p, specs, o);
-  for (const auto &t : p.tables) {
+  for (const auto& t : p.tables) {
     EXPECT_EQ(t.kind, ShardingKind::TableWise);
     EXPECT_EQ(t.owner(), 0);
   }
 }
 
 TEST(ShardPlanner, SplitsATableLargerThanOneRank) {
-  // Table "big" needs 1.6 MB, a rank has 1 MB: it is split; by columns when the
-  // dim allows.
+  // Table "big" needs 1.6 MB, a rank has 1 MB: it is split; by columns when the dim allows.
   std::vector<TableSpec> specs(2);
-  specs[0] = {"big", 3125, 128, 4, 0, true, 0};  // 1.6 MB
-  specs[1] = {"small", 100, 128, 4, 0, true, 0}; // 51 kB
+  specs[0] = {"big", 3125, 128, 4, 0, true, 0};   // 1.6 MB
+  specs[1] = {"small", 100, 128, 4, 0, true, 0};  // 51 kB
   PlannerOptions o;
   o.ranks = 2;
   o.memory_per_rank = 1'000'000;
@@ -212,8 +194,7 @@ TEST(ShardPlanner, BalancesLookups) {
   // Four equal tables, two of them hot: each rank gets one hot one.
   std::vector<TableSpec> specs;
   for (int i = 0; i < 4; ++i)
-    specs.push_back(
-        {"t" + std::to_string(i), 1000, 16, 4, 0, true, i < 2 ? 1e6 : 1.0});
+    specs.push_back({"t" + std::to_string(i), 1000, 16, 4, 0, true, i < 2 ? 1e6 : 1.0});
   PlannerOptions o;
   o.ranks = 2;
   o.memory_per_rank = 1'000'000'000;
@@ -242,8 +223,7 @@ TEST(ShardPlanner, ConfigOverridesThePlan) {
   EXPECT_EQ(p.tables[2].kind, ShardingKind::ColumnWise);
   EXPECT_EQ(p.tables[2].shards.size(), 4u);
   EXPECT_EQ(p.tables[3].kind, ShardingKind::Replicated);
-  for (int t = 0; t < 4; ++t)
-    EXPECT_TRUE(p.tables[t].overridden);
+  for (int t = 0; t < 4; ++t) EXPECT_TRUE(p.tables[t].overridden);
   EXPECT_FALSE(p.tables[4].overridden);
   std::ostringstream os;
   print_plan(p, specs, os);
@@ -255,66 +235,54 @@ TEST(ShardPlanner, ConfigOverridesThePlan) {
 }
 
 TEST(ShardPlanner, BadConfigIsAClearError) {
-  auto read = [](const std::string &text, int ranks) {
+  auto read = [](const std::string& text, int ranks) {
     const json j = parse_json(text, "test");
     ConfigReader r(j, "sharding");
     return read_planner_options(r, ranks);
   };
-  expect_error(
-      [&] { read(R"({"memory_per_rank": 80})", 2); },
-      {"unknown config key 'sharding.memory_per_rank'", "memory_per_rank_gb"});
+  expect_error([&] { read(R"({"memory_per_rank": 80})", 2); },
+               {"unknown config key 'sharding.memory_per_rank'", "memory_per_rank_gb"});
   expect_error([&] { read(R"({"tables": {"cat_0": {"kind": "rows"}}})", 2); },
                {"sharding.tables.cat_0.kind"});
-  expect_error(
-      [&] {
-        read(R"({"tables": {"cat_0": {"kind": "table_wise", "ownr": 1}}})", 2);
-      },
-      {"sharding.tables.cat_0.ownr", "owner"});
+  expect_error([&] { read(R"({"tables": {"cat_0": {"kind": "table_wise", "ownr": 1}}})", 2); },
+               {"sharding.tables.cat_0.ownr", "owner"});
   expect_error([&] { read(R"({"headroom": 1.5})", 2); }, {"sharding.headroom"});
-  expect_error([&] { read(R"({"tables": [1]})", 2); },
-               {"sharding.tables", "object"});
+  expect_error([&] { read(R"({"tables": [1]})", 2); }, {"sharding.tables", "object"});
 
   const auto specs = criteo_tables(64, false);
   PlannerOptions o = options(2, kH100);
   o.overrides["cat_1"] = {ShardingKind::TableWise, 3};
-  expect_error([&] { plan_sharding(specs, o); },
-               {"'cat_1'", "owner 3", "2 rank(s)"});
+  expect_error([&] { plan_sharding(specs, o); }, {"'cat_1'", "owner 3", "2 rank(s)"});
   o.overrides.clear();
   o.overrides["cat_01"] = {ShardingKind::RowWise, -1};
   expect_error([&] { plan_sharding(specs, o); },
                {"sharding.tables.cat_01", "names no table", "did you mean"});
   o.overrides.clear();
   o.overrides["cat_1"] = {ShardingKind::RowWise, 1};
-  expect_error([&] { plan_sharding(specs, o); },
-               {"'cat_1'", "only table_wise"});
+  expect_error([&] { plan_sharding(specs, o); }, {"'cat_1'", "only table_wise"});
   // Column-wise with a per-row optimizer state.
   auto rw = specs;
   rw[2].state_splits_by_column = false;
   o.overrides.clear();
   o.overrides["cat_2"] = {ShardingKind::ColumnWise, -1};
-  expect_error([&] { plan_sharding(rw, o); },
-               {"'cat_2'", "cannot be split by columns"});
+  expect_error([&] { plan_sharding(rw, o); }, {"'cat_2'", "cannot be split by columns"});
   // An owner that cannot hold the table.
   o.overrides.clear();
   o.overrides["cat_0"] = {ShardingKind::TableWise, 0};
   o.memory_per_rank = 5'000'000'000;
-  expect_error([&] { plan_sharding(specs, o); },
-               {"'cat_0'", "configured owner", "does not fit"});
+  expect_error([&] { plan_sharding(specs, o); }, {"'cat_0'", "configured owner", "does not fit"});
   // Dense parameters larger than the budget.
   o = options(2, 1'000'000);
   o.dense_bytes = 2'000'000;
-  expect_error([&] { plan_sharding(specs, o); },
-               {"nothing is left for tables"});
+  expect_error([&] { plan_sharding(specs, o); }, {"nothing is left for tables"});
   // Bad table specs.
   auto bad = specs;
   bad[3].rows = 0;
-  expect_error([&] { plan_sharding(bad, options(2, kH100)); },
-               {"'cat_3'", "rows and dim"});
+  expect_error([&] { plan_sharding(bad, options(2, kH100)); }, {"'cat_3'", "rows and dim"});
   bad = specs;
   bad[3].name = "cat_4";
-  expect_error([&] { plan_sharding(bad, options(2, kH100)); },
-               {"two tables", "'cat_4'"});
+  expect_error([&] { plan_sharding(bad, options(2, kH100)); }, {"two tables", "'cat_4'"});
 }
 
-} // namespace
-} // namespace dlrec::dist
+}  // namespace
+}  // namespace dlrec::dist
