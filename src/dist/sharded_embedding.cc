@@ -5,6 +5,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "dist/sharded_embedding_layout.h"
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/nn/rng.h"
 
@@ -12,33 +13,29 @@ namespace dlrec::dist {
 
 namespace {
 
-// Rows of table `rows` that rank d holds under row-wise sharding over n ranks (ids d, d+n, ...).
-int64_t row_wise_rows(int64_t rows, int d, int n) { return d < rows ? (rows - d + n - 1) / n : 0; }
-
-// An optimizer's state row as groups of per-value entries (G groups of `dim` values) followed by
-// E per-row entries: adagrad and momentum G=1 E=0; adam G=2 E=1 (m, v, t); ftrl G=2 E=0;
-// rowwise_adagrad G=0 E=1. A column shard [c0, c1) holds G groups of c1 - c0 values and E.
-struct StateLayout {
-  int64_t groups = 0, extra = 0;
-  explicit StateLayout(const nn::Optimizer& o)
-      : groups(o.state_row_size(1) - o.state_row_size(0)), extra(o.state_row_size(0)) {}
-  int64_t row(int64_t cols) const { return groups * cols + extra; }
-};
-
-// The state tensor's shape for a table [rows, cols], as nn::Optimizer::init_state makes it.
-Shape state_shape(const nn::Optimizer& o, int64_t rows, int64_t cols) {
-  switch (o.kind()) {
-    case nn::OptimizerKind::SGD:
-    case nn::OptimizerKind::Adagrad:
-      return {rows, cols};
-    case nn::OptimizerKind::RowWiseAdagrad:
-      return {rows};
-    default:
-      return {rows, o.state_row_size(cols)};
-  }
-}
+using detail::Piece;
+using detail::row_wise_rows;
+using detail::StateLayout;
 
 }  // namespace
+
+detail::Piece detail::piece_of(const Plan& plan, const std::vector<ShardedTableConfig>& tables,
+                               int t, int rank) {
+  const TablePlan& tp = plan.tables[t];
+  for (const Shard& s : tp.shards)
+    if (s.rank == rank) {
+      Piece p;
+      p.row_wise = tp.kind == ShardingKind::RowWise;
+      p.rank = rank;
+      p.ranks = plan.ranks;
+      p.local_rows =
+          p.row_wise ? row_wise_rows(tables[t].spec.rows, rank, plan.ranks) : tables[t].spec.rows;
+      p.c0 = s.col_begin;
+      p.c1 = s.col_end;
+      return p;
+    }
+  fail("sharding: table '", tables[t].spec.name, "' has no shard on rank ", rank);
+}
 
 void accumulate_sparse_grad(const int64_t* offsets, const int64_t* indices, int64_t samples,
                             const float* dout, int64_t stride, int64_t dim, nn::SparseGrad& out) {
@@ -169,44 +166,31 @@ void ShardedEmbedding::load_table(int t, const Tensor& values, const Tensor& sta
     DLREC_CHECK(state.dtype() == DType::F32 && state.numel() == rows * sl.row(dim),
                 "ShardedEmbedding: table '", c.spec.name, "' loads an optimizer state of ",
                 state.numel(), " values, expected ", rows * sl.row(dim));
-  const int n = comm_.size(), me = comm_.rank();
-  const bool row_wise = plan_.tables[t].kind == ShardingKind::RowWise;
-  auto fill = [&](nn::Param& p, int64_t local_rows, int64_t c0, int64_t c1) {
-    const int64_t cols = c1 - c0;
-    float* w = p.value.data<float>();
-    const double a = std::sqrt(1.0 / static_cast<double>(rows));
-    parallel_for(0, local_rows, 1024, [&](int64_t lo, int64_t hi) {
-      for (int64_t lr = lo; lr < hi; ++lr) {
-        const int64_t g = row_wise ? lr * n + me : lr;
-        for (int64_t k = 0; k < cols; ++k) {
-          const int64_t i = g * dim + c0 + k;
-          w[lr * cols + k] =
-              values.defined()
-                  ? values.data<float>()[i]
-                  : static_cast<float>(-a +
-                                       2.0 * a * nn::uniform_at(c.seed, static_cast<uint64_t>(i)));
-        }
-      }
-    });
-    opt.init_state(p);
-    if (!state.defined() || !p.state.defined()) return;
-    const float* src = state.data<float>();
-    float* dst = p.state.data<float>();
-    const int64_t full_row = sl.row(dim), row = sl.row(cols);
-    for (int64_t lr = 0; lr < local_rows; ++lr) {
-      const int64_t g = row_wise ? lr * n + me : lr;
-      for (int64_t gr = 0; gr < sl.groups; ++gr)
-        std::memcpy(dst + lr * row + gr * cols, src + g * full_row + gr * dim + c0,
-                    cols * sizeof(float));
-      for (int64_t e = 0; e < sl.extra; ++e)
-        dst[lr * row + sl.groups * cols + e] = src[g * full_row + sl.groups * dim + e];
+  auto fill = [&](nn::Param& p, const Piece& piece) {
+    if (values.defined()) {
+      detail::take_piece(values.data<float>(), p.value.data<float>(), piece, dim, false, sl);
+    } else {
+      const int64_t cols = piece.c1 - piece.c0;
+      float* w = p.value.data<float>();
+      const double a = std::sqrt(1.0 / static_cast<double>(rows));
+      parallel_for(0, piece.local_rows, 1024, [&](int64_t lo, int64_t hi) {
+        for (int64_t lr = lo; lr < hi; ++lr)
+          for (int64_t k = 0; k < cols; ++k) {
+            const auto i = static_cast<uint64_t>(piece.global_row(lr) * dim + piece.c0 + k);
+            w[lr * cols + k] = static_cast<float>(-a + 2.0 * a * nn::uniform_at(c.seed, i));
+          }
+      });
     }
+    opt.init_state(p);
+    if (state.defined() && p.state.defined())
+      detail::take_piece(state.data<float>(), p.state.data<float>(), piece, dim, true, sl);
   };
   Local& L = *local_;
   for (size_t i = 0; i < L.replicated.size(); ++i)
-    if (L.replicated[i] == t) fill(L.rep_bags[i]->weight(), rows, 0, dim);
+    if (L.replicated[i] == t) fill(L.rep_bags[i]->weight(), Piece{false, 0, 1, rows, 0, dim});
   for (Local::Owned& o : L.owned)
-    if (o.table == t && o.bag) fill(o.bag->weight(), o.rows, o.c0, o.c1);
+    if (o.table == t && o.bag)
+      fill(o.bag->weight(), detail::piece_of(plan_, tables_, t, comm_.rank()));
 }
 
 void ShardedEmbedding::forward(const std::vector<BagsView>& bags, int64_t batch, float* out,
@@ -489,6 +473,19 @@ void ShardedEmbedding::step(const std::vector<float>& lr) {
   }
 }
 
+nn::Param& ShardedEmbedding::replicated_param(int t) {
+  Local& L = *local_;
+  for (size_t i = 0; i < L.replicated.size(); ++i)
+    if (L.replicated[i] == t) return L.rep_bags[i]->weight();
+  fail("ShardedEmbedding: table '", tables_[t].spec.name, "' is not replicated");
+}
+
+nn::Param* ShardedEmbedding::owned_param(int t) {
+  for (Local::Owned& o : local_->owned)
+    if (o.table == t && o.bag) return &o.bag->weight();
+  return nullptr;
+}
+
 Tensor ShardedEmbedding::gather_table(int t, bool state) {
   DLREC_CHECK(t >= 0 && t < num_tables(), "ShardedEmbedding::gather_table: no table ", t);
   Local& L = *local_;
@@ -515,28 +512,11 @@ Tensor ShardedEmbedding::gather_table(int t, bool state) {
   for (int s = 0; s < n; ++s) base[s] = total, total += counts[s];
   std::vector<float> all(total);
   comm_.all_gather_v(mine.data(), all.data(), counts, Elem::F32);
-  Tensor full = Tensor::zeros(state ? state_shape(opt, rows, dim) : Shape{rows, dim}, DType::F32);
-  float* f = full.data<float>();
-  const bool row_wise = plan_.tables[t].kind == ShardingKind::RowWise;
-  const int64_t full_row = state ? sl.row(dim) : dim;
-  for (const Shard& s : plan_.tables[t].shards) {
-    const int64_t cols = s.col_end - s.col_begin;
-    const int64_t local_rows = row_wise ? row_wise_rows(rows, s.rank, n) : rows;
-    const int64_t row = state ? sl.row(cols) : cols;
-    const float* src = all.data() + base[s.rank];
-    for (int64_t lr = 0; lr < local_rows; ++lr) {
-      const int64_t g = row_wise ? lr * n + s.rank : lr;
-      const float* sr = src + lr * row;
-      float* dr = f + g * full_row;
-      if (!state) {
-        std::memcpy(dr + s.col_begin, sr, cols * sizeof(float));
-        continue;
-      }
-      for (int64_t gr = 0; gr < sl.groups; ++gr)
-        std::memcpy(dr + gr * dim + s.col_begin, sr + gr * cols, cols * sizeof(float));
-      for (int64_t e = 0; e < sl.extra; ++e) dr[sl.groups * dim + e] = sr[sl.groups * cols + e];
-    }
-  }
+  Tensor full =
+      Tensor::zeros(state ? detail::state_shape(opt, rows, dim) : Shape{rows, dim}, DType::F32);
+  for (const Shard& s : plan_.tables[t].shards)
+    detail::place_piece(full.data<float>(), all.data() + base[s.rank],
+                        detail::piece_of(plan_, tables_, t, s.rank), dim, state, sl);
   return full;
 }
 

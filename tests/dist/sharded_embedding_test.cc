@@ -13,83 +13,13 @@
 
 #include "dlrec/nn/rng.h"
 #include "run_job.h"
+#include "sharded_test_util.h"
 #include "test_errors.h"
 
 namespace dlrec::dist {
 namespace {
 
 using dlrec::testing::expect_error;
-
-// One global batch: per table CSR over `samples` samples, bags of 0..3 ids, skewed to small ids
-// (as after Categorify) so that rows repeat within the batch.
-struct GlobalBatch {
-  std::vector<std::vector<int64_t>> offsets, indices;  // per table
-};
-
-GlobalBatch make_batch(const std::vector<TableSpec>& specs, int64_t samples, uint64_t seed) {
-  GlobalBatch g;
-  nn::Rng rng(seed);
-  for (const TableSpec& s : specs) {
-    std::vector<int64_t> off(1, 0), idx;
-    for (int64_t r = 0; r < samples; ++r) {
-      const int len = static_cast<int>(rng.next() % 4);
-      for (int k = 0; k < len; ++k) {
-        const double u = static_cast<double>(rng.next() >> 11) * 0x1.0p-53;
-        idx.push_back(std::min<int64_t>(s.rows - 1, static_cast<int64_t>(u * u * s.rows)));
-      }
-      off.push_back(static_cast<int64_t>(idx.size()));
-    }
-    g.offsets.push_back(off);
-    g.indices.push_back(idx);
-  }
-  return g;
-}
-
-// A deterministic gradient for global sample r, column c.
-float dout_at(uint64_t step, int64_t r, int64_t c) {
-  return static_cast<float>(nn::uniform_at(step * 7919 + 1, static_cast<uint64_t>(r * 1000 + c)) -
-                            0.5);
-}
-
-struct Scenario {
-  std::vector<TableSpec> specs;
-  std::vector<nn::Pooling> pooling;
-  std::map<std::string, TableOverride> overrides;
-};
-
-// Six tables of every kind: table_wise, row_wise (rows not a multiple of the ranks), column_wise
-// (dim 12: pieces of 4 columns), replicated, a row_wise table with fewer rows than 4 ranks, and
-// one the planner places (table_wise).
-Scenario make_scenario(nn::OptimizerKind kind) {
-  Scenario s;
-  auto add = [&](const std::string& name, int64_t rows, int64_t dim, nn::Pooling p,
-                 const char* kind_name) {
-    TableSpec t;
-    t.name = name;
-    t.rows = rows;
-    t.dim = dim;
-    t.state_splits_by_column = kind != nn::OptimizerKind::RowWiseAdagrad;
-    s.specs.push_back(t);
-    s.pooling.push_back(p);
-    if (kind_name) s.overrides[name] = {parse_sharding_kind(kind_name), -1};
-  };
-  add("tw", 50, 8, nn::Pooling::Sum, "table_wise");
-  add("rw", 103, 8, nn::Pooling::Mean, "row_wise");
-  add("cw", 40, 12, nn::Pooling::Mean,
-      kind == nn::OptimizerKind::RowWiseAdagrad ? "row_wise" : "column_wise");
-  add("rep", 7, 4, nn::Pooling::Sum, "replicated");
-  add("tiny", 3, 4, nn::Pooling::Sum, "row_wise");
-  add("auto", 30, 4, nn::Pooling::Mean, nullptr);
-  return s;
-}
-
-nn::OptimizerOptions optimizer_options(nn::OptimizerKind kind) {
-  nn::OptimizerOptions o;
-  o.kind = kind;
-  if (kind == nn::OptimizerKind::SGD) o.momentum = 0.5f;
-  if (kind == nn::OptimizerKind::Adagrad) o.initial_accumulator = 0.1f;
-  return o;
-}
 
 // Trains `steps` steps on `comm` and compares every pooled row and, at the end, every table
 // and optimizer state with the unsharded reference. Rank r has 3 + r samples per step.

@@ -99,8 +99,23 @@ class ShardedEmbedding {
   // Loading a checkpoint written with another number of ranks (re-sharding) is this.
   void load_table(int t, const Tensor& values, const Tensor& state);
 
+  // Collective. A checkpoint of the tables (values and optimizer state) under `dir`
+  // (docs/DISTRIBUTED.md, "Sharded checkpoints"): every rank writes its pieces to
+  // <dir>/embedding.step-<step>.rank-<r>-of-<N>.dlrec (a tensor file, atomic); when all have,
+  // rank 0 writes <dir>/embedding.manifest.json (atomic: the commit point, naming the files, the
+  // plan, the tables and the optimizer) and removes the files of the checkpoint it replaced. A
+  // crash at any point leaves the previous or the new checkpoint whole.
+  void save(const std::string& dir, int64_t step);
+  // Loads a checkpoint written by any number of ranks with any plan into this one's shards
+  // (re-sharding); returns its step. Every rank reads the files that hold its rows (each rank
+  // calls it; no collective). Errors name the checkpoint and what is wrong: a missing
+  // manifest or rank file, another table set (name, rows, dim) or optimizer state.
+  int64_t load(const std::string& dir);
+
  private:
   struct Local;
+  nn::Param& replicated_param(int t);  // the whole table t, which must be replicated
+  nn::Param* owned_param(int t);       // this rank's shard of sharded table t, or null
   std::vector<ShardedTableConfig> tables_;
   Plan plan_;
   Communicator& comm_;
