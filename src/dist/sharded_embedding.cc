@@ -19,6 +19,26 @@ using detail::StateLayout;
 
 }  // namespace
 
+namespace {
+
+void check_bags(const std::vector<ShardedTableConfig>& tables, const std::vector<BagsView>& bags,
+                int64_t batch, int rank) {
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const BagsView& b = bags[t];
+    const int64_t rows = tables[t].spec.rows;
+    for (int64_t r = 0; r < batch; ++r) {
+      DLREC_CHECK(b.offsets[r] <= b.offsets[r + 1], "table '", tables[t].spec.name,
+                  "': offsets decrease at sample ", r, " of rank ", rank);
+      for (int64_t p = b.offsets[r]; p < b.offsets[r + 1]; ++p)
+        if (b.indices[p] < 0 || b.indices[p] >= rows)
+          fail("table '", tables[t].spec.name, "': id ", b.indices[p], " of sample ", r,
+               " on rank ", rank, " is out of range [0, ", rows, ")");
+    }
+  }
+}
+
+}  // namespace
+
 detail::Piece detail::piece_of(const Plan& plan, const std::vector<ShardedTableConfig>& tables,
                                int t, int rank) {
   const TablePlan& tp = plan.tables[t];
@@ -201,19 +221,8 @@ void ShardedEmbedding::forward(const std::vector<BagsView>& bags, int64_t batch,
   DLREC_CHECK(static_cast<int>(bags.size()) == T, "ShardedEmbedding::forward: ", bags.size(),
               " bag sets for ", T, " tables");
   DLREC_CHECK(batch >= 0, "ShardedEmbedding::forward: negative batch");
-  // Check this rank's ids first: an owner could not say which sample an id came from.
-  for (int t = 0; t < T; ++t) {
-    const BagsView& b = bags[t];
-    const int64_t rows = tables_[t].spec.rows;
-    for (int64_t r = 0; r < batch; ++r) {
-      DLREC_CHECK(b.offsets[r] <= b.offsets[r + 1], "table '", tables_[t].spec.name,
-                  "': offsets decrease at sample ", r, " of rank ", me);
-      for (int64_t p = b.offsets[r]; p < b.offsets[r + 1]; ++p)
-        if (b.indices[p] < 0 || b.indices[p] >= rows)
-          fail("table '", tables_[t].spec.name, "': id ", b.indices[p], " of sample ", r,
-               " on rank ", me, " is out of range [0, ", rows, ")");
-    }
-  }
+  // This rank's ids first: an owner could not say which sample an id came from.
+  check_bags(tables_, bags, batch, me);
   L.batches = comm_.all_gather_counts(batch);
   L.batch = batch;
   int64_t global = 0;
@@ -323,6 +332,14 @@ void ShardedEmbedding::forward(const std::vector<BagsView>& bags, int64_t batch,
       p += batch * cols;
     }
   }
+  finish_forward(bags, batch, out, out_stride, training);
+}
+
+// Replicated tables, mean pooling and what backward() needs of the step.
+void ShardedEmbedding::finish_forward(const std::vector<BagsView>& bags, int64_t batch, float* out,
+                                      int64_t out_stride, bool training) {
+  Local& L = *local_;
+  const int T = num_tables();
   // Replicated tables pool locally.
   for (size_t i = 0; i < L.replicated.size(); ++i) {
     const int t = L.replicated[i];

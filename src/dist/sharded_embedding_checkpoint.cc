@@ -140,9 +140,9 @@ int64_t ShardedEmbedding::load(const std::string& dir) {
     const std::string suffix = tr.get<std::string>("state_suffix", "");
     const std::string trained_with = tr.get<std::string>("optimizer", "?");
     DLREC_CHECK(suffix == c.optimizer->state_suffix(), what, ": table '", name,
-                "' was trained with optimizer ", trained_with,
-                ", the model uses ", nn::optimizer_name(c.optimizer->kind()), " (optimizer state '",
-                suffix, "' vs '", c.optimizer->state_suffix(), "')");
+                "' was trained with optimizer ", trained_with, ", the model uses ",
+                nn::optimizer_name(c.optimizer->kind()), " (optimizer state '", suffix, "' vs '",
+                c.optimizer->state_suffix(), "')");
     tr.finish();
   }
   // The pieces, rank file by rank file; each checked to lie inside its table.

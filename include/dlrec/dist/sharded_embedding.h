@@ -114,6 +114,8 @@ class ShardedEmbedding {
 
  private:
   struct Local;
+  void finish_forward(const std::vector<BagsView>& bags, int64_t batch, float* out,
+                      int64_t out_stride, bool training);
   nn::Param& replicated_param(int t);  // the whole table t, which must be replicated
   nn::Param* owned_param(int t);       // this rank's shard of sharded table t, or null
   std::vector<ShardedTableConfig> tables_;
