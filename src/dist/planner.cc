@@ -94,6 +94,32 @@ PlannerOptions read_planner_options(ConfigReader& r, int ranks) {
   return o;
 }
 
+std::map<std::string, double> read_ids_per_sample(const std::string& stats_path) {
+  const json j = read_json_file(stats_path);
+  auto bad = [&](const std::string& why) -> void {
+    fail("'", stats_path, "': ", why, " (expected the stats.json of `dlrec etl`)");
+  };
+  if (!j.is_object() || j.value("format", std::string()) != "dlrec-stats")
+    bad("not a dlrec-stats file");
+  const json* cat = nullptr;
+  if (j.contains("columns") && j["columns"].is_object() && j["columns"].contains("categorical"))
+    cat = &j["columns"]["categorical"];
+  if (!cat || !cat->is_array()) bad("no columns.categorical array");
+  std::map<std::string, double> out;
+  for (size_t i = 0; i < cat->size(); ++i) {
+    const json& c = (*cat)[i];
+    const std::string where = "columns.categorical[" + std::to_string(i) + "]";
+    if (!c.is_object() || !c.contains("name") || !c["name"].is_string() || !c.contains("rows") ||
+        !c["rows"].is_number() || !c.contains("values") || !c["values"].is_number())
+      bad(where + " needs a string 'name' and numbers 'rows' and 'values'");
+    const double rows = c["rows"].get<double>(), values = c["values"].get<double>();
+    if (!(rows >= 0) || !(values >= 0)) bad(where + " has negative 'rows' or 'values'");
+    if (c.value("dropped", false) || rows == 0) continue;
+    out[c["name"].get<std::string>()] = values / rows;
+  }
+  return out;
+}
+
 std::string format_bytes(double b) {
   const char* unit[] = {"B", "kB", "MB", "GB", "TB"};
   int u = 0;

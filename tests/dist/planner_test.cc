@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "test_errors.h"
+#include "test_files.h"
 
 namespace dlrec::dist {
 namespace {
@@ -282,6 +283,28 @@ TEST(ShardPlanner, BadConfigIsAClearError) {
   bad = specs;
   bad[3].name = "cat_4";
   expect_error([&] { plan_sharding(bad, options(2, kH100)); }, {"two tables", "'cat_4'"});
+}
+
+TEST(ShardPlanner, ReadsIdsPerSampleFromEtlStats) {
+  dlrec::testing::TempDir tmp("planner_stats");
+  const std::string path = dlrec::testing::write_file(tmp.path, "stats.json", R"({
+    "format": "dlrec-stats", "version": 1, "train_rows": 4, "valid_rows": 0,
+    "columns": {"rows": 4, "dense": [], "categorical": [
+      {"name": "c0", "rows": 4, "nulls": 0, "multi_hot": false, "values": 4, "cardinality": 9},
+      {"name": "tags", "rows": 4, "nulls": 1, "multi_hot": true, "values": 10, "cardinality": 50},
+      {"name": "gone", "rows": 4, "values": 4, "dropped": true}]}})");
+  const auto ids = read_ids_per_sample(path);
+  ASSERT_EQ(ids.size(), 2u);
+  EXPECT_DOUBLE_EQ(ids.at("c0"), 1.0);
+  EXPECT_DOUBLE_EQ(ids.at("tags"), 2.5);
+  dlrec::testing::write_file(tmp.path, "bad.json", R"({"format": "dlrec-stats", "columns": {
+    "categorical": [{"name": "c0", "rows": "4", "values": 4}]}})");
+  expect_error([&] { read_ids_per_sample(tmp.path + "/bad.json"); },
+               {"bad.json", "columns.categorical[0]", "'rows'"});
+  dlrec::testing::write_file(tmp.path, "other.json", "{}");
+  expect_error([&] { read_ids_per_sample(tmp.path + "/other.json"); },
+               {"other.json", "not a dlrec-stats file"});
+  expect_error([&] { read_ids_per_sample(tmp.path + "/missing.json"); }, {"missing.json"});
 }
 
 }  // namespace

@@ -143,6 +143,12 @@ Plan plan_sharding(const std::vector<TableSpec>& tables, const PlannerOptions& o
 // its memory against the budget.
 void print_plan(const Plan& plan, const std::vector<TableSpec>& tables, std::ostream& os);
 
+// The expected ids per sample of each categorical column, from an ETL output's stats.json
+// (columns.categorical[i]: values / rows), by column name: the planner's lookups per step are
+// these times the global batch. Dropped columns and columns without rows are left out. Errors
+// name the file and the entry.
+std::map<std::string, double> read_ids_per_sample(const std::string& stats_path);
+
 // "1.50 GB" style (decimal units, as GPU memory is sold).
 std::string format_bytes(double bytes);
 
