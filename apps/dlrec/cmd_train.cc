@@ -1,9 +1,14 @@
 // dlrec train | eval
+#include <unistd.h>
+
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 
 #include "commands.h"
 #include "dlrec/core/error.h"
 #include "dlrec/core/file_util.h"
+#include "dlrec/dist/communicator.h"
 #include "dlrec/train/trainer.h"
 
 namespace dlrec::cli {
@@ -15,7 +20,9 @@ struct TrainArgs {
   int64_t batch_size = 0, max_steps = -2;
   int epochs = 0;
   std::string device, precision;
-  int rank = -1, ranks = 0;
+  int rank = -1, ranks = 0, gpus = 0;
+  std::string comm = "auto", metrics_log;
+  double comm_timeout = 300;
 };
 
 model::RunConfig apply(const TrainArgs& a) {
@@ -28,11 +35,31 @@ model::RunConfig apply(const TrainArgs& a) {
   return cfg;
 }
 
+// This process's command line (to start the same command as each rank of a job).
+std::vector<std::string> own_command_line() {
+  std::ifstream f("/proc/self/cmdline", std::ios::binary);
+  const std::string all((std::istreambuf_iterator<char>(f)), {});
+  std::vector<std::string> args;
+  size_t at = 0;
+  while (at < all.size()) {
+    const size_t end = all.find('\0', at);
+    args.push_back(all.substr(at, end - at));
+    at = end == std::string::npos ? all.size() : end + 1;
+  }
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  DLREC_CHECK(n > 0 && !args.empty(), "cannot read this process's command line");
+  args[0] = std::string(exe, n);
+  return args;
+}
+
 void print_eval(const char* what, const train::EvalResult& e) {
   std::printf("%s: rows=%lld AUC=%.5f logloss=%.5f positives=%.4f (%.1fs)\n", what,
               static_cast<long long>(e.rows), e.auc, e.logloss, e.positive_rate, e.seconds);
 }
 }  // namespace
+
+int run_train(const TrainArgs& args, dist::Communicator* comm);
 
 Runner add_train(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
@@ -50,13 +77,59 @@ Runner add_train(CLI::App& app) {
   c->add_option("--rank", a->rank,
                 "Train on this data-parallel rank's rows only (its shards in <data>/ranks.json, "
                 "from `dlrec etl --ranks N`); needs --ranks");
-  c->add_option("--ranks", a->ranks, "Number of ranks that --rank counts in (must match ranks.json)");
-  return [a] {
+  c->add_option("--ranks", a->ranks,
+                "Data-parallel training on N ranks (CPU; docs/DISTRIBUTED.md): started here "
+                "through mpirun, or checked against the job's size under mpirun. With --rank: the "
+                "number of ranks --rank counts in (must match ranks.json)");
+  c->add_option("--gpus", a->gpus,
+                "Data-parallel training on N GPUs of this node (one rank per GPU, cuda:<local "
+                "rank>), started as --ranks does");
+  c->add_option("--comm", a->comm,
+                "Communicator: auto (MPI when started by mpirun, else single process), single, mpi")
+      ->check(CLI::IsMember({"auto", "single", "mpi"}));
+  c->add_option("--comm-timeout", a->comm_timeout,
+                "Seconds a collective may wait for the other ranks before the job ends with an "
+                "error naming them")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--metrics-log", a->metrics_log,
+                "Append a JSON line per logged step (loss) and for the final evaluation here");
+  return [a]() -> int {
+    const int job = a->gpus > 0 ? a->gpus : (a->rank == -1 ? a->ranks : 0);
+    DLREC_CHECK(!(a->gpus > 0 && a->ranks > 0), "--gpus and --ranks exclude each other");
+    DLREC_CHECK(a->gpus >= 0 && a->ranks >= 0, "--gpus and --ranks must be >= 1");
+    if (job > 0 && !dist::started_by_mpi_launcher() && a->comm != "single")
+      return dist::launch_local_job(job, own_command_line());  // this command on each rank
+    std::unique_ptr<dist::Communicator> comm;
+    try {
+      dist::CommOptions co;
+      co.timeout_seconds = a->comm_timeout;
+      comm = dist::make_communicator(a->comm, co);
+      if (job > 0 && comm->size() != job)
+        fail("this job has ", comm->size(), comm->size() == 1 ? " rank" : " ranks", " but the command asks for ", job,
+             " (--", a->gpus > 0 ? "gpus" : "ranks", " ", job, "); start it with mpirun -np ",
+             job, " or drop the option");
+      const int rc = run_train(*a, comm.get());
+      comm.reset();
+      dist::finalize();
+      return rc;
+    } catch (const std::exception& e) {
+      // The other ranks may wait in a collective for this one: the whole job ends here.
+      if (comm && comm->size() > 1) dist::abort_job(e.what());
+      throw;
+    }
+  };
+}
+
+int run_train(const TrainArgs& args, dist::Communicator* comm) {
+  const TrainArgs* a = &args;
+  {
     train::TrainerOptions opt;
     opt.data_dir = a->data;
     opt.run_dir = a->run;
     opt.resume = a->resume;
-    if (a->rank != -1 || a->ranks != 0) {
+    opt.comm = comm;
+    opt.metrics_log = a->metrics_log;
+    if (a->rank != -1) {
       DLREC_CHECK(a->rank != -1 && a->ranks != 0, "--rank and --ranks go together");
       opt.rank = a->rank;
       opt.ranks = a->ranks;
@@ -64,14 +137,18 @@ Runner add_train(CLI::App& app) {
       DLREC_CHECK(opt.rank >= 0 && opt.rank < opt.ranks, "--rank ", opt.rank,
                   " is out of range for --ranks ", opt.ranks, " (0 to ", opt.ranks - 1, ")");
     }
-    train::Trainer trainer(apply(*a), opt);
+    model::RunConfig cfg = apply(*a);
+    if (a->gpus > 0) cfg.train.device = "cuda:" + std::to_string(dist::mpi_local_rank());
+    train::Trainer trainer(cfg, opt);
     train::TrainResult r = trainer.train();
+    const int64_t samples = comm ? comm->all_reduce_value(r.samples) : r.samples;  // the job's
+    if (comm && comm->rank() != 0) return 0;  // rank 0 reports for the job
     std::printf("trained: steps=%lld samples=%lld time=%.1fs throughput=%.0f samples/s loss=%.5f\n",
-                static_cast<long long>(r.steps), static_cast<long long>(r.samples), r.seconds,
-                r.seconds > 0 ? r.samples / r.seconds : 0.0, r.last_loss);
+                static_cast<long long>(r.steps), static_cast<long long>(samples), r.seconds,
+                r.seconds > 0 ? samples / r.seconds : 0.0, r.last_loss);
     if (r.eval.rows > 0) print_eval("validation", r.eval);
     return 0;
-  };
+  }
 }
 
 Runner add_eval(CLI::App& app) {

@@ -24,6 +24,7 @@ struct ShardLoader::Impl {
   std::vector<std::vector<std::unique_ptr<ShardReader>>> readers;  // [worker][shard]
   std::vector<int64_t> starts;  // first global row of each shard, plus the total
   int64_t batch_size = 0;
+  int part = 0, parts = 1;  // data-parallel part (see shard.h)
   int64_t first = 0;      // start_row
   int64_t nbatches = 0;
   int64_t delivered = 0;  // global row position of the next batch handed out
@@ -56,8 +57,14 @@ struct ShardLoader::Impl {
             free_list.pop_back();
           }
         }
-        int64_t pos = first + i * batch_size;
-        const int64_t end = std::min(total, pos + batch_size);
+        const int64_t global = batch_size * parts;
+        const int64_t gpos = first + i * global, gend = std::min(total, gpos + global);
+        int64_t pos = gpos + part * batch_size;
+        int64_t end = std::min(gend, pos + batch_size);
+        if (gend - gpos < global) {  // the last, partial global batch: even contiguous pieces
+          pos = gpos + (gend - gpos) * part / parts;
+          end = gpos + (gend - gpos) * (part + 1) / parts;
+        }
         b.reset(layout.num_dense, static_cast<int>(layout.cardinalities.size()));
         Batch part;
         while (pos < end) {
@@ -89,10 +96,15 @@ struct ShardLoader::Impl {
   }
 };
 
-ShardLoader::ShardLoader(std::vector<std::string> paths, int64_t batch_size, int64_t start_row)
+ShardLoader::ShardLoader(std::vector<std::string> paths, int64_t batch_size, int64_t start_row,
+                         int part, int parts)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   DLREC_CHECK(batch_size >= 1, "ShardLoader: batch_size must be >= 1, got ", batch_size);
+  DLREC_CHECK(parts >= 1 && part >= 0 && part < parts, "ShardLoader: part ", part,
+              " is outside [0, ", parts, ")");
+  m.part = part;
+  m.parts = parts;
   DLREC_CHECK(!paths.empty(), "ShardLoader: no shard files");
   m.paths = std::move(paths);
   m.batch_size = batch_size;
@@ -115,7 +127,8 @@ ShardLoader::ShardLoader(std::vector<std::string> paths, int64_t batch_size, int
   DLREC_CHECK(start_row >= 0 && start_row <= m.starts.back(), "ShardLoader: start_row ",
               start_row, " is outside [0, ", m.starts.back(), "]");
   m.delivered = m.first = start_row;
-  m.nbatches = (m.starts.back() - start_row + batch_size - 1) / batch_size;
+  const int64_t global = batch_size * parts;
+  m.nbatches = (m.starts.back() - start_row + global - 1) / global;
   for (int w = 0; w < m.workers; ++w) m.threads.emplace_back([this, w] { impl_->produce(w); });
 }
 

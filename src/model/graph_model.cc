@@ -50,6 +50,7 @@ class GraphModel final : public Model {
   std::vector<NamedTensor> parameters() override;
   std::vector<NamedTensor> optimizer_state() override;
   Device device() const override { return Device::cpu(); }
+  void set_gradient_reducer(GradientReducer* reducer) override;
 
  private:
   std::unique_ptr<Node> make_node(const LayerSpec& s, const std::vector<ValueShape>& in,
@@ -78,6 +79,8 @@ class GraphModel final : public Model {
   std::vector<bool> has_grad_, owns_grad_;
   int64_t fwd_rows_ = 0;
   bool have_training_forward_ = false;
+  GradientReducer* reducer_ = nullptr;  // data-parallel training
+  std::vector<bool> has_tables_;        // by layer index
 };
 
 GraphModel::GraphModel(const ModelConfig& mc, const OptimizerConfig& oc,
@@ -285,6 +288,13 @@ void GraphModel::backward_and_update(const Tensor& dlogits, double lr_scale) {
       });
     }
   }
+  if (reducer_) {  // data-parallel: the gradients summed over the ranks, in a fixed order
+    std::vector<Tensor*> dense;
+    for (nn::Param* p : dense_ptrs_) dense.push_back(&p->grad);
+    reducer_->reduce_dense(dense);
+    for (int i : spec_.order)
+      if (need_grad_[i] && has_tables_[i]) nodes_[i]->reduce_table_grads(*reducer_);
+  }
   // Every gradient is known: the dense step (global-norm clipping over all dense gradients,
   // whatever their optimizer), then the rows.
   float scale = 1.f;
@@ -296,6 +306,23 @@ void GraphModel::backward_and_update(const Tensor& dlogits, double lr_scale) {
   for (auto& d : dense_) d.opt->step(*d.p, static_cast<float>(d.lr * lr_scale), scale);
   for (int i : spec_.order)
     if (need_grad_[i]) nodes_[i]->step_tables(lr_scale);
+}
+
+void GraphModel::set_gradient_reducer(GradientReducer* reducer) {
+  if (reducer) {
+    has_tables_.assign(nodes_.size(), false);
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      std::vector<DenseRef> d;
+      std::vector<TableRef> t;
+      nodes_[i]->collect(d, t);
+      has_tables_[i] = !t.empty();
+      if (has_tables_[i] && !nodes_[i]->can_reduce_table_grads())
+        fail("data-parallel training: layer '", spec_.layers[i].name, "' (type '",
+             spec_.layers[i].type, "') cannot sum its tables' gradients over the ranks yet",
+             " (fixed-size tables of an embedding layer can)");
+    }
+  }
+  reducer_ = reducer;
 }
 
 void GraphModel::report_hashed() {

@@ -25,6 +25,12 @@ double Model::train_step(const io::Batch& batch, double lr_scale, bool /*want_lo
   return loss;
 }
 
+void Model::set_gradient_reducer(GradientReducer* reducer) {
+  if (reducer)
+    fail("data-parallel training across ranks is not supported by this model on ", device().str(),
+         " yet (the CPU graph engine supports it)");
+}
+
 // Every model is a graph of registry layers run by the graph engine; every arch but "graph" is
 // a preset (presets.cc) expanded to one. On CUDA, arch "dlrm" is still built by the CUDA DLRM (dlrm_cuda.cu), which has
 // what the CUDA graph engine lacks so far: fp16 with loss scaling, the bucketed inference

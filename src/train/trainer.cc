@@ -3,11 +3,14 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "dlrec/core/file_util.h"
 #include "dlrec/core/progress.h"
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/io/tensor_file.h"
+#include "dlrec/nn/loss.h"
+#include "train/data_parallel.h"
 
 namespace dlrec::train {
 
@@ -156,9 +159,89 @@ struct Trainer::Impl {
   io::DatasetInfo data;
   std::unique_ptr<model::Model> model;
   CheckpointState state;
+  // Data-parallel (opt.comm with more than one rank).
+  int rank = 0, ranks = 1;
+  std::unique_ptr<DataParallelReducer> reducer;
 
   std::string checkpoint_path() const { return opt.run_dir + "/checkpoint.dlrec"; }
+  bool parallel() const { return ranks > 1; }
+  bool leader() const { return rank == 0; }
+  // One data-parallel step on this rank's `batch` of the global batch of `global_rows` rows;
+  // returns this rank's share of the global batch's mean loss (the sum over the ranks is it).
+  double parallel_step(const io::Batch& batch, int64_t global_rows, double lr_scale);
+  // The mean loss of a logging window: this process's sum over `n` steps (of shares, summed
+  // over the ranks when data-parallel).
+  double window_loss(double sum, int64_t n) const {
+    return (parallel() ? opt.comm->all_reduce_value(sum) : sum) / n;
+  }
+  EvalResult evaluate_parallel();
+  void log_metrics(const json& line) const {
+    if (!leader() || opt.metrics_log.empty()) return;
+    FILE* f = std::fopen(opt.metrics_log.c_str(), "a");
+    DLREC_CHECK(f, "cannot append to the metrics log '", opt.metrics_log, "'");
+    std::fprintf(f, "%s\n", line.dump().c_str());
+    std::fclose(f);
+  }
 };
+
+double Trainer::Impl::parallel_step(const io::Batch& batch, int64_t global_rows,
+                                    double lr_scale) {
+  Tensor logits = model->forward(batch, true).to(Device::cpu());
+  DLREC_CHECK(static_cast<int64_t>(batch.labels.size()) == batch.rows, "train_step: the batch has ",
+              batch.labels.size(), " labels for ", batch.rows, " rows");
+  Tensor dlogits = Tensor::empty(logits.shape(), DType::F32);
+  const double local = nn::bce_with_logits(logits.data<float>(), batch.labels.data(), batch.rows,
+                                           dlogits.data<float>());
+  // dlogits is of this rank's mean loss; the step is of the global batch's mean loss.
+  const float share = static_cast<float>(batch.rows) / static_cast<float>(global_rows);
+  float* d = dlogits.data<float>();
+  for (int64_t i = 0; i < batch.rows; ++i) d[i] *= share;
+  if (model->device().is_cuda()) dlogits = dlogits.to(model->device());
+  model->backward_and_update(dlogits, lr_scale);
+  return local * batch.rows / global_rows;
+}
+
+EvalResult Trainer::Impl::evaluate_parallel() {
+  Timer timer;
+  const int64_t bs = cfg.train.eval_batch_size;
+  const int64_t total = data.valid_rows;
+  io::ShardLoader loader(under(opt.data_dir, data.valid_shards), bs, 0, rank, ranks);
+  std::vector<float> probs, labels;
+  io::Batch batch;
+  while (loader.next(batch)) {
+    if (batch.rows == 0) continue;
+    std::vector<float> logits = model->forward(batch, false).to_vector<float>();
+    for (float l : logits) probs.push_back(sigmoid(l));
+    labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());
+  }
+  // Every rank's scores, then back into row order (rank r holds piece r of each global batch).
+  const std::vector<int64_t> counts = opt.comm->all_gather_counts(probs.size());
+  int64_t n = 0;
+  for (int64_t c : counts) n += c;
+  DLREC_CHECK(n == total, "evaluation across ranks: the ranks scored ", n, " rows of ", total);
+  std::vector<float> all_probs(n), all_labels(n);
+  opt.comm->all_gather_v(probs.data(), all_probs.data(), counts, dist::Elem::F32);
+  opt.comm->all_gather_v(labels.data(), all_labels.data(), counts, dist::Elem::F32);
+  std::vector<float> ordered_probs(n), ordered_labels(n);
+  int64_t from = 0;
+  for (int r = 0; r < ranks; ++r)
+    for (int64_t g = 0; g < total; g += bs * ranks) {
+      const RowPiece p = batch_piece(std::min(bs * ranks, total - g), bs, r, ranks);
+      for (int64_t i = p.begin; i < p.end; ++i, ++from) {
+        ordered_probs[g + i] = all_probs[from];
+        ordered_labels[g + i] = all_labels[from];
+      }
+    }
+  EvalResult res;
+  res.rows = n;
+  res.auc = roc_auc(ordered_probs, ordered_labels);
+  res.logloss = log_loss(ordered_probs, ordered_labels);
+  double pos = 0;
+  for (float l : ordered_labels) pos += l;
+  res.positive_rate = n ? pos / n : 0;
+  res.seconds = timer.seconds();
+  return res;
+}
 
 Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Impl) {
   Impl& m = *impl_;
@@ -166,6 +249,15 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
   m.opt = std::move(options);
   m.data = io::DatasetInfo::load(m.opt.data_dir);
   m.data.verify(m.opt.data_dir);  // the counts and layout that the epochs and model rely on
+  if (m.opt.comm && m.opt.comm->size() > 1) {
+    m.rank = m.opt.comm->rank();
+    m.ranks = m.opt.comm->size();
+    DLREC_CHECK(m.opt.rank < 0, "training one rank's rows (--rank) and a data-parallel job of ",
+                m.ranks, " ranks exclude each other");
+    // A dataset prepared for ranks (dlrec etl --ranks N) must be prepared for this job's N.
+    if (file_exists(m.opt.data_dir + "/ranks.json"))
+      io::load_rank_shards(m.opt.data_dir, m.rank, m.ranks);
+  }
   if (m.opt.rank >= 0) {  // this rank's part of the training rows only
     io::RankShards part = io::load_rank_shards(m.opt.data_dir, m.opt.rank, m.opt.ranks);
     for (const auto& s : part.shards) {
@@ -180,23 +272,31 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
   m.model = model::build_model(m.cfg.model, m.cfg.optimizer, m.data.layout,
                                Device::parse(m.cfg.train.device), m.cfg.train.seed,
                                m.cfg.train.precision);
+  if (m.parallel()) {
+    m.reducer = std::make_unique<DataParallelReducer>(*m.opt.comm);
+    m.model->set_gradient_reducer(m.reducer.get());
+  }
   if (!m.opt.run_dir.empty()) {
     make_dirs(m.opt.run_dir);
     if (m.opt.resume && file_exists(m.checkpoint_path())) {
       m.state = load_checkpoint(m.checkpoint_path(), *m.model);
       check_checkpoint_layout(m.checkpoint_path(), m.state, m.data.layout, m.opt.data_dir);
-      std::fprintf(stderr, "[train] resumed from %s at step %lld\n", m.checkpoint_path().c_str(),
-                   static_cast<long long>(m.state.step));
+      if (m.leader())
+        std::fprintf(stderr, "[train] resumed from %s at step %lld\n",
+                     m.checkpoint_path().c_str(), static_cast<long long>(m.state.step));
     }
     // The data directory absolute, so that eval and export find it from anywhere.
     const std::string data_abs =
         std::filesystem::absolute(m.opt.data_dir).lexically_normal().string();
-    write_file_atomic(m.opt.run_dir + "/run.json",
+    if (m.leader())
+      write_file_atomic(m.opt.run_dir + "/run.json",
                       json{{"config", m.cfg.to_json()}, {"data_dir", data_abs}}.dump(2));
   }
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  if (impl_ && impl_->model) impl_->model->set_gradient_reducer(nullptr);
+}
 model::Model& Trainer::model() { return *impl_->model; }
 int64_t Trainer::step() const { return impl_->state.step; }
 
@@ -204,6 +304,10 @@ EvalResult Trainer::evaluate(std::vector<float>* probs) {
   Impl& m = *impl_;
   DLREC_CHECK(m.data.valid_rows > 0, "dataset '", m.opt.data_dir,
               "' has no validation rows (dataset.json: valid_rows 0): nothing to evaluate");
+  if (m.parallel()) {
+    DLREC_CHECK(!probs, "evaluation across ranks returns metrics only");
+    return m.evaluate_parallel();
+  }
   return evaluate_shards(*m.model, under(m.opt.data_dir, m.data.valid_shards),
                          m.cfg.train.eval_batch_size, probs);
 }
@@ -212,14 +316,16 @@ TrainResult Trainer::train() {
   Impl& m = *impl_;
   const auto& tc = m.cfg.train;
   const int64_t bs = tc.batch_size;
+  const int64_t global_bs = bs * m.ranks;  // data-parallel: per-rank batch x ranks
   const int64_t rows = m.data.train_rows;
-  const int64_t steps_per_epoch = (rows + bs - 1) / bs;
+  const int64_t steps_per_epoch = (rows + global_bs - 1) / global_bs;
   int64_t total_steps = steps_per_epoch * tc.epochs;
   if (tc.max_steps >= 0) total_steps = std::min(total_steps, tc.max_steps);
   auto train_shards = under(m.opt.data_dir, m.data.train_shards);
 
   TrainResult res;
-  Progress progress("train", total_steps * bs, "samples", 2.0);
+  std::optional<Progress> progress;  // rank 0 prints for the job
+  if (m.leader()) progress.emplace("train", total_steps * global_bs, "samples", 2.0);
   Timer timer;
   double loss_sum = 0;
   int64_t loss_n = 0;
@@ -229,20 +335,31 @@ TrainResult Trainer::train() {
   while (m.state.step < total_steps) {
     if (!loader || !loader->next(batch)) {
       // (Re)open at the current position within the epoch.
-      loader = std::make_unique<io::ShardLoader>(train_shards, bs, m.state.position % rows);
+      loader = std::make_unique<io::ShardLoader>(train_shards, bs, m.state.position % rows,
+                                                 m.rank, m.ranks);
       if (!loader->next(batch)) fail("training shards yielded no rows");
+    }
+    // The rows of the global batch (every rank knows them without communicating).
+    const int64_t global_rows = std::min(global_bs, rows - m.state.position % rows);
+    if (global_rows < m.ranks) {
+      // A last global batch with fewer rows than ranks leaves a rank without rows: skipped on
+      // every rank (docs/DISTRIBUTED.md).
+      m.state.position += global_rows;
+      loader.reset();
+      continue;
     }
     // Read the loss back only where it is logged (and at the end): a model on a GPU then runs
     // the other steps without a host synchronisation. A diverged run is caught there.
     const bool log_now = tc.log_every > 0 && (m.state.step + 1) % tc.log_every == 0;
     const bool want_loss = log_now || m.state.step + 1 == total_steps;
-    const double loss = m.model->train_step(
-        batch, m.cfg.optimizer.schedule.factor(m.state.step, total_steps), want_loss);
+    const double lr_scale = m.cfg.optimizer.schedule.factor(m.state.step, total_steps);
+    const double loss = m.parallel() ? m.parallel_step(batch, global_rows, lr_scale)
+                                     : m.model->train_step(batch, lr_scale, want_loss);
     if (want_loss || !std::isnan(loss))
       DLREC_CHECK(std::isfinite(loss), "training diverged at step ", m.state.step + 1,
                   ": loss is ", loss, " (lower the learning rate)");
     m.state.step++;
-    m.state.position += batch.rows;
+    m.state.position += m.parallel() ? global_rows : batch.rows;
     res.samples += batch.rows;
     steps_here++;
     if (!std::isnan(loss)) {
@@ -250,41 +367,50 @@ TrainResult Trainer::train() {
       loss_n++;
     }
     if (tc.log_every > 0 && m.state.step % tc.log_every == 0) {
-      res.last_loss = loss_n ? loss_sum / loss_n : res.last_loss;
+      res.last_loss = loss_n ? m.window_loss(loss_sum, loss_n) : res.last_loss;
+      res.logged_losses.emplace_back(m.state.step, res.last_loss);
+      m.log_metrics({{"step", m.state.step}, {"loss", res.last_loss}});
       char buf[64];
       std::snprintf(buf, sizeof buf, "step %lld loss %.5f", static_cast<long long>(m.state.step),
                     res.last_loss);
-      progress.update(m.state.step * bs, buf);
+      if (progress) progress->update(m.state.step * global_bs, buf);
       loss_sum = 0;
       loss_n = 0;
     }
     if (tc.eval_every > 0 && m.state.step % tc.eval_every == 0 && m.state.step < total_steps &&
         m.data.valid_rows > 0) {
       EvalResult e = evaluate();
-      std::fprintf(stderr, "[eval] step %lld AUC %.5f logloss %.5f (%lld rows, %.1fs)\n",
-                   static_cast<long long>(m.state.step), e.auc, e.logloss,
-                   static_cast<long long>(e.rows), e.seconds);
+      if (m.leader())
+        std::fprintf(stderr, "[eval] step %lld AUC %.5f logloss %.5f (%lld rows, %.1fs)\n",
+                     static_cast<long long>(m.state.step), e.auc, e.logloss,
+                     static_cast<long long>(e.rows), e.seconds);
     }
     if (m.opt.stop_after_steps >= 0 && steps_here >= m.opt.stop_after_steps) {
       res.stopped_early = true;
       break;
     }
-    if (!m.opt.run_dir.empty() && tc.checkpoint_every > 0 &&
+    if (!m.opt.run_dir.empty() && m.leader() && tc.checkpoint_every > 0 &&
         m.state.step % tc.checkpoint_every == 0)
       save_checkpoint(m.checkpoint_path(), *m.model, m.cfg, m.data.layout, m.state);
   }
   m.model->synchronize();
   res.seconds = timer.seconds();
   res.steps = m.state.step;
-  if (loss_n > 0) res.last_loss = loss_sum / loss_n;
+  if (loss_n > 0) res.last_loss = m.window_loss(loss_sum, loss_n);
   char buf[64];
   std::snprintf(buf, sizeof buf, "step %lld loss %.5f", static_cast<long long>(m.state.step),
                 res.last_loss);
-  progress.finish(buf);
+  if (progress) progress->finish(buf);
   if (res.stopped_early) return res;
-  if (!m.opt.run_dir.empty())
+  if (!m.opt.run_dir.empty() && m.leader())
     save_checkpoint(m.checkpoint_path(), *m.model, m.cfg, m.data.layout, m.state);
-  if (m.data.valid_rows > 0) res.eval = evaluate();
+  if (m.data.valid_rows > 0) {
+    res.eval = evaluate();
+    m.log_metrics({{"step", m.state.step},
+                   {"auc", res.eval.auc},
+                   {"logloss", res.eval.logloss},
+                   {"rows", res.eval.rows}});
+  }
   return res;
 }
 

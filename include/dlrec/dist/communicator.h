@@ -129,6 +129,13 @@ std::unique_ptr<Communicator> make_communicator(const std::string& kind,
 // prefixed with the rank. Returns only when no MPI job is running (single process).
 void abort_job(const std::string& message, int exit_code = 1);
 
+// The MPI launcher this build found (mpiexec/mpirun; CMake's MPIEXEC_EXECUTABLE), or "".
+std::string mpi_launcher();
+// Starts `argv` (argv[0]: the program) as a job of `ranks` processes on this node through the
+// MPI launcher and waits for it; returns the job's exit status. Any rank failing ends the
+// job; the launcher prints which rank failed and how. Throws when there is no launcher.
+int launch_local_job(int ranks, const std::vector<std::string>& argv);
+
 // Finalises MPI when this process initialised it (call before a clean exit); no-op otherwise.
 void finalize();
 

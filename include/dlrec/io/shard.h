@@ -125,9 +125,16 @@ RankShards load_rank_shards(const std::string& dir, int rank, int ranks);
 
 // Streams batches of a fixed size from a list of shards in order, from a row position, with a
 // background thread prefetching the next batch. The last batch may be smaller.
+// Data-parallel part (part, parts > 1): batch i is part `part` of the global batch of
+// batch_size * parts rows at start_row + i * batch_size * parts: rows [+part * batch_size,
+// +(part + 1) * batch_size); a last, partial global batch of g rows is split in `parts`
+// contiguous pieces [g * part / parts, g * (part + 1) / parts) (which may be empty when
+// g < parts). Every part reads only its own rows, and the parts of a global batch, in part
+// order, are the rows a single loader with batch_size * parts would deliver.
 class ShardLoader {
  public:
-  ShardLoader(std::vector<std::string> paths, int64_t batch_size, int64_t start_row = 0);
+  ShardLoader(std::vector<std::string> paths, int64_t batch_size, int64_t start_row = 0,
+              int part = 0, int parts = 1);
   ~ShardLoader();
   bool next(Batch& out);
   int64_t position() const;  // rows delivered so far, counting start_row

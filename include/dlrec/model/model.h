@@ -15,6 +15,10 @@
 #include "dlrec/io/batch.h"
 #include "dlrec/io/shard.h"
 
+namespace dlrec::nn {
+struct SparseGrad;
+}
+
 namespace dlrec::model {
 
 // arch "graph": the model is the `layers` list; any other arch is a preset (docs/MODELS.md,
@@ -111,6 +115,20 @@ struct RunConfig {
   json to_json() const;
 };
 
+// Data-parallel training (docs/DISTRIBUTED.md): after backward has computed every gradient of a
+// step and before the optimizers apply them, a model with a reducer hands its gradients to it,
+// which sums them over the ranks. Called on every rank in the same order (they are collectives).
+class GradientReducer {
+ public:
+  virtual ~GradientReducer() = default;
+  // Sums the dense gradients (f32, the model's device) over the ranks, in place.
+  virtual void reduce_dense(const std::vector<Tensor*>& grads) = 0;
+  // `merged` becomes the sum over the ranks of a table's sparse gradient `local`: the distinct
+  // ids in order of first occurrence over rank 0's rows, then rank 1's, ... (the order of one
+  // process's batch of every rank's rows).
+  virtual void reduce_sparse(const nn::SparseGrad& local, nn::SparseGrad& merged) = 0;
+};
+
 // A named tensor of model state (parameters and optimizer state) for checkpoints and export.
 using NamedTensor = std::pair<std::string, Tensor>;
 
@@ -134,6 +152,9 @@ class Model {
   // Optimizer state (e.g. "emb.3.weight.adagrad"); empty for plain SGD.
   virtual std::vector<NamedTensor> optimizer_state() = 0;
   virtual Device device() const = 0;
+  // Data-parallel training: gradients go through `reducer` from the next step on (null: off).
+  // Throws naming the layer when the model cannot (the default: not supported at all).
+  virtual void set_gradient_reducer(GradientReducer* reducer);
 };
 
 // Builds a model for data of the given layout; parameters initialised from `seed`.

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dlrec/dist/communicator.h"
 #include "dlrec/io/shard.h"
 #include "dlrec/model/model.h"
 #include "dlrec/train/metrics.h"
@@ -24,6 +25,14 @@ struct TrainerOptions {
   // Data-parallel rank: with rank >= 0, train on rank `rank` of `ranks` only (its shards from
   // <data_dir>/ranks.json, io::load_rank_shards). -1: every training shard.
   int rank = -1, ranks = 1;
+  // Data-parallel training across the communicator's ranks (docs/DISTRIBUTED.md) when it has
+  // more than one: global batch = train.batch_size x ranks, read in the order of one process
+  // with that batch; gradients summed over the ranks; exact evaluation over all validation
+  // rows; rank 0 alone prints progress and writes run.json and checkpoints. Not owned.
+  dist::Communicator* comm = nullptr;
+  // When set, rank 0 appends one JSON line per logged step ({"step": S, "loss": L}) and one for
+  // the final evaluation ({"step": S, "auc": A, "logloss": L, "rows": N}) to this file.
+  std::string metrics_log;
 };
 
 struct TrainResult {
@@ -33,6 +42,7 @@ struct TrainResult {
   double last_loss = 0;    // mean training loss over the last logging window
   bool stopped_early = false;
   EvalResult eval;         // final evaluation (rows == 0 when there is no validation split)
+  std::vector<std::pair<int64_t, double>> logged_losses;  // (step, mean loss) per log window
 };
 
 class Trainer {

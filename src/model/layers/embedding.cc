@@ -67,6 +67,18 @@ class EmbeddingNode final : public cpu_graph::Node {
                              : &fixed_[k]->backward(g + offset_[k], shape.width);
     });
   }
+  bool can_reduce_table_grads() const override {
+    for (const auto& h : hashed_)
+      if (h) return false;  // replicas of a hashed table would admit different keys
+    return true;
+  }
+  void reduce_table_grads(GradientReducer& reducer) override {
+    merged_.resize(setup_.size());
+    for (size_t k = 0; k < setup_.size(); ++k) {
+      reducer.reduce_sparse(*grads_[k], merged_[k]);
+      grads_[k] = &merged_[k];
+    }
+  }
   void step_tables(double lr_scale) override {
     for_each_table([&](size_t k) {
       const float lr = static_cast<float>(setup_[k].lr * lr_scale);
@@ -126,6 +138,7 @@ class EmbeddingNode final : public cpu_graph::Node {
   std::vector<std::unique_ptr<embedding::HashedEmbedding>> hashed_;
   std::unique_ptr<bool[]> handed_out_;
   std::vector<const nn::SparseGrad*> grads_;
+  std::vector<nn::SparseGrad> merged_;  // data-parallel: the gradients summed over the ranks
   Tensor out_;
 };
 

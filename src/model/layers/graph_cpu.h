@@ -53,6 +53,10 @@ class Node {
                         std::vector<Tensor>& dins) = 0;
   // Applies the tables' optimizers to their rows of the last backward (lr times lr_scale).
   virtual void step_tables(double /*lr_scale*/) {}
+  // Data-parallel training: whether the layer's tables can reduce their sparse gradients, and
+  // the reduction (after backward, before step_tables; table by table, on the calling thread).
+  virtual bool can_reduce_table_grads() const { return false; }
+  virtual void reduce_table_grads(GradientReducer& /*reducer*/) {}
   // Dense parameters (the model steps them) and tables (step_tables).
   virtual void collect(std::vector<DenseRef>& /*dense*/, std::vector<TableRef>& /*tables*/) {}
   ValueShape shape;
