@@ -32,7 +32,8 @@ const std::string kDlrec = std::string(DLREC_BIN_DIR) + "/dlrec";
 struct ShardedData {
   TempDir tmp{"sharded_train"};
   std::string dir = tmp.path + "/data", config = tmp.path + "/config.json";
-  explicit ShardedData(const std::string& optimizer) {
+  // train_extra: more keys of the train section (a leading comma).
+  explicit ShardedData(const std::string& optimizer, const std::string& train_extra = "") {
     io::DatagenConfig g;
     g.rows = 12000;
     g.seed = 11;
@@ -56,7 +57,8 @@ struct ShardedData {
       "model": {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
       "optimizer": )" << optimizer
                           << R"(,
-      "train": {"batch_size": 32, "epochs": 7, "max_steps": 1000, "log_every": 10, "seed": 3},
+      "train": {"batch_size": 32, "epochs": 7, "max_steps": 1000, "log_every": 10, "seed": 3)"
+                          << train_extra << R"(},
       "sharding": {"memory_per_rank_gb": 1, "replicate_max_bytes": 0,
                    "tables": {"emb.0": {"kind": "row_wise"}, "emb.1": {"kind": "column_wise"},
                               "emb.2": {"kind": "table_wise", "owner": 1},
@@ -119,6 +121,24 @@ TEST(ShardedTraining, FourRanksMatchOneProcessOver1000StepsAdagrad) {
   if (!dist::mpi_built() || mpirun_prefix(4).empty())
     GTEST_SKIP() << "this build has no MPI or mpirun is not installed (Debian: openmpi-bin)";
   expect_sharded_matches_one_process(4, R"({"type": "adagrad", "lr": 0.05, "adagrad_init": 0.01})");
+}
+
+// Evaluation rows in global batches of 3 on 3 ranks: the last batch has 2 rows, so rank 0's
+// piece is empty, and it still runs the (collective) forward with the others.
+TEST(ShardedTraining, EvaluationWithAnEmptyPieceOnARank) {
+  if (!dist::mpi_built() || mpirun_prefix(3).empty())
+    GTEST_SKIP() << "this build has no MPI or mpirun is not installed (Debian: openmpi-bin)";
+  ShardedData d(R"({"type": "sgd", "lr": 0.1})", R"(, "eval_batch_size": 1)");
+  auto one = run_job(d.train_args("one", 63, "one.jsonl") + " --comm single --max-steps 20", 300);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  auto three =
+      run_job(mpirun_prefix(3) + d.train_args("three", 21, "three.jsonl") + " --max-steps 20", 300);
+  ASSERT_EQ(three.exit_code, 0) << three.output;
+  const auto a = d.metrics("one.jsonl"), b = d.metrics("three.jsonl");
+  ASSERT_FALSE(a.empty());
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(b.back()["rows"], 2000);
+  EXPECT_NEAR(a.back()["auc"].get<double>(), b.back()["auc"].get<double>(), 1e-4);
 }
 
 }  // namespace
