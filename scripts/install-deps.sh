@@ -13,7 +13,11 @@ $SUDO apt-get install -y --no-install-recommends \
   nlohmann-json3-dev libcli11-dev libopenblas-dev \
   libgtest-dev libgmock-dev libsnappy-dev libzstd-dev zlib1g-dev liblz4-dev libbrotli-dev \
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libcpp-httplib-dev \
-  clang-14 libclang-rt-14-dev
+  clang-14 libclang-rt-14-dev \
+  openmpi-bin libopenmpi-dev procps
+# openmpi-bin libopenmpi-dev: Open MPI 4.1 (Debian 12) for training across processes (mpirun,
+# docs/DISTRIBUTED.md); tests/dist runs jobs of 2 to 4 ranks with it, and procps' pgrep finds a
+# rank to kill in the dead-rank test.
 # clang-14 and libclang-rt-14-dev (Debian 12's clang and its compiler-rt: ASan, UBSan, TSan,
 # libFuzzer) build the sanitizer and fuzzing stage of CI (scripts/ci-sanitizers.sh).
 PIP="python3 -m pip install --quiet --disable-pip-version-check"

@@ -10,47 +10,70 @@ namespace dlrec::dist {
 
 size_t elem_size(Elem e) {
   switch (e) {
-    case Elem::U8: return 1;
-    case Elem::I32: return 4;
-    case Elem::I64: return 8;
-    case Elem::F32: return 4;
-    case Elem::F64: return 8;
-    case Elem::BF16: return 2;
-    case Elem::F16: return 2;
+    case Elem::U8:
+      return 1;
+    case Elem::I32:
+      return 4;
+    case Elem::I64:
+      return 8;
+    case Elem::F32:
+      return 4;
+    case Elem::F64:
+      return 8;
+    case Elem::BF16:
+      return 2;
+    case Elem::F16:
+      return 2;
   }
   fail("dist: unknown element type ", static_cast<int>(e));
 }
 
 const char* elem_name(Elem e) {
   switch (e) {
-    case Elem::U8: return "u8";
-    case Elem::I32: return "i32";
-    case Elem::I64: return "i64";
-    case Elem::F32: return "f32";
-    case Elem::F64: return "f64";
-    case Elem::BF16: return "bf16";
-    case Elem::F16: return "f16";
+    case Elem::U8:
+      return "u8";
+    case Elem::I32:
+      return "i32";
+    case Elem::I64:
+      return "i64";
+    case Elem::F32:
+      return "f32";
+    case Elem::F64:
+      return "f64";
+    case Elem::BF16:
+      return "bf16";
+    case Elem::F16:
+      return "f16";
   }
   return "?";
 }
 
 Elem elem_of(DType t) {
   switch (t) {
-    case DType::F32: return Elem::F32;
-    case DType::BF16: return Elem::BF16;
-    case DType::F16: return Elem::F16;
-    case DType::I32: return Elem::I32;
-    case DType::I64: return Elem::I64;
-    case DType::U8: return Elem::U8;
+    case DType::F32:
+      return Elem::F32;
+    case DType::BF16:
+      return Elem::BF16;
+    case DType::F16:
+      return Elem::F16;
+    case DType::I32:
+      return Elem::I32;
+    case DType::I64:
+      return Elem::I64;
+    case DType::U8:
+      return Elem::U8;
   }
   fail("dist: no element type for dtype ", static_cast<int>(t));
 }
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Min:
+      return "min";
   }
   return "?";
 }
@@ -110,8 +133,8 @@ std::vector<int64_t> Communicator::all_gather_counts(int64_t count) {
 void Communicator::all_gather_v(const void* send, void* recv, const std::vector<int64_t>& counts,
                                 Elem type) {
   const int n = size();
-  DLREC_CHECK(static_cast<int>(counts.size()) == n, "dist: all_gather_v needs ", n,
-              " counts, got ", counts.size());
+  DLREC_CHECK(static_cast<int>(counts.size()) == n, "dist: all_gather_v needs ", n, " counts, got ",
+              counts.size());
   std::vector<int64_t> send_counts(n, counts[rank()]), send_offsets(n, 0), recv_offsets(n, 0);
   for (int r = 1; r < n; ++r) recv_offsets[r] = recv_offsets[r - 1] + counts[r - 1];
   all_to_all_v(send, send_counts, send_offsets, recv, counts, recv_offsets, type);
@@ -135,8 +158,7 @@ class SingleCommunicator final : public Communicator {
     check_count(count);
     if (send != recv) std::memmove(recv, send, count * elem_size(type));
   }
-  void reduce_scatter(const void* send, void* recv, int64_t count, Elem type,
-                      ReduceOp) override {
+  void reduce_scatter(const void* send, void* recv, int64_t count, Elem type, ReduceOp) override {
     check_count(count);
     if (send != recv) std::memmove(recv, send, count * elem_size(type));
   }

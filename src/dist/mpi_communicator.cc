@@ -42,8 +42,9 @@ bool started_by_mpi_launcher() {
 #ifndef DLREC_WITH_MPI
 
 std::unique_ptr<Communicator> make_mpi_communicator(const CommOptions&) {
-  fail("this build of dlrec has no MPI: install Open MPI (Debian: openmpi-bin libopenmpi-dev) and "
-       "rebuild, or train as a single process");
+  fail(
+      "this build of dlrec has no MPI: install Open MPI (Debian: openmpi-bin libopenmpi-dev) and "
+      "rebuild, or train as a single process");
 }
 int mpi_local_rank() { return 0; }
 void abort_job(const std::string& message, int) {
@@ -67,11 +68,16 @@ void check_mpi(int rc, const char* call, int rank) {
 
 MPI_Datatype mpi_type(Elem e, bool reduce) {
   switch (e) {
-    case Elem::U8: return MPI_UINT8_T;
-    case Elem::I32: return MPI_INT32_T;
-    case Elem::I64: return MPI_INT64_T;
-    case Elem::F32: return MPI_FLOAT;
-    case Elem::F64: return MPI_DOUBLE;
+    case Elem::U8:
+      return MPI_UINT8_T;
+    case Elem::I32:
+      return MPI_INT32_T;
+    case Elem::I64:
+      return MPI_INT64_T;
+    case Elem::F32:
+      return MPI_FLOAT;
+    case Elem::F64:
+      return MPI_DOUBLE;
     case Elem::BF16:
     case Elem::F16:
       // MPI has no 16-bit floats: moving them is fine, reducing them is not.
@@ -85,9 +91,12 @@ MPI_Datatype mpi_type(Elem e, bool reduce) {
 
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return MPI_SUM;
-    case ReduceOp::Max: return MPI_MAX;
-    case ReduceOp::Min: return MPI_MIN;
+    case ReduceOp::Sum:
+      return MPI_SUM;
+    case ReduceOp::Max:
+      return MPI_MAX;
+    case ReduceOp::Min:
+      return MPI_MIN;
   }
   fail("dist: unknown reduce op");
 }
@@ -102,12 +111,18 @@ enum OpCode : int64_t {
 };
 const char* op_name(int64_t op) {
   switch (op) {
-    case kAllReduce: return "all_reduce";
-    case kBroadcast: return "broadcast";
-    case kAllGather: return "all_gather";
-    case kReduceScatter: return "reduce_scatter";
-    case kAllToAllV: return "all_to_all_v";
-    case kBarrier: return "barrier";
+    case kAllReduce:
+      return "all_reduce";
+    case kBroadcast:
+      return "broadcast";
+    case kAllGather:
+      return "all_gather";
+    case kReduceScatter:
+      return "reduce_scatter";
+    case kAllToAllV:
+      return "all_to_all_v";
+    case kBarrier:
+      return "barrier";
   }
   return "none";
 }
@@ -189,8 +204,7 @@ class MpiCommunicator final : public Communicator {
     const MPI_Datatype t = mpi_type(type, false);
     MPI_Request req;
     const void* src = send == recv ? MPI_IN_PLACE : send;
-    if (src == MPI_IN_PLACE)
-      fail("dist: all_gather needs distinct send and receive buffers");
+    if (src == MPI_IN_PLACE) fail("dist: all_gather needs distinct send and receive buffers");
     check(MPI_Iallgather(src, n, t, recv, n, t, comm_, &req), "MPI_Iallgather");
     wait(req, kAllGather, type, count, "");
   }
@@ -227,8 +241,7 @@ class MpiCommunicator final : public Communicator {
     }
     const MPI_Datatype t = mpi_type(type, false);
     MPI_Request req;
-    check(MPI_Ialltoallv(send, sc.data(), so.data(), t, recv, rc.data(), ro.data(), t, comm_,
-                         &req),
+    check(MPI_Ialltoallv(send, sc.data(), so.data(), t, recv, rc.data(), ro.data(), t, comm_, &req),
           "MPI_Ialltoallv");
     wait(req, kAllToAllV, type, total, "");
   }
@@ -267,9 +280,9 @@ class MpiCommunicator final : public Communicator {
       check(MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, notice_comm_, &flag, &st), "MPI_Iprobe");
       if (!flag) return;
       int64_t msg[2];
-      check(MPI_Recv(msg, 2, MPI_INT64_T, st.MPI_SOURCE, kNoticeTag, notice_comm_,
-                     MPI_STATUS_IGNORE),
-            "MPI_Recv");
+      check(
+          MPI_Recv(msg, 2, MPI_INT64_T, st.MPI_SOURCE, kNoticeTag, notice_comm_, MPI_STATUS_IGNORE),
+          "MPI_Recv");
       seen_seq_[st.MPI_SOURCE] = msg[0];
       seen_op_[st.MPI_SOURCE] = msg[1];
     }

@@ -1,15 +1,249 @@
 // The NCCL communicator: built in CUDA builds where CMake finds NCCL (DLREC_WITH_NCCL).
+//
+// One GPU per process. Rank 0 creates the unique id and the bootstrap communicator (MPI)
+// broadcasts it. The communicator is created non-blocking, so that creating it and every
+// collective can be waited for with a deadline: past CommOptions::timeout_seconds the NCCL
+// communicator is aborted and the call throws naming the collective (NCCL cannot tell which
+// ranks are missing; their own timeouts or the launcher name them).
+//
+// Collectives run on the communicator's own stream (stream()). Outside stream capture a call
+// returns once its collective completed, so host code can use the result; while stream() is
+// being captured into a CUDA graph, a call only records the collective (no wait), so a step's
+// graph holds its collectives. Inputs written on another stream must be ordered before the
+// call by the caller (an event, or writing them on stream()).
 #include "dlrec/core/error.h"
 #include "dlrec/dist/communicator.h"
+
+#ifdef DLREC_WITH_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <thread>
+#endif
 
 namespace dlrec::dist {
 
 #ifndef DLREC_WITH_NCCL
+
 bool nccl_built() { return false; }
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator&, int, const CommOptions&) {
-  fail("this build of dlrec has no NCCL (it needs a CUDA build with NCCL's headers and library): "
-       "GPU training across ranks is not available");
+  fail(
+      "this build of dlrec has no NCCL (it needs a CUDA build with NCCL's headers and library): "
+      "GPU training across ranks is not available");
 }
-#endif
+
+#else
+
+bool nccl_built() { return true; }
+
+namespace {
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail("dist (nccl): ", what, ": ", cudaGetErrorString(e));
+}
+
+ncclDataType_t nccl_type(Elem e) {
+  switch (e) {
+    case Elem::U8:
+      return ncclUint8;
+    case Elem::I32:
+      return ncclInt32;
+    case Elem::I64:
+      return ncclInt64;
+    case Elem::F32:
+      return ncclFloat32;
+    case Elem::F64:
+      return ncclFloat64;
+    case Elem::BF16:
+      return ncclBfloat16;
+    case Elem::F16:
+      return ncclFloat16;
+  }
+  fail("dist (nccl): unknown element type");
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+      return ncclSum;
+    case ReduceOp::Max:
+      return ncclMax;
+    case ReduceOp::Min:
+      return ncclMin;
+  }
+  fail("dist (nccl): unknown reduce op");
+}
+
+using Clock = std::chrono::steady_clock;
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(Communicator& bootstrap, int device, const CommOptions& opt)
+      : opt_(opt), device_(device), rank_(bootstrap.rank()), size_(bootstrap.size()) {
+    DLREC_CHECK(!bootstrap.device().is_cuda(),
+                "dist (nccl): the bootstrap communicator must be a host one (MPI)");
+    int count = 0;
+    check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+    DLREC_CHECK(device >= 0 && device < count, "dist (nccl): rank ", rank_, " asks for GPU ",
+                device, " but this node has ", count);
+    check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    ncclUniqueId id;
+    if (rank_ == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    bootstrap.broadcast(&id, sizeof id, Elem::U8, 0);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // so that creation and collectives can be waited for with a deadline
+    check(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config), "ncclCommInitRankConfig");
+    wait_comm_ready("ncclCommInitRankConfig");
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaMalloc(&scratch_, 16), "cudaMalloc");
+  }
+  ~NcclCommunicator() override {
+    if (stream_) cudaStreamSynchronize(stream_);
+    if (comm_) {
+      if (aborted_) {
+        ncclCommAbort(comm_);
+      } else {
+        ncclCommFinalize(comm_);
+        ncclResult_t st = ncclInProgress;
+        while (ncclCommGetAsyncError(comm_, &st) == ncclSuccess && st == ncclInProgress)
+          std::this_thread::yield();
+        ncclCommDestroy(comm_);
+      }
+    }
+    if (scratch_) cudaFree(scratch_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* kind() const override { return "nccl"; }
+  Device device() const override { return Device::cuda(device_); }
+  void* stream() const override { return stream_; }
+
+  void all_reduce(void* buf, int64_t count, Elem type, ReduceOp op) override {
+    DLREC_CHECK(count >= 0, "dist (nccl): all_reduce of ", count, " elements");
+    run("all_reduce", [&] {
+      return ncclAllReduce(buf, buf, count, nccl_type(type), nccl_op(op), comm_, stream_);
+    });
+  }
+  void broadcast(void* buf, int64_t count, Elem type, int root) override {
+    DLREC_CHECK(root >= 0 && root < size_, "dist (nccl): broadcast from rank ", root,
+                " in a job of ", size_, " ranks");
+    run("broadcast",
+        [&] { return ncclBroadcast(buf, buf, count, nccl_type(type), root, comm_, stream_); });
+  }
+  void all_gather(const void* send, void* recv, int64_t count, Elem type) override {
+    run("all_gather",
+        [&] { return ncclAllGather(send, recv, count, nccl_type(type), comm_, stream_); });
+  }
+  void reduce_scatter(const void* send, void* recv, int64_t count, Elem type,
+                      ReduceOp op) override {
+    run("reduce_scatter", [&] {
+      return ncclReduceScatter(send, recv, count, nccl_type(type), nccl_op(op), comm_, stream_);
+    });
+  }
+  void all_to_all_v(const void* send, const std::vector<int64_t>& send_counts,
+                    const std::vector<int64_t>& send_offsets, void* recv,
+                    const std::vector<int64_t>& recv_counts,
+                    const std::vector<int64_t>& recv_offsets, Elem type) override {
+    const size_t n = size_;
+    DLREC_CHECK(send_counts.size() == n && send_offsets.size() == n && recv_counts.size() == n &&
+                    recv_offsets.size() == n,
+                "dist (nccl): all_to_all_v needs ", n, " counts and offsets each (one per rank)");
+    const size_t es = elem_size(type);
+    const ncclDataType_t t = nccl_type(type);
+    run("all_to_all_v", [&] {
+      ncclResult_t r = ncclGroupStart();
+      for (int p = 0; p < size_ && r == ncclSuccess; ++p) {
+        if (send_counts[p] > 0)
+          r = ncclSend(static_cast<const char*>(send) + send_offsets[p] * es, send_counts[p], t, p,
+                       comm_, stream_);
+        if (r == ncclSuccess && recv_counts[p] > 0)
+          r = ncclRecv(static_cast<char*>(recv) + recv_offsets[p] * es, recv_counts[p], t, p, comm_,
+                       stream_);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return r != ncclSuccess ? r : end;
+    });
+  }
+  void barrier() override {
+    run("barrier",
+        [&] { return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_); });
+  }
+
+ private:
+  void check(ncclResult_t r, const char* what) {
+    if (r != ncclSuccess && r != ncclInProgress)
+      fail("dist (nccl): ", what, " failed on rank ", rank_, ": ", ncclGetErrorString(r), " (",
+           ncclGetLastError(comm_), ")");
+  }
+
+  // Waits (with the deadline) until the non-blocking communicator finished its last call.
+  void wait_comm_ready(const char* what) {
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(opt_.timeout_seconds));
+    for (;;) {
+      ncclResult_t st = ncclSuccess;
+      check(ncclCommGetAsyncError(comm_, &st), "ncclCommGetAsyncError");
+      if (st == ncclSuccess) return;
+      if (st != ncclInProgress) check(st, what);
+      if (Clock::now() > deadline) timed_out(what);
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  template <class F>
+  void run(const char* op, F&& enqueue) {
+    ++seq_;
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    check(enqueue(), op);
+    wait_comm_ready(op);
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    check_cuda(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
+    if (capture != cudaStreamCaptureStatusNone) return;  // recorded into the graph
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(opt_.timeout_seconds));
+    for (int64_t polls = 0;; ++polls) {
+      const cudaError_t q = cudaStreamQuery(stream_);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) check_cuda(q, op);
+      ncclResult_t st = ncclSuccess;
+      check(ncclCommGetAsyncError(comm_, &st), "ncclCommGetAsyncError");
+      if (st != ncclSuccess && st != ncclInProgress) check(st, op);
+      if (Clock::now() > deadline) timed_out(op);
+      if (polls > 4096) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  [[noreturn]] void timed_out(const char* op) {
+    aborted_ = true;
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+    fail("dist (nccl): collective #", seq_, " ", op, " on rank ", rank_, " of ", size_, " (GPU ",
+         device_, ") waited more than ", opt_.timeout_seconds,
+         " s; the NCCL communicator was aborted (NCCL does not say which ranks are missing: "
+         "the other ranks' messages and the launcher's name them)");
+  }
+
+  CommOptions opt_;
+  int device_ = 0, rank_ = 0, size_ = 1;
+  int64_t seq_ = 0;
+  bool aborted_ = false;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  void* scratch_ = nullptr;  // the barrier's all-reduce
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device,
+                                                     const CommOptions& options) {
+  DLREC_CHECK(options.timeout_seconds > 0, "dist: the collective timeout must be > 0 seconds, got ",
+              options.timeout_seconds);
+  return std::make_unique<NcclCommunicator>(bootstrap, device, options);
+}
+
+#endif  // DLREC_WITH_NCCL
 
 }  // namespace dlrec::dist

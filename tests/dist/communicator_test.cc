@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "dist/run_job.h"
+#include "dlrec/core/device.h"
 #include "dlrec/core/error.h"
 #include "test_errors.h"
 
@@ -18,8 +19,8 @@ namespace {
 
 const std::string kWorker = std::string(DLREC_BIN_DIR) + "/dist_worker";
 
-#define SKIP_WITHOUT_MPIRUN(n)                                                            \
-  if (!dist::mpi_built() || mpirun_prefix(n).empty())                                     \
+#define SKIP_WITHOUT_MPIRUN(n)                                                             \
+  if (!dist::mpi_built() || mpirun_prefix(n).empty())                                      \
   GTEST_SKIP() << "this build has no MPI or mpirun is not installed (Debian: openmpi-bin " \
                   "libopenmpi-dev); the MPI communicator is not tested here"
 
@@ -71,6 +72,38 @@ TEST(Communicator, NcclWithoutItIsAClearError) {
   EXPECT_THROW_MSG(dist::make_nccl_communicator(*c, 0), "no NCCL");
 }
 
+// A CUDA build with NCCL: one rank on the GPU (the host of the lead's device checks), or a
+// clear error without one.
+TEST(NcclCommunicator, OneRankOnTheGpuOrAClearError) {
+  if (!dist::nccl_built()) GTEST_SKIP() << "this build has no NCCL";
+  auto boot = dist::make_single_communicator();
+  if (cuda::device_count() == 0) {
+    EXPECT_THROW_MSG(dist::make_nccl_communicator(*boot, 0), "dist (nccl)");
+    GTEST_SKIP() << "no GPU here: only the error without one was checked";
+  }
+  auto c = dist::make_nccl_communicator(*boot, 0);
+  EXPECT_STREQ(c->kind(), "nccl");
+  EXPECT_NE(c->stream(), nullptr);
+  Tensor t = Tensor::from_vector<float>({1.f, 2.f, 3.f}, {3}, c->device());
+  c->all_reduce(t);
+  EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{1.f, 2.f, 3.f}));
+  EXPECT_EQ(c->all_gather_counts(5), (std::vector<int64_t>{5}));
+  c->barrier();
+  EXPECT_THROW_MSG(dist::make_nccl_communicator(*boot, 1000), "asks for GPU 1000");
+}
+
+TEST(NcclCommunicator, EveryCollectiveAcrossTheGpusOfThisNode) {
+  if (!dist::nccl_built()) GTEST_SKIP() << "this build has no NCCL";
+  const int gpus = cuda::device_count();
+  if (gpus < 2) GTEST_SKIP() << "fewer than 2 GPUs here (" << gpus << ")";
+  SKIP_WITHOUT_MPIRUN(gpus);
+  auto r = run_job(mpirun_prefix(gpus) + kWorker + " nccl", 300);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (int k = 0; k < gpus; ++k)
+    EXPECT_NE(r.output.find("ok rank " + std::to_string(k) + " of "), std::string::npos)
+        << r.output;
+}
+
 TEST(MpiCommunicator, EveryCollectiveOnTwoAndThreeRanks) {
   SKIP_WITHOUT_MPIRUN(2);
   for (int n : {2, 3}) {
@@ -87,8 +120,7 @@ TEST(MpiCommunicator, ACollectiveWaitingPastItsTimeoutNamesTheMissingRank) {
   SKIP_WITHOUT_MPIRUN(3);
   const auto t0 = std::chrono::steady_clock::now();
   auto r = run_job(mpirun_prefix(3) + kWorker + " timeout", 60);
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_FALSE(r.hung) << "the job hung: " << r.output;
   EXPECT_NE(r.output.find("all_reduce (f32 x 1, sum)"), std::string::npos) << r.output;

@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <memory>
 #include <regex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dist/run_job.h"
@@ -16,6 +18,7 @@
 #include "dlrec/dist/communicator.h"
 #include "dlrec/etl/run.h"
 #include "dlrec/io/datagen.h"
+#include "dlrec/io/shard.h"
 #include "test_files.h"
 
 using namespace dlrec;
@@ -27,8 +30,8 @@ namespace {
 
 const std::string kDlrec = std::string(DLREC_BIN_DIR) + "/dlrec";
 
-#define SKIP_WITHOUT_MPIRUN(n)                                                            \
-  if (!dist::mpi_built() || mpirun_prefix(n).empty())                                     \
+#define SKIP_WITHOUT_MPIRUN(n)                                                             \
+  if (!dist::mpi_built() || mpirun_prefix(n).empty())                                      \
   GTEST_SKIP() << "this build has no MPI or mpirun is not installed (Debian: openmpi-bin " \
                   "libopenmpi-dev); data-parallel training is not tested here"
 
@@ -38,8 +41,7 @@ struct Data {
   TempDir tmp{"dp"};
   std::string dir = tmp.path + "/data", config = tmp.path + "/config.json";
   // optimizer: the config's optimizer section.
-  explicit Data(int etl_ranks = 1,
-                const std::string& optimizer = R"({"type": "sgd", "lr": 0.1})") {
+  explicit Data(int etl_ranks = 1, const std::string& optimizer = R"({"type": "sgd", "lr": 0.1})") {
     io::DatagenConfig g;
     g.rows = 12000;
     g.seed = 11;
@@ -62,7 +64,8 @@ struct Data {
     etl::run_etl(o);
     std::ofstream(config) << R"({
       "model": {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
-      "optimizer": )" << optimizer << R"(,
+      "optimizer": )" << optimizer
+                          << R"(,
       "train": {"batch_size": 32, "epochs": 7, "max_steps": 1000, "log_every": 10,
                 "seed": 3}})";
   }
@@ -80,8 +83,8 @@ struct Data {
 };
 
 // Every logged loss within 1e-5 relative and the final AUC within 1e-4 (the issue's test).
-void expect_equivalent(const std::vector<json>& one, const std::vector<json>& many,
-                       int64_t steps, double min_auc) {
+void expect_equivalent(const std::vector<json>& one, const std::vector<json>& many, int64_t steps,
+                       double min_auc) {
   ASSERT_EQ(one.size(), many.size());
   ASSERT_EQ(static_cast<int64_t>(one.size()), steps / 10 + 1);  // losses, then the evaluation
   double worst = 0;
@@ -111,7 +114,15 @@ void expect_ranks_match_one_process(int ranks, const std::string& optimizer) {
   auto many = run_job(mpirun_prefix(ranks) + d.train_args("many", 64 / ranks, "many.jsonl"), 600);
   ASSERT_EQ(many.exit_code, 0) << many.output;
   // Rank 0 alone reports: one result line and one evaluation line for the job.
-  EXPECT_EQ(std::count(many.output.begin(), many.output.end(), '\n'), 2) << many.output;
+  auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = many.output.find(what); at != std::string::npos;
+         at = many.output.find(what, at + 1))
+      ++n;
+    return n;
+  };
+  EXPECT_EQ(count("trained: "), 1u) << many.output;
+  EXPECT_EQ(count("validation: "), 1u) << many.output;
   EXPECT_NE(many.output.find("trained: steps=1000 samples=63712 "), std::string::npos)
       << many.output;
   expect_equivalent(d.metrics("one.jsonl"), d.metrics("many.jsonl"), 1000, 0.6);
@@ -140,7 +151,9 @@ TEST(DataParallel, RanksFlagStartsTheJobItself) {
   Data d;
   auto one = run_job(d.train_args("one", 64, "one.jsonl") + " --max-steps 200", 300);
   ASSERT_EQ(one.exit_code, 0) << one.output;
-  auto two = run_job(d.train_args("two", 32, "two.jsonl") + " --max-steps 200 --ranks 2", 300);
+  auto two = run_job(std::string(dlrec::testing::kMpiEnv) + d.train_args("two", 32, "two.jsonl") +
+                         " --max-steps 200 --ranks 2",
+                     300);
   ASSERT_EQ(two.exit_code, 0) << two.output;
   expect_equivalent(d.metrics("one.jsonl"), d.metrics("two.jsonl"), 200, 0.5);
 }
@@ -162,6 +175,16 @@ TEST(DataParallel, MismatchedRankCountsAreClearErrors) {
   EXPECT_NE(r.output.find("ranks.json' splits the training rows for 3 ranks, not 2"),
             std::string::npos)
       << r.output;
+  // The same through `--ranks 2`, which starts the job itself and says that it failed.
+  r = run_job(
+      std::string(dlrec::testing::kMpiEnv) + d.train_args("c", 32, "c.jsonl") + " --ranks 2", 120);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_FALSE(r.hung) << r.output;
+  EXPECT_NE(r.output.find("ranks.json' splits the training rows for 3 ranks, not 2"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("dlrec: error: the training job of 2 ranks failed"), std::string::npos)
+      << r.output;
 }
 
 TEST(DataParallel, ARankKilledMidTrainingEndsTheJobNamingIt) {
@@ -169,8 +192,7 @@ TEST(DataParallel, ARankKilledMidTrainingEndsTheJobNamingIt) {
   if (access("/usr/bin/pgrep", X_OK) != 0) GTEST_SKIP() << "no pgrep (procps) to find a rank";
   Data d;
   // A long run; 4 s in, one rank (a child of mpirun) is killed.
-  const std::string cmd = "sh -c '" + mpirun_prefix(2) +
-                          d.train_args("k", 32, "k.jsonl") +
+  const std::string cmd = "sh -c '" + mpirun_prefix(2) + d.train_args("k", 32, "k.jsonl") +
                           " --max-steps 100000000 --epochs 100000 & M=$!; sleep 4; "
                           "P=$(pgrep -P $M | tail -n 1); "
                           "echo killing $(tr \"\\\\0\" \"\\\\n\" < /proc/$P/environ | "
@@ -178,8 +200,7 @@ TEST(DataParallel, ARankKilledMidTrainingEndsTheJobNamingIt) {
                           "wait $M; echo job exit $?'";
   const auto t0 = std::chrono::steady_clock::now();
   auto r = run_job(cmd, 90);
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_FALSE(r.hung) << r.output;
   EXPECT_LT(secs, 60) << r.output;
   std::smatch rank;
@@ -190,6 +211,58 @@ TEST(DataParallel, ARankKilledMidTrainingEndsTheJobNamingIt) {
       r.output, std::regex("process rank " + rank[1].str() + " with PID .*exited on signal 9")))
       << r.output;
   EXPECT_EQ(r.output.find("job exit 0"), std::string::npos) << r.output;
+}
+
+// A job stopped at step 100 (its final checkpoint, by rank 0) and resumed on every rank
+// continues exactly as the uninterrupted job, across an epoch's end (step 157).
+TEST(DataParallel, ResumedJobContinuesAsTheUninterruptedOne) {
+  SKIP_WITHOUT_MPIRUN(2);
+  Data d(1, R"({"type": "adagrad", "lr": 0.05, "adagrad_init": 0.01})");
+  const std::string mpirun = mpirun_prefix(2);
+  auto full = run_job(mpirun + d.train_args("full", 32, "full.jsonl") + " --max-steps 200", 300);
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  auto first = run_job(mpirun + d.train_args("part", 32, "part.jsonl") + " --max-steps 100", 300);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  auto second = run_job(
+      mpirun + d.train_args("part", 32, "part2.jsonl") + " --max-steps 200 --resume", 300);
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  const auto a = d.metrics("full.jsonl"), b = d.metrics("part2.jsonl");
+  ASSERT_EQ(a.size(), 21u);
+  ASSERT_EQ(b.size(), 11u);  // steps 110..200 and the evaluation
+  for (size_t i = 0; i < b.size(); ++i) EXPECT_EQ(a[10 + i].dump(), b[i].dump());
+}
+
+// The parts of each global batch, in part order, are the rows of one loader with the global
+// batch, from any start row, through the last partial batch (whose pieces may be empty).
+TEST(DataParallel, LoaderPartsTogetherAreTheGlobalBatches) {
+  Data d;
+  const io::DatasetInfo info = io::DatasetInfo::load(d.dir);
+  std::vector<std::string> shards;
+  for (const auto& s : info.train_shards) shards.push_back(d.dir + "/" + s);
+  for (auto [per_part, parts, start] : std::vector<std::tuple<int64_t, int, int64_t>>{
+           {64, 3, 0}, {64, 2, 2950}, {1, 7, 9995}, {100, 1, 0}}) {
+    io::ShardLoader whole(shards, per_part * parts, start);
+    std::vector<std::unique_ptr<io::ShardLoader>> part;
+    for (int p = 0; p < parts; ++p)
+      part.push_back(std::make_unique<io::ShardLoader>(shards, per_part, start, p, parts));
+    io::Batch g, b;
+    int64_t batches = 0;
+    while (whole.next(g)) {
+      std::vector<float> labels, dense;
+      for (int p = 0; p < parts; ++p) {
+        ASSERT_TRUE(part[p]->next(b)) << "part " << p << " ended early";
+        EXPECT_LE(b.rows, per_part);
+        labels.insert(labels.end(), b.labels.begin(), b.labels.end());
+        dense.insert(dense.end(), b.dense.begin(), b.dense.end());
+      }
+      ASSERT_EQ(labels, g.labels) << "batch " << batches;
+      ASSERT_EQ(dense, g.dense) << "batch " << batches;
+      ++batches;
+    }
+    for (int p = 0; p < parts; ++p) EXPECT_FALSE(part[p]->next(b));
+    EXPECT_EQ(batches, (10000 - start + per_part * parts - 1) / (per_part * parts));
+  }
+  EXPECT_THROW(io::ShardLoader(shards, 8, 0, 2, 2), Error);
 }
 
 TEST(DataParallel, WithoutMpiOrALauncherRanksAreAClearError) {

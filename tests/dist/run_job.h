@@ -21,8 +21,7 @@ struct JobResult {
 // instead of hanging it.
 inline JobResult run_job(const std::string& cmd, int limit_seconds) {
   JobResult r;
-  const std::string full =
-      "timeout -s KILL " + std::to_string(limit_seconds) + " " + cmd + " 2>&1";
+  const std::string full = "timeout -s KILL " + std::to_string(limit_seconds) + " " + cmd + " 2>&1";
   const auto t0 = std::chrono::steady_clock::now();
   FILE* p = popen(full.c_str(), "r");
   if (!p) return r;
@@ -37,11 +36,16 @@ inline JobResult run_job(const std::string& cmd, int limit_seconds) {
 
 // mpirun with the flags a CI container needs (root, fewer cores than ranks); empty when this
 // build has no MPI launcher or it is not installed.
+// The environment that makes `dlrec train --ranks N` (which runs mpirun itself) do the same.
+inline const char* kMpiEnv = "env OMPI_MCA_btl_vader_single_copy_mechanism=none ";
 inline std::string mpirun_prefix(int ranks) {
 #ifdef DLREC_MPIEXEC
   const std::string exe = DLREC_MPIEXEC;
   if (exe.empty() || access(exe.c_str(), X_OK) != 0) return "";
-  return exe + " -np " + std::to_string(ranks) + " --oversubscribe --allow-run-as-root ";
+  // Shared-memory transport without cross-process memory attach: containers often forbid it
+  // (ptrace scope), and the tests' messages are small.
+  return exe + " -np " + std::to_string(ranks) +
+         " --oversubscribe --allow-run-as-root --mca btl_vader_single_copy_mechanism none ";
 #else
   return "";
 #endif

@@ -33,15 +33,25 @@ Elem elem_of(DType t);
 template <class T>
 struct elem_of_t;
 template <>
-struct elem_of_t<uint8_t> { static constexpr Elem value = Elem::U8; };
+struct elem_of_t<uint8_t> {
+  static constexpr Elem value = Elem::U8;
+};
 template <>
-struct elem_of_t<int32_t> { static constexpr Elem value = Elem::I32; };
+struct elem_of_t<int32_t> {
+  static constexpr Elem value = Elem::I32;
+};
 template <>
-struct elem_of_t<int64_t> { static constexpr Elem value = Elem::I64; };
+struct elem_of_t<int64_t> {
+  static constexpr Elem value = Elem::I64;
+};
 template <>
-struct elem_of_t<float> { static constexpr Elem value = Elem::F32; };
+struct elem_of_t<float> {
+  static constexpr Elem value = Elem::F32;
+};
 template <>
-struct elem_of_t<double> { static constexpr Elem value = Elem::F64; };
+struct elem_of_t<double> {
+  static constexpr Elem value = Elem::F64;
+};
 
 enum class ReduceOp { Sum, Max, Min };
 const char* reduce_op_name(ReduceOp op);
