@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "dlrec/core/device.h"
+#include "dlrec/dist/planner.h"
 #include "dlrec/model/graph.h"
 #include "dlrec/model/model.h"
 
@@ -284,6 +285,11 @@ RunConfig RunConfig::from_json(const json& j) {
     ConfigReader r = root.child("train");
     c.train = TrainConfig::from_json(r);
   }
+  if (root.has("sharding")) {
+    ConfigReader r = root.child("sharding");
+    dist::read_planner_options(r, 65536);  // the keys and ranges; owners against the job later
+    c.sharding = root.raw("sharding");
+  }
   root.get<json>("model", json());
   root.get<json>("optimizer", json());
   root.get<json>("train", json());
@@ -301,7 +307,9 @@ RunConfig RunConfig::load(const std::string& path) {
 }
 
 json RunConfig::to_json() const {
-  return {{"model", model.to_json()}, {"optimizer", optimizer.to_json()}, {"train", train.to_json()}};
+  json j = {{"model", model.to_json()}, {"optimizer", optimizer.to_json()}, {"train", train.to_json()}};
+  if (!sharding.is_null()) j["sharding"] = sharding;
+  return j;
 }
 
 }  // namespace dlrec::model

@@ -51,6 +51,17 @@ class GraphModel final : public Model {
   std::vector<NamedTensor> optimizer_state() override;
   Device device() const override { return Device::cpu(); }
   void set_gradient_reducer(GradientReducer* reducer) override;
+  void shard_tables(dist::Communicator& comm, const dist::PlannerOptions& options,
+                    const std::vector<double>& ids_per_sample, std::FILE* plan_log) override;
+  void gather_sharded_tables() override {
+    for (auto& n : nodes_) n->gather_sharded_tables();
+  }
+  void scatter_sharded_tables() override {
+    for (auto& n : nodes_) n->scatter_sharded_tables();
+  }
+  void release_sharded_tables() override {
+    for (auto& n : nodes_) n->release_sharded_tables();
+  }
 
  private:
   std::unique_ptr<Node> make_node(const LayerSpec& s, const std::vector<ValueShape>& in,
@@ -323,6 +334,30 @@ void GraphModel::set_gradient_reducer(GradientReducer* reducer) {
     }
   }
   reducer_ = reducer;
+}
+
+void GraphModel::shard_tables(dist::Communicator& comm, const dist::PlannerOptions& options,
+                              const std::vector<double>& ids_per_sample, std::FILE* plan_log) {
+  // Every rank keeps the dense layers whole: their weights, gradients and optimizer state.
+  dist::PlannerOptions o = options;
+  o.dense_bytes = 0;
+  for (const auto& d : dense_)
+    o.dense_bytes += 4 * (2 * d.p->value.numel() + (d.p->state.defined() ? d.p->state.numel() : 0));
+  cpu_graph::ShardingRequest req;
+  req.comm = &comm;
+  req.options = &o;
+  req.ids_per_sample = &ids_per_sample;
+  req.plan_log = plan_log;
+  // The first embedding layer's tables are sharded (one plan, one memory budget); the tables of
+  // other layers (a wide part, a second embedding layer) stay replicated on every rank.
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    try {
+      if (nodes_[i]->shard_tables(req)) return;
+    } catch (const Error& e) {
+      fail("sharding: layer '", spec_.layers[i].name, "': ", e.what());
+    }
+  }
+  fail("sharding: the model has no embedding layer with tables to shard");
 }
 
 void GraphModel::report_hashed() {

@@ -25,6 +25,12 @@ double Model::train_step(const io::Batch& batch, double lr_scale, bool /*want_lo
   return loss;
 }
 
+void Model::shard_tables(dist::Communicator&, const dist::PlannerOptions&,
+                         const std::vector<double>&, std::FILE*) {
+  fail("sharded embeddings are not supported by this model on ", device().str(),
+       " yet (the CPU graph engine supports them)");
+}
+
 void Model::set_gradient_reducer(GradientReducer* reducer) {
   if (reducer)
     fail("data-parallel training across ranks is not supported by this model on ", device().str(),

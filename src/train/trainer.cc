@@ -8,6 +8,7 @@
 #include "dlrec/core/file_util.h"
 #include "dlrec/core/progress.h"
 #include "dlrec/core/thread_pool.h"
+#include "dlrec/dist/planner.h"
 #include "dlrec/io/tensor_file.h"
 #include "dlrec/train/tensorboard.h"
 #include "dlrec/nn/loss.h"
@@ -165,6 +166,13 @@ struct Trainer::Impl {
   // Data-parallel (opt.comm with more than one rank).
   int rank = 0, ranks = 1;
   std::unique_ptr<DataParallelReducer> reducer;
+  bool sharded = false;  // the embedding tables are sharded over the ranks (cfg.sharding)
+  // A checkpoint of the whole model: a sharded model gathers its tables first (every rank).
+  void checkpoint() {
+    if (sharded) model->gather_sharded_tables();
+    if (leader()) save_checkpoint(checkpoint_path(), *model, cfg, data.layout, state);
+    if (sharded) model->release_sharded_tables();
+  }
 
   std::string checkpoint_path() const { return opt.run_dir + "/checkpoint.dlrec"; }
   bool parallel() const { return ranks > 1; }
@@ -212,7 +220,8 @@ EvalResult Trainer::Impl::evaluate_parallel() {
   std::vector<float> probs, labels;
   io::Batch batch;
   while (loader.next(batch)) {
-    if (batch.rows == 0) continue;
+    // A sharded model's forward is a collective: every rank runs it, with rows or without.
+    if (batch.rows == 0 && !sharded) continue;
     std::vector<float> logits = model->forward(batch, false).to_vector<float>();
     for (float l : logits) probs.push_back(sigmoid(l));
     labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());
@@ -278,11 +287,30 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
   if (m.parallel()) {
     m.reducer = std::make_unique<DataParallelReducer>(*m.opt.comm);
     m.model->set_gradient_reducer(m.reducer.get());
+    if (!m.cfg.sharding.is_null()) {
+      ConfigReader r(m.cfg.sharding, "sharding");
+      dist::PlannerOptions po = dist::read_planner_options(r, m.ranks);
+      po.batch_per_rank = m.cfg.train.batch_size;
+      // Expected ids per sample of each feature from the ETL's statistics, when present.
+      std::vector<double> ids;
+      const std::string stats = m.opt.data_dir + "/stats.json";
+      if (file_exists(stats) && !m.data.cat_names.empty()) {
+        const auto by_name = dist::read_ids_per_sample(stats);
+        for (const std::string& name : m.data.cat_names) {
+          auto it = by_name.find(name);
+          ids.push_back(it == by_name.end() ? 1.0 : it->second);
+        }
+      }
+      m.model->shard_tables(*m.opt.comm, po, ids, m.leader() ? stderr : nullptr);
+      m.sharded = true;
+    }
   }
   if (!m.opt.run_dir.empty()) {
     make_dirs(m.opt.run_dir);
     if (m.opt.resume && file_exists(m.checkpoint_path())) {
+      if (m.sharded) m.model->gather_sharded_tables();  // whole tables to load into
       m.state = load_checkpoint(m.checkpoint_path(), *m.model);
+      if (m.sharded) m.model->scatter_sharded_tables();
       check_checkpoint_layout(m.checkpoint_path(), m.state, m.data.layout, m.opt.data_dir);
       if (m.leader())
         std::fprintf(stderr, "[train] resumed from %s at step %lld\n",
@@ -424,9 +452,9 @@ TrainResult Trainer::train() {
       res.stopped_early = true;
       break;
     }
-    if (!m.opt.run_dir.empty() && m.leader() && tc.checkpoint_every > 0 &&
+    if (!m.opt.run_dir.empty() && tc.checkpoint_every > 0 &&
         m.state.step % tc.checkpoint_every == 0)
-      save_checkpoint(m.checkpoint_path(), *m.model, m.cfg, m.data.layout, m.state);
+      m.checkpoint();
   }
   m.model->synchronize();
   res.seconds = timer.seconds();
@@ -441,8 +469,7 @@ TrainResult Trainer::train() {
                 res.last_loss);
   if (progress) progress->finish(buf);
   if (res.stopped_early) return res;
-  if (!m.opt.run_dir.empty() && m.leader())
-    save_checkpoint(m.checkpoint_path(), *m.model, m.cfg, m.data.layout, m.state);
+  if (!m.opt.run_dir.empty()) m.checkpoint();
   if (m.data.valid_rows > 0) {
     res.eval = evaluate();
     log_eval(res.eval);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <utility>
@@ -17,6 +18,10 @@
 
 namespace dlrec::nn {
 struct SparseGrad;
+}
+namespace dlrec::dist {
+class Communicator;
+struct PlannerOptions;
 }
 
 namespace dlrec::model {
@@ -110,6 +115,9 @@ struct RunConfig {
   ModelConfig model;
   OptimizerConfig optimizer;
   TrainConfig train;
+  // "sharding": the embedding sharding of a job across ranks (docs/DISTRIBUTED.md; checked
+  // here, read by the trainer with the job's rank count); null: tables replicated.
+  json sharding;
   static RunConfig from_json(const json& j);  // strict: unknown keys throw
   static RunConfig load(const std::string& path);
   json to_json() const;
@@ -158,6 +166,21 @@ class Model {
   // Data-parallel training: gradients go through `reducer` from the next step on (null: off).
   // Throws naming the layer when the model cannot (the default: not supported at all).
   virtual void set_gradient_reducer(GradientReducer* reducer);
+  // Sharded embeddings (docs/DISTRIBUTED.md): the fixed-size tables of the model's embedding
+  // layer spread over comm's ranks by the planner, their exchanges through comm from the next
+  // step on. ids_per_sample[f]: expected ids per sample of categorical feature f (empty: one).
+  // The plan is printed to plan_log when not null (rank 0). Every rank calls it (the tables
+  // must hold the same values everywhere, as after the same build). Throws when the model
+  // cannot (the default: not supported at all).
+  virtual void shard_tables(dist::Communicator& comm, const dist::PlannerOptions& options,
+                            const std::vector<double>& ids_per_sample, std::FILE* plan_log);
+  // A sharded model's whole tables for checkpoints: gather (a collective) puts whole copies of
+  // the sharded tables (values and optimizer state) into parameters() and optimizer_state();
+  // scatter (not a collective) sets the shards from those copies (after a checkpoint was loaded
+  // into them) and drops them; release drops them. No-ops for a model without sharded tables.
+  virtual void gather_sharded_tables() {}
+  virtual void scatter_sharded_tables() {}
+  virtual void release_sharded_tables() {}
 };
 
 // Builds a model for data of the given layout; parameters initialised from `seed`.

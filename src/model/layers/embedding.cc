@@ -3,9 +3,13 @@
 // (embedding::HashedEmbedding, "hashed": {...}); their state is five tensors shared with
 // parameters()/optimizer_state(); after those were handed out (a checkpoint load may have
 // written into them) the table is re-imported before its next use.
+#include <algorithm>
+#include <cstdio>
 #include <memory>
+#include <sstream>
 
 #include "dlrec/core/thread_pool.h"
+#include "dlrec/dist/sharded_embedding.h"
 #include "dlrec/nn/embedding_bag.h"
 #include "dlrec/nn/param.h"
 #include "dlrec/nn/rng.h"
@@ -47,6 +51,14 @@ class EmbeddingNode final : public cpu_graph::Node {
     const int64_t B = b.rows, W = shape.width;
     nn::ensure_buffer(out_, {B, W});
     float* out = out_.data<float>();
+    if (sharded_) {  // a collective: every rank's tables exchange ids and pooled rows
+      std::vector<dist::BagsView> bags(setup_.size());
+      for (size_t k = 0; k < setup_.size(); ++k)
+        bags[k] = {b.cat_offsets[setup_[k].feature].data(),
+                   b.cat_indices[setup_[k].feature].data()};
+      sharded_->forward(bags, B, out, W, training);
+      return out_;
+    }
     for_each_table([&](size_t k) {
       const int64_t f = setup_[k].feature;
       if (hashed_[k]) {
@@ -62,6 +74,10 @@ class EmbeddingNode final : public cpu_graph::Node {
   }
   void backward(const Tensor& dout, const std::vector<bool>&, std::vector<Tensor>&) override {
     const float* g = dout.data<float>();
+    if (sharded_) {  // a collective: the pooled gradients go to the tables' owners
+      sharded_->backward(g, shape.width);
+      return;
+    }
     grads_.resize(setup_.size());
     for_each_table([&](size_t k) {
       grads_[k] = hashed_[k] ? &hashed_[k]->backward(g + offset_[k], shape.width)
@@ -74,6 +90,7 @@ class EmbeddingNode final : public cpu_graph::Node {
     return true;
   }
   void reduce_table_grads(GradientReducer& reducer) override {
+    if (sharded_) return;  // the owners' gradients are of the global batch already
     merged_.resize(setup_.size());
     for (size_t k = 0; k < setup_.size(); ++k) {
       reducer.reduce_sparse(*grads_[k], merged_[k]);
@@ -81,6 +98,13 @@ class EmbeddingNode final : public cpu_graph::Node {
     }
   }
   void step_tables(double lr_scale) override {
+    if (sharded_) {
+      std::vector<float> lr(setup_.size());
+      for (size_t k = 0; k < setup_.size(); ++k)
+        lr[k] = static_cast<float>(setup_[k].lr * lr_scale);
+      sharded_->step(lr);
+      return;
+    }
     for_each_table([&](size_t k) {
       const float lr = static_cast<float>(setup_[k].lr * lr_scale);
       if (hashed_[k])
@@ -102,6 +126,29 @@ class EmbeddingNode final : public cpu_graph::Node {
       }
       tables.push_back(std::move(t));
     }
+  }
+
+  bool shard_tables(const cpu_graph::ShardingRequest& req) override;
+  // The whole tables live in fixed_[k]->weight() only between gather and scatter/release.
+  void gather_sharded_tables() override {
+    if (!sharded_) return;
+    for (size_t k = 0; k < setup_.size(); ++k) {
+      nn::Param& p = fixed_[k]->weight();
+      p.value = sharded_->gather_table(static_cast<int>(k));
+      p.state = sharded_->gather_table(static_cast<int>(k), true);
+    }
+  }
+  void scatter_sharded_tables() override {
+    if (!sharded_) return;
+    for (size_t k = 0; k < setup_.size(); ++k) {
+      nn::Param& p = fixed_[k]->weight();
+      sharded_->load_table(static_cast<int>(k), p.value, p.state);
+    }
+    release_sharded_tables();
+  }
+  void release_sharded_tables() override {
+    if (!sharded_) return;
+    for (size_t k = 0; k < setup_.size(); ++k) fixed_[k]->weight() = nn::Param();
   }
 
  private:
@@ -140,8 +187,55 @@ class EmbeddingNode final : public cpu_graph::Node {
   std::unique_ptr<bool[]> handed_out_;
   std::vector<const nn::SparseGrad*> grads_;
   std::vector<nn::SparseGrad> merged_;  // data-parallel: the gradients summed over the ranks
+  std::unique_ptr<dist::ShardedEmbedding> sharded_;  // sharded: the tables live here
   Tensor out_;
 };
+
+// The layer's fixed tables become one ShardedEmbedding with their current values and state (so
+// the same as on one rank), planned over the job's ranks; the whole tables are then dropped.
+bool EmbeddingNode::shard_tables(const cpu_graph::ShardingRequest& req) {
+  for (size_t k = 0; k < setup_.size(); ++k)
+    if (hashed_[k])
+      fail("table '", name_, ".", setup_[k].feature,
+           "' is hashed; hashed tables are not sharded yet (use fixed tables)");
+  const dist::PlannerOptions& o = *req.options;
+  std::vector<dist::ShardedTableConfig> cfg;
+  std::vector<dist::TableSpec> specs;
+  for (size_t k = 0; k < setup_.size(); ++k) {
+    const nn::EmbeddingBag& bag = *fixed_[k];
+    const nn::Optimizer* opt = setup_[k].opt;
+    dist::TableSpec s;
+    s.name = name_ + "." + std::to_string(setup_[k].feature);
+    s.rows = bag.rows();
+    s.dim = bag.dim();
+    s.value_bytes = 4;
+    s.state_bytes_per_row = 4 * opt->state_row_size(bag.dim());
+    s.state_splits_by_column = opt->kind() != nn::OptimizerKind::RowWiseAdagrad;
+    const auto f = static_cast<size_t>(setup_[k].feature);
+    const double ids = f < req.ids_per_sample->size() ? (*req.ids_per_sample)[f] : 1.0;
+    s.lookups_per_step =
+        ids * static_cast<double>(std::max<int64_t>(1, o.batch_per_rank)) * o.ranks;
+    specs.push_back(s);
+    // The optimizer belongs to the model, which outlives the layer: a non-owning pointer.
+    cfg.push_back(
+        {s, 0, bag.pooling(),
+         std::shared_ptr<const nn::Optimizer>(std::shared_ptr<const nn::Optimizer>(), opt)});
+  }
+  dist::Plan plan = dist::plan_sharding(specs, o);
+  if (req.plan_log) {
+    std::ostringstream os;
+    dist::print_plan(plan, specs, os);
+    std::fputs(os.str().c_str(), req.plan_log);
+    std::fflush(req.plan_log);
+  }
+  sharded_ = std::make_unique<dist::ShardedEmbedding>(cfg, std::move(plan), *req.comm);
+  for (size_t k = 0; k < setup_.size(); ++k) {
+    const nn::Param& p = fixed_[k]->weight();
+    sharded_->load_table(static_cast<int>(k), p.value, p.state);
+  }
+  release_sharded_tables();
+  return true;
+}
 
 std::vector<int64_t> table_dims(const LayerSpec& s, size_t features) {
   std::vector<int64_t> dims = s.dims.empty() ? std::vector<int64_t>(features, s.dim) : s.dims;

@@ -4,12 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "dlrec/core/tensor.h"
+#include "dlrec/dist/planner.h"
 #include "dlrec/embedding/hashed_embedding.h"
 #include "dlrec/io/batch.h"
 #include "dlrec/nn/optimizer.h"
@@ -41,6 +43,14 @@ struct TableSetup {
   embedding::HashedEmbeddingOptions hashed_options;
 };
 
+// What Model::shard_tables asks of a layer with tables.
+struct ShardingRequest {
+  dist::Communicator* comm = nullptr;
+  const dist::PlannerOptions* options = nullptr;  // dense_bytes filled in by the model
+  const std::vector<double>* ids_per_sample = nullptr;
+  std::FILE* plan_log = nullptr;
+};
+
 class Node {
  public:
   virtual ~Node() = default;
@@ -56,6 +66,12 @@ class Node {
   // Data-parallel training: whether the layer's tables can reduce their sparse gradients, and
   // the reduction (after backward, before step_tables; table by table, on the calling thread).
   virtual bool can_reduce_table_grads() const { return false; }
+  // Sharded embeddings (Model::shard_tables): whether the layer sharded its tables; and the
+  // whole copies of sharded tables for checkpoints (Model::gather_sharded_tables, ...).
+  virtual bool shard_tables(const ShardingRequest& /*request*/) { return false; }
+  virtual void gather_sharded_tables() {}
+  virtual void scatter_sharded_tables() {}
+  virtual void release_sharded_tables() {}
   virtual void reduce_table_grads(GradientReducer& /*reducer*/) {}
   // Dense parameters (the model steps them) and tables (step_tables).
   virtual void collect(std::vector<DenseRef>& /*dense*/, std::vector<TableRef>& /*tables*/) {}

@@ -1,0 +1,155 @@
+// The sharding planner: which rank holds which part of each embedding table.
+//
+// Given the tables (rows, dim, bytes per value, optimizer state per row, expected lookups per
+// step), the number of ranks and each rank's memory budget, plan_sharding() chooses per table one
+// of four kinds and places its shards:
+//
+//   kind         shards                          forward exchange (ids out, pooled back)
+//   replicated   the whole table on every rank   none: each rank pools its own samples; the
+//                                                backward all-gathers ids and pooled gradients
+//                                                so that every rank applies the same update
+//   table_wise   the whole table on one rank     ids to the owner, pooled [B, dim] back
+//   row_wise     rows split over every rank:     each id to rank id % N (local row id / N),
+//                rank r holds ids r, r+N, ...    partial sums [B, dim] back from every rank
+//   column_wise  columns split over ranks        every id to every column owner, each sends
+//                (contiguous, multiples of 4)    back its [B, cols] slice
+//
+// Row-wise buckets ids by modulo, not by contiguous blocks: after Categorify the frequent ids are
+// the small ones, so blocks would send most lookups of a power-law feature to rank 0.
+//
+// How the plan is chosen (plan_sharding):
+//   1. tables with an override take the kind (and owner) the config gives;
+//   2. a table of at most `replicate_max_bytes` (values + optimizer state) is replicated: its
+//      exchange would cost more than its memory (with one rank everything is table-wise);
+//   3. the rest are placed table-wise, largest first, each on the rank where the larger of its
+//      memory fraction and its lookup fraction after placement is smallest (LPT scheduling);
+//   4. while a table does not fit on any rank, the largest table still placed whole is split
+//      (column-wise when its dim gives every rank at least `min_column_dim` columns and the
+//      optimizer's state is per value, else row-wise) and step 3 is redone;
+//   5. when every table is split and one still does not fit, the plan fails naming the table,
+//      the bytes it needs and what the ranks have left;
+//   6. while the fullest rank holds more than `max_memory_imbalance` times the mean, the
+//      largest table placed whole on it is split too, if that makes the fullest rank lighter
+//      (whole tables cost the least communication, so they are split only to fit or balance).
+// Memory per rank = budget * (1 - headroom) - dense_bytes (the replicated dense layers, their
+// gradients and optimizer state), checked against every shard's values + optimizer state.
+//
+// Units: bytes are bytes (decimal GB in messages, as GPU memory is sold); lookups are ids per
+// global step (over all ranks).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "dlrec/core/config.h"
+
+namespace dlrec::dist {
+
+enum class ShardingKind { Replicated, TableWise, RowWise, ColumnWise };
+// "replicated" | "table_wise" | "row_wise" | "column_wise" ("data_parallel" is accepted for
+// "replicated").
+ShardingKind parse_sharding_kind(const std::string& s);
+const char* sharding_kind_name(ShardingKind k);
+
+struct TableSpec {
+  std::string name;
+  int64_t rows = 0;
+  int64_t dim = 0;
+  int64_t value_bytes = 4;          // bytes per value (4 fp32, 2 bf16/fp16)
+  int64_t state_bytes_per_row = 0;  // optimizer state of one row of `dim` values
+  // Whether the optimizer state is per value (sgd, momentum, adagrad, adam, ftrl): such a table
+  // can be split by columns. Row-wise Adagrad keeps one value per row computed over the whole
+  // row, so its tables are never split by columns.
+  bool state_splits_by_column = true;
+  double lookups_per_step = 0;  // expected ids per global step; <= 0: uniform (one per sample)
+  int64_t bytes() const;        // values + state of the whole table
+};
+
+// A config override for one table (key "sharding.tables.<name>").
+struct TableOverride {
+  ShardingKind kind = ShardingKind::TableWise;
+  int owner = -1;  // table_wise only; -1: the planner chooses
+};
+
+struct PlannerOptions {
+  int ranks = 1;
+  int64_t memory_per_rank = 0;  // bytes of device (or host) memory per rank; > 0
+  double headroom = 0.1;        // fraction of memory_per_rank kept free, [0, 0.9]
+  int64_t dense_bytes = 0;      // replicated dense parameters + gradients + state per rank
+  int64_t batch_per_rank = 0;   // samples per rank and step (communication estimate); 0: 1
+  int64_t replicate_max_bytes = int64_t{1} << 20;  // tables up to this size are replicated
+  int64_t min_column_dim = 32;                     // narrowest column shard of an auto split
+  // Step 6 of the planner: the fullest rank may hold this many times the mean table bytes
+  // before the planner splits a table on it to even them out (>= 1).
+  double max_memory_imbalance = 1.25;
+  std::map<std::string, TableOverride> overrides;  // by table name
+  int64_t usable_per_rank() const;                 // bytes left for tables on each rank
+  void validate() const;
+};
+
+// Reads the "sharding" config object:
+//   { "memory_per_rank_gb": 80, "headroom": 0.1, "replicate_max_bytes": 1048576,
+//     "min_column_dim": 32, "max_memory_imbalance": 1.25,
+//     "tables": { "cat_3": {"kind": "table_wise", "owner": 1}, "cat_0": {"kind": "row_wise"} } }
+// Ranks, dense bytes and the batch come from the job, not from this object. Unknown keys, kinds and
+// out-of-range values are errors naming the key.
+PlannerOptions read_planner_options(ConfigReader& r, int ranks);
+
+// One piece of a table on one rank: `rows` rows (all of them, or for row-wise the ids rank, rank +
+// N, ...) and columns [col_begin, col_end).
+struct Shard {
+  int rank = 0;
+  int64_t rows = 0;  // rows held on this rank
+  int64_t col_begin = 0, col_end = 0;
+  int64_t bytes = 0;   // values + optimizer state
+  double lookups = 0;  // expected ids this rank serves per global step
+};
+
+struct TablePlan {
+  std::string name;
+  ShardingKind kind = ShardingKind::TableWise;
+  bool overridden = false;
+  std::vector<Shard> shards;  // replicated: one per rank; table_wise: one; else one per rank
+  // Rank owning the table (table_wise), else -1.
+  int owner() const { return kind == ShardingKind::TableWise ? shards.at(0).rank : -1; }
+};
+
+struct RankLoad {
+  int64_t bytes = 0;        // tables and their optimizer state
+  int64_t usable = 0;       // budget after headroom and dense parameters
+  double lookups = 0;       // expected ids served per global step
+  double comm_bytes = 0;    // estimated bytes this rank sends per step (forward + backward)
+  std::vector<int> tables;  // indices into Plan::tables with a shard here
+};
+
+struct Plan {
+  int ranks = 1;
+  int64_t memory_per_rank = 0;
+  int64_t dense_bytes = 0;
+  std::vector<TablePlan> tables;  // in the order of the specs
+  std::vector<RankLoad> per_rank;
+  // The shard of table t on `rank` (nullptr if none).
+  const Shard* shard_of(int t, int rank) const;
+  // The plan as JSON (for logs and checkpoint manifests).
+  json to_json() const;
+};
+
+Plan plan_sharding(const std::vector<TableSpec>& tables, const PlannerOptions& options);
+
+// The plan as a table for the log: per rank its tables (kind, rows, columns, bytes, lookups) and
+// its memory against the budget.
+void print_plan(const Plan& plan, const std::vector<TableSpec>& tables, std::ostream& os);
+
+// The expected ids per sample of each categorical column, from an ETL output's stats.json
+// (columns.categorical[i]: values / rows), by column name: the planner's lookups per step are
+// these times the global batch. Dropped columns and columns without rows are left out. Errors
+// name the file and the entry.
+std::map<std::string, double> read_ids_per_sample(const std::string& stats_path);
+
+// "1.50 GB" style (decimal units, as GPU memory is sold).
+std::string format_bytes(double bytes);
+
+}  // namespace dlrec::dist

@@ -1,0 +1,311 @@
+#include "dlrec/dist/planner.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <iostream>
+#include <sstream>
+
+#include "test_errors.h"
+#include "test_files.h"
+
+namespace dlrec::dist {
+namespace {
+
+using dlrec::testing::error_of;
+using dlrec::testing::expect_error;
+
+// The MLPerf DLRM v1 model's 26 tables on Criteo 1TB with max_ind_range 40M (issue 18).
+const std::vector<int64_t> kCriteo1TB = {
+    39884406, 39043,    17289,    7420,     20263,  3,     7120, 1543, 63,
+    38532951, 2953546,  403346,   10,       2208,   11938, 155,  4,    976,
+    14,       39979771, 25641295, 39664984, 585935, 12972, 108,  36};
+
+constexpr int64_t kH100 = 80'000'000'000;  // bytes (80 GB)
+
+std::vector<TableSpec> criteo_tables(int64_t dim, bool adagrad) {
+  std::vector<TableSpec> t;
+  for (size_t i = 0; i < kCriteo1TB.size(); ++i) {
+    TableSpec s;
+    s.name = "cat_" + std::to_string(i);
+    s.rows = kCriteo1TB[i];
+    s.dim = dim;
+    s.value_bytes = 4;
+    s.state_bytes_per_row = adagrad ? dim * 4 : 0;
+    t.push_back(s);
+  }
+  return t;
+}
+
+PlannerOptions options(int ranks, int64_t memory) {
+  PlannerOptions o;
+  o.ranks = ranks;
+  o.memory_per_rank = memory;
+  o.batch_per_rank = 16384;
+  o.dense_bytes = 10'000'000;
+  return o;
+}
+
+// Every table is covered exactly once (rows and columns) and no rank is over its budget.
+void check_plan(const Plan& p, const std::vector<TableSpec>& specs, const PlannerOptions& o) {
+  ASSERT_EQ(p.tables.size(), specs.size());
+  ASSERT_EQ(static_cast<int>(p.per_rank.size()), o.ranks);
+  std::vector<int64_t> rank_bytes(o.ranks, 0);
+  for (size_t t = 0; t < specs.size(); ++t) {
+    const TablePlan& tp = p.tables[t];
+    const TableSpec& s = specs[t];
+    EXPECT_EQ(tp.name, s.name);
+    int64_t rows = 0, cols = 0;
+    for (const Shard& sh : tp.shards) {
+      ASSERT_GE(sh.rank, 0);
+      ASSERT_LT(sh.rank, o.ranks);
+      rank_bytes[sh.rank] += sh.bytes;
+      if (tp.kind == ShardingKind::RowWise) {
+        EXPECT_EQ(sh.col_begin, 0);
+        EXPECT_EQ(sh.col_end, s.dim);
+        EXPECT_EQ(sh.rows, sh.rank < s.rows ? (s.rows - sh.rank + o.ranks - 1) / o.ranks : 0);
+        rows += sh.rows;
+      } else if (tp.kind == ShardingKind::ColumnWise) {
+        EXPECT_EQ(sh.rows, s.rows);
+        EXPECT_EQ(sh.col_begin, cols) << s.name;  // contiguous, in order
+        cols = sh.col_end;
+      } else {
+        EXPECT_EQ(sh.rows, s.rows);
+        EXPECT_EQ(sh.col_end - sh.col_begin, s.dim);
+      }
+    }
+    switch (tp.kind) {
+      case ShardingKind::Replicated:
+        EXPECT_EQ(static_cast<int>(tp.shards.size()), o.ranks);
+        break;
+      case ShardingKind::TableWise:
+        EXPECT_EQ(tp.shards.size(), 1u);
+        break;
+      case ShardingKind::RowWise:
+        EXPECT_EQ(rows, s.rows);
+        break;
+      case ShardingKind::ColumnWise:
+        EXPECT_EQ(cols, s.dim);
+        break;
+    }
+  }
+  for (int r = 0; r < o.ranks; ++r) {
+    EXPECT_EQ(rank_bytes[r], p.per_rank[r].bytes);
+    EXPECT_LE(p.per_rank[r].bytes, o.usable_per_rank()) << "rank " << r;
+  }
+}
+
+TEST(ShardPlanner, Criteo1TBDoesNotFitOneH100) {
+  const auto specs = criteo_tables(128, false);
+  int64_t total = 0;
+  for (const auto& s : specs) total += s.bytes();
+  EXPECT_NEAR(static_cast<double>(total), 96.2e9,
+              0.1e9);  // the issue's 96 GB in fp32
+  const std::string e = error_of([&] { plan_sharding(specs, options(1, kH100)); });
+  EXPECT_NE(e.find("sharding plan: table 'cat_"), std::string::npos) << e;
+  EXPECT_NE(e.find(" GB"), std::string::npos) << e;
+  EXPECT_NE(e.find("does not fit"), std::string::npos) << e;
+  EXPECT_NE(e.find("all 26 tables need 96.14 GB"), std::string::npos) << e;
+}
+
+TEST(ShardPlanner, Criteo1TBWithSgdOnTwoAndFourH100) {
+  const auto specs = criteo_tables(128, false);
+  for (int ranks : {2, 4}) {
+    const PlannerOptions o = options(ranks, kH100);
+    const Plan p = plan_sharding(specs, o);
+    check_plan(p, specs, o);
+    // The small tables are replicated, the large ones placed whole: they fit without a split.
+    int replicated = 0;
+    for (const auto& t : p.tables) {
+      if (t.kind == ShardingKind::Replicated) ++replicated;
+      EXPECT_NE(t.kind, ShardingKind::RowWise);
+    }
+    EXPECT_GE(replicated, 10);  // 3, 4, 10, 14, 36, 63, 108, 155, 976, 1543 rows
+    // Memory is balanced: no rank above 60 % of the usable memory with 2 ranks (96 / 2 / 72).
+    for (const RankLoad& l : p.per_rank)
+      EXPECT_LT(static_cast<double>(l.bytes), (ranks == 2 ? 0.75 : 0.5) * o.usable_per_rank());
+    std::ostringstream os;
+    print_plan(p, specs, os);
+    if (ranks == 2) std::cout << os.str();  // the plan the issue asks to report
+    EXPECT_NE(os.str().find("rank " + std::to_string(ranks - 1) + ": memory"), std::string::npos)
+        << os.str();
+    EXPECT_NE(os.str().find("cat_19"), std::string::npos);
+  }
+}
+
+TEST(ShardPlanner, Criteo1TBWithAdagradNeedsFourH100) {
+  const auto specs = criteo_tables(128, true);
+  const std::string e2 = error_of([&] { plan_sharding(specs, options(2, kH100)); });
+  EXPECT_NE(e2.find("does not fit"), std::string::npos) << e2;
+  EXPECT_NE(e2.find("192."), std::string::npos) << e2;  // 192 GB with the Adagrad state
+  const PlannerOptions o = options(4, kH100);
+  const Plan p = plan_sharding(specs, o);
+  check_plan(p, specs, o);
+  std::ostringstream os;
+  print_plan(p, specs, os);
+  std::cout << os.str();
+  // Placed whole, two of the five ~40 GB tables would share a rank (66 GB); the planner splits one
+  // so that no rank holds more than 1.25x the mean.
+  int64_t most = 0, sum = 0;
+  for (const RankLoad& l : p.per_rank) most = std::max(most, l.bytes), sum += l.bytes;
+  EXPECT_LE(static_cast<double>(most), o.max_memory_imbalance * static_cast<double>(sum) / 4);
+  EXPECT_NE(os.str().find("4 rank(s)"), std::string::npos) << os.str();
+}
+
+TEST(ShardPlanner, OneRankPlacesEverythingWhole) {
+  const auto specs = criteo_tables(16, false);  // 12 GB: fits one rank
+  const PlannerOptions o = options(1, kH100);
+  const Plan p = plan_sharding(specs, o);
+  check_plan(p, specs, o);
+  for (const auto& t : p.tables) {
+    EXPECT_EQ(t.kind, ShardingKind::TableWise);
+    EXPECT_EQ(t.owner(), 0);
+  }
+}
+
+TEST(ShardPlanner, SplitsATableLargerThanOneRank) {
+  // Table "big" needs 1.6 MB, a rank has 1 MB: it is split; by columns when the dim allows.
+  std::vector<TableSpec> specs(2);
+  specs[0] = {"big", 3125, 128, 4, 0, true, 0};   // 1.6 MB
+  specs[1] = {"small", 100, 128, 4, 0, true, 0};  // 51 kB
+  PlannerOptions o;
+  o.ranks = 2;
+  o.memory_per_rank = 1'000'000;
+  o.headroom = 0;
+  o.replicate_max_bytes = 0;
+  Plan p = plan_sharding(specs, o);
+  check_plan(p, specs, o);
+  EXPECT_EQ(p.tables[0].kind, ShardingKind::ColumnWise);
+  EXPECT_EQ(p.tables[0].shards.size(), 2u);
+  EXPECT_EQ(p.tables[1].kind, ShardingKind::TableWise);
+  // Row-wise Adagrad keeps one value per row: no column split, rows instead.
+  specs[0].state_bytes_per_row = 4;
+  specs[0].state_splits_by_column = false;
+  p = plan_sharding(specs, o);
+  check_plan(p, specs, o);
+  EXPECT_EQ(p.tables[0].kind, ShardingKind::RowWise);
+  // A narrow table is split by rows too.
+  specs[0] = {"big", 25000, 16, 4, 0, true, 0};
+  p = plan_sharding(specs, o);
+  check_plan(p, specs, o);
+  EXPECT_EQ(p.tables[0].kind, ShardingKind::RowWise);
+}
+
+TEST(ShardPlanner, BalancesLookups) {
+  // Four equal tables, two of them hot: each rank gets one hot one.
+  std::vector<TableSpec> specs;
+  for (int i = 0; i < 4; ++i)
+    specs.push_back({"t" + std::to_string(i), 1000, 16, 4, 0, true, i < 2 ? 1e6 : 1.0});
+  PlannerOptions o;
+  o.ranks = 2;
+  o.memory_per_rank = 1'000'000'000;
+  o.replicate_max_bytes = 0;
+  const Plan p = plan_sharding(specs, o);
+  check_plan(p, specs, o);
+  EXPECT_NE(p.tables[0].owner(), p.tables[1].owner());
+  EXPECT_NEAR(p.per_rank[0].lookups, p.per_rank[1].lookups, 10.0);
+}
+
+TEST(ShardPlanner, ConfigOverridesThePlan) {
+  auto specs = criteo_tables(64, false);
+  const json cfg = parse_json(R"({
+    "memory_per_rank_gb": 80, "headroom": 0.2,
+    "tables": {"cat_0": {"kind": "row_wise"}, "cat_1": {"kind": "table_wise", "owner": 2},
+               "cat_2": {"kind": "column_wise"}, "cat_3": {"kind": "data_parallel"}}})",
+                              "test");
+  ConfigReader r(cfg, "sharding");
+  PlannerOptions o = read_planner_options(r, 4);
+  EXPECT_DOUBLE_EQ(o.headroom, 0.2);
+  const Plan p = plan_sharding(specs, o);
+  check_plan(p, specs, o);
+  EXPECT_EQ(p.tables[0].kind, ShardingKind::RowWise);
+  EXPECT_EQ(p.tables[1].kind, ShardingKind::TableWise);
+  EXPECT_EQ(p.tables[1].owner(), 2);
+  EXPECT_EQ(p.tables[2].kind, ShardingKind::ColumnWise);
+  EXPECT_EQ(p.tables[2].shards.size(), 4u);
+  EXPECT_EQ(p.tables[3].kind, ShardingKind::Replicated);
+  for (int t = 0; t < 4; ++t) EXPECT_TRUE(p.tables[t].overridden);
+  EXPECT_FALSE(p.tables[4].overridden);
+  std::ostringstream os;
+  print_plan(p, specs, os);
+  EXPECT_NE(os.str().find("(config)"), std::string::npos);
+  // The plan as JSON names every table's kind.
+  const json j = p.to_json();
+  EXPECT_EQ(j["tables"][0]["kind"], "row_wise");
+  EXPECT_EQ(j["tables"][1]["shards"][0]["rank"], 2);
+}
+
+TEST(ShardPlanner, BadConfigIsAClearError) {
+  auto read = [](const std::string& text, int ranks) {
+    const json j = parse_json(text, "test");
+    ConfigReader r(j, "sharding");
+    return read_planner_options(r, ranks);
+  };
+  expect_error([&] { read(R"({"memory_per_rank": 80})", 2); },
+               {"unknown config key 'sharding.memory_per_rank'", "memory_per_rank_gb"});
+  expect_error([&] { read(R"({"tables": {"cat_0": {"kind": "rows"}}})", 2); },
+               {"sharding.tables.cat_0.kind"});
+  expect_error([&] { read(R"({"tables": {"cat_0": {"kind": "table_wise", "ownr": 1}}})", 2); },
+               {"sharding.tables.cat_0.ownr", "owner"});
+  expect_error([&] { read(R"({"headroom": 1.5})", 2); }, {"sharding.headroom"});
+  expect_error([&] { read(R"({"tables": [1]})", 2); }, {"sharding.tables", "object"});
+
+  const auto specs = criteo_tables(64, false);
+  PlannerOptions o = options(2, kH100);
+  o.overrides["cat_1"] = {ShardingKind::TableWise, 3};
+  expect_error([&] { plan_sharding(specs, o); }, {"'cat_1'", "owner 3", "2 rank(s)"});
+  o.overrides.clear();
+  o.overrides["cat_01"] = {ShardingKind::RowWise, -1};
+  expect_error([&] { plan_sharding(specs, o); },
+               {"sharding.tables.cat_01", "names no table", "did you mean"});
+  o.overrides.clear();
+  o.overrides["cat_1"] = {ShardingKind::RowWise, 1};
+  expect_error([&] { plan_sharding(specs, o); }, {"'cat_1'", "only table_wise"});
+  // Column-wise with a per-row optimizer state.
+  auto rw = specs;
+  rw[2].state_splits_by_column = false;
+  o.overrides.clear();
+  o.overrides["cat_2"] = {ShardingKind::ColumnWise, -1};
+  expect_error([&] { plan_sharding(rw, o); }, {"'cat_2'", "cannot be split by columns"});
+  // An owner that cannot hold the table.
+  o.overrides.clear();
+  o.overrides["cat_0"] = {ShardingKind::TableWise, 0};
+  o.memory_per_rank = 5'000'000'000;
+  expect_error([&] { plan_sharding(specs, o); }, {"'cat_0'", "configured owner", "does not fit"});
+  // Dense parameters larger than the budget.
+  o = options(2, 1'000'000);
+  o.dense_bytes = 2'000'000;
+  expect_error([&] { plan_sharding(specs, o); }, {"nothing is left for tables"});
+  // Bad table specs.
+  auto bad = specs;
+  bad[3].rows = 0;
+  expect_error([&] { plan_sharding(bad, options(2, kH100)); }, {"'cat_3'", "rows and dim"});
+  bad = specs;
+  bad[3].name = "cat_4";
+  expect_error([&] { plan_sharding(bad, options(2, kH100)); }, {"two tables", "'cat_4'"});
+}
+
+TEST(ShardPlanner, ReadsIdsPerSampleFromEtlStats) {
+  dlrec::testing::TempDir tmp("planner_stats");
+  const std::string path = dlrec::testing::write_file(tmp.path, "stats.json", R"({
+    "format": "dlrec-stats", "version": 1, "train_rows": 4, "valid_rows": 0,
+    "columns": {"rows": 4, "dense": [], "categorical": [
+      {"name": "c0", "rows": 4, "nulls": 0, "multi_hot": false, "values": 4, "cardinality": 9},
+      {"name": "tags", "rows": 4, "nulls": 1, "multi_hot": true, "values": 10, "cardinality": 50},
+      {"name": "gone", "rows": 4, "values": 4, "dropped": true}]}})");
+  const auto ids = read_ids_per_sample(path);
+  ASSERT_EQ(ids.size(), 2u);
+  EXPECT_DOUBLE_EQ(ids.at("c0"), 1.0);
+  EXPECT_DOUBLE_EQ(ids.at("tags"), 2.5);
+  dlrec::testing::write_file(tmp.path, "bad.json", R"({"format": "dlrec-stats", "columns": {
+    "categorical": [{"name": "c0", "rows": "4", "values": 4}]}})");
+  expect_error([&] { read_ids_per_sample(tmp.path + "/bad.json"); },
+               {"bad.json", "columns.categorical[0]", "'rows'"});
+  dlrec::testing::write_file(tmp.path, "other.json", "{}");
+  expect_error([&] { read_ids_per_sample(tmp.path + "/other.json"); },
+               {"other.json", "not a dlrec-stats file"});
+  expect_error([&] { read_ids_per_sample(tmp.path + "/missing.json"); }, {"missing.json"});
+}
+
+}  // namespace
+}  // namespace dlrec::dist
