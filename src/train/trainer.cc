@@ -358,7 +358,7 @@ TrainResult Trainer::train() {
   std::optional<Progress> progress;  // rank 0 prints for the job
   if (m.leader()) progress.emplace("train", total_steps * global_bs, "samples", 2.0);
   Timer timer;
-  if (!m.opt.run_dir.empty() && m.opt.rank <= 0 && !m.events)
+  if (!m.opt.run_dir.empty() && m.opt.rank <= 0 && m.leader() && !m.events)
     m.events = std::make_unique<EventFileWriter>(m.opt.run_dir);
   // Throughput over each logging window (samples/s in the event file).
   double window_start = 0;
@@ -416,7 +416,7 @@ TrainResult Trainer::train() {
     m.state.step++;
     m.state.position += m.parallel() ? global_rows : batch.rows;
     res.samples += batch.rows;
-    window_samples += batch.rows;
+    window_samples += m.parallel() ? global_rows : batch.rows;
     steps_here++;
     if (!std::isnan(loss)) {
       loss_sum += loss;
@@ -429,7 +429,6 @@ TrainResult Trainer::train() {
       char buf[64];
       std::snprintf(buf, sizeof buf, "step %lld loss %.5f", static_cast<long long>(m.state.step),
                     res.last_loss);
-      progress.update(m.state.step * bs, buf);
       log_scalars(res.last_loss);
       if (progress) progress->update(m.state.step * global_bs, buf);
       loss_sum = 0;
