@@ -194,8 +194,9 @@ struct ShardWriter::Impl {
       char* den = dst + n * 4;
       for (const auto& s : segs) {
         const int64_t m = s.end - s.begin;
-        std::memcpy(lab, s.batch->labels.data() + s.begin, m * 4);
-        std::memcpy(den, s.batch->dense.data() + s.begin * nd, m * nd * 4);
+        // (no copy when a segment or the dense section is empty: data() may be null then)
+        if (m > 0) std::memcpy(lab, s.batch->labels.data() + s.begin, m * 4);
+        if (m > 0 && nd > 0) std::memcpy(den, s.batch->dense.data() + s.begin * nd, m * nd * 4);
         lab += m * 4;
         den += m * nd * 4;
       }
