@@ -130,8 +130,7 @@ struct SlotSource {
       if (now.rows != want.rows || now.first_line != want.first_line ||
           now.dense.size() != want.dense.size() ||
           (!now.dense.empty() &&  // (memcmp of empty vectors' null data() is undefined)
-           std::memcmp(now.dense.data(), want.dense.data(), now.dense.size() * sizeof(float)) !=
-               0))
+           std::memcmp(now.dense.data(), want.dense.data(), now.dense.size() * sizeof(float)) != 0))
         ++side_bad;
       ++*side_done[batch];
     };

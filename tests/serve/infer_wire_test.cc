@@ -386,7 +386,10 @@ TEST(InferWire, OverLongTagsAndLengthsAreRefusedAsProtobufRefusesThem) {
   EXPECT_NE(wire(bad_inner), WireRead::Parsed);
   // A packed shape element of 10 bytes is protobuf's too: both read it, or the wire reader
   // leaves it to protobuf.
-  std::string shape10 = "\x0a\x01x\x12\x04" "FP32\x1a\x0a\x81" + std::string(8, '\x80') + '\0';
+  std::string shape10 =
+      "\x0a\x01x\x12\x04"
+      "FP32\x1a\x0a\x81" +
+      std::string(8, '\x80') + '\0';
   const std::string long_shape = with_input(shape10, varint(shape10.size()));
   EXPECT_TRUE(proto_ok(long_shape));
   if (wire(long_shape) == WireRead::Parsed) {
