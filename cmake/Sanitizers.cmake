@@ -32,9 +32,9 @@ if(DLREC_SANITIZE)
   endif()
   string(REPLACE ";" "," _list "${_sanitizers}")
   list(APPEND DLREC_SANITIZE_FLAGS -fsanitize=${_list} -fno-omit-frame-pointer)
-  # UBSan findings stay recoverable in the code, so that a known one can be suppressed at run
-  # time by file and check (scripts/ubsan.supp, each with its reason); the scripts run with
-  # UBSAN_OPTIONS=halt_on_error=1, so every other finding stops the program (non-zero exit).
+  # UBSan checks stay recoverable in the code (a finding can be suppressed at run time while
+  # it is investigated); the scripts run with UBSAN_OPTIONS=halt_on_error=1 and no
+  # suppressions, so every finding stops the program (non-zero exit).
   foreach(f ${DLREC_SANITIZE_FLAGS})
     add_compile_options($<$<COMPILE_LANGUAGE:CXX>:${f}>)
   endforeach()

@@ -50,7 +50,7 @@ FUZZ_TARGETS="fuzz_text_reader fuzz_parquet fuzz_shard fuzz_json fuzz_tensor_fil
 # A finding must end the program with a non-zero status; the log check below catches reports
 # from a process whose status a test does not look at (a child of the CLI tests).
 export ASAN_OPTIONS=halt_on_error=1:abort_on_error=0:detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1
-export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions=$PWD/scripts/ubsan.supp
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 
 logs=$(mktemp -d "${TMPDIR:-/tmp}/dlrec-sanitizers.XXXXXX")

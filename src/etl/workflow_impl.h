@@ -254,6 +254,7 @@ struct Workflow::Impl {
   // keep[r] = whether row r of c passes every Filter.
   void filter_mask(const io::RawChunk& c, std::vector<uint8_t>& keep) const {
     keep.assign(c.rows, 1);
+    if (c.rows == 0) return;  // (no dense values then: data() may be null)
     for (const auto& f : filters)
       f.op->apply(c.dense.data() + f.index, c.rows, c.num_dense, keep.data());
   }

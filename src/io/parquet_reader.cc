@@ -16,6 +16,7 @@ namespace {
 
 constexpr char kMagic[4] = {'P', 'A', 'R', '1'};
 constexpr int kMaxSchemaDepth = 100;
+constexpr int64_t kPageValuesFloor = int64_t{1} << 22;  // see next_page
 
 uint32_t load_u32(const uint8_t* p) {
   uint32_t v;
@@ -609,6 +610,15 @@ struct ColumnCursor::State {
         fail(ctx, ": page of ", h.uncompressed_size, " uncompressed bytes exceeds the column ",
              "chunk's ", max_page_bytes);
       if (h.type == pq::kDataPage || h.type == pq::kDataPageV2) {
+        // A page's levels, indices and values are decoded at once (up to ~30 bytes a value),
+        // and RLE lets a few bytes claim 2^31 values: the count is bounded by the page's bytes
+        // (8 a byte: bit-packed booleans) beyond a floor that all-null pages of any writer's
+        // default size stay far below.
+        const int64_t most = std::max<int64_t>(kPageValuesFloor, 8 * int64_t{h.uncompressed_size});
+        if (h.num_values > most)
+          fail(ctx, ": a data page of ", h.uncompressed_size, " bytes claims ", h.num_values,
+               " values; at most ", most, " are read (", kPageValuesFloor,
+               " or 8 a byte, whichever is more)");
         if (h.num_values > values_left)
           fail(ctx, ": a data page holds ", h.num_values, " values, more than the ", values_left,
                " left of the column chunk's declared count");

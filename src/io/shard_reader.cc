@@ -52,7 +52,7 @@ bool load_ids(const char* p, int64_t n, size_t width, int64_t cardinality, int64
       }
       break;
     default:
-      std::memcpy(out, p, static_cast<size_t>(n) * 8);
+      if (n > 0) std::memcpy(out, p, static_cast<size_t>(n) * 8);  // (out may be null if 0)
       for (int64_t i = 0; i < n; ++i) bad |= static_cast<uint64_t>(out[i]) >= card;
   }
   return bad == 0;
@@ -277,11 +277,12 @@ struct ShardReader::Impl {
     const char* p = block.data() + kBlockHeaderBytes;
     size_t old = out.labels.size();
     out.labels.resize(old + k);
-    std::memcpy(out.labels.data() + old, p + lo * 4, k * 4);
+    // (no copy of nothing: data() may be null, e.g. without dense features)
+    if (k > 0) std::memcpy(out.labels.data() + old, p + lo * 4, k * 4);
     p += n * 4;
     old = out.dense.size();
     out.dense.resize(old + k * nd);
-    std::memcpy(out.dense.data() + old, p + lo * nd * 4, k * nd * 4);
+    if (k * nd > 0) std::memcpy(out.dense.data() + old, p + lo * nd * 4, k * nd * 4);
     for (size_t t = 0; t < layout.cardinalities.size(); ++t) {
       auto& ooff = out.cat_offsets[t];
       auto& oids = out.cat_indices[t];

@@ -48,7 +48,7 @@ void store_ids(char* p, const int64_t* ids, int64_t n, size_t width) {
       }
       break;
     default:
-      std::memcpy(p, ids, static_cast<size_t>(n) * 8);
+      if (n > 0) std::memcpy(p, ids, static_cast<size_t>(n) * 8);  // (ids may be null if 0)
   }
 }
 }  // namespace
@@ -194,8 +194,9 @@ struct ShardWriter::Impl {
       char* den = dst + n * 4;
       for (const auto& s : segs) {
         const int64_t m = s.end - s.begin;
-        std::memcpy(lab, s.batch->labels.data() + s.begin, m * 4);
-        std::memcpy(den, s.batch->dense.data() + s.begin * nd, m * nd * 4);
+        // (no copy when a segment or the dense section is empty: data() may be null then)
+        if (m > 0) std::memcpy(lab, s.batch->labels.data() + s.begin, m * 4);
+        if (m > 0 && nd > 0) std::memcpy(den, s.batch->dense.data() + s.begin * nd, m * nd * 4);
         lab += m * 4;
         den += m * nd * 4;
       }
@@ -492,9 +493,11 @@ struct ShardWriter::Impl {
   // Encodes rows [begin, begin + n) of b (validated) at rows [r0, r0 + n) of a full block's layout.
   void encode_direct(const Batch& b, int64_t begin, int64_t n, int64_t r0, char* buf) const {
     const int nd = layout.num_dense;
-    std::memcpy(buf + dat[0] + r0 * 4, b.labels.data() + begin, n * 4);
-    std::memcpy(buf + dat[0] + block_rows * 4 + r0 * nd * 4, b.dense.data() + begin * nd,
-                n * nd * 4);
+    // (no copy of nothing: data() may be null, e.g. without dense features)
+    if (n > 0) std::memcpy(buf + dat[0] + r0 * 4, b.labels.data() + begin, n * 4);
+    if (n * nd > 0)
+      std::memcpy(buf + dat[0] + block_rows * 4 + r0 * nd * 4, b.dense.data() + begin * nd,
+                  n * nd * 4);
     for (int t = 0; t + 2 < static_cast<int>(dat.size()); ++t) {
       const int64_t* ids = b.cat_indices[t].data() + b.cat_offsets[t][begin];
       const size_t width = id_bytes(t);

@@ -48,6 +48,12 @@ class SegmentReader {
     return false;
   }
 
+  // A tag or a length as protobuf reads them (parse_context.h, ReadTag and ReadSize): at most 5
+  // bytes, whatever the value (an over-long encoding of a small number such as 80 80 80 80 80
+  // 00 is refused), and a length below 2^31 less protobuf's 16 slop bytes.
+  bool tag(uint64_t& v) { return short_varint(v) && v <= UINT32_MAX; }
+  bool size(uint64_t& v) { return short_varint(v) && v <= kMaxSize; }
+
   // `len` bytes: a view into the current segment when they lie in it, else copied into
   // `target()` when it gives a buffer, or into `gather` (no zero-fill: assign/append from the
   // segments).
@@ -84,6 +90,19 @@ class SegmentReader {
   }
 
  private:
+  static constexpr uint64_t kMaxSize = INT32_MAX - 16;
+
+  bool short_varint(uint64_t& v) {
+    v = 0;
+    for (int i = 0; i < 5; ++i) {
+      uint8_t b;
+      if (!byte(b)) return false;
+      v |= uint64_t(b & 0x7f) << (7 * i);
+      if (!(b & 0x80)) return true;
+    }
+    return false;
+  }
+
   void enter(size_t i) {
     si_ = i;
     if (i < n_) {
@@ -124,7 +143,7 @@ bool read_string(SegmentReader& r, uint64_t len, std::string& s, std::string& tm
 
 // The length of a type-2 field, checked against the end of the enclosing message.
 bool read_len(SegmentReader& r, size_t end, uint64_t& len) {
-  return r.varint(len) && r.pos() <= end && len <= end - r.pos();
+  return r.size(len) && r.pos() <= end && len <= end - r.pos();
 }
 
 // ModelInferRequest.InferInputTensor in [r.pos(), end).
@@ -135,7 +154,7 @@ bool read_input(SegmentReader& r, size_t end, InputTensor& t, std::string& tmp) 
   t.data = {};
   while (r.pos() < end) {
     uint64_t tag, v;
-    if (!r.varint(tag) || r.pos() > end) return false;
+    if (!r.tag(tag) || r.pos() > end) return false;
     const uint64_t field = tag >> 3;
     const int type = static_cast<int>(tag & 7);
     if (field == 1 && type == kLen) {
@@ -166,7 +185,7 @@ bool read_output(SegmentReader& r, size_t end, RequestedOutput& o, std::string& 
   o.binary = false;
   while (r.pos() < end) {
     uint64_t tag, v;
-    if (!r.varint(tag) || r.pos() > end) return false;
+    if (!r.tag(tag) || r.pos() > end) return false;
     if (tag != (1 << 3 | kLen)) return false;  // parameters, anything else
     if (!read_len(r, end, v) || !read_string(r, v, o.name, tmp)) return false;
   }
@@ -237,7 +256,7 @@ size_t len_field_size(size_t len) { return 1 + varint_size(len) + len; }
 char* put_len_field(char* p, int field, const void* data, size_t len) {
   p = put_varint(p, static_cast<uint64_t>(field) << 3 | kLen);
   p = put_varint(p, len);
-  std::memcpy(p, data, len);
+  if (len > 0) std::memcpy(p, data, len);  // (data may be null when empty: 0 rows)
   return p + len;
 }
 
@@ -269,7 +288,7 @@ WireRead read_infer_wire(const WireSegment* segs, size_t n, InferRequest& req,
   size_t ni = 0, no = 0;
   while (r.pos() < end) {
     uint64_t tag, v;
-    if (!r.varint(tag)) return WireRead::Unusual;
+    if (!r.tag(tag)) return WireRead::Unusual;
     const uint64_t field = tag >> 3;
     if ((tag & 7) != kLen) return WireRead::Unusual;  // every field read here is type 2
     if (!read_len(r, end, v)) return WireRead::Unusual;

@@ -354,8 +354,14 @@ void finding_inputs() {
 
 int main(int argc, char** argv) {
   const bool findings = argc == 3 && std::string(argv[1]) == "--findings";
-  if (argc != 2 && !findings) {
-    std::fprintf(stderr, "usage: %s [--findings] OUT_DIR\n", argv[0]);
+  const char* usage = "usage: %s [--findings] OUT_DIR\n";
+  if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+    std::printf(usage, argv[0]);
+    return 0;
+  }
+  // An option where OUT_DIR belongs is a mistake, not a folder to create.
+  if ((argc != 2 && !findings) || argv[argc - 1][0] == '-') {
+    std::fprintf(stderr, usage, argv[0]);
     return 2;
   }
   try {

@@ -309,6 +309,38 @@ TEST(ParquetEncodings, AllNullPagesNeedNoValueBytes) {
   std::remove(path.c_str());
 }
 
+// A page header may claim 2^31 values in a few bytes (one RLE run of definition levels says
+// they are all null): refused before the levels are allocated, by the bytes the page holds.
+TEST(ParquetEncodingsMalformed, PageClaimingMoreValuesThanItsBytesAllowIsRefused) {
+  const std::string path = temp_path("value_bomb.parquet");
+  auto all_null_page = [](int64_t n) {  // definition levels: one RLE run of n zeros at 1 bit
+    std::string levels;
+    put_uleb(levels, static_cast<uint64_t>(n) << 1);
+    levels.push_back('\0');
+    Page p = data_page(false, pq::kPlain, 1, {}, "", nullptr);
+    const uint32_t len = static_cast<uint32_t>(levels.size());
+    p.body = std::string(reinterpret_cast<const char*>(&len), 4) + levels;
+    p.h.num_values = static_cast<int32_t>(n);
+    p.h.uncompressed_size = p.h.compressed_size = static_cast<int32_t>(p.body.size());
+    return p;
+  };
+  for (const int64_t n : {int64_t{INT32_MAX}, (int64_t{1} << 22) + 1}) {
+    const Page p = all_null_page(n);
+    write_file(path, pq::kInt64, true, pq::kUncompressed, {p}, n);
+    const std::string e = error_of([&] { read_x(path); });
+    EXPECT_HAS(e, path + ": row group 0, column 'x': a data page of " +
+                      std::to_string(p.body.size()) + " bytes claims " + std::to_string(n) +
+                      " values; at most 4194304 are read");
+  }
+  // At the floor the same page is read (4 Mi nulls).
+  write_file(path, pq::kInt64, true, pq::kUncompressed, {all_null_page(1 << 22)}, 1 << 22);
+  const ParquetColumnData got = read_x(path);
+  ASSERT_EQ(got.rows, 1 << 22);
+  EXPECT_FALSE(got.present(0));
+  EXPECT_FALSE(got.present((1 << 22) - 1));
+  std::remove(path.c_str());
+}
+
 TEST(ParquetEncodingsMalformed, RandomDamageIsAnErrorNeverACrash) {
   std::mt19937_64 rng(23);
   std::vector<int64_t> ints;

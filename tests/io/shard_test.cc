@@ -87,6 +87,14 @@ std::string write_shard(const std::string& name, int64_t rows, int64_t block_row
 using dlrec::testing::error_of;
 using dlrec::testing::expect_error;
 
+// A little-endian field of a file's bytes at any offset (a cast would be a misaligned load).
+template <class T>
+T field_at(const std::string& bytes, uint64_t at) {
+  T v;
+  std::memcpy(&v, bytes.data() + at, sizeof v);
+  return v;
+}
+
 TEST(ShardTest, RoundTripOneHotAndMultiHot) {
   std::string path = write_shard("rt.shard", 1000, 128);
   ShardReader r(path);
@@ -191,7 +199,7 @@ TEST(ShardTest, IdWidthFollowsTheCardinality) {
     ShardReader(path).read(0, n, back);
     EXPECT_EQ(back.cat_indices[0], b.cat_indices[0]);
     const std::string bytes = read_file(path);  // less the header JSON (its digits differ)
-    const uint64_t size = bytes.size() - *reinterpret_cast<const uint32_t*>(bytes.data() + 12);
+    const uint64_t size = bytes.size() - field_at<uint32_t>(bytes, 12);
     if (i == 0) size1 = size;
     EXPECT_EQ(size - size1, n * (widths[i] - 1));
     // The same bytes written row by row at reserved places from two threads.
@@ -284,8 +292,8 @@ TEST(ShardTest, NarrowIdOutOfRangeIsAnError) {
     w.close();
   }
   std::string data = read_file(path);
-  const uint64_t block_at = 16 + *reinterpret_cast<const uint32_t*>(data.data() + 12) + 4;
-  const uint64_t payload = *reinterpret_cast<const uint64_t*>(data.data() + block_at + 8);
+  const uint64_t block_at = 16 + field_at<uint32_t>(data, 12) + 4;
+  const uint64_t payload = field_at<uint64_t>(data, block_at + 8);
   ASSERT_EQ(payload, 10u * 4 + 10u);  // labels, then one byte per id
   data[block_at + 24 + 40 + 6] = 9;   // row 6's id
   uint32_t crc = crc32c(data.data() + block_at, 16);
@@ -318,10 +326,10 @@ TEST(ShardTest, FlippedByteGivesChecksumErrorNamingBlock) {
   ShardReader clean(path);
   // Block b starts after the header; blocks have equal row counts here but varying size
   // (multi-hot). Flip a byte in each block's payload in turn and check the named block.
-  uint64_t header_end = 16 + *reinterpret_cast<const uint32_t*>(data.data() + 12) + 4;
+  uint64_t header_end = 16 + field_at<uint32_t>(data, 12) + 4;
   uint64_t pos = header_end;
   for (int b = 0; b < 10; ++b) {
-    uint64_t payload = *reinterpret_cast<const uint64_t*>(data.data() + pos + 8);
+    uint64_t payload = field_at<uint64_t>(data, pos + 8);
     if (b == 3) {
       std::string bad = data;
       bad[pos + 24 + payload / 2] ^= 0x10;
@@ -505,8 +513,8 @@ TEST(ShardLoaderTest, DestroyWithoutDraining) {
 TEST(ShardLoaderTest, ErrorInPrefetchThreadIsRethrownInNext) {
   std::string good = write_shard("lg.shard", 200, 50);
   std::string data = read_file(good);
-  uint64_t header_end = 16 + *reinterpret_cast<const uint32_t*>(data.data() + 12) + 4;
-  uint64_t payload0 = *reinterpret_cast<const uint64_t*>(data.data() + header_end + 8);
+  uint64_t header_end = 16 + field_at<uint32_t>(data, 12) + 4;
+  uint64_t payload0 = field_at<uint64_t>(data, header_end + 8);
   data[header_end + 24 + payload0 + 24 + 3] ^= 0x44;  // block 1's payload
   std::string bad = temp_dir() + "/lbad.shard";
   write_file_atomic(bad, data);

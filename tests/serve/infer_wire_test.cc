@@ -330,6 +330,75 @@ TEST(InferWire, LeavesWhatItDoesNotReadToProtobuf) {
   EXPECT_TRUE(unusual(std::string(10, '\x80') + std::string(1, '\x01')));
 }
 
+// fuzz_infer_wire's differential finding: protobuf reads a tag or a length in at most 5 bytes
+// (ReadTag, ReadSize) and refuses a longer encoding even of a small number; a 64-bit value (the
+// shape's) may take 10. The wire reader took 10 bytes everywhere, so it parsed messages that
+// protobuf refuses, such as 0a 80 00 0a 80 80 80 80 80 00 (model_name "" twice, the second
+// length 0 in 6 bytes).
+TEST(InferWire, OverLongTagsAndLengthsAreRefusedAsProtobufRefusesThem) {
+  auto wire = [](const std::string& bytes) {
+    InferWireScratch scratch;
+    InferRequest req;
+    std::vector<std::string_view> raw;
+    WireSegment seg{bytes.data(), bytes.size()};
+    return read_infer_wire(&seg, 1, req, raw, scratch);
+  };
+  auto proto_ok = [](const std::string& bytes) {
+    inference::ModelInferRequest q;
+    return q.ParseFromString(bytes);
+  };
+  // A zero in n bytes (n - 1 continuation bytes), and 10 (model_name's tag) in n bytes.
+  auto zero_in = [](int n) { return std::string(n - 1, '\x80') + '\0'; };
+  auto tag1_in = [](int n) {
+    return n == 1 ? std::string("\x0a") : "\x8a" + std::string(n - 2, '\x80') + '\0';
+  };
+  for (int n = 1; n <= 10; ++n) {
+    SCOPED_TRACE("encoded in " + std::to_string(n) + " bytes");
+    const std::string long_len = "\x0a\x80" + std::string(1, '\0') + "\x0a" + zero_in(n);
+    const std::string long_tag = tag1_in(n) + '\0';
+    for (const std::string& m : {long_len, long_tag}) {
+      const bool ok = proto_ok(m);
+      EXPECT_EQ(ok, n <= 5);  // what the reader must follow
+      EXPECT_EQ(wire(m) == WireRead::Parsed, ok);
+    }
+  }
+  // The same inside a real request: an input's length, its name's length, its packed shape's.
+  const auto q = encoded_request(2, 1, 1, 9);
+  auto with_input = [&](const std::string& input_body, const std::string& len) {
+    return q.SerializeAsString() + "\x2a" + len + input_body;
+  };
+  inference::ModelInferRequest::InferInputTensor t;
+  t.set_name("x");
+  t.set_datatype("FP32");
+  t.add_shape(1);
+  const std::string body = t.SerializeAsString();
+  const std::string six_byte_len =
+      varint(body.size() | 0x80).substr(0, 1) + std::string(4, '\x80') + '\0';
+  ASSERT_EQ(six_byte_len.size(), 6u);
+  const std::string bad = with_input(body, six_byte_len);
+  EXPECT_FALSE(proto_ok(bad));
+  EXPECT_NE(wire(bad), WireRead::Parsed);
+  // name "x" with its length 1 in 6 bytes, inside a well-formed input
+  std::string inner = "\x0a\x81\x80\x80\x80\x80" + std::string(1, '\0') + "x";
+  inner += body.substr(3);  // datatype and shape as protobuf wrote them
+  const std::string bad_inner = with_input(inner, varint(inner.size()));
+  EXPECT_FALSE(proto_ok(bad_inner));
+  EXPECT_NE(wire(bad_inner), WireRead::Parsed);
+  // A packed shape element of 10 bytes is protobuf's too: both read it, or the wire reader
+  // leaves it to protobuf.
+  std::string shape10 =
+      "\x0a\x01x\x12\x04"
+      "FP32\x1a\x0a\x81" +
+      std::string(8, '\x80') + '\0';
+  const std::string long_shape = with_input(shape10, varint(shape10.size()));
+  EXPECT_TRUE(proto_ok(long_shape));
+  if (wire(long_shape) == WireRead::Parsed) {
+    InferWireScratch scratch;
+    InferRequest req;
+    expect_same(by_proto(long_shape), by_wire(long_shape, {}, scratch, req), "10-byte shape");
+  }
+}
+
 TEST(InferWire, TruncatedAndCorruptedBytesNeverReadDifferently) {
   // Whatever the wire reader accepts, protobuf must accept and read the same way; what it
   // refuses goes to protobuf (which may accept it: e.g. a prefix that ends on a field boundary).
