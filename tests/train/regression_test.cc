@@ -148,6 +148,25 @@ TEST(RegressionTarget, BinarizedRatingsTrainWithBce) {
   EXPECT_LT(r.eval.positive_rate, 0.9);
 }
 
+// `dlrec eval` of a run without validation rows printed AUC=0.00000 and exited 0 once.
+TEST(RegressionTarget, EvalWithoutValidationRowsIsAnError) {
+  TempDir dir("novalid");
+  write_ratings(dir.path + "/ratings.csv", 500, 13);
+  etl::EtlOptions o;
+  o.inputs = {dir.path + "/ratings.csv"};
+  o.schema = ratings_schema();
+  o.workflow = {{"label", "rating"},
+                {"pipeline", {{{"columns", "@categorical"}, {"ops", {{{"op", "Categorify"}}}}}}}};
+  o.output_dir = dir.path + "/data";
+  ASSERT_EQ(etl::run_etl(o).valid_rows, 0);
+  train::TrainerOptions opt;
+  opt.data_dir = o.output_dir;
+  train::Trainer t(config("mse"), opt);
+  dlrec::testing::expect_error([&] { t.evaluate(); }, {"no validation rows", "nothing to evaluate"});
+  dlrec::testing::expect_error([&] { train::evaluate_shards(t.model(), {}, 128); },
+                               {"no shards to evaluate"});
+}
+
 TEST(RegressionTarget, LossConfigAndFunctions) {
   dlrec::testing::expect_error([] { config("mae"); },
                                {"train.loss", "'mae' is not one of: bce, mse"});
