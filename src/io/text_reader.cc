@@ -469,7 +469,8 @@ struct TextReader::Impl {
   // Whether [b, e) is a comment line (Schema::comment): not a row.
   bool comment_line(const char* b, const char* e) const {
     const size_t n = schema.comment.size();
-    return n != 0 && static_cast<size_t>(e - b) >= n && std::memcmp(b, schema.comment.data(), n) == 0;
+    return n != 0 && static_cast<size_t>(e - b) >= n &&
+           std::memcmp(b, schema.comment.data(), n) == 0;
   }
 
   // Consumes what comes before the header (or the first row) of a newly opened file: a UTF-8

@@ -259,15 +259,15 @@ TrainConfig TrainConfig::from_json(ConfigReader& r) {
 
 json TrainConfig::to_json() const {
   json j = {{"batch_size", batch_size},
-          {"eval_batch_size", eval_batch_size},
-          {"epochs", epochs},
-          {"max_steps", max_steps},
-          {"eval_every", eval_every},
-          {"log_every", log_every},
-          {"checkpoint_every", checkpoint_every},
-          {"seed", seed},
-          {"device", device},
-          {"precision", precision}};
+            {"eval_batch_size", eval_batch_size},
+            {"epochs", epochs},
+            {"max_steps", max_steps},
+            {"eval_every", eval_every},
+            {"log_every", log_every},
+            {"checkpoint_every", checkpoint_every},
+            {"seed", seed},
+            {"device", device},
+            {"precision", precision}};
   if (loss != "bce") j["loss"] = loss;  // absent: bce (run.json of older builds unchanged)
   return j;
 }

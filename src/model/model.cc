@@ -18,8 +18,9 @@ double Model::train_step(const io::Batch& batch, double lr_scale, bool /*want_lo
   DLREC_CHECK(static_cast<int64_t>(batch.labels.size()) == batch.rows, "train_step: the batch has ",
               batch.labels.size(), " labels for ", batch.rows, " rows");
   Tensor dlogits = Tensor::empty(logits.shape(), DType::F32);
-  const double batch_loss = nn::loss_and_grad(loss(), logits.data<float>(), batch.labels.data(),
-                                        batch.rows, dlogits.data<float>());
+  const double batch_loss = nn::loss_and_grad(loss(), logits.data<float>(),
+                                              batch.labels.data(), batch.rows,
+                                              dlogits.data<float>());
   if (device().is_cuda()) dlogits = dlogits.to(device());
   backward_and_update(dlogits, lr_scale);
   return batch_loss;

@@ -43,7 +43,8 @@ io::Schema schema() {
   return s;
 }
 
-// `rows` lines; line i (0-based) is malformed when bad_every > 0 and i % bad_every == bad_every - 1.
+// `rows` lines; line i (0-based) is malformed when bad_every > 0 and
+// i % bad_every == bad_every - 1.
 std::string lines(int rows, int bad_every = 0) {
   std::string s;
   for (int i = 0; i < rows; ++i) {
@@ -117,7 +118,8 @@ TEST(EtlCountsTest, NoRowsAreErrors) {
                                {"the input holds no rows to fit on", "skipped"});
   // A Filter dropping every training row.
   EtlOptions f = options(s, s.write("in.tsv", lines(20)));
-  f.workflow = json::parse(R"({"pipeline": [{"columns": ["I1"], "ops": [{"op": "Filter", "min": 1000}]},
+  f.workflow = json::parse(R"({"pipeline": [
+      {"columns": ["I1"], "ops": [{"op": "Filter", "min": 1000}]},
                                             {"columns": ["C1"], "ops": [{"op": "Categorify"}]}]})");
   dlrec::testing::expect_error([&] { run_etl(f); }, {"no training rows", "Filter"});
   EXPECT_FALSE(fs::exists(f.output_dir + "/dataset.json"));

@@ -110,7 +110,8 @@ TEST(BinarizeTest, AsAFeatureAndMissingStaysMissing) {
 
 TEST(BinarizeTest, BadConfigs) {
   auto make = [](json op) { Workflow::from_config(config({op}), ratings_schema()); };
-  expect_error([&] { make(binarize(3, "gte")); }, {"'gte' is not one of: gt, ge, lt, le, eq, ne", "did you mean 'gt'"});
+  expect_error([&] { make(binarize(3, "gte")); },
+               {"'gte' is not one of: gt, ge, lt, le, eq, ne", "did you mean 'gt'"});
   expect_error([&] { make({{"op", "Binarize"}, {"compare", "gt"}}); }, {"threshold", "required"});
   expect_error([&] { make({{"op", "Binarize"}, {"threshold", "3"}}); }, {"threshold"});
   expect_error([&] { make({{"op", "Binarize"}, {"threshold", 3}, {"compare", 1}}); },
@@ -155,7 +156,8 @@ TEST(LabelKeyTest, NotFiniteLabelNamesTheRow) {
   io::Batch out;
   expect_error([&] { w.transform(rows, out); }, {"label (column 'rating')", "line 4"});
   // Filled, it passes.
-  Workflow filled = fitted(config({{{"op", "FillMissing"}, {"value", 0}}, binarize(3, "gt")}), rows);
+  Workflow filled =
+      fitted(config({{{"op", "FillMissing"}, {"value", 0}}, binarize(3, "gt")}), rows);
   filled.transform(rows, out);
   EXPECT_EQ(out.labels, (std::vector<float>{1, 0, 0}));
   // LogOp of a value below -1.

@@ -162,7 +162,8 @@ TEST(RegressionTarget, EvalWithoutValidationRowsIsAnError) {
   train::TrainerOptions opt;
   opt.data_dir = o.output_dir;
   train::Trainer t(config("mse"), opt);
-  dlrec::testing::expect_error([&] { t.evaluate(); }, {"no validation rows", "nothing to evaluate"});
+  dlrec::testing::expect_error([&] { t.evaluate(); },
+                               {"no validation rows", "nothing to evaluate"});
   dlrec::testing::expect_error([&] { train::evaluate_shards(t.model(), {}, 128); },
                                {"no shards to evaluate"});
 }

@@ -131,9 +131,9 @@ class Model {
   // the first step.
   void set_loss(nn::LossKind k) { loss_kind_ = k; }
   nn::LossKind loss() const { return loss_kind_; }
-  // One training step: forward, the loss (loss()), backward_and_update. Returns the batch's mean loss
-  // when want_loss (models that keep the loss on their device may return NaN otherwise, to
-  // avoid a host synchronisation). The default runs the loss on the host.
+  // One training step: forward, the loss (loss()), backward_and_update. Returns the batch's
+  // mean loss when want_loss (models that keep the loss on their device may return NaN
+  // otherwise, to avoid a host synchronisation). The default runs the loss on the host.
   virtual double train_step(const io::Batch& batch, double lr_scale, bool want_loss);
   // Waits for the work the model has queued on its device (no-op on the CPU).
   virtual void synchronize() {}
