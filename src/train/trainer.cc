@@ -31,8 +31,11 @@ EvalResult evaluate_shards(model::Model& model, const std::vector<std::string>& 
   EvalResult r;
   DLREC_CHECK(!shards.empty(), "evaluation: no shards to evaluate");
   io::ShardLoader loader(shards, batch_size);
+  DLREC_CHECK(loader.total_rows() > 0, "evaluation: the ", shards.size(),
+              " validation shard(s) hold no rows: nothing to evaluate");
+  const bool regression = model.loss() == nn::LossKind::Mse;
 #ifdef DLREC_WITH_CUDA
-  if (model.device().is_cuda() && !probs_out) {
+  if (model.device().is_cuda() && !probs_out && !regression) {
     // On the GPU: logits and labels gathered in device memory, metrics computed there.
     const int64_t total = loader.total_rows();
     const Device dev = model.device();
@@ -64,10 +67,21 @@ EvalResult evaluate_shards(model::Model& model, const std::vector<std::string>& 
   io::Batch batch;
   while (loader.next(batch)) {
     std::vector<float> logits = model.forward(batch, false).to_vector<float>();
-    for (float l : logits) probs.push_back(sigmoid(l));
+    for (float l : logits) probs.push_back(regression ? l : sigmoid(l));
     labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());
   }
   r.rows = static_cast<int64_t>(probs.size());
+  if (regression) {  // the outputs are the predictions: RMSE/MAE, no AUC
+    const RegressionMetrics rm = regression_metrics(probs, labels);
+    r.regression = true;
+    r.rmse = rm.rmse;
+    r.mae = rm.mae;
+    r.label_mean = rm.label_mean;
+    r.auc = r.logloss = r.positive_rate = std::nan("");
+    r.seconds = timer.seconds();
+    if (probs_out) *probs_out = std::move(probs);
+    return r;
+  }
   r.auc = roc_auc(probs, labels);
   r.logloss = log_loss(probs, labels);
   double pos = 0;
@@ -201,8 +215,8 @@ double Trainer::Impl::parallel_step(const io::Batch& batch, int64_t global_rows,
   DLREC_CHECK(static_cast<int64_t>(batch.labels.size()) == batch.rows, "train_step: the batch has ",
               batch.labels.size(), " labels for ", batch.rows, " rows");
   Tensor dlogits = Tensor::empty(logits.shape(), DType::F32);
-  const double local = nn::bce_with_logits(logits.data<float>(), batch.labels.data(), batch.rows,
-                                           dlogits.data<float>());
+  const double local = nn::loss_and_grad(model->loss(), logits.data<float>(), batch.labels.data(),
+                                         batch.rows, dlogits.data<float>());
   // dlogits is of this rank's mean loss; the step is of the global batch's mean loss.
   const float share = static_cast<float>(batch.rows) / static_cast<float>(global_rows);
   float* d = dlogits.data<float>();
@@ -223,7 +237,8 @@ EvalResult Trainer::Impl::evaluate_parallel() {
     // A sharded model's forward is a collective: every rank runs it, with rows or without.
     if (batch.rows == 0 && !sharded) continue;
     std::vector<float> logits = model->forward(batch, false).to_vector<float>();
-    for (float l : logits) probs.push_back(sigmoid(l));
+    const bool regression = model->loss() == nn::LossKind::Mse;
+    for (float l : logits) probs.push_back(regression ? l : sigmoid(l));
     labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());
   }
   // Every rank's scores, then back into row order (rank r holds piece r of each global batch).
@@ -246,6 +261,16 @@ EvalResult Trainer::Impl::evaluate_parallel() {
     }
   EvalResult res;
   res.rows = n;
+  if (model->loss() == nn::LossKind::Mse) {  // the outputs are the predictions
+    const RegressionMetrics rm = regression_metrics(ordered_probs, ordered_labels);
+    res.regression = true;
+    res.rmse = rm.rmse;
+    res.mae = rm.mae;
+    res.label_mean = rm.label_mean;
+    res.auc = res.logloss = res.positive_rate = std::nan("");
+    res.seconds = timer.seconds();
+    return res;
+  }
   res.auc = roc_auc(ordered_probs, ordered_labels);
   res.logloss = log_loss(ordered_probs, ordered_labels);
   double pos = 0;
@@ -284,6 +309,7 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
   m.model = model::build_model(m.cfg.model, m.cfg.optimizer, m.data.layout,
                                Device::parse(m.cfg.train.device), m.cfg.train.seed,
                                m.cfg.train.precision);
+  m.model->set_loss(nn::parse_loss(m.cfg.train.loss));
   if (m.parallel()) {
     m.reducer = std::make_unique<DataParallelReducer>(*m.opt.comm);
     m.model->set_gradient_reducer(m.reducer.get());
@@ -379,6 +405,11 @@ TrainResult Trainer::train() {
   };
   auto log_eval = [&](const EvalResult& e) {
     if (!m.events) return;
+    if (e.regression) {
+      m.events->scalar("eval/rmse", m.state.step, e.rmse);
+      m.events->scalar("eval/mae", m.state.step, e.mae);
+      return;
+    }
     m.events->scalar("eval/auc", m.state.step, e.auc);
     m.events->scalar("eval/logloss", m.state.step, e.logloss);
   };
@@ -437,15 +468,11 @@ TrainResult Trainer::train() {
     if (tc.eval_every > 0 && m.state.step % tc.eval_every == 0 && m.state.step < total_steps &&
         m.data.valid_rows > 0) {
       EvalResult e = evaluate();
-      std::fprintf(stderr, "[eval] step %lld AUC %.5f logloss %.5f (%lld rows, %.1fs)\n",
-                   static_cast<long long>(m.state.step), e.auc, e.logloss,
-                   static_cast<long long>(e.rows), e.seconds);
       log_eval(e);
       window_start += e.seconds;  // samples/s counts training time only
       if (m.leader())
-        std::fprintf(stderr, "[eval] step %lld AUC %.5f logloss %.5f (%lld rows, %.1fs)\n",
-                     static_cast<long long>(m.state.step), e.auc, e.logloss,
-                     static_cast<long long>(e.rows), e.seconds);
+        std::fprintf(stderr, "[eval] step %lld %s (%.1fs)\n", static_cast<long long>(m.state.step),
+                     format_eval(e).c_str(), e.seconds);
     }
     if (m.opt.stop_after_steps >= 0 && steps_here >= m.opt.stop_after_steps) {
       res.stopped_early = true;
