@@ -1,5 +1,5 @@
-// Dense ops: FillMissing, FillMedian, Clip, LogOp, Normalize, NormalizeMinMax, and the dense
-// encoder Bucketize (docs/ETL.md).
+// Dense ops: FillMissing, FillMedian, Clip, LogOp, Normalize, NormalizeMinMax, Binarize, and the
+// dense encoder Bucketize (docs/ETL.md).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -66,6 +66,46 @@ class Clip final : public DenseOp {
 
  private:
   float lo_, hi_;
+};
+
+// {"op": "Binarize", "threshold": 3, "compare": "gt"}: x -> 1 when `x compare threshold` holds,
+// else 0 (a 1-5 rating into a click-like label: NVTabular users write `rating > 3`). A missing
+// value stays missing, so a missing rating is reported as a missing label, not read as 0.
+class Binarize final : public DenseOp {
+ public:
+  enum class Compare { Gt, Ge, Lt, Le, Eq, Ne };
+  static const std::vector<std::string>& compare_names() {
+    static const std::vector<std::string> names = {"gt", "ge", "lt", "le", "eq", "ne"};
+    return names;
+  }
+  Binarize(float threshold, Compare compare) : threshold_(threshold), compare_(compare) {}
+  std::string name() const override { return "Binarize"; }
+  json to_json() const override {
+    return {{"op", name()},
+            {"threshold", threshold_},
+            {"compare", compare_names()[static_cast<int>(compare_)]}};
+  }
+  void transform(float* v, int64_t n, int64_t stride) const override {
+    const float t = threshold_;
+    // One loop per comparison, so each is a branch-free (vectorizable) select.
+    auto apply = [&](auto holds) {
+      map_values(v, n, stride, [holds](float x) {
+        return std::isnan(x) ? x : (holds(x) ? 1.f : 0.f);
+      });
+    };
+    switch (compare_) {
+      case Compare::Gt: apply([t](float x) { return x > t; }); break;
+      case Compare::Ge: apply([t](float x) { return x >= t; }); break;
+      case Compare::Lt: apply([t](float x) { return x < t; }); break;
+      case Compare::Le: apply([t](float x) { return x <= t; }); break;
+      case Compare::Eq: apply([t](float x) { return x == t; }); break;
+      case Compare::Ne: apply([t](float x) { return x != t; }); break;
+    }
+  }
+
+ private:
+  float threshold_;
+  Compare compare_;
 };
 
 // {"op": "LogOp"}: x -> log(1 + x). Values <= -1 give -inf/NaN, which the workflow rejects
@@ -431,6 +471,16 @@ void register_dense_ops(OpRegistry& reg) {
     float hi = r.has("max") ? static_cast<float>(finite_number(r, "max", 0)) : inf;
     if (lo > hi) fail("'", r.path(), "': Clip min ", lo, " is greater than max ", hi);
     return std::make_unique<Clip>(lo, hi);
+  });
+  reg.add("Binarize", ColumnType::Dense, [](ConfigReader& r, bool) -> std::unique_ptr<Op> {
+    if (!r.has("threshold"))
+      fail("config key '", r.key_path("threshold"), "' is required (Binarize compares with it)");
+    const float threshold = static_cast<float>(finite_number(r, "threshold", 0));
+    const auto& names = Binarize::compare_names();
+    const std::string cmp = r.get_choice("compare", "gt", names);
+    auto it = std::find(names.begin(), names.end(), cmp);
+    return std::make_unique<Binarize>(threshold,
+                                      static_cast<Binarize::Compare>(it - names.begin()));
   });
   reg.add("LogOp", ColumnType::Dense,
           [](ConfigReader&, bool) { return std::make_unique<LogOp>(); });

@@ -69,9 +69,14 @@ Workflow Workflow::from_config(const json& config, const io::Schema& schema,
   ConfigReader root(config, "");
   const json& steps = root.raw("pipeline");
   const json& joins = root.raw("join_external");
+  const json label = root.has("label") ? root.raw("label") : json(nullptr);
   root.finish();
   m->joins.from_config(joins, base_dir, m->schema);
   m->init_columns();
+  if (!label.is_null()) {
+    if (!label.is_string()) fail("config key 'label' must be a column name, got ", label.dump());
+    m->set_label(label.get<std::string>(), "label");
+  }
   if (!steps.is_array()) fail("config key 'pipeline' must be a list of steps");
   for (size_t i = 0; i < steps.size(); ++i) {
     const std::string where = "pipeline[" + std::to_string(i) + "]";
@@ -116,7 +121,9 @@ Workflow Workflow::from_json(const json& j) {
   const json features = r.get<json>("features", json::array());
   const json filters = r.get<json>("filters", json::array());
   r.raw("output");  // informational; checked against the rebuilt layout below
+  const std::string label = r.get<std::string>("label", "");
   r.finish();
+  if (!label.empty()) m->set_label(label, "workflow.label");
   if (!cols.is_array()) fail("workflow: 'columns' must be a list");
   std::set<std::string> seen;
   for (size_t i = 0; i < cols.size(); ++i) {
@@ -210,6 +217,10 @@ std::vector<std::string> Workflow::cat_names() const {
 }
 
 const io::Schema& Workflow::schema() const { return impl_->input_schema; }
+std::string Workflow::label_name() const { return impl_->label_name(); }
+std::string Workflow::derived_label_column() const {
+  return impl_->label_pipe >= 0 ? impl_->dense[impl_->label_pipe].name : "";
+}
 const json& Workflow::config() const { return impl_->config; }
 
 json Workflow::to_json() const {
@@ -228,6 +239,7 @@ json Workflow::to_json() const {
             {"config", m.config},
             {"columns", cols}};
   if (!m.joins.empty()) j["join_external"] = m.joins.to_json();
+  if (m.label_pipe >= 0) j["label"] = m.dense[m.label_pipe].name;  // absent: the schema's
   if (!m.features.empty()) {
     json f = json::array();
     for (const auto& s : m.features) f.push_back({{"columns", s.columns}, {"op", s.op->to_json()}});

@@ -156,6 +156,9 @@ struct Workflow::Impl {
   bool have_stats = false;
   std::shared_ptr<FitMemory> fit_memory;  // set_fit_memory's budget (null: none)
   int64_t stats_rows = 0, stats_input_rows = 0;
+  // The config's "label": a dense column whose value after its ops is the label (and not a
+  // feature); -1: the schema's label column, copied as read.
+  int label_pipe = -1;
 
   // `raw` (of the input schema) with the side tables joined: `raw` itself without joins,
   // else `buf` filled.
@@ -166,9 +169,30 @@ struct Workflow::Impl {
   }
 
   std::string label_name() const {
+    if (label_pipe >= 0) return dense[label_pipe].name;
     for (const auto& c : schema.columns)
       if (c.kind == io::ColumnKind::Label) return c.name;
     return "";
+  }
+
+  // Sets the label from the config's (or workflow.json's) "label" value `name` (at `where`).
+  void set_label(const std::string& name, const std::string& where) {
+    for (size_t i = 0; i < dense.size(); ++i)
+      if (dense[i].name == name) {
+        label_pipe = static_cast<int>(i);
+        return;
+      }
+    for (const auto& c : schema.columns) {
+      if (c.name != name) continue;
+      if (c.kind == io::ColumnKind::Label) return;  // the default, said explicitly
+      fail("'", where, "': column '", name, "' is ",
+           c.kind == io::ColumnKind::Categorical ? "categorical" : "skipped",
+           "; the label must be numeric: the schema's label column or a dense column (declare "
+           "it \"dense\" in the schema and derive the label with its ops, e.g. Binarize)");
+    }
+    const std::string near = nearest_name(name, column_names());
+    fail("'", where, "': unknown column '", name, "'",
+         near.empty() ? "" : " (did you mean '" + near + "'?)");
   }
 
   int dense_index(const std::string& name) const {
@@ -182,6 +206,10 @@ struct Workflow::Impl {
   void bind_feature(FeatureOp& op, const std::vector<std::string>& cols, const std::string& where) {
     FeatureInputs in;
     in.label_name = label_name();
+    if (label_pipe >= 0 && op.name() == "TargetEncoding")
+      fail("op 'TargetEncoding' at '", where, "' reads the label as read from the input, but the "
+           "label is derived from column '", in.label_name, "' by its ops (\"label\"); this "
+           "combination is not supported yet");
     for (const auto& c : cols) {
       ColumnPipe* p = find(c);
       if (!p) fail("'", where, "': unknown column '", c, "'");
@@ -279,6 +307,7 @@ struct Workflow::Impl {
       for (size_t i = 0; i < dense.size(); ++i) {
         const ColumnPipe& p = dense[i];
         if (p.name != col.name) continue;
+        if (static_cast<int>(i) == label_pipe) continue;  // the label, not a feature
         if (const DenseEncoder* e = p.dense_encoder()) {
           CatOut o;
           o.name = p.out_name();
@@ -440,6 +469,10 @@ struct Workflow::Impl {
                p.ops[e]->name(), "'");
       }
     }
+    if (label_pipe >= 0 && dense[label_pipe].encoder_index() >= 0)
+      fail("dense column '", dense[label_pipe].name, "' is the label (\"label\"), but op '",
+           dense[label_pipe].ops[dense[label_pipe].encoder_index()]->name(),
+           "' would make it categorical; a label takes value ops only (e.g. Binarize)");
     for (const auto& p : dense) {
       const int e = p.encoder_index();
       for (size_t i = 0; i < p.ops.size(); ++i) {

@@ -25,6 +25,29 @@
 
 namespace dlrec::etl {
 
+namespace {
+
+// The config's "label": labels[r] = row r's value of the label column after its ops; a value
+// that is not finite is reported with its row (a missing rating, a LogOp of a negative value).
+// Without labels in the input (serving: an empty RawChunk::label) the caller leaves them 0.
+template <class LineOf, class Report>
+void derive_labels(const ColumnPipe& p, const io::RawChunk& in, float* labels,
+                   const LineOf& line_of, const Report& report) {
+  for (int64_t r = 0; r < in.rows; ++r) labels[r] = in.dense[r * in.num_dense + p.index];
+  p.apply_dense(labels, in.rows, 1);
+  for (int64_t r = 0; r < in.rows; ++r) {
+    if (std::isfinite(labels[r])) continue;
+    const float raw = in.dense[r * in.num_dense + p.index];
+    report(r, detail::concat("the label (column '", p.name, "') is ", labels[r], " at ",
+                             line_of(r), " after its ops (raw value ", raw,
+                             "); a label must be finite: filter such rows out (Filter) or fill "
+                             "them (FillMissing)"));
+    return;
+  }
+}
+
+}  // namespace
+
 // About 200 lines, left whole on purpose: its steps (filters, the output's offsets, then the
 // rows through the dense ops, the categorical encoders and the features, on all cores) share
 // the chunk's row bookkeeping (kept rows, training rows, rows appended after) and the report
@@ -92,6 +115,10 @@ void Workflow::transform(const io::RawChunk& raw_in, io::Batch& out,
       err_msg = std::move(msg);
     }
   };
+  if (m.label_pipe >= 0 && static_cast<int64_t>(in.label.size()) == rows)
+    derive_labels(m.dense[m.label_pipe], in, out.labels.data() + rows0,
+                  [&](int64_t r) { return m.line_of(in, r); }, report);
+
   parallel_for(0, nc, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t k = lo; k < hi; ++k) {
       const CatOut& o = m.cat_out[k];

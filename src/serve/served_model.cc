@@ -255,7 +255,7 @@ void ServedModel::encode_into(const InferRequest& req, io::Batch& batch) const {
     chunk.reset(nd, nc);
     chunk.rows = rows;
     chunk.first_line = 1;
-    chunk.label.assign(static_cast<size_t>(rows), 0.f);
+    chunk.label.clear();  // no labels: the workflow leaves them 0 (a derived one is not computed)
     chunk.dense.assign(static_cast<size_t>(rows * nd), NAN);
     const std::vector<bool> multi = schema.cat_multi_hot();
     for (const auto& t : req.inputs) {
@@ -295,11 +295,14 @@ void ServedModel::encode_into(const InferRequest& req, io::Batch& batch) const {
         }
       }
     }
-    if (static_cast<int>(req.inputs.size()) != nd + nc) {
+    // A dense column the label is derived from ("label") is not needed to predict.
+    const std::string label_col = predictor_->workflow().derived_label_column();
+    const int optional = !label_col.empty() && !has_input(label_col) ? 1 : 0;
+    if (static_cast<int>(req.inputs.size()) + optional != nd + nc) {
       std::string missing;
       for (const auto& c : schema.columns)
         if ((c.kind == io::ColumnKind::Dense || c.kind == io::ColumnKind::Categorical) &&
-            !has_input(c.name))
+            c.name != label_col && !has_input(c.name))
           missing += (missing.empty() ? "" : ", ") + c.name;
       bad("missing raw inputs: " + missing);
     }

@@ -3,7 +3,8 @@
 // predict` and the server so that every consumer encodes raw rows identically.
 //
 // Config (docs/ETL.md):
-//   {"pipeline": [
+//   {"label": "rating",   (optional: a dense column whose value after its ops is the label)
+//    "pipeline": [
 //      {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "LogOp"}]},
 //      {"columns": ["C1", "C2"], "ops": [{"op": "Categorify", "freq_threshold": 15}]}]}
 // "columns" is "@dense", "@categorical" or a list of schema column names. A column listed by
@@ -117,7 +118,13 @@ class Workflow {
   // The raw input's schema: what readers, `dlrec predict` and the server parse (without the
   // columns side tables add).
   const io::Schema& schema() const;
-  const json& config() const;  // the pipeline config it was built from
+  const json& config() const;
+  // The label's column: the config's "label", else the schema's label column ("" if none).
+  std::string label_name() const;
+  // The dense column the label is derived from ("label": a column's value after its ops; not a
+  // feature then), or "" when the label is the schema's label column, copied as read. Serving
+  // does not need it in a request: without labels (an empty RawChunk::label) it is not computed.
+  std::string derived_label_column() const;  // the pipeline config it was built from
 
   // The fitted state: schema, config, per-column ops with parameters and state (vocabularies,
   // mean/std), output layout. from_json(to_json()) transforms bit-identically.
