@@ -178,6 +178,15 @@ Runner add_etl(CLI::App& app) {
     if (r.spill_runs)
       std::printf("etl: vocabulary counts spilled: %lld runs, %.1f MB\n",
                   static_cast<long long>(r.spill_runs), r.spill_bytes / 1e6);
+    // The side tables held in memory (JoinExternal), as stats.json reports them.
+    const json stats = read_json_file(a->out + "/stats.json");
+    if (stats.contains("columns") && stats["columns"].contains("join_external"))
+      for (const auto& t : stats["columns"]["join_external"])
+        std::printf("etl: side table %s joined on '%s': %lld rows, %zu columns, %.1f MB in "
+                    "memory\n",
+                    t.at("path").get<std::string>().c_str(), t.at("on").get<std::string>().c_str(),
+                    static_cast<long long>(t.at("rows").get<int64_t>()), t.at("columns").size(),
+                    t.at("memory_bytes").get<int64_t>() / 1e6);
     return 0;
   };
 }

@@ -56,8 +56,8 @@ SideTable SideTable::from_config(const json& spec, const std::string& where,
   ConfigReader r(spec, where);
   t.path_ = r.require<std::string>("path");
   t.on_ = r.require<std::string>("on");
-  const json& schema_json = r.raw("schema");
-  const json& keep = r.raw("columns");
+  const json schema_json = r.has("schema") ? r.raw("schema") : json(nullptr);
+  const json keep = r.has("columns") ? r.raw("columns") : json(nullptr);
   r.finish();
   if (schema_json.is_null())
     fail("'", where, "': a side table needs its \"schema\" (like an input's: format, columns)");

@@ -68,7 +68,7 @@ Workflow Workflow::from_config(const json& config, const io::Schema& schema,
   m->config = config;
   ConfigReader root(config, "");
   const json& steps = root.raw("pipeline");
-  const json& joins = root.raw("join_external");
+  const json joins = root.has("join_external") ? root.raw("join_external") : json(nullptr);
   const json label = root.has("label") ? root.raw("label") : json(nullptr);
   root.finish();
   m->joins.from_config(joins, base_dir, m->schema);
@@ -115,7 +115,7 @@ Workflow Workflow::from_json(const json& j) {
   if (version != 1) fail("workflow: unsupported version ", version, " (this build reads 1)");
   m->input_schema = m->schema = io::Schema::from_json(r.raw("schema"));
   m->config = r.get<json>("config", json::object());
-  m->joins.from_json(r.raw("join_external"), m->schema);
+  m->joins.from_json(r.has("join_external") ? r.raw("join_external") : json(nullptr), m->schema);
   m->init_columns();
   const json& cols = r.raw("columns");
   const json features = r.get<json>("features", json::array());
