@@ -97,11 +97,12 @@ SideTable SideTable::from_config(const json& spec, const std::string& where,
     if (c.name != t.on_ && !listed) c.kind = io::ColumnKind::Skip;  // not read at all
   }
   for (const auto& c : t.schema_.columns)
-    if (c.name != t.on_ && (c.kind == io::ColumnKind::Dense || c.kind == io::ColumnKind::Categorical))
+    if (c.name != t.on_ &&
+        (c.kind == io::ColumnKind::Dense || c.kind == io::ColumnKind::Categorical))
       t.added_.push_back(c);
   t.check_against(where, columns);  // before reading: a wrong config fails fast
   std::string path = t.path_;
-  if (!base_dir.empty() && !path.empty() && path[0] != '/') 
+  if (!base_dir.empty() && !path.empty() && path[0] != '/')
     path = base_dir + (base_dir.back() == '/' ? "" : "/") + path;
   io::RawChunk all;
   std::vector<int64_t> lines;
@@ -125,8 +126,8 @@ SideTable SideTable::from_config(const json& spec, const std::string& where,
         const auto& off = all.cat_offsets[k];
         for (int64_t row = 0; row < all.rows; ++row) {
           if (off[row + 1] == off[row])
-            fail("'", where, "': side table '", path, "' line ", lines[row], ": the key '",
-                 t.on_, "' is empty");
+            fail("'", where, "': side table '", path, "' line ", lines[row], ": the key '", t.on_,
+                 "' is empty");
           t.keys_.push_back(all.cat_values[k][off[row]]);
         }
       } else {
@@ -151,7 +152,8 @@ void SideTable::check_against(const std::string& where, const io::Schema& column
     fail("'", where, "': the join key '", on_,
          "' must be a one-hot categorical column of the input schema");
   if (schema_.cat_encoding != columns.cat_encoding)
-    fail("'", where, "': the side table's cat_encoding differs from the input's; keys would "
+    fail("'", where,
+         "': the side table's cat_encoding differs from the input's; keys would "
          "not match (give both the same \"cat_encoding\")");
   for (const auto& c : added_)
     if (find_column(columns, c.name))
@@ -170,8 +172,7 @@ void SideTable::build_index(const std::string& where, const std::vector<int64_t>
         return lines.empty() ? "row " + std::to_string(i) : "line " + std::to_string(lines[i]);
       };
       fail(where, ": duplicate key ", hex_key(keys_[row]), " in column '", on_, "' (",
-           line(ins.first->second), " and ", line(row),
-           "); a side table holds one row per key");
+           line(ins.first->second), " and ", line(row), "); a side table holds one row per key");
     }
   }
 }
@@ -193,7 +194,8 @@ SideTable SideTable::from_json(const json& j, const std::string& where, const io
   if (static_cast<int64_t>(t.keys_.size()) != t.rows_) bad("'keys' does not hold 'rows' keys");
   if (!dense.is_array() || !cat.is_array()) bad("'dense' and 'categorical' must be lists");
   for (const auto& c : t.schema_.columns)
-    if (c.name != t.on_ && (c.kind == io::ColumnKind::Dense || c.kind == io::ColumnKind::Categorical))
+    if (c.name != t.on_ &&
+        (c.kind == io::ColumnKind::Dense || c.kind == io::ColumnKind::Categorical))
       t.added_.push_back(c);
   std::vector<std::vector<float>> cols;
   for (size_t i = 0; i < dense.size(); ++i) {
@@ -248,10 +250,11 @@ json SideTable::to_json() const {
     dense.push_back({{"name", dense_cols_[j]}, {"values", std::move(v)}});
   }
   for (int j = 0; j < num_cat(); ++j)
-    cat.push_back({{"name", cat_cols_[j]}, {"values", cat_values_[j]}, {"offsets", cat_offsets_[j]}});
-  return {{"path", path_},         {"file_bytes", file_bytes_}, {"crc32c", crc32c_},
-          {"on", on_},             {"schema", schema_.to_json()}, {"rows", rows_},
-          {"keys", keys_},         {"dense", std::move(dense)},   {"categorical", std::move(cat)}};
+    cat.push_back(
+        {{"name", cat_cols_[j]}, {"values", cat_values_[j]}, {"offsets", cat_offsets_[j]}});
+  return {{"path", path_}, {"file_bytes", file_bytes_},   {"crc32c", crc32c_},
+          {"on", on_},     {"schema", schema_.to_json()}, {"rows", rows_},
+          {"keys", keys_}, {"dense", std::move(dense)},   {"categorical", std::move(cat)}};
 }
 
 int64_t SideTable::memory_bytes() const {
@@ -266,7 +269,10 @@ int64_t SideTable::memory_bytes() const {
 json SideTable::summary() const {
   std::vector<std::string> names;
   for (const auto& c : added_) names.push_back(c.name);
-  return {{"path", path_},   {"on", on_}, {"rows", rows_}, {"columns", names},
+  return {{"path", path_},
+          {"on", on_},
+          {"rows", rows_},
+          {"columns", names},
           {"memory_bytes", memory_bytes()}};
 }
 
@@ -289,8 +295,9 @@ void JoinPlan::from_config(const json& list, const std::string& base_dir, io::Sc
   in_cat_ = schema.num_cat();
   if (list.is_null()) return;
   if (!list.is_array())
-    fail("config key 'join_external' must be a list of side tables ({\"path\", \"on\", "
-         "\"schema\"})");
+    fail(
+        "config key 'join_external' must be a list of side tables ({\"path\", \"on\", "
+        "\"schema\"})");
   for (size_t i = 0; i < list.size(); ++i) {
     const std::string where = "join_external[" + std::to_string(i) + "]";
     add(SideTable::from_config(list[i], where, base_dir, schema), schema);

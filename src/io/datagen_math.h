@@ -3,9 +3,9 @@
 // libm; and their random streams (splitmix64).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <algorithm>
 
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF

@@ -21,7 +21,7 @@ using namespace datagen_math;
 // Stream salts: users, items, the per-country/per-category weights, rows.
 constexpr uint64_t kUserSalt = 0x05E25ull, kItemSalt = 0x17E35ull, kWeightSalt = 0x3E16ull,
                    kRowSalt = 0x2A7E5ull;
-constexpr double kAgeMean = 46.5, kAgeSpread = 16.5;   // age uniform in [18, 75)
+constexpr double kAgeMean = 46.5, kAgeSpread = 16.5;  // age uniform in [18, 75)
 constexpr double kLogPriceMean = 2.5, kLogPriceSpread = 0.8;
 
 Rng stream(uint64_t seed, uint64_t salt, uint64_t index) {
@@ -163,10 +163,10 @@ RatingsResult generate_ratings(const RatingsConfig& c, const std::string& dir) {
     if (us.age >= 0) logit -= 0.5 * (us.age - kAgeMean) / kAgeSpread;
     logit += w_country[us.country];
     if (it.listed) {
-      const double z = (det_log(static_cast<double>(it.cents) / 100) - kLogPriceMean) /
-                       kLogPriceSpread;
-      logit += w_category[it.category] - 0.5 * z +
-               0.5 * a_country[us.country] * b_category[it.category];
+      const double z =
+          (det_log(static_cast<double>(it.cents) / 100) - kLogPriceMean) / kLogPriceSpread;
+      logit +=
+          w_category[it.category] - 0.5 * z + 0.5 * a_country[us.country] * b_category[it.category];
     }
     const int positive = r.uniform() < sigmoid(logit) ? 1 : 0;
     const int rating = positive ? 4 + (r.uniform() < 0.5 ? 1 : 0)

@@ -164,7 +164,8 @@ TEST(JoinExternal, TsvAndParquetSideTablesJoinLikeCsv) {
   country.strings = {"fr", "de", "fr"};
   const std::string pq = dir.path + "/users.parquet";
   io::write_parquet(pq,
-                    {{"user", io::ParquetType::ByteArray}, {"age", io::ParquetType::Double},
+                    {{"user", io::ParquetType::ByteArray},
+                     {"age", io::ParquetType::Double},
                      {"country", io::ParquetType::ByteArray}},
                     {user, age, country});
   for (const json& join : {tsv_join, users_join(pq)}) {

@@ -90,7 +90,8 @@ const Example& example() {
     stage("etl --input " + d + "/logs/ratings.csv --format csv --schema " +
           config("ratings_schema.json") + " --workflow " + config("ratings_etl.json") +
           " --valid-ratio 0.1 --out " + d + "/data");
-    if (x->failure.empty() && out.find("side table users.csv joined on 'user'") == std::string::npos)
+    if (x->failure.empty() &&
+        out.find("side table users.csv joined on 'user'") == std::string::npos)
       x->failure = "etl did not report the users side table:\n" + out;
     stage("train --config " + config("ratings_model.json") + " --data " + d + "/data --run " + d +
           "/run");
@@ -128,9 +129,10 @@ std::string http_post(int port, const std::string& path, const std::string& body
     if (fd >= 0) ::close(fd);
     return "";
   }
-  const std::string req = "POST " + path + " HTTP/1.1\r\nHost: localhost\r\nContent-Type: " +
-                          "application/json\r\nConnection: close\r\nContent-Length: " +
-                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string req =
+      "POST " + path + " HTTP/1.1\r\nHost: localhost\r\nContent-Type: " +
+      "application/json\r\nConnection: close\r\nContent-Length: " + std::to_string(body.size()) +
+      "\r\n\r\n" + body;
   for (size_t sent = 0; sent < req.size();) {
     const ssize_t n = ::send(fd, req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
     if (n <= 0) break;
@@ -138,7 +140,8 @@ std::string http_post(int port, const std::string& path, const std::string& body
   }
   std::string resp;
   char buf[65536];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) resp.append(buf, static_cast<size_t>(n));
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
+    resp.append(buf, static_cast<size_t>(n));
   ::close(fd);
   const size_t head = resp.find("\r\n\r\n");
   if (resp.compare(0, 9, "HTTP/1.1 ") != 0 || head == std::string::npos) return "";
@@ -157,9 +160,8 @@ struct Server {
     pid = ::fork();
     if (pid == 0) {
       ::dup2(log_fd, 2);
-      ::execl(bin.c_str(), bin.c_str(), "serve", "--model-repository", repo.c_str(),
-              "--http-port", "0", "--grpc-port", "-1", "--metrics-port", "-1",
-              static_cast<char*>(nullptr));
+      ::execl(bin.c_str(), bin.c_str(), "serve", "--model-repository", repo.c_str(), "--http-port",
+              "0", "--grpc-port", "-1", "--metrics-port", "-1", static_cast<char*>(nullptr));
       ::_exit(127);
     }
     ::close(log_fd);
@@ -191,8 +193,9 @@ bool has_server() {
 }
 
 TEST(RatingsExample, ServesRawRequestsCarryingOnlyTheIds) {
-  if (!has_server()) GTEST_SKIP() << "this build has no server (DLREC_SERVER off or its packages "
-                                     "missing)";
+  if (!has_server())
+    GTEST_SKIP() << "this build has no server (DLREC_SERVER off or its packages "
+                    "missing)";
   const Example& e = example();
   ASSERT_TRUE(e.failure.empty()) << e.failure;
   Server server(e.dir.path + "/repo", e.dir.path + "/serve.log");
@@ -226,7 +229,8 @@ TEST(RatingsExample, ServesRawRequestsCarryingOnlyTheIds) {
                        {{{"name", "user"}, {"shape", shape}, {"datatype", "BYTES"}, {"data", u}},
                         {{"name", "item"}, {"shape", shape}, {"datatype", "BYTES"}, {"data", i}}}}};
     int status;
-    const std::string body = http_post(server.port, "/v2/models/ratings/infer", req.dump(), &status);
+    const std::string body =
+        http_post(server.port, "/v2/models/ratings/infer", req.dump(), &status);
     ASSERT_EQ(status, 200) << body;
     const json resp = parse_json(body, "the response");
     for (const auto& p : resp.at("outputs")[0].at("data")) scores.push_back(p.get<float>());
