@@ -207,9 +207,12 @@ SideTable SideTable::from_json(const json& j, const std::string& where, const io
       bad("dense column '" + t.dense_cols_.back() + "' does not hold 'rows' values");
     std::vector<float> col;
     for (const auto& x : v) {
-      if (!x.is_null() && !x.is_number())
-        bad("dense column '" + t.dense_cols_.back() + "' holds a non-number");
-      col.push_back(x.is_null() ? std::numeric_limits<float>::quiet_NaN() : x.get<float>());
+      // Checked as a double first: a value outside float's range would not convert.
+      const double d = x.is_number() ? x.get<double>() : 0.0;
+      if (!x.is_null() && (!x.is_number() || !(std::abs(d) <= std::numeric_limits<float>::max())))
+        bad("dense column '" + t.dense_cols_.back() + "' holds a non-number or a value out of "
+            "float's range: " + dump_json_safe(x));
+      col.push_back(x.is_null() ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(d));
     }
     cols.push_back(std::move(col));
   }

@@ -281,6 +281,12 @@ TEST(JoinExternal, TamperedEmbeddedTableIsRejected) {
   j = good;
   j["join_external"][0]["dense"][0]["values"][0] = "x";
   expect_error([&] { Workflow::from_json(j); }, {"non-number"});
+  j = good;
+  j["join_external"][0]["dense"][0]["values"][0] = 1e300;
+  expect_error([&] { Workflow::from_json(j); }, {"out of float's range"});
+  j = good;
+  j["join_external"][0]["rows"] = -1;
+  expect_error([&] { Workflow::from_json(j); }, {"rows"});
 }
 
 TEST(JoinExternal, MemoryBudgetCountsTheSideTables) {
