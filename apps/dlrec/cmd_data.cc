@@ -169,6 +169,7 @@ Runner add_etl(CLI::App& app) {
     o.seed = static_cast<uint64_t>(a->seed);
     o.ranks = a->ranks;
     etl::EtlResult r = etl::run_etl(o);
+    for (const auto& w : r.warnings) std::fprintf(stderr, "etl: warning: %s\n", w.c_str());
     std::printf("etl: train=%lld valid=%lld skipped=%lld input=%.1f MB output=%.1f MB "
                 "fit=%.2fs transform=%.2fs total=%.2fs (%.1f MB/s) -> %s\n",
                 static_cast<long long>(r.train_rows), static_cast<long long>(r.valid_rows),

@@ -29,8 +29,7 @@ model::RunConfig apply(const TrainArgs& a) {
 }
 
 void print_eval(const char* what, const train::EvalResult& e) {
-  std::printf("%s: rows=%lld AUC=%.5f logloss=%.5f positives=%.4f (%.1fs)\n", what,
-              static_cast<long long>(e.rows), e.auc, e.logloss, e.positive_rate, e.seconds);
+  std::printf("%s: %s (%.1fs)\n", what, train::format_eval(e).c_str(), e.seconds);
 }
 }  // namespace
 

@@ -1,5 +1,6 @@
 #include "dlrec/core/progress.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include <cstdio>
@@ -41,6 +42,7 @@ double Progress::elapsed_s() const {
 }
 
 void Progress::update(int64_t done, const std::string& status) {
+  done_ = done;  // for finish(), even when this update is not printed
   auto now = std::chrono::steady_clock::now();
   if (std::chrono::duration<double>(now - last_).count() < interval_s_) return;
   last_ = now;
@@ -48,9 +50,15 @@ void Progress::update(int64_t done, const std::string& status) {
 }
 
 void Progress::finish(const std::string& status) {
+  // An unknown total (<= 0): the last update's count (this printed "0 rows" on inputs too small
+  // for an update to be printed).
+  finish(total_ > 0 ? total_ : std::max<int64_t>(done_, 0), status);
+}
+
+void Progress::finish(int64_t done, const std::string& status) {
   if (finished_) return;
   finished_ = true;
-  print(total_ > 0 ? total_ : 0, status, true);
+  print(done, status, true);
 }
 
 void Progress::print(int64_t done, const std::string& status, bool final) {

@@ -261,6 +261,17 @@ int64_t RowCountAhead::rows() {
   return total_;
 }
 
+int64_t count_parsed_rows(const std::vector<std::string>& files, const io::Schema& schema,
+                          const io::ReadOptions& read) {
+  io::ReadOptions ro = read;
+  ro.max_rows = -1;
+  std::unique_ptr<io::ChunkReader> reader = io::open_reader(files, schema, ro);
+  io::RawChunk chunk;
+  int64_t rows = 0;
+  while (reader->next(chunk)) rows += chunk.rows;
+  return rows;
+}
+
 int64_t count_rows(const std::vector<std::string>& files, const io::Schema& schema) {
   int64_t total = 0;
   std::vector<char> buf;

@@ -87,6 +87,7 @@ EtlResult EtlRun::run() {
   try {
     fit();
     transform();
+    check_counts();
     clock_.mark("transform state gone");
     write_metadata();
   } catch (...) {
@@ -116,15 +117,45 @@ void EtlRun::wait_for_saving() {
 
 // ---- the split
 
+void EtlRun::check_counts() {
+  // Counts that came out zero without an error before: no training rows is an error (a model
+  // cannot train on them); an empty validation split that was asked for is a warning (the
+  // data trains; `dlrec eval` refuses it).
+  if (res_.train_rows == 0)
+    fail("etl: no training rows were written (", res_.skipped_rows, " malformed rows skipped",
+         workflow_.has_filters() ? ", the rest dropped by Filter ops" : "", ")");
+  if (res_.valid_rows == 0 && (o_.valid_ratio > 0 || o_.train_rows >= 0)) {
+    std::string why;
+    if (o_.valid_ratio > 0)
+      why = detail::concat("valid_ratio ", o_.valid_ratio, " of ", expected_rows_,
+                           " rows leaves ",
+                           expected_rows_ - train_rows_of(expected_rows_, o_.valid_ratio),
+                           " to validate");
+    else
+      why = detail::concat("train_rows ", o_.train_rows, " takes every row");
+    if (workflow_.has_filters()) why += ", or Filter ops dropped them";
+    res_.warnings.push_back("the validation split is empty (" + why +
+                            "); `dlrec eval` will have nothing to evaluate");
+  }
+}
+
 void EtlRun::set_split(int64_t rows) {
   expected_rows_ = rows;
+  if (rows == 0)
+    fail("etl: the input holds no rows",
+         parse_to_count() ? " (every line was malformed and skipped: --on-error=skip)" : "");
   n_train_ = train_rows_of(rows, o_.valid_ratio);
   if (n_train_ == 0) fail("etl: the split leaves no training rows");
 }
 
 void EtlRun::count_first() {
   Timer t;
-  const int64_t rows = count_rows(o_.inputs, o_.schema);
+  // Skipped malformed lines are not rows: a newline count would put the split that many rows
+  // too late (every good row training, an empty validation split), so they are parsed and
+  // counted (one more read of the input, in this mode only).
+  const int64_t rows = parse_to_count()
+                           ? count_parsed_rows(o_.inputs, o_.schema, o_.read)
+                           : count_rows(o_.inputs, o_.schema);
   res_.count_seconds += t.seconds();
   clock_.mark("count done");
   set_split(rows);
@@ -150,7 +181,7 @@ void EtlRun::plan_split() {
   } else if (o_.valid_ratio > 0) {
     Timer t;
     if (o_.count_ahead_min_bytes >= 0 && res_.input_bytes >= o_.count_ahead_min_bytes &&
-        inputs_rereadable(o_.inputs)) {
+        inputs_rereadable(o_.inputs) && !parse_to_count()) {
       expected_rows_ = estimate_rows(o_.inputs);
       counting_ = expected_rows_ >= 0;
     }
@@ -245,7 +276,7 @@ void EtlRun::fit() {
   unpacked_.resize(window_);
   side_.task = [this](int64_t b, int i) { cache_.keep_one(cache_.pending[b % window_][i]); };
   run_fit_passes();
-  if (progress_) progress_->finish();
+  if (progress_) progress_->finish(fit_rows_);
   count_known();
   if (batches_) res_.read_wait_seconds += batches_->wait_seconds();
   // The batches still in their slots: the fit is done with them (their side tasks ran).
@@ -259,7 +290,9 @@ void EtlRun::fit() {
   // statistics (skipped rows) are the transform's.
   if (cached_) fit_reader_ = std::move(batches_);
   batches_.reset();
-  if (fit_rows_ == 0) fail("etl: the input holds no rows to fit on");
+  if (fit_rows_ == 0)
+    fail("etl: the input holds no rows to fit on",
+         parse_to_count() ? " (malformed rows are skipped: --on-error=skip)" : "");
   if (o_.train_rows >= 0 && fit_rows_ < n_train_)
     fail("etl: train_rows is ", n_train_, " but the input holds only ", fit_rows_,
          " good rows; no rows would be left for validation");
@@ -294,7 +327,7 @@ void EtlRun::run_fit_passes() {
 }
 
 ChunkBatchSource EtlRun::open_fit_pass() {
-  if (progress_) progress_->finish();
+  if (progress_) progress_->finish(fit_rows_);
   ++pass_;
   progress_ = std::make_unique<Progress>(
       "etl fit (pass " + std::to_string(pass_) + "/" + std::to_string(res_.fit_passes) + ")",

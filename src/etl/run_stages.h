@@ -54,9 +54,13 @@ class EtlRun {
 
   // ---- the split (plan_split): n_train_ training rows first, or counting ahead
   void set_split(int64_t rows);   // the split of `rows` rows (valid_ratio)
+  void check_counts();  // after the transform: no training rows fails, no validation rows warns
   void count_first();             // counts on all cores now
   void count_known();             // waits for the count ahead and sets the split from it
-  int64_t split_before(int64_t upto);  // min(upto, n_train_): training rows of the first upto
+  int64_t split_before(int64_t upto);
+  // Whether the split's row count must parse the input (count_parsed_rows): some lines are not
+  // rows (OnError::Skip).
+  bool parse_to_count() const { return o_.read.on_error == io::OnError::Skip; }  // min(upto, n_train_): training rows of the first upto
 
   // ---- the fit's parts
   void decide_cache();       // the input cache's form and whether it is on

@@ -148,8 +148,8 @@ void EtlRun::transform() {
   res_.append_wait_seconds = t.train.times().append_wait + t.valid.times().append_wait;
   res_.skipped_rows = reader->stats().skipped_rows;
   first_skip_reason_ = reader->stats().first_skip_reason;
-  t.tp.finish(res_.skipped_rows ? std::to_string(res_.skipped_rows) + " malformed rows skipped"
-                                : "");
+  t.tp.finish(t.seen, res_.skipped_rows ? std::to_string(res_.skipped_rows) + " malformed rows skipped"
+                                        : "");
   res_.train_rows = t.ranked ? t.written_train : t.train.rows();
   res_.valid_rows = t.valid.rows();
   res_.train_shards = t.train.names();

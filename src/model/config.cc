@@ -252,12 +252,13 @@ TrainConfig TrainConfig::from_json(ConfigReader& r) {
     fail("config key '", r.key_path("device"), "': ", e.what());
   }
   c.precision = r.get_choice("precision", c.precision, {"fp32", "tf32", "bf16", "fp16"});
+  c.loss = r.get_choice("loss", c.loss, {"bce", "mse"});
   r.finish();
   return c;
 }
 
 json TrainConfig::to_json() const {
-  return {{"batch_size", batch_size},
+  json j = {{"batch_size", batch_size},
           {"eval_batch_size", eval_batch_size},
           {"epochs", epochs},
           {"max_steps", max_steps},
@@ -267,6 +268,8 @@ json TrainConfig::to_json() const {
           {"seed", seed},
           {"device", device},
           {"precision", precision}};
+  if (loss != "bce") j["loss"] = loss;  // absent: bce (run.json of older builds unchanged)
+  return j;
 }
 
 RunConfig RunConfig::from_json(const json& j) {

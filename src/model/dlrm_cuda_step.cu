@@ -292,11 +292,11 @@ void DlrmCuda::step_body() {
   if (fp16_)  // dL/dlogits times the loss scale, in fp16
     cd::bce_with_logits(top_.back().y.data<float>(), sl.d_labels.data<float>(), fwd_rows_,
                         dlogits_.data<float>(), static_cast<double*>(loss_.raw()), stream_,
-                        hp<f16>(dlogits_h_), ls_.scale);
+                        hp<f16>(dlogits_h_), ls_.scale, loss() == nn::LossKind::Mse);
   else
     cd::bce_with_logits(top_.back().y.data<float>(), sl.d_labels.data<float>(), fwd_rows_,
                         dlogits_.data<float>(), static_cast<double*>(loss_.raw()), stream_,
-                        half_ ? hp<bf16>(dlogits_h_) : nullptr);
+                        half_ ? hp<bf16>(dlogits_h_) : nullptr, loss() == nn::LossKind::Mse);
   mark("bce");
   run_backward_update();
 }

@@ -502,7 +502,8 @@ void GraphCuda::run_backward() {
 void GraphCuda::step_body() {
   run_forward();
   cd::bce_with_logits(logits(), inputs_->slots[cur_].d_labels.data<float>(), fwd_rows_,
-                      dlogits_.data<float>(), static_cast<double*>(loss_.raw()), e_.st, nullptr);
+                      dlogits_.data<float>(), static_cast<double*>(loss_.raw()), e_.st, nullptr,
+                      loss() == nn::LossKind::Mse);
   mark("bce");
   run_backward();
 }

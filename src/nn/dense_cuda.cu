@@ -208,20 +208,27 @@ __global__ void sigmoid_kernel(const float* __restrict__ x, float* __restrict__ 
 
 constexpr int kBceThreads = 1024;
 
-// One block: deterministic (fixed tree) reduction of the loss in double.
+// One block: deterministic (fixed tree) reduction of the loss in double. BCE on logits, or with
+// `mse` the mean squared error of the outputs (train.loss "mse"; nn::mse is the reference).
 template <class H>
 __global__ void bce_kernel(const float* __restrict__ logits, const float* __restrict__ labels,
                            int64_t n, float* __restrict__ dlogits, double* loss,
-                           H* __restrict__ dlogits_h, const float* __restrict__ scale_p) {
+                           H* __restrict__ dlogits_h, const float* __restrict__ scale_p, bool mse) {
   __shared__ double part[kBceThreads];
   const double inv_n = 1.0 / static_cast<double>(n);
   const float scale = scale_p ? *scale_p : 1.f;
   double s = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const double z = logits[i], y = labels[i];
-    s += fmax(z, 0.0) - z * y + log1p(exp(-fabs(z)));
-    const double p = z >= 0 ? 1.0 / (1.0 + exp(-z)) : exp(z) / (1.0 + exp(z));
-    const float g = static_cast<float>((p - y) * inv_n);
+    float g;
+    if (mse) {
+      s += (z - y) * (z - y);
+      g = static_cast<float>(2.0 * (z - y) * inv_n);
+    } else {
+      s += fmax(z, 0.0) - z * y + log1p(exp(-fabs(z)));
+      const double p = z >= 0 ? 1.0 / (1.0 + exp(-z)) : exp(z) / (1.0 + exp(z));
+      g = static_cast<float>((p - y) * inv_n);
+    }
     dlogits[i] = g;
     if (dlogits_h) dlogits_h[i] = from_f<H>(scale_p ? g * scale : g);
   }
@@ -465,24 +472,25 @@ void sigmoid(const float* x, float* y, int64_t n, cudaStream_t stream) {
 }
 
 void bce_with_logits(const float* logits, const float* labels, int64_t n, float* dlogits,
-                     double* loss, cudaStream_t stream, bf16* dlogits_h) {
+                     double* loss, cudaStream_t stream, bf16* dlogits_h, bool mse) {
   if (n == 0) {
     DLREC_CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(double), stream));
     return;
   }
   bce_kernel<bf16><<<1, kBceThreads, 0, stream>>>(logits, labels, n, dlogits, loss, dlogits_h,
-                                                  nullptr);
+                                                  nullptr, mse);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 
 void bce_with_logits(const float* logits, const float* labels, int64_t n, float* dlogits,
-                     double* loss, cudaStream_t stream, f16* dlogits_h, const float* loss_scale) {
+                     double* loss, cudaStream_t stream, f16* dlogits_h, const float* loss_scale,
+                     bool mse) {
   if (n == 0) {
     DLREC_CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(double), stream));
     return;
   }
   bce_kernel<f16><<<1, kBceThreads, 0, stream>>>(logits, labels, n, dlogits, loss, dlogits_h,
-                                                 loss_scale);
+                                                 loss_scale, mse);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 

@@ -95,11 +95,14 @@ void cat_backward(const float* dout, int64_t B, int dd, int64_t E, float* d_dens
 void sigmoid(const float* x, float* y, int64_t n, cudaStream_t stream);
 
 // With dlogits_h, dL/dlogits is also written as bf16 (for bf16 backward GEMMs); the f16 form
-// writes it multiplied by the loss scale *loss_scale (device), for fp16 backward GEMMs.
+// writes it multiplied by the loss scale *loss_scale (device), for fp16 backward GEMMs. With
+// `mse` the loss is the mean squared error of the outputs instead (train.loss "mse").
 void bce_with_logits(const float* logits, const float* labels, int64_t n, float* dlogits,
-                     double* loss, cudaStream_t stream, bf16* dlogits_h = nullptr);
+                     double* loss, cudaStream_t stream, bf16* dlogits_h = nullptr,
+                     bool mse = false);
 void bce_with_logits(const float* logits, const float* labels, int64_t n, float* dlogits,
-                     double* loss, cudaStream_t stream, f16* dlogits_h, const float* loss_scale);
+                     double* loss, cudaStream_t stream, f16* dlogits_h, const float* loss_scale,
+                     bool mse = false);
 // y [n] (f16) = x [n] (f32) * *scale (device).
 void scale_to_f16(const float* x, int64_t n, const float* scale, f16* y, cudaStream_t stream);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "dlrec/core/error.h"
 #include "dlrec/nn/param.h"
 
 namespace dlrec::nn {
@@ -22,6 +23,33 @@ double bce_with_logits(const float* logits, const float* labels, int64_t n, floa
     }
   }
   return sum * inv_n;
+}
+
+double mse(const float* outputs, const float* labels, int64_t n, float* dout) {
+  if (n <= 0) return 0.0;
+  // Serial, like the BCE: a fixed summation order whatever the thread count.
+  double sum = 0.0;
+  const double inv_n = 1.0 / static_cast<double>(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(outputs[i]) - labels[i];
+    sum += d * d;
+    if (dout) dout[i] = static_cast<float>(2.0 * d * inv_n);
+  }
+  return sum * inv_n;
+}
+
+LossKind parse_loss(const std::string& name) {
+  if (name == "bce") return LossKind::Bce;
+  if (name == "mse") return LossKind::Mse;
+  fail("unknown loss '", name, "' (use \"bce\" or \"mse\")");
+}
+
+const char* loss_name(LossKind k) { return k == LossKind::Mse ? "mse" : "bce"; }
+
+double loss_and_grad(LossKind k, const float* outputs, const float* labels, int64_t n,
+                     float* dout) {
+  return k == LossKind::Mse ? mse(outputs, labels, n, dout)
+                            : bce_with_logits(outputs, labels, n, dout);
 }
 
 double bce_with_logits(const Tensor& logits, const float* labels, Tensor* dlogits) {

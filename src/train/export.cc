@@ -172,15 +172,20 @@ void check_scores(const std::vector<float>& p, int64_t first_line) {
 }  // namespace
 
 std::vector<float> Predictor::predict(const io::Batch& batch) {
+  // train.loss "mse": the output is the prediction itself. The CUDA serving path applies the
+  // sigmoid in its kernels, so such a model takes the plain forward.
+  const bool regression = impl_->cfg.train.loss == "mse";
 #ifdef DLREC_WITH_CUDA
-  if (auto* cm = dynamic_cast<model::CudaModel*>(impl_->model.get())) {
+  auto* cm = regression ? nullptr : dynamic_cast<model::CudaModel*>(impl_->model.get());
+  if (cm) {
     std::vector<float> p(static_cast<size_t>(batch.rows));
     cm->predict(batch, p.data());
     return p;
   }
 #endif
   std::vector<float> p = impl_->model->forward(batch, false).to_vector<float>();
-  for (float& v : p) v = 1.f / (1.f + std::exp(-v));
+  if (!regression)
+    for (float& v : p) v = 1.f / (1.f + std::exp(-v));
   return p;
 }
 

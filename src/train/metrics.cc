@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <numeric>
 
@@ -38,6 +39,42 @@ double roc_auc(const std::vector<float>& scores, const std::vector<float>& label
   double neg = static_cast<double>(n) - pos;
   if (pos == 0 || neg == 0) return std::numeric_limits<double>::quiet_NaN();
   return (rank_sum - pos * (pos + 1) / 2) / (pos * neg);
+}
+
+RegressionMetrics regression_metrics(const std::vector<float>& predictions,
+                                     const std::vector<float>& labels) {
+  DLREC_CHECK(predictions.size() == labels.size(), "regression metrics: ", predictions.size(),
+              " predictions for ", labels.size(), " labels");
+  const size_t n = predictions.size();
+  DLREC_CHECK(n > 0, "RMSE of no rows: there is nothing to evaluate");
+  size_t nan_preds = 0;
+  double se = 0, ae = 0, sum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(predictions[i]) - labels[i];
+    nan_preds += std::isnan(predictions[i]);
+    se += d * d;
+    ae += std::fabs(d);
+    sum += labels[i];
+  }
+  DLREC_CHECK(nan_preds == 0, "RMSE: ", nan_preds, " of ", n,
+              " predictions are NaN (the model's outputs are not numbers; its weights have "
+              "diverged or hold NaN)");
+  RegressionMetrics m;
+  m.rmse = std::sqrt(se / n);
+  m.mae = ae / n;
+  m.label_mean = sum / n;
+  return m;
+}
+
+std::string format_eval(const EvalResult& e) {
+  char buf[160];
+  if (e.regression)
+    std::snprintf(buf, sizeof buf, "rows=%lld RMSE=%.5f MAE=%.5f label_mean=%.4f",
+                  static_cast<long long>(e.rows), e.rmse, e.mae, e.label_mean);
+  else
+    std::snprintf(buf, sizeof buf, "rows=%lld AUC=%.5f logloss=%.5f positives=%.4f",
+                  static_cast<long long>(e.rows), e.auc, e.logloss, e.positive_rate);
+  return buf;
 }
 
 double log_loss(const std::vector<float>& probs, const std::vector<float>& labels) {

@@ -26,8 +26,11 @@ EvalResult evaluate_shards(model::Model& model, const std::vector<std::string>& 
   EvalResult r;
   DLREC_CHECK(!shards.empty(), "evaluation: no shards to evaluate");
   io::ShardLoader loader(shards, batch_size);
+  DLREC_CHECK(loader.total_rows() > 0, "evaluation: the ", shards.size(),
+              " validation shard(s) hold no rows: nothing to evaluate");
+  const bool regression = model.loss() == nn::LossKind::Mse;
 #ifdef DLREC_WITH_CUDA
-  if (model.device().is_cuda() && !probs_out) {
+  if (model.device().is_cuda() && !probs_out && !regression) {
     // On the GPU: logits and labels gathered in device memory, metrics computed there.
     const int64_t total = loader.total_rows();
     const Device dev = model.device();
@@ -59,10 +62,21 @@ EvalResult evaluate_shards(model::Model& model, const std::vector<std::string>& 
   io::Batch batch;
   while (loader.next(batch)) {
     std::vector<float> logits = model.forward(batch, false).to_vector<float>();
-    for (float l : logits) probs.push_back(sigmoid(l));
+    for (float l : logits) probs.push_back(regression ? l : sigmoid(l));
     labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());
   }
   r.rows = static_cast<int64_t>(probs.size());
+  if (regression) {  // the outputs are the predictions: RMSE/MAE, no AUC
+    const RegressionMetrics rm = regression_metrics(probs, labels);
+    r.regression = true;
+    r.rmse = rm.rmse;
+    r.mae = rm.mae;
+    r.label_mean = rm.label_mean;
+    r.auc = r.logloss = r.positive_rate = std::nan("");
+    r.seconds = timer.seconds();
+    if (probs_out) *probs_out = std::move(probs);
+    return r;
+  }
   r.auc = roc_auc(probs, labels);
   r.logloss = log_loss(probs, labels);
   double pos = 0;
@@ -180,6 +194,7 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
   m.model = model::build_model(m.cfg.model, m.cfg.optimizer, m.data.layout,
                                Device::parse(m.cfg.train.device), m.cfg.train.seed,
                                m.cfg.train.precision);
+  m.model->set_loss(nn::parse_loss(m.cfg.train.loss));
   if (!m.opt.run_dir.empty()) {
     make_dirs(m.opt.run_dir);
     if (m.opt.resume && file_exists(m.checkpoint_path())) {
@@ -261,9 +276,8 @@ TrainResult Trainer::train() {
     if (tc.eval_every > 0 && m.state.step % tc.eval_every == 0 && m.state.step < total_steps &&
         m.data.valid_rows > 0) {
       EvalResult e = evaluate();
-      std::fprintf(stderr, "[eval] step %lld AUC %.5f logloss %.5f (%lld rows, %.1fs)\n",
-                   static_cast<long long>(m.state.step), e.auc, e.logloss,
-                   static_cast<long long>(e.rows), e.seconds);
+      std::fprintf(stderr, "[eval] step %lld %s (%.1fs)\n", static_cast<long long>(m.state.step),
+                   format_eval(e).c_str(), e.seconds);
     }
     if (m.opt.stop_after_steps >= 0 && steps_here >= m.opt.stop_after_steps) {
       res.stopped_early = true;

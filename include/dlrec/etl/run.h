@@ -112,6 +112,9 @@ struct EtlResult {
   int64_t train_rows = 0;
   int64_t valid_rows = 0;
   int64_t skipped_rows = 0;  // malformed rows skipped in the whole input (OnError::Skip)
+  // What the run did that a user may not expect but is not an error, one line each (`dlrec
+  // etl` prints them): a validation split asked for that came out empty.
+  std::vector<std::string> warnings;
   int64_t input_bytes = 0;   // size of the input files
   int64_t output_bytes = 0;  // size of every file written
   int fit_passes = 0;
@@ -150,6 +153,12 @@ CacheForm parse_cache_form(const std::string& s);
 // Non-blank lines of the files (minus one header line per file when schema.header), counted
 // with memchr over large reads: the row count before parsing.
 int64_t count_rows(const std::vector<std::string>& files, const io::Schema& schema);
+
+// The rows the reader delivers with `read` (its on_error and the schema's input options applied:
+// malformed rows skipped with OnError::Skip are not rows), counted by parsing the input: the
+// count of the split when a newline count would include lines that are not rows.
+int64_t count_parsed_rows(const std::vector<std::string>& files, const io::Schema& schema,
+                          const io::ReadOptions& read);
 
 // The training rows of a split with `valid_ratio` of `rows` rows validating (the last
 // floor(rows * valid_ratio)). Never decreases as `rows` grows.

@@ -14,6 +14,7 @@
 #include "dlrec/core/tensor.h"
 #include "dlrec/io/batch.h"
 #include "dlrec/io/shard.h"
+#include "dlrec/nn/loss.h"
 
 namespace dlrec::model {
 
@@ -98,6 +99,9 @@ struct TrainConfig {
   uint64_t seed = 1234;
   std::string device = "cpu";
   std::string precision = "fp32";  // CUDA: "fp32" | "tf32" | "bf16" (mixed, f32 master weights)
+  // "bce" (click labels; predictions are sigmoid(output)) | "mse" (a regression target; the
+  // output is the prediction). Evaluation follows it: AUC/logloss or RMSE/MAE.
+  std::string loss = "bce";
   static TrainConfig from_json(ConfigReader& r);
   json to_json() const;
 };
@@ -123,7 +127,11 @@ class Model {
   // Back-propagates dL/dlogits [rows] of the last training forward and applies the optimizer
   // update to every parameter (embedding rows are updated sparsely).
   virtual void backward_and_update(const Tensor& dlogits, double lr_scale = 1.0) = 0;
-  // One training step: forward, BCE loss, backward_and_update. Returns the batch's mean loss
+  // The loss of train_step (TrainConfig::loss; BCE unless set). The trainer sets it once, before
+  // the first step.
+  void set_loss(nn::LossKind k) { loss_kind_ = k; }
+  nn::LossKind loss() const { return loss_kind_; }
+  // One training step: forward, the loss (loss()), backward_and_update. Returns the batch's mean loss
   // when want_loss (models that keep the loss on their device may return NaN otherwise, to
   // avoid a host synchronisation). The default runs the loss on the host.
   virtual double train_step(const io::Batch& batch, double lr_scale, bool want_loss);
@@ -134,6 +142,9 @@ class Model {
   // Optimizer state (e.g. "emb.3.weight.adagrad"); empty for plain SGD.
   virtual std::vector<NamedTensor> optimizer_state() = 0;
   virtual Device device() const = 0;
+
+ private:
+  nn::LossKind loss_kind_ = nn::LossKind::Bce;
 };
 
 // Builds a model for data of the given layout; parameters initialised from `seed`.

@@ -37,7 +37,8 @@ class Predictor {
   ~Predictor();
   const etl::Workflow& workflow() const;
   const model::RunConfig& config() const;
-  // Probabilities for raw rows (the workflow is applied first).
+  // Probabilities for raw rows (the workflow is applied first); for a model trained with
+  // train.loss "mse", the predicted values.
   std::vector<float> predict(const io::RawChunk& raw);
   // Probabilities for already-encoded rows.
   std::vector<float> predict(const io::Batch& batch);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace dlrec::train {
@@ -25,12 +26,26 @@ struct DeviceMetrics {
 DeviceMetrics metrics_from_logits_cuda(const float* logits, const float* labels, int64_t n,
                                        int device);
 
+// Root mean squared error and mean absolute error of `predictions` against `labels`
+// (regression targets, train.loss "mse"); no rows, or a NaN prediction (counted), is an error.
+struct RegressionMetrics {
+  double rmse = 0, mae = 0, label_mean = 0;
+};
+RegressionMetrics regression_metrics(const std::vector<float>& predictions,
+                                     const std::vector<float>& labels);
+
 struct EvalResult {
   int64_t rows = 0;
+  bool regression = false;  // train.loss "mse": rmse/mae/label_mean are set, auc/logloss not
   double auc = 0;
   double logloss = 0;
   double positive_rate = 0;
+  double rmse = 0, mae = 0, label_mean = 0;
   double seconds = 0;
 };
+
+// "rows=N AUC=... logloss=... positives=..." or, for a regression, "rows=N RMSE=... MAE=...
+// label_mean=..." (what `dlrec train`/`eval` print).
+std::string format_eval(const EvalResult& e);
 
 }  // namespace dlrec::train
