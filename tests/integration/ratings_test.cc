@@ -206,8 +206,13 @@ TEST(RatingsExample, ServesRawRequestsCarryingOnlyTheIds) {
   std::string line;
   std::vector<std::string> users, items;
   std::vector<int> labels;
-  std::getline(in, line);  // header
+  bool header = true;
   while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;  // comment lines (--comment-lines)
+    if (header) {
+      header = false;
+      continue;
+    }
     std::stringstream s(line);
     std::string u, i, rating;
     std::getline(s, u, ',');
