@@ -58,9 +58,12 @@ class EtlRun {
   void count_first();             // counts on all cores now
   void count_known();             // waits for the count ahead and sets the split from it
   int64_t split_before(int64_t upto);
-  // Whether the split's row count must parse the input (count_parsed_rows): some lines are not
-  // rows (OnError::Skip).
-  bool parse_to_count() const { return o_.read.on_error == io::OnError::Skip; }  // min(upto, n_train_): training rows of the first upto
+  // Whether the split's row count must parse the input (count_parsed_rows): some non-blank lines
+  // are not rows (OnError::Skip, the schema's comment lines and skip_lines).
+  bool parse_to_count() const {
+    return o_.read.on_error == io::OnError::Skip || !o_.schema.comment.empty() ||
+           o_.schema.skip_lines > 0;
+  }  // min(upto, n_train_): training rows of the first upto
 
   // ---- the fit's parts
   void decide_cache();       // the input cache's form and whether it is on

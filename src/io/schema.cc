@@ -76,6 +76,13 @@ Schema Schema::from_json(const json& j) {
                            "hex"
                        ? CatEncoding::Hex
                        : CatEncoding::String;
+  s.comment = r.get<std::string>("comment", "");
+  if (s.comment.find_first_of("\r\n") != std::string::npos)
+    fail("config key '", r.key_path("comment"), "' must not hold a line break");
+  if (!s.comment.empty() && s.comment[0] == '"')
+    fail("config key '", r.key_path("comment"), "' must not start with '\"' (it opens a quoted "
+         "field)");
+  s.skip_lines = r.get_int_range("skip_lines", 0, 0, int64_t{1} << 40);
   const json cols = r.get<json>("columns", json());
   if (!cols.is_null()) {
     if (criteo && (r.has("num_dense") || r.has("num_cat")))
@@ -124,6 +131,8 @@ json Schema::to_json() const {
   j["header"] = header;
   j["list_sep"] = std::string(1, list_sep);
   j["cat_encoding"] = cat_encoding == CatEncoding::Hex ? "hex" : "string";
+  if (!comment.empty()) j["comment"] = comment;  // absent: none (older workflow.json unchanged)
+  if (skip_lines > 0) j["skip_lines"] = skip_lines;
   json cols = json::array();
   for (const auto& c : columns) {
     json o;

@@ -89,6 +89,21 @@ struct LineError {
   std::string msg;
 };
 
+// RFC 4180 quoting errors (the same text from every path).
+constexpr const char* kUnterminatedQuote =
+    "unterminated quoted field (a quoted field that spans lines is not supported)";
+constexpr const char* kAfterClosingQuote =
+    "unexpected character after the closing quote (a '\"' inside a quoted field is written "
+    "'\"\"')";
+constexpr const char* kQuoteInUnquoted =
+    "a '\"' inside an unquoted field (RFC 4180: quote the whole field and double the quote, "
+    "e.g. \"5'10\"\"\")";
+
+// Whether [b, e) holds a '"'.
+inline bool has_quote(const char* b, const char* e) {
+  return b < e && std::memchr(b, '"', static_cast<size_t>(e - b)) != nullptr;
+}
+
 // Splits a line into fields. A field that starts with '"' is quoted: it ends at the next '"'
 // not doubled, and "" inside stands for one '"'. Quoted fields cannot span lines.
 inline bool split_fields(const char* b, const char* e, char delim, std::vector<Field>& out,
@@ -103,7 +118,7 @@ inline bool split_fields(const char* b, const char* e, char delim, std::vector<F
         q = static_cast<const char*>(std::memchr(q, '"', static_cast<size_t>(e - q)));
         if (q == nullptr) {
           err.field = static_cast<int>(out.size());
-          err.msg = "unterminated quoted field";
+          err.msg = kUnterminatedQuote;
           return false;
         }
         if (q + 1 < e && q[1] == '"') {
@@ -117,12 +132,17 @@ inline bool split_fields(const char* b, const char* e, char delim, std::vector<F
       p = q + 1;
       if (p < e && *p != delim) {
         err.field = static_cast<int>(out.size()) - 1;
-        err.msg = "unexpected character after the closing quote";
+        err.msg = kAfterClosingQuote;
         return false;
       }
     } else {
       const char* q = p;
       while (q < e && *q != delim) ++q;
+      if (has_quote(p, q)) {
+        err.field = static_cast<int>(out.size());
+        err.msg = kQuoteInUnquoted;
+        return false;
+      }
       out.push_back({p, q, false});
       p = q;
     }
@@ -315,13 +335,16 @@ class LineParser {
             out.cat_values[t.index].push_back(v);
             break;
           }
-          while (q < e && *q != delim) ++q;
-          if (parse_cat({p, q, false}, t.multi_hot, out.cat_values[t.index]) != nullptr)
+          // A '"' inside the field: the general parser reports it (RFC 4180).
+          while (q < e && *q != delim && *q != '"') ++q;
+          if ((q < e && *q == '"') ||
+              parse_cat({p, q, false}, t.multi_hot, out.cat_values[t.index]) != nullptr)
             return rollback(out);
           break;
         }
         case ColumnKind::Skip:
-          while (q < e && *q != delim) ++q;
+          while (q < e && *q != delim && *q != '"') ++q;
+          if (q < e && *q == '"') return rollback(out);
           break;
       }
       p = q;
@@ -357,8 +380,7 @@ class LineParser {
           q = static_cast<const char*>(std::memchr(q, '"', static_cast<size_t>(e - q)));
           if (q == nullptr || (q + 1 < e && q[1] != '"' && q[1] != delim)) {
             err.field = i;
-            err.msg = q ? "unexpected character after the closing quote"
-                        : "unterminated quoted field";
+            err.msg = q ? kAfterClosingQuote : kUnterminatedQuote;
             return rollback(out);
           }
           if (q + 1 < e && q[1] == '"') {
@@ -373,6 +395,11 @@ class LineParser {
       } else {
         const char* q = p;
         while (q < e && *q != delim) ++q;
+        if (has_quote(p, q)) {
+          err.field = i;
+          err.msg = kQuoteInUnquoted;
+          return rollback(out);
+        }
         f = {p, q, false};
         p = q;
       }

@@ -76,7 +76,10 @@ struct TextReader::Impl {
     is_open = false;
   }
 
-  // Maps a regular, non-empty file; false to read it in blocks instead.
+  // Maps a regular, non-empty file; false to read it in blocks instead, from `stream_fd` when
+  // the file could be opened (a FIFO or pipe must be read from the descriptor that opened it:
+  // opening it again waits for another writer, and its data may be gone).
+  int stream_fd = -1;
   bool map_file() {
     int fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return false;
@@ -84,8 +87,11 @@ struct TextReader::Impl {
     void* m = MAP_FAILED;
     if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0)
       m = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) {
+      stream_fd = fd;
+      return false;
+    }
     ::close(fd);
-    if (m == MAP_FAILED) return false;
     ::madvise(m, static_cast<size_t>(st.st_size), MADV_SEQUENTIAL);
     map = m;
     map_size = static_cast<size_t>(st.st_size);
@@ -198,7 +204,7 @@ struct TextReader::Impl {
         p = nl ? le + 1 : e;
         if (le > lb && base[le - 1] == '\r') --le;
         const int64_t idx = P.lines++;
-        if (le == lb) continue;  // blank lines carry no row
+        if (le == lb || comment_line(base + lb, base + le)) continue;  // not a row
         const int64_t before = P.chunk.rows;
         if (parser->parse(base + lb, base + le, P.chunk, P.scratch, err)) {
           if (before == 0) P.first_local = idx;
@@ -460,6 +466,45 @@ struct TextReader::Impl {
     }
   }
 
+  // Whether [b, e) is a comment line (Schema::comment): not a row.
+  bool comment_line(const char* b, const char* e) const {
+    const size_t n = schema.comment.size();
+    return n != 0 && static_cast<size_t>(e - b) >= n && std::memcmp(b, schema.comment.data(), n) == 0;
+  }
+
+  // Consumes what comes before the header (or the first row) of a newly opened file: a UTF-8
+  // byte order mark, the schema's skip_lines lines, then (with a comment prefix) comment and
+  // blank lines, so that a header may follow comments.
+  void skip_preamble() {
+    size_t scan = pos;
+    find_newline(scan);  // reads the first line in (a stream)
+    if (end - pos >= 3 && std::memcmp(data + pos, "\xEF\xBB\xBF", 3) == 0) {
+      pos += 3;
+      stats.bytes += 3;
+    }
+    auto consume_line = [&] {  // false at the end of the file
+      size_t s = pos;
+      const size_t nl = find_newline(s);
+      const size_t consumed = nl == std::string::npos ? end - pos : nl + 1 - pos;
+      if (consumed == 0) return false;
+      stats.bytes += static_cast<int64_t>(consumed);
+      pos += consumed;
+      ++line_no;
+      return true;
+    };
+    for (int64_t i = 0; i < schema.skip_lines; ++i)
+      if (!consume_line()) return;
+    if (schema.comment.empty() || !schema.header) return;  // comments among rows: parse loops
+    for (;;) {
+      size_t s = pos;
+      const size_t nl = find_newline(s);
+      size_t le = nl == std::string::npos ? end : nl;
+      if (le > pos && data[le - 1] == '\r') --le;
+      if (le != pos && !comment_line(data + pos, data + le)) return;
+      if (!consume_line()) return;
+    }
+  }
+
   bool open_next() {
     close_current();
     if (next_file >= files.size()) return false;
@@ -467,13 +512,20 @@ struct TextReader::Impl {
     pos = end = 0;
     eof = false;
     if (!map_file()) {
-      file.reset(std::fopen(name.c_str(), "rb"));
+      if (stream_fd >= 0) {
+        file.reset(::fdopen(stream_fd, "rb"));
+        if (!file) ::close(stream_fd);
+        stream_fd = -1;
+      } else {
+        file.reset(std::fopen(name.c_str(), "rb"));
+      }
       if (!file) fail("cannot open '", name, "': ", std::strerror(errno));
       data = buf.get();
       end = 0;
     }
     is_open = true;
     line_no = 1;
+    skip_preamble();
     std::string header;
     if (schema.header) {
       size_t scan = pos;
@@ -483,7 +535,7 @@ struct TextReader::Impl {
       size_t consumed = nl == std::string::npos ? end - pos : nl + 1 - pos;
       stats.bytes += static_cast<int64_t>(consumed);
       pos += consumed;
-      line_no = 2;
+      ++line_no;
       if (header.empty() && nl == std::string::npos) {
         parser.reset(new LineParser(schema, {}));  // an empty file: zero rows
         return true;
@@ -534,7 +586,8 @@ struct TextReader::Impl {
     LineError err;
     for (int64_t i = lo; i < hi; ++i) {
       const auto& l = lines[i];
-      if (l.first == l.second) continue;  // blank lines carry no row
+      // Blank and comment lines carry no row.
+      if (l.first == l.second || comment_line(base + l.first, base + l.second)) continue;
       const int64_t before = out.rows;
       if (parser->parse(base + l.first, base + l.second, out, s, err)) {
         if (before == 0) out.first_line = line_no + i;

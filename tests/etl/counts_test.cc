@@ -123,6 +123,25 @@ TEST(EtlCountsTest, NoRowsAreErrors) {
   EXPECT_FALSE(fs::exists(f.output_dir + "/dataset.json"));
 }
 
+// The split counts rows, not the schema's comment lines or skipped lines (a newline count would
+// put it past the last row: an empty validation split).
+TEST(EtlCountsTest, SplitCountsRowsNotCommentsOrSkippedLines) {
+  Scratch s;
+  std::string text = "junk line\nuser,rating\n";
+  for (int i = 0; i < 10; ++i)
+    text += "# c\nu" + std::to_string(i % 3) + "," + std::to_string(i) + "\n";
+  EtlOptions o = options(s, s.write("r.csv", text));
+  o.schema = io::Schema::from_json(json::parse(R"({"format": "csv", "comment": "#",
+      "skip_lines": 1, "columns": [{"name": "user", "kind": "categorical"},
+                                   {"name": "rating", "kind": "dense"}]})"));
+  o.workflow = json::parse(R"({"pipeline": [{"columns": "@categorical",
+                                             "ops": [{"op": "Categorify"}]}]})");
+  o.valid_ratio = 0.2;
+  const EtlResult r = run_etl(o);
+  EXPECT_EQ(r.train_rows, 8);
+  EXPECT_EQ(r.valid_rows, 2);
+}
+
 // `dlrec etl` on 5 rows printed "[etl fit (pass 1/1)] 0 rows" and "[etl transform] 0 rows".
 TEST(EtlCountsTest, ProgressLinesCountSmallInputs) {
   const std::string bin = std::string(DLREC_BIN_DIR) + "/dlrec";

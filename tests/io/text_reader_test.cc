@@ -416,8 +416,11 @@ TEST(TextReader, QuotedFieldErrors) {
   ASSERT_EQ(c.rows, 2);
   EXPECT_EQ(c.dense, (std::vector<float>{1, 2}));
   EXPECT_EQ(cats_of(c, 0, 1), std::vector<uint64_t>{hash_category("a,\"b\"")});
-  EXPECT_EQ(parse("1,\"x\"y"), "q:1: column 2 (b): unexpected character after the closing quote");
-  EXPECT_EQ(parse("1,\"xy"), "q:1: column 2 (b): unterminated quoted field");
+  EXPECT_THAT(parse("1,\"x\"y"),
+              ::testing::StartsWith("q:1: column 2 (b): unexpected character after the closing "
+                                    "quote"));
+  EXPECT_THAT(parse("1,\"xy"),
+              ::testing::StartsWith("q:1: column 2 (b): unterminated quoted field"));
   EXPECT_EQ(parse("\"1.5e\",x"), "q:1: column 1 (a): '1.5e' is not a number");
   EXPECT_EQ(parse("1,x,\"y\""), "q:1: expected 2 fields, got 3");
   EXPECT_EQ(c.rows, 2);

@@ -28,10 +28,16 @@ struct Schema {
   bool header = false;   // first line holds column names; columns are matched by name
   char list_sep = ',';   // separator inside a multi-hot field
   CatEncoding cat_encoding = CatEncoding::Hex;
+  // Text inputs: lines starting with `comment` (when not empty) are not rows; the first
+  // `skip_lines` lines of each file (before the header) are skipped whatever they hold. A UTF-8
+  // byte order mark at the start of a file is always dropped.
+  std::string comment;
+  int64_t skip_lines = 0;
 
   // Criteo's layout: label, I1..I<num_dense>, C1..C<num_cat>, tab-separated, hex categories.
   static Schema criteo(int num_dense = 13, int num_cat = 26);
-  // {"format": "criteo"|"csv", "delimiter", "header", "list_sep", "cat_encoding",
+  // {"format": "criteo"|"csv", "delimiter", "header", "list_sep", "cat_encoding", "comment",
+  //  "skip_lines",
   //  "columns": [{"name", "kind": "label"|"dense"|"categorical"|"skip", "multi_hot"}]}
   // "criteo" defaults: tab, no header, hex, columns = criteo(num_dense, num_cat) where the
   // optional keys "num_dense"/"num_cat" (13/26) apply when "columns" is absent. "csv" defaults:
