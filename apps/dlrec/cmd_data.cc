@@ -30,7 +30,8 @@ Runner add_datagen(CLI::App& app) {
                 "item side tables (configs/ratings_*.json; docs/ETL.md, JoinExternal)")
       ->check(CLI::IsMember({"criteo", "ratings"}));
   c->add_option("--comment-lines", a->comment_lines,
-                "--schema ratings: '#' comment lines at the top of ratings.csv")
+                "--schema ratings: '#' comment lines at the top of ratings.csv (default 2; "
+                "configs/ratings_schema.json's \"comment\" skips them)")
       ->check(CLI::Range(0, 1000));
   c->add_option("--rows", a->rows, "Number of rows (default 1,000,000)");
   c->add_option("--seed", a->seed, "Random seed (default 42)");

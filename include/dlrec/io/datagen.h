@@ -77,7 +77,7 @@ struct RatingsConfig {
   int countries = 20;
   int categories = 30;
   int64_t missing_item_every = 100;  // items i with i % this == this - 1 are not in items.csv
-  int comment_lines = 0;             // '#' lines before the header of ratings.csv
+  int comment_lines = 2;             // '#' lines before the header of ratings.csv
 };
 
 struct RatingsResult {
