@@ -12,14 +12,27 @@ namespace dlrec::cli {
 
 Runner add_datagen(CLI::App& app) {
   struct Args {
-    std::string out, config;
+    std::string out, config, schema = "criteo";
     int64_t rows = -1;
+    int comment_lines = -1;
     int64_t seed = -1;
     int num_dense = -1, num_cat = -1, multi_hot = -1;
   };
   auto a = std::make_shared<Args>();
-  CLI::App* c = app.add_subcommand("datagen", "Write synthetic Criteo-like click logs (TSV)");
-  c->add_option("--out", a->out, "Output TSV file")->required();
+  CLI::App* c = app.add_subcommand(
+      "datagen", "Write synthetic Criteo-like click logs (TSV), or the ratings example's files");
+  c->add_option("--out", a->out,
+                "Output TSV file (--schema ratings: a directory, receiving ratings.csv, "
+                "users.csv and items.csv)")
+      ->required();
+  c->add_option("--schema", a->schema,
+                "criteo (default): Criteo-like click logs; ratings: a ratings log with user and "
+                "item side tables (configs/ratings_*.json; docs/ETL.md, JoinExternal)")
+      ->check(CLI::IsMember({"criteo", "ratings"}));
+  c->add_option("--comment-lines", a->comment_lines,
+                "--schema ratings: '#' comment lines at the top of ratings.csv (default 2; "
+                "configs/ratings_schema.json's \"comment\" skips them)")
+      ->check(CLI::Range(0, 1000));
   c->add_option("--rows", a->rows, "Number of rows (default 1,000,000)");
   c->add_option("--seed", a->seed, "Random seed (default 42)");
   c->add_option("--config", a->config, "Generator config JSON (see docs/FORMATS.md)");
@@ -27,6 +40,23 @@ Runner add_datagen(CLI::App& app) {
   c->add_option("--num-cat", a->num_cat, "Categorical columns (default 26)");
   c->add_option("--multi-hot", a->multi_hot, "How many of the categorical columns are multi-hot");
   return [a] {
+    if (a->schema == "ratings") {
+      DLREC_CHECK(a->config.empty() && a->num_dense < 0 && a->num_cat < 0 && a->multi_hot < 0,
+                  "datagen --schema ratings takes --rows, --seed and --comment-lines only");
+      io::RatingsConfig rc;
+      if (a->rows >= 0) rc.rows = a->rows;
+      if (a->seed >= 0) rc.seed = static_cast<uint64_t>(a->seed);
+      if (a->comment_lines >= 0) rc.comment_lines = a->comment_lines;
+      Timer t;
+      io::RatingsResult r = io::generate_ratings(rc, a->out);
+      std::printf("datagen: ratings: %lld rows, %.1f MB, rating > 3 in %.4f, signal AUC ceiling "
+                  "%.4f (last 10%% of rows: %.4f), %.2fs -> %s, %s, %s\n",
+                  static_cast<long long>(r.rows), r.bytes / 1e6, r.positive_rate, r.signal_auc,
+                  r.signal_auc_last_tenth, t.seconds(), r.ratings.c_str(), r.users.c_str(),
+                  r.items.c_str());
+      return 0;
+    }
+    DLREC_CHECK(a->comment_lines < 0, "--comment-lines applies to --schema ratings only");
     io::DatagenConfig cfg;
     if (!a->config.empty()) cfg = io::DatagenConfig::from_json(read_json_file(a->config));
     if (a->rows >= 0) cfg.rows = a->rows;
@@ -150,6 +180,15 @@ Runner add_etl(CLI::App& app) {
     if (r.spill_runs)
       std::printf("etl: vocabulary counts spilled: %lld runs, %.1f MB\n",
                   static_cast<long long>(r.spill_runs), r.spill_bytes / 1e6);
+    // The side tables held in memory (JoinExternal), as stats.json reports them.
+    const json stats = read_json_file(a->out + "/stats.json");
+    if (stats.contains("columns") && stats["columns"].contains("join_external"))
+      for (const auto& t : stats["columns"]["join_external"])
+        std::printf("etl: side table %s joined on '%s': %lld rows, %zu columns, %.1f MB in "
+                    "memory\n",
+                    t.at("path").get<std::string>().c_str(), t.at("on").get<std::string>().c_str(),
+                    static_cast<long long>(t.at("rows").get<int64_t>()), t.at("columns").size(),
+                    t.at("memory_bytes").get<int64_t>() / 1e6);
     return 0;
   };
 }

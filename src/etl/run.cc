@@ -49,7 +49,11 @@ EtlRun::~EtlRun() { clock_.mark("clean-up done"); }
 Workflow EtlRun::checked_workflow() {
   check_options();
   // Validate the config before touching the output directory.
-  return Workflow::from_config(o_.workflow, o_.schema);
+  // Side tables (join_external) with a relative path sit beside the first input.
+  const std::string& first = o_.inputs.front();
+  const size_t slash = first.rfind('/');
+  return Workflow::from_config(o_.workflow, o_.schema,
+                               slash == std::string::npos ? "" : first.substr(0, slash + 1));
 }
 
 void EtlRun::check_options() {

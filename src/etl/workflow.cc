@@ -60,15 +60,19 @@ Workflow::Workflow(Workflow&&) noexcept = default;
 Workflow& Workflow::operator=(Workflow&&) noexcept = default;
 Workflow::~Workflow() = default;
 
-Workflow Workflow::from_config(const json& config, const io::Schema& schema) {
+Workflow Workflow::from_config(const json& config, const io::Schema& schema,
+                               const std::string& base_dir) {
   auto m = std::make_unique<Impl>();
+  m->input_schema = schema;
   m->schema = schema;
   m->config = config;
-  m->init_columns();
   ConfigReader root(config, "");
   const json& steps = root.raw("pipeline");
+  const json joins = root.has("join_external") ? root.raw("join_external") : json(nullptr);
   const json label = root.has("label") ? root.raw("label") : json(nullptr);
   root.finish();
+  m->joins.from_config(joins, base_dir, m->schema);
+  m->init_columns();
   if (!label.is_null()) {
     if (!label.is_string()) fail("config key 'label' must be a column name, got ", label.dump());
     m->set_label(label.get<std::string>(), "label");
@@ -109,8 +113,9 @@ Workflow Workflow::from_json(const json& j) {
     fail("not a fitted dlrec workflow (format '", format, "', expected 'dlrec-workflow')");
   int64_t version = r.get<int64_t>("version", 0);
   if (version != 1) fail("workflow: unsupported version ", version, " (this build reads 1)");
-  m->schema = io::Schema::from_json(r.raw("schema"));
+  m->input_schema = m->schema = io::Schema::from_json(r.raw("schema"));
   m->config = r.get<json>("config", json::object());
+  m->joins.from_json(r.has("join_external") ? r.raw("join_external") : json(nullptr), m->schema);
   m->init_columns();
   const json& cols = r.raw("columns");
   const json features = r.get<json>("features", json::array());
@@ -211,7 +216,7 @@ std::vector<std::string> Workflow::cat_names() const {
   return v;
 }
 
-const io::Schema& Workflow::schema() const { return impl_->schema; }
+const io::Schema& Workflow::schema() const { return impl_->input_schema; }
 std::string Workflow::label_name() const { return impl_->label_name(); }
 std::string Workflow::derived_label_column() const {
   return impl_->label_pipe >= 0 ? impl_->dense[impl_->label_pipe].name : "";
@@ -230,9 +235,10 @@ json Workflow::to_json() const {
   }
   json j = {{"format", "dlrec-workflow"},
             {"version", 1},
-            {"schema", m.schema.to_json()},
+            {"schema", m.input_schema.to_json()},
             {"config", m.config},
             {"columns", cols}};
+  if (!m.joins.empty()) j["join_external"] = m.joins.to_json();
   if (m.label_pipe >= 0) j["label"] = m.dense[m.label_pipe].name;  // absent: the schema's
   if (!m.features.empty()) {
     json f = json::array();
@@ -292,6 +298,7 @@ json Workflow::fit_stats() const {
     if (m.dense[i].dense_encoder()) dense[i]["cardinality"] = m.dense[i].cardinality();
   json r = {{"rows", m.stats_rows}, {"dense", dense}, {"categorical", cat}};
   if (!m.filters.empty()) r["filtered_rows"] = m.stats_input_rows - m.stats_rows;
+  if (!m.joins.empty()) r["join_external"] = m.joins.summary();
   if (!m.features.empty()) {
     json f = json::array();
     for (const auto& s : m.features) {

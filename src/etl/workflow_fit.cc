@@ -26,20 +26,29 @@
 
 namespace dlrec::etl {
 
-// Checks a batch's chunks, applies the Filter ops (copies of the kept rows in `filtered`) and
-// counts its rows (pass 0); `chunks` receives the chunks the fit sees.
+// Joins the side tables onto a batch's chunks, checks them, applies the Filter ops (copies of
+// the joined or kept rows in `filtered`) and counts its rows (pass 0); `chunks` receives the
+// chunks the fit sees.
 void Workflow::Impl::prepare_batch(const io::RawChunk* const* raws, int n, int pass,
                    std::vector<const io::RawChunk*>& chunks,
                    std::vector<io::RawChunk>& filtered) {
-  for (int i = 0; i < n; ++i) check_chunk(*raws[i], "fit");
   chunks.assign(raws, raws + n);
+  if (!joins.empty()) {
+    filtered.resize(n);
+    parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) chunks[i] = &joined(*raws[i], filtered[i]);
+    });
+  }
+  for (int i = 0; i < n; ++i) check_chunk(*chunks[i], "fit");
   if (!filters.empty()) {
     filtered.resize(n);
     parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
       std::vector<uint8_t> keep;
+      io::RawChunk kept;
       for (int64_t i = lo; i < hi; ++i) {
-        filter_mask(*raws[i], keep);
-        compact(*raws[i], keep, filtered[i], nullptr);
+        filter_mask(*chunks[i], keep);
+        compact(*chunks[i], keep, kept, nullptr);
+        std::swap(filtered[i], kept);  // chunks[i] may be filtered[i]
         chunks[i] = &filtered[i];
       }
     });
@@ -458,8 +467,15 @@ void Workflow::set_fit_memory(int64_t budget_bytes, const std::string& spill_dir
   std::shared_ptr<FitMemory> mem;
   if (budget_bytes > 0) {
     DLREC_CHECK(!spill_dir.empty(), "Workflow::set_fit_memory: no spill directory");
+    // The side tables stay in memory (they are not spilled): they come out of the half of
+    // the budget the vocabularies may use.
+    const int64_t side = impl_->joins.memory_bytes();
+    if (side > budget_bytes / 2)
+      fail("the side tables (join_external) take ", side >> 20, " MB in memory, more than half "
+           "of the memory budget (", budget_bytes >> 20, " MB); side tables are held in memory, "
+           "not spilled: raise the budget or join fewer columns");
     mem = std::make_shared<FitMemory>();
-    mem->available = budget_bytes / 2;
+    mem->available = budget_bytes / 2 - side;
     mem->spill_dir = spill_dir;
   }
   impl_->fit_memory = mem;

@@ -15,6 +15,7 @@
 #include "dlrec/core/error.h"
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/etl/workflow.h"
+#include "etl/join_external.h"
 
 namespace dlrec::etl {
 namespace workflow_detail {
@@ -142,7 +143,9 @@ inline void compact(const io::RawChunk& in, const std::vector<uint8_t>& keep, io
 using namespace workflow_detail;
 
 struct Workflow::Impl {
-  io::Schema schema;
+  io::Schema input_schema;  // the raw rows' columns (Workflow::schema())
+  io::Schema schema;        // the columns the pipeline sees: the input's, then the side tables'
+  JoinPlan joins;           // JoinExternal: input chunks -> chunks of `schema`
   json config;
   std::vector<ColumnPipe> dense, cat;
   std::vector<FeatureStep> features;
@@ -156,6 +159,14 @@ struct Workflow::Impl {
   // The config's "label": a dense column whose value after its ops is the label (and not a
   // feature); -1: the schema's label column, copied as read.
   int label_pipe = -1;
+
+  // `raw` (of the input schema) with the side tables joined: `raw` itself without joins,
+  // else `buf` filled.
+  const io::RawChunk& joined(const io::RawChunk& raw, io::RawChunk& buf) const {
+    if (joins.empty()) return raw;
+    joins.apply(raw, buf);
+    return buf;
+  }
 
   std::string label_name() const {
     if (label_pipe >= 0) return dense[label_pipe].name;

@@ -52,10 +52,12 @@ void derive_labels(const ColumnPipe& p, const io::RawChunk& in, float* labels,
 // rows through the dense ops, the categorical encoders and the features, on all cores) share
 // the chunk's row bookkeeping (kept rows, training rows, rows appended after) and the report
 // of the first error by row; split, each piece would take most of them as arguments.
-void Workflow::transform(const io::RawChunk& raw, io::Batch& out,
+void Workflow::transform(const io::RawChunk& raw_in, io::Batch& out,
                          std::vector<int64_t>* kept, bool append, const TrainRows* train) const {
   const Impl& m = *impl_;
   DLREC_CHECK(m.fitted, "Workflow::transform: the workflow is not fitted; call fit() first");
+  io::RawChunk joined;  // JoinExternal's columns added (rows unchanged)
+  const io::RawChunk& raw = m.joined(raw_in, joined);
   m.check_chunk(raw, "transform");
   // Filters apply only when the caller asks which rows were kept (run_etl); serving encodes
   // every request row.

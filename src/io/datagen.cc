@@ -33,6 +33,7 @@
 #include "dlrec/core/file_util.h"
 #include "dlrec/core/progress.h"
 #include "dlrec/core/thread_pool.h"
+#include "io/datagen_math.h"
 
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
@@ -40,6 +41,8 @@
 
 namespace dlrec::io {
 namespace {
+
+using namespace datagen_math;
 
 constexpr int64_t kBlockRows = 8192;       // rows per RNG stream (fixed: part of the format)
 constexpr int64_t kHeadRanks = 1024;       // Zipf ranks sampled from an exact table
@@ -50,87 +53,6 @@ constexpr double kWeightHalfRank = 48.0;   // weight decays as 1/sqrt(1 + rank /
 constexpr int kQuantileBits = 12;          // normal quantile table: 2^12 intervals
 constexpr int64_t kAucMaxRows = 1 << 24;   // signal_auc uses at most this many rows
 constexpr int64_t kCalibrationRows = 50000;
-
-// ---- deterministic math ---------------------------------------------------------------------
-
-constexpr double kLn2 = 0.6931471805599453;
-constexpr double kLn2Hi = 0.693147180369123816490;  // few mantissa bits: k * kLn2Hi is exact
-constexpr double kLn2Lo = 1.90821492927058770002e-10;
-
-inline uint64_t bits_of(double x) {
-  uint64_t u;
-  std::memcpy(&u, &x, 8);
-  return u;
-}
-inline double double_of(uint64_t u) {
-  double x;
-  std::memcpy(&x, &u, 8);
-  return x;
-}
-
-// exp(x), relative error below 1e-10 (the data needs determinism, not the last digits); inputs
-// are clamped to [-700, 700].
-double det_exp(double x) {
-  x = std::min(700.0, std::max(-700.0, x));
-  double kd = x * (1.0 / kLn2);
-  int64_t k = static_cast<int64_t>(kd < 0 ? kd - 0.5 : kd + 0.5);
-  double r = (x - static_cast<double>(k) * kLn2Hi) - static_cast<double>(k) * kLn2Lo;
-  // |r| <= 0.35: Taylor series to r^10 (Horner).
-  double p = 1.0 / 3628800.0;
-  p = p * r + 1.0 / 362880.0;
-  p = p * r + 1.0 / 40320.0;
-  p = p * r + 1.0 / 5040.0;
-  p = p * r + 1.0 / 720.0;
-  p = p * r + 1.0 / 120.0;
-  p = p * r + 1.0 / 24.0;
-  p = p * r + 1.0 / 6.0;
-  p = p * r + 0.5;
-  p = p * r + 1.0;
-  p = p * r + 1.0;
-  // Scale by 2^k in two steps so that k down to -1010 stays representable.
-  int64_t k1 = k / 2, k2 = k - k1;
-  return p * double_of(static_cast<uint64_t>(1023 + k1) << 52) *
-         double_of(static_cast<uint64_t>(1023 + k2) << 52);
-}
-
-// Natural log of a positive normal double, absolute error below 1e-11.
-double det_log(double x) {
-  uint64_t u = bits_of(x);
-  int e = static_cast<int>((u >> 52) & 0x7FF) - 1023;
-  double m = double_of((u & 0x000FFFFFFFFFFFFFull) | 0x3FF0000000000000ull);  // [1, 2)
-  if (m > 1.4142135623730951) {
-    m *= 0.5;
-    ++e;
-  }
-  // log(m) = 2 atanh(s) = 2 (s + s^3/3 + s^5/5 + ...), s = (m - 1) / (m + 1), |s| < 0.172.
-  double s = (m - 1.0) / (m + 1.0), s2 = s * s;
-  double p = 1.0 / 15.0;
-  p = p * s2 + 1.0 / 13.0;
-  p = p * s2 + 1.0 / 11.0;
-  p = p * s2 + 1.0 / 9.0;
-  p = p * s2 + 1.0 / 7.0;
-  p = p * s2 + 1.0 / 5.0;
-  p = p * s2 + 1.0 / 3.0;
-  p = p * s2 + 1.0;
-  return static_cast<double>(e) * kLn2 + 2.0 * s * p;
-}
-
-inline double det_pow(double x, double y) { return det_exp(y * det_log(x)); }
-inline double sigmoid(double x) { return 1.0 / (1.0 + det_exp(-x)); }
-
-// splitmix64: the generator and the mixing function of hashes.
-inline uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed) {}
-  uint64_t next() { return mix64(s += 0x9E3779B97F4A7C15ull); }
-  double uniform() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
-};
 
 // A bijection of 32-bit integers (odd multiplies and xor-shifts are invertible).
 inline uint32_t permute32(uint32_t x) {

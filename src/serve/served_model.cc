@@ -189,9 +189,12 @@ ServedModel::~ServedModel() { batcher_.reset(); }  // finishes queued requests f
 
 std::vector<TensorInfo> ServedModel::raw_inputs() const {
   const io::Schema& s = predictor_->workflow().schema();
+  // A dense column the label is derived from ("label") is not an input of the model.
+  const std::string label_col = predictor_->workflow().derived_label_column();
   std::vector<TensorInfo> out;
   for (const auto& c : s.columns) {
-    if (c.kind == io::ColumnKind::Dense) out.push_back({c.name, "FP32", {-1, 1}});
+    if (c.kind == io::ColumnKind::Dense && c.name != label_col)
+      out.push_back({c.name, "FP32", {-1, 1}});
     if (c.kind == io::ColumnKind::Categorical) out.push_back({c.name, "BYTES", {-1, 1}});
   }
   return out;
@@ -297,7 +300,9 @@ void ServedModel::encode_into(const InferRequest& req, io::Batch& batch) const {
     }
     // A dense column the label is derived from ("label") is not needed to predict.
     const std::string label_col = predictor_->workflow().derived_label_column();
-    const int optional = !label_col.empty() && !has_input(label_col) ? 1 : 0;
+    // (A label derived from a side table's column (join_external) is no raw input at all.)
+    const int optional = !label_col.empty() && raw_col.count(label_col) && !has_input(label_col)
+                             ? 1 : 0;
     if (static_cast<int>(req.inputs.size()) + optional != nd + nc) {
       std::string missing;
       for (const auto& c : schema.columns)

@@ -56,8 +56,11 @@ class Workflow {
  public:
   // Builds an unfitted workflow. Unknown keys, ops and columns are errors naming the nearest
   // valid name; ops applied to the wrong column type and categorical columns without an
-  // encoder are errors too.
-  static Workflow from_config(const json& config, const io::Schema& schema);
+  // encoder are errors too. The config's side tables ("join_external") are read now, a
+  // relative path against `base_dir` (run_etl: the first input's directory; "" = the current
+  // directory); `schema` is the raw input's, the side tables' columns come on top of it.
+  static Workflow from_config(const json& config, const io::Schema& schema,
+                              const std::string& base_dir = "");
   // Reloads a fitted workflow (the output of to_json()).
   static Workflow from_json(const json& j);
   static Workflow load(const std::string& path);  // reads workflow.json
@@ -112,6 +115,8 @@ class Workflow {
   io::ShardLayout output_layout() const;  // requires fitted()
   std::vector<std::string> dense_names() const;  // output dense features, in order
   std::vector<std::string> cat_names() const;    // output categorical features, in order
+  // The raw input's schema: what readers, `dlrec predict` and the server parse (without the
+  // columns side tables add).
   const io::Schema& schema() const;
   const json& config() const;
   // The label's column: the config's "label", else the schema's label column ("" if none).

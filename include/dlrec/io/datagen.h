@@ -60,4 +60,36 @@ DatagenResult generate(const DatagenConfig& config, std::ostream& out);
 // Writes the rows to a file atomically.
 DatagenResult generate_file(const DatagenConfig& config, const std::string& path);
 
+// ---- The ratings example (`dlrec datagen --schema ratings`) --------------------------------
+//
+// A ratings log (user, item, rating 1-5, timestamp; CSV with a header, after `comment_lines`
+// lines starting with '#') with two side tables: users.csv (user, age, country) and items.csv
+// (item, category, price). The planted signal lives in the side tables: a rating is above 3
+// with probability sigmoid(logit), logit = bias + w(country) + w(category) + a(country) *
+// b(category) + age and log(price) terms; a missing side value (an age left empty, an item
+// absent from items.csv: one in `missing_item_every`) contributes 0. A model learns it only
+// through the join of both side tables (configs/ratings_etl.json). Same seed, same bytes.
+struct RatingsConfig {
+  int64_t rows = 400000;
+  uint64_t seed = 42;
+  int64_t users = 10000;
+  int64_t items = 3000;
+  int countries = 20;
+  int categories = 30;
+  int64_t missing_item_every = 100;  // items i with i % this == this - 1 are not in items.csv
+  int comment_lines = 2;             // '#' lines before the header of ratings.csv
+};
+
+struct RatingsResult {
+  int64_t rows = 0, bytes = 0;
+  double positive_rate = 0;  // rating > 3
+  // Exact AUC of the true probability against rating > 3 over all rows (the planted signal's
+  // oracle), and over the last 10 % of rows (the validation split of `--valid-ratio 0.1`).
+  double signal_auc = 0, signal_auc_last_tenth = 0;
+  std::string ratings, users, items;  // the files written
+};
+
+// Writes ratings.csv, users.csv and items.csv into `dir` (created if needed), atomically.
+RatingsResult generate_ratings(const RatingsConfig& config, const std::string& dir);
+
 }  // namespace dlrec::io
