@@ -88,10 +88,11 @@ int run_compress(const CompressArgs& a) {
     zeros += r.zeroed;
     total += r.numel;
   }
-  std::printf("2:4 pruned %lld of %lld weights in %zu tensors; wrote %s (fine-tune: dlrec train "
-              "--config %s/config.json --data %s --run %s --resume --max-steps N)\n",
-              static_cast<long long>(zeros), static_cast<long long>(total), report.size(),
-              out_ckpt.c_str(), a.out.c_str(), data_dir.c_str(), a.out.c_str());
+  std::printf(
+      "2:4 pruned %lld of %lld weights in %zu tensors; wrote %s (fine-tune: dlrec train "
+      "--config %s/config.json --data %s --run %s --resume --max-steps N)\n",
+      static_cast<long long>(zeros), static_cast<long long>(total), report.size(), out_ckpt.c_str(),
+      a.out.c_str(), data_dir.c_str(), a.out.c_str());
   return 0;
 }
 

@@ -51,8 +51,7 @@ CompressConfig CompressConfig::from_json(const json& section) {
       std::set<std::string> seen;
       for (const json& l : layers) {
         if (!l.is_string() || l.get<std::string>().empty())
-          fail(r.key_path("layers"), ": every entry must be a layer name, got ",
-               dump_json_safe(l));
+          fail(r.key_path("layers"), ": every entry must be a layer name, got ", dump_json_safe(l));
         if (!seen.insert(l.get<std::string>()).second)
           fail(r.key_path("layers"), ": layer '", l.get<std::string>(), "' is listed twice");
         s.layers.push_back(l.get<std::string>());
@@ -125,8 +124,7 @@ int64_t compute_mask_2_4(const Tensor& weight, double sparsity, Tensor& mask) {
   return want;
 }
 
-Pruner::Pruner(const SparsityConfig& config, model::Model& model)
-    : config_(config), model_(model) {
+Pruner::Pruner(const SparsityConfig& config, model::Model& model) : config_(config), model_(model) {
   DLREC_CHECK(config.on, "Pruner: the config has no sparsity section");
   if (model.device().is_cuda())
     fail("compress.sparsity: 2:4 masks are CPU-only in this build (the model is on ",
@@ -137,14 +135,15 @@ Pruner::Pruner(const SparsityConfig& config, model::Model& model)
   if (!config.all_dense)
     for (const std::string& l : config.layers)
       if (!layers_with_weights.count(l))
-        fail("compress.sparsity.layers: '", l,
-             "' is not an mlp or cross layer of the model (prunable layers: ",
-             [&] {
-               std::string s;
-               for (const auto& n : layers_with_weights) s += (s.empty() ? "" : ", ") + n;
-               return s.empty() ? std::string("none") : s;
-             }(),
-             ")");
+        fail(
+            "compress.sparsity.layers: '", l,
+            "' is not an mlp or cross layer of the model (prunable layers: ",
+            [&] {
+              std::string s;
+              for (const auto& n : layers_with_weights) s += (s.empty() ? "" : ", ") + n;
+              return s.empty() ? std::string("none") : s;
+            }(),
+            ")");
   for (const auto& w : all) {
     if (!config.all_dense &&
         std::find(config.layers.begin(), config.layers.end(), w.layer) == config.layers.end())
@@ -171,9 +170,8 @@ std::vector<PruneReport> Pruner::prune(double sparsity) {
   for (auto& [name, t] : model_.masks()) existing[name] = t;
   for (const auto& w : targets_) {
     auto it = existing.find(w.name + ".mask");
-    Tensor mask = it != existing.end()
-                      ? it->second
-                      : Tensor::empty(w.weight.shape(), DType::F32, Device::cpu());
+    Tensor mask = it != existing.end() ? it->second
+                                       : Tensor::empty(w.weight.shape(), DType::F32, Device::cpu());
     const int64_t zeros = compute_mask_2_4(w.weight, sparsity, mask);
     model_.set_mask(w.name, mask);  // zeroes the newly pruned weights
     out.push_back({w.layer, w.name, w.weight.numel(), zeros, ""});
@@ -213,7 +211,8 @@ std::unique_ptr<Pruner> make_pruner(const model::RunConfig& config, model::Model
 json mask_names(model::Model& model) {
   json names = json::array();
   const std::string suffix = ".mask";
-  for (auto& [name, t] : model.masks()) names.push_back(name.substr(0, name.size() - suffix.size()));
+  for (auto& [name, t] : model.masks())
+    names.push_back(name.substr(0, name.size() - suffix.size()));
   return names;
 }
 

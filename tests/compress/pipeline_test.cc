@@ -120,7 +120,9 @@ void expect_2_4(model::Model& m) {
       int zeros = 0;
       for (int k = 0; k < 4; ++k) {
         zeros += mk[g + k] == 0.f;
-        if (mk[g + k] == 0.f) EXPECT_EQ(v[g + k], 0.f) << w.name << " value " << g + k;
+        if (mk[g + k] == 0.f) {
+          EXPECT_EQ(v[g + k], 0.f) << w.name << " value " << g + k;
+        }
       }
       EXPECT_EQ(zeros, 2) << w.name << " group " << g;
     }
@@ -130,7 +132,8 @@ void expect_2_4(model::Model& m) {
 }  // namespace
 
 TEST(CompressRun, OneShotFineTuneExportAndPredict) {
-  if (!file_exists(dlrec_bin())) GTEST_SKIP() << "the dlrec binary is not built (" << dlrec_bin() << ")";
+  if (!file_exists(dlrec_bin()))
+    GTEST_SKIP() << "the dlrec binary is not built (" << dlrec_bin() << ")";
   const World& w = world();
   const std::string out = fresh_dir("pruned") + "/run";
   std::string text;
@@ -172,8 +175,8 @@ TEST(CompressRun, OneShotFineTuneExportAndPredict) {
   EXPECT_GT(changed, 0) << "fine-tuning changed nothing";
 
   // Checkpoint round trip into a fresh model: the same masks and weights.
-  auto fresh = model::build_model(tune.model, tune.optimizer,
-                                  io::DatasetInfo::load(w.data).layout, Device::cpu(), 99);
+  auto fresh = model::build_model(tune.model, tune.optimizer, io::DatasetInfo::load(w.data).layout,
+                                  Device::cpu(), 99);
   train::load_checkpoint(out + "/checkpoint.dlrec", *fresh);
   EXPECT_EQ(copy_of(fresh->masks()), copy_of(trainer.model().masks()));
   EXPECT_EQ(copy_of(fresh->parameters()), after);
@@ -222,8 +225,8 @@ TEST(CompressRun, ACheckpointMaskThatIsNotZeroOrOneIsRefused) {
 
 TEST(CompressRun, ProgressivePruningReachesHalfAndStaysThere) {
   const World& w = world();
-  const model::RunConfig cfg = base_config(
-      R"({"sparsity": {"schedule": {"start_step": 2, "end_step": 12, "every": 2}}})");
+  const model::RunConfig cfg =
+      base_config(R"({"sparsity": {"schedule": {"start_step": 2, "end_step": 12, "every": 2}}})");
   train::TrainerOptions opt;
   opt.data_dir = w.data;
   auto sparsity = [](model::Model& m) {

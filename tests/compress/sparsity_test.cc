@@ -1,11 +1,12 @@
 // 2:4 masks: the pattern, the config section, the optimizer hook, the schedule.
+#include "dlrec/compress/sparsity.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <random>
 
-#include "dlrec/compress/sparsity.h"
 #include "dlrec/nn/optimizer.h"
 #include "test_errors.h"
 
@@ -83,7 +84,8 @@ TEST(Mask24, PartialSparsityPrunesTheSmallestCandidates) {
 TEST(Mask24, BadShapesAndSparsitiesAreErrors) {
   Tensor w = random_matrix(4, 6, 3);
   Tensor mask = Tensor::empty(w.shape(), DType::F32, Device::cpu());
-  expect_error([&] { compress::compute_mask_2_4(w, 0.5, mask); }, {"input size 6", "multiple of 4"});
+  expect_error([&] { compress::compute_mask_2_4(w, 0.5, mask); },
+               {"input size 6", "multiple of 4"});
   Tensor w8 = random_matrix(4, 8, 3);
   Tensor m8 = Tensor::empty(w8.shape(), DType::F32, Device::cpu());
   expect_error([&] { compress::compute_mask_2_4(w8, 0.6, m8); }, {"sparsity", "[0, 0.5]"});

@@ -68,8 +68,8 @@ int64_t compute_mask_2_4(const Tensor& weight, double sparsity, Tensor& mask);
 struct PruneReport {
   std::string layer, weight;
   int64_t numel = 0;
-  int64_t zeroed = 0;    // mask zeros (0 for a skipped weight)
-  std::string skipped;   // why the weight stayed dense ("" when pruned)
+  int64_t zeroed = 0;   // mask zeros (0 for a skipped weight)
+  std::string skipped;  // why the weight stayed dense ("" when pruned)
 };
 
 // Masks the selected weights of a model. Construction validates the config against the model:
