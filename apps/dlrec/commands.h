@@ -15,6 +15,7 @@ Runner add_etl(CLI::App& app);
 Runner add_train(CLI::App& app);
 Runner add_eval(CLI::App& app);
 Runner add_export(CLI::App& app);
+Runner add_compress(CLI::App& app);  // cmd_compress.cc
 Runner add_predict(CLI::App& app);
 Runner add_demo(CLI::App& app);
 Runner add_parquet(CLI::App& app);  // parquet dump | write (inspection, interop tests)

@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
   add(dlrec::cli::add_train);
   add(dlrec::cli::add_eval);
   add(dlrec::cli::add_export);
+  add(dlrec::cli::add_compress);
   add(dlrec::cli::add_predict);
   add(dlrec::cli::add_demo);
   add(dlrec::cli::add_parquet);

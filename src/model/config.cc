@@ -296,6 +296,9 @@ RunConfig RunConfig::from_json(const json& j) {
   root.get<json>("model", json());
   root.get<json>("optimizer", json());
   root.get<json>("train", json());
+  c.compress = root.get<json>("compress", json());
+  if (!c.compress.is_null() && !c.compress.is_object())
+    fail("compress: must be an object (docs/COMPRESSION.md)");
   root.finish();
   return c;
 }
@@ -310,8 +313,10 @@ RunConfig RunConfig::load(const std::string& path) {
 }
 
 json RunConfig::to_json() const {
-  json j = {{"model", model.to_json()}, {"optimizer", optimizer.to_json()}, {"train", train.to_json()}};
+  json j = {
+      {"model", model.to_json()}, {"optimizer", optimizer.to_json()}, {"train", train.to_json()}};
   if (!sharding.is_null()) j["sharding"] = sharding;
+  if (!compress.is_null()) j["compress"] = compress;
   return j;
 }
 

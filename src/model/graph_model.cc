@@ -62,6 +62,9 @@ class GraphModel final : public Model {
   void release_sharded_tables() override {
     for (auto& n : nodes_) n->release_sharded_tables();
   }
+  std::vector<PrunableWeight> prunable_weights() override;
+  void set_mask(const std::string& name, const Tensor& mask) override;
+  std::vector<NamedTensor> masks() override;
 
  private:
   std::unique_ptr<Node> make_node(const LayerSpec& s, const std::vector<ValueShape>& in,
@@ -401,6 +404,47 @@ std::vector<NamedTensor> GraphModel::parameters() {
     out.emplace_back(t.name + ".lru", st.links);
     out.emplace_back(t.name + ".hash_meta", st.meta);
   }
+  return out;
+}
+
+// Prunable: the matrices ([out, in], 2-d) of the mlp and cross layers, in layer order.
+std::vector<PrunableWeight> GraphModel::prunable_weights() {
+  std::vector<PrunableWeight> out;
+  for (size_t i = 0; i < spec_.layers.size(); ++i) {
+    const LayerSpec& s = spec_.layers[i];
+    if (s.type != "mlp" && s.type != "cross") continue;
+    std::vector<DenseRef> dense;
+    std::vector<TableRef> tables;
+    nodes_[i]->collect(dense, tables);
+    for (const DenseRef& d : dense)
+      if (d.p->value.ndim() == 2) out.push_back({s.name, d.name, d.p->value});
+  }
+  return out;
+}
+
+void GraphModel::set_mask(const std::string& name, const Tensor& mask) {
+  for (const PrunableWeight& w : prunable_weights()) {
+    if (w.name != name) continue;
+    DLREC_CHECK(mask.defined() && mask.dtype() == DType::F32 && !mask.device().is_cuda() &&
+                    mask.shape() == w.weight.shape(),
+                "the mask of '", name, "' must be an F32 CPU tensor of the weight's shape");
+    for (DenseRef& d : dense_) {
+      if (d.name != name) continue;
+      d.p->mask = mask;
+      float* v = d.p->value.data<float>();
+      const float* m = mask.data<float>();
+      for (int64_t k = 0; k < mask.numel(); ++k)
+        if (m[k] == 0.f) v[k] = 0.f;
+    }
+    return;
+  }
+  fail("'", name, "' is not a prunable weight of this model (mlp and cross weights are)");
+}
+
+std::vector<NamedTensor> GraphModel::masks() {
+  std::vector<NamedTensor> out;
+  for (auto& d : dense_)
+    if (d.p->mask.defined()) out.emplace_back(d.name + ".mask", d.p->mask);
   return out;
 }
 

@@ -11,6 +11,11 @@
 
 namespace dlrec::model {
 
+void Model::set_mask(const std::string& name, const Tensor& /*mask*/) {
+  fail("2:4 masks are CPU-only in this build: the ", device().str(),
+       " model cannot hold the mask of '", name, "' (train with \"device\": \"cpu\")");
+}
+
 double Model::train_step(const io::Batch& batch, double lr_scale, bool /*want_loss*/) {
   // The loss is the CPU reference's (BCE or MSE, loss()); for a model on a GPU the logits come
   // over and dL/dlogits goes back (a few KB per step).

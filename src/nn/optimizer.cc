@@ -262,10 +262,18 @@ void Optimizer::step(Param& p, float lr, float grad_scale) const {
   const float wd = o_.weight_decay;
   // Rows of one value (biases) are batched into pieces of many rows.
   const int64_t grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, cols));
+  if (p.mask.defined())
+    DLREC_CHECK(p.mask.shape() == p.value.shape() && p.mask.dtype() == DType::F32,
+                "Optimizer::step: the parameter's mask does not have its shape");
+  const float* mask = p.mask.defined() ? p.mask.data<float>() : nullptr;
   parallel_for(0, rows, grain, [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r)
+    for (int64_t r = lo; r < hi; ++r) {
       update_row(o_, w + r * cols, s ? s + r * per_row : nullptr, g + r * cols, cols, lr,
                  grad_scale, wd);
+      if (mask)  // pruned weights stay exactly zero whatever the optimizer's state says
+        for (int64_t k = r * cols; k < (r + 1) * cols; ++k)
+          if (mask[k] == 0.f) w[k] = 0.f;
+    }
   });
 }
 

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "dlrec/compress/sparsity.h"
 #include "dlrec/core/file_util.h"
 #include "dlrec/io/tensor_file.h"
 #include "dlrec/io/text_reader.h"
@@ -65,13 +66,17 @@ void write_model_dir(const std::string& out_dir, bool overwrite, const json& met
     std::fprintf(stderr, "export: %s\n", line.c_str());
   if (fs::exists(out_dir) && !overwrite)
     fail("'", out_dir, "' already exists (use --overwrite to replace it)");
-  const std::vector<model::NamedTensor> params = model.parameters();
+  std::vector<model::NamedTensor> params = model.parameters();
   check_finite(params);
+  // Pruning masks beside their weights, named in the meta (docs/COMPRESSION.md).
+  json weights_meta = {{"kind", "weights"}};
+  for (auto& t : model.masks()) params.push_back(t);
+  if (!model.masks().empty()) weights_meta["masks"] = compress::mask_names(model);
   const std::string tmp = staging_dir_for(out_dir);
   fs::remove_all(tmp);
   make_dirs(tmp);
   try {
-    io::save_tensors(tmp + "/weights.dlrec", params, {{"kind", "weights"}});
+    io::save_tensors(tmp + "/weights.dlrec", params, weights_meta);
     wf.save(tmp + "/workflow.json");
     write_file_atomic(tmp + "/model.json", meta.dump(2));
     if (onnx != OnnxExport::None) {
@@ -153,7 +158,19 @@ Predictor::Predictor(const std::string& dir, Device device, const std::string& p
   // Weights that are NaN or infinite would score every row NaN: refused at load.
   io::TensorLoadOptions load;
   load.require_finite = true;
-  io::load_tensors(dir + "/weights.dlrec", impl_->model->parameters(), load);
+  const std::string weights = dir + "/weights.dlrec";
+  model::Model& mdl = *impl_->model;
+  // Masks are kept beside their (already zero) weights where the model can hold them (the CPU
+  // engine); a CUDA model serves the zeroed weights and leaves the masks in the file.
+  const json weights_meta = io::read_tensor_meta(weights);
+  if (mdl.device().is_cuda())
+    load.allow_extra = weights_meta.is_object() && weights_meta.contains("masks");
+  else
+    compress::prepare_masks(weights_meta, weights, mdl);
+  std::vector<model::NamedTensor> targets = mdl.parameters();
+  for (auto& t : mdl.masks()) targets.push_back(t);
+  io::load_tensors(weights, targets, load);
+  compress::apply_loaded_masks(weights, mdl);
 }
 
 Predictor::~Predictor() = default;

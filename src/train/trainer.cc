@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "dlrec/compress/sparsity.h"
 #include "dlrec/core/file_util.h"
 #include "dlrec/core/progress.h"
 #include "dlrec/core/thread_pool.h"
@@ -129,18 +130,25 @@ void save_checkpoint(const std::string& path, model::Model& model, const model::
                      const io::ShardLayout& layout, const CheckpointState& state) {
   auto tensors = model.parameters();
   for (auto& t : model.optimizer_state()) tensors.push_back(t);
+  for (auto& t : model.masks()) tensors.push_back(t);
   json meta = {{"kind", "checkpoint"},
                {"step", state.step},
                {"position", state.position},
                {"config", config.to_json()},
                {"layout", layout.to_json()}};
+  if (!model.masks().empty()) meta["masks"] = compress::mask_names(model);
   io::save_tensors(path, tensors, meta);
 }
 
 CheckpointState load_checkpoint(const std::string& path, model::Model& model) {
+  // Pruning masks (docs/COMPRESSION.md): named in the meta; a checkpoint without them loads
+  // as before.
+  compress::prepare_masks(io::read_tensor_meta(path), path, model);
   auto tensors = model.parameters();
   for (auto& t : model.optimizer_state()) tensors.push_back(t);
+  for (auto& t : model.masks()) tensors.push_back(t);
   json meta = io::load_tensors(path, tensors);
+  compress::apply_loaded_masks(path, model);
   DLREC_CHECK(meta.value("kind", "") == "checkpoint", "'", path, "' is not a checkpoint");
   CheckpointState s;
   for (const char* key : {"step", "position"}) {
@@ -174,6 +182,7 @@ struct Trainer::Impl {
   TrainerOptions opt;
   io::DatasetInfo data;
   std::unique_ptr<model::Model> model;
+  std::unique_ptr<compress::Pruner> pruner;  // the "compress.sparsity" section; null without
   CheckpointState state;
   // TensorBoard event file in the run directory (rank 0 only); null without a run directory.
   std::unique_ptr<EventFileWriter> events;
@@ -309,6 +318,11 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
   m.model = model::build_model(m.cfg.model, m.cfg.optimizer, m.data.layout,
                                Device::parse(m.cfg.train.device), m.cfg.train.seed,
                                m.cfg.train.precision);
+  // Validated before anything is written (CUDA models refuse masks here).
+  const compress::CompressConfig compress_cfg = compress::CompressConfig::from_json(m.cfg.compress);
+  if (compress_cfg.sparsity.on && m.model->device().is_cuda())
+    fail("compress.sparsity: 2:4 masks are CPU-only in this build (train with \"device\": "
+         "\"cpu\")");
   m.model->set_loss(nn::parse_loss(m.cfg.train.loss));
   if (m.parallel()) {
     m.reducer = std::make_unique<DataParallelReducer>(*m.opt.comm);
@@ -349,6 +363,7 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
       write_file_atomic(m.opt.run_dir + "/run.json",
                       json{{"config", m.cfg.to_json()}, {"data_dir", data_abs}}.dump(2));
   }
+  m.pruner = compress::make_pruner(m.cfg, *m.model);  // after a checkpoint brought its masks
 }
 
 Trainer::~Trainer() {
@@ -438,6 +453,7 @@ TrainResult Trainer::train() {
     // the other steps without a host synchronisation. A diverged run is caught there.
     const bool log_now = tc.log_every > 0 && (m.state.step + 1) % tc.log_every == 0;
     const bool want_loss = log_now || m.state.step + 1 == total_steps;
+    if (m.pruner) m.pruner->before_step(m.state.step);
     const double lr_scale = m.cfg.optimizer.schedule.factor(m.state.step, total_steps);
     const double loss = m.parallel() ? m.parallel_step(batch, global_rows, lr_scale)
                                      : m.model->train_step(batch, lr_scale, want_loss);

@@ -122,6 +122,10 @@ struct RunConfig {
   // "sharding": the embedding sharding of a job across ranks (docs/DISTRIBUTED.md; checked
   // here, read by the trainer with the job's rank count); null: tables replicated.
   json sharding;
+  // The "compress" section (docs/COMPRESSION.md), kept as JSON here and validated by
+  // compress::CompressConfig::from_json (src/compress) when a trainer or `dlrec compress` uses
+  // it; null when absent.
+  json compress;
   static RunConfig from_json(const json& j);  // strict: unknown keys throw
   static RunConfig load(const std::string& path);
   json to_json() const;
@@ -143,6 +147,14 @@ class GradientReducer {
 
 // A named tensor of model state (parameters and optimizer state) for checkpoints and export.
 using NamedTensor = std::pair<std::string, Tensor>;
+
+// A weight that pruning may mask (docs/COMPRESSION.md): a matrix [out, in] of an mlp or cross
+// layer, reduced along `in` (its rows' contiguous values). Embeddings and biases never are.
+struct PrunableWeight {
+  std::string layer;  // the graph layer's name
+  std::string name;   // the parameter's name ("top.0.weight")
+  Tensor weight;      // shared storage
+};
 
 class Model {
  public:
@@ -189,6 +201,16 @@ class Model {
   virtual void gather_sharded_tables() {}
   virtual void scatter_sharded_tables() {}
   virtual void release_sharded_tables() {}
+
+  // Pruning (docs/COMPRESSION.md). The weights a mask may be given to (empty for models that
+  // cannot hold masks).
+  virtual std::vector<PrunableWeight> prunable_weights() { return {}; }
+  // Gives weight `name` the mask `mask` (F32 0/1 of its shape; shared storage, so writing into
+  // it later changes the mask) and zeroes the weight where the mask is 0; the optimizer keeps
+  // those values zero. The default refuses: masks exist in the CPU engine only.
+  virtual void set_mask(const std::string& name, const Tensor& mask);
+  // The masks given so far, named "<weight>.mask" (shared storage).
+  virtual std::vector<NamedTensor> masks() { return {}; }
 
  private:
   nn::LossKind loss_kind_ = nn::LossKind::Bce;

@@ -51,6 +51,8 @@
 // clip_norm / norm. Embedding gradients are not part of the norm and are never scaled by it
 // (they are applied table by table, fused with the backward pass); clip them by value.
 // The gradient tensors themselves are never modified.
+// Masks (Param::mask, 2:4 pruning, docs/COMPRESSION.md): after a dense step, every value whose
+// mask is 0 is set to 0 (its optimizer state keeps evolving but never reaches the weight).
 //
 // All updates are element-wise or row-local, so results are bit-identical for any thread count.
 #pragma once

@@ -9,6 +9,10 @@ struct Param {
   Tensor value;  // F32 on the CPU; layers hand out views that share this storage
   Tensor grad;   // dense gradient, same shape (undefined for embedding tables: sparse gradients)
   Tensor state;  // optimizer state, same shape (undefined for SGD; Adagrad accumulator)
+  // Pruning mask (docs/COMPRESSION.md): F32 0/1 of the value's shape, or undefined (dense). A
+  // dense Optimizer::step zeroes every value whose mask is 0 after its update, so a pruned
+  // weight stays zero while training.
+  Tensor mask;
 };
 
 // Makes `t` an F32 CPU tensor of `shape`, reallocating only when the shape changed: layers keep

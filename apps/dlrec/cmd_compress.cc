@@ -1,0 +1,117 @@
+// dlrec compress: one-shot 2:4 magnitude pruning of a trained run (docs/COMPRESSION.md).
+#include <cstdio>
+#include <filesystem>
+
+#include "commands.h"
+#include "dlrec/compress/sparsity.h"
+#include "dlrec/core/file_util.h"
+#include "dlrec/io/shard.h"
+#include "dlrec/train/trainer.h"
+
+namespace dlrec::cli {
+
+namespace {
+
+struct CompressArgs {
+  std::string run, out, sparsity = "2:4", layers;
+  bool skip_incompatible = false, overwrite = false;
+};
+
+// "a,b,c" -> {"a", "b", "c"}; empty entries are errors.
+std::vector<std::string> split_names(const std::string& s) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (true) {
+    const size_t comma = s.find(',', at);
+    const std::string name = s.substr(at, comma == std::string::npos ? comma : comma - at);
+    if (name.empty()) fail("dlrec compress --layers: an empty layer name in '", s, "'");
+    out.push_back(name);
+    if (comma == std::string::npos) return out;
+    at = comma + 1;
+  }
+}
+
+int run_compress(const CompressArgs& a) {
+  namespace fs = std::filesystem;
+  DLREC_CHECK(a.sparsity == "2:4", "dlrec compress --sparsity: only \"2:4\" exists, got '",
+              a.sparsity, "'");
+  const train::RunInfo info = train::load_run_info(a.run);
+  const std::string data_dir = train::run_data_dir(a.run, info.run);
+  const std::string ckpt = a.run + "/checkpoint.dlrec";
+  DLREC_CHECK(file_exists(ckpt), "no checkpoint at '", ckpt, "' (train first)");
+  DLREC_CHECK(fs::absolute(a.out).lexically_normal() != fs::absolute(a.run).lexically_normal(),
+              "dlrec compress: --out must differ from --run (the trained run is kept)");
+  const std::string out_ckpt = a.out + "/checkpoint.dlrec";
+  if (file_exists(out_ckpt) && !a.overwrite)
+    fail("'", out_ckpt, "' already exists (use --overwrite to replace it)");
+
+  model::RunConfig cfg = info.config;
+  compress::SparsityConfig sp;
+  sp.on = true;
+  sp.skip_incompatible = a.skip_incompatible;
+  if (!a.layers.empty()) {
+    sp.all_dense = false;
+    sp.layers = split_names(a.layers);
+  }
+  compress::CompressConfig cc = compress::CompressConfig::from_json(cfg.compress);
+  cc.sparsity = sp;  // fixed masks from now on: no schedule
+  cfg.compress = cc.to_json();
+  compress::CompressConfig::from_json(cfg.compress);  // the section it writes reads back
+
+  const io::DatasetInfo data = io::DatasetInfo::load(data_dir);
+  // Pruning runs on the CPU engine whatever device the run trained on.
+  auto model = model::build_model(cfg.model, cfg.optimizer, data.layout, Device::cpu(), 0);
+  const train::CheckpointState st = train::load_checkpoint(ckpt, *model);
+  train::check_checkpoint_layout(ckpt, st, data.layout, data_dir);
+  compress::Pruner pruner(cc.sparsity, *model);
+  const std::vector<compress::PruneReport> report = pruner.prune(0.5);
+
+  make_dirs(a.out);
+  train::save_checkpoint(out_ckpt, *model, cfg, data.layout, st);
+  write_file_atomic(a.out + "/config.json", cfg.to_json().dump(2));
+  const std::string data_abs = fs::absolute(data_dir).lexically_normal().string();
+  write_file_atomic(a.out + "/run.json",
+                    json{{"config", cfg.to_json()},
+                         {"data_dir", data_abs},
+                         {"compressed_from", fs::absolute(a.run).lexically_normal().string()}}
+                        .dump(2));
+
+  std::printf("%-12s %-22s %10s %10s %8s\n", "layer", "weight", "weights", "zeroed", "share");
+  int64_t zeros = 0, total = 0;
+  for (const auto& r : pruner.skipped())
+    std::printf("%-12s %-22s %10lld %10s %8s  skipped: %s\n", r.layer.c_str(), r.weight.c_str(),
+                static_cast<long long>(r.numel), "-", "-", r.skipped.c_str());
+  for (const auto& r : report) {
+    std::printf("%-12s %-22s %10lld %10lld %7.2f%%\n", r.layer.c_str(), r.weight.c_str(),
+                static_cast<long long>(r.numel), static_cast<long long>(r.zeroed),
+                r.numel ? 100.0 * r.zeroed / r.numel : 0.0);
+    zeros += r.zeroed;
+    total += r.numel;
+  }
+  std::printf(
+      "2:4 pruned %lld of %lld weights in %zu tensors; wrote %s (fine-tune: dlrec train "
+      "--config %s/config.json --data %s --run %s --resume --max-steps N)\n",
+      static_cast<long long>(zeros), static_cast<long long>(total), report.size(), out_ckpt.c_str(),
+      a.out.c_str(), data_dir.c_str(), a.out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+Runner add_compress(CLI::App& app) {
+  auto a = std::make_shared<CompressArgs>();
+  CLI::App* c = app.add_subcommand(
+      "compress", "Prune a trained run to 2:4 sparsity by magnitude (docs/COMPRESSION.md)");
+  c->add_option("--run", a->run, "Run directory written by dlrec train")->required();
+  c->add_option("--out", a->out, "Run directory to write (checkpoint, config.json, run.json)")
+      ->required();
+  c->add_option("--sparsity", a->sparsity, "Sparsity pattern (only \"2:4\")");
+  c->add_option("--layers", a->layers,
+                "Comma-separated mlp/cross layer names to prune (default: all of them)");
+  c->add_flag("--skip-incompatible", a->skip_incompatible,
+              "Keep weights whose input size is not a multiple of 4 dense instead of failing");
+  c->add_flag("--overwrite", a->overwrite, "Replace the checkpoint in --out");
+  return [a] { return run_compress(*a); };
+}
+
+}  // namespace dlrec::cli
