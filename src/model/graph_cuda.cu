@@ -73,6 +73,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <thread>
 #include <vector>
 
 #include "model/graph_cuda_impl.h"
@@ -137,6 +138,11 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
               "optimizer.loss_scale_growth_interval must be a positive step count, got ",
               oc.loss_scale_growth_interval);
   growth_interval_ = static_cast<int>(oc.loss_scale_growth_interval);
+  check_serving_options(opts);
+  pack_threads_ = opts.infer_pack_threads > 0
+                      ? opts.infer_pack_threads
+                      : std::max(1, std::min(8, static_cast<int>(
+                                                     std::thread::hardware_concurrency()) / 2));
   e_.dev = device;
   e_.opts = &opts_;
   const OptimizerConfig ec = oc.embedding_config();
@@ -296,7 +302,9 @@ void GraphCuda::refresh_shadows() {
 
 void GraphCuda::drop_graphs() {
   if (inputs_) inputs_->drop_graphs();
-  // predict()'s graphs read the value buffers that a larger batch replaces.
+  // predict()'s graphs and the fused kernel's parameters point at the value buffers that a
+  // larger batch replaces.
+  if (fused_ == Fused::On) fused_ = Fused::Unplanned;
   for (auto& bk : buckets_)
     if (bk) {
       bk->graph.reset();

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/infer_small_cuda.h"
 #include "model/layers/graph_cuda_engine.h"
 
 namespace dlrec::model::graph_cuda_impl {
@@ -60,6 +61,8 @@ class GraphCuda final : public CudaModel {
     uint32_t* keys = nullptr;
     float* probs = nullptr;
     Tensor d_in, d_offsets, d_probs;
+    const void* dev_in = nullptr;  // `in` and `probs` as the device sees them (mapped memory:
+    float* dev_probs = nullptr;    // the fused small-batch kernel reads and writes in place)
     gpu::Event done, copied;
     gpu::GraphExec graph;
     bool no_graph = false;  // the capture failed: eager from now on
@@ -72,6 +75,18 @@ class GraphCuda final : public CudaModel {
   // row there (then the bucket's keys are reset to valid padding).
   bool infer_pack(const io::Batch& batch, int64_t r0, int64_t n, InferBucket& bk);
   void predict_eager(const io::Batch& batch, float* probs);
+  static void check_serving_options(const GraphCudaOptions& o);
+  int pack_threads_ = 1;  // GraphCudaOptions::infer_pack_threads resolved
+  // The fused small-batch forward (model/infer_small_cuda.h) of a DLRM-shaped graph in 16 bits:
+  // planned on first use (plan_fused: off for other shapes, with the reason printed once);
+  // its layers' weights and buffers are the engine's own, read in place.
+  enum class Fused { Unplanned, On, Off };
+  Fused fused_ = Fused::Unplanned;
+  fused_infer::Params fused_params_;
+  Tensor fused_barrier_;        // the kernel's grid-barrier counter (u32, zeroed once)
+  uint32_t fused_counter_ = 0;  // its value when the next launch starts
+  void plan_fused();
+  bool fused_launch(InferBucket& bk, int64_t n);
   int64_t hashed_reported_lookups_ = 0;
   const float* logits() const {
     return e_.vals[spec_.layers[spec_.output].input_ids[0]].y.data<float>();

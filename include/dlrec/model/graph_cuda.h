@@ -37,6 +37,17 @@ struct GraphCudaOptions {
   // cuBLASLt times its candidate algorithms on first use and keeps the fastest (off: the
   // heuristic's first choice, the same algorithm in every model, which bit-identity tests need).
   bool lt_tune = true;
+  // predict(): threads packing chunks of more than 16384 ids; 0: min(8, cores / 2); 1: the
+  // calling thread alone. At most 256. The team is per process (shared with every model): the
+  // first model that packs on it sets its size.
+  int infer_pack_threads = 0;
+  // predict() in bf16/fp16 of 1..infer_fused_rows rows of a DLRM-shaped graph (dense -> MLP,
+  // embedding, dot over both, MLP -> output) runs the whole forward as one kernel
+  // (src/model/infer_small_cuda.h); 0: never. At most 64 (kernel limit); from 16 rows on it is
+  // no faster than the layer-by-layer path (bench/RESULTS.md), hence 8.
+  int64_t infer_fused_rows = 8;
+  // That kernel's grid; 0: the device's SM count (also the most it takes). At most 65536.
+  int infer_fused_blocks = 0;
 };
 
 std::unique_ptr<CudaModel> make_graph_cuda(const ModelConfig& model, const OptimizerConfig& opt,
