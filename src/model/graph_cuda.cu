@@ -17,7 +17,7 @@
 // accumulate). Each layer applies the optimizer to its own parameters as soon as its gradients
 // are known (no global-norm clipping, so the order does not matter).
 //
-// A step follows src/model/dlrm_cuda.cu: the batch is packed into one of two pinned slots and
+// A step: the batch is packed into one of two pinned slots and
 // copied on a copy stream (overlapping the previous step), learning rates live in device memory,
 // and from the second step of a shape on the whole step (forward, BCE, backward, updates) is one
 // CUDA graph replay (GraphCudaOptions::cuda_graphs off: eager, for comparisons). The embedding layer's lookup and its
@@ -165,7 +165,7 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
   const char* prof = std::getenv("DLREC_PROFILE");
   profile_ = prof && prof[0] == '1';
   graphs_ = !profile_ && opts_.cuda_graphs;
-  // Non-blocking streams (as the CUDA DLRM): with several serving instances in a process,
+  // Non-blocking streams: with several serving instances in a process,
   // another model's legacy-stream copy during this one's graph capture would otherwise fail the
   // capture. forward() synchronises before returning; after parameters()/optimizer_state()
   // handed out tensors, the next step first waits for the legacy stream (Tensor copies/fills).

@@ -30,11 +30,10 @@ class GraphCuda final : public CudaModel {
   void synchronize() override;
   // Serving (graph_cuda_infer.cu): batches with one id per table and row run as one CUDA graph
   // per power-of-two bucket of rows (copy in, forward, sigmoid, copy out), in chunks of
-  // kInferChunk rows through two alternating buckets (the host packs one while the device runs
+  // GraphCudaOptions::infer_chunk rows through two alternating buckets (the host packs one while the device runs
   // the other); other batches, hashed tables, DLREC_PROFILE=1 and GraphCudaOptions::cuda_graphs
   // off run eagerly (forward() and a sigmoid on the host).
   void predict(const io::Batch& batch, float* probs) override;
-  static constexpr int64_t kInferChunk = 8192;
 
  private:
   std::unique_ptr<Node> make_node(const LayerSpec& s, int idx, uint64_t seed);
@@ -118,7 +117,7 @@ class GraphCuda final : public CudaModel {
   Tensor dlogits_, loss_;
   std::unique_ptr<StepInputs> inputs_;  // double-buffered step inputs (cuda_step.h)
   // fp16 loss scaling (Engine::fp16): the device state {scale, 1/scale or 0, overflow, good
-  // steps, skipped steps} as the CUDA DLRM lays it out ("amp.loss_scale" in optimizer_state).
+  // steps, skipped steps} ("amp.loss_scale" in optimizer_state, as checkpoints hold it).
   Tensor ls_mem_;
   cd::LossScale ls_;
   int growth_interval_ = 2000;  // optimizer.loss_scale_growth_interval

@@ -202,7 +202,7 @@ void GraphCuda::predict(const io::Batch& batch, float* probs) {
   hashed_cuda::HashedTables* hashed = emb_ ? emb_->hashed() : nullptr;
   if (profile_ || !graphs_ || hashed) return predict_eager(batch, probs);
   have_training_forward_ = false;
-  const int64_t chunk = std::min(B, kInferChunk);
+  const int64_t chunk = std::min(B, opts_.infer_chunk);
   int64_t R = 1;
   while (R < chunk) R *= 2;
   ensure_capacity(R, R * T_);  // drops the captured graphs when the buffers grow
@@ -251,6 +251,10 @@ void GraphCuda::predict(const io::Batch& batch, float* probs) {
 }
 
 void GraphCuda::check_serving_options(const GraphCudaOptions& o) {
+  DLREC_CHECK(o.infer_chunk >= 256 && o.infer_chunk <= 65536 &&
+                  (o.infer_chunk & (o.infer_chunk - 1)) == 0,
+              "graph model: infer_chunk must be a power of two in [256, 65536], got ",
+              o.infer_chunk);
   DLREC_CHECK(o.infer_pack_threads >= 0 && o.infer_pack_threads <= 256,
               "graph model: infer_pack_threads must be in [0, 256], got ", o.infer_pack_threads);
   DLREC_CHECK(o.infer_fused_rows >= 0 && o.infer_fused_rows <= fused_infer::kMaxRows,
