@@ -268,12 +268,15 @@ void GraphCuda::check_serving_options(const GraphCudaOptions& o) {
 // The DLRM shape, followed back from the output: output <- MLP (top) <- dot read in place <-
 // [MLP (bottom) <- the dense features, fixed embedding tables over every feature]. The
 // kernel's parameters point at the engine's own weights and activation buffers (sized for the
-// bucket's rows by ensure_capacity before any launch).
+// bucket's rows by ensure_capacity before any launch). Other shapes (DCNv2, DeepFM, ...) take
+// the layer-by-layer path silently; a DLRM shape the kernel refuses (widths, layer count) says
+// why once, on stderr.
 void GraphCuda::plan_fused() {
   namespace fi = fused_infer;
   using K = ServingParts::Kind;
   fused_ = Fused::Off;
   fi::Params p;
+  bool dlrm_shape = false;  // the graph is the DLRM shape: a refusal is worth a line on stderr
   const std::string why = [&]() -> std::string {
     const std::vector<int>& out_in = spec_.layers[spec_.output].input_ids;
     if (out_in.size() != 1) return "the output has other than one input";
@@ -293,6 +296,7 @@ void GraphCuda::plan_fused() {
     const std::vector<int>& bottom_in = spec_.layers[dot_in[0]].input_ids;
     if (bottom_in.size() != 1 || nodes_[bottom_in[0]]->serving_parts(e_).kind != K::DenseInput)
       return "the bottom MLP does not read the dense features";
+    dlrm_shape = true;
     if (dot.fields != T_ + 1 || emb.tables->num_tables != T_ || emb.tables->dim != dot.dim)
       return "the embedding tables do not cover every feature at the dot's width";
     if (bottom.lins.size() + top.lins.size() > static_cast<size_t>(fi::kMaxLayers))
@@ -326,8 +330,9 @@ void GraphCuda::plan_fused() {
     return fi::unsupported(p);
   }();
   if (!why.empty()) {
-    std::fprintf(stderr, "[dlrec] fused small-batch inference off for this model: %s\n",
-                 why.c_str());
+    if (dlrm_shape)
+      std::fprintf(stderr, "[dlrec] fused small-batch inference off for this model: %s\n",
+                   why.c_str());
     return;
   }
   fused_params_ = p;

@@ -35,6 +35,12 @@ std::unique_ptr<Model> build_model(const ModelConfig& model, const OptimizerConf
   if (model.arch != "graph" &&
       std::find(presets.begin(), presets.end(), model.arch) == presets.end())
     preset_graph_layers(model, layout);  // fails naming the known archs
+#ifndef DLREC_WITH_CUDA
+  if (device.is_cuda())
+    fail("cannot build the model (arch \"", model.arch, "\") on ", device.str(),
+         ": this build of dlrec has no CUDA support and runs models on the CPU only (use "
+         "\"device\": \"cpu\")");
+#endif
   ModelConfig graph = model;
   if (model.arch != "graph") {
     graph.arch = "graph";
