@@ -40,7 +40,7 @@ for part in "$@"; do
         grep "profile\]" "$OUT/profile_infer_$B.log"
       done
       # (The chunk-size sweep that followed here used DLREC_INFER_CHUNK, now the C++ option
-      # DlrmCudaOptions::infer_chunk, which `dlrec bench infer` does not expose.)
+      # GraphCudaOptions::infer_chunk, which `dlrec bench infer` does not expose.)
       ;;
     e2e)
       if [ -n "${REUSE:-}" ] && [ -f "$W/repo/dlrm/config.json" ]; then

@@ -16,7 +16,7 @@
 #include "dlrec/model/model.h"
 #include "dlrec/train/export.h"
 #ifdef DLREC_WITH_CUDA
-#include "dlrec/model/dlrm_cuda.h"
+#include "dlrec/model/graph_cuda.h"
 #endif
 
 namespace dlrec::cli {

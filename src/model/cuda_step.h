@@ -1,5 +1,5 @@
-// Internal: what the CUDA models (dlrm_cuda.cu, graph_cuda.cu) share — device guard, pinned
-// memory, precision names, CUDA graph capture, batch checks, and the double-buffered step
+// Internal: what the CUDA graph engine (graph_cuda.cu, graph_cuda_infer.cu) uses: device
+// guard, pinned memory, precision names, CUDA graph capture, batch checks, and the double-buffered step
 // inputs: the host packs a batch into one of two pinned slots (dense f32, labels, int32
 // offsets, ids as uint32 rows of the concatenation of all tables) and copies it on a copy
 // stream into that slot's device tensors, so the copy of step i+1 overlaps step i.

@@ -17,7 +17,7 @@
 // accumulate). Each layer applies the optimizer to its own parameters as soon as its gradients
 // are known (no global-norm clipping, so the order does not matter).
 //
-// A step follows src/model/dlrm_cuda.cu: the batch is packed into one of two pinned slots and
+// A step: the batch is packed into one of two pinned slots and
 // copied on a copy stream (overlapping the previous step), learning rates live in device memory,
 // and from the second step of a shape on the whole step (forward, BCE, backward, updates) is one
 // CUDA graph replay (GraphCudaOptions::cuda_graphs off: eager, for comparisons). The embedding layer's lookup and its
@@ -73,6 +73,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <thread>
 #include <vector>
 
 #include "model/graph_cuda_impl.h"
@@ -137,6 +138,11 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
               "optimizer.loss_scale_growth_interval must be a positive step count, got ",
               oc.loss_scale_growth_interval);
   growth_interval_ = static_cast<int>(oc.loss_scale_growth_interval);
+  check_serving_options(opts);
+  pack_threads_ = opts.infer_pack_threads > 0
+                      ? opts.infer_pack_threads
+                      : std::max(1, std::min(8, static_cast<int>(
+                                                     std::thread::hardware_concurrency()) / 2));
   e_.dev = device;
   e_.opts = &opts_;
   const OptimizerConfig ec = oc.embedding_config();
@@ -159,7 +165,7 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
   const char* prof = std::getenv("DLREC_PROFILE");
   profile_ = prof && prof[0] == '1';
   graphs_ = !profile_ && opts_.cuda_graphs;
-  // Non-blocking streams (as the CUDA DLRM): with several serving instances in a process,
+  // Non-blocking streams: with several serving instances in a process,
   // another model's legacy-stream copy during this one's graph capture would otherwise fail the
   // capture. forward() synchronises before returning; after parameters()/optimizer_state()
   // handed out tensors, the next step first waits for the legacy stream (Tensor copies/fills).
@@ -296,7 +302,9 @@ void GraphCuda::refresh_shadows() {
 
 void GraphCuda::drop_graphs() {
   if (inputs_) inputs_->drop_graphs();
-  // predict()'s graphs read the value buffers that a larger batch replaces.
+  // predict()'s graphs and the fused kernel's parameters point at the value buffers that a
+  // larger batch replaces.
+  if (fused_ == Fused::On) fused_ = Fused::Unplanned;
   for (auto& bk : buckets_)
     if (bk) {
       bk->graph.reset();
@@ -618,6 +626,14 @@ void GraphCuda::report_hashed(hashed_cuda::HashedTables& h) {
                  s.lookups ? static_cast<double>(s.hits) / s.lookups : 0.0,
                  static_cast<long long>(s.inserts), static_cast<long long>(s.evictions));
   }
+}
+
+double GraphCuda::loss_scale() {
+  if (!e_.fp16) return 0;
+  float scale = 0;
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
+  DLREC_CUDA_CHECK(cudaMemcpy(&scale, ls_.scale, sizeof scale, cudaMemcpyDeviceToHost));
+  return scale;
 }
 
 std::vector<NamedTensor> GraphCuda::optimizer_state() {

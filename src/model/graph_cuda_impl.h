@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/infer_small_cuda.h"
 #include "model/layers/graph_cuda_engine.h"
 
 namespace dlrec::model::graph_cuda_impl {
@@ -24,16 +25,16 @@ class GraphCuda final : public CudaModel {
   void backward_and_update(const Tensor& dlogits, double lr_scale) override;
   std::vector<NamedTensor> parameters() override;
   std::vector<NamedTensor> optimizer_state() override;
+  double loss_scale() override;  // fp16: the dynamic loss scale (waits for the device)
   Device device() const override { return dev_; }
   double train_step(const io::Batch& batch, double lr_scale, bool want_loss) override;
   void synchronize() override;
   // Serving (graph_cuda_infer.cu): batches with one id per table and row run as one CUDA graph
   // per power-of-two bucket of rows (copy in, forward, sigmoid, copy out), in chunks of
-  // kInferChunk rows through two alternating buckets (the host packs one while the device runs
+  // GraphCudaOptions::infer_chunk rows through two alternating buckets (the host packs one while the device runs
   // the other); other batches, hashed tables, DLREC_PROFILE=1 and GraphCudaOptions::cuda_graphs
   // off run eagerly (forward() and a sigmoid on the host).
   void predict(const io::Batch& batch, float* probs) override;
-  static constexpr int64_t kInferChunk = 8192;
 
  private:
   std::unique_ptr<Node> make_node(const LayerSpec& s, int idx, uint64_t seed);
@@ -60,6 +61,8 @@ class GraphCuda final : public CudaModel {
     uint32_t* keys = nullptr;
     float* probs = nullptr;
     Tensor d_in, d_offsets, d_probs;
+    const void* dev_in = nullptr;  // `in` and `probs` as the device sees them (mapped memory:
+    float* dev_probs = nullptr;    // the fused small-batch kernel reads and writes in place)
     gpu::Event done, copied;
     gpu::GraphExec graph;
     bool no_graph = false;  // the capture failed: eager from now on
@@ -72,6 +75,18 @@ class GraphCuda final : public CudaModel {
   // row there (then the bucket's keys are reset to valid padding).
   bool infer_pack(const io::Batch& batch, int64_t r0, int64_t n, InferBucket& bk);
   void predict_eager(const io::Batch& batch, float* probs);
+  static void check_serving_options(const GraphCudaOptions& o);
+  int pack_threads_ = 1;  // GraphCudaOptions::infer_pack_threads resolved
+  // The fused small-batch forward (model/infer_small_cuda.h) of a DLRM-shaped graph in 16 bits:
+  // planned on first use (plan_fused: off for other shapes, with the reason printed once);
+  // its layers' weights and buffers are the engine's own, read in place.
+  enum class Fused { Unplanned, On, Off };
+  Fused fused_ = Fused::Unplanned;
+  fused_infer::Params fused_params_;
+  Tensor fused_barrier_;        // the kernel's grid-barrier counter (u32, zeroed once)
+  uint32_t fused_counter_ = 0;  // its value when the next launch starts
+  void plan_fused();
+  bool fused_launch(InferBucket& bk, int64_t n);
   int64_t hashed_reported_lookups_ = 0;
   const float* logits() const {
     return e_.vals[spec_.layers[spec_.output].input_ids[0]].y.data<float>();
@@ -103,7 +118,7 @@ class GraphCuda final : public CudaModel {
   Tensor dlogits_, loss_;
   std::unique_ptr<StepInputs> inputs_;  // double-buffered step inputs (cuda_step.h)
   // fp16 loss scaling (Engine::fp16): the device state {scale, 1/scale or 0, overflow, good
-  // steps, skipped steps} as the CUDA DLRM lays it out ("amp.loss_scale" in optimizer_state).
+  // steps, skipped steps} ("amp.loss_scale" in optimizer_state, as checkpoints hold it).
   Tensor ls_mem_;
   cd::LossScale ls_;
   int growth_interval_ = 2000;  // optimizer.loss_scale_growth_interval

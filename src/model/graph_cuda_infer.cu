@@ -6,11 +6,25 @@
 #include <cmath>
 #include <cstring>
 
-#include "dlrec/core/thread_pool.h"
+#include "dlrec/core/spin_team.h"
 #include "model/graph_cuda_impl.h"
 
 namespace dlrec::model::graph_cuda_impl {
 namespace {
+
+// The packing team of predict(), shared by all models of the process (model instances serving
+// at once take turns: a packing lasts microseconds), so that no more than `size` threads spin.
+// Created on first use with the size asked for then (GraphCudaOptions::infer_pack_threads).
+SpinTeam& pack_team(int size) {
+  static SpinTeam team(size);
+  return team;
+}
+
+PinnedPtr mapped_alloc(size_t bytes) {
+  void* q = nullptr;
+  DLREC_CUDA_CHECK(cudaHostAlloc(&q, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+  return PinnedPtr(q);
+}
 
 // Spins on the event rather than sleeping in a sync: serving wants the latency.
 void spin_wait(cudaEvent_t e) {
@@ -44,14 +58,22 @@ GraphCuda::InferBucket& GraphCuda::infer_bucket(int64_t R, int parity) {
   auto bk = std::make_unique<InferBucket>();
   bk->rows = R;
   const size_t in_bytes = sizeof(float) * R * num_dense_ + sizeof(uint32_t) * R * T_ + 64;
-  bk->in = pinned_alloc(in_bytes);
+  // Mapped, so that the fused small-batch kernel reads the inputs and writes the
+  // probabilities in place.
+  bk->in = mapped_alloc(in_bytes);
   std::memset(bk->in.get(), 0, in_bytes);
   bk->dense = static_cast<float*>(bk->in.get());
   bk->keys = reinterpret_cast<uint32_t*>(bk->dense + R * num_dense_);
   for (int64_t t = 0; t < T_; ++t)  // padding: row 0 of each table
     for (int64_t r = 0; r < R; ++r) bk->keys[t * R + r] = row_base_ ? (*row_base_)[t] : 0;
-  bk->out = pinned_alloc(sizeof(float) * R);
+  bk->out = mapped_alloc(sizeof(float) * R);
   bk->probs = static_cast<float*>(bk->out.get());
+  void* din = nullptr;
+  void* dout = nullptr;
+  DLREC_CUDA_CHECK(cudaHostGetDevicePointer(&din, bk->in.get(), 0));
+  DLREC_CUDA_CHECK(cudaHostGetDevicePointer(&dout, bk->out.get(), 0));
+  bk->dev_in = din;
+  bk->dev_probs = static_cast<float*>(dout);
   // Bag t * R + r holds id position t * R + r (the step's layout: offsets per table, R apart).
   std::vector<int32_t> off(R * T_ + 1);
   for (int64_t k = 0; k <= R * T_; ++k) off[k] = static_cast<int32_t>(k);
@@ -71,7 +93,14 @@ void GraphCuda::infer_body(InferBucket& bk) {
   e_.dense = static_cast<const float*>(bk.d_in.raw());
   e_.keys = reinterpret_cast<const uint32_t*>(e_.dense + R * num_dense_);
   e_.offsets = bk.d_offsets.data<int32_t>();
-  run_forward();
+  e_.serving = true;
+  try {
+    run_forward();
+  } catch (...) {
+    e_.serving = false;
+    throw;
+  }
+  e_.serving = false;
   cd::sigmoid(logits(), bk.d_probs.data<float>(), R, e_.st);
   DLREC_CUDA_CHECK(cudaMemcpyAsync(bk.probs, bk.d_probs.raw(), sizeof(float) * R,
                                    cudaMemcpyDeviceToHost, e_.st));
@@ -127,12 +156,16 @@ bool GraphCuda::infer_pack(const io::Batch& batch, int64_t r0, int64_t n, InferB
       const int64_t rows = layout_.cardinalities[t];
       const uint32_t base = row_base_ ? (*row_base_)[t] : 0;
       uint32_t* k = bk.keys + t * R;
-      bool bad = false;
+      // 0 <= id < rows  <=>  the sign bits of id and of ~(id - rows) are both clear: adds, nots
+      // and ors only, so the loop vectorises without 64-bit compares (unsigned: no overflow).
+      const uint64_t urows = static_cast<uint64_t>(rows);
+      uint64_t sign = 0;
       for (int64_t r = 0; r < n; ++r) {
-        bad |= (ids[r] < 0) | (ids[r] >= rows);
-        k[r] = base + static_cast<uint32_t>(ids[r]);
+        const uint64_t id = static_cast<uint64_t>(ids[r]);
+        sign |= id | ~(id - urows);
+        k[r] = base + static_cast<uint32_t>(id);
       }
-      if (bad) {
+      if (sign >> 63) {
         for (int64_t r = 0; r < n; ++r) k[r] = base;  // later calls' padding stays valid
         for (int64_t r = 0; r < n; ++r)
           if (ids[r] < 0 || ids[r] >= rows)
@@ -141,9 +174,16 @@ bool GraphCuda::infer_pack(const io::Batch& batch, int64_t r0, int64_t n, InferB
       }
     }
   };
-  // Small chunks on this thread (waking the pool costs more), big ones a range of tables each.
-  if (n * T_ <= 16384) pack(0, T_);
-  else parallel_for(0, T_, 1, pack);
+  // Up to 16384 ids on this thread; more on the packing team (threads that stay awake between
+  // calls: a dispatch costs no wake-up, unlike the thread pool's), a range of tables each.
+  constexpr int64_t kSerialIds = 16384;
+  if (n * T_ <= kSerialIds || pack_threads_ == 1) {
+    pack(0, T_);
+  } else {
+    SpinTeam& team = pack_team(pack_threads_);
+    const int64_t parts = team.size();
+    team.run([&](int i) { pack(T_ * i / parts, T_ * (i + 1) / parts); });
+  }
   if (multi_hot) {
     for (int64_t t = 0; t < T_; ++t)
       for (int64_t r = 0; r < n; ++r) bk.keys[t * R + r] = row_base_ ? (*row_base_)[t] : 0;
@@ -162,7 +202,7 @@ void GraphCuda::predict(const io::Batch& batch, float* probs) {
   hashed_cuda::HashedTables* hashed = emb_ ? emb_->hashed() : nullptr;
   if (profile_ || !graphs_ || hashed) return predict_eager(batch, probs);
   have_training_forward_ = false;
-  const int64_t chunk = std::min(B, kInferChunk);
+  const int64_t chunk = std::min(B, opts_.infer_chunk);
   int64_t R = 1;
   while (R < chunk) R *= 2;
   ensure_capacity(R, R * T_);  // drops the captured graphs when the buffers grow
@@ -201,10 +241,121 @@ void GraphCuda::predict(const io::Batch& batch, float* probs) {
       finish_all();
       return predict_eager(batch, probs);
     }
-    infer_launch(bk, nchunks > 1);
+    const bool fuse = nchunks == 1 && n <= opts_.infer_fused_rows && e_.lowp &&
+                      fused_ != Fused::Off;
+    if (fuse && fused_launch(bk, n)) DLREC_CUDA_CHECK(cudaEventRecord(bk.done, e_.st));
+    else infer_launch(bk, nchunks > 1);
     pending[p] = c;
   }
   finish_all();
+}
+
+void GraphCuda::check_serving_options(const GraphCudaOptions& o) {
+  DLREC_CHECK(o.infer_chunk >= 256 && o.infer_chunk <= 65536 &&
+                  (o.infer_chunk & (o.infer_chunk - 1)) == 0,
+              "graph model: infer_chunk must be a power of two in [256, 65536], got ",
+              o.infer_chunk);
+  DLREC_CHECK(o.infer_pack_threads >= 0 && o.infer_pack_threads <= 256,
+              "graph model: infer_pack_threads must be in [0, 256], got ", o.infer_pack_threads);
+  DLREC_CHECK(o.infer_fused_rows >= 0 && o.infer_fused_rows <= fused_infer::kMaxRows,
+              "graph model: infer_fused_rows must be in [0, ", fused_infer::kMaxRows, "], got ",
+              o.infer_fused_rows);
+  DLREC_CHECK(o.infer_fused_blocks >= 0 && o.infer_fused_blocks <= 65536,
+              "graph model: infer_fused_blocks must be in [0, 65536], got ",
+              o.infer_fused_blocks);
+}
+
+// The DLRM shape, followed back from the output: output <- MLP (top) <- dot read in place <-
+// [MLP (bottom) <- the dense features, fixed embedding tables over every feature]. The
+// kernel's parameters point at the engine's own weights and activation buffers (sized for the
+// bucket's rows by ensure_capacity before any launch). Other shapes (DCNv2, DeepFM, ...) take
+// the layer-by-layer path silently; a DLRM shape the kernel refuses (widths, layer count) says
+// why once, on stderr.
+void GraphCuda::plan_fused() {
+  namespace fi = fused_infer;
+  using K = ServingParts::Kind;
+  fused_ = Fused::Off;
+  fi::Params p;
+  bool dlrm_shape = false;  // the graph is the DLRM shape: a refusal is worth a line on stderr
+  const std::string why = [&]() -> std::string {
+    const std::vector<int>& out_in = spec_.layers[spec_.output].input_ids;
+    if (out_in.size() != 1) return "the output has other than one input";
+    const int top_i = out_in[0];
+    const ServingParts top = nodes_[top_i]->serving_parts(e_);
+    if (top.kind != K::Mlp || spec_.layers[top_i].input_ids.size() != 1)
+      return "the output is not an MLP's";
+    const int dot_i = spec_.layers[top_i].input_ids[0];
+    const ServingParts dot = nodes_[dot_i]->serving_parts(e_);
+    const std::vector<int>& dot_in = spec_.layers[dot_i].input_ids;
+    if (dot.kind != K::Dot || dot_in.size() != 2)
+      return "the top MLP's input is not a dot interaction over two inputs";
+    const ServingParts bottom = nodes_[dot_in[0]]->serving_parts(e_);
+    const ServingParts emb = nodes_[dot_in[1]]->serving_parts(e_);
+    if (bottom.kind != K::Mlp || emb.kind != K::Embedding)
+      return "the dot's inputs are not an MLP and fixed embedding tables";
+    const std::vector<int>& bottom_in = spec_.layers[dot_in[0]].input_ids;
+    if (bottom_in.size() != 1 || nodes_[bottom_in[0]]->serving_parts(e_).kind != K::DenseInput)
+      return "the bottom MLP does not read the dense features";
+    dlrm_shape = true;
+    if (dot.fields != T_ + 1 || emb.tables->num_tables != T_ || emb.tables->dim != dot.dim)
+      return "the embedding tables do not cover every feature at the dot's width";
+    if (bottom.lins.size() + top.lins.size() > static_cast<size_t>(fi::kMaxLayers))
+      return "more than " + std::to_string(fi::kMaxLayers) + " layers";
+    p.nb = static_cast<int>(bottom.lins.size());
+    p.nt = static_cast<int>(top.lins.size());
+    p.num_dense = static_cast<int>(num_dense_);
+    p.T = static_cast<int>(T_);
+    p.d = static_cast<int>(dot.dim);
+    p.inter_ld = static_cast<int>(e_.vals[dot_i].ld);
+    p.emb = e_.vals[dot_in[1]].y.raw();
+    p.inter = e_.vals[dot_i].y.raw();
+    p.tables = emb.tables->weights;
+    p.row_base = emb.tables->row_base;
+    int i = 0;
+    for (const ServingParts* mlp : {&bottom, &top})
+      for (size_t k = 0; k < mlp->lins.size(); ++k) {
+        const Lin& l = *mlp->lins[k];
+        fi::Layer& f = p.layer[i++];
+        const bool f32_out = mlp == &top && k + 1 == mlp->lins.size() &&
+                             e_.vals[top_i].dt == DType::F32;
+        if (!l.has_bias || l.out_ld != l.out) return "a layer without bias or with padded rows";
+        f.w = l.wh.raw();
+        f.b = f32_out ? l.b.raw() : l.bh.raw();
+        f.y = mlp->ys[k];
+        f.out = static_cast<int>(l.out);
+        f.k = static_cast<int>(l.in_pad);
+        f.relu = l.relu;
+        f.f32_out = f32_out;
+      }
+    return fi::unsupported(p);
+  }();
+  if (!why.empty()) {
+    if (dlrm_shape)
+      std::fprintf(stderr, "[dlrec] fused small-batch inference off for this model: %s\n",
+                   why.c_str());
+    return;
+  }
+  fused_params_ = p;
+  fused_ = Fused::On;
+}
+
+bool GraphCuda::fused_launch(InferBucket& bk, int64_t n) {
+  if (fused_ == Fused::Unplanned) plan_fused();
+  if (fused_ != Fused::On) return false;
+  fused_infer::Params p = fused_params_;
+  p.dense = static_cast<const float*>(bk.dev_in);
+  p.keys = reinterpret_cast<const uint32_t*>(p.dense + bk.rows * num_dense_);
+  p.probs = bk.dev_probs;
+  p.rows = static_cast<int>(n);
+  p.ld_keys = static_cast<int>(bk.rows);
+  if (!fused_barrier_.defined()) {
+    fused_barrier_ = Tensor::empty({8}, DType::U8, dev_);
+    DLREC_CUDA_CHECK(cudaMemsetAsync(fused_barrier_.raw(), 0, 8, e_.st));
+  }
+  p.barrier = static_cast<unsigned*>(fused_barrier_.raw());
+  fused_infer::launch(p, e_.half == DType::F16, opts_.infer_fused_blocks, res_->sm_count(),
+                      &fused_counter_, e_.st);
+  return true;
 }
 
 }  // namespace dlrec::model::graph_cuda_impl

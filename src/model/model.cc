@@ -4,7 +4,6 @@
 
 #include "dlrec/model/graph.h"
 #ifdef DLREC_WITH_CUDA
-#include "dlrec/model/dlrm_cuda.h"
 #include "dlrec/model/graph_cuda.h"
 #endif
 #include "dlrec/nn/loss.h"
@@ -43,10 +42,8 @@ void Model::set_gradient_reducer(GradientReducer* reducer) {
          " yet (the CPU graph engine supports it)");
 }
 
-// Every model is a graph of registry layers run by the graph engine; every arch but "graph" is
-// a preset (presets.cc) expanded to one. On CUDA, arch "dlrm" is still built by the CUDA DLRM (dlrm_cuda.cu), which has
-// what the CUDA graph engine lacks so far: fp16 with loss scaling, the bucketed inference
-// graphs and the fused small-batch forward.
+// Every model is a graph of registry layers run by the graph engine (on the CPU, or on CUDA by
+// the CUDA graph engine); every arch but "graph" is a preset (presets.cc) expanded to one.
 std::unique_ptr<Model> build_model(const ModelConfig& model, const OptimizerConfig& opt,
                                    const io::ShardLayout& layout, Device device, uint64_t seed,
                                    const std::string& precision) {
@@ -56,14 +53,12 @@ std::unique_ptr<Model> build_model(const ModelConfig& model, const OptimizerConf
   if (model.arch != "graph" &&
       std::find(presets.begin(), presets.end(), model.arch) == presets.end())
     preset_graph_layers(model, layout);  // fails naming the known archs
-  if (device.is_cuda() && model.arch == "dlrm") {
-#ifdef DLREC_WITH_CUDA
-    return make_dlrm_cuda(model, opt, layout, device, seed, precision);
-#else
-    fail("cannot build the DLRM on ", device.str(),
-         ": this build of dlrec has no CUDA support (use \"device\": \"cpu\")");
+#ifndef DLREC_WITH_CUDA
+  if (device.is_cuda())
+    fail("cannot build the model (arch \"", model.arch, "\") on ", device.str(),
+         ": this build of dlrec has no CUDA support and runs models on the CPU only (use "
+         "\"device\": \"cpu\")");
 #endif
-  }
   ModelConfig graph = model;
   if (model.arch != "graph") {
     graph.arch = "graph";

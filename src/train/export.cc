@@ -1,7 +1,7 @@
 #include "dlrec/train/export.h"
 
 #ifdef DLREC_WITH_CUDA
-#include "dlrec/model/dlrm_cuda.h"
+#include "dlrec/model/graph_cuda.h"
 #endif
 
 #include <sys/stat.h>

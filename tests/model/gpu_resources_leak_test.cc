@@ -1,9 +1,9 @@
 // A CUDA model whose build fails late (after it created streams, events, cuBLAS/cuBLASLt
 // handles, device buffers) leaks nothing: 1,000 failed builds leave the live resource counts
 // (include/dlrec/core/gpu_resources.h), the caching pool's bytes and the device's free memory
-// as they were. Models built and destroyed (a server loading and unloading) likewise. Both for
-// the CUDA DLRM class and for graph models (DCNv2- and DeepFM-like graphs on the CUDA graph
-// engine). Without a GPU every test skips visibly.
+// as they were. Models built and destroyed (a server loading and unloading) likewise. For the
+// DLRM (the preset's graph), DCNv2- and DeepFM-like graphs on the CUDA graph engine, which
+// builds every model on CUDA. Without a GPU every test skips visibly.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,7 +19,6 @@
 #ifdef DLREC_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include "dlrec/model/dlrm_cuda.h"
 #include "dlrec/model/graph_cuda.h"
 #include "model/graph_cases.h"
 #endif
@@ -60,75 +59,6 @@ void expect_flat(const Snapshot& a, const Snapshot& b, const char* what) {
       << what << ": device free memory fell from " << a.device_free << " to " << b.device_free;
 }
 
-struct LeakCase {
-  ModelConfig mc;
-  OptimizerConfig oc;
-  io::ShardLayout good = testing::make_layout(4, {50, 7, 100, 3});
-  // The last table has no rows: the constructor throws in its table loop, after the streams,
-  // events, handles, MLP weights and the first tables exist.
-  io::ShardLayout bad = testing::make_layout(4, {50, 7, 100, 0});
-  LeakCase() {
-    mc.embedding_dim = 16;
-    mc.bottom_mlp = {32, 16};
-    mc.top_mlp = {32, 1};
-    oc.type = "adagrad";
-    oc.adagrad_init = 0.01;
-  }
-  // A failing build, alternately fp32 (cuBLAS handles) and bf16 (cuBLASLt planners too).
-  void fail_once(int i) {
-    const char* precision = i % 2 ? "bf16" : "fp32";
-    try {
-      make_dlrm_cuda(mc, oc, bad, Device::cuda(0), static_cast<uint64_t>(i), precision);
-      ADD_FAILURE() << "a table without rows was accepted";
-    } catch (const Error& e) {
-      ASSERT_NE(std::string(e.what()).find("cardinality 0"), std::string::npos) << e.what();
-    }
-  }
-  // A model that trains a few steps (graphs captured) and predicts, then is destroyed.
-  void build_use_destroy(int i) {
-    const char* precision = i % 2 ? "bf16" : "fp32";
-    auto m = make_dlrm_cuda(mc, oc, good, Device::cuda(0), 7, precision);
-    for (int step = 0; step < 3; ++step)
-      m->train_step(testing::make_batch(good, 64, 10 + step, true), 1.0, false);
-    io::Batch b = testing::make_batch(good, 5, 99, false);
-    std::vector<float> p(5);
-    m->predict(b, p.data());
-  }
-};
-
-TEST(GpuResourcesLeak, ThousandFailedDlrmBuildsLeakNothing) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the leak test needs a GPU";
-  LeakCase s;
-  // Held by the test as a server's other models would hold it: failed builds lease the pooled
-  // handles and must give them back.
-  auto res = gpu::DeviceResources::get(0);
-  // Warm-up: cuBLAS loads its kernels, the pool gets its blocks, the pools their handles.
-  // (Several rounds: the pool's free lists settle once both precisions' sizes are cached.)
-  for (int i = 0; i < 4; ++i) s.build_use_destroy(i);
-  for (int i = 0; i < 10; ++i) s.fail_once(i);
-  const Snapshot before = snapshot();
-  for (int i = 0; i < 1000; ++i) {
-    s.fail_once(i);
-    if (HasFatalFailure()) return;
-  }
-  const Snapshot after = snapshot();
-  expect_flat(before, after, "1000 failed builds");
-  // Each failed build had created its three streams before it threw: the failure was late.
-  EXPECT_EQ(after.counts.streams_created - before.counts.streams_created, 3000);
-  EXPECT_LE(res->blas_pool_size(), 4u) << "failed builds must return their cuBLAS handles";
-  EXPECT_LE(res->lt_pool_size(), 4u) << "failed builds must return their cuBLASLt handles";
-}
-
-TEST(GpuResourcesLeak, ModelsBuiltAndDestroyedLeakNothing) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the leak test needs a GPU";
-  LeakCase s;
-  auto res = gpu::DeviceResources::get(0);
-  for (int i = 0; i < 4; ++i) s.build_use_destroy(i);
-  const Snapshot before = snapshot();
-  for (int i = 0; i < 40; ++i) s.build_use_destroy(i);
-  expect_flat(before, snapshot(), "40 models built, trained and destroyed");
-}
-
 // Graph models on the CUDA graph engine (src/model/graph_cuda.cu). The bad layout's last table
 // has 2^32 - 100 rows: the layouts and layers pass every check made before the build, and the
 // build throws in the table layer (more than 2^32 rows in all tables together), after the four
@@ -159,13 +89,16 @@ struct GraphLeakCase {
       m->train_step(testing::make_batch(good, 64, 10 + step, true), 1.0, false);
     io::Batch b = testing::make_batch(good, 5, 99, false);
     EXPECT_EQ(m->forward(b, false).numel(), 5);
+    // Serving too: the bucketed graphs, in bf16 the fused small-batch kernel for the DLRM.
+    std::vector<float> p(5);
+    m->predict(b, p.data());
   }
 };
 
 TEST(GpuResourcesLeak, ThousandFailedGraphBuildsLeakNothing) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the leak test needs a GPU";
   auto res = gpu::DeviceResources::get(0);
-  for (const char* layers : {testing::kDcnStacked, testing::kDeepFmGathered}) {
+  for (const char* layers : {testing::kDlrm, testing::kDcnStacked, testing::kDeepFmGathered}) {
     GraphLeakCase s(layers);
     for (int i = 0; i < 4; ++i) s.build_use_destroy(i);
     for (int i = 0; i < 10; ++i) s.fail_once(i);
@@ -175,8 +108,7 @@ TEST(GpuResourcesLeak, ThousandFailedGraphBuildsLeakNothing) {
       if (HasFatalFailure()) return;
     }
     const Snapshot after = snapshot();
-    expect_flat(before, after, layers == testing::kDcnStacked ? "1000 failed DCNv2 builds"
-                                                               : "1000 failed DeepFM builds");
+    expect_flat(before, after, (std::string("1000 failed builds of ") + layers).c_str());
     // Four streams per build, created before it threw: the failure was late.
     EXPECT_EQ(after.counts.streams_created - before.counts.streams_created, 4000);
     EXPECT_LE(res->blas_pool_size(), 4u) << "failed builds must return their cuBLAS handles";
@@ -187,9 +119,9 @@ TEST(GpuResourcesLeak, ThousandFailedGraphBuildsLeakNothing) {
 TEST(GpuResourcesLeak, GraphModelsBuiltAndDestroyedLeakNothing) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the leak test needs a GPU";
   auto res = gpu::DeviceResources::get(0);
-  for (const char* layers : {testing::kDcnStacked, testing::kDeepFmGathered}) {
+  for (const char* layers : {testing::kDlrm, testing::kDcnStacked, testing::kDeepFmGathered}) {
     GraphLeakCase s(layers);
-    // A longer warm-up than the DLRM's: run alone in a fresh process (compute-sanitizer, H200,
+    // A longer warm-up: run alone in a fresh process (compute-sanitizer, H200,
     // 2026-11-26), 4 builds left the pool 1 KiB short of its fixed point (cached bytes +1024
     // after the 40 builds, live bytes exact): its best-fit free lists take a few rounds of both
     // precisions to settle.
@@ -202,7 +134,7 @@ TEST(GpuResourcesLeak, GraphModelsBuiltAndDestroyedLeakNothing) {
 
 TEST(GpuResourcesLeak, LastHolderReleasesTheDeviceResources) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the leak test needs a GPU";
-  LeakCase s;
+  GraphLeakCase s(testing::kDlrm);
   s.build_use_destroy(1);
   // Nobody holds the device's resources now (this test runs alone in its process or after
   // tests that let theirs go): the handles are gone, also after failed builds.

@@ -114,6 +114,133 @@ TEST(GraphCudaPredict, EagerOptionGivesTheSameProbabilities) {
   b->predict(batch, pb.data());
   EXPECT_LE(max_abs_diff(pa, pb), 1e-5);
 }
+
+}  // namespace
+// The fused small-batch kernel's launch counter (src/model/infer_small_cuda.h, an internal
+// header): tests check that the path they mean to test ran.
+namespace fused_infer {
+int64_t launches();
+}  // namespace fused_infer
+namespace {
+
+std::string dlrm_layers(int64_t dim, const std::vector<int64_t>& bottom,
+                        const std::vector<int64_t>& top) {
+  auto list = [](const std::vector<int64_t>& v) {
+    std::string s;
+    for (int64_t x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
+    return "[" + s + "]";
+  };
+  return R"({"name": "dense", "type": "dense"},
+    {"name": "bottom", "type": "mlp", "input": "dense", "sizes": )" + list(bottom) +
+         R"(, "relu_last": true},
+    {"name": "emb", "type": "embedding", "dim": )" + std::to_string(dim) + R"(},
+    {"name": "inter", "type": "dot", "inputs": ["bottom", "emb"]},
+    {"name": "top", "type": "mlp", "input": "inter", "sizes": )" + list(top) + R"(},
+    {"name": "logit", "type": "output", "input": "top"})";
+}
+
+// 16-bit predict() of 1..infer_fused_rows rows of a DLRM-shaped graph runs the whole forward
+// as one kernel (model/infer_small_cuda.h), an engine feature. Against the layer-by-layer
+// graph of the same weights (skinny layers up to 8 rows, cuBLASLt above) and against the rows
+// inside a 64-row batch: equal up to 16-bit rounding (the interaction's dot products are summed
+// in another order). Also: the boundary where the path switches, a grid of 2 blocks (every
+// stage loops over its work), one-layer MLPs, a shape the kernel does not take and a graph of
+// another shape (both fall back, same answers), and bad ids.
+TEST(GraphCudaPredict, FusedSmallBatchMatchesTheLayerPath) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    std::string layers;
+    bool fused;  // the kernel takes this shape
+  };
+  const std::vector<Shape> shapes = {
+      {dlrm_layers(8, {16, 8}, {16, 1}), true},
+      {dlrm_layers(32, {64, 32}, {1024, 512, 1}), true},  // a 1024-wide input: a register row
+      {dlrm_layers(8, {8}, {1}), true},                    // one bottom and one top layer
+      {dlrm_layers(8, {16, 8}, {1032, 1}), false},        // 1032 wide: over the kernel's limit
+      {kDcnStacked, false},                                // not DLRM-shaped
+  };
+  const io::ShardLayout layout = make_layout(4, {50, 7, 100, 3, 20});
+  for (const Shape& sh : shapes)
+    for (const char* precision : {"bf16", "fp16"}) {
+      SCOPED_TRACE(std::string(precision) + " " + sh.layers);
+      RunConfig c = graph_config(sh.layers, kAdagrad);
+      GraphCudaOptions off_o, wide_o;
+      off_o.infer_fused_rows = 0;
+      wide_o.infer_fused_rows = 16;
+      wide_o.infer_fused_blocks = 2;  // every stage loops over its work
+      auto off = make_graph_cuda(c.model, c.optimizer, layout, Device::cuda(0), 21, precision,
+                                 off_o);
+      auto on = make_graph_cuda(c.model, c.optimizer, layout, Device::cuda(0), 21, precision);
+      auto wide = make_graph_cuda(c.model, c.optimizer, layout, Device::cuda(0), 21, precision,
+                                  wide_o);
+      io::Batch big = make_batch(layout, 64, 77, false, 0.0);
+      std::vector<float> gemm(64, -1.f);
+      off->predict(big, gemm.data());
+      for (int rep = 0; rep < 2; ++rep)
+        for (int64_t rows : {1, 2, 7, 8, 9, 12, 16, 1}) {
+          io::Batch small;
+          small.reset(big.num_dense, big.num_cat());
+          small.append_rows(big, 10 + rep, 10 + rep + rows);
+          std::vector<float> ref(rows, -1.f);
+          off->predict(small, ref.data());
+          for (CudaModel* m : {on.get(), wide.get()}) {
+            const int64_t limit = m == wide.get() ? 16 : 8;
+            const int64_t before = fused_infer::launches();
+            std::vector<float> got(rows, -1.f);
+            m->predict(small, got.data());
+            EXPECT_EQ(fused_infer::launches() - before, sh.fused && rows <= limit ? 1 : 0)
+                << "rows " << rows << " limit " << limit;
+            for (int64_t i = 0; i < rows; ++i) {
+              ASSERT_NEAR(got[i], ref[i], 2e-3) << "rows " << rows << " row " << i;
+              ASSERT_NEAR(got[i], gemm[10 + rep + i], 4e-3) << "rows " << rows << " row " << i;
+            }
+          }
+        }
+      // An id out of range (or negative) is an error before anything is launched; the model
+      // serves the next call as before.
+      io::Batch three;
+      three.reset(big.num_dense, big.num_cat());
+      three.append_rows(big, 20, 23);
+      std::vector<float> want(3), got(3);
+      on->predict(three, want.data());
+      for (int64_t bad_id : {int64_t{100}, int64_t{-1}}) {
+        io::Batch bad = three;
+        bad.cat_indices[2][1] = bad_id;  // table 2 has 100 rows
+        const int64_t before = fused_infer::launches();
+        expect_error([&] { on->predict(bad, got.data()); }, {"out of range"});
+        EXPECT_EQ(fused_infer::launches(), before);
+      }
+      on->predict(three, got.data());
+      EXPECT_EQ(got, want);
+      // A training step of 64 rows grows the buffers (the kernel's plan is made again) and
+      // changes the weights, which the kernel reads in place.
+      on->train_step(make_batch(layout, 64, 101, false, 0.3), 1.0, false);
+      off->train_step(make_batch(layout, 64, 101, false, 0.3), 1.0, false);
+      std::vector<float> a(3), b(3);
+      on->predict(three, a.data());
+      off->predict(three, b.data());
+      for (int i = 0; i < 3; ++i) EXPECT_NEAR(a[i], b[i], 2e-3);
+    }
+}
+
+// The serving options are validated when the model is built.
+TEST(GraphCudaPredict, ServingOptionsAreChecked) {
+  SKIP_WITHOUT_GPU();
+  const io::ShardLayout layout = make_layout(4, {50, 7, 100, 3, 20});
+  RunConfig c = graph_config(kDlrm, kSgd);
+  auto build = [&](GraphCudaOptions o) {
+    make_graph_cuda(c.model, c.optimizer, layout, Device::cuda(0), 5, "bf16", o);
+  };
+  GraphCudaOptions o;
+  o.infer_fused_rows = 65;
+  expect_error([&] { build(o); }, {"infer_fused_rows", "65"});
+  o = {};
+  o.infer_pack_threads = -1;
+  expect_error([&] { build(o); }, {"infer_pack_threads", "-1"});
+  o = {};
+  o.infer_fused_blocks = 70000;
+  expect_error([&] { build(o); }, {"infer_fused_blocks", "70000"});
+}
 #endif
 
 }  // namespace

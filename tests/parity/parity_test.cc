@@ -192,9 +192,9 @@ const std::vector<LayerCase>& cases() {
        graph(R"({"name": "wide", "type": "wide"},
                 {"name": "logit", "type": "output", "input": "wide"})"),
        true, kOdd, {"wide"}},
-      // arch "dlrm": on the CPU the preset graph (src/model/presets.cc), on CUDA the CUDA DLRM
-      // (dlrm_cuda.cu). bf16 on CUDA needs MLP sizes that are multiples of 8, so its widths are
-      // 8 and 16.
+      // arch "dlrm": the preset graph (src/model/presets.cc) on the CPU and the CUDA graph
+      // engine (the CUDA DLRM class that CUDA ran before needed 16-bit MLP sizes that are
+      // multiples of 8, hence the widths 8 and 16).
       {"dlrm_preset",
        R"({"arch": "dlrm", "embedding_dim": $D, "bottom_mlp": [16, $D], "top_mlp": [8, 1]})",
        true, {{8, 1}, {8, 7}, {16, 33}}, {"preset:dlrm"}},

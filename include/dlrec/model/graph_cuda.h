@@ -7,7 +7,7 @@
 // embedding layer over all categorical features, one dim for all tables); optimizers sgd (no
 // momentum) and adagrad, no weight decay or clipping (graph_cuda_unsupported in graph.h).
 // Anything else is a clear error naming the layer or the key, before anything is built.
-// Precision as for the CUDA DLRM: "fp32" (no TF32: the parity reference), "tf32", "bf16" (bf16
+// Precision: "fp32" (no TF32: the parity reference), "tf32", "bf16" (bf16
 // activations and compute copies of the weights, f32 master weights, f32 tables), "fp16" (the
 // same in fp16 with dynamic loss scaling: optimizer.loss_scale_init and
 // loss_scale_growth_interval; not with hashed tables). predict() replays one CUDA graph per
@@ -17,7 +17,7 @@
 #include <memory>
 #include <string>
 
-#include "dlrec/model/dlrm_cuda.h"
+#include "dlrec/model/cuda_model.h"
 
 namespace dlrec::model {
 
@@ -37,6 +37,21 @@ struct GraphCudaOptions {
   // cuBLASLt times its candidate algorithms on first use and keeps the fastest (off: the
   // heuristic's first choice, the same algorithm in every model, which bit-identity tests need).
   bool lt_tune = true;
+  // predict(): threads packing chunks of more than 16384 ids; 0: min(8, cores / 2); 1: the
+  // calling thread alone. At most 256. The team is per process (shared with every model): the
+  // first model that packs on it sets its size.
+  int infer_pack_threads = 0;
+  // predict(): rows per graph launch; bigger batches go in chunks of this many rows through two
+  // alternating buckets, the host packing one while the GPU runs the other. A power of two in
+  // [256, 65536].
+  int64_t infer_chunk = 8192;
+  // predict() in bf16/fp16 of 1..infer_fused_rows rows of a DLRM-shaped graph (dense -> MLP,
+  // embedding, dot over both, MLP -> output) runs the whole forward as one kernel
+  // (src/model/infer_small_cuda.h); 0: never. At most 64 (kernel limit); from 16 rows on it is
+  // no faster than the layer-by-layer path (bench/RESULTS.md), hence 8.
+  int64_t infer_fused_rows = 8;
+  // That kernel's grid; 0: the device's SM count (also the most it takes). At most 65536.
+  int infer_fused_blocks = 0;
 };
 
 std::unique_ptr<CudaModel> make_graph_cuda(const ModelConfig& model, const OptimizerConfig& opt,

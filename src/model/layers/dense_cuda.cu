@@ -20,6 +20,11 @@ class DenseNode final : public Node {
                     v.width, false, e.st);
   }
   void backward(Engine&) override {}
+  ServingParts serving_parts(Engine&) override {
+    ServingParts p;
+    p.kind = ServingParts::Kind::DenseInput;
+    return p;
+  }
 };
 
 }  // namespace

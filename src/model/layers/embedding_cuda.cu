@@ -89,6 +89,13 @@ class EmbeddingNode final : public Node {
   const std::vector<uint32_t>& row_base() const { return ts_.row_base; }
   hashed_cuda::HashedTables* hashed() const override { return hashed_.get(); }
   const std::string& layer_name() const override { return name_; }
+  ServingParts serving_parts(Engine&) override {
+    ServingParts p;
+    if (hashed_ || into_ >= 0) return p;  // the fused forward gathers fixed tables' rows
+    p.kind = ServingParts::Kind::Embedding;
+    p.tables = &ts_.tab;
+    return p;
+  }
 
  private:
   static std::vector<int64_t> capacities(const std::vector<hashed_cuda::TableOptions>& h) {

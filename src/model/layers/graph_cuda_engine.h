@@ -133,6 +133,9 @@ struct Engine {
   gpu::Event wfork, wjoin;
   bool w_pending = false;
   const GraphCudaOptions* opts = nullptr;  // the model's (engine paths that tests compare)
+  // predict()'s forward (GraphCuda::infer_body): no backward follows, so layers may take
+  // inference-only kernels (lin_forward: the warp-per-output layer for a few rows).
+  bool serving = false;
   // DLREC_PROFILE=1: records a named event on st (sub-phases of a layer); null otherwise.
   std::function<void(const std::string&)> mark;
   bool dense_adagrad = false, emb_adagrad = false;
@@ -248,6 +251,18 @@ struct Engine {
     l.x = x;
     l.aux_written = false;
     if (B == 0) return;
+    // Serving a handful of rows: one warp per output instead of a GEMM that streams the whole
+    // weight matrix through a few thread blocks (no ReLU mask: nothing reads one when serving).
+    if (serving && lowp && l.has_bias && B <= cd::kSkinnyRows && l.out_ld == l.out) {
+      bool done = false;
+      with_half(half, [&](auto* h) {
+        using H = std::remove_pointer_t<decltype(h)>;
+        done = cd::skinny_linear(static_cast<const H*>(l.wh.raw()), static_cast<const H*>(x), B,
+                                 l.out, l.in_pad, ydt == DType::F32 ? l.b.raw() : l.bh.raw(),
+                                 l.relu, y, ydt == DType::F32, st);
+      });
+      if (done) return;
+    }
     if (lowp && l.has_bias) {
       lt::Gemm g = lt::Gemm::shape(true, false, l.out, B, l.in_pad, l.in_pad, l.in_pad, l.out_ld);
       g.ab_type = ab_type();
@@ -367,6 +382,17 @@ struct Engine {
   }
 };
 
+// What the fused small-batch forward (GraphCuda::plan_fused, model/infer_small_cuda.h) needs
+// to know of a node: the DLRM shape's parts (dense input -> MLP, fixed-table embedding, dot
+// over both, MLP -> output) and their device buffers. Other nodes: kind None.
+struct ServingParts {
+  enum class Kind { None, DenseInput, Mlp, Embedding, Dot } kind = Kind::None;
+  std::vector<const Lin*> lins;  // Mlp: the layers
+  std::vector<void*> ys;         // Mlp: each layer's output buffer
+  const ce::Tables* tables = nullptr;  // Embedding: the device tables (fixed, not hashed)
+  int64_t fields = 0, dim = 0;         // Dot: n fields of width dim
+};
+
 class Node {
  public:
   virtual ~Node() = default;
@@ -385,6 +411,7 @@ class Node {
   virtual void write_into(int /*into*/, int64_t /*col*/) {}
   // A concat: input value j writes its columns itself (true when the layer supports that).
   virtual bool set_direct_input(int /*j*/) { return false; }
+  virtual ServingParts serving_parts(Engine&) { return {}; }
   int self = -1;
   std::vector<int> in;
   // The value's own buffers.

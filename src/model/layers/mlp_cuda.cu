@@ -124,6 +124,15 @@ class MlpNode final : public Node {
   void refresh(Engine& e) override {
     for (auto& l : layers_) e.refresh(l);
   }
+  ServingParts serving_parts(Engine& e) override {
+    ServingParts p;
+    p.kind = ServingParts::Kind::Mlp;
+    for (size_t k = 0; k < layers_.size(); ++k) {
+      p.lins.push_back(&layers_[k]);
+      p.ys.push_back(k + 1 == layers_.size() ? e.vals[self].y.raw() : ys_[k].raw());
+    }
+    return p;
+  }
 
  private:
   std::string name_;

@@ -1,0 +1,28 @@
+// A model whose training step and serving run entirely on its device: the CUDA graph engine
+// (include/dlrec/model/graph_cuda.h) builds every architecture on CUDA. Built only when CUDA is
+// (DLREC_WITH_CUDA).
+#pragma once
+
+#include "dlrec/model/model.h"
+
+namespace dlrec::model {
+
+// A model whose training step can run entirely on its device.
+class CudaModel : public Model {
+ public:
+  // forward + BCE loss on the device + backward_and_update, all enqueued on the model's stream:
+  // no host synchronisation unless want_loss (then the mean loss of the batch is returned;
+  // otherwise NaN). The batch may be reused by the caller as soon as the call returns.
+  double train_step(const io::Batch& batch, double lr_scale, bool want_loss) override = 0;
+  // Waits for all work the model has enqueued.
+  void synchronize() override = 0;
+  // Serving: probabilities sigmoid(logits) of the batch's rows into `probs` (host memory).
+  // Batches with one id per table run as one CUDA graph per power-of-two bucket of rows
+  // (pinned staging, copies, forward and sigmoid captured together; rows beyond the batch are
+  // padding; bigger batches in chunks, GraphCudaOptions::infer_chunk); others run eagerly.
+  // Blocks until done.
+  // Not to be called concurrently with itself or with training on the same model.
+  virtual void predict(const io::Batch& batch, float* probs) = 0;
+};
+
+}  // namespace dlrec::model
