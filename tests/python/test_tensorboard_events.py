@@ -97,7 +97,8 @@ def test_scalars_match_what_training_printed(work):
     final_loss = float(re.search(r"^trained: .* loss=([0-9.]+)$", p.stdout, re.M).group(1))
     assert s["train/loss"][-1][1] == pytest.approx(final_loss, abs=1e-5)
     printed = [(int(m[0]), float(m[1]), float(m[2])) for m in
-               re.findall(r"\[eval\] step (\d+) AUC ([0-9.]+) logloss ([0-9.]+)", p.stderr)]
+               re.findall(r"\[eval\] step (\d+) rows=\d+ AUC=([0-9.]+) logloss=([0-9.]+)",
+                          p.stderr)]
     m = re.search(r"validation: rows=\d+ AUC=([0-9.]+) logloss=([0-9.]+)", p.stdout)
     printed.append((22, float(m.group(1)), float(m.group(2))))
     assert [step for step, _ in s["eval/auc"]] == [10, 20, 22]
