@@ -100,7 +100,7 @@ TEST(TextInputOptions, SkipLinesAndByteOrderMark) {
   Scratch s;
   // Three lines of junk (malformed as rows), then the header.
   const std::string path =
-      s.write("r.csv", "\xEF\xBB\xBFexported by tool X\n\"unbalanced\n\nuser,rating\na,4\nb,2\n");
+      s.write("r.csv", "\xEF\xBB\xBF" "exported by tool X\n\"unbalanced\n\nuser,rating\na,4\nb,2\n");
   RawChunk c = read_both(s, path, csv_schema(R"(, "skip_lines": 3)"));
   EXPECT_EQ(c.dense, (std::vector<float>{4, 2}));
   // A byte order mark before the header: the first column's name matches.
