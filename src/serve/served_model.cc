@@ -216,6 +216,8 @@ io::Batch ServedModel::encode(const InferRequest& req) const {
   return batch;
 }
 
+// Long (~180 lines) on purpose: the per-request hot path validates and copies each input in one
+// pass over the request, so nothing is allocated, copied twice or checked twice between stages.
 void ServedModel::encode_into(const InferRequest& req, io::Batch& batch) const {
   // Encoded inputs reuse `batch`'s buffers: nothing is allocated or zero-filled when it held a
   // request of as many rows before. What this path leaves in a batch it marks one_id_per_row
