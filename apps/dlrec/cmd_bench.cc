@@ -488,7 +488,7 @@ double percentile(const std::vector<uint32_t>& sorted, double q) {
 
 // One long function (~230 lines) on purpose: the load generator's setup, its client threads
 // (closed and open loop) and the report share the options, counters and latency buffers; split,
-// each piece would take most of them as arguments. Sections are marked by comments below.
+// each piece would take most of them as arguments.
 int run_serve_bench(ServeBenchOptions o) {
   signal(SIGPIPE, SIG_IGN);
   DLREC_CHECK(o.protocol == "grpc" || o.protocol == "http", "--protocol must be grpc or http");
