@@ -46,6 +46,9 @@ json binarize(double threshold, const std::string& compare) {
 }
 
 json config(json label_ops, json label = "rating") {
+  // `config({op})` is an array of one op under g++ but the op itself under clang (copy
+  // initialisation from a one-element list): make it the list of ops either way.
+  if (label_ops.is_object()) label_ops = json::array({label_ops});
   json j = {{"pipeline",
              {{{"columns", json::array({"rating"})}, {"ops", label_ops}},
               {{"columns", "@categorical"}, {"ops", {{{"op", "Categorify"}}}}}}}};
@@ -123,7 +126,7 @@ TEST(BinarizeTest, BadConfigs) {
       [] {
         Workflow::from_config(
             {{"pipeline",
-              {{{"columns", json::array({"user"})}, {"ops", {binarize(3, "gt")}}}}}},
+              {{{"columns", json::array({"user"})}, {"ops", json::array({binarize(3, "gt")})}}}}},
             ratings_schema());
       },
       {"op 'Binarize'", "applies to dense columns", "'user' is categorical"});
