@@ -27,5 +27,5 @@ $PIP -r requirements-test.txt
 # without them those kernels are skipped (unfused paths).
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   $PIP -r requirements-cuda.txt \
-    || echo "install-deps: nvidia-cutlass not installed; the fused CUDA kernels will not be built"
+    || echo "install-deps: nvidia-cutlass or nvidia-cusparselt-cu13 not installed; the fused CUDA kernels or the 2:4 sparse GEMMs will not be built"
 fi

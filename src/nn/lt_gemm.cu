@@ -18,6 +18,7 @@ namespace dlrec::nn::cuda_lt {
 struct Lt::Plan {
   bool ok = false;
   bool tuned = false;
+  bool int_scale = false;  // alpha and beta are int32 (int8 GEMMs with an int32 D)
   std::vector<cublasLtMatmulAlgo_t> candidates;
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
@@ -74,7 +75,13 @@ Lt::Plan* Lt::plan(const Gemm& g) {
   auto it = plans_.find(g.key());
   if (it != plans_.end()) return it->second.get();
   auto p = std::make_unique<Plan>();
-  DLREC_LT_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // int8 operands take the integer tensor cores: int32 accumulation, and either an int32 D
+  // (scale type int32) or an int8 D requantized by the float alpha (scale type float).
+  const bool int8 = g.ab_type == CUDA_R_8I;
+  const cudaDataType_t scale = int8 && g.d_type == CUDA_R_32I ? CUDA_R_32I : CUDA_R_32F;
+  DLREC_LT_CHECK(cublasLtMatmulDescCreate(&p->desc, int8 ? CUBLAS_COMPUTE_32I : CUBLAS_COMPUTE_32F,
+                                          scale));
+  p->int_scale = scale == CUDA_R_32I;
   const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   DLREC_LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
@@ -123,7 +130,7 @@ Lt::Plan* Lt::plan(const Gemm& g) {
 bool Lt::supported(const Gemm& g) { return plan(g)->ok; }
 
 bool Lt::run(const Gemm& g, const void* A, const void* B, void* D, void* vec, void* aux,
-             cudaStream_t stream, const void* C) {
+             cudaStream_t stream, const void* C, float alpha) {
   Plan* p = plan(g);
   if (!p->ok) return false;
   DLREC_CHECK(!g.accumulate_c || (C != nullptr && C != D),
@@ -137,7 +144,12 @@ bool Lt::run(const Gemm& g, const void* A, const void* B, void* D, void* vec, vo
     DLREC_LT_CHECK(cublasLtMatmulDescSetAttribute(
         p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
   const float one = 1.f, zero = 0.f;
-  const float* beta = g.accumulate_c ? &one : &zero;
+  const int32_t ione = 1, izero = 0, ialpha = static_cast<int32_t>(alpha);
+  DLREC_CHECK(!p->int_scale || static_cast<float>(ialpha) == alpha,
+              "cuBLASLt GEMM: an int32 output takes an integer alpha, not ", alpha);
+  const void* a_scale = p->int_scale ? static_cast<const void*>(&ialpha) : &alpha;
+  const void* beta = p->int_scale ? static_cast<const void*>(g.accumulate_c ? &ione : &izero)
+                                  : static_cast<const void*>(g.accumulate_c ? &one : &zero);
   if (!p->tuned) {
     // First use of the plan, on the real operands (every epilogue here is idempotent: D, the
     // bias gradient and the ReLU mask are overwritten, C != D is only read): time each
@@ -152,7 +164,7 @@ bool Lt::run(const Gemm& g, const void* A, const void* B, void* D, void* vec, vo
         bool good = true;
         for (int rep = 0; rep < 3 && good; ++rep) {
           if (rep == 1) DLREC_CUDA_CHECK(cudaEventRecord(e0, stream));
-          good = cublasLtMatmul(handle_, p->desc, &one, A, p->a, B, p->b, beta, c, p->d, D,
+          good = cublasLtMatmul(handle_, p->desc, a_scale, A, p->a, B, p->b, beta, c, p->d, D,
                                 p->d, &algo, ws_, ws_bytes_, stream) == CUBLAS_STATUS_SUCCESS;
         }
         if (!good) continue;
@@ -168,7 +180,7 @@ bool Lt::run(const Gemm& g, const void* A, const void* B, void* D, void* vec, vo
       p->tuned = true;
     }
   }
-  DLREC_LT_CHECK(cublasLtMatmul(handle_, p->desc, &one, A, p->a, B, p->b, beta, c, p->d, D, p->d,
+  DLREC_LT_CHECK(cublasLtMatmul(handle_, p->desc, a_scale, A, p->a, B, p->b, beta, c, p->d, D, p->d,
                                 &p->algo, ws_, ws_bytes_, stream));
   return true;
 }

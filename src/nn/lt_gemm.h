@@ -4,6 +4,9 @@
 //
 // With `accumulate_c` the GEMM adds a separate matrix C (same type and layout as D, C != D):
 //   D = op(A) op(B) + C   (beta = 1; C is read only, so a first-use timing run is harmless).
+// Types: ab_type bf16/fp16/fp32 (fp32 accumulation), or int8 (CUDA_R_8I: int32 accumulation on
+// the integer tensor cores, transposed A and untransposed B, D int8 requantized by alpha, or
+// int32).
 // Epilogues (cuBLASLt's names):
 //   Bias:        D += bias (per row of D, length m; bias type = D type)
 //   ReluAuxBias: D = relu(D + bias), and the ReLU mask as bits into `aux` (ld aux_ld bits)
@@ -73,8 +76,9 @@ class Lt {
   // D = op(A) op(B) with the epilogue; `vec` is the bias (input) or bias gradient (output),
   // `aux` the ReLU mask (output of ReluAuxBias, input of DRelu), `C` the added matrix when
   // g.accumulate_c (else ignored). False when unsupported.
+  // alpha scales op(A) op(B) (int8 operands with an int8 D: the requantizing scale).
   bool run(const Gemm& g, const void* A, const void* B, void* D, void* vec, void* aux,
-           cudaStream_t stream, const void* C = nullptr);
+           cudaStream_t stream, const void* C = nullptr, float alpha = 1.f);
   // Whether the plan exists (queries the heuristic on first use).
   bool supported(const Gemm& g);
   // How many plans fell back (for the profile print).
