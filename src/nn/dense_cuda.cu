@@ -14,10 +14,7 @@
 namespace dlrec::nn::cuda_dense {
 namespace {
 
-int grid_for(int64_t n, int threads, int cap = 65536) {
-  int64_t b = (n + threads - 1) / threads;
-  return static_cast<int>(b < 1 ? 1 : (b > cap ? cap : b));
-}
+using half_cuda::grid_for;
 
 using half_cuda::from_f;
 using half_cuda::to_f;

@@ -16,9 +16,12 @@
 #include <type_traits>
 
 #include "core/cuda_check.h"
+#include "nn/half_cuda.cuh"
 
 namespace dlrec::nn::cuda_emb {
 namespace {
+
+using half_cuda::grid_for;
 
 __device__ __forceinline__ uint64_t splitmix64_d(uint64_t x) {
   x += 0x9E3779B97F4A7C15ULL;
@@ -42,11 +45,6 @@ __global__ void fill_kernel(float* p, int64_t n, float v) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     p[i] = v;
-}
-
-int grid_for(int64_t n, int threads, int cap = 65536) {
-  int64_t b = (n + threads - 1) / threads;
-  return static_cast<int>(b < 1 ? 1 : (b > cap ? cap : b));
 }
 
 // Output stores of float4 (V = 4) and scalar lanes.

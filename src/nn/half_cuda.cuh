@@ -1,14 +1,22 @@
-// Device helpers shared by the 16-bit kernels: conversions between f32 and bf16/fp16, and the
-// unpacking of a 16-byte load (8 halves) into 8 floats. Header-only, device code only.
+// Helpers shared by the nn kernels: conversions between f32 and bf16/fp16, the unpacking of a
+// 16-byte load (8 halves) into 8 floats (device code), and the grid size of a grid-stride loop
+// (host). Header-only.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cstdint>
 #include <cuda_fp16.h>
 
 namespace dlrec::nn::half_cuda {
 
 using bf16 = __nv_bfloat16;
 using f16 = __half;
+
+// Blocks for a grid-stride loop over n items with `threads` per block: at least 1, at most cap.
+inline int grid_for(int64_t n, int threads, int cap = 65536) {
+  const int64_t b = (n + threads - 1) / threads;
+  return static_cast<int>(b < 1 ? 1 : (b > cap ? cap : b));
+}
 
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
