@@ -199,7 +199,7 @@ int run(int argc, char** argv) {
     const float alpha = wscale * xscale / (2.f / 127.f);
     std::unique_ptr<sp::Gemm24> g_bf, g_h, g_i8;
     // [0]: feature-major activations, [1]: row-major in, feature-major out (sp::Layout)
-    std::unique_ptr<sp::Gemm24> f_bf[2], f_h[2], f_i8[2];
+    std::unique_ptr<sp::Gemm24> f_bf[2], f_h[2], f_i8[2], f_i8b[2];  // f_i8b: int8 -> bf16
     std::string sparse_note;
     if (sparse_ok && K % 16 == 0) {
       try {
@@ -235,13 +235,16 @@ int run(int argc, char** argv) {
           f_h[l]->set_weight(w_h, s);
           f_i8[l] = std::make_unique<sp::Gemm24>(N, K, sp::Type::INT8, lay);
           f_i8[l]->set_weight(w_i8, s);
+          f_i8b[l] = std::make_unique<sp::Gemm24>(N, K, sp::Type::INT8, lay, true);
+          f_i8b[l]->set_weight(w_i8, s);
         }
       } catch (const std::exception& e) {
         sparse_note = e.what();
         g_bf.reset();
         g_h.reset();
         g_i8.reset();
-        for (int l = 0; l < 2; ++l) f_bf[l].reset(), f_h[l].reset(), f_i8[l].reset();
+        for (int l = 0; l < 2; ++l)
+          f_bf[l].reset(), f_h[l].reset(), f_i8[l].reset(), f_i8b[l].reset();
       }
     } else {
       sparse_note = sparse_ok ? "in % 16 != 0: no 2:4 kernel" : "no cuSPARSELt";
@@ -329,6 +332,11 @@ int run(int argc, char** argv) {
           fs_bf = attempt("bf16", [&] { f_bf[l]->run(x_bf, y2, B, s); });
           fs_h = attempt("fp16", [&] { f_h[l]->run(x_h, y2, B, s); });
           fs_i8 = attempt("int8", [&] { f_i8[l]->run(x_i8, y2, B, s, alpha); });
+          const double fs_i8b =
+              attempt("int8->bf16", [&] { f_i8b[l]->run(x_i8, y2, B, s, wscale * xscale); });
+          char b8[80];
+          std::snprintf(b8, sizeof b8, "2:4 int8->bf16 %.4f ms (%.2fx); ", fs_i8b, fd_bf / fs_i8b);
+          fchk += b8;
           lt.run(fg, x_bf, w_bf, y1, nullptr, nullptr, s);
           if (!std::isnan(fs_bf)) f_bf[l]->run(x_bf, y2, B, s);
           check(cudaStreamSynchronize(s), "sync");
@@ -367,7 +375,8 @@ int run(int argc, char** argv) {
     g_bf.reset();
     g_h.reset();
     g_i8.reset();
-    for (int l = 0; l < 2; ++l) f_bf[l].reset(), f_h[l].reset(), f_i8[l].reset();
+    for (int l = 0; l < 2; ++l)
+      f_bf[l].reset(), f_h[l].reset(), f_i8[l].reset(), f_i8b[l].reset();
     for (void* p : {static_cast<void*>(w_bf), static_cast<void*>(w_h), static_cast<void*>(w_i8),
                     static_cast<void*>(x_bf), static_cast<void*>(x_h), static_cast<void*>(x_i8),
                     y1, y2})

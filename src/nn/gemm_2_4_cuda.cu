@@ -33,7 +33,7 @@ bool available(std::string* why) {
 }
 struct Gemm24::State {};
 struct Gemm24::Plan {};
-Gemm24::Gemm24(int64_t out, int64_t in, Type type, Layout layout)
+Gemm24::Gemm24(int64_t out, int64_t in, Type type, Layout layout, bool)
     : out_(out), in_(in), type_(type), layout_(layout) {
   std::string why;
   available(&why);
@@ -159,12 +159,14 @@ struct Gemm24::Plan {
   }
 };
 
-Gemm24::Gemm24(int64_t out, int64_t in, Type type, Layout layout)
-    : out_(out), in_(in), type_(type), layout_(layout),
+Gemm24::Gemm24(int64_t out, int64_t in, Type type, Layout layout, bool int8_to_bf16)
+    : out_(out), in_(in), type_(type), int8_to_bf16_(int8_to_bf16), layout_(layout),
       s_(std::make_unique<State>()) {
   std::string why;
   if (!available(&why)) fail("2:4 sparse GEMM: ", why);
   DLREC_CHECK(out > 0 && in > 0, "2:4 sparse GEMM: bad shape [", out, ", ", in, "]");
+  DLREC_CHECK(!int8_to_bf16 || type == Type::INT8, "2:4 sparse GEMM: a bf16 output of int8 ",
+              "operands asked for ", type_name(type), " operands");
   DLREC_CHECK(in % 4 == 0, "2:4 sparse GEMM: the reduction size ", in,
               " is not a multiple of 4, so 2:4 groups do not tile it");
   const Api& a = api();
@@ -236,7 +238,8 @@ Gemm24::Plan& Gemm24::plan(int64_t batch, const void* x, void* y, cudaStream_t s
                                                   kAlign, t, CUSPARSE_ORDER_ROW));
   p->b_ok = true;
   DLREC_SPL_CHECK(a.cusparseLtDenseDescriptorInit(&s_->handle, &p->d, out_, batch,
-                                                  out_fm ? batch : out_, kAlign, t,
+                                                  out_fm ? batch : out_, kAlign,
+                                                  int8_to_bf16_ ? CUDA_R_16BF : t,
                                                   out_fm ? CUSPARSE_ORDER_ROW : CUSPARSE_ORDER_COL));
   p->d_ok = true;
   const cusparseComputeType compute =

@@ -9,7 +9,7 @@
 // inside CUDA graph capture.
 //
 // Types: bf16 or fp16 (X, W, Y of that type, fp32 accumulation), or int8 (X and W int8, int32
-// accumulation, Y int8 requantized by `alpha`).
+// accumulation, Y int8 requantized by `alpha`, or bf16 scaled by `alpha`).
 //
 // cuSPARSELt is loaded at run time (dlopen of libcusparseLt.so.0: the loader's path, then the
 // copy found at build time), so that builds and binaries without it work and only the sparse
@@ -42,7 +42,9 @@ class Gemm24 {
  public:
   // A GEMM with weights [out, in]; throws (with the reason) when cuSPARSELt is unavailable or
   // refuses the shape.
-  Gemm24(int64_t out, int64_t in, Type type, Layout layout = Layout::RowMajor);
+  // int8_to_bf16: with Type::INT8, Y is bf16 (alpha * the int32 sums) instead of int8.
+  Gemm24(int64_t out, int64_t in, Type type, Layout layout = Layout::RowMajor,
+         bool int8_to_bf16 = false);
   ~Gemm24();
   Gemm24(const Gemm24&) = delete;
   Gemm24& operator=(const Gemm24&) = delete;
@@ -65,6 +67,7 @@ class Gemm24 {
   Plan& plan(int64_t batch, const void* x, void* y, cudaStream_t stream);
   int64_t out_, in_;
   Type type_;
+  bool int8_to_bf16_ = false;
   Layout layout_ = Layout::RowMajor;
   std::unique_ptr<State> s_;
   std::map<int64_t, std::unique_ptr<Plan>> plans_;
