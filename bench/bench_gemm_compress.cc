@@ -145,19 +145,25 @@ int run(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (a == "--batches" && v) batches = parse_list(argv[++i]);
-    else if (a == "--iters" && v) iters = std::atoi(argv[++i]);
-    else if (a == "--reps" && v) reps = std::atoi(argv[++i]);
-    else if (a == "--model" && v) model = argv[++i];
+    if (a == "--batches" && v)
+      batches = parse_list(argv[++i]);
+    else if (a == "--iters" && v)
+      iters = std::atoi(argv[++i]);
+    else if (a == "--reps" && v)
+      reps = std::atoi(argv[++i]);
+    else if (a == "--model" && v)
+      model = argv[++i];
     else {
-      std::fprintf(stderr, "usage: bench_gemm_compress [--batches 8192,32768,65536] "
-                           "[--iters 30] [--reps 5] [--model all|dlrm|dcnv2]\n");
+      std::fprintf(stderr,
+                   "usage: bench_gemm_compress [--batches 8192,32768,65536] "
+                   "[--iters 30] [--reps 5] [--model all|dlrm|dcnv2]\n");
       return 2;
     }
   }
   if (iters <= 0 || reps <= 0 || (model != "all" && model != "dlrm" && model != "dcnv2")) {
-    std::fprintf(stderr, "bench_gemm_compress: --iters and --reps must be > 0, --model "
-                         "all|dlrm|dcnv2\n");
+    std::fprintf(stderr,
+                 "bench_gemm_compress: --iters and --reps must be > 0, --model "
+                 "all|dlrm|dcnv2\n");
     return 2;
   }
   std::string why;
@@ -218,9 +224,8 @@ int run(int argc, char** argv) {
           int64_t changed = 0;
           for (int64_t i = 0; i < N * K; ++i)
             changed += __bfloat162float(mine[i]) != __bfloat162float(lib[i]);
-          std::printf("%s %s: cuSPARSELt's pruning changes %lld of %lld values of ours\n",
-                      sh.model, sh.layer, static_cast<long long>(changed),
-                      static_cast<long long>(N * K));
+          std::printf("%s %s: cuSPARSELt's pruning changes %lld of %lld values of ours\n", sh.model,
+                      sh.layer, static_cast<long long>(changed), static_cast<long long>(N * K));
         }
         g_bf->set_weight(w_bf, s);
         g_h = std::make_unique<sp::Gemm24>(N, K, sp::Type::FP16);
@@ -295,7 +300,8 @@ int run(int argc, char** argv) {
           for (int64_t i = 0; i < n; ++i) i8_diff += c[i] != d[i];
         }
         char buf[160];
-        std::snprintf(buf, sizeof buf, "bf16 max|diff|/max|y| %.2e, int8 outputs differing %lld/%lld",
+        std::snprintf(buf, sizeof buf,
+                      "bf16 max|diff|/max|y| %.2e, int8 outputs differing %lld/%lld",
                       worst / std::max(scale, 1e-30), static_cast<long long>(i8_diff),
                       static_cast<long long>(n));
         chk = buf;
@@ -355,16 +361,19 @@ int run(int argc, char** argv) {
                         worst / std::max(scale, 1e-30));
           fchk += buf;
         }
-        std::printf("%-6s %-9s %5s %5s %6s | %8.4f %8s %8s | %8.4f %8.4f %8.4f | %5.2f %5.2f %5s "
-                    "%5.2f | %s; %s\n",
-                    "", "", "", "", "", fd_bf, "", "", fs_bf, fs_h, fs_i8, fd_bf / fs_bf,
-                    fd_bf / fs_h, "", fd_bf / fs_i8,
-                    l == 0 ? "feature-major" : "row-major in, feature-major out", fchk.c_str());
+        std::printf(
+            "%-6s %-9s %5s %5s %6s | %8.4f %8s %8s | %8.4f %8.4f %8.4f | %5.2f %5.2f %5s "
+            "%5.2f | %s; %s\n",
+            "", "", "", "", "", fd_bf, "", "", fs_bf, fs_h, fs_i8, fd_bf / fs_bf, fd_bf / fs_h, "",
+            fd_bf / fs_i8, l == 0 ? "feature-major" : "row-major in, feature-major out",
+            fchk.c_str());
       }
       std::printf(
           "RESULT {\"model\": \"%s\", \"layer\": \"%s\", \"out\": %lld, \"in\": %lld, \"batch\": "
           "%lld, \"ms\": {\"bf16\": %.5f, \"fp16\": %.5f, \"int8\": %.5f, \"sparse_bf16\": %.5f, "
-          "\"sparse_fp16\": %.5f, \"sparse_int8\": %.5f, \"fmout_bf16\": %.5f, \"fmout_sparse_bf16\": %.5f, \"fmout_sparse_fp16\": %.5f, \"fmout_sparse_int8\": %.5f}}\n",
+          "\"sparse_fp16\": %.5f, \"sparse_int8\": %.5f, \"fmout_bf16\": %.5f, "
+          "\"fmout_sparse_bf16\": %.5f, \"fmout_sparse_fp16\": %.5f, \"fmout_sparse_int8\": "
+          "%.5f}}\n",
           sh.model, sh.layer, static_cast<long long>(N), static_cast<long long>(K),
           static_cast<long long>(B), t_bf, t_h, std::isnan(t_i8) ? -1.0 : t_i8,
           std::isnan(s_bf) ? -1.0 : s_bf, std::isnan(s_h) ? -1.0 : s_h,
@@ -375,11 +384,10 @@ int run(int argc, char** argv) {
     g_bf.reset();
     g_h.reset();
     g_i8.reset();
-    for (int l = 0; l < 2; ++l)
-      f_bf[l].reset(), f_h[l].reset(), f_i8[l].reset(), f_i8b[l].reset();
-    for (void* p : {static_cast<void*>(w_bf), static_cast<void*>(w_h), static_cast<void*>(w_i8),
-                    static_cast<void*>(x_bf), static_cast<void*>(x_h), static_cast<void*>(x_i8),
-                    y1, y2})
+    for (int l = 0; l < 2; ++l) f_bf[l].reset(), f_h[l].reset(), f_i8[l].reset(), f_i8b[l].reset();
+    for (void* p :
+         {static_cast<void*>(w_bf), static_cast<void*>(w_h), static_cast<void*>(w_i8),
+          static_cast<void*>(x_bf), static_cast<void*>(x_h), static_cast<void*>(x_i8), y1, y2})
       cudaFree(p);
   }
   cudaStreamDestroy(s);
@@ -401,7 +409,8 @@ int main(int argc, char** argv) {
   (void)argc;
   (void)argv;
   (void)parse_list;
-  std::fprintf(stderr, "bench_gemm_compress: built without CUDA (configure with -DDLREC_CUDA=ON)\n");
+  std::fprintf(stderr,
+               "bench_gemm_compress: built without CUDA (configure with -DDLREC_CUDA=ON)\n");
   return 1;
 #endif
 }

@@ -1,10 +1,9 @@
 // 2:4 sparse GEMMs through cuSPARSELt, loaded at run time; see gemm_2_4_cuda.h.
-#include "nn/gemm_2_4_cuda.h"
-
-#include "dlrec/core/error.h"
-#include "core/cuda_check.h"
-
 #include <vector>
+
+#include "core/cuda_check.h"
+#include "dlrec/core/error.h"
+#include "nn/gemm_2_4_cuda.h"
 
 #ifdef DLREC_WITH_CUSPARSELT
 #include <cusparseLt.h>
@@ -15,9 +14,12 @@ namespace dlrec::nn::cuda_sparse {
 
 const char* type_name(Type t) {
   switch (t) {
-    case Type::BF16: return "bf16";
-    case Type::FP16: return "fp16";
-    case Type::INT8: return "int8";
+    case Type::BF16:
+      return "bf16";
+    case Type::FP16:
+      return "fp16";
+    case Type::INT8:
+      return "int8";
   }
   return "?";
 }
@@ -51,14 +53,15 @@ namespace {
 // The cuSPARSELt entry points used here, resolved from the shared library.
 struct Api {
   std::string error;  // empty when loaded
-#define DLREC_CUSPARSELT_FNS(X)                                                               \
-  X(cusparseLtInit) X(cusparseLtDestroy) X(cusparseLtGetErrorString)                          \
-  X(cusparseLtDenseDescriptorInit) X(cusparseLtStructuredDescriptorInit)                      \
-  X(cusparseLtMatDescriptorDestroy) X(cusparseLtMatmulDescriptorInit)                         \
-  X(cusparseLtMatmulAlgSelectionInit) X(cusparseLtMatmulAlgSelectionDestroy)                  \
-  X(cusparseLtMatmulPlanInit) X(cusparseLtMatmulPlanDestroy) X(cusparseLtMatmulGetWorkspace)  \
-  X(cusparseLtMatmul) X(cusparseLtSpMMAPrune2)                 \
-  X(cusparseLtSpMMACompressedSize2) X(cusparseLtSpMMACompress2)
+#define DLREC_CUSPARSELT_FNS(X)                                                     \
+  X(cusparseLtInit)                                                                 \
+  X(cusparseLtDestroy) X(cusparseLtGetErrorString) X(cusparseLtDenseDescriptorInit) \
+      X(cusparseLtStructuredDescriptorInit) X(cusparseLtMatDescriptorDestroy)       \
+          X(cusparseLtMatmulDescriptorInit) X(cusparseLtMatmulAlgSelectionInit)     \
+              X(cusparseLtMatmulAlgSelectionDestroy) X(cusparseLtMatmulPlanInit)    \
+                  X(cusparseLtMatmulPlanDestroy) X(cusparseLtMatmulGetWorkspace)    \
+                      X(cusparseLtMatmul) X(cusparseLtSpMMAPrune2)                  \
+                          X(cusparseLtSpMMACompressedSize2) X(cusparseLtSpMMACompress2)
 #define DLREC_DECLARE(name) decltype(&::name) name = nullptr;
   DLREC_CUSPARSELT_FNS(DLREC_DECLARE)
 #undef DLREC_DECLARE
@@ -75,14 +78,15 @@ Api load_api() {
 #ifdef DLREC_CUSPARSELT_LIB
               ", or " DLREC_CUSPARSELT_LIB
 #endif
-              "): " + dlerror();
+              "): " +
+              dlerror();
     return a;
   }
-#define DLREC_RESOLVE(name)                                                     \
-  a.name = reinterpret_cast<decltype(&::name)>(dlsym(lib, #name));              \
-  if (!a.name) {                                                                \
+#define DLREC_RESOLVE(name)                                                    \
+  a.name = reinterpret_cast<decltype(&::name)>(dlsym(lib, #name));             \
+  if (!a.name) {                                                               \
     a.error = "cuSPARSELt library lacks " #name " (version older than 0.10?)"; \
-    return a;                                                                   \
+    return a;                                                                  \
   }
   DLREC_CUSPARSELT_FNS(DLREC_RESOLVE)
 #undef DLREC_RESOLVE
@@ -94,19 +98,22 @@ const Api& api() {
   return a;
 }
 
-#define DLREC_SPL_CHECK(expr)                                                             \
-  do {                                                                                    \
-    const cusparseStatus_t _s = (expr);                                                   \
-    if (_s != CUSPARSE_STATUS_SUCCESS)                                                    \
-      ::dlrec::fail("cuSPARSELt: ", api().cusparseLtGetErrorString(_s), " (", int(_s), \
-                    ") in ", #expr);                                                      \
+#define DLREC_SPL_CHECK(expr)                                                                   \
+  do {                                                                                          \
+    const cusparseStatus_t _s = (expr);                                                         \
+    if (_s != CUSPARSE_STATUS_SUCCESS)                                                          \
+      ::dlrec::fail("cuSPARSELt: ", api().cusparseLtGetErrorString(_s), " (", int(_s), ") in ", \
+                    #expr);                                                                     \
   } while (0)
 
 cudaDataType_t cuda_type(Type t) {
   switch (t) {
-    case Type::BF16: return CUDA_R_16BF;
-    case Type::FP16: return CUDA_R_16F;
-    case Type::INT8: return CUDA_R_8I;
+    case Type::BF16:
+      return CUDA_R_16BF;
+    case Type::FP16:
+      return CUDA_R_16F;
+    case Type::INT8:
+      return CUDA_R_8I;
   }
   return CUDA_R_32F;
 }
@@ -160,7 +167,11 @@ struct Gemm24::Plan {
 };
 
 Gemm24::Gemm24(int64_t out, int64_t in, Type type, Layout layout, bool int8_to_bf16)
-    : out_(out), in_(in), type_(type), int8_to_bf16_(int8_to_bf16), layout_(layout),
+    : out_(out),
+      in_(in),
+      type_(type),
+      int8_to_bf16_(int8_to_bf16),
+      layout_(layout),
       s_(std::make_unique<State>()) {
   std::string why;
   if (!available(&why)) fail("2:4 sparse GEMM: ", why);
@@ -234,20 +245,18 @@ Gemm24::Plan& Gemm24::plan(int64_t batch, const void* x, void* y, cudaStream_t s
   // D = Y^T [out, batch] row-major (feature-major output) or Y [batch, out] (column-major D).
   const bool in_fm = layout_ == Layout::FeatureMajor, out_fm = layout_ != Layout::RowMajor;
   DLREC_SPL_CHECK(a.cusparseLtDenseDescriptorInit(&s_->handle, &p->b, in_fm ? in_ : batch,
-                                                  in_fm ? batch : in_, in_fm ? batch : in_,
-                                                  kAlign, t, CUSPARSE_ORDER_ROW));
+                                                  in_fm ? batch : in_, in_fm ? batch : in_, kAlign,
+                                                  t, CUSPARSE_ORDER_ROW));
   p->b_ok = true;
-  DLREC_SPL_CHECK(a.cusparseLtDenseDescriptorInit(&s_->handle, &p->d, out_, batch,
-                                                  out_fm ? batch : out_, kAlign,
-                                                  int8_to_bf16_ ? CUDA_R_16BF : t,
-                                                  out_fm ? CUSPARSE_ORDER_ROW : CUSPARSE_ORDER_COL));
+  DLREC_SPL_CHECK(a.cusparseLtDenseDescriptorInit(
+      &s_->handle, &p->d, out_, batch, out_fm ? batch : out_, kAlign,
+      int8_to_bf16_ ? CUDA_R_16BF : t, out_fm ? CUSPARSE_ORDER_ROW : CUSPARSE_ORDER_COL));
   p->d_ok = true;
   const cusparseComputeType compute =
       type_ == Type::INT8 ? CUSPARSE_COMPUTE_32I : CUSPARSE_COMPUTE_32F;
   DLREC_SPL_CHECK(a.cusparseLtMatmulDescriptorInit(&s_->handle, &p->mm, kOpA,
                                                    in_fm ? CUSPARSE_OPERATION_NON_TRANSPOSE : kOpB,
-                                                   &s_->a, &p->b,
-                                                   &p->d, &p->d, compute));
+                                                   &s_->a, &p->b, &p->d, &p->d, compute));
   // The library's default kernel configuration for the shape. Not searched: on cuSPARSELt 0.8
   // (the GPU hosts' copy, PyTorch 2.11's) with an H200, cusparseLtMatmulSearch fails with an
   // internal error, and timing each configuration in turn reaches one whose kernel stops on an
