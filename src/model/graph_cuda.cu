@@ -635,7 +635,8 @@ double GraphCuda::train_step_part(const io::Batch& batch, int64_t global_rows, d
   DLREC_CHECK(e_.dp.comm, "graph model: train_step_part without a data-parallel reducer");
   check_batch(batch);
   int64_t nnz = 0;
-  for (int64_t t = 0; t < T_; ++t) nnz += batch.cat_offsets[t][batch.rows] - batch.cat_offsets[t][0];
+  for (int64_t t = 0; t < T_; ++t)
+    nnz += batch.cat_offsets[t][batch.rows] - batch.cat_offsets[t][0];
   const int n = e_.dp.ranks;
   const int64_t mine[2] = {batch.rows, nnz};
   std::vector<int64_t> all(2 * n);

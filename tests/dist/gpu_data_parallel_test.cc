@@ -29,14 +29,14 @@ namespace {
 
 const std::string kDlrec = std::string(DLREC_BIN_DIR) + "/dlrec";
 
-#define SKIP_WITHOUT_TWO_GPUS()                                                                \
-  if (!dist::mpi_built() || mpirun_prefix(2).empty())                                          \
+#define SKIP_WITHOUT_TWO_GPUS()                                                                  \
+  if (!dist::mpi_built() || mpirun_prefix(2).empty())                                            \
     GTEST_SKIP() << "this build has no MPI or mpirun is not installed: GPU data parallelism is " \
-                    "not tested here";                                                         \
-  if (!dist::nccl_built())                                                                     \
-    GTEST_SKIP() << "this build has no NCCL (a CUDA build with NCCL is needed)";               \
-  if (cuda::device_count() < 2)                                                                \
-  GTEST_SKIP() << "this machine has " << cuda::device_count()                                  \
+                    "not tested here";                                                           \
+  if (!dist::nccl_built())                                                                       \
+    GTEST_SKIP() << "this build has no NCCL (a CUDA build with NCCL is needed)";                 \
+  if (cuda::device_count() < 2)                                                                  \
+  GTEST_SKIP() << "this machine has " << cuda::device_count()                                    \
                << " GPU(s); training across GPUs needs 2"
 
 // 10,000 training rows (the last global batch of each epoch is partial: 16 rows at 64, 8 + 8
@@ -45,8 +45,7 @@ struct Data {
   TempDir tmp{"gpudp"};
   std::string dir = tmp.path + "/data", config = tmp.path + "/config.json";
   // extra: more top-level config sections (", \"sharding\": {}").
-  Data(const std::string& optimizer, const std::string& precision,
-       const std::string& extra = "") {
+  Data(const std::string& optimizer, const std::string& precision, const std::string& extra = "") {
     io::DatagenConfig g;
     g.rows = 12000;
     g.seed = 11;
@@ -95,8 +94,7 @@ void expect_two_gpus_match_one(const std::string& optimizer) {
   ASSERT_EQ(one.exit_code, 0) << one.output;
   auto two = run_job(d.train_args("two", 32, "two.jsonl") + " --gpus 2", 900);
   ASSERT_EQ(two.exit_code, 0) << two.output;
-  EXPECT_NE(two.output.find("trained: steps=1000 samples=63712 "), std::string::npos)
-      << two.output;
+  EXPECT_NE(two.output.find("trained: steps=1000 samples=63712 "), std::string::npos) << two.output;
   const std::vector<json> a = d.metrics("one.jsonl"), b = d.metrics("two.jsonl");
   ASSERT_EQ(a.size(), b.size());
   ASSERT_EQ(a.size(), 101u);  // 100 logged losses, then the evaluation
@@ -111,9 +109,10 @@ void expect_two_gpus_match_one(const std::string& optimizer) {
   EXPECT_EQ(b.back()["rows"], 2000);
   EXPECT_NEAR(a.back()["auc"].get<double>(), b.back()["auc"].get<double>(), 1e-4);
   EXPECT_GT(a.back()["auc"].get<double>(), 0.6);  // it learned something
-  std::printf("[gpu dp] 1000 steps: worst relative loss difference %.3g, AUC %.6f (1 GPU) vs "
-              "%.6f (2 GPUs)\n",
-              worst, a.back()["auc"].get<double>(), b.back()["auc"].get<double>());
+  std::printf(
+      "[gpu dp] 1000 steps: worst relative loss difference %.3g, AUC %.6f (1 GPU) vs "
+      "%.6f (2 GPUs)\n",
+      worst, a.back()["auc"].get<double>(), b.back()["auc"].get<double>());
 }
 
 TEST(GpuDataParallel, TwoGpusMatchOneGpuOver1000StepsSgd) {
@@ -133,8 +132,7 @@ TEST(GpuDataParallel, UnsupportedConfigurationsAreClearErrors) {
     Data d(R"({"type": "sgd", "lr": 0.1})", "fp16");
     auto r = run_job(d.train_args("fp16", 32, "m.jsonl") + " --gpus 2", 300);
     EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.output.find("dynamic loss scaling across GPUs is not supported"),
-              std::string::npos)
+    EXPECT_NE(r.output.find("dynamic loss scaling across GPUs is not supported"), std::string::npos)
         << r.output;
   }
   {

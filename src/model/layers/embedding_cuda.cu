@@ -154,10 +154,10 @@ class EmbeddingNode final : public Node {
       c.all_gather_v(e.keys, keys_in_.raw(), key_counts, dist::Elem::I32);
       c.all_gather_v(gv.g.raw(), grad_g_.raw(), grad_counts, dist::elem_of(gv.gdt));
     });
-    dp::build_global_bags(geo, off_in_.data<int32_t>(), static_cast<const uint32_t*>(keys_in_.raw()),
-                          off_g_.data<int32_t>(), static_cast<uint32_t*>(keys_g_.raw()),
-                          lens_.data<int32_t>(), src_.data<int64_t>(), scan_.raw(), scan_bytes_,
-                          e.st);
+    dp::build_global_bags(geo, off_in_.data<int32_t>(),
+                          static_cast<const uint32_t*>(keys_in_.raw()), off_g_.data<int32_t>(),
+                          static_cast<uint32_t*>(keys_g_.raw()), lens_.data<int32_t>(),
+                          src_.data<int64_t>(), scan_.raw(), scan_bytes_, e.st);
     const int32_t* off = off_g_.data<int32_t>();
     ce::backward_ids(ts_.tab, off, static_cast<const uint32_t*>(keys_g_.raw()), d.global_rows,
                      d.global_nnz, ts_.key_bits, ts_.scratch, e.st);

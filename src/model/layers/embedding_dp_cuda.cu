@@ -1,12 +1,10 @@
 // The data-parallel embedding exchange's kernels (embedding_dp_cuda.h).
-#include "model/layers/embedding_dp_cuda.h"
-
 #include <algorithm>
-
 #include <cub/device/device_scan.cuh>
 
 #include "core/cuda_check.h"
 #include "dlrec/core/error.h"
+#include "model/layers/embedding_dp_cuda.h"
 
 namespace dlrec::model::gpu_graph::dp {
 namespace {
@@ -38,17 +36,15 @@ __global__ void copy_keys(int64_t bags, const int32_t* __restrict__ off_g,
   }
 }
 
-int blocks_for(int64_t n) {
-  return static_cast<int>(std::min<int64_t>((n + 255) / 256, 65535));
-}
+int blocks_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 65535)); }
 
 }  // namespace
 
 size_t scan_bytes(int64_t bags) {
   size_t bytes = 0;
-  DLREC_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, bytes, static_cast<const int32_t*>(nullptr),
-                                                 static_cast<int32_t*>(nullptr),
-                                                 static_cast<int>(std::max<int64_t>(bags, 1))));
+  DLREC_CUDA_CHECK(cub::DeviceScan::InclusiveSum(
+      nullptr, bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+      static_cast<int>(std::max<int64_t>(bags, 1))));
   return bytes;
 }
 
@@ -63,8 +59,8 @@ void build_global_bags(const RankGeometry& g, const int32_t* off_in, const uint3
   bag_lengths<<<blocks_for(bags), 256, 0, stream>>>(g, off_in, lens, src);
   DLREC_CUDA_LAUNCH_CHECK();
   size_t bytes = temp_bytes;
-  DLREC_CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp, bytes, lens, off_g + 1,
-                                                 static_cast<int>(bags), stream));
+  DLREC_CUDA_CHECK(
+      cub::DeviceScan::InclusiveSum(temp, bytes, lens, off_g + 1, static_cast<int>(bags), stream));
   copy_keys<<<blocks_for(bags), 256, 0, stream>>>(bags, off_g, src, keys_in, keys_g);
   DLREC_CUDA_LAUNCH_CHECK();
 }
