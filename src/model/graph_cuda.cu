@@ -604,8 +604,7 @@ void GraphCuda::set_gradient_reducer(GradientReducer* reducer) {
   dist::Communicator* comm = reducer->device_communicator();
   DLREC_CHECK(comm && reducer->host_communicator(),
               "graph model on ", dev_.str(), ": data-parallel training across GPUs needs the "
-              "NCCL communicator (dlrec train --gpus N, or mpirun -np N with \"device\": "
-              "\"cuda\")");
+              "NCCL communicator (dlrec train --gpus N, also under mpirun -np N)");
   DLREC_CHECK(comm->device() == dev_, "graph model on ", dev_.str(),
               ": the NCCL communicator is on ", comm->device().str());
   DLREC_CHECK(comm->size() <= gpu_graph::dp::kMaxRanks, "data-parallel training on ",
