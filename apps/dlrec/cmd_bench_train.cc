@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "dlrec/core/progress.h"
 #include "dlrec/core/thread_pool.h"
+#include "dlrec/dist/communicator.h"
 #include "dlrec/io/shard.h"
 #include "dlrec/io/synthetic_batch.h"
 #include "dlrec/model/model.h"
@@ -25,11 +26,30 @@ const char* kMlperfDlrm = R"({
 struct TrainBenchOptions {
   std::string config, device = "cpu", data, dist = "uniform", batches_arg = "32768", optimizer;
   double lr = -1;
-  int steps = 30, warmup = 5, distinct = 8;
+  int steps = 30, warmup = 5, distinct = 8, gpus = 0;
+  double comm_timeout = 300;
   int64_t max_rows = -1;
   bool tf32 = false, reader_only = false;
   std::string precision = "fp32";
   uint64_t seed = 1;
+};
+
+// --gpus: the exchanges of a model that trains data-parallel on its GPUs (the CUDA engine
+// sums inside its step through `gpu`; host-side reductions are never asked of it).
+class DeviceReducer final : public model::GradientReducer {
+ public:
+  DeviceReducer(dist::Communicator& host, dist::Communicator& gpu) : host_(host), gpu_(gpu) {}
+  void reduce_dense(const std::vector<Tensor*>&) override {
+    fail("bench train --gpus: host-side gradient reduction asked of a device model (bug)");
+  }
+  void reduce_sparse(const nn::SparseGrad&, nn::SparseGrad&) override {
+    fail("bench train --gpus: host-side gradient reduction asked of a device model (bug)");
+  }
+  dist::Communicator* device_communicator() override { return &gpu_; }
+  dist::Communicator* host_communicator() override { return &host_; }
+
+ private:
+  dist::Communicator &host_, &gpu_;
 };
 
 std::vector<int64_t> parse_sizes(const std::string& s) {
@@ -93,16 +113,45 @@ int run_train_bench(const TrainBenchOptions& o) {
     }
   }
   if (o.reader_only) return run_reader_bench(o, shards);
-  const Device device = Device::parse(o.device);
+  // --gpus N: data-parallel on N GPUs (one rank each, started through mpirun); every rank
+  // trains on its own random batches of --batch rows (weak scaling: the global batch is N x).
+  std::unique_ptr<dist::Communicator> host, nccl;
+  std::unique_ptr<DeviceReducer> reducer;
+  int rank = 0, ranks = 1;
+  Device device = Device::parse(o.device);
+  if (o.gpus > 0) {
+    DLREC_CHECK(shards.empty(), "bench train --gpus: in-memory batches only (drop --data)");
+    dist::CommOptions co;
+    co.timeout_seconds = o.comm_timeout;
+    host = dist::make_mpi_communicator(co);
+    DLREC_CHECK(host->size() == o.gpus, "bench train: this job has ", host->size(),
+                " ranks but --gpus ", o.gpus);
+    rank = host->rank();
+    ranks = host->size();
+    device = Device::cuda(dist::mpi_local_rank());
+  }
   Timer build;
   auto m = model::build_model(cfg.model, cfg.optimizer, layout, device, o.seed, precision);
+  if (o.gpus > 0) {
+    nccl = dist::make_nccl_communicator(*host, device.index, dist::CommOptions{o.comm_timeout});
+    reducer = std::make_unique<DeviceReducer>(*host, *nccl);
+    m->set_gradient_reducer(reducer.get());
+    DLREC_CHECK(m->trains_parts_on_device(), "bench train --gpus: the model on ", device.str(),
+                " does not train data-parallel on the device");
+  }
+  // One step: the model's own, or this rank's part of a global batch of `ranks` x its rows.
+  auto step = [&](const io::Batch& b, bool want_loss) {
+    return o.gpus > 0 ? m->train_step_part(b, b.rows * ranks, 1.0, want_loss)
+                      : m->train_step(b, 1.0, want_loss);
+  };
   std::fprintf(stderr, "[bench train] built %s on %s in %.1fs\n", cfg.model.arch.c_str(),
                device.str().c_str(), build.seconds());
   for (int64_t B : parse_sizes(o.batches_arg)) {
     std::vector<io::Batch> batches;
     if (shards.empty()) {
       for (int i = 0; i < o.distinct; ++i)
-        batches.push_back(io::random_batch(layout, B, o.dist == "zipf", o.seed * 1000 + B + i));
+        batches.push_back(io::random_batch(layout, B, o.dist == "zipf",
+                                           o.seed * 1000 + B + i + 7919 * rank));
     }
     std::unique_ptr<io::ShardLoader> loader;
     io::Batch from_disk;
@@ -115,18 +164,22 @@ int run_train_bench(const TrainBenchOptions& o) {
       }
       return from_disk;
     };
-    for (int i = 0; i < o.warmup; ++i) m->train_step(batch_for(i), 1.0, false);
+    for (int i = 0; i < o.warmup; ++i) step(batch_for(i), false);
     m->synchronize();
+    if (host) host->barrier();
     int64_t samples = 0;
     Timer t;
     for (int i = 0; i < o.steps; ++i) {
       const io::Batch& b = batch_for(o.warmup + i);
-      m->train_step(b, 1.0, false);
-      samples += b.rows;
+      step(b, false);
+      samples += b.rows * ranks;
     }
     m->synchronize();
+    if (host) host->barrier();
     const double s = t.seconds();
-    const double loss = m->train_step(batch_for(0), 1.0, true);
+    double loss = step(batch_for(0), true);
+    if (host) loss = host->all_reduce_value(loss);  // the shares of the global batch's mean
+    if (rank != 0) continue;
     const double peak_gb =
         device.is_cuda() ? cuda::pool_peak_bytes(device.index) / 1e9 : 0.0;
     std::printf("bench train: arch=%s optimizer=%s device=%s threads=%d source=%s batch=%lld "
@@ -136,8 +189,10 @@ int run_train_bench(const TrainBenchOptions& o) {
                 shards.empty() ? "memory" : "shards", static_cast<long long>(B), o.steps,
                 1e3 * s / o.steps, samples / s, loss, precision.c_str());
     if (device.is_cuda()) std::printf(" peak_mem=%.2fGB", peak_gb);
+    if (o.gpus > 0) std::printf(" gpus=%d rows_per_gpu=%lld", ranks, static_cast<long long>(B));
     std::printf("\n");
   }
+  if (o.gpus > 0) m->set_gradient_reducer(nullptr);  // before the communicators go
   return 0;
 }
 
@@ -168,7 +223,20 @@ Runner add_bench(CLI::App& app) {
       ->check(CLI::IsMember({"sgd", "adagrad"}));
   t->add_option("--lr", o->lr, "Override the config's learning rate");
   t->add_option("--seed", o->seed, "Seed of parameters and batches");
-  Runner train = [o] { return run_train_bench(*o); };
+  t->add_option("--gpus", o->gpus,
+                "Data-parallel on N GPUs of this node (one rank each, started through mpirun "
+                "as dlrec train --gpus is); --batch is per GPU, samples/s of the whole job")
+      ->check(CLI::Range(1, 64));
+  t->add_option("--comm-timeout", o->comm_timeout,
+                "With --gpus: seconds a collective may wait for the other ranks")
+      ->check(CLI::PositiveNumber);
+  Runner train = [o] {
+    if (o->gpus > 0 && !dist::started_by_mpi_launcher())
+      return dist::launch_local_job(o->gpus, own_command_line());
+    const int rc = run_train_bench(*o);
+    if (o->gpus > 0) dist::finalize();
+    return rc;
+  };
 #ifdef DLREC_WITH_SERVER
   Runner serve = add_bench_serve(b);
 #else

@@ -35,6 +35,8 @@ model::RunConfig apply(const TrainArgs& a) {
   return cfg;
 }
 
+}  // namespace
+
 // This process's command line (to start the same command as each rank of a job).
 std::vector<std::string> own_command_line() {
   std::ifstream f("/proc/self/cmdline", std::ios::binary);
@@ -56,7 +58,6 @@ std::vector<std::string> own_command_line() {
 void print_eval(const char* what, const train::EvalResult& e) {
   std::printf("%s: %s (%.1fs)\n", what, train::format_eval(e).c_str(), e.seconds);
 }
-}  // namespace
 
 int run_train(const TrainArgs& args, dist::Communicator* comm);
 
@@ -135,6 +136,7 @@ int run_train(const TrainArgs& args, dist::Communicator* comm) {
     opt.run_dir = a->run;
     opt.resume = a->resume;
     opt.comm = comm;
+    opt.comm_timeout_seconds = a->comm_timeout;
     opt.metrics_log = a->metrics_log;
     if (a->rank != -1) {
       DLREC_CHECK(a->rank != -1 && a->ranks != 0, "--rank and --ranks go together");

@@ -24,5 +24,7 @@ Runner add_bench(CLI::App& app);  // bench train, and bench serve with DLREC_WIT
 Runner add_bench_serve(CLI::App* bench);  // built with DLREC_WITH_SERVER
 Runner add_bench_etl(CLI::App* bench);    // cmd_bench_etl.cc
 Runner add_bench_infer(CLI::App* bench);  // cmd_bench_infer.cc
+// This process's command line, to start the same command as each rank of a job (cmd_train.cc).
+std::vector<std::string> own_command_line();
 
 }  // namespace dlrec::cli

@@ -77,6 +77,7 @@
 #include <vector>
 
 #include "model/graph_cuda_impl.h"
+#include "model/layers/embedding_dp_cuda.h"
 
 namespace dlrec::model {
 namespace graph_cuda_impl {
@@ -496,7 +497,7 @@ void GraphCuda::step_body() {
   run_forward();
   cd::bce_with_logits(logits(), inputs_->slots[cur_].d_labels.data<float>(), fwd_rows_,
                       dlogits_.data<float>(), static_cast<double*>(loss_.raw()), e_.st, nullptr,
-                      loss() == nn::LossKind::Mse);
+                      loss() == nn::LossKind::Mse, loss_rows_);
   mark("bce");
   run_backward();
 }
@@ -524,6 +525,7 @@ void GraphCuda::backward_and_update(const Tensor& dlogits, double lr_scale) {
   DeviceGuard g(dev_index_);
   DLREC_CHECK(have_training_forward_,
               "graph model: backward_and_update needs a forward(batch, training = true) before it");
+  DLREC_CHECK(!e_.dp.comm, "graph model: a data-parallel model trains with train_step_part");
   DLREC_CHECK(dlogits.dtype() == DType::F32 && dlogits.numel() == fwd_rows_,
               "graph model: dlogits must be f32 with ", fwd_rows_, " values, got ",
               dtype_name(dlogits.dtype()), " ", shape_str(dlogits.shape()));
@@ -550,6 +552,13 @@ void GraphCuda::backward_and_update(const Tensor& dlogits, double lr_scale) {
 
 double GraphCuda::train_step(const io::Batch& batch, double lr_scale, bool want_loss) {
   DeviceGuard g(dev_index_);
+  DLREC_CHECK(!e_.dp.comm, "graph model: a data-parallel model trains with train_step_part "
+              "(every rank's part of the global batch)");
+  loss_rows_ = 0;
+  return run_train_step(batch, lr_scale, want_loss);
+}
+
+double GraphCuda::run_train_step(const io::Batch& batch, double lr_scale, bool want_loss) {
   check_batch(batch);
   DLREC_CHECK(static_cast<int64_t>(batch.labels.size()) == batch.rows,
               "graph model: train_step needs one label per row");
@@ -560,6 +569,16 @@ double GraphCuda::train_step(const io::Batch& batch, double lr_scale, bool want_
          true);
   mark("h2d (+host packing)");
   InputSlot& sl = inputs_->slots[cur_];
+  if (e_.dp.comm) {
+    // The other ranks' counts are in the graph too: a graph of other counts is captured anew.
+    std::vector<int64_t> shape = e_.dp.rows;
+    shape.insert(shape.end(), e_.dp.nnz.begin(), e_.dp.nnz.end());
+    if (shape != dp_shape_[cur_]) {
+      sl.graph.reset();
+      sl.eager_steps = 0;
+      dp_shape_[cur_] = std::move(shape);
+    }
+  }
   run_step(sl, fwd_rows_, fwd_nnz_, graphs_, e_.st, [&] { step_body(); });
   DLREC_CUDA_CHECK(cudaEventRecord(sl.free, e_.st));
   flush_profile();
@@ -569,6 +588,81 @@ double GraphCuda::train_step(const io::Batch& batch, double lr_scale, bool want_
       cudaMemcpyAsync(&loss, loss_.raw(), sizeof(double), cudaMemcpyDeviceToHost, e_.st));
   DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
   return loss;
+}
+
+void GraphCuda::set_gradient_reducer(GradientReducer* reducer) {
+  DeviceGuard g(dev_index_);
+  synchronize();
+  if (e_.dp.comm && e_.dp.cst) DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.dp.cst));
+  drop_graphs();  // they hold the old exchanges (or none)
+  dp_shape_[0].clear();
+  dp_shape_[1].clear();
+  cap_b_ = cap_nnz_ = 0;  // the buffers are sized anew (the exchange's, for every rank's batch)
+  e_.dp = DataParallel{};
+  host_comm_ = nullptr;
+  if (!reducer) return;
+  dist::Communicator* comm = reducer->device_communicator();
+  DLREC_CHECK(comm && reducer->host_communicator(),
+              "graph model on ", dev_.str(), ": data-parallel training across GPUs needs the "
+              "NCCL communicator (dlrec train --gpus N, also under mpirun -np N)");
+  DLREC_CHECK(comm->device() == dev_, "graph model on ", dev_.str(),
+              ": the NCCL communicator is on ", comm->device().str());
+  DLREC_CHECK(comm->size() <= gpu_graph::dp::kMaxRanks, "data-parallel training on ",
+              comm->size(), " GPUs: at most ", gpu_graph::dp::kMaxRanks, " are supported");
+  DLREC_CHECK(!e_.fp16, "train.precision \"fp16\": dynamic loss scaling across GPUs is not "
+              "supported yet (bf16, tf32 and fp32 are)");
+  DLREC_CHECK(!emb_ || !emb_->hashed(), "layer '", emb_ ? emb_->layer_name() : "",
+              "': hashed tables are not supported across GPUs yet (fixed tables are)");
+  for (const LayerSpec& s : spec_.layers)
+    DLREC_CHECK(s.type != "wide", s.where, ": the wide layer's tables are not supported across "
+                "GPUs yet (the embedding layer's are)");
+  e_.dp.comm = comm;
+  e_.dp.cst = static_cast<cudaStream_t>(comm->stream());
+  e_.dp.to_comm = gpu::Event(dev_index_);
+  e_.dp.from_comm = gpu::Event(dev_index_);
+  e_.dp.rank = comm->rank();
+  e_.dp.ranks = comm->size();
+  host_comm_ = reducer->host_communicator();
+}
+
+// Every rank's rows and ids are exchanged on the host first (the embedding exchange's sizes;
+// a small MPI all-gather, no device synchronisation), then the step runs with the loss of the
+// global batch's mean.
+double GraphCuda::train_step_part(const io::Batch& batch, int64_t global_rows, double lr_scale,
+                                  bool want_loss) {
+  DeviceGuard g(dev_index_);
+  DLREC_CHECK(e_.dp.comm, "graph model: train_step_part without a data-parallel reducer");
+  check_batch(batch);
+  int64_t nnz = 0;
+  for (int64_t t = 0; t < T_; ++t)
+    nnz += batch.cat_offsets[t][batch.rows] - batch.cat_offsets[t][0];
+  const int n = e_.dp.ranks;
+  const int64_t mine[2] = {batch.rows, nnz};
+  std::vector<int64_t> all(2 * n);
+  host_comm_->all_gather(mine, all.data(), 2, dist::Elem::I64);
+  DataParallel& d = e_.dp;
+  d.rows.assign(n, 0);
+  d.nnz.assign(n, 0);
+  d.global_rows = d.global_nnz = 0;
+  for (int r = 0; r < n; ++r) {
+    d.rows[r] = all[2 * r];
+    d.nnz[r] = all[2 * r + 1];
+    DLREC_CHECK(d.rows[r] > 0, "data-parallel step: rank ", r, " has no rows (every rank needs "
+                "some rows of each global batch)");
+    d.global_rows += d.rows[r];
+    d.global_nnz += d.nnz[r];
+  }
+  DLREC_CHECK(d.global_rows == global_rows, "data-parallel step: the ranks hold ", d.global_rows,
+              " rows of a global batch of ", global_rows);
+  DLREC_CHECK(d.global_nnz < (int64_t{1} << 31) &&
+                  d.global_rows * std::max<int64_t>(T_, 1) < (int64_t{1} << 31),
+              "data-parallel step: the global batch's ", d.global_nnz, " ids and ", d.global_rows,
+              " rows are too many (int32 offsets)");
+  // The exchange's buffers hold every rank's part: sized for the largest.
+  ensure_capacity(*std::max_element(d.rows.begin(), d.rows.end()),
+                  *std::max_element(d.nnz.begin(), d.nnz.end()));
+  loss_rows_ = global_rows;
+  return run_train_step(batch, lr_scale, want_loss);
 }
 
 void GraphCuda::synchronize() {

@@ -29,6 +29,12 @@ class GraphCuda final : public CudaModel {
   Device device() const override { return dev_; }
   double train_step(const io::Batch& batch, double lr_scale, bool want_loss) override;
   void synchronize() override;
+  // Data-parallel across GPUs (Engine::dp): the reducer's NCCL communicator carries the
+  // exchanges inside the step; train_step_part runs this rank's part of a global batch.
+  void set_gradient_reducer(GradientReducer* reducer) override;
+  bool trains_parts_on_device() const override { return e_.dp.comm != nullptr; }
+  double train_step_part(const io::Batch& batch, int64_t global_rows, double lr_scale,
+                         bool want_loss) override;
   // Serving (graph_cuda_infer.cu): batches with one id per table and row run as one CUDA graph
   // per power-of-two bucket of rows (copy in, forward, sigmoid, copy out), in chunks of
   // GraphCudaOptions::infer_chunk rows through two alternating buckets (the host packs one while the device runs
@@ -125,6 +131,13 @@ class GraphCuda final : public CudaModel {
   bool trained_ = false;        // a training step ran (fp16: report the scale at the end)
   void init_loss_scale();
   int cur_ = 0;                          // the slot of the last upload
+  // Data-parallel: the host communicator for the per-step counts, the loss's denominator (the
+  // global batch's rows; 0: this batch's) and, per input slot, the ranks' (rows, ids) its graph
+  // was captured for (the other ranks' counts are baked into the graph too).
+  dist::Communicator* host_comm_ = nullptr;
+  int64_t loss_rows_ = 0;
+  std::vector<int64_t> dp_shape_[2];
+  double run_train_step(const io::Batch& batch, double lr_scale, bool want_loss);
   int64_t fwd_rows_ = 0, fwd_nnz_ = 0;
   bool have_training_forward_ = false;
 

@@ -42,6 +42,11 @@ void Model::set_gradient_reducer(GradientReducer* reducer) {
          " yet (the CPU graph engine supports it)");
 }
 
+double Model::train_step_part(const io::Batch&, int64_t, double, bool) {
+  fail("data-parallel steps on the device are not supported by this model on ", device().str(),
+       " (bug: the trainer asks trains_parts_on_device() first)");
+}
+
 // Every model is a graph of registry layers run by the graph engine (on the CPU, or on CUDA by
 // the CUDA graph engine); every arch but "graph" is a preset (presets.cc) expanded to one.
 std::unique_ptr<Model> build_model(const ModelConfig& model, const OptimizerConfig& opt,

@@ -210,9 +210,10 @@ constexpr int kBceThreads = 1024;
 template <class H>
 __global__ void bce_kernel(const float* __restrict__ logits, const float* __restrict__ labels,
                            int64_t n, float* __restrict__ dlogits, double* loss,
-                           H* __restrict__ dlogits_h, const float* __restrict__ scale_p, bool mse) {
+                           H* __restrict__ dlogits_h, const float* __restrict__ scale_p, bool mse,
+                           int64_t denom) {
   __shared__ double part[kBceThreads];
-  const double inv_n = 1.0 / static_cast<double>(n);
+  const double inv_n = 1.0 / static_cast<double>(denom);
   const float scale = scale_p ? *scale_p : 1.f;
   double s = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
@@ -485,13 +486,14 @@ void sigmoid(const float* x, float* y, int64_t n, cudaStream_t stream) {
 }
 
 void bce_with_logits(const float* logits, const float* labels, int64_t n, float* dlogits,
-                     double* loss, cudaStream_t stream, bf16* dlogits_h, bool mse) {
+                     double* loss, cudaStream_t stream, bf16* dlogits_h, bool mse,
+                     int64_t denom) {
   if (n == 0) {
     DLREC_CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(double), stream));
     return;
   }
   bce_kernel<bf16><<<1, kBceThreads, 0, stream>>>(logits, labels, n, dlogits, loss, dlogits_h,
-                                                  nullptr, mse);
+                                                  nullptr, mse, denom > 0 ? denom : n);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 
@@ -503,7 +505,7 @@ void bce_with_logits(const float* logits, const float* labels, int64_t n, float*
     return;
   }
   bce_kernel<f16><<<1, kBceThreads, 0, stream>>>(logits, labels, n, dlogits, loss, dlogits_h,
-                                                 loss_scale, mse);
+                                                 loss_scale, mse, n);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 

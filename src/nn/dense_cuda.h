@@ -96,10 +96,12 @@ void sigmoid(const float* x, float* y, int64_t n, cudaStream_t stream);
 
 // With dlogits_h, dL/dlogits is also written as bf16 (for bf16 backward GEMMs); the f16 form
 // writes it multiplied by the loss scale *loss_scale (device), for fp16 backward GEMMs. With
-// `mse` the loss is the mean squared error of the outputs instead (train.loss "mse").
+// `mse` the loss is the mean squared error of the outputs instead (train.loss "mse"). `denom`
+// > 0 divides by it instead of n (data-parallel: the n rows are part of a global batch of denom
+// rows; *loss is then this part's share of the global mean).
 void bce_with_logits(const float* logits, const float* labels, int64_t n, float* dlogits,
                      double* loss, cudaStream_t stream, bf16* dlogits_h = nullptr,
-                     bool mse = false);
+                     bool mse = false, int64_t denom = 0);
 void bce_with_logits(const float* logits, const float* labels, int64_t n, float* dlogits,
                      double* loss, cudaStream_t stream, f16* dlogits_h, const float* loss_scale,
                      bool mse = false);

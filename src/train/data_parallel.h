@@ -15,13 +15,19 @@ namespace dlrec::train {
 // merged in rank order, so every replica applies the same update.
 class DataParallelReducer final : public model::GradientReducer {
  public:
-  explicit DataParallelReducer(dist::Communicator& comm) : comm_(comm) {}
+  // `gpu`: the NCCL communicator over the same ranks, for models that run the step on their
+  // GPU (they exchange through it inside the step; `comm` carries the per-step counts).
+  explicit DataParallelReducer(dist::Communicator& comm, dist::Communicator* gpu = nullptr)
+      : comm_(comm), gpu_(gpu) {}
   void reduce_dense(const std::vector<Tensor*>& grads) override;
   void reduce_sparse(const nn::SparseGrad& local, nn::SparseGrad& merged) override;
+  dist::Communicator* device_communicator() override { return gpu_; }
+  dist::Communicator* host_communicator() override { return gpu_ ? &comm_ : nullptr; }
   static constexpr int64_t kBucketFloats = 1 << 20;  // 4 MB
 
  private:
   dist::Communicator& comm_;
+  dist::Communicator* gpu_ = nullptr;
   std::vector<float> bucket_, values_;
   std::vector<int64_t> ids_;
 };

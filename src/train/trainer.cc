@@ -188,6 +188,7 @@ struct Trainer::Impl {
   std::unique_ptr<EventFileWriter> events;
   // Data-parallel (opt.comm with more than one rank).
   int rank = 0, ranks = 1;
+  std::unique_ptr<dist::Communicator> gpu_comm;  // NCCL, for a model on a GPU (before reducer)
   std::unique_ptr<DataParallelReducer> reducer;
   bool sharded = false;  // the embedding tables are sharded over the ranks (cfg.sharding)
   // A checkpoint of the whole model: a sharded model gathers its tables first (every rank).
@@ -325,7 +326,15 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
          "\"cpu\")");
   m.model->set_loss(nn::parse_loss(m.cfg.train.loss));
   if (m.parallel()) {
-    m.reducer = std::make_unique<DataParallelReducer>(*m.opt.comm);
+    // A model on a GPU exchanges inside its step through NCCL over the same ranks.
+    if (m.model->device().is_cuda()) {
+      DLREC_CHECK(m.cfg.sharding.is_null(), "sharding: sharded embeddings run on the CPU engine "
+                  "only in this build; on GPUs the tables are replicated (drop \"sharding\")");
+      dist::CommOptions co;
+      co.timeout_seconds = m.opt.comm_timeout_seconds;
+      m.gpu_comm = dist::make_nccl_communicator(*m.opt.comm, m.model->device().index, co);
+    }
+    m.reducer = std::make_unique<DataParallelReducer>(*m.opt.comm, m.gpu_comm.get());
     m.model->set_gradient_reducer(m.reducer.get());
     if (!m.cfg.sharding.is_null()) {
       ConfigReader r(m.cfg.sharding, "sharding");
@@ -455,8 +464,11 @@ TrainResult Trainer::train() {
     const bool want_loss = log_now || m.state.step + 1 == total_steps;
     if (m.pruner) m.pruner->before_step(m.state.step);
     const double lr_scale = m.cfg.optimizer.schedule.factor(m.state.step, total_steps);
-    const double loss = m.parallel() ? m.parallel_step(batch, global_rows, lr_scale)
-                                     : m.model->train_step(batch, lr_scale, want_loss);
+    const double loss =
+        !m.parallel() ? m.model->train_step(batch, lr_scale, want_loss)
+        : m.model->trains_parts_on_device()
+            ? m.model->train_step_part(batch, global_rows, lr_scale, want_loss)
+            : m.parallel_step(batch, global_rows, lr_scale);
     if (want_loss || !std::isnan(loss))
       DLREC_CHECK(std::isfinite(loss), "training diverged at step ", m.state.step + 1,
                   ": loss is ", loss, " (lower the learning rate)");

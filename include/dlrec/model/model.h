@@ -143,6 +143,11 @@ class GradientReducer {
   // ids in order of first occurrence over rank 0's rows, then rank 1's, ... (the order of one
   // process's batch of every rank's rows).
   virtual void reduce_sparse(const nn::SparseGrad& local, nn::SparseGrad& merged) = 0;
+  // Models that run the whole step on a GPU (the CUDA engine) exchange through these instead:
+  // the communicator over the ranks' GPUs (NCCL; its collectives are captured in the step's
+  // CUDA graph) and a host one (MPI) for the per-step counts. Null: no GPU data parallelism.
+  virtual dist::Communicator* device_communicator() { return nullptr; }
+  virtual dist::Communicator* host_communicator() { return nullptr; }
 };
 
 // A named tensor of model state (parameters and optimizer state) for checkpoints and export.
@@ -186,6 +191,16 @@ class Model {
   // Data-parallel training: gradients go through `reducer` from the next step on (null: off).
   // Throws naming the layer when the model cannot (the default: not supported at all).
   virtual void set_gradient_reducer(GradientReducer* reducer);
+  // Data-parallel steps on the device (the CUDA engine with a reducer set): true when the model
+  // trains this rank's part of a global batch with train_step_part; otherwise the trainer runs
+  // forward, the loss on the host and backward_and_update with the reducer.
+  virtual bool trains_parts_on_device() const { return false; }
+  // This rank's `batch` of a global batch of `global_rows` rows: the loss and gradients are of
+  // the global batch's mean loss, summed over the ranks inside the step. Returns this rank's
+  // share of that loss (the sum over the ranks is the global mean) when want_loss, else NaN.
+  // Every rank calls it once per global batch (collectives). Default: not supported (throws).
+  virtual double train_step_part(const io::Batch& batch, int64_t global_rows, double lr_scale,
+                                 bool want_loss);
   // Sharded embeddings (docs/DISTRIBUTED.md): the fixed-size tables of the model's embedding
   // layer spread over comm's ranks by the planner, their exchanges through comm from the next
   // step on. ids_per_sample[f]: expected ids per sample of categorical feature f (empty: one).

@@ -30,6 +30,9 @@ struct TrainerOptions {
   // with that batch; gradients summed over the ranks; exact evaluation over all validation
   // rows; rank 0 alone prints progress and writes run.json and checkpoints. Not owned.
   dist::Communicator* comm = nullptr;
+  // A model on a GPU trains data-parallel through an NCCL communicator that the trainer makes
+  // over comm's ranks (one GPU per rank); its collectives time out after this many seconds.
+  double comm_timeout_seconds = 300;
   // When set, rank 0 appends one JSON line per logged step ({"step": S, "loss": L}) and one for
   // the final evaluation ({"step": S, "auc": A, "logloss": L, "rows": N}) to this file.
   std::string metrics_log;

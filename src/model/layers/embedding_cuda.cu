@@ -1,5 +1,6 @@
 // Layer "embedding" on CUDA (src/model/layers/embedding.cc).
 #include "model/layers/graph_cuda_engine.h"
+#include "model/layers/embedding_dp_cuda.h"
 #include "model/layers/table_set_cuda.h"
 
 namespace dlrec::model::gpu_graph {
@@ -25,11 +26,14 @@ class EmbeddingNode final : public Node {
     hashed_->bind(ts_.tab);
   }
   void alloc(Engine& e, int64_t cap) override {
+    cap_ = cap;
     if (into_ < 0) alloc_value(e, cap);
   }
+  // Data-parallel: the backward sorts the ids of the whole global batch (every rank's).
   void alloc_scratch(Engine& e, int64_t max_nnz) override {
-    ts_.alloc_scratch(e, max_nnz);
+    ts_.alloc_scratch(e, max_nnz * e.dp.ranks);
     if (hashed_) hashed_->alloc(max_nnz);
+    if (e.dp.comm) alloc_exchange(e, max_nnz);
   }
   void write_into(int into, int64_t col) override {
     into_ = into;
@@ -65,6 +69,10 @@ class EmbeddingNode final : public Node {
   // The id work now; the update now, or in fp16 once every gradient is checked (Engine::update;
   // the gradient read stays untouched until then).
   void backward(Engine& e) override {
+    if (e.dp.comm) {
+      backward_global(e);
+      return;
+    }
     ts_.ids(e);
     const Value& c = into_ >= 0 ? e.vals[into_] : e.vals[self];
     e.check_grad(c.g.raw(), c.gdt, e.B * c.ld);
@@ -98,6 +106,79 @@ class EmbeddingNode final : public Node {
   }
 
  private:
+  // Data-parallel (Engine::dp; fixed tables, no loss scaling: GraphCuda::set_gradient_reducer
+  // refuses the others): every rank's offsets, keys and pooled-row gradients gathered in rank
+  // order, the global batch's bags built from them, and the update of the whole global batch
+  // applied on every rank. The ids and rows are those one GPU would see on the global batch,
+  // in the same order, so the de-duplicated update sums the same values in the same order and
+  // the replicas stay equal to one GPU's tables.
+  const Value& grad_value(Engine& e) const { return into_ >= 0 ? e.vals[into_] : e.vals[self]; }
+  void alloc_exchange(Engine& e, int64_t max_nnz) {
+    const int64_t n = e.dp.ranks, T = ts_.tab.num_tables, bags = T * n * cap_;
+    const Value& gv = grad_value(e);
+    off_in_ = Tensor::empty({n * (T * cap_ + 1)}, DType::I32, e.dev);
+    keys_in_ = Tensor::empty({std::max<int64_t>(n * max_nnz, 1)}, DType::I32, e.dev);
+    off_g_ = Tensor::empty({bags + 1}, DType::I32, e.dev);
+    keys_g_ = Tensor::empty({std::max<int64_t>(n * max_nnz, 1)}, DType::I32, e.dev);
+    lens_ = Tensor::empty({std::max<int64_t>(bags, 1)}, DType::I32, e.dev);
+    src_ = Tensor::empty({std::max<int64_t>(bags, 1)}, DType::I64, e.dev);
+    scan_bytes_ = dp::scan_bytes(bags);
+    scan_ = Tensor::empty({static_cast<int64_t>(scan_bytes_)}, DType::U8, e.dev);
+    grad_g_ = e.buf({n * cap_, gv.ld}, gv.gdt);
+  }
+  void backward_global(Engine& e) {
+    const DataParallel& d = e.dp;
+    const int n = d.ranks;
+    const int64_t T = ts_.tab.num_tables;
+    const Value& gv = grad_value(e);
+    dp::RankGeometry geo;
+    geo.ranks = n;
+    geo.tables = T;
+    geo.global_rows = d.global_rows;
+    std::vector<int64_t> off_counts(n), key_counts(n), grad_counts(n);
+    int64_t rows = 0, offs = 0, keys = 0;
+    for (int r = 0; r < n; ++r) {
+      geo.rows[r] = d.rows[r];
+      geo.row_begin[r] = rows;
+      geo.off_begin[r] = offs;
+      geo.key_begin[r] = keys;
+      off_counts[r] = T * d.rows[r] + 1;
+      key_counts[r] = d.nnz[r];
+      grad_counts[r] = d.rows[r] * gv.ld;
+      rows += d.rows[r];
+      offs += off_counts[r];
+      keys += key_counts[r];
+    }
+    e.on_comm([&](dist::Communicator& c) {
+      c.all_gather_v(e.offsets, off_in_.raw(), off_counts, dist::Elem::I32);
+      c.all_gather_v(e.keys, keys_in_.raw(), key_counts, dist::Elem::I32);
+      c.all_gather_v(gv.g.raw(), grad_g_.raw(), grad_counts, dist::elem_of(gv.gdt));
+    });
+    dp::build_global_bags(geo, off_in_.data<int32_t>(),
+                          static_cast<const uint32_t*>(keys_in_.raw()), off_g_.data<int32_t>(),
+                          static_cast<uint32_t*>(keys_g_.raw()), lens_.data<int32_t>(),
+                          src_.data<int64_t>(), scan_.raw(), scan_bytes_, e.st);
+    const int32_t* off = off_g_.data<int32_t>();
+    ce::backward_ids(ts_.tab, off, static_cast<const uint32_t*>(keys_g_.raw()), d.global_rows,
+                     d.global_nnz, ts_.key_bits, ts_.scratch, e.st);
+    const int64_t col = into_ >= 0 ? col_ : 0;
+    const ce::Update kind = e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD;
+    if (is_half(gv.gdt))
+      with_half(gv.gdt, [&](auto* h) {
+        using H = std::remove_pointer_t<decltype(h)>;
+        ce::backward_apply(ts_.tab, off, d.global_rows, d.global_nnz, mean_,
+                           static_cast<const H*>(grad_g_.raw()) + col, gv.ld, kind, e.lr + 1,
+                           e.emb_eps, ts_.scratch, e.st, e.gscale);
+      });
+    else
+      ce::backward_apply(ts_.tab, off, d.global_rows, d.global_nnz, mean_,
+                         grad_g_.data<float>() + col, gv.ld, kind, e.lr + 1, e.emb_eps,
+                         ts_.scratch, e.st, e.gscale);
+  }
+  int64_t cap_ = 0;
+  Tensor off_in_, keys_in_, off_g_, keys_g_, lens_, src_, scan_, grad_g_;
+  size_t scan_bytes_ = 0;
+
   static std::vector<int64_t> capacities(const std::vector<hashed_cuda::TableOptions>& h) {
     std::vector<int64_t> c;
     for (const auto& o : h) c.push_back(o.capacity);

@@ -21,6 +21,7 @@
 #include "core/cuda_check.h"
 #include "dlrec/core/gpu_resources.h"
 #include "dlrec/core/thread_pool.h"
+#include "dlrec/dist/communicator.h"
 #include "dlrec/model/graph.h"
 #include "dlrec/model/graph_cuda.h"
 #include "dlrec/nn/cross.h"
@@ -103,6 +104,22 @@ struct NamedState {
   Tensor value, state;  // state undefined without one
 };
 
+// Data-parallel training across GPUs (GraphCuda::set_gradient_reducer; docs/DISTRIBUTED.md):
+// every rank runs the step on its rows of the global batch; each dense layer's gradients are
+// summed over the ranks (all_reduce on the communicator's stream, inside the step's graph)
+// right before its update, on the weight stream beside the rest of the backward; the embedding
+// layer gathers every rank's ids and pooled-row gradients and applies the update of the whole
+// global batch on every rank (replicated tables, exactly the update of one GPU).
+struct DataParallel {
+  dist::Communicator* comm = nullptr;  // NCCL over the ranks' GPUs; null: one GPU
+  cudaStream_t cst = nullptr;          // its stream
+  gpu::Event to_comm, from_comm;
+  int rank = 0, ranks = 1;
+  // This step (host): every rank's rows and ids in rank order, their sums.
+  std::vector<int64_t> rows, nnz;
+  int64_t global_rows = 0, global_nnz = 0;
+};
+
 // What every layer shares: streams, handles, precision, the step's inputs and rows.
 struct Engine {
   Device dev;
@@ -148,6 +165,7 @@ struct Engine {
   const float* dense = nullptr;
   const int32_t* offsets = nullptr;
   const uint32_t* keys = nullptr;
+  DataParallel dp;
 
   Tensor buf(Shape s, DType t) {
     Tensor x = Tensor::empty(std::move(s), t, dev);
@@ -302,7 +320,27 @@ struct Engine {
     gemm(false, false, l.in_pad, B, l.out, wcomp(l), l.in_pad, dz, dz_ld, dst, dt, dst_ld,
          accumulate);
   }
+  // Data-parallel: f(comm) enqueues collectives on the communicator's stream after the work on
+  // st so far; st waits for them.
+  template <class F>
+  void on_comm(F&& f) {
+    DLREC_CUDA_CHECK(cudaEventRecord(dp.to_comm, st));
+    DLREC_CUDA_CHECK(cudaStreamWaitEvent(dp.cst, dp.to_comm, 0));
+    f(*dp.comm);
+    DLREC_CUDA_CHECK(cudaEventRecord(dp.from_comm, dp.cst));
+    DLREC_CUDA_CHECK(cudaStreamWaitEvent(st, dp.from_comm, 0));
+  }
+  // Data-parallel: the layer's gradients summed over the ranks (one bucket per layer: its
+  // weight and bias gradients), before its update.
+  void all_reduce_grads(Lin& l) {
+    if (!dp.comm || B == 0) return;
+    on_comm([&](dist::Communicator& c) {
+      c.all_reduce(l.dw.raw(), l.dw.numel(), dist::Elem::F32);
+      if (l.has_bias) c.all_reduce(l.db.raw(), l.db.numel(), dist::Elem::F32);
+    });
+  }
   void lin_update(Lin& l) {
+    all_reduce_grads(l);
     check_grad(l.dw.raw(), DType::F32, l.dw.numel());
     if (l.has_bias) check_grad(l.db.raw(), DType::F32, l.db.numel());
     update([this, &l] {

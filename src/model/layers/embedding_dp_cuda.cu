@@ -1,0 +1,68 @@
+// The data-parallel embedding exchange's kernels (embedding_dp_cuda.h).
+#include <algorithm>
+#include <cub/device/device_scan.cuh>
+
+#include "core/cuda_check.h"
+#include "dlrec/core/error.h"
+#include "model/layers/embedding_dp_cuda.h"
+
+namespace dlrec::model::gpu_graph::dp {
+namespace {
+
+// Global bag gb = t * G + row: its length and where its keys start in the gathered keys.
+__global__ void bag_lengths(RankGeometry g, const int32_t* __restrict__ off_in,
+                            int32_t* __restrict__ lens, int64_t* __restrict__ src) {
+  const int64_t bags = g.tables * g.global_rows;
+  for (int64_t gb = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; gb < bags;
+       gb += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = gb / g.global_rows, row = gb - t * g.global_rows;
+    int r = 0;
+    while (r + 1 < g.ranks && row >= g.row_begin[r + 1]) ++r;
+    const int64_t b = row - g.row_begin[r];
+    const int32_t* o = off_in + g.off_begin[r] + t * g.rows[r] + b;
+    lens[gb] = o[1] - o[0];
+    src[gb] = g.key_begin[r] + (o[0] - off_in[g.off_begin[r]]);
+  }
+}
+
+__global__ void copy_keys(int64_t bags, const int32_t* __restrict__ off_g,
+                          const int64_t* __restrict__ src, const uint32_t* __restrict__ keys_in,
+                          uint32_t* __restrict__ keys_g) {
+  for (int64_t gb = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; gb < bags;
+       gb += int64_t(gridDim.x) * blockDim.x) {
+    const int32_t begin = off_g[gb], n = off_g[gb + 1] - begin;
+    const uint32_t* from = keys_in + src[gb];
+    for (int32_t i = 0; i < n; ++i) keys_g[begin + i] = from[i];
+  }
+}
+
+int blocks_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 65535)); }
+
+}  // namespace
+
+size_t scan_bytes(int64_t bags) {
+  size_t bytes = 0;
+  DLREC_CUDA_CHECK(cub::DeviceScan::InclusiveSum(
+      nullptr, bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+      static_cast<int>(std::max<int64_t>(bags, 1))));
+  return bytes;
+}
+
+void build_global_bags(const RankGeometry& g, const int32_t* off_in, const uint32_t* keys_in,
+                       int32_t* off_g, uint32_t* keys_g, int32_t* lens, int64_t* src, void* temp,
+                       size_t temp_bytes, cudaStream_t stream) {
+  const int64_t bags = g.tables * g.global_rows;
+  DLREC_CHECK(bags < (int64_t{1} << 31), "data-parallel embedding: ", bags,
+              " bags in the global batch (int32 offsets)");
+  DLREC_CUDA_CHECK(cudaMemsetAsync(off_g, 0, sizeof(int32_t), stream));
+  if (bags == 0) return;
+  bag_lengths<<<blocks_for(bags), 256, 0, stream>>>(g, off_in, lens, src);
+  DLREC_CUDA_LAUNCH_CHECK();
+  size_t bytes = temp_bytes;
+  DLREC_CUDA_CHECK(
+      cub::DeviceScan::InclusiveSum(temp, bytes, lens, off_g + 1, static_cast<int>(bags), stream));
+  copy_keys<<<blocks_for(bags), 256, 0, stream>>>(bags, off_g, src, keys_in, keys_g);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace dlrec::model::gpu_graph::dp

@@ -1,0 +1,37 @@
+// Internal: the data-parallel embedding exchange of the CUDA graph engine (embedding_cuda.cu,
+// docs/DISTRIBUTED.md). Every rank's step inputs (int32 offsets [T * B_r + 1] and uint32 row
+// keys [nnz_r], table-major bags as nn/embedding_cuda.h lays them out) are gathered in rank
+// order; build_global_bags turns them into the offsets and keys of the global batch, bag
+// t * G + R_r + b for row b of rank r (R_r: the rows of the ranks before r, G: all rows), i.e.
+// the batch one GPU would see. CUDA builds only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dlrec::model::gpu_graph::dp {
+
+constexpr int kMaxRanks = 64;
+
+// Where each rank's part lies (host-computed each step; passed by value to the kernels).
+struct RankGeometry {
+  int ranks = 1;
+  int64_t tables = 0, global_rows = 0;
+  int64_t rows[kMaxRanks];       // B_r
+  int64_t row_begin[kMaxRanks];  // R_r
+  int64_t off_begin[kMaxRanks];  // rank r's offsets in the gathered offsets: sum of T * B_s + 1
+  int64_t key_begin[kMaxRanks];  // rank r's keys in the gathered keys: sum of nnz_s
+};
+
+// Scratch bytes of build_global_bags for up to `bags` global bags.
+size_t scan_bytes(int64_t bags);
+
+// off_g [T * G + 1], keys_g [sum nnz_r] from the gathered off_in and keys_in; lens and src
+// ([T * G] each) and temp (scan_bytes) are scratch.
+void build_global_bags(const RankGeometry& g, const int32_t* off_in, const uint32_t* keys_in,
+                       int32_t* off_g, uint32_t* keys_g, int32_t* lens, int64_t* src, void* temp,
+                       size_t temp_bytes, cudaStream_t stream);
+
+}  // namespace dlrec::model::gpu_graph::dp
