@@ -238,7 +238,10 @@ void Workflow::transform(const io::RawChunk& raw_in, io::Batch& out,
         for (int64_t r = lo; r < hi; ++r) {
           const int64_t n = in_off[r + 1] - in_off[r];
           int64_t* dst = ids + off[r];
-          if (n == 0) {
+          // One value (the common case) without a call to memmove per row.
+          if (n == 1) {
+            dst[0] = scratch[in_off[r] - k_lo];
+          } else if (n == 0) {
             dst[0] = 0;  // missing
           } else {
             std::copy_n(scratch.data() + (in_off[r] - k_lo), n, dst);
