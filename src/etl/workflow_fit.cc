@@ -341,7 +341,12 @@ void Workflow::Impl::fit_column(const io::RawChunk& c, int col, int pass, std::v
       ColumnStats& s = p.stats;
       s.rows += c.rows;
       s.values += static_cast<int64_t>(vals.size());
-      for (int64_t r = 0; r < c.rows; ++r) s.nulls += off[r + 1] == off[r];
+      // Counted in a local: `s.nulls += ...` in the loop was a store per row (the offsets
+      // could alias it), and the loop did not vectorize.
+      const int64_t* o = off.data();
+      int64_t nulls = 0;
+      for (int64_t r = 0; r < c.rows; ++r) nulls += o[r + 1] == o[r];
+      s.nulls += nulls;
     }
     if (stage < 0) return;
     // A categorical chain holds one encoder (and column ops), so the keys reach it unchanged.
