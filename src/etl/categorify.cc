@@ -87,18 +87,27 @@ class Categorify final : public CategoricalEncoder {
       for (int64_t i = 0; i < n; ++i) ++joint_->counts[keys[i]];
       return;
     }
+    // Each key is hashed once: the hashes of the next kAhead keys wait in a ring (the prefetch
+    // and the count use the same one).
+    uint64_t ring[kAhead];
+    for (int64_t i = 0; i < std::min(n, kAhead); ++i) ring[i] = KeyMap<uint64_t>::hash(keys[i]);
     for (int64_t i = 0; i < n; ++i) {
-      if (i + kAhead < n) counts_.prefetch(keys[i + kAhead]);
+      const uint64_t h = ring[i % kAhead];
+      if (i + kAhead < n) {
+        const uint64_t ahead = KeyMap<uint64_t>::hash(keys[i + kAhead]);
+        ring[i % kAhead] = ahead;
+        counts_.prefetch_hashed(ahead);
+      }
       // Under a memory budget the table doubles only when the budget has room for it;
       // otherwise its keys go to disk as a sorted run (merged by fit_end).
-      if (memory_ && counts_.full() && !counts_.find(keys[i])) {
+      if (memory_ && counts_.full() && !counts_.find_hashed(keys[i], h)) {
         const int64_t grow = static_cast<int64_t>(counts_.table_bytes());
         if (memory_->take(grow))
           reserved_ += grow;
         else
           spill();
       }
-      ++counts_[keys[i]];
+      ++counts_.at_hashed(keys[i], h);
     }
   }
   void fit_end() override {
@@ -173,9 +182,16 @@ class Categorify final : public CategoricalEncoder {
 
   void encode(const uint64_t* keys, int64_t n, int64_t* ids) const override {
     constexpr int64_t kAhead = 16;
+    uint64_t ring[kAhead];  // as in fit_chunk: each key hashed once
+    for (int64_t i = 0; i < std::min(n, kAhead); ++i) ring[i] = KeyMap<int64_t>::hash(keys[i]);
     for (int64_t i = 0; i < n; ++i) {
-      if (i + kAhead < n) lookup_.prefetch(keys[i + kAhead]);
-      const int64_t* id = lookup_.find(keys[i]);
+      const uint64_t h = ring[i % kAhead];
+      if (i + kAhead < n) {
+        const uint64_t ahead = KeyMap<int64_t>::hash(keys[i + kAhead]);
+        ring[i % kAhead] = ahead;
+        lookup_.prefetch_hashed(ahead);
+      }
+      const int64_t* id = lookup_.find_hashed(keys[i], h);
       ids[i] = id ? *id : kOovId;
     }
     if (num_buckets_ > 0) {

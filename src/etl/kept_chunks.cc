@@ -82,10 +82,13 @@ std::shared_ptr<char> KeptArena::map_block(size_t size) const {
   if (m == MAP_FAILED)
     fail("etl: cannot map ", size >> 20, " MB for the kept input rows: ", std::strerror(errno));
   if (huge_) ::madvise(m, size, MADV_HUGEPAGE);
-  // All pages at once; without it (an older kernel) they fault in as they are written.
-  ::madvise(m, size, MADV_POPULATE_WRITE);
+  // The first step's pages at once; alloc() faults in the rest a step ahead of use. Without
+  // MADV_POPULATE_WRITE (an older kernel) they fault in as they are written.
+  populate(static_cast<char*>(m), std::min(size, kPopulateStep));
   return std::shared_ptr<char>(static_cast<char*>(m), [size](char* p) { ::munmap(p, size); });
 }
+
+void KeptArena::populate(char* from, size_t bytes) { ::madvise(from, bytes, MADV_POPULATE_WRITE); }
 
 char* KeptArena::alloc(size_t bytes, std::shared_ptr<char>& block) {
   bytes = round8(bytes);
@@ -101,13 +104,28 @@ char* KeptArena::alloc(size_t bytes, std::shared_ptr<char>& block) {
     }
     next_.reset();
     used_ = 0;
+    populated_ = std::min(size_, kPopulateStep);
     mapped_ += static_cast<int64_t>(size_);
   }
   char* p = cur_.get() + used_;
   used_ += bytes;
   block = cur_;
-  // Past half of the block, the caller maps and faults in the next one, outside the lock, so
-  // that the others go on meanwhile.
+  // Near the end of the pages faulted in, the caller faults in the next step, outside the
+  // lock. A step at a time and not the whole block at once: the last block of a run is used
+  // in part only, and zeroing its unused pages was CPU time for nothing (up to a block: an
+  // eighth to a fifth of the kept input's pages on 1-4M Criteo rows).
+  if (used_ + kPopulateStep / 2 > populated_ && populated_ < size_ && !populating_) {
+    populating_ = true;
+    const std::shared_ptr<char> cur = cur_;
+    const size_t from = populated_, len = std::min(kPopulateStep, size_ - from);
+    populated_ += len;  // claimed: no other thread populates these
+    g.unlock();
+    populate(cur.get() + from, len);
+    g.lock();
+    populating_ = false;
+  }
+  // Past half of the block, the caller maps the next one (and faults in its first step),
+  // outside the lock, so that the others go on meanwhile.
   if (used_ > size_ / 2 && !next_ && !preparing_ && !last_) {
     preparing_ = true;
     const size_t size = grown_size();

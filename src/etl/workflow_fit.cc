@@ -303,8 +303,9 @@ void Workflow::Impl::fit_column(const io::RawChunk& c, int col, int pass, std::v
   const int stage = pass < static_cast<int>(fit_ops.size()) ? fit_ops[pass] : -1;
   if (p.type == ColumnType::Dense) {
     if (pass > 0 && stage < 0) return;
-    buf.resize(c.rows);
-    for (int64_t r = 0; r < c.rows; ++r) buf[r] = c.dense[r * nd + p.index];
+    // The statistics read the column in place (strided): a copy into buf first cost a pass
+    // more, and most chains (FillMissing/Clip/LogOp) fit nothing, so buf is only for a fit.
+    const float* column = c.dense.data() + p.index;
     if (pass == 0) {
       ColumnStats& s = p.stats;
       s.rows += c.rows;
@@ -313,7 +314,8 @@ void Workflow::Impl::fit_column(const io::RawChunk& c, int col, int pass, std::v
       // are, so the results are those of skipping it.
       int64_t nulls = 0;
       double lo = s.min, hi = s.max, sum = s.sum;
-      for (float v : buf) {
+      for (int64_t r = 0; r < c.rows; ++r) {
+        const float v = column[r * nd];
         const bool missing = std::isnan(v);
         nulls += missing;
         const double d = missing ? 0.0 : static_cast<double>(v);
@@ -328,6 +330,8 @@ void Workflow::Impl::fit_column(const io::RawChunk& c, int col, int pass, std::v
       s.sum = sum;
     }
     if (stage < 0) return;
+    buf.resize(c.rows);
+    for (int64_t r = 0; r < c.rows; ++r) buf[r] = column[r * nd];
     p.apply_dense(buf.data(), c.rows, 1, stage);
     static_cast<DenseOp&>(*p.ops[stage]).fit_chunk(buf.data(), c.rows);
   } else {
@@ -337,7 +341,12 @@ void Workflow::Impl::fit_column(const io::RawChunk& c, int col, int pass, std::v
       ColumnStats& s = p.stats;
       s.rows += c.rows;
       s.values += static_cast<int64_t>(vals.size());
-      for (int64_t r = 0; r < c.rows; ++r) s.nulls += off[r + 1] == off[r];
+      // Counted in a local: `s.nulls += ...` in the loop was a store per row (the offsets
+      // could alias it), and the loop did not vectorize.
+      const int64_t* o = off.data();
+      int64_t nulls = 0;
+      for (int64_t r = 0; r < c.rows; ++r) nulls += o[r + 1] == o[r];
+      s.nulls += nulls;
     }
     if (stage < 0) return;
     // A categorical chain holds one encoder (and column ops), so the keys reach it unchanged.

@@ -294,6 +294,64 @@ TEST(KeyMapTest, DrainSortedKeepsCapacityAndAllKeys) {
   EXPECT_EQ(*m.find(5), 1u);
 }
 
+TEST(KeyMapTest, HashedAccessMatchesPlainAcrossGrowth) {
+  // The hash given ahead (Categorify's prefetch ring) stays valid when the table grows in
+  // between, and the empty-slot marker key works through the hashed calls too.
+  KeyMap<uint64_t> m, plain;
+  std::mt19937_64 rng(11);
+  std::vector<uint64_t> keys;
+  for (int i = 0; i < 20000; ++i) keys.push_back(i % 9 == 0 ? ~uint64_t{0} : rng() % 5000);
+  std::vector<uint64_t> hashes;
+  for (uint64_t k : keys) hashes.push_back(KeyMap<uint64_t>::hash(k));  // all before any insert
+  for (size_t i = 0; i < keys.size(); ++i) {
+    m.prefetch_hashed(hashes[i]);
+    ++m.at_hashed(keys[i], hashes[i]);
+    ++plain[keys[i]];
+  }
+  EXPECT_GT(m.capacity(), 16u);  // it grew
+  EXPECT_EQ(m.size(), plain.size());
+  plain.for_each([&](uint64_t k, uint64_t v) {
+    const uint64_t* got = m.find_hashed(k, KeyMap<uint64_t>::hash(k));
+    ASSERT_NE(got, nullptr) << k;
+    EXPECT_EQ(*got, v) << k;
+    EXPECT_EQ(m.find(k), got);
+  });
+  EXPECT_EQ(m.find_hashed(123456789, KeyMap<uint64_t>::hash(123456789)), nullptr);
+}
+
+// ---- a batch reused across chunks of other sizes
+
+TEST(FastTransformTest, ReusedBatchEqualsFreshOneForEveryChunkSize) {
+  // transform() keeps a reused batch's vectors as they are (no zero-filling per chunk): a
+  // batch that held a larger chunk, then a smaller one, then a larger one again, must hold
+  // exactly what a fresh batch gets, missing values included.
+  TempDir tmp("fast_reuse");
+  const std::string path = tmp.path + "/in.tsv";
+  std::ofstream(path) << criteo_text(30000, 8);
+  const io::Schema s = io::Schema::criteo();
+  auto chunks = read_chunks(path, s, 7000);
+  ASSERT_GE(chunks.size(), 3u);
+  size_t small = 0, large = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (chunks[i].rows < chunks[small].rows) small = i;
+    if (chunks[i].rows > chunks[large].rows) large = i;
+  }
+  ASSERT_LT(chunks[small].rows, chunks[large].rows);
+  Workflow w = Workflow::from_config(criteo_workflow(2), s);
+  w.fit(source_of(chunks));
+  io::Batch reused;
+  for (size_t i : {large, small, size_t{1}, small, large}) {
+    w.transform(chunks[i], reused);
+    io::Batch fresh;
+    w.transform(chunks[i], fresh);
+    EXPECT_EQ(reused.rows, fresh.rows) << i;
+    EXPECT_EQ(reused.labels, fresh.labels) << i;
+    EXPECT_EQ(reused.dense, fresh.dense) << i;
+    EXPECT_EQ(reused.cat_offsets, fresh.cat_offsets) << i;
+    EXPECT_EQ(reused.cat_indices, fresh.cat_indices) << i;
+  }
+}
+
 // ---- transform append, chunk-size independence
 
 TEST(FastTransformTest, AppendEqualsConcatenationAndFitIgnoresChunkSize) {

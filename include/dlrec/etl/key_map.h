@@ -41,6 +41,44 @@ class KeyMap {
   // to overlap the cache misses of large tables.
   void prefetch(uint64_t key) const { __builtin_prefetch(&slots_[slot_of(key)]); }
 
+  // The same three with the key's hash(key) given, so that a loop that prefetches ahead
+  // hashes each key once (the hash does not depend on the table's size: still valid after a
+  // rehash).
+  static uint64_t hash(uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    return k;
+  }
+  void prefetch_hashed(uint64_t h) const {
+    __builtin_prefetch(&slots_[static_cast<size_t>(h) & mask_]);
+  }
+  const V* find_hashed(uint64_t key, uint64_t h) const {
+    if (key == kEmpty) return has_marker_ ? &marker_value_ : nullptr;
+    for (size_t i = static_cast<size_t>(h) & mask_;; i = (i + 1) & mask_) {
+      const Slot& s = slots_[i];
+      if (s.key == key) return &s.value;
+      if (s.key == kEmpty) return nullptr;
+    }
+  }
+  V& at_hashed(uint64_t key, uint64_t h) {
+    if (key == kEmpty) return (*this)[key];
+    size_t i = static_cast<size_t>(h) & mask_;
+    for (;; i = (i + 1) & mask_) {
+      Slot& s = slots_[i];
+      if (s.key == key) return s.value;
+      if (s.key == kEmpty) break;
+    }
+    if (2 * (size_ + 1) > slots_.size()) {
+      rehash(slots_.size() * 2);
+      return (*this)[key];
+    }
+    ++size_;
+    slots_[i].key = key;
+    slots_[i].value = V{};
+    return slots_[i].value;
+  }
+
   // The value of `key`, inserted as V{} when absent.
   V& operator[](uint64_t key) {
     if (key == kEmpty) {
@@ -114,12 +152,7 @@ class KeyMap {
 
   // Murmur3's finalizer: every key bit affects the slot (Criteo keys are hashes already, but
   // user keys may be small consecutive integers).
-  size_t slot_of(uint64_t k) const {
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdULL;
-    k ^= k >> 33;
-    return static_cast<size_t>(k) & mask_;
-  }
+  size_t slot_of(uint64_t k) const { return static_cast<size_t>(hash(k)) & mask_; }
 
   void rehash(size_t cap) {
     std::vector<Slot> old(cap);
