@@ -593,6 +593,7 @@ bool GraphCuda::fused_launch(InferBucket& bk, int64_t n) {
     DLREC_CUDA_CHECK(cudaMemsetAsync(fused_barrier_.raw(), 0, 8, e_.st));
   }
   if (fused_is_program_) {
+    if (n > fused_infer::prog::rows_limit(fused_prog_.max_k)) return false;
     fused_infer::prog::Program p = fused_prog_;
     p.dense = static_cast<const float*>(bk.dev_in);
     p.keys = reinterpret_cast<const uint32_t*>(p.dense + bk.rows * num_dense_);

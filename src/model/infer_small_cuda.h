@@ -160,6 +160,11 @@ struct Program {
 // one logit op, widths, alignment.
 std::string unsupported(const Op* ops, int nops);
 
+// The most rows a program whose widest Linear input is max_k values fuses (predict() takes the
+// bucketed graphs above; infer_fused_rows limits it too): where the fused kernel was measured
+// no faster than the bucketed graphs (bench/RESULTS.md, "Fused small-batch forward").
+int64_t rows_limit(int max_k);
+
 // As fused_infer::launch (rows 1..kMaxRows, cooperative, the same counter contract); p.ops and
 // p.max_k as planned, p.stages = the last op's stage + 1.
 void launch(Program p, bool fp16, int blocks, int sm_count, uint32_t* counter_base,

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dlrec/core/device.h"
@@ -121,6 +122,9 @@ TEST(GraphCudaPredict, EagerOptionGivesTheSameProbabilities) {
 // header): tests check that the path they mean to test ran.
 namespace fused_infer {
 int64_t launches();
+namespace prog {
+int64_t rows_limit(int max_k);  // the most rows a program with inputs max_k wide fuses
+}  // namespace prog
 }  // namespace fused_infer
 namespace {
 
@@ -174,7 +178,8 @@ TEST(GraphCudaPredict, FusedSmallBatchMatchesTheLayerPath) {
   SKIP_WITHOUT_GPU();
   struct Shape {
     std::string layers;
-    bool fused;  // the kernel takes this shape
+    bool fused;     // the kernel takes this shape
+    int max_k = 0;  // the program form's widest Linear input (0: the DLRM kernel)
   };
   const std::vector<Shape> shapes = {
       {dlrm_layers(8, {16, 8}, {16, 1}), true},
@@ -182,11 +187,11 @@ TEST(GraphCudaPredict, FusedSmallBatchMatchesTheLayerPath) {
       {dlrm_layers(8, {8}, {1}), true},                    // one bottom and one top layer
       {dlrm_layers(8, {16, 8}, {1032, 1}), false},        // 1032 wide: over the kernel's limit
       // Not DLRM-shaped: the program form (fused_infer::prog).
-      {kDcnStacked, true},
-      {kDcnWideFullRank, true},
-      {kDeepFm, true},
-      {kDeepFmDim10, true},
-      {kWideDeep, true},
+      {kDcnStacked, true, 48},
+      {kDcnWideFullRank, true, 1288},
+      {kDeepFm, true, 48},
+      {kDeepFmDim10, true, 56},
+      {kWideDeep, true, 48},
       {kDcnParallel, false},  // the cross output goes into a concat: refused, layer path
       {kDeepFmGathered, false},  // fm over two inputs (gathered, not read in place): refused
   };
@@ -215,7 +220,9 @@ TEST(GraphCudaPredict, FusedSmallBatchMatchesTheLayerPath) {
           std::vector<float> ref(rows, -1.f);
           off->predict(small, ref.data());
           for (CudaModel* m : {on.get(), wide.get()}) {
-            const int64_t limit = m == wide.get() ? 16 : 8;
+            const int64_t limit =
+                std::min<int64_t>(m == wide.get() ? 16 : 8,
+                                  sh.max_k > 0 ? fused_infer::prog::rows_limit(sh.max_k) : 64);
             const int64_t before = fused_infer::launches();
             std::vector<float> got(rows, -1.f);
             m->predict(small, got.data());
@@ -254,7 +261,8 @@ TEST(GraphCudaPredict, FusedSmallBatchMatchesTheLayerPath) {
     }
 }
 
-// The fused forward against the CPU reference (f32, the same seed: the same weights): the
+// The fused forward against the CPU reference (f32, the same seed: the same weights; rows over
+// the program's measured limit take the layer path, held to the same bound): the
 // logits within the bound the engine's 16-bit paths keep to the f32 CPU (max difference <= 3 %
 // of the largest logit, as DlrmCuda.Bf16WideInteractionMatchesCpu), for the program form's
 // shapes and the DLRM kernel's, in bf16 and fp16, after training steps too (the kernel reads
@@ -262,8 +270,10 @@ TEST(GraphCudaPredict, FusedSmallBatchMatchesTheLayerPath) {
 TEST(GraphCudaPredict, FusedSmallBatchMatchesTheCpuReference) {
   SKIP_WITHOUT_GPU();
   const io::ShardLayout layout = make_layout(4, {50, 7, 100, 3, 20});
-  for (const char* layers : {kDcnStacked, kDcnWideFullRank, kDeepFm, kDeepFmDim10, kWideDeep,
-                             kDlrm})
+  const std::vector<std::pair<const char*, int>> shapes = {  // layers, widest input (0: DLRM)
+      {kDcnStacked, 48}, {kDcnWideFullRank, 1288}, {kDeepFm, 48},
+      {kDeepFmDim10, 56}, {kWideDeep, 48},         {kDlrm, 0}};
+  for (const auto& [layers, max_k] : shapes)
     for (const char* precision : {"bf16", "fp16"}) {
       SCOPED_TRACE(std::string(precision) + " " + layers);
       RunConfig c = graph_config(layers, kSgd);
@@ -282,7 +292,8 @@ TEST(GraphCudaPredict, FusedSmallBatchMatchesTheCpuReference) {
           std::vector<float> got(rows, -1.f);
           const int64_t before = fused_infer::launches();
           gpu->predict(b, got.data());
-          EXPECT_EQ(fused_infer::launches() - before, 1) << "rows " << rows;
+          const bool fused = max_k == 0 || rows <= fused_infer::prog::rows_limit(max_k);
+          EXPECT_EQ(fused_infer::launches() - before, fused ? 1 : 0) << "rows " << rows;
           double diff = 0;
           for (int64_t i = 0; i < rows; ++i) {
             const double p = std::clamp(static_cast<double>(got[i]), 1e-12, 1 - 1e-12);
