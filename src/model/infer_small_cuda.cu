@@ -386,131 +386,32 @@ __device__ __forceinline__ float ld16(const void* base, int64_t i) {
   else return __bfloat162float(__ushort_as_bfloat16(u));
 }
 
-// A Linear's weights live in registers: kSlots 16-byte pieces per lane. A row of `pieces`
-// pieces takes PER of them per lane (pieces lane, lane + 32, ...; PER a power of two >= pieces
-// / 32), and a warp holds the rows of M <= kSlots / PER outputs (outs_of) at once:
-// o0, o0 + nw, ... All of them are loaded before any is used, so a stage waits for one memory
-// latency rather than one per 32 KiB-row chunk or per output (measured on an H200: DCNv2 at
-// batch 1 took 87 us with a 4-piece row in registers and the rest loaded chunk by chunk).
-constexpr int kSlots = 16;   // 16 pieces of 8 16-bit weights: rows up to 4096 wide
-// Outputs per warp at once: up to 4 at 1..2 rows, 2 at 3..4, 1 above (their G accumulators
-// each, and their unpacked weights, must stay in registers beside the kSlots pieces).
-template <int PER, int G>
-constexpr int outs_of() {
-  constexpr int most = G <= 2 ? 4 : G <= 4 ? 2 : 1;
-  return kSlots / PER < most ? kSlots / PER : most;
-}
-
-template <int PER, int G>
-__device__ __forceinline__ void load_rows(const Op& L, int o0, int nw, int pieces, int lane,
-                                          uint4 (&w)[kSlots]) {
-  constexpr int M = outs_of<PER, G>();
+// Output o's weight pieces [c0, c0 + 32 kPre) of a row of `pieces` 16-byte pieces (lane's:
+// c0 + lane, c0 + lane + 32, ...).
+__device__ __forceinline__ void load_w_chunk(const Op& L, int o, int c0, int pieces, int lane,
+                                             uint4 (&w)[kPre]) {
+  const uint4* row = static_cast<const uint4*>(L.w) + static_cast<int64_t>(o) * pieces;
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    const int o = o0 + m * nw;
-    const uint4* row = static_cast<const uint4*>(L.w) + static_cast<int64_t>(o) * pieces;
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      const int pc = lane + 32 * j;
-      w[m * PER + j] = o < L.out && pc < pieces ? __ldg(row + pc) : make_uint4(0, 0, 0, 0);
-    }
+  for (int i = 0; i < kPre; ++i) {
+    const int pc = c0 + lane + 32 * i;
+    w[i] = pc < pieces ? __ldg(row + pc) : make_uint4(0, 0, 0, 0);
   }
 }
 
-// PER for a row of `pieces` pieces (0: wider than kSlots per lane).
-__host__ __device__ __forceinline__ int per_of(int pieces) {
-  const int need = (pieces + 31) / 32;
-  return need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : need <= 8 ? 8 : need <= 16 ? 16 : 0;
-}
-
-template <class F>
-__device__ __forceinline__ void with_per(int per, F&& f) {
-  switch (per) {
-    case 1: f(std::integral_constant<int, 1>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 8: f(std::integral_constant<int, 8>{}); break;
-    default: f(std::integral_constant<int, 16>{}); break;
-  }
-}
-
-// Which rows the registers hold: op `op`'s outputs from o0 (as load_rows loaded them).
+// Which weight row the registers hold: a single-chunk Linear's output `o` of op `op`.
 struct Held {
-  int op = -1, o0 = -1;
+  int op = -1, o = -1;
 };
 
-// A Linear op (see Op): as layer_stage above (the same per-lane order of fused multiply-adds
-// per output), with M outputs per warp at once and the cross-combine and logit epilogues.
-template <class H, int G, int PER>
-__device__ __forceinline__ void linear_rows(const Op& L, const Program& p, int op, int gw,
-                                            int nw, int lane, uint4 (&w)[kSlots], Held& held,
-                                            const uint4* xs, int g0, int gn) {
-  constexpr int M = outs_of<PER, G>();
-  const int pieces = L.k / 8;
-  for (int o0 = gw; o0 < L.out; o0 += nw * M) {
-    if (held.op != op || held.o0 != o0) load_rows<PER, G>(L, o0, nw, pieces, lane, w);
-    held = Held{};  // (the registers are reloaded for the next group of rows)
-    float acc[M][G];
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-#pragma unroll
-      for (int r = 0; r < G; ++r) acc[m][r] = 0.f;
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      const int pc = lane + 32 * j;
-      if (pc < pieces) {
-        float wf[M][8];
-#pragma unroll
-        for (int m = 0; m < M; ++m) unpack8(w[m * PER + j], wf[m], static_cast<const H*>(nullptr));
-#pragma unroll
-        for (int r = 0; r < G; ++r) {
-          const int row = min(r, gn - 1);  // rows past the end: computed, not written
-          float xf[8];
-          unpack8(xs[row * pieces + pc], xf, static_cast<const H*>(nullptr));
-#pragma unroll
-          for (int m = 0; m < M; ++m)
-#pragma unroll
-            for (int q = 0; q < 8; ++q) acc[m][r] = fmaf(wf[m][q], xf[q], acc[m][r]);
-        }
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-#pragma unroll
-      for (int r = 0; r < G; ++r)
-#pragma unroll
-        for (int s = 16; s > 0; s >>= 1) acc[m][r] += __shfl_xor_sync(0xffffffffu, acc[m][r], s);
-      const int o = o0 + m * nw;
-      if (o >= L.out || lane >= gn) continue;
-      const int64_t row = g0 + lane, at = row * L.y_ld + o;
-      float v = 0.f;
-#pragma unroll
-      for (int r = 0; r < G; ++r)
-        if (r == lane) v = acc[m][r];
-      if (L.b)
-        v += L.f32_out ? static_cast<const float*>(L.b)[o] : to_f(static_cast<const H*>(L.b)[o]);
-      if (L.x0) {  // the layer path stores u in 16 bits, then x0 * u + xl
-        const float u = to_f(from_f<H>(v));
-        v = __fadd_rn(__fmul_rn(ld16<H>(L.x0, at), u), ld16<H>(L.xl, at));
-      }
-      if (L.relu) v = fmaxf(v, 0.f);
-      if (L.f32_out) static_cast<float*>(L.y)[at] = v;
-      else static_cast<H*>(L.y)[at] = from_f<H>(v);
-      if (L.to_probs) {
-        for (int a = 0; a < L.naddend; ++a) v += __ldcg(L.addend[a] + row);
-        p.probs[row] = 1.f / (1.f + expf(-v));
-      }
-    }
-  }
-}
-
-// The rows of a Linear's input, G at a time, staged in shared memory by the whole block (from
-// x, or converted from the caller's dense rows), then linear_rows.
+// A Linear op (see Op): as layer_stage above, but over inputs of any width up to kMaxK (the
+// weight row in chunks of 32 kPre pieces; only a one-chunk row stays in registers between
+// outputs and across the barrier) and with the cross-combine and logit epilogues.
 template <class H, int G>
 __device__ void linear_op(const Op& L, const Program& p, int op, int block, int gw, int nw,
-                          int lane, uint4 (&w)[kSlots], Held& held, uint4* xs) {
+                          int lane, uint4 (&w)[kPre], Held& held, uint4* xs) {
   if (block * kWarps >= L.out) return;  // the same for the whole block
   const int pieces = L.k / 8;
+  const bool one_chunk = pieces <= 32 * kPre;
   for (int g0 = 0; g0 < p.rows; g0 += G) {
     const int gn = min(G, p.rows - g0);
     __syncthreads();  // the previous group's readers are done with xs
@@ -530,9 +431,55 @@ __device__ void linear_op(const Op& L, const Program& p, int op, int block, int 
       }
     }
     __syncthreads();
-    with_per(per_of(pieces), [&](auto per) {
-      linear_rows<H, G, decltype(per)::value>(L, p, op, gw, nw, lane, w, held, xs, g0, gn);
-    });
+    for (int o = gw; o < L.out; o += nw) {
+      float acc[G];
+#pragma unroll
+      for (int r = 0; r < G; ++r) acc[r] = 0.f;
+      for (int c0 = 0; c0 < pieces; c0 += 32 * kPre) {
+        if (!(one_chunk && held.op == op && held.o == o)) load_w_chunk(L, o, c0, pieces, lane, w);
+#pragma unroll
+        for (int i = 0; i < kPre; ++i) {
+          const int pc = c0 + lane + 32 * i;
+          if (pc < pieces) {
+            float wf[8];
+            unpack8(w[i], wf, static_cast<const H*>(nullptr));
+#pragma unroll
+            for (int r = 0; r < G; ++r) {
+              const int row = min(r, gn - 1);  // rows past the end: computed, not written
+              float xf[8];
+              unpack8(xs[row * pieces + pc], xf, static_cast<const H*>(nullptr));
+#pragma unroll
+              for (int j = 0; j < 8; ++j) acc[r] = fmaf(wf[j], xf[j], acc[r]);
+            }
+          }
+        }
+      }
+      held = one_chunk ? Held{op, o} : Held{};
+#pragma unroll
+      for (int r = 0; r < G; ++r)
+#pragma unroll
+        for (int s = 16; s > 0; s >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], s);
+      if (lane < gn) {
+        const int64_t row = g0 + lane, at = row * L.y_ld + o;
+        float v = 0.f;
+#pragma unroll
+        for (int r = 0; r < G; ++r)
+          if (r == lane) v = acc[r];
+        if (L.b)
+          v += L.f32_out ? static_cast<const float*>(L.b)[o] : to_f(static_cast<const H*>(L.b)[o]);
+        if (L.x0) {  // the layer path stores u in 16 bits, then x0 * u + xl
+          const float u = to_f(from_f<H>(v));
+          v = __fadd_rn(__fmul_rn(ld16<H>(L.x0, at), u), ld16<H>(L.xl, at));
+        }
+        if (L.relu) v = fmaxf(v, 0.f);
+        if (L.f32_out) static_cast<float*>(L.y)[at] = v;
+        else static_cast<H*>(L.y)[at] = from_f<H>(v);
+        if (L.to_probs) {
+          for (int a = 0; a < L.naddend; ++a) v += __ldcg(L.addend[a] + row);
+          p.probs[row] = 1.f / (1.f + expf(-v));
+        }
+      }
+    }
   }
 }
 
@@ -606,7 +553,7 @@ __global__ void __launch_bounds__(kThreads, 2) program_forward(const __grid_cons
   extern __shared__ uint4 xs[];  // G rows of the current Linear's input
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   Barrier bar{p.barrier, p.bar_base};
-  uint4 w[kSlots];
+  uint4 w[kPre];
   Held held;
   int i = 0;
   for (int s = 0; s < p.stages; ++s) {
@@ -616,10 +563,8 @@ __global__ void __launch_bounds__(kThreads, 2) program_forward(const __grid_cons
     const int nw = solo ? kWarps : gridDim.x * kWarps;
     if (s > 0) {
       const Op& first = p.ops[i];
-      if (first.kind == OpKind::Linear && gw < first.out) {
-        with_per(per_of(first.k / 8), [&](auto per) {
-          load_rows<decltype(per)::value, G>(first, gw, nw, first.k / 8, lane, w);
-        });
+      if (first.kind == OpKind::Linear && first.k / 8 <= 32 * kPre && gw < first.out) {
+        load_w_chunk(first, gw, 0, first.k / 8, lane, w);
         held = Held{i, gw};
       }
       if (solo) {
@@ -676,10 +621,14 @@ void launch_typed(const Program& p, int blocks, cudaStream_t stream) {
 
 }  // namespace
 
-int64_t rows_limit(int max_k) {
-  (void)max_k;
-  return kMaxRows;
-}
+// Measured on an H200 (bench/RESULTS.md, "Fused small-batch forward", bf16 p50, two rounds
+// against the bucketed graphs of the build before): programs whose rows fit a warp's register
+// row (DeepFM, 400 wide) were faster at 1..8 rows (34.9-36.0 vs 38.8-41.9 us at batch 1,
+// 38.4-39.1 vs 47.2-48.4 at 8); DCNv2 (3456 wide: rows taken in chunks) only at batch 1
+// (86.9-87.3 vs 88.0-89.1 us), slower at 2, 4 and 8 rows (up to +10 %). A variant holding
+// rows up to 4096 wide in registers, several outputs per warp, was no faster at batch 1 and
+// spilled at 5..8 rows (175 us at 8); it was dropped.
+int64_t rows_limit(int max_k) { return max_k > 32 * 8 * kPre ? 1 : kMaxRows; }
 
 std::string unsupported(const Op* ops, int nops) {
   if (nops < 1 || nops > kMaxOps) return "needs 1.." + std::to_string(kMaxOps) + " ops";

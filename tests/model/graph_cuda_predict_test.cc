@@ -261,20 +261,22 @@ TEST(GraphCudaPredict, FusedSmallBatchMatchesTheLayerPath) {
     }
 }
 
-// The fused forward against the CPU reference (f32, the same seed: the same weights; rows over
-// the program's measured limit take the layer path, held to the same bound): the
+// The fused forward against the CPU reference (f32, the same seed: the same weights): the
 // logits within the bound the engine's 16-bit paths keep to the f32 CPU (max difference <= 3 %
 // of the largest logit, as DlrmCuda.Bf16WideInteractionMatchesCpu), for the program form's
 // shapes and the DLRM kernel's, in bf16 and fp16, after training steps too (the kernel reads
-// the updated weights in place; the CPU model takes the same steps).
+// the updated weights in place; the CPU model takes the same steps). Rows over a program's
+// measured limit (prog::rows_limit) take the layer path, held to the same bound.
 TEST(GraphCudaPredict, FusedSmallBatchMatchesTheCpuReference) {
   SKIP_WITHOUT_GPU();
   const io::ShardLayout layout = make_layout(4, {50, 7, 100, 3, 20});
   const std::vector<std::pair<const char*, int>> shapes = {  // layers, widest input (0: DLRM)
       {kDcnStacked, 48}, {kDcnWideFullRank, 1288}, {kDeepFm, 48},
       {kDeepFmDim10, 56}, {kWideDeep, 48},         {kDlrm, 0}};
-  for (const auto& [layers, max_k] : shapes)
+  for (const auto& shape : shapes)
     for (const char* precision : {"bf16", "fp16"}) {
+      const char* layers = shape.first;
+      const int max_k = shape.second;
       SCOPED_TRACE(std::string(precision) + " " + layers);
       RunConfig c = graph_config(layers, kSgd);
       auto cpu = build_model(c.model, c.optimizer, layout, Device::cpu(), 31);
