@@ -15,7 +15,8 @@
 #   train  dlrec bench train, MLPerf DLRM bf16 and fp16 at batch 32768,55296 and DCNv2 bf16 at
 #          55296, 30 steps after 5 warm-up; DCNv2 fp16 and DeepFM fp16 (Adagrad, 16384) only if
 #          the build accepts fp16 for graph models (probed first; builds before the fold refuse it)
-#   infer  dlrec bench infer --precision bf16 at batch 1,2048,32768, 500 calls after 50
+#   infer  dlrec bench infer --precision bf16 at batch 1,2048,32768, 500 calls after 50; DCNv2
+#          and DeepFM (Adagrad) at the same batches, 300 calls after 30
 #   zoo    (not in the default --parts) DeepFM and Wide&Deep bf16, Adagrad, batch 16384, 50
 #          steps after 5; Wide&Deep is configs/wide_deep.json minus the wide layer's FTRL, as
 #          measured for bench/RESULTS.md (layer optimizers are refused on CUDA)
@@ -214,6 +215,19 @@ json.dump(c, open(sys.argv[2], "w"), indent=1)
 PY
 }
 
+# DeepFM as served in bench/RESULTS.md: configs/deepfm.json with Adagrad (Adam is refused on
+# CUDA), for the infer part.
+DFM_CONFIG=$L/deepfm_adagrad.json
+make_dfm_config() {
+  [ $DRY = 1 ] && return 0
+  "$PY" - configs/deepfm.json "$DFM_CONFIG" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["optimizer"] = {"type": "adagrad", "lr": 0.001}
+json.dump(c, open(sys.argv[2], "w"), indent=1)
+PY
+}
+
 TRAIN=(bench train --device cuda --steps 30 --warmup 5)
 ZOO=(bench train --device cuda --optimizer adagrad --batch 16384 --steps 50 --warmup 5)
 declare -A FP16=()  # build:model -> 1 when the build trains that graph model in fp16
@@ -293,6 +307,12 @@ round() {  # r
   if [ $DO_INFER = 1 ]; then
     pair "$r" infer 120 8 bench infer --device cuda --precision bf16 --batch 1,2048,32768 \
       --iters 500 --warmup 50
+    # The graph models' serving (batch 1: the fused small-batch forward's program form where
+    # its measured row limit takes it, bench/RESULTS.md).
+    pair "$r" infer_dcnv2 120 8 bench infer --device cuda --precision bf16 --batch 1,2048,32768 \
+      --iters 300 --warmup 30 --config configs/dcnv2.json
+    [ -f "$DFM_CONFIG" ] || [ $DRY = 1 ] && pair "$r" infer_deepfm 120 6 bench infer --device cuda \
+      --precision bf16 --batch 1,2048,32768 --iters 300 --warmup 30 --config "$DFM_CONFIG"
     peer "$r" infer 240 15 bench/pytorch_dlrm_infer_gpu.py --batch 1,2048,32768 --iters 500 \
       --warmup 50 --build-on cuda
   fi
@@ -326,6 +346,9 @@ for b in "${BUILDS[@]}"; do
     probe_fp16 "$b" deepfm configs/deepfm.json --optimizer adagrad  # as ZOO runs it (no Adam on CUDA)
   fi
 done
+if [ $DO_INFER = 1 ] && ! make_dfm_config; then
+  note "DeepFM serving skipped: could not write $DFM_CONFIG"
+fi
 if [ $DO_ZOO = 1 ] && ! make_wd_config; then
   note "Wide&Deep skipped: could not write $WD_CONFIG"
 fi

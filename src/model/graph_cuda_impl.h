@@ -89,6 +89,12 @@ class GraphCuda final : public CudaModel {
   enum class Fused { Unplanned, On, Off };
   Fused fused_ = Fused::Unplanned;
   fused_infer::Params fused_params_;
+  // The program form (fused_infer::prog) when the graph is not DLRM-shaped: its ops on the
+  // host and on the device (fused_prog_.ops), planned with the same buffers.
+  bool fused_is_program_ = false;
+  fused_infer::prog::Program fused_prog_;
+  Tensor fused_ops_;
+  std::string plan_program();
   Tensor fused_barrier_;        // the kernel's grid-barrier counter (u32, zeroed once)
   uint32_t fused_counter_ = 0;  // its value when the next launch starts
   void plan_fused();

@@ -297,6 +297,7 @@ void GraphCuda::plan_fused() {
     if (bottom_in.size() != 1 || nodes_[bottom_in[0]]->serving_parts(e_).kind != K::DenseInput)
       return "the bottom MLP does not read the dense features";
     dlrm_shape = true;
+    if (!e_.vals[dot_in[1]].y.defined()) return "the embedding rows have no buffer";
     if (dot.fields != T_ + 1 || emb.tables->num_tables != T_ || emb.tables->dim != dot.dim)
       return "the embedding tables do not cover every feature at the dot's width";
     if (bottom.lins.size() + top.lins.size() > static_cast<size_t>(fi::kMaxLayers))
@@ -329,29 +330,289 @@ void GraphCuda::plan_fused() {
       }
     return fi::unsupported(p);
   }();
-  if (!why.empty()) {
-    if (dlrm_shape)
-      std::fprintf(stderr, "[dlrec] fused small-batch inference off for this model: %s\n",
-                   why.c_str());
+  if (why.empty()) {
+    fused_params_ = p;
+    fused_is_program_ = false;
+    fused_ = Fused::On;
     return;
   }
-  fused_params_ = p;
+  if (dlrm_shape) {
+    std::fprintf(stderr, "[dlrec] fused small-batch inference off for this model: %s\n",
+                 why.c_str());
+    return;
+  }
+  // Other shapes: the program form, or the bucketed graphs (silently: a graph with a part the
+  // program has no op for, e.g. a dot over three inputs, is an expected case).
+  if (!plan_program().empty()) return;
+  fused_is_program_ = true;
   fused_ = Fused::On;
 }
+
+namespace {
+
+// Where the program form finds a value: its own buffer, or (placed) a concat's columns.
+struct Loc {
+  void* p = nullptr;
+  int64_t ld = 0;
+  DType dt = DType::F32;
+  bool placed = false;
+  int ready = 0;  // the first stage that may read it
+};
+
+size_t elem_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
+
+}  // namespace
+
+// The program form (fused_infer::prog) of any graph of the parts ServingParts lists: each
+// value gets a location (a concat's columns when that concat is among its readers, so that
+// nothing is copied; else its own buffer), each layer its ops, each op the first stage after
+// its inputs are written (an MLP's or a cross network's layers one stage each). The last op
+// must be the one-output Linear behind the output (directly, or through an add whose other
+// inputs are 1-wide values: added to the logit). Returns why not ("" when planned). Over 150
+// lines: one pass over the layers with a case per part kind, all sharing the locations, the
+// stages and the op list; split, each case would take all of them as arguments.
+std::string GraphCuda::plan_program() {
+  namespace fp = fused_infer::prog;
+  using K = ServingParts::Kind;
+  const int n = static_cast<int>(spec_.layers.size());
+  std::vector<ServingParts> parts(n);
+  std::vector<std::vector<int>> users(n);
+  std::vector<Loc> loc(n);
+  for (int i = 0; i < n; ++i) {
+    parts[i] = nodes_[i]->serving_parts(e_);
+    for (int j : spec_.layers[i].input_ids) {
+      if (j >= i) return "layers out of order";
+      users[j].push_back(i);
+    }
+    const Value& v = e_.vals[i];
+    loc[i] = {v.y.raw(), v.ld, v.dt, false, 0};
+  }
+  // Placement: a concat's inputs are written into its columns.
+  for (int c = 0; c < n; ++c) {
+    if (parts[c].kind != K::Concat) continue;
+    if (!loc[c].p || !is_half(loc[c].dt)) return "a concat without a 16-bit buffer";
+    int64_t col = 0;
+    for (int j : spec_.layers[c].input_ids) {
+      if (loc[j].placed || parts[j].kind == K::Concat)
+        return "a value read by two concats, or a concat of a concat";
+      if (e_.vals[j].dt != loc[c].dt) return "a concat input of another type";
+      loc[j] = {static_cast<char*>(loc[c].p) + col * elem_bytes(loc[c].dt), loc[c].ld,
+                loc[c].dt, true, 0};
+      col += e_.vals[j].width;
+    }
+  }
+  std::vector<fp::Op> ops;
+  std::vector<int> last_op(n, -1);  // a layer's last op
+  std::vector<bool> host_dense(n, false);
+  int max_k = 8;
+  // A Linear from a Lin: x (16-bit, rows x_ld apart, or the caller's dense rows) -> y.
+  auto linear = [&](const Lin& l, const void* x, int64_t x_ld, bool host_x, void* y,
+                    int64_t y_ld, bool f32_out, int stage) -> std::string {
+    if (!l.wh.defined()) return "a layer without 16-bit weights";
+    fp::Op o;
+    o.kind = fp::OpKind::Linear;
+    o.stage = stage;
+    o.w = l.wh.raw();
+    o.b = !l.has_bias ? nullptr : f32_out ? l.b.raw() : l.bh.raw();
+    o.x = x;
+    o.x_ld = static_cast<int>(x_ld);
+    o.host_x = host_x;
+    o.y = y;
+    o.y_ld = static_cast<int>(y_ld);
+    o.out = static_cast<int>(l.out);
+    o.k = static_cast<int>(l.in_pad);
+    o.relu = l.relu;
+    o.f32_out = f32_out;
+    max_k = std::max(max_k, o.k);
+    ops.push_back(o);
+    return "";
+  };
+  for (int i = 0; i < n; ++i) {
+    const ServingParts& sp = parts[i];
+    const std::vector<int>& in = spec_.layers[i].input_ids;
+    const std::string what = "layer '" + spec_.layers[i].name + "' (" + spec_.layers[i].type + ")";
+    const size_t ops_before = ops.size();
+    switch (sp.kind) {
+      case K::DenseInput: {
+        bool all_mlp = !loc[i].placed;
+        for (int u : users[i]) all_mlp = all_mlp && parts[u].kind == K::Mlp;
+        if (all_mlp) {  // the MLPs' first layers read the caller's rows themselves
+          host_dense[i] = true;
+          break;
+        }
+        if (!loc[i].p || !is_half(loc[i].dt)) return what + ": no 16-bit buffer";
+        fp::Op o;
+        o.kind = fp::OpKind::DenseIn;
+        o.y = loc[i].p;
+        o.y_ld = static_cast<int>(loc[i].ld);
+        ops.push_back(o);
+        loc[i].ready = 1;
+        break;
+      }
+      case K::Embedding:
+      case K::Wide: {
+        if (sp.tables->num_tables != T_) return what + ": not over every feature";
+        fp::Op o;
+        o.kind = sp.kind == K::Wide ? fp::OpKind::Wide : fp::OpKind::Gather;
+        o.tables = sp.tables->weights;
+        o.row_base = sp.tables->row_base;
+        o.T = sp.tables->num_tables;
+        o.d = sp.tables->dim;
+        o.b = sp.bias;
+        o.y = loc[i].p;
+        o.y_ld = static_cast<int>(loc[i].ld);
+        if (!o.y || (sp.kind == K::Embedding) != is_half(loc[i].dt))
+          return what + ": no buffer of the expected type";
+        ops.push_back(o);
+        loc[i].ready = 1;
+        break;
+      }
+      case K::Mlp: {
+        const int j = in[0];
+        int stage = loc[j].ready;
+        for (size_t k = 0; k < sp.lins.size(); ++k) {
+          const Lin& l = *sp.lins[k];
+          const bool last = k + 1 == sp.lins.size();
+          if (l.out_ld != l.out) return what + ": padded rows";
+          const void* x = k == 0 ? loc[j].p : sp.ys[k - 1];
+          const int64_t x_ld = k == 0 ? loc[j].ld : sp.lins[k - 1]->out;
+          if (k == 0 && !host_dense[j] &&
+              (!is_half(loc[j].dt) || (loc[j].placed && l.in_pad != e_.vals[j].width)))
+            return what + ": its input is not a 16-bit buffer it can read whole";
+          void* y = last ? loc[i].p : sp.ys[k];
+          const bool f32_out = last && loc[i].dt == DType::F32;
+          const std::string why = linear(l, x, x_ld, k == 0 && host_dense[j], y,
+                                         last ? loc[i].ld : l.out, f32_out, stage++);
+          if (!why.empty()) return what + ": " + why;
+        }
+        loc[i].ready = stage;
+        break;
+      }
+      case K::Cross: {
+        const int j = in[0];
+        if (loc[j].placed || loc[i].placed || !is_half(loc[j].dt) || loc[j].ld != loc[i].ld)
+          return what + ": x0 or the output not in a buffer of its own at the same stride";
+        int stage = loc[j].ready;
+        const void* xl = loc[j].p;
+        for (size_t k = 0; k < sp.lins.size(); ++k) {
+          const Lin& l = *sp.lins[k];
+          const bool v_layer = sp.rank > 0 && k % 2 == 0;  // h = V x_l
+          const void* x = v_layer || sp.rank == 0 ? xl : sp.ys[k - 1];
+          const int64_t x_ld = v_layer || sp.rank == 0 ? loc[i].ld : sp.lins[k - 1]->out_ld;
+          const std::string why = linear(l, x, x_ld, false, sp.ys[k], l.out_ld, false, stage++);
+          if (!why.empty()) return what + ": " + why;
+          if (!v_layer) {
+            ops.back().x0 = loc[j].p;
+            ops.back().xl = xl;
+            xl = sp.ys[k];
+          }
+        }
+        loc[i].ready = stage;
+        break;
+      }
+      case K::Fm: {
+        const int j = in[0];
+        if (!is_half(loc[j].dt) || sp.fields * sp.dim != e_.vals[j].width || !loc[i].p)
+          return what + ": its input is not 16-bit fields";
+        fp::Op o;
+        o.kind = fp::OpKind::Fm;
+        o.stage = loc[j].ready;
+        o.x = loc[j].p;
+        o.x_ld = static_cast<int>(loc[j].ld);
+        o.T = static_cast<int>(sp.fields);
+        o.d = static_cast<int>(sp.dim);
+        o.y = loc[i].p;
+        o.y_ld = static_cast<int>(loc[i].ld);
+        ops.push_back(o);
+        loc[i].ready = o.stage + 1;
+        break;
+      }
+      case K::Concat:
+        for (int j : in) loc[i].ready = std::max(loc[i].ready, loc[j].ready);
+        break;
+      case K::Add:  // only as the output's input (below)
+        if (users[i].size() != 1 || users[i][0] != spec_.output) return what + ": not the logit";
+        break;
+      default:
+        if (i != spec_.output) return what + ": no fused op";
+    }
+    if (ops.size() > ops_before) last_op[i] = static_cast<int>(ops.size()) - 1;
+  }
+  // The logit: an MLP's one-output last layer, plus the add's other (1-wide) inputs.
+  const int top = spec_.layers[spec_.output].input_ids.at(0);
+  std::vector<int> deep, addends;
+  if (parts[top].kind == K::Add)
+    for (int j : spec_.layers[top].input_ids)
+      (parts[j].kind == K::Mlp ? deep : addends).push_back(j);
+  else
+    deep.push_back(top);
+  if (deep.size() != 1 || parts[deep[0]].kind != K::Mlp || addends.size() > fp::kMaxAddends)
+    return "the logit is not one MLP's output (plus at most " +
+           std::to_string(fp::kMaxAddends) + " 1-wide values)";
+  fp::Op& last = ops.at(last_op[deep[0]]);
+  if (last.out != 1 || !last.f32_out) return "the logit's layer has other than one f32 output";
+  for (int a : addends) {
+    if (e_.vals[a].width != 1 || e_.vals[a].dt != DType::F32 || last_op[a] < 0)
+      return "an add input other than a 1-wide f32 value";
+    last.addend[last.naddend++] = static_cast<const float*>(loc[a].p);
+    last.stage = std::max(last.stage, loc[a].ready);
+  }
+  last.to_probs = true;
+  // Ops in stage order (the logit last, alone in its stage), stages renumbered 0, 1, ...
+  const fp::Op logit = last;
+  ops.erase(ops.begin() + last_op[deep[0]]);
+  for (const fp::Op& o : ops)
+    if (o.stage >= logit.stage) return "an op that the logit does not wait for";
+  std::stable_sort(ops.begin(), ops.end(),
+                   [](const fp::Op& a, const fp::Op& b) { return a.stage < b.stage; });
+  ops.push_back(logit);
+  int stages = 0, prev = -1;
+  for (fp::Op& o : ops) {
+    if (o.stage != prev) ++stages;
+    prev = o.stage;
+    o.stage = stages - 1;
+  }
+  const std::string why = fp::unsupported(ops.data(), static_cast<int>(ops.size()));
+  if (!why.empty()) return why;
+  const size_t bytes = sizeof(fp::Op) * ops.size();
+  fused_ops_ = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8, dev_);
+  copy_bytes(fused_ops_.raw(), dev_, ops.data(), Device::cpu(), bytes);
+  fused_prog_ = fp::Program{};
+  fused_prog_.num_dense = static_cast<int>(num_dense_);
+  fused_prog_.ops = static_cast<const fp::Op*>(fused_ops_.raw());
+  fused_prog_.nops = static_cast<int>(ops.size());
+  fused_prog_.stages = stages;
+  fused_prog_.max_k = max_k;
+  return "";
+}
+
 
 bool GraphCuda::fused_launch(InferBucket& bk, int64_t n) {
   if (fused_ == Fused::Unplanned) plan_fused();
   if (fused_ != Fused::On) return false;
+  if (!fused_barrier_.defined()) {
+    fused_barrier_ = Tensor::empty({8}, DType::U8, dev_);
+    DLREC_CUDA_CHECK(cudaMemsetAsync(fused_barrier_.raw(), 0, 8, e_.st));
+  }
+  if (fused_is_program_) {
+    if (n > fused_infer::prog::rows_limit(fused_prog_.max_k)) return false;
+    fused_infer::prog::Program p = fused_prog_;
+    p.dense = static_cast<const float*>(bk.dev_in);
+    p.keys = reinterpret_cast<const uint32_t*>(p.dense + bk.rows * num_dense_);
+    p.probs = bk.dev_probs;
+    p.rows = static_cast<int>(n);
+    p.ld_keys = static_cast<int>(bk.rows);
+    p.barrier = static_cast<unsigned*>(fused_barrier_.raw());
+    fused_infer::prog::launch(p, e_.half == DType::F16, opts_.infer_fused_blocks,
+                              res_->sm_count(), &fused_counter_, e_.st);
+    return true;
+  }
   fused_infer::Params p = fused_params_;
   p.dense = static_cast<const float*>(bk.dev_in);
   p.keys = reinterpret_cast<const uint32_t*>(p.dense + bk.rows * num_dense_);
   p.probs = bk.dev_probs;
   p.rows = static_cast<int>(n);
   p.ld_keys = static_cast<int>(bk.rows);
-  if (!fused_barrier_.defined()) {
-    fused_barrier_ = Tensor::empty({8}, DType::U8, dev_);
-    DLREC_CUDA_CHECK(cudaMemsetAsync(fused_barrier_.raw(), 0, 8, e_.st));
-  }
   p.barrier = static_cast<unsigned*>(fused_barrier_.raw());
   fused_infer::launch(p, e_.half == DType::F16, opts_.infer_fused_blocks, res_->sm_count(),
                       &fused_counter_, e_.st);

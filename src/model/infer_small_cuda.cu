@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <string>
+#include <type_traits>
 
 #include "core/cuda_check.h"
 #include "dlrec/core/error.h"
@@ -371,5 +372,313 @@ void launch(Params p, bool fp16, int blocks, int sm_count, uint32_t* counter_bas
 }
 
 int64_t launches() { return g_launches.load(std::memory_order_relaxed); }
+
+// --- The program form (infer_small_cuda.h, namespace prog) ------------------------------------
+
+namespace prog {
+namespace {
+
+// A 16-bit value written earlier in this launch (bypassing L1, as __ldcg elsewhere).
+template <class H>
+__device__ __forceinline__ float ld16(const void* base, int64_t i) {
+  const unsigned short u = __ldcg(static_cast<const unsigned short*>(base) + i);
+  if constexpr (std::is_same_v<H, f16>) return __half2float(__ushort_as_half(u));
+  else return __bfloat162float(__ushort_as_bfloat16(u));
+}
+
+// Output o's weight pieces [c0, c0 + 32 kPre) of a row of `pieces` 16-byte pieces (lane's:
+// c0 + lane, c0 + lane + 32, ...).
+__device__ __forceinline__ void load_w_chunk(const Op& L, int o, int c0, int pieces, int lane,
+                                             uint4 (&w)[kPre]) {
+  const uint4* row = static_cast<const uint4*>(L.w) + static_cast<int64_t>(o) * pieces;
+#pragma unroll
+  for (int i = 0; i < kPre; ++i) {
+    const int pc = c0 + lane + 32 * i;
+    w[i] = pc < pieces ? __ldg(row + pc) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Which weight row the registers hold: a single-chunk Linear's output `o` of op `op`.
+struct Held {
+  int op = -1, o = -1;
+};
+
+// A Linear op (see Op): as layer_stage above, but over inputs of any width up to kMaxK (the
+// weight row in chunks of 32 kPre pieces; only a one-chunk row stays in registers between
+// outputs and across the barrier) and with the cross-combine and logit epilogues.
+template <class H, int G>
+__device__ void linear_op(const Op& L, const Program& p, int op, int block, int gw, int nw,
+                          int lane, uint4 (&w)[kPre], Held& held, uint4* xs) {
+  if (block * kWarps >= L.out) return;  // the same for the whole block
+  const int pieces = L.k / 8;
+  const bool one_chunk = pieces <= 32 * kPre;
+  for (int g0 = 0; g0 < p.rows; g0 += G) {
+    const int gn = min(G, p.rows - g0);
+    __syncthreads();  // the previous group's readers are done with xs
+    if (L.host_x) {
+      H* xh = reinterpret_cast<H*>(xs);
+      for (int i = threadIdx.x; i < gn * L.k; i += kThreads) {
+        const int r = i / L.k, c = i - r * L.k;
+        xh[i] = from_f<H>(c < p.num_dense ? p.dense[static_cast<int64_t>(g0 + r) * p.num_dense + c]
+                                          : 0.f);
+      }
+    } else {
+      const H* xb = static_cast<const H*>(L.x);
+      for (int i = threadIdx.x; i < gn * pieces; i += kThreads) {
+        const int r = i / pieces, c = i - r * pieces;
+        const H* row = xb + static_cast<int64_t>(g0 + r) * L.x_ld;
+        xs[i] = __ldcg(reinterpret_cast<const uint4*>(row) + c);
+      }
+    }
+    __syncthreads();
+    for (int o = gw; o < L.out; o += nw) {
+      float acc[G];
+#pragma unroll
+      for (int r = 0; r < G; ++r) acc[r] = 0.f;
+      for (int c0 = 0; c0 < pieces; c0 += 32 * kPre) {
+        if (!(one_chunk && held.op == op && held.o == o)) load_w_chunk(L, o, c0, pieces, lane, w);
+#pragma unroll
+        for (int i = 0; i < kPre; ++i) {
+          const int pc = c0 + lane + 32 * i;
+          if (pc < pieces) {
+            float wf[8];
+            unpack8(w[i], wf, static_cast<const H*>(nullptr));
+#pragma unroll
+            for (int r = 0; r < G; ++r) {
+              const int row = min(r, gn - 1);  // rows past the end: computed, not written
+              float xf[8];
+              unpack8(xs[row * pieces + pc], xf, static_cast<const H*>(nullptr));
+#pragma unroll
+              for (int j = 0; j < 8; ++j) acc[r] = fmaf(wf[j], xf[j], acc[r]);
+            }
+          }
+        }
+      }
+      held = one_chunk ? Held{op, o} : Held{};
+#pragma unroll
+      for (int r = 0; r < G; ++r)
+#pragma unroll
+        for (int s = 16; s > 0; s >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], s);
+      if (lane < gn) {
+        const int64_t row = g0 + lane, at = row * L.y_ld + o;
+        float v = 0.f;
+#pragma unroll
+        for (int r = 0; r < G; ++r)
+          if (r == lane) v = acc[r];
+        if (L.b)
+          v += L.f32_out ? static_cast<const float*>(L.b)[o] : to_f(static_cast<const H*>(L.b)[o]);
+        if (L.x0) {  // the layer path stores u in 16 bits, then x0 * u + xl
+          const float u = to_f(from_f<H>(v));
+          v = __fadd_rn(__fmul_rn(ld16<H>(L.x0, at), u), ld16<H>(L.xl, at));
+        }
+        if (L.relu) v = fmaxf(v, 0.f);
+        if (L.f32_out) static_cast<float*>(L.y)[at] = v;
+        else static_cast<H*>(L.y)[at] = from_f<H>(v);
+        if (L.to_probs) {
+          for (int a = 0; a < L.naddend; ++a) v += __ldcg(L.addend[a] + row);
+          p.probs[row] = 1.f / (1.f + expf(-v));
+        }
+      }
+    }
+  }
+}
+
+// The embedding rows, (row, table) per warp: f32 -> 16-bit, any width.
+template <class H>
+__device__ void gather_op(const Op& L, const Program& p, int gw, int nw, int lane) {
+  for (int it = gw; it < p.rows * L.T; it += nw) {
+    const int r = it / L.T, t = it - r * L.T;
+    const uint32_t key = p.keys[static_cast<int64_t>(t) * p.ld_keys + r];
+    const int64_t row = static_cast<int64_t>(key - __ldg(L.row_base + t));
+    const float* src = L.tables[t] + row * L.d;
+    H* dst = static_cast<H*>(L.y) + static_cast<int64_t>(r) * L.y_ld + t * L.d;
+    for (int c = lane; c < L.d; c += 32) dst[c] = from_f<H>(__ldg(src + c));
+  }
+}
+
+// The wide sum, a row per warp: lane t reads table t's weight, lane 0 adds them in t order
+// (after the bias) as cg::wide_sum does.
+__device__ void wide_op(const Op& L, const Program& p, int gw, int nw, int lane) {
+  for (int r = gw; r < p.rows; r += nw) {
+    float acc = __ldg(static_cast<const float*>(L.b));
+    for (int t0 = 0; t0 < L.T; t0 += 32) {
+      const int t = t0 + lane;
+      float v = 0.f;
+      if (t < L.T) {
+        const uint32_t key = p.keys[static_cast<int64_t>(t) * p.ld_keys + r];
+        v = __ldg(L.tables[t] + (key - __ldg(L.row_base + t)));
+      }
+      for (int j = 0; j < 32 && t0 + j < L.T; ++j)
+        acc = __fadd_rn(acc, __shfl_sync(0xffffffffu, v, j));
+    }
+    if (lane == 0) static_cast<float*>(L.y)[static_cast<int64_t>(r) * L.y_ld] = acc;
+  }
+}
+
+// DeepFM's second-order term, a row per warp, lanes over the d components: the sums of
+// cg::fm_forward in the same order.
+template <class H>
+__device__ void fm_op(const Op& L, const Program& p, int gw, int nw, int lane) {
+  for (int r = gw; r < p.rows; r += nw) {
+    const int64_t base = static_cast<int64_t>(r) * L.x_ld;
+    double acc = 0;
+    for (int c = lane; c < L.d; c += 32) {
+      float s = 0.f, q = 0.f;
+      for (int f = 0; f < L.T; ++f) {
+        const float v = ld16<H>(L.x, base + static_cast<int64_t>(f) * L.d + c);
+        s = __fadd_rn(s, v);
+        q = __fadd_rn(q, __fmul_rn(v, v));
+      }
+      acc += static_cast<double>(s) * s - q;
+    }
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) static_cast<float*>(L.y)[static_cast<int64_t>(r) * L.y_ld] = 0.5 * acc;
+  }
+}
+
+// The caller's dense rows into a 16-bit buffer (a concat's first columns), a value per thread.
+template <class H>
+__device__ void dense_op(const Op& L, const Program& p, int gt, int nthr) {
+  for (int i = gt; i < p.rows * p.num_dense; i += nthr) {
+    const int r = i / p.num_dense, c = i - r * p.num_dense;
+    static_cast<H*>(L.y)[static_cast<int64_t>(r) * L.y_ld + c] = from_f<H>(p.dense[i]);
+  }
+}
+
+// Stage by stage; before each barrier the next stage's first Linear loads its first weight
+// row (weights are constant during a launch). The last stage (after stage 0) runs on the block
+// arriving last, its 8 warps sharing the op.
+template <class H, int G>
+__global__ void __launch_bounds__(kThreads, 2) program_forward(const __grid_constant__ Program p) {
+  extern __shared__ uint4 xs[];  // G rows of the current Linear's input
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  Barrier bar{p.barrier, p.bar_base};
+  uint4 w[kPre];
+  Held held;
+  int i = 0;
+  for (int s = 0; s < p.stages; ++s) {
+    const bool solo = s > 0 && s == p.stages - 1;  // the last stage, on one block
+    const int block = solo ? 0 : blockIdx.x;
+    const int gw = solo ? warp : blockIdx.x * kWarps + warp;
+    const int nw = solo ? kWarps : gridDim.x * kWarps;
+    if (s > 0) {
+      const Op& first = p.ops[i];
+      if (first.kind == OpKind::Linear && first.k / 8 <= 32 * kPre && gw < first.out) {
+        load_w_chunk(first, gw, 0, first.k / 8, lane, w);
+        held = Held{i, gw};
+      }
+      if (solo) {
+        if (!last_block(bar)) return;
+      } else {
+        grid_sync(bar);
+      }
+    }
+    for (; i < p.nops && p.ops[i].stage == s; ++i) {
+      const Op& L = p.ops[i];
+      switch (L.kind) {
+        case OpKind::Linear: linear_op<H, G>(L, p, i, block, gw, nw, lane, w, held, xs); break;
+        case OpKind::Gather: gather_op<H>(L, p, gw, nw, lane); break;
+        case OpKind::Wide: wide_op(L, p, gw, nw, lane); break;
+        case OpKind::Fm: fm_op<H>(L, p, gw, nw, lane); break;
+        case OpKind::DenseIn: dense_op<H>(L, p, gw * 32 + lane, nw * 32); break;
+      }
+    }
+  }
+}
+
+size_t smem_bytes(const Program& p) { return sizeof(uint16_t) * kGroupRows * p.max_k; }
+
+template <class H>
+void launch_typed(const Program& p, int blocks, cudaStream_t stream) {
+  const int g = p.rows < kGroupRows ? p.rows : kGroupRows;
+  const size_t smem = smem_bytes(p);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  // Over 48 KiB of dynamic shared memory must be allowed per kernel (once per process and
+  // device would do; the call is cheap next to a launch).
+#define DLREC_PROGRAM(NG)                                                                   \
+  case NG:                                                                                  \
+    if (smem > 48 * 1024)                                                                   \
+      DLREC_CUDA_CHECK(cudaFuncSetAttribute(program_forward<H, NG>,                         \
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,    \
+                                            static_cast<int>(smem)));                       \
+    DLREC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, program_forward<H, NG>, p));                  \
+    break;
+  switch (g) {
+    DLREC_PROGRAM(1) DLREC_PROGRAM(2) DLREC_PROGRAM(3) DLREC_PROGRAM(4)
+    DLREC_PROGRAM(5) DLREC_PROGRAM(6) DLREC_PROGRAM(7) DLREC_PROGRAM(8)
+  }
+#undef DLREC_PROGRAM
+}
+
+}  // namespace
+
+// Measured on an H200 (bench/RESULTS.md, "Fused small-batch forward", bf16 p50, two rounds
+// against the bucketed graphs of the build before): programs whose rows fit a warp's register
+// row (DeepFM, 400 wide) were faster at 1..8 rows (34.9-36.0 vs 38.8-41.9 us at batch 1,
+// 38.4-39.1 vs 47.2-48.4 at 8); DCNv2 (3456 wide: rows taken in chunks) only at batch 1
+// (86.9-87.3 vs 88.0-89.1 us), slower at 2, 4 and 8 rows (up to +10 %). A variant holding
+// rows up to 4096 wide in registers, several outputs per warp, was no faster at batch 1 and
+// spilled at 5..8 rows (175 us at 8); it was dropped.
+int64_t rows_limit(int max_k) { return max_k > 32 * 8 * kPre ? 1 : kMaxRows; }
+
+std::string unsupported(const Op* ops, int nops) {
+  if (nops < 1 || nops > kMaxOps) return "needs 1.." + std::to_string(kMaxOps) + " ops";
+  for (int i = 0; i < nops; ++i) {
+    const Op& L = ops[i];
+    const std::string at = "op " + std::to_string(i) + ": ";
+    if (i > 0 && L.stage < ops[i - 1].stage) return at + "stages out of order";
+    if (!L.y) return at + "no output buffer";
+    if (L.kind == OpKind::Linear) {
+      if (L.k < 8 || L.k % 8 != 0 || L.k > kMaxK)
+        return at + "input width " + std::to_string(L.k) + " (needs a multiple of 8 up to " +
+               std::to_string(kMaxK) + ")";
+      if (L.out < 1 || !aligned16(L.w) || (L.to_probs && !L.b)) return at + "weights";
+      if (!L.host_x && (!aligned16(L.x) || L.x_ld % 8 != 0 || L.x_ld < L.k))
+        return at + "input buffer alignment";
+      if ((L.x0 != nullptr) != (L.xl != nullptr) || (L.x0 && L.f32_out))
+        return at + "cross combine";
+      if (L.naddend < 0 || L.naddend > kMaxAddends) return at + "addends";
+      if (L.to_probs != (i == nops - 1)) return at + "only the last op writes probabilities";
+    } else if (L.kind == OpKind::Gather || L.kind == OpKind::Wide) {
+      if (!L.tables || !L.row_base || L.T < 1 || L.d < 1) return at + "tables";
+      if (L.kind == OpKind::Wide && (L.d != 1 || !L.b)) return at + "wide tables";
+    } else if (L.kind == OpKind::Fm) {
+      if (!L.x || L.T < 1 || L.d < 1) return at + "fm input";
+    }
+  }
+  const Op& last = ops[nops - 1];
+  if (last.kind != OpKind::Linear || last.out != 1 || !last.f32_out || !last.to_probs)
+    return "the last op is not a one-output Linear giving the probabilities";
+  if (nops > 1 && ops[nops - 2].stage == last.stage)
+    return "the last stage holds more than the logit";
+  return "";
+}
+
+void launch(Program p, bool fp16, int blocks, int sm_count, uint32_t* counter_base,
+            cudaStream_t stream) {
+  DLREC_CHECK(p.rows >= 1 && p.rows <= kMaxRows, "fused inference: ", p.rows, " rows (1..",
+              kMaxRows, ")");
+  DLREC_CHECK(sm_count >= 1, "fused inference: the device's SM count is ", sm_count);
+  DLREC_CHECK(p.stages >= 1 && p.max_k >= 8 && p.max_k <= kMaxK, "fused inference: program of ",
+              p.stages, " stages, widest input ", p.max_k);
+  if (blocks <= 0 || blocks > sm_count) blocks = sm_count;
+  p.bar_base = *counter_base;
+  if (fp16) launch_typed<f16>(p, blocks, stream);
+  else launch_typed<bf16>(p, blocks, stream);
+  // One arrival per stage boundary.
+  *counter_base += static_cast<uint32_t>(p.stages - 1) * static_cast<uint32_t>(blocks);
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace prog
 
 }  // namespace dlrec::model::fused_infer

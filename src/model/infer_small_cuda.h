@@ -94,4 +94,82 @@ void launch(Params p, bool fp16, int blocks, int sm_count, uint32_t* counter_bas
 // Launches so far in this process (tests check that the path ran).
 int64_t launches();
 
+// The program form of the fused forward: any graph made of the parts below (DCNv2's
+// concat/cross/MLP, DeepFM's wide/fm/concat/MLP/add, ...) as one cooperative kernel that runs
+// a list of ops stage by stage, with a grid barrier between stages. GraphCuda::plan_fused
+// builds the list from the layers' serving parts (layers/graph_cuda_engine.h) over the engine's
+// own weights and activation buffers, so the same bits land where the layer path puts them.
+// Ops of one stage run side by side (every warp of the grid takes its share of each, one
+// after the other); the last stage is one Linear with one output (the logit), run by the
+// block arriving last at its barrier, like the DLRM kernel's last layer.
+namespace prog {
+
+enum class OpKind : int {
+  Linear,   // warp-per-output y = x W^T + b (ReLU; cross combine; the logit and sigmoid)
+  Gather,   // the embedding rows of fixed tables, f32 -> 16-bit, any dim
+  DenseIn,  // the caller's dense rows, f32 -> 16-bit (into a concat's columns)
+  Fm,       // DeepFM's second-order term over n fields of width d (f32, 1 wide)
+  Wide,     // b + sum_t w_t[key_t] over tables of width 1 (f32, 1 wide)
+};
+
+constexpr int kMaxOps = 64;
+constexpr int kMaxK = 4096;     // Linear input width: the staged rows are 8 * k 16-bit values
+constexpr int kMaxAddends = 3;  // values added to the logit (DeepFM: the wide and fm terms)
+
+struct Op {
+  OpKind kind = OpKind::Linear;
+  int stage = 0;  // ops are sorted by stage; stage s reads what stages < s wrote
+  // Linear: y[r, o] (rows y_ld apart; f32 when f32_out, else 16-bit) = x[r, :k] . w[o, :k] +
+  // b[o] (b: f32 when f32_out, else 16-bit; null: none), ReLU when relu; x rows x_ld apart
+  // (16-bit), or with host_x the caller's dense rows (f32, num_dense wide, zero-padded to k).
+  // With x0 and xl (DCNv2's cross layer, rows y_ld apart): y = x0 * v + xl, v rounded to 16
+  // bits first as the layer path stores u. With to_probs (the last op): v += addend[a][r] for
+  // each addend, probs[r] = sigmoid(v).
+  const void* w = nullptr;
+  const void* b = nullptr;
+  const void* x = nullptr;
+  void* y = nullptr;
+  const void* x0 = nullptr;
+  const void* xl = nullptr;
+  const float* addend[kMaxAddends] = {};
+  int out = 0, k = 0, x_ld = 0, y_ld = 0, naddend = 0;
+  bool relu = false, f32_out = false, host_x = false, to_probs = false;
+  // Gather: y[r, t d + c] = tables[t][key_t(r) - row_base[t]][c] (16-bit, rows y_ld apart).
+  // Wide: y[r * y_ld] = b[0] + sum_t tables[t][key_t(r) - row_base[t]] (f32, in t order).
+  // Fm: y[r * y_ld] from x (16-bit, rows x_ld apart): T fields of d. DenseIn: y[r, c], c <
+  // num_dense (16-bit, rows y_ld apart).
+  float* const* tables = nullptr;  // device [T]
+  const uint32_t* row_base = nullptr;
+  int T = 0, d = 0;
+};
+
+// What a launch reads besides the ops (device memory, uploaded when planned).
+struct Program {
+  const float* dense = nullptr;    // caller's pinned rows [rows, num_dense] (device pointer)
+  const uint32_t* keys = nullptr;  // [T, ld_keys]
+  float* probs = nullptr;          // [rows]
+  int rows = 0, ld_keys = 0, num_dense = 0;
+  const Op* ops = nullptr;  // device [nops]
+  int nops = 0, stages = 0;
+  int max_k = 0;               // the widest Linear input (sizes the staged rows)
+  unsigned* barrier = nullptr;  // as Params::barrier
+  unsigned bar_base = 0;
+};
+
+// Why the host copy of a program cannot run ("" when it can): stages in order, the last stage
+// one logit op, widths, alignment.
+std::string unsupported(const Op* ops, int nops);
+
+// The most rows a program whose widest Linear input is max_k values fuses (predict() takes the
+// bucketed graphs above; infer_fused_rows limits it too): where the fused kernel was measured
+// no faster than the bucketed graphs (bench/RESULTS.md, "Fused small-batch forward").
+int64_t rows_limit(int max_k);
+
+// As fused_infer::launch (rows 1..kMaxRows, cooperative, the same counter contract); p.ops and
+// p.max_k as planned, p.stages = the last op's stage + 1.
+void launch(Program p, bool fp16, int blocks, int sm_count, uint32_t* counter_base,
+            cudaStream_t stream);
+
+}  // namespace prog
+
 }  // namespace dlrec::model::fused_infer

@@ -17,10 +17,12 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dlrec/core/device.h"
 #include "dlrec/model/model.h"
+#include "dlrec/nn/loss.h"
 #ifdef DLREC_WITH_CUDA
 #include "dlrec/model/graph_cuda.h"
 #endif
@@ -120,6 +122,9 @@ TEST(GraphCudaPredict, EagerOptionGivesTheSameProbabilities) {
 // header): tests check that the path they mean to test ran.
 namespace fused_infer {
 int64_t launches();
+namespace prog {
+int64_t rows_limit(int max_k);  // the most rows a program with inputs max_k wide fuses
+}  // namespace prog
 }  // namespace fused_infer
 namespace {
 
@@ -139,8 +144,31 @@ std::string dlrm_layers(int64_t dim, const std::vector<int64_t>& bottom,
     {"name": "logit", "type": "output", "input": "top"})";
 }
 
+// Shapes of the program form beyond graph_cases.h: DCNv2 with a full-rank cross network over
+// an x0 of 1288 values (weight rows over the 1024 a warp holds in registers: taken in chunks),
+// and DeepFM at configs/deepfm.json's embedding width 10 (not a multiple of 8: the rows land
+// at odd columns of the concat, which fm reads in place) with three deep layers.
+constexpr const char* kDcnWideFullRank = R"(
+  {"name": "dense", "type": "dense"},
+  {"name": "bottom", "type": "mlp", "input": "dense", "sizes": [16, 8], "relu_last": true},
+  {"name": "emb", "type": "embedding", "dim": 256},
+  {"name": "x0", "type": "concat", "inputs": ["bottom", "emb"]},
+  {"name": "cross", "type": "cross", "input": "x0", "num_layers": 2},
+  {"name": "top", "type": "mlp", "input": "cross", "sizes": [64, 1]},
+  {"name": "logit", "type": "output", "input": "top"})";
+constexpr const char* kDeepFmDim10 = R"(
+  {"name": "dense", "type": "dense"},
+  {"name": "first_order", "type": "wide", "features": "all"},
+  {"name": "emb", "type": "embedding", "dim": 10},
+  {"name": "fm", "type": "fm", "inputs": ["emb"]},
+  {"name": "deep_in", "type": "concat", "inputs": ["dense", "emb"]},
+  {"name": "deep", "type": "mlp", "input": "deep_in", "sizes": [40, 40, 40, 1]},
+  {"name": "sum", "type": "add", "inputs": ["first_order", "fm", "deep"]},
+  {"name": "logit", "type": "output", "input": "sum"})";
+
 // 16-bit predict() of 1..infer_fused_rows rows of a DLRM-shaped graph runs the whole forward
-// as one kernel (model/infer_small_cuda.h), an engine feature. Against the layer-by-layer
+// as one kernel (model/infer_small_cuda.h), an engine feature; other graphs of the parts the
+// program form knows (DCNv2, DeepFM, Wide&Deep) run as one kernel too. Against the layer-by-layer
 // graph of the same weights (skinny layers up to 8 rows, cuBLASLt above) and against the rows
 // inside a 64-row batch: equal up to 16-bit rounding (the interaction's dot products are summed
 // in another order). Also: the boundary where the path switches, a grid of 2 blocks (every
@@ -150,14 +178,22 @@ TEST(GraphCudaPredict, FusedSmallBatchMatchesTheLayerPath) {
   SKIP_WITHOUT_GPU();
   struct Shape {
     std::string layers;
-    bool fused;  // the kernel takes this shape
+    bool fused;     // the kernel takes this shape
+    int max_k = 0;  // the program form's widest Linear input (0: the DLRM kernel)
   };
   const std::vector<Shape> shapes = {
       {dlrm_layers(8, {16, 8}, {16, 1}), true},
       {dlrm_layers(32, {64, 32}, {1024, 512, 1}), true},  // a 1024-wide input: a register row
       {dlrm_layers(8, {8}, {1}), true},                    // one bottom and one top layer
       {dlrm_layers(8, {16, 8}, {1032, 1}), false},        // 1032 wide: over the kernel's limit
-      {kDcnStacked, false},                                // not DLRM-shaped
+      // Not DLRM-shaped: the program form (fused_infer::prog).
+      {kDcnStacked, true, 48},
+      {kDcnWideFullRank, true, 1288},
+      {kDeepFm, true, 48},
+      {kDeepFmDim10, true, 56},
+      {kWideDeep, true, 48},
+      {kDcnParallel, false},  // the cross output goes into a concat: refused, layer path
+      {kDeepFmGathered, false},  // fm over two inputs (gathered, not read in place): refused
   };
   const io::ShardLayout layout = make_layout(4, {50, 7, 100, 3, 20});
   for (const Shape& sh : shapes)
@@ -184,7 +220,9 @@ TEST(GraphCudaPredict, FusedSmallBatchMatchesTheLayerPath) {
           std::vector<float> ref(rows, -1.f);
           off->predict(small, ref.data());
           for (CudaModel* m : {on.get(), wide.get()}) {
-            const int64_t limit = m == wide.get() ? 16 : 8;
+            const int64_t limit =
+                std::min<int64_t>(m == wide.get() ? 16 : 8,
+                                  sh.max_k > 0 ? fused_infer::prog::rows_limit(sh.max_k) : 64);
             const int64_t before = fused_infer::launches();
             std::vector<float> got(rows, -1.f);
             m->predict(small, got.data());
@@ -220,6 +258,63 @@ TEST(GraphCudaPredict, FusedSmallBatchMatchesTheLayerPath) {
       on->predict(three, a.data());
       off->predict(three, b.data());
       for (int i = 0; i < 3; ++i) EXPECT_NEAR(a[i], b[i], 2e-3);
+    }
+}
+
+// The fused forward against the CPU reference (f32, the same seed: the same weights): the
+// logits within the bound the engine's 16-bit paths keep to the f32 CPU (max difference <= 3 %
+// of the largest logit, as DlrmCuda.Bf16WideInteractionMatchesCpu), for the program form's
+// shapes and the DLRM kernel's, in bf16 and fp16, after training steps too (the kernel reads
+// the updated weights in place; the CPU model takes the same steps). Rows over a program's
+// measured limit (prog::rows_limit) take the layer path, held to the same bound.
+TEST(GraphCudaPredict, FusedSmallBatchMatchesTheCpuReference) {
+  SKIP_WITHOUT_GPU();
+  const io::ShardLayout layout = make_layout(4, {50, 7, 100, 3, 20});
+  const std::vector<std::pair<const char*, int>> shapes = {  // layers, widest input (0: DLRM)
+      {kDcnStacked, 48}, {kDcnWideFullRank, 1288}, {kDeepFm, 48},
+      {kDeepFmDim10, 56}, {kWideDeep, 48},         {kDlrm, 0}};
+  for (const auto& shape : shapes)
+    for (const char* precision : {"bf16", "fp16"}) {
+      const char* layers = shape.first;
+      const int max_k = shape.second;
+      SCOPED_TRACE(std::string(precision) + " " + layers);
+      RunConfig c = graph_config(layers, kSgd);
+      auto cpu = build_model(c.model, c.optimizer, layout, Device::cpu(), 31);
+      auto gpu = make_graph_cuda(c.model, c.optimizer, layout, Device::cuda(0), 31, precision);
+      auto compare = [&](uint64_t seed) {
+        // Rows of one 64-row batch: the bound's scale is its largest CPU logit.
+        const io::Batch big = make_batch(layout, 64, seed, false, 0.0);
+        const std::vector<float> want = cpu->forward(big, false).to_vector<float>();
+        double scale = 1e-6;
+        for (float z : want) scale = std::max(scale, std::fabs(static_cast<double>(z)));
+        for (int64_t rows : {1, 3, 8}) {
+          io::Batch b;
+          b.reset(big.num_dense, big.num_cat());
+          b.append_rows(big, 10, 10 + rows);
+          std::vector<float> got(rows, -1.f);
+          const int64_t before = fused_infer::launches();
+          gpu->predict(b, got.data());
+          const bool fused = max_k == 0 || rows <= fused_infer::prog::rows_limit(max_k);
+          EXPECT_EQ(fused_infer::launches() - before, fused ? 1 : 0) << "rows " << rows;
+          double diff = 0;
+          for (int64_t i = 0; i < rows; ++i) {
+            const double p = std::clamp(static_cast<double>(got[i]), 1e-12, 1 - 1e-12);
+            diff = std::max(diff, std::fabs(std::log(p) - std::log1p(-p) - want[10 + i]));
+          }
+          EXPECT_LE(diff / scale, 0.03) << "rows " << rows << ": fused logits far from the CPU's"
+                                        << " (max difference " << diff << ", scale " << scale
+                                        << ")";
+        }
+      };
+      compare(500);
+      for (int i = 0; i < 2; ++i) {
+        io::Batch b = make_batch(layout, 64, 600 + i, false, 0.3);
+        Tensor dl;
+        nn::bce_with_logits(cpu->forward(b, true), b.labels.data(), &dl);
+        cpu->backward_and_update(dl, 1.0);
+        gpu->train_step(b, 1.0, false);
+      }
+      compare(700);
     }
 }
 

@@ -45,10 +45,12 @@ struct GraphCudaOptions {
   // alternating buckets, the host packing one while the GPU runs the other. A power of two in
   // [256, 65536].
   int64_t infer_chunk = 8192;
-  // predict() in bf16/fp16 of 1..infer_fused_rows rows of a DLRM-shaped graph (dense -> MLP,
-  // embedding, dot over both, MLP -> output) runs the whole forward as one kernel
-  // (src/model/infer_small_cuda.h); 0: never. At most 64 (kernel limit); from 16 rows on it is
-  // no faster than the layer-by-layer path (bench/RESULTS.md), hence 8.
+  // predict() in bf16/fp16 of 1..infer_fused_rows rows runs the whole forward as one kernel
+  // (src/model/infer_small_cuda.h): a DLRM-shaped graph (dense -> MLP, embedding, dot over
+  // both, MLP -> output), or any graph of the parts the program form takes (DCNv2, DeepFM,
+  // Wide&Deep; fewer rows where its measured limit says so); 0: never. At most 64 (kernel
+  // limit); from 16 rows on the DLRM kernel is no faster than the layer-by-layer path
+  // (bench/RESULTS.md), hence 8.
   int64_t infer_fused_rows = 8;
   // That kernel's grid; 0: the device's SM count (also the most it takes). At most 65536.
   int infer_fused_blocks = 0;

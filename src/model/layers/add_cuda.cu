@@ -7,6 +7,11 @@ namespace {
 class AddNode final : public Node {
  public:
   void alloc(Engine& e, int64_t cap) override { alloc_value(e, cap); }
+  ServingParts serving_parts(Engine&) override {
+    ServingParts p;
+    p.kind = ServingParts::Kind::Add;
+    return p;
+  }
   void forward(Engine& e) override {
     Value& v = e.vals[self];
     for (size_t i = 0; i < in.size(); ++i) {

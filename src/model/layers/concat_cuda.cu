@@ -15,6 +15,11 @@ class ConcatNode final : public Node {
     return true;
   }
   void alloc(Engine& e, int64_t cap) override { alloc_value(e, cap); }
+  ServingParts serving_parts(Engine&) override {
+    ServingParts p;
+    p.kind = ServingParts::Kind::Concat;
+    return p;
+  }
   void forward(Engine& e) override {
     Value& v = e.vals[self];
     int64_t c = 0;

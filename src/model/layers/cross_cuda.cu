@@ -294,6 +294,22 @@ class CrossNode final : public Node {
     return false;
 #endif
   }
+  // The fused forward reads x0 in place: only when it needs no copy to our row stride.
+  ServingParts serving_parts(Engine&) override {
+    ServingParts p;
+    if (in_ld_ != ld_) return p;
+    p.kind = ServingParts::Kind::Cross;
+    p.rank = r_;
+    for (Layer& L : layers_) {
+      if (r_ > 0) {
+        p.lins.push_back(&L.v);
+        p.ys.push_back(L.h.raw());
+      }
+      p.lins.push_back(&L.w);
+      p.ys.push_back(L.x.raw());
+    }
+    return p;
+  }
   void collect(Engine& e, std::vector<NamedState>& dense, std::vector<NamedState>&) override {
     for (size_t l = 0; l < layers_.size(); ++l) {
       const std::string p = name_ + "." + std::to_string(l);

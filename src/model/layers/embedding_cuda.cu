@@ -99,7 +99,9 @@ class EmbeddingNode final : public Node {
   const std::string& layer_name() const override { return name_; }
   ServingParts serving_parts(Engine&) override {
     ServingParts p;
-    if (hashed_ || into_ >= 0) return p;  // the fused forward gathers fixed tables' rows
+    // The fused forward gathers fixed tables' rows (in direct mode into the concat's columns,
+    // where the program form places this value too; the DLRM kernel never sees direct mode).
+    if (hashed_) return p;
     p.kind = ServingParts::Kind::Embedding;
     p.tables = &ts_.tab;
     return p;

@@ -65,6 +65,15 @@ class FmNode final : public Node {
       c += w;
     }
   }
+  // The fused forward reads the fields in place (one input holding them unpadded).
+  ServingParts serving_parts(Engine&) override {
+    ServingParts p;
+    if (!direct_) return p;
+    p.kind = ServingParts::Kind::Fm;
+    p.fields = n_;
+    p.dim = d_;
+    return p;
+  }
 
  private:
   int ni() const { return static_cast<int>(n_); }

@@ -421,14 +421,23 @@ struct Engine {
 };
 
 // What the fused small-batch forward (GraphCuda::plan_fused, model/infer_small_cuda.h) needs
-// to know of a node: the DLRM shape's parts (dense input -> MLP, fixed-table embedding, dot
-// over both, MLP -> output) and their device buffers. Other nodes: kind None.
+// to know of a node: its part kind, weights and device buffers. The DLRM kernel takes the DLRM
+// shape (dense input -> MLP, fixed-table embedding, dot over both, MLP -> output); the program
+// form (fused_infer::prog) any graph of dense inputs, fixed-table embeddings, MLPs, concats,
+// cross networks, fm, wide and add. A node the fused forward cannot run: kind None (the
+// model then serves through the bucketed graphs).
 struct ServingParts {
-  enum class Kind { None, DenseInput, Mlp, Embedding, Dot } kind = Kind::None;
-  std::vector<const Lin*> lins;  // Mlp: the layers
-  std::vector<void*> ys;         // Mlp: each layer's output buffer
-  const ce::Tables* tables = nullptr;  // Embedding: the device tables (fixed, not hashed)
-  int64_t fields = 0, dim = 0;         // Dot: n fields of width dim
+  enum class Kind {
+    None, DenseInput, Mlp, Embedding, Dot, Concat, Cross, Fm, Wide, Add
+  } kind = Kind::None;
+  // Mlp: the layers and each one's output buffer (rows out apart). Cross: per cross layer V
+  // then U (low rank), or W; each Lin's output buffer (rows out_ld apart): h, then x_{l+1}.
+  std::vector<const Lin*> lins;
+  std::vector<void*> ys;
+  const ce::Tables* tables = nullptr;  // Embedding, Wide: the device tables (fixed, not hashed)
+  int64_t fields = 0, dim = 0;         // Dot, Fm: n fields of width dim
+  int64_t rank = 0;                    // Cross: the low rank (0: full rank)
+  const float* bias = nullptr;         // Wide: the bias (device f32 [1])
 };
 
 class Node {

@@ -52,6 +52,13 @@ class WideNode final : public Node {
     ts_.collect(name_, tables);
   }
   const std::vector<uint32_t>& row_base() const { return ts_.row_base; }
+  ServingParts serving_parts(Engine&) override {
+    ServingParts p;
+    p.kind = ServingParts::Kind::Wide;
+    p.tables = &ts_.tab;
+    p.bias = b_.data<float>();
+    return p;
+  }
 
  private:
   std::string name_;
