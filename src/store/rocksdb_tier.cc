@@ -7,6 +7,7 @@
 // Big-endian keys keep a table's rows together and in id order (one key prefix per table). The
 // meta record is written last, so a store whose writer died has none and is refused. Rows are
 // protected by RocksDB's block checksums (verified on every read).
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -18,7 +19,7 @@
 #include <rocksdb/cache.h>
 #include <rocksdb/db.h>
 #include <rocksdb/table.h>
-#include <rocksdb/write_batch.h>
+#include <rocksdb/sst_file_writer.h>
 #endif
 
 namespace dlrec::store {
@@ -208,30 +209,42 @@ void write_rocksdb_store(const std::string& path, const std::vector<TableRows>& 
     rocksdb::Options options;
     options.create_if_missing = true;
     options.error_if_exists = true;
+    options.compression = rocksdb::kNoCompression;  // float rows hardly compress
     options.info_log_level = rocksdb::InfoLogLevel::HEADER_LEVEL;
     rocksdb::DB* raw = nullptr;
     rocksdb::Status st = rocksdb::DB::Open(options, tmp, &raw);
     DLREC_CHECK(st.ok(), "rocksdb store: cannot create '", tmp, "': ", st.ToString());
     std::unique_ptr<rocksdb::DB> db(raw);
-    rocksdb::WriteOptions wo;
-    wo.disableWAL = true;  // flushed below; a killed export leaves only the staging dir
+    // Rows go into SST files written in key order (one per table and 1 GiB at most) and are
+    // ingested whole: several times faster than puts through the memtable.
     std::vector<TableInfo> infos;
+    std::vector<std::string> files;
     for (size_t k = 0; k < tables.size(); ++k) {
-      const TableInfo& t = tables[k].info;
-      infos.push_back(t);
-      const size_t row_bytes = static_cast<size_t>(t.dim) * 4;
-      rocksdb::WriteBatch batch;
-      for (int64_t id = 0; id < t.rows; ++id) {
-        const char* row = reinterpret_cast<const char*>(tables[k].data + id * t.dim);
-        batch.Put(row_key(static_cast<int>(k), id), rocksdb::Slice(row, row_bytes));
-        if (batch.Count() >= 8192 || id + 1 == t.rows) {
-          st = db->Write(wo, &batch);
-          DLREC_CHECK(st.ok(), "rocksdb store '", tmp, "': writing table '", t.name,
-                      "': ", st.ToString());
-          batch.Clear();
+      const TableRows& t = tables[k];
+      infos.push_back(t.info);
+      const size_t row_bytes = static_cast<size_t>(t.info.dim) * 4;
+      const int64_t rows_per_file =
+          std::max<int64_t>(1, (int64_t{1} << 30) / static_cast<int64_t>(row_bytes + 16));
+      for (int64_t first = 0; first < t.info.rows; first += rows_per_file) {
+        const std::string file = tmp + "/ingest_" + std::to_string(files.size()) + ".sst";
+        rocksdb::SstFileWriter writer(rocksdb::EnvOptions(), options);
+        st = writer.Open(file);
+        const int64_t end = std::min(t.info.rows, first + rows_per_file);
+        for (int64_t id = first; st.ok() && id < end; ++id) {
+          const char* row = reinterpret_cast<const char*>(t.data + id * t.info.dim);
+          st = writer.Put(row_key(static_cast<int>(k), id), rocksdb::Slice(row, row_bytes));
         }
+        if (st.ok()) st = writer.Finish();
+        DLREC_CHECK(st.ok(), "rocksdb store '", tmp, "': writing table '", t.info.name,
+                    "': ", st.ToString());
+        files.push_back(file);
       }
     }
+    rocksdb::IngestExternalFileOptions ingest;
+    ingest.move_files = true;
+    if (!files.empty()) st = db->IngestExternalFile(files, ingest);
+    DLREC_CHECK(st.ok(), "rocksdb store '", tmp, "': ingesting the tables: ", st.ToString());
+    rocksdb::WriteOptions wo;
     const json list = tables_json(infos);
     const json meta = {{"format", kFormat},
                        {"version", kStoreVersion},
@@ -240,7 +253,6 @@ void write_rocksdb_store(const std::string& path, const std::vector<TableRows>& 
                        {"checksum", fnv1a_hex(list.dump())}};
     st = db->Put(wo, kMetaKey, meta.dump());
     if (st.ok()) st = db->Flush(rocksdb::FlushOptions());
-    if (st.ok()) st = db->CompactRange(rocksdb::CompactRangeOptions(), nullptr, nullptr);
     DLREC_CHECK(st.ok(), "rocksdb store '", tmp, "': finishing: ", st.ToString());
     st = db->Close();
     DLREC_CHECK(st.ok(), "rocksdb store '", tmp, "': closing: ", st.ToString());
