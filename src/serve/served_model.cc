@@ -168,9 +168,11 @@ ServedModel::ServedModel(std::string name, int64_t version, const std::string& d
     if (!instances.gpu) return Device::cpu();
     return Device::cuda(static_cast<int>(instances.gpus[i % instances.gpus.size()]));
   };
-  predictor_ = std::make_unique<train::Predictor>(dir, device_of(0), instances.precision);
+  const store::StoreConfig* store = instances.store.get();  // null: model.json's, or none
+  predictor_ = std::make_unique<train::Predictor>(dir, device_of(0), instances.precision, store);
   for (int64_t i = 1; i < instances.count; ++i)
-    more_.push_back(std::make_unique<train::Predictor>(dir, device_of(i), instances.precision));
+    more_.push_back(
+        std::make_unique<train::Predictor>(dir, device_of(i), instances.precision, store));
   layout_ = predictor_->workflow().output_layout();
   int di = 0, ci = 0;
   for (const auto& c : predictor_->workflow().schema().columns) {
