@@ -20,7 +20,8 @@ std::string resolve(const std::string& path, const std::string& base_dir) {
 
 StoreConfig StoreConfig::from_json(const json& j, const std::string& base_dir,
                                    const std::string& where) {
-  DLREC_CHECK(j.is_object(), where, ": expected an object with the tiers (\"host\", \"rocksdb\")");
+  DLREC_CHECK(j.is_object(), where,
+              ": expected an object with the tiers (\"host\", \"redis\", \"rocksdb\")");
   StoreConfig c;
   ConfigReader r(j, where);
   if (r.has("host")) {
@@ -32,6 +33,27 @@ StoreConfig StoreConfig::from_json(const json& j, const std::string& base_dir,
     c.host_shards = h.get_int_range("shards", 16, 1, 4096);
     c.host_eviction = h.get_choice("eviction", "lru", {"lru"});
     h.finish();
+  }
+  if (r.has("redis")) {
+    ConfigReader d = r.child("redis");
+    c.redis = true;
+    const std::string address = d.get<std::string>("address", "");
+    const size_t colon = address.rfind(':');
+    int64_t port = -1;
+    if (colon != std::string::npos && colon > 0 && colon + 1 < address.size() &&
+        address.size() - colon <= 6 &&
+        address.find_first_not_of("0123456789", colon + 1) == std::string::npos)
+      port = std::stoll(address.substr(colon + 1));
+    DLREC_CHECK(port >= 1 && port <= 65535, d.key_path("address"), ": '", address,
+                "' is not HOST:PORT (port 1..65535)");
+    c.redis_host = address.substr(0, colon);
+    c.redis_port = static_cast<int>(port);
+    c.redis_key_prefix = d.get<std::string>("key_prefix", c.redis_key_prefix);
+    DLREC_CHECK(!c.redis_key_prefix.empty() && c.redis_key_prefix.size() <= 200,
+                d.key_path("key_prefix"), ": 1 to 200 characters");
+    c.redis_partitions = d.get_int_range("partitions", c.redis_partitions, 1, 16384);
+    c.redis_timeout_ms = d.get_int_range("timeout_ms", c.redis_timeout_ms, 1, 600000);
+    d.finish();
   }
   if (r.has("rocksdb")) {
     ConfigReader d = r.child("rocksdb");
@@ -46,12 +68,12 @@ StoreConfig StoreConfig::from_json(const json& j, const std::string& base_dir,
   }
   c.staging_rows = r.get_int_range("staging_rows", c.staging_rows, 1, int64_t{1} << 31);
   r.finish();
-  DLREC_CHECK(c.host || c.rocksdb, where,
-              ": no tier configured (give \"host\" and/or \"rocksdb\"); a store needs a tier "
+  DLREC_CHECK(c.host || c.redis || c.rocksdb, where,
+              ": no tier configured (\"host\", \"redis\", \"rocksdb\"); a store needs a tier "
               "holding the full tables (\"rocksdb\")");
   DLREC_CHECK(c.rocksdb, where,
-              ": \"rocksdb\" is required: it is the tier holding the full tables (\"host\" is a "
-              "bounded cache above it)");
+              ": \"rocksdb\" is required: it is the tier holding the full tables (\"host\" and "
+              "\"redis\" are caches above it)");
   return c;
 }
 
@@ -59,6 +81,11 @@ json StoreConfig::to_json() const {
   json j = json::object();
   if (host)
     j["host"] = {{"bytes", host_bytes}, {"shards", host_shards}, {"eviction", host_eviction}};
+  if (redis)
+    j["redis"] = {{"address", redis_host + ":" + std::to_string(redis_port)},
+                  {"key_prefix", redis_key_prefix},
+                  {"partitions", redis_partitions},
+                  {"timeout_ms", redis_timeout_ms}};
   if (rocksdb)
     j["rocksdb"] = {{"path", rocksdb_path}, {"block_cache_bytes", rocksdb_block_cache_bytes}};
   j["staging_rows"] = staging_rows;
@@ -77,6 +104,7 @@ std::unique_ptr<EmbeddingStore> EmbeddingStore::open(const StoreConfig& config,
                                                      const std::vector<TableInfo>& tables) {
   std::vector<std::unique_ptr<Tier>> tiers;
   if (config.host) tiers.push_back(make_host_tier(tables, config.host_bytes, config.host_shards));
+  if (config.redis) tiers.push_back(open_redis_tier(tables, config));
   if (config.rocksdb)
     tiers.push_back(
         open_rocksdb_tier(config.rocksdb_path, tables, config.rocksdb_block_cache_bytes));

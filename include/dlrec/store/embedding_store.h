@@ -3,13 +3,14 @@
 // Rows of a model's fixed embedding tables, looked up by (table, id) in batches through tiers in
 // lookup order, each optional:
 //   host     sharded by id, bounded in bytes, LRU eviction (HostTier, host_tier.cc)
+//   redis    a volatile cache several servers share, keys partitioned (RedisTier, redis_tier.cc)
 //   rocksdb  the persistent tier holding the full tables (RocksDbTier, rocksdb_tier.cc)
 // A row missing in a tier is asked of the next one, and once found it fills the tiers above.
 // A row found in no tier is an error naming the table and the id. Every tier counts hits,
 // misses, evictions, bytes held and lookup time.
 //
 // Later slices fit in the same interface: a GPU cache tier (a Tier whose rows live on a device,
-// asked first), a Redis tier (shared, volatile: misses go on to RocksDB) and online updates
+// asked first) and online updates
 // (Tier::version says which row set a tier holds; an update raises it).
 #pragma once
 
@@ -42,6 +43,12 @@ struct StoreConfig {
   int64_t host_bytes = 0;     // bound on the rows held (row bytes + kHostEntryOverhead each)
   int64_t host_shards = 16;   // shards, by id; each holds host_bytes / host_shards
   std::string host_eviction = "lru";
+  bool redis = false;
+  std::string redis_host;  // "redis": {"address": "HOST:PORT"}
+  int redis_port = 0;
+  std::string redis_key_prefix = "dlrec";
+  int64_t redis_partitions = 16;
+  int64_t redis_timeout_ms = 1000;
   bool rocksdb = false;
   std::string rocksdb_path;
   int64_t rocksdb_block_cache_bytes = int64_t{8} << 20;
@@ -98,13 +105,18 @@ struct TableRows {
 // renamed into place; an existing path is replaced only with `overwrite`).
 void write_rocksdb_store(const std::string& path, const std::vector<TableRows>& tables,
                          bool overwrite);
+// The Redis tier (hiredis): a volatile cache shared by servers, keys partitioned (redis_tier.cc).
+std::unique_ptr<Tier> open_redis_tier(const std::vector<TableInfo>& tables,
+                                      const StoreConfig& config);
+// Whether this build has the Redis tier (libhiredis-dev found at configure time).
+bool redis_available();
 // Whether this build has the RocksDB tier (librocksdb-dev found at configure time).
 bool rocksdb_available();
 
 class EmbeddingStore {
  public:
   EmbeddingStore(std::vector<TableInfo> tables, std::vector<std::unique_ptr<Tier>> tiers);
-  // Opens the tiers `config` asks for, in lookup order (host, rocksdb).
+  // Opens the tiers `config` asks for, in lookup order (host, redis, rocksdb).
   static std::unique_ptr<EmbeddingStore> open(const StoreConfig& config,
                                               const std::vector<TableInfo>& tables);
   // Rows of ids[0..n) of table `table` into out [n, dim]. Ids must be in [0, rows) (else an
