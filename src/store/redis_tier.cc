@@ -122,8 +122,9 @@ class RedisTier final : public Tier {
       parts[mix((uint64_t(table) << 48) ^ uint64_t(ids[i])) % parts.size()].push_back(i);
     return parts;
   }
-  void connect() {
-    if (ctx_ && !ctx_->err) return;
+  // Connects unless connected; true when it made a new connection.
+  bool connect() {
+    if (ctx_ && !ctx_->err) return false;
     if (ctx_) redisFree(ctx_);
     timeval tv{timeout_ms_ / 1000, static_cast<suseconds_t>((timeout_ms_ % 1000) * 1000)};
     ctx_ = redisConnectWithTimeout(host_.c_str(), port_, tv);
@@ -135,18 +136,25 @@ class RedisTier final : public Tier {
       fail(where(), ": cannot connect: ", why);
     }
     redisSetTimeout(ctx_, tv);
+    return true;
   }
-  // Runs fn on a live connection; any error drops the connection (replies of a pipeline may be
-  // left unread), and the next call reconnects.
+  // Runs fn on a live connection. Any error drops the connection (replies of a pipeline may be
+  // left unread). An I/O error on a connection made before this call (Redis restarted since)
+  // is retried once on a new one; fn must be repeatable (MGET, MSET are).
   template <class F>
   void run(F&& fn) {
-    connect();
-    try {
-      fn();
-    } catch (...) {
-      redisFree(ctx_);
-      ctx_ = nullptr;
-      throw;
+    for (int attempt = 0;; ++attempt) {
+      const bool fresh = connect();
+      try {
+        fn();
+        return;
+      } catch (...) {
+        const bool io_error = ctx_->err != 0;
+        redisFree(ctx_);
+        ctx_ = nullptr;
+        if (io_error && !fresh && attempt == 0) continue;
+        throw;
+      }
     }
   }
   void send(int table, const char* cmd, const int64_t* ids, const std::vector<int64_t>& part,

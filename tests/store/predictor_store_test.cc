@@ -16,6 +16,7 @@
 #include "dlrec/train/export.h"
 #include "test_errors.h"
 #include "test_files.h"
+#include "store/redis_server.h"
 
 using namespace dlrec;
 using dlrec::testing::expect_error;
@@ -91,6 +92,17 @@ void check_tier_configurations(const char* model_json) {
   const std::string tiered = d.export_model("tiered", model_json, d.dir.path + "/db");
   // The tables live in RocksDB only: weights.dlrec holds the dense parameters.
   EXPECT_LT(fs::file_size(tiered + "/weights.dlrec"), fs::file_size(full + "/weights.dlrec") / 4);
+  // With the Redis tier built and redis-server installed, a configuration with Redis too.
+  std::unique_ptr<dlrec::testing::RedisServer> redis;
+  const int redis_port = dlrec::testing::free_port();
+  if (store::redis_available() && !dlrec::testing::find_redis_server().empty()) {
+    redis = std::make_unique<dlrec::testing::RedisServer>(dlrec::testing::find_redis_server(),
+                                                          redis_port, d.dir.path);
+    ASSERT_TRUE(redis->up()) << "redis-server did not start on port " << redis_port;
+  } else {
+    std::printf("[  NOTE    ] no Redis tier or redis-server here: the Redis configuration is "
+                "not checked\n");
+  }
   for (const int64_t batch_rows : {int64_t{4096}, int64_t{97}}) {
     train::Predictor reference(full);
     const std::vector<float> want = reference.predict_lines(d.lines, "logs", batch_rows);
@@ -111,6 +123,19 @@ void check_tier_configurations(const char* model_json) {
       const store::Tier& host = *p.store()->tiers()[0];
       EXPECT_GT(host.stats.evictions, 0);
       EXPECT_LE(host.stats.bytes, 2048);
+    }
+    if (redis) {  // a tiny host tier over a Redis shared by two predictors, over RocksDB
+      const auto c = config(R"({"host": {"bytes": 2048}, "redis": {"address": "127.0.0.1:)" +
+                                std::to_string(redis_port) + R"(", "key_prefix": "p)" +
+                                std::to_string(batch_rows) + R"("}, "rocksdb": {"path": "db"}})",
+                            d.dir.path);
+      train::Predictor first(tiered, Device::cpu(), "fp32", &c);
+      expect_same_bits(want, first.predict_lines(d.lines, "logs", batch_rows), "redis" + at);
+      train::Predictor second(tiered, Device::cpu(), "fp32", &c);
+      expect_same_bits(want, second.predict_lines(d.lines, "logs", batch_rows),
+                       "redis, filled by another" + at);
+      EXPECT_EQ(second.store()->tiers()[2]->stats.hits, 0);  // every row came from Redis
+      EXPECT_GT(second.store()->tiers()[1]->stats.hits, 0);
     }
     {  // a host tier holding everything, over RocksDB; the full model's dir (tables ignored)
       const auto c = config(R"({"host": {"bytes": 100000000}, "rocksdb": {"path": "db"}})",
