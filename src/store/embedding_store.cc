@@ -96,8 +96,8 @@ EmbeddingStore::EmbeddingStore(std::vector<TableInfo> tables,
                                std::vector<std::unique_ptr<Tier>> tiers)
     : tables_(std::move(tables)), tiers_(std::move(tiers)) {
   DLREC_CHECK(!tiers_.empty(), "embedding store: no tier");
-  DLREC_CHECK(tiers_.back()->complete(), "embedding store: the last tier ('",
-              tiers_.back()->name(), "') does not hold the full tables");
+  DLREC_CHECK(tiers_.back()->complete(), "embedding store: the last tier ('", tiers_.back()->name(),
+              "') does not hold the full tables");
 }
 
 std::unique_ptr<EmbeddingStore> EmbeddingStore::open(const StoreConfig& config,
@@ -134,9 +134,9 @@ void EmbeddingStore::lookup(int table, const int64_t* ids, int64_t n, float* out
     found.assign(static_cast<size_t>(m), 0);
     const auto t0 = std::chrono::steady_clock::now();
     tier.lookup(table, sub_ids.data(), m, rows.data(), found.data());
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                        std::chrono::steady_clock::now() - t0)
-                        .count();
+    const auto ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
     tier.stats.lookups += 1;
     tier.stats.lookup_ns += ns;
     // Rows found here go out and up (into the tiers above, compacted); the rest go on.

@@ -21,8 +21,8 @@ class HostTier final : public Tier {
       : tables_(tables), bytes_(bytes), shards_(static_cast<size_t>(shards)) {
     DLREC_CHECK(tables.size() < (size_t{1} << 15), "host tier: at most 32767 tables");
     for (const TableInfo& t : tables)
-      DLREC_CHECK(t.rows <= (int64_t{1} << kIdBits), "host tier: table '", t.name, "' has ",
-                  t.rows, " rows; at most 2^48");
+      DLREC_CHECK(t.rows <= (int64_t{1} << kIdBits), "host tier: table '", t.name, "' has ", t.rows,
+                  " rows; at most 2^48");
     shard_bytes_ = bytes / shards;
   }
   std::string name() const override { return "host"; }

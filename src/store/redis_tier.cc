@@ -73,7 +73,8 @@ class RedisTier final : public Tier {
           const int64_t i = part[j];
           DLREC_CHECK(e->type == REDIS_REPLY_STRING && static_cast<int64_t>(e->len) == dim * 4,
                       where(), ": key ", key(table, ids[i]), " holds ", describe(*e),
-                      ", expected a row of ", dim * 4, " bytes (another model's keys under "
+                      ", expected a row of ", dim * 4,
+                      " bytes (another model's keys under "
                       "the same prefix?)");
           std::memcpy(out + i * dim, e->str, static_cast<size_t>(dim) * 4);
           found[i] = 1;
@@ -101,12 +102,11 @@ class RedisTier final : public Tier {
   }
 
  private:
-  std::string where() const {
-    return "redis tier " + host_ + ":" + std::to_string(port_);
-  }
+  std::string where() const { return "redis tier " + host_ + ":" + std::to_string(port_); }
   std::string key(int table, int64_t id) const {
-    return prefix_ + "{" + std::to_string(mix((uint64_t(table) << 48) ^ uint64_t(id)) %
-                                          static_cast<uint64_t>(partitions_)) +
+    return prefix_ + "{" +
+           std::to_string(mix((uint64_t(table) << 48) ^ uint64_t(id)) %
+                          static_cast<uint64_t>(partitions_)) +
            "}:" + std::to_string(table) + ":" + std::to_string(id);
   }
   static std::string describe(const redisReply& r) {
@@ -179,8 +179,7 @@ class RedisTier final : public Tier {
   Reply reply() {
     void* r = nullptr;
     if (redisGetReply(ctx_, &r) != REDIS_OK || !r)
-      fail(where(), ": ", ctx_->err ? ctx_->errstr : "no reply",
-           " (is the Redis server running?)");
+      fail(where(), ": ", ctx_->err ? ctx_->errstr : "no reply", " (is the Redis server running?)");
     return Reply(static_cast<redisReply*>(r));
   }
 

@@ -18,8 +18,8 @@
 #ifdef DLREC_WITH_ROCKSDB
 #include <rocksdb/cache.h>
 #include <rocksdb/db.h>
-#include <rocksdb/table.h>
 #include <rocksdb/sst_file_writer.h>
+#include <rocksdb/table.h>
 #endif
 
 namespace dlrec::store {
@@ -71,14 +71,13 @@ std::string table_difference(const std::vector<TableInfo>& have,
     const TableInfo &h = have[k], &w = want[k];
     const std::string at = "table " + std::to_string(k) + " ('" + w.name + "')";
     if (h.name != w.name || h.feature != w.feature)
-      return at + " is '" + h.name + "' (feature " + std::to_string(h.feature) +
-             ") in the store";
+      return at + " is '" + h.name + "' (feature " + std::to_string(h.feature) + ") in the store";
     if (h.rows != w.rows)
       return at + " has " + std::to_string(h.rows) + " rows in the store, " +
              std::to_string(w.rows) + " in the model";
     if (h.dim != w.dim)
-      return at + " has dim " + std::to_string(h.dim) + " in the store, " +
-             std::to_string(w.dim) + " in the model";
+      return at + " has dim " + std::to_string(h.dim) + " in the store, " + std::to_string(w.dim) +
+             " in the model";
   }
   return "";
 }
@@ -109,7 +108,8 @@ class RocksDbTier final : public Tier {
     options.paranoid_checks = true;
     options.info_log_level = rocksdb::InfoLogLevel::HEADER_LEVEL;
     rocksdb::BlockBasedTableOptions table;
-    table.block_cache = rocksdb::NewLRUCache(static_cast<size_t>(std::max<int64_t>(block_cache_bytes, 1)));
+    table.block_cache =
+        rocksdb::NewLRUCache(static_cast<size_t>(std::max<int64_t>(block_cache_bytes, 1)));
     options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
     rocksdb::DB* db = nullptr;
     const rocksdb::Status st = rocksdb::DB::OpenForReadOnly(options, path, &db);

@@ -28,9 +28,9 @@ std::vector<store::TableInfo> find_store_tables(const model::RunConfig& cfg,
     const Shape& sb = t.shape();
     if (sb.size() != 2 || sa.size() != 2 || sa[0] != 1 || sb[0] == 1 || sa[1] != sb[1]) continue;
     const int64_t f = sb[0] - 2;
-    DLREC_CHECK(f >= 0 && f < static_cast<int64_t>(layout.cardinalities.size()) &&
-                    t.dtype() == DType::F32,
-                "embedding store: cannot tell the table of parameter '", name, "'");
+    DLREC_CHECK(
+        f >= 0 && f < static_cast<int64_t>(layout.cardinalities.size()) && t.dtype() == DType::F32,
+        "embedding store: cannot tell the table of parameter '", name, "'");
     out.push_back({name, f, layout.cardinalities[f], sb[1]});
   }
   DLREC_CHECK(!out.empty(), "embedding store: the model has no fixed embedding table");

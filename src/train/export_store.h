@@ -50,9 +50,9 @@ class StagedTables {
   std::unique_ptr<store::EmbeddingStore> store_;
   io::ShardLayout layout_;
   int64_t capacity_;
-  std::vector<int64_t> features_;            // distinct stored features
-  std::vector<std::vector<int64_t>> uniq_;   // per entry of features_: distinct ids
-  std::vector<float*> table_data_;           // per store table: the model's [C, dim]
+  std::vector<int64_t> features_;           // distinct stored features
+  std::vector<std::vector<int64_t>> uniq_;  // per entry of features_: distinct ids
+  std::vector<float*> table_data_;          // per store table: the model's [C, dim]
   io::Batch staged_;
 };
 

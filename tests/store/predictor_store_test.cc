@@ -14,9 +14,9 @@
 #include "dlrec/io/datagen.h"
 #include "dlrec/io/tensor_file.h"
 #include "dlrec/train/export.h"
+#include "store/redis_server.h"
 #include "test_errors.h"
 #include "test_files.h"
-#include "store/redis_server.h"
 
 using namespace dlrec;
 using dlrec::testing::expect_error;
@@ -25,8 +25,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-#define REQUIRE_ROCKSDB()                                                              \
-  if (!store::rocksdb_available())                                                     \
+#define REQUIRE_ROCKSDB()          \
+  if (!store::rocksdb_available()) \
   GTEST_SKIP() << "this build has no RocksDB tier (librocksdb-dev not found at configure)"
 
 // Logs with one-hot and multi-hot features, their ETL output (built once per test).
@@ -100,8 +100,9 @@ void check_tier_configurations(const char* model_json) {
                                                           redis_port, d.dir.path);
     ASSERT_TRUE(redis->up()) << "redis-server did not start on port " << redis_port;
   } else {
-    std::printf("[  NOTE    ] no Redis tier or redis-server here: the Redis configuration is "
-                "not checked\n");
+    std::printf(
+        "[  NOTE    ] no Redis tier or redis-server here: the Redis configuration is "
+        "not checked\n");
   }
   for (const int64_t batch_rows : {int64_t{4096}, int64_t{97}}) {
     train::Predictor reference(full);
@@ -138,8 +139,8 @@ void check_tier_configurations(const char* model_json) {
       EXPECT_GT(second.store()->tiers()[1]->stats.hits, 0);
     }
     {  // a host tier holding everything, over RocksDB; the full model's dir (tables ignored)
-      const auto c = config(R"({"host": {"bytes": 100000000}, "rocksdb": {"path": "db"}})",
-                            d.dir.path);
+      const auto c =
+          config(R"({"host": {"bytes": 100000000}, "rocksdb": {"path": "db"}})", d.dir.path);
       train::Predictor p(full, Device::cpu(), "fp32", &c);
       expect_same_bits(want, p.predict_lines(d.lines, "logs", batch_rows), "large host" + at);
       expect_same_bits(want, p.predict_lines(d.lines, "logs", batch_rows), "large host, again");
@@ -180,8 +181,18 @@ TEST(PredictorStore, RefusesAStoreOfAnotherModelAndAMissingStore) {
   // The store a model names is gone.
   fs::remove_all(d.dir.path + "/db");
   expect_error([&] { train::Predictor p(tiered); }, {"no store at", "/db"});
-  expect_error([&] { train::TierExport t; t.add("redis=x"); }, {"unknown tier 'redis'"});
-  expect_error([&] { train::TierExport t; t.add("rocksdb="); }, {"rocksdb=DIR"});
+  expect_error(
+      [&] {
+        train::TierExport t;
+        t.add("redis=x");
+      },
+      {"unknown tier 'redis'"});
+  expect_error(
+      [&] {
+        train::TierExport t;
+        t.add("rocksdb=");
+      },
+      {"rocksdb=DIR"});
 }
 
 TEST(PredictorStore, CliPredictsThroughAStoreFileAndPrintsThePlan) {
@@ -208,13 +219,13 @@ TEST(PredictorStore, CliPredictsThroughAStoreFileAndPrintsThePlan) {
       d.dir.path, "store.json",
       R"({"embedding_store": {"host": {"bytes": 65536}, "rocksdb": {"path": "clidb"}}})");
   out.clear();
-  ASSERT_EQ(run("predict --model " + d.dir.path + "/cli --store " + d.dir.path +
-                    "/store.json --plan",
-                &out),
-            0)
+  ASSERT_EQ(
+      run("predict --model " + d.dir.path + "/cli --store " + d.dir.path + "/store.json --plan",
+          &out),
+      0)
       << out;
-  for (const char* part : {"tables: 4 in the store", "tier host: at most 0.1 MiB",
-                           "tier rocksdb", "on disk", "total in memory"})
+  for (const char* part : {"tables: 4 in the store", "tier host: at most 0.1 MiB", "tier rocksdb",
+                           "on disk", "total in memory"})
     EXPECT_NE(out.find(part), std::string::npos) << part << " not in:\n" << out;
   out.clear();
   const std::string probs = d.dir.path + "/p_store.txt", ref = d.dir.path + "/p_full.txt";

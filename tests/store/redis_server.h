@@ -55,8 +55,8 @@ class RedisServer {
       const int null = ::open("/dev/null", O_WRONLY);  // its log lines stay out of the test's
       ::dup2(null, 1);
       const std::string p = std::to_string(port);
-      ::execl(binary.c_str(), binary.c_str(), "--port", p.c_str(), "--bind", "127.0.0.1",
-              "--save", "", "--appendonly", "no", "--dir", dir.c_str(), "--loglevel", "warning",
+      ::execl(binary.c_str(), binary.c_str(), "--port", p.c_str(), "--bind", "127.0.0.1", "--save",
+              "", "--appendonly", "no", "--dir", dir.c_str(), "--loglevel", "warning",
               static_cast<char*>(nullptr));
       ::_exit(127);
     }

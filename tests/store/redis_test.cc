@@ -9,15 +9,15 @@
 #include <filesystem>
 
 #include "dlrec/store/embedding_store.h"
+#include "store/redis_server.h"
 #include "test_errors.h"
 #include "test_files.h"
-#include "store/redis_server.h"
 
 using namespace dlrec;
-using dlrec::testing::find_redis_server;
-using dlrec::testing::RedisServer;
-using dlrec::testing::free_port;
 using dlrec::testing::expect_error;
+using dlrec::testing::find_redis_server;
+using dlrec::testing::free_port;
+using dlrec::testing::RedisServer;
 using dlrec::testing::TempDir;
 namespace fs = std::filesystem;
 
@@ -65,7 +65,8 @@ TEST(RedisTier, SharesRowsBetweenStoresAndRecoversAfterAnOutage) {
   ASSERT_TRUE(server->up()) << "redis-server did not start on port " << port;
   const std::string addr = "127.0.0.1:" + std::to_string(port);
   const json cfg = json::parse(R"({"host": {"bytes": 2000, "shards": 1},
-      "redis": {"address": ")" + addr + R"(", "key_prefix": "t", "partitions": 4},
+      "redis": {"address": ")" +
+                               addr + R"(", "key_prefix": "t", "partitions": 4},
       "rocksdb": {"path": "db"}})");
   const auto c = store::StoreConfig::from_json(cfg, dir.path, "test");
   auto a = store::EmbeddingStore::open(c, kTables);

@@ -76,8 +76,8 @@ void expect_rows(store::EmbeddingStore& s, int table, const std::vector<int64_t>
       ASSERT_EQ(out[i * dim + k], value_of(table, ids[i], k)) << "id " << ids[i] << " k " << k;
 }
 
-#define REQUIRE_ROCKSDB()                                                              \
-  if (!store::rocksdb_available())                                                     \
+#define REQUIRE_ROCKSDB()          \
+  if (!store::rocksdb_available()) \
   GTEST_SKIP() << "this build has no RocksDB tier (librocksdb-dev not found at configure)"
 
 }  // namespace
@@ -151,8 +151,8 @@ TEST(RocksDbTier, RoundTripsTheTablesAndCachesInTheHostTier) {
   const auto tables = two_tables();
   write_store(dir.path + "/db", tables);
   store::StoreConfig c = store::StoreConfig::from_json(
-      json::parse(R"({"host": {"bytes": 4096, "shards": 2}, "rocksdb": {"path": "db"}})"),
-      dir.path, "test");
+      json::parse(R"({"host": {"bytes": 4096, "shards": 2}, "rocksdb": {"path": "db"}})"), dir.path,
+      "test");
   EXPECT_EQ(c.rocksdb_path, dir.path + "/db");
   auto s = store::EmbeddingStore::open(c, tables);
   ASSERT_EQ(s->tiers().size(), 2u);
@@ -233,14 +233,15 @@ TEST(StoreConfig, RefusesBadSections) {
   expect_error([&] { parse(R"({"host": {"bytes": 100}})"); }, {"\"rocksdb\" is required"});
   expect_error([&] { parse(R"({"host": {}, "rocksdb": {"path": "x"}})"); },
                {"embedding_store.host.bytes", "required"});
-  expect_error([&] { parse(R"({"host": {"bytes": 1, "eviction": "lfu"}, "rocksdb": {"path": "x"}})"); },
-               {"eviction", "lfu"});
+  expect_error(
+      [&] { parse(R"({"host": {"bytes": 1, "eviction": "lfu"}, "rocksdb": {"path": "x"}})"); },
+      {"eviction", "lfu"});
   expect_error([&] { parse(R"({"rocksdb": {"path": "x", "cache": 1}})"); }, {"cache"});
   expect_error([&] { parse(R"({"rocksdb": {}})"); }, {"rocksdb.path", "required"});
   expect_error([&] { parse(R"({"rocksdb": {"path": "x"}, "staging_rows": 0})"); },
                {"staging_rows"});
-  const auto c = store::StoreConfig::from_json(json::parse(R"({"rocksdb": {"path": "db"}})"),
-                                               "/m", "x");
+  const auto c =
+      store::StoreConfig::from_json(json::parse(R"({"rocksdb": {"path": "db"}})"), "/m", "x");
   EXPECT_EQ(c.rocksdb_path, "/m/db");
   EXPECT_FALSE(c.host);
 }

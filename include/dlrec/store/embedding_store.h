@@ -40,8 +40,8 @@ struct TableInfo {
 // directory of the file that holds them (`base_dir`).
 struct StoreConfig {
   bool host = false;
-  int64_t host_bytes = 0;     // bound on the rows held (row bytes + kHostEntryOverhead each)
-  int64_t host_shards = 16;   // shards, by id; each holds host_bytes / host_shards
+  int64_t host_bytes = 0;    // bound on the rows held (row bytes + kHostEntryOverhead each)
+  int64_t host_shards = 16;  // shards, by id; each holds host_bytes / host_shards
   std::string host_eviction = "lru";
   bool redis = false;
   std::string redis_host;  // "redis": {"address": "HOST:PORT"}
