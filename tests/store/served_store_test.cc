@@ -78,8 +78,8 @@ TEST(ServedStore, ConfigJsonStoreAnswersLikeTheModelInMemory) {
   const io::Batch batch = train::encode_lines(reference.workflow(), lines, "logs");
   const std::vector<float> want = reference.predict(batch);
 
-  serve::ModelRepository repo(dir.path + "/repo", serve::BatchingConfig(),
-                              std::make_shared<serve::StatsRegistry>());
+  auto stats = std::make_shared<serve::StatsRegistry>();
+  serve::ModelRepository repo(dir.path + "/repo", serve::BatchingConfig(), stats);
   repo.load("m");
   auto served = repo.get("m", "");
   for (int pass = 0; pass < 2; ++pass) {
@@ -88,6 +88,14 @@ TEST(ServedStore, ConfigJsonStoreAnswersLikeTheModelInMemory) {
     EXPECT_EQ(std::memcmp(r.probability.data(), want.data(), want.size() * 4), 0)
         << "pass " << pass;
   }
+  // The tiers' counters on the metrics endpoint: every row came from RocksDB once at most.
+  const std::string metrics = stats->prometheus();
+  for (const char* part : {"# TYPE dlrec_embedding_store_hits counter",
+                           "dlrec_embedding_store_hits{model=\"m\",version=\"1\",tier=\"host\"}",
+                           "dlrec_embedding_store_misses{model=\"m\",version=\"1\",tier=\"rocksdb\"} 0",
+                           "dlrec_embedding_store_evictions{model=\"m\",version=\"1\",tier=\"host\"}",
+                           "# TYPE dlrec_embedding_store_bytes gauge"})
+    EXPECT_NE(metrics.find(part), std::string::npos) << part << " not in:\n" << metrics;
   // A bad section: the load fails naming the key.
   dlrec::testing::write_file(dir.path + "/repo/m", "config.json",
                              R"({"embedding_store": {"host": {"bytes": 3000}}})");
