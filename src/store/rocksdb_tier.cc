@@ -23,6 +23,9 @@
 #endif
 
 namespace dlrec::store {
+
+#ifdef DLREC_WITH_ROCKSDB
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -91,8 +94,6 @@ int64_t dir_bytes(const std::string& path) {
 }
 
 }  // namespace
-
-#ifdef DLREC_WITH_ROCKSDB
 
 namespace {
 

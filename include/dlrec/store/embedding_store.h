@@ -76,7 +76,7 @@ class Tier {
   // held leave found[i] untouched (0). Errors (I/O, corrupt rows) throw naming the tier.
   virtual void lookup(int table, const int64_t* ids, int64_t n, float* out, uint8_t* found) = 0;
   // Fills rows found in a tier below (a no-op for a tier that holds every row).
-  virtual void fill(int table, const int64_t* ids, int64_t n, const float* rows) {}
+  virtual void fill(int /*table*/, const int64_t* /*ids*/, int64_t /*n*/, const float* /*rows*/) {}
   // Whether the tier holds every row of every table (a miss there is then an error).
   virtual bool complete() const = 0;
   // The row set the tier holds (an export writes version 1; online updates raise it).
