@@ -1,6 +1,8 @@
 // dlrec export | predict
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <iostream>
 
 #include "commands.h"
@@ -15,6 +17,7 @@ Runner add_export(CLI::App& app) {
     std::string run, out, init_config, data;
     bool overwrite = false, onnx = false, onnx_external = false;
     uint64_t seed = 1234;
+    std::vector<std::string> tiers;
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand("export", "Write a self-contained model directory from a run");
@@ -30,7 +33,12 @@ Runner add_export(CLI::App& app) {
               "1 GiB go to model.onnx.data beside it");
   c->add_flag("--onnx-external-data", a->onnx_external,
               "Like --onnx, with all large weights in model.onnx.data (ONNX external data)");
+  c->add_option("--tiers", a->tiers,
+                 "Write the fixed embedding tables into a tier instead of weights.dlrec: "
+                 "rocksdb=DIR (docs/EXPORT.md, \"Tables in RocksDB\")");
   return [a] {
+    train::TierExport tiers;
+    for (const std::string& t : a->tiers) tiers.add(t);
     const train::OnnxExport onnx = a->onnx_external ? train::OnnxExport::ExternalData
                                    : a->onnx        ? train::OnnxExport::Auto
                                                     : train::OnnxExport::None;
@@ -38,11 +46,12 @@ Runner add_export(CLI::App& app) {
                 "dlrec export: give either --run (a trained run) or --init CONFIG --data DIR");
     if (!a->init_config.empty()) {
       DLREC_CHECK(!a->data.empty(), "dlrec export --init needs --data (an ETL output)");
-      train::export_initialized(a->init_config, a->data, a->out, a->seed, a->overwrite, onnx);
+      train::export_initialized(a->init_config, a->data, a->out, a->seed, a->overwrite, onnx,
+                                tiers);
       std::printf("exported an untrained %s -> %s\n", a->init_config.c_str(), a->out.c_str());
       return 0;
     }
-    train::export_model(a->run, a->out, a->overwrite, onnx);
+    train::export_model(a->run, a->out, a->overwrite, onnx, tiers);
     std::printf("exported %s -> %s\n", a->run.c_str(), a->out.c_str());
     return 0;
   };
@@ -50,7 +59,8 @@ Runner add_export(CLI::App& app) {
 
 Runner add_predict(CLI::App& app) {
   struct Args {
-    std::string model, input = "-", output, onnx_inputs;
+    std::string model, input = "-", output, onnx_inputs, store;
+    bool plan = false;
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand(
@@ -61,8 +71,26 @@ Runner add_predict(CLI::App& app) {
   c->add_option("--onnx-inputs", a->onnx_inputs,
                 "Also write the rows encoded as the inputs of the model's model.onnx (JSON "
                 "object of input name -> nested lists; docs/EXPORT.md)");
+  c->add_option("--store", a->store,
+                 "Look the embedding tables up through the tiered store of this JSON file (its "
+                 "\"embedding_store\" object; docs/SERVING.md, \"Tiered embedding store\")");
+  c->add_flag("--plan", a->plan,
+              "Print the memory each tier and the model will use, and exit (a dry run)");
   return [a] {
-    train::Predictor predictor(a->model);
+    std::optional<store::StoreConfig> store;
+    if (!a->store.empty()) {
+      const json j = read_json_file(a->store);
+      DLREC_CHECK(j.is_object() && j.contains("embedding_store"), a->store,
+                  ": expected an object with \"embedding_store\"");
+      const std::string base = std::filesystem::path(a->store).parent_path().string();
+      store = store::StoreConfig::from_json(j.at("embedding_store"), base.empty() ? "." : base,
+                                            a->store + ": embedding_store");
+    }
+    train::Predictor predictor(a->model, Device::cpu(), "fp32", store ? &*store : nullptr);
+    if (a->plan) {
+      std::fputs(predictor.memory_plan().c_str(), stdout);
+      return 0;
+    }
     std::vector<std::string> lines;
     std::string line;
     if (a->input == "-") {
@@ -90,6 +118,7 @@ Runner add_predict(CLI::App& app) {
     } else {
       write_file_atomic(a->output, text);
     }
+    if (predictor.store()) std::fputs(predictor.store()->stats_text().c_str(), stderr);
     return 0;
   };
 }

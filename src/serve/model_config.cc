@@ -43,7 +43,8 @@ int64_t BatchingConfig::preferred_rows() const {
   return p > 0 ? p : max_batch_size;
 }
 
-ModelConfig ModelConfig::from_json(const json& j, const BatchingConfig& defaults) {
+ModelConfig ModelConfig::from_json(const json& j, const BatchingConfig& defaults,
+                                   const std::string& model_dir) {
   DLREC_CHECK(j.is_object(), "config.json: expected a JSON object");
   ModelConfig c;
   c.batching = defaults;
@@ -116,6 +117,12 @@ ModelConfig ModelConfig::from_json(const json& j, const BatchingConfig& defaults
   DLREC_CHECK(c.instances.gpu || c.instances.precision == "fp32",
               "config key 'precision': '", c.instances.precision,
               "' needs a GPU instance group (the CPU engine computes in fp32)");
+  if (r.has("embedding_store")) {
+    c.instances.store = std::make_shared<const store::StoreConfig>(store::StoreConfig::from_json(
+        r.raw("embedding_store"), model_dir, "embedding_store"));
+    DLREC_CHECK(!c.instances.gpu, "config key 'embedding_store': the tiered store serves CPU ",
+                "instances only so far (instance_group kind KIND_CPU)");
+  }
   r.finish();
   return c;
 }

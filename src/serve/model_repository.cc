@@ -73,7 +73,8 @@ void ModelRepository::load(const std::string& name) {
     cfg.batching = defaults_;
     if (fs::exists(dir / "config.json")) {
       try {
-        cfg = ModelConfig::from_json(read_json_file((dir / "config.json").string()), defaults_);
+        cfg = ModelConfig::from_json(read_json_file((dir / "config.json").string()), defaults_,
+                                     dir.string());
       } catch (const RequestError&) {
         throw;
       } catch (const Error& e) {

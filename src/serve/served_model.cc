@@ -168,9 +168,18 @@ ServedModel::ServedModel(std::string name, int64_t version, const std::string& d
     if (!instances.gpu) return Device::cpu();
     return Device::cuda(static_cast<int>(instances.gpus[i % instances.gpus.size()]));
   };
-  predictor_ = std::make_unique<train::Predictor>(dir, device_of(0), instances.precision);
+  const store::StoreConfig* store = instances.store.get();  // null: model.json's, or none
+  predictor_ = std::make_unique<train::Predictor>(dir, device_of(0), instances.precision, store);
   for (int64_t i = 1; i < instances.count; ++i)
-    more_.push_back(std::make_unique<train::Predictor>(dir, device_of(i), instances.precision));
+    more_.push_back(
+        std::make_unique<train::Predictor>(dir, device_of(i), instances.precision, store));
+  ModelStats::StoreTiers tiers;  // the store's counters for the metrics endpoint
+  for (int64_t i = 0; i < instances.count; ++i) {
+    train::Predictor& p = i == 0 ? *predictor_ : *more_[i - 1];
+    if (p.store())
+      for (const auto& t : p.store()->tiers()) tiers.emplace_back(t->name(), &t->stats);
+  }
+  if (!tiers.empty()) stats_->set_store_tiers(this, std::move(tiers));
   layout_ = predictor_->workflow().output_layout();
   int di = 0, ci = 0;
   for (const auto& c : predictor_->workflow().schema().columns) {
@@ -185,7 +194,10 @@ ServedModel::ServedModel(std::string name, int64_t version, const std::string& d
       [this](int64_t rows, uint64_t ns) { stats_->add_execution(rows, ns); });
 }
 
-ServedModel::~ServedModel() { batcher_.reset(); }  // finishes queued requests first
+ServedModel::~ServedModel() {
+  batcher_.reset();  // finishes queued requests first
+  stats_->clear_store_tiers(this);
+}
 
 std::vector<TensorInfo> ServedModel::raw_inputs() const {
   const io::Schema& s = predictor_->workflow().schema();

@@ -78,6 +78,61 @@ std::string escape_label(const std::string& s) {
 
 }  // namespace
 
+void ModelStats::set_store_tiers(const void* owner, StoreTiers tiers) {
+  std::lock_guard<std::mutex> lock(store_mu_);
+  store_owner_ = owner;
+  store_tiers_ = std::move(tiers);
+}
+
+void ModelStats::clear_store_tiers(const void* owner) {
+  std::lock_guard<std::mutex> lock(store_mu_);
+  if (store_owner_ != owner) return;
+  store_owner_ = nullptr;
+  store_tiers_.clear();
+}
+
+namespace {
+// dlrec_embedding_store_*{model, version, tier}: each tier's counters summed over the instances.
+void store_metrics(std::ostringstream& os, const std::vector<std::shared_ptr<ModelStats>>& all) {
+  struct Family {
+    const char *name, *type, *help;
+    int64_t (*value)(const store::TierStats&);
+  };
+  static const Family families[] = {
+      {"dlrec_embedding_store_hits", "counter", "Rows found in the tier",
+       [](const store::TierStats& t) { return t.hits.load(); }},
+      {"dlrec_embedding_store_misses", "counter", "Rows asked of the tier and not found there",
+       [](const store::TierStats& t) { return t.misses.load(); }},
+      {"dlrec_embedding_store_evictions", "counter", "Rows the tier dropped to stay in its bound",
+       [](const store::TierStats& t) { return t.evictions.load(); }},
+      {"dlrec_embedding_store_bytes", "gauge", "Bytes the tier holds in this process",
+       [](const store::TierStats& t) { return t.bytes.load(); }},
+      {"dlrec_embedding_store_lookups", "counter", "Batched lookups the tier answered",
+       [](const store::TierStats& t) { return t.lookups.load(); }},
+      {"dlrec_embedding_store_lookup_duration_us", "counter",
+       "Cumulative duration of the tier's lookups in microseconds",
+       [](const store::TierStats& t) { return t.lookup_ns.load() / 1000; }},
+  };
+  for (const Family& f : families) {
+    bool header = false;
+    for (auto& s : all)
+      s->with_store_tiers([&](const ModelStats::StoreTiers& tiers) {
+        std::map<std::string, int64_t> sum;  // per tier name, over the instances
+        for (const auto& [tier, st] : tiers) sum[tier] += f.value(*st);
+        for (const auto& [tier, v] : sum) {
+          if (!header) {
+            os << "# HELP " << f.name << ' ' << f.help << "\n# TYPE " << f.name << ' ' << f.type
+               << '\n';
+            header = true;
+          }
+          os << f.name << "{model=\"" << escape_label(s->name) << "\",version=\""
+             << escape_label(s->version) << "\",tier=\"" << tier << "\"} " << v << '\n';
+        }
+      });
+  }
+}
+}  // namespace
+
 std::string StatsRegistry::prometheus() const {
   auto all = list();
   std::ostringstream os;
@@ -129,6 +184,7 @@ std::string StatsRegistry::prometheus() const {
     os << h << "_sum{" << labels << "} " << us(s->success) << '\n';
     os << h << "_count{" << labels << "} " << cum << '\n';
   }
+  store_metrics(os, all);
   return os.str();
 }
 

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include "dlrec/io/text_reader.h"
 #include "dlrec/train/onnx_export.h"
 #include "dlrec/train/trainer.h"
+#include "train/export_store.h"
 
 namespace dlrec::train {
 
@@ -60,14 +62,34 @@ void check_finite(const std::vector<model::NamedTensor>& params) {
 // ("<out_dir>.tmp.<pid>") and puts it in place with replace_dir (an existing out_dir is replaced
 // only with `overwrite`): out_dir names a complete model, old or new, at every moment, even if
 // the process is killed. Leftovers of a killed export are cleaned first (recover_dir).
-void write_model_dir(const std::string& out_dir, bool overwrite, const json& meta,
-                     model::Model& model, const etl::Workflow& wf, OnnxExport onnx) {
+// With tiers: the fixed tables go into the RocksDB store first (a failure there leaves no new
+// model), then stay out of weights.dlrec, and model.json names the store.
+void write_model_dir(const std::string& out_dir, bool overwrite, json meta, model::Model& model,
+                     const etl::Workflow& wf, OnnxExport onnx, const TierExport& tiers) {
   for (const std::string& line : recover_dir(out_dir))
     std::fprintf(stderr, "export: %s\n", line.c_str());
   if (fs::exists(out_dir) && !overwrite)
     fail("'", out_dir, "' already exists (use --overwrite to replace it)");
   std::vector<model::NamedTensor> params = model.parameters();
   check_finite(params);
+  if (tiers.any()) {
+    const std::vector<store::TableInfo> tables = detail::find_store_tables(
+        model::RunConfig::from_json(meta.at("config")), wf.output_layout());
+    std::vector<store::TableRows> rows;
+    for (const store::TableInfo& t : tables)
+      for (const auto& [name, tensor] : params)
+        if (name == t.name) rows.push_back({t, tensor.data<float>()});
+    const std::string dir = fs::absolute(tiers.rocksdb_dir).lexically_normal().string();
+    store::write_rocksdb_store(dir, rows, overwrite);
+    meta["embedding_store"] = {{"rocksdb", {{"path", dir}}}};
+    std::vector<model::NamedTensor> dense;
+    for (auto& p : params) {
+      bool stored = false;
+      for (const store::TableInfo& t : tables) stored |= p.first == t.name;
+      if (!stored) dense.push_back(p);
+    }
+    params.swap(dense);
+  }
   // Pruning masks beside their weights, named in the meta (docs/COMPRESSION.md).
   json weights_meta = {{"kind", "weights"}};
   for (auto& t : model.masks()) params.push_back(t);
@@ -95,8 +117,22 @@ void write_model_dir(const std::string& out_dir, bool overwrite, const json& met
 
 }  // namespace
 
+void TierExport::add(const std::string& spec) {
+  const size_t eq = spec.find('=');
+  const std::string kind = spec.substr(0, eq);
+  const std::string value = eq == std::string::npos ? "" : spec.substr(eq + 1);
+  if (kind == "rocksdb") {
+    DLREC_CHECK(!value.empty(), "--tiers '", spec, "': expected rocksdb=DIR");
+    DLREC_CHECK(rocksdb_dir.empty(), "--tiers: rocksdb given twice");
+    rocksdb_dir = value;
+    return;
+  }
+  fail("--tiers '", spec, "': unknown tier '", kind,
+       "' (export writes tables into: rocksdb=DIR; the host tier is a serving cache)");
+}
+
 void export_model(const std::string& run_dir, const std::string& out_dir, bool overwrite,
-                  OnnxExport onnx) {
+                  OnnxExport onnx, const TierExport& tiers) {
   const RunInfo info = load_run_info(run_dir);
   const model::RunConfig& cfg = info.config;
   const std::string data_dir = run_data_dir(run_dir, info.run);
@@ -114,12 +150,12 @@ void export_model(const std::string& run_dir, const std::string& out_dir, bool o
                {"config", cfg.to_json()},
                {"layout", data.layout.to_json()},
                {"step", st.step}};
-  write_model_dir(out_dir, overwrite, meta, *model, wf, onnx);
+  write_model_dir(out_dir, overwrite, meta, *model, wf, onnx, tiers);
 }
 
 void export_initialized(const std::string& config_path, const std::string& data_dir,
                         const std::string& out_dir, uint64_t seed, bool overwrite,
-                        OnnxExport onnx) {
+                        OnnxExport onnx, const TierExport& tiers) {
   model::RunConfig cfg = model::RunConfig::load(config_path);
   io::DatasetInfo data = io::DatasetInfo::load(data_dir);
   etl::Workflow wf = etl::Workflow::load(data_dir + "/workflow.json");
@@ -131,35 +167,30 @@ void export_initialized(const std::string& config_path, const std::string& data_
                {"config", cfg.to_json()},
                {"layout", data.layout.to_json()},
                {"step", 0}};
-  write_model_dir(out_dir, overwrite, meta, *model, wf, onnx);
+  write_model_dir(out_dir, overwrite, meta, *model, wf, onnx, tiers);
 }
 
 struct Predictor::Impl {
+  std::string dir;
+  Device device;
+  std::string precision;
   model::RunConfig cfg;
+  io::ShardLayout layout;
   std::unique_ptr<etl::Workflow> wf;
   std::unique_ptr<model::Model> model;
+  std::unique_ptr<detail::StagedTables> staged;  // with an embedding store
+  // Builds the model for `layout` and loads its weights (those of weights.dlrec; with a store,
+  // all but the stored tables).
+  void build(const io::ShardLayout& for_layout);
 };
 
-Predictor::Predictor(const std::string& dir, Device device, const std::string& precision)
-    : impl_(new Impl) {
-  json meta = read_json_file(dir + "/model.json");
-  DLREC_CHECK(meta.value("format", "") == "dlrec-model", "'", dir,
-              "/model.json' is not a dlrec model (format field)");
-  int version = meta.value("version", 0);
-  DLREC_CHECK(version == kModelFormatVersion, "'", dir, "' has model format version ", version,
-              "; this dlrec reads version ", kModelFormatVersion);
-  impl_->cfg = model::RunConfig::from_json(meta.at("config"));
-  io::ShardLayout layout = io::ShardLayout::from_json(meta.at("layout"));
-  impl_->wf = std::make_unique<etl::Workflow>(etl::Workflow::load(dir + "/workflow.json"));
-  DLREC_CHECK(impl_->wf->output_layout() == layout, "'", dir,
-              "': workflow.json does not match the model's input layout");
-  impl_->model =
-      model::build_model(impl_->cfg.model, impl_->cfg.optimizer, layout, device, 0, precision);
+void Predictor::Impl::build(const io::ShardLayout& for_layout) {
+  model = model::build_model(cfg.model, cfg.optimizer, for_layout, device, 0, precision);
   // Weights that are NaN or infinite would score every row NaN: refused at load.
   io::TensorLoadOptions load;
   load.require_finite = true;
   const std::string weights = dir + "/weights.dlrec";
-  model::Model& mdl = *impl_->model;
+  model::Model& mdl = *model;
   // Masks are kept beside their (already zero) weights where the model can hold them (the CPU
   // engine); a CUDA model serves the zeroed weights and leaves the masks in the file.
   const json weights_meta = io::read_tensor_meta(weights);
@@ -167,10 +198,88 @@ Predictor::Predictor(const std::string& dir, Device device, const std::string& p
     load.allow_extra = weights_meta.is_object() && weights_meta.contains("masks");
   else
     compress::prepare_masks(weights_meta, weights, mdl);
-  std::vector<model::NamedTensor> targets = mdl.parameters();
+  std::vector<model::NamedTensor> targets;
+  for (auto& t : mdl.parameters())
+    if (!staged || !staged->is_table(t.first)) targets.push_back(t);
   for (auto& t : mdl.masks()) targets.push_back(t);
+  if (staged) {
+    load.allow_extra = true;  // a model exported without tiers holds the tables too
+    staged->bind(mdl);
+  }
   io::load_tensors(weights, targets, load);
   compress::apply_loaded_masks(weights, mdl);
+}
+
+Predictor::Predictor(const std::string& dir, Device device, const std::string& precision,
+                     const store::StoreConfig* store)
+    : impl_(new Impl) {
+  json meta = read_json_file(dir + "/model.json");
+  DLREC_CHECK(meta.value("format", "") == "dlrec-model", "'", dir,
+              "/model.json' is not a dlrec model (format field)");
+  int version = meta.value("version", 0);
+  DLREC_CHECK(version == kModelFormatVersion, "'", dir, "' has model format version ", version,
+              "; this dlrec reads version ", kModelFormatVersion);
+  impl_->dir = dir;
+  impl_->device = device;
+  impl_->precision = precision;
+  impl_->cfg = model::RunConfig::from_json(meta.at("config"));
+  impl_->layout = io::ShardLayout::from_json(meta.at("layout"));
+  impl_->wf = std::make_unique<etl::Workflow>(etl::Workflow::load(dir + "/workflow.json"));
+  DLREC_CHECK(impl_->wf->output_layout() == impl_->layout, "'", dir,
+              "': workflow.json does not match the model's input layout");
+  // A model exported with --tiers names its store; a config given here takes precedence.
+  store::StoreConfig from_meta;
+  if (!store && meta.contains("embedding_store")) {
+    from_meta = store::StoreConfig::from_json(meta["embedding_store"], dir,
+                                              dir + "/model.json: embedding_store");
+    store = &from_meta;
+  }
+  if (store) {
+    DLREC_CHECK(!device.is_cuda(), "'", dir, "': the tiered embedding store serves CPU models ",
+                "only so far (", device.str(), " was asked for)");
+    auto tables = detail::find_store_tables(impl_->cfg, impl_->layout);
+    impl_->staged = std::make_unique<detail::StagedTables>(
+        store::EmbeddingStore::open(*store, tables), impl_->layout, store->staging_rows);
+    impl_->build(impl_->staged->staging_layout());
+  } else {
+    impl_->build(impl_->layout);
+  }
+}
+
+store::EmbeddingStore* Predictor::store() {
+  return impl_->staged ? &impl_->staged->store() : nullptr;
+}
+
+std::string Predictor::memory_plan() {
+  auto mib = [](int64_t b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1 << 20));
+    return std::string(buf);
+  };
+  int64_t in_model = 0;
+  for (const auto& [name, t] : impl_->model->parameters()) in_model += t.nbytes();
+  std::string out;
+  if (!impl_->staged) {
+    out += "all in memory: parameters " + mib(in_model) + " (no embedding store)\n";
+    return out;
+  }
+  detail::StagedTables& st = *impl_->staged;
+  int64_t tables = 0;
+  for (const store::TableInfo& t : st.store().tables()) tables += t.rows * t.row_bytes();
+  out += "tables: " + std::to_string(st.store().tables().size()) + " in the store, " + mib(tables) +
+         " (all in memory they would take this much)\n";
+  out += "model: " + mib(in_model - st.staging_bytes()) + " dense parameters + " +
+         mib(st.staging_bytes()) + " staging (" + std::to_string(st.capacity()) +
+         " rows per table; grows to a batch's distinct ids of one feature)\n";
+  int64_t total = in_model;
+  for (const auto& tier : st.store().tiers()) {
+    out += "tier " + tier->name() + ": at most " + mib(tier->memory_bound()) + " in memory";
+    if (tier->disk_bytes() > 0) out += ", " + mib(tier->disk_bytes()) + " on disk";
+    out += "\n";
+    total += tier->memory_bound();
+  }
+  out += "total in memory: at most " + mib(total) + "\n";
+  return out;
 }
 
 Predictor::~Predictor() = default;
@@ -209,7 +318,17 @@ std::vector<float> Predictor::predict(const io::Batch& batch) {
     return p;
   }
 #endif
-  std::vector<float> p = impl_->model->forward(batch, false).to_vector<float>();
+  const io::Batch* run = &batch;
+  if (impl_->staged) {  // the batch's rows from the store into the model's staged tables
+    detail::StagedTables& st = *impl_->staged;
+    const int64_t need = st.prepare(batch);
+    if (need > st.capacity()) {  // a larger batch than before: rebuild with room for it
+      st.set_capacity(std::max(need, 2 * st.capacity()));
+      impl_->build(st.staging_layout());
+    }
+    run = &st.fill();
+  }
+  std::vector<float> p = impl_->model->forward(*run, false).to_vector<float>();
   if (!regression)
     for (float& v : p) v = 1.f / (1.f + std::exp(-v));
   return p;

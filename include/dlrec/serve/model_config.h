@@ -5,16 +5,19 @@
 //    "dynamic_batching": {"preferred_batch_size": [4096], "max_queue_delay_microseconds": 200,
 //                         "max_queue_size": 1024},
 //    "instance_group": [{"kind": "KIND_GPU", "count": 1, "gpus": [0]}],
-//    "precision": "bf16"}
+//    "precision": "bf16",
+//    "embedding_store": {"host": {"bytes": 1073741824}, "rocksdb": {"path": "tables"}}}
 // Names follow Triton's model configuration where the meaning is the same. Unknown keys are
 // errors naming the nearest valid key.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "dlrec/core/config.h"
+#include "dlrec/store/embedding_store.h"
 
 namespace dlrec::serve {
 
@@ -47,6 +50,10 @@ struct InstanceGroup {
   int64_t count = 1;
   std::vector<int64_t> gpus;   // KIND_GPU: device indices (default [0])
   std::string precision = "fp32";  // GPU arithmetic: fp32 | tf32 | bf16 (dlrec extension)
+  // "embedding_store" (dlrec extension; docs/SERVING.md, "Tiered embedding store"): the tables
+  // are looked up through these tiers (CPU instances). Null: model.json's store, if any, else
+  // the tables in memory.
+  std::shared_ptr<const store::StoreConfig> store;
 };
 
 struct ModelConfig {
@@ -54,7 +61,9 @@ struct ModelConfig {
   BatchingConfig batching;
   InstanceGroup instances;
   // Reads config.json's object; `defaults` supplies the batching values it leaves out.
-  static ModelConfig from_json(const json& j, const BatchingConfig& defaults);
+  // `model_dir` (<repo>/<model>) resolves the relative paths of "embedding_store".
+  static ModelConfig from_json(const json& j, const BatchingConfig& defaults,
+                               const std::string& model_dir = "");
 };
 
 // Model names are one path component: non-empty, at most 255 bytes, no '/', '\\' or NUL, not

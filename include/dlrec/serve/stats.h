@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "dlrec/store/embedding_store.h"
+
 namespace dlrec::serve {
 
 struct Duration {
@@ -46,10 +48,25 @@ struct ModelStats {
   // Executions by merged batch size (rows): count and compute nanoseconds.
   void add_execution(int64_t rows, uint64_t ns);
   std::vector<std::pair<int64_t, std::pair<uint64_t, uint64_t>>> batch_stats() const;
+  // The tiered embedding store's per-tier counters of the version's instances (Prometheus
+  // dlrec_embedding_store_*): set by the ServedModel that owns the stores, cleared by it before
+  // they go (a reload's new model sets its own first, so clearing names the owner).
+  using StoreTiers = std::vector<std::pair<std::string, const store::TierStats*>>;
+  void set_store_tiers(const void* owner, StoreTiers tiers);
+  void clear_store_tiers(const void* owner);
+  // Calls fn with the tiers (under the lock that clear_store_tiers takes).
+  template <class F>
+  void with_store_tiers(F&& fn) const {
+    std::lock_guard<std::mutex> lock(store_mu_);
+    fn(store_tiers_);
+  }
 
  private:
   mutable std::mutex mu_;
   std::map<int64_t, std::pair<uint64_t, uint64_t>> batches_;
+  mutable std::mutex store_mu_;
+  const void* store_owner_ = nullptr;
+  StoreTiers store_tiers_;
 };
 
 class StatsRegistry {

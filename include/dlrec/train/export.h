@@ -15,6 +15,7 @@
 #include "dlrec/etl/workflow.h"
 #include "dlrec/io/raw_chunk.h"
 #include "dlrec/model/model.h"
+#include "dlrec/store/embedding_store.h"
 
 namespace dlrec::train {
 
@@ -24,24 +25,39 @@ constexpr int kModelFormatVersion = 1;
 // with the weights inside unless they exceed 1 GiB; yes, with the weights in model.onnx.data.
 enum class OnnxExport { None, Auto, ExternalData };
 
+// Tiers that export writes the tables into (dlrec export --tiers rocksdb=DIR; docs/EXPORT.md,
+// "Tables in RocksDB"). With a RocksDB directory, the fixed tables go there, weights.dlrec
+// holds the rest, and model.json's "embedding_store" names the directory (the model's default
+// store config).
+struct TierExport {
+  std::string rocksdb_dir;
+  bool any() const { return !rocksdb_dir.empty(); }
+  // Parses one --tiers value "rocksdb=DIR" into this.
+  void add(const std::string& spec);
+};
+
 // Exports the latest checkpoint of `run_dir` (written by dlrec train) with the fitted workflow
 // of its dataset. `out_dir` must not exist unless `overwrite`.
 void export_model(const std::string& run_dir, const std::string& out_dir, bool overwrite = false,
-                  OnnxExport onnx = OnnxExport::None);
+                  OnnxExport onnx = OnnxExport::None, const TierExport& tiers = {});
 // An untrained model (parameters initialised from `seed` as training would start) for the
 // config and an ETL output's layout and workflow: for load tests and serving benchmarks of
 // full-size models without a training run.
 void export_initialized(const std::string& config_path, const std::string& data_dir,
                         const std::string& out_dir, uint64_t seed, bool overwrite = false,
-                        OnnxExport onnx = OnnxExport::None);
+                        OnnxExport onnx = OnnxExport::None, const TierExport& tiers = {});
 
 class Predictor {
  public:
   // On a CUDA device the model computes in `precision` ("fp32", "tf32", "bf16"; see
   // train.precision) and predict(Batch) uses the model's serving path (CUDA graphs per batch
   // bucket, pinned staging).
+  // With `store` (or, without it, when model.json names one: a model exported with --tiers),
+  // the fixed tables are looked up through the tiered embedding store (CPU models only); the
+  // predictions are bit for bit those of the all-in-memory model.
   explicit Predictor(const std::string& model_dir, Device device = Device::cpu(),
-                     const std::string& precision = "fp32");
+                     const std::string& precision = "fp32",
+                     const store::StoreConfig* store = nullptr);
   ~Predictor();
   const etl::Workflow& workflow() const;
   const model::RunConfig& config() const;
@@ -51,6 +67,10 @@ class Predictor {
   // Probabilities for already-encoded rows.
   std::vector<float> predict(const io::Batch& batch);
   Device device() const;
+  // The embedding store the tables are looked up in; null for an all-in-memory model.
+  store::EmbeddingStore* store();
+  // What each tier and the model will hold in memory (dlrec predict --plan), one line each.
+  std::string memory_plan();
   // Parses raw text lines (as in the logs, the schema's format) and scores them; `source`
   // names the input in errors. Lines are scored in batches of `batch_rows`.
   std::vector<float> predict_lines(const std::vector<std::string>& lines,

@@ -1,0 +1,135 @@
+// The tiered embedding store for serving (docs/SERVING.md, "Tiered embedding store"; issue 22).
+//
+// Rows of a model's fixed embedding tables, looked up by (table, id) in batches through tiers in
+// lookup order, each optional:
+//   host     sharded by id, bounded in bytes, LRU eviction (HostTier, host_tier.cc)
+//   redis    a volatile cache several servers share, keys partitioned (RedisTier, redis_tier.cc)
+//   rocksdb  the persistent tier holding the full tables (RocksDbTier, rocksdb_tier.cc)
+// A row missing in a tier is asked of the next one, and once found it fills the tiers above.
+// A row found in no tier is an error naming the table and the id. Every tier counts hits,
+// misses, evictions, bytes held and lookup time.
+//
+// Later slices fit in the same interface: a GPU cache tier (a Tier whose rows live on a device,
+// asked first) and online updates
+// (Tier::version says which row set a tier holds; an update raises it).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dlrec/core/config.h"
+
+namespace dlrec::store {
+
+// One table of the store: a model parameter "<layer>.<feature>.weight" [rows, dim].
+struct TableInfo {
+  std::string name;  // the parameter's name ("emb.3.weight")
+  int64_t feature = 0;
+  int64_t rows = 0, dim = 0;
+  int64_t row_bytes() const { return dim * 4; }
+  bool operator==(const TableInfo& o) const {
+    return name == o.name && feature == o.feature && rows == o.rows && dim == o.dim;
+  }
+};
+
+// The "embedding_store" section of a model's serving config (config.json) or of
+// `dlrec predict --store FILE` (docs/SERVING.md). Relative paths are resolved against the
+// directory of the file that holds them (`base_dir`).
+struct StoreConfig {
+  bool host = false;
+  int64_t host_bytes = 0;    // bound on the rows held (row bytes + kHostEntryOverhead each)
+  int64_t host_shards = 16;  // shards, by id; each holds host_bytes / host_shards
+  std::string host_eviction = "lru";
+  bool redis = false;
+  std::string redis_host;  // "redis": {"address": "HOST:PORT"}
+  int redis_port = 0;
+  std::string redis_key_prefix = "dlrec";
+  int64_t redis_partitions = 16;
+  int64_t redis_timeout_ms = 1000;
+  bool rocksdb = false;
+  std::string rocksdb_path;
+  int64_t rocksdb_block_cache_bytes = int64_t{8} << 20;
+  // Rows of each table the model stages per batch at first; grows to the largest batch's
+  // distinct ids of one feature.
+  int64_t staging_rows = 4096;
+  static StoreConfig from_json(const json& j, const std::string& base_dir,
+                               const std::string& where);
+  json to_json() const;
+};
+
+// Bytes a host-tier entry costs beyond its row (hash map node, LRU links, key).
+constexpr int64_t kHostEntryOverhead = 64;
+
+struct TierStats {
+  std::atomic<int64_t> hits{0}, misses{0}, evictions{0}, bytes{0};
+  std::atomic<int64_t> lookups{0}, lookup_ns{0};  // batched lookups and their total time
+};
+
+class Tier {
+ public:
+  virtual ~Tier() = default;
+  virtual std::string name() const = 0;  // "host", "rocksdb"
+  // Looks up ids[0..n) of `table`: found rows go to out + i * dim and set found[i] = 1; rows not
+  // held leave found[i] untouched (0). Errors (I/O, corrupt rows) throw naming the tier.
+  virtual void lookup(int table, const int64_t* ids, int64_t n, float* out, uint8_t* found) = 0;
+  // Fills rows found in a tier below (a no-op for a tier that holds every row).
+  virtual void fill(int /*table*/, const int64_t* /*ids*/, int64_t /*n*/, const float* /*rows*/) {}
+  // Whether the tier holds every row of every table (a miss there is then an error).
+  virtual bool complete() const = 0;
+  // The row set the tier holds (an export writes version 1; online updates raise it).
+  virtual uint64_t version() const { return 1; }
+  // Memory (bytes) the tier may use in this process at most, and on disk.
+  virtual int64_t memory_bound() const = 0;
+  virtual int64_t disk_bytes() const { return 0; }
+  TierStats stats;
+};
+
+// The host-memory tier: `shards` LRU maps keyed by (table, id), each bounded to bytes / shards.
+std::unique_ptr<Tier> make_host_tier(const std::vector<TableInfo>& tables, int64_t bytes,
+                                     int64_t shards);
+
+// The RocksDB tier (read-only): the store at `path` written by write_rocksdb_store; its tables
+// must equal `expected` (the model's), else an error naming the difference.
+std::unique_ptr<Tier> open_rocksdb_tier(const std::string& path,
+                                        const std::vector<TableInfo>& expected,
+                                        int64_t block_cache_bytes);
+// A table's rows for write_rocksdb_store: [rows, dim] f32, row-major.
+struct TableRows {
+  TableInfo info;
+  const float* data = nullptr;
+};
+// Writes the tables into a new RocksDB store at `path` (staged under a temporary name and
+// renamed into place; an existing path is replaced only with `overwrite`).
+void write_rocksdb_store(const std::string& path, const std::vector<TableRows>& tables,
+                         bool overwrite);
+// The Redis tier (hiredis): a volatile cache shared by servers, keys partitioned (redis_tier.cc).
+std::unique_ptr<Tier> open_redis_tier(const std::vector<TableInfo>& tables,
+                                      const StoreConfig& config);
+// Whether this build has the Redis tier (libhiredis-dev found at configure time).
+bool redis_available();
+// Whether this build has the RocksDB tier (librocksdb-dev found at configure time).
+bool rocksdb_available();
+
+class EmbeddingStore {
+ public:
+  EmbeddingStore(std::vector<TableInfo> tables, std::vector<std::unique_ptr<Tier>> tiers);
+  // Opens the tiers `config` asks for, in lookup order (host, redis, rocksdb).
+  static std::unique_ptr<EmbeddingStore> open(const StoreConfig& config,
+                                              const std::vector<TableInfo>& tables);
+  // Rows of ids[0..n) of table `table` into out [n, dim]. Ids must be in [0, rows) (else an
+  // error naming the table and the id); a row no tier holds is an error. Thread-safe.
+  void lookup(int table, const int64_t* ids, int64_t n, float* out);
+  const std::vector<TableInfo>& tables() const { return tables_; }
+  const std::vector<std::unique_ptr<Tier>>& tiers() const { return tiers_; }
+  // One line per tier: its counters ("host: hits 10 misses 2 ...").
+  std::string stats_text() const;
+
+ private:
+  std::vector<TableInfo> tables_;
+  std::vector<std::unique_ptr<Tier>> tiers_;
+};
+
+}  // namespace dlrec::store

@@ -1,0 +1,181 @@
+// EmbeddingStore: lookups through the tiers in order, misses passed down, found rows filled up
+// (include/dlrec/store/embedding_store.h). The store config section's reader.
+#include "dlrec/store/embedding_store.h"
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "dlrec/core/error.h"
+
+namespace dlrec::store {
+
+namespace {
+std::string resolve(const std::string& path, const std::string& base_dir) {
+  if (path.empty() || path[0] == '/' || base_dir.empty()) return path;
+  return (std::filesystem::path(base_dir) / path).lexically_normal().string();
+}
+}  // namespace
+
+StoreConfig StoreConfig::from_json(const json& j, const std::string& base_dir,
+                                   const std::string& where) {
+  DLREC_CHECK(j.is_object(), where,
+              ": expected an object with the tiers (\"host\", \"redis\", \"rocksdb\")");
+  StoreConfig c;
+  ConfigReader r(j, where);
+  if (r.has("host")) {
+    ConfigReader h = r.child("host");
+    c.host = true;
+    c.host_bytes = h.get_int_range("bytes", -1, 1, int64_t{1} << 50);
+    DLREC_CHECK(c.host_bytes > 0, h.key_path("bytes"),
+                ": required (the bound on the rows the host tier holds, in bytes)");
+    c.host_shards = h.get_int_range("shards", 16, 1, 4096);
+    c.host_eviction = h.get_choice("eviction", "lru", {"lru"});
+    h.finish();
+  }
+  if (r.has("redis")) {
+    ConfigReader d = r.child("redis");
+    c.redis = true;
+    const std::string address = d.get<std::string>("address", "");
+    const size_t colon = address.rfind(':');
+    int64_t port = -1;
+    if (colon != std::string::npos && colon > 0 && colon + 1 < address.size() &&
+        address.size() - colon <= 6 &&
+        address.find_first_not_of("0123456789", colon + 1) == std::string::npos)
+      port = std::stoll(address.substr(colon + 1));
+    DLREC_CHECK(port >= 1 && port <= 65535, d.key_path("address"), ": '", address,
+                "' is not HOST:PORT (port 1..65535)");
+    c.redis_host = address.substr(0, colon);
+    c.redis_port = static_cast<int>(port);
+    c.redis_key_prefix = d.get<std::string>("key_prefix", c.redis_key_prefix);
+    DLREC_CHECK(!c.redis_key_prefix.empty() && c.redis_key_prefix.size() <= 200,
+                d.key_path("key_prefix"), ": 1 to 200 characters");
+    c.redis_partitions = d.get_int_range("partitions", c.redis_partitions, 1, 16384);
+    c.redis_timeout_ms = d.get_int_range("timeout_ms", c.redis_timeout_ms, 1, 600000);
+    d.finish();
+  }
+  if (r.has("rocksdb")) {
+    ConfigReader d = r.child("rocksdb");
+    c.rocksdb = true;
+    c.rocksdb_path = d.get<std::string>("path", "");
+    DLREC_CHECK(!c.rocksdb_path.empty(), d.key_path("path"),
+                ": required (the directory written by dlrec export --tiers rocksdb=DIR)");
+    c.rocksdb_path = resolve(c.rocksdb_path, base_dir);
+    c.rocksdb_block_cache_bytes =
+        d.get_int_range("block_cache_bytes", c.rocksdb_block_cache_bytes, 0, int64_t{1} << 50);
+    d.finish();
+  }
+  c.staging_rows = r.get_int_range("staging_rows", c.staging_rows, 1, int64_t{1} << 31);
+  r.finish();
+  DLREC_CHECK(c.host || c.redis || c.rocksdb, where,
+              ": no tier configured (\"host\", \"redis\", \"rocksdb\"); a store needs a tier "
+              "holding the full tables (\"rocksdb\")");
+  DLREC_CHECK(c.rocksdb, where,
+              ": \"rocksdb\" is required: it is the tier holding the full tables (\"host\" and "
+              "\"redis\" are caches above it)");
+  return c;
+}
+
+json StoreConfig::to_json() const {
+  json j = json::object();
+  if (host)
+    j["host"] = {{"bytes", host_bytes}, {"shards", host_shards}, {"eviction", host_eviction}};
+  if (redis)
+    j["redis"] = {{"address", redis_host + ":" + std::to_string(redis_port)},
+                  {"key_prefix", redis_key_prefix},
+                  {"partitions", redis_partitions},
+                  {"timeout_ms", redis_timeout_ms}};
+  if (rocksdb)
+    j["rocksdb"] = {{"path", rocksdb_path}, {"block_cache_bytes", rocksdb_block_cache_bytes}};
+  j["staging_rows"] = staging_rows;
+  return j;
+}
+
+EmbeddingStore::EmbeddingStore(std::vector<TableInfo> tables,
+                               std::vector<std::unique_ptr<Tier>> tiers)
+    : tables_(std::move(tables)), tiers_(std::move(tiers)) {
+  DLREC_CHECK(!tiers_.empty(), "embedding store: no tier");
+  DLREC_CHECK(tiers_.back()->complete(), "embedding store: the last tier ('", tiers_.back()->name(),
+              "') does not hold the full tables");
+}
+
+std::unique_ptr<EmbeddingStore> EmbeddingStore::open(const StoreConfig& config,
+                                                     const std::vector<TableInfo>& tables) {
+  std::vector<std::unique_ptr<Tier>> tiers;
+  if (config.host) tiers.push_back(make_host_tier(tables, config.host_bytes, config.host_shards));
+  if (config.redis) tiers.push_back(open_redis_tier(tables, config));
+  if (config.rocksdb)
+    tiers.push_back(
+        open_rocksdb_tier(config.rocksdb_path, tables, config.rocksdb_block_cache_bytes));
+  return std::make_unique<EmbeddingStore>(tables, std::move(tiers));
+}
+
+void EmbeddingStore::lookup(int table, const int64_t* ids, int64_t n, float* out) {
+  DLREC_CHECK(table >= 0 && table < static_cast<int>(tables_.size()), "embedding store: table ",
+              table, " of ", tables_.size());
+  const TableInfo& t = tables_[table];
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= t.rows)
+      fail("embedding store: id ", ids[i], " is beyond table '", t.name, "' (", t.rows,
+           " rows; feature ", t.feature, ")");
+  const int64_t dim = t.dim;
+  // pending[j]: the position in ids/out of the j-th row still missing.
+  std::vector<int64_t> pending(static_cast<size_t>(n)), sub_ids;
+  for (int64_t i = 0; i < n; ++i) pending[i] = i;
+  std::vector<float> rows;
+  std::vector<uint8_t> found;
+  for (size_t k = 0; k < tiers_.size() && !pending.empty(); ++k) {
+    Tier& tier = *tiers_[k];
+    const int64_t m = static_cast<int64_t>(pending.size());
+    sub_ids.resize(m);
+    for (int64_t j = 0; j < m; ++j) sub_ids[j] = ids[pending[j]];
+    rows.assign(static_cast<size_t>(m * dim), 0.f);
+    found.assign(static_cast<size_t>(m), 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    tier.lookup(table, sub_ids.data(), m, rows.data(), found.data());
+    const auto ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
+    tier.stats.lookups += 1;
+    tier.stats.lookup_ns += ns;
+    // Rows found here go out and up (into the tiers above, compacted); the rest go on.
+    std::vector<int64_t> still, hit_ids;
+    std::vector<float> hit_rows;
+    for (int64_t j = 0; j < m; ++j) {
+      const float* row = rows.data() + j * dim;
+      if (found[j]) {
+        std::memcpy(out + pending[j] * dim, row, static_cast<size_t>(dim) * 4);
+        if (k > 0) {
+          hit_ids.push_back(sub_ids[j]);
+          hit_rows.insert(hit_rows.end(), row, row + dim);
+        }
+      } else {
+        still.push_back(pending[j]);
+      }
+    }
+    tier.stats.hits += m - static_cast<int64_t>(still.size());
+    tier.stats.misses += static_cast<int64_t>(still.size());
+    for (size_t up = 0; up < k && !hit_ids.empty(); ++up)
+      tiers_[up]->fill(table, hit_ids.data(), static_cast<int64_t>(hit_ids.size()),
+                       hit_rows.data());
+    pending.swap(still);
+  }
+  if (!pending.empty())
+    fail("embedding store: row ", ids[pending[0]], " of table '", t.name, "' is held by no tier (",
+         pending.size(), " such rows; the last tier, '", tiers_.back()->name(),
+         "', should hold every row: the store is incomplete)");
+}
+
+std::string EmbeddingStore::stats_text() const {
+  std::ostringstream s;
+  for (const auto& t : tiers_) {
+    const TierStats& st = t->stats;
+    s << t->name() << ": hits " << st.hits << " misses " << st.misses << " evictions "
+      << st.evictions << " bytes " << st.bytes << " lookups " << st.lookups << " lookup_ms "
+      << static_cast<double>(st.lookup_ns) / 1e6 << "\n";
+  }
+  return s.str();
+}
+
+}  // namespace dlrec::store

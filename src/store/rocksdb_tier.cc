@@ -1,0 +1,286 @@
+// The RocksDB tier: the persistent store of the full tables (docs/SERVING.md, "Tiered embedding
+// store"; docs/FORMATS.md-style layout in docs/EXPORT.md, "Tables in RocksDB").
+//   key "r" + table index (u16 big-endian) + id (u64 big-endian)  value: dim floats, f32 LE
+//   key "!dlrec-store"  value: JSON {"format": "dlrec-embedding-store", "version": 1,
+//                        "row_set_version": 1, "tables": [{name, feature, rows, dim}],
+//                        "checksum": FNV-1a 64 of the tables' JSON text (hex)}
+// Big-endian keys keep a table's rows together and in id order (one key prefix per table). The
+// meta record is written last, so a store whose writer died has none and is refused. Rows are
+// protected by RocksDB's block checksums (verified on every read).
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "dlrec/core/error.h"
+#include "dlrec/core/file_util.h"
+#include "dlrec/store/embedding_store.h"
+
+#ifdef DLREC_WITH_ROCKSDB
+#include <rocksdb/cache.h>
+#include <rocksdb/db.h>
+#include <rocksdb/sst_file_writer.h>
+#include <rocksdb/table.h>
+#endif
+
+namespace dlrec::store {
+
+#ifdef DLREC_WITH_ROCKSDB
+
+namespace {
+
+namespace fs = std::filesystem;
+constexpr const char* kMetaKey = "!dlrec-store";
+constexpr const char* kFormat = "dlrec-embedding-store";
+constexpr int kStoreVersion = 1;
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "rows are stored as little-endian floats: a big-endian host needs byte swaps");
+
+std::string row_key(int table, int64_t id) {
+  std::string k(11, '\0');
+  k[0] = 'r';
+  k[1] = static_cast<char>((table >> 8) & 0xFF);
+  k[2] = static_cast<char>(table & 0xFF);
+  const auto u = static_cast<uint64_t>(id);
+  for (int b = 0; b < 8; ++b) k[3 + b] = static_cast<char>((u >> (56 - 8 * b)) & 0xFF);
+  return k;
+}
+
+json tables_json(const std::vector<TableInfo>& tables) {
+  json a = json::array();
+  for (const TableInfo& t : tables)
+    a.push_back({{"name", t.name}, {"feature", t.feature}, {"rows", t.rows}, {"dim", t.dim}});
+  return a;
+}
+
+std::string fnv1a_hex(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// Why the store's tables differ from the model's, or "" when they are equal.
+std::string table_difference(const std::vector<TableInfo>& have,
+                             const std::vector<TableInfo>& want) {
+  if (have.size() != want.size())
+    return "it holds " + std::to_string(have.size()) + " tables, the model has " +
+           std::to_string(want.size());
+  for (size_t k = 0; k < have.size(); ++k) {
+    const TableInfo &h = have[k], &w = want[k];
+    const std::string at = "table " + std::to_string(k) + " ('" + w.name + "')";
+    if (h.name != w.name || h.feature != w.feature)
+      return at + " is '" + h.name + "' (feature " + std::to_string(h.feature) + ") in the store";
+    if (h.rows != w.rows)
+      return at + " has " + std::to_string(h.rows) + " rows in the store, " +
+             std::to_string(w.rows) + " in the model";
+    if (h.dim != w.dim)
+      return at + " has dim " + std::to_string(h.dim) + " in the store, " + std::to_string(w.dim) +
+             " in the model";
+  }
+  return "";
+}
+
+int64_t dir_bytes(const std::string& path) {
+  int64_t total = 0;
+  std::error_code ec;
+  for (const auto& e : fs::recursive_directory_iterator(path, ec))
+    if (e.is_regular_file(ec)) total += static_cast<int64_t>(e.file_size(ec));
+  return total;
+}
+
+}  // namespace
+
+namespace {
+
+class RocksDbTier final : public Tier {
+ public:
+  RocksDbTier(const std::string& path, const std::vector<TableInfo>& expected,
+              int64_t block_cache_bytes)
+      : path_(path), tables_(expected), cache_bytes_(block_cache_bytes) {
+    DLREC_CHECK(fs::is_directory(path), "rocksdb tier: no store at '", path,
+                "' (write one with dlrec export --tiers rocksdb=DIR)");
+    rocksdb::Options options;
+    options.create_if_missing = false;
+    options.paranoid_checks = true;
+    options.info_log_level = rocksdb::InfoLogLevel::HEADER_LEVEL;
+    rocksdb::BlockBasedTableOptions table;
+    table.block_cache =
+        rocksdb::NewLRUCache(static_cast<size_t>(std::max<int64_t>(block_cache_bytes, 1)));
+    options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+    rocksdb::DB* db = nullptr;
+    const rocksdb::Status st = rocksdb::DB::OpenForReadOnly(options, path, &db);
+    DLREC_CHECK(st.ok(), "rocksdb tier: cannot open the store at '", path, "': ", st.ToString());
+    db_.reset(db);
+    check_meta();
+    disk_ = dir_bytes(path);
+  }
+  std::string name() const override { return "rocksdb"; }
+  bool complete() const override { return true; }
+  uint64_t version() const override { return row_set_version_; }
+  int64_t memory_bound() const override { return cache_bytes_; }
+  int64_t disk_bytes() const override { return disk_; }
+
+  void lookup(int table, const int64_t* ids, int64_t n, float* out, uint8_t* found) override {
+    const int64_t dim = tables_[table].dim;
+    std::vector<std::string> keys(static_cast<size_t>(n));
+    std::vector<rocksdb::Slice> slices(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      keys[i] = row_key(table, ids[i]);
+      slices[i] = keys[i];
+    }
+    std::vector<std::string> values;
+    rocksdb::ReadOptions ro;
+    ro.verify_checksums = true;
+    const std::vector<rocksdb::Status> st = db_->MultiGet(ro, slices, &values);
+    for (int64_t i = 0; i < n; ++i) {
+      if (st[i].IsNotFound()) continue;
+      DLREC_CHECK(st[i].ok(), "rocksdb tier '", path_, "': reading row ", ids[i], " of table '",
+                  tables_[table].name, "': ", st[i].ToString());
+      DLREC_CHECK(static_cast<int64_t>(values[i].size()) == dim * 4, "rocksdb tier '", path_,
+                  "': row ", ids[i], " of table '", tables_[table].name, "' holds ",
+                  values[i].size(), " bytes, expected ", dim * 4, " (", dim,
+                  " floats): the store is corrupt");
+      std::memcpy(out + i * dim, values[i].data(), static_cast<size_t>(dim) * 4);
+      found[i] = 1;
+    }
+  }
+
+ private:
+  void check_meta() {
+    std::string text;
+    const rocksdb::Status st = db_->Get(rocksdb::ReadOptions(), kMetaKey, &text);
+    DLREC_CHECK(!st.IsNotFound(), "rocksdb tier: '", path_,
+                "' is not a complete dlrec embedding store (no '", kMetaKey,
+                "' record: not written by dlrec export, or its export did not finish)");
+    DLREC_CHECK(st.ok(), "rocksdb tier '", path_, "': reading its meta record: ", st.ToString());
+    const std::string what = path_ + " (record " + kMetaKey + ")";
+    const json meta = parse_json(text, what);
+    DLREC_CHECK(meta.is_object() && meta.value("format", "") == kFormat, what,
+                ": not a dlrec embedding store (format field)");
+    const int version = meta.value("version", 0);
+    DLREC_CHECK(version == kStoreVersion, what, ": store format version ", version,
+                "; this dlrec reads version ", kStoreVersion, " (export the model again)");
+    DLREC_CHECK(meta.contains("tables") && meta["tables"].is_array(), what, ": no table list");
+    const std::string checksum = fnv1a_hex(meta["tables"].dump());
+    DLREC_CHECK(meta.value("checksum", "") == checksum, what,
+                ": the table list's checksum does not match (", meta.value("checksum", ""),
+                " recorded, ", checksum, " computed): the store is corrupt");
+    std::vector<TableInfo> have;
+    for (const json& t : meta["tables"])
+      have.push_back({t.at("name").get<std::string>(), t.at("feature").get<int64_t>(),
+                      t.at("rows").get<int64_t>(), t.at("dim").get<int64_t>()});
+    const std::string diff = table_difference(have, tables_);
+    DLREC_CHECK(diff.empty(), "rocksdb tier: the store at '", path_,
+                "' was written for another model: ", diff);
+    row_set_version_ = meta.value("row_set_version", uint64_t{1});
+  }
+
+  std::string path_;
+  std::vector<TableInfo> tables_;
+  int64_t cache_bytes_, disk_ = 0;
+  uint64_t row_set_version_ = 1;
+  std::unique_ptr<rocksdb::DB> db_;
+};
+
+}  // namespace
+
+bool rocksdb_available() { return true; }
+
+std::unique_ptr<Tier> open_rocksdb_tier(const std::string& path,
+                                        const std::vector<TableInfo>& expected,
+                                        int64_t block_cache_bytes) {
+  return std::make_unique<RocksDbTier>(path, expected, block_cache_bytes);
+}
+
+void write_rocksdb_store(const std::string& path, const std::vector<TableRows>& tables,
+                         bool overwrite) {
+  DLREC_CHECK(tables.size() < (size_t{1} << 16), "rocksdb store: at most 65535 tables");
+  for (const std::string& line : recover_dir(path))
+    std::fprintf(stderr, "export: %s\n", line.c_str());
+  if (fs::exists(path) && !overwrite)
+    fail("'", path, "' already exists (use --overwrite to replace it)");
+  const std::string tmp = staging_dir_for(path);
+  fs::remove_all(tmp);
+  try {
+    rocksdb::Options options;
+    options.create_if_missing = true;
+    options.error_if_exists = true;
+    options.compression = rocksdb::kNoCompression;  // float rows hardly compress
+    options.info_log_level = rocksdb::InfoLogLevel::HEADER_LEVEL;
+    rocksdb::DB* raw = nullptr;
+    rocksdb::Status st = rocksdb::DB::Open(options, tmp, &raw);
+    DLREC_CHECK(st.ok(), "rocksdb store: cannot create '", tmp, "': ", st.ToString());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    // Rows go into SST files written in key order (one per table and 1 GiB at most) and are
+    // ingested whole: several times faster than puts through the memtable.
+    std::vector<TableInfo> infos;
+    std::vector<std::string> files;
+    for (size_t k = 0; k < tables.size(); ++k) {
+      const TableRows& t = tables[k];
+      infos.push_back(t.info);
+      const size_t row_bytes = static_cast<size_t>(t.info.dim) * 4;
+      const int64_t rows_per_file =
+          std::max<int64_t>(1, (int64_t{1} << 30) / static_cast<int64_t>(row_bytes + 16));
+      for (int64_t first = 0; first < t.info.rows; first += rows_per_file) {
+        const std::string file = tmp + "/ingest_" + std::to_string(files.size()) + ".sst";
+        rocksdb::SstFileWriter writer(rocksdb::EnvOptions(), options);
+        st = writer.Open(file);
+        const int64_t end = std::min(t.info.rows, first + rows_per_file);
+        for (int64_t id = first; st.ok() && id < end; ++id) {
+          const char* row = reinterpret_cast<const char*>(t.data + id * t.info.dim);
+          st = writer.Put(row_key(static_cast<int>(k), id), rocksdb::Slice(row, row_bytes));
+        }
+        if (st.ok()) st = writer.Finish();
+        DLREC_CHECK(st.ok(), "rocksdb store '", tmp, "': writing table '", t.info.name,
+                    "': ", st.ToString());
+        files.push_back(file);
+      }
+    }
+    rocksdb::IngestExternalFileOptions ingest;
+    ingest.move_files = true;
+    if (!files.empty()) st = db->IngestExternalFile(files, ingest);
+    DLREC_CHECK(st.ok(), "rocksdb store '", tmp, "': ingesting the tables: ", st.ToString());
+    rocksdb::WriteOptions wo;
+    const json list = tables_json(infos);
+    const json meta = {{"format", kFormat},
+                       {"version", kStoreVersion},
+                       {"row_set_version", 1},
+                       {"tables", list},
+                       {"checksum", fnv1a_hex(list.dump())}};
+    st = db->Put(wo, kMetaKey, meta.dump());
+    if (st.ok()) st = db->Flush(rocksdb::FlushOptions());
+    DLREC_CHECK(st.ok(), "rocksdb store '", tmp, "': finishing: ", st.ToString());
+    st = db->Close();
+    DLREC_CHECK(st.ok(), "rocksdb store '", tmp, "': closing: ", st.ToString());
+    db.reset();
+    replace_dir(tmp, path);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+#else  // built without librocksdb-dev
+
+bool rocksdb_available() { return false; }
+
+std::unique_ptr<Tier> open_rocksdb_tier(const std::string& path, const std::vector<TableInfo>&,
+                                        int64_t) {
+  fail("rocksdb tier ('", path,
+       "'): this dlrec was built without RocksDB (librocksdb-dev; scripts/install-deps.sh)");
+}
+
+void write_rocksdb_store(const std::string& path, const std::vector<TableRows>&, bool) {
+  fail("export to RocksDB ('", path,
+       "'): this dlrec was built without RocksDB (librocksdb-dev; scripts/install-deps.sh)");
+}
+
+#endif
+
+}  // namespace dlrec::store
