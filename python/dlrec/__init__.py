@@ -31,12 +31,7 @@ def _json_text(value, what):
     if isinstance(value, (dict, list)):
         return json.dumps(value)
     if isinstance(value, (str, os.PathLike)):
-        path = os.fspath(value)
-        try:
-            with open(path, encoding="utf-8") as f:
-                return f.read()
-        except OSError as e:
-            raise ValueError(f"{what}: cannot read '{path}': {e.strerror}") from None
+        return _dlrec.read_json_file(os.fspath(value))  # errors name the file, as the CLI's
     raise TypeError(f"{what} must be a dict or the path of a JSON file, got "
                     f"{type(value).__name__}")
 
@@ -177,16 +172,24 @@ def train(config, data, run, resume=False, progress=None, metrics_log=None, **ov
     runs; metrics_log: also keep those records in this file (JSON lines).
     Returns steps, samples, seconds, last_loss, logged_losses and eval (None without a
     validation split)."""
-    cfg = json.loads(_json_text(config, "config"))
     for key, value in overrides.items():
         if key not in _TRAIN_OVERRIDES:
             raise TypeError(f"train() got an unexpected keyword argument '{key}' (overrides: "
                             f"{', '.join(_TRAIN_OVERRIDES)})")
-        if value is not None:
-            cfg.setdefault("train", {})[key] = value
+        want = str if key in ("device", "precision") else int
+        if value is not None and (not isinstance(value, want) or isinstance(value, bool)):
+            raise TypeError(f"train(): {key} must be {want.__name__}, got {type(value).__name__}")
+    overrides = {k: v for k, v in overrides.items() if v is not None}
     if progress is not None and not callable(progress):
         raise TypeError("progress must be callable")
-    args = (json.dumps(cfg), os.fspath(data), os.fspath(run), bool(resume))
+    if isinstance(config, (str, os.PathLike)):
+        config_path, config_json = os.fspath(config), ""
+    elif isinstance(config, dict):
+        config_path, config_json = "", json.dumps(config)
+    else:
+        raise TypeError(f"config must be a dict or the path of a JSON file, got "
+                        f"{type(config).__name__}")
+    args = (config_path, config_json, overrides, os.fspath(data), os.fspath(run), bool(resume))
     if progress is None:
         return _dlrec.train(*args, "" if metrics_log is None else os.fspath(metrics_log))
     return _train_with_progress(args, progress, metrics_log)
@@ -196,7 +199,7 @@ def _train_with_progress(args, progress, metrics_log):
     """Runs the trainer on a thread (it releases the GIL) and hands each new line of its
     metrics log to `progress` on this thread."""
     own_log = metrics_log is None
-    log = os.path.join(os.fspath(args[2]) + ".progress.jsonl") if own_log else \
+    log = os.fspath(args[4]) + ".progress.jsonl" if own_log else \
         os.fspath(metrics_log)
     start = os.path.getsize(log) if os.path.exists(log) else 0
     outcome = {}

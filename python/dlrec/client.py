@@ -5,7 +5,8 @@
     p = c.infer("m", {"I1": np.array([1.0, np.nan], np.float32), "C1": ["68fd1e64", ""]})
 
 Requests are JSON; with binary=True the tensors travel in the binary tensor extension (no
-text encoding of the numbers). Errors of the server raise ServerError (a RuntimeError) with its
+text encoding of the numbers), and so does any float tensor holding NaN (missing values, which
+JSON cannot carry). Errors of the server raise ServerError (a RuntimeError) with its
 HTTP status and message; connection errors are the standard library's (OSError).
 """
 import json
@@ -121,7 +122,8 @@ class Client:
         for name, values in inputs.items():
             dt, shape, data = _tensor(name, values)
             t = {"name": name, "datatype": dt, "shape": shape}
-            if binary:
+            # JSON has no NaN: a float tensor with missing values (NaN) travels as binary.
+            if binary or (dt in ("FP32", "FP64") and not np.isfinite(data).all()):
                 blob = (b"".join(struct.pack("<I", len(b)) + b for b in data) if dt == "BYTES"
                         else data.astype(data.dtype.newbyteorder("<"), copy=False).tobytes())
                 t["parameters"] = {"binary_data_size": len(blob)}
@@ -130,9 +132,9 @@ class Client:
                 t["data"] = ([b.decode("utf-8", errors="strict") for b in data] if dt == "BYTES"
                              else data.reshape(-1).tolist())
             head["inputs"].append(t)
-        body = json.dumps(head, allow_nan=True).encode()
+        body = json.dumps(head).encode()
         headers = {"Content-Type": "application/json"}
-        if binary:
+        if blobs:
             headers["Inference-Header-Content-Length"] = str(len(body))
             headers["Content-Type"] = "application/octet-stream"
             body += b"".join(blobs)

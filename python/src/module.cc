@@ -33,6 +33,9 @@ PYBIND11_MODULE(_dlrec, m) {
   py::register_exception<dlrec::Error>(m, "Error", PyExc_RuntimeError);
   m.def("set_progress_quiet", &dlrec::set_progress_quiet, py::arg("quiet"),
         "Silences (True) or restores the progress lines dlrec prints to stderr.");
+  m.def(
+      "read_json_file", [](const std::string& path) { return dlrec::read_json_file(path).dump(); },
+      py::arg("path"), "A JSON file's text, parsed and checked as dlrec reads its files.");
   dlrec::python::bind_etl(m);
   dlrec::python::bind_train(m);
 }

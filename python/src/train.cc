@@ -57,12 +57,33 @@ struct PyPredictor {
 }  // namespace
 
 void bind_train(py::module_& m) {
+  // `dlrec train`: the run config from its file (`config_path`, errors name it) or JSON text,
+  // with the CLI's overrides of "train" keys (`overrides`: batch_size, epochs, max_steps,
+  // device, precision) applied after loading, as its flags are.
   m.def(
       "train",
-      [](const std::string& config_json, const std::string& data, const std::string& run,
-         bool resume, const std::string& metrics_log) {
+      [](const std::string& config_path, const std::string& config_json, const py::dict& overrides,
+         const std::string& data, const std::string& run, bool resume,
+         const std::string& metrics_log) {
         model::RunConfig cfg =
-            model::RunConfig::from_json(parse_py_json(config_json, "the run config"));
+            config_path.empty()
+                ? model::RunConfig::from_json(parse_py_json(config_json, "the run config"))
+                : model::RunConfig::load(config_path);
+        for (const auto& kv : overrides) {
+          const std::string key = kv.first.cast<std::string>();
+          if (key == "batch_size")
+            cfg.train.batch_size = kv.second.cast<int64_t>();
+          else if (key == "epochs")
+            cfg.train.epochs = kv.second.cast<int>();
+          else if (key == "max_steps")
+            cfg.train.max_steps = kv.second.cast<int64_t>();
+          else if (key == "device")
+            cfg.train.device = kv.second.cast<std::string>();
+          else if (key == "precision")
+            cfg.train.precision = kv.second.cast<std::string>();
+          else
+            fail("internal: unknown override '", key, "'");
+        }
         train::TrainerOptions opt;
         opt.data_dir = data;
         opt.run_dir = run;
@@ -76,8 +97,8 @@ void bind_train(py::module_& m) {
         }
         return train_result_dict(r);
       },
-      py::arg("config_json"), py::arg("data"), py::arg("run"), py::arg("resume"),
-      py::arg("metrics_log"));
+      py::arg("config_path"), py::arg("config_json"), py::arg("overrides"), py::arg("data"),
+      py::arg("run"), py::arg("resume"), py::arg("metrics_log"));
 
   // `dlrec eval`: the run's checkpoint on the validation split of its dataset (or `data`).
   m.def(

@@ -34,7 +34,9 @@ def cli_error(*args):
     """The message of a failing CLI command (its 'dlrec: error: ...' line)."""
     r = subprocess.run([DLREC, *map(str, args)], capture_output=True, text=True)
     assert r.returncode != 0, f"dlrec {' '.join(map(str, args))} did not fail"
-    return r.stderr.strip()
+    lines = [line for line in r.stderr.splitlines() if line.startswith("dlrec: error: ")]
+    assert lines, r.stderr
+    return lines[-1]
 
 
 # Categorify with a low threshold, so that ids of a small dataset are not all "rare".
