@@ -47,8 +47,8 @@ uint64_t text_key(std::string_view v, const io::Schema& schema, const std::strin
 // Checks offsets [n + 1] into `size` values: 0 first, non-decreasing, `size` last.
 void check_offsets(const int64_t* o, int64_t n, int64_t size, const std::string& col,
                    const char* what) {
-  DLREC_CHECK(o[0] == 0 && o[n] == size, "column '", col, "': ", what, " must start at 0 and end at ",
-              size, ", got ", o[0], " and ", o[n]);
+  DLREC_CHECK(o[0] == 0 && o[n] == size, "column '", col, "': ", what,
+              " must start at 0 and end at ", size, ", got ", o[0], " and ", o[n]);
   for (int64_t i = 0; i < n; ++i)
     DLREC_CHECK(o[i] <= o[i + 1], "column '", col, "': ", what, " decrease at row ", i);
 }
@@ -124,11 +124,14 @@ void fill_cat(io::RawChunk& out, int c, const py::tuple& desc, const io::Schema&
       }
     }
   }
-  DLREC_CHECK(multi_hot || [&] {
-    for (int64_t r = 0; r < rows; ++r)
-      if (offs[r + 1] - offs[r] > 1) return false;
-    return true;
-  }(), "column '", col, "' is one-hot in the schema but a row holds several values");
+  DLREC_CHECK(
+      multi_hot ||
+          [&] {
+            for (int64_t r = 0; r < rows; ++r)
+              if (offs[r + 1] - offs[r] > 1) return false;
+            return true;
+          }(),
+      "column '", col, "' is one-hot in the schema but a row holds several values");
 }
 
 // Raw rows (io::RawChunk) from the Python side's columns, in schema order: label (float32 [rows]
@@ -237,8 +240,7 @@ void bind_etl(py::module_& m) {
         const io::Schema s = io::Schema::from_json(parse_py_json(schema_json, "the schema"));
         return make_rows(s, rows, label, dense, cats);
       },
-      py::arg("schema_json"), py::arg("rows"), py::arg("label"), py::arg("dense"),
-      py::arg("cats"));
+      py::arg("schema_json"), py::arg("rows"), py::arg("label"), py::arg("dense"), py::arg("cats"));
 
   py::class_<PyWorkflow>(m, "Workflow")
       .def_static("from_config",
@@ -247,8 +249,7 @@ void bind_etl(py::module_& m) {
                     auto pw = std::make_unique<PyWorkflow>();
                     pw->w = std::make_unique<etl::Workflow>(etl::Workflow::from_config(
                         parse_py_json(config_json, "the workflow config"),
-                        io::Schema::from_json(parse_py_json(schema_json, "the schema")),
-                        base_dir));
+                        io::Schema::from_json(parse_py_json(schema_json, "the schema")), base_dir));
                     return pw;
                   })
       .def_static("load",

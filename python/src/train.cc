@@ -165,9 +165,8 @@ void bind_train(py::module_& m) {
              }
              return to_numpy(std::move(out));
            })
-      .def("schema_json", [](const PyPredictor& pp) {
-        return pp.p->workflow().schema().to_json().dump();
-      })
+      .def("schema_json",
+           [](const PyPredictor& pp) { return pp.p->workflow().schema().to_json().dump(); })
       .def("config_json", [](const PyPredictor& pp) { return pp.p->config().to_json().dump(); })
       .def("device", [](const PyPredictor& pp) { return pp.p->device().str(); });
 }
