@@ -76,11 +76,17 @@ def _offsets_from_valid(valid):
 
 def _strings(name, arr):
     """(bytes uint8, offsets int64) of a NumPy array of str/bytes (None = empty = missing)."""
-    items = [b"" if x is None else (x.encode() if isinstance(x, str) else bytes(x))
-             for x in arr.tolist()]
-    for x in items:
-        if not isinstance(x, bytes):
-            raise TypeError(f"categorical column '{name}' holds {type(x).__name__} values")
+    items = []
+    for x in arr.tolist():
+        if x is None:
+            items.append(b"")
+        elif isinstance(x, str):
+            items.append(x.encode())
+        elif isinstance(x, (bytes, bytearray)):
+            items.append(bytes(x))
+        else:
+            raise TypeError(f"categorical column '{name}' holds {type(x).__name__} values; "
+                            "it needs str or bytes (or an integer array of keys)")
     lengths = np.fromiter((len(x) for x in items), dtype=np.int64, count=len(items))
     offsets = np.zeros(len(items) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -93,7 +99,7 @@ def _numpy_cat(name, col, rows):
     if isinstance(col, tuple):
         if len(col) != 2:
             raise ValueError(f"categorical column '{name}': a multi-hot column is a pair "
-                             "(offsets, keys), got a tuple of {len(col)}")
+                             f"(offsets, keys), got a tuple of {len(col)}")
         offsets = np.asarray(col[0])
         keys = np.asarray(col[1])
         if offsets.dtype.kind not in "iu" or offsets.ndim != 1:

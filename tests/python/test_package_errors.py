@@ -108,7 +108,9 @@ def test_bad_rows(wf):
         wf.transform(dict(rows(), c=np.zeros(4, np.float32)))
     with pytest.raises(ValueError, match="column 'c' needs a 1-D array"):
         wf.transform(dict(rows(), c=np.zeros((2, 2), np.int64)))
-    with pytest.raises(ValueError, match="pair"):
+    with pytest.raises(TypeError, match="categorical column 'c' holds int values"):
+        wf.transform(dict(rows(), c=np.array(["a", 5, "b", None], dtype=object)))
+    with pytest.raises(ValueError, match="a pair \\(offsets, keys\\), got a tuple of 1"):
         wf.transform(dict(rows(), m=(np.arange(5),)))
     with pytest.raises(ValueError, match="column 'm' has 3 rows"):
         wf.transform(dict(rows(), m=(np.arange(4), np.arange(3))))
