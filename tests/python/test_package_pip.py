@@ -25,7 +25,8 @@ import json, sys, numpy as np, dlrec
 assert dlrec.__file__.startswith(sys.argv[1]), dlrec.__file__
 schema = {"format": "csv", "columns": [{"name": "x", "kind": "dense"},
                                        {"name": "c", "kind": "categorical"}]}
-wf = dlrec.Workflow({"pipeline": [{"columns": ["c"], "ops": [{"op": "Categorify"}]}]}, schema)
+wf = dlrec.Workflow({"pipeline": [{"columns": ["x"], "ops": [{"op": "FillMissing"}]},
+                                   {"columns": ["c"], "ops": [{"op": "Categorify"}]}]}, schema)
 rows = {"x": np.array([1.5, np.nan, 3.0]), "c": np.array(["a", "b", "a"])}
 out = wf.fit(rows).transform(rows)
 try:
@@ -46,7 +47,7 @@ def test_pip_install_builds_a_working_package(tmp_path):
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     t = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", SOURCE_DIR, "--no-deps",
-                        "--no-build-isolation", "--disable-pip-version-check", "-w",
+                        "--no-build-isolation", "--no-cache-dir", "--disable-pip-version-check", "-w",
                         str(tmp_path / "wheel"), "-C", f"build-dir={build_dir}",
                         "-C", "cmake.define.DLREC_CUDA=OFF"],
                        capture_output=True, text=True, env=env)
@@ -68,7 +69,8 @@ def test_pip_install_builds_a_working_package(tmp_path):
     # The same rows through the build tree's package.
     schema = {"format": "csv", "columns": [{"name": "x", "kind": "dense"},
                                            {"name": "c", "kind": "categorical"}]}
-    wf = dlrec.Workflow({"pipeline": [{"columns": ["c"], "ops": [{"op": "Categorify"}]}]}, schema)
+    wf = dlrec.Workflow({"pipeline": [{"columns": ["x"], "ops": [{"op": "FillMissing"}]},
+                                      {"columns": ["c"], "ops": [{"op": "Categorify"}]}]}, schema)
     rows = {"x": np.array([1.5, np.nan, 3.0]), "c": np.array(["a", "b", "a"])}
     want = wf.fit(rows).transform(rows)
     assert got["ids"] == want["cat_ids"][0].tolist()
