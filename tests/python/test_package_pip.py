@@ -47,8 +47,8 @@ def test_pip_install_builds_a_working_package(tmp_path):
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     t = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", SOURCE_DIR, "--no-deps",
-                        "--no-build-isolation", "--no-cache-dir", "--disable-pip-version-check", "-w",
-                        str(tmp_path / "wheel"), "-C", f"build-dir={build_dir}",
+                        "--no-build-isolation", "--no-cache-dir", "--disable-pip-version-check",
+                        "-w", str(tmp_path / "wheel"), "-C", f"build-dir={build_dir}",
                         "-C", "cmake.define.DLREC_CUDA=OFF"],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-6000:]
