@@ -15,7 +15,10 @@ $SUDO apt-get install -y --no-install-recommends \
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libcpp-httplib-dev \
   clang-14 libclang-rt-14-dev \
   openmpi-bin libopenmpi-dev procps \
-  librocksdb-dev redis-server libhiredis-dev
+  librocksdb-dev redis-server libhiredis-dev \
+  pybind11-dev python3-dev
+# pybind11-dev (2.10.3 in Debian 12) and python3-dev (Python's headers) build the Python
+# package's extension module (python/, docs/PYTHON.md) in the normal build and in `pip install .`.
 # openmpi-bin libopenmpi-dev: Open MPI 4.1 (Debian 12) for training across processes (mpirun,
 # docs/DISTRIBUTED.md); tests/dist runs jobs of 2 to 4 ranks with it, and procps' pgrep finds a
 # rank to kill in the dead-rank test.
