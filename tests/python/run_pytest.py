@@ -5,8 +5,12 @@ skips itself at import (pytest.importorskip). ctest would count that as a failur
 prints the skip reasons (-rs) and exits 77 when no test passed or failed and at least one was
 skipped (or none was collected), which tests/CMakeLists.txt declares as SKIP_RETURN_CODE, so
 ctest lists the test as "Skipped" with the reason in its output instead of failing the run.
+The tests' temporary folders (tmp_path) live under one folder per run that is removed at the
+end, so that nothing is left in /tmp (pytest keeps its last runs' folders otherwise).
 """
+import shutil
 import sys
+import tempfile
 
 import pytest
 
@@ -31,7 +35,12 @@ class Outcomes:
 
 def main(argv):
     outcomes = Outcomes()
-    rc = pytest.main(["-q", "-rs", "-p", "no:cacheprovider", *argv], plugins=[outcomes])
+    base = tempfile.mkdtemp(prefix="dlrec-pytest-")
+    try:
+        rc = pytest.main(["-q", "-rs", "-p", "no:cacheprovider", "--basetemp", base, *argv],
+                         plugins=[outcomes])
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
     if rc in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED) and outcomes.ran == 0:
         print(f"run_pytest: SKIPPED, no test could run here ({outcomes.skipped} skipped; "
               "reasons above)", flush=True)
