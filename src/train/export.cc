@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "dlrec/compress/quantize.h"
 #include "dlrec/compress/sparsity.h"
 #include "dlrec/core/file_util.h"
 #include "dlrec/io/tensor_file.h"
@@ -60,7 +61,7 @@ void check_finite(const std::vector<model::NamedTensor>& params) {
 // ("<out_dir>.tmp.<pid>") and puts it in place with replace_dir (an existing out_dir is replaced
 // only with `overwrite`): out_dir names a complete model, old or new, at every moment, even if
 // the process is killed. Leftovers of a killed export are cleaned first (recover_dir).
-void write_model_dir(const std::string& out_dir, bool overwrite, const json& meta,
+void write_model_dir(const std::string& out_dir, bool overwrite, json meta,
                      model::Model& model, const etl::Workflow& wf, OnnxExport onnx) {
   for (const std::string& line : recover_dir(out_dir))
     std::fprintf(stderr, "export: %s\n", line.c_str());
@@ -72,6 +73,13 @@ void write_model_dir(const std::string& out_dir, bool overwrite, const json& met
   json weights_meta = {{"kind", "weights"}};
   for (auto& t : model.masks()) params.push_back(t);
   if (!model.masks().empty()) weights_meta["masks"] = compress::mask_names(model);
+  // INT8 layers: their int8 weights and scales beside the fp32 ones (docs/COMPRESSION.md).
+  json quant;
+  for (auto& t : compress::quant_tensors(model, quant)) params.push_back(t);
+  if (!quant.is_null()) weights_meta["quant"] = quant;
+  // Version 2 only where needed: plain models stay readable by builds before masks and INT8.
+  const bool compressed = weights_meta.contains("masks") || weights_meta.contains("quant");
+  meta["version"] = compressed ? kModelFormatVersion : kModelFormatOldest;
   const std::string tmp = staging_dir_for(out_dir);
   fs::remove_all(tmp);
   make_dirs(tmp);
@@ -134,6 +142,18 @@ void export_initialized(const std::string& config_path, const std::string& data_
   write_model_dir(out_dir, overwrite, meta, *model, wf, onnx);
 }
 
+void export_loaded_model(model::Model& model, const model::RunConfig& config,
+                         const io::ShardLayout& layout, int64_t step, const etl::Workflow& wf,
+                         const std::string& out_dir, bool overwrite) {
+  DLREC_CHECK(wf.output_layout() == layout, "export: the workflow does not match the layout");
+  json meta = {{"format", "dlrec-model"},
+               {"version", kModelFormatVersion},
+               {"config", config.to_json()},
+               {"layout", layout.to_json()},
+               {"step", step}};
+  write_model_dir(out_dir, overwrite, meta, model, wf, OnnxExport::None);
+}
+
 struct Predictor::Impl {
   model::RunConfig cfg;
   std::unique_ptr<etl::Workflow> wf;
@@ -146,8 +166,11 @@ Predictor::Predictor(const std::string& dir, Device device, const std::string& p
   DLREC_CHECK(meta.value("format", "") == "dlrec-model", "'", dir,
               "/model.json' is not a dlrec model (format field)");
   int version = meta.value("version", 0);
-  DLREC_CHECK(version == kModelFormatVersion, "'", dir, "' has model format version ", version,
-              "; this dlrec reads version ", kModelFormatVersion);
+  DLREC_CHECK(version <= kModelFormatVersion, "'", dir, "' has model format version ", version,
+              ", newer than this dlrec reads (", kModelFormatOldest, " .. ", kModelFormatVersion,
+              "): it was written by a newer dlrec (compressed models); use that build");
+  DLREC_CHECK(version >= kModelFormatOldest, "'", dir, "' has model format version ", version,
+              "; this dlrec reads versions ", kModelFormatOldest, " .. ", kModelFormatVersion);
   impl_->cfg = model::RunConfig::from_json(meta.at("config"));
   io::ShardLayout layout = io::ShardLayout::from_json(meta.at("layout"));
   impl_->wf = std::make_unique<etl::Workflow>(etl::Workflow::load(dir + "/workflow.json"));
@@ -167,10 +190,14 @@ Predictor::Predictor(const std::string& dir, Device device, const std::string& p
     load.allow_extra = weights_meta.is_object() && weights_meta.contains("masks");
   else
     compress::prepare_masks(weights_meta, weights, mdl);
+  // INT8 records (CPU engine only: a CUDA model refuses them here).
+  const std::vector<model::NamedTensor> quant = compress::prepare_quant(weights_meta, weights, mdl);
   std::vector<model::NamedTensor> targets = mdl.parameters();
   for (auto& t : mdl.masks()) targets.push_back(t);
+  targets.insert(targets.end(), quant.begin(), quant.end());
   io::load_tensors(weights, targets, load);
   compress::apply_loaded_masks(weights, mdl);
+  compress::apply_loaded_quant(quant, weights, mdl);
 }
 
 Predictor::~Predictor() = default;
