@@ -1,8 +1,9 @@
 // dlrec compress: one-shot 2:4 magnitude pruning of a trained run (docs/COMPRESSION.md).
+#include "cmd_compress.h"
+
 #include <cstdio>
 #include <filesystem>
 
-#include "cmd_compress.h"
 #include "commands.h"
 #include "dlrec/compress/sparsity.h"
 #include "dlrec/core/file_util.h"

@@ -7,7 +7,7 @@ namespace dlrec::cli {
 
 struct QuantizeArgs {
   std::string run, out, layers, skip, calibration, calib_data;
-  double percentile = -1;                   // < 0: the config's (or the default)
+  double percentile = -1;                             // < 0: the config's (or the default)
   int64_t calib_batches = -1, calib_batch_size = -1;  // < 0: the config's (or the default)
   bool overwrite = false;
 };

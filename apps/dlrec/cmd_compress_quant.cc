@@ -22,8 +22,10 @@ std::vector<std::string> comma_list(const std::string& s, const char* what) {
   std::stringstream in(s);
   std::string name;
   while (std::getline(in, name, ','))
-    if (name.empty()) fail("dlrec compress ", what, ": an empty name in '", s, "'");
-    else out.push_back(name);
+    if (name.empty())
+      fail("dlrec compress ", what, ": an empty name in '", s, "'");
+    else
+      out.push_back(name);
   if (!s.empty() && s.back() == ',') fail("dlrec compress ", what, ": an empty name in '", s, "'");
   return out;
 }
@@ -113,15 +115,16 @@ int run_compress_quantize(const QuantizeArgs& a) {
   train::export_loaded_model(*model, cfg, data.layout, st.step, wf, a.out, a.overwrite);
 
   json report = {{"calibration", q.to_json()},
-                 {"calibration_rows", [&] {
+                 {"calibration_rows",
+                  [&] {
                     int64_t n = 0;
                     for (const auto& b : batches) n += b.rows;
                     return n;
                   }()},
                  {"run", fs::absolute(a.run).lexically_normal().string()},
                  {"layers", json::array()}};
-  std::printf("%-10s %-18s %6s %10s %10s %10s %10s\n", "layer", "weight", "int8", "max|x|",
-              "clip", "out_relL2", "w_relL2");
+  std::printf("%-10s %-18s %6s %10s %10s %10s %10s\n", "layer", "weight", "int8", "max|x|", "clip",
+              "out_relL2", "w_relL2");
   for (const auto& l : layers) {
     report["layers"].push_back({{"layer", l.layer},
                                 {"weight", l.weight},
@@ -143,10 +146,11 @@ int run_compress_quantize(const QuantizeArgs& a) {
                             {"int8", eval_json(int8)},
                             {"auc_delta", int8.auc - fp32.auc},
                             {"logloss_delta", int8.logloss - fp32.logloss}};
-    std::printf("validation (%lld rows): fp32 AUC %.6f logloss %.6f | int8 AUC %.6f logloss %.6f "
-                "| dAUC %+.6f\n",
-                static_cast<long long>(fp32.rows), fp32.auc, fp32.logloss, int8.auc, int8.logloss,
-                int8.auc - fp32.auc);
+    std::printf(
+        "validation (%lld rows): fp32 AUC %.6f logloss %.6f | int8 AUC %.6f logloss %.6f "
+        "| dAUC %+.6f\n",
+        static_cast<long long>(fp32.rows), fp32.auc, fp32.logloss, int8.auc, int8.logloss,
+        int8.auc - fp32.auc);
   } else {
     report["validation"] = nullptr;
     std::printf("no validation split in '%s': model AUC not measured\n", data_dir.c_str());

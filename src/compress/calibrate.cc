@@ -19,7 +19,8 @@ constexpr int64_t kLevels = 128;  // the non-negative int8 levels 0..127 of |x|
 // Pass 1: NaN/Inf check and the largest |x| of a layer's input.
 class RangeObserver final : public nn::LinearHook {
  public:
-  RangeObserver(std::string weight, const int64_t* batch) : weight_(std::move(weight)), batch_(batch) {}
+  RangeObserver(std::string weight, const int64_t* batch)
+      : weight_(std::move(weight)), batch_(batch) {}
   bool forward(const Tensor&, const Tensor&, bool, Tensor&) override { return false; }
   void observe(const Tensor& x, const Tensor&, bool, const Tensor&) override {
     const float* v = x.data<float>();
@@ -180,8 +181,8 @@ std::vector<std::pair<model::PrunableWeight, bool>> select_weights(const Quantiz
   std::vector<std::pair<model::PrunableWeight, bool>> out;
   std::set<std::string> used;
   for (const auto& w : all) {
-    if (!cfg.all_dense && std::find(cfg.layers.begin(), cfg.layers.end(), w.layer) ==
-                              cfg.layers.end())
+    if (!cfg.all_dense &&
+        std::find(cfg.layers.begin(), cfg.layers.end(), w.layer) == cfg.layers.end())
       continue;
     const std::string base = w.name.substr(0, w.name.size() - 7);
     bool skip = false;
@@ -247,7 +248,8 @@ std::vector<LayerQuant> calibrate_and_quantize(const QuantizeConfig& config, mod
   // Pass 1: ranges (and the NaN check).
   std::vector<std::shared_ptr<RangeObserver>> ranges(out.size());
   for (size_t i = 0; i < out.size(); ++i)
-    if (!out[i].skipped) params[i]->quant = ranges[i] = std::make_shared<RangeObserver>(out[i].weight, &batch);
+    if (!out[i].skipped)
+      params[i]->quant = ranges[i] = std::make_shared<RangeObserver>(out[i].weight, &batch);
   try {
     run_batches(model, batches, batch);
     // Pass 2: histograms below the largest |x|.

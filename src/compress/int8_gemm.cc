@@ -97,8 +97,8 @@ bool int8_avx2_available() {
 #endif
 }
 
-void int8_gemm_reference(const int8_t* qx, const int8_t* qw, int64_t rows, int64_t out,
-                         int64_t in, int32_t* acc) {
+void int8_gemm_reference(const int8_t* qx, const int8_t* qw, int64_t rows, int64_t out, int64_t in,
+                         int32_t* acc) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < out; ++j) {
       int32_t s = 0;
@@ -141,8 +141,7 @@ void int8_linear(const Tensor& x, float x_scale, const QuantWeight& w, const Ten
   const int64_t B = nn::check_matrix(x, w.in, "int8 Linear input");
   DLREC_CHECK(bias.defined() && bias.dtype() == DType::F32 && bias.numel() == w.out,
               "int8 Linear: the bias must be F32 of ", w.out, " values");
-  DLREC_CHECK(x_scale > 0.f && std::isfinite(x_scale), "int8 Linear: bad input scale ",
-              x_scale);
+  DLREC_CHECK(x_scale > 0.f && std::isfinite(x_scale), "int8 Linear: bad input scale ", x_scale);
   nn::ensure_buffer(y, {B, w.out});
   if (B == 0) return;
   const int64_t in = w.in, out = w.out;

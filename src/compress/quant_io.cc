@@ -13,8 +13,8 @@ namespace {
 std::vector<std::string> read_names(ConfigReader& r, const std::string& key, bool allow_empty) {
   const json v = r.get<json>(key, json::array());
   if (!v.is_array() || (!allow_empty && v.empty()))
-    fail(r.key_path(key), ": must be a ", allow_empty ? "" : "non-empty ",
-         "list of names, got ", dump_json_safe(v));
+    fail(r.key_path(key), ": must be a ", allow_empty ? "" : "non-empty ", "list of names, got ",
+         dump_json_safe(v));
   std::vector<std::string> out;
   std::set<std::string> seen;
   for (const json& n : v) {
@@ -34,8 +34,7 @@ void QuantizeConfig::validate(const std::string& where) const {
     fail(where, ".calibration: unknown method '", calibration,
          "' (choose max, percentile or entropy)");
   if (!(percentile > 50.0 && percentile < 100.0))
-    fail(where, ".percentile: must be in (50, 100) (e.g. 99.9, 99.99, 99.999), got ",
-         percentile);
+    fail(where, ".percentile: must be in (50, 100) (e.g. 99.9, 99.99, 99.999), got ", percentile);
   if (batches < 1 || batch_size < 1)
     fail(where, ": batches and batch_size must be >= 1, got ", batches, " and ", batch_size);
 }
@@ -64,7 +63,7 @@ QuantizeConfig QuantizeConfig::from_json(ConfigReader& r) {
 }
 
 json QuantizeConfig::to_json() const {
-  json j = {{"dtype", "int8"},         {"skip", skip},       {"calibration", calibration},
+  json j = {{"dtype", "int8"},          {"skip", skip},       {"calibration", calibration},
             {"percentile", percentile}, {"batches", batches}, {"batch_size", batch_size}};
   j["layers"] = all_dense ? json("all_dense") : json(layers);
   return j;

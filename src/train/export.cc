@@ -61,8 +61,8 @@ void check_finite(const std::vector<model::NamedTensor>& params) {
 // ("<out_dir>.tmp.<pid>") and puts it in place with replace_dir (an existing out_dir is replaced
 // only with `overwrite`): out_dir names a complete model, old or new, at every moment, even if
 // the process is killed. Leftovers of a killed export are cleaned first (recover_dir).
-void write_model_dir(const std::string& out_dir, bool overwrite, json meta,
-                     model::Model& model, const etl::Workflow& wf, OnnxExport onnx) {
+void write_model_dir(const std::string& out_dir, bool overwrite, json meta, model::Model& model,
+                     const etl::Workflow& wf, OnnxExport onnx) {
   for (const std::string& line : recover_dir(out_dir))
     std::fprintf(stderr, "export: %s\n", line.c_str());
   if (fs::exists(out_dir) && !overwrite)

@@ -77,7 +77,7 @@ const World& world() {
                 "cross_layers": 2},
       "optimizer": {"type": "adam", "lr": 0.01},
       "train": {"batch_size": 128, "epochs": 1, "log_every": 0}})",
-                                                                         "test config"));
+                                                                        "test config"));
     train::TrainerOptions opt;
     opt.data_dir = x.data;
     opt.run_dir = x.run;
@@ -110,8 +110,8 @@ io::Batch valid_batch(const std::string& data) {
   return b;
 }
 
-#define SKIP_WITHOUT_CLI()                        \
-  if (!file_exists(dlrec_bin()))                  \
+#define SKIP_WITHOUT_CLI()       \
+  if (!file_exists(dlrec_bin())) \
   GTEST_SKIP() << "the dlrec binary is not built (" << dlrec_bin() << ")"
 
 }  // namespace
@@ -136,8 +136,7 @@ TEST(Int8Run, QuantizeReportExportAndPredict) {
 
   const json model_json = read_json_file(int8 + "/model.json");
   EXPECT_EQ(model_json.at("version"), train::kModelFormatVersion);
-  EXPECT_EQ(model_json.at("config").at("compress").at("quantize").at("calibration"),
-            "percentile");
+  EXPECT_EQ(model_json.at("config").at("compress").at("quantize").at("calibration"), "percentile");
   const json meta = io::read_tensor_meta(int8 + "/weights.dlrec");
   ASSERT_TRUE(meta.contains("quant")) << meta.dump();
   EXPECT_EQ(meta.at("quant").at("weights").size(), 5u);  // bottom 2, cross 2, top.0
@@ -163,7 +162,8 @@ TEST(Int8Run, QuantizeReportExportAndPredict) {
   const std::vector<float> a = p32.predict(b), q = p8.predict(b);
   ASSERT_EQ(a.size(), q.size());
   double max_diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) max_diff = std::max(max_diff, std::fabs(double(a[i]) - q[i]));
+  for (size_t i = 0; i < a.size(); ++i)
+    max_diff = std::max(max_diff, std::fabs(double(a[i]) - q[i]));
   EXPECT_GT(max_diff, 0.0);
   EXPECT_LT(max_diff, 0.05);
   // Loading is deterministic: a second predictor gives the same bits.
@@ -194,7 +194,8 @@ TEST(Int8Run, QuantizeReportExportAndPredict) {
     EXPECT_NEAR(v, want[i], 1e-6) << "line " << i;
   }
   // Another calibration over the same directory.
-  ASSERT_EQ(run_cli("compress --run " + w.run + " --out " + int8 + " --quantize --overwrite"
+  ASSERT_EQ(run_cli("compress --run " + w.run + " --out " + int8 +
+                        " --quantize --overwrite"
                         " --calibration entropy --calib-batches 1 --calib-batch-size 300",
                     &text),
             0)
@@ -228,9 +229,9 @@ TEST(Int8Run, CorruptInt8RecordsAreRefused) {
   const std::string dir = fresh_dir("q3");
   const std::string m = dir + "/m";
   std::string text;
-  ASSERT_EQ(run_cli("compress --run " + w.run + " --out " + m + " --quantize --calibration max",
-                    &text),
-            0)
+  ASSERT_EQ(
+      run_cli("compress --run " + w.run + " --out " + m + " --quantize --calibration max", &text),
+      0)
       << text;
   // Rewrite weights.dlrec (checksummed: edits go through save_tensors) with a -128 weight and
   // then with a zero scale.
@@ -249,8 +250,7 @@ TEST(Int8Run, CorruptInt8RecordsAreRefused) {
   for (auto& [name, t] : all)
     if (name == "bottom.0.weight.qweight") static_cast<uint8_t*>(t.raw())[3] = 0x80;
   io::save_tensors(wf, all, user_meta);
-  expect_error([&] { train::Predictor p(m); },
-               {"bottom.0.weight.qweight", "element 3", "-128"});
+  expect_error([&] { train::Predictor p(m); }, {"bottom.0.weight.qweight", "element 3", "-128"});
   for (auto& [name, t] : all) {
     if (name == "bottom.0.weight.qweight") static_cast<uint8_t*>(t.raw())[3] = 1;
     if (name == "top.0.weight.xscale") t.data<float>()[0] = 0.f;
@@ -266,10 +266,10 @@ TEST(Int8Run, BadCommandLinesAreClearErrors) {
   std::string text;
   // Calibration data of another layout (5 dense features instead of 4).
   const std::string other = make_data(dir, 5, 600);
-  EXPECT_NE(run_cli("compress --run " + w.run + " --out " + dir + "/m --quantize --calib-data " +
-                        other,
-                    &text),
-            0);
+  EXPECT_NE(
+      run_cli("compress --run " + w.run + " --out " + dir + "/m --quantize --calib-data " + other,
+              &text),
+      0);
   EXPECT_NE(text.find("calibration data '" + other + "' has the layout (5 dense"),
             std::string::npos)
       << text;
@@ -284,9 +284,10 @@ TEST(Int8Run, BadCommandLinesAreClearErrors) {
                     &text),
             0);
   EXPECT_NE(text.find("percentile: must be in (50, 100)"), std::string::npos) << text;
-  EXPECT_NE(run_cli("compress --run " + w.run + " --out " + dir + "/m --quantize --skip bottom,tops",
-                    &text),
-            0);
+  EXPECT_NE(
+      run_cli("compress --run " + w.run + " --out " + dir + "/m --quantize --skip bottom,tops",
+              &text),
+      0);
   EXPECT_NE(text.find("'tops' names no quantized layer"), std::string::npos) << text;
   EXPECT_NE(run_cli("compress --run " + w.run + " --out " + dir + "/m --calibration max", &text),
             0);

@@ -1,12 +1,13 @@
 // INT8 PTQ units: the quantized arithmetic (AVX2 kernel against the scalar reference, both
 // against fp32), weight scales with 2:4 masks, calibration thresholds, the config section and
 // its errors, calibration on a model (NaN activations, skip lists).
+#include "dlrec/compress/quantize.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 
-#include "dlrec/compress/quantize.h"
 #include "dlrec/compress/sparsity.h"
 #include "dlrec/io/synthetic_batch.h"
 #include "dlrec/nn/param.h"
@@ -239,7 +240,8 @@ TEST(Int8Calibrate, QuantizesTheModelAndReportsEachLayer) {
   EXPECT_EQ(skipped, 1);
   const std::vector<float> int8 = m->forward(batches[0], false).to_vector<float>();
   double diff = 0;
-  for (size_t i = 0; i < fp32.size(); ++i) diff = std::max(diff, std::fabs(double(int8[i]) - fp32[i]));
+  for (size_t i = 0; i < fp32.size(); ++i)
+    diff = std::max(diff, std::fabs(double(int8[i]) - fp32[i]));
   EXPECT_GT(diff, 0.0);  // the forward runs INT8 now
   EXPECT_LT(diff, 0.5);
   compress::set_int8(*m, layers, false);
@@ -259,8 +261,8 @@ TEST(Int8Calibrate, BadInputsAreClearErrors) {
       {"compress.quantize.skip", "'tops'", "names no quantized layer", "top.0"});
   expect_error(
       [&] {
-        compress::calibrate_and_quantize(quant_config(R"({"quantize": {"layers": ["cross"]}})"),
-                                         *m, batches);
+        compress::calibrate_and_quantize(quant_config(R"({"quantize": {"layers": ["cross"]}})"), *m,
+                                         batches);
       },
       {"compress.quantize.layers", "'cross'", "bottom, top"});
   compress::QuantizeConfig bad;
@@ -271,10 +273,9 @@ TEST(Int8Calibrate, BadInputsAreClearErrors) {
   // NaN in the activations: a NaN dense value reaches bottom.0's input.
   batches.push_back(io::random_batch(small_layout(), 64, false, 2));
   batches[1].dense[5 * 4 + 2] = std::nanf("");
-  expect_error([&] { compress::calibrate_and_quantize(quant_config(R"({"quantize": {}})"), *m,
-                                                      batches); },
-               {"int8 calibration", "'bottom.0.weight'", "calibration batch 1", "row 5",
-                "column 2"});
+  expect_error(
+      [&] { compress::calibrate_and_quantize(quant_config(R"({"quantize": {}})"), *m, batches); },
+      {"int8 calibration", "'bottom.0.weight'", "calibration batch 1", "row 5", "column 2"});
   // A failed calibration leaves the model fp32 (no observer left behind).
   for (const auto& w : m->prunable_weights()) EXPECT_FALSE(w.param->quant) << w.name;
 }

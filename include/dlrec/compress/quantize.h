@@ -70,8 +70,8 @@ void int8_linear(const Tensor& x, float x_scale, const QuantWeight& w, const Ten
 // Whether this CPU runs the AVX2 kernel.
 bool int8_avx2_available();
 // acc [rows, out] = qx [rows, in] . qw [out, in]^T in int32, scalar (the reference).
-void int8_gemm_reference(const int8_t* qx, const int8_t* qw, int64_t rows, int64_t out,
-                         int64_t in, int32_t* acc);
+void int8_gemm_reference(const int8_t* qx, const int8_t* qw, int64_t rows, int64_t out, int64_t in,
+                         int32_t* acc);
 
 // The inference record of one quantized Linear (nn::Param::quant).
 class Int8Linear final : public nn::LinearHook {
