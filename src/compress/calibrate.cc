@@ -52,10 +52,6 @@ class HistObserver final : public nn::LinearHook {
     const float* v = x.data<float>();
     const double per_bin = kHistBins / hist.range;
     for (int64_t i = 0; i < x.numel(); ++i) {
-      if (v[i] == 0.f) {
-        hist.zeros += 1;
-        continue;
-      }
       const int64_t b = static_cast<int64_t>(std::fabs(v[i]) * per_bin);
       hist.counts[std::min(b, kHistBins - 1)] += 1;
     }
@@ -144,11 +140,11 @@ double threshold_from_histogram(const AbsHistogram& h, double amax, const std::s
   if (method == "max" || amax == 0) return amax;
   DLREC_CHECK(!h.counts.empty() && h.range > 0, "int8 calibration: empty histogram");
   if (method == "percentile") {
-    double total = h.zeros;
+    double total = 0;
     for (double v : h.counts) total += v;
     const double want = percentile / 100.0 * total;
     const double width = h.range / static_cast<double>(h.counts.size());
-    double cum = h.zeros;
+    double cum = 0;
     for (size_t k = 0; k < h.counts.size(); ++k) {
       cum += h.counts[k];
       if (cum >= want) return std::min(amax, (k + 1) * width);

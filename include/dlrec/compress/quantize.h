@@ -89,16 +89,12 @@ class Int8Linear final : public nn::LinearHook {
 // ---- Calibration ----
 
 // A histogram of |x| over [0, range) in `bins` bins (the last holds everything >= range).
-// Exact zeros (ReLU outputs) are counted apart: they quantize to 0 at any scale, so they tell
-// nothing about the clip, and in bin 0 their spike would dominate the entropy method's KL.
 struct AbsHistogram {
   double range = 0;
-  std::vector<double> counts;  // nonzero |x|
-  double zeros = 0;            // exact zeros
+  std::vector<double> counts;
 };
 // The clipping threshold of a histogram: "max" (the largest |x| seen, `amax`), "percentile"
-// (the upper edge of the bin where the cumulative count, zeros included, reaches p % of all
-// values), "entropy" (over the nonzero values: the
+// (the upper edge of the bin where the cumulative count reaches p % of all), "entropy" (the
 // threshold minimising KL(P || Q) between the clipped distribution P and its 128-level
 // quantization Q, as TensorRT's entropy calibrator).
 double threshold_from_histogram(const AbsHistogram& h, double amax, const std::string& method,
