@@ -1,4 +1,6 @@
 // dlrec compress: one-shot 2:4 magnitude pruning of a trained run (docs/COMPRESSION.md).
+#include "cmd_compress.h"
+
 #include <cstdio>
 #include <filesystem>
 
@@ -15,6 +17,8 @@ namespace {
 struct CompressArgs {
   std::string run, out, sparsity = "2:4", layers;
   bool skip_incompatible = false, overwrite = false;
+  bool quantize = false;
+  QuantizeArgs quant;  // with --quantize
 };
 
 // "a,b,c" -> {"a", "b", "c"}; empty entries are errors.
@@ -101,7 +105,9 @@ int run_compress(const CompressArgs& a) {
 Runner add_compress(CLI::App& app) {
   auto a = std::make_shared<CompressArgs>();
   CLI::App* c = app.add_subcommand(
-      "compress", "Prune a trained run to 2:4 sparsity by magnitude (docs/COMPRESSION.md)");
+      "compress",
+      "Prune a trained run to 2:4 sparsity by magnitude, or (--quantize) export it as INT8 "
+      "(docs/COMPRESSION.md)");
   c->add_option("--run", a->run, "Run directory written by dlrec train")->required();
   c->add_option("--out", a->out, "Run directory to write (checkpoint, config.json, run.json)")
       ->required();
@@ -110,8 +116,35 @@ Runner add_compress(CLI::App& app) {
                 "Comma-separated mlp/cross layer names to prune (default: all of them)");
   c->add_flag("--skip-incompatible", a->skip_incompatible,
               "Keep weights whose input size is not a multiple of 4 dense instead of failing");
-  c->add_flag("--overwrite", a->overwrite, "Replace the checkpoint in --out");
-  return [a] { return run_compress(*a); };
+  c->add_flag("--overwrite", a->overwrite, "Replace the checkpoint (or INT8 model) in --out");
+  QuantizeArgs& q = a->quant;
+  c->add_flag("--quantize", a->quantize,
+              "INT8 post-training quantization: calibrate, report, and export to --out "
+              "(a model directory) instead of pruning");
+  c->add_option("--calibration", q.calibration,
+                "--quantize: max | percentile | entropy (default: the config's, else entropy)");
+  c->add_option("--percentile", q.percentile,
+                "--quantize with percentile calibration: in (50, 100), e.g. 99.99");
+  c->add_option("--calib-batches", q.calib_batches, "--quantize: calibration batches (16)");
+  c->add_option("--calib-batch-size", q.calib_batch_size, "--quantize: rows per batch (4096)");
+  c->add_option("--calib-data", q.calib_data,
+                "--quantize: dataset directory to calibrate on (default: the run's)");
+  c->add_option("--skip", q.skip,
+                "--quantize: comma-separated layers or weights (\"top.2\") kept fp32");
+  return [a] {
+    if (!a->quantize) {
+      DLREC_CHECK(a->quant.calibration.empty() && a->quant.percentile < 0 &&
+                      a->quant.calib_batches < 0 && a->quant.calib_batch_size < 0 &&
+                      a->quant.calib_data.empty() && a->quant.skip.empty(),
+                  "dlrec compress: calibration options need --quantize");
+      return run_compress(*a);
+    }
+    a->quant.run = a->run;
+    a->quant.out = a->out;
+    a->quant.layers = a->layers;
+    a->quant.overwrite = a->overwrite;
+    return run_compress_quantize(a->quant);
+  };
 }
 
 }  // namespace dlrec::cli

@@ -76,6 +76,10 @@ CompressConfig CompressConfig::from_json(const json& section) {
     }
     r.finish();
   }
+  if (root.has("quantize")) {
+    ConfigReader q = root.child("quantize");
+    c.quantize = QuantizeConfig::from_json(q);
+  }
   root.finish();
   return c;
 }
@@ -83,6 +87,7 @@ CompressConfig CompressConfig::from_json(const json& section) {
 json CompressConfig::to_json() const {
   json j = json::object();
   if (sparsity.on) j["sparsity"] = sparsity.to_json();
+  if (quantize.on) j["quantize"] = quantize.to_json();
   return j;
 }
 

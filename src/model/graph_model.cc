@@ -417,7 +417,7 @@ std::vector<PrunableWeight> GraphModel::prunable_weights() {
     std::vector<TableRef> tables;
     nodes_[i]->collect(dense, tables);
     for (const DenseRef& d : dense)
-      if (d.p->value.ndim() == 2) out.push_back({s.name, d.name, d.p->value});
+      if (d.p->value.ndim() == 2) out.push_back({s.name, d.name, d.p->value, d.p});
   }
   return out;
 }

@@ -69,6 +69,7 @@ const Tensor& Linear::forward(const Tensor& x) {
   x_ = x;
   ensure_buffer(y_, {B, out_});
   if (B == 0) return y_;
+  if (w_.quant && w_.quant->forward(x, b_.value, act_ == Activation::ReLU, y_)) return y_;
   const float* xs = x.data<float>();
   const float* w = w_.value.data<float>();
   const float* b = b_.value.data<float>();
@@ -105,6 +106,7 @@ const Tensor& Linear::forward(const Tensor& x) {
       }
     }
   });
+  if (w_.quant) w_.quant->observe(x, b_.value, relu, y_);
   return y_;
 }
 

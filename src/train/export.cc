@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "dlrec/compress/quantize.h"
 #include "dlrec/compress/sparsity.h"
 #include "dlrec/core/file_util.h"
 #include "dlrec/io/tensor_file.h"
@@ -94,6 +95,15 @@ void write_model_dir(const std::string& out_dir, bool overwrite, json meta, mode
   json weights_meta = {{"kind", "weights"}};
   for (auto& t : model.masks()) params.push_back(t);
   if (!model.masks().empty()) weights_meta["masks"] = compress::mask_names(model);
+  // INT8 layers: their int8 weights and scales beside the fp32 ones (docs/COMPRESSION.md).
+  json quant;
+  for (auto& t : compress::quant_tensors(model, quant)) params.push_back(t);
+  if (!quant.is_null()) weights_meta["quant"] = quant;
+  // Version 2 only where needed: plain models stay readable by builds before masks, INT8 and
+  // tables in an embedding store (which such builds would misread as missing tensors).
+  const bool needs_v2 = weights_meta.contains("masks") || weights_meta.contains("quant") ||
+                        meta.contains("embedding_store");
+  meta["version"] = needs_v2 ? kModelFormatVersion : kModelFormatOldest;
   const std::string tmp = staging_dir_for(out_dir);
   fs::remove_all(tmp);
   make_dirs(tmp);
@@ -170,6 +180,18 @@ void export_initialized(const std::string& config_path, const std::string& data_
   write_model_dir(out_dir, overwrite, meta, *model, wf, onnx, tiers);
 }
 
+void export_loaded_model(model::Model& model, const model::RunConfig& config,
+                         const io::ShardLayout& layout, int64_t step, const etl::Workflow& wf,
+                         const std::string& out_dir, bool overwrite) {
+  DLREC_CHECK(wf.output_layout() == layout, "export: the workflow does not match the layout");
+  json meta = {{"format", "dlrec-model"},
+               {"version", kModelFormatVersion},
+               {"config", config.to_json()},
+               {"layout", layout.to_json()},
+               {"step", step}};
+  write_model_dir(out_dir, overwrite, meta, model, wf, OnnxExport::None, TierExport{});
+}
+
 struct Predictor::Impl {
   std::string dir;
   Device device;
@@ -198,16 +220,20 @@ void Predictor::Impl::build(const io::ShardLayout& for_layout) {
     load.allow_extra = weights_meta.is_object() && weights_meta.contains("masks");
   else
     compress::prepare_masks(weights_meta, weights, mdl);
+  // INT8 records (CPU engine only: a CUDA model refuses them here).
+  const std::vector<model::NamedTensor> quant = compress::prepare_quant(weights_meta, weights, mdl);
   std::vector<model::NamedTensor> targets;
   for (auto& t : mdl.parameters())
     if (!staged || !staged->is_table(t.first)) targets.push_back(t);
   for (auto& t : mdl.masks()) targets.push_back(t);
+  targets.insert(targets.end(), quant.begin(), quant.end());
   if (staged) {
     load.allow_extra = true;  // a model exported without tiers holds the tables too
     staged->bind(mdl);
   }
   io::load_tensors(weights, targets, load);
   compress::apply_loaded_masks(weights, mdl);
+  compress::apply_loaded_quant(quant, weights, mdl);
 }
 
 Predictor::Predictor(const std::string& dir, Device device, const std::string& precision,
@@ -217,8 +243,11 @@ Predictor::Predictor(const std::string& dir, Device device, const std::string& p
   DLREC_CHECK(meta.value("format", "") == "dlrec-model", "'", dir,
               "/model.json' is not a dlrec model (format field)");
   int version = meta.value("version", 0);
-  DLREC_CHECK(version == kModelFormatVersion, "'", dir, "' has model format version ", version,
-              "; this dlrec reads version ", kModelFormatVersion);
+  DLREC_CHECK(version <= kModelFormatVersion, "'", dir, "' has model format version ", version,
+              ", newer than this dlrec reads (", kModelFormatOldest, " .. ", kModelFormatVersion,
+              "): it was written by a newer dlrec (compressed models); use that build");
+  DLREC_CHECK(version >= kModelFormatOldest, "'", dir, "' has model format version ", version,
+              "; this dlrec reads versions ", kModelFormatOldest, " .. ", kModelFormatVersion);
   impl_->dir = dir;
   impl_->device = device;
   impl_->precision = precision;

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "dlrec/compress/quantize.h"
 #include "dlrec/core/config.h"
 #include "dlrec/core/tensor.h"
 #include "dlrec/model/model.h"
@@ -51,6 +52,7 @@ struct SparsityConfig {
 
 struct CompressConfig {
   SparsityConfig sparsity;
+  QuantizeConfig quantize;  // "quantize": INT8 PTQ, run by `dlrec compress --quantize`
   // `section` is RunConfig::compress (null: nothing compressed). Unknown keys and bad values
   // are errors naming the key ("compress.sparsity.schedule.every: ...").
   static CompressConfig from_json(const json& section);

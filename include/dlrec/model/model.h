@@ -19,6 +19,7 @@
 
 namespace dlrec::nn {
 struct SparseGrad;
+struct Param;
 }
 namespace dlrec::dist {
 class Communicator;
@@ -159,6 +160,8 @@ struct PrunableWeight {
   std::string layer;  // the graph layer's name
   std::string name;   // the parameter's name ("top.0.weight")
   Tensor weight;      // shared storage
+  // The weight's parameter (its mask, and the quantization record src/compress attaches).
+  nn::Param* param = nullptr;
 };
 
 class Model {

@@ -9,6 +9,20 @@ namespace dlrec::nn {
 
 enum class Activation { None, ReLU };
 
+// What src/compress attaches to a Linear's weight (Param::quant): INT8 inference replaces the
+// fp32 forward; calibration observes the fp32 forward's input and output. nn knows no more of
+// quantization than this interface.
+class LinearHook {
+ public:
+  virtual ~LinearHook() = default;
+  // Computes y [B, out] = act(x W^T + b) in its own arithmetic and returns true, or returns
+  // false to let the fp32 path run. `y` is the layer's output buffer (already [B, out]).
+  virtual bool forward(const Tensor& x, const Tensor& bias, bool relu, Tensor& y) = 0;
+  // After the fp32 path: its input x [B, in], bias, activation and output y [B, out].
+  virtual void observe(const Tensor& /*x*/, const Tensor& /*bias*/, bool /*relu*/,
+                       const Tensor& /*y*/) {}
+};
+
 class Linear {
  public:
   // W [out, in], b [out], both zero until init().

@@ -1,9 +1,13 @@
 // Param: one trainable tensor with its gradient and optimizer state, and buffer helpers.
 #pragma once
 
+#include <memory>
+
 #include "dlrec/core/tensor.h"
 
 namespace dlrec::nn {
+
+class LinearHook;  // linear.h
 
 struct Param {
   Tensor value;  // F32 on the CPU; layers hand out views that share this storage
@@ -13,6 +17,9 @@ struct Param {
   // dense Optimizer::step zeroes every value whose mask is 0 after its update, so a pruned
   // weight stays zero while training.
   Tensor mask;
+  // Quantization record of a Linear's weight (docs/COMPRESSION.md, set by src/compress): when
+  // defined, Linear::forward hands its input to it (INT8 inference, calibration observers).
+  std::shared_ptr<LinearHook> quant;
 };
 
 // Makes `t` an F32 CPU tensor of `shape`, reallocating only when the shape changed: layers keep

@@ -19,7 +19,11 @@
 
 namespace dlrec::train {
 
-constexpr int kModelFormatVersion = 1;
+// model.json's "version": 2 when weights.dlrec holds 2:4 masks or INT8 records
+// (docs/COMPRESSION.md), 1 otherwise (what builds before them read). A reader accepts
+// kModelFormatOldest .. kModelFormatVersion and refuses newer files with a version error.
+constexpr int kModelFormatVersion = 2;
+constexpr int kModelFormatOldest = 1;
 
 // Whether export writes model.onnx too (dlrec export --onnx, --onnx-external-data): no; yes,
 // with the weights inside unless they exceed 1 GiB; yes, with the weights in model.onnx.data.
@@ -46,6 +50,12 @@ void export_model(const std::string& run_dir, const std::string& out_dir, bool o
 void export_initialized(const std::string& config_path, const std::string& data_dir,
                         const std::string& out_dir, uint64_t seed, bool overwrite = false,
                         OnnxExport onnx = OnnxExport::None, const TierExport& tiers = {});
+
+// Exports a model held in memory (dlrec compress --quantize: its INT8 records go into
+// weights.dlrec): `config`, `layout` and `step` go into model.json, as export_model writes them.
+void export_loaded_model(model::Model& model, const model::RunConfig& config,
+                         const io::ShardLayout& layout, int64_t step, const etl::Workflow& wf,
+                         const std::string& out_dir, bool overwrite = false);
 
 class Predictor {
  public:
