@@ -305,7 +305,8 @@ void Workflow::Impl::fit_column(const io::RawChunk& c, int col, int pass, std::v
     if (pass > 0 && stage < 0) return;
     // The statistics read the column in place (strided): a copy into buf first cost a pass
     // more, and most chains (FillMissing/Clip/LogOp) fit nothing, so buf is only for a fit.
-    const float* column = c.dense.data() + p.index;
+    // (Null for a chunk without values: offsetting it would be undefined, and no row reads it.)
+    const float* column = c.dense.empty() ? nullptr : c.dense.data() + p.index;
     if (pass == 0) {
       ColumnStats& s = p.stats;
       s.rows += c.rows;
