@@ -38,7 +38,7 @@ if ! command -v "$CXX" >/dev/null; then
 fi
 
 # Test programs and, with the regex, the tests in them that run under ASan+UBSan.
-ASAN_TESTS="test_core test_io test_etl test_train test_serve test_integration"
+ASAN_TESTS="test_core test_io test_etl test_train test_serve test_integration test_store"
 # ThreadSanitizer: the modules with their own threads (the whole programs are too slow there).
 # test_serve (the batcher) is left out of CI: it needs a TSan build of nn/model/train/serve as
 # well, which would not fit CI's 90 minutes on 2 cores with the rest (docs/FUZZING.md); run it
