@@ -192,6 +192,27 @@ void export_loaded_model(model::Model& model, const model::RunConfig& config,
   write_model_dir(out_dir, overwrite, meta, model, wf, OnnxExport::None, TierExport{});
 }
 
+namespace {
+
+// Which file a path named when it was read (device, inode, size, modification time).
+struct WeightsFileId {
+  uint64_t dev = 0, ino = 0;
+  int64_t size = 0, mtime_ns = 0;
+  bool operator==(const WeightsFileId& o) const {
+    return dev == o.dev && ino == o.ino && size == o.size && mtime_ns == o.mtime_ns;
+  }
+};
+
+WeightsFileId weights_file_id(const std::string& path) {
+  struct stat st {};
+  DLREC_CHECK(::stat(path.c_str(), &st) == 0, "cannot read '", path, "': ", std::strerror(errno));
+  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+          static_cast<int64_t>(st.st_size),
+          static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+}  // namespace
+
 struct Predictor::Impl {
   std::string dir;
   Device device;
@@ -201,18 +222,30 @@ struct Predictor::Impl {
   std::unique_ptr<etl::Workflow> wf;
   std::unique_ptr<model::Model> model;
   std::unique_ptr<detail::StagedTables> staged;  // with an embedding store
+  WeightsFileId weights_id;                       // of the weights.dlrec the model was loaded from
   // Builds the model for `layout` and loads its weights (those of weights.dlrec; with a store,
   // all but the stored tables).
   void build(const io::ShardLayout& for_layout);
 };
 
 void Predictor::Impl::build(const io::ShardLayout& for_layout) {
-  model = model::build_model(cfg.model, cfg.optimizer, for_layout, device, 0, precision);
+  // Built and loaded aside, then swapped in: a failed rebuild (a larger batch with a store)
+  // leaves the model that served before, never one with initial weights.
+  std::unique_ptr<model::Model> fresh =
+      model::build_model(cfg.model, cfg.optimizer, for_layout, device, 0, precision);
   // Weights that are NaN or infinite would score every row NaN: refused at load.
   io::TensorLoadOptions load;
   load.require_finite = true;
   const std::string weights = dir + "/weights.dlrec";
-  model::Model& mdl = *model;
+  // A rebuild reads weights.dlrec again: it must be the file the first build read, not a
+  // model exported over this directory since (its dense weights would not match the rest).
+  const WeightsFileId id = weights_file_id(weights);
+  if (model) {
+    DLREC_CHECK(id == weights_id, "'", weights,
+                "' changed since this model was loaded (exported again over it?): reload the "
+                "model");
+  }
+  model::Model& mdl = *fresh;
   // Masks are kept beside their (already zero) weights where the model can hold them (the CPU
   // engine); a CUDA model serves the zeroed weights and leaves the masks in the file.
   const json weights_meta = io::read_tensor_meta(weights);
@@ -227,13 +260,13 @@ void Predictor::Impl::build(const io::ShardLayout& for_layout) {
     if (!staged || !staged->is_table(t.first)) targets.push_back(t);
   for (auto& t : mdl.masks()) targets.push_back(t);
   targets.insert(targets.end(), quant.begin(), quant.end());
-  if (staged) {
-    load.allow_extra = true;  // a model exported without tiers holds the tables too
-    staged->bind(mdl);
-  }
+  if (staged) load.allow_extra = true;  // a model exported without tiers holds the tables too
   io::load_tensors(weights, targets, load);
   compress::apply_loaded_masks(weights, mdl);
   compress::apply_loaded_quant(quant, weights, mdl);
+  if (staged) staged->bind(mdl);  // all or nothing: the old binding stays on failure
+  model = std::move(fresh);
+  weights_id = id;
 }
 
 Predictor::Predictor(const std::string& dir, Device device, const std::string& precision,
@@ -352,8 +385,14 @@ std::vector<float> Predictor::predict(const io::Batch& batch) {
     detail::StagedTables& st = *impl_->staged;
     const int64_t need = st.prepare(batch);
     if (need > st.capacity()) {  // a larger batch than before: rebuild with room for it
-      st.set_capacity(std::max(need, 2 * st.capacity()));
-      impl_->build(st.staging_layout());
+      const int64_t before = st.capacity();
+      st.set_capacity(std::max(need, 2 * before));
+      try {
+        impl_->build(st.staging_layout());
+      } catch (...) {
+        st.set_capacity(before);  // the model of `before` rows still serves
+        throw;
+      }
     }
     run = &st.fill();
   }

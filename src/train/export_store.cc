@@ -55,13 +55,14 @@ io::ShardLayout StagedTables::staging_layout() const {
 void StagedTables::bind(model::Model& m) {
   std::map<std::string, Tensor> params;
   for (auto& [name, t] : m.parameters()) params[name] = t;
-  table_data_.clear();
+  std::vector<float*> data;  // assigned only when every table is found
   for (const store::TableInfo& t : store_->tables()) {
     auto it = params.find(t.name);
     DLREC_CHECK(it != params.end() && it->second.shape() == Shape({capacity_, t.dim}),
                 "embedding store: the model has no staged table '", t.name, "'");
-    table_data_.push_back(it->second.data<float>());
+    data.push_back(it->second.data<float>());
   }
+  table_data_ = std::move(data);
 }
 
 bool StagedTables::is_table(const std::string& name) const {

@@ -244,3 +244,23 @@ TEST(PredictorStore, CliPredictsThroughAStoreFileAndPrintsThePlan) {
             0);
   EXPECT_NE(out.find("embedding_store.rocksdb"), std::string::npos) << out;
 }
+
+// Staging grows with a larger batch by rebuilding the model and reading weights.dlrec again. A
+// weights file replaced since the load (a new export over the directory) is refused, and the
+// model that served before keeps serving: never initial weights, never a mix of two exports.
+TEST(PredictorStore, AFailedStagingRebuildKeepsTheLoadedModel) {
+  REQUIRE_ROCKSDB();
+  Data d;
+  const std::string tiered = d.export_model("tiered", kDlrm, d.dir.path + "/db");
+  const auto c = config(R"({"rocksdb": {"path": "db"}, "staging_rows": 4})", d.dir.path);
+  train::Predictor p(tiered, Device::cpu(), "fp32", &c);
+  const std::vector<std::string> few(d.lines.begin(), d.lines.begin() + 2);
+  const std::vector<float> want = p.predict_lines(few, "logs", 2);
+  // Replace weights.dlrec by a copy (a new file at the same path, as an export's rename makes).
+  const std::string w = tiered + "/weights.dlrec";
+  fs::copy_file(w, w + ".new");
+  fs::rename(w + ".new", w);
+  expect_error([&] { p.predict_lines(d.lines, "logs", 3000); },
+               {"weights.dlrec", "changed since this model was loaded"});
+  expect_same_bits(want, p.predict_lines(few, "logs", 2), "after the refused rebuild");
+}
