@@ -27,11 +27,13 @@ struct TrainArgs {
 
 model::RunConfig apply(const TrainArgs& a) {
   model::RunConfig cfg = model::RunConfig::load(a.config);
-  if (a.batch_size > 0) cfg.train.batch_size = a.batch_size;
-  if (a.epochs > 0) cfg.train.epochs = a.epochs;
-  if (a.max_steps != -2) cfg.train.max_steps = a.max_steps;
-  if (!a.device.empty()) cfg.train.device = a.device;
-  if (!a.precision.empty()) cfg.train.precision = a.precision;
+  json o = json::object();
+  if (a.batch_size != 0) o["batch_size"] = a.batch_size;
+  if (a.epochs != 0) o["epochs"] = a.epochs;
+  if (a.max_steps != -2) o["max_steps"] = a.max_steps;
+  if (!a.device.empty()) o["device"] = a.device;
+  if (!a.precision.empty()) o["precision"] = a.precision;
+  cfg.override_train(o);  // validated as the file's keys are
   return cfg;
 }
 

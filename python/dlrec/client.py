@@ -41,7 +41,15 @@ def _tensor(name, values):
     if arr.ndim == 1:
         arr = arr.reshape(-1, 1)
     if arr.dtype.kind in "USO":
-        items = [v.encode() if isinstance(v, str) else bytes(v) for v in arr.reshape(-1)]
+        items = []
+        for i, v in enumerate(arr.reshape(-1)):
+            if isinstance(v, str):
+                items.append(v.encode())
+            elif isinstance(v, (bytes, bytearray, np.bytes_)):
+                items.append(bytes(v))
+            else:  # bytes(5) would be five zero bytes: refused, never sent
+                raise TypeError(f"input '{name}': element {i} is {type(v).__name__}, not str "
+                                "or bytes (a BYTES input takes strings)")
         return "BYTES", list(arr.shape), items
     if arr.dtype not in _DATATYPES:
         raise TypeError(f"input '{name}': dtype {arr.dtype} is not one of float32, float64, "

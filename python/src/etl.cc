@@ -3,6 +3,7 @@
 #include <cmath>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string_view>
 
 #include "bind.h"
@@ -89,6 +90,8 @@ void fill_cat(io::RawChunk& out, int c, const py::tuple& desc, const io::Schema&
     DLREC_CHECK(kind == "str", "internal: unknown column kind '", kind, "'");
     const U8Array bytes = desc[1].cast<U8Array>();
     const I64Array so = desc[2].cast<I64Array>();
+    DLREC_CHECK(so.ndim() == 1 && so.shape(0) >= 1 && bytes.ndim() == 1, "column '", col,
+                "': the string offsets must be a 1-D array of at least one value");
     const int64_t n = so.shape(0) - 1;
     check_offsets(so.data(), n, bytes.shape(0), col, "string offsets");
     const char* base = reinterpret_cast<const char*>(bytes.data());
@@ -142,7 +145,7 @@ io::RawChunk make_rows(const io::Schema& schema, int64_t rows, const py::object&
   io::RawChunk out;
   out.reset(schema.num_dense(), schema.num_cat());
   out.rows = rows;
-  out.first_line = 1;
+  out.first_line = 0;  // messages name "row r of the chunk" (0-based), as the docs say
   DLREC_CHECK(static_cast<int>(dense.size()) == out.num_dense &&
                   static_cast<int>(cats.size()) == out.num_cat,
               "internal: column counts do not match the schema");
@@ -165,10 +168,11 @@ io::RawChunk make_rows(const io::Schema& schema, int64_t rows, const py::object&
   return out;
 }
 
-// A Workflow and the lock that serializes fit calls (they run without the GIL).
+// A Workflow and its lock (the calls run without the GIL): fit takes it exclusively, transform
+// shared, so transforms run concurrently with each other but never beside a fit.
 struct PyWorkflow {
   std::unique_ptr<etl::Workflow> w;
-  std::mutex mu;
+  std::shared_mutex mu;
 };
 
 py::dict transform_rows(PyWorkflow& pw, const io::RawChunk& in) {
@@ -177,6 +181,7 @@ py::dict transform_rows(PyWorkflow& pw, const io::RawChunk& in) {
   const bool filters = pw.w->has_filters();
   {
     py::gil_scoped_release nogil;
+    std::shared_lock<std::shared_mutex> lock(pw.mu);
     pw.w->transform(in, b, filters ? &kept : nullptr);
   }
   py::dict d = batch_to_dict(std::move(b));
@@ -191,6 +196,7 @@ py::dict transform_files(PyWorkflow& pw, const std::vector<std::string>& files,
   const bool filters = pw.w->has_filters();
   {
     py::gil_scoped_release nogil;
+    std::shared_lock<std::shared_mutex> lock(pw.mu);
     io::ReadOptions ro;
     ro.on_error = io::parse_on_error(on_error);
     auto reader = io::open_reader(files, pw.w->schema(), ro);
@@ -261,7 +267,7 @@ void bind_etl(py::module_& m) {
       .def("fit_rows",
            [](PyWorkflow& pw, const io::RawChunk& rows) {
              py::gil_scoped_release nogil;
-             std::lock_guard<std::mutex> lock(pw.mu);
+             std::unique_lock<std::shared_mutex> lock(pw.mu);
              // One batch of one chunk per pass, handed over by pointer (not copied).
              pw.w->fit_batches([&rows]() -> etl::ChunkBatchSource {
                auto given = std::make_shared<bool>(false);
@@ -276,7 +282,7 @@ void bind_etl(py::module_& m) {
       .def("fit_files",
            [](PyWorkflow& pw, const std::vector<std::string>& files, const std::string& on_error) {
              py::gil_scoped_release nogil;
-             std::lock_guard<std::mutex> lock(pw.mu);
+             std::unique_lock<std::shared_mutex> lock(pw.mu);
              io::ReadOptions ro;
              ro.on_error = io::parse_on_error(on_error);
              const io::Schema& schema = pw.w->schema();

@@ -69,21 +69,19 @@ void bind_train(py::module_& m) {
             config_path.empty()
                 ? model::RunConfig::from_json(parse_py_json(config_json, "the run config"))
                 : model::RunConfig::load(config_path);
+        json o = json::object();
         for (const auto& kv : overrides) {
           const std::string key = kv.first.cast<std::string>();
-          if (key == "batch_size")
-            cfg.train.batch_size = kv.second.cast<int64_t>();
+          if (key == "batch_size" || key == "max_steps")
+            o[key] = kv.second.cast<int64_t>();
           else if (key == "epochs")
-            cfg.train.epochs = kv.second.cast<int>();
-          else if (key == "max_steps")
-            cfg.train.max_steps = kv.second.cast<int64_t>();
-          else if (key == "device")
-            cfg.train.device = kv.second.cast<std::string>();
-          else if (key == "precision")
-            cfg.train.precision = kv.second.cast<std::string>();
+            o[key] = kv.second.cast<int>();
+          else if (key == "device" || key == "precision")
+            o[key] = kv.second.cast<std::string>();
           else
             fail("internal: unknown override '", key, "'");
         }
+        cfg.override_train(o);  // validated as the file's "train" keys are
         train::TrainerOptions opt;
         opt.data_dir = data;
         opt.run_dir = run;

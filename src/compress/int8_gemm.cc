@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "dlrec/compress/quantize.h"
 #include "dlrec/core/thread_pool.h"
@@ -126,7 +127,9 @@ QuantWeight quantize_weight(const Tensor& weight) {
     float amax = 0.f;
     for (int64_t k = 0; k < q.in; ++k) amax = std::max(amax, std::fabs(w[j * q.in + k]));
     DLREC_CHECK(std::isfinite(amax), "int8 weight: row ", j, " holds a non-finite value");
-    const float s = amax > 0.f ? amax / 127.f : 1.f;
+    // At least the smallest normal float: a row of subnormal weights would round to scale 0,
+    // which the export's load check refuses.
+    const float s = amax > 0.f ? std::max(amax / 127.f, std::numeric_limits<float>::min()) : 1.f;
     q.scales[j] = s;
     for (int64_t k = 0; k < q.in; ++k) {
       const float v = std::nearbyint(w[j * q.in + k] / s);
@@ -172,6 +175,12 @@ void int8_linear(const Tensor& x, float x_scale, const QuantWeight& w, const Ten
           const float v = static_cast<float>(ar[j]) * deq[j] + b[j];
           yr[j] = relu ? std::max(v, 0.f) : v;
         }
+        // A NaN input has no int8 value (quantize_value would clamp it to -127): its row is
+        // NaN, as the fp32 layer's would be, never a finite score.
+        const float* xr = xs + (lo + r) * in;
+        bool nan = false;
+        for (int64_t k = 0; k < in; ++k) nan |= std::isnan(xr[k]);
+        if (nan) std::fill(yr, yr + out, std::numeric_limits<float>::quiet_NaN());
       }
     }
   });

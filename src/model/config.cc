@@ -312,6 +312,13 @@ RunConfig RunConfig::load(const std::string& path) {
   }
 }
 
+void RunConfig::override_train(const json& values) {
+  json j = train.to_json();
+  for (const auto& [key, value] : values.items()) j[key] = value;
+  ConfigReader r(j, "train");
+  train = TrainConfig::from_json(r);
+}
+
 json RunConfig::to_json() const {
   json j = {
       {"model", model.to_json()}, {"optimizer", optimizer.to_json()}, {"train", train.to_json()}};

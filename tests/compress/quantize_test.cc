@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "dlrec/compress/sparsity.h"
@@ -278,4 +279,26 @@ TEST(Int8Calibrate, BadInputsAreClearErrors) {
       {"int8 calibration", "'bottom.0.weight'", "calibration batch 1", "row 5", "column 2"});
   // A failed calibration leaves the model fp32 (no observer left behind).
   for (const auto& w : m->prunable_weights()) EXPECT_FALSE(w.param->quant) << w.name;
+}
+
+// A NaN activation has no int8 value: its output row is NaN, as the fp32 layer's would be (not
+// the -127 a clamp would make of it). Subnormal weights get a scale a load accepts (> 0).
+TEST(Int8Gemm, NanInputRowsStayNanAndSubnormalWeightsGetANormalScale) {
+  const int64_t B = 3, in = 8, out = 4;
+  Tensor x = random_matrix(B, in, 11, 1.f);
+  x.data<float>()[1 * in + 5] = std::numeric_limits<float>::quiet_NaN();
+  Tensor w = random_matrix(out, in, 12, 0.2f);
+  for (int64_t k = 0; k < in; ++k) w.data<float>()[2 * in + k] = 1e-40f * (k + 1);  // subnormal
+  const compress::QuantWeight q = compress::quantize_weight(w);
+  EXPECT_GE(q.scales[2], std::numeric_limits<float>::min());
+  Tensor bias = random_matrix(1, out, 13, 0.1f).reshape({out});
+  for (const bool avx2 : {false, true}) {
+    Tensor y;
+    compress::int8_linear(x, 0.05f, q, bias, /*relu=*/true, y, avx2);
+    for (int64_t j = 0; j < out; ++j) {
+      EXPECT_TRUE(std::isnan(y.data<float>()[1 * out + j])) << j;
+      EXPECT_TRUE(std::isfinite(y.data<float>()[0 * out + j])) << j;
+      EXPECT_TRUE(std::isfinite(y.data<float>()[2 * out + j])) << j;
+    }
+  }
 }

@@ -245,6 +245,16 @@ TEST(Cli, BadInputsGiveClearErrors) {
   EXPECT_NE(out.find("checksum"), std::string::npos) << out;
   EXPECT_NE(out.find("train_00000.shard"), std::string::npos) << out;
 
+  // The flags that override "train" keys are validated as the file's keys are.
+  for (const char* flag : {"--batch-size -3", "--epochs -1", "--max-steps 0", "--device cuda:x"}) {
+    EXPECT_EQ(run_cli("train --config " + dir + "/ok.json --data " + d.data + " --run " + dir +
+                          "/r3 " + flag,
+                      &out),
+              1)
+        << flag;
+    EXPECT_NE(out.find("config key 'train."), std::string::npos) << flag << ": " << out;
+  }
+
   // bench train on the dataset's shards prints a summary; bad batch sizes are errors.
   EXPECT_EQ(run_cli("bench train --config " + dir + "/ok.json --data " + d.data +
                         " --batch 64,128 --steps 3 --warmup 1",

@@ -103,6 +103,8 @@ def test_server_errors(served):
         c.infer("m", {"I1": np.zeros(2, np.complex128)})
     with pytest.raises(TypeError, match="non-empty dict"):
         c.infer("m", {})
+    with pytest.raises(TypeError, match="input 'C1': element 1 is int"):  # never 5 zero bytes
+        c.infer("m", {"C1": np.array(["a", 5], dtype=object)})
     with pytest.raises(TimeoutError):
         dlrec.Client(f"127.0.0.1:{free_port()}").wait_ready(timeout=0.3)
 

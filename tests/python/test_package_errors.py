@@ -83,6 +83,12 @@ def test_bad_train_eval_export_arguments(tmp_path):
         dlrec.train(TRAIN_CONFIG, tmp_path, tmp_path / "run", batch_size="64")
     with pytest.raises(TypeError, match="progress must be callable"):
         dlrec.train(TRAIN_CONFIG, tmp_path, tmp_path / "run", progress=3)
+    # Overrides are validated as the config file's keys are (a batch of 0 rows divided by zero).
+    for key, value in (("batch_size", 0), ("batch_size", -3), ("epochs", 0), ("max_steps", 0)):
+        with pytest.raises(dlrec.Error, match=f"train.{key}"):
+            dlrec.train(TRAIN_CONFIG, tmp_path, tmp_path / "run", **{key: value})
+    with pytest.raises(dlrec.Error, match="train.precision"):
+        dlrec.train(TRAIN_CONFIG, tmp_path, tmp_path / "run", precision="fp8")
     with pytest.raises(dlrec.Error, match="dataset.json"):  # no dataset there
         dlrec.train(TRAIN_CONFIG, tmp_path / "nodata", tmp_path / "run")
     with pytest.raises(dlrec.Error, match="run.json"):

@@ -130,6 +130,9 @@ struct RunConfig {
   static RunConfig from_json(const json& j);  // strict: unknown keys throw
   static RunConfig load(const std::string& path);
   json to_json() const;
+  // Sets "train" keys (the CLI's and the Python package's overrides: batch_size, epochs,
+  // max_steps, device, precision) and validates them as the file's keys are.
+  void override_train(const json& values);
 };
 
 // Data-parallel training (docs/DISTRIBUTED.md): after backward has computed every gradient of a
