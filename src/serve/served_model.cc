@@ -173,13 +173,6 @@ ServedModel::ServedModel(std::string name, int64_t version, const std::string& d
   for (int64_t i = 1; i < instances.count; ++i)
     more_.push_back(
         std::make_unique<train::Predictor>(dir, device_of(i), instances.precision, store));
-  ModelStats::StoreTiers tiers;  // the store's counters for the metrics endpoint
-  for (int64_t i = 0; i < instances.count; ++i) {
-    train::Predictor& p = i == 0 ? *predictor_ : *more_[i - 1];
-    if (p.store())
-      for (const auto& t : p.store()->tiers()) tiers.emplace_back(t->name(), &t->stats);
-  }
-  if (!tiers.empty()) stats_->set_store_tiers(this, std::move(tiers));
   layout_ = predictor_->workflow().output_layout();
   int di = 0, ci = 0;
   for (const auto& c : predictor_->workflow().schema().columns) {
@@ -192,6 +185,15 @@ ServedModel::ServedModel(std::string name, int64_t version, const std::string& d
         return worker == 0 ? predictor_->predict(b) : more_[worker - 1]->predict(b);
       },
       [this](int64_t rows, uint64_t ns) { stats_->add_execution(rows, ns); });
+  // The store's counters for the metrics endpoint, published last: a constructor that throws
+  // before this point never leaves pointers into its freed predictors there.
+  ModelStats::StoreTiers tiers;
+  for (int64_t i = 0; i < instances.count; ++i) {
+    train::Predictor& p = i == 0 ? *predictor_ : *more_[i - 1];
+    if (p.store())
+      for (const auto& t : p.store()->tiers()) tiers.emplace_back(t->name(), &t->stats);
+  }
+  if (!tiers.empty()) stats_->set_store_tiers(this, std::move(tiers));
 }
 
 ServedModel::~ServedModel() {
