@@ -184,7 +184,7 @@ class EmbeddingCollection(torch.nn.Module):
         every table, table-major) with `offsets` [T * B + 1] or `lengths` [T * B]; or an object
         with .values() and .offsets() (a torchrec KeyedJaggedTensor); or ids [T, B] (one id per
         sample and table)."""
-        if hasattr(values, "values") and hasattr(values, "offsets") and callable(values.values):
+        if not isinstance(values, torch.Tensor) and hasattr(values, "offsets"):
             values, offsets = values.values(), values.offsets()
         T = len(self.table_names)
         if offsets is None and lengths is None:

@@ -241,7 +241,7 @@ def test_errors(lib):
         c.close()
     bad = [
         ({"tables": []}, "'tables' must be a non-empty list"),
-        ({"tables": [{"rows": 3, "dim": 2, "dimm": 1}]}, "unknown key 'tables\\[0\\].dimm'"),
+        ({"tables": [{"rows": 3, "dim": 2, "dimm": 1}]}, r"unknown config key 'tables\[0\].dimm' \(did you mean 'dim'\?\)"),
         ({"tables": [{"rows": 0, "dim": 2}]}, "rows"),
         ({"tables": [{"rows": 3, "dim": 2}], "optimizer": {"kind": "lamb"}}, "kind"),
         ({"tables": [{"rows": 3, "dim": 2}], "device": "tpu"}, "device"),
