@@ -14,7 +14,8 @@ weights (dlrec's tables are loaded from the torch model's) and see the same batc
       difference| over the steps (target <= 1e-4).
   (b) speed: bf16 autocast for the MLPs and the interaction, ms/step at each --batch (CUDA
       events, warm-up excluded), dlrec with check_ids on (a stream wait per step for the id
-      check) and off.
+      check) and off, and with dtype=torch.bfloat16 (bf16 pooled rows and gradients).
+  --breakdown: the embedding layers alone and the dense part alone, per batch size.
 
   python3 bench/pytorch_dlrec_embedding.py [--device cuda] [--library PATH]
 """
@@ -193,11 +194,15 @@ def speed(args, cards, dev):
         ms_d, loss_d = timed(trainer(dm, args.lr, True), batches, args.warmup, args.steps)
         dm.embs.check_ids = False
         ms_n, loss_n = timed(trainer(dm, args.lr, True), batches, args.warmup, args.steps)
+        dm.embs.dtype = torch.bfloat16  # bf16 pooled rows and gradients (no casts around it)
+        ms_b, loss_b = timed(trainer(dm, args.lr, True), batches, args.warmup, args.steps)
+        dm.embs.dtype, dm.embs.check_ids = torch.float32, True
         print(f"bf16 batch={B} steps={args.steps}: torch EmbeddingBag(sparse)+SGD "
               f"{ms_t:.3f} ms/step; dlrec EmbeddingCollection {ms_d:.3f} ms/step "
               f"(check_ids on, {ms_t / ms_d:.2f}x), {ms_n:.3f} ms/step (check_ids off, "
-              f"{ms_t / ms_n:.2f}x); last losses {loss_t:.4f} / {loss_d:.4f} / {loss_n:.4f}",
-              flush=True)
+              f"{ms_t / ms_n:.2f}x), {ms_b:.3f} ms/step (check_ids off, dtype bf16, "
+              f"{ms_t / ms_b:.2f}x); last losses {loss_t:.4f} / {loss_d:.4f} / {loss_n:.4f} / "
+              f"{loss_b:.4f}", flush=True)
 
 
 def breakdown(args, cards, dev):

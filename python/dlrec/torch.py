@@ -44,9 +44,10 @@ def load_library(path=None):
         "dlrec_emb_create": ([ctypes.c_char_p, ctypes.POINTER(vp)], ctypes.c_int),
         "dlrec_emb_destroy": ([vp], None),
         "dlrec_emb_width": ([vp, i64p], ctypes.c_int),
-        "dlrec_emb_forward": ([vp, vp, vp, i64, i64, vp, vp, ctypes.c_int], ctypes.c_int),
+        "dlrec_emb_forward": ([vp, vp, vp, i64, i64, vp, ctypes.c_int, vp, ctypes.c_int],
+                              ctypes.c_int),
         "dlrec_emb_check": ([vp, vp], ctypes.c_int),
-        "dlrec_emb_backward": ([vp, vp, i64, ctypes.c_float, vp], ctypes.c_int),
+        "dlrec_emb_backward": ([vp, vp, ctypes.c_int, i64, ctypes.c_float, vp], ctypes.c_int),
         "dlrec_emb_table_size": ([vp, ctypes.c_int, ctypes.c_int, i64p, i64p], ctypes.c_int),
         "dlrec_emb_read_table": ([vp, ctypes.c_int, ctypes.c_int, vp, ctypes.c_int, vp],
                                  ctypes.c_int),
@@ -108,11 +109,17 @@ class EmbeddingCollection(torch.nn.Module):
     check_ids: CUDA only: after each forward, wait for the stream and raise on a bad id or
         offset (the CPU always checks). False skips that wait; a bad id is then looked up as
         row 0 of its table and reported by the next check() call.
+    dtype: of the pooled output, torch.float32 or (CUDA only) torch.bfloat16: the pooled sums
+        are taken in float and rounded once, and the backward reads the bf16 gradient as it is
+        (for bf16 models: no casts around the layer).
     library: the path of libdlrec_torch.so (default: beside this file).
     """
 
-    def __init__(self, tables, optimizer=None, device="cpu", check_ids=True, library=None):
+    def __init__(self, tables, optimizer=None, device="cpu", check_ids=True, dtype=torch.float32,
+                 library=None):
         super().__init__()
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
         if not isinstance(tables, (list, tuple)) or not tables:
             raise ValueError("tables must be a non-empty list of table dicts")
         optimizer = dict(optimizer or {"kind": "sgd", "lr": 0.01})
@@ -138,6 +145,9 @@ class EmbeddingCollection(torch.nn.Module):
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {device!r}")
         self.check_ids = bool(check_ids)
+        if dtype == torch.bfloat16 and self.device.type != "cuda":
+            raise ValueError("dtype torch.bfloat16 is CUDA-only; a CPU collection is float32")
+        self.dtype = dtype
         self.table_names = [t.get("name", f"table{i}") for i, t in enumerate(specs)]
         self.dims = [int(t["dim"]) if "dim" in t else 0 for t in specs]
         self._lib = load_library(library)
@@ -180,7 +190,7 @@ class EmbeddingCollection(torch.nn.Module):
         return t.to(torch.int64).contiguous()
 
     def forward(self, values, offsets=None, lengths=None):
-        """Pooled rows [B, width] (float32) of a batch in KeyedJaggedTensor form: `values` (ids of
+        """Pooled rows [B, width] (self.dtype) of a batch in KeyedJaggedTensor form: `values` (ids of
         every table, table-major) with `offsets` [T * B + 1] or `lengths` [T * B]; or an object
         with .values() and .offsets() (a torchrec KeyedJaggedTensor); or ids [T, B] (one id per
         sample and table)."""
@@ -210,23 +220,24 @@ class EmbeddingCollection(torch.nn.Module):
         return self._forward(values, offsets, B, training=False)
 
     def _forward(self, values, offsets, batch, training):
-        out = torch.empty(batch, self.width, dtype=torch.float32, device=self.device)
+        out = torch.empty(batch, self.width, dtype=self.dtype, device=self.device)
         stream = self._stream()
         _call(self._lib, self._lib.dlrec_emb_forward(
             self._handle, ctypes.c_void_p(offsets.data_ptr()),
             ctypes.c_void_p(values.data_ptr()), batch, values.numel(),
-            ctypes.c_void_p(out.data_ptr()), stream, int(training)))
+            ctypes.c_void_p(out.data_ptr()), int(self.dtype == torch.bfloat16), stream,
+            int(training)))
         if self.check_ids and self.device.type == "cuda":
             _call(self._lib, self._lib.dlrec_emb_check(self._handle, stream))
         return out
 
     def _backward(self, grad):
-        grad = grad.to(torch.float32)
+        grad = grad.to(self.dtype)  # no copy when it has the output's type already
         if grad.stride(1) != 1 or grad.stride(0) < self.width:
             grad = grad.contiguous()
         _call(self._lib, self._lib.dlrec_emb_backward(
-            self._handle, ctypes.c_void_p(grad.data_ptr()), grad.stride(0), self.lr,
-            self._stream()))
+            self._handle, ctypes.c_void_p(grad.data_ptr()), int(self.dtype == torch.bfloat16),
+            grad.stride(0), self.lr, self._stream()))
 
     def check(self):
         """CUDA: waits for the stream and raises on the first bad id or offset seen since the

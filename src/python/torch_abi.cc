@@ -26,7 +26,7 @@ CollectionConfig parse_config(const char* text) {
   CollectionConfig c;
   c.cuda = r.get_choice("device", "cpu", {"cpu", "cuda"}) == "cuda";
   c.device_index = static_cast<int>(r.get_int_range("device_index", 0, 0, 1023));
-  {
+  if (r.has("optimizer")) {  // default: SGD
     const json& o = r.raw("optimizer");
     DLREC_CHECK(o.is_object(), "config key 'optimizer' must be an object");
     ConfigReader ro(o, "optimizer");
@@ -100,8 +100,10 @@ class CpuBackend final : public Backend {
       }
     }
   }
-  void forward(const int64_t* offsets, const int64_t* ids, int64_t B, int64_t nnz, float* out,
-               void*, bool training) override {
+  void forward(const int64_t* offsets, const int64_t* ids, int64_t B, int64_t nnz, void* out_v,
+               bool out_bf16, void*, bool training) override {
+    DLREC_CHECK(!out_bf16, "bfloat16 outputs are CUDA-only; a CPU collection writes float32");
+    float* out = static_cast<float*>(out_v);
     const int64_t T = static_cast<int64_t>(c_.tables.size());
     DLREC_CHECK(B >= 0 && nnz >= 0, "forward: negative batch size or id count");
     DLREC_CHECK(offsets[T * B] - offsets[0] == nnz, "forward: offsets[", T * B, "] - offsets[0] = ",
@@ -132,7 +134,9 @@ class CpuBackend final : public Backend {
     }
     have_batch_ = training;
   }
-  void backward(const float* dout, int64_t ld, float lr, void*) override {
+  void backward(const void* dout_v, bool dout_bf16, int64_t ld, float lr, void*) override {
+    DLREC_CHECK(!dout_bf16, "bfloat16 gradients are CUDA-only; a CPU collection takes float32");
+    const float* dout = static_cast<const float*>(dout_v);
     DLREC_CHECK(have_batch_, "backward: no training forward to take the gradient of");
     DLREC_CHECK(ld >= c_.width, "backward: gradient row stride ", ld, " < width ", c_.width);
     DLREC_CHECK(lr >= 0.f, "backward: learning rate must be >= 0, got ", lr);
@@ -248,19 +252,20 @@ int dlrec_emb_width(void* handle, int64_t* width) {
 }
 
 int dlrec_emb_forward(void* handle, const int64_t* offsets, const int64_t* ids, int64_t batch,
-                      int64_t nnz, float* out, void* stream, int training) {
+                      int64_t nnz, void* out, int out_bf16, void* stream, int training) {
   return guarded([&] {
     DLREC_CHECK(offsets && out && (ids || nnz == 0), "forward: null pointer");
-    backend(handle).forward(offsets, ids, batch, nnz, out, stream, training != 0);
+    backend(handle).forward(offsets, ids, batch, nnz, out, out_bf16 != 0, stream, training != 0);
   });
 }
 int dlrec_emb_check(void* handle, void* stream) {
   return guarded([&] { backend(handle).check(stream); });
 }
-int dlrec_emb_backward(void* handle, const float* dout, int64_t ld, float lr, void* stream) {
+int dlrec_emb_backward(void* handle, const void* dout, int dout_bf16, int64_t ld, float lr,
+                       void* stream) {
   return guarded([&] {
     DLREC_CHECK(dout != nullptr, "backward: null gradient");
-    backend(handle).backward(dout, ld, lr, stream);
+    backend(handle).backward(dout, dout_bf16 != 0, ld, lr, stream);
   });
 }
 int dlrec_emb_table_size(void* handle, int table, int which, int64_t* rows, int64_t* cols) {

@@ -33,16 +33,19 @@ int dlrec_emb_create(const char* config_json, void** handle);
 void dlrec_emb_destroy(void* handle);
 int dlrec_emb_width(void* handle, int64_t* width);
 
-// Pools the batch into out. training != 0 keeps the batch for dlrec_emb_backward (and inserts a
+// Pools the batch into out (float32; bfloat16 when out_bf16 != 0, CUDA only: the sums are
+// taken in float and rounded once). training != 0 keeps the batch for dlrec_emb_backward (and inserts a
 // hashed table's unseen keys); training == 0 pools unknown hashed keys as zeros.
 int dlrec_emb_forward(void* handle, const int64_t* offsets, const int64_t* ids, int64_t batch,
-                      int64_t nnz, float* out, void* stream, int training);
+                      int64_t nnz, void* out, int out_bf16, void* stream, int training);
 // CUDA: the id checks of the last forward run on the device; this waits for the stream and
 // fails with the first bad id or offset found (no-op on the CPU, whose forward checks itself).
 int dlrec_emb_check(void* handle, void* stream);
-// From dL/dout [B, W] (float32, rows `ld` floats apart, ld >= W) of the last training forward:
-// the fused sparse update of every table with learning rate lr. No table gradient is formed.
-int dlrec_emb_backward(void* handle, const float* dout, int64_t ld, float lr, void* stream);
+// From dL/dout [B, W] (float32, or bfloat16 when dout_bf16 != 0 (CUDA only), rows `ld`
+// elements apart, ld >= W) of the last training forward: the fused sparse update of every table
+// with learning rate lr. No table gradient is formed.
+int dlrec_emb_backward(void* handle, const void* dout, int dout_bf16, int64_t ld, float lr,
+                       void* stream);
 
 // Copies a fixed table's weights (which = 0) or optimizer state (which = 1), [rows, S] float32,
 // to or from `buf` (device memory of the collection's GPU when on_device, else host memory).
@@ -88,9 +91,10 @@ class Backend {
   virtual ~Backend() = default;
   virtual int64_t width() const = 0;
   virtual void forward(const int64_t* offsets, const int64_t* ids, int64_t batch, int64_t nnz,
-                       float* out, void* stream, bool training) = 0;
+                       void* out, bool out_bf16, void* stream, bool training) = 0;
   virtual void check(void* stream) {}
-  virtual void backward(const float* dout, int64_t ld, float lr, void* stream) = 0;
+  virtual void backward(const void* dout, bool dout_bf16, int64_t ld, float lr,
+                        void* stream) = 0;
   virtual void table_size(int table, int which, int64_t* rows, int64_t* cols) = 0;
   virtual void copy_table(int table, int which, float* buf, bool on_device, bool read,
                           void* stream) = 0;

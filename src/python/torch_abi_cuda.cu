@@ -160,8 +160,8 @@ class CudaBackend final : public Backend {
   }
   int64_t width() const override { return c_.width; }
 
-  void forward(const int64_t* offsets, const int64_t* ids, int64_t B, int64_t nnz, float* out,
-               void* stream, bool training) override {
+  void forward(const int64_t* offsets, const int64_t* ids, int64_t B, int64_t nnz, void* out,
+               bool out_bf16, void* stream, bool training) override {
     DLREC_CHECK(B >= 0 && nnz >= 0, "forward: negative batch size or id count");
     DLREC_CHECK(nnz < (int64_t{1} << 31), "forward: ", nnz, " ids; at most 2^31 - 1 on CUDA");
     const int64_t T = static_cast<int64_t>(c_.tables.size());
@@ -175,7 +175,11 @@ class CudaBackend final : public Backend {
         offsets, ids, T, B, nnz, static_cast<const int64_t*>(rows_),
         static_cast<const uint32_t*>(base_), off32_, keys32_, err_);
     DLREC_CUDA_LAUNCH_CHECK();
-    if (B > 0) ce::forward(tab_, off32_, keys32_, B, mean_, out, st, c_.width);
+    if (B > 0 && out_bf16)
+      ce::forward(tab_, off32_, keys32_, B, mean_, static_cast<__nv_bfloat16*>(out), st,
+                  c_.width);
+    else if (B > 0)
+      ce::forward(tab_, off32_, keys32_, B, mean_, static_cast<float*>(out), st, c_.width);
     batch_ = B;
     nnz_ = nnz;
     have_batch_ = training;
@@ -209,7 +213,7 @@ class CudaBackend final : public Backend {
         fail(where, ": offsets decrease (offsets[", bag + 1, "] = ", value, ")");
     }
   }
-  void backward(const float* dout, int64_t ld, float lr, void* stream) override {
+  void backward(const void* dout, bool dout_bf16, int64_t ld, float lr, void* stream) override {
     DLREC_CHECK(have_batch_, "backward: no training forward to take the gradient of");
     DLREC_CHECK(ld >= c_.width, "backward: gradient row stride ", ld, " < width ", c_.width);
     DLREC_CHECK(lr >= 0.f, "backward: learning rate must be >= 0, got ", lr);
@@ -219,9 +223,14 @@ class CudaBackend final : public Backend {
     if (batch_ == 0 || nnz_ == 0) return;
     ce::fill(lr_, 1, lr, st);
     ce::backward_ids(tab_, off32_, keys32_, batch_, nnz_, key_bits_, scratch_, st);
-    ce::backward_apply(tab_, off32_, batch_, nnz_, mean_, dout, ld,
-                       adagrad_ ? ce::Update::Adagrad : ce::Update::SGD, lr_,
-                       c_.optimizer.adagrad_eps, scratch_, st);
+    const ce::Update kind = adagrad_ ? ce::Update::Adagrad : ce::Update::SGD;
+    if (dout_bf16)
+      ce::backward_apply(tab_, off32_, batch_, nnz_, mean_,
+                         static_cast<const __nv_bfloat16*>(dout), ld, kind, lr_,
+                         c_.optimizer.adagrad_eps, scratch_, st);
+    else
+      ce::backward_apply(tab_, off32_, batch_, nnz_, mean_, static_cast<const float*>(dout), ld,
+                         kind, lr_, c_.optimizer.adagrad_eps, scratch_, st);
     DLREC_CUDA_LAUNCH_CHECK();
   }
   void table_size(int t, int which, int64_t* rows, int64_t* cols) override {

@@ -28,9 +28,10 @@ def lib():
         "dlrec_emb_create": ([ctypes.c_char_p, ctypes.POINTER(vp)], ctypes.c_int),
         "dlrec_emb_destroy": ([vp], None),
         "dlrec_emb_width": ([vp, i64p], ctypes.c_int),
-        "dlrec_emb_forward": ([vp, vp, vp, i64, i64, vp, vp, ctypes.c_int], ctypes.c_int),
+        "dlrec_emb_forward": ([vp, vp, vp, i64, i64, vp, ctypes.c_int, vp, ctypes.c_int],
+                              ctypes.c_int),
         "dlrec_emb_check": ([vp, vp], ctypes.c_int),
-        "dlrec_emb_backward": ([vp, vp, i64, ctypes.c_float, vp], ctypes.c_int),
+        "dlrec_emb_backward": ([vp, vp, ctypes.c_int, i64, ctypes.c_float, vp], ctypes.c_int),
         "dlrec_emb_table_size": ([vp, ctypes.c_int, ctypes.c_int, i64p, i64p], ctypes.c_int),
         "dlrec_emb_read_table": ([vp, ctypes.c_int, ctypes.c_int, vp, ctypes.c_int, vp],
                                  ctypes.c_int),
@@ -72,12 +73,13 @@ class Coll:
         out = np.full((B, self.width), np.nan, np.float32)
         self.err(self.lib.dlrec_emb_forward(self.h, offsets.ctypes.data, ids.ctypes.data, B,
                                             len(ids) if nnz is None else nnz, out.ctypes.data,
-                                            None, int(training)))
+                                            0, None, int(training)))
         return out
 
     def backward(self, grad, lr):
         grad = np.ascontiguousarray(grad, np.float32)
-        self.err(self.lib.dlrec_emb_backward(self.h, grad.ctypes.data, grad.shape[1], lr, None))
+        self.err(self.lib.dlrec_emb_backward(self.h, grad.ctypes.data, 0, grad.shape[1], lr,
+                                             None))
 
     def table(self, t, which=0):
         r, c = ctypes.c_int64(), ctypes.c_int64()
@@ -233,6 +235,13 @@ def test_errors(lib):
         with pytest.raises(RuntimeError, match="no training forward"):
             c.forward([0, 1, 2, 3, 4], [0, 1, 2, 0], training=False)
             c.backward(np.zeros((2, 4), np.float32), 0.1)
+        off, ids, out = (np.array(a, np.int64) for a in ([0, 1, 2], [0, 1], [0] * 4))
+        with pytest.raises(RuntimeError, match="bfloat16 outputs are CUDA-only"):
+            c.err(lib.dlrec_emb_forward(c.h, off.ctypes.data, ids.ctypes.data, 1, 2,
+                                        out.ctypes.data, 1, None, 1))
+        with pytest.raises(RuntimeError, match="bfloat16 gradients are CUDA-only"):
+            c.forward([0, 1, 2], [0, 1])
+            c.err(lib.dlrec_emb_backward(c.h, out.ctypes.data, 1, 4, 0.1, None))
         with pytest.raises(RuntimeError, match="optimizer keeps no state"):
             c.table(0, 1)
         with pytest.raises(RuntimeError, match="table 7 out of range"):

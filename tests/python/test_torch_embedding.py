@@ -113,6 +113,28 @@ def test_matches_torch(kind, pooling):
         run_case(mod, dev, kind, pooling)
 
 
+def test_bf16_output():
+    """CUDA: bf16 pooled rows are the float32 ones rounded; the update from a bf16 gradient
+    equals the update from the same gradient in float32."""
+    mod = dlrec_torch()
+    if "cuda" not in devices(mod):
+        pytest.skip("no CUDA device or a CPU-only library")
+    tables = [{"rows": 30, "dim": 8}, {"rows": 20, "dim": 8}]
+    a = mod.EmbeddingCollection(tables=tables, device="cuda", library=PATHS["library"])
+    b = mod.EmbeddingCollection(tables=tables, device="cuda", dtype=torch.bfloat16,
+                                library=PATHS["library"])
+    gen = torch.Generator().manual_seed(5)
+    ids, offsets, _ = batch([30, 20], 12, 3, "cuda", gen)
+    oa, ob = a(ids, offsets), b(ids, offsets)
+    assert ob.dtype == torch.bfloat16
+    torch.testing.assert_close(ob, oa.to(torch.bfloat16), rtol=0, atol=0)
+    g = torch.randn(12, 16, generator=gen).to("cuda").to(torch.bfloat16)
+    (oa * g.float()).sum().backward()
+    (ob.float() * g.float()).sum().backward()
+    for t in range(2):
+        torch.testing.assert_close(a.table(t), b.table(t), rtol=1e-6, atol=1e-7)
+
+
 def test_errors():
     mod = dlrec_torch()
     for dev in devices(mod):
@@ -136,5 +158,7 @@ if __name__ == "__main__":
     for kind, pooling in CASES:
         test_matches_torch(kind, pooling)
         print(f"test_matches_torch[{kind}-{pooling}] passed on {devices(dlrec_torch())}")
+    test_bf16_output()
+    print("test_bf16_output passed")
     test_errors()
     print("test_errors passed")
