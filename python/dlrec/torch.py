@@ -190,10 +190,10 @@ class EmbeddingCollection(torch.nn.Module):
         return t.to(torch.int64).contiguous()
 
     def forward(self, values, offsets=None, lengths=None):
-        """Pooled rows [B, width] (self.dtype) of a batch in KeyedJaggedTensor form: `values` (ids of
-        every table, table-major) with `offsets` [T * B + 1] or `lengths` [T * B]; or an object
-        with .values() and .offsets() (a torchrec KeyedJaggedTensor); or ids [T, B] (one id per
-        sample and table)."""
+        """Pooled rows [B, width] (self.dtype) of a batch in KeyedJaggedTensor form: `values`
+        (ids of every table, table-major) with `offsets` [T * B + 1] or `lengths` [T * B]; or
+        an object with .values() and .offsets() (a torchrec KeyedJaggedTensor, its keys in the
+        tables' order); or ids [T, B] (one id per sample and table)."""
         if not isinstance(values, torch.Tensor) and hasattr(values, "offsets"):
             values, offsets = values.values(), values.offsets()
         T = len(self.table_names)

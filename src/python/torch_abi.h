@@ -34,8 +34,8 @@ void dlrec_emb_destroy(void* handle);
 int dlrec_emb_width(void* handle, int64_t* width);
 
 // Pools the batch into out (float32; bfloat16 when out_bf16 != 0, CUDA only: the sums are
-// taken in float and rounded once). training != 0 keeps the batch for dlrec_emb_backward (and inserts a
-// hashed table's unseen keys); training == 0 pools unknown hashed keys as zeros.
+// taken in float and rounded once). training != 0 keeps the batch for dlrec_emb_backward (and
+// inserts a hashed table's unseen keys); training == 0 pools unknown hashed keys as zeros.
 int dlrec_emb_forward(void* handle, const int64_t* offsets, const int64_t* ids, int64_t batch,
                       int64_t nnz, void* out, int out_bf16, void* stream, int training);
 // CUDA: the id checks of the last forward run on the device; this waits for the stream and

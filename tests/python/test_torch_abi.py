@@ -228,7 +228,8 @@ def test_errors(lib):
         with pytest.raises(RuntimeError, match=r"table 'b' \(table 1\).*id 3 of sample 1 is out "
                                                r"of range \[0, 3\)"):
             c.forward([0, 1, 2, 3, 4], [0, 1, 2, 3])
-        with pytest.raises(RuntimeError, match=r"table 'a': offsets decrease at sample 1 \(2 > 1\)"):
+        with pytest.raises(RuntimeError,
+                           match=r"table 'a': offsets decrease at sample 1 \(2 > 1\)"):
             c.forward([0, 2, 1, 3, 4], [0, 1, 2, 0])
         with pytest.raises(RuntimeError, match=r"offsets\[4\] - offsets\[0\] = 4 but 5 ids"):
             c.forward([0, 1, 2, 3, 4], [0, 1, 2, 0, 0])
@@ -250,7 +251,8 @@ def test_errors(lib):
         c.close()
     bad = [
         ({"tables": []}, "'tables' must be a non-empty list"),
-        ({"tables": [{"rows": 3, "dim": 2, "dimm": 1}]}, r"unknown config key 'tables\[0\].dimm' \(did you mean 'dim'\?\)"),
+        ({"tables": [{"rows": 3, "dim": 2, "dimm": 1}]},
+         r"unknown config key 'tables\[0\].dimm' \(did you mean 'dim'\?\)"),
         ({"tables": [{"rows": 0, "dim": 2}]}, "rows"),
         ({"tables": [{"rows": 3, "dim": 2}], "optimizer": {"kind": "lamb"}}, "kind"),
         ({"tables": [{"rows": 3, "dim": 2}], "device": "tpu"}, "device"),
