@@ -53,8 +53,8 @@ CollectionConfig parse_config(const char* text) {
     t.name = rt.get<std::string>("name", "table" + std::to_string(i));
     t.dim = rt.get_int_range("dim", 0, 1, 1 << 16);
     t.pooling = nn::parse_pooling(rt.get_choice("pooling", "sum", {"sum", "mean"}));
-    t.seed = static_cast<uint64_t>(rt.get_int_range("seed", static_cast<int64_t>(i), 0,
-                                                    std::numeric_limits<int64_t>::max()));
+    t.seed = static_cast<uint64_t>(
+        rt.get_int_range("seed", static_cast<int64_t>(i), 0, std::numeric_limits<int64_t>::max()));
     if (rt.has("hashed")) {
       const json& h = rt.raw("hashed");
       DLREC_CHECK(h.is_object(), "config key '", where, ".hashed' must be an object");
@@ -106,8 +106,8 @@ class CpuBackend final : public Backend {
     float* out = static_cast<float*>(out_v);
     const int64_t T = static_cast<int64_t>(c_.tables.size());
     DLREC_CHECK(B >= 0 && nnz >= 0, "forward: negative batch size or id count");
-    DLREC_CHECK(offsets[T * B] - offsets[0] == nnz, "forward: offsets[", T * B, "] - offsets[0] = ",
-                offsets[T * B] - offsets[0], " but ", nnz, " ids were given");
+    DLREC_CHECK(offsets[T * B] - offsets[0] == nnz, "forward: offsets[", T * B,
+                "] - offsets[0] = ", offsets[T * B] - offsets[0], " but ", nnz, " ids were given");
     have_batch_ = false;
     local_.resize(B + 1);
     for (int64_t t = 0; t < T; ++t) {
@@ -115,8 +115,8 @@ class CpuBackend final : public Backend {
       const int64_t* o = offsets + t * B;
       for (int64_t b = 0; b <= B; ++b) {
         if (b < B && o[b] > o[b + 1])
-          fail("table '", c_.tables[t].name, "': offsets decrease at sample ", b, " (", o[b],
-               " > ", o[b + 1], ")");
+          fail("table '", c_.tables[t].name, "': offsets decrease at sample ", b, " (", o[b], " > ",
+               o[b + 1], ")");
         if (o[b] < offsets[0] || o[b] - offsets[0] > nnz)
           fail("table '", c_.tables[t].name, "': offset ", o[b], " of sample ", b,
                " is outside the ", nnz, " ids");
@@ -170,8 +170,8 @@ class CpuBackend final : public Backend {
 
  private:
   nn::Param& fixed_table(int t, int which) {
-    DLREC_CHECK(t >= 0 && t < static_cast<int>(c_.tables.size()), "table ", t,
-                " out of range [0, ", c_.tables.size(), ")");
+    DLREC_CHECK(t >= 0 && t < static_cast<int>(c_.tables.size()), "table ", t, " out of range [0, ",
+                c_.tables.size(), ")");
     DLREC_CHECK(!hashed_[t], "table '", c_.tables[t].name,
                 "' is hashed: its rows are by key, not copied as a whole");
     nn::Param& p = fixed_[t]->weight();

@@ -93,8 +93,7 @@ class Backend {
   virtual void forward(const int64_t* offsets, const int64_t* ids, int64_t batch, int64_t nnz,
                        void* out, bool out_bf16, void* stream, bool training) = 0;
   virtual void check(void* stream) {}
-  virtual void backward(const void* dout, bool dout_bf16, int64_t ld, float lr,
-                        void* stream) = 0;
+  virtual void backward(const void* dout, bool dout_bf16, int64_t ld, float lr, void* stream) = 0;
   virtual void table_size(int table, int which, int64_t* rows, int64_t* cols) = 0;
   virtual void copy_table(int table, int which, float* buf, bool on_device, bool read,
                           void* stream) = 0;

@@ -21,8 +21,7 @@ namespace ce = nn::cuda_emb;
 
 // err: {code, bag, value, position}; code 1 id out of range, 2 offset outside the ids,
 // 3 last offset != nnz, 4 offsets decrease. Only the first report is kept.
-__device__ void report(unsigned long long* err, int code, int64_t bag, int64_t value,
-                       int64_t pos) {
+__device__ void report(unsigned long long* err, int code, int64_t bag, int64_t value, int64_t pos) {
   if (atomicCAS(err, 0ull, static_cast<unsigned long long>(code)) == 0ull) {
     err[1] = static_cast<unsigned long long>(bag);
     err[2] = static_cast<unsigned long long>(value);
@@ -96,8 +95,8 @@ class CudaBackend final : public Backend {
     for (const TableConfig& t : c.tables) {
       DLREC_CHECK(!t.hashed, "table '", t.name,
                   "': hashed tables are CPU-only in dlrec.torch so far (use device='cpu')");
-      DLREC_CHECK(t.dim == t0.dim, "table '", t.name, "' has dim ", t.dim, " but table '",
-                  t0.name, "' has ", t0.dim, ": on CUDA all tables of a collection share one dim");
+      DLREC_CHECK(t.dim == t0.dim, "table '", t.name, "' has dim ", t.dim, " but table '", t0.name,
+                  "' has ", t0.dim, ": on CUDA all tables of a collection share one dim");
       DLREC_CHECK(t.pooling == t0.pooling, "table '", t.name,
                   "': on CUDA all tables of a collection share one pooling");
     }
@@ -176,8 +175,7 @@ class CudaBackend final : public Backend {
         static_cast<const uint32_t*>(base_), off32_, keys32_, err_);
     DLREC_CUDA_LAUNCH_CHECK();
     if (B > 0 && out_bf16)
-      ce::forward(tab_, off32_, keys32_, B, mean_, static_cast<__nv_bfloat16*>(out), st,
-                  c_.width);
+      ce::forward(tab_, off32_, keys32_, B, mean_, static_cast<__nv_bfloat16*>(out), st, c_.width);
     else if (B > 0)
       ce::forward(tab_, off32_, keys32_, B, mean_, static_cast<float*>(out), st, c_.width);
     batch_ = B;
@@ -225,9 +223,8 @@ class CudaBackend final : public Backend {
     ce::backward_ids(tab_, off32_, keys32_, batch_, nnz_, key_bits_, scratch_, st);
     const ce::Update kind = adagrad_ ? ce::Update::Adagrad : ce::Update::SGD;
     if (dout_bf16)
-      ce::backward_apply(tab_, off32_, batch_, nnz_, mean_,
-                         static_cast<const __nv_bfloat16*>(dout), ld, kind, lr_,
-                         c_.optimizer.adagrad_eps, scratch_, st);
+      ce::backward_apply(tab_, off32_, batch_, nnz_, mean_, static_cast<const __nv_bfloat16*>(dout),
+                         ld, kind, lr_, c_.optimizer.adagrad_eps, scratch_, st);
     else
       ce::backward_apply(tab_, off32_, batch_, nnz_, mean_, static_cast<const float*>(dout), ld,
                          kind, lr_, c_.optimizer.adagrad_eps, scratch_, st);
@@ -238,15 +235,14 @@ class CudaBackend final : public Backend {
     *rows = c_.tables[t].rows;
     *cols = dim_;
   }
-  void copy_table(int t, int which, float* buf, bool on_device, bool read,
-                  void* stream) override {
+  void copy_table(int t, int which, float* buf, bool on_device, bool read, void* stream) override {
     check_table(t, which);
     DeviceScope scope(c_.device_index);
     auto st = static_cast<cudaStream_t>(stream);
     float* table = which ? states_[t] : tables_[t];
     const size_t bytes = static_cast<size_t>(c_.tables[t].rows * dim_) * sizeof(float);
-    DLREC_CUDA_CHECK(cudaMemcpyAsync(read ? buf : table, read ? table : buf, bytes,
-                                     cudaMemcpyDefault, st));
+    DLREC_CUDA_CHECK(
+        cudaMemcpyAsync(read ? buf : table, read ? table : buf, bytes, cudaMemcpyDefault, st));
     if (!on_device) DLREC_CUDA_CHECK(cudaStreamSynchronize(st));
   }
 
@@ -259,10 +255,10 @@ class CudaBackend final : public Backend {
     return p;
   }
   void check_table(int t, int which) const {
-    DLREC_CHECK(t >= 0 && t < static_cast<int>(c_.tables.size()), "table ", t,
-                " out of range [0, ", c_.tables.size(), ")");
-    DLREC_CHECK(which == 0 || (which == 1 && adagrad_), "table '", c_.tables[t].name, "': ",
-                which == 1 ? "the optimizer keeps no state" : "which must be 0 or 1");
+    DLREC_CHECK(t >= 0 && t < static_cast<int>(c_.tables.size()), "table ", t, " out of range [0, ",
+                c_.tables.size(), ")");
+    DLREC_CHECK(which == 0 || (which == 1 && adagrad_), "table '", c_.tables[t].name,
+                "': ", which == 1 ? "the optimizer keeps no state" : "which must be 0 or 1");
   }
   // Grows the id buffers and the backward's scratch (after the stream's work on them is done).
   void reserve(int64_t offsets, int64_t nnz, cudaStream_t st) {
