@@ -61,6 +61,9 @@ def test_pip_install_builds_a_working_package(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert (site / "dlrec" / "client.py").exists()
+    # dlrec.torch: its module and its C ABI library (docs/PYTHON.md, "dlrec.torch").
+    assert (site / "dlrec" / "torch.py").exists()
+    assert (site / "dlrec" / "libdlrec_torch.so").exists()
     env = dict(os.environ, PYTHONPATH=str(site))
     r = subprocess.run([sys.executable, "-c", CHECK, str(site)], capture_output=True, text=True,
                        env=env, cwd=tmp_path)
