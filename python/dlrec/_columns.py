@@ -144,11 +144,17 @@ def _arrow_cat(name, col, rows):
         arr = arr.cast(t.value_type)
         t = arr.type
     if pa.types.is_list(t) or pa.types.is_large_list(t):
-        offsets = np.asarray(arr.offsets, dtype=np.int64)  # nulls have empty lists
+        offsets = np.asarray(arr.offsets, dtype=np.int64)
         values = arr.values
         base = int(offsets[0])
         offsets = offsets - base
         values = values.slice(base, int(offsets[-1]))
+        if arr.null_count:  # a null row is missing, even where its offsets span items
+            valid = np.asarray(arr.is_valid())
+            lengths = np.diff(offsets)
+            if np.any(lengths[~valid]):  # drop those items (a copy, only in this case)
+                values = values.filter(pa.array(np.repeat(valid, lengths)))
+                offsets = np.concatenate([[0], np.cumsum(np.where(valid, lengths, 0))])
         if values.null_count:
             raise ValueError(f"categorical column '{name}': null items inside a list (leave a "
                              "missing item out of its row's list)")
