@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "dlrec/core/error.h"
+#include "dlrec/core/thread_pool.h"
 #include "io/text_line_parser.h"
 
 namespace dlrec::etl {
@@ -120,8 +121,8 @@ void start_chunk(io::RawChunk& c, const io::Schema& schema) {
 
 // Parses the lines of [lo, hi) of file `fi` into `part` (new chunks of at most chunk_rows rows).
 // `line` is the local number of the line at lo.
-void parse_range(const MappedFile& f, const std::string& name, int fi, size_t lo, size_t hi,
-                 int64_t line, const io::text_detail::LineParser& parser, const io::Schema& schema,
+void parse_range(const MappedFile& f, int fi, size_t lo, size_t hi, int64_t line,
+                 const io::text_detail::LineParser& parser, const io::Schema& schema,
                  const io::ReadOptions& read, InputPart& part) {
   io::text_detail::LineParser::Scratch scratch;
   io::text_detail::LineError err;
@@ -251,10 +252,53 @@ class ReplayReader final : public io::ChunkReader {
   io::ReadStats stats_;
 };
 
+// parse_range on the pool's threads: [lo, hi) cut into pieces at line
+// starts (min_piece bytes or more), each parsed into its own part, then appended in order with
+// their line numbers moved on by the lines of the pieces before (with OnError::Fail, nothing after
+// the first failed piece). Returns the lines (newlines) of [lo, hi).
+int64_t parse_range_threaded(const MappedFile& f, int fi, size_t lo, size_t hi, int64_t line,
+                             const io::text_detail::LineParser& parser, const io::Schema& schema,
+                             const io::ReadOptions& read, size_t min_piece, InputPart& part) {
+  const size_t pieces = std::max<size_t>(
+      1, std::min<size_t>(static_cast<size_t>(num_threads()) * 2, (hi - lo) / min_piece));
+  std::vector<size_t> cut(pieces + 1, hi);
+  cut[0] = lo;
+  for (size_t j = 1; j < pieces; ++j)
+    cut[j] = std::max(cut[j - 1], f.next_line_start(lo + (hi - lo) / pieces * j, lo));
+  std::vector<InputPart> got(pieces);
+  std::vector<int64_t> newlines(pieces, 0);
+  parallel_for(0, static_cast<int64_t>(pieces), 1, [&](int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j) {
+      parse_range(f, fi, cut[j], cut[j + 1], 1, parser, schema, read, got[j]);
+      newlines[j] = std::count(f.data() + cut[j], f.data() + cut[j + 1], '\n');
+    }
+  });
+  int64_t before = line - 1;  // lines before piece j
+  for (size_t j = 0; j < pieces && !part.failed; ++j) {
+    InputPart& g = got[j];
+    for (size_t c = 0; c < g.parsed.chunks.size(); ++c) {
+      g.parsed.chunks[c].first_line += before;
+      part.parsed.chunks.push_back(std::move(g.parsed.chunks[c]));
+      part.chunk_file.push_back(fi);
+    }
+    part.parsed.stats.rows += g.parsed.stats.rows;
+    part.parsed.stats.skipped_rows += g.parsed.stats.skipped_rows;
+    if (g.error_file >= 0 && part.error_file < 0) {
+      part.error_file = fi;
+      part.error_line = before + g.error_line;
+      part.error_message = g.error_message;
+    }
+    part.failed = g.failed;
+    before += newlines[j];
+  }
+  return before - (line - 1);
+}
+
 }  // namespace
 
 InputPart parse_input_part(const std::vector<std::string>& files, const io::Schema& schema,
-                           const io::ReadOptions& read, int part, int parts) {
+                           const io::ReadOptions& read, int part, int parts,
+                           size_t min_piece_bytes) {
   DLREC_CHECK(parts >= 1 && part >= 0 && part < parts, "etl: part ", part, " of ", parts);
   DLREC_CHECK(read.chunk_rows >= 1, "etl: chunk_rows must be >= 1");
   const int n = static_cast<int>(files.size());
@@ -298,8 +342,8 @@ InputPart parse_input_part(const std::vector<std::string>& files, const io::Sche
     const MappedFile& m = *maps[f];
     const size_t from = pre[f].end + (a - start[f]), to = pre[f].end + (b - start[f]);
     io::text_detail::LineParser parser(schema, io::field_mapping(schema, pre[f].header, files[f]));
-    parse_range(m, files[f], f, from, to, pre_lines + 1, parser, schema, read, out);
-    out.file_lines[f] += static_cast<int64_t>(std::count(m.data() + from, m.data() + to, '\n'));
+    out.file_lines[f] += parse_range_threaded(m, f, from, to, pre_lines + 1, parser, schema, read,
+                                              min_piece_bytes, out);
   }
   return out;
 }

@@ -45,8 +45,11 @@ struct InputPart {
 // preamble: byte order mark, skip_lines, header) are split into `parts` equal ranges, each
 // boundary moved forward to the next line start. A malformed row does not throw: it is
 // recorded in the part (error_*), so that the job can report the first one in input order.
+// The part's range of each file is parsed on the pool's threads (parallel_for) in pieces of
+// min_piece_bytes or more (tests make it small to have many pieces).
 InputPart parse_input_part(const std::vector<std::string>& files, const io::Schema& schema,
-                           const io::ReadOptions& read, int part, int parts);
+                           const io::ReadOptions& read, int part, int parts,
+                           size_t min_piece_bytes = size_t{4} << 20);
 
 // Turns the part's local line numbers into the files' (lines_before[f]: the lines of file f in
 // the parts before this one, all_gathered by the caller) and returns the message of its first
