@@ -162,6 +162,8 @@ std::optional<etl::EtlResult> run_etl_ranks(etl::EtlOptions o, dist::Communicato
               static_cast<long long>(input->stats.rows),
               static_cast<long long>(input->stats.skipped_rows), timer.seconds());
   o.parsed_input = std::move(input);
+  // The gathered rows are in memory already: every pass replays them, not a second copy.
+  o.input_cache_mb = 0;
   return etl::run_etl(o);
 }
 

@@ -44,11 +44,14 @@ void datagen(const std::string& out, int rows, int seed) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
 }
 
-// Runs `prefix dlrec etl <args> --out dir` and expects success.
-void etl(const std::string& prefix, const std::string& args, const std::string& dir) {
+// Runs `prefix dlrec etl <args> --out dir` and expects success, by `processes` processes.
+void etl(const std::string& prefix, const std::string& args, const std::string& dir,
+         int processes = 1) {
   auto r = run_job(prefix + kDlrec + " etl " + args + " --out " + dir, 300);
   ASSERT_FALSE(r.hung) << r.output;
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string parsed = "etl: " + std::to_string(processes) + " processes parsed";
+  EXPECT_EQ(r.output.find(parsed) != std::string::npos, processes > 1) << r.output;
 }
 
 TEST(EtlRanksTest, MpirunOutputIsTheSingleProcessBytes) {
@@ -59,10 +62,10 @@ TEST(EtlRanksTest, MpirunOutputIsTheSingleProcessBytes) {
   const std::string args = "--input " + in + " --shard-rows 4000";
   etl("", args, tmp.path + "/plain");
   etl(mpirun_prefix(1), args, tmp.path + "/np1");
-  etl(mpirun_prefix(2), args, tmp.path + "/np2");
-  etl(mpirun_prefix(3), args, tmp.path + "/np3");
+  etl(mpirun_prefix(2), args, tmp.path + "/np2", 2);
+  etl(mpirun_prefix(3), args, tmp.path + "/np3", 3);
   // dlrec starting mpirun itself (the CI container's transport setting through the environment).
-  etl(dlrec::testing::kMpiEnv, args + " --processes 2", tmp.path + "/self2");
+  etl(dlrec::testing::kMpiEnv, args + " --processes 2", tmp.path + "/self2", 2);
   for (const char* d : {"/np1", "/np2", "/np3", "/self2"})
     expect_same_dirs(tmp.path + "/plain", tmp.path + d);
 }
@@ -78,8 +81,8 @@ TEST(EtlRanksTest, SeveralFilesShuffledForTrainingRanks) {
   }
   const std::string args = inputs + " --shard-rows 2500 --shuffle --seed 4 --ranks 2";
   etl("", args, tmp.path + "/plain");
-  etl(mpirun_prefix(2), args, tmp.path + "/np2");
-  etl(mpirun_prefix(3), args, tmp.path + "/np3");
+  etl(mpirun_prefix(2), args, tmp.path + "/np2", 2);
+  etl(mpirun_prefix(3), args, tmp.path + "/np3", 3);
   expect_same_dirs(tmp.path + "/plain", tmp.path + "/np2");
   expect_same_dirs(tmp.path + "/plain", tmp.path + "/np3");
   EXPECT_TRUE(file_exists(tmp.path + "/np3/ranks.json"));
@@ -111,7 +114,7 @@ TEST(EtlRanksTest, MalformedRowOnRankOneEndsTheJobNamingRankFileAndLine) {
 
   // --on-error=skip: the same output as one process.
   etl("", "--input " + bad + " --on-error=skip", tmp.path + "/skip1");
-  etl(mpirun_prefix(2), "--input " + bad + " --on-error=skip", tmp.path + "/skip2");
+  etl(mpirun_prefix(2), "--input " + bad + " --on-error=skip", tmp.path + "/skip2", 2);
   expect_same_dirs(tmp.path + "/skip1", tmp.path + "/skip2");
 }
 
