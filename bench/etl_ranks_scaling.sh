@@ -57,7 +57,7 @@ for n in "${RANKS[@]}"; do
     t0=$(date +%s.%N)
     log=$("${cmd[@]}" 2>&1)
     t1=$(date +%s.%N)
-    parse=$(echo "$log" | sed -n 's/^etl: .* processes parsed .* in \([0-9.]*\)s$/\1/p')
+    parse=$(echo "$log" | sed -n 's/^etl: .* processes parsed .* in \([0-9.]*\)s (rank 0.s part \([0-9.]*\)s)$/\1 (own part \2)/p')
     line=$(echo "$log" | grep '^etl: train=' || true)
     sec=$(echo "$t1 - $t0" | bc -l)
     printf 'ranks=%d run=%d wall=%.2fs %.1f MB/s parse=%ss | %s\n' "$n" "$i" "$sec" \
