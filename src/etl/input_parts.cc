@@ -107,7 +107,7 @@ Preamble read_preamble(const MappedFile& f, const io::Schema& schema) {
   if (schema.header) {
     const size_t e = f.line_end(p.end);
     const size_t stop = e > p.end && d[e - 1] == '\n' ? e - 1 : e;
-    p.header.assign(d + p.end, stop - p.end);
+    if (stop > p.end) p.header.assign(d + p.end, stop - p.end);
     consume_line();
   }
   return p;
@@ -173,7 +173,7 @@ void put(std::string& out, const T& v) {
 template <class T>
 void put_vec(std::string& out, const std::vector<T>& v) {
   put<uint64_t>(out, v.size());
-  out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+  if (!v.empty()) out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
 }
 
 // Reads the serialized bytes in order, checking that they hold what is read.
@@ -194,7 +194,7 @@ struct ByteReader {
     DLREC_CHECK(n <= static_cast<uint64_t>(end - p) / sizeof(T),
                 "etl: a part's rows are cut short (", n, " values announced)");
     v.resize(n);
-    std::memcpy(v.data(), p, n * sizeof(T));
+    if (n > 0) std::memcpy(v.data(), p, n * sizeof(T));  // (no null pointer to memcpy)
     p += n * sizeof(T);
   }
   void need(size_t n) const {
