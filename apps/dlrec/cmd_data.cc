@@ -2,9 +2,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <memory>
+#include <optional>
 
 #include "commands.h"
 #include "dlrec/core/progress.h"
+#include "dlrec/dist/communicator.h"
+#include "dlrec/etl/input_parts.h"
 #include "dlrec/etl/run.h"
 #include "dlrec/io/datagen.h"
 
@@ -49,11 +53,12 @@ Runner add_datagen(CLI::App& app) {
       if (a->comment_lines >= 0) rc.comment_lines = a->comment_lines;
       Timer t;
       io::RatingsResult r = io::generate_ratings(rc, a->out);
-      std::printf("datagen: ratings: %lld rows, %.1f MB, rating > 3 in %.4f, signal AUC ceiling "
-                  "%.4f (last 10%% of rows: %.4f), %.2fs -> %s, %s, %s\n",
-                  static_cast<long long>(r.rows), r.bytes / 1e6, r.positive_rate, r.signal_auc,
-                  r.signal_auc_last_tenth, t.seconds(), r.ratings.c_str(), r.users.c_str(),
-                  r.items.c_str());
+      std::printf(
+          "datagen: ratings: %lld rows, %.1f MB, rating > 3 in %.4f, signal AUC ceiling "
+          "%.4f (last 10%% of rows: %.4f), %.2fs -> %s, %s, %s\n",
+          static_cast<long long>(r.rows), r.bytes / 1e6, r.positive_rate, r.signal_auc,
+          r.signal_auc_last_tenth, t.seconds(), r.ratings.c_str(), r.users.c_str(),
+          r.items.c_str());
       return 0;
     }
     DLREC_CHECK(a->comment_lines < 0, "--comment-lines applies to --schema ratings only");
@@ -67,10 +72,11 @@ Runner add_datagen(CLI::App& app) {
     Timer t;
     io::DatagenResult r = io::generate_file(cfg, a->out);
     double s = t.seconds();
-    std::printf("datagen: %lld rows, %.1f MB, positives %.4f, signal AUC ceiling %.4f, %.2fs "
-                "(%.2fM rows/s) -> %s\n",
-                static_cast<long long>(r.rows), r.bytes / 1e6, r.positive_rate, r.signal_auc, s,
-                r.rows / s / 1e6, a->out.c_str());
+    std::printf(
+        "datagen: %lld rows, %.1f MB, positives %.4f, signal AUC ceiling %.4f, %.2fs "
+        "(%.2fM rows/s) -> %s\n",
+        static_cast<long long>(r.rows), r.bytes / 1e6, r.positive_rate, r.signal_auc, s,
+        r.rows / s / 1e6, a->out.c_str());
     return 0;
   };
 }
@@ -87,26 +93,93 @@ io::Schema load_schema(const std::string& format, const std::string& schema_path
   fail("--format ", format, " needs --schema (a JSON file naming the columns; docs/FORMATS.md)");
 }
 
+struct EtlArgs {
+  std::vector<std::string> inputs;
+  std::string format = "criteo", schema, workflow, out;
+  std::string on_error = "fail";
+  int64_t train_rows = -1, shard_rows = 0, memory_budget_mb = 0, input_cache_mb = -1;
+  std::string spill_dir, cache_form = "auto";
+  bool shuffle = false, cache_huge_pages = false, no_cache_huge_pages = false;
+  int64_t seed = 0;
+  int ranks = 1, processes = 0;
+  double valid_ratio = -1, comm_timeout = 300;
+  bool overwrite = false;
+};
+
+int run_etl_command(const EtlArgs& args, dist::Communicator& comm);
+
+// `dlrec etl` as one rank of a job of several processes (docs/ETL.md "Several processes"):
+// every rank parses its part of the input (etl::parse_input_part); the first malformed row in
+// input order ends the job, reported by its rank; the parts' rows are gathered on rank 0 in
+// rank (= input) order, which runs the ETL on them (EtlOptions::parsed_input) and alone writes
+// the output. Returns the result on rank 0, nothing on the others.
+std::optional<etl::EtlResult> run_etl_ranks(etl::EtlOptions o, dist::Communicator& comm) {
+  const int rank = comm.rank(), ranks = comm.size();
+  const int64_t files = static_cast<int64_t>(o.inputs.size());
+  Timer timer;
+  etl::InputPart part = etl::parse_input_part(o.inputs, o.schema, o.read, rank, ranks);
+  const double own_parse = timer.seconds();
+  // Line numbers: file f's lines in the parts before this one.
+  std::vector<int64_t> lines(ranks * files), before(files, 0);
+  comm.all_gather(part.file_lines.data(), lines.data(), files, dist::Elem::I64);
+  for (int q = 0; q < rank; ++q)
+    for (int64_t f = 0; f < files; ++f) before[f] += lines[q * files + f];
+  const std::string error = etl::settle_part(part, o.inputs, before);
+  // The first malformed row in input order (OnError::Fail) ends the job from its rank; the
+  // other ranks wait here until the job is ended (or their collective times out).
+  const int64_t first_failed =
+      comm.all_reduce_value(static_cast<int64_t>(part.failed ? rank : ranks), dist::ReduceOp::Min);
+  if (first_failed < ranks) {
+    if (rank == first_failed) fail(error);
+    comm.barrier();
+    fail("etl: rank ", first_failed, " failed");  // not reached: that rank ends the job
+  }
+  // Rank 0 gathers the parts (in 8-byte words: MPI counts are ints).
+  std::string bytes = etl::serialize_parsed(part.parsed);
+  part = etl::InputPart{};
+  const std::vector<int64_t> sizes = comm.all_gather_counts(static_cast<int64_t>(bytes.size()));
+  bytes.resize((bytes.size() + 7) / 8 * 8);
+  std::vector<int64_t> send_counts(ranks, 0), send_offsets(ranks, 0), recv_counts(ranks, 0),
+      recv_offsets(ranks, 0);
+  send_counts[0] = static_cast<int64_t>(bytes.size() / 8);
+  int64_t words = 0;
+  if (rank == 0)
+    for (int q = 0; q < ranks; ++q) {
+      recv_offsets[q] = words;
+      recv_counts[q] = (sizes[q] + 7) / 8;
+      words += recv_counts[q];
+    }
+  std::vector<int64_t> recv(words);
+  comm.all_to_all_v(bytes.data(), send_counts, send_offsets, recv.data(), recv_counts, recv_offsets,
+                    dist::Elem::I64);
+  bytes = std::string();
+  if (rank != 0) return std::nullopt;
+  auto input = std::make_shared<etl::ParsedInput>();
+  for (int q = 0; q < ranks; ++q)
+    etl::append_serialized(reinterpret_cast<const char*>(recv.data() + recv_offsets[q]),
+                           static_cast<size_t>(sizes[q]), *input);
+  recv = std::vector<int64_t>();
+  // Rank 0's own part, then the waits for the others, the gather and the unpacking.
+  std::printf(
+      "etl: %d processes parsed %lld rows (%lld skipped) in %.2fs (rank 0's part "
+      "%.2fs)\n",
+      ranks, static_cast<long long>(input->stats.rows),
+      static_cast<long long>(input->stats.skipped_rows), timer.seconds(), own_parse);
+  o.parsed_input = std::move(input);
+  // The gathered rows are in memory already: every pass replays them, not a second copy.
+  o.input_cache_mb = 0;
+  return etl::run_etl(o);
+}
+
 Runner add_etl(CLI::App& app) {
-  struct Args {
-    std::vector<std::string> inputs;
-    std::string format = "criteo", schema, workflow, out;
-    std::string on_error = "fail";
-    int64_t train_rows = -1, shard_rows = 0, memory_budget_mb = 0, input_cache_mb = -1;
-    std::string spill_dir, cache_form = "auto";
-    bool shuffle = false, cache_huge_pages = false, no_cache_huge_pages = false;
-    int64_t seed = 0;
-    int ranks = 1;
-    double valid_ratio = -1;
-    bool overwrite = false;
-  };
-  auto a = std::make_shared<Args>();
+  auto a = std::make_shared<EtlArgs>();
   CLI::App* c = app.add_subcommand("etl", "Fit a workflow on raw logs and write training shards");
   c->add_option("--input", a->inputs, "Input files (TSV/CSV), read in order")->required();
   c->add_option("--format", a->format, "criteo (TSV, no header) or csv (needs --schema)")
       ->check(CLI::IsMember({"criteo", "csv"}));
   c->add_option("--schema", a->schema, "Schema JSON (columns, delimiter, header, ...)");
-  c->add_option("--workflow", a->workflow, "Workflow JSON (default: the Criteo workflow of configs/etl_criteo.json)");
+  c->add_option("--workflow", a->workflow,
+                "Workflow JSON (default: the Criteo workflow of configs/etl_criteo.json)");
   c->add_option("--out", a->out, "Output directory")->required();
   c->add_option("--train-rows", a->train_rows, "First N rows train, the rest validate");
   c->add_option("--valid-ratio", a->valid_ratio, "Last fraction of rows validates (default 0.1)");
@@ -145,52 +218,98 @@ Runner add_etl(CLI::App& app) {
                 "Split the training rows into N equal shard sets, one per training rank "
                 "(listed in ranks.json)")
       ->check(CLI::Range(1, 65536));
-  return [a] {
-    etl::EtlOptions o;
-    o.inputs = a->inputs;
-    o.schema = load_schema(a->format, a->schema);
-    o.workflow = a->workflow.empty() ? parse_json(kDefaultWorkflow, "the default workflow")
-                                     : read_json_file(a->workflow);
-    o.output_dir = a->out;
-    DLREC_CHECK(a->train_rows < 0 || a->valid_ratio < 0,
-                "give either --train-rows or --valid-ratio, not both");
-    o.train_rows = a->train_rows;
-    o.valid_ratio = a->valid_ratio >= 0 ? a->valid_ratio : (a->train_rows >= 0 ? 0.0 : 0.1);
-    if (a->shard_rows > 0) o.shard_rows = a->shard_rows;
-    o.read.on_error = io::parse_on_error(a->on_error);
-    o.overwrite = a->overwrite;
-    o.memory_budget_mb = a->memory_budget_mb;
-    o.spill_dir = a->spill_dir;
-    o.input_cache_mb = a->input_cache_mb;
-    o.input_cache_huge_pages = a->cache_huge_pages      ? etl::HugePages::On
-                               : a->no_cache_huge_pages ? etl::HugePages::Off
-                                                        : etl::HugePages::Auto;
-    o.input_cache_form = etl::parse_cache_form(a->cache_form);
-    o.shuffle = a->shuffle;
-    o.seed = static_cast<uint64_t>(a->seed);
-    o.ranks = a->ranks;
-    etl::EtlResult r = etl::run_etl(o);
-    for (const auto& w : r.warnings) std::fprintf(stderr, "etl: warning: %s\n", w.c_str());
-    std::printf("etl: train=%lld valid=%lld skipped=%lld input=%.1f MB output=%.1f MB "
-                "fit=%.2fs transform=%.2fs total=%.2fs (%.1f MB/s) -> %s\n",
-                static_cast<long long>(r.train_rows), static_cast<long long>(r.valid_rows),
-                static_cast<long long>(r.skipped_rows), r.input_bytes / 1e6, r.output_bytes / 1e6,
-                r.fit_seconds, r.transform_seconds, r.total_seconds,
-                r.input_bytes / 1e6 / std::max(r.total_seconds, 1e-9), a->out.c_str());
-    if (r.spill_runs)
-      std::printf("etl: vocabulary counts spilled: %lld runs, %.1f MB\n",
-                  static_cast<long long>(r.spill_runs), r.spill_bytes / 1e6);
-    // The side tables held in memory (JoinExternal), as stats.json reports them.
-    const json stats = read_json_file(a->out + "/stats.json");
-    if (stats.contains("columns") && stats["columns"].contains("join_external"))
-      for (const auto& t : stats["columns"]["join_external"])
-        std::printf("etl: side table %s joined on '%s': %lld rows, %zu columns, %.1f MB in "
-                    "memory\n",
-                    t.at("path").get<std::string>().c_str(), t.at("on").get<std::string>().c_str(),
-                    static_cast<long long>(t.at("rows").get<int64_t>()), t.at("columns").size(),
-                    t.at("memory_bytes").get<int64_t>() / 1e6);
-    return 0;
+  c->add_option("--processes", a->processes,
+                "Run the ETL as N processes (docs/ETL.md \"Several processes\"): started here "
+                "through mpirun, or checked against the job's size under mpirun (where it may "
+                "be left out). Each parses its part of the input; the output is the same bytes "
+                "as one process's")
+      ->check(CLI::Range(1, 65536));
+  c->add_option("--comm-timeout", a->comm_timeout,
+                "With several processes: seconds a collective may wait for the other ranks "
+                "before the job ends with an error naming them")
+      ->check(CLI::Range(1.0, 1e6));
+  return [a]() -> int {
+    if (a->processes > 1 && !dist::started_by_mpi_launcher()) {
+      const int rc = dist::launch_local_job(a->processes, own_command_line());
+      if (rc != 0)
+        std::fprintf(stderr,
+                     "dlrec: error: the etl job of %d processes failed (exit status %d); the "
+                     "messages above name the rank that failed first\n",
+                     a->processes, rc);
+      return rc;
+    }
+    std::unique_ptr<dist::Communicator> comm;
+    try {
+      dist::CommOptions co;
+      co.timeout_seconds = a->comm_timeout;
+      comm = dist::make_communicator("auto", co);
+      if (a->processes > 0 && comm->size() != a->processes)
+        fail("this job has ", comm->size(), comm->size() == 1 ? " process" : " processes",
+             " but the command asks for ", a->processes, " (--processes ", a->processes,
+             "); start it with mpirun -np ", a->processes, " or drop the option");
+      const int rc = run_etl_command(*a, *comm);
+      comm.reset();
+      dist::finalize();
+      return rc;
+    } catch (const std::exception& e) {
+      // The other ranks may wait in a collective for this one: the whole job ends here.
+      if (comm && comm->size() > 1) dist::abort_job(e.what());
+      throw;
+    }
   };
+}
+
+int run_etl_command(const EtlArgs& args, dist::Communicator& comm) {
+  const EtlArgs* a = &args;
+  etl::EtlOptions o;
+  o.inputs = a->inputs;
+  o.schema = load_schema(a->format, a->schema);
+  o.workflow = a->workflow.empty() ? parse_json(kDefaultWorkflow, "the default workflow")
+                                   : read_json_file(a->workflow);
+  o.output_dir = a->out;
+  DLREC_CHECK(a->train_rows < 0 || a->valid_ratio < 0,
+              "give either --train-rows or --valid-ratio, not both");
+  o.train_rows = a->train_rows;
+  o.valid_ratio = a->valid_ratio >= 0 ? a->valid_ratio : (a->train_rows >= 0 ? 0.0 : 0.1);
+  if (a->shard_rows > 0) o.shard_rows = a->shard_rows;
+  o.read.on_error = io::parse_on_error(a->on_error);
+  o.overwrite = a->overwrite;
+  o.memory_budget_mb = a->memory_budget_mb;
+  o.spill_dir = a->spill_dir;
+  o.input_cache_mb = a->input_cache_mb;
+  o.input_cache_huge_pages = a->cache_huge_pages      ? etl::HugePages::On
+                             : a->no_cache_huge_pages ? etl::HugePages::Off
+                                                      : etl::HugePages::Auto;
+  o.input_cache_form = etl::parse_cache_form(a->cache_form);
+  o.shuffle = a->shuffle;
+  o.seed = static_cast<uint64_t>(a->seed);
+  o.ranks = a->ranks;
+  std::optional<etl::EtlResult> result =
+      comm.size() > 1 ? run_etl_ranks(o, comm) : std::optional(etl::run_etl(o));
+  if (!result) return 0;  // a rank other than 0: its part is with rank 0
+  const etl::EtlResult& r = *result;
+  for (const auto& w : r.warnings) std::fprintf(stderr, "etl: warning: %s\n", w.c_str());
+  std::printf(
+      "etl: train=%lld valid=%lld skipped=%lld input=%.1f MB output=%.1f MB "
+      "fit=%.2fs transform=%.2fs total=%.2fs (%.1f MB/s) -> %s\n",
+      static_cast<long long>(r.train_rows), static_cast<long long>(r.valid_rows),
+      static_cast<long long>(r.skipped_rows), r.input_bytes / 1e6, r.output_bytes / 1e6,
+      r.fit_seconds, r.transform_seconds, r.total_seconds,
+      r.input_bytes / 1e6 / std::max(r.total_seconds, 1e-9), a->out.c_str());
+  if (r.spill_runs)
+    std::printf("etl: vocabulary counts spilled: %lld runs, %.1f MB\n",
+                static_cast<long long>(r.spill_runs), r.spill_bytes / 1e6);
+  // The side tables held in memory (JoinExternal), as stats.json reports them.
+  const json stats = read_json_file(a->out + "/stats.json");
+  if (stats.contains("columns") && stats["columns"].contains("join_external"))
+    for (const auto& t : stats["columns"]["join_external"])
+      std::printf(
+          "etl: side table %s joined on '%s': %lld rows, %zu columns, %.1f MB in "
+          "memory\n",
+          t.at("path").get<std::string>().c_str(), t.at("on").get<std::string>().c_str(),
+          static_cast<long long>(t.at("rows").get<int64_t>()), t.at("columns").size(),
+          t.at("memory_bytes").get<int64_t>() / 1e6);
+  return 0;
 }
 
 }  // namespace dlrec::cli

@@ -153,9 +153,9 @@ void EtlRun::count_first() {
   // Skipped malformed lines are not rows: a newline count would put the split that many rows
   // too late (every good row training, an empty validation split), so they are parsed and
   // counted (one more read of the input, in this mode only).
-  const int64_t rows = parse_to_count()
-                           ? count_parsed_rows(o_.inputs, o_.schema, o_.read)
-                           : count_rows(o_.inputs, o_.schema);
+  const int64_t rows = o_.parsed_input ? o_.parsed_input->stats.rows
+                       : parse_to_count() ? count_parsed_rows(o_.inputs, o_.schema, o_.read)
+                                          : count_rows(o_.inputs, o_.schema);
   res_.count_seconds += t.seconds();
   clock_.mark("count done");
   set_split(rows);
@@ -181,7 +181,7 @@ void EtlRun::plan_split() {
   } else if (o_.valid_ratio > 0) {
     Timer t;
     if (o_.count_ahead_min_bytes >= 0 && res_.input_bytes >= o_.count_ahead_min_bytes &&
-        inputs_rereadable(o_.inputs) && !parse_to_count()) {
+        inputs_rereadable(o_.inputs) && !parse_to_count() && !o_.parsed_input) {
       expected_rows_ = estimate_rows(o_.inputs);
       counting_ = expected_rows_ >= 0;
     }
@@ -342,7 +342,7 @@ ChunkBatchSource EtlRun::open_fit_pass() {
   }
   if (batches_) res_.read_wait_seconds += batches_->wait_seconds();
   batches_.reset();
-  batches_ = std::make_unique<BatchReader>(io::open_reader(o_.inputs, o_.schema, ro),
+  batches_ = std::make_unique<BatchReader>(open_input(o_, ro),
                                            batch_chunks(), read_ahead_);
   const bool first = pass_ == 1;
   if (first && cache_.on && !cache_.arena) {

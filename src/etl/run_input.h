@@ -227,6 +227,14 @@ inline double process_cpu_seconds() {
 }
 
 // Chunks per batch: one per thread, so that a batch is one parallel parse of the reader.
+// The input's rows for a pass: the files through io::open_reader, or the rows parsed by the
+// job's ranks (EtlOptions::parsed_input).
+inline std::unique_ptr<io::ChunkReader> open_input(const EtlOptions& o,
+                                                   const io::ReadOptions& ro) {
+  if (o.parsed_input) return replay_reader(o.parsed_input, ro);
+  return io::open_reader(o.inputs, o.schema, ro);
+}
+
 inline int batch_chunks() { return std::max(2, num_threads()); }
 
 // The reader's options for a pass. Pieces parsed ahead (io::ReadOptions::parse_ahead): under a

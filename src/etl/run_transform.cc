@@ -115,7 +115,7 @@ void EtlRun::transform() {
       o.memory_budget_mb > 0 ? batch_chunks() : std::min(tchunks, std::max(batch_chunks(), 64));
   if (!cached_)
     t.input = std::make_unique<BatchReader>(
-        io::open_reader(o.inputs, o.schema, pass_read_options(o)), t.transform_chunks,
+        open_input(o, pass_read_options(o)), t.transform_chunks,
         read_ahead_);
   // Direct: each transform task encodes its own rows into the shard files' blocks
   // (io::ShardWriter::reserve/write_at) instead of a writer thread encoding the batch after

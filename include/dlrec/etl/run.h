@@ -17,12 +17,14 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "dlrec/core/config.h"
+#include "dlrec/etl/input_parts.h"
 #include "dlrec/io/schema.h"
 #include "dlrec/io/text_reader.h"
 
@@ -106,6 +108,11 @@ struct EtlOptions {
   // (and Parquet) whose estimated rows fit in the input cache (the cache decisions then use
   // an estimate from the first MB; the reader must not stop at the split). -1: never.
   int64_t count_ahead_min_bytes = int64_t{64} << 20;
+  // The input already parsed (rank 0 of `dlrec etl` under mpirun: the ranks' parts gathered in
+  // input order, etl/input_parts.h): every pass reads these rows instead of parsing `inputs`
+  // (which must still name the files: sizes, side tables), and the split counts them. Null:
+  // parse `inputs`.
+  std::shared_ptr<const ParsedInput> parsed_input;
 };
 
 struct EtlResult {
