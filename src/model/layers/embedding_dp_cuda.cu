@@ -1,6 +1,8 @@
 // The data-parallel embedding exchange's kernels (embedding_dp_cuda.h).
 #include <algorithm>
 #include <cub/device/device_scan.cuh>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include "core/cuda_check.h"
 #include "dlrec/core/error.h"
@@ -9,13 +11,16 @@
 namespace dlrec::model::gpu_graph::dp {
 namespace {
 
-// Global bag gb = t * G + row: its length and where its keys start in the gathered keys.
-__global__ void bag_lengths(RankGeometry g, const int32_t* __restrict__ off_in,
-                            int32_t* __restrict__ lens, int64_t* __restrict__ src) {
-  const int64_t bags = g.tables * g.global_rows;
+// Global bag gb = k * G + row of table t = tables[k] (tables null: t = k): its length and where
+// its keys start in the gathered keys.
+__global__ void bag_lengths(RankGeometry g, const int32_t* __restrict__ tables, int64_t K,
+                            const int32_t* __restrict__ off_in, int32_t* __restrict__ lens,
+                            int64_t* __restrict__ src) {
+  const int64_t bags = K * g.global_rows;
   for (int64_t gb = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; gb < bags;
        gb += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = gb / g.global_rows, row = gb - t * g.global_rows;
+    const int64_t k = gb / g.global_rows, row = gb - k * g.global_rows;
+    const int64_t t = tables ? tables[k] : k;
     int r = 0;
     while (r + 1 < g.ranks && row >= g.row_begin[r + 1]) ++r;
     const int64_t b = row - g.row_begin[r];
@@ -51,12 +56,20 @@ size_t scan_bytes(int64_t bags) {
 void build_global_bags(const RankGeometry& g, const int32_t* off_in, const uint32_t* keys_in,
                        int32_t* off_g, uint32_t* keys_g, int32_t* lens, int64_t* src, void* temp,
                        size_t temp_bytes, cudaStream_t stream) {
-  const int64_t bags = g.tables * g.global_rows;
+  build_table_bags(g, nullptr, g.tables, off_in, keys_in, off_g, keys_g, lens, src, temp,
+                   temp_bytes, stream);
+}
+
+void build_table_bags(const RankGeometry& g, const int32_t* tables, int64_t K,
+                      const int32_t* off_in, const uint32_t* keys_in, int32_t* off_g,
+                      uint32_t* keys_g, int32_t* lens, int64_t* src, void* temp,
+                      size_t temp_bytes, cudaStream_t stream) {
+  const int64_t bags = K * g.global_rows;
   DLREC_CHECK(bags < (int64_t{1} << 31), "data-parallel embedding: ", bags,
               " bags in the global batch (int32 offsets)");
   DLREC_CUDA_CHECK(cudaMemsetAsync(off_g, 0, sizeof(int32_t), stream));
   if (bags == 0) return;
-  bag_lengths<<<blocks_for(bags), 256, 0, stream>>>(g, off_in, lens, src);
+  bag_lengths<<<blocks_for(bags), 256, 0, stream>>>(g, tables, K, off_in, lens, src);
   DLREC_CUDA_LAUNCH_CHECK();
   size_t bytes = temp_bytes;
   DLREC_CUDA_CHECK(
@@ -64,5 +77,53 @@ void build_global_bags(const RankGeometry& g, const int32_t* off_in, const uint3
   copy_keys<<<blocks_for(bags), 256, 0, stream>>>(bags, off_g, src, keys_in, keys_g);
   DLREC_CUDA_LAUNCH_CHECK();
 }
+
+
+namespace {
+
+// Element i of the exchange blocks: c = i % dim, b = (i / dim) % B, p = i / (dim * B); its place
+// in the blocks of the table-wise order (TwLayout) and in the [B, ld] activation.
+template <class T, bool kToOut>
+__global__ void tw_copy(TwLayout l, int64_t B, const T* __restrict__ from, T* __restrict__ to,
+                        int64_t ld) {
+  const int64_t n = l.tables * B * l.dim;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = i % l.dim, rest = i / l.dim, b = rest % B, p = rest / B;
+    const int64_t blk = (B * l.first[p] + b * l.count[p] + l.index[p]) * l.dim + c;
+    const int64_t act = b * ld + int64_t(l.table[p]) * l.dim + c;
+    if (kToOut) to[act] = from[blk];
+    else to[blk] = from[act];
+  }
+}
+
+}  // namespace
+
+template <class T>
+void scatter_pooled(const TwLayout& l, int64_t B, const T* recv, T* out, int64_t ld,
+                    cudaStream_t stream) {
+  const int64_t n = l.tables * B * l.dim;
+  if (n == 0) return;
+  tw_copy<T, true><<<blocks_for(n), 256, 0, stream>>>(l, B, recv, out, ld);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+template <class T>
+void gather_grads(const TwLayout& l, int64_t B, const T* grad, int64_t ld, T* send,
+                  cudaStream_t stream) {
+  const int64_t n = l.tables * B * l.dim;
+  if (n == 0) return;
+  tw_copy<T, false><<<blocks_for(n), 256, 0, stream>>>(l, B, grad, send, ld);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+#define DLREC_TW_INSTANTIATE(T)                                                               \
+  template void scatter_pooled<T>(const TwLayout&, int64_t, const T*, T*, int64_t,            \
+                                  cudaStream_t);                                              \
+  template void gather_grads<T>(const TwLayout&, int64_t, const T*, int64_t, T*, cudaStream_t);
+DLREC_TW_INSTANTIATE(float)
+DLREC_TW_INSTANTIATE(__nv_bfloat16)
+DLREC_TW_INSTANTIATE(__half)
+#undef DLREC_TW_INSTANTIATE
 
 }  // namespace dlrec::model::gpu_graph::dp
