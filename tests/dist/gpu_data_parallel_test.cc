@@ -100,8 +100,9 @@ void expect_gpus_match_one(const std::string& optimizer, int gpus = 2,
   ASSERT_EQ(many.exit_code, 0) << many.output;
   EXPECT_NE(many.output.find("trained: steps=1000 samples=63712 "), std::string::npos)
       << many.output;
-  if (!extra.empty())  // the plan is printed once (rank 0)
+  if (!extra.empty()) {  // the plan is printed once (rank 0)
     EXPECT_NE(many.output.find("table_wise"), std::string::npos) << many.output;
+  }
   const std::vector<json> a = d.metrics("one.jsonl"), b = d.metrics("many.jsonl");
   ASSERT_EQ(a.size(), b.size());
   ASSERT_EQ(a.size(), 101u);  // 100 logged losses, then the evaluation
