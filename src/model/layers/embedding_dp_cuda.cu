@@ -81,20 +81,41 @@ void build_table_bags(const RankGeometry& g, const int32_t* tables, int64_t K,
 
 namespace {
 
-// Element i of the exchange blocks: c = i % dim, b = (i / dim) % B, p = i / (dim * B); its place
-// in the blocks of the table-wise order (TwLayout) and in the [B, ld] activation.
-template <class T, bool kToOut>
+// One table-wise position p per blockIdx.y, its B rows of dim values in vectors V (per = sizeof(V)
+// / sizeof(T) values each) over x: the element (p, b, c) lies at (B * first[p] + b * count[p] +
+// index[p]) * dim + c in the exchange blocks and at b * ld + table[p] * dim + c in the activation.
+template <class T, class V, bool kToOut>
 __global__ void tw_copy(TwLayout l, int64_t B, const T* __restrict__ from, T* __restrict__ to,
                         int64_t ld) {
-  const int64_t n = l.tables * B * l.dim;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t c = i % l.dim, rest = i / l.dim, b = rest % B, p = rest / B;
-    const int64_t blk = (B * l.first[p] + b * l.count[p] + l.index[p]) * l.dim + c;
-    const int64_t act = b * ld + int64_t(l.table[p]) * l.dim + c;
-    if (kToOut) to[act] = from[blk];
-    else to[blk] = from[act];
+  constexpr int per = sizeof(V) / sizeof(T);
+  const int p = blockIdx.y;
+  const int64_t vd = l.dim / per, n = B * vd;
+  const int64_t first = l.first[p], count = l.count[p], index = l.index[p], t = l.table[p];
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t b = j / vd, c = (j - b * vd) * per;
+    const int64_t blk = (B * first + b * count + index) * l.dim + c;
+    const int64_t act = b * ld + t * l.dim + c;
+    if (kToOut) *reinterpret_cast<V*>(to + act) = *reinterpret_cast<const V*>(from + blk);
+    else *reinterpret_cast<V*>(to + blk) = *reinterpret_cast<const V*>(from + act);
   }
+}
+
+// 16-byte vectors where every row and column start allows them, else one value at a time.
+template <class T, bool kToOut>
+void launch_tw_copy(const TwLayout& l, int64_t B, const T* from, T* to, int64_t ld,
+                    cudaStream_t stream) {
+  if (l.tables == 0 || B == 0) return;
+  DLREC_CHECK(l.tables <= 65535, "table-wise sharding: ", l.tables, " tables (at most 65535)");
+  const bool vec = (l.dim * sizeof(T)) % 16 == 0 && (ld * sizeof(T)) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(from) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(to) % 16 == 0;
+  const int64_t per = vec ? 16 / sizeof(T) : 1;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((B * (l.dim / per) + 255) / 256, 4096)),
+                  static_cast<unsigned>(l.tables));
+  if (vec) tw_copy<T, int4, kToOut><<<grid, 256, 0, stream>>>(l, B, from, to, ld);
+  else tw_copy<T, T, kToOut><<<grid, 256, 0, stream>>>(l, B, from, to, ld);
+  DLREC_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -102,19 +123,13 @@ __global__ void tw_copy(TwLayout l, int64_t B, const T* __restrict__ from, T* __
 template <class T>
 void scatter_pooled(const TwLayout& l, int64_t B, const T* recv, T* out, int64_t ld,
                     cudaStream_t stream) {
-  const int64_t n = l.tables * B * l.dim;
-  if (n == 0) return;
-  tw_copy<T, true><<<blocks_for(n), 256, 0, stream>>>(l, B, recv, out, ld);
-  DLREC_CUDA_LAUNCH_CHECK();
+  launch_tw_copy<T, true>(l, B, recv, out, ld, stream);
 }
 
 template <class T>
 void gather_grads(const TwLayout& l, int64_t B, const T* grad, int64_t ld, T* send,
                   cudaStream_t stream) {
-  const int64_t n = l.tables * B * l.dim;
-  if (n == 0) return;
-  tw_copy<T, false><<<blocks_for(n), 256, 0, stream>>>(l, B, grad, send, ld);
-  DLREC_CUDA_LAUNCH_CHECK();
+  launch_tw_copy<T, false>(l, B, grad, send, ld, stream);
 }
 
 #define DLREC_TW_INSTANTIATE(T)                                                               \
