@@ -41,8 +41,8 @@ void GraphCuda::shard_tables(dist::Communicator&, const dist::PlannerOptions& op
     s.value_bytes = 4;
     s.state_bytes_per_row = p->state.defined() ? 4 * p->state.shape()[1] : 0;
     const double ids = t < static_cast<int64_t>(ids_per_sample.size()) ? ids_per_sample[t] : 1.0;
-    s.lookups_per_step = ids * static_cast<double>(std::max<int64_t>(1, o.batch_per_rank)) *
-                         e_.dp.ranks;
+    s.lookups_per_step =
+        ids * static_cast<double>(std::max<int64_t>(1, o.batch_per_rank)) * e_.dp.ranks;
     specs.push_back(s);
     tabs.push_back(p);
   }

@@ -94,9 +94,8 @@ void expect_gpus_match_one(const std::string& optimizer, int gpus = 2,
   Data d(optimizer, "fp32", extra);
   auto one = run_job(d.train_args("one", 64, "one.jsonl") + " --comm single", 900);
   ASSERT_EQ(one.exit_code, 0) << one.output;
-  auto many = run_job(d.train_args("many", 64 / gpus, "many.jsonl") + " --gpus " +
-                          std::to_string(gpus),
-                      900);
+  auto many = run_job(
+      d.train_args("many", 64 / gpus, "many.jsonl") + " --gpus " + std::to_string(gpus), 900);
   ASSERT_EQ(many.exit_code, 0) << many.output;
   EXPECT_NE(many.output.find("trained: steps=1000 samples=63712 "), std::string::npos)
       << many.output;
@@ -136,8 +135,7 @@ TEST(GpuTableWise, TwoGpusMatchOneGpuOver1000StepsSgd) {
 
 TEST(GpuTableWise, TwoGpusMatchOneGpuOver1000StepsAdagrad) {
   SKIP_WITHOUT_TWO_GPUS();
-  expect_gpus_match_one(R"({"type": "adagrad", "lr": 0.05, "adagrad_init": 0.01})", 2,
-                        kTableWise);
+  expect_gpus_match_one(R"({"type": "adagrad", "lr": 0.05, "adagrad_init": 0.01})", 2, kTableWise);
 }
 
 TEST(GpuTableWise, FourGpusMatchOneGpuOver1000StepsSgd) {
@@ -151,8 +149,7 @@ TEST(GpuTableWise, FourGpusMatchOneGpuOver1000StepsAdagrad) {
   SKIP_WITHOUT_TWO_GPUS();
   if (cuda::device_count() < 4)
     GTEST_SKIP() << "this machine has " << cuda::device_count() << " GPUs; the test needs 4";
-  expect_gpus_match_one(R"({"type": "adagrad", "lr": 0.05, "adagrad_init": 0.01})", 4,
-                        kTableWise);
+  expect_gpus_match_one(R"({"type": "adagrad", "lr": 0.05, "adagrad_init": 0.01})", 4, kTableWise);
 }
 
 TEST(GpuDataParallel, TwoGpusMatchOneGpuOver1000StepsSgd) {
