@@ -9,6 +9,7 @@
 #include "dlrec/core/progress.h"
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/dist/communicator.h"
+#include "dlrec/dist/planner.h"
 #include "dlrec/io/shard.h"
 #include "dlrec/io/synthetic_batch.h"
 #include "dlrec/model/model.h"
@@ -138,6 +139,13 @@ int run_train_bench(const TrainBenchOptions& o) {
     m->set_gradient_reducer(reducer.get());
     DLREC_CHECK(m->trains_parts_on_device(), "bench train --gpus: the model on ", device.str(),
                 " does not train data-parallel on the device");
+    // The config's "sharding" section: the embedding tables sharded over the GPUs.
+    if (!cfg.sharding.is_null()) {
+      ConfigReader r(cfg.sharding, "sharding");
+      dist::PlannerOptions po = dist::read_planner_options(r, ranks);
+      po.batch_per_rank = parse_sizes(o.batches_arg).front();
+      m->shard_tables(*host, po, {}, rank == 0 ? stderr : nullptr);
+    }
   }
   // One step: the model's own, or this rank's part of a global batch of `ranks` x its rows.
   auto step = [&](const io::Batch& b, bool want_loss) {

@@ -573,13 +573,22 @@ double GraphCuda::run_train_step(const io::Batch& batch, double lr_scale, bool w
     // The other ranks' counts are in the graph too: a graph of other counts is captured anew.
     std::vector<int64_t> shape = e_.dp.rows;
     shape.insert(shape.end(), e_.dp.nnz.begin(), e_.dp.nnz.end());
+    if (!e_.dp.table_owner.empty())  // the owners' updates are sized by the ids per table
+      shape.insert(shape.end(), e_.dp.table_nnz.begin(), e_.dp.table_nnz.end());
     if (shape != dp_shape_[cur_]) {
       sl.graph.reset();
       sl.eager_steps = 0;
       dp_shape_[cur_] = std::move(shape);
     }
   }
-  run_step(sl, fwd_rows_, fwd_nnz_, graphs_, e_.st, [&] { step_body(); });
+  e_.dp.step = e_.dp.comm != nullptr;  // the embedding's exchanges run in training steps only
+  try {
+    run_step(sl, fwd_rows_, fwd_nnz_, graphs_, e_.st, [&] { step_body(); });
+  } catch (...) {
+    e_.dp.step = false;
+    throw;
+  }
+  e_.dp.step = false;
   DLREC_CUDA_CHECK(cudaEventRecord(sl.free, e_.st));
   flush_profile();
   if (!want_loss) return std::numeric_limits<double>::quiet_NaN();
@@ -637,16 +646,23 @@ double GraphCuda::train_step_part(const io::Batch& batch, int64_t global_rows, d
   for (int64_t t = 0; t < T_; ++t)
     nnz += batch.cat_offsets[t][batch.rows] - batch.cat_offsets[t][0];
   const int n = e_.dp.ranks;
-  const int64_t mine[2] = {batch.rows, nnz};
-  std::vector<int64_t> all(2 * n);
-  host_comm_->all_gather(mine, all.data(), 2, dist::Elem::I64);
+  // Rows, ids and ids per table (table-wise sharding sizes its owners' updates by them).
+  const int64_t w = 2 + T_;
+  std::vector<int64_t> mine(w), all(w * n);
+  mine[0] = batch.rows;
+  mine[1] = nnz;
+  for (int64_t t = 0; t < T_; ++t)
+    mine[2 + t] = batch.cat_offsets[t][batch.rows] - batch.cat_offsets[t][0];
+  host_comm_->all_gather(mine.data(), all.data(), w, dist::Elem::I64);
   DataParallel& d = e_.dp;
   d.rows.assign(n, 0);
   d.nnz.assign(n, 0);
+  d.table_nnz.assign(n * T_, 0);
   d.global_rows = d.global_nnz = 0;
   for (int r = 0; r < n; ++r) {
-    d.rows[r] = all[2 * r];
-    d.nnz[r] = all[2 * r + 1];
+    d.rows[r] = all[w * r];
+    d.nnz[r] = all[w * r + 1];
+    for (int64_t t = 0; t < T_; ++t) d.table_nnz[r * T_ + t] = all[w * r + 2 + t];
     DLREC_CHECK(d.rows[r] > 0, "data-parallel step: rank ", r, " has no rows (every rank needs "
                 "some rows of each global batch)");
     d.global_rows += d.rows[r];

@@ -35,6 +35,14 @@ class GraphCuda final : public CudaModel {
   bool trains_parts_on_device() const override { return e_.dp.comm != nullptr; }
   double train_step_part(const io::Batch& batch, int64_t global_rows, double lr_scale,
                          bool want_loss) override;
+  // Table-wise sharding of the embedding layer's tables over the GPUs (graph_cuda_shard.cu):
+  // each table pooled and updated by its owner, exchanged by all-to-all inside the step.
+  // gather_sharded_tables (a collective) brings every GPU's copy of the tables up to date from
+  // their owners (before evaluation and checkpoints); scatter and release have nothing to do
+  // (every GPU keeps whole copies).
+  void shard_tables(dist::Communicator& comm, const dist::PlannerOptions& options,
+                    const std::vector<double>& ids_per_sample, std::FILE* plan_log) override;
+  void gather_sharded_tables() override;
   // Serving (graph_cuda_infer.cu): batches with one id per table and row run as one CUDA graph
   // per power-of-two bucket of rows (copy in, forward, sigmoid, copy out), in chunks of
   // GraphCudaOptions::infer_chunk rows through two alternating buckets (the host packs one while the device runs
@@ -143,6 +151,7 @@ class GraphCuda final : public CudaModel {
   dist::Communicator* host_comm_ = nullptr;
   int64_t loss_rows_ = 0;
   std::vector<int64_t> dp_shape_[2];
+  std::vector<NamedState*> sharded_tables_;  // table-wise sharding: the embedding's tables
   double run_train_step(const io::Batch& batch, double lr_scale, bool want_loss);
   int64_t fwd_rows_ = 0, fwd_nnz_ = 0;
   bool have_training_forward_ = false;

@@ -191,9 +191,10 @@ struct Trainer::Impl {
   std::unique_ptr<dist::Communicator> gpu_comm;  // NCCL, for a model on a GPU (before reducer)
   std::unique_ptr<DataParallelReducer> reducer;
   bool sharded = false;  // the embedding tables are sharded over the ranks (cfg.sharding)
+  bool device_sharded = false;  // the same on GPUs (table-wise, copies refreshed by gather)
   // A checkpoint of the whole model: a sharded model gathers its tables first (every rank).
   void checkpoint() {
-    if (sharded) model->gather_sharded_tables();
+    if (sharded || device_sharded) model->gather_sharded_tables();
     if (leader()) save_checkpoint(checkpoint_path(), *model, cfg, data.layout, state);
     if (sharded) model->release_sharded_tables();
   }
@@ -328,8 +329,6 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
   if (m.parallel()) {
     // A model on a GPU exchanges inside its step through NCCL over the same ranks.
     if (m.model->device().is_cuda()) {
-      DLREC_CHECK(m.cfg.sharding.is_null(), "sharding: sharded embeddings run on the CPU engine "
-                  "only in this build; on GPUs the tables are replicated (drop \"sharding\")");
       dist::CommOptions co;
       co.timeout_seconds = m.opt.comm_timeout_seconds;
       m.gpu_comm = dist::make_nccl_communicator(*m.opt.comm, m.model->device().index, co);
@@ -351,7 +350,9 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
         }
       }
       m.model->shard_tables(*m.opt.comm, po, ids, m.leader() ? stderr : nullptr);
-      m.sharded = true;
+      // On GPUs every rank keeps whole copies, refreshed from the owners before evaluation and
+      // checkpoints; its forward outside a training step is not a collective.
+      (m.model->device().is_cuda() ? m.device_sharded : m.sharded) = true;
     }
   }
   if (!m.opt.run_dir.empty()) {
@@ -387,6 +388,7 @@ EvalResult Trainer::evaluate(std::vector<float>* probs) {
               "' has no validation rows (dataset.json: valid_rows 0): nothing to evaluate");
   if (m.parallel()) {
     DLREC_CHECK(!probs, "evaluation across ranks returns metrics only");
+    if (m.device_sharded) m.model->gather_sharded_tables();
     return m.evaluate_parallel();
   }
   return evaluate_shards(*m.model, under(m.opt.data_dir, m.data.valid_shards),

@@ -1,4 +1,5 @@
-// Data-parallel training of CUDA engine models on 2 GPUs (NCCL) against one GPU
+// Data-parallel training of CUDA engine models on 2 (and 4) GPUs (NCCL) against one GPU, with
+// the tables replicated or sharded table-wise
 // (docs/DISTRIBUTED.md, "Across GPUs"): the same data and seed, a global batch of per-GPU batch x
 // GPUs, the same loss at every logged step (1e-5 relative) and the same final AUC (1e-4), over
 // 1,000 steps in fp32; and the configurations the GPUs refuse, with their messages. Every test
@@ -86,16 +87,22 @@ struct Data {
   }
 };
 
-// One GPU at batch 64 against `dlrec train --gpus 2` at 32 per GPU: every logged loss within
-// 1e-5 relative, the final AUC within 1e-4.
-void expect_two_gpus_match_one(const std::string& optimizer) {
-  Data d(optimizer, "fp32");
+// One GPU at batch 64 against `dlrec train --gpus N` at 64 / N per GPU: every logged loss within
+// 1e-5 relative, the final AUC within 1e-4. `extra`: more config sections (sharding).
+void expect_gpus_match_one(const std::string& optimizer, int gpus = 2,
+                           const std::string& extra = "") {
+  Data d(optimizer, "fp32", extra);
   auto one = run_job(d.train_args("one", 64, "one.jsonl") + " --comm single", 900);
   ASSERT_EQ(one.exit_code, 0) << one.output;
-  auto two = run_job(d.train_args("two", 32, "two.jsonl") + " --gpus 2", 900);
-  ASSERT_EQ(two.exit_code, 0) << two.output;
-  EXPECT_NE(two.output.find("trained: steps=1000 samples=63712 "), std::string::npos) << two.output;
-  const std::vector<json> a = d.metrics("one.jsonl"), b = d.metrics("two.jsonl");
+  auto many = run_job(
+      d.train_args("many", 64 / gpus, "many.jsonl") + " --gpus " + std::to_string(gpus), 900);
+  ASSERT_EQ(many.exit_code, 0) << many.output;
+  EXPECT_NE(many.output.find("trained: steps=1000 samples=63712 "), std::string::npos)
+      << many.output;
+  if (!extra.empty()) {  // the plan is printed once (rank 0)
+    EXPECT_NE(many.output.find("table_wise"), std::string::npos) << many.output;
+  }
+  const std::vector<json> a = d.metrics("one.jsonl"), b = d.metrics("many.jsonl");
   ASSERT_EQ(a.size(), b.size());
   ASSERT_EQ(a.size(), 101u);  // 100 logged losses, then the evaluation
   double worst = 0;
@@ -110,9 +117,39 @@ void expect_two_gpus_match_one(const std::string& optimizer) {
   EXPECT_NEAR(a.back()["auc"].get<double>(), b.back()["auc"].get<double>(), 1e-4);
   EXPECT_GT(a.back()["auc"].get<double>(), 0.6);  // it learned something
   std::printf(
-      "[gpu dp] 1000 steps: worst relative loss difference %.3g, AUC %.6f (1 GPU) vs "
-      "%.6f (2 GPUs)\n",
-      worst, a.back()["auc"].get<double>(), b.back()["auc"].get<double>());
+      "[gpu dp%s] 1000 steps: worst relative loss difference %.3g, AUC %.6f (1 GPU) vs "
+      "%.6f (%d GPUs)\n",
+      extra.empty() ? "" : " table-wise", worst, a.back()["auc"].get<double>(),
+      b.back()["auc"].get<double>(), gpus);
+}
+void expect_two_gpus_match_one(const std::string& optimizer) { expect_gpus_match_one(optimizer); }
+
+// Table-wise sharding: the planner's placement, and one table's owner set by the config.
+const char* kTableWise =
+    R"(, "sharding": {"tables": {"emb.0": {"kind": "table_wise", "owner": 1}}})";
+
+TEST(GpuTableWise, TwoGpusMatchOneGpuOver1000StepsSgd) {
+  SKIP_WITHOUT_TWO_GPUS();
+  expect_gpus_match_one(R"({"type": "sgd", "lr": 0.1})", 2, kTableWise);
+}
+
+TEST(GpuTableWise, TwoGpusMatchOneGpuOver1000StepsAdagrad) {
+  SKIP_WITHOUT_TWO_GPUS();
+  expect_gpus_match_one(R"({"type": "adagrad", "lr": 0.05, "adagrad_init": 0.01})", 2, kTableWise);
+}
+
+TEST(GpuTableWise, FourGpusMatchOneGpuOver1000StepsSgd) {
+  SKIP_WITHOUT_TWO_GPUS();
+  if (cuda::device_count() < 4)
+    GTEST_SKIP() << "this machine has " << cuda::device_count() << " GPUs; the test needs 4";
+  expect_gpus_match_one(R"({"type": "sgd", "lr": 0.1})", 4, kTableWise);
+}
+
+TEST(GpuTableWise, FourGpusMatchOneGpuOver1000StepsAdagrad) {
+  SKIP_WITHOUT_TWO_GPUS();
+  if (cuda::device_count() < 4)
+    GTEST_SKIP() << "this machine has " << cuda::device_count() << " GPUs; the test needs 4";
+  expect_gpus_match_one(R"({"type": "adagrad", "lr": 0.05, "adagrad_init": 0.01})", 4, kTableWise);
 }
 
 TEST(GpuDataParallel, TwoGpusMatchOneGpuOver1000StepsSgd) {
@@ -135,11 +172,22 @@ TEST(GpuDataParallel, UnsupportedConfigurationsAreClearErrors) {
     EXPECT_NE(r.output.find("dynamic loss scaling across GPUs is not supported"), std::string::npos)
         << r.output;
   }
-  {
-    Data d(R"({"type": "sgd", "lr": 0.1})", "fp32", R"(, "sharding": {})");
-    auto r = run_job(d.train_args("sharded", 32, "m.jsonl") + " --gpus 2", 300);
+  {  // row-wise (and column-wise) tables are CPU-only so far
+    Data d(R"({"type": "sgd", "lr": 0.1})", "fp32",
+           R"(, "sharding": {"tables": {"emb.1": {"kind": "row_wise"}}})");
+    auto r = run_job(d.train_args("rows", 32, "m.jsonl") + " --gpus 2", 300);
     EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.output.find("sharded embeddings run on the CPU engine only"), std::string::npos)
+    EXPECT_NE(r.output.find("table 'emb.1' is planned row_wise"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("table-wise only so far"), std::string::npos) << r.output;
+  }
+  {
+    Data d(R"({"type": "sgd", "lr": 0.1})", "fp32",
+           R"(, "sharding": {"tables": {"emb.2": {"kind": "replicated"}}})");
+    auto r = run_job(d.train_args("repl", 32, "m.jsonl") + " --gpus 2", 300);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("sharding.tables.emb.2.kind: \"replicated\" is not supported on the "
+                            "GPUs yet"),
+              std::string::npos)
         << r.output;
   }
 }

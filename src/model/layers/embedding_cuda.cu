@@ -34,6 +34,8 @@ class EmbeddingNode final : public Node {
     ts_.alloc_scratch(e, max_nnz * e.dp.ranks);
     if (hashed_) hashed_->alloc(max_nnz);
     if (e.dp.comm) alloc_exchange(e, max_nnz);
+    tw_ = false;
+    if (e.dp.comm && !e.dp.table_owner.empty()) alloc_table_wise(e, max_nnz);
   }
   void write_into(int into, int64_t col) override {
     into_ = into;
@@ -41,6 +43,10 @@ class EmbeddingNode final : public Node {
   }
   void forward(Engine& e) override {
     Value& v = e.vals[self];
+    if (tw_ && e.dp.step) {
+      forward_table_wise(e);
+      return;
+    }
     if (hashed_) {
       // The step's row array belongs to this step's inputs; only table layers read it, and a
       // hashed embedding layer is the only one (the constructor refuses a wide layer beside it).
@@ -69,6 +75,10 @@ class EmbeddingNode final : public Node {
   // The id work now; the update now, or in fp16 once every gradient is checked (Engine::update;
   // the gradient read stays untouched until then).
   void backward(Engine& e) override {
+    if (tw_ && e.dp.step) {
+      backward_table_wise(e);
+      return;
+    }
     if (e.dp.comm) {
       backward_global(e);
       return;
@@ -179,6 +189,190 @@ class EmbeddingNode final : public Node {
   }
   int64_t cap_ = 0;
   Tensor off_in_, keys_in_, off_g_, keys_g_, lens_, src_, scan_, grad_g_;
+  // Table-wise sharding (Engine::dp.table_owner; docs/DISTRIBUTED.md, "Across GPUs"): each
+  // table is pooled and updated by its owner only. Forward: every rank's offsets and ids are
+  // all-gathered (4 bytes per id, small beside the pooled rows), the owner builds its tables'
+  // bags of the global batch in global row order, pools them into [G, K, dim] in the
+  // activation's type and one all-to-all sends each rank its rows' pooled vectors, which it puts
+  // into its columns. Backward: one all-to-all sends the pooled rows' gradients to the owners,
+  // arriving as [G, K, dim] in global row order, and the owner runs the fused de-duplicated
+  // update of its tables over the global batch: the ids, gradients and order one GPU has.
+  // Non-owned tables keep their values of the last GraphCuda::gather_sharded_tables (evaluation
+  // and checkpoints bring every rank's copy up to date first).
+  void alloc_table_wise(Engine& e, int64_t max_nnz) {
+    const int n = e.dp.ranks;
+    const int64_t T = ts_.tab.num_tables, dim = ts_.dim;
+    const std::vector<int>& own = e.dp.table_owner;
+    DLREC_CHECK(static_cast<int64_t>(own.size()) == T, "table-wise sharding: ", own.size(),
+                " owners for ", T, " tables (bug)");
+    tw_ = true;
+    tw_count_.assign(n, 0);
+    tw_first_.assign(n, 0);
+    for (int o : own) ++tw_count_.at(o);
+    for (int r = 1; r < n; ++r) tw_first_[r] = tw_first_[r - 1] + tw_count_[r - 1];
+    std::vector<int32_t> lay;  // table, first, count, index: T each
+    std::vector<int32_t> table, first, count, index, mine;
+    for (int r = 0; r < n; ++r)
+      for (int64_t t = 0; t < T; ++t) {
+        if (own[t] != r) continue;
+        index.push_back(static_cast<int32_t>(table.size() - tw_first_[r]));
+        table.push_back(static_cast<int32_t>(t));
+        first.push_back(static_cast<int32_t>(tw_first_[r]));
+        count.push_back(static_cast<int32_t>(tw_count_[r]));
+        if (r == e.dp.rank) mine.push_back(static_cast<int32_t>(t));
+      }
+    for (auto* a : {&table, &first, &count, &index}) lay.insert(lay.end(), a->begin(), a->end());
+    tw_K_ = static_cast<int64_t>(mine.size());
+    tw_mine_.assign(mine.begin(), mine.end());
+    std::vector<float*> wp, sp;
+    std::vector<uint32_t> base;
+    for (int32_t t : mine) {
+      wp.push_back(ts_.tables[t].data<float>());
+      if (!ts_.states.empty()) sp.push_back(ts_.states[t].data<float>());
+      base.push_back(ts_.row_base[t]);
+    }
+    auto upload = [&](const void* src, size_t bytes) {
+      Tensor t = Tensor::empty({static_cast<int64_t>(bytes ? bytes : 1)}, DType::U8, e.dev);
+      if (bytes) copy_bytes(t.raw(), e.dev, src, Device::cpu(), bytes);
+      return t;
+    };
+    tw_layout_mem_ = upload(lay.data(), lay.size() * sizeof(int32_t));
+    const auto* l = static_cast<const int32_t*>(tw_layout_mem_.raw());
+    tw_layout_ = dp::TwLayout{l, l + T, l + 2 * T, l + 3 * T, T, dim};
+    tw_tabs_ = upload(mine.data(), mine.size() * sizeof(int32_t));
+    tw_ptrs_ = upload(wp.data(), wp.size() * sizeof(float*));
+    tw_sptrs_ = upload(sp.data(), sp.size() * sizeof(float*));
+    tw_base_ = upload(base.data(), base.size() * sizeof(uint32_t));
+    tw_sub_ = ts_.tab;
+    tw_sub_.weights = static_cast<float* const*>(tw_ptrs_.raw());
+    tw_sub_.states = ts_.tab.states ? static_cast<float* const*>(tw_sptrs_.raw()) : nullptr;
+    tw_sub_.row_base = static_cast<const uint32_t*>(tw_base_.raw());
+    tw_sub_.num_tables = static_cast<int>(tw_K_);
+    // Buffers for the largest global batch (every rank at the capacity).
+    const int64_t G = n * cap_;
+    const DType act = (into_ >= 0 ? e.vals[into_] : e.vals[self]).dt;
+    const DType gdt = grad_value(e).gdt;
+    auto one = [](int64_t x) { return std::max<int64_t>(x, 1); };
+    tw_off_ = Tensor::empty({tw_K_ * G + 1}, DType::I32, e.dev);
+    tw_keys_ = Tensor::empty({one(n * max_nnz)}, DType::I32, e.dev);
+    tw_pool_ = Tensor::empty({one(G * tw_K_ * dim)}, act, e.dev);
+    tw_recv_ = Tensor::empty({one(cap_ * T * dim)}, act, e.dev);
+    tw_gsend_ = Tensor::empty({one(cap_ * T * dim)}, gdt, e.dev);
+    tw_grecv_ = Tensor::empty({one(G * tw_K_ * dim)}, gdt, e.dev);
+  }
+  // Rank geometry of this step and the element counts of the pooled rows' all-to-all: what
+  // this owner sends each rank (K * B_s * dim at K * R_s * dim) and receives from each owner
+  // (K_o * B * dim at first_o * B * dim). The backward swaps the two.
+  dp::RankGeometry geometry(const Engine& e, std::vector<int64_t>* off_counts,
+                            std::vector<int64_t>* key_counts) const {
+    const DataParallel& d = e.dp;
+    const int64_t T = ts_.tab.num_tables;
+    dp::RankGeometry geo;
+    geo.ranks = d.ranks;
+    geo.tables = T;
+    geo.global_rows = d.global_rows;
+    off_counts->assign(d.ranks, 0);
+    key_counts->assign(d.ranks, 0);
+    int64_t rows = 0, offs = 0, keys = 0;
+    for (int r = 0; r < d.ranks; ++r) {
+      geo.rows[r] = d.rows[r];
+      geo.row_begin[r] = rows;
+      geo.off_begin[r] = offs;
+      geo.key_begin[r] = keys;
+      (*off_counts)[r] = T * d.rows[r] + 1;
+      (*key_counts)[r] = d.nnz[r];
+      rows += d.rows[r];
+      offs += (*off_counts)[r];
+      keys += (*key_counts)[r];
+    }
+    return geo;
+  }
+  void tw_counts(const Engine& e, std::vector<int64_t>* own_c, std::vector<int64_t>* own_o,
+                 std::vector<int64_t>* peer_c, std::vector<int64_t>* peer_o) const {
+    const DataParallel& d = e.dp;
+    const int64_t dim = ts_.dim;
+    own_c->assign(d.ranks, 0);
+    own_o->assign(d.ranks, 0);
+    peer_c->assign(d.ranks, 0);
+    peer_o->assign(d.ranks, 0);
+    int64_t R = 0;
+    for (int s = 0; s < d.ranks; ++s) {
+      (*own_c)[s] = tw_K_ * d.rows[s] * dim;
+      (*own_o)[s] = tw_K_ * R * dim;
+      (*peer_c)[s] = tw_count_[s] * e.B * dim;
+      (*peer_o)[s] = tw_first_[s] * e.B * dim;
+      R += d.rows[s];
+    }
+  }
+  void forward_table_wise(Engine& e) {
+    const DataParallel& d = e.dp;
+    const int64_t T = ts_.tab.num_tables, dim = ts_.dim, G = d.global_rows;
+    std::vector<int64_t> off_counts, key_counts, own_c, own_o, peer_c, peer_o;
+    const dp::RankGeometry geo = geometry(e, &off_counts, &key_counts);
+    tw_counts(e, &own_c, &own_o, &peer_c, &peer_o);
+    tw_nnz_ = 0;
+    for (int r = 0; r < d.ranks; ++r)
+      for (int64_t t : tw_mine_) tw_nnz_ += d.table_nnz[r * T + t];
+    e.on_comm([&](dist::Communicator& c) {
+      c.all_gather_v(e.offsets, off_in_.raw(), off_counts, dist::Elem::I32);
+      c.all_gather_v(e.keys, keys_in_.raw(), key_counts, dist::Elem::I32);
+    });
+    dp::build_table_bags(geo, static_cast<const int32_t*>(tw_tabs_.raw()), tw_K_,
+                         off_in_.data<int32_t>(), static_cast<const uint32_t*>(keys_in_.raw()),
+                         tw_off_.data<int32_t>(), static_cast<uint32_t*>(tw_keys_.raw()),
+                         lens_.data<int32_t>(), src_.data<int64_t>(), scan_.raw(), scan_bytes_,
+                         e.st);
+    const Value& o = into_ >= 0 ? e.vals[into_] : e.vals[self];
+    const int64_t col = into_ >= 0 ? col_ : 0;
+    auto run = [&](auto* h) {
+      using H = std::remove_pointer_t<decltype(h)>;
+      if (tw_K_ > 0 && G > 0)
+        ce::forward(tw_sub_, tw_off_.data<int32_t>(), static_cast<const uint32_t*>(tw_keys_.raw()),
+                    G, mean_, static_cast<H*>(tw_pool_.raw()), e.st, tw_K_ * dim);
+      e.on_comm([&](dist::Communicator& c) {
+        c.all_to_all_v(tw_pool_.raw(), own_c, own_o, tw_recv_.raw(), peer_c, peer_o,
+                       dist::elem_of(o.dt));
+      });
+      dp::scatter_pooled(tw_layout_, e.B, static_cast<const H*>(tw_recv_.raw()),
+                         static_cast<H*>(o.y.raw()) + col, o.ld, e.st);
+    };
+    if (is_half(o.dt)) with_half(o.dt, run);
+    else run(static_cast<float*>(nullptr));
+  }
+  void backward_table_wise(Engine& e) {
+    const DataParallel& d = e.dp;
+    const int64_t dim = ts_.dim, G = d.global_rows;
+    std::vector<int64_t> own_c, own_o, peer_c, peer_o;
+    tw_counts(e, &own_c, &own_o, &peer_c, &peer_o);
+    const Value& gv = grad_value(e);
+    const int64_t col = into_ >= 0 ? col_ : 0;
+    const ce::Update kind = e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD;
+    auto run = [&](auto* h) {
+      using H = std::remove_pointer_t<decltype(h)>;
+      dp::gather_grads(tw_layout_, e.B, static_cast<const H*>(gv.g.raw()) + col, gv.ld,
+                       static_cast<H*>(tw_gsend_.raw()), e.st);
+      e.on_comm([&](dist::Communicator& c) {
+        c.all_to_all_v(tw_gsend_.raw(), peer_c, peer_o, tw_grecv_.raw(), own_c, own_o,
+                       dist::elem_of(gv.gdt));
+      });
+      if (tw_K_ == 0 || G == 0 || tw_nnz_ == 0) return;
+      const int32_t* off = tw_off_.data<int32_t>();
+      ce::backward_ids(tw_sub_, off, static_cast<const uint32_t*>(tw_keys_.raw()), G, tw_nnz_,
+                       ts_.key_bits, ts_.scratch, e.st);
+      ce::backward_apply(tw_sub_, off, G, tw_nnz_, mean_, static_cast<const H*>(tw_grecv_.raw()),
+                         tw_K_ * dim, kind, e.lr + 1, e.emb_eps, ts_.scratch, e.st, e.gscale);
+    };
+    if (is_half(gv.gdt)) with_half(gv.gdt, run);
+    else run(static_cast<float*>(nullptr));
+  }
+  bool tw_ = false;
+  int64_t tw_K_ = 0, tw_nnz_ = 0;              // tables this rank owns; their ids this step
+  std::vector<int64_t> tw_count_, tw_first_;   // per rank: tables owned, first position
+  std::vector<int64_t> tw_mine_;               // the tables this rank owns
+  Tensor tw_layout_mem_, tw_tabs_, tw_ptrs_, tw_sptrs_, tw_base_;
+  Tensor tw_off_, tw_keys_, tw_pool_, tw_recv_, tw_gsend_, tw_grecv_;
+  ce::Tables tw_sub_;  // the owned tables (their global row keys as in the whole set)
+  dp::TwLayout tw_layout_;
   size_t scan_bytes_ = 0;
 
   static std::vector<int64_t> capacities(const std::vector<hashed_cuda::TableOptions>& h) {

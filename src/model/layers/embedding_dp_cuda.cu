@@ -1,6 +1,8 @@
 // The data-parallel embedding exchange's kernels (embedding_dp_cuda.h).
 #include <algorithm>
 #include <cub/device/device_scan.cuh>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include "core/cuda_check.h"
 #include "dlrec/core/error.h"
@@ -9,13 +11,16 @@
 namespace dlrec::model::gpu_graph::dp {
 namespace {
 
-// Global bag gb = t * G + row: its length and where its keys start in the gathered keys.
-__global__ void bag_lengths(RankGeometry g, const int32_t* __restrict__ off_in,
-                            int32_t* __restrict__ lens, int64_t* __restrict__ src) {
-  const int64_t bags = g.tables * g.global_rows;
+// Global bag gb = k * G + row of table t = tables[k] (tables null: t = k): its length and where
+// its keys start in the gathered keys.
+__global__ void bag_lengths(RankGeometry g, const int32_t* __restrict__ tables, int64_t K,
+                            const int32_t* __restrict__ off_in, int32_t* __restrict__ lens,
+                            int64_t* __restrict__ src) {
+  const int64_t bags = K * g.global_rows;
   for (int64_t gb = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; gb < bags;
        gb += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = gb / g.global_rows, row = gb - t * g.global_rows;
+    const int64_t k = gb / g.global_rows, row = gb - k * g.global_rows;
+    const int64_t t = tables ? tables[k] : k;
     int r = 0;
     while (r + 1 < g.ranks && row >= g.row_begin[r + 1]) ++r;
     const int64_t b = row - g.row_begin[r];
@@ -51,12 +56,20 @@ size_t scan_bytes(int64_t bags) {
 void build_global_bags(const RankGeometry& g, const int32_t* off_in, const uint32_t* keys_in,
                        int32_t* off_g, uint32_t* keys_g, int32_t* lens, int64_t* src, void* temp,
                        size_t temp_bytes, cudaStream_t stream) {
-  const int64_t bags = g.tables * g.global_rows;
+  build_table_bags(g, nullptr, g.tables, off_in, keys_in, off_g, keys_g, lens, src, temp,
+                   temp_bytes, stream);
+}
+
+void build_table_bags(const RankGeometry& g, const int32_t* tables, int64_t K,
+                      const int32_t* off_in, const uint32_t* keys_in, int32_t* off_g,
+                      uint32_t* keys_g, int32_t* lens, int64_t* src, void* temp,
+                      size_t temp_bytes, cudaStream_t stream) {
+  const int64_t bags = K * g.global_rows;
   DLREC_CHECK(bags < (int64_t{1} << 31), "data-parallel embedding: ", bags,
               " bags in the global batch (int32 offsets)");
   DLREC_CUDA_CHECK(cudaMemsetAsync(off_g, 0, sizeof(int32_t), stream));
   if (bags == 0) return;
-  bag_lengths<<<blocks_for(bags), 256, 0, stream>>>(g, off_in, lens, src);
+  bag_lengths<<<blocks_for(bags), 256, 0, stream>>>(g, tables, K, off_in, lens, src);
   DLREC_CUDA_LAUNCH_CHECK();
   size_t bytes = temp_bytes;
   DLREC_CUDA_CHECK(
@@ -64,5 +77,68 @@ void build_global_bags(const RankGeometry& g, const int32_t* off_in, const uint3
   copy_keys<<<blocks_for(bags), 256, 0, stream>>>(bags, off_g, src, keys_in, keys_g);
   DLREC_CUDA_LAUNCH_CHECK();
 }
+
+
+namespace {
+
+// One table-wise position p per blockIdx.y, its B rows of dim values in vectors V (per = sizeof(V)
+// / sizeof(T) values each) over x: the element (p, b, c) lies at (B * first[p] + b * count[p] +
+// index[p]) * dim + c in the exchange blocks and at b * ld + table[p] * dim + c in the activation.
+template <class T, class V, bool kToOut>
+__global__ void tw_copy(TwLayout l, int64_t B, const T* __restrict__ from, T* __restrict__ to,
+                        int64_t ld) {
+  constexpr int per = sizeof(V) / sizeof(T);
+  const int p = blockIdx.y;
+  const int64_t vd = l.dim / per, n = B * vd;
+  const int64_t first = l.first[p], count = l.count[p], index = l.index[p], t = l.table[p];
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t b = j / vd, c = (j - b * vd) * per;
+    const int64_t blk = (B * first + b * count + index) * l.dim + c;
+    const int64_t act = b * ld + t * l.dim + c;
+    if (kToOut) *reinterpret_cast<V*>(to + act) = *reinterpret_cast<const V*>(from + blk);
+    else *reinterpret_cast<V*>(to + blk) = *reinterpret_cast<const V*>(from + act);
+  }
+}
+
+// 16-byte vectors where every row and column start allows them, else one value at a time.
+template <class T, bool kToOut>
+void launch_tw_copy(const TwLayout& l, int64_t B, const T* from, T* to, int64_t ld,
+                    cudaStream_t stream) {
+  if (l.tables == 0 || B == 0) return;
+  DLREC_CHECK(l.tables <= 65535, "table-wise sharding: ", l.tables, " tables (at most 65535)");
+  const bool vec = (l.dim * sizeof(T)) % 16 == 0 && (ld * sizeof(T)) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(from) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(to) % 16 == 0;
+  const int64_t per = vec ? 16 / sizeof(T) : 1;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((B * (l.dim / per) + 255) / 256, 4096)),
+                  static_cast<unsigned>(l.tables));
+  if (vec) tw_copy<T, int4, kToOut><<<grid, 256, 0, stream>>>(l, B, from, to, ld);
+  else tw_copy<T, T, kToOut><<<grid, 256, 0, stream>>>(l, B, from, to, ld);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+template <class T>
+void scatter_pooled(const TwLayout& l, int64_t B, const T* recv, T* out, int64_t ld,
+                    cudaStream_t stream) {
+  launch_tw_copy<T, true>(l, B, recv, out, ld, stream);
+}
+
+template <class T>
+void gather_grads(const TwLayout& l, int64_t B, const T* grad, int64_t ld, T* send,
+                  cudaStream_t stream) {
+  launch_tw_copy<T, false>(l, B, grad, send, ld, stream);
+}
+
+#define DLREC_TW_INSTANTIATE(T)                                                               \
+  template void scatter_pooled<T>(const TwLayout&, int64_t, const T*, T*, int64_t,            \
+                                  cudaStream_t);                                              \
+  template void gather_grads<T>(const TwLayout&, int64_t, const T*, int64_t, T*, cudaStream_t);
+DLREC_TW_INSTANTIATE(float)
+DLREC_TW_INSTANTIATE(__nv_bfloat16)
+DLREC_TW_INSTANTIATE(__half)
+#undef DLREC_TW_INSTANTIATE
 
 }  // namespace dlrec::model::gpu_graph::dp

@@ -34,4 +34,37 @@ void build_global_bags(const RankGeometry& g, const int32_t* off_in, const uint3
                        int32_t* off_g, uint32_t* keys_g, int32_t* lens, int64_t* src, void* temp,
                        size_t temp_bytes, cudaStream_t stream);
 
+// The same for the tables tables[0..K) (device array) only: bag k * G + row of table tables[k]
+// (offsets [K * G + 1] from 0, keys compacted in that order). Table-wise sharding: the owner's
+// tables over the global batch, in the global row order one GPU has.
+void build_table_bags(const RankGeometry& g, const int32_t* tables, int64_t K,
+                      const int32_t* off_in, const uint32_t* keys_in, int32_t* off_g,
+                      uint32_t* keys_g, int32_t* lens, int64_t* src, void* temp,
+                      size_t temp_bytes, cudaStream_t stream);
+
+// Table-wise sharding's exchange blocks on a rank with B rows. The tables sharded table-wise in
+// "table-wise order" (by owner, then by index): position p is table table[p], owned by a rank
+// whose tables start at position first[p] and number count[p]; index[p] = p - first[p]. The
+// pooled rows this rank receives (and the gradients it sends) lie owner after owner, each owner's
+// block [B, count, dim] at B * first * dim: element (p, b, c) at
+// (B * first[p] + b * count[p] + index[p]) * dim + c. The activation (or its gradient) is
+// [B, ld] with table t's columns at t * dim (the pointer already at the layer's first column).
+struct TwLayout {
+  const int32_t* table = nullptr;  // device arrays [tables]
+  const int32_t* first = nullptr;
+  const int32_t* count = nullptr;
+  const int32_t* index = nullptr;
+  int64_t tables = 0;
+  int64_t dim = 0;
+};
+
+// out's table-wise columns from the received blocks (T: float, __nv_bfloat16, __half).
+template <class T>
+void scatter_pooled(const TwLayout& l, int64_t B, const T* recv, T* out, int64_t ld,
+                    cudaStream_t stream);
+// The send blocks from the gradient's table-wise columns.
+template <class T>
+void gather_grads(const TwLayout& l, int64_t B, const T* grad, int64_t ld, T* send,
+                  cudaStream_t stream);
+
 }  // namespace dlrec::model::gpu_graph::dp

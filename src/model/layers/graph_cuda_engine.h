@@ -118,6 +118,12 @@ struct DataParallel {
   // This step (host): every rank's rows and ids in rank order, their sums.
   std::vector<int64_t> rows, nnz;
   int64_t global_rows = 0, global_nnz = 0;
+  // Table-wise sharding (GraphCuda::shard_tables): the owner rank of each table of the
+  // embedding layer (empty: tables replicated); this step's ids of table t on rank r at
+  // table_nnz[r * T + t]; `step` is set while a training step (not an evaluation) runs.
+  std::vector<int> table_owner;
+  std::vector<int64_t> table_nnz;
+  bool step = false;
 };
 
 // What every layer shares: streams, handles, precision, the step's inputs and rows.
