@@ -120,7 +120,8 @@ const Tensor& Linear::forward(const Tensor& x) {
 const Tensor& Linear::backward(const Tensor& dy_in, bool need_dx) {
   DLREC_CHECK(x_.defined(), "Linear::backward called before forward");
   const int64_t B = check_matrix(dy_in, out_, "Linear::backward dy");
-  DLREC_CHECK(B == x_.dim(0), "Linear::backward: dy has ", B, " rows, the forward had ", x_.dim(0));
+  DLREC_CHECK(B == x_.dim(0), "Linear::backward: dy has ", B, " rows, the forward had ",
+              x_.dim(0));
   use_single_threaded_blas();
   const int64_t in = in_, out = out_;
   const bool relu = act_ == Activation::ReLU;

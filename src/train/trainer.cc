@@ -11,9 +11,9 @@
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/dist/planner.h"
 #include "dlrec/io/tensor_file.h"
-#include "dlrec/nn/loss.h"
 #include "dlrec/train/export.h"
 #include "dlrec/train/tensorboard.h"
+#include "dlrec/nn/loss.h"
 #include "train/data_parallel.h"
 
 namespace dlrec::train {
@@ -110,8 +110,7 @@ std::string run_data_dir(const std::string& run_dir, const json& run) {
     if (file_exists((p / "dataset.json").string())) return p.string();
   fail(where, " (written by an older dlrec) holds the data directory '", stored.string(),
        "' relative to where training ran; it has no dataset.json from here nor beside the run ('",
-       beside_run.string(),
-       "'): run from that directory, give the data directory (--data "
+       beside_run.string(), "'): run from that directory, give the data directory (--data "
        "where the command has it), or set data_dir in run.json to an absolute path");
 }
 
@@ -161,8 +160,8 @@ CheckpointState load_checkpoint(const std::string& path, model::Model& model) {
   DLREC_CHECK(meta.value("kind", "") == "checkpoint", "'", path, "' is not a checkpoint");
   CheckpointState s;
   for (const char* key : {"step", "position"}) {
-    const bool count =
-        meta.contains(key) && meta.at(key).is_number_integer() && meta.at(key).get<int64_t>() >= 0;
+    const bool count = meta.contains(key) && meta.at(key).is_number_integer() &&
+                       meta.at(key).get<int64_t>() >= 0;
     if (!count)
       fail("checkpoint '", path, "': meta key '", key, "' is missing or not a count (",
            meta.contains(key) ? dump_json_safe(meta.at(key)).substr(0, 40) : "absent", ")");
@@ -251,7 +250,8 @@ double Trainer::Impl::distill_step(const io::Batch& batch, double lr_scale) {
   return loss;
 }
 
-double Trainer::Impl::parallel_step(const io::Batch& batch, int64_t global_rows, double lr_scale) {
+double Trainer::Impl::parallel_step(const io::Batch& batch, int64_t global_rows,
+                                    double lr_scale) {
   Tensor logits = model->forward(batch, true).to(Device::cpu());
   DLREC_CHECK(static_cast<int64_t>(batch.labels.size()) == batch.rows, "train_step: the batch has ",
               batch.labels.size(), " labels for ", batch.rows, " rows");
@@ -353,9 +353,8 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
   // Validated before anything is written (CUDA models refuse masks here).
   const compress::CompressConfig compress_cfg = compress::CompressConfig::from_json(m.cfg.compress);
   if (compress_cfg.sparsity.on && m.model->device().is_cuda())
-    fail(
-        "compress.sparsity: 2:4 masks are CPU-only in this build (train with \"device\": "
-        "\"cpu\")");
+    fail("compress.sparsity: 2:4 masks are CPU-only in this build (train with \"device\": "
+         "\"cpu\")");
   if ((compress_cfg.qat.on || compress_cfg.distill.on) && m.model->device().is_cuda())
     fail("compress.", compress_cfg.qat.on ? "qat" : "distill",
          ": runs on the CPU engine only in this build (QAT in the CUDA graph is a later slice; "
@@ -376,8 +375,7 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
   if (m.parallel()) {
     // A model on a GPU exchanges inside its step through NCCL over the same ranks.
     if (m.model->device().is_cuda()) {
-      DLREC_CHECK(m.cfg.sharding.is_null(),
-                  "sharding: sharded embeddings run on the CPU engine "
+      DLREC_CHECK(m.cfg.sharding.is_null(), "sharding: sharded embeddings run on the CPU engine "
                   "only in this build; on GPUs the tables are replicated (drop \"sharding\")");
       dist::CommOptions co;
       co.timeout_seconds = m.opt.comm_timeout_seconds;
@@ -411,15 +409,15 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
       if (m.sharded) m.model->scatter_sharded_tables();
       check_checkpoint_layout(m.checkpoint_path(), m.state, m.data.layout, m.opt.data_dir);
       if (m.leader())
-        std::fprintf(stderr, "[train] resumed from %s at step %lld\n", m.checkpoint_path().c_str(),
-                     static_cast<long long>(m.state.step));
+        std::fprintf(stderr, "[train] resumed from %s at step %lld\n",
+                     m.checkpoint_path().c_str(), static_cast<long long>(m.state.step));
     }
     // The data directory absolute, so that eval and export find it from anywhere.
     const std::string data_abs =
         std::filesystem::absolute(m.opt.data_dir).lexically_normal().string();
     if (m.leader())
       write_file_atomic(m.opt.run_dir + "/run.json",
-                        json{{"config", m.cfg.to_json()}, {"data_dir", data_abs}}.dump(2));
+                      json{{"config", m.cfg.to_json()}, {"data_dir", data_abs}}.dump(2));
   }
   m.pruner = compress::make_pruner(m.cfg, *m.model);  // after a checkpoint brought its masks
   // QAT records: the section's (keeping the ranges a checkpoint brought); a run without the
@@ -506,8 +504,8 @@ TrainResult Trainer::train() {
   while (m.state.step < total_steps) {
     if (!loader || !loader->next(batch)) {
       // (Re)open at the current position within the epoch.
-      loader = std::make_unique<io::ShardLoader>(train_shards, bs, m.state.position % rows, m.rank,
-                                                 m.ranks);
+      loader = std::make_unique<io::ShardLoader>(train_shards, bs, m.state.position % rows,
+                                                 m.rank, m.ranks);
       if (!loader->next(batch)) fail("training shards yielded no rows");
     }
     // The rows of the global batch (every rank knows them without communicating).
@@ -525,14 +523,15 @@ TrainResult Trainer::train() {
     const bool want_loss = log_now || m.state.step + 1 == total_steps;
     if (m.pruner) m.pruner->before_step(m.state.step);
     const double lr_scale = m.cfg.optimizer.schedule.factor(m.state.step, total_steps);
-    const double loss = m.teacher       ? m.distill_step(batch, lr_scale)
-                        : !m.parallel() ? m.model->train_step(batch, lr_scale, want_loss)
-                        : m.model->trains_parts_on_device()
-                            ? m.model->train_step_part(batch, global_rows, lr_scale, want_loss)
-                            : m.parallel_step(batch, global_rows, lr_scale);
+    const double loss =
+        m.teacher       ? m.distill_step(batch, lr_scale)
+        : !m.parallel() ? m.model->train_step(batch, lr_scale, want_loss)
+        : m.model->trains_parts_on_device()
+            ? m.model->train_step_part(batch, global_rows, lr_scale, want_loss)
+            : m.parallel_step(batch, global_rows, lr_scale);
     if (want_loss || !std::isnan(loss))
-      DLREC_CHECK(std::isfinite(loss), "training diverged at step ", m.state.step + 1, ": loss is ",
-                  loss, " (lower the learning rate)");
+      DLREC_CHECK(std::isfinite(loss), "training diverged at step ", m.state.step + 1,
+                  ": loss is ", loss, " (lower the learning rate)");
     m.state.step++;
     m.state.position += m.parallel() ? global_rows : batch.rows;
     res.samples += batch.rows;
