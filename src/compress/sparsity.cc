@@ -84,6 +84,10 @@ CompressConfig CompressConfig::from_json(const json& section) {
     ConfigReader q = root.child("qat");
     c.qat = QatConfig::from_json(q);
   }
+  if (root.has("embeddings")) {
+    ConfigReader e = root.child("embeddings");
+    c.embeddings = EmbeddingQuantConfig::from_json(e);
+  }
   if (root.has("distill")) {
     ConfigReader d = root.child("distill");
     c.distill = DistillConfig::from_json(d);
@@ -98,6 +102,7 @@ json CompressConfig::to_json() const {
   if (quantize.on) j["quantize"] = quantize.to_json();
   if (qat.on) j["qat"] = qat.to_json();
   if (distill.on) j["distill"] = distill.to_json();
+  if (embeddings.on) j["embeddings"] = embeddings.to_json();
   return j;
 }
 
