@@ -330,10 +330,11 @@ TEST(Int8Run, EmbeddingTablesRowWise) {
                     &text),
             0);
   EXPECT_NE(text.find("compress.embeddings.tables: 'nope'"), std::string::npos) << text;
-  EXPECT_NE(run_cli("compress --run " + w.run + " --out " + dir + "/x --embeddings int3", &text), 0);
-  EXPECT_NE(text.find("int3"), std::string::npos) << text;
-  EXPECT_NE(run_cli("compress --run " + w.run + " --out " + dir + "/x --embedding-scale fp16", &text),
+  EXPECT_NE(run_cli("compress --run " + w.run + " --out " + dir + "/x --embeddings int3", &text),
             0);
+  EXPECT_NE(text.find("int3"), std::string::npos) << text;
+  EXPECT_NE(
+      run_cli("compress --run " + w.run + " --out " + dir + "/x --embedding-scale fp16", &text), 0);
   EXPECT_NE(text.find("need --embeddings"), std::string::npos) << text;
   EXPECT_NE(run_cli("compress --run " + w.run + " --out " + dir + "/x --embeddings int8 --skip top",
                     &text),
