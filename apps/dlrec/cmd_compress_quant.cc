@@ -79,12 +79,13 @@ int run_compress_quantize(const QuantizeArgs& a) {
   if (!a.embeddings.empty()) {
     json ej = e.on ? e.to_json() : json::object();
     ej["dtype"] = a.embeddings;
-    if (!a.embedding_tables.empty()) ej["tables"] = comma_list(a.embedding_tables, "--embedding-tables");
+    if (!a.embedding_tables.empty())
+      ej["tables"] = comma_list(a.embedding_tables, "--embedding-tables");
     if (!a.embedding_scale.empty()) ej["scale_bias"] = a.embedding_scale;
     ConfigReader er(ej, "dlrec compress --embeddings");
     e = compress::EmbeddingQuantConfig::from_json(er);
   }
-  cc.qat = compress::QatConfig();          // an export: no training follows
+  cc.qat = compress::QatConfig();  // an export: no training follows
   cc.distill = compress::DistillConfig();
   cc.sparsity.schedule.on = false;  // an export: no training follows
   cfg.compress = cc.to_json();
@@ -165,10 +166,11 @@ int run_compress_quantize(const QuantizeArgs& a) {
                                     {"rel_l2", t.rel_l2},
                                     {"fp32_bytes", t.fp32_bytes},
                                     {"quantized_bytes", t.quant_bytes}});
-    std::printf("table %-12s %8lld x %-4lld %s rows: max|err| %.3e relL2 %.3e (%lld -> %lld bytes)\n",
-                t.table.c_str(), static_cast<long long>(t.rows), static_cast<long long>(t.dim),
-                e.bits == 4 ? "int4" : "int8", t.max_abs_err, t.rel_l2,
-                static_cast<long long>(t.fp32_bytes), static_cast<long long>(t.quant_bytes));
+    std::printf(
+        "table %-12s %8lld x %-4lld %s rows: max|err| %.3e relL2 %.3e (%lld -> %lld bytes)\n",
+        t.table.c_str(), static_cast<long long>(t.rows), static_cast<long long>(t.dim),
+        e.bits == 4 ? "int4" : "int8", t.max_abs_err, t.rel_l2,
+        static_cast<long long>(t.fp32_bytes), static_cast<long long>(t.quant_bytes));
   }
   if (have_valid) {
     report["validation"] = {{"fp32", eval_json(fp32)},
@@ -176,10 +178,10 @@ int run_compress_quantize(const QuantizeArgs& a) {
                             {"auc_delta", int8.auc - fp32.auc},
                             {"logloss_delta", int8.logloss - fp32.logloss}};
     std::printf(
-        "validation (%lld rows): fp32 AUC %.6f logloss %.6f | int8 AUC %.6f logloss %.6f "
+        "validation (%lld rows): fp32 AUC %.6f logloss %.6f | %s AUC %.6f logloss %.6f "
         "| dAUC %+.6f\n",
-        static_cast<long long>(fp32.rows), fp32.auc, fp32.logloss, int8.auc, int8.logloss,
-        int8.auc - fp32.auc);
+        static_cast<long long>(fp32.rows), fp32.auc, fp32.logloss,
+        q.on ? "int8" : "quantized-tables", int8.auc, int8.logloss, int8.auc - fp32.auc);
   } else {
     report["validation"] = nullptr;
     std::printf("no validation split in '%s': model AUC not measured\n", data_dir.c_str());
