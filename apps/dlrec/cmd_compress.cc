@@ -131,8 +131,16 @@ Runner add_compress(CLI::App& app) {
                 "--quantize: dataset directory to calibrate on (default: the run's)");
   c->add_option("--skip", q.skip,
                 "--quantize: comma-separated layers or weights (\"top.2\") kept fp32");
+  c->add_option("--embeddings", q.embeddings,
+                "Row-wise quantized embedding tables: int8 | int4 (with or without --quantize)");
+  c->add_option("--embedding-tables", q.embedding_tables,
+                "--embeddings: comma-separated tables (\"emb.0\"; default: all)");
+  c->add_option("--embedding-scale", q.embedding_scale,
+                "--embeddings: fp32 | fp16 per-row scale and bias (default fp32)");
   return [a] {
-    if (!a->quantize) {
+    if (!a->quantize && a->quant.embeddings.empty()) {
+      DLREC_CHECK(a->quant.embedding_tables.empty() && a->quant.embedding_scale.empty(),
+                  "dlrec compress: --embedding-tables and --embedding-scale need --embeddings");
       DLREC_CHECK(a->quant.calibration.empty() && a->quant.percentile < 0 &&
                       a->quant.calib_batches < 0 && a->quant.calib_batch_size < 0 &&
                       a->quant.calib_data.empty() && a->quant.skip.empty(),
@@ -143,6 +151,12 @@ Runner add_compress(CLI::App& app) {
     a->quant.out = a->out;
     a->quant.layers = a->layers;
     a->quant.overwrite = a->overwrite;
+    a->quant.int8_layers = a->quantize;
+    if (!a->quantize)
+      DLREC_CHECK(a->quant.calibration.empty() && a->quant.percentile < 0 &&
+                      a->quant.calib_batches < 0 && a->quant.calib_batch_size < 0 &&
+                      a->quant.calib_data.empty() && a->quant.skip.empty() && a->layers.empty(),
+                  "dlrec compress: calibration options need --quantize");
     return run_compress_quantize(a->quant);
   };
 }

@@ -73,6 +73,20 @@ int run_compress_quantize(const QuantizeArgs& a) {
   if (a.calib_batches >= 0) q.batches = a.calib_batches;
   if (a.calib_batch_size >= 0) q.batch_size = a.calib_batch_size;
   q.validate("dlrec compress (compress.quantize)");
+  q.on = a.int8_layers;
+  // Row-wise embedding tables: the config's compress.embeddings, then the flags.
+  compress::EmbeddingQuantConfig& e = cc.embeddings;
+  if (!a.embeddings.empty()) {
+    json ej = e.on ? e.to_json() : json::object();
+    ej["dtype"] = a.embeddings;
+    if (!a.embedding_tables.empty())
+      ej["tables"] = comma_list(a.embedding_tables, "--embedding-tables");
+    if (!a.embedding_scale.empty()) ej["scale_bias"] = a.embedding_scale;
+    ConfigReader er(ej, "dlrec compress --embeddings");
+    e = compress::EmbeddingQuantConfig::from_json(er);
+  }
+  cc.qat = compress::QatConfig();  // an export: no training follows
+  cc.distill = compress::DistillConfig();
   cc.sparsity.schedule.on = false;  // an export: no training follows
   cfg.compress = cc.to_json();
   compress::CompressConfig::from_json(cfg.compress);  // the section it writes reads back
@@ -92,7 +106,7 @@ int run_compress_quantize(const QuantizeArgs& a) {
   train::check_checkpoint_layout(ckpt, st, data.layout, data_dir);
 
   std::vector<io::Batch> batches;
-  {
+  if (q.on) {
     io::ShardLoader loader(under(calib_dir, calib.train_shards), q.batch_size);
     DLREC_CHECK(loader.layout() == data.layout, "calibration shards of '", calib_dir,
                 "' do not have the model's layout (", layout_str(data.layout), ")");
@@ -100,14 +114,16 @@ int run_compress_quantize(const QuantizeArgs& a) {
     while (static_cast<int64_t>(batches.size()) < q.batches && loader.next(b))
       batches.push_back(std::move(b));
   }
-  DLREC_CHECK(!batches.empty(), "calibration data '", calib_dir, "' holds no rows");
+  DLREC_CHECK(!q.on || !batches.empty(), "calibration data '", calib_dir, "' holds no rows");
 
   const bool have_valid = !data.valid_shards.empty() && data.valid_rows > 0;
   const auto valid = under(data_dir, data.valid_shards);
   train::EvalResult fp32;
   if (have_valid) fp32 = train::evaluate_shards(*model, valid, 16384);
-  const std::vector<compress::LayerQuant> layers =
-      compress::calibrate_and_quantize(q, *model, batches);
+  std::vector<compress::LayerQuant> layers;
+  if (q.on) layers = compress::calibrate_and_quantize(q, *model, batches);
+  std::vector<compress::TableQuantReport> tables;
+  if (e.on) tables = compress::quantize_embedding_tables(e, *model);
   train::EvalResult int8;
   if (have_valid) int8 = train::evaluate_shards(*model, valid, 16384);
 
@@ -141,16 +157,31 @@ int run_compress_quantize(const QuantizeArgs& a) {
       std::printf("%-10s %-18s %6s %10.4g %10.4g %10.3e %10.3e\n", l.layer.c_str(),
                   l.weight.c_str(), "yes", l.amax, l.threshold, l.output_rel_l2, l.weight_rel_l2);
   }
+  report["embeddings"] = json::array();
+  for (const auto& t : tables) {
+    report["embeddings"].push_back({{"table", t.table},
+                                    {"rows", t.rows},
+                                    {"dim", t.dim},
+                                    {"max_abs_err", t.max_abs_err},
+                                    {"rel_l2", t.rel_l2},
+                                    {"fp32_bytes", t.fp32_bytes},
+                                    {"quantized_bytes", t.quant_bytes}});
+    std::printf(
+        "table %-12s %8lld x %-4lld %s rows: max|err| %.3e relL2 %.3e (%lld -> %lld bytes)\n",
+        t.table.c_str(), static_cast<long long>(t.rows), static_cast<long long>(t.dim),
+        e.bits == 4 ? "int4" : "int8", t.max_abs_err, t.rel_l2,
+        static_cast<long long>(t.fp32_bytes), static_cast<long long>(t.quant_bytes));
+  }
   if (have_valid) {
     report["validation"] = {{"fp32", eval_json(fp32)},
                             {"int8", eval_json(int8)},
                             {"auc_delta", int8.auc - fp32.auc},
                             {"logloss_delta", int8.logloss - fp32.logloss}};
     std::printf(
-        "validation (%lld rows): fp32 AUC %.6f logloss %.6f | int8 AUC %.6f logloss %.6f "
+        "validation (%lld rows): fp32 AUC %.6f logloss %.6f | %s AUC %.6f logloss %.6f "
         "| dAUC %+.6f\n",
-        static_cast<long long>(fp32.rows), fp32.auc, fp32.logloss, int8.auc, int8.logloss,
-        int8.auc - fp32.auc);
+        static_cast<long long>(fp32.rows), fp32.auc, fp32.logloss,
+        q.on ? "int8" : "quantized-tables", int8.auc, int8.logloss, int8.auc - fp32.auc);
   } else {
     report["validation"] = nullptr;
     std::printf("no validation split in '%s': model AUC not measured\n", data_dir.c_str());

@@ -155,12 +155,11 @@ double threshold_from_histogram(const AbsHistogram& h, double amax, const std::s
   fail("int8 calibration: unknown method '", method, "' (max, percentile, entropy)");
 }
 
-namespace {
-
 // The quantizable weights of the config's layers, with the skip entries applied. Errors name
 // the unknown layer or skip entry and list what exists.
-std::vector<std::pair<model::PrunableWeight, bool>> select_weights(const QuantizeConfig& cfg,
-                                                                   model::Model& model) {
+std::vector<std::pair<model::PrunableWeight, bool>> select_quant_weights(const QuantizeConfig& cfg,
+                                                                         model::Model& model,
+                                                                         const std::string& where) {
   const std::vector<model::PrunableWeight> all = model.prunable_weights();
   std::set<std::string> layers, weights;
   for (const auto& w : all) {
@@ -175,7 +174,7 @@ std::vector<std::pair<model::PrunableWeight, bool>> select_weights(const Quantiz
   if (!cfg.all_dense)
     for (const std::string& l : cfg.layers)
       if (!layers.count(l))
-        fail("compress.quantize.layers: '", l,
+        fail(where, ".layers: '", l,
              "' is not an mlp or cross layer of the model (quantizable layers: ", list(layers),
              ")");
   std::vector<std::pair<model::PrunableWeight, bool>> out;
@@ -195,11 +194,13 @@ std::vector<std::pair<model::PrunableWeight, bool>> select_weights(const Quantiz
   }
   for (const std::string& s : cfg.skip)
     if (!used.count(s))
-      fail("compress.quantize.skip: '", s,
+      fail(where, ".skip: '", s,
            "' names no quantized layer or weight of the model (layers: ", list(layers),
            "; weights: ", list(weights), ")");
   return out;
 }
+
+namespace {
 
 // Runs the model (fp32, hooks observing) over every batch; `batch` tells observers which.
 void run_batches(model::Model& model, const std::vector<io::Batch>& batches, int64_t& batch) {
@@ -228,7 +229,7 @@ std::vector<LayerQuant> calibrate_and_quantize(const QuantizeConfig& config, mod
     fail("compress.quantize: INT8 layers are CPU-only in this build (the model is on ",
          model.device().str(), ")");
   DLREC_CHECK(!batches.empty(), "int8 calibration: no calibration batches");
-  const auto selected = select_weights(config, model);
+  const auto selected = select_quant_weights(config, model, "compress.quantize");
   DLREC_CHECK(!selected.empty(), "compress.quantize: the model has no mlp or cross weight");
   std::vector<LayerQuant> out;
   std::vector<nn::Param*> params;

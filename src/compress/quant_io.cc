@@ -3,6 +3,7 @@
 #include <cstring>
 #include <set>
 
+#include "dlrec/compress/qat.h"
 #include "dlrec/compress/quantize.h"
 #include "dlrec/nn/param.h"
 
@@ -74,7 +75,12 @@ std::vector<model::NamedTensor> quant_tensors(model::Model& model, json& meta_qu
   json names = json::array();
   for (const auto& w : model.prunable_weights()) {
     if (!w.param || !w.param->quant) continue;
-    const auto* q = dynamic_cast<const Int8Linear*>(w.param->quant.get());
+    // A QAT layer exports as the INT8 layer of its weight and running input range.
+    std::shared_ptr<Int8Linear> from_qat;
+    if (const auto* t = dynamic_cast<const QatLinear*>(w.param->quant.get()))
+      from_qat = t->to_int8(w.weight);
+    const auto* q =
+        from_qat ? from_qat.get() : dynamic_cast<const Int8Linear*>(w.param->quant.get());
     DLREC_CHECK(q, "export: '", w.name, "' holds a calibration observer, not an INT8 layer");
     const QuantWeight& qw = q->weight();
     Tensor bytes = Tensor::empty({qw.out, qw.in}, DType::U8, Device::cpu());

@@ -80,6 +80,18 @@ CompressConfig CompressConfig::from_json(const json& section) {
     ConfigReader q = root.child("quantize");
     c.quantize = QuantizeConfig::from_json(q);
   }
+  if (root.has("qat")) {
+    ConfigReader q = root.child("qat");
+    c.qat = QatConfig::from_json(q);
+  }
+  if (root.has("embeddings")) {
+    ConfigReader e = root.child("embeddings");
+    c.embeddings = EmbeddingQuantConfig::from_json(e);
+  }
+  if (root.has("distill")) {
+    ConfigReader d = root.child("distill");
+    c.distill = DistillConfig::from_json(d);
+  }
   root.finish();
   return c;
 }
@@ -88,6 +100,9 @@ json CompressConfig::to_json() const {
   json j = json::object();
   if (sparsity.on) j["sparsity"] = sparsity.to_json();
   if (quantize.on) j["quantize"] = quantize.to_json();
+  if (qat.on) j["qat"] = qat.to_json();
+  if (distill.on) j["distill"] = distill.to_json();
+  if (embeddings.on) j["embeddings"] = embeddings.to_json();
   return j;
 }
 

@@ -70,8 +70,15 @@ const Tensor& Linear::forward(const Tensor& x) {
   ensure_buffer(y_, {B, out_});
   if (B == 0) return y_;
   if (w_.quant && w_.quant->forward(x, b_.value, act_ == Activation::ReLU, y_)) return y_;
-  const float* xs = x.data<float>();
-  const float* w = w_.value.data<float>();
+  wq_ = Tensor();
+  const Tensor* xin = &x;
+  if (w_.quant) {  // QAT: compute with the fake-quantized operands
+    const FakeQuantOperands fq = w_.quant->fake_quant(x, w_.value);
+    if (fq.x) x_ = *(xin = fq.x);
+    if (fq.w) wq_ = *fq.w;
+  }
+  const float* xs = xin->data<float>();
+  const float* w = (wq_.defined() ? wq_ : w_.value).data<float>();
   const float* b = b_.value.data<float>();
   float* y = y_.data<float>();
   const int64_t in = in_, out = out_;
@@ -121,7 +128,7 @@ const Tensor& Linear::backward(const Tensor& dy_in, bool need_dx) {
   const float* dy = dy_in.data<float>();
   const float* xs = x_.data<float>();
   const float* y = y_.data<float>();
-  const float* w = w_.value.data<float>();
+  const float* w = (wq_.defined() ? wq_ : w_.value).data<float>();
   if (relu) ensure_buffer(dz_, {B, out_});
   float* dzw = relu ? dz_.data<float>() : nullptr;
   const float* dz = relu ? dzw : dy;
@@ -183,6 +190,7 @@ const Tensor& Linear::backward(const Tensor& dy_in, bool need_dx) {
     if (lo < wn) reduce(dw, 0, lo, std::min(hi, wn));
     if (hi > wn) reduce(db, wn, std::max(lo, wn) - wn, hi - wn);
   });
+  if (w_.quant) w_.quant->straight_through(need_dx ? &dx_ : nullptr, w_.grad);
   return dx_;
 }
 

@@ -11,6 +11,7 @@
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/dist/planner.h"
 #include "dlrec/io/tensor_file.h"
+#include "dlrec/train/export.h"
 #include "dlrec/train/tensorboard.h"
 #include "dlrec/nn/loss.h"
 #include "train/data_parallel.h"
@@ -131,24 +132,31 @@ void save_checkpoint(const std::string& path, model::Model& model, const model::
   auto tensors = model.parameters();
   for (auto& t : model.optimizer_state()) tensors.push_back(t);
   for (auto& t : model.masks()) tensors.push_back(t);
+  json qat;  // QAT input ranges (docs/COMPRESSION.md)
+  for (auto& t : compress::qat_tensors(model, qat)) tensors.push_back(t);
   json meta = {{"kind", "checkpoint"},
                {"step", state.step},
                {"position", state.position},
                {"config", config.to_json()},
                {"layout", layout.to_json()}};
   if (!model.masks().empty()) meta["masks"] = compress::mask_names(model);
+  if (!qat.is_null()) meta["qat"] = qat;
   io::save_tensors(path, tensors, meta);
 }
 
 CheckpointState load_checkpoint(const std::string& path, model::Model& model) {
   // Pruning masks (docs/COMPRESSION.md): named in the meta; a checkpoint without them loads
   // as before.
-  compress::prepare_masks(io::read_tensor_meta(path), path, model);
+  const json file_meta = io::read_tensor_meta(path);
+  compress::prepare_masks(file_meta, path, model);
+  const std::vector<model::NamedTensor> qat = compress::prepare_qat(file_meta, path, model);
   auto tensors = model.parameters();
   for (auto& t : model.optimizer_state()) tensors.push_back(t);
   for (auto& t : model.masks()) tensors.push_back(t);
+  tensors.insert(tensors.end(), qat.begin(), qat.end());
   json meta = io::load_tensors(path, tensors);
   compress::apply_loaded_masks(path, model);
+  compress::apply_loaded_qat(qat, path, model);
   DLREC_CHECK(meta.value("kind", "") == "checkpoint", "'", path, "' is not a checkpoint");
   CheckpointState s;
   for (const char* key : {"step", "position"}) {
@@ -183,6 +191,9 @@ struct Trainer::Impl {
   io::DatasetInfo data;
   std::unique_ptr<model::Model> model;
   std::unique_ptr<compress::Pruner> pruner;  // the "compress.sparsity" section; null without
+  // compress.distill: the dense teacher (CPU Predictor) and the loss's alpha and temperature.
+  std::unique_ptr<Predictor> teacher;
+  compress::DistillConfig distill;
   CheckpointState state;
   // TensorBoard event file in the run directory (rank 0 only); null without a run directory.
   std::unique_ptr<EventFileWriter> events;
@@ -205,6 +216,8 @@ struct Trainer::Impl {
   // One data-parallel step on this rank's `batch` of the global batch of `global_rows` rows;
   // returns this rank's share of the global batch's mean loss (the sum over the ranks is it).
   double parallel_step(const io::Batch& batch, int64_t global_rows, double lr_scale);
+  // One step with the distillation loss (compress.distill) against the teacher's logits.
+  double distill_step(const io::Batch& batch, double lr_scale);
   // The mean loss of a logging window: this process's sum over `n` steps (of shares, summed
   // over the ranks when data-parallel).
   double window_loss(double sum, int64_t n) const {
@@ -219,6 +232,24 @@ struct Trainer::Impl {
     std::fclose(f);
   }
 };
+
+double Trainer::Impl::distill_step(const io::Batch& batch, double lr_scale) {
+  Tensor logits = model->forward(batch, true).to(Device::cpu());
+  DLREC_CHECK(static_cast<int64_t>(batch.labels.size()) == batch.rows, "train_step: the batch has ",
+              batch.labels.size(), " labels for ", batch.rows, " rows");
+  // The teacher's logits from its probabilities, clamped to (1e-7, 1 - 1e-7): +-16.1 at most.
+  std::vector<float> t = teacher->predict(batch);
+  for (float& p : t) {
+    const double q = std::min(1.0 - 1e-7, std::max(1e-7, static_cast<double>(p)));
+    p = static_cast<float>(std::log(q / (1.0 - q)));
+  }
+  Tensor dlogits = Tensor::empty(logits.shape(), DType::F32);
+  const double loss =
+      compress::distill_loss(logits.data<float>(), batch.labels.data(), t.data(), batch.rows,
+                             distill.alpha, distill.temperature, dlogits.data<float>());
+  model->backward_and_update(dlogits, lr_scale);
+  return loss;
+}
 
 double Trainer::Impl::parallel_step(const io::Batch& batch, int64_t global_rows,
                                     double lr_scale) {
@@ -325,6 +356,22 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
   if (compress_cfg.sparsity.on && m.model->device().is_cuda())
     fail("compress.sparsity: 2:4 masks are CPU-only in this build (train with \"device\": "
          "\"cpu\")");
+  if ((compress_cfg.qat.on || compress_cfg.distill.on) && m.model->device().is_cuda())
+    fail("compress.", compress_cfg.qat.on ? "qat" : "distill",
+         ": runs on the CPU engine only in this build (QAT in the CUDA graph is a later slice; "
+         "train with \"device\": \"cpu\")");
+  if (compress_cfg.distill.on) {
+    DLREC_CHECK(!m.parallel(), "compress.distill: distillation runs in one process in this build");
+    DLREC_CHECK(m.cfg.train.loss == "bce", "compress.distill: needs train.loss \"bce\", got \"",
+                m.cfg.train.loss, "\"");
+    m.distill = compress_cfg.distill;
+    m.teacher = std::make_unique<Predictor>(m.distill.teacher, Device::cpu());
+    const io::ShardLayout tl = m.teacher->workflow().output_layout();
+    if (!(tl == m.data.layout))
+      fail("compress.distill.teacher: the model '", m.distill.teacher, "' takes the layout ",
+           tl.to_json().dump(), ", but the training data '", m.opt.data_dir, "' has ",
+           m.data.layout.to_json().dump(), " (the teacher must be trained on this data's ETL)");
+  }
   m.model->set_loss(nn::parse_loss(m.cfg.train.loss));
   if (m.parallel()) {
     // A model on a GPU exchanges inside its step through NCCL over the same ranks.
@@ -374,6 +421,18 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
                       json{{"config", m.cfg.to_json()}, {"data_dir", data_abs}}.dump(2));
   }
   m.pruner = compress::make_pruner(m.cfg, *m.model);  // after a checkpoint brought its masks
+  // QAT records: the section's (keeping the ranges a checkpoint brought); a run without the
+  // section trains fp32 again.
+  if (compress_cfg.qat.on) {
+    const int64_t n = compress::install_qat(compress_cfg.qat, *m.model);
+    if (m.leader())
+      std::fprintf(stderr, "[compress] QAT: %lld layers fake-quantized to int8\n",
+                   static_cast<long long>(n));
+  } else {
+    for (const auto& w : m.model->prunable_weights())
+      if (w.param && dynamic_cast<compress::QatLinear*>(w.param->quant.get()))
+        w.param->quant.reset();
+  }
 }
 
 Trainer::~Trainer() {
@@ -467,7 +526,8 @@ TrainResult Trainer::train() {
     if (m.pruner) m.pruner->before_step(m.state.step);
     const double lr_scale = m.cfg.optimizer.schedule.factor(m.state.step, total_steps);
     const double loss =
-        !m.parallel() ? m.model->train_step(batch, lr_scale, want_loss)
+        m.teacher       ? m.distill_step(batch, lr_scale)
+        : !m.parallel() ? m.model->train_step(batch, lr_scale, want_loss)
         : m.model->trains_parts_on_device()
             ? m.model->train_step_part(batch, global_rows, lr_scale, want_loss)
             : m.parallel_step(batch, global_rows, lr_scale);

@@ -294,3 +294,51 @@ TEST(Int8Run, BadCommandLinesAreClearErrors) {
   EXPECT_NE(text.find("calibration options need --quantize"), std::string::npos) << text;
   EXPECT_FALSE(fs::exists(dir + "/m"));
 }
+
+// Row-wise quantized embedding tables through the command (alone, without --quantize): the
+// report, the export serving the quantized tables, and the bad flags.
+TEST(Int8Run, EmbeddingTablesRowWise) {
+  SKIP_WITHOUT_CLI();
+  const World& w = world();
+  const std::string dir = fresh_dir("emb");
+  std::string text;
+  ASSERT_EQ(run_cli("compress --run " + w.run + " --out " + dir +
+                        "/m4 --embeddings int4 --embedding-scale fp16",
+                    &text),
+            0)
+      << text;
+  EXPECT_NE(text.find("int4 rows"), std::string::npos) << text;
+  const json report = read_json_file(dir + "/m4/quant_report.json");
+  ASSERT_EQ(report.at("embeddings").size(), 3u) << report.dump();  // 3 categorical features
+  for (const json& t : report.at("embeddings")) {
+    EXPECT_GT(t.at("max_abs_err").get<double>(), 0.0) << t.dump();
+    // 4-bit codes (dim 4: 2 bytes) and fp16 scale and bias (4 bytes) a row, against 16 bytes.
+    const int64_t rows = t.at("rows").get<int64_t>(), dim = t.at("dim").get<int64_t>();
+    EXPECT_EQ(t.at("quantized_bytes").get<int64_t>(), rows * ((dim * 4 + 7) / 8 + 4));
+    EXPECT_EQ(t.at("fp32_bytes").get<int64_t>(), rows * dim * 4);
+  }
+  EXPECT_TRUE(report.at("layers").empty());  // the mlp/cross layers stay fp32 without --quantize
+  EXPECT_LT(std::fabs(report.at("validation").at("auc_delta").get<double>()), 0.01);
+  const json meta = io::read_tensor_meta(dir + "/m4/weights.dlrec");
+  EXPECT_FALSE(meta.contains("quant"));
+  train::Predictor p(dir + "/m4");
+  const std::vector<float> probs = p.predict(valid_batch(w.data));
+  for (float v : probs) EXPECT_TRUE(v > 0.f && v < 1.f);
+
+  EXPECT_NE(run_cli("compress --run " + w.run + " --out " + dir +
+                        "/x --embeddings int8 --embedding-tables nope",
+                    &text),
+            0);
+  EXPECT_NE(text.find("compress.embeddings.tables: 'nope'"), std::string::npos) << text;
+  EXPECT_NE(run_cli("compress --run " + w.run + " --out " + dir + "/x --embeddings int3", &text),
+            0);
+  EXPECT_NE(text.find("int3"), std::string::npos) << text;
+  EXPECT_NE(
+      run_cli("compress --run " + w.run + " --out " + dir + "/x --embedding-scale fp16", &text), 0);
+  EXPECT_NE(text.find("need --embeddings"), std::string::npos) << text;
+  EXPECT_NE(run_cli("compress --run " + w.run + " --out " + dir + "/x --embeddings int8 --skip top",
+                    &text),
+            0);
+  EXPECT_NE(text.find("calibration options need --quantize"), std::string::npos) << text;
+  EXPECT_FALSE(fs::exists(dir + "/x"));
+}

@@ -112,6 +112,12 @@ struct LayerQuant {
   int64_t zeros = 0;          // weight values that are exactly zero (2:4 masks)
 };
 
+// The quantizable weights of a config's layers, each with whether `skip` opts it out. Errors
+// (prefixed by `where`, e.g. "compress.quantize") name an unknown layer or skip entry.
+std::vector<std::pair<model::PrunableWeight, bool>> select_quant_weights(const QuantizeConfig& cfg,
+                                                                         model::Model& model,
+                                                                         const std::string& where);
+
 // Calibrates the selected weights of `model` (CPU engine) on `batches` and quantizes them:
 // the model's forward runs INT8 for those layers afterwards. Errors: a config naming layers or
 // skip entries the model does not have, NaN/Inf activations (naming the layer, batch, row and

@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "dlrec/compress/embedding_quant.h"
+#include "dlrec/compress/qat.h"
 #include "dlrec/compress/quantize.h"
 #include "dlrec/core/config.h"
 #include "dlrec/core/tensor.h"
@@ -53,6 +55,9 @@ struct SparsityConfig {
 struct CompressConfig {
   SparsityConfig sparsity;
   QuantizeConfig quantize;  // "quantize": INT8 PTQ, run by `dlrec compress --quantize`
+  QatConfig qat;            // "qat": quantization-aware training (CPU engine)
+  DistillConfig distill;    // "distill": the dense teacher of a training run
+  EmbeddingQuantConfig embeddings;  // "embeddings": row-wise int8/int4 tables (dlrec compress)
   // `section` is RunConfig::compress (null: nothing compressed). Unknown keys and bad values
   // are errors naming the key ("compress.sparsity.schedule.every: ...").
   static CompressConfig from_json(const json& section);

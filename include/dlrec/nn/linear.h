@@ -9,6 +9,13 @@ namespace dlrec::nn {
 
 enum class Activation { None, ReLU };
 
+// QAT (LinearHook::fake_quant): the operands the fp32 forward and backward use instead of the
+// input and the weight (null: the original one).
+struct FakeQuantOperands {
+  const Tensor* x = nullptr;
+  const Tensor* w = nullptr;
+};
+
 // What src/compress attaches to a Linear's weight (Param::quant): INT8 inference replaces the
 // fp32 forward; calibration observes the fp32 forward's input and output. nn knows no more of
 // quantization than this interface.
@@ -21,6 +28,11 @@ class LinearHook {
   // After the fp32 path: its input x [B, in], bias, activation and output y [B, out].
   virtual void observe(const Tensor& /*x*/, const Tensor& /*bias*/, bool /*relu*/,
                        const Tensor& /*y*/) {}
+  // QAT: fake-quantized copies of x and W that the fp32 path computes with (and backward's dW
+  // and dx GEMMs use); after backward, straight_through() gates dx (null when not computed) and
+  // dW with the straight-through estimator.
+  virtual FakeQuantOperands fake_quant(const Tensor& /*x*/, const Tensor& /*w*/) { return {}; }
+  virtual void straight_through(Tensor* /*dx*/, Tensor& /*dw*/) {}
 };
 
 class Linear {
@@ -51,6 +63,7 @@ class Linear {
   Activation act_;
   Param w_, b_;
   Tensor x_, y_, dz_, dx_, partial_;
+  Tensor wq_;  // the fake-quantized weight of the last forward (QAT), else undefined
 };
 
 // Layers split their GEMMs into row blocks themselves and run them on dlrec's thread pool, one

@@ -1,0 +1,65 @@
+// Row-wise INT8 / 4-bit quantization of embedding tables (docs/COMPRESSION.md), as FBGEMM's
+// quantized TBE: per row a scale and a bias (fp32 or fp16),
+//   scale = (max_k x[k] - min_k x[k]) / (2^bits - 1),  bias = min_k x[k]
+//   q[k]  = clamp(rint((x[k] - bias) / scale), 0, 2^bits - 1)       (0 for a constant row)
+//   x'[k] = q[k] * scale + bias
+// with scale and bias rounded to fp16 first when scale_bias is "fp16" (q is computed with the
+// rounded values). |x - x'| <= scale / 2 for fp32 scale/bias; with fp16 add the bias's fp16
+// rounding (<= 2^-11 |bias|) and 2^bits times the scale's (the last level's drift).
+//
+//   "compress": {"embeddings": {"dtype": "int8" | "int4", "tables": "all" | ["emb.0", ...],
+//                               "scale_bias": "fp32" | "fp16"}}
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dlrec/core/config.h"
+#include "dlrec/core/tensor.h"
+#include "dlrec/model/model.h"
+
+namespace dlrec::compress {
+
+struct EmbeddingQuantConfig {
+  bool on = false;
+  int bits = 8;  // 8 (int8) or 4 (int4)
+  bool all_tables = true;
+  std::vector<std::string> tables;  // table names ("<layer>.<feature>") when !all_tables
+  bool fp16_scale_bias = false;
+  json to_json() const;
+  static EmbeddingQuantConfig from_json(ConfigReader& r);
+};
+
+// One table, quantized row-wise. `codes` holds one byte per value for 8 bits, two values per
+// byte (low nibble first) for 4 bits: ceil(dim * bits / 8) bytes a row.
+struct RowQuantTable {
+  int64_t rows = 0, dim = 0;
+  int bits = 8;
+  bool fp16 = false;
+  std::vector<uint8_t> codes;
+  std::vector<float> scale, bias;  // [rows] (the fp16-rounded values when fp16)
+  int64_t row_bytes() const { return (dim * bits + 7) / 8; }
+  // The bytes a serving copy needs: codes plus scale and bias (2 or 4 bytes each) per row.
+  int64_t bytes() const { return rows * (row_bytes() + 2 * (fp16 ? 2 : 4)); }
+};
+
+RowQuantTable quantize_rows(const Tensor& table, int bits, bool fp16);
+// Row `row` dequantized into out [dim].
+void dequantize_row(const RowQuantTable& t, int64_t row, float* out);
+
+// What quantizing one table did.
+struct TableQuantReport {
+  std::string table;
+  int64_t rows = 0, dim = 0;
+  double max_abs_err = 0, rel_l2 = 0;
+  int64_t fp32_bytes = 0, quant_bytes = 0;
+};
+
+// Replaces the selected fixed tables' values by their row-wise quantized values (the served
+// model then computes exactly what the quantized tables give). Errors: an unknown table name
+// (listing the tables), a model without fixed tables.
+std::vector<TableQuantReport> quantize_embedding_tables(const EmbeddingQuantConfig& config,
+                                                        model::Model& model);
+
+}  // namespace dlrec::compress
