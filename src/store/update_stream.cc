@@ -266,6 +266,7 @@ struct UpdateConsumer::Impl {
         if (t != f.end() && !t->second.empty() && t->second.size() <= 18 &&
             t->second.find_first_not_of("0123456789") == std::string::npos)
           tier->updates.lag_ms = now_ms() - std::stoll(t->second);
+        tier->publish_stats();
       } catch (const std::exception& ex) {
         refused = where + ": " + ex.what();
       }
@@ -275,6 +276,7 @@ struct UpdateConsumer::Impl {
     pending_version = 0;
     if (!refused.empty()) {
       tier->updates.versions_rejected += 1;
+      tier->publish_stats();
       log("version " + std::to_string(v) + " rejected: " + refused + "; serving version " +
           std::to_string(tier->version()));
     }

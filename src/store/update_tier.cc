@@ -25,6 +25,15 @@ UpdateTier::UpdateTier(std::vector<TableInfo> tables, int64_t max_bytes)
   for (size_t t = 0; t < tables_.size(); ++t)
     s->tables.push_back(std::make_shared<const std::unordered_map<int64_t, std::vector<float>>>());
   current_ = std::move(s);
+  publish_stats();
+}
+
+void UpdateTier::publish_stats() {
+  stats.update_version = static_cast<int64_t>(version());
+  stats.update_rows = updates.rows_applied.load();
+  stats.updates_applied = updates.versions_applied.load();
+  stats.updates_rejected = updates.versions_rejected.load();
+  stats.update_lag_ms = updates.lag_ms.load();
 }
 
 uint64_t UpdateTier::version() const { return pin()->version; }
@@ -99,6 +108,7 @@ void UpdateTier::apply(uint64_t version, const std::vector<RowUpdate>& updates) 
   stats.bytes = current_->bytes;
   this->updates.versions_applied += 1;
   this->updates.rows_applied += rows_applied;
+  publish_stats();
 }
 
 std::vector<RowUpdate> diff_tables(const std::vector<TableInfo>& tables,

@@ -359,3 +359,120 @@ TEST(OnlineUpdates, StoreConfigUpdatesSection) {
     parse(R"({"updates": {"address": "h:1", "stream": "s", "block": 1}, "rocksdb": {"path": "d"}})");
   }, {"block"});
 }
+
+#ifdef DLREC_WITH_SERVER
+#include <atomic>
+
+#include "dlrec/serve/model_repository.h"
+#include "dlrec/serve/stats.h"
+#include "dlrec/train/onnx_export.h"
+
+namespace {
+// An encoded request ("dense", "cat_<t>") of a one-hot batch's rows.
+serve::InferRequest request_of(const io::Batch& b) {
+  serve::InferRequest req;
+  req.model = "m";
+  auto add = [&](const std::string& name, const std::string& type, std::vector<int64_t> shape,
+                 const void* p, size_t bytes) {
+    req.storage.emplace_back(static_cast<const char*>(p), bytes);
+    req.inputs.push_back({name, type, std::move(shape), req.storage.back()});
+  };
+  add("dense", "FP32", {b.rows, b.num_dense}, b.dense.data(), b.dense.size() * 4);
+  for (int t = 0; t < b.num_cat(); ++t)
+    add("cat_" + std::to_string(t), "INT64", {b.rows, 1}, b.cat_indices[t].data(),
+        b.cat_indices[t].size() * 8);
+  return req;
+}
+}  // namespace
+
+// Client threads ask a served model all through an online update: no request fails, each
+// answer is the old model's or the new one's (bit for bit, never a mix), a client that saw the
+// new answer never sees the old one again, and the new rows are served within 1 s of the push.
+TEST(OnlineUpdates, ServedModelUpdatesUnderConcurrentRequests) {
+  UpdateSetup s;
+  REQUIRE_REDIS_AND_ROCKSDB(s);
+  const std::string repo = s.dir.path + "/repo";
+  fs::create_directories(repo + "/m/1");
+  for (const char* f : {"model.json", "workflow.json", "weights.dlrec"})
+    fs::copy_file(s.tiered + "/" + f, repo + "/m/1/" + f);
+  dlrec::testing::write_file(repo + "/m", "config.json",
+                             R"({"embedding_store": {"host": {"bytes": 20000, "shards": 4},
+                                 "updates": {"address": "127.0.0.1:)" +
+                                 std::to_string(s.port) + R"(", "stream": "updates:m",
+                                             "block_ms": 20},
+                                 "rocksdb": {"path": ")" + s.dir.path + R"(/db"}}})");
+  train::Predictor full(s.full), changed(s.changed);
+  const std::vector<std::string> lines(s.lines.begin(), s.lines.begin() + 300);
+  const io::Batch batch = train::encode_lines(full.workflow(), lines, "logs");
+  const std::vector<float> want_old = full.predict(batch), want_new = changed.predict(batch);
+  ASSERT_FALSE(same_bits(want_old, want_new));
+  auto stats = std::make_shared<serve::StatsRegistry>();
+  serve::ModelRepository models(repo, serve::BatchingConfig(), stats);
+  models.load("m");
+  auto served = models.get("m", "");
+  const serve::InferRequest request = request_of(batch);
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> old_answers{0}, new_answers{0}, mixed{0}, failed{0}, went_back{0};
+  std::atomic<int64_t> first_new_ns{0};
+  std::string first_failure;
+  std::mutex failure_mu;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 8; ++c)
+    clients.emplace_back([&] {
+      bool seen_new = false;
+      while (!stop) {
+        try {
+          const serve::InferResponse r = served->infer(request);
+          if (same_bits(r.probability, want_new)) {
+            ++new_answers;
+            seen_new = true;
+            int64_t none = 0;
+            first_new_ns.compare_exchange_strong(
+                none, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now() - t0)
+                          .count());
+          } else if (same_bits(r.probability, want_old)) {
+            ++old_answers;
+            if (seen_new) ++went_back;
+          } else {
+            ++mixed;
+          }
+        } catch (const std::exception& e) {
+          ++failed;
+          std::lock_guard<std::mutex> lock(failure_mu);
+          if (first_failure.empty()) first_failure = e.what();
+        }
+      }
+    });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto pushed_at = std::chrono::steady_clock::now();
+  const train::PushResult r = train::push_update(s.tables, s.full + "/weights.dlrec",
+                                                 s.changed + "/weights.dlrec", s.stream(), 5);
+  ASSERT_EQ(r.version, 2u);
+  for (int w = 0; w < 500 && first_new_ns == 0; ++w)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  stop = true;
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(failed, 0) << first_failure;
+  EXPECT_EQ(mixed, 0) << "answers that are neither the old model's nor the new one's";
+  EXPECT_EQ(went_back, 0);
+  EXPECT_GT(old_answers, 0);
+  EXPECT_GT(new_answers, 0);
+  const double pushed_s = std::chrono::duration<double>(pushed_at - t0).count();
+  EXPECT_LT(first_new_ns / 1e9 - pushed_s, 1.0) << "the new rows took over 1 s to be served";
+  const std::string metrics = stats->prometheus();
+  for (const char* part :
+       {"dlrec_embedding_store_update_version{model=\"m\",version=\"1\",tier=\"updates\"} 2",
+        "dlrec_embedding_store_updates_applied{model=\"m\",version=\"1\",tier=\"updates\"} 1",
+        "dlrec_embedding_store_updates_rejected{model=\"m\",version=\"1\",tier=\"updates\"} 0",
+        "# TYPE dlrec_embedding_store_update_lag_ms gauge"})
+    EXPECT_NE(metrics.find(part), std::string::npos) << part << " not in:\n" << metrics;
+  EXPECT_EQ(metrics.find("dlrec_embedding_store_update_version{model=\"m\",version=\"1\",tier=\"host\""),
+            std::string::npos);
+  std::printf("[  NOTE    ] %lld old answers, %lld new, the first new %.0f ms after the push\n",
+              static_cast<long long>(old_answers.load()), static_cast<long long>(new_answers.load()),
+              (first_new_ns / 1e9 - pushed_s) * 1e3);
+}
+#endif

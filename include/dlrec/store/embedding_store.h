@@ -74,6 +74,10 @@ constexpr int64_t kHostEntryOverhead = 64;
 struct TierStats {
   std::atomic<int64_t> hits{0}, misses{0}, evictions{0}, bytes{0};
   std::atomic<int64_t> lookups{0}, lookup_ns{0};  // batched lookups and their total time
+  // The update tier's only (include/dlrec/store/updates.h): the version it serves, the rows and
+  // versions applied, the versions rejected, the last version's lag (ms from push to applied).
+  std::atomic<int64_t> update_version{0}, update_rows{0}, updates_applied{0}, updates_rejected{0},
+      update_lag_ms{0};
 };
 
 class Tier {

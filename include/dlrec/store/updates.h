@@ -73,6 +73,8 @@ class UpdateTier final : public Tier {
   // makes them visible at once. Throws, changing nothing, on any error.
   void apply(uint64_t version, const std::vector<RowUpdate>& updates);
   const std::vector<TableInfo>& tables() const { return tables_; }
+  // Copies `updates`' counters into stats (the metrics endpoint's TierStats).
+  void publish_stats();
   UpdateStats updates;
 
  private:
