@@ -177,9 +177,9 @@ def main():
             if warm_rss is None and time.time() - t0 >= min(30, a.duration / 4):
                 warm_rss = rss[-1][1]
             if down_at is None and time.time() - t0 >= a.duration / 2:
+                down_at = time.time()  # the outage starts with the signal (Redis then closes)
                 redis.send_signal(signal.SIGTERM)
                 redis.wait()
-                down_at = time.time()
             if down_at and up_at is None and time.time() - down_at >= a.down:
                 redis = subprocess.Popen(redis_cmd, stdout=subprocess.DEVNULL)
                 procs.append(redis)
@@ -216,6 +216,10 @@ def main():
             "server_died": died, "rss_warm_mib": round((warm_rss or 0) / 2**20, 1),
             "rss_end_mib": round(end_rss / 2**20, 1),
             "rss_max_mib": round(max(v for _, v in rss) / 2**20, 1) if rss else 0,
+            "failures_from_s_after_sigterm": round(min(e[0] for e in cold_fail) - down_at, 3)
+            if cold_fail and down_at else None,
+            "failures_until_s_after_restart": round(max(e[0] for e in cold_fail) - up_at, 3)
+            if cold_fail and up_at else None,
             "example_failure": cold_fail[0][3] if cold_fail else "",
             "example_failure_outside": (hot_fail + cold_fail_outside)[0][3]
             if hot_fail or cold_fail_outside else "",

@@ -18,8 +18,9 @@ Runner add_push(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand(
-      "push", "Publish the embedding rows changed since the last push as the next version of a "
-              "Redis Stream that serving stores read (online updates)");
+      "push",
+      "Publish the embedding rows changed since the last push as the next version of a "
+      "Redis Stream that serving stores read (online updates)");
   c->add_option("--model", a->model, "The served model's directory (its tables: model.json)")
       ->required();
   c->add_option("--base", a->base,

@@ -141,7 +141,7 @@ void store_metrics(std::ostringstream& os, const std::vector<std::shared_ptr<Mod
           auto ins = sum.emplace(tier, v);
           if (ins.second) continue;
           int64_t& have = ins.first->second;
-          have = f.over == Over::Sum ? have + v
+          have = f.over == Over::Sum   ? have + v
                  : f.over == Over::Min ? std::min(have, v)
                                        : std::max(have, v);
         }

@@ -86,9 +86,8 @@ StoreConfig StoreConfig::from_json(const json& j, const std::string& base_dir,
       c.updates_port = c.redis_port;
     }
     c.updates_stream = u.get<std::string>("stream", "");
-    DLREC_CHECK(!c.updates_stream.empty() && c.updates_stream.size() <= 200,
-                u.key_path("stream"), ": required, 1 to 200 characters (the stream dlrec push ",
-                "writes)");
+    DLREC_CHECK(!c.updates_stream.empty() && c.updates_stream.size() <= 200, u.key_path("stream"),
+                ": required, 1 to 200 characters (the stream dlrec push ", "writes)");
     c.updates_block_ms = u.get_int_range("block_ms", c.updates_block_ms, 1, 10000);
     c.updates_max_bytes = u.get_int_range("max_bytes", c.updates_max_bytes, 1, int64_t{1} << 50);
     u.finish();

@@ -6,8 +6,8 @@
 //   lfu  the least frequently used (order: uses since the row was filled, then last use: among
 //        rows used as often, the least recent goes first).
 // A row larger than a shard's bound is not kept (lookups of it always go on to the next tier).
-#include <set>
 #include <mutex>
+#include <set>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -85,7 +85,7 @@ class HostTier final : public Tier {
  private:
   struct Entry {
     std::vector<float> row;
-    int64_t uses;      // lookups that found it, plus its fill
+    int64_t uses;       // lookups that found it, plus its fill
     uint64_t last_use;  // the shard's clock at its last use
   };
   // (uses under LFU, else 0; last use; key): the set's first element is evicted first.

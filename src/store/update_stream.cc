@@ -48,8 +48,8 @@ Reply command(redisContext* c, const StreamAddress& at, const std::vector<std::s
   void* r = redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data());
   if (!r) fail(at.str(), ": ", c->err ? c->errstr : "no reply", " (is the Redis server running?)");
   Reply reply(static_cast<redisReply*>(r));
-  DLREC_CHECK(reply->type != REDIS_REPLY_ERROR, at.str(), ": ", args[0], " answered an error: ",
-              std::string(reply->str, reply->len));
+  DLREC_CHECK(reply->type != REDIS_REPLY_ERROR, at.str(), ": ", args[0],
+              " answered an error: ", std::string(reply->str, reply->len));
   return reply;
 }
 
@@ -75,8 +75,9 @@ uint64_t parse_version(const std::map<std::string, std::string>& f, const std::s
   auto it = f.find("version");
   DLREC_CHECK(it != f.end(), where, ": no 'version' field");
   const std::string& v = it->second;
-  DLREC_CHECK(!v.empty() && v.size() <= 19 && v.find_first_not_of("0123456789") == std::string::npos,
-              where, ": version '", v.substr(0, 40), "' is not a number");
+  DLREC_CHECK(
+      !v.empty() && v.size() <= 19 && v.find_first_not_of("0123456789") == std::string::npos, where,
+      ": version '", v.substr(0, 40), "' is not a number");
   return std::stoull(v);
 }
 
@@ -229,8 +230,8 @@ struct UpdateConsumer::Impl {
     DLREC_CHECK(u.table >= 0, where, ": unknown table '", name.substr(0, 100),
                 "' (the model's tables: ", tables.empty() ? "none" : tables[0].name, " ...)");
     const TableInfo& t = tables[static_cast<size_t>(u.table)];
-    DLREC_CHECK(f.at("dim") == std::to_string(t.dim), where, ": table '", name, "' has dim ",
-                t.dim, ", the entry says ", f.at("dim").substr(0, 20));
+    DLREC_CHECK(f.at("dim") == std::to_string(t.dim), where, ": table '", name, "' has dim ", t.dim,
+                ", the entry says ", f.at("dim").substr(0, 20));
     const std::string& ids = f.at("ids");
     const std::string& rows = f.at("rows");
     DLREC_CHECK(ids.size() % 8 == 0, where, ": 'ids' holds ", ids.size(),

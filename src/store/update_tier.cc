@@ -96,8 +96,9 @@ void UpdateTier::apply(uint64_t version, const std::vector<RowUpdate>& updates) 
     }
     rows_applied += static_cast<int64_t>(u.ids.size());
   }
-  DLREC_CHECK(next->bytes <= max_bytes_, "update version ", version, ": the update tier would hold ",
-              next->bytes, " bytes, beyond its bound updates.max_bytes = ", max_bytes_,
+  DLREC_CHECK(next->bytes <= max_bytes_, "update version ", version,
+              ": the update tier would hold ", next->bytes,
+              " bytes, beyond its bound updates.max_bytes = ", max_bytes_,
               " (export the model again with the new tables, or raise the bound)");
   for (size_t t = 0; t < copies.size(); ++t)
     if (copies[t]) next->tables[t] = std::move(copies[t]);

@@ -37,8 +37,8 @@ std::vector<Tensor> load_tables(const std::vector<store::TableInfo>& tables,
 }  // namespace
 
 PushResult push_update(const std::vector<store::TableInfo>& tables, const std::string& base,
-                       const std::string& next, const store::StreamAddress& at,
-                       int64_t chunk_rows, uint64_t version) {
+                       const std::string& next, const store::StreamAddress& at, int64_t chunk_rows,
+                       uint64_t version) {
   DLREC_CHECK(!tables.empty(), "push: the model has no fixed embedding tables");
   const std::vector<Tensor> a = load_tables(tables, base);
   const std::vector<Tensor> b = load_tables(tables, next);

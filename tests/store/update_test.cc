@@ -79,15 +79,27 @@ TEST(UpdateTier, AppliesAVersionWholeAndKeepsPinnedSnapshots) {
 
 TEST(UpdateTier, RefusesGapsBadRowsAndTheBoundChangingNothing) {
   store::UpdateTier tier(two_tables(), 3 * (8 + store::kHostEntryOverhead));
-  expect_error([&] { tier.apply(3, {update(0, {1}, {1, 2})}); },
-               {"update version 3", "expected version 2", "versions in between are missing"});
+  expect_error(
+      [&] {
+        tier.apply(3, {update(0, {1}, {1, 2})});
+      },
+      {"update version 3", "expected version 2", "versions in between are missing"});
   expect_error([&] { tier.apply(2, {update(5, {1}, {1, 2})}); }, {"table index 5 of 2"});
-  expect_error([&] { tier.apply(2, {update(0, {1}, {1, 2, 3})}); },
-               {"table 'emb.0.weight'", "3 floats for 1 rows of dim 2"});
-  expect_error([&] { tier.apply(2, {update(1, {0, 5}, {1, 2, 3, 4, 5, 6})}); },
-               {"id 5 is beyond table 'emb.1.weight' (5 rows)"});
-  expect_error([&] { tier.apply(2, {update(0, {0, 1, 2, 3}, {1, 2, 3, 4, 5, 6, 7, 8})}); },
-               {"beyond its bound updates.max_bytes"});
+  expect_error(
+      [&] {
+        tier.apply(2, {update(0, {1}, {1, 2, 3})});
+      },
+      {"table 'emb.0.weight'", "3 floats for 1 rows of dim 2"});
+  expect_error(
+      [&] {
+        tier.apply(2, {update(1, {0, 5}, {1, 2, 3, 4, 5, 6})});
+      },
+      {"id 5 is beyond table 'emb.1.weight' (5 rows)"});
+  expect_error(
+      [&] {
+        tier.apply(2, {update(0, {0, 1, 2, 3}, {1, 2, 3, 4, 5, 6, 7, 8})});
+      },
+      {"beyond its bound updates.max_bytes"});
   EXPECT_EQ(tier.version(), 1u);
   tier.apply(2, {update(0, {0}, {1, 2})});
   expect_error([&] { tier.apply(2, {update(0, {0}, {1, 2})}); }, {"already applied"});
@@ -186,9 +198,9 @@ struct UpdateSetup {
       fs::copy_file(from + "/" + f, to + "/" + f, fs::copy_options::overwrite_existing);
     const json meta = read_json_file(from + "/model.json");
     const auto cfg = model::RunConfig::from_json(meta.at("config"));
-    auto m = model::build_model(cfg.model, cfg.optimizer,
-                                io::ShardLayout::from_json(meta.at("layout")), Device::cpu(), 0,
-                                "fp32");
+    auto m =
+        model::build_model(cfg.model, cfg.optimizer, io::ShardLayout::from_json(meta.at("layout")),
+                           Device::cpu(), 0, "fp32");
     std::vector<io::NamedTensor> all = m->parameters();
     io::load_tensors(from + "/weights.dlrec", all);
     for (auto& [name, tensor] : all)
@@ -221,16 +233,15 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 double wait_for_version(store::EmbeddingStore& s, uint64_t version, double seconds) {
   const auto t0 = std::chrono::steady_clock::now();
   for (;;) {
-    const double dt =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s.updates()->version() >= version || dt > seconds) return dt;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }
 
-#define REQUIRE_REDIS_AND_ROCKSDB(setup)                                                   \
-  if (!store::rocksdb_available()) GTEST_SKIP() << "this build has no RocksDB tier";         \
-  if (!setup.redis)                                                                          \
+#define REQUIRE_REDIS_AND_ROCKSDB(setup)                                                      \
+  if (!store::rocksdb_available()) GTEST_SKIP() << "this build has no RocksDB tier";          \
+  if (!setup.redis)                                                                           \
   GTEST_SKIP() << "no Redis tier in this build or no redis-server installed: online updates " \
                   "are not checked"
 
@@ -262,8 +273,8 @@ TEST(OnlineUpdates, APushIsServedBitForBitWithinOneSecond) {
   wait_for_version(*late.store(), 2, 5.0);
   EXPECT_TRUE(same_bits(late.predict_lines(s.lines, "logs"), new_p));
   // Nothing changed: nothing published.
-  EXPECT_EQ(train::push_update(s.tables, s.changed + "/weights.dlrec",
-                               s.changed + "/weights.dlrec", s.stream(), 7)
+  EXPECT_EQ(train::push_update(s.tables, s.changed + "/weights.dlrec", s.changed + "/weights.dlrec",
+                               s.stream(), 7)
                 .version,
             0u);
 }
@@ -286,19 +297,27 @@ TEST(OnlineUpdates, BadEntriesAndGapsAreRejectedAndTheLastGoodVersionServed) {
   };
   const std::vector<Case> cases = {
       {"unknown table",
-       {{"table", "emb.99.weight"}, {"dim", std::to_string(t0.dim)}, {"ids", bytes(&id, 8)},
+       {{"table", "emb.99.weight"},
+        {"dim", std::to_string(t0.dim)},
+        {"ids", bytes(&id, 8)},
         {"rows", bytes(row.data(), row.size() * 4)}},
        "unknown table 'emb.99.weight'"},
       {"wrong dim",
-       {{"table", t0.name}, {"dim", std::to_string(t0.dim + 1)}, {"ids", bytes(&id, 8)},
+       {{"table", t0.name},
+        {"dim", std::to_string(t0.dim + 1)},
+        {"ids", bytes(&id, 8)},
         {"rows", bytes(row.data(), row.size() * 4)}},
        "has dim " + std::to_string(t0.dim)},
       {"rows of the wrong size",
-       {{"table", t0.name}, {"dim", std::to_string(t0.dim)}, {"ids", bytes(&id, 8)},
+       {{"table", t0.name},
+        {"dim", std::to_string(t0.dim)},
+        {"ids", bytes(&id, 8)},
         {"rows", bytes(row.data(), 4)}},
        "'rows' holds 4 bytes"},
       {"id out of range",
-       {{"table", t0.name}, {"dim", std::to_string(t0.dim)}, {"ids", bytes(&far, 8)},
+       {{"table", t0.name},
+        {"dim", std::to_string(t0.dim)},
+        {"ids", bytes(&far, 8)},
         {"rows", bytes(row.data(), row.size() * 4)}},
        "id " + std::to_string(far) + " is beyond table '" + t0.name + "'"},
   };
@@ -321,8 +340,8 @@ TEST(OnlineUpdates, BadEntriesAndGapsAreRejectedAndTheLastGoodVersionServed) {
     EXPECT_TRUE(same_bits(served.predict_lines(s.lines, "logs"), old_p)) << k.what;
   }
   // A version gap: version 4 while the store holds 1.
-  train::push_update(s.tables, s.full + "/weights.dlrec", s.changed + "/weights.dlrec",
-                     s.stream(), 50, 4);
+  train::push_update(s.tables, s.full + "/weights.dlrec", s.changed + "/weights.dlrec", s.stream(),
+                     50, 4);
   for (int w = 0; w < 500 && u.updates.versions_rejected <= rejected; ++w)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_NE(u.updates.error().find("versions in between are missing"), std::string::npos)
@@ -330,8 +349,8 @@ TEST(OnlineUpdates, BadEntriesAndGapsAreRejectedAndTheLastGoodVersionServed) {
   EXPECT_EQ(u.version(), 1u);
   EXPECT_TRUE(same_bits(served.predict_lines(s.lines, "logs"), old_p));
   // Version 2 published again, corrected: applied, and the rows are served.
-  train::push_update(s.tables, s.full + "/weights.dlrec", s.changed + "/weights.dlrec",
-                     s.stream(), 50, 2);
+  train::push_update(s.tables, s.full + "/weights.dlrec", s.changed + "/weights.dlrec", s.stream(),
+                     50, 2);
   EXPECT_LT(wait_for_version(*served.store(), 2, 5.0), 1.0);
   EXPECT_TRUE(same_bits(served.predict_lines(s.lines, "logs"), new_p));
   // An entry without a type, and an unfinished version (its rows, no commit), change nothing.
@@ -352,12 +371,14 @@ TEST(OnlineUpdates, StoreConfigUpdatesSection) {
   EXPECT_EQ(c.updates_block_ms, 100);
   expect_error([&] { parse(R"({"updates": {"stream": "s"}, "rocksdb": {"path": "d"}})"); },
                {"t.updates.address", "required"});
+  expect_error([&] { parse(R"({"updates": {"address": "h:1"}, "rocksdb": {"path": "d"}})"); },
+               {"t.updates.stream", "required"});
   expect_error(
-      [&] { parse(R"({"updates": {"address": "h:1"}, "rocksdb": {"path": "d"}})"); },
-      {"t.updates.stream", "required"});
-  expect_error([&] {
-    parse(R"({"updates": {"address": "h:1", "stream": "s", "block": 1}, "rocksdb": {"path": "d"}})");
-  }, {"block"});
+      [&] {
+        parse(
+            R"({"updates": {"address": "h:1", "stream": "s", "block": 1}, "rocksdb": {"path": "d"}})");
+      },
+      {"block"});
 }
 
 #ifdef DLREC_WITH_SERVER
@@ -400,7 +421,8 @@ TEST(OnlineUpdates, ServedModelUpdatesUnderConcurrentRequests) {
                                  "updates": {"address": "127.0.0.1:)" +
                                  std::to_string(s.port) + R"(", "stream": "updates:m",
                                              "block_ms": 20},
-                                 "rocksdb": {"path": ")" + s.dir.path + R"(/db"}}})");
+                                 "rocksdb": {"path": ")" +
+                                 s.dir.path + R"(/db"}}})");
   train::Predictor full(s.full), changed(s.changed);
   const std::vector<std::string> lines(s.lines.begin(), s.lines.begin() + 300);
   const io::Batch batch = train::encode_lines(full.workflow(), lines, "logs");
@@ -469,10 +491,11 @@ TEST(OnlineUpdates, ServedModelUpdatesUnderConcurrentRequests) {
         "dlrec_embedding_store_updates_rejected{model=\"m\",version=\"1\",tier=\"updates\"} 0",
         "# TYPE dlrec_embedding_store_update_lag_ms gauge"})
     EXPECT_NE(metrics.find(part), std::string::npos) << part << " not in:\n" << metrics;
-  EXPECT_EQ(metrics.find("dlrec_embedding_store_update_version{model=\"m\",version=\"1\",tier=\"host\""),
-            std::string::npos);
+  EXPECT_EQ(
+      metrics.find("dlrec_embedding_store_update_version{model=\"m\",version=\"1\",tier=\"host\""),
+      std::string::npos);
   std::printf("[  NOTE    ] %lld old answers, %lld new, the first new %.0f ms after the push\n",
-              static_cast<long long>(old_answers.load()), static_cast<long long>(new_answers.load()),
-              (first_new_ns / 1e9 - pushed_s) * 1e3);
+              static_cast<long long>(old_answers.load()),
+              static_cast<long long>(new_answers.load()), (first_new_ns / 1e9 - pushed_s) * 1e3);
 }
 #endif

@@ -159,7 +159,7 @@ class EmbeddingStore {
  private:
   std::vector<TableInfo> tables_;
   std::vector<std::unique_ptr<Tier>> tiers_;
-  UpdateTier* updates_ = nullptr;              // tiers_[0] with "updates"
+  UpdateTier* updates_ = nullptr;             // tiers_[0] with "updates"
   std::unique_ptr<UpdateConsumer> consumer_;  // stopped before the tiers go
 };
 

@@ -24,7 +24,7 @@ struct PushResult {
 // the rows that differ (bitwise) as the stream's next version (or `version`, to publish a
 // rejected one again; store::publish_update), in chunks of `chunk_rows`.
 PushResult push_update(const std::vector<store::TableInfo>& tables, const std::string& base,
-                       const std::string& next, const store::StreamAddress& at,
-                       int64_t chunk_rows, uint64_t version = 0);
+                       const std::string& next, const store::StreamAddress& at, int64_t chunk_rows,
+                       uint64_t version = 0);
 
 }  // namespace dlrec::train
