@@ -3,6 +3,7 @@
 #include "dlrec/store/embedding_store.h"
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
@@ -154,6 +155,13 @@ std::unique_ptr<EmbeddingStore> EmbeddingStore::open(const StoreConfig& config,
     for (size_t k = 1; k < store->tiers_.size(); ++k) caches.push_back(store->tiers_[k].get());
     store->consumer_ =
         std::make_unique<UpdateConsumer>(at, config.updates_block_ms, store->updates_, caches);
+    // The versions already on the stream are applied before the first lookup (a restarted
+    // server does not serve the exported rows for a moment).
+    if (!store->consumer_->wait_caught_up(60000))
+      std::fprintf(stderr,
+                   "dlrec store updates: %s: not read to its end within 60 s; serving version "
+                   "%llu while the rest is applied\n",
+                   at.str().c_str(), static_cast<unsigned long long>(store->updates_->version()));
   }
   return store;
 }

@@ -3,6 +3,7 @@
 #include <sys/time.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -153,6 +154,15 @@ struct UpdateConsumer::Impl {
   uint64_t pending_version = 0;
   std::vector<RowUpdate> pending;
   std::string pending_error;
+  std::mutex caught_up_mu;
+  std::condition_variable caught_up_cv;
+  bool caught_up = false;  // the stream was read to its end once (or could not be read)
+
+  void mark_caught_up() {
+    std::lock_guard<std::mutex> lock(caught_up_mu);
+    caught_up = true;
+    caught_up_cv.notify_all();
+  }
 
   void log(const std::string& e) {
     std::fprintf(stderr, "dlrec store updates: %s\n", e.c_str());
@@ -168,7 +178,10 @@ struct UpdateConsumer::Impl {
                           {"XREAD", "COUNT", "64", "BLOCK", std::to_string(block_ms), "STREAMS",
                            at.key, last_id});
         last_stream_error.clear();
-        if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) continue;  // nil: nothing new
+        if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) {  // nil: nothing new
+          mark_caught_up();
+          continue;
+        }
         const redisReply* stream = r->element[0];
         DLREC_CHECK(stream->type == REDIS_REPLY_ARRAY && stream->elements == 2, at.str(),
                     ": XREAD answered an unexpected shape");
@@ -183,6 +196,7 @@ struct UpdateConsumer::Impl {
         // The stream cannot be read (Redis down, restarted): log once per distinct error, keep
         // serving the applied version, try again shortly.
         ctx.reset();
+        mark_caught_up();  // an unreadable stream does not hold the store's opening back
         if (ex.what() != last_stream_error) {
           last_stream_error = ex.what();
           log(last_stream_error + " (still serving version " + std::to_string(tier->version()) +
@@ -276,10 +290,11 @@ struct UpdateConsumer::Impl {
     pending_error.clear();
     pending_version = 0;
     if (!refused.empty()) {
-      tier->updates.versions_rejected += 1;
-      tier->publish_stats();
+      // The error first: whoever sees the counter move finds the error that moved it.
       log("version " + std::to_string(v) + " rejected: " + refused + "; serving version " +
           std::to_string(tier->version()));
+      tier->updates.versions_rejected += 1;
+      tier->publish_stats();
     }
   }
 };
@@ -299,6 +314,12 @@ UpdateConsumer::~UpdateConsumer() {
   impl_->thread.join();
 }
 
+bool UpdateConsumer::wait_caught_up(int64_t ms) {
+  std::unique_lock<std::mutex> lock(impl_->caught_up_mu);
+  return impl_->caught_up_cv.wait_for(lock, std::chrono::milliseconds(ms),
+                                      [&] { return impl_->caught_up; });
+}
+
 #else  // built without libhiredis-dev
 
 uint64_t publish_update(const StreamAddress& at, const std::vector<TableInfo>&,
@@ -315,6 +336,7 @@ UpdateConsumer::UpdateConsumer(StreamAddress at, int64_t, UpdateTier*, std::vect
   fail(at.str(), ": this dlrec was built without hiredis (libhiredis-dev): no online updates");
 }
 UpdateConsumer::~UpdateConsumer() = default;
+bool UpdateConsumer::wait_caught_up(int64_t) { return false; }
 
 #endif
 

@@ -118,6 +118,10 @@ class UpdateConsumer {
  public:
   UpdateConsumer(StreamAddress at, int64_t block_ms, UpdateTier* tier, std::vector<Tier*> caches);
   ~UpdateConsumer();
+  // Waits (at most `ms`) until the thread has read the stream to its end once (or found it
+  // unreadable): a store opened then serves the latest version from its first request.
+  // Returns whether it had.
+  bool wait_caught_up(int64_t ms);
   UpdateConsumer(const UpdateConsumer&) = delete;
   UpdateConsumer& operator=(const UpdateConsumer&) = delete;
 
