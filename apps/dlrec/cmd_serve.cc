@@ -2,12 +2,66 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "commands.h"
+#include "dlrec/serve/model_config.h"
 #include "dlrec/serve/server.h"
+#include "dlrec/train/export.h"
 
 namespace dlrec::cli {
+
+namespace {
+// serve --dry-run: for each model of the repository, the versions its policy serves and the
+// memory each tier and the model would use per instance (predict --plan's), then the total.
+// Opens each version as an instance would (tables in RocksDB are not read; a Redis tier
+// connects), scores nothing, binds no port. Returns the count of models that would not load.
+int dry_run(const serve::ServerOptions& o) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> models;
+  for (const auto& e : fs::directory_iterator(o.model_repository))
+    if (e.is_directory() && serve::model_name_problem(e.path().filename().string()).empty())
+      models.push_back(e.path());
+  std::sort(models.begin(), models.end());
+  int failed = 0;
+  for (const fs::path& dir : models) {
+    const std::string name = dir.filename().string();
+    try {
+      serve::ModelConfig cfg;
+      cfg.batching = o.batching;
+      if (fs::exists(dir / "config.json"))
+        cfg = serve::ModelConfig::from_json(read_json_file((dir / "config.json").string()),
+                                            o.batching, dir.string());
+      std::vector<int64_t> available;
+      for (const auto& e : fs::directory_iterator(dir)) {
+        const std::string v = e.path().filename().string();
+        if (e.is_directory() && !v.empty() && v.size() < 18 &&
+            v.find_first_not_of("0123456789") == std::string::npos && v[0] != '0')
+          available.push_back(std::stoll(v));
+      }
+      const std::vector<int64_t> chosen = cfg.version_policy.select(available);
+      DLREC_CHECK(!chosen.empty(), "no version to serve under its version policy");
+      DLREC_CHECK(!cfg.instances.gpu || !cfg.instances.store,
+                  "KIND_GPU with an embedding store is not served yet");
+      for (int64_t v : chosen) {
+        const std::string vdir = (dir / std::to_string(v)).string();
+        std::printf("model %s version %lld: %lld %s instance(s), each:\n", name.c_str(),
+                    static_cast<long long>(v), static_cast<long long>(cfg.instances.count),
+                    cfg.instances.gpu ? "GPU" : "CPU");
+        train::Predictor p(vdir, Device::cpu(), "fp32", cfg.instances.store.get());
+        std::fputs(p.memory_plan().c_str(), stdout);
+      }
+    } catch (const std::exception& e) {
+      std::printf("model %s: would not load: %s\n", name.c_str(), e.what());
+      ++failed;
+    }
+  }
+  std::printf("%zu model(s), %d would not load\n", models.size(), failed);
+  return failed;
+}
+}  // namespace
 
 Runner add_serve(CLI::App& app) {
   auto o = std::make_shared<serve::ServerOptions>();
@@ -84,7 +138,12 @@ Runner add_serve(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   c->add_flag("--access-log", o->access_log, "One JSON line per request on standard error");
   c->add_flag("--strict-startup", o->strict_startup, "Exit when a model fails to load");
-  return [o] {
+  auto dry = std::make_shared<bool>(false);
+  c->add_flag("--dry-run", *dry,
+              "Print the memory each model version, and each tier of its embedding store, will "
+              "use (per instance), and exit (exit status 1 when a model would not load)");
+  return [o, dry] {
+    if (*dry) return dry_run(*o) == 0 ? 0 : 1;
     // Signals are taken by one waiting thread, never by the serving threads.
     sigset_t set;
     sigemptyset(&set);

@@ -17,6 +17,7 @@ Runner add_eval(CLI::App& app);
 Runner add_export(CLI::App& app);
 Runner add_compress(CLI::App& app);  // cmd_compress.cc
 Runner add_predict(CLI::App& app);
+Runner add_push(CLI::App& app);     // cmd_push.cc (online updates)
 Runner add_demo(CLI::App& app);
 Runner add_parquet(CLI::App& app);  // parquet dump | write (inspection, interop tests)
 Runner add_serve(CLI::App& app);  // built with DLREC_WITH_SERVER

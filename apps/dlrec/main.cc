@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   add(dlrec::cli::add_export);
   add(dlrec::cli::add_compress);
   add(dlrec::cli::add_predict);
+  add(dlrec::cli::add_push);
   add(dlrec::cli::add_demo);
   add(dlrec::cli::add_parquet);
   add(dlrec::cli::add_bench);

@@ -232,6 +232,30 @@ void DynamicBatcher::worker(int index) {
       } catch (...) {
       }
     }
+    if (err && jobs.size() > 1) {
+      // A merged batch failed: each request runs again alone, so that only those that fail by
+      // themselves fail (an embedding store tier down fails the requests whose rows no tier
+      // above it holds, not the cached ones merged with them).
+      for (auto& j : jobs) {
+        Result r;
+        std::exception_ptr own;
+        const uint64_t s0 = now_ns();
+        try {
+          r.outputs = execute_(*j->batch, index);
+          if (static_cast<int64_t>(r.outputs.size()) != j->batch->rows)
+            request_fail(Status::Internal, "the model returned ", r.outputs.size(),
+                         " outputs for ", j->batch->rows, " rows");
+        } catch (...) {
+          own = std::current_exception();
+        }
+        r.queue_ns = start - j->enqueued_ns;
+        r.compute_ns = now_ns() - s0;
+        r.merged_rows = j->batch->rows;
+        call_done(j->done, std::move(r), own);
+      }
+      jobs.clear();
+      continue;
+    }
     int64_t offset = 0;
     for (auto& j : jobs) {
       Result r;

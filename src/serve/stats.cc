@@ -94,9 +94,12 @@ void ModelStats::clear_store_tiers(const void* owner) {
 namespace {
 // dlrec_embedding_store_*{model, version, tier}: each tier's counters summed over the instances.
 void store_metrics(std::ostringstream& os, const std::vector<std::shared_ptr<ModelStats>>& all) {
+  enum class Over { Sum, Min, Max };  // how the instances' values combine
   struct Family {
     const char *name, *type, *help;
     int64_t (*value)(const store::TierStats&);
+    bool updates_only = false;  // the update tier's (online updates) families
+    Over over = Over::Sum;
   };
   static const Family families[] = {
       {"dlrec_embedding_store_hits", "counter", "Rows found in the tier",
@@ -112,13 +115,36 @@ void store_metrics(std::ostringstream& os, const std::vector<std::shared_ptr<Mod
       {"dlrec_embedding_store_lookup_duration_us", "counter",
        "Cumulative duration of the tier's lookups in microseconds",
        [](const store::TierStats& t) { return t.lookup_ns.load() / 1000; }},
+      {"dlrec_embedding_store_update_version", "gauge",
+       "The online-update version every instance serves (the least of theirs; 1: the export)",
+       [](const store::TierStats& t) { return t.update_version.load(); }, true, Over::Min},
+      {"dlrec_embedding_store_update_rows", "counter", "Rows applied by online updates",
+       [](const store::TierStats& t) { return t.update_rows.load(); }, true},
+      {"dlrec_embedding_store_updates_applied", "counter", "Online-update versions applied",
+       [](const store::TierStats& t) { return t.updates_applied.load(); }, true},
+      {"dlrec_embedding_store_updates_rejected", "counter",
+       "Online-update versions rejected (bad entries, gaps; the error is logged)",
+       [](const store::TierStats& t) { return t.updates_rejected.load(); }, true},
+      {"dlrec_embedding_store_update_lag_ms", "gauge",
+       "Milliseconds from the last applied version's push to its application (the most of the "
+       "instances')",
+       [](const store::TierStats& t) { return t.update_lag_ms.load(); }, true, Over::Max},
   };
   for (const Family& f : families) {
     bool header = false;
     for (auto& s : all)
       s->with_store_tiers([&](const ModelStats::StoreTiers& tiers) {
         std::map<std::string, int64_t> sum;  // per tier name, over the instances
-        for (const auto& [tier, st] : tiers) sum[tier] += f.value(*st);
+        for (const auto& [tier, st] : tiers) {
+          if (f.updates_only && tier != "updates") continue;
+          const int64_t v = f.value(*st);
+          auto ins = sum.emplace(tier, v);
+          if (ins.second) continue;
+          int64_t& have = ins.first->second;
+          have = f.over == Over::Sum   ? have + v
+                 : f.over == Over::Min ? std::min(have, v)
+                                       : std::max(have, v);
+        }
         for (const auto& [tier, v] : sum) {
           if (!header) {
             os << "# HELP " << f.name << ' ' << f.help << "\n# TYPE " << f.name << ' ' << f.type

@@ -3,11 +3,13 @@
 #include "dlrec/store/embedding_store.h"
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
 
 #include "dlrec/core/error.h"
+#include "dlrec/store/updates.h"
 
 namespace dlrec::store {
 
@@ -15,6 +17,21 @@ namespace {
 std::string resolve(const std::string& path, const std::string& base_dir) {
   if (path.empty() || path[0] == '/' || base_dir.empty()) return path;
   return (std::filesystem::path(base_dir) / path).lexically_normal().string();
+}
+
+// "HOST:PORT" into host and port, else an error naming the key.
+void parse_address(const std::string& address, const std::string& key, std::string& host,
+                   int& port_out) {
+  const size_t colon = address.rfind(':');
+  int64_t port = -1;
+  if (colon != std::string::npos && colon > 0 && colon + 1 < address.size() &&
+      address.size() - colon <= 6 &&
+      address.find_first_not_of("0123456789", colon + 1) == std::string::npos)
+    port = std::stoll(address.substr(colon + 1));
+  DLREC_CHECK(port >= 1 && port <= 65535, key, ": '", address,
+              "' is not HOST:PORT (port 1..65535)");
+  host = address.substr(0, colon);
+  port_out = static_cast<int>(port);
 }
 }  // namespace
 
@@ -31,23 +48,14 @@ StoreConfig StoreConfig::from_json(const json& j, const std::string& base_dir,
     DLREC_CHECK(c.host_bytes > 0, h.key_path("bytes"),
                 ": required (the bound on the rows the host tier holds, in bytes)");
     c.host_shards = h.get_int_range("shards", 16, 1, 4096);
-    c.host_eviction = h.get_choice("eviction", "lru", {"lru"});
+    c.host_eviction = h.get_choice("eviction", "lru", {"lru", "lfu"});
     h.finish();
   }
   if (r.has("redis")) {
     ConfigReader d = r.child("redis");
     c.redis = true;
-    const std::string address = d.get<std::string>("address", "");
-    const size_t colon = address.rfind(':');
-    int64_t port = -1;
-    if (colon != std::string::npos && colon > 0 && colon + 1 < address.size() &&
-        address.size() - colon <= 6 &&
-        address.find_first_not_of("0123456789", colon + 1) == std::string::npos)
-      port = std::stoll(address.substr(colon + 1));
-    DLREC_CHECK(port >= 1 && port <= 65535, d.key_path("address"), ": '", address,
-                "' is not HOST:PORT (port 1..65535)");
-    c.redis_host = address.substr(0, colon);
-    c.redis_port = static_cast<int>(port);
+    parse_address(d.get<std::string>("address", ""), d.key_path("address"), c.redis_host,
+                  c.redis_port);
     c.redis_key_prefix = d.get<std::string>("key_prefix", c.redis_key_prefix);
     DLREC_CHECK(!c.redis_key_prefix.empty() && c.redis_key_prefix.size() <= 200,
                 d.key_path("key_prefix"), ": 1 to 200 characters");
@@ -65,6 +73,25 @@ StoreConfig StoreConfig::from_json(const json& j, const std::string& base_dir,
     c.rocksdb_block_cache_bytes =
         d.get_int_range("block_cache_bytes", c.rocksdb_block_cache_bytes, 0, int64_t{1} << 50);
     d.finish();
+  }
+  if (r.has("updates")) {
+    ConfigReader u = r.child("updates");
+    c.updates = true;
+    if (u.has("address")) {
+      parse_address(u.get<std::string>("address", ""), u.key_path("address"), c.updates_host,
+                    c.updates_port);
+    } else {
+      DLREC_CHECK(c.redis, u.key_path("address"),
+                  ": required (the Redis server with the stream) without a \"redis\" tier");
+      c.updates_host = c.redis_host;
+      c.updates_port = c.redis_port;
+    }
+    c.updates_stream = u.get<std::string>("stream", "");
+    DLREC_CHECK(!c.updates_stream.empty() && c.updates_stream.size() <= 200, u.key_path("stream"),
+                ": required, 1 to 200 characters (the stream dlrec push ", "writes)");
+    c.updates_block_ms = u.get_int_range("block_ms", c.updates_block_ms, 1, 10000);
+    c.updates_max_bytes = u.get_int_range("max_bytes", c.updates_max_bytes, 1, int64_t{1} << 50);
+    u.finish();
   }
   c.staging_rows = r.get_int_range("staging_rows", c.staging_rows, 1, int64_t{1} << 31);
   r.finish();
@@ -88,6 +115,11 @@ json StoreConfig::to_json() const {
                   {"timeout_ms", redis_timeout_ms}};
   if (rocksdb)
     j["rocksdb"] = {{"path", rocksdb_path}, {"block_cache_bytes", rocksdb_block_cache_bytes}};
+  if (updates)
+    j["updates"] = {{"address", updates_host + ":" + std::to_string(updates_port)},
+                    {"stream", updates_stream},
+                    {"block_ms", updates_block_ms},
+                    {"max_bytes", updates_max_bytes}};
   j["staging_rows"] = staging_rows;
   return j;
 }
@@ -98,20 +130,53 @@ EmbeddingStore::EmbeddingStore(std::vector<TableInfo> tables,
   DLREC_CHECK(!tiers_.empty(), "embedding store: no tier");
   DLREC_CHECK(tiers_.back()->complete(), "embedding store: the last tier ('", tiers_.back()->name(),
               "') does not hold the full tables");
+  updates_ = dynamic_cast<UpdateTier*>(tiers_.front().get());
 }
+
+EmbeddingStore::~EmbeddingStore() { consumer_.reset(); }
 
 std::unique_ptr<EmbeddingStore> EmbeddingStore::open(const StoreConfig& config,
                                                      const std::vector<TableInfo>& tables) {
   std::vector<std::unique_ptr<Tier>> tiers;
-  if (config.host) tiers.push_back(make_host_tier(tables, config.host_bytes, config.host_shards));
+  if (config.updates)
+    tiers.push_back(std::make_unique<UpdateTier>(tables, config.updates_max_bytes));
+  if (config.host)
+    tiers.push_back(
+        make_host_tier(tables, config.host_bytes, config.host_shards, config.host_eviction));
   if (config.redis) tiers.push_back(open_redis_tier(tables, config));
   if (config.rocksdb)
     tiers.push_back(
         open_rocksdb_tier(config.rocksdb_path, tables, config.rocksdb_block_cache_bytes));
-  return std::make_unique<EmbeddingStore>(tables, std::move(tiers));
+  auto store = std::make_unique<EmbeddingStore>(tables, std::move(tiers));
+  if (config.updates) {
+    StreamAddress at{config.updates_host, config.updates_port, config.updates_stream,
+                     config.redis ? config.redis_timeout_ms : 1000};
+    std::vector<Tier*> caches;
+    for (size_t k = 1; k < store->tiers_.size(); ++k) caches.push_back(store->tiers_[k].get());
+    store->consumer_ =
+        std::make_unique<UpdateConsumer>(at, config.updates_block_ms, store->updates_, caches);
+    // The versions already on the stream are applied before the first lookup (a restarted
+    // server does not serve the exported rows for a moment).
+    if (!store->consumer_->wait_caught_up(60000))
+      std::fprintf(stderr,
+                   "dlrec store updates: %s: not read to its end within 60 s; serving version "
+                   "%llu while the rest is applied\n",
+                   at.str().c_str(), static_cast<unsigned long long>(store->updates_->version()));
+  }
+  return store;
 }
 
-void EmbeddingStore::lookup(int table, const int64_t* ids, int64_t n, float* out) {
+std::shared_ptr<const UpdateSnapshot> EmbeddingStore::pin() const {
+  return updates_ ? updates_->pin() : nullptr;
+}
+
+void EmbeddingStore::lookup(int table, const int64_t* ids, int64_t n, float* out,
+                            const UpdateSnapshot* pinned) {
+  std::shared_ptr<const UpdateSnapshot> own;  // without a pinned snapshot: the current one
+  if (updates_ && !pinned) {
+    own = updates_->pin();
+    pinned = own.get();
+  }
   DLREC_CHECK(table >= 0 && table < static_cast<int>(tables_.size()), "embedding store: table ",
               table, " of ", tables_.size());
   const TableInfo& t = tables_[table];
@@ -133,7 +198,10 @@ void EmbeddingStore::lookup(int table, const int64_t* ids, int64_t n, float* out
     rows.assign(static_cast<size_t>(m * dim), 0.f);
     found.assign(static_cast<size_t>(m), 0);
     const auto t0 = std::chrono::steady_clock::now();
-    tier.lookup(table, sub_ids.data(), m, rows.data(), found.data());
+    if (k == 0 && updates_)
+      updates_->lookup_at(*pinned, table, sub_ids.data(), m, rows.data(), found.data());
+    else
+      tier.lookup(table, sub_ids.data(), m, rows.data(), found.data());
     const auto ns =
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
             .count();

@@ -102,6 +102,8 @@ int64_t StagedTables::prepare(const io::Batch& b) {
 
 const io::Batch& StagedTables::fill() {
   const auto& tables = store_->tables();
+  // One update snapshot for the whole batch: it sees all of an online update's rows or none.
+  const auto pinned = store_->pin();
   for (size_t t = 0; t < tables.size(); ++t) {
     const size_t k = static_cast<size_t>(
         std::find(features_.begin(), features_.end(), tables[t].feature) - features_.begin());
@@ -109,7 +111,7 @@ const io::Batch& StagedTables::fill() {
     DLREC_CHECK(static_cast<int64_t>(uniq.size()) <= capacity_, "embedding store: ", uniq.size(),
                 " distinct ids exceed the staging capacity ", capacity_);
     store_->lookup(static_cast<int>(t), uniq.data(), static_cast<int64_t>(uniq.size()),
-                   table_data_[t]);
+                   table_data_[t], pinned.get());
   }
   return staged_;
 }

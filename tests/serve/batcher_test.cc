@@ -463,3 +463,31 @@ TEST(DynamicBatcher, SubmitRefScoresTheCallersBatchAndHandsItBack) {
     EXPECT_EQ(got, (std::vector<float>{2 * v})) << "inline with a reused batch";
   }
 }
+
+// A merged batch that fails is run again request by request: only the request that fails by
+// itself gets the error (an embedding store tier down fails the requests whose rows are not
+// cached, not the cached ones merged with them).
+TEST(DynamicBatcher, AMergedBatchThatFailsIsRetriedRequestByRequest) {
+  BatchingConfig cfg;
+  cfg.max_batch_size = 64;
+  cfg.preferred_batch_size = {3};      // the three rows below execute as one batch
+  cfg.max_queue_delay_us = 2000000;  // ...once all are queued
+  std::atomic<int> executions{0};
+  DynamicBatcher b(cfg, [&](const io::Batch& x) -> std::vector<float> {
+    ++executions;
+    for (float v : x.dense)
+      if (v < 0) fail("engine failed on a negative row");
+    return std::vector<float>(x.dense.begin(), x.dense.end());
+  });
+  Collected c;
+  b.submit(rows_with({-1.f}), c.done_for(-1.f), 0);
+  b.submit(rows_with({1.f, 2.f}), c.done_for(1.f), 0);
+  c.wait_for(2);
+  std::lock_guard<std::mutex> lk(c.mu);
+  ASSERT_EQ(c.errors.size(), 1u);
+  EXPECT_NE(c.errors[0].find("negative row"), std::string::npos) << c.errors[0];
+  ASSERT_EQ(c.ok.size(), 1u);
+  EXPECT_EQ(c.ok[0].first, 1.f);
+  EXPECT_EQ(c.ok[0].second, (std::vector<float>{1.f, 2.f}));
+  EXPECT_EQ(executions, 3) << "the merged batch, then each request alone";
+}

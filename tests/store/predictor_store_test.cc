@@ -243,6 +243,24 @@ TEST(PredictorStore, CliPredictsThroughAStoreFileAndPrintsThePlan) {
   EXPECT_NE(run("predict --model " + full + " --store " + d.dir.path + "/bad.json --plan", &out),
             0);
   EXPECT_NE(out.find("embedding_store.rocksdb"), std::string::npos) << out;
+#ifdef DLREC_WITH_SERVER
+  // serve --dry-run: each model's plan (its config.json store: a host tier with LFU), a model
+  // that would not load named with its error (exit status 1); no port is bound.
+  fs::create_directories(d.dir.path + "/repo/m/1");
+  fs::create_directories(d.dir.path + "/repo/bad/1");
+  fs::copy(d.dir.path + "/cli", d.dir.path + "/repo/m/1", fs::copy_options::recursive);
+  dlrec::testing::write_file(d.dir.path + "/repo/m", "config.json",
+                             R"({"embedding_store": {"host": {"bytes": 131072, "eviction": "lfu"},
+                                 "rocksdb": {"path": ")" + d.dir.path + R"(/clidb"}}})");
+  dlrec::testing::write_file(d.dir.path + "/repo/bad", "config.json",
+                             R"({"embedding_store": {"host": {"bytes": 10}}})");
+  out.clear();
+  EXPECT_EQ(run("serve --model-repository " + d.dir.path + "/repo --dry-run", &out), 1) << out;
+  for (const char* part : {"model m version 1: 1 CPU instance(s)", "tier host: at most 0.1 MiB",
+                           "tier rocksdb", "total in memory", "model bad: would not load",
+                           "\"rocksdb\" is required", "2 model(s), 1 would not load"})
+    EXPECT_NE(out.find(part), std::string::npos) << part << " not in:\n" << out;
+#endif
 }
 
 // Staging grows with a larger batch by rebuilding the model and reading weights.dlrec again. A

@@ -234,8 +234,8 @@ TEST(StoreConfig, RefusesBadSections) {
   expect_error([&] { parse(R"({"host": {}, "rocksdb": {"path": "x"}})"); },
                {"embedding_store.host.bytes", "required"});
   expect_error(
-      [&] { parse(R"({"host": {"bytes": 1, "eviction": "lfu"}, "rocksdb": {"path": "x"}})"); },
-      {"eviction", "lfu"});
+      [&] { parse(R"({"host": {"bytes": 1, "eviction": "fifo"}, "rocksdb": {"path": "x"}})"); },
+      {"eviction", "fifo"});
   expect_error([&] { parse(R"({"rocksdb": {"path": "x", "cache": 1}})"); }, {"cache"});
   expect_error([&] { parse(R"({"rocksdb": {}})"); }, {"rocksdb.path", "required"});
   expect_error([&] { parse(R"({"rocksdb": {"path": "x"}, "staging_rows": 0})"); },

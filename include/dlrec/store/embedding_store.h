@@ -9,9 +9,10 @@
 // A row found in no tier is an error naming the table and the id. Every tier counts hits,
 // misses, evictions, bytes held and lookup time.
 //
-// Later slices fit in the same interface: a GPU cache tier (a Tier whose rows live on a device,
-// asked first) and online updates
-// (Tier::version says which row set a tier holds; an update raises it).
+// With "updates", an update tier (include/dlrec/store/updates.h) is asked first: the rows that
+// online updates changed, read from a Redis Stream in a background thread.
+// A later slice fits in the same interface: a GPU cache tier (a Tier whose rows live on a
+// device, asked after the update tier).
 #pragma once
 
 #include <atomic>
@@ -42,7 +43,7 @@ struct StoreConfig {
   bool host = false;
   int64_t host_bytes = 0;    // bound on the rows held (row bytes + kHostEntryOverhead each)
   int64_t host_shards = 16;  // shards, by id; each holds host_bytes / host_shards
-  std::string host_eviction = "lru";
+  std::string host_eviction = "lru";  // "lru" or "lfu"
   bool redis = false;
   std::string redis_host;  // "redis": {"address": "HOST:PORT"}
   int redis_port = 0;
@@ -52,6 +53,13 @@ struct StoreConfig {
   bool rocksdb = false;
   std::string rocksdb_path;
   int64_t rocksdb_block_cache_bytes = int64_t{8} << 20;
+  // "updates": online updates read from a Redis Stream (include/dlrec/store/updates.h).
+  bool updates = false;
+  std::string updates_host;  // "address" (default: redis.address)
+  int updates_port = 0;
+  std::string updates_stream;
+  int64_t updates_block_ms = 100;
+  int64_t updates_max_bytes = int64_t{1} << 30;
   // Rows of each table the model stages per batch at first; grows to the largest batch's
   // distinct ids of one feature.
   int64_t staging_rows = 4096;
@@ -66,6 +74,10 @@ constexpr int64_t kHostEntryOverhead = 64;
 struct TierStats {
   std::atomic<int64_t> hits{0}, misses{0}, evictions{0}, bytes{0};
   std::atomic<int64_t> lookups{0}, lookup_ns{0};  // batched lookups and their total time
+  // The update tier's only (include/dlrec/store/updates.h): the version it serves, the rows and
+  // versions applied, the versions rejected, the last version's lag (ms from push to applied).
+  std::atomic<int64_t> update_version{0}, update_rows{0}, updates_applied{0}, updates_rejected{0},
+      update_lag_ms{0};
 };
 
 class Tier {
@@ -77,6 +89,9 @@ class Tier {
   virtual void lookup(int table, const int64_t* ids, int64_t n, float* out, uint8_t* found) = 0;
   // Fills rows found in a tier below (a no-op for a tier that holds every row).
   virtual void fill(int /*table*/, const int64_t* /*ids*/, int64_t /*n*/, const float* /*rows*/) {}
+  // Drops copies of rows an online update replaced (a no-op for tiers that keep none; the
+  // update tier above shadows them in any case).
+  virtual void invalidate(int /*table*/, const int64_t* /*ids*/, int64_t /*n*/) {}
   // Whether the tier holds every row of every table (a miss there is then an error).
   virtual bool complete() const = 0;
   // The row set the tier holds (an export writes version 1; online updates raise it).
@@ -87,9 +102,10 @@ class Tier {
   TierStats stats;
 };
 
-// The host-memory tier: `shards` LRU maps keyed by (table, id), each bounded to bytes / shards.
+// The host-memory tier: `shards` maps keyed by (table, id), each bounded to bytes / shards,
+// evicting the least recently used rows ("lru") or the least frequently used ("lfu").
 std::unique_ptr<Tier> make_host_tier(const std::vector<TableInfo>& tables, int64_t bytes,
-                                     int64_t shards);
+                                     int64_t shards, const std::string& eviction = "lru");
 
 // The RocksDB tier (read-only): the store at `path` written by write_rocksdb_store; its tables
 // must equal `expected` (the model's), else an error naming the difference.
@@ -113,15 +129,28 @@ bool redis_available();
 // Whether this build has the RocksDB tier (librocksdb-dev found at configure time).
 bool rocksdb_available();
 
+class UpdateTier;
+class UpdateConsumer;
+struct UpdateSnapshot;
+
 class EmbeddingStore {
  public:
   EmbeddingStore(std::vector<TableInfo> tables, std::vector<std::unique_ptr<Tier>> tiers);
-  // Opens the tiers `config` asks for, in lookup order (host, redis, rocksdb).
+  ~EmbeddingStore();
+  // Opens the tiers `config` asks for, in lookup order (updates, host, redis, rocksdb), and
+  // with "updates" the thread that reads the stream.
   static std::unique_ptr<EmbeddingStore> open(const StoreConfig& config,
                                               const std::vector<TableInfo>& tables);
   // Rows of ids[0..n) of table `table` into out [n, dim]. Ids must be in [0, rows) (else an
   // error naming the table and the id); a row no tier holds is an error. Thread-safe.
-  void lookup(int table, const int64_t* ids, int64_t n, float* out);
+  // `pinned`: the update snapshot to read (pin()); null reads the current one.
+  void lookup(int table, const int64_t* ids, int64_t n, float* out,
+              const UpdateSnapshot* pinned = nullptr);
+  // The current update snapshot (null without "updates"): a batch pins it once and looks all
+  // its tables up in it, so it sees all of a version's rows or none.
+  std::shared_ptr<const UpdateSnapshot> pin() const;
+  // The update tier (null without "updates").
+  UpdateTier* updates() const { return updates_; }
   const std::vector<TableInfo>& tables() const { return tables_; }
   const std::vector<std::unique_ptr<Tier>>& tiers() const { return tiers_; }
   // One line per tier: its counters ("host: hits 10 misses 2 ...").
@@ -130,6 +159,8 @@ class EmbeddingStore {
  private:
   std::vector<TableInfo> tables_;
   std::vector<std::unique_ptr<Tier>> tiers_;
+  UpdateTier* updates_ = nullptr;             // tiers_[0] with "updates"
+  std::unique_ptr<UpdateConsumer> consumer_;  // stopped before the tiers go
 };
 
 }  // namespace dlrec::store
