@@ -143,25 +143,33 @@ CompressedLinear::CompressedLinear(std::string name, int64_t out, int64_t in, in
     DLREC_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
   if (!masked_) return;
-  if (!cuda_sparse::available(&sparse_why_)) return;
+  if (!cuda_sparse::available(&sparse_why_)) {
+    half_why_ = int8_why_ = sparse_why_;
+    return;
+  }
   // The compressed weights, once. A shape the library refuses leaves the kernel unavailable
   // (with the reason); a weight that is not 2:4 is an error naming the layer.
-  auto build = [&](std::unique_ptr<cuda_sparse::Gemm24>& g, int64_t k, cuda_sparse::Type t,
-                   bool to_bf16, const void* w) {
+  auto build = [&](std::unique_ptr<cuda_sparse::Gemm24>& g, std::string& why, int64_t k,
+                   cuda_sparse::Type t, bool to_bf16, const void* w) {
     try {
       g = std::make_unique<cuda_sparse::Gemm24>(out, k, t, cuda_sparse::Layout::RowMajor, to_bf16);
     } catch (const Error& e) {
-      sparse_why_ = e.what();
+      why = e.what();
       return;
     }
     try {
       g->set_weight(w, stream);
     } catch (const Error& e) {
-      fail("'", name_, "': cuSPARSELt refuses its 2:4 weight: ", e.what());
+      const std::string what = e.what();
+      if (what.find("is not 2:4") != std::string::npos)
+        fail("'", name_, "': its weight is not 2:4 where its mask says so: ", what);
+      why = what;  // the library refused to compress it: unavailable, with the reason
+      g.reset();
     }
   };
-  if (act_ != Act::F32 && w_half_) build(sp_half_, in_pad_, half_type(act_), false, w_half_);
-  if (quantized_) build(sp_int8_, in_q_, cuda_sparse::Type::INT8, true, qw_);
+  if (act_ != Act::F32 && w_half_)
+    build(sp_half_, half_why_, in_pad_, half_type(act_), false, w_half_);
+  if (quantized_) build(sp_int8_, int8_why_, in_q_, cuda_sparse::Type::INT8, true, qw_);
 }
 
 CompressedLinear::~CompressedLinear() {
@@ -249,13 +257,13 @@ CompressedLinear::Choice& CompressedLinear::choose(int64_t B, const void* x, voi
     if (!k.available || k.kernel == kc::Kernel::Dense) continue;
     if (k.kernel == kc::Kernel::Sparse24 && !sp_half_) {
       k.available = false;
-      k.why = w_half_ ? sparse_why_ : "no 16-bit weight copy";
+      k.why = w_half_ ? half_why_ : "no 16-bit weight copy";
     } else if (k.kernel == kc::Kernel::Sparse24 && (ydt != act_ || out_ld != out_)) {
       k.available = false;
       k.why = "its output is not a contiguous 16-bit matrix";
     } else if (k.kernel == kc::Kernel::Sparse24Int8 && !sp_int8_) {
       k.available = false;
-      k.why = sparse_why_;
+      k.why = int8_why_;
     } else if (!run(k.kernel, B, x, y, ydt, out_ld, lt, stream)) {
       k.available = false;
       k.why = "no cuBLASLt int8 algorithm for this shape";
@@ -313,8 +321,14 @@ std::string CompressedLinear::describe_load() const {
   std::string s = name_ + ": ";
   s += masked_ ? "2:4 mask" : "dense";
   s += quantized_ ? ", int8" : "";
-  const auto c = kc::candidates(masked_, quantized_, act_ != Act::F32, sparse_why_.empty(),
-                                sparse_why_);
+  auto c = kc::candidates(masked_, quantized_, act_ != Act::F32, sparse_why_.empty(),
+                          sparse_why_);
+  for (auto& k : c) {
+    if (!k.available) continue;
+    if (k.kernel == kc::Kernel::Sparse24 && !sp_half_) k.why = half_why_;
+    if (k.kernel == kc::Kernel::Sparse24Int8 && !sp_int8_) k.why = int8_why_;
+    k.available = k.why.empty();
+  }
   s += "; candidates:";
   for (const auto& k : c) {
     s += std::string(" ") + kc::kernel_name(k.kernel);

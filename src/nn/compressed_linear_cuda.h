@@ -93,7 +93,8 @@ class CompressedLinear {
   bool masked_, quantized_;
   const float* bias_;
   kc::Policy policy_;
-  std::string sparse_why_;  // why the 2:4 kernels are unavailable ("" if available)
+  std::string sparse_why_;  // why cuSPARSELt is unavailable ("" if it loads)
+  std::string half_why_, int8_why_;  // why the 2:4 / 2:4-int8 kernel is (when it is not built)
   std::unique_ptr<cuda_sparse::Gemm24> sp_half_, sp_int8_;
   void* qw_ = nullptr;    // int8 [out, in_q]
   float* deq_ = nullptr;  // [out]: xscale * wscale[j]
