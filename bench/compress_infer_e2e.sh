@@ -3,9 +3,9 @@
 # shapes, the same trained model as bf16 (plain export), 2:4, int8 and 2:4+int8 exports, at
 # batch 1, 2048 and 32768 (bench/RESULTS.md, "Compression").
 #
-#   bash bench/compress_infer_e2e.sh prepare OUT DLREC     # CPU: data, a few training steps,
+#   bash bench/compress_infer_e2e.sh prepare OUT DLREC [CONFIGS]  # CPU: data, a few steps,
 #                                                         # dlrec compress, the 8 exports
-#   bash bench/compress_infer_e2e.sh run OUT DLREC [ITERS] # GPU: bench infer of each export
+#   bash bench/compress_infer_e2e.sh run OUT DLREC [ITERS]        # GPU: bench infer of each
 #
 # prepare: 20,000 synthetic Criteo-like rows (13 dense, 26 categorical: the MLPerf layout, so
 # that the GEMM shapes are the MLPerf DLRM's and DCNv2's; the tables are small), 2 steps of
@@ -18,9 +18,10 @@ set -euo pipefail
 mode=${1:?prepare or run}
 out=${2:?output folder}
 dlrec=${3:?dlrec binary}
-iters=${4:-60}
+arg4=${4:-}
 models="mlperf_dlrm dcnv2"
-here=$(cd "$(dirname "$0")/.." && pwd)
+configs=$(cd "$(dirname "$0")/.." && pwd)/configs iters=60
+if [ "$mode" = prepare ]; then configs=${arg4:-$configs}; else iters=${arg4:-60}; fi
 
 if [ "$mode" = prepare ]; then
   mkdir -p "$out"
@@ -29,7 +30,7 @@ if [ "$mode" = prepare ]; then
   for m in $models; do
     r=$out/$m
     rm -rf "$r"
-    "$dlrec" train --config "$here/configs/$m.json" --data "$out/data" --run "$r/run" \
+    "$dlrec" train --config "$configs/$m.json" --data "$out/data" --run "$r/run" \
       --device cpu --batch-size 1024 --max-steps 2
     "$dlrec" export --run "$r/run" --out "$r/bf16"
     "$dlrec" compress --run "$r/run" --out "$r/pruned" --skip-incompatible

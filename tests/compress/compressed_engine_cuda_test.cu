@@ -247,7 +247,7 @@ const World& world() {
     std::string text;
     const std::string pruned = dir + "/pruned";
     x.model = dir + "/model";
-    if (run_cli("compress --run " + x.run + " --out " + pruned, &text) != 0 ||
+    if (run_cli("compress --run " + x.run + " --out " + pruned + " --skip-incompatible", &text) != 0 ||
         run_cli("compress --run " + pruned + " --out " + x.model +
                     " --quantize --calibration max --calib-batches 2 --calib-batch-size 500",
                 &text) != 0) {
