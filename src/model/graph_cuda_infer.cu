@@ -630,6 +630,14 @@ void GraphCuda::set_compressed(const std::vector<CompressedWeight>& weights,
                                nn::kernel_choice::Policy policy) {
   if (weights.empty()) return;
   DeviceGuard g(dev_index_);
+  // The 2:4 forms are built from the 16-bit copies: bring them up to date with the f32 masters
+  // the loader just wrote through parameters() (predict() would only do it on its first call).
+  if (exposed_) {
+    DLREC_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+    exposed_ = false;
+  }
+  if (shadows_stale_) refresh_shadows();
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
   std::map<std::string, Lin*> lins;
   for (auto& n : nodes_) {
     std::vector<std::pair<std::string, Lin*>> v;

@@ -70,6 +70,11 @@ class CompressedLinear {
   bool run(kc::Kernel k, int64_t B, const void* x, void* y, Act ydt, int64_t out_ld,
            cuda_lt::Lt& lt, cudaStream_t stream);
 
+  // Whether the kernel chosen for B rows is dense (false before the choice is made).
+  bool chose_dense(int64_t B) const {
+    auto it = choice_.find(B);
+    return it != choice_.end() && it->second.cand[it->second.chosen].kernel == kc::Kernel::Dense;
+  }
   const std::string& name() const { return name_; }
   kc::Policy policy() const { return policy_; }
   void set_policy(kc::Policy p) { policy_ = p; choice_.clear(); }

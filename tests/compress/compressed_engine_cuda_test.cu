@@ -237,7 +237,7 @@ const World& world() {
     const model::RunConfig cfg = model::RunConfig::from_json(parse_json(R"({
       "model": {"arch": "dcnv2", "embedding_dim": 16, "bottom_mlp": [64, 16],
                 "top_mlp": [128, 64, 1], "cross_layers": 2},
-      "optimizer": {"type": "adam", "lr": 0.01},
+      "optimizer": {"type": "adagrad", "lr": 0.01},
       "train": {"batch_size": 256, "epochs": 1, "log_every": 0}})",
                                                                         "test config"));
     train::TrainerOptions opt;

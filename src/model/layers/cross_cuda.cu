@@ -103,9 +103,11 @@ class CrossNode final : public Node {
       // bf16: u = in W^T + b and x_{l+1} = x0 * u + x_l in one kernel (src/fused); declined
       // (false) on a device or layout it cannot serve, then the two steps below.
       // A compressed W when serving (GraphCuda::set_compressed) takes lin_forward's kernel
-      // choice and the separate combine instead.
+      // choice and the separate combine instead, unless dense was chosen for this batch size
+      // (then the fused kernel, the dense path's real cost).
       const bool comp = e.serving && L.w.comp &&
-                        L.w.comp->policy() != nn::kernel_choice::Policy::Dense;
+                        L.w.comp->policy() != nn::kernel_choice::Policy::Dense &&
+                        !L.w.comp->chose_dense(e.B);
       if (e.lowp && fused_ && e.B > 0 && !comp &&
           cutlass_k::cross_gemm_combine(L.w.out, e.B, L.w.in_pad, L.w.wh.raw(), L.w.in_pad, in,
                                         L.w.in_pad, L.w.bh.raw(), x0, xl, L.u.raw(), L.x.raw(),
