@@ -1,6 +1,4 @@
 // One compressed Linear layer of the CUDA engine's serving path (compressed_linear_cuda.h).
-#include "nn/compressed_linear_cuda.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -9,6 +7,7 @@
 
 #include "core/cuda_check.h"
 #include "dlrec/core/error.h"
+#include "nn/compressed_linear_cuda.h"
 #include "nn/dense_cuda.h"
 #include "nn/gemm_2_4_cuda.h"
 #include "nn/graph_layers_cuda.h"
@@ -27,11 +26,17 @@ __device__ __forceinline__ float to_f(int32_t v) { return static_cast<float>(v);
 template <class T>
 __device__ __forceinline__ T from_f(float v);
 template <>
-__device__ __forceinline__ float from_f<float>(float v) { return v; }
+__device__ __forceinline__ float from_f<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ bf16 from_f<bf16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ bf16 from_f<bf16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 template <>
-__device__ __forceinline__ f16 from_f<f16>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ f16 from_f<f16>(float v) {
+  return __float2half_rn(v);
+}
 
 // qx [B, in_q] = clamp(rint(x * inv), -127, 127) for columns < in_pad, 0 beyond; x [B, in_pad].
 // The multiply is rounded alone (no contraction), rint rounds half to even: the CPU's
@@ -63,8 +68,8 @@ __global__ void quantize_kernel(const T* __restrict__ x, int64_t B, int64_t in_p
 // std::max(v, 0) (v < 0 ? 0 : v).
 template <class A, class Y>
 __global__ void dequantize_kernel(const A* __restrict__ acc, const float* __restrict__ deq,
-                                  const float* __restrict__ bias, bool relu, int64_t B,
-                                  int64_t out, int64_t out_ld, Y* __restrict__ y) {
+                                  const float* __restrict__ bias, bool relu, int64_t B, int64_t out,
+                                  int64_t out_ld, Y* __restrict__ y) {
   const int64_t n = B * out;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -99,17 +104,20 @@ cuda_sparse::Type half_type(Act a) {
 
 template <class F>
 void with_act(Act a, F&& f) {
-  if (a == Act::F32) f(static_cast<float*>(nullptr));
-  else if (a == Act::BF16) f(static_cast<bf16*>(nullptr));
-  else f(static_cast<f16*>(nullptr));
+  if (a == Act::F32)
+    f(static_cast<float*>(nullptr));
+  else if (a == Act::BF16)
+    f(static_cast<bf16*>(nullptr));
+  else
+    f(static_cast<f16*>(nullptr));
 }
 
 }  // namespace
 
 CompressedLinear::CompressedLinear(std::string name, int64_t out, int64_t in, int64_t in_pad,
                                    bool relu, Act act, const void* w_half, bool masked,
-                                   const Int8Weight* int8, const float* bias_f32,
-                                   kc::Policy policy, cudaStream_t stream)
+                                   const Int8Weight* int8, const float* bias_f32, kc::Policy policy,
+                                   cudaStream_t stream)
     : name_(std::move(name)),
       out_(out),
       in_(in),
@@ -192,8 +200,8 @@ void CompressedLinear::reserve(int64_t rows) {
   rows_ = rows;
 }
 
-bool CompressedLinear::run(kc::Kernel k, int64_t B, const void* x, void* y, Act ydt,
-                           int64_t out_ld, cuda_lt::Lt& lt, cudaStream_t stream) {
+bool CompressedLinear::run(kc::Kernel k, int64_t B, const void* x, void* y, Act ydt, int64_t out_ld,
+                           cuda_lt::Lt& lt, cudaStream_t stream) {
   if (B == 0) return true;
   switch (k) {
     case kc::Kernel::Dense:
@@ -225,8 +233,10 @@ bool CompressedLinear::run(kc::Kernel k, int64_t B, const void* x, void* y, Act 
             static_cast<const X*>(x), B, in_pad_, in_q_, inv_x_, static_cast<char4*>(qx_));
       });
       DLREC_CUDA_CHECK(cudaGetLastError());
-      if (sparse) sp_int8_->run(qx_, acc_, B, stream, 1.f);
-      else if (!lt.run(g, qw_, qx_, acc_, nullptr, nullptr, stream)) return false;
+      if (sparse)
+        sp_int8_->run(qx_, acc_, B, stream, 1.f);
+      else if (!lt.run(g, qw_, qx_, acc_, nullptr, nullptr, stream))
+        return false;
       with_act(ydt, [&](auto* h) {
         using Y = std::remove_pointer_t<decltype(h)>;
         if (sparse)
@@ -250,8 +260,7 @@ CompressedLinear::Choice& CompressedLinear::choose(int64_t B, const void* x, voi
                                                    cudaStream_t stream,
                                                    const std::function<void()>& dense) {
   Choice c;
-  c.cand = kc::candidates(masked_, quantized_, act_ != Act::F32, sparse_why_.empty(),
-                          sparse_why_);
+  c.cand = kc::candidates(masked_, quantized_, act_ != Act::F32, sparse_why_.empty(), sparse_why_);
   // What this output allows (the candidates are run once here: plans and lazy loading).
   for (kc::Candidate& k : c.cand) {
     if (!k.available || k.kernel == kc::Kernel::Dense) continue;
@@ -277,8 +286,10 @@ CompressedLinear::Choice& CompressedLinear::choose(int64_t B, const void* x, voi
     for (kc::Candidate& k : c.cand) {
       if (!k.available) continue;
       auto once = [&] {
-        if (k.kernel == kc::Kernel::Dense) dense();
-        else run(k.kernel, B, x, y, ydt, out_ld, lt, stream);
+        if (k.kernel == kc::Kernel::Dense)
+          dense();
+        else
+          run(k.kernel, B, x, y, ydt, out_ld, lt, stream);
       };
       for (int w = 0; w < kWarm; ++w) once();
       float best = -1.f;
@@ -321,8 +332,7 @@ std::string CompressedLinear::describe_load() const {
   std::string s = name_ + ": ";
   s += masked_ ? "2:4 mask" : "dense";
   s += quantized_ ? ", int8" : "";
-  auto c = kc::candidates(masked_, quantized_, act_ != Act::F32, sparse_why_.empty(),
-                          sparse_why_);
+  auto c = kc::candidates(masked_, quantized_, act_ != Act::F32, sparse_why_.empty(), sparse_why_);
   for (auto& k : c) {
     if (!k.available) continue;
     if (k.kernel == kc::Kernel::Sparse24 && !sp_half_) k.why = half_why_;

@@ -41,8 +41,8 @@ namespace kc = kernel_choice;
 enum class Act { F32, BF16, F16 };
 
 struct Int8Weight {
-  std::vector<int8_t> q;       // [out, in] row-major
-  std::vector<float> wscale;   // [out]
+  std::vector<int8_t> q;      // [out, in] row-major
+  std::vector<float> wscale;  // [out]
   float xscale = 0.f;
 };
 
@@ -52,9 +52,9 @@ class CompressedLinear {
   // weight copy [out, in_pad] on the device (null in fp32 precision). masked: the weight is 2:4
   // (its mask checked by the caller). int8: the INT8 record (null: none). bias_f32: the f32
   // bias on the device (null: none). act: the engine's activation type.
-  CompressedLinear(std::string name, int64_t out, int64_t in, int64_t in_pad, bool relu,
-                   Act act, const void* w_half, bool masked, const Int8Weight* int8,
-                   const float* bias_f32, kc::Policy policy, cudaStream_t stream);
+  CompressedLinear(std::string name, int64_t out, int64_t in, int64_t in_pad, bool relu, Act act,
+                   const void* w_half, bool masked, const Int8Weight* int8, const float* bias_f32,
+                   kc::Policy policy, cudaStream_t stream);
   ~CompressedLinear();
   CompressedLinear(const CompressedLinear&) = delete;
   CompressedLinear& operator=(const CompressedLinear&) = delete;
@@ -77,7 +77,10 @@ class CompressedLinear {
   }
   const std::string& name() const { return name_; }
   kc::Policy policy() const { return policy_; }
-  void set_policy(kc::Policy p) { policy_ = p; choice_.clear(); }
+  void set_policy(kc::Policy p) {
+    policy_ = p;
+    choice_.clear();
+  }
   // The load-time line (candidates and why not), and per batch size chosen so far, the timed
   // candidates (kernel_choice::describe).
   std::string describe_load() const;
@@ -98,7 +101,7 @@ class CompressedLinear {
   bool masked_, quantized_;
   const float* bias_;
   kc::Policy policy_;
-  std::string sparse_why_;  // why cuSPARSELt is unavailable ("" if it loads)
+  std::string sparse_why_;           // why cuSPARSELt is unavailable ("" if it loads)
   std::string half_why_, int8_why_;  // why the 2:4 / 2:4-int8 kernel is (when it is not built)
   std::unique_ptr<cuda_sparse::Gemm24> sp_half_, sp_int8_;
   void* qw_ = nullptr;    // int8 [out, in_q]

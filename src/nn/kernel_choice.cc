@@ -10,10 +10,14 @@ namespace dlrec::nn::kernel_choice {
 
 const char* kernel_name(Kernel k) {
   switch (k) {
-    case Kernel::Dense: return "dense";
-    case Kernel::Sparse24: return "2:4";
-    case Kernel::Int8: return "int8";
-    case Kernel::Sparse24Int8: return "2:4-int8";
+    case Kernel::Dense:
+      return "dense";
+    case Kernel::Sparse24:
+      return "2:4";
+    case Kernel::Int8:
+      return "int8";
+    case Kernel::Sparse24Int8:
+      return "2:4-int8";
   }
   return "?";
 }

@@ -116,18 +116,19 @@ std::vector<float> run_layer(const LayerCase& c, kc::Kernel k, int64_t out_ld, b
   Dev<float> x(c.x.to_vector<float>()), b(c.b.to_vector<float>());
   Dev<float> y(std::vector<float>(static_cast<size_t>(c.B * out_ld), NAN));
   nn::cuda_lt::Lt lt(gpu::DeviceResources::get(0)->blas_lt(), true);
-  cc::CompressedLinear layer("top.0.weight", c.out, c.in, c.in, true, cc::Act::F32, nullptr,
-                             sparse, &rec, b.p, kc::Policy::Compressed, nullptr);
+  cc::CompressedLinear layer("top.0.weight", c.out, c.in, c.in, true, cc::Act::F32, nullptr, sparse,
+                             &rec, b.p, kc::Policy::Compressed, nullptr);
   layer.reserve(c.B);
-  EXPECT_TRUE(layer.run(k, c.B, x.p, y.p, cc::Act::F32, out_ld, lt, nullptr))
-      << kc::kernel_name(k);
+  EXPECT_TRUE(layer.run(k, c.B, x.p, y.p, cc::Act::F32, out_ld, lt, nullptr)) << kc::kernel_name(k);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> all = y.get();
   std::vector<float> out(static_cast<size_t>(c.B * c.out));
   for (int64_t r = 0; r < c.B; ++r)
     for (int64_t j = 0; j < out_ld; ++j) {
-      if (j < c.out) out[r * c.out + j] = all[r * out_ld + j];
-      else EXPECT_TRUE(std::isnan(all[r * out_ld + j])) << "padding written at " << r << "," << j;
+      if (j < c.out)
+        out[r * c.out + j] = all[r * out_ld + j];
+      else
+        EXPECT_TRUE(std::isnan(all[r * out_ld + j])) << "padding written at " << r << "," << j;
     }
   return out;
 }
@@ -247,7 +248,8 @@ const World& world() {
     std::string text;
     const std::string pruned = dir + "/pruned";
     x.model = dir + "/model";
-    if (run_cli("compress --run " + x.run + " --out " + pruned + " --skip-incompatible", &text) != 0 ||
+    if (run_cli("compress --run " + x.run + " --out " + pruned + " --skip-incompatible", &text) !=
+            0 ||
         run_cli("compress --run " + pruned + " --out " + x.model +
                     " --quantize --calibration max --calib-batches 2 --calib-batch-size 500",
                 &text) != 0) {

@@ -2,6 +2,8 @@
 // (dlrec/nn/kernel_choice.h): the candidates a layer gets, the choice under each policy (dense
 // whenever a candidate is unavailable or slower, e.g. without cuSPARSELt), the 2:4 mask check
 // and the policy names.
+#include "dlrec/nn/kernel_choice.h"
+
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "dlrec/core/error.h"
-#include "dlrec/nn/kernel_choice.h"
 #include "test_errors.h"
 
 using namespace dlrec::nn::kernel_choice;
@@ -58,8 +59,7 @@ TEST(KernelChoice, WithoutCusparseltTheSparseKernelsAreUnavailableAndDenseIsKept
   auto q = candidates(true, true, true, false, "no library");
   EXPECT_EQ(choose(q, Policy::Compressed), 2u);
   EXPECT_EQ(q[choose(q, Policy::Compressed)].kernel, Kernel::Int8);
-  EXPECT_NE(describe("top.0.weight", 2048, q, 0).find("2:4 n/a (no library)"),
-            std::string::npos);
+  EXPECT_NE(describe("top.0.weight", 2048, q, 0).find("2:4 n/a (no library)"), std::string::npos);
 }
 
 TEST(KernelChoice, FastestKeepsTheFastestAndNeverASlowerOne) {
@@ -88,7 +88,8 @@ TEST(KernelChoice, FastestKeepsTheFastestAndNeverASlowerOne) {
   EXPECT_NE(line.find("top.0.weight [B=32768]: dense *"), std::string::npos) << line;
   // The first candidate must be dense.
   std::vector<Candidate> bad{{Kernel::Int8, true, "", 1.0}};
-  expect_error([&] { choose(bad, Policy::Fastest); }, "first candidate must be the available dense");
+  expect_error([&] { choose(bad, Policy::Fastest); },
+               "first candidate must be the available dense");
 }
 
 TEST(KernelChoice, MaskCheckNamesTheLayerRowAndGroup) {
