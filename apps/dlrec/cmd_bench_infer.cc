@@ -29,6 +29,7 @@ const char* kMlperfDlrm = R"({
 
 struct InferBenchOptions {
   std::string config, model_dir, device = "cpu", precision = "fp32", batches_arg = "1,2048,32768";
+  std::string kernels = "fastest";  // compressed exports on CUDA: the per-layer kernel policy
   int iters = 200, warmup = 20, distinct = 4;
   uint64_t seed = 1;
 };
@@ -48,6 +49,9 @@ int run_infer_bench(const InferBenchOptions& o) {
   Timer build;
   if (!o.model_dir.empty()) {
     predictor = std::make_unique<train::Predictor>(o.model_dir, device, o.precision);
+    predictor->set_kernel_policy(o.kernels);
+    for (const std::string& line : predictor->kernel_report())
+      std::fprintf(stderr, "[bench infer] %s\n", line.c_str());
     layout = predictor->workflow().output_layout();
     score = [&](const io::Batch& b) { return predictor->predict(b); };
   } else {
@@ -105,6 +109,10 @@ int run_infer_bench(const InferBenchOptions& o) {
                 B * o.iters / s, checksum / o.iters);
     std::fflush(stdout);
   }
+  // Compressed layers: the kernel each layer chose per batch size, with every candidate's time.
+  if (predictor)
+    for (const std::string& line : predictor->kernel_report())
+      std::printf("bench infer: kernel %s\n", line.c_str());
   return 0;
 }
 
@@ -124,6 +132,10 @@ Runner add_bench_infer(CLI::App* bench) {
   c->add_option("--warmup", o->warmup, "Untimed calls first")->check(CLI::Range(0, 1000000));
   c->add_option("--batches", o->distinct, "Distinct batches, rotated")->check(CLI::Range(1, 1024));
   c->add_option("--seed", o->seed, "Seed of weights and inputs");
+  c->add_option("--kernels", o->kernels,
+                "Compressed exports on CUDA: per-layer kernel policy, fastest (timed per batch "
+                "size; dense is a candidate), compressed or dense")
+      ->check(CLI::IsMember({"fastest", "compressed", "dense"}));
   return [o] { return run_infer_bench(*o); };
 }
 

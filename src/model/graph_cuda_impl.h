@@ -49,6 +49,11 @@ class GraphCuda final : public CudaModel {
   // the other); other batches, hashed tables, DLREC_PROFILE=1 and GraphCudaOptions::cuda_graphs
   // off run eagerly (forward() and a sigmoid on the host).
   void predict(const io::Batch& batch, float* probs) override;
+  // Serving a compressed export (graph_cuda_infer.cu; docs/COMPRESSION.md).
+  void set_compressed(const std::vector<CompressedWeight>& weights,
+                      nn::kernel_choice::Policy policy) override;
+  void set_kernel_policy(nn::kernel_choice::Policy policy) override;
+  std::vector<std::string> kernel_report() override;
 
  private:
   std::unique_ptr<Node> make_node(const LayerSpec& s, int idx, uint64_t seed);
@@ -108,6 +113,12 @@ class GraphCuda final : public CudaModel {
   void plan_fused();
   bool fused_launch(InferBucket& bk, int64_t n);
   int64_t hashed_reported_lookups_ = 0;
+  // Compressed layers (set_compressed): the int8 GEMMs' planner (Engine::comp_lt), the
+  // policy (under "compressed" no batch takes the fused small-batch path: every row count runs
+  // the compressed kernels) and the layers.
+  std::unique_ptr<lt::Lt> comp_lt_;
+  nn::kernel_choice::Policy kernel_policy_ = nn::kernel_choice::Policy::Fastest;
+  std::vector<Lin*> compressed_;
   const float* logits() const {
     return e_.vals[spec_.layers[spec_.output].input_ids[0]].y.data<float>();
   }

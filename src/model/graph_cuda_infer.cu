@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "dlrec/core/spin_team.h"
 #include "model/graph_cuda_impl.h"
@@ -242,7 +243,9 @@ void GraphCuda::predict(const io::Batch& batch, float* probs) {
       return predict_eager(batch, probs);
     }
     const bool fuse = nchunks == 1 && n <= opts_.infer_fused_rows && e_.lowp &&
-                      fused_ != Fused::Off;
+                      fused_ != Fused::Off &&
+                      (compressed_.empty() ||
+                       kernel_policy_ != nn::kernel_choice::Policy::Compressed);
     if (fuse && fused_launch(bk, n)) DLREC_CUDA_CHECK(cudaEventRecord(bk.done, e_.st));
     else infer_launch(bk, nchunks > 1);
     pending[p] = c;
@@ -617,6 +620,83 @@ bool GraphCuda::fused_launch(InferBucket& bk, int64_t n) {
   fused_infer::launch(p, e_.half == DType::F16, opts_.infer_fused_blocks, res_->sm_count(),
                       &fused_counter_, e_.st);
   return true;
+}
+
+// Compressed layers: each named weight's Lin gets a CompressedLinear (its 2:4 and int8 forms
+// built once, here) that lin_forward asks for the kernel of each batch size; the choice is
+// made on a bucket's first, eager run (before its capture). The masks are checked 2:4 here, so
+// a bad one is an error naming its layer before anything is built.
+void GraphCuda::set_compressed(const std::vector<CompressedWeight>& weights,
+                               nn::kernel_choice::Policy policy) {
+  if (weights.empty()) return;
+  DeviceGuard g(dev_index_);
+  // The 2:4 forms are built from the 16-bit copies: bring them up to date with the f32 masters
+  // the loader just wrote through parameters() (predict() would only do it on its first call).
+  if (exposed_) {
+    DLREC_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+    exposed_ = false;
+  }
+  if (shadows_stale_) refresh_shadows();
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
+  std::map<std::string, Lin*> lins;
+  for (auto& n : nodes_) {
+    std::vector<std::pair<std::string, Lin*>> v;
+    n->compressible(v);
+    for (auto& [name, l] : v) lins[name] = l;
+  }
+  using nn::cuda_compress::Act;
+  const Act act = !e_.lowp ? Act::F32 : e_.half == DType::F16 ? Act::F16 : Act::BF16;
+  for (const CompressedWeight& w : weights) {
+    auto it = lins.find(w.name);
+    DLREC_CHECK(it != lins.end(), "compressed layers: '", w.name,
+                "' is not an mlp or cross weight of this model");
+    Lin& l = *it->second;
+    const bool masked = w.mask.defined();
+    if (masked) {
+      DLREC_CHECK(w.mask.ndim() == 2 && w.mask.dim(0) == l.out && w.mask.dim(1) == l.in &&
+                      w.mask.dtype() == DType::F32,
+                  "compressed layers: the mask of '", w.name, "' is not F32 [", l.out, ", ",
+                  l.in, "]");
+      nn::kernel_choice::check_mask_2_4(w.name, w.mask.data<float>(), l.out, l.in);
+    }
+    nn::cuda_compress::Int8Weight q;
+    if (w.int8) {
+      q.q = w.q;
+      q.wscale = w.wscale;
+      q.xscale = w.xscale;
+    }
+    l.comp = std::make_shared<nn::cuda_compress::CompressedLinear>(
+        w.name, l.out, l.in, l.in_pad, l.relu, act, e_.lowp ? l.wh.raw() : nullptr, masked,
+        w.int8 ? &q : nullptr, l.has_bias ? l.b.data<float>() : nullptr, policy, e_.st);
+    if (cap_b_ > 0) l.comp->reserve(cap_b_);
+    compressed_.push_back(&l);
+  }
+  if (!comp_lt_) comp_lt_ = std::make_unique<lt::Lt>(res_->blas_lt(), opts_.lt_tune);
+  e_.comp_lt = comp_lt_.get();
+  kernel_policy_ = policy;
+  drop_graphs();  // captured with the dense kernels
+}
+
+void GraphCuda::set_kernel_policy(nn::kernel_choice::Policy policy) {
+  kernel_policy_ = policy;
+  for (Lin* l : compressed_) l->comp->set_policy(policy);
+  drop_graphs();
+}
+
+std::vector<std::string> GraphCuda::kernel_report() {
+  std::vector<std::string> out;
+  if (compressed_.empty()) return out;
+  out.push_back(std::string("kernel policy ") + nn::kernel_choice::policy_name(kernel_policy_) +
+                (kernel_policy_ == nn::kernel_choice::Policy::Fastest
+                     ? "; batches of up to " + std::to_string(opts_.infer_fused_rows) +
+                           " rows take the fused small-batch kernel and up to " +
+                           std::to_string(cd::kSkinnyRows) +
+                           " rows the warp-per-output layer (dense weights)"
+                     : ""));
+  for (Lin* l : compressed_) out.push_back(l->comp->describe_load());
+  for (Lin* l : compressed_)
+    for (auto& line : l->comp->describe_choices()) out.push_back(line);
+  return out;
 }
 
 }  // namespace dlrec::model::graph_cuda_impl

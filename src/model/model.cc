@@ -15,6 +15,15 @@ void Model::set_mask(const std::string& name, const Tensor& /*mask*/) {
        " model cannot hold the mask of '", name, "' (train with \"device\": \"cpu\")");
 }
 
+void Model::set_compressed(const std::vector<CompressedWeight>& weights,
+                           nn::kernel_choice::Policy /*policy*/) {
+  if (weights.empty()) return;
+  fail("compressed layers: the ", device().str(), " model takes no compressed kernels ('",
+       weights[0].name, "')");
+}
+
+void Model::set_kernel_policy(nn::kernel_choice::Policy /*policy*/) {}
+
 double Model::train_step(const io::Batch& batch, double lr_scale, bool /*want_loss*/) {
   // The loss is the CPU reference's (BCE or MSE, loss()); for a model on a GPU the logits come
   // over and dL/dlogits goes back (a few KB per step).

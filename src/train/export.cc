@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "dlrec/compress/compressed_records.h"
 #include "dlrec/compress/quantize.h"
 #include "dlrec/compress/sparsity.h"
 #include "dlrec/core/file_util.h"
@@ -223,6 +224,8 @@ struct Predictor::Impl {
   std::unique_ptr<model::Model> model;
   std::unique_ptr<detail::StagedTables> staged;  // with an embedding store
   WeightsFileId weights_id;                       // of the weights.dlrec the model was loaded from
+  // How a CUDA model chooses its compressed layers' kernels (kept across rebuilds).
+  nn::kernel_choice::Policy policy = nn::kernel_choice::Policy::Fastest;
   // Builds the model for `layout` and loads its weights (those of weights.dlrec; with a store,
   // all but the stored tables).
   void build(const io::ShardLayout& for_layout);
@@ -247,14 +250,18 @@ void Predictor::Impl::build(const io::ShardLayout& for_layout) {
   }
   model::Model& mdl = *fresh;
   // Masks are kept beside their (already zero) weights where the model can hold them (the CPU
-  // engine); a CUDA model serves the zeroed weights and leaves the masks in the file.
+  // engine); a CUDA model takes the masks and INT8 records as compressed layers
+  // (Model::set_compressed: its kernels chosen per layer, docs/COMPRESSION.md).
   const json weights_meta = io::read_tensor_meta(weights);
-  if (mdl.device().is_cuda())
-    load.allow_extra = weights_meta.is_object() && weights_meta.contains("masks");
+  const bool cuda = mdl.device().is_cuda();
+  if (cuda)
+    load.allow_extra = weights_meta.is_object() &&
+                       (weights_meta.contains("masks") || weights_meta.contains("quant"));
   else
     compress::prepare_masks(weights_meta, weights, mdl);
-  // INT8 records (CPU engine only: a CUDA model refuses them here).
-  const std::vector<model::NamedTensor> quant = compress::prepare_quant(weights_meta, weights, mdl);
+  const std::vector<model::NamedTensor> quant =
+      cuda ? std::vector<model::NamedTensor>{}
+           : compress::prepare_quant(weights_meta, weights, mdl);
   std::vector<model::NamedTensor> targets;
   for (auto& t : mdl.parameters())
     if (!staged || !staged->is_table(t.first)) targets.push_back(t);
@@ -264,6 +271,8 @@ void Predictor::Impl::build(const io::ShardLayout& for_layout) {
   io::load_tensors(weights, targets, load);
   compress::apply_loaded_masks(weights, mdl);
   compress::apply_loaded_quant(quant, weights, mdl);
+  if (cuda)
+    mdl.set_compressed(compress::read_compressed_weights(weights_meta, weights, mdl), policy);
   if (staged) staged->bind(mdl);  // all or nothing: the old binding stays on failure
   model = std::move(fresh);
   weights_id = id;
@@ -307,6 +316,13 @@ Predictor::Predictor(const std::string& dir, Device device, const std::string& p
     impl_->build(impl_->layout);
   }
 }
+
+void Predictor::set_kernel_policy(const std::string& policy) {
+  impl_->policy = nn::kernel_choice::parse_policy(policy, "kernel policy");
+  impl_->model->set_kernel_policy(impl_->policy);
+}
+
+std::vector<std::string> Predictor::kernel_report() { return impl_->model->kernel_report(); }
 
 store::EmbeddingStore* Predictor::store() {
   return impl_->staged ? &impl_->staged->store() : nullptr;

@@ -15,6 +15,7 @@
 #include "dlrec/core/tensor.h"
 #include "dlrec/io/batch.h"
 #include "dlrec/io/shard.h"
+#include "dlrec/nn/kernel_choice.h"
 #include "dlrec/nn/loss.h"
 
 namespace dlrec::nn {
@@ -159,6 +160,17 @@ using NamedTensor = std::pair<std::string, Tensor>;
 
 // A weight that pruning may mask (docs/COMPRESSION.md): a matrix [out, in] of an mlp or cross
 // layer, reduced along `in` (its rows' contiguous values). Embeddings and biases never are.
+// A compressed weight as a serving model takes it (Model::set_compressed): its 2:4 mask and/or
+// its INT8 record, read from an export's weights.dlrec (docs/COMPRESSION.md).
+struct CompressedWeight {
+  std::string name;  // the parameter's name ("top.0.weight")
+  Tensor mask;       // F32 0/1 [out, in] on the CPU; undefined: not masked
+  bool int8 = false;
+  std::vector<int8_t> q;       // [out, in]
+  std::vector<float> wscale;   // [out]
+  float xscale = 0.f;
+};
+
 struct PrunableWeight {
   std::string layer;  // the graph layer's name
   std::string name;   // the parameter's name ("top.0.weight")
@@ -232,6 +244,15 @@ class Model {
   virtual void set_mask(const std::string& name, const Tensor& mask);
   // The masks given so far, named "<weight>.mask" (shared storage).
   virtual std::vector<NamedTensor> masks() { return {}; }
+  // Serving a compressed export on the CUDA engine: each weight's compressed forms are built
+  // once and its kernel chosen per batch size under `policy` (nn/kernel_choice.h). The default
+  // refuses (the CPU engine takes masks and INT8 records through prunable_weights()).
+  virtual void set_compressed(const std::vector<CompressedWeight>& weights,
+                              nn::kernel_choice::Policy policy);
+  virtual void set_kernel_policy(nn::kernel_choice::Policy policy);
+  // One line per compressed layer (its candidates) and per layer and batch size chosen so far
+  // (the candidates' times and the choice); empty without compressed layers.
+  virtual std::vector<std::string> kernel_report() { return {}; }
 
  private:
   nn::LossKind loss_kind_ = nn::LossKind::Bce;

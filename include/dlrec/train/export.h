@@ -79,6 +79,11 @@ class Predictor {
   Device device() const;
   // The embedding store the tables are looked up in; null for an all-in-memory model.
   store::EmbeddingStore* store();
+  // Compressed exports on a CUDA device (docs/COMPRESSION.md): how each compressed layer picks
+  // its kernel ("fastest": timed per batch size, "compressed", "dense"), and the report of the
+  // candidates and choices made so far (empty for other models).
+  void set_kernel_policy(const std::string& policy);
+  std::vector<std::string> kernel_report();
   // What each tier and the model will hold in memory (dlrec predict --plan), one line each.
   std::string memory_plan();
   // Parses raw text lines (as in the logs, the schema's format) and scores them; `source`

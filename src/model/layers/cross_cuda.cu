@@ -66,6 +66,10 @@ class CrossNode final : public Node {
         if (deferred_ && l > 0) Y.gin = e.buf({cap, ld_}, e.act);
       }
     }
+    for (Layer& Y : layers_) {
+      if (Y.w.comp) Y.w.comp->reserve(cap);
+      if (Y.v.comp) Y.v.comp->reserve(cap);
+    }
     if (in_ld_ != ld_) x0_ = e.buf({cap, ld_}, e.act);
     if (v.need_grad) acc_ = e.buf({cap, ld_}, e.act);
 #if DLREC_WITH_CUTLASS
@@ -98,7 +102,13 @@ class CrossNode final : public Node {
 #if DLREC_WITH_CUTLASS
       // bf16: u = in W^T + b and x_{l+1} = x0 * u + x_l in one kernel (src/fused); declined
       // (false) on a device or layout it cannot serve, then the two steps below.
-      if (e.lowp && fused_ && e.B > 0 &&
+      // A compressed W when serving (GraphCuda::set_compressed) takes lin_forward's kernel
+      // choice and the separate combine instead, unless dense was chosen for this batch size
+      // (then the fused kernel, the dense path's real cost).
+      const bool comp = e.serving && L.w.comp &&
+                        L.w.comp->policy() != nn::kernel_choice::Policy::Dense &&
+                        !L.w.comp->chose_dense(e.B);
+      if (e.lowp && fused_ && e.B > 0 && !comp &&
           cutlass_k::cross_gemm_combine(L.w.out, e.B, L.w.in_pad, L.w.wh.raw(), L.w.in_pad, in,
                                         L.w.in_pad, L.w.bh.raw(), x0, xl, L.u.raw(), L.x.raw(),
                                         ld_, e.st)) {
@@ -309,6 +319,13 @@ class CrossNode final : public Node {
       p.ys.push_back(L.x.raw());
     }
     return p;
+  }
+  void compressible(std::vector<std::pair<std::string, Lin*>>& out) override {
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const std::string p = name_ + "." + std::to_string(l);
+      out.emplace_back(p + ".w.weight", &layers_[l].w);
+      if (r_ > 0) out.emplace_back(p + ".v.weight", &layers_[l].v);
+    }
   }
   void collect(Engine& e, std::vector<NamedState>& dense, std::vector<NamedState>&) override {
     for (size_t l = 0; l < layers_.size(); ++l) {

@@ -33,6 +33,7 @@
 #if DLREC_WITH_CUTLASS
 #include "fused/cross_fused.h"
 #endif
+#include "nn/compressed_linear_cuda.h"
 #include "nn/dense_cuda.h"
 #include "nn/embedding_cuda.h"
 #include "nn/graph_layers_cuda.h"
@@ -97,6 +98,9 @@ struct Lin {
   int64_t aux_ld = 0;
   bool aux_written = false;  // the last forward wrote aux (cuBLASLt ran the RELU_AUX epilogue)
   const void* x = nullptr;  // input of the last forward
+  // Serving a compressed export (GraphCuda::set_compressed): the layer's 2:4 / int8 kernels and
+  // their per-batch-size choice; null: dense only.
+  std::shared_ptr<nn::cuda_compress::CompressedLinear> comp;
 };
 
 struct NamedState {
@@ -159,6 +163,9 @@ struct Engine {
   // predict()'s forward (GraphCuda::infer_body): no backward follows, so layers may take
   // inference-only kernels (lin_forward: the warp-per-output layer for a few rows).
   bool serving = false;
+  // The int8 GEMMs of compressed layers (GraphCuda::set_compressed; own planner: in fp32
+  // precision `lt` is null, and fp32 GEMMs must not move to cuBLASLt).
+  lt::Lt* comp_lt = nullptr;
   // DLREC_PROFILE=1: records a named event on st (sub-phases of a layer); null otherwise.
   std::function<void(const std::string&)> mark;
   bool dense_adagrad = false, emb_adagrad = false;
@@ -275,6 +282,24 @@ struct Engine {
     l.x = x;
     l.aux_written = false;
     if (B == 0) return;
+    // Serving a compressed layer: its kernel for this batch size (timed on first use; false:
+    // dense was chosen). Under the "fastest" policy a handful of rows stay on the warp-per-output
+    // layer below (dense), which no GEMM beats there.
+    if (serving && l.comp &&
+        (B > cd::kSkinnyRows || l.comp->policy() != nn::kernel_choice::Policy::Fastest)) {
+      const auto act_of = [](DType t) {
+        using A = nn::cuda_compress::Act;
+        return t == DType::BF16 ? A::BF16 : t == DType::F16 ? A::F16 : A::F32;
+      };
+      if (l.comp->forward(B, x, y, act_of(ydt), l.out_ld, *comp_lt, st,
+                          [&] { lin_forward_dense(l, x, y, ydt); }))
+        return;
+    }
+    lin_forward_dense(l, x, y, ydt);
+  }
+  // lin_forward on the dense weights.
+  void lin_forward_dense(Lin& l, const void* x, void* y, DType ydt) {
+    l.aux_written = false;
     // Serving a handful of rows: one warp per output instead of a GEMM that streams the whole
     // weight matrix through a few thread blocks (no ReLU mask: nothing reads one when serving).
     if (serving && lowp && l.has_bias && B <= cd::kSkinnyRows && l.out_ld == l.out) {
@@ -465,6 +490,9 @@ class Node {
   // A concat: input value j writes its columns itself (true when the layer supports that).
   virtual bool set_direct_input(int /*j*/) { return false; }
   virtual ServingParts serving_parts(Engine&) { return {}; }
+  // The layer's Linear parts by parameter name ("top.0.weight"): those a compressed export
+  // may give 2:4 / int8 kernels (GraphCuda::set_compressed).
+  virtual void compressible(std::vector<std::pair<std::string, Lin*>>&) {}
   int self = -1;
   std::vector<int> in;
   // The value's own buffers.

@@ -46,6 +46,7 @@ class MlpNode final : public Node {
       if (l.relu) dzs_[k] = e.buf({cap, l.out}, ydt);
       if (e.lowp && l.relu) l.aux = e.buf({cap * l.aux_ld / 8}, DType::U8);
       if (last && ydt != e.act) dzh_ = e.buf({cap, l.out}, e.act);
+      if (l.comp) l.comp->reserve(cap);
     }
   }
   void forward(Engine& e) override {
@@ -123,6 +124,10 @@ class MlpNode final : public Node {
   }
   void refresh(Engine& e) override {
     for (auto& l : layers_) e.refresh(l);
+  }
+  void compressible(std::vector<std::pair<std::string, Lin*>>& out) override {
+    for (size_t k = 0; k < layers_.size(); ++k)
+      out.emplace_back(name_ + "." + std::to_string(k) + ".weight", &layers_[k]);
   }
   ServingParts serving_parts(Engine& e) override {
     ServingParts p;

@@ -1,0 +1,357 @@
+// One compressed Linear layer of the CUDA engine's serving path (compressed_linear_cuda.h).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/cuda_check.h"
+#include "dlrec/core/error.h"
+#include "nn/compressed_linear_cuda.h"
+#include "nn/dense_cuda.h"
+#include "nn/gemm_2_4_cuda.h"
+#include "nn/graph_layers_cuda.h"
+#include "nn/lt_gemm.h"
+
+namespace dlrec::nn::cuda_compress {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using f16 = __half;
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f(f16 v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(int32_t v) { return static_cast<float>(v); }
+template <class T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ float from_f<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ bf16 from_f<bf16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ f16 from_f<f16>(float v) {
+  return __float2half_rn(v);
+}
+
+// qx [B, in_q] = clamp(rint(x * inv), -127, 127) for columns < in_pad, 0 beyond; x [B, in_pad].
+// The multiply is rounded alone (no contraction), rint rounds half to even: the CPU's
+// quantize_value. Four int8 per thread (in_q is a multiple of 16).
+template <class T>
+__global__ void quantize_kernel(const T* __restrict__ x, int64_t B, int64_t in_pad, int64_t in_q,
+                                float inv, char4* __restrict__ q) {
+  const int64_t per_row = in_q / 4, n = B * per_row;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / per_row, c0 = (i % per_row) * 4;
+    signed char v[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const int64_t c = c0 + t;
+      float f = 0.f;
+      if (c < in_pad) {
+        f = rintf(__fmul_rn(to_f(x[r * in_pad + c]), inv));
+        f = fminf(127.f, fmaxf(-127.f, f));
+      }
+      v[t] = static_cast<signed char>(f);
+    }
+    q[i] = make_char4(v[0], v[1], v[2], v[3]);
+  }
+}
+
+// y [B, out] (rows out_ld apart) = act(float(acc) * deq[j] + b[j]), acc [B, out]; the multiply
+// and the add rounded separately (the CPU reference's two operations), ReLU as the CPU's
+// std::max(v, 0) (v < 0 ? 0 : v).
+template <class A, class Y>
+__global__ void dequantize_kernel(const A* __restrict__ acc, const float* __restrict__ deq,
+                                  const float* __restrict__ bias, bool relu, int64_t B, int64_t out,
+                                  int64_t out_ld, Y* __restrict__ y) {
+  const int64_t n = B * out;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / out, j = i % out;
+    float v = __fadd_rn(__fmul_rn(to_f(acc[i]), deq[j]), bias ? bias[j] : 0.f);
+    if (relu && v < 0.f) v = 0.f;
+    y[r * out_ld + j] = from_f<Y>(v);
+  }
+}
+
+// y [B, out] (16-bit, contiguous) += b, ReLU: after the 2:4 16-bit GEMM.
+template <class H>
+__global__ void bias_relu_kernel(H* __restrict__ y, const float* __restrict__ bias, bool relu,
+                                 int64_t B, int64_t out) {
+  const int64_t n = B * out;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float v = to_f(y[i]);
+    if (bias) v = __fadd_rn(v, bias[i % out]);
+    if (relu && v < 0.f) v = 0.f;
+    y[i] = from_f<H>(v);
+  }
+}
+
+int blocks_for(int64_t n) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, 132 * 16)));
+}
+
+cuda_sparse::Type half_type(Act a) {
+  return a == Act::F16 ? cuda_sparse::Type::FP16 : cuda_sparse::Type::BF16;
+}
+
+template <class F>
+void with_act(Act a, F&& f) {
+  if (a == Act::F32)
+    f(static_cast<float*>(nullptr));
+  else if (a == Act::BF16)
+    f(static_cast<bf16*>(nullptr));
+  else
+    f(static_cast<f16*>(nullptr));
+}
+
+}  // namespace
+
+CompressedLinear::CompressedLinear(std::string name, int64_t out, int64_t in, int64_t in_pad,
+                                   bool relu, Act act, const void* w_half, bool masked,
+                                   const Int8Weight* int8, const float* bias_f32, kc::Policy policy,
+                                   cudaStream_t stream)
+    : name_(std::move(name)),
+      out_(out),
+      in_(in),
+      in_pad_(in_pad),
+      in_q_((in_pad + 15) / 16 * 16),
+      relu_(relu),
+      act_(act),
+      w_half_(w_half),
+      masked_(masked),
+      quantized_(int8 != nullptr),
+      bias_(bias_f32),
+      policy_(policy) {
+  if (int8) {
+    DLREC_CHECK(static_cast<int64_t>(int8->q.size()) == out * in &&
+                    static_cast<int64_t>(int8->wscale.size()) == out,
+                "'", name_, "': the INT8 record does not match the weight [", out, ", ", in, "]");
+    std::vector<int8_t> padded(static_cast<size_t>(out * in_q_), 0);
+    for (int64_t j = 0; j < out; ++j)
+      std::copy(int8->q.begin() + j * in, int8->q.begin() + (j + 1) * in,
+                padded.begin() + j * in_q_);
+    // The CPU reference's dequantizing factor and reciprocal, computed the same way.
+    std::vector<float> deq(static_cast<size_t>(out));
+    for (int64_t j = 0; j < out; ++j) deq[j] = int8->xscale * int8->wscale[j];
+    inv_x_ = 1.f / int8->xscale;
+    DLREC_CUDA_CHECK(cudaMalloc(&qw_, padded.size()));
+    DLREC_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&deq_), deq.size() * sizeof(float)));
+    DLREC_CUDA_CHECK(
+        cudaMemcpyAsync(qw_, padded.data(), padded.size(), cudaMemcpyHostToDevice, stream));
+    DLREC_CUDA_CHECK(cudaMemcpyAsync(deq_, deq.data(), deq.size() * sizeof(float),
+                                     cudaMemcpyHostToDevice, stream));
+    DLREC_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  if (!masked_) return;
+  if (!cuda_sparse::available(&sparse_why_)) {
+    half_why_ = int8_why_ = sparse_why_;
+    return;
+  }
+  // The compressed weights, once. A shape the library refuses leaves the kernel unavailable
+  // (with the reason); a weight that is not 2:4 is an error naming the layer.
+  auto build = [&](std::unique_ptr<cuda_sparse::Gemm24>& g, std::string& why, int64_t k,
+                   cuda_sparse::Type t, bool to_bf16, const void* w) {
+    try {
+      g = std::make_unique<cuda_sparse::Gemm24>(out, k, t, cuda_sparse::Layout::RowMajor, to_bf16);
+    } catch (const Error& e) {
+      why = e.what();
+      return;
+    }
+    try {
+      g->set_weight(w, stream);
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (what.find("is not 2:4") != std::string::npos)
+        fail("'", name_, "': its weight is not 2:4 where its mask says so: ", what);
+      why = what;  // the library refused to compress it: unavailable, with the reason
+      g.reset();
+    }
+  };
+  if (act_ != Act::F32 && w_half_)
+    build(sp_half_, half_why_, in_pad_, half_type(act_), false, w_half_);
+  if (quantized_) build(sp_int8_, int8_why_, in_q_, cuda_sparse::Type::INT8, true, qw_);
+}
+
+CompressedLinear::~CompressedLinear() {
+  cudaFree(qw_);
+  cudaFree(deq_);
+  cudaFree(qx_);
+  cudaFree(acc_);
+}
+
+void CompressedLinear::reserve(int64_t rows) {
+  if (rows <= rows_ || !quantized_) {
+    rows_ = std::max(rows_, rows);
+    return;
+  }
+  cudaFree(qx_);
+  cudaFree(acc_);
+  qx_ = acc_ = nullptr;
+  DLREC_CUDA_CHECK(cudaMalloc(&qx_, static_cast<size_t>(rows * in_q_)));
+  DLREC_CUDA_CHECK(cudaMalloc(&acc_, static_cast<size_t>(rows * out_) * sizeof(int32_t)));
+  rows_ = rows;
+}
+
+bool CompressedLinear::run(kc::Kernel k, int64_t B, const void* x, void* y, Act ydt, int64_t out_ld,
+                           cuda_lt::Lt& lt, cudaStream_t stream) {
+  if (B == 0) return true;
+  switch (k) {
+    case kc::Kernel::Dense:
+      return false;
+    case kc::Kernel::Sparse24: {
+      if (!sp_half_ || ydt != act_ || out_ld != out_) return false;
+      sp_half_->run(x, y, B, stream);
+      with_act(act_, [&](auto* h) {
+        using H = std::remove_pointer_t<decltype(h)>;
+        if constexpr (!std::is_same_v<H, float>)
+          bias_relu_kernel<<<blocks_for(B * out_), 256, 0, stream>>>(static_cast<H*>(y), bias_,
+                                                                     relu_, B, out_);
+      });
+      DLREC_CUDA_CHECK(cudaGetLastError());
+      return true;
+    }
+    case kc::Kernel::Int8:
+    case kc::Kernel::Sparse24Int8: {
+      if (!quantized_ || B > rows_) return false;
+      const bool sparse = k == kc::Kernel::Sparse24Int8;
+      if (sparse && !sp_int8_) return false;
+      cuda_lt::Gemm g = cuda_lt::Gemm::shape(true, false, out_, B, in_q_, in_q_, in_q_, out_);
+      g.ab_type = CUDA_R_8I;
+      g.d_type = CUDA_R_32I;
+      if (!sparse && !lt.supported(g)) return false;
+      with_act(act_, [&](auto* h) {
+        using X = std::remove_pointer_t<decltype(h)>;
+        quantize_kernel<<<blocks_for(B * in_q_ / 4), 256, 0, stream>>>(
+            static_cast<const X*>(x), B, in_pad_, in_q_, inv_x_, static_cast<char4*>(qx_));
+      });
+      DLREC_CUDA_CHECK(cudaGetLastError());
+      if (sparse)
+        sp_int8_->run(qx_, acc_, B, stream, 1.f);
+      else if (!lt.run(g, qw_, qx_, acc_, nullptr, nullptr, stream))
+        return false;
+      with_act(ydt, [&](auto* h) {
+        using Y = std::remove_pointer_t<decltype(h)>;
+        if (sparse)
+          dequantize_kernel<<<blocks_for(B * out_), 256, 0, stream>>>(
+              static_cast<const bf16*>(acc_), deq_, bias_, relu_, B, out_, out_ld,
+              static_cast<Y*>(y));
+        else
+          dequantize_kernel<<<blocks_for(B * out_), 256, 0, stream>>>(
+              static_cast<const int32_t*>(acc_), deq_, bias_, relu_, B, out_, out_ld,
+              static_cast<Y*>(y));
+      });
+      DLREC_CUDA_CHECK(cudaGetLastError());
+      return true;
+    }
+  }
+  return false;
+}
+
+CompressedLinear::Choice& CompressedLinear::choose(int64_t B, const void* x, void* y, Act ydt,
+                                                   int64_t out_ld, cuda_lt::Lt& lt,
+                                                   cudaStream_t stream,
+                                                   const std::function<void()>& dense) {
+  Choice c;
+  c.cand = kc::candidates(masked_, quantized_, act_ != Act::F32, sparse_why_.empty(), sparse_why_);
+  // What this output allows (the candidates are run once here: plans and lazy loading).
+  for (kc::Candidate& k : c.cand) {
+    if (!k.available || k.kernel == kc::Kernel::Dense) continue;
+    if (k.kernel == kc::Kernel::Sparse24 && !sp_half_) {
+      k.available = false;
+      k.why = w_half_ ? half_why_ : "no 16-bit weight copy";
+    } else if (k.kernel == kc::Kernel::Sparse24 && (ydt != act_ || out_ld != out_)) {
+      k.available = false;
+      k.why = "its output is not a contiguous 16-bit matrix";
+    } else if (k.kernel == kc::Kernel::Sparse24Int8 && !sp_int8_) {
+      k.available = false;
+      k.why = int8_why_;
+    } else if (!run(k.kernel, B, x, y, ydt, out_ld, lt, stream)) {
+      k.available = false;
+      k.why = "no cuBLASLt int8 algorithm for this shape";
+    }
+  }
+  if (policy_ == kc::Policy::Fastest) {
+    cudaEvent_t a, b;
+    DLREC_CUDA_CHECK(cudaEventCreate(&a));
+    DLREC_CUDA_CHECK(cudaEventCreate(&b));
+    constexpr int kWarm = 2, kTrials = 3, kReps = 5;
+    for (kc::Candidate& k : c.cand) {
+      if (!k.available) continue;
+      auto once = [&] {
+        if (k.kernel == kc::Kernel::Dense)
+          dense();
+        else
+          run(k.kernel, B, x, y, ydt, out_ld, lt, stream);
+      };
+      for (int w = 0; w < kWarm; ++w) once();
+      float best = -1.f;
+      for (int t = 0; t < kTrials; ++t) {
+        DLREC_CUDA_CHECK(cudaEventRecord(a, stream));
+        for (int r = 0; r < kReps; ++r) once();
+        DLREC_CUDA_CHECK(cudaEventRecord(b, stream));
+        DLREC_CUDA_CHECK(cudaEventSynchronize(b));
+        float ms = 0.f;
+        DLREC_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+        if (best < 0 || ms < best) best = ms;
+      }
+      k.ms = best / kReps;
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  c.chosen = kc::choose(c.cand, policy_);
+  return choice_[B] = std::move(c);
+}
+
+bool CompressedLinear::forward(int64_t B, const void* x, void* y, Act ydt, int64_t out_ld,
+                               cuda_lt::Lt& lt, cudaStream_t stream,
+                               const std::function<void()>& dense) {
+  if (B == 0 || policy_ == kc::Policy::Dense) return false;
+  auto it = choice_.find(B);
+  if (it == choice_.end()) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    DLREC_CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
+    if (cs != cudaStreamCaptureStatusNone) return false;  // no timing inside a capture: dense
+    choose(B, x, y, ydt, out_ld, lt, stream, dense);
+    it = choice_.find(B);
+  }
+  const kc::Kernel k = it->second.cand[it->second.chosen].kernel;
+  if (k == kc::Kernel::Dense) return false;
+  return run(k, B, x, y, ydt, out_ld, lt, stream);
+}
+
+std::string CompressedLinear::describe_load() const {
+  std::string s = name_ + ": ";
+  s += masked_ ? "2:4 mask" : "dense";
+  s += quantized_ ? ", int8" : "";
+  auto c = kc::candidates(masked_, quantized_, act_ != Act::F32, sparse_why_.empty(), sparse_why_);
+  for (auto& k : c) {
+    if (!k.available) continue;
+    if (k.kernel == kc::Kernel::Sparse24 && !sp_half_) k.why = half_why_;
+    if (k.kernel == kc::Kernel::Sparse24Int8 && !sp_int8_) k.why = int8_why_;
+    k.available = k.why.empty();
+  }
+  s += "; candidates:";
+  for (const auto& k : c) {
+    s += std::string(" ") + kc::kernel_name(k.kernel);
+    if (!k.available) s += " (n/a: " + k.why + ")";
+  }
+  s += std::string("; policy ") + kc::policy_name(policy_);
+  return s;
+}
+
+std::vector<std::string> CompressedLinear::describe_choices() const {
+  std::vector<std::string> out;
+  for (const auto& [B, c] : choice_) out.push_back(kc::describe(name_, B, c.cand, c.chosen));
+  return out;
+}
+
+}  // namespace dlrec::nn::cuda_compress
