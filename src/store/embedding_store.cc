@@ -59,6 +59,10 @@ StoreConfig StoreConfig::from_json(const json& j, const std::string& base_dir,
     c.redis_key_prefix = d.get<std::string>("key_prefix", c.redis_key_prefix);
     DLREC_CHECK(!c.redis_key_prefix.empty() && c.redis_key_prefix.size() <= 200,
                 d.key_path("key_prefix"), ": 1 to 200 characters");
+    // Braces would change which part of a key Redis Cluster hashes (the partition tag).
+    DLREC_CHECK(c.redis_key_prefix.find_first_of("{}") == std::string::npos,
+                d.key_path("key_prefix"), ": '{' and '}' are not allowed (", c.redis_key_prefix,
+                ")");
     c.redis_partitions = d.get_int_range("partitions", c.redis_partitions, 1, 16384);
     c.redis_timeout_ms = d.get_int_range("timeout_ms", c.redis_timeout_ms, 1, 600000);
     d.finish();
@@ -72,6 +76,7 @@ StoreConfig StoreConfig::from_json(const json& j, const std::string& base_dir,
     c.rocksdb_path = resolve(c.rocksdb_path, base_dir);
     c.rocksdb_block_cache_bytes =
         d.get_int_range("block_cache_bytes", c.rocksdb_block_cache_bytes, 0, int64_t{1} << 50);
+    c.rocksdb_export_id = d.get<std::string>("export_id", "");
     d.finish();
   }
   if (r.has("updates")) {
@@ -115,6 +120,7 @@ json StoreConfig::to_json() const {
                   {"timeout_ms", redis_timeout_ms}};
   if (rocksdb)
     j["rocksdb"] = {{"path", rocksdb_path}, {"block_cache_bytes", rocksdb_block_cache_bytes}};
+  if (rocksdb && !rocksdb_export_id.empty()) j["rocksdb"]["export_id"] = rocksdb_export_id;
   if (updates)
     j["updates"] = {{"address", updates_host + ":" + std::to_string(updates_port)},
                     {"stream", updates_stream},
@@ -146,7 +152,8 @@ std::unique_ptr<EmbeddingStore> EmbeddingStore::open(const StoreConfig& config,
   if (config.redis) tiers.push_back(open_redis_tier(tables, config));
   if (config.rocksdb)
     tiers.push_back(
-        open_rocksdb_tier(config.rocksdb_path, tables, config.rocksdb_block_cache_bytes));
+        open_rocksdb_tier(config.rocksdb_path, tables, config.rocksdb_block_cache_bytes,
+                          config.rocksdb_export_id));
   auto store = std::make_unique<EmbeddingStore>(tables, std::move(tiers));
   if (config.updates) {
     StreamAddress at{config.updates_host, config.updates_port, config.updates_stream,

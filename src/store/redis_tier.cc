@@ -42,7 +42,10 @@ class RedisTier final : public Tier {
       : tables_(tables),
         host_(c.redis_host),
         port_(c.redis_port),
-        prefix_(c.redis_key_prefix),
+        // Keys carry the export's id where known: rows of two exports never mix in a Redis
+        // that several models or versions share.
+        prefix_(c.rocksdb_export_id.empty() ? c.redis_key_prefix
+                                            : c.redis_key_prefix + "." + c.rocksdb_export_id),
         partitions_(c.redis_partitions),
         timeout_ms_(c.redis_timeout_ms) {
     std::lock_guard<std::mutex> lock(mu_);

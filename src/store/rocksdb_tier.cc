@@ -100,8 +100,8 @@ namespace {
 class RocksDbTier final : public Tier {
  public:
   RocksDbTier(const std::string& path, const std::vector<TableInfo>& expected,
-              int64_t block_cache_bytes)
-      : path_(path), tables_(expected), cache_bytes_(block_cache_bytes) {
+              int64_t block_cache_bytes, const std::string& export_id)
+      : path_(path), tables_(expected), cache_bytes_(block_cache_bytes), export_id_(export_id) {
     DLREC_CHECK(fs::is_directory(path), "rocksdb tier: no store at '", path,
                 "' (write one with dlrec export --tiers rocksdb=DIR)");
     rocksdb::Options options;
@@ -178,11 +178,19 @@ class RocksDbTier final : public Tier {
     DLREC_CHECK(diff.empty(), "rocksdb tier: the store at '", path_,
                 "' was written for another model: ", diff);
     row_set_version_ = meta.value("row_set_version", uint64_t{1});
+    const json& id = meta.contains("export_id") ? meta["export_id"] : json("");
+    DLREC_CHECK(id.is_string(), what, ": export_id is not a string");
+    DLREC_CHECK(export_id_.empty() || id.get<std::string>() == export_id_, what,
+                " was written by another export (id '", id.get<std::string>(),
+                "', the model names '", export_id_,
+                "'): export the model again, or point its config at the store it was exported "
+                "with");
   }
 
   std::string path_;
   std::vector<TableInfo> tables_;
   int64_t cache_bytes_, disk_ = 0;
+  std::string export_id_;  // "": not checked
   uint64_t row_set_version_ = 1;
   std::unique_ptr<rocksdb::DB> db_;
 };
@@ -193,12 +201,12 @@ bool rocksdb_available() { return true; }
 
 std::unique_ptr<Tier> open_rocksdb_tier(const std::string& path,
                                         const std::vector<TableInfo>& expected,
-                                        int64_t block_cache_bytes) {
-  return std::make_unique<RocksDbTier>(path, expected, block_cache_bytes);
+                                        int64_t block_cache_bytes, const std::string& export_id) {
+  return std::make_unique<RocksDbTier>(path, expected, block_cache_bytes, export_id);
 }
 
 void write_rocksdb_store(const std::string& path, const std::vector<TableRows>& tables,
-                         bool overwrite) {
+                         bool overwrite, const std::string& export_id) {
   DLREC_CHECK(tables.size() < (size_t{1} << 16), "rocksdb store: at most 65535 tables");
   for (const std::string& line : recover_dir(path))
     std::fprintf(stderr, "export: %s\n", line.c_str());
@@ -250,6 +258,7 @@ void write_rocksdb_store(const std::string& path, const std::vector<TableRows>& 
     const json meta = {{"format", kFormat},
                        {"version", kStoreVersion},
                        {"row_set_version", 1},
+                       {"export_id", export_id},
                        {"tables", list},
                        {"checksum", fnv1a_hex(list.dump())}};
     st = db->Put(wo, kMetaKey, meta.dump());
@@ -271,12 +280,13 @@ void write_rocksdb_store(const std::string& path, const std::vector<TableRows>& 
 bool rocksdb_available() { return false; }
 
 std::unique_ptr<Tier> open_rocksdb_tier(const std::string& path, const std::vector<TableInfo>&,
-                                        int64_t) {
+                                        int64_t, const std::string&) {
   fail("rocksdb tier ('", path,
        "'): this dlrec was built without RocksDB (librocksdb-dev; scripts/install-deps.sh)");
 }
 
-void write_rocksdb_store(const std::string& path, const std::vector<TableRows>&, bool) {
+void write_rocksdb_store(const std::string& path, const std::vector<TableRows>&, bool,
+                         const std::string&) {
   fail("export to RocksDB ('", path,
        "'): this dlrec was built without RocksDB (librocksdb-dev; scripts/install-deps.sh)");
 }

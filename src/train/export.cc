@@ -9,10 +9,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "dlrec/compress/compressed_records.h"
 #include "dlrec/compress/quantize.h"
@@ -66,6 +68,16 @@ void check_finite(const std::vector<model::NamedTensor>& params) {
 // the process is killed. Leftovers of a killed export are cleaned first (recover_dir).
 // With tiers: the fixed tables go into the RocksDB store first (a failure there leaves no new
 // model), then stay out of weights.dlrec, and model.json names the store.
+// 16 hex digits, new for every export that writes a store.
+std::string new_export_id() {
+  std::random_device rd;
+  const uint64_t v = (uint64_t{rd()} << 32) ^ rd() ^
+                     static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
 void write_model_dir(const std::string& out_dir, bool overwrite, json meta, model::Model& model,
                      const etl::Workflow& wf, OnnxExport onnx, const TierExport& tiers) {
   for (const std::string& line : recover_dir(out_dir))
@@ -82,8 +94,16 @@ void write_model_dir(const std::string& out_dir, bool overwrite, json meta, mode
       for (const auto& [name, tensor] : params)
         if (name == t.name) rows.push_back({t, tensor.data<float>()});
     const std::string dir = fs::absolute(tiers.rocksdb_dir).lexically_normal().string();
-    store::write_rocksdb_store(dir, rows, overwrite);
-    meta["embedding_store"] = {{"rocksdb", {{"path", dir}}}};
+    const std::string out = fs::absolute(out_dir).lexically_normal().string();
+    const fs::path rel = fs::path(dir).lexically_relative(out);
+    DLREC_CHECK(rel.empty() || *rel.begin() == "..", "export: the store directory '", dir,
+                "' is inside the model directory '", out,
+                "', which an export replaces whole: put it beside (e.g. '", out, ".tables')");
+    // The store and the model name one id: a model refuses a store another export wrote over
+    // its path (an export that failed after writing the store, a store of another run).
+    const std::string id = new_export_id();
+    store::write_rocksdb_store(dir, rows, overwrite, id);
+    meta["embedding_store"] = {{"rocksdb", {{"path", dir}, {"export_id", id}}}};
     std::vector<model::NamedTensor> dense;
     for (auto& p : params) {
       bool stored = false;
@@ -299,11 +319,18 @@ Predictor::Predictor(const std::string& dir, Device device, const std::string& p
   DLREC_CHECK(impl_->wf->output_layout() == impl_->layout, "'", dir,
               "': workflow.json does not match the model's input layout");
   // A model exported with --tiers names its store; a config given here takes precedence.
-  store::StoreConfig from_meta;
-  if (!store && meta.contains("embedding_store")) {
+  store::StoreConfig from_meta, given;
+  if (meta.contains("embedding_store"))
     from_meta = store::StoreConfig::from_json(meta["embedding_store"], dir,
                                               dir + "/model.json: embedding_store");
+  if (!store && meta.contains("embedding_store")) {
     store = &from_meta;
+  } else if (store && store->rocksdb && store->rocksdb_export_id.empty() &&
+             from_meta.rocksdb && fs::path(store->rocksdb_path).lexically_normal() ==
+                                      fs::path(from_meta.rocksdb_path).lexically_normal()) {
+    given = *store;  // the model's own store, named by a serving config: its id is checked too
+    given.rocksdb_export_id = from_meta.rocksdb_export_id;
+    store = &given;
   }
   if (store) {
     DLREC_CHECK(!device.is_cuda(), "'", dir, "': the tiered embedding store serves CPU models ",

@@ -282,3 +282,28 @@ TEST(PredictorStore, AFailedStagingRebuildKeepsTheLoadedModel) {
                {"weights.dlrec", "changed since this model was loaded"});
   expect_same_bits(want, p.predict_lines(few, "logs", 2), "after the refused rebuild");
 }
+
+// The model and its store name one export id: a store another export wrote over the model's
+// path (an export that failed after its store, a store of another run) is refused, through
+// model.json and through a serving config naming the same path. A store inside the model
+// directory (which an export replaces whole) is refused at export.
+TEST(PredictorStore, AStoreOfAnotherExportIsRefused) {
+  REQUIRE_ROCKSDB();
+  Data d;
+  const std::string one = d.export_model("one", kDlrm, d.dir.path + "/db1");
+  d.export_model("two", kDlrm, d.dir.path + "/db2");  // same model and seed, another export
+  train::Predictor ok(one);
+  fs::remove_all(d.dir.path + "/db1");
+  fs::copy(d.dir.path + "/db2", d.dir.path + "/db1", fs::copy_options::recursive);
+  expect_error([&] { train::Predictor p(one); }, {"written by another export", "db1"});
+  const auto c = config(R"({"host": {"bytes": 4096}, "rocksdb": {"path": "db1"}})", d.dir.path);
+  expect_error([&] { train::Predictor p(one, Device::cpu(), "fp32", &c); },
+               {"written by another export"});
+  expect_error([&] { d.export_model("three", kDlrm, d.dir.path + "/three/tables"); },
+               {"is inside the model directory"});
+  EXPECT_FALSE(fs::exists(d.dir.path + "/three"));
+  expect_error([&] { config(R"({"redis": {"address": "127.0.0.1:1", "key_prefix": "a{b"},
+                                "rocksdb": {"path": "db1"}})",
+                            d.dir.path); },
+               {"key_prefix", "'{' and '}' are not allowed"});
+}

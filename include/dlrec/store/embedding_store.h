@@ -53,6 +53,10 @@ struct StoreConfig {
   bool rocksdb = false;
   std::string rocksdb_path;
   int64_t rocksdb_block_cache_bytes = int64_t{8} << 20;
+  // "rocksdb": {"export_id"}: the id of the export that wrote the store (model.json names it):
+  // a store written by another export is refused, and Redis keys carry it, so rows of two
+  // exports never mix. Empty: not checked.
+  std::string rocksdb_export_id;
   // "updates": online updates read from a Redis Stream (include/dlrec/store/updates.h).
   bool updates = false;
   std::string updates_host;  // "address" (default: redis.address)
@@ -109,9 +113,11 @@ std::unique_ptr<Tier> make_host_tier(const std::vector<TableInfo>& tables, int64
 
 // The RocksDB tier (read-only): the store at `path` written by write_rocksdb_store; its tables
 // must equal `expected` (the model's), else an error naming the difference.
+// With an `export_id`, the store must have been written with that id.
 std::unique_ptr<Tier> open_rocksdb_tier(const std::string& path,
                                         const std::vector<TableInfo>& expected,
-                                        int64_t block_cache_bytes);
+                                        int64_t block_cache_bytes,
+                                        const std::string& export_id = "");
 // A table's rows for write_rocksdb_store: [rows, dim] f32, row-major.
 struct TableRows {
   TableInfo info;
@@ -120,7 +126,7 @@ struct TableRows {
 // Writes the tables into a new RocksDB store at `path` (staged under a temporary name and
 // renamed into place; an existing path is replaced only with `overwrite`).
 void write_rocksdb_store(const std::string& path, const std::vector<TableRows>& tables,
-                         bool overwrite);
+                         bool overwrite, const std::string& export_id = "");
 // The Redis tier (hiredis): a volatile cache shared by servers, keys partitioned (redis_tier.cc).
 std::unique_ptr<Tier> open_redis_tier(const std::vector<TableInfo>& tables,
                                       const StoreConfig& config);
