@@ -59,9 +59,9 @@ for n in "${RANKS[@]}"; do
     t1=$(date +%s.%N)
     parse=$(echo "$log" | sed -n 's/^etl: .* processes parsed .* in \([0-9.]*\)s (rank 0.s part \([0-9.]*\)s)$/\1 (own part \2)/p')
     line=$(echo "$log" | grep '^etl: train=' || true)
-    sec=$(echo "$t1 - $t0" | bc -l)
+    sec=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
     printf 'ranks=%d run=%d wall=%.2fs %.1f MB/s parse=%ss | %s\n' "$n" "$i" "$sec" \
-      "$(echo "$BYTES / 1000000 / $sec" | bc -l)" "${parse:--}" "$line"
+      "$(awk -v b="$BYTES" -v s="$sec" 'BEGIN { printf "%.1f", b / 1e6 / s }')" "${parse:--}" "$line"
     if [ ! -d "$REF" ]; then
       mv "$OUT" "$REF"
     elif ! diff -r -q "$REF" "$OUT" >/dev/null; then
