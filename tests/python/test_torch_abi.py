@@ -4,6 +4,7 @@ reference of the same math (sum/mean pooling of multi-hot bags, SGD and Adagrad 
 the batch), hashed tables, and every error path. Skips visibly when the library was not built.
 """
 import ctypes
+import importlib.util
 import json
 import os
 
@@ -18,29 +19,13 @@ LIB_PATH = os.path.normpath(os.path.join(BIN_DIR, "..", "python", "dlrec", "libd
 def lib():
     if not BIN_DIR or not os.path.exists(LIB_PATH):
         pytest.skip(f"{LIB_PATH} not built (target dlrec_torch; run through ctest)")
-    lib = ctypes.CDLL(LIB_PATH)
-    vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    i64p = ctypes.POINTER(ctypes.c_int64)
-    sigs = {
-        "dlrec_emb_abi_version": ([], ctypes.c_int),
-        "dlrec_emb_has_cuda": ([], ctypes.c_int),
-        "dlrec_emb_last_error": ([], ctypes.c_char_p),
-        "dlrec_emb_create": ([ctypes.c_char_p, ctypes.POINTER(vp)], ctypes.c_int),
-        "dlrec_emb_destroy": ([vp], None),
-        "dlrec_emb_width": ([vp, i64p], ctypes.c_int),
-        "dlrec_emb_forward": ([vp, vp, vp, i64, i64, vp, ctypes.c_int, vp, ctypes.c_int],
-                              ctypes.c_int),
-        "dlrec_emb_check": ([vp, vp], ctypes.c_int),
-        "dlrec_emb_backward": ([vp, vp, ctypes.c_int, i64, ctypes.c_float, vp], ctypes.c_int),
-        "dlrec_emb_table_size": ([vp, ctypes.c_int, ctypes.c_int, i64p, i64p], ctypes.c_int),
-        "dlrec_emb_read_table": ([vp, ctypes.c_int, ctypes.c_int, vp, ctypes.c_int, vp],
-                                 ctypes.c_int),
-        "dlrec_emb_write_table": ([vp, ctypes.c_int, ctypes.c_int, vp, ctypes.c_int, vp],
-                                  ctypes.c_int),
-    }
-    for name, (args, res) in sigs.items():
-        getattr(lib, name).argtypes = args
-        getattr(lib, name).restype = res
+    # The package's own loader (python/dlrec/_torch_abi.py, torch-free), loaded from the built
+    # package by path: importing the dlrec package would load its extension module too.
+    spec = importlib.util.spec_from_file_location(
+        "dlrec_torch_abi", os.path.join(os.path.dirname(LIB_PATH), "_torch_abi.py"))
+    abi = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(abi)
+    lib = abi.load_library(LIB_PATH)
     assert lib.dlrec_emb_abi_version() == 1
     return lib
 
