@@ -6,9 +6,9 @@
 #include <optional>
 
 #include "commands.h"
+#include "etl_ranks.h"
 #include "dlrec/core/progress.h"
 #include "dlrec/dist/communicator.h"
-#include "dlrec/etl/input_parts.h"
 #include "dlrec/etl/run.h"
 #include "dlrec/io/datagen.h"
 
@@ -107,69 +107,6 @@ struct EtlArgs {
 };
 
 int run_etl_command(const EtlArgs& args, dist::Communicator& comm);
-
-// `dlrec etl` as one rank of a job of several processes (docs/ETL.md "Several processes"):
-// every rank parses its part of the input (etl::parse_input_part); the first malformed row in
-// input order ends the job, reported by its rank; the parts' rows are gathered on rank 0 in
-// rank (= input) order, which runs the ETL on them (EtlOptions::parsed_input) and alone writes
-// the output. Returns the result on rank 0, nothing on the others.
-std::optional<etl::EtlResult> run_etl_ranks(etl::EtlOptions o, dist::Communicator& comm) {
-  const int rank = comm.rank(), ranks = comm.size();
-  const int64_t files = static_cast<int64_t>(o.inputs.size());
-  Timer timer;
-  etl::InputPart part = etl::parse_input_part(o.inputs, o.schema, o.read, rank, ranks);
-  const double own_parse = timer.seconds();
-  // Line numbers: file f's lines in the parts before this one.
-  std::vector<int64_t> lines(ranks * files), before(files, 0);
-  comm.all_gather(part.file_lines.data(), lines.data(), files, dist::Elem::I64);
-  for (int q = 0; q < rank; ++q)
-    for (int64_t f = 0; f < files; ++f) before[f] += lines[q * files + f];
-  const std::string error = etl::settle_part(part, o.inputs, before);
-  // The first malformed row in input order (OnError::Fail) ends the job from its rank; the
-  // other ranks wait here until the job is ended (or their collective times out).
-  const int64_t first_failed =
-      comm.all_reduce_value(static_cast<int64_t>(part.failed ? rank : ranks), dist::ReduceOp::Min);
-  if (first_failed < ranks) {
-    if (rank == first_failed) fail(error);
-    comm.barrier();
-    fail("etl: rank ", first_failed, " failed");  // not reached: that rank ends the job
-  }
-  // Rank 0 gathers the parts (in 8-byte words: MPI counts are ints).
-  std::string bytes = etl::serialize_parsed(part.parsed);
-  part = etl::InputPart{};
-  const std::vector<int64_t> sizes = comm.all_gather_counts(static_cast<int64_t>(bytes.size()));
-  bytes.resize((bytes.size() + 7) / 8 * 8);
-  std::vector<int64_t> send_counts(ranks, 0), send_offsets(ranks, 0), recv_counts(ranks, 0),
-      recv_offsets(ranks, 0);
-  send_counts[0] = static_cast<int64_t>(bytes.size() / 8);
-  int64_t words = 0;
-  if (rank == 0)
-    for (int q = 0; q < ranks; ++q) {
-      recv_offsets[q] = words;
-      recv_counts[q] = (sizes[q] + 7) / 8;
-      words += recv_counts[q];
-    }
-  std::vector<int64_t> recv(words);
-  comm.all_to_all_v(bytes.data(), send_counts, send_offsets, recv.data(), recv_counts, recv_offsets,
-                    dist::Elem::I64);
-  bytes = std::string();
-  if (rank != 0) return std::nullopt;
-  auto input = std::make_shared<etl::ParsedInput>();
-  for (int q = 0; q < ranks; ++q)
-    etl::append_serialized(reinterpret_cast<const char*>(recv.data() + recv_offsets[q]),
-                           static_cast<size_t>(sizes[q]), *input);
-  recv = std::vector<int64_t>();
-  // Rank 0's own part, then the waits for the others, the gather and the unpacking.
-  std::printf(
-      "etl: %d processes parsed %lld rows (%lld skipped) in %.2fs (rank 0's part "
-      "%.2fs)\n",
-      ranks, static_cast<long long>(input->stats.rows),
-      static_cast<long long>(input->stats.skipped_rows), timer.seconds(), own_parse);
-  o.parsed_input = std::move(input);
-  // The gathered rows are in memory already: every pass replays them, not a second copy.
-  o.input_cache_mb = 0;
-  return etl::run_etl(o);
-}
 
 Runner add_etl(CLI::App& app) {
   auto a = std::make_shared<EtlArgs>();

@@ -134,6 +134,34 @@ class Categorify final : public CategoricalEncoder {
     build_lookup();
   }
 
+  // The vocabulary depends on the counts only (by count, ties by key), so counts of parts of
+  // the rows add up to those of all of them: (key, count) pairs. Not for a joint vocabulary
+  // (one table of the group) nor under a memory budget (spilled runs).
+  bool partial_fit_mergeable() const override { return !joint_wanted_ && !memory_; }
+  void save_partial_fit(std::string& out) const override {
+    DLREC_CHECK(partial_fit_mergeable() && runs_.empty(), "Categorify: no partial fit to save");
+    const size_t at = out.size();
+    out.resize(at + counts_.size() * 16);
+    char* p = out.data() + at;
+    counts_.for_each([&](uint64_t key, uint64_t count) {
+      std::memcpy(p, &key, 8);
+      std::memcpy(p + 8, &count, 8);
+      p += 16;
+    });
+  }
+  void add_partial_fit(const char* data, size_t size) override {
+    DLREC_CHECK(partial_fit_mergeable(), "Categorify: no partial fit to add to");
+    DLREC_CHECK(size % 16 == 0, "Categorify: a partial fit of ", size,
+                " bytes is not (key, count) pairs");
+    counts_.reserve(std::max(counts_.size(), size / 16));  // at least the larger of the two
+    for (size_t i = 0; i < size; i += 16) {
+      uint64_t key, count;
+      std::memcpy(&key, data + i, 8);
+      std::memcpy(&count, data + i + 8, 8);
+      counts_[key] += count;
+    }
+  }
+
   // Turns the counts (in counts_ or spilled) into vocab_ and the statistics.
   void finish_counts() {
     std::vector<std::pair<uint64_t, uint64_t>> kept;  // (count, key)

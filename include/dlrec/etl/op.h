@@ -90,6 +90,12 @@ class CategoricalEncoder : public Op {
   virtual void fit_begin() {}
   virtual void fit_chunk(const uint64_t* keys, int64_t n) {}
   virtual void fit_end() {}
+  // A fit split across the processes of a job (etl/fit_merge.h): whether the state between
+  // fit_chunk and fit_end (its partial fit) can be saved as bytes and added to another
+  // instance's so that fit_end gives exactly the fit of both instances' keys, and the calls.
+  virtual bool partial_fit_mergeable() const { return false; }
+  virtual void save_partial_fit(std::string& out) const {}
+  virtual void add_partial_fit(const char* data, size_t size) {}
   // Number of distinct output ids, including the reserved ones. Valid once fitted.
   virtual int64_t cardinality() const = 0;
   // ids[i] = id of keys[i] (never 0: that id means "missing" and is assigned by the caller).

@@ -135,6 +135,7 @@ class Workflow {
 
  private:
   struct Impl;
+  friend class FitParts;  // a fit split across processes (etl/fit_merge.h)
   explicit Workflow(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
