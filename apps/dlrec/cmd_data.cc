@@ -6,11 +6,11 @@
 #include <optional>
 
 #include "commands.h"
-#include "etl_ranks.h"
 #include "dlrec/core/progress.h"
 #include "dlrec/dist/communicator.h"
 #include "dlrec/etl/run.h"
 #include "dlrec/io/datagen.h"
+#include "etl_ranks.h"
 
 namespace dlrec::cli {
 

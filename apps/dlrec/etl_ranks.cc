@@ -41,8 +41,8 @@ std::vector<std::string> gather_bytes(dist::Communicator& comm, std::string byte
       words += recv_counts[q];
     }
   std::vector<int64_t> recv(words);
-  comm.all_to_all_v(bytes.data(), send_counts, send_offsets, recv.data(), recv_counts,
-                    recv_offsets, dist::Elem::I64);
+  comm.all_to_all_v(bytes.data(), send_counts, send_offsets, recv.data(), recv_counts, recv_offsets,
+                    dist::Elem::I64);
   std::vector<std::string> out(ranks);
   if (comm.rank() == root)
     for (int q = 0; q < ranks; ++q)
@@ -155,8 +155,8 @@ std::vector<etl::ParsedInput> exchange_rows(const std::vector<etl::RankShard>& p
     words += recv_counts[d];
   }
   std::vector<int64_t> recv(words);
-  comm.all_to_all_v(send.data(), send_counts, send_offsets, recv.data(), recv_counts,
-                    recv_offsets, dist::Elem::I64);
+  comm.all_to_all_v(send.data(), send_counts, send_offsets, recv.data(), recv_counts, recv_offsets,
+                    dist::Elem::I64);
   std::vector<etl::ParsedInput> got(ranks);
   for (int q = 0; q < ranks; ++q) {
     const int64_t bytes = all[static_cast<size_t>(q) * ranks + rank];
@@ -296,9 +296,10 @@ std::optional<etl::EtlResult> run_etl_ranks(etl::EtlOptions o, dist::Communicato
   // The first skipped row's message: the earliest rank's (on rank 0).
   std::vector<std::string> reasons = gather_bytes(comm, part.parsed.stats.first_skip_reason, 0);
   if (rank == 0)
-    std::printf("etl: %d processes parsed %lld rows (%lld skipped) in %.2fs (rank 0's part %.2fs)\n",
-                ranks, static_cast<long long>(total), static_cast<long long>(total_skipped),
-                timer.seconds(), own_parse);
+    std::printf(
+        "etl: %d processes parsed %lld rows (%lld skipped) in %.2fs (rank 0's part %.2fs)\n", ranks,
+        static_cast<long long>(total), static_cast<long long>(total_skipped), timer.seconds(),
+        own_parse);
 
   // Rank 0 decides whether the fit is merged (its workflow errors end the job from there).
   std::optional<etl::Workflow> w;
@@ -310,8 +311,10 @@ std::optional<etl::EtlResult> run_etl_ranks(etl::EtlOptions o, dist::Communicato
   why = broadcast_string(comm, why, 0);
   if (!why.empty()) {
     if (rank == 0)
-      std::printf("etl: the statistics are not merged across processes (%s): rank 0 gathers "
-                  "every row and runs the ETL alone\n", why.c_str());
+      std::printf(
+          "etl: the statistics are not merged across processes (%s): rank 0 gathers "
+          "every row and runs the ETL alone\n",
+          why.c_str());
     return gather_and_run(std::move(o), std::move(part), comm);
   }
   if (rank != 0) w.emplace(make_workflow(o));

@@ -116,8 +116,8 @@ void FitParts::add_part(Workflow& w, const char* data, size_t size) {
     CategoricalEncoder* e = fitted_encoder(p);
     if (!e) continue;
     const uint64_t n = r.get<uint64_t>();
-    DLREC_CHECK(n <= static_cast<uint64_t>(r.end - r.p), "etl: a part's counts of column '",
-                p.name, "' are cut short");
+    DLREC_CHECK(n <= static_cast<uint64_t>(r.end - r.p), "etl: a part's counts of column '", p.name,
+                "' are cut short");
     e->add_partial_fit(r.p, n);
     r.p += n;
   }
@@ -150,8 +150,8 @@ void FitParts::continue_sums(const Workflow& w, const std::vector<const io::RawC
 
 void FitParts::finish(Workflow& w, const std::vector<double>& sums) {
   Workflow::Impl& m = *w.impl_;
-  DLREC_CHECK(static_cast<int>(sums.size()) == num_sums(w), "FitParts: ", sums.size(),
-              " sums for ", num_sums(w), " dense columns");
+  DLREC_CHECK(static_cast<int>(sums.size()) == num_sums(w), "FitParts: ", sums.size(), " sums for ",
+              num_sums(w), " dense columns");
   for (size_t k = 0; k < m.dense.size(); ++k) m.dense[k].stats.sum = sums[k];
   m.end_pass(0);
   m.fitted = true;

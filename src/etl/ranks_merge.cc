@@ -60,9 +60,8 @@ std::vector<RowSlice> slices_of(const std::vector<io::RawChunk>& chunks, int64_t
 }
 
 io::RawChunk copy_slice(const RowSlice& s) {
-  DLREC_CHECK(s.chunk && 0 <= s.begin && s.begin <= s.end && s.end <= s.chunk->rows,
-              "etl: rows [", s.begin, ", ", s.end, ") of a chunk of ",
-              s.chunk ? s.chunk->rows : 0, " rows");
+  DLREC_CHECK(s.chunk && 0 <= s.begin && s.begin <= s.end && s.end <= s.chunk->rows, "etl: rows [",
+              s.begin, ", ", s.end, ") of a chunk of ", s.chunk ? s.chunk->rows : 0, " rows");
   return run_detail::copy_rows(*s.chunk, s.begin, s.end);
 }
 
@@ -103,12 +102,9 @@ void RankOutput::finish(const Workflow& workflow, const std::vector<RankShard>& 
   workflow.save(dir + "/workflow.json");
   // stats.json and dataset.json as EtlRun::write_metadata writes them (src/etl/run_transform.cc;
   // tests/dist/etl_ranks_test.cc compares the bytes).
-  json stats = {{"format", "dlrec-stats"},
-                {"version", 1},
-                {"train_rows", res.train_rows},
-                {"valid_rows", res.valid_rows},
-                {"skipped_rows", res.skipped_rows},
-                {"columns", workflow.fit_stats()}};
+  json stats = {{"format", "dlrec-stats"},          {"version", 1},
+                {"train_rows", res.train_rows},     {"valid_rows", res.valid_rows},
+                {"skipped_rows", res.skipped_rows}, {"columns", workflow.fit_stats()}};
   if (res.skipped_rows) stats["first_skip_reason"] = first_skip_reason;
   write_file_atomic(dir + "/stats.json", stats.dump(2) + "\n");
   info.layout = workflow.output_layout();

@@ -112,7 +112,8 @@ TEST(EtlRanksTest, MergedFitOfEveryMergedOpKindIsTheSingleProcessBytes) {
   }
   std::string rest;  // C1, C2, C6 ... C26
   for (int c = 1; c <= 26; ++c)
-    if (c < 3 || c > 5) rest += std::string(rest.empty() ? "" : ", ") + "\"C" + std::to_string(c) + "\"";
+    if (c < 3 || c > 5)
+      rest += std::string(rest.empty() ? "" : ", ") + "\"C" + std::to_string(c) + "\"";
   const std::string wf = dlrec::testing::write_file(tmp.path, "wf.json", R"({"pipeline": [
     {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "Clip", "min": 0},
                                   {"op": "LogOp"}]},

@@ -84,9 +84,8 @@ std::vector<const io::RawChunk*> pointers(const ParsedInput& in) {
 
 TEST(FitMergeTest, PartsAddedInOrderAreTheSingleFit) {
   TempDir tmp("fit_merge");
-  const std::vector<std::string> files = {
-      write_file(tmp.path, "a.tsv", criteo_text(3000, 1)),
-      write_file(tmp.path, "b.tsv", criteo_text(2200, 2))};
+  const std::vector<std::string> files = {write_file(tmp.path, "a.tsv", criteo_text(3000, 1)),
+                                          write_file(tmp.path, "b.tsv", criteo_text(2200, 2))};
   io::ReadOptions read;
   read.chunk_rows = 100;  // chunks of different sizes in every part
   const io::Schema schema = io::Schema::criteo();
@@ -144,12 +143,14 @@ TEST(FitMergeTest, BadPartBytesAreErrors) {
   EXPECT_NE(error_of([&] { FitParts::add_part(w, bytes.data(), 8); }).find("cut short"),
             std::string::npos);
   std::string extra = bytes + "x";
-  EXPECT_NE(error_of([&] { FitParts::add_part(w, extra.data(), extra.size()); })
-                .find("followed by 1 extra bytes"),
+  EXPECT_NE(error_of([&] {
+              FitParts::add_part(w, extra.data(), extra.size());
+            }).find("followed by 1 extra bytes"),
             std::string::npos);
   bytes[0] ^= 1;
-  EXPECT_NE(error_of([&] { FitParts::add_part(w, bytes.data(), bytes.size()); })
-                .find("does not start as it must"),
+  EXPECT_NE(error_of([&] {
+              FitParts::add_part(w, bytes.data(), bytes.size());
+            }).find("does not start as it must"),
             std::string::npos);
 }
 
@@ -192,7 +193,9 @@ TEST(RankShardsTest, EachFileIsWrittenByTheRankHoldingMostOfItsRows) {
   const auto tie = plan_rank_shards({0, 4, 8}, 8, 8);
   ASSERT_EQ(tie.size(), 1u);
   EXPECT_EQ(tie[0].owner, 0);
-  EXPECT_NE(error_of([] { plan_rank_shards({0, 4}, 5, 8); }).find("5 training rows of 4"),
+  EXPECT_NE(error_of([] {
+              plan_rank_shards({0, 4}, 5, 8);
+            }).find("5 training rows of 4"),
             std::string::npos);
 }
 
