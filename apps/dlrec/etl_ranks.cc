@@ -198,6 +198,12 @@ std::optional<etl::EtlResult> run_merged(const etl::EtlOptions& o, etl::InputPar
   etl::EtlResult res;
   res.skipped_rows = skipped;
 
+  // The output directory first, as run_etl decides it (an existing dataset without
+  // --overwrite ends the job before any work).
+  std::unique_ptr<etl::RankOutput> output;
+  if (rank == 0) output = std::make_unique<etl::RankOutput>(o);
+  const std::string dir = broadcast_string(comm, output ? output->dir() : "", 0);
+
   // The fit: this rank's training rows, the parts added on rank 0 in rank order, the dense
   // sums continued rank after rank, the fitted workflow to every rank.
   Timer fit_timer;
@@ -237,9 +243,6 @@ std::optional<etl::EtlResult> run_merged(const etl::EtlOptions& o, etl::InputPar
 
   // The files: the rows each owner lacks sent to it, then each owner transforms and writes.
   Timer tr_timer;
-  std::unique_ptr<etl::RankOutput> output;
-  if (rank == 0) output = std::make_unique<etl::RankOutput>(o);
-  const std::string dir = broadcast_string(comm, output ? output->dir() : "", 0);
   const std::vector<etl::RankShard> plan = etl::plan_rank_shards(first, n_train, o.shard_rows);
   std::string error;
   try {
