@@ -12,7 +12,9 @@
 # input, and for N > 1 the parse phase's seconds (rank 0's "etl: N processes parsed" line).
 # MPIRUN_ARGS adds options to mpirun (default: --oversubscribe --bind-to none, and
 # --allow-run-as-root as root). THREADS=T passes `--threads T` to every rank (default: all
-# cores on each; only rank 0 uses threads after the parse). ARGS="..." adds `dlrec etl` options.
+# cores on each). ARGS="..." adds `dlrec etl` options.
+# Where the statistics are merged (docs/ETL.md "Several processes") each file is written by the
+# rank holding most of its rows: ARGS="--shard-rows 131072" gives the ranks files of their own.
 # For the 64-core figure of issue 19 on a lent x4 host (its CPUs):
 #   bash bench/etl_ranks_scaling.sh build/bin/dlrec 32000000 1 2 4 8 16 32 64
 set -euo pipefail
