@@ -286,9 +286,16 @@ void KeptChunk::unpack(io::RawChunk& out) const {
     out = *parsed_;
     return;
   }
-  out.reset(num_dense_, num_cat_);
+  // Not out.reset(): that shrinks every offsets vector to one entry, and resizing them back
+  // to rows + 1 zero-filled 8 bytes per row and column (memset, for values all written
+  // below). Every part of `out` is assigned or fully written here instead.
+  out.num_dense = num_dense_;
+  out.num_cat = num_cat_;
+  out.cat_values.resize(num_cat_);
+  out.cat_offsets.resize(num_cat_);
   out.rows = rows_;
   out.first_line = first_line_;
+  if (label_kind_ == 0) out.label.clear();
   if (label_kind_ == 1) {
     const auto* l = static_cast<const uint8_t*>(label_);
     out.label.assign(l, l + rows_);  // 0 -> 0.0f, 1 -> 1.0f
