@@ -151,7 +151,7 @@ struct ShardWriter::Impl {
         // ETL's CPU as branchy loops); then the first such row for the message.
         uint64_t other = 0;
         for (int64_t r = begin; r < end; ++r)
-          other |= static_cast<uint64_t>(off[r + 1] - off[r]) ^ uint64_t{1};
+          other |= static_cast<uint64_t>(off[r + 1] - off[r]) ^ 1u;
         for (int64_t r = begin; other != 0 && r < end; ++r)
           if (off[r + 1] - off[r] != 1)
             fail("shard '", name, "': one-hot categorical feature ", t, " row ",
@@ -164,8 +164,8 @@ struct ShardWriter::Impl {
       }
       uint64_t out_of_range = 0;  // as above: whether there is one, then which
       for (int64_t i = off[begin]; i < off[end]; ++i)
-        out_of_range |= static_cast<uint64_t>(static_cast<uint64_t>(ids[i]) >=
-                                              static_cast<uint64_t>(card));
+        out_of_range |=
+            static_cast<uint64_t>(static_cast<uint64_t>(ids[i]) >= static_cast<uint64_t>(card));
       for (int64_t i = off[begin]; out_of_range != 0 && i < off[end]; ++i) {
         if (static_cast<uint64_t>(ids[i]) >= static_cast<uint64_t>(card)) {
           int64_t r = std::upper_bound(off.begin(), off.end(), i) - off.begin() - 1;

@@ -49,10 +49,18 @@ void expect_ids(const std::vector<uint64_t>& vocab, const std::vector<uint64_t>&
   EXPECT_LT(in_vocab, static_cast<int64_t>(keys.size()));
 }
 
-const std::vector<uint64_t> kEdgeKeys = {0,           1,           5,
-                                         0xFFFFFFFEu, 0xFFFFFFFFu, uint64_t{1} << 32,
-                                         ~uint64_t{0}, ~uint64_t{0} - 1, 0x7FFFFFFFu,
-                                         0x80000000u, 1234567,     (uint64_t{5} << 32) | 5};
+const std::vector<uint64_t> kEdgeKeys = {0,
+                                         1,
+                                         5,
+                                         0xFFFFFFFEu,
+                                         0xFFFFFFFFu,
+                                         uint64_t{1} << 32,
+                                         ~uint64_t{0},
+                                         ~uint64_t{0} - 1,
+                                         0x7FFFFFFFu,
+                                         0x80000000u,
+                                         1234567,
+                                         (uint64_t{5} << 32) | 5};
 
 TEST(CategorifyEncodeTest, NarrowVocabularyEdges) {
   // Every key below 2^32 - 1: the narrow table. Wider keys (and 2^32 - 1) are not in it.
