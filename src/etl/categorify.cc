@@ -23,6 +23,70 @@ constexpr int64_t kMissingId = 0;
 constexpr int64_t kOovId = 1;
 constexpr int64_t kFirstVocabId = 2;
 
+// The vocabulary's key -> id table for encode() when every key is below 2^32 - 1 (Criteo's
+// 8-hex-digit keys) and the ids fit 32 bits: one 8-byte slot per entry (key << 32 | id; all
+// ones marks an empty slot, which no such key matches), load factor at most 1/4. The same
+// memory as KeyMap<int64_t>'s 16-byte slots at load 1/2, but half the cache lines per probe
+// run and shorter runs: a key not in the vocabulary (a quarter of some Criteo columns' values)
+// probes until an empty slot. Any key of 2^32 - 1 or more is not in such a vocabulary.
+class NarrowLookup {
+ public:
+  bool usable() const { return !slots_.empty(); }
+
+  // Builds the table from the vocabulary (key vocab[i] -> id first_id + i), or leaves it
+  // unusable when a key or an id does not fit. The keys are distinct (checked by the caller).
+  void build(const std::vector<uint64_t>& vocab) {
+    slots_.clear();
+    if (vocab.size() > (size_t{1} << 30)) return;
+    for (uint64_t k : vocab)
+      if (k >= kEmptyKey) return;
+    size_t cap = 16;
+    while (cap < 4 * vocab.size()) cap <<= 1;
+    slots_.assign(cap, ~uint64_t{0});
+    mask_ = cap - 1;
+    for (size_t i = 0; i < vocab.size(); ++i) {
+      size_t at = static_cast<size_t>(KeyMap<int64_t>::hash(vocab[i])) & mask_;
+      while (slots_[at] != ~uint64_t{0}) at = (at + 1) & mask_;
+      slots_[at] = vocab[i] << 32 | static_cast<uint64_t>(kFirstVocabId + static_cast<int64_t>(i));
+    }
+  }
+
+  // ids[i] = the id of keys[i], or kOovId. Each key hashed once (a ring of the hashes of the
+  // 16 keys ahead, used for the prefetch and then the probe).
+  void encode(const uint64_t* keys, int64_t n, int64_t* ids) const {
+    constexpr int64_t kAhead = 16;
+    const uint64_t* slots = slots_.data();
+    uint64_t ring[kAhead];
+    for (int64_t i = 0; i < std::min(n, kAhead); ++i) ring[i] = KeyMap<int64_t>::hash(keys[i]);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t h = ring[i % kAhead];
+      if (i + kAhead < n) {
+        const uint64_t ahead = KeyMap<int64_t>::hash(keys[i + kAhead]);
+        ring[i % kAhead] = ahead;
+        __builtin_prefetch(slots + (static_cast<size_t>(ahead) & mask_));
+      }
+      const uint64_t key = keys[i];
+      int64_t id = kOovId;
+      if (key < kEmptyKey) {
+        for (size_t at = static_cast<size_t>(h) & mask_;; at = (at + 1) & mask_) {
+          const uint64_t s = slots[at];
+          if (s >> 32 == key) {
+            id = static_cast<int64_t>(s & 0xFFFFFFFFu);
+            break;
+          }
+          if (s == ~uint64_t{0}) break;
+        }
+      }
+      ids[i] = id;
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmptyKey = 0xFFFFFFFFu;
+  std::vector<uint64_t> slots_;
+  size_t mask_ = 0;
+};
+
 // {"op": "Categorify", "freq_threshold": 15, "max_size": 100000}
 // Vocabulary = the training keys seen at least freq_threshold times, the most frequent first
 // (ties by ascending key), at most max_size of them (0 = no limit). Key vocab[i] gets id i + 2;
@@ -209,18 +273,22 @@ class Categorify final : public CategoricalEncoder {
   }
 
   void encode(const uint64_t* keys, int64_t n, int64_t* ids) const override {
-    constexpr int64_t kAhead = 16;
-    uint64_t ring[kAhead];  // as in fit_chunk: each key hashed once
-    for (int64_t i = 0; i < std::min(n, kAhead); ++i) ring[i] = KeyMap<int64_t>::hash(keys[i]);
-    for (int64_t i = 0; i < n; ++i) {
-      const uint64_t h = ring[i % kAhead];
-      if (i + kAhead < n) {
-        const uint64_t ahead = KeyMap<int64_t>::hash(keys[i + kAhead]);
-        ring[i % kAhead] = ahead;
-        lookup_.prefetch_hashed(ahead);
+    if (narrow_.usable()) {
+      narrow_.encode(keys, n, ids);
+    } else {
+      constexpr int64_t kAhead = 16;
+      uint64_t ring[kAhead];  // as in fit_chunk: each key hashed once
+      for (int64_t i = 0; i < std::min(n, kAhead); ++i) ring[i] = KeyMap<int64_t>::hash(keys[i]);
+      for (int64_t i = 0; i < n; ++i) {
+        const uint64_t h = ring[i % kAhead];
+        if (i + kAhead < n) {
+          const uint64_t ahead = KeyMap<int64_t>::hash(keys[i + kAhead]);
+          ring[i % kAhead] = ahead;
+          lookup_.prefetch_hashed(ahead);
+        }
+        const int64_t* id = lookup_.find_hashed(keys[i], h);
+        ids[i] = id ? *id : kOovId;
       }
-      const int64_t* id = lookup_.find_hashed(keys[i], h);
-      ids[i] = id ? *id : kOovId;
     }
     if (num_buckets_ > 0) {
       const int64_t first = kFirstVocabId + static_cast<int64_t>(vocab_.size());
@@ -238,6 +306,8 @@ class Categorify final : public CategoricalEncoder {
       if (id != 0) fail("Categorify: vocabulary holds key ", vocab_[i], " twice");
       id = kFirstVocabId + static_cast<int64_t>(i);
     }
+    narrow_.build(vocab_);
+    if (narrow_.usable()) lookup_ = KeyMap<int64_t>();  // encode() uses the narrow table
     fitted_ = true;
   }
 
@@ -431,7 +501,8 @@ class Categorify final : public CategoricalEncoder {
 
   int64_t freq_threshold_, max_size_, num_buckets_;
   std::vector<uint64_t> vocab_;  // keys in id order (id = index + 2)
-  KeyMap<int64_t> lookup_;
+  KeyMap<int64_t> lookup_;  // key -> id, when narrow_ cannot hold the vocabulary
+  NarrowLookup narrow_;
   KeyMap<uint64_t> counts_;  // during fit only
   int64_t distinct_ = 0, values_ = 0, oov_values_ = 0;
   bool fitted_ = false;

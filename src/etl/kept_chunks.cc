@@ -176,15 +176,14 @@ KeptChunk KeptChunk::keep(const io::RawChunk& c, int64_t lo, int64_t hi, KeptAre
     bytes += round8(static_cast<size_t>(rows) * (small ? 1 : 4));
   }
   bytes += round8(static_cast<size_t>(rows * nd) * 4);
-  // Each categorical column is read once: its presence bitmap and its values cut to 32 bits
-  // go to per-thread scratch (copied into the arena below), and tell whether the narrow form
-  // holds the column.
+  // Each categorical column's offsets are read once: its presence bitmap goes to per-thread
+  // scratch (copied into the arena below); that and a read-only pass over its values tell
+  // whether the narrow form holds the column. The values are then cut to 32 bits straight
+  // into the arena (not into scratch first and copied: one store per value, not two).
   const int64_t words = (rows + 63) / 64;
   const size_t bitmap_bytes = static_cast<size_t>(words) * 8;
   thread_local std::vector<std::vector<uint64_t>> bits_scratch;
-  thread_local std::vector<std::vector<uint32_t>> narrow_scratch;
   if (static_cast<int>(bits_scratch.size()) < nc) bits_scratch.resize(nc);
-  if (static_cast<int>(narrow_scratch.size()) < nc) narrow_scratch.resize(nc);
   std::vector<uint8_t> narrow(nc), all_present(nc);
   for (int t = 0; t < nc; ++t) {
     const int64_t* off = c.cat_offsets[t].data() + lo;
@@ -205,14 +204,9 @@ KeptChunk KeptChunk::keep(const io::RawChunk& c, int64_t lo, int64_t hi, KeptAre
       bits[w] = word;
     }
     bool fits = over == 0;
-    if (fits) {
-      auto& v32 = narrow_scratch[t];
-      v32.resize(static_cast<size_t>(count));
+    if (fits) {  // a read-only pass (vectorized); the values are cut to 32 bits into the arena
       uint64_t high = 0;
-      for (int64_t i = 0; i < count; ++i) {
-        high |= val[i];
-        v32[i] = static_cast<uint32_t>(val[i]);
-      }
+      for (int64_t i = 0; i < count; ++i) high |= val[i];
       fits = (high >> 32) == 0;
     }
     narrow[t] = fits;
@@ -244,8 +238,9 @@ KeptChunk KeptChunk::keep(const io::RawChunk& c, int64_t lo, int64_t hi, KeptAre
     const int64_t* off = c.cat_offsets[t].data();
     const uint64_t* val = c.cat_values[t].data() + off[lo];
     if (narrow[t]) {
-      if (x.count > 0) std::memcpy(p, narrow_scratch[t].data(), static_cast<size_t>(x.count) * 4);
-      x.narrow = reinterpret_cast<const uint32_t*>(p);
+      auto* v32 = reinterpret_cast<uint32_t*>(p);
+      for (int64_t i = 0; i < x.count; ++i) v32[i] = static_cast<uint32_t>(val[i]);
+      x.narrow = v32;
       p += round8(static_cast<size_t>(x.count) * 4);
       if (!all_present[t]) {
         std::memcpy(p, bits_scratch[t].data(), bitmap_bytes);
@@ -291,9 +286,16 @@ void KeptChunk::unpack(io::RawChunk& out) const {
     out = *parsed_;
     return;
   }
-  out.reset(num_dense_, num_cat_);
+  // Not out.reset(): that shrinks every offsets vector to one entry, and resizing them back
+  // to rows + 1 zero-filled 8 bytes per row and column (memset, for values all written
+  // below). Every part of `out` is assigned or fully written here instead.
+  out.num_dense = num_dense_;
+  out.num_cat = num_cat_;
+  out.cat_values.resize(num_cat_);
+  out.cat_offsets.resize(num_cat_);
   out.rows = rows_;
   out.first_line = first_line_;
+  if (label_kind_ == 0) out.label.clear();
   if (label_kind_ == 1) {
     const auto* l = static_cast<const uint8_t*>(label_);
     out.label.assign(l, l + rows_);  // 0 -> 0.0f, 1 -> 1.0f

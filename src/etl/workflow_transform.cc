@@ -140,8 +140,14 @@ void Workflow::transform(const io::RawChunk& raw_in, io::Batch& out,
         for (int64_t r = 0; r < rows; ++r) off[r + 1] = off[0] + r + 1;
       } else if (!o.multi_hot) {
         const ColumnPipe& p = m.cat[o.cat_pipe];
-        const auto& in_off = in.cat_offsets[p.index];
-        for (int64_t r = 0; r < rows; ++r) {
+        const int64_t* in_off = in.cat_offsets[p.index].data();
+        // Whether a row holds more than one value, without a branch per row (vectorized);
+        // the loop below finds which for the message.
+        uint64_t over = 0;
+        for (int64_t r = 0; r < rows; ++r)
+          over |= static_cast<uint64_t>(in_off[r + 1] - in_off[r]) >> 1;
+        for (int64_t r = 0; r < rows; ++r) off[r + 1] = off[0] + r + 1;
+        for (int64_t r = 0; over != 0 && r < rows; ++r) {
           if (in_off[r + 1] - in_off[r] > 1) {
             report(r, detail::concat("categorical column '", p.name, "' is one-hot but ",
                                      m.line_of(in, r), " holds ", in_off[r + 1] - in_off[r],
@@ -149,7 +155,6 @@ void Workflow::transform(const io::RawChunk& raw_in, io::Batch& out,
             off[rows] = off[0];  // the ids' size below (the batch's old offsets are not zeroed)
             break;
           }
-          off[r + 1] = off[0] + r + 1;
         }
       } else {
         const auto& in_off = in.cat_offsets[m.cat[o.cat_pipe].index];

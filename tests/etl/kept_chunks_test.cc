@@ -96,9 +96,14 @@ TEST(KeptChunkTest, UnpackGivesTheRowsBackBitForBit) {
       for (auto [lo, hi] : ranges) {
         KeptChunk k = KeptChunk::keep(c, lo, hi, arena);
         EXPECT_EQ(k.rows(), hi - lo);
-        io::RawChunk out = make_chunk(5, true, 99);  // a used chunk: unpack reuses it
-        k.unpack(out);
-        expect_same(out, rows_of(c, lo, hi));
+        // Used chunks: unpack reuses them (fewer rows, more rows, other column counts) and
+        // must leave nothing of their old rows.
+        io::RawChunk wider;
+        wider.reset(1, 7);
+        for (io::RawChunk out : {make_chunk(5, true, 99), make_chunk(9000, true, 98), wider}) {
+          k.unpack(out);
+          expect_same(out, rows_of(c, lo, hi));
+        }
       }
     }
   }
