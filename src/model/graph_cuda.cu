@@ -374,17 +374,6 @@ void GraphCuda::ensure_capacity(int64_t B, int64_t nnz) {
   DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
 }
 
-void GraphCuda::materialize_tables(const std::vector<char>* keep) {
-  if (tables_ready_) return;
-  DeviceGuard g(dev_index_);
-  for (int i : spec_.order) nodes_[i]->materialize(e_, keep);
-  std::vector<NamedState> dense, tables;  // the tables' tensors, now allocated (the dense ones
-  for (auto& n : nodes_) n->collect(e_, dense, tables);  // are unchanged)
-  tables_ = std::move(tables);
-  DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
-  tables_ready_ = true;
-}
-
 void GraphCuda::upload(const io::Batch& b, float lr, float emb_lr, bool training) {
   materialize_tables();
   const int64_t B = b.rows;
@@ -678,44 +667,6 @@ double GraphCuda::train_step_part(const io::Batch& batch, int64_t global_rows, d
   return run_train_step(batch, lr_scale, want_loss);
 }
 
-void GraphCuda::exchange_counts(const io::Batch& batch, bool need_rows) {
-  check_batch(batch);
-  int64_t nnz = 0;
-  for (int64_t t = 0; t < T_; ++t)
-    nnz += batch.cat_offsets[t][batch.rows] - batch.cat_offsets[t][0];
-  const int n = e_.dp.ranks;
-  // Rows, ids and ids per table (table-wise sharding sizes its owners' updates by them).
-  const int64_t w = 2 + T_;
-  std::vector<int64_t> mine(w), all(w * n);
-  mine[0] = batch.rows;
-  mine[1] = nnz;
-  for (int64_t t = 0; t < T_; ++t)
-    mine[2 + t] = batch.cat_offsets[t][batch.rows] - batch.cat_offsets[t][0];
-  host_comm_->all_gather(mine.data(), all.data(), w, dist::Elem::I64);
-  DataParallel& d = e_.dp;
-  d.rows.assign(n, 0);
-  d.nnz.assign(n, 0);
-  d.table_nnz.assign(n * T_, 0);
-  d.global_rows = d.global_nnz = 0;
-  for (int r = 0; r < n; ++r) {
-    d.rows[r] = all[w * r];
-    d.nnz[r] = all[w * r + 1];
-    for (int64_t t = 0; t < T_; ++t) d.table_nnz[r * T_ + t] = all[w * r + 2 + t];
-    DLREC_CHECK(!need_rows || d.rows[r] > 0, "data-parallel step: rank ", r, " has no rows "
-                "(every rank needs some rows of each global batch)");
-    d.global_rows += d.rows[r];
-    d.global_nnz += d.nnz[r];
-  }
-  DLREC_CHECK(d.global_nnz < (int64_t{1} << 31) &&
-                  d.global_rows * std::max<int64_t>(T_, 1) < (int64_t{1} << 31),
-              "data-parallel step: the global batch's ", d.global_nnz, " ids and ", d.global_rows,
-              " rows are too many (int32 offsets)");
-  // The exchange's buffers hold every rank's part: sized for the largest.
-  materialize_tables();
-  ensure_capacity(*std::max_element(d.rows.begin(), d.rows.end()),
-                  *std::max_element(d.nnz.begin(), d.nnz.end()));
-}
-
 void GraphCuda::synchronize() {
   DeviceGuard g(dev_index_);
   DLREC_CUDA_CHECK(cudaStreamSynchronize(copy_));
@@ -736,14 +687,9 @@ std::vector<NamedTensor> GraphCuda::parameters() {
     // A sharded model: the tables this GPU owns, and whole host copies of the others while
     // gather_sharded_tables made them (rank 0, for a checkpoint or an export).
     for (size_t k = 0; k < tables_.size(); ++k) {
-      const Tensor& v = tables_[k].value;
-      const Tensor* h = nullptr;
-      for (size_t t = 0; t < sharded_index_.size(); ++t)
-        if (sharded_index_[t] == static_cast<int>(k) && t < host_tables_.size() &&
-            host_tables_[t].first.defined())
-          h = &host_tables_[t].first;
+      const Tensor* h = host_table(k, false);
       if (h) out.emplace_back(tables_[k].name, *h);
-      else if (v.defined()) out.emplace_back(tables_[k].name, v);
+      else if (tables_[k].value.defined()) out.emplace_back(tables_[k].name, tables_[k].value);
     }
     return out;
   }
@@ -802,11 +748,7 @@ std::vector<NamedTensor> GraphCuda::optimizer_state() {
     for (auto& p : dense_) out.emplace_back(p.name + ".adagrad", p.state);
   if (e_.emb_adagrad)
     for (size_t k = 0; k < tables_.size(); ++k) {  // as in parameters()
-      const Tensor* h = nullptr;
-      for (size_t t = 0; t < sharded_index_.size(); ++t)
-        if (sharded_index_[t] == static_cast<int>(k) && t < host_tables_.size() &&
-            host_tables_[t].second.defined())
-          h = &host_tables_[t].second;
+      const Tensor* h = host_table(k, true);
       if (h) out.emplace_back(tables_[k].name + ".adagrad", *h);
       else if (tables_[k].state.defined())
         out.emplace_back(tables_[k].name + ".adagrad", tables_[k].state);

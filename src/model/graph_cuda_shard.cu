@@ -2,7 +2,7 @@
 // data-parallel job (docs/DISTRIBUTED.md, "Across GPUs"). The exchange itself is the embedding
 // layer's (src/model/layers/embedding_cuda.cu); here: the plan, the owned tables' allocation
 // (a GPU never allocates a table it does not own) and the streaming of the tables to rank 0 for
-// checkpoints.
+// checkpoints; the per-step count exchange of a data-parallel step or a sharded evaluation.
 #include <algorithm>
 #include <limits>
 #include <sstream>
@@ -161,6 +161,64 @@ void GraphCuda::gather_sharded_tables() {
 
 void GraphCuda::release_sharded_tables() {
   for (auto& h : host_tables_) h = {};
+}
+
+void GraphCuda::materialize_tables(const std::vector<char>* keep) {
+  if (tables_ready_) return;
+  DeviceGuard g(dev_index_);
+  for (int i : spec_.order) nodes_[i]->materialize(e_, keep);
+  std::vector<NamedState> dense, tables;  // the tables' tensors, now allocated (the dense ones
+  for (auto& n : nodes_) n->collect(e_, dense, tables);  // are unchanged)
+  tables_ = std::move(tables);
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
+  tables_ready_ = true;
+}
+
+void GraphCuda::exchange_counts(const io::Batch& batch, bool need_rows) {
+  check_batch(batch);
+  int64_t nnz = 0;
+  for (int64_t t = 0; t < T_; ++t)
+    nnz += batch.cat_offsets[t][batch.rows] - batch.cat_offsets[t][0];
+  const int n = e_.dp.ranks;
+  // Rows, ids and ids per table (table-wise sharding sizes its owners' updates by them).
+  const int64_t w = 2 + T_;
+  std::vector<int64_t> mine(w), all(w * n);
+  mine[0] = batch.rows;
+  mine[1] = nnz;
+  for (int64_t t = 0; t < T_; ++t)
+    mine[2 + t] = batch.cat_offsets[t][batch.rows] - batch.cat_offsets[t][0];
+  host_comm_->all_gather(mine.data(), all.data(), w, dist::Elem::I64);
+  DataParallel& d = e_.dp;
+  d.rows.assign(n, 0);
+  d.nnz.assign(n, 0);
+  d.table_nnz.assign(n * T_, 0);
+  d.global_rows = d.global_nnz = 0;
+  for (int r = 0; r < n; ++r) {
+    d.rows[r] = all[w * r];
+    d.nnz[r] = all[w * r + 1];
+    for (int64_t t = 0; t < T_; ++t) d.table_nnz[r * T_ + t] = all[w * r + 2 + t];
+    DLREC_CHECK(!need_rows || d.rows[r] > 0, "data-parallel step: rank ", r, " has no rows "
+                "(every rank needs some rows of each global batch)");
+    d.global_rows += d.rows[r];
+    d.global_nnz += d.nnz[r];
+  }
+  DLREC_CHECK(d.global_nnz < (int64_t{1} << 31) &&
+                  d.global_rows * std::max<int64_t>(T_, 1) < (int64_t{1} << 31),
+              "data-parallel step: the global batch's ", d.global_nnz, " ids and ", d.global_rows,
+              " rows are too many (int32 offsets)");
+  // The exchange's buffers hold every rank's part: sized for the largest.
+  materialize_tables();
+  ensure_capacity(*std::max_element(d.rows.begin(), d.rows.end()),
+                  *std::max_element(d.nnz.begin(), d.nnz.end()));
+}
+
+const Tensor* GraphCuda::host_table(size_t k, bool state) const {
+  for (size_t t = 0; t < sharded_index_.size() && t < host_tables_.size(); ++t)
+    if (sharded_index_[t] == static_cast<int>(k)) {
+      const Tensor& h = state ? host_tables_[t].second : host_tables_[t].first;
+      return h.defined() ? &h : nullptr;
+    }
+  return nullptr;
 }
 
 }  // namespace dlrec::model::graph_cuda_impl
