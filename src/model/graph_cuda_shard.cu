@@ -58,8 +58,8 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
   for (const NamedState& d : dense_)
     mem.dense_bytes += 4 * (2 * d.value.numel() + (d.state.defined() ? d.state.numel() : 0));
   const int act = e_.lowp ? 2 : 4;
-  mem.exchange_bytes = dist::gpu_exchange_bytes(
-      n, options.batch_per_rank, T_, T_, dim, T_ > 0 ? ids_total / T_ : 1.0, act, 4);
+  mem.exchange_bytes = dist::gpu_exchange_bytes(n, options.batch_per_rank, T_, T_, dim,
+                                                T_ > 0 ? ids_total / T_ : 1.0, act, 4);
   size_t free_b = 0, total_b = 0;
   DLREC_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   std::vector<int64_t> free_all(n);
@@ -98,8 +98,8 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
   host_tables_.assign(T_, {});
   // Each GPU's tables and memory, printed once by rank 0.
   DLREC_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  const int64_t row[5] = {own_tables, own_rows, own_bytes,
-                          static_cast<int64_t>(total_b - free_b), static_cast<int64_t>(total_b)};
+  const int64_t row[5] = {own_tables, own_rows, own_bytes, static_cast<int64_t>(total_b - free_b),
+                          static_cast<int64_t>(total_b)};
   std::vector<int64_t> rows_all(5 * n);
   host.all_gather(row, rows_all.data(), 5, dist::Elem::I64);
   if (plan_log) {
@@ -134,8 +134,7 @@ void GraphCuda::gather_sharded_tables() {
   int64_t largest = 0;
   for (size_t t = 0; t < sharded_index_.size(); ++t)
     largest = std::max(largest, layout_.cardinalities[t] * e_.vals[emb_idx_].fields.at(0));
-  Tensor stage = Tensor::empty({std::max<int64_t>(std::min(largest, kChunk), 1)}, DType::F32,
-                               dev_);
+  Tensor stage = Tensor::empty({std::max<int64_t>(std::min(largest, kChunk), 1)}, DType::F32, dev_);
   host_tables_.assign(sharded_index_.size(), {});
   for (size_t t = 0; t < sharded_index_.size(); ++t) {
     const int root = e_.dp.table_owner[t];
@@ -197,7 +196,8 @@ void GraphCuda::exchange_counts(const io::Batch& batch, bool need_rows) {
     d.rows[r] = all[w * r];
     d.nnz[r] = all[w * r + 1];
     for (int64_t t = 0; t < T_; ++t) d.table_nnz[r * T_ + t] = all[w * r + 2 + t];
-    DLREC_CHECK(!need_rows || d.rows[r] > 0, "data-parallel step: rank ", r, " has no rows "
+    DLREC_CHECK(!need_rows || d.rows[r] > 0, "data-parallel step: rank ", r,
+                " has no rows "
                 "(every rank needs some rows of each global batch)");
     d.global_rows += d.rows[r];
     d.global_nnz += d.nnz[r];
