@@ -37,9 +37,11 @@ class GraphCuda final : public CudaModel {
                          bool want_loss) override;
   // Table-wise sharding of the embedding layer's tables over the GPUs (graph_cuda_shard.cu):
   // each table pooled and updated by its owner, exchanged by all-to-all inside the step.
-  // gather_sharded_tables (a collective) brings every GPU's copy of the tables up to date from
-  // their owners (before evaluation and checkpoints); scatter and release have nothing to do
-  // (every GPU keeps whole copies).
+  // A GPU allocates only the tables it owns; its parameters() and optimizer_state() hold those
+  // (the device tensors themselves, so a checkpoint loads straight into them) and, on rank 0
+  // after gather_sharded_tables (a collective: the others streamed from their owners in
+  // chunks), host copies of the rest; release (and scatter: the owned tables are never
+  // copies) drops the host copies.
   void shard_tables(dist::Communicator& comm, const dist::PlannerOptions& options,
                     const std::vector<double>& ids_per_sample, std::FILE* plan_log) override;
   void gather_sharded_tables() override;
