@@ -32,8 +32,15 @@ struct TrainBenchOptions {
   int64_t max_rows = -1;
   bool tf32 = false, reader_only = false;
   std::string precision = "fp32";
+  std::string cardinalities = "kaggle";  // the synthetic layout's tables
   uint64_t seed = 1;
 };
+
+// The MLPerf DLRM v1 tables on Criteo 1TB with max_ind_range 40M (issue 18; 187.8M rows).
+const std::vector<int64_t> kCriteo1TB = {
+    39884406, 39043,    17289,    7420,     20263,  3,     7120, 1543, 63,
+    38532951, 2953546,  403346,   10,       2208,   11938, 155,  4,    976,
+    14,       39979771, 25641295, 39664984, 585935, 12972, 108,  36};
 
 // --gpus: the exchanges of a model that trains data-parallel on its GPUs (the CUDA engine
 // sums inside its step through `gpu`; host-side reductions are never asked of it).
@@ -108,7 +115,9 @@ int run_train_bench(const TrainBenchOptions& o) {
     for (const auto& s : info.train_shards) shards.push_back(o.data + "/" + s);
   } else {
     layout.num_dense = 13;
-    for (int64_t c : io::criteo_kaggle_cardinalities()) {
+    const std::vector<int64_t>& cards =
+        o.cardinalities == "criteo_1tb" ? kCriteo1TB : io::criteo_kaggle_cardinalities();
+    for (int64_t c : cards) {
       layout.cardinalities.push_back(o.max_rows > 0 ? std::min(c, o.max_rows) : c);
       layout.multi_hot.push_back(false);
     }
@@ -187,9 +196,17 @@ int run_train_bench(const TrainBenchOptions& o) {
     const double s = t.seconds();
     double loss = step(batch_for(0), true);
     if (host) loss = host->all_reduce_value(loss);  // the shares of the global batch's mean
-    if (rank != 0) continue;
     const double peak_gb =
         device.is_cuda() ? cuda::pool_peak_bytes(device.index) / 1e9 : 0.0;
+    if (o.gpus > 0) {  // every GPU's peak, printed by rank 0
+      std::vector<double> peaks(ranks);
+      host->all_gather(&peak_gb, peaks.data(), 1, dist::Elem::F64);
+      if (rank == 0)
+        for (int r = 0; r < ranks; ++r)
+          std::fprintf(stderr, "[bench train] GPU %d: peak memory of dlrec's allocator %.2f GB\n",
+                       r, peaks[r]);
+    }
+    if (rank != 0) continue;
     std::printf("bench train: arch=%s optimizer=%s device=%s threads=%d source=%s batch=%lld "
                 "steps=%d ms/iter=%.3f samples/s=%.0f loss=%.4f precision=%s",
                 cfg.model.arch.c_str(), cfg.optimizer.type.c_str(), device.str().c_str(),
@@ -221,6 +238,10 @@ Runner add_bench(CLI::App& app) {
       ->check(CLI::Range(1, 1024));
   t->add_option("--dist", o->dist, "Ids: uniform or zipf")->check(CLI::IsMember({"uniform", "zipf"}));
   t->add_option("--max-rows", o->max_rows, "Cap each table's rows (synthetic layout)");
+  t->add_option("--cardinalities", o->cardinalities,
+                "The synthetic layout's tables: kaggle (Criteo Kaggle, default) or criteo_1tb "
+                "(the MLPerf DLRM's Criteo-1TB tables, max_ind_range 40M)")
+      ->check(CLI::IsMember({"kaggle", "criteo_1tb"}));
   t->add_option("--data", o->data, "Stream batches from this ETL output's training shards");
   t->add_option("--precision", o->precision, "CUDA arithmetic: fp32, tf32, bf16 or fp16")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));

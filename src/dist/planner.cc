@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <limits>
 #include <numeric>
 #include <set>
 
@@ -548,6 +549,66 @@ void print_plan(const Plan& plan, const std::vector<TableSpec>& tables, std::ost
       os << line;
     }
   }
+}
+
+Plan plan_gpu_tables(const std::vector<TableSpec>& tables, PlannerOptions o, const GpuMemory& m) {
+  o.replicate_max_bytes = 0;
+  o.max_memory_imbalance = std::numeric_limits<double>::max();
+  const int64_t configured = o.memory_per_rank;
+  if (m.free_bytes > 0) o.memory_per_rank = std::min(o.memory_per_rank, m.free_bytes);
+  o.dense_bytes = m.dense_bytes + m.exchange_bytes;
+  const std::string budget =
+      format_bytes(static_cast<double>(o.memory_per_rank)) + " per GPU (" +
+      (m.free_bytes > 0 && m.free_bytes < configured ? "free device memory"
+                                                     : "sharding.memory_per_rank_gb") +
+      ") less " + std::to_string(static_cast<int>(o.headroom * 100 + 0.5)) + " % headroom, " +
+      format_bytes(static_cast<double>(m.dense_bytes)) + " of dense parameters and " +
+      format_bytes(static_cast<double>(m.exchange_bytes)) + " of exchange buffers";
+  const TableSpec* largest = nullptr;  // the largest table is the one named when none fits
+  for (const TableSpec& t : tables)
+    if (!largest || t.bytes() > largest->bytes()) largest = &t;
+  if (largest && largest->bytes() > o.usable_per_rank()) {
+    const TableSpec& t = *largest;
+    fail("sharding plan: table '", t.name, "' (", t.rows, " x ", t.dim, ") needs ",
+         format_bytes(static_cast<double>(t.bytes())),
+         " (values and optimizer state) on one GPU and does not fit: a GPU has ",
+         format_bytes(static_cast<double>(std::max<int64_t>(o.usable_per_rank(), 0))),
+         " for tables (", budget,
+         "); tables are placed whole on the GPUs (row- and "
+         "column-wise splits run on the CPU engine only)");
+  }
+  Plan plan;
+  try {
+    plan = plan_sharding(tables, o);
+  } catch (const Error& e) {
+    fail(e.what(), " [on the GPUs: ", budget, "]");
+  }
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const TablePlan& tp = plan.tables[t];
+    if (tp.kind == ShardingKind::TableWise) continue;
+    fail("sharding plan: table '", tp.name, "' (",
+         format_bytes(static_cast<double>(tables[t].bytes())), ") is planned ",
+         sharding_kind_name(tp.kind), tp.overridden ? " by the config" : "",
+         "; on the GPUs tables are placed whole (table_wise) only: the tables do not fit ",
+         plan.ranks, " GPU(s) whole (", budget, ")");
+  }
+  return plan;
+}
+
+int64_t gpu_exchange_bytes(int ranks, int64_t batch_per_rank, int64_t tables, int64_t owned,
+                           int64_t dim, double ids_per_sample, int act_bytes, int grad_bytes) {
+  const double n = ranks, B = static_cast<double>(std::max<int64_t>(batch_per_rank, 1));
+  const double T = static_cast<double>(tables), G = n * B, K = static_cast<double>(owned);
+  const double ids = G * T * std::max(ids_per_sample, 1.0);
+  double b = 0;
+  b += 4 * (n * (T * B + 1)) + 4 * ids;         // every rank's offsets and ids
+  b += 4 * (T * G + 1) + 4 * ids;               // the global bags (offsets, ids)
+  b += (4 + 8) * T * G;                         // their lengths and sources (scratch)
+  b += 4 * (K * G + 1) + 4 * ids;               // the owner's bags
+  b += K * G * dim * (act_bytes + grad_bytes);  // pooled rows and their gradients (owner)
+  b += B * T * dim * (act_bytes + grad_bytes);  // received rows, gradients sent
+  b += 32 * ids;                                // the fused update's sort and runs (estimate)
+  return static_cast<int64_t>(b);
 }
 
 }  // namespace dlrec::dist

@@ -375,6 +375,7 @@ void GraphCuda::ensure_capacity(int64_t B, int64_t nnz) {
 }
 
 void GraphCuda::upload(const io::Batch& b, float lr, float emb_lr, bool training) {
+  materialize_tables();
   const int64_t B = b.rows;
   int64_t nnz = 0;
   for (int64_t t = 0; t < T_; ++t) nnz += b.cat_offsets[t][B] - b.cat_offsets[t][0];
@@ -425,7 +426,11 @@ void GraphCuda::on_side(int i, bool fwd) {
 }
 
 void GraphCuda::run_forward() {
-  if (e_.B == 0) return;
+  if (e_.B == 0) {
+    // A sharded model's evaluation: a rank without rows still pools for the others.
+    if (e_.dp.collective && emb_idx_ >= 0) nodes_[emb_idx_]->forward(e_);
+    return;
+  }
   // The embedding lookup (no inputs) runs on the side stream beside the dense layers before
   // its first consumer.
   const bool ov = overlap_ && emb_idx_ >= 0;
@@ -506,8 +511,21 @@ Tensor GraphCuda::forward(const io::Batch& batch, bool training) {
   DeviceGuard g(dev_index_);
   check_batch(batch);
   have_training_forward_ = false;
+  // A sharded model's forward is a collective (its tables live on their owners): every rank
+  // runs it for each evaluation batch, with rows or without, counts exchanged first.
+  const bool collective = e_.dp.comm && !e_.dp.table_owner.empty();
+  DLREC_CHECK(!collective || !training, "graph model: a model with sharded tables trains with "
+              "train_step_part (forward(training = true) is not a collective)");
+  if (collective) exchange_counts(batch, false);
   upload(batch, 0.f, 0.f, training);
-  run_forward();
+  e_.dp.collective = collective;
+  try {
+    run_forward();
+  } catch (...) {
+    e_.dp.collective = false;
+    throw;
+  }
+  e_.dp.collective = false;
   marks_.clear();  // phases are profiled in train_step only
   const int64_t B = fwd_rows_;
   Tensor out = Tensor::empty({B}, DType::F32, dev_);
@@ -642,41 +660,9 @@ double GraphCuda::train_step_part(const io::Batch& batch, int64_t global_rows, d
   DeviceGuard g(dev_index_);
   DLREC_CHECK(e_.dp.comm, "graph model: train_step_part without a data-parallel reducer");
   check_batch(batch);
-  int64_t nnz = 0;
-  for (int64_t t = 0; t < T_; ++t)
-    nnz += batch.cat_offsets[t][batch.rows] - batch.cat_offsets[t][0];
-  const int n = e_.dp.ranks;
-  // Rows, ids and ids per table (table-wise sharding sizes its owners' updates by them).
-  const int64_t w = 2 + T_;
-  std::vector<int64_t> mine(w), all(w * n);
-  mine[0] = batch.rows;
-  mine[1] = nnz;
-  for (int64_t t = 0; t < T_; ++t)
-    mine[2 + t] = batch.cat_offsets[t][batch.rows] - batch.cat_offsets[t][0];
-  host_comm_->all_gather(mine.data(), all.data(), w, dist::Elem::I64);
-  DataParallel& d = e_.dp;
-  d.rows.assign(n, 0);
-  d.nnz.assign(n, 0);
-  d.table_nnz.assign(n * T_, 0);
-  d.global_rows = d.global_nnz = 0;
-  for (int r = 0; r < n; ++r) {
-    d.rows[r] = all[w * r];
-    d.nnz[r] = all[w * r + 1];
-    for (int64_t t = 0; t < T_; ++t) d.table_nnz[r * T_ + t] = all[w * r + 2 + t];
-    DLREC_CHECK(d.rows[r] > 0, "data-parallel step: rank ", r, " has no rows (every rank needs "
-                "some rows of each global batch)");
-    d.global_rows += d.rows[r];
-    d.global_nnz += d.nnz[r];
-  }
-  DLREC_CHECK(d.global_rows == global_rows, "data-parallel step: the ranks hold ", d.global_rows,
-              " rows of a global batch of ", global_rows);
-  DLREC_CHECK(d.global_nnz < (int64_t{1} << 31) &&
-                  d.global_rows * std::max<int64_t>(T_, 1) < (int64_t{1} << 31),
-              "data-parallel step: the global batch's ", d.global_nnz, " ids and ", d.global_rows,
-              " rows are too many (int32 offsets)");
-  // The exchange's buffers hold every rank's part: sized for the largest.
-  ensure_capacity(*std::max_element(d.rows.begin(), d.rows.end()),
-                  *std::max_element(d.nnz.begin(), d.nnz.end()));
+  exchange_counts(batch, true);
+  DLREC_CHECK(e_.dp.global_rows == global_rows, "data-parallel step: the ranks hold ",
+              e_.dp.global_rows, " rows of a global batch of ", global_rows);
   loss_rows_ = global_rows;
   return run_train_step(batch, lr_scale, want_loss);
 }
@@ -690,6 +676,7 @@ void GraphCuda::synchronize() {
 }
 
 std::vector<NamedTensor> GraphCuda::parameters() {
+  materialize_tables();
   synchronize();
   shadows_stale_ = e_.lowp;  // the caller may write into the f32 masters
   exposed_ = true;
@@ -697,7 +684,13 @@ std::vector<NamedTensor> GraphCuda::parameters() {
   for (auto& p : dense_) out.emplace_back(p.name, p.value);
   hashed_cuda::HashedTables* hashed = emb_ ? emb_->hashed() : nullptr;
   if (!hashed) {
-    for (auto& p : tables_) out.emplace_back(p.name, p.value);
+    // A sharded model: the tables this GPU owns, and whole host copies of the others while
+    // gather_sharded_tables made them (rank 0, for a checkpoint or an export).
+    for (size_t k = 0; k < tables_.size(); ++k) {
+      const Tensor* h = host_table(k, false);
+      if (h) out.emplace_back(tables_[k].name, *h);
+      else if (tables_[k].value.defined()) out.emplace_back(tables_[k].name, tables_[k].value);
+    }
     return out;
   }
   // Hashed tables as the CPU graph model hands them out (names, order, shapes and meaning):
@@ -747,13 +740,19 @@ double GraphCuda::loss_scale() {
 }
 
 std::vector<NamedTensor> GraphCuda::optimizer_state() {
+  materialize_tables();
   synchronize();
   exposed_ = true;
   std::vector<NamedTensor> out;
   if (e_.dense_adagrad)
     for (auto& p : dense_) out.emplace_back(p.name + ".adagrad", p.state);
   if (e_.emb_adagrad)
-    for (auto& p : tables_) out.emplace_back(p.name + ".adagrad", p.state);
+    for (size_t k = 0; k < tables_.size(); ++k) {  // as in parameters()
+      const Tensor* h = host_table(k, true);
+      if (h) out.emplace_back(tables_[k].name + ".adagrad", *h);
+      else if (tables_[k].state.defined())
+        out.emplace_back(tables_[k].name + ".adagrad", tables_[k].state);
+    }
   if (e_.fp16) out.emplace_back("amp.loss_scale", ls_mem_);
   return out;
 }

@@ -37,12 +37,16 @@ class GraphCuda final : public CudaModel {
                          bool want_loss) override;
   // Table-wise sharding of the embedding layer's tables over the GPUs (graph_cuda_shard.cu):
   // each table pooled and updated by its owner, exchanged by all-to-all inside the step.
-  // gather_sharded_tables (a collective) brings every GPU's copy of the tables up to date from
-  // their owners (before evaluation and checkpoints); scatter and release have nothing to do
-  // (every GPU keeps whole copies).
+  // A GPU allocates only the tables it owns; its parameters() and optimizer_state() hold those
+  // (the device tensors themselves, so a checkpoint loads straight into them) and, on rank 0
+  // after gather_sharded_tables (a collective: the others streamed from their owners in
+  // chunks), host copies of the rest; release (and scatter: the owned tables are never
+  // copies) drops the host copies.
   void shard_tables(dist::Communicator& comm, const dist::PlannerOptions& options,
                     const std::vector<double>& ids_per_sample, std::FILE* plan_log) override;
   void gather_sharded_tables() override;
+  void scatter_sharded_tables() override { release_sharded_tables(); }
+  void release_sharded_tables() override;
   // Serving (graph_cuda_infer.cu): batches with one id per table and row run as one CUDA graph
   // per power-of-two bucket of rows (copy in, forward, sigmoid, copy out), in chunks of
   // GraphCudaOptions::infer_chunk rows through two alternating buckets (the host packs one while the device runs
@@ -162,7 +166,21 @@ class GraphCuda final : public CudaModel {
   dist::Communicator* host_comm_ = nullptr;
   int64_t loss_rows_ = 0;
   std::vector<int64_t> dp_shape_[2];
-  std::vector<NamedState*> sharded_tables_;  // table-wise sharding: the embedding's tables
+  // Table-wise sharding (graph_cuda_shard.cu): the embedding layer's tables by index; a GPU
+  // allocates only those it owns (materialize_tables). host_tables_[t]: a whole host copy of
+  // a table this GPU does not own (values, state), made by gather_sharded_tables on rank 0 for
+  // a checkpoint or export and dropped by release_sharded_tables; undefined otherwise.
+  std::vector<int> sharded_index_;  // tables_ position of the embedding's table t
+  std::vector<std::pair<Tensor, Tensor>> host_tables_;
+  // The embedding layer's tables are allocated and initialised on first use (all of them) or
+  // by shard_tables (those this GPU owns): a sharded run never allocates the others.
+  bool tables_ready_ = false;
+  void materialize_tables(const std::vector<char>* keep = nullptr);
+  // The host copy of tables_[k] (its state with `state`) that a gather made, or null.
+  const Tensor* host_table(size_t k, bool state) const;
+  // Every rank's rows, ids and ids per table of this batch (one host all-gather) into e_.dp,
+  // the buffers sized for the largest part; `need_rows`: every rank must have rows.
+  void exchange_counts(const io::Batch& batch, bool need_rows);
   double run_train_step(const io::Batch& batch, double lr_scale, bool want_loss);
   int64_t fwd_rows_ = 0, fwd_nnz_ = 0;
   bool have_training_forward_ = false;

@@ -197,6 +197,7 @@ bool GraphCuda::infer_pack(const io::Batch& batch, int64_t r0, int64_t n, InferB
 
 void GraphCuda::predict(const io::Batch& batch, float* probs) {
   DeviceGuard g(dev_index_);
+  materialize_tables();  // the embedding's tables are allocated on first use
   check_batch(batch);
   const int64_t B = batch.rows;
   if (B == 0) return;
@@ -630,6 +631,7 @@ void GraphCuda::set_compressed(const std::vector<CompressedWeight>& weights,
                                nn::kernel_choice::Policy policy) {
   if (weights.empty()) return;
   DeviceGuard g(dev_index_);
+  materialize_tables();
   // The 2:4 forms are built from the 16-bit copies: bring them up to date with the f32 masters
   // the loader just wrote through parameters() (predict() would only do it on its first call).
   if (exposed_) {

@@ -1,65 +1,83 @@
 // Table-wise sharding of the CUDA graph engine's embedding tables over the GPUs of a
 // data-parallel job (docs/DISTRIBUTED.md, "Across GPUs"). The exchange itself is the embedding
-// layer's (src/model/layers/embedding_cuda.cu); here: the plan and the copies' refresh.
+// layer's (src/model/layers/embedding_cuda.cu); here: the plan, the owned tables' allocation
+// (a GPU never allocates a table it does not own) and the streaming of the tables to rank 0 for
+// checkpoints; the per-step count exchange of a data-parallel step or a sharded evaluation.
+#include <algorithm>
 #include <limits>
 #include <sstream>
 
+#include "dlrec/core/device.h"
 #include "dlrec/dist/communicator.h"
 #include "dlrec/dist/planner.h"
 #include "model/graph_cuda_impl.h"
 
 namespace dlrec::model::graph_cuda_impl {
 
-void GraphCuda::shard_tables(dist::Communicator&, const dist::PlannerOptions& options,
+void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOptions& options,
                              const std::vector<double>& ids_per_sample, std::FILE* plan_log) {
   DeviceGuard g(dev_index_);
   DLREC_CHECK(e_.dp.comm, "sharding: the tables of a model on ", dev_.str(),
               " are sharded over the GPUs of a data-parallel job (dlrec train --gpus N)");
   DLREC_CHECK(emb_, "sharding: the model has no embedding layer with tables to shard");
-  const std::string layer = emb_->layer_name();
-  // On the GPUs every table is placed whole on one GPU: no replication of small tables (each
-  // is pooled by its owner like the others) and no splits to balance memory; a split the plan
-  // needs to fit is an error below (row- and column-wise are CPU-only so far).
-  dist::PlannerOptions o = options;
-  o.replicate_max_bytes = 0;
-  o.max_memory_imbalance = std::numeric_limits<double>::max();
-  o.dense_bytes = 0;
-  for (const NamedState& d : dense_)
-    o.dense_bytes += 4 * (2 * d.value.numel() + (d.state.defined() ? d.state.numel() : 0));
-  std::vector<dist::TableSpec> specs;
-  std::vector<NamedState*> tabs;
-  for (int64_t t = 0; t < T_; ++t) {
-    const std::string name = layer + "." + std::to_string(t);
-    NamedState* p = nullptr;
-    for (NamedState& s : tables_)
-      if (s.name == name + ".weight") p = &s;
-    DLREC_CHECK(p, "sharding: table '", name, "' not found in the model (bug)");
-    dist::TableSpec s;
-    s.name = name;
-    s.rows = p->value.shape()[0];
-    s.dim = p->value.shape()[1];
-    s.value_bytes = 4;
-    s.state_bytes_per_row = p->state.defined() ? 4 * p->state.shape()[1] : 0;
-    const double ids = t < static_cast<int64_t>(ids_per_sample.size()) ? ids_per_sample[t] : 1.0;
-    s.lookups_per_step =
-        ids * static_cast<double>(std::max<int64_t>(1, o.batch_per_rank)) * e_.dp.ranks;
-    specs.push_back(s);
-    tabs.push_back(p);
-  }
-  for (const auto& [name, ov] : o.overrides)
+  DLREC_CHECK(!emb_->hashed(), "sharding: layer '", emb_->layer_name(),
+              "' has hashed tables, which are not sharded");
+  DLREC_CHECK(!tables_ready_, "sharding: the tables of layer '", emb_->layer_name(),
+              "' were allocated before shard_tables (bug: shard a model right after "
+              "set_gradient_reducer, before any step)");
+  DLREC_CHECK(host.size() == e_.dp.ranks && host.rank() == e_.dp.rank,
+              "sharding: the host communicator (rank ", host.rank(), " of ", host.size(),
+              ") is not the NCCL one's (rank ", e_.dp.rank, " of ", e_.dp.ranks, ") (bug)");
+  for (const auto& [name, ov] : options.overrides)
     if (ov.kind == dist::ShardingKind::Replicated)
       fail("sharding.tables.", name, ".kind: \"replicated\" is not supported on the GPUs yet ",
            "(their tables are table-wise; drop the override)");
-  dist::Plan plan = dist::plan_sharding(specs, o);
-  std::vector<int> owner(T_, -1);
+  const std::string layer = emb_->layer_name();
+  const int64_t dim = e_.vals[emb_idx_].fields.at(0);
+  const int n = e_.dp.ranks;
+  // The specs from the layout (the tables are not allocated yet).
+  std::vector<dist::TableSpec> specs;
+  double ids_total = 0;
   for (int64_t t = 0; t < T_; ++t) {
-    const dist::TablePlan& tp = plan.tables[t];
-    DLREC_CHECK(tp.kind == dist::ShardingKind::TableWise, "sharding: table '", tp.name,
-                "' is planned ", dist::sharding_kind_name(tp.kind), " (",
-                dist::format_bytes(static_cast<double>(specs[t].bytes())),
-                "); on the GPUs tables are sharded table-wise only so far (a table that needs "
-                "more than one GPU's memory cannot train across GPUs yet)");
-    owner[t] = tp.owner();
+    dist::TableSpec s;
+    s.name = layer + "." + std::to_string(t);
+    s.rows = layout_.cardinalities[t];
+    s.dim = dim;
+    s.value_bytes = 4;
+    s.state_bytes_per_row = e_.emb_adagrad ? 4 * dim : 0;
+    const double ids = t < static_cast<int64_t>(ids_per_sample.size()) ? ids_per_sample[t] : 1.0;
+    ids_total += ids;
+    s.lookups_per_step =
+        ids * static_cast<double>(std::max<int64_t>(1, options.batch_per_rank)) * n;
+    specs.push_back(s);
+  }
+  // The memory a GPU has: the least free device memory over the ranks now (the dense part is
+  // built, the tables are not), its dense parameters and the exchange's buffers for the
+  // configured batch (an owner of all tables at worst: the plan is not known yet).
+  dist::GpuMemory mem;
+  for (const NamedState& d : dense_)
+    mem.dense_bytes += 4 * (2 * d.value.numel() + (d.state.defined() ? d.state.numel() : 0));
+  const int act = e_.lowp ? 2 : 4;
+  mem.exchange_bytes = dist::gpu_exchange_bytes(n, options.batch_per_rank, T_, T_, dim,
+                                                T_ > 0 ? ids_total / T_ : 1.0, act, 4);
+  size_t free_b = 0, total_b = 0;
+  DLREC_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  std::vector<int64_t> free_all(n);
+  const int64_t mine = static_cast<int64_t>(free_b);
+  host.all_gather(&mine, free_all.data(), 1, dist::Elem::I64);
+  mem.free_bytes = *std::min_element(free_all.begin(), free_all.end());
+  const dist::Plan plan = dist::plan_gpu_tables(specs, options, mem);
+  std::vector<int> owner(T_, -1);
+  std::vector<char> keep(T_, 0);
+  int64_t own_bytes = 0, own_rows = 0, own_tables = 0;
+  for (int64_t t = 0; t < T_; ++t) {
+    owner[t] = plan.tables[t].owner();
+    keep[t] = owner[t] == e_.dp.rank;
+    if (keep[t]) {
+      own_bytes += specs[t].bytes();
+      own_rows += specs[t].rows;
+      ++own_tables;
+    }
   }
   if (plan_log) {
     std::ostringstream os;
@@ -68,25 +86,139 @@ void GraphCuda::shard_tables(dist::Communicator&, const dist::PlannerOptions& op
     std::fflush(plan_log);
   }
   synchronize();
+  // This GPU's tables only, initialised as one GPU initialises them (per-table seeds).
+  materialize_tables(&keep);
+  sharded_index_.assign(T_, -1);
+  for (int64_t t = 0; t < T_; ++t) {
+    const std::string name = layer + "." + std::to_string(t) + ".weight";
+    for (size_t k = 0; k < tables_.size(); ++k)
+      if (tables_[k].name == name) sharded_index_[t] = static_cast<int>(k);
+    DLREC_CHECK(sharded_index_[t] >= 0, "sharding: table '", name, "' not found (bug)");
+  }
+  host_tables_.assign(T_, {});
+  // Each GPU's tables and memory, printed once by rank 0.
+  DLREC_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const int64_t row[5] = {own_tables, own_rows, own_bytes, static_cast<int64_t>(total_b - free_b),
+                          static_cast<int64_t>(total_b)};
+  std::vector<int64_t> rows_all(5 * n);
+  host.all_gather(row, rows_all.data(), 5, dist::Elem::I64);
+  if (plan_log) {
+    for (int r = 0; r < n; ++r) {
+      const int64_t* x = &rows_all[5 * r];
+      std::fprintf(plan_log,
+                   "[shard] GPU %d: %lld tables, %lld rows, %s of tables and optimizer state "
+                   "allocated; device memory in use %s of %s\n",
+                   r, static_cast<long long>(x[0]), static_cast<long long>(x[1]),
+                   dist::format_bytes(static_cast<double>(x[2])).c_str(),
+                   dist::format_bytes(static_cast<double>(x[3])).c_str(),
+                   dist::format_bytes(static_cast<double>(x[4])).c_str());
+    }
+    std::fflush(plan_log);
+  }
   drop_graphs();
   dp_shape_[0].clear();
   dp_shape_[1].clear();
   cap_b_ = cap_nnz_ = 0;  // the exchange's buffers are allocated anew for the plan
   e_.dp.table_owner = std::move(owner);
-  sharded_tables_ = std::move(tabs);
 }
 
+// Rank 0 receives a host copy of every table it does not own (values, then the optimizer
+// state), streamed from the owner through NCCL broadcasts of at most kChunk values into a
+// staging buffer: no GPU ever holds another GPU's tables.
 void GraphCuda::gather_sharded_tables() {
   if (e_.dp.table_owner.empty() || !e_.dp.comm) return;
   DeviceGuard g(dev_index_);
   synchronize();  // the last step's updates are done (the broadcasts run on the comm stream)
-  for (size_t t = 0; t < sharded_tables_.size(); ++t) {
+  constexpr int64_t kChunk = int64_t{16} << 20;  // 64 MB of f32
+  const int me = e_.dp.rank;
+  int64_t largest = 0;
+  for (size_t t = 0; t < sharded_index_.size(); ++t)
+    largest = std::max(largest, layout_.cardinalities[t] * e_.vals[emb_idx_].fields.at(0));
+  Tensor stage = Tensor::empty({std::max<int64_t>(std::min(largest, kChunk), 1)}, DType::F32, dev_);
+  host_tables_.assign(sharded_index_.size(), {});
+  for (size_t t = 0; t < sharded_index_.size(); ++t) {
     const int root = e_.dp.table_owner[t];
-    NamedState& p = *sharded_tables_[t];
-    e_.dp.comm->broadcast(p.value.raw(), p.value.numel(), dist::Elem::F32, root);
-    if (p.state.defined())
-      e_.dp.comm->broadcast(p.state.raw(), p.state.numel(), dist::Elem::F32, root);
+    if (root == 0) continue;  // rank 0 has it
+    NamedState& p = tables_[sharded_index_[t]];
+    const int64_t rows = layout_.cardinalities[t], dim = e_.vals[emb_idx_].fields.at(0);
+    auto stream_one = [&](Tensor& dev, Tensor& host) {
+      if (me == 0) host = Tensor::empty({rows, dim}, DType::F32, Device::cpu());
+      const int64_t total = rows * dim;
+      for (int64_t at = 0; at < total; at += kChunk) {
+        const int64_t c = std::min(kChunk, total - at);
+        float* buf = me == root ? dev.data<float>() + at : stage.data<float>();
+        e_.dp.comm->broadcast(buf, c, dist::Elem::F32, root);
+        if (me == 0)
+          copy_bytes(host.data<float>() + at, Device::cpu(), stage.data<float>(), dev_,
+                     sizeof(float) * c);
+      }
+    };
+    stream_one(p.value, host_tables_[t].first);
+    if (e_.emb_adagrad) stream_one(p.state, host_tables_[t].second);
   }
+}
+
+void GraphCuda::release_sharded_tables() {
+  for (auto& h : host_tables_) h = {};
+}
+
+void GraphCuda::materialize_tables(const std::vector<char>* keep) {
+  if (tables_ready_) return;
+  DeviceGuard g(dev_index_);
+  for (int i : spec_.order) nodes_[i]->materialize(e_, keep);
+  std::vector<NamedState> dense, tables;  // the tables' tensors, now allocated (the dense ones
+  for (auto& n : nodes_) n->collect(e_, dense, tables);  // are unchanged)
+  tables_ = std::move(tables);
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
+  tables_ready_ = true;
+}
+
+void GraphCuda::exchange_counts(const io::Batch& batch, bool need_rows) {
+  check_batch(batch);
+  int64_t nnz = 0;
+  for (int64_t t = 0; t < T_; ++t)
+    nnz += batch.cat_offsets[t][batch.rows] - batch.cat_offsets[t][0];
+  const int n = e_.dp.ranks;
+  // Rows, ids and ids per table (table-wise sharding sizes its owners' updates by them).
+  const int64_t w = 2 + T_;
+  std::vector<int64_t> mine(w), all(w * n);
+  mine[0] = batch.rows;
+  mine[1] = nnz;
+  for (int64_t t = 0; t < T_; ++t)
+    mine[2 + t] = batch.cat_offsets[t][batch.rows] - batch.cat_offsets[t][0];
+  host_comm_->all_gather(mine.data(), all.data(), w, dist::Elem::I64);
+  DataParallel& d = e_.dp;
+  d.rows.assign(n, 0);
+  d.nnz.assign(n, 0);
+  d.table_nnz.assign(n * T_, 0);
+  d.global_rows = d.global_nnz = 0;
+  for (int r = 0; r < n; ++r) {
+    d.rows[r] = all[w * r];
+    d.nnz[r] = all[w * r + 1];
+    for (int64_t t = 0; t < T_; ++t) d.table_nnz[r * T_ + t] = all[w * r + 2 + t];
+    DLREC_CHECK(!need_rows || d.rows[r] > 0, "data-parallel step: rank ", r,
+                " has no rows "
+                "(every rank needs some rows of each global batch)");
+    d.global_rows += d.rows[r];
+    d.global_nnz += d.nnz[r];
+  }
+  DLREC_CHECK(d.global_nnz < (int64_t{1} << 31) &&
+                  d.global_rows * std::max<int64_t>(T_, 1) < (int64_t{1} << 31),
+              "data-parallel step: the global batch's ", d.global_nnz, " ids and ", d.global_rows,
+              " rows are too many (int32 offsets)");
+  // The exchange's buffers hold every rank's part: sized for the largest.
+  materialize_tables();
+  ensure_capacity(*std::max_element(d.rows.begin(), d.rows.end()),
+                  *std::max_element(d.nnz.begin(), d.nnz.end()));
+}
+
+const Tensor* GraphCuda::host_table(size_t k, bool state) const {
+  for (size_t t = 0; t < sharded_index_.size() && t < host_tables_.size(); ++t)
+    if (sharded_index_[t] == static_cast<int>(k)) {
+      const Tensor& h = state ? host_tables_[t].second : host_tables_[t].first;
+      return h.defined() ? &h : nullptr;
+    }
+  return nullptr;
 }
 
 }  // namespace dlrec::model::graph_cuda_impl

@@ -144,7 +144,8 @@ void save_checkpoint(const std::string& path, model::Model& model, const model::
   io::save_tensors(path, tensors, meta);
 }
 
-CheckpointState load_checkpoint(const std::string& path, model::Model& model) {
+CheckpointState load_checkpoint(const std::string& path, model::Model& model,
+                                bool allow_extra_tensors) {
   // Pruning masks (docs/COMPRESSION.md): named in the meta; a checkpoint without them loads
   // as before.
   const json file_meta = io::read_tensor_meta(path);
@@ -154,7 +155,9 @@ CheckpointState load_checkpoint(const std::string& path, model::Model& model) {
   for (auto& t : model.optimizer_state()) tensors.push_back(t);
   for (auto& t : model.masks()) tensors.push_back(t);
   tensors.insert(tensors.end(), qat.begin(), qat.end());
-  json meta = io::load_tensors(path, tensors);
+  io::TensorLoadOptions lo;
+  lo.allow_extra = allow_extra_tensors;
+  json meta = io::load_tensors(path, tensors, lo);
   compress::apply_loaded_masks(path, model);
   compress::apply_loaded_qat(qat, path, model);
   DLREC_CHECK(meta.value("kind", "") == "checkpoint", "'", path, "' is not a checkpoint");
@@ -202,12 +205,14 @@ struct Trainer::Impl {
   std::unique_ptr<dist::Communicator> gpu_comm;  // NCCL, for a model on a GPU (before reducer)
   std::unique_ptr<DataParallelReducer> reducer;
   bool sharded = false;  // the embedding tables are sharded over the ranks (cfg.sharding)
-  bool device_sharded = false;  // the same on GPUs (table-wise, copies refreshed by gather)
+  // The same on GPUs (table-wise): each GPU holds its tables only; gather streams the others
+  // to rank 0's host for a checkpoint.
+  bool device_sharded = false;
   // A checkpoint of the whole model: a sharded model gathers its tables first (every rank).
   void checkpoint() {
     if (sharded || device_sharded) model->gather_sharded_tables();
     if (leader()) save_checkpoint(checkpoint_path(), *model, cfg, data.layout, state);
-    if (sharded) model->release_sharded_tables();
+    if (sharded || device_sharded) model->release_sharded_tables();
   }
 
   std::string checkpoint_path() const { return opt.run_dir + "/checkpoint.dlrec"; }
@@ -277,7 +282,7 @@ EvalResult Trainer::Impl::evaluate_parallel() {
   io::Batch batch;
   while (loader.next(batch)) {
     // A sharded model's forward is a collective: every rank runs it, with rows or without.
-    if (batch.rows == 0 && !sharded) continue;
+    if (batch.rows == 0 && !sharded && !device_sharded) continue;
     std::vector<float> logits = model->forward(batch, false).to_vector<float>();
     const bool regression = model->loss() == nn::LossKind::Mse;
     for (float l : logits) probs.push_back(regression ? l : sigmoid(l));
@@ -397,8 +402,8 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
         }
       }
       m.model->shard_tables(*m.opt.comm, po, ids, m.leader() ? stderr : nullptr);
-      // On GPUs every rank keeps whole copies, refreshed from the owners before evaluation and
-      // checkpoints; its forward outside a training step is not a collective.
+      // On GPUs each rank holds the tables it owns only; its evaluation forward is a collective
+      // (as on the CPU) and a checkpoint streams the tables to rank 0 (gather_sharded_tables).
       (m.model->device().is_cuda() ? m.device_sharded : m.sharded) = true;
     }
   }
@@ -406,7 +411,8 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
     make_dirs(m.opt.run_dir);
     if (m.opt.resume && file_exists(m.checkpoint_path())) {
       if (m.sharded) m.model->gather_sharded_tables();  // whole tables to load into
-      m.state = load_checkpoint(m.checkpoint_path(), *m.model);
+      // GPU shards: each rank loads the tables it owns (the others are in the file for theirs).
+      m.state = load_checkpoint(m.checkpoint_path(), *m.model, m.device_sharded);
       if (m.sharded) m.model->scatter_sharded_tables();
       check_checkpoint_layout(m.checkpoint_path(), m.state, m.data.layout, m.opt.data_dir);
       if (m.leader())
@@ -447,7 +453,6 @@ EvalResult Trainer::evaluate(std::vector<float>* probs) {
               "' has no validation rows (dataset.json: valid_rows 0): nothing to evaluate");
   if (m.parallel()) {
     DLREC_CHECK(!probs, "evaluation across ranks returns metrics only");
-    if (m.device_sharded) m.model->gather_sharded_tables();
     return m.evaluate_parallel();
   }
   return evaluate_shards(*m.model, under(m.opt.data_dir, m.data.valid_shards),

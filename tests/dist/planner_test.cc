@@ -152,6 +152,81 @@ TEST(ShardPlanner, Criteo1TBWithAdagradNeedsFourH100) {
   EXPECT_NE(os.str().find("4 rank(s)"), std::string::npos) << os.str();
 }
 
+// The CUDA engine's plan (plan_gpu_tables): every table whole on one GPU, the GPU's budget the
+// smaller of the configured and the free memory, less dense parameters and exchange buffers.
+TEST(ShardPlannerGpu, Criteo1TBPlacesEveryTableWholeOnTwoAndFourGpus) {
+  // The exchange of the MLPerf DLRM at 55,296 rows per GPU, bf16 rows, f32 gradients.
+  const int64_t xb4 = gpu_exchange_bytes(4, 55296, 26, 26, 128, 1.0, 2, 4);
+  EXPECT_GT(xb4, 1'000'000'000);  // [G, K, dim] on an owner of every table: GBs
+  EXPECT_LT(xb4, 10'000'000'000);
+  // An H100 "80GB" has 81,559 MiB (85.5 GB decimal): about 84.5 GB free after the dense part,
+  // so the configured 80 GB is the budget. SGD on 2 and 4, Adagrad (192 GB) on 4: every table
+  // whole (Adagrad: the fullest GPU holds a 39.5 GB and a 26.3 GB table, 65.7 GB).
+  struct Case {
+    bool adagrad;
+    int ranks;
+    int64_t free;
+  };
+  for (const Case& c : {Case{false, 2, 84'500'000'000}, Case{false, 4, 84'500'000'000},
+                        Case{true, 4, 84'500'000'000}}) {
+    const auto specs = criteo_tables(128, c.adagrad);
+    PlannerOptions o = options(c.ranks, kH100);
+    GpuMemory m;
+    m.free_bytes = c.free;
+    m.dense_bytes = 30'000'000;
+    m.exchange_bytes = gpu_exchange_bytes(c.ranks, 55296, 26, 26, 128, 1.0, 2, 4);
+    const Plan p = plan_gpu_tables(specs, o, m);
+    int64_t sum = 0;
+    for (size_t t = 0; t < specs.size(); ++t) {
+      EXPECT_EQ(p.tables[t].kind, ShardingKind::TableWise) << specs[t].name;
+      sum += specs[t].bytes();
+    }
+    const int64_t usable = static_cast<int64_t>(static_cast<double>(std::min(c.free, kH100)) * 0.9) -
+                           m.dense_bytes - m.exchange_bytes;
+    int64_t placed = 0;
+    for (const RankLoad& l : p.per_rank) {
+      EXPECT_LE(l.bytes, usable);
+      placed += l.bytes;
+    }
+    EXPECT_EQ(placed, sum);  // nothing replicated: each table on one GPU only
+    std::ostringstream os;
+    print_plan(p, specs, os);
+    if (c.adagrad) std::cout << os.str();
+  }
+}
+
+// Adagrad on 4 GPUs with 72 GB free each: five ~40 GB tables, and no GPU can take one of them
+// beside the 26.3 GB one; whole tables cannot fit, and the GPUs do not split tables: the error
+// says so (the CPU planner would split one by columns).
+TEST(ShardPlannerGpu, Criteo1TBWithAdagradDoesNotFitFourSmallerGpusWhole) {
+  const auto specs = criteo_tables(128, true);
+  GpuMemory m;
+  m.free_bytes = 72'000'000'000;
+  m.exchange_bytes = gpu_exchange_bytes(4, 55296, 26, 26, 128, 1.0, 2, 4);
+  expect_error([&] { plan_gpu_tables(specs, options(4, kH100), m); },
+               {"sharding plan: table 'cat_", "is planned column_wise", "placed whole",
+                "do not fit 4 GPU(s) whole", "72.00 GB per GPU (free device memory)"});
+}
+
+TEST(ShardPlannerGpu, APlanThatCannotFitNamesTheTableAndItsBytes) {
+  const auto specs = criteo_tables(128, false);
+  GpuMemory m;
+  m.exchange_bytes = 2'000'000'000;
+  // One GPU: cat_19 (39,979,771 x 128 fp32) alone is 20.47 GB; all tables 96 GB.
+  expect_error([&] { plan_gpu_tables(specs, options(1, kH100), m); },
+               {"sharding plan: table 'cat_", "does not fit", "96.14 GB", "on the GPUs"});
+  // Four GPUs with 20 GB free each: the largest table does not fit whole on any of them.
+  m.free_bytes = 20'000'000'000;
+  expect_error([&] { plan_gpu_tables(specs, options(4, kH100), m); },
+               {"table 'cat_19' (39979771 x 128) needs 20.47 GB", "does not fit",
+                "free device memory", "2.00 GB of exchange buffers"});
+  // A row-wise override: tables are whole on the GPUs.
+  PlannerOptions o = options(2, kH100);
+  o.overrides["cat_0"] = TableOverride{ShardingKind::RowWise, -1};
+  expect_error([&] { plan_gpu_tables(specs, o, GpuMemory{}); },
+               {"table 'cat_0'", "is planned row_wise by the config", "table_wise"});
+}
+
 TEST(ShardPlanner, OneRankPlacesEverythingWhole) {
   const auto specs = criteo_tables(16, false);  // 12 GB: fits one rank
   const PlannerOptions o = options(1, kH100);

@@ -143,6 +143,27 @@ Plan plan_sharding(const std::vector<TableSpec>& tables, const PlannerOptions& o
 // its memory against the budget.
 void print_plan(const Plan& plan, const std::vector<TableSpec>& tables, std::ostream& os);
 
+// The CUDA engine's plan (docs/DISTRIBUTED.md, "Sharding on the GPUs"): every table is placed
+// whole on one GPU (no replication of small tables, no splits to balance), with the memory of a
+// GPU taken as the smaller of memory_per_rank and `free_bytes` (the least free device memory
+// over the ranks once the dense part is built; 0: unknown), less the headroom, the dense
+// parameters (`dense_bytes`: weights, gradients, state) and the step's exchange buffers
+// (`exchange_bytes`, gpu_exchange_bytes). A table that does not fit whole on any GPU is an
+// error naming the table, the bytes it needs and what a GPU has for tables.
+struct GpuMemory {
+  int64_t free_bytes = 0;
+  int64_t dense_bytes = 0;
+  int64_t exchange_bytes = 0;
+};
+Plan plan_gpu_tables(const std::vector<TableSpec>& tables, PlannerOptions options,
+                     const GpuMemory& memory);
+// Bytes of the table-wise exchange's buffers on one GPU for `batch_per_rank` rows per rank:
+// every rank's ids and offsets, the global batch's bags, and the pooled rows and their
+// gradients ([G, K, dim] on the owner, [B, T, dim] on the sample's rank) for an owner of
+// `owned` of the `tables` tables; act_bytes and grad_bytes per value (2 or 4).
+int64_t gpu_exchange_bytes(int ranks, int64_t batch_per_rank, int64_t tables, int64_t owned,
+                           int64_t dim, double ids_per_sample, int act_bytes, int grad_bytes);
+
 // The expected ids per sample of each categorical column, from an ETL output's stats.json
 // (columns.categorical[i]: values / rows), by column name: the planner's lookups per step are
 // these times the global batch. Dropped columns and columns without rows are left out. Errors

@@ -231,6 +231,9 @@ class Model {
   // the sharded tables (values and optimizer state) into parameters() and optimizer_state();
   // scatter (not a collective) sets the shards from those copies (after a checkpoint was loaded
   // into them) and drops them; release drops them. No-ops for a model without sharded tables.
+  // The CUDA engine (tables on their owner GPUs): gather gives rank 0 host copies of the
+  // tables it does not own (streamed from their owners); every rank's parameters() hold the
+  // tables it owns, so a checkpoint loads into them directly (docs/DISTRIBUTED.md).
   virtual void gather_sharded_tables() {}
   virtual void scatter_sharded_tables() {}
   virtual void release_sharded_tables() {}

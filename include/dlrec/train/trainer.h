@@ -89,7 +89,10 @@ struct CheckpointState {
 };
 void save_checkpoint(const std::string& path, model::Model& model, const model::RunConfig& config,
                      const io::ShardLayout& layout, const CheckpointState& state);
-CheckpointState load_checkpoint(const std::string& path, model::Model& model);
+// allow_extra_tensors: tensors of the file the model does not hold are skipped (a GPU of a
+// sharded run loads the tables it owns).
+CheckpointState load_checkpoint(const std::string& path, model::Model& model,
+                                bool allow_extra_tensors = false);
 // Throws unless the checkpoint at `path` (state `st`) was trained on `data_layout` (the layout
 // of the dataset in `data_dir`): tensor shapes alone do not tell, e.g., a multi-hot flag apart.
 void check_checkpoint_layout(const std::string& path, const CheckpointState& st,

@@ -19,7 +19,9 @@ class EmbeddingNode final : public Node {
  public:
   EmbeddingNode(Engine& e, const std::string& name, const io::ShardLayout& layout, int64_t dim,
                 bool mean, uint64_t seed, std::vector<hashed_cuda::TableOptions> hashed = {})
-      : name_(name), mean_(mean), ts_(e, layout, dim, false, seed, capacities(hashed)) {
+      : name_(name),
+        mean_(mean),
+        ts_(e, layout, dim, false, seed, capacities(hashed), /*defer=*/hashed.empty()) {
     if (hashed.empty()) return;
     hashed_ = std::make_unique<hashed_cuda::HashedTables>(std::move(hashed), dim, e.emb_adagrad,
                                                           e.emb_init_acc, e.dev, e.st);
@@ -37,13 +39,16 @@ class EmbeddingNode final : public Node {
     tw_ = false;
     if (e.dp.comm && !e.dp.table_owner.empty()) alloc_table_wise(e, max_nnz);
   }
+  void materialize(Engine& e, const std::vector<char>* keep) override {
+    ts_.materialize(e, keep);
+  }
   void write_into(int into, int64_t col) override {
     into_ = into;
     col_ = col;
   }
   void forward(Engine& e) override {
     Value& v = e.vals[self];
-    if (tw_ && e.dp.step) {
+    if (tw_ && (e.dp.step || e.dp.collective)) {  // a sharded model pools on the owners
       forward_table_wise(e);
       return;
     }
@@ -130,12 +135,13 @@ class EmbeddingNode final : public Node {
     const Value& gv = grad_value(e);
     off_in_ = Tensor::empty({n * (T * cap_ + 1)}, DType::I32, e.dev);
     keys_in_ = Tensor::empty({std::max<int64_t>(n * max_nnz, 1)}, DType::I32, e.dev);
-    off_g_ = Tensor::empty({bags + 1}, DType::I32, e.dev);
-    keys_g_ = Tensor::empty({std::max<int64_t>(n * max_nnz, 1)}, DType::I32, e.dev);
     lens_ = Tensor::empty({std::max<int64_t>(bags, 1)}, DType::I32, e.dev);
     src_ = Tensor::empty({std::max<int64_t>(bags, 1)}, DType::I64, e.dev);
     scan_bytes_ = dp::scan_bytes(bags);
     scan_ = Tensor::empty({static_cast<int64_t>(scan_bytes_)}, DType::U8, e.dev);
+    if (!e.dp.table_owner.empty()) return;  // table-wise: the owners' buffers instead
+    off_g_ = Tensor::empty({bags + 1}, DType::I32, e.dev);
+    keys_g_ = Tensor::empty({std::max<int64_t>(n * max_nnz, 1)}, DType::I32, e.dev);
     grad_g_ = e.buf({n * cap_, gv.ld}, gv.gdt);
   }
   void backward_global(Engine& e) {
@@ -197,8 +203,9 @@ class EmbeddingNode final : public Node {
   // into its columns. Backward: one all-to-all sends the pooled rows' gradients to the owners,
   // arriving as [G, K, dim] in global row order, and the owner runs the fused de-duplicated
   // update of its tables over the global batch: the ids, gradients and order one GPU has.
-  // Non-owned tables keep their values of the last GraphCuda::gather_sharded_tables (evaluation
-  // and checkpoints bring every rank's copy up to date first).
+  // A GPU holds only the tables it owns (the others are never allocated: TableSet::materialize);
+  // evaluation runs this exchange too (Engine::dp.collective), and checkpoints stream the
+  // tables from their owners (GraphCuda::gather_sharded_tables).
   void alloc_table_wise(Engine& e, int64_t max_nnz) {
     const int n = e.dp.ranks;
     const int64_t T = ts_.tab.num_tables, dim = ts_.dim;

@@ -125,9 +125,11 @@ struct DataParallel {
   // Table-wise sharding (GraphCuda::shard_tables): the owner rank of each table of the
   // embedding layer (empty: tables replicated); this step's ids of table t on rank r at
   // table_nnz[r * T + t]; `step` is set while a training step (not an evaluation) runs.
+  // `collective` is set while an evaluation forward of a sharded model runs (every rank runs
+  // it, its counts exchanged like a step's): the embedding pools through the owners too.
   std::vector<int> table_owner;
   std::vector<int64_t> table_nnz;
-  bool step = false;
+  bool step = false, collective = false;
 };
 
 // What every layer shares: streams, handles, precision, the step's inputs and rows.
@@ -482,6 +484,9 @@ class Node {
   virtual void refresh(Engine&) {}
   // Scratch sized by the batch's number of ids (table layers).
   virtual void alloc_scratch(Engine&, int64_t /*max_nnz*/) {}
+  // Deferred tables (the embedding layer's fixed tables; GraphCuda::materialize_tables):
+  // allocates and initialises those with keep[t] (all when keep is null).
+  virtual void materialize(Engine&, const std::vector<char>* /*keep*/) {}
   // The embedding layer (Build::embedding): its hashed tables (null: fixed), its name, and
   // the direct mode (GraphCuda::plan_direct_embedding): write into a concat's columns.
   virtual hashed_cuda::HashedTables* hashed() const { return nullptr; }

@@ -17,46 +17,86 @@ namespace dlrec::model::gpu_graph {
 struct TableSet {
   std::vector<Tensor> tables, states;
   std::vector<uint32_t> row_base;
+  std::vector<int64_t> rows;  // per table
   int key_bits = 1;
   int64_t dim = 0;
   Tensor ptrs, sptrs, base, scratch_mem;
   ce::Tables tab;
   ce::Scratch scratch;
+  // Deferred (the embedding layer's fixed tables): the constructor allocates nothing, and
+  // materialize() allocates and initialises the tables, all of them or those a sharded run's
+  // GPU owns (GraphCuda::materialize_tables). Each table's initial values depend on its own
+  // seed only (derived per table), so a table generated on its owner equals one GPU's.
+  bool deferred = false, materialized = false;
+  uint64_t seed = 0;
 
-  TableSet(Engine& e, const io::ShardLayout& layout, int64_t d, bool zero, uint64_t seed,
-           const std::vector<int64_t>& capacities = {})
-      : dim(d) {
+  TableSet(Engine& e, const io::ShardLayout& layout, int64_t d, bool zero, uint64_t seed_,
+           const std::vector<int64_t>& capacities = {}, bool defer = false)
+      : dim(d), seed(seed_) {
     const int64_t T = static_cast<int64_t>(layout.cardinalities.size());
     const bool hashed = !capacities.empty();
     if (hashed) zero = true;
+    deferred = defer && !zero;
     uint64_t total = 0;
-    std::vector<float*> wp, sp;
     for (int64_t t = 0; t < T; ++t) {
-      const int64_t rows = hashed ? capacities[t] : layout.cardinalities[t];
+      const int64_t r = hashed ? capacities[t] : layout.cardinalities[t];
+      rows.push_back(r);
       row_base.push_back(static_cast<uint32_t>(total));
-      total += static_cast<uint64_t>(rows);
+      total += static_cast<uint64_t>(r);
       DLREC_CHECK(total < (uint64_t{1} << 32), "key 'features': more than 2^32 rows in all "
                   "tables of a layer together are not supported on CUDA");
-      Tensor w;
-      if (zero) {
-        w = e.buf({rows, dim}, DType::F32);
-      } else {
-        w = Tensor::empty({rows, dim}, DType::F32, e.dev);
-        ce::init_uniform(w.data<float>(), w.numel(),
-                         nn::derive_seed(seed, static_cast<uint64_t>(t)),
-                         std::sqrt(1.0 / static_cast<double>(rows)), e.st);
-      }
-      wp.push_back(w.data<float>());
-      tables.push_back(w);
-      if (e.emb_adagrad) {
-        Tensor s = hashed ? e.buf({rows, dim}, DType::F32)
-                          : Tensor::empty({rows, dim}, DType::F32, e.dev);
-        if (!hashed) ce::fill(s.data<float>(), s.numel(), e.emb_init_acc, e.st);
-        sp.push_back(s.data<float>());
-        states.push_back(s);
-      }
     }
     while (key_bits < 32 && (uint64_t{1} << key_bits) < total) ++key_bits;
+    tab.num_tables = static_cast<int>(T);
+    tab.dim = static_cast<int>(dim);
+    tables.resize(T);
+    if (e.emb_adagrad) states.resize(T);
+    if (deferred) return;
+    for (int64_t t = 0; t < T; ++t) {
+      if (zero) {
+        tables[t] = e.buf({rows[t], dim}, DType::F32);
+        if (e.emb_adagrad && hashed) {
+          states[t] = e.buf({rows[t], dim}, DType::F32);  // zero until a key is inserted
+        } else if (e.emb_adagrad) {
+          states[t] = Tensor::empty({rows[t], dim}, DType::F32, e.dev);
+          ce::fill(states[t].data<float>(), states[t].numel(), e.emb_init_acc, e.st);
+        }
+      } else {
+        make(e, t);
+      }
+    }
+    upload_pointers(e);
+    materialized = true;
+  }
+  // Allocates and initialises table t (uniform, a = sqrt(1 / rows), seed derived per table;
+  // the Adagrad accumulator at its initial value).
+  void make(Engine& e, int64_t t) {
+    Tensor w = Tensor::empty({rows[t], dim}, DType::F32, e.dev);
+    ce::init_uniform(w.data<float>(), w.numel(), nn::derive_seed(seed, static_cast<uint64_t>(t)),
+                     std::sqrt(1.0 / static_cast<double>(rows[t])), e.st);
+    tables[t] = w;
+    if (e.emb_adagrad) {
+      Tensor s = Tensor::empty({rows[t], dim}, DType::F32, e.dev);
+      ce::fill(s.data<float>(), s.numel(), e.emb_init_acc, e.st);
+      states[t] = s;
+    }
+  }
+  // Deferred tables: allocates those with keep[t] (all when keep is null); the others stay
+  // unallocated, with null pointers in the kernels' arrays (only the owners' sub-sets are
+  // pooled then: EmbeddingNode's table-wise path).
+  void materialize(Engine& e, const std::vector<char>* keep) {
+    if (materialized) return;
+    for (size_t t = 0; t < tables.size(); ++t)
+      if (!keep || (*keep)[t]) make(e, static_cast<int64_t>(t));
+    upload_pointers(e);
+    materialized = true;
+  }
+  void upload_pointers(Engine& e) {
+    std::vector<float*> wp, sp;
+    for (size_t t = 0; t < tables.size(); ++t) {
+      wp.push_back(tables[t].defined() ? tables[t].data<float>() : nullptr);
+      if (e.emb_adagrad) sp.push_back(states[t].defined() ? states[t].data<float>() : nullptr);
+    }
     auto upload = [&](const void* src, size_t bytes) {
       Tensor t = Tensor::empty({static_cast<int64_t>(bytes ? bytes : 1)}, DType::U8, e.dev);
       if (bytes) copy_bytes(t.raw(), e.dev, src, Device::cpu(), bytes);
@@ -68,8 +108,6 @@ struct TableSet {
     tab.weights = static_cast<float* const*>(ptrs.raw());
     tab.states = e.emb_adagrad ? static_cast<float* const*>(sptrs.raw()) : nullptr;
     tab.row_base = static_cast<const uint32_t*>(base.raw());
-    tab.num_tables = static_cast<int>(T);
-    tab.dim = static_cast<int>(dim);
   }
   void alloc_scratch(Engine& e, int64_t max_nnz) {
     const size_t sb = ce::scratch_bytes(max_nnz, key_bits, static_cast<int>(dim));
@@ -96,7 +134,7 @@ struct TableSet {
   void collect(const std::string& name, std::vector<NamedState>& out) {
     for (size_t t = 0; t < tables.size(); ++t)
       out.push_back({name + "." + std::to_string(t) + ".weight", tables[t],
-                     states.empty() ? Tensor() : states[t]});
+                     states.empty() ? Tensor() : states[t]});  // undefined until materialized
   }
 };
 
