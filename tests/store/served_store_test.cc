@@ -78,6 +78,11 @@ TEST(ServedStore, ConfigJsonStoreAnswersLikeTheModelInMemory) {
                            "dlrec_embedding_store_evictions{model=\"m\",version=\"1\",tier=\"host\"}",
                            "# TYPE dlrec_embedding_store_bytes gauge"})
     EXPECT_NE(metrics.find(part), std::string::npos) << part << " not in:\n" << metrics;
+  // The model statistics' hit rates: per tier, the instances' hits and misses.
+  const auto hm = stats->list("m", "1").at(0)->store_hits_misses();
+  ASSERT_EQ(hm.count("host"), 1u);
+  EXPECT_GT(hm.at("host").first, 0);  // the second pass
+  EXPECT_EQ(hm.at("rocksdb").second, 0);
   // A bad section: the load fails naming the key.
   dlrec::testing::write_file(dir.path + "/repo/m", "config.json",
                              R"({"embedding_store": {"host": {"bytes": 3000}}})");
