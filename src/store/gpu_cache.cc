@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "dlrec/core/error.h"
+#include "dlrec/core/thread_pool.h"
 
 namespace dlrec::store {
 
@@ -279,20 +280,25 @@ int64_t GpuCache::run(const io::Batch& batch,
   int64_t need = 0;
   std::vector<int64_t> tables_per_feature(F, 0);
   for (int f : feature_of_table_) ++tables_per_feature[f];
-  std::unordered_map<int64_t, int64_t> row_of;
   for (size_t k = 0; k < F; ++k) {
     const auto feature = static_cast<size_t>(sizing_.features[k]);
     DLREC_CHECK(feature < staged_.cat_indices.size(), "embedding store: the batch has ",
                 staged_.cat_indices.size(), " categorical features; feature ", feature,
                 " is stored");
+  }
+  // Per feature (independent slot maps): the remap, on several threads for large batches.
+  std::vector<int64_t> h(F, 0), m(F, 0), ev(F, 0), staged(F, 0);
+  auto remap = [&](size_t k) {
+    const auto feature = static_cast<size_t>(sizing_.features[k]);
     int64_t rows = 0;
     for (size_t t = 0; t < feature_of_table_.size(); ++t)
       if (feature_of_table_[t] == static_cast<int>(k)) rows = store_.tables()[t].rows;
     const int64_t C = sizing_.cache_rows[k];
     SlotMap& map = maps_[k];
-    row_of.clear();
-    int64_t staged = 0, h = 0, m = 0;
-    for (int64_t& id : staged_.cat_indices[feature]) {
+    std::vector<int64_t>& ids = staged_.cat_indices[feature];
+    std::unordered_map<int64_t, int64_t> row_of;
+    row_of.reserve(ids.size());
+    for (int64_t& id : ids) {
       auto it = row_of.find(id);
       if (it != row_of.end()) {
         id = it->second;
@@ -303,27 +309,45 @@ int64_t GpuCache::run(const io::Batch& batch,
              " rows)");
       int64_t row = map.find(id, stamp_);
       if (row >= 0) {
-        ++h;
+        ++h[k];
       } else {
-        ++m;
+        ++m[k];
         if (sync) {
           int64_t evicted = -1;
           row = map.insert(id, stamp_, &evicted);
-          if (evicted >= 0) ++evictions;
+          if (evicted >= 0) ++ev[k];
           if (row >= 0) inserted[k].push_back(id);
         }
-        if (row < 0) row = C + staged++;
+        if (row < 0) row = C + staged[k]++;
         fetch_ids[k].push_back(id);
         fetch_rows[k].push_back(row);
       }
       row_of.emplace(id, row);
       id = row;
     }
-    need = std::max(need, staged);
-    hits += h;
-    misses += m;
-    hits_weighted += h * tables_per_feature[k];
-    lookups_weighted += (h + m) * tables_per_feature[k];
+  };
+  int64_t total_ids = 0;
+  for (size_t k = 0; k < F; ++k)
+    total_ids += static_cast<int64_t>(staged_.cat_indices[sizing_.features[k]].size());
+  try {
+    if (F > 1 && total_ids >= 4096)
+      parallel_for(0, static_cast<int64_t>(F), 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t k = lo; k < hi; ++k) remap(static_cast<size_t>(k));
+      });
+    else
+      for (size_t k = 0; k < F; ++k) remap(k);
+  } catch (...) {  // a bad id: the slots taken for this batch's rows were never written
+    for (size_t k = 0; k < F; ++k)
+      for (int64_t id : inserted[k]) maps_[k].erase(id);
+    throw;
+  }
+  for (size_t k = 0; k < F; ++k) {
+    need = std::max(need, staged[k]);
+    hits += h[k];
+    misses += m[k];
+    evictions += ev[k];
+    hits_weighted += h[k] * tables_per_feature[k];
+    lookups_weighted += (h[k] + m[k]) * tables_per_feature[k];
   }
   if (need > staging_) {  // nothing fetched yet: undo the inserts (their rows were not written)
     for (size_t k = 0; k < F; ++k)
@@ -335,14 +359,30 @@ int64_t GpuCache::run(const io::Batch& batch,
   InsertJob job{generation, {}, {}};
   const auto& tables = store_.tables();
   job.rows.resize(tables.size());
-  for (size_t t = 0; t < tables.size(); ++t) {
+  auto fetch = [&](size_t t) {
     const size_t k = static_cast<size_t>(feature_of_table_[t]);
     const auto n = static_cast<int64_t>(fetch_ids[k].size());
-    if (n == 0) continue;
     std::vector<float>& buf = job.rows[t];
     buf.resize(static_cast<size_t>(n * tables[t].dim));
-    store_.lookup(static_cast<int>(t), fetch_ids[k].data(), n, buf.data(), pinned.get());
-    rows_->write(static_cast<int>(t), fetch_rows[k].data(), n, buf.data());
+    if (n > 0)
+      store_.lookup(static_cast<int>(t), fetch_ids[k].data(), n, buf.data(), pinned.get());
+  };
+  try {
+    if (tables.size() > 1 && misses >= 1024)  // the store is thread-safe
+      parallel_for(0, static_cast<int64_t>(tables.size()), 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t t = lo; t < hi; ++t) fetch(static_cast<size_t>(t));
+      });
+    else
+      for (size_t t = 0; t < tables.size(); ++t) fetch(t);
+    for (size_t t = 0; t < tables.size(); ++t) {
+      const size_t k = static_cast<size_t>(feature_of_table_[t]);
+      const auto n = static_cast<int64_t>(fetch_ids[k].size());
+      if (n > 0) rows_->write(static_cast<int>(t), fetch_rows[k].data(), n, job.rows[t].data());
+    }
+  } catch (...) {  // a tier failed (Redis down...): the slots taken were not (all) written
+    for (size_t k = 0; k < F; ++k)
+      for (int64_t id : inserted[k]) maps_[k].erase(id);
+    throw;
   }
   const auto ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
