@@ -307,6 +307,18 @@ TEST(PredictorStore, CliPredictsThroughAStoreFileAndPrintsThePlan) {
   ASSERT_EQ(run("predict --model " + full + " --input " + d.logs + " --output " + ref, &out), 0);
   EXPECT_EQ(dlrec::testing::read_all(probs), dlrec::testing::read_all(ref));
   out.clear();
+  // --device cuda: the plan has the GPU cache's line; without a GPU, a clear error.
+  const int gpu_rc = run("predict --model " + d.dir.path + "/cli --store " + d.dir.path +
+                             "/store.json --device cuda --plan",
+                         &out);
+  if (cuda::device_count() > 0) {
+    EXPECT_EQ(gpu_rc, 0) << out;
+    EXPECT_NE(out.find("tier gpu: "), std::string::npos) << out;
+  } else {
+    EXPECT_NE(gpu_rc, 0) << out;
+    EXPECT_NE(out.find("CUDA"), std::string::npos) << out;
+  }
+  out.clear();
   dlrec::testing::write_file(d.dir.path, "bad.json",
                              R"({"embedding_store": {"rocksdb": {"path": "clidb", "x": 1}}})");
   EXPECT_NE(run("predict --model " + full + " --store " + d.dir.path + "/bad.json --plan", &out),
