@@ -118,12 +118,12 @@ io::Batch make_batch(const PowerLaw& pl, int T, int64_t B, std::mt19937_64& rng)
 int run(const Args& a) {
   DLREC_CHECK(cuda::device_count() > 0, "serve_gpu_cache: no CUDA device");
   const Device dev = Device::cuda(0);
-  const json cfg_json = parse_json(
-      R"({"model": {"arch": "dlrm", "embedding_dim": )" + std::to_string(a.dim) +
-          R"(, "bottom_mlp": [256, )" + std::to_string(a.dim) +
-          R"(], "top_mlp": [512, 256, 1], "interaction": "dot"},
+  const json cfg_json =
+      parse_json(R"({"model": {"arch": "dlrm", "embedding_dim": )" + std::to_string(a.dim) +
+                     R"(, "bottom_mlp": [256, )" + std::to_string(a.dim) +
+                     R"(], "top_mlp": [512, 256, 1], "interaction": "dot"},
           "optimizer": {"type": "sgd", "lr": 0.01}})",
-      "bench config");
+                 "bench config");
   const model::RunConfig cfg = model::RunConfig::from_json(cfg_json);
   io::ShardLayout full;
   full.num_dense = 13;
@@ -135,10 +135,11 @@ int run(const Args& a) {
   for (int t = 0; t < a.tables; ++t)
     tables.push_back({"emb." + std::to_string(t) + ".weight", t, a.rows, a.dim});
   const double table_gb = static_cast<double>(a.tables) * a.rows * a.dim * 4 / 1e9;
-  std::printf("setup: %d tables x %lld rows x %d = %.2f GB fp32; cache %.3g of the rows, %s, "
-              "insert_threshold %.2f\n",
-              a.tables, static_cast<long long>(a.rows), a.dim, table_gb, a.fraction,
-              a.eviction.c_str(), a.threshold);
+  std::printf(
+      "setup: %d tables x %lld rows x %d = %.2f GB fp32; cache %.3g of the rows, %s, "
+      "insert_threshold %.2f\n",
+      a.tables, static_cast<long long>(a.rows), a.dim, table_gb, a.fraction, a.eviction.c_str(),
+      a.threshold);
   // The all-in-GPU model, its tables filled from the generator in chunks.
   auto base = model::build_model(cfg.model, cfg.optimizer, full, dev, 1, "fp32");
   {
@@ -222,9 +223,10 @@ int run(const Args& a) {
     const PowerLaw pl(a.rows, alpha);
     std::mt19937_64 rng(static_cast<uint64_t>(alpha * 1000));
     build_cached(cache.staging_rows());  // a cold cache per alpha
-    {  // warm-up: the cache's steady state
+    {                                    // warm-up: the cache's steady state
       std::vector<float> out(2048);
-      for (int i = 0; i < a.warmup_batches; ++i) cached_predict(make_batch(pl, a.tables, 2048, rng), out.data());
+      for (int i = 0; i < a.warmup_batches; ++i)
+        cached_predict(make_batch(pl, a.tables, 2048, rng), out.data());
       cache.drain();
     }
     for (int64_t B : sizes) {
@@ -245,41 +247,45 @@ int run(const Args& a) {
       for (const io::Batch& b : batches) {
         const auto s = std::chrono::steady_clock::now();
         base_cm->predict(b, pb.data());
-        ub.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - s).count());
+        ub.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - s)
+                         .count());
       }
-      const double tb = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double tb =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const int64_t h0 = cache.stats.hits, m0 = cache.stats.misses;
       const int64_t s0 = cache.sync_batches, a0 = cache.async_batches;
       t0 = std::chrono::steady_clock::now();
       for (const io::Batch& b : batches) {
         const auto s = std::chrono::steady_clock::now();
         cached_predict(b, pc.data());
-        uc.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - s).count());
+        uc.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - s)
+                         .count());
       }
-      const double tc = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double tc =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const int64_t h = cache.stats.hits - h0, m = cache.stats.misses - m0;
-      std::printf("alpha=%.2f batch=%lld iters=%d hit_rate=%.4f (distinct ids of a batch; sync/async batches %lld/%lld) "
-                  "cached p50_us=%.1f p99_us=%.1f samples/s=%.0f | all-gpu p50_us=%.1f p99_us=%.1f "
-                  "samples/s=%.0f | p99 ratio %.2f, throughput ratio %.2f | bit-for-bit rows "
-                  "differing: %lld\n",
-                  alpha, static_cast<long long>(B), iters,
-                  static_cast<double>(h) / std::max<int64_t>(1, h + m),
-                  static_cast<long long>(cache.sync_batches - s0),
-                  static_cast<long long>(cache.async_batches - a0), quantile(uc, 0.5),
-                  quantile(uc, 0.99), B * iters / tc, quantile(ub, 0.5), quantile(ub, 0.99),
-                  B * iters / tb, quantile(uc, 0.99) / quantile(ub, 0.99), tb / tc,
-                  static_cast<long long>(diff));
+      std::printf(
+          "alpha=%.2f batch=%lld iters=%d hit_rate=%.4f (distinct ids of a batch; sync/async "
+          "batches %lld/%lld) "
+          "cached p50_us=%.1f p99_us=%.1f samples/s=%.0f | all-gpu p50_us=%.1f p99_us=%.1f "
+          "samples/s=%.0f | p99 ratio %.2f, throughput ratio %.2f | bit-for-bit rows "
+          "differing: %lld\n",
+          alpha, static_cast<long long>(B), iters,
+          static_cast<double>(h) / std::max<int64_t>(1, h + m),
+          static_cast<long long>(cache.sync_batches - s0),
+          static_cast<long long>(cache.async_batches - a0), quantile(uc, 0.5), quantile(uc, 0.99),
+          B * iters / tc, quantile(ub, 0.5), quantile(ub, 0.99), B * iters / tb,
+          quantile(uc, 0.99) / quantile(ub, 0.99), tb / tc, static_cast<long long>(diff));
       std::fflush(stdout);
     }
   }
   std::printf("cache: %s", es.stats_text().c_str());
-  std::printf("gpu: hits %lld misses %lld evictions %lld bytes %lld async_inserted %lld "
-              "async_dropped %lld\n",
-              static_cast<long long>(cache.stats.hits), static_cast<long long>(cache.stats.misses),
-              static_cast<long long>(cache.stats.evictions),
-              static_cast<long long>(cache.stats.bytes),
-              static_cast<long long>(cache.async_inserted),
-              static_cast<long long>(cache.async_dropped));
+  std::printf(
+      "gpu: hits %lld misses %lld evictions %lld bytes %lld async_inserted %lld "
+      "async_dropped %lld\n",
+      static_cast<long long>(cache.stats.hits), static_cast<long long>(cache.stats.misses),
+      static_cast<long long>(cache.stats.evictions), static_cast<long long>(cache.stats.bytes),
+      static_cast<long long>(cache.async_inserted), static_cast<long long>(cache.async_dropped));
   return 0;
 }
 
@@ -289,16 +295,26 @@ int main(int argc, char** argv) {
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--tables") a.tables = std::stoi(v);
-    else if (k == "--rows") a.rows = std::stoll(v);
-    else if (k == "--dim") a.dim = std::stoi(v);
-    else if (k == "--iters") a.iters = std::stoi(v);
-    else if (k == "--warmup-batches") a.warmup_batches = std::stoi(v);
-    else if (k == "--fraction") a.fraction = std::stod(v);
-    else if (k == "--threshold") a.threshold = std::stod(v);
-    else if (k == "--eviction") a.eviction = v;
-    else if (k == "--alpha") a.alphas = v;
-    else if (k == "--batch") a.batches = v;
+    if (k == "--tables")
+      a.tables = std::stoi(v);
+    else if (k == "--rows")
+      a.rows = std::stoll(v);
+    else if (k == "--dim")
+      a.dim = std::stoi(v);
+    else if (k == "--iters")
+      a.iters = std::stoi(v);
+    else if (k == "--warmup-batches")
+      a.warmup_batches = std::stoi(v);
+    else if (k == "--fraction")
+      a.fraction = std::stod(v);
+    else if (k == "--threshold")
+      a.threshold = std::stod(v);
+    else if (k == "--eviction")
+      a.eviction = v;
+    else if (k == "--alpha")
+      a.alphas = v;
+    else if (k == "--batch")
+      a.batches = v;
     else {
       std::fprintf(stderr, "serve_gpu_cache: unknown option %s\n", k.c_str());
       return 2;

@@ -260,8 +260,8 @@ double GpuCache::recent_hit_rate() const {
   return recent_lookups_ > 0 ? recent_hits_ / recent_lookups_ : 0.0;
 }
 
-// Long (~110 lines) on purpose: the remap, the fetch and the forward of a batch are one
-// critical section, with the rollback of a batch that needs more staging rows.
+// Long (~160 lines) on purpose: the remap, the fetch and the forward of a batch are one
+// critical section, with the rollbacks (more staging rows needed, a bad id, a tier failing).
 int64_t GpuCache::run(const io::Batch& batch,
                       const std::function<void(const io::Batch&)>& forward) {
   std::unique_lock<std::mutex> lock(mu_);
@@ -364,8 +364,7 @@ int64_t GpuCache::run(const io::Batch& batch,
     const auto n = static_cast<int64_t>(fetch_ids[k].size());
     std::vector<float>& buf = job.rows[t];
     buf.resize(static_cast<size_t>(n * tables[t].dim));
-    if (n > 0)
-      store_.lookup(static_cast<int>(t), fetch_ids[k].data(), n, buf.data(), pinned.get());
+    if (n > 0) store_.lookup(static_cast<int>(t), fetch_ids[k].data(), n, buf.data(), pinned.get());
   };
   try {
     if (tables.size() > 1 && misses >= 1024)  // the store is thread-safe
