@@ -59,7 +59,7 @@ Runner add_export(CLI::App& app) {
 
 Runner add_predict(CLI::App& app) {
   struct Args {
-    std::string model, input = "-", output, onnx_inputs, store;
+    std::string model, input = "-", output, onnx_inputs, store, device = "cpu";
     bool plan = false;
   };
   auto a = std::make_shared<Args>();
@@ -76,6 +76,9 @@ Runner add_predict(CLI::App& app) {
                  "\"embedding_store\" object; docs/SERVING.md, \"Tiered embedding store\")");
   c->add_flag("--plan", a->plan,
               "Print the memory each tier and the model will use, and exit (a dry run)");
+  c->add_option("--device", a->device,
+                "cpu (default) or cuda[:N]: the CUDA engine; with --store, its tables through "
+                "the GPU cache tier (docs/SERVING.md, \"GPU cache tier\")");
   return [a] {
     std::optional<store::StoreConfig> store;
     if (!a->store.empty()) {
@@ -86,7 +89,8 @@ Runner add_predict(CLI::App& app) {
       store = store::StoreConfig::from_json(j.at("embedding_store"), base.empty() ? "." : base,
                                             a->store + ": embedding_store");
     }
-    train::Predictor predictor(a->model, Device::cpu(), "fp32", store ? &*store : nullptr);
+    train::Predictor predictor(a->model, Device::parse(a->device), "fp32",
+                               store ? &*store : nullptr);
     if (a->plan) {
       std::fputs(predictor.memory_plan().c_str(), stdout);
       return 0;

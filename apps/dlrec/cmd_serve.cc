@@ -43,14 +43,17 @@ int dry_run(const serve::ServerOptions& o) {
       }
       const std::vector<int64_t> chosen = cfg.version_policy.select(available);
       DLREC_CHECK(!chosen.empty(), "no version to serve under its version policy");
-      DLREC_CHECK(!cfg.instances.gpu || !cfg.instances.store,
-                  "KIND_GPU with an embedding store is not served yet");
       for (int64_t v : chosen) {
         const std::string vdir = (dir / std::to_string(v)).string();
         std::printf("model %s version %lld: %lld %s instance(s), each:\n", name.c_str(),
                     static_cast<long long>(v), static_cast<long long>(cfg.instances.count),
                     cfg.instances.gpu ? "GPU" : "CPU");
-        train::Predictor p(vdir, Device::cpu(), "fp32", cfg.instances.store.get());
+        // A GPU instance is opened on its first device (the GPU cache is sized from its free
+        // memory, so a host without that GPU reports the model as not loading).
+        const Device dev = cfg.instances.gpu
+                               ? Device::cuda(static_cast<int>(cfg.instances.gpus.at(0)))
+                               : Device::cpu();
+        train::Predictor p(vdir, dev, cfg.instances.precision, cfg.instances.store.get());
         std::fputs(p.memory_plan().c_str(), stdout);
       }
     } catch (const std::exception& e) {

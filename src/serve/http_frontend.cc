@@ -56,21 +56,31 @@ json model_stats_json(const ModelStats& s) {
                        {"compute_infer", {{"count", cn.first}, {"ns", cn.second}}},
                        {"compute_output", zero}});
   }
-  return {{"name", s.name},
-          {"version", s.version},
-          {"last_inference", s.last_inference_ms.load()},
-          {"inference_count", s.inference_count.load()},
-          {"execution_count", s.execution_count.load()},
-          {"inference_stats",
-           {{"success", duration(s.success)},
-            {"fail", duration(s.fail)},
-            {"queue", duration(s.queue)},
-            {"compute_input", duration(s.compute_input)},
-            {"compute_infer", duration(s.compute_infer)},
-            {"compute_output", duration(s.compute_output)},
-            {"cache_hit", {{"count", 0}, {"ns", 0}}},
-            {"cache_miss", {{"count", 0}, {"ns", 0}}}}},
-          {"batch_stats", std::move(batches)}};
+  json j = {{"name", s.name},
+            {"version", s.version},
+            {"last_inference", s.last_inference_ms.load()},
+            {"inference_count", s.inference_count.load()},
+            {"execution_count", s.execution_count.load()},
+            {"inference_stats",
+             {{"success", duration(s.success)},
+              {"fail", duration(s.fail)},
+              {"queue", duration(s.queue)},
+              {"compute_input", duration(s.compute_input)},
+              {"compute_infer", duration(s.compute_infer)},
+              {"compute_output", duration(s.compute_output)},
+              {"cache_hit", {{"count", 0}, {"ns", 0}}},
+              {"cache_miss", {{"count", 0}, {"ns", 0}}}}},
+            {"batch_stats", std::move(batches)}};
+  // dlrec extension: the tiered store's hit rate per tier (summed over the instances).
+  json tiers = json::object();
+  for (const auto& [tier, hm] : s.store_hits_misses()) {
+    const int64_t n = hm.first + hm.second;
+    tiers[tier] = {{"hits", hm.first},
+                   {"misses", hm.second},
+                   {"hit_rate", n > 0 ? static_cast<double>(hm.first) / n : 0.0}};
+  }
+  if (!tiers.empty()) j["embedding_store"] = std::move(tiers);
+  return j;
 }
 
 json tensors_json(const std::vector<TensorInfo>& ts) {

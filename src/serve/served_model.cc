@@ -9,6 +9,7 @@
 #include "dlrec/io/schema.h"
 #include "dlrec/serve/model_repository.h"
 #include "dlrec/serve/request_error.h"
+#include "dlrec/store/gpu_cache.h"
 
 namespace dlrec::serve {
 
@@ -190,6 +191,7 @@ ServedModel::ServedModel(std::string name, int64_t version, const std::string& d
   ModelStats::StoreTiers tiers;
   for (int64_t i = 0; i < instances.count; ++i) {
     train::Predictor& p = i == 0 ? *predictor_ : *more_[i - 1];
+    if (p.gpu_cache()) tiers.emplace_back("gpu", &p.gpu_cache()->stats);
     if (p.store())
       for (const auto& t : p.store()->tiers()) tiers.emplace_back(t->name(), &t->stats);
   }

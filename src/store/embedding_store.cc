@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <sstream>
 
 #include "dlrec/core/error.h"
@@ -98,6 +99,26 @@ StoreConfig StoreConfig::from_json(const json& j, const std::string& base_dir,
     c.updates_max_bytes = u.get_int_range("max_bytes", c.updates_max_bytes, 1, int64_t{1} << 50);
     u.finish();
   }
+  if (r.has("gpu_cache")) {
+    ConfigReader g = r.child("gpu_cache");
+    c.gpu_cache = true;
+    DLREC_CHECK(!(g.has("fraction") && g.has("bytes")), g.key_path("fraction"),
+                ": give \"fraction\" or \"bytes\", not both");
+    if (g.has("fraction")) {
+      c.gpu_cache_fraction = g.get_range("fraction", 0, 0, 1);
+      DLREC_CHECK(c.gpu_cache_fraction > 0, g.key_path("fraction"),
+                  ": the cache must hold rows (a fraction in (0, 1]), got 0");
+    }
+    if (g.has("bytes")) {
+      c.gpu_cache_bytes = g.get_int_range("bytes", 0, 0, int64_t{1} << 50);
+      DLREC_CHECK(c.gpu_cache_bytes > 0, g.key_path("bytes"),
+                  ": the cache must hold rows (bytes >= 1), got 0");
+    }
+    c.gpu_cache_eviction = g.get_choice("eviction", c.gpu_cache_eviction, {"lfu", "lru"});
+    c.gpu_cache_insert_threshold =
+        g.get_range("insert_threshold", c.gpu_cache_insert_threshold, 0, 1);
+    g.finish();
+  }
   c.staging_rows = r.get_int_range("staging_rows", c.staging_rows, 1, int64_t{1} << 31);
   r.finish();
   DLREC_CHECK(c.host || c.redis || c.rocksdb, where,
@@ -126,8 +147,35 @@ json StoreConfig::to_json() const {
                     {"stream", updates_stream},
                     {"block_ms", updates_block_ms},
                     {"max_bytes", updates_max_bytes}};
+  if (gpu_cache) {
+    j["gpu_cache"] = {{"eviction", gpu_cache_eviction},
+                      {"insert_threshold", gpu_cache_insert_threshold}};
+    if (gpu_cache_fraction > 0) j["gpu_cache"]["fraction"] = gpu_cache_fraction;
+    if (gpu_cache_bytes > 0) j["gpu_cache"]["bytes"] = gpu_cache_bytes;
+  }
   j["staging_rows"] = staging_rows;
   return j;
+}
+
+// The consumer's view of the GPU cache: a cache tier whose invalidate() calls the listener.
+class EmbeddingStore::Listener final : public Tier {
+ public:
+  std::string name() const override { return "listener"; }
+  void lookup(int, const int64_t*, int64_t, float*, uint8_t*) override {}
+  bool complete() const override { return false; }
+  int64_t memory_bound() const override { return 0; }
+  void invalidate(int table, const int64_t* ids, int64_t n) override {
+    std::lock_guard<std::mutex> l(mu);
+    if (fn) fn(table, ids, n);
+  }
+  std::mutex mu;
+  InvalidateFn fn;
+};
+
+void EmbeddingStore::on_invalidate(InvalidateFn fn) {
+  if (!listener_) return;  // no updates: nothing is ever invalidated
+  std::lock_guard<std::mutex> l(listener_->mu);
+  listener_->fn = std::move(fn);
 }
 
 EmbeddingStore::EmbeddingStore(std::vector<TableInfo> tables,
@@ -151,15 +199,16 @@ std::unique_ptr<EmbeddingStore> EmbeddingStore::open(const StoreConfig& config,
         make_host_tier(tables, config.host_bytes, config.host_shards, config.host_eviction));
   if (config.redis) tiers.push_back(open_redis_tier(tables, config));
   if (config.rocksdb)
-    tiers.push_back(
-        open_rocksdb_tier(config.rocksdb_path, tables, config.rocksdb_block_cache_bytes,
-                          config.rocksdb_export_id));
+    tiers.push_back(open_rocksdb_tier(config.rocksdb_path, tables, config.rocksdb_block_cache_bytes,
+                                      config.rocksdb_export_id));
   auto store = std::make_unique<EmbeddingStore>(tables, std::move(tiers));
   if (config.updates) {
     StreamAddress at{config.updates_host, config.updates_port, config.updates_stream,
                      config.redis ? config.redis_timeout_ms : 1000};
     std::vector<Tier*> caches;
     for (size_t k = 1; k < store->tiers_.size(); ++k) caches.push_back(store->tiers_[k].get());
+    store->listener_ = std::make_unique<Listener>();
+    caches.push_back(store->listener_.get());
     store->consumer_ =
         std::make_unique<UpdateConsumer>(at, config.updates_block_ms, store->updates_, caches);
     // The versions already on the stream are applied before the first lookup (a restarted

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <random>
 
 #include "dlrec/compress/compressed_records.h"
@@ -22,6 +23,7 @@
 #include "dlrec/core/file_util.h"
 #include "dlrec/io/tensor_file.h"
 #include "dlrec/io/text_reader.h"
+#include "dlrec/store/gpu_cache.h"
 #include "dlrec/train/onnx_export.h"
 #include "dlrec/train/trainer.h"
 #include "train/export_store.h"
@@ -71,8 +73,9 @@ void check_finite(const std::vector<model::NamedTensor>& params) {
 // 16 hex digits, new for every export that writes a store.
 std::string new_export_id() {
   std::random_device rd;
-  const uint64_t v = (uint64_t{rd()} << 32) ^ rd() ^
-                     static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  const uint64_t v =
+      (uint64_t{rd()} << 32) ^ rd() ^
+      static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
   return buf;
@@ -134,9 +137,9 @@ void write_model_dir(const std::string& out_dir, bool overwrite, json meta, mode
     write_file_atomic(tmp + "/model.json", meta.dump(2));
     if (onnx != OnnxExport::None) {
       const model::RunConfig cfg = model::RunConfig::from_json(meta.at("config"));
-      write_onnx_model(tmp, cfg.model, wf.output_layout(), model,
-                       onnx == OnnxExport::ExternalData ? OnnxWeights::External
-                                                        : OnnxWeights::Auto);
+      write_onnx_model(
+          tmp, cfg.model, wf.output_layout(), model,
+          onnx == OnnxExport::ExternalData ? OnnxWeights::External : OnnxWeights::Auto);
     }
     replace_dir(tmp, out_dir);
   } catch (...) {
@@ -185,8 +188,8 @@ void export_model(const std::string& run_dir, const std::string& out_dir, bool o
 }
 
 void export_initialized(const std::string& config_path, const std::string& data_dir,
-                        const std::string& out_dir, uint64_t seed, bool overwrite,
-                        OnnxExport onnx, const TierExport& tiers) {
+                        const std::string& out_dir, uint64_t seed, bool overwrite, OnnxExport onnx,
+                        const TierExport& tiers) {
   model::RunConfig cfg = model::RunConfig::load(config_path);
   io::DatasetInfo data = io::DatasetInfo::load(data_dir);
   etl::Workflow wf = etl::Workflow::load(data_dir + "/workflow.json");
@@ -243,13 +246,42 @@ struct Predictor::Impl {
   std::unique_ptr<etl::Workflow> wf;
   std::unique_ptr<model::Model> model;
   std::unique_ptr<detail::StagedTables> staged;  // with an embedding store
-  WeightsFileId weights_id;                       // of the weights.dlrec the model was loaded from
+  std::unique_ptr<store::GpuCache> gpu_cache;    // with a store on a GPU: its cache tier
+  WeightsFileId weights_id;                      // of the weights.dlrec the model was loaded from
   // How a CUDA model chooses its compressed layers' kernels (kept across rebuilds).
   nn::kernel_choice::Policy policy = nn::kernel_choice::Policy::Fastest;
   // Builds the model for `layout` and loads its weights (those of weights.dlrec; with a store,
   // all but the stored tables).
   void build(const io::ShardLayout& for_layout);
+  // With the GPU cache: builds the model with `staging` rows per stored feature after the
+  // cache's, and binds the cache to its device tables.
+  void build_gpu(int64_t staging);
 };
+
+void Predictor::Impl::build_gpu(int64_t staging) {
+  io::ShardLayout l = staged->layout();
+  const store::GpuCacheSizing& z = gpu_cache->sizing();
+  for (size_t k = 0; k < z.features.size(); ++k)
+    l.cardinalities[z.features[k]] = z.cache_rows[k] + staging;
+  build(l);
+  std::vector<float*> ptrs;
+  std::vector<int64_t> dims, rows;
+  std::map<std::string, Tensor> params;
+  for (auto& [name, t] : model->parameters()) params[name] = t;
+  for (const store::TableInfo& t : staged->store().tables()) {
+    auto it = params.find(t.name);
+    const int64_t want = l.cardinalities[t.feature];
+    DLREC_CHECK(it != params.end() && it->second.shape() == Shape({want, t.dim}) &&
+                    it->second.device().is_cuda(),
+                "gpu cache: the model has no device table '", t.name, "' of ", want, " rows");
+    ptrs.push_back(it->second.data<float>());
+    dims.push_back(t.dim);
+    rows.push_back(want);
+  }
+  gpu_cache->bind(
+      store::make_cuda_rows(device.index, std::move(ptrs), std::move(dims), std::move(rows)),
+      staging);
+}
 
 void Predictor::Impl::build(const io::ShardLayout& for_layout) {
   // Built and loaded aside, then swapped in: a failed rebuild (a larger batch with a store)
@@ -293,7 +325,7 @@ void Predictor::Impl::build(const io::ShardLayout& for_layout) {
   compress::apply_loaded_quant(quant, weights, mdl);
   if (cuda)
     mdl.set_compressed(compress::read_compressed_weights(weights_meta, weights, mdl), policy);
-  if (staged) staged->bind(mdl);  // all or nothing: the old binding stays on failure
+  if (staged && !gpu_cache) staged->bind(mdl);  // all or nothing: the old one stays on failure
   model = std::move(fresh);
   weights_id = id;
 }
@@ -325,20 +357,38 @@ Predictor::Predictor(const std::string& dir, Device device, const std::string& p
                                               dir + "/model.json: embedding_store");
   if (!store && meta.contains("embedding_store")) {
     store = &from_meta;
-  } else if (store && store->rocksdb && store->rocksdb_export_id.empty() &&
-             from_meta.rocksdb && fs::path(store->rocksdb_path).lexically_normal() ==
-                                      fs::path(from_meta.rocksdb_path).lexically_normal()) {
+  } else if (store && store->rocksdb && store->rocksdb_export_id.empty() && from_meta.rocksdb &&
+             fs::path(store->rocksdb_path).lexically_normal() ==
+                 fs::path(from_meta.rocksdb_path).lexically_normal()) {
     given = *store;  // the model's own store, named by a serving config: its id is checked too
     given.rocksdb_export_id = from_meta.rocksdb_export_id;
     store = &given;
   }
   if (store) {
-    DLREC_CHECK(!device.is_cuda(), "'", dir, "': the tiered embedding store serves CPU models ",
-                "only so far (", device.str(), " was asked for)");
     auto tables = detail::find_store_tables(impl_->cfg, impl_->layout);
+    store::GpuCacheSizing sizing;
+    if (device.is_cuda()) {  // sized before anything is opened: a cache too large is refused
+      DLREC_CHECK(impl_->cfg.train.loss != "mse", "'", dir,
+                  "': the GPU cache tier serves classification models (train.loss \"mse\" is "
+                  "served through the store on the CPU only)");
+      int64_t free_b = 0, total_b = 0;
+      store::cuda_memory_info(device.index, &free_b, &total_b);
+      sizing = store::size_gpu_cache(*store, tables, free_b, total_b);
+    } else {
+      DLREC_CHECK(!store->gpu_cache, "'", dir,
+                  "': embedding_store.gpu_cache is for GPU instances (KIND_GPU, --device cuda); "
+                  "this one runs on ",
+                  device.str());
+    }
     impl_->staged = std::make_unique<detail::StagedTables>(
         store::EmbeddingStore::open(*store, tables), impl_->layout, store->staging_rows);
-    impl_->build(impl_->staged->staging_layout());
+    if (device.is_cuda()) {
+      impl_->gpu_cache =
+          std::make_unique<store::GpuCache>(impl_->staged->store(), *store, std::move(sizing));
+      impl_->build_gpu(store->staging_rows);
+    } else {
+      impl_->build(impl_->staged->staging_layout());
+    }
   } else {
     impl_->build(impl_->layout);
   }
@@ -354,6 +404,8 @@ std::vector<std::string> Predictor::kernel_report() { return impl_->model->kerne
 store::EmbeddingStore* Predictor::store() {
   return impl_->staged ? &impl_->staged->store() : nullptr;
 }
+
+store::GpuCache* Predictor::gpu_cache() { return impl_->gpu_cache.get(); }
 
 std::string Predictor::memory_plan() {
   auto mib = [](int64_t b) {
@@ -373,10 +425,29 @@ std::string Predictor::memory_plan() {
   for (const store::TableInfo& t : st.store().tables()) tables += t.rows * t.row_bytes();
   out += "tables: " + std::to_string(st.store().tables().size()) + " in the store, " + mib(tables) +
          " (all in memory they would take this much)\n";
-  out += "model: " + mib(in_model - st.staging_bytes()) + " dense parameters + " +
-         mib(st.staging_bytes()) + " staging (" + std::to_string(st.capacity()) +
-         " rows per table; grows to a batch's distinct ids of one feature)\n";
   int64_t total = in_model;
+  if (impl_->gpu_cache) {  // the stored tables are the cache plus staging rows, on the device
+    const store::GpuCache& c = *impl_->gpu_cache;
+    const int64_t S = c.staging_rows();
+    int64_t staging = 0;
+    for (const store::TableInfo& t : st.store().tables()) staging += S * t.row_bytes();
+    const int64_t cache = c.sizing().cache_bytes;
+    int64_t rows = 0;
+    for (int64_t r : c.sizing().cache_rows) rows += r;
+    out += "model: " + mib(in_model - cache - staging) + " dense parameters on " +
+           impl_->device.str() + "\n";
+    char frac[32];
+    std::snprintf(frac, sizeof frac, "%.4g", c.sizing().fraction);
+    out += "tier gpu: " + mib(cache) + " on " + impl_->device.str() + " (" + std::to_string(rows) +
+           " rows over " + std::to_string(c.sizing().features.size()) + " features, " + frac +
+           " of each table; " + c.sizing().how + ") + " + mib(staging) + " staging (" +
+           std::to_string(S) + " rows per feature; grows to a batch's misses of one feature)\n";
+    total = 0;  // the device's bytes are not host memory
+  } else {
+    out += "model: " + mib(in_model - st.staging_bytes()) + " dense parameters + " +
+           mib(st.staging_bytes()) + " staging (" + std::to_string(st.capacity()) +
+           " rows per table; grows to a batch's distinct ids of one feature)\n";
+  }
   for (const auto& tier : st.store().tiers()) {
     out += "tier " + tier->name() + ": at most " + mib(tier->memory_bound()) + " in memory";
     if (tier->disk_bytes() > 0) out += ", " + mib(tier->disk_bytes()) + " on disk";
@@ -419,7 +490,18 @@ std::vector<float> Predictor::predict(const io::Batch& batch) {
   auto* cm = regression ? nullptr : dynamic_cast<model::CudaModel*>(impl_->model.get());
   if (cm) {
     std::vector<float> p(static_cast<size_t>(batch.rows));
-    cm->predict(batch, p.data());
+    if (!impl_->gpu_cache) {
+      cm->predict(batch, p.data());
+      return p;
+    }
+    // Through the GPU cache; a batch needing more staging rows than the model has rebuilds it
+    // with room for them (at least twice as many), and the cache starts over.
+    store::GpuCache& cache = *impl_->gpu_cache;
+    auto forward = [&](const io::Batch& b) {
+      dynamic_cast<model::CudaModel&>(*impl_->model).predict(b, p.data());
+    };
+    for (int64_t need = cache.run(batch, forward); need > 0; need = cache.run(batch, forward))
+      impl_->build_gpu(std::max(need, 2 * cache.staging_rows()));
     return p;
   }
 #endif

@@ -33,6 +33,7 @@ class StagedTables {
   // The layout the model is built for: stored features have `capacity()` rows.
   io::ShardLayout staging_layout() const;
   int64_t capacity() const { return capacity_; }
+  const io::ShardLayout& layout() const { return layout_; }  // the model's own
   void set_capacity(int64_t c) { capacity_ = c; }
   // Finds the model's table tensors (after each build).
   void bind(model::Model& m);

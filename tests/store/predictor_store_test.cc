@@ -10,9 +10,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include "dlrec/core/device.h"
 #include "dlrec/etl/run.h"
 #include "dlrec/io/datagen.h"
 #include "dlrec/io/tensor_file.h"
+#include "dlrec/store/gpu_cache.h"
 #include "dlrec/train/export.h"
 #include "store/redis_server.h"
 #include "test_errors.h"
@@ -153,6 +155,41 @@ void check_tier_configurations(const char* model_json) {
   }
 }
 
+// The GPU cache tier (include/dlrec/store/gpu_cache.h) against the all-in-GPU model: bit for
+// bit with sync inserts, async inserts, a staging area that must grow, a cache holding every
+// row, and the default size; cold and warm.
+void check_gpu_cache(const char* model_json) {
+  Data d;
+  const std::string full = d.export_model("full", model_json);
+  const std::string tiered = d.export_model("tiered", model_json, d.dir.path + "/db");
+  const char* configs[] = {
+      R"({"gpu_cache": {"fraction": 0.05, "insert_threshold": 1}, "rocksdb": {"path": "db"}})",
+      R"({"gpu_cache": {"fraction": 0.05, "eviction": "lru", "insert_threshold": 0},
+          "rocksdb": {"path": "db"}, "staging_rows": 4})",
+      R"({"gpu_cache": {"fraction": 0.3, "insert_threshold": 0.5},
+          "host": {"bytes": 4096}, "rocksdb": {"path": "db"}})",
+      R"({"gpu_cache": {"bytes": 100000000}, "rocksdb": {"path": "db"}})",
+      R"({"rocksdb": {"path": "db"}})"};
+  for (const int64_t batch_rows : {int64_t{4096}, int64_t{97}, int64_t{3}}) {
+    train::Predictor reference(full, Device::cuda(0));
+    const std::vector<float> want = reference.predict_lines(d.lines, "logs", batch_rows);
+    for (const char* text : configs) {
+      const std::string what =
+          std::string(text) + " (batches of " + std::to_string(batch_rows) + ")";
+      const auto c = config(text, d.dir.path);
+      train::Predictor p(tiered, Device::cuda(0), "fp32", &c);
+      ASSERT_NE(p.gpu_cache(), nullptr) << what;
+      expect_same_bits(want, p.predict_lines(d.lines, "logs", batch_rows), "cold: " + what);
+      p.gpu_cache()->drain();
+      expect_same_bits(want, p.predict_lines(d.lines, "logs", batch_rows), "warm: " + what);
+      const store::TierStats& s = p.gpu_cache()->stats;
+      EXPECT_GT(s.hits.load(), 0) << what;
+      EXPECT_GT(s.misses.load(), 0) << what;
+      EXPECT_NE(p.memory_plan().find("tier gpu: "), std::string::npos) << p.memory_plan();
+    }
+  }
+}
+
 }  // namespace
 
 TEST(PredictorStore, DlrmPredictsBitForBitThroughEveryTierConfiguration) {
@@ -163,6 +200,38 @@ TEST(PredictorStore, DlrmPredictsBitForBitThroughEveryTierConfiguration) {
 TEST(PredictorStore, WideDeepWithTwoTablesPerFeaturePredictsBitForBit) {
   REQUIRE_ROCKSDB();
   check_tier_configurations(kWideDeep);
+}
+
+TEST(PredictorStore, GpuCacheDlrmPredictsBitForBitLikeTheAllInGpuModel) {
+  REQUIRE_ROCKSDB();
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device here: the GPU cache is not run";
+  check_gpu_cache(kDlrm);
+}
+
+TEST(PredictorStore, GpuCacheWideDeepPredictsBitForBitLikeTheAllInGpuModel) {
+  REQUIRE_ROCKSDB();
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device here: the GPU cache is not run";
+  check_gpu_cache(kWideDeep);
+}
+
+TEST(PredictorStore, GpuCacheOnACpuInstanceIsAClearError) {
+  REQUIRE_ROCKSDB();
+  Data d;
+  const std::string tiered = d.export_model("tiered", kDlrm, d.dir.path + "/db");
+  const auto c =
+      config(R"({"gpu_cache": {"fraction": 0.1}, "rocksdb": {"path": "db"}})", d.dir.path);
+  expect_error([&] { train::Predictor p(tiered, Device::cpu(), "fp32", &c); },
+               {"embedding_store.gpu_cache is for GPU instances", "cpu"});
+  if (cuda::device_count() > 0) {  // a cache larger than the device
+    const auto big = config(
+        R"({"gpu_cache": {"bytes": 1125899906842624}, "rocksdb": {"path": "db"}})", d.dir.path);
+    expect_error([&] { train::Predictor p(tiered, Device::cuda(0), "fp32", &big); },
+                 {"gpu_cache.bytes 1125899906842624", "larger than the device"});
+    const auto staging =
+        config(R"({"rocksdb": {"path": "db"}, "staging_rows": 2147483648})", d.dir.path);
+    expect_error([&] { train::Predictor p(tiered, Device::cuda(0), "fp32", &staging); },
+                 {"gpu_cache", "do not fit", "free on the device"});
+  }
 }
 
 TEST(PredictorStore, RefusesAStoreOfAnotherModelAndAMissingStore) {
@@ -238,6 +307,18 @@ TEST(PredictorStore, CliPredictsThroughAStoreFileAndPrintsThePlan) {
   ASSERT_EQ(run("predict --model " + full + " --input " + d.logs + " --output " + ref, &out), 0);
   EXPECT_EQ(dlrec::testing::read_all(probs), dlrec::testing::read_all(ref));
   out.clear();
+  // --device cuda: the plan has the GPU cache's line; without a GPU, a clear error.
+  const int gpu_rc = run("predict --model " + d.dir.path + "/cli --store " + d.dir.path +
+                             "/store.json --device cuda --plan",
+                         &out);
+  if (cuda::device_count() > 0) {
+    EXPECT_EQ(gpu_rc, 0) << out;
+    EXPECT_NE(out.find("tier gpu: "), std::string::npos) << out;
+  } else {
+    EXPECT_NE(gpu_rc, 0) << out;
+    EXPECT_NE(out.find("CUDA"), std::string::npos) << out;
+  }
+  out.clear();
   dlrec::testing::write_file(d.dir.path, "bad.json",
                              R"({"embedding_store": {"rocksdb": {"path": "clidb", "x": 1}}})");
   EXPECT_NE(run("predict --model " + full + " --store " + d.dir.path + "/bad.json --plan", &out),
@@ -251,7 +332,8 @@ TEST(PredictorStore, CliPredictsThroughAStoreFileAndPrintsThePlan) {
   fs::copy(d.dir.path + "/cli", d.dir.path + "/repo/m/1", fs::copy_options::recursive);
   dlrec::testing::write_file(d.dir.path + "/repo/m", "config.json",
                              R"({"embedding_store": {"host": {"bytes": 131072, "eviction": "lfu"},
-                                 "rocksdb": {"path": ")" + d.dir.path + R"(/clidb"}}})");
+                                 "rocksdb": {"path": ")" +
+                                 d.dir.path + R"(/clidb"}}})");
   dlrec::testing::write_file(d.dir.path + "/repo/bad", "config.json",
                              R"({"embedding_store": {"host": {"bytes": 10}}})");
   out.clear();
@@ -302,8 +384,11 @@ TEST(PredictorStore, AStoreOfAnotherExportIsRefused) {
   expect_error([&] { d.export_model("three", kDlrm, d.dir.path + "/three/tables"); },
                {"is inside the model directory"});
   EXPECT_FALSE(fs::exists(d.dir.path + "/three"));
-  expect_error([&] { config(R"({"redis": {"address": "127.0.0.1:1", "key_prefix": "a{b"},
+  expect_error(
+      [&] {
+        config(R"({"redis": {"address": "127.0.0.1:1", "key_prefix": "a{b"},
                                 "rocksdb": {"path": "db1"}})",
-                            d.dir.path); },
-               {"key_prefix", "'{' and '}' are not allowed"});
+               d.dir.path);
+      },
+      {"key_prefix", "'{' and '}' are not allowed"});
 }

@@ -10,6 +10,7 @@
 
 #include "dlrec/store/embedding_store.h"
 #include "store/redis_server.h"
+#include "store/store_helpers.h"
 #include "test_errors.h"
 #include "test_files.h"
 
@@ -19,13 +20,10 @@ using dlrec::testing::find_redis_server;
 using dlrec::testing::free_port;
 using dlrec::testing::RedisServer;
 using dlrec::testing::TempDir;
+using dlrec::testing::value_of;
 namespace fs = std::filesystem;
 
 namespace {
-
-float value_of(int t, int64_t id, int64_t k) {
-  return static_cast<float>(t * 1000 + id) + static_cast<float>(k) / 8;
-}
 
 const std::vector<store::TableInfo> kTables = {{"emb.0.weight", 0, 200, 4},
                                                {"emb.1.weight", 1, 50, 3}};

@@ -14,32 +14,14 @@
 #include "dlrec/serve/stats.h"
 #include "dlrec/train/export.h"
 #include "dlrec/train/onnx_export.h"
+#include "store/store_helpers.h"
 #include "test_errors.h"
 #include "test_files.h"
 
 using namespace dlrec;
+using dlrec::testing::request_of;
 using dlrec::testing::TempDir;
 namespace fs = std::filesystem;
-
-namespace {
-
-// An encoded request ("dense", "cat_<t>") of a one-hot batch's rows.
-serve::InferRequest request_of(const io::Batch& b) {
-  serve::InferRequest req;
-  req.model = "m";
-  auto add = [&](const std::string& name, const std::string& type, std::vector<int64_t> shape,
-                 const void* p, size_t bytes) {
-    req.storage.emplace_back(static_cast<const char*>(p), bytes);
-    req.inputs.push_back({name, type, std::move(shape), req.storage.back()});
-  };
-  add("dense", "FP32", {b.rows, b.num_dense}, b.dense.data(), b.dense.size() * 4);
-  for (int t = 0; t < b.num_cat(); ++t)
-    add("cat_" + std::to_string(t), "INT64", {b.rows, 1}, b.cat_indices[t].data(),
-        b.cat_indices[t].size() * 8);
-  return req;
-}
-
-}  // namespace
 
 TEST(ServedStore, ConfigJsonStoreAnswersLikeTheModelInMemory) {
   if (!store::rocksdb_available()) GTEST_SKIP() << "this build has no RocksDB tier";
@@ -96,6 +78,12 @@ TEST(ServedStore, ConfigJsonStoreAnswersLikeTheModelInMemory) {
                            "dlrec_embedding_store_evictions{model=\"m\",version=\"1\",tier=\"host\"}",
                            "# TYPE dlrec_embedding_store_bytes gauge"})
     EXPECT_NE(metrics.find(part), std::string::npos) << part << " not in:\n" << metrics;
+  // The model statistics' hit rates: per tier, the instances' hits and misses.
+  const auto hm = stats->list("m", "1").at(0)->store_hits_misses();
+  ASSERT_EQ(hm.count("host"), 1u);
+  EXPECT_GT(hm.at("host").first + hm.at("host").second, 0);
+  EXPECT_EQ(hm.at("rocksdb").first, hm.at("host").second);  // the host's misses went down
+  EXPECT_EQ(hm.at("rocksdb").second, 0);
   // A bad section: the load fails naming the key.
   dlrec::testing::write_file(dir.path + "/repo/m", "config.json",
                              R"({"embedding_store": {"host": {"bytes": 3000}}})");

@@ -9,41 +9,18 @@
 #include <fstream>
 
 #include "dlrec/store/embedding_store.h"
+#include "store/store_helpers.h"
 #include "test_errors.h"
 #include "test_files.h"
 
 using namespace dlrec;
 using dlrec::testing::expect_error;
+using dlrec::testing::ArrayTier;
 using dlrec::testing::TempDir;
+using dlrec::testing::value_of;
 namespace fs = std::filesystem;
 
 namespace {
-
-// Row id of table t: values t * 1000 + id + k / 8 (exact in f32).
-float value_of(int t, int64_t id, int64_t k) {
-  return static_cast<float>(t * 1000 + id) + static_cast<float>(k) / 8;
-}
-
-// A complete tier in memory, for the store's logic without RocksDB.
-class ArrayTier final : public store::Tier {
- public:
-  explicit ArrayTier(std::vector<store::TableInfo> t) : tables_(std::move(t)) {}
-  std::string name() const override { return "array"; }
-  bool complete() const override { return true; }
-  int64_t memory_bound() const override { return 0; }
-  void lookup(int table, const int64_t* ids, int64_t n, float* out, uint8_t* found) override {
-    const int64_t dim = tables_[table].dim;
-    for (int64_t i = 0; i < n; ++i) {
-      if (ids[i] == missing_id) continue;
-      for (int64_t k = 0; k < dim; ++k) out[i * dim + k] = value_of(table, ids[i], k);
-      found[i] = 1;
-    }
-  }
-  int64_t missing_id = -1;  // a row this tier pretends not to hold
-
- private:
-  std::vector<store::TableInfo> tables_;
-};
 
 std::vector<store::TableInfo> two_tables() {
   return {{"emb.0.weight", 0, 100, 4}, {"emb.2.weight", 2, 30, 2}};

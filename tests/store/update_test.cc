@@ -23,6 +23,7 @@
 #include "dlrec/train/export.h"
 #include "dlrec/train/push.h"
 #include "store/redis_server.h"
+#include "store/store_helpers.h"
 #include "test_errors.h"
 #include "test_files.h"
 
@@ -389,23 +390,7 @@ TEST(OnlineUpdates, StoreConfigUpdatesSection) {
 #include "dlrec/serve/stats.h"
 #include "dlrec/train/onnx_export.h"
 
-namespace {
-// An encoded request ("dense", "cat_<t>") of a one-hot batch's rows.
-serve::InferRequest request_of(const io::Batch& b) {
-  serve::InferRequest req;
-  req.model = "m";
-  auto add = [&](const std::string& name, const std::string& type, std::vector<int64_t> shape,
-                 const void* p, size_t bytes) {
-    req.storage.emplace_back(static_cast<const char*>(p), bytes);
-    req.inputs.push_back({name, type, std::move(shape), req.storage.back()});
-  };
-  add("dense", "FP32", {b.rows, b.num_dense}, b.dense.data(), b.dense.size() * 4);
-  for (int t = 0; t < b.num_cat(); ++t)
-    add("cat_" + std::to_string(t), "INT64", {b.rows, 1}, b.cat_indices[t].data(),
-        b.cat_indices[t].size() * 8);
-  return req;
-}
-}  // namespace
+using dlrec::testing::request_of;
 
 // Client threads ask a served model all through an online update: no request fails, each
 // answer is the old model's or the new one's (bit for bit, never a mix), a client that saw the

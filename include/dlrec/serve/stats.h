@@ -60,6 +60,17 @@ struct ModelStats {
     std::lock_guard<std::mutex> lock(store_mu_);
     fn(store_tiers_);
   }
+  // Per tier name: hits and misses summed over the instances (the model statistics' hit rate).
+  std::map<std::string, std::pair<int64_t, int64_t>> store_hits_misses() const {
+    std::map<std::string, std::pair<int64_t, int64_t>> out;
+    with_store_tiers([&](const StoreTiers& ts) {
+      for (const auto& [tier, st] : ts) {
+        out[tier].first += st->hits.load();
+        out[tier].second += st->misses.load();
+      }
+    });
+    return out;
+  }
 
  private:
   mutable std::mutex mu_;

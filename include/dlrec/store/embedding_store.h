@@ -11,12 +11,14 @@
 //
 // With "updates", an update tier (include/dlrec/store/updates.h) is asked first: the rows that
 // online updates changed, read from a Redis Stream in a background thread.
-// A later slice fits in the same interface: a GPU cache tier (a Tier whose rows live on a
-// device, asked after the update tier).
+// GPU model instances put a GPU cache tier above all of them (include/dlrec/store/gpu_cache.h):
+// it is not one of the store's tiers (its rows are the model's device tables) but the store
+// tells it of online updates (on_invalidate).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,6 +69,15 @@ struct StoreConfig {
   // Rows of each table the model stages per batch at first; grows to the largest batch's
   // distinct ids of one feature.
   int64_t staging_rows = 4096;
+  // "gpu_cache" (GPU instances only; include/dlrec/store/gpu_cache.h): the cache's size as a
+  // fraction of every table's rows or in bytes (neither: the default from the tables' size and
+  // the device's free memory), its eviction ("lfu" or "lru") and the hit rate from which misses
+  // are inserted asynchronously (below it: synchronously).
+  bool gpu_cache = false;  // the section was given
+  double gpu_cache_fraction = 0;
+  int64_t gpu_cache_bytes = 0;
+  std::string gpu_cache_eviction = "lfu";
+  double gpu_cache_insert_threshold = 0.9;
   static StoreConfig from_json(const json& j, const std::string& base_dir,
                                const std::string& where);
   json to_json() const;
@@ -161,12 +172,18 @@ class EmbeddingStore {
   const std::vector<std::unique_ptr<Tier>>& tiers() const { return tiers_; }
   // One line per tier: its counters ("host: hits 10 misses 2 ...").
   std::string stats_text() const;
+  // Calls fn(table, ids, n) for the rows each online update replaces, after the update tier
+  // serves them (from the update thread): how the GPU cache drops its copies. One listener.
+  using InvalidateFn = std::function<void(int, const int64_t*, int64_t)>;
+  void on_invalidate(InvalidateFn fn);
 
  private:
   std::vector<TableInfo> tables_;
   std::vector<std::unique_ptr<Tier>> tiers_;
   UpdateTier* updates_ = nullptr;             // tiers_[0] with "updates"
   std::unique_ptr<UpdateConsumer> consumer_;  // stopped before the tiers go
+  class Listener;                             // a Tier in the consumer's caches calling fn
+  std::unique_ptr<Listener> listener_;
 };
 
 }  // namespace dlrec::store

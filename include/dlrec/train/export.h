@@ -17,6 +17,10 @@
 #include "dlrec/model/model.h"
 #include "dlrec/store/embedding_store.h"
 
+namespace dlrec::store {
+class GpuCache;  // dlrec/store/gpu_cache.h
+}
+
 namespace dlrec::train {
 
 // model.json's "version": 2 when weights.dlrec holds 2:4 masks or INT8 records
@@ -79,6 +83,8 @@ class Predictor {
   Device device() const;
   // The embedding store the tables are looked up in; null for an all-in-memory model.
   store::EmbeddingStore* store();
+  // The GPU cache tier above it (a GPU model with a store); null otherwise.
+  store::GpuCache* gpu_cache();
   // Compressed exports on a CUDA device (docs/COMPRESSION.md): how each compressed layer picks
   // its kernel ("fastest": timed per batch size, "compressed", "dense"), and the report of the
   // candidates and choices made so far (empty for other models).

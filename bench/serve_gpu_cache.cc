@@ -1,0 +1,329 @@
+// The GPU cache tier against the same model with its tables fully on the GPU (issue 22's
+// "tables twice the GPU" setup, at the size given): a DLRM whose T tables of R rows x D are
+// served through the GPU cache (a fraction of the rows, LFU/LRU, sync/async inserts) over a
+// complete tier that generates each row from (table, id) in host memory, so no table is
+// written to disk or held twice; the all-in-GPU model holds the same rows (filled from the
+// same generator) and the same dense weights. Power-law ids (P(rank k) ~ k^-alpha). Prints,
+// per alpha and batch size: the cache's hit rate over the timed batches, p50/p99 latency and
+// throughput of both, and whether their predictions were bit for bit equal on the batches
+// checked. Run by bench/serve_gpu_cache.sh (one GPU).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dlrec/core/config.h"
+#include "dlrec/core/device.h"
+#include "dlrec/core/error.h"
+#include "dlrec/model/cuda_model.h"
+#include "dlrec/model/model.h"
+#include "dlrec/store/gpu_cache.h"
+
+using namespace dlrec;
+
+namespace {
+
+// Row value of (table, id, k): a hash to [-0.05, 0.05), exact in f32.
+inline float gen_value(int t, int64_t id, int64_t k) {
+  uint64_t x = (static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) ^
+               (static_cast<uint64_t>(t) << 48) ^ static_cast<uint64_t>(k) * 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 31;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 29;
+  return (static_cast<float>(x >> 40) / 16777216.0f - 0.5f) * 0.1f;
+}
+
+// The complete tier: every row, generated on demand (stands for a host tier holding them).
+class GeneratedTier final : public store::Tier {
+ public:
+  explicit GeneratedTier(std::vector<store::TableInfo> t) : tables_(std::move(t)) {}
+  std::string name() const override { return "generated"; }
+  bool complete() const override { return true; }
+  int64_t memory_bound() const override { return 0; }
+  void lookup(int table, const int64_t* ids, int64_t n, float* out, uint8_t* found) override {
+    const int64_t dim = tables_[table].dim;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t k = 0; k < dim; ++k) out[i * dim + k] = gen_value(table, ids[i], k);
+      found[i] = 1;
+    }
+  }
+
+ private:
+  std::vector<store::TableInfo> tables_;
+};
+
+double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5))];
+}
+
+struct Args {
+  int tables = 8, dim = 64, iters = 300, warmup_batches = 400;
+  int64_t rows = 1 << 22;
+  double fraction = 0.1, threshold = 0.9;
+  std::string eviction = "lfu", alphas = "1.05,1.2", batches = "1,2048,32768";
+};
+
+std::vector<double> split_d(const std::string& s) {
+  std::vector<double> v;
+  size_t p = 0;
+  while (p <= s.size()) {
+    size_t q = s.find(',', p);
+    if (q == std::string::npos) q = s.size();
+    v.push_back(std::stod(s.substr(p, q - p)));
+    p = q + 1;
+  }
+  return v;
+}
+
+// Power-law sampler over ranks 0..R-1 (the inverse CDF, binary search).
+struct PowerLaw {
+  std::vector<double> cdf;
+  PowerLaw(int64_t R, double alpha) : cdf(static_cast<size_t>(R)) {
+    double s = 0;
+    for (int64_t k = 0; k < R; ++k) cdf[k] = (s += std::pow(static_cast<double>(k + 1), -alpha));
+    for (double& c : cdf) c /= s;
+  }
+  int64_t operator()(std::mt19937_64& rng) const {
+    const double u = static_cast<double>(rng() >> 11) * (1.0 / 9007199254740992.0);
+    return std::min<int64_t>(std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin(),
+                             static_cast<int64_t>(cdf.size()) - 1);
+  }
+};
+
+io::Batch make_batch(const PowerLaw& pl, int T, int64_t B, std::mt19937_64& rng) {
+  io::Batch b;
+  b.rows = B;
+  b.num_dense = 13;
+  b.labels.assign(B, 0.f);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int64_t i = 0; i < B * 13; ++i) b.dense.push_back(nd(rng));
+  b.cat_indices.resize(T);
+  b.cat_offsets.resize(T);
+  for (int t = 0; t < T; ++t) {
+    b.cat_indices[t].resize(B);
+    b.cat_offsets[t].resize(B + 1);
+    for (int64_t r = 0; r < B; ++r) b.cat_indices[t][r] = pl(rng);
+    for (int64_t r = 0; r <= B; ++r) b.cat_offsets[t][r] = r;
+  }
+  b.one_id_per_row = true;
+  return b;
+}
+
+int run(const Args& a) {
+  DLREC_CHECK(cuda::device_count() > 0, "serve_gpu_cache: no CUDA device");
+  const Device dev = Device::cuda(0);
+  const json cfg_json =
+      parse_json(R"({"model": {"arch": "dlrm", "embedding_dim": )" + std::to_string(a.dim) +
+                     R"(, "bottom_mlp": [256, )" + std::to_string(a.dim) +
+                     R"(], "top_mlp": [512, 256, 1], "interaction": "dot"},
+          "optimizer": {"type": "sgd", "lr": 0.01}})",
+                 "bench config");
+  const model::RunConfig cfg = model::RunConfig::from_json(cfg_json);
+  io::ShardLayout full;
+  full.num_dense = 13;
+  for (int t = 0; t < a.tables; ++t) {
+    full.cardinalities.push_back(a.rows);
+    full.multi_hot.push_back(false);
+  }
+  std::vector<store::TableInfo> tables;
+  for (int t = 0; t < a.tables; ++t)
+    tables.push_back({"emb." + std::to_string(t) + ".weight", t, a.rows, a.dim});
+  const double table_gb = static_cast<double>(a.tables) * a.rows * a.dim * 4 / 1e9;
+  std::printf(
+      "setup: %d tables x %lld rows x %d = %.2f GB fp32; cache %.3g of the rows, %s, "
+      "insert_threshold %.2f\n",
+      a.tables, static_cast<long long>(a.rows), a.dim, table_gb, a.fraction, a.eviction.c_str(),
+      a.threshold);
+  // The all-in-GPU model, its tables filled from the generator in chunks.
+  auto base = model::build_model(cfg.model, cfg.optimizer, full, dev, 1, "fp32");
+  {
+    std::vector<float> chunk;
+    for (auto& [name, t] : base->parameters()) {
+      const auto it = std::find_if(tables.begin(), tables.end(),
+                                   [&](const store::TableInfo& i) { return i.name == name; });
+      if (it == tables.end()) continue;
+      const int ti = static_cast<int>(it - tables.begin());
+      const int64_t step = int64_t{1} << 20;
+      for (int64_t r0 = 0; r0 < a.rows; r0 += step) {
+        const int64_t n = std::min(step, a.rows - r0);
+        chunk.resize(static_cast<size_t>(n * a.dim));
+        const int nt = 16;
+        std::vector<std::thread> th;
+        for (int w = 0; w < nt; ++w)
+          th.emplace_back([&, w] {
+            for (int64_t r = n * w / nt; r < n * (w + 1) / nt; ++r)
+              for (int64_t k = 0; k < a.dim; ++k) chunk[r * a.dim + k] = gen_value(ti, r0 + r, k);
+          });
+        for (auto& x : th) x.join();
+        copy_bytes(static_cast<char*>(t.raw()) + r0 * a.dim * 4, dev, chunk.data(), Device::cpu(),
+                   chunk.size() * 4);
+      }
+    }
+  }
+  // The cached model: the same dense weights; tables of cache + staging rows.
+  store::StoreConfig sc;
+  sc.rocksdb = true;  // (only the checks of from_json need it; the tier here is generated)
+  sc.gpu_cache = true;
+  sc.gpu_cache_fraction = a.fraction;
+  sc.gpu_cache_eviction = a.eviction;
+  sc.gpu_cache_insert_threshold = a.threshold;
+  sc.staging_rows = 32768;
+  int64_t free_b = 0, total_b = 0;
+  store::cuda_memory_info(0, &free_b, &total_b);
+  std::vector<std::unique_ptr<store::Tier>> tiers;
+  tiers.push_back(std::make_unique<GeneratedTier>(tables));
+  store::EmbeddingStore es(tables, std::move(tiers));
+  store::GpuCache cache(es, sc, store::size_gpu_cache(sc, tables, free_b, total_b));
+  std::unique_ptr<model::Model> cm_model;
+  auto build_cached = [&](int64_t staging) {
+    io::ShardLayout l = full;
+    for (int t = 0; t < a.tables; ++t) l.cardinalities[t] = cache.sizing().cache_rows[t] + staging;
+    cm_model = model::build_model(cfg.model, cfg.optimizer, l, dev, 1, "fp32");
+    std::map<std::string, Tensor> bp;
+    for (auto& [name, t] : base->parameters()) bp[name] = t;
+    std::vector<float*> ptrs;
+    std::vector<int64_t> dims, rows;
+    for (auto& [name, t] : cm_model->parameters()) {
+      const auto it = std::find_if(tables.begin(), tables.end(),
+                                   [&](const store::TableInfo& i) { return i.name == name; });
+      if (it == tables.end()) {
+        t.copy_from(bp.at(name));
+        continue;
+      }
+      ptrs.push_back(t.data<float>());
+      dims.push_back(a.dim);
+      rows.push_back(t.dim(0));
+    }
+    cache.bind(store::make_cuda_rows(0, ptrs, dims, rows), staging);
+  };
+  build_cached(sc.staging_rows);
+  std::printf("setup: cache %lld rows per table (%.2f GB), staging %lld rows\n",
+              static_cast<long long>(cache.sizing().cache_rows[0]),
+              cache.sizing().cache_bytes / 1e9, static_cast<long long>(cache.staging_rows()));
+  auto* base_cm = dynamic_cast<model::CudaModel*>(base.get());
+  DLREC_CHECK(base_cm, "serve_gpu_cache: the model is not a CUDA model");
+  auto cached_predict = [&](const io::Batch& b, float* out) {
+    for (;;) {
+      const int64_t need = cache.run(b, [&](const io::Batch& m) {
+        dynamic_cast<model::CudaModel&>(*cm_model).predict(m, out);
+      });
+      if (need == 0) return;
+      build_cached(std::max(need, 2 * cache.staging_rows()));
+    }
+  };
+  std::vector<int64_t> sizes;
+  for (double d : split_d(a.batches)) sizes.push_back(static_cast<int64_t>(d));
+  for (double alpha : split_d(a.alphas)) {
+    const PowerLaw pl(a.rows, alpha);
+    std::mt19937_64 rng(static_cast<uint64_t>(alpha * 1000));
+    build_cached(cache.staging_rows());  // a cold cache per alpha
+    {                                    // warm-up: the cache's steady state
+      std::vector<float> out(2048);
+      for (int i = 0; i < a.warmup_batches; ++i)
+        cached_predict(make_batch(pl, a.tables, 2048, rng), out.data());
+      cache.drain();
+    }
+    for (int64_t B : sizes) {
+      const int iters = B >= 32768 ? std::max(20, a.iters / 10) : a.iters;
+      std::vector<io::Batch> batches;
+      for (int i = 0; i < iters; ++i) batches.push_back(make_batch(pl, a.tables, B, rng));
+      std::vector<float> pb(B), pc(B);
+      // Bit for bit on the first batches (these also warm both engines' buckets).
+      int64_t diff = 0;
+      for (int i = 0; i < std::min(iters, 5); ++i) {
+        base_cm->predict(batches[i], pb.data());
+        cached_predict(batches[i], pc.data());
+        for (int64_t r = 0; r < B; ++r) diff += std::memcmp(&pb[r], &pc[r], 4) != 0;
+      }
+      cache.drain();
+      std::vector<double> ub, uc;
+      auto t0 = std::chrono::steady_clock::now();
+      for (const io::Batch& b : batches) {
+        const auto s = std::chrono::steady_clock::now();
+        base_cm->predict(b, pb.data());
+        ub.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - s)
+                         .count());
+      }
+      const double tb =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const int64_t h0 = cache.stats.hits, m0 = cache.stats.misses;
+      const int64_t s0 = cache.sync_batches, a0 = cache.async_batches;
+      t0 = std::chrono::steady_clock::now();
+      for (const io::Batch& b : batches) {
+        const auto s = std::chrono::steady_clock::now();
+        cached_predict(b, pc.data());
+        uc.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - s)
+                         .count());
+      }
+      const double tc =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const int64_t h = cache.stats.hits - h0, m = cache.stats.misses - m0;
+      std::printf(
+          "alpha=%.2f batch=%lld iters=%d hit_rate=%.4f (distinct ids of a batch; sync/async "
+          "batches %lld/%lld) "
+          "cached p50_us=%.1f p99_us=%.1f samples/s=%.0f | all-gpu p50_us=%.1f p99_us=%.1f "
+          "samples/s=%.0f | p99 ratio %.2f, throughput ratio %.2f | bit-for-bit rows "
+          "differing: %lld\n",
+          alpha, static_cast<long long>(B), iters,
+          static_cast<double>(h) / std::max<int64_t>(1, h + m),
+          static_cast<long long>(cache.sync_batches - s0),
+          static_cast<long long>(cache.async_batches - a0), quantile(uc, 0.5), quantile(uc, 0.99),
+          B * iters / tc, quantile(ub, 0.5), quantile(ub, 0.99), B * iters / tb,
+          quantile(uc, 0.99) / quantile(ub, 0.99), tb / tc, static_cast<long long>(diff));
+      std::fflush(stdout);
+    }
+  }
+  std::printf("cache: %s", es.stats_text().c_str());
+  std::printf(
+      "gpu: hits %lld misses %lld evictions %lld bytes %lld async_inserted %lld "
+      "async_dropped %lld\n",
+      static_cast<long long>(cache.stats.hits), static_cast<long long>(cache.stats.misses),
+      static_cast<long long>(cache.stats.evictions), static_cast<long long>(cache.stats.bytes),
+      static_cast<long long>(cache.async_inserted), static_cast<long long>(cache.async_dropped));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--tables")
+      a.tables = std::stoi(v);
+    else if (k == "--rows")
+      a.rows = std::stoll(v);
+    else if (k == "--dim")
+      a.dim = std::stoi(v);
+    else if (k == "--iters")
+      a.iters = std::stoi(v);
+    else if (k == "--warmup-batches")
+      a.warmup_batches = std::stoi(v);
+    else if (k == "--fraction")
+      a.fraction = std::stod(v);
+    else if (k == "--threshold")
+      a.threshold = std::stod(v);
+    else if (k == "--eviction")
+      a.eviction = v;
+    else if (k == "--alpha")
+      a.alphas = v;
+    else if (k == "--batch")
+      a.batches = v;
+    else {
+      std::fprintf(stderr, "serve_gpu_cache: unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  try {
+    return run(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "serve_gpu_cache: %s\n", e.what());
+    return 1;
+  }
+}
