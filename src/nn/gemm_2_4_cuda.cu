@@ -3,6 +3,7 @@
 
 #include "core/cuda_check.h"
 #include "dlrec/core/error.h"
+#include "dlrec/nn/cusparselt_version.h"
 #include "nn/gemm_2_4_cuda.h"
 
 #ifdef DLREC_WITH_CUSPARSELT
@@ -45,6 +46,7 @@ Gemm24::~Gemm24() = default;
 void Gemm24::set_weight(const void*, cudaStream_t) {}
 void Gemm24::run(const void*, void*, int64_t, cudaStream_t, float) {}
 void Gemm24::prune(void*, cudaStream_t) {}
+void Gemm24::set_epilogue(const Epilogue&) {}
 
 #else
 
@@ -61,7 +63,8 @@ struct Api {
               X(cusparseLtMatmulAlgSelectionDestroy) X(cusparseLtMatmulPlanInit)    \
                   X(cusparseLtMatmulPlanDestroy) X(cusparseLtMatmulGetWorkspace)    \
                       X(cusparseLtMatmul) X(cusparseLtSpMMAPrune2)                  \
-                          X(cusparseLtSpMMACompressedSize2) X(cusparseLtSpMMACompress2)
+                          X(cusparseLtSpMMACompressedSize2) X(cusparseLtSpMMACompress2) \
+                              X(cusparseLtMatmulDescSetAttribute)
 #define DLREC_DECLARE(name) decltype(&::name) name = nullptr;
   DLREC_CUSPARSELT_FNS(DLREC_DECLARE)
 #undef DLREC_DECLARE
@@ -69,9 +72,13 @@ struct Api {
 
 Api load_api() {
   Api a;
+  std::string where = "libcusparseLt.so.0 (the loader's path)";
   void* lib = dlopen("libcusparseLt.so.0", RTLD_NOW | RTLD_LOCAL);
 #ifdef DLREC_CUSPARSELT_LIB
-  if (!lib) lib = dlopen(DLREC_CUSPARSELT_LIB, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    lib = dlopen(DLREC_CUSPARSELT_LIB, RTLD_NOW | RTLD_LOCAL);
+    where = DLREC_CUSPARSELT_LIB;
+  }
 #endif
   if (!lib) {
     a.error = std::string("cuSPARSELt library not found (libcusparseLt.so.0 on the loader path") +
@@ -82,11 +89,27 @@ Api load_api() {
               dlerror();
     return a;
   }
-#define DLREC_RESOLVE(name)                                                    \
-  a.name = reinterpret_cast<decltype(&::name)>(dlsym(lib, #name));             \
-  if (!a.name) {                                                               \
-    a.error = "cuSPARSELt library lacks " #name " (version older than 0.10?)"; \
-    return a;                                                                  \
+  // The version first (cusparseLtGetProperty has no handle): the error names the found and
+  // the required version rather than a missing entry point.
+  auto get_property = reinterpret_cast<decltype(&::cusparseLtGetProperty)>(
+      dlsym(lib, "cusparseLtGetProperty"));
+  int major = -1, minor = -1, patch = -1;
+  if (!get_property || get_property(MAJOR_VERSION, &major) != CUSPARSE_STATUS_SUCCESS ||
+      get_property(MINOR_VERSION, &minor) != CUSPARSE_STATUS_SUCCESS ||
+      get_property(PATCH_LEVEL, &patch) != CUSPARSE_STATUS_SUCCESS) {
+    a.error = "cuSPARSELt at " + where + " does not report its version (cusparseLtGetProperty); " +
+              "the 2:4 kernels need 0." + std::to_string(kernel_choice::kCusparseltMinMinor) +
+              " or a later 0.x";
+    return a;
+  }
+  a.error = kernel_choice::cusparselt_version_error(major, minor, patch, where);
+  if (!a.error.empty()) return a;
+#define DLREC_RESOLVE(name)                                                                   \
+  a.name = reinterpret_cast<decltype(&::name)>(dlsym(lib, #name));                            \
+  if (!a.name) {                                                                              \
+    a.error = "cuSPARSELt at " + where + " (version " + std::to_string(major) + "." +         \
+              std::to_string(minor) + "." + std::to_string(patch) + ") lacks " #name;         \
+    return a;                                                                                 \
   }
   DLREC_CUSPARSELT_FNS(DLREC_RESOLVE)
 #undef DLREC_RESOLVE
@@ -257,6 +280,25 @@ Gemm24::Plan& Gemm24::plan(int64_t batch, const void* x, void* y, cudaStream_t s
   DLREC_SPL_CHECK(a.cusparseLtMatmulDescriptorInit(&s_->handle, &p->mm, kOpA,
                                                    in_fm ? CUSPARSE_OPERATION_NON_TRANSPOSE : kOpB,
                                                    &s_->a, &p->b, &p->d, &p->d, compute));
+  // The epilogue (set_epilogue): set on the matmul descriptor before the plan is made from it.
+  if (epi_.relu) {
+    const int on = 1;
+    DLREC_SPL_CHECK(a.cusparseLtMatmulDescSetAttribute(&s_->handle, &p->mm,
+                                                       CUSPARSELT_MATMUL_ACTIVATION_RELU, &on,
+                                                       sizeof on));
+  }
+  if (epi_.bias) {
+    const void* bias = epi_.bias;
+    DLREC_SPL_CHECK(a.cusparseLtMatmulDescSetAttribute(&s_->handle, &p->mm,
+                                                       CUSPARSELT_MATMUL_BIAS_POINTER, &bias,
+                                                       sizeof bias));
+  }
+  if (epi_.alpha_vec) {
+    const int on = 1;
+    DLREC_SPL_CHECK(a.cusparseLtMatmulDescSetAttribute(&s_->handle, &p->mm,
+                                                       CUSPARSELT_MATMUL_ALPHA_VECTOR_SCALING,
+                                                       &on, sizeof on));
+  }
   // The library's default kernel configuration for the shape. Not searched: on cuSPARSELt 0.8
   // (the GPU hosts' copy, PyTorch 2.11's) with an H200, cusparseLtMatmulSearch fails with an
   // internal error, and timing each configuration in turn reaches one whose kernel stops on an
@@ -277,13 +319,20 @@ Gemm24::Plan& Gemm24::plan(int64_t batch, const void* x, void* y, cudaStream_t s
   return ref;
 }
 
+void Gemm24::set_epilogue(const Epilogue& e) {
+  DLREC_CHECK(plans_.empty(), "2:4 sparse GEMM: set_epilogue() after the first run()");
+  epi_ = e;
+}
+
 void Gemm24::run(const void* x, void* y, int64_t batch, cudaStream_t stream, float alpha) {
   DLREC_CHECK(compressed_ != nullptr, "2:4 sparse GEMM: run() before set_weight()");
   DLREC_CHECK(batch > 0, "2:4 sparse GEMM: batch ", batch);
   Plan& p = plan(batch, x, y, stream);
   const float zero = 0.f;
   cudaStream_t streams[1] = {stream};
-  DLREC_SPL_CHECK(api().cusparseLtMatmul(&s_->handle, &p.plan, &alpha, compressed_, x, &zero, y, y,
+  // With an alpha vector, alpha is its device pointer (beta stays the host scalar 0).
+  const void* a = epi_.alpha_vec ? static_cast<const void*>(epi_.alpha_vec) : &alpha;
+  DLREC_SPL_CHECK(api().cusparseLtMatmul(&s_->handle, &p.plan, a, compressed_, x, &zero, y, y,
                                          p.workspace, streams, 1));
 }
 

@@ -58,6 +58,17 @@ class Gemm24 {
   // Y = alpha * X W^T on `stream` (x and y on the device, of the type, stored as the layout
   // says).
   void run(const void* x, void* y, int64_t batch, cudaStream_t stream, float alpha = 1.f);
+  // The epilogue of every later plan (call before the first run()): alpha_vec (device [out],
+  // float): one alpha per output feature instead of run()'s scalar (cuSPARSELt's
+  // ALPHA_VECTOR_SCALING); bias (device [out]): added after the scale, of the output's type
+  // (bf16/fp16; f32 when the output is int8); relu: max(., 0) last. The int8 output rounds to
+  // nearest and saturates. Throws if plans exist already.
+  struct Epilogue {
+    const float* alpha_vec = nullptr;
+    const void* bias = nullptr;
+    bool relu = false;
+  };
+  void set_epilogue(const Epilogue& e);
   // Bytes of the compressed weight (values and metadata).
   size_t compressed_bytes() const { return compressed_bytes_; }
 
@@ -68,6 +79,7 @@ class Gemm24 {
   int64_t out_, in_;
   Type type_;
   bool int8_to_bf16_ = false;
+  Epilogue epi_;
   Layout layout_ = Layout::RowMajor;
   std::unique_ptr<State> s_;
   std::map<int64_t, std::unique_ptr<Plan>> plans_;
