@@ -203,10 +203,9 @@ void GraphCuda::predict(const io::Batch& batch, float* probs) {
   hashed_cuda::HashedTables* hashed = emb_ ? emb_->hashed() : nullptr;
   if (profile_ || !graphs_ || hashed) return predict_eager(batch, probs);
   have_training_forward_ = false;
-  // Compressed exports (a policy other than dense) serve in chunks of compressed_infer_chunk:
-  // their int8 / 2:4 GEMMs gain more over dense the more rows they take at once.
-  const bool comp = !compressed_.empty() && kernel_policy_ != nn::kernel_choice::Policy::Dense;
-  const int64_t chunk = std::min(B, comp ? opts_.compressed_infer_chunk : opts_.infer_chunk);
+  // Compressed exports too: one 32768-row chunk (more rows per int8 / 2:4 GEMM) lost the host
+  // packing's overlap with the GPU and measured 1.39x slower end to end (bench/RESULTS.md).
+  const int64_t chunk = std::min(B, opts_.infer_chunk);
   int64_t R = 1;
   while (R < chunk) R *= 2;
   ensure_capacity(R, R * T_);  // drops the captured graphs when the buffers grow
@@ -261,10 +260,6 @@ void GraphCuda::check_serving_options(const GraphCudaOptions& o) {
                   (o.infer_chunk & (o.infer_chunk - 1)) == 0,
               "graph model: infer_chunk must be a power of two in [256, 65536], got ",
               o.infer_chunk);
-  DLREC_CHECK(o.compressed_infer_chunk >= 256 && o.compressed_infer_chunk <= 65536 &&
-                  (o.compressed_infer_chunk & (o.compressed_infer_chunk - 1)) == 0,
-              "graph model: compressed_infer_chunk must be a power of two in [256, 65536], got ",
-              o.compressed_infer_chunk);
   DLREC_CHECK(o.infer_pack_threads >= 0 && o.infer_pack_threads <= 256,
               "graph model: infer_pack_threads must be in [0, 256], got ", o.infer_pack_threads);
   DLREC_CHECK(o.infer_fused_rows >= 0 && o.infer_fused_rows <= fused_infer::kMaxRows,

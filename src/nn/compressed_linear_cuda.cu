@@ -81,6 +81,21 @@ __global__ void dequantize_kernel(const A* __restrict__ acc, const float* __rest
   }
 }
 
+// y [B, out] (rows out_ld apart) += b (f32), ReLU: after an epilogue form that has the alpha
+// vector but no bias epilogue (where cuBLASLt offers no int8 algorithm with both).
+template <class Y>
+__global__ void bias_relu_kernel(Y* __restrict__ y, const float* __restrict__ bias, bool relu,
+                                 int64_t B, int64_t out, int64_t out_ld) {
+  const int64_t n = B * out;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / out, j = i % out;
+    float v = __fadd_rn(to_f(y[r * out_ld + j]), bias[j]);
+    if (relu && v < 0.f) v = 0.f;
+    y[r * out_ld + j] = from_f<Y>(v);
+  }
+}
+
 int blocks_for(int64_t n) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, 132 * 16)));
 }
@@ -298,7 +313,9 @@ cuda_lt::Gemm CompressedLinear::int8_gemm(int64_t B, Act ydt, int64_t out_ld,
   if (chain_out) {  // int8 into next_'s input (an int8 D takes a float bias by default)
     g.d_type = CUDA_R_8I;
     g.ldd = next_->in_q_;
-    g.epi = relu_ ? cuda_lt::Epi::ReluBias : cuda_lt::Epi::Bias;
+    // A layer without bias and ReLU (a low-rank cross V) needs the alpha vector alone.
+    g.epi = bias_ || relu_ ? (relu_ ? cuda_lt::Epi::ReluBias : cuda_lt::Epi::Bias)
+                           : cuda_lt::Epi::None;
     return g;
   }
   g.d_type = ydt == Act::BF16 ? CUDA_R_16BF : ydt == Act::F16 ? CUDA_R_16F : CUDA_R_32F;
@@ -323,12 +340,21 @@ bool CompressedLinear::run_int8(bool sparse, int64_t B, const void* x, void* y, 
   if (sparse && sp_int8_epi_ && !chain_out && (ydt != Act::BF16 || out_ld != out_))
     return false;  // the epilogue form writes a contiguous bf16 y
   cuda_lt::Gemm g = int8_gemm(B, ydt, out_ld, chain_out);
+  bool bias_after = false;  // the alpha-vector form without the bias epilogue, then a kernel
   if (!sparse && !lt.supported(g)) {
     if (chain_out || !g.alpha_vector) return false;
-    g = cuda_lt::Gemm::shape(true, false, out_, B, in_q_, in_q_, in_q_, out_);  // int32 form
-    g.ab_type = CUDA_R_8I;
-    g.d_type = CUDA_R_32I;
-    if (!lt.supported(g)) return false;
+    cuda_lt::Gemm g2 = g;
+    g2.epi = cuda_lt::Epi::None;
+    g2.bias_f32 = false;
+    if (bias_ && lt.supported(g2)) {
+      g = g2;
+      bias_after = true;
+    } else {
+      g = cuda_lt::Gemm::shape(true, false, out_, B, in_q_, in_q_, in_q_, out_);  // int32 form
+      g.ab_type = CUDA_R_8I;
+      g.d_type = CUDA_R_32I;
+      if (!lt.supported(g)) return false;
+    }
   }
   // The input: handed over quantized by the previous layer (this run only), else quantized here.
   const bool have_q = qx_ready_ == B;
@@ -355,8 +381,18 @@ bool CompressedLinear::run_int8(bool sparse, int64_t B, const void* x, void* y, 
     return true;
   }
   if (!sparse && g.alpha_vector && g.d_type != CUDA_R_32I) {
-    return lt.run(g, qw_.raw(), qx_.raw(), y, bias_, nullptr, stream, nullptr, 1.f,
-                  static_cast<const float*>(deq_.raw()));
+    if (!lt.run(g, qw_.raw(), qx_.raw(), y, bias_after ? nullptr : bias_, nullptr, stream,
+                nullptr, 1.f, static_cast<const float*>(deq_.raw())))
+      return false;
+    if (bias_after) {
+      with_act(ydt, [&](auto* h) {
+        using Y = std::remove_pointer_t<decltype(h)>;
+        bias_relu_kernel<<<blocks_for(B * out_), 256, 0, stream>>>(static_cast<Y*>(y), bias_,
+                                                                   relu_, B, out_, out_ld);
+      });
+      DLREC_CUDA_CHECK(cudaGetLastError());
+    }
+    return true;
   }
   if (sparse)
     sp_int8_->run(qx_.raw(), acc_.raw(), B, stream, 1.f);
@@ -376,6 +412,12 @@ bool CompressedLinear::run_int8(bool sparse, int64_t B, const void* x, void* y, 
   });
   DLREC_CUDA_CHECK(cudaGetLastError());
   return true;
+}
+
+bool CompressedLinear::chain_form_exists(bool sparse, int64_t B, cuda_lt::Lt& lt) {
+  if (!next_) return false;
+  if (sparse) return sp_int8q_ != nullptr;
+  return lt.supported(int8_gemm(B, act_, out_, true));
 }
 
 bool CompressedLinear::run(kc::Kernel k, int64_t B, const void* x, void* y, Act ydt, int64_t out_ld,

@@ -86,6 +86,9 @@ class CompressedLinear {
   // both chose an int8 kernel, this layer writes its output quantized into next's int8 input
   // and leaves y unwritten; next skips its quantize kernel. Call once, before serving.
   void set_next(CompressedLinear* next, cudaStream_t stream);
+  // Whether the int8 (sparse: 2:4-int8) kernel has a form that writes next's int8 input at B
+  // rows (false: the libraries offer none here; the layer then writes its 16-bit output).
+  bool chain_form_exists(bool sparse, int64_t B, cuda_lt::Lt& lt);
   // Whether the kernel chosen for B rows reads the int8 input (int8 or 2:4-int8).
   bool takes_int8(int64_t B) const {
     auto it = choice_.find(B);

@@ -303,9 +303,17 @@ TEST(CompressedEngineCuda, Int8ChainHandsTheNextLayerItsInputQuantized) {
     ASSERT_TRUE(
         L2.layer.forward(c2.B, mid2.p, out2.p, cc::Act::BF16, c2.out, lt, nullptr, no_dense));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const bool chains = L1.layer.chain_form_exists(sparse, c1.B, lt);
     size_t written = 0;
     for (float v : from_bf16(mid2.get())) written += !std::isnan(v);
-    EXPECT_EQ(written, 0u) << "the chained layer wrote its 16-bit output";
+    if (chains) {
+      EXPECT_EQ(written, 0u) << "the chained layer wrote its 16-bit output";
+    } else {  // no int8-output form with a per-output alpha vector here: the layer stays whole
+      std::printf("%s: the library offers no int8-output alpha-vector form here; the chain is "
+                  "not taken (the middle output written, checked below)\n",
+                  sparse ? "2:4-int8" : "int8");
+      EXPECT_EQ(written, mid2.n);
+    }
     const std::vector<float> chained = from_bf16(out2.get());
     size_t nan = 0;
     for (float v : chained) nan += std::isnan(v);
@@ -315,7 +323,7 @@ TEST(CompressedEngineCuda, Int8ChainHandsTheNextLayerItsInputQuantized) {
                 sparse ? "2:4-int8" : "int8", e_chain, e_plain);
     // Requantized in the epilogue (no bf16 rounding of the middle values): within the bf16
     // rounding of the output plus a few one-step int8 flips at rounding edges.
-    EXPECT_LT(e_chain, 5e-3);
+    EXPECT_LT(e_chain, chains ? 5e-3 : 1e-2);
     EXPECT_LT(e_plain, 1e-2);
   }
 }
