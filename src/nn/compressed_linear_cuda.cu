@@ -260,7 +260,6 @@ void CompressedLinear::set_next(CompressedLinear* next, cudaStream_t stream) {
               out_, " outputs");
   if (!fused_ || !quantized_ || !next->quantized_) return;  // nothing to hand over
   next_ = next;
-  next->prev_int8_ = true;
   // Requantizing with next's input scale: q = relu(acc * deq[j] / sx' + b[j] / sx'), the
   // reference's relu(acc * deq[j] + b[j]) * (1 / sx') up to rounding (sx' > 0).
   std::vector<float> ra(static_cast<size_t>(out_)), rb(static_cast<size_t>(out_), 0.f);
@@ -482,21 +481,14 @@ CompressedLinear::Choice& CompressedLinear::choose(int64_t B, const void* x, voi
     constexpr int kWarm = 2, kTrials = 3, kReps = 5;
     for (kc::Candidate& k : c.cand) {
       if (!k.available) continue;
-      const bool int8k = k.kernel == kc::Kernel::Int8 || k.kernel == kc::Kernel::Sparse24Int8;
+      // Each candidate alone: its quantize kernel included and a 16-bit output. (Timing the
+      // int8 kernels as they run inside a chain, input handed over and output int8, chose
+      // them where the neighbours then stayed dense and lost end to end: bench/RESULTS.md.)
       auto once = [&] {
-        if (k.kernel == kc::Kernel::Dense) {
+        if (k.kernel == kc::Kernel::Dense)
           dense();
-        } else if (int8k && fused_) {
-          // Timed in the form it runs in a chain of int8 layers: the input arrives quantized
-          // (qx_ holds this batch from the check above) and the output leaves quantized for
-          // the next layer, where there are such layers.
-          const bool sparse = k.kernel == kc::Kernel::Sparse24Int8;
-          if (prev_int8_) qx_ready_ = B;
-          if (!next_ || !run_int8(sparse, B, x, y, ydt, out_ld, lt, stream, true))
-            run_int8(sparse, B, x, y, ydt, out_ld, lt, stream, false);
-        } else {
+        else
           run(k.kernel, B, x, y, ydt, out_ld, lt, stream);
-        }
       };
       for (int w = 0; w < kWarm; ++w) once();
       float best = -1.f;
@@ -510,8 +502,6 @@ CompressedLinear::Choice& CompressedLinear::choose(int64_t B, const void* x, voi
         if (best < 0 || ms < best) best = ms;
       }
       k.ms = best / kReps;
-      qx_ready_ = -1;
-      if (next_) next_->qx_ready_ = -1;
     }
     cudaEventDestroy(a);
     cudaEventDestroy(b);

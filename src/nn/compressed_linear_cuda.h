@@ -151,7 +151,6 @@ class CompressedLinear {
   Tensor acc_;                        // int32 [rows, out] (or bf16 for 2:4-int8)
   int64_t rows_ = 0;
   CompressedLinear* next_ = nullptr;  // set_next
-  bool prev_int8_ = false;            // a previous layer may hand this one its input quantized
   int64_t qx_ready_ = -1;  // the previous layer wrote qx_ for this many rows (its next run)
   std::map<int64_t, Choice> choice_;
 };

@@ -45,10 +45,6 @@ struct GraphCudaOptions {
   // alternating buckets, the host packing one while the GPU runs the other. A power of two in
   // [256, 65536].
   int64_t infer_chunk = 8192;
-  // The same for a model serving compressed layers (GraphCuda::set_compressed, a kernel policy
-  // other than dense): their int8 / 2:4 GEMMs gain over dense with the rows per GEMM, so they
-  // take bigger chunks (docs/COMPRESSION.md). A power of two in [256, 65536].
-  int64_t compressed_infer_chunk = 32768;
   // predict() in bf16/fp16 of 1..infer_fused_rows rows runs the whole forward as one kernel
   // (src/model/infer_small_cuda.h): a DLRM-shaped graph (dense -> MLP, embedding, dot over
   // both, MLP -> output), or any graph of the parts the program form takes (DCNv2, DeepFM,
