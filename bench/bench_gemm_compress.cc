@@ -188,16 +188,16 @@ int run(int argc, char** argv) {
       bool vec;
       Epi epi;
     };
-    const Form forms[] = {{"int8 out, scalar alpha", CUDA_R_8I, false, Epi::None},
-                          {"int8 out, scalar alpha, bias+relu", CUDA_R_8I, false, Epi::ReluBias},
-                          {"int8 out, alpha vector", CUDA_R_8I, true, Epi::None},
-                          {"int8 out, alpha vector, bias+relu", CUDA_R_8I, true, Epi::ReluBias},
-                          {"bf16 out, scalar alpha", CUDA_R_16BF, false, Epi::None},
-                          {"bf16 out, alpha vector", CUDA_R_16BF, true, Epi::None},
-                          {"bf16 out, alpha vector, f32 bias+relu", CUDA_R_16BF, true,
-                           Epi::ReluBias},
-                          {"f32 out, scalar alpha", CUDA_R_32F, false, Epi::None},
-                          {"int32 out", CUDA_R_32I, false, Epi::None}};
+    const Form forms[] = {
+        {"int8 out, scalar alpha", CUDA_R_8I, false, Epi::None},
+        {"int8 out, scalar alpha, bias+relu", CUDA_R_8I, false, Epi::ReluBias},
+        {"int8 out, alpha vector", CUDA_R_8I, true, Epi::None},
+        {"int8 out, alpha vector, bias+relu", CUDA_R_8I, true, Epi::ReluBias},
+        {"bf16 out, scalar alpha", CUDA_R_16BF, false, Epi::None},
+        {"bf16 out, alpha vector", CUDA_R_16BF, true, Epi::None},
+        {"bf16 out, alpha vector, f32 bias+relu", CUDA_R_16BF, true, Epi::ReluBias},
+        {"f32 out, scalar alpha", CUDA_R_32F, false, Epi::None},
+        {"int32 out", CUDA_R_32I, false, Epi::None}};
     for (const Form& f : forms) {
       Gemm g = Gemm::shape(true, false, 1024, 8192, 1024, 1024, 1024, 1024);
       g.ab_type = CUDA_R_8I;

@@ -127,8 +127,8 @@ Tensor device_tensor(int64_t n, DType t) {
 
 Tensor upload_f32(const std::vector<float>& h, cudaStream_t stream) {
   Tensor t = device_tensor(static_cast<int64_t>(h.size()), DType::F32);
-  DLREC_CUDA_CHECK(cudaMemcpyAsync(t.raw(), h.data(), h.size() * sizeof(float),
-                                   cudaMemcpyHostToDevice, stream));
+  DLREC_CUDA_CHECK(
+      cudaMemcpyAsync(t.raw(), h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
   DLREC_CUDA_CHECK(cudaStreamSynchronize(stream));
   return t;
 }
@@ -170,8 +170,8 @@ CompressedLinear::CompressedLinear(std::string name, int64_t out, int64_t in, in
       }
     }
     bias_half_ = device_tensor(out, act == Act::BF16 ? DType::BF16 : DType::F16);
-    DLREC_CUDA_CHECK(cudaMemcpyAsync(bias_half_.raw(), h.data(), h.size() * 2,
-                                     cudaMemcpyHostToDevice, stream));
+    DLREC_CUDA_CHECK(
+        cudaMemcpyAsync(bias_half_.raw(), h.data(), h.size() * 2, cudaMemcpyHostToDevice, stream));
     DLREC_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
   if (int8) {
@@ -256,8 +256,8 @@ CompressedLinear::CompressedLinear(std::string name, int64_t out, int64_t in, in
 CompressedLinear::~CompressedLinear() = default;
 
 void CompressedLinear::set_next(CompressedLinear* next, cudaStream_t stream) {
-  DLREC_CHECK(next && next->in_pad_ == out_, "'", name_, "': a chained layer must read its ",
-              out_, " outputs");
+  DLREC_CHECK(next && next->in_pad_ == out_, "'", name_, "': a chained layer must read its ", out_,
+              " outputs");
   if (!fused_ || !quantized_ || !next->quantized_) return;  // nothing to hand over
   next_ = next;
   // Requantizing with next's input scale: q = relu(acc * deq[j] / sx' + b[j] / sx'), the
@@ -313,8 +313,8 @@ cuda_lt::Gemm CompressedLinear::int8_gemm(int64_t B, Act ydt, int64_t out_ld,
     g.d_type = CUDA_R_8I;
     g.ldd = next_->in_q_;
     // A layer without bias and ReLU (a low-rank cross V) needs the alpha vector alone.
-    g.epi = bias_ || relu_ ? (relu_ ? cuda_lt::Epi::ReluBias : cuda_lt::Epi::Bias)
-                           : cuda_lt::Epi::None;
+    g.epi =
+        bias_ || relu_ ? (relu_ ? cuda_lt::Epi::ReluBias : cuda_lt::Epi::Bias) : cuda_lt::Epi::None;
     return g;
   }
   g.d_type = ydt == Act::BF16 ? CUDA_R_16BF : ydt == Act::F16 ? CUDA_R_16F : CUDA_R_32F;
@@ -380,14 +380,14 @@ bool CompressedLinear::run_int8(bool sparse, int64_t B, const void* x, void* y, 
     return true;
   }
   if (!sparse && g.alpha_vector && g.d_type != CUDA_R_32I) {
-    if (!lt.run(g, qw_.raw(), qx_.raw(), y, bias_after ? nullptr : bias_, nullptr, stream,
-                nullptr, 1.f, static_cast<const float*>(deq_.raw())))
+    if (!lt.run(g, qw_.raw(), qx_.raw(), y, bias_after ? nullptr : bias_, nullptr, stream, nullptr,
+                1.f, static_cast<const float*>(deq_.raw())))
       return false;
     if (bias_after) {
       with_act(ydt, [&](auto* h) {
         using Y = std::remove_pointer_t<decltype(h)>;
-        bias_relu_kernel<<<blocks_for(B * out_), 256, 0, stream>>>(static_cast<Y*>(y), bias_,
-                                                                   relu_, B, out_, out_ld);
+        bias_relu_kernel<<<blocks_for(B * out_), 256, 0, stream>>>(static_cast<Y*>(y), bias_, relu_,
+                                                                   B, out_, out_ld);
       });
       DLREC_CUDA_CHECK(cudaGetLastError());
     }
@@ -434,8 +434,7 @@ bool CompressedLinear::run(kc::Kernel k, int64_t B, const void* x, void* y, Act 
     case kc::Kernel::Sparse24Int8: {
       const bool sparse = k == kc::Kernel::Sparse24Int8;
       // A chain: next_ reads int8 at this batch size, so hand it the output quantized.
-      if (next_ && next_->takes_int8(B) &&
-          run_int8(sparse, B, x, y, ydt, out_ld, lt, stream, true))
+      if (next_ && next_->takes_int8(B) && run_int8(sparse, B, x, y, ydt, out_ld, lt, stream, true))
         return true;
       return run_int8(sparse, B, x, y, ydt, out_ld, lt, stream, false);
     }

@@ -39,7 +39,7 @@
 namespace dlrec::nn::cuda_lt {
 class Lt;
 struct Gemm;
-}
+}  // namespace dlrec::nn::cuda_lt
 namespace dlrec::nn::cuda_sparse {
 class Gemm24;
 }
@@ -140,10 +140,10 @@ class CompressedLinear {
   // sp_int8_: bf16 engines, the epilogue form (y bf16); others, the int32 sums as bf16.
   // sp_int8q_: int8 output for next_ (chains).
   std::unique_ptr<cuda_sparse::Gemm24> sp_half_, sp_int8_, sp_int8q_;
-  bool sp_int8_epi_ = false;  // sp_int8_ has the epilogue (its output is y)
-  Tensor qw_;                 // int8 [out, in_q]
-  Tensor deq_;                // f32 [out]: xscale * wscale[j] (the alpha vector)
-  Tensor bias_half_;          // the bias in the engine's 16-bit type (cuSPARSELt's epilogue)
+  bool sp_int8_epi_ = false;     // sp_int8_ has the epilogue (its output is y)
+  Tensor qw_;                    // int8 [out, in_q]
+  Tensor deq_;                   // f32 [out]: xscale * wscale[j] (the alpha vector)
+  Tensor bias_half_;             // the bias in the engine's 16-bit type (cuSPARSELt's epilogue)
   Tensor req_alpha_, req_bias_;  // f32 [out]: deq[j] / next's xscale, b[j] / next's xscale
   std::vector<float> deq_h_, bias_h_;
   float xscale_ = 0.f, inv_x_ = 0.f;  // the input scale, 1 / it

@@ -53,8 +53,7 @@ inline std::string dlrec_bin() {
   const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   if (n > 0) {
     self[n] = 0;
-    const std::string beside =
-        std::filesystem::path(self).parent_path().string() + "/dlrec";
+    const std::string beside = std::filesystem::path(self).parent_path().string() + "/dlrec";
     if (file_exists(beside)) return beside;
   }
   return std::string(DLREC_BIN_DIR) + "/dlrec";

@@ -20,6 +20,7 @@
 #include "../../src/nn/compressed_linear_cuda.h"
 #include "../../src/nn/gemm_2_4_cuda.h"
 #include "../../src/nn/lt_gemm.h"
+#include "compress/compress_test_util.h"
 #include "dlrec/compress/quantize.h"
 #include "dlrec/core/file_util.h"
 #include "dlrec/core/gpu_resources.h"
@@ -30,7 +31,6 @@
 #include "dlrec/train/export.h"
 #include "dlrec/train/trainer.h"
 #include "test_errors.h"
-#include "compress/compress_test_util.h"
 #include "test_files.h"
 
 using namespace dlrec;
@@ -309,9 +309,10 @@ TEST(CompressedEngineCuda, Int8ChainHandsTheNextLayerItsInputQuantized) {
     if (chains) {
       EXPECT_EQ(written, 0u) << "the chained layer wrote its 16-bit output";
     } else {  // no int8-output form with a per-output alpha vector here: the layer stays whole
-      std::printf("%s: the library offers no int8-output alpha-vector form here; the chain is "
-                  "not taken (the middle output written, checked below)\n",
-                  sparse ? "2:4-int8" : "int8");
+      std::printf(
+          "%s: the library offers no int8-output alpha-vector form here; the chain is "
+          "not taken (the middle output written, checked below)\n",
+          sparse ? "2:4-int8" : "int8");
       EXPECT_EQ(written, mid2.n);
     }
     const std::vector<float> chained = from_bf16(out2.get());

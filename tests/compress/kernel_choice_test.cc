@@ -124,6 +124,5 @@ TEST(KernelChoice, CusparseltVersionCheckNamesTheFoundAndTheRequiredVersion) {
   EXPECT_EQ(cusparselt_version_error(0, 7, 1, "/opt/lib/libcusparseLt.so.0"),
             "cuSPARSELt at /opt/lib/libcusparseLt.so.0 is version 0.7.1; the 2:4 kernels need "
             "0.8 or a later 0.x");
-  EXPECT_NE(cusparselt_version_error(1, 0, 0, "y").find("is version 1.0.0"),
-            std::string::npos);
+  EXPECT_NE(cusparselt_version_error(1, 0, 0, "y").find("is version 1.0.0"), std::string::npos);
 }
