@@ -141,6 +141,14 @@ cudaDataType_t cuda_type(Type t) {
   return CUDA_R_32F;
 }
 
+// `n` bytes on the current device, owned (the engine's allocation); undefined for n == 0.
+Tensor device_bytes(size_t n) {
+  if (n == 0) return Tensor();
+  int dev = 0;
+  DLREC_CUDA_CHECK(cudaGetDevice(&dev));
+  return Tensor::empty({static_cast<int64_t>(n)}, DType::U8, Device::cuda(dev));
+}
+
 constexpr uint32_t kAlign = 16;
 constexpr cusparseOperation_t kOpA = CUSPARSE_OPERATION_NON_TRANSPOSE;
 constexpr cusparseOperation_t kOpB = CUSPARSE_OPERATION_TRANSPOSE;
@@ -178,10 +186,9 @@ struct Gemm24::Plan {
   cusparseLtMatmulAlgSelection_t alg{};
   cusparseLtMatmulPlan_t plan{};
   bool b_ok = false, d_ok = false, alg_ok = false, plan_ok = false;
-  void* workspace = nullptr;
+  Tensor workspace;  // device bytes (none when the plan needs none)
   ~Plan() {
     const Api& a = api();
-    if (workspace) cudaFree(workspace);
     if (plan_ok) a.cusparseLtMatmulPlanDestroy(&plan);
     if (alg_ok) a.cusparseLtMatmulAlgSelectionDestroy(&alg);
     if (d_ok) a.cusparseLtMatDescriptorDestroy(&d);
@@ -214,7 +221,6 @@ Gemm24::Gemm24(int64_t out, int64_t in, Type type, Layout layout, bool int8_to_b
 
 Gemm24::~Gemm24() {
   plans_.clear();
-  if (compressed_) cudaFree(compressed_);
 }
 
 void Gemm24::set_weight(const void* w, cudaStream_t stream) {
@@ -238,15 +244,12 @@ void Gemm24::set_weight(const void* w, cudaStream_t stream) {
     }
   size_t bytes = 0, buffer_bytes = 0;
   DLREC_SPL_CHECK(a.cusparseLtSpMMACompressedSize2(&s_->handle, &s_->a, &bytes, &buffer_bytes));
-  void* buffer = nullptr;
-  if (compressed_) cudaFree(compressed_);
-  compressed_ = nullptr;
-  DLREC_CUDA_CHECK(cudaMalloc(&compressed_, bytes));
-  if (buffer_bytes) DLREC_CUDA_CHECK(cudaMalloc(&buffer, buffer_bytes));
-  const cusparseStatus_t cst =
-      a.cusparseLtSpMMACompress2(&s_->handle, &s_->a, 1, kOpA, w, compressed_, buffer, stream);
+  compressed_ = device_bytes(bytes);
+  const Tensor buffer = device_bytes(buffer_bytes);
+  const cusparseStatus_t cst = a.cusparseLtSpMMACompress2(
+      &s_->handle, &s_->a, 1, kOpA, w, compressed_.raw(), buffer_bytes ? buffer.raw() : nullptr,
+      stream);
   const cudaError_t ce = cudaStreamSynchronize(stream);
-  if (buffer) cudaFree(buffer);
   DLREC_SPL_CHECK(cst);
   DLREC_CUDA_CHECK(ce);
   compressed_bytes_ = bytes;
@@ -261,6 +264,9 @@ void Gemm24::prune(void* w, cudaStream_t stream) {
 Gemm24::Plan& Gemm24::plan(int64_t batch, const void* x, void* y, cudaStream_t stream) {
   auto it = plans_.find(batch);
   if (it != plans_.end()) return *it->second;
+  DLREC_CHECK(plans_.size() < kMaxPlans, "2:4 sparse GEMM [", out_, ", ", in_, "]: a plan for ",
+              "batch ", batch, " would be the ", kMaxPlans + 1, "th; plans are kept (captured ",
+              "graphs use them) for at most ", kMaxPlans, " distinct batch sizes");
   const Api& a = api();
   auto p = std::make_unique<Plan>();
   const cudaDataType_t t = cuda_type(type_);
@@ -310,7 +316,7 @@ Gemm24::Plan& Gemm24::plan(int64_t batch, const void* x, void* y, cudaStream_t s
   p->plan_ok = true;
   size_t ws = 0;
   DLREC_SPL_CHECK(a.cusparseLtMatmulGetWorkspace(&s_->handle, &p->plan, &ws));
-  if (ws) DLREC_CUDA_CHECK(cudaMalloc(&p->workspace, ws));
+  if (ws) p->workspace = device_bytes(ws);
   (void)x;
   (void)y;
   (void)stream;
@@ -325,15 +331,16 @@ void Gemm24::set_epilogue(const Epilogue& e) {
 }
 
 void Gemm24::run(const void* x, void* y, int64_t batch, cudaStream_t stream, float alpha) {
-  DLREC_CHECK(compressed_ != nullptr, "2:4 sparse GEMM: run() before set_weight()");
+  DLREC_CHECK(compressed_.defined(), "2:4 sparse GEMM: run() before set_weight()");
   DLREC_CHECK(batch > 0, "2:4 sparse GEMM: batch ", batch);
   Plan& p = plan(batch, x, y, stream);
   const float zero = 0.f;
   cudaStream_t streams[1] = {stream};
   // With an alpha vector, alpha is its device pointer (beta stays the host scalar 0).
   const void* a = epi_.alpha_vec ? static_cast<const void*>(epi_.alpha_vec) : &alpha;
-  DLREC_SPL_CHECK(api().cusparseLtMatmul(&s_->handle, &p.plan, a, compressed_, x, &zero, y, y,
-                                         p.workspace, streams, 1));
+  DLREC_SPL_CHECK(api().cusparseLtMatmul(&s_->handle, &p.plan, a, compressed_.raw(), x, &zero, y,
+                                         y, p.workspace.defined() ? p.workspace.raw() : nullptr,
+                                         streams, 1));
 }
 
 #endif  // DLREC_WITH_CUSPARSELT
