@@ -69,6 +69,7 @@ std::vector<int64_t> parse_list(const char* s) {
 
 #ifdef DLREC_WITH_CUDA
 
+using dlrec::nn::cuda_lt::Epi;
 using dlrec::nn::cuda_lt::Gemm;
 using dlrec::nn::cuda_lt::Lt;
 namespace sp = dlrec::nn::cuda_sparse;
@@ -178,6 +179,35 @@ int run(int argc, char** argv) {
   check(cudaStreamCreate(&s), "stream");
   auto res = dlrec::gpu::DeviceResources::get(0);
   Lt lt(res->blas_lt(), /*tune=*/true);
+  // Which int8 epilogue forms cuBLASLt offers here (the engine's int8 layer uses the first
+  // that exists: docs/COMPRESSION.md), on a 1024 x 1024 layer at 8192 rows.
+  {
+    struct Form {
+      const char* name;
+      cudaDataType_t d;
+      bool vec;
+      Epi epi;
+    };
+    const Form forms[] = {
+        {"int8 out, scalar alpha", CUDA_R_8I, false, Epi::None},
+        {"int8 out, scalar alpha, bias+relu", CUDA_R_8I, false, Epi::ReluBias},
+        {"int8 out, alpha vector", CUDA_R_8I, true, Epi::None},
+        {"int8 out, alpha vector, bias+relu", CUDA_R_8I, true, Epi::ReluBias},
+        {"bf16 out, scalar alpha", CUDA_R_16BF, false, Epi::None},
+        {"bf16 out, alpha vector", CUDA_R_16BF, true, Epi::None},
+        {"bf16 out, alpha vector, f32 bias+relu", CUDA_R_16BF, true, Epi::ReluBias},
+        {"f32 out, scalar alpha", CUDA_R_32F, false, Epi::None},
+        {"int32 out", CUDA_R_32I, false, Epi::None}};
+    for (const Form& f : forms) {
+      Gemm g = Gemm::shape(true, false, 1024, 8192, 1024, 1024, 1024, 1024);
+      g.ab_type = CUDA_R_8I;
+      g.d_type = f.d;
+      g.alpha_vector = f.vec;
+      g.epi = f.epi;
+      g.bias_f32 = f.epi != Epi::None && f.d != CUDA_R_8I;
+      std::printf("cuBLASLt int8 form: %-40s %s\n", f.name, lt.supported(g) ? "yes" : "no");
+    }
+  }
   std::mt19937 rng(7);
   const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
   std::printf("%-6s %-9s %5s %5s %6s | %8s %8s %8s | %8s %8s %8s | %5s %5s %5s %5s | check\n",

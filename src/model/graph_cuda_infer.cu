@@ -204,6 +204,8 @@ void GraphCuda::predict(const io::Batch& batch, float* probs) {
   hashed_cuda::HashedTables* hashed = emb_ ? emb_->hashed() : nullptr;
   if (profile_ || !graphs_ || hashed) return predict_eager(batch, probs);
   have_training_forward_ = false;
+  // Compressed exports too: one 32768-row chunk (more rows per int8 / 2:4 GEMM) lost the host
+  // packing's overlap with the GPU and measured 1.39x slower end to end (bench/RESULTS.md).
   const int64_t chunk = std::min(B, opts_.infer_chunk);
   int64_t R = 1;
   while (R < chunk) R *= 2;
@@ -672,6 +674,14 @@ void GraphCuda::set_compressed(const std::vector<CompressedWeight>& weights,
         w.int8 ? &q : nullptr, l.has_bias ? l.b.data<float>() : nullptr, policy, e_.st);
     if (cap_b_ > 0) l.comp->reserve(cap_b_);
     compressed_.push_back(&l);
+  }
+  // Chains of int8 layers (16-bit engines): a layer whose output only the next reads hands it
+  // over quantized where both run int8 kernels.
+  for (auto& n : nodes_) {
+    std::vector<std::pair<Lin*, Lin*>> pairs;
+    n->chainable(pairs);
+    for (auto& [a, b] : pairs)
+      if (a->comp && b->comp) a->comp->set_next(b->comp.get(), e_.st);
   }
   if (!comp_lt_) comp_lt_ = std::make_unique<lt::Lt>(res_->blas_lt(), opts_.lt_tune);
   e_.comp_lt = comp_lt_.get();

@@ -5,14 +5,23 @@
 //
 //   y [B, out] (rows out_ld apart) = act(x [B, in_pad] W^T + b)
 //
-// INT8 arithmetic (the CPU reference's, compress::int8_linear):
+// INT8 arithmetic in fp32 engines (the CPU reference's, compress::int8_linear):
 //   qx = clamp(rint(x * (1 / sx)), -127, 127)    quantize kernel (x as the engine stores it)
 //   acc = qx . qw                                int32, exact (cuBLASLt int8 -> int32)
 //   y = act(float(acc) * (sx * sw[j]) + b[j])    dequantize/bias/ReLU kernel, no FMA
-// so a layer's int8 output equals the CPU reference's bit for bit given the same input values
-// (in fp32 precision; bf16 precision rounds y to bf16 after). 2:4-int8 hands the int32 sums
-// out as bf16 (cuSPARSELt's int8 -> bf16 output), a relative rounding of at most 2^-9 before
-// the scale: not bit-exact.
+// so a layer's int8 output equals the CPU reference's bit for bit given the same input values.
+// 2:4-int8 there hands the int32 sums out as bf16 (cuSPARSELt's int8 -> bf16 output), a
+// relative rounding of at most 2^-9 before the scale: not bit-exact.
+//
+// In 16-bit (bf16/fp16) engines an int8 layer is one GEMM where the library allows it: the
+// dequantize (per-output alpha vector sx * sw[j]), bias and ReLU run in cuBLASLt's (or
+// cuSPARSELt's) epilogue, which writes y in the engine's type; and where the next layer of a
+// chain (set_next) runs an int8 kernel too, the epilogue writes int8 requantized with that
+// layer's input scale, q = sat(round(relu(acc * (sx sw[j] / sx') + b[j] / sx'))), straight into
+// its int8 input, so the chain never goes through 16-bit or int32 memory. The epilogue's
+// rounding (a fused multiply-add, the int8 conversion's rounding and saturation to [-128, 127])
+// is the library's: not bit-exact with the CPU reference, within one int8 step per value
+// (docs/COMPRESSION.md). Where the library has no such kernel, the fp32 engines' path runs.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,11 +33,13 @@
 #include <string>
 #include <vector>
 
+#include "dlrec/core/tensor.h"
 #include "dlrec/nn/kernel_choice.h"
 
 namespace dlrec::nn::cuda_lt {
 class Lt;
-}
+struct Gemm;
+}  // namespace dlrec::nn::cuda_lt
 namespace dlrec::nn::cuda_sparse {
 class Gemm24;
 }
@@ -70,6 +81,21 @@ class CompressedLinear {
   bool run(kc::Kernel k, int64_t B, const void* x, void* y, Act ydt, int64_t out_ld,
            cuda_lt::Lt& lt, cudaStream_t stream);
 
+  // Serving chains: `next` is the layer that alone reads this layer's output (an MLP's next
+  // layer, a low-rank cross layer's second GEMM). In 16-bit engines, at a batch size where
+  // both chose an int8 kernel, this layer writes its output quantized into next's int8 input
+  // and leaves y unwritten; next skips its quantize kernel. Call once, before serving.
+  void set_next(CompressedLinear* next, cudaStream_t stream);
+  // Whether the int8 (sparse: 2:4-int8) kernel has a form that writes next's int8 input at B
+  // rows (false: the libraries offer none here; the layer then writes its 16-bit output).
+  bool chain_form_exists(bool sparse, int64_t B, cuda_lt::Lt& lt);
+  // Whether the kernel chosen for B rows reads the int8 input (int8 or 2:4-int8).
+  bool takes_int8(int64_t B) const {
+    auto it = choice_.find(B);
+    if (it == choice_.end()) return false;
+    const kc::Kernel k = it->second.cand[it->second.chosen].kernel;
+    return k == kc::Kernel::Int8 || k == kc::Kernel::Sparse24Int8;
+  }
   // Whether the kernel chosen for B rows is dense (false before the choice is made).
   bool chose_dense(int64_t B) const {
     auto it = choice_.find(B);
@@ -93,6 +119,13 @@ class CompressedLinear {
   };
   Choice& choose(int64_t B, const void* x, void* y, Act ydt, int64_t out_ld, cuda_lt::Lt& lt,
                  cudaStream_t stream, const std::function<void()>& dense);
+  // The int8 / 2:4-int8 kernel. chain_out: write next_'s int8 input (false: y); timing: the
+  // input is taken as already quantized when a previous int8 layer can hand it over.
+  bool run_int8(bool sparse, int64_t B, const void* x, void* y, Act ydt, int64_t out_ld,
+                cuda_lt::Lt& lt, cudaStream_t stream, bool chain_out);
+  // The cuBLASLt GEMM of the int8 kernel: int32 out (fp32 engines), ydt with the epilogue, or
+  // int8 into next_ (chain).
+  cuda_lt::Gemm int8_gemm(int64_t B, Act ydt, int64_t out_ld, bool chain_out) const;
   std::string name_;
   int64_t out_, in_, in_pad_, in_q_;
   bool relu_;
@@ -103,13 +136,22 @@ class CompressedLinear {
   kc::Policy policy_;
   std::string sparse_why_;           // why cuSPARSELt is unavailable ("" if it loads)
   std::string half_why_, int8_why_;  // why the 2:4 / 2:4-int8 kernel is (when it is not built)
-  std::unique_ptr<cuda_sparse::Gemm24> sp_half_, sp_int8_;
-  void* qw_ = nullptr;    // int8 [out, in_q]
-  float* deq_ = nullptr;  // [out]: xscale * wscale[j]
-  float inv_x_ = 0.f;     // 1 / xscale
-  void* qx_ = nullptr;    // int8 [rows, in_q]
-  void* acc_ = nullptr;   // int32 [rows, out] (or bf16 for 2:4-int8)
+  bool fused_;  // a 16-bit engine: epilogues and chains (see the top of this file)
+  // sp_int8_: bf16 engines, the epilogue form (y bf16); others, the int32 sums as bf16.
+  // sp_int8q_: int8 output for next_ (chains).
+  std::unique_ptr<cuda_sparse::Gemm24> sp_half_, sp_int8_, sp_int8q_;
+  bool sp_int8_epi_ = false;     // sp_int8_ has the epilogue (its output is y)
+  Tensor qw_;                    // int8 [out, in_q]
+  Tensor deq_;                   // f32 [out]: xscale * wscale[j] (the alpha vector)
+  Tensor bias_half_;             // the bias in the engine's 16-bit type (cuSPARSELt's epilogue)
+  Tensor req_alpha_, req_bias_;  // f32 [out]: deq[j] / next's xscale, b[j] / next's xscale
+  std::vector<float> deq_h_, bias_h_;
+  float xscale_ = 0.f, inv_x_ = 0.f;  // the input scale, 1 / it
+  Tensor qx_;                         // int8 [rows, in_q]
+  Tensor acc_;                        // int32 [rows, out] (or bf16 for 2:4-int8)
   int64_t rows_ = 0;
+  CompressedLinear* next_ = nullptr;  // set_next
+  int64_t qx_ready_ = -1;  // the previous layer wrote qx_ for this many rows (its next run)
   std::map<int64_t, Choice> choice_;
 };
 

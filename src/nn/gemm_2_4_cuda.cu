@@ -3,6 +3,7 @@
 
 #include "core/cuda_check.h"
 #include "dlrec/core/error.h"
+#include "dlrec/nn/cusparselt_version.h"
 #include "nn/gemm_2_4_cuda.h"
 
 #ifdef DLREC_WITH_CUSPARSELT
@@ -45,6 +46,7 @@ Gemm24::~Gemm24() = default;
 void Gemm24::set_weight(const void*, cudaStream_t) {}
 void Gemm24::run(const void*, void*, int64_t, cudaStream_t, float) {}
 void Gemm24::prune(void*, cudaStream_t) {}
+void Gemm24::set_epilogue(const Epilogue&) {}
 
 #else
 
@@ -61,7 +63,8 @@ struct Api {
               X(cusparseLtMatmulAlgSelectionDestroy) X(cusparseLtMatmulPlanInit)    \
                   X(cusparseLtMatmulPlanDestroy) X(cusparseLtMatmulGetWorkspace)    \
                       X(cusparseLtMatmul) X(cusparseLtSpMMAPrune2)                  \
-                          X(cusparseLtSpMMACompressedSize2) X(cusparseLtSpMMACompress2)
+                          X(cusparseLtSpMMACompressedSize2) X(cusparseLtSpMMACompress2) \
+                              X(cusparseLtMatmulDescSetAttribute)
 #define DLREC_DECLARE(name) decltype(&::name) name = nullptr;
   DLREC_CUSPARSELT_FNS(DLREC_DECLARE)
 #undef DLREC_DECLARE
@@ -69,9 +72,13 @@ struct Api {
 
 Api load_api() {
   Api a;
+  std::string where = "libcusparseLt.so.0 (the loader's path)";
   void* lib = dlopen("libcusparseLt.so.0", RTLD_NOW | RTLD_LOCAL);
 #ifdef DLREC_CUSPARSELT_LIB
-  if (!lib) lib = dlopen(DLREC_CUSPARSELT_LIB, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    lib = dlopen(DLREC_CUSPARSELT_LIB, RTLD_NOW | RTLD_LOCAL);
+    where = DLREC_CUSPARSELT_LIB;
+  }
 #endif
   if (!lib) {
     a.error = std::string("cuSPARSELt library not found (libcusparseLt.so.0 on the loader path") +
@@ -82,11 +89,27 @@ Api load_api() {
               dlerror();
     return a;
   }
-#define DLREC_RESOLVE(name)                                                    \
-  a.name = reinterpret_cast<decltype(&::name)>(dlsym(lib, #name));             \
-  if (!a.name) {                                                               \
-    a.error = "cuSPARSELt library lacks " #name " (version older than 0.10?)"; \
-    return a;                                                                  \
+  // The version first (cusparseLtGetProperty has no handle): the error names the found and
+  // the required version rather than a missing entry point.
+  auto get_property = reinterpret_cast<decltype(&::cusparseLtGetProperty)>(
+      dlsym(lib, "cusparseLtGetProperty"));
+  int major = -1, minor = -1, patch = -1;
+  if (!get_property || get_property(MAJOR_VERSION, &major) != CUSPARSE_STATUS_SUCCESS ||
+      get_property(MINOR_VERSION, &minor) != CUSPARSE_STATUS_SUCCESS ||
+      get_property(PATCH_LEVEL, &patch) != CUSPARSE_STATUS_SUCCESS) {
+    a.error = "cuSPARSELt at " + where + " does not report its version (cusparseLtGetProperty); " +
+              "the 2:4 kernels need 0." + std::to_string(kernel_choice::kCusparseltMinMinor) +
+              " or a later 0.x";
+    return a;
+  }
+  a.error = kernel_choice::cusparselt_version_error(major, minor, patch, where);
+  if (!a.error.empty()) return a;
+#define DLREC_RESOLVE(name)                                                                   \
+  a.name = reinterpret_cast<decltype(&::name)>(dlsym(lib, #name));                            \
+  if (!a.name) {                                                                              \
+    a.error = "cuSPARSELt at " + where + " (version " + std::to_string(major) + "." +         \
+              std::to_string(minor) + "." + std::to_string(patch) + ") lacks " #name;         \
+    return a;                                                                                 \
   }
   DLREC_CUSPARSELT_FNS(DLREC_RESOLVE)
 #undef DLREC_RESOLVE
@@ -116,6 +139,14 @@ cudaDataType_t cuda_type(Type t) {
       return CUDA_R_8I;
   }
   return CUDA_R_32F;
+}
+
+// `n` bytes on the current device, owned (the engine's allocation); undefined for n == 0.
+Tensor device_bytes(size_t n) {
+  if (n == 0) return Tensor();
+  int dev = 0;
+  DLREC_CUDA_CHECK(cudaGetDevice(&dev));
+  return Tensor::empty({static_cast<int64_t>(n)}, DType::U8, Device::cuda(dev));
 }
 
 constexpr uint32_t kAlign = 16;
@@ -155,10 +186,9 @@ struct Gemm24::Plan {
   cusparseLtMatmulAlgSelection_t alg{};
   cusparseLtMatmulPlan_t plan{};
   bool b_ok = false, d_ok = false, alg_ok = false, plan_ok = false;
-  void* workspace = nullptr;
+  Tensor workspace;  // device bytes (none when the plan needs none)
   ~Plan() {
     const Api& a = api();
-    if (workspace) cudaFree(workspace);
     if (plan_ok) a.cusparseLtMatmulPlanDestroy(&plan);
     if (alg_ok) a.cusparseLtMatmulAlgSelectionDestroy(&alg);
     if (d_ok) a.cusparseLtMatDescriptorDestroy(&d);
@@ -191,7 +221,6 @@ Gemm24::Gemm24(int64_t out, int64_t in, Type type, Layout layout, bool int8_to_b
 
 Gemm24::~Gemm24() {
   plans_.clear();
-  if (compressed_) cudaFree(compressed_);
 }
 
 void Gemm24::set_weight(const void* w, cudaStream_t stream) {
@@ -215,15 +244,12 @@ void Gemm24::set_weight(const void* w, cudaStream_t stream) {
     }
   size_t bytes = 0, buffer_bytes = 0;
   DLREC_SPL_CHECK(a.cusparseLtSpMMACompressedSize2(&s_->handle, &s_->a, &bytes, &buffer_bytes));
-  void* buffer = nullptr;
-  if (compressed_) cudaFree(compressed_);
-  compressed_ = nullptr;
-  DLREC_CUDA_CHECK(cudaMalloc(&compressed_, bytes));
-  if (buffer_bytes) DLREC_CUDA_CHECK(cudaMalloc(&buffer, buffer_bytes));
-  const cusparseStatus_t cst =
-      a.cusparseLtSpMMACompress2(&s_->handle, &s_->a, 1, kOpA, w, compressed_, buffer, stream);
+  compressed_ = device_bytes(bytes);
+  const Tensor buffer = device_bytes(buffer_bytes);
+  const cusparseStatus_t cst = a.cusparseLtSpMMACompress2(
+      &s_->handle, &s_->a, 1, kOpA, w, compressed_.raw(), buffer_bytes ? buffer.raw() : nullptr,
+      stream);
   const cudaError_t ce = cudaStreamSynchronize(stream);
-  if (buffer) cudaFree(buffer);
   DLREC_SPL_CHECK(cst);
   DLREC_CUDA_CHECK(ce);
   compressed_bytes_ = bytes;
@@ -238,6 +264,9 @@ void Gemm24::prune(void* w, cudaStream_t stream) {
 Gemm24::Plan& Gemm24::plan(int64_t batch, const void* x, void* y, cudaStream_t stream) {
   auto it = plans_.find(batch);
   if (it != plans_.end()) return *it->second;
+  DLREC_CHECK(plans_.size() < kMaxPlans, "2:4 sparse GEMM [", out_, ", ", in_, "]: a plan for ",
+              "batch ", batch, " would be the ", kMaxPlans + 1, "th; plans are kept (captured ",
+              "graphs use them) for at most ", kMaxPlans, " distinct batch sizes");
   const Api& a = api();
   auto p = std::make_unique<Plan>();
   const cudaDataType_t t = cuda_type(type_);
@@ -257,6 +286,25 @@ Gemm24::Plan& Gemm24::plan(int64_t batch, const void* x, void* y, cudaStream_t s
   DLREC_SPL_CHECK(a.cusparseLtMatmulDescriptorInit(&s_->handle, &p->mm, kOpA,
                                                    in_fm ? CUSPARSE_OPERATION_NON_TRANSPOSE : kOpB,
                                                    &s_->a, &p->b, &p->d, &p->d, compute));
+  // The epilogue (set_epilogue): set on the matmul descriptor before the plan is made from it.
+  if (epi_.relu) {
+    const int on = 1;
+    DLREC_SPL_CHECK(a.cusparseLtMatmulDescSetAttribute(&s_->handle, &p->mm,
+                                                       CUSPARSELT_MATMUL_ACTIVATION_RELU, &on,
+                                                       sizeof on));
+  }
+  if (epi_.bias) {
+    const void* bias = epi_.bias;
+    DLREC_SPL_CHECK(a.cusparseLtMatmulDescSetAttribute(&s_->handle, &p->mm,
+                                                       CUSPARSELT_MATMUL_BIAS_POINTER, &bias,
+                                                       sizeof bias));
+  }
+  if (epi_.alpha_vec) {
+    const int on = 1;
+    DLREC_SPL_CHECK(a.cusparseLtMatmulDescSetAttribute(&s_->handle, &p->mm,
+                                                       CUSPARSELT_MATMUL_ALPHA_VECTOR_SCALING,
+                                                       &on, sizeof on));
+  }
   // The library's default kernel configuration for the shape. Not searched: on cuSPARSELt 0.8
   // (the GPU hosts' copy, PyTorch 2.11's) with an H200, cusparseLtMatmulSearch fails with an
   // internal error, and timing each configuration in turn reaches one whose kernel stops on an
@@ -268,7 +316,7 @@ Gemm24::Plan& Gemm24::plan(int64_t batch, const void* x, void* y, cudaStream_t s
   p->plan_ok = true;
   size_t ws = 0;
   DLREC_SPL_CHECK(a.cusparseLtMatmulGetWorkspace(&s_->handle, &p->plan, &ws));
-  if (ws) DLREC_CUDA_CHECK(cudaMalloc(&p->workspace, ws));
+  if (ws) p->workspace = device_bytes(ws);
   (void)x;
   (void)y;
   (void)stream;
@@ -277,14 +325,22 @@ Gemm24::Plan& Gemm24::plan(int64_t batch, const void* x, void* y, cudaStream_t s
   return ref;
 }
 
+void Gemm24::set_epilogue(const Epilogue& e) {
+  DLREC_CHECK(plans_.empty(), "2:4 sparse GEMM: set_epilogue() after the first run()");
+  epi_ = e;
+}
+
 void Gemm24::run(const void* x, void* y, int64_t batch, cudaStream_t stream, float alpha) {
-  DLREC_CHECK(compressed_ != nullptr, "2:4 sparse GEMM: run() before set_weight()");
+  DLREC_CHECK(compressed_.defined(), "2:4 sparse GEMM: run() before set_weight()");
   DLREC_CHECK(batch > 0, "2:4 sparse GEMM: batch ", batch);
   Plan& p = plan(batch, x, y, stream);
   const float zero = 0.f;
   cudaStream_t streams[1] = {stream};
-  DLREC_SPL_CHECK(api().cusparseLtMatmul(&s_->handle, &p.plan, &alpha, compressed_, x, &zero, y, y,
-                                         p.workspace, streams, 1));
+  // With an alpha vector, alpha is its device pointer (beta stays the host scalar 0).
+  const void* a = epi_.alpha_vec ? static_cast<const void*>(epi_.alpha_vec) : &alpha;
+  DLREC_SPL_CHECK(api().cusparseLtMatmul(&s_->handle, &p.plan, a, compressed_.raw(), x, &zero, y,
+                                         y, p.workspace.defined() ? p.workspace.raw() : nullptr,
+                                         streams, 1));
 }
 
 #endif  // DLREC_WITH_CUSPARSELT

@@ -6,7 +6,9 @@
 // least 2 are zero (the layout compress::compute_mask_2_4 produces). It is checked and
 // compressed once, in set_weight(); plans are made per batch size on first use (the library's
 // default kernel configuration; see plan()), so the first run() of a batch size must not be
-// inside CUDA graph capture.
+// inside CUDA graph capture. Plans live as long as the GEMM (captured graphs use their
+// workspaces), at most kMaxPlans distinct batch sizes (the engine uses power-of-two buckets:
+// at most 17); one more is an error naming the limit.
 //
 // Types: bf16 or fp16 (X, W, Y of that type, fp32 accumulation), or int8 (X and W int8, int32
 // accumulation, Y int8 requantized by `alpha`, or bf16 scaled by `alpha`).
@@ -23,6 +25,8 @@
 #include <map>
 #include <memory>
 #include <string>
+
+#include "dlrec/core/tensor.h"
 
 namespace dlrec::nn::cuda_sparse {
 
@@ -58,6 +62,17 @@ class Gemm24 {
   // Y = alpha * X W^T on `stream` (x and y on the device, of the type, stored as the layout
   // says).
   void run(const void* x, void* y, int64_t batch, cudaStream_t stream, float alpha = 1.f);
+  // The epilogue of every later plan (call before the first run()): alpha_vec (device [out],
+  // float): one alpha per output feature instead of run()'s scalar (cuSPARSELt's
+  // ALPHA_VECTOR_SCALING); bias (device [out]): added after the scale, of the output's type
+  // (bf16/fp16; f32 when the output is int8); relu: max(., 0) last. The int8 output rounds to
+  // nearest and saturates. Throws if plans exist already.
+  struct Epilogue {
+    const float* alpha_vec = nullptr;
+    const void* bias = nullptr;
+    bool relu = false;
+  };
+  void set_epilogue(const Epilogue& e);
   // Bytes of the compressed weight (values and metadata).
   size_t compressed_bytes() const { return compressed_bytes_; }
 
@@ -68,10 +83,12 @@ class Gemm24 {
   int64_t out_, in_;
   Type type_;
   bool int8_to_bf16_ = false;
+  Epilogue epi_;
   Layout layout_ = Layout::RowMajor;
   std::unique_ptr<State> s_;
+  static constexpr size_t kMaxPlans = 64;
   std::map<int64_t, std::unique_ptr<Plan>> plans_;
-  void* compressed_ = nullptr;
+  Tensor compressed_;  // the compressed weight (device bytes)
   size_t compressed_bytes_ = 0;
 };
 

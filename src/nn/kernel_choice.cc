@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "dlrec/core/error.h"
+#include "dlrec/nn/cusparselt_version.h"
 
 namespace dlrec::nn::kernel_choice {
 
@@ -20,6 +21,13 @@ const char* kernel_name(Kernel k) {
       return "2:4-int8";
   }
   return "?";
+}
+
+std::string cusparselt_version_error(int major, int minor, int patch, const std::string& where) {
+  if (major == 0 && minor >= kCusparseltMinMinor) return "";
+  return "cuSPARSELt at " + where + " is version " + std::to_string(major) + "." +
+         std::to_string(minor) + "." + std::to_string(patch) + "; the 2:4 kernels need 0." +
+         std::to_string(kCusparseltMinMinor) + " or a later 0.x";
 }
 
 Policy parse_policy(const std::string& s, const std::string& what) {

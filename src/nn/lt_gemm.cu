@@ -65,6 +65,7 @@ cublasLtEpilogue_t to_lt(Epi e) {
     case Epi::ReluAuxBias: return CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
     case Epi::DRelu: return CUBLASLT_EPILOGUE_DRELU;
     case Epi::BGradB: return CUBLASLT_EPILOGUE_BGRADB;
+    case Epi::ReluBias: return CUBLASLT_EPILOGUE_RELU_BIAS;
     case Epi::None: break;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
@@ -93,6 +94,17 @@ Lt::Plan* Lt::plan(const Gemm& g) {
     const int32_t sms = g.sm_target;
     DLREC_LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
                                                   &sms, sizeof sms));
+  }
+  if (g.alpha_vector) {
+    DLREC_CHECK(!g.accumulate_c, "cuBLASLt GEMM: an alpha vector takes no C operand (beta 0)");
+    const cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_ZERO;
+    DLREC_LT_CHECK(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof pm));
+  }
+  if (g.bias_f32) {
+    const cudaDataType_t bt = CUDA_R_32F;
+    DLREC_LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                  &bt, sizeof bt));
   }
   if (g.epi == Epi::ReluAuxBias || g.epi == Epi::DRelu) {
     const int64_t ld = g.aux_ld;
@@ -129,15 +141,18 @@ Lt::Plan* Lt::plan(const Gemm& g) {
 
 bool Lt::supported(const Gemm& g) { return plan(g)->ok; }
 
-bool Lt::run(const Gemm& g, const void* A, const void* B, void* D, void* vec, void* aux,
-             cudaStream_t stream, const void* C, float alpha) {
+bool Lt::run(const Gemm& g, const void* A, const void* B, void* D, const void* vec, void* aux,
+             cudaStream_t stream, const void* C, float alpha, const float* alpha_dev) {
   Plan* p = plan(g);
   if (!p->ok) return false;
   DLREC_CHECK(!g.accumulate_c || (C != nullptr && C != D),
               "cuBLASLt GEMM: accumulate_c needs a C operand distinct from D");
   // C has D's type and layout (p->d); without accumulate_c it is D itself, scaled by 0.
   const void* c = g.accumulate_c ? C : D;
-  if (g.epi == Epi::Bias || g.epi == Epi::ReluAuxBias || g.epi == Epi::BGradB)
+  DLREC_CHECK(!g.alpha_vector || alpha_dev != nullptr,
+              "cuBLASLt GEMM: an alpha-vector plan run without its vector");
+  if (g.epi == Epi::Bias || g.epi == Epi::ReluAuxBias || g.epi == Epi::BGradB ||
+      g.epi == Epi::ReluBias)
     DLREC_LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                   &vec, sizeof vec));
   if (g.epi == Epi::ReluAuxBias || g.epi == Epi::DRelu)
@@ -147,7 +162,9 @@ bool Lt::run(const Gemm& g, const void* A, const void* B, void* D, void* vec, vo
   const int32_t ione = 1, izero = 0, ialpha = static_cast<int32_t>(alpha);
   DLREC_CHECK(!p->int_scale || static_cast<float>(ialpha) == alpha,
               "cuBLASLt GEMM: an int32 output takes an integer alpha, not ", alpha);
-  const void* a_scale = p->int_scale ? static_cast<const void*>(&ialpha) : &alpha;
+  const void* a_scale = g.alpha_vector ? static_cast<const void*>(alpha_dev)
+                        : p->int_scale ? static_cast<const void*>(&ialpha)
+                                       : &alpha;
   const void* beta = p->int_scale ? static_cast<const void*>(g.accumulate_c ? &ione : &izero)
                                   : static_cast<const void*>(g.accumulate_c ? &one : &zero);
   if (!p->tuned) {

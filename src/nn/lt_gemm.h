@@ -12,6 +12,11 @@
 //   ReluAuxBias: D = relu(D + bias), and the ReLU mask as bits into `aux` (ld aux_ld bits)
 //   DRelu:       D = D masked by the bit mask `aux` of a ReluAuxBias output of the same shape
 //   BGradB:      bias gradient: grad [n] = sums of op(B) over k (type = D type)
+//   ReluBias:    D = relu(D + bias), no mask (serving)
+// alpha_vector: alpha is a device vector of length m (one scale per row of D, cuBLASLt's
+// CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_ZERO; no accumulate_c), passed to run() as
+// alpha_dev. bias_f32: the bias vector is f32 whatever D's type (int8 operands: the type
+// cuBLASLt takes with a float scale; bf16/fp16 D: asked for explicitly).
 // On its first use outside graph capture, a plan times up to 8 of the heuristic's candidates on
 // the real operands and keeps the fastest (Lt's `tune` false: the heuristic's first choice,
 // the same algorithm in every run, which bit-identity tests need).
@@ -33,7 +38,7 @@
 
 namespace dlrec::nn::cuda_lt {
 
-enum class Epi { None, Bias, ReluAuxBias, DRelu, BGradB };
+enum class Epi { None, Bias, ReluAuxBias, DRelu, BGradB, ReluBias };
 
 struct Gemm {
   bool trans_a = false, trans_b = false;
@@ -44,6 +49,8 @@ struct Gemm {
   int64_t aux_ld = 0;  // bits, multiple of 128 (ReluAuxBias / DRelu)
   bool accumulate_c = false;  // D = op(A) op(B) + C (C passed to run(), C != D)
   int sm_target = 0;  // > 0: cuBLASLt's SM count target (a kernel meant to share the device)
+  bool alpha_vector = false;  // alpha: a device vector over the rows of D (see above)
+  bool bias_f32 = false;      // the bias vector is f32 (see above)
   // A GEMM of this shape (column-major D [m, n] = op(A) op(B)), other fields at their defaults.
   static Gemm shape(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
                     int64_t ldd) {
@@ -61,7 +68,7 @@ struct Gemm {
   auto key() const {
     return std::make_tuple(trans_a, trans_b, m, n, k, lda, ldb, ldd, static_cast<int>(ab_type),
                            static_cast<int>(d_type), static_cast<int>(epi), aux_ld,
-                           accumulate_c, sm_target);
+                           accumulate_c, sm_target, alpha_vector, bias_f32);
   }
 };
 
@@ -76,9 +83,11 @@ class Lt {
   // D = op(A) op(B) with the epilogue; `vec` is the bias (input) or bias gradient (output),
   // `aux` the ReLU mask (output of ReluAuxBias, input of DRelu), `C` the added matrix when
   // g.accumulate_c (else ignored). False when unsupported.
-  // alpha scales op(A) op(B) (int8 operands with an int8 D: the requantizing scale).
-  bool run(const Gemm& g, const void* A, const void* B, void* D, void* vec, void* aux,
-           cudaStream_t stream, const void* C = nullptr, float alpha = 1.f);
+  // alpha scales op(A) op(B) (int8 operands with an int8 D: the requantizing scale); with
+  // g.alpha_vector, alpha_dev is the device vector [m] instead.
+  bool run(const Gemm& g, const void* A, const void* B, void* D, const void* vec, void* aux,
+           cudaStream_t stream, const void* C = nullptr, float alpha = 1.f,
+           const float* alpha_dev = nullptr);
   // Whether the plan exists (queries the heuristic on first use).
   bool supported(const Gemm& g);
   // How many plans fell back (for the profile print).

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dlrec/core/error.h"
+#include "dlrec/nn/cusparselt_version.h"
 #include "test_errors.h"
 
 using namespace dlrec::nn::kernel_choice;
@@ -115,4 +116,13 @@ TEST(KernelChoice, PolicyNames) {
   EXPECT_STREQ(policy_name(Policy::Compressed), "compressed");
   expect_error([] { parse_policy("sparse", "--kernels"); },
                "--kernels: unknown kernel policy 'sparse' (choose fastest, compressed or dense)");
+}
+
+TEST(KernelChoice, CusparseltVersionCheckNamesTheFoundAndTheRequiredVersion) {
+  EXPECT_EQ(cusparselt_version_error(0, 8, 0, "libcusparseLt.so.0"), "");
+  EXPECT_EQ(cusparselt_version_error(0, 9, 2, "x"), "");
+  EXPECT_EQ(cusparselt_version_error(0, 7, 1, "/opt/lib/libcusparseLt.so.0"),
+            "cuSPARSELt at /opt/lib/libcusparseLt.so.0 is version 0.7.1; the 2:4 kernels need "
+            "0.8 or a later 0.x");
+  EXPECT_NE(cusparselt_version_error(1, 0, 0, "y").find("is version 1.0.0"), std::string::npos);
 }

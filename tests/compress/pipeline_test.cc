@@ -14,6 +14,7 @@
 #include "dlrec/train/export.h"
 #include "dlrec/train/trainer.h"
 #include "test_errors.h"
+#include "compress/compress_test_util.h"
 #include "test_files.h"
 
 using namespace dlrec;
@@ -55,27 +56,8 @@ const World& world() {
   static World w = [] {
     World x;
     const std::string dir = fresh_dir("world");
-    const std::string logs = dir + "/logs.tsv";
-    x.data = dir + "/data";
+    x.data = dlrec::testing::make_compress_data(dir, 4, 3000, 11);
     x.run = dir + "/run";
-    io::DatagenConfig gen;
-    gen.rows = 3000;
-    gen.seed = 11;
-    gen.num_dense = 4;
-    gen.num_cat = 3;
-    gen.cardinalities = {20, 100};
-    io::generate_file(gen, logs);
-    etl::EtlOptions o;
-    o.inputs = {logs};
-    o.schema = gen.schema();
-    o.workflow = parse_json(R"({"pipeline": [
-      {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "Normalize"}]},
-      {"columns": "@categorical", "ops": [{"op": "Categorify"}]}]})",
-                            "test workflow");
-    o.output_dir = x.data;
-    o.train_rows = 2500;
-    o.shard_rows = 1000;
-    etl::run_etl(o);
     train::TrainerOptions opt;
     opt.data_dir = x.data;
     opt.run_dir = x.run;
@@ -85,20 +67,8 @@ const World& world() {
   return w;
 }
 
-std::string dlrec_bin() { return std::string(DLREC_BIN_DIR) + "/dlrec"; }
-
-int run_cli(const std::string& args, std::string* output) {
-  const std::string cmd = dlrec_bin() + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  std::string out;
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  *output = out;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using dlrec::testing::dlrec_bin;
+using dlrec::testing::run_cli;
 
 std::map<std::string, std::vector<float>> copy_of(const std::vector<model::NamedTensor>& ts) {
   std::map<std::string, std::vector<float>> out;

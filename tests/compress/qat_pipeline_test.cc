@@ -15,6 +15,7 @@
 #include "dlrec/train/export.h"
 #include "dlrec/train/trainer.h"
 #include "test_errors.h"
+#include "compress/compress_test_util.h"
 #include "test_files.h"
 
 using namespace dlrec;
@@ -29,27 +30,7 @@ const std::string& root() {
 }
 
 std::string make_data(const std::string& dir, int num_dense, int64_t rows) {
-  make_dirs(dir);
-  const std::string logs = dir + "/logs.tsv", data = dir + "/data";
-  io::DatagenConfig gen;
-  gen.rows = rows;
-  gen.seed = 5;
-  gen.num_dense = num_dense;
-  gen.num_cat = 3;
-  gen.cardinalities = {20, 100};
-  io::generate_file(gen, logs);
-  etl::EtlOptions o;
-  o.inputs = {logs};
-  o.schema = gen.schema();
-  o.workflow = parse_json(R"({"pipeline": [
-      {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "Normalize"}]},
-      {"columns": "@categorical", "ops": [{"op": "Categorify"}]}]})",
-                          "test workflow");
-  o.output_dir = data;
-  o.train_rows = rows * 5 / 6;
-  o.shard_rows = 1000;
-  etl::run_etl(o);
-  return data;
+  return dlrec::testing::make_compress_data(dir, num_dense, rows, 5);
 }
 
 json base_config() {

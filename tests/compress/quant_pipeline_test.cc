@@ -17,6 +17,7 @@
 #include "dlrec/train/export.h"
 #include "dlrec/train/trainer.h"
 #include "test_errors.h"
+#include "compress/compress_test_util.h"
 #include "test_files.h"
 
 using namespace dlrec;
@@ -39,26 +40,7 @@ std::string fresh_dir(const std::string& name) {
 
 // An ETL output of `num_dense` dense features.
 std::string make_data(const std::string& dir, int num_dense, int64_t rows) {
-  const std::string logs = dir + "/logs.tsv", data = dir + "/data";
-  io::DatagenConfig gen;
-  gen.rows = rows;
-  gen.seed = 21;
-  gen.num_dense = num_dense;
-  gen.num_cat = 3;
-  gen.cardinalities = {20, 100};
-  io::generate_file(gen, logs);
-  etl::EtlOptions o;
-  o.inputs = {logs};
-  o.schema = gen.schema();
-  o.workflow = parse_json(R"({"pipeline": [
-      {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "Normalize"}]},
-      {"columns": "@categorical", "ops": [{"op": "Categorify"}]}]})",
-                          "test workflow");
-  o.output_dir = data;
-  o.train_rows = rows * 5 / 6;
-  o.shard_rows = 1000;
-  etl::run_etl(o);
-  return data;
+  return dlrec::testing::make_compress_data(dir, num_dense, rows, 21);
 }
 
 struct World {
@@ -87,20 +69,8 @@ const World& world() {
   return w;
 }
 
-std::string dlrec_bin() { return std::string(DLREC_BIN_DIR) + "/dlrec"; }
-
-int run_cli(const std::string& args, std::string* output) {
-  const std::string cmd = dlrec_bin() + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  std::string out;
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  *output = out;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using dlrec::testing::dlrec_bin;
+using dlrec::testing::run_cli;
 
 io::Batch valid_batch(const std::string& data) {
   const io::DatasetInfo info = io::DatasetInfo::load(data);

@@ -13,10 +13,10 @@ namespace dlrec::nn::kernel_choice {
 enum class Kernel {
   Dense,        // the engine's own GEMM (cuBLASLt, bias/ReLU in its epilogue) on the 16-bit
                 // (or fp32) weights
-  Sparse24,     // cuSPARSELt 2:4 in the engine's 16-bit type, then bias/ReLU (one small kernel)
-  Int8,         // cuBLASLt int8 x int8 -> int32, with a quantize kernel before and a
-                // dequantize/bias/ReLU kernel after
-  Sparse24Int8  // cuSPARSELt 2:4 int8 x int8 (int32 sums, handed out as bf16), same kernels
+  Sparse24,     // cuSPARSELt 2:4 in the engine's 16-bit type, bias/ReLU in its epilogue
+  Int8,         // cuBLASLt int8 x int8 (16-bit engines: the epilogue forms where cuBLASLt has
+                // them; else quantize, int32 GEMM, dequantize/bias/ReLU kernels)
+  Sparse24Int8  // cuSPARSELt 2:4 int8 x int8 (bf16: alpha vector/bias/ReLU in its epilogue)
 };
 const char* kernel_name(Kernel k);  // "dense", "2:4", "int8", "2:4-int8"
 

@@ -320,6 +320,11 @@ class CrossNode final : public Node {
     }
     return p;
   }
+  // Low rank: h = V x_l is read by the second GEMM alone (u = W h + b).
+  void chainable(std::vector<std::pair<Lin*, Lin*>>& out) override {
+    if (r_ > 0)
+      for (auto& L : layers_) out.emplace_back(&L.v, &L.w);
+  }
   void compressible(std::vector<std::pair<std::string, Lin*>>& out) override {
     for (size_t l = 0; l < layers_.size(); ++l) {
       const std::string p = name_ + "." + std::to_string(l);

@@ -498,6 +498,10 @@ class Node {
   // The layer's Linear parts by parameter name ("top.0.weight"): those a compressed export
   // may give 2:4 / int8 kernels (GraphCuda::set_compressed).
   virtual void compressible(std::vector<std::pair<std::string, Lin*>>&) {}
+  // Serving: pairs (a, b) of those parts where b alone reads a's output (nothing else, the
+  // fused small-batch path aside): a chain of int8 layers may pass it quantized
+  // (CompressedLinear::set_next).
+  virtual void chainable(std::vector<std::pair<Lin*, Lin*>>&) {}
   int self = -1;
   std::vector<int> in;
   // The value's own buffers.

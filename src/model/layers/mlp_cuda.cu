@@ -129,6 +129,10 @@ class MlpNode final : public Node {
     for (size_t k = 0; k < layers_.size(); ++k)
       out.emplace_back(name_ + "." + std::to_string(k) + ".weight", &layers_[k]);
   }
+  // Layer k's output ys_[k] is read by layer k + 1 alone when serving.
+  void chainable(std::vector<std::pair<Lin*, Lin*>>& out) override {
+    for (size_t k = 0; k + 1 < layers_.size(); ++k) out.emplace_back(&layers_[k], &layers_[k + 1]);
+  }
   ServingParts serving_parts(Engine& e) override {
     ServingParts p;
     p.kind = ServingParts::Kind::Mlp;

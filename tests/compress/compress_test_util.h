@@ -1,0 +1,76 @@
+// Shared by the tests/compress programs: the synthetic data they train on (datagen + ETL) and
+// running the dlrec binary as a command line.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "dlrec/core/config.h"
+#include "dlrec/core/file_util.h"
+#include "dlrec/etl/run.h"
+#include "dlrec/io/datagen.h"
+
+namespace dlrec::testing {
+
+// Synthetic logs of `num_dense` dense and 3 categorical features in `dir`, through the ETL
+// (dense: fill + normalize; categorical: categorify) into dir/data, the last sixth of the rows
+// the validation split; returns dir/data.
+inline std::string make_compress_data(const std::string& dir, int num_dense, int64_t rows,
+                                      uint64_t seed,
+                                      std::vector<int64_t> cardinalities = {20, 100}) {
+  make_dirs(dir);
+  const std::string logs = dir + "/logs.tsv", data = dir + "/data";
+  io::DatagenConfig gen;
+  gen.rows = rows;
+  gen.seed = seed;
+  gen.num_dense = num_dense;
+  gen.num_cat = 3;
+  gen.cardinalities = std::move(cardinalities);
+  io::generate_file(gen, logs);
+  etl::EtlOptions o;
+  o.inputs = {logs};
+  o.schema = gen.schema();
+  o.workflow = parse_json(R"({"pipeline": [
+      {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "Normalize"}]},
+      {"columns": "@categorical", "ops": [{"op": "Categorify"}]}]})",
+                          "test workflow");
+  o.output_dir = data;
+  o.train_rows = rows * 5 / 6;
+  o.shard_rows = 1000;
+  etl::run_etl(o);
+  return data;
+}
+
+// The dlrec binary beside this test program (a bundle copied elsewhere), else the build's.
+inline std::string dlrec_bin() {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = 0;
+    const std::string beside = std::filesystem::path(self).parent_path().string() + "/dlrec";
+    if (file_exists(beside)) return beside;
+  }
+  return std::string(DLREC_BIN_DIR) + "/dlrec";
+}
+
+// Runs `dlrec ARGS` (stderr into the output); its exit code, -1 when it did not exit.
+inline int run_cli(const std::string& args, std::string* output) {
+  const std::string cmd = dlrec_bin() + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  std::string out;
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  *output = out;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace dlrec::testing
