@@ -73,8 +73,12 @@ struct StoreConfig {
   json to_json() const;
 };
 
-// Bytes a host-tier entry costs beyond its row (hash map node, LRU links, key).
-constexpr int64_t kHostEntryOverhead = 64;
+// Heap bytes a host-tier entry costs beyond its row's dim x 4, measured with glibc's malloc
+// (tests/store/host_overhead_test.cc: 151 to 170 for dims 1 to 64): the map node with the key
+// and the row's vector header (64), the eviction order's tree node (64), the row's own
+// allocation header and rounding (12 to 28) and the map's bucket pointer (8 to 16). The update
+// tier counts its entries with it too.
+constexpr int64_t kHostEntryOverhead = 176;
 
 struct TierStats {
   std::atomic<int64_t> hits{0}, misses{0}, evictions{0}, bytes{0};
