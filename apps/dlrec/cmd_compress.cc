@@ -155,14 +155,13 @@ Runner add_compress(CLI::App& app) {
     // command does one of them: a one-shot prune feeding the calibration unfine-tuned would lose
     // the accuracy fine-tuning wins back (docs/COMPRESSION.md).
     if (a->quantize || !a->quant.embeddings.empty())
-      DLREC_CHECK(sparsity->count() == 0 && !a->skip_incompatible, "dlrec compress: ",
-                  sparsity->count() ? "--sparsity" : "--skip-incompatible", " prunes a run, ",
-                  a->quantize ? "--quantize" : "--embeddings",
+      DLREC_CHECK(sparsity->count() == 0 && !a->skip_incompatible,
+                  "dlrec compress: ", sparsity->count() ? "--sparsity" : "--skip-incompatible",
+                  " prunes a run, ", a->quantize ? "--quantize" : "--embeddings",
                   " exports one: prune first (dlrec compress --run RUN --out PRUNED --sparsity "
                   "2:4), fine-tune PRUNED (dlrec train --resume), then dlrec compress --run PRUNED "
                   "--out MODEL ",
-                  a->quantize ? "--quantize" : "--embeddings ...",
-                  " (its 2:4 masks are kept)");
+                  a->quantize ? "--quantize" : "--embeddings ...", " (its 2:4 masks are kept)");
     if (!a->quantize && a->quant.embeddings.empty()) {
       DLREC_CHECK(a->quant.embedding_tables.empty() && a->quant.embedding_scale.empty(),
                   "dlrec compress: --embedding-tables and --embedding-scale need --embeddings");

@@ -1,5 +1,7 @@
 // launch_local_job: `dlrec train --ranks N` starts its N ranks through the MPI launcher;
 // run_job: a CLI command as such a job (include/dlrec/dist/launch.h).
+#include "dlrec/dist/launch.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,7 +12,6 @@
 
 #include "dlrec/core/error.h"
 #include "dlrec/dist/communicator.h"
-#include "dlrec/dist/launch.h"
 
 namespace dlrec::dist {
 

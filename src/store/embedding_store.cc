@@ -235,8 +235,9 @@ void EmbeddingStore::lookup(int table, const int64_t* ids, int64_t n, float* out
     const auto t0 = std::chrono::steady_clock::now();
     if (k == 0 && updates_)
       updates_->lookup_at(*pinned, table, sub_ids.data(), m, rows.data(), found.data());
-    else if (!ask(tier, [&] { tier.lookup(table, sub_ids.data(), m, rows.data(), found.data()); },
-                  why)) {
+    else if (!ask(
+                 tier, [&] { tier.lookup(table, sub_ids.data(), m, rows.data(), found.data()); },
+                 why)) {
       failed[k] = true;
       found.assign(static_cast<size_t>(m), 0);  // a failed request's rows are asked below
     }
@@ -264,10 +265,13 @@ void EmbeddingStore::lookup(int table, const int64_t* ids, int64_t n, float* out
     tier.stats.misses += static_cast<int64_t>(still.size());
     for (size_t up = 0; up < k && !hit_ids.empty(); ++up)
       if (!failed[up])
-        failed[up] = !ask(*tiers_[up], [&] {
-          tiers_[up]->fill(table, hit_ids.data(), static_cast<int64_t>(hit_ids.size()),
-                           hit_rows.data());
-        }, why);
+        failed[up] = !ask(
+            *tiers_[up],
+            [&] {
+              tiers_[up]->fill(table, hit_ids.data(), static_cast<int64_t>(hit_ids.size()),
+                               hit_rows.data());
+            },
+            why);
     pending.swap(still);
   }
   if (!pending.empty())

@@ -205,8 +205,8 @@ class RocksDbTier final : public Tier {
       for (const char* key : {"name", "feature", "rows", "dim"})
         DLREC_CHECK(t.contains(key), at, ": no key '", key, "'");
       have.push_back({meta_field<std::string>(t, "name", at, ""),
-                      meta_field<int64_t>(t, "feature", at, 0), meta_field<int64_t>(t, "rows", at, 0),
-                      meta_field<int64_t>(t, "dim", at, 0)});
+                      meta_field<int64_t>(t, "feature", at, 0),
+                      meta_field<int64_t>(t, "rows", at, 0), meta_field<int64_t>(t, "dim", at, 0)});
     }
     const std::string diff = table_difference(have, tables_);
     DLREC_CHECK(diff.empty(), "rocksdb tier: the store at '", path_,

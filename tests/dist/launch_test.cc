@@ -3,9 +3,10 @@
 // and etl_ranks_test.cc run it under MPI through the CLI): the body gets the communicator, a
 // job size that differs from the one asked for is an error naming the option, and an error of
 // the body propagates.
+#include "dlrec/dist/launch.h"
+
 #include <gtest/gtest.h>
 
-#include "dlrec/dist/launch.h"
 #include "test_errors.h"
 
 using namespace dlrec;

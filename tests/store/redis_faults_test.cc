@@ -85,15 +85,15 @@ struct RedisFixture {
   }
 };
 
-#define REDIS_FIXTURE(f)                                                                     \
-  if (!store::redis_available()) GTEST_SKIP() << "this build has no Redis tier (hiredis)";  \
-  if (!store::rocksdb_available()) GTEST_SKIP() << "this build has no RocksDB tier";        \
-  if (dlrec::testing::find_redis_server().empty())                                           \
-    GTEST_SKIP() << "no redis-server binary (Debian's redis-server package)";                \
-  RedisFixture f;                                                                            \
-  write_fault_store(f.dir.path + "/db");                                                     \
-  f.server = RedisServer::start(dlrec::testing::find_redis_server(), f.dir.path);            \
-  ASSERT_TRUE(f.server) << "redis-server did not start (20 ports tried)";                    \
+#define REDIS_FIXTURE(f)                                                                   \
+  if (!store::redis_available()) GTEST_SKIP() << "this build has no Redis tier (hiredis)"; \
+  if (!store::rocksdb_available()) GTEST_SKIP() << "this build has no RocksDB tier";       \
+  if (dlrec::testing::find_redis_server().empty())                                         \
+    GTEST_SKIP() << "no redis-server binary (Debian's redis-server package)";              \
+  RedisFixture f;                                                                          \
+  write_fault_store(f.dir.path + "/db");                                                   \
+  f.server = RedisServer::start(dlrec::testing::find_redis_server(), f.dir.path);          \
+  ASSERT_TRUE(f.server) << "redis-server did not start (20 ports tried)";                  \
   f.address = "127.0.0.1:" + std::to_string(f.server->port())
 
 std::string row_bytes(int table, int64_t id) {
@@ -126,8 +126,9 @@ TEST(RedisFaults, AValueOfTheWrongSizeIsAMissThatTheRowBelowOverwrites) {
   EXPECT_EQ(redis.misses, 3);
   EXPECT_EQ(s->tiers()[1]->stats.hits, 3);
   // Logged once for the table, naming the address, the key and the sizes.
-  EXPECT_NE(log0.find("redis tier " + f.address + ": key f{0}:0:5 holds 3 bytes, expected a row "
-                                                  "of 16 bytes"),
+  EXPECT_NE(log0.find("redis tier " + f.address +
+                      ": key f{0}:0:5 holds 3 bytes, expected a row "
+                      "of 16 bytes"),
             std::string::npos)
       << log0;
   EXPECT_EQ(log0.find("f{0}:0:6"), std::string::npos) << "logged twice for one table:\n" << log0;

@@ -240,11 +240,11 @@ double wait_for_version(store::EmbeddingStore& s, uint64_t version, double secon
   }
 }
 
-#define REQUIRE_REDIS_AND_ROCKSDB(setup)                                                      \
-  if (!store::rocksdb_available()) GTEST_SKIP() << "this build has no RocksDB tier";          \
-  if (!store::redis_available() || dlrec::testing::find_redis_server().empty())              \
-    GTEST_SKIP() << "no Redis tier in this build or no redis-server installed: online "       \
-                    "updates are not checked";                                                \
+#define REQUIRE_REDIS_AND_ROCKSDB(setup)                                                \
+  if (!store::rocksdb_available()) GTEST_SKIP() << "this build has no RocksDB tier";    \
+  if (!store::redis_available() || dlrec::testing::find_redis_server().empty())         \
+    GTEST_SKIP() << "no Redis tier in this build or no redis-server installed: online " \
+                    "updates are not checked";                                          \
   ASSERT_TRUE(setup.redis) << "redis-server did not start (20 ports tried)"
 
 }  // namespace
