@@ -39,12 +39,10 @@ int run_compress(const CompressArgs& a) {
   namespace fs = std::filesystem;
   DLREC_CHECK(a.sparsity == "2:4", "dlrec compress --sparsity: only \"2:4\" exists, got '",
               a.sparsity, "'");
-  const train::RunInfo info = train::load_run_info(a.run);
-  const std::string data_dir = train::run_data_dir(a.run, info.run);
-  const std::string ckpt = a.run + "/checkpoint.dlrec";
-  DLREC_CHECK(file_exists(ckpt), "no checkpoint at '", ckpt, "' (train first)");
-  DLREC_CHECK(fs::absolute(a.out).lexically_normal() != fs::absolute(a.run).lexically_normal(),
-              "dlrec compress: --out must differ from --run (the trained run is kept)");
+  const CompressSource src = open_compress_source(a.run, a.out);
+  const train::RunInfo& info = src.info;
+  const std::string& data_dir = src.data_dir;
+  const std::string& ckpt = src.ckpt;
   const std::string out_ckpt = a.out + "/checkpoint.dlrec";
   if (file_exists(out_ckpt) && !a.overwrite)
     fail("'", out_ckpt, "' already exists (use --overwrite to replace it)");
@@ -102,6 +100,18 @@ int run_compress(const CompressArgs& a) {
 
 }  // namespace
 
+CompressSource open_compress_source(const std::string& run, const std::string& out) {
+  namespace fs = std::filesystem;
+  CompressSource s;
+  s.info = train::load_run_info(run);
+  s.data_dir = train::run_data_dir(run, s.info.run);
+  s.ckpt = run + "/checkpoint.dlrec";
+  DLREC_CHECK(file_exists(s.ckpt), "no checkpoint at '", s.ckpt, "' (train first)");
+  DLREC_CHECK(fs::absolute(out).lexically_normal() != fs::absolute(run).lexically_normal(),
+              "dlrec compress: --out must differ from --run (the trained run is kept)");
+  return s;
+}
+
 Runner add_compress(CLI::App& app) {
   auto a = std::make_shared<CompressArgs>();
   CLI::App* c = app.add_subcommand(
@@ -111,7 +121,10 @@ Runner add_compress(CLI::App& app) {
   c->add_option("--run", a->run, "Run directory written by dlrec train")->required();
   c->add_option("--out", a->out, "Run directory to write (checkpoint, config.json, run.json)")
       ->required();
-  c->add_option("--sparsity", a->sparsity, "Sparsity pattern (only \"2:4\")");
+  CLI::Option* sparsity =
+      c->add_option("--sparsity", a->sparsity,
+                    "Sparsity pattern (only \"2:4\"); prunes, so not with --quantize or "
+                    "--embeddings (prune, fine-tune, then quantize the pruned run)");
   c->add_option("--layers", a->layers,
                 "Comma-separated mlp/cross layer names to prune (default: all of them)");
   c->add_flag("--skip-incompatible", a->skip_incompatible,
@@ -137,7 +150,18 @@ Runner add_compress(CLI::App& app) {
                 "--embeddings: comma-separated tables (\"emb.0\"; default: all)");
   c->add_option("--embedding-scale", q.embedding_scale,
                 "--embeddings: fp32 | fp16 per-row scale and bias (default fp32)");
-  return [a] {
+  return [a, sparsity] {
+    // Pruning writes a run to fine-tune; --quantize and --embeddings write an export. One
+    // command does one of them: a one-shot prune feeding the calibration unfine-tuned would lose
+    // the accuracy fine-tuning wins back (docs/COMPRESSION.md).
+    if (a->quantize || !a->quant.embeddings.empty())
+      DLREC_CHECK(sparsity->count() == 0 && !a->skip_incompatible,
+                  "dlrec compress: ", sparsity->count() ? "--sparsity" : "--skip-incompatible",
+                  " prunes a run, ", a->quantize ? "--quantize" : "--embeddings",
+                  " exports one: prune first (dlrec compress --run RUN --out PRUNED --sparsity "
+                  "2:4), fine-tune PRUNED (dlrec train --resume), then dlrec compress --run PRUNED "
+                  "--out MODEL ",
+                  a->quantize ? "--quantize" : "--embeddings ...", " (its 2:4 masks are kept)");
     if (!a->quantize && a->quant.embeddings.empty()) {
       DLREC_CHECK(a->quant.embedding_tables.empty() && a->quant.embedding_scale.empty(),
                   "dlrec compress: --embedding-tables and --embedding-scale need --embeddings");

@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "dlrec/train/trainer.h"
+
 namespace dlrec::cli {
 
 struct QuantizeArgs {
@@ -14,6 +16,14 @@ struct QuantizeArgs {
   // --embeddings int8|int4, --embedding-tables a,b, --embedding-scale fp32|fp16
   std::string embeddings, embedding_tables, embedding_scale;
 };
+
+// The trained run a compress command reads (cmd_compress.cc): its run.json, dataset directory
+// and checkpoint; no run.json, no checkpoint or an --out equal to --run are errors.
+struct CompressSource {
+  train::RunInfo info;
+  std::string data_dir, ckpt;
+};
+CompressSource open_compress_source(const std::string& run, const std::string& out);
 
 // Calibrates and quantizes RUN's checkpoint to INT8 and writes an export to `out` with
 // quant_report.json in it (docs/COMPRESSION.md).

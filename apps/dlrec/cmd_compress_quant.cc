@@ -49,12 +49,10 @@ json eval_json(const train::EvalResult& e) {
 
 int run_compress_quantize(const QuantizeArgs& a) {
   namespace fs = std::filesystem;
-  const train::RunInfo info = train::load_run_info(a.run);
-  const std::string data_dir = train::run_data_dir(a.run, info.run);
-  const std::string ckpt = a.run + "/checkpoint.dlrec";
-  DLREC_CHECK(file_exists(ckpt), "no checkpoint at '", ckpt, "' (train first)");
-  DLREC_CHECK(fs::absolute(a.out).lexically_normal() != fs::absolute(a.run).lexically_normal(),
-              "dlrec compress: --out must differ from --run (the trained run is kept)");
+  const CompressSource src = open_compress_source(a.run, a.out);
+  const train::RunInfo& info = src.info;
+  const std::string& data_dir = src.data_dir;
+  const std::string& ckpt = src.ckpt;
   if (fs::exists(a.out) && !a.overwrite)
     fail("'", a.out, "' already exists (use --overwrite to replace it)");
 

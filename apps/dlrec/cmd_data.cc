@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "dlrec/core/progress.h"
 #include "dlrec/dist/communicator.h"
+#include "dlrec/dist/launch.h"
 #include "dlrec/etl/run.h"
 #include "dlrec/io/datagen.h"
 #include "etl_ranks.h"
@@ -166,33 +167,16 @@ Runner add_etl(CLI::App& app) {
                 "before the job ends with an error naming them")
       ->check(CLI::Range(1.0, 1e6));
   return [a]() -> int {
-    if (a->processes > 1 && !dist::started_by_mpi_launcher()) {
-      const int rc = dist::launch_local_job(a->processes, own_command_line());
-      if (rc != 0)
-        std::fprintf(stderr,
-                     "dlrec: error: the etl job of %d processes failed (exit status %d); the "
-                     "messages above name the rank that failed first\n",
-                     a->processes, rc);
-      return rc;
-    }
-    std::unique_ptr<dist::Communicator> comm;
-    try {
-      dist::CommOptions co;
-      co.timeout_seconds = a->comm_timeout;
-      comm = dist::make_communicator("auto", co);
-      if (a->processes > 0 && comm->size() != a->processes)
-        fail("this job has ", comm->size(), comm->size() == 1 ? " process" : " processes",
-             " but the command asks for ", a->processes, " (--processes ", a->processes,
-             "); start it with mpirun -np ", a->processes, " or drop the option");
-      const int rc = run_etl_command(*a, *comm);
-      comm.reset();
-      dist::finalize();
-      return rc;
-    } catch (const std::exception& e) {
-      // The other ranks may wait in a collective for this one: the whole job ends here.
-      if (comm && comm->size() > 1) dist::abort_job(e.what());
-      throw;
-    }
+    dist::JobRequest job;
+    job.size = a->processes;
+    job.launch = a->processes > 1;
+    job.command = "etl";
+    job.unit = "process";
+    job.option = "--processes";
+    job.comm_kind = "auto";
+    job.comm.timeout_seconds = a->comm_timeout;
+    return dist::run_job(job, own_command_line(),
+                         [a](dist::Communicator& comm) { return run_etl_command(*a, comm); });
   };
 }
 

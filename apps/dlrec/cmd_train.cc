@@ -9,6 +9,7 @@
 #include "dlrec/core/error.h"
 #include "dlrec/core/file_util.h"
 #include "dlrec/dist/communicator.h"
+#include "dlrec/dist/launch.h"
 #include "dlrec/train/trainer.h"
 
 namespace dlrec::cli {
@@ -99,34 +100,16 @@ Runner add_train(CLI::App& app) {
     const int job = a->gpus > 0 ? a->gpus : (a->rank == -1 ? a->ranks : 0);
     DLREC_CHECK(!(a->gpus > 0 && a->ranks > 0), "--gpus and --ranks exclude each other");
     DLREC_CHECK(a->gpus >= 0 && a->ranks >= 0, "--gpus and --ranks must be >= 1");
-    if (job > 0 && !dist::started_by_mpi_launcher() && a->comm != "single") {
-      const int rc = dist::launch_local_job(job, own_command_line());  // this command per rank
-      if (rc != 0)
-        std::fprintf(stderr,
-                     "dlrec: error: the training job of %d ranks failed (exit status %d); the "
-                     "messages above name the rank that failed first\n",
-                     job, rc);
-      return rc;
-    }
-    std::unique_ptr<dist::Communicator> comm;
-    try {
-      dist::CommOptions co;
-      co.timeout_seconds = a->comm_timeout;
-      comm = dist::make_communicator(a->comm, co);
-      if (job > 0 && comm->size() != job)
-        fail("this job has ", comm->size(), comm->size() == 1 ? " rank" : " ranks",
-             " but the command asks for ", job,
-             " (--", a->gpus > 0 ? "gpus" : "ranks", " ", job, "); start it with mpirun -np ",
-             job, " or drop the option");
-      const int rc = run_train(*a, comm.get());
-      comm.reset();
-      dist::finalize();
-      return rc;
-    } catch (const std::exception& e) {
-      // The other ranks may wait in a collective for this one: the whole job ends here.
-      if (comm && comm->size() > 1) dist::abort_job(e.what());
-      throw;
-    }
+    dist::JobRequest request;
+    request.size = job;
+    request.launch = job > 0 && a->comm != "single";
+    request.command = "training";
+    request.unit = "rank";
+    request.option = a->gpus > 0 ? "--gpus" : "--ranks";
+    request.comm_kind = a->comm;
+    request.comm.timeout_seconds = a->comm_timeout;
+    return dist::run_job(request, own_command_line(),
+                         [a](dist::Communicator& comm) { return run_train(*a, &comm); });
   };
 }
 

@@ -169,7 +169,9 @@ def train(config, data, run, resume=False, progress=None, metrics_log=None, **ov
     path), data an ETL output directory, run the run directory. overrides: batch_size, epochs,
     max_steps, device, precision (as the CLI's flags). progress: called with each record of
     the metrics log ({"step", "loss"} per logged step, then the final evaluation) while training
-    runs; metrics_log: also keep those records in this file (JSON lines).
+    runs; an exception it raises stops the training at the next step boundary (no final
+    checkpoint or evaluation, as an interrupted run) and is raised from train(); metrics_log:
+    also keep those records in this file (JSON lines).
     Returns steps, samples, seconds, last_loss, logged_losses and eval (None without a
     validation split)."""
     for key, value in overrides.items():
@@ -197,16 +199,19 @@ def train(config, data, run, resume=False, progress=None, metrics_log=None, **ov
 
 def _train_with_progress(args, progress, metrics_log):
     """Runs the trainer on a thread (it releases the GIL) and hands each new line of its
-    metrics log to `progress` on this thread."""
+    metrics log to `progress` on this thread. An exception there (raised by `progress`, or a
+    KeyboardInterrupt) stops the training at its next step boundary and is raised once the
+    trainer has stopped."""
     own_log = metrics_log is None
     log = os.fspath(args[4]) + ".progress.jsonl" if own_log else \
         os.fspath(metrics_log)
     start = os.path.getsize(log) if os.path.exists(log) else 0
     outcome = {}
+    cancel = _dlrec.CancelFlag()
 
     def work():
         try:
-            outcome["result"] = _dlrec.train(*args, log)
+            outcome["result"] = _dlrec.train(*args, log, cancel)
         except BaseException as e:  # handed to the caller's thread below
             outcome["error"] = e
 
@@ -229,6 +234,9 @@ def _train_with_progress(args, progress, metrics_log):
             if done:
                 break
             time.sleep(0.05)
+    except BaseException:
+        cancel.set()  # the trainer stops at its next step; the exception goes on after the join
+        raise
     finally:
         t.join()
         if own_log and os.path.exists(log):

@@ -1,5 +1,6 @@
 // Training from a config (the Trainer of `dlrec train`), evaluation, export and the Predictor,
 // for the Python package. Long C++ work runs without the GIL.
+#include <atomic>
 #include <memory>
 #include <mutex>
 
@@ -48,6 +49,12 @@ train::OnnxExport onnx_mode(const std::string& s) {
   fail("onnx must be 'none', 'auto' or 'external', got '", s, "'");
 }
 
+// What train()'s `cancel` holds: set from Python (a progress callback raised), read by the
+// trainer at each step boundary.
+struct CancelFlag {
+  std::atomic<bool> flag{false};
+};
+
 // A Predictor and the lock that serializes its calls (they run without the GIL).
 struct PyPredictor {
   std::unique_ptr<train::Predictor> p;
@@ -57,6 +64,12 @@ struct PyPredictor {
 }  // namespace
 
 void bind_train(py::module_& m) {
+  // train()'s `cancel`: set() makes the training stop at its next step boundary.
+  py::class_<CancelFlag, std::shared_ptr<CancelFlag>>(m, "CancelFlag")
+      .def(py::init<>())
+      .def("set", [](CancelFlag& c) { c.flag = true; })
+      .def_property_readonly("is_set", [](const CancelFlag& c) { return c.flag.load(); });
+
   // `dlrec train`: the run config from its file (`config_path`, errors name it) or JSON text,
   // with the CLI's overrides of "train" keys (`overrides`: batch_size, epochs, max_steps,
   // device, precision) applied after loading, as its flags are.
@@ -64,7 +77,7 @@ void bind_train(py::module_& m) {
       "train",
       [](const std::string& config_path, const std::string& config_json, const py::dict& overrides,
          const std::string& data, const std::string& run, bool resume,
-         const std::string& metrics_log) {
+         const std::string& metrics_log, const std::shared_ptr<CancelFlag>& cancel) {
         model::RunConfig cfg =
             config_path.empty()
                 ? model::RunConfig::from_json(parse_py_json(config_json, "the run config"))
@@ -87,6 +100,7 @@ void bind_train(py::module_& m) {
         opt.run_dir = run;
         opt.resume = resume;
         opt.metrics_log = metrics_log;
+        if (cancel) opt.cancel = &cancel->flag;  // `cancel` outlives the training (an argument)
         train::TrainResult r;
         {
           py::gil_scoped_release nogil;
@@ -96,7 +110,7 @@ void bind_train(py::module_& m) {
         return train_result_dict(r);
       },
       py::arg("config_path"), py::arg("config_json"), py::arg("overrides"), py::arg("data"),
-      py::arg("run"), py::arg("resume"), py::arg("metrics_log"));
+      py::arg("run"), py::arg("resume"), py::arg("metrics_log"), py::arg("cancel") = nullptr);
 
   // `dlrec eval`: the run's checkpoint on the validation split of its dataset (or `data`).
   m.def(

@@ -1,8 +1,12 @@
-// launch_local_job: `dlrec train --ranks N` starts its N ranks through the MPI launcher.
+// launch_local_job: `dlrec train --ranks N` starts its N ranks through the MPI launcher;
+// run_job: a CLI command as such a job (include/dlrec/dist/launch.h).
+#include "dlrec/dist/launch.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -50,6 +54,41 @@ int launch_local_job(int ranks, const std::vector<std::string>& argv) {
   }
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   return 128 + WTERMSIG(status);
+}
+
+namespace {
+std::string count_of(int n, const std::string& unit) {
+  return std::to_string(n) + " " + (n == 1 ? unit : unit + (unit.back() == 's' ? "es" : "s"));
+}
+}  // namespace
+
+int run_job(const JobRequest& request, const std::vector<std::string>& argv,
+            const std::function<int(Communicator&)>& body) {
+  if (request.launch && !started_by_mpi_launcher()) {
+    const int rc = launch_local_job(request.size, argv);  // this command, once per rank
+    if (rc != 0)
+      std::fprintf(stderr,
+                   "dlrec: error: the %s job of %s failed (exit status %d); the messages above "
+                   "name the rank that failed first\n",
+                   request.command.c_str(), count_of(request.size, request.unit).c_str(), rc);
+    return rc;
+  }
+  std::unique_ptr<Communicator> comm;
+  try {
+    comm = make_communicator(request.comm_kind, request.comm);
+    if (request.size > 0 && comm->size() != request.size)
+      fail("this job has ", count_of(comm->size(), request.unit), " but the command asks for ",
+           request.size, " (", request.option, " ", request.size, "); start it with mpirun -np ",
+           request.size, " or drop the option");
+    const int rc = body(*comm);
+    comm.reset();
+    finalize();
+    return rc;
+  } catch (const std::exception& e) {
+    // The other ranks may wait in a collective for this one: the whole job ends here.
+    if (comm && comm->size() > 1) abort_job(e.what());
+    throw;
+  }
 }
 
 }  // namespace dlrec::dist

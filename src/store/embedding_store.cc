@@ -34,6 +34,32 @@ void parse_address(const std::string& address, const std::string& key, std::stri
   host = address.substr(0, colon);
   port_out = static_cast<int>(port);
 }
+
+// Runs fn, a request to `tier`. An error of a cache tier (one not complete(): Redis down) is
+// counted, logged when the tier starts failing, kept in `why` and swallowed (false): the rows
+// are asked of the tiers below. The complete tier's errors propagate.
+template <class F>
+bool ask(Tier& tier, F&& fn, std::string& why) {
+  if (tier.complete()) {
+    fn();
+    return true;
+  }
+  try {
+    fn();
+  } catch (const Error& e) {
+    tier.stats.failures += 1;
+    if (tier.stats.failing.exchange(1) == 0)
+      std::fprintf(stderr,
+                   "dlrec store: %s (the %s tier is passed over: its rows are read from the tiers "
+                   "below until it answers again)\n",
+                   e.what(), tier.name().c_str());
+    why = e.what();
+    return false;
+  }
+  if (tier.stats.failing.exchange(0) == 1)
+    std::fprintf(stderr, "dlrec store: the %s tier answers again\n", tier.name().c_str());
+  return true;
+}
 }  // namespace
 
 StoreConfig StoreConfig::from_json(const json& j, const std::string& base_dir,
@@ -246,6 +272,8 @@ void EmbeddingStore::lookup(int table, const int64_t* ids, int64_t n, float* out
   for (int64_t i = 0; i < n; ++i) pending[i] = i;
   std::vector<float> rows;
   std::vector<uint8_t> found;
+  std::vector<bool> failed(tiers_.size(), false);  // tiers passed over in this lookup
+  std::string why;                                 // the last such tier's error
   for (size_t k = 0; k < tiers_.size() && !pending.empty(); ++k) {
     Tier& tier = *tiers_[k];
     const int64_t m = static_cast<int64_t>(pending.size());
@@ -256,8 +284,12 @@ void EmbeddingStore::lookup(int table, const int64_t* ids, int64_t n, float* out
     const auto t0 = std::chrono::steady_clock::now();
     if (k == 0 && updates_)
       updates_->lookup_at(*pinned, table, sub_ids.data(), m, rows.data(), found.data());
-    else
-      tier.lookup(table, sub_ids.data(), m, rows.data(), found.data());
+    else if (!ask(
+                 tier, [&] { tier.lookup(table, sub_ids.data(), m, rows.data(), found.data()); },
+                 why)) {
+      failed[k] = true;
+      found.assign(static_cast<size_t>(m), 0);  // a failed request's rows are asked below
+    }
     const auto ns =
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
             .count();
@@ -281,14 +313,21 @@ void EmbeddingStore::lookup(int table, const int64_t* ids, int64_t n, float* out
     tier.stats.hits += m - static_cast<int64_t>(still.size());
     tier.stats.misses += static_cast<int64_t>(still.size());
     for (size_t up = 0; up < k && !hit_ids.empty(); ++up)
-      tiers_[up]->fill(table, hit_ids.data(), static_cast<int64_t>(hit_ids.size()),
-                       hit_rows.data());
+      if (!failed[up])
+        failed[up] = !ask(
+            *tiers_[up],
+            [&] {
+              tiers_[up]->fill(table, hit_ids.data(), static_cast<int64_t>(hit_ids.size()),
+                               hit_rows.data());
+            },
+            why);
     pending.swap(still);
   }
   if (!pending.empty())
     fail("embedding store: row ", ids[pending[0]], " of table '", t.name, "' is held by no tier (",
          pending.size(), " such rows; the last tier, '", tiers_.back()->name(),
-         "', should hold every row: the store is incomplete)");
+         "', should hold every row: the store is incomplete)",
+         why.empty() ? "" : "; a tier above was passed over: ", why);
 }
 
 std::string EmbeddingStore::stats_text() const {
@@ -297,7 +336,10 @@ std::string EmbeddingStore::stats_text() const {
     const TierStats& st = t->stats;
     s << t->name() << ": hits " << st.hits << " misses " << st.misses << " evictions "
       << st.evictions << " bytes " << st.bytes << " lookups " << st.lookups << " lookup_ms "
-      << static_cast<double>(st.lookup_ns) / 1e6 << "\n";
+      << static_cast<double>(st.lookup_ns) / 1e6;
+    if (st.bad_values > 0) s << " bad_values " << st.bad_values;
+    if (st.failures > 0) s << " failures " << st.failures;
+    s << "\n";
   }
   return s.str();
 }

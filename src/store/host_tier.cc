@@ -1,7 +1,7 @@
 // The host-memory tier: rows keyed by (table, id) in `shards` maps, each with its own lock,
 // eviction order and byte bound (bytes / shards). An entry costs its row plus
-// kHostEntryOverhead; filling a full shard evicts first the entries that come first in its
-// order:
+// kHostEntryOverhead (176 bytes, measured: embedding_store.h); filling a full shard evicts first
+// the entries that come first in its order:
 //   lru  the least recently used (order: last use);
 //   lfu  the least frequently used (order: uses since the row was filled, then last use: among
 //        rows used as often, the least recent goes first).

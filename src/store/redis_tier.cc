@@ -3,11 +3,14 @@
 // p = mix(table, id) % partitions, key "<prefix>{<p>}:<table>:<id>" (the braces are a Redis
 // Cluster hash tag: a partition's keys share a slot), value the row's dim floats, f32
 // little-endian. A lookup sends one MGET per partition, pipelined (all sent, then all replies
-// read); a fill one MSET per partition. The connection is made lazily and again after an error,
-// so a Redis that comes back is used again without a restart; while it is down, lookups that
-// reach this tier fail naming the address.
+// read); a fill one MSET per partition. A value of the wrong size for its table is a miss
+// (counted in stats.bad_values, logged once per table): the row is read from the tier below,
+// whose fill overwrites it. The connection is made lazily and again after an error, so a Redis
+// that comes back is used again without a restart; while it is down, lookups and fills fail
+// naming the address (EmbeddingStore then asks the tier below).
 #include <sys/time.h>
 
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 
@@ -47,7 +50,8 @@ class RedisTier final : public Tier {
         prefix_(c.rocksdb_export_id.empty() ? c.redis_key_prefix
                                             : c.redis_key_prefix + "." + c.rocksdb_export_id),
         partitions_(c.redis_partitions),
-        timeout_ms_(c.redis_timeout_ms) {
+        timeout_ms_(c.redis_timeout_ms),
+        bad_logged_(tables.size(), false) {
     std::lock_guard<std::mutex> lock(mu_);
     connect();  // a wrong address is a load error; later outages are lookup errors
   }
@@ -74,11 +78,10 @@ class RedisTier final : public Tier {
           const redisReply* e = r->element[j];
           if (e->type == REDIS_REPLY_NIL) continue;
           const int64_t i = part[j];
-          DLREC_CHECK(e->type == REDIS_REPLY_STRING && static_cast<int64_t>(e->len) == dim * 4,
-                      where(), ": key ", key(table, ids[i]), " holds ", describe(*e),
-                      ", expected a row of ", dim * 4,
-                      " bytes (another model's keys under "
-                      "the same prefix?)");
+          if (e->type != REDIS_REPLY_STRING || static_cast<int64_t>(e->len) != dim * 4) {
+            bad_value(table, ids[i], *e, dim);  // a miss: the row below overwrites it
+            continue;
+          }
           std::memcpy(out + i * dim, e->str, static_cast<size_t>(dim) * 4);
           found[i] = 1;
         }
@@ -106,6 +109,20 @@ class RedisTier final : public Tier {
 
  private:
   std::string where() const { return "redis tier " + host_ + ":" + std::to_string(port_); }
+  // A value that is not a row of the table (another model's key under the same prefix, a value
+  // written by hand): counted, logged once per table, and treated as a miss, so the row is read
+  // from the next tier and its fill overwrites the value. Under mu_.
+  void bad_value(int table, int64_t id, const redisReply& e, int64_t dim) {
+    stats.bad_values += 1;
+    if (bad_logged_[table]) return;
+    bad_logged_[table] = true;
+    std::fprintf(stderr,
+                 "dlrec store: %s: key %s holds %s, expected a row of %lld bytes (another model's "
+                 "keys under the same prefix?); read from the next tier and overwritten (further "
+                 "such values of table '%s' are counted, not logged)\n",
+                 where().c_str(), key(table, id).c_str(), describe(e).c_str(),
+                 static_cast<long long>(dim * 4), tables_[table].name.c_str());
+  }
   std::string key(int table, int64_t id) const {
     return prefix_ + "{" +
            std::to_string(mix((uint64_t(table) << 48) ^ uint64_t(id)) %
@@ -191,7 +208,8 @@ class RedisTier final : public Tier {
   int port_;
   std::string prefix_;
   int64_t partitions_, timeout_ms_;
-  std::mutex mu_;  // one connection, one request at a time
+  std::vector<bool> bad_logged_;  // per table: a bad value was logged (under mu_)
+  std::mutex mu_;                 // one connection, one request at a time
   redisContext* ctx_ = nullptr;
 };
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <type_traits>
 
 #include "dlrec/core/error.h"
 #include "dlrec/core/file_util.h"
@@ -83,6 +84,30 @@ std::string table_difference(const std::vector<TableInfo>& have,
              " in the model";
   }
   return "";
+}
+
+// Field `key` of the meta record's object `obj` (at `what`: the store and the record) as T, or
+// `fallback` when it is absent; a value of another JSON type is an error naming the store, the
+// key and the type expected (not nlohmann's "type must be number, but is string").
+template <class T>
+T meta_field(const json& obj, const std::string& key, const std::string& what, const T& fallback) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return fallback;
+  bool ok = false;
+  const char* type = "";
+  if constexpr (std::is_same_v<T, std::string>) {
+    ok = it->is_string();
+    type = "a string";
+  } else if constexpr (std::is_unsigned_v<T>) {
+    ok = it->is_number_unsigned();
+    type = "an integer >= 0";
+  } else {
+    ok = it->is_number_integer();
+    type = "an integer";
+  }
+  DLREC_CHECK(ok, what, ": key '", key, "' is ", it->dump().substr(0, 80), " (", it->type_name(),
+              "), expected ", type);
+  return it->get<T>();
 }
 
 int64_t dir_bytes(const std::string& path) {
@@ -160,29 +185,36 @@ class RocksDbTier final : public Tier {
     DLREC_CHECK(st.ok(), "rocksdb tier '", path_, "': reading its meta record: ", st.ToString());
     const std::string what = path_ + " (record " + kMetaKey + ")";
     const json meta = parse_json(text, what);
-    DLREC_CHECK(meta.is_object() && meta.value("format", "") == kFormat, what,
+    DLREC_CHECK(meta.is_object(), what, ": not a dlrec embedding store (the record is ",
+                meta.type_name(), ", expected an object)");
+    DLREC_CHECK(meta_field<std::string>(meta, "format", what, "") == kFormat, what,
                 ": not a dlrec embedding store (format field)");
-    const int version = meta.value("version", 0);
+    const int64_t version = meta_field<int64_t>(meta, "version", what, 0);
     DLREC_CHECK(version == kStoreVersion, what, ": store format version ", version,
                 "; this dlrec reads version ", kStoreVersion, " (export the model again)");
     DLREC_CHECK(meta.contains("tables") && meta["tables"].is_array(), what, ": no table list");
     const std::string checksum = fnv1a_hex(meta["tables"].dump());
-    DLREC_CHECK(meta.value("checksum", "") == checksum, what,
-                ": the table list's checksum does not match (", meta.value("checksum", ""),
-                " recorded, ", checksum, " computed): the store is corrupt");
+    const std::string recorded = meta_field<std::string>(meta, "checksum", what, "");
+    DLREC_CHECK(recorded == checksum, what, ": the table list's checksum does not match (",
+                recorded, " recorded, ", checksum, " computed): the store is corrupt");
     std::vector<TableInfo> have;
-    for (const json& t : meta["tables"])
-      have.push_back({t.at("name").get<std::string>(), t.at("feature").get<int64_t>(),
-                      t.at("rows").get<int64_t>(), t.at("dim").get<int64_t>()});
+    for (size_t k = 0; k < meta["tables"].size(); ++k) {
+      const json& t = meta["tables"][k];
+      const std::string at = what + ": tables[" + std::to_string(k) + "]";
+      DLREC_CHECK(t.is_object(), at, " is ", t.type_name(), ", expected an object");
+      for (const char* key : {"name", "feature", "rows", "dim"})
+        DLREC_CHECK(t.contains(key), at, ": no key '", key, "'");
+      have.push_back({meta_field<std::string>(t, "name", at, ""),
+                      meta_field<int64_t>(t, "feature", at, 0),
+                      meta_field<int64_t>(t, "rows", at, 0), meta_field<int64_t>(t, "dim", at, 0)});
+    }
     const std::string diff = table_difference(have, tables_);
     DLREC_CHECK(diff.empty(), "rocksdb tier: the store at '", path_,
                 "' was written for another model: ", diff);
-    row_set_version_ = meta.value("row_set_version", uint64_t{1});
-    const json& id = meta.contains("export_id") ? meta["export_id"] : json("");
-    DLREC_CHECK(id.is_string(), what, ": export_id is not a string");
-    DLREC_CHECK(export_id_.empty() || id.get<std::string>() == export_id_, what,
-                " was written by another export (id '", id.get<std::string>(),
-                "', the model names '", export_id_,
+    row_set_version_ = meta_field<uint64_t>(meta, "row_set_version", what, 1);
+    const std::string id = meta_field<std::string>(meta, "export_id", what, "");
+    DLREC_CHECK(export_id_.empty() || id == export_id_, what,
+                " was written by another export (id '", id, "', the model names '", export_id_,
                 "'): export the model again, or point its config at the store it was exported "
                 "with");
   }

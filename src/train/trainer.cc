@@ -569,7 +569,8 @@ TrainResult Trainer::train() {
         std::fprintf(stderr, "[eval] step %lld %s (%.1fs)\n", static_cast<long long>(m.state.step),
                      format_eval(e).c_str(), e.seconds);
     }
-    if (m.opt.stop_after_steps >= 0 && steps_here >= m.opt.stop_after_steps) {
+    if ((m.opt.stop_after_steps >= 0 && steps_here >= m.opt.stop_after_steps) ||
+        (m.opt.cancel && m.opt.cancel->load(std::memory_order_relaxed))) {
       res.stopped_early = true;
       break;
     }

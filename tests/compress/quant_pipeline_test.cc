@@ -312,3 +312,24 @@ TEST(Int8Run, EmbeddingTablesRowWise) {
   EXPECT_NE(text.find("calibration options need --quantize"), std::string::npos) << text;
   EXPECT_FALSE(fs::exists(dir + "/x"));
 }
+
+// --sparsity (or --skip-incompatible) with --quantize or --embeddings was ignored: the export
+// held no 2:4 masks while the command line asked for them. Now an error before any work, saying
+// how to get a 2:4 + INT8 model.
+TEST(Int8Run, SparsityWithQuantizeIsAnError) {
+  SKIP_WITHOUT_CLI();
+  const std::string dir = fresh_dir("sparsity_quant");
+  std::string text;
+  for (const std::string flags : {"--quantize --sparsity 2:4", "--quantize --skip-incompatible",
+                                  "--embeddings int8 --sparsity 2:4"}) {
+    EXPECT_EQ(run_cli("compress --run " + dir + "/run --out " + dir + "/m " + flags, &text), 1)
+        << flags << ": " << text;
+    EXPECT_NE(text.find("prunes a run"), std::string::npos) << flags << ": " << text;
+    EXPECT_NE(text.find("prune first (dlrec compress --run RUN --out PRUNED --sparsity 2:4)"),
+              std::string::npos)
+        << text;
+    EXPECT_FALSE(fs::exists(dir + "/m"));
+  }
+  EXPECT_NE(text.find("--sparsity prunes a run, --embeddings exports one"), std::string::npos)
+      << text;
+}

@@ -96,11 +96,11 @@ void check_tier_configurations(const char* model_json) {
   EXPECT_LT(fs::file_size(tiered + "/weights.dlrec"), fs::file_size(full + "/weights.dlrec") / 4);
   // With the Redis tier built and redis-server installed, a configuration with Redis too.
   std::unique_ptr<dlrec::testing::RedisServer> redis;
-  const int redis_port = dlrec::testing::free_port();
+  int redis_port = 0;
   if (store::redis_available() && !dlrec::testing::find_redis_server().empty()) {
-    redis = std::make_unique<dlrec::testing::RedisServer>(dlrec::testing::find_redis_server(),
-                                                          redis_port, d.dir.path);
-    ASSERT_TRUE(redis->up()) << "redis-server did not start on port " << redis_port;
+    redis = dlrec::testing::RedisServer::start(dlrec::testing::find_redis_server(), d.dir.path);
+    ASSERT_TRUE(redis) << "redis-server did not start (20 ports tried)";
+    redis_port = redis->port();
   } else {
     std::printf(
         "[  NOTE    ] no Redis tier or redis-server here: the Redis configuration is "

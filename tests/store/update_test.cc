@@ -156,8 +156,8 @@ struct UpdateSetup {
   std::string full, tiered, changed;
   std::vector<std::string> lines;
   std::vector<store::TableInfo> tables;
-  int port = dlrec::testing::free_port();
   std::unique_ptr<dlrec::testing::RedisServer> redis;
+  int port = 0;  // redis's
 
   UpdateSetup() {
     io::DatagenConfig gen;
@@ -188,9 +188,10 @@ struct UpdateSetup {
     write_changed(full, changed, 1.f);
     std::ifstream f(dir.path + "/logs.tsv");
     for (std::string l; std::getline(f, l);) lines.push_back(l);
-    if (store::redis_available() && !dlrec::testing::find_redis_server().empty())
-      redis = std::make_unique<dlrec::testing::RedisServer>(dlrec::testing::find_redis_server(),
-                                                            port, dir.path);
+    if (store::redis_available() && !dlrec::testing::find_redis_server().empty()) {
+      redis = dlrec::testing::RedisServer::start(dlrec::testing::find_redis_server(), dir.path);
+      if (redis) port = redis->port();
+    }
   }
   // A copy of model `from` whose tables have every third row shifted by `delta`.
   void write_changed(const std::string& from, const std::string& to, float delta) {
@@ -240,11 +241,12 @@ double wait_for_version(store::EmbeddingStore& s, uint64_t version, double secon
   }
 }
 
-#define REQUIRE_REDIS_AND_ROCKSDB(setup)                                                      \
-  if (!store::rocksdb_available()) GTEST_SKIP() << "this build has no RocksDB tier";          \
-  if (!setup.redis)                                                                           \
-  GTEST_SKIP() << "no Redis tier in this build or no redis-server installed: online updates " \
-                  "are not checked"
+#define REQUIRE_REDIS_AND_ROCKSDB(setup)                                                \
+  if (!store::rocksdb_available()) GTEST_SKIP() << "this build has no RocksDB tier";    \
+  if (!store::redis_available() || dlrec::testing::find_redis_server().empty())         \
+    GTEST_SKIP() << "no Redis tier in this build or no redis-server installed: online " \
+                    "updates are not checked";                                          \
+  ASSERT_TRUE(setup.redis) << "redis-server did not start (20 ports tried)"
 
 }  // namespace
 

@@ -6,8 +6,9 @@
 //   redis    a volatile cache several servers share, keys partitioned (RedisTier, redis_tier.cc)
 //   rocksdb  the persistent tier holding the full tables (RocksDbTier, rocksdb_tier.cc)
 // A row missing in a tier is asked of the next one, and once found it fills the tiers above.
+// A cache tier that fails (Redis down) is passed over: its rows are asked of the tiers below.
 // A row found in no tier is an error naming the table and the id. Every tier counts hits,
-// misses, evictions, bytes held and lookup time.
+// misses, evictions, bytes held, lookup time and failures.
 //
 // With "updates", an update tier (include/dlrec/store/updates.h) is asked first: the rows that
 // online updates changed, read from a Redis Stream in a background thread.
@@ -83,12 +84,21 @@ struct StoreConfig {
   json to_json() const;
 };
 
-// Bytes a host-tier entry costs beyond its row (hash map node, LRU links, key).
-constexpr int64_t kHostEntryOverhead = 64;
+// Heap bytes a host-tier entry costs beyond its row's dim x 4, measured with glibc's malloc
+// (tests/store/host_overhead_test.cc: 151 to 170 for dims 1 to 64): the map node with the key
+// and the row's vector header (64), the eviction order's tree node (64), the row's own
+// allocation header and rounding (12 to 28) and the map's bucket pointer (8 to 16). The update
+// tier counts its entries with it too.
+constexpr int64_t kHostEntryOverhead = 176;
 
 struct TierStats {
   std::atomic<int64_t> hits{0}, misses{0}, evictions{0}, bytes{0};
   std::atomic<int64_t> lookups{0}, lookup_ns{0};  // batched lookups and their total time
+  // Values found that are not a row of their table (the Redis tier's: read as misses).
+  std::atomic<int64_t> bad_values{0};
+  // A cache tier's lookups and fills that failed (Redis down): their rows were asked of the
+  // tiers below. `failing`: 1 while its last request failed, 0 once it answers again.
+  std::atomic<int64_t> failures{0}, failing{0};
   // The update tier's only (include/dlrec/store/updates.h): the version it serves, the rows and
   // versions applied, the versions rejected, the last version's lag (ms from push to applied).
   std::atomic<int64_t> update_version{0}, update_rows{0}, updates_applied{0}, updates_rejected{0},
@@ -159,7 +169,9 @@ class EmbeddingStore {
   static std::unique_ptr<EmbeddingStore> open(const StoreConfig& config,
                                               const std::vector<TableInfo>& tables);
   // Rows of ids[0..n) of table `table` into out [n, dim]. Ids must be in [0, rows) (else an
-  // error naming the table and the id); a row no tier holds is an error. Thread-safe.
+  // error naming the table and the id); a row no tier holds is an error. A tier that is not
+  // complete() and throws (Redis down) is counted in its stats.failures and passed over, as are
+  // its fills; an error of the complete tier fails the lookup. Thread-safe.
   // `pinned`: the update snapshot to read (pin()); null reads the current one.
   void lookup(int table, const int64_t* ids, int64_t n, float* out,
               const UpdateSnapshot* pinned = nullptr);

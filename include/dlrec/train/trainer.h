@@ -2,6 +2,7 @@
 // progress and resumable checkpoints.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -22,6 +23,11 @@ struct TrainerOptions {
   // Stops this process after this many steps without a final checkpoint, as a crash would
   // (used by tests of resumption). -1: off.
   int64_t stop_after_steps = -1;
+  // Set by another thread (the Python package, when a progress callback raised): training
+  // stops at the next step boundary as stop_after_steps does (stopped_early; no final
+  // checkpoint or evaluation). Not owned; null: never. Single process only (with several ranks,
+  // each would stop at a different step).
+  const std::atomic<bool>* cancel = nullptr;
   // Data-parallel rank: with rank >= 0, train on rank `rank` of `ranks` only (its shards from
   // <data_dir>/ranks.json, io::load_rank_shards). -1: every training shard.
   int rank = -1, ranks = 1;
