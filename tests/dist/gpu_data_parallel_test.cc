@@ -101,8 +101,9 @@ void expect_gpus_match_one(const std::string& optimizer, int gpus = 2,
       << many.output;
   if (!extra.empty()) {  // the plan is printed once (rank 0), with each GPU's tables
     EXPECT_NE(many.output.find("table_wise"), std::string::npos) << many.output;
-    if (extra.find("row_wise") != std::string::npos)
+    if (extra.find("row_wise") != std::string::npos) {
       EXPECT_NE(many.output.find("row_wise"), std::string::npos) << many.output;
+    }
     EXPECT_NE(many.output.find("[shard] GPU " + std::to_string(gpus - 1) + ": "), std::string::npos)
         << many.output;
   }
