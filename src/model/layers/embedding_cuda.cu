@@ -221,7 +221,7 @@ class EmbeddingNode final : public Node {
       if (o >= 0) ++tw_count_[o], has_tw_ = true;
     }
     for (int r = 1; r < n; ++r) tw_first_[r] = tw_first_[r - 1] + tw_count_[r - 1];
-    std::vector<int32_t> lay;  // table, first, count, index: T each
+    std::vector<int32_t> lay;  // table, first, count, index: one per table-wise table each
     std::vector<int32_t> table, first, count, index, mine;
     for (int r = 0; r < n; ++r)
       for (int64_t t = 0; t < T; ++t) {
@@ -249,7 +249,9 @@ class EmbeddingNode final : public Node {
     };
     tw_layout_mem_ = upload(lay.data(), lay.size() * sizeof(int32_t));
     const auto* l = static_cast<const int32_t*>(tw_layout_mem_.raw());
-    tw_layout_ = dp::TwLayout{l, l + T, l + 2 * T, l + 3 * T, T, dim};
+    // The table-wise tables only (row-wise ones have no owner and are not in these arrays).
+    const int64_t Ttw = static_cast<int64_t>(table.size());
+    tw_layout_ = dp::TwLayout{l, l + Ttw, l + 2 * Ttw, l + 3 * Ttw, Ttw, dim};
     tw_tabs_ = upload(mine.data(), mine.size() * sizeof(int32_t));
     tw_ptrs_ = upload(wp.data(), wp.size() * sizeof(float*));
     tw_sptrs_ = upload(sp.data(), sp.size() * sizeof(float*));
