@@ -554,6 +554,7 @@ void print_plan(const Plan& plan, const std::vector<TableSpec>& tables, std::ost
 Plan plan_gpu_tables(const std::vector<TableSpec>& tables, PlannerOptions o, const GpuMemory& m) {
   o.replicate_max_bytes = 0;
   o.max_memory_imbalance = std::numeric_limits<double>::max();
+  o.min_column_dim = int64_t{1} << 40;  // splits to fit are row-wise (no column-wise on GPUs)
   const int64_t configured = o.memory_per_rank;
   if (m.free_bytes > 0) o.memory_per_rank = std::min(o.memory_per_rank, m.free_bytes);
   o.dense_bytes = m.dense_bytes + m.exchange_bytes;
@@ -564,18 +565,27 @@ Plan plan_gpu_tables(const std::vector<TableSpec>& tables, PlannerOptions o, con
       ") less " + std::to_string(static_cast<int>(o.headroom * 100 + 0.5)) + " % headroom, " +
       format_bytes(static_cast<double>(m.dense_bytes)) + " of dense parameters and " +
       format_bytes(static_cast<double>(m.exchange_bytes)) + " of exchange buffers";
-  const TableSpec* largest = nullptr;  // the largest table is the one named when none fits
+  for (const auto& [name, ov] : o.overrides)
+    if (ov.kind == ShardingKind::ColumnWise || ov.kind == ShardingKind::Replicated)
+      fail("sharding.tables.", name, ".kind: \"", sharding_kind_name(ov.kind),
+           "\" is not supported on the GPUs (table_wise or row_wise)");
+  // A table whose rows split over every GPU still do not fit: named with what it needs.
+  const int n = std::max(o.ranks, 1);
+  auto share_of = [&](const TableSpec& t) {
+    return ((t.rows + n - 1) / n + 1) * (t.rows > 0 ? t.bytes() / t.rows : 0);
+  };
+  const TableSpec* widest = nullptr;  // the table with the largest row-wise share
   for (const TableSpec& t : tables)
-    if (!largest || t.bytes() > largest->bytes()) largest = &t;
-  if (largest && largest->bytes() > o.usable_per_rank()) {
-    const TableSpec& t = *largest;
+    if (!widest || share_of(t) > share_of(*widest)) widest = &t;
+  if (widest && share_of(*widest) > o.usable_per_rank()) {
+    const TableSpec& t = *widest;
+    const int64_t share = share_of(t);
     fail("sharding plan: table '", t.name, "' (", t.rows, " x ", t.dim, ") needs ",
          format_bytes(static_cast<double>(t.bytes())),
-         " (values and optimizer state) on one GPU and does not fit: a GPU has ",
+         " (values and optimizer state) and does not fit even split by rows over ", n, " GPU(s) (",
+         format_bytes(static_cast<double>(share)), " each): a GPU has ",
          format_bytes(static_cast<double>(std::max<int64_t>(o.usable_per_rank(), 0))),
-         " for tables (", budget,
-         "); tables are placed whole on the GPUs (row- and "
-         "column-wise splits run on the CPU engine only)");
+         " for tables (", budget, ")");
   }
   Plan plan;
   try {
@@ -583,16 +593,31 @@ Plan plan_gpu_tables(const std::vector<TableSpec>& tables, PlannerOptions o, con
   } catch (const Error& e) {
     fail(e.what(), " [on the GPUs: ", budget, "]");
   }
+  // The GPUs split a row-wise table into contiguous row ranges (gpu_row_range), each with one
+  // more row (a zero row the ids of other ranges are pooled from): the shards and the GPUs'
+  // loads as allocated, checked against the budget again.
   for (size_t t = 0; t < tables.size(); ++t) {
-    const TablePlan& tp = plan.tables[t];
-    if (tp.kind == ShardingKind::TableWise) continue;
-    fail("sharding plan: table '", tp.name, "' (",
-         format_bytes(static_cast<double>(tables[t].bytes())), ") is planned ",
-         sharding_kind_name(tp.kind), tp.overridden ? " by the config" : "",
-         "; on the GPUs tables are placed whole (table_wise) only: the tables do not fit ",
-         plan.ranks, " GPU(s) whole (", budget, ")");
+    TablePlan& tp = plan.tables[t];
+    if (tp.kind != ShardingKind::RowWise) continue;
+    const int64_t per_row = tables[t].rows > 0 ? tables[t].bytes() / tables[t].rows : 0;
+    for (Shard& sh : tp.shards) {
+      const int64_t rows = gpu_row_range_rows(tables[t].rows, plan.ranks, sh.rank);
+      const int64_t bytes = (rows + 1) * per_row;
+      plan.per_rank[sh.rank].bytes += bytes - sh.bytes;
+      sh.rows = rows;
+      sh.bytes = bytes;
+    }
   }
+  for (int r = 0; r < plan.ranks; ++r)
+    DLREC_CHECK(plan.per_rank[r].bytes <= o.usable_per_rank(), "sharding plan: GPU ", r, " needs ",
+                format_bytes(static_cast<double>(plan.per_rank[r].bytes)),
+                " for its tables and row ranges and has ",
+                format_bytes(static_cast<double>(o.usable_per_rank())), " (", budget, ")");
   return plan;
+}
+
+int64_t gpu_row_range_rows(int64_t rows, int ranks, int rank) {
+  return rows * (rank + 1) / ranks - rows * rank / ranks;
 }
 
 int64_t gpu_exchange_bytes(int ranks, int64_t batch_per_rank, int64_t tables, int64_t owned,

@@ -686,10 +686,13 @@ std::vector<NamedTensor> GraphCuda::parameters() {
   if (!hashed) {
     // A sharded model: the tables this GPU owns, and whole host copies of the others while
     // gather_sharded_tables made them (rank 0, for a checkpoint or an export).
+    // A row-wise table's piece (its range of rows) is not the table: it is handed out only as
+    // the whole host copy.
     for (size_t k = 0; k < tables_.size(); ++k) {
       const Tensor* h = host_table(k, false);
       if (h) out.emplace_back(tables_[k].name, *h);
-      else if (tables_[k].value.defined()) out.emplace_back(tables_[k].name, tables_[k].value);
+      else if (tables_[k].value.defined() && !row_wise_piece(k))
+        out.emplace_back(tables_[k].name, tables_[k].value);
     }
     return out;
   }
@@ -750,7 +753,7 @@ std::vector<NamedTensor> GraphCuda::optimizer_state() {
     for (size_t k = 0; k < tables_.size(); ++k) {  // as in parameters()
       const Tensor* h = host_table(k, true);
       if (h) out.emplace_back(tables_[k].name + ".adagrad", *h);
-      else if (tables_[k].state.defined())
+      else if (tables_[k].state.defined() && !row_wise_piece(k))
         out.emplace_back(tables_[k].name + ".adagrad", tables_[k].state);
     }
   if (e_.fp16) out.emplace_back("amp.loss_scale", ls_mem_);

@@ -11,6 +11,7 @@
 #include "dlrec/dist/communicator.h"
 #include "dlrec/dist/planner.h"
 #include "model/graph_cuda_impl.h"
+#include "model/layers/embedding_dp_cuda.h"
 
 namespace dlrec::model::graph_cuda_impl {
 
@@ -71,6 +72,16 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
   std::vector<char> keep(T_, 0);
   int64_t own_bytes = 0, own_rows = 0, own_tables = 0;
   for (int64_t t = 0; t < T_; ++t) {
+    if (plan.tables[t].kind == dist::ShardingKind::RowWise) {  // a range on every GPU
+      owner[t] = -1;
+      keep[t] = 2;
+      int64_t lo = 0, hi = 0;
+      gpu_graph::dp::row_range(specs[t].rows, n, e_.dp.rank, &lo, &hi);
+      own_bytes += (hi - lo + 1) * (specs[t].bytes() / std::max<int64_t>(specs[t].rows, 1));
+      own_rows += hi - lo;
+      ++own_tables;
+      continue;
+    }
     owner[t] = plan.tables[t].owner();
     keep[t] = owner[t] == e_.dp.rank;
     if (keep[t]) {
@@ -105,13 +116,14 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
   if (plan_log) {
     for (int r = 0; r < n; ++r) {
       const int64_t* x = &rows_all[5 * r];
-      std::fprintf(plan_log,
-                   "[shard] GPU %d: %lld tables, %lld rows, %s of tables and optimizer state "
-                   "allocated; device memory in use %s of %s\n",
-                   r, static_cast<long long>(x[0]), static_cast<long long>(x[1]),
-                   dist::format_bytes(static_cast<double>(x[2])).c_str(),
-                   dist::format_bytes(static_cast<double>(x[3])).c_str(),
-                   dist::format_bytes(static_cast<double>(x[4])).c_str());
+      std::fprintf(
+          plan_log,
+          "[shard] GPU %d: %lld tables or row ranges, %lld rows, %s of tables and optimizer state "
+          "allocated; device memory in use %s of %s\n",
+          r, static_cast<long long>(x[0]), static_cast<long long>(x[1]),
+          dist::format_bytes(static_cast<double>(x[2])).c_str(),
+          dist::format_bytes(static_cast<double>(x[3])).c_str(),
+          dist::format_bytes(static_cast<double>(x[4])).c_str());
     }
     std::fflush(plan_log);
   }
@@ -124,33 +136,51 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
 
 // Rank 0 receives a host copy of every table it does not own (values, then the optimizer
 // state), streamed from the owner through NCCL broadcasts of at most kChunk values into a
-// staging buffer: no GPU ever holds another GPU's tables.
+// staging buffer: no GPU ever holds another GPU's tables. A row-wise table is streamed range by
+// range from each range's GPU, and every rank keeps the host copy (a resume loads into it and
+// release_sharded_tables puts each rank's range back on its GPU).
 void GraphCuda::gather_sharded_tables() {
   if (e_.dp.table_owner.empty() || !e_.dp.comm) return;
   DeviceGuard g(dev_index_);
   synchronize();  // the last step's updates are done (the broadcasts run on the comm stream)
   constexpr int64_t kChunk = int64_t{16} << 20;  // 64 MB of f32
-  const int me = e_.dp.rank;
+  const int me = e_.dp.rank, n = e_.dp.ranks;
   int64_t largest = 0;
   for (size_t t = 0; t < sharded_index_.size(); ++t)
     largest = std::max(largest, layout_.cardinalities[t] * e_.vals[emb_idx_].fields.at(0));
   Tensor stage = Tensor::empty({std::max<int64_t>(std::min(largest, kChunk), 1)}, DType::F32, dev_);
   host_tables_.assign(sharded_index_.size(), {});
   for (size_t t = 0; t < sharded_index_.size(); ++t) {
-    const int root = e_.dp.table_owner[t];
-    if (root == 0) continue;  // rank 0 has it
+    const int owner = e_.dp.table_owner[t];
+    if (owner == 0) continue;  // rank 0 has it
+    const bool row_wise = owner < 0;
     NamedState& p = tables_[sharded_index_[t]];
     const int64_t rows = layout_.cardinalities[t], dim = e_.vals[emb_idx_].fields.at(0);
-    auto stream_one = [&](Tensor& dev, Tensor& host) {
-      if (me == 0) host = Tensor::empty({rows, dim}, DType::F32, Device::cpu());
-      const int64_t total = rows * dim;
+    // Streams rows [lo, hi) of the table from `root` (whose device tensor holds them from its
+    // row `dev_row`) into the host copy of the ranks that keep one.
+    auto stream_rows = [&](Tensor& dev, Tensor& host, int root, int64_t lo, int64_t hi,
+                           int64_t dev_row, bool keep) {
+      const int64_t total = (hi - lo) * dim;
       for (int64_t at = 0; at < total; at += kChunk) {
         const int64_t c = std::min(kChunk, total - at);
-        float* buf = me == root ? dev.data<float>() + at : stage.data<float>();
+        float* buf = me == root ? dev.data<float>() + dev_row * dim + at : stage.data<float>();
         e_.dp.comm->broadcast(buf, c, dist::Elem::F32, root);
-        if (me == 0)
-          copy_bytes(host.data<float>() + at, Device::cpu(), stage.data<float>(), dev_,
+        if (keep)
+          copy_bytes(host.data<float>() + lo * dim + at, Device::cpu(), buf, dev_,
                      sizeof(float) * c);
+      }
+    };
+    auto stream_one = [&](Tensor& dev, Tensor& host) {
+      if (!row_wise) {
+        if (me == 0) host = Tensor::empty({rows, dim}, DType::F32, Device::cpu());
+        stream_rows(dev, host, owner, 0, rows, 0, me == 0);
+        return;
+      }
+      host = Tensor::empty({rows, dim}, DType::F32, Device::cpu());
+      for (int r = 0; r < n; ++r) {
+        int64_t lo = 0, hi = 0;
+        gpu_graph::dp::row_range(rows, n, r, &lo, &hi);
+        stream_rows(dev, host, r, lo, hi, 0, true);
       }
     };
     stream_one(p.value, host_tables_[t].first);
@@ -158,8 +188,25 @@ void GraphCuda::gather_sharded_tables() {
   }
 }
 
+// Drops the host copies; a row-wise table's copy first gives this rank its range back (the
+// values a resume loaded into it; after a checkpoint, the values it already has).
 void GraphCuda::release_sharded_tables() {
-  for (auto& h : host_tables_) h = {};
+  for (size_t t = 0; t < host_tables_.size(); ++t) {
+    const bool row_wise = t < e_.dp.table_owner.size() && e_.dp.table_owner[t] < 0;
+    if (row_wise && host_tables_[t].first.defined()) {
+      DeviceGuard g(dev_index_);
+      NamedState& p = tables_[sharded_index_[t]];
+      const int64_t rows = layout_.cardinalities[t], dim = e_.vals[emb_idx_].fields.at(0);
+      int64_t lo = 0, hi = 0;
+      gpu_graph::dp::row_range(rows, e_.dp.ranks, e_.dp.rank, &lo, &hi);
+      copy_bytes(p.value.data<float>(), dev_, host_tables_[t].first.data<float>() + lo * dim,
+                 Device::cpu(), sizeof(float) * (hi - lo) * dim);
+      if (e_.emb_adagrad && host_tables_[t].second.defined())
+        copy_bytes(p.state.data<float>(), dev_, host_tables_[t].second.data<float>() + lo * dim,
+                   Device::cpu(), sizeof(float) * (hi - lo) * dim);
+    }
+    host_tables_[t] = {};
+  }
 }
 
 void GraphCuda::materialize_tables(const std::vector<char>* keep) {
@@ -210,6 +257,12 @@ void GraphCuda::exchange_counts(const io::Batch& batch, bool need_rows) {
   materialize_tables();
   ensure_capacity(*std::max_element(d.rows.begin(), d.rows.end()),
                   *std::max_element(d.nnz.begin(), d.nnz.end()));
+}
+
+bool GraphCuda::row_wise_piece(size_t k) const {
+  for (size_t t = 0; t < sharded_index_.size() && t < e_.dp.table_owner.size(); ++t)
+    if (sharded_index_[t] == static_cast<int>(k)) return e_.dp.table_owner[t] < 0;
+  return false;
 }
 
 const Tensor* GraphCuda::host_table(size_t k, bool state) const {

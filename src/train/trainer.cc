@@ -410,10 +410,12 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
   if (!m.opt.run_dir.empty()) {
     make_dirs(m.opt.run_dir);
     if (m.opt.resume && file_exists(m.checkpoint_path())) {
-      if (m.sharded) m.model->gather_sharded_tables();  // whole tables to load into
+      // Whole tables to load into: on the CPU every table; on the GPUs each row-wise table
+      // (every rank loads it and keeps its range: scatter_sharded_tables).
+      if (m.sharded || m.device_sharded) m.model->gather_sharded_tables();
       // GPU shards: each rank loads the tables it owns (the others are in the file for theirs).
       m.state = load_checkpoint(m.checkpoint_path(), *m.model, m.device_sharded);
-      if (m.sharded) m.model->scatter_sharded_tables();
+      if (m.sharded || m.device_sharded) m.model->scatter_sharded_tables();
       check_checkpoint_layout(m.checkpoint_path(), m.state, m.data.layout, m.opt.data_dir);
       if (m.leader())
         std::fprintf(stderr, "[train] resumed from %s at step %lld\n",

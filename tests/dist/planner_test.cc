@@ -181,8 +181,9 @@ TEST(ShardPlannerGpu, Criteo1TBPlacesEveryTableWholeOnTwoAndFourGpus) {
       EXPECT_EQ(p.tables[t].kind, ShardingKind::TableWise) << specs[t].name;
       sum += specs[t].bytes();
     }
-    const int64_t usable = static_cast<int64_t>(static_cast<double>(std::min(c.free, kH100)) * 0.9) -
-                           m.dense_bytes - m.exchange_bytes;
+    const int64_t usable =
+        static_cast<int64_t>(static_cast<double>(std::min(c.free, kH100)) * 0.9) - m.dense_bytes -
+        m.exchange_bytes;
     int64_t placed = 0;
     for (const RankLoad& l : p.per_rank) {
       EXPECT_LE(l.bytes, usable);
@@ -196,16 +197,68 @@ TEST(ShardPlannerGpu, Criteo1TBPlacesEveryTableWholeOnTwoAndFourGpus) {
 }
 
 // Adagrad on 4 GPUs with 72 GB free each: five ~40 GB tables, and no GPU can take one of them
-// beside the 26.3 GB one; whole tables cannot fit, and the GPUs do not split tables: the error
-// says so (the CPU planner would split one by columns).
-TEST(ShardPlannerGpu, Criteo1TBWithAdagradDoesNotFitFourSmallerGpusWhole) {
+// beside the 26.3 GB one; whole tables cannot fit, so the GPU planner splits tables by rows
+// (never by columns: the GPUs have no column-wise tables) into contiguous ranges, each with one
+// zero row more, and every GPU's load stays within its budget.
+TEST(ShardPlannerGpu, Criteo1TBWithAdagradOnFourSmallerGpusSplitsTablesByRows) {
   const auto specs = criteo_tables(128, true);
   GpuMemory m;
   m.free_bytes = 72'000'000'000;
   m.exchange_bytes = gpu_exchange_bytes(4, 55296, 26, 26, 128, 1.0, 2, 4);
-  expect_error([&] { plan_gpu_tables(specs, options(4, kH100), m); },
-               {"sharding plan: table 'cat_", "is planned column_wise", "placed whole",
-                "do not fit 4 GPU(s) whole", "72.00 GB per GPU (free device memory)"});
+  const PlannerOptions o = options(4, kH100);
+  const Plan p = plan_gpu_tables(specs, o, m);
+  int row_wise = 0;
+  for (size_t t = 0; t < specs.size(); ++t) {
+    const TablePlan& tp = p.tables[t];
+    EXPECT_TRUE(tp.kind == ShardingKind::TableWise || tp.kind == ShardingKind::RowWise)
+        << specs[t].name << " is " << sharding_kind_name(tp.kind);
+    if (tp.kind != ShardingKind::RowWise) continue;
+    ++row_wise;
+    ASSERT_EQ(tp.shards.size(), 4u);
+    int64_t rows = 0;
+    for (const Shard& sh : tp.shards) {
+      EXPECT_EQ(sh.rows, gpu_row_range_rows(specs[t].rows, 4, sh.rank));
+      EXPECT_EQ(sh.col_begin, 0);
+      EXPECT_EQ(sh.col_end, specs[t].dim);
+      rows += sh.rows;
+    }
+    EXPECT_EQ(rows, specs[t].rows) << specs[t].name;
+  }
+  EXPECT_GE(row_wise, 1);
+  const int64_t usable = static_cast<int64_t>(72'000'000'000 * 0.9) - m.exchange_bytes;
+  for (const RankLoad& l : p.per_rank) EXPECT_LE(l.bytes, usable);
+  std::ostringstream os;
+  print_plan(p, specs, os);
+  EXPECT_NE(os.str().find("row_wise"), std::string::npos) << os.str();
+}
+
+// A table larger than one GPU's share is planned row-wise on the GPUs (it was an error before
+// the GPUs had row-wise tables), in contiguous ranges of rows.
+TEST(ShardPlannerGpu, ATableLargerThanOneGpuIsPlannedRowWise) {
+  std::vector<TableSpec> specs(2);
+  specs[0] = {"big", 3125, 128, 4, 0, true, 0};   // 1.6 MB
+  specs[1] = {"small", 100, 128, 4, 0, true, 0};  // 51 kB
+  PlannerOptions o;
+  o.ranks = 2;
+  o.memory_per_rank = 1'000'000;
+  o.headroom = 0;
+  const Plan p = plan_gpu_tables(specs, o, GpuMemory{});
+  ASSERT_EQ(p.tables[0].kind, ShardingKind::RowWise);  // the CPU planner splits it by columns
+  ASSERT_EQ(p.tables[0].shards.size(), 2u);
+  EXPECT_EQ(p.tables[0].shards[0].rows, 1562);  // [0, 1562) and [1562, 3125)
+  EXPECT_EQ(p.tables[0].shards[1].rows, 1563);
+  EXPECT_EQ(p.tables[0].shards[1].bytes, 1564 * 128 * 4);  // with the zero row
+  EXPECT_EQ(p.tables[1].kind, ShardingKind::TableWise);
+  for (const RankLoad& l : p.per_rank) EXPECT_LE(l.bytes, 1'000'000);
+  // Four GPUs: the ranges cover the table, sizes floor or ceil of rows / 4.
+  EXPECT_EQ(gpu_row_range_rows(3125, 4, 0) + gpu_row_range_rows(3125, 4, 1) +
+                gpu_row_range_rows(3125, 4, 2) + gpu_row_range_rows(3125, 4, 3),
+            3125);
+  // Half a GPU each is not enough for a 1.6 MB table split in two: the error names it.
+  o.memory_per_rank = 700'000;
+  expect_error([&] { plan_gpu_tables(specs, o, GpuMemory{}); },
+               {"sharding plan: table 'big' (3125 x 128) needs 1.60 MB",
+                "does not fit even split by rows over 2 GPU(s)", "sharding.memory_per_rank_gb"});
 }
 
 TEST(ShardPlannerGpu, APlanThatCannotFitNamesTheTableAndItsBytes) {
@@ -215,16 +268,25 @@ TEST(ShardPlannerGpu, APlanThatCannotFitNamesTheTableAndItsBytes) {
   // One GPU: cat_19 (39,979,771 x 128 fp32) alone is 20.47 GB; all tables 96 GB.
   expect_error([&] { plan_gpu_tables(specs, options(1, kH100), m); },
                {"sharding plan: table 'cat_", "does not fit", "96.14 GB", "on the GPUs"});
-  // Four GPUs with 20 GB free each: the largest table does not fit whole on any of them.
+  // Four GPUs with 20 GB free each (16 GB for tables): 64 GB for 96 GB of tables.
   m.free_bytes = 20'000'000'000;
   expect_error([&] { plan_gpu_tables(specs, options(4, kH100), m); },
-               {"table 'cat_19' (39979771 x 128) needs 20.47 GB", "does not fit",
-                "free device memory", "2.00 GB of exchange buffers"});
-  // A row-wise override: tables are whole on the GPUs.
+               {"sharding plan: table 'cat_", "does not fit", "free device memory",
+                "2.00 GB of exchange buffers"});
+  // Two GPUs with 10 GB free (7 GB for tables): cat_19 split in two is 10.2 GB per GPU.
+  m.free_bytes = 10'000'000'000;
+  expect_error([&] { plan_gpu_tables(specs, options(2, kH100), m); },
+               {"table 'cat_19' (39979771 x 128) needs 20.47 GB",
+                "does not fit even split by rows over 2 GPU(s)", "free device memory"});
+  // Overrides: row-wise runs on the GPUs; column-wise and replicated do not.
   PlannerOptions o = options(2, kH100);
-  o.overrides["cat_0"] = TableOverride{ShardingKind::RowWise, -1};
+  o.overrides["cat_2"] = TableOverride{ShardingKind::RowWise, -1};
+  const Plan p = plan_gpu_tables(specs, o, GpuMemory{});
+  EXPECT_EQ(p.tables[2].kind, ShardingKind::RowWise);
+  EXPECT_TRUE(p.tables[2].overridden);
+  o.overrides["cat_0"] = TableOverride{ShardingKind::ColumnWise, -1};
   expect_error([&] { plan_gpu_tables(specs, o, GpuMemory{}); },
-               {"table 'cat_0'", "is planned row_wise by the config", "table_wise"});
+               {"sharding.tables.cat_0.kind: \"column_wise\" is not supported on the GPUs"});
 }
 
 TEST(ShardPlanner, OneRankPlacesEverythingWhole) {

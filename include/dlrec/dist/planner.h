@@ -144,12 +144,16 @@ Plan plan_sharding(const std::vector<TableSpec>& tables, const PlannerOptions& o
 void print_plan(const Plan& plan, const std::vector<TableSpec>& tables, std::ostream& os);
 
 // The CUDA engine's plan (docs/DISTRIBUTED.md, "Sharding on the GPUs"): every table is placed
-// whole on one GPU (no replication of small tables, no splits to balance), with the memory of a
+// whole on one GPU or, when it does not fit whole, split by rows over all of them (no
+// replication of small tables, no splits to balance), with the memory of a
 // GPU taken as the smaller of memory_per_rank and `free_bytes` (the least free device memory
 // over the ranks once the dense part is built; 0: unknown), less the headroom, the dense
 // parameters (`dense_bytes`: weights, gradients, state) and the step's exchange buffers
-// (`exchange_bytes`, gpu_exchange_bytes). A table that does not fit whole on any GPU is an
-// error naming the table, the bytes it needs and what a GPU has for tables.
+// (`exchange_bytes`, gpu_exchange_bytes). A table that does not fit even split by rows over
+// every GPU is an error naming the table, the bytes it needs and what a GPU has for tables.
+// Row-wise tables (an automatic split to fit, or the config's "row_wise") are split into
+// contiguous row ranges, GPU r holding rows [rows * r / N, rows * (r + 1) / N) of the table and
+// one zero row; column-wise and replicated overrides are errors.
 struct GpuMemory {
   int64_t free_bytes = 0;
   int64_t dense_bytes = 0;
@@ -157,6 +161,8 @@ struct GpuMemory {
 };
 Plan plan_gpu_tables(const std::vector<TableSpec>& tables, PlannerOptions options,
                      const GpuMemory& memory);
+// The rows of GPU `rank`'s range of a row-wise table of `rows` rows over `ranks` GPUs.
+int64_t gpu_row_range_rows(int64_t rows, int ranks, int rank);
 // Bytes of the table-wise exchange's buffers on one GPU for `batch_per_rank` rows per rank:
 // every rank's ids and offsets, the global batch's bags, and the pooled rows and their
 // gradients ([G, K, dim] on the owner, [B, T, dim] on the sample's rank) for an owner of

@@ -1,6 +1,6 @@
 // Layer "embedding" on CUDA (src/model/layers/embedding.cc).
-#include "model/layers/graph_cuda_engine.h"
 #include "model/layers/embedding_dp_cuda.h"
+#include "model/layers/graph_cuda_engine.h"
 #include "model/layers/table_set_cuda.h"
 
 namespace dlrec::model::gpu_graph {
@@ -39,9 +39,7 @@ class EmbeddingNode final : public Node {
     tw_ = false;
     if (e.dp.comm && !e.dp.table_owner.empty()) alloc_table_wise(e, max_nnz);
   }
-  void materialize(Engine& e, const std::vector<char>* keep) override {
-    ts_.materialize(e, keep);
-  }
+  void materialize(Engine& e, const std::vector<char>* keep) override { ts_.materialize(e, keep); }
   void write_into(int into, int64_t col) override {
     into_ = into;
     col_ = col;
@@ -71,8 +69,8 @@ class EmbeddingNode final : public Node {
     if (is_half(o.dt))
       with_half(o.dt, [&](auto* h) {
         using H = std::remove_pointer_t<decltype(h)>;
-        ce::forward(ts_.tab, e.offsets, e.keys, e.B, mean_, static_cast<H*>(o.y.raw()) + col,
-                    e.st, o.ld);
+        ce::forward(ts_.tab, e.offsets, e.keys, e.B, mean_, static_cast<H*>(o.y.raw()) + col, e.st,
+                    o.ld);
       });
     else
       ce::forward(ts_.tab, e.offsets, e.keys, e.B, mean_, o.y.data<float>() + col, e.st, o.ld);
@@ -91,20 +89,22 @@ class EmbeddingNode final : public Node {
     ts_.ids(e);
     const Value& c = into_ >= 0 ? e.vals[into_] : e.vals[self];
     e.check_grad(c.g.raw(), c.gdt, e.B * c.ld);
-    e.update([this, &e] {
-      if (into_ < 0) {
-        ts_.apply(e, mean_, e.vals[self].g.data<float>(), e.vals[self].ld);
-        return;
-      }
-      const Value& c = e.vals[into_];
-      if (is_half(c.gdt))
-        with_half(c.gdt, [&](auto* h) {
-          using H = std::remove_pointer_t<decltype(h)>;
-          ts_.apply(e, mean_, static_cast<const H*>(c.g.raw()) + col_, c.ld);
-        });
-      else
-        ts_.apply(e, mean_, c.g.data<float>() + col_, c.ld);
-    }, true);
+    e.update(
+        [this, &e] {
+          if (into_ < 0) {
+            ts_.apply(e, mean_, e.vals[self].g.data<float>(), e.vals[self].ld);
+            return;
+          }
+          const Value& c = e.vals[into_];
+          if (is_half(c.gdt))
+            with_half(c.gdt, [&](auto* h) {
+              using H = std::remove_pointer_t<decltype(h)>;
+              ts_.apply(e, mean_, static_cast<const H*>(c.g.raw()) + col_, c.ld);
+            });
+          else
+            ts_.apply(e, mean_, c.g.data<float>() + col_, c.ld);
+        },
+        true);
   }
   void collect(Engine&, std::vector<NamedState>&, std::vector<NamedState>& tables) override {
     ts_.collect(name_, tables);
@@ -190,8 +190,8 @@ class EmbeddingNode final : public Node {
       });
     else
       ce::backward_apply(ts_.tab, off, d.global_rows, d.global_nnz, mean_,
-                         grad_g_.data<float>() + col, gv.ld, kind, e.lr + 1, e.emb_eps,
-                         ts_.scratch, e.st, e.gscale);
+                         grad_g_.data<float>() + col, gv.ld, kind, e.lr + 1, e.emb_eps, ts_.scratch,
+                         e.st, e.gscale);
   }
   int64_t cap_ = 0;
   Tensor off_in_, keys_in_, off_g_, keys_g_, lens_, src_, scan_, grad_g_;
@@ -215,9 +215,13 @@ class EmbeddingNode final : public Node {
     tw_ = true;
     tw_count_.assign(n, 0);
     tw_first_.assign(n, 0);
-    for (int o : own) ++tw_count_.at(o);
+    has_tw_ = false;
+    for (int o : own) {
+      DLREC_CHECK(o >= -1 && o < n, "table-wise sharding: owner ", o, " of ", n, " ranks (bug)");
+      if (o >= 0) ++tw_count_[o], has_tw_ = true;
+    }
     for (int r = 1; r < n; ++r) tw_first_[r] = tw_first_[r - 1] + tw_count_[r - 1];
-    std::vector<int32_t> lay;  // table, first, count, index: T each
+    std::vector<int32_t> lay;  // table, first, count, index: one per table-wise table each
     std::vector<int32_t> table, first, count, index, mine;
     for (int r = 0; r < n; ++r)
       for (int64_t t = 0; t < T; ++t) {
@@ -245,7 +249,9 @@ class EmbeddingNode final : public Node {
     };
     tw_layout_mem_ = upload(lay.data(), lay.size() * sizeof(int32_t));
     const auto* l = static_cast<const int32_t*>(tw_layout_mem_.raw());
-    tw_layout_ = dp::TwLayout{l, l + T, l + 2 * T, l + 3 * T, T, dim};
+    // The table-wise tables only (row-wise ones have no owner and are not in these arrays).
+    const int64_t Ttw = static_cast<int64_t>(table.size());
+    tw_layout_ = dp::TwLayout{l, l + Ttw, l + 2 * Ttw, l + 3 * Ttw, Ttw, dim};
     tw_tabs_ = upload(mine.data(), mine.size() * sizeof(int32_t));
     tw_ptrs_ = upload(wp.data(), wp.size() * sizeof(float*));
     tw_sptrs_ = upload(sp.data(), sp.size() * sizeof(float*));
@@ -266,6 +272,7 @@ class EmbeddingNode final : public Node {
     tw_recv_ = Tensor::empty({one(cap_ * T * dim)}, act, e.dev);
     tw_gsend_ = Tensor::empty({one(cap_ * T * dim)}, gdt, e.dev);
     tw_grecv_ = Tensor::empty({one(G * tw_K_ * dim)}, gdt, e.dev);
+    alloc_row_wise(e, max_nnz);
   }
   // Rank geometry of this step and the element counts of the pooled rows' all-to-all: what
   // this owner sends each rank (K * B_s * dim at K * R_s * dim) and receives from each owner
@@ -333,18 +340,25 @@ class EmbeddingNode final : public Node {
     const int64_t col = into_ >= 0 ? col_ : 0;
     auto run = [&](auto* h) {
       using H = std::remove_pointer_t<decltype(h)>;
-      if (tw_K_ > 0 && G > 0)
-        ce::forward(tw_sub_, tw_off_.data<int32_t>(), static_cast<const uint32_t*>(tw_keys_.raw()),
-                    G, mean_, static_cast<H*>(tw_pool_.raw()), e.st, tw_K_ * dim);
-      e.on_comm([&](dist::Communicator& c) {
-        c.all_to_all_v(tw_pool_.raw(), own_c, own_o, tw_recv_.raw(), peer_c, peer_o,
-                       dist::elem_of(o.dt));
-      });
-      dp::scatter_pooled(tw_layout_, e.B, static_cast<const H*>(tw_recv_.raw()),
-                         static_cast<H*>(o.y.raw()) + col, o.ld, e.st);
+      if (has_tw_) {
+        if (tw_K_ > 0 && G > 0)
+          ce::forward(tw_sub_, tw_off_.data<int32_t>(),
+                      static_cast<const uint32_t*>(tw_keys_.raw()), G, mean_,
+                      static_cast<H*>(tw_pool_.raw()), e.st, tw_K_ * dim);
+        e.on_comm([&](dist::Communicator& c) {
+          c.all_to_all_v(tw_pool_.raw(), own_c, own_o, tw_recv_.raw(), peer_c, peer_o,
+                         dist::elem_of(o.dt));
+        });
+        dp::scatter_pooled(tw_layout_, e.B, static_cast<const H*>(tw_recv_.raw()),
+                           static_cast<H*>(o.y.raw()) + col, o.ld, e.st);
+      }
+      if (rw_K_ > 0)
+        forward_row_wise(e, geo, static_cast<H*>(o.y.raw()) + col, o.ld, dist::elem_of(o.dt));
     };
-    if (is_half(o.dt)) with_half(o.dt, run);
-    else run(static_cast<float*>(nullptr));
+    if (is_half(o.dt))
+      with_half(o.dt, run);
+    else
+      run(static_cast<float*>(nullptr));
   }
   void backward_table_wise(Engine& e) {
     const DataParallel& d = e.dp;
@@ -356,6 +370,9 @@ class EmbeddingNode final : public Node {
     const ce::Update kind = e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD;
     auto run = [&](auto* h) {
       using H = std::remove_pointer_t<decltype(h)>;
+      if (rw_K_ > 0)
+        backward_row_wise(e, static_cast<const H*>(gv.g.raw()) + col, gv.ld, dist::elem_of(gv.gdt));
+      if (!has_tw_) return;
       dp::gather_grads(tw_layout_, e.B, static_cast<const H*>(gv.g.raw()) + col, gv.ld,
                        static_cast<H*>(tw_gsend_.raw()), e.st);
       e.on_comm([&](dist::Communicator& c) {
@@ -369,13 +386,154 @@ class EmbeddingNode final : public Node {
       ce::backward_apply(tw_sub_, off, G, tw_nnz_, mean_, static_cast<const H*>(tw_grecv_.raw()),
                          tw_K_ * dim, kind, e.lr + 1, e.emb_eps, ts_.scratch, e.st, e.gscale);
     };
-    if (is_half(gv.gdt)) with_half(gv.gdt, run);
-    else run(static_cast<float*>(nullptr));
+    if (is_half(gv.gdt))
+      with_half(gv.gdt, run);
+    else
+      run(static_cast<float*>(nullptr));
   }
+  // Row-wise sharding (Engine::dp.table_owner[t] == -1; docs/DISTRIBUTED.md, "Row-wise tables
+  // on the GPUs"): every rank holds a contiguous range of the table's rows (TableSet::make_piece:
+  // [lo, hi) and a zero outside row). Forward: from the all-gathered ids each rank builds the
+  // bags of the whole global batch in a padded geometry (dp::build_row_bags: ids outside its
+  // range go to the outside row), pools its partial sums [n * bmax, K, dim] with the fused
+  // kernel and one reduce-scatter (sum) leaves each rank the pooled rows of its own samples.
+  // Backward: the pooled rows' gradients of these tables are all-gathered, and each rank runs
+  // the fused de-duplicated update of its range over the global batch (the outside row takes
+  // the other ranges' ids' updates and is zeroed again after).
+  void alloc_row_wise(Engine& e, int64_t max_nnz) {
+    const int n = e.dp.ranks;
+    const int64_t T = ts_.tab.num_tables, dim = ts_.dim;
+    std::vector<int64_t> info;
+    std::vector<int32_t> table, first, count, index;
+    std::vector<float*> wp, sp;
+    std::vector<uint32_t> local_base;
+    rw_mine_.clear();
+    rw_local_rows_.clear();
+    uint64_t total = 0;
+    for (int64_t t = 0; t < T; ++t)
+      if (e.dp.table_owner[t] == -1) rw_mine_.push_back(t);
+    rw_K_ = static_cast<int64_t>(rw_mine_.size());
+    if (rw_K_ == 0) return;
+    for (int64_t k = 0; k < rw_K_; ++k) {
+      const int64_t t = rw_mine_[k];
+      int64_t lo = 0, hi = 0;
+      dp::row_range(ts_.rows[t], n, e.dp.rank, &lo, &hi);
+      DLREC_CHECK(ts_.tables[t].defined() && ts_.tables[t].shape()[0] == hi - lo + 1,
+                  "row-wise sharding: table ", t, "'s piece is not allocated (bug)");
+      info.insert(info.end(),
+                  {t, static_cast<int64_t>(ts_.row_base[t]), lo, hi, static_cast<int64_t>(total)});
+      local_base.push_back(static_cast<uint32_t>(total));
+      total += static_cast<uint64_t>(hi - lo + 1);
+      rw_local_rows_.push_back(hi - lo);
+      table.push_back(static_cast<int32_t>(t));
+      first.push_back(0);
+      count.push_back(static_cast<int32_t>(rw_K_));
+      index.push_back(static_cast<int32_t>(k));
+      wp.push_back(ts_.tables[t].data<float>());
+      if (!ts_.states.empty()) sp.push_back(ts_.states[t].data<float>());
+    }
+    rw_key_bits_ = 1;
+    while (rw_key_bits_ < 32 && (uint64_t{1} << rw_key_bits_) < total) ++rw_key_bits_;
+    auto upload = [&](const void* src, size_t bytes) {
+      Tensor x = Tensor::empty({static_cast<int64_t>(bytes ? bytes : 1)}, DType::U8, e.dev);
+      if (bytes) copy_bytes(x.raw(), e.dev, src, Device::cpu(), bytes);
+      return x;
+    };
+    rw_info_ = upload(info.data(), info.size() * sizeof(int64_t));
+    rw_rl_ = dp::RwLayout{static_cast<const int64_t*>(rw_info_.raw()), rw_K_};
+    std::vector<int32_t> lay;
+    for (auto* a : {&table, &first, &count, &index}) lay.insert(lay.end(), a->begin(), a->end());
+    rw_layout_mem_ = upload(lay.data(), lay.size() * sizeof(int32_t));
+    const auto* l = static_cast<const int32_t*>(rw_layout_mem_.raw());
+    rw_layout_ = dp::TwLayout{l, l + rw_K_, l + 2 * rw_K_, l + 3 * rw_K_, rw_K_, dim};
+    rw_ptrs_ = upload(wp.data(), wp.size() * sizeof(float*));
+    rw_sptrs_ = upload(sp.data(), sp.size() * sizeof(float*));
+    rw_base_ = upload(local_base.data(), local_base.size() * sizeof(uint32_t));
+    rw_sub_ = ts_.tab;
+    rw_sub_.weights = static_cast<float* const*>(rw_ptrs_.raw());
+    rw_sub_.states = ts_.tab.states ? static_cast<float* const*>(rw_sptrs_.raw()) : nullptr;
+    rw_sub_.row_base = static_cast<const uint32_t*>(rw_base_.raw());
+    rw_sub_.num_tables = static_cast<int>(rw_K_);
+    // Buffers for the largest padded global batch (every rank at the capacity).
+    const int64_t G = n * cap_;
+    const DType act = (into_ >= 0 ? e.vals[into_] : e.vals[self]).dt;
+    const DType gdt = grad_value(e).gdt;
+    auto one = [](int64_t x) { return std::max<int64_t>(x, 1); };
+    rw_off_ = Tensor::empty({rw_K_ * G + 1}, DType::I32, e.dev);
+    rw_keys_ = Tensor::empty({one(n * max_nnz)}, DType::I32, e.dev);
+    rw_pool_ = Tensor::empty({one(G * rw_K_ * dim)}, act, e.dev);
+    rw_recv_ = Tensor::empty({one(cap_ * rw_K_ * dim)}, act, e.dev);
+    rw_gsend_ = e.buf({one(cap_ * rw_K_ * dim)}, gdt);  // zero: its padding rows are sent too
+    rw_grecv_ = Tensor::empty({one(G * rw_K_ * dim)}, gdt, e.dev);
+    const int64_t ids = one(n * max_nnz);
+    const size_t sb = ce::scratch_bytes(ids, rw_key_bits_, static_cast<int>(dim));
+    rw_scratch_mem_ = Tensor::empty({static_cast<int64_t>(sb)}, DType::U8, e.dev);
+    rw_scratch_ = ce::carve(rw_scratch_mem_.raw(), ids, rw_key_bits_, static_cast<int>(dim));
+    ce::prepare(rw_scratch_, e.st);
+  }
+  // The padded geometry's rows per rank this step: the most rows of any rank.
+  static int64_t padded_rows(const DataParallel& d) {
+    return d.rows.empty() ? 0 : *std::max_element(d.rows.begin(), d.rows.end());
+  }
+  template <class H>
+  void forward_row_wise(Engine& e, const dp::RankGeometry& geo, H* out, int64_t ld, dist::Elem el) {
+    const DataParallel& d = e.dp;
+    const int64_t T = ts_.tab.num_tables, dim = ts_.dim, bmax = padded_rows(d);
+    if (bmax == 0) return;  // no rank has rows (the same on every rank)
+    const int64_t Gp = d.ranks * bmax;
+    rw_nnz_ = 0;
+    for (int r = 0; r < d.ranks; ++r)
+      for (int64_t t : rw_mine_) rw_nnz_ += d.table_nnz[r * T + t];
+    dp::build_row_bags(geo, bmax, rw_rl_, off_in_.data<int32_t>(),
+                       static_cast<const uint32_t*>(keys_in_.raw()), rw_off_.data<int32_t>(),
+                       static_cast<uint32_t*>(rw_keys_.raw()), lens_.data<int32_t>(),
+                       src_.data<int64_t>(), scan_.raw(), scan_bytes_, e.st);
+    ce::forward(rw_sub_, rw_off_.data<int32_t>(), static_cast<const uint32_t*>(rw_keys_.raw()), Gp,
+                mean_, static_cast<H*>(rw_pool_.raw()), e.st, rw_K_ * dim);
+    e.on_comm([&](dist::Communicator& c) {
+      c.reduce_scatter(rw_pool_.raw(), rw_recv_.raw(), bmax * rw_K_ * dim, el);
+    });
+    dp::scatter_pooled(rw_layout_, e.B, static_cast<const H*>(rw_recv_.raw()), out, ld, e.st);
+  }
+  template <class H>
+  void backward_row_wise(Engine& e, const H* grad, int64_t ld, dist::Elem el) {
+    const DataParallel& d = e.dp;
+    const int64_t dim = ts_.dim, bmax = padded_rows(d);
+    if (bmax == 0) return;
+    const int64_t Gp = d.ranks * bmax;
+    dp::gather_grads(rw_layout_, e.B, grad, ld, static_cast<H*>(rw_gsend_.raw()), e.st);
+    e.on_comm([&](dist::Communicator& c) {
+      c.all_gather(rw_gsend_.raw(), rw_grecv_.raw(), bmax * rw_K_ * dim, el);
+    });
+    if (rw_nnz_ == 0) return;
+    const ce::Update kind = e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD;
+    const int32_t* off = rw_off_.data<int32_t>();
+    ce::backward_ids(rw_sub_, off, static_cast<const uint32_t*>(rw_keys_.raw()), Gp, rw_nnz_,
+                     rw_key_bits_, rw_scratch_, e.st);
+    ce::backward_apply(rw_sub_, off, Gp, rw_nnz_, mean_, static_cast<const H*>(rw_grecv_.raw()),
+                       rw_K_ * dim, kind, e.lr + 1, e.emb_eps, rw_scratch_, e.st, e.gscale);
+    // The outside rows took the other ranges' updates: zero again (values; the accumulator of
+    // an outside row is never read for a real row).
+    for (int64_t k = 0; k < rw_K_; ++k)
+      DLREC_CUDA_CHECK(
+          cudaMemsetAsync(ts_.tables[rw_mine_[k]].data<float>() + rw_local_rows_[k] * dim, 0,
+                          sizeof(float) * dim, e.st));
+  }
+  dp::RwLayout rw_rl_;
+  dp::TwLayout rw_layout_;
+  ce::Tables rw_sub_;
+  ce::Scratch rw_scratch_;
+  int64_t rw_K_ = 0, rw_nnz_ = 0;
+  int rw_key_bits_ = 1;
+  std::vector<int64_t> rw_mine_, rw_local_rows_;  // row-wise tables; their pieces' real rows
+  Tensor rw_info_, rw_layout_mem_, rw_ptrs_, rw_sptrs_, rw_base_, rw_scratch_mem_;
+  Tensor rw_off_, rw_keys_, rw_pool_, rw_recv_, rw_gsend_, rw_grecv_;
+  bool has_tw_ = false;  // some table is table-wise (its all-to-alls run)
+
   bool tw_ = false;
-  int64_t tw_K_ = 0, tw_nnz_ = 0;              // tables this rank owns; their ids this step
-  std::vector<int64_t> tw_count_, tw_first_;   // per rank: tables owned, first position
-  std::vector<int64_t> tw_mine_;               // the tables this rank owns
+  int64_t tw_K_ = 0, tw_nnz_ = 0;             // tables this rank owns; their ids this step
+  std::vector<int64_t> tw_count_, tw_first_;  // per rank: tables owned, first position
+  std::vector<int64_t> tw_mine_;              // the tables this rank owns
   Tensor tw_layout_mem_, tw_tabs_, tw_ptrs_, tw_sptrs_, tw_base_;
   Tensor tw_off_, tw_keys_, tw_pool_, tw_recv_, tw_gsend_, tw_grecv_;
   ce::Tables tw_sub_;  // the owned tables (their global row keys as in the whole set)

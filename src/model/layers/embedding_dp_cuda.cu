@@ -1,8 +1,9 @@
 // The data-parallel embedding exchange's kernels (embedding_dp_cuda.h).
-#include <algorithm>
-#include <cub/device/device_scan.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cub/device/device_scan.cuh>
 
 #include "core/cuda_check.h"
 #include "dlrec/core/error.h"
@@ -62,8 +63,8 @@ void build_global_bags(const RankGeometry& g, const int32_t* off_in, const uint3
 
 void build_table_bags(const RankGeometry& g, const int32_t* tables, int64_t K,
                       const int32_t* off_in, const uint32_t* keys_in, int32_t* off_g,
-                      uint32_t* keys_g, int32_t* lens, int64_t* src, void* temp,
-                      size_t temp_bytes, cudaStream_t stream) {
+                      uint32_t* keys_g, int32_t* lens, int64_t* src, void* temp, size_t temp_bytes,
+                      cudaStream_t stream) {
   const int64_t bags = K * g.global_rows;
   DLREC_CHECK(bags < (int64_t{1} << 31), "data-parallel embedding: ", bags,
               " bags in the global batch (int32 offsets)");
@@ -77,7 +78,6 @@ void build_table_bags(const RankGeometry& g, const int32_t* tables, int64_t K,
   copy_keys<<<blocks_for(bags), 256, 0, stream>>>(bags, off_g, src, keys_in, keys_g);
   DLREC_CUDA_LAUNCH_CHECK();
 }
-
 
 namespace {
 
@@ -96,8 +96,10 @@ __global__ void tw_copy(TwLayout l, int64_t B, const T* __restrict__ from, T* __
     const int64_t b = j / vd, c = (j - b * vd) * per;
     const int64_t blk = (B * first + b * count + index) * l.dim + c;
     const int64_t act = b * ld + t * l.dim + c;
-    if (kToOut) *reinterpret_cast<V*>(to + act) = *reinterpret_cast<const V*>(from + blk);
-    else *reinterpret_cast<V*>(to + blk) = *reinterpret_cast<const V*>(from + act);
+    if (kToOut)
+      *reinterpret_cast<V*>(to + act) = *reinterpret_cast<const V*>(from + blk);
+    else
+      *reinterpret_cast<V*>(to + blk) = *reinterpret_cast<const V*>(from + act);
   }
 }
 
@@ -113,8 +115,10 @@ void launch_tw_copy(const TwLayout& l, int64_t B, const T* from, T* to, int64_t 
   const int64_t per = vec ? 16 / sizeof(T) : 1;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>((B * (l.dim / per) + 255) / 256, 4096)),
                   static_cast<unsigned>(l.tables));
-  if (vec) tw_copy<T, int4, kToOut><<<grid, 256, 0, stream>>>(l, B, from, to, ld);
-  else tw_copy<T, T, kToOut><<<grid, 256, 0, stream>>>(l, B, from, to, ld);
+  if (vec)
+    tw_copy<T, int4, kToOut><<<grid, 256, 0, stream>>>(l, B, from, to, ld);
+  else
+    tw_copy<T, T, kToOut><<<grid, 256, 0, stream>>>(l, B, from, to, ld);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 
@@ -132,13 +136,100 @@ void gather_grads(const TwLayout& l, int64_t B, const T* grad, int64_t ld, T* se
   launch_tw_copy<T, false>(l, B, grad, send, ld, stream);
 }
 
-#define DLREC_TW_INSTANTIATE(T)                                                               \
-  template void scatter_pooled<T>(const TwLayout&, int64_t, const T*, T*, int64_t,            \
-                                  cudaStream_t);                                              \
+#define DLREC_TW_INSTANTIATE(T)                                                                   \
+  template void scatter_pooled<T>(const TwLayout&, int64_t, const T*, T*, int64_t, cudaStream_t); \
   template void gather_grads<T>(const TwLayout&, int64_t, const T*, int64_t, T*, cudaStream_t);
 DLREC_TW_INSTANTIATE(float)
 DLREC_TW_INSTANTIATE(__nv_bfloat16)
 DLREC_TW_INSTANTIATE(__half)
 #undef DLREC_TW_INSTANTIATE
+
+namespace {
+
+// Padded global bag gp = k * n * bmax + r * bmax + b (rank r's row b) of table info[5k].
+__global__ void row_bag_lengths(RankGeometry g, int64_t bmax, RwLayout l,
+                                const int32_t* __restrict__ off_in, int32_t* __restrict__ lens,
+                                int64_t* __restrict__ src) {
+  const int64_t gp_rows = g.ranks * bmax, bags = l.K * gp_rows;
+  for (int64_t gp = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; gp < bags;
+       gp += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t k = gp / gp_rows, prow = gp - k * gp_rows;
+    const int r = static_cast<int>(prow / bmax);
+    const int64_t b = prow - r * bmax;
+    if (b >= g.rows[r]) {
+      lens[gp] = 0;
+      src[gp] = 0;
+      continue;
+    }
+    const int64_t t = l.info[5 * k];
+    const int32_t* o = off_in + g.off_begin[r] + t * g.rows[r] + b;
+    lens[gp] = o[1] - o[0];
+    src[gp] = g.key_begin[r] + (o[0] - off_in[g.off_begin[r]]);
+  }
+}
+
+__global__ void copy_row_keys(int64_t gp_rows, RwLayout l, const int32_t* __restrict__ off_g,
+                              const int64_t* __restrict__ src, const uint32_t* __restrict__ keys_in,
+                              uint32_t* __restrict__ keys_g) {
+  const int64_t bags = l.K * gp_rows;
+  for (int64_t gp = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; gp < bags;
+       gp += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t k = gp / gp_rows;
+    const int64_t base = l.info[5 * k + 1], lo = l.info[5 * k + 2], hi = l.info[5 * k + 3],
+                  local = l.info[5 * k + 4];
+    const int32_t begin = off_g[gp], n = off_g[gp + 1] - begin;
+    const uint32_t* from = keys_in + src[gp];
+    for (int32_t i = 0; i < n; ++i) {
+      const int64_t id = static_cast<int64_t>(from[i]) - base;
+      keys_g[begin + i] =
+          static_cast<uint32_t>(id >= lo && id < hi ? local + id - lo : local + hi - lo);
+    }
+  }
+}
+
+__device__ __forceinline__ uint64_t splitmix64_range(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+__global__ void init_uniform_range_kernel(float* w, int64_t n, int64_t first, uint64_t seed,
+                                          double a) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t at = static_cast<uint64_t>(first + i);
+    const double u =
+        static_cast<double>(splitmix64_range(seed ^ splitmix64_range(at)) >> 11) * 0x1.0p-53;
+    // As nn::cuda_emb::init_uniform: explicit rounding, no fused multiply-add.
+    w[i] = static_cast<float>(__dadd_rn(-a, __dmul_rn(__dmul_rn(2.0, a), u)));
+  }
+}
+
+}  // namespace
+
+void build_row_bags(const RankGeometry& g, int64_t bmax, const RwLayout& l, const int32_t* off_in,
+                    const uint32_t* keys_in, int32_t* off_g, uint32_t* keys_g, int32_t* lens,
+                    int64_t* src, void* temp, size_t temp_bytes, cudaStream_t stream) {
+  const int64_t gp_rows = g.ranks * bmax, bags = l.K * gp_rows;
+  DLREC_CHECK(bags < (int64_t{1} << 31), "row-wise sharding: ", bags,
+              " bags in the padded global batch (int32 offsets)");
+  DLREC_CUDA_CHECK(cudaMemsetAsync(off_g, 0, sizeof(int32_t), stream));
+  if (bags == 0) return;
+  row_bag_lengths<<<blocks_for(bags), 256, 0, stream>>>(g, bmax, l, off_in, lens, src);
+  DLREC_CUDA_LAUNCH_CHECK();
+  size_t bytes = temp_bytes;
+  DLREC_CUDA_CHECK(
+      cub::DeviceScan::InclusiveSum(temp, bytes, lens, off_g + 1, static_cast<int>(bags), stream));
+  copy_row_keys<<<blocks_for(bags), 256, 0, stream>>>(gp_rows, l, off_g, src, keys_in, keys_g);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+void init_uniform_range(float* w, int64_t n, int64_t first, uint64_t seed, double a,
+                        cudaStream_t stream) {
+  if (n <= 0) return;
+  init_uniform_range_kernel<<<blocks_for(n), 256, 0, stream>>>(w, n, first, seed, a);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
 
 }  // namespace dlrec::model::gpu_graph::dp

@@ -39,8 +39,8 @@ void build_global_bags(const RankGeometry& g, const int32_t* off_in, const uint3
 // tables over the global batch, in the global row order one GPU has.
 void build_table_bags(const RankGeometry& g, const int32_t* tables, int64_t K,
                       const int32_t* off_in, const uint32_t* keys_in, int32_t* off_g,
-                      uint32_t* keys_g, int32_t* lens, int64_t* src, void* temp,
-                      size_t temp_bytes, cudaStream_t stream);
+                      uint32_t* keys_g, int32_t* lens, int64_t* src, void* temp, size_t temp_bytes,
+                      cudaStream_t stream);
 
 // Table-wise sharding's exchange blocks on a rank with B rows. The tables sharded table-wise in
 // "table-wise order" (by owner, then by index): position p is table table[p], owned by a rank
@@ -66,5 +66,38 @@ void scatter_pooled(const TwLayout& l, int64_t B, const T* recv, T* out, int64_t
 template <class T>
 void gather_grads(const TwLayout& l, int64_t B, const T* grad, int64_t ld, T* send,
                   cudaStream_t stream);
+
+// Row-wise sharding (docs/DISTRIBUTED.md, "Row-wise tables on the GPUs"): table t's rows are
+// split into contiguous ranges over the GPUs, rank r holding [rows * r / N, rows * (r + 1) / N)
+// (plus one zero row, the "outside" row, that ids of other ranges are mapped to).
+inline void row_range(int64_t rows, int ranks, int rank, int64_t* lo, int64_t* hi) {
+  *lo = rows * rank / ranks;
+  *hi = rows * (rank + 1) / ranks;
+}
+
+// This rank's row-wise pieces: device array [5 * K] of int64, per piece k (k-major):
+// table, first global key of the whole table, lo, hi (its range), first local key of the piece
+// in the pieces' own key space (piece k holds local keys [local, local + hi - lo], the last one
+// the outside row).
+struct RwLayout {
+  const int64_t* info = nullptr;
+  int64_t K = 0;
+};
+
+// The row-wise tables' bags over the global batch in a padded geometry: every rank's rows at
+// r * bmax (bmax: the most rows of any rank this step), the rows past a rank's count empty, so
+// that piece k's pooled rows [n * bmax, K, dim] split into equal blocks per rank (a reduce-scatter
+// and an all-gather of equal counts). Bag k * n * bmax + r * bmax + b; its keys are the local
+// keys of this rank's piece k: an id in the range [lo, hi) maps to local + id - lo, any other id
+// to the outside row (local + hi - lo), which is zero, so it adds nothing to the sum and still
+// counts in a mean's length. lens and src ([K * n * bmax]) and temp (scan_bytes) are scratch.
+void build_row_bags(const RankGeometry& g, int64_t bmax, const RwLayout& l, const int32_t* off_in,
+                    const uint32_t* keys_in, int32_t* off_g, uint32_t* keys_g, int32_t* lens,
+                    int64_t* src, void* temp, size_t temp_bytes, cudaStream_t stream);
+
+// w[i] = the value one GPU's init_uniform gives element first + i of the whole table
+// (nn/embedding_cuda.h: float(-a + 2 a u(seed, first + i)), bit for bit): a row range's values.
+void init_uniform_range(float* w, int64_t n, int64_t first, uint64_t seed, double a,
+                        cudaStream_t stream);
 
 }  // namespace dlrec::model::gpu_graph::dp

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "model/layers/embedding_dp_cuda.h"
 #include "model/layers/graph_cuda_engine.h"
 
 namespace dlrec::model::gpu_graph {
@@ -43,7 +44,8 @@ struct TableSet {
       rows.push_back(r);
       row_base.push_back(static_cast<uint32_t>(total));
       total += static_cast<uint64_t>(r);
-      DLREC_CHECK(total < (uint64_t{1} << 32), "key 'features': more than 2^32 rows in all "
+      DLREC_CHECK(total < (uint64_t{1} << 32),
+                  "key 'features': more than 2^32 rows in all "
                   "tables of a layer together are not supported on CUDA");
     }
     while (key_bits < 32 && (uint64_t{1} << key_bits) < total) ++key_bits;
@@ -81,13 +83,38 @@ struct TableSet {
       states[t] = s;
     }
   }
-  // Deferred tables: allocates those with keep[t] (all when keep is null); the others stay
-  // unallocated, with null pointers in the kernels' arrays (only the owners' sub-sets are
-  // pooled then: EmbeddingNode's table-wise path).
+  // Row-wise sharding: this rank's piece of table t, its contiguous range [lo, hi) of rows
+  // (dp::row_range over e.dp.ranks) with the values one GPU gives those rows, plus one zero
+  // row after them (the outside row of dp::build_row_bags); the Adagrad accumulator of the
+  // piece, outside row included, at its initial value.
+  void make_piece(Engine& e, int64_t t) {
+    int64_t lo = 0, hi = 0;
+    dp::row_range(rows[t], e.dp.ranks, e.dp.rank, &lo, &hi);
+    Tensor w = Tensor::empty({hi - lo + 1, dim}, DType::F32, e.dev);
+    dp::init_uniform_range(w.data<float>(), (hi - lo) * dim, lo * dim,
+                           nn::derive_seed(seed, static_cast<uint64_t>(t)),
+                           std::sqrt(1.0 / static_cast<double>(rows[t])), e.st);
+    DLREC_CUDA_CHECK(
+        cudaMemsetAsync(w.data<float>() + (hi - lo) * dim, 0, sizeof(float) * dim, e.st));
+    tables[t] = w;
+    if (e.emb_adagrad) {
+      Tensor s = Tensor::empty({hi - lo + 1, dim}, DType::F32, e.dev);
+      ce::fill(s.data<float>(), s.numel(), e.emb_init_acc, e.st);
+      states[t] = s;
+    }
+  }
+  // Deferred tables: allocates those with keep[t] (all when keep is null): 1 the whole table,
+  // 2 this rank's row-wise piece (make_piece); the others stay unallocated, with null pointers
+  // in the kernels' arrays (only the owners' sub-sets are pooled then: EmbeddingNode's sharded
+  // paths).
   void materialize(Engine& e, const std::vector<char>* keep) {
     if (materialized) return;
-    for (size_t t = 0; t < tables.size(); ++t)
-      if (!keep || (*keep)[t]) make(e, static_cast<int64_t>(t));
+    for (size_t t = 0; t < tables.size(); ++t) {
+      if (keep && (*keep)[t] == 2)
+        make_piece(e, static_cast<int64_t>(t));
+      else if (!keep || (*keep)[t])
+        make(e, static_cast<int64_t>(t));
+    }
     upload_pointers(e);
     materialized = true;
   }
@@ -118,18 +145,20 @@ struct TableSet {
   // The fused de-duplicated update from dL/dpooled [B, T, dim] (f32), embedding optimizer.
   void update(Engine& e, bool mean, const float* dpooled) {
     ce::backward_update(tab, e.offsets, e.keys, e.B, e.nnz, mean, dpooled,
-                        e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD, e.lr + 1,
-                        e.emb_eps, key_bits, scratch, e.st, e.gscale);
+                        e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD, e.lr + 1, e.emb_eps,
+                        key_bits, scratch, e.st, e.gscale);
   }
   // The same in two halves: the id work of the step's batch (sort by row, runs), then the
   // update from dL/dpooled (f32, bf16 or f16, rows ld apart). Both read Engine::gscale (fp16
   // loss scaling; null otherwise).
-  void ids(Engine& e) { ce::backward_ids(tab, e.offsets, e.keys, e.B, e.nnz, key_bits, scratch, e.st); }
+  void ids(Engine& e) {
+    ce::backward_ids(tab, e.offsets, e.keys, e.B, e.nnz, key_bits, scratch, e.st);
+  }
   template <class G>
   void apply(Engine& e, bool mean, const G* dpooled, int64_t ld) {
     ce::backward_apply(tab, e.offsets, e.B, e.nnz, mean, dpooled, ld,
-                       e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD, e.lr + 1,
-                       e.emb_eps, scratch, e.st, e.gscale);
+                       e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD, e.lr + 1, e.emb_eps,
+                       scratch, e.st, e.gscale);
   }
   void collect(const std::string& name, std::vector<NamedState>& out) {
     for (size_t t = 0; t < tables.size(); ++t)
