@@ -17,6 +17,7 @@
 #   bench/compress_accuracy.sh --data ETL_DIR --config MODEL.json --work DIR
 #       [--ft-steps 300] [--ft-lr 0.002] [--alpha 0.5] [--temperature 1]
 #       [--variants dense,ptq,control,24,qat,qat_distill,24_qat_distill,tables]
+#       [--calibrations "max percentile:99.9 percentile:99.99 percentile:99.999 entropy"]
 #       [--seed N] [--bin build/bin/dlrec] [--keep]
 # MODEL.json: a full training config (model, optimizer, train). ETL_DIR: `dlrec etl` output with a
 # validation split. "dense" always runs first (or is reused if WORK/dense/checkpoint.dlrec and
@@ -26,6 +27,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 BIN=$here/build/bin/dlrec
 data="" config="" work="" ft_steps=300 ft_lr=0.002 alpha=0.5 temperature=1 seed=""
 variants="dense,ptq,control,24,qat,qat_distill,24_qat_distill,tables" keep=0
+calibrations="max percentile:99.9 percentile:99.99 percentile:99.999 entropy"
 while [ $# -gt 0 ]; do
   case "$1" in
     --data) data=$2; shift 2 ;;
@@ -38,6 +40,7 @@ while [ $# -gt 0 ]; do
     --variants) variants=$2; shift 2 ;;
     --seed) seed=$2; shift 2 ;;
     --bin) BIN=$2; shift 2 ;;
+    --calibrations) calibrations=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
@@ -98,7 +101,7 @@ steps_per_epoch=$(( (dense_steps + dense_epochs - 1) / dense_epochs ))
 log "dense: $dense_steps steps ($dense_epochs epochs), AUC $dense_auc"
 
 if has ptq; then
-  for calib in max percentile:99.9 percentile:99.99 percentile:99.999 entropy; do
+  for calib in $calibrations; do
     name=${calib%%:*} args=(--calibration "${calib%%:*}")
     [ "$name" = percentile ] && { args+=(--percentile "${calib#*:}"); name="percentile_${calib#*:}"; }
     "$BIN" compress --run "$work/dense" --out "$work/ptq_$name" --quantize "${args[@]}" \
