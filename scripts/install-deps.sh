@@ -10,15 +10,13 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update
 $SUDO apt-get install -y --no-install-recommends \
   build-essential cmake make pkg-config git \
-  nlohmann-json3-dev libcli11-dev libopenblas-dev libopenblas0-serial \
+  nlohmann-json3-dev libcli11-dev libopenblas-dev \
   libgtest-dev libgmock-dev libsnappy-dev libzstd-dev zlib1g-dev liblz4-dev libbrotli-dev \
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libcpp-httplib-dev \
   clang-14 libclang-rt-14-dev \
   openmpi-bin libopenmpi-dev procps \
   librocksdb-dev redis-server libhiredis-dev \
   pybind11-dev python3-dev
-# libopenblas0-serial (OpenBLAS 0.3.21, Debian 12): the single-threaded OpenBLAS dlrec links
-# (cmake/Dependencies.cmake says why); libopenblas-dev supplies cblas.h.
 # pybind11-dev (2.10.3 in Debian 12) and python3-dev (Python's headers) build the Python
 # package's extension module (python/, docs/PYTHON.md) in the normal build and in `pip install .`.
 # openmpi-bin libopenmpi-dev: Open MPI 4.1 (Debian 12) for training across processes (mpirun,
