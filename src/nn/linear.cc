@@ -22,9 +22,18 @@ int64_t check_matrix(const Tensor& t, int64_t cols, const char* what) {
   return t.dim(0);
 }
 
+// The pthreads build of OpenBLAS starts one worker per core when the library loads, and each
+// worker spins (about 2^28 cycles) before it sleeps: on a 64-core host that is ~7 CPU seconds
+// of every process, an ETL run included. dlrec never lets OpenBLAS thread (see the header), so
+// the pool is joined here. Declared weak: a serial OpenBLAS has no pool and no such symbol.
+extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
+
 void use_single_threaded_blas() {
   static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
+  std::call_once(once, [] {
+    openblas_set_num_threads(1);  // one thread per call: the pool is never woken again
+    if (blas_thread_shutdown_ != nullptr) blas_thread_shutdown_();
+  });
 }
 
 namespace {

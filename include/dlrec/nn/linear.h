@@ -69,7 +69,8 @@ class Linear {
 // Layers split their GEMMs into row blocks themselves and run them on dlrec's thread pool, one
 // single-threaded OpenBLAS call per block: one pool (set_num_threads, the CLI's --threads) does all
 // the work, and no idle BLAS threads spin while our own loops run. This sets OpenBLAS to one
-// thread (once, process-wide); layers call it before their first GEMM.
+// thread (once, process-wide) and joins the pthreads OpenBLAS's worker pool, whose threads
+// would otherwise spin at load; the CLI calls it first thing, layers before their first GEMM.
 void use_single_threaded_blas();
 
 }  // namespace dlrec::nn
