@@ -92,6 +92,7 @@ StoreConfig StoreConfig::from_json(const json& j, const std::string& base_dir,
                 ")");
     c.redis_partitions = d.get_int_range("partitions", c.redis_partitions, 1, 16384);
     c.redis_timeout_ms = d.get_int_range("timeout_ms", c.redis_timeout_ms, 1, 600000);
+    c.redis_retry_ms = d.get_int_range("retry_ms", c.redis_retry_ms, 0, 600000);
     d.finish();
   }
   if (r.has("rocksdb")) {
@@ -164,7 +165,8 @@ json StoreConfig::to_json() const {
     j["redis"] = {{"address", redis_host + ":" + std::to_string(redis_port)},
                   {"key_prefix", redis_key_prefix},
                   {"partitions", redis_partitions},
-                  {"timeout_ms", redis_timeout_ms}};
+                  {"timeout_ms", redis_timeout_ms},
+                  {"retry_ms", redis_retry_ms}};
   if (rocksdb)
     j["rocksdb"] = {{"path", rocksdb_path}, {"block_cache_bytes", rocksdb_block_cache_bytes}};
   if (rocksdb && !rocksdb_export_id.empty()) j["rocksdb"]["export_id"] = rocksdb_export_id;

@@ -5,11 +5,15 @@
 // little-endian. A lookup sends one MGET per partition, pipelined (all sent, then all replies
 // read); a fill one MSET per partition. A value of the wrong size for its table is a miss
 // (counted in stats.bad_values, logged once per table): the row is read from the tier below,
-// whose fill overwrites it. The connection is made lazily and again after an error, so a Redis
+// whose fill overwrites it. The connection is made at load and again after an error, so a Redis
 // that comes back is used again without a restart; while it is down, lookups and fills fail
-// naming the address (EmbeddingStore then asks the tier below).
+// naming the address (EmbeddingStore then asks the tier below). A Redis down at load does not
+// fail the load (the tier below holds every row): the tier starts failing and is logged. While
+// it is down, connections are tried at most once per retry_ms, so an address that does not
+// answer costs timeout_ms once per interval, not on every lookup.
 #include <sys/time.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -51,9 +55,17 @@ class RedisTier final : public Tier {
                                             : c.redis_key_prefix + "." + c.rocksdb_export_id),
         partitions_(c.redis_partitions),
         timeout_ms_(c.redis_timeout_ms),
+        retry_ms_(c.redis_retry_ms),
         bad_logged_(tables.size(), false) {
     std::lock_guard<std::mutex> lock(mu_);
-    connect();  // a wrong address is a load error; later outages are lookup errors
+    try {
+      connect();
+    } catch (const Error& e) {  // an outage at load: served from the tiers below meanwhile
+      stats.failing = 1;
+      std::fprintf(stderr,
+                   "dlrec store: %s (at load; the redis tier is passed over until it answers)\n",
+                   e.what());
+    }
   }
   ~RedisTier() override {
     if (ctx_) redisFree(ctx_);
@@ -142,19 +154,29 @@ class RedisTier final : public Tier {
       parts[mix((uint64_t(table) << 48) ^ uint64_t(ids[i])) % parts.size()].push_back(i);
     return parts;
   }
-  // Connects unless connected; true when it made a new connection.
+  // Connects unless connected; true when it made a new connection. After a failed attempt the
+  // next one waits retry_ms; a call before that fails at once with the last error.
   bool connect() {
     if (ctx_ && !ctx_->err) return false;
     if (ctx_) redisFree(ctx_);
+    ctx_ = nullptr;
+    const auto now = std::chrono::steady_clock::now();
+    if (!last_error_.empty() && now < retry_at_) {
+      const auto wait =
+          std::chrono::duration_cast<std::chrono::milliseconds>(retry_at_ - now).count();
+      fail(where(), ": cannot connect: ", last_error_, " (next attempt in ", wait, " ms)");
+    }
     timeval tv{timeout_ms_ / 1000, static_cast<suseconds_t>((timeout_ms_ % 1000) * 1000)};
     ctx_ = redisConnectWithTimeout(host_.c_str(), port_, tv);
     DLREC_CHECK(ctx_ != nullptr, where(), ": cannot allocate a connection");
     if (ctx_->err) {
-      const std::string why = ctx_->errstr;
+      last_error_ = ctx_->errstr;
+      retry_at_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(retry_ms_);
       redisFree(ctx_);
       ctx_ = nullptr;
-      fail(where(), ": cannot connect: ", why);
+      fail(where(), ": cannot connect: ", last_error_);
     }
+    last_error_.clear();
     redisSetTimeout(ctx_, tv);
     return true;
   }
@@ -169,8 +191,8 @@ class RedisTier final : public Tier {
         fn();
         return;
       } catch (...) {
-        const bool io_error = ctx_->err != 0;
-        redisFree(ctx_);
+        const bool io_error = ctx_ != nullptr && ctx_->err != 0;
+        if (ctx_) redisFree(ctx_);
         ctx_ = nullptr;
         if (io_error && !fresh && attempt == 0) continue;
         throw;
@@ -207,9 +229,11 @@ class RedisTier final : public Tier {
   std::string host_;
   int port_;
   std::string prefix_;
-  int64_t partitions_, timeout_ms_;
-  std::vector<bool> bad_logged_;  // per table: a bad value was logged (under mu_)
-  std::mutex mu_;                 // one connection, one request at a time
+  int64_t partitions_, timeout_ms_, retry_ms_;
+  std::string last_error_;  // of the last failed connection attempt, until one succeeds
+  std::chrono::steady_clock::time_point retry_at_;  // no attempt before this after a failure
+  std::vector<bool> bad_logged_;                    // per table: a bad value was logged (under mu_)
+  std::mutex mu_;                                   // one connection, one request at a time
   redisContext* ctx_ = nullptr;
 };
 

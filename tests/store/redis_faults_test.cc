@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "dlrec/store/embedding_store.h"
 #include "store/redis_server.h"
@@ -78,8 +79,9 @@ struct RedisFixture {
   // The store config: `host` adds a host tier; one partition, so that keys are
   // "f{0}:<table>:<id>".
   store::StoreConfig config(bool host) const {
-    json j = {{"redis", {{"address", address}, {"key_prefix", "f"}, {"partitions", 1}}},
-              {"rocksdb", {{"path", "db"}}}};
+    json j = {
+        {"redis", {{"address", address}, {"key_prefix", "f"}, {"partitions", 1}, {"retry_ms", 0}}},
+        {"rocksdb", {{"path", "db"}}}};
     if (host) j["host"] = {{"bytes", 4096}, {"shards", 1}};
     return store::StoreConfig::from_json(j, dir.path, "test");
   }
@@ -214,6 +216,63 @@ TEST(RedisFaults, DuringAnOutageOnlyRowsNoRemainingTierHoldsFail) {
                 "a tier above was passed over: redis tier " + f.address, "cannot connect"});
   ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(s.tiers()[0]->stats.failures, 2);
+}
+
+// While Redis is down, connections are tried at most once per retry_ms: a lookup inside the
+// interval passes the tier over without a connection attempt (its error says when the next one
+// is), and the first lookup after it reconnects.
+TEST(RedisFaults, ReconnectsAtMostOncePerRetryInterval) {
+  REDIS_FIXTURE(f);
+  const int port = f.server->port();
+  json j = {{"redis",
+             {{"address", f.address}, {"key_prefix", "f"}, {"partitions", 1}, {"retry_ms", 60000}}},
+            {"rocksdb", {{"path", "db"}}}};
+  auto s = store::EmbeddingStore::open(store::StoreConfig::from_json(j, f.dir.path, "test"),
+                                       kFaultTables);
+  const store::TierStats& redis = s->tiers()[0]->stats;
+  check_rows(*s, 0, {1});
+  f.server->stop();
+  ::testing::internal::CaptureStderr();
+  check_rows(*s, 0, {2});  // the connection is lost; one attempt fails
+  EXPECT_EQ(redis.failures, 1);
+  f.server = std::make_unique<RedisServer>(dlrec::testing::find_redis_server(), port, f.dir.path);
+  ASSERT_TRUE(f.server->up());
+  // Up again, but inside the 60 s interval: no attempt, still passed over, and the error says so.
+  std::unique_ptr<store::Tier> alone = store::open_redis_tier(kFaultTables, f.config(false));
+  std::vector<float> out(8);
+  std::vector<uint8_t> found(1, 0);
+  const int64_t id = 3;
+  check_rows(*s, 0, {3});
+  EXPECT_EQ(redis.failures, 2);
+  EXPECT_EQ(redis.failing, 1);
+  ::testing::internal::GetCapturedStderr();
+  alone->lookup(0, &id, 1, out.data(), found.data());  // retry_ms 0: connects at once
+  EXPECT_EQ(found[0], 0);  // Redis is empty after the restart (volatile)
+
+  // retry_ms 100: after the interval the next lookup connects again.
+  j["redis"]["retry_ms"] = 100;
+  auto q = store::EmbeddingStore::open(store::StoreConfig::from_json(j, f.dir.path, "test"),
+                                       kFaultTables);
+  f.server->stop();
+  ::testing::internal::CaptureStderr();
+  check_rows(*q, 0, {4});
+  std::vector<float> row(8);
+  const int64_t four = 4;
+  store::Tier& qr = *q->tiers()[0];
+  try {
+    qr.lookup(0, &four, 1, row.data(), found.data());
+    ADD_FAILURE() << "a lookup inside the retry interval reached Redis";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("next attempt in"), std::string::npos) << e.what();
+  }
+  f.server = std::make_unique<RedisServer>(dlrec::testing::find_redis_server(), port, f.dir.path);
+  ASSERT_TRUE(f.server->up());
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  check_rows(*q, 0, {5});
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(qr.stats.failing, 0) << log;
+  EXPECT_NE(log.find("the redis tier answers again"), std::string::npos) << log;
+  EXPECT_EQ(redis_command(port, {"EXISTS", "f{0}:0:5"}), "1");
 }
 
 // The test scaffolding (redis_server.h): a port taken by another process between its pick and

@@ -14,8 +14,8 @@
 #include "test_files.h"
 
 using namespace dlrec;
-using dlrec::testing::expect_error;
 using dlrec::testing::ArrayTier;
+using dlrec::testing::expect_error;
 using dlrec::testing::TempDir;
 using dlrec::testing::value_of;
 namespace fs = std::filesystem;
@@ -217,6 +217,14 @@ TEST(StoreConfig, RefusesBadSections) {
   expect_error([&] { parse(R"({"rocksdb": {}})"); }, {"rocksdb.path", "required"});
   expect_error([&] { parse(R"({"rocksdb": {"path": "x"}, "staging_rows": 0})"); },
                {"staging_rows"});
+  expect_error(
+      [&] { parse(R"({"redis": {"address": "h:1", "retry_ms": -1}, "rocksdb": {"path": "x"}})"); },
+      {"embedding_store.redis.retry_ms"});
+  expect_error(
+      [&] {
+        parse(R"({"redis": {"address": "h:1", "retry_ms": "soon"}, "rocksdb": {"path": "x"}})");
+      },
+      {"embedding_store.redis.retry_ms"});
   const auto c =
       store::StoreConfig::from_json(json::parse(R"({"rocksdb": {"path": "db"}})"), "/m", "x");
   EXPECT_EQ(c.rocksdb_path, "/m/db");

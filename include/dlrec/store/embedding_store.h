@@ -53,6 +53,9 @@ struct StoreConfig {
   std::string redis_key_prefix = "dlrec";
   int64_t redis_partitions = 16;
   int64_t redis_timeout_ms = 1000;
+  // While Redis is unreachable: at most one connection attempt per retry_ms; lookups in between
+  // pass the tier over at once (0: every lookup tries).
+  int64_t redis_retry_ms = 200;
   bool rocksdb = false;
   std::string rocksdb_path;
   int64_t rocksdb_block_cache_bytes = int64_t{8} << 20;
