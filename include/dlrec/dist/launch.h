@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dlrec/dist/communicator.h"
+#include "dlrec/dist/topology.h"
 
 namespace dlrec::dist {
 
@@ -22,12 +23,14 @@ struct JobRequest {
   std::string option;     // the option that asked for the size: "--processes"
   std::string comm_kind;  // make_communicator's kind: "auto", "mpi", "single"
   CommOptions comm;       // its options (the collectives' timeout)
+  ExchangeOptions exchange;  // its nodes and all-to-all routing (--ranks-per-node, --all-to-all)
 };
 
 // Runs a command as the job `request` describes. With `launch` and no MPI launcher above this
 // process: starts `argv` (this command line) as a job of `size` processes, waits for it, and
 // returns its exit status (a failed job's is also reported on stderr). Otherwise: makes the
-// communicator, checks its size against `size` (an error naming the option), runs
+// communicator, checks its size against `size` (an error naming the option), prints the job's
+// nodes (rank 0, stderr), runs
 // `body(comm)`, finalizes MPI and returns body's status. An exception thrown in a job of
 // several ranks ends every rank (abort_job: the others may wait in a collective for this one);
 // in a single process it propagates.
