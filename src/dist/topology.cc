@@ -103,8 +103,10 @@ Topology topology_from_ranks_per_node(int size, int ranks_per_node,
 
 Topology make_topology(const ExchangeOptions& options,
                        const std::vector<std::string>& host_of_rank) {
-  DLREC_CHECK(options.ranks_per_node >= 0, "--ranks-per-node must be >= 0 (0: from the host "
-              "names), got ", options.ranks_per_node);
+  DLREC_CHECK(options.ranks_per_node >= 0,
+              "--ranks-per-node must be >= 0 (0: from the host "
+              "names), got ",
+              options.ranks_per_node);
   if (options.ranks_per_node > 0)
     return topology_from_ranks_per_node(static_cast<int>(host_of_rank.size()),
                                         options.ranks_per_node, host_of_rank);
@@ -135,8 +137,7 @@ void print_topology(const Communicator& c, std::FILE* out) {
   std::fflush(out);
 }
 
-std::unique_ptr<Communicator> make_communicator(const std::string& kind,
-                                                const CommOptions& options,
+std::unique_ptr<Communicator> make_communicator(const std::string& kind, const CommOptions& options,
                                                 const ExchangeOptions& exchange) {
   const bool mpi = kind == "mpi" || (kind == "auto" && started_by_mpi_launcher());
   if (!mpi) return make_communicator(kind, options);  // single (or an unknown kind's error)
@@ -174,8 +175,8 @@ HierarchicalPlan plan_hierarchical(const Topology& topo, int rank,
   for (int s = 0; s < n; ++s) {
     DLREC_CHECK(c(s, rank) >= 0 && recv_offsets[s] >= 0 && send_offsets[s] >= 0,
                 "dist: all_to_all_v: negative count or offset");
-    DLREC_CHECK(c(s, rank) == recv_counts[s], "dist: all_to_all_v: rank ", s, " sends ",
-                c(s, rank), " elements to rank ", rank, ", which expects ", recv_counts[s]);
+    DLREC_CHECK(c(s, rank) == recv_counts[s], "dist: all_to_all_v: rank ", s, " sends ", c(s, rank),
+                " elements to rank ", rank, ", which expects ", recv_counts[s]);
   }
   const int node = topo.node_of[rank], local = topo.local_of[rank];
   HierarchicalPlan p;

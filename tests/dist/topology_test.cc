@@ -118,8 +118,8 @@ void expect_hierarchical_matches_flat(const Topology& topo, const std::vector<in
         const ExchangeCounts& xs = intra ? plan[s].intra : plan[s].inter;
         const ExchangeCounts& xd = intra ? plan[d].intra : plan[d].inter;
         ASSERT_EQ(xs.send_counts[d], xd.recv_counts[s]) << "from " << s << " to " << d;
-        const bool allowed = intra ? topo.node_of[s] == topo.node_of[d]
-                                   : topo.local_of[s] == topo.local_of[d];
+        const bool allowed =
+            intra ? topo.node_of[s] == topo.node_of[d] : topo.local_of[s] == topo.local_of[d];
         if (!allowed) {
           EXPECT_EQ(xs.send_counts[d], 0) << (intra ? "intra" : "inter") << " " << s << "->" << d;
         }
@@ -152,8 +152,8 @@ TEST(HierarchicalPlan, MatchesTheFlatAllToAllOnRandomSizes) {
       topology_from_ranks_per_node(4, 2),
       topology_from_ranks_per_node(8, 2),
       topology_from_ranks_per_node(6, 3),
-      topology_from_ranks_per_node(6, 1),  // one rank per node: inter only
-      topology_from_ranks_per_node(4, 4),  // one node: intra only
+      topology_from_ranks_per_node(6, 1),                   // one rank per node: inter only
+      topology_from_ranks_per_node(4, 4),                   // one node: intra only
       topology_from_hosts({"b", "a", "b", "a", "b", "a"}),  // ranks interleaved over nodes
   };
   for (const Topology& t : topos)

@@ -41,10 +41,10 @@ struct ExchangeOptions {
 };
 
 struct Topology {
-  std::vector<int> node_of, local_of;            // per rank
-  std::vector<std::vector<int>> ranks_of_node;   // per node: its ranks in local order
-  std::vector<std::string> host_of_node;         // per node: a host name (first rank's)
-  std::string source = "host names";             // or "--ranks-per-node N"
+  std::vector<int> node_of, local_of;           // per rank
+  std::vector<std::vector<int>> ranks_of_node;  // per node: its ranks in local order
+  std::vector<std::string> host_of_node;        // per node: a host name (first rank's)
+  std::string source = "host names";            // or "--ranks-per-node N"
 
   int size() const { return static_cast<int>(node_of.size()); }
   int nodes() const { return static_cast<int>(ranks_of_node.size()); }
@@ -85,8 +85,7 @@ void print_topology(const Communicator& c, std::FILE* out);
 // The factories with the exchange options (communicator.h's use the defaults).
 std::unique_ptr<Communicator> make_mpi_communicator(const CommOptions& options,
                                                     const ExchangeOptions& exchange);
-std::unique_ptr<Communicator> make_communicator(const std::string& kind,
-                                                const CommOptions& options,
+std::unique_ptr<Communicator> make_communicator(const std::string& kind, const CommOptions& options,
                                                 const ExchangeOptions& exchange);
 
 // ---- The routing arithmetic of the hierarchical all-to-all (pure functions, unit-tested). ----
