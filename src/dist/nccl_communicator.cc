@@ -306,7 +306,7 @@ class NcclCommunicator final : public Communicator, public TopologyAware {
   bool aborted_ = false;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  void* scratch_ = nullptr;  // the barrier's all-reduce
+  void* scratch_ = nullptr;            // the barrier's all-reduce
   Communicator* bootstrap_ = nullptr;  // outlives this communicator (the caller's MPI one)
   Topology topology_;
   bool hierarchical_ = false;

@@ -18,11 +18,11 @@ struct JobRequest {
   int size = 0;
   // Start the job here (through launch_local_job) unless this process already is a rank of one.
   bool launch = false;
-  std::string command;    // in messages: "etl", "training"
-  std::string unit;       // "process" or "rank" (plural: + "es" / "s")
-  std::string option;     // the option that asked for the size: "--processes"
-  std::string comm_kind;  // make_communicator's kind: "auto", "mpi", "single"
-  CommOptions comm;       // its options (the collectives' timeout)
+  std::string command;       // in messages: "etl", "training"
+  std::string unit;          // "process" or "rank" (plural: + "es" / "s")
+  std::string option;        // the option that asked for the size: "--processes"
+  std::string comm_kind;     // make_communicator's kind: "auto", "mpi", "single"
+  CommOptions comm;          // its options (the collectives' timeout)
   ExchangeOptions exchange;  // its nodes and all-to-all routing (--ranks-per-node, --all-to-all)
 };
 

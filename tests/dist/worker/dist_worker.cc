@@ -13,11 +13,10 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <random>
 
 #include "dlrec/core/error.h"
 #include "dlrec/dist/communicator.h"
@@ -263,8 +262,8 @@ void nccl_hierarchical_vs_flat(const dist::CommOptions& opt) {
     RandomExchange x(r, n, 2000 + trial);
     const auto a = run(*flat, x, false);
     expect(a == run(*hier, x, false), "nccl hierarchical == flat, trial " + std::to_string(trial));
-    expect(a == run(*hier, x, true), "nccl hierarchical in a graph == flat, " +
-                                         std::to_string(trial));
+    expect(a == run(*hier, x, true),
+           "nccl hierarchical in a graph == flat, " + std::to_string(trial));
   }
   if (r == 0) dist::print_topology(*hier, stdout);
 }
