@@ -10,6 +10,7 @@
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/dist/communicator.h"
 #include "dlrec/dist/planner.h"
+#include "dlrec/dist/topology.h"
 #include "dlrec/io/shard.h"
 #include "dlrec/io/synthetic_batch.h"
 #include "dlrec/model/model.h"
@@ -29,6 +30,8 @@ struct TrainBenchOptions {
   double lr = -1;
   int steps = 30, warmup = 5, distinct = 8, gpus = 0;
   double comm_timeout = 300;
+  int ranks_per_node = 0;           // --ranks-per-node (dist/topology.h)
+  std::string all_to_all = "auto";  // --all-to-all
   int64_t max_rows = -1;
   bool tf32 = false, reader_only = false;
   std::string precision = "fp32";
@@ -133,7 +136,11 @@ int run_train_bench(const TrainBenchOptions& o) {
     DLREC_CHECK(shards.empty(), "bench train --gpus: in-memory batches only (drop --data)");
     dist::CommOptions co;
     co.timeout_seconds = o.comm_timeout;
-    host = dist::make_mpi_communicator(co);
+    dist::ExchangeOptions xo;
+    xo.ranks_per_node = o.ranks_per_node;
+    xo.all_to_all = dist::parse_all_to_all(o.all_to_all);
+    host = dist::make_mpi_communicator(co, xo);
+    dist::print_topology(*host, stderr);
     DLREC_CHECK(host->size() == o.gpus, "bench train: this job has ", host->size(),
                 " ranks but --gpus ", o.gpus);
     rank = host->rank();
@@ -259,6 +266,12 @@ Runner add_bench(CLI::App& app) {
   t->add_option("--comm-timeout", o->comm_timeout,
                 "With --gpus: seconds a collective may wait for the other ranks")
       ->check(CLI::PositiveNumber);
+  t->add_option("--ranks-per-node", o->ranks_per_node,
+                "With --gpus: declare nodes of N consecutive ranks (0: from the host names)")
+      ->check(CLI::NonNegativeNumber);
+  t->add_option("--all-to-all", o->all_to_all,
+                "With --gpus: all-to-all routing: auto, flat, hierarchical")
+      ->check(CLI::IsMember({"auto", "flat", "hierarchical"}));
   Runner train = [o] {
     if (o->gpus > 0 && !dist::started_by_mpi_launcher())
       return dist::launch_local_job(o->gpus, own_command_line());

@@ -24,6 +24,8 @@ struct TrainArgs {
   int rank = -1, ranks = 0, gpus = 0;
   std::string comm = "auto", metrics_log;
   double comm_timeout = 300;
+  int ranks_per_node = 0;
+  std::string all_to_all = "auto";
 };
 
 model::RunConfig apply(const TrainArgs& a) {
@@ -94,6 +96,14 @@ Runner add_train(CLI::App& app) {
                 "Seconds a collective may wait for the other ranks before the job ends with an "
                 "error naming them")
       ->check(CLI::PositiveNumber);
+  c->add_option("--ranks-per-node", a->ranks_per_node,
+                "Declare nodes of N consecutive ranks (e.g. to test the inter-node path on one "
+                "host); 0 (default): nodes from the ranks' host names")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--all-to-all", a->all_to_all,
+                "Routing of the all-to-all exchanges: auto (hierarchical when the ranks span "
+                "nodes), flat, hierarchical (intra-node, then inter-node)")
+      ->check(CLI::IsMember({"auto", "flat", "hierarchical"}));
   c->add_option("--metrics-log", a->metrics_log,
                 "Append a JSON line per logged step (loss) and for the final evaluation here");
   return [a]() -> int {
@@ -108,6 +118,8 @@ Runner add_train(CLI::App& app) {
     request.option = a->gpus > 0 ? "--gpus" : "--ranks";
     request.comm_kind = a->comm;
     request.comm.timeout_seconds = a->comm_timeout;
+    request.exchange.ranks_per_node = a->ranks_per_node;
+    request.exchange.all_to_all = dist::parse_all_to_all(a->all_to_all);
     return dist::run_job(request, own_command_line(),
                          [a](dist::Communicator& comm) { return run_train(*a, &comm); });
   };

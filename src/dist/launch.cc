@@ -75,11 +75,12 @@ int run_job(const JobRequest& request, const std::vector<std::string>& argv,
   }
   std::unique_ptr<Communicator> comm;
   try {
-    comm = make_communicator(request.comm_kind, request.comm);
+    comm = make_communicator(request.comm_kind, request.comm, request.exchange);
     if (request.size > 0 && comm->size() != request.size)
       fail("this job has ", count_of(comm->size(), request.unit), " but the command asks for ",
            request.size, " (", request.option, " ", request.size, "); start it with mpirun -np ",
            request.size, " or drop the option");
+    print_topology(*comm, stderr);
     const int rc = body(*comm);
     comm.reset();
     finalize();

@@ -17,9 +17,13 @@
 
 #include "dlrec/core/error.h"
 #include "dlrec/dist/communicator.h"
+#include "dlrec/dist/topology.h"
 
 #ifdef DLREC_WITH_MPI
 #include <mpi.h>
+#include <unistd.h>
+
+#include <cstring>
 #endif
 
 namespace dlrec::dist {
@@ -41,7 +45,10 @@ bool started_by_mpi_launcher() {
 
 #ifndef DLREC_WITH_MPI
 
-std::unique_ptr<Communicator> make_mpi_communicator(const CommOptions&) {
+std::unique_ptr<Communicator> make_mpi_communicator(const CommOptions& options) {
+  return make_mpi_communicator(options, ExchangeOptions{});
+}
+std::unique_ptr<Communicator> make_mpi_communicator(const CommOptions&, const ExchangeOptions&) {
   fail(
       "this build of dlrec has no MPI: install Open MPI (Debian: openmpi-bin libopenmpi-dev) and "
       "rebuild, or train as a single process");
@@ -136,9 +143,9 @@ int to_int(int64_t v, const char* op, const char* what) {
 
 constexpr int kNoticeTag = 7001;
 
-class MpiCommunicator final : public Communicator {
+class MpiCommunicator final : public Communicator, public TopologyAware {
  public:
-  explicit MpiCommunicator(const CommOptions& opt) : opt_(opt) {
+  MpiCommunicator(const CommOptions& opt, const ExchangeOptions& exchange) : opt_(opt) {
     check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup", -1);
     check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &notice_comm_), "MPI_Comm_dup", -1);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
@@ -147,6 +154,8 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_size(comm_, &size_);
     seen_seq_.assign(size_, 0);
     seen_op_.assign(size_, 0);
+    topology_ = make_topology(exchange, gather_host_names());
+    hierarchical_ = use_hierarchical(topology_, exchange.all_to_all);
   }
   ~MpiCommunicator() override {
     int finalized = 0;
@@ -164,6 +173,8 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   const char* kind() const override { return "mpi"; }
   Device device() const override { return Device::cpu(); }
+  const Topology& topology() const override { return topology_; }
+  bool hierarchical() const override { return hierarchical_; }
 
   void all_reduce(void* buf, int64_t count, Elem type, ReduceOp op) override {
     DLREC_CHECK(count >= 0, "dist: all_reduce of ", count, " elements");
@@ -224,6 +235,33 @@ class MpiCommunicator final : public Communicator {
                     const std::vector<int64_t>& send_offsets, void* recv,
                     const std::vector<int64_t>& recv_counts,
                     const std::vector<int64_t>& recv_offsets, Elem type) override {
+    if (!hierarchical_) {
+      flat_all_to_all_v(send, send_counts, send_offsets, recv, recv_counts, recv_offsets, type);
+      return;
+    }
+    // Every rank's send counts (one all-gather), so that each can route the messages it relays.
+    const size_t n = size_;
+    DLREC_CHECK(send_counts.size() == n, "dist: all_to_all_v needs ", n,
+                " send counts (one per rank), got ", send_counts.size());
+    std::vector<int64_t> counts(n * n);
+    all_gather(send_counts.data(), counts.data(), size_, Elem::I64);
+    const HierarchicalPlan plan =
+        plan_hierarchical(topology_, rank_, counts, send_offsets, recv_counts, recv_offsets);
+    const size_t es = elem_size(type);
+    work_.resize((plan.stage_elems + 2 * plan.relay_elems) * es);
+    run_hierarchical(
+        plan, send, recv, work_.data(), es,
+        [](void* dst, const void* src, int64_t bytes) { std::memcpy(dst, src, bytes); },
+        [&](const void* s, const ExchangeCounts& x, void* r) {
+          flat_all_to_all_v(s, x.send_counts, x.send_offsets, r, x.recv_counts, x.recv_offsets,
+                            type);
+        });
+  }
+
+  void flat_all_to_all_v(const void* send, const std::vector<int64_t>& send_counts,
+                         const std::vector<int64_t>& send_offsets, void* recv,
+                         const std::vector<int64_t>& recv_counts,
+                         const std::vector<int64_t>& recv_offsets, Elem type) {
     const size_t n = size_;
     DLREC_CHECK(send_counts.size() == n && send_offsets.size() == n && recv_counts.size() == n &&
                     recv_offsets.size() == n,
@@ -254,6 +292,19 @@ class MpiCommunicator final : public Communicator {
 
  private:
   void check(int rc, const char* call) { check_mpi(rc, call, rank_); }
+
+  // Every rank's host name, in rank order (once, when the communicator is made).
+  std::vector<std::string> gather_host_names() {
+    constexpr int kLen = 256;
+    char mine[kLen] = {};
+    gethostname(mine, kLen - 1);
+    std::vector<char> all(static_cast<size_t>(kLen) * size_);
+    check(MPI_Allgather(mine, kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, comm_),
+          "MPI_Allgather (host names)");
+    std::vector<std::string> hosts;
+    for (int r = 0; r < size_; ++r) hosts.emplace_back(all.data() + static_cast<size_t>(r) * kLen);
+    return hosts;
+  }
 
   // Tells every other rank that this one entered collective `seq_` (op).
   void announce(int64_t op) {
@@ -345,6 +396,9 @@ class MpiCommunicator final : public Communicator {
   int64_t seq_ = 0;
   std::vector<int64_t> seen_seq_, seen_op_;
   std::list<Notice> pending_;  // list: the buffers must not move while a send is in flight
+  Topology topology_;
+  bool hierarchical_ = false;
+  std::vector<char> work_;  // the hierarchical all-to-all's staging
 };
 
 void init_mpi() {
@@ -367,10 +421,15 @@ bool mpi_running() {
 }  // namespace
 
 std::unique_ptr<Communicator> make_mpi_communicator(const CommOptions& options) {
+  return make_mpi_communicator(options, ExchangeOptions{});
+}
+
+std::unique_ptr<Communicator> make_mpi_communicator(const CommOptions& options,
+                                                    const ExchangeOptions& exchange) {
   DLREC_CHECK(options.timeout_seconds > 0, "dist: the collective timeout must be > 0 seconds, got ",
               options.timeout_seconds);
   init_mpi();
-  return std::make_unique<MpiCommunicator>(options);
+  return std::make_unique<MpiCommunicator>(options, exchange);
 }
 
 int mpi_local_rank() {

@@ -13,11 +13,13 @@
 // call by the caller (an event, or writing them on stream()).
 #include "dlrec/core/error.h"
 #include "dlrec/dist/communicator.h"
+#include "dlrec/dist/topology.h"
 
 #ifdef DLREC_WITH_NCCL
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 #endif
@@ -77,12 +79,23 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 
 using Clock = std::chrono::steady_clock;
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public Communicator, public TopologyAware {
  public:
   NcclCommunicator(Communicator& bootstrap, int device, const CommOptions& opt)
-      : opt_(opt), device_(device), rank_(bootstrap.rank()), size_(bootstrap.size()) {
+      : opt_(opt),
+        device_(device),
+        rank_(bootstrap.rank()),
+        size_(bootstrap.size()),
+        bootstrap_(&bootstrap) {
     DLREC_CHECK(!bootstrap.device().is_cuda(),
                 "dist (nccl): the bootstrap communicator must be a host one (MPI)");
+    // The nodes and the all-to-all's routing are the bootstrap's (the processes are its ranks).
+    if (const TopologyAware* t = topology_of(bootstrap)) {
+      topology_ = t->topology();
+      hierarchical_ = t->hierarchical();
+    } else {
+      topology_ = topology_from_hosts(std::vector<std::string>(size_, ""));
+    }
     int count = 0;
     check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
     DLREC_CHECK(device >= 0 && device < count, "dist (nccl): rank ", rank_, " asks for GPU ",
@@ -112,6 +125,7 @@ class NcclCommunicator final : public Communicator {
       }
     }
     if (scratch_) cudaFree(scratch_);
+    for (void* w : work_) cudaFree(w);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -120,6 +134,8 @@ class NcclCommunicator final : public Communicator {
   const char* kind() const override { return "nccl"; }
   Device device() const override { return Device::cuda(device_); }
   void* stream() const override { return stream_; }
+  const Topology& topology() const override { return topology_; }
+  bool hierarchical() const override { return hierarchical_; }
 
   void all_reduce(void* buf, int64_t count, Elem type, ReduceOp op) override {
     DLREC_CHECK(count >= 0, "dist (nccl): all_reduce of ", count, " elements");
@@ -147,6 +163,39 @@ class NcclCommunicator final : public Communicator {
                     const std::vector<int64_t>& send_offsets, void* recv,
                     const std::vector<int64_t>& recv_counts,
                     const std::vector<int64_t>& recv_offsets, Elem type) override {
+    if (!hierarchical_) {
+      flat_all_to_all_v(send, send_counts, send_offsets, recv, recv_counts, recv_offsets, type);
+      return;
+    }
+    // Every rank's send counts over the bootstrap (host; counts are host values, also while the
+    // stream is captured), so that each rank can route the messages it relays.
+    const size_t n = size_;
+    DLREC_CHECK(send_counts.size() == n, "dist (nccl): all_to_all_v needs ", n,
+                " send counts (one per rank), got ", send_counts.size());
+    std::vector<int64_t> counts(n * n);
+    bootstrap_->all_gather(send_counts.data(), counts.data(), size_, Elem::I64);
+    const HierarchicalPlan plan =
+        plan_hierarchical(topology_, rank_, counts, send_offsets, recv_counts, recv_offsets);
+    const size_t es = elem_size(type);
+    void* work = workspace((plan.stage_elems + 2 * plan.relay_elems) * es);
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    run_hierarchical(
+        plan, send, recv, work, es,
+        [&](void* dst, const void* src, int64_t bytes) {
+          check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_),
+                     "cudaMemcpyAsync (hierarchical all_to_all_v)");
+        },
+        [&](const void* s, const ExchangeCounts& x, void* r) {
+          flat_all_to_all_v(s, x.send_counts, x.send_offsets, r, x.recv_counts, x.recv_offsets,
+                            type);
+        });
+    wait_stream("all_to_all_v (hierarchical: unpack)");  // the last copies
+  }
+
+  void flat_all_to_all_v(const void* send, const std::vector<int64_t>& send_counts,
+                         const std::vector<int64_t>& send_offsets, void* recv,
+                         const std::vector<int64_t>& recv_counts,
+                         const std::vector<int64_t>& recv_offsets, Elem type) {
     const size_t n = size_;
     DLREC_CHECK(send_counts.size() == n && send_offsets.size() == n && recv_counts.size() == n &&
                     recv_offsets.size() == n,
@@ -199,6 +248,12 @@ class NcclCommunicator final : public Communicator {
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
     check(enqueue(), op);
     wait_comm_ready(op);
+    wait_stream(op);
+  }
+
+  // Outside stream capture: returns when the work queued on stream() is done (with the
+  // deadline). While the stream is captured: returns at once (the work is in the graph).
+  void wait_stream(const char* op) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     check_cuda(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
     if (capture != cudaStreamCaptureStatusNone) return;  // recorded into the graph
@@ -214,6 +269,25 @@ class NcclCommunicator final : public Communicator {
       if (Clock::now() > deadline) timed_out(op);
       if (polls > 4096) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
+  }
+
+  // A device buffer of at least `bytes` for the hierarchical all-to-all. Buffers are never
+  // freed while the communicator lives: a captured CUDA graph may still use an older one.
+  void* workspace(size_t bytes) {
+    if (bytes <= work_bytes_ && !work_.empty()) return work_.back();
+    const size_t want = std::max<size_t>({bytes, work_bytes_ * 2, 1 << 20});
+    void* p = nullptr;
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    // The first call may come while a step's graph is being captured: allocate in relaxed
+    // capture mode (an allocation is not part of the graph).
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
+    const cudaError_t e = cudaMalloc(&p, want);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    check_cuda(e, "cudaMalloc (hierarchical all_to_all_v staging)");
+    work_.push_back(p);
+    work_bytes_ = want;
+    return p;
   }
 
   [[noreturn]] void timed_out(const char* op) {
@@ -232,7 +306,12 @@ class NcclCommunicator final : public Communicator {
   bool aborted_ = false;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  void* scratch_ = nullptr;  // the barrier's all-reduce
+  void* scratch_ = nullptr;            // the barrier's all-reduce
+  Communicator* bootstrap_ = nullptr;  // outlives this communicator (the caller's MPI one)
+  Topology topology_;
+  bool hierarchical_ = false;
+  std::vector<void*> work_;  // staging of the hierarchical all-to-all; the last is the largest
+  size_t work_bytes_ = 0;
 };
 
 }  // namespace

@@ -4,6 +4,8 @@
 //   dist_worker timeout             rank 1 arrives 4 s late; the others time out after 1 s
 //   dist_worker die                 rank 1 is killed (SIGKILL) before the first collective
 //   dist_worker nccl                the NCCL communicator on GPU <local rank> (GPU hosts)
+//   dist_worker hier                hierarchical all_to_all_v (2 declared nodes) == flat, MPI
+//   dist_worker nccl-hier           the same on NCCL, directly and replayed from a CUDA graph
 #include <signal.h>
 #include <unistd.h>
 
@@ -11,12 +13,18 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "dlrec/core/error.h"
 #include "dlrec/dist/communicator.h"
+#include "dlrec/dist/topology.h"
+
+#ifdef DLREC_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
 
 using namespace dlrec;
 
@@ -143,6 +151,124 @@ void nccl_collectives(dist::Communicator& boot) {
   c->barrier();
 }
 
+// One random all_to_all_v of the same sizes on every rank (the counts matrix comes from a seed
+// all ranks share; the bytes from one per rank): send layout, recv layout with gaps.
+struct RandomExchange {
+  dist::Elem type;
+  std::vector<int64_t> sc, so, rc, ro;
+  std::vector<uint8_t> send;
+  size_t recv_bytes = 0;
+  RandomExchange(int rank, int n, uint32_t seed) {
+    std::mt19937 shared(seed), mine(seed * 7919 + rank);
+    const dist::Elem types[] = {dist::Elem::U8, dist::Elem::I32, dist::Elem::I64, dist::Elem::F32,
+                                dist::Elem::BF16};
+    type = types[shared() % 5];
+    const size_t es = dist::elem_size(type);
+    std::vector<int64_t> counts(static_cast<size_t>(n) * n);
+    const int64_t big = shared() % 4 == 0 ? 5000 : 40;  // now and then larger messages
+    for (auto& c : counts) c = shared() % 3 == 0 ? 0 : shared() % big;  // a third empty
+    sc.resize(n), so.resize(n), rc.resize(n), ro.resize(n);
+    int64_t at = 0;
+    for (int d = n - 1; d >= 0; --d) {  // blocks in reverse rank order, with gaps
+      at += mine() % 3;
+      so[d] = at;
+      sc[d] = counts[static_cast<size_t>(rank) * n + d];
+      at += sc[d];
+    }
+    send.resize(at * es);
+    for (auto& b : send) b = static_cast<uint8_t>(mine());
+    at = 0;
+    for (int s = 0; s < n; ++s) {
+      at += 1 + mine() % 2;
+      ro[s] = at;
+      rc[s] = counts[static_cast<size_t>(s) * n + rank];
+      at += rc[s];
+    }
+    recv_bytes = (at + 1) * es;
+  }
+};
+
+// hier: the MPI communicator's hierarchical all_to_all_v (nodes of 2 declared ranks) against
+// the flat one, byte for byte, on random sizes (zero-length parts included).
+void hierarchical_vs_flat(const dist::CommOptions& opt) {
+  auto flat = dist::make_mpi_communicator(opt, {2, dist::AllToAll::Flat});
+  auto hier = dist::make_mpi_communicator(opt, {2, dist::AllToAll::Auto});
+  expect(dist::topology_of(*hier)->hierarchical(), "2 declared nodes: hierarchical");
+  expect(!dist::topology_of(*flat)->hierarchical(), "--all-to-all flat: flat");
+  expect(dist::topology_of(*hier)->topology().nodes() == hier->size() / 2, "node count");
+  const int r = hier->rank(), n = hier->size();
+  for (uint32_t trial = 0; trial < 40; ++trial) {
+    RandomExchange x(r, n, 1000 + trial);
+    std::vector<uint8_t> a(x.recv_bytes, 0xAB), b(x.recv_bytes, 0xAB);
+    flat->all_to_all_v(x.send.data(), x.sc, x.so, a.data(), x.rc, x.ro, x.type);
+    hier->all_to_all_v(x.send.data(), x.sc, x.so, b.data(), x.rc, x.ro, x.type);
+    expect(a == b, "hierarchical all_to_all_v == flat, trial " + std::to_string(trial));
+  }
+  // all_gather_v goes through all_to_all_v.
+  const auto counts = hier->all_gather_counts(r + 1);
+  std::vector<int32_t> part(r + 1, r), gathered(n * (n + 1) / 2);
+  hier->all_gather_v(part.data(), gathered.data(), counts, dist::Elem::I32);
+  size_t at = 0;
+  for (int s = 0; s < n; ++s)
+    for (int k = 0; k <= s; ++k) expect(gathered[at++] == s, "hierarchical all_gather_v");
+  if (r == 0) dist::print_topology(*hier, stdout);
+}
+
+#ifdef DLREC_WITH_CUDA
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail(what, ": ", cudaGetErrorString(e));
+}
+
+// nccl-hier: the same on NCCL (bootstraps with 2 declared ranks per node; GPU <local rank>),
+// and the hierarchical exchange captured into a CUDA graph and replayed on new bytes.
+void nccl_hierarchical_vs_flat(const dist::CommOptions& opt) {
+  auto boot_flat = dist::make_mpi_communicator(opt, {2, dist::AllToAll::Flat});
+  auto boot_hier = dist::make_mpi_communicator(opt, {2, dist::AllToAll::Auto});
+  const int gpu = dist::mpi_local_rank();
+  auto flat = dist::make_nccl_communicator(*boot_flat, gpu, opt);
+  auto hier = dist::make_nccl_communicator(*boot_hier, gpu, opt);
+  expect(dist::topology_of(*hier)->hierarchical(), "nccl: hierarchical from its bootstrap");
+  const int r = hier->rank(), n = hier->size();
+  auto run = [&](dist::Communicator& c, const RandomExchange& x, bool graph) {
+    void *s = nullptr, *d = nullptr;
+    check_cuda(cudaMalloc(&s, x.send.size() + 1), "cudaMalloc");
+    check_cuda(cudaMalloc(&d, x.recv_bytes), "cudaMalloc");
+    check_cuda(cudaMemset(d, 0xAB, x.recv_bytes), "cudaMemset");
+    auto stream = static_cast<cudaStream_t>(c.stream());
+    if (!graph) {
+      check_cuda(cudaMemcpy(s, x.send.data(), x.send.size(), cudaMemcpyHostToDevice), "copy");
+      c.all_to_all_v(s, x.sc, x.so, d, x.rc, x.ro, x.type);
+    } else {  // captured on zeros, replayed on the real bytes
+      check_cuda(cudaMemset(s, 0, x.send.size() + 1), "cudaMemset");
+      check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+      c.all_to_all_v(s, x.sc, x.so, d, x.rc, x.ro, x.type);
+      cudaGraph_t g;
+      check_cuda(cudaStreamEndCapture(stream, &g), "end capture");
+      cudaGraphExec_t exec;
+      check_cuda(cudaGraphInstantiate(&exec, g, 0), "instantiate");
+      check_cuda(cudaMemcpy(s, x.send.data(), x.send.size(), cudaMemcpyHostToDevice), "copy");
+      check_cuda(cudaGraphLaunch(exec, stream), "launch");
+      check_cuda(cudaStreamSynchronize(stream), "sync");
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(g);
+    }
+    std::vector<uint8_t> out(x.recv_bytes);
+    check_cuda(cudaMemcpy(out.data(), d, x.recv_bytes, cudaMemcpyDeviceToHost), "copy back");
+    cudaFree(s);
+    cudaFree(d);
+    return out;
+  };
+  for (uint32_t trial = 0; trial < 20; ++trial) {
+    RandomExchange x(r, n, 2000 + trial);
+    const auto a = run(*flat, x, false);
+    expect(a == run(*hier, x, false), "nccl hierarchical == flat, trial " + std::to_string(trial));
+    expect(a == run(*hier, x, true),
+           "nccl hierarchical in a graph == flat, " + std::to_string(trial));
+  }
+  if (r == 0) dist::print_topology(*hier, stdout);
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -166,6 +292,14 @@ int main(int argc, char** argv) {
       c->all_reduce(&x, 1);
     } else if (mode == "nccl") {
       nccl_collectives(*c);
+    } else if (mode == "hier") {
+      hierarchical_vs_flat(opt);
+    } else if (mode == "nccl-hier") {
+#ifdef DLREC_WITH_CUDA
+      nccl_hierarchical_vs_flat(opt);
+#else
+      fail("nccl-hier needs a CUDA build");
+#endif
     } else {
       fail("unknown mode '", mode, "'");
     }
