@@ -47,11 +47,12 @@ Batch random_batch(const ShardLayout& l, int64_t rows, bool zipf, uint64_t seed,
   const int64_t T = static_cast<int64_t>(l.cardinalities.size());
   DLREC_CHECK(hotness.empty() || static_cast<int64_t>(hotness.size()) == T, "random_batch: ",
               hotness.size(), " hotness values for ", T, " categorical features");
-  for (int64_t t = 0; t < static_cast<int64_t>(hotness.size()); ++t)
-    DLREC_CHECK(hotness[t] >= 1 && (hotness[t] == 1 || (t < static_cast<int64_t>(
-                                                            l.multi_hot.size()) && l.multi_hot[t])),
-                "random_batch: feature ", t, " has hotness ", hotness[t],
+  for (int64_t t = 0; t < static_cast<int64_t>(hotness.size()); ++t) {
+    const bool multi_hot = t < static_cast<int64_t>(l.multi_hot.size()) && l.multi_hot[t];
+    DLREC_CHECK(hotness[t] >= 1 && (hotness[t] == 1 || multi_hot), "random_batch: feature ", t,
+                " has hotness ", hotness[t],
                 " (must be >= 1, and above 1 only for a multi-hot feature)");
+  }
   Batch b;
   b.reset(l.num_dense, static_cast<int>(l.cardinalities.size()));
   b.rows = rows;
