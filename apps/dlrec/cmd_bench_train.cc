@@ -111,6 +111,7 @@ int run_train_bench(const TrainBenchOptions& o) {
   if (o.lr > 0) cfg.optimizer.lr = o.lr;
   const std::string precision = o.tf32 ? "tf32" : o.precision;
   io::ShardLayout layout;
+  std::vector<int> hotness;  // ids per row of each synthetic table (empty: one)
   std::vector<std::string> shards;
   if (!o.data.empty()) {
     io::DatasetInfo info = io::DatasetInfo::load(o.data);
@@ -118,11 +119,15 @@ int run_train_bench(const TrainBenchOptions& o) {
     for (const auto& s : info.train_shards) shards.push_back(o.data + "/" + s);
   } else {
     layout.num_dense = 13;
-    const std::vector<int64_t>& cards =
-        o.cardinalities == "criteo_1tb" ? kCriteo1TB : io::criteo_kaggle_cardinalities();
-    for (int64_t c : cards) {
-      layout.cardinalities.push_back(o.max_rows > 0 ? std::min(c, o.max_rows) : c);
-      layout.multi_hot.push_back(false);
+    const std::vector<int64_t>& cards = o.cardinalities == "criteo_1tb" ? kCriteo1TB
+                                        : o.cardinalities == "mlperf_dcnv2"
+                                            ? io::mlperf_dcnv2_cardinalities()
+                                            : io::criteo_kaggle_cardinalities();
+    // mlperf_dcnv2: every row has the DCNv2 benchmark's fixed number of ids per table.
+    if (o.cardinalities == "mlperf_dcnv2") hotness = io::mlperf_dcnv2_hotness();
+    for (size_t t = 0; t < cards.size(); ++t) {
+      layout.cardinalities.push_back(o.max_rows > 0 ? std::min(cards[t], o.max_rows) : cards[t]);
+      layout.multi_hot.push_back(!hotness.empty() && hotness[t] > 1);
     }
   }
   if (o.reader_only) return run_reader_bench(o, shards);
@@ -160,7 +165,9 @@ int run_train_bench(const TrainBenchOptions& o) {
       ConfigReader r(cfg.sharding, "sharding");
       dist::PlannerOptions po = dist::read_planner_options(r, ranks);
       po.batch_per_rank = parse_sizes(o.batches_arg).front();
-      m->shard_tables(*host, po, {}, rank == 0 ? stderr : nullptr);
+      // The planner's lookups per table: the synthetic hotness (one id each without it).
+      const std::vector<double> ids_per_sample(hotness.begin(), hotness.end());
+      m->shard_tables(*host, po, ids_per_sample, rank == 0 ? stderr : nullptr);
     }
   }
   // One step: the model's own, or this rank's part of a global batch of `ranks` x its rows.
@@ -175,7 +182,7 @@ int run_train_bench(const TrainBenchOptions& o) {
     if (shards.empty()) {
       for (int i = 0; i < o.distinct; ++i)
         batches.push_back(io::random_batch(layout, B, o.dist == "zipf",
-                                           o.seed * 1000 + B + i + 7919 * rank));
+                                           o.seed * 1000 + B + i + 7919 * rank, hotness));
     }
     std::unique_ptr<io::ShardLoader> loader;
     io::Batch from_disk;
@@ -246,9 +253,11 @@ Runner add_bench(CLI::App& app) {
   t->add_option("--dist", o->dist, "Ids: uniform or zipf")->check(CLI::IsMember({"uniform", "zipf"}));
   t->add_option("--max-rows", o->max_rows, "Cap each table's rows (synthetic layout)");
   t->add_option("--cardinalities", o->cardinalities,
-                "The synthetic layout's tables: kaggle (Criteo Kaggle, default) or criteo_1tb "
-                "(the MLPerf DLRM's Criteo-1TB tables, max_ind_range 40M)")
-      ->check(CLI::IsMember({"kaggle", "criteo_1tb"}));
+                "The synthetic layout's tables: kaggle (Criteo Kaggle, default), criteo_1tb "
+                "(the MLPerf DLRM's Criteo-1TB tables, max_ind_range 40M) or mlperf_dcnv2 "
+                "(the MLPerf DLRM-DCNv2 tables, multi-hot: a fixed 1-100 ids per table, 214 "
+                "per row)")
+      ->check(CLI::IsMember({"kaggle", "criteo_1tb", "mlperf_dcnv2"}));
   t->add_option("--data", o->data, "Stream batches from this ETL output's training shards");
   t->add_option("--precision", o->precision, "CUDA arithmetic: fp32, tf32, bf16 or fp16")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "commands.h"
+#include "dlrec/core/file_util.h"
 #include "dlrec/core/progress.h"
 #include "dlrec/dist/communicator.h"
 #include "dlrec/dist/launch.h"
@@ -17,7 +18,7 @@ namespace dlrec::cli {
 
 Runner add_datagen(CLI::App& app) {
   struct Args {
-    std::string out, config, schema = "criteo";
+    std::string out, config, schema = "criteo", schema_out;
     int64_t rows = -1;
     int comment_lines = -1;
     int64_t seed = -1;
@@ -31,9 +32,14 @@ Runner add_datagen(CLI::App& app) {
                 "users.csv and items.csv)")
       ->required();
   c->add_option("--schema", a->schema,
-                "criteo (default): Criteo-like click logs; ratings: a ratings log with user and "
-                "item side tables (configs/ratings_*.json; docs/ETL.md, JoinExternal)")
-      ->check(CLI::IsMember({"criteo", "ratings"}));
+                "criteo (default): Criteo-like click logs; mlperf_dcnv2: the same with the "
+                "MLPerf DLRM-DCNv2 model's 26 multi-hot columns (its cardinalities, 40M at most, "
+                "and a fixed 1-100 values per field; docs/ETL.md); ratings: a ratings log with "
+                "user and item side tables (configs/ratings_*.json; docs/ETL.md, JoinExternal)")
+      ->check(CLI::IsMember({"criteo", "mlperf_dcnv2", "ratings"}));
+  c->add_option("--schema-out", a->schema_out,
+                "criteo, mlperf_dcnv2: also write the generated file's schema JSON here (for "
+                "`dlrec etl --schema`: names the multi-hot columns)");
   c->add_option("--comment-lines", a->comment_lines,
                 "--schema ratings: '#' comment lines at the top of ratings.csv (default 2; "
                 "configs/ratings_schema.json's \"comment\" skips them)")
@@ -46,7 +52,8 @@ Runner add_datagen(CLI::App& app) {
   c->add_option("--multi-hot", a->multi_hot, "How many of the categorical columns are multi-hot");
   return [a] {
     if (a->schema == "ratings") {
-      DLREC_CHECK(a->config.empty() && a->num_dense < 0 && a->num_cat < 0 && a->multi_hot < 0,
+      DLREC_CHECK(a->config.empty() && a->num_dense < 0 && a->num_cat < 0 &&
+                      a->multi_hot < 0 && a->schema_out.empty(),
                   "datagen --schema ratings takes --rows, --seed and --comment-lines only");
       io::RatingsConfig rc;
       if (a->rows >= 0) rc.rows = a->rows;
@@ -64,6 +71,13 @@ Runner add_datagen(CLI::App& app) {
     }
     DLREC_CHECK(a->comment_lines < 0, "--comment-lines applies to --schema ratings only");
     io::DatagenConfig cfg;
+    if (a->schema == "mlperf_dcnv2") {
+      // The benchmark's columns are the point of the schema: only the rows and seed vary.
+      DLREC_CHECK(a->config.empty() && a->num_dense < 0 && a->num_cat < 0 && a->multi_hot < 0,
+                  "datagen --schema mlperf_dcnv2 takes --rows, --seed and --schema-out only "
+                  "(its columns are fixed; use --config for other layouts)");
+      cfg = io::DatagenConfig::mlperf_dcnv2();
+    }
     if (!a->config.empty()) cfg = io::DatagenConfig::from_json(read_json_file(a->config));
     if (a->rows >= 0) cfg.rows = a->rows;
     if (a->seed >= 0) cfg.seed = static_cast<uint64_t>(a->seed);
@@ -72,6 +86,7 @@ Runner add_datagen(CLI::App& app) {
     if (a->multi_hot >= 0) cfg.num_multi_hot = a->multi_hot;
     Timer t;
     io::DatagenResult r = io::generate_file(cfg, a->out);
+    if (!a->schema_out.empty()) write_file_atomic(a->schema_out, cfg.schema().to_json().dump(2));
     double s = t.seconds();
     std::printf(
         "datagen: %lld rows, %.1f MB, positives %.4f, signal AUC ceiling %.4f, %.2fs "

@@ -33,6 +33,7 @@
 #include "dlrec/core/file_util.h"
 #include "dlrec/core/progress.h"
 #include "dlrec/core/thread_pool.h"
+#include "dlrec/io/synthetic_batch.h"
 #include "io/datagen_math.h"
 
 #if defined(__clang__)
@@ -53,6 +54,7 @@ constexpr double kWeightHalfRank = 48.0;   // weight decays as 1/sqrt(1 + rank /
 constexpr int kQuantileBits = 12;          // normal quantile table: 2^12 intervals
 constexpr int64_t kAucMaxRows = 1 << 24;   // signal_auc uses at most this many rows
 constexpr int64_t kCalibrationRows = 50000;
+constexpr int kMaxFixedHotness = 1024;     // DatagenConfig::hotness: values per field at most
 
 // A bijection of 32-bit integers (odd multiplies and xor-shifts are invertible).
 inline uint32_t permute32(uint32_t x) {
@@ -243,6 +245,7 @@ struct CatColumn {
   std::vector<float> head_weight;  // w(c, k) for small ranks
   bool multi_hot;
   uint64_t key;            // hash key of the column for per-category weights
+  int fixed_hot;           // values per multi-hot field when fixed (DatagenConfig::hotness), else 0
 };
 
 struct DenseColumn {
@@ -262,7 +265,7 @@ class Generator {
       const uint64_t h = mix64(0xC0FFEEull + static_cast<uint64_t>(c));
       const double a = 0.35 + 0.65 * static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0);
       CatColumn col{ZipfSampler(card, cfg.zipf_s), static_cast<uint32_t>(mix64(h) >> 32), S * a,
-                    {}, c >= cfg.num_cat - cfg.num_multi_hot, mix64(h ^ 0x5EEDull)};
+                    {}, cfg.is_multi_hot(c), mix64(h ^ 0x5EEDull), cfg.fixed_hotness(c)};
       col.head_weight.resize(std::min<int64_t>(card, 4096));
       for (size_t k = 0; k < col.head_weight.size(); ++k)
         col.head_weight[k] = static_cast<float>(weight_of(col, static_cast<int64_t>(k)));
@@ -281,9 +284,10 @@ class Generator {
       dense_.push_back(std::move(d));
     }
     // Bound on the bytes of one line.
-    max_line_ = 4 + static_cast<size_t>(cfg.num_dense) * 22 +
-                static_cast<size_t>(cfg.num_cat) * 10 +
-                static_cast<size_t>(cfg.num_multi_hot) * 9 * cfg.max_hotness;
+    max_line_ = 4 + static_cast<size_t>(cfg.num_dense) * 22;
+    for (const CatColumn& c : cats_)
+      max_line_ += !c.multi_hot ? 10 : 1 + 9 * static_cast<size_t>(c.fixed_hot > 0 ? c.fixed_hot
+                                                                                 : cfg.max_hotness);
     calibrate();
   }
 
@@ -322,7 +326,10 @@ class Generator {
         if (kWrite) p = write_hex32(p, hex_id(c, k));
         continue;
       }
-      const int hot = 1 + static_cast<int>((r & 0xFFFF) * static_cast<uint64_t>(cfg_.max_hotness) >> 16);
+      const int hot =
+          c.fixed_hot > 0
+              ? c.fixed_hot
+              : 1 + static_cast<int>((r & 0xFFFF) * static_cast<uint64_t>(cfg_.max_hotness) >> 16);
       double sum = 0;
       for (int h = 0; h < hot; ++h) {
         const int64_t k = c.zipf(rng.next() >> (64 - kUBits));
@@ -449,6 +456,15 @@ void validate(const DatagenConfig& c) {
   DLREC_CHECK(c.num_multi_hot >= 0 && c.num_multi_hot <= c.num_cat,
               "datagen: num_multi_hot must be in [0, num_cat]");
   DLREC_CHECK(c.max_hotness >= 1 && c.max_hotness <= 64, "datagen: max_hotness not in [1, 64]");
+  if (!c.hotness.empty()) {
+    DLREC_CHECK(static_cast<int>(c.hotness.size()) == c.num_cat, "datagen: hotness has ",
+                c.hotness.size(), " values for ", c.num_cat, " categorical columns");
+    DLREC_CHECK(c.num_multi_hot == 0,
+                "datagen: hotness and num_multi_hot both given (hotness sets every column's)");
+    for (size_t i = 0; i < c.hotness.size(); ++i)
+      DLREC_CHECK(c.hotness[i] >= 1 && c.hotness[i] <= kMaxFixedHotness, "datagen: hotness[", i,
+                  "] = ", c.hotness[i], " is not in [1, ", kMaxFixedHotness, "]");
+  }
   DLREC_CHECK(c.signal_strength >= 0 && c.signal_strength <= 100,
               "datagen: signal_strength not in [0, 100]");
   DLREC_CHECK(c.base_ctr > 0 && c.base_ctr < 1, "datagen: base_ctr must be in (0, 1)");
@@ -537,6 +553,17 @@ DatagenConfig DatagenConfig::from_json(const json& j) {
   c.cat_missing = r.get_range("cat_missing", c.cat_missing, 0, 1);
   c.num_multi_hot = static_cast<int>(r.get_int_range("num_multi_hot", c.num_multi_hot, 0, c.num_cat));
   c.max_hotness = static_cast<int>(r.get_int_range("max_hotness", c.max_hotness, 1, 64));
+  if (r.has("hotness")) {
+    const json& a = r.raw("hotness");
+    if (!a.is_array())
+      fail("config key '", r.key_path("hotness"), "' must be an array of integers");
+    for (const auto& v : a) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > kMaxFixedHotness)
+        fail("config key '", r.key_path("hotness"), "' holds ", v.dump(),
+             "; values per field are integers in [1, ", kMaxFixedHotness, "]");
+      c.hotness.push_back(static_cast<int>(v.get<int64_t>()));
+    }
+  }
   c.signal_strength = r.get_range("signal_strength", c.signal_strength, 0, 100);
   c.base_ctr = r.get_range("base_ctr", c.base_ctr, 1e-4, 1 - 1e-4);
   r.finish();
@@ -555,6 +582,7 @@ json DatagenConfig::to_json() const {
   j["cat_missing"] = cat_missing;
   j["num_multi_hot"] = num_multi_hot;
   j["max_hotness"] = max_hotness;
+  if (!hotness.empty()) j["hotness"] = hotness;
   j["signal_strength"] = signal_strength;
   j["base_ctr"] = base_ctr;
   return j;
@@ -562,8 +590,7 @@ json DatagenConfig::to_json() const {
 
 Schema DatagenConfig::schema() const {
   Schema s = Schema::criteo(num_dense, num_cat);
-  for (int c = std::max(0, num_cat - num_multi_hot); c < num_cat; ++c)
-    s.columns[1 + num_dense + c].multi_hot = true;
+  for (int c = 0; c < num_cat; ++c) s.columns[1 + num_dense + c].multi_hot = is_multi_hot(c);
   s.list_sep = ',';
   return s;
 }
@@ -572,6 +599,26 @@ int64_t DatagenConfig::cardinality(int c) const {
   DLREC_CHECK(c >= 0 && c < num_cat, "datagen: no categorical column ", c);
   DLREC_CHECK(!cardinalities.empty(), "datagen: cardinalities is empty");
   return cardinalities[std::min<size_t>(static_cast<size_t>(c), cardinalities.size() - 1)];
+}
+
+bool DatagenConfig::is_multi_hot(int c) const {
+  if (!hotness.empty())
+    return c >= 0 && c < static_cast<int>(hotness.size()) && hotness[c] > 1;
+  return c >= num_cat - num_multi_hot;
+}
+
+int DatagenConfig::fixed_hotness(int c) const {
+  return is_multi_hot(c) && !hotness.empty() ? hotness[c] : 0;
+}
+
+DatagenConfig DatagenConfig::mlperf_dcnv2() {
+  DatagenConfig c;
+  c.num_dense = 13;
+  c.num_cat = 26;
+  c.cardinalities = mlperf_dcnv2_cardinalities();
+  c.hotness = mlperf_dcnv2_hotness();
+  c.cat_missing = 0;
+  return c;
 }
 
 DatagenResult generate(const DatagenConfig& config, std::ostream& out) {

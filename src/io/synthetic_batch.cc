@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "dlrec/core/error.h"
 #include "dlrec/core/thread_pool.h"
 
 namespace dlrec::io {
@@ -27,7 +28,31 @@ const std::vector<int64_t>& criteo_kaggle_cardinalities() {
   return c;
 }
 
-Batch random_batch(const ShardLayout& l, int64_t rows, bool zipf, uint64_t seed) {
+const std::vector<int64_t>& mlperf_dcnv2_cardinalities() {
+  static const std::vector<int64_t> c = {
+      40000000, 39060,    17295,    7424,     20265,  3,     7122, 1543, 63,
+      40000000, 3067956,  405282,   10,       2209,   11938, 155,  4,    976,
+      14,       40000000, 40000000, 40000000, 590152, 12973, 108,  36};
+  return c;
+}
+
+const std::vector<int>& mlperf_dcnv2_hotness() {
+  static const std::vector<int> h = {3,  2, 1, 2, 6, 1, 1, 1, 1, 7,  3, 8, 1,
+                                     6,  9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1};
+  return h;
+}
+
+Batch random_batch(const ShardLayout& l, int64_t rows, bool zipf, uint64_t seed,
+                   const std::vector<int>& hotness) {
+  const int64_t T = static_cast<int64_t>(l.cardinalities.size());
+  DLREC_CHECK(hotness.empty() || static_cast<int64_t>(hotness.size()) == T, "random_batch: ",
+              hotness.size(), " hotness values for ", T, " categorical features");
+  for (int64_t t = 0; t < static_cast<int64_t>(hotness.size()); ++t) {
+    const bool multi_hot = t < static_cast<int64_t>(l.multi_hot.size()) && l.multi_hot[t];
+    DLREC_CHECK(hotness[t] >= 1 && (hotness[t] == 1 || multi_hot), "random_batch: feature ", t,
+                " has hotness ", hotness[t],
+                " (must be >= 1, and above 1 only for a multi-hot feature)");
+  }
   Batch b;
   b.reset(l.num_dense, static_cast<int>(l.cardinalities.size()));
   b.rows = rows;
@@ -37,17 +62,17 @@ Batch random_batch(const ShardLayout& l, int64_t rows, bool zipf, uint64_t seed)
   for (int64_t r = 0; r < rows; ++r) b.labels[r] = uniform_at(s_label, r) < 0.25 ? 1.f : 0.f;
   for (int64_t i = 0; i < rows * l.num_dense; ++i)
     b.dense[i] = static_cast<float>(std::log1p(std::exp(3.0 * uniform_at(s_dense, i))));
-  const int64_t T = static_cast<int64_t>(l.cardinalities.size());
   parallel_for(0, T, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       const uint64_t st = splitmix64(seed * 1000003 + 17 + t);
       const int64_t card = l.cardinalities[t];
       auto& off = b.cat_offsets[t];
       auto& ids = b.cat_indices[t];
+      const int64_t hot = hotness.empty() ? 1 : hotness[t];
       off.resize(rows + 1);
-      ids.resize(rows);
-      for (int64_t r = 0; r <= rows; ++r) off[r] = r;
-      for (int64_t r = 0; r < rows; ++r) {
+      ids.resize(rows * hot);
+      for (int64_t r = 0; r <= rows; ++r) off[r] = r * hot;
+      for (int64_t r = 0; r < rows * hot; ++r) {
         const double u = uniform_at(st, r);
         const int64_t id = zipf ? static_cast<int64_t>(std::exp(u * std::log(card + 1.0))) - 1
                                 : static_cast<int64_t>(u * static_cast<double>(card));

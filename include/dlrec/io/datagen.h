@@ -36,13 +36,24 @@ struct DatagenConfig {
   double cat_missing = 0.03;   // probability a categorical value is missing
   int num_multi_hot = 0;       // the last this many categorical columns are multi-hot
   int max_hotness = 4;         // values per multi-hot field: uniform in [1, max_hotness]
+  // Fixed values per field, one per categorical column (empty: num_multi_hot/max_hotness
+  // apply). A column with hotness h > 1 is multi-hot with exactly h values in every field that
+  // is not missing (repeats possible); h = 1 is a plain one-valued column. Excludes
+  // num_multi_hot > 0.
+  std::vector<int> hotness;
   double signal_strength = 1.0;  // scales the planted weights
   double base_ctr = 0.25;        // approximate positive rate
 
+  // `dlrec datagen --schema mlperf_dcnv2`: the MLPerf DLRM-DCNv2 benchmark's 13 dense and 26
+  // multi-hot categorical columns (io::mlperf_dcnv2_cardinalities / _hotness), power-law ids,
+  // no missing categories (every field has its fixed number of values).
+  static DatagenConfig mlperf_dcnv2();
   static DatagenConfig from_json(const json& j);
   json to_json() const;
   Schema schema() const;  // the schema of the generated file (Criteo-like, hex)
   int64_t cardinality(int c) const;  // of categorical column c, after the repeat rule
+  bool is_multi_hot(int c) const;    // categorical column c
+  int fixed_hotness(int c) const;    // values per field of column c when fixed, else 0
 };
 
 struct DatagenResult {
