@@ -223,7 +223,8 @@ class Categorify final : public CategoricalEncoder {
     for (int64_t i = 0; i < std::min(n, kAhead); ++i) ring[i] = KeyMap<uint64_t>::hash(keys[i]);
     int64_t i = 0;
     if (memory_) widen_counts();  // under a budget only counts_ (it spills)
-    if (counting_narrow_) {  // the narrow table while every key and count fits it
+    // The narrow table while every key and count fits it.
+    if (counting_narrow_) {
       for (; i < n; ++i) {
         // Counted before the ring moves on: a key that the table refuses is counted by the
         // loop below, which reads its hash from the ring.

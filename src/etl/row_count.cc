@@ -145,12 +145,11 @@ int64_t count_line_ends_mapped(int fd, uint64_t size, std::vector<char>& buf,
   char prev = '\n';
   for (uint64_t at = 0; at < size;) {
     const size_t len = static_cast<size_t>(std::min<uint64_t>(kCountWindow, size - at));
-    void* m = ::mmap(nullptr, len, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd,
-                     static_cast<off_t>(at));
+    void* m =
+        ::mmap(nullptr, len, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, static_cast<off_t>(at));
     if (m == MAP_FAILED) {
-      const int64_t rest = count_line_ends_in(fd, at, size, prev, buf, path, [&](int64_t k) {
-        return keep_going(n + k);
-      });
+      const int64_t rest = count_line_ends_in(fd, at, size, prev, buf, path,
+                                              [&](int64_t k) { return keep_going(n + k); });
       return rest < 0 ? -1 : n + rest;
     }
     const char* p = static_cast<const char*>(m);

@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <string>
 #include <random>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -115,10 +115,9 @@ TEST(CategorifyEncodeTest, BucketsAfterTheNarrowTable) {
   EXPECT_EQ(b.back(), 2);
 }
 
-
 std::unique_ptr<CategoricalEncoder> unfitted_categorify(int64_t freq_threshold) {
-  auto op = OpRegistry::global().create(
-      {{"op", "Categorify"}, {"freq_threshold", freq_threshold}}, "test", /*fitted=*/false);
+  auto op = OpRegistry::global().create({{"op", "Categorify"}, {"freq_threshold", freq_threshold}},
+                                        "test", /*fitted=*/false);
   auto* enc = dynamic_cast<CategoricalEncoder*>(op.get());
   EXPECT_NE(enc, nullptr);
   op.release();
