@@ -87,6 +87,70 @@ class NarrowLookup {
   size_t mask_ = 0;
 };
 
+// The fit's key -> count table while every key so far is below 2^32 - 1 (Criteo's 8-hex-digit
+// keys) and every count below 2^32 - 1: one 8-byte slot per key (key << 32 | count; all ones
+// marks an empty slot), load factor at most 1/2. Half the bytes of KeyMap<uint64_t>'s 16-byte
+// slots: the count tables of Criteo's large columns (~100k keys per million rows, 4 MB wide)
+// fit a 2 MB L2 cache. add() refuses a key or count that does not fit (the caller moves the
+// counts to the wide table then and goes on there).
+class NarrowCounts {
+ public:
+  size_t size() const { return size_; }
+  void prefetch_hashed(uint64_t h) const { __builtin_prefetch(slots_.data() + (h & mask_)); }
+
+  // Counts `key` (hash h) once; false (nothing counted) when it does not fit the table.
+  bool add(uint64_t key, uint64_t h) {
+    if (key >= kEmptyKey) return false;
+    size_t at = static_cast<size_t>(h) & mask_;
+    for (;; at = (at + 1) & mask_) {
+      const uint64_t s = slots_[at];
+      if (s >> 32 == key) {
+        if ((s & 0xFFFFFFFFu) >= kMaxCount) return false;
+        slots_[at] = s + 1;
+        return true;
+      }
+      if (s == ~uint64_t{0}) break;
+    }
+    if (2 * (size_ + 1) > slots_.size()) {
+      grow();
+      at = static_cast<size_t>(h) & mask_;
+      while (slots_[at] != ~uint64_t{0}) at = (at + 1) & mask_;
+    }
+    ++size_;
+    slots_[at] = key << 32 | 1;
+    return true;
+  }
+  // Calls f(key, count) for every key, in no particular order.
+  template <class F>
+  void for_each(F&& f) const {
+    for (uint64_t s : slots_)
+      if (s != ~uint64_t{0}) f(s >> 32, s & 0xFFFFFFFFu);
+  }
+  void clear() {
+    std::vector<uint64_t>(16, ~uint64_t{0}).swap(slots_);
+    mask_ = 15;
+    size_ = 0;
+  }
+
+ private:
+  static constexpr uint64_t kEmptyKey = 0xFFFFFFFFu;
+  static constexpr uint64_t kMaxCount = 0xFFFFFFFEu;
+  void grow() {
+    std::vector<uint64_t> old(slots_.size() * 2, ~uint64_t{0});
+    old.swap(slots_);
+    mask_ = slots_.size() - 1;
+    for (uint64_t s : old) {
+      if (s == ~uint64_t{0}) continue;
+      size_t at = static_cast<size_t>(KeyMap<uint64_t>::hash(s >> 32)) & mask_;
+      while (slots_[at] != ~uint64_t{0}) at = (at + 1) & mask_;
+      slots_[at] = s;
+    }
+  }
+  std::vector<uint64_t> slots_ = std::vector<uint64_t>(16, ~uint64_t{0});
+  size_t mask_ = 15;
+  size_t size_ = 0;
+};
+
 // {"op": "Categorify", "freq_threshold": 15, "max_size": 100000}
 // Vocabulary = the training keys seen at least freq_threshold times, the most frequent first
 // (ties by ascending key), at most max_size of them (0 = no limit). Key vocab[i] gets id i + 2;
@@ -136,6 +200,8 @@ class Categorify final : public CategoricalEncoder {
 
   void fit_begin() override {
     counts_.clear();
+    narrow_counts_.clear();
+    counting_narrow_ = !memory_;
     remove_runs();
     fitted_ = false;
     if (joint_) {  // every column of the group resets it, before any chunk
@@ -155,7 +221,25 @@ class Categorify final : public CategoricalEncoder {
     // and the count use the same one).
     uint64_t ring[kAhead];
     for (int64_t i = 0; i < std::min(n, kAhead); ++i) ring[i] = KeyMap<uint64_t>::hash(keys[i]);
-    for (int64_t i = 0; i < n; ++i) {
+    int64_t i = 0;
+    if (memory_) widen_counts();  // under a budget only counts_ (it spills)
+    // The narrow table while every key and count fits it.
+    if (counting_narrow_) {
+      for (; i < n; ++i) {
+        // Counted before the ring moves on: a key that the table refuses is counted by the
+        // loop below, which reads its hash from the ring.
+        if (!narrow_counts_.add(keys[i], ring[i % kAhead])) {
+          widen_counts();
+          break;
+        }
+        if (i + kAhead < n) {
+          const uint64_t ahead = KeyMap<uint64_t>::hash(keys[i + kAhead]);
+          ring[i % kAhead] = ahead;
+          narrow_counts_.prefetch_hashed(ahead);
+        }
+      }
+    }
+    for (; i < n; ++i) {
       const uint64_t h = ring[i % kAhead];
       if (i + kAhead < n) {
         const uint64_t ahead = KeyMap<uint64_t>::hash(keys[i + kAhead]);
@@ -204,6 +288,15 @@ class Categorify final : public CategoricalEncoder {
   bool partial_fit_mergeable() const override { return !joint_wanted_ && !memory_; }
   void save_partial_fit(std::string& out) const override {
     DLREC_CHECK(partial_fit_mergeable() && runs_.empty(), "Categorify: no partial fit to save");
+    DLREC_CHECK(!counting_narrow_ || counts_.size() == 0, "Categorify: counts in two tables");
+    const size_t narrow_at = out.size();
+    out.resize(narrow_at + narrow_counts_.size() * 16);
+    char* q = out.data() + narrow_at;
+    narrow_counts_.for_each([&](uint64_t key, uint64_t count) {
+      std::memcpy(q, &key, 8);
+      std::memcpy(q + 8, &count, 8);
+      q += 16;
+    });
     const size_t at = out.size();
     out.resize(at + counts_.size() * 16);
     char* p = out.data() + at;
@@ -217,6 +310,7 @@ class Categorify final : public CategoricalEncoder {
     DLREC_CHECK(partial_fit_mergeable(), "Categorify: no partial fit to add to");
     DLREC_CHECK(size % 16 == 0, "Categorify: a partial fit of ", size,
                 " bytes is not (key, count) pairs");
+    widen_counts();
     counts_.reserve(std::max(counts_.size(), size / 16));  // at least the larger of the two
     for (size_t i = 0; i < size; i += 16) {
       uint64_t key, count;
@@ -226,7 +320,17 @@ class Categorify final : public CategoricalEncoder {
     }
   }
 
-  // Turns the counts (in counts_ or spilled) into vocab_ and the statistics.
+  // Moves the narrow table's counts into counts_ (a key or count that it cannot hold came, or
+  // another part's counts are added) and counts there from then on.
+  void widen_counts() {
+    if (!counting_narrow_) return;
+    counts_.reserve(counts_.size() + narrow_counts_.size());
+    narrow_counts_.for_each([&](uint64_t key, uint64_t count) { counts_[key] += count; });
+    narrow_counts_ = NarrowCounts();
+    counting_narrow_ = false;
+  }
+
+  // Turns the counts (in counts_, narrow_counts_ or spilled) into vocab_ and the statistics.
   void finish_counts() {
     std::vector<std::pair<uint64_t, uint64_t>> kept;  // (count, key)
     const uint64_t threshold = static_cast<uint64_t>(std::max<int64_t>(1, freq_threshold_));
@@ -238,6 +342,7 @@ class Categorify final : public CategoricalEncoder {
       if (count >= threshold) kept.emplace_back(count, key);
     };
     if (runs_.empty()) {
+      narrow_counts_.for_each(add);  // kept in (count, key) order below: no order matters
       counts_.for_each(add);
     } else {
       if (counts_.size() > 0) spill();
@@ -259,6 +364,8 @@ class Categorify final : public CategoricalEncoder {
     }
     oov_values_ = values_ - in_vocab;
     counts_ = KeyMap<uint64_t>();  // frees the counts
+    narrow_counts_ = NarrowCounts();
+    counting_narrow_ = false;
     if (memory_) memory_->give_back(reserved_);
     reserved_ = 0;
   }
@@ -504,6 +611,10 @@ class Categorify final : public CategoricalEncoder {
   KeyMap<int64_t> lookup_;  // key -> id, when narrow_ cannot hold the vocabulary
   NarrowLookup narrow_;
   KeyMap<uint64_t> counts_;  // during fit only
+  // During fit without a memory budget, the counts while every key and count fits 32 bits;
+  // counts_ holds them once one does not (widen_counts).
+  NarrowCounts narrow_counts_;
+  bool counting_narrow_ = false;
   int64_t distinct_ = 0, values_ = 0, oov_values_ = 0;
   bool fitted_ = false;
 };

@@ -33,6 +33,39 @@ std::string read_if_there(const std::string& path) {
   return file_exists(path) ? read_file(path) : std::string();
 }
 
+// kRowsBefore[b][j]: the set bits among bits 0..j of byte b.
+struct PrefixCounts {
+  uint8_t v[256][8];
+  constexpr PrefixCounts() : v() {
+    for (int b = 0; b < 256; ++b) {
+      int n = 0;
+      for (int j = 0; j < 8; ++j) {
+        n += (b >> j) & 1;
+        v[b][j] = static_cast<uint8_t>(n);
+      }
+    }
+  }
+};
+constexpr PrefixCounts kRowsBefore;
+
+// o[0] = 0, o[r + 1] = o[r] + (bit r of `present`): the offsets of a column with at most one
+// value per row. Eight rows per step from a table of the byte's prefix counts (the offsets of
+// one step do not wait on each other), not one dependent add per row.
+void offsets_from_bitmap(const uint64_t* present, int64_t rows, int64_t* o) {
+  o[0] = 0;
+  int64_t n = 0, r = 0;
+  for (; r + 8 <= rows; r += 8) {
+    const unsigned byte = static_cast<unsigned>(present[r >> 6] >> (r & 63)) & 0xFFu;
+    const uint8_t* before = kRowsBefore.v[byte];
+    for (int j = 0; j < 8; ++j) o[r + 1 + j] = n + before[j];
+    n += before[7];
+  }
+  for (; r < rows; ++r) {
+    n += static_cast<int64_t>((present[r >> 6] >> (r & 63)) & 1);
+    o[r + 1] = n;
+  }
+}
+
 }  // namespace
 
 bool thp_madvise_allowed(const std::string& enabled) {
@@ -315,12 +348,7 @@ void KeptChunk::unpack(io::RawChunk& out) const {
       if (!x.present) {
         for (int64_t r = 0; r <= rows_; ++r) o[r] = r;
       } else {
-        int64_t n = 0;
-        o[0] = 0;
-        for (int64_t r = 0; r < rows_; ++r) {
-          n += static_cast<int64_t>((x.present[r >> 6] >> (r & 63)) & 1);
-          o[r + 1] = n;
-        }
+        offsets_from_bitmap(x.present, rows_, o);
       }
     } else {
       vals.assign(x.values, x.values + x.count);

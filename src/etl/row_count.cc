@@ -2,6 +2,7 @@
 // thread of its own beside the fit) and the estimate from the first MB (run_etl's cache
 // decisions while counting ahead).
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #if defined(__SSE2__)
@@ -38,7 +39,9 @@ int64_t count_line_ends(const char* p, const char* e, char prev) {
   for (; e - p >= 16; p += 16) {
     const unsigned m = static_cast<unsigned>(
         _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), nl)));
-    if (const unsigned ends = m & ~((m << 1) | carry)) n += __builtin_popcount(ends);
+    // Bit by bit, not __builtin_popcount: without -mpopcnt that is a libgcc call (a line end
+    // is in about one block of 16 bytes in 16 here).
+    for (unsigned ends = m & ~((m << 1) | carry); ends != 0; ends &= ends - 1) ++n;
     carry = m >> 15;
   }
   prev = carry ? '\n' : ' ';  // only whether it is a '\n' matters below
@@ -126,6 +129,37 @@ int64_t count_read(int fd, uint64_t size, bool header, const std::string& path) 
   int64_t ends = 0;
   for (int64_t c : counts) ends += c;
   return rows_of_line_ends(fd, size, header, path, ends);
+}
+
+constexpr uint64_t kCountWindow = uint64_t{32} << 20;  // bytes per mapping of the count ahead
+
+// Line ends of non-empty lines in bytes [0, size) of `path`, mapped kCountWindow at a time
+// (MAP_POPULATE: the page-cache pages are mapped in one call per window, not faulted in page by
+// page) and unmapped after; keep_going(ends so far) after each window may stop the count (-1
+// then). No copy of the text, unlike the pread count (whose copy into the buffer was ~2 % of a
+// Criteo ETL's CPU on the 2-core build machine). Falls back to pread where mmap fails.
+template <class F>
+int64_t count_line_ends_mapped(int fd, uint64_t size, std::vector<char>& buf,
+                               const std::string& path, F&& keep_going) {
+  int64_t n = 0;
+  char prev = '\n';
+  for (uint64_t at = 0; at < size;) {
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(kCountWindow, size - at));
+    void* m =
+        ::mmap(nullptr, len, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, static_cast<off_t>(at));
+    if (m == MAP_FAILED) {
+      const int64_t rest = count_line_ends_in(fd, at, size, prev, buf, path,
+                                              [&](int64_t k) { return keep_going(n + k); });
+      return rest < 0 ? -1 : n + rest;
+    }
+    const char* p = static_cast<const char*>(m);
+    n += count_line_ends(p, p + len, prev);
+    prev = p[len - 1];
+    ::munmap(m, len);
+    at += len;
+    if (!keep_going(n)) return -1;
+  }
+  return n;
 }
 
 }  // namespace
@@ -218,7 +252,7 @@ void RowCountAhead::run() {
       if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
         fail("etl: counting rows ahead needs a regular file, '", path, "' is not one");
       const uint64_t size = static_cast<uint64_t>(st.st_size);
-      const int64_t ends = count_line_ends_in(fd, 0, size, '\n', buf, path, [&](int64_t n) {
+      const int64_t ends = count_line_ends_mapped(fd, size, buf, path, [&](int64_t n) {
         publish(done + std::max<int64_t>(0, n - (schema_.header ? 1 : 0)));
         return !stop_;
       });

@@ -249,6 +249,29 @@ void Workflow::transform(const io::RawChunk& raw_in, io::Batch& out,
           enc.encode(keys + k_lo, k_hi - k_lo, ids + off[lo]);
           continue;
         }
+        if (!o.multi_hot) {
+          // One id per row, every row holding 0 or 1 values (checked above): the keys are
+          // encoded into the tail of the block's ids and spread forward in place, a missing row
+          // getting 0. Row r reads slot (rows - keys) + (keys before r) >= r, which no earlier
+          // row wrote; no scratch copy and no branch per row (the rows with a missing value
+          // fall at random in some Criteo columns: a branch on them mispredicted).
+          const int64_t nk = k_hi - k_lo, nr = hi - lo;
+          int64_t* dst = ids + off[lo];
+          int64_t* encoded = dst + (nr - nk);
+          enc.encode(keys + k_lo, nk, encoded);
+          if (nk == 0) {
+            std::fill_n(dst, nr, int64_t{0});
+            continue;
+          }
+          const int64_t* io = in_off.data();
+          for (int64_t r = lo; r < hi; ++r) {
+            const int64_t has = io[r + 1] - io[r];  // 0 or 1
+            // The last key's slot where all keys lie before r (its value is then unused).
+            const int64_t v = encoded[std::min(io[r] - k_lo, nk - 1)];
+            dst[r - lo] = v & -has;
+          }
+          continue;
+        }
         scratch.resize(k_hi - k_lo);
         enc.encode(keys + k_lo, k_hi - k_lo, scratch.data());
         for (int64_t r = lo; r < hi; ++r) {

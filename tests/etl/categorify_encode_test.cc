@@ -1,12 +1,16 @@
 // Categorify's encode: the narrow vocabulary table (every key below 2^32 - 1) and the general
 // one give each key the id of its vocabulary position (+2), else the out-of-vocabulary id 1
 // (or its hash bucket), at the edges of the narrow form too (keys 2^32 - 2, 2^32 - 1, 2^32,
-// 2^64 - 1, 0).
+// 2^64 - 1, 0). The fit's counts: the narrow count table (every key below 2^32 - 1 so far) and
+// its move to the general one when a wider key comes give the vocabulary of a plain count.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <random>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -109,6 +113,85 @@ TEST(CategorifyEncodeTest, BucketsAfterTheNarrowTable) {
   wide->encode(keys.data(), static_cast<int64_t>(keys.size()), b.data());
   for (size_t i = 0; i + 1 < keys.size(); ++i) EXPECT_EQ(b[i] - 1, a[i]) << keys[i];  // V + 1
   EXPECT_EQ(b.back(), 2);
+}
+
+std::unique_ptr<CategoricalEncoder> unfitted_categorify(int64_t freq_threshold) {
+  auto op = OpRegistry::global().create({{"op", "Categorify"}, {"freq_threshold", freq_threshold}},
+                                        "test", /*fitted=*/false);
+  auto* enc = dynamic_cast<CategoricalEncoder*>(op.get());
+  EXPECT_NE(enc, nullptr);
+  op.release();
+  return std::unique_ptr<CategoricalEncoder>(enc);
+}
+
+// The vocabulary of `keys` by a plain count: keys seen at least `threshold` times, the most
+// frequent first, ties by ascending key.
+std::vector<uint64_t> vocab_by_count(const std::vector<uint64_t>& keys, int64_t threshold) {
+  std::map<uint64_t, int64_t> count;
+  for (uint64_t k : keys) ++count[k];
+  std::vector<std::pair<int64_t, uint64_t>> kept;
+  for (const auto& [k, n] : count)
+    if (n >= threshold) kept.emplace_back(-n, k);
+  std::sort(kept.begin(), kept.end());
+  std::vector<uint64_t> v;
+  for (const auto& e : kept) v.push_back(e.second);
+  return v;
+}
+
+// Fits `keys` in chunks of `chunk` keys and returns the fitted vocabulary.
+std::vector<uint64_t> fitted_vocab(const std::vector<uint64_t>& keys, int64_t chunk,
+                                   int64_t threshold) {
+  auto enc = unfitted_categorify(threshold);
+  enc->fit_begin();
+  for (size_t i = 0; i < keys.size(); i += static_cast<size_t>(chunk))
+    enc->fit_chunk(keys.data() + i,
+                   std::min<int64_t>(chunk, static_cast<int64_t>(keys.size() - i)));
+  enc->fit_end();
+  return enc->to_json()["vocab"].get<std::vector<uint64_t>>();
+}
+
+TEST(CategorifyFitTest, NarrowCountsThenWideKeysGiveThePlainCount) {
+  std::mt19937_64 rng(5);
+  std::vector<uint64_t> narrow;
+  for (int i = 0; i < 30000; ++i) narrow.push_back(rng() % 3000);  // repeats: counts > 1
+  for (const uint64_t wide : {uint64_t{0xFFFFFFFFu}, uint64_t{1} << 32, ~uint64_t{0}}) {
+    SCOPED_TRACE(wide);
+    // The wider key in the middle of a chunk (the rest of the chunk and the later chunks are
+    // counted in the general table, on top of the narrow counts), and as the very first key.
+    std::vector<uint64_t> keys = narrow;
+    keys.insert(keys.begin() + 10001, {wide, wide, 7});
+    for (const int64_t chunk : {int64_t{4096}, int64_t{1}, int64_t{100000}})
+      EXPECT_EQ(fitted_vocab(keys, chunk, 2), vocab_by_count(keys, 2)) << "chunk " << chunk;
+    keys.insert(keys.begin(), wide);
+    EXPECT_EQ(fitted_vocab(keys, 4096, 1), vocab_by_count(keys, 1));
+  }
+  EXPECT_EQ(fitted_vocab(narrow, 4096, 3), vocab_by_count(narrow, 3));  // narrow only
+  EXPECT_EQ(fitted_vocab({}, 4096, 1), std::vector<uint64_t>{});
+}
+
+TEST(CategorifyFitTest, PartialFitsFromTheNarrowTableAddUp) {
+  // Part A counted in the narrow table, part B with a wide key; B's saved counts added to A's
+  // and A's to B's both give the fit of all keys.
+  std::mt19937_64 rng(9);
+  std::vector<uint64_t> a, b;
+  for (int i = 0; i < 5000; ++i) a.push_back(rng() % 700);
+  for (int i = 0; i < 5000; ++i) b.push_back(i == 2500 ? uint64_t{1} << 40 : rng() % 900);
+  std::vector<uint64_t> all = a;
+  all.insert(all.end(), b.begin(), b.end());
+  const std::vector<uint64_t> want = vocab_by_count(all, 2);
+  for (const bool a_first : {true, false}) {
+    auto x = unfitted_categorify(2), y = unfitted_categorify(2);
+    ASSERT_TRUE(x->partial_fit_mergeable());
+    x->fit_begin();
+    y->fit_begin();
+    x->fit_chunk((a_first ? a : b).data(), 5000);
+    y->fit_chunk((a_first ? b : a).data(), 5000);
+    std::string saved;
+    y->save_partial_fit(saved);
+    x->add_partial_fit(saved.data(), saved.size());
+    x->fit_end();
+    EXPECT_EQ(x->to_json()["vocab"].get<std::vector<uint64_t>>(), want) << a_first;
+  }
 }
 
 }  // namespace
