@@ -340,7 +340,9 @@ class Placer {
     const TableSpec& s = specs_[t];
     const TablePlan& p = tables_[t];
     const double ids = lookups(t) / n_ * 8.0;  // this rank's ids, int64
-    const double vec = batch_ * 4.0;           // one fp32 column of this rank's pooled rows
+    // One column of this rank's pooled rows (forward) and of their gradients (backward), in the
+    // exchange's types (f32 unless the GPUs' bf16/fp16 runs set 2 bytes).
+    const double fwd = batch_ * o_.exchange_value_bytes, bwd = batch_ * o_.exchange_grad_bytes;
     const int n1 = n_ - 1;
     for (int r = 0; r < n_; ++r) {
       double c = 0;
@@ -348,13 +350,13 @@ class Placer {
         case ShardingKind::Replicated:
           // The GPUs all-reduce the dense gradient; the CPU engine all-gathers ids and pooled
           // gradients.
-          c = o_.replicate_by_cost ? replication_cost(s, o_).all_reduce : n1 * (ids + vec * s.dim);
+          c = o_.replicate_by_cost ? replication_cost(s, o_).all_reduce : n1 * (ids + bwd * s.dim);
           break;
         case ShardingKind::TableWise:
-          c = p.owner() == r ? n1 * vec * s.dim : ids + vec * s.dim;
+          c = p.owner() == r ? n1 * fwd * s.dim : ids + bwd * s.dim;
           break;
         case ShardingKind::RowWise:
-          c = ids * n1 / n_ + 2.0 * n1 * vec * s.dim;
+          c = ids * n1 / n_ + n1 * (fwd + bwd) * s.dim;
           break;
         case ShardingKind::ColumnWise: {
           const Shard* own = nullptr;
@@ -362,7 +364,7 @@ class Placer {
             if (sh.rank == r) own = &sh;
           const int64_t own_cols = own ? own->col_end - own->col_begin : 0;
           const double others = static_cast<double>(p.shards.size()) - (own ? 1 : 0);
-          c = others * ids + n1 * vec * own_cols + vec * (s.dim - own_cols);
+          c = others * ids + n1 * fwd * own_cols + bwd * (s.dim - own_cols);
           break;
         }
       }
@@ -454,10 +456,9 @@ Plan plan_sharding(const std::vector<TableSpec>& specs, const PlannerOptions& o)
     for (int t = 0; t < T; ++t)
       if (!override_of(t) && specs[t].bytes() <= o.replicate_max_bytes) {
         rep[t] = 1;
-        why[t] = detail::concat(specs[t].bytes(), " bytes <= ",
-                                o.replicate_auto ? "1 MiB (replicate: auto, CPU engine)"
-                                                 : "replicate " +
-                                                       std::to_string(o.replicate_max_bytes));
+        why[t] = detail::concat(
+            specs[t].bytes(), " bytes (values + state) <= ", o.replicate_max_bytes,
+            o.replicate_auto ? " (replicate: auto on the CPU engine)" : " (replicate)");
       }
   }
   auto replicate = [&](int t) { return rep[t] != 0; };

@@ -231,8 +231,8 @@ TEST(GpuReplicated, FourGpusMatchOneGpuOver1000StepsAdagrad) {
   SKIP_WITHOUT_TWO_GPUS();
   if (cuda::device_count() < 4)
     GTEST_SKIP() << "this machine has " << cuda::device_count() << " GPUs; the test needs 4";
-  expect_gpus_match_one(R"({"type": "adagrad", "lr": 0.05, "adagrad_init": 0.01})", 4,
-                        kReplicated, "replicated");
+  expect_gpus_match_one(R"({"type": "adagrad", "lr": 0.05, "adagrad_init": 0.01})", 4, kReplicated,
+                        "replicated");
 }
 
 TEST(GpuDataParallel, TwoGpusMatchOneGpuOver1000StepsSgd) {

@@ -117,7 +117,12 @@ TEST(ShardPlanner, Criteo1TBWithSgdOnTwoAndFourH100) {
     // The small tables are replicated, the large ones placed whole: they fit without a split.
     int replicated = 0;
     for (const auto& t : p.tables) {
-      if (t.kind == ShardingKind::Replicated) ++replicated;
+      if (t.kind == ShardingKind::Replicated) {  // replicate "auto" on the CPU engine: <= 1 MiB
+        ++replicated;
+        EXPECT_NE(t.why.find("bytes (values + state) <= 1048576 (replicate: auto"),
+                  std::string::npos)
+            << t.why;
+      }
       EXPECT_NE(t.kind, ShardingKind::RowWise);
     }
     EXPECT_GE(replicated, 10);  // 3, 4, 10, 14, 36, 63, 108, 155, 976, 1543 rows
@@ -294,10 +299,9 @@ TEST(ShardPlannerGpu, APlanThatCannotFitNamesTheTableAndItsBytes) {
 }
 
 // The MLPerf DLRM's 26 tables on Criteo Kaggle (src/io/synthetic_batch.cc).
-const std::vector<int64_t> kKaggle = {1460, 583,     10131227, 2202608, 305,   24,      12517,
-                                      633,  3,       93145,    5683,    8351593, 3194, 27,
-                                      14992, 5461306, 10,      5652,    2173,    4,    7046547,
-                                      18,   15,      286181,   105,     142572};
+const std::vector<int64_t> kKaggle = {
+    1460, 583,   10131227, 2202608, 305,  24,   12517, 633,     3,  93145, 5683,   8351593, 3194,
+    27,   14992, 5461306,  10,      5652, 2173, 4,     7046547, 18, 15,    286181, 105,     142572};
 
 // replicate "auto" on the GPUs: a table is replicated when the all-reduce of its dense f32
 // gradient, 2 (N - 1) / N x rows x dim x 4 bytes, is less than its exchange through the owner,

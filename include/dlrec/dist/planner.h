@@ -97,7 +97,7 @@ struct PlannerOptions {
   // beside its values and state (the GPUs: its dense f32 gradient, 4).
   int exchange_value_bytes = 4, exchange_grad_bytes = 4;
   int64_t replica_grad_bytes = 0;
-  int64_t min_column_dim = 32;                     // narrowest column shard of an auto split
+  int64_t min_column_dim = 32;  // narrowest column shard of an auto split
   // Step 6 of the planner: the fullest rank may hold this many times the mean table bytes
   // before the planner splits a table on it to even them out (>= 1).
   double max_memory_imbalance = 1.25;
@@ -128,7 +128,7 @@ struct TablePlan {
   std::string name;
   ShardingKind kind = ShardingKind::TableWise;
   bool overridden = false;
-  std::string why;  // why the planner replicated it (empty otherwise)
+  std::string why;            // why the planner replicated it (empty otherwise)
   std::vector<Shard> shards;  // replicated: one per rank; table_wise: one; else one per rank
   // Rank owning the table (table_wise), else -1.
   int owner() const { return kind == ShardingKind::TableWise ? shards.at(0).rank : -1; }

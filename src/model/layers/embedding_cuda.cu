@@ -367,8 +367,8 @@ class EmbeddingNode final : public Node {
                          rp_off_.data<int32_t>(), static_cast<uint32_t*>(rp_keys_.raw()),
                          lens_.data<int32_t>(), src_.data<int64_t>(), scan_.raw(), scan_bytes_,
                          e.st);
-    ce::forward(rp_sub_, rp_off_.data<int32_t>(), static_cast<const uint32_t*>(rp_keys_.raw()),
-                e.B, mean_, static_cast<H*>(rp_pool_.raw()), e.st, rp_K_ * dim);
+    ce::forward(rp_sub_, rp_off_.data<int32_t>(), static_cast<const uint32_t*>(rp_keys_.raw()), e.B,
+                mean_, static_cast<H*>(rp_pool_.raw()), e.st, rp_K_ * dim);
     dp::scatter_pooled(rp_layout_, e.B, static_cast<const H*>(rp_pool_.raw()), out, ld, e.st);
   }
   // This rank's dense gradient of the replicated tables, summed over the ranks, applied.
@@ -679,8 +679,8 @@ class EmbeddingNode final : public Node {
   ce::Tables rp_sub_, rp_gtab_;
 
   bool tw_ = false;
-  DType xdt_ = DType::F32;  // the gradients' type in the exchange (alloc_table_wise)
-  int64_t tw_K_ = 0, tw_nnz_ = 0;             // tables this rank owns; their ids this step
+  DType xdt_ = DType::F32;         // the gradients' type in the exchange (alloc_table_wise)
+  int64_t tw_K_ = 0, tw_nnz_ = 0;  // tables this rank owns; their ids this step
   std::vector<int64_t> tw_count_, tw_first_;  // per rank: tables owned, first position
   std::vector<int64_t> tw_mine_;              // the tables this rank owns
   Tensor tw_layout_mem_, tw_tabs_, tw_ptrs_, tw_sptrs_, tw_base_;

@@ -176,8 +176,8 @@ template void gather_grads_rounded<__half>(const TwLayout&, int64_t, const float
 namespace {
 
 __global__ void dense_update_kernel(float* __restrict__ w, float* __restrict__ a,
-                                    float* __restrict__ g, int64_t n, const float* __restrict__ lr_p,
-                                    float eps) {
+                                    float* __restrict__ g, int64_t n,
+                                    const float* __restrict__ lr_p, float eps) {
   const float lr = *lr_p;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
