@@ -415,6 +415,39 @@ void validate_specs(const std::vector<TableSpec>& tables, const PlannerOptions& 
   }
 }
 
+// Step 2 of plan_sharding: the tables replicated automatically (those without an override) and
+// why, by the cost rule (replicate_by_cost; smallest first while the replicas take at most half
+// of a rank's memory for tables) or by size (replicate_max_bytes).
+void choose_replicated(const std::vector<TableSpec>& specs, const PlannerOptions& o,
+                       const std::vector<int>& by_size, std::vector<char>* rep,
+                       std::vector<std::string>* why) {
+  const int n = o.ranks;
+  const int T = static_cast<int>(specs.size());
+  if (n > 1 && o.replicate_auto && o.replicate_by_cost) {
+    // Smallest first, while the replicas take at most half of a rank's memory for tables.
+    int64_t taken = 0;
+    for (auto it = by_size.rbegin(); it != by_size.rend(); ++it) {
+      const int t = *it;
+      if (o.overrides.count(specs[t].name)) continue;
+      const ReplicationCost c = replication_cost(specs[t], o);
+      const int64_t need = specs[t].bytes() + o.replica_grad_bytes * specs[t].rows * specs[t].dim;
+      if (!(c.all_reduce < c.exchange) || taken + need > o.usable_per_rank() / 2) continue;
+      taken += need;
+      (*rep)[t] = 1;
+      (*why)[t] = "gradient all-reduce " + format_bytes(c.all_reduce) + " < exchange " +
+                  format_bytes(c.exchange) + " per step";
+    }
+  } else if (n > 1) {
+    for (int t = 0; t < T; ++t)
+      if (!o.overrides.count(specs[t].name) && specs[t].bytes() <= o.replicate_max_bytes) {
+        (*rep)[t] = 1;
+        (*why)[t] = detail::concat(
+            specs[t].bytes(), " bytes (values + state) <= ", o.replicate_max_bytes,
+            o.replicate_auto ? " (replicate: auto on the CPU engine)" : " (replicate)");
+      }
+  }
+}
+
 }  // namespace
 
 Plan plan_sharding(const std::vector<TableSpec>& specs, const PlannerOptions& o) {
@@ -438,29 +471,7 @@ Plan plan_sharding(const std::vector<TableSpec>& specs, const PlannerOptions& o)
   // 2. The tables replicated automatically (not overridden), with the reason the plan prints.
   std::vector<char> rep(T, 0);
   std::vector<std::string> why(T);
-  if (n > 1 && o.replicate_auto && o.replicate_by_cost) {
-    // Smallest first, while the replicas take at most half of a rank's memory for tables.
-    int64_t taken = 0;
-    for (auto it = by_size.rbegin(); it != by_size.rend(); ++it) {
-      const int t = *it;
-      if (override_of(t)) continue;
-      const ReplicationCost c = replication_cost(specs[t], o);
-      const int64_t need = specs[t].bytes() + o.replica_grad_bytes * specs[t].rows * specs[t].dim;
-      if (!(c.all_reduce < c.exchange) || taken + need > o.usable_per_rank() / 2) continue;
-      taken += need;
-      rep[t] = 1;
-      why[t] = "gradient all-reduce " + format_bytes(c.all_reduce) + " < exchange " +
-               format_bytes(c.exchange) + " per step";
-    }
-  } else if (n > 1) {
-    for (int t = 0; t < T; ++t)
-      if (!override_of(t) && specs[t].bytes() <= o.replicate_max_bytes) {
-        rep[t] = 1;
-        why[t] = detail::concat(
-            specs[t].bytes(), " bytes (values + state) <= ", o.replicate_max_bytes,
-            o.replicate_auto ? " (replicate: auto on the CPU engine)" : " (replicate)");
-      }
-  }
+  choose_replicated(specs, o, by_size, &rep, &why);
   auto replicate = [&](int t) { return rep[t] != 0; };
   auto can_split_columns = [&](int t) {
     return specs[t].state_splits_by_column && specs[t].dim / o.min_column_dim >= 2;
