@@ -71,8 +71,27 @@ PlannerOptions read_planner_options(ConfigReader& r, int ranks) {
   const double gb = r.get_range("memory_per_rank_gb", 80.0, 1e-6, 1e6);
   o.memory_per_rank = static_cast<int64_t>(gb * 1e9);
   o.headroom = r.get_range("headroom", 0.1, 0.0, 0.9);
-  o.replicate_max_bytes =
-      r.get_int_range("replicate_max_bytes", o.replicate_max_bytes, 0, int64_t{1} << 50);
+  // "replicate": "auto" or bytes; "replicate_max_bytes": bytes (the older key).
+  if (r.has("replicate") && r.has("replicate_max_bytes"))
+    fail("config keys '", r.key_path("replicate"), "' and '", r.key_path("replicate_max_bytes"),
+         "' both set the replication rule: give one");
+  if (r.has("replicate")) {
+    const json& v = r.raw("replicate");
+    if (v.is_string() && v.get<std::string>() == "auto") {
+      o.replicate_auto = true;
+    } else if (v.is_number_integer() && v.get<int64_t>() >= 0 &&
+               v.get<int64_t>() <= (int64_t{1} << 50)) {
+      o.replicate_auto = false;
+      o.replicate_max_bytes = v.get<int64_t>();
+    } else {
+      fail("config key '", r.key_path("replicate"), "' must be \"auto\" or a size in bytes in [0, ",
+           int64_t{1} << 50, "], got ", v.dump());
+    }
+  } else if (r.has("replicate_max_bytes")) {
+    o.replicate_auto = false;
+    o.replicate_max_bytes =
+        r.get_int_range("replicate_max_bytes", o.replicate_max_bytes, 0, int64_t{1} << 50);
+  }
   o.min_column_dim = r.get_int_range("min_column_dim", o.min_column_dim, 1, 1 << 20);
   o.max_memory_imbalance = r.get_range("max_memory_imbalance", o.max_memory_imbalance, 1.0, 1e6);
   if (r.has("tables")) {
@@ -217,11 +236,15 @@ class Placer {
   bool add(int t, int rank, int64_t rows, int64_t c0, int64_t c1, double lk, bool force) {
     const int64_t bytes = need(t, rows, c1 - c0);
     RankLoad& l = loads_[rank];
-    if (!force && l.bytes + bytes > l.usable) return false;
+    const int64_t replica = tables_[t].kind == ShardingKind::Replicated
+                                ? o_.replica_grad_bytes * rows * (c1 - c0)
+                                : 0;  // a replica's dense gradient buffer (GPUs)
+    if (!force && l.bytes + bytes + replica > l.usable) return false;
+    l.bytes += replica;
+    tables_[t].shards.push_back(Shard{rank, rows, c0, c1, bytes + replica, lk});
     l.bytes += bytes;
     l.lookups += lk;
     l.tables.push_back(t);
-    tables_[t].shards.push_back(Shard{rank, rows, c0, c1, bytes, lk});
     return true;
   }
 
@@ -259,7 +282,8 @@ class Placer {
     const TableSpec& s = specs_[t];
     for (int r = 0; r < n_; ++r)
       if (!add(t, r, s.rows, 0, s.dim, lookups(t) / n_, false))
-        fail_fit(t, s.bytes(), "on every rank (replicated)");
+        fail_fit(t, s.bytes() + o_.replica_grad_bytes * s.rows * s.dim,
+                 "on every rank (replicated)");
   }
 
   void place_row_wise(int t) {
@@ -316,19 +340,23 @@ class Placer {
     const TableSpec& s = specs_[t];
     const TablePlan& p = tables_[t];
     const double ids = lookups(t) / n_ * 8.0;  // this rank's ids, int64
-    const double vec = batch_ * 4.0;           // one fp32 column of this rank's pooled rows
+    // One column of this rank's pooled rows (forward) and of their gradients (backward), in the
+    // exchange's types (f32 unless the GPUs' bf16/fp16 runs set 2 bytes).
+    const double fwd = batch_ * o_.exchange_value_bytes, bwd = batch_ * o_.exchange_grad_bytes;
     const int n1 = n_ - 1;
     for (int r = 0; r < n_; ++r) {
       double c = 0;
       switch (p.kind) {
         case ShardingKind::Replicated:
-          c = n1 * (ids + vec * s.dim);
+          // The GPUs all-reduce the dense gradient; the CPU engine all-gathers ids and pooled
+          // gradients.
+          c = o_.replicate_by_cost ? replication_cost(s, o_).all_reduce : n1 * (ids + bwd * s.dim);
           break;
         case ShardingKind::TableWise:
-          c = p.owner() == r ? n1 * vec * s.dim : ids + vec * s.dim;
+          c = p.owner() == r ? n1 * fwd * s.dim : ids + bwd * s.dim;
           break;
         case ShardingKind::RowWise:
-          c = ids * n1 / n_ + 2.0 * n1 * vec * s.dim;
+          c = ids * n1 / n_ + n1 * (fwd + bwd) * s.dim;
           break;
         case ShardingKind::ColumnWise: {
           const Shard* own = nullptr;
@@ -336,7 +364,7 @@ class Placer {
             if (sh.rank == r) own = &sh;
           const int64_t own_cols = own ? own->col_end - own->col_begin : 0;
           const double others = static_cast<double>(p.shards.size()) - (own ? 1 : 0);
-          c = others * ids + n1 * vec * own_cols + vec * (s.dim - own_cols);
+          c = others * ids + n1 * fwd * own_cols + bwd * (s.dim - own_cols);
           break;
         }
       }
@@ -387,6 +415,39 @@ void validate_specs(const std::vector<TableSpec>& tables, const PlannerOptions& 
   }
 }
 
+// Step 2 of plan_sharding: the tables replicated automatically (those without an override) and
+// why, by the cost rule (replicate_by_cost; smallest first while the replicas take at most half
+// of a rank's memory for tables) or by size (replicate_max_bytes).
+void choose_replicated(const std::vector<TableSpec>& specs, const PlannerOptions& o,
+                       const std::vector<int>& by_size, std::vector<char>* rep,
+                       std::vector<std::string>* why) {
+  const int n = o.ranks;
+  const int T = static_cast<int>(specs.size());
+  if (n > 1 && o.replicate_auto && o.replicate_by_cost) {
+    // Smallest first, while the replicas take at most half of a rank's memory for tables.
+    int64_t taken = 0;
+    for (auto it = by_size.rbegin(); it != by_size.rend(); ++it) {
+      const int t = *it;
+      if (o.overrides.count(specs[t].name)) continue;
+      const ReplicationCost c = replication_cost(specs[t], o);
+      const int64_t need = specs[t].bytes() + o.replica_grad_bytes * specs[t].rows * specs[t].dim;
+      if (!(c.all_reduce < c.exchange) || taken + need > o.usable_per_rank() / 2) continue;
+      taken += need;
+      (*rep)[t] = 1;
+      (*why)[t] = "gradient all-reduce " + format_bytes(c.all_reduce) + " < exchange " +
+                  format_bytes(c.exchange) + " per step";
+    }
+  } else if (n > 1) {
+    for (int t = 0; t < T; ++t)
+      if (!o.overrides.count(specs[t].name) && specs[t].bytes() <= o.replicate_max_bytes) {
+        (*rep)[t] = 1;
+        (*why)[t] = detail::concat(
+            specs[t].bytes(), " bytes (values + state) <= ", o.replicate_max_bytes,
+            o.replicate_auto ? " (replicate: auto on the CPU engine)" : " (replicate)");
+      }
+  }
+}
+
 }  // namespace
 
 Plan plan_sharding(const std::vector<TableSpec>& specs, const PlannerOptions& o) {
@@ -407,7 +468,11 @@ Plan plan_sharding(const std::vector<TableSpec>& specs, const PlannerOptions& o)
     auto it = o.overrides.find(specs[t].name);
     return it == o.overrides.end() ? nullptr : &it->second;
   };
-  auto replicate = [&](int t) { return n > 1 && specs[t].bytes() <= o.replicate_max_bytes; };
+  // 2. The tables replicated automatically (not overridden), with the reason the plan prints.
+  std::vector<char> rep(T, 0);
+  std::vector<std::string> why(T);
+  choose_replicated(specs, o, by_size, &rep, &why);
+  auto replicate = [&](int t) { return rep[t] != 0; };
   auto can_split_columns = [&](int t) {
     return specs[t].state_splits_by_column && specs[t].dim / o.min_column_dim >= 2;
   };
@@ -510,10 +575,22 @@ Plan plan_sharding(const std::vector<TableSpec>& specs, const PlannerOptions& o)
   plan.memory_per_rank = o.memory_per_rank;
   plan.dense_bytes = o.dense_bytes;
   for (int t = 0; t < T; ++t) pl.add_comm(t);
+  for (int t = 0; t < T; ++t)
+    if (rep[t]) pl.tables()[t].why = why[t];
   plan.tables = std::move(pl.tables());
   plan.per_rank = std::move(pl.loads());
   for (RankLoad& l : plan.per_rank) std::sort(l.tables.begin(), l.tables.end());
   return plan;
+}
+
+ReplicationCost replication_cost(const TableSpec& t, const PlannerOptions& o) {
+  const double n = std::max(o.ranks, 1), part = (n - 1) / n;
+  const double G = n * static_cast<double>(std::max<int64_t>(o.batch_per_rank, 1));
+  const double dim = static_cast<double>(t.dim);
+  ReplicationCost c;
+  c.all_reduce = 2 * part * static_cast<double>(t.rows) * dim * 4;
+  c.exchange = part * G * dim * (o.exchange_value_bytes + o.exchange_grad_bytes);
+  return c;
 }
 
 void print_plan(const Plan& plan, const std::vector<TableSpec>& tables, std::ostream& os) {
@@ -549,10 +626,14 @@ void print_plan(const Plan& plan, const std::vector<TableSpec>& tables, std::ost
       os << line;
     }
   }
+  for (const TablePlan& tp : plan.tables)
+    if (!tp.why.empty()) os << "  replicated " << tp.name << ": " << tp.why << "\n";
 }
 
 Plan plan_gpu_tables(const std::vector<TableSpec>& tables, PlannerOptions o, const GpuMemory& m) {
-  o.replicate_max_bytes = 0;
+  // Replicas all-reduce a dense f32 gradient (held beside the table): auto is the cost rule.
+  o.replicate_by_cost = o.replicate_auto;
+  o.replica_grad_bytes = 4;
   o.max_memory_imbalance = std::numeric_limits<double>::max();
   o.min_column_dim = int64_t{1} << 40;  // splits to fit are row-wise (no column-wise on GPUs)
   const int64_t configured = o.memory_per_rank;
@@ -566,9 +647,9 @@ Plan plan_gpu_tables(const std::vector<TableSpec>& tables, PlannerOptions o, con
       format_bytes(static_cast<double>(m.dense_bytes)) + " of dense parameters and " +
       format_bytes(static_cast<double>(m.exchange_bytes)) + " of exchange buffers";
   for (const auto& [name, ov] : o.overrides)
-    if (ov.kind == ShardingKind::ColumnWise || ov.kind == ShardingKind::Replicated)
+    if (ov.kind == ShardingKind::ColumnWise)
       fail("sharding.tables.", name, ".kind: \"", sharding_kind_name(ov.kind),
-           "\" is not supported on the GPUs (table_wise or row_wise)");
+           "\" is not supported on the GPUs (table_wise, row_wise or replicated)");
   // A table whose rows split over every GPU still do not fit: named with what it needs.
   const int n = std::max(o.ranks, 1);
   auto share_of = [&](const TableSpec& t) {

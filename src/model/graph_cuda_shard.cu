@@ -29,10 +29,6 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
   DLREC_CHECK(host.size() == e_.dp.ranks && host.rank() == e_.dp.rank,
               "sharding: the host communicator (rank ", host.rank(), " of ", host.size(),
               ") is not the NCCL one's (rank ", e_.dp.rank, " of ", e_.dp.ranks, ") (bug)");
-  for (const auto& [name, ov] : options.overrides)
-    if (ov.kind == dist::ShardingKind::Replicated)
-      fail("sharding.tables.", name, ".kind: \"replicated\" is not supported on the GPUs yet ",
-           "(their tables are table-wise; drop the override)");
   const std::string layer = emb_->layer_name();
   const int64_t dim = e_.vals[emb_idx_].fields.at(0);
   const int n = e_.dp.ranks;
@@ -58,22 +54,34 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
   dist::GpuMemory mem;
   for (const NamedState& d : dense_)
     mem.dense_bytes += 4 * (2 * d.value.numel() + (d.state.defined() ? d.state.numel() : 0));
+  // The exchange moves pooled rows and their gradients in the model's precision.
   const int act = e_.lowp ? 2 : 4;
+  dist::PlannerOptions opts = options;
+  opts.exchange_value_bytes = act;
+  opts.exchange_grad_bytes = act;
   mem.exchange_bytes = dist::gpu_exchange_bytes(n, options.batch_per_rank, T_, T_, dim,
-                                                T_ > 0 ? ids_total / T_ : 1.0, act, 4);
+                                                T_ > 0 ? ids_total / T_ : 1.0, act, act);
   size_t free_b = 0, total_b = 0;
   DLREC_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   std::vector<int64_t> free_all(n);
   const int64_t mine = static_cast<int64_t>(free_b);
   host.all_gather(&mine, free_all.data(), 1, dist::Elem::I64);
   mem.free_bytes = *std::min_element(free_all.begin(), free_all.end());
-  const dist::Plan plan = dist::plan_gpu_tables(specs, options, mem);
+  const dist::Plan plan = dist::plan_gpu_tables(specs, opts, mem);
   std::vector<int> owner(T_, -1);
   std::vector<char> keep(T_, 0);
   int64_t own_bytes = 0, own_rows = 0, own_tables = 0;
   for (int64_t t = 0; t < T_; ++t) {
+    if (plan.tables[t].kind == dist::ShardingKind::Replicated) {  // whole on every GPU
+      owner[t] = gpu_graph::dp::kReplicatedOwner;
+      keep[t] = 1;
+      own_bytes += specs[t].bytes() + 4 * specs[t].rows * dim;  // + its dense gradient
+      own_rows += specs[t].rows;
+      ++own_tables;
+      continue;
+    }
     if (plan.tables[t].kind == dist::ShardingKind::RowWise) {  // a range on every GPU
-      owner[t] = -1;
+      owner[t] = gpu_graph::dp::kRowWiseOwner;
       keep[t] = 2;
       int64_t lo = 0, hi = 0;
       gpu_graph::dp::row_range(specs[t].rows, n, e_.dp.rank, &lo, &hi);
@@ -152,8 +160,8 @@ void GraphCuda::gather_sharded_tables() {
   host_tables_.assign(sharded_index_.size(), {});
   for (size_t t = 0; t < sharded_index_.size(); ++t) {
     const int owner = e_.dp.table_owner[t];
-    if (owner == 0) continue;  // rank 0 has it
-    const bool row_wise = owner < 0;
+    if (owner == 0 || owner == gpu_graph::dp::kReplicatedOwner) continue;  // rank 0 has it
+    const bool row_wise = owner == gpu_graph::dp::kRowWiseOwner;
     NamedState& p = tables_[sharded_index_[t]];
     const int64_t rows = layout_.cardinalities[t], dim = e_.vals[emb_idx_].fields.at(0);
     // Streams rows [lo, hi) of the table from `root` (whose device tensor holds them from its
@@ -192,7 +200,8 @@ void GraphCuda::gather_sharded_tables() {
 // values a resume loaded into it; after a checkpoint, the values it already has).
 void GraphCuda::release_sharded_tables() {
   for (size_t t = 0; t < host_tables_.size(); ++t) {
-    const bool row_wise = t < e_.dp.table_owner.size() && e_.dp.table_owner[t] < 0;
+    const bool row_wise =
+        t < e_.dp.table_owner.size() && e_.dp.table_owner[t] == gpu_graph::dp::kRowWiseOwner;
     if (row_wise && host_tables_[t].first.defined()) {
       DeviceGuard g(dev_index_);
       NamedState& p = tables_[sharded_index_[t]];
@@ -261,7 +270,8 @@ void GraphCuda::exchange_counts(const io::Batch& batch, bool need_rows) {
 
 bool GraphCuda::row_wise_piece(size_t k) const {
   for (size_t t = 0; t < sharded_index_.size() && t < e_.dp.table_owner.size(); ++t)
-    if (sharded_index_[t] == static_cast<int>(k)) return e_.dp.table_owner[t] < 0;
+    if (sharded_index_[t] == static_cast<int>(k))
+      return e_.dp.table_owner[t] == gpu_graph::dp::kRowWiseOwner;
   return false;
 }
 

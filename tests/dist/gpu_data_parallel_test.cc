@@ -1,5 +1,5 @@
 // Data-parallel training of CUDA engine models on 2 (and 4) GPUs (NCCL) against one GPU, with
-// the tables replicated or sharded table-wise (and one of them row-wise)
+// the tables replicated or sharded (table-wise, row-wise, replicated with the gradient all-reduced)
 // (docs/DISTRIBUTED.md, "Across GPUs"): the same data and seed, a global batch of per-GPU batch x
 // GPUs, the same loss at every logged step (1e-5 relative) and the same final AUC (1e-4), over
 // 1,000 steps in fp32; and the configurations the GPUs refuse, with their messages. Every test
@@ -104,6 +104,9 @@ void expect_gpus_match_one(const std::string& optimizer, int gpus = 2,
     if (extra.find("row_wise") != std::string::npos) {
       EXPECT_NE(many.output.find("row_wise"), std::string::npos) << many.output;
     }
+    if (extra.find("\"replicated\"") != std::string::npos) {  // the plan's count of them
+      EXPECT_EQ(many.output.find("(0 replicated,"), std::string::npos) << many.output;
+    }
     EXPECT_NE(many.output.find("[shard] GPU " + std::to_string(gpus - 1) + ": "), std::string::npos)
         << many.output;
   }
@@ -149,8 +152,10 @@ void expect_gpus_match_one(const std::string& optimizer, int gpus = 2,
 void expect_two_gpus_match_one(const std::string& optimizer) { expect_gpus_match_one(optimizer); }
 
 // Table-wise sharding: the planner's placement, and one table's owner set by the config.
+// "replicate": 0 keeps every table table-wise (the cost rule would replicate the 40-row tables
+// of this small model: GpuReplicated below).
 const char* kTableWise =
-    R"(, "sharding": {"tables": {"emb.0": {"kind": "table_wise", "owner": 1}}})";
+    R"(, "sharding": {"replicate": 0, "tables": {"emb.0": {"kind": "table_wise", "owner": 1}}})";
 
 TEST(GpuTableWise, TwoGpusMatchOneGpuOver1000StepsSgd) {
   SKIP_WITHOUT_TWO_GPUS();
@@ -179,7 +184,7 @@ TEST(GpuTableWise, FourGpusMatchOneGpuOver1000StepsAdagrad) {
 // Row-wise sharding: the multi-hot table (emb.4, bags of several ids: partial sums from several
 // GPUs) split by rows over every GPU, one table's owner set, the others placed by the planner.
 const char* kRowWise =
-    R"(, "sharding": {"tables": {"emb.4": {"kind": "row_wise"},
+    R"(, "sharding": {"replicate": 0, "tables": {"emb.4": {"kind": "row_wise"},
                                  "emb.0": {"kind": "table_wise", "owner": 1}}})";
 
 TEST(GpuRowWise, TwoGpusMatchOneGpuOver1000StepsSgd) {
@@ -208,6 +213,28 @@ TEST(GpuRowWise, FourGpusMatchOneGpuOver1000StepsAdagrad) {
                         "row-wise");
 }
 
+// Replicated tables (dense gradient all-reduced) beside table-wise and row-wise ones: the
+// multi-hot table and emb.1 replicated by the config, emb.0 table-wise on GPU 1, emb.2 row-wise,
+// the others by the cost rule ("replicate": "auto").
+const char* kReplicated =
+    R"(, "sharding": {"replicate": "auto", "tables": {"emb.4": {"kind": "replicated"},
+                                 "emb.1": {"kind": "replicated"},
+                                 "emb.2": {"kind": "row_wise"},
+                                 "emb.0": {"kind": "table_wise", "owner": 1}}})";
+
+TEST(GpuReplicated, TwoGpusMatchOneGpuOver1000StepsSgd) {
+  SKIP_WITHOUT_TWO_GPUS();
+  expect_gpus_match_one(R"({"type": "sgd", "lr": 0.1})", 2, kReplicated, "replicated");
+}
+
+TEST(GpuReplicated, FourGpusMatchOneGpuOver1000StepsAdagrad) {
+  SKIP_WITHOUT_TWO_GPUS();
+  if (cuda::device_count() < 4)
+    GTEST_SKIP() << "this machine has " << cuda::device_count() << " GPUs; the test needs 4";
+  expect_gpus_match_one(R"({"type": "adagrad", "lr": 0.05, "adagrad_init": 0.01})", 4, kReplicated,
+                        "replicated");
+}
+
 TEST(GpuDataParallel, TwoGpusMatchOneGpuOver1000StepsSgd) {
   SKIP_WITHOUT_TWO_GPUS();
   expect_two_gpus_match_one(R"({"type": "sgd", "lr": 0.1})");
@@ -234,17 +261,15 @@ TEST(GpuDataParallel, UnsupportedConfigurationsAreClearErrors) {
     auto r = run_job(d.train_args("cols", 32, "m.jsonl") + " --gpus 2", 300);
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.output.find("sharding.tables.emb.1.kind: \"column_wise\" is not supported on "
-                            "the GPUs (table_wise or row_wise)"),
+                            "the GPUs (table_wise, row_wise or replicated)"),
               std::string::npos)
         << r.output;
   }
-  {
-    Data d(R"({"type": "sgd", "lr": 0.1})", "fp32",
-           R"(, "sharding": {"tables": {"emb.2": {"kind": "replicated"}}})");
+  {  // a replication rule that is neither "auto" nor a size
+    Data d(R"({"type": "sgd", "lr": 0.1})", "fp32", R"(, "sharding": {"replicate": "all"})");
     auto r = run_job(d.train_args("repl", 32, "m.jsonl") + " --gpus 2", 300);
     EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.output.find("sharding.tables.emb.2.kind: \"replicated\" is not supported on the "
-                            "GPUs yet"),
+    EXPECT_NE(r.output.find("sharding.replicate' must be \"auto\" or a size in bytes"),
               std::string::npos)
         << r.output;
   }

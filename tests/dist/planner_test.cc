@@ -117,7 +117,12 @@ TEST(ShardPlanner, Criteo1TBWithSgdOnTwoAndFourH100) {
     // The small tables are replicated, the large ones placed whole: they fit without a split.
     int replicated = 0;
     for (const auto& t : p.tables) {
-      if (t.kind == ShardingKind::Replicated) ++replicated;
+      if (t.kind == ShardingKind::Replicated) {  // replicate "auto" on the CPU engine: <= 1 MiB
+        ++replicated;
+        EXPECT_NE(t.why.find("bytes (values + state) <= 1048576 (replicate: auto"),
+                  std::string::npos)
+            << t.why;
+      }
       EXPECT_NE(t.kind, ShardingKind::RowWise);
     }
     EXPECT_GE(replicated, 10);  // 3, 4, 10, 14, 36, 63, 108, 155, 976, 1543 rows
@@ -171,6 +176,8 @@ TEST(ShardPlannerGpu, Criteo1TBPlacesEveryTableWholeOnTwoAndFourGpus) {
                         Case{true, 4, 84'500'000'000}}) {
     const auto specs = criteo_tables(128, c.adagrad);
     PlannerOptions o = options(c.ranks, kH100);
+    o.replicate_auto = false;  // the memory plan alone (the cost rule: the test below)
+    o.replicate_max_bytes = 0;
     GpuMemory m;
     m.free_bytes = c.free;
     m.dense_bytes = 30'000'000;
@@ -210,7 +217,9 @@ TEST(ShardPlannerGpu, Criteo1TBWithAdagradOnFourSmallerGpusSplitsTablesByRows) {
   int row_wise = 0;
   for (size_t t = 0; t < specs.size(); ++t) {
     const TablePlan& tp = p.tables[t];
-    EXPECT_TRUE(tp.kind == ShardingKind::TableWise || tp.kind == ShardingKind::RowWise)
+    // The small tables are replicated by the cost rule (16,384 rows per GPU here).
+    EXPECT_TRUE(tp.kind == ShardingKind::TableWise || tp.kind == ShardingKind::RowWise ||
+                (tp.kind == ShardingKind::Replicated && specs[t].rows < 65536))
         << specs[t].name << " is " << sharding_kind_name(tp.kind);
     if (tp.kind != ShardingKind::RowWise) continue;
     ++row_wise;
@@ -287,6 +296,99 @@ TEST(ShardPlannerGpu, APlanThatCannotFitNamesTheTableAndItsBytes) {
   o.overrides["cat_0"] = TableOverride{ShardingKind::ColumnWise, -1};
   expect_error([&] { plan_gpu_tables(specs, o, GpuMemory{}); },
                {"sharding.tables.cat_0.kind: \"column_wise\" is not supported on the GPUs"});
+}
+
+// The MLPerf DLRM's 26 tables on Criteo Kaggle (src/io/synthetic_batch.cc).
+const std::vector<int64_t> kKaggle = {
+    1460, 583,   10131227, 2202608, 305,  24,   12517, 633,     3,  93145, 5683,   8351593, 3194,
+    27,   14992, 5461306,  10,      5652, 2173, 4,     7046547, 18, 15,    286181, 105,     142572};
+
+// replicate "auto" on the GPUs: a table is replicated when the all-reduce of its dense f32
+// gradient, 2 (N - 1) / N x rows x dim x 4 bytes, is less than its exchange through the owner,
+// (N - 1) / N x N x B x dim x (value + gradient bytes): at 55,296 rows per GPU in bf16 that is
+// below 55,296 rows on 2 GPUs and 110,592 on 4 (fp32 exchanges 4 + 4 bytes: 110,592 on 2).
+TEST(ShardPlannerGpu, ReplicatesTablesWhoseAllReduceCostsLessThanTheExchange) {
+  std::vector<TableSpec> specs;
+  for (size_t i = 0; i < kKaggle.size(); ++i) {
+    TableSpec s;
+    s.name = "emb." + std::to_string(i);
+    s.rows = kKaggle[i];
+    s.dim = 128;
+    specs.push_back(s);
+  }
+  struct Case {
+    int ranks, bytes;
+    int64_t below;
+    int replicated;
+  };
+  for (const Case& c : {Case{2, 2, 55296, 18}, Case{4, 2, 110592, 19}, Case{2, 4, 110592, 19}}) {
+    PlannerOptions o = options(c.ranks, kH100);
+    o.batch_per_rank = 55296;
+    o.exchange_value_bytes = o.exchange_grad_bytes = c.bytes;
+    const Plan p = plan_gpu_tables(specs, o, GpuMemory{});
+    check_plan(p, specs, o);
+    int replicated = 0;
+    for (size_t t = 0; t < specs.size(); ++t) {
+      const TablePlan& tp = p.tables[t];
+      const ReplicationCost cost = replication_cost(specs[t], o);
+      EXPECT_EQ(tp.kind == ShardingKind::Replicated, specs[t].rows < c.below) << tp.name;
+      EXPECT_EQ(tp.kind == ShardingKind::Replicated, cost.all_reduce < cost.exchange) << tp.name;
+      if (tp.kind != ShardingKind::Replicated) {
+        EXPECT_TRUE(tp.why.empty());
+        continue;
+      }
+      ++replicated;
+      EXPECT_NE(tp.why.find("gradient all-reduce"), std::string::npos) << tp.why;
+      ASSERT_EQ(static_cast<int>(tp.shards.size()), c.ranks);
+      for (const Shard& sh : tp.shards)  // values + the dense f32 gradient on every GPU
+        EXPECT_EQ(sh.bytes, specs[t].rows * 128 * (4 + 4));
+    }
+    EXPECT_EQ(replicated, c.replicated);
+    std::ostringstream os;
+    print_plan(p, specs, os);
+    EXPECT_NE(os.str().find("replicated emb.8: gradient all-reduce"), std::string::npos)
+        << os.str();
+  }
+  // The sides of the rule for emb.12 (12,517 rows) on 2 GPUs in bf16.
+  PlannerOptions o = options(2, kH100);
+  o.batch_per_rank = 55296;
+  o.exchange_value_bytes = o.exchange_grad_bytes = 2;
+  const ReplicationCost c = replication_cost(specs[6], o);
+  EXPECT_DOUBLE_EQ(c.all_reduce, 12517.0 * 128 * 4);
+  EXPECT_DOUBLE_EQ(c.exchange, 0.5 * 110592 * 128 * 4);
+  // A size instead of auto: tables up to that many bytes (values + state), on the GPUs too.
+  o.replicate_auto = false;
+  o.replicate_max_bytes = 0;
+  for (const TablePlan& tp : plan_gpu_tables(specs, o, GpuMemory{}).tables)
+    EXPECT_EQ(tp.kind, ShardingKind::TableWise) << tp.name;
+  o.replicate_max_bytes = 1000 * 128 * 4;
+  int small = 0;
+  for (const TablePlan& tp : plan_gpu_tables(specs, o, GpuMemory{}).tables)
+    small += tp.kind == ShardingKind::Replicated;
+  EXPECT_EQ(small, 11);  // 583, 305, 24, 633, 3, 27, 10, 4, 18, 15 and 105 rows
+  // The replicas take at most half of a GPU's memory for tables: with 20 MB per GPU for
+  // tables, the smallest cheap ones only.
+  o.replicate_auto = true;
+  o.memory_per_rank = 40'000'000;
+  o.headroom = 0;
+  GpuMemory dense;
+  dense.dense_bytes = 20'000'000;
+  std::vector<TableSpec> few(specs.begin(), specs.begin() + 9);
+  few.erase(few.begin() + 2, few.begin() + 4);  // the two large tables out
+  const Plan q = plan_gpu_tables(few, o, dense);
+  int64_t replica_bytes = 0;
+  for (const TablePlan& tp : q.tables)
+    if (tp.kind == ShardingKind::Replicated) replica_bytes += tp.shards[0].bytes;
+  EXPECT_GT(replica_bytes, 0);
+  EXPECT_LE(replica_bytes, 10'000'000);
+  EXPECT_EQ(q.tables[4].kind, ShardingKind::TableWise);  // emb.6, 12,517 rows: 12.8 MB replicated
+  // A replicated override is taken on the GPUs.
+  o = options(2, kH100);
+  o.overrides["emb.2"] = TableOverride{ShardingKind::Replicated, -1};
+  const Plan r = plan_gpu_tables(specs, o, GpuMemory{});
+  EXPECT_EQ(r.tables[2].kind, ShardingKind::Replicated);
+  EXPECT_TRUE(r.tables[2].overridden);
+  EXPECT_TRUE(r.tables[2].why.empty());
 }
 
 TEST(ShardPlanner, OneRankPlacesEverythingWhole) {
@@ -386,6 +488,19 @@ TEST(ShardPlanner, BadConfigIsAClearError) {
                {"sharding.tables.cat_0.ownr", "owner"});
   expect_error([&] { read(R"({"headroom": 1.5})", 2); }, {"sharding.headroom"});
   expect_error([&] { read(R"({"tables": [1]})", 2); }, {"sharding.tables", "object"});
+  // The replication rule: "auto" or bytes; not both keys.
+  EXPECT_TRUE(read("{}", 2).replicate_auto);
+  EXPECT_TRUE(read(R"({"replicate": "auto"})", 2).replicate_auto);
+  const PlannerOptions sized = read(R"({"replicate": 4096})", 2);
+  EXPECT_FALSE(sized.replicate_auto);
+  EXPECT_EQ(sized.replicate_max_bytes, 4096);
+  EXPECT_FALSE(read(R"({"replicate_max_bytes": 0})", 2).replicate_auto);
+  expect_error([&] { read(R"({"replicate": "always"})", 2); },
+               {"sharding.replicate", "\"auto\" or a size in bytes", "always"});
+  expect_error([&] { read(R"({"replicate": -1})", 2); }, {"sharding.replicate", "-1"});
+  expect_error([&] { read(R"({"replicate": 1.5})", 2); }, {"sharding.replicate"});
+  expect_error([&] { read(R"({"replicate": "auto", "replicate_max_bytes": 1})", 2); },
+               {"sharding.replicate", "sharding.replicate_max_bytes", "give one"});
 
   const auto specs = criteo_tables(64, false);
   PlannerOptions o = options(2, kH100);

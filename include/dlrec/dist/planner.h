@@ -19,8 +19,11 @@
 //
 // How the plan is chosen (plan_sharding):
 //   1. tables with an override take the kind (and owner) the config gives;
-//   2. a table of at most `replicate_max_bytes` (values + optimizer state) is replicated: its
-//      exchange would cost more than its memory (with one rank everything is table-wise);
+//   2. replicated tables (with one rank everything is table-wise), by `replicate`: a table of
+//      at most `replicate_max_bytes` (values + optimizer state); or with the cost rule (the
+//      GPUs' "auto", plan_gpu_tables) a table whose gradient all-reduce moves fewer bytes per
+//      step than its pooled rows' exchange (replication_cost), smallest first while the
+//      replicas take at most half of a rank's memory for tables;
 //   3. the rest are placed table-wise, largest first, each on the rank where the larger of its
 //      memory fraction and its lookup fraction after placement is smallest (LPT scheduling);
 //   4. while a table does not fit on any rank, the largest table still placed whole is split
@@ -80,8 +83,21 @@ struct PlannerOptions {
   double headroom = 0.1;        // fraction of memory_per_rank kept free, [0, 0.9]
   int64_t dense_bytes = 0;      // replicated dense parameters + gradients + state per rank
   int64_t batch_per_rank = 0;   // samples per rank and step (communication estimate); 0: 1
-  int64_t replicate_max_bytes = int64_t{1} << 20;  // tables up to this size are replicated
-  int64_t min_column_dim = 32;                     // narrowest column shard of an auto split
+  // Which tables are replicated (config key "replicate": "auto" or a size in bytes; the older
+  // key "replicate_max_bytes" is the size). Auto: on the CPU engine (plan_sharding) tables up to
+  // replicate_max_bytes (1 MiB; its replicas all-gather sparse gradients, which never moves
+  // fewer bytes than the table-wise exchange); on the GPUs (plan_gpu_tables) the cost rule
+  // (replicate_by_cost: the replicas' dense gradients are all-reduced). A size: tables up to
+  // that many bytes (values + state), on both.
+  bool replicate_auto = true;
+  int64_t replicate_max_bytes = int64_t{1} << 20;
+  bool replicate_by_cost = false;  // the cost rule (plan_gpu_tables sets it for auto)
+  // The table-wise exchange's bytes per value of the pooled rows and of their gradients (the
+  // GPUs: 2 and 2 in bf16/fp16 runs, 4 and 4 in fp32) and the bytes per value a replica holds
+  // beside its values and state (the GPUs: its dense f32 gradient, 4).
+  int exchange_value_bytes = 4, exchange_grad_bytes = 4;
+  int64_t replica_grad_bytes = 0;
+  int64_t min_column_dim = 32;  // narrowest column shard of an auto split
   // Step 6 of the planner: the fullest rank may hold this many times the mean table bytes
   // before the planner splits a table on it to even them out (>= 1).
   double max_memory_imbalance = 1.25;
@@ -112,6 +128,7 @@ struct TablePlan {
   std::string name;
   ShardingKind kind = ShardingKind::TableWise;
   bool overridden = false;
+  std::string why;            // why the planner replicated it (empty otherwise)
   std::vector<Shard> shards;  // replicated: one per rank; table_wise: one; else one per rank
   // Rank owning the table (table_wise), else -1.
   int owner() const { return kind == ShardingKind::TableWise ? shards.at(0).rank : -1; }
@@ -139,13 +156,25 @@ struct Plan {
 
 Plan plan_sharding(const std::vector<TableSpec>& tables, const PlannerOptions& options);
 
+// The cost rule's two sides for one table, in bytes per step: the ring all-reduce of its dense
+// f32 gradient, 2 (N - 1) / N x rows x dim x 4 (what each rank sends), against the table-wise
+// exchange through its owner, (N - 1) / N x G x dim x (exchange_value_bytes +
+// exchange_grad_bytes) (G = N x batch_per_rank: the pooled rows it sends forward plus the
+// gradients it receives backward; one pooled row per sample and table, whatever the ids per
+// sample; the ids are all-gathered for every table either way). The rule replicates when
+// all_reduce < exchange.
+struct ReplicationCost {
+  double all_reduce = 0, exchange = 0;
+};
+ReplicationCost replication_cost(const TableSpec& table, const PlannerOptions& options);
+
 // The plan as a table for the log: per rank its tables (kind, rows, columns, bytes, lookups) and
 // its memory against the budget.
 void print_plan(const Plan& plan, const std::vector<TableSpec>& tables, std::ostream& os);
 
 // The CUDA engine's plan (docs/DISTRIBUTED.md, "Sharding on the GPUs"): every table is placed
 // whole on one GPU or, when it does not fit whole, split by rows over all of them (no
-// replication of small tables, no splits to balance), with the memory of a
+// splits to balance; tables replicated by the cost rule or `replicate`), with the memory of a
 // GPU taken as the smaller of memory_per_rank and `free_bytes` (the least free device memory
 // over the ranks once the dense part is built; 0: unknown), less the headroom, the dense
 // parameters (`dense_bytes`: weights, gradients, state) and the step's exchange buffers
@@ -153,7 +182,8 @@ void print_plan(const Plan& plan, const std::vector<TableSpec>& tables, std::ost
 // every GPU is an error naming the table, the bytes it needs and what a GPU has for tables.
 // Row-wise tables (an automatic split to fit, or the config's "row_wise") are split into
 // contiguous row ranges, GPU r holding rows [rows * r / N, rows * (r + 1) / N) of the table and
-// one zero row; column-wise and replicated overrides are errors.
+// one zero row; column-wise overrides are errors. A replica counts its dense f32 gradient
+// buffer (replica_grad_bytes = 4) beside its values and state.
 struct GpuMemory {
   int64_t free_bytes = 0;
   int64_t dense_bytes = 0;

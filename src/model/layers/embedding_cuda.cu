@@ -217,7 +217,8 @@ class EmbeddingNode final : public Node {
     tw_first_.assign(n, 0);
     has_tw_ = false;
     for (int o : own) {
-      DLREC_CHECK(o >= -1 && o < n, "table-wise sharding: owner ", o, " of ", n, " ranks (bug)");
+      DLREC_CHECK(o >= dp::kReplicatedOwner && o < n, "table-wise sharding: owner ", o, " of ", n,
+                  " ranks (bug)");
       if (o >= 0) ++tw_count_[o], has_tw_ = true;
     }
     for (int r = 1; r < n; ++r) tw_first_[r] = tw_first_[r - 1] + tw_count_[r - 1];
@@ -264,15 +265,136 @@ class EmbeddingNode final : public Node {
     // Buffers for the largest global batch (every rank at the capacity).
     const int64_t G = n * cap_;
     const DType act = (into_ >= 0 ? e.vals[into_] : e.vals[self]).dt;
+    // The gradients travel in the model's precision: an f32 gradient (the DLRM's, written by
+    // the dot interaction in f32) is rounded to the 16-bit activation type before the exchange
+    // in bf16/fp16 runs (half the bytes); fp32 runs send f32 as before.
     const DType gdt = grad_value(e).gdt;
+    xdt_ = gdt == DType::F32 && is_half(act) ? act : gdt;
     auto one = [](int64_t x) { return std::max<int64_t>(x, 1); };
     tw_off_ = Tensor::empty({tw_K_ * G + 1}, DType::I32, e.dev);
     tw_keys_ = Tensor::empty({one(n * max_nnz)}, DType::I32, e.dev);
     tw_pool_ = Tensor::empty({one(G * tw_K_ * dim)}, act, e.dev);
     tw_recv_ = Tensor::empty({one(cap_ * T * dim)}, act, e.dev);
-    tw_gsend_ = Tensor::empty({one(cap_ * T * dim)}, gdt, e.dev);
-    tw_grecv_ = Tensor::empty({one(G * tw_K_ * dim)}, gdt, e.dev);
+    tw_gsend_ = Tensor::empty({one(cap_ * T * dim)}, xdt_, e.dev);
+    tw_grecv_ = Tensor::empty({one(G * tw_K_ * dim)}, xdt_, e.dev);
     alloc_row_wise(e, max_nnz);
+    alloc_replicated(e, max_nnz);
+  }
+  // Replicated tables (Engine::dp.table_owner[t] == dp::kReplicatedOwner; docs/DISTRIBUTED.md,
+  // "Replicated tables on the GPUs"): every GPU holds the whole table (the same values: one GPU's
+  // initialisation, the same updates). Forward: each rank pools its own rows' bags of these
+  // tables (no exchange). Backward: each rank turns its rows' pooled gradients into the table's
+  // dense f32 gradient (the fused update's SGD with lr -1 on a zeroed gradient table: the same
+  // de-duplicated, deterministic sums), one all-reduce sums them over the ranks, and every rank
+  // applies the optimizer to the elements with a gradient (dp::dense_update, which zeroes the
+  // gradient again). Costs 2 (N - 1) / N x rows x dim x 4 bytes per rank and step instead of the
+  // exchange of B x dim pooled rows and gradients: the planner's cost rule picks these tables.
+  void alloc_replicated(Engine& e, int64_t max_nnz) {
+    const int64_t T = ts_.tab.num_tables, dim = ts_.dim;
+    rp_mine_.clear();
+    for (int64_t t = 0; t < T; ++t)
+      if (e.dp.table_owner[t] == dp::kReplicatedOwner) rp_mine_.push_back(t);
+    rp_K_ = static_cast<int64_t>(rp_mine_.size());
+    if (rp_K_ == 0) return;
+    int64_t total = 0;
+    for (int64_t t : rp_mine_) total += ts_.rows[t] * dim;
+    rp_grad_ = e.buf({total}, DType::F32);  // zero: dense_update keeps it so between steps
+    std::vector<int32_t> table, first, count, index;
+    std::vector<float*> wp, sp, gp;
+    std::vector<uint32_t> base;
+    int64_t at = 0;
+    for (int64_t k = 0; k < rp_K_; ++k) {
+      const int64_t t = rp_mine_[k];
+      DLREC_CHECK(ts_.tables[t].defined() && ts_.tables[t].shape()[0] == ts_.rows[t],
+                  "replicated table ", t, " is not allocated whole (bug)");
+      table.push_back(static_cast<int32_t>(t));
+      first.push_back(0);
+      count.push_back(static_cast<int32_t>(rp_K_));
+      index.push_back(static_cast<int32_t>(k));
+      wp.push_back(ts_.tables[t].data<float>());
+      if (!ts_.states.empty()) sp.push_back(ts_.states[t].data<float>());
+      gp.push_back(rp_grad_.data<float>() + at);
+      base.push_back(ts_.row_base[t]);
+      at += ts_.rows[t] * dim;
+    }
+    auto upload = [&](const void* src, size_t bytes) {
+      Tensor x = Tensor::empty({static_cast<int64_t>(bytes ? bytes : 1)}, DType::U8, e.dev);
+      if (bytes) copy_bytes(x.raw(), e.dev, src, Device::cpu(), bytes);
+      return x;
+    };
+    rp_tabs_ = upload(table.data(), table.size() * sizeof(int32_t));
+    std::vector<int32_t> lay;
+    for (auto* a : {&table, &first, &count, &index}) lay.insert(lay.end(), a->begin(), a->end());
+    rp_layout_mem_ = upload(lay.data(), lay.size() * sizeof(int32_t));
+    const auto* l = static_cast<const int32_t*>(rp_layout_mem_.raw());
+    rp_layout_ = dp::TwLayout{l, l + rp_K_, l + 2 * rp_K_, l + 3 * rp_K_, rp_K_, dim};
+    rp_ptrs_ = upload(wp.data(), wp.size() * sizeof(float*));
+    rp_sptrs_ = upload(sp.data(), sp.size() * sizeof(float*));
+    rp_gptrs_ = upload(gp.data(), gp.size() * sizeof(float*));
+    rp_base_ = upload(base.data(), base.size() * sizeof(uint32_t));
+    rp_sub_ = ts_.tab;
+    rp_sub_.weights = static_cast<float* const*>(rp_ptrs_.raw());
+    rp_sub_.states = ts_.tab.states ? static_cast<float* const*>(rp_sptrs_.raw()) : nullptr;
+    rp_sub_.row_base = static_cast<const uint32_t*>(rp_base_.raw());
+    rp_sub_.num_tables = static_cast<int>(rp_K_);
+    rp_gtab_ = rp_sub_;  // the gradient "tables": SGD with lr -1 writes the summed gradient
+    rp_gtab_.weights = static_cast<float* const*>(rp_gptrs_.raw());
+    rp_gtab_.states = nullptr;
+    const DType act = (into_ >= 0 ? e.vals[into_] : e.vals[self]).dt;
+    auto one = [](int64_t x) { return std::max<int64_t>(x, 1); };
+    rp_off_ = Tensor::empty({rp_K_ * cap_ + 1}, DType::I32, e.dev);
+    rp_keys_ = Tensor::empty({one(max_nnz)}, DType::I32, e.dev);
+    rp_pool_ = Tensor::empty({one(cap_ * rp_K_ * dim)}, act, e.dev);
+    rp_gpack_ = Tensor::empty({one(cap_ * rp_K_ * dim)}, grad_value(e).gdt, e.dev);
+    rp_minus_one_ = Tensor::empty({1}, DType::F32, e.dev);
+    ce::fill(rp_minus_one_.data<float>(), 1, -1.f, e.st);
+  }
+  // This rank's rows' bags of the replicated tables (bag k * B + b), pooled and put into the
+  // layer's columns.
+  template <class H>
+  void forward_replicated(Engine& e, H* out, int64_t ld) {
+    const int64_t T = ts_.tab.num_tables, dim = ts_.dim;
+    rp_nnz_ = 0;
+    for (int64_t t : rp_mine_) rp_nnz_ += e.dp.table_nnz[e.dp.rank * T + t];
+    if (e.B == 0) return;
+    dp::RankGeometry g;
+    g.ranks = 1;
+    g.tables = T;
+    g.global_rows = e.B;
+    g.rows[0] = e.B;
+    g.row_begin[0] = g.off_begin[0] = g.key_begin[0] = 0;
+    dp::build_table_bags(g, static_cast<const int32_t*>(rp_tabs_.raw()), rp_K_, e.offsets, e.keys,
+                         rp_off_.data<int32_t>(), static_cast<uint32_t*>(rp_keys_.raw()),
+                         lens_.data<int32_t>(), src_.data<int64_t>(), scan_.raw(), scan_bytes_,
+                         e.st);
+    ce::forward(rp_sub_, rp_off_.data<int32_t>(), static_cast<const uint32_t*>(rp_keys_.raw()), e.B,
+                mean_, static_cast<H*>(rp_pool_.raw()), e.st, rp_K_ * dim);
+    dp::scatter_pooled(rp_layout_, e.B, static_cast<const H*>(rp_pool_.raw()), out, ld, e.st);
+  }
+  // This rank's dense gradient of the replicated tables, summed over the ranks, applied.
+  template <class S>
+  void backward_replicated(Engine& e, const S* grad, int64_t ld) {
+    const int64_t dim = ts_.dim;
+    if (e.B > 0 && rp_nnz_ > 0) {
+      dp::gather_grads(rp_layout_, e.B, grad, ld, static_cast<S*>(rp_gpack_.raw()), e.st);
+      const int32_t* off = rp_off_.data<int32_t>();
+      ce::backward_ids(rp_gtab_, off, static_cast<const uint32_t*>(rp_keys_.raw()), e.B, rp_nnz_,
+                       ts_.key_bits, ts_.scratch, e.st);
+      ce::backward_apply(rp_gtab_, off, e.B, rp_nnz_, mean_, static_cast<const S*>(rp_gpack_.raw()),
+                         rp_K_ * dim, ce::Update::SGD, rp_minus_one_.data<float>(), 0.f,
+                         ts_.scratch, e.st, nullptr);
+    }
+    e.on_comm([&](dist::Communicator& c) {
+      c.all_reduce(rp_grad_.raw(), rp_grad_.numel(), dist::Elem::F32);
+    });
+    int64_t at = 0;
+    for (int64_t t : rp_mine_) {
+      const int64_t n = ts_.rows[t] * dim;
+      dp::dense_update(ts_.tables[t].data<float>(),
+                       ts_.states.empty() ? nullptr : ts_.states[t].data<float>(),
+                       rp_grad_.data<float>() + at, n, e.lr + 1, e.emb_eps, e.st);
+      at += n;
+    }
   }
   // Rank geometry of this step and the element counts of the pooled rows' all-to-all: what
   // this owner sends each rank (K * B_s * dim at K * R_s * dim) and receives from each owner
@@ -354,6 +476,7 @@ class EmbeddingNode final : public Node {
       }
       if (rw_K_ > 0)
         forward_row_wise(e, geo, static_cast<H*>(o.y.raw()) + col, o.ld, dist::elem_of(o.dt));
+      if (rp_K_ > 0) forward_replicated(e, static_cast<H*>(o.y.raw()) + col, o.ld);
     };
     if (is_half(o.dt))
       with_half(o.dt, run);
@@ -368,28 +491,44 @@ class EmbeddingNode final : public Node {
     const Value& gv = grad_value(e);
     const int64_t col = into_ >= 0 ? col_ : 0;
     const ce::Update kind = e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD;
-    auto run = [&](auto* h) {
-      using H = std::remove_pointer_t<decltype(h)>;
-      if (rw_K_ > 0)
-        backward_row_wise(e, static_cast<const H*>(gv.g.raw()) + col, gv.ld, dist::elem_of(gv.gdt));
+    // S: the gradient's type, W: the exchange's (xdt_: S, or the 16-bit activation type for
+    // an f32 gradient of a bf16/fp16 run, rounded while packing).
+    auto run = [&](auto* s, auto* w) {
+      using S = std::remove_pointer_t<decltype(s)>;
+      using W = std::remove_pointer_t<decltype(w)>;
+      const S* grad = static_cast<const S*>(gv.g.raw()) + col;
+      if (rp_K_ > 0) backward_replicated(e, grad, gv.ld);
+      if (rw_K_ > 0) backward_row_wise<S, W>(e, grad, gv.ld);
       if (!has_tw_) return;
-      dp::gather_grads(tw_layout_, e.B, static_cast<const H*>(gv.g.raw()) + col, gv.ld,
-                       static_cast<H*>(tw_gsend_.raw()), e.st);
+      pack_grads(tw_layout_, e.B, grad, gv.ld, static_cast<W*>(tw_gsend_.raw()), e.st);
       e.on_comm([&](dist::Communicator& c) {
         c.all_to_all_v(tw_gsend_.raw(), peer_c, peer_o, tw_grecv_.raw(), own_c, own_o,
-                       dist::elem_of(gv.gdt));
+                       dist::elem_of(xdt_));
       });
       if (tw_K_ == 0 || G == 0 || tw_nnz_ == 0) return;
       const int32_t* off = tw_off_.data<int32_t>();
       ce::backward_ids(tw_sub_, off, static_cast<const uint32_t*>(tw_keys_.raw()), G, tw_nnz_,
                        ts_.key_bits, ts_.scratch, e.st);
-      ce::backward_apply(tw_sub_, off, G, tw_nnz_, mean_, static_cast<const H*>(tw_grecv_.raw()),
+      ce::backward_apply(tw_sub_, off, G, tw_nnz_, mean_, static_cast<const W*>(tw_grecv_.raw()),
                          tw_K_ * dim, kind, e.lr + 1, e.emb_eps, ts_.scratch, e.st, e.gscale);
     };
     if (is_half(gv.gdt))
-      with_half(gv.gdt, run);
+      with_half(gv.gdt, [&](auto* h) { run(h, h); });
+    else if (is_half(xdt_))
+      with_half(xdt_, [&](auto* h) { run(static_cast<float*>(nullptr), h); });
     else
-      run(static_cast<float*>(nullptr));
+      run(static_cast<float*>(nullptr), static_cast<float*>(nullptr));
+  }
+  // The send blocks from the gradient's columns, rounded to 16 bits when W is (S is f32 then).
+  template <class S, class W>
+  static void pack_grads(const dp::TwLayout& l, int64_t B, const S* grad, int64_t ld, W* send,
+                         cudaStream_t st) {
+    if constexpr (std::is_same_v<S, W>) {
+      dp::gather_grads(l, B, grad, ld, send, st);
+    } else {
+      static_assert(std::is_same_v<S, float>, "only an f32 gradient is rounded");
+      dp::gather_grads_rounded(l, B, grad, ld, send, st);
+    }
   }
   // Row-wise sharding (Engine::dp.table_owner[t] == -1; docs/DISTRIBUTED.md, "Row-wise tables
   // on the GPUs"): every rank holds a contiguous range of the table's rows (TableSet::make_piece:
@@ -457,7 +596,7 @@ class EmbeddingNode final : public Node {
     // Buffers for the largest padded global batch (every rank at the capacity).
     const int64_t G = n * cap_;
     const DType act = (into_ >= 0 ? e.vals[into_] : e.vals[self]).dt;
-    const DType gdt = grad_value(e).gdt;
+    const DType gdt = xdt_;  // the exchange's gradient type (alloc_table_wise)
     auto one = [](int64_t x) { return std::max<int64_t>(x, 1); };
     rw_off_ = Tensor::empty({rw_K_ * G + 1}, DType::I32, e.dev);
     rw_keys_ = Tensor::empty({one(n * max_nnz)}, DType::I32, e.dev);
@@ -495,22 +634,23 @@ class EmbeddingNode final : public Node {
     });
     dp::scatter_pooled(rw_layout_, e.B, static_cast<const H*>(rw_recv_.raw()), out, ld, e.st);
   }
-  template <class H>
-  void backward_row_wise(Engine& e, const H* grad, int64_t ld, dist::Elem el) {
+  // S: the gradient's type, W: the exchange's (backward_table_wise).
+  template <class S, class W>
+  void backward_row_wise(Engine& e, const S* grad, int64_t ld) {
     const DataParallel& d = e.dp;
     const int64_t dim = ts_.dim, bmax = padded_rows(d);
     if (bmax == 0) return;
     const int64_t Gp = d.ranks * bmax;
-    dp::gather_grads(rw_layout_, e.B, grad, ld, static_cast<H*>(rw_gsend_.raw()), e.st);
+    pack_grads(rw_layout_, e.B, grad, ld, static_cast<W*>(rw_gsend_.raw()), e.st);
     e.on_comm([&](dist::Communicator& c) {
-      c.all_gather(rw_gsend_.raw(), rw_grecv_.raw(), bmax * rw_K_ * dim, el);
+      c.all_gather(rw_gsend_.raw(), rw_grecv_.raw(), bmax * rw_K_ * dim, dist::elem_of(xdt_));
     });
     if (rw_nnz_ == 0) return;
     const ce::Update kind = e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD;
     const int32_t* off = rw_off_.data<int32_t>();
     ce::backward_ids(rw_sub_, off, static_cast<const uint32_t*>(rw_keys_.raw()), Gp, rw_nnz_,
                      rw_key_bits_, rw_scratch_, e.st);
-    ce::backward_apply(rw_sub_, off, Gp, rw_nnz_, mean_, static_cast<const H*>(rw_grecv_.raw()),
+    ce::backward_apply(rw_sub_, off, Gp, rw_nnz_, mean_, static_cast<const W*>(rw_grecv_.raw()),
                        rw_K_ * dim, kind, e.lr + 1, e.emb_eps, rw_scratch_, e.st, e.gscale);
     // The outside rows took the other ranges' updates: zero again (values; the accumulator of
     // an outside row is never read for a real row).
@@ -530,8 +670,17 @@ class EmbeddingNode final : public Node {
   Tensor rw_off_, rw_keys_, rw_pool_, rw_recv_, rw_gsend_, rw_grecv_;
   bool has_tw_ = false;  // some table is table-wise (its all-to-alls run)
 
+  // Replicated tables (alloc_replicated).
+  int64_t rp_K_ = 0, rp_nnz_ = 0;
+  std::vector<int64_t> rp_mine_;
+  Tensor rp_grad_, rp_tabs_, rp_layout_mem_, rp_ptrs_, rp_sptrs_, rp_gptrs_, rp_base_;
+  Tensor rp_off_, rp_keys_, rp_pool_, rp_gpack_, rp_minus_one_;
+  dp::TwLayout rp_layout_;
+  ce::Tables rp_sub_, rp_gtab_;
+
   bool tw_ = false;
-  int64_t tw_K_ = 0, tw_nnz_ = 0;             // tables this rank owns; their ids this step
+  DType xdt_ = DType::F32;         // the gradients' type in the exchange (alloc_table_wise)
+  int64_t tw_K_ = 0, tw_nnz_ = 0;  // tables this rank owns; their ids this step
   std::vector<int64_t> tw_count_, tw_first_;  // per rank: tables owned, first position
   std::vector<int64_t> tw_mine_;              // the tables this rank owns
   Tensor tw_layout_mem_, tw_tabs_, tw_ptrs_, tw_sptrs_, tw_base_;

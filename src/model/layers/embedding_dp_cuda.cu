@@ -136,6 +136,74 @@ void gather_grads(const TwLayout& l, int64_t B, const T* grad, int64_t ld, T* se
   launch_tw_copy<T, false>(l, B, grad, send, ld, stream);
 }
 
+namespace {
+
+__device__ inline void store_rounded(float x, __nv_bfloat16* y) { *y = __float2bfloat16_rn(x); }
+__device__ inline void store_rounded(float x, __half* y) { *y = __float2half_rn(x); }
+
+// gather_grads with an f32 source and a 16-bit destination: one value per thread (the reads of a
+// warp are 128 contiguous bytes of one row's table columns, the writes 64).
+template <class To>
+__global__ void tw_gather_rounded(TwLayout l, int64_t B, const float* __restrict__ from,
+                                  To* __restrict__ to, int64_t ld) {
+  const int p = blockIdx.y;
+  const int64_t n = B * l.dim;
+  const int64_t first = l.first[p], count = l.count[p], index = l.index[p], t = l.table[p];
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t b = j / l.dim, c = j - b * l.dim;
+    store_rounded(from[b * ld + t * l.dim + c], to + (B * first + b * count + index) * l.dim + c);
+  }
+}
+
+}  // namespace
+
+template <class To>
+void gather_grads_rounded(const TwLayout& l, int64_t B, const float* grad, int64_t ld, To* send,
+                          cudaStream_t stream) {
+  if (l.tables == 0 || B == 0) return;
+  DLREC_CHECK(l.tables <= 65535, "table-wise sharding: ", l.tables, " tables (at most 65535)");
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((B * l.dim + 255) / 256, 4096)),
+                  static_cast<unsigned>(l.tables));
+  tw_gather_rounded<To><<<grid, 256, 0, stream>>>(l, B, grad, send, ld);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+template void gather_grads_rounded<__nv_bfloat16>(const TwLayout&, int64_t, const float*, int64_t,
+                                                  __nv_bfloat16*, cudaStream_t);
+template void gather_grads_rounded<__half>(const TwLayout&, int64_t, const float*, int64_t, __half*,
+                                           cudaStream_t);
+
+namespace {
+
+__global__ void dense_update_kernel(float* __restrict__ w, float* __restrict__ a,
+                                    float* __restrict__ g, int64_t n,
+                                    const float* __restrict__ lr_p, float eps) {
+  const float lr = *lr_p;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float x = g[i];
+    if (x == 0.f) continue;
+    g[i] = 0.f;
+    if (!a) {
+      w[i] = __fsub_rn(w[i], __fmul_rn(lr, x));
+    } else {
+      const float acc = __fadd_rn(a[i], __fmul_rn(x, x));
+      a[i] = acc;
+      w[i] = __fsub_rn(w[i], __fdiv_rn(__fmul_rn(lr, x), __fadd_rn(sqrtf(acc), eps)));
+    }
+  }
+}
+
+}  // namespace
+
+void dense_update(float* w, float* a, float* g, int64_t n, const float* lr, float eps,
+                  cudaStream_t stream) {
+  if (n == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 8192));
+  dense_update_kernel<<<blocks, 256, 0, stream>>>(w, a, g, n, lr, eps);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
 #define DLREC_TW_INSTANTIATE(T)                                                                   \
   template void scatter_pooled<T>(const TwLayout&, int64_t, const T*, T*, int64_t, cudaStream_t); \
   template void gather_grads<T>(const TwLayout&, int64_t, const T*, int64_t, T*, cudaStream_t);

@@ -14,6 +14,10 @@
 namespace dlrec::model::gpu_graph::dp {
 
 constexpr int kMaxRanks = 64;
+// Engine::dp.table_owner entries that are not a rank: a table split by rows over every GPU, and
+// a table replicated on every GPU (its dense gradient all-reduced).
+constexpr int kRowWiseOwner = -1;
+constexpr int kReplicatedOwner = -2;
 
 // Where each rank's part lies (host-computed each step; passed by value to the kernels).
 struct RankGeometry {
@@ -66,6 +70,13 @@ void scatter_pooled(const TwLayout& l, int64_t B, const T* recv, T* out, int64_t
 template <class T>
 void gather_grads(const TwLayout& l, int64_t B, const T* grad, int64_t ld, T* send,
                   cudaStream_t stream);
+// The same, rounding an f32 gradient to the model's 16-bit type on the way (To: __nv_bfloat16 or
+// __half, round to nearest even): the gradient all-to-all of a bf16/fp16 run moves 16 bits per
+// value, as the pooled rows' all-to-all does (docs/DISTRIBUTED.md, "Table-wise sharding on the
+// GPUs").
+template <class To>
+void gather_grads_rounded(const TwLayout& l, int64_t B, const float* grad, int64_t ld, To* send,
+                          cudaStream_t stream);
 
 // Row-wise sharding (docs/DISTRIBUTED.md, "Row-wise tables on the GPUs"): table t's rows are
 // split into contiguous ranges over the GPUs, rank r holding [rows * r / N, rows * (r + 1) / N)
@@ -94,6 +105,13 @@ struct RwLayout {
 void build_row_bags(const RankGeometry& g, int64_t bmax, const RwLayout& l, const int32_t* off_in,
                     const uint32_t* keys_in, int32_t* off_g, uint32_t* keys_g, int32_t* lens,
                     int64_t* src, void* temp, size_t temp_bytes, cudaStream_t stream);
+
+// Replicated tables: the optimizer step of every element with g[i] != 0 (the rows some rank's
+// batch touched; an untouched row's all-reduced gradient is exactly zero), with the arithmetic of
+// the fused update (nn/embedding_cuda.cu): SGD w -= lr g, or Adagrad (a non-null) a += g g,
+// w -= lr g / (sqrt(a) + eps); then g[i] = 0 for the next step. lr: device pointer.
+void dense_update(float* w, float* a, float* g, int64_t n, const float* lr, float eps,
+                  cudaStream_t stream);
 
 // w[i] = the value one GPU's init_uniform gives element first + i of the whole table
 // (nn/embedding_cuda.h: float(-a + 2 a u(seed, first + i)), bit for bit): a row range's values.
