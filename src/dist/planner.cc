@@ -66,8 +66,8 @@ void PlannerOptions::validate() const {
                 "' names an owner, which only table_wise takes (kind ", sharding_kind_name(o.kind),
                 ")");
     DLREC_CHECK(o.frequent_rows < 0 || o.kind == ShardingKind::Hybrid, "sharding: table '", name,
-                "' gives frequent_rows, which only hybrid takes (kind ",
-                sharding_kind_name(o.kind), ")");
+                "' gives frequent_rows, which only hybrid takes (kind ", sharding_kind_name(o.kind),
+                ")");
   }
 }
 
@@ -90,10 +90,9 @@ PlannerOptions read_planner_options(ConfigReader& r, int ranks) {
         fail("config key '", r.key_path("tables") + "." + it.key(), "' must be an object");
       ConfigReader tr(it.value(), r.key_path("tables") + "." + it.key());
       TableOverride ov;
-      ov.kind = parse_sharding_kind(
-          tr.get_choice("kind", "table_wise",
-                        {"replicated", "data_parallel", "table_wise", "row_wise", "column_wise",
-                         "hybrid"}));
+      ov.kind = parse_sharding_kind(tr.get_choice(
+          "kind", "table_wise",
+          {"replicated", "data_parallel", "table_wise", "row_wise", "column_wise", "hybrid"}));
       ov.owner = static_cast<int>(tr.get_int_range("owner", -1, -1, 65535));
       ov.frequent_rows = tr.get_int_range("frequent_rows", -1, 1, int64_t{1} << 40);
       tr.finish();
@@ -543,8 +542,8 @@ void print_plan(const Plan& plan, const std::vector<TableSpec>& tables, std::ost
   for (const TablePlan& t : plan.tables) ++counts[static_cast<int>(t.kind)];
   os << "sharding plan: " << plan.tables.size() << " tables on " << plan.ranks << " rank(s) ("
      << counts[0] << " replicated, " << counts[1] << " table_wise, " << counts[2] << " row_wise, "
-     << counts[3] << " column_wise, " << counts[4] << " hybrid), " << format_bytes(static_cast<double>(plan.memory_per_rank))
-     << " per rank\n";
+     << counts[3] << " column_wise, " << counts[4] << " hybrid), "
+     << format_bytes(static_cast<double>(plan.memory_per_rank)) << " per rank\n";
   for (int r = 0; r < plan.ranks; ++r) {
     const RankLoad& l = plan.per_rank[r];
     const double total = static_cast<double>(l.bytes + plan.dense_bytes);

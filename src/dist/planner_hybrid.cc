@@ -16,8 +16,8 @@ double FrequencySummary::fraction_below(int64_t f) const {
   for (size_t i = 0; i < ids.size(); ++i) {
     if (f <= ids[i]) {
       const double w = static_cast<double>(f - prev_id) / static_cast<double>(ids[i] - prev_id);
-      const double below = static_cast<double>(prev_below) +
-                           w * static_cast<double>(values_below[i] - prev_below);
+      const double below =
+          static_cast<double>(prev_below) + w * static_cast<double>(values_below[i] - prev_below);
       return below / static_cast<double>(values);
     }
     prev_id = ids[i];
@@ -40,17 +40,17 @@ void check_summary(const FrequencySummary& f, const std::string& what) {
   for (size_t i = 0; i < f.ids.size(); ++i) {
     DLREC_CHECK(f.ids[i] > (i ? f.ids[i - 1] : 0), what, ": ids must be positive and ascending (",
                 "ids[", i, "] = ", f.ids[i], ")");
-    DLREC_CHECK(f.values_below[i] >= (i ? f.values_below[i - 1] : 0) &&
-                    f.values_below[i] <= f.values,
-                what, ": values_below[", i, "] = ", f.values_below[i],
-                " must be non-decreasing and at most values (", f.values, ")");
+    DLREC_CHECK(
+        f.values_below[i] >= (i ? f.values_below[i - 1] : 0) && f.values_below[i] <= f.values, what,
+        ": values_below[", i, "] = ", f.values_below[i],
+        " must be non-decreasing and at most values (", f.values, ")");
   }
 }
 
 }  // namespace
 
-HybridCost hybrid_cost(const TableSpec& s, const FrequencySummary& freq, int ranks,
-                       double lookups, int64_t frequent_rows) {
+HybridCost hybrid_cost(const TableSpec& s, const FrequencySummary& freq, int ranks, double lookups,
+                       int64_t frequent_rows) {
   HybridCost c;
   if (ranks <= 1) return c;
   const double n = ranks, remote = (n - 1) / n;
@@ -113,8 +113,8 @@ void apply_hybrid(const std::vector<TableSpec>& specs, const PlannerOptions& o,
     if (f < 0) {
       int64_t room = INT64_MAX;  // the least memory a rank has for the prefix
       for (int r = 0; r < n; ++r)
-        room = std::min(room, loads[r].usable - loads[r].bytes -
-                                  split_rows(s.rows, r, n) * row_bytes(s));
+        room = std::min(room,
+                        loads[r].usable - loads[r].bytes - split_rows(s.rows, r, n) * row_bytes(s));
       f = choose_frequent_rows(s, freq, n, lookups[t], std::max<int64_t>(0, room));
     }
     if (f == 0 && !forced) {
@@ -202,12 +202,12 @@ void print_hybrid_tables(const Plan& plan, std::ostream& os) {
   for (const TablePlan& tp : plan.tables) {
     if (tp.kind != ShardingKind::Hybrid) continue;
     std::snprintf(line, sizeof line,
-                  "hybrid %s: ids [0, %" PRId64 ") on every rank (%.1f %% of its lookups), "
+                  "hybrid %s: ids [0, %" PRId64
+                  ") on every rank (%.1f %% of its lookups), "
                   "per rank and step ~%s all-reduced + ~%s exchanged (~%s exchanged without the "
                   "replicated ids)%s\n",
                   tp.name.c_str(), tp.frequent_rows, 100.0 * tp.frequent_fraction,
-                  format_bytes(tp.allreduce_bytes).c_str(),
-                  format_bytes(tp.exchange_bytes).c_str(),
+                  format_bytes(tp.allreduce_bytes).c_str(), format_bytes(tp.exchange_bytes).c_str(),
                   format_bytes(tp.unsplit_exchange_bytes).c_str(),
                   tp.overridden ? "  (config)" : "");
     os << line;

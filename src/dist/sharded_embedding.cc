@@ -49,9 +49,8 @@ detail::Piece detail::piece_of(const Plan& plan, const std::vector<ShardedTableC
       p.rank = rank;
       p.ranks = plan.ranks;
       p.row_base = tp.kind == ShardingKind::Hybrid ? tp.frequent_rows : 0;
-      p.local_rows = p.row_wise
-                         ? row_wise_rows(tables[t].spec.rows - p.row_base, rank, plan.ranks)
-                         : tables[t].spec.rows;
+      p.local_rows = p.row_wise ? row_wise_rows(tables[t].spec.rows - p.row_base, rank, plan.ranks)
+                                : tables[t].spec.rows;
       p.c0 = s.col_begin;
       p.c1 = s.col_end;
       return p;
@@ -156,8 +155,8 @@ struct ShardedEmbedding::Local {
 // The collectives of a step, counting the bytes this rank sends to the others.
 void ShardedEmbedding::exchange(const void* send, const std::vector<int64_t>& scnt,
                                 const std::vector<int64_t>& soff, void* recv,
-                                const std::vector<int64_t>& rcnt,
-                                const std::vector<int64_t>& roff, Elem type) {
+                                const std::vector<int64_t>& rcnt, const std::vector<int64_t>& roff,
+                                Elem type) {
   for (int d = 0; d < comm_.size(); ++d)
     if (d != comm_.rank())
       local_->bytes.all_to_all += scnt[d] * static_cast<int64_t>(elem_size(type));
@@ -254,7 +253,6 @@ ShardedEmbedding::ShardedEmbedding(std::vector<ShardedTableConfig> tables, Plan 
 
 ShardedEmbedding::~ShardedEmbedding() = default;
 
-
 // Values: as nn::EmbeddingBag::init(seed) gives them for the whole table, taken at the shard's
 // rows and columns. `values` undefined: initialise; else copy from the whole table.
 void ShardedEmbedding::load_table(int t, const Tensor& values, const Tensor& state) {
@@ -300,7 +298,6 @@ void ShardedEmbedding::load_table(int t, const Tensor& values, const Tensor& sta
   for (Local::Frequent& fq : L.frequent)
     if (fq.table == t && fq.bag) fill(fq.bag->weight(), detail::frequent_piece(fq.rows, dim));
 }
-
 
 void ShardedEmbedding::forward(const std::vector<BagsView>& bags, int64_t batch, float* out,
                                int64_t out_stride, bool training) {

@@ -188,15 +188,14 @@ int64_t ShardedEmbedding::load(const std::string& dir) {
       p.c1 = pr.get_int_range("col_end", s.dim, p.c0 + 1, s.dim);
       p.row_base = pr.get_int_range("row_begin", 0, 0, s.rows);
       mp.tensor = pr.get<std::string>("tensor", name);
-      DLREC_CHECK(mp.tensor == name || mp.tensor == name + ".frequent", what, ": a piece of table '",
-                  name, "' names tensor '", mp.tensor, "'");
+      DLREC_CHECK(mp.tensor == name || mp.tensor == name + ".frequent", what,
+                  ": a piece of table '", name, "' names tensor '", mp.tensor, "'");
       pr.finish();
       // Row-wise: the split of rows [row_begin, rows); else rows [row_begin, row_begin + rows),
       // the whole table or (a hybrid table's prefix) its first rows.
-      const int64_t want_rows = p.row_wise ? detail::row_wise_rows(s.rows - p.row_base, p.rank,
-                                                                   p.ranks)
-                                           : (mp.tensor == name ? s.rows - p.row_base
-                                                                : p.local_rows);
+      const int64_t want_rows = p.row_wise
+                                    ? detail::row_wise_rows(s.rows - p.row_base, p.rank, p.ranks)
+                                    : (mp.tensor == name ? s.rows - p.row_base : p.local_rows);
       DLREC_CHECK(p.local_rows == want_rows && p.row_base + p.local_rows <= s.rows, what,
                   ": a piece of table '", name, "' has ", p.local_rows, " rows from row ",
                   p.row_base, ", expected ", want_rows);

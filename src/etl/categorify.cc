@@ -124,10 +124,10 @@ class Categorify final : public CategoricalEncoder {
   }
   json fit_summary() const override {
     json j = {{"distinct_values", distinct_},
-            {"values", values_},
-            {"vocab_size", static_cast<int64_t>(vocab_.size())},
-            {"oov_values", oov_values_},
-            {"cardinality", cardinality()}};
+              {"values", values_},
+              {"vocab_size", static_cast<int64_t>(vocab_.size())},
+              {"oov_values", oov_values_},
+              {"cardinality", cardinality()}};
     if (!freq_ids_.empty())
       j["frequency"] = {{"ids", freq_ids_}, {"values_below", freq_below_}, {"values", values_}};
     return j;

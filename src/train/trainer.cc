@@ -402,7 +402,8 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
         }
       }
       // The ids' frequency summaries for hybrid tables (CPU engine): table "<layer>.<f>" has
-      // feature f's (the planner looks them up by table name only). (parameters() would allocate a CUDA model's tables before sharding.)
+      // feature f's (the planner looks them up by table name only). (parameters() would allocate a
+      // CUDA model's tables before sharding.)
       if (file_exists(stats) && !m.model->device().is_cuda()) {
         const auto freq = dist::read_frequency_summaries(stats);
         for (const auto& [param, value] : m.model->parameters()) {

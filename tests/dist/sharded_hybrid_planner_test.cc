@@ -60,8 +60,8 @@ TEST(HybridPlanner, ChoosesAPrefixWhereTheAllReduceCostsLessThanTheExchange) {
   EXPECT_GT(z.frequent_rows, 0);
   EXPECT_LT(z.frequent_rows, 4'000'000);
   // The chosen F is the best of the summary's bounds, and it pays.
-  const HybridCost c = hybrid_cost(specs[0], o.frequency["zipf"], 4, specs[0].lookups_per_step,
-                                   z.frequent_rows);
+  const HybridCost c =
+      hybrid_cost(specs[0], o.frequency["zipf"], 4, specs[0].lookups_per_step, z.frequent_rows);
   EXPECT_DOUBLE_EQ(c.allreduce_bytes, z.allreduce_bytes);
   EXPECT_LT(c.total(), z.unsplit_exchange_bytes);
   for (int64_t f : o.frequency["zipf"].ids)
@@ -159,7 +159,8 @@ TEST(HybridPlanner, BadInputIsAClearError) {
   o.overrides["emb.3"].frequent_rows = 600;  // 600 + 200 rows = 51 kB: fits
   EXPECT_EQ(plan_sharding(specs, o).tables[0].frequent_rows, 600);
   o.memory_per_rank = 55'000;  // 49.5 kB usable: does not
-  expect_error([&] { plan_sharding(specs, o); }, {"hybrid table 'emb.3'", "rank 0", "does not fit"});
+  expect_error([&] { plan_sharding(specs, o); },
+               {"hybrid table 'emb.3'", "rank 0", "does not fit"});
   // Config keys.
   auto read = [](const char* text) {
     const json cfg = parse_json(text, "test");
@@ -173,7 +174,7 @@ TEST(HybridPlanner, BadInputIsAClearError) {
   expect_error([&] { read(R"({"hybrid": "yes"})"); }, {"sharding.hybrid", "yes"});
   expect_error(
       [&] { read(R"({"tables": {"t": {"kind": "row_wise", "frequent_rows": 5}}})").validate(); },
-               {"'t'", "frequent_rows", "only hybrid"});
+      {"'t'", "frequent_rows", "only hybrid"});
   // Not on the GPUs yet.
   PlannerOptions g = options(2);
   g.overrides["emb.3"] = {ShardingKind::Hybrid, -1, 10};

@@ -51,8 +51,7 @@ struct HybridScenario {
 // 4 ranks); hy_auto: hybrid with F chosen by the planner; rw: row-wise (not hybrid).
 HybridScenario hybrid_scenario(bool hybrid = true) {
   HybridScenario s;
-  auto add = [&](const std::string& name, int64_t rows, int64_t dim, nn::Pooling p,
-                 int64_t f) {
+  auto add = [&](const std::string& name, int64_t rows, int64_t dim, nn::Pooling p, int64_t f) {
     TableSpec t;
     t.name = name;
     t.rows = rows;
@@ -131,8 +130,8 @@ void check_hybrid(Communicator& comm, nn::OptimizerKind kind, int steps) {
   const auto cfg = configs(sc, opt);
   std::vector<std::unique_ptr<nn::EmbeddingBag>> ref;
   for (int t = 0; t < T; ++t) {
-    ref.push_back(std::make_unique<nn::EmbeddingBag>(sc.specs[t].rows, sc.specs[t].dim,
-                                                     sc.pooling[t]));
+    ref.push_back(
+        std::make_unique<nn::EmbeddingBag>(sc.specs[t].rows, sc.specs[t].dim, sc.pooling[t]));
     ref.back()->init(100 + static_cast<uint64_t>(t));
     opt->init_state(ref.back()->weight());
   }
@@ -189,7 +188,9 @@ void check_hybrid(Communicator& comm, nn::OptimizerKind kind, int steps) {
         }
       }
       const int y = label(gb, i);
-      auto bce = [&](double zz) { return -(y ? std::log(sigmoid(zz)) : std::log(1 - sigmoid(zz))); };
+      auto bce = [&](double zz) {
+        return -(y ? std::log(sigmoid(zz)) : std::log(1 - sigmoid(zz)));
+      };
       ref_loss += bce(zr) / static_cast<double>(global);
       const double gr = (sigmoid(zr) - y) / static_cast<double>(global);
       for (int64_t c = 0; c < W; ++c) ref_g[i * W + c] = static_cast<float>(gr * v[c]);
@@ -245,9 +246,10 @@ void check_hybrid(Communicator& comm, nn::OptimizerKind kind, int steps) {
   const double a = auc(scores, labels), ra = auc(ref_scores, labels);
   EXPECT_NEAR(a, ra, 1e-4);
   if (me == 0)
-    std::printf("hybrid %s on %d rank(s): worst relative loss difference %.2e over %d steps, "
-                "AUC %.6f vs %.6f\n",
-                nn::optimizer_name(kind), n, worst, steps, a, ra);
+    std::printf(
+        "hybrid %s on %d rank(s): worst relative loss difference %.2e over %d steps, "
+        "AUC %.6f vs %.6f\n",
+        nn::optimizer_name(kind), n, worst, steps, a, ra);
 }
 
 const nn::OptimizerKind kKinds[] = {nn::OptimizerKind::SGD, nn::OptimizerKind::Adagrad,
@@ -306,7 +308,8 @@ void report_bytes(Communicator& comm) {
   // nothing replicated); without: row_wise (every pooled row to and from every rank).
   HybridScenario with = hybrid_scenario(true), without = hybrid_scenario(false);
   for (auto* sc : {&with, &without})  // 100 x 64 tables: the exchange matters
-    for (TableSpec& s : sc->specs) s.rows = 100, s.dim = 64, sc->frequency[s.name] = square_law(100);
+    for (TableSpec& s : sc->specs)
+      s.rows = 100, s.dim = 64, sc->frequency[s.name] = square_law(100);
   with.overrides["hy_all"].frequent_rows = 100;
   with.overrides["hy_few"].frequent_rows = 10;
   HybridScenario rare_only = with;
@@ -316,9 +319,10 @@ void report_bytes(Communicator& comm) {
   const auto [zb, zt] = bytes_and_time(comm, rare_only, 20);
   const auto [rb, rt] = bytes_and_time(comm, without, 20);
   auto line = [](const char* what, const ExchangeBytes& b, double ms) {
-    std::printf("  %-22s %9lld B (all-to-all %lld, all-reduce %lld, all-gather %lld), %.3f ms/step\n",
-                what, static_cast<long long>(b.total()), static_cast<long long>(b.all_to_all),
-                static_cast<long long>(b.all_reduce), static_cast<long long>(b.all_gather), ms);
+    std::printf(
+        "  %-22s %9lld B (all-to-all %lld, all-reduce %lld, all-gather %lld), %.3f ms/step\n", what,
+        static_cast<long long>(b.total()), static_cast<long long>(b.all_to_all),
+        static_cast<long long>(b.all_reduce), static_cast<long long>(b.all_gather), ms);
   };
   if (comm.rank() == 0) {
     std::printf("bytes sent per step by rank 0 on %d rank(s), 5 tables 100 x 64, 512 rows:\n",
@@ -423,7 +427,8 @@ TEST(HybridMpi, TwoAndFourRanks) {
     EXPECT_EQ(r.exit_code, 0) << r.output;
     size_t passed = 0;
     for (size_t p = r.output.find("[       OK ] HybridRanks.MatchesUnsharded");
-         p != std::string::npos; p = r.output.find("[       OK ] HybridRanks.MatchesUnsharded", p + 1))
+         p != std::string::npos;
+         p = r.output.find("[       OK ] HybridRanks.MatchesUnsharded", p + 1))
       ++passed;
     EXPECT_EQ(passed, static_cast<size_t>(ranks)) << r.output;
     for (const char* tag : {"hybrid sgd on", "hybrid adagrad on", "hybrid adam on"}) {

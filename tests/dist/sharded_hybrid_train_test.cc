@@ -48,7 +48,8 @@ struct HybridData {
     o.workflow = json::parse(R"({"pipeline": [
       {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "Clip", "min": 0},
                                     {"op": "LogOp"}, {"op": "Normalize"}]},
-      {"columns": "@categorical", "ops": [)" + encoder + R"(]}]})");
+      {"columns": "@categorical", "ops": [)" +
+                             encoder + R"(]}]})");
     o.output_dir = dir;
     o.train_rows = 10000;
     o.shard_rows = 3000;
@@ -66,9 +67,9 @@ struct HybridData {
   }
   std::string train_args(const std::string& cfg, const std::string& run, int64_t batch,
                          const std::string& log) const {
-    return kDlrec + " train --config " + cfg + " --data " + dir + " --run " + tmp.path + "/" +
-           run + " --batch-size " + std::to_string(batch) + " --metrics-log " + tmp.path + "/" +
-           log + " --threads 1 --quiet";
+    return kDlrec + " train --config " + cfg + " --data " + dir + " --run " + tmp.path + "/" + run +
+           " --batch-size " + std::to_string(batch) + " --metrics-log " + tmp.path + "/" + log +
+           " --threads 1 --quiet";
   }
   std::vector<json> metrics(const std::string& log) const {
     std::vector<json> v;
@@ -82,9 +83,9 @@ TEST(HybridTraining, TwoRanksMatchOneProcessOver1000Steps) {
   if (!dist::mpi_built() || mpirun_prefix(2).empty())
     GTEST_SKIP() << "this build has no MPI or mpirun is not installed (Debian: openmpi-bin)";
   HybridData d("hybrid_train");
-  const std::string cfg = d.config(
-      "hybrid.json",
-      R"({"emb.0": {"kind": "hybrid", "frequent_rows": 8}, "emb.1": {"kind": "hybrid"}})");
+  const std::string cfg =
+      d.config("hybrid.json",
+               R"({"emb.0": {"kind": "hybrid", "frequent_rows": 8}, "emb.1": {"kind": "hybrid"}})");
   auto one = run_job(d.train_args(cfg, "one", 64, "one.jsonl") + " --comm single", 600);
   ASSERT_EQ(one.exit_code, 0) << one.output;
   auto many = run_job(mpirun_prefix(2) + d.train_args(cfg, "many", 32, "many.jsonl"), 600);
@@ -121,23 +122,25 @@ TEST(HybridTraining, BadConfigsAreClearErrors) {
     GTEST_SKIP() << "this build has no MPI or mpirun is not installed (Debian: openmpi-bin)";
   HybridData d("hybrid_train_bad");
   // F beyond the table's rows (emb.0: the 40-key feature).
-  auto big = run_job(mpirun_prefix(2) +
-                         d.train_args(d.config("big.json",
-                                               R"({"emb.0": {"kind": "hybrid", "frequent_rows": 100000}})"),
-                                      "big", 32, "big.jsonl") +
-                         " --max-steps 2",
-                     300);
+  auto big = run_job(
+      mpirun_prefix(2) +
+          d.train_args(
+              d.config("big.json", R"({"emb.0": {"kind": "hybrid", "frequent_rows": 100000}})"),
+              "big", 32, "big.jsonl") +
+          " --max-steps 2",
+      300);
   EXPECT_NE(big.exit_code, 0);
   EXPECT_NE(big.output.find("sharding.tables.emb.0.frequent_rows: 100000 is out of range"),
             std::string::npos)
       << big.output;
   // Ids not numbered by frequency (HashBucket): no summary, so no hybrid.
   HybridData hashed("hybrid_train_hashed", R"({"op": "HashBucket", "num_buckets": 64})");
-  auto h = run_job(mpirun_prefix(2) +
-                       hashed.train_args(hashed.config("h.json", R"({"emb.2": {"kind": "hybrid"}})"),
-                                         "h", 32, "h.jsonl") +
-                       " --max-steps 2",
-                   300);
+  auto h =
+      run_job(mpirun_prefix(2) +
+                  hashed.train_args(hashed.config("h.json", R"({"emb.2": {"kind": "hybrid"}})"),
+                                    "h", 32, "h.jsonl") +
+                  " --max-steps 2",
+              300);
   EXPECT_NE(h.exit_code, 0);
   EXPECT_NE(h.output.find("table 'emb.2' is hybrid but has no frequency summary"),
             std::string::npos)

@@ -127,10 +127,9 @@ TEST(CategorifyFrequency, SummaryIsThePrefixSumOfTheSortedCounts) {
 
 TEST(CategorifyFrequency, MergedPartsGiveTheSameSummary) {
   const std::vector<uint64_t> keys = keys_of(9000, 2);
-  const std::vector<std::vector<uint64_t>> parts = {
-      {keys.begin(), keys.begin() + 1000},
-      {keys.begin() + 1000, keys.begin() + 5000},
-      {keys.begin() + 5000, keys.end()}};
+  const std::vector<std::vector<uint64_t>> parts = {{keys.begin(), keys.begin() + 1000},
+                                                    {keys.begin() + 1000, keys.begin() + 5000},
+                                                    {keys.begin() + 5000, keys.end()}};
   const json spec = {{"op", "Categorify"}, {"freq_threshold", 2}};
   EXPECT_EQ(fit(spec, {keys}).dump(), fit(spec, parts).dump());
   expect_summary(fit(spec, parts).at("frequency"), keys, 0, 0, 2);

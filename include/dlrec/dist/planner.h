@@ -87,7 +87,7 @@ struct TableSpec {
 // A config override for one table (key "sharding.tables.<name>").
 struct TableOverride {
   ShardingKind kind = ShardingKind::TableWise;
-  int owner = -1;  // table_wise only; -1: the planner chooses
+  int owner = -1;              // table_wise only; -1: the planner chooses
   int64_t frequent_rows = -1;  // hybrid only: ids [0, F) replicated; -1: the planner chooses
 };
 
@@ -186,8 +186,8 @@ HybridCost hybrid_cost(const TableSpec& table, const FrequencySummary& frequency
                        double lookups_per_step, int64_t frequent_rows);
 // The prefix F (one of the summary's bounds, or 0) that minimises hybrid_cost, with the F rows'
 // values and state at most `max_bytes` per rank; 0 when no prefix sends fewer bytes than none.
-int64_t choose_frequent_rows(const TableSpec& table, const FrequencySummary& frequency,
-                             int ranks, double lookups_per_step, int64_t max_bytes);
+int64_t choose_frequent_rows(const TableSpec& table, const FrequencySummary& frequency, int ranks,
+                             double lookups_per_step, int64_t max_bytes);
 // Called by plan_sharding on its placement: makes the tables with a "hybrid" override hybrid
 // (their F from the config, or chosen) and, with options.auto_hybrid, every table_wise or
 // row_wise table whose frequency summary (options.frequency) makes some F cheaper than its
