@@ -2,7 +2,8 @@
 //
 // Given the tables (rows, dim, bytes per value, optimizer state per row, expected lookups per
 // step), the number of ranks and each rank's memory budget, plan_sharding() chooses per table one
-// of four kinds and places its shards:
+// of four kinds and places its shards (a fifth, hybrid, is applied on top of that placement by
+// apply_hybrid, below):
 //
 //   kind         shards                          forward exchange (ids out, pooled back)
 //   replicated   the whole table on every rank   none: each rank pools its own samples; the
