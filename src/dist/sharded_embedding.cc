@@ -456,22 +456,25 @@ void ShardedEmbedding::finish_forward(const std::vector<BagsView>& bags, int64_t
     L.rep_bags[i]->forward(bags[t].offsets, bags[t].indices, batch, out + col_offset_[t],
                            out_stride, false);
   }
-  // A hybrid table's frequent ids are added to the partial sums of its rare ones.
+  // A hybrid table's frequent ids are added to the partial sums of its rare ones (and kept, by
+  // a training forward, for backward()).
   for (Local::Frequent& fq : L.frequent) {
     const BagsView& b = bags[fq.table];
     const int64_t dim = tables_[fq.table].spec.dim;
     const float* w = fq.bag ? fq.bag->weight().value.data<float>() : nullptr;
-    fq.off.assign(1, 0);
-    fq.idx.clear();
+    if (training) {
+      fq.off.assign(1, 0);
+      fq.idx.clear();
+    }
     for (int64_t r = 0; r < batch; ++r) {
       float* o = out + r * out_stride + col_offset_[fq.table];
       for (int64_t p = b.offsets[r]; p < b.offsets[r + 1]; ++p) {
         const int64_t id = b.indices[p];
         if (id >= fq.rows) continue;
         for (int64_t k = 0; k < dim; ++k) o[k] += w[id * dim + k];
-        fq.idx.push_back(id);
+        if (training) fq.idx.push_back(id);
       }
-      fq.off.push_back(static_cast<int64_t>(fq.idx.size()));
+      if (training) fq.off.push_back(static_cast<int64_t>(fq.idx.size()));
     }
   }
   // Mean pooling, as nn::EmbeddingBag applies it (after the sum, for bags of two ids or more).
