@@ -14,9 +14,10 @@ ShardingKind parse_sharding_kind(const std::string& s) {
   if (s == "table_wise") return ShardingKind::TableWise;
   if (s == "row_wise") return ShardingKind::RowWise;
   if (s == "column_wise") return ShardingKind::ColumnWise;
+  if (s == "hybrid") return ShardingKind::Hybrid;
   fail("unknown sharding kind '", s,
-       "' (expected replicated, data_parallel, table_wise, row_wise or "
-       "column_wise)");
+       "' (expected replicated, data_parallel, table_wise, row_wise, "
+       "column_wise or hybrid)");
 }
 
 const char* sharding_kind_name(ShardingKind k) {
@@ -29,6 +30,8 @@ const char* sharding_kind_name(ShardingKind k) {
       return "row_wise";
     case ShardingKind::ColumnWise:
       return "column_wise";
+    case ShardingKind::Hybrid:
+      return "hybrid";
   }
   return "?";
 }
@@ -62,6 +65,9 @@ void PlannerOptions::validate() const {
     DLREC_CHECK(o.owner < 0 || o.kind == ShardingKind::TableWise, "sharding: table '", name,
                 "' names an owner, which only table_wise takes (kind ", sharding_kind_name(o.kind),
                 ")");
+    DLREC_CHECK(o.frequent_rows < 0 || o.kind == ShardingKind::Hybrid, "sharding: table '", name,
+                "' gives frequent_rows, which only hybrid takes (kind ", sharding_kind_name(o.kind),
+                ")");
   }
 }
 
@@ -94,6 +100,7 @@ PlannerOptions read_planner_options(ConfigReader& r, int ranks) {
   }
   o.min_column_dim = r.get_int_range("min_column_dim", o.min_column_dim, 1, 1 << 20);
   o.max_memory_imbalance = r.get_range("max_memory_imbalance", o.max_memory_imbalance, 1.0, 1e6);
+  o.auto_hybrid = r.get_choice("hybrid", "auto", {"auto", "off"}) == "auto";
   if (r.has("tables")) {
     const json& t = r.raw("tables");
     if (!t.is_object()) fail("config key '", r.key_path("tables"), "' must be an object");
@@ -102,10 +109,11 @@ PlannerOptions read_planner_options(ConfigReader& r, int ranks) {
         fail("config key '", r.key_path("tables") + "." + it.key(), "' must be an object");
       ConfigReader tr(it.value(), r.key_path("tables") + "." + it.key());
       TableOverride ov;
-      ov.kind = parse_sharding_kind(
-          tr.get_choice("kind", "table_wise",
-                        {"replicated", "data_parallel", "table_wise", "row_wise", "column_wise"}));
+      ov.kind = parse_sharding_kind(tr.get_choice(
+          "kind", "table_wise",
+          {"replicated", "data_parallel", "table_wise", "row_wise", "column_wise", "hybrid"}));
       ov.owner = static_cast<int>(tr.get_int_range("owner", -1, -1, 65535));
+      ov.frequent_rows = tr.get_int_range("frequent_rows", -1, 1, int64_t{1} << 40);
       tr.finish();
       o.overrides[it.key()] = ov;
     }
@@ -169,6 +177,11 @@ json Plan::to_json() const {
     jt["name"] = t.name;
     jt["kind"] = sharding_kind_name(t.kind);
     jt["overridden"] = t.overridden;
+    if (t.kind == ShardingKind::Hybrid) {
+      jt["frequent_rows"] = t.frequent_rows;
+      jt["allreduce_bytes"] = t.allreduce_bytes;
+      jt["exchange_bytes"] = t.exchange_bytes;
+    }
     json sh = json::array();
     for (const Shard& s : t.shards)
       sh.push_back({{"rank", s.rank},
@@ -358,6 +371,9 @@ class Placer {
         case ShardingKind::RowWise:
           c = ids * n1 / n_ + n1 * (fwd + bwd) * s.dim;
           break;
+        case ShardingKind::Hybrid:  // planner_hybrid.cc's estimate, per rank
+          c = p.allreduce_bytes + p.exchange_bytes;
+          break;
         case ShardingKind::ColumnWise: {
           const Shard* own = nullptr;
           for (const Shard& sh : p.shards)
@@ -490,6 +506,7 @@ Plan plan_sharding(const std::vector<TableSpec>& specs, const PlannerOptions& o)
           pl.place_replicated(t);
           break;
         case ShardingKind::RowWise:
+        case ShardingKind::Hybrid:  // made hybrid by apply_hybrid once everything is placed
           pl.place_row_wise(t);
           break;
         case ShardingKind::ColumnWise:
@@ -574,6 +591,9 @@ Plan plan_sharding(const std::vector<TableSpec>& specs, const PlannerOptions& o)
   plan.ranks = n;
   plan.memory_per_rank = o.memory_per_rank;
   plan.dense_bytes = o.dense_bytes;
+  std::vector<double> lookups(T);
+  for (int t = 0; t < T; ++t) lookups[t] = pl.lookups(t);
+  apply_hybrid(specs, o, lookups, pl.tables(), pl.loads());  // planner_hybrid.cc
   for (int t = 0; t < T; ++t) pl.add_comm(t);
   for (int t = 0; t < T; ++t)
     if (rep[t]) pl.tables()[t].why = why[t];
@@ -595,12 +615,12 @@ ReplicationCost replication_cost(const TableSpec& t, const PlannerOptions& o) {
 
 void print_plan(const Plan& plan, const std::vector<TableSpec>& tables, std::ostream& os) {
   char line[512];
-  int counts[4] = {0, 0, 0, 0};
+  int counts[5] = {0, 0, 0, 0, 0};
   for (const TablePlan& t : plan.tables) ++counts[static_cast<int>(t.kind)];
   os << "sharding plan: " << plan.tables.size() << " tables on " << plan.ranks << " rank(s) ("
      << counts[0] << " replicated, " << counts[1] << " table_wise, " << counts[2] << " row_wise, "
-     << counts[3] << " column_wise), " << format_bytes(static_cast<double>(plan.memory_per_rank))
-     << " per rank\n";
+     << counts[3] << " column_wise, " << counts[4] << " hybrid), "
+     << format_bytes(static_cast<double>(plan.memory_per_rank)) << " per rank\n";
   for (int r = 0; r < plan.ranks; ++r) {
     const RankLoad& l = plan.per_rank[r];
     const double total = static_cast<double>(l.bytes + plan.dense_bytes);
@@ -628,6 +648,7 @@ void print_plan(const Plan& plan, const std::vector<TableSpec>& tables, std::ost
   }
   for (const TablePlan& tp : plan.tables)
     if (!tp.why.empty()) os << "  replicated " << tp.name << ": " << tp.why << "\n";
+  print_hybrid_tables(plan, os);  // planner_hybrid.cc
 }
 
 Plan plan_gpu_tables(const std::vector<TableSpec>& tables, PlannerOptions o, const GpuMemory& m) {
@@ -636,6 +657,7 @@ Plan plan_gpu_tables(const std::vector<TableSpec>& tables, PlannerOptions o, con
   o.replica_grad_bytes = 4;
   o.max_memory_imbalance = std::numeric_limits<double>::max();
   o.min_column_dim = int64_t{1} << 40;  // splits to fit are row-wise (no column-wise on GPUs)
+  o.auto_hybrid = false;                // not on the GPUs yet
   const int64_t configured = o.memory_per_rank;
   if (m.free_bytes > 0) o.memory_per_rank = std::min(o.memory_per_rank, m.free_bytes);
   o.dense_bytes = m.dense_bytes + m.exchange_bytes;
@@ -647,7 +669,7 @@ Plan plan_gpu_tables(const std::vector<TableSpec>& tables, PlannerOptions o, con
       format_bytes(static_cast<double>(m.dense_bytes)) + " of dense parameters and " +
       format_bytes(static_cast<double>(m.exchange_bytes)) + " of exchange buffers";
   for (const auto& [name, ov] : o.overrides)
-    if (ov.kind == ShardingKind::ColumnWise)
+    if (ov.kind == ShardingKind::ColumnWise || ov.kind == ShardingKind::Hybrid)
       fail("sharding.tables.", name, ".kind: \"", sharding_kind_name(ov.kind),
            "\" is not supported on the GPUs (table_wise, row_wise or replicated)");
   // A table whose rows split over every GPU still do not fit: named with what it needs.

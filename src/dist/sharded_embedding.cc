@@ -45,11 +45,12 @@ detail::Piece detail::piece_of(const Plan& plan, const std::vector<ShardedTableC
   for (const Shard& s : tp.shards)
     if (s.rank == rank) {
       Piece p;
-      p.row_wise = tp.kind == ShardingKind::RowWise;
+      p.row_wise = tp.kind == ShardingKind::RowWise || tp.kind == ShardingKind::Hybrid;
       p.rank = rank;
       p.ranks = plan.ranks;
-      p.local_rows =
-          p.row_wise ? row_wise_rows(tables[t].spec.rows, rank, plan.ranks) : tables[t].spec.rows;
+      p.row_base = tp.kind == ShardingKind::Hybrid ? tp.frequent_rows : 0;
+      p.local_rows = p.row_wise ? row_wise_rows(tables[t].spec.rows - p.row_base, rank, plan.ranks)
+                                : tables[t].spec.rows;
       p.c0 = s.col_begin;
       p.c1 = s.col_end;
       return p;
@@ -79,7 +80,8 @@ void accumulate_sparse_grad(const int64_t* offsets, const int64_t* indices, int6
 
 // This rank's part of the tables and the state of the current step.
 struct ShardedEmbedding::Local {
-  // A shard this rank holds of a table sharded over ranks (table_wise, row_wise, column_wise).
+  // A shard this rank holds of a table sharded over ranks (table_wise, row_wise, column_wise,
+  // hybrid's rare rows).
   struct Owned {
     int table = 0;
     int64_t rows = 0, c0 = 0, c1 = 0;
@@ -89,9 +91,21 @@ struct ShardedEmbedding::Local {
     int64_t cols() const { return c1 - c0; }
   };
   // served[d]: the sharded tables rank d holds a shard of (ascending), with that shard's columns.
+  // sparse (hybrid): pooled rows and their gradients travel only for the bags that sent the
+  // shard at least one id (a bag of frequent ids only costs no exchange); else for every bag.
   struct Served {
     int table;
     int64_t c0, c1;
+    bool sparse;
+  };
+  // The replicated prefix [0, rows) of a hybrid table.
+  struct Frequent {
+    int table = 0;
+    int64_t rows = 0;
+    std::unique_ptr<nn::EmbeddingBag> bag;  // [rows, dim]; null when rows = 0
+    std::vector<int64_t> off, idx;          // the last training forward's local frequent ids
+    nn::SparseGrad grad;
+    bool have_grad = false;
   };
   std::vector<std::vector<Served>> served;
   std::vector<Owned> owned;  // this rank's shards, in the order of served[rank]
@@ -99,6 +113,7 @@ struct ShardedEmbedding::Local {
   std::vector<std::unique_ptr<nn::EmbeddingBag>> rep_bags;  // per replicated table, whole
   std::vector<nn::SparseGrad> rep_grads;
   std::vector<char> rep_have_grad;
+  std::vector<Frequent> frequent;
 
   // The last training forward.
   bool have_batch = false;
@@ -107,13 +122,65 @@ struct ShardedEmbedding::Local {
   std::vector<std::vector<float>> scale;      // per table, per local sample: 1 or 1/len (mean)
   std::vector<std::vector<int64_t>> rep_off;  // per replicated table: local bags from 0
   std::vector<std::vector<int64_t>> rep_idx;
+  // Bag lengths sent to (lens, block of rank d at len_off[d]) and received from (rlens, block
+  // of rank s at rlen_off[s]) the other ranks: one per bag of every served table in order.
+  std::vector<int64_t> lens, len_off, rlens, rlen_off;
 
-  int64_t served_cols(int d) const {
-    int64_t c = 0;
-    for (const Served& s : served[d]) c += s.c1 - s.c0;
-    return c;
+  ExchangeBytes bytes;  // sent by this rank since the last reset
+
+  // Whether bag r of a served block with lengths `ln` travels.
+  static bool travels(const int64_t* ln, int64_t r, bool sparse) { return !sparse || ln[r] > 0; }
+  // Values received from rank d for this rank's `batch` bags of served[d].
+  int64_t values_from(int d, int64_t batch) const {
+    int64_t v = 0;
+    for (size_t k = 0; k < served[d].size(); ++k) {
+      const Served& sv = served[d][k];
+      const int64_t* ln = lens.data() + len_off[d] + static_cast<int64_t>(k) * batch;
+      for (int64_t r = 0; r < batch; ++r) v += travels(ln, r, sv.sparse) ? sv.c1 - sv.c0 : 0;
+    }
+    return v;
+  }
+  // Values this rank's shards exchange with rank s (its `bs` bags of every owned shard).
+  int64_t values_with(int s, int me, int64_t bs) const {
+    int64_t v = 0;
+    for (size_t j = 0; j < owned.size(); ++j) {
+      const int64_t* ln = rlens.data() + rlen_off[s] + static_cast<int64_t>(j) * bs;
+      for (int64_t r = 0; r < bs; ++r)
+        v += travels(ln, r, served[me][j].sparse) ? owned[j].cols() : 0;
+    }
+    return v;
   }
 };
+
+// The collectives of a step, counting the bytes this rank sends to the others.
+void ShardedEmbedding::exchange(const void* send, const std::vector<int64_t>& scnt,
+                                const std::vector<int64_t>& soff, void* recv,
+                                const std::vector<int64_t>& rcnt, const std::vector<int64_t>& roff,
+                                Elem type) {
+  for (int d = 0; d < comm_.size(); ++d)
+    if (d != comm_.rank())
+      local_->bytes.all_to_all += scnt[d] * static_cast<int64_t>(elem_size(type));
+  comm_.all_to_all_v(send, scnt, soff, recv, rcnt, roff, type);
+}
+
+void ShardedEmbedding::gather(const void* send, void* recv, const std::vector<int64_t>& counts,
+                              Elem type) {
+  local_->bytes.all_gather +=
+      counts[comm_.rank()] * (comm_.size() - 1) * static_cast<int64_t>(elem_size(type));
+  comm_.all_gather_v(send, recv, counts, type);
+}
+
+std::vector<int64_t> ShardedEmbedding::gather_counts(int64_t count) {
+  local_->bytes.all_gather += 8 * (comm_.size() - 1);
+  return comm_.all_gather_counts(count);
+}
+
+const ExchangeBytes& ShardedEmbedding::exchange_bytes() const { return local_->bytes; }
+void ShardedEmbedding::reset_exchange_bytes() { local_->bytes = ExchangeBytes{}; }
+
+int64_t ShardedEmbedding::frequent_rows(int t) const {
+  return plan_.tables.at(t).kind == ShardingKind::Hybrid ? plan_.tables[t].frequent_rows : 0;
+}
 
 ShardedEmbedding::ShardedEmbedding(std::vector<ShardedTableConfig> tables, Plan plan,
                                    Communicator& comm)
@@ -147,14 +214,31 @@ ShardedEmbedding::ShardedEmbedding(std::vector<ShardedTableConfig> tables, Plan 
                     c.optimizer->kind() != nn::OptimizerKind::RowWiseAdagrad,
                 "ShardedEmbedding: table '", c.spec.name,
                 "' is column_wise but rowwise_adagrad keeps one state value per whole row");
+    const bool hybrid = tp.kind == ShardingKind::Hybrid;
+    const int64_t f = hybrid ? tp.frequent_rows : 0;
+    if (hybrid) {
+      DLREC_CHECK(f >= 0 && f <= c.spec.rows, "ShardedEmbedding: hybrid table '", c.spec.name,
+                  "' has frequent_rows ", f, ", out of [0, ", c.spec.rows, "]");
+      DLREC_CHECK(static_cast<int>(tp.shards.size()) == n, "ShardedEmbedding: hybrid table '",
+                  c.spec.name, "' needs a shard on each of the ", n, " ranks, the plan has ",
+                  tp.shards.size());
+      Local::Frequent fq;
+      fq.table = t;
+      fq.rows = f;
+      if (f > 0) fq.bag = std::make_unique<nn::EmbeddingBag>(f, c.spec.dim, nn::Pooling::Sum);
+      L.frequent.push_back(std::move(fq));
+    }
     for (const Shard& s : tp.shards) {
       DLREC_CHECK(s.rank >= 0 && s.rank < n, "ShardedEmbedding: table '", c.spec.name,
                   "' has a shard on rank ", s.rank, " of ", n);
-      L.served[s.rank].push_back({t, s.col_begin, s.col_end});
+      DLREC_CHECK(!hybrid || (s.col_begin == 0 && s.col_end == c.spec.dim),
+                  "ShardedEmbedding: hybrid table '", c.spec.name, "' is split by columns");
+      L.served[s.rank].push_back({t, s.col_begin, s.col_end, hybrid});
       if (s.rank != me) continue;
       Local::Owned o;
       o.table = t;
-      o.rows = tp.kind == ShardingKind::RowWise ? row_wise_rows(c.spec.rows, me, n) : c.spec.rows;
+      o.rows = tp.kind == ShardingKind::RowWise || hybrid ? row_wise_rows(c.spec.rows - f, me, n)
+                                                          : c.spec.rows;
       o.c0 = s.col_begin;
       o.c1 = s.col_end;
       if (o.rows > 0)
@@ -211,6 +295,8 @@ void ShardedEmbedding::load_table(int t, const Tensor& values, const Tensor& sta
   for (Local::Owned& o : L.owned)
     if (o.table == t && o.bag)
       fill(o.bag->weight(), detail::piece_of(plan_, tables_, t, comm_.rank()));
+  for (Local::Frequent& fq : L.frequent)
+    if (fq.table == t && fq.bag) fill(fq.bag->weight(), detail::frequent_piece(fq.rows, dim));
 }
 
 void ShardedEmbedding::forward(const std::vector<BagsView>& bags, int64_t batch, float* out,
@@ -223,53 +309,59 @@ void ShardedEmbedding::forward(const std::vector<BagsView>& bags, int64_t batch,
   DLREC_CHECK(batch >= 0, "ShardedEmbedding::forward: negative batch");
   // This rank's ids first: an owner could not say which sample an id came from.
   check_bags(tables_, bags, batch, me);
-  L.batches = comm_.all_gather_counts(batch);
+  L.batches = gather_counts(batch);
   L.batch = batch;
   int64_t global = 0;
   std::vector<int64_t> first(n);  // global index of each rank's first sample
   for (int s = 0; s < n; ++s) first[s] = global, global += L.batches[s];
 
-  // 1. Bag lengths and ids to the ranks holding the rows.
-  std::vector<int64_t> lens, ids, len_cnt(n), len_off(n), id_cnt(n), id_off(n);
+  // 1. Bag lengths and ids to the ranks holding the rows (a hybrid table's ids >= F as a row
+  // split of the ids from F: rank (id - F) % N, local row (id - F) / N; ids < F stay here).
+  std::vector<int64_t> ids, len_cnt(n), id_cnt(n), id_off(n);
+  L.lens.clear();
+  L.len_off.assign(n, 0);
   for (int d = 0; d < n; ++d) {
-    len_off[d] = static_cast<int64_t>(lens.size());
+    L.len_off[d] = static_cast<int64_t>(L.lens.size());
     id_off[d] = static_cast<int64_t>(ids.size());
     for (const Local::Served& sv : L.served[d]) {
       const BagsView& b = bags[sv.table];
-      const bool row_wise = plan_.tables[sv.table].kind == ShardingKind::RowWise;
+      const ShardingKind kind = plan_.tables[sv.table].kind;
+      const bool split = kind == ShardingKind::RowWise || kind == ShardingKind::Hybrid;
+      const int64_t base = frequent_rows(sv.table);
       for (int64_t r = 0; r < batch; ++r) {
         int64_t cnt = 0;
         for (int64_t p = b.offsets[r]; p < b.offsets[r + 1]; ++p) {
-          const int64_t id = b.indices[p];
-          if (row_wise && id % n != d) continue;
-          ids.push_back(row_wise ? id / n : id);
+          const int64_t id = b.indices[p] - base;
+          if (id < 0 || (split && id % n != d)) continue;
+          ids.push_back(split ? id / n : id);
           ++cnt;
         }
-        lens.push_back(cnt);
+        L.lens.push_back(cnt);
       }
     }
-    len_cnt[d] = static_cast<int64_t>(lens.size()) - len_off[d];
+    len_cnt[d] = static_cast<int64_t>(L.lens.size()) - L.len_off[d];
     id_cnt[d] = static_cast<int64_t>(ids.size()) - id_off[d];
   }
   const int64_t mine = static_cast<int64_t>(L.served[me].size());
-  std::vector<int64_t> rlen_cnt(n), rlen_off(n);
+  std::vector<int64_t> rlen_cnt(n);
+  L.rlen_off.assign(n, 0);
   int64_t rlen_total = 0;
   for (int s = 0; s < n; ++s) {
-    rlen_off[s] = rlen_total;
+    L.rlen_off[s] = rlen_total;
     rlen_cnt[s] = L.batches[s] * mine;
     rlen_total += rlen_cnt[s];
   }
-  std::vector<int64_t> rlens(rlen_total);
-  comm_.all_to_all_v(lens.data(), len_cnt, len_off, rlens.data(), rlen_cnt, rlen_off, Elem::I64);
+  L.rlens.assign(rlen_total, 0);
+  exchange(L.lens.data(), len_cnt, L.len_off, L.rlens.data(), rlen_cnt, L.rlen_off, Elem::I64);
   std::vector<int64_t> rid_cnt(n, 0), rid_off(n);
   int64_t rid_total = 0;
   for (int s = 0; s < n; ++s) {
-    for (int64_t i = 0; i < rlen_cnt[s]; ++i) rid_cnt[s] += rlens[rlen_off[s] + i];
+    for (int64_t i = 0; i < rlen_cnt[s]; ++i) rid_cnt[s] += L.rlens[L.rlen_off[s] + i];
     rid_off[s] = rid_total;
     rid_total += rid_cnt[s];
   }
   std::vector<int64_t> rids(rid_total);
-  comm_.all_to_all_v(ids.data(), id_cnt, id_off, rids.data(), rid_cnt, rid_off, Elem::I64);
+  exchange(ids.data(), id_cnt, id_off, rids.data(), rid_cnt, rid_off, Elem::I64);
 
   // 2. Each shard pools the bags of the global batch, in rank order.
   std::vector<int64_t> cursor(rid_off);  // per source: its next unread id
@@ -279,7 +371,7 @@ void ShardedEmbedding::forward(const std::vector<BagsView>& bags, int64_t batch,
     off.assign(1, 0);
     idx.clear();
     for (int s = 0; s < n; ++s) {
-      const int64_t* ln = rlens.data() + rlen_off[s] + j * L.batches[s];
+      const int64_t* ln = L.rlens.data() + L.rlen_off[s] + j * L.batches[s];
       for (int64_t r = 0; r < L.batches[s]; ++r) {
         idx.insert(idx.end(), rids.begin() + cursor[s], rids.begin() + cursor[s] + ln[r]);
         cursor[s] += ln[r];
@@ -289,53 +381,71 @@ void ShardedEmbedding::forward(const std::vector<BagsView>& bags, int64_t batch,
     o.pooled.assign(global * o.cols(), 0.f);
     if (o.bag) o.bag->forward(off.data(), idx.data(), global, o.pooled.data(), o.cols(), training);
   }
+  pooled_back(first, out, out_stride);
+  finish_forward(bags, batch, out, out_stride, training);
+}
 
-  // 3. Pooled rows back to the ranks the samples belong to.
-  const int64_t my_cols = L.served_cols(me);
+// 3. Pooled rows back to the ranks the samples belong to (of a sparse shard, only the bags that
+// sent it ids); row-wise and hybrid partial sums are added in rank order.
+void ShardedEmbedding::pooled_back(const std::vector<int64_t>& first, float* out,
+                                   int64_t out_stride) {
+  Local& L = *local_;
+  const int n = comm_.size(), me = comm_.rank(), T = num_tables();
+  const int64_t batch = L.batch;
   std::vector<float> send, recv;
   std::vector<int64_t> scnt(n), soff(n), rcnt(n), roff(n);
   for (int s = 0; s < n; ++s) {
     soff[s] = static_cast<int64_t>(send.size());
-    for (const Local::Owned& o : L.owned) {
-      const float* p = o.pooled.data() + first[s] * o.cols();
-      send.insert(send.end(), p, p + L.batches[s] * o.cols());
+    for (size_t j = 0; j < L.owned.size(); ++j) {
+      const Local::Owned& o = L.owned[j];
+      const int64_t* ln = L.rlens.data() + L.rlen_off[s] + static_cast<int64_t>(j) * L.batches[s];
+      for (int64_t r = 0; r < L.batches[s]; ++r) {
+        if (!Local::travels(ln, r, L.served[me][j].sparse)) continue;
+        const float* p = o.pooled.data() + (first[s] + r) * o.cols();
+        send.insert(send.end(), p, p + o.cols());
+      }
     }
-    scnt[s] = L.batches[s] * my_cols;
+    scnt[s] = static_cast<int64_t>(send.size()) - soff[s];
   }
   int64_t rtotal = 0;
   for (int d = 0; d < n; ++d) {
     roff[d] = rtotal;
-    rcnt[d] = batch * L.served_cols(d);
+    rcnt[d] = L.values_from(d, batch);
     rtotal += rcnt[d];
   }
   recv.resize(rtotal);
-  comm_.all_to_all_v(send.data(), scnt, soff, recv.data(), rcnt, roff, Elem::F32);
+  exchange(send.data(), scnt, soff, recv.data(), rcnt, roff, Elem::F32);
 
+  auto adds = [&](int t) {
+    const ShardingKind k = plan_.tables[t].kind;
+    return k == ShardingKind::RowWise || k == ShardingKind::Hybrid;
+  };
   for (int t = 0; t < T; ++t)
-    if (plan_.tables[t].kind == ShardingKind::RowWise)
+    if (adds(t))
       for (int64_t r = 0; r < batch; ++r)
         std::memset(out + r * out_stride + col_offset_[t], 0, tables_[t].spec.dim * sizeof(float));
   for (int d = 0; d < n; ++d) {
     const float* p = recv.data() + roff[d];
-    for (const Local::Served& sv : L.served[d]) {
+    for (size_t k = 0; k < L.served[d].size(); ++k) {
+      const Local::Served& sv = L.served[d][k];
       const int64_t cols = sv.c1 - sv.c0;
-      const bool add = plan_.tables[sv.table].kind == ShardingKind::RowWise;
+      const int64_t* ln = L.lens.data() + L.len_off[d] + static_cast<int64_t>(k) * batch;
+      const bool add = adds(sv.table);
       for (int64_t r = 0; r < batch; ++r) {
+        if (!Local::travels(ln, r, sv.sparse)) continue;
         float* o = out + r * out_stride + col_offset_[sv.table] + sv.c0;
-        const float* q = p + r * cols;
         if (add) {
-          for (int64_t k = 0; k < cols; ++k) o[k] += q[k];
+          for (int64_t c = 0; c < cols; ++c) o[c] += p[c];
         } else {
-          std::memcpy(o, q, cols * sizeof(float));
+          std::memcpy(o, p, cols * sizeof(float));
         }
+        p += cols;
       }
-      p += batch * cols;
     }
   }
-  finish_forward(bags, batch, out, out_stride, training);
 }
 
-// Replicated tables, mean pooling and what backward() needs of the step.
+// Replicated tables, hybrid tables' frequent ids, mean pooling and what backward() needs.
 void ShardedEmbedding::finish_forward(const std::vector<BagsView>& bags, int64_t batch, float* out,
                                       int64_t out_stride, bool training) {
   Local& L = *local_;
@@ -345,6 +455,27 @@ void ShardedEmbedding::finish_forward(const std::vector<BagsView>& bags, int64_t
     const int t = L.replicated[i];
     L.rep_bags[i]->forward(bags[t].offsets, bags[t].indices, batch, out + col_offset_[t],
                            out_stride, false);
+  }
+  // A hybrid table's frequent ids are added to the partial sums of its rare ones (and kept, by
+  // a training forward, for backward()).
+  for (Local::Frequent& fq : L.frequent) {
+    const BagsView& b = bags[fq.table];
+    const int64_t dim = tables_[fq.table].spec.dim;
+    const float* w = fq.bag ? fq.bag->weight().value.data<float>() : nullptr;
+    if (training) {
+      fq.off.assign(1, 0);
+      fq.idx.clear();
+    }
+    for (int64_t r = 0; r < batch; ++r) {
+      float* o = out + r * out_stride + col_offset_[fq.table];
+      for (int64_t p = b.offsets[r]; p < b.offsets[r + 1]; ++p) {
+        const int64_t id = b.indices[p];
+        if (id >= fq.rows) continue;
+        for (int64_t k = 0; k < dim; ++k) o[k] += w[id * dim + k];
+        if (training) fq.idx.push_back(id);
+      }
+      if (training) fq.off.push_back(static_cast<int64_t>(fq.idx.size()));
+    }
   }
   // Mean pooling, as nn::EmbeddingBag applies it (after the sum, for bags of two ids or more).
   L.scale.assign(T, {});
@@ -382,50 +513,109 @@ void ShardedEmbedding::backward(const float* dout, int64_t dout_stride) {
     const float s = L.scale[t].empty() ? 1.f : L.scale[t][r];
     for (int64_t k = c0; k < c1; ++k) dst.push_back(s * g[k]);
   };
-  // 4. Gradients of the pooled rows to the shards' owners.
+  // 4. Gradients of the pooled rows to the shards' owners (the rows that came back forward).
   std::vector<float> send;
   std::vector<int64_t> scnt(n), soff(n), rcnt(n), roff(n);
   for (int d = 0; d < n; ++d) {
     soff[d] = static_cast<int64_t>(send.size());
-    for (const Local::Served& sv : L.served[d])
-      for (int64_t r = 0; r < batch; ++r) grad_row(sv.table, r, sv.c0, sv.c1, send);
+    for (size_t k = 0; k < L.served[d].size(); ++k) {
+      const Local::Served& sv = L.served[d][k];
+      const int64_t* ln = L.lens.data() + L.len_off[d] + static_cast<int64_t>(k) * batch;
+      for (int64_t r = 0; r < batch; ++r)
+        if (Local::travels(ln, r, sv.sparse)) grad_row(sv.table, r, sv.c0, sv.c1, send);
+    }
     scnt[d] = static_cast<int64_t>(send.size()) - soff[d];
   }
-  const int64_t my_cols = L.served_cols(me);
   int64_t rtotal = 0, global = 0;
   for (int s = 0; s < n; ++s) {
     roff[s] = rtotal;
-    rcnt[s] = L.batches[s] * my_cols;
+    rcnt[s] = L.values_with(s, me, L.batches[s]);
     rtotal += rcnt[s];
     global += L.batches[s];
   }
   std::vector<float> recv(rtotal);
-  comm_.all_to_all_v(send.data(), scnt, soff, recv.data(), rcnt, roff, Elem::F32);
+  exchange(send.data(), scnt, soff, recv.data(), rcnt, roff, Elem::F32);
+  std::vector<const float*> from(n);  // per source: its next unread gradient row
+  for (int s = 0; s < n; ++s) from[s] = recv.data() + roff[s];
   std::vector<float> g;
-  int64_t col_before = 0;  // columns of this rank's earlier shards (their block offset)
-  for (Local::Owned& o : L.owned) {
+  for (size_t j = 0; j < L.owned.size(); ++j) {
+    Local::Owned& o = L.owned[j];
     const int64_t cols = o.cols();
-    g.resize(global * cols);
+    g.assign(global * cols, 0.f);  // a bag that sent no id here has no gradient here
     int64_t row = 0;
     for (int s = 0; s < n; ++s) {
-      const float* src = recv.data() + roff[s] + col_before * L.batches[s];
-      std::memcpy(g.data() + row * cols, src, L.batches[s] * cols * sizeof(float));
-      row += L.batches[s];
+      const int64_t* ln = L.rlens.data() + L.rlen_off[s] + static_cast<int64_t>(j) * L.batches[s];
+      for (int64_t r = 0; r < L.batches[s]; ++r, ++row) {
+        if (!Local::travels(ln, r, L.served[me][j].sparse)) continue;
+        std::memcpy(g.data() + row * cols, from[s], cols * sizeof(float));
+        from[s] += cols;
+      }
     }
     o.grad = o.bag ? &o.bag->backward(g.data(), cols) : nullptr;
-    col_before += cols;
   }
-  // Replicated tables: every rank's bags and gradients, so that all compute the global one.
+  frequent_backward(dout, dout_stride);
+  replicated_backward(dout, dout_stride);
+}
+
+// Hybrid tables' frequent rows: every rank sums its samples' gradients into a dense [F, dim + 1]
+// block (the last column counts the lookups, so that exactly the rows looked up in the global
+// batch are updated, as one process does); one all-reduce makes it the global sum on every
+// rank. Dense rather than sparse: its size is F rows whatever the batch, the cost the planner
+// weighs against the exchange those lookups would need; a sparse gather would grow with the
+// batch like the replicated kind's.
+void ShardedEmbedding::frequent_backward(const float* dout, int64_t dout_stride) {
+  Local& L = *local_;
+  const int n = comm_.size();
+  for (Local::Frequent& fq : L.frequent) {
+    fq.have_grad = false;
+    if (fq.rows == 0) continue;
+    const int t = fq.table;
+    const int64_t dim = tables_[t].spec.dim, w = dim + 1;
+    std::vector<float> sum(fq.rows * w, 0.f);
+    for (int64_t r = 0; r < L.batch; ++r) {
+      const float* g = dout + r * dout_stride + col_offset_[t];
+      const float s = L.scale[t].empty() ? 1.f : L.scale[t][r];
+      for (int64_t p = fq.off[r]; p < fq.off[r + 1]; ++p) {
+        float* row = sum.data() + fq.idx[p] * w;
+        for (int64_t k = 0; k < dim; ++k) row[k] += 1.f * (s * g[k]);
+        row[dim] += 1.f;
+      }
+    }
+    L.bytes.all_reduce += 2 * (n - 1) * fq.rows * w * 4 / n;  // a ring all-reduce's share
+    comm_.all_reduce(sum.data(), fq.rows * w, Elem::F32);
+    fq.grad.dim = dim;
+    fq.grad.ids.clear();
+    fq.grad.values.clear();
+    for (int64_t id = 0; id < fq.rows; ++id) {
+      const float* row = sum.data() + id * w;
+      if (row[dim] == 0.f) continue;
+      fq.grad.ids.push_back(id);
+      fq.grad.values.insert(fq.grad.values.end(), row, row + dim);
+    }
+    fq.have_grad = true;
+  }
+}
+
+// Replicated tables: every rank's bags and gradients, so that all compute the global one.
+void ShardedEmbedding::replicated_backward(const float* dout, int64_t dout_stride) {
+  Local& L = *local_;
+  const int n = comm_.size();
+  const int64_t batch = L.batch;
   if (L.replicated.empty()) return;
+  int64_t global = 0;
+  for (int64_t b : L.batches) global += b;
   std::vector<int64_t> lens, ids;
   std::vector<float> grads;
   int64_t rep_width = 0;
   for (size_t i = 0; i < L.replicated.size(); ++i) {
     const int t = L.replicated[i];
     rep_width += tables_[t].spec.dim;
+    const float* g0 = dout + col_offset_[t];
     for (int64_t r = 0; r < batch; ++r) {
       lens.push_back(L.rep_off[i][r + 1] - L.rep_off[i][r]);
-      grad_row(t, r, 0, tables_[t].spec.dim, grads);
+      const float s = L.scale[t].empty() ? 1.f : L.scale[t][r];
+      for (int64_t k = 0; k < tables_[t].spec.dim; ++k)
+        grads.push_back(s * g0[r * dout_stride + k]);
     }
     ids.insert(ids.end(), L.rep_idx[i].begin(), L.rep_idx[i].end());
   }
@@ -435,15 +625,15 @@ void ShardedEmbedding::backward(const float* dout, int64_t dout_stride) {
     len_counts[s] = L.batches[s] * R;
     grad_counts[s] = L.batches[s] * rep_width;
   }
-  const std::vector<int64_t> id_counts = comm_.all_gather_counts(static_cast<int64_t>(ids.size()));
+  const std::vector<int64_t> id_counts = gather_counts(static_cast<int64_t>(ids.size()));
   std::vector<int64_t> all_lens(global * R), all_ids;
   int64_t total_ids = 0;
   for (int64_t c : id_counts) total_ids += c;
   all_ids.resize(total_ids);
   std::vector<float> all_grads(global * rep_width);
-  comm_.all_gather_v(lens.data(), all_lens.data(), len_counts, Elem::I64);
-  comm_.all_gather_v(ids.data(), all_ids.data(), id_counts, Elem::I64);
-  comm_.all_gather_v(grads.data(), all_grads.data(), grad_counts, Elem::F32);
+  gather(lens.data(), all_lens.data(), len_counts, Elem::I64);
+  gather(ids.data(), all_ids.data(), id_counts, Elem::I64);
+  gather(grads.data(), all_grads.data(), grad_counts, Elem::F32);
   // Per table, the global bags and gradient rows in rank order.
   std::vector<int64_t> id_cursor(n), len_base(n), grad_base(n);
   for (int64_t s = 0, li = 0, gi = 0, ii = 0; s < n; ++s) {
@@ -482,6 +672,11 @@ void ShardedEmbedding::step(const std::vector<float>& lr) {
     if (o.grad) tables_[o.table].optimizer->step_sparse(o.bag->weight(), *o.grad, lr[o.table]);
     o.grad = nullptr;
   }
+  for (Local::Frequent& fq : L.frequent) {
+    if (fq.have_grad)
+      tables_[fq.table].optimizer->step_sparse(fq.bag->weight(), fq.grad, lr[fq.table]);
+    fq.have_grad = false;
+  }
   for (size_t i = 0; i < L.replicated.size(); ++i) {
     if (!L.rep_have_grad[i]) continue;
     const int t = L.replicated[i];
@@ -495,6 +690,12 @@ nn::Param& ShardedEmbedding::replicated_param(int t) {
   for (size_t i = 0; i < L.replicated.size(); ++i)
     if (L.replicated[i] == t) return L.rep_bags[i]->weight();
   fail("ShardedEmbedding: table '", tables_[t].spec.name, "' is not replicated");
+}
+
+nn::Param* ShardedEmbedding::frequent_param(int t) {
+  for (Local::Frequent& fq : local_->frequent)
+    if (fq.table == t && fq.bag) return &fq.bag->weight();
+  return nullptr;
 }
 
 nn::Param* ShardedEmbedding::owned_param(int t) {
@@ -517,23 +718,29 @@ Tensor ShardedEmbedding::gather_table(int t, bool state) {
     }
   const int n = comm_.size();
   const StateLayout sl(opt);
-  std::vector<float> mine;
+  std::vector<float> mine;  // this rank's piece (of a hybrid table: its rare rows)
   for (const Local::Owned& o : L.owned)
     if (o.table == t && o.bag) {
       const Tensor& x = state ? o.bag->weight().state : o.bag->weight().value;
       mine.assign(x.data<float>(), x.data<float>() + x.numel());
     }
-  const std::vector<int64_t> counts = comm_.all_gather_counts(static_cast<int64_t>(mine.size()));
+  const std::vector<int64_t> counts = gather_counts(static_cast<int64_t>(mine.size()));
   std::vector<int64_t> base(n);
   int64_t total = 0;
   for (int s = 0; s < n; ++s) base[s] = total, total += counts[s];
   std::vector<float> all(total);
-  comm_.all_gather_v(mine.data(), all.data(), counts, Elem::F32);
+  gather(mine.data(), all.data(), counts, Elem::F32);
   Tensor full =
       Tensor::zeros(state ? detail::state_shape(opt, rows, dim) : Shape{rows, dim}, DType::F32);
   for (const Shard& s : plan_.tables[t].shards)
     detail::place_piece(full.data<float>(), all.data() + base[s.rank],
                         detail::piece_of(plan_, tables_, t, s.rank), dim, state, sl);
+  for (const Local::Frequent& fq : L.frequent)  // the replicated prefix, the same on every rank
+    if (fq.table == t && fq.bag) {
+      const nn::Param& p = fq.bag->weight();
+      detail::place_piece(full.data<float>(), (state ? p.state : p.value).data<float>(),
+                          detail::frequent_piece(fq.rows, dim), dim, state, sl);
+    }
   return full;
 }
 

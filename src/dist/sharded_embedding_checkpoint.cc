@@ -22,15 +22,23 @@ std::string rank_file(int64_t step, int rank, int ranks) {
          std::to_string(ranks) + ".dlrec";
 }
 
-json piece_json(const std::string& table, const detail::Piece& p) {
-  return {{"table", table},       {"row_wise", p.row_wise}, {"rank", p.rank}, {"ranks", p.ranks},
-          {"rows", p.local_rows}, {"col_begin", p.c0},      {"col_end", p.c1}};
+// A piece's tensors are "<tensor>.weight" (+ the state suffix); the tensor is the table's name,
+// or "<table>.frequent" for a hybrid table's replicated prefix (rank 0's file holds both).
+// "row_begin" (the Piece's row_base) and "tensor" are written only when they differ from 0 and
+// the table's name, so that other checkpoints read as before.
+json piece_json(const std::string& table, const std::string& tensor, const detail::Piece& p) {
+  json j = {{"table", table},       {"row_wise", p.row_wise}, {"rank", p.rank}, {"ranks", p.ranks},
+            {"rows", p.local_rows}, {"col_begin", p.c0},      {"col_end", p.c1}};
+  if (p.row_base != 0) j["row_begin"] = p.row_base;
+  if (tensor != table) j["tensor"] = tensor;
+  return j;
 }
 
 // A piece of the manifest, checked against the table it belongs to so that placing it stays
 // inside the table.
 struct ManifestPiece {
   int table = -1;
+  std::string tensor;
   detail::Piece piece;
 };
 
@@ -43,22 +51,27 @@ void ShardedEmbedding::save(const std::string& dir, int64_t step) {
   comm_.barrier();  // the directory exists for every rank
   std::vector<io::NamedTensor> tensors;
   json pieces = json::array();
-  auto add = [&](int t, const nn::Param& p, const detail::Piece& piece) {
+  auto add = [&](int t, const nn::Param& p, const detail::Piece& piece, const std::string& tensor) {
     const ShardedTableConfig& c = tables_[t];
-    tensors.emplace_back(c.spec.name + ".weight", p.value);
+    tensors.emplace_back(tensor + ".weight", p.value);
     if (c.optimizer->has_state())
-      tensors.emplace_back(c.spec.name + ".weight" + c.optimizer->state_suffix(), p.state);
-    pieces.push_back(piece_json(c.spec.name, piece));
+      tensors.emplace_back(tensor + ".weight" + c.optimizer->state_suffix(), p.state);
+    pieces.push_back(piece_json(c.spec.name, tensor, piece));
   };
   for (int t = 0; t < num_tables(); ++t) {
     if (plan_.tables[t].kind == ShardingKind::Replicated) {
       if (me == 0)
         add(t, replicated_param(t),
-            detail::Piece{false, 0, 1, tables_[t].spec.rows, 0, tables_[t].spec.dim});
+            detail::Piece{false, 0, 1, tables_[t].spec.rows, 0, tables_[t].spec.dim},
+            tables_[t].spec.name);
       continue;
     }
+    const nn::Param* f = frequent_param(t);
+    if (f && me == 0)
+      add(t, *f, detail::frequent_piece(frequent_rows(t), tables_[t].spec.dim),
+          tables_[t].spec.name + ".frequent");
     const nn::Param* p = owned_param(t);
-    if (p) add(t, *p, detail::piece_of(plan_, tables_, t, me));
+    if (p) add(t, *p, detail::piece_of(plan_, tables_, t, me), tables_[t].spec.name);
   }
   const std::string name = rank_file(step, me, n);
   io::save_tensors(
@@ -173,11 +186,19 @@ int64_t ShardedEmbedding::load(const std::string& dir) {
       p.local_rows = pr.get_int_range("rows", 0, 0, s.rows);
       p.c0 = pr.get_int_range("col_begin", 0, 0, s.dim - 1);
       p.c1 = pr.get_int_range("col_end", s.dim, p.c0 + 1, s.dim);
+      p.row_base = pr.get_int_range("row_begin", 0, 0, s.rows);
+      mp.tensor = pr.get<std::string>("tensor", name);
+      DLREC_CHECK(mp.tensor == name || mp.tensor == name + ".frequent", what,
+                  ": a piece of table '", name, "' names tensor '", mp.tensor, "'");
       pr.finish();
-      const int64_t want_rows =
-          p.row_wise ? detail::row_wise_rows(s.rows, p.rank, p.ranks) : s.rows;
-      DLREC_CHECK(p.local_rows == want_rows, what, ": a piece of table '", name, "' has ",
-                  p.local_rows, " rows, expected ", want_rows);
+      // Row-wise: the split of rows [row_begin, rows); else rows [row_begin, row_begin + rows),
+      // the whole table or (a hybrid table's prefix) its first rows.
+      const int64_t want_rows = p.row_wise
+                                    ? detail::row_wise_rows(s.rows - p.row_base, p.rank, p.ranks)
+                                    : (mp.tensor == name ? s.rows - p.row_base : p.local_rows);
+      DLREC_CHECK(p.local_rows == want_rows && p.row_base + p.local_rows <= s.rows, what,
+                  ": a piece of table '", name, "' has ", p.local_rows, " rows from row ",
+                  p.row_base, ", expected ", want_rows);
       covered[mp.table] += p.local_rows * (p.c1 - p.c0);
       pieces[f].push_back(mp);
     }
@@ -215,12 +236,12 @@ int64_t ShardedEmbedding::load(const std::string& dir) {
       if (!needed[mp.table]) continue;
       const ShardedTableConfig& c = tables_[mp.table];
       const int64_t cols = mp.piece.c1 - mp.piece.c0;
-      targets.emplace_back(c.spec.name + ".weight",
+      targets.emplace_back(mp.tensor + ".weight",
                            Tensor::empty({mp.piece.local_rows, cols}, DType::F32));
       order.push_back({&mp, false});
       if (c.optimizer->has_state()) {
         targets.emplace_back(
-            c.spec.name + ".weight" + c.optimizer->state_suffix(),
+            mp.tensor + ".weight" + c.optimizer->state_suffix(),
             Tensor::empty(detail::state_shape(*c.optimizer, mp.piece.local_rows, cols),
                           DType::F32));
         order.push_back({&mp, true});

@@ -40,16 +40,22 @@ inline Shape state_shape(const nn::Optimizer& o, int64_t rows, int64_t cols) {
   }
 }
 
-// One piece of a table: `local_rows` rows (row-wise: global row lr * ranks + rank) of
-// columns [c0, c1).
+// One piece of a table: `local_rows` rows (row-wise: global row row_base + lr * ranks + rank;
+// else row_base + lr) of columns [c0, c1). row_base is F for the rare rows of a hybrid table
+// (ids >= F split by rows) and 0 otherwise (its replicated prefix is rows [0, F)).
 struct Piece {
   bool row_wise = false;
   int rank = 0, ranks = 1;
   int64_t local_rows = 0, c0 = 0, c1 = 0;
-  int64_t global_row(int64_t lr) const { return row_wise ? lr * ranks + rank : lr; }
+  int64_t row_base = 0;
+  int64_t global_row(int64_t lr) const { return row_base + (row_wise ? lr * ranks + rank : lr); }
 };
 
-// The piece of sharded (not replicated) table t on `rank`; throws if the rank holds none.
+// The frequent rows of a hybrid table with prefix [0, f) and dim columns, as a piece.
+inline Piece frequent_piece(int64_t f, int64_t dim) { return Piece{false, 0, 1, f, 0, dim, 0}; }
+
+// The piece of sharded (not replicated) table t on `rank` (a hybrid table's: its rare rows);
+// throws if the rank holds none.
 Piece piece_of(const Plan& plan, const std::vector<ShardedTableConfig>& tables, int t, int rank);
 
 // Copies a piece's values (state = false: rows of c1 - c0 floats) or optimizer state (rows of

@@ -187,11 +187,14 @@ class Categorify final : public CategoricalEncoder {
     return j;
   }
   json fit_summary() const override {
-    return {{"distinct_values", distinct_},
-            {"values", values_},
-            {"vocab_size", static_cast<int64_t>(vocab_.size())},
-            {"oov_values", oov_values_},
-            {"cardinality", cardinality()}};
+    json j = {{"distinct_values", distinct_},
+              {"values", values_},
+              {"vocab_size", static_cast<int64_t>(vocab_.size())},
+              {"oov_values", oov_values_},
+              {"cardinality", cardinality()}};
+    if (!freq_ids_.empty())
+      j["frequency"] = {{"ids", freq_ids_}, {"values_below", freq_below_}, {"values", values_}};
+    return j;
   }
 
   ~Categorify() override { remove_runs(); }
@@ -363,11 +366,43 @@ class Categorify final : public CategoricalEncoder {
       in_vocab += static_cast<int64_t>(kept[i].first);
     }
     oov_values_ = values_ - in_vocab;
+    summarize_frequency(kept);
     counts_ = KeyMap<uint64_t>();  // frees the counts
     narrow_counts_ = NarrowCounts();
     counting_narrow_ = false;
     if (memory_) memory_->give_back(reserved_);
     reserved_ = 0;
+  }
+
+  // The vocabulary is numbered by descending count, so the frequent ids are a prefix: for the
+  // planner's hybrid embedding (docs/DISTRIBUTED.md), the values (ids >= 1; missing values,
+  // id 0, are the column's "nulls") with an id below each bound of 1, 2, 3, 4, 6, 8, 12, ...
+  // (about 2 log2(cardinality) bounds) up to the cardinality. With num_buckets the
+  // out-of-vocabulary values spread over the buckets (above the vocabulary), else they are id 1.
+  // Not for a joint vocabulary (its counts are the group's, not the column's).
+  void summarize_frequency(const std::vector<std::pair<uint64_t, uint64_t>>& kept) {
+    freq_ids_.clear();
+    freq_below_.clear();
+    if (joint_wanted_) return;
+    const int64_t vocab_end = kFirstVocabId + static_cast<int64_t>(kept.size());
+    std::vector<int64_t> bounds;
+    for (int64_t b = 1; b < vocab_end; b *= 2) {
+      bounds.push_back(b);
+      if (b >= 2 && b + b / 2 < vocab_end) bounds.push_back(b + b / 2);
+    }
+    bounds.push_back(vocab_end);
+    if (cardinality() > vocab_end) bounds.push_back(cardinality());
+    int64_t below = 0, next_id = 0;  // values with an id below next_id
+    for (int64_t b : bounds) {
+      for (; next_id < b; ++next_id) {
+        if (next_id == kOovId && num_buckets_ == 0) below += oov_values_;
+        if (next_id >= kFirstVocabId && next_id < vocab_end)
+          below += static_cast<int64_t>(kept[next_id - kFirstVocabId].first);
+      }
+      if (b > vocab_end) below = values_;  // the buckets hold the rest
+      freq_ids_.push_back(b);
+      freq_below_.push_back(below);
+    }
   }
 
   void set_vocab(std::vector<uint64_t> vocab) {
@@ -616,6 +651,7 @@ class Categorify final : public CategoricalEncoder {
   NarrowCounts narrow_counts_;
   bool counting_narrow_ = false;
   int64_t distinct_ = 0, values_ = 0, oov_values_ = 0;
+  std::vector<int64_t> freq_ids_, freq_below_;  // summarize_frequency's, after a fit
   bool fitted_ = false;
 };
 

@@ -401,6 +401,26 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
           ids.push_back(it == by_name.end() ? 1.0 : it->second);
         }
       }
+      // The ids' frequency summaries for hybrid tables (CPU engine): table "<layer>.<f>" has
+      // feature f's (the planner looks them up by table name only). (parameters() would allocate a
+      // CUDA model's tables before sharding.)
+      if (file_exists(stats) && !m.model->device().is_cuda()) {
+        const auto freq = dist::read_frequency_summaries(stats);
+        for (const auto& [param, value] : m.model->parameters()) {
+          const std::string name =  // "emb.3" (a table may be listed as "emb.3.weight")
+              param.size() > 7 && param.compare(param.size() - 7, 7, ".weight") == 0
+                  ? param.substr(0, param.size() - 7)
+                  : param;
+          const size_t dot = name.rfind('.');
+          if (dot == std::string::npos || dot + 1 == name.size() ||
+              name.find_first_not_of("0123456789", dot + 1) != std::string::npos)
+            continue;
+          const size_t f = std::stoul(name.substr(dot + 1));
+          if (f >= m.data.cat_names.size()) continue;
+          auto it = freq.find(m.data.cat_names[f]);
+          if (it != freq.end()) po.frequency[name] = it->second;
+        }
+      }
       m.model->shard_tables(*m.opt.comm, po, ids, m.leader() ? stderr : nullptr);
       // On GPUs each rank holds the tables it owns only; its evaluation forward is a collective
       // (as on the CPU) and a checkpoint streams the tables to rank 0 (gather_sharded_tables).

@@ -2,7 +2,8 @@
 //
 // Given the tables (rows, dim, bytes per value, optimizer state per row, expected lookups per
 // step), the number of ranks and each rank's memory budget, plan_sharding() chooses per table one
-// of four kinds and places its shards:
+// of four kinds and places its shards (a fifth, hybrid, is applied on top of that placement by
+// apply_hybrid, below):
 //
 //   kind         shards                          forward exchange (ids out, pooled back)
 //   replicated   the whole table on every rank   none: each rank pools its own samples; the
@@ -51,11 +52,27 @@
 
 namespace dlrec::dist {
 
-enum class ShardingKind { Replicated, TableWise, RowWise, ColumnWise };
-// "replicated" | "table_wise" | "row_wise" | "column_wise" ("data_parallel" is accepted for
-// "replicated").
+// Hybrid (planner_hybrid.cc): ids [0, F) replicated on every rank with their gradients
+// all-reduced, ids >= F split by rows over every rank (rank (id - F) % N).
+enum class ShardingKind { Replicated, TableWise, RowWise, ColumnWise, Hybrid };
+// "replicated" | "table_wise" | "row_wise" | "column_wise" | "hybrid" ("data_parallel" is
+// accepted for "replicated").
 ShardingKind parse_sharding_kind(const std::string& s);
 const char* sharding_kind_name(ShardingKind k);
+
+// How often a table's ids occur in the training data, from the ETL (Categorify numbers the
+// vocabulary by descending count, ties by key, so the frequent ids are a prefix of the id range):
+// values_below[i] of the table's `values` training lookups have an id below ids[i] (ids
+// ascending, values_below non-decreasing, the last at most `values`). Empty: unknown.
+// PlannerOptions::frequency holds them by table name.
+struct FrequencySummary {
+  std::vector<int64_t> ids;
+  std::vector<int64_t> values_below;
+  int64_t values = 0;
+  bool empty() const { return ids.empty(); }
+  // The fraction of lookups with an id below `f` (exact at the summary's bounds, linear between).
+  double fraction_below(int64_t f) const;
+};
 
 struct TableSpec {
   std::string name;
@@ -74,7 +91,8 @@ struct TableSpec {
 // A config override for one table (key "sharding.tables.<name>").
 struct TableOverride {
   ShardingKind kind = ShardingKind::TableWise;
-  int owner = -1;  // table_wise only; -1: the planner chooses
+  int owner = -1;              // table_wise only; -1: the planner chooses
+  int64_t frequent_rows = -1;  // hybrid only: ids [0, F) replicated; -1: the planner chooses
 };
 
 struct PlannerOptions {
@@ -101,6 +119,12 @@ struct PlannerOptions {
   // Step 6 of the planner: the fullest rank may hold this many times the mean table bytes
   // before the planner splits a table on it to even them out (>= 1).
   double max_memory_imbalance = 1.25;
+  // Whether the planner may make a table with a frequency summary hybrid on its own (config key
+  // "hybrid": "auto" | "off"); overrides apply either way.
+  bool auto_hybrid = true;
+  // Per table name, its ids' frequency summary (the ETL's stats.json, read_frequency_summaries):
+  // what hybrid sharding needs. A table without one is never hybrid.
+  std::map<std::string, FrequencySummary> frequency;
   std::map<std::string, TableOverride> overrides;  // by table name
   int64_t usable_per_rank() const;                 // bytes left for tables on each rank
   void validate() const;
@@ -130,6 +154,12 @@ struct TablePlan {
   bool overridden = false;
   std::string why;            // why the planner replicated it (empty otherwise)
   std::vector<Shard> shards;  // replicated: one per rank; table_wise: one; else one per rank
+  // Hybrid: the replicated id prefix [0, frequent_rows) and the expected bytes one rank sends
+  // per step for the table: the all-reduce of the prefix's gradients and the exchange of the
+  // rest (and, for the record, the exchange the table would cost with frequent_rows = 0).
+  int64_t frequent_rows = 0;
+  double frequent_fraction = 0;  // of the table's lookups, by the frequency summary
+  double allreduce_bytes = 0, exchange_bytes = 0, unsplit_exchange_bytes = 0;
   // Rank owning the table (table_wise), else -1.
   int owner() const { return kind == ShardingKind::TableWise ? shards.at(0).rank : -1; }
 };
@@ -171,6 +201,40 @@ ReplicationCost replication_cost(const TableSpec& table, const PlannerOptions& o
 // The plan as a table for the log: per rank its tables (kind, rows, columns, bytes, lookups) and
 // its memory against the budget.
 void print_plan(const Plan& plan, const std::vector<TableSpec>& tables, std::ostream& os);
+
+// Hybrid embedding (planner_hybrid.cc, docs/DISTRIBUTED.md "Hybrid embedding").
+// Expected bytes one rank sends per step for a hybrid table with the prefix [0, F) replicated:
+// the ring all-reduce of the prefix's gradients (2 (N-1)/N x F x (dim + 1) floats: the gradient
+// rows and a lookup count per row) and the exchange of the other lookups (8 bytes per id to its
+// owner, dim floats of pooled partial sum back and dim floats of gradient out, for the
+// (N-1)/N of them that live on another rank; an upper bound for bags of several ids).
+struct HybridCost {
+  double allreduce_bytes = 0, exchange_bytes = 0;
+  double total() const { return allreduce_bytes + exchange_bytes; }
+};
+HybridCost hybrid_cost(const TableSpec& table, const FrequencySummary& frequency, int ranks,
+                       double lookups_per_step, int64_t frequent_rows);
+// The prefix F (one of the summary's bounds, or 0) that minimises hybrid_cost, with the F rows'
+// values and state at most `max_bytes` per rank; 0 when no prefix sends fewer bytes than none.
+int64_t choose_frequent_rows(const TableSpec& table, const FrequencySummary& frequency, int ranks,
+                             double lookups_per_step, int64_t max_bytes);
+// Called by plan_sharding on its placement: makes the tables with a "hybrid" override hybrid
+// (their F from the config, or chosen) and, with options.auto_hybrid, every table_wise or
+// row_wise table whose frequency summary (options.frequency) makes some F cheaper than its
+// exchange, when its
+// memory fits; updates the shards and rank loads. `lookups[t]`: table t's ids per step. Errors
+// name the table: a hybrid override without a frequency summary, F out of [1, rows], a plan
+// that does not fit.
+void apply_hybrid(const std::vector<TableSpec>& tables, const PlannerOptions& options,
+                  const std::vector<double>& lookups, std::vector<TablePlan>& plans,
+                  std::vector<RankLoad>& loads);
+// The frequency summary of each categorical column in an ETL output's stats.json (key
+// "frequency" of columns.categorical[i], written by Categorify; missing values, id 0, added from
+// "nulls"), by column name; columns without one are left out. Errors name the file and entry.
+std::map<std::string, FrequencySummary> read_frequency_summaries(const std::string& stats_path);
+// print_plan's lines for the hybrid tables: F, the expected all-reduce and exchange bytes per
+// rank and step, and the exchange the table would cost without the replicated prefix.
+void print_hybrid_tables(const Plan& plan, std::ostream& os);
 
 // The CUDA engine's plan (docs/DISTRIBUTED.md, "Sharding on the GPUs"): every table is placed
 // whole on one GPU or, when it does not fit whole, split by rows over all of them (no

@@ -26,6 +26,14 @@
 // bit-identical except for row-wise tables, whose per-rank partial sums are added in rank
 // order (within 1e-6 relative of the single-process sum).
 //
+// Hybrid tables (docs/DISTRIBUTED.md, "Hybrid embedding"): ids [0, F) (the most frequent after
+// Categorify) are replicated on every rank and pooled locally; ids >= F are split by rows over
+// the ranks (rank (id - F) % N) and exchanged as above, but only for the bags that hold such an
+// id; the pooled row is the sum of the two parts. Backward: the frequent rows' gradients are
+// summed into a dense [F, dim] block on each rank and all-reduced, the rare ones go to their
+// owners. Summed in another order than one process, so equal to it within rounding, not bit
+// for bit.
+//
 // This is the CPU reference (buffers on the host, any host Communicator: single or MPI). A
 // CUDA version keeps the same exchange layout with device buffers and the NCCL communicator;
 // the layout helpers (who sends what to whom) are shared.
@@ -58,6 +66,14 @@ struct BagsView {
   const int64_t* indices = nullptr;
 };
 
+// Bytes this rank sent to the other ranks through the communicator (all-to-all: the exchanges;
+// all-reduce: the hybrid tables' frequent gradients, counted as a ring all-reduce's
+// 2 (N-1)/N x size; all-gather: the replicated tables' gradients and the step's counts).
+struct ExchangeBytes {
+  int64_t all_to_all = 0, all_reduce = 0, all_gather = 0;
+  int64_t total() const { return all_to_all + all_reduce + all_gather; }
+};
+
 class ShardedEmbedding {
  public:
   // The plan must be for these tables and comm.size() ranks. Allocates this rank's shards
@@ -74,6 +90,12 @@ class ShardedEmbedding {
   int64_t width() const { return width_; }
   int64_t column_offset(int t) const { return col_offset_[t]; }
   const Plan& plan() const { return plan_; }
+  // F of a hybrid table t (its replicated prefix [0, F)); 0 for other kinds.
+  int64_t frequent_rows(int t) const;
+  // Bytes sent since construction or the last reset (every collective of forward, backward,
+  // gather_table and save counts).
+  const ExchangeBytes& exchange_bytes() const;
+  void reset_exchange_bytes();
 
   // Collective. Pools this rank's `batch` samples of every table (bags[t] for table t) into
   // out + r * out_stride + column_offset(t) (dim floats). Ids out of [0, rows) throw naming
@@ -116,8 +138,18 @@ class ShardedEmbedding {
   struct Local;
   void finish_forward(const std::vector<BagsView>& bags, int64_t batch, float* out,
                       int64_t out_stride, bool training);
+  void pooled_back(const std::vector<int64_t>& first, float* out, int64_t out_stride);
+  void frequent_backward(const float* dout, int64_t dout_stride);
+  void replicated_backward(const float* dout, int64_t dout_stride);
+  // The communicator's collectives, counting the bytes sent (ExchangeBytes).
+  void exchange(const void* send, const std::vector<int64_t>& scnt,
+                const std::vector<int64_t>& soff, void* recv, const std::vector<int64_t>& rcnt,
+                const std::vector<int64_t>& roff, Elem type);
+  void gather(const void* send, void* recv, const std::vector<int64_t>& counts, Elem type);
+  std::vector<int64_t> gather_counts(int64_t count);
   nn::Param& replicated_param(int t);  // the whole table t, which must be replicated
   nn::Param* owned_param(int t);       // this rank's shard of sharded table t, or null
+  nn::Param* frequent_param(int t);    // the replicated prefix of hybrid table t, or null
   std::vector<ShardedTableConfig> tables_;
   Plan plan_;
   Communicator& comm_;
