@@ -13,22 +13,25 @@
 #include <tuple>
 #include <vector>
 
+#include "dist/dist_train_util.h"
 #include "dist/run_job.h"
 #include "dlrec/core/config.h"
 #include "dlrec/dist/communicator.h"
-#include "dlrec/etl/run.h"
-#include "dlrec/io/datagen.h"
 #include "dlrec/io/shard.h"
 #include "test_files.h"
 
 using namespace dlrec;
+using dlrec::testing::expect_same_logged_losses;
+using dlrec::testing::make_dist_train_data;
 using dlrec::testing::mpirun_prefix;
+using dlrec::testing::read_metrics;
 using dlrec::testing::run_job;
 using dlrec::testing::TempDir;
+using dlrec::testing::train_command;
 
 namespace {
 
-const std::string kDlrec = std::string(DLREC_BIN_DIR) + "/dlrec";
+const std::string& kDlrec = dlrec::testing::kDlrecBin;
 
 #define SKIP_WITHOUT_MPIRUN(n)                                                             \
   if (!dist::mpi_built() || mpirun_prefix(n).empty())                                      \
@@ -42,26 +45,7 @@ struct Data {
   std::string dir = tmp.path + "/data", config = tmp.path + "/config.json";
   // optimizer: the config's optimizer section.
   explicit Data(int etl_ranks = 1, const std::string& optimizer = R"({"type": "sgd", "lr": 0.1})") {
-    io::DatagenConfig g;
-    g.rows = 12000;
-    g.seed = 11;
-    g.num_dense = 4;
-    g.num_cat = 5;
-    g.num_multi_hot = 1;
-    g.cardinalities = {40, 200, 1000};
-    io::generate_file(g, tmp.path + "/logs.tsv");
-    etl::EtlOptions o;
-    o.inputs = {tmp.path + "/logs.tsv"};
-    o.schema = g.schema();
-    o.workflow = json::parse(R"({"pipeline": [
-      {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "Clip", "min": 0},
-                                    {"op": "LogOp"}, {"op": "Normalize"}]},
-      {"columns": "@categorical", "ops": [{"op": "Categorify"}]}]})");
-    o.output_dir = dir;
-    o.train_rows = 10000;
-    o.shard_rows = 3000;  // several files, so that batches cross them
-    o.ranks = etl_ranks;
-    etl::run_etl(o);
+    make_dist_train_data(tmp.path, dir, R"({"op": "Categorify"})", etl_ranks);
     std::ofstream(config) << R"({
       "model": {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
       "optimizer": )" << optimizer
@@ -70,30 +54,19 @@ struct Data {
                 "seed": 3}})";
   }
   std::string train_args(const std::string& run, int64_t batch, const std::string& log) const {
-    return kDlrec + " train --config " + config + " --data " + dir + " --run " + tmp.path + "/" +
-           run + " --batch-size " + std::to_string(batch) + " --metrics-log " + tmp.path + "/" +
-           log + " --threads 1 --quiet";
+    return train_command(config, dir, tmp.path + "/" + run, batch, tmp.path + "/" + log);
   }
   std::vector<json> metrics(const std::string& log) const {
-    std::vector<json> v;
-    std::ifstream f(tmp.path + "/" + log);
-    for (std::string line; std::getline(f, line);) v.push_back(json::parse(line));
-    return v;
+    return read_metrics(tmp.path + "/" + log);
   }
 };
 
 // Every logged loss within 1e-5 relative and the final AUC within 1e-4 (the issue's test).
 void expect_equivalent(const std::vector<json>& one, const std::vector<json>& many, int64_t steps,
                        double min_auc) {
-  ASSERT_EQ(one.size(), many.size());
-  ASSERT_EQ(static_cast<int64_t>(one.size()), steps / 10 + 1);  // losses, then the evaluation
-  double worst = 0;
-  for (size_t i = 0; i + 1 < one.size(); ++i) {
-    ASSERT_EQ(one[i]["step"], many[i]["step"]);
-    const double a = one[i]["loss"], b = many[i]["loss"];
-    worst = std::max(worst, std::abs(a - b) / std::abs(a));
-    EXPECT_LE(std::abs(a - b), 1e-5 * std::abs(a)) << "step " << one[i]["step"];
-  }
+  double worst = 0;  // the losses, then the evaluation
+  ASSERT_NO_FATAL_FAILURE(
+      expect_same_logged_losses(one, many, static_cast<size_t>(steps / 10 + 1), &worst));
   const json& ea = one.back();
   const json& eb = many.back();
   EXPECT_EQ(ea["step"], steps);

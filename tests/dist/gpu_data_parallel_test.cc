@@ -13,22 +13,25 @@
 #include <string>
 #include <vector>
 
+#include "dist/dist_train_util.h"
 #include "dist/run_job.h"
 #include "dlrec/core/config.h"
 #include "dlrec/core/device.h"
 #include "dlrec/dist/communicator.h"
-#include "dlrec/etl/run.h"
-#include "dlrec/io/datagen.h"
 #include "test_files.h"
 
 using namespace dlrec;
+using dlrec::testing::expect_same_logged_losses;
+using dlrec::testing::make_dist_train_data;
 using dlrec::testing::mpirun_prefix;
+using dlrec::testing::read_metrics;
 using dlrec::testing::run_job;
 using dlrec::testing::TempDir;
+using dlrec::testing::train_command;
 
 namespace {
 
-const std::string kDlrec = std::string(DLREC_BIN_DIR) + "/dlrec";
+const std::string& kDlrec = dlrec::testing::kDlrecBin;
 
 #define SKIP_WITHOUT_TWO_GPUS()                                                                  \
   if (!dist::mpi_built() || mpirun_prefix(2).empty())                                            \
@@ -47,25 +50,7 @@ struct Data {
   std::string dir = tmp.path + "/data", config = tmp.path + "/config.json";
   // extra: more top-level config sections (", \"sharding\": {}").
   Data(const std::string& optimizer, const std::string& precision, const std::string& extra = "") {
-    io::DatagenConfig g;
-    g.rows = 12000;
-    g.seed = 11;
-    g.num_dense = 4;
-    g.num_cat = 5;
-    g.num_multi_hot = 1;
-    g.cardinalities = {40, 200, 1000};
-    io::generate_file(g, tmp.path + "/logs.tsv");
-    etl::EtlOptions o;
-    o.inputs = {tmp.path + "/logs.tsv"};
-    o.schema = g.schema();
-    o.workflow = json::parse(R"({"pipeline": [
-      {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "Clip", "min": 0},
-                                    {"op": "LogOp"}, {"op": "Normalize"}]},
-      {"columns": "@categorical", "ops": [{"op": "Categorify"}]}]})");
-    o.output_dir = dir;
-    o.train_rows = 10000;
-    o.shard_rows = 3000;
-    etl::run_etl(o);
+    make_dist_train_data(tmp.path, dir);
     std::ofstream(config) << R"({
       "model": {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
       "optimizer": )" << optimizer
@@ -75,15 +60,11 @@ struct Data {
                           << precision << R"("})" << extra << "}";
   }
   std::string train_args(const std::string& run, int64_t batch, const std::string& log) const {
-    return kDlrec + " train --config " + config + " --data " + dir + " --run " + tmp.path + "/" +
-           run + " --batch-size " + std::to_string(batch) + " --metrics-log " + tmp.path + "/" +
-           log + " --threads 1 --quiet --comm-timeout 120";
+    return train_command(config, dir, tmp.path + "/" + run, batch, tmp.path + "/" + log) +
+           " --comm-timeout 120";
   }
   std::vector<json> metrics(const std::string& log) const {
-    std::vector<json> v;
-    std::ifstream f(tmp.path + "/" + log);
-    for (std::string line; std::getline(f, line);) v.push_back(json::parse(line));
-    return v;
+    return read_metrics(tmp.path + "/" + log);
   }
 };
 
@@ -111,15 +92,8 @@ void expect_gpus_match_one(const std::string& optimizer, int gpus = 2,
         << many.output;
   }
   const std::vector<json> a = d.metrics("one.jsonl"), b = d.metrics("many.jsonl");
-  ASSERT_EQ(a.size(), b.size());
-  ASSERT_EQ(a.size(), 101u);  // 100 logged losses, then the evaluation
-  double worst = 0;
-  for (size_t i = 0; i + 1 < a.size(); ++i) {
-    ASSERT_EQ(a[i]["step"], b[i]["step"]);
-    const double x = a[i]["loss"], y = b[i]["loss"];
-    worst = std::max(worst, std::abs(x - y) / std::abs(x));
-    EXPECT_LE(std::abs(x - y), 1e-5 * std::abs(x)) << "step " << a[i]["step"];
-  }
+  double worst = 0;  // over 100 logged losses, then the evaluation
+  ASSERT_NO_FATAL_FAILURE(expect_same_logged_losses(a, b, 101, &worst));
   EXPECT_EQ(a.back()["rows"], 2000);
   EXPECT_EQ(b.back()["rows"], 2000);
   EXPECT_NEAR(a.back()["auc"].get<double>(), b.back()["auc"].get<double>(), 1e-4);

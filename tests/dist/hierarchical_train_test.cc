@@ -9,11 +9,10 @@
 #include <sstream>
 #include <string>
 
+#include "dist/dist_train_util.h"
 #include "dist/run_job.h"
 #include "dlrec/core/config.h"
 #include "dlrec/dist/communicator.h"
-#include "dlrec/etl/run.h"
-#include "dlrec/io/datagen.h"
 #include "test_files.h"
 
 using namespace dlrec;
@@ -23,7 +22,7 @@ using dlrec::testing::TempDir;
 
 namespace {
 
-const std::string kDlrec = std::string(DLREC_BIN_DIR) + "/dlrec";
+const std::string& kDlrec = dlrec::testing::kDlrecBin;
 
 // 4,000 training rows, five categorical features (one multi-hot), the tables sharded every way
 // the CPU engine knows (each kind exchanges through all_to_all_v).
@@ -31,24 +30,11 @@ struct Data {
   TempDir tmp{"hier_train"};
   std::string dir = tmp.path + "/data", config = tmp.path + "/config.json";
   Data() {
-    io::DatagenConfig g;
-    g.rows = 5000;
-    g.seed = 5;
-    g.num_dense = 4;
-    g.num_cat = 5;
-    g.num_multi_hot = 1;
-    g.cardinalities = {40, 200, 1000};
-    io::generate_file(g, tmp.path + "/logs.tsv");
-    etl::EtlOptions o;
-    o.inputs = {tmp.path + "/logs.tsv"};
-    o.schema = g.schema();
-    o.workflow = json::parse(R"({"pipeline": [
-      {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "Clip", "min": 0},
-                                    {"op": "LogOp"}]},
-      {"columns": "@categorical", "ops": [{"op": "Categorify"}]}]})");
-    o.output_dir = dir;
-    o.train_rows = 4000;
-    etl::run_etl(o);
+    dlrec::testing::TestEtl etl;
+    etl.workflow = dlrec::testing::dist_train_workflow(/*normalize=*/false);
+    etl.train_rows = 4000;
+    dlrec::testing::generate_and_etl(dlrec::testing::dist_train_gen(5000, 5),
+                                     tmp.path + "/logs.tsv", dir, etl);
     std::ofstream(config) << R"({
       "model": {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
       "optimizer": {"type": "adagrad", "lr": 0.05, "adagrad_init": 0.01},
@@ -59,9 +45,10 @@ struct Data {
                               "emb.3": {"kind": "replicated"}}}})";
   }
   std::string train(const std::string& run, const std::string& extra) const {
-    return mpirun_prefix(4) + kDlrec + " train --config " + config + " --data " + dir + " --run " +
-           tmp.path + "/" + run + " --batch-size 8 --metrics-log " + tmp.path + "/" + run +
-           ".jsonl --threads 1 --quiet " + extra;
+    return mpirun_prefix(4) +
+           dlrec::testing::train_command(config, dir, tmp.path + "/" + run, 8,
+                                         tmp.path + "/" + run + ".jsonl") +
+           " " + extra;
   }
   std::string log(const std::string& run) const {
     std::ifstream f(tmp.path + "/" + run + ".jsonl");

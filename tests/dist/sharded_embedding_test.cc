@@ -203,18 +203,12 @@ TEST(ShardedEmbeddingMpi, TwoAndFourRanks) {
     const std::string mpirun = dlrec::testing::mpirun_prefix(ranks);
     if (mpirun.empty()) GTEST_SKIP() << "mpirun is not installed (Debian: openmpi-bin)";
     if (!mpi_built()) GTEST_SKIP() << "this build has no MPI";
-    // The program's own path: "/proc/self/exe" would name mpirun's helper in the ranks.
-    const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-    const auto r = dlrec::testing::run_job(
-        mpirun + self + " --gtest_color=no --gtest_filter=ShardedEmbeddingRanks.*", 300);
+    const auto r = run_self_on_ranks(ranks, "--gtest_filter=ShardedEmbeddingRanks.*", 300);
     EXPECT_FALSE(r.hung) << r.output;
     EXPECT_EQ(r.exit_code, 0) << r.output;
-    size_t passed = 0;
-    for (size_t p = r.output.find("[       OK ] ShardedEmbeddingRanks.EqualsUnsharded");
-         p != std::string::npos;
-         p = r.output.find("[       OK ] ShardedEmbeddingRanks.EqualsUnsharded", p + 1))
-      ++passed;
-    EXPECT_EQ(passed, static_cast<size_t>(ranks)) << r.output;
+    EXPECT_EQ(occurrences(r.output, "[       OK ] ShardedEmbeddingRanks.EqualsUnsharded"),
+              static_cast<size_t>(ranks))
+        << r.output;
   }
 }
 

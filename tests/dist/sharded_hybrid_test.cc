@@ -40,10 +40,7 @@ FrequencySummary square_law(int64_t rows) {
   return f;
 }
 
-struct HybridScenario {
-  std::vector<TableSpec> specs;
-  std::vector<nn::Pooling> pooling;
-  std::map<std::string, TableOverride> overrides;
+struct HybridScenario : Scenario {
   std::map<std::string, FrequencySummary> frequency;
 };
 
@@ -70,17 +67,6 @@ HybridScenario hybrid_scenario(bool hybrid = true) {
   add("hy_auto", 200, 4, nn::Pooling::Mean, -1);
   add("rw", 50, 4, nn::Pooling::Sum, 0);
   return s;
-}
-
-std::vector<ShardedTableConfig> configs(const HybridScenario& sc,
-                                        std::shared_ptr<const nn::Optimizer> opt) {
-  std::vector<ShardedTableConfig> cfg;
-  for (size_t t = 0; t < sc.specs.size(); ++t) {
-    TableSpec spec = sc.specs[t];
-    spec.state_bytes_per_row = opt->state_row_size(spec.dim) * 4;
-    cfg.push_back({spec, 100 + static_cast<uint64_t>(t), sc.pooling[t], opt});
-  }
-  return cfg;
 }
 
 Plan plan_of(const std::vector<ShardedTableConfig>& cfg, const HybridScenario& sc, int ranks) {
@@ -127,7 +113,7 @@ void check_hybrid(Communicator& comm, nn::OptimizerKind kind, int steps) {
   const HybridScenario sc = hybrid_scenario();
   const int T = static_cast<int>(sc.specs.size());
   auto opt = std::make_shared<const nn::Optimizer>(optimizer_options(kind));
-  const auto cfg = configs(sc, opt);
+  const auto cfg = scenario_tables(sc, opt);
   std::vector<std::unique_ptr<nn::EmbeddingBag>> ref;
   for (int t = 0; t < T; ++t) {
     ref.push_back(
@@ -268,7 +254,7 @@ TEST(Hybrid, MatchesUnshardedOnOneRank) {
 std::pair<ExchangeBytes, double> bytes_and_time(Communicator& comm, const HybridScenario& sc,
                                                 int steps) {
   auto opt = std::make_shared<const nn::Optimizer>(optimizer_options(nn::OptimizerKind::SGD));
-  const auto cfg = configs(sc, opt);
+  const auto cfg = scenario_tables(sc, opt);
   ShardedEmbedding se(cfg, plan_of(cfg, sc, comm.size()), comm);
   const int T = se.num_tables();
   const int64_t mine = 512, W = se.width();
@@ -365,7 +351,7 @@ TEST(Hybrid, BytesAndStepTime) {
 void check_checkpoints(Communicator& comm, const std::string& dir) {
   auto opt = std::make_shared<const nn::Optimizer>(optimizer_options(nn::OptimizerKind::Adam));
   const HybridScenario hy = hybrid_scenario(true), rw = hybrid_scenario(false);
-  const auto cfg = configs(hy, opt);
+  const auto cfg = scenario_tables(hy, opt);
   ShardedEmbedding a(cfg, plan_of(cfg, hy, comm.size()), comm);
   ShardedEmbedding b(cfg, plan_of(cfg, rw, comm.size()), comm);
   ShardedEmbedding c(cfg, plan_of(cfg, hy, comm.size()), comm);
@@ -416,21 +402,15 @@ TEST(HybridMpi, TwoAndFourRanks) {
   if (dlrec::testing::mpirun_prefix(2).empty())
     GTEST_SKIP() << "mpirun is not installed (Debian: openmpi-bin)";
   if (!mpi_built()) GTEST_SKIP() << "this build has no MPI";
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   for (int ranks : {2, 4}) {
     dlrec::testing::TempDir tmp("hybrid_mpi");
-    const auto r = dlrec::testing::run_job(
-        dlrec::testing::mpirun_prefix(ranks) + self +
-            " --gtest_color=no --gtest_filter=HybridRanks.* --hybrid_dir=" + tmp.path,
-        600);
+    const auto r =
+        run_self_on_ranks(ranks, "--gtest_filter=HybridRanks.* --hybrid_dir=" + tmp.path, 600);
     EXPECT_FALSE(r.hung) << r.output;
     EXPECT_EQ(r.exit_code, 0) << r.output;
-    size_t passed = 0;
-    for (size_t p = r.output.find("[       OK ] HybridRanks.MatchesUnsharded");
-         p != std::string::npos;
-         p = r.output.find("[       OK ] HybridRanks.MatchesUnsharded", p + 1))
-      ++passed;
-    EXPECT_EQ(passed, static_cast<size_t>(ranks)) << r.output;
+    EXPECT_EQ(occurrences(r.output, "[       OK ] HybridRanks.MatchesUnsharded"),
+              static_cast<size_t>(ranks))
+        << r.output;
     for (const char* tag : {"hybrid sgd on", "hybrid adagrad on", "hybrid adam on"}) {
       const size_t at = r.output.find(tag);
       if (at != std::string::npos)
@@ -447,7 +427,7 @@ TEST(HybridMpi, TwoAndFourRanks) {
     auto comm = make_single_communicator();
     auto opt = std::make_shared<const nn::Optimizer>(optimizer_options(nn::OptimizerKind::Adam));
     const HybridScenario hy = hybrid_scenario(true), rw = hybrid_scenario(false);
-    const auto cfg = configs(hy, opt);
+    const auto cfg = scenario_tables(hy, opt);
     ShardedEmbedding a(cfg, plan_of(cfg, hy, 1), *comm);
     ShardedEmbedding b(cfg, plan_of(cfg, rw, 1), *comm);
     EXPECT_EQ(a.load(tmp.path + "/a"), 3);

@@ -11,21 +11,24 @@
 #include <string>
 #include <vector>
 
+#include "dist/dist_train_util.h"
 #include "dist/run_job.h"
 #include "dlrec/core/config.h"
 #include "dlrec/dist/communicator.h"
-#include "dlrec/etl/run.h"
-#include "dlrec/io/datagen.h"
 #include "test_files.h"
 
 using namespace dlrec;
+using dlrec::testing::expect_same_logged_losses;
+using dlrec::testing::make_dist_train_data;
 using dlrec::testing::mpirun_prefix;
+using dlrec::testing::read_metrics;
 using dlrec::testing::run_job;
 using dlrec::testing::TempDir;
+using dlrec::testing::train_command;
 
 namespace {
 
-const std::string kDlrec = std::string(DLREC_BIN_DIR) + "/dlrec";
+const std::string& kDlrec = dlrec::testing::kDlrecBin;
 
 struct HybridData {
   TempDir tmp;
@@ -34,26 +37,7 @@ struct HybridData {
   explicit HybridData(const std::string& name,
                       const std::string& encoder = R"({"op": "Categorify"})")
       : tmp(name) {
-    io::DatagenConfig g;
-    g.rows = 12000;
-    g.seed = 11;
-    g.num_dense = 4;
-    g.num_cat = 5;
-    g.num_multi_hot = 1;
-    g.cardinalities = {40, 200, 1000};
-    io::generate_file(g, tmp.path + "/logs.tsv");
-    etl::EtlOptions o;
-    o.inputs = {tmp.path + "/logs.tsv"};
-    o.schema = g.schema();
-    o.workflow = json::parse(R"({"pipeline": [
-      {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "Clip", "min": 0},
-                                    {"op": "LogOp"}, {"op": "Normalize"}]},
-      {"columns": "@categorical", "ops": [)" +
-                             encoder + R"(]}]})");
-    o.output_dir = dir;
-    o.train_rows = 10000;
-    o.shard_rows = 3000;
-    etl::run_etl(o);
+    make_dist_train_data(tmp.path, dir, encoder);
   }
   std::string config(const std::string& name, const std::string& tables) const {
     const std::string path = tmp.path + "/" + name;
@@ -67,15 +51,10 @@ struct HybridData {
   }
   std::string train_args(const std::string& cfg, const std::string& run, int64_t batch,
                          const std::string& log) const {
-    return kDlrec + " train --config " + cfg + " --data " + dir + " --run " + tmp.path + "/" + run +
-           " --batch-size " + std::to_string(batch) + " --metrics-log " + tmp.path + "/" + log +
-           " --threads 1 --quiet";
+    return train_command(cfg, dir, tmp.path + "/" + run, batch, tmp.path + "/" + log);
   }
   std::vector<json> metrics(const std::string& log) const {
-    std::vector<json> v;
-    std::ifstream f(tmp.path + "/" + log);
-    for (std::string line; std::getline(f, line);) v.push_back(json::parse(line));
-    return v;
+    return read_metrics(tmp.path + "/" + log);
   }
 };
 
@@ -99,15 +78,8 @@ TEST(HybridTraining, TwoRanksMatchOneProcessOver1000Steps) {
     std::printf("%s\n", many.output.substr(from, many.output.find('\n', from) - from).c_str());
   }
   const auto a = d.metrics("one.jsonl"), b = d.metrics("many.jsonl");
-  ASSERT_EQ(a.size(), b.size());
-  ASSERT_EQ(a.size(), 101u);
   double worst = 0;
-  for (size_t i = 0; i + 1 < a.size(); ++i) {
-    ASSERT_EQ(a[i]["step"], b[i]["step"]);
-    const double x = a[i]["loss"], y = b[i]["loss"];
-    worst = std::max(worst, std::abs(x - y) / std::abs(x));
-    EXPECT_LE(std::abs(x - y), 1e-5 * std::abs(x)) << "step " << a[i]["step"];
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_same_logged_losses(a, b, 101, &worst));
   EXPECT_NEAR(a.back()["auc"].get<double>(), b.back()["auc"].get<double>(), 1e-4);
   EXPECT_GT(a.back()["auc"].get<double>(), 0.6);
   std::printf("[hybrid] 2 ranks: worst relative loss difference %.3g, AUC %.6f vs %.6f\n", worst,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -14,6 +15,7 @@
 #include "dlrec/nn/embedding_bag.h"
 #include "dlrec/nn/optimizer.h"
 #include "dlrec/nn/rng.h"
+#include "run_job.h"
 
 namespace dlrec::dist {
 
@@ -130,6 +132,23 @@ inline void train_steps(ShardedEmbedding& se, Communicator& comm, const Scenario
     se.backward(dout.data(), W);
     se.step(lr);
   }
+}
+
+// This test program under mpirun on `ranks` ranks with gtest flags `args` (a filter naming the
+// tests that run on every rank), without colour, within `limit_seconds`.
+inline dlrec::testing::JobResult run_self_on_ranks(int ranks, const std::string& args,
+                                                   int limit_seconds) {
+  // The program's own path: "/proc/self/exe" would name mpirun's helper in the ranks.
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  return dlrec::testing::run_job(
+      dlrec::testing::mpirun_prefix(ranks) + self + " --gtest_color=no " + args, limit_seconds);
+}
+
+// How many times `what` occurs in `text` (a test's OK line in a job's output: once per rank).
+inline size_t occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
 }
 
 }  // namespace dlrec::dist
