@@ -11,10 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "cli_test_util.h"
 #include "dlrec/core/config.h"
 #include "dlrec/core/file_util.h"
 #include "dlrec/etl/run.h"
 #include "dlrec/io/datagen.h"
+#include "etl_test_util.h"
 
 namespace dlrec::testing {
 
@@ -32,18 +34,13 @@ inline std::string make_compress_data(const std::string& dir, int num_dense, int
   gen.num_dense = num_dense;
   gen.num_cat = 3;
   gen.cardinalities = std::move(cardinalities);
-  io::generate_file(gen, logs);
-  etl::EtlOptions o;
-  o.inputs = {logs};
-  o.schema = gen.schema();
-  o.workflow = parse_json(R"({"pipeline": [
+  TestEtl etl;
+  etl.workflow = R"({"pipeline": [
       {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "Normalize"}]},
-      {"columns": "@categorical", "ops": [{"op": "Categorify"}]}]})",
-                          "test workflow");
-  o.output_dir = data;
-  o.train_rows = rows * 5 / 6;
-  o.shard_rows = 1000;
-  etl::run_etl(o);
+      {"columns": "@categorical", "ops": [{"op": "Categorify"}]}]})";
+  etl.train_rows = rows * 5 / 6;
+  etl.shard_rows = 1000;
+  generate_and_etl(gen, logs, data, etl);
   return data;
 }
 
@@ -61,16 +58,7 @@ inline std::string dlrec_bin() {
 
 // Runs `dlrec ARGS` (stderr into the output); its exit code, -1 when it did not exit.
 inline int run_cli(const std::string& args, std::string* output) {
-  const std::string cmd = dlrec_bin() + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  std::string out;
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  *output = out;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run_command(dlrec_bin() + " " + args, output);
 }
 
 }  // namespace dlrec::testing

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <limits>
 
+#include "cli_test_util.h"
 #include "dlrec/core/file_util.h"
 #include "dlrec/etl/run.h"
 #include "dlrec/io/datagen.h"
@@ -91,16 +92,7 @@ const World& world() {
 }
 
 int run_cli(const std::string& args, std::string* output) {
-  const std::string cmd = std::string(DLREC_BIN_DIR) + "/dlrec " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  std::string out;
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  *output = out;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return dlrec::testing::run_dlrec(args, output);
 }
 
 // A JSON document nested 100000 levels deep inside an object (once a stack overflow).

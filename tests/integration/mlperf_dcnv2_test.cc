@@ -12,12 +12,14 @@
 #include <filesystem>
 #include <set>
 
+#include "cli_test_util.h"
 #include "dlrec/core/file_util.h"
 #include "dlrec/etl/run.h"
 #include "dlrec/io/datagen.h"
 #include "dlrec/io/synthetic_batch.h"
 #include "dlrec/io/text_reader.h"
 #include "dlrec/train/trainer.h"
+#include "etl_test_util.h"
 
 using namespace dlrec;
 namespace fs = std::filesystem;
@@ -26,7 +28,7 @@ using ::testing::HasSubstr;
 namespace {
 
 std::string work_dir(const std::string& name) {
-  std::string d = testing::TempDir() + "dlrec_dcnv2_" + std::to_string(::getpid()) + "_" + name;
+  std::string d = ::testing::TempDir() + "dlrec_dcnv2_" + std::to_string(::getpid()) + "_" + name;
   fs::remove_all(d);
   make_dirs(d);
   return d;
@@ -50,16 +52,7 @@ io::RawChunk read_back(const std::string& path, const io::Schema& schema) {
 }
 
 int run_cli(const std::string& args, std::string* output) {
-  std::string cmd = std::string(DLREC_BIN_DIR) + "/dlrec " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  std::string out;
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  if (output) *output = out;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return dlrec::testing::run_dlrec(args, output);
 }
 
 std::string datagen_error(const char* json_text) {
@@ -159,18 +152,15 @@ TEST(MlperfDcnv2, ConfigTrainsOnTheSchemasData) {
   io::DatagenConfig gen = io::DatagenConfig::mlperf_dcnv2();
   gen.rows = 400;
   gen.seed = 7;
-  io::generate_file(gen, g.dir + "/logs.tsv");
-  etl::EtlOptions o;
-  o.inputs = {g.dir + "/logs.tsv"};
-  o.schema = gen.schema();
-  o.workflow = json::parse(R"({"pipeline": [
+  dlrec::testing::TestEtl etl;
+  etl.workflow = R"({"pipeline": [
     {"columns": "@dense", "ops": [{"op": "FillMissing", "value": 0}, {"op": "Clip", "min": 0},
                                   {"op": "LogOp"}]},
-    {"columns": "@categorical", "ops": [{"op": "Categorify", "freq_threshold": 2}]}]})");
-  o.output_dir = g.dir + "/data";
-  o.train_rows = 300;
-  etl::run_etl(o);
-  const io::DatasetInfo info = io::DatasetInfo::load(o.output_dir);
+    {"columns": "@categorical", "ops": [{"op": "Categorify", "freq_threshold": 2}]}]})";
+  etl.train_rows = 300;
+  const std::string data = g.dir + "/data";
+  dlrec::testing::generate_and_etl(gen, g.dir + "/logs.tsv", data, etl);
+  const io::DatasetInfo info = io::DatasetInfo::load(data);
   for (int t = 0; t < 26; ++t)
     EXPECT_EQ(info.layout.multi_hot[t], io::mlperf_dcnv2_hotness()[t] > 1) << "table " << t;
 
@@ -182,7 +172,7 @@ TEST(MlperfDcnv2, ConfigTrainsOnTheSchemasData) {
       json::parse(R"({"device": "cpu", "precision": "fp32", "batch_size": 100, "epochs": 1})"));
   cfg.train.log_every = 1;
   train::TrainerOptions opt;
-  opt.data_dir = o.output_dir;
+  opt.data_dir = data;
   opt.run_dir = g.dir + "/run";
   train::Trainer t(cfg, opt);
   const train::TrainResult r = t.train();

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "cli_test_util.h"
 #include "dlrec/core/file_util.h"
 #include "dlrec/etl/run.h"
 #include "dlrec/io/datagen.h"
@@ -22,7 +23,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string work_dir(const std::string& name) {
-  std::string d = testing::TempDir() + "dlrec_it_" + std::to_string(::getpid()) + "_" + name;
+  std::string d = ::testing::TempDir() + "dlrec_it_" + std::to_string(::getpid()) + "_" + name;
   fs::remove_all(d);
   make_dirs(d);
   return d;
@@ -82,16 +83,7 @@ std::vector<std::vector<float>> weights(model::Model& m) {
 }
 
 int run_cli(const std::string& args, std::string* output) {
-  std::string cmd = std::string(DLREC_BIN_DIR) + "/dlrec " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  std::string out;
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  if (output) *output = out;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return dlrec::testing::run_dlrec(args, output);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli_test_util.h"
 #include "dlrec/core/config.h"
 #include "dlrec/core/file_util.h"
 #include "test_files.h"
@@ -25,17 +26,9 @@
 namespace dlrec {
 namespace {
 
+// `dlrec --quiet ARGS`.
 int run_cli(const std::string& args, std::string* output) {
-  const std::string cmd = std::string(DLREC_BIN_DIR) + "/dlrec --quiet " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  std::string out;
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  if (output) *output = out;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return dlrec::testing::run_dlrec("--quiet " + args, output);
 }
 
 // The number after `key` in `text` (-1 when absent).
