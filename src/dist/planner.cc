@@ -7,6 +7,8 @@
 #include <numeric>
 #include <set>
 
+#include "planner_stats.h"
+
 namespace dlrec::dist {
 
 ShardingKind parse_sharding_kind(const std::string& s) {
@@ -122,17 +124,23 @@ PlannerOptions read_planner_options(ConfigReader& r, int ranks) {
   return o;
 }
 
+void fail_bad_stats(const std::string& stats_path, const std::string& why) {
+  fail("'", stats_path, "': ", why, " (expected the stats.json of `dlrec etl`)");
+}
+
+const json& stats_categorical_columns(const json& stats, const std::string& stats_path) {
+  if (!stats.is_object() || stats.value("format", std::string()) != "dlrec-stats")
+    fail_bad_stats(stats_path, "not a dlrec-stats file");
+  if (!stats.contains("columns") || !stats["columns"].is_object() ||
+      !stats["columns"].contains("categorical") || !stats["columns"]["categorical"].is_array())
+    fail_bad_stats(stats_path, "no columns.categorical array");
+  return stats["columns"]["categorical"];
+}
+
 std::map<std::string, double> read_ids_per_sample(const std::string& stats_path) {
   const json j = read_json_file(stats_path);
-  auto bad = [&](const std::string& why) -> void {
-    fail("'", stats_path, "': ", why, " (expected the stats.json of `dlrec etl`)");
-  };
-  if (!j.is_object() || j.value("format", std::string()) != "dlrec-stats")
-    bad("not a dlrec-stats file");
-  const json* cat = nullptr;
-  if (j.contains("columns") && j["columns"].is_object() && j["columns"].contains("categorical"))
-    cat = &j["columns"]["categorical"];
-  if (!cat || !cat->is_array()) bad("no columns.categorical array");
+  auto bad = [&](const std::string& why) -> void { fail_bad_stats(stats_path, why); };
+  const json* cat = &stats_categorical_columns(j, stats_path);
   std::map<std::string, double> out;
   for (size_t i = 0; i < cat->size(); ++i) {
     const json& c = (*cat)[i];

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "dlrec/dist/planner.h"
+#include "planner_stats.h"
 
 namespace dlrec::dist {
 
@@ -156,15 +157,8 @@ void apply_hybrid(const std::vector<TableSpec>& specs, const PlannerOptions& o,
 
 std::map<std::string, FrequencySummary> read_frequency_summaries(const std::string& stats_path) {
   const json j = read_json_file(stats_path);
-  auto bad = [&](const std::string& why) -> void {
-    fail("'", stats_path, "': ", why, " (expected the stats.json of `dlrec etl`)");
-  };
-  if (!j.is_object() || j.value("format", std::string()) != "dlrec-stats")
-    bad("not a dlrec-stats file");
-  const json* cat = nullptr;
-  if (j.contains("columns") && j["columns"].is_object() && j["columns"].contains("categorical"))
-    cat = &j["columns"]["categorical"];
-  if (!cat || !cat->is_array()) bad("no columns.categorical array");
+  auto bad = [&](const std::string& why) -> void { fail_bad_stats(stats_path, why); };
+  const json* cat = &stats_categorical_columns(j, stats_path);
   std::map<std::string, FrequencySummary> out;
   for (size_t i = 0; i < cat->size(); ++i) {
     const json& c = (*cat)[i];
