@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 from sklearn.metrics import roc_auc_score
+from torch_common import mlp
 
 
 def load(path):
@@ -32,18 +33,6 @@ def categorify(col_train, col_all, threshold):
     index = {k: i + 2 for i, k in enumerate(vocab)}
     ids = np.array([0 if not v else index.get(v, 1) for v in col_all], dtype=np.int64)
     return ids, len(vocab) + 2
-
-
-def mlp(sizes, relu_last):
-    layers = []
-    for i in range(len(sizes) - 1):
-        lin = nn.Linear(sizes[i], sizes[i + 1])
-        nn.init.normal_(lin.weight, 0.0, math.sqrt(2.0 / (sizes[i] + sizes[i + 1])))
-        nn.init.normal_(lin.bias, 0.0, math.sqrt(1.0 / sizes[i + 1]))
-        layers.append(lin)
-        if i < len(sizes) - 2 or relu_last:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
 
 
 class DLRM(nn.Module):

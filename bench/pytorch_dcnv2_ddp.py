@@ -35,37 +35,14 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dnn
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch_common import dense_step, mlp, place_tables, pooled_to_rows, time_steps
 
 # MLPerf DLRM-DCNv2 (Criteo 1TB multi-hot, max_ind_range 40M): 204M rows, and ids per sample.
 CARDS = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
          2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36]
 HOT = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
-
-
-def mlp(sizes, relu_last):
-    layers = []
-    for i in range(len(sizes) - 1):
-        lin = nn.Linear(sizes[i], sizes[i + 1])
-        nn.init.normal_(lin.weight, 0.0, math.sqrt(2.0 / (sizes[i] + sizes[i + 1])))
-        nn.init.normal_(lin.bias, 0.0, math.sqrt(1.0 / sizes[i + 1]))
-        layers.append(lin)
-        if i + 2 < len(sizes) or relu_last:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
-def place_tables(cards, world):
-    """Table-wise plan: each table to the rank with the fewest rows so far (largest first)."""
-    owner = [0] * len(cards)
-    load = [0] * world
-    for t in sorted(range(len(cards)), key=lambda t: -cards[t]):
-        r = min(range(world), key=lambda r: load[r])
-        owner[t] = r
-        load[r] += cards[t]
-    return owner, load
 
 
 class ShardedTables(nn.Module):
@@ -199,36 +176,11 @@ def main():
                                input_split_sizes=[B * h for h in hot_of])
         # 2. pooled vectors of the global batch for my tables, back to the rows' ranks.
         pooled = tables(recv.view(world * B, h_mine))  # [world * B, T_mine, d], rank order
-        got = dnn.all_to_all_single(torch.empty(B * T * dim, device=dev, dtype=pooled.dtype),
-                                    pooled.reshape(-1),
-                                    output_split_sizes=[B * c * dim for c in counts],
-                                    input_split_sizes=[B * len(mine) * dim] * world)
-        parts = [p.view(B, c, dim) for p, c in zip(got.split([B * c * dim for c in counts]),
-                                                     counts)]
-        logits = dense_model(dense, torch.cat(parts, dim=1), args.bf16)
-        loss = loss_fn(logits, labels)
-        opt_dense.zero_grad(set_to_none=True)
-        opt_sparse.zero_grad(set_to_none=True)
-        loss.backward()
-        opt_dense.step()
-        opt_sparse.step()
-        return loss
+        pooled_rows = pooled_to_rows(pooled.reshape(-1), B, T, dim, counts, len(mine), world, dev)
+        return dense_step(dense_model, dense, pooled_rows, args.bf16, loss_fn, labels,
+                          (opt_dense, opt_sparse))
 
-    for i in range(args.warmup):
-        step(i)
-    if cuda:
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-    wall = time.time()
-    for i in range(args.steps):
-        loss = step(i)
-    if cuda:
-        end.record()
-        torch.cuda.synchronize()
-        ms = start.elapsed_time(end) / args.steps
-    else:
-        ms = (time.time() - wall) * 1e3 / args.steps
+    ms, loss = time_steps(step, args.warmup, args.steps, cuda)
     peak = torch.tensor([torch.cuda.max_memory_allocated() / 1e9 if cuda else 0.0], device=dev)
     peaks = [torch.zeros_like(peak) for _ in range(world)]
     dist.all_gather(peaks, peak)

@@ -28,9 +28,9 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dnn
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch_common import dense_step, mlp, place_tables, pooled_to_rows, time_steps
 
 KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
           27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
@@ -38,29 +38,6 @@ KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 835
 TB = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10,
       2208, 11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36]
 SMALL = [min(c, 1000) for c in KAGGLE]
-
-
-def mlp(sizes, relu_last):
-    layers = []
-    for i in range(len(sizes) - 1):
-        lin = nn.Linear(sizes[i], sizes[i + 1])
-        nn.init.normal_(lin.weight, 0.0, math.sqrt(2.0 / (sizes[i] + sizes[i + 1])))
-        nn.init.normal_(lin.bias, 0.0, math.sqrt(1.0 / sizes[i + 1]))
-        layers.append(lin)
-        if i + 2 < len(sizes) or relu_last:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
-def place_tables(cards, world):
-    """Table-wise plan: each table to the rank with the fewest rows so far (largest first)."""
-    owner = [0] * len(cards)
-    load = [0] * world
-    for t in sorted(range(len(cards)), key=lambda t: -cards[t]):
-        r = min(range(world), key=lambda r: load[r])
-        owner[t] = r
-        load[r] += cards[t]
-    return owner, load
 
 
 class ShardedTables(nn.Module):
@@ -169,35 +146,11 @@ def main():
         # 2. pooled vectors of the global batch for my tables, back to the rows' ranks.
         pooled = tables(my_ids)  # [world * B, T_mine, d], rows in rank order
         send = pooled.view(world, B, len(mine), dim).reshape(-1)
-        got = dnn.all_to_all_single(torch.empty(B * T * dim, device=dev, dtype=pooled.dtype),
-                                    send, output_split_sizes=[B * c * dim for c in counts],
-                                    input_split_sizes=[B * len(mine) * dim] * world)
-        parts = [p.view(B, c, dim) for p, c in zip(got.split([B * c * dim for c in counts]),
-                                                     counts)]
-        logits = dense_model(dense, torch.cat(parts, dim=1), args.bf16)
-        loss = loss_fn(logits, labels)
-        opt_dense.zero_grad(set_to_none=True)
-        opt_sparse.zero_grad(set_to_none=True)
-        loss.backward()
-        opt_dense.step()
-        opt_sparse.step()
-        return loss
+        pooled_rows = pooled_to_rows(send, B, T, dim, counts, len(mine), world, dev)
+        return dense_step(dense_model, dense, pooled_rows, args.bf16, loss_fn, labels,
+                          (opt_dense, opt_sparse))
 
-    for i in range(args.warmup):
-        step(i)
-    if cuda:
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-    wall = time.time()
-    for i in range(args.steps):
-        loss = step(i)
-    if cuda:
-        end.record()
-        torch.cuda.synchronize()
-        ms = start.elapsed_time(end) / args.steps
-    else:
-        ms = (time.time() - wall) * 1e3 / args.steps
+    ms, loss = time_steps(step, args.warmup, args.steps, cuda)
     dist.barrier()
     peak = torch.cuda.max_memory_allocated() / 1e9 if cuda else 0.0
     if rank == 0:

@@ -21,21 +21,10 @@ import time
 
 import torch
 import torch.nn as nn
+from torch_common import mlp
 
 KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
           27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
-
-
-def mlp(sizes, relu_last):
-    layers = []
-    for i in range(len(sizes) - 1):
-        lin = nn.Linear(sizes[i], sizes[i + 1])
-        nn.init.normal_(lin.weight, 0.0, math.sqrt(2.0 / (sizes[i] + sizes[i + 1])))
-        nn.init.normal_(lin.bias, 0.0, math.sqrt(1.0 / sizes[i + 1]))
-        layers.append(lin)
-        if i + 2 < len(sizes) or relu_last:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
 
 
 class DLRM(nn.Module):

@@ -1,0 +1,82 @@
+"""Shared by the plain-PyTorch peers (bench/pytorch_*.py): the DLRM reference MLP, the
+table-wise placement of the multi-GPU peers, and their pooled-vector exchange, dense step and
+timing loop. Imported from the scripts' own directory (python3 bench/<script>.py puts bench/ on
+sys.path)."""
+import math
+import time
+
+import torch
+import torch.nn as nn
+
+
+def mlp(sizes, relu_last):
+    """Linear layers sizes[0] -> ... -> sizes[-1] with ReLU between them (and after the last
+    when relu_last); DLRM reference initialisation (as dlrec): W ~ N(0, sqrt(2/(in+out))),
+    b ~ N(0, sqrt(1/out))."""
+    layers = []
+    for i in range(len(sizes) - 1):
+        lin = nn.Linear(sizes[i], sizes[i + 1])
+        nn.init.normal_(lin.weight, 0.0, math.sqrt(2.0 / (sizes[i] + sizes[i + 1])))
+        nn.init.normal_(lin.bias, 0.0, math.sqrt(1.0 / sizes[i + 1]))
+        layers.append(lin)
+        if i + 2 < len(sizes) or relu_last:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def place_tables(cards, world):
+    """Table-wise plan: each table to the rank with the fewest rows so far (largest first)."""
+    owner = [0] * len(cards)
+    load = [0] * world
+    for t in sorted(range(len(cards)), key=lambda t: -cards[t]):
+        r = min(range(world), key=lambda r: load[r])
+        owner[t] = r
+        load[r] += cards[t]
+    return owner, load
+
+
+def pooled_to_rows(send, B, T, dim, counts, n_mine, world, dev):
+    """This rank's pooled vectors of the global batch (`send`, flat, rows in rank order) back to
+    the ranks of the rows by all-to-all (torch.distributed.nn's differentiable one, so the
+    backward sends the pooled gradients to the owners the same way); returns [B, T, dim], the
+    tables of rank 0's, then rank 1's, ... (counts[r] tables each)."""
+    import torch.distributed.nn.functional as dnn
+    got = dnn.all_to_all_single(torch.empty(B * T * dim, device=dev, dtype=send.dtype), send,
+                                output_split_sizes=[B * c * dim for c in counts],
+                                input_split_sizes=[B * n_mine * dim] * world)
+    parts = [p.view(B, c, dim) for p, c in zip(got.split([B * c * dim for c in counts]), counts)]
+    return torch.cat(parts, dim=1)
+
+
+def dense_step(dense_model, dense, pooled, bf16, loss_fn, labels, optimizers):
+    """The dense model's forward on the pooled vectors, the loss, its backward and every
+    optimizer's step; returns the loss."""
+    logits = dense_model(dense, pooled, bf16)
+    loss = loss_fn(logits, labels)
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
+    loss.backward()
+    for opt in optimizers:
+        opt.step()
+    return loss
+
+
+def time_steps(step, warmup, steps, cuda):
+    """step(i) for `warmup` untimed steps, then `steps` timed ones (CUDA events on the GPU, else
+    wall time); returns (ms per step, the last step's result)."""
+    for i in range(warmup):
+        step(i)
+    if cuda:
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+    wall = time.time()
+    for i in range(steps):
+        result = step(i)
+    if cuda:
+        end.record()
+        torch.cuda.synchronize()
+        ms = start.elapsed_time(end) / steps
+    else:
+        ms = (time.time() - wall) * 1e3 / steps
+    return ms, result
