@@ -30,14 +30,14 @@ table-wise on four 80 GB GPUs: two GPUs would hold two 40M-row tables, 82 GB wit
 """
 import argparse
 import math
-import os
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch_common import dense_step, mlp, place_tables, pooled_to_rows, time_steps
+from torch_common import (dense_step, init_ranks, mlp, place_tables, pooled_to_rows,
+                          time_steps)
 
 # MLPerf DLRM-DCNv2 (Criteo 1TB multi-hot, max_ind_range 40M): 204M rows, and ids per sample.
 CARDS = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
@@ -125,13 +125,7 @@ def main():
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     args = ap.parse_args()
     cuda = args.device == "cuda"
-    dist.init_process_group("nccl" if cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    local = int(os.environ.get("LOCAL_RANK", rank))  # set by torchrun
-    if cuda:
-        torch.cuda.set_device(local)
-        torch.backends.cuda.matmul.allow_tf32 = False
-    dev = torch.device(f"cuda:{local}" if cuda else "cpu")
+    rank, world, local, dev = init_ranks(cuda)
     cards = [min(c, args.max_rows) if args.max_rows > 0 else c for c in CARDS]
     T, B, dim = len(cards), args.local_batch, 128
     owner, load = place_tables(cards, world)

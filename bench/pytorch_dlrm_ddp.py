@@ -23,14 +23,14 @@ warm-up; rank 0 prints the global samples/s.
 """
 import argparse
 import math
-import os
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch_common import dense_step, mlp, place_tables, pooled_to_rows, time_steps
+from torch_common import (dense_step, init_ranks, mlp, place_tables, pooled_to_rows,
+                          time_steps)
 
 KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
           27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
@@ -97,13 +97,7 @@ def main():
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     args = ap.parse_args()
     cuda = args.device == "cuda"
-    dist.init_process_group("nccl" if cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    local = int(os.environ.get("LOCAL_RANK", rank))  # set by torchrun
-    if cuda:
-        torch.cuda.set_device(local)
-        torch.backends.cuda.matmul.allow_tf32 = False
-    dev = torch.device(f"cuda:{local}" if cuda else "cpu")
+    rank, world, local, dev = init_ranks(cuda)
     cards = {"kaggle": KAGGLE, "1tb": TB, "small": SMALL}[args.cards]
     T, B, dim = len(cards), args.local_batch, 128
     owner, load = place_tables(cards, world)

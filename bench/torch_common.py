@@ -3,6 +3,7 @@ table-wise placement of the multi-GPU peers, and their pooled-vector exchange, d
 timing loop. Imported from the scripts' own directory (python3 bench/<script>.py puts bench/ on
 sys.path)."""
 import math
+import os
 import time
 
 import torch
@@ -22,6 +23,19 @@ def mlp(sizes, relu_last):
         if i + 2 < len(sizes) or relu_last:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
+
+
+def init_ranks(cuda):
+    """The process group (NCCL on the GPUs, gloo on the CPU) and this process's GPU, its local
+    rank (torchrun's LOCAL_RANK), TF32 off; returns rank, world size, local rank, device."""
+    import torch.distributed as dist
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local = int(os.environ.get("LOCAL_RANK", rank))  # set by torchrun
+    if cuda:
+        torch.cuda.set_device(local)
+        torch.backends.cuda.matmul.allow_tf32 = False
+    return rank, world, local, torch.device(f"cuda:{local}" if cuda else "cpu")
 
 
 def place_tables(cards, world):
