@@ -13,8 +13,8 @@
 #include "dlrec/nn/linear.h"
 
 int main(int argc, char** argv) {
-  // OpenBLAS's load-time worker pool joined before any work (one spinning thread per core).
-  dlrec::nn::use_single_threaded_blas();
+  // OpenBLAS, loaded at the first GEMM, is to start no worker pool (dlrec/nn/linear.h).
+  dlrec::nn::prepare_single_threaded_blas();
   // The open-file limit raised to what the system allows (as far as 2^20): the ETL's spill
   // merges and the server's connections need descriptors, and the default soft limit (1024)
   // is often far below the hard one.

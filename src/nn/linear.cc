@@ -1,10 +1,12 @@
 #include "dlrec/nn/linear.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -22,19 +24,56 @@ int64_t check_matrix(const Tensor& t, int64_t cols, const char* what) {
   return t.dim(0);
 }
 
-// The pthreads build of OpenBLAS starts one worker per core when the library loads, and each
-// worker spins (about 2^28 cycles) before it sleeps: on a 64-core host that is ~7 CPU seconds
-// of every process, an ETL run included. dlrec never lets OpenBLAS thread (see the header), so
-// the pool is joined here. Declared weak: a serial OpenBLAS has no pool and no such symbol.
-extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
+// OpenBLAS is loaded at run time, not linked: Debian's pthreads build starts one worker thread
+// per core in its load-time initialiser, and each spins (~2^28 cycles) before it sleeps, ~0.3-7
+// CPU s of every process on a 64-core host, ETL runs included. dlrec never lets OpenBLAS thread
+// (see the header), so it asks OpenBLAS for one thread before loading it: no pool is created. The
+// CLI sets that up first thing in main (prepare_single_threaded_blas), while it has one thread;
+// elsewhere the first GEMM does.
+namespace {
 
-void use_single_threaded_blas() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    openblas_set_num_threads(1);  // one thread per call: the pool is never woken again
-    if (blas_thread_shutdown_ != nullptr) blas_thread_shutdown_();
-  });
+using SgemmFn = decltype(&cblas_sgemm);  // declared by cblas.h, resolved with dlsym
+using SetThreadsFn = decltype(&openblas_set_num_threads);
+using GetThreadsFn = decltype(&openblas_get_num_threads);
+
+struct OpenBlas {
+  SgemmFn sgemm = nullptr;
+  GetThreadsFn threads = nullptr;
+};
+
+constexpr const char* kOpenBlasLibrary = "libopenblas.so.0";
+
+const OpenBlas& openblas() {
+  static const OpenBlas blas = [] {
+    prepare_single_threaded_blas();
+    void* h = ::dlopen(kOpenBlasLibrary, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      const char* why = ::dlerror();
+      fail("cannot load OpenBLAS (", kOpenBlasLibrary, "): ", why ? why : "unknown error",
+           "; dlrec's CPU layers need it (Debian: libopenblas0-pthread)");
+    }
+    OpenBlas b;
+    b.sgemm = reinterpret_cast<SgemmFn>(::dlsym(h, "cblas_sgemm"));
+    b.threads = reinterpret_cast<GetThreadsFn>(::dlsym(h, "openblas_get_num_threads"));
+    auto set = reinterpret_cast<SetThreadsFn>(::dlsym(h, "openblas_set_num_threads"));
+    DLREC_CHECK(b.sgemm && b.threads && set, kOpenBlasLibrary,
+                " lacks cblas_sgemm or openblas_{get,set}_num_threads");
+    set(1);  // in case the library was loaded already, by another part of the process
+    return b;
+  }();
+  return blas;
 }
+
+}  // namespace
+
+void prepare_single_threaded_blas() {
+  static std::once_flag once;
+  std::call_once(once, [] { ::setenv("OPENBLAS_NUM_THREADS", "1", 1); });
+}
+
+void use_single_threaded_blas() { openblas(); }
+
+int blas_threads() { return openblas().threads(); }
 
 namespace {
 
@@ -44,9 +83,9 @@ constexpr int64_t kChunkRows = 256;
 
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
           const float* b, int64_t ldb, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.f, a,
-              static_cast<int>(lda), b, static_cast<int>(ldb), 0.f, c, static_cast<int>(ldc));
+  openblas().sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                   static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.f, a,
+                   static_cast<int>(lda), b, static_cast<int>(ldb), 0.f, c, static_cast<int>(ldc));
 }
 
 }  // namespace
@@ -129,8 +168,7 @@ const Tensor& Linear::forward(const Tensor& x) {
 const Tensor& Linear::backward(const Tensor& dy_in, bool need_dx) {
   DLREC_CHECK(x_.defined(), "Linear::backward called before forward");
   const int64_t B = check_matrix(dy_in, out_, "Linear::backward dy");
-  DLREC_CHECK(B == x_.dim(0), "Linear::backward: dy has ", B, " rows, the forward had ",
-              x_.dim(0));
+  DLREC_CHECK(B == x_.dim(0), "Linear::backward: dy has ", B, " rows, the forward had ", x_.dim(0));
   use_single_threaded_blas();
   const int64_t in = in_, out = out_;
   const bool relu = act_ == Activation::ReLU;

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/nn/interaction.h"
@@ -54,6 +56,25 @@ void check_linear_grads(Activation act) {
   expect_grad_close(numeric_grad(x, loss, eps), dx, kAtol, kRtol, "dx");
   expect_grad_close(numeric_grad(l.weight().value, loss, eps), dw, kAtol, kRtol, "dW");
   expect_grad_close(numeric_grad(l.bias().value, loss, eps), db, kAtol, kRtol, "db");
+}
+
+// OpenBLAS is loaded at run time with one thread asked for, so that it never starts its
+// load-time worker pool (dlrec/nn/linear.h): after a GEMM it runs on one thread, and no thread of
+// the process was created by loading it (run alone, the test sees the load itself).
+TEST(Linear, OpenBlasRunsOnOneThreadWithoutAWorkerPool) {
+  auto tasks = [] {
+    int n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task"))
+      ++n;
+    return n;
+  };
+  const int before = tasks();
+  nn::use_single_threaded_blas();
+  EXPECT_EQ(nn::blas_threads(), 1);
+  EXPECT_EQ(tasks(), before);
+  const char* env = std::getenv("OPENBLAS_NUM_THREADS");
+  ASSERT_NE(env, nullptr);
+  EXPECT_STREQ(env, "1");
 }
 
 TEST(Linear, GradientsMatchFiniteDifferences) { check_linear_grads(Activation::None); }
@@ -218,8 +239,10 @@ TEST(Loss, BceMatchesFormulaAndIsStable) {
   double ref = 0;
   for (size_t i = 0; i < z.size(); ++i) {
     double p = 1 / (1 + std::exp(-double(z[i])));
-    double li = (z[i] == 100.f) ? 100.0 : (z[i] == -100.f ? std::log1p(std::exp(-100.0))
-                                                          : -(y[i] * std::log(p) + (1 - y[i]) * std::log(1 - p)));
+    double li = (z[i] == 100.f)
+                    ? 100.0
+                    : (z[i] == -100.f ? std::log1p(std::exp(-100.0))
+                                      : -(y[i] * std::log(p) + (1 - y[i]) * std::log(1 - p)));
     ref += li;
     EXPECT_NEAR(g[i], (p - y[i]) / z.size(), 1e-7);
     EXPECT_TRUE(std::isfinite(g[i]));

@@ -68,9 +68,16 @@ class Linear {
 
 // Layers split their GEMMs into row blocks themselves and run them on dlrec's thread pool, one
 // single-threaded OpenBLAS call per block: one pool (set_num_threads, the CLI's --threads) does all
-// the work, and no idle BLAS threads spin while our own loops run. This sets OpenBLAS to one
-// thread (once, process-wide) and joins the pthreads OpenBLAS's worker pool, whose threads
-// would otherwise spin at load; the CLI calls it first thing, layers before their first GEMM.
+// the work, and no idle BLAS threads spin while our own loops run. OpenBLAS is loaded at run time
+// (dlopen of libopenblas.so.0) with OPENBLAS_NUM_THREADS=1 set first, so that it never creates
+// its worker pool (it would at load, one spinning thread per core).
+//
+// prepare_single_threaded_blas sets that variable (once; the process environment, so processes
+// started later inherit it): the CLI calls it first thing in main, while it has one thread.
+// use_single_threaded_blas loads OpenBLAS (once; a clear error if it cannot) and sets it to one
+// thread; layers call it before their first GEMM. blas_threads: OpenBLAS's thread count.
+void prepare_single_threaded_blas();
 void use_single_threaded_blas();
+int blas_threads();
 
 }  // namespace dlrec::nn
