@@ -292,22 +292,18 @@ class Categorify final : public CategoricalEncoder {
   void save_partial_fit(std::string& out) const override {
     DLREC_CHECK(partial_fit_mergeable() && runs_.empty(), "Categorify: no partial fit to save");
     DLREC_CHECK(!counting_narrow_ || counts_.size() == 0, "Categorify: counts in two tables");
-    const size_t narrow_at = out.size();
-    out.resize(narrow_at + narrow_counts_.size() * 16);
-    char* q = out.data() + narrow_at;
-    narrow_counts_.for_each([&](uint64_t key, uint64_t count) {
-      std::memcpy(q, &key, 8);
-      std::memcpy(q + 8, &count, 8);
-      q += 16;
-    });
-    const size_t at = out.size();
-    out.resize(at + counts_.size() * 16);
-    char* p = out.data() + at;
-    counts_.for_each([&](uint64_t key, uint64_t count) {
-      std::memcpy(p, &key, 8);
-      std::memcpy(p + 8, &count, 8);
-      p += 16;
-    });
+    auto append = [&out](const auto& table) {  // (key, count) pairs, 8 bytes each
+      const size_t at = out.size();
+      out.resize(at + table.size() * 16);
+      char* p = out.data() + at;
+      table.for_each([&](uint64_t key, uint64_t count) {
+        std::memcpy(p, &key, 8);
+        std::memcpy(p + 8, &count, 8);
+        p += 16;
+      });
+    };
+    append(narrow_counts_);
+    append(counts_);
   }
   void add_partial_fit(const char* data, size_t size) override {
     DLREC_CHECK(partial_fit_mergeable(), "Categorify: no partial fit to add to");
