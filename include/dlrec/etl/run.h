@@ -93,8 +93,7 @@ struct EtlOptions {
   HugePages input_cache_huge_pages = HugePages::Auto;
   // Batches of parsed chunks the reader's helper thread may have ready ahead of the fit and
   // transform loops (their parse fills the threads those loops leave idle). 0: 2 with a
-  // compacted cache when at most half the cores run threads, else 1 (and 1 under
-  // memory_budget_mb).
+  // compacted cache, else 1 (and 1 under memory_budget_mb).
   int read_ahead = 0;
   // Fit batches in flight (Workflow::fit_batches' window): the fit's column tasks go through
   // up to this many batches each at its own pace, on threads of their own, instead of waiting
