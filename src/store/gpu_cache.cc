@@ -14,12 +14,20 @@ namespace dlrec::store {
 
 // ---- SlotMap ------------------------------------------------------------------------------
 
-SlotMap::SlotMap(int64_t capacity, bool lfu) : lfu_(lfu) {
+namespace {
+int64_t checked_slots(int64_t capacity) {
   DLREC_CHECK(capacity >= 1 && capacity < (int64_t{1} << 31), "gpu cache: ", capacity,
               " slots (1 .. 2^31 - 1 per feature)");
+  return capacity;
+}
+}  // namespace
+
+SlotMap::SlotMap(int64_t capacity, bool lfu, int64_t id_limit)
+    : lfu_(lfu),
+      where_(checked_slots(capacity),
+             id_limit - 1 <= static_cast<int64_t>(FlatIdIndexT<uint32_t>::kMaxId)) {
   const auto c = static_cast<size_t>(capacity);
   slot_.assign(c, Slot{});
-  where_.reserve(capacity);
   clear();
 }
 
@@ -240,7 +248,7 @@ GpuCache::GpuCache(EmbeddingStore& store, const StoreConfig& config, GpuCacheSiz
     feature_rows_[k] = t.rows;
     ++tables_of_feature_[k];
   }
-  for (int64_t c : sizing_.cache_rows) maps_.emplace_back(c, lfu_);
+  for (size_t k = 0; k < F; ++k) maps_.emplace_back(sizing_.cache_rows[k], lfu_, feature_rows_[k]);
   work_.resize(F);
   inserter_ = std::thread([this] { insert_loop(); });
   store_.on_invalidate([this](int t, const int64_t* ids, int64_t n) { invalidate(t, ids, n); });
@@ -301,38 +309,37 @@ void GpuCache::remap(const io::Batch& batch, size_t k) {
   ids.resize(in.size());
   w.seen.reset(std::min<int64_t>(n, rows));
   // seen: id -> its device row r, stored as r when the id was a hit, as -2 - r when a miss.
-  for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) map.prefetch(in[i + kAhead]);
-    const int64_t id = in[i];
-    if (id < 0 || id >= rows)
-      fail("embedding store: id ", id, " is beyond the tables of feature ", feature, " (", rows,
-           " rows)");
-    bool added = false;
-    int32_t* seen = w.seen.emplace(id, &added);
-    if (!added) {
-      w.id_hits += *seen >= 0;
-      ids[i] = *seen >= 0 ? *seen : -2 - *seen;
-      continue;
+  map.visit_index([&](const auto& index) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) index.prefetch(in[i + kAhead]);
+      const int64_t id = in[i];
+      if (id < 0 || id >= rows)
+        fail("embedding store: id ", id, " is beyond the tables of feature ", feature, " (", rows,
+             " rows)");
+      bool added = false;
+      int32_t* seen = w.seen.emplace(id, &added);
+      if (!added) {
+        w.id_hits += *seen >= 0;
+        ids[i] = *seen >= 0 ? *seen : -2 - *seen;
+        continue;
+      }
+      const int32_t slot = index.find(id);
+      if (slot >= 0) {
+        w.hit_slots.push_back(slot);
+        ++w.id_hits;
+        *seen = slot;
+        ids[i] = slot;
+      } else {
+        const int64_t row = C + static_cast<int64_t>(w.fetch_rows.size());
+        w.fetch_ids.push_back(id);
+        w.fetch_rows.push_back(row);
+        *seen = static_cast<int32_t>(-2 - row);
+        ids[i] = row;
+      }
     }
-    const int32_t slot = map.slot_of(id);
-    if (slot >= 0) {
-      w.hit_slots.push_back(slot);
-      ++w.id_hits;
-      *seen = slot;
-      ids[i] = slot;
-    } else {
-      const int64_t row = C + static_cast<int64_t>(w.fetch_rows.size());
-      w.fetch_ids.push_back(id);
-      w.fetch_rows.push_back(row);
-      *seen = static_cast<int32_t>(-2 - row);
-      ids[i] = row;
-    }
-  }
+  });
 }
 
-// Feature k's slot map after its remap (beside the fetch, on another thread): the hits are
-// touched (recency, count, the batch's stamp), then with `sync` every miss is given a slot
-// (evicting; never a slot this batch reads), into which its row is written with its staging row.
 void GpuCache::maintain(size_t k, bool sync) {
   constexpr size_t kAhead = 16;
   FeatureWork& w = work_[k];
@@ -345,13 +352,15 @@ void GpuCache::maintain(size_t k, bool sync) {
   if (!sync) return;
   const size_t m = w.fetch_ids.size();
   w.slots.resize(m);
-  for (size_t j = 0; j < m; ++j) {
-    if (j + kAhead < m) map.prefetch(w.fetch_ids[j + kAhead]);
-    int64_t evicted = -1;
-    w.slots[j] = map.insert(w.fetch_ids[j], stamp_, &evicted);
-    if (evicted >= 0) ++w.evictions;
-    if (w.slots[j] >= 0) w.inserted.push_back(w.fetch_ids[j]);
-  }
+  map.visit_index([&](const auto& index) {  // (inserts never move the index's cells)
+    for (size_t j = 0; j < m; ++j) {
+      if (j + kAhead < m) index.prefetch(w.fetch_ids[j + kAhead]);
+      int64_t evicted = -1;
+      w.slots[j] = map.insert(w.fetch_ids[j], stamp_, &evicted);
+      if (evicted >= 0) ++w.evictions;
+      if (w.slots[j] >= 0) w.inserted.push_back(w.fetch_ids[j]);
+    }
+  });
 }
 
 // staged_ = batch, but for the stored features' ids, which the remap writes (saves a copy of

@@ -39,6 +39,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "dlrec/io/batch.h"
@@ -57,7 +58,8 @@ namespace dlrec::store {
 // flat open-addressing table (flat_id_index.h), so a batch's lookups can be prefetched.
 class SlotMap {
  public:
-  SlotMap(int64_t capacity, bool lfu);
+  // Ids below `id_limit` (the table's rows): below 2^32 - 1, the index keeps 32-bit keys.
+  SlotMap(int64_t capacity, bool lfu, int64_t id_limit = int64_t{1} << 31);
   int64_t capacity() const { return static_cast<int64_t>(slot_.size()); }
   int64_t size() const { return where_.size(); }
   // The slot of `id` (touched: recency and count, stamped with the batch), or -1.
@@ -68,7 +70,11 @@ class SlotMap {
   }
   // The slot of `id` or -1, nothing touched (the lookup half of find).
   int32_t slot_of(int64_t id) const { return where_.find(id); }
-  void prefetch(int64_t id) const { where_.prefetch(id); }
+  // f(its id -> slot index, a FlatIdIndexT<uint32_t or uint64_t>): for loops that prefetch.
+  template <class F>
+  void visit_index(F&& f) const {
+    where_.visit(std::forward<F>(f));
+  }
   // The bookkeeping half of find: `slot` (in use) was used by the batch `stamp`.
   void touch(int32_t slot, uint64_t stamp);
   // A slot for `id` (absent): a free one, else the least valuable slot not stamped with
@@ -94,7 +100,36 @@ class SlotMap {
   void push_back(int32_t s, int32_t b);  // at b's tail (most recent)
   int32_t new_bucket(int64_t count, int32_t after);  // after bucket `after` (-1: first)
   bool lfu_;
-  FlatIdIndex where_;
+  // id -> slot: 8-byte cells for ids below 2^32 - 1 (the index is half the size, so more of it
+  // stays in the caches and the TLB's reach), else 16-byte ones.
+  class Index {
+   public:
+    Index(int64_t capacity, bool narrow) : narrow_(narrow) {
+      (narrow ? narrow_ids_.reserve(capacity) : wide_ids_.reserve(capacity));
+    }
+    int64_t size() const { return narrow_ ? narrow_ids_.size() : wide_ids_.size(); }
+    int32_t find(int64_t id) const { return narrow_ ? narrow_ids_.find(id) : wide_ids_.find(id); }
+    // f(the index): code that prefetches runs on the concrete one (GCC 12 drops a prefetch
+    // whose address depends on which index it is).
+    template <class F>
+    void visit(F&& f) const {
+      if (narrow_)
+        f(narrow_ids_);
+      else
+        f(wide_ids_);
+    }
+    void insert(int64_t id, int32_t v) {
+      narrow_ ? narrow_ids_.insert(id, v) : wide_ids_.insert(id, v);
+    }
+    void erase(int64_t id) { narrow_ ? (void)narrow_ids_.erase(id) : (void)wide_ids_.erase(id); }
+    void clear() { narrow_ ? narrow_ids_.clear() : wide_ids_.clear(); }
+
+   private:
+    bool narrow_;
+    FlatIdIndexT<uint32_t> narrow_ids_;
+    FlatIdIndexT<uint64_t> wide_ids_;
+  };
+  Index where_;
   // Per slot, together (a touch reads one 32-byte record, not five arrays): its id (-1 when
   // free), the batch that last used it, its neighbours in its bucket's list and its bucket.
   struct Slot {
