@@ -250,6 +250,11 @@ GpuCache::GpuCache(EmbeddingStore& store, const StoreConfig& config, GpuCacheSiz
   }
   for (size_t k = 0; k < F; ++k) maps_.emplace_back(sizing_.cache_rows[k], lfu_, feature_rows_[k]);
   work_.resize(F);
+  // Workers for a batch's tasks (F remaps, then T fetches beside F slot map updates), the
+  // caller being one; they watch for the next batch for 250 us before sleeping.
+  const int members =
+      std::min<int>(static_cast<int>(store_.tables().size() + F), std::max(1, num_threads()));
+  team_ = std::make_unique<WorkerTeam>(members - 1, std::chrono::microseconds(250));
   inserter_ = std::thread([this] { insert_loop(); });
   store_.on_invalidate([this](int t, const int64_t* ids, int64_t n) { invalidate(t, ids, n); });
 }
@@ -421,10 +426,8 @@ int64_t GpuCache::run(const io::Batch& batch,
   for (size_t k = 0; k < F; ++k)
     total_ids += static_cast<int64_t>(batch.cat_indices[sizing_.features[k]].size());
   const bool threaded = total_ids >= 4096;
-  if (F > 1 && threaded)
-    parallel_for(0, static_cast<int64_t>(F), 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t k = lo; k < hi; ++k) remap(batch, static_cast<size_t>(k));
-    });
+  if (threaded)
+    team_->run(static_cast<int>(F), [&](int k) { remap(batch, static_cast<size_t>(k)); });
   else
     for (size_t k = 0; k < F; ++k) remap(batch, k);
   int64_t hits = 0, misses = 0, need = 0, hits_w = 0, lookups_w = 0;
@@ -447,26 +450,30 @@ int64_t GpuCache::run(const io::Batch& batch,
   ++stamp_;
   const auto t1 = clock::now();
   times.remap_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
-  // The misses from the tiers below (per table), beside the slot maps' touches and sync
-  // inserts (per feature); then into their device rows, all tables in one write. The rows are
-  // kept for the async insert.
+  // The misses from the tiers below (per table, straight into the device rows' host buffer),
+  // beside the slot maps' touches and sync inserts (per feature); then into their device rows,
+  // all tables in one write. The rows are kept for the async insert.
   InsertJob job{generation, {}, {}};
   const auto& tables = store_.tables();
   const size_t T = tables.size();
   job.rows.resize(T);
+  std::vector<int64_t> offset(T + 1, 0);  // of table t's rows in the values buffer, in floats
+  for (size_t t = 0; t < T; ++t)
+    offset[t + 1] = offset[t] + static_cast<int64_t>(work_[feature_of_table_[t]].fetch_ids.size()) *
+                                    tables[t].dim;
+  float* values = rows_->values_buffer(offset[T]);
   auto task = [&](size_t i) {
     if (i >= T) return maintain(i - T, sync);
     const std::vector<int64_t>& want = work_[feature_of_table_[i]].fetch_ids;
     const auto n = static_cast<int64_t>(want.size());
-    std::vector<float>& buf = job.rows[i];
-    buf.resize(static_cast<size_t>(n * tables[i].dim));
-    if (n > 0) store_.lookup(static_cast<int>(i), want.data(), n, buf.data(), pinned.get());
+    if (n == 0) return;
+    float* out = values + offset[i];
+    store_.lookup(static_cast<int>(i), want.data(), n, out, pinned.get());
+    if (!sync) job.rows[i].assign(out, out + (offset[i + 1] - offset[i]));
   };
   try {
     if (threaded)  // the store is thread-safe; the slot maps are one per feature
-      parallel_for(0, static_cast<int64_t>(T + F), 1, [&](int64_t lo, int64_t hi) {
-        for (int64_t i = lo; i < hi; ++i) task(static_cast<size_t>(i));
-      });
+      team_->run(static_cast<int>(T + F), [&](int i) { task(static_cast<size_t>(i)); });
     else
       for (size_t i = 0; i < T + F; ++i) task(i);
     const auto t2 = clock::now();
@@ -477,7 +484,7 @@ int64_t GpuCache::run(const io::Batch& batch,
       const auto n = static_cast<int64_t>(w.fetch_rows.size());
       if (n > 0)
         blocks.push_back({static_cast<int>(t), n, tables[t].dim, w.fetch_rows.data(),
-                          job.rows[t].data(), sync ? w.slots.data() : nullptr});
+                          values + offset[t], sync ? w.slots.data() : nullptr});
     }
     if (!blocks.empty()) rows_->write(blocks);
     times.write_ns += since(t2);

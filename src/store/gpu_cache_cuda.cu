@@ -7,7 +7,6 @@
 
 #include "core/cuda_check.h"
 #include "dlrec/core/error.h"
-#include "dlrec/core/thread_pool.h"
 #include "dlrec/store/gpu_cache.h"
 
 namespace dlrec::store {
@@ -70,12 +69,20 @@ class CudaRows final : public DeviceRows {
     if (host_) cudaFreeHost(host_);
     if (dev_) cudaFree(dev_);
     if (d_tables_) cudaFree(d_tables_);
+    if (values_host_) cudaFreeHost(values_host_);
+    if (values_dev_) cudaFree(values_dev_);
   }
 
   void write(int table, const int64_t* rows, int64_t n, const float* data) override {
     DLREC_CHECK(table >= 0 && table < static_cast<int>(tables_.size()), "gpu cache: table ", table,
                 " of ", tables_.size());
     write(std::vector<RowBlock>{{table, n, dims_[table], rows, data}});
+  }
+
+  float* values_buffer(int64_t floats) override {
+    Guard g(device_);
+    reserve_values(sizeof(float) * static_cast<size_t>(std::max<int64_t>(floats, 1)));
+    return values_host_;
   }
 
   // All blocks in one copy (descriptors, rows, also-rows, then the row values) and one kernel;
@@ -102,34 +109,39 @@ class CudaRows final : public DeviceRows {
     auto round16 = [](size_t x) { return (x + 15) / 16 * 16; };
     const size_t desc_bytes = round16(sizeof(BlockDesc) * descs.size());
     const size_t idx_bytes = round16(sizeof(int64_t) * static_cast<size_t>(n_rows));
-    const size_t bytes = desc_bytes + 2 * idx_bytes + sizeof(float) * static_cast<size_t>(n_floats);
+    const size_t meta_bytes = desc_bytes + 2 * idx_bytes;
+    const size_t value_bytes = sizeof(float) * static_cast<size_t>(n_floats);
     Guard g(device_);
-    reserve(bytes);
+    reserve(meta_bytes);
     char* h = static_cast<char*>(host_);
     std::memcpy(h, descs.data(), sizeof(BlockDesc) * descs.size());
     auto* h_rows = reinterpret_cast<int64_t*>(h + desc_bytes);
     auto* h_also = reinterpret_cast<int64_t*>(h + desc_bytes + idx_bytes);
-    auto* h_src = reinterpret_cast<float*>(h + desc_bytes + 2 * idx_bytes);
-    std::vector<const RowBlock*> used;
-    for (const RowBlock& b : blocks)
-      if (b.n > 0) used.push_back(&b);
-    auto stage = [&](size_t k) {  // block k into the pinned buffer
-      const RowBlock& b = *used[k];
-      const BlockDesc& d = descs[k];
+    // The values: where the caller fetched them into values_buffer() block after block, as
+    // they are; else copied there.
+    bool in_place = values_cap_ >= value_bytes;
+    {
+      size_t k = 0;
+      for (const RowBlock& b : blocks)
+        if (b.n > 0) in_place = in_place && b.data == values_host_ + descs[k++].src_offset;
+    }
+    if (!in_place) reserve_values(value_bytes);
+    size_t k = 0;
+    for (const RowBlock& b : blocks) {
+      if (b.n <= 0) continue;
+      const BlockDesc& d = descs[k++];
       std::memcpy(h_rows + d.row_offset, b.rows, sizeof(int64_t) * static_cast<size_t>(b.n));
       if (b.also)
         std::memcpy(h_also + d.row_offset, b.also, sizeof(int64_t) * static_cast<size_t>(b.n));
       else
         std::fill_n(h_also + d.row_offset, b.n, int64_t{-1});
-      std::memcpy(h_src + d.src_offset, b.data, sizeof(float) * static_cast<size_t>(b.n * b.dim));
-    };
-    if (used.size() > 1 && bytes >= (size_t{256} << 10))  // a batch's misses: on the pool
-      parallel_for(0, static_cast<int64_t>(used.size()), 1, [&](int64_t lo, int64_t hi) {
-        for (int64_t k = lo; k < hi; ++k) stage(static_cast<size_t>(k));
-      });
-    else
-      for (size_t k = 0; k < used.size(); ++k) stage(k);
-    DLREC_CUDA_CHECK(cudaMemcpyAsync(dev_, host_, bytes, cudaMemcpyHostToDevice, stream_));
+      if (!in_place)  // (memmove: a caller's block may lie in the buffer elsewhere)
+        std::memmove(values_host_ + d.src_offset, b.data,
+                     sizeof(float) * static_cast<size_t>(b.n * b.dim));
+    }
+    DLREC_CUDA_CHECK(cudaMemcpyAsync(dev_, host_, meta_bytes, cudaMemcpyHostToDevice, stream_));
+    DLREC_CUDA_CHECK(
+        cudaMemcpyAsync(values_dev_, values_host_, value_bytes, cudaMemcpyHostToDevice, stream_));
     char* dv = static_cast<char*>(dev_);
     int64_t widest = 0;
     for (const BlockDesc& d : descs) widest = std::max(widest, d.n * dims_[d.table]);
@@ -140,8 +152,7 @@ class CudaRows final : public DeviceRows {
     scatter_blocks_kernel<<<grid, threads, 0, stream_>>>(
         d_tables_, d_dims_, reinterpret_cast<const BlockDesc*>(dv),
         reinterpret_cast<const int64_t*>(dv + desc_bytes),
-        reinterpret_cast<const int64_t*>(dv + desc_bytes + idx_bytes),
-        reinterpret_cast<const float*>(dv + desc_bytes + 2 * idx_bytes));
+        reinterpret_cast<const int64_t*>(dv + desc_bytes + idx_bytes), values_dev_);
     DLREC_CUDA_CHECK(cudaGetLastError());
     DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
@@ -168,6 +179,18 @@ class CudaRows final : public DeviceRows {
     DLREC_CUDA_CHECK(cudaMalloc(&dev_, cap));
     cap_ = cap;
   }
+  void reserve_values(size_t bytes) {
+    if (bytes <= values_cap_) return;
+    size_t cap = values_cap_ ? values_cap_ : (size_t{1} << 20);
+    while (cap < bytes) cap *= 2;
+    if (values_host_) DLREC_CUDA_CHECK(cudaFreeHost(values_host_));
+    if (values_dev_) DLREC_CUDA_CHECK(cudaFree(values_dev_));
+    values_host_ = values_dev_ = nullptr;
+    values_cap_ = 0;
+    DLREC_CUDA_CHECK(cudaMallocHost(&values_host_, cap));
+    DLREC_CUDA_CHECK(cudaMalloc(&values_dev_, cap));
+    values_cap_ = cap;
+  }
   int device_;
   std::vector<float*> tables_;
   std::vector<int64_t> dims_, table_rows_;
@@ -175,6 +198,9 @@ class CudaRows final : public DeviceRows {
   void* host_ = nullptr;  // pinned: ids then rows of one write
   void* dev_ = nullptr;
   size_t cap_ = 0;
+  float* values_host_ = nullptr;  // pinned: the row values of one write
+  float* values_dev_ = nullptr;
+  size_t values_cap_ = 0;
   float** d_tables_ = nullptr;  // the tables' pointers, then d_dims_ (one allocation)
   int64_t* d_dims_ = nullptr;
 };

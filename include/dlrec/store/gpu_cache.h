@@ -45,6 +45,7 @@
 #include "dlrec/io/batch.h"
 #include "dlrec/store/embedding_store.h"
 #include "dlrec/store/flat_id_index.h"
+#include "dlrec/store/worker_team.h"
 
 namespace dlrec::store {
 
@@ -163,6 +164,17 @@ class DeviceRows {
   // Every block, written when it returns. By default one write() per block; the CUDA
   // implementation makes it one copy, one kernel and one synchronisation for all of them.
   virtual void write(const std::vector<RowBlock>& blocks);
+  // A host buffer of `floats` floats for the values of the next write (valid until then): the
+  // caller may fetch rows into it and pass blocks whose data lie in it back to back, from its
+  // start, in block order; the CUDA implementation's is pinned memory, which it then copies to
+  // the device as it is (no staging copy). Blocks elsewhere are copied as usual.
+  virtual float* values_buffer(int64_t floats) {
+    if (values_.size() < static_cast<size_t>(floats)) values_.resize(static_cast<size_t>(floats));
+    return values_.data();
+  }
+
+ private:
+  std::vector<float> values_;
 };
 // The CUDA implementation: the tables' device pointers ([rows, dim] f32 each, on `device`),
 // written by a scatter kernel after one copy of the rows and their indices (gpu_cache_cuda.cu),
@@ -255,6 +267,7 @@ class GpuCache {
   std::vector<int> feature_of_table_;  // index into sizing_.features per store table
   std::vector<int64_t> feature_rows_, tables_of_feature_;  // per feature: its ids, its tables
   std::vector<FeatureWork> work_;
+  std::unique_ptr<WorkerTeam> team_;  // a batch's per-feature and per-table tasks
   std::vector<SlotMap> maps_;
   std::unique_ptr<DeviceRows> rows_;
   std::mutex mu_;  // the instance: a batch, an insert or an invalidation at a time
