@@ -314,6 +314,7 @@ void GpuCache::remap(const io::Batch& batch, size_t k) {
   ids.resize(in.size());
   w.seen.reset(std::min<int64_t>(n, rows));
   // seen: id -> its device row r, stored as r when the id was a hit, as -2 - r when a miss.
+  int64_t id_hits = 0;
   map.visit_index([&](const auto& index) {
     for (int64_t i = 0; i < n; ++i) {
       if (i + kAhead < n) index.prefetch(in[i + kAhead]);
@@ -324,14 +325,14 @@ void GpuCache::remap(const io::Batch& batch, size_t k) {
       bool added = false;
       int32_t* seen = w.seen.emplace(id, &added);
       if (!added) {
-        w.id_hits += *seen >= 0;
+        id_hits += *seen >= 0;
         ids[i] = *seen >= 0 ? *seen : -2 - *seen;
         continue;
       }
       const int32_t slot = index.find(id);
       if (slot >= 0) {
         w.hit_slots.push_back(slot);
-        ++w.id_hits;
+        ++id_hits;
         *seen = slot;
         ids[i] = slot;
       } else {
@@ -343,6 +344,7 @@ void GpuCache::remap(const io::Batch& batch, size_t k) {
       }
     }
   });
+  w.id_hits = id_hits;
 }
 
 void GpuCache::maintain(size_t k, bool sync) {

@@ -57,7 +57,9 @@ namespace dlrec::store {
 // single one ("lru"), the lists in a list ordered by count (the LFU scheme of Shah, Mitra and
 // Matani). Slots used by the running batch (stamped) are never evicted. The ids' index is a
 // flat open-addressing table (flat_id_index.h), so a batch's lookups can be prefetched.
-class SlotMap {
+// Aligned to a cache line: the slot maps of a model's features are updated by different
+// threads at once, which must not write to one line (false sharing).
+class alignas(64) SlotMap {
  public:
   // Ids below `id_limit` (the table's rows): below 2^32 - 1, the index keeps 32-bit keys.
   SlotMap(int64_t capacity, bool lfu, int64_t id_limit = int64_t{1} << 31);
@@ -243,7 +245,8 @@ class GpuCache {
     std::vector<std::vector<float>> rows;   // per table: [ids of its feature, dim]
   };
   // One feature's part of the running batch (kept across batches for their memory).
-  struct FeatureWork {
+  // Aligned to a cache line: each feature's is written by its own thread (no false sharing).
+  struct alignas(64) FeatureWork {
     FlatIdIndex seen;                // the batch's distinct ids -> device rows (see remap)
     std::vector<int32_t> hit_slots;  // of its distinct ids found
     std::vector<int64_t> fetch_ids, fetch_rows;  // its distinct missed ids, their staging rows
