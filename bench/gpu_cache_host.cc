@@ -5,8 +5,8 @@
 // size, the hit rates (per distinct id of a batch and per id looked up) and where run()'s time
 // goes (remap, fetch, write), p50/p99 of run(): what the host adds to a GPU forward.
 //   gpu_cache_host [--tables 8] [--rows 4194304] [--dim 64] [--fraction 0.1] [--eviction lfu]
-//                  [--threshold 0.9] [--iters 300] [--warmup-batches 400] [--alpha 1.05,1.2]
-//                  [--batch 1,2048,32768] [--threads N]
+//                  [--threshold 0.9] [--iters 300] [--warmup-batches 2000] [--alpha 1.05,1.2]
+//                  [--batch 1,2048,32768] [--threads N: the batch's workers, caller included]
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -48,7 +48,7 @@ class HostRows final : public store::DeviceRows {
 };
 
 struct Args {
-  int tables = 8, dim = 64, iters = 300, warmup_batches = 400, threads = 0;
+  int tables = 8, dim = 64, iters = 300, warmup_batches = 2000, threads = 0;
   int64_t rows = 1 << 22;
   double fraction = 0.1, threshold = 0.9;
   std::string eviction = "lfu", alphas = "1.05,1.2", batches = "1,2048,32768";

@@ -4,9 +4,10 @@
 // complete tier that generates each row from (table, id) in host memory, so no table is
 // written to disk or held twice; the all-in-GPU model holds the same rows (filled from the
 // same generator) and the same dense weights. Power-law ids (P(rank k) ~ k^-alpha). Prints,
-// per alpha and batch size: the cache's hit rate over the timed batches, p50/p99 latency and
-// throughput of both, and whether their predictions were bit for bit equal on the batches
-// checked. Run by bench/serve_gpu_cache.sh (one GPU).
+// per alpha and batch size: the cache's hit rates over the timed batches (per distinct id of a
+// batch and per id looked up), where the cache's host time goes (bench/gpu_cache_bench.h),
+// p50/p99 latency and throughput of both, and whether their predictions were bit for bit equal
+// on the batches checked. Run by bench/serve_gpu_cache.sh (one GPU).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -31,7 +32,7 @@ using namespace dlrec::bench;
 namespace {
 
 struct Args {
-  int tables = 8, dim = 64, iters = 300, warmup_batches = 400;
+  int tables = 8, dim = 64, iters = 300, warmup_batches = 2000;
   int64_t rows = 1 << 22;
   double fraction = 0.1, threshold = 0.9;
   std::string eviction = "lfu", alphas = "1.05,1.2", batches = "1,2048,32768";

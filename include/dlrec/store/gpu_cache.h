@@ -16,18 +16,21 @@
 // the batch runs and its rows are inserted by a background thread after the request has its
 // answer.
 //
-// The host work of a batch, in order: the lookups (per feature, on the thread pool: each
-// distinct id once, its slot looked up in a flat open-addressing index with the memory access
-// started ahead, as the slot maps of hundreds of MiB miss the caches); then, at the same time,
-// the fetch of the misses (per table) and the slot maps' bookkeeping (per feature: the hits'
-// LFU/LRU touches and the sync inserts); then the one device write and the forward.
+// The host work of a batch, in order, on the instance's worker team (worker_team.h): the
+// lookups (per feature: each distinct id once, its slot looked up in a flat open-addressing
+// index with the memory access started ahead, as the slot maps of hundreds of MiB miss the
+// caches); then, at the same time, the fetch of the misses (per table, into the pinned buffer
+// the upload reads) and the slot maps' bookkeeping (per feature: the hits' LFU/LRU touches and
+// the sync inserts); then the one device write and the forward.
 //
 // Why the slot map is on the host: the ids arrive on the host (the request), the misses must
 // be fetched by the host from the tiers below anyway, and the remapped ids are what the engine
 // copies to the device in its one input copy: a device hash table would add a round trip
 // (upload the ids, look up, copy the misses back, fetch, upload) and an engine that takes its
 // ids from the device. The host map's cost is memory latency, which prefetching and huge pages
-// hide (bench/gpu_cache_host.cc measures it without a GPU; bench/RESULTS.md).
+// reduce but do not remove: on the H200 host measured, a batch of 2048 spends 0.3-0.4 ms here
+// against a 0.12 ms forward (bench/RESULTS.md, "GPU cache tier"; bench/gpu_cache_host.cc
+// measures it without a GPU), so a device-side map is the next step if that must go.
 #pragma once
 
 #include <atomic>
