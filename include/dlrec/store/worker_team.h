@@ -3,11 +3,11 @@
 // are done.
 //
 // Why not the shared pool (core/thread_pool.h): its idle workers sleep on a condition variable
-// and are woken one by one as tasks are queued, which on the GPU hosts measured (a virtual
-// machine) took about 100-150 us per parallel_for of 8 to 16 tasks: as long as the tasks of a
-// batch of 2048 themselves. Here workers that finished a task keep watching for the next one for
-// `spin` (a batch at a time comes back within microseconds under load), and only then sleep;
-// an idle instance burns no CPU after that.
+// and are woken one by one as tasks are queued, which on the GPU host measured (a virtual
+// machine) looked like 100-150 us per parallel_for of 8 to 16 tasks (the phases' times on 1
+// and 16 threads; bench/RESULTS.md): as long as the tasks of a batch of 2048 themselves. Here
+// workers that finished a task keep watching for the next one for `spin` (under load the next
+// batch comes within microseconds), and only then sleep; an idle instance burns no CPU after.
 #pragma once
 
 #include <atomic>
