@@ -4,9 +4,10 @@
 // complete tier that generates each row from (table, id) in host memory, so no table is
 // written to disk or held twice; the all-in-GPU model holds the same rows (filled from the
 // same generator) and the same dense weights. Power-law ids (P(rank k) ~ k^-alpha). Prints,
-// per alpha and batch size: the cache's hit rate over the timed batches, p50/p99 latency and
-// throughput of both, and whether their predictions were bit for bit equal on the batches
-// checked. Run by bench/serve_gpu_cache.sh (one GPU).
+// per alpha and batch size: the cache's hit rates over the timed batches (per distinct id of a
+// batch and per id looked up), where the cache's host time goes (bench/gpu_cache_bench.h),
+// p50/p99 latency and throughput of both, and whether their predictions were bit for bit equal
+// on the batches checked. Run by bench/serve_gpu_cache.sh (one GPU).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -23,97 +24,19 @@
 #include "dlrec/model/cuda_model.h"
 #include "dlrec/model/model.h"
 #include "dlrec/store/gpu_cache.h"
+#include "gpu_cache_bench.h"
 
 using namespace dlrec;
+using namespace dlrec::bench;
 
 namespace {
 
-// Row value of (table, id, k): a hash to [-0.05, 0.05), exact in f32.
-inline float gen_value(int t, int64_t id, int64_t k) {
-  uint64_t x = (static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) ^
-               (static_cast<uint64_t>(t) << 48) ^ static_cast<uint64_t>(k) * 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 31;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 29;
-  return (static_cast<float>(x >> 40) / 16777216.0f - 0.5f) * 0.1f;
-}
-
-// The complete tier: every row, generated on demand (stands for a host tier holding them).
-class GeneratedTier final : public store::Tier {
- public:
-  explicit GeneratedTier(std::vector<store::TableInfo> t) : tables_(std::move(t)) {}
-  std::string name() const override { return "generated"; }
-  bool complete() const override { return true; }
-  int64_t memory_bound() const override { return 0; }
-  void lookup(int table, const int64_t* ids, int64_t n, float* out, uint8_t* found) override {
-    const int64_t dim = tables_[table].dim;
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t k = 0; k < dim; ++k) out[i * dim + k] = gen_value(table, ids[i], k);
-      found[i] = 1;
-    }
-  }
-
- private:
-  std::vector<store::TableInfo> tables_;
-};
-
-double quantile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5))];
-}
-
 struct Args {
-  int tables = 8, dim = 64, iters = 300, warmup_batches = 400;
+  int tables = 8, dim = 64, iters = 300, warmup_batches = 2000;
   int64_t rows = 1 << 22;
   double fraction = 0.1, threshold = 0.9;
   std::string eviction = "lfu", alphas = "1.05,1.2", batches = "1,2048,32768";
 };
-
-std::vector<double> split_d(const std::string& s) {
-  std::vector<double> v;
-  size_t p = 0;
-  while (p <= s.size()) {
-    size_t q = s.find(',', p);
-    if (q == std::string::npos) q = s.size();
-    v.push_back(std::stod(s.substr(p, q - p)));
-    p = q + 1;
-  }
-  return v;
-}
-
-// Power-law sampler over ranks 0..R-1 (the inverse CDF, binary search).
-struct PowerLaw {
-  std::vector<double> cdf;
-  PowerLaw(int64_t R, double alpha) : cdf(static_cast<size_t>(R)) {
-    double s = 0;
-    for (int64_t k = 0; k < R; ++k) cdf[k] = (s += std::pow(static_cast<double>(k + 1), -alpha));
-    for (double& c : cdf) c /= s;
-  }
-  int64_t operator()(std::mt19937_64& rng) const {
-    const double u = static_cast<double>(rng() >> 11) * (1.0 / 9007199254740992.0);
-    return std::min<int64_t>(std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin(),
-                             static_cast<int64_t>(cdf.size()) - 1);
-  }
-};
-
-io::Batch make_batch(const PowerLaw& pl, int T, int64_t B, std::mt19937_64& rng) {
-  io::Batch b;
-  b.rows = B;
-  b.num_dense = 13;
-  b.labels.assign(B, 0.f);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  for (int64_t i = 0; i < B * 13; ++i) b.dense.push_back(nd(rng));
-  b.cat_indices.resize(T);
-  b.cat_offsets.resize(T);
-  for (int t = 0; t < T; ++t) {
-    b.cat_indices[t].resize(B);
-    b.cat_offsets[t].resize(B + 1);
-    for (int64_t r = 0; r < B; ++r) b.cat_indices[t][r] = pl(rng);
-    for (int64_t r = 0; r <= B; ++r) b.cat_offsets[t][r] = r;
-  }
-  b.one_id_per_row = true;
-  return b;
-}
 
 int run(const Args& a) {
   DLREC_CHECK(cuda::device_count() > 0, "serve_gpu_cache: no CUDA device");
@@ -252,8 +175,7 @@ int run(const Args& a) {
       }
       const double tb =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const int64_t h0 = cache.stats.hits, m0 = cache.stats.misses;
-      const int64_t s0 = cache.sync_batches, a0 = cache.async_batches;
+      const CacheCounters c0 = CacheCounters::of(cache);
       t0 = std::chrono::steady_clock::now();
       for (const io::Batch& b : batches) {
         const auto s = std::chrono::steady_clock::now();
@@ -263,19 +185,14 @@ int run(const Args& a) {
       }
       const double tc =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const int64_t h = cache.stats.hits - h0, m = cache.stats.misses - m0;
       std::printf(
-          "alpha=%.2f batch=%lld iters=%d hit_rate=%.4f (distinct ids of a batch; sync/async "
-          "batches %lld/%lld) "
-          "cached p50_us=%.1f p99_us=%.1f samples/s=%.0f | all-gpu p50_us=%.1f p99_us=%.1f "
-          "samples/s=%.0f | p99 ratio %.2f, throughput ratio %.2f | bit-for-bit rows "
-          "differing: %lld\n",
-          alpha, static_cast<long long>(B), iters,
-          static_cast<double>(h) / std::max<int64_t>(1, h + m),
-          static_cast<long long>(cache.sync_batches - s0),
-          static_cast<long long>(cache.async_batches - a0), quantile(uc, 0.5), quantile(uc, 0.99),
-          B * iters / tc, quantile(ub, 0.5), quantile(ub, 0.99), B * iters / tb,
-          quantile(uc, 0.99) / quantile(ub, 0.99), tb / tc, static_cast<long long>(diff));
+          "alpha=%.2f batch=%lld iters=%d %s | cached p50_us=%.1f p99_us=%.1f samples/s=%.0f | "
+          "all-gpu p50_us=%.1f p99_us=%.1f samples/s=%.0f | p99 ratio %.2f, throughput ratio "
+          "%.2f | bit-for-bit rows differing: %lld\n",
+          alpha, static_cast<long long>(B), iters, CacheCounters::of(cache).since(c0).c_str(),
+          quantile(uc, 0.5), quantile(uc, 0.99), B * iters / tc, quantile(ub, 0.5),
+          quantile(ub, 0.99), B * iters / tb, quantile(uc, 0.99) / quantile(ub, 0.99), tb / tc,
+          static_cast<long long>(diff));
       std::fflush(stdout);
     }
   }

@@ -7,12 +7,15 @@
 # (bench/serve_gpu_cache.cc). Binaries from $BIN (default .gpu/bin); logs under $OUT.
 #   TABLES (8) x ROWS (4194304) x DIM (64): the tables' size (8.6 GB fp32 by default; both
 #   models are on the GPU at once, so 2 x that plus the cache must fit it). EVICTION (lfu),
-#   THRESHOLD (0.9: insert_threshold), ITERS (300; a tenth, at least 20, at batch 32768).
+#   THRESHOLD (0.9: insert_threshold), ITERS (300; a tenth, at least 20, at batch 32768),
+#   WARMUP (2000 batches of 2048 per alpha before timing: the 10 % cache fills after ~500 and
+#   its hit rate settles after ~1500).
 set -euo pipefail
 OUT=${OUT:-out}
 BIN=${BIN:-.gpu/bin}
 mkdir -p "$OUT"
 "$BIN/serve_gpu_cache" --tables "${TABLES:-8}" --rows "${ROWS:-4194304}" --dim "${DIM:-64}" \
   --fraction "${FRACTION:-0.1}" --eviction "${EVICTION:-lfu}" --threshold "${THRESHOLD:-0.9}" \
-  --iters "${ITERS:-300}" --alpha "${ALPHAS:-1.05,1.2}" --batch "${BATCHES:-1,2048,32768}" \
+  --iters "${ITERS:-300}" --warmup-batches "${WARMUP:-2000}" --alpha "${ALPHAS:-1.05,1.2}" \
+  --batch "${BATCHES:-1,2048,32768}" \
   2>&1 | tee "$OUT/serve_gpu_cache.log"

@@ -14,24 +14,26 @@ namespace dlrec::store {
 
 // ---- SlotMap ------------------------------------------------------------------------------
 
-SlotMap::SlotMap(int64_t capacity, bool lfu) : lfu_(lfu) {
+namespace {
+int64_t checked_slots(int64_t capacity) {
   DLREC_CHECK(capacity >= 1 && capacity < (int64_t{1} << 31), "gpu cache: ", capacity,
               " slots (1 .. 2^31 - 1 per feature)");
+  return capacity;
+}
+}  // namespace
+
+SlotMap::SlotMap(int64_t capacity, bool lfu, int64_t id_limit)
+    : lfu_(lfu),
+      where_(checked_slots(capacity),
+             id_limit - 1 <= static_cast<int64_t>(FlatIdIndexT<uint32_t>::kMaxId)) {
   const auto c = static_cast<size_t>(capacity);
-  id_.assign(c, -1);
-  prev_.assign(c, -1);
-  next_.assign(c, -1);
-  bucket_.assign(c, -1);
-  stamp_.assign(c, 0);
-  where_.reserve(c);
+  slot_.assign(c, Slot{});
   clear();
 }
 
 void SlotMap::clear() {
   where_.clear();
-  std::fill(id_.begin(), id_.end(), -1);
-  std::fill(bucket_.begin(), bucket_.end(), -1);
-  std::fill(stamp_.begin(), stamp_.end(), 0);
+  std::fill(slot_.begin(), slot_.end(), Slot{});
   free_slots_.clear();
   for (int64_t s = capacity() - 1; s >= 0; --s) free_slots_.push_back(static_cast<int32_t>(s));
   buckets_.clear();
@@ -62,17 +64,17 @@ int32_t SlotMap::new_bucket(int64_t count, int32_t after) {
 }
 
 void SlotMap::unlink(int32_t s) {
-  const int32_t b = bucket_[s];
+  const int32_t b = slot_[s].bucket;
   Bucket& k = buckets_[b];
-  if (prev_[s] >= 0)
-    next_[prev_[s]] = next_[s];
+  if (slot_[s].prev >= 0)
+    slot_[slot_[s].prev].next = slot_[s].next;
   else
-    k.head = next_[s];
-  if (next_[s] >= 0)
-    prev_[next_[s]] = prev_[s];
+    k.head = slot_[s].next;
+  if (slot_[s].next >= 0)
+    slot_[slot_[s].next].prev = slot_[s].prev;
   else
-    k.tail = prev_[s];
-  prev_[s] = next_[s] = bucket_[s] = -1;
+    k.tail = slot_[s].prev;
+  slot_[s].prev = slot_[s].next = slot_[s].bucket = -1;
   if (k.head < 0) {  // empty: out of the bucket list
     if (k.prev >= 0)
       buckets_[k.prev].next = k.next;
@@ -85,35 +87,31 @@ void SlotMap::unlink(int32_t s) {
 
 void SlotMap::push_back(int32_t s, int32_t b) {
   Bucket& k = buckets_[b];
-  prev_[s] = k.tail;
-  next_[s] = -1;
+  slot_[s].prev = k.tail;
+  slot_[s].next = -1;
   if (k.tail >= 0)
-    next_[k.tail] = s;
+    slot_[k.tail].next = s;
   else
     k.head = s;
   k.tail = s;
-  bucket_[s] = b;
+  slot_[s].bucket = b;
 }
 
-int64_t SlotMap::find(int64_t id, uint64_t stamp) {
-  auto it = where_.find(id);
-  if (it == where_.end()) return -1;
-  const int32_t s = it->second;
-  stamp_[s] = stamp;
-  const int32_t b = bucket_[s];
+void SlotMap::touch(int32_t s, uint64_t stamp) {
+  slot_[s].stamp = stamp;
+  const int32_t b = slot_[s].bucket;
   if (!lfu_) {  // one list: to its tail
     if (buckets_[b].tail != s) {
       unlink(s);  // never empties the bucket: s was not its only slot
       push_back(s, b);
     }
-    return s;
+    return;
   }
   const int64_t count = buckets_[b].count + 1;
   int32_t nb = buckets_[b].next;
   if (nb < 0 || buckets_[nb].count != count) nb = new_bucket(count, b);
   unlink(s);  // may free b (nb is linked after it, so stays)
   push_back(s, nb);
-  return s;
 }
 
 int64_t SlotMap::insert(int64_t id, uint64_t stamp, int64_t* evicted) {
@@ -126,19 +124,19 @@ int64_t SlotMap::insert(int64_t id, uint64_t stamp, int64_t* evicted) {
     // The least valuable slot the batch does not use: from the first bucket's head on.
     int scanned = 0;
     for (int32_t b = first_; b >= 0 && s < 0 && scanned < kMaxScan; b = buckets_[b].next)
-      for (int32_t c = buckets_[b].head; c >= 0 && scanned < kMaxScan; c = next_[c], ++scanned)
-        if (stamp_[c] != stamp) {
+      for (int32_t c = buckets_[b].head; c >= 0 && scanned < kMaxScan; c = slot_[c].next, ++scanned)
+        if (slot_[c].stamp != stamp) {
           s = c;
           break;
         }
     if (s < 0) return -1;
-    *evicted = id_[s];
-    where_.erase(id_[s]);
+    *evicted = slot_[s].id;
+    where_.erase(slot_[s].id);
     unlink(s);
   }
-  id_[s] = id;
-  stamp_[s] = stamp;
-  where_.emplace(id, s);
+  slot_[s].id = id;
+  slot_[s].stamp = stamp;
+  where_.insert(id, s);
   const int64_t count = 1;
   int32_t b = first_;
   if (b < 0 || buckets_[b].count != count) b = new_bucket(count, -1);
@@ -147,15 +145,32 @@ int64_t SlotMap::insert(int64_t id, uint64_t stamp, int64_t* evicted) {
 }
 
 bool SlotMap::erase(int64_t id) {
-  auto it = where_.find(id);
-  if (it == where_.end()) return false;
-  const int32_t s = it->second;
-  where_.erase(it);
+  const int32_t s = where_.find(id);
+  if (s < 0) return false;
+  where_.erase(id);
   unlink(s);
-  id_[s] = -1;
-  stamp_[s] = 0;
+  slot_[s].id = -1;
+  slot_[s].stamp = 0;
   free_slots_.push_back(s);
   return true;
+}
+
+void DeviceRows::write(const std::vector<RowBlock>& blocks) {
+  std::vector<int64_t> rows;
+  std::vector<float> data;
+  for (const RowBlock& b : blocks) {
+    if (b.n <= 0) continue;
+    write(b.table, b.rows, b.n, b.data);
+    if (!b.also) continue;
+    rows.clear();
+    data.clear();
+    for (int64_t i = 0; i < b.n; ++i)
+      if (b.also[i] >= 0) {
+        rows.push_back(b.also[i]);
+        data.insert(data.end(), b.data + i * b.dim, b.data + (i + 1) * b.dim);
+      }
+    if (!rows.empty()) write(b.table, rows.data(), static_cast<int64_t>(rows.size()), data.data());
+  }
 }
 
 // ---- sizing -------------------------------------------------------------------------------
@@ -224,9 +239,22 @@ GpuCache::GpuCache(EmbeddingStore& store, const StoreConfig& config, GpuCacheSiz
               "gpu_cache.eviction: '", config.gpu_cache_eviction, "' (lfu or lru)");
   DLREC_CHECK(threshold_ >= 0 && threshold_ <= 1, "gpu_cache.insert_threshold: ", threshold_,
               " is outside [0, 1]");
-  for (const TableInfo& t : store_.tables())
-    feature_of_table_.push_back(static_cast<int>(feature_index(t.feature)));
-  for (int64_t c : sizing_.cache_rows) maps_.emplace_back(c, lfu_);
+  const size_t F = sizing_.features.size();
+  feature_rows_.assign(F, 0);
+  tables_of_feature_.assign(F, 0);
+  for (const TableInfo& t : store_.tables()) {
+    const auto k = static_cast<size_t>(feature_index(t.feature));
+    feature_of_table_.push_back(static_cast<int>(k));
+    feature_rows_[k] = t.rows;
+    ++tables_of_feature_[k];
+  }
+  for (size_t k = 0; k < F; ++k) maps_.emplace_back(sizing_.cache_rows[k], lfu_, feature_rows_[k]);
+  work_.resize(F);
+  // Workers for a batch's tasks (F remaps, then T fetches beside F slot map updates), the
+  // caller being one; they watch for the next batch for 250 us before sleeping.
+  const int members =
+      std::min<int>(static_cast<int>(store_.tables().size() + F), std::max(1, num_threads()));
+  team_ = std::make_unique<WorkerTeam>(members - 1, std::chrono::microseconds(250));
   inserter_ = std::thread([this] { insert_loop(); });
   store_.on_invalidate([this](int t, const int64_t* ids, int64_t n) { invalidate(t, ids, n); });
 }
@@ -248,6 +276,9 @@ int64_t GpuCache::feature_index(int64_t feature) const {
 }
 
 void GpuCache::bind(std::unique_ptr<DeviceRows> rows, int64_t staging_rows) {
+  for (int64_t c : sizing_.cache_rows)  // the remap keeps device rows in 31 bits
+    DLREC_CHECK(staging_rows >= 0 && c + staging_rows < (int64_t{1} << 31) - 2, "gpu cache: ", c,
+                " cache rows + ", staging_rows, " staging rows exceed 2^31 - 3 per feature");
   std::lock_guard<std::mutex> l(mu_);
   rows_ = std::move(rows);
   staging_ = staging_rows;
@@ -260,139 +291,220 @@ double GpuCache::recent_hit_rate() const {
   return recent_lookups_ > 0 ? recent_hits_ / recent_lookups_ : 0.0;
 }
 
-// Long (~160 lines) on purpose: the remap, the fetch and the forward of a batch are one
-// critical section, with the rollbacks (more staging rows needed, a bad id, a tier failing).
+// The remap of feature k's ids from `batch` into staged_ (under mu_), lookups only: each distinct
+// id once (work_[k].seen), its slot looked up with the index's memory access started kAhead ids
+// earlier; a hit reads its slot, a miss a staging row (and is listed for the fetch). The
+// slot map is not changed here: touches and inserts are maintain()'s.
+void GpuCache::remap(const io::Batch& batch, size_t k) {
+  constexpr int64_t kAhead = 16;
+  FeatureWork& w = work_[k];
+  w.hit_slots.clear();
+  w.fetch_ids.clear();
+  w.fetch_rows.clear();
+  w.slots.clear();
+  w.inserted.clear();
+  w.evictions = w.id_hits = 0;
+  const auto feature = static_cast<size_t>(sizing_.features[k]);
+  const int64_t rows = feature_rows_[k];
+  const int64_t C = sizing_.cache_rows[k];
+  const SlotMap& map = maps_[k];
+  const std::vector<int64_t>& in = batch.cat_indices[feature];
+  std::vector<int64_t>& ids = staged_.cat_indices[feature];
+  const auto n = static_cast<int64_t>(in.size());
+  ids.resize(in.size());
+  w.seen.reset(std::min<int64_t>(n, rows));
+  // seen: id -> its device row r, stored as r when the id was a hit, as -2 - r when a miss.
+  int64_t id_hits = 0;
+  map.visit_index([&](const auto& index) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) index.prefetch(in[i + kAhead]);
+      const int64_t id = in[i];
+      if (id < 0 || id >= rows)
+        fail("embedding store: id ", id, " is beyond the tables of feature ", feature, " (", rows,
+             " rows)");
+      bool added = false;
+      int32_t* seen = w.seen.emplace(id, &added);
+      if (!added) {
+        id_hits += *seen >= 0;
+        ids[i] = *seen >= 0 ? *seen : -2 - *seen;
+        continue;
+      }
+      const int32_t slot = index.find(id);
+      if (slot >= 0) {
+        w.hit_slots.push_back(slot);
+        ++id_hits;
+        *seen = slot;
+        ids[i] = slot;
+      } else {
+        const int64_t row = C + static_cast<int64_t>(w.fetch_rows.size());
+        w.fetch_ids.push_back(id);
+        w.fetch_rows.push_back(row);
+        *seen = static_cast<int32_t>(-2 - row);
+        ids[i] = row;
+      }
+    }
+  });
+  w.id_hits = id_hits;
+}
+
+void GpuCache::maintain(size_t k, bool sync) {
+  constexpr size_t kAhead = 16;
+  FeatureWork& w = work_[k];
+  SlotMap& map = maps_[k];
+  const size_t h = w.hit_slots.size();
+  for (size_t j = 0; j < h; ++j) {
+    if (j + kAhead < h) map.prefetch_slot(w.hit_slots[j + kAhead]);
+    map.touch(w.hit_slots[j], stamp_);
+  }
+  if (!sync) return;
+  const size_t m = w.fetch_ids.size();
+  w.slots.resize(m);
+  map.visit_index([&](const auto& index) {  // (inserts never move the index's cells)
+    for (size_t j = 0; j < m; ++j) {
+      if (j + kAhead < m) index.prefetch(w.fetch_ids[j + kAhead]);
+      int64_t evicted = -1;
+      w.slots[j] = map.insert(w.fetch_ids[j], stamp_, &evicted);
+      if (evicted >= 0) ++w.evictions;
+      if (w.slots[j] >= 0) w.inserted.push_back(w.fetch_ids[j]);
+    }
+  });
+}
+
+// staged_ = batch, but for the stored features' ids, which the remap writes (saves a copy of
+// most of the batch's bytes).
+void GpuCache::copy_unstored(const io::Batch& batch) {
+  struct Members {  // io::Batch's, to notice one added there (copy it here too)
+    int64_t rows;
+    int num_dense;
+    std::vector<float> labels, dense;
+    std::vector<std::vector<int64_t>> cat_offsets, cat_indices;
+    bool one_id_per_row;
+  };
+  static_assert(sizeof(Members) == sizeof(io::Batch), "io::Batch changed: copy it here");
+  staged_.rows = batch.rows;
+  staged_.num_dense = batch.num_dense;
+  staged_.labels = batch.labels;
+  staged_.dense = batch.dense;
+  staged_.cat_offsets = batch.cat_offsets;
+  staged_.one_id_per_row = batch.one_id_per_row;
+  staged_.cat_indices.resize(batch.cat_indices.size());
+  for (size_t f = 0; f < batch.cat_indices.size(); ++f)
+    if (std::find(sizing_.features.begin(), sizing_.features.end(), static_cast<int64_t>(f)) ==
+        sizing_.features.end())
+      staged_.cat_indices[f] = batch.cat_indices[f];
+}
+
+void GpuCache::undo_inserts() {
+  for (size_t k = 0; k < work_.size(); ++k)
+    for (int64_t id : work_[k].inserted) maps_[k].erase(id);
+}
+
 int64_t GpuCache::run(const io::Batch& batch,
                       const std::function<void(const io::Batch&)>& forward) {
+  using clock = std::chrono::steady_clock;
+  auto since = [](clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t).count();
+  };
+  const auto t_wait = clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   DLREC_CHECK(rows_ != nullptr, "gpu cache: no device tables bound (bug)");
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = clock::now();
+  times.wait_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t0 - t_wait).count();
   // The update snapshot is pinned under the lock: an update applied after it invalidates its
   // rows after this batch (the invalidation waits for the lock), so no stale row stays cached.
   const auto pinned = store_.pin();
   const uint64_t generation = generation_;
   const bool sync = recent_hit_rate() < threshold_;
-  ++stamp_;
-  staged_ = batch;
   const size_t F = sizing_.features.size();
-  std::vector<std::vector<int64_t>> fetch_ids(F), fetch_rows(F), inserted(F);
-  int64_t hits = 0, misses = 0, lookups_weighted = 0, hits_weighted = 0, evictions = 0;
-  int64_t need = 0;
-  std::vector<int64_t> tables_per_feature(F, 0);
-  for (int f : feature_of_table_) ++tables_per_feature[f];
   for (size_t k = 0; k < F; ++k) {
     const auto feature = static_cast<size_t>(sizing_.features[k]);
-    DLREC_CHECK(feature < staged_.cat_indices.size(), "embedding store: the batch has ",
-                staged_.cat_indices.size(), " categorical features; feature ", feature,
-                " is stored");
+    DLREC_CHECK(feature < batch.cat_indices.size(), "embedding store: the batch has ",
+                batch.cat_indices.size(), " categorical features; feature ", feature, " is stored");
   }
-  // Per feature (independent slot maps): the remap, on several threads for large batches.
-  std::vector<int64_t> h(F, 0), m(F, 0), ev(F, 0), staged(F, 0);
-  auto remap = [&](size_t k) {
-    const auto feature = static_cast<size_t>(sizing_.features[k]);
-    int64_t rows = 0;
-    for (size_t t = 0; t < feature_of_table_.size(); ++t)
-      if (feature_of_table_[t] == static_cast<int>(k)) rows = store_.tables()[t].rows;
-    const int64_t C = sizing_.cache_rows[k];
-    SlotMap& map = maps_[k];
-    std::vector<int64_t>& ids = staged_.cat_indices[feature];
-    std::unordered_map<int64_t, int64_t> row_of;
-    row_of.reserve(ids.size());
-    for (int64_t& id : ids) {
-      auto it = row_of.find(id);
-      if (it != row_of.end()) {
-        id = it->second;
-        continue;
-      }
-      if (id < 0 || id >= rows)
-        fail("embedding store: id ", id, " is beyond the tables of feature ", feature, " (", rows,
-             " rows)");
-      int64_t row = map.find(id, stamp_);
-      if (row >= 0) {
-        ++h[k];
-      } else {
-        ++m[k];
-        if (sync) {
-          int64_t evicted = -1;
-          row = map.insert(id, stamp_, &evicted);
-          if (evicted >= 0) ++ev[k];
-          if (row >= 0) inserted[k].push_back(id);
-        }
-        if (row < 0) row = C + staged[k]++;
-        fetch_ids[k].push_back(id);
-        fetch_rows[k].push_back(row);
-      }
-      row_of.emplace(id, row);
-      id = row;
-    }
-  };
+  copy_unstored(batch);
+  for (FeatureWork& w : work_) w.inserted.clear();  // (undo_inserts may run before a remap)
+  // Per feature (independent slot maps): the lookups, on several threads for large batches.
   int64_t total_ids = 0;
   for (size_t k = 0; k < F; ++k)
-    total_ids += static_cast<int64_t>(staged_.cat_indices[sizing_.features[k]].size());
-  try {
-    if (F > 1 && total_ids >= 4096)
-      parallel_for(0, static_cast<int64_t>(F), 1, [&](int64_t lo, int64_t hi) {
-        for (int64_t k = lo; k < hi; ++k) remap(static_cast<size_t>(k));
-      });
-    else
-      for (size_t k = 0; k < F; ++k) remap(k);
-  } catch (...) {  // a bad id: the slots taken for this batch's rows were never written
-    for (size_t k = 0; k < F; ++k)
-      for (int64_t id : inserted[k]) maps_[k].erase(id);
-    throw;
-  }
+    total_ids += static_cast<int64_t>(batch.cat_indices[sizing_.features[k]].size());
+  const bool threaded = total_ids >= 4096;
+  if (threaded)
+    team_->run(static_cast<int>(F), [&](int k) { remap(batch, static_cast<size_t>(k)); });
+  else
+    for (size_t k = 0; k < F; ++k) remap(batch, k);
+  int64_t hits = 0, misses = 0, need = 0, hits_w = 0, lookups_w = 0;
+  int64_t id_hits_w = 0, id_lookups_w = 0;
   for (size_t k = 0; k < F; ++k) {
-    need = std::max(need, staged[k]);
-    hits += h[k];
-    misses += m[k];
-    evictions += ev[k];
-    hits_weighted += h[k] * tables_per_feature[k];
-    lookups_weighted += (h[k] + m[k]) * tables_per_feature[k];
+    const FeatureWork& w = work_[k];
+    const int64_t tables_k = tables_of_feature_[k];
+    const auto h = static_cast<int64_t>(w.hit_slots.size());
+    const auto m = static_cast<int64_t>(w.fetch_ids.size());
+    const auto n = static_cast<int64_t>(staged_.cat_indices[sizing_.features[k]].size());
+    need = std::max(need, m);
+    hits += h;
+    misses += m;
+    hits_w += h * tables_k;
+    lookups_w += (h + m) * tables_k;
+    id_hits_w += w.id_hits * tables_k;
+    id_lookups_w += n * tables_k;
   }
-  if (need > staging_) {  // nothing fetched yet: undo the inserts (their rows were not written)
-    for (size_t k = 0; k < F; ++k)
-      for (int64_t id : inserted[k]) maps_[k].erase(id);
-    stats.evictions += evictions;
-    return need;
-  }
-  // The misses from the tiers below, into their device rows; kept for the async insert.
+  if (need > staging_) return need;  // nothing changed yet
+  ++stamp_;
+  const auto t1 = clock::now();
+  times.remap_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+  // The misses from the tiers below (per table, straight into the device rows' host buffer),
+  // beside the slot maps' touches and sync inserts (per feature); then into their device rows,
+  // all tables in one write. The rows are kept for the async insert.
   InsertJob job{generation, {}, {}};
   const auto& tables = store_.tables();
-  job.rows.resize(tables.size());
-  auto fetch = [&](size_t t) {
-    const size_t k = static_cast<size_t>(feature_of_table_[t]);
-    const auto n = static_cast<int64_t>(fetch_ids[k].size());
-    std::vector<float>& buf = job.rows[t];
-    buf.resize(static_cast<size_t>(n * tables[t].dim));
-    if (n > 0) store_.lookup(static_cast<int>(t), fetch_ids[k].data(), n, buf.data(), pinned.get());
+  const size_t T = tables.size();
+  job.rows.resize(T);
+  std::vector<int64_t> offset(T + 1, 0);  // of table t's rows in the values buffer, in floats
+  for (size_t t = 0; t < T; ++t)
+    offset[t + 1] = offset[t] + static_cast<int64_t>(work_[feature_of_table_[t]].fetch_ids.size()) *
+                                    tables[t].dim;
+  float* values = rows_->values_buffer(offset[T]);
+  auto task = [&](size_t i) {
+    if (i >= T) return maintain(i - T, sync);
+    const std::vector<int64_t>& want = work_[feature_of_table_[i]].fetch_ids;
+    const auto n = static_cast<int64_t>(want.size());
+    if (n == 0) return;
+    float* out = values + offset[i];
+    store_.lookup(static_cast<int>(i), want.data(), n, out, pinned.get());
+    if (!sync) job.rows[i].assign(out, out + (offset[i + 1] - offset[i]));
   };
   try {
-    if (tables.size() > 1 && misses >= 1024)  // the store is thread-safe
-      parallel_for(0, static_cast<int64_t>(tables.size()), 1, [&](int64_t lo, int64_t hi) {
-        for (int64_t t = lo; t < hi; ++t) fetch(static_cast<size_t>(t));
-      });
+    if (threaded)  // the store is thread-safe; the slot maps are one per feature
+      team_->run(static_cast<int>(T + F), [&](int i) { task(static_cast<size_t>(i)); });
     else
-      for (size_t t = 0; t < tables.size(); ++t) fetch(t);
-    for (size_t t = 0; t < tables.size(); ++t) {
-      const size_t k = static_cast<size_t>(feature_of_table_[t]);
-      const auto n = static_cast<int64_t>(fetch_ids[k].size());
-      if (n > 0) rows_->write(static_cast<int>(t), fetch_rows[k].data(), n, job.rows[t].data());
+      for (size_t i = 0; i < T + F; ++i) task(i);
+    const auto t2 = clock::now();
+    times.fetch_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t1).count();
+    std::vector<RowBlock> blocks;
+    for (size_t t = 0; t < T; ++t) {
+      const FeatureWork& w = work_[feature_of_table_[t]];
+      const auto n = static_cast<int64_t>(w.fetch_rows.size());
+      if (n > 0)
+        blocks.push_back({static_cast<int>(t), n, tables[t].dim, w.fetch_rows.data(),
+                          values + offset[t], sync ? w.slots.data() : nullptr});
     }
+    if (!blocks.empty()) rows_->write(blocks);
+    times.write_ns += since(t2);
   } catch (...) {  // a tier failed (Redis down...): the slots taken were not (all) written
-    for (size_t k = 0; k < F; ++k)
-      for (int64_t id : inserted[k]) maps_[k].erase(id);
+    undo_inserts();
     throw;
   }
-  const auto ns =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-          .count();
-  stats.hits += hits_weighted;
-  stats.misses += lookups_weighted - hits_weighted;
+  int64_t evictions = 0;
+  for (const FeatureWork& w : work_) evictions += w.evictions;
+  stats.hits += hits_w;
+  stats.misses += lookups_w - hits_w;
   stats.evictions += evictions;
   stats.lookups += 1;
-  stats.lookup_ns += ns;
+  stats.lookup_ns += since(t0);
+  id_hits += id_hits_w;
+  id_lookups += id_lookups_w;
   int64_t cached_bytes = 0;
-  for (size_t t = 0; t < tables.size(); ++t)
+  for (size_t t = 0; t < T; ++t)
     cached_bytes += maps_[feature_of_table_[t]].size() * tables[t].row_bytes();
   stats.bytes = cached_bytes;
   // The recent hit rate: lookups of about the last 64K distinct ids (halved as it passes).
@@ -403,9 +515,13 @@ int64_t GpuCache::run(const io::Batch& batch,
     recent_lookups_ *= 0.5;
   }
   (sync ? sync_batches : async_batches) += 1;
+  const auto t3 = clock::now();
   forward(staged_);
+  times.forward_ns += since(t3);
+  times.batches += 1;
   if (sync || misses == 0) return 0;
-  job.ids = std::move(fetch_ids);
+  job.ids.resize(F);
+  for (size_t k = 0; k < F; ++k) job.ids[k].swap(work_[k].fetch_ids);
   lock.unlock();
   {
     std::lock_guard<std::mutex> q(queue_mu_);
@@ -466,16 +582,19 @@ void GpuCache::apply_insert(InsertJob& job) {
       slots[k].push_back(s);
       from[k].push_back(static_cast<int64_t>(j));
     }
+  std::vector<std::vector<float>> rows(tables.size());
+  std::vector<RowBlock> blocks;
   for (size_t t = 0; t < tables.size(); ++t) {
     const size_t k = static_cast<size_t>(feature_of_table_[t]);
     if (slots[k].empty()) continue;
     const int64_t dim = tables[t].dim;
-    std::vector<float> rows(slots[k].size() * static_cast<size_t>(dim));
+    rows[t].resize(slots[k].size() * static_cast<size_t>(dim));
     for (size_t i = 0; i < from[k].size(); ++i)
-      std::copy_n(job.rows[t].data() + from[k][i] * dim, dim, rows.data() + i * dim);
-    rows_->write(static_cast<int>(t), slots[k].data(), static_cast<int64_t>(slots[k].size()),
-                 rows.data());
+      std::copy_n(job.rows[t].data() + from[k][i] * dim, dim, rows[t].data() + i * dim);
+    blocks.push_back({static_cast<int>(t), static_cast<int64_t>(slots[k].size()), dim,
+                      slots[k].data(), rows[t].data()});
   }
+  if (!blocks.empty()) rows_->write(blocks);
   int64_t inserted = 0, cached_bytes = 0;
   for (const auto& v : slots) inserted += static_cast<int64_t>(v.size());
   for (size_t t = 0; t < tables.size(); ++t)

@@ -12,15 +12,32 @@
 namespace dlrec::store {
 
 namespace {
-// table[rows[i]] = src[i] for i < n (rows of `dim` floats): one thread per float of a row
-// (grid-stride over the n x dim values).
-__global__ void scatter_rows_kernel(float* __restrict__ table, const int64_t* __restrict__ rows,
-                                    const float* __restrict__ src, int64_t n, int64_t dim) {
-  const int64_t total = n * dim;
+// One block of rows of a multi-table write (offsets into the uploaded rows and floats).
+struct BlockDesc {
+  int64_t n, row_offset, src_offset;
+  int32_t table, pad;
+};
+// Every block of a write: blockIdx.y is the block, the x blocks stride over its n x dim values;
+// a value goes to its row, and to its `also` row where that is >= 0.
+__global__ void scatter_blocks_kernel(float* const* __restrict__ tables,
+                                      const int64_t* __restrict__ dims,
+                                      const BlockDesc* __restrict__ descs,
+                                      const int64_t* __restrict__ rows,
+                                      const int64_t* __restrict__ also,
+                                      const float* __restrict__ src) {
+  const BlockDesc d = descs[blockIdx.y];
+  const int64_t dim = dims[d.table];
+  float* table = tables[d.table];
+  const int64_t* r = rows + d.row_offset;
+  const int64_t* a = also + d.row_offset;
+  const float* s = src + d.src_offset;
+  const int64_t total = d.n * dim;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / dim, c = i - r * dim;
-    table[rows[r] * dim + c] = src[i];
+    const int64_t k = i / dim, c = i - k * dim;
+    const float v = s[i];
+    table[r[k] * dim + c] = v;
+    if (a[k] >= 0) table[a[k] * dim + c] = v;
   }
 }
 
@@ -36,6 +53,14 @@ class CudaRows final : public DeviceRows {
                 "gpu cache: tables, dims and rows differ in count (bug)");
     Guard g(device_);
     DLREC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // The tables' pointers and dims on the device, once (the multi-table kernel reads them).
+    const size_t T = tables_.size();
+    DLREC_CUDA_CHECK(cudaMalloc(&d_tables_, T * (sizeof(float*) + sizeof(int64_t)) + 16));
+    d_dims_ = reinterpret_cast<int64_t*>(d_tables_ + T);
+    DLREC_CUDA_CHECK(
+        cudaMemcpy(d_tables_, tables_.data(), T * sizeof(float*), cudaMemcpyHostToDevice));
+    DLREC_CUDA_CHECK(
+        cudaMemcpy(d_dims_, dims_.data(), T * sizeof(int64_t), cudaMemcpyHostToDevice));
   }
   ~CudaRows() override {
     Guard g(device_);
@@ -43,32 +68,91 @@ class CudaRows final : public DeviceRows {
     cudaStreamDestroy(stream_);
     if (host_) cudaFreeHost(host_);
     if (dev_) cudaFree(dev_);
+    if (d_tables_) cudaFree(d_tables_);
+    if (values_host_) cudaFreeHost(values_host_);
+    if (values_dev_) cudaFree(values_dev_);
   }
 
-  // Synchronous: the rows are on the device when it returns (the engine's next forward, on its
-  // own stream, reads them).
   void write(int table, const int64_t* rows, int64_t n, const float* data) override {
-    if (n <= 0) return;
     DLREC_CHECK(table >= 0 && table < static_cast<int>(tables_.size()), "gpu cache: table ", table,
                 " of ", tables_.size());
-    const int64_t dim = dims_[table], limit = table_rows_[table];
-    for (int64_t i = 0; i < n; ++i)
-      DLREC_CHECK(rows[i] >= 0 && rows[i] < limit, "gpu cache: device row ", rows[i],
-                  " beyond the ", limit, " rows of table ", table, " (bug)");
-    const size_t idx_bytes = sizeof(int64_t) * static_cast<size_t>(n);
-    const size_t row_bytes = sizeof(float) * static_cast<size_t>(n * dim);
-    const size_t bytes = idx_bytes + row_bytes;
+    write(std::vector<RowBlock>{{table, n, dims_[table], rows, data}});
+  }
+
+  float* values_buffer(int64_t floats) override {
     Guard g(device_);
-    reserve(bytes);
-    std::memcpy(host_, rows, idx_bytes);
-    std::memcpy(static_cast<char*>(host_) + idx_bytes, data, row_bytes);
-    DLREC_CUDA_CHECK(cudaMemcpyAsync(dev_, host_, bytes, cudaMemcpyHostToDevice, stream_));
-    const auto* d_rows = static_cast<const int64_t*>(dev_);
-    const auto* d_src = reinterpret_cast<const float*>(static_cast<char*>(dev_) + idx_bytes);
-    const int64_t total = n * dim;
+    reserve_values(sizeof(float) * static_cast<size_t>(std::max<int64_t>(floats, 1)));
+    return values_host_;
+  }
+
+  // All blocks in one copy (descriptors, rows, also-rows, then the row values) and one kernel;
+  // synchronous like the single-table write.
+  void write(const std::vector<RowBlock>& blocks) override {
+    std::vector<BlockDesc> descs;
+    int64_t n_rows = 0, n_floats = 0;
+    for (const RowBlock& b : blocks) {
+      if (b.n <= 0) continue;
+      DLREC_CHECK(b.table >= 0 && b.table < static_cast<int>(tables_.size()), "gpu cache: table ",
+                  b.table, " of ", tables_.size());
+      DLREC_CHECK(b.dim == dims_[b.table], "gpu cache: ", b.dim, " floats per row for table ",
+                  b.table, " of ", dims_[b.table], " (bug)");
+      const int64_t limit = table_rows_[b.table];
+      for (int64_t i = 0; i < b.n; ++i)
+        DLREC_CHECK(b.rows[i] >= 0 && b.rows[i] < limit && (!b.also || b.also[i] < limit),
+                    "gpu cache: device row ", b.rows[i], " or ", b.also ? b.also[i] : -1,
+                    " beyond the ", limit, " rows of table ", b.table, " (bug)");
+      descs.push_back({b.n, n_rows, n_floats, b.table, 0});
+      n_rows += b.n;
+      n_floats += b.n * b.dim;
+    }
+    if (descs.empty()) return;
+    auto round16 = [](size_t x) { return (x + 15) / 16 * 16; };
+    const size_t desc_bytes = round16(sizeof(BlockDesc) * descs.size());
+    const size_t idx_bytes = round16(sizeof(int64_t) * static_cast<size_t>(n_rows));
+    const size_t meta_bytes = desc_bytes + 2 * idx_bytes;
+    const size_t value_bytes = sizeof(float) * static_cast<size_t>(n_floats);
+    Guard g(device_);
+    reserve(meta_bytes);
+    char* h = static_cast<char*>(host_);
+    std::memcpy(h, descs.data(), sizeof(BlockDesc) * descs.size());
+    auto* h_rows = reinterpret_cast<int64_t*>(h + desc_bytes);
+    auto* h_also = reinterpret_cast<int64_t*>(h + desc_bytes + idx_bytes);
+    // The values: where the caller fetched them into values_buffer() block after block, as
+    // they are; else copied there.
+    bool in_place = values_cap_ >= value_bytes;
+    {
+      size_t k = 0;
+      for (const RowBlock& b : blocks)
+        if (b.n > 0) in_place = in_place && b.data == values_host_ + descs[k++].src_offset;
+    }
+    if (!in_place) reserve_values(value_bytes);
+    size_t k = 0;
+    for (const RowBlock& b : blocks) {
+      if (b.n <= 0) continue;
+      const BlockDesc& d = descs[k++];
+      std::memcpy(h_rows + d.row_offset, b.rows, sizeof(int64_t) * static_cast<size_t>(b.n));
+      if (b.also)
+        std::memcpy(h_also + d.row_offset, b.also, sizeof(int64_t) * static_cast<size_t>(b.n));
+      else
+        std::fill_n(h_also + d.row_offset, b.n, int64_t{-1});
+      if (!in_place)  // (memmove: a caller's block may lie in the buffer elsewhere)
+        std::memmove(values_host_ + d.src_offset, b.data,
+                     sizeof(float) * static_cast<size_t>(b.n * b.dim));
+    }
+    DLREC_CUDA_CHECK(cudaMemcpyAsync(dev_, host_, meta_bytes, cudaMemcpyHostToDevice, stream_));
+    DLREC_CUDA_CHECK(
+        cudaMemcpyAsync(values_dev_, values_host_, value_bytes, cudaMemcpyHostToDevice, stream_));
+    char* dv = static_cast<char*>(dev_);
+    int64_t widest = 0;
+    for (const BlockDesc& d : descs) widest = std::max(widest, d.n * dims_[d.table]);
     const int threads = 256;
-    const auto blocks = static_cast<int>(std::min<int64_t>((total + threads - 1) / threads, 4096));
-    scatter_rows_kernel<<<blocks, threads, 0, stream_>>>(tables_[table], d_rows, d_src, n, dim);
+    const dim3 grid(
+        static_cast<unsigned>(std::min<int64_t>((widest + threads - 1) / threads, 1024)),
+        static_cast<unsigned>(descs.size()));
+    scatter_blocks_kernel<<<grid, threads, 0, stream_>>>(
+        d_tables_, d_dims_, reinterpret_cast<const BlockDesc*>(dv),
+        reinterpret_cast<const int64_t*>(dv + desc_bytes),
+        reinterpret_cast<const int64_t*>(dv + desc_bytes + idx_bytes), values_dev_);
     DLREC_CUDA_CHECK(cudaGetLastError());
     DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
@@ -95,6 +179,18 @@ class CudaRows final : public DeviceRows {
     DLREC_CUDA_CHECK(cudaMalloc(&dev_, cap));
     cap_ = cap;
   }
+  void reserve_values(size_t bytes) {
+    if (bytes <= values_cap_) return;
+    size_t cap = values_cap_ ? values_cap_ : (size_t{1} << 20);
+    while (cap < bytes) cap *= 2;
+    if (values_host_) DLREC_CUDA_CHECK(cudaFreeHost(values_host_));
+    if (values_dev_) DLREC_CUDA_CHECK(cudaFree(values_dev_));
+    values_host_ = values_dev_ = nullptr;
+    values_cap_ = 0;
+    DLREC_CUDA_CHECK(cudaMallocHost(&values_host_, cap));
+    DLREC_CUDA_CHECK(cudaMalloc(&values_dev_, cap));
+    values_cap_ = cap;
+  }
   int device_;
   std::vector<float*> tables_;
   std::vector<int64_t> dims_, table_rows_;
@@ -102,6 +198,11 @@ class CudaRows final : public DeviceRows {
   void* host_ = nullptr;  // pinned: ids then rows of one write
   void* dev_ = nullptr;
   size_t cap_ = 0;
+  float* values_host_ = nullptr;  // pinned: the row values of one write
+  float* values_dev_ = nullptr;
+  size_t values_cap_ = 0;
+  float** d_tables_ = nullptr;  // the tables' pointers, then d_dims_ (one allocation)
+  int64_t* d_dims_ = nullptr;
 };
 }  // namespace
 

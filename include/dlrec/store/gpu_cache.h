@@ -9,15 +9,28 @@
 // model, so predictions are bit for bit the same.
 //
 // Misses are fetched from the next tiers (EmbeddingStore::lookup: updates, host, Redis,
-// RocksDB) and uploaded. While the cache's hit rate (over recent lookups) is below
-// `insert_threshold`, misses are inserted synchronously: they take cache slots (evicting)
-// before the forward. At or above it, the misses of a batch go to the staging rows, the batch
-// runs, and the rows are inserted by a background thread after the request has its answer.
+// RocksDB) and uploaded, every table's in one copy and one scatter kernel. A batch's misses
+// always read staging rows. While the cache's hit rate (over recent lookups, per distinct id)
+// is below `insert_threshold`, they are also inserted synchronously: given cache slots
+// (evicting), into which the same kernel writes their rows before the forward. At or above it,
+// the batch runs and its rows are inserted by a background thread after the request has its
+// answer.
+//
+// The host work of a batch, in order, on the instance's worker team (worker_team.h): the
+// lookups (per feature: each distinct id once, its slot looked up in a flat open-addressing
+// index with the memory access started ahead, as the slot maps of hundreds of MiB miss the
+// caches); then, at the same time, the fetch of the misses (per table, into the pinned buffer
+// the upload reads) and the slot maps' bookkeeping (per feature: the hits' LFU/LRU touches and
+// the sync inserts); then the one device write and the forward.
 //
 // Why the slot map is on the host: the ids arrive on the host (the request), the misses must
 // be fetched by the host from the tiers below anyway, and the remapped ids are what the engine
 // copies to the device in its one input copy: a device hash table would add a round trip
-// (look up, copy the misses back, fetch, insert) without removing any.
+// (upload the ids, look up, copy the misses back, fetch, upload) and an engine that takes its
+// ids from the device. The host map's cost is memory latency, which prefetching and huge pages
+// reduce but do not remove: on the H200 host measured, a batch of 2048 spends 0.3-0.4 ms here
+// against a 0.12 ms forward (bench/RESULTS.md, "GPU cache tier"; bench/gpu_cache_host.cc
+// measures it without a GPU), so a device-side map is the next step if that must go.
 #pragma once
 
 #include <atomic>
@@ -29,11 +42,13 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "dlrec/io/batch.h"
 #include "dlrec/store/embedding_store.h"
+#include "dlrec/store/flat_id_index.h"
+#include "dlrec/store/worker_team.h"
 
 namespace dlrec::store {
 
@@ -43,14 +58,31 @@ namespace dlrec::store {
 //          recently used): hot rows of a power-law stay however many cold ones pass through.
 // Both in O(1) per operation: slots sit in doubly linked lists, one per use count ("lfu") or a
 // single one ("lru"), the lists in a list ordered by count (the LFU scheme of Shah, Mitra and
-// Matani). Slots used by the running batch (stamped) are never evicted.
-class SlotMap {
+// Matani). Slots used by the running batch (stamped) are never evicted. The ids' index is a
+// flat open-addressing table (flat_id_index.h), so a batch's lookups can be prefetched.
+// Aligned to a cache line: the slot maps of a model's features are updated by different
+// threads at once, which must not write to one line (false sharing).
+class alignas(64) SlotMap {
  public:
-  SlotMap(int64_t capacity, bool lfu);
-  int64_t capacity() const { return static_cast<int64_t>(id_.size()); }
-  int64_t size() const { return static_cast<int64_t>(where_.size()); }
+  // Ids below `id_limit` (the table's rows): below 2^32 - 1, the index keeps 32-bit keys.
+  SlotMap(int64_t capacity, bool lfu, int64_t id_limit = int64_t{1} << 31);
+  int64_t capacity() const { return static_cast<int64_t>(slot_.size()); }
+  int64_t size() const { return where_.size(); }
   // The slot of `id` (touched: recency and count, stamped with the batch), or -1.
-  int64_t find(int64_t id, uint64_t stamp);
+  int64_t find(int64_t id, uint64_t stamp) {
+    const int32_t s = where_.find(id);
+    if (s >= 0) touch(s, stamp);
+    return s;
+  }
+  // The slot of `id` or -1, nothing touched (the lookup half of find).
+  int32_t slot_of(int64_t id) const { return where_.find(id); }
+  // f(its id -> slot index, a FlatIdIndexT<uint32_t or uint64_t>): for loops that prefetch.
+  template <class F>
+  void visit_index(F&& f) const {
+    where_.visit(std::forward<F>(f));
+  }
+  // The bookkeeping half of find: `slot` (in use) was used by the batch `stamp`.
+  void touch(int32_t slot, uint64_t stamp);
   // A slot for `id` (absent): a free one, else the least valuable slot not stamped with
   // `stamp` (its id goes to *evicted; -1 when none was evicted). -1 when every slot it may look
   // at (at most kMaxScan) is in use by the batch: the row is then not cached.
@@ -58,9 +90,11 @@ class SlotMap {
   // Drops `id` (its slot becomes free). Whether it was there.
   bool erase(int64_t id);
   void clear();
-  bool contains(int64_t id) const { return where_.count(id) > 0; }
+  bool contains(int64_t id) const { return where_.find(id) >= 0; }
   // The id in `slot`, or -1 (tests).
-  int64_t id_at(int64_t slot) const { return id_[slot]; }
+  int64_t id_at(int64_t slot) const { return slot_[slot].id; }
+  // Starts loading what touch(slot) reads first.
+  void prefetch_slot(int32_t slot) const { __builtin_prefetch(&slot_[slot]); }
   static constexpr int kMaxScan = 256;
 
  private:
@@ -72,26 +106,84 @@ class SlotMap {
   void push_back(int32_t s, int32_t b);  // at b's tail (most recent)
   int32_t new_bucket(int64_t count, int32_t after);  // after bucket `after` (-1: first)
   bool lfu_;
-  std::unordered_map<int64_t, int32_t> where_;
-  std::vector<int64_t> id_;  // per slot: its id, -1 when free
-  std::vector<int32_t> prev_, next_, bucket_;
-  std::vector<uint64_t> stamp_;
+  // id -> slot: 8-byte cells for ids below 2^32 - 1 (the index is half the size, so more of it
+  // stays in the caches and the TLB's reach), else 16-byte ones.
+  class Index {
+   public:
+    Index(int64_t capacity, bool narrow) : narrow_(narrow) {
+      (narrow ? narrow_ids_.reserve(capacity) : wide_ids_.reserve(capacity));
+    }
+    int64_t size() const { return narrow_ ? narrow_ids_.size() : wide_ids_.size(); }
+    int32_t find(int64_t id) const { return narrow_ ? narrow_ids_.find(id) : wide_ids_.find(id); }
+    // f(the index): code that prefetches runs on the concrete one (GCC 12 drops a prefetch
+    // whose address depends on which index it is).
+    template <class F>
+    void visit(F&& f) const {
+      if (narrow_)
+        f(narrow_ids_);
+      else
+        f(wide_ids_);
+    }
+    void insert(int64_t id, int32_t v) {
+      narrow_ ? narrow_ids_.insert(id, v) : wide_ids_.insert(id, v);
+    }
+    void erase(int64_t id) { narrow_ ? (void)narrow_ids_.erase(id) : (void)wide_ids_.erase(id); }
+    void clear() { narrow_ ? narrow_ids_.clear() : wide_ids_.clear(); }
+
+   private:
+    bool narrow_;
+    FlatIdIndexT<uint32_t> narrow_ids_;
+    FlatIdIndexT<uint64_t> wide_ids_;
+  };
+  Index where_;
+  // Per slot, together (a touch reads one 32-byte record, not five arrays): its id (-1 when
+  // free), the batch that last used it, its neighbours in its bucket's list and its bucket.
+  struct Slot {
+    int64_t id = -1;
+    uint64_t stamp = 0;
+    int32_t prev = -1, next = -1, bucket = -1, unused = 0;
+  };
+  std::vector<Slot, HugePageAllocator<Slot>> slot_;
   std::vector<int32_t> free_slots_;
   std::vector<Bucket> buckets_;
   std::vector<int32_t> free_buckets_;
   int32_t first_ = -1;  // the bucket of the least count
 };
 
+// Rows for one table: data[i] ([n, dim] f32, host) goes into row rows[i] of store table `table`,
+// and also into row also[i] where `also` is given and also[i] >= 0 (a missed row into its
+// staging row and the cache slot it was given).
+struct RowBlock {
+  int table;
+  int64_t n, dim;  // rows, floats per row (the table's)
+  const int64_t* rows;
+  const float* data;
+  const int64_t* also = nullptr;
+};
 // Where a feature's device rows are written (the model's device tables; a host array in tests).
 class DeviceRows {
  public:
   virtual ~DeviceRows() = default;
   // Rows data[i] ([n, dim] f32, host) into row rows[i] of store table `table`.
   virtual void write(int table, const int64_t* rows, int64_t n, const float* data) = 0;
+  // Every block, written when it returns. By default one write() per block; the CUDA
+  // implementation makes it one copy, one kernel and one synchronisation for all of them.
+  virtual void write(const std::vector<RowBlock>& blocks);
+  // A host buffer of `floats` floats for the values of the next write (valid until then): the
+  // caller may fetch rows into it and pass blocks whose data lie in it back to back, from its
+  // start, in block order; the CUDA implementation's is pinned memory, which it then copies to
+  // the device as it is (no staging copy). Blocks elsewhere are copied as usual.
+  virtual float* values_buffer(int64_t floats) {
+    if (values_.size() < static_cast<size_t>(floats)) values_.resize(static_cast<size_t>(floats));
+    return values_.data();
+  }
+
+ private:
+  std::vector<float> values_;
 };
 // The CUDA implementation: the tables' device pointers ([rows, dim] f32 each, on `device`),
-// written by a scatter kernel after one copy of the rows and their indices (gpu_cache_cuda.cu).
-// An error in a CPU-only build.
+// written by a scatter kernel after one copy of the rows and their indices (gpu_cache_cuda.cu),
+// all tables' blocks of a batch in the same copy and kernel. An error in a CPU-only build.
 std::unique_ptr<DeviceRows> make_cuda_rows(int device, std::vector<float*> tables,
                                            std::vector<int64_t> dims,
                                            std::vector<int64_t> table_rows);
@@ -137,7 +229,17 @@ class GpuCache {
   // The hit rate of the recent lookups that decides sync or async inserts.
   double recent_hit_rate() const;
   TierStats stats;  // "gpu": hits/misses per (table, distinct id of a batch), evictions, bytes
+  // Hits per (table, id looked up): every id of a batch, repeats included, is a hit when its
+  // row was cached before the batch (a repeat of a missed id is a miss). The usual hit rate,
+  // id_hits / id_lookups; higher than stats' per distinct id, since hot ids repeat in a batch.
+  std::atomic<int64_t> id_hits{0}, id_lookups{0};
   std::atomic<int64_t> sync_batches{0}, async_batches{0}, async_inserted{0}, async_dropped{0};
+  // Where run()'s time goes (benches): waiting for the instance (an insert holding it), the
+  // remap, the fetch from the tiers below, the device write of the misses, the forward.
+  struct Times {
+    std::atomic<int64_t> batches{0}, wait_ns{0}, remap_ns{0}, fetch_ns{0}, write_ns{0},
+        forward_ns{0};
+  } times;
 
  private:
   struct InsertJob {
@@ -145,6 +247,20 @@ class GpuCache {
     std::vector<std::vector<int64_t>> ids;  // per feature
     std::vector<std::vector<float>> rows;   // per table: [ids of its feature, dim]
   };
+  // One feature's part of the running batch (kept across batches for their memory).
+  // Aligned to a cache line: each feature's is written by its own thread (no false sharing).
+  struct alignas(64) FeatureWork {
+    FlatIdIndex seen;                // the batch's distinct ids -> device rows (see remap)
+    std::vector<int32_t> hit_slots;  // of its distinct ids found
+    std::vector<int64_t> fetch_ids, fetch_rows;  // its distinct missed ids, their staging rows
+    std::vector<int64_t> slots;     // sync: per missed id, the cache slot it took (or -1)
+    std::vector<int64_t> inserted;  // sync: the ids given slots
+    int64_t evictions = 0, id_hits = 0;
+  };
+  void copy_unstored(const io::Batch& batch);
+  void remap(const io::Batch& batch, size_t k);
+  void maintain(size_t k, bool sync);
+  void undo_inserts();  // gives back the slots the running batch's sync inserts took
   void insert_loop();
   void apply_insert(InsertJob& job);
   int64_t feature_index(int64_t feature) const;
@@ -155,6 +271,9 @@ class GpuCache {
   double threshold_;
   int64_t staging_ = 0;
   std::vector<int> feature_of_table_;  // index into sizing_.features per store table
+  std::vector<int64_t> feature_rows_, tables_of_feature_;  // per feature: its ids, its tables
+  std::vector<FeatureWork> work_;
+  std::unique_ptr<WorkerTeam> team_;  // a batch's per-feature and per-table tasks
   std::vector<SlotMap> maps_;
   std::unique_ptr<DeviceRows> rows_;
   std::mutex mu_;  // the instance: a batch, an insert or an invalidation at a time

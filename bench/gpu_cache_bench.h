@@ -1,0 +1,129 @@
+// What the GPU cache benches share (bench/serve_gpu_cache.cc on a GPU, bench/gpu_cache_host.cc
+// on the host alone): a complete tier generating each row from (table, id), power-law ids and
+// their batches.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dlrec/io/batch.h"
+#include "dlrec/store/embedding_store.h"
+#include "dlrec/store/gpu_cache.h"
+
+namespace dlrec::bench {
+
+// Row value of (table, id, k): a hash to [-0.05, 0.05), exact in f32.
+inline float gen_value(int t, int64_t id, int64_t k) {
+  uint64_t x = (static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) ^
+               (static_cast<uint64_t>(t) << 48) ^ static_cast<uint64_t>(k) * 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 31;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 29;
+  return (static_cast<float>(x >> 40) / 16777216.0f - 0.5f) * 0.1f;
+}
+
+// The complete tier: every row, generated on demand (stands for a host tier holding them).
+class GeneratedTier final : public store::Tier {
+ public:
+  explicit GeneratedTier(std::vector<store::TableInfo> t) : tables_(std::move(t)) {}
+  std::string name() const override { return "generated"; }
+  bool complete() const override { return true; }
+  int64_t memory_bound() const override { return 0; }
+  void lookup(int table, const int64_t* ids, int64_t n, float* out, uint8_t* found) override {
+    const int64_t dim = tables_[table].dim;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t k = 0; k < dim; ++k) out[i * dim + k] = gen_value(table, ids[i], k);
+      found[i] = 1;
+    }
+  }
+
+ private:
+  std::vector<store::TableInfo> tables_;
+};
+
+inline double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5))];
+}
+
+inline std::vector<double> split_d(const std::string& s) {
+  std::vector<double> v;
+  size_t p = 0;
+  while (p <= s.size()) {
+    size_t q = s.find(',', p);
+    if (q == std::string::npos) q = s.size();
+    v.push_back(std::stod(s.substr(p, q - p)));
+    p = q + 1;
+  }
+  return v;
+}
+
+// Power-law sampler over ranks 0..R-1 (the inverse CDF, binary search).
+struct PowerLaw {
+  std::vector<double> cdf;
+  PowerLaw(int64_t R, double alpha) : cdf(static_cast<size_t>(R)) {
+    double s = 0;
+    for (int64_t k = 0; k < R; ++k) cdf[k] = (s += std::pow(static_cast<double>(k + 1), -alpha));
+    for (double& c : cdf) c /= s;
+  }
+  int64_t operator()(std::mt19937_64& rng) const {
+    const double u = static_cast<double>(rng() >> 11) * (1.0 / 9007199254740992.0);
+    return std::min<int64_t>(std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin(),
+                             static_cast<int64_t>(cdf.size()) - 1);
+  }
+};
+
+inline io::Batch make_batch(const PowerLaw& pl, int T, int64_t B, std::mt19937_64& rng) {
+  io::Batch b;
+  b.rows = B;
+  b.num_dense = 13;
+  b.labels.assign(B, 0.f);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int64_t i = 0; i < B * 13; ++i) b.dense.push_back(nd(rng));
+  b.cat_indices.resize(T);
+  b.cat_offsets.resize(T);
+  for (int t = 0; t < T; ++t) {
+    b.cat_indices[t].resize(B);
+    b.cat_offsets[t].resize(B + 1);
+    for (int64_t r = 0; r < B; ++r) b.cat_indices[t][r] = pl(rng);
+    for (int64_t r = 0; r <= B; ++r) b.cat_offsets[t][r] = r;
+  }
+  b.one_id_per_row = true;
+  return b;
+}
+
+// The cache's counters at one time; the difference of two describes the batches between.
+struct CacheCounters {
+  int64_t hits, misses, id_hits, id_lookups, sync, async, batches, wait, remap, fetch, write,
+      forward;
+  static CacheCounters of(const store::GpuCache& c) {
+    return {c.stats.hits,     c.stats.misses,   c.id_hits,        c.id_lookups,
+            c.sync_batches,   c.async_batches,  c.times.batches,  c.times.wait_ns,
+            c.times.remap_ns, c.times.fetch_ns, c.times.write_ns, c.times.forward_ns};
+  }
+  // "hit_rate=... per_id_hit_rate=... (sync/async) phases_us=wait/remap/fetch/write/forward"
+  std::string since(const CacheCounters& o) const {
+    const double h = static_cast<double>(hits - o.hits), m = static_cast<double>(misses - o.misses);
+    const double ih = static_cast<double>(id_hits - o.id_hits);
+    const double il = static_cast<double>(id_lookups - o.id_lookups);
+    const double n = std::max<double>(1, static_cast<double>(batches - o.batches));
+    char buf[320];
+    std::snprintf(buf, sizeof buf,
+                  "hit_rate=%.4f (distinct ids of a batch) per_id_hit_rate=%.4f (every id looked "
+                  "up) sync/async batches %lld/%lld | mean us per batch: wait %.1f remap %.1f "
+                  "fetch %.1f write %.1f forward %.1f",
+                  h / std::max(1.0, h + m), ih / std::max(1.0, il),
+                  static_cast<long long>(sync - o.sync), static_cast<long long>(async - o.async),
+                  (wait - o.wait) / n / 1e3, (remap - o.remap) / n / 1e3,
+                  (fetch - o.fetch) / n / 1e3, (write - o.write) / n / 1e3,
+                  (forward - o.forward) / n / 1e3);
+    return buf;
+  }
+};
+
+}  // namespace dlrec::bench
