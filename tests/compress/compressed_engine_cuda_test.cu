@@ -436,6 +436,44 @@ TEST(CompressedEngineCuda, CompressedExportMatchesTheCpuInt8Engine) {
   std::printf("bf16 compressed policy: max |p - cpu| %.3g\n", cd);
 }
 
+// `dlrec bench infer --breakdown`: every dense layer of the served compressed export is listed
+// with the kernel it runs, beside the host packing, the input copy and the captured graph, and
+// the device phases add up to the eager total.
+TEST(CompressedEngineCuda, ServingBreakdownListsEveryLayerWithItsKernel) {
+  REQUIRE_GPU();
+  if (!file_exists(dlrec_bin())) GTEST_SKIP() << "the dlrec binary is not built";
+  const World& w = world();
+  ASSERT_FALSE(w.model.empty());
+  const io::Batch b = valid_batch(w.data, 400);
+  train::Predictor gpu(w.model, Device::cuda(0), "bf16");
+  gpu.set_kernel_policy("compressed");
+  gpu.predict(b);  // chooses the kernels, captures the bucket's graph
+  dlrec::testing::expect_error([&] { gpu.serving_breakdown(b, 0); }, {"reps must be >= 1"});
+  const std::vector<std::string> lines = gpu.serving_breakdown(b, 3);
+  std::string all;
+  for (const auto& l : lines) all += l + "\n";
+  std::printf("%s", all.c_str());
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines[0].find("B=400: 1 chunk(s) of 400 rows (bucket 512)"), std::string::npos) << all;
+  for (const char* want : {"host pack", "copy in", "sigmoid, copy out", "top.0 [", "top.1 [",
+                           "cross.0.w [", "[int8]", "device, captured graph"})
+    EXPECT_NE(all.find(want), std::string::npos) << want << " missing in\n" << all;
+  EXPECT_EQ(all.find("n/a (not captured"), std::string::npos) << all;
+  // The device phases (every line between "copy in" and the eager total, percentages) add up
+  // to 100 %.
+  double pct = 0;
+  for (const auto& l : lines) {
+    const size_t p = l.rfind('%');
+    if (p == std::string::npos || l.find("copy in") != std::string::npos) continue;
+    const size_t s = l.find_last_of(' ', p);
+    pct += std::stod(l.substr(s + 1, p - s - 1));
+  }
+  EXPECT_NEAR(pct, 100.0, 1.0) << all;
+  // A CPU model has no such path.
+  train::Predictor cpu(w.model);
+  EXPECT_TRUE(cpu.serving_breakdown(b, 3).empty());
+}
+
 TEST(CompressedEngineCuda, MaskThatIsNot24IsAnErrorNamingTheLayer) {
   REQUIRE_GPU();
   model::RunConfig cfg = model::RunConfig::from_json(parse_json(R"({
