@@ -436,6 +436,18 @@ bool CompressedLinear::hands_over(int64_t B, cuda_lt::Lt& lt) {
   return chain_form_exists(k == kc::Kernel::Sparse24Int8, B, lt);
 }
 
+bool CompressedLinear::run_prev(int64_t B, const void* x, bool chain_out, cuda_lt::Lt& lt,
+                                cudaStream_t stream) {
+  const Choice& pc = prev_->choice_.at(B);
+  const bool sparse = pc.cand[pc.chosen].kernel == kc::Kernel::Sparse24Int8;
+  prev_->qx_ready_ = B;
+  const bool ok = prev_->run_int8(sparse, B, nullptr, const_cast<void*>(x), act_, in_pad_, lt,
+                                  stream, chain_out);
+  prev_->qx_ready_ = -1;
+  qx_ready_ = -1;
+  return ok;
+}
+
 bool CompressedLinear::run(kc::Kernel k, int64_t B, const void* x, void* y, Act ydt, int64_t out_ld,
                            cuda_lt::Lt& lt, cudaStream_t stream) {
   if (B == 0) return true;
@@ -491,42 +503,57 @@ CompressedLinear::Choice& CompressedLinear::choose(int64_t B, const void* x, voi
     }
   }
   if (policy_ == kc::Policy::Fastest) {
-    // In context, on the input side: the layers choose in forward order, so the previous layer
-    // of a chain has chosen already; where it runs an int8 kernel with a chain form, this
-    // layer's int8 kernels get their input quantized at run time (no quantize kernel of their
-    // own) and are timed so (qx_ holds this input quantized: the availability runs above).
-    // The output side stays as run alone (16-bit output): the next layer has not chosen yet.
-    const bool handed_in = prev_ && prev_->hands_over(B, lt);
     cudaEvent_t a, b;
     DLREC_CUDA_CHECK(cudaEventCreate(&a));
     DLREC_CUDA_CHECK(cudaEventCreate(&b));
-    constexpr int kWarm = 2, kTrials = 3, kReps = 5;
-    for (kc::Candidate& k : c.cand) {
-      if (!k.available) continue;
-      // Each candidate with a 16-bit output and its quantize kernel, unless handed_in. (Timing
-      // the int8 kernels as they run inside a chain before the neighbours had chosen, input
-      // handed over and output int8, chose them where the neighbours then stayed dense and
-      // lost end to end: bench/RESULTS.md.)
-      auto once = [&] {
-        if (k.kernel == kc::Kernel::Dense) {
-          dense();
-          return;
-        }
-        if (handed_in && k.kernel != kc::Kernel::Sparse24) qx_ready_ = B;
-        run(k.kernel, B, x, y, ydt, out_ld, lt, stream);
-      };
-      for (int w = 0; w < kWarm; ++w) once();
+    // Milliseconds per call of f: 2 warm-up calls, then the best of 3 trials of 5 calls.
+    auto time_ms = [&](const std::function<void()>& f) {
+      constexpr int kWarm = 2, kTrials = 3, kReps = 5;
+      for (int w = 0; w < kWarm; ++w) f();
       float best = -1.f;
       for (int t = 0; t < kTrials; ++t) {
         DLREC_CUDA_CHECK(cudaEventRecord(a, stream));
-        for (int r = 0; r < kReps; ++r) once();
+        for (int r = 0; r < kReps; ++r) f();
         DLREC_CUDA_CHECK(cudaEventRecord(b, stream));
         DLREC_CUDA_CHECK(cudaEventSynchronize(b));
         float ms = 0.f;
         DLREC_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
         if (best < 0 || ms < best) best = ms;
       }
-      k.ms = best / kReps;
+      return static_cast<double>(best) / kReps;
+    };
+    // In context, on the input side: the layers choose in forward order, so the previous layer
+    // of a chain has chosen already. Where it runs an int8 kernel with a chain form, choosing
+    // an int8 kernel here makes it hand its output over quantized: this layer then runs without
+    // its quantize kernel (timed so: qx_ holds this input quantized, from the availability runs
+    // above), and the previous layer's GEMM writes int8 instead of 16 bits, which can cost more
+    // or less (cuSPARSELt's int8-output kernel is another kernel): that difference, timed here
+    // on the previous layer, is added to this layer's int8 candidates. The output side stays
+    // as run alone (16-bit output): the next layer has not chosen yet.
+    const bool handed_in = prev_ && prev_->hands_over(B, lt) && run_prev(B, x, true, lt, stream) &&
+                           run_prev(B, x, false, lt, stream);
+    double handover_ms = 0;
+    if (handed_in)
+      handover_ms = time_ms([&] { run_prev(B, x, true, lt, stream); }) -
+                    time_ms([&] { run_prev(B, x, false, lt, stream); });
+    qx_ready_ = -1;
+    for (kc::Candidate& k : c.cand) {
+      if (!k.available) continue;
+      // Each candidate with a 16-bit output, its quantize kernel included unless handed_in.
+      // (Timing the int8 kernels as they run inside a chain before the neighbours had chosen,
+      // input handed over and output int8, chose them where the neighbours then stayed dense
+      // and lost end to end: bench/RESULTS.md.)
+      const bool in8 = handed_in && k.kernel != kc::Kernel::Sparse24 &&
+                       k.kernel != kc::Kernel::Dense;
+      k.ms = time_ms([&] {
+        if (k.kernel == kc::Kernel::Dense) {
+          dense();
+          return;
+        }
+        if (in8) qx_ready_ = B;
+        run(k.kernel, B, x, y, ydt, out_ld, lt, stream);
+      });
+      if (in8) k.ms = std::max(0.0, k.ms + handover_ms);
       qx_ready_ = -1;
     }
     cudaEventDestroy(a);
@@ -547,6 +574,11 @@ bool CompressedLinear::forward(int64_t B, const void* x, void* y, Act ydt, int64
     if (cs != cudaStreamCaptureStatusNone) return false;  // no timing inside a capture: dense
     choose(B, x, y, ydt, out_ld, lt, stream, dense);
     it = choice_.find(B);
+    // From the next run on the previous layer hands its output over quantized: its int8-output
+    // form then runs for the first time, possibly inside a graph capture, where cuSPARSELt
+    // cannot make its plan (it allocates a workspace). Run it once now (it writes qx_, which
+    // this run quantizes anew from x).
+    if (prev_ && takes_int8(B) && prev_->hands_over(B, lt)) run_prev(B, x, true, lt, stream);
   }
   const kc::Kernel k = it->second.cand[it->second.chosen].kernel;
   const bool handed = qx_ready_ == B;  // the previous layer wrote qx_, not x

@@ -162,6 +162,9 @@ class CompressedLinear {
   // Whether this layer, at B rows, hands its output over quantized to next_ once next_ runs an
   // int8 kernel: it chose an int8 kernel that has a chain form (for the choice in context).
   bool hands_over(int64_t B, cuda_lt::Lt& lt);
+  // Runs prev_'s chosen int8 kernel at B from its quantized input, writing x (this layer's
+  // 16-bit input) or, chain_out, this layer's int8 input. False when it did not run.
+  bool run_prev(int64_t B, const void* x, bool chain_out, cuda_lt::Lt& lt, cudaStream_t stream);
   int64_t qx_ready_ = -1;  // the previous layer wrote qx_ for this many rows (its next run)
   std::map<int64_t, Choice> choice_;
 };
