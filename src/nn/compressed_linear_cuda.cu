@@ -40,7 +40,7 @@ __device__ __forceinline__ f16 from_f<f16>(float v) {
 }
 
 // The element-wise kernels index with 32-bit arithmetic (a 64-bit division per element made
-// them instruction-bound): launches check that the element count fits (index_fits).
+// them instruction-bound): a batch whose element count does not fit has no int8 kernel (dense).
 bool index_fits(int64_t n) { return n < (int64_t{1} << 31); }
 
 // qx [B, in_q] = clamp(rint(x * inv), -127, 127) for columns < in_pad, 0 beyond; x [B, in_pad].
@@ -293,9 +293,6 @@ void CompressedLinear::reserve(int64_t rows) {
     rows_ = std::max(rows_, rows);
     return;
   }
-  DLREC_CHECK(index_fits(rows * std::max(in_q_, out_)), "'", name_, "': ", rows,
-              " rows exceed the int8 kernels' 32-bit element indexing (", in_q_, " inputs, ", out_,
-              " outputs)");
   qx_ = Tensor();
   acc_ = Tensor();
   qx_ = device_tensor(rows * in_q_, DType::U8);
@@ -340,6 +337,7 @@ bool CompressedLinear::run_int8(bool sparse, int64_t B, const void* x, void* y, 
                                 int64_t out_ld, cuda_lt::Lt& lt, cudaStream_t stream,
                                 bool chain_out) {
   if (!quantized_ || B > rows_) return false;
+  if (!index_fits(B * std::max(in_q_, out_))) return false;  // dense for such batches
   if (sparse && (!sp_int8_ || B % kSparseTile != 0)) return false;
   if (chain_out && (!next_ || B > next_->rows_ || (sparse && !sp_int8q_))) return false;
   if (sparse && sp_int8_epi_ && !chain_out && (ydt != Act::BF16 || out_ld != out_))
