@@ -135,6 +135,12 @@ std::vector<std::string> GraphCuda::serving_breakdown(const io::Batch& batch, in
   out.push_back("B=" + std::to_string(B) + ": " + std::to_string(chunks) + " chunk(s) of " +
                 std::to_string(chunk) + " rows (bucket " + std::to_string(R) + "), ms per chunk, " +
                 std::to_string(reps) + " reps");
+  // predict()'s own test for the fused small-batch kernel (graph_cuda_infer.cu), once planned.
+  if (chunks == 1 && chunk <= opts_.infer_fused_rows && e_.lowp && fused_ == Fused::On &&
+      (compressed_.empty() || kernel_policy_ != nn::kernel_choice::Policy::Compressed))
+    out.push_back(
+        "  (predict() serves this batch size with the fused small-batch kernel, timed end to "
+        "end above; the layer rows below are the bucketed path's)");
   out.push_back(fmt("  host pack                      %8.4f", 1e3 * pack_s / reps));
   for (auto& [l, ms] : sums) {
     char buf[200];
