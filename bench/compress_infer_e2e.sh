@@ -6,6 +6,9 @@
 #   bash bench/compress_infer_e2e.sh prepare OUT DLREC [CONFIGS]  # CPU: data, a few steps,
 #                                                         # dlrec compress, the 8 exports
 #   bash bench/compress_infer_e2e.sh run OUT DLREC [ITERS]        # GPU: bench infer of each
+#   bash bench/compress_infer_e2e.sh breakdown OUT DLREC [ITERS]  # GPU: the bf16 and 2:4+int8
+#     exports at 2048 and 32768 with --breakdown (where one chunk's time goes: host packing,
+#     the input copy, each layer and dense layer, the captured graph)
 #
 # prepare: 20,000 synthetic Criteo-like rows (13 dense, 26 categorical: the MLPerf layout, so
 # that the GEMM shapes are the MLPerf DLRM's and DCNv2's; the tables are small), 2 steps of
@@ -44,12 +47,14 @@ if [ "$mode" = prepare ]; then
   exit 0
 fi
 
-[ "$mode" = run ] || { echo "mode: prepare or run" >&2; exit 2; }
+[ "$mode" = run ] || [ "$mode" = breakdown ] || { echo "mode: prepare, run or breakdown" >&2; exit 2; }
+batches=1,2048,32768 extra=() exports="bf16 sparse24 int8 sparse24_int8"
+if [ "$mode" = breakdown ]; then batches=2048,32768 extra=(--breakdown) exports="bf16 sparse24_int8"; fi
 for m in $models; do
-  for e in bf16 sparse24 int8 sparse24_int8; do
+  for e in $exports; do
     echo "=== $m $e"
     "$dlrec" bench infer --model "$out/$m/$e" --device cuda:0 --precision bf16 \
-      --batch 1,2048,32768 --iters "$iters" --warmup 5 --kernels fastest 2>&1 |
+      --batch "$batches" --iters "$iters" --warmup 5 --kernels fastest "${extra[@]}" 2>&1 |
       grep -v "^\[bench infer\] model ready" || echo "FAILED $m $e"
   done
 done

@@ -31,6 +31,7 @@ struct InferBenchOptions {
   std::string config, model_dir, device = "cpu", precision = "fp32", batches_arg = "1,2048,32768";
   std::string kernels = "fastest";  // compressed exports on CUDA: the per-layer kernel policy
   int iters = 200, warmup = 20, distinct = 4;
+  bool breakdown = false;  // CUDA: where one chunk of predict() spends its time
   uint64_t seed = 1;
 };
 
@@ -44,6 +45,7 @@ int run_infer_bench(const InferBenchOptions& o) {
   const Device device = Device::parse(o.device);
   io::ShardLayout layout;
   std::function<std::vector<float>(const io::Batch&)> score;
+  std::function<std::vector<std::string>(const io::Batch&)> breakdown;
   std::unique_ptr<train::Predictor> predictor;
   std::unique_ptr<model::Model> m;
   Timer build;
@@ -54,6 +56,7 @@ int run_infer_bench(const InferBenchOptions& o) {
       std::fprintf(stderr, "[bench infer] %s\n", line.c_str());
     layout = predictor->workflow().output_layout();
     score = [&](const io::Batch& b) { return predictor->predict(b); };
+    breakdown = [&](const io::Batch& b) { return predictor->serving_breakdown(b, 20); };
   } else {
     model::RunConfig cfg = o.config.empty() ? model::RunConfig::from_json(parse_json(
                                                   kMlperfDlrm, "the built-in MLPerf DLRM config"))
@@ -71,6 +74,7 @@ int run_infer_bench(const InferBenchOptions& o) {
         cm->predict(b, p.data());
         return p;
       };
+      breakdown = [cm](const io::Batch& b) { return cm->serving_breakdown(b, 20); };
     }
 #endif
     if (!score)
@@ -108,6 +112,14 @@ int run_infer_bench(const InferBenchOptions& o) {
                 quantile(us, 0.5), quantile(us, 0.9), quantile(us, 0.99), 1e6 * s / o.iters,
                 B * o.iters / s, checksum / o.iters);
     std::fflush(stdout);
+    if (o.breakdown) {
+      const std::vector<std::string> lines =
+          breakdown ? breakdown(batches[0]) : std::vector<std::string>{};
+      if (lines.empty()) std::printf("bench infer: breakdown: not available for this model\n");
+      for (const std::string& line : lines)
+        std::printf("bench infer: breakdown %s\n", line.c_str());
+      std::fflush(stdout);
+    }
   }
   // Compressed layers: the kernel each layer chose per batch size, with every candidate's time.
   if (predictor)
@@ -132,6 +144,10 @@ Runner add_bench_infer(CLI::App* bench) {
   c->add_option("--warmup", o->warmup, "Untimed calls first")->check(CLI::Range(0, 1000000));
   c->add_option("--batches", o->distinct, "Distinct batches, rotated")->check(CLI::Range(1, 1024));
   c->add_option("--seed", o->seed, "Seed of weights and inputs");
+  c->add_flag("--breakdown", o->breakdown,
+              "CUDA: after each batch size, where one chunk of predict() spends its time (host "
+              "packing, input copy, each layer's and dense layer's device time run eagerly, the "
+              "captured graph), 20 runs");
   c->add_option("--kernels", o->kernels,
                 "Compressed exports on CUDA: per-layer kernel policy, fastest (timed per batch "
                 "size; dense is a candidate), compressed or dense")

@@ -448,7 +448,8 @@ void GraphCuda::run_forward() {
           pending = false;
         }
     nodes_[i]->forward(e_);
-    mark(spec_.layers[i].name + " fwd");
+    if (e_.mark_lins) e_.mark(spec_.layers[i].name);  // the serving breakdown
+    else mark(spec_.layers[i].name + " fwd");
   }
   if (pending) DLREC_CUDA_CHECK(cudaStreamWaitEvent(e_.st, join_, 0));
 }

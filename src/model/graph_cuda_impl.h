@@ -58,6 +58,8 @@ class GraphCuda final : public CudaModel {
                       nn::kernel_choice::Policy policy) override;
   void set_kernel_policy(nn::kernel_choice::Policy policy) override;
   std::vector<std::string> kernel_report() override;
+  // Where one chunk of predict() spends its time (graph_cuda_breakdown.cu).
+  std::vector<std::string> serving_breakdown(const io::Batch& batch, int reps) override;
 
  private:
   std::unique_ptr<Node> make_node(const LayerSpec& s, int idx, uint64_t seed);

@@ -39,23 +39,26 @@ __device__ __forceinline__ f16 from_f<f16>(float v) {
   return __float2half_rn(v);
 }
 
+// The element-wise kernels index with 32-bit arithmetic (a 64-bit division per element made
+// them instruction-bound): a batch whose element count does not fit has no int8 kernel (dense).
+bool index_fits(int64_t n) { return n < (int64_t{1} << 31); }
+
 // qx [B, in_q] = clamp(rint(x * inv), -127, 127) for columns < in_pad, 0 beyond; x [B, in_pad].
 // The multiply is rounded alone (no contraction), rint rounds half to even: the CPU's
 // quantize_value. Four int8 per thread (in_q is a multiple of 16).
 template <class T>
-__global__ void quantize_kernel(const T* __restrict__ x, int64_t B, int64_t in_pad, int64_t in_q,
-                                float inv, char4* __restrict__ q) {
-  const int64_t per_row = in_q / 4, n = B * per_row;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / per_row, c0 = (i % per_row) * 4;
+__global__ void quantize_kernel(const T* __restrict__ x, uint32_t B, uint32_t in_pad,
+                                uint32_t in_q, float inv, char4* __restrict__ q) {
+  const uint32_t per_row = in_q / 4, n = B * per_row;
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const uint32_t r = i / per_row, c0 = (i - r * per_row) * 4;
     signed char v[4];
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-      const int64_t c = c0 + t;
+      const uint32_t c = c0 + t;
       float f = 0.f;
       if (c < in_pad) {
-        f = rintf(__fmul_rn(to_f(x[r * in_pad + c]), inv));
+        f = rintf(__fmul_rn(to_f(x[static_cast<int64_t>(r) * in_pad + c]), inv));
         f = fminf(127.f, fmaxf(-127.f, f));
       }
       v[t] = static_cast<signed char>(f);
@@ -69,15 +72,14 @@ __global__ void quantize_kernel(const T* __restrict__ x, int64_t B, int64_t in_p
 // std::max(v, 0) (v < 0 ? 0 : v).
 template <class A, class Y>
 __global__ void dequantize_kernel(const A* __restrict__ acc, const float* __restrict__ deq,
-                                  const float* __restrict__ bias, bool relu, int64_t B, int64_t out,
-                                  int64_t out_ld, Y* __restrict__ y) {
-  const int64_t n = B * out;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / out, j = i % out;
+                                  const float* __restrict__ bias, bool relu, uint32_t B,
+                                  uint32_t out, uint32_t out_ld, Y* __restrict__ y) {
+  const uint32_t n = B * out;
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const uint32_t r = i / out, j = i - r * out;
     float v = __fadd_rn(__fmul_rn(to_f(acc[i]), deq[j]), bias ? bias[j] : 0.f);
     if (relu && v < 0.f) v = 0.f;
-    y[r * out_ld + j] = from_f<Y>(v);
+    y[static_cast<int64_t>(r) * out_ld + j] = from_f<Y>(v);
   }
 }
 
@@ -260,6 +262,7 @@ void CompressedLinear::set_next(CompressedLinear* next, cudaStream_t stream) {
               " outputs");
   if (!fused_ || !quantized_ || !next->quantized_) return;  // nothing to hand over
   next_ = next;
+  next->prev_ = this;
   // Requantizing with next's input scale: q = relu(acc * deq[j] / sx' + b[j] / sx'), the
   // reference's relu(acc * deq[j] + b[j]) * (1 / sx') up to rounding (sx' > 0).
   std::vector<float> ra(static_cast<size_t>(out_)), rb(static_cast<size_t>(out_), 0.f);
@@ -334,6 +337,7 @@ bool CompressedLinear::run_int8(bool sparse, int64_t B, const void* x, void* y, 
                                 int64_t out_ld, cuda_lt::Lt& lt, cudaStream_t stream,
                                 bool chain_out) {
   if (!quantized_ || B > rows_) return false;
+  if (!index_fits(B * std::max(in_q_, out_))) return false;  // dense for such batches
   if (sparse && (!sp_int8_ || B % kSparseTile != 0)) return false;
   if (chain_out && (!next_ || B > next_->rows_ || (sparse && !sp_int8q_))) return false;
   if (sparse && sp_int8_epi_ && !chain_out && (ydt != Act::BF16 || out_ld != out_))
@@ -362,7 +366,8 @@ bool CompressedLinear::run_int8(bool sparse, int64_t B, const void* x, void* y, 
     with_act(act_, [&](auto* h) {
       using X = std::remove_pointer_t<decltype(h)>;
       quantize_kernel<<<blocks_for(B * in_q_ / 4), 256, 0, stream>>>(
-          static_cast<const X*>(x), B, in_pad_, in_q_, inv_x_, static_cast<char4*>(qx_.raw()));
+          static_cast<const X*>(x), static_cast<uint32_t>(B), static_cast<uint32_t>(in_pad_),
+          static_cast<uint32_t>(in_q_), inv_x_, static_cast<char4*>(qx_.raw()));
     });
     DLREC_CUDA_CHECK(cudaGetLastError());
   }
@@ -400,13 +405,15 @@ bool CompressedLinear::run_int8(bool sparse, int64_t B, const void* x, void* y, 
   with_act(ydt, [&](auto* h) {
     using Y = std::remove_pointer_t<decltype(h)>;
     const float* deq = static_cast<const float*>(deq_.raw());
+    const auto b32 = static_cast<uint32_t>(B), o32 = static_cast<uint32_t>(out_),
+               ld32 = static_cast<uint32_t>(out_ld);
     if (sparse)
       dequantize_kernel<<<blocks_for(B * out_), 256, 0, stream>>>(
-          static_cast<const bf16*>(acc_.raw()), deq, bias_, relu_, B, out_, out_ld,
+          static_cast<const bf16*>(acc_.raw()), deq, bias_, relu_, b32, o32, ld32,
           static_cast<Y*>(y));
     else
       dequantize_kernel<<<blocks_for(B * out_), 256, 0, stream>>>(
-          static_cast<const int32_t*>(acc_.raw()), deq, bias_, relu_, B, out_, out_ld,
+          static_cast<const int32_t*>(acc_.raw()), deq, bias_, relu_, b32, o32, ld32,
           static_cast<Y*>(y));
   });
   DLREC_CUDA_CHECK(cudaGetLastError());
@@ -417,6 +424,26 @@ bool CompressedLinear::chain_form_exists(bool sparse, int64_t B, cuda_lt::Lt& lt
   if (!next_) return false;
   if (sparse) return sp_int8q_ != nullptr;
   return lt.supported(int8_gemm(B, act_, out_, true));
+}
+
+bool CompressedLinear::hands_over(int64_t B, cuda_lt::Lt& lt) {
+  auto it = choice_.find(B);
+  if (!next_ || it == choice_.end() || B > rows_ || B > next_->rows_) return false;
+  const kc::Kernel k = it->second.cand[it->second.chosen].kernel;
+  if (k != kc::Kernel::Int8 && k != kc::Kernel::Sparse24Int8) return false;
+  return chain_form_exists(k == kc::Kernel::Sparse24Int8, B, lt);
+}
+
+bool CompressedLinear::run_prev(int64_t B, const void* x, bool chain_out, cuda_lt::Lt& lt,
+                                cudaStream_t stream) {
+  const Choice& pc = prev_->choice_.at(B);
+  const bool sparse = pc.cand[pc.chosen].kernel == kc::Kernel::Sparse24Int8;
+  prev_->qx_ready_ = B;
+  const bool ok = prev_->run_int8(sparse, B, nullptr, const_cast<void*>(x), act_, in_pad_, lt,
+                                  stream, chain_out);
+  prev_->qx_ready_ = -1;
+  qx_ready_ = -1;
+  return ok;
 }
 
 bool CompressedLinear::run(kc::Kernel k, int64_t B, const void* x, void* y, Act ydt, int64_t out_ld,
@@ -477,30 +504,55 @@ CompressedLinear::Choice& CompressedLinear::choose(int64_t B, const void* x, voi
     cudaEvent_t a, b;
     DLREC_CUDA_CHECK(cudaEventCreate(&a));
     DLREC_CUDA_CHECK(cudaEventCreate(&b));
-    constexpr int kWarm = 2, kTrials = 3, kReps = 5;
-    for (kc::Candidate& k : c.cand) {
-      if (!k.available) continue;
-      // Each candidate alone: its quantize kernel included and a 16-bit output. (Timing the
-      // int8 kernels as they run inside a chain, input handed over and output int8, chose
-      // them where the neighbours then stayed dense and lost end to end: bench/RESULTS.md.)
-      auto once = [&] {
-        if (k.kernel == kc::Kernel::Dense)
-          dense();
-        else
-          run(k.kernel, B, x, y, ydt, out_ld, lt, stream);
-      };
-      for (int w = 0; w < kWarm; ++w) once();
+    // Milliseconds per call of f: 2 warm-up calls, then the best of 3 trials of 5 calls.
+    auto time_ms = [&](const std::function<void()>& f) {
+      constexpr int kWarm = 2, kTrials = 3, kReps = 5;
+      for (int w = 0; w < kWarm; ++w) f();
       float best = -1.f;
       for (int t = 0; t < kTrials; ++t) {
         DLREC_CUDA_CHECK(cudaEventRecord(a, stream));
-        for (int r = 0; r < kReps; ++r) once();
+        for (int r = 0; r < kReps; ++r) f();
         DLREC_CUDA_CHECK(cudaEventRecord(b, stream));
         DLREC_CUDA_CHECK(cudaEventSynchronize(b));
         float ms = 0.f;
         DLREC_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
         if (best < 0 || ms < best) best = ms;
       }
-      k.ms = best / kReps;
+      return static_cast<double>(best) / kReps;
+    };
+    // In context, on the input side: the layers choose in forward order, so the previous layer
+    // of a chain has chosen already. Where it runs an int8 kernel with a chain form, choosing
+    // an int8 kernel here makes it hand its output over quantized: this layer then runs without
+    // its quantize kernel (timed so: qx_ holds this input quantized, from the availability runs
+    // above), and the previous layer's GEMM writes int8 instead of 16 bits, which can cost more
+    // or less (cuSPARSELt's int8-output kernel is another kernel): that difference, timed here
+    // on the previous layer, is added to this layer's int8 candidates. The output side stays
+    // as run alone (16-bit output): the next layer has not chosen yet.
+    const bool handed_in = prev_ && prev_->hands_over(B, lt) && run_prev(B, x, true, lt, stream) &&
+                           run_prev(B, x, false, lt, stream);
+    double handover_ms = 0;
+    if (handed_in)
+      handover_ms = time_ms([&] { run_prev(B, x, true, lt, stream); }) -
+                    time_ms([&] { run_prev(B, x, false, lt, stream); });
+    qx_ready_ = -1;
+    for (kc::Candidate& k : c.cand) {
+      if (!k.available) continue;
+      // Each candidate with a 16-bit output, its quantize kernel included unless handed_in.
+      // (Timing the int8 kernels as they run inside a chain before the neighbours had chosen,
+      // input handed over and output int8, chose them where the neighbours then stayed dense
+      // and lost end to end: bench/RESULTS.md.)
+      const bool in8 = handed_in && k.kernel != kc::Kernel::Sparse24 &&
+                       k.kernel != kc::Kernel::Dense;
+      k.ms = time_ms([&] {
+        if (k.kernel == kc::Kernel::Dense) {
+          dense();
+          return;
+        }
+        if (in8) qx_ready_ = B;
+        run(k.kernel, B, x, y, ydt, out_ld, lt, stream);
+      });
+      if (in8) k.ms = std::max(0.0, k.ms + handover_ms);
+      qx_ready_ = -1;
     }
     cudaEventDestroy(a);
     cudaEventDestroy(b);
@@ -520,6 +572,11 @@ bool CompressedLinear::forward(int64_t B, const void* x, void* y, Act ydt, int64
     if (cs != cudaStreamCaptureStatusNone) return false;  // no timing inside a capture: dense
     choose(B, x, y, ydt, out_ld, lt, stream, dense);
     it = choice_.find(B);
+    // From the next run on the previous layer hands its output over quantized: its int8-output
+    // form then runs for the first time, possibly inside a graph capture, where cuSPARSELt
+    // cannot make its plan (it allocates a workspace). Run it once now (it writes qx_, which
+    // this run quantizes anew from x).
+    if (prev_ && takes_int8(B) && prev_->hands_over(B, lt)) run_prev(B, x, true, lt, stream);
   }
   const kc::Kernel k = it->second.cand[it->second.chosen].kernel;
   const bool handed = qx_ready_ == B;  // the previous layer wrote qx_, not x

@@ -101,6 +101,13 @@ class CompressedLinear {
     auto it = choice_.find(B);
     return it != choice_.end() && it->second.cand[it->second.chosen].kernel == kc::Kernel::Dense;
   }
+  // The kernel's name ("dense", "2:4", "int8", "2:4-int8") that runs at B rows: "dense" before
+  // the choice and under the dense policy.
+  const char* kernel_at(int64_t B) const {
+    auto it = choice_.find(B);
+    if (policy_ == kc::Policy::Dense || it == choice_.end()) return "dense";
+    return kc::kernel_name(it->second.cand[it->second.chosen].kernel);
+  }
   const std::string& name() const { return name_; }
   kc::Policy policy() const { return policy_; }
   void set_policy(kc::Policy p) {
@@ -151,6 +158,13 @@ class CompressedLinear {
   Tensor acc_;                        // int32 [rows, out] (or bf16 for 2:4-int8)
   int64_t rows_ = 0;
   CompressedLinear* next_ = nullptr;  // set_next
+  CompressedLinear* prev_ = nullptr;  // the layer whose set_next named this one
+  // Whether this layer, at B rows, hands its output over quantized to next_ once next_ runs an
+  // int8 kernel: it chose an int8 kernel that has a chain form (for the choice in context).
+  bool hands_over(int64_t B, cuda_lt::Lt& lt);
+  // Runs prev_'s chosen int8 kernel at B from its quantized input, writing x (this layer's
+  // 16-bit input) or, chain_out, this layer's int8 input. False when it did not run.
+  bool run_prev(int64_t B, const void* x, bool chain_out, cuda_lt::Lt& lt, cudaStream_t stream);
   int64_t qx_ready_ = -1;  // the previous layer wrote qx_ for this many rows (its next run)
   std::map<int64_t, Choice> choice_;
 };

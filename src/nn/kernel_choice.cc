@@ -79,15 +79,15 @@ size_t choose(const std::vector<Candidate>& c, Policy p) {
         if (c[i].kernel == k && c[i].available) return i;
     return 0;
   }
+  // Nothing timed for dense: keep dense (never an unmeasured comparison).
+  if (c[0].ms < 0) return 0;
   size_t best = 0;
   for (size_t i = 1; i < c.size(); ++i) {
     if (!c[i].available || c[i].ms < 0) continue;
-    // Strictly faster than the best so far (dense first, so ties keep dense).
-    if (c[best].ms < 0 || c[i].ms < c[best].ms) best = i;
+    if (best == 0 || c[i].ms < c[best].ms) best = i;  // the fastest compressed candidate
   }
-  // Nothing timed for dense: keep dense unless dense itself was timed (never slower than it).
-  if (c[0].ms < 0) return 0;
-  return best;
+  // It replaces dense only by a clear margin (kMinGain): ties and near-ties keep dense.
+  return best != 0 && c[best].ms <= (1.0 - kMinGain) * c[0].ms ? best : 0;
 }
 
 void check_mask_2_4(const std::string& layer, const float* mask, int64_t out, int64_t in) {

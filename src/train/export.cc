@@ -401,6 +401,16 @@ void Predictor::set_kernel_policy(const std::string& policy) {
 
 std::vector<std::string> Predictor::kernel_report() { return impl_->model->kernel_report(); }
 
+std::vector<std::string> Predictor::serving_breakdown(const io::Batch& batch, int reps) {
+#ifdef DLREC_WITH_CUDA
+  auto* cm = dynamic_cast<model::CudaModel*>(impl_->model.get());
+  if (cm && !impl_->gpu_cache) return cm->serving_breakdown(batch, reps);
+#endif
+  (void)batch;
+  (void)reps;
+  return {};
+}
+
 store::EmbeddingStore* Predictor::store() {
   return impl_->staged ? &impl_->staged->store() : nullptr;
 }

@@ -436,6 +436,100 @@ TEST(CompressedEngineCuda, CompressedExportMatchesTheCpuInt8Engine) {
   std::printf("bf16 compressed policy: max |p - cpu| %.3g\n", cd);
 }
 
+namespace {
+
+// A DLRM whose top.1 (256 x 256) and top.2 (128 x 256) take the 2:4 kernels (widths multiples
+// of 128), pruned and quantized: under the "compressed" policy they form a 2:4-int8 chain.
+const std::string& chain_model() {
+  static std::string model = [] {
+    const std::string dir = root() + "/chain";
+    fs::remove_all(dir);
+    make_dirs(dir);
+    const std::string data = dlrec::testing::make_compress_data(dir, 13, 3000, 7, {50, 200});
+    const model::RunConfig cfg = model::RunConfig::from_json(parse_json(R"({
+      "model": {"arch": "dlrm", "embedding_dim": 16, "bottom_mlp": [64, 16],
+                "top_mlp": [256, 256, 128, 1], "interaction": "dot"},
+      "optimizer": {"type": "adagrad", "lr": 0.01},
+      "train": {"batch_size": 256, "epochs": 1, "log_every": 0}})",
+                                                                        "test config"));
+    train::TrainerOptions opt;
+    opt.data_dir = data;
+    opt.run_dir = dir + "/run";
+    train::Trainer(cfg, opt).train();
+    std::string text;
+    const std::string out = dir + "/model";
+    if (run_cli("compress --run " + opt.run_dir + " --out " + dir + "/pruned --skip-incompatible",
+                &text) != 0 ||
+        run_cli("compress --run " + dir + "/pruned --out " + out +
+                    " --quantize --calibration max --calib-batches 2 --calib-batch-size 500",
+                &text) != 0) {
+      ADD_FAILURE() << text;
+      return std::string();
+    }
+    return out;
+  }();
+  return model;
+}
+
+}  // namespace
+
+// `dlrec bench infer --breakdown`: every dense layer of the served compressed export is listed
+// with the kernel it runs, beside the host packing, the input copy and the captured graph; the
+// device phases add up to the eager total. A 2:4-int8 chain (top.1 hands top.2 its input
+// quantized) is captured in the serving graph: its int8-output kernel first ran outside the
+// capture (cuSPARSELt makes its plan, with a workspace allocation, on first use; inside a
+// capture that failed and the model served eagerly).
+TEST(CompressedEngineCuda, ServingBreakdownListsEveryLayerWithItsKernel) {
+  REQUIRE_GPU();
+  if (!file_exists(dlrec_bin())) GTEST_SKIP() << "the dlrec binary is not built";
+  std::string why;
+  const bool sparse_ok = nn::cuda_sparse::available(&why);
+  const std::string& model = chain_model();
+  ASSERT_FALSE(model.empty());
+  const std::string data = root() + "/chain/data";
+  const io::Batch b = valid_batch(data, 400);
+  train::Predictor gpu(model, Device::cuda(0), "bf16");
+  gpu.set_kernel_policy("compressed");
+  gpu.predict(b);  // chooses the kernels (eager, unchained), captures the chained graph
+  const std::vector<float> p2 = gpu.predict(b);
+  dlrec::testing::expect_error([&] { gpu.serving_breakdown(b, 0); }, {"reps must be >= 1"});
+  const std::vector<std::string> lines = gpu.serving_breakdown(b, 3);
+  std::string all;
+  for (const auto& l : lines) all += l + "\n";
+  std::printf("%s", all.c_str());
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines[0].find("B=400: 1 chunk(s) of 400 rows (bucket 512)"), std::string::npos) << all;
+  for (const char* want : {"host pack", "copy in", "emb", "inter", "sigmoid, copy out",
+                           "bottom.0 [", "top.0 [", "top.3 [", "device, captured graph"})
+    EXPECT_NE(all.find(want), std::string::npos) << want << " missing in\n" << all;
+  EXPECT_EQ(all.find("n/a (not captured"), std::string::npos) << all;
+  if (sparse_ok) {
+    EXPECT_NE(all.find("top.1 [2:4-int8]"), std::string::npos) << all;
+    EXPECT_NE(all.find("top.2 [2:4-int8]"), std::string::npos) << all;
+  } else {
+    std::printf("2:4 kernels not checked: no cuSPARSELt (%s)\n", why.c_str());
+  }
+  // The device phases (every line with a percentage but the copy in) add up to 100 %.
+  double pct = 0;
+  for (const auto& l : lines) {
+    const size_t e = l.rfind('%');
+    if (e == std::string::npos || l.find("copy in") != std::string::npos) continue;
+    const size_t s = l.find_last_of(' ', e);
+    pct += std::stod(l.substr(s + 1, e - s - 1));
+  }
+  EXPECT_NEAR(pct, 100.0, 1.0) << all;
+  // The chained, captured serving within the bf16 tolerance of the CPU engine's INT8
+  // predictions (as CompressedExportMatchesTheCpuInt8Engine).
+  train::Predictor cpu(model);
+  const std::vector<float> want = cpu.predict(b);
+  ASSERT_EQ(p2.size(), want.size());
+  double d = 0;
+  for (size_t i = 0; i < want.size(); ++i) d = std::max(d, std::fabs(double(p2[i]) - want[i]));
+  EXPECT_LT(d, 3e-2);
+  // A CPU model has no such path.
+  EXPECT_TRUE(cpu.serving_breakdown(b, 3).empty());
+}
+
 TEST(CompressedEngineCuda, MaskThatIsNot24IsAnErrorNamingTheLayer) {
   REQUIRE_GPU();
   model::RunConfig cfg = model::RunConfig::from_json(parse_json(R"({

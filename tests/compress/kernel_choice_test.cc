@@ -77,6 +77,12 @@ TEST(KernelChoice, FastestKeepsTheFastestAndNeverASlowerOne) {
   c[2].ms = 1.0;
   c[3].ms = 1.5;
   EXPECT_EQ(choose(c, Policy::Fastest), 0u);
+  // Faster than dense by less than kMinGain (5 %): dense; by more: the compressed kernel.
+  c[2].ms = 0.96;
+  EXPECT_EQ(choose(c, Policy::Fastest), 0u);
+  c[2].ms = 0.94;
+  EXPECT_EQ(c[choose(c, Policy::Fastest)].kernel, Kernel::Int8);
+  c[2].ms = 1.0;
   // An unavailable candidate is never chosen, however fast it was said to be.
   c[3].ms = 0.1;
   c[3].available = false;

@@ -3,6 +3,9 @@
 // (DLREC_WITH_CUDA).
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "dlrec/model/model.h"
 
 namespace dlrec::model {
@@ -23,6 +26,16 @@ class CudaModel : public Model {
   // Blocks until done.
   // Not to be called concurrently with itself or with training on the same model.
   virtual void predict(const io::Batch& batch, float* probs) = 0;
+  // Where predict() spends its time on one chunk of `batch` (`dlrec bench infer --breakdown`):
+  // lines of host packing, input copy, each layer's (and each dense layer's, with its kernel)
+  // device time run eagerly, and the captured graph's time, in ms per chunk over `reps` runs.
+  // Call predict() with the batch first (the kernels chosen, the graph captured). Empty where
+  // the model has no such path.
+  virtual std::vector<std::string> serving_breakdown(const io::Batch& batch, int reps) {
+    (void)batch;
+    (void)reps;
+    return {};
+  }
 };
 
 }  // namespace dlrec::model

@@ -40,9 +40,16 @@ struct Candidate {
 std::vector<Candidate> candidates(bool masked, bool quantized, bool half_engine, bool sparse_ok,
                                   const std::string& sparse_why);
 
+// Under Fastest a compressed kernel replaces dense only where its time is at most
+// (1 - kMinGain) of dense's: each is timed alone, and a near-tie there was seen to lose inside
+// the forward (a DCNv2 bottom layer's 2:4 kernel, 3 % faster alone at 2048 rows, took twice
+// dense's time between its neighbours; bench/RESULTS.md).
+constexpr double kMinGain = 0.05;
+
 // The index of the kernel to keep: under Fastest the available timed candidate with the least
-// time (dense on ties and when nothing else was timed); under Compressed the most compressed
-// available one; under Dense the dense one. candidates[0] must be the dense one.
+// time if it beats dense by kMinGain, else dense (also when dense was not timed); under
+// Compressed the most compressed available one; under Dense the dense one. candidates[0] must
+// be the dense one.
 size_t choose(const std::vector<Candidate>& c, Policy p);
 
 // Checks that a mask (0/1 values of a weight [out, in], row-major) is 2:4 along `in`: at most 2

@@ -90,6 +90,9 @@ class Predictor {
   // candidates and choices made so far (empty for other models).
   void set_kernel_policy(const std::string& policy);
   std::vector<std::string> kernel_report();
+  // A CUDA model's breakdown of predict() on one chunk of `batch` (CudaModel::serving_breakdown;
+  // `dlrec bench infer --breakdown`); empty for other models and behind the GPU cache.
+  std::vector<std::string> serving_breakdown(const io::Batch& batch, int reps);
   // What each tier and the model will hold in memory (dlrec predict --plan), one line each.
   std::string memory_plan();
   // Parses raw text lines (as in the logs, the schema's format) and scores them; `source`

@@ -101,6 +101,8 @@ struct Lin {
   // Serving a compressed export (GraphCuda::set_compressed): the layer's 2:4 / int8 kernels and
   // their per-batch-size choice; null: dense only.
   std::shared_ptr<nn::cuda_compress::CompressedLinear> comp;
+  // The weight's name ("top.0.weight"), set where a report needs it (the serving breakdown).
+  std::string name;
 };
 
 struct NamedState {
@@ -170,6 +172,9 @@ struct Engine {
   lt::Lt* comp_lt = nullptr;
   // DLREC_PROFILE=1: records a named event on st (sub-phases of a layer); null otherwise.
   std::function<void(const std::string&)> mark;
+  // The serving breakdown (GraphCuda::serving_breakdown): mark also after each dense layer's
+  // forward (lin_forward), labelled with its name and kernel.
+  bool mark_lins = false;
   bool dense_adagrad = false, emb_adagrad = false;
   float eps = 1e-8f, init_acc = 0.f, emb_eps = 1e-8f, emb_init_acc = 0.f;
   std::vector<Value> vals;
@@ -281,6 +286,13 @@ struct Engine {
 
   // y [B, out] (rows out_ld apart, type ydt) = x W^T + b, ReLU when l.relu.
   void lin_forward(Lin& l, const void* x, void* y, DType ydt) {
+    lin_forward_any(l, x, y, ydt);
+    if (mark_lins && mark) {
+      const char* k = l.comp ? l.comp->kernel_at(B) : "dense";
+      mark((l.name.empty() ? std::string("linear") : l.name) + " [" + k + "]");
+    }
+  }
+  void lin_forward_any(Lin& l, const void* x, void* y, DType ydt) {
     l.x = x;
     l.aux_written = false;
     if (B == 0) return;
