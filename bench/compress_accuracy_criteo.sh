@@ -2,18 +2,25 @@
 # Issue 21 accuracy on the 10,000-row Criteo sample (../shared/data): bench/compress_accuracy.sh
 # on DLRM (configs/criteo_sample.json) and DCNv2 (the same training settings, DCNv2 small's
 # model), several seeds each, since AUC on 2,000 validation rows is noisy. ETL as
-# bench/criteo_sample.sh: first 8,000 rows train, last 2,000 validate. Fine-tunes: 125 steps
-# (one epoch of batch 64) at lr 0.03 (a tenth of the training lr), tables frozen.
-# Usage: bench/compress_accuracy_criteo.sh [--seeds "1234 1 2"] [--bin build/bin/dlrec]
-# Prints each run's table, then per variant the mean delta vs dense and its min/max over seeds.
+# bench/criteo_sample.sh: first 8,000 rows train, last 2,000 validate. Fine-tunes (tables
+# frozen): by default 125 steps (one epoch of batch 64) at lr 0.03 (a tenth of the training
+# lr); `--ft-steps 500 --ft-lr 0.3` runs the training schedule again, as NVIDIA's ASP recipe
+# retrains a 2:4-pruned model (bench/RESULTS.md compares the recipes).
+# Usage: bench/compress_accuracy_criteo.sh [--seeds "1234 1 2"] [--ft-steps 125] [--ft-lr 0.03]
+#        [--bin build/bin/dlrec]
+# Prints each run's table, then per variant the mean delta vs dense, its standard error over
+# the seeds and its min/max.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 BIN=$here/build/bin/dlrec
 DATA=$here/../shared/data/criteo/day_0.part.tsv
 seeds="1234 1 2"
+ft_steps=125 ft_lr=0.03
 while [ $# -gt 0 ]; do
   case "$1" in
     --seeds) seeds=$2; shift 2 ;;
+    --ft-steps) ft_steps=$2; shift 2 ;;
+    --ft-lr) ft_lr=$2; shift 2 ;;
     --bin) BIN=$2; shift 2 ;;
     --data) DATA=$2; shift 2 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
@@ -38,7 +45,7 @@ for model in dlrm dcnv2; do
   for seed in $seeds; do
     echo "== $model seed $seed"
     bash "$here/bench/compress_accuracy.sh" --bin "$BIN" --data "$work/data" --config "$config" \
-      --work "$work/$model.$seed" --keep --seed "$seed" --ft-steps 125 --ft-lr 0.03 2>/dev/null
+      --work "$work/$model.$seed" --keep --seed "$seed" --ft-steps "$ft_steps" --ft-lr "$ft_lr" 2>/dev/null
     cp "$work/$model.$seed/results.tsv" "$work/res.$model.$seed.tsv"
     rm -rf "$work/$model.$seed"
   done
@@ -52,12 +59,13 @@ for model in ("dlrm", "dcnv2"):
         r = dict(l.rstrip("\n").split("\t") for l in open(f"{work}/res.{model}.{s}.tsv") if l.strip())
         runs.append({k: float(v) for k, v in r.items()})
     print(f"\n{model}: dense AUC over seeds {[round(r['dense'], 5) for r in runs]}")
-    print("| variant | mean delta vs dense | min | max |")
-    print("|---|---|---|---|")
+    print("| variant | mean delta vs dense | standard error | min | max |")
+    print("|---|---|---|---|---|")
     for k in runs[0]:
         if k.startswith("dense"):
             continue
         ref = "dense_6digits" if k.startswith(("ptq_", "tables_")) else "dense"
         d = [r[k] - r.get(ref, r["dense"]) for r in runs]
-        print(f"| {k} | {statistics.mean(d):+.5f} | {min(d):+.5f} | {max(d):+.5f} |")
+        se = statistics.stdev(d) / len(d) ** 0.5 if len(d) > 1 else float("nan")
+        print(f"| {k} | {statistics.mean(d):+.5f} | {se:.5f} | {min(d):+.5f} | {max(d):+.5f} |")
 PY
