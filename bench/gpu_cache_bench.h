@@ -126,4 +126,51 @@ struct CacheCounters {
   }
 };
 
+// The options both benches take (`--name value` pairs; --threads: the host threads, 0 = all).
+struct BenchArgs {
+  int tables = 8, dim = 64, iters = 300, warmup_batches = 2000, threads = 0;
+  int64_t rows = 1 << 22;
+  double fraction = 0.1, threshold = 0.9;
+  std::string eviction = "lfu", alphas = "1.05,1.2", batches = "1,2048,32768";
+};
+// Reads argv into `a`; false (after a message naming `prog`) on an unknown option or a
+// missing value.
+inline bool parse_bench_args(int argc, char** argv, const char* prog, BenchArgs& a) {
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s: %s needs a value\n", prog, k.c_str());
+      return false;
+    }
+    const std::string v = argv[i + 1];
+    if (k == "--tables")
+      a.tables = std::stoi(v);
+    else if (k == "--rows")
+      a.rows = std::stoll(v);
+    else if (k == "--dim")
+      a.dim = std::stoi(v);
+    else if (k == "--iters")
+      a.iters = std::stoi(v);
+    else if (k == "--warmup-batches")
+      a.warmup_batches = std::stoi(v);
+    else if (k == "--fraction")
+      a.fraction = std::stod(v);
+    else if (k == "--threshold")
+      a.threshold = std::stod(v);
+    else if (k == "--eviction")
+      a.eviction = v;
+    else if (k == "--alpha")
+      a.alphas = v;
+    else if (k == "--batch")
+      a.batches = v;
+    else if (k == "--threads")
+      a.threads = std::stoi(v);
+    else {
+      std::fprintf(stderr, "%s: unknown option %s\n", prog, k.c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace dlrec::bench

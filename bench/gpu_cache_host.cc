@@ -47,12 +47,7 @@ class HostRows final : public store::DeviceRows {
   std::vector<std::vector<float>> data_;
 };
 
-struct Args {
-  int tables = 8, dim = 64, iters = 300, warmup_batches = 2000, threads = 0;
-  int64_t rows = 1 << 22;
-  double fraction = 0.1, threshold = 0.9;
-  std::string eviction = "lfu", alphas = "1.05,1.2", batches = "1,2048,32768";
-};
+using Args = BenchArgs;
 
 int run(const Args& a) {
   if (a.threads > 0) set_num_threads(a.threads);
@@ -129,40 +124,7 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string k = argv[i];
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "gpu_cache_host: %s needs a value\n", k.c_str());
-      return 2;
-    }
-    const std::string v = argv[i + 1];
-    if (k == "--tables")
-      a.tables = std::stoi(v);
-    else if (k == "--rows")
-      a.rows = std::stoll(v);
-    else if (k == "--dim")
-      a.dim = std::stoi(v);
-    else if (k == "--iters")
-      a.iters = std::stoi(v);
-    else if (k == "--warmup-batches")
-      a.warmup_batches = std::stoi(v);
-    else if (k == "--fraction")
-      a.fraction = std::stod(v);
-    else if (k == "--threshold")
-      a.threshold = std::stod(v);
-    else if (k == "--eviction")
-      a.eviction = v;
-    else if (k == "--alpha")
-      a.alphas = v;
-    else if (k == "--batch")
-      a.batches = v;
-    else if (k == "--threads")
-      a.threads = std::stoi(v);
-    else {
-      std::fprintf(stderr, "gpu_cache_host: unknown option %s\n", k.c_str());
-      return 2;
-    }
-  }
+  if (!parse_bench_args(argc, argv, "gpu_cache_host", a)) return 2;
   try {
     if (a.tables < 1 || a.rows < 1 || a.dim < 1 || a.iters < 1)
       fail("--tables, --rows, --dim and --iters must be >= 1");

@@ -21,6 +21,7 @@
 #include "dlrec/core/config.h"
 #include "dlrec/core/device.h"
 #include "dlrec/core/error.h"
+#include "dlrec/core/thread_pool.h"
 #include "dlrec/model/cuda_model.h"
 #include "dlrec/model/model.h"
 #include "dlrec/store/gpu_cache.h"
@@ -31,15 +32,11 @@ using namespace dlrec::bench;
 
 namespace {
 
-struct Args {
-  int tables = 8, dim = 64, iters = 300, warmup_batches = 2000;
-  int64_t rows = 1 << 22;
-  double fraction = 0.1, threshold = 0.9;
-  std::string eviction = "lfu", alphas = "1.05,1.2", batches = "1,2048,32768";
-};
+using Args = BenchArgs;
 
 int run(const Args& a) {
   DLREC_CHECK(cuda::device_count() > 0, "serve_gpu_cache: no CUDA device");
+  if (a.threads > 0) set_num_threads(a.threads);
   const Device dev = Device::cuda(0);
   const json cfg_json =
       parse_json(R"({"model": {"arch": "dlrm", "embedding_dim": )" + std::to_string(a.dim) +
@@ -210,33 +207,7 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--tables")
-      a.tables = std::stoi(v);
-    else if (k == "--rows")
-      a.rows = std::stoll(v);
-    else if (k == "--dim")
-      a.dim = std::stoi(v);
-    else if (k == "--iters")
-      a.iters = std::stoi(v);
-    else if (k == "--warmup-batches")
-      a.warmup_batches = std::stoi(v);
-    else if (k == "--fraction")
-      a.fraction = std::stod(v);
-    else if (k == "--threshold")
-      a.threshold = std::stod(v);
-    else if (k == "--eviction")
-      a.eviction = v;
-    else if (k == "--alpha")
-      a.alphas = v;
-    else if (k == "--batch")
-      a.batches = v;
-    else {
-      std::fprintf(stderr, "serve_gpu_cache: unknown option %s\n", k.c_str());
-      return 2;
-    }
-  }
+  if (!parse_bench_args(argc, argv, "serve_gpu_cache", a)) return 2;
   try {
     return run(a);
   } catch (const std::exception& e) {
