@@ -189,6 +189,14 @@ inline bool parse_bench_args(int argc, char** argv, const char* prog, BenchArgs&
       return false;
     }
   }
+  if (a.tables < 1 || a.rows < 1 || a.dim < 1 || a.iters < 1 || a.warmup_batches < 0 ||
+      a.baseline_rows < 0 || !(a.fraction > 0 && a.fraction <= 1)) {
+    std::fprintf(stderr,
+                 "%s: --tables, --rows, --dim and --iters must be >= 1, --warmup-batches and "
+                 "--baseline-rows >= 0, --fraction in (0, 1]\n",
+                 prog);
+    return false;
+  }
   return true;
 }
 

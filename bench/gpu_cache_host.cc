@@ -126,8 +126,6 @@ int main(int argc, char** argv) {
   Args a;
   if (!parse_bench_args(argc, argv, "gpu_cache_host", a)) return 2;
   try {
-    if (a.tables < 1 || a.rows < 1 || a.dim < 1 || a.iters < 1)
-      fail("--tables, --rows, --dim and --iters must be >= 1");
     return run(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpu_cache_host: %s\n", e.what());
