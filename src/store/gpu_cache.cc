@@ -250,13 +250,20 @@ GpuCache::GpuCache(EmbeddingStore& store, const StoreConfig& config, GpuCacheSiz
   }
   for (size_t k = 0; k < F; ++k) maps_.emplace_back(sizing_.cache_rows[k], lfu_, feature_rows_[k]);
   work_.resize(F);
-  // Workers for a batch's tasks (F remaps, then T fetches beside F slot map updates), the
+  // Members for a batch's tasks (F remaps, then T fetches beside F slot map updates), the
   // caller being one; they watch for the next batch for 250 us before sleeping.
   const int members =
       std::min<int>(static_cast<int>(store_.tables().size() + F), std::max(1, num_threads()));
-  team_ = std::make_unique<WorkerTeam>(members - 1, std::chrono::microseconds(250));
+  team_ = std::make_unique<SpinTeam>(members, 250);
   inserter_ = std::thread([this] { insert_loop(); });
   store_.on_invalidate([this](int t, const int64_t* ids, int64_t n) { invalidate(t, ids, n); });
+}
+
+void GpuCache::run_tasks(int n, const std::function<void(int)>& fn) {
+  std::atomic<int> next{0};
+  team_->run([&](int) {
+    for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) fn(i);
+  });
 }
 
 GpuCache::~GpuCache() {
@@ -429,7 +436,7 @@ int64_t GpuCache::run(const io::Batch& batch,
     total_ids += static_cast<int64_t>(batch.cat_indices[sizing_.features[k]].size());
   const bool threaded = total_ids >= 4096;
   if (threaded)
-    team_->run(static_cast<int>(F), [&](int k) { remap(batch, static_cast<size_t>(k)); });
+    run_tasks(static_cast<int>(F), [&](int k) { remap(batch, static_cast<size_t>(k)); });
   else
     for (size_t k = 0; k < F; ++k) remap(batch, k);
   int64_t hits = 0, misses = 0, need = 0, hits_w = 0, lookups_w = 0;
@@ -475,7 +482,7 @@ int64_t GpuCache::run(const io::Batch& batch,
   };
   try {
     if (threaded)  // the store is thread-safe; the slot maps are one per feature
-      team_->run(static_cast<int>(T + F), [&](int i) { task(static_cast<size_t>(i)); });
+      run_tasks(static_cast<int>(T + F), [&](int i) { task(static_cast<size_t>(i)); });
     else
       for (size_t i = 0; i < T + F; ++i) task(i);
     const auto t2 = clock::now();

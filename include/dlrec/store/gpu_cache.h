@@ -16,7 +16,7 @@
 // the batch runs and its rows are inserted by a background thread after the request has its
 // answer.
 //
-// The host work of a batch, in order, on the instance's worker team (worker_team.h): the
+// The host work of a batch, in order, on the instance's spin team (core/spin_team.h): the
 // lookups (per feature: each distinct id once, its slot looked up in a flat open-addressing
 // index with the memory access started ahead, as the slot maps of hundreds of MiB miss the
 // caches); then, at the same time, the fetch of the misses (per table, into the pinned buffer
@@ -45,10 +45,10 @@
 #include <utility>
 #include <vector>
 
+#include "dlrec/core/spin_team.h"
 #include "dlrec/io/batch.h"
 #include "dlrec/store/embedding_store.h"
 #include "dlrec/store/flat_id_index.h"
-#include "dlrec/store/worker_team.h"
 
 namespace dlrec::store {
 
@@ -273,7 +273,9 @@ class GpuCache {
   std::vector<int> feature_of_table_;  // index into sizing_.features per store table
   std::vector<int64_t> feature_rows_, tables_of_feature_;  // per feature: its ids, its tables
   std::vector<FeatureWork> work_;
-  std::unique_ptr<WorkerTeam> team_;  // a batch's per-feature and per-table tasks
+  std::unique_ptr<SpinTeam> team_;  // a batch's per-feature and per-table tasks (run_tasks)
+  // fn(0..n-1) on the team, each task taken by the next free member; rethrows the first error.
+  void run_tasks(int n, const std::function<void(int)>& fn);
   std::vector<SlotMap> maps_;
   std::unique_ptr<DeviceRows> rows_;
   std::mutex mu_;  // the instance: a batch, an insert or an invalidation at a time
