@@ -9,10 +9,11 @@ prints): algorithm bandwidth = bytes per rank / time; bus bandwidth as nccl-test
 all-reduce x 2(N-1)/N, all-to-all x (N-1)/N (the part that crosses GPUs).
 """
 import argparse
-import os
 
 import torch
 import torch.distributed as dist
+
+from torch_common import init_ranks
 
 
 def timed(fn, iters, warmup):
@@ -35,10 +36,7 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     a = ap.parse_args()
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl")
-    n, rank = dist.get_world_size(), dist.get_rank()
+    rank, n, _, _ = init_ranks(cuda=True)
     for mb in [int(x) for x in a.mb.split(",")]:
         elems = (mb << 20) // 2 // n * n  # bf16, divisible by the ranks
         x = torch.ones(elems, dtype=torch.bfloat16, device="cuda")
