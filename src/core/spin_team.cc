@@ -28,7 +28,7 @@ SpinTeam::~SpinTeam() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_.store(true);
-    generation_.fetch_add(1);
+    generation_.fetch_add(1);  // no pieces to claim: claim_ stays at the last job's end
   }
   wake_.notify_all();
   for (auto& t : threads_) t.join();
@@ -69,8 +69,26 @@ void SpinTeam::loop(int index) {
     }
     seen = g;
     if (stop_.load()) return;
-    call(index);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    work();
+  }
+}
+
+int SpinTeam::claim() {
+  // A piece of the job posted now: the claim carries the job's generation, so that a member
+  // that wakes after its job was done (by the others) claims nothing of it.
+  uint64_t s = claim_.load(std::memory_order_acquire);
+  while (static_cast<int>(s & 0xffffffffu) < size()) {
+    if (claim_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel,
+                                     std::memory_order_acquire))
+      return static_cast<int>(s & 0xffffffffu);
+  }
+  return -1;
+}
+
+void SpinTeam::work() {
+  for (int i; (i = claim()) >= 0;) {
+    call(i);
+    finished_.fetch_add(1, std::memory_order_acq_rel);
   }
 }
 
@@ -78,16 +96,23 @@ void SpinTeam::run(const std::function<void(int)>& fn) {
   std::lock_guard<std::mutex> one(run_mu_);
   job_ = &fn;
   error_ = nullptr;
-  pending_.store(size() - 1, std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_acq_rel);  // publishes job_ and pending_
+  finished_.store(0, std::memory_order_relaxed);
+  const uint64_t g = generation_.load(std::memory_order_relaxed) + 1;
+  claim_.store(g << 32, std::memory_order_release);  // publishes job_: pieces from 0
+  generation_.store(g, std::memory_order_release);
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (sleeping_ > 0) wake_.notify_all();
   }
-  call(0);
-  for (int k = 0; pending_.load(std::memory_order_acquire) != 0; ++k) {
+  // The caller takes pieces too, so the job never waits for a member to wake up: members that
+  // are awake share the pieces, a sleeping one finds them taken (a wake-up takes tens to
+  // hundreds of microseconds on a virtual machine; a team that waited for every member and
+  // slept between jobs longer apart than spin_us stayed that slow: bench/RESULTS.md).
+  work();
+  // What members claimed is running on them (they are awake): wait for it.
+  for (int k = 0; finished_.load(std::memory_order_acquire) != size(); ++k) {
     DLREC_CPU_RELAX();
-    if (k > (1 << 16)) std::this_thread::yield();  // a descheduled worker: do not burn the core
+    if (k > (1 << 16)) std::this_thread::yield();  // a descheduled member: do not burn the core
   }
   job_ = nullptr;
   if (error_) {

@@ -2,8 +2,10 @@
 // packing at serving batch sizes), where waking pool threads through a condition variable
 // costs more than the work.
 //
-// run(fn) calls fn(i) for i in [0, size()): i = 0 on the caller, the others on the team's
-// threads, and returns when all are done (rethrowing the first exception). After a job the
+// run(fn) calls fn(i) once for each i in [0, size()) and returns when all are done (rethrowing
+// the first exception). The caller and the team's threads take the pieces i from a shared
+// counter, so a piece runs on whichever member is free (the caller included: with every other
+// member asleep the caller runs them all, rather than waiting for wake-ups). After a job the
 // threads spin for `spin_us` microseconds waiting for the next one (a back-to-back caller finds
 // them awake: a dispatch costs an atomic store), then sleep until woken. One run() at a time;
 // concurrent callers are serialised.
@@ -34,12 +36,15 @@ class SpinTeam {
  private:
   void loop(int index);
   void call(int index);
+  int claim();  // the next piece of the current job, or -1
+  void work();  // runs pieces until none is left
 
   const int spin_us_;
   std::mutex run_mu_;  // one run() at a time
   const std::function<void(int)>* job_ = nullptr;
   std::atomic<uint64_t> generation_{0};  // bumped per job; workers start when it changes
-  std::atomic<int> pending_{0};          // workers still running the current job
+  std::atomic<uint64_t> claim_{0};  // the job's generation << 32 | the next piece to take
+  std::atomic<int> finished_{0};    // pieces of the current job done
   std::atomic<bool> stop_{false};
   std::mutex mu_;  // guards sleeping_ and the wake-up
   std::condition_variable wake_;
