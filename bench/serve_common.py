@@ -1,0 +1,52 @@
+"""Helpers shared by the serving benches that drive `dlrec serve` over loopback HTTP
+(bench/serve_store_soak.py, bench/serve_update_load.py). Python standard library only."""
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def run(dlrec, *args):
+    r = subprocess.run([dlrec, *map(str, args)], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"dlrec {' '.join(map(str, args))} failed:\n{r.stdout}\n{r.stderr}")
+    return r.stdout
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_bytes(pid):
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def wait_port(port, seconds=30):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+def infer_body(fields, inputs):
+    ins = []
+    for i, t in enumerate(inputs):
+        col = [f[i + 1] for f in fields]
+        data = [float(v) if v else 0.0 for v in col] if t["datatype"] == "FP32" else col
+        ins.append({"name": t["name"], "datatype": t["datatype"], "shape": [len(fields), 1],
+                    "data": data})
+    return json.dumps({"inputs": ins}).encode()
