@@ -38,14 +38,9 @@ import threading
 import time
 from pathlib import Path
 
+from serve_common import free_port, rss_bytes, run
+
 MB = 1 << 20
-
-
-def run(dlrec, *args):
-    r = subprocess.run([dlrec, *map(str, args)], capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"dlrec {' '.join(map(str, args))} failed:\n{r.stdout}\n{r.stderr}")
-    return r.stdout
 
 
 def build_repository(dlrec, d: Path):
@@ -63,22 +58,6 @@ def build_repository(dlrec, d: Path):
         "--max-steps", 20)
     run(dlrec, "export", "--run", d / "run", "--out", d / "repo" / "m" / "1")
     return d / "repo", (d / "raw.tsv").read_text().splitlines()[:512]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rss_bytes(pid):
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 class Server:
