@@ -1,6 +1,7 @@
 """Helpers shared by the serving benches that drive `dlrec serve` over loopback HTTP
 (bench/serve_store_soak.py, bench/serve_update_load.py). Python standard library only."""
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -50,3 +51,14 @@ def infer_body(fields, inputs):
         ins.append({"name": t["name"], "datatype": t["datatype"], "shape": [len(fields), 1],
                     "data": data})
     return json.dumps({"inputs": ins}).encode()
+
+
+def stop_all(procs):
+    """SIGTERM each process still running, then wait (a minute at most, then kill)."""
+    for pr in procs:
+        if pr.poll() is None:
+            pr.send_signal(signal.SIGTERM)
+            try:
+                pr.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pr.kill()

@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from serve_common import free_port, infer_body, rss_bytes, run, wait_port
+from serve_common import free_port, infer_body, rss_bytes, run, stop_all, wait_port
 
 
 class Stats:
@@ -200,13 +200,7 @@ def main():
             Path(a.json).write_text(json.dumps({**r, "rss_samples": rss}, indent=1))
         return 0 if ok else 1
     finally:
-        for pr in procs:
-            if pr.poll() is None:
-                pr.send_signal(signal.SIGTERM)
-                try:
-                    pr.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    pr.kill()
+        stop_all(procs)
         shutil.rmtree(d, ignore_errors=True)
 
 

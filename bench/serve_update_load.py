@@ -26,7 +26,6 @@ import http.client
 import json
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ import threading
 import time
 from pathlib import Path
 
-from serve_common import free_port, infer_body, run, wait_port
+from serve_common import free_port, infer_body, run, stop_all, wait_port
 
 
 def start_server(dlrec, repo, log_path):
@@ -231,13 +230,7 @@ def main():
             Path(a.json).write_text(json.dumps(r, indent=1))
         return 0 if ok else 1
     finally:
-        for pr in procs:
-            if pr.poll() is None:
-                pr.send_signal(signal.SIGTERM)
-                try:
-                    pr.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    pr.kill()
+        stop_all(procs)
         shutil.rmtree(d, ignore_errors=True)
 
 
