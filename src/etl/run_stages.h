@@ -115,6 +115,8 @@ class EtlRun {
   std::vector<std::vector<io::RawChunk>> ring_;
   // Kept chunks unpacked for a later fit pass, per slot.
   std::vector<std::vector<io::RawChunk>> unpacked_;
+  // Up to n of the chunks above that hold memory (moved out): the transform's unpack targets.
+  std::vector<io::RawChunk> spare_fit_chunks(int n);
   bool cache_read_failed_ = false;  // the reader failed in the first pass, keeping rows
   FitSideWork side_;                // the fit's side tasks: keeping a batch's rows
   // The first pass's reader when the transform reads the cache: it has seen every row, so its

@@ -185,8 +185,13 @@ void EtlRun::transform_direct_from_cache(TransformPass& t) {
     }
     stop = true;
   };
-  parallel_tasks(num_threads(), [&](int) {
+  // Each task unpacks into a chunk that the fit's reader parsed into (its memory is already
+  // faulted in), where one is left, instead of growing a new one.
+  const int tasks = num_threads();
+  std::vector<io::RawChunk> spare = spare_fit_chunks(tasks);
+  parallel_tasks(tasks, [&](int task) {
     io::RawChunk chunk;
+    if (task < static_cast<int>(spare.size())) chunk = std::move(spare[task]);
     io::Batch out;
     std::vector<int64_t> kept_rows;
     std::vector<ShardSetWriter::Piece> trp, vap;
@@ -230,6 +235,16 @@ void EtlRun::transform_direct_from_cache(TransformPass& t) {
   });
   if (error) std::rethrow_exception(error);
   cache_.chunks.clear();
+}
+
+std::vector<io::RawChunk> EtlRun::spare_fit_chunks(int n) {
+  std::vector<io::RawChunk> spare;
+  for (auto* slots : {&ring_, &unpacked_})
+    for (auto& slot : *slots)
+      for (io::RawChunk& c : slot)
+        if (static_cast<int>(spare.size()) < n && c.dense.capacity() + c.label.capacity() > 0)
+          spare.push_back(std::move(c));
+  return spare;
 }
 
 // Direct, a batch at a time (the input read again, or what the cache still holds): the rows
