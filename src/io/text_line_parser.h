@@ -319,7 +319,7 @@ class LineParser {
             if (e - q >= 8 && (e - q == 8 || q[8] == delim)) {  // 8 digits: Criteo's keys
               uint64_t v8;
               if (hex8(q, v8)) {
-                push_ahead(out.cat_values[t.index], v8);
+                out.cat_values[t.index].push_back(v8);
                 q += 8;
                 break;
               }
@@ -356,22 +356,9 @@ class LineParser {
     if (p != e) return rollback(out);  // more fields (or a trailing delimiter)
     out.label.push_back(label);
     for (int c = 0; c < num_cat_; ++c)
-      push_ahead(out.cat_offsets[c], static_cast<int64_t>(out.cat_values[c].size()));
+      out.cat_offsets[c].push_back(static_cast<int64_t>(out.cat_values[c].size()));
     ++out.rows;
     return true;
-  }
-
-  // push_back, and at each new cache line of the vector a prefetch for writing of the line
-  // kAheadLines further on: a row's 52 interleaved stores to the categorical values and offsets
-  // are more streams than the hardware prefetchers follow, so each new line was a demand miss
-  // that stalled the stores (`perf annotate`: the hottest instructions of the parse followed
-  // these two stores). A prefetch past the vector's capacity does no harm (it does not fault).
-  template <class T>
-  static void push_ahead(std::vector<T>& v, T x) {
-    constexpr size_t kPerLine = 64 / sizeof(T), kAheadLines = 4;
-    const size_t n = v.size();
-    if (n % kPerLine == 0) __builtin_prefetch(v.data() + n + kAheadLines * kPerLine, 1, 3);
-    v.push_back(x);
   }
 
   bool parse_general(const char* b, const char* e, RawChunk& out, Scratch& s,
