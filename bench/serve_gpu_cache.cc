@@ -113,6 +113,7 @@ int run(const Args& a) {
   store::GpuCache cache(es, sc, store::size_gpu_cache(sc, tables, free_b, total_b));
   std::unique_ptr<model::Model> cm_model;
   auto build_cached = [&](int64_t staging) {
+    cache.drain();  // no background insert may write into the model about to be replaced
     io::ShardLayout l = full;  // (the dense layers are the same at any table size)
     for (int t = 0; t < a.tables; ++t) l.cardinalities[t] = cache.sizing().cache_rows[t] + staging;
     cm_model = model::build_model(cfg.model, cfg.optimizer, l, dev, 1, "fp32");
@@ -131,7 +132,9 @@ int run(const Args& a) {
       dims.push_back(a.dim);
       rows.push_back(t.dim(0));
     }
-    cache.bind(store::make_cuda_rows(0, ptrs, dims, rows), staging);
+    cache.bind(store::make_cuda_rows(0, ptrs, dims, rows,
+                                     dynamic_cast<model::CudaModel&>(*cm_model).serving_stream()),
+               staging);
   };
   build_cached(sc.staging_rows);
   std::printf("setup: cache %lld rows per table (%.2f GB), staging %lld rows\n",
@@ -210,6 +213,7 @@ int run(const Args& a) {
       std::fflush(stdout);
     }
   }
+  cache.drain();  // before the model goes (it is destroyed before the cache)
   std::printf("cache: %s", es.stats_text().c_str());
   std::printf(
       "gpu: hits %lld misses %lld evictions %lld bytes %lld async_inserted %lld "

@@ -53,6 +53,7 @@ class GraphCuda final : public CudaModel {
   // the other); other batches, hashed tables, DLREC_PROFILE=1 and GraphCudaOptions::cuda_graphs
   // off run eagerly (forward() and a sigmoid on the host).
   void predict(const io::Batch& batch, float* probs) override;
+  void* serving_stream() override { return e_.st; }
   // Serving a compressed export (graph_cuda_infer.cu; docs/COMPRESSION.md).
   void set_compressed(const std::vector<CompressedWeight>& weights,
                       nn::kernel_choice::Policy policy) override;

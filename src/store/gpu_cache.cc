@@ -495,7 +495,9 @@ int64_t GpuCache::run(const io::Batch& batch,
         blocks.push_back({static_cast<int>(t), n, tables[t].dim, w.fetch_rows.data(),
                           values + offset[t], sync ? w.slots.data() : nullptr});
     }
-    if (!blocks.empty()) rows_->write(blocks);
+    // Enqueued ahead of the forward on the model's stream (no wait here: the forward's host
+    // packing overlaps the copy and the scatter).
+    if (!blocks.empty()) rows_->write_ahead(blocks);
     times.write_ns += since(t2);
   } catch (...) {  // a tier failed (Redis down...): the slots taken were not (all) written
     undo_inserts();
@@ -523,7 +525,13 @@ int64_t GpuCache::run(const io::Batch& batch,
   }
   (sync ? sync_batches : async_batches) += 1;
   const auto t3 = clock::now();
-  forward(staged_);
+  try {
+    forward(staged_);
+  } catch (...) {
+    rows_->settle();
+    throw;
+  }
+  rows_->settle();  // done by now (the forward waited for its stream): marks the buffers free
   times.forward_ns += since(t3);
   times.batches += 1;
   if (sync || misses == 0) return 0;
@@ -626,7 +634,7 @@ void GpuCache::drain() {
 
 #ifndef DLREC_WITH_CUDA
 std::unique_ptr<DeviceRows> make_cuda_rows(int, std::vector<float*>, std::vector<int64_t>,
-                                           std::vector<int64_t>) {
+                                           std::vector<int64_t>, void*) {
   fail("the GPU cache tier needs a CUDA build (this dlrec was built without CUDA)");
 }
 void cuda_memory_info(int, int64_t*, int64_t*) {

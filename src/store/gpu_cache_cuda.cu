@@ -44,15 +44,17 @@ __global__ void scatter_blocks_kernel(float* const* __restrict__ tables,
 class CudaRows final : public DeviceRows {
  public:
   CudaRows(int device, std::vector<float*> tables, std::vector<int64_t> dims,
-           std::vector<int64_t> table_rows)
+           std::vector<int64_t> table_rows, cudaStream_t model_stream)
       : device_(device),
         tables_(std::move(tables)),
         dims_(std::move(dims)),
-        table_rows_(std::move(table_rows)) {
+        table_rows_(std::move(table_rows)),
+        stream_(model_stream),
+        own_stream_(model_stream == nullptr) {
     DLREC_CHECK(tables_.size() == dims_.size() && dims_.size() == table_rows_.size(),
                 "gpu cache: tables, dims and rows differ in count (bug)");
     Guard g(device_);
-    DLREC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    if (own_stream_) DLREC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     // The tables' pointers and dims on the device, once (the multi-table kernel reads them).
     const size_t T = tables_.size();
     DLREC_CUDA_CHECK(cudaMalloc(&d_tables_, T * (sizeof(float*) + sizeof(int64_t)) + 16));
@@ -64,8 +66,12 @@ class CudaRows final : public DeviceRows {
   }
   ~CudaRows() override {
     Guard g(device_);
-    cudaStreamSynchronize(stream_);
-    cudaStreamDestroy(stream_);
+    if (own_stream_) {
+      cudaStreamSynchronize(stream_);
+      cudaStreamDestroy(stream_);
+    } else if (pending_) {
+      cudaDeviceSynchronize();  // the model (and its stream) may be gone before the buffers
+    }
     if (host_) cudaFreeHost(host_);
     if (dev_) cudaFree(dev_);
     if (d_tables_) cudaFree(d_tables_);
@@ -81,6 +87,7 @@ class CudaRows final : public DeviceRows {
 
   float* values_buffer(int64_t floats) override {
     Guard g(device_);
+    settle();  // a write_ahead may still read the buffer
     reserve_values(sizeof(float) * static_cast<size_t>(std::max<int64_t>(floats, 1)));
     return values_host_;
   }
@@ -88,6 +95,23 @@ class CudaRows final : public DeviceRows {
   // All blocks in one copy (descriptors, rows, also-rows, then the row values) and one kernel;
   // synchronous like the single-table write.
   void write(const std::vector<RowBlock>& blocks) override {
+    enqueue(blocks);
+    settle();
+  }
+  // On the model's stream: enqueued, not waited for (the model's forward follows it there).
+  void write_ahead(const std::vector<RowBlock>& blocks) override {
+    enqueue(blocks);
+    if (own_stream_) settle();
+  }
+  void settle() override {
+    if (!pending_) return;
+    Guard g(device_);
+    pending_ = false;
+    DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  void enqueue(const std::vector<RowBlock>& blocks) {
     std::vector<BlockDesc> descs;
     int64_t n_rows = 0, n_floats = 0;
     for (const RowBlock& b : blocks) {
@@ -106,6 +130,7 @@ class CudaRows final : public DeviceRows {
       n_floats += b.n * b.dim;
     }
     if (descs.empty()) return;
+    settle();  // the previous write's host buffers are about to be reused
     auto round16 = [](size_t x) { return (x + 15) / 16 * 16; };
     const size_t desc_bytes = round16(sizeof(BlockDesc) * descs.size());
     const size_t idx_bytes = round16(sizeof(int64_t) * static_cast<size_t>(n_rows));
@@ -154,10 +179,8 @@ class CudaRows final : public DeviceRows {
         reinterpret_cast<const int64_t*>(dv + desc_bytes),
         reinterpret_cast<const int64_t*>(dv + desc_bytes + idx_bytes), values_dev_);
     DLREC_CUDA_CHECK(cudaGetLastError());
-    DLREC_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    pending_ = true;
   }
-
- private:
   struct Guard {
     int prev = 0;
     explicit Guard(int d) {
@@ -194,7 +217,9 @@ class CudaRows final : public DeviceRows {
   int device_;
   std::vector<float*> tables_;
   std::vector<int64_t> dims_, table_rows_;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;  // the model's serving stream, or one of its own
+  bool own_stream_ = true;
+  bool pending_ = false;  // a write enqueued and not yet waited for
   void* host_ = nullptr;  // pinned: ids then rows of one write
   void* dev_ = nullptr;
   size_t cap_ = 0;
@@ -208,9 +233,9 @@ class CudaRows final : public DeviceRows {
 
 std::unique_ptr<DeviceRows> make_cuda_rows(int device, std::vector<float*> tables,
                                            std::vector<int64_t> dims,
-                                           std::vector<int64_t> table_rows) {
+                                           std::vector<int64_t> table_rows, void* stream) {
   return std::make_unique<CudaRows>(device, std::move(tables), std::move(dims),
-                                    std::move(table_rows));
+                                    std::move(table_rows), static_cast<cudaStream_t>(stream));
 }
 
 void cuda_memory_info(int device, int64_t* free_bytes, int64_t* total_bytes) {

@@ -259,6 +259,9 @@ struct Predictor::Impl {
 };
 
 void Predictor::Impl::build_gpu(int64_t staging) {
+  // No background insert may write into the model (its tables, its stream) that build()
+  // replaces: the queue is emptied first (predict() is the only producer, and it is here).
+  gpu_cache->drain();
   io::ShardLayout l = staged->layout();
   const store::GpuCacheSizing& z = gpu_cache->sizing();
   for (size_t k = 0; k < z.features.size(); ++k)
@@ -278,9 +281,14 @@ void Predictor::Impl::build_gpu(int64_t staging) {
     dims.push_back(t.dim);
     rows.push_back(want);
   }
-  gpu_cache->bind(
-      store::make_cuda_rows(device.index, std::move(ptrs), std::move(dims), std::move(rows)),
-      staging);
+  // The rows' writes go on the model's serving stream, ahead of its forward.
+  void* stream = nullptr;
+#ifdef DLREC_WITH_CUDA
+  if (auto* cm = dynamic_cast<model::CudaModel*>(model.get())) stream = cm->serving_stream();
+#endif
+  gpu_cache->bind(store::make_cuda_rows(device.index, std::move(ptrs), std::move(dims),
+                                        std::move(rows), stream),
+                  staging);
 }
 
 void Predictor::Impl::build(const io::ShardLayout& for_layout) {

@@ -26,6 +26,10 @@ class CudaModel : public Model {
   // Blocks until done.
   // Not to be called concurrently with itself or with training on the same model.
   virtual void predict(const io::Batch& batch, float* probs) = 0;
+  // The stream (a cudaStream_t) predict() runs its device work on: work another component
+  // enqueues there before calling predict() (the GPU cache tier's write of a batch's rows)
+  // completes before the forward reads, with no host synchronisation. Null: none.
+  virtual void* serving_stream() { return nullptr; }
   // Where predict() spends its time on one chunk of `batch` (`dlrec bench infer --breakdown`):
   // lines of host packing, input copy, each layer's (and each dense layer's, with its kernel)
   // device time run eagerly, and the captured graph's time, in ms per chunk over `reps` runs.

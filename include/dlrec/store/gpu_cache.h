@@ -9,7 +9,9 @@
 // model, so predictions are bit for bit the same.
 //
 // Misses are fetched from the next tiers (EmbeddingStore::lookup: updates, host, Redis,
-// RocksDB) and uploaded, every table's in one copy and one scatter kernel. A batch's misses
+// RocksDB) and uploaded, every table's in one copy and one scatter kernel, enqueued on the
+// model's serving stream ahead of its forward (no host wait: the forward's host packing runs
+// while they copy). A batch's misses
 // always read staging rows. While the cache's hit rate (over recent lookups, per distinct id)
 // is below `insert_threshold`, they are also inserted synchronously: given cache slots
 // (evicting), into which the same kernel writes their rows before the forward. At or above it,
@@ -169,6 +171,13 @@ class DeviceRows {
   // Every block, written when it returns. By default one write() per block; the CUDA
   // implementation makes it one copy, one kernel and one synchronisation for all of them.
   virtual void write(const std::vector<RowBlock>& blocks);
+  // The same write, possibly still in flight when it returns: ordered before the model's next
+  // forward (the CUDA implementation enqueues it on the model's serving stream, when it was
+  // given one, without waiting). Its host buffers stay in use until settle(), which the next
+  // write and values_buffer() call first. By default write(blocks).
+  virtual void write_ahead(const std::vector<RowBlock>& blocks) { write(blocks); }
+  // Waits for a write_ahead still in flight.
+  virtual void settle() {}
   // A host buffer of `floats` floats for the values of the next write (valid until then): the
   // caller may fetch rows into it and pass blocks whose data lie in it back to back, from its
   // start, in block order; the CUDA implementation's is pinned memory, which it then copies to
@@ -183,10 +192,14 @@ class DeviceRows {
 };
 // The CUDA implementation: the tables' device pointers ([rows, dim] f32 each, on `device`),
 // written by a scatter kernel after one copy of the rows and their indices (gpu_cache_cuda.cu),
-// all tables' blocks of a batch in the same copy and kernel. An error in a CPU-only build.
+// all tables' blocks of a batch in the same copy and kernel. `stream`: the model's serving
+// stream (CudaModel::serving_stream, a cudaStream_t), on which write_ahead() enqueues without
+// waiting; null: a stream of its own, and write_ahead() waits like write(). An error in a
+// CPU-only build.
 std::unique_ptr<DeviceRows> make_cuda_rows(int device, std::vector<float*> tables,
                                            std::vector<int64_t> dims,
-                                           std::vector<int64_t> table_rows);
+                                           std::vector<int64_t> table_rows,
+                                           void* stream = nullptr);
 // Free and total bytes of CUDA device `device` (an error in a CPU-only build).
 void cuda_memory_info(int device, int64_t* free_bytes, int64_t* total_bytes);
 
@@ -224,7 +237,8 @@ class GpuCache {
   int64_t run(const io::Batch& batch, const std::function<void(const io::Batch&)>& forward);
   // Drops rows an online update replaced (called by the store's update thread).
   void invalidate(int table, const int64_t* ids, int64_t n);
-  // Waits until the queued asynchronous inserts are done (tests, benches).
+  // Waits until the queued asynchronous inserts are done (tests, benches; and before the
+  // model whose tables the cache writes is replaced or destroyed).
   void drain();
   // The hit rate of the recent lookups that decides sync or async inserts.
   double recent_hit_rate() const;
