@@ -1,6 +1,8 @@
-"""Shared setup of the Python package's tests (test_package*.py): the package as the CMake build
-left it (<build>/python/dlrec, beside DLREC_BIN_DIR), the CLI, and small generated inputs."""
+"""Shared setup of the Python tests: the CLI (DLREC, cli, the needs_dlrec mark), free loopback
+ports, and for the package's tests (test_package*.py) the package as the CMake build left it
+(<build>/python/dlrec, beside DLREC_BIN_DIR) and small generated inputs."""
 import os
+import socket
 import subprocess
 import sys
 
@@ -9,6 +11,8 @@ import pytest
 BIN_DIR = os.environ.get("DLREC_BIN_DIR", "")
 DLREC = os.path.join(BIN_DIR, "dlrec")
 PKG_DIR = os.path.normpath(os.path.join(BIN_DIR, "..", "python")) if BIN_DIR else ""
+# A module's pytestmark where every test runs the CLI.
+needs_dlrec = pytest.mark.skipif(not os.path.exists(DLREC), reason="dlrec binary not built")
 
 
 def import_dlrec():
@@ -28,6 +32,12 @@ def cli(*args):
     r = subprocess.run([DLREC, *map(str, args)], capture_output=True, text=True)
     assert r.returncode == 0, f"dlrec {' '.join(map(str, args))}:\n{r.stdout}\n{r.stderr}"
     return r.stdout
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def cli_error(*args):

@@ -2,25 +2,18 @@
 serve`: health, metadata, raw rows as JSON and as binary tensors equal to dlrec.Predictor's,
 and the server's errors as ServerError with the HTTP status."""
 import json
-import socket
 import subprocess
 import time
 
 import pytest
 
-from package_common import DLREC, TRAIN_CONFIG, WORKFLOW, cli, import_dlrec
+from package_common import DLREC, TRAIN_CONFIG, WORKFLOW, cli, free_port, import_dlrec
 
 np = pytest.importorskip("numpy")
 dlrec = import_dlrec()
 from dlrec.client import ServerError  # noqa: E402
 
 ROWS = 32
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -19,24 +19,10 @@ from pathlib import Path
 
 import pytest
 
-BIN_DIR = os.environ.get("DLREC_BIN_DIR", "")
-DLREC = os.path.join(BIN_DIR, "dlrec")
+from package_common import DLREC, cli as run, free_port, needs_dlrec as pytestmark  # noqa: F401
+
 ROWS = 4
 MB = 1 << 20
-
-pytestmark = pytest.mark.skipif(not os.path.exists(DLREC), reason="dlrec binary not built")
-
-
-def run(*args):
-    r = subprocess.run([DLREC, *map(str, args)], capture_output=True, text=True)
-    assert r.returncode == 0, f"dlrec {' '.join(map(str, args))}:\n{r.stdout}\n{r.stderr}"
-    return r.stdout
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_repository(d: Path):

@@ -3,37 +3,21 @@ test_serve_tritonclient_calls.py): the dlrec binary, a small model repository bu
 (datagen -> etl -> train -> export; the `work` fixture), the request columns, and a second
 server of a slow model (start_slow_server)."""
 import json
-import os
 import shutil
-import socket
 import subprocess
 import time
 
 import pytest
+
+from package_common import DLREC, cli as run, free_port, needs_dlrec as pytestmark  # noqa: F401
 
 np = pytest.importorskip("numpy")
 pytest.importorskip("tritonclient")
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
 
-BIN_DIR = os.environ.get("DLREC_BIN_DIR", "")
-DLREC = os.path.join(BIN_DIR, "dlrec")
 ROWS = 64
 MAX_BODY = 4 << 20
-
-pytestmark = pytest.mark.skipif(not os.path.exists(DLREC), reason="dlrec binary not built")
-
-
-def run(*args):
-    r = subprocess.run([DLREC, *map(str, args)], capture_output=True, text=True)
-    assert r.returncode == 0, f"dlrec {' '.join(map(str, args))}:\n{r.stdout}\n{r.stderr}"
-    return r.stdout
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
