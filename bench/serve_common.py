@@ -1,5 +1,6 @@
 """Helpers shared by the serving benches that drive `dlrec serve` over loopback HTTP
 (bench/serve_store_soak.py, bench/serve_update_load.py). Python standard library only."""
+import http.client
 import json
 import signal
 import socket
@@ -62,3 +63,23 @@ def stop_all(procs):
                 pr.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 pr.kill()
+
+
+def infer_loop(port, stop, next_body, report):
+    """Posts next_body() to /v2/models/m/infer over one keep-alive connection until `stop` (a
+    threading.Event) is set, calling report(ok, text) per request: ok when the status is 200,
+    text the response body, or "connection: ..." after a connection error (then it reconnects
+    after 50 ms)."""
+    conn = None
+    while not stop.is_set():
+        body = next_body()
+        try:
+            if conn is None:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request("POST", "/v2/models/m/infer", body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            report(resp.status == 200, resp.read().decode(errors="replace"))
+        except (OSError, http.client.HTTPException) as e:
+            report(False, "connection: " + repr(e))
+            conn = None
+            time.sleep(0.05)

@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from serve_common import free_port, infer_body, rss_bytes, run, stop_all, wait_port
+from serve_common import free_port, infer_body, infer_loop, rss_bytes, run, stop_all, wait_port
 
 
 class Stats:
@@ -49,22 +49,10 @@ class Stats:
 
 def client(port, kind, lines, hot, inputs, rows, stop, stats, seed):
     rnd = random.Random(seed)
-    conn = None
-    while not stop.is_set():
-        pool = hot if kind == "hot" else lines
-        body = infer_body([pool[rnd.randrange(len(pool))] for _ in range(rows)], inputs)
-        try:
-            if conn is None:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            conn.request("POST", "/v2/models/m/infer", body,
-                         {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            text = resp.read().decode(errors="replace")
-            stats.add(kind, resp.status == 200, "" if resp.status == 200 else text[:300])
-        except (OSError, http.client.HTTPException) as e:
-            stats.add(kind, False, "connection: " + repr(e))
-            conn = None
-            time.sleep(0.05)
+    pool = hot if kind == "hot" else lines
+    infer_loop(port, stop,
+               lambda: infer_body([pool[rnd.randrange(len(pool))] for _ in range(rows)], inputs),
+               lambda ok, text: stats.add(kind, ok, "" if ok else text[:300]))
 
 
 def main():

@@ -33,7 +33,7 @@ import threading
 import time
 from pathlib import Path
 
-from serve_common import free_port, infer_body, run, stop_all, wait_port
+from serve_common import free_port, infer_body, infer_loop, run, stop_all, wait_port
 
 
 def start_server(dlrec, repo, log_path):
@@ -76,24 +76,19 @@ class Log:
 
 def client(port, inst, kind, lines, probe_body, inputs, rows, stop, log, seed):
     rnd = random.Random(seed)
-    conn = None
-    while not stop.is_set():
-        body = probe_body if kind == "probe" else infer_body(
-            [lines[rnd.randrange(len(lines))] for _ in range(rows)], inputs)
-        try:
-            if conn is None:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            conn.request("POST", "/v2/models/m/infer", body, {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            text = resp.read().decode(errors="replace")
-            if resp.status != 200:
-                log.add(inst, kind, False, text[:300], seed)
-            else:
-                log.add(inst, kind, True, answer_of(text) if kind == "probe" else "", seed)
-        except (OSError, http.client.HTTPException) as e:
-            log.add(inst, kind, False, "connection: " + repr(e), seed)
-            conn = None
-            time.sleep(0.05)
+
+    def body():
+        if kind == "probe":
+            return probe_body
+        return infer_body([lines[rnd.randrange(len(lines))] for _ in range(rows)], inputs)
+
+    def report(ok, text):
+        if not ok:
+            log.add(inst, kind, False, text[:300], seed)
+        else:
+            log.add(inst, kind, True, answer_of(text) if kind == "probe" else "", seed)
+
+    infer_loop(port, stop, body, report)
 
 
 def main():
