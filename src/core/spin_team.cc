@@ -28,7 +28,9 @@ SpinTeam::~SpinTeam() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_.store(true);
-    generation_.fetch_add(1);  // no pieces to claim: claim_ stays at the last job's end
+    // A new generation that has no pieces (the next piece is already past the last).
+    const uint64_t g = (claim_.load() >> 32) + 1;
+    claim_.store(g << 32 | static_cast<uint64_t>(size()));
   }
   wake_.notify_all();
   for (auto& t : threads_) t.join();
@@ -54,18 +56,18 @@ void SpinTeam::loop(int index) {
   for (;;) {
     // Spin for the next job, then sleep.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
-    uint64_t g = generation_.load(std::memory_order_acquire);
+    uint64_t g = generation();
     for (int k = 0; g == seen; ++k) {
       DLREC_CPU_RELAX();
       if ((k & 255) == 255 && std::chrono::steady_clock::now() >= deadline) break;
-      g = generation_.load(std::memory_order_acquire);
+      g = generation();
     }
     if (g == seen) {
       std::unique_lock<std::mutex> lk(mu_);
       ++sleeping_;
-      wake_.wait(lk, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+      wake_.wait(lk, [&] { return generation() != seen; });
       --sleeping_;
-      g = generation_.load(std::memory_order_acquire);
+      g = generation();
     }
     seen = g;
     if (stop_.load()) return;
@@ -97,9 +99,9 @@ void SpinTeam::run(const std::function<void(int)>& fn) {
   job_ = &fn;
   error_ = nullptr;
   finished_.store(0, std::memory_order_relaxed);
-  const uint64_t g = generation_.load(std::memory_order_relaxed) + 1;
-  claim_.store(g << 32, std::memory_order_release);  // publishes job_: pieces from 0
-  generation_.store(g, std::memory_order_release);
+  // A new generation, pieces from 0 (publishes job_ and finished_).
+  claim_.store(((claim_.load(std::memory_order_relaxed) >> 32) + 1) << 32,
+               std::memory_order_release);
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (sleeping_ > 0) wake_.notify_all();

@@ -36,14 +36,16 @@ class SpinTeam {
  private:
   void loop(int index);
   void call(int index);
+  uint64_t generation() const { return claim_.load(std::memory_order_acquire) >> 32; }
   int claim();  // the next piece of the current job, or -1
   void work();  // runs pieces until none is left
 
   const int spin_us_;
   std::mutex run_mu_;  // one run() at a time
   const std::function<void(int)>* job_ = nullptr;
-  std::atomic<uint64_t> generation_{0};  // bumped per job; workers start when it changes
-  std::atomic<uint64_t> claim_{0};  // the job's generation << 32 | the next piece to take
+  // The job's generation (bumped per job; members start when it changes) << 32 | the next
+  // piece to take.
+  std::atomic<uint64_t> claim_{0};
   std::atomic<int> finished_{0};    // pieces of the current job done
   std::atomic<bool> stop_{false};
   std::mutex mu_;  // guards sleeping_ and the wake-up
