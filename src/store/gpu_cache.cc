@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "dlrec/core/error.h"
 #include "dlrec/core/thread_pool.h"
@@ -259,7 +260,11 @@ GpuCache::GpuCache(EmbeddingStore& store, const StoreConfig& config, GpuCacheSiz
   store_.on_invalidate([this](int t, const int64_t* ids, int64_t n) { invalidate(t, ids, n); });
 }
 
-void GpuCache::run_tasks(int n, const std::function<void(int)>& fn) {
+void GpuCache::run_tasks(int n, bool threaded, const std::function<void(int)>& fn) {
+  if (!threaded) {
+    for (int i = 0; i < n; ++i) fn(i);
+    return;
+  }
   std::atomic<int> next{0};
   team_->run([&](int) {
     for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) fn(i);
@@ -298,12 +303,33 @@ double GpuCache::recent_hit_rate() const {
   return recent_lookups_ > 0 ? recent_hits_ / recent_lookups_ : 0.0;
 }
 
-// The remap of feature k's ids from `batch` into staged_ (under mu_), lookups only: each distinct
-// id once (work_[k].seen), its slot looked up with the index's memory access started kAhead ids
-// earlier; a hit reads its slot, a miss a staging row (and is listed for the fetch). The
-// slot map is not changed here: touches and inserts are maintain()'s.
+// The remap's first half: the cache slots of feature k's ids [lo, hi) into work_[k].found (-1:
+// not cached), the index's memory access started kAhead ids earlier. Read-only, so the pieces
+// of a large batch run on several threads at once (they are bound by the memory latency of
+// slot maps of hundreds of MiB).
+void GpuCache::look_up(const io::Batch& batch, size_t k, int64_t lo, int64_t hi) {
+  constexpr int64_t kAhead = 48;
+  const auto feature = static_cast<size_t>(sizing_.features[k]);
+  const int64_t rows = feature_rows_[k];
+  const std::vector<int64_t>& in = batch.cat_indices[feature];
+  int32_t* found = work_[k].found.data();
+  maps_[k].visit_index([&](const auto& index) {
+    for (int64_t i = lo; i < hi; ++i) {
+      if (i + kAhead < hi) index.prefetch(in[i + kAhead]);
+      const int64_t id = in[i];
+      if (id < 0 || id >= rows)
+        fail("embedding store: id ", id, " is beyond the tables of feature ", feature, " (", rows,
+             " rows)");
+      found[i] = index.find(id);
+    }
+  });
+}
+
+// The remap's second half, per feature: feature k's ids into staged_ (under mu_), each distinct
+// id once (work_[k].seen, a table small enough to stay in the caches): a hit reads its slot, a
+// miss a staging row (and is listed for the fetch). The slot map is not changed here: touches
+// and inserts are maintain()'s.
 void GpuCache::remap(const io::Batch& batch, size_t k) {
-  constexpr int64_t kAhead = 16;
   FeatureWork& w = work_[k];
   w.hit_slots.clear();
   w.fetch_ids.clear();
@@ -312,45 +338,36 @@ void GpuCache::remap(const io::Batch& batch, size_t k) {
   w.inserted.clear();
   w.evictions = w.id_hits = 0;
   const auto feature = static_cast<size_t>(sizing_.features[k]);
-  const int64_t rows = feature_rows_[k];
   const int64_t C = sizing_.cache_rows[k];
-  const SlotMap& map = maps_[k];
   const std::vector<int64_t>& in = batch.cat_indices[feature];
   std::vector<int64_t>& ids = staged_.cat_indices[feature];
   const auto n = static_cast<int64_t>(in.size());
-  ids.resize(in.size());
-  w.seen.reset(std::min<int64_t>(n, rows));
+  w.seen.reset(std::min<int64_t>(n, feature_rows_[k]));
   // seen: id -> its device row r, stored as r when the id was a hit, as -2 - r when a miss.
   int64_t id_hits = 0;
-  map.visit_index([&](const auto& index) {
-    for (int64_t i = 0; i < n; ++i) {
-      if (i + kAhead < n) index.prefetch(in[i + kAhead]);
-      const int64_t id = in[i];
-      if (id < 0 || id >= rows)
-        fail("embedding store: id ", id, " is beyond the tables of feature ", feature, " (", rows,
-             " rows)");
-      bool added = false;
-      int32_t* seen = w.seen.emplace(id, &added);
-      if (!added) {
-        id_hits += *seen >= 0;
-        ids[i] = *seen >= 0 ? *seen : -2 - *seen;
-        continue;
-      }
-      const int32_t slot = index.find(id);
-      if (slot >= 0) {
-        w.hit_slots.push_back(slot);
-        ++id_hits;
-        *seen = slot;
-        ids[i] = slot;
-      } else {
-        const int64_t row = C + static_cast<int64_t>(w.fetch_rows.size());
-        w.fetch_ids.push_back(id);
-        w.fetch_rows.push_back(row);
-        *seen = static_cast<int32_t>(-2 - row);
-        ids[i] = row;
-      }
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = in[i];
+    bool added = false;
+    int32_t* seen = w.seen.emplace(id, &added);
+    if (!added) {
+      id_hits += *seen >= 0;
+      ids[i] = *seen >= 0 ? *seen : -2 - *seen;
+      continue;
     }
-  });
+    const int32_t slot = w.found[i];
+    if (slot >= 0) {
+      w.hit_slots.push_back(slot);
+      ++id_hits;
+      *seen = slot;
+      ids[i] = slot;
+    } else {
+      const int64_t row = C + static_cast<int64_t>(w.fetch_rows.size());
+      w.fetch_ids.push_back(id);
+      w.fetch_rows.push_back(row);
+      *seen = static_cast<int32_t>(-2 - row);
+      ids[i] = row;
+    }
+  }
   w.id_hits = id_hits;
 }
 
@@ -359,8 +376,11 @@ void GpuCache::maintain(size_t k, bool sync) {
   FeatureWork& w = work_[k];
   SlotMap& map = maps_[k];
   const size_t h = w.hit_slots.size();
+  // Two steps ahead: a slot's record kAhead hits earlier, its list neighbours (which the touch
+  // relinks) kAhead / 2 earlier, once the record has arrived.
   for (size_t j = 0; j < h; ++j) {
     if (j + kAhead < h) map.prefetch_slot(w.hit_slots[j + kAhead]);
+    if (j + kAhead / 2 < h) map.prefetch_links(w.hit_slots[j + kAhead / 2]);
     map.touch(w.hit_slots[j], stamp_);
   }
   if (!sync) return;
@@ -378,8 +398,9 @@ void GpuCache::maintain(size_t k, bool sync) {
 }
 
 // staged_ = batch, but for the stored features' ids, which the remap writes (saves a copy of
-// most of the batch's bytes).
-void GpuCache::copy_unstored(const io::Batch& batch) {
+// most of the batch's bytes): sized here, the bytes listed in copies_ (pieces of at most
+// kCopyPiece bytes, for the team).
+void GpuCache::plan_copies(const io::Batch& batch) {
   struct Members {  // io::Batch's, to notice one added there (copy it here too)
     int64_t rows;
     int num_dense;
@@ -388,17 +409,31 @@ void GpuCache::copy_unstored(const io::Batch& batch) {
     bool one_id_per_row;
   };
   static_assert(sizeof(Members) == sizeof(io::Batch), "io::Batch changed: copy it here");
+  constexpr size_t kCopyPiece = size_t{64} << 10;
+  copies_.clear();
+  auto plan = [&](auto& to, const auto& from) {
+    to.resize(from.size());
+    const auto* src = reinterpret_cast<const char*>(from.data());
+    auto* dst = reinterpret_cast<char*>(to.data());
+    const size_t bytes = from.size() * sizeof(from[0]);
+    for (size_t at = 0; at < bytes; at += kCopyPiece)
+      copies_.push_back({dst + at, src + at, std::min(kCopyPiece, bytes - at)});
+  };
   staged_.rows = batch.rows;
   staged_.num_dense = batch.num_dense;
-  staged_.labels = batch.labels;
-  staged_.dense = batch.dense;
-  staged_.cat_offsets = batch.cat_offsets;
   staged_.one_id_per_row = batch.one_id_per_row;
+  plan(staged_.labels, batch.labels);
+  plan(staged_.dense, batch.dense);
+  staged_.cat_offsets.resize(batch.cat_offsets.size());
+  for (size_t f = 0; f < batch.cat_offsets.size(); ++f)
+    plan(staged_.cat_offsets[f], batch.cat_offsets[f]);
   staged_.cat_indices.resize(batch.cat_indices.size());
   for (size_t f = 0; f < batch.cat_indices.size(); ++f)
     if (std::find(sizing_.features.begin(), sizing_.features.end(), static_cast<int64_t>(f)) ==
         sizing_.features.end())
-      staged_.cat_indices[f] = batch.cat_indices[f];
+      plan(staged_.cat_indices[f], batch.cat_indices[f]);
+    else  // the remap writes every id
+      staged_.cat_indices[f].resize(batch.cat_indices[f].size());
 }
 
 void GpuCache::undo_inserts() {
@@ -428,17 +463,31 @@ int64_t GpuCache::run(const io::Batch& batch,
     DLREC_CHECK(feature < batch.cat_indices.size(), "embedding store: the batch has ",
                 batch.cat_indices.size(), " categorical features; feature ", feature, " is stored");
   }
-  copy_unstored(batch);
   for (FeatureWork& w : work_) w.inserted.clear();  // (undo_inserts may run before a remap)
-  // Per feature (independent slot maps): the lookups, on several threads for large batches.
+  // On several threads for large batches: first the lookups, in pieces of kLookUpPiece ids of
+  // a feature; then per feature (independent slot maps) the remap, beside the copy of the rest
+  // of the batch in pieces.
+  constexpr int64_t kLookUpPiece = 512;
   int64_t total_ids = 0;
-  for (size_t k = 0; k < F; ++k)
-    total_ids += static_cast<int64_t>(batch.cat_indices[sizing_.features[k]].size());
+  std::vector<std::pair<int, int64_t>> pieces;  // (feature k, first id)
+  for (size_t k = 0; k < F; ++k) {
+    const auto n = static_cast<int64_t>(batch.cat_indices[sizing_.features[k]].size());
+    total_ids += n;
+    work_[k].found.resize(static_cast<size_t>(n));
+    for (int64_t lo = 0; lo < n; lo += kLookUpPiece) pieces.emplace_back(static_cast<int>(k), lo);
+  }
   const bool threaded = total_ids >= 4096;
-  if (threaded)
-    run_tasks(static_cast<int>(F), [&](int k) { remap(batch, static_cast<size_t>(k)); });
-  else
-    for (size_t k = 0; k < F; ++k) remap(batch, k);
+  run_tasks(static_cast<int>(pieces.size()), threaded, [&](int p) {
+    const auto [k, lo] = pieces[static_cast<size_t>(p)];
+    const auto n = static_cast<int64_t>(work_[k].found.size());
+    look_up(batch, static_cast<size_t>(k), lo, std::min(n, lo + kLookUpPiece));
+  });
+  plan_copies(batch);
+  run_tasks(static_cast<int>(F + copies_.size()), threaded, [&](int i) {
+    if (i < static_cast<int>(F)) return remap(batch, static_cast<size_t>(i));
+    const Copy& c = copies_[static_cast<size_t>(i) - F];
+    std::memcpy(c.to, c.from, c.bytes);
+  });
   int64_t hits = 0, misses = 0, need = 0, hits_w = 0, lookups_w = 0;
   int64_t id_hits_w = 0, id_lookups_w = 0;
   for (size_t k = 0; k < F; ++k) {
@@ -481,10 +530,8 @@ int64_t GpuCache::run(const io::Batch& batch,
     if (!sync) job.rows[i].assign(out, out + (offset[i + 1] - offset[i]));
   };
   try {
-    if (threaded)  // the store is thread-safe; the slot maps are one per feature
-      run_tasks(static_cast<int>(T + F), [&](int i) { task(static_cast<size_t>(i)); });
-    else
-      for (size_t i = 0; i < T + F; ++i) task(i);
+    // (the store is thread-safe; the slot maps are one per feature)
+    run_tasks(static_cast<int>(T + F), threaded, [&](int i) { task(static_cast<size_t>(i)); });
     const auto t2 = clock::now();
     times.fetch_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t1).count();
     std::vector<RowBlock> blocks;

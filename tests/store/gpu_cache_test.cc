@@ -261,6 +261,43 @@ TEST(GpuCache, RemappedBatchesReadTheRightRowsSyncAndAsync) {
     }
 }
 
+// Batches of 4096 ids or more run on the team: the lookups in pieces of 512 ids, the remap per
+// feature beside the copy of the rest of the batch. The rows read are the right ones, sync and
+// async, and a bad id in a late piece is a clear error that leaves the cache serving.
+TEST(GpuCache, LargeBatchesInPiecesReadTheRightRows) {
+  for (double threshold : {1.0, 0.0}) {
+    SCOPED_TRACE("threshold " + std::to_string(threshold));
+    Rig rig(threshold, "lfu", 1024);
+    std::mt19937_64 rng(5);
+    for (int i = 0; i < 6; ++i) {
+      io::Batch b = rig.batch(rng, 2500 + 37 * i);  // 5000+ ids over two stored features
+      b.dense.assign(static_cast<size_t>(b.rows) * 3, 0.5f * static_cast<float>(i));
+      b.num_dense = 3;
+      b.labels.assign(static_cast<size_t>(b.rows), 1.f);
+      int64_t dense_seen = 0;
+      ASSERT_EQ(rig.run_checked(b), 0);
+      ASSERT_EQ(rig.cache->run(b,
+                               [&](const io::Batch& m) {
+                                 EXPECT_EQ(m.dense, b.dense);
+                                 EXPECT_EQ(m.labels, b.labels);
+                                 EXPECT_EQ(m.cat_offsets, b.cat_offsets);
+                                 dense_seen = static_cast<int64_t>(m.dense.size());
+                               }),
+                0);
+      EXPECT_EQ(dense_seen, b.rows * 3);
+    }
+    rig.cache->drain();  // (the async inserts of a busy loop may wait until here)
+    ASSERT_EQ(rig.run_checked(rig.batch(rng, 2500)), 0);
+    EXPECT_GT(rig.cache->stats.hits.load(), 0);
+    EXPECT_GT(rig.cache->stats.evictions.load(), 0);
+    io::Batch bad = rig.batch(rng, 2500);
+    bad.cat_indices[2][2400] = 80;  // in the last piece of feature 2
+    expect_error([&] { rig.cache->run(bad, [](const io::Batch&) {}); },
+                 {"id 80", "feature 2", "80 rows"});
+    ASSERT_EQ(rig.run_checked(rig.batch(rng, 2500)), 0);
+  }
+}
+
 TEST(GpuCache, ABatchNeedingMoreStagingRowsAsksForThemAndRunsAfterABind) {
   Rig rig(0.0, "lfu", 4);  // async: every distinct miss takes a staging row
   std::mt19937_64 rng(5);

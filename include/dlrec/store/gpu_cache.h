@@ -19,11 +19,13 @@
 // answer.
 //
 // The host work of a batch, in order, on the instance's spin team (core/spin_team.h): the
-// lookups (per feature: each distinct id once, its slot looked up in a flat open-addressing
-// index with the memory access started ahead, as the slot maps of hundreds of MiB miss the
-// caches); then, at the same time, the fetch of the misses (per table, into the pinned buffer
-// the upload reads) and the slot maps' bookkeeping (per feature: the hits' LFU/LRU touches and
-// the sync inserts); then the one device write and the forward.
+// lookups (in pieces of 512 ids of a feature: each id's slot looked up in a flat
+// open-addressing index with the memory access started ahead, as the slot maps of hundreds of
+// MiB miss the caches); the remap (per feature: each distinct id once, to its slot or a staging
+// row) beside the copy of the rest of the batch; then, at the same time, the fetch of the misses
+// (per table, into the pinned buffer the upload reads) and the slot maps' bookkeeping (per
+// feature: the hits' LFU/LRU touches, their list neighbours prefetched, and the sync inserts);
+// then the one device write and the forward.
 //
 // Why the slot map is on the host: the ids arrive on the host (the request), the misses must
 // be fetched by the host from the tiers below anyway, and the remapped ids are what the engine
@@ -97,6 +99,13 @@ class alignas(64) SlotMap {
   int64_t id_at(int64_t slot) const { return slot_[slot].id; }
   // Starts loading what touch(slot) reads first.
   void prefetch_slot(int32_t slot) const { __builtin_prefetch(&slot_[slot]); }
+  // Starts loading what touch(slot) then relinks: the slot's list neighbours (reads the slot's
+  // record: call it once prefetch_slot's load has arrived).
+  void prefetch_links(int32_t slot) const {
+    const Slot& s = slot_[slot];
+    if (s.prev >= 0) __builtin_prefetch(&slot_[s.prev], 1);
+    if (s.next >= 0) __builtin_prefetch(&slot_[s.next], 1);
+  }
   static constexpr int kMaxScan = 256;
 
  private:
@@ -264,6 +273,7 @@ class GpuCache {
   // One feature's part of the running batch (kept across batches for their memory).
   // Aligned to a cache line: each feature's is written by its own thread (no false sharing).
   struct alignas(64) FeatureWork {
+    std::vector<int32_t> found;      // per id of the batch: its slot, or -1 (see look_up)
     FlatIdIndex seen;                // the batch's distinct ids -> device rows (see remap)
     std::vector<int32_t> hit_slots;  // of its distinct ids found
     std::vector<int64_t> fetch_ids, fetch_rows;  // its distinct missed ids, their staging rows
@@ -271,7 +281,8 @@ class GpuCache {
     std::vector<int64_t> inserted;  // sync: the ids given slots
     int64_t evictions = 0, id_hits = 0;
   };
-  void copy_unstored(const io::Batch& batch);
+  void plan_copies(const io::Batch& batch);
+  void look_up(const io::Batch& batch, size_t k, int64_t lo, int64_t hi);
   void remap(const io::Batch& batch, size_t k);
   void maintain(size_t k, bool sync);
   void undo_inserts();  // gives back the slots the running batch's sync inserts took
@@ -288,8 +299,9 @@ class GpuCache {
   std::vector<int64_t> feature_rows_, tables_of_feature_;  // per feature: its ids, its tables
   std::vector<FeatureWork> work_;
   std::unique_ptr<SpinTeam> team_;  // a batch's per-feature and per-table tasks (run_tasks)
-  // fn(0..n-1) on the team, each task taken by the next free member; rethrows the first error.
-  void run_tasks(int n, const std::function<void(int)>& fn);
+  // fn(0..n-1) on the team, each task taken by the next free member (in order on this thread
+  // when not `threaded`); rethrows the first error.
+  void run_tasks(int n, bool threaded, const std::function<void(int)>& fn);
   std::vector<SlotMap> maps_;
   std::unique_ptr<DeviceRows> rows_;
   std::mutex mu_;  // the instance: a batch, an insert or an invalidation at a time
@@ -302,6 +314,12 @@ class GpuCache {
   bool busy_ = false, stop_ = false;
   std::thread inserter_;
   io::Batch staged_;
+  struct Copy {
+    void* to;
+    const void* from;
+    size_t bytes;
+  };
+  std::vector<Copy> copies_;  // the running batch's bytes into staged_ (plan_copies)
 };
 
 }  // namespace dlrec::store
