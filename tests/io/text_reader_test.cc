@@ -501,6 +501,22 @@ TEST(TextReader, CriteoSample) {
   set_num_threads(0);
 }
 
+// transpose64 against the bit-by-bit definition, on random matrices.
+TEST(TextParse, Transpose64) {
+  uint64_t state = 7;
+  for (int n = 0; n < 20; ++n) {
+    uint64_t a[64], t[64];
+    for (auto& x : a) {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      x = state ^ (state << 17);
+    }
+    std::copy(a, a + 64, t);
+    text_detail::transpose64(t);
+    for (int r = 0; r < 64; ++r)
+      for (int c = 0; c < 64; ++c) ASSERT_EQ((t[c] >> r) & 1, (a[r] >> c) & 1) << r << " " << c;
+  }
+}
+
 // Lines that take the fast path with deferred offsets, mixed with lines the general parser
 // takes (a decimal, a quoted key) and with bad lines that the fast path rolls back after some
 // of their keys were appended (a bad key late in the line, too few fields): one chunk parsed
