@@ -130,6 +130,7 @@ void parse_range(const MappedFile& f, int fi, size_t lo, size_t hi, int64_t line
   io::RawChunk chunk;
   start_chunk(chunk, schema);
   auto hand_on = [&] {
+    parser.finish(chunk, scratch);
     if (chunk.rows == 0) return;
     part.parsed.stats.rows += chunk.rows;
     part.parsed.chunks.push_back(std::move(chunk));

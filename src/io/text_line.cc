@@ -97,8 +97,9 @@ void parse_line(const char* begin, const char* end, const Schema& schema,
   LineParser parser(schema, field_to_column);
   LineParser::Scratch scratch;
   LineError err;
-  if (!parser.parse(begin, end, out, scratch, err))
-    fail(where, ": ", parser.field_prefix(err.field), err.msg);
+  const bool ok = parser.parse(begin, end, out, scratch, err);
+  parser.finish(out, scratch);
+  if (!ok) fail(where, ": ", parser.field_prefix(err.field), err.msg);
 }
 
 }  // namespace dlrec::io

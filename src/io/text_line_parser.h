@@ -215,6 +215,28 @@ inline const char* parse_number(const char* b, const char* e, float& out) {
   return nullptr;
 }
 
+// v[b][j]: the set bits among bits 0..j of byte b.
+struct PrefixCounts {
+  uint8_t v[256][8];
+  constexpr PrefixCounts() : v() {
+    for (int b = 0; b < 256; ++b)
+      for (int j = 0, n = 0; j < 8; ++j) v[b][j] = static_cast<uint8_t>(n += (b >> j) & 1);
+  }
+};
+inline constexpr PrefixCounts kPrefixCounts;
+
+// Transposes a 64 x 64 bit matrix in place: bit c of a[r] becomes bit r of a[c]. Six rounds
+// of block swaps (32 x 32 blocks, then 16 x 16, ...), each swap a few word operations.
+inline void transpose64(uint64_t* a) {
+  uint64_t m = 0x00000000FFFFFFFFull;
+  for (int j = 32; j != 0; j >>= 1, m ^= m << j)
+    for (int k = 0; k < 64; k = (k + j + 1) & ~j) {
+      const uint64_t t = ((a[k] >> j) ^ a[k + j]) & m;
+      a[k + j] ^= t;
+      a[k] ^= t << j;
+    }
+}
+
 // What a file field becomes in a RawChunk.
 struct Target {
   ColumnKind kind = ColumnKind::Skip;
@@ -230,6 +252,11 @@ class LineParser {
   struct Scratch {
     std::vector<Field> fields;
     std::string unescaped;
+    // Deferred offsets (Criteo-shaped layouts, deferred_offsets()): the rows parse_fast
+    // appended to `pending_chunk` whose categorical offsets are not written yet, one word per
+    // row (bit c: column c got a value). finish() writes them.
+    std::vector<uint64_t> pending;
+    const RawChunk* pending_chunk = nullptr;
   };
 
   LineParser(const Schema& schema, const std::vector<int>& field_to_column)
@@ -256,16 +283,86 @@ class LineParser {
       }
       targets_.push_back(t);
     }
+    // Deferred offsets when every categorical field is a one-hot hex key and each column is
+    // fed by one field at most: a row then adds at most one value per column, which one bit
+    // per column records.
+    std::vector<int> fields_of(static_cast<size_t>(num_cat_), 0);
+    bool one_each = true;
+    for (const Target& t : targets_)
+      if (t.kind == ColumnKind::Categorical) {
+        one_each = one_each && !t.multi_hot && fields_of[t.index] == 0;
+        ++fields_of[t.index];
+      }
+    deferred_ = hex_ && one_each && num_cat_ > 0 && num_cat_ <= 64;
   }
+
+  // Whether parse() defers the categorical offsets of the rows it appends (until finish()).
+  bool deferred_offsets() const { return deferred_; }
 
   int num_fields() const { return static_cast<int>(targets_.size()); }
 
   // Appends the line as row `out.rows`; on failure leaves `out` unchanged and fills `err`.
   // One pass over the line: fields are cut and parsed as they come. A wrong field count is
   // reported in preference to a bad value (a missing tab shifts every later field).
+  // With deferred_offsets(), the rows that take the fast path get their categorical offsets
+  // only at finish(out, s): call it once the chunk is complete (before anything reads it, and
+  // before `out` is reset or `s` parses into another chunk). Until then out.rows and every
+  // other part of the chunk are up to date.
   bool parse(const char* b, const char* e, RawChunk& out, Scratch& s, LineError& err) const {
-    if (parse_fast(b, e, out)) return true;
+    if (deferred_) {
+      if (!s.pending.empty() && s.pending_chunk != &out)
+        fail("LineParser: rows of another chunk wait for finish()");
+      if (parse_fast<true>(b, e, out, &s)) return true;
+      finish(out, s);  // the general parser appends offsets itself
+    } else if (parse_fast<false>(b, e, out, nullptr)) {
+      return true;
+    }
     return parse_general(b, e, out, s, err);
+  }
+
+  // Writes the deferred offsets of the rows parse() appended to `out` (nothing to do without
+  // deferred_offsets() or pending rows). 64 rows at a time: their words are transposed into
+  // one 64-bit mask per column, and each column's offsets are written from its mask eight rows
+  // per step (a table of the byte's prefix counts), one stream per column instead of 26
+  // interleaved streams per row.
+  void finish(RawChunk& out, Scratch& s) const {
+    if (s.pending.empty()) return;
+    if (s.pending_chunk != &out) fail("LineParser::finish: the pending rows are another chunk's");
+    const int64_t n = static_cast<int64_t>(s.pending.size());
+    int64_t* o[64];
+    int64_t v[64];
+    for (int c = 0; c < num_cat_; ++c) {
+      auto& off = out.cat_offsets[c];
+      const size_t base = off.size();
+      if (base == 0 || static_cast<int64_t>(base) + n != out.rows + 1)
+        fail("LineParser::finish: ", base, " offsets and ", n, " pending rows for a chunk of ",
+             out.rows, " rows");
+      off.resize(base + static_cast<size_t>(n));
+      o[c] = off.data() + base;
+      v[c] = o[c][-1];
+    }
+    const uint64_t* w = s.pending.data();
+    uint64_t block[64];
+    for (int64_t r0 = 0; r0 < n; r0 += 64) {
+      const int m = static_cast<int>(std::min<int64_t>(64, n - r0));
+      std::copy(w + r0, w + r0 + m, block);
+      std::fill(block + m, block + 64, uint64_t{0});
+      transpose64(block);  // block[c]: bit r = row r0 + r has a value in column c
+      for (int c = 0; c < num_cat_; ++c) {
+        int64_t* dst = o[c] + r0;
+        int64_t at = v[c];
+        int r = 0;
+        for (; r + 8 <= m; r += 8) {
+          const uint8_t* before = kPrefixCounts.v[(block[c] >> r) & 0xFF];
+          for (int j = 0; j < 8; ++j) dst[r + j] = at + before[j];
+          at += before[7];
+        }
+        for (; r < m; ++r) dst[r] = at += static_cast<int64_t>((block[c] >> r) & 1);
+        v[c] = at;
+      }
+    }
+    s.pending.clear();
+    s.pending_chunk = nullptr;
   }
 
   // The common case in one tight pass: no quoted field, plain integers (at most 18 digits) or
@@ -274,8 +371,18 @@ class LineParser {
   // false, and parse_general() decides, so both paths give the same values and errors.
   // Flattened: every call in it inlined (the vectors' push_back were calls, 26 per row for the
   // offsets; -6 % user CPU of a 1-thread `bench etl` on the 2-core build machine).
-  [[gnu::flatten]] bool parse_fast(const char* b, const char* e, RawChunk& out) const {
+  // kDeferred: the row's categorical offsets go to s->pending as one word (deferred_offsets()).
+  template <bool kDeferred>
+  [[gnu::flatten]] bool parse_fast(const char* b, const char* e, RawChunk& out, Scratch* s) const {
     const int64_t r = out.rows;
+    uint64_t got = 0;  // kDeferred: bit c = column c got a value in this row
+    // Rolls the row back: its values are the last of the columns whose bit is set in `got`.
+    auto rollback = [&](RawChunk& o) {
+      if constexpr (!kDeferred) return this->rollback(o);
+      o.dense.resize(static_cast<size_t>(o.rows * num_dense_));
+      for (uint64_t m = got; m != 0; m &= m - 1) o.cat_values[__builtin_ctzll(m)].pop_back();
+      return false;
+    };
     const int nf = num_fields();
     const char delim = schema_.delimiter;
     float label = 0;
@@ -320,6 +427,7 @@ class LineParser {
               uint64_t v8;
               if (hex8(q, v8)) {
                 out.cat_values[t.index].push_back(v8);
+                if constexpr (kDeferred) got |= uint64_t{1} << t.index;
                 q += 8;
                 break;
               }
@@ -333,8 +441,10 @@ class LineParser {
             }
             if (q - p > 16 || (q < e && *q != delim)) return rollback(out);
             out.cat_values[t.index].push_back(v);
+            if constexpr (kDeferred) got |= uint64_t{1} << t.index;
             break;
           }
+          if constexpr (kDeferred) return rollback(out);  // not a deferred layout: never here
           // A '"' inside the field: the general parser reports it (RFC 4180).
           while (q < e && *q != delim && *q != '"') ++q;
           if ((q < e && *q == '"') ||
@@ -355,8 +465,13 @@ class LineParser {
     }
     if (p != e) return rollback(out);  // more fields (or a trailing delimiter)
     out.label.push_back(label);
-    for (int c = 0; c < num_cat_; ++c)
-      out.cat_offsets[c].push_back(static_cast<int64_t>(out.cat_values[c].size()));
+    if constexpr (kDeferred) {
+      s->pending.push_back(got);
+      s->pending_chunk = &out;
+    } else {
+      for (int c = 0; c < num_cat_; ++c)
+        out.cat_offsets[c].push_back(static_cast<int64_t>(out.cat_values[c].size()));
+    }
     ++out.rows;
     return true;
   }
@@ -505,6 +620,7 @@ class LineParser {
   const Schema& schema_;
   int num_dense_, num_cat_;
   bool hex_;
+  bool deferred_ = false;  // deferred_offsets()
   std::vector<Target> targets_;
 };
 

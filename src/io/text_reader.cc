@@ -216,11 +216,13 @@ struct TextReader::Impl {
           P.error = err;
           P.error_unterminated = nl == nullptr;
         }
-        if (opt.on_error == OnError::Fail) return;
+        if (opt.on_error == OnError::Fail) break;
         ++P.skipped;
         P.skip_rows.push_back(P.chunk.rows);
       }
+      parser->finish(P.chunk, P.scratch);
     } catch (...) {
+      P.scratch.pending.clear();  // the chunk is dropped with the error
       P.crash = std::current_exception();
     }
   }
@@ -598,9 +600,10 @@ struct TextReader::Impl {
         res.error_line = i;
         res.error = err;
       }
-      if (opt.on_error == OnError::Fail) return;
+      if (opt.on_error == OnError::Fail) break;
       ++res.skipped;
     }
+    parser->finish(out, s);
   }
 
   // Appends parts[1..tasks) to `out` (which holds part 0), copying the parts in parallel.

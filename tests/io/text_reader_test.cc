@@ -501,5 +501,133 @@ TEST(TextReader, CriteoSample) {
   set_num_threads(0);
 }
 
+// transpose64 against the bit-by-bit definition, on random matrices.
+TEST(TextParse, Transpose64) {
+  uint64_t state = 7;
+  for (int n = 0; n < 20; ++n) {
+    uint64_t a[64], t[64];
+    for (auto& x : a) {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      x = state ^ (state << 17);
+    }
+    std::copy(a, a + 64, t);
+    text_detail::transpose64(t);
+    for (int r = 0; r < 64; ++r)
+      for (int c = 0; c < 64; ++c) ASSERT_EQ((t[c] >> r) & 1, (a[r] >> c) & 1) << r << " " << c;
+  }
+}
+
+// Lines that take the fast path with deferred offsets, mixed with lines the general parser
+// takes (a decimal, a quoted key) and with bad lines that the fast path rolls back after some
+// of their keys were appended (a bad key late in the line, too few fields): one chunk parsed
+// line after line with one Scratch and finished at the end equals the lines parsed one by
+// one (parse_line: finished after each line), value for value and offset for offset.
+TEST(TextParse, DeferredOffsetsMatchLineByLine) {
+  const Schema s = Schema::criteo();
+  const std::vector<int> map = field_mapping(s, "", "x");
+  text_detail::LineParser parser(s, map);
+  ASSERT_TRUE(parser.deferred_offsets());
+  uint64_t state = 99;
+  auto next = [&] {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return state >> 33;
+  };
+  std::vector<std::string> lines;
+  std::vector<std::vector<std::string>> keys;  // each line's categorical fields
+  for (int i = 0; i < 3000; ++i) {
+    std::vector<std::string> cats(26);
+    for (auto& c : cats) {
+      const uint64_t k = next();
+      char buf[32];
+      if (k % 4 == 0) continue;  // missing
+      std::snprintf(buf, sizeof buf, k % 7 == 1 ? "%llx" : "%08llx",
+                    static_cast<unsigned long long>(k % 7 == 1 ? k * 977 : k & 0xffffffffu));
+      c = buf;
+    }
+    std::vector<std::string> dense = {std::to_string(i), "", "-4"};
+    const uint64_t kind = next() % 16;
+    if (kind == 0) dense[1] = "2.5";                    // the general path
+    if (kind == 1) cats[20] = "\"" + cats[20] + "\"";   // a quote: the general path
+    if (kind == 2) cats[17] = "zz";                     // bad key after 17 columns
+    std::string line = criteo_line(next() % 2 ? "1" : "0", dense, cats);
+    if (kind == 3) line = line.substr(0, line.rfind('\t'));  // 39 fields
+    lines.push_back(line);
+    keys.push_back(cats);
+  }
+  RawChunk chunk, want;
+  chunk.reset(s.num_dense(), s.num_cat());
+  want.reset(s.num_dense(), s.num_cat());
+  text_detail::LineParser::Scratch scratch;
+  text_detail::LineError err;
+  int bad = 0;
+  // The keys of the lines taken, from their text (not from the parser).
+  std::vector<std::vector<uint64_t>> values(26);
+  std::vector<std::vector<int64_t>> offsets(26, std::vector<int64_t>{0});
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const auto& l = lines[i];
+    const bool ok = parser.parse(l.data(), l.data() + l.size(), chunk, scratch, err);
+    for (int c = 0; ok && c < 26; ++c) {
+      std::string k = keys[i][c];
+      k.erase(std::remove(k.begin(), k.end(), '"'), k.end());
+      if (!k.empty()) values[c].push_back(std::stoull(k, nullptr, 16));
+      offsets[c].push_back(static_cast<int64_t>(values[c].size()));
+    }
+    RawChunk one;
+    bool ok_one = true;
+    try {
+      parse_line(l.data(), l.data() + l.size(), s, map, one, "x");
+    } catch (const Error&) {
+      ok_one = false;
+    }
+    ASSERT_EQ(ok, ok_one) << l;
+    if (ok_one) want.append(one);
+    bad += !ok;
+  }
+  parser.finish(chunk, scratch);
+  EXPECT_GT(bad, 300);
+  EXPECT_TRUE(scratch.pending.empty());
+  ASSERT_EQ(chunk.rows, want.rows);
+  EXPECT_EQ(chunk.label, want.label);
+  ASSERT_EQ(chunk.dense.size(), want.dense.size());
+  for (size_t i = 0; i < chunk.dense.size(); ++i)
+    ASSERT_TRUE(chunk.dense[i] == want.dense[i] || (is_missing(chunk.dense[i]) && is_missing(want.dense[i])));
+  EXPECT_EQ(chunk.cat_values, values);
+  EXPECT_EQ(chunk.cat_offsets, offsets);
+  EXPECT_EQ(want.cat_values, values);
+  EXPECT_EQ(want.cat_offsets, offsets);
+}
+
+// A layout whose rows may hold several values in a column (multi-hot) keeps the offsets as
+// it goes; rows left pending for one chunk are refused for another, and finish() refuses a
+// chunk that is not theirs or whose row count no longer fits them.
+TEST(TextParse, DeferredOffsetsOnlyWhereTheyHoldAndMisuseIsAnError) {
+  Schema multi = Schema::criteo(2, 2);
+  multi.columns.back().multi_hot = true;
+  EXPECT_FALSE(text_detail::LineParser(multi, field_mapping(multi, "", "x")).deferred_offsets());
+  const Schema s = Schema::criteo(2, 2);
+  const std::vector<int> map = field_mapping(s, "", "x");
+  text_detail::LineParser parser(s, map);
+  ASSERT_TRUE(parser.deferred_offsets());
+  const std::string line = "1\t3\t\tdeadbeef\t";
+  RawChunk a, b;
+  a.reset(2, 2);
+  b.reset(2, 2);
+  text_detail::LineParser::Scratch scratch;
+  text_detail::LineError err;
+  ASSERT_TRUE(parser.parse(line.data(), line.data() + line.size(), a, scratch, err));
+  EXPECT_THAT([&] { parser.parse(line.data(), line.data() + line.size(), b, scratch, err); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("rows of another chunk wait for finish()")));
+  EXPECT_THAT([&] { parser.finish(b, scratch); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("the pending rows are another chunk's")));
+  a.rows = 5;  // rows added behind the parser's back
+  EXPECT_THAT([&] { parser.finish(a, scratch); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("pending rows for a chunk of 5 rows")));
+  a.rows = 1;
+  parser.finish(a, scratch);
+  EXPECT_EQ(a.cat_offsets[0], (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(a.cat_offsets[1], (std::vector<int64_t>{0, 0}));
+  EXPECT_EQ(a.cat_values[0], std::vector<uint64_t>{0xdeadbeef});
+}
+
 }  // namespace
 }  // namespace dlrec::io
