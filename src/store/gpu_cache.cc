@@ -631,19 +631,25 @@ void GpuCache::apply_insert(InsertJob& job) {
   }
   ++stamp_;
   const auto& tables = store_.tables();
-  std::vector<std::vector<int64_t>> slots(job.ids.size()), from(job.ids.size());
-  int64_t evictions = 0;
-  for (size_t k = 0; k < job.ids.size(); ++k)
+  const size_t F = job.ids.size();
+  std::vector<std::vector<int64_t>> slots(F), from(F);
+  std::vector<int64_t> evicted_k(F, 0);
+  // Per feature on the team (the instance is held meanwhile, so they are quick about it).
+  run_tasks(static_cast<int>(F), n_ids >= 1024, [&](int ki) {
+    const auto k = static_cast<size_t>(ki);
     for (size_t j = 0; j < job.ids[k].size(); ++j) {
       const int64_t id = job.ids[k][j];
       if (maps_[k].contains(id)) continue;  // inserted by a batch since
       int64_t evicted = -1;
       const int64_t s = maps_[k].insert(id, stamp_, &evicted);
-      if (evicted >= 0) ++evictions;
+      if (evicted >= 0) ++evicted_k[k];
       if (s < 0) continue;
       slots[k].push_back(s);
       from[k].push_back(static_cast<int64_t>(j));
     }
+  });
+  int64_t evictions = 0;
+  for (int64_t e : evicted_k) evictions += e;
   std::vector<std::vector<float>> rows(tables.size());
   std::vector<RowBlock> blocks;
   for (size_t t = 0; t < tables.size(); ++t) {
@@ -656,7 +662,10 @@ void GpuCache::apply_insert(InsertJob& job) {
     blocks.push_back({static_cast<int>(t), static_cast<int64_t>(slots[k].size()), dim,
                       slots[k].data(), rows[t].data()});
   }
-  if (!blocks.empty()) rows_->write(blocks);
+  // Enqueued ahead of the next batch's forward on the model's stream, not waited for (the
+  // rows are copied into the writer's own buffers first); the next write, values_buffer() or
+  // drain() waits for it.
+  if (!blocks.empty()) rows_->write_ahead(blocks);
   int64_t inserted = 0, cached_bytes = 0;
   for (const auto& v : slots) inserted += static_cast<int64_t>(v.size());
   for (size_t t = 0; t < tables.size(); ++t)
@@ -675,8 +684,12 @@ void GpuCache::invalidate(int table, const int64_t* ids, int64_t n) {
 }
 
 void GpuCache::drain() {
-  std::unique_lock<std::mutex> q(queue_mu_);
-  idle_cv_.wait(q, [&] { return queue_.empty() && !busy_; });
+  {
+    std::unique_lock<std::mutex> q(queue_mu_);
+    idle_cv_.wait(q, [&] { return queue_.empty() && !busy_; });
+  }
+  std::lock_guard<std::mutex> l(mu_);  // the last insert's device write done too
+  if (rows_) rows_->settle();
 }
 
 #ifndef DLREC_WITH_CUDA

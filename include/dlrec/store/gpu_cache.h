@@ -16,7 +16,8 @@
 // is below `insert_threshold`, they are also inserted synchronously: given cache slots
 // (evicting), into which the same kernel writes their rows before the forward. At or above it,
 // the batch runs and its rows are inserted by a background thread after the request has its
-// answer.
+// answer (the slot maps per feature on the instance's team, the rows written on the model's
+// stream ahead of the next forward, without a host wait).
 //
 // The host work of a batch, in order, on the instance's spin team (core/spin_team.h): the
 // lookups (in pieces of 512 ids of a feature: each id's slot looked up in a flat
@@ -246,7 +247,8 @@ class GpuCache {
   int64_t run(const io::Batch& batch, const std::function<void(const io::Batch&)>& forward);
   // Drops rows an online update replaced (called by the store's update thread).
   void invalidate(int table, const int64_t* ids, int64_t n);
-  // Waits until the queued asynchronous inserts are done (tests, benches; and before the
+  // Waits until the queued asynchronous inserts are done, their device writes (enqueued on
+  // the model's stream ahead of the next batch) included (tests, benches; and before the
   // model whose tables the cache writes is replaced or destroyed).
   void drain();
   // The hit rate of the recent lookups that decides sync or async inserts.
