@@ -103,6 +103,7 @@ void GraphCuda::mark(const std::string& what) {
 void GraphCuda::flush_profile() {
   if (!profile_ || marks_.empty()) return;
   DLREC_CUDA_CHECK(cudaEventSynchronize(events_[marks_.size() - 1]));
+  if (e_.dp.comm) profile_rank_ = e_.dp.rank;  // the communicator may be gone at the end
   if (++seen_steps_ > 3) {
     ++profiled_steps_;
     for (size_t i = 1; i < marks_.size(); ++i) {
@@ -321,12 +322,15 @@ GraphCuda::~GraphCuda() {
   if (profile_ && profiled_steps_ > 0) {
     double total = 0;
     for (auto& p : phase_ms_) total += p.second;
-    std::fprintf(stderr, "[profile] %lld steps of batch %lld, device ms per step by phase:\n",
+    // Data-parallel: every rank prints its own phases, labelled (the lines of ranks interleave).
+    char who[32] = "[profile]";
+    if (profile_rank_ >= 0) std::snprintf(who, sizeof who, "[profile r%d]", profile_rank_);
+    std::fprintf(stderr, "%s %lld steps of batch %lld, device ms per step by phase:\n", who,
                  static_cast<long long>(profiled_steps_), static_cast<long long>(fwd_rows_));
     for (auto& p : phase_ms_)
-      std::fprintf(stderr, "[profile]   %-28s %8.3f ms  %5.1f%%\n", p.first.c_str(),
+      std::fprintf(stderr, "%s   %-28s %8.3f ms  %5.1f%%\n", who, p.first.c_str(),
                    p.second / profiled_steps_, 100.0 * p.second / std::max(total, 1e-9));
-    std::fprintf(stderr, "[profile]   %-28s %8.3f ms\n", "total", total / profiled_steps_);
+    std::fprintf(stderr, "%s   %-28s %8.3f ms\n", who, "total", total / profiled_steps_);
     if (e_.lt)
       std::fprintf(stderr, "[profile]   cuBLASLt plans without an algorithm (fallbacks): %d\n",
                    e_.lt->unsupported_count());

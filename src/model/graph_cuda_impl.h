@@ -195,6 +195,7 @@ class GraphCuda final : public CudaModel {
   void mark(const std::string& what);
   void flush_profile();
   bool profile_ = false;
+  int profile_rank_ = -1;  // data-parallel: this rank, for the profile's labels
   std::vector<gpu::Event> events_;
   std::vector<std::string> marks_;
   std::vector<std::pair<std::string, double>> phase_ms_;

@@ -195,8 +195,18 @@ __global__ void iota_kernel(int32_t* p, int64_t n) {
 // chunk boundaries leaves its first piece in tail[chunk] and its later pieces in head[chunk],
 // and finalize2_kernel adds them in chunk order and applies the update. The summation order is
 // fixed by the batch, so results are deterministic.
+// A very long run (a zipf-hot id of a 100-id table over a 4-GPU global batch: ~330,000
+// occurrences, 10,000 chunks; the zero "outside" row of a row-wise piece: every id of the other
+// ranks' ranges) made the one warp of finalize2_kernel the step's tail (14.9 ms of a 30 ms step
+// for row-wise emb.20, bench/RESULTS.md). So the chunks are also cut into groups of
+// kGroupChunks: group_kernel sums, for each group whose chunks all lie inside one run (the run
+// goes on across both of the group's ends), their head rows in chunk order into group[g], one
+// warp a group, all groups at once; finalize2_kernel then adds group[g] in place of the group's
+// kGroupChunks head rows where a whole group lies inside the run's chunks after its first. A run
+// of fewer chunks sums exactly as before; the order stays fixed by the batch.
 constexpr int kChunk = 32;
 constexpr int kWarpsPerBlock = 8;
+constexpr int kGroupChunks = 64;
 
 // Gradient loads, widened to float (exact for bf16 and f16).
 __device__ __forceinline__ float4 load4(const float* p) {
@@ -408,13 +418,47 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   }
 }
 
+// group[g] = head[g * G] + ... + head[g * G + G - 1] (G = kGroupChunks, in that order) for every
+// group g >= 1 whose chunks lie inside one run: the id before the group's first and the group's
+// last id are the same (the ids are sorted), the group's chunks all full. One warp a group.
+template <int V>
+__global__ void __launch_bounds__(256)
+    group_kernel(const uint32_t* __restrict__ keys_sorted, int64_t nnz, int d,
+                 const float* __restrict__ head, float* __restrict__ group) {
+  const int64_t g = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  const int64_t c0 = g * kGroupChunks;
+  const int64_t q0 = c0 * kChunk, q1 = (c0 + kGroupChunks) * kChunk;  // [q0, q1): its ids
+  if (g == 0 || q1 > nnz) return;
+  if (keys_sorted[q0 - 1] != keys_sorted[q1 - 1]) return;
+  for (int k0 = lane * V; k0 < d; k0 += 32 * V) {
+    float s[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) s[v] = 0.f;
+    for (int64_t cc = c0; cc < c0 + kGroupChunks; cc += kBatch) {
+      Vec<V> x[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) x[u] = ld_row<V>(head + (cc + u) * d + k0);
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+#pragma unroll
+        for (int v = 0; v < V; ++v) s[v] = __fadd_rn(s[v], x[u].v[v]);
+    }
+    Vec<V> r;
+#pragma unroll
+    for (int v = 0; v < V; ++v) r.v[v] = s[v];
+    st_row<V>(group + g * d + k0, r);
+  }
+}
+static_assert(kGroupChunks % kBatch == 0, "group_kernel loads kBatch head rows at a time");
+
 template <int V>
 __global__ void __launch_bounds__(256)
     finalize2_kernel(Tables tab, const uint32_t* __restrict__ keys_sorted,
                      const int32_t* __restrict__ pos_sorted, const int32_t* __restrict__ pos_bag,
                      int64_t B, int64_t nnz, Update kind, const float* __restrict__ lr_p,
                      float eps, const float* __restrict__ head, const float* __restrict__ tail,
-                     const float* __restrict__ gscale_p) {
+                     const float* __restrict__ group, const float* __restrict__ gscale_p) {
   const int64_t c = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   const int64_t nch = (nnz + kChunk - 1) / kChunk;
@@ -457,6 +501,21 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int v = 0; v < V; ++v) g[v] = t.v[v];
     int64_t cc = c + 1;
+    // Up to the first group boundary, then whole groups inside the run (chunks cc .. cc + G - 1
+    // all before ce, so all full and all the run's: group_kernel summed them), then the rest.
+    const int64_t gfirst = (cc + kGroupChunks - 1) / kGroupChunks * kGroupChunks;
+    if (gfirst + kGroupChunks < ce) {
+      for (; cc < gfirst; ++cc) {
+        const Vec<V> x = ld_row<V>(head + cc * d + k0);
+#pragma unroll
+        for (int v = 0; v < V; ++v) g[v] = __fadd_rn(g[v], x.v[v]);
+      }
+      for (; cc + kGroupChunks < ce; cc += kGroupChunks) {
+        const Vec<V> x = ld_row<V>(group + (cc / kGroupChunks) * d + k0);
+#pragma unroll
+        for (int v = 0; v < V; ++v) g[v] = __fadd_rn(g[v], x.v[v]);
+      }
+    }
     for (; cc + kBatch <= ce + 1; cc += kBatch) {
       Vec<V> x[kBatch];
 #pragma unroll
@@ -536,7 +595,8 @@ int64_t num_chunks(int64_t n) { return (n + kChunk - 1) / kChunk; }
 size_t scratch_bytes(int64_t n, int key_bits, int dim) {
   n = n < 1 ? 1 : n;
   return align_up(n * 4) * 4 + align_up(cub_bytes_for(n, key_bits)) +
-         2 * align_up(sizeof(float) * num_chunks(n) * dim);
+         2 * align_up(sizeof(float) * num_chunks(n) * dim) +
+         align_up(sizeof(float) * (num_chunks(n) / kGroupChunks + 1) * dim);
 }
 
 Scratch carve(void* base, int64_t n, int key_bits, int dim) {
@@ -556,6 +616,7 @@ Scratch carve(void* base, int64_t n, int key_bits, int dim) {
   s.cub_temp = take(s.cub_bytes);
   s.head = reinterpret_cast<float*>(take(sizeof(float) * num_chunks(n) * dim));
   s.tail = reinterpret_cast<float*>(take(sizeof(float) * num_chunks(n) * dim));
+  s.group = reinterpret_cast<float*>(take(sizeof(float) * (num_chunks(n) / kGroupChunks + 1) * dim));
   s.dim = dim;
   s.capacity = n;
   return s;
@@ -602,9 +663,15 @@ void backward_apply(const Tables& tab, const int32_t* offsets, int64_t B, int64_
         tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, ld, kind, lr,
         eps, s.head, s.tail, gscale);
     DLREC_CUDA_LAUNCH_CHECK();
+    const int64_t groups = num_chunks(nnz) / kGroupChunks;  // whole groups only
+    if (groups > 1) {
+      group_kernel<V><<<static_cast<unsigned>((groups * 32 + 255) / 256), 256, 0, stream>>>(
+          s.keys_sorted, nnz, tab.dim, s.head, s.group);
+      DLREC_CUDA_LAUNCH_CHECK();
+    }
     finalize2_kernel<V><<<fin_blocks, 256, 0, stream>>>(tab, s.keys_sorted, s.pos_sorted,
                                                         s.pos_bag, B, nnz, kind, lr, eps, s.head,
-                                                        s.tail, gscale);
+                                                        s.tail, s.group, gscale);
     DLREC_CUDA_LAUNCH_CHECK();
   };
   if (vec4_ok(dpooled, tab.dim, ld)) launch(std::integral_constant<int, 4>());

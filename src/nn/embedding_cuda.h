@@ -51,6 +51,8 @@ struct Scratch {
   size_t cub_bytes = 0;
   float* head = nullptr;           // [chunks, dim] partial sums of runs that began earlier
   float* tail = nullptr;           // [chunks, dim] partial sums of runs that go on later
+  float* group = nullptr;          // [chunks / kGroupChunks, dim] sums of head over a group of
+                                   // chunks inside one run (embedding_cuda.cu, group_kernel)
   int dim = 0;
   int64_t capacity = 0;
 };

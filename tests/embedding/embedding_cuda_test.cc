@@ -400,12 +400,17 @@ TEST(EmbeddingCuda, StridedBackwardMatchesPackedAndCpu) {
 // to a table where most rows occur once: the update must equal, bit for bit, the order the
 // header documents, computed here on the host in float: the ids sorted stably by row, cut into
 // chunks of 32; each run's piece in a chunk summed in order (g += scale * x from 0), the pieces
-// added in chunk order, times gscale, then SGD or Adagrad in float. A gscale of 0 leaves the
-// tables and accumulators alone.
+// added in chunk order, except that a run's whole groups of 64 chunks (aligned to 64, after its
+// first chunk and before its last) are first summed from 0 in chunk order and that sum added
+// (the group pass of long runs); times gscale, then SGD or Adagrad in float. A gscale of 0 leaves
+// the tables and accumulators alone.
+// The first chunk at or after c0 + 1 that begins a group of 64 chunks.
+int64_t k_group_first(int64_t c0) { return (c0 + 1 + 63) / 64 * 64; }
+
 TEST(EmbeddingCuda, LongRunsFollowTheDocumentedOrderBitForBit) {
   SKIP_WITHOUT_GPU();
 #ifdef DLREC_WITH_CUDA
-  int64_t long_runs = 0, compared = 0;
+  int64_t long_runs = 0, grouped_runs = 0, compared = 0;
   for (int dim : {8, 3})
     for (bool mean : {false, true})
       for (auto kind : {ce::Update::SGD, ce::Update::Adagrad})
@@ -445,8 +450,12 @@ TEST(EmbeddingCuda, LongRunsFollowTheDocumentedOrderBitForBit) {
             const int32_t bag0 = bag_of[order[i]];
             const int t = static_cast<int>(bag0 / p.B);
             const int64_t r = p.keys[order[i]] - p.row_base[t];
+            const int64_t c0 = i / 32, ce = (j - 1) / 32;
+            constexpr int64_t kGroup = 64;
+            if (k_group_first(c0) + kGroup < ce) ++grouped_runs;
             for (int k = 0; k < dim; ++k) {
-              float total = 0.f, piece = 0.f;
+              std::vector<float> pieces;  // the run's piece in each of its chunks c0 .. ce
+              float piece = 0.f;
               for (int64_t q = i; q < j; ++q) {
                 const int32_t bag = bag_of[order[q]];
                 const int64_t b = bag - int64_t(t) * p.B;
@@ -456,10 +465,22 @@ TEST(EmbeddingCuda, LongRunsFollowTheDocumentedOrderBitForBit) {
                 const float prod = sc * x;
                 piece = piece + prod;
                 if (q + 1 == j || (q + 1) % 32 == 0) {  // the piece ends with the run or chunk
-                  total = q / 32 == i / 32 ? piece : total + piece;
+                  pieces.push_back(piece);
                   piece = 0.f;
                 }
               }
+              float total = pieces[0];
+              int64_t cc = c0 + 1;
+              const int64_t gfirst = k_group_first(c0);
+              if (gfirst + kGroup < ce) {
+                for (; cc < gfirst; ++cc) total = total + pieces[cc - c0];
+                for (; cc + kGroup < ce; cc += kGroup) {
+                  float group = 0.f;
+                  for (int64_t u = 0; u < kGroup; ++u) group = group + pieces[cc + u - c0];
+                  total = total + group;
+                }
+              }
+              for (; cc <= ce; ++cc) total = total + pieces[cc - c0];
               if (gscale == 0.f) continue;
               float gv = total;
               if (gscale != 1.f) gv = gv * gscale;
@@ -486,6 +507,7 @@ TEST(EmbeddingCuda, LongRunsFollowTheDocumentedOrderBitForBit) {
           }
         }
   EXPECT_GT(long_runs, 100) << "the case must have runs over several chunks";
+  EXPECT_GT(grouped_runs, 10) << "the case must have runs over whole groups of 64 chunks";
   EXPECT_GT(compared, 600000);
 #endif
 }

@@ -453,11 +453,13 @@ class EmbeddingNode final : public Node {
       c.all_gather_v(e.offsets, off_in_.raw(), off_counts, dist::Elem::I32);
       c.all_gather_v(e.keys, keys_in_.raw(), key_counts, dist::Elem::I32);
     });
+    e.sub("emb fwd: ids all-gather");
     dp::build_table_bags(geo, static_cast<const int32_t*>(tw_tabs_.raw()), tw_K_,
                          off_in_.data<int32_t>(), static_cast<const uint32_t*>(keys_in_.raw()),
                          tw_off_.data<int32_t>(), static_cast<uint32_t*>(tw_keys_.raw()),
                          lens_.data<int32_t>(), src_.data<int64_t>(), scan_.raw(), scan_bytes_,
                          e.st);
+    e.sub("emb fwd: tw bags");
     const Value& o = into_ >= 0 ? e.vals[into_] : e.vals[self];
     const int64_t col = into_ >= 0 ? col_ : 0;
     auto run = [&](auto* h) {
@@ -467,16 +469,20 @@ class EmbeddingNode final : public Node {
           ce::forward(tw_sub_, tw_off_.data<int32_t>(),
                       static_cast<const uint32_t*>(tw_keys_.raw()), G, mean_,
                       static_cast<H*>(tw_pool_.raw()), e.st, tw_K_ * dim);
+        e.sub("emb fwd: tw pool");
         e.on_comm([&](dist::Communicator& c) {
           c.all_to_all_v(tw_pool_.raw(), own_c, own_o, tw_recv_.raw(), peer_c, peer_o,
                          dist::elem_of(o.dt));
         });
+        e.sub("emb fwd: tw all-to-all");
         dp::scatter_pooled(tw_layout_, e.B, static_cast<const H*>(tw_recv_.raw()),
                            static_cast<H*>(o.y.raw()) + col, o.ld, e.st);
+        e.sub("emb fwd: tw scatter");
       }
       if (rw_K_ > 0)
         forward_row_wise(e, geo, static_cast<H*>(o.y.raw()) + col, o.ld, dist::elem_of(o.dt));
       if (rp_K_ > 0) forward_replicated(e, static_cast<H*>(o.y.raw()) + col, o.ld);
+      if (rp_K_ > 0) e.sub("emb fwd: replicated");
     };
     if (is_half(o.dt))
       with_half(o.dt, run);
@@ -497,20 +503,26 @@ class EmbeddingNode final : public Node {
       using S = std::remove_pointer_t<decltype(s)>;
       using W = std::remove_pointer_t<decltype(w)>;
       const S* grad = static_cast<const S*>(gv.g.raw()) + col;
+      e.sub("emb bwd: (before)");
       if (rp_K_ > 0) backward_replicated(e, grad, gv.ld);
+      if (rp_K_ > 0) e.sub("emb bwd: replicated");
       if (rw_K_ > 0) backward_row_wise<S, W>(e, grad, gv.ld);
       if (!has_tw_) return;
       pack_grads(tw_layout_, e.B, grad, gv.ld, static_cast<W*>(tw_gsend_.raw()), e.st);
+      e.sub("emb bwd: tw pack");
       e.on_comm([&](dist::Communicator& c) {
         c.all_to_all_v(tw_gsend_.raw(), peer_c, peer_o, tw_grecv_.raw(), own_c, own_o,
                        dist::elem_of(xdt_));
       });
+      e.sub("emb bwd: tw all-to-all");
       if (tw_K_ == 0 || G == 0 || tw_nnz_ == 0) return;
       const int32_t* off = tw_off_.data<int32_t>();
       ce::backward_ids(tw_sub_, off, static_cast<const uint32_t*>(tw_keys_.raw()), G, tw_nnz_,
                        ts_.key_bits, ts_.scratch, e.st);
+      e.sub("emb bwd: tw ids (sort)");
       ce::backward_apply(tw_sub_, off, G, tw_nnz_, mean_, static_cast<const W*>(tw_grecv_.raw()),
                          tw_K_ * dim, kind, e.lr + 1, e.emb_eps, ts_.scratch, e.st, e.gscale);
+      e.sub("emb bwd: tw apply");
     };
     if (is_half(gv.gdt))
       with_half(gv.gdt, [&](auto* h) { run(h, h); });
@@ -627,11 +639,14 @@ class EmbeddingNode final : public Node {
                        static_cast<const uint32_t*>(keys_in_.raw()), rw_off_.data<int32_t>(),
                        static_cast<uint32_t*>(rw_keys_.raw()), lens_.data<int32_t>(),
                        src_.data<int64_t>(), scan_.raw(), scan_bytes_, e.st);
+    e.sub("emb fwd: rw bags");
     ce::forward(rw_sub_, rw_off_.data<int32_t>(), static_cast<const uint32_t*>(rw_keys_.raw()), Gp,
                 mean_, static_cast<H*>(rw_pool_.raw()), e.st, rw_K_ * dim);
+    e.sub("emb fwd: rw pool");
     e.on_comm([&](dist::Communicator& c) {
       c.reduce_scatter(rw_pool_.raw(), rw_recv_.raw(), bmax * rw_K_ * dim, el);
     });
+    e.sub("emb fwd: rw reduce-scatter");
     dp::scatter_pooled(rw_layout_, e.B, static_cast<const H*>(rw_recv_.raw()), out, ld, e.st);
   }
   // S: the gradient's type, W: the exchange's (backward_table_wise).
@@ -645,11 +660,13 @@ class EmbeddingNode final : public Node {
     e.on_comm([&](dist::Communicator& c) {
       c.all_gather(rw_gsend_.raw(), rw_grecv_.raw(), bmax * rw_K_ * dim, dist::elem_of(xdt_));
     });
+    e.sub("emb bwd: rw pack+all-gather");
     if (rw_nnz_ == 0) return;
     const ce::Update kind = e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD;
     const int32_t* off = rw_off_.data<int32_t>();
     ce::backward_ids(rw_sub_, off, static_cast<const uint32_t*>(rw_keys_.raw()), Gp, rw_nnz_,
                      rw_key_bits_, rw_scratch_, e.st);
+    e.sub("emb bwd: rw ids (sort)");
     ce::backward_apply(rw_sub_, off, Gp, rw_nnz_, mean_, static_cast<const W*>(rw_grecv_.raw()),
                        rw_K_ * dim, kind, e.lr + 1, e.emb_eps, rw_scratch_, e.st, e.gscale);
     // The outside rows took the other ranges' updates: zero again (values; the accumulator of
@@ -658,6 +675,7 @@ class EmbeddingNode final : public Node {
       DLREC_CUDA_CHECK(
           cudaMemsetAsync(ts_.tables[rw_mine_[k]].data<float>() + rw_local_rows_[k] * dim, 0,
                           sizeof(float) * dim, e.st));
+    e.sub("emb bwd: rw apply");
   }
   dp::RwLayout rw_rl_;
   dp::TwLayout rw_layout_;
