@@ -418,6 +418,20 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   }
 }
 
+// s[v] += rows cc .. cc + kBatch - 1 of `rows` (d floats apart) at columns k0 .. k0 + V - 1,
+// in row order (all kBatch rows loaded first, so their loads overlap).
+template <int V>
+__device__ __forceinline__ void add_rows(const float* __restrict__ rows, int64_t cc, int d,
+                                         int k0, float* s) {
+  Vec<V> x[kBatch];
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) x[u] = ld_row<V>(rows + (cc + u) * d + k0);
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u)
+#pragma unroll
+    for (int v = 0; v < V; ++v) s[v] = __fadd_rn(s[v], x[u].v[v]);
+}
+
 // group[g] = head[g * G] + ... + head[g * G + G - 1] (G = kGroupChunks, in that order) for every
 // group g >= 1 whose chunks lie inside one run: the id before the group's first and the group's
 // last id are the same (the ids are sorted), the group's chunks all full. One warp a group.
@@ -435,15 +449,7 @@ __global__ void __launch_bounds__(256)
     float s[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) s[v] = 0.f;
-    for (int64_t cc = c0; cc < c0 + kGroupChunks; cc += kBatch) {
-      Vec<V> x[kBatch];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) x[u] = ld_row<V>(head + (cc + u) * d + k0);
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u)
-#pragma unroll
-        for (int v = 0; v < V; ++v) s[v] = __fadd_rn(s[v], x[u].v[v]);
-    }
+    for (int64_t cc = c0; cc < c0 + kGroupChunks; cc += kBatch) add_rows<V>(head, cc, d, k0, s);
     Vec<V> r;
 #pragma unroll
     for (int v = 0; v < V; ++v) r.v[v] = s[v];
@@ -516,15 +522,7 @@ __global__ void __launch_bounds__(256)
         for (int v = 0; v < V; ++v) g[v] = __fadd_rn(g[v], x.v[v]);
       }
     }
-    for (; cc + kBatch <= ce + 1; cc += kBatch) {
-      Vec<V> x[kBatch];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) x[u] = ld_row<V>(head + (cc + u) * d + k0);
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u)
-#pragma unroll
-        for (int v = 0; v < V; ++v) g[v] = __fadd_rn(g[v], x[u].v[v]);
-    }
+    for (; cc + kBatch <= ce + 1; cc += kBatch) add_rows<V>(head, cc, d, k0, g);
     for (; cc <= ce; ++cc) {
       const Vec<V> x = ld_row<V>(head + cc * d + k0);
 #pragma unroll
