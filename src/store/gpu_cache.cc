@@ -469,7 +469,8 @@ int64_t GpuCache::run(const io::Batch& batch,
   // of the batch in pieces.
   constexpr int64_t kLookUpPiece = 512;
   int64_t total_ids = 0;
-  std::vector<std::pair<int, int64_t>> pieces;  // (feature k, first id)
+  std::vector<std::pair<int, int64_t>>& pieces = pieces_;
+  pieces.clear();
   for (size_t k = 0; k < F; ++k) {
     const auto n = static_cast<int64_t>(batch.cat_indices[sizing_.features[k]].size());
     total_ids += n;

@@ -322,6 +322,7 @@ class GpuCache {
     size_t bytes;
   };
   std::vector<Copy> copies_;  // the running batch's bytes into staged_ (plan_copies)
+  std::vector<std::pair<int, int64_t>> pieces_;  // its lookups' pieces: (feature k, first id)
 };
 
 }  // namespace dlrec::store
