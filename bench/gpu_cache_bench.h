@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "dlrec/core/thread_pool.h"
 #include "dlrec/io/batch.h"
 #include "dlrec/store/embedding_store.h"
 #include "dlrec/store/gpu_cache.h"
@@ -45,6 +46,26 @@ class GeneratedTier final : public store::Tier {
  private:
   std::vector<store::TableInfo> tables_;
 };
+
+// Writes the generated rows of `tables` into a RocksDB store at `path` (serve_gpu_cache
+// --rocksdb: the persistent tier measured under the GPU cache). Holds every table in host
+// memory while it writes (rows x dim x 4 bytes of each).
+inline void write_generated_store(const std::string& path,
+                                  const std::vector<store::TableInfo>& tables) {
+  std::vector<std::vector<float>> data(tables.size());
+  std::vector<store::TableRows> rows;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const int64_t R = tables[t].rows, D = tables[t].dim;
+    data[t].resize(static_cast<size_t>(R * D));
+    float* out = data[t].data();
+    parallel_for(0, R, 1 << 16, [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r)
+        for (int64_t k = 0; k < D; ++k) out[r * D + k] = gen_value(static_cast<int>(t), r, k);
+    });
+    rows.push_back({tables[t], out});
+  }
+  store::write_rocksdb_store(path, rows, /*overwrite=*/false);
+}
 
 inline double quantile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
@@ -143,12 +164,17 @@ struct CacheCounters {
 
 // The options both benches take (`--name value` pairs; --threads: the host threads, 0 = all;
 // --baseline-rows: rows per table of serve_gpu_cache's all-GPU model, 0 = --rows: fewer where
-// the tables do not fit the GPU, the comparison then being with that smaller variant).
+// the tables do not fit the GPU, the comparison then being with that smaller variant;
+// --rocksdb, --host-gb: below).
 struct BenchArgs {
   int tables = 8, dim = 64, iters = 300, warmup_batches = 2000, threads = 0;
   int64_t rows = 1 << 22, baseline_rows = 0;
-  double fraction = 0.1, threshold = 0.9;
+  double fraction = 0.1, threshold = 0.9, host_gb = 0, rocksdb_cache_gb = 0.008;
   std::string eviction = "lfu", alphas = "1.05,1.2", batches = "1,2048,32768";
+  // --rocksdb DIR: the rows come from a RocksDB store at DIR (written from the generator if DIR
+  // does not exist) instead of the generated tier; --host-gb: a host tier of that size in front;
+  // --rocksdb-reads pread|mmap and --rocksdb-cache-gb: the tier's `reads` and block cache.
+  std::string rocksdb, rocksdb_reads = "pread";
 };
 // Reads argv into `a`; false (after a message naming `prog`) on an unknown option or a
 // missing value.
@@ -184,16 +210,27 @@ inline bool parse_bench_args(int argc, char** argv, const char* prog, BenchArgs&
       a.threads = std::stoi(v);
     else if (k == "--baseline-rows")
       a.baseline_rows = std::stoll(v);
+    else if (k == "--rocksdb")
+      a.rocksdb = v;
+    else if (k == "--host-gb")
+      a.host_gb = std::stod(v);
+    else if (k == "--rocksdb-reads")
+      a.rocksdb_reads = v;
+    else if (k == "--rocksdb-cache-gb")
+      a.rocksdb_cache_gb = std::stod(v);
     else {
       std::fprintf(stderr, "%s: unknown option %s\n", prog, k.c_str());
       return false;
     }
   }
   if (a.tables < 1 || a.rows < 1 || a.dim < 1 || a.iters < 1 || a.warmup_batches < 0 ||
-      a.baseline_rows < 0 || !(a.fraction > 0 && a.fraction <= 1)) {
+      a.baseline_rows < 0 || !(a.fraction > 0 && a.fraction <= 1) || !(a.host_gb >= 0) ||
+      !(a.rocksdb_cache_gb >= 0) || (a.rocksdb_reads != "pread" && a.rocksdb_reads != "mmap") ||
+      (a.host_gb > 0 && a.rocksdb.empty())) {
     std::fprintf(stderr,
                  "%s: --tables, --rows, --dim and --iters must be >= 1, --warmup-batches and "
-                 "--baseline-rows >= 0, --fraction in (0, 1]\n",
+                 "--baseline-rows >= 0, --fraction in (0, 1], --host-gb and --rocksdb-cache-gb >= "
+                 "0 (--host-gb with --rocksdb only), --rocksdb-reads pread or mmap\n",
                  prog);
     return false;
   }

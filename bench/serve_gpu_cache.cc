@@ -7,12 +7,15 @@
 // per alpha and batch size: the cache's hit rates over the timed batches (per distinct id of a
 // batch and per id looked up), where the cache's host time goes (bench/gpu_cache_bench.h),
 // p50/p99 latency and throughput of both, and whether their predictions were bit for bit equal
-// on the batches checked. Run by bench/serve_gpu_cache.sh (one GPU).
+// on the batches checked. With --rocksdb DIR the rows come from a RocksDB store instead (written
+// from the generator when DIR does not exist), optionally behind a host tier (--host-gb).
+// Run by bench/serve_gpu_cache.sh (one GPU).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -108,7 +111,24 @@ int run(const Args& a) {
   int64_t free_b = 0, total_b = 0;
   store::cuda_memory_info(0, &free_b, &total_b);
   std::vector<std::unique_ptr<store::Tier>> tiers;
-  tiers.push_back(std::make_unique<GeneratedTier>(tables));
+  if (a.rocksdb.empty()) {
+    tiers.push_back(std::make_unique<GeneratedTier>(tables));
+  } else {
+    if (!std::filesystem::exists(a.rocksdb)) {
+      const auto t0 = std::chrono::steady_clock::now();
+      write_generated_store(a.rocksdb, tables);
+      std::printf("setup: wrote the RocksDB store %s in %.1f s\n", a.rocksdb.c_str(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    if (a.host_gb > 0)
+      tiers.push_back(store::make_host_tier(tables, static_cast<int64_t>(a.host_gb * 1e9), 64,
+                                            "lfu"));
+    tiers.push_back(store::open_rocksdb_tier(
+        a.rocksdb, tables, static_cast<int64_t>(a.rocksdb_cache_gb * 1e9), "", a.rocksdb_reads));
+    std::printf("setup: tiers %srocksdb (%.2f GB on disk, reads %s, block cache %.3g GB)\n",
+                a.host_gb > 0 ? "host, " : "", tiers.back()->disk_bytes() / 1e9,
+                a.rocksdb_reads.c_str(), a.rocksdb_cache_gb);
+  }
   store::EmbeddingStore es(tables, std::move(tiers));
   store::GpuCache cache(es, sc, store::size_gpu_cache(sc, tables, free_b, total_b));
   std::unique_ptr<model::Model> cm_model;

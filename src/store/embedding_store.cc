@@ -105,6 +105,7 @@ StoreConfig StoreConfig::from_json(const json& j, const std::string& base_dir,
     c.rocksdb_block_cache_bytes =
         d.get_int_range("block_cache_bytes", c.rocksdb_block_cache_bytes, 0, int64_t{1} << 50);
     c.rocksdb_export_id = d.get<std::string>("export_id", "");
+    c.rocksdb_reads = d.get_choice("reads", c.rocksdb_reads, {"pread", "mmap"});
     d.finish();
   }
   if (r.has("updates")) {
@@ -168,7 +169,9 @@ json StoreConfig::to_json() const {
                   {"timeout_ms", redis_timeout_ms},
                   {"retry_ms", redis_retry_ms}};
   if (rocksdb)
-    j["rocksdb"] = {{"path", rocksdb_path}, {"block_cache_bytes", rocksdb_block_cache_bytes}};
+    j["rocksdb"] = {{"path", rocksdb_path},
+                    {"block_cache_bytes", rocksdb_block_cache_bytes},
+                    {"reads", rocksdb_reads}};
   if (rocksdb && !rocksdb_export_id.empty()) j["rocksdb"]["export_id"] = rocksdb_export_id;
   if (updates)
     j["updates"] = {{"address", updates_host + ":" + std::to_string(updates_port)},
@@ -228,7 +231,7 @@ std::unique_ptr<EmbeddingStore> EmbeddingStore::open(const StoreConfig& config,
   if (config.redis) tiers.push_back(open_redis_tier(tables, config));
   if (config.rocksdb)
     tiers.push_back(open_rocksdb_tier(config.rocksdb_path, tables, config.rocksdb_block_cache_bytes,
-                                      config.rocksdb_export_id));
+                                      config.rocksdb_export_id, config.rocksdb_reads));
   auto store = std::make_unique<EmbeddingStore>(tables, std::move(tiers));
   if (config.updates) {
     StreamAddress at{config.updates_host, config.updates_port, config.updates_stream,

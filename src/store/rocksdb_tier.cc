@@ -14,6 +14,7 @@
 
 #include "dlrec/core/error.h"
 #include "dlrec/core/file_util.h"
+#include "dlrec/core/thread_pool.h"
 #include "dlrec/store/embedding_store.h"
 
 #ifdef DLREC_WITH_ROCKSDB
@@ -125,13 +126,16 @@ namespace {
 class RocksDbTier final : public Tier {
  public:
   RocksDbTier(const std::string& path, const std::vector<TableInfo>& expected,
-              int64_t block_cache_bytes, const std::string& export_id)
+              int64_t block_cache_bytes, const std::string& export_id, const std::string& reads)
       : path_(path), tables_(expected), cache_bytes_(block_cache_bytes), export_id_(export_id) {
+    DLREC_CHECK(reads == "pread" || reads == "mmap", "rocksdb tier: reads '", reads,
+                "': expected 'pread' or 'mmap'");
     DLREC_CHECK(fs::is_directory(path), "rocksdb tier: no store at '", path,
                 "' (write one with dlrec export --tiers rocksdb=DIR)");
     rocksdb::Options options;
     options.create_if_missing = false;
     options.paranoid_checks = true;
+    options.allow_mmap_reads = reads == "mmap";
     options.info_log_level = rocksdb::InfoLogLevel::HEADER_LEVEL;
     rocksdb::BlockBasedTableOptions table;
     table.block_cache =
@@ -233,8 +237,9 @@ bool rocksdb_available() { return true; }
 
 std::unique_ptr<Tier> open_rocksdb_tier(const std::string& path,
                                         const std::vector<TableInfo>& expected,
-                                        int64_t block_cache_bytes, const std::string& export_id) {
-  return std::make_unique<RocksDbTier>(path, expected, block_cache_bytes, export_id);
+                                        int64_t block_cache_bytes, const std::string& export_id,
+                                        const std::string& reads) {
+  return std::make_unique<RocksDbTier>(path, expected, block_cache_bytes, export_id, reads);
 }
 
 void write_rocksdb_store(const std::string& path, const std::vector<TableRows>& tables,
@@ -256,31 +261,42 @@ void write_rocksdb_store(const std::string& path, const std::vector<TableRows>& 
     rocksdb::Status st = rocksdb::DB::Open(options, tmp, &raw);
     DLREC_CHECK(st.ok(), "rocksdb store: cannot create '", tmp, "': ", st.ToString());
     std::unique_ptr<rocksdb::DB> db(raw);
-    // Rows go into SST files written in key order (one per table and 1 GiB at most) and are
-    // ingested whole: several times faster than puts through the memtable.
+    // Rows go into SST files written in key order (one per table and 1 GiB at most), written
+    // in parallel (each file's keys are a contiguous id range of one table, so the files do not
+    // overlap) and ingested whole: several times faster than puts through the memtable.
+    struct FileJob {
+      size_t table;
+      int64_t first, end;
+    };
     std::vector<TableInfo> infos;
-    std::vector<std::string> files;
+    std::vector<FileJob> jobs;
     for (size_t k = 0; k < tables.size(); ++k) {
       const TableRows& t = tables[k];
       infos.push_back(t.info);
       const size_t row_bytes = static_cast<size_t>(t.info.dim) * 4;
       const int64_t rows_per_file =
           std::max<int64_t>(1, (int64_t{1} << 30) / static_cast<int64_t>(row_bytes + 16));
-      for (int64_t first = 0; first < t.info.rows; first += rows_per_file) {
-        const std::string file = tmp + "/ingest_" + std::to_string(files.size()) + ".sst";
-        rocksdb::SstFileWriter writer(rocksdb::EnvOptions(), options);
-        st = writer.Open(file);
-        const int64_t end = std::min(t.info.rows, first + rows_per_file);
-        for (int64_t id = first; st.ok() && id < end; ++id) {
-          const char* row = reinterpret_cast<const char*>(t.data + id * t.info.dim);
-          st = writer.Put(row_key(static_cast<int>(k), id), rocksdb::Slice(row, row_bytes));
-        }
-        if (st.ok()) st = writer.Finish();
-        DLREC_CHECK(st.ok(), "rocksdb store '", tmp, "': writing table '", t.info.name,
-                    "': ", st.ToString());
-        files.push_back(file);
-      }
+      for (int64_t first = 0; first < t.info.rows; first += rows_per_file)
+        jobs.push_back({k, first, std::min(t.info.rows, first + rows_per_file)});
     }
+    std::vector<std::string> files(jobs.size());
+    for (size_t j = 0; j < jobs.size(); ++j) files[j] = tmp + "/ingest_" + std::to_string(j) + ".sst";
+    parallel_for(0, static_cast<int64_t>(jobs.size()), 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t j = lo; j < hi; ++j) {
+        const FileJob& job = jobs[static_cast<size_t>(j)];
+        const TableRows& t = tables[job.table];
+        const size_t row_bytes = static_cast<size_t>(t.info.dim) * 4;
+        rocksdb::SstFileWriter writer(rocksdb::EnvOptions(), options);
+        rocksdb::Status ws = writer.Open(files[static_cast<size_t>(j)]);
+        for (int64_t id = job.first; ws.ok() && id < job.end; ++id) {
+          const char* row = reinterpret_cast<const char*>(t.data + id * t.info.dim);
+          ws = writer.Put(row_key(static_cast<int>(job.table), id), rocksdb::Slice(row, row_bytes));
+        }
+        if (ws.ok()) ws = writer.Finish();
+        DLREC_CHECK(ws.ok(), "rocksdb store '", tmp, "': writing table '", t.info.name,
+                    "' (rows ", job.first, "..", job.end - 1, "): ", ws.ToString());
+      }
+    });
     rocksdb::IngestExternalFileOptions ingest;
     ingest.move_files = true;
     if (!files.empty()) st = db->IngestExternalFile(files, ingest);
@@ -312,7 +328,7 @@ void write_rocksdb_store(const std::string& path, const std::vector<TableRows>& 
 bool rocksdb_available() { return false; }
 
 std::unique_ptr<Tier> open_rocksdb_tier(const std::string& path, const std::vector<TableInfo>&,
-                                        int64_t, const std::string&) {
+                                        int64_t, const std::string&, const std::string&) {
   fail("rocksdb tier ('", path,
        "'): this dlrec was built without RocksDB (librocksdb-dev; scripts/install-deps.sh)");
 }

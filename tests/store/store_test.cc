@@ -147,6 +147,28 @@ TEST(RocksDbTier, RoundTripsTheTablesAndCachesInTheHostTier) {
   expect_error([&] { write_store(dir.path + "/db", tables); }, {"already exists", "--overwrite"});
 }
 
+TEST(RocksDbTier, MmapReadsGiveTheSameRowsAsPreads) {
+  REQUIRE_ROCKSDB();
+  TempDir dir("store_mmap");
+  const auto tables = two_tables();
+  write_store(dir.path + "/db", tables);
+  for (const char* reads : {"pread", "mmap"}) {
+    SCOPED_TRACE(reads);
+    store::StoreConfig c = store::StoreConfig::from_json(
+        json::parse(std::string(R"({"rocksdb": {"path": "db", "block_cache_bytes": 0, "reads": ")") +
+                    reads + R"("}})"),
+        dir.path, "test");
+    EXPECT_EQ(c.rocksdb_reads, reads);
+    EXPECT_EQ(c.to_json()["rocksdb"]["reads"], reads);
+    auto s = store::EmbeddingStore::open(c, tables);
+    std::vector<int64_t> all;
+    for (int64_t id = 99; id >= 0; --id) all.push_back(id);
+    expect_rows(*s, 0, all);  // (each row checked against the array it was written from)
+    expect_rows(*s, 1, {29, 0, 14, 29});
+    EXPECT_EQ(s->tiers()[0]->stats.hits, 104);
+  }
+}
+
 TEST(RocksDbTier, RefusesAStoreOfAnotherModel) {
   REQUIRE_ROCKSDB();
   TempDir dir("store_other");
@@ -191,15 +213,17 @@ TEST(RocksDbTier, RefusesMissingIncompleteAndCorruptDirectories) {
     ++corrupted;
   }
   ASSERT_GT(corrupted, 0);
-  const std::string e = dlrec::testing::error_of([&] {
-    auto t = store::open_rocksdb_tier(dir.path + "/db", tables, 0);
-    std::vector<float> out(4);
-    uint8_t found = 0;
-    const int64_t id = 1;
-    t->lookup(0, &id, 1, out.data(), &found);
-  });
-  EXPECT_NE(e.find("rocksdb tier"), std::string::npos) << e;
-  EXPECT_NE(e.find("Corruption"), std::string::npos) << e;
+  for (const char* reads : {"pread", "mmap"}) {
+    const std::string e = dlrec::testing::error_of([&] {
+      auto t = store::open_rocksdb_tier(dir.path + "/db", tables, 0, "", reads);
+      std::vector<float> out(4);
+      uint8_t found = 0;
+      const int64_t id = 1;
+      t->lookup(0, &id, 1, out.data(), &found);
+    });
+    EXPECT_NE(e.find("rocksdb tier"), std::string::npos) << reads << ": " << e;
+    EXPECT_NE(e.find("Corruption"), std::string::npos) << reads << ": " << e;
+  }
 }
 
 TEST(StoreConfig, RefusesBadSections) {
@@ -215,6 +239,8 @@ TEST(StoreConfig, RefusesBadSections) {
       {"eviction", "fifo"});
   expect_error([&] { parse(R"({"rocksdb": {"path": "x", "cache": 1}})"); }, {"cache"});
   expect_error([&] { parse(R"({"rocksdb": {}})"); }, {"rocksdb.path", "required"});
+  expect_error([&] { parse(R"({"rocksdb": {"path": "x", "reads": "direct"}})"); },
+               {"embedding_store.rocksdb.reads", "direct"});
   expect_error([&] { parse(R"({"rocksdb": {"path": "x"}, "staging_rows": 0})"); },
                {"staging_rows"});
   expect_error(

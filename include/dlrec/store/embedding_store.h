@@ -59,6 +59,9 @@ struct StoreConfig {
   bool rocksdb = false;
   std::string rocksdb_path;
   int64_t rocksdb_block_cache_bytes = int64_t{8} << 20;
+  // "rocksdb": {"reads"}: "pread" (RocksDB reads each block with a system call) or "mmap" (the
+  // store's files mapped into memory: a block in the page cache costs no system call).
+  std::string rocksdb_reads = "pread";
   // "rocksdb": {"export_id"}: the id of the export that wrote the store (model.json names it):
   // a store written by another export is refused, and Redis keys carry it, so rows of two
   // exports never mix. Empty: not checked.
@@ -138,10 +141,12 @@ std::unique_ptr<Tier> make_host_tier(const std::vector<TableInfo>& tables, int64
 // The RocksDB tier (read-only): the store at `path` written by write_rocksdb_store; its tables
 // must equal `expected` (the model's), else an error naming the difference.
 // With an `export_id`, the store must have been written with that id.
+// `reads`: "pread" or "mmap" (StoreConfig::rocksdb_reads).
 std::unique_ptr<Tier> open_rocksdb_tier(const std::string& path,
                                         const std::vector<TableInfo>& expected,
                                         int64_t block_cache_bytes,
-                                        const std::string& export_id = "");
+                                        const std::string& export_id = "",
+                                        const std::string& reads = "pread");
 // A table's rows for write_rocksdb_store: [rows, dim] f32, row-major.
 struct TableRows {
   TableInfo info;
