@@ -146,6 +146,7 @@ struct CacheCounters {
 // the tables do not fit the GPU, the comparison then being with that smaller variant).
 struct BenchArgs {
   int tables = 8, dim = 64, iters = 300, warmup_batches = 2000, threads = 0;
+  int phases = 0;  // serve_gpu_cache: 1 prints the slowest 1 % of batches' phases
   int64_t rows = 1 << 22, baseline_rows = 0;
   double fraction = 0.1, threshold = 0.9;
   std::string eviction = "lfu", alphas = "1.05,1.2", batches = "1,2048,32768";
@@ -184,16 +185,19 @@ inline bool parse_bench_args(int argc, char** argv, const char* prog, BenchArgs&
       a.threads = std::stoi(v);
     else if (k == "--baseline-rows")
       a.baseline_rows = std::stoll(v);
+    else if (k == "--phases")
+      a.phases = std::stoi(v);
     else {
       std::fprintf(stderr, "%s: unknown option %s\n", prog, k.c_str());
       return false;
     }
   }
   if (a.tables < 1 || a.rows < 1 || a.dim < 1 || a.iters < 1 || a.warmup_batches < 0 ||
-      a.baseline_rows < 0 || !(a.fraction > 0 && a.fraction <= 1)) {
+      a.baseline_rows < 0 || !(a.fraction > 0 && a.fraction <= 1) ||
+      (a.phases != 0 && a.phases != 1)) {
     std::fprintf(stderr,
                  "%s: --tables, --rows, --dim and --iters must be >= 1, --warmup-batches and "
-                 "--baseline-rows >= 0, --fraction in (0, 1]\n",
+                 "--baseline-rows >= 0, --fraction in (0, 1], --phases 0 or 1\n",
                  prog);
     return false;
   }

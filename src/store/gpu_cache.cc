@@ -260,7 +260,9 @@ GpuCache::GpuCache(EmbeddingStore& store, const StoreConfig& config, GpuCacheSiz
   store_.on_invalidate([this](int t, const int64_t* ids, int64_t n) { invalidate(t, ids, n); });
 }
 
-void GpuCache::run_tasks(int n, bool threaded, const std::function<void(int)>& fn) {
+void GpuCache::run_tasks(int n, bool threaded, const std::function<void(int)>& fn,
+                         TeamPhase* rec) {
+  if (rec) return run_tasks_timed(n, threaded, fn, rec);
   if (!threaded) {
     for (int i = 0; i < n; ++i) fn(i);
     return;
@@ -448,10 +450,22 @@ int64_t GpuCache::run(const io::Batch& batch,
     return std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t).count();
   };
   const auto t_wait = clock::now();
+  BatchPhases* ph = keep_phases_ ? &phases_ : nullptr;
+  int64_t insert_runs0 = 0, insert_ns0 = 0;
+  if (ph) {
+    *ph = BatchPhases{};
+    std::lock_guard<std::mutex> q(queue_mu_);
+    ph->inserter_busy = busy_ || !queue_.empty();
+    insert_runs0 = insert_runs_.load();
+    insert_ns0 = insert_run_ns_.load();
+  }
+  int64_t preempted0 = 0, faults0 = 0;
+  if (ph) thread_usage(&preempted0, &faults0);
   std::unique_lock<std::mutex> lock(mu_);
   DLREC_CHECK(rows_ != nullptr, "gpu cache: no device tables bound (bug)");
   const auto t0 = clock::now();
   times.wait_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t0 - t_wait).count();
+  if (ph) ph->wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t0 - t_wait).count();
   // The update snapshot is pinned under the lock: an update applied after it invalidates its
   // rows after this batch (the invalidation waits for the lock), so no stale row stays cached.
   const auto pinned = store_.pin();
@@ -482,13 +496,14 @@ int64_t GpuCache::run(const io::Batch& batch,
     const auto [k, lo] = pieces[static_cast<size_t>(p)];
     const auto n = static_cast<int64_t>(work_[k].found.size());
     look_up(batch, static_cast<size_t>(k), lo, std::min(n, lo + kLookUpPiece));
-  });
+  }, ph ? &ph->team[0] : nullptr);
+  if (ph) ph->lookup_ns = since(t0);
   plan_copies(batch);
   run_tasks(static_cast<int>(F + copies_.size()), threaded, [&](int i) {
     if (i < static_cast<int>(F)) return remap(batch, static_cast<size_t>(i));
     const Copy& c = copies_[static_cast<size_t>(i) - F];
     std::memcpy(c.to, c.from, c.bytes);
-  });
+  }, ph ? &ph->team[1] : nullptr);
   int64_t hits = 0, misses = 0, need = 0, hits_w = 0, lookups_w = 0;
   int64_t id_hits_w = 0, id_lookups_w = 0;
   for (size_t k = 0; k < F; ++k) {
@@ -509,6 +524,12 @@ int64_t GpuCache::run(const io::Batch& batch,
   ++stamp_;
   const auto t1 = clock::now();
   times.remap_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+  if (ph) {
+    ph->remap_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count() -
+                   ph->lookup_ns;
+    ph->misses = misses;
+    ph->sync = sync;
+  }
   // The misses from the tiers below (per table, straight into the device rows' host buffer),
   // beside the slot maps' touches and sync inserts (per feature); then into their device rows,
   // all tables in one write. The rows are kept for the async insert.
@@ -521,6 +542,8 @@ int64_t GpuCache::run(const io::Batch& batch,
     offset[t + 1] = offset[t] + static_cast<int64_t>(work_[feature_of_table_[t]].fetch_ids.size()) *
                                     tables[t].dim;
   float* values = rows_->values_buffer(offset[T]);
+  const auto t_settled = clock::now();
+  if (ph) ph->settle_ns = since(t1);
   auto task = [&](size_t i) {
     if (i >= T) return maintain(i - T, sync);
     const std::vector<int64_t>& want = work_[feature_of_table_[i]].fetch_ids;
@@ -532,9 +555,11 @@ int64_t GpuCache::run(const io::Batch& batch,
   };
   try {
     // (the store is thread-safe; the slot maps are one per feature)
-    run_tasks(static_cast<int>(T + F), threaded, [&](int i) { task(static_cast<size_t>(i)); });
+    run_tasks(static_cast<int>(T + F), threaded, [&](int i) { task(static_cast<size_t>(i)); },
+              ph ? &ph->team[2] : nullptr);
     const auto t2 = clock::now();
     times.fetch_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t1).count();
+    if (ph) ph->fetch_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t_settled).count();
     std::vector<RowBlock> blocks;
     for (size_t t = 0; t < T; ++t) {
       const FeatureWork& w = work_[feature_of_table_[t]];
@@ -547,6 +572,7 @@ int64_t GpuCache::run(const io::Batch& batch,
     // packing overlaps the copy and the scatter).
     if (!blocks.empty()) rows_->write_ahead(blocks);
     times.write_ns += since(t2);
+    if (ph) ph->write_ns = since(t2);
   } catch (...) {  // a tier failed (Redis down...): the slots taken were not (all) written
     undo_inserts();
     throw;
@@ -582,6 +608,15 @@ int64_t GpuCache::run(const io::Batch& batch,
   rows_->settle();  // done by now (the forward waited for its stream): marks the buffers free
   times.forward_ns += since(t3);
   times.batches += 1;
+  if (ph) {
+    ph->forward_ns = since(t3);
+    ph->total_ns = since(t_wait);
+    thread_usage(&ph->caller_preempted, &ph->caller_faults);
+    ph->caller_preempted -= preempted0;
+    ph->caller_faults -= faults0;
+    ph->inserts = insert_runs_.load() - insert_runs0;
+    ph->insert_ns = insert_run_ns_.load() - insert_ns0;
+  }
   if (sync || misses == 0) return 0;
   job.ids.resize(F);
   for (size_t k = 0; k < F; ++k) job.ids[k].swap(work_[k].fetch_ids);
@@ -624,6 +659,17 @@ void GpuCache::insert_loop() {
 
 void GpuCache::apply_insert(InsertJob& job) {
   std::lock_guard<std::mutex> l(mu_);
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Timed {  // its time under the lock, for BatchPhases
+    GpuCache& c;
+    std::chrono::steady_clock::time_point t0;
+    ~Timed() {
+      c.insert_run_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::steady_clock::now() - t0)
+                              .count();
+      c.insert_runs_ += 1;
+    }
+  } timed{*this, t0};
   int64_t n_ids = 0;
   for (const auto& v : job.ids) n_ids += static_cast<int64_t>(v.size());
   if (job.generation != generation_ || !rows_) {  // an update or a rebuild since the fetch

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <random>
@@ -296,6 +297,43 @@ TEST(GpuCache, LargeBatchesInPiecesReadTheRightRows) {
                  {"id 80", "feature 2", "80 rows"});
     ASSERT_EQ(rig.run_checked(rig.batch(rng, 2500)), 0);
   }
+}
+
+// keep_phases: the last batch's record (the bench's diagnosis of slow batches) adds up and
+// names what ran: the team's jobs for large batches, the misses, sync or async.
+TEST(GpuCache, KeptPhasesDescribeTheLastBatch) {
+  Rig rig(1.0, "lfu", 1024);
+  std::mt19937_64 rng(9);
+  EXPECT_EQ(rig.cache->last_phases().total_ns, 0);  // off by default: nothing recorded
+  ASSERT_EQ(rig.run_checked(rig.batch(rng, 2500)), 0);
+  EXPECT_EQ(rig.cache->last_phases().total_ns, 0);
+  rig.cache->keep_phases(true);
+  int64_t forward_ns = 0;
+  ASSERT_EQ(rig.cache->run(rig.batch(rng, 2500),
+                           [&](const io::Batch&) {
+                             const auto t = std::chrono::steady_clock::now();
+                             while (std::chrono::steady_clock::now() - t <
+                                    std::chrono::microseconds(200)) {
+                             }
+                             forward_ns = 200000;
+                           }),
+            0);
+  const auto& p = rig.cache->last_phases();
+  EXPECT_TRUE(p.sync);
+  EXPECT_GE(p.forward_ns, forward_ns);
+  EXPECT_GE(p.total_ns, p.wait_ns + p.lookup_ns + p.remap_ns + p.settle_ns + p.fetch_ns +
+                            p.write_ns + p.forward_ns);
+  EXPECT_GT(p.misses, 0);  // ids not seen in the first batch
+  for (const auto& t : p.team) {
+    EXPECT_GE(t.workers, 1);
+    EXPECT_GT(t.max_task_ns, 0);
+    EXPECT_LE(t.last_work_end_ns, t.last_end_ns);
+    EXPECT_LE(t.last_end_ns, t.wall_ns);
+    EXPECT_GE(t.preempted, 0);
+  }
+  EXPECT_FALSE(p.inserter_busy);
+  EXPECT_EQ(p.inserts, 0);
+  rig.cache->keep_phases(false);
 }
 
 TEST(GpuCache, ABatchNeedingMoreStagingRowsAsksForThemAndRunsAfterABind) {

@@ -265,6 +265,37 @@ class GpuCache {
     std::atomic<int64_t> batches{0}, wait_ns{0}, remap_ns{0}, fetch_ns{0}, write_ns{0},
         forward_ns{0};
   } times;
+  // A diagnostic record of one batch (benches: where a slow batch's time went). Kept for the
+  // last batch while keep_phases(true); off by default (then nothing of it is measured).
+  // One job of the spin team (run_tasks): its wall time from the start of run_tasks; the
+  // longest task; of the members that took part (the caller among them), the latest to begin,
+  // the latest to end among those that ran a task and among all (a member that claimed its
+  // part late, e.g. descheduled, ends after the work is done); how many ran a task; their
+  // involuntary context switches and page faults during it (getrusage per thread).
+  struct TeamPhase {
+    int64_t wall_ns = 0, max_task_ns = 0, last_start_ns = 0, last_work_end_ns = 0,
+            last_end_ns = 0;
+    int32_t workers = 0, preempted = 0;
+    int64_t faults = 0;
+  };
+  struct BatchPhases {
+    // run()'s phases, wall ns: waiting for the instance; the lookups; the copy plan and remap;
+    // waiting for the previous device write's buffer; the fetch beside the slot maps'
+    // bookkeeping; enqueuing the device write; the forward (the caller's function).
+    int64_t wait_ns = 0, lookup_ns = 0, remap_ns = 0, settle_ns = 0, fetch_ns = 0,
+            write_ns = 0, forward_ns = 0, total_ns = 0;
+    TeamPhase team[3];  // the lookup, remap and fetch jobs
+    int64_t caller_preempted = 0, caller_faults = 0;  // the calling thread, over run()
+    int64_t misses = 0;  // distinct ids missed, all features
+    bool sync = false;
+    bool inserter_busy = false;  // an async insert queued or running as the batch began
+    int64_t inserts = 0, insert_ns = 0;  // async inserts applied since the last batch ended,
+                                         // their time holding the instance
+  };
+  void keep_phases(bool on) { keep_phases_ = on; }
+  const BatchPhases& last_phases() const { return phases_; }
+  // The calling thread's involuntary context switches and page faults so far (0 where unknown).
+  static void thread_usage(int64_t* preempted, int64_t* faults);
 
  private:
   struct InsertJob {
@@ -303,7 +334,14 @@ class GpuCache {
   std::unique_ptr<SpinTeam> team_;  // a batch's per-feature and per-table tasks (run_tasks)
   // fn(0..n-1) on the team, each task taken by the next free member (in order on this thread
   // when not `threaded`); rethrows the first error.
-  void run_tasks(int n, bool threaded, const std::function<void(int)>& fn);
+  // With `rec` (keep_phases): the job timed per member into *rec (gpu_cache_phases.cc).
+  void run_tasks(int n, bool threaded, const std::function<void(int)>& fn,
+                 TeamPhase* rec = nullptr);
+  void run_tasks_timed(int n, bool threaded, const std::function<void(int)>& fn,
+                       TeamPhase* rec);
+  bool keep_phases_ = false;
+  BatchPhases phases_;
+  std::atomic<int64_t> insert_runs_{0}, insert_run_ns_{0};  // async inserts applied, their time
   std::vector<SlotMap> maps_;
   std::unique_ptr<DeviceRows> rows_;
   std::mutex mu_;  // the instance: a batch, an insert or an invalidation at a time
