@@ -115,13 +115,15 @@ inline io::Batch make_batch(const PowerLaw& pl, int T, int64_t B, std::mt19937_6
 // The cache's counters at one time; the difference of two describes the batches between.
 struct CacheCounters {
   int64_t hits, misses, id_hits, id_lookups, sync, async, batches, wait, remap, fetch, write,
-      forward;
+      forward, relink;
   static CacheCounters of(const store::GpuCache& c) {
     return {c.stats.hits,     c.stats.misses,   c.id_hits,        c.id_lookups,
             c.sync_batches,   c.async_batches,  c.times.batches,  c.times.wait_ns,
-            c.times.remap_ns, c.times.fetch_ns, c.times.write_ns, c.times.forward_ns};
+            c.times.remap_ns, c.times.fetch_ns, c.times.write_ns, c.times.forward_ns,
+            c.times.relink_ns};
   }
-  // "hit_rate=... per_id_hit_rate=... (sync/async) phases_us=wait/remap/fetch/write/forward"
+  // "hit_rate=... per_id_hit_rate=... (sync/async) phases_us=wait/remap/fetch/write/forward/
+  // relink"
   std::string since(const CacheCounters& o) const {
     const double h = static_cast<double>(hits - o.hits), m = static_cast<double>(misses - o.misses);
     const double ih = static_cast<double>(id_hits - o.id_hits);
@@ -131,12 +133,12 @@ struct CacheCounters {
     std::snprintf(buf, sizeof buf,
                   "hit_rate=%.4f (distinct ids of a batch) per_id_hit_rate=%.4f (every id looked "
                   "up) sync/async batches %lld/%lld | mean us per batch: wait %.1f remap %.1f "
-                  "fetch %.1f write %.1f forward %.1f",
+                  "fetch %.1f write %.1f forward %.1f relink %.1f",
                   h / std::max(1.0, h + m), ih / std::max(1.0, il),
                   static_cast<long long>(sync - o.sync), static_cast<long long>(async - o.async),
                   (wait - o.wait) / n / 1e3, (remap - o.remap) / n / 1e3,
                   (fetch - o.fetch) / n / 1e3, (write - o.write) / n / 1e3,
-                  (forward - o.forward) / n / 1e3);
+                  (forward - o.forward) / n / 1e3, (relink - o.relink) / n / 1e3);
     return buf;
   }
 };

@@ -46,9 +46,9 @@ void print_phases(const std::vector<double>& us, const std::vector<Phases>& ph) 
   auto u = [](int64_t ns) { return ns / 1e3; };
   auto line = [&](const char* what, size_t i) {
     const Phases& p = ph[i];
-    std::printf("  %-8s #%-4zu %7.1f | %6.1f %6.1f %6.1f %5.1f %6.1f %5.1f %6.1f |", what, i,
-                us[i], u(p.wait_ns), u(p.lookup_ns), u(p.remap_ns), u(p.settle_ns),
-                u(p.fetch_ns), u(p.write_ns), u(p.forward_ns));
+    std::printf("  %-8s #%-4zu %7.1f | %6.1f %6.1f %6.1f %5.1f %6.1f %5.1f %6.1f %5.1f |", what,
+                i, us[i], u(p.wait_ns), u(p.lookup_ns), u(p.remap_ns), u(p.settle_ns),
+                u(p.fetch_ns), u(p.write_ns), u(p.forward_ns), u(p.relink_ns));
     for (const auto& t : p.team)
       std::printf(" %5.1f %5.1f %5.1f %5.1f %5.1f %2d %d %lld |", u(t.wall_ns), u(t.max_task_ns),
                   u(t.last_start_ns), u(t.last_work_end_ns), u(t.last_end_ns), t.workers,
@@ -59,7 +59,7 @@ void print_phases(const std::vector<double>& us, const std::vector<Phases>& ph) 
                 u(p.insert_ns));
   };
   std::printf(
-      "phases (us): latency | wait lookup remap settle fetch write forward | per team job "
+      "phases (us): latency | wait lookup remap settle fetch write forward relink | per team job "
       "(lookup, remap, fetch): wall max_task last_start last_work_end last_end workers "
       "preempted faults | caller preempted faults | misses sync/async inserter_busy inserts "
       "insert_us\n");

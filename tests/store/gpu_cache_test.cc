@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -224,6 +225,45 @@ TEST(GpuCacheSlots, LfuKeepsHotRowsAcrossColdOnes) {
   }
   EXPECT_TRUE(m.contains(1));
   EXPECT_TRUE(m.contains(3));
+}
+
+// A batch's hits stamped before its inserts and relinked after them (GpuCache: the relinks run
+// beside the forward) leave LFU's lists as touching them first did: the same ids are evicted
+// afterwards, in the same order. Batches of hot ids and cold inserts over a small map.
+TEST(GpuCacheSlots, LfuRelinksAfterTheInsertsGiveTheSameEvictions) {
+  store::SlotMap touched(64, true), relinked(64, true);
+  std::mt19937_64 rng(11);
+  int64_t ev_a = 0, ev_b = 0;
+  for (uint64_t batch = 1; batch <= 300; ++batch) {
+    std::vector<int64_t> ids;
+    for (int i = 0; i < 24; ++i) {
+      const double u = static_cast<double>(rng() % 1000000) / 1e6;
+      ids.push_back(static_cast<int64_t>(std::pow(u, 3) * 400));
+    }
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    std::vector<int32_t> hits;
+    std::vector<int64_t> misses;
+    for (int64_t id : ids) {
+      const int32_t s = relinked.slot_of(id);
+      ASSERT_EQ(s, touched.slot_of(id)) << "batch " << batch << " id " << id;
+      if (s >= 0)
+        hits.push_back(s);
+      else
+        misses.push_back(id);
+    }
+    for (int32_t s : hits) touched.touch(s, batch);
+    for (int32_t s : hits) relinked.stamp(s, batch);
+    for (int64_t id : misses) {
+      ASSERT_EQ(touched.insert(id, batch, &ev_a), relinked.insert(id, batch, &ev_b));
+      ASSERT_EQ(ev_a, ev_b) << "batch " << batch;
+    }
+    for (int32_t s : hits) relinked.relink(s);
+  }
+  for (int64_t id = 1000; id < 1100; ++id) {  // the eviction order of everything left
+    ASSERT_EQ(touched.insert(id, 1000, &ev_a), relinked.insert(id, 1000, &ev_b));
+    ASSERT_EQ(ev_a, ev_b);
+  }
 }
 
 TEST(GpuCacheSlots, LruMatchesAReferenceOverRandomOperations) { check_against_reference(false); }

@@ -24,9 +24,11 @@
 // open-addressing index with the memory access started ahead, as the slot maps of hundreds of
 // MiB miss the caches); the remap (per feature: each distinct id once, to its slot or a staging
 // row) beside the copy of the rest of the batch; then, at the same time, the fetch of the misses
-// (per table, into the pinned buffer the upload reads) and the slot maps' bookkeeping (per
-// feature: the hits' LFU/LRU touches, their list neighbours prefetched, and the sync inserts);
-// then the one device write and the forward.
+// (per table, into the pinned buffer the upload reads) and the slot maps' bookkeeping that must
+// precede the write (per feature: the hits stamped, so that no insert evicts them, and the sync
+// inserts); then the one device write and the forward, while the team relinks the hits (their
+// LFU/LRU recency and counts, list neighbours prefetched): that bookkeeping was the longest
+// task before the write (bench/RESULTS.md, "GPU cache tier").
 //
 // Why the slot map is on the host: the ids arrive on the host (the request), the misses must
 // be fetched by the host from the tiers below anyway, and the remapped ids are what the engine
@@ -86,8 +88,22 @@ class alignas(64) SlotMap {
   void visit_index(F&& f) const {
     where_.visit(std::forward<F>(f));
   }
-  // The bookkeeping half of find: `slot` (in use) was used by the batch `stamp`.
-  void touch(int32_t slot, uint64_t stamp);
+  // The bookkeeping half of find: `slot` (in use) was used by the batch `stamp`: stamp(), then
+  // relink().
+  void touch(int32_t slot, uint64_t stamp) {
+    this->stamp(slot, stamp);
+    relink(slot);
+  }
+  // Marks `slot` (in use) as used by the batch `stamp`: insert() does not evict it for that
+  // batch.
+  void stamp(int32_t slot, uint64_t stamp) { slot_[slot].stamp = stamp; }
+  // The use's recency and count: `slot` (in use) to the tail of its list, of the next count for
+  // "lfu". Its stamp is not read, so a batch's hits may be stamped before its inserts and
+  // relinked after them: "lfu": the lists come out in the same order (inserts only append to
+  // the list of count 1, which relinks may leave but never enter; an insert's search for a
+  // slot to evict then passes over more stamped slots within its kMaxScan); "lru": the hits
+  // come after the batch's inserts in the one list.
+  void relink(int32_t slot);
   // A slot for `id` (absent): a free one, else the least valuable slot not stamped with
   // `stamp` (its id goes to *evicted; -1 when none was evicted). -1 when every slot it may look
   // at (at most kMaxScan) is in use by the batch: the row is then not cached.
@@ -263,7 +279,7 @@ class GpuCache {
   // remap, the fetch from the tiers below, the device write of the misses, the forward.
   struct Times {
     std::atomic<int64_t> batches{0}, wait_ns{0}, remap_ns{0}, fetch_ns{0}, write_ns{0},
-        forward_ns{0};
+        forward_ns{0}, relink_ns{0};  // relink: waiting after the forward for the hits' relinks
   } times;
   // A diagnostic record of one batch (benches: where a slow batch's time went). Kept for the
   // last batch while keep_phases(true); off by default (then nothing of it is measured).
@@ -283,7 +299,7 @@ class GpuCache {
     // waiting for the previous device write's buffer; the fetch beside the slot maps'
     // bookkeeping; enqueuing the device write; the forward (the caller's function).
     int64_t wait_ns = 0, lookup_ns = 0, remap_ns = 0, settle_ns = 0, fetch_ns = 0,
-            write_ns = 0, forward_ns = 0, total_ns = 0;
+            write_ns = 0, forward_ns = 0, relink_ns = 0, total_ns = 0;
     TeamPhase team[3];  // the lookup, remap and fetch jobs
     int64_t caller_preempted = 0, caller_faults = 0;  // the calling thread, over run()
     int64_t misses = 0;  // distinct ids missed, all features
@@ -317,7 +333,8 @@ class GpuCache {
   void plan_copies(const io::Batch& batch);
   void look_up(const io::Batch& batch, size_t k, int64_t lo, int64_t hi);
   void remap(const io::Batch& batch, size_t k);
-  void maintain(size_t k, bool sync);
+  void maintain(size_t k, bool sync);  // the hits stamped, the sync inserts
+  void relink_hits(size_t k);           // the hits' recency and counts (beside the forward)
   void undo_inserts();  // gives back the slots the running batch's sync inserts took
   void insert_loop();
   void apply_insert(InsertJob& job);
@@ -339,12 +356,16 @@ class GpuCache {
                  TeamPhase* rec = nullptr);
   void run_tasks_timed(int n, bool threaded, const std::function<void(int)>& fn,
                        TeamPhase* rec);
+  // The relinks of a batch's hits, posted to the team while the caller runs the forward.
+  std::atomic<int> relink_next_{0};
+  std::function<void(int)> relink_job_;
   bool keep_phases_ = false;
   BatchPhases phases_;
   std::atomic<int64_t> insert_runs_{0}, insert_run_ns_{0};  // async inserts applied, their time
   std::vector<SlotMap> maps_;
   std::unique_ptr<DeviceRows> rows_;
   std::mutex mu_;  // the instance: a batch, an insert or an invalidation at a time
+  std::atomic<int> batches_waiting_{0};  // run() calls waiting for mu_ (inserts let them first)
   uint64_t stamp_ = 0;
   uint64_t generation_ = 0;  // raised by every invalidation
   double recent_hits_ = 0, recent_lookups_ = 0;
