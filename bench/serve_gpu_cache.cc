@@ -7,7 +7,8 @@
 // per alpha and batch size: the cache's hit rates over the timed batches (per distinct id of a
 // batch and per id looked up), where the cache's host time goes (bench/gpu_cache_bench.h),
 // p50/p99 latency and throughput of both, and whether their predictions were bit for bit equal
-// on the batches checked. Run by bench/serve_gpu_cache.sh (one GPU).
+// on the batches checked; with --phases 1, the phases of the slowest 1 % of batches beside the
+// median one's (GpuCache::keep_phases). Run by bench/serve_gpu_cache.sh (one GPU).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
