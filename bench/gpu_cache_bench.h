@@ -136,13 +136,15 @@ inline io::Batch make_batch(const PowerLaw& pl, int T, int64_t B, std::mt19937_6
 // The cache's counters at one time; the difference of two describes the batches between.
 struct CacheCounters {
   int64_t hits, misses, id_hits, id_lookups, sync, async, batches, wait, remap, fetch, write,
-      forward;
+      forward, relink;
   static CacheCounters of(const store::GpuCache& c) {
     return {c.stats.hits,     c.stats.misses,   c.id_hits,        c.id_lookups,
             c.sync_batches,   c.async_batches,  c.times.batches,  c.times.wait_ns,
-            c.times.remap_ns, c.times.fetch_ns, c.times.write_ns, c.times.forward_ns};
+            c.times.remap_ns, c.times.fetch_ns, c.times.write_ns, c.times.forward_ns,
+            c.times.relink_ns};
   }
-  // "hit_rate=... per_id_hit_rate=... (sync/async) phases_us=wait/remap/fetch/write/forward"
+  // "hit_rate=... per_id_hit_rate=... (sync/async) phases_us=wait/remap/fetch/write/forward/
+  // relink"
   std::string since(const CacheCounters& o) const {
     const double h = static_cast<double>(hits - o.hits), m = static_cast<double>(misses - o.misses);
     const double ih = static_cast<double>(id_hits - o.id_hits);
@@ -152,12 +154,12 @@ struct CacheCounters {
     std::snprintf(buf, sizeof buf,
                   "hit_rate=%.4f (distinct ids of a batch) per_id_hit_rate=%.4f (every id looked "
                   "up) sync/async batches %lld/%lld | mean us per batch: wait %.1f remap %.1f "
-                  "fetch %.1f write %.1f forward %.1f",
+                  "fetch %.1f write %.1f forward %.1f relink %.1f",
                   h / std::max(1.0, h + m), ih / std::max(1.0, il),
                   static_cast<long long>(sync - o.sync), static_cast<long long>(async - o.async),
                   (wait - o.wait) / n / 1e3, (remap - o.remap) / n / 1e3,
                   (fetch - o.fetch) / n / 1e3, (write - o.write) / n / 1e3,
-                  (forward - o.forward) / n / 1e3);
+                  (forward - o.forward) / n / 1e3, (relink - o.relink) / n / 1e3);
     return buf;
   }
 };
@@ -168,6 +170,7 @@ struct CacheCounters {
 // --rocksdb, --host-gb: below).
 struct BenchArgs {
   int tables = 8, dim = 64, iters = 300, warmup_batches = 2000, threads = 0;
+  int phases = 0;  // serve_gpu_cache: 1 prints the slowest 1 % of batches' phases
   int64_t rows = 1 << 22, baseline_rows = 0;
   double fraction = 0.1, threshold = 0.9, host_gb = 0, rocksdb_cache_gb = 0.008;
   std::string eviction = "lfu", alphas = "1.05,1.2", batches = "1,2048,32768";
@@ -218,6 +221,8 @@ inline bool parse_bench_args(int argc, char** argv, const char* prog, BenchArgs&
       a.rocksdb_reads = v;
     else if (k == "--rocksdb-cache-gb")
       a.rocksdb_cache_gb = std::stod(v);
+    else if (k == "--phases")
+      a.phases = std::stoi(v);
     else {
       std::fprintf(stderr, "%s: unknown option %s\n", prog, k.c_str());
       return false;
@@ -226,11 +231,12 @@ inline bool parse_bench_args(int argc, char** argv, const char* prog, BenchArgs&
   if (a.tables < 1 || a.rows < 1 || a.dim < 1 || a.iters < 1 || a.warmup_batches < 0 ||
       a.baseline_rows < 0 || !(a.fraction > 0 && a.fraction <= 1) || !(a.host_gb >= 0) ||
       !(a.rocksdb_cache_gb >= 0) || (a.rocksdb_reads != "pread" && a.rocksdb_reads != "mmap") ||
-      (a.host_gb > 0 && a.rocksdb.empty())) {
+      (a.host_gb > 0 && a.rocksdb.empty()) || (a.phases != 0 && a.phases != 1)) {
     std::fprintf(stderr,
                  "%s: --tables, --rows, --dim and --iters must be >= 1, --warmup-batches and "
                  "--baseline-rows >= 0, --fraction in (0, 1], --host-gb and --rocksdb-cache-gb >= "
-                 "0 (--host-gb with --rocksdb only), --rocksdb-reads pread or mmap\n",
+                 "0 (--host-gb with --rocksdb only), --rocksdb-reads pread or mmap, --phases 0 "
+                 "or 1\n",
                  prog);
     return false;
   }

@@ -7,9 +7,10 @@
 // per alpha and batch size: the cache's hit rates over the timed batches (per distinct id of a
 // batch and per id looked up), where the cache's host time goes (bench/gpu_cache_bench.h),
 // p50/p99 latency and throughput of both, and whether their predictions were bit for bit equal
-// on the batches checked. With --rocksdb DIR the rows come from a RocksDB store instead (written
-// from the generator when DIR does not exist), optionally behind a host tier (--host-gb).
-// Run by bench/serve_gpu_cache.sh (one GPU).
+// on the batches checked; with --phases 1, the phases of the slowest 1 % of batches beside the
+// median one's (GpuCache::keep_phases). With --rocksdb DIR the rows come from a RocksDB store
+// instead (written from the generator when DIR does not exist), optionally behind a host tier
+// (--host-gb). Run by bench/serve_gpu_cache.sh (one GPU).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -37,6 +38,57 @@ using namespace dlrec::bench;
 namespace {
 
 using Args = BenchArgs;
+using Phases = store::GpuCache::BatchPhases;
+
+// --phases 1: the slowest 1 % of the timed batches (at least 3) with their phases, next to the
+// median batch's, and the mean latency of the batches during which a thread of the cache was
+// preempted or an async insert was pending against the rest.
+void print_phases(const std::vector<double>& us, const std::vector<Phases>& ph) {
+  std::vector<size_t> order(us.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return us[a] < us[b]; });
+  auto u = [](int64_t ns) { return ns / 1e3; };
+  auto line = [&](const char* what, size_t i) {
+    const Phases& p = ph[i];
+    std::printf("  %-8s #%-4zu %7.1f | %6.1f %6.1f %6.1f %5.1f %6.1f %5.1f %6.1f %5.1f |", what,
+                i, us[i], u(p.wait_ns), u(p.lookup_ns), u(p.remap_ns), u(p.settle_ns),
+                u(p.fetch_ns), u(p.write_ns), u(p.forward_ns), u(p.relink_ns));
+    for (const auto& t : p.team)
+      std::printf(" %5.1f %5.1f %5.1f %5.1f %5.1f %2d %d %lld |", u(t.wall_ns), u(t.max_task_ns),
+                  u(t.last_start_ns), u(t.last_work_end_ns), u(t.last_end_ns), t.workers,
+                  t.preempted, static_cast<long long>(t.faults));
+    std::printf(" %lld %lld | %5lld %c %d %lld %.1f\n", static_cast<long long>(p.caller_preempted),
+                static_cast<long long>(p.caller_faults), static_cast<long long>(p.misses),
+                p.sync ? 's' : 'a', p.inserter_busy ? 1 : 0, static_cast<long long>(p.inserts),
+                u(p.insert_ns));
+  };
+  std::printf(
+      "phases (us): latency | wait lookup remap settle fetch write forward relink | per team job "
+      "(lookup, remap, fetch): wall max_task last_start last_work_end last_end workers "
+      "preempted faults | caller preempted faults | misses sync/async inserter_busy inserts "
+      "insert_us\n");
+  line("median", order[order.size() / 2]);
+  const size_t slow = std::max<size_t>(3, us.size() / 100);
+  for (size_t j = 0; j < slow && j < order.size(); ++j)
+    line("slow", order[order.size() - 1 - j]);
+  double a_sum = 0, b_sum = 0, i_sum = 0, n_sum = 0;
+  int a_n = 0, b_n = 0, i_n = 0, n_n = 0;
+  for (size_t i = 0; i < us.size(); ++i) {
+    const Phases& p = ph[i];
+    int64_t pre = p.caller_preempted;
+    for (const auto& t : p.team) pre += t.preempted;
+    (pre > 0 ? a_sum : b_sum) += us[i];
+    ++(pre > 0 ? a_n : b_n);
+    const bool ins = p.inserter_busy || p.inserts > 0;
+    (ins ? i_sum : n_sum) += us[i];
+    ++(ins ? i_n : n_n);
+  }
+  std::printf(
+      "phases: preempted batches %d (mean %.1f us) vs %d (mean %.1f); with an async insert "
+      "pending %d (mean %.1f) vs %d (mean %.1f)\n",
+      a_n, a_n ? a_sum / a_n : 0.0, b_n, b_n ? b_sum / b_n : 0.0, i_n, i_n ? i_sum / i_n : 0.0,
+      n_n, n_n ? n_sum / n_n : 0.0);
+}
 
 int run(const Args& a) {
   DLREC_CHECK(cuda::device_count() > 0, "serve_gpu_cache: no CUDA device");
@@ -213,13 +265,19 @@ int run(const Args& a) {
       const double tb =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const CacheCounters c0 = CacheCounters::of(cache);
+      std::vector<Phases> phases;
+      phases.reserve(batches.size());
+      uc.reserve(batches.size());
+      cache.keep_phases(a.phases == 1);
       t0 = std::chrono::steady_clock::now();
       for (const io::Batch& b : batches) {
         const auto s = std::chrono::steady_clock::now();
         cached_predict(b, pc.data());
         uc.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - s)
                          .count());
+        if (a.phases == 1) phases.push_back(cache.last_phases());
       }
+      cache.keep_phases(false);
       const double tc =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::printf(
@@ -230,6 +288,7 @@ int run(const Args& a) {
           quantile(uc, 0.5), quantile(uc, 0.99), B * iters / tc, quantile(ub, 0.5),
           quantile(ub, 0.99), B * iters / tb, quantile(uc, 0.99) / quantile(ub, 0.99), tb / tc,
           same_tables ? std::to_string(diff).c_str() : "not compared (smaller all-GPU variant)");
+      if (a.phases == 1) print_phases(uc, phases);
       std::fflush(stdout);
     }
   }

@@ -11,7 +11,9 @@
 #   WARMUP (2000 batches of 2048 per alpha before timing: the 10 % cache fills after ~500 and
 #   its hit rate settles after ~1500). BASELINE_ROWS (0: ROWS): rows per table of the all-GPU
 #   model; set it lower for tables larger than the GPU (the comparison is then with that smaller
-#   variant, on its own ids, and predictions are not compared).
+#   variant, on its own ids, and predictions are not compared). PHASES (0): 1 prints, per line,
+#   the phases of the slowest 1 % of batches beside the median one's (GpuCache::keep_phases;
+#   the record costs ~10-20 us of a batch of 2048).
 set -euo pipefail
 OUT=${OUT:-out}
 BIN=${BIN:-.gpu/bin}
@@ -19,5 +21,5 @@ mkdir -p "$OUT"
 "$BIN/serve_gpu_cache" --tables "${TABLES:-8}" --rows "${ROWS:-4194304}" --dim "${DIM:-64}" \
   --fraction "${FRACTION:-0.1}" --eviction "${EVICTION:-lfu}" --threshold "${THRESHOLD:-0.9}" \
   --iters "${ITERS:-300}" --warmup-batches "${WARMUP:-2000}" --alpha "${ALPHAS:-1.05,1.2}" \
-  --batch "${BATCHES:-1,2048,32768}" --baseline-rows "${BASELINE_ROWS:-0}" \
+  --batch "${BATCHES:-1,2048,32768}" --baseline-rows "${BASELINE_ROWS:-0}" --phases "${PHASES:-0}" \
   2>&1 | tee "$OUT/serve_gpu_cache.log"

@@ -95,28 +95,39 @@ void SpinTeam::work() {
 }
 
 void SpinTeam::run(const std::function<void(int)>& fn) {
-  std::lock_guard<std::mutex> one(run_mu_);
+  post(fn);
+  // The caller takes pieces too, so the job never waits for a member to wake up: members that
+  // are awake share the pieces, a sleeping one finds them taken (a wake-up takes tens to
+  // hundreds of microseconds on a virtual machine; a team that waited for every member and
+  // slept between jobs longer apart than spin_us stayed that slow: bench/RESULTS.md).
+  wait();
+}
+
+void SpinTeam::post(const std::function<void(int)>& fn) {
+  run_mu_.lock();  // until wait()
+  posted_ = true;
   job_ = &fn;
   error_ = nullptr;
   finished_.store(0, std::memory_order_relaxed);
   // A new generation, pieces from 0 (publishes job_ and finished_).
   claim_.store(((claim_.load(std::memory_order_relaxed) >> 32) + 1) << 32,
                std::memory_order_release);
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (sleeping_ > 0) wake_.notify_all();
-  }
-  // The caller takes pieces too, so the job never waits for a member to wake up: members that
-  // are awake share the pieces, a sleeping one finds them taken (a wake-up takes tens to
-  // hundreds of microseconds on a virtual machine; a team that waited for every member and
-  // slept between jobs longer apart than spin_us stayed that slow: bench/RESULTS.md).
-  work();
+  std::lock_guard<std::mutex> lk(mu_);
+  if (sleeping_ > 0) wake_.notify_all();
+}
+
+void SpinTeam::wait() {
+  // (posted_ is read without run_mu_ only by the thread that holds it after its post())
+  DLREC_CHECK(posted_, "SpinTeam::wait without a post (bug)");
+  std::unique_lock<std::mutex> one(run_mu_, std::adopt_lock);
+  work();  // the pieces no member has taken
   // What members claimed is running on them (they are awake): wait for it.
   for (int k = 0; finished_.load(std::memory_order_acquire) != size(); ++k) {
     DLREC_CPU_RELAX();
     if (k > (1 << 16)) std::this_thread::yield();  // a descheduled member: do not burn the core
   }
   job_ = nullptr;
+  posted_ = false;
   if (error_) {
     std::exception_ptr e = error_;
     error_ = nullptr;

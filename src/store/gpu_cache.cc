@@ -1,5 +1,6 @@
-// The GPU cache tier's host side: slot maps, sizing, the batch remap with sync/async inserts
-// (include/dlrec/store/gpu_cache.h). The device writes are in gpu_cache_cuda.cu.
+// The GPU cache tier's host side: sizing, the batch remap with sync/async inserts
+// (include/dlrec/store/gpu_cache.h). The slot maps are in gpu_cache_slots.cc, the device writes
+// in gpu_cache_cuda.cu, the diagnostic per-batch record in gpu_cache_phases.cc.
 #include "dlrec/store/gpu_cache.h"
 
 #include <algorithm>
@@ -12,149 +13,6 @@
 #include "dlrec/core/thread_pool.h"
 
 namespace dlrec::store {
-
-// ---- SlotMap ------------------------------------------------------------------------------
-
-namespace {
-int64_t checked_slots(int64_t capacity) {
-  DLREC_CHECK(capacity >= 1 && capacity < (int64_t{1} << 31), "gpu cache: ", capacity,
-              " slots (1 .. 2^31 - 1 per feature)");
-  return capacity;
-}
-}  // namespace
-
-SlotMap::SlotMap(int64_t capacity, bool lfu, int64_t id_limit)
-    : lfu_(lfu),
-      where_(checked_slots(capacity),
-             id_limit - 1 <= static_cast<int64_t>(FlatIdIndexT<uint32_t>::kMaxId)) {
-  const auto c = static_cast<size_t>(capacity);
-  slot_.assign(c, Slot{});
-  clear();
-}
-
-void SlotMap::clear() {
-  where_.clear();
-  std::fill(slot_.begin(), slot_.end(), Slot{});
-  free_slots_.clear();
-  for (int64_t s = capacity() - 1; s >= 0; --s) free_slots_.push_back(static_cast<int32_t>(s));
-  buckets_.clear();
-  free_buckets_.clear();
-  first_ = -1;
-}
-
-int32_t SlotMap::new_bucket(int64_t count, int32_t after) {
-  int32_t b;
-  if (!free_buckets_.empty()) {
-    b = free_buckets_.back();
-    free_buckets_.pop_back();
-  } else {
-    b = static_cast<int32_t>(buckets_.size());
-    buckets_.push_back({});
-  }
-  Bucket& n = buckets_[b];
-  n.count = count;
-  n.head = n.tail = -1;
-  n.prev = after;
-  n.next = after < 0 ? first_ : buckets_[after].next;
-  if (n.next >= 0) buckets_[n.next].prev = b;
-  if (after < 0)
-    first_ = b;
-  else
-    buckets_[after].next = b;
-  return b;
-}
-
-void SlotMap::unlink(int32_t s) {
-  const int32_t b = slot_[s].bucket;
-  Bucket& k = buckets_[b];
-  if (slot_[s].prev >= 0)
-    slot_[slot_[s].prev].next = slot_[s].next;
-  else
-    k.head = slot_[s].next;
-  if (slot_[s].next >= 0)
-    slot_[slot_[s].next].prev = slot_[s].prev;
-  else
-    k.tail = slot_[s].prev;
-  slot_[s].prev = slot_[s].next = slot_[s].bucket = -1;
-  if (k.head < 0) {  // empty: out of the bucket list
-    if (k.prev >= 0)
-      buckets_[k.prev].next = k.next;
-    else
-      first_ = k.next;
-    if (k.next >= 0) buckets_[k.next].prev = k.prev;
-    free_buckets_.push_back(b);
-  }
-}
-
-void SlotMap::push_back(int32_t s, int32_t b) {
-  Bucket& k = buckets_[b];
-  slot_[s].prev = k.tail;
-  slot_[s].next = -1;
-  if (k.tail >= 0)
-    slot_[k.tail].next = s;
-  else
-    k.head = s;
-  k.tail = s;
-  slot_[s].bucket = b;
-}
-
-void SlotMap::touch(int32_t s, uint64_t stamp) {
-  slot_[s].stamp = stamp;
-  const int32_t b = slot_[s].bucket;
-  if (!lfu_) {  // one list: to its tail
-    if (buckets_[b].tail != s) {
-      unlink(s);  // never empties the bucket: s was not its only slot
-      push_back(s, b);
-    }
-    return;
-  }
-  const int64_t count = buckets_[b].count + 1;
-  int32_t nb = buckets_[b].next;
-  if (nb < 0 || buckets_[nb].count != count) nb = new_bucket(count, b);
-  unlink(s);  // may free b (nb is linked after it, so stays)
-  push_back(s, nb);
-}
-
-int64_t SlotMap::insert(int64_t id, uint64_t stamp, int64_t* evicted) {
-  *evicted = -1;
-  int32_t s = -1;
-  if (!free_slots_.empty()) {
-    s = free_slots_.back();
-    free_slots_.pop_back();
-  } else {
-    // The least valuable slot the batch does not use: from the first bucket's head on.
-    int scanned = 0;
-    for (int32_t b = first_; b >= 0 && s < 0 && scanned < kMaxScan; b = buckets_[b].next)
-      for (int32_t c = buckets_[b].head; c >= 0 && scanned < kMaxScan; c = slot_[c].next, ++scanned)
-        if (slot_[c].stamp != stamp) {
-          s = c;
-          break;
-        }
-    if (s < 0) return -1;
-    *evicted = slot_[s].id;
-    where_.erase(slot_[s].id);
-    unlink(s);
-  }
-  slot_[s].id = id;
-  slot_[s].stamp = stamp;
-  where_.insert(id, s);
-  const int64_t count = 1;
-  int32_t b = first_;
-  if (b < 0 || buckets_[b].count != count) b = new_bucket(count, -1);
-  push_back(s, b);
-  return s;
-}
-
-bool SlotMap::erase(int64_t id) {
-  const int32_t s = where_.find(id);
-  if (s < 0) return false;
-  where_.erase(id);
-  unlink(s);
-  slot_[s].id = -1;
-  slot_[s].stamp = 0;
-  free_slots_.push_back(s);
-  return true;
-}
 
 void DeviceRows::write(const std::vector<RowBlock>& blocks) {
   std::vector<int64_t> rows;
@@ -256,11 +114,18 @@ GpuCache::GpuCache(EmbeddingStore& store, const StoreConfig& config, GpuCacheSiz
   const int members =
       std::min<int>(static_cast<int>(store_.tables().size() + F), std::max(1, num_threads()));
   team_ = std::make_unique<SpinTeam>(members, 250);
+  relink_job_ = [this](int) {
+    const int n = static_cast<int>(work_.size());
+    for (int k; (k = relink_next_.fetch_add(1, std::memory_order_relaxed)) < n;)
+      relink_hits(static_cast<size_t>(k));
+  };
   inserter_ = std::thread([this] { insert_loop(); });
   store_.on_invalidate([this](int t, const int64_t* ids, int64_t n) { invalidate(t, ids, n); });
 }
 
-void GpuCache::run_tasks(int n, bool threaded, const std::function<void(int)>& fn) {
+void GpuCache::run_tasks(int n, bool threaded, const std::function<void(int)>& fn,
+                         TeamPhase* rec) {
+  if (rec) return run_tasks_timed(n, threaded, fn, rec);
   if (!threaded) {
     for (int i = 0; i < n; ++i) fn(i);
     return;
@@ -327,8 +192,8 @@ void GpuCache::look_up(const io::Batch& batch, size_t k, int64_t lo, int64_t hi)
 
 // The remap's second half, per feature: feature k's ids into staged_ (under mu_), each distinct
 // id once (work_[k].seen, a table small enough to stay in the caches): a hit reads its slot, a
-// miss a staging row (and is listed for the fetch). The slot map is not changed here: touches
-// and inserts are maintain()'s.
+// miss a staging row (and is listed for the fetch). The slot map is not changed here: stamps
+// and inserts are maintain()'s, the hits' relinks relink_hits'.
 void GpuCache::remap(const io::Batch& batch, size_t k) {
   FeatureWork& w = work_[k];
   w.hit_slots.clear();
@@ -371,17 +236,17 @@ void GpuCache::remap(const io::Batch& batch, size_t k) {
   w.id_hits = id_hits;
 }
 
+// Before the batch's device write (on the team, beside the fetch): its hits stamped (so that
+// its inserts evict none of them) and, when sync, its misses given slots. Their recency and
+// counts are relink_hits', beside the forward.
 void GpuCache::maintain(size_t k, bool sync) {
   constexpr size_t kAhead = 16;
   FeatureWork& w = work_[k];
   SlotMap& map = maps_[k];
   const size_t h = w.hit_slots.size();
-  // Two steps ahead: a slot's record kAhead hits earlier, its list neighbours (which the touch
-  // relinks) kAhead / 2 earlier, once the record has arrived.
   for (size_t j = 0; j < h; ++j) {
     if (j + kAhead < h) map.prefetch_slot(w.hit_slots[j + kAhead]);
-    if (j + kAhead / 2 < h) map.prefetch_links(w.hit_slots[j + kAhead / 2]);
-    map.touch(w.hit_slots[j], stamp_);
+    map.stamp(w.hit_slots[j], stamp_);
   }
   if (!sync) return;
   const size_t m = w.fetch_ids.size();
@@ -395,6 +260,20 @@ void GpuCache::maintain(size_t k, bool sync) {
       if (w.slots[j] >= 0) w.inserted.push_back(w.fetch_ids[j]);
     }
   });
+}
+
+void GpuCache::relink_hits(size_t k) {
+  constexpr size_t kAhead = 16;
+  const FeatureWork& w = work_[k];
+  SlotMap& map = maps_[k];
+  const size_t h = w.hit_slots.size();
+  // Two steps ahead: a slot's record kAhead hits earlier, its list neighbours (which the relink
+  // changes) kAhead / 2 earlier, once the record has arrived.
+  for (size_t j = 0; j < h; ++j) {
+    if (j + kAhead < h) map.prefetch_slot(w.hit_slots[j + kAhead]);
+    if (j + kAhead / 2 < h) map.prefetch_links(w.hit_slots[j + kAhead / 2]);
+    map.relink(w.hit_slots[j]);
+  }
 }
 
 // staged_ = batch, but for the stored features' ids, which the remap writes (saves a copy of
@@ -448,10 +327,24 @@ int64_t GpuCache::run(const io::Batch& batch,
     return std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t).count();
   };
   const auto t_wait = clock::now();
+  BatchPhases* ph = keep_phases_ ? &phases_ : nullptr;
+  int64_t insert_runs0 = 0, insert_ns0 = 0;
+  if (ph) {
+    *ph = BatchPhases{};
+    std::lock_guard<std::mutex> q(queue_mu_);
+    ph->inserter_busy = busy_ || !queue_.empty();
+    insert_runs0 = insert_runs_.load();
+    insert_ns0 = insert_run_ns_.load();
+  }
+  int64_t preempted0 = 0, faults0 = 0;
+  if (ph) thread_usage(&preempted0, &faults0);
+  batches_waiting_.fetch_add(1, std::memory_order_relaxed);
   std::unique_lock<std::mutex> lock(mu_);
+  batches_waiting_.fetch_sub(1, std::memory_order_relaxed);
   DLREC_CHECK(rows_ != nullptr, "gpu cache: no device tables bound (bug)");
   const auto t0 = clock::now();
   times.wait_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t0 - t_wait).count();
+  if (ph) ph->wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t0 - t_wait).count();
   // The update snapshot is pinned under the lock: an update applied after it invalidates its
   // rows after this batch (the invalidation waits for the lock), so no stale row stays cached.
   const auto pinned = store_.pin();
@@ -482,13 +375,14 @@ int64_t GpuCache::run(const io::Batch& batch,
     const auto [k, lo] = pieces[static_cast<size_t>(p)];
     const auto n = static_cast<int64_t>(work_[k].found.size());
     look_up(batch, static_cast<size_t>(k), lo, std::min(n, lo + kLookUpPiece));
-  });
+  }, ph ? &ph->team[0] : nullptr);
+  if (ph) ph->lookup_ns = since(t0);
   plan_copies(batch);
   run_tasks(static_cast<int>(F + copies_.size()), threaded, [&](int i) {
     if (i < static_cast<int>(F)) return remap(batch, static_cast<size_t>(i));
     const Copy& c = copies_[static_cast<size_t>(i) - F];
     std::memcpy(c.to, c.from, c.bytes);
-  });
+  }, ph ? &ph->team[1] : nullptr);
   int64_t hits = 0, misses = 0, need = 0, hits_w = 0, lookups_w = 0;
   int64_t id_hits_w = 0, id_lookups_w = 0;
   for (size_t k = 0; k < F; ++k) {
@@ -509,8 +403,14 @@ int64_t GpuCache::run(const io::Batch& batch,
   ++stamp_;
   const auto t1 = clock::now();
   times.remap_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+  if (ph) {
+    ph->remap_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count() -
+                   ph->lookup_ns;
+    ph->misses = misses;
+    ph->sync = sync;
+  }
   // The misses from the tiers below (per table, straight into the device rows' host buffer),
-  // beside the slot maps' touches and sync inserts (per feature); then into their device rows,
+  // beside the slot maps' stamps and sync inserts (per feature); then into their device rows,
   // all tables in one write. The rows are kept for the async insert.
   InsertJob job{generation, {}, {}};
   const auto& tables = store_.tables();
@@ -521,6 +421,8 @@ int64_t GpuCache::run(const io::Batch& batch,
     offset[t + 1] = offset[t] + static_cast<int64_t>(work_[feature_of_table_[t]].fetch_ids.size()) *
                                     tables[t].dim;
   float* values = rows_->values_buffer(offset[T]);
+  const auto t_settled = clock::now();
+  if (ph) ph->settle_ns = since(t1);
   auto task = [&](size_t i) {
     if (i >= T) return maintain(i - T, sync);
     const std::vector<int64_t>& want = work_[feature_of_table_[i]].fetch_ids;
@@ -532,9 +434,11 @@ int64_t GpuCache::run(const io::Batch& batch,
   };
   try {
     // (the store is thread-safe; the slot maps are one per feature)
-    run_tasks(static_cast<int>(T + F), threaded, [&](int i) { task(static_cast<size_t>(i)); });
+    run_tasks(static_cast<int>(T + F), threaded, [&](int i) { task(static_cast<size_t>(i)); },
+              ph ? &ph->team[2] : nullptr);
     const auto t2 = clock::now();
     times.fetch_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t1).count();
+    if (ph) ph->fetch_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t_settled).count();
     std::vector<RowBlock> blocks;
     for (size_t t = 0; t < T; ++t) {
       const FeatureWork& w = work_[feature_of_table_[t]];
@@ -547,6 +451,7 @@ int64_t GpuCache::run(const io::Batch& batch,
     // packing overlaps the copy and the scatter).
     if (!blocks.empty()) rows_->write_ahead(blocks);
     times.write_ns += since(t2);
+    if (ph) ph->write_ns = since(t2);
   } catch (...) {  // a tier failed (Redis down...): the slots taken were not (all) written
     undo_inserts();
     throw;
@@ -572,16 +477,42 @@ int64_t GpuCache::run(const io::Batch& batch,
     recent_lookups_ *= 0.5;
   }
   (sync ? sync_batches : async_batches) += 1;
+  // The hits' relinks on the team while this thread runs the forward (which mostly waits for
+  // the GPU); in order after it for small batches. The instance stays held until they end.
+  if (threaded) {
+    relink_next_.store(0, std::memory_order_relaxed);
+    team_->post(relink_job_);
+  }
+  auto relinks = [&] {
+    if (threaded)
+      team_->wait();
+    else
+      for (size_t k = 0; k < F; ++k) relink_hits(k);
+  };
   const auto t3 = clock::now();
   try {
     forward(staged_);
   } catch (...) {
+    relinks();
     rows_->settle();
     throw;
   }
   rows_->settle();  // done by now (the forward waited for its stream): marks the buffers free
-  times.forward_ns += since(t3);
+  const auto t4 = clock::now();
+  times.forward_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t4 - t3).count();
+  relinks();
+  times.relink_ns += since(t4);
   times.batches += 1;
+  if (ph) {
+    ph->forward_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t4 - t3).count();
+    ph->relink_ns = since(t4);
+    ph->total_ns = since(t_wait);
+    thread_usage(&ph->caller_preempted, &ph->caller_faults);
+    ph->caller_preempted -= preempted0;
+    ph->caller_faults -= faults0;
+    ph->inserts = insert_runs_.load() - insert_runs0;
+    ph->insert_ns = insert_run_ns_.load() - insert_ns0;
+  }
   if (sync || misses == 0) return 0;
   job.ids.resize(F);
   for (size_t k = 0; k < F; ++k) job.ids[k].swap(work_[k].fetch_ids);
@@ -619,11 +550,30 @@ void GpuCache::insert_loop() {
       busy_ = false;
     }
     idle_cv_.notify_all();
+    // A batch waiting for the instance goes first: without this the next queued insert took
+    // the instance again before the waiting batch's thread woke up, and a batch waited for
+    // four inserts in a row (bench/RESULTS.md, "GPU cache tier"). Bounded, in case what the
+    // batch waits for is an invalidation.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+    while (batches_waiting_.load(std::memory_order_relaxed) > 0 &&
+           std::chrono::steady_clock::now() < until)
+      std::this_thread::yield();
   }
 }
 
 void GpuCache::apply_insert(InsertJob& job) {
   std::lock_guard<std::mutex> l(mu_);
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Timed {  // its time under the lock, for BatchPhases
+    GpuCache& c;
+    std::chrono::steady_clock::time_point t0;
+    ~Timed() {
+      c.insert_run_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::steady_clock::now() - t0)
+                              .count();
+      c.insert_runs_ += 1;
+    }
+  } timed{*this, t0};
   int64_t n_ids = 0;
   for (const auto& v : job.ids) n_ids += static_cast<int64_t>(v.size());
   if (job.generation != generation_ || !rows_) {  // an update or a rebuild since the fetch
@@ -635,8 +585,9 @@ void GpuCache::apply_insert(InsertJob& job) {
   const size_t F = job.ids.size();
   std::vector<std::vector<int64_t>> slots(F), from(F);
   std::vector<int64_t> evicted_k(F, 0);
-  // Per feature on the team (the instance is held meanwhile, so they are quick about it).
-  run_tasks(static_cast<int>(F), n_ids >= 1024, [&](int ki) {
+  // Per feature on the team (the instance is held meanwhile, so they are quick about it: one
+  // thread took ~200 us for a batch of 2048's ~700 misses).
+  run_tasks(static_cast<int>(F), n_ids >= 256, [&](int ki) {
     const auto k = static_cast<size_t>(ki);
     for (size_t j = 0; j < job.ids[k].size(); ++j) {
       const int64_t id = job.ids[k][j];

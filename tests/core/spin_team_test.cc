@@ -2,6 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <functional>
+#include <string>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -83,6 +86,36 @@ TEST(SpinTeam, ConcurrentCallersAreSerialised) {
   b.join();
   EXPECT_EQ(total.load(), 2 * 300 * 3);
   EXPECT_LE(worst.load(), 3);  // never two jobs' pieces at once
+}
+
+// post() returns while the members run the job; wait() ends it: every index once, whether
+// the members were awake, asleep (the caller then runs what is left) or the team is the
+// caller alone; the first error comes back from wait() and the team stays usable.
+TEST(SpinTeam, PostedJobsRunBesideTheCallerAndWaitEndsThem) {
+  for (int spin : {200, 0})
+    for (int size : {1, 4}) {
+      SCOPED_TRACE("spin_us " + std::to_string(spin) + " size " + std::to_string(size));
+      SpinTeam team(size, spin);
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(size));
+      const std::function<void(int)> job = [&](int i) { hits[static_cast<size_t>(i)] += 1; };
+      for (int j = 0; j < 100; ++j) {
+        for (auto& h : hits) h.store(0);
+        team.post(job);
+        volatile long caller_work = 0;
+        for (int k = 0; k < 1000; ++k) caller_work = caller_work + k;
+        team.wait();
+        for (int i = 0; i < size; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1);
+        if (j % 25 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      const std::function<void(int)> bad = [](int i) {
+        if (i == 0) throw std::runtime_error("posted piece failed");
+      };
+      team.post(bad);
+      EXPECT_THROW(team.wait(), std::runtime_error);
+      expect_each_index_once(team, 5);
+    }
+  SpinTeam team(2);
+  EXPECT_THROW(team.wait(), Error);  // no post
 }
 
 TEST(SpinTeam, BadArgumentsAreErrors) {

@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <random>
@@ -225,6 +227,45 @@ TEST(GpuCacheSlots, LfuKeepsHotRowsAcrossColdOnes) {
   EXPECT_TRUE(m.contains(3));
 }
 
+// A batch's hits stamped before its inserts and relinked after them (GpuCache: the relinks run
+// beside the forward) leave LFU's lists as touching them first did: the same ids are evicted
+// afterwards, in the same order. Batches of hot ids and cold inserts over a small map.
+TEST(GpuCacheSlots, LfuRelinksAfterTheInsertsGiveTheSameEvictions) {
+  store::SlotMap touched(64, true), relinked(64, true);
+  std::mt19937_64 rng(11);
+  int64_t ev_a = 0, ev_b = 0;
+  for (uint64_t batch = 1; batch <= 300; ++batch) {
+    std::vector<int64_t> ids;
+    for (int i = 0; i < 24; ++i) {
+      const double u = static_cast<double>(rng() % 1000000) / 1e6;
+      ids.push_back(static_cast<int64_t>(std::pow(u, 3) * 400));
+    }
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    std::vector<int32_t> hits;
+    std::vector<int64_t> misses;
+    for (int64_t id : ids) {
+      const int32_t s = relinked.slot_of(id);
+      ASSERT_EQ(s, touched.slot_of(id)) << "batch " << batch << " id " << id;
+      if (s >= 0)
+        hits.push_back(s);
+      else
+        misses.push_back(id);
+    }
+    for (int32_t s : hits) touched.touch(s, batch);
+    for (int32_t s : hits) relinked.stamp(s, batch);
+    for (int64_t id : misses) {
+      ASSERT_EQ(touched.insert(id, batch, &ev_a), relinked.insert(id, batch, &ev_b));
+      ASSERT_EQ(ev_a, ev_b) << "batch " << batch;
+    }
+    for (int32_t s : hits) relinked.relink(s);
+  }
+  for (int64_t id = 1000; id < 1100; ++id) {  // the eviction order of everything left
+    ASSERT_EQ(touched.insert(id, 1000, &ev_a), relinked.insert(id, 1000, &ev_b));
+    ASSERT_EQ(ev_a, ev_b);
+  }
+}
+
 TEST(GpuCacheSlots, LruMatchesAReferenceOverRandomOperations) { check_against_reference(false); }
 TEST(GpuCacheSlots, LfuMatchesAReferenceOverRandomOperations) { check_against_reference(true); }
 
@@ -296,6 +337,43 @@ TEST(GpuCache, LargeBatchesInPiecesReadTheRightRows) {
                  {"id 80", "feature 2", "80 rows"});
     ASSERT_EQ(rig.run_checked(rig.batch(rng, 2500)), 0);
   }
+}
+
+// keep_phases: the last batch's record (the bench's diagnosis of slow batches) adds up and
+// names what ran: the team's jobs for large batches, the misses, sync or async.
+TEST(GpuCache, KeptPhasesDescribeTheLastBatch) {
+  Rig rig(1.0, "lfu", 1024);
+  std::mt19937_64 rng(9);
+  EXPECT_EQ(rig.cache->last_phases().total_ns, 0);  // off by default: nothing recorded
+  ASSERT_EQ(rig.run_checked(rig.batch(rng, 2500)), 0);
+  EXPECT_EQ(rig.cache->last_phases().total_ns, 0);
+  rig.cache->keep_phases(true);
+  int64_t forward_ns = 0;
+  ASSERT_EQ(rig.cache->run(rig.batch(rng, 2500),
+                           [&](const io::Batch&) {
+                             const auto t = std::chrono::steady_clock::now();
+                             while (std::chrono::steady_clock::now() - t <
+                                    std::chrono::microseconds(200)) {
+                             }
+                             forward_ns = 200000;
+                           }),
+            0);
+  const auto& p = rig.cache->last_phases();
+  EXPECT_TRUE(p.sync);
+  EXPECT_GE(p.forward_ns, forward_ns);
+  EXPECT_GE(p.total_ns, p.wait_ns + p.lookup_ns + p.remap_ns + p.settle_ns + p.fetch_ns +
+                            p.write_ns + p.forward_ns);
+  EXPECT_GT(p.misses, 0);  // ids not seen in the first batch
+  for (const auto& t : p.team) {
+    EXPECT_GE(t.workers, 1);
+    EXPECT_GT(t.max_task_ns, 0);
+    EXPECT_LE(t.last_work_end_ns, t.last_end_ns);
+    EXPECT_LE(t.last_end_ns, t.wall_ns);
+    EXPECT_GE(t.preempted, 0);
+  }
+  EXPECT_FALSE(p.inserter_busy);
+  EXPECT_EQ(p.inserts, 0);
+  rig.cache->keep_phases(false);
 }
 
 TEST(GpuCache, ABatchNeedingMoreStagingRowsAsksForThemAndRunsAfterABind) {

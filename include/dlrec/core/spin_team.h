@@ -9,6 +9,12 @@
 // threads spin for `spin_us` microseconds waiting for the next one (a back-to-back caller finds
 // them awake: a dispatch costs an atomic store), then sleep until woken. One run() at a time;
 // concurrent callers are serialised.
+//
+// post(fn) starts such a job on the members alone and returns at once; wait() ends it (the
+// caller runs the pieces no member took, waits for the others, rethrows the first error). In
+// between the caller does other work (the GPU cache's bookkeeping beside the forward); fn
+// must live until wait(), and the team takes no other job meanwhile (other threads' run() and
+// post() wait).
 #pragma once
 
 #include <atomic>
@@ -32,6 +38,8 @@ class SpinTeam {
 
   int size() const { return static_cast<int>(threads_.size()) + 1; }
   void run(const std::function<void(int)>& fn);
+  void post(const std::function<void(int)>& fn);
+  void wait();  // after post() on the same thread; an error without one
 
  private:
   void loop(int index);
@@ -41,7 +49,8 @@ class SpinTeam {
   void work();  // runs pieces until none is left
 
   const int spin_us_;
-  std::mutex run_mu_;  // one run() at a time
+  std::mutex run_mu_;  // one run() or post()..wait() at a time
+  bool posted_ = false;  // a post() not yet waited for (guarded by run_mu_, held meanwhile)
   const std::function<void(int)>* job_ = nullptr;
   // The job's generation (bumped per job; members start when it changes) << 32 | the next
   // piece to take.

@@ -24,9 +24,11 @@
 // open-addressing index with the memory access started ahead, as the slot maps of hundreds of
 // MiB miss the caches); the remap (per feature: each distinct id once, to its slot or a staging
 // row) beside the copy of the rest of the batch; then, at the same time, the fetch of the misses
-// (per table, into the pinned buffer the upload reads) and the slot maps' bookkeeping (per
-// feature: the hits' LFU/LRU touches, their list neighbours prefetched, and the sync inserts);
-// then the one device write and the forward.
+// (per table, into the pinned buffer the upload reads) and the slot maps' bookkeeping that must
+// precede the write (per feature: the hits stamped, so that no insert evicts them, and the sync
+// inserts); then the one device write and the forward, while the team relinks the hits (their
+// LFU/LRU recency and counts, list neighbours prefetched): that bookkeeping was the longest
+// task before the write (bench/RESULTS.md, "GPU cache tier").
 //
 // Why the slot map is on the host: the ids arrive on the host (the request), the misses must
 // be fetched by the host from the tiers below anyway, and the remapped ids are what the engine
@@ -86,8 +88,22 @@ class alignas(64) SlotMap {
   void visit_index(F&& f) const {
     where_.visit(std::forward<F>(f));
   }
-  // The bookkeeping half of find: `slot` (in use) was used by the batch `stamp`.
-  void touch(int32_t slot, uint64_t stamp);
+  // The bookkeeping half of find: `slot` (in use) was used by the batch `stamp`: stamp(), then
+  // relink().
+  void touch(int32_t slot, uint64_t stamp) {
+    this->stamp(slot, stamp);
+    relink(slot);
+  }
+  // Marks `slot` (in use) as used by the batch `stamp`: insert() does not evict it for that
+  // batch.
+  void stamp(int32_t slot, uint64_t stamp) { slot_[slot].stamp = stamp; }
+  // The use's recency and count: `slot` (in use) to the tail of its list, of the next count for
+  // "lfu". Its stamp is not read, so a batch's hits may be stamped before its inserts and
+  // relinked after them: "lfu": the lists come out in the same order (inserts only append to
+  // the list of count 1, which relinks may leave but never enter; an insert's search for a
+  // slot to evict then passes over more stamped slots within its kMaxScan); "lru": the hits
+  // come after the batch's inserts in the one list.
+  void relink(int32_t slot);
   // A slot for `id` (absent): a free one, else the least valuable slot not stamped with
   // `stamp` (its id goes to *evicted; -1 when none was evicted). -1 when every slot it may look
   // at (at most kMaxScan) is in use by the batch: the row is then not cached.
@@ -263,8 +279,39 @@ class GpuCache {
   // remap, the fetch from the tiers below, the device write of the misses, the forward.
   struct Times {
     std::atomic<int64_t> batches{0}, wait_ns{0}, remap_ns{0}, fetch_ns{0}, write_ns{0},
-        forward_ns{0};
+        forward_ns{0}, relink_ns{0};  // relink: waiting after the forward for the hits' relinks
   } times;
+  // A diagnostic record of one batch (benches: where a slow batch's time went). Kept for the
+  // last batch while keep_phases(true); off by default (then nothing of it is measured).
+  // One job of the spin team (run_tasks): its wall time from the start of run_tasks; the
+  // longest task; of the members that took part (the caller among them), the latest to begin,
+  // the latest to end among those that ran a task and among all (a member that claimed its
+  // part late, e.g. descheduled, ends after the work is done); how many ran a task; their
+  // involuntary context switches and page faults during it (getrusage per thread).
+  struct TeamPhase {
+    int64_t wall_ns = 0, max_task_ns = 0, last_start_ns = 0, last_work_end_ns = 0,
+            last_end_ns = 0;
+    int32_t workers = 0, preempted = 0;
+    int64_t faults = 0;
+  };
+  struct BatchPhases {
+    // run()'s phases, wall ns: waiting for the instance; the lookups; the copy plan and remap;
+    // waiting for the previous device write's buffer; the fetch beside the slot maps'
+    // bookkeeping; enqueuing the device write; the forward (the caller's function).
+    int64_t wait_ns = 0, lookup_ns = 0, remap_ns = 0, settle_ns = 0, fetch_ns = 0,
+            write_ns = 0, forward_ns = 0, relink_ns = 0, total_ns = 0;
+    TeamPhase team[3];  // the lookup, remap and fetch jobs
+    int64_t caller_preempted = 0, caller_faults = 0;  // the calling thread, over run()
+    int64_t misses = 0;  // distinct ids missed, all features
+    bool sync = false;
+    bool inserter_busy = false;  // an async insert queued or running as the batch began
+    int64_t inserts = 0, insert_ns = 0;  // async inserts applied since the last batch ended,
+                                         // their time holding the instance
+  };
+  void keep_phases(bool on) { keep_phases_ = on; }
+  const BatchPhases& last_phases() const { return phases_; }
+  // The calling thread's involuntary context switches and page faults so far (0 where unknown).
+  static void thread_usage(int64_t* preempted, int64_t* faults);
 
  private:
   struct InsertJob {
@@ -286,7 +333,8 @@ class GpuCache {
   void plan_copies(const io::Batch& batch);
   void look_up(const io::Batch& batch, size_t k, int64_t lo, int64_t hi);
   void remap(const io::Batch& batch, size_t k);
-  void maintain(size_t k, bool sync);
+  void maintain(size_t k, bool sync);  // the hits stamped, the sync inserts
+  void relink_hits(size_t k);           // the hits' recency and counts (beside the forward)
   void undo_inserts();  // gives back the slots the running batch's sync inserts took
   void insert_loop();
   void apply_insert(InsertJob& job);
@@ -303,10 +351,21 @@ class GpuCache {
   std::unique_ptr<SpinTeam> team_;  // a batch's per-feature and per-table tasks (run_tasks)
   // fn(0..n-1) on the team, each task taken by the next free member (in order on this thread
   // when not `threaded`); rethrows the first error.
-  void run_tasks(int n, bool threaded, const std::function<void(int)>& fn);
+  // With `rec` (keep_phases): the job timed per member into *rec (gpu_cache_phases.cc).
+  void run_tasks(int n, bool threaded, const std::function<void(int)>& fn,
+                 TeamPhase* rec = nullptr);
+  void run_tasks_timed(int n, bool threaded, const std::function<void(int)>& fn,
+                       TeamPhase* rec);
+  // The relinks of a batch's hits, posted to the team while the caller runs the forward.
+  std::atomic<int> relink_next_{0};
+  std::function<void(int)> relink_job_;
+  bool keep_phases_ = false;
+  BatchPhases phases_;
+  std::atomic<int64_t> insert_runs_{0}, insert_run_ns_{0};  // async inserts applied, their time
   std::vector<SlotMap> maps_;
   std::unique_ptr<DeviceRows> rows_;
   std::mutex mu_;  // the instance: a batch, an insert or an invalidation at a time
+  std::atomic<int> batches_waiting_{0};  // run() calls waiting for mu_ (inserts let them first)
   uint64_t stamp_ = 0;
   uint64_t generation_ = 0;  // raised by every invalidation
   double recent_hits_ = 0, recent_lookups_ = 0;
