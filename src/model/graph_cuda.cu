@@ -93,6 +93,10 @@ uint64_t name_tag(const std::string& s) {
 }  // namespace
 
 void GraphCuda::mark(const std::string& what) {
+  if (timeline_) {
+    if (in_body_) timeline_mark(what, e_.st);
+    return;
+  }
   if (!profile_) return;
   const size_t i = marks_.size();
   if (i == events_.size()) events_.emplace_back(dev_index_, /*timing=*/true);
@@ -100,7 +104,36 @@ void GraphCuda::mark(const std::string& what) {
   marks_.push_back(what);
 }
 
+void GraphCuda::timeline_mark(const std::string& what, cudaStream_t s) {
+  const size_t i = marks_.size();
+  if (i == events_.size()) events_.emplace_back(dev_index_, /*timing=*/true);
+  // External: recorded when a replay reaches this point (a plain record would be a dependency).
+  DLREC_CUDA_CHECK(cudaEventRecordWithFlags(events_[i], s, cudaEventRecordExternal));
+  const char* on = s == st_.get() ? "main" : s == side_.get() ? "side"
+                   : (wst_ && s == wst_.get()) ? "wgt" : s == e_.dp.cst ? "comm" : "?";
+  marks_.push_back(std::string(on) + "  " + what);
+}
+
 void GraphCuda::flush_profile() {
+  if (timeline_) {
+    // marks_ holds the labels of the last run of the step's body (the capture: a replay runs
+    // the same events).
+    if (marks_.empty()) return;
+    DLREC_CUDA_CHECK(cudaDeviceSynchronize());
+    if (e_.dp.comm) profile_rank_ = e_.dp.rank;
+    if (tl_ms_.size() != marks_.size()) {
+      tl_ms_.assign(marks_.size(), 0.0);
+      profiled_steps_ = 0;
+    }
+    if (++seen_steps_ <= 3) return;
+    ++profiled_steps_;
+    for (size_t i = 1; i < marks_.size(); ++i) {
+      float ms = 0;
+      DLREC_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[0], events_[i]));
+      tl_ms_[i] += ms;
+    }
+    return;
+  }
   if (!profile_ || marks_.empty()) return;
   DLREC_CUDA_CHECK(cudaEventSynchronize(events_[marks_.size() - 1]));
   if (e_.dp.comm) profile_rank_ = e_.dp.rank;  // the communicator may be gone at the end
@@ -166,6 +199,7 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
   DeviceGuard guard(dev_index_);
   const char* prof = std::getenv("DLREC_PROFILE");
   profile_ = prof && prof[0] == '1';
+  timeline_ = prof && std::string(prof) == "timeline";
   graphs_ = !profile_ && opts_.cuda_graphs;
   // Non-blocking streams: with several serving instances in a process,
   // another model's legacy-stream copy during this one's graph capture would otherwise fail the
@@ -198,7 +232,11 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
     e_.wblas = res_->blas(e_.wst, tf32);
     if (e_.lowp) e_.wlt = std::make_unique<lt::Lt>(res_->blas_lt(), opts_.lt_tune);
   }
-  if (profile_) e_.mark = [this](const std::string& what) { mark(what); };
+  if (profile_ || timeline_) e_.mark = [this](const std::string& what) { mark(what); };
+  if (timeline_)
+    e_.mark_on = [this](const std::string& what, cudaStream_t s) {
+      if (in_body_) timeline_mark(what, s);
+    };
   inputs_ = std::make_unique<StepInputs>(dev_);
 
   const size_t n = spec_.layers.size();
@@ -319,6 +357,16 @@ GraphCuda::~GraphCuda() {
   if (side_) cudaStreamSynchronize(side_);
   if (e_.wst) cudaStreamSynchronize(e_.wst);
   if (e_.st) cudaStreamSynchronize(e_.st);
+  if (timeline_ && profiled_steps_ > 0) {
+    char who[32] = "[timeline]";
+    if (profile_rank_ >= 0) std::snprintf(who, sizeof who, "[timeline r%d]", profile_rank_);
+    std::fprintf(stderr, "%s %lld graph replays of batch %lld, ms from the step's start when "
+                 "each stream reaches the mark:\n", who, static_cast<long long>(profiled_steps_),
+                 static_cast<long long>(fwd_rows_));
+    for (size_t i = 1; i < marks_.size() && i < tl_ms_.size(); ++i)
+      std::fprintf(stderr, "%s %8.3f  %s\n", who, tl_ms_[i] / profiled_steps_,
+                   marks_[i].c_str());
+  }
   if (profile_ && profiled_steps_ > 0) {
     double total = 0;
     for (auto& p : phase_ms_) total += p.second;
@@ -504,12 +552,21 @@ void GraphCuda::run_backward() {
 }
 
 void GraphCuda::step_body() {
+  if (timeline_) {
+    marks_.clear();
+    in_body_ = true;
+    mark("step start");
+  }
   run_forward();
   cd::bce_with_logits(logits(), inputs_->slots[cur_].d_labels.data<float>(), fwd_rows_,
                       dlogits_.data<float>(), static_cast<double*>(loss_.raw()), e_.st, nullptr,
                       loss() == nn::LossKind::Mse, loss_rows_);
   mark("bce");
   run_backward();
+  if (timeline_) {
+    mark("step end");
+    in_body_ = false;
+  }
 }
 
 Tensor GraphCuda::forward(const io::Batch& batch, bool training) {
@@ -531,7 +588,7 @@ Tensor GraphCuda::forward(const io::Batch& batch, bool training) {
     throw;
   }
   e_.dp.collective = false;
-  marks_.clear();  // phases are profiled in train_step only
+  if (!timeline_) marks_.clear();  // phases are profiled in train_step only
   const int64_t B = fwd_rows_;
   Tensor out = Tensor::empty({B}, DType::F32, dev_);
   if (B)

@@ -200,6 +200,13 @@ class GraphCuda final : public CudaModel {
   std::vector<std::string> marks_;
   std::vector<std::pair<std::string, double>> phase_ms_;
   int64_t profiled_steps_ = 0, seen_steps_ = 0;
+  // DLREC_PROFILE=timeline: the step stays one CUDA graph with its streams; mark records an
+  // external event node on the current stream (the communicator's around each collective) and
+  // after each step the time of every mark from the step's start is summed (steps after the
+  // first 3), printed per rank at destruction with the mark's stream.
+  bool timeline_ = false, in_body_ = false;
+  void timeline_mark(const std::string& what, cudaStream_t s);
+  std::vector<double> tl_ms_;
 
   // Events and streams last: destroyed first, before the engine, nodes, inputs and tensors (a
   // gpu::Stream waits for its work when destroyed, so no buffer is freed while in use).

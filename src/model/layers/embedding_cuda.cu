@@ -167,7 +167,7 @@ class EmbeddingNode final : public Node {
       offs += off_counts[r];
       keys += key_counts[r];
     }
-    e.on_comm([&](dist::Communicator& c) {
+    e.on_comm("replicated-mode gathers", [&](dist::Communicator& c) {
       c.all_gather_v(e.offsets, off_in_.raw(), off_counts, dist::Elem::I32);
       c.all_gather_v(e.keys, keys_in_.raw(), key_counts, dist::Elem::I32);
       c.all_gather_v(gv.g.raw(), grad_g_.raw(), grad_counts, dist::elem_of(gv.gdt));
@@ -384,7 +384,8 @@ class EmbeddingNode final : public Node {
                          rp_K_ * dim, ce::Update::SGD, rp_minus_one_.data<float>(), 0.f,
                          ts_.scratch, e.st, nullptr);
     }
-    e.on_comm([&](dist::Communicator& c) {
+    e.sub("emb bwd: rp local grads");
+    e.on_comm("replicas all-reduce", [&](dist::Communicator& c) {
       c.all_reduce(rp_grad_.raw(), rp_grad_.numel(), dist::Elem::F32);
     });
     int64_t at = 0;
@@ -449,7 +450,8 @@ class EmbeddingNode final : public Node {
     tw_nnz_ = 0;
     for (int r = 0; r < d.ranks; ++r)
       for (int64_t t : tw_mine_) tw_nnz_ += d.table_nnz[r * T + t];
-    e.on_comm([&](dist::Communicator& c) {
+    e.sub("emb fwd: (before)");
+    e.on_comm("ids all-gather", [&](dist::Communicator& c) {
       c.all_gather_v(e.offsets, off_in_.raw(), off_counts, dist::Elem::I32);
       c.all_gather_v(e.keys, keys_in_.raw(), key_counts, dist::Elem::I32);
     });
@@ -470,7 +472,7 @@ class EmbeddingNode final : public Node {
                       static_cast<const uint32_t*>(tw_keys_.raw()), G, mean_,
                       static_cast<H*>(tw_pool_.raw()), e.st, tw_K_ * dim);
         e.sub("emb fwd: tw pool");
-        e.on_comm([&](dist::Communicator& c) {
+        e.on_comm("pooled all-to-all", [&](dist::Communicator& c) {
           c.all_to_all_v(tw_pool_.raw(), own_c, own_o, tw_recv_.raw(), peer_c, peer_o,
                          dist::elem_of(o.dt));
         });
@@ -510,7 +512,7 @@ class EmbeddingNode final : public Node {
       if (!has_tw_) return;
       pack_grads(tw_layout_, e.B, grad, gv.ld, static_cast<W*>(tw_gsend_.raw()), e.st);
       e.sub("emb bwd: tw pack");
-      e.on_comm([&](dist::Communicator& c) {
+      e.on_comm("grad all-to-all", [&](dist::Communicator& c) {
         c.all_to_all_v(tw_gsend_.raw(), peer_c, peer_o, tw_grecv_.raw(), own_c, own_o,
                        dist::elem_of(xdt_));
       });
@@ -643,7 +645,7 @@ class EmbeddingNode final : public Node {
     ce::forward(rw_sub_, rw_off_.data<int32_t>(), static_cast<const uint32_t*>(rw_keys_.raw()), Gp,
                 mean_, static_cast<H*>(rw_pool_.raw()), e.st, rw_K_ * dim);
     e.sub("emb fwd: rw pool");
-    e.on_comm([&](dist::Communicator& c) {
+    e.on_comm("row-wise reduce-scatter", [&](dist::Communicator& c) {
       c.reduce_scatter(rw_pool_.raw(), rw_recv_.raw(), bmax * rw_K_ * dim, el);
     });
     e.sub("emb fwd: rw reduce-scatter");
@@ -657,7 +659,7 @@ class EmbeddingNode final : public Node {
     if (bmax == 0) return;
     const int64_t Gp = d.ranks * bmax;
     pack_grads(rw_layout_, e.B, grad, ld, static_cast<W*>(rw_gsend_.raw()), e.st);
-    e.on_comm([&](dist::Communicator& c) {
+    e.on_comm("row-wise grad all-gather", [&](dist::Communicator& c) {
       c.all_gather(rw_gsend_.raw(), rw_grecv_.raw(), bmax * rw_K_ * dim, dist::elem_of(xdt_));
     });
     e.sub("emb bwd: rw pack+all-gather");

@@ -172,6 +172,9 @@ struct Engine {
   lt::Lt* comp_lt = nullptr;
   // DLREC_PROFILE=1: records a named event on st (sub-phases of a layer); null otherwise.
   std::function<void(const std::string&)> mark;
+  // DLREC_PROFILE=timeline: records a named event on a given stream (the communicator's, around
+  // each collective: on_comm); null otherwise.
+  std::function<void(const std::string&, cudaStream_t)> mark_on;
   // The serving breakdown (GraphCuda::serving_breakdown): mark also after each dense layer's
   // forward (lin_forward), labelled with its name and kernel.
   bool mark_lins = false;
@@ -367,11 +370,14 @@ struct Engine {
   }
   // Data-parallel: f(comm) enqueues collectives on the communicator's stream after the work on
   // st so far; st waits for them.
+  // `what` names the collectives in DLREC_PROFILE=timeline.
   template <class F>
-  void on_comm(F&& f) {
+  void on_comm(const char* what, F&& f) {
     DLREC_CUDA_CHECK(cudaEventRecord(dp.to_comm, st));
     DLREC_CUDA_CHECK(cudaStreamWaitEvent(dp.cst, dp.to_comm, 0));
+    if (mark_on) mark_on(std::string("> ") + what, dp.cst);
     f(*dp.comm);
+    if (mark_on) mark_on(std::string("< ") + what, dp.cst);
     DLREC_CUDA_CHECK(cudaEventRecord(dp.from_comm, dp.cst));
     DLREC_CUDA_CHECK(cudaStreamWaitEvent(st, dp.from_comm, 0));
   }
@@ -379,7 +385,7 @@ struct Engine {
   // weight and bias gradients), before its update.
   void all_reduce_grads(Lin& l) {
     if (!dp.comm || B == 0) return;
-    on_comm([&](dist::Communicator& c) {
+    on_comm("dense all-reduce", [&](dist::Communicator& c) {
       c.all_reduce(l.dw.raw(), l.dw.numel(), dist::Elem::F32);
       if (l.has_bias) c.all_reduce(l.db.raw(), l.db.numel(), dist::Elem::F32);
     });
