@@ -16,6 +16,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <utility>
 #include <vector>
 
 #include "core/cuda_check.h"
@@ -373,14 +374,22 @@ struct Engine {
   // `what` names the collectives in DLREC_PROFILE=timeline.
   template <class F>
   void on_comm(const char* what, F&& f) {
+    comm_fork(what, dp.from_comm, std::forward<F>(f));
+    comm_join(dp.from_comm);
+  }
+  // The same in two halves: comm_fork enqueues f(comm) after the work on st so far and records
+  // `done` after it on the communicator's stream, st goes on beside it; comm_join(done): st
+  // waits for it (every fork is joined before the step ends).
+  template <class F>
+  void comm_fork(const char* what, cudaEvent_t done, F&& f) {
     DLREC_CUDA_CHECK(cudaEventRecord(dp.to_comm, st));
     DLREC_CUDA_CHECK(cudaStreamWaitEvent(dp.cst, dp.to_comm, 0));
     if (mark_on) mark_on(std::string("> ") + what, dp.cst);
     f(*dp.comm);
     if (mark_on) mark_on(std::string("< ") + what, dp.cst);
-    DLREC_CUDA_CHECK(cudaEventRecord(dp.from_comm, dp.cst));
-    DLREC_CUDA_CHECK(cudaStreamWaitEvent(st, dp.from_comm, 0));
+    DLREC_CUDA_CHECK(cudaEventRecord(done, dp.cst));
   }
+  void comm_join(cudaEvent_t done) { DLREC_CUDA_CHECK(cudaStreamWaitEvent(st, done, 0)); }
   // Data-parallel: the layer's gradients summed over the ranks (one bucket per layer: its
   // weight and bias gradients), before its update.
   void all_reduce_grads(Lin& l) {
