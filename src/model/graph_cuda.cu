@@ -107,8 +107,14 @@ void GraphCuda::mark(const std::string& what) {
 void GraphCuda::timeline_mark(const std::string& what, cudaStream_t s) {
   const size_t i = marks_.size();
   if (i == events_.size()) events_.emplace_back(dev_index_, /*timing=*/true);
-  // External: recorded when a replay reaches this point (a plain record would be a dependency).
-  DLREC_CUDA_CHECK(cudaEventRecordWithFlags(events_[i], s, cudaEventRecordExternal));
+  // Inside a capture an external event node (recorded when a replay reaches this point; a
+  // plain record would be a dependency), else a plain record (the eager steps).
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  DLREC_CUDA_CHECK(cudaStreamIsCapturing(s, &cap));
+  if (cap == cudaStreamCaptureStatusActive)
+    DLREC_CUDA_CHECK(cudaEventRecordWithFlags(events_[i], s, cudaEventRecordExternal));
+  else
+    DLREC_CUDA_CHECK(cudaEventRecord(events_[i], s));
   const char* on = s == st_.get() ? "main" : s == side_.get() ? "side"
                    : (wst_ && s == wst_.get()) ? "wgt" : s == e_.dp.cst ? "comm" : "?";
   marks_.push_back(std::string(on) + "  " + what);
