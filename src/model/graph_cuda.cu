@@ -116,7 +116,8 @@ void GraphCuda::timeline_mark(const std::string& what, cudaStream_t s) {
   else
     DLREC_CUDA_CHECK(cudaEventRecord(events_[i], s));
   const char* on = s == st_.get() ? "main" : s == side_.get() ? "side"
-                   : (wst_ && s == wst_.get()) ? "wgt" : s == e_.dp.cst ? "comm" : "?";
+                   : (wst_ && s == wst_.get()) ? "wgt" : s == e_.dp.cst ? "comm"
+                   : s == e_.dp.dcst ? "dcomm" : "?";
   marks_.push_back(std::string(on) + "  " + what);
 }
 
@@ -689,11 +690,13 @@ void GraphCuda::set_gradient_reducer(GradientReducer* reducer) {
   DeviceGuard g(dev_index_);
   synchronize();
   if (e_.dp.comm && e_.dp.cst) DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.dp.cst));
+  if (e_.dp.dcst) DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.dp.dcst));
   drop_graphs();  // they hold the old exchanges (or none)
   dp_shape_[0].clear();
   dp_shape_[1].clear();
   cap_b_ = cap_nnz_ = 0;  // the buffers are sized anew (the exchange's, for every rank's batch)
   e_.dp = DataParallel{};
+  dense_comm_.reset();
   host_comm_ = nullptr;
   if (!reducer) return;
   dist::Communicator* comm = reducer->device_communicator();
@@ -718,6 +721,14 @@ void GraphCuda::set_gradient_reducer(GradientReducer* reducer) {
   e_.dp.rank = comm->rank();
   e_.dp.ranks = comm->size();
   host_comm_ = reducer->host_communicator();
+  // The dense all-reduces on their own communicator (every rank makes it here, in step).
+  dense_comm_ = comm->duplicate();
+  if (dense_comm_) {
+    e_.dp.dcomm = dense_comm_.get();
+    e_.dp.dcst = static_cast<cudaStream_t>(dense_comm_->stream());
+    e_.dp.to_dcomm = gpu::Event(dev_index_);
+    e_.dp.from_dcomm = gpu::Event(dev_index_);
+  }
 }
 
 // Every rank's rows and ids are exchanged on the host first (the embedding exchange's sizes;

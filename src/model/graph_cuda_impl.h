@@ -167,6 +167,7 @@ class GraphCuda final : public CudaModel {
   // global batch's rows; 0: this batch's) and, per input slot, the ranks' (rows, ids) its graph
   // was captured for (the other ranks' counts are baked into the graph too).
   dist::Communicator* host_comm_ = nullptr;
+  std::unique_ptr<dist::Communicator> dense_comm_;  // the dense all-reduces' (Engine::dp.dcomm)
   int64_t loss_rows_ = 0;
   std::vector<int64_t> dp_shape_[2];
   // Table-wise sharding (graph_cuda_shard.cu): the embedding layer's tables by index; a GPU

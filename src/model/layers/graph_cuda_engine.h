@@ -121,6 +121,13 @@ struct DataParallel {
   dist::Communicator* comm = nullptr;  // NCCL over the ranks' GPUs; null: one GPU
   cudaStream_t cst = nullptr;          // its stream
   gpu::Event to_comm, from_comm;
+  // The dense layers' all-reduces: a second communicator (Communicator::duplicate) and its
+  // stream, so that they neither wait behind the embedding's exchange nor hold it up (a dense
+  // layer's all-reduce waits for its weight gradient on the low-priority weight stream); null:
+  // on comm.
+  dist::Communicator* dcomm = nullptr;
+  cudaStream_t dcst = nullptr;
+  gpu::Event to_dcomm, from_dcomm;
   int rank = 0, ranks = 1;
   // This step (host): every rank's rows and ids in rank order, their sums.
   std::vector<int64_t> rows, nnz;
@@ -394,10 +401,21 @@ struct Engine {
   // weight and bias gradients), before its update.
   void all_reduce_grads(Lin& l) {
     if (!dp.comm || B == 0) return;
-    on_comm("dense all-reduce", [&](dist::Communicator& c) {
+    auto f = [&](dist::Communicator& c) {
       c.all_reduce(l.dw.raw(), l.dw.numel(), dist::Elem::F32);
       if (l.has_bias) c.all_reduce(l.db.raw(), l.db.numel(), dist::Elem::F32);
-    });
+    };
+    if (!dp.dcomm) {
+      on_comm("dense all-reduce", f);
+      return;
+    }
+    DLREC_CUDA_CHECK(cudaEventRecord(dp.to_dcomm, st));
+    DLREC_CUDA_CHECK(cudaStreamWaitEvent(dp.dcst, dp.to_dcomm, 0));
+    if (mark_on) mark_on("> dense all-reduce", dp.dcst);
+    f(*dp.dcomm);
+    if (mark_on) mark_on("< dense all-reduce", dp.dcst);
+    DLREC_CUDA_CHECK(cudaEventRecord(dp.from_dcomm, dp.dcst));
+    DLREC_CUDA_CHECK(cudaStreamWaitEvent(st, dp.from_dcomm, 0));
   }
   void lin_update(Lin& l) {
     all_reduce_grads(l);
