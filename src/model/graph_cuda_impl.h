@@ -207,6 +207,8 @@ class GraphCuda final : public CudaModel {
   // first 3), printed per rank at destruction with the mark's stream.
   bool timeline_ = false, in_body_ = false;
   void timeline_mark(const std::string& what, cudaStream_t s);
+  void timeline_flush();  // after a step
+  void timeline_print();  // at destruction (graph_cuda_timeline.cu)
   std::vector<double> tl_ms_;
 
   // Events and streams last: destroyed first, before the engine, nodes, inputs and tensors (a
