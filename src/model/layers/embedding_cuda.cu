@@ -149,24 +149,9 @@ class EmbeddingNode final : public Node {
     const int n = d.ranks;
     const int64_t T = ts_.tab.num_tables;
     const Value& gv = grad_value(e);
-    dp::RankGeometry geo;
-    geo.ranks = n;
-    geo.tables = T;
-    geo.global_rows = d.global_rows;
-    std::vector<int64_t> off_counts(n), key_counts(n), grad_counts(n);
-    int64_t rows = 0, offs = 0, keys = 0;
-    for (int r = 0; r < n; ++r) {
-      geo.rows[r] = d.rows[r];
-      geo.row_begin[r] = rows;
-      geo.off_begin[r] = offs;
-      geo.key_begin[r] = keys;
-      off_counts[r] = T * d.rows[r] + 1;
-      key_counts[r] = d.nnz[r];
-      grad_counts[r] = d.rows[r] * gv.ld;
-      rows += d.rows[r];
-      offs += off_counts[r];
-      keys += key_counts[r];
-    }
+    std::vector<int64_t> off_counts, key_counts, grad_counts(n);
+    const dp::RankGeometry geo = dp::gathered_geometry(d.rows, d.nnz, T, &off_counts, &key_counts);
+    for (int r = 0; r < n; ++r) grad_counts[r] = d.rows[r] * gv.ld;
     e.on_comm("replicated-mode gathers", [&](dist::Communicator& c) {
       c.all_gather_v(e.offsets, off_in_.raw(), off_counts, dist::Elem::I32);
       c.all_gather_v(e.keys, keys_in_.raw(), key_counts, dist::Elem::I32);
@@ -239,6 +224,17 @@ class EmbeddingNode final : public Node {
         if (r == e.dp.rank) mine.push_back(static_cast<int32_t>(t));
       }
     for (auto* a : {&table, &first, &count, &index}) lay.insert(lay.end(), a->begin(), a->end());
+    // The tables whose ids travel (all but the replicated ones) and their positions among them.
+    tv_sel_.clear();
+    tv_pos_.assign(T, -1);
+    for (int64_t t = 0; t < T; ++t)
+      if (own[t] != dp::kReplicatedOwner) {
+        tv_pos_[t] = static_cast<int64_t>(tv_sel_.size());
+        tv_sel_.push_back(t);
+      }
+    compact_ = static_cast<int64_t>(tv_sel_.size()) < T;
+    std::vector<int32_t> sel32(tv_sel_.begin(), tv_sel_.end()), mine_pos;
+    for (int32_t t : mine) mine_pos.push_back(static_cast<int32_t>(tv_pos_[t]));
     tw_K_ = static_cast<int64_t>(mine.size());
     tw_mine_.assign(mine.begin(), mine.end());
     std::vector<float*> wp, sp;
@@ -258,7 +254,8 @@ class EmbeddingNode final : public Node {
     // The table-wise tables only (row-wise ones have no owner and are not in these arrays).
     const int64_t Ttw = static_cast<int64_t>(table.size());
     tw_layout_ = dp::TwLayout{l, l + Ttw, l + 2 * Ttw, l + 3 * Ttw, Ttw, dim};
-    tw_tabs_ = upload(mine.data(), mine.size() * sizeof(int32_t));
+    tw_tabs_ = upload(mine_pos.data(), mine_pos.size() * sizeof(int32_t));  // gathered order
+    tv_sel_dev_ = upload(sel32.data(), sel32.size() * sizeof(int32_t));
     tw_ptrs_ = upload(wp.data(), wp.size() * sizeof(float*));
     tw_sptrs_ = upload(sp.data(), sp.size() * sizeof(float*));
     tw_base_ = upload(base.data(), base.size() * sizeof(uint32_t));
@@ -282,6 +279,10 @@ class EmbeddingNode final : public Node {
     tw_recv_ = Tensor::empty({one(cap_ * T * dim)}, act, e.dev);
     tw_gsend_ = Tensor::empty({one(cap_ * T * dim)}, xdt_, e.dev);
     tw_grecv_ = Tensor::empty({one(G * tw_K_ * dim)}, xdt_, e.dev);
+    if (compact_) {
+      tv_off_ = Tensor::empty({static_cast<int64_t>(tv_sel_.size()) * cap_ + 1}, DType::I32, e.dev);
+      tv_keys_ = Tensor::empty({one(max_nnz)}, DType::I32, e.dev);
+    }
     alloc_row_wise(e, max_nnz);
     alloc_replicated(e, max_nnz);
   }
@@ -422,25 +423,14 @@ class EmbeddingNode final : public Node {
                             std::vector<int64_t>* key_counts) const {
     const DataParallel& d = e.dp;
     const int64_t T = ts_.tab.num_tables;
-    dp::RankGeometry geo;
-    geo.ranks = d.ranks;
-    geo.tables = T;
-    geo.global_rows = d.global_rows;
-    off_counts->assign(d.ranks, 0);
-    key_counts->assign(d.ranks, 0);
-    int64_t rows = 0, offs = 0, keys = 0;
-    for (int r = 0; r < d.ranks; ++r) {
-      geo.rows[r] = d.rows[r];
-      geo.row_begin[r] = rows;
-      geo.off_begin[r] = offs;
-      geo.key_begin[r] = keys;
-      (*off_counts)[r] = T * d.rows[r] + 1;
-      (*key_counts)[r] = d.nnz[r];
-      rows += d.rows[r];
-      offs += (*off_counts)[r];
-      keys += (*key_counts)[r];
-    }
-    return geo;
+    std::vector<int64_t> keys = d.nnz;
+    if (compact_)
+      for (int r = 0; r < d.ranks; ++r) {
+        keys[r] = 0;
+        for (int64_t t : tv_sel_) keys[r] += d.table_nnz[r * T + t];
+      }
+    return dp::gathered_geometry(d.rows, keys, static_cast<int64_t>(tv_sel_.size()),
+                                 off_counts, key_counts);
   }
   void tw_counts(const Engine& e, std::vector<int64_t>* own_c, std::vector<int64_t>* own_o,
                  std::vector<int64_t>* peer_c, std::vector<int64_t>* peer_o) const {
@@ -471,9 +461,18 @@ class EmbeddingNode final : public Node {
     // Overlap: the replicated tables pool (no exchange) while the ids are all-gathered, and
     // the owner's id sort for the backward (ids only) runs while the pooled rows travel.
     e.sub("emb fwd: (before)");
+    const void *off = e.offsets, *keys = e.keys;
+    if (compact_) {  // only the travelling tables' ids
+      dp::compact_ids(e.offsets, e.keys, e.B, tv_sel_,
+                      static_cast<const int32_t*>(tv_sel_dev_.raw()),
+                      d.table_nnz.data() + d.rank * T, tv_off_.data<int32_t>(),
+                      static_cast<uint32_t*>(tv_keys_.raw()), e.st);
+      off = tv_off_.raw();
+      keys = tv_keys_.raw();
+    }
     e.comm_fork("ids all-gather", ids_done_, [&](dist::Communicator& c) {
-      c.all_gather_v(e.offsets, off_in_.raw(), off_counts, dist::Elem::I32);
-      c.all_gather_v(e.keys, keys_in_.raw(), key_counts, dist::Elem::I32);
+      c.all_gather_v(off, off_in_.raw(), off_counts, dist::Elem::I32);
+      c.all_gather_v(keys, keys_in_.raw(), key_counts, dist::Elem::I32);
     });
     const Value& o = into_ >= 0 ? e.vals[into_] : e.vals[self];
     const int64_t col = into_ >= 0 ? col_ : 0;
@@ -602,8 +601,8 @@ class EmbeddingNode final : public Node {
       dp::row_range(ts_.rows[t], n, e.dp.rank, &lo, &hi);
       DLREC_CHECK(ts_.tables[t].defined() && ts_.tables[t].shape()[0] == hi - lo + 1,
                   "row-wise sharding: table ", t, "'s piece is not allocated (bug)");
-      info.insert(info.end(),
-                  {t, static_cast<int64_t>(ts_.row_base[t]), lo, hi, static_cast<int64_t>(total)});
+      info.insert(info.end(), {tv_pos_[t], static_cast<int64_t>(ts_.row_base[t]), lo, hi,
+                               static_cast<int64_t>(total)});
       local_base.push_back(static_cast<uint32_t>(total));
       total += static_cast<uint64_t>(hi - lo + 1);
       rw_local_rows_.push_back(hi - lo);
@@ -728,6 +727,11 @@ class EmbeddingNode final : public Node {
   ce::Tables rp_sub_, rp_gtab_;
   ce::Scratch rp_scratch_;
   Tensor rp_scratch_mem_;
+  // The tables whose ids are all-gathered (not replicated; alloc_table_wise), their positions
+  // in the gathered layout (-1: replicated); compact_: some table stays home (compact_ids).
+  std::vector<int64_t> tv_sel_, tv_pos_;
+  bool compact_ = false;
+  Tensor tv_sel_dev_, tv_off_, tv_keys_;
   // The forked collectives' ends (Engine::comm_fork): ids all-gather, an all-to-all, the
   // replicas' all-reduce.
   gpu::Event ids_done_, a2a_done_, rp_done_;
