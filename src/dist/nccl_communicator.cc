@@ -134,6 +134,10 @@ class NcclCommunicator final : public Communicator, public TopologyAware {
   const char* kind() const override { return "nccl"; }
   Device device() const override { return Device::cuda(device_); }
   void* stream() const override { return stream_; }
+  // A new NCCL communicator (its unique id broadcast over the same bootstrap) and stream.
+  std::unique_ptr<Communicator> duplicate() override {
+    return std::make_unique<NcclCommunicator>(*bootstrap_, device_, opt_);
+  }
   const Topology& topology() const override { return topology_; }
   bool hierarchical() const override { return hierarchical_; }
 

@@ -744,6 +744,8 @@ int64_t gpu_exchange_bytes(int ranks, int64_t batch_per_rank, int64_t tables, in
   b += K * G * dim * (act_bytes + grad_bytes);  // pooled rows and their gradients (owner)
   b += B * T * dim * (act_bytes + grad_bytes);  // received rows, gradients sent
   b += 32 * ids;                                // the fused update's sort and runs (estimate)
+  b += 4 * (T * B + 1) + 4 * ids / n;           // own ids compacted to the tables that travel
+  b += 32 * ids / n;                            // the replicated tables' own sort (their scratch)
   return static_cast<int64_t>(b);
 }
 

@@ -93,6 +93,10 @@ uint64_t name_tag(const std::string& s) {
 }  // namespace
 
 void GraphCuda::mark(const std::string& what) {
+  if (timeline_) {
+    if (in_body_) timeline_mark(what, e_.st);
+    return;
+  }
   if (!profile_) return;
   const size_t i = marks_.size();
   if (i == events_.size()) events_.emplace_back(dev_index_, /*timing=*/true);
@@ -101,6 +105,10 @@ void GraphCuda::mark(const std::string& what) {
 }
 
 void GraphCuda::flush_profile() {
+  if (timeline_) {
+    timeline_flush();
+    return;
+  }
   if (!profile_ || marks_.empty()) return;
   DLREC_CUDA_CHECK(cudaEventSynchronize(events_[marks_.size() - 1]));
   if (e_.dp.comm) profile_rank_ = e_.dp.rank;  // the communicator may be gone at the end
@@ -166,6 +174,7 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
   DeviceGuard guard(dev_index_);
   const char* prof = std::getenv("DLREC_PROFILE");
   profile_ = prof && prof[0] == '1';
+  timeline_ = prof && std::string(prof) == "timeline";
   graphs_ = !profile_ && opts_.cuda_graphs;
   // Non-blocking streams: with several serving instances in a process,
   // another model's legacy-stream copy during this one's graph capture would otherwise fail the
@@ -198,7 +207,11 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
     e_.wblas = res_->blas(e_.wst, tf32);
     if (e_.lowp) e_.wlt = std::make_unique<lt::Lt>(res_->blas_lt(), opts_.lt_tune);
   }
-  if (profile_) e_.mark = [this](const std::string& what) { mark(what); };
+  if (profile_ || timeline_) e_.mark = [this](const std::string& what) { mark(what); };
+  if (timeline_)
+    e_.mark_on = [this](const std::string& what, cudaStream_t s) {
+      if (in_body_) timeline_mark(what, s);
+    };
   inputs_ = std::make_unique<StepInputs>(dev_);
 
   const size_t n = spec_.layers.size();
@@ -319,6 +332,7 @@ GraphCuda::~GraphCuda() {
   if (side_) cudaStreamSynchronize(side_);
   if (e_.wst) cudaStreamSynchronize(e_.wst);
   if (e_.st) cudaStreamSynchronize(e_.st);
+  if (timeline_) timeline_print();
   if (profile_ && profiled_steps_ > 0) {
     double total = 0;
     for (auto& p : phase_ms_) total += p.second;
@@ -504,12 +518,21 @@ void GraphCuda::run_backward() {
 }
 
 void GraphCuda::step_body() {
+  if (timeline_) {
+    marks_.clear();
+    in_body_ = true;
+    mark("step start");
+  }
   run_forward();
   cd::bce_with_logits(logits(), inputs_->slots[cur_].d_labels.data<float>(), fwd_rows_,
                       dlogits_.data<float>(), static_cast<double*>(loss_.raw()), e_.st, nullptr,
                       loss() == nn::LossKind::Mse, loss_rows_);
   mark("bce");
   run_backward();
+  if (timeline_) {
+    mark("step end");
+    in_body_ = false;
+  }
 }
 
 Tensor GraphCuda::forward(const io::Batch& batch, bool training) {
@@ -531,7 +554,7 @@ Tensor GraphCuda::forward(const io::Batch& batch, bool training) {
     throw;
   }
   e_.dp.collective = false;
-  marks_.clear();  // phases are profiled in train_step only
+  if (!timeline_) marks_.clear();  // phases are profiled in train_step only
   const int64_t B = fwd_rows_;
   Tensor out = Tensor::empty({B}, DType::F32, dev_);
   if (B)
@@ -626,11 +649,13 @@ void GraphCuda::set_gradient_reducer(GradientReducer* reducer) {
   DeviceGuard g(dev_index_);
   synchronize();
   if (e_.dp.comm && e_.dp.cst) DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.dp.cst));
+  if (e_.dp.dcst) DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.dp.dcst));
   drop_graphs();  // they hold the old exchanges (or none)
   dp_shape_[0].clear();
   dp_shape_[1].clear();
   cap_b_ = cap_nnz_ = 0;  // the buffers are sized anew (the exchange's, for every rank's batch)
   e_.dp = DataParallel{};
+  dense_comm_.reset();
   host_comm_ = nullptr;
   if (!reducer) return;
   dist::Communicator* comm = reducer->device_communicator();
@@ -655,6 +680,14 @@ void GraphCuda::set_gradient_reducer(GradientReducer* reducer) {
   e_.dp.rank = comm->rank();
   e_.dp.ranks = comm->size();
   host_comm_ = reducer->host_communicator();
+  // The dense all-reduces on their own communicator (every rank makes it here, in step).
+  dense_comm_ = comm->duplicate();
+  if (dense_comm_) {
+    e_.dp.dcomm = dense_comm_.get();
+    e_.dp.dcst = static_cast<cudaStream_t>(dense_comm_->stream());
+    e_.dp.to_dcomm = gpu::Event(dev_index_);
+    e_.dp.from_dcomm = gpu::Event(dev_index_);
+  }
 }
 
 // Every rank's rows and ids are exchanged on the host first (the embedding exchange's sizes;

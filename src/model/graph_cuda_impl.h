@@ -167,6 +167,7 @@ class GraphCuda final : public CudaModel {
   // global batch's rows; 0: this batch's) and, per input slot, the ranks' (rows, ids) its graph
   // was captured for (the other ranks' counts are baked into the graph too).
   dist::Communicator* host_comm_ = nullptr;
+  std::unique_ptr<dist::Communicator> dense_comm_;  // the dense all-reduces' (Engine::dp.dcomm)
   int64_t loss_rows_ = 0;
   std::vector<int64_t> dp_shape_[2];
   // Table-wise sharding (graph_cuda_shard.cu): the embedding layer's tables by index; a GPU
@@ -200,6 +201,15 @@ class GraphCuda final : public CudaModel {
   std::vector<std::string> marks_;
   std::vector<std::pair<std::string, double>> phase_ms_;
   int64_t profiled_steps_ = 0, seen_steps_ = 0;
+  // DLREC_PROFILE=timeline: the step stays one CUDA graph with its streams; mark records an
+  // external event node on the current stream (the communicator's around each collective) and
+  // after each step the time of every mark from the step's start is summed (steps after the
+  // first 3), printed per rank at destruction with the mark's stream.
+  bool timeline_ = false, in_body_ = false;
+  void timeline_mark(const std::string& what, cudaStream_t s);
+  void timeline_flush();  // after a step
+  void timeline_print();  // at destruction (graph_cuda_timeline.cu)
+  std::vector<double> tl_ms_;
 
   // Events and streams last: destroyed first, before the engine, nodes, inputs and tensors (a
   // gpu::Stream waits for its work when destroyed, so no buffer is freed while in use).

@@ -45,6 +45,7 @@ TEST(SingleCommunicator, EveryCollectiveIsTheIdentityOrACopy) {
   EXPECT_EQ(recv, (std::vector<int32_t>{0, 0, 8, 7}));
   EXPECT_EQ(c->all_gather_counts(7), (std::vector<int64_t>{7}));
   c->barrier();
+  EXPECT_EQ(c->duplicate(), nullptr);  // only NCCL has a second communicator
 }
 
 TEST(SingleCommunicator, BadArgumentsAreClearErrors) {

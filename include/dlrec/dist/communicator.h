@@ -93,6 +93,11 @@ class Communicator {
   // The NCCL communicator's stream (a cudaStream_t); null for host communicators. Work
   // queued on it after a collective sees the collective's result.
   virtual void* stream() const { return nullptr; }
+  // A second communicator over the same ranks and device with its own stream, so that two
+  // chains of collectives (a step's dense all-reduces and its embedding exchange) progress
+  // independently. A collective call (every rank calls it, in the same order as its other
+  // collectives); null where the implementation has none (host communicators).
+  virtual std::unique_ptr<Communicator> duplicate() { return nullptr; }
 
   // Conveniences over the above (the same on every implementation).
   template <class T>

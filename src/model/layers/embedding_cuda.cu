@@ -149,25 +149,10 @@ class EmbeddingNode final : public Node {
     const int n = d.ranks;
     const int64_t T = ts_.tab.num_tables;
     const Value& gv = grad_value(e);
-    dp::RankGeometry geo;
-    geo.ranks = n;
-    geo.tables = T;
-    geo.global_rows = d.global_rows;
-    std::vector<int64_t> off_counts(n), key_counts(n), grad_counts(n);
-    int64_t rows = 0, offs = 0, keys = 0;
-    for (int r = 0; r < n; ++r) {
-      geo.rows[r] = d.rows[r];
-      geo.row_begin[r] = rows;
-      geo.off_begin[r] = offs;
-      geo.key_begin[r] = keys;
-      off_counts[r] = T * d.rows[r] + 1;
-      key_counts[r] = d.nnz[r];
-      grad_counts[r] = d.rows[r] * gv.ld;
-      rows += d.rows[r];
-      offs += off_counts[r];
-      keys += key_counts[r];
-    }
-    e.on_comm([&](dist::Communicator& c) {
+    std::vector<int64_t> off_counts, key_counts, grad_counts(n);
+    const dp::RankGeometry geo = dp::gathered_geometry(d.rows, d.nnz, T, &off_counts, &key_counts);
+    for (int r = 0; r < n; ++r) grad_counts[r] = d.rows[r] * gv.ld;
+    e.on_comm("replicated-mode gathers", [&](dist::Communicator& c) {
       c.all_gather_v(e.offsets, off_in_.raw(), off_counts, dist::Elem::I32);
       c.all_gather_v(e.keys, keys_in_.raw(), key_counts, dist::Elem::I32);
       c.all_gather_v(gv.g.raw(), grad_g_.raw(), grad_counts, dist::elem_of(gv.gdt));
@@ -213,6 +198,11 @@ class EmbeddingNode final : public Node {
     DLREC_CHECK(static_cast<int64_t>(own.size()) == T, "table-wise sharding: ", own.size(),
                 " owners for ", T, " tables (bug)");
     tw_ = true;
+    if (!ids_done_) {
+      ids_done_ = gpu::Event(e.dev.index);
+      a2a_done_ = gpu::Event(e.dev.index);
+      rp_done_ = gpu::Event(e.dev.index);
+    }
     tw_count_.assign(n, 0);
     tw_first_.assign(n, 0);
     has_tw_ = false;
@@ -234,6 +224,17 @@ class EmbeddingNode final : public Node {
         if (r == e.dp.rank) mine.push_back(static_cast<int32_t>(t));
       }
     for (auto* a : {&table, &first, &count, &index}) lay.insert(lay.end(), a->begin(), a->end());
+    // The tables whose ids travel (all but the replicated ones) and their positions among them.
+    tv_sel_.clear();
+    tv_pos_.assign(T, -1);
+    for (int64_t t = 0; t < T; ++t)
+      if (own[t] != dp::kReplicatedOwner) {
+        tv_pos_[t] = static_cast<int64_t>(tv_sel_.size());
+        tv_sel_.push_back(t);
+      }
+    compact_ = static_cast<int64_t>(tv_sel_.size()) < T;
+    std::vector<int32_t> sel32(tv_sel_.begin(), tv_sel_.end()), mine_pos;
+    for (int32_t t : mine) mine_pos.push_back(static_cast<int32_t>(tv_pos_[t]));
     tw_K_ = static_cast<int64_t>(mine.size());
     tw_mine_.assign(mine.begin(), mine.end());
     std::vector<float*> wp, sp;
@@ -253,7 +254,8 @@ class EmbeddingNode final : public Node {
     // The table-wise tables only (row-wise ones have no owner and are not in these arrays).
     const int64_t Ttw = static_cast<int64_t>(table.size());
     tw_layout_ = dp::TwLayout{l, l + Ttw, l + 2 * Ttw, l + 3 * Ttw, Ttw, dim};
-    tw_tabs_ = upload(mine.data(), mine.size() * sizeof(int32_t));
+    tw_tabs_ = upload(mine_pos.data(), mine_pos.size() * sizeof(int32_t));  // gathered order
+    tv_sel_dev_ = upload(sel32.data(), sel32.size() * sizeof(int32_t));
     tw_ptrs_ = upload(wp.data(), wp.size() * sizeof(float*));
     tw_sptrs_ = upload(sp.data(), sp.size() * sizeof(float*));
     tw_base_ = upload(base.data(), base.size() * sizeof(uint32_t));
@@ -277,6 +279,10 @@ class EmbeddingNode final : public Node {
     tw_recv_ = Tensor::empty({one(cap_ * T * dim)}, act, e.dev);
     tw_gsend_ = Tensor::empty({one(cap_ * T * dim)}, xdt_, e.dev);
     tw_grecv_ = Tensor::empty({one(G * tw_K_ * dim)}, xdt_, e.dev);
+    if (compact_) {
+      tv_off_ = Tensor::empty({static_cast<int64_t>(tv_sel_.size()) * cap_ + 1}, DType::I32, e.dev);
+      tv_keys_ = Tensor::empty({one(max_nnz)}, DType::I32, e.dev);
+    }
     alloc_row_wise(e, max_nnz);
     alloc_replicated(e, max_nnz);
   }
@@ -348,6 +354,13 @@ class EmbeddingNode final : public Node {
     rp_gpack_ = Tensor::empty({one(cap_ * rp_K_ * dim)}, grad_value(e).gdt, e.dev);
     rp_minus_one_ = Tensor::empty({1}, DType::F32, e.dev);
     ce::fill(rp_minus_one_.data<float>(), 1, -1.f, e.st);
+    // Own scratch: the ids are sorted in the forward (forward_replicated) and read by the
+    // backward while the table-wise tables' sort sits in ts_.scratch.
+    const size_t sb = ce::scratch_bytes(one(max_nnz), ts_.key_bits, static_cast<int>(dim));
+    rp_scratch_mem_ = Tensor::empty({static_cast<int64_t>(sb)}, DType::U8, e.dev);
+    rp_scratch_ = ce::carve(rp_scratch_mem_.raw(), one(max_nnz), ts_.key_bits,
+                            static_cast<int>(dim));
+    ce::prepare(rp_scratch_, e.st);
   }
   // This rank's rows' bags of the replicated tables (bag k * B + b), pooled and put into the
   // layer's columns.
@@ -370,23 +383,30 @@ class EmbeddingNode final : public Node {
     ce::forward(rp_sub_, rp_off_.data<int32_t>(), static_cast<const uint32_t*>(rp_keys_.raw()), e.B,
                 mean_, static_cast<H*>(rp_pool_.raw()), e.st, rp_K_ * dim);
     dp::scatter_pooled(rp_layout_, e.B, static_cast<const H*>(rp_pool_.raw()), out, ld, e.st);
+    // The backward's id work (it depends on the ids only), here beside the exchanges.
+    if (e.dp.step && rp_nnz_ > 0)
+      ce::backward_ids(rp_gtab_, rp_off_.data<int32_t>(),
+                       static_cast<const uint32_t*>(rp_keys_.raw()), e.B, rp_nnz_, ts_.key_bits,
+                       rp_scratch_, e.st);
   }
-  // This rank's dense gradient of the replicated tables, summed over the ranks, applied.
+  // This rank's dense gradient of the replicated tables; the all-reduce that sums it over the
+  // ranks is forked (rp_done_), replicated_apply joins it and applies it.
   template <class S>
-  void backward_replicated(Engine& e, const S* grad, int64_t ld) {
-    const int64_t dim = ts_.dim;
+  void replicated_grads(Engine& e, const S* grad, int64_t ld) {
     if (e.B > 0 && rp_nnz_ > 0) {
       dp::gather_grads(rp_layout_, e.B, grad, ld, static_cast<S*>(rp_gpack_.raw()), e.st);
-      const int32_t* off = rp_off_.data<int32_t>();
-      ce::backward_ids(rp_gtab_, off, static_cast<const uint32_t*>(rp_keys_.raw()), e.B, rp_nnz_,
-                       ts_.key_bits, ts_.scratch, e.st);
-      ce::backward_apply(rp_gtab_, off, e.B, rp_nnz_, mean_, static_cast<const S*>(rp_gpack_.raw()),
-                         rp_K_ * dim, ce::Update::SGD, rp_minus_one_.data<float>(), 0.f,
-                         ts_.scratch, e.st, nullptr);
+      ce::backward_apply(rp_gtab_, rp_off_.data<int32_t>(), e.B, rp_nnz_, mean_,
+                         static_cast<const S*>(rp_gpack_.raw()), rp_K_ * ts_.dim, ce::Update::SGD,
+                         rp_minus_one_.data<float>(), 0.f, rp_scratch_, e.st, nullptr);
     }
-    e.on_comm([&](dist::Communicator& c) {
+    e.sub("emb bwd: rp local grads");
+    e.comm_fork("replicas all-reduce", rp_done_, [&](dist::Communicator& c) {
       c.all_reduce(rp_grad_.raw(), rp_grad_.numel(), dist::Elem::F32);
     });
+  }
+  void replicated_apply(Engine& e) {
+    const int64_t dim = ts_.dim;
+    e.comm_join(rp_done_);
     int64_t at = 0;
     for (int64_t t : rp_mine_) {
       const int64_t n = ts_.rows[t] * dim;
@@ -403,25 +423,14 @@ class EmbeddingNode final : public Node {
                             std::vector<int64_t>* key_counts) const {
     const DataParallel& d = e.dp;
     const int64_t T = ts_.tab.num_tables;
-    dp::RankGeometry geo;
-    geo.ranks = d.ranks;
-    geo.tables = T;
-    geo.global_rows = d.global_rows;
-    off_counts->assign(d.ranks, 0);
-    key_counts->assign(d.ranks, 0);
-    int64_t rows = 0, offs = 0, keys = 0;
-    for (int r = 0; r < d.ranks; ++r) {
-      geo.rows[r] = d.rows[r];
-      geo.row_begin[r] = rows;
-      geo.off_begin[r] = offs;
-      geo.key_begin[r] = keys;
-      (*off_counts)[r] = T * d.rows[r] + 1;
-      (*key_counts)[r] = d.nnz[r];
-      rows += d.rows[r];
-      offs += (*off_counts)[r];
-      keys += (*key_counts)[r];
-    }
-    return geo;
+    std::vector<int64_t> keys = d.nnz;
+    if (compact_)
+      for (int r = 0; r < d.ranks; ++r) {
+        keys[r] = 0;
+        for (int64_t t : tv_sel_) keys[r] += d.table_nnz[r * T + t];
+      }
+    return dp::gathered_geometry(d.rows, keys, static_cast<int64_t>(tv_sel_.size()),
+                                 off_counts, key_counts);
   }
   void tw_counts(const Engine& e, std::vector<int64_t>* own_c, std::vector<int64_t>* own_o,
                  std::vector<int64_t>* peer_c, std::vector<int64_t>* peer_o) const {
@@ -449,40 +458,57 @@ class EmbeddingNode final : public Node {
     tw_nnz_ = 0;
     for (int r = 0; r < d.ranks; ++r)
       for (int64_t t : tw_mine_) tw_nnz_ += d.table_nnz[r * T + t];
-    e.on_comm([&](dist::Communicator& c) {
-      c.all_gather_v(e.offsets, off_in_.raw(), off_counts, dist::Elem::I32);
-      c.all_gather_v(e.keys, keys_in_.raw(), key_counts, dist::Elem::I32);
+    // Overlap: the replicated tables pool (no exchange) while the ids are all-gathered, and
+    // the owner's id sort for the backward (ids only) runs while the pooled rows travel.
+    e.sub("emb fwd: (before)");
+    const void *off = e.offsets, *keys = e.keys;
+    if (compact_) {  // only the travelling tables' ids
+      dp::compact_ids(e.offsets, e.keys, e.B, tv_sel_,
+                      static_cast<const int32_t*>(tv_sel_dev_.raw()),
+                      d.table_nnz.data() + d.rank * T, tv_off_.data<int32_t>(),
+                      static_cast<uint32_t*>(tv_keys_.raw()), e.st);
+      off = tv_off_.raw();
+      keys = tv_keys_.raw();
+    }
+    e.comm_fork("ids all-gather", ids_done_, [&](dist::Communicator& c) {
+      c.all_gather_v(off, off_in_.raw(), off_counts, dist::Elem::I32);
+      c.all_gather_v(keys, keys_in_.raw(), key_counts, dist::Elem::I32);
     });
-    e.sub("emb fwd: ids all-gather");
-    dp::build_table_bags(geo, static_cast<const int32_t*>(tw_tabs_.raw()), tw_K_,
-                         off_in_.data<int32_t>(), static_cast<const uint32_t*>(keys_in_.raw()),
-                         tw_off_.data<int32_t>(), static_cast<uint32_t*>(tw_keys_.raw()),
-                         lens_.data<int32_t>(), src_.data<int64_t>(), scan_.raw(), scan_bytes_,
-                         e.st);
-    e.sub("emb fwd: tw bags");
     const Value& o = into_ >= 0 ? e.vals[into_] : e.vals[self];
     const int64_t col = into_ >= 0 ? col_ : 0;
     auto run = [&](auto* h) {
       using H = std::remove_pointer_t<decltype(h)>;
+      if (rp_K_ > 0) forward_replicated(e, static_cast<H*>(o.y.raw()) + col, o.ld);
+      if (rp_K_ > 0) e.sub("emb fwd: replicated");
+      e.comm_join(ids_done_);
+      dp::build_table_bags(geo, static_cast<const int32_t*>(tw_tabs_.raw()), tw_K_,
+                           off_in_.data<int32_t>(), static_cast<const uint32_t*>(keys_in_.raw()),
+                           tw_off_.data<int32_t>(), static_cast<uint32_t*>(tw_keys_.raw()),
+                           lens_.data<int32_t>(), src_.data<int64_t>(), scan_.raw(), scan_bytes_,
+                           e.st);
+      e.sub("emb fwd: tw bags");
       if (has_tw_) {
         if (tw_K_ > 0 && G > 0)
           ce::forward(tw_sub_, tw_off_.data<int32_t>(),
                       static_cast<const uint32_t*>(tw_keys_.raw()), G, mean_,
                       static_cast<H*>(tw_pool_.raw()), e.st, tw_K_ * dim);
         e.sub("emb fwd: tw pool");
-        e.on_comm([&](dist::Communicator& c) {
+        e.comm_fork("pooled all-to-all", a2a_done_, [&](dist::Communicator& c) {
           c.all_to_all_v(tw_pool_.raw(), own_c, own_o, tw_recv_.raw(), peer_c, peer_o,
                          dist::elem_of(o.dt));
         });
-        e.sub("emb fwd: tw all-to-all");
+        if (e.dp.step && tw_K_ > 0 && G > 0 && tw_nnz_ > 0)
+          ce::backward_ids(tw_sub_, tw_off_.data<int32_t>(),
+                           static_cast<const uint32_t*>(tw_keys_.raw()), G, tw_nnz_,
+                           ts_.key_bits, ts_.scratch, e.st);
+        e.sub("emb fwd: tw ids (sort, for the backward)");
+        e.comm_join(a2a_done_);
         dp::scatter_pooled(tw_layout_, e.B, static_cast<const H*>(tw_recv_.raw()),
                            static_cast<H*>(o.y.raw()) + col, o.ld, e.st);
         e.sub("emb fwd: tw scatter");
       }
       if (rw_K_ > 0)
         forward_row_wise(e, geo, static_cast<H*>(o.y.raw()) + col, o.ld, dist::elem_of(o.dt));
-      if (rp_K_ > 0) forward_replicated(e, static_cast<H*>(o.y.raw()) + col, o.ld);
-      if (rp_K_ > 0) e.sub("emb fwd: replicated");
     };
     if (is_half(o.dt))
       with_half(o.dt, run);
@@ -503,26 +529,30 @@ class EmbeddingNode final : public Node {
       using S = std::remove_pointer_t<decltype(s)>;
       using W = std::remove_pointer_t<decltype(w)>;
       const S* grad = static_cast<const S*>(gv.g.raw()) + col;
+      // Overlap: the gradients' all-to-all first, the replicas' local gradient beside it, their
+      // all-reduce beside the owner's update (its ids were sorted in the forward).
       e.sub("emb bwd: (before)");
-      if (rp_K_ > 0) backward_replicated(e, grad, gv.ld);
-      if (rp_K_ > 0) e.sub("emb bwd: replicated");
+      if (has_tw_) {
+        pack_grads(tw_layout_, e.B, grad, gv.ld, static_cast<W*>(tw_gsend_.raw()), e.st);
+        e.sub("emb bwd: tw pack");
+        e.comm_fork("grad all-to-all", a2a_done_, [&](dist::Communicator& c) {
+          c.all_to_all_v(tw_gsend_.raw(), peer_c, peer_o, tw_grecv_.raw(), own_c, own_o,
+                         dist::elem_of(xdt_));
+        });
+      }
+      if (rp_K_ > 0) replicated_grads(e, grad, gv.ld);
       if (rw_K_ > 0) backward_row_wise<S, W>(e, grad, gv.ld);
-      if (!has_tw_) return;
-      pack_grads(tw_layout_, e.B, grad, gv.ld, static_cast<W*>(tw_gsend_.raw()), e.st);
-      e.sub("emb bwd: tw pack");
-      e.on_comm([&](dist::Communicator& c) {
-        c.all_to_all_v(tw_gsend_.raw(), peer_c, peer_o, tw_grecv_.raw(), own_c, own_o,
-                       dist::elem_of(xdt_));
-      });
-      e.sub("emb bwd: tw all-to-all");
-      if (tw_K_ == 0 || G == 0 || tw_nnz_ == 0) return;
-      const int32_t* off = tw_off_.data<int32_t>();
-      ce::backward_ids(tw_sub_, off, static_cast<const uint32_t*>(tw_keys_.raw()), G, tw_nnz_,
-                       ts_.key_bits, ts_.scratch, e.st);
-      e.sub("emb bwd: tw ids (sort)");
-      ce::backward_apply(tw_sub_, off, G, tw_nnz_, mean_, static_cast<const W*>(tw_grecv_.raw()),
-                         tw_K_ * dim, kind, e.lr + 1, e.emb_eps, ts_.scratch, e.st, e.gscale);
-      e.sub("emb bwd: tw apply");
+      if (has_tw_) {
+        e.comm_join(a2a_done_);
+        e.sub("emb bwd: tw all-to-all");
+        if (tw_K_ > 0 && G > 0 && tw_nnz_ > 0)
+          ce::backward_apply(tw_sub_, tw_off_.data<int32_t>(), G, tw_nnz_, mean_,
+                             static_cast<const W*>(tw_grecv_.raw()), tw_K_ * dim, kind, e.lr + 1,
+                             e.emb_eps, ts_.scratch, e.st, e.gscale);
+        e.sub("emb bwd: tw apply");
+      }
+      if (rp_K_ > 0) replicated_apply(e);
+      if (rp_K_ > 0) e.sub("emb bwd: replicated");
     };
     if (is_half(gv.gdt))
       with_half(gv.gdt, [&](auto* h) { run(h, h); });
@@ -571,8 +601,8 @@ class EmbeddingNode final : public Node {
       dp::row_range(ts_.rows[t], n, e.dp.rank, &lo, &hi);
       DLREC_CHECK(ts_.tables[t].defined() && ts_.tables[t].shape()[0] == hi - lo + 1,
                   "row-wise sharding: table ", t, "'s piece is not allocated (bug)");
-      info.insert(info.end(),
-                  {t, static_cast<int64_t>(ts_.row_base[t]), lo, hi, static_cast<int64_t>(total)});
+      info.insert(info.end(), {tv_pos_[t], static_cast<int64_t>(ts_.row_base[t]), lo, hi,
+                               static_cast<int64_t>(total)});
       local_base.push_back(static_cast<uint32_t>(total));
       total += static_cast<uint64_t>(hi - lo + 1);
       rw_local_rows_.push_back(hi - lo);
@@ -643,7 +673,7 @@ class EmbeddingNode final : public Node {
     ce::forward(rw_sub_, rw_off_.data<int32_t>(), static_cast<const uint32_t*>(rw_keys_.raw()), Gp,
                 mean_, static_cast<H*>(rw_pool_.raw()), e.st, rw_K_ * dim);
     e.sub("emb fwd: rw pool");
-    e.on_comm([&](dist::Communicator& c) {
+    e.on_comm("row-wise reduce-scatter", [&](dist::Communicator& c) {
       c.reduce_scatter(rw_pool_.raw(), rw_recv_.raw(), bmax * rw_K_ * dim, el);
     });
     e.sub("emb fwd: rw reduce-scatter");
@@ -657,7 +687,7 @@ class EmbeddingNode final : public Node {
     if (bmax == 0) return;
     const int64_t Gp = d.ranks * bmax;
     pack_grads(rw_layout_, e.B, grad, ld, static_cast<W*>(rw_gsend_.raw()), e.st);
-    e.on_comm([&](dist::Communicator& c) {
+    e.on_comm("row-wise grad all-gather", [&](dist::Communicator& c) {
       c.all_gather(rw_gsend_.raw(), rw_grecv_.raw(), bmax * rw_K_ * dim, dist::elem_of(xdt_));
     });
     e.sub("emb bwd: rw pack+all-gather");
@@ -695,6 +725,16 @@ class EmbeddingNode final : public Node {
   Tensor rp_off_, rp_keys_, rp_pool_, rp_gpack_, rp_minus_one_;
   dp::TwLayout rp_layout_;
   ce::Tables rp_sub_, rp_gtab_;
+  ce::Scratch rp_scratch_;
+  Tensor rp_scratch_mem_;
+  // The tables whose ids are all-gathered (not replicated; alloc_table_wise), their positions
+  // in the gathered layout (-1: replicated); compact_: some table stays home (compact_ids).
+  std::vector<int64_t> tv_sel_, tv_pos_;
+  bool compact_ = false;
+  Tensor tv_sel_dev_, tv_off_, tv_keys_;
+  // The forked collectives' ends (Engine::comm_fork): ids all-gather, an all-to-all, the
+  // replicas' all-reduce.
+  gpu::Event ids_done_, a2a_done_, rp_done_;
 
   bool tw_ = false;
   DType xdt_ = DType::F32;         // the gradients' type in the exchange (alloc_table_wise)

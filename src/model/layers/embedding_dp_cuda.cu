@@ -42,6 +42,26 @@ __global__ void copy_keys(int64_t bags, const int32_t* __restrict__ off_g,
   }
 }
 
+// out[j * B + b] = off[t * B + b] - off[t * B] + (ids of sel[0..j)), t = sel[j]; out[S * B] =
+// the ids of all S tables.
+__global__ void compact_offsets(const int32_t* __restrict__ off, int64_t B,
+                                const int32_t* __restrict__ sel, int64_t S,
+                                int32_t* __restrict__ out) {
+  const int64_t n = S * B + 1;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = B > 0 && i / B < S ? i / B : S;
+    int32_t base = 0;
+    for (int64_t k = 0; k < j; ++k) base += off[(sel[k] + 1) * B] - off[sel[k] * B];
+    if (j == S) {
+      out[i] = base;
+      continue;
+    }
+    const int64_t t = sel[j], b = i - j * B;
+    out[i] = off[t * B + b] - off[t * B] + base;
+  }
+}
+
 int blocks_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 65535)); }
 
 }  // namespace
@@ -52,6 +72,53 @@ size_t scan_bytes(int64_t bags) {
       nullptr, bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
       static_cast<int>(std::max<int64_t>(bags, 1))));
   return bytes;
+}
+
+RankGeometry gathered_geometry(const std::vector<int64_t>& rows, const std::vector<int64_t>& keys,
+                               int64_t S, std::vector<int64_t>* off_counts,
+                               std::vector<int64_t>* key_counts) {
+  const int n = static_cast<int>(rows.size());
+  DLREC_CHECK(n >= 1 && n <= kMaxRanks && keys.size() == rows.size(),
+              "data-parallel exchange: ", n, " ranks (1 to ", kMaxRanks, ")");
+  RankGeometry g;
+  g.ranks = n;
+  g.tables = S;
+  off_counts->assign(n, 0);
+  key_counts->assign(n, 0);
+  int64_t row = 0, offs = 0, key = 0;
+  for (int r = 0; r < n; ++r) {
+    g.rows[r] = rows[r];
+    g.row_begin[r] = row;
+    g.off_begin[r] = offs;
+    g.key_begin[r] = key;
+    (*off_counts)[r] = S * rows[r] + 1;
+    (*key_counts)[r] = keys[r];
+    row += rows[r];
+    offs += (*off_counts)[r];
+    key += keys[r];
+  }
+  g.global_rows = row;
+  return g;
+}
+
+void compact_ids(const int32_t* off, const uint32_t* keys, int64_t B,
+                 const std::vector<int64_t>& sel, const int32_t* sel_dev, const int64_t* nnz,
+                 int32_t* off_out, uint32_t* keys_out, cudaStream_t stream) {
+  const int64_t S = static_cast<int64_t>(sel.size());
+  compact_offsets<<<blocks_for(S * B + 1), 256, 0, stream>>>(off, B, sel_dev, S, off_out);
+  DLREC_CUDA_LAUNCH_CHECK();
+  // The keys: one copy per run of consecutive selected tables.
+  int64_t at = 0, start = 0, t = 0;  // start: where table t's keys begin
+  for (size_t j = 0; j < sel.size();) {
+    for (; t < sel[j]; ++t) start += nnz[t];
+    int64_t n = 0;
+    for (; j < sel.size() && sel[j] == t; ++j, ++t) n += nnz[t];
+    if (n > 0)
+      DLREC_CUDA_CHECK(cudaMemcpyAsync(keys_out + at, keys + start, n * sizeof(uint32_t),
+                                       cudaMemcpyDeviceToDevice, stream));
+    at += n;
+    start += n;
+  }
 }
 
 void build_global_bags(const RankGeometry& g, const int32_t* off_in, const uint32_t* keys_in,

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace dlrec::model::gpu_graph::dp {
 
@@ -29,6 +30,12 @@ struct RankGeometry {
   int64_t key_begin[kMaxRanks];  // rank r's keys in the gathered keys: sum of nnz_s
 };
 
+// The geometry of every rank's gathered ids, S tables each (rows[r], keys[r]: rank r's rows
+// and ids), and the all-gathers' counts per rank (offsets S * B_r + 1, keys).
+RankGeometry gathered_geometry(const std::vector<int64_t>& rows, const std::vector<int64_t>& keys,
+                               int64_t S, std::vector<int64_t>* off_counts,
+                               std::vector<int64_t>* key_counts);
+
 // Scratch bytes of build_global_bags for up to `bags` global bags.
 size_t scan_bytes(int64_t bags);
 
@@ -45,6 +52,15 @@ void build_table_bags(const RankGeometry& g, const int32_t* tables, int64_t K,
                       const int32_t* off_in, const uint32_t* keys_in, int32_t* off_g,
                       uint32_t* keys_g, int32_t* lens, int64_t* src, void* temp, size_t temp_bytes,
                       cudaStream_t stream);
+
+// A rank's ids of the tables sel only (host list, increasing; sel_dev: the same on the device),
+// laid out as the step's inputs are (bags table-major, offsets from 0): off_out [S * B + 1] and
+// keys_out. nnz[t] (host, every table): this rank's ids of table t, whose keys are contiguous
+// after the tables before it. Table-wise sharding all-gathers only the tables that travel (the
+// replicated ones stay home).
+void compact_ids(const int32_t* off, const uint32_t* keys, int64_t B,
+                 const std::vector<int64_t>& sel, const int32_t* sel_dev, const int64_t* nnz,
+                 int32_t* off_out, uint32_t* keys_out, cudaStream_t stream);
 
 // Table-wise sharding's exchange blocks on a rank with B rows. The tables sharded table-wise in
 // "table-wise order" (by owner, then by index): position p is table table[p], owned by a rank

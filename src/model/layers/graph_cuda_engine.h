@@ -16,6 +16,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <utility>
 #include <vector>
 
 #include "core/cuda_check.h"
@@ -120,6 +121,13 @@ struct DataParallel {
   dist::Communicator* comm = nullptr;  // NCCL over the ranks' GPUs; null: one GPU
   cudaStream_t cst = nullptr;          // its stream
   gpu::Event to_comm, from_comm;
+  // The dense layers' all-reduces: a second communicator (Communicator::duplicate) and its
+  // stream, so that they neither wait behind the embedding's exchange nor hold it up (a dense
+  // layer's all-reduce waits for its weight gradient on the low-priority weight stream); null:
+  // on comm.
+  dist::Communicator* dcomm = nullptr;
+  cudaStream_t dcst = nullptr;
+  gpu::Event to_dcomm, from_dcomm;
   int rank = 0, ranks = 1;
   // This step (host): every rank's rows and ids in rank order, their sums.
   std::vector<int64_t> rows, nnz;
@@ -172,6 +180,9 @@ struct Engine {
   lt::Lt* comp_lt = nullptr;
   // DLREC_PROFILE=1: records a named event on st (sub-phases of a layer); null otherwise.
   std::function<void(const std::string&)> mark;
+  // DLREC_PROFILE=timeline: records a named event on a given stream (the communicator's, around
+  // each collective: on_comm); null otherwise.
+  std::function<void(const std::string&, cudaStream_t)> mark_on;
   // The serving breakdown (GraphCuda::serving_breakdown): mark also after each dense layer's
   // forward (lin_forward), labelled with its name and kernel.
   bool mark_lins = false;
@@ -367,22 +378,44 @@ struct Engine {
   }
   // Data-parallel: f(comm) enqueues collectives on the communicator's stream after the work on
   // st so far; st waits for them.
+  // `what` names the collectives in DLREC_PROFILE=timeline.
   template <class F>
-  void on_comm(F&& f) {
+  void on_comm(const char* what, F&& f) {
+    comm_fork(what, dp.from_comm, std::forward<F>(f));
+    comm_join(dp.from_comm);
+  }
+  // The same in two halves: comm_fork enqueues f(comm) after the work on st so far and records
+  // `done` after it on the communicator's stream, st goes on beside it; comm_join(done): st
+  // waits for it (every fork is joined before the step ends).
+  template <class F>
+  void comm_fork(const char* what, cudaEvent_t done, F&& f) {
     DLREC_CUDA_CHECK(cudaEventRecord(dp.to_comm, st));
     DLREC_CUDA_CHECK(cudaStreamWaitEvent(dp.cst, dp.to_comm, 0));
+    if (mark_on) mark_on(std::string("> ") + what, dp.cst);
     f(*dp.comm);
-    DLREC_CUDA_CHECK(cudaEventRecord(dp.from_comm, dp.cst));
-    DLREC_CUDA_CHECK(cudaStreamWaitEvent(st, dp.from_comm, 0));
+    if (mark_on) mark_on(std::string("< ") + what, dp.cst);
+    DLREC_CUDA_CHECK(cudaEventRecord(done, dp.cst));
   }
+  void comm_join(cudaEvent_t done) { DLREC_CUDA_CHECK(cudaStreamWaitEvent(st, done, 0)); }
   // Data-parallel: the layer's gradients summed over the ranks (one bucket per layer: its
   // weight and bias gradients), before its update.
   void all_reduce_grads(Lin& l) {
     if (!dp.comm || B == 0) return;
-    on_comm([&](dist::Communicator& c) {
+    auto f = [&](dist::Communicator& c) {
       c.all_reduce(l.dw.raw(), l.dw.numel(), dist::Elem::F32);
       if (l.has_bias) c.all_reduce(l.db.raw(), l.db.numel(), dist::Elem::F32);
-    });
+    };
+    if (!dp.dcomm) {
+      on_comm("dense all-reduce", f);
+      return;
+    }
+    DLREC_CUDA_CHECK(cudaEventRecord(dp.to_dcomm, st));
+    DLREC_CUDA_CHECK(cudaStreamWaitEvent(dp.dcst, dp.to_dcomm, 0));
+    if (mark_on) mark_on("> dense all-reduce", dp.dcst);
+    f(*dp.dcomm);
+    if (mark_on) mark_on("< dense all-reduce", dp.dcst);
+    DLREC_CUDA_CHECK(cudaEventRecord(dp.from_dcomm, dp.dcst));
+    DLREC_CUDA_CHECK(cudaStreamWaitEvent(st, dp.from_dcomm, 0));
   }
   void lin_update(Lin& l) {
     all_reduce_grads(l);

@@ -149,6 +149,14 @@ void nccl_collectives(dist::Communicator& boot) {
   expect(b.to_vector<float>()[0] == n - 1, "nccl broadcast");
   expect(c->all_reduce_value(int64_t{2}) == 2 * n, "nccl all_reduce_value");
   c->barrier();
+  // duplicate(): a second communicator over the same ranks, its own stream; both work after.
+  auto d = c->duplicate();
+  expect(d && d->rank() == r && d->size() == n && d->stream() && d->stream() != c->stream(),
+         "nccl duplicate: same ranks, own stream");
+  Tensor x = to_dev({1.f + r});
+  d->all_reduce(x);
+  expect(x.to_vector<float>()[0] == n * (n + 1) / 2.f, "nccl duplicate all_reduce");
+  expect(c->all_reduce_value(int64_t{3}) == 3 * n, "nccl all_reduce_value after duplicate");
 }
 
 // One random all_to_all_v of the same sizes on every rank (the counts matrix comes from a seed

@@ -1,0 +1,60 @@
+// DLREC_PROFILE=timeline (docs/DIAGNOSTICS.md): the training step stays one CUDA graph with its
+// streams; GraphCuda::mark records an external event node on the current stream (and
+// Engine::mark_on on the communicators' streams around each collective), and after each step
+// the time of every mark from the step's start is summed, printed per rank at destruction.
+#include <cstdio>
+#include <string>
+
+#include "model/graph_cuda_impl.h"
+
+namespace dlrec::model::graph_cuda_impl {
+
+void GraphCuda::timeline_mark(const std::string& what, cudaStream_t s) {
+  const size_t i = marks_.size();
+  if (i == events_.size()) events_.emplace_back(dev_index_, /*timing=*/true);
+  // Inside a capture an external event node (recorded when a replay reaches this point; a
+  // plain record would be a dependency), else a plain record (the eager steps).
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  DLREC_CUDA_CHECK(cudaStreamIsCapturing(s, &cap));
+  if (cap == cudaStreamCaptureStatusActive)
+    DLREC_CUDA_CHECK(cudaEventRecordWithFlags(events_[i], s, cudaEventRecordExternal));
+  else
+    DLREC_CUDA_CHECK(cudaEventRecord(events_[i], s));
+  const char* on = s == st_.get() ? "main" : s == side_.get() ? "side"
+                   : (wst_ && s == wst_.get()) ? "wgt" : s == e_.dp.cst ? "comm"
+                   : s == e_.dp.dcst ? "dcomm" : "?";
+  marks_.push_back(std::string(on) + "  " + what);
+}
+
+void GraphCuda::timeline_flush() {
+  // marks_ holds the labels of the last run of the step's body (the capture: a replay runs
+  // the same events).
+  if (marks_.empty()) return;
+  DLREC_CUDA_CHECK(cudaDeviceSynchronize());
+  if (e_.dp.comm) profile_rank_ = e_.dp.rank;
+  if (tl_ms_.size() != marks_.size()) {
+    tl_ms_.assign(marks_.size(), 0.0);
+    profiled_steps_ = 0;
+  }
+  if (++seen_steps_ <= 3) return;
+  ++profiled_steps_;
+  for (size_t i = 1; i < marks_.size(); ++i) {
+    float ms = 0;
+    DLREC_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[0], events_[i]));
+    tl_ms_[i] += ms;
+  }
+}
+
+void GraphCuda::timeline_print() {
+  if (profiled_steps_ == 0) return;
+  char who[32] = "[timeline]";
+  if (profile_rank_ >= 0) std::snprintf(who, sizeof who, "[timeline r%d]", profile_rank_);
+  std::fprintf(stderr, "%s %lld graph replays of batch %lld, ms from the step's start when "
+               "each stream reaches the mark:\n", who, static_cast<long long>(profiled_steps_),
+               static_cast<long long>(fwd_rows_));
+  for (size_t i = 1; i < marks_.size() && i < tl_ms_.size(); ++i)
+    std::fprintf(stderr, "%s %8.3f  %s\n", who, tl_ms_[i] / profiled_steps_,
+                 marks_[i].c_str());
+}
+
+}  // namespace dlrec::model::graph_cuda_impl
