@@ -128,6 +128,7 @@ struct DataParallel {
   dist::Communicator* dcomm = nullptr;
   cudaStream_t dcst = nullptr;
   gpu::Event to_dcomm, from_dcomm;
+  bool d_pending = false;  // dense updates enqueued on dcst, not yet joined (join_weights)
   int rank = 0, ranks = 1;
   // This step (host): every rank's rows and ids in rank order, their sums.
   std::vector<int64_t> rows, nnz;
@@ -284,6 +285,11 @@ struct Engine {
   }
   // st waits for the weight stream's work (end of the backward pass).
   void join_weights() {
+    if (dp.d_pending) {  // the dense updates on the dense communicator's stream (lin_update)
+      DLREC_CUDA_CHECK(cudaEventRecord(dp.from_dcomm, dp.dcst));
+      DLREC_CUDA_CHECK(cudaStreamWaitEvent(st, dp.from_dcomm, 0));
+      dp.d_pending = false;
+    }
     if (!w_pending) return;
     DLREC_CUDA_CHECK(cudaEventRecord(wjoin, wst));
     DLREC_CUDA_CHECK(cudaStreamWaitEvent(st, wjoin, 0));
@@ -398,27 +404,34 @@ struct Engine {
   }
   void comm_join(cudaEvent_t done) { DLREC_CUDA_CHECK(cudaStreamWaitEvent(st, done, 0)); }
   // Data-parallel: the layer's gradients summed over the ranks (one bucket per layer: its
-  // weight and bias gradients), before its update.
-  void all_reduce_grads(Lin& l) {
-    if (!dp.comm || B == 0) return;
-    auto f = [&](dist::Communicator& c) {
-      c.all_reduce(l.dw.raw(), l.dw.numel(), dist::Elem::F32);
-      if (l.has_bias) c.all_reduce(l.db.raw(), l.db.numel(), dist::Elem::F32);
-    };
-    if (!dp.dcomm) {
-      on_comm("dense all-reduce", f);
-      return;
-    }
-    DLREC_CUDA_CHECK(cudaEventRecord(dp.to_dcomm, st));
-    DLREC_CUDA_CHECK(cudaStreamWaitEvent(dp.dcst, dp.to_dcomm, 0));
-    if (mark_on) mark_on("> dense all-reduce", dp.dcst);
-    f(*dp.dcomm);
-    if (mark_on) mark_on("< dense all-reduce", dp.dcst);
-    DLREC_CUDA_CHECK(cudaEventRecord(dp.from_dcomm, dp.dcst));
-    DLREC_CUDA_CHECK(cudaStreamWaitEvent(st, dp.from_dcomm, 0));
-  }
+  // weight and bias gradients), before its update. With the dense communicator (dp.dcomm) the
+  // all-reduce and then the update run on its stream (the update's kernels read nothing the
+  // rest of the backward writes, and nothing before the step's end reads the weights they
+  // write), so the weight stream goes on to the next layer's weight gradients at once instead
+  // of waiting for this layer's all-reduce; join_weights() joins that stream. The arithmetic is
+  // the same either way. (fp16's deferred updates never meet this: fp16 is not data-parallel.)
   void lin_update(Lin& l) {
-    all_reduce_grads(l);
+    const bool on_dcomm = dp.dcomm && B > 0 && !fp16;
+    if (dp.comm && B > 0) {
+      auto f = [&](dist::Communicator& c) {
+        c.all_reduce(l.dw.raw(), l.dw.numel(), dist::Elem::F32);
+        if (l.has_bias) c.all_reduce(l.db.raw(), l.db.numel(), dist::Elem::F32);
+      };
+      if (!dp.dcomm) {
+        on_comm("dense all-reduce", f);
+      } else {
+        DLREC_CUDA_CHECK(cudaEventRecord(dp.to_dcomm, st));
+        DLREC_CUDA_CHECK(cudaStreamWaitEvent(dp.dcst, dp.to_dcomm, 0));
+        if (mark_on) mark_on("> dense all-reduce", dp.dcst);
+        f(*dp.dcomm);
+        if (mark_on) mark_on("< dense all-reduce", dp.dcst);
+        if (!on_dcomm) {  // (fp16: refused for data-parallel runs before a step; kept exact)
+          DLREC_CUDA_CHECK(cudaEventRecord(dp.from_dcomm, dp.dcst));
+          DLREC_CUDA_CHECK(cudaStreamWaitEvent(st, dp.from_dcomm, 0));
+        }
+      }
+    }
+    if (on_dcomm) std::swap(st, dp.dcst);  // the update's kernels after the all-reduce
     check_grad(l.dw.raw(), DType::F32, l.dw.numel());
     if (l.has_bias) check_grad(l.db.raw(), DType::F32, l.db.numel());
     update([this, &l] {
@@ -435,6 +448,10 @@ struct Engine {
                              gscale);
       });
     });
+    if (on_dcomm) {
+      std::swap(st, dp.dcst);
+      dp.d_pending = true;
+    }
   }
   void refresh(Lin& l) {
     if (!lowp) return;
