@@ -47,6 +47,14 @@ class GeneratedTier final : public store::Tier {
   std::vector<store::TableInfo> tables_;
 };
 
+// Rows r0..r0+n-1 of table t (dim D) into out [n, D], generated on every host thread.
+inline void generate_rows(int t, int64_t r0, int64_t n, int64_t D, float* out) {
+  parallel_for(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r)
+      for (int64_t k = 0; k < D; ++k) out[r * D + k] = gen_value(t, r0 + r, k);
+  });
+}
+
 // Writes the generated rows of `tables` into a RocksDB store at `path` (serve_gpu_cache
 // --rocksdb: the persistent tier measured under the GPU cache). Holds every table in host
 // memory while it writes (rows x dim x 4 bytes of each).
@@ -55,14 +63,9 @@ inline void write_generated_store(const std::string& path,
   std::vector<std::vector<float>> data(tables.size());
   std::vector<store::TableRows> rows;
   for (size_t t = 0; t < tables.size(); ++t) {
-    const int64_t R = tables[t].rows, D = tables[t].dim;
-    data[t].resize(static_cast<size_t>(R * D));
-    float* out = data[t].data();
-    parallel_for(0, R, 1 << 16, [&](int64_t lo, int64_t hi) {
-      for (int64_t r = lo; r < hi; ++r)
-        for (int64_t k = 0; k < D; ++k) out[r * D + k] = gen_value(static_cast<int>(t), r, k);
-    });
-    rows.push_back({tables[t], out});
+    data[t].resize(static_cast<size_t>(tables[t].rows * tables[t].dim));
+    generate_rows(static_cast<int>(t), 0, tables[t].rows, tables[t].dim, data[t].data());
+    rows.push_back({tables[t], data[t].data()});
   }
   store::write_rocksdb_store(path, rows, /*overwrite=*/false);
 }

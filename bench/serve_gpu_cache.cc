@@ -20,7 +20,6 @@
 #include <memory>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "dlrec/core/config.h"
@@ -91,7 +90,7 @@ void print_phases(const std::vector<double>& us, const std::vector<Phases>& ph) 
 }
 
 int run(const Args& a) {
-  DLREC_CHECK(cuda::device_count() > 0, "serve_gpu_cache: no CUDA device");
+  DLREC_CHECK(cuda::device_count() > 0, "no CUDA device");
   if (a.threads > 0) set_num_threads(a.threads);
   const Device dev = Device::cuda(0);
   const json cfg_json =
@@ -139,14 +138,7 @@ int run(const Args& a) {
       for (int64_t r0 = 0; r0 < brows; r0 += step) {
         const int64_t n = std::min(step, brows - r0);
         chunk.resize(static_cast<size_t>(n * a.dim));
-        const int nt = 16;
-        std::vector<std::thread> th;
-        for (int w = 0; w < nt; ++w)
-          th.emplace_back([&, w] {
-            for (int64_t r = n * w / nt; r < n * (w + 1) / nt; ++r)
-              for (int64_t k = 0; k < a.dim; ++k) chunk[r * a.dim + k] = gen_value(ti, r0 + r, k);
-          });
-        for (auto& x : th) x.join();
+        generate_rows(ti, r0, n, a.dim, chunk.data());
         copy_bytes(static_cast<char*>(t.raw()) + r0 * a.dim * 4, dev, chunk.data(), Device::cpu(),
                    chunk.size() * 4);
       }
