@@ -339,6 +339,30 @@ TEST(GpuCache, LargeBatchesInPiecesReadTheRightRows) {
   }
 }
 
+// A large batch (on the team) in which a stored feature has no ids: its remap still runs (its
+// lists emptied, nothing fetched for it), the other feature's ids read the right rows, and the
+// hits are counted once per distinct id (the remap lists distinct slots through a bitmap that
+// it clears for the next batch).
+TEST(GpuCache, ALargeBatchWithAnEmptyStoredFeatureReadsTheRightRows) {
+  Rig rig(1.0, "lfu", 1024);
+  std::mt19937_64 rng(11);
+  ASSERT_EQ(rig.run_checked(rig.batch(rng, 2500)), 0);  // feature 2's ids cached, some of them
+  io::Batch b = rig.batch(rng, 2500);
+  for (int64_t r = 0; r < b.rows; ++r) b.cat_indices[0][static_cast<size_t>(r)] = 7 + r % 2;
+  b.cat_indices[0].resize(5000, 7);  // 5000 ids of feature 0 (two distinct), none of feature 2
+  for (int64_t r = 0; r <= b.rows; ++r) b.cat_offsets[0][static_cast<size_t>(r)] = 2 * r;
+  b.cat_indices[2].clear();
+  b.cat_offsets[2].assign(static_cast<size_t>(b.rows) + 1, 0);
+  ASSERT_EQ(rig.run_checked(b), 0);  // 7 and 8 cached by now (synchronous inserts)
+  const int64_t hits0 = rig.cache->stats.hits.load(), misses0 = rig.cache->stats.misses.load();
+  const int64_t id_hits0 = rig.cache->id_hits.load();
+  ASSERT_EQ(rig.run_checked(b), 0);
+  EXPECT_EQ(rig.cache->stats.hits.load() - hits0, 2 * 2);  // 2 distinct ids x 2 tables
+  EXPECT_EQ(rig.cache->stats.misses.load() - misses0, 0);
+  EXPECT_EQ(rig.cache->id_hits.load() - id_hits0, 5000 * 2);
+  ASSERT_EQ(rig.run_checked(rig.batch(rng, 2500)), 0);  // both features again
+}
+
 // keep_phases: the last batch's record (the bench's diagnosis of slow batches) adds up and
 // names what ran: the team's jobs for large batches, the misses, sync or async.
 TEST(GpuCache, KeptPhasesDescribeTheLastBatch) {

@@ -22,8 +22,10 @@
 // The host work of a batch, in order, on the instance's spin team (core/spin_team.h): the
 // lookups (in pieces of 512 ids of a feature: each id's slot looked up in a flat
 // open-addressing index with the memory access started ahead, as the slot maps of hundreds of
-// MiB miss the caches); the remap (per feature: each distinct id once, to its slot or a staging
-// row) beside the copy of the rest of the batch; then, at the same time, the fetch of the misses
+// MiB miss the caches), in the same team job as the remap of each feature, which the task that
+// looks up its last piece runs (each distinct id once, to its slot or a staging row; the
+// distinct hits found through a bitmap of the slots), and as the copy of the rest of the batch;
+// then, at the same time, the fetch of the misses
 // (per table, into the pinned buffer the upload reads) and the slot maps' bookkeeping that must
 // precede the write (per feature: the hits stamped, so that no insert evicts them, and the sync
 // inserts); then the one device write and the forward, while the team relinks the hits (their
@@ -295,12 +297,13 @@ class GpuCache {
     int64_t faults = 0;
   };
   struct BatchPhases {
-    // run()'s phases, wall ns: waiting for the instance; the lookups; the copy plan and remap;
+    // run()'s phases, wall ns: waiting for the instance; the lookups and remaps (one team job);
+    // the copy plan and the counts after it;
     // waiting for the previous device write's buffer; the fetch beside the slot maps'
     // bookkeeping; enqueuing the device write; the forward (the caller's function).
     int64_t wait_ns = 0, lookup_ns = 0, remap_ns = 0, settle_ns = 0, fetch_ns = 0,
             write_ns = 0, forward_ns = 0, relink_ns = 0, total_ns = 0;
-    TeamPhase team[3];  // the lookup, remap and fetch jobs
+    TeamPhase team[2];  // the lookup job (each feature's remap after its last lookup), the fetch job
     int64_t caller_preempted = 0, caller_faults = 0;  // the calling thread, over run()
     int64_t misses = 0;  // distinct ids missed, all features
     bool sync = false;
@@ -323,7 +326,9 @@ class GpuCache {
   // Aligned to a cache line: each feature's is written by its own thread (no false sharing).
   struct alignas(64) FeatureWork {
     std::vector<int32_t> found;      // per id of the batch: its slot, or -1 (see look_up)
-    FlatIdIndex seen;                // the batch's distinct ids -> device rows (see remap)
+    std::vector<uint64_t> hit_bits;  // a bit per cache slot, set while remap lists its hits
+    std::vector<int32_t> miss_at;    // the positions of the batch's ids not found (remap)
+    FlatIdIndex seen;                // the batch's distinct missed ids -> staging rows (remap)
     std::vector<int32_t> hit_slots;  // of its distinct ids found
     std::vector<int64_t> fetch_ids, fetch_rows;  // its distinct missed ids, their staging rows
     std::vector<int64_t> slots;     // sync: per missed id, the cache slot it took (or -1)
@@ -382,6 +387,8 @@ class GpuCache {
   };
   std::vector<Copy> copies_;  // the running batch's bytes into staged_ (plan_copies)
   std::vector<std::pair<int, int64_t>> pieces_;  // its lookups' pieces: (feature k, first id)
+  // Per feature: its pieces not yet looked up; the task that looks up the last runs its remap.
+  std::unique_ptr<std::atomic<int>[]> pieces_left_;
 };
 
 }  // namespace dlrec::store
