@@ -196,10 +196,16 @@ void GpuCache::look_up(const io::Batch& batch, size_t k, int64_t lo, int64_t hi)
 // id's slot is its own, so the distinct hits are the distinct slots: a bit per slot, in a
 // bitmap of the cache's slots that stays in the caches, marks the ones listed); a miss takes a
 // staging row, the first time it appears (work_[k].seen, over the misses only), and is listed
-// for the fetch. The slot map is not changed here: stamps and inserts are maintain()'s, the
+// for the fetch. The bitmap's bits stay set until the next batch's remap (maintain's inserts
+// pass over the slots marked). The slot map is not changed here: inserts are maintain()'s, the
 // hits' relinks relink_hits'.
 void GpuCache::remap(const io::Batch& batch, size_t k) {
   FeatureWork& w = work_[k];
+  const int64_t C = sizing_.cache_rows[k];
+  const auto words = static_cast<size_t>((C + 63) / 64);
+  if (w.hit_bits.size() != words) w.hit_bits.assign(words, 0);
+  uint64_t* bits = w.hit_bits.data();
+  for (int32_t s : w.hit_slots) bits[static_cast<uint32_t>(s) >> 6] = 0;  // the last batch's
   w.hit_slots.clear();
   w.fetch_ids.clear();
   w.fetch_rows.clear();
@@ -208,13 +214,9 @@ void GpuCache::remap(const io::Batch& batch, size_t k) {
   w.miss_at.clear();
   w.evictions = w.id_hits = 0;
   const auto feature = static_cast<size_t>(sizing_.features[k]);
-  const int64_t C = sizing_.cache_rows[k];
   const std::vector<int64_t>& in = batch.cat_indices[feature];
   std::vector<int64_t>& ids = staged_.cat_indices[feature];
   const auto n = static_cast<int64_t>(in.size());
-  const auto words = static_cast<size_t>((C + 63) / 64);
-  if (w.hit_bits.size() != words) w.hit_bits.assign(words, 0);
-  uint64_t* bits = w.hit_bits.data();
   const int32_t* found = w.found.data();
   int64_t id_hits = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -231,7 +233,6 @@ void GpuCache::remap(const io::Batch& batch, size_t k) {
     word |= bit;
     w.hit_slots.push_back(slot);
   }
-  for (int32_t s : w.hit_slots) bits[static_cast<uint32_t>(s) >> 6] = 0;  // for the next batch
   // seen: a missed id -> its staging row.
   w.seen.reset(static_cast<int64_t>(w.miss_at.size()));
   for (int32_t i : w.miss_at) {
@@ -251,26 +252,21 @@ void GpuCache::remap(const io::Batch& batch, size_t k) {
   w.id_hits = id_hits;
 }
 
-// Before the batch's device write (on the team, beside the fetch): its hits stamped (so that
-// its inserts evict none of them) and, when sync, its misses given slots. Their recency and
-// counts are relink_hits', beside the forward.
-void GpuCache::maintain(size_t k, bool sync) {
+// Before the batch's device write, when sync (on the team, beside the fetch): its misses given
+// slots, none of its hits evicted (their bits in hit_bits: no stamp to write). Their recency
+// and counts are relink_hits', beside the forward.
+void GpuCache::maintain(size_t k) {
   constexpr size_t kAhead = 16;
   FeatureWork& w = work_[k];
   SlotMap& map = maps_[k];
-  const size_t h = w.hit_slots.size();
-  for (size_t j = 0; j < h; ++j) {
-    if (j + kAhead < h) map.prefetch_slot(w.hit_slots[j + kAhead]);
-    map.stamp(w.hit_slots[j], stamp_);
-  }
-  if (!sync) return;
   const size_t m = w.fetch_ids.size();
   w.slots.resize(m);
+  const uint64_t* in_use = w.hit_bits.data();
   map.visit_index([&](const auto& index) {  // (inserts never move the index's cells)
     for (size_t j = 0; j < m; ++j) {
       if (j + kAhead < m) index.prefetch(w.fetch_ids[j + kAhead]);
       int64_t evicted = -1;
-      w.slots[j] = map.insert(w.fetch_ids[j], stamp_, &evicted);
+      w.slots[j] = map.insert(w.fetch_ids[j], stamp_, &evicted, in_use);
       if (evicted >= 0) ++w.evictions;
       if (w.slots[j] >= 0) w.inserted.push_back(w.fetch_ids[j]);
     }
@@ -432,7 +428,7 @@ int64_t GpuCache::run(const io::Batch& batch,
     ph->sync = sync;
   }
   // The misses from the tiers below (per table, straight into the device rows' host buffer),
-  // beside the slot maps' stamps and sync inserts (per feature); then into their device rows,
+  // beside the slot maps' sync inserts (per feature, when sync); then into their device rows,
   // all tables in one write. The rows are kept for the async insert.
   InsertJob job{generation, {}, {}};
   const auto& tables = store_.tables();
@@ -446,7 +442,7 @@ int64_t GpuCache::run(const io::Batch& batch,
   const auto t_settled = clock::now();
   if (ph) ph->settle_ns = since(t1);
   auto task = [&](size_t i) {
-    if (i >= T) return maintain(i - T, sync);
+    if (i >= T) return maintain(i - T);
     const std::vector<int64_t>& want = work_[feature_of_table_[i]].fetch_ids;
     const auto n = static_cast<int64_t>(want.size());
     if (n == 0) return;
@@ -456,7 +452,8 @@ int64_t GpuCache::run(const io::Batch& batch,
   };
   try {
     // (the store is thread-safe; the slot maps are one per feature)
-    run_tasks(static_cast<int>(T + F), threaded, [&](int i) { task(static_cast<size_t>(i)); },
+    run_tasks(static_cast<int>(sync ? T + F : T), threaded,
+              [&](int i) { task(static_cast<size_t>(i)); },
               ph ? &ph->team[1] : nullptr);
     const auto t2 = clock::now();
     times.fetch_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t1).count();

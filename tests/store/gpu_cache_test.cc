@@ -229,11 +229,13 @@ TEST(GpuCacheSlots, LfuKeepsHotRowsAcrossColdOnes) {
 
 // A batch's hits stamped before its inserts and relinked after them (GpuCache: the relinks run
 // beside the forward) leave LFU's lists as touching them first did: the same ids are evicted
-// afterwards, in the same order. Batches of hot ids and cold inserts over a small map.
+// afterwards, in the same order; so do hits not stamped but marked in a bitmap passed to the
+// inserts (GpuCache's remap marks them). Batches of hot ids and cold inserts over a small map.
 TEST(GpuCacheSlots, LfuRelinksAfterTheInsertsGiveTheSameEvictions) {
-  store::SlotMap touched(64, true), relinked(64, true);
+  store::SlotMap touched(64, true), relinked(64, true), marked(64, true);
   std::mt19937_64 rng(11);
-  int64_t ev_a = 0, ev_b = 0;
+  int64_t ev_a = 0, ev_b = 0, ev_c = 0;
+  int64_t protected_evictions = 0;
   for (uint64_t batch = 1; batch <= 300; ++batch) {
     std::vector<int64_t> ids;
     for (int i = 0; i < 24; ++i) {
@@ -254,15 +256,26 @@ TEST(GpuCacheSlots, LfuRelinksAfterTheInsertsGiveTheSameEvictions) {
     }
     for (int32_t s : hits) touched.touch(s, batch);
     for (int32_t s : hits) relinked.stamp(s, batch);
+    uint64_t bits[1] = {0};  // 64 slots
+    for (int32_t s : hits) bits[0] |= uint64_t{1} << s;
     for (int64_t id : misses) {
-      ASSERT_EQ(touched.insert(id, batch, &ev_a), relinked.insert(id, batch, &ev_b));
+      const int64_t slot = touched.insert(id, batch, &ev_a);
+      ASSERT_EQ(slot, relinked.insert(id, batch, &ev_b));
+      ASSERT_EQ(slot, marked.insert(id, batch, &ev_c, bits));
       ASSERT_EQ(ev_a, ev_b) << "batch " << batch;
+      ASSERT_EQ(ev_a, ev_c) << "batch " << batch;
+      if (slot >= 0 && ev_a >= 0) ++protected_evictions;
     }
     for (int32_t s : hits) relinked.relink(s);
+    for (int32_t s : hits) marked.relink(s);
   }
+  EXPECT_GT(protected_evictions, 100);  // the map was full: inserts chose among unmarked slots
   for (int64_t id = 1000; id < 1100; ++id) {  // the eviction order of everything left
-    ASSERT_EQ(touched.insert(id, 1000, &ev_a), relinked.insert(id, 1000, &ev_b));
+    const int64_t slot = touched.insert(id, 1000, &ev_a);
+    ASSERT_EQ(slot, relinked.insert(id, 1000, &ev_b));
+    ASSERT_EQ(slot, marked.insert(id, 1000, &ev_c));
     ASSERT_EQ(ev_a, ev_b);
+    ASSERT_EQ(ev_a, ev_c);
   }
 }
 

@@ -26,9 +26,8 @@
 // looks up its last piece runs (each distinct id once, to its slot or a staging row; the
 // distinct hits found through a bitmap of the slots), and as the copy of the rest of the batch;
 // then, at the same time, the fetch of the misses
-// (per table, into the pinned buffer the upload reads) and the slot maps' bookkeeping that must
-// precede the write (per feature: the hits stamped, so that no insert evicts them, and the sync
-// inserts); then the one device write and the forward, while the team relinks the hits (their
+// (per table, into the pinned buffer the upload reads) and, when sync, the inserts (per
+// feature; the batch's hits, marked in the remap's bitmap, are not evicted); then the one device write and the forward, while the team relinks the hits (their
 // LFU/LRU recency and counts, list neighbours prefetched): that bookkeeping was the longest
 // task before the write (bench/RESULTS.md, "GPU cache tier").
 //
@@ -107,9 +106,10 @@ class alignas(64) SlotMap {
   // come after the batch's inserts in the one list.
   void relink(int32_t slot);
   // A slot for `id` (absent): a free one, else the least valuable slot not stamped with
-  // `stamp` (its id goes to *evicted; -1 when none was evicted). -1 when every slot it may look
-  // at (at most kMaxScan) is in use by the batch: the row is then not cached.
-  int64_t insert(int64_t id, uint64_t stamp, int64_t* evicted);
+  // `stamp` nor marked in `in_use` (a bit per slot, when given: the batch's hits, which need
+  // no stamp then); its id goes to *evicted (-1 when none was evicted). -1 when every slot it
+  // may look at (at most kMaxScan) is in use by the batch: the row is then not cached.
+  int64_t insert(int64_t id, uint64_t stamp, int64_t* evicted, const uint64_t* in_use = nullptr);
   // Drops `id` (its slot becomes free). Whether it was there.
   bool erase(int64_t id);
   void clear();
@@ -326,7 +326,7 @@ class GpuCache {
   // Aligned to a cache line: each feature's is written by its own thread (no false sharing).
   struct alignas(64) FeatureWork {
     std::vector<int32_t> found;      // per id of the batch: its slot, or -1 (see look_up)
-    std::vector<uint64_t> hit_bits;  // a bit per cache slot, set while remap lists its hits
+    std::vector<uint64_t> hit_bits;  // a bit per cache slot: set for hit_slots (see remap)
     std::vector<int32_t> miss_at;    // the positions of the batch's ids not found (remap)
     FlatIdIndex seen;                // the batch's distinct missed ids -> staging rows (remap)
     std::vector<int32_t> hit_slots;  // of its distinct ids found
@@ -338,7 +338,7 @@ class GpuCache {
   void plan_copies(const io::Batch& batch);
   void look_up(const io::Batch& batch, size_t k, int64_t lo, int64_t hi);
   void remap(const io::Batch& batch, size_t k);
-  void maintain(size_t k, bool sync);  // the hits stamped, the sync inserts
+  void maintain(size_t k);  // the sync inserts (the batch's hits protected by hit_bits)
   void relink_hits(size_t k);           // the hits' recency and counts (beside the forward)
   void undo_inserts();  // gives back the slots the running batch's sync inserts took
   void insert_loop();
