@@ -63,7 +63,7 @@ void print_phases(const std::vector<double>& us, const std::vector<Phases>& ph) 
   };
   std::printf(
       "phases (us): latency | wait lookup remap settle fetch write forward relink | per team job "
-      "(lookup, remap, fetch): wall max_task last_start last_work_end last_end workers "
+      "(lookup with the remaps, fetch): wall max_task last_start last_work_end last_end workers "
       "preempted faults | caller preempted faults | misses sync/async inserter_busy inserts "
       "insert_us\n");
   line("median", order[order.size() / 2]);

@@ -109,6 +109,7 @@ GpuCache::GpuCache(EmbeddingStore& store, const StoreConfig& config, GpuCacheSiz
   }
   for (size_t k = 0; k < F; ++k) maps_.emplace_back(sizing_.cache_rows[k], lfu_, feature_rows_[k]);
   work_.resize(F);
+  pieces_left_ = std::make_unique<std::atomic<int>[]>(F);
   // Members for a batch's tasks (F remaps, then T fetches beside F slot map updates), the
   // caller being one; they watch for the next batch for 250 us before sleeping.
   const int members =
@@ -190,72 +191,82 @@ void GpuCache::look_up(const io::Batch& batch, size_t k, int64_t lo, int64_t hi)
   });
 }
 
-// The remap's second half, per feature: feature k's ids into staged_ (under mu_), each distinct
-// id once (work_[k].seen, a table small enough to stay in the caches): a hit reads its slot, a
-// miss a staging row (and is listed for the fetch). The slot map is not changed here: stamps
-// and inserts are maintain()'s, the hits' relinks relink_hits'.
+// The remap's second half, per feature (once its lookups are done): feature k's ids into
+// staged_ (under mu_), each distinct id once. A hit is its slot, read from work_[k].found (an
+// id's slot is its own, so the distinct hits are the distinct slots: a bit per slot, in a
+// bitmap of the cache's slots that stays in the caches, marks the ones listed); a miss takes a
+// staging row, the first time it appears (work_[k].seen, over the misses only), and is listed
+// for the fetch. The bitmap's bits stay set until the next batch's remap (maintain's inserts
+// pass over the slots marked). The slot map is not changed here: inserts are maintain()'s, the
+// hits' relinks relink_hits'.
 void GpuCache::remap(const io::Batch& batch, size_t k) {
   FeatureWork& w = work_[k];
+  const int64_t C = sizing_.cache_rows[k];
+  const auto words = static_cast<size_t>((C + 63) / 64);
+  if (w.hit_bits.size() != words) w.hit_bits.assign(words, 0);
+  uint64_t* bits = w.hit_bits.data();
+  for (int32_t s : w.hit_slots) bits[static_cast<uint32_t>(s) >> 6] = 0;  // the last batch's
   w.hit_slots.clear();
   w.fetch_ids.clear();
   w.fetch_rows.clear();
   w.slots.clear();
   w.inserted.clear();
+  w.miss_at.clear();
   w.evictions = w.id_hits = 0;
   const auto feature = static_cast<size_t>(sizing_.features[k]);
-  const int64_t C = sizing_.cache_rows[k];
   const std::vector<int64_t>& in = batch.cat_indices[feature];
   std::vector<int64_t>& ids = staged_.cat_indices[feature];
   const auto n = static_cast<int64_t>(in.size());
-  w.seen.reset(std::min<int64_t>(n, feature_rows_[k]));
-  // seen: id -> its device row r, stored as r when the id was a hit, as -2 - r when a miss.
+  const int32_t* found = w.found.data();
   int64_t id_hits = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t id = in[i];
+    const int32_t slot = found[i];
+    if (slot < 0) {
+      w.miss_at.push_back(static_cast<int32_t>(i));
+      continue;
+    }
+    ++id_hits;
+    ids[i] = slot;
+    uint64_t& word = bits[static_cast<uint32_t>(slot) >> 6];
+    const uint64_t bit = uint64_t{1} << (slot & 63);
+    if (word & bit) continue;
+    word |= bit;
+    w.hit_slots.push_back(slot);
+  }
+  // seen: a missed id -> its staging row.
+  w.seen.reset(static_cast<int64_t>(w.miss_at.size()));
+  for (int32_t i : w.miss_at) {
+    const int64_t id = in[static_cast<size_t>(i)];
     bool added = false;
     int32_t* seen = w.seen.emplace(id, &added);
     if (!added) {
-      id_hits += *seen >= 0;
-      ids[i] = *seen >= 0 ? *seen : -2 - *seen;
+      ids[static_cast<size_t>(i)] = *seen;
       continue;
     }
-    const int32_t slot = w.found[i];
-    if (slot >= 0) {
-      w.hit_slots.push_back(slot);
-      ++id_hits;
-      *seen = slot;
-      ids[i] = slot;
-    } else {
-      const int64_t row = C + static_cast<int64_t>(w.fetch_rows.size());
-      w.fetch_ids.push_back(id);
-      w.fetch_rows.push_back(row);
-      *seen = static_cast<int32_t>(-2 - row);
-      ids[i] = row;
-    }
+    const int64_t row = C + static_cast<int64_t>(w.fetch_rows.size());
+    w.fetch_ids.push_back(id);
+    w.fetch_rows.push_back(row);
+    *seen = static_cast<int32_t>(row);
+    ids[static_cast<size_t>(i)] = row;
   }
   w.id_hits = id_hits;
 }
 
-// Before the batch's device write (on the team, beside the fetch): its hits stamped (so that
-// its inserts evict none of them) and, when sync, its misses given slots. Their recency and
-// counts are relink_hits', beside the forward.
-void GpuCache::maintain(size_t k, bool sync) {
+// Before the batch's device write, when sync (on the team, beside the fetch): its misses given
+// slots, none of its hits evicted (their bits in hit_bits: no stamp to write). Their recency
+// and counts are relink_hits', beside the forward.
+void GpuCache::maintain(size_t k) {
   constexpr size_t kAhead = 16;
   FeatureWork& w = work_[k];
   SlotMap& map = maps_[k];
-  const size_t h = w.hit_slots.size();
-  for (size_t j = 0; j < h; ++j) {
-    if (j + kAhead < h) map.prefetch_slot(w.hit_slots[j + kAhead]);
-    map.stamp(w.hit_slots[j], stamp_);
-  }
-  if (!sync) return;
   const size_t m = w.fetch_ids.size();
   w.slots.resize(m);
+  const uint64_t* in_use = w.hit_bits.data();
   map.visit_index([&](const auto& index) {  // (inserts never move the index's cells)
     for (size_t j = 0; j < m; ++j) {
       if (j + kAhead < m) index.prefetch(w.fetch_ids[j + kAhead]);
       int64_t evicted = -1;
-      w.slots[j] = map.insert(w.fetch_ids[j], stamp_, &evicted);
+      w.slots[j] = map.insert(w.fetch_ids[j], stamp_, &evicted, in_use);
       if (evicted >= 0) ++w.evictions;
       if (w.slots[j] >= 0) w.inserted.push_back(w.fetch_ids[j]);
     }
@@ -357,9 +368,9 @@ int64_t GpuCache::run(const io::Batch& batch,
                 batch.cat_indices.size(), " categorical features; feature ", feature, " is stored");
   }
   for (FeatureWork& w : work_) w.inserted.clear();  // (undo_inserts may run before a remap)
-  // On several threads for large batches: first the lookups, in pieces of kLookUpPiece ids of
-  // a feature; then per feature (independent slot maps) the remap, beside the copy of the rest
-  // of the batch in pieces.
+  // On several threads for large batches, in one team job: the lookups, in pieces of
+  // kLookUpPiece ids of a feature, each feature's remap run by the task that looked up its last
+  // piece (the slot maps are independent); then the copy of the rest of the batch in pieces.
   constexpr int64_t kLookUpPiece = 512;
   int64_t total_ids = 0;
   std::vector<std::pair<int, int64_t>>& pieces = pieces_;
@@ -368,21 +379,28 @@ int64_t GpuCache::run(const io::Batch& batch,
     const auto n = static_cast<int64_t>(batch.cat_indices[sizing_.features[k]].size());
     total_ids += n;
     work_[k].found.resize(static_cast<size_t>(n));
+    const auto before = pieces.size();
     for (int64_t lo = 0; lo < n; lo += kLookUpPiece) pieces.emplace_back(static_cast<int>(k), lo);
+    if (pieces.size() == before) pieces.emplace_back(static_cast<int>(k), 0);  // (no ids)
+    pieces_left_[k].store(static_cast<int>(pieces.size() - before), std::memory_order_relaxed);
   }
   const bool threaded = total_ids >= 4096;
-  run_tasks(static_cast<int>(pieces.size()), threaded, [&](int p) {
+  plan_copies(batch);
+  const auto P = static_cast<int>(pieces.size());
+  run_tasks(P + static_cast<int>(copies_.size()), threaded, [&](int p) {
+    if (p >= P) {
+      const Copy& c = copies_[static_cast<size_t>(p - P)];
+      std::memcpy(c.to, c.from, c.bytes);
+      return;
+    }
     const auto [k, lo] = pieces[static_cast<size_t>(p)];
     const auto n = static_cast<int64_t>(work_[k].found.size());
     look_up(batch, static_cast<size_t>(k), lo, std::min(n, lo + kLookUpPiece));
+    // The last piece's task (its own and the other pieces' found[] seen through the counter).
+    if (pieces_left_[k].fetch_sub(1, std::memory_order_acq_rel) == 1)
+      remap(batch, static_cast<size_t>(k));
   }, ph ? &ph->team[0] : nullptr);
   if (ph) ph->lookup_ns = since(t0);
-  plan_copies(batch);
-  run_tasks(static_cast<int>(F + copies_.size()), threaded, [&](int i) {
-    if (i < static_cast<int>(F)) return remap(batch, static_cast<size_t>(i));
-    const Copy& c = copies_[static_cast<size_t>(i) - F];
-    std::memcpy(c.to, c.from, c.bytes);
-  }, ph ? &ph->team[1] : nullptr);
   int64_t hits = 0, misses = 0, need = 0, hits_w = 0, lookups_w = 0;
   int64_t id_hits_w = 0, id_lookups_w = 0;
   for (size_t k = 0; k < F; ++k) {
@@ -410,7 +428,7 @@ int64_t GpuCache::run(const io::Batch& batch,
     ph->sync = sync;
   }
   // The misses from the tiers below (per table, straight into the device rows' host buffer),
-  // beside the slot maps' stamps and sync inserts (per feature); then into their device rows,
+  // beside the slot maps' sync inserts (per feature, when sync); then into their device rows,
   // all tables in one write. The rows are kept for the async insert.
   InsertJob job{generation, {}, {}};
   const auto& tables = store_.tables();
@@ -424,7 +442,7 @@ int64_t GpuCache::run(const io::Batch& batch,
   const auto t_settled = clock::now();
   if (ph) ph->settle_ns = since(t1);
   auto task = [&](size_t i) {
-    if (i >= T) return maintain(i - T, sync);
+    if (i >= T) return maintain(i - T);
     const std::vector<int64_t>& want = work_[feature_of_table_[i]].fetch_ids;
     const auto n = static_cast<int64_t>(want.size());
     if (n == 0) return;
@@ -434,8 +452,9 @@ int64_t GpuCache::run(const io::Batch& batch,
   };
   try {
     // (the store is thread-safe; the slot maps are one per feature)
-    run_tasks(static_cast<int>(T + F), threaded, [&](int i) { task(static_cast<size_t>(i)); },
-              ph ? &ph->team[2] : nullptr);
+    run_tasks(static_cast<int>(sync ? T + F : T), threaded,
+              [&](int i) { task(static_cast<size_t>(i)); },
+              ph ? &ph->team[1] : nullptr);
     const auto t2 = clock::now();
     times.fetch_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t1).count();
     if (ph) ph->fetch_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t_settled).count();

@@ -106,7 +106,7 @@ void SlotMap::relink(int32_t s) {
   push_back(s, nb);
 }
 
-int64_t SlotMap::insert(int64_t id, uint64_t stamp, int64_t* evicted) {
+int64_t SlotMap::insert(int64_t id, uint64_t stamp, int64_t* evicted, const uint64_t* in_use) {
   *evicted = -1;
   int32_t s = -1;
   if (!free_slots_.empty()) {
@@ -117,7 +117,8 @@ int64_t SlotMap::insert(int64_t id, uint64_t stamp, int64_t* evicted) {
     int scanned = 0;
     for (int32_t b = first_; b >= 0 && s < 0 && scanned < kMaxScan; b = buckets_[b].next)
       for (int32_t c = buckets_[b].head; c >= 0 && scanned < kMaxScan; c = slot_[c].next, ++scanned)
-        if (slot_[c].stamp != stamp) {
+        if (slot_[c].stamp != stamp &&
+            !(in_use && (in_use[static_cast<uint32_t>(c) >> 6] >> (c & 63) & 1))) {
           s = c;
           break;
         }

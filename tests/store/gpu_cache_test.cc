@@ -229,11 +229,13 @@ TEST(GpuCacheSlots, LfuKeepsHotRowsAcrossColdOnes) {
 
 // A batch's hits stamped before its inserts and relinked after them (GpuCache: the relinks run
 // beside the forward) leave LFU's lists as touching them first did: the same ids are evicted
-// afterwards, in the same order. Batches of hot ids and cold inserts over a small map.
+// afterwards, in the same order; so do hits not stamped but marked in a bitmap passed to the
+// inserts (GpuCache's remap marks them). Batches of hot ids and cold inserts over a small map.
 TEST(GpuCacheSlots, LfuRelinksAfterTheInsertsGiveTheSameEvictions) {
-  store::SlotMap touched(64, true), relinked(64, true);
+  store::SlotMap touched(64, true), relinked(64, true), marked(64, true);
   std::mt19937_64 rng(11);
-  int64_t ev_a = 0, ev_b = 0;
+  int64_t ev_a = 0, ev_b = 0, ev_c = 0;
+  int64_t protected_evictions = 0;
   for (uint64_t batch = 1; batch <= 300; ++batch) {
     std::vector<int64_t> ids;
     for (int i = 0; i < 24; ++i) {
@@ -254,15 +256,26 @@ TEST(GpuCacheSlots, LfuRelinksAfterTheInsertsGiveTheSameEvictions) {
     }
     for (int32_t s : hits) touched.touch(s, batch);
     for (int32_t s : hits) relinked.stamp(s, batch);
+    uint64_t bits[1] = {0};  // 64 slots
+    for (int32_t s : hits) bits[0] |= uint64_t{1} << s;
     for (int64_t id : misses) {
-      ASSERT_EQ(touched.insert(id, batch, &ev_a), relinked.insert(id, batch, &ev_b));
+      const int64_t slot = touched.insert(id, batch, &ev_a);
+      ASSERT_EQ(slot, relinked.insert(id, batch, &ev_b));
+      ASSERT_EQ(slot, marked.insert(id, batch, &ev_c, bits));
       ASSERT_EQ(ev_a, ev_b) << "batch " << batch;
+      ASSERT_EQ(ev_a, ev_c) << "batch " << batch;
+      if (slot >= 0 && ev_a >= 0) ++protected_evictions;
     }
     for (int32_t s : hits) relinked.relink(s);
+    for (int32_t s : hits) marked.relink(s);
   }
+  EXPECT_GT(protected_evictions, 100);  // the map was full: inserts chose among unmarked slots
   for (int64_t id = 1000; id < 1100; ++id) {  // the eviction order of everything left
-    ASSERT_EQ(touched.insert(id, 1000, &ev_a), relinked.insert(id, 1000, &ev_b));
+    const int64_t slot = touched.insert(id, 1000, &ev_a);
+    ASSERT_EQ(slot, relinked.insert(id, 1000, &ev_b));
+    ASSERT_EQ(slot, marked.insert(id, 1000, &ev_c));
     ASSERT_EQ(ev_a, ev_b);
+    ASSERT_EQ(ev_a, ev_c);
   }
 }
 
@@ -337,6 +350,30 @@ TEST(GpuCache, LargeBatchesInPiecesReadTheRightRows) {
                  {"id 80", "feature 2", "80 rows"});
     ASSERT_EQ(rig.run_checked(rig.batch(rng, 2500)), 0);
   }
+}
+
+// A large batch (on the team) in which a stored feature has no ids: its remap still runs (its
+// lists emptied, nothing fetched for it), the other feature's ids read the right rows, and the
+// hits are counted once per distinct id (the remap lists distinct slots through a bitmap that
+// it clears for the next batch).
+TEST(GpuCache, ALargeBatchWithAnEmptyStoredFeatureReadsTheRightRows) {
+  Rig rig(1.0, "lfu", 1024);
+  std::mt19937_64 rng(11);
+  ASSERT_EQ(rig.run_checked(rig.batch(rng, 2500)), 0);  // feature 2's ids cached, some of them
+  io::Batch b = rig.batch(rng, 2500);
+  for (int64_t r = 0; r < b.rows; ++r) b.cat_indices[0][static_cast<size_t>(r)] = 7 + r % 2;
+  b.cat_indices[0].resize(5000, 7);  // 5000 ids of feature 0 (two distinct), none of feature 2
+  for (int64_t r = 0; r <= b.rows; ++r) b.cat_offsets[0][static_cast<size_t>(r)] = 2 * r;
+  b.cat_indices[2].clear();
+  b.cat_offsets[2].assign(static_cast<size_t>(b.rows) + 1, 0);
+  ASSERT_EQ(rig.run_checked(b), 0);  // 7 and 8 cached by now (synchronous inserts)
+  const int64_t hits0 = rig.cache->stats.hits.load(), misses0 = rig.cache->stats.misses.load();
+  const int64_t id_hits0 = rig.cache->id_hits.load();
+  ASSERT_EQ(rig.run_checked(b), 0);
+  EXPECT_EQ(rig.cache->stats.hits.load() - hits0, 2 * 2);  // 2 distinct ids x 2 tables
+  EXPECT_EQ(rig.cache->stats.misses.load() - misses0, 0);
+  EXPECT_EQ(rig.cache->id_hits.load() - id_hits0, 5000 * 2);
+  ASSERT_EQ(rig.run_checked(rig.batch(rng, 2500)), 0);  // both features again
 }
 
 // keep_phases: the last batch's record (the bench's diagnosis of slow batches) adds up and

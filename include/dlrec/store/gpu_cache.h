@@ -22,11 +22,12 @@
 // The host work of a batch, in order, on the instance's spin team (core/spin_team.h): the
 // lookups (in pieces of 512 ids of a feature: each id's slot looked up in a flat
 // open-addressing index with the memory access started ahead, as the slot maps of hundreds of
-// MiB miss the caches); the remap (per feature: each distinct id once, to its slot or a staging
-// row) beside the copy of the rest of the batch; then, at the same time, the fetch of the misses
-// (per table, into the pinned buffer the upload reads) and the slot maps' bookkeeping that must
-// precede the write (per feature: the hits stamped, so that no insert evicts them, and the sync
-// inserts); then the one device write and the forward, while the team relinks the hits (their
+// MiB miss the caches), in the same team job as the remap of each feature, which the task that
+// looks up its last piece runs (each distinct id once, to its slot or a staging row; the
+// distinct hits found through a bitmap of the slots), and as the copy of the rest of the batch;
+// then, at the same time, the fetch of the misses
+// (per table, into the pinned buffer the upload reads) and, when sync, the inserts (per
+// feature; the batch's hits, marked in the remap's bitmap, are not evicted); then the one device write and the forward, while the team relinks the hits (their
 // LFU/LRU recency and counts, list neighbours prefetched): that bookkeeping was the longest
 // task before the write (bench/RESULTS.md, "GPU cache tier").
 //
@@ -35,9 +36,10 @@
 // copies to the device in its one input copy: a device hash table would add a round trip
 // (upload the ids, look up, copy the misses back, fetch, upload) and an engine that takes its
 // ids from the device. The host map's cost is memory latency, which prefetching and huge pages
-// reduce but do not remove: on the H200 host measured, a batch of 2048 spends 0.3-0.4 ms here
-// against a 0.12 ms forward (bench/RESULTS.md, "GPU cache tier"; bench/gpu_cache_host.cc
-// measures it without a GPU), so a device-side map is the next step if that must go.
+// reduce but do not remove: on the H200 host measured, a batch of 2048 at alpha 1.2 spends
+// ~0.1 ms here (lookups and remap 47-49 us, fetch 30-31, write 14-21) against a 0.12 ms
+// forward (bench/RESULTS.md, "GPU cache tier"; bench/gpu_cache_host.cc measures it without a
+// GPU); a device-side map measured slower (the round trip of the ids and rows).
 #pragma once
 
 #include <atomic>
@@ -105,9 +107,10 @@ class alignas(64) SlotMap {
   // come after the batch's inserts in the one list.
   void relink(int32_t slot);
   // A slot for `id` (absent): a free one, else the least valuable slot not stamped with
-  // `stamp` (its id goes to *evicted; -1 when none was evicted). -1 when every slot it may look
-  // at (at most kMaxScan) is in use by the batch: the row is then not cached.
-  int64_t insert(int64_t id, uint64_t stamp, int64_t* evicted);
+  // `stamp` nor marked in `in_use` (a bit per slot, when given: the batch's hits, which need
+  // no stamp then); its id goes to *evicted (-1 when none was evicted). -1 when every slot it
+  // may look at (at most kMaxScan) is in use by the batch: the row is then not cached.
+  int64_t insert(int64_t id, uint64_t stamp, int64_t* evicted, const uint64_t* in_use = nullptr);
   // Drops `id` (its slot becomes free). Whether it was there.
   bool erase(int64_t id);
   void clear();
@@ -295,12 +298,13 @@ class GpuCache {
     int64_t faults = 0;
   };
   struct BatchPhases {
-    // run()'s phases, wall ns: waiting for the instance; the lookups; the copy plan and remap;
+    // run()'s phases, wall ns: waiting for the instance; the lookups and remaps (one team job);
+    // the copy plan and the counts after it;
     // waiting for the previous device write's buffer; the fetch beside the slot maps'
     // bookkeeping; enqueuing the device write; the forward (the caller's function).
     int64_t wait_ns = 0, lookup_ns = 0, remap_ns = 0, settle_ns = 0, fetch_ns = 0,
             write_ns = 0, forward_ns = 0, relink_ns = 0, total_ns = 0;
-    TeamPhase team[3];  // the lookup, remap and fetch jobs
+    TeamPhase team[2];  // the lookup job (each feature's remap after its last lookup), the fetch job
     int64_t caller_preempted = 0, caller_faults = 0;  // the calling thread, over run()
     int64_t misses = 0;  // distinct ids missed, all features
     bool sync = false;
@@ -323,7 +327,9 @@ class GpuCache {
   // Aligned to a cache line: each feature's is written by its own thread (no false sharing).
   struct alignas(64) FeatureWork {
     std::vector<int32_t> found;      // per id of the batch: its slot, or -1 (see look_up)
-    FlatIdIndex seen;                // the batch's distinct ids -> device rows (see remap)
+    std::vector<uint64_t> hit_bits;  // a bit per cache slot: set for hit_slots (see remap)
+    std::vector<int32_t> miss_at;    // the positions of the batch's ids not found (remap)
+    FlatIdIndex seen;                // the batch's distinct missed ids -> staging rows (remap)
     std::vector<int32_t> hit_slots;  // of its distinct ids found
     std::vector<int64_t> fetch_ids, fetch_rows;  // its distinct missed ids, their staging rows
     std::vector<int64_t> slots;     // sync: per missed id, the cache slot it took (or -1)
@@ -333,7 +339,7 @@ class GpuCache {
   void plan_copies(const io::Batch& batch);
   void look_up(const io::Batch& batch, size_t k, int64_t lo, int64_t hi);
   void remap(const io::Batch& batch, size_t k);
-  void maintain(size_t k, bool sync);  // the hits stamped, the sync inserts
+  void maintain(size_t k);  // the sync inserts (the batch's hits protected by hit_bits)
   void relink_hits(size_t k);           // the hits' recency and counts (beside the forward)
   void undo_inserts();  // gives back the slots the running batch's sync inserts took
   void insert_loop();
@@ -382,6 +388,8 @@ class GpuCache {
   };
   std::vector<Copy> copies_;  // the running batch's bytes into staged_ (plan_copies)
   std::vector<std::pair<int, int64_t>> pieces_;  // its lookups' pieces: (feature k, first id)
+  // Per feature: its pieces not yet looked up; the task that looks up the last runs its remap.
+  std::unique_ptr<std::atomic<int>[]> pieces_left_;
 };
 
 }  // namespace dlrec::store
