@@ -24,8 +24,9 @@ struct RawChunk {
   // What the parser that filled the chunk knows of its categorical columns, so that the fit and
   // the input cache need not scan the offsets for it (the text parser's Criteo-shaped layouts:
   // LineParser::deferred_offsets()). Describes the chunk only while `rows` and each column's
-  // value count are those recorded: reset() and KeptChunk::unpack clear it, a cut (fewer rows)
-  // leaves it unused; whatever else rewrites a chunk's values in place must clear() it.
+  // value count are those recorded: reset(), append() and KeptChunk::unpack clear it, a cut
+  // (fewer rows) leaves it unused; whatever else rewrites a chunk's values in place must
+  // clear() it.
   struct CatFacts {
     int64_t rows = -1;            // the rows described; -1: nothing known
     uint64_t narrow = 0;          // bit c: every value of column c is < 2^32
