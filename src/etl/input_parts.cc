@@ -232,6 +232,7 @@ class ReplayReader final : public io::ChunkReader {
     out.num_dense = c.num_dense;
     out.num_cat = c.num_cat;
     out.first_line = c.first_line;
+    out.cat_facts = c.cat_facts;  // the copy's, as the copy is the chunk's
     out.label.assign(c.label.begin(), c.label.end());
     out.dense.assign(c.dense.begin(), c.dense.end());
     out.cat_values.resize(c.num_cat);

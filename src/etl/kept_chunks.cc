@@ -218,11 +218,20 @@ KeptChunk KeptChunk::keep(const io::RawChunk& c, int64_t lo, int64_t hi, KeptAre
   thread_local std::vector<std::vector<uint64_t>> bits_scratch;
   if (static_cast<int>(bits_scratch.size()) < nc) bits_scratch.resize(nc);
   std::vector<uint8_t> narrow(nc), all_present(nc);
+  // The whole chunk, with what its parser knew (io::RawChunk::facts): a narrow column's bitmap
+  // is the parser's and no pass over its offsets or values is needed.
+  const io::RawChunk::CatFacts* facts = lo == 0 && hi == c.rows ? c.facts() : nullptr;
   for (int t = 0; t < nc; ++t) {
     const int64_t* off = c.cat_offsets[t].data() + lo;
     const uint64_t* val = c.cat_values[t].data() + off[0];
     const int64_t count = off[rows] - off[0];
     k.cat_[t].count = count;
+    if (facts && ((facts->narrow >> t) & 1)) {
+      narrow[t] = 1;
+      all_present[t] = count == rows;
+      bytes += round8(static_cast<size_t>(count) * 4) + (all_present[t] ? 0 : bitmap_bytes);
+      continue;
+    }
     auto& bits = bits_scratch[t];
     bits.resize(static_cast<size_t>(words));
     uint64_t over = 0;  // non-zero when a row holds more than one value
@@ -276,7 +285,9 @@ KeptChunk KeptChunk::keep(const io::RawChunk& c, int64_t lo, int64_t hi, KeptAre
       x.narrow = v32;
       p += round8(static_cast<size_t>(x.count) * 4);
       if (!all_present[t]) {
-        std::memcpy(p, bits_scratch[t].data(), bitmap_bytes);
+        const bool known = facts && ((facts->narrow >> t) & 1);
+        std::memcpy(p, known ? facts->present.data() + t * words : bits_scratch[t].data(),
+                    bitmap_bytes);
         x.present = reinterpret_cast<const uint64_t*>(p);
         p += bitmap_bytes;
       }
@@ -328,6 +339,7 @@ void KeptChunk::unpack(io::RawChunk& out) const {
   out.cat_offsets.resize(num_cat_);
   out.rows = rows_;
   out.first_line = first_line_;
+  out.cat_facts.clear();
   if (label_kind_ == 0) out.label.clear();
   if (label_kind_ == 1) {
     const auto* l = static_cast<const uint8_t*>(label_);

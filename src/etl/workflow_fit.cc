@@ -344,9 +344,15 @@ void Workflow::Impl::fit_column(const io::RawChunk& c, int col, int pass, std::v
       s.values += static_cast<int64_t>(vals.size());
       // Counted in a local: `s.nulls += ...` in the loop was a store per row (the offsets
       // could alias it), and the loop did not vectorize.
-      const int64_t* o = off.data();
+      // Without the pass over the offsets where the parser vouches for at most one value per
+      // row (io::RawChunk::facts): then the rows without one are the rows less the values.
       int64_t nulls = 0;
-      for (int64_t r = 0; r < c.rows; ++r) nulls += o[r + 1] == o[r];
+      if (c.facts()) {
+        nulls = c.rows - static_cast<int64_t>(vals.size());
+      } else {
+        const int64_t* o = off.data();
+        for (int64_t r = 0; r < c.rows; ++r) nulls += o[r + 1] == o[r];
+      }
       s.nulls += nulls;
     }
     if (stage < 0) return;

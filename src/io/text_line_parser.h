@@ -257,6 +257,8 @@ class LineParser {
     // row (bit c: column c got a value). finish() writes them.
     std::vector<uint64_t> pending;
     const RawChunk* pending_chunk = nullptr;
+    // Bit c: a pending row (or a row rolled back since) gave column c a value of 2^32 or more.
+    uint64_t wide = 0;
   };
 
   LineParser(const Schema& schema, const std::vector<int>& field_to_column)
@@ -325,12 +327,30 @@ class LineParser {
   // one 64-bit mask per column, and each column's offsets are written from its mask eight rows
   // per step (a table of the byte's prefix counts), one stream per column instead of 26
   // interleaved streams per row.
+  // When the pending rows are all of the chunk's rows, it also records out.cat_facts (the
+  // transposed words are the presence bitmaps); else it clears them.
   void finish(RawChunk& out, Scratch& s) const {
-    if (s.pending.empty()) return;
+    if (s.pending.empty()) {
+      s.wide = 0;
+      return;
+    }
     if (s.pending_chunk != &out) fail("LineParser::finish: the pending rows are another chunk's");
     const int64_t n = static_cast<int64_t>(s.pending.size());
     int64_t* o[64];
     int64_t v[64];
+    RawChunk::CatFacts& facts = out.cat_facts;
+    const bool whole = out.cat_offsets[0].size() == 1;  // no row before the pending ones
+    const int64_t words = (n + 63) / 64;
+    if (whole) {
+      const uint64_t all = num_cat_ == 64 ? ~uint64_t{0} : (uint64_t{1} << num_cat_) - 1;
+      facts.rows = n;
+      facts.narrow = all & ~s.wide;
+      facts.counts.resize(static_cast<size_t>(num_cat_));
+      facts.present.resize(static_cast<size_t>(num_cat_ * words));
+    } else {
+      facts.clear();
+    }
+    s.wide = 0;
     for (int c = 0; c < num_cat_; ++c) {
       auto& off = out.cat_offsets[c];
       const size_t base = off.size();
@@ -348,6 +368,8 @@ class LineParser {
       std::copy(w + r0, w + r0 + m, block);
       std::fill(block + m, block + 64, uint64_t{0});
       transpose64(block);  // block[c]: bit r = row r0 + r has a value in column c
+      if (whole)
+        for (int c = 0; c < num_cat_; ++c) facts.present[c * words + r0 / 64] = block[c];
       for (int c = 0; c < num_cat_; ++c) {
         int64_t* dst = o[c] + r0;
         int64_t at = v[c];
@@ -361,6 +383,8 @@ class LineParser {
         v[c] = at;
       }
     }
+    if (whole)
+      for (int c = 0; c < num_cat_; ++c) facts.counts[c] = v[c];  // the offsets start at 0
     s.pending.clear();
     s.pending_chunk = nullptr;
   }
@@ -441,7 +465,10 @@ class LineParser {
             }
             if (q - p > 16 || (q < e && *q != delim)) return rollback(out);
             out.cat_values[t.index].push_back(v);
-            if constexpr (kDeferred) got |= uint64_t{1} << t.index;
+            if constexpr (kDeferred) {
+              got |= uint64_t{1} << t.index;
+              if (v >> 32) s->wide |= uint64_t{1} << t.index;
+            }
             break;
           }
           if constexpr (kDeferred) return rollback(out);  // not a deferred layout: never here

@@ -109,6 +109,59 @@ TEST(KeptChunkTest, UnpackGivesTheRowsBackBitForBit) {
   }
 }
 
+// make_chunk without its multi-hot column (at most one value per row everywhere), with the
+// facts a parser would record (io::RawChunk::CatFacts) from its offsets; `narrow`: the bits.
+io::RawChunk with_facts(int64_t rows, uint64_t seed, uint64_t narrow) {
+  io::RawChunk c = make_chunk(rows, true, seed);
+  c.cat_values.erase(c.cat_values.begin() + 3);
+  c.cat_offsets.erase(c.cat_offsets.begin() + 3);
+  c.num_cat = 4;
+  const int64_t words = (rows + 63) / 64;
+  c.cat_facts.rows = rows;
+  c.cat_facts.narrow = narrow;
+  c.cat_facts.counts.assign(4, 0);
+  c.cat_facts.present.assign(static_cast<size_t>(4 * words), 0);
+  for (int t = 0; t < 4; ++t) {
+    c.cat_facts.counts[t] = static_cast<int64_t>(c.cat_values[t].size());
+    for (int64_t r = 0; r < rows; ++r)
+      if (c.cat_offsets[t][r + 1] > c.cat_offsets[t][r])
+        c.cat_facts.present[t * words + r / 64] |= uint64_t{1} << (r % 64);
+  }
+  return c;
+}
+
+// keep() of a whole chunk takes a narrow column's bitmap from the parser's facts instead of
+// its offsets: the same bytes kept and the same rows back as without them (the column with a
+// value >= 2^32, 2, not narrow there, is kept wide as before); a part of the chunk, or a chunk
+// cut after parsing, is kept from its offsets. unpack() into a chunk that had facts leaves none.
+TEST(KeptChunkTest, ParserFactsGiveTheSameKeptRows) {
+  KeptArena arena;
+  for (int64_t rows : {1, 63, 64, 65, 4096, 5000}) {
+    io::RawChunk c = with_facts(rows, 11 + rows, 0b1011);
+    ASSERT_NE(c.facts(), nullptr);
+    io::RawChunk plain = c;
+    plain.cat_facts.clear();
+    ASSERT_EQ(plain.facts(), nullptr);
+    const KeptChunk k = KeptChunk::keep(c, 0, rows, arena);
+    const KeptChunk p = KeptChunk::keep(plain, 0, rows, arena);
+    EXPECT_EQ(k.bytes(), p.bytes()) << rows;
+    io::RawChunk out = c;  // has facts, which unpack must clear
+    k.unpack(out);
+    expect_same(out, plain);
+    EXPECT_EQ(out.facts(), nullptr);
+    if (rows > 2) {
+      KeptChunk part = KeptChunk::keep(c, 1, rows - 1, arena);
+      part.unpack(out);
+      expect_same(out, rows_of(plain, 1, rows - 1));
+      io::RawChunk cut = rows_of(c, 0, rows - 1);
+      cut.cat_facts = c.cat_facts;  // stale: one row fewer
+      EXPECT_EQ(cut.facts(), nullptr);
+      KeptChunk::keep(cut, 0, rows - 1, arena).unpack(out);
+      expect_same(out, rows_of(plain, 0, rows - 1));
+    }
+  }
+}
+
 TEST(KeptChunkTest, NarrowColumnsTakeFourBytesPerValue) {
   // Criteo-like: 1 byte per label, 4 per dense value, 4 per key, a bitmap where values miss.
   io::RawChunk c;

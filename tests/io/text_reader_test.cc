@@ -597,6 +597,74 @@ TEST(TextParse, DeferredOffsetsMatchLineByLine) {
   EXPECT_EQ(want.cat_offsets, offsets);
 }
 
+// A chunk of fast-path lines only gets RawChunk::CatFacts from finish(): each column's count,
+// its presence bits (bit r: row r has a value, over several 64-row words and a partial one) and
+// the narrow columns (a key of 2^32 or more clears a column's bit, also one of a line rolled
+// back after it). A line of the general path, a cut or reset() leave no facts to use.
+TEST(TextParse, FinishRecordsTheFactsOfAFastPathChunk) {
+  const Schema s = Schema::criteo();
+  const std::vector<int> map = field_mapping(s, "", "x");
+  text_detail::LineParser parser(s, map);
+  ASSERT_TRUE(parser.deferred_offsets());
+  RawChunk chunk;
+  chunk.reset(s.num_dense(), s.num_cat());
+  text_detail::LineParser::Scratch scratch;
+  text_detail::LineError err;
+  const int rows = 200;
+  for (int i = 0; i < rows + 1; ++i) {
+    std::vector<std::string> cats(26);
+    for (int c = 0; c < 26; ++c) {
+      if ((i + c) % (c % 5 + 2) == 0) continue;  // missing
+      char buf[32];
+      std::snprintf(buf, sizeof buf, c == 3 ? "%x" : "%08x", static_cast<unsigned>(i * 977 + c));
+      cats[c] = buf;
+    }
+    if (i == 70) cats[5] = "123456789";   // 9 digits: column 5 is wide
+    if (i == 120) cats[9] = "ffffffff";   // the largest narrow key
+    if (i == rows) {                      // a wide key in column 7, then a bad key: rolled back
+      cats[7] = "abcdef012";
+      cats[20] = "zz";
+    }
+    const std::string l = criteo_line("1", {std::to_string(i)}, cats);
+    ASSERT_EQ(parser.parse(l.data(), l.data() + l.size(), chunk, scratch, err), i < rows) << i;
+    if (i == 10) EXPECT_EQ(chunk.facts(), nullptr);  // not before finish()
+  }
+  parser.finish(chunk, scratch);  // (the bad line's general parse finished the rows already)
+  const RawChunk::CatFacts* f = chunk.facts();
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->rows, rows);
+  const int64_t words = (rows + 63) / 64;
+  for (int c = 0; c < 26; ++c) {
+    EXPECT_EQ(f->counts[c], static_cast<int64_t>(chunk.cat_values[c].size())) << c;
+    for (int64_t r = 0; r < words * 64; ++r) {
+      const bool has = r < rows && chunk.cat_offsets[c][r + 1] > chunk.cat_offsets[c][r];
+      ASSERT_EQ((f->present[c * words + r / 64] >> (r % 64)) & 1, has ? 1u : 0u) << c << " " << r;
+    }
+    EXPECT_EQ((f->narrow >> c) & 1, c == 5 || c == 7 ? 0u : 1u) << c;
+  }
+  RawChunk copy = chunk;
+  EXPECT_NE(copy.facts(), nullptr);
+  copy.rows -= 1;  // a cut
+  EXPECT_EQ(copy.facts(), nullptr);
+  copy = chunk;
+  copy.cat_values[4].pop_back();  // a count that no longer matches
+  EXPECT_EQ(copy.facts(), nullptr);
+  copy.reset(s.num_dense(), s.num_cat());
+  EXPECT_EQ(copy.facts(), nullptr);
+
+  // A general-path line (a decimal) after the fast ones: the chunk's facts no longer hold, and
+  // a later finish() over fast lines that do not start the chunk records none.
+  std::vector<std::string> cats(26, "0000abcd");
+  const std::string general = criteo_line("0", {"2.5"}, cats);
+  const std::string fast = criteo_line("0", {"2"}, cats);
+  ASSERT_TRUE(parser.parse(general.data(), general.data() + general.size(), chunk, scratch, err));
+  EXPECT_EQ(chunk.facts(), nullptr);
+  ASSERT_TRUE(parser.parse(fast.data(), fast.data() + fast.size(), chunk, scratch, err));
+  parser.finish(chunk, scratch);
+  EXPECT_EQ(chunk.rows, rows + 2);
+  EXPECT_EQ(chunk.facts(), nullptr);
+}
+
 // A layout whose rows may hold several values in a column (multi-hot) keeps the offsets as
 // it goes; rows left pending for one chunk are refused for another, and finish() refuses a
 // chunk that is not theirs or whose row count no longer fits them.
