@@ -55,6 +55,8 @@ void PlannerOptions::validate() const {
   DLREC_CHECK(batch_per_rank >= 0, "sharding: batch_per_rank must be >= 0");
   DLREC_CHECK(replicate_max_bytes >= 0, "sharding: replicate_max_bytes must be >= 0");
   DLREC_CHECK(min_column_dim >= 1, "sharding: min_column_dim must be >= 1");
+  for (int b : {exchange_value_bytes, exchange_grad_bytes, replica_reduce_bytes})
+    DLREC_CHECK(b == 2 || b == 4, "sharding: bytes per exchanged value must be 2 or 4, got ", b);
   DLREC_CHECK(max_memory_imbalance >= 1, "sharding: max_memory_imbalance must be >= 1, got ",
               max_memory_imbalance);
   DLREC_CHECK(usable_per_rank() > 0, "sharding: nothing is left for tables on a rank: ",
@@ -616,7 +618,7 @@ ReplicationCost replication_cost(const TableSpec& t, const PlannerOptions& o) {
   const double G = n * static_cast<double>(std::max<int64_t>(o.batch_per_rank, 1));
   const double dim = static_cast<double>(t.dim);
   ReplicationCost c;
-  c.all_reduce = 2 * part * static_cast<double>(t.rows) * dim * 4;
+  c.all_reduce = 2 * part * static_cast<double>(t.rows) * dim * o.replica_reduce_bytes;
   c.exchange = part * G * dim * (o.exchange_value_bytes + o.exchange_grad_bytes);
   return c;
 }
@@ -660,9 +662,10 @@ void print_plan(const Plan& plan, const std::vector<TableSpec>& tables, std::ost
 }
 
 Plan plan_gpu_tables(const std::vector<TableSpec>& tables, PlannerOptions o, const GpuMemory& m) {
-  // Replicas all-reduce a dense f32 gradient (held beside the table): auto is the cost rule.
+  // Replicas all-reduce a dense gradient (f32, held beside the table; a 16-bit copy of it in
+  // bf16 runs): auto is the cost rule.
   o.replicate_by_cost = o.replicate_auto;
-  o.replica_grad_bytes = 4;
+  o.replica_grad_bytes = o.replica_reduce_bytes == 4 ? 4 : 4 + o.replica_reduce_bytes;
   o.max_memory_imbalance = std::numeric_limits<double>::max();
   o.min_column_dim = int64_t{1} << 40;  // splits to fit are row-wise (no column-wise on GPUs)
   o.auto_hybrid = false;                // not on the GPUs yet

@@ -308,7 +308,9 @@ const std::vector<int64_t> kKaggle = {
 // replicate "auto" on the GPUs: a table is replicated when the all-reduce of its dense f32
 // gradient, 2 (N - 1) / N x rows x dim x 4 bytes, is less than its exchange through the owner,
 // (N - 1) / N x N x B x dim x (value + gradient bytes): at 55,296 rows per GPU in bf16 that is
-// below 55,296 rows on 2 GPUs and 110,592 on 4 (fp32 exchanges 4 + 4 bytes: 110,592 on 2).
+// below 55,296 rows on 2 GPUs and 110,592 on 4 (fp32 exchanges 4 + 4 bytes: 110,592 on 2); with
+// the replicas' all-reduce in bf16 too (replica_reduce_bytes 2, what a bf16 run plans with),
+// below 110,592 and 221,184.
 TEST(ShardPlannerGpu, ReplicatesTablesWhoseAllReduceCostsLessThanTheExchange) {
   std::vector<TableSpec> specs;
   for (size_t i = 0; i < kKaggle.size(); ++i) {
@@ -319,14 +321,19 @@ TEST(ShardPlannerGpu, ReplicatesTablesWhoseAllReduceCostsLessThanTheExchange) {
     specs.push_back(s);
   }
   struct Case {
-    int ranks, bytes;
+    int ranks, bytes, reduce_bytes;
     int64_t below;
     int replicated;
   };
-  for (const Case& c : {Case{2, 2, 55296, 18}, Case{4, 2, 110592, 19}, Case{2, 4, 110592, 19}}) {
+  // reduce_bytes 2: a bf16 run's replicas all-reduce in bf16, so tables twice the rows replicate
+  // (2 GPUs: emb.9's 93,145 rows too; 4 GPUs: emb.25's 142,572 too).
+  for (const Case& c : {Case{2, 2, 4, 55296, 18}, Case{4, 2, 4, 110592, 19},
+                        Case{2, 4, 4, 110592, 19}, Case{2, 2, 2, 110592, 19},
+                        Case{4, 2, 2, 221184, 20}}) {
     PlannerOptions o = options(c.ranks, kH100);
     o.batch_per_rank = 55296;
     o.exchange_value_bytes = o.exchange_grad_bytes = c.bytes;
+    o.replica_reduce_bytes = c.reduce_bytes;
     const Plan p = plan_gpu_tables(specs, o, GpuMemory{});
     check_plan(p, specs, o);
     int replicated = 0;
@@ -342,8 +349,8 @@ TEST(ShardPlannerGpu, ReplicatesTablesWhoseAllReduceCostsLessThanTheExchange) {
       ++replicated;
       EXPECT_NE(tp.why.find("gradient all-reduce"), std::string::npos) << tp.why;
       ASSERT_EQ(static_cast<int>(tp.shards.size()), c.ranks);
-      for (const Shard& sh : tp.shards)  // values + the dense f32 gradient on every GPU
-        EXPECT_EQ(sh.bytes, specs[t].rows * 128 * (4 + 4));
+      for (const Shard& sh : tp.shards)  // values + the dense f32 gradient (+ its bf16 copy)
+        EXPECT_EQ(sh.bytes, specs[t].rows * 128 * (4 + 4 + (c.reduce_bytes == 2 ? 2 : 0)));
     }
     EXPECT_EQ(replicated, c.replicated);
     std::ostringstream os;
@@ -358,6 +365,12 @@ TEST(ShardPlannerGpu, ReplicatesTablesWhoseAllReduceCostsLessThanTheExchange) {
   const ReplicationCost c = replication_cost(specs[6], o);
   EXPECT_DOUBLE_EQ(c.all_reduce, 12517.0 * 128 * 4);
   EXPECT_DOUBLE_EQ(c.exchange, 0.5 * 110592 * 128 * 4);
+  o.replica_reduce_bytes = 2;  // the bf16 all-reduce halves the left side
+  EXPECT_DOUBLE_EQ(replication_cost(specs[6], o).all_reduce, 12517.0 * 128 * 2);
+  o.replica_reduce_bytes = 3;
+  expect_error([&] { plan_gpu_tables(specs, o, GpuMemory{}); },
+               {"bytes per exchanged value must be 2 or 4, got 3"});
+  o.replica_reduce_bytes = 4;
   // A size instead of auto: tables up to that many bytes (values + state), on the GPUs too.
   o.replicate_auto = false;
   o.replicate_max_bytes = 0;
