@@ -618,7 +618,10 @@ ReplicationCost replication_cost(const TableSpec& t, const PlannerOptions& o) {
   const double G = n * static_cast<double>(std::max<int64_t>(o.batch_per_rank, 1));
   const double dim = static_cast<double>(t.dim);
   ReplicationCost c;
-  c.all_reduce = 2 * part * static_cast<double>(t.rows) * dim * o.replica_reduce_bytes;
+  // Priced at 4 bytes per value in every precision: a bf16 run's all-reduce sends 2, but each
+  // GPU's dense pass over the replica (rounding, the update) costs about that again (measured,
+  // bench/RESULTS.md: replicating the tables the 2-byte rule adds made the step slower).
+  c.all_reduce = 2 * part * static_cast<double>(t.rows) * dim * 4;
   c.exchange = part * G * dim * (o.exchange_value_bytes + o.exchange_grad_bytes);
   return c;
 }

@@ -308,9 +308,9 @@ const std::vector<int64_t> kKaggle = {
 // replicate "auto" on the GPUs: a table is replicated when the all-reduce of its dense f32
 // gradient, 2 (N - 1) / N x rows x dim x 4 bytes, is less than its exchange through the owner,
 // (N - 1) / N x N x B x dim x (value + gradient bytes): at 55,296 rows per GPU in bf16 that is
-// below 55,296 rows on 2 GPUs and 110,592 on 4 (fp32 exchanges 4 + 4 bytes: 110,592 on 2); with
-// the replicas' all-reduce in bf16 too (replica_reduce_bytes 2, what a bf16 run plans with),
-// below 110,592 and 221,184.
+// below 55,296 rows on 2 GPUs and 110,592 on 4 (fp32 exchanges 4 + 4 bytes: 110,592 on 2); the
+// same with the replicas' all-reduce in bf16 (replica_reduce_bytes 2, what a bf16 run plans
+// with: priced at 4 bytes a value).
 TEST(ShardPlannerGpu, ReplicatesTablesWhoseAllReduceCostsLessThanTheExchange) {
   std::vector<TableSpec> specs;
   for (size_t i = 0; i < kKaggle.size(); ++i) {
@@ -325,11 +325,11 @@ TEST(ShardPlannerGpu, ReplicatesTablesWhoseAllReduceCostsLessThanTheExchange) {
     int64_t below;
     int replicated;
   };
-  // reduce_bytes 2: a bf16 run's replicas all-reduce in bf16, so tables twice the rows replicate
-  // (2 GPUs: emb.9's 93,145 rows too; 4 GPUs: emb.25's 142,572 too).
+  // reduce_bytes 2: a bf16 run's replicas all-reduce in bf16; the rule prices them as before
+  // (the same tables), their memory counts the 16-bit copy.
   for (const Case& c : {Case{2, 2, 4, 55296, 18}, Case{4, 2, 4, 110592, 19},
-                        Case{2, 4, 4, 110592, 19}, Case{2, 2, 2, 110592, 19},
-                        Case{4, 2, 2, 221184, 20}}) {
+                        Case{2, 4, 4, 110592, 19}, Case{2, 2, 2, 55296, 18},
+                        Case{4, 2, 2, 110592, 19}}) {
     PlannerOptions o = options(c.ranks, kH100);
     o.batch_per_rank = 55296;
     o.exchange_value_bytes = o.exchange_grad_bytes = c.bytes;
@@ -365,8 +365,8 @@ TEST(ShardPlannerGpu, ReplicatesTablesWhoseAllReduceCostsLessThanTheExchange) {
   const ReplicationCost c = replication_cost(specs[6], o);
   EXPECT_DOUBLE_EQ(c.all_reduce, 12517.0 * 128 * 4);
   EXPECT_DOUBLE_EQ(c.exchange, 0.5 * 110592 * 128 * 4);
-  o.replica_reduce_bytes = 2;  // the bf16 all-reduce halves the left side
-  EXPECT_DOUBLE_EQ(replication_cost(specs[6], o).all_reduce, 12517.0 * 128 * 2);
+  o.replica_reduce_bytes = 2;  // the bf16 all-reduce: priced as f32 (its dense pass)
+  EXPECT_DOUBLE_EQ(replication_cost(specs[6], o).all_reduce, 12517.0 * 128 * 4);
   o.replica_reduce_bytes = 3;
   expect_error([&] { plan_gpu_tables(specs, o, GpuMemory{}); },
                {"bytes per exchanged value must be 2 or 4, got 3"});

@@ -112,7 +112,8 @@ struct PlannerOptions {
   bool replicate_by_cost = false;  // the cost rule (plan_gpu_tables sets it for auto)
   // The table-wise exchange's bytes per value of the pooled rows and of their gradients (the
   // GPUs: 2 and 2 in bf16/fp16 runs, 4 and 4 in fp32), the bytes per value of the replicas'
-  // gradient all-reduce (the GPUs: 2 in bf16 runs, 4 in fp32) and the bytes per value a replica
+  // gradient all-reduce (the GPUs: 2 in bf16 runs, 4 in fp32; the memory of the 16-bit copy:
+  // the cost rule prices 4 either way, see replication_cost) and the bytes per value a replica
   // holds beside its values and state (plan_gpu_tables: its dense f32 gradient, 4, and in 16-bit
   // runs the rounded copy that is all-reduced, 2 more).
   int exchange_value_bytes = 4, exchange_grad_bytes = 4, replica_reduce_bytes = 4;
@@ -189,8 +190,10 @@ struct Plan {
 Plan plan_sharding(const std::vector<TableSpec>& tables, const PlannerOptions& options);
 
 // The cost rule's two sides for one table, in bytes per step: the ring all-reduce of its dense
-// gradient, 2 (N - 1) / N x rows x dim x replica_reduce_bytes (what each rank sends; 4: f32, 2:
-// the bf16 all-reduce of a bf16 run), against the table-wise
+// gradient, 2 (N - 1) / N x rows x dim x 4 (what each rank sends in f32; a bf16 run's all-reduce
+// sends half that, but every GPU's dense pass over the replica costs about as much again:
+// measured, bench/RESULTS.md issue 18, so it is priced at 4 in every precision), against the
+// table-wise
 // exchange through its owner, (N - 1) / N x G x dim x (exchange_value_bytes +
 // exchange_grad_bytes) (G = N x batch_per_rank: the pooled rows it sends forward plus the
 // gradients it receives backward; one pooled row per sample and table, whatever the ids per
