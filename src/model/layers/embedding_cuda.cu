@@ -303,12 +303,6 @@ class EmbeddingNode final : public Node {
       if (e.dp.table_owner[t] == dp::kReplicatedOwner) rp_mine_.push_back(t);
     rp_K_ = static_cast<int64_t>(rp_mine_.size());
     if (rp_K_ == 0) return;
-    if (!rp_st_) {
-      const int dev = e.dev.index;
-      rp_st_ = gpu::Stream(dev, gpu::DeviceResources::get(dev)->greatest_priority());
-      rp_fork_ = gpu::Event(dev);
-      rp_joined_ = gpu::Event(dev);
-    }
     int64_t total = 0;
     for (int64_t t : rp_mine_) total += ts_.rows[t] * dim;
     rp_grad_ = e.buf({total}, DType::F32);  // zero: dense_update keeps it so between steps
@@ -397,10 +391,8 @@ class EmbeddingNode final : public Node {
                        static_cast<const uint32_t*>(rp_keys_.raw()), e.B, rp_nnz_, ts_.key_bits,
                        rp_scratch_, e.st);
   }
-  // This rank's dense gradient of the replicated tables (on rp_st_, beside the table-wise
-  // pack); the all-reduce that sums it over the ranks is forked (rp_done_) onto the dense
-  // communicator where there is one (not queued behind the gradient all-to-all),
-  // replicated_apply joins it and applies it.
+  // This rank's dense gradient of the replicated tables; the all-reduce that sums it over the
+  // ranks is forked (rp_done_), replicated_apply joins it and applies it.
   template <class S>
   void replicated_grads(Engine& e, const S* grad, int64_t ld) {
     if (e.B > 0 && rp_nnz_ > 0) {
@@ -415,20 +407,12 @@ class EmbeddingNode final : public Node {
       with_half(xdt_, [&](auto* h) {
         dp::round_dense(rp_grad_.data<float>(), static_cast<decltype(h)>(x.raw()), x.numel(), e.st);
       });
-    auto f = [&](dist::Communicator& c) {
+    e.comm_fork("replicas all-reduce", rp_done_, [&](dist::Communicator& c) {
       c.all_reduce(x.raw(), x.numel(), dist::elem_of(xdt_));
-    };
-    if (!e.dp.dcomm) return e.comm_fork("replicas all-reduce", rp_done_, f);
-    DLREC_CUDA_CHECK(cudaEventRecord(e.dp.to_dcomm, e.st));  // Engine::comm_fork's, on dcomm
-    DLREC_CUDA_CHECK(cudaStreamWaitEvent(e.dp.dcst, e.dp.to_dcomm, 0));
-    if (e.mark_on) e.mark_on("> replicas all-reduce", e.dp.dcst);
-    f(*e.dp.dcomm);
-    if (e.mark_on) e.mark_on("< replicas all-reduce", e.dp.dcst);
-    DLREC_CUDA_CHECK(cudaEventRecord(rp_done_, e.dp.dcst));
+    });
   }
   void replicated_apply(Engine& e) {
     const int64_t dim = ts_.dim;
-    e.comm_join(rp_joined_);  // the replicas' stream (backward_table_wise)
     e.comm_join(rp_done_);
     int64_t at = 0;
     for (int64_t t : rp_mine_) {
@@ -558,19 +542,9 @@ class EmbeddingNode final : public Node {
       using S = std::remove_pointer_t<decltype(s)>;
       using W = std::remove_pointer_t<decltype(w)>;
       const S* grad = static_cast<const S*>(gv.g.raw()) + col;
-      // Overlap: the replicas' local gradient on their stream beside the pack and the gradients'
-      // all-to-all, their all-reduce (dense communicator) beside the all-to-all and the owner's
-      // update (its ids were sorted in the forward).
+      // Overlap: the gradients' all-to-all first, the replicas' local gradient beside it, their
+      // all-reduce beside the owner's update (its ids were sorted in the forward).
       e.sub("emb bwd: (before)");
-      if (rp_K_ > 0) {  // the replicas' local gradient and all-reduce forked beside the pack
-        DLREC_CUDA_CHECK(cudaEventRecord(rp_fork_, e.st));
-        DLREC_CUDA_CHECK(cudaStreamWaitEvent(rp_st_, rp_fork_, 0));
-        cudaStream_t st = rp_st_;
-        std::swap(e.st, st);
-        replicated_grads(e, grad, gv.ld);
-        DLREC_CUDA_CHECK(cudaEventRecord(rp_joined_, e.st));
-        std::swap(e.st, st);
-      }
       if (has_tw_) {
         pack_grads(tw_layout_, e.B, grad, gv.ld, static_cast<W*>(tw_gsend_.raw()), e.st);
         e.sub("emb bwd: tw pack");
@@ -579,6 +553,7 @@ class EmbeddingNode final : public Node {
                          dist::elem_of(xdt_));
         });
       }
+      if (rp_K_ > 0) replicated_grads(e, grad, gv.ld);
       if (rw_K_ > 0) backward_row_wise<S, W>(e, grad, gv.ld);
       if (has_tw_) {
         e.comm_join(a2a_done_);
@@ -773,10 +748,6 @@ class EmbeddingNode final : public Node {
   // The forked collectives' ends (Engine::comm_fork): ids all-gather, an all-to-all, the
   // replicas' all-reduce.
   gpu::Event ids_done_, a2a_done_, rp_done_;
-  // The replicas' own stream in the backward (their local gradient beside the pack), its fork
-  // and join.
-  gpu::Stream rp_st_;
-  gpu::Event rp_fork_, rp_joined_;
 
   bool tw_ = false;
   DType xdt_ = DType::F32;         // the gradients' type in the exchange (alloc_table_wise)
