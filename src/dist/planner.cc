@@ -457,10 +457,10 @@ void choose_replicated(const std::vector<TableSpec>& specs, const PlannerOptions
       if (o.overrides.count(specs[t].name)) continue;
       const ReplicationCost c = replication_cost(specs[t], o);
       const int64_t need = specs[t].bytes() + o.replica_grad_bytes * specs[t].rows * specs[t].dim;
-      if (!(c.all_reduce < c.exchange) || taken + need > o.usable_per_rank() / 2) continue;
+      if (!(c.priced < c.exchange) || taken + need > o.usable_per_rank() / 2) continue;
       taken += need;
       (*rep)[t] = 1;
-      (*why)[t] = "gradient all-reduce " + format_bytes(c.all_reduce) + " < exchange " +
+      (*why)[t] = "gradient all-reduce " + format_bytes(c.priced) + " (as f32) < exchange " +
                   format_bytes(c.exchange) + " per step";
     }
   } else if (n > 1) {
@@ -618,10 +618,11 @@ ReplicationCost replication_cost(const TableSpec& t, const PlannerOptions& o) {
   const double G = n * static_cast<double>(std::max<int64_t>(o.batch_per_rank, 1));
   const double dim = static_cast<double>(t.dim);
   ReplicationCost c;
-  // Priced at 4 bytes per value in every precision: a bf16 run's all-reduce sends 2, but each
-  // GPU's dense pass over the replica (rounding, the update) costs about that again (measured,
-  // bench/RESULTS.md: replicating the tables the 2-byte rule adds made the step slower).
-  c.all_reduce = 2 * part * static_cast<double>(t.rows) * dim * 4;
+  // The rule prices 4 bytes per value in every precision: a bf16 run's all-reduce sends 2, but
+  // each GPU's dense pass over the replica (rounding, the update) costs about that again
+  // (measured, bench/RESULTS.md: replicating the tables the 2-byte rule adds was slower).
+  c.priced = 2 * part * static_cast<double>(t.rows) * dim * 4;
+  c.all_reduce = c.priced * o.replica_reduce_bytes / 4;
   c.exchange = part * G * dim * (o.exchange_value_bytes + o.exchange_grad_bytes);
   return c;
 }

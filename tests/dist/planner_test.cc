@@ -341,7 +341,8 @@ TEST(ShardPlannerGpu, ReplicatesTablesWhoseAllReduceCostsLessThanTheExchange) {
       const TablePlan& tp = p.tables[t];
       const ReplicationCost cost = replication_cost(specs[t], o);
       EXPECT_EQ(tp.kind == ShardingKind::Replicated, specs[t].rows < c.below) << tp.name;
-      EXPECT_EQ(tp.kind == ShardingKind::Replicated, cost.all_reduce < cost.exchange) << tp.name;
+      EXPECT_EQ(tp.kind == ShardingKind::Replicated, cost.priced < cost.exchange) << tp.name;
+      EXPECT_DOUBLE_EQ(cost.all_reduce, cost.priced * c.reduce_bytes / 4) << tp.name;
       if (tp.kind != ShardingKind::Replicated) {
         EXPECT_TRUE(tp.why.empty());
         continue;
@@ -364,9 +365,11 @@ TEST(ShardPlannerGpu, ReplicatesTablesWhoseAllReduceCostsLessThanTheExchange) {
   o.exchange_value_bytes = o.exchange_grad_bytes = 2;
   const ReplicationCost c = replication_cost(specs[6], o);
   EXPECT_DOUBLE_EQ(c.all_reduce, 12517.0 * 128 * 4);
+  EXPECT_DOUBLE_EQ(c.priced, 12517.0 * 128 * 4);
   EXPECT_DOUBLE_EQ(c.exchange, 0.5 * 110592 * 128 * 4);
   o.replica_reduce_bytes = 2;  // the bf16 all-reduce: priced as f32 (its dense pass)
-  EXPECT_DOUBLE_EQ(replication_cost(specs[6], o).all_reduce, 12517.0 * 128 * 4);
+  EXPECT_DOUBLE_EQ(replication_cost(specs[6], o).all_reduce, 12517.0 * 128 * 2);  // sent
+  EXPECT_DOUBLE_EQ(replication_cost(specs[6], o).priced, 12517.0 * 128 * 4);
   o.replica_reduce_bytes = 3;
   expect_error([&] { plan_gpu_tables(specs, o, GpuMemory{}); },
                {"bytes per exchanged value must be 2 or 4, got 3"});

@@ -192,15 +192,15 @@ Plan plan_sharding(const std::vector<TableSpec>& tables, const PlannerOptions& o
 // The cost rule's two sides for one table, in bytes per step: the ring all-reduce of its dense
 // gradient, 2 (N - 1) / N x rows x dim x 4 (what each rank sends in f32; a bf16 run's all-reduce
 // sends half that, but every GPU's dense pass over the replica costs about as much again:
-// measured, bench/RESULTS.md issue 18, so it is priced at 4 in every precision), against the
-// table-wise
+// measured, bench/RESULTS.md issue 18, so `priced` counts 4 in every precision and `all_reduce`
+// the bytes sent, replica_reduce_bytes a value), against the table-wise
 // exchange through its owner, (N - 1) / N x G x dim x (exchange_value_bytes +
 // exchange_grad_bytes) (G = N x batch_per_rank: the pooled rows it sends forward plus the
 // gradients it receives backward; one pooled row per sample and table, whatever the ids per
 // sample; the ids are all-gathered for every table either way). The rule replicates when
-// all_reduce < exchange.
+// priced < exchange.
 struct ReplicationCost {
-  double all_reduce = 0, exchange = 0;
+  double all_reduce = 0, exchange = 0, priced = 0;
 };
 ReplicationCost replication_cost(const TableSpec& table, const PlannerOptions& options);
 
