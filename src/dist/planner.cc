@@ -55,6 +55,8 @@ void PlannerOptions::validate() const {
   DLREC_CHECK(batch_per_rank >= 0, "sharding: batch_per_rank must be >= 0");
   DLREC_CHECK(replicate_max_bytes >= 0, "sharding: replicate_max_bytes must be >= 0");
   DLREC_CHECK(min_column_dim >= 1, "sharding: min_column_dim must be >= 1");
+  for (int b : {exchange_value_bytes, exchange_grad_bytes, replica_reduce_bytes})
+    DLREC_CHECK(b == 2 || b == 4, "sharding: bytes per exchanged value must be 2 or 4, got ", b);
   DLREC_CHECK(max_memory_imbalance >= 1, "sharding: max_memory_imbalance must be >= 1, got ",
               max_memory_imbalance);
   DLREC_CHECK(usable_per_rank() > 0, "sharding: nothing is left for tables on a rank: ",
@@ -455,10 +457,10 @@ void choose_replicated(const std::vector<TableSpec>& specs, const PlannerOptions
       if (o.overrides.count(specs[t].name)) continue;
       const ReplicationCost c = replication_cost(specs[t], o);
       const int64_t need = specs[t].bytes() + o.replica_grad_bytes * specs[t].rows * specs[t].dim;
-      if (!(c.all_reduce < c.exchange) || taken + need > o.usable_per_rank() / 2) continue;
+      if (!(c.priced < c.exchange) || taken + need > o.usable_per_rank() / 2) continue;
       taken += need;
       (*rep)[t] = 1;
-      (*why)[t] = "gradient all-reduce " + format_bytes(c.all_reduce) + " < exchange " +
+      (*why)[t] = "gradient all-reduce " + format_bytes(c.priced) + " (as f32) < exchange " +
                   format_bytes(c.exchange) + " per step";
     }
   } else if (n > 1) {
@@ -616,7 +618,11 @@ ReplicationCost replication_cost(const TableSpec& t, const PlannerOptions& o) {
   const double G = n * static_cast<double>(std::max<int64_t>(o.batch_per_rank, 1));
   const double dim = static_cast<double>(t.dim);
   ReplicationCost c;
-  c.all_reduce = 2 * part * static_cast<double>(t.rows) * dim * 4;
+  // The rule prices 4 bytes per value in every precision: a bf16 run's all-reduce sends 2, but
+  // each GPU's dense pass over the replica (rounding, the update) costs about that again
+  // (measured, bench/RESULTS.md: replicating the tables the 2-byte rule adds was slower).
+  c.priced = 2 * part * static_cast<double>(t.rows) * dim * 4;
+  c.all_reduce = c.priced * o.replica_reduce_bytes / 4;
   c.exchange = part * G * dim * (o.exchange_value_bytes + o.exchange_grad_bytes);
   return c;
 }
@@ -660,9 +666,10 @@ void print_plan(const Plan& plan, const std::vector<TableSpec>& tables, std::ost
 }
 
 Plan plan_gpu_tables(const std::vector<TableSpec>& tables, PlannerOptions o, const GpuMemory& m) {
-  // Replicas all-reduce a dense f32 gradient (held beside the table): auto is the cost rule.
+  // Replicas all-reduce a dense gradient (f32, held beside the table; a 16-bit copy of it in
+  // bf16 runs): auto is the cost rule.
   o.replicate_by_cost = o.replicate_auto;
-  o.replica_grad_bytes = 4;
+  o.replica_grad_bytes = o.replica_reduce_bytes == 4 ? 4 : 4 + o.replica_reduce_bytes;
   o.max_memory_imbalance = std::numeric_limits<double>::max();
   o.min_column_dim = int64_t{1} << 40;  // splits to fit are row-wise (no column-wise on GPUs)
   o.auto_hybrid = false;                // not on the GPUs yet

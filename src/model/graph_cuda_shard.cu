@@ -59,6 +59,7 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
   dist::PlannerOptions opts = options;
   opts.exchange_value_bytes = act;
   opts.exchange_grad_bytes = act;
+  opts.replica_reduce_bytes = act;  // the replicas' gradient all-reduce too (embedding_cuda.cu)
   mem.exchange_bytes = dist::gpu_exchange_bytes(n, options.batch_per_rank, T_, T_, dim,
                                                 T_ > 0 ? ids_total / T_ : 1.0, act, act);
   size_t free_b = 0, total_b = 0;

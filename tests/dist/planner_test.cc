@@ -308,7 +308,9 @@ const std::vector<int64_t> kKaggle = {
 // replicate "auto" on the GPUs: a table is replicated when the all-reduce of its dense f32
 // gradient, 2 (N - 1) / N x rows x dim x 4 bytes, is less than its exchange through the owner,
 // (N - 1) / N x N x B x dim x (value + gradient bytes): at 55,296 rows per GPU in bf16 that is
-// below 55,296 rows on 2 GPUs and 110,592 on 4 (fp32 exchanges 4 + 4 bytes: 110,592 on 2).
+// below 55,296 rows on 2 GPUs and 110,592 on 4 (fp32 exchanges 4 + 4 bytes: 110,592 on 2); the
+// same with the replicas' all-reduce in bf16 (replica_reduce_bytes 2, what a bf16 run plans
+// with: priced at 4 bytes a value).
 TEST(ShardPlannerGpu, ReplicatesTablesWhoseAllReduceCostsLessThanTheExchange) {
   std::vector<TableSpec> specs;
   for (size_t i = 0; i < kKaggle.size(); ++i) {
@@ -319,14 +321,19 @@ TEST(ShardPlannerGpu, ReplicatesTablesWhoseAllReduceCostsLessThanTheExchange) {
     specs.push_back(s);
   }
   struct Case {
-    int ranks, bytes;
+    int ranks, bytes, reduce_bytes;
     int64_t below;
     int replicated;
   };
-  for (const Case& c : {Case{2, 2, 55296, 18}, Case{4, 2, 110592, 19}, Case{2, 4, 110592, 19}}) {
+  // reduce_bytes 2: a bf16 run's replicas all-reduce in bf16; the rule prices them as before
+  // (the same tables), their memory counts the 16-bit copy.
+  for (const Case& c : {Case{2, 2, 4, 55296, 18}, Case{4, 2, 4, 110592, 19},
+                        Case{2, 4, 4, 110592, 19}, Case{2, 2, 2, 55296, 18},
+                        Case{4, 2, 2, 110592, 19}}) {
     PlannerOptions o = options(c.ranks, kH100);
     o.batch_per_rank = 55296;
     o.exchange_value_bytes = o.exchange_grad_bytes = c.bytes;
+    o.replica_reduce_bytes = c.reduce_bytes;
     const Plan p = plan_gpu_tables(specs, o, GpuMemory{});
     check_plan(p, specs, o);
     int replicated = 0;
@@ -334,7 +341,8 @@ TEST(ShardPlannerGpu, ReplicatesTablesWhoseAllReduceCostsLessThanTheExchange) {
       const TablePlan& tp = p.tables[t];
       const ReplicationCost cost = replication_cost(specs[t], o);
       EXPECT_EQ(tp.kind == ShardingKind::Replicated, specs[t].rows < c.below) << tp.name;
-      EXPECT_EQ(tp.kind == ShardingKind::Replicated, cost.all_reduce < cost.exchange) << tp.name;
+      EXPECT_EQ(tp.kind == ShardingKind::Replicated, cost.priced < cost.exchange) << tp.name;
+      EXPECT_DOUBLE_EQ(cost.all_reduce, cost.priced * c.reduce_bytes / 4) << tp.name;
       if (tp.kind != ShardingKind::Replicated) {
         EXPECT_TRUE(tp.why.empty());
         continue;
@@ -342,8 +350,8 @@ TEST(ShardPlannerGpu, ReplicatesTablesWhoseAllReduceCostsLessThanTheExchange) {
       ++replicated;
       EXPECT_NE(tp.why.find("gradient all-reduce"), std::string::npos) << tp.why;
       ASSERT_EQ(static_cast<int>(tp.shards.size()), c.ranks);
-      for (const Shard& sh : tp.shards)  // values + the dense f32 gradient on every GPU
-        EXPECT_EQ(sh.bytes, specs[t].rows * 128 * (4 + 4));
+      for (const Shard& sh : tp.shards)  // values + the dense f32 gradient (+ its bf16 copy)
+        EXPECT_EQ(sh.bytes, specs[t].rows * 128 * (4 + 4 + (c.reduce_bytes == 2 ? 2 : 0)));
     }
     EXPECT_EQ(replicated, c.replicated);
     std::ostringstream os;
@@ -357,7 +365,15 @@ TEST(ShardPlannerGpu, ReplicatesTablesWhoseAllReduceCostsLessThanTheExchange) {
   o.exchange_value_bytes = o.exchange_grad_bytes = 2;
   const ReplicationCost c = replication_cost(specs[6], o);
   EXPECT_DOUBLE_EQ(c.all_reduce, 12517.0 * 128 * 4);
+  EXPECT_DOUBLE_EQ(c.priced, 12517.0 * 128 * 4);
   EXPECT_DOUBLE_EQ(c.exchange, 0.5 * 110592 * 128 * 4);
+  o.replica_reduce_bytes = 2;  // the bf16 all-reduce: priced as f32 (its dense pass)
+  EXPECT_DOUBLE_EQ(replication_cost(specs[6], o).all_reduce, 12517.0 * 128 * 2);  // sent
+  EXPECT_DOUBLE_EQ(replication_cost(specs[6], o).priced, 12517.0 * 128 * 4);
+  o.replica_reduce_bytes = 3;
+  expect_error([&] { plan_gpu_tables(specs, o, GpuMemory{}); },
+               {"bytes per exchanged value must be 2 or 4, got 3"});
+  o.replica_reduce_bytes = 4;
   // A size instead of auto: tables up to that many bytes (values + state), on the GPUs too.
   o.replicate_auto = false;
   o.replicate_max_bytes = 0;

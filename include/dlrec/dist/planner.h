@@ -111,9 +111,12 @@ struct PlannerOptions {
   int64_t replicate_max_bytes = int64_t{1} << 20;
   bool replicate_by_cost = false;  // the cost rule (plan_gpu_tables sets it for auto)
   // The table-wise exchange's bytes per value of the pooled rows and of their gradients (the
-  // GPUs: 2 and 2 in bf16/fp16 runs, 4 and 4 in fp32) and the bytes per value a replica holds
-  // beside its values and state (the GPUs: its dense f32 gradient, 4).
-  int exchange_value_bytes = 4, exchange_grad_bytes = 4;
+  // GPUs: 2 and 2 in bf16/fp16 runs, 4 and 4 in fp32), the bytes per value of the replicas'
+  // gradient all-reduce (the GPUs: 2 in bf16 runs, 4 in fp32; the memory of the 16-bit copy:
+  // the cost rule prices 4 either way, see replication_cost) and the bytes per value a replica
+  // holds beside its values and state (plan_gpu_tables: its dense f32 gradient, 4, and in 16-bit
+  // runs the rounded copy that is all-reduced, 2 more).
+  int exchange_value_bytes = 4, exchange_grad_bytes = 4, replica_reduce_bytes = 4;
   int64_t replica_grad_bytes = 0;
   int64_t min_column_dim = 32;  // narrowest column shard of an auto split
   // Step 6 of the planner: the fullest rank may hold this many times the mean table bytes
@@ -187,14 +190,17 @@ struct Plan {
 Plan plan_sharding(const std::vector<TableSpec>& tables, const PlannerOptions& options);
 
 // The cost rule's two sides for one table, in bytes per step: the ring all-reduce of its dense
-// f32 gradient, 2 (N - 1) / N x rows x dim x 4 (what each rank sends), against the table-wise
+// gradient, 2 (N - 1) / N x rows x dim x 4 (what each rank sends in f32; a bf16 run's all-reduce
+// sends half that, but every GPU's dense pass over the replica costs about as much again:
+// measured, bench/RESULTS.md issue 18, so `priced` counts 4 in every precision and `all_reduce`
+// the bytes sent, replica_reduce_bytes a value), against the table-wise
 // exchange through its owner, (N - 1) / N x G x dim x (exchange_value_bytes +
 // exchange_grad_bytes) (G = N x batch_per_rank: the pooled rows it sends forward plus the
 // gradients it receives backward; one pooled row per sample and table, whatever the ids per
 // sample; the ids are all-gathered for every table either way). The rule replicates when
-// all_reduce < exchange.
+// priced < exchange.
 struct ReplicationCost {
-  double all_reduce = 0, exchange = 0;
+  double all_reduce = 0, exchange = 0, priced = 0;
 };
 ReplicationCost replication_cost(const TableSpec& table, const PlannerOptions& options);
 
@@ -247,7 +253,8 @@ void print_hybrid_tables(const Plan& plan, std::ostream& os);
 // Row-wise tables (an automatic split to fit, or the config's "row_wise") are split into
 // contiguous row ranges, GPU r holding rows [rows * r / N, rows * (r + 1) / N) of the table and
 // one zero row; column-wise overrides are errors. A replica counts its dense f32 gradient
-// buffer (replica_grad_bytes = 4) beside its values and state.
+// buffer (replica_grad_bytes = 4; 6 with replica_reduce_bytes = 2: the 16-bit copy too) beside
+// its values and state.
 struct GpuMemory {
   int64_t free_bytes = 0;
   int64_t dense_bytes = 0;

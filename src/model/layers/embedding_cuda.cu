@@ -291,10 +291,11 @@ class EmbeddingNode final : public Node {
   // initialisation, the same updates). Forward: each rank pools its own rows' bags of these
   // tables (no exchange). Backward: each rank turns its rows' pooled gradients into the table's
   // dense f32 gradient (the fused update's SGD with lr -1 on a zeroed gradient table: the same
-  // de-duplicated, deterministic sums), one all-reduce sums them over the ranks, and every rank
-  // applies the optimizer to the elements with a gradient (dp::dense_update, which zeroes the
-  // gradient again). Costs 2 (N - 1) / N x rows x dim x 4 bytes per rank and step instead of the
-  // exchange of B x dim pooled rows and gradients: the planner's cost rule picks these tables.
+  // de-duplicated, deterministic sums; a bf16 run rounds it to bf16, dp::round_dense), one
+  // all-reduce sums them over the ranks, and every rank applies the optimizer to the elements
+  // with a gradient (dp::dense_update; the f32 gradient is zero again for the next step). Costs
+  // 2 (N - 1) / N x rows x dim x 4 (bf16: 2) bytes per rank and step instead of the exchange of
+  // B x dim pooled rows and gradients: the planner's cost rule picks these tables.
   void alloc_replicated(Engine& e, int64_t max_nnz) {
     const int64_t T = ts_.tab.num_tables, dim = ts_.dim;
     rp_mine_.clear();
@@ -305,6 +306,7 @@ class EmbeddingNode final : public Node {
     int64_t total = 0;
     for (int64_t t : rp_mine_) total += ts_.rows[t] * dim;
     rp_grad_ = e.buf({total}, DType::F32);  // zero: dense_update keeps it so between steps
+    if (is_half(xdt_)) rp_grad16_ = Tensor::empty({total}, xdt_, e.dev);  // all-reduced in 16 bits
     std::vector<int32_t> table, first, count, index;
     std::vector<float*> wp, sp, gp;
     std::vector<uint32_t> base;
@@ -400,8 +402,13 @@ class EmbeddingNode final : public Node {
                          rp_minus_one_.data<float>(), 0.f, rp_scratch_, e.st, nullptr);
     }
     e.sub("emb bwd: rp local grads");
+    Tensor& x = is_half(xdt_) ? rp_grad16_ : rp_grad_;
+    if (is_half(xdt_))
+      with_half(xdt_, [&](auto* h) {
+        dp::round_dense(rp_grad_.data<float>(), static_cast<decltype(h)>(x.raw()), x.numel(), e.st);
+      });
     e.comm_fork("replicas all-reduce", rp_done_, [&](dist::Communicator& c) {
-      c.all_reduce(rp_grad_.raw(), rp_grad_.numel(), dist::Elem::F32);
+      c.all_reduce(x.raw(), x.numel(), dist::elem_of(xdt_));
     });
   }
   void replicated_apply(Engine& e) {
@@ -410,9 +417,15 @@ class EmbeddingNode final : public Node {
     int64_t at = 0;
     for (int64_t t : rp_mine_) {
       const int64_t n = ts_.rows[t] * dim;
-      dp::dense_update(ts_.tables[t].data<float>(),
-                       ts_.states.empty() ? nullptr : ts_.states[t].data<float>(),
-                       rp_grad_.data<float>() + at, n, e.lr + 1, e.emb_eps, e.st);
+      float* w = ts_.tables[t].data<float>();
+      float* a = ts_.states.empty() ? nullptr : ts_.states[t].data<float>();
+      if (is_half(xdt_))
+        with_half(xdt_, [&](auto* h) {
+          dp::dense_update(w, a, static_cast<decltype(h)>(rp_grad16_.raw()) + at, n, e.lr + 1,
+                           e.emb_eps, e.st);
+        });
+      else
+        dp::dense_update(w, a, rp_grad_.data<float>() + at, n, e.lr + 1, e.emb_eps, e.st);
       at += n;
     }
   }
@@ -721,7 +734,7 @@ class EmbeddingNode final : public Node {
   // Replicated tables (alloc_replicated).
   int64_t rp_K_ = 0, rp_nnz_ = 0;
   std::vector<int64_t> rp_mine_;
-  Tensor rp_grad_, rp_tabs_, rp_layout_mem_, rp_ptrs_, rp_sptrs_, rp_gptrs_, rp_base_;
+  Tensor rp_grad_, rp_grad16_, rp_tabs_, rp_layout_mem_, rp_ptrs_, rp_sptrs_, rp_gptrs_, rp_base_;
   Tensor rp_off_, rp_keys_, rp_pool_, rp_gpack_, rp_minus_one_;
   dp::TwLayout rp_layout_;
   ce::Tables rp_sub_, rp_gtab_;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cub/device/device_scan.cuh>
+#include <type_traits>
 
 #include "core/cuda_check.h"
 #include "dlrec/core/error.h"
@@ -242,15 +243,22 @@ template void gather_grads_rounded<__half>(const TwLayout&, int64_t, const float
 
 namespace {
 
+__device__ inline float widen(float x) { return x; }
+__device__ inline float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ inline float widen(__half x) { return __half2float(x); }
+
+// G = float: g is the summed gradient itself, zeroed as it is read. G 16-bit: g is the rounded
+// copy (round_dense zeroed the f32 gradient already) and stays as it is.
+template <class G>
 __global__ void dense_update_kernel(float* __restrict__ w, float* __restrict__ a,
-                                    float* __restrict__ g, int64_t n,
+                                    G* __restrict__ g, int64_t n,
                                     const float* __restrict__ lr_p, float eps) {
   const float lr = *lr_p;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const float x = g[i];
+    const float x = widen(g[i]);
     if (x == 0.f) continue;
-    g[i] = 0.f;
+    if constexpr (std::is_same_v<G, float>) g[i] = 0.f;
     if (!a) {
       w[i] = __fsub_rn(w[i], __fmul_rn(lr, x));
     } else {
@@ -261,15 +269,44 @@ __global__ void dense_update_kernel(float* __restrict__ w, float* __restrict__ a
   }
 }
 
+template <class To>
+__global__ void round_dense_kernel(float* __restrict__ g, To* __restrict__ out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float x = g[i];
+    store_rounded(x, out + i);
+    if (x != 0.f) g[i] = 0.f;
+  }
+}
+
+unsigned dense_blocks(int64_t n) {
+  return static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 8192));
+}
+
 }  // namespace
 
-void dense_update(float* w, float* a, float* g, int64_t n, const float* lr, float eps,
+template <class G>
+void dense_update(float* w, float* a, G* g, int64_t n, const float* lr, float eps,
                   cudaStream_t stream) {
   if (n == 0) return;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 8192));
-  dense_update_kernel<<<blocks, 256, 0, stream>>>(w, a, g, n, lr, eps);
+  dense_update_kernel<G><<<dense_blocks(n), 256, 0, stream>>>(w, a, g, n, lr, eps);
   DLREC_CUDA_LAUNCH_CHECK();
 }
+template void dense_update<float>(float*, float*, float*, int64_t, const float*, float,
+                                  cudaStream_t);
+template void dense_update<__nv_bfloat16>(float*, float*, __nv_bfloat16*, int64_t, const float*,
+                                          float, cudaStream_t);
+template void dense_update<__half>(float*, float*, __half*, int64_t, const float*, float,
+                                   cudaStream_t);
+
+template <class To>
+void round_dense(float* g, To* out, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  round_dense_kernel<To><<<dense_blocks(n), 256, 0, stream>>>(g, out, n);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+template void round_dense<__nv_bfloat16>(float*, __nv_bfloat16*, int64_t, cudaStream_t);
+template void round_dense<__half>(float*, __half*, int64_t, cudaStream_t);
 
 #define DLREC_TW_INSTANTIATE(T)                                                                   \
   template void scatter_pooled<T>(const TwLayout&, int64_t, const T*, T*, int64_t, cudaStream_t); \

@@ -125,9 +125,16 @@ void build_row_bags(const RankGeometry& g, int64_t bmax, const RwLayout& l, cons
 // Replicated tables: the optimizer step of every element with g[i] != 0 (the rows some rank's
 // batch touched; an untouched row's all-reduced gradient is exactly zero), with the arithmetic of
 // the fused update (nn/embedding_cuda.cu): SGD w -= lr g, or Adagrad (a non-null) a += g g,
-// w -= lr g / (sqrt(a) + eps); then g[i] = 0 for the next step. lr: device pointer.
-void dense_update(float* w, float* a, float* g, int64_t n, const float* lr, float eps,
+// w -= lr g / (sqrt(a) + eps); then g[i] = 0 for the next step. lr: device pointer. G: float,
+// or the 16-bit copy that round_dense made and the all-reduce summed in a bf16/fp16 run (read
+// and widened; left as it is: the f32 gradient was zeroed by round_dense).
+template <class G>
+void dense_update(float* w, float* a, G* g, int64_t n, const float* lr, float eps,
                   cudaStream_t stream);
+// out[i] = g[i] rounded to To (__nv_bfloat16 or __half, to nearest even), then g[i] = 0: a bf16
+// run's replicas all-reduce their gradient in 16 bits (docs/DISTRIBUTED.md).
+template <class To>
+void round_dense(float* g, To* out, int64_t n, cudaStream_t stream);
 
 // w[i] = the value one GPU's init_uniform gives element first + i of the whole table
 // (nn/embedding_cuda.h: float(-a + 2 a u(seed, first + i)), bit for bit): a row range's values.
