@@ -522,6 +522,7 @@ void GraphCuda::step_body() {
     marks_.clear();
     in_body_ = true;
     mark("step start");
+    timeline_align();
   }
   run_forward();
   cd::bce_with_logits(logits(), inputs_->slots[cur_].d_labels.data<float>(), fwd_rows_,
@@ -687,6 +688,11 @@ void GraphCuda::set_gradient_reducer(GradientReducer* reducer) {
     e_.dp.dcst = static_cast<cudaStream_t>(dense_comm_->stream());
     e_.dp.to_dcomm = gpu::Event(dev_index_);
     e_.dp.from_dcomm = gpu::Event(dev_index_);
+  }
+  if (timeline_) {  // timeline_align's value, zeroed once (its sum stays zero)
+    tl_align_ = Tensor::empty({1}, DType::F32, dev_);
+    DLREC_CUDA_CHECK(cudaMemsetAsync(tl_align_.raw(), 0, sizeof(float), e_.st));
+    DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
   }
 }
 

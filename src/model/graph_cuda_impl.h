@@ -209,7 +209,15 @@ class GraphCuda final : public CudaModel {
   void timeline_mark(const std::string& what, cudaStream_t s);
   void timeline_flush();  // after a step
   void timeline_print();  // at destruction (graph_cuda_timeline.cu)
+  // Data-parallel: a one-value all-reduce on the embedding's communicator stream right after
+  // the step's first mark aligns the ranks; the marks after it are timed from its end
+  // (tl_origin_, the index of its end mark; 0 on one GPU) and its own time, the ranks' launch
+  // skew, is summed apart (tl_skew_ms_).
+  void timeline_align();
   std::vector<double> tl_ms_;
+  double tl_skew_ms_ = 0;
+  size_t tl_origin_ = 0;
+  Tensor tl_align_;  // the all-reduce's value (f32, zeroed)
 
   // Events and streams last: destroyed first, before the engine, nodes, inputs and tensors (a
   // gpu::Stream waits for its work when destroyed, so no buffer is freed while in use).

@@ -2,6 +2,9 @@
 // streams; GraphCuda::mark records an external event node on the current stream (and
 // Engine::mark_on on the communicators' streams around each collective), and after each step
 // the time of every mark from the step's start is summed, printed per rank at destruction.
+// Data-parallel, the ranks are first aligned by a one-value all-reduce (timeline_align) and the
+// marks timed from its end, so that the first collective no longer holds the ranks' launch
+// skew; the alignment's own time, that skew, is printed apart.
 #include <cstdio>
 #include <string>
 
@@ -26,6 +29,15 @@ void GraphCuda::timeline_mark(const std::string& what, cudaStream_t s) {
   marks_.push_back(std::string(on) + "  " + what);
 }
 
+void GraphCuda::timeline_align() {
+  tl_origin_ = 0;
+  if (!e_.dp.comm) return;
+  e_.on_comm("align ranks", [&](dist::Communicator& c) {
+    c.all_reduce(tl_align_.raw(), 1, dist::Elem::F32);
+  });
+  tl_origin_ = marks_.size() - 1;  // "< align ranks", on the communicator's stream
+}
+
 void GraphCuda::timeline_flush() {
   // marks_ holds the labels of the last run of the step's body (the capture: a replay runs
   // the same events).
@@ -34,13 +46,19 @@ void GraphCuda::timeline_flush() {
   if (e_.dp.comm) profile_rank_ = e_.dp.rank;
   if (tl_ms_.size() != marks_.size()) {
     tl_ms_.assign(marks_.size(), 0.0);
+    tl_skew_ms_ = 0;
     profiled_steps_ = 0;
   }
   if (++seen_steps_ <= 3) return;
   ++profiled_steps_;
-  for (size_t i = 1; i < marks_.size(); ++i) {
-    float ms = 0;
-    DLREC_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[0], events_[i]));
+  const size_t o = tl_origin_ < marks_.size() ? tl_origin_ : 0;
+  float ms = 0;
+  if (o > 0) {
+    DLREC_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[0], events_[o]));
+    tl_skew_ms_ += ms;
+  }
+  for (size_t i = o + 1; i < marks_.size(); ++i) {
+    DLREC_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[o], events_[i]));
     tl_ms_[i] += ms;
   }
 }
@@ -49,10 +67,14 @@ void GraphCuda::timeline_print() {
   if (profiled_steps_ == 0) return;
   char who[32] = "[timeline]";
   if (profile_rank_ >= 0) std::snprintf(who, sizeof who, "[timeline r%d]", profile_rank_);
-  std::fprintf(stderr, "%s %lld graph replays of batch %lld, ms from the step's start when "
+  const size_t o = tl_origin_ < marks_.size() ? tl_origin_ : 0;
+  std::fprintf(stderr, "%s %lld graph replays of batch %lld, ms from the step's start%s when "
                "each stream reaches the mark:\n", who, static_cast<long long>(profiled_steps_),
-               static_cast<long long>(fwd_rows_));
-  for (size_t i = 1; i < marks_.size() && i < tl_ms_.size(); ++i)
+               static_cast<long long>(fwd_rows_), o > 0 ? " (the ranks aligned)" : "");
+  if (o > 0)
+    std::fprintf(stderr, "%s %8.3f  skew: the alignment all-reduce, from this rank's launch "
+                 "(not in the times below)\n", who, tl_skew_ms_ / profiled_steps_);
+  for (size_t i = o + 1; i < marks_.size() && i < tl_ms_.size(); ++i)
     std::fprintf(stderr, "%s %8.3f  %s\n", who, tl_ms_[i] / profiled_steps_,
                  marks_[i].c_str());
 }
