@@ -689,11 +689,7 @@ void GraphCuda::set_gradient_reducer(GradientReducer* reducer) {
     e_.dp.to_dcomm = gpu::Event(dev_index_);
     e_.dp.from_dcomm = gpu::Event(dev_index_);
   }
-  if (timeline_) {  // timeline_align's value, zeroed once (its sum stays zero)
-    tl_align_ = Tensor::empty({1}, DType::F32, dev_);
-    DLREC_CUDA_CHECK(cudaMemsetAsync(tl_align_.raw(), 0, sizeof(float), e_.st));
-    DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
-  }
+  if (timeline_) timeline_setup();
 }
 
 // Every rank's rows and ids are exchanged on the host first (the embedding exchange's sizes;

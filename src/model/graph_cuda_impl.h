@@ -213,6 +213,7 @@ class GraphCuda final : public CudaModel {
   // the step's first mark aligns the ranks; the marks after it are timed from its end
   // (tl_origin_, the index of its end mark; 0 on one GPU) and its own time, the ranks' launch
   // skew, is summed apart (tl_skew_ms_).
+  void timeline_setup();  // set_gradient_reducer: tl_align_
   void timeline_align();
   std::vector<double> tl_ms_;
   double tl_skew_ms_ = 0;

@@ -29,6 +29,12 @@ void GraphCuda::timeline_mark(const std::string& what, cudaStream_t s) {
   marks_.push_back(std::string(on) + "  " + what);
 }
 
+void GraphCuda::timeline_setup() {  // the alignment's value, zeroed once (its sum stays zero)
+  tl_align_ = Tensor::empty({1}, DType::F32, dev_);
+  DLREC_CUDA_CHECK(cudaMemsetAsync(tl_align_.raw(), 0, sizeof(float), e_.st));
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
+}
+
 void GraphCuda::timeline_align() {
   tl_origin_ = 0;
   if (!e_.dp.comm) return;
