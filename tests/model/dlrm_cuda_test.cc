@@ -13,6 +13,7 @@
 // under compute-sanitizer).
 #include <gtest/gtest.h>
 
+#include "model/dlrm_cuda_common.h"
 #include "model/test_batches.h"
 
 #include <algorithm>
@@ -36,6 +37,8 @@
 namespace dlrec::model {
 namespace {
 
+using namespace dlrm_cuda_test;  // SmallDlrm, make_batch, make_dlrm_cuda, steps_or
+
 using dlrec::model::testing::rel;
 
 #define SKIP_WITHOUT_GPU()                                                      \
@@ -44,45 +47,6 @@ using dlrec::model::testing::rel;
   } while (0)
 
 using testing::make_layout;
-
-// Labels positive with probability 0.3.
-io::Batch make_batch(const io::ShardLayout& l, int64_t rows, uint64_t seed, bool multi_hot) {
-  return testing::make_batch(l, rows, seed, multi_hot, 0.3);
-}
-
-#ifdef DLREC_WITH_CUDA
-// arch "dlrm" on CUDA with non-default engine options: the preset's graph on the CUDA graph
-// engine, as build_model() builds it (with the default options).
-using DlrmCudaOptions = GraphCudaOptions;
-std::unique_ptr<CudaModel> make_dlrm_cuda(const ModelConfig& mc, const OptimizerConfig& oc,
-                                          const io::ShardLayout& layout, Device device,
-                                          uint64_t seed, const std::string& precision = "fp32",
-                                          const GraphCudaOptions& options = {}) {
-  ModelConfig graph = mc;
-  graph.arch = "graph";
-  graph.layers = preset_graph_layers(mc, layout);
-  return make_graph_cuda(graph, oc, layout, device, seed, precision, options);
-}
-#endif
-
-int steps_or(int dflt) {
-  const char* e = std::getenv("DLREC_PARITY_STEPS");
-  return e ? std::max(1, std::atoi(e)) : dflt;
-}
-
-struct SmallDlrm {
-  ModelConfig mc;
-  OptimizerConfig oc;
-  io::ShardLayout layout = make_layout(4, {50, 7, 100, 3, 20});
-  bool multi_hot = true;
-  int64_t batch = 64;
-  SmallDlrm() {
-    mc.embedding_dim = 8;
-    mc.bottom_mlp = {16, 8};
-    mc.top_mlp = {16, 1};
-    oc.lr = 0.05;
-  }
-};
 
 // max |a - b| / max |b| over every parameter tensor.
 double param_diff(Model& gpu, Model& cpu, std::string* worst) {
@@ -381,15 +345,6 @@ LossScaleState loss_scale_of(Model& m) {
   return {};
 }
 
-#ifdef DLREC_WITH_CUDA
-// Options with the fused small-batch kernel off (the layer-by-layer graph) or on.
-DlrmCudaOptions fused_rows(int64_t rows) {
-  DlrmCudaOptions o;
-  o.infer_fused_rows = rows;
-  return o;
-}
-#endif
-
 // A loss scale so large that the fp16 gradients overflow: the step changes no weight and no
 // optimizer state, the scale halves, and training goes on once the scale is small enough.
 TEST(DlrmCuda, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
@@ -539,254 +494,6 @@ TEST(DlrmCuda, HalfPrecisionOddWidthsAndCatInteractionTrain) {
                                                   true)));
     }
 }
-
-#ifdef DLREC_WITH_CUDA
-// Serving path: one-hot batches of any size (graph buckets, padded rows, chunks of 8192 rows
-// through two alternating buckets) and multi-hot batches (eager) give sigmoid(forward logits);
-// a bad id is an error and the next call still works.
-TEST(DlrmCuda, PredictMatchesForward) {
-  SKIP_WITHOUT_GPU();
-  for (const char* precision : {"fp32", "bf16", "fp16"}) {
-    SmallDlrm s;
-    auto m = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 13, precision);
-    for (int64_t rows : {1, 3, 64, 100, 1, 64, 257, 20000, 9000}) {  // > 8192: chunked
-      for (bool multi : {false, true}) {
-        io::Batch b = make_batch(s.layout, rows, 50 + rows, multi);
-        std::vector<float> p(rows, -1.f);
-        m->predict(b, p.data());
-        auto z = m->forward(b, false).to_vector<float>();
-        for (int64_t i = 0; i < rows; ++i)
-          ASSERT_NEAR(p[i], 1.f / (1.f + std::exp(-z[i])), 2e-3)
-              << precision << " rows " << rows << " multi " << multi << " row " << i;
-        if (multi) continue;
-        // The producer's one-id-per-row promise skips reading the offsets: same result.
-        b.one_id_per_row = true;
-        std::vector<float> q(rows, -1.f);
-        m->predict(b, q.data());
-        ASSERT_EQ(p, q) << precision << " rows " << rows;
-      }
-    }
-    {  // A false promise with too few ids is an error, not a read past the ids.
-      io::Batch lie = make_batch(s.layout, 300, 7, false);
-      lie.one_id_per_row = true;
-      lie.cat_indices[1].resize(299);
-      std::vector<float> p(300);
-      EXPECT_THROW(m->predict(lie, p.data()), Error);
-    }
-    io::Batch bad = make_batch(s.layout, 8, 1, false);
-    bad.cat_indices[2][3] = 100;  // = the cardinality
-    std::vector<float> p(8);
-    EXPECT_THROW(m->predict(bad, p.data()), Error);
-    for (int64_t id : {int64_t{-1}, std::numeric_limits<int64_t>::min(),
-                       std::numeric_limits<int64_t>::max()}) {
-      io::Batch neg = make_batch(s.layout, 8, 1, false);
-      neg.cat_indices[1][7] = id;
-      EXPECT_THROW(m->predict(neg, p.data()), Error) << id;
-    }
-    // Fewer rows in the same bucket: the failed call's rows are padding now and must be valid.
-    io::Batch ok = make_batch(s.layout, 5, 1, false);
-    p.assign(5, -1.f);
-    m->predict(ok, p.data());
-    for (float v : p) EXPECT_TRUE(v > 0.f && v < 1.f);
-  }
-}
-#endif
-
-#ifdef DLREC_WITH_CUDA
-// 16-bit inference of 1..8 rows runs the warp-per-output layer kernel (cd::skinny_linear)
-// instead of cuBLASLt: the same rows inside a 64-row batch (cuBLASLt) give the same
-// probabilities up to 16-bit rounding of the layer outputs.
-TEST(DlrmCuda, SmallBatchInferenceMatchesTheGemmPath) {
-  SKIP_WITHOUT_GPU();
-  for (const char* precision : {"bf16", "fp16"}) {
-    SmallDlrm s;
-    // The layer-by-layer graph (the fused kernel: the test below).
-    auto m = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21, precision, fused_rows(0));
-    io::Batch big = make_batch(s.layout, 64, 77, false);
-    std::vector<float> want(64, -1.f);
-    m->predict(big, want.data());
-    for (int64_t rows : {1, 2, 3, 5, 8}) {
-      io::Batch small;
-      small.reset(big.num_dense, big.num_cat());
-      small.append_rows(big, 10, 10 + rows);
-      std::vector<float> got(rows, -1.f);
-      m->predict(small, got.data());
-      auto z = m->forward(small, false).to_vector<float>();  // eager: the same kernel
-      for (int64_t i = 0; i < rows; ++i) {
-        ASSERT_NEAR(got[i], want[10 + i], 4e-3) << precision << " rows " << rows << " row " << i;
-        ASSERT_NEAR(got[i], 1.f / (1.f + std::exp(-z[i])), 1e-6) << precision << " row " << i;
-      }
-    }
-  }
-}
-#endif
-
-#ifdef DLREC_WITH_CUDA
-}  // namespace
-// The fused small-batch kernel's launch counter (src/model/infer_small_cuda.h, an internal
-// header): tests check that the path they mean to test ran.
-namespace fused_infer {
-int64_t launches();
-}  // namespace fused_infer
-namespace {
-
-// 16-bit predict() of 1..infer_fused_rows rows runs the whole forward as one kernel
-// (model/infer_small_cuda.h). Against the layer-by-layer graph of the same weights (skinny
-// layers up to 8 rows, cuBLASLt above) and against the rows inside a 64-row cuBLASLt batch:
-// equal up to 16-bit rounding (the interaction's dot products are summed in another order).
-// Also: the boundary where the path switches, a grid of 2 blocks (every stage loops over its
-// work), one-layer MLPs, a model shape the
-// kernel does not take (falls back, same answers), and bad ids.
-TEST(DlrmCuda, FusedSmallBatchInferenceMatchesTheLayerPath) {
-  SKIP_WITHOUT_GPU();
-  struct Shape {
-    int64_t dim;
-    std::vector<int64_t> bottom, top;
-    bool fused;  // the kernel takes this shape
-  };
-  const std::vector<Shape> shapes = {
-      {8, {16, 8}, {16, 1}, true},
-      {32, {64, 32}, {1024, 512, 1}, true},  // a 1024-wide input: the whole register row
-      {8, {8}, {1}, true},                    // one bottom and one top layer
-      {8, {16, 8}, {1032, 1}, false},        // a 1032-wide input: over the kernel's limit
-  };
-  for (const Shape& sh : shapes)
-    for (const char* precision : {"bf16", "fp16"}) {
-      SCOPED_TRACE(std::string(precision) + " dim " + std::to_string(sh.dim) + " top0 " +
-                   std::to_string(sh.top[0]));
-      SmallDlrm s;
-      s.mc.embedding_dim = sh.dim;
-      s.mc.bottom_mlp = sh.bottom;
-      s.mc.top_mlp = sh.top;
-      std::unique_ptr<CudaModel> off, on, wide;
-      off = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21, precision, fused_rows(0));
-      on = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21, precision);  // <= 8 rows
-      DlrmCudaOptions wide_options = fused_rows(16);
-      wide_options.infer_fused_blocks = 2;  // every stage loops over its work
-      wide = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 21, precision, wide_options);
-      io::Batch big = make_batch(s.layout, 64, 77, false);
-      std::vector<float> gemm(64, -1.f);
-      off->predict(big, gemm.data());
-      for (int rep = 0; rep < 2; ++rep)
-        for (int64_t rows : {1, 2, 7, 8, 9, 12, 16, 1}) {
-          io::Batch small;
-          small.reset(big.num_dense, big.num_cat());
-          small.append_rows(big, 10 + rep, 10 + rep + rows);
-          std::vector<float> ref(rows, -1.f);
-          off->predict(small, ref.data());
-          for (CudaModel* m : {on.get(), wide.get()}) {
-            const int64_t limit = m == wide.get() ? 16 : 8;
-            const int64_t before = fused_infer::launches();
-            std::vector<float> got(rows, -1.f);
-            m->predict(small, got.data());
-            EXPECT_EQ(fused_infer::launches() - before, sh.fused && rows <= limit ? 1 : 0)
-                << "rows " << rows << " limit " << limit;
-            for (int64_t i = 0; i < rows; ++i) {
-              ASSERT_NEAR(got[i], ref[i], 2e-3) << "rows " << rows << " row " << i;
-              ASSERT_NEAR(got[i], gemm[10 + rep + i], 4e-3) << "rows " << rows << " row " << i;
-            }
-          }
-        }
-      // An id out of range (or negative) is an error before anything is launched; the model
-      // serves the next call as before.
-      io::Batch three;
-      three.reset(big.num_dense, big.num_cat());
-      three.append_rows(big, 20, 23);
-      std::vector<float> want(3), got(3);
-      on->predict(three, want.data());
-      for (int64_t bad_id : {int64_t{100}, int64_t{-1}}) {
-        io::Batch bad = three;
-        bad.cat_indices[2][1] = bad_id;  // table 2 has 100 rows
-        const int64_t before = fused_infer::launches();
-        EXPECT_THROW(on->predict(bad, got.data()), Error) << bad_id;
-        EXPECT_EQ(fused_infer::launches(), before);
-      }
-      on->predict(three, got.data());
-      EXPECT_EQ(got, want);
-    }
-}
-#endif
-
-#ifdef DLREC_WITH_CUDA
-// Serving runs several model instances in one process: while one captures its CUDA graphs,
-// others copy on the legacy stream (Tensor copies). Every call succeeds with the same
-// probabilities as a lone call.
-TEST(DlrmCuda, InstancesPredictConcurrentlyWithLegacyCopies) {
-  SKIP_WITHOUT_GPU();
-  // Layer-by-layer graphs, then the fused small-batch kernel (two instances' grid barriers
-  // in flight at once).
-  for (int64_t fused : {0, 8}) {
-    SCOPED_TRACE("infer_fused_rows " + std::to_string(fused));
-    const DlrmCudaOptions o = fused_rows(fused);
-    SmallDlrm s;
-    std::vector<std::unique_ptr<CudaModel>> models;
-    for (int i = 0; i < 2; ++i)
-      models.push_back(make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 31, "bf16", o));
-    auto ref = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 31, "bf16", o);
-    const std::vector<int64_t> sizes = {1, 2, 5, 9, 17, 33, 65, 129, 300, 513, 1000, 2100};
-    std::vector<std::vector<float>> want;
-    std::vector<io::Batch> batches;
-    for (int64_t rows : sizes) {
-      batches.push_back(make_batch(s.layout, rows, 900 + rows, false));
-      want.emplace_back(rows);
-      ref->predict(batches.back(), want.back().data());
-    }
-    std::atomic<bool> stop{false};
-    std::atomic<int> errors{0};
-    std::thread copier([&] {
-      std::vector<float> v(4096, 1.f);
-      while (!stop) {
-        Tensor t = Tensor::from_vector(v, {4096}, Device::cuda(0));
-        if (t.to_vector<float>()[7] != 1.f) ++errors;
-      }
-    });
-    std::vector<std::thread> workers;
-    for (int w = 0; w < 2; ++w)
-      workers.emplace_back([&, w] {
-        try {
-          for (int rep = 0; rep < 3; ++rep)
-            for (size_t i = 0; i < sizes.size(); ++i) {
-              const size_t k = (i * 5 + w * 3) % sizes.size();
-              std::vector<float> p(sizes[k]);
-              models[w]->predict(batches[k], p.data());
-              for (int64_t r = 0; r < sizes[k]; ++r)
-                if (std::fabs(p[r] - want[k][r]) > 1e-3f) ++errors;
-            }
-        } catch (const std::exception& e) {
-          ADD_FAILURE() << "worker " << w << ": " << e.what();
-        }
-      });
-    for (auto& t : workers) t.join();
-    stop = true;
-    copier.join();
-    EXPECT_EQ(errors.load(), 0);
-  }
-}
-#endif
-
-#ifdef DLREC_WITH_CUDA
-// predict() in chunks (DlrmCudaOptions::infer_chunk) packed on one thread or on a team
-// (infer_pack_threads) gives the probabilities of one eager forward, row for row.
-TEST(DlrmCuda, ChunkedPredictMatchesForwardWhateverTheChunkAndThreads) {
-  SKIP_WITHOUT_GPU();
-  SmallDlrm s;
-  io::Batch b = make_batch(s.layout, 5000, 123, false);  // 25000 ids: the team packs them
-  auto ref = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 41);
-  const std::vector<float> z = ref->forward(b, false).to_vector<float>();
-  for (int64_t chunk : {256, 4096, 8192})
-    for (int threads : {1, 3}) {
-      DlrmCudaOptions o;
-      o.infer_chunk = chunk;
-      o.infer_pack_threads = threads;
-      auto m = make_dlrm_cuda(s.mc, s.oc, s.layout, Device::cuda(0), 41, "fp32", o);
-      std::vector<float> p(b.rows, -1.f);
-      m->predict(b, p.data());
-      for (int64_t i = 0; i < b.rows; ++i)
-        ASSERT_NEAR(p[i], 1.f / (1.f + std::exp(-z[i])), 1e-5)
-            << "chunk " << chunk << " threads " << threads << " row " << i;
-    }
-}
-#endif
 
 TEST(DlrmCuda, BadIdsAndMisuseThrow) {
   SKIP_WITHOUT_GPU();
