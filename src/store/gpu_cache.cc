@@ -114,8 +114,9 @@ GpuCache::GpuCache(EmbeddingStore& store, const StoreConfig& config, GpuCacheSiz
   // caller being one; they watch for the next batch for 250 us before sleeping. By default one
   // thread of the process is left out where it has more than 4: the members spin between
   // jobs, so a team of every vCPU keeps all of them busy, and whatever else must run (the
-  // kernel, the GPU driver's threads, the asynchronous inserter) then takes one of them from
-  // a member in the middle of its task, which the whole batch waits for.
+  // kernel, the GPU driver's threads, the asynchronous inserter) would take one from a member
+  // whose task the batch waits for. (On the quiet H200 host measured, teams of 12, 15 and 16
+  // gave the same p99: bench/RESULTS.md, "GPU cache tier".)
   DLREC_CHECK(config.gpu_cache_threads >= 0 && config.gpu_cache_threads <= 1024,
               "gpu_cache.threads: ", config.gpu_cache_threads, " is outside [0, 1024]");
   const int all = std::max(1, num_threads());

@@ -37,7 +37,7 @@
 // (upload the ids, look up, copy the misses back, fetch, upload) and an engine that takes its
 // ids from the device. The host map's cost is memory latency, which prefetching and huge pages
 // reduce but do not remove: on the H200 host measured, a batch of 2048 at alpha 1.2 spends
-// ~0.1 ms here (lookups and remap 47-49 us, fetch 30-31, write 14-21) against a 0.12 ms
+// ~0.07 ms here (lookups and remap 37-43 us, fetch 18-20, write 11-14) against a 0.12 ms
 // forward (bench/RESULTS.md, "GPU cache tier"; bench/gpu_cache_host.cc measures it without a
 // GPU); a device-side map measured slower (the round trip of the ids and rows).
 #pragma once
