@@ -168,12 +168,14 @@ struct CacheCounters {
 };
 
 // The options both benches take (`--name value` pairs; --threads: the host threads, 0 = all;
+// --cache-threads: the cache's gpu_cache.threads, 0 = its default;
 // --baseline-rows: rows per table of serve_gpu_cache's all-GPU model, 0 = --rows: fewer where
 // the tables do not fit the GPU, the comparison then being with that smaller variant;
 // --rocksdb, --host-gb: below).
 struct BenchArgs {
   int tables = 8, dim = 64, iters = 300, warmup_batches = 2000, threads = 0;
   int phases = 0;  // serve_gpu_cache: 1 prints the slowest 1 % of batches' phases
+  int cache_threads = 0;
   int64_t rows = 1 << 22, baseline_rows = 0;
   double fraction = 0.1, threshold = 0.9, host_gb = 0, rocksdb_cache_gb = 0.008;
   std::string eviction = "lfu", alphas = "1.05,1.2", batches = "1,2048,32768";
@@ -226,6 +228,8 @@ inline bool parse_bench_args(int argc, char** argv, const char* prog, BenchArgs&
       a.rocksdb_cache_gb = std::stod(v);
     else if (k == "--phases")
       a.phases = std::stoi(v);
+    else if (k == "--cache-threads")
+      a.cache_threads = std::stoi(v);
     else {
       std::fprintf(stderr, "%s: unknown option %s\n", prog, k.c_str());
       return false;
@@ -234,12 +238,13 @@ inline bool parse_bench_args(int argc, char** argv, const char* prog, BenchArgs&
   if (a.tables < 1 || a.rows < 1 || a.dim < 1 || a.iters < 1 || a.warmup_batches < 0 ||
       a.baseline_rows < 0 || !(a.fraction > 0 && a.fraction <= 1) || !(a.host_gb >= 0) ||
       !(a.rocksdb_cache_gb >= 0) || (a.rocksdb_reads != "pread" && a.rocksdb_reads != "mmap") ||
-      (a.host_gb > 0 && a.rocksdb.empty()) || (a.phases != 0 && a.phases != 1)) {
+      (a.host_gb > 0 && a.rocksdb.empty()) || (a.phases != 0 && a.phases != 1) ||
+      a.cache_threads < 0 || a.cache_threads > 1024) {
     std::fprintf(stderr,
                  "%s: --tables, --rows, --dim and --iters must be >= 1, --warmup-batches and "
                  "--baseline-rows >= 0, --fraction in (0, 1], --host-gb and --rocksdb-cache-gb >= "
                  "0 (--host-gb with --rocksdb only), --rocksdb-reads pread or mmap, --phases 0 "
-                 "or 1\n",
+                 "or 1, --cache-threads in [0, 1024]\n",
                  prog);
     return false;
   }

@@ -6,7 +6,8 @@
 // goes (remap, fetch, write), p50/p99 of run(): what the host adds to a GPU forward.
 //   gpu_cache_host [--tables 8] [--rows 4194304] [--dim 64] [--fraction 0.1] [--eviction lfu]
 //                  [--threshold 0.9] [--iters 300] [--warmup-batches 2000] [--alpha 1.05,1.2]
-//                  [--batch 1,2048,32768] [--threads N: the batch's workers, caller included]
+//                  [--batch 1,2048,32768] [--threads N: the host threads]
+//                  [--cache-threads N: the batch's workers, caller included; 0 = the default]
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -60,6 +61,7 @@ int run(const Args& a) {
   sc.gpu_cache_fraction = a.fraction;
   sc.gpu_cache_eviction = a.eviction;
   sc.gpu_cache_insert_threshold = a.threshold;
+  sc.gpu_cache_threads = a.cache_threads;
   sc.staging_rows = 32768;
   std::vector<std::unique_ptr<store::Tier>> tiers;
   tiers.push_back(std::make_unique<GeneratedTier>(tables));
@@ -73,10 +75,11 @@ int run(const Args& a) {
   };
   std::printf(
       "setup: %d tables x %lld rows x %d, cache %.3g of the rows (%lld per table), %s, "
-      "insert_threshold %.2f, %d threads, no GPU (host arrays for the device tables)\n",
+      "insert_threshold %.2f, %d threads (the cache's %d), no GPU (host arrays for the device "
+      "tables)\n",
       a.tables, static_cast<long long>(a.rows), a.dim, a.fraction,
       static_cast<long long>(cache.sizing().cache_rows[0]), a.eviction.c_str(), a.threshold,
-      num_threads());
+      num_threads(), cache.threads());
   float sink = 0;
   auto forward = [&](const io::Batch& m) {  // reads one float of every row of table 0
     sink += rows->sum_rows(0, m.cat_indices[0]);

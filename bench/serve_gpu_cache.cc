@@ -53,10 +53,11 @@ void print_phases(const std::vector<double>& us, const std::vector<Phases>& ph) 
                 i, us[i], u(p.wait_ns), u(p.lookup_ns), u(p.remap_ns), u(p.settle_ns),
                 u(p.fetch_ns), u(p.write_ns), u(p.forward_ns), u(p.relink_ns));
     for (const auto& t : p.team)
-      std::printf(" %5.1f %5.1f %5.1f %5.1f %5.1f %2d %d %lld |", u(t.wall_ns), u(t.max_task_ns),
-                  u(t.last_start_ns), u(t.last_work_end_ns), u(t.last_end_ns), t.workers,
-                  t.preempted, static_cast<long long>(t.faults));
-    std::printf(" %lld %lld | %5lld %c %d %lld %.1f\n", static_cast<long long>(p.caller_preempted),
+      std::printf(" %5.1f %5.1f %5.1f %5.1f %5.1f %2d %d %d %lld |", u(t.wall_ns),
+                  u(t.max_task_ns), u(t.last_start_ns), u(t.last_work_end_ns), u(t.last_end_ns),
+                  t.workers, t.preempted, t.slept, static_cast<long long>(t.faults));
+    std::printf(" %lld %lld %lld | %5lld %c %d %lld %.1f\n",
+                static_cast<long long>(p.caller_preempted), static_cast<long long>(p.caller_slept),
                 static_cast<long long>(p.caller_faults), static_cast<long long>(p.misses),
                 p.sync ? 's' : 'a', p.inserter_busy ? 1 : 0, static_cast<long long>(p.inserts),
                 u(p.insert_ns));
@@ -64,7 +65,7 @@ void print_phases(const std::vector<double>& us, const std::vector<Phases>& ph) 
   std::printf(
       "phases (us): latency | wait lookup remap settle fetch write forward relink | per team job "
       "(lookup with the remaps, fetch): wall max_task last_start last_work_end last_end workers "
-      "preempted faults | caller preempted faults | misses sync/async inserter_busy inserts "
+      "preempted slept faults | caller preempted slept faults | misses sync/async inserter_busy inserts "
       "insert_us\n");
   line("median", order[order.size() / 2]);
   const size_t slow = std::max<size_t>(3, us.size() / 100);
@@ -151,6 +152,7 @@ int run(const Args& a) {
   sc.gpu_cache_fraction = a.fraction;
   sc.gpu_cache_eviction = a.eviction;
   sc.gpu_cache_insert_threshold = a.threshold;
+  sc.gpu_cache_threads = a.cache_threads;
   sc.staging_rows = 32768;
   int64_t free_b = 0, total_b = 0;
   store::cuda_memory_info(0, &free_b, &total_b);
@@ -201,9 +203,10 @@ int run(const Args& a) {
                staging);
   };
   build_cached(sc.staging_rows);
-  std::printf("setup: cache %lld rows per table (%.2f GB), staging %lld rows\n",
+  std::printf("setup: cache %lld rows per table (%.2f GB), staging %lld rows, %d threads\n",
               static_cast<long long>(cache.sizing().cache_rows[0]),
-              cache.sizing().cache_bytes / 1e9, static_cast<long long>(cache.staging_rows()));
+              cache.sizing().cache_bytes / 1e9, static_cast<long long>(cache.staging_rows()),
+              cache.threads());
   auto* base_cm = dynamic_cast<model::CudaModel*>(base.get());
   DLREC_CHECK(base_cm, "serve_gpu_cache: the model is not a CUDA model");
   auto cached_predict = [&](const io::Batch& b, float* out) {

@@ -145,6 +145,7 @@ StoreConfig StoreConfig::from_json(const json& j, const std::string& base_dir,
     c.gpu_cache_eviction = g.get_choice("eviction", c.gpu_cache_eviction, {"lfu", "lru"});
     c.gpu_cache_insert_threshold =
         g.get_range("insert_threshold", c.gpu_cache_insert_threshold, 0, 1);
+    c.gpu_cache_threads = static_cast<int>(g.get_int_range("threads", 0, 0, 1024));
     g.finish();
   }
   c.staging_rows = r.get_int_range("staging_rows", c.staging_rows, 1, int64_t{1} << 31);
@@ -183,6 +184,7 @@ json StoreConfig::to_json() const {
                       {"insert_threshold", gpu_cache_insert_threshold}};
     if (gpu_cache_fraction > 0) j["gpu_cache"]["fraction"] = gpu_cache_fraction;
     if (gpu_cache_bytes > 0) j["gpu_cache"]["bytes"] = gpu_cache_bytes;
+    if (gpu_cache_threads > 0) j["gpu_cache"]["threads"] = gpu_cache_threads;
   }
   j["staging_rows"] = staging_rows;
   return j;
@@ -282,15 +284,23 @@ void EmbeddingStore::lookup(int table, const int64_t* ids, int64_t n, float* out
   for (size_t k = 0; k < tiers_.size() && !pending.empty(); ++k) {
     Tier& tier = *tiers_[k];
     const int64_t m = static_cast<int64_t>(pending.size());
-    sub_ids.resize(m);
-    for (int64_t j = 0; j < m; ++j) sub_ids[j] = ids[pending[j]];
-    rows.assign(static_cast<size_t>(m * dim), 0.f);
+    // The first tier asks for every id, in order: its rows go straight to `out` (no zeroed
+    // scratch rows and no copy, in the GPU cache's fetch of a batch's misses too); a
+    // row it leaves is written by a tier below. Later tiers get the ids still missing.
+    const bool direct = k == 0;
+    if (!direct) {
+      sub_ids.resize(m);
+      for (int64_t j = 0; j < m; ++j) sub_ids[j] = ids[pending[j]];
+      rows.resize(static_cast<size_t>(m * dim));
+    }
+    const int64_t* ask_ids = direct ? ids : sub_ids.data();
+    float* ask_rows = direct ? out : rows.data();
     found.assign(static_cast<size_t>(m), 0);
     const auto t0 = std::chrono::steady_clock::now();
     if (k == 0 && updates_)
-      updates_->lookup_at(*pinned, table, sub_ids.data(), m, rows.data(), found.data());
+      updates_->lookup_at(*pinned, table, ask_ids, m, ask_rows, found.data());
     else if (!ask(
-                 tier, [&] { tier.lookup(table, sub_ids.data(), m, rows.data(), found.data()); },
+                 tier, [&] { tier.lookup(table, ask_ids, m, ask_rows, found.data()); },
                  why)) {
       failed[k] = true;
       found.assign(static_cast<size_t>(m), 0);  // a failed request's rows are asked below
@@ -304,9 +314,9 @@ void EmbeddingStore::lookup(int table, const int64_t* ids, int64_t n, float* out
     std::vector<int64_t> still, hit_ids;
     std::vector<float> hit_rows;
     for (int64_t j = 0; j < m; ++j) {
-      const float* row = rows.data() + j * dim;
+      const float* row = ask_rows + j * dim;
       if (found[j]) {
-        std::memcpy(out + pending[j] * dim, row, static_cast<size_t>(dim) * 4);
+        if (!direct) std::memcpy(out + pending[j] * dim, row, static_cast<size_t>(dim) * 4);
         if (k > 0) {
           hit_ids.push_back(sub_ids[j]);
           hit_rows.insert(hit_rows.end(), row, row + dim);

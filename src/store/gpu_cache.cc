@@ -111,9 +111,19 @@ GpuCache::GpuCache(EmbeddingStore& store, const StoreConfig& config, GpuCacheSiz
   work_.resize(F);
   pieces_left_ = std::make_unique<std::atomic<int>[]>(F);
   // Members for a batch's tasks (F remaps, then T fetches beside F slot map updates), the
-  // caller being one; they watch for the next batch for 250 us before sleeping.
+  // caller being one; they watch for the next batch for 250 us before sleeping. By default one
+  // thread of the process is left out where it has more than 4: the members spin between
+  // jobs, so a team of every vCPU keeps all of them busy, and whatever else must run (the
+  // kernel, the GPU driver's threads, the asynchronous inserter) would take one from a member
+  // whose task the batch waits for. (On the quiet H200 host measured, teams of 12, 15 and 16
+  // gave the same p99: bench/RESULTS.md, "GPU cache tier".)
+  DLREC_CHECK(config.gpu_cache_threads >= 0 && config.gpu_cache_threads <= 1024,
+              "gpu_cache.threads: ", config.gpu_cache_threads, " is outside [0, 1024]");
+  const int all = std::max(1, num_threads());
   const int members =
-      std::min<int>(static_cast<int>(store_.tables().size() + F), std::max(1, num_threads()));
+      config.gpu_cache_threads > 0
+          ? config.gpu_cache_threads
+          : std::min<int>(static_cast<int>(store_.tables().size() + F), all > 4 ? all - 1 : all);
   team_ = std::make_unique<SpinTeam>(members, 250);
   relink_job_ = [this](int) {
     const int n = static_cast<int>(work_.size());
@@ -347,8 +357,8 @@ int64_t GpuCache::run(const io::Batch& batch,
     insert_runs0 = insert_runs_.load();
     insert_ns0 = insert_run_ns_.load();
   }
-  int64_t preempted0 = 0, faults0 = 0;
-  if (ph) thread_usage(&preempted0, &faults0);
+  int64_t preempted0 = 0, faults0 = 0, slept0 = 0;
+  if (ph) thread_usage(&preempted0, &faults0, &slept0);
   batches_waiting_.fetch_add(1, std::memory_order_relaxed);
   std::unique_lock<std::mutex> lock(mu_);
   batches_waiting_.fetch_sub(1, std::memory_order_relaxed);
@@ -526,8 +536,9 @@ int64_t GpuCache::run(const io::Batch& batch,
     ph->forward_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t4 - t3).count();
     ph->relink_ns = since(t4);
     ph->total_ns = since(t_wait);
-    thread_usage(&ph->caller_preempted, &ph->caller_faults);
+    thread_usage(&ph->caller_preempted, &ph->caller_faults, &ph->caller_slept);
     ph->caller_preempted -= preempted0;
+    ph->caller_slept -= slept0;
     ph->caller_faults -= faults0;
     ph->inserts = insert_runs_.load() - insert_runs0;
     ph->insert_ns = insert_run_ns_.load() - insert_ns0;

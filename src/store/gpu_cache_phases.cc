@@ -10,23 +10,25 @@
 
 namespace dlrec::store {
 
-void GpuCache::thread_usage(int64_t* preempted, int64_t* faults) {
+void GpuCache::thread_usage(int64_t* preempted, int64_t* faults, int64_t* slept) {
   *preempted = *faults = 0;
+  if (slept) *slept = 0;
 #ifdef RUSAGE_THREAD
   rusage r{};
   if (getrusage(RUSAGE_THREAD, &r) == 0) {
     *preempted = r.ru_nivcsw;
     *faults = r.ru_minflt + r.ru_majflt;
+    if (slept) *slept = r.ru_nvcsw;
   }
 #endif
 }
 
 namespace {
 struct ThreadUsage {
-  int64_t preempted = 0, faults = 0;
+  int64_t preempted = 0, faults = 0, slept = 0;
   static ThreadUsage now() {
     ThreadUsage u;
-    GpuCache::thread_usage(&u.preempted, &u.faults);
+    GpuCache::thread_usage(&u.preempted, &u.faults, &u.slept);
     return u;
   }
 };
@@ -45,7 +47,7 @@ void GpuCache::run_tasks_timed(int n, bool threaded, const std::function<void(in
   auto ns = [&] {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - start).count();
   };
-  std::atomic<int> next{0}, workers{0}, preempted{0};
+  std::atomic<int> next{0}, workers{0}, preempted{0}, slept{0};
   std::atomic<int64_t> max_task{0}, last_start{0}, last_work_end{0}, last_end{0}, faults{0};
   auto member = [&](int) {
     const ThreadUsage u0 = ThreadUsage::now();
@@ -66,6 +68,7 @@ void GpuCache::run_tasks_timed(int n, bool threaded, const std::function<void(in
       workers.fetch_add(1, std::memory_order_relaxed);
     }
     preempted.fetch_add(static_cast<int>(u1.preempted - u0.preempted), std::memory_order_relaxed);
+    slept.fetch_add(static_cast<int>(u1.slept - u0.slept), std::memory_order_relaxed);
     faults.fetch_add(u1.faults - u0.faults, std::memory_order_relaxed);
   };
   if (threaded)
@@ -79,6 +82,7 @@ void GpuCache::run_tasks_timed(int n, bool threaded, const std::function<void(in
   rec->last_end_ns = last_end.load();
   rec->workers = workers.load();
   rec->preempted = preempted.load();
+  rec->slept = slept.load();
   rec->faults = faults.load();
 }
 

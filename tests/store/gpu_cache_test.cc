@@ -6,6 +6,8 @@
 // predictor_store_test.cc (GpuCache*, skipped without a GPU).
 #include "dlrec/store/gpu_cache.h"
 
+#include "dlrec/core/thread_pool.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include <map>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "store/store_helpers.h"
 #include "test_errors.h"
@@ -137,11 +140,12 @@ struct Rig {
   std::unique_ptr<store::EmbeddingStore> store;
   std::unique_ptr<store::GpuCache> cache;
   HostRows* rows = nullptr;
-  Rig(double threshold, const std::string& eviction, int64_t staging = 64) {
+  Rig(double threshold, const std::string& eviction, int64_t staging = 64, int threads = 0) {
     std::vector<std::unique_ptr<store::Tier>> tiers;
     tiers.push_back(std::make_unique<ArrayTier>(tables));
     store = std::make_unique<store::EmbeddingStore>(tables, std::move(tiers));
     store::StoreConfig c = cache_config(threshold, eviction);
+    c.gpu_cache_threads = threads;
     cache = std::make_unique<store::GpuCache>(*store, c, store::size_gpu_cache(c, tables, -1, -1));
     bind(staging);
   }
@@ -352,6 +356,25 @@ TEST(GpuCache, LargeBatchesInPiecesReadTheRightRows) {
   }
 }
 
+// gpu_cache.threads: the team of a batch's host work (the caller among them). By default one
+// per table and stored feature (3 + 2 here), at most the process's threads less one above 4;
+// given, as given. Large batches read the right rows with any team.
+TEST(GpuCache, TheThreadsOptionSizesTheTeam) {
+  const int before = num_threads();
+  for (const auto& [process, given, want] :
+       std::vector<std::tuple<int, int, int>>{{16, 0, 5}, {5, 0, 4}, {3, 0, 3}, {16, 2, 2},
+                                              {2, 7, 7}}) {
+    SCOPED_TRACE(std::to_string(process) + " threads, gpu_cache.threads " +
+                 std::to_string(given));
+    set_num_threads(process);
+    Rig rig(1.0, "lfu", 1024, given);
+    EXPECT_EQ(rig.cache->threads(), want);
+    std::mt19937_64 rng(9);
+    for (int i = 0; i < 3; ++i) ASSERT_EQ(rig.run_checked(rig.batch(rng, 2500)), 0);
+  }
+  set_num_threads(before);
+}
+
 // A large batch (on the team) in which a stored feature has no ids: its remap still runs (its
 // lists emptied, nothing fetched for it), the other feature's ids read the right rows, and the
 // hits are counted once per distinct id (the remap lists distinct slots through a bitmap that
@@ -547,6 +570,9 @@ TEST(GpuCacheConfig, ParsesAndRefusesBadInputs) {
   EXPECT_EQ(c.gpu_cache_fraction, 0.15);
   EXPECT_EQ(c.gpu_cache_eviction, "lru");
   EXPECT_EQ(c.gpu_cache_insert_threshold, 0.5);
+  EXPECT_EQ(c.gpu_cache_threads, 0);
+  c = parse(R"({"fraction": 0.15, "threads": 12})");
+  EXPECT_EQ(c.gpu_cache_threads, 12);
   EXPECT_EQ(store::StoreConfig::from_json(c.to_json(), "/b", "again").to_json(), c.to_json());
   c = parse(R"({"bytes": 1048576})");
   EXPECT_EQ(c.gpu_cache_bytes, 1048576);
@@ -560,4 +586,7 @@ TEST(GpuCacheConfig, ParsesAndRefusesBadInputs) {
   expect_error([&] { parse(R"({"insert_threshold": 1.5})"); }, {"gpu_cache.insert_threshold"});
   expect_error([&] { parse(R"({"insert_threshold": -0.1})"); }, {"gpu_cache.insert_threshold"});
   expect_error([&] { parse(R"({"size": 3})"); }, {"size"});
+  expect_error([&] { parse(R"({"threads": -1})"); }, {"gpu_cache.threads"});
+  expect_error([&] { parse(R"({"threads": 2000})"); }, {"gpu_cache.threads"});
+  expect_error([&] { parse(R"({"threads": 1.5})"); }, {"gpu_cache.threads"});
 }

@@ -104,6 +104,48 @@ TEST(HostTier, ManyShardsKeepTheBoundAndTheValues) {
   EXPECT_GT(s.tiers()[0]->stats.evictions, 0);
 }
 
+// A first tier that writes into every row of the output, holds the even ids only, and throws
+// (after writing) when `fail` is set: not a complete tier, so its failure is passed over.
+class ScribblingTier final : public store::Tier {
+ public:
+  explicit ScribblingTier(std::vector<store::TableInfo> t) : tables_(std::move(t)) {}
+  std::string name() const override { return "scribbling"; }
+  bool complete() const override { return false; }
+  int64_t memory_bound() const override { return 0; }
+  void lookup(int table, const int64_t* ids, int64_t n, float* out, uint8_t* found) override {
+    const int64_t dim = tables_[table].dim;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t k = 0; k < dim; ++k)
+        out[i * dim + k] = ids[i] % 2 == 0 ? value_of(table, ids[i], k) : 1e9f;
+      if (ids[i] % 2 == 0 && !fail) found[i] = 1;
+    }
+    if (fail) dlrec::fail("scribbling tier: down");
+  }
+  bool fail = false;
+
+ private:
+  std::vector<store::TableInfo> tables_;
+};
+
+// The first tier writes its rows straight into the caller's output: a row it does not hold (or
+// all of them, when it fails) is written by the tier below, whatever the first left there.
+TEST(EmbeddingStore, RowsTheFirstTierLeavesComeFromTheTierBelow) {
+  const auto tables = two_tables();
+  std::vector<std::unique_ptr<store::Tier>> tiers;
+  auto first = std::make_unique<ScribblingTier>(tables);
+  ScribblingTier* scribbling = first.get();
+  tiers.push_back(std::move(first));
+  tiers.push_back(std::make_unique<ArrayTier>(tables));
+  store::EmbeddingStore s(tables, std::move(tiers));
+  const std::vector<int64_t> ids = {4, 7, 0, 99, 12, 7, 31, 2};
+  expect_rows(s, 0, ids);
+  expect_rows(s, 1, {1, 2, 3, 29});
+  EXPECT_EQ(s.tiers()[0]->stats.hits.load(), 5);  // the even ids
+  scribbling->fail = true;
+  expect_rows(s, 0, ids);
+  EXPECT_EQ(s.tiers()[0]->stats.failures.load(), 1);
+}
+
 TEST(EmbeddingStore, RefusesIdsBeyondATableAndRowsNoTierHolds) {
   const auto tables = two_tables();
   std::vector<std::unique_ptr<store::Tier>> tiers;

@@ -85,6 +85,11 @@ struct StoreConfig {
   int64_t gpu_cache_bytes = 0;
   std::string gpu_cache_eviction = "lfu";
   double gpu_cache_insert_threshold = 0.9;
+  // The threads that run a batch's host work (the instance's spin team, the serving thread
+  // among them; "threads", 1..1024). 0 (the default): one per table and per stored feature, at
+  // most the process's thread count less one when it has more than 4 (a vCPU left for the
+  // kernel, the asynchronous inserter and the GPU driver: docs/SERVING.md, "GPU cache tier").
+  int gpu_cache_threads = 0;
   static StoreConfig from_json(const json& j, const std::string& base_dir,
                                const std::string& where);
   json to_json() const;

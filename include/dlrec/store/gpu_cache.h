@@ -37,7 +37,7 @@
 // (upload the ids, look up, copy the misses back, fetch, upload) and an engine that takes its
 // ids from the device. The host map's cost is memory latency, which prefetching and huge pages
 // reduce but do not remove: on the H200 host measured, a batch of 2048 at alpha 1.2 spends
-// ~0.1 ms here (lookups and remap 47-49 us, fetch 30-31, write 14-21) against a 0.12 ms
+// ~0.07 ms here (lookups and remap 37-43 us, fetch 18-20, write 11-14) against a 0.12 ms
 // forward (bench/RESULTS.md, "GPU cache tier"; bench/gpu_cache_host.cc measures it without a
 // GPU); a device-side map measured slower (the round trip of the ids and rows).
 #pragma once
@@ -256,6 +256,8 @@ class GpuCache {
   // Rows of feature k's device tables: the cache, then `staging` rows.
   int64_t device_rows(size_t k) const { return sizing_.cache_rows[k] + staging_; }
   int64_t staging_rows() const { return staging_; }
+  // The threads of a batch's host work, the caller included (StoreConfig::gpu_cache_threads).
+  int threads() const { return team_->size(); }
   // After each (re)build of the model: where its tables are, and the staging rows they have.
   // The cache starts empty.
   void bind(std::unique_ptr<DeviceRows> rows, int64_t staging_rows);
@@ -290,11 +292,12 @@ class GpuCache {
   // longest task; of the members that took part (the caller among them), the latest to begin,
   // the latest to end among those that ran a task and among all (a member that claimed its
   // part late, e.g. descheduled, ends after the work is done); how many ran a task; their
-  // involuntary context switches and page faults during it (getrusage per thread).
+  // involuntary context switches, voluntary ones (a sleep in the kernel: a lock, a syscall
+  // that waits) and page faults during it (getrusage per thread).
   struct TeamPhase {
     int64_t wall_ns = 0, max_task_ns = 0, last_start_ns = 0, last_work_end_ns = 0,
             last_end_ns = 0;
-    int32_t workers = 0, preempted = 0;
+    int32_t workers = 0, preempted = 0, slept = 0;
     int64_t faults = 0;
   };
   struct BatchPhases {
@@ -305,7 +308,8 @@ class GpuCache {
     int64_t wait_ns = 0, lookup_ns = 0, remap_ns = 0, settle_ns = 0, fetch_ns = 0,
             write_ns = 0, forward_ns = 0, relink_ns = 0, total_ns = 0;
     TeamPhase team[2];  // the lookup job (each feature's remap after its last lookup), the fetch job
-    int64_t caller_preempted = 0, caller_faults = 0;  // the calling thread, over run()
+    int64_t caller_preempted = 0, caller_faults = 0, caller_slept = 0;  // the calling thread,
+                                                                        // over run()
     int64_t misses = 0;  // distinct ids missed, all features
     bool sync = false;
     bool inserter_busy = false;  // an async insert queued or running as the batch began
@@ -314,8 +318,9 @@ class GpuCache {
   };
   void keep_phases(bool on) { keep_phases_ = on; }
   const BatchPhases& last_phases() const { return phases_; }
-  // The calling thread's involuntary context switches and page faults so far (0 where unknown).
-  static void thread_usage(int64_t* preempted, int64_t* faults);
+  // The calling thread's involuntary context switches and page faults so far, and its
+  // voluntary switches where `slept` is given (0 where unknown).
+  static void thread_usage(int64_t* preempted, int64_t* faults, int64_t* slept = nullptr);
 
  private:
   struct InsertJob {
