@@ -42,27 +42,17 @@ void EmbeddingNode::alloc_table_wise(Engine& e, int64_t max_nnz) {
     a2a_done_ = gpu::Event(e.dev.index);
     rp_done_ = gpu::Event(e.dev.index);
   }
-  tw_count_.assign(n, 0);
-  tw_first_.assign(n, 0);
-  has_tw_ = false;
-  for (int o : own) {
+  for (int o : own)
     DLREC_CHECK(o >= dp::kReplicatedOwner && o < n, "table-wise sharding: owner ", o, " of ", n,
                 " ranks (bug)");
-    if (o >= 0) ++tw_count_[o], has_tw_ = true;
-  }
-  for (int r = 1; r < n; ++r) tw_first_[r] = tw_first_[r - 1] + tw_count_[r - 1];
-  std::vector<int32_t> lay;  // table, first, count, index: one per table-wise table each
-  std::vector<int32_t> table, first, count, index, mine;
-  for (int r = 0; r < n; ++r)
-    for (int64_t t = 0; t < T; ++t) {
-      if (own[t] != r) continue;
-      index.push_back(static_cast<int32_t>(table.size() - tw_first_[r]));
-      table.push_back(static_cast<int32_t>(t));
-      first.push_back(static_cast<int32_t>(tw_first_[r]));
-      count.push_back(static_cast<int32_t>(tw_count_[r]));
-      if (r == e.dp.rank) mine.push_back(static_cast<int32_t>(t));
-    }
-  for (auto* a : {&table, &first, &count, &index}) lay.insert(lay.end(), a->begin(), a->end());
+  // The exchange's positions (every field in values): the table-wise tables only (row-wise and
+  // replicated ones have no owner and are not in these arrays).
+  const dp::ExchangeLayout x = dp::plan_exchange(own, {}, dim, n, e.dp.rank);
+  tw_W_ = x.W;
+  tw_F_ = x.F;
+  tw_row_ = x.W[e.dp.rank];
+  has_tw_ = x.positions() > 0;
+  const std::vector<int64_t>& mine = x.tw_mine;
   // The tables whose ids travel (all but the replicated ones) and their positions among them.
   tv_sel_.clear();
   tv_pos_.assign(T, -1);
@@ -73,21 +63,19 @@ void EmbeddingNode::alloc_table_wise(Engine& e, int64_t max_nnz) {
     }
   compact_ = static_cast<int64_t>(tv_sel_.size()) < T;
   std::vector<int32_t> sel32(tv_sel_.begin(), tv_sel_.end()), mine_pos;
-  for (int32_t t : mine) mine_pos.push_back(static_cast<int32_t>(tv_pos_[t]));
+  for (int64_t t : mine) mine_pos.push_back(static_cast<int32_t>(tv_pos_[t]));
   tw_K_ = static_cast<int64_t>(mine.size());
-  tw_mine_.assign(mine.begin(), mine.end());
+  tw_mine_ = mine;
   std::vector<float*> wp, sp;
   std::vector<uint32_t> base;
-  for (int32_t t : mine) {
+  for (int64_t t : mine) {
     wp.push_back(ts_.tables[t].data<float>());
     if (!ts_.states.empty()) sp.push_back(ts_.states[t].data<float>());
     base.push_back(ts_.row_base[t]);
   }
+  const std::vector<int32_t> lay = x.packed();
   tw_layout_mem_ = upload(e, lay.data(), lay.size() * sizeof(int32_t));
-  const auto* l = static_cast<const int32_t*>(tw_layout_mem_.raw());
-  // The table-wise tables only (row-wise ones have no owner and are not in these arrays).
-  const int64_t Ttw = static_cast<int64_t>(table.size());
-  tw_layout_ = dp::TwLayout{l, l + Ttw, l + 2 * Ttw, l + 3 * Ttw, Ttw, dim};
+  tw_layout_ = dp::device_layout(static_cast<const int32_t*>(tw_layout_mem_.raw()), x);
   tw_tabs_ = upload(e, mine_pos.data(), mine_pos.size() * sizeof(int32_t));  // gathered order
   tv_sel_dev_ = upload(e, sel32.data(), sel32.size() * sizeof(int32_t));
   tw_ptrs_ = upload(e, wp.data(), wp.size() * sizeof(float*));
@@ -109,10 +97,12 @@ void EmbeddingNode::alloc_table_wise(Engine& e, int64_t max_nnz) {
   auto one = [](int64_t x) { return std::max<int64_t>(x, 1); };
   tw_off_ = Tensor::empty({tw_K_ * G + 1}, DType::I32, e.dev);
   tw_keys_ = Tensor::empty({one(n * max_nnz)}, DType::I32, e.dev);
-  tw_pool_ = Tensor::empty({one(G * tw_K_ * dim)}, act, e.dev);
+  // Pooled rows and gradients [G, tw_row_] on the owner; [B, sum_r W[r]] (at most T * dim) on
+  // every rank.
+  tw_pool_ = Tensor::empty({one(G * tw_row_)}, act, e.dev);
   tw_recv_ = Tensor::empty({one(cap_ * T * dim)}, act, e.dev);
   tw_gsend_ = Tensor::empty({one(cap_ * T * dim)}, xdt_, e.dev);
-  tw_grecv_ = Tensor::empty({one(G * tw_K_ * dim)}, xdt_, e.dev);
+  tw_grecv_ = Tensor::empty({one(G * tw_row_)}, xdt_, e.dev);
   if (compact_) {
     tv_off_ = Tensor::empty({static_cast<int64_t>(tv_sel_.size()) * cap_ + 1}, DType::I32, e.dev);
     tv_keys_ = Tensor::empty({one(max_nnz)}, DType::I32, e.dev);
@@ -132,7 +122,7 @@ void EmbeddingNode::alloc_replicated(Engine& e, int64_t max_nnz) {
   for (int64_t t : rp_mine_) total += ts_.rows[t] * dim;
   rp_grad_ = e.buf({total}, DType::F32);  // zero: dense_update keeps it so between steps
   if (is_half(xdt_)) rp_grad16_ = Tensor::empty({total}, xdt_, e.dev);  // all-reduced in 16 bits
-  std::vector<int32_t> table, first, count, index;
+  std::vector<int32_t> table;
   std::vector<float*> wp, sp, gp;
   std::vector<uint32_t> base;
   int64_t at = 0;
@@ -141,9 +131,6 @@ void EmbeddingNode::alloc_replicated(Engine& e, int64_t max_nnz) {
     DLREC_CHECK(ts_.tables[t].defined() && ts_.tables[t].shape()[0] == ts_.rows[t],
                 "replicated table ", t, " is not allocated whole (bug)");
     table.push_back(static_cast<int32_t>(t));
-    first.push_back(0);
-    count.push_back(static_cast<int32_t>(rp_K_));
-    index.push_back(static_cast<int32_t>(k));
     wp.push_back(ts_.tables[t].data<float>());
     if (!ts_.states.empty()) sp.push_back(ts_.states[t].data<float>());
     gp.push_back(rp_grad_.data<float>() + at);
@@ -151,11 +138,10 @@ void EmbeddingNode::alloc_replicated(Engine& e, int64_t max_nnz) {
     at += ts_.rows[t] * dim;
   }
   rp_tabs_ = upload(e, table.data(), table.size() * sizeof(int32_t));
-  std::vector<int32_t> lay;
-  for (auto* a : {&table, &first, &count, &index}) lay.insert(lay.end(), a->begin(), a->end());
+  const dp::ExchangeLayout x = dp::local_layout(rp_mine_, dim);
+  const std::vector<int32_t> lay = x.packed();
   rp_layout_mem_ = upload(e, lay.data(), lay.size() * sizeof(int32_t));
-  const auto* l = static_cast<const int32_t*>(rp_layout_mem_.raw());
-  rp_layout_ = dp::TwLayout{l, l + rp_K_, l + 2 * rp_K_, l + 3 * rp_K_, rp_K_, dim};
+  rp_layout_ = dp::device_layout(static_cast<const int32_t*>(rp_layout_mem_.raw()), x);
   rp_ptrs_ = upload(e, wp.data(), wp.size() * sizeof(float*));
   rp_sptrs_ = upload(e, sp.data(), sp.size() * sizeof(float*));
   rp_gptrs_ = upload(e, gp.data(), gp.size() * sizeof(float*));
@@ -221,17 +207,16 @@ void EmbeddingNode::tw_counts(const Engine& e, std::vector<int64_t>* own_c,
                               std::vector<int64_t>* own_o, std::vector<int64_t>* peer_c,
                               std::vector<int64_t>* peer_o) const {
   const DataParallel& d = e.dp;
-  const int64_t dim = ts_.dim;
   own_c->assign(d.ranks, 0);
   own_o->assign(d.ranks, 0);
   peer_c->assign(d.ranks, 0);
   peer_o->assign(d.ranks, 0);
   int64_t R = 0;
   for (int s = 0; s < d.ranks; ++s) {
-    (*own_c)[s] = tw_K_ * d.rows[s] * dim;
-    (*own_o)[s] = tw_K_ * R * dim;
-    (*peer_c)[s] = tw_count_[s] * e.B * dim;
-    (*peer_o)[s] = tw_first_[s] * e.B * dim;
+    (*own_c)[s] = tw_row_ * d.rows[s];
+    (*own_o)[s] = tw_row_ * R;
+    (*peer_c)[s] = tw_W_[s] * e.B;
+    (*peer_o)[s] = tw_F_[s] * e.B;
     R += d.rows[s];
   }
 }
@@ -240,7 +225,6 @@ void EmbeddingNode::alloc_row_wise(Engine& e, int64_t max_nnz) {
   const int n = e.dp.ranks;
   const int64_t T = ts_.tab.num_tables, dim = ts_.dim;
   std::vector<int64_t> info;
-  std::vector<int32_t> table, first, count, index;
   std::vector<float*> wp, sp;
   std::vector<uint32_t> local_base;
   rw_mine_.clear();
@@ -261,10 +245,6 @@ void EmbeddingNode::alloc_row_wise(Engine& e, int64_t max_nnz) {
     local_base.push_back(static_cast<uint32_t>(total));
     total += static_cast<uint64_t>(hi - lo + 1);
     rw_local_rows_.push_back(hi - lo);
-    table.push_back(static_cast<int32_t>(t));
-    first.push_back(0);
-    count.push_back(static_cast<int32_t>(rw_K_));
-    index.push_back(static_cast<int32_t>(k));
     wp.push_back(ts_.tables[t].data<float>());
     if (!ts_.states.empty()) sp.push_back(ts_.states[t].data<float>());
   }
@@ -272,11 +252,10 @@ void EmbeddingNode::alloc_row_wise(Engine& e, int64_t max_nnz) {
   while (rw_key_bits_ < 32 && (uint64_t{1} << rw_key_bits_) < total) ++rw_key_bits_;
   rw_info_ = upload(e, info.data(), info.size() * sizeof(int64_t));
   rw_rl_ = dp::RwLayout{static_cast<const int64_t*>(rw_info_.raw()), rw_K_};
-  std::vector<int32_t> lay;
-  for (auto* a : {&table, &first, &count, &index}) lay.insert(lay.end(), a->begin(), a->end());
+  const dp::ExchangeLayout x = dp::local_layout(rw_mine_, dim);
+  const std::vector<int32_t> lay = x.packed();
   rw_layout_mem_ = upload(e, lay.data(), lay.size() * sizeof(int32_t));
-  const auto* l = static_cast<const int32_t*>(rw_layout_mem_.raw());
-  rw_layout_ = dp::TwLayout{l, l + rw_K_, l + 2 * rw_K_, l + 3 * rw_K_, rw_K_, dim};
+  rw_layout_ = dp::device_layout(static_cast<const int32_t*>(rw_layout_mem_.raw()), x);
   rw_ptrs_ = upload(e, wp.data(), wp.size() * sizeof(float*));
   rw_sptrs_ = upload(e, sp.data(), sp.size() * sizeof(float*));
   rw_base_ = upload(e, local_base.data(), local_base.size() * sizeof(uint32_t));

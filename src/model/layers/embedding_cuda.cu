@@ -158,7 +158,7 @@ void EmbeddingNode::replicated_grads(Engine& e, const S* grad, int64_t ld) {
 
 void EmbeddingNode::forward_table_wise(Engine& e) {
   const DataParallel& d = e.dp;
-  const int64_t T = ts_.tab.num_tables, dim = ts_.dim, G = d.global_rows;
+  const int64_t T = ts_.tab.num_tables, G = d.global_rows;
   std::vector<int64_t> off_counts, key_counts, own_c, own_o, peer_c, peer_o;
   const dp::RankGeometry geo = geometry(e, &off_counts, &key_counts);
   tw_counts(e, &own_c, &own_o, &peer_c, &peer_o);
@@ -196,7 +196,7 @@ void EmbeddingNode::forward_table_wise(Engine& e) {
     if (has_tw_) {
       if (tw_K_ > 0 && G > 0)
         ce::forward(tw_sub_, tw_off_.data<int32_t>(), static_cast<const uint32_t*>(tw_keys_.raw()),
-                    G, mean_, static_cast<H*>(tw_pool_.raw()), e.st, tw_K_ * dim);
+                    G, mean_, static_cast<H*>(tw_pool_.raw()), e.st, tw_row_);
       e.sub("emb fwd: tw pool");
       e.comm_fork("pooled all-to-all", a2a_done_, [&](dist::Communicator& c) {
         c.all_to_all_v(tw_pool_.raw(), own_c, own_o, tw_recv_.raw(), peer_c, peer_o,
@@ -223,7 +223,7 @@ void EmbeddingNode::forward_table_wise(Engine& e) {
 
 void EmbeddingNode::backward_table_wise(Engine& e) {
   const DataParallel& d = e.dp;
-  const int64_t dim = ts_.dim, G = d.global_rows;
+  const int64_t G = d.global_rows;
   std::vector<int64_t> own_c, own_o, peer_c, peer_o;
   tw_counts(e, &own_c, &own_o, &peer_c, &peer_o);
   const Value& gv = grad_value(e);
@@ -253,7 +253,7 @@ void EmbeddingNode::backward_table_wise(Engine& e) {
       e.sub("emb bwd: tw all-to-all");
       if (tw_K_ > 0 && G > 0 && tw_nnz_ > 0)
         ce::backward_apply(tw_sub_, tw_off_.data<int32_t>(), G, tw_nnz_, mean_,
-                           static_cast<const W*>(tw_grecv_.raw()), tw_K_ * dim, kind, e.lr + 1,
+                           static_cast<const W*>(tw_grecv_.raw()), tw_row_, kind, e.lr + 1,
                            e.emb_eps, ts_.scratch, e.st, e.gscale);
       e.sub("emb bwd: tw apply");
     }

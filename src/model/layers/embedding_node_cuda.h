@@ -178,8 +178,9 @@ class EmbeddingNode final : public Node {
   bool tw_ = false;
   DType xdt_ = DType::F32;         // the gradients' type in the exchange (alloc_table_wise)
   int64_t tw_K_ = 0, tw_nnz_ = 0;  // tables this rank owns; their ids this step
-  std::vector<int64_t> tw_count_, tw_first_;  // per rank: tables owned, first position
-  std::vector<int64_t> tw_mine_;              // the tables this rank owns
+  int64_t tw_row_ = 0;  // values per row of this rank's exchange block (its tables' columns)
+  std::vector<int64_t> tw_W_, tw_F_;  // per rank: values per row, values of the ranks before
+  std::vector<int64_t> tw_mine_;      // the tables this rank owns
   Tensor tw_layout_mem_, tw_tabs_, tw_ptrs_, tw_sptrs_, tw_base_;
   Tensor tw_off_, tw_keys_, tw_pool_, tw_recv_, tw_gsend_, tw_grecv_;
   ce::Tables tw_sub_;  // the owned tables (their global row keys as in the whole set)
