@@ -73,6 +73,9 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
   std::vector<char> keep(T_, 0);
   int64_t own_bytes = 0, own_rows = 0, own_tables = 0;
   for (int64_t t = 0; t < T_; ++t) {
+    DLREC_CHECK(plan.tables[t].kind != dist::ShardingKind::ColumnWise, "sharding.tables.",
+                specs[t].name, ".kind: \"column_wise\" is not supported on the GPUs (table_wise, ",
+                "row_wise or replicated)");
     if (plan.tables[t].kind == dist::ShardingKind::Replicated) {  // whole on every GPU
       owner[t] = gpu_graph::dp::kReplicatedOwner;
       keep[t] = 1;
