@@ -43,11 +43,11 @@ void EmbeddingNode::alloc_table_wise(Engine& e, int64_t max_nnz) {
     rp_done_ = gpu::Event(e.dev.index);
   }
   for (int o : own)
-    DLREC_CHECK(o >= dp::kReplicatedOwner && o < n, "table-wise sharding: owner ", o, " of ", n,
+    DLREC_CHECK(o >= dp::kColumnWiseOwner && o < n, "table-wise sharding: owner ", o, " of ", n,
                 " ranks (bug)");
-  // The exchange's positions (every field in values): the table-wise tables only (row-wise and
-  // replicated ones have no owner and are not in these arrays).
-  const dp::ExchangeLayout x = dp::plan_exchange(own, {}, dim, n, e.dp.rank);
+  // The exchange's positions (every field in values): the table-wise tables and the column
+  // pieces (row-wise and replicated tables have no owner and are not in these arrays).
+  const dp::ExchangeLayout x = dp::plan_exchange(own, e.dp.col_pieces, dim, n, e.dp.rank);
   tw_W_ = x.W;
   tw_F_ = x.F;
   tw_row_ = x.W[e.dp.rank];
@@ -107,8 +107,52 @@ void EmbeddingNode::alloc_table_wise(Engine& e, int64_t max_nnz) {
     tv_off_ = Tensor::empty({static_cast<int64_t>(tv_sel_.size()) * cap_ + 1}, DType::I32, e.dev);
     tv_keys_ = Tensor::empty({one(max_nnz)}, DType::I32, e.dev);
   }
+  alloc_column_wise(e, max_nnz, x.groups);
   alloc_row_wise(e, max_nnz);
   alloc_replicated(e, max_nnz);
+}
+
+void EmbeddingNode::alloc_column_wise(Engine& e, int64_t max_nnz,
+                                      const std::vector<dp::ExchangeLayout::Group>& groups) {
+  const int64_t n = e.dp.ranks, G = n * cap_, ids = std::max<int64_t>(n * max_nnz, 1);
+  cw_.clear();
+  for (const dp::ExchangeLayout::Group& gr : groups) {
+    CwGroup g;
+    g.width = gr.width;
+    g.col = gr.col;
+    g.tables = gr.tables;
+    g.K = static_cast<int64_t>(gr.tables.size());
+    std::vector<int32_t> pos;
+    std::vector<float*> wp, sp;
+    std::vector<uint32_t> base;
+    for (int64_t t : gr.tables) {
+      DLREC_CHECK(ts_.tables[t].defined() && ts_.tables[t].shape()[0] == ts_.rows[t] &&
+                      ts_.tables[t].shape()[1] == gr.width,
+                  "column-wise sharding: table ", t, "'s piece is not allocated (bug)");
+      pos.push_back(static_cast<int32_t>(tv_pos_[t]));
+      wp.push_back(ts_.tables[t].data<float>());
+      if (!ts_.states.empty()) sp.push_back(ts_.states[t].data<float>());
+      base.push_back(ts_.row_base[t]);
+    }
+    g.tabs = upload(e, pos.data(), pos.size() * sizeof(int32_t));
+    g.ptrs = upload(e, wp.data(), wp.size() * sizeof(float*));
+    g.sptrs = upload(e, sp.data(), sp.size() * sizeof(float*));
+    g.base = upload(e, base.data(), base.size() * sizeof(uint32_t));
+    g.sub = ts_.tab;
+    g.sub.weights = static_cast<float* const*>(g.ptrs.raw());
+    g.sub.states = ts_.tab.states ? static_cast<float* const*>(g.sptrs.raw()) : nullptr;
+    g.sub.row_base = static_cast<const uint32_t*>(g.base.raw());
+    g.sub.num_tables = static_cast<int>(g.K);
+    g.sub.dim = static_cast<int>(g.width);
+    g.off = Tensor::empty({g.K * G + 1}, DType::I32, e.dev);
+    g.keys = Tensor::empty({ids}, DType::I32, e.dev);
+    // Its own sort: read by the backward while the whole tables' sort sits in ts_.scratch.
+    const size_t sb = ce::scratch_bytes(ids, ts_.key_bits, static_cast<int>(g.width));
+    g.scratch_mem = Tensor::empty({static_cast<int64_t>(sb)}, DType::U8, e.dev);
+    g.scratch = ce::carve(g.scratch_mem.raw(), ids, ts_.key_bits, static_cast<int>(g.width));
+    ce::prepare(g.scratch, e.st);
+    cw_.push_back(std::move(g));
+  }
 }
 
 void EmbeddingNode::alloc_replicated(Engine& e, int64_t max_nnz) {

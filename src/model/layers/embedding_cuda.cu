@@ -165,6 +165,11 @@ void EmbeddingNode::forward_table_wise(Engine& e) {
   tw_nnz_ = 0;
   for (int r = 0; r < d.ranks; ++r)
     for (int64_t t : tw_mine_) tw_nnz_ += d.table_nnz[r * T + t];
+  for (CwGroup& g : cw_) {
+    g.nnz = 0;
+    for (int r = 0; r < d.ranks; ++r)
+      for (int64_t t : g.tables) g.nnz += d.table_nnz[r * T + t];
+  }
   // Overlap: the replicated tables pool (no exchange) while the ids are all-gathered, and
   // the owner's id sort for the backward (ids only) runs while the pooled rows travel.
   e.sub("emb fwd: (before)");
@@ -192,12 +197,25 @@ void EmbeddingNode::forward_table_wise(Engine& e) {
                          tw_off_.data<int32_t>(), static_cast<uint32_t*>(tw_keys_.raw()),
                          lens_.data<int32_t>(), src_.data<int64_t>(), scan_.raw(), scan_bytes_,
                          e.st);
+    // Each width group of this rank's column pieces: the bags of its tables (all their ids).
+    for (CwGroup& g : cw_)
+      dp::build_table_bags(geo, static_cast<const int32_t*>(g.tabs.raw()), g.K,
+                           off_in_.data<int32_t>(), static_cast<const uint32_t*>(keys_in_.raw()),
+                           g.off.data<int32_t>(), static_cast<uint32_t*>(g.keys.raw()),
+                           lens_.data<int32_t>(), src_.data<int64_t>(), scan_.raw(), scan_bytes_,
+                           e.st);
     e.sub("emb fwd: tw bags");
     if (has_tw_) {
       if (tw_K_ > 0 && G > 0)
         ce::forward(tw_sub_, tw_off_.data<int32_t>(), static_cast<const uint32_t*>(tw_keys_.raw()),
                     G, mean_, static_cast<H*>(tw_pool_.raw()), e.st, tw_row_);
       e.sub("emb fwd: tw pool");
+      // The pieces pool into their columns of this rank's row (after its whole tables).
+      for (const CwGroup& g : cw_)
+        if (G > 0)
+          ce::forward(g.sub, g.off.data<int32_t>(), static_cast<const uint32_t*>(g.keys.raw()), G,
+                      mean_, static_cast<H*>(tw_pool_.raw()) + g.col, e.st, tw_row_);
+      if (!cw_.empty()) e.sub("emb fwd: cw pool");
       e.comm_fork("pooled all-to-all", a2a_done_, [&](dist::Communicator& c) {
         c.all_to_all_v(tw_pool_.raw(), own_c, own_o, tw_recv_.raw(), peer_c, peer_o,
                        dist::elem_of(o.dt));
@@ -206,6 +224,10 @@ void EmbeddingNode::forward_table_wise(Engine& e) {
         ce::backward_ids(tw_sub_, tw_off_.data<int32_t>(),
                          static_cast<const uint32_t*>(tw_keys_.raw()), G, tw_nnz_, ts_.key_bits,
                          ts_.scratch, e.st);
+      for (CwGroup& g : cw_)
+        if (e.dp.step && G > 0 && g.nnz > 0)
+          ce::backward_ids(g.sub, g.off.data<int32_t>(), static_cast<const uint32_t*>(g.keys.raw()),
+                           G, g.nnz, ts_.key_bits, g.scratch, e.st);
       e.sub("emb fwd: tw ids (sort, for the backward)");
       e.comm_join(a2a_done_);
       dp::scatter_pooled(tw_layout_, e.B, static_cast<const H*>(tw_recv_.raw()),
@@ -256,6 +278,13 @@ void EmbeddingNode::backward_table_wise(Engine& e) {
                            static_cast<const W*>(tw_grecv_.raw()), tw_row_, kind, e.lr + 1,
                            e.emb_eps, ts_.scratch, e.st, e.gscale);
       e.sub("emb bwd: tw apply");
+      // Each piece's columns: the gradient's columns of that piece, the whole bags' lengths.
+      for (const CwGroup& g : cw_)
+        if (G > 0 && g.nnz > 0)
+          ce::backward_apply(g.sub, g.off.data<int32_t>(), G, g.nnz, mean_,
+                             static_cast<const W*>(tw_grecv_.raw()) + g.col, tw_row_, kind,
+                             e.lr + 1, e.emb_eps, g.scratch, e.st, e.gscale);
+      if (!cw_.empty()) e.sub("emb bwd: cw apply");
     }
     if (rp_K_ > 0) replicated_apply(e);
     if (rp_K_ > 0) e.sub("emb bwd: replicated");

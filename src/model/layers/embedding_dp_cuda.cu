@@ -369,11 +369,15 @@ __device__ __forceinline__ uint64_t splitmix64_range(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// w[i] for i < n: element first + i of the whole table, or with width > 0 element
+// (i / width) * dim + c0 + i % width (columns [c0, c0 + width) of rows dim wide).
 __global__ void init_uniform_range_kernel(float* w, int64_t n, int64_t first, uint64_t seed,
-                                          double a) {
+                                          double a, int64_t dim, int64_t c0, int64_t width) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const uint64_t at = static_cast<uint64_t>(first + i);
+    const int64_t r = width > 0 ? i / width : 0;
+    const uint64_t at =
+        static_cast<uint64_t>(width > 0 ? r * dim + c0 + (i - r * width) : first + i);
     const double u =
         static_cast<double>(splitmix64_range(seed ^ splitmix64_range(at)) >> 11) * 0x1.0p-53;
     // As nn::cuda_emb::init_uniform: explicit rounding, no fused multiply-add.
@@ -403,7 +407,15 @@ void build_row_bags(const RankGeometry& g, int64_t bmax, const RwLayout& l, cons
 void init_uniform_range(float* w, int64_t n, int64_t first, uint64_t seed, double a,
                         cudaStream_t stream) {
   if (n <= 0) return;
-  init_uniform_range_kernel<<<blocks_for(n), 256, 0, stream>>>(w, n, first, seed, a);
+  init_uniform_range_kernel<<<blocks_for(n), 256, 0, stream>>>(w, n, first, seed, a, 0, 0, 0);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+void init_uniform_cols(float* w, int64_t rows, int64_t dim, int64_t c0, int64_t width,
+                       uint64_t seed, double a, cudaStream_t stream) {
+  const int64_t n = rows * width;
+  if (n <= 0) return;
+  init_uniform_range_kernel<<<blocks_for(n), 256, 0, stream>>>(w, n, 0, seed, a, dim, c0, width);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 

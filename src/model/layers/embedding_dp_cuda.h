@@ -144,5 +144,9 @@ void round_dense(float* g, To* out, int64_t n, cudaStream_t stream);
 // (nn/embedding_cuda.h: float(-a + 2 a u(seed, first + i)), bit for bit): a row range's values.
 void init_uniform_range(float* w, int64_t n, int64_t first, uint64_t seed, double a,
                         cudaStream_t stream);
+// w [rows, width] = columns [c0, c0 + width) of the whole table [rows, dim] as one GPU's
+// init_uniform gives them (bit for bit): a column-wise piece's values.
+void init_uniform_cols(float* w, int64_t rows, int64_t dim, int64_t c0, int64_t width,
+                       uint64_t seed, double a, cudaStream_t stream);
 
 }  // namespace dlrec::model::gpu_graph::dp

@@ -87,6 +87,10 @@ class EmbeddingNode final : public Node {
   // evaluation runs this exchange too (Engine::dp.collective), and checkpoints stream the
   // tables from their owners (GraphCuda::gather_sharded_tables).
   void alloc_table_wise(Engine& e, int64_t max_nnz);
+  // The groups of this rank's column pieces (alloc_table_wise, after the travelling tables'
+  // positions tv_pos_ are known).
+  void alloc_column_wise(Engine& e, int64_t max_nnz,
+                         const std::vector<dp::ExchangeLayout::Group>& groups);
   // Replicated tables (Engine::dp.table_owner[t] == dp::kReplicatedOwner; docs/DISTRIBUTED.md,
   // "Replicated tables on the GPUs"): every GPU holds the whole table (the same values: one GPU's
   // initialisation, the same updates). Forward: each rank pools its own rows' bags of these
@@ -184,6 +188,20 @@ class EmbeddingNode final : public Node {
   Tensor tw_layout_mem_, tw_tabs_, tw_ptrs_, tw_sptrs_, tw_base_;
   Tensor tw_off_, tw_keys_, tw_pool_, tw_recv_, tw_gsend_, tw_grecv_;
   ce::Tables tw_sub_;  // the owned tables (their global row keys as in the whole set)
+  // Column-wise sharding (Engine::dp.col_pieces; docs/DISTRIBUTED.md, "Column-wise tables on
+  // the GPUs"): a column piece is a table-wise position of its own width. This rank's pieces of
+  // one width form a group (ce::Tables has one dim, a Scratch is carved per dim): the bags of its
+  // tables over the global batch (every id: each piece owner sorts all of a table's ids), pooled
+  // into columns [col, col + K * width) of this rank's row of the exchange and updated from the
+  // same columns of the gradients received.
+  struct CwGroup {
+    int64_t width = 0, col = 0, K = 0, nnz = 0;
+    std::vector<int64_t> tables;
+    ce::Tables sub;
+    ce::Scratch scratch;
+    Tensor tabs, ptrs, sptrs, base, off, keys, scratch_mem;
+  };
+  std::vector<CwGroup> cw_;
   dp::TwLayout tw_layout_;
   size_t scan_bytes_ = 0;
 
