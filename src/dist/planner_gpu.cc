@@ -19,6 +19,7 @@ void check_gpu_column_wise(const std::vector<TableSpec>& tables, const PlannerOp
   for (const TableSpec& t : tables) {
     auto it = o.overrides.find(t.name);
     if (it == o.overrides.end() || it->second.kind != ShardingKind::ColumnWise) continue;
+    if (it->second.pieces > o.ranks) continue;  // PlannerOptions::validate names it
     const int64_t want = std::max<int64_t>(2, it->second.pieces);
     if (t.dim % unit != 0)
       fail("sharding.tables.", t.name,

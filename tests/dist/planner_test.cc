@@ -372,6 +372,7 @@ TEST(ShardPlannerGpu, BadColumnWiseOverridesAreClearErrors) {
   TableOverride five = cw;
   five.pieces = 5;
   expect_error(with(128, 4, five), {"table 'emb.4' asks for 5 column pieces but the job has 4"});
+  expect_error(with(8, 4, five), {"table 'emb.4' asks for 5 column pieces but the job has 4"});
   TableOverride three = cw;
   three.pieces = 3;
   expect_error(with(8, 4, three), {"dim 8 gives 2 piece(s), 3 asked"});
