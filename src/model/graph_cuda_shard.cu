@@ -1,8 +1,9 @@
-// Table-wise sharding of the CUDA graph engine's embedding tables over the GPUs of a
-// data-parallel job (docs/DISTRIBUTED.md, "Across GPUs"). The exchange itself is the embedding
-// layer's (src/model/layers/embedding_cuda.cu); here: the plan, the owned tables' allocation
-// (a GPU never allocates a table it does not own) and the streaming of the tables to rank 0 for
-// checkpoints; the per-step count exchange of a data-parallel step or a sharded evaluation.
+// Sharding of the CUDA graph engine's embedding tables over the GPUs of a data-parallel job
+// (table-wise, row-wise, column-wise, replicated; docs/DISTRIBUTED.md, "Across GPUs"). The
+// exchange itself is the embedding layer's (src/model/layers/embedding_cuda.cu); here: the plan,
+// the owned tables' and pieces' allocation (a GPU never allocates a table it does not own) and the
+// streaming of the tables to host copies for checkpoints; the per-step count exchange of a
+// data-parallel step or a sharded evaluation.
 #include <algorithm>
 #include <limits>
 #include <sstream>
