@@ -72,7 +72,14 @@ void PlannerOptions::validate() const {
     DLREC_CHECK(o.frequent_rows < 0 || o.kind == ShardingKind::Hybrid, "sharding: table '", name,
                 "' gives frequent_rows, which only hybrid takes (kind ", sharding_kind_name(o.kind),
                 ")");
+    DLREC_CHECK(o.pieces < 0 || o.kind == ShardingKind::ColumnWise, "sharding: table '", name,
+                "' gives pieces, which only column_wise takes (kind ", sharding_kind_name(o.kind),
+                ")");
+    DLREC_CHECK(o.pieces <= ranks, "sharding: table '", name, "' asks for ", o.pieces,
+                " column pieces but the job has ", ranks, " rank(s)");
   }
+  DLREC_CHECK(column_unit >= 0 && column_unit <= 1024, "sharding: column_unit must be in [0, 1024]",
+              ", got ", column_unit);
 }
 
 PlannerOptions read_planner_options(ConfigReader& r, int ranks) {
@@ -118,6 +125,7 @@ PlannerOptions read_planner_options(ConfigReader& r, int ranks) {
           {"replicated", "data_parallel", "table_wise", "row_wise", "column_wise", "hybrid"}));
       ov.owner = static_cast<int>(tr.get_int_range("owner", -1, -1, 65535));
       ov.frequent_rows = tr.get_int_range("frequent_rows", -1, 1, int64_t{1} << 40);
+      ov.pieces = tr.get_int_range("pieces", -1, 2, 65535);
       tr.finish();
       o.overrides[it.key()] = ov;
     }
@@ -216,10 +224,10 @@ json Plan::to_json() const {
 
 namespace {
 
-// The column ranges of a column-wise split into at most `k` pieces: multiples of 4 columns when the
-// dim allows it (vector width), else single columns.
-std::vector<std::pair<int64_t, int64_t>> column_ranges(int64_t dim, int64_t k) {
-  const int64_t unit = dim % 4 == 0 ? 4 : 1;
+// The column ranges of a column-wise split into at most `k` pieces: multiples of `unit` columns
+// (PlannerOptions::column_unit; 0: 4 when the dim allows it, vector width, else single columns).
+std::vector<std::pair<int64_t, int64_t>> column_ranges(int64_t dim, int64_t k, int64_t unit) {
+  if (unit <= 0) unit = dim % 4 == 0 ? 4 : 1;
   const int64_t units = dim / unit;
   k = std::max<int64_t>(1, std::min(k, units));
   std::vector<std::pair<int64_t, int64_t>> r;
@@ -323,7 +331,7 @@ class Placer {
   void place_column_wise(int t, int64_t pieces) {
     tables_[t].kind = ShardingKind::ColumnWise;
     const TableSpec& s = specs_[t];
-    const auto ranges = column_ranges(s.dim, pieces);
+    const auto ranges = column_ranges(s.dim, pieces, o_.column_unit);
     std::vector<int> order(n_);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
@@ -520,7 +528,7 @@ Plan plan_sharding(const std::vector<TableSpec>& specs, const PlannerOptions& o)
           pl.place_row_wise(t);
           break;
         case ShardingKind::ColumnWise:
-          pl.place_column_wise(t, n);
+          pl.place_column_wise(t, ov->pieces > 0 ? ov->pieces : n);
           break;
         case ShardingKind::TableWise:
           if (ov->owner >= 0) {
@@ -663,97 +671,6 @@ void print_plan(const Plan& plan, const std::vector<TableSpec>& tables, std::ost
   for (const TablePlan& tp : plan.tables)
     if (!tp.why.empty()) os << "  replicated " << tp.name << ": " << tp.why << "\n";
   print_hybrid_tables(plan, os);  // planner_hybrid.cc
-}
-
-Plan plan_gpu_tables(const std::vector<TableSpec>& tables, PlannerOptions o, const GpuMemory& m) {
-  // Replicas all-reduce a dense gradient (f32, held beside the table; a 16-bit copy of it in
-  // bf16 runs): auto is the cost rule.
-  o.replicate_by_cost = o.replicate_auto;
-  o.replica_grad_bytes = o.replica_reduce_bytes == 4 ? 4 : 4 + o.replica_reduce_bytes;
-  o.max_memory_imbalance = std::numeric_limits<double>::max();
-  o.min_column_dim = int64_t{1} << 40;  // splits to fit are row-wise (no column-wise on GPUs)
-  o.auto_hybrid = false;                // not on the GPUs yet
-  const int64_t configured = o.memory_per_rank;
-  if (m.free_bytes > 0) o.memory_per_rank = std::min(o.memory_per_rank, m.free_bytes);
-  o.dense_bytes = m.dense_bytes + m.exchange_bytes;
-  const std::string budget =
-      format_bytes(static_cast<double>(o.memory_per_rank)) + " per GPU (" +
-      (m.free_bytes > 0 && m.free_bytes < configured ? "free device memory"
-                                                     : "sharding.memory_per_rank_gb") +
-      ") less " + std::to_string(static_cast<int>(o.headroom * 100 + 0.5)) + " % headroom, " +
-      format_bytes(static_cast<double>(m.dense_bytes)) + " of dense parameters and " +
-      format_bytes(static_cast<double>(m.exchange_bytes)) + " of exchange buffers";
-  for (const auto& [name, ov] : o.overrides)
-    if (ov.kind == ShardingKind::ColumnWise || ov.kind == ShardingKind::Hybrid)
-      fail("sharding.tables.", name, ".kind: \"", sharding_kind_name(ov.kind),
-           "\" is not supported on the GPUs (table_wise, row_wise or replicated)");
-  // A table whose rows split over every GPU still do not fit: named with what it needs.
-  const int n = std::max(o.ranks, 1);
-  auto share_of = [&](const TableSpec& t) {
-    return ((t.rows + n - 1) / n + 1) * (t.rows > 0 ? t.bytes() / t.rows : 0);
-  };
-  const TableSpec* widest = nullptr;  // the table with the largest row-wise share
-  for (const TableSpec& t : tables)
-    if (!widest || share_of(t) > share_of(*widest)) widest = &t;
-  if (widest && share_of(*widest) > o.usable_per_rank()) {
-    const TableSpec& t = *widest;
-    const int64_t share = share_of(t);
-    fail("sharding plan: table '", t.name, "' (", t.rows, " x ", t.dim, ") needs ",
-         format_bytes(static_cast<double>(t.bytes())),
-         " (values and optimizer state) and does not fit even split by rows over ", n, " GPU(s) (",
-         format_bytes(static_cast<double>(share)), " each): a GPU has ",
-         format_bytes(static_cast<double>(std::max<int64_t>(o.usable_per_rank(), 0))),
-         " for tables (", budget, ")");
-  }
-  Plan plan;
-  try {
-    plan = plan_sharding(tables, o);
-  } catch (const Error& e) {
-    fail(e.what(), " [on the GPUs: ", budget, "]");
-  }
-  // The GPUs split a row-wise table into contiguous row ranges (gpu_row_range), each with one
-  // more row (a zero row the ids of other ranges are pooled from): the shards and the GPUs'
-  // loads as allocated, checked against the budget again.
-  for (size_t t = 0; t < tables.size(); ++t) {
-    TablePlan& tp = plan.tables[t];
-    if (tp.kind != ShardingKind::RowWise) continue;
-    const int64_t per_row = tables[t].rows > 0 ? tables[t].bytes() / tables[t].rows : 0;
-    for (Shard& sh : tp.shards) {
-      const int64_t rows = gpu_row_range_rows(tables[t].rows, plan.ranks, sh.rank);
-      const int64_t bytes = (rows + 1) * per_row;
-      plan.per_rank[sh.rank].bytes += bytes - sh.bytes;
-      sh.rows = rows;
-      sh.bytes = bytes;
-    }
-  }
-  for (int r = 0; r < plan.ranks; ++r)
-    DLREC_CHECK(plan.per_rank[r].bytes <= o.usable_per_rank(), "sharding plan: GPU ", r, " needs ",
-                format_bytes(static_cast<double>(plan.per_rank[r].bytes)),
-                " for its tables and row ranges and has ",
-                format_bytes(static_cast<double>(o.usable_per_rank())), " (", budget, ")");
-  return plan;
-}
-
-int64_t gpu_row_range_rows(int64_t rows, int ranks, int rank) {
-  return rows * (rank + 1) / ranks - rows * rank / ranks;
-}
-
-int64_t gpu_exchange_bytes(int ranks, int64_t batch_per_rank, int64_t tables, int64_t owned,
-                           int64_t dim, double ids_per_sample, int act_bytes, int grad_bytes) {
-  const double n = ranks, B = static_cast<double>(std::max<int64_t>(batch_per_rank, 1));
-  const double T = static_cast<double>(tables), G = n * B, K = static_cast<double>(owned);
-  const double ids = G * T * std::max(ids_per_sample, 1.0);
-  double b = 0;
-  b += 4 * (n * (T * B + 1)) + 4 * ids;         // every rank's offsets and ids
-  b += 4 * (T * G + 1) + 4 * ids;               // the global bags (offsets, ids)
-  b += (4 + 8) * T * G;                         // their lengths and sources (scratch)
-  b += 4 * (K * G + 1) + 4 * ids;               // the owner's bags
-  b += K * G * dim * (act_bytes + grad_bytes);  // pooled rows and their gradients (owner)
-  b += B * T * dim * (act_bytes + grad_bytes);  // received rows, gradients sent
-  b += 32 * ids;                                // the fused update's sort and runs (estimate)
-  b += 4 * (T * B + 1) + 4 * ids / n;           // own ids compacted to the tables that travel
-  b += 32 * ids / n;                            // the replicated tables' own sort (their scratch)
-  return static_cast<int64_t>(b);
 }
 
 }  // namespace dlrec::dist

@@ -731,7 +731,7 @@ std::vector<NamedTensor> GraphCuda::parameters() {
     for (size_t k = 0; k < tables_.size(); ++k) {
       const Tensor* h = host_table(k, false);
       if (h) out.emplace_back(tables_[k].name, *h);
-      else if (tables_[k].value.defined() && !row_wise_piece(k))
+      else if (tables_[k].value.defined() && !split_piece(k))
         out.emplace_back(tables_[k].name, tables_[k].value);
     }
     return out;
@@ -793,7 +793,7 @@ std::vector<NamedTensor> GraphCuda::optimizer_state() {
     for (size_t k = 0; k < tables_.size(); ++k) {  // as in parameters()
       const Tensor* h = host_table(k, true);
       if (h) out.emplace_back(tables_[k].name + ".adagrad", *h);
-      else if (tables_[k].state.defined() && !row_wise_piece(k))
+      else if (tables_[k].state.defined() && !split_piece(k))
         out.emplace_back(tables_[k].name + ".adagrad", tables_[k].state);
     }
   if (e_.fp16) out.emplace_back("amp.loss_scale", ls_mem_);

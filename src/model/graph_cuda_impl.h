@@ -182,8 +182,9 @@ class GraphCuda final : public CudaModel {
   void materialize_tables(const std::vector<char>* keep = nullptr);
   // The host copy of tables_[k] (its state with `state`) that a gather made, or null.
   const Tensor* host_table(size_t k, bool state) const;
-  // Whether tables_[k] is this GPU's piece of a row-wise table (a range of its rows).
-  bool row_wise_piece(size_t k) const;
+  // Whether tables_[k] is this GPU's piece of a row-wise table (a range of its rows) or of a
+  // column-wise one (a range of its columns).
+  bool split_piece(size_t k) const;
   // Every rank's rows, ids and ids per table of this batch (one host all-gather) into e_.dp,
   // the buffers sized for the largest part; `need_rows`: every rank must have rows.
   void exchange_counts(const io::Batch& batch, bool need_rows);

@@ -1,8 +1,9 @@
-// Table-wise sharding of the CUDA graph engine's embedding tables over the GPUs of a
-// data-parallel job (docs/DISTRIBUTED.md, "Across GPUs"). The exchange itself is the embedding
-// layer's (src/model/layers/embedding_cuda.cu); here: the plan, the owned tables' allocation
-// (a GPU never allocates a table it does not own) and the streaming of the tables to rank 0 for
-// checkpoints; the per-step count exchange of a data-parallel step or a sharded evaluation.
+// Sharding of the CUDA graph engine's embedding tables over the GPUs of a data-parallel job
+// (table-wise, row-wise, column-wise, replicated; docs/DISTRIBUTED.md, "Across GPUs"). The
+// exchange itself is the embedding layer's (src/model/layers/embedding_cuda.cu); here: the plan,
+// the owned tables' and pieces' allocation (a GPU never allocates a table it does not own) and the
+// streaming of the tables to host copies for checkpoints; the per-step count exchange of a
+// data-parallel step or a sharded evaluation.
 #include <algorithm>
 #include <limits>
 #include <sstream>
@@ -62,6 +63,15 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
   opts.replica_reduce_bytes = act;  // the replicas' gradient all-reduce too (embedding_cuda.cu)
   mem.exchange_bytes = dist::gpu_exchange_bytes(n, options.batch_per_rank, T_, T_, dim,
                                                 T_ > 0 ? ids_total / T_ : 1.0, act, act);
+  // A column-wise table's piece owners build its bags and sort all its ids once more (their
+  // own keys and sort scratch: ~36 bytes per id of the global batch).
+  for (int64_t t = 0; t < T_; ++t) {
+    auto it = options.overrides.find(specs[t].name);
+    if (it != options.overrides.end() && it->second.kind == dist::ShardingKind::ColumnWise)
+      mem.exchange_bytes += static_cast<int64_t>(
+          36.0 * (t < static_cast<int64_t>(ids_per_sample.size()) ? ids_per_sample[t] : 1.0) *
+          static_cast<double>(std::max<int64_t>(1, options.batch_per_rank)) * n);
+  }
   size_t free_b = 0, total_b = 0;
   DLREC_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   std::vector<int64_t> free_all(n);
@@ -71,6 +81,7 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
   const dist::Plan plan = dist::plan_gpu_tables(specs, opts, mem);
   std::vector<int> owner(T_, -1);
   std::vector<char> keep(T_, 0);
+  std::vector<gpu_graph::dp::ColPiece> pieces;
   int64_t own_bytes = 0, own_rows = 0, own_tables = 0;
   for (int64_t t = 0; t < T_; ++t) {
     if (plan.tables[t].kind == dist::ShardingKind::Replicated) {  // whole on every GPU
@@ -91,6 +102,19 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
       ++own_tables;
       continue;
     }
+    if (plan.tables[t].kind == dist::ShardingKind::ColumnWise) {  // column pieces
+      owner[t] = gpu_graph::dp::kColumnWiseOwner;
+      for (const dist::Shard& sh : plan.tables[t].shards) {
+        pieces.push_back({t, sh.rank, sh.col_begin, sh.col_end});
+        if (sh.rank != e_.dp.rank) continue;
+        keep[t] = 3;
+        const int64_t w = sh.col_end - sh.col_begin;
+        own_bytes += specs[t].rows * w * 4 * (e_.emb_adagrad ? 2 : 1);
+        own_rows += specs[t].rows;
+        ++own_tables;
+      }
+      continue;
+    }
     owner[t] = plan.tables[t].owner();
     keep[t] = owner[t] == e_.dp.rank;
     if (keep[t]) {
@@ -106,7 +130,9 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
     std::fflush(plan_log);
   }
   synchronize();
-  // This GPU's tables only, initialised as one GPU initialises them (per-table seeds).
+  // This GPU's tables only, initialised as one GPU initialises them (per-table seeds); a column
+  // piece finds its columns in e_.dp.col_pieces.
+  e_.dp.col_pieces = std::move(pieces);
   materialize_tables(&keep);
   sharded_index_.assign(T_, -1);
   for (int64_t t = 0; t < T_; ++t) {
@@ -163,6 +189,7 @@ void GraphCuda::gather_sharded_tables() {
     const int owner = e_.dp.table_owner[t];
     if (owner == 0 || owner == gpu_graph::dp::kReplicatedOwner) continue;  // rank 0 has it
     const bool row_wise = owner == gpu_graph::dp::kRowWiseOwner;
+    const bool col_wise = owner == gpu_graph::dp::kColumnWiseOwner;
     NamedState& p = tables_[sharded_index_[t]];
     const int64_t rows = layout_.cardinalities[t], dim = e_.vals[emb_idx_].fields.at(0);
     // Streams rows [lo, hi) of the table from `root` (whose device tensor holds them from its
@@ -179,7 +206,26 @@ void GraphCuda::gather_sharded_tables() {
                      sizeof(float) * c);
       }
     };
+    // Streams piece p's columns (its device tensor [rows, w] on its rank) into every rank's
+    // host copy, whole rows of the piece at a time.
+    auto stream_cols = [&](Tensor& dev, Tensor& host, const gpu_graph::dp::ColPiece& p) {
+      const int64_t w = p.c1 - p.c0, step = std::max<int64_t>(1, kChunk / w);
+      for (int64_t lo = 0; lo < rows; lo += step) {
+        const int64_t c = std::min(step, rows - lo);
+        float* buf = me == p.rank ? dev.data<float>() + lo * w : stage.data<float>();
+        e_.dp.comm->broadcast(buf, c * w, dist::Elem::F32, p.rank);
+        DLREC_CUDA_CHECK(cudaMemcpy2D(host.data<float>() + lo * dim + p.c0, sizeof(float) * dim,
+                                      buf, sizeof(float) * w, sizeof(float) * w, c,
+                                      cudaMemcpyDeviceToHost));
+      }
+    };
     auto stream_one = [&](Tensor& dev, Tensor& host) {
+      if (col_wise) {
+        host = Tensor::empty({rows, dim}, DType::F32, Device::cpu());
+        for (const gpu_graph::dp::ColPiece& p : e_.dp.col_pieces)
+          if (p.table == static_cast<int64_t>(t)) stream_cols(dev, host, p);
+        return;
+      }
       if (!row_wise) {
         if (me == 0) host = Tensor::empty({rows, dim}, DType::F32, Device::cpu());
         stream_rows(dev, host, owner, 0, rows, 0, me == 0);
@@ -203,6 +249,24 @@ void GraphCuda::release_sharded_tables() {
   for (size_t t = 0; t < host_tables_.size(); ++t) {
     const bool row_wise =
         t < e_.dp.table_owner.size() && e_.dp.table_owner[t] == gpu_graph::dp::kRowWiseOwner;
+    const bool col_wise =
+        t < e_.dp.table_owner.size() && e_.dp.table_owner[t] == gpu_graph::dp::kColumnWiseOwner;
+    if (col_wise && host_tables_[t].first.defined()) {
+      DeviceGuard g(dev_index_);
+      NamedState& p = tables_[sharded_index_[t]];
+      const int64_t rows = layout_.cardinalities[t], dim = e_.vals[emb_idx_].fields.at(0);
+      for (const gpu_graph::dp::ColPiece& c : e_.dp.col_pieces) {
+        if (c.table != static_cast<int64_t>(t) || c.rank != e_.dp.rank) continue;
+        const int64_t w = c.c1 - c.c0;
+        DLREC_CUDA_CHECK(cudaMemcpy2D(
+            p.value.data<float>(), sizeof(float) * w, host_tables_[t].first.data<float>() + c.c0,
+            sizeof(float) * dim, sizeof(float) * w, rows, cudaMemcpyHostToDevice));
+        if (e_.emb_adagrad && host_tables_[t].second.defined())
+          DLREC_CUDA_CHECK(cudaMemcpy2D(
+              p.state.data<float>(), sizeof(float) * w, host_tables_[t].second.data<float>() + c.c0,
+              sizeof(float) * dim, sizeof(float) * w, rows, cudaMemcpyHostToDevice));
+      }
+    }
     if (row_wise && host_tables_[t].first.defined()) {
       DeviceGuard g(dev_index_);
       NamedState& p = tables_[sharded_index_[t]];
@@ -269,10 +333,11 @@ void GraphCuda::exchange_counts(const io::Batch& batch, bool need_rows) {
                   *std::max_element(d.nnz.begin(), d.nnz.end()));
 }
 
-bool GraphCuda::row_wise_piece(size_t k) const {
+bool GraphCuda::split_piece(size_t k) const {
   for (size_t t = 0; t < sharded_index_.size() && t < e_.dp.table_owner.size(); ++t)
     if (sharded_index_[t] == static_cast<int>(k))
-      return e_.dp.table_owner[t] == gpu_graph::dp::kRowWiseOwner;
+      return e_.dp.table_owner[t] == gpu_graph::dp::kRowWiseOwner ||
+             e_.dp.table_owner[t] == gpu_graph::dp::kColumnWiseOwner;
   return false;
 }
 

@@ -1,5 +1,6 @@
 // Data-parallel training of CUDA engine models on 2 (and 4) GPUs (NCCL) against one GPU, with
-// the tables replicated or sharded (table-wise, row-wise, replicated with the gradient all-reduced)
+// the tables replicated or sharded (table-wise, row-wise, column-wise, replicated with the
+// gradient all-reduced)
 // (docs/DISTRIBUTED.md, "Across GPUs"): the same data and seed, a global batch of per-GPU batch x
 // GPUs, the same loss at every logged step (1e-5 relative) and the same final AUC (1e-4), over
 // 1,000 steps in fp32; and the configurations the GPUs refuse, with their messages. Every test
@@ -48,11 +49,14 @@ const std::string& kDlrec = dlrec::testing::kDlrecBin;
 struct Data {
   TempDir tmp{"gpudp"};
   std::string dir = tmp.path + "/data", config = tmp.path + "/config.json";
-  // extra: more top-level config sections (", \"sharding\": {}").
-  Data(const std::string& optimizer, const std::string& precision, const std::string& extra = "") {
+  // extra: more top-level config sections (", \"sharding\": {}"); dim: the tables' width (and
+  // the bottom MLP's output).
+  Data(const std::string& optimizer, const std::string& precision, const std::string& extra = "",
+       int dim = 8) {
     make_dist_train_data(tmp.path, dir);
     std::ofstream(config) << R"({
-      "model": {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
+      "model": {"embedding_dim": )"
+                          << dim << R"(, "bottom_mlp": [16, )" << dim << R"(], "top_mlp": [16, 1]},
       "optimizer": )" << optimizer
                           << R"(,
       "train": {"batch_size": 32, "epochs": 7, "max_steps": 1000, "log_every": 10,
@@ -71,8 +75,9 @@ struct Data {
 // One GPU at batch 64 against `dlrec train --gpus N` at 64 / N per GPU: every logged loss within
 // 1e-5 relative, the final AUC within 1e-4. `extra`: more config sections (sharding).
 void expect_gpus_match_one(const std::string& optimizer, int gpus = 2,
-                           const std::string& extra = "", const char* label = "table-wise") {
-  Data d(optimizer, "fp32", extra);
+                           const std::string& extra = "", const char* label = "table-wise",
+                           int dim = 8) {
+  Data d(optimizer, "fp32", extra, dim);
   auto one = run_job(d.train_args("one", 64, "one.jsonl") + " --comm single", 900);
   ASSERT_EQ(one.exit_code, 0) << one.output;
   auto many = run_job(
@@ -84,6 +89,11 @@ void expect_gpus_match_one(const std::string& optimizer, int gpus = 2,
     EXPECT_NE(many.output.find("table_wise"), std::string::npos) << many.output;
     if (extra.find("row_wise") != std::string::npos) {
       EXPECT_NE(many.output.find("row_wise"), std::string::npos) << many.output;
+    }
+    if (extra.find("column_wise") != std::string::npos) {  // a piece's columns in the plan
+      EXPECT_NE(many.output.find("column_wise"), std::string::npos) << many.output;
+      EXPECT_NE(many.output.find("cols [4, 8) of " + std::to_string(dim)), std::string::npos)
+          << many.output;
     }
     if (extra.find("\"replicated\"") != std::string::npos) {  // the plan's count of them
       EXPECT_EQ(many.output.find("(0 replicated,"), std::string::npos) << many.output;
@@ -209,6 +219,41 @@ TEST(GpuReplicated, FourGpusMatchOneGpuOver1000StepsAdagrad) {
                         "replicated");
 }
 
+// Column-wise sharding: the multi-hot table (emb.4) split by columns over the GPUs (pieces of
+// 4 columns: [0, 4) and [4, 8) at dim 8 on 2 GPUs; 4 x 4 at dim 16 on 4; with "pieces": 3 at
+// dim 16 on 4 GPUs widths 4, 4 and 8, two widths and one GPU without a piece), beside a row-wise
+// and a table-wise table with its owner set.
+std::string column_wise(const std::string& pieces = "") {
+  return R"(, "sharding": {"replicate": 0, "tables": {"emb.4": {"kind": "column_wise")" + pieces +
+         R"(}, "emb.2": {"kind": "row_wise"}, "emb.0": {"kind": "table_wise", "owner": 1}}})";
+}
+
+TEST(GpuColumnWise, TwoGpusMatchOneGpuOver1000StepsSgd) {
+  SKIP_WITHOUT_TWO_GPUS();
+  expect_gpus_match_one(R"({"type": "sgd", "lr": 0.1})", 2, column_wise(), "column-wise");
+}
+
+TEST(GpuColumnWise, TwoGpusMatchOneGpuOver1000StepsAdagrad) {
+  SKIP_WITHOUT_TWO_GPUS();
+  expect_gpus_match_one(R"({"type": "adagrad", "lr": 0.05, "adagrad_init": 0.01})", 2,
+                        column_wise(), "column-wise");
+}
+
+TEST(GpuColumnWise, FourGpusMatchOneGpuOver1000StepsSgd) {
+  SKIP_WITHOUT_TWO_GPUS();
+  if (cuda::device_count() < 4)
+    GTEST_SKIP() << "this machine has " << cuda::device_count() << " GPUs; the test needs 4";
+  expect_gpus_match_one(R"({"type": "sgd", "lr": 0.1})", 4, column_wise(), "column-wise", 16);
+}
+
+TEST(GpuColumnWise, FourGpusThreePiecesMatchOneGpuOver1000StepsAdagrad) {
+  SKIP_WITHOUT_TWO_GPUS();
+  if (cuda::device_count() < 4)
+    GTEST_SKIP() << "this machine has " << cuda::device_count() << " GPUs; the test needs 4";
+  expect_gpus_match_one(R"({"type": "adagrad", "lr": 0.05, "adagrad_init": 0.01})", 4,
+                        column_wise(R"(, "pieces": 3)"), "column-wise", 16);
+}
+
 TEST(GpuDataParallel, TwoGpusMatchOneGpuOver1000StepsSgd) {
   SKIP_WITHOUT_TWO_GPUS();
   expect_two_gpus_match_one(R"({"type": "sgd", "lr": 0.1})");
@@ -229,13 +274,33 @@ TEST(GpuDataParallel, UnsupportedConfigurationsAreClearErrors) {
     EXPECT_NE(r.output.find("dynamic loss scaling across GPUs is not supported"), std::string::npos)
         << r.output;
   }
-  {  // column-wise tables are CPU-only so far
+  {  // more column pieces than GPUs
     Data d(R"({"type": "sgd", "lr": 0.1})", "fp32",
-           R"(, "sharding": {"tables": {"emb.1": {"kind": "column_wise"}}})");
+           R"(, "sharding": {"tables": {"emb.1": {"kind": "column_wise", "pieces": 3}}})");
     auto r = run_job(d.train_args("cols", 32, "m.jsonl") + " --gpus 2", 300);
     EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.output.find("sharding.tables.emb.1.kind: \"column_wise\" is not supported on "
-                            "the GPUs (table_wise, row_wise or replicated)"),
+    EXPECT_NE(r.output.find("table 'emb.1' asks for 3 column pieces but the job has 2 rank(s)"),
+              std::string::npos)
+        << r.output;
+  }
+  {  // bf16 splits columns in 16-byte vectors of 8 values: dim 8 is one piece
+    Data d(R"({"type": "sgd", "lr": 0.1})", "bf16",
+           R"(, "sharding": {"tables": {"emb.1": {"kind": "column_wise"}}})");
+    auto r = run_job(d.train_args("cols16", 32, "m.jsonl") + " --gpus 2", 300);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("sharding.tables.emb.1.kind: \"column_wise\" on the GPUs splits "
+                            "columns in multiples of 8"),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("dim 8 gives 1 piece(s)"), std::string::npos) << r.output;
+  }
+  {  // hybrid tables are CPU-only so far
+    Data d(R"({"type": "sgd", "lr": 0.1})", "fp32",
+           R"(, "sharding": {"tables": {"emb.1": {"kind": "hybrid"}}})");
+    auto r = run_job(d.train_args("hyb", 32, "m.jsonl") + " --gpus 2", 300);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("sharding.tables.emb.1.kind: \"hybrid\" is not supported on the "
+                            "GPUs (table_wise, row_wise, column_wise or replicated)"),
               std::string::npos)
         << r.output;
   }

@@ -289,15 +289,102 @@ TEST(ShardPlannerGpu, APlanThatCannotFitNamesTheTableAndItsBytes) {
   expect_error([&] { plan_gpu_tables(specs, options(2, kH100), m); },
                {"table 'cat_19' (39979771 x 128) needs 20.47 GB",
                 "does not fit even split by rows over 2 GPU(s)", "free device memory"});
-  // Overrides: row-wise runs on the GPUs; column-wise and replicated do not.
+  // Overrides: row-wise and column-wise run on the GPUs; hybrid does not.
   PlannerOptions o = options(2, kH100);
   o.overrides["cat_2"] = TableOverride{ShardingKind::RowWise, -1};
+  o.overrides["cat_0"] = TableOverride{ShardingKind::ColumnWise, -1};
   const Plan p = plan_gpu_tables(specs, o, GpuMemory{});
   EXPECT_EQ(p.tables[2].kind, ShardingKind::RowWise);
   EXPECT_TRUE(p.tables[2].overridden);
-  o.overrides["cat_0"] = TableOverride{ShardingKind::ColumnWise, -1};
+  EXPECT_EQ(p.tables[0].kind, ShardingKind::ColumnWise);
+  EXPECT_EQ(p.tables[0].shards.size(), 2u);
+  o.overrides["cat_1"] = TableOverride{ShardingKind::Hybrid, -1};
   expect_error([&] { plan_gpu_tables(specs, o, GpuMemory{}); },
-               {"sharding.tables.cat_0.kind: \"column_wise\" is not supported on the GPUs"});
+               {"sharding.tables.cat_1.kind: \"hybrid\" is not supported on the GPUs",
+                "(table_wise, row_wise, column_wise or replicated)"});
+}
+
+// A column-wise override on the GPUs: pieces of 16-byte vectors of the exchange on distinct
+// GPUs, together covering the columns, each with the values and Adagrad state of its columns.
+TEST(ShardPlannerGpu, ColumnWiseOverrideSplitsColumns) {
+  auto specs = criteo_tables(128, true);
+  for (int value_bytes : {4, 2}) {
+    PlannerOptions o = options(4, kH100);
+    o.exchange_value_bytes = o.exchange_grad_bytes = value_bytes;
+    o.overrides["cat_20"] = TableOverride{ShardingKind::ColumnWise, -1};
+    const Plan p = plan_gpu_tables(specs, o, GpuMemory{});
+    check_plan(p, specs, o);
+    const TablePlan& tp = p.tables[20];
+    EXPECT_EQ(tp.kind, ShardingKind::ColumnWise);
+    ASSERT_EQ(tp.shards.size(), 4u);
+    std::vector<int> ranks;
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(tp.shards[i].col_begin, 32 * static_cast<int64_t>(i));
+      EXPECT_EQ(tp.shards[i].col_end, 32 * static_cast<int64_t>(i + 1));
+      EXPECT_EQ(tp.shards[i].rows, kCriteo1TB[20]);
+      EXPECT_EQ(tp.shards[i].bytes, kCriteo1TB[20] * 32 * (4 + 4));
+      ranks.push_back(tp.shards[i].rank);
+    }
+    std::sort(ranks.begin(), ranks.end());
+    EXPECT_EQ(ranks, (std::vector<int>{0, 1, 2, 3}));
+    std::ostringstream os;
+    print_plan(p, specs, os);
+    EXPECT_NE(os.str().find("column_wise"), std::string::npos) << os.str();
+    EXPECT_NE(os.str().find("cols [0, 32) of 128"), std::string::npos) << os.str();
+  }
+  // "pieces": 2 on 4 GPUs: two halves.
+  PlannerOptions o = options(4, kH100);
+  TableOverride ov{ShardingKind::ColumnWise, -1};
+  ov.pieces = 2;
+  o.overrides["cat_20"] = ov;
+  const Plan p = plan_gpu_tables(specs, o, GpuMemory{});
+  ASSERT_EQ(p.tables[20].shards.size(), 2u);
+  EXPECT_EQ(p.tables[20].shards[0].col_end, 64);
+  EXPECT_EQ(p.tables[20].shards[1].col_begin, 64);
+  EXPECT_NE(p.tables[20].shards[0].rank, p.tables[20].shards[1].rank);
+  // The config key.
+  const json cfg = json::parse(R"({"tables": {"cat_20": {"kind": "column_wise", "pieces": 3}}})");
+  ConfigReader r(cfg, "sharding");
+  EXPECT_EQ(read_planner_options(r, 4).overrides.at("cat_20").pieces, 3);
+}
+
+TEST(ShardPlannerGpu, BadColumnWiseOverridesAreClearErrors) {
+  auto with = [](int64_t dim, int value_bytes, TableOverride ov, int ranks = 4,
+                 bool splits = true) {
+    std::vector<TableSpec> specs(1);
+    specs[0].name = "emb.4";
+    specs[0].rows = 1000;
+    specs[0].dim = dim;
+    specs[0].value_bytes = 4;
+    specs[0].state_bytes_per_row = splits ? dim * 4 : 4;
+    specs[0].state_splits_by_column = splits;
+    PlannerOptions o = options(ranks, kH100);
+    o.exchange_value_bytes = o.exchange_grad_bytes = value_bytes;
+    o.overrides["emb.4"] = ov;
+    return [specs, o] { plan_gpu_tables(specs, o, GpuMemory{}); };
+  };
+  const TableOverride cw{ShardingKind::ColumnWise, -1};
+  expect_error(with(6, 4, cw), {"sharding.tables.emb.4.kind: \"column_wise\" on the GPUs",
+                                "multiples of 4", "dim 6 is not a multiple of 4"});
+  expect_error(with(4, 4, cw), {"multiples of 4", "dim 4 gives 1 piece(s)", "use table_wise"});
+  expect_error(with(8, 2, cw),
+               {"multiples of 8 (16-byte bf16/fp16 vectors)", "dim 8 gives 1 piece(s)"});
+  TableOverride five = cw;
+  five.pieces = 5;
+  expect_error(with(128, 4, five), {"table 'emb.4' asks for 5 column pieces but the job has 4"});
+  expect_error(with(8, 4, five), {"table 'emb.4' asks for 5 column pieces but the job has 4"});
+  TableOverride three = cw;
+  three.pieces = 3;
+  expect_error(with(8, 4, three), {"dim 8 gives 2 piece(s), 3 asked"});
+  TableOverride tw{ShardingKind::TableWise, -1};
+  tw.pieces = 2;
+  expect_error(with(128, 4, tw), {"table 'emb.4' gives pieces, which only column_wise takes"});
+  expect_error(with(128, 4, cw, 4, false),
+               {"'emb.4' cannot be split by columns", "rowwise_adagrad"});
+  // "pieces": 1 is outside the config key's range.
+  const json cfg = json::parse(R"({"tables": {"emb.4": {"kind": "column_wise", "pieces": 1}}})");
+  ConfigReader r(cfg, "sharding");
+  expect_error([&] { read_planner_options(r, 4); }, {"sharding.tables.emb.4.pieces"});
 }
 
 // The MLPerf DLRM's 26 tables on Criteo Kaggle (src/io/synthetic_batch.cc).
@@ -327,9 +414,9 @@ TEST(ShardPlannerGpu, ReplicatesTablesWhoseAllReduceCostsLessThanTheExchange) {
   };
   // reduce_bytes 2: a bf16 run's replicas all-reduce in bf16; the rule prices them as before
   // (the same tables), their memory counts the 16-bit copy.
-  for (const Case& c : {Case{2, 2, 4, 55296, 18}, Case{4, 2, 4, 110592, 19},
-                        Case{2, 4, 4, 110592, 19}, Case{2, 2, 2, 55296, 18},
-                        Case{4, 2, 2, 110592, 19}}) {
+  for (const Case& c :
+       {Case{2, 2, 4, 55296, 18}, Case{4, 2, 4, 110592, 19}, Case{2, 4, 4, 110592, 19},
+        Case{2, 2, 2, 55296, 18}, Case{4, 2, 2, 110592, 19}}) {
     PlannerOptions o = options(c.ranks, kH100);
     o.batch_per_rank = 55296;
     o.exchange_value_bytes = o.exchange_grad_bytes = c.bytes;

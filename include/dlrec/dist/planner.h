@@ -93,6 +93,7 @@ struct TableOverride {
   ShardingKind kind = ShardingKind::TableWise;
   int owner = -1;              // table_wise only; -1: the planner chooses
   int64_t frequent_rows = -1;  // hybrid only: ids [0, F) replicated; -1: the planner chooses
+  int64_t pieces = -1;         // column_wise only: column pieces, 2..ranks; -1: one per rank
 };
 
 struct PlannerOptions {
@@ -119,6 +120,9 @@ struct PlannerOptions {
   int exchange_value_bytes = 4, exchange_grad_bytes = 4, replica_reduce_bytes = 4;
   int64_t replica_grad_bytes = 0;
   int64_t min_column_dim = 32;  // narrowest column shard of an auto split
+  // Column pieces are multiples of this many columns (0: 4 when the dim allows, else 1;
+  // plan_gpu_tables: 16 / exchange_value_bytes, one 16-byte vector of the exchange).
+  int64_t column_unit = 0;
   // Step 6 of the planner: the fullest rank may hold this many times the mean table bytes
   // before the planner splits a table on it to even them out (>= 1).
   double max_memory_imbalance = 1.25;
@@ -252,9 +256,11 @@ void print_hybrid_tables(const Plan& plan, std::ostream& os);
 // every GPU is an error naming the table, the bytes it needs and what a GPU has for tables.
 // Row-wise tables (an automatic split to fit, or the config's "row_wise") are split into
 // contiguous row ranges, GPU r holding rows [rows * r / N, rows * (r + 1) / N) of the table and
-// one zero row; column-wise overrides are errors. A replica counts its dense f32 gradient
-// buffer (replica_grad_bytes = 4; 6 with replica_reduce_bytes = 2: the 16-bit copy too) beside
-// its values and state.
+// one zero row. Column-wise tables come from the config only ("column_wise", optional "pieces"):
+// pieces of column_unit = 16 / exchange_value_bytes columns (one 16-byte vector of the exchange),
+// at least two; a dim that does not split so, and hybrid overrides, are errors. A replica counts
+// its dense f32 gradient buffer (replica_grad_bytes = 4; 6 with replica_reduce_bytes = 2: the
+// 16-bit copy too) beside its values and state.
 struct GpuMemory {
   int64_t free_bytes = 0;
   int64_t dense_bytes = 0;

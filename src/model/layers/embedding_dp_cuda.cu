@@ -79,8 +79,8 @@ RankGeometry gathered_geometry(const std::vector<int64_t>& rows, const std::vect
                                int64_t S, std::vector<int64_t>* off_counts,
                                std::vector<int64_t>* key_counts) {
   const int n = static_cast<int>(rows.size());
-  DLREC_CHECK(n >= 1 && n <= kMaxRanks && keys.size() == rows.size(),
-              "data-parallel exchange: ", n, " ranks (1 to ", kMaxRanks, ")");
+  DLREC_CHECK(n >= 1 && n <= kMaxRanks && keys.size() == rows.size(), "data-parallel exchange: ", n,
+              " ranks (1 to ", kMaxRanks, ")");
   RankGeometry g;
   g.ranks = n;
   g.tables = S;
@@ -149,21 +149,21 @@ void build_table_bags(const RankGeometry& g, const int32_t* tables, int64_t K,
 
 namespace {
 
-// One table-wise position p per blockIdx.y, its B rows of dim values in vectors V (per = sizeof(V)
-// / sizeof(T) values each) over x: the element (p, b, c) lies at (B * first[p] + b * count[p] +
-// index[p]) * dim + c in the exchange blocks and at b * ld + table[p] * dim + c in the activation.
+// One exchange position p per blockIdx.y, its B rows of width[p] values in vectors V (per =
+// sizeof(V) / sizeof(T) values each) over x: the element (p, b, c) lies at B * first[p] +
+// b * count[p] + index[p] + c in the exchange blocks and at b * ld + col[p] + c in the activation.
 template <class T, class V, bool kToOut>
 __global__ void tw_copy(TwLayout l, int64_t B, const T* __restrict__ from, T* __restrict__ to,
                         int64_t ld) {
   constexpr int per = sizeof(V) / sizeof(T);
   const int p = blockIdx.y;
-  const int64_t vd = l.dim / per, n = B * vd;
-  const int64_t first = l.first[p], count = l.count[p], index = l.index[p], t = l.table[p];
+  const int64_t vd = l.width[p] / per, n = B * vd;
+  const int64_t first = l.first[p], count = l.count[p], index = l.index[p], col = l.col[p];
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n;
        j += int64_t(gridDim.x) * blockDim.x) {
     const int64_t b = j / vd, c = (j - b * vd) * per;
-    const int64_t blk = (B * first + b * count + index) * l.dim + c;
-    const int64_t act = b * ld + t * l.dim + c;
+    const int64_t blk = B * first + b * count + index + c;
+    const int64_t act = b * ld + col + c;
     if (kToOut)
       *reinterpret_cast<V*>(to + act) = *reinterpret_cast<const V*>(from + blk);
     else
@@ -171,18 +171,21 @@ __global__ void tw_copy(TwLayout l, int64_t B, const T* __restrict__ from, T* __
   }
 }
 
-// 16-byte vectors where every row and column start allows them, else one value at a time.
+// 16-byte vectors where every field, row and pointer allows them, else one value at a time.
 template <class T, bool kToOut>
 void launch_tw_copy(const TwLayout& l, int64_t B, const T* from, T* to, int64_t ld,
                     cudaStream_t stream) {
-  if (l.tables == 0 || B == 0) return;
-  DLREC_CHECK(l.tables <= 65535, "table-wise sharding: ", l.tables, " tables (at most 65535)");
-  const bool vec = (l.dim * sizeof(T)) % 16 == 0 && (ld * sizeof(T)) % 16 == 0 &&
+  if (l.positions == 0 || B == 0) return;
+  DLREC_CHECK(l.positions <= 65535, "embedding exchange: ", l.positions,
+              " positions (at most 65535)");
+  constexpr int64_t kPer = 16 / sizeof(T);
+  const bool vec = l.unit % kPer == 0 && ld % kPer == 0 &&
                    reinterpret_cast<uintptr_t>(from) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(to) % 16 == 0;
-  const int64_t per = vec ? 16 / sizeof(T) : 1;
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((B * (l.dim / per) + 255) / 256, 4096)),
-                  static_cast<unsigned>(l.tables));
+  const int64_t per = vec ? kPer : 1;
+  const dim3 grid(
+      static_cast<unsigned>(std::min<int64_t>((B * (l.max_width / per) + 255) / 256, 4096)),
+      static_cast<unsigned>(l.positions));
   if (vec)
     tw_copy<T, int4, kToOut><<<grid, 256, 0, stream>>>(l, B, from, to, ld);
   else
@@ -215,12 +218,12 @@ template <class To>
 __global__ void tw_gather_rounded(TwLayout l, int64_t B, const float* __restrict__ from,
                                   To* __restrict__ to, int64_t ld) {
   const int p = blockIdx.y;
-  const int64_t n = B * l.dim;
-  const int64_t first = l.first[p], count = l.count[p], index = l.index[p], t = l.table[p];
+  const int64_t w = l.width[p], n = B * w;
+  const int64_t first = l.first[p], count = l.count[p], index = l.index[p], col = l.col[p];
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n;
        j += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t b = j / l.dim, c = j - b * l.dim;
-    store_rounded(from[b * ld + t * l.dim + c], to + (B * first + b * count + index) * l.dim + c);
+    const int64_t b = j / w, c = j - b * w;
+    store_rounded(from[b * ld + col + c], to + B * first + b * count + index + c);
   }
 }
 
@@ -229,10 +232,11 @@ __global__ void tw_gather_rounded(TwLayout l, int64_t B, const float* __restrict
 template <class To>
 void gather_grads_rounded(const TwLayout& l, int64_t B, const float* grad, int64_t ld, To* send,
                           cudaStream_t stream) {
-  if (l.tables == 0 || B == 0) return;
-  DLREC_CHECK(l.tables <= 65535, "table-wise sharding: ", l.tables, " tables (at most 65535)");
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((B * l.dim + 255) / 256, 4096)),
-                  static_cast<unsigned>(l.tables));
+  if (l.positions == 0 || B == 0) return;
+  DLREC_CHECK(l.positions <= 65535, "embedding exchange: ", l.positions,
+              " positions (at most 65535)");
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((B * l.max_width + 255) / 256, 4096)),
+                  static_cast<unsigned>(l.positions));
   tw_gather_rounded<To><<<grid, 256, 0, stream>>>(l, B, grad, send, ld);
   DLREC_CUDA_LAUNCH_CHECK();
 }
@@ -250,9 +254,8 @@ __device__ inline float widen(__half x) { return __half2float(x); }
 // G = float: g is the summed gradient itself, zeroed as it is read. G 16-bit: g is the rounded
 // copy (round_dense zeroed the f32 gradient already) and stays as it is.
 template <class G>
-__global__ void dense_update_kernel(float* __restrict__ w, float* __restrict__ a,
-                                    G* __restrict__ g, int64_t n,
-                                    const float* __restrict__ lr_p, float eps) {
+__global__ void dense_update_kernel(float* __restrict__ w, float* __restrict__ a, G* __restrict__ g,
+                                    int64_t n, const float* __restrict__ lr_p, float eps) {
   const float lr = *lr_p;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -366,11 +369,15 @@ __device__ __forceinline__ uint64_t splitmix64_range(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// w[i] for i < n: element first + i of the whole table, or with width > 0 element
+// (i / width) * dim + c0 + i % width (columns [c0, c0 + width) of rows dim wide).
 __global__ void init_uniform_range_kernel(float* w, int64_t n, int64_t first, uint64_t seed,
-                                          double a) {
+                                          double a, int64_t dim, int64_t c0, int64_t width) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const uint64_t at = static_cast<uint64_t>(first + i);
+    const int64_t r = width > 0 ? i / width : 0;
+    const uint64_t at =
+        static_cast<uint64_t>(width > 0 ? r * dim + c0 + (i - r * width) : first + i);
     const double u =
         static_cast<double>(splitmix64_range(seed ^ splitmix64_range(at)) >> 11) * 0x1.0p-53;
     // As nn::cuda_emb::init_uniform: explicit rounding, no fused multiply-add.
@@ -400,7 +407,15 @@ void build_row_bags(const RankGeometry& g, int64_t bmax, const RwLayout& l, cons
 void init_uniform_range(float* w, int64_t n, int64_t first, uint64_t seed, double a,
                         cudaStream_t stream) {
   if (n <= 0) return;
-  init_uniform_range_kernel<<<blocks_for(n), 256, 0, stream>>>(w, n, first, seed, a);
+  init_uniform_range_kernel<<<blocks_for(n), 256, 0, stream>>>(w, n, first, seed, a, 0, 0, 0);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+
+void init_uniform_cols(float* w, int64_t rows, int64_t dim, int64_t c0, int64_t width,
+                       uint64_t seed, double a, cudaStream_t stream) {
+  const int64_t n = rows * width;
+  if (n <= 0) return;
+  init_uniform_range_kernel<<<blocks_for(n), 256, 0, stream>>>(w, n, 0, seed, a, dim, c0, width);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 

@@ -12,13 +12,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/layers/embedding_exchange_layout.h"
+
 namespace dlrec::model::gpu_graph::dp {
 
 constexpr int kMaxRanks = 64;
-// Engine::dp.table_owner entries that are not a rank: a table split by rows over every GPU, and
-// a table replicated on every GPU (its dense gradient all-reduced).
-constexpr int kRowWiseOwner = -1;
-constexpr int kReplicatedOwner = -2;
 
 // Where each rank's part lies (host-computed each step; passed by value to the kernels).
 struct RankGeometry {
@@ -62,21 +60,27 @@ void compact_ids(const int32_t* off, const uint32_t* keys, int64_t B,
                  const std::vector<int64_t>& sel, const int32_t* sel_dev, const int64_t* nnz,
                  int32_t* off_out, uint32_t* keys_out, cudaStream_t stream);
 
-// Table-wise sharding's exchange blocks on a rank with B rows. The tables sharded table-wise in
-// "table-wise order" (by owner, then by index): position p is table table[p], owned by a rank
-// whose tables start at position first[p] and number count[p]; index[p] = p - first[p]. The
-// pooled rows this rank receives (and the gradients it sends) lie owner after owner, each owner's
-// block [B, count, dim] at B * first * dim: element (p, b, c) at
-// (B * first[p] + b * count[p] + index[p]) * dim + c. The activation (or its gradient) is
-// [B, ld] with table t's columns at t * dim (the pointer already at the layer's first column).
+// The exchange blocks on a rank with B rows (ExchangeLayout, embedding_exchange_layout.h): position
+// p's element (p, b, c), c < width[p], at B * first[p] + b * count[p] + index[p] + c in the blocks
+// and at b * ld + col[p] + c in the activation (or its gradient; the pointer already at the
+// layer's first column). Every field counts values; unit divides all of them (16-byte vectors
+// when it allows), max_width is the widest position.
 struct TwLayout {
-  const int32_t* table = nullptr;  // device arrays [tables]
+  const int32_t* col = nullptr;  // device arrays [positions]
+  const int32_t* width = nullptr;
   const int32_t* first = nullptr;
   const int32_t* count = nullptr;
   const int32_t* index = nullptr;
-  int64_t tables = 0;
-  int64_t dim = 0;
+  int64_t positions = 0;
+  int64_t max_width = 0;
+  int64_t unit = 1;
 };
+// The device view of l's arrays uploaded as ExchangeLayout::packed() at `packed`.
+inline TwLayout device_layout(const int32_t* packed, const ExchangeLayout& l) {
+  const int64_t P = l.positions();
+  return TwLayout{packed,         packed + P, packed + 2 * P, packed + 3 * P,
+                  packed + 4 * P, P,          l.max_width,    l.unit ? l.unit : 1};
+}
 
 // out's table-wise columns from the received blocks (T: float, __nv_bfloat16, __half).
 template <class T>
@@ -140,5 +144,9 @@ void round_dense(float* g, To* out, int64_t n, cudaStream_t stream);
 // (nn/embedding_cuda.h: float(-a + 2 a u(seed, first + i)), bit for bit): a row range's values.
 void init_uniform_range(float* w, int64_t n, int64_t first, uint64_t seed, double a,
                         cudaStream_t stream);
+// w [rows, width] = columns [c0, c0 + width) of the whole table [rows, dim] as one GPU's
+// init_uniform gives them (bit for bit): a column-wise piece's values.
+void init_uniform_cols(float* w, int64_t rows, int64_t dim, int64_t c0, int64_t width,
+                       uint64_t seed, double a, cudaStream_t stream);
 
 }  // namespace dlrec::model::gpu_graph::dp

@@ -41,6 +41,7 @@
 #include "nn/lt_gemm.h"
 #include "model/cuda_step.h"
 #include "model/graph_hashed_cuda.h"
+#include "model/layers/embedding_exchange_layout.h"
 #include "model/layers/layer.h"
 
 namespace dlrec::model::gpu_graph {
@@ -139,6 +140,8 @@ struct DataParallel {
   // `collective` is set while an evaluation forward of a sharded model runs (every rank runs
   // it, its counts exchanged like a step's): the embedding pools through the owners too.
   std::vector<int> table_owner;
+  // Column-wise tables (table_owner[t] == dp::kColumnWiseOwner): their pieces, every rank's.
+  std::vector<dp::ColPiece> col_pieces;
   std::vector<int64_t> table_nnz;
   bool step = false, collective = false;
 };

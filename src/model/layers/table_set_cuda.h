@@ -103,15 +103,37 @@ struct TableSet {
       states[t] = s;
     }
   }
+  // Column-wise sharding: this rank's piece of table t, columns [c0, c1) of every row (its entry
+  // in e.dp.col_pieces) with the values one GPU gives them; the accumulator at its initial value.
+  void make_columns(Engine& e, int64_t t) {
+    const dp::ColPiece* mine = nullptr;
+    for (const dp::ColPiece& p : e.dp.col_pieces)
+      if (p.table == t && p.rank == e.dp.rank) mine = &p;
+    DLREC_CHECK(mine, "column-wise sharding: rank ", e.dp.rank, " has no piece of table ", t,
+                " (bug)");
+    const int64_t w = mine->c1 - mine->c0;
+    Tensor x = Tensor::empty({rows[t], w}, DType::F32, e.dev);
+    dp::init_uniform_cols(x.data<float>(), rows[t], dim, mine->c0, w,
+                          nn::derive_seed(seed, static_cast<uint64_t>(t)),
+                          std::sqrt(1.0 / static_cast<double>(rows[t])), e.st);
+    tables[t] = x;
+    if (e.emb_adagrad) {
+      Tensor s = Tensor::empty({rows[t], w}, DType::F32, e.dev);
+      ce::fill(s.data<float>(), s.numel(), e.emb_init_acc, e.st);
+      states[t] = s;
+    }
+  }
   // Deferred tables: allocates those with keep[t] (all when keep is null): 1 the whole table,
-  // 2 this rank's row-wise piece (make_piece); the others stay unallocated, with null pointers
-  // in the kernels' arrays (only the owners' sub-sets are pooled then: EmbeddingNode's sharded
-  // paths).
+  // 2 this rank's row-wise piece (make_piece), 3 its column-wise piece (make_columns); the others
+  // stay unallocated, with null pointers in the kernels' arrays (only the owners' sub-sets are
+  // pooled then: EmbeddingNode's sharded paths).
   void materialize(Engine& e, const std::vector<char>* keep) {
     if (materialized) return;
     for (size_t t = 0; t < tables.size(); ++t) {
       if (keep && (*keep)[t] == 2)
         make_piece(e, static_cast<int64_t>(t));
+      else if (keep && (*keep)[t] == 3)
+        make_columns(e, static_cast<int64_t>(t));
       else if (!keep || (*keep)[t])
         make(e, static_cast<int64_t>(t));
     }
