@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -62,6 +63,50 @@ TEST(TextParse, Hex8MatchesTheDigitTable) {
     }
     check(s);
   }
+}
+
+// digits8 (the SWAR fast path for dense values) agrees with the digit-by-digit loop: the count
+// of leading decimal digits (8 when all are) and their value, for every byte value at every
+// position after every run of digits, all-digit words (99999999, 00000000, ...) and random
+// mixes of digits and the bytes around them.
+TEST(TextParse, Digits8MatchesTheDigitLoop) {
+  auto check = [](const char* p) {
+    int want_k = 0;
+    uint64_t want = 0;
+    while (want_k < 8 && static_cast<unsigned>(p[want_k] - '0') < 10u)
+      want = want * 10 + static_cast<unsigned>(p[want_k++] - '0');
+    uint64_t got = 0;
+    ASSERT_EQ(text_detail::digits8(p, got), want_k) << std::string(p, 8);
+    if (want_k > 0) {
+      ASSERT_EQ(got, want) << std::string(p, 8);
+    }
+  };
+  const char digits[] = "93750812";
+  for (int run = 0; run < 8; ++run)
+    for (int b = 0; b < 256; ++b) {
+      char s[8];
+      std::memcpy(s, digits, 8);
+      s[run] = static_cast<char>(b);
+      for (int j = run + 1; j < 8; ++j) s[j] = static_cast<char>((b * 7 + j) & 0xFF);
+      check(s);
+    }
+  for (const char* w : {"99999999", "00000000", "10000000", "00000001", "12345678"}) check(w);
+  const char pool[] = "0123456789/:\t -+.e\x00\x80\xb0\xff";
+  uint64_t state = 777;
+  int full = 0;
+  for (int n = 0; n < 200000; ++n) {
+    char s[8];
+    for (char& c : s) {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      // Mostly digits, so that long runs come up too.
+      const uint64_t r = state >> 33;
+      c = r % 4 != 0 ? static_cast<char>('0' + r / 4 % 10) : pool[r / 4 % (sizeof(pool) - 1)];
+    }
+    check(s);
+    uint64_t v;
+    full += text_detail::digits8(s, v) == 8;
+  }
+  EXPECT_GT(full, 1000);
 }
 
 // A fresh directory per test under the gtest temp dir.
@@ -663,6 +708,65 @@ TEST(TextParse, FinishRecordsTheFactsOfAFastPathChunk) {
   parser.finish(chunk, scratch);
   EXPECT_EQ(chunk.rows, rows + 2);
   EXPECT_EQ(chunk.facts(), nullptr);
+}
+
+// The fast path's dense values (8 digits at a time where 8 bytes are left in the line, digit by
+// digit after) equal the general parser's, line by line: values of 0 to 21 digits, signs,
+// leading zeros, decimals and bad text (the general parser's value or error decides), in the
+// Criteo layout and in one whose dense fields come last (the last value within 8 bytes of the
+// line's end).
+TEST(TextParse, FastDenseValuesMatchTheGeneralParser) {
+  uint64_t state = 4242;
+  auto next = [&] {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return state >> 33;
+  };
+  auto value = [&] {
+    const uint64_t kind = next() % 20;
+    if (kind == 0) return std::string();
+    if (kind == 1) return std::string(next() % 2 ? "2.5" : "-0");
+    if (kind == 2) return std::string(next() % 2 ? "12a" : next() % 2 ? "-" : "1-2");
+    std::string v = next() % 5 == 0 ? (next() % 2 ? "-" : "+") : "";
+    const int n = 1 + static_cast<int>(next() % (kind == 3 ? 21 : 9));
+    for (int i = 0; i < n; ++i) v += static_cast<char>('0' + next() % 10);
+    return v;
+  };
+  Schema last = Schema::criteo(3, 2);  // label, C1, C2, I1, I2, I3
+  std::rotate(last.columns.begin() + 1, last.columns.begin() + 4, last.columns.end());
+  for (const Schema& s : {Schema::criteo(), last}) {
+    const std::vector<int> map = field_mapping(s, "", "x");
+    text_detail::LineParser parser(s, map);
+    ASSERT_TRUE(parser.deferred_offsets());
+    const bool dense_last = s.columns.back().kind == ColumnKind::Dense;
+    int fast = 0, failed = 0;
+    for (int i = 0; i < 4000; ++i) {
+      std::string line = next() % 2 ? "1" : "0";
+      for (const auto& c : s.columns) {
+        if (c.kind == ColumnKind::Label) continue;
+        line += "\t";
+        line += c.kind == ColumnKind::Dense ? value() : next() % 3 ? "0a1b2c3d" : "";
+      }
+      RawChunk a, b;
+      a.reset(s.num_dense(), s.num_cat());
+      b.reset(s.num_dense(), s.num_cat());
+      text_detail::LineParser::Scratch scratch;
+      text_detail::LineError err;
+      const char* e = line.data() + line.size();
+      const bool ok_a = parser.parse(line.data(), e, a, scratch, err);
+      parser.finish(a, scratch);
+      fast += a.facts() != nullptr;  // the whole chunk took the fast path
+      const bool ok_b = parser.parse_general(line.data(), e, b, scratch, err);
+      ASSERT_EQ(ok_a, ok_b) << line;
+      failed += !ok_a;
+      if (!ok_a) continue;
+      ASSERT_EQ(a.dense.size(), b.dense.size());
+      ASSERT_EQ(std::memcmp(a.dense.data(), b.dense.data(), a.dense.size() * 4), 0) << line;
+      EXPECT_EQ(a.label, b.label);
+      EXPECT_EQ(a.cat_values, b.cat_values);
+    }
+    EXPECT_GT(fast, 1000) << dense_last;
+    EXPECT_GT(failed, 100) << dense_last;
+  }
 }
 
 // A layout whose rows may hold several values in a column (multi-hot) keeps the offsets as
