@@ -15,6 +15,7 @@
 #include "dlrec/core/error.h"
 #include "dlrec/io/raw_chunk.h"
 #include "dlrec/io/schema.h"
+#include "text_digits.h"
 
 namespace dlrec::io::text_detail {
 
@@ -49,31 +50,6 @@ inline std::string quote_text(const char* b, const char* e) {
   }
   s += "'";
   return s;
-}
-
-// SWAR helpers on 8 bytes (little-endian): high bit of each byte set iff lo < byte < hi
-// (bytes below 128; lo, hi <= 128), without carries between bytes.
-constexpr uint64_t kOnes = ~uint64_t{0} / 255;
-inline uint64_t bytes_between(uint64_t x, uint64_t lo, uint64_t hi) {
-  const uint64_t low7 = x & kOnes * 127;
-  return (kOnes * (127 + hi) - low7) & ~x & (low7 + kOnes * (127 - lo)) & kOnes * 128;
-}
-
-// Parses exactly 8 hexadecimal digits at p (the first is the most significant) into v;
-// false when one of them is not a hex digit. Same value as the digit-by-digit loop.
-inline bool hex8(const char* p, uint64_t& v) {
-  uint64_t x;
-  std::memcpy(&x, p, 8);
-  const uint64_t ok = bytes_between(x, 0x2F, 0x3A) | bytes_between(x, 0x60, 0x67) |
-                      bytes_between(x, 0x40, 0x47);
-  if (ok != kOnes * 128) return false;
-  // Digit values: low nibble, plus 9 for letters (bit 6 set).
-  const uint64_t d = (x & kOnes * 0x0F) + ((x >> 6) & kOnes) * 9;
-  // Byte i holds digit i; pack pairs, then quads, then the halves (first digit highest).
-  const uint64_t a = ((d & 0x000F000F000F000FULL) << 4) | ((d >> 8) & 0x000F000F000F000FULL);
-  const uint64_t b = ((a & 0x000000FF000000FFULL) << 8) | ((a >> 16) & 0x000000FF000000FFULL);
-  v = ((b & 0xFFFF) << 16) | ((b >> 32) & 0xFFFF);
-  return true;
 }
 
 // One field of a line: [b, e). `escaped` marks a quoted field holding "" pairs.
@@ -296,6 +272,17 @@ class LineParser {
         ++fields_of[t.index];
       }
     deferred_ = hex_ && one_each && num_cat_ > 0 && num_cat_ <= 64;
+    // The plain layout (Criteo's): [label,] the dense columns in order, the categorical ones
+    // in order, every field read, nothing else.
+    const int label = !targets_.empty() && targets_[0].kind == ColumnKind::Label ? 1 : 0;
+    plain_ = deferred_ && num_fields() == label + num_dense_ + num_cat_;
+    for (int i = label; plain_ && i < num_fields(); ++i) {
+      const Target& t = targets_[i];
+      plain_ = i < label + num_dense_
+                   ? t.kind == ColumnKind::Dense && t.index == i - label
+                   : t.kind == ColumnKind::Categorical && t.index == i - label - num_dense_;
+    }
+    plain_label_ = label == 1;
   }
 
   // Whether parse() defers the categorical offsets of the rows it appends (until finish()).
@@ -314,7 +301,7 @@ class LineParser {
     if (deferred_) {
       if (!s.pending.empty() && s.pending_chunk != &out)
         fail("LineParser: rows of another chunk wait for finish()");
-      if (parse_fast<true>(b, e, out, &s)) return true;
+      if (plain_ ? parse_plain(b, e, out, s) : parse_fast<true>(b, e, out, &s)) return true;
       finish(out, s);  // the general parser appends offsets itself
     } else if (parse_fast<false>(b, e, out, nullptr)) {
       return true;
@@ -435,6 +422,17 @@ class LineParser {
           }
           const char* d0 = q;
           uint64_t v = 0;
+          // Up to 8 digits at once where 8 bytes are left in the line; then (more digits, or
+          // the line's last bytes) one by one.
+          if (e - q >= 8) {
+            const int k = digits8(q, v);
+            q += k;
+            if (k < 8 && k > 0 && *q == delim) {
+              const double d = static_cast<double>(v);
+              dense[t.index] = static_cast<float>(neg ? -d : d);
+              break;
+            }
+          }
           while (q < e && static_cast<unsigned>(*q - '0') < 10u) {
             v = v * 10 + static_cast<unsigned>(*q - '0');
             ++q;
@@ -446,7 +444,7 @@ class LineParser {
         }
         case ColumnKind::Categorical: {
           if (q == e || *q == delim) break;  // missing
-          if (hex_ && !t.multi_hot) {
+          if (kDeferred || (hex_ && !t.multi_hot)) {  // deferred: every one is
             if (e - q >= 8 && (e - q == 8 || q[8] == delim)) {  // 8 digits: Criteo's keys
               uint64_t v8;
               if (hex8(q, v8)) {
@@ -499,6 +497,90 @@ class LineParser {
       for (int c = 0; c < num_cat_; ++c)
         out.cat_offsets[c].push_back(static_cast<int64_t>(out.cat_values[c].size()));
     }
+    ++out.rows;
+    return true;
+  }
+
+  // parse_fast<true> for the plain layout (plain_: [label,] dense, categorical, in order):
+  // the same rows accepted and the same values, with no per-field dispatch: a loop per kind
+  // of column, the dense values 8 digits at a time, each categorical field's end known from
+  // its 8 digits (Criteo's keys) before any other test.
+  [[gnu::flatten]] bool parse_plain(const char* b, const char* e, RawChunk& out,
+                                    Scratch& s) const {
+    const int64_t r = out.rows;
+    const char delim = schema_.delimiter;
+    const int nd = num_dense_, nc = num_cat_;
+    std::vector<uint64_t>* vals = out.cat_values.data();
+    uint64_t got = 0;  // bit c: column c got a value in this row
+    auto rollback = [&] {
+      out.dense.resize(static_cast<size_t>(r * nd));
+      for (uint64_t m = got; m != 0; m &= m - 1) vals[__builtin_ctzll(m)].pop_back();
+      return false;
+    };
+    const char* p = b;
+    float label = 0;
+    if (plain_label_) {  // "0" or "1", then a delimiter (more fields follow: nc > 0)
+      if (e - p < 2 || (*p != '0' && *p != '1') || p[1] != delim) return false;
+      label = *p == '1' ? 1.f : 0.f;
+      p += 2;
+    }
+    out.dense.resize(static_cast<size_t>((r + 1) * nd), kNaN);
+    float* dense = out.dense.data() + r * nd;
+    for (int j = 0; j < nd; ++j) {  // each followed by a delimiter (nc > 0)
+      if (p == e) return rollback();
+      if (*p == delim) {  // missing
+        ++p;
+        continue;
+      }
+      bool neg = false;
+      if (*p == '-' || *p == '+') {
+        neg = *p == '-';
+        ++p;
+      }
+      const char* d0 = p;
+      uint64_t v = 0;
+      if (e - p >= 8) p += digits8(p, v);
+      if (p - d0 == 8 || e - d0 < 8)
+        while (p < e && static_cast<unsigned>(*p - '0') < 10u) {
+          v = v * 10 + static_cast<unsigned>(*p - '0');
+          ++p;
+        }
+      if (p == d0 || p - d0 > 18 || p == e || *p != delim) return rollback();
+      const double d = static_cast<double>(v);
+      dense[j] = static_cast<float>(neg ? -d : d);
+      ++p;
+    }
+    for (int c = 0; c < nc; ++c) {
+      const bool last = c + 1 == nc;
+      // The field's end: the line's end for the last column, else a delimiter.
+      if (last ? e - p == 8 : e - p > 8 && p[8] == delim) {
+        uint64_t v8;
+        if (hex8(p, v8)) {
+          vals[c].push_back(v8);
+          got |= uint64_t{1} << c;
+          p += 9;
+          continue;
+        }
+      }
+      const char* q = p;
+      uint64_t v = 0;
+      while (q < e) {
+        const unsigned d = kHex.v[static_cast<unsigned char>(*q)];
+        if (d == 0xFF) break;
+        v = (v << 4) | d;
+        ++q;
+      }
+      if (q - p > 16 || (last ? q != e : q == e || *q != delim)) return rollback();
+      if (q > p) {  // else missing
+        vals[c].push_back(v);
+        got |= uint64_t{1} << c;
+        if (v >> 32) s.wide |= uint64_t{1} << c;  // (kept if the row rolls back, as there)
+      }
+      p = q + 1;
+    }
+    out.label.push_back(label);
+    s.pending.push_back(got);
+    s.pending_chunk = &out;
     ++out.rows;
     return true;
   }
@@ -648,6 +730,7 @@ class LineParser {
   int num_dense_, num_cat_;
   bool hex_;
   bool deferred_ = false;  // deferred_offsets()
+  bool plain_ = false, plain_label_ = false;  // parse_plain() takes the rows; a label first
   std::vector<Target> targets_;
 };
 

@@ -21,49 +21,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// hex8 (the SWAR fast path for Criteo's 8-digit keys) agrees with the digit-by-digit table for
-// every byte value at every position, and for random mixes of hex and other bytes.
-TEST(TextParse, Hex8MatchesTheDigitTable) {
-  auto expected = [](const char* p, uint64_t& v) {
-    v = 0;
-    for (int i = 0; i < 8; ++i) {
-      const unsigned d = text_detail::kHex.v[static_cast<unsigned char>(p[i])];
-      if (d == 0xFF) return false;
-      v = (v << 4) | d;
-    }
-    return true;
-  };
-  auto check = [&](const char* p) {
-    uint64_t want = 0, got = 0;
-    const bool ok = expected(p, want);
-    ASSERT_EQ(text_detail::hex8(p, got), ok) << std::string(p, 8);
-    if (ok) {
-      ASSERT_EQ(got, want) << std::string(p, 8);
-    }
-  };
-  int accepted = 0;
-  for (int pos = 0; pos < 8; ++pos) {
-    for (int b = 0; b < 256; ++b) {
-      char s[8] = {'0', '9', 'a', 'f', 'A', 'F', '7', 'c'};
-      s[pos] = static_cast<char>(b);
-      check(s);
-      uint64_t v;
-      accepted += text_detail::hex8(s, v);
-    }
-  }
-  EXPECT_EQ(accepted, 8 * 22);  // 0-9, a-f, A-F at each position
-  const char pool[] = "0123456789abcdefABCDEFgG/:@`\x00\x7f\x80\xc6\xe6 \t\"";
-  uint64_t state = 12345;
-  for (int n = 0; n < 200000; ++n) {
-    char s[8];
-    for (char& c : s) {
-      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-      c = pool[(state >> 33) % (sizeof(pool) - 1)];
-    }
-    check(s);
-  }
-}
-
 // A fresh directory per test under the gtest temp dir.
 std::string test_dir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
