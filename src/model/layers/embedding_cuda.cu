@@ -37,6 +37,7 @@ class EmbeddingNode final : public Node {
     if (hashed_) hashed_->alloc(max_nnz);
     if (e.dp.comm) alloc_exchange(e, max_nnz);
     tw_ = false;
+    e.dp.hold_for_exchange = false;
     if (e.dp.comm && !e.dp.table_owner.empty()) alloc_table_wise(e, max_nnz);
   }
   void materialize(Engine& e, const std::vector<char>* keep) override { ts_.materialize(e, keep); }
@@ -214,6 +215,7 @@ class EmbeddingNode final : public Node {
                   " ranks (bug)");
       if (o >= 0) ++tw_count_[o], has_tw_ = true;
     }
+    e.dp.hold_for_exchange = has_tw_;  // the dense all-reduces wait for the gradient all-to-all
     for (int r = 1; r < n; ++r) tw_first_[r] = tw_first_[r - 1] + tw_count_[r - 1];
     std::vector<int32_t> lay;  // table, first, count, index: one per table-wise table each
     std::vector<int32_t> table, first, count, index, mine;
@@ -614,6 +616,7 @@ class EmbeddingNode final : public Node {
           c.all_to_all_v(tw_gsend_.raw(), peer_c, peer_o, tw_grecv_.raw(), own_c, own_o,
                          dist::elem_of(xdt_));
         });
+        e.release_dense(a2a_done_);  // the held dense all-reduces after it (DataParallel::hold)
       }
       if (rp_K_ > 0) replicated_grads(e, grad, gv.ld);
       if (rw_K_ > 0) backward_row_wise<S, W>(e, grad, gv.ld);
