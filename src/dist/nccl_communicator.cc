@@ -81,10 +81,7 @@ using Clock = std::chrono::steady_clock;
 
 class NcclCommunicator final : public Communicator, public TopologyAware {
  public:
-  // urgent: the stream at the device's greatest priority (the first communicator: the
-  // embedding's exchange, a step's critical path), else at the least (the default; the
-  // duplicate: the dense layers' all-reduces, beside the low-priority weight gradients).
-  NcclCommunicator(Communicator& bootstrap, int device, const CommOptions& opt, bool urgent)
+  NcclCommunicator(Communicator& bootstrap, int device, const CommOptions& opt)
       : opt_(opt),
         device_(device),
         rank_(bootstrap.rank()),
@@ -111,16 +108,7 @@ class NcclCommunicator final : public Communicator, public TopologyAware {
     config.blocking = 0;  // so that creation and collectives can be waited for with a deadline
     check(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config), "ncclCommInitRankConfig");
     wait_comm_ready("ncclCommInitRankConfig");
-    // NCCL's kernels spin until every rank's have started: on a least-priority stream their
-    // blocks wait behind the pending blocks of the step's greatest-priority streams (the
-    // pooling, the bottom MLP), on each rank for a different time, and the collective takes
-    // the longest of these waits.
-    int least = 0, greatest = 0;
-    check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest),
-               "cudaDeviceGetStreamPriorityRange");
-    check_cuda(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking,
-                                            urgent ? greatest : least),
-               "cudaStreamCreateWithPriority");
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     check_cuda(cudaMalloc(&scratch_, 16), "cudaMalloc");
   }
   ~NcclCommunicator() override {
@@ -146,10 +134,9 @@ class NcclCommunicator final : public Communicator, public TopologyAware {
   const char* kind() const override { return "nccl"; }
   Device device() const override { return Device::cuda(device_); }
   void* stream() const override { return stream_; }
-  // A new NCCL communicator (its unique id broadcast over the same bootstrap) and stream, at the
-  // least priority.
+  // A new NCCL communicator (its unique id broadcast over the same bootstrap) and stream.
   std::unique_ptr<Communicator> duplicate() override {
-    return std::make_unique<NcclCommunicator>(*bootstrap_, device_, opt_, false);
+    return std::make_unique<NcclCommunicator>(*bootstrap_, device_, opt_);
   }
   const Topology& topology() const override { return topology_; }
   bool hierarchical() const override { return hierarchical_; }
@@ -337,7 +324,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, in
                                                      const CommOptions& options) {
   DLREC_CHECK(options.timeout_seconds > 0, "dist: the collective timeout must be > 0 seconds, got ",
               options.timeout_seconds);
-  return std::make_unique<NcclCommunicator>(bootstrap, device, options, true);
+  return std::make_unique<NcclCommunicator>(bootstrap, device, options);
 }
 
 #endif  // DLREC_WITH_NCCL

@@ -47,12 +47,7 @@ cudaGraphExec_t capture_graph(cudaStream_t stream, const std::function<void()>& 
     if (e != cudaSuccess && why.empty()) why = cudaGetErrorString(e);
     ok = ok && e == cudaSuccess && graph;
     if (ok) {
-      // The kernels run at their capturing streams' priorities (copied into the kernel nodes
-      // by the capture); without this flag every node runs at the launch stream's priority and
-      // the streams' priorities (graph_cuda.cu: critical path greatest, weight gradients least)
-      // do nothing inside a graph.
-      const cudaError_t ie =
-          cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
+      const cudaError_t ie = cudaGraphInstantiate(&exec, graph, 0);
       if (ie != cudaSuccess) {
         ok = false;
         why = cudaGetErrorString(ie);

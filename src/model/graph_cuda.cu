@@ -490,10 +490,6 @@ void GraphCuda::run_backward() {
   // The embedding update (its gradient is complete when its turn comes) runs on the side
   // stream beside the backward of the layers before it (the bottom MLP).
   bool pending = false;
-  // The dense all-reduces of the layers above the embedding wait for its gradient exchange
-  // (DataParallel::hold; the embedding's backward releases them).
-  e_.dp.held.clear();
-  e_.dp.hold = e_.dp.hold_for_exchange && e_.dp.step && e_.dp.dcomm;
   for (size_t k = spec_.order.size(); k-- > 0;) {
     const int i = spec_.order[k];
     if (!e_.vals[i].need_grad || !e_.vals[i].has_grad) continue;
@@ -505,7 +501,6 @@ void GraphCuda::run_backward() {
     nodes_[i]->backward(e_);
     mark(spec_.layers[i].name + " bwd+update");
   }
-  e_.release_dense(nullptr);  // (the embedding released them; else now)
   e_.join_weights();
   if (pending) DLREC_CUDA_CHECK(cudaStreamWaitEvent(e_.st, join_, 0));
   if (!e_.fp16) return;

@@ -25,7 +25,7 @@ void GraphCuda::timeline_mark(const std::string& what, cudaStream_t s) {
     DLREC_CUDA_CHECK(cudaEventRecord(events_[i], s));
   const char* on = s == st_.get() ? "main" : s == side_.get() ? "side"
                    : (wst_ && s == wst_.get()) ? "wgt" : s == e_.dp.cst ? "comm"
-                   : s == e_.dp.dcst ? "dcomm" : "aux";
+                   : s == e_.dp.dcst ? "dcomm" : "?";
   marks_.push_back(std::string(on) + "  " + what);
 }
 

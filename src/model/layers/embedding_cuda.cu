@@ -37,7 +37,6 @@ class EmbeddingNode final : public Node {
     if (hashed_) hashed_->alloc(max_nnz);
     if (e.dp.comm) alloc_exchange(e, max_nnz);
     tw_ = false;
-    e.dp.hold_for_exchange = false;
     if (e.dp.comm && !e.dp.table_owner.empty()) alloc_table_wise(e, max_nnz);
   }
   void materialize(Engine& e, const std::vector<char>* keep) override { ts_.materialize(e, keep); }
@@ -134,13 +133,13 @@ class EmbeddingNode final : public Node {
   void alloc_exchange(Engine& e, int64_t max_nnz) {
     const int64_t n = e.dp.ranks, T = ts_.tab.num_tables, bags = T * n * cap_;
     const Value& gv = grad_value(e);
+    off_in_ = Tensor::empty({n * (T * cap_ + 1)}, DType::I32, e.dev);
+    keys_in_ = Tensor::empty({std::max<int64_t>(n * max_nnz, 1)}, DType::I32, e.dev);
     lens_ = Tensor::empty({std::max<int64_t>(bags, 1)}, DType::I32, e.dev);
     src_ = Tensor::empty({std::max<int64_t>(bags, 1)}, DType::I64, e.dev);
     scan_bytes_ = dp::scan_bytes(bags);
     scan_ = Tensor::empty({static_cast<int64_t>(scan_bytes_)}, DType::U8, e.dev);
     if (!e.dp.table_owner.empty()) return;  // table-wise: the owners' buffers instead
-    off_in_ = Tensor::empty({n * (T * cap_ + 1)}, DType::I32, e.dev);
-    keys_in_ = Tensor::empty({std::max<int64_t>(n * max_nnz, 1)}, DType::I32, e.dev);
     off_g_ = Tensor::empty({bags + 1}, DType::I32, e.dev);
     keys_g_ = Tensor::empty({std::max<int64_t>(n * max_nnz, 1)}, DType::I32, e.dev);
     grad_g_ = e.buf({n * cap_, gv.ld}, gv.gdt);
@@ -203,9 +202,6 @@ class EmbeddingNode final : public Node {
       ids_done_ = gpu::Event(e.dev.index);
       a2a_done_ = gpu::Event(e.dev.index);
       rp_done_ = gpu::Event(e.dev.index);
-      rp_fork_ = gpu::Event(e.dev.index);
-      rp_pooled_ = gpu::Event(e.dev.index);
-      rp_sorted_ = gpu::Event(e.dev.index);
     }
     tw_count_.assign(n, 0);
     tw_first_.assign(n, 0);
@@ -215,7 +211,6 @@ class EmbeddingNode final : public Node {
                   " ranks (bug)");
       if (o >= 0) ++tw_count_[o], has_tw_ = true;
     }
-    e.dp.hold_for_exchange = has_tw_;  // the dense all-reduces wait for the gradient all-to-all
     for (int r = 1; r < n; ++r) tw_first_[r] = tw_first_[r - 1] + tw_count_[r - 1];
     std::vector<int32_t> lay;  // table, first, count, index: one per table-wise table each
     std::vector<int32_t> table, first, count, index, mine;
@@ -284,11 +279,10 @@ class EmbeddingNode final : public Node {
     tw_recv_ = Tensor::empty({one(cap_ * T * dim)}, act, e.dev);
     tw_gsend_ = Tensor::empty({one(cap_ * T * dim)}, xdt_, e.dev);
     tw_grecv_ = Tensor::empty({one(G * tw_K_ * dim)}, xdt_, e.dev);
-    // The travelling ids' all-gather: [offsets | keys] per rank in one block (ids_send_), every
-    // rank's block at the same stride in ids_in_ (forward_table_wise).
-    const int64_t block = static_cast<int64_t>(tv_sel_.size()) * cap_ + 1 + max_nnz;
-    ids_send_ = Tensor::empty({block}, DType::I32, e.dev);
-    ids_in_ = Tensor::empty({n * block}, DType::I32, e.dev);
+    if (compact_) {
+      tv_off_ = Tensor::empty({static_cast<int64_t>(tv_sel_.size()) * cap_ + 1}, DType::I32, e.dev);
+      tv_keys_ = Tensor::empty({one(max_nnz)}, DType::I32, e.dev);
+    }
     alloc_row_wise(e, max_nnz);
     alloc_replicated(e, max_nnz);
   }
@@ -360,11 +354,6 @@ class EmbeddingNode final : public Node {
     rp_keys_ = Tensor::empty({one(max_nnz)}, DType::I32, e.dev);
     rp_pool_ = Tensor::empty({one(cap_ * rp_K_ * dim)}, act, e.dev);
     rp_gpack_ = Tensor::empty({one(cap_ * rp_K_ * dim)}, grad_value(e).gdt, e.dev);
-    rp_lens_ = Tensor::empty({one(rp_K_ * cap_)}, DType::I32, e.dev);
-    rp_src_ = Tensor::empty({one(rp_K_ * cap_)}, DType::I64, e.dev);
-    rp_scan_bytes_ = dp::scan_bytes(rp_K_ * cap_);
-    rp_scan_ = Tensor::empty({static_cast<int64_t>(rp_scan_bytes_)}, DType::U8, e.dev);
-    if (!rp_st_) rp_st_ = gpu::Stream(e.dev.index);  // the least priority: fills the gaps
     rp_minus_one_ = Tensor::empty({1}, DType::F32, e.dev);
     ce::fill(rp_minus_one_.data<float>(), 1, -1.f, e.st);
     // Own scratch: the ids are sorted in the forward (forward_replicated) and read by the
@@ -376,32 +365,13 @@ class EmbeddingNode final : public Node {
     ce::prepare(rp_scratch_, e.st);
   }
   // This rank's rows' bags of the replicated tables (bag k * B + b), pooled and put into the
-  // layer's columns, on their own stream rp_st_ (least priority) beside the exchange on st:
-  // rp_pooled_ marks the pooling's end (joined at the forward's end), rp_sorted_ the backward's
-  // id sort after it (joined in the backward: rp_sort_pending_). Own bag scratch (rp_lens_ ...)
-  // since the table-wise bags are built on st meanwhile.
+  // layer's columns.
   template <class H>
   void forward_replicated(Engine& e, H* out, int64_t ld) {
-    const int64_t T = ts_.tab.num_tables;
+    const int64_t T = ts_.tab.num_tables, dim = ts_.dim;
     rp_nnz_ = 0;
-    rp_sort_pending_ = false;
     for (int64_t t : rp_mine_) rp_nnz_ += e.dp.table_nnz[e.dp.rank * T + t];
     if (e.B == 0) return;
-    DLREC_CUDA_CHECK(cudaEventRecord(rp_fork_, e.st));
-    DLREC_CUDA_CHECK(cudaStreamWaitEvent(rp_st_, rp_fork_, 0));
-    cudaStream_t side = e.st;
-    e.st = rp_st_;
-    try {
-      pool_replicated(e, out, ld);
-    } catch (...) {
-      e.st = side;
-      throw;
-    }
-    e.st = side;
-  }
-  template <class H>
-  void pool_replicated(Engine& e, H* out, int64_t ld) {
-    const int64_t T = ts_.tab.num_tables, dim = ts_.dim;
     dp::RankGeometry g;
     g.ranks = 1;
     g.tables = T;
@@ -410,29 +380,21 @@ class EmbeddingNode final : public Node {
     g.row_begin[0] = g.off_begin[0] = g.key_begin[0] = 0;
     dp::build_table_bags(g, static_cast<const int32_t*>(rp_tabs_.raw()), rp_K_, e.offsets, e.keys,
                          rp_off_.data<int32_t>(), static_cast<uint32_t*>(rp_keys_.raw()),
-                         rp_lens_.data<int32_t>(), rp_src_.data<int64_t>(), rp_scan_.raw(),
-                         rp_scan_bytes_, e.st);
+                         lens_.data<int32_t>(), src_.data<int64_t>(), scan_.raw(), scan_bytes_,
+                         e.st);
     ce::forward(rp_sub_, rp_off_.data<int32_t>(), static_cast<const uint32_t*>(rp_keys_.raw()), e.B,
                 mean_, static_cast<H*>(rp_pool_.raw()), e.st, rp_K_ * dim);
     dp::scatter_pooled(rp_layout_, e.B, static_cast<const H*>(rp_pool_.raw()), out, ld, e.st);
-    DLREC_CUDA_CHECK(cudaEventRecord(rp_pooled_, e.st));
-    e.sub("emb fwd: replicated pool");
     // The backward's id work (it depends on the ids only), here beside the exchanges.
-    if (e.dp.step && rp_nnz_ > 0) {
+    if (e.dp.step && rp_nnz_ > 0)
       ce::backward_ids(rp_gtab_, rp_off_.data<int32_t>(),
                        static_cast<const uint32_t*>(rp_keys_.raw()), e.B, rp_nnz_, ts_.key_bits,
                        rp_scratch_, e.st);
-      DLREC_CUDA_CHECK(cudaEventRecord(rp_sorted_, e.st));
-      rp_sort_pending_ = true;
-      e.sub("emb fwd: replicated ids (sort, for the backward)");
-    }
   }
   // This rank's dense gradient of the replicated tables; the all-reduce that sums it over the
   // ranks is forked (rp_done_), replicated_apply joins it and applies it.
   template <class S>
   void replicated_grads(Engine& e, const S* grad, int64_t ld) {
-    if (rp_sort_pending_) DLREC_CUDA_CHECK(cudaStreamWaitEvent(e.st, rp_sorted_, 0));
-    rp_sort_pending_ = false;
     if (e.B > 0 && rp_nnz_ > 0) {
       dp::gather_grads(rp_layout_, e.B, grad, ld, static_cast<S*>(rp_gpack_.raw()), e.st);
       ce::backward_apply(rp_gtab_, rp_off_.data<int32_t>(), e.B, rp_nnz_, mean_,
@@ -504,55 +466,36 @@ class EmbeddingNode final : public Node {
     const DataParallel& d = e.dp;
     const int64_t T = ts_.tab.num_tables, dim = ts_.dim, G = d.global_rows;
     std::vector<int64_t> off_counts, key_counts, own_c, own_o, peer_c, peer_o;
-    dp::RankGeometry geo = geometry(e, &off_counts, &key_counts);
+    const dp::RankGeometry geo = geometry(e, &off_counts, &key_counts);
     tw_counts(e, &own_c, &own_o, &peer_c, &peer_o);
     tw_nnz_ = 0;
     for (int r = 0; r < d.ranks; ++r)
       for (int64_t t : tw_mine_) tw_nnz_ += d.table_nnz[r * T + t];
-    // The travelling tables' ids in one all-gather (one NCCL all-gather of every rank's block
-    // [offsets | keys], padded to the largest rank's counts: off_max + key_max), so the
-    // gathered offsets and keys of rank r start at r * block and r * block + off_max.
-    const int64_t off_max = *std::max_element(off_counts.begin(), off_counts.end());
-    const int64_t key_max = *std::max_element(key_counts.begin(), key_counts.end());
-    const int64_t block = off_max + key_max;
-    for (int r = 0; r < d.ranks; ++r) {
-      geo.off_begin[r] = r * block;
-      geo.key_begin[r] = r * block + off_max;
-    }
-    // Overlap: the replicated tables pool (no exchange) on their own stream beside the whole
-    // exchange, and the owner's id sort for the backward (ids only) runs while the pooled rows
-    // travel.
+    // Overlap: the replicated tables pool (no exchange) while the ids are all-gathered, and
+    // the owner's id sort for the backward (ids only) runs while the pooled rows travel.
     e.sub("emb fwd: (before)");
-    const Value& o = into_ >= 0 ? e.vals[into_] : e.vals[self];
-    const int64_t col = into_ >= 0 ? col_ : 0;
-    if (rp_K_ > 0)
-      with_act(o.dt, [&](auto* h) {
-        using H = std::remove_pointer_t<decltype(h)>;
-        forward_replicated(e, static_cast<H*>(o.y.raw()) + col, o.ld);
-      });
-    int32_t* send = ids_send_.data<int32_t>();
+    const void *off = e.offsets, *keys = e.keys;
     if (compact_) {  // only the travelling tables' ids
       dp::compact_ids(e.offsets, e.keys, e.B, tv_sel_,
                       static_cast<const int32_t*>(tv_sel_dev_.raw()),
-                      d.table_nnz.data() + d.rank * T, send,
-                      reinterpret_cast<uint32_t*>(send + off_max), e.st);
-    } else {
-      DLREC_CUDA_CHECK(cudaMemcpyAsync(send, e.offsets, off_counts[d.rank] * sizeof(int32_t),
-                                       cudaMemcpyDeviceToDevice, e.st));
-      if (key_counts[d.rank] > 0)
-        DLREC_CUDA_CHECK(cudaMemcpyAsync(send + off_max, e.keys,
-                                         key_counts[d.rank] * sizeof(uint32_t),
-                                         cudaMemcpyDeviceToDevice, e.st));
+                      d.table_nnz.data() + d.rank * T, tv_off_.data<int32_t>(),
+                      static_cast<uint32_t*>(tv_keys_.raw()), e.st);
+      off = tv_off_.raw();
+      keys = tv_keys_.raw();
     }
     e.comm_fork("ids all-gather", ids_done_, [&](dist::Communicator& c) {
-      c.all_gather(send, ids_in_.raw(), block, dist::Elem::I32);
+      c.all_gather_v(off, off_in_.raw(), off_counts, dist::Elem::I32);
+      c.all_gather_v(keys, keys_in_.raw(), key_counts, dist::Elem::I32);
     });
-    const int32_t* g_off = ids_in_.data<int32_t>();
-    const auto* g_keys = reinterpret_cast<const uint32_t*>(g_off);
+    const Value& o = into_ >= 0 ? e.vals[into_] : e.vals[self];
+    const int64_t col = into_ >= 0 ? col_ : 0;
     auto run = [&](auto* h) {
       using H = std::remove_pointer_t<decltype(h)>;
+      if (rp_K_ > 0) forward_replicated(e, static_cast<H*>(o.y.raw()) + col, o.ld);
+      if (rp_K_ > 0) e.sub("emb fwd: replicated");
       e.comm_join(ids_done_);
-      dp::build_table_bags(geo, static_cast<const int32_t*>(tw_tabs_.raw()), tw_K_, g_off, g_keys,
+      dp::build_table_bags(geo, static_cast<const int32_t*>(tw_tabs_.raw()), tw_K_,
+                           off_in_.data<int32_t>(), static_cast<const uint32_t*>(keys_in_.raw()),
                            tw_off_.data<int32_t>(), static_cast<uint32_t*>(tw_keys_.raw()),
                            lens_.data<int32_t>(), src_.data<int64_t>(), scan_.raw(), scan_bytes_,
                            e.st);
@@ -578,19 +521,12 @@ class EmbeddingNode final : public Node {
         e.sub("emb fwd: tw scatter");
       }
       if (rw_K_ > 0)
-        forward_row_wise(e, geo, g_off, g_keys, static_cast<H*>(o.y.raw()) + col, o.ld,
-                         dist::elem_of(o.dt));
-      if (rp_K_ > 0 && e.B > 0) DLREC_CUDA_CHECK(cudaStreamWaitEvent(e.st, rp_pooled_, 0));
+        forward_row_wise(e, geo, static_cast<H*>(o.y.raw()) + col, o.ld, dist::elem_of(o.dt));
     };
-    with_act(o.dt, run);
-  }
-  // f(H*) with H the activation type (bf16/fp16, or float).
-  template <class F>
-  static void with_act(DType dt, F&& f) {
-    if (is_half(dt))
-      with_half(dt, f);
+    if (is_half(o.dt))
+      with_half(o.dt, run);
     else
-      f(static_cast<float*>(nullptr));
+      run(static_cast<float*>(nullptr));
   }
   void backward_table_wise(Engine& e) {
     const DataParallel& d = e.dp;
@@ -616,7 +552,6 @@ class EmbeddingNode final : public Node {
           c.all_to_all_v(tw_gsend_.raw(), peer_c, peer_o, tw_grecv_.raw(), own_c, own_o,
                          dist::elem_of(xdt_));
         });
-        e.release_dense(a2a_done_);  // the held dense all-reduces after it (DataParallel::hold)
       }
       if (rp_K_ > 0) replicated_grads(e, grad, gv.ld);
       if (rw_K_ > 0) backward_row_wise<S, W>(e, grad, gv.ld);
@@ -735,8 +670,7 @@ class EmbeddingNode final : public Node {
     return d.rows.empty() ? 0 : *std::max_element(d.rows.begin(), d.rows.end());
   }
   template <class H>
-  void forward_row_wise(Engine& e, const dp::RankGeometry& geo, const int32_t* g_off,
-                        const uint32_t* g_keys, H* out, int64_t ld, dist::Elem el) {
+  void forward_row_wise(Engine& e, const dp::RankGeometry& geo, H* out, int64_t ld, dist::Elem el) {
     const DataParallel& d = e.dp;
     const int64_t T = ts_.tab.num_tables, dim = ts_.dim, bmax = padded_rows(d);
     if (bmax == 0) return;  // no rank has rows (the same on every rank)
@@ -744,7 +678,8 @@ class EmbeddingNode final : public Node {
     rw_nnz_ = 0;
     for (int r = 0; r < d.ranks; ++r)
       for (int64_t t : rw_mine_) rw_nnz_ += d.table_nnz[r * T + t];
-    dp::build_row_bags(geo, bmax, rw_rl_, g_off, g_keys, rw_off_.data<int32_t>(),
+    dp::build_row_bags(geo, bmax, rw_rl_, off_in_.data<int32_t>(),
+                       static_cast<const uint32_t*>(keys_in_.raw()), rw_off_.data<int32_t>(),
                        static_cast<uint32_t*>(rw_keys_.raw()), lens_.data<int32_t>(),
                        src_.data<int64_t>(), scan_.raw(), scan_bytes_, e.st);
     e.sub("emb fwd: rw bags");
@@ -800,8 +735,7 @@ class EmbeddingNode final : public Node {
   int64_t rp_K_ = 0, rp_nnz_ = 0;
   std::vector<int64_t> rp_mine_;
   Tensor rp_grad_, rp_grad16_, rp_tabs_, rp_layout_mem_, rp_ptrs_, rp_sptrs_, rp_gptrs_, rp_base_;
-  Tensor rp_off_, rp_keys_, rp_pool_, rp_gpack_, rp_minus_one_, rp_lens_, rp_src_, rp_scan_;
-  size_t rp_scan_bytes_ = 0;
+  Tensor rp_off_, rp_keys_, rp_pool_, rp_gpack_, rp_minus_one_;
   dp::TwLayout rp_layout_;
   ce::Tables rp_sub_, rp_gtab_;
   ce::Scratch rp_scratch_;
@@ -810,15 +744,10 @@ class EmbeddingNode final : public Node {
   // in the gathered layout (-1: replicated); compact_: some table stays home (compact_ids).
   std::vector<int64_t> tv_sel_, tv_pos_;
   bool compact_ = false;
-  Tensor tv_sel_dev_, ids_send_, ids_in_;
+  Tensor tv_sel_dev_, tv_off_, tv_keys_;
   // The forked collectives' ends (Engine::comm_fork): ids all-gather, an all-to-all, the
   // replicas' all-reduce.
   gpu::Event ids_done_, a2a_done_, rp_done_;
-  // The replicated tables' forward on their own stream (forward_replicated): forked from the
-  // side stream, its pooling joined at the forward's end, its id sort in the backward.
-  gpu::Stream rp_st_;
-  gpu::Event rp_fork_, rp_pooled_, rp_sorted_;
-  bool rp_sort_pending_ = false;
 
   bool tw_ = false;
   DType xdt_ = DType::F32;         // the gradients' type in the exchange (alloc_table_wise)

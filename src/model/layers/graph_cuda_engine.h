@@ -129,18 +129,6 @@ struct DataParallel {
   cudaStream_t dcst = nullptr;
   gpu::Event to_dcomm, from_dcomm;
   bool d_pending = false;  // dense updates enqueued on dcst, not yet joined (join_weights)
-  // Held dense all-reduces (Engine::lin_update, release_dense): while `hold` is set (the
-  // backward of the layers above a table-wise embedding, GraphCuda::run_backward), a layer's
-  // all-reduce and update are not enqueued but kept with an event after its weight gradient;
-  // the embedding releases them once its gradient all-to-all has ended, so that the two do not
-  // share the links. hold_for_exchange: the embedding layer releases them (it has an exchange).
-  struct Held {
-    Lin* lin;
-    cudaEvent_t ready;
-  };
-  bool hold = false, hold_for_exchange = false;
-  std::vector<Held> held;
-  std::vector<gpu::Event> held_ready;
   int rank = 0, ranks = 1;
   // This step (host): every rank's rows and ids in rank order, their sums.
   std::vector<int64_t> rows, nnz;
@@ -424,13 +412,6 @@ struct Engine {
   // the same either way. (fp16's deferred updates never meet this: fp16 is not data-parallel.)
   void lin_update(Lin& l) {
     const bool on_dcomm = dp.dcomm && B > 0 && !fp16;
-    if (on_dcomm && dp.hold) {
-      if (dp.held.size() == dp.held_ready.size()) dp.held_ready.emplace_back(dev.index);
-      cudaEvent_t ready = dp.held_ready[dp.held.size()];
-      DLREC_CUDA_CHECK(cudaEventRecord(ready, st));
-      dp.held.push_back({&l, ready});
-      return;
-    }
     if (dp.comm && B > 0) {
       auto f = [&](dist::Communicator& c) {
         c.all_reduce(l.dw.raw(), l.dw.numel(), dist::Elem::F32);
@@ -470,22 +451,6 @@ struct Engine {
     if (on_dcomm) {
       std::swap(st, dp.dcst);
       dp.d_pending = true;
-    }
-  }
-  // Enqueues the held dense all-reduces and updates (lin_update) on the dense communicator's
-  // stream after `after` (null: at once) and stops holding.
-  void release_dense(cudaEvent_t after) {
-    dp.hold = false;
-    if (dp.held.empty()) return;
-    std::vector<DataParallel::Held> held;
-    held.swap(dp.held);
-    if (after) DLREC_CUDA_CHECK(cudaStreamWaitEvent(dp.dcst, after, 0));
-    cudaStream_t s = st;
-    for (const auto& h : held) {
-      st = dp.dcst;  // lin_update records its weight gradient's end on st: the held event first
-      DLREC_CUDA_CHECK(cudaStreamWaitEvent(st, h.ready, 0));
-      lin_update(*h.lin);
-      st = s;
     }
   }
   void refresh(Lin& l) {
