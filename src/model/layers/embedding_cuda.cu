@@ -307,7 +307,7 @@ class EmbeddingNode final : public Node {
     for (int64_t t : rp_mine_) total += ts_.rows[t] * dim;
     rp_grad_ = e.buf({total}, DType::F32);  // zero: dense_update keeps it so between steps
     if (is_half(xdt_)) rp_grad16_ = Tensor::empty({total}, xdt_, e.dev);  // all-reduced in 16 bits
-    std::vector<int32_t> table, first, count, index;
+    std::vector<int32_t> table;
     std::vector<float*> wp, sp, gp;
     std::vector<uint32_t> base;
     int64_t at = 0;
@@ -316,9 +316,6 @@ class EmbeddingNode final : public Node {
       DLREC_CHECK(ts_.tables[t].defined() && ts_.tables[t].shape()[0] == ts_.rows[t],
                   "replicated table ", t, " is not allocated whole (bug)");
       table.push_back(static_cast<int32_t>(t));
-      first.push_back(0);
-      count.push_back(static_cast<int32_t>(rp_K_));
-      index.push_back(static_cast<int32_t>(k));
       wp.push_back(ts_.tables[t].data<float>());
       if (!ts_.states.empty()) sp.push_back(ts_.states[t].data<float>());
       gp.push_back(rp_grad_.data<float>() + at);
@@ -331,11 +328,6 @@ class EmbeddingNode final : public Node {
       return x;
     };
     rp_tabs_ = upload(table.data(), table.size() * sizeof(int32_t));
-    std::vector<int32_t> lay;
-    for (auto* a : {&table, &first, &count, &index}) lay.insert(lay.end(), a->begin(), a->end());
-    rp_layout_mem_ = upload(lay.data(), lay.size() * sizeof(int32_t));
-    const auto* l = static_cast<const int32_t*>(rp_layout_mem_.raw());
-    rp_layout_ = dp::TwLayout{l, l + rp_K_, l + 2 * rp_K_, l + 3 * rp_K_, rp_K_, dim};
     rp_ptrs_ = upload(wp.data(), wp.size() * sizeof(float*));
     rp_sptrs_ = upload(sp.data(), sp.size() * sizeof(float*));
     rp_gptrs_ = upload(gp.data(), gp.size() * sizeof(float*));
@@ -345,15 +337,15 @@ class EmbeddingNode final : public Node {
     rp_sub_.states = ts_.tab.states ? static_cast<float* const*>(rp_sptrs_.raw()) : nullptr;
     rp_sub_.row_base = static_cast<const uint32_t*>(rp_base_.raw());
     rp_sub_.num_tables = static_cast<int>(rp_K_);
+    // The replicas pool straight into the layer's columns and form their gradient straight from
+    // the gradient's columns (Tables::col: table rp_mine_[k] at its own columns, no packing).
+    rp_sub_.col = static_cast<const int32_t*>(rp_tabs_.raw());
     rp_gtab_ = rp_sub_;  // the gradient "tables": SGD with lr -1 writes the summed gradient
     rp_gtab_.weights = static_cast<float* const*>(rp_gptrs_.raw());
     rp_gtab_.states = nullptr;
-    const DType act = (into_ >= 0 ? e.vals[into_] : e.vals[self]).dt;
     auto one = [](int64_t x) { return std::max<int64_t>(x, 1); };
     rp_off_ = Tensor::empty({rp_K_ * cap_ + 1}, DType::I32, e.dev);
     rp_keys_ = Tensor::empty({one(max_nnz)}, DType::I32, e.dev);
-    rp_pool_ = Tensor::empty({one(cap_ * rp_K_ * dim)}, act, e.dev);
-    rp_gpack_ = Tensor::empty({one(cap_ * rp_K_ * dim)}, grad_value(e).gdt, e.dev);
     rp_minus_one_ = Tensor::empty({1}, DType::F32, e.dev);
     ce::fill(rp_minus_one_.data<float>(), 1, -1.f, e.st);
     // Own scratch: the ids are sorted in the forward (forward_replicated) and read by the
@@ -364,11 +356,11 @@ class EmbeddingNode final : public Node {
                             static_cast<int>(dim));
     ce::prepare(rp_scratch_, e.st);
   }
-  // This rank's rows' bags of the replicated tables (bag k * B + b), pooled and put into the
-  // layer's columns.
+  // This rank's rows' bags of the replicated tables (bag k * B + b), pooled straight into the
+  // layer's columns (rp_sub_.col).
   template <class H>
   void forward_replicated(Engine& e, H* out, int64_t ld) {
-    const int64_t T = ts_.tab.num_tables, dim = ts_.dim;
+    const int64_t T = ts_.tab.num_tables;
     rp_nnz_ = 0;
     for (int64_t t : rp_mine_) rp_nnz_ += e.dp.table_nnz[e.dp.rank * T + t];
     if (e.B == 0) return;
@@ -383,8 +375,7 @@ class EmbeddingNode final : public Node {
                          lens_.data<int32_t>(), src_.data<int64_t>(), scan_.raw(), scan_bytes_,
                          e.st);
     ce::forward(rp_sub_, rp_off_.data<int32_t>(), static_cast<const uint32_t*>(rp_keys_.raw()), e.B,
-                mean_, static_cast<H*>(rp_pool_.raw()), e.st, rp_K_ * dim);
-    dp::scatter_pooled(rp_layout_, e.B, static_cast<const H*>(rp_pool_.raw()), out, ld, e.st);
+                mean_, out, e.st, ld);
     // The backward's id work (it depends on the ids only), here beside the exchanges.
     if (e.dp.step && rp_nnz_ > 0)
       ce::backward_ids(rp_gtab_, rp_off_.data<int32_t>(),
@@ -396,10 +387,9 @@ class EmbeddingNode final : public Node {
   template <class S>
   void replicated_grads(Engine& e, const S* grad, int64_t ld) {
     if (e.B > 0 && rp_nnz_ > 0) {
-      dp::gather_grads(rp_layout_, e.B, grad, ld, static_cast<S*>(rp_gpack_.raw()), e.st);
-      ce::backward_apply(rp_gtab_, rp_off_.data<int32_t>(), e.B, rp_nnz_, mean_,
-                         static_cast<const S*>(rp_gpack_.raw()), rp_K_ * ts_.dim, ce::Update::SGD,
-                         rp_minus_one_.data<float>(), 0.f, rp_scratch_, e.st, nullptr);
+      ce::backward_apply(rp_gtab_, rp_off_.data<int32_t>(), e.B, rp_nnz_, mean_, grad, ld,
+                         ce::Update::SGD, rp_minus_one_.data<float>(), 0.f, rp_scratch_, e.st,
+                         nullptr);
     }
     e.sub("emb bwd: rp local grads");
     Tensor& x = is_half(xdt_) ? rp_grad16_ : rp_grad_;
@@ -734,9 +724,8 @@ class EmbeddingNode final : public Node {
   // Replicated tables (alloc_replicated).
   int64_t rp_K_ = 0, rp_nnz_ = 0;
   std::vector<int64_t> rp_mine_;
-  Tensor rp_grad_, rp_grad16_, rp_tabs_, rp_layout_mem_, rp_ptrs_, rp_sptrs_, rp_gptrs_, rp_base_;
-  Tensor rp_off_, rp_keys_, rp_pool_, rp_gpack_, rp_minus_one_;
-  dp::TwLayout rp_layout_;
+  Tensor rp_grad_, rp_grad16_, rp_tabs_, rp_ptrs_, rp_sptrs_, rp_gptrs_, rp_base_;
+  Tensor rp_off_, rp_keys_, rp_minus_one_;
   ce::Tables rp_sub_, rp_gtab_;
   ce::Scratch rp_scratch_;
   Tensor rp_scratch_mem_;
