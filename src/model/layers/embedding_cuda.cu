@@ -133,13 +133,13 @@ class EmbeddingNode final : public Node {
   void alloc_exchange(Engine& e, int64_t max_nnz) {
     const int64_t n = e.dp.ranks, T = ts_.tab.num_tables, bags = T * n * cap_;
     const Value& gv = grad_value(e);
-    off_in_ = Tensor::empty({n * (T * cap_ + 1)}, DType::I32, e.dev);
-    keys_in_ = Tensor::empty({std::max<int64_t>(n * max_nnz, 1)}, DType::I32, e.dev);
     lens_ = Tensor::empty({std::max<int64_t>(bags, 1)}, DType::I32, e.dev);
     src_ = Tensor::empty({std::max<int64_t>(bags, 1)}, DType::I64, e.dev);
     scan_bytes_ = dp::scan_bytes(bags);
     scan_ = Tensor::empty({static_cast<int64_t>(scan_bytes_)}, DType::U8, e.dev);
     if (!e.dp.table_owner.empty()) return;  // table-wise: the owners' buffers instead
+    off_in_ = Tensor::empty({n * (T * cap_ + 1)}, DType::I32, e.dev);
+    keys_in_ = Tensor::empty({std::max<int64_t>(n * max_nnz, 1)}, DType::I32, e.dev);
     off_g_ = Tensor::empty({bags + 1}, DType::I32, e.dev);
     keys_g_ = Tensor::empty({std::max<int64_t>(n * max_nnz, 1)}, DType::I32, e.dev);
     grad_g_ = e.buf({n * cap_, gv.ld}, gv.gdt);
@@ -279,10 +279,11 @@ class EmbeddingNode final : public Node {
     tw_recv_ = Tensor::empty({one(cap_ * T * dim)}, act, e.dev);
     tw_gsend_ = Tensor::empty({one(cap_ * T * dim)}, xdt_, e.dev);
     tw_grecv_ = Tensor::empty({one(G * tw_K_ * dim)}, xdt_, e.dev);
-    if (compact_) {
-      tv_off_ = Tensor::empty({static_cast<int64_t>(tv_sel_.size()) * cap_ + 1}, DType::I32, e.dev);
-      tv_keys_ = Tensor::empty({one(max_nnz)}, DType::I32, e.dev);
-    }
+    // The travelling ids' all-gather: [offsets | keys] per rank in one block (ids_send_), every
+    // rank's block at the same stride in ids_in_ (forward_table_wise).
+    const int64_t block = static_cast<int64_t>(tv_sel_.size()) * cap_ + 1 + max_nnz;
+    ids_send_ = Tensor::empty({block}, DType::I32, e.dev);
+    ids_in_ = Tensor::empty({n * block}, DType::I32, e.dev);
     alloc_row_wise(e, max_nnz);
     alloc_replicated(e, max_nnz);
   }
@@ -456,27 +457,43 @@ class EmbeddingNode final : public Node {
     const DataParallel& d = e.dp;
     const int64_t T = ts_.tab.num_tables, dim = ts_.dim, G = d.global_rows;
     std::vector<int64_t> off_counts, key_counts, own_c, own_o, peer_c, peer_o;
-    const dp::RankGeometry geo = geometry(e, &off_counts, &key_counts);
+    dp::RankGeometry geo = geometry(e, &off_counts, &key_counts);
     tw_counts(e, &own_c, &own_o, &peer_c, &peer_o);
     tw_nnz_ = 0;
     for (int r = 0; r < d.ranks; ++r)
       for (int64_t t : tw_mine_) tw_nnz_ += d.table_nnz[r * T + t];
+    // The travelling tables' ids in one NCCL all-gather of every rank's block [offsets | keys],
+    // padded to the largest rank's counts (off_max + key_max): rank r's gathered offsets and
+    // keys start at r * block and r * block + off_max.
+    const int64_t off_max = *std::max_element(off_counts.begin(), off_counts.end());
+    const int64_t key_max = *std::max_element(key_counts.begin(), key_counts.end());
+    const int64_t block = off_max + key_max;
+    for (int r = 0; r < d.ranks; ++r) {
+      geo.off_begin[r] = r * block;
+      geo.key_begin[r] = r * block + off_max;
+    }
     // Overlap: the replicated tables pool (no exchange) while the ids are all-gathered, and
     // the owner's id sort for the backward (ids only) runs while the pooled rows travel.
     e.sub("emb fwd: (before)");
-    const void *off = e.offsets, *keys = e.keys;
+    int32_t* send = ids_send_.data<int32_t>();
     if (compact_) {  // only the travelling tables' ids
       dp::compact_ids(e.offsets, e.keys, e.B, tv_sel_,
                       static_cast<const int32_t*>(tv_sel_dev_.raw()),
-                      d.table_nnz.data() + d.rank * T, tv_off_.data<int32_t>(),
-                      static_cast<uint32_t*>(tv_keys_.raw()), e.st);
-      off = tv_off_.raw();
-      keys = tv_keys_.raw();
+                      d.table_nnz.data() + d.rank * T, send,
+                      reinterpret_cast<uint32_t*>(send + off_max), e.st);
+    } else {
+      DLREC_CUDA_CHECK(cudaMemcpyAsync(send, e.offsets, off_counts[d.rank] * sizeof(int32_t),
+                                       cudaMemcpyDeviceToDevice, e.st));
+      if (key_counts[d.rank] > 0)
+        DLREC_CUDA_CHECK(cudaMemcpyAsync(send + off_max, e.keys,
+                                         key_counts[d.rank] * sizeof(uint32_t),
+                                         cudaMemcpyDeviceToDevice, e.st));
     }
     e.comm_fork("ids all-gather", ids_done_, [&](dist::Communicator& c) {
-      c.all_gather_v(off, off_in_.raw(), off_counts, dist::Elem::I32);
-      c.all_gather_v(keys, keys_in_.raw(), key_counts, dist::Elem::I32);
+      c.all_gather(send, ids_in_.raw(), block, dist::Elem::I32);
     });
+    const int32_t* g_off = ids_in_.data<int32_t>();
+    const auto* g_keys = reinterpret_cast<const uint32_t*>(g_off);
     const Value& o = into_ >= 0 ? e.vals[into_] : e.vals[self];
     const int64_t col = into_ >= 0 ? col_ : 0;
     auto run = [&](auto* h) {
@@ -484,8 +501,7 @@ class EmbeddingNode final : public Node {
       if (rp_K_ > 0) forward_replicated(e, static_cast<H*>(o.y.raw()) + col, o.ld);
       if (rp_K_ > 0) e.sub("emb fwd: replicated");
       e.comm_join(ids_done_);
-      dp::build_table_bags(geo, static_cast<const int32_t*>(tw_tabs_.raw()), tw_K_,
-                           off_in_.data<int32_t>(), static_cast<const uint32_t*>(keys_in_.raw()),
+      dp::build_table_bags(geo, static_cast<const int32_t*>(tw_tabs_.raw()), tw_K_, g_off, g_keys,
                            tw_off_.data<int32_t>(), static_cast<uint32_t*>(tw_keys_.raw()),
                            lens_.data<int32_t>(), src_.data<int64_t>(), scan_.raw(), scan_bytes_,
                            e.st);
@@ -511,7 +527,8 @@ class EmbeddingNode final : public Node {
         e.sub("emb fwd: tw scatter");
       }
       if (rw_K_ > 0)
-        forward_row_wise(e, geo, static_cast<H*>(o.y.raw()) + col, o.ld, dist::elem_of(o.dt));
+        forward_row_wise(e, geo, g_off, g_keys, static_cast<H*>(o.y.raw()) + col, o.ld,
+                         dist::elem_of(o.dt));
     };
     if (is_half(o.dt))
       with_half(o.dt, run);
@@ -660,7 +677,8 @@ class EmbeddingNode final : public Node {
     return d.rows.empty() ? 0 : *std::max_element(d.rows.begin(), d.rows.end());
   }
   template <class H>
-  void forward_row_wise(Engine& e, const dp::RankGeometry& geo, H* out, int64_t ld, dist::Elem el) {
+  void forward_row_wise(Engine& e, const dp::RankGeometry& geo, const int32_t* g_off,
+                        const uint32_t* g_keys, H* out, int64_t ld, dist::Elem el) {
     const DataParallel& d = e.dp;
     const int64_t T = ts_.tab.num_tables, dim = ts_.dim, bmax = padded_rows(d);
     if (bmax == 0) return;  // no rank has rows (the same on every rank)
@@ -668,8 +686,7 @@ class EmbeddingNode final : public Node {
     rw_nnz_ = 0;
     for (int r = 0; r < d.ranks; ++r)
       for (int64_t t : rw_mine_) rw_nnz_ += d.table_nnz[r * T + t];
-    dp::build_row_bags(geo, bmax, rw_rl_, off_in_.data<int32_t>(),
-                       static_cast<const uint32_t*>(keys_in_.raw()), rw_off_.data<int32_t>(),
+    dp::build_row_bags(geo, bmax, rw_rl_, g_off, g_keys, rw_off_.data<int32_t>(),
                        static_cast<uint32_t*>(rw_keys_.raw()), lens_.data<int32_t>(),
                        src_.data<int64_t>(), scan_.raw(), scan_bytes_, e.st);
     e.sub("emb fwd: rw bags");
@@ -733,7 +750,7 @@ class EmbeddingNode final : public Node {
   // in the gathered layout (-1: replicated); compact_: some table stays home (compact_ids).
   std::vector<int64_t> tv_sel_, tv_pos_;
   bool compact_ = false;
-  Tensor tv_sel_dev_, tv_off_, tv_keys_;
+  Tensor tv_sel_dev_, ids_send_, ids_in_;
   // The forked collectives' ends (Engine::comm_fork): ids all-gather, an all-to-all, the
   // replicas' all-reduce.
   gpu::Event ids_done_, a2a_done_, rp_done_;
