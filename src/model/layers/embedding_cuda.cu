@@ -181,8 +181,8 @@ class EmbeddingNode final : public Node {
   int64_t cap_ = 0;
   Tensor off_in_, keys_in_, off_g_, keys_g_, lens_, src_, scan_, grad_g_;
   // Table-wise sharding (Engine::dp.table_owner; docs/DISTRIBUTED.md, "Across GPUs"): each
-  // table is pooled and updated by its owner only. Forward: every rank's offsets and ids are
-  // all-gathered (4 bytes per id, small beside the pooled rows), the owner builds its tables'
+  // table is pooled and updated by its owner only. Forward: every rank's offsets and ids of the
+  // travelling tables are all-gathered (one block per rank), the owner builds its tables'
   // bags of the global batch in global row order, pools them into [G, K, dim] in the
   // activation's type and one all-to-all sends each rank its rows' pooled vectors, which it puts
   // into its columns. Backward: one all-to-all sends the pooled rows' gradients to the owners,
@@ -279,8 +279,7 @@ class EmbeddingNode final : public Node {
     tw_recv_ = Tensor::empty({one(cap_ * T * dim)}, act, e.dev);
     tw_gsend_ = Tensor::empty({one(cap_ * T * dim)}, xdt_, e.dev);
     tw_grecv_ = Tensor::empty({one(G * tw_K_ * dim)}, xdt_, e.dev);
-    // The travelling ids' all-gather: [offsets | keys] per rank in one block (ids_send_), every
-    // rank's block at the same stride in ids_in_ (forward_table_wise).
+    // The ids' all-gather: one block [offsets | keys] per rank (forward_table_wise).
     const int64_t block = static_cast<int64_t>(tv_sel_.size()) * cap_ + 1 + max_nnz;
     ids_send_ = Tensor::empty({block}, DType::I32, e.dev);
     ids_in_ = Tensor::empty({n * block}, DType::I32, e.dev);
@@ -338,8 +337,7 @@ class EmbeddingNode final : public Node {
     rp_sub_.states = ts_.tab.states ? static_cast<float* const*>(rp_sptrs_.raw()) : nullptr;
     rp_sub_.row_base = static_cast<const uint32_t*>(rp_base_.raw());
     rp_sub_.num_tables = static_cast<int>(rp_K_);
-    // The replicas pool straight into the layer's columns and form their gradient straight from
-    // the gradient's columns (Tables::col: table rp_mine_[k] at its own columns, no packing).
+    // Pooled into, and their gradient read from, the layer's own columns (no copy pass).
     rp_sub_.col = static_cast<const int32_t*>(rp_tabs_.raw());
     rp_gtab_ = rp_sub_;  // the gradient "tables": SGD with lr -1 writes the summed gradient
     rp_gtab_.weights = static_cast<float* const*>(rp_gptrs_.raw());
@@ -462,9 +460,8 @@ class EmbeddingNode final : public Node {
     tw_nnz_ = 0;
     for (int r = 0; r < d.ranks; ++r)
       for (int64_t t : tw_mine_) tw_nnz_ += d.table_nnz[r * T + t];
-    // The travelling tables' ids in one NCCL all-gather of every rank's block [offsets | keys],
-    // padded to the largest rank's counts (off_max + key_max): rank r's gathered offsets and
-    // keys start at r * block and r * block + off_max.
+    // One NCCL all-gather of every rank's block [offsets | keys], padded to the largest rank's
+    // counts: rank r's gathered offsets and keys start at r * block and r * block + off_max.
     const int64_t off_max = *std::max_element(off_counts.begin(), off_counts.end());
     const int64_t key_max = *std::max_element(key_counts.begin(), key_counts.end());
     const int64_t block = off_max + key_max;
