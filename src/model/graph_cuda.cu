@@ -182,7 +182,9 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
   // handed out tensors, the next step first waits for the legacy stream (Tensor copies/fills).
   // Priorities: the main stream and the embedding's side stream (the critical path) get the
   // device's greatest priority, the weight-gradient stream the least, so that waiting blocks
-  // of the critical path go first.
+  // of the critical path go first. They hold for eager work only: the step's graph is
+  // instantiated without cudaGraphInstantiateFlagUseNodePriority (cuda_step.cu), so its kernels
+  // run at the launch stream's priority; with the flag, 2 GPUs ran 1.8 % slower (RESULTS.md).
   res_ = gpu::DeviceResources::get(dev_index_);
   const int greatest = res_->greatest_priority(), least = res_->least_priority();
   st_ = gpu::Stream(dev_index_, greatest);

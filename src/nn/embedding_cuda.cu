@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(256, 3)
     int64_t b;
     const int t = table_of(u, b);
     scale = (mean && len[u] > 1) ? 1.f / static_cast<float>(len[u]) : 1.f;
-    return out + b * ld + int64_t(t) * d;
+    return out + b * ld + int64_t(tab.col ? tab.col[t] : t) * d;
   };
   if constexpr (V == 4) {
     const int nv = d / 4;
@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     const int64_t row = int64_t(key - tab.row_base[t0]) * d;
     float* w = tab.weights[t0] + row;
     float* a = kind == Update::Adagrad ? tab.states[t0] + row : nullptr;
-    const G* gcol = dpooled + int64_t(t0) * d;
+    const G* gcol = dpooled + int64_t(tab.col ? tab.col[t0] : t0) * d;
     // Two runs of one id each, both applied here (most rows of the large tables): the loads of
     // both rows issued together (0.561 ms against 0.569 one run at a time, bench/RESULTS.md).
     if (j == i + 1 && apply && i + 2 <= n) {
@@ -355,7 +355,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
         float* w1 = tab.weights[t1] + row1;
         float* a1 = kind == Update::Adagrad ? tab.states[t1] + row1 : nullptr;
         const G* g0p = gcol + sh_b[warp][i] * ld;
-        const G* g1p = dpooled + int64_t(t1) * d + sh_b[warp][i + 1] * ld;
+        const G* g1p =
+            dpooled + int64_t(tab.col ? tab.col[t1] : t1) * d + sh_b[warp][i + 1] * ld;
         const float sc0 = sh_scale[warp][i], sc1 = sh_scale[warp][i + 1];
         for (int k0 = lane * V; k0 < d; k0 += 32 * V) {
           const Vec<V> w0v = ld_row<V>(w + k0), w1v = ld_row<V>(w1 + k0);

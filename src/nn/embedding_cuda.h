@@ -26,6 +26,11 @@ struct Tables {
   const uint32_t* row_base = nullptr;  // device [T]: first global row of table t
   int num_tables = 0;
   int dim = 0;
+  // device [T] or null: table t's columns in the pooled rows (forward's out, backward's
+  // dpooled) start at col[t] * dim instead of t * dim (a subset of a layer's tables pooled
+  // straight into, or updated straight from, the layer's columns). The caller keeps every
+  // (col[t] + 1) * dim within the row stride ld.
+  const int32_t* col = nullptr;
 };
 
 // weight[i] = float(-a + 2 a uniform_at(seed, i)), a = sqrt(1 / rows): bit-identical to

@@ -18,13 +18,13 @@ Tensor upload(Engine& e, const void* src, size_t bytes) {
 void EmbeddingNode::alloc_exchange(Engine& e, int64_t max_nnz) {
   const int64_t n = e.dp.ranks, T = ts_.tab.num_tables, bags = T * n * cap_;
   const Value& gv = grad_value(e);
-  off_in_ = Tensor::empty({n * (T * cap_ + 1)}, DType::I32, e.dev);
-  keys_in_ = Tensor::empty({std::max<int64_t>(n * max_nnz, 1)}, DType::I32, e.dev);
   lens_ = Tensor::empty({std::max<int64_t>(bags, 1)}, DType::I32, e.dev);
   src_ = Tensor::empty({std::max<int64_t>(bags, 1)}, DType::I64, e.dev);
   scan_bytes_ = dp::scan_bytes(bags);
   scan_ = Tensor::empty({static_cast<int64_t>(scan_bytes_)}, DType::U8, e.dev);
   if (!e.dp.table_owner.empty()) return;  // table-wise: the owners' buffers instead
+  off_in_ = Tensor::empty({n * (T * cap_ + 1)}, DType::I32, e.dev);
+  keys_in_ = Tensor::empty({std::max<int64_t>(n * max_nnz, 1)}, DType::I32, e.dev);
   off_g_ = Tensor::empty({bags + 1}, DType::I32, e.dev);
   keys_g_ = Tensor::empty({std::max<int64_t>(n * max_nnz, 1)}, DType::I32, e.dev);
   grad_g_ = e.buf({n * cap_, gv.ld}, gv.gdt);
@@ -103,10 +103,10 @@ void EmbeddingNode::alloc_table_wise(Engine& e, int64_t max_nnz) {
   tw_recv_ = Tensor::empty({one(cap_ * T * dim)}, act, e.dev);
   tw_gsend_ = Tensor::empty({one(cap_ * T * dim)}, xdt_, e.dev);
   tw_grecv_ = Tensor::empty({one(G * tw_row_)}, xdt_, e.dev);
-  if (compact_) {
-    tv_off_ = Tensor::empty({static_cast<int64_t>(tv_sel_.size()) * cap_ + 1}, DType::I32, e.dev);
-    tv_keys_ = Tensor::empty({one(max_nnz)}, DType::I32, e.dev);
-  }
+  // The ids' all-gather: one block [offsets | keys] per rank (forward_table_wise).
+  const int64_t block = static_cast<int64_t>(tv_sel_.size()) * cap_ + 1 + max_nnz;
+  ids_send_ = Tensor::empty({block}, DType::I32, e.dev);
+  ids_in_ = Tensor::empty({n * block}, DType::I32, e.dev);
   alloc_column_wise(e, max_nnz, x.groups);
   alloc_row_wise(e, max_nnz);
   alloc_replicated(e, max_nnz);
@@ -182,10 +182,6 @@ void EmbeddingNode::alloc_replicated(Engine& e, int64_t max_nnz) {
     at += ts_.rows[t] * dim;
   }
   rp_tabs_ = upload(e, table.data(), table.size() * sizeof(int32_t));
-  const dp::ExchangeLayout x = dp::local_layout(rp_mine_, dim);
-  const std::vector<int32_t> lay = x.packed();
-  rp_layout_mem_ = upload(e, lay.data(), lay.size() * sizeof(int32_t));
-  rp_layout_ = dp::device_layout(static_cast<const int32_t*>(rp_layout_mem_.raw()), x);
   rp_ptrs_ = upload(e, wp.data(), wp.size() * sizeof(float*));
   rp_sptrs_ = upload(e, sp.data(), sp.size() * sizeof(float*));
   rp_gptrs_ = upload(e, gp.data(), gp.size() * sizeof(float*));
@@ -195,15 +191,14 @@ void EmbeddingNode::alloc_replicated(Engine& e, int64_t max_nnz) {
   rp_sub_.states = ts_.tab.states ? static_cast<float* const*>(rp_sptrs_.raw()) : nullptr;
   rp_sub_.row_base = static_cast<const uint32_t*>(rp_base_.raw());
   rp_sub_.num_tables = static_cast<int>(rp_K_);
+  // Pooled into, and their gradient read from, the layer's own columns (no copy pass).
+  rp_sub_.col = static_cast<const int32_t*>(rp_tabs_.raw());
   rp_gtab_ = rp_sub_;  // the gradient "tables": SGD with lr -1 writes the summed gradient
   rp_gtab_.weights = static_cast<float* const*>(rp_gptrs_.raw());
   rp_gtab_.states = nullptr;
-  const DType act = (into_ >= 0 ? e.vals[into_] : e.vals[self]).dt;
   auto one = [](int64_t x) { return std::max<int64_t>(x, 1); };
   rp_off_ = Tensor::empty({rp_K_ * cap_ + 1}, DType::I32, e.dev);
   rp_keys_ = Tensor::empty({one(max_nnz)}, DType::I32, e.dev);
-  rp_pool_ = Tensor::empty({one(cap_ * rp_K_ * dim)}, act, e.dev);
-  rp_gpack_ = Tensor::empty({one(cap_ * rp_K_ * dim)}, grad_value(e).gdt, e.dev);
   rp_minus_one_ = Tensor::empty({1}, DType::F32, e.dev);
   ce::fill(rp_minus_one_.data<float>(), 1, -1.f, e.st);
   // Own scratch: the ids are sorted in the forward (forward_replicated) and read by the

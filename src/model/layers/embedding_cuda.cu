@@ -114,7 +114,7 @@ void EmbeddingNode::backward_global(Engine& e) {
 
 template <class H>
 void EmbeddingNode::forward_replicated(Engine& e, H* out, int64_t ld) {
-  const int64_t T = ts_.tab.num_tables, dim = ts_.dim;
+  const int64_t T = ts_.tab.num_tables;
   rp_nnz_ = 0;
   for (int64_t t : rp_mine_) rp_nnz_ += e.dp.table_nnz[e.dp.rank * T + t];
   if (e.B == 0) return;
@@ -128,8 +128,7 @@ void EmbeddingNode::forward_replicated(Engine& e, H* out, int64_t ld) {
                        rp_off_.data<int32_t>(), static_cast<uint32_t*>(rp_keys_.raw()),
                        lens_.data<int32_t>(), src_.data<int64_t>(), scan_.raw(), scan_bytes_, e.st);
   ce::forward(rp_sub_, rp_off_.data<int32_t>(), static_cast<const uint32_t*>(rp_keys_.raw()), e.B,
-              mean_, static_cast<H*>(rp_pool_.raw()), e.st, rp_K_ * dim);
-  dp::scatter_pooled(rp_layout_, e.B, static_cast<const H*>(rp_pool_.raw()), out, ld, e.st);
+              mean_, out, e.st, ld);
   // The backward's id work (it depends on the ids only), here beside the exchanges.
   if (e.dp.step && rp_nnz_ > 0)
     ce::backward_ids(rp_gtab_, rp_off_.data<int32_t>(),
@@ -140,10 +139,9 @@ void EmbeddingNode::forward_replicated(Engine& e, H* out, int64_t ld) {
 template <class S>
 void EmbeddingNode::replicated_grads(Engine& e, const S* grad, int64_t ld) {
   if (e.B > 0 && rp_nnz_ > 0) {
-    dp::gather_grads(rp_layout_, e.B, grad, ld, static_cast<S*>(rp_gpack_.raw()), e.st);
-    ce::backward_apply(rp_gtab_, rp_off_.data<int32_t>(), e.B, rp_nnz_, mean_,
-                       static_cast<const S*>(rp_gpack_.raw()), rp_K_ * ts_.dim, ce::Update::SGD,
-                       rp_minus_one_.data<float>(), 0.f, rp_scratch_, e.st, nullptr);
+    ce::backward_apply(rp_gtab_, rp_off_.data<int32_t>(), e.B, rp_nnz_, mean_, grad, ld,
+                       ce::Update::SGD, rp_minus_one_.data<float>(), 0.f, rp_scratch_, e.st,
+                       nullptr);
   }
   e.sub("emb bwd: rp local grads");
   Tensor& x = is_half(xdt_) ? rp_grad16_ : rp_grad_;
@@ -160,7 +158,7 @@ void EmbeddingNode::forward_table_wise(Engine& e) {
   const DataParallel& d = e.dp;
   const int64_t T = ts_.tab.num_tables, G = d.global_rows;
   std::vector<int64_t> off_counts, key_counts, own_c, own_o, peer_c, peer_o;
-  const dp::RankGeometry geo = geometry(e, &off_counts, &key_counts);
+  dp::RankGeometry geo = geometry(e, &off_counts, &key_counts);
   tw_counts(e, &own_c, &own_o, &peer_c, &peer_o);
   tw_nnz_ = 0;
   for (int r = 0; r < d.ranks; ++r)
@@ -170,21 +168,36 @@ void EmbeddingNode::forward_table_wise(Engine& e) {
     for (int r = 0; r < d.ranks; ++r)
       for (int64_t t : g.tables) g.nnz += d.table_nnz[r * T + t];
   }
+  // One NCCL all-gather of every rank's block [offsets | keys], padded to the largest rank's
+  // counts: rank r's gathered offsets and keys start at r * block and r * block + off_max.
+  const int64_t off_max = *std::max_element(off_counts.begin(), off_counts.end());
+  const int64_t key_max = *std::max_element(key_counts.begin(), key_counts.end());
+  const int64_t block = off_max + key_max;
+  for (int r = 0; r < d.ranks; ++r) {
+    geo.off_begin[r] = r * block;
+    geo.key_begin[r] = r * block + off_max;
+  }
   // Overlap: the replicated tables pool (no exchange) while the ids are all-gathered, and
   // the owner's id sort for the backward (ids only) runs while the pooled rows travel.
   e.sub("emb fwd: (before)");
-  const void *off = e.offsets, *keys = e.keys;
+  int32_t* send = ids_send_.data<int32_t>();
   if (compact_) {  // only the travelling tables' ids
     dp::compact_ids(e.offsets, e.keys, e.B, tv_sel_, static_cast<const int32_t*>(tv_sel_dev_.raw()),
-                    d.table_nnz.data() + d.rank * T, tv_off_.data<int32_t>(),
-                    static_cast<uint32_t*>(tv_keys_.raw()), e.st);
-    off = tv_off_.raw();
-    keys = tv_keys_.raw();
+                    d.table_nnz.data() + d.rank * T, send,
+                    reinterpret_cast<uint32_t*>(send + off_max), e.st);
+  } else {
+    DLREC_CUDA_CHECK(cudaMemcpyAsync(send, e.offsets, off_counts[d.rank] * sizeof(int32_t),
+                                     cudaMemcpyDeviceToDevice, e.st));
+    if (key_counts[d.rank] > 0)
+      DLREC_CUDA_CHECK(cudaMemcpyAsync(send + off_max, e.keys,
+                                       key_counts[d.rank] * sizeof(uint32_t),
+                                       cudaMemcpyDeviceToDevice, e.st));
   }
   e.comm_fork("ids all-gather", ids_done_, [&](dist::Communicator& c) {
-    c.all_gather_v(off, off_in_.raw(), off_counts, dist::Elem::I32);
-    c.all_gather_v(keys, keys_in_.raw(), key_counts, dist::Elem::I32);
+    c.all_gather(send, ids_in_.raw(), block, dist::Elem::I32);
   });
+  const int32_t* g_off = ids_in_.data<int32_t>();
+  const auto* g_keys = reinterpret_cast<const uint32_t*>(g_off);
   const Value& o = into_ >= 0 ? e.vals[into_] : e.vals[self];
   const int64_t col = into_ >= 0 ? col_ : 0;
   auto run = [&](auto* h) {
@@ -192,15 +205,13 @@ void EmbeddingNode::forward_table_wise(Engine& e) {
     if (rp_K_ > 0) forward_replicated(e, static_cast<H*>(o.y.raw()) + col, o.ld);
     if (rp_K_ > 0) e.sub("emb fwd: replicated");
     e.comm_join(ids_done_);
-    dp::build_table_bags(geo, static_cast<const int32_t*>(tw_tabs_.raw()), tw_K_,
-                         off_in_.data<int32_t>(), static_cast<const uint32_t*>(keys_in_.raw()),
+    dp::build_table_bags(geo, static_cast<const int32_t*>(tw_tabs_.raw()), tw_K_, g_off, g_keys,
                          tw_off_.data<int32_t>(), static_cast<uint32_t*>(tw_keys_.raw()),
                          lens_.data<int32_t>(), src_.data<int64_t>(), scan_.raw(), scan_bytes_,
                          e.st);
     // Each width group of this rank's column pieces: the bags of its tables (all their ids).
     for (CwGroup& g : cw_)
-      dp::build_table_bags(geo, static_cast<const int32_t*>(g.tabs.raw()), g.K,
-                           off_in_.data<int32_t>(), static_cast<const uint32_t*>(keys_in_.raw()),
+      dp::build_table_bags(geo, static_cast<const int32_t*>(g.tabs.raw()), g.K, g_off, g_keys,
                            g.off.data<int32_t>(), static_cast<uint32_t*>(g.keys.raw()),
                            lens_.data<int32_t>(), src_.data<int64_t>(), scan_.raw(), scan_bytes_,
                            e.st);
@@ -235,7 +246,8 @@ void EmbeddingNode::forward_table_wise(Engine& e) {
       e.sub("emb fwd: tw scatter");
     }
     if (rw_K_ > 0)
-      forward_row_wise(e, geo, static_cast<H*>(o.y.raw()) + col, o.ld, dist::elem_of(o.dt));
+      forward_row_wise(e, geo, g_off, g_keys, static_cast<H*>(o.y.raw()) + col, o.ld,
+                       dist::elem_of(o.dt));
   };
   if (is_half(o.dt))
     with_half(o.dt, run);
@@ -298,8 +310,8 @@ void EmbeddingNode::backward_table_wise(Engine& e) {
 }
 
 template <class H>
-void EmbeddingNode::forward_row_wise(Engine& e, const dp::RankGeometry& geo, H* out, int64_t ld,
-                                     dist::Elem el) {
+void EmbeddingNode::forward_row_wise(Engine& e, const dp::RankGeometry& geo, const int32_t* g_off,
+                                     const uint32_t* g_keys, H* out, int64_t ld, dist::Elem el) {
   const DataParallel& d = e.dp;
   const int64_t T = ts_.tab.num_tables, dim = ts_.dim, bmax = padded_rows(d);
   if (bmax == 0) return;  // no rank has rows (the same on every rank)
@@ -307,8 +319,7 @@ void EmbeddingNode::forward_row_wise(Engine& e, const dp::RankGeometry& geo, H* 
   rw_nnz_ = 0;
   for (int r = 0; r < d.ranks; ++r)
     for (int64_t t : rw_mine_) rw_nnz_ += d.table_nnz[r * T + t];
-  dp::build_row_bags(geo, bmax, rw_rl_, off_in_.data<int32_t>(),
-                     static_cast<const uint32_t*>(keys_in_.raw()), rw_off_.data<int32_t>(),
+  dp::build_row_bags(geo, bmax, rw_rl_, g_off, g_keys, rw_off_.data<int32_t>(),
                      static_cast<uint32_t*>(rw_keys_.raw()), lens_.data<int32_t>(),
                      src_.data<int64_t>(), scan_.raw(), scan_bytes_, e.st);
   e.sub("emb fwd: rw bags");

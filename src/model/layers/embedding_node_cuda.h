@@ -76,8 +76,8 @@ class EmbeddingNode final : public Node {
   int64_t cap_ = 0;
   Tensor off_in_, keys_in_, off_g_, keys_g_, lens_, src_, scan_, grad_g_;
   // Table-wise sharding (Engine::dp.table_owner; docs/DISTRIBUTED.md, "Across GPUs"): each
-  // table is pooled and updated by its owner only. Forward: every rank's offsets and ids are
-  // all-gathered (4 bytes per id, small beside the pooled rows), the owner builds its tables'
+  // table is pooled and updated by its owner only. Forward: every rank's offsets and ids of the
+  // travelling tables are all-gathered (one block per rank), the owner builds its tables'
   // bags of the global batch in global row order, pools them into [G, K, dim] in the
   // activation's type and one all-to-all sends each rank its rows' pooled vectors, which it puts
   // into its columns. Backward: one all-to-all sends the pooled rows' gradients to the owners,
@@ -146,7 +146,8 @@ class EmbeddingNode final : public Node {
     return d.rows.empty() ? 0 : *std::max_element(d.rows.begin(), d.rows.end());
   }
   template <class H>
-  void forward_row_wise(Engine& e, const dp::RankGeometry& geo, H* out, int64_t ld, dist::Elem el);
+  void forward_row_wise(Engine& e, const dp::RankGeometry& geo, const int32_t* g_off,
+                        const uint32_t* g_keys, H* out, int64_t ld, dist::Elem el);
   // S: the gradient's type, W: the exchange's (backward_table_wise).
   template <class S, class W>
   void backward_row_wise(Engine& e, const S* grad, int64_t ld);
@@ -164,9 +165,8 @@ class EmbeddingNode final : public Node {
   // Replicated tables (alloc_replicated).
   int64_t rp_K_ = 0, rp_nnz_ = 0;
   std::vector<int64_t> rp_mine_;
-  Tensor rp_grad_, rp_grad16_, rp_tabs_, rp_layout_mem_, rp_ptrs_, rp_sptrs_, rp_gptrs_, rp_base_;
-  Tensor rp_off_, rp_keys_, rp_pool_, rp_gpack_, rp_minus_one_;
-  dp::TwLayout rp_layout_;
+  Tensor rp_grad_, rp_grad16_, rp_tabs_, rp_ptrs_, rp_sptrs_, rp_gptrs_, rp_base_;
+  Tensor rp_off_, rp_keys_, rp_minus_one_;
   ce::Tables rp_sub_, rp_gtab_;
   ce::Scratch rp_scratch_;
   Tensor rp_scratch_mem_;
@@ -174,7 +174,7 @@ class EmbeddingNode final : public Node {
   // in the gathered layout (-1: replicated); compact_: some table stays home (compact_ids).
   std::vector<int64_t> tv_sel_, tv_pos_;
   bool compact_ = false;
-  Tensor tv_sel_dev_, tv_off_, tv_keys_;
+  Tensor tv_sel_dev_, ids_send_, ids_in_;
   // The forked collectives' ends (Engine::comm_fork): ids all-gather, an all-to-all, the
   // replicas' all-reduce.
   gpu::Event ids_done_, a2a_done_, rp_done_;
