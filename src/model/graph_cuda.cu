@@ -33,8 +33,8 @@
 // predict() is in graph_cuda_infer.cu.
 // bf16 GEMMs without an epilogue that overwrite their output go through cuBLASLt with the
 // fastest of its candidates (GraphCudaOptions::lt_tune off: the heuristic's first choice).
-// DLREC_PROFILE=1 (a diagnostic) prints the device time per layer and, for MLP and cross
-// layers, per kind of work (no graphs, no side streams).
+// DLREC_PROFILE=1 (a diagnostic; graph_cuda_timeline.cu) prints the device time per layer and,
+// for MLP and cross layers, per kind of work (no graphs, no side streams).
 //
 // GPU resources (include/dlrec/core/gpu_resources.h): the streams and events are gpu::Stream /
 // gpu::Event members, the cuBLAS and cuBLASLt handles with their workspaces are leased from the
@@ -91,40 +91,6 @@ uint64_t name_tag(const std::string& s) {
 }
 
 }  // namespace
-
-void GraphCuda::mark(const std::string& what) {
-  if (timeline_) {
-    if (in_body_) timeline_mark(what, e_.st);
-    return;
-  }
-  if (!profile_) return;
-  const size_t i = marks_.size();
-  if (i == events_.size()) events_.emplace_back(dev_index_, /*timing=*/true);
-  DLREC_CUDA_CHECK(cudaEventRecord(events_[i], e_.st));
-  marks_.push_back(what);
-}
-
-void GraphCuda::flush_profile() {
-  if (timeline_) {
-    timeline_flush();
-    return;
-  }
-  if (!profile_ || marks_.empty()) return;
-  DLREC_CUDA_CHECK(cudaEventSynchronize(events_[marks_.size() - 1]));
-  if (e_.dp.comm) profile_rank_ = e_.dp.rank;  // the communicator may be gone at the end
-  if (++seen_steps_ > 3) {
-    ++profiled_steps_;
-    for (size_t i = 1; i < marks_.size(); ++i) {
-      float ms = 0;
-      DLREC_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]));
-      auto it = std::find_if(phase_ms_.begin(), phase_ms_.end(),
-                             [&](const auto& p) { return p.first == marks_[i]; });
-      if (it == phase_ms_.end()) phase_ms_.emplace_back(marks_[i], ms);
-      else it->second += ms;
-    }
-  }
-  marks_.clear();
-}
 
 GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
                      const io::ShardLayout& layout, Device device, uint64_t seed,
@@ -335,22 +301,7 @@ GraphCuda::~GraphCuda() {
   if (e_.wst) cudaStreamSynchronize(e_.wst);
   if (e_.st) cudaStreamSynchronize(e_.st);
   if (timeline_) timeline_print();
-  if (profile_ && profiled_steps_ > 0) {
-    double total = 0;
-    for (auto& p : phase_ms_) total += p.second;
-    // Data-parallel: every rank prints its own phases, labelled (the lines of ranks interleave).
-    char who[32] = "[profile]";
-    if (profile_rank_ >= 0) std::snprintf(who, sizeof who, "[profile r%d]", profile_rank_);
-    std::fprintf(stderr, "%s %lld steps of batch %lld, device ms per step by phase:\n", who,
-                 static_cast<long long>(profiled_steps_), static_cast<long long>(fwd_rows_));
-    for (auto& p : phase_ms_)
-      std::fprintf(stderr, "%s   %-28s %8.3f ms  %5.1f%%\n", who, p.first.c_str(),
-                   p.second / profiled_steps_, 100.0 * p.second / std::max(total, 1e-9));
-    std::fprintf(stderr, "%s   %-28s %8.3f ms\n", who, "total", total / profiled_steps_);
-    if (e_.lt)
-      std::fprintf(stderr, "[profile]   cuBLASLt plans without an algorithm (fallbacks): %d\n",
-                   e_.lt->unsupported_count());
-  }
+  if (profile_ && profiled_steps_ > 0) profile_print();
   if (e_.fp16 && trained_) {
     float scale = 0;
     int64_t skipped = 0;

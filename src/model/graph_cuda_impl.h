@@ -210,6 +210,7 @@ class GraphCuda final : public CudaModel {
   void timeline_mark(const std::string& what, cudaStream_t s);
   void timeline_flush();  // after a step
   void timeline_print();  // at destruction (graph_cuda_timeline.cu)
+  void profile_print();   // DLREC_PROFILE=1, at destruction (graph_cuda_timeline.cu)
   // Data-parallel: a one-value all-reduce on the embedding's communicator stream right after
   // the step's first mark aligns the ranks; the marks after it are timed from its end
   // (tl_origin_, the index of its end mark; 0 on one GPU) and its own time, the ranks' launch

@@ -1,16 +1,72 @@
-// DLREC_PROFILE=timeline (docs/DIAGNOSTICS.md): the training step stays one CUDA graph with its
+// The step's diagnostics (docs/DIAGNOSTICS.md). DLREC_PROFILE=1: GraphCuda::mark records an event
+// per phase on the main stream (eager steps, no graphs), flush_profile sums the times between
+// them after each step from the fourth on, profile_print prints them per step at destruction.
+//
+// DLREC_PROFILE=timeline: the training step stays one CUDA graph with its
 // streams; GraphCuda::mark records an external event node on the current stream (and
 // Engine::mark_on on the communicators' streams around each collective), and after each step
 // the time of every mark from the step's start is summed, printed per rank at destruction.
 // Data-parallel, the ranks are first aligned by a one-value all-reduce (timeline_align) and the
 // marks timed from its end, so that the first collective no longer holds the ranks' launch
 // skew; the alignment's own time, that skew, is printed apart.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
 #include "model/graph_cuda_impl.h"
 
 namespace dlrec::model::graph_cuda_impl {
+
+void GraphCuda::mark(const std::string& what) {
+  if (timeline_) {
+    if (in_body_) timeline_mark(what, e_.st);
+    return;
+  }
+  if (!profile_) return;
+  const size_t i = marks_.size();
+  if (i == events_.size()) events_.emplace_back(dev_index_, /*timing=*/true);
+  DLREC_CUDA_CHECK(cudaEventRecord(events_[i], e_.st));
+  marks_.push_back(what);
+}
+
+void GraphCuda::flush_profile() {
+  if (timeline_) {
+    timeline_flush();
+    return;
+  }
+  if (!profile_ || marks_.empty()) return;
+  DLREC_CUDA_CHECK(cudaEventSynchronize(events_[marks_.size() - 1]));
+  if (e_.dp.comm) profile_rank_ = e_.dp.rank;  // the communicator may be gone at the end
+  if (++seen_steps_ > 3) {
+    ++profiled_steps_;
+    for (size_t i = 1; i < marks_.size(); ++i) {
+      float ms = 0;
+      DLREC_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]));
+      auto it = std::find_if(phase_ms_.begin(), phase_ms_.end(),
+                             [&](const auto& p) { return p.first == marks_[i]; });
+      if (it == phase_ms_.end()) phase_ms_.emplace_back(marks_[i], ms);
+      else it->second += ms;
+    }
+  }
+  marks_.clear();
+}
+
+void GraphCuda::profile_print() {
+  double total = 0;
+  for (auto& p : phase_ms_) total += p.second;
+  // Data-parallel: every rank prints its own phases, labelled (the lines of ranks interleave).
+  char who[32] = "[profile]";
+  if (profile_rank_ >= 0) std::snprintf(who, sizeof who, "[profile r%d]", profile_rank_);
+  std::fprintf(stderr, "%s %lld steps of batch %lld, device ms per step by phase:\n", who,
+               static_cast<long long>(profiled_steps_), static_cast<long long>(fwd_rows_));
+  for (auto& p : phase_ms_)
+    std::fprintf(stderr, "%s   %-28s %8.3f ms  %5.1f%%\n", who, p.first.c_str(),
+                 p.second / profiled_steps_, 100.0 * p.second / std::max(total, 1e-9));
+  std::fprintf(stderr, "%s   %-28s %8.3f ms\n", who, "total", total / profiled_steps_);
+  if (e_.lt)
+    std::fprintf(stderr, "[profile]   cuBLASLt plans without an algorithm (fallbacks): %d\n",
+                 e_.lt->unsupported_count());
+}
 
 void GraphCuda::timeline_mark(const std::string& what, cudaStream_t s) {
   const size_t i = marks_.size();
