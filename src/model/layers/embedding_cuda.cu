@@ -149,9 +149,22 @@ void EmbeddingNode::replicated_grads(Engine& e, const S* grad, int64_t ld) {
     with_half(xdt_, [&](auto* h) {
       dp::round_dense(rp_grad_.data<float>(), static_cast<decltype(h)>(x.raw()), x.numel(), e.st);
     });
-  e.comm_fork("replicas all-reduce", rp_done_, [&](dist::Communicator& c) {
-    c.all_reduce(x.raw(), x.numel(), dist::elem_of(xdt_));
-  });
+  auto f = [&](dist::Communicator& c) { c.all_reduce(x.raw(), x.numel(), dist::elem_of(xdt_)); };
+  if (!e.dp.dcomm) {
+    e.comm_fork("replicas all-reduce", rp_done_, f);
+    return;
+  }
+  // On the dense layers' communicator and stream (after the dense all-reduces and updates
+  // enqueued there so far), beside the gradient all-to-all instead of queued after it on the
+  // embedding's; every rank enqueues the same collectives on each communicator in the same
+  // (host) order. rp_done_ is recorded there; replicated_apply joins it.
+  DataParallel& d = e.dp;
+  DLREC_CUDA_CHECK(cudaEventRecord(d.to_dcomm, e.st));
+  DLREC_CUDA_CHECK(cudaStreamWaitEvent(d.dcst, d.to_dcomm, 0));
+  if (e.mark_on) e.mark_on("> replicas all-reduce", d.dcst);
+  f(*d.dcomm);
+  if (e.mark_on) e.mark_on("< replicas all-reduce", d.dcst);
+  DLREC_CUDA_CHECK(cudaEventRecord(rp_done_, d.dcst));
 }
 
 void EmbeddingNode::forward_table_wise(Engine& e) {

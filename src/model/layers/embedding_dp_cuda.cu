@@ -227,6 +227,28 @@ __global__ void tw_gather_rounded(TwLayout l, int64_t B, const float* __restrict
   }
 }
 
+// The same, 8 values per thread (two 16-byte reads, one 16-byte write) where every field, the
+// row and both pointers allow it: same values, same rounding, an eighth of the index arithmetic.
+template <class To>
+__global__ void tw_gather_rounded8(TwLayout l, int64_t B, const float* __restrict__ from,
+                                   To* __restrict__ to, int64_t ld) {
+  const int p = blockIdx.y;
+  const int64_t vd = l.width[p] / 8, n = B * vd;
+  const int64_t first = l.first[p], count = l.count[p], index = l.index[p], col = l.col[p];
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t b = j / vd, c = (j - b * vd) * 8;
+    const float4* src = reinterpret_cast<const float4*>(from + b * ld + col + c);
+    const float4 u = src[0], v = src[1];
+    const float x[8] = {u.x, u.y, u.z, u.w, v.x, v.y, v.z, v.w};
+    alignas(16) To y[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) store_rounded(x[k], y + k);
+    *reinterpret_cast<int4*>(to + B * first + b * count + index + c) =
+        *reinterpret_cast<const int4*>(y);
+  }
+}
+
 }  // namespace
 
 template <class To>
@@ -235,9 +257,17 @@ void gather_grads_rounded(const TwLayout& l, int64_t B, const float* grad, int64
   if (l.positions == 0 || B == 0) return;
   DLREC_CHECK(l.positions <= 65535, "embedding exchange: ", l.positions,
               " positions (at most 65535)");
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((B * l.max_width + 255) / 256, 4096)),
-                  static_cast<unsigned>(l.positions));
-  tw_gather_rounded<To><<<grid, 256, 0, stream>>>(l, B, grad, send, ld);
+  const bool vec = l.unit % 8 == 0 && ld % 4 == 0 &&
+                   reinterpret_cast<uintptr_t>(grad) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(send) % 16 == 0;
+  const int64_t per = vec ? 8 : 1;
+  const dim3 grid(
+      static_cast<unsigned>(std::min<int64_t>((B * (l.max_width / per) + 255) / 256, 4096)),
+      static_cast<unsigned>(l.positions));
+  if (vec)
+    tw_gather_rounded8<To><<<grid, 256, 0, stream>>>(l, B, grad, send, ld);
+  else
+    tw_gather_rounded<To><<<grid, 256, 0, stream>>>(l, B, grad, send, ld);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 template void gather_grads_rounded<__nv_bfloat16>(const TwLayout&, int64_t, const float*, int64_t,
