@@ -129,8 +129,12 @@ void EmbeddingNode::forward_replicated(Engine& e, H* out, int64_t ld) {
                        lens_.data<int32_t>(), src_.data<int64_t>(), scan_.raw(), scan_bytes_, e.st);
   ce::forward(rp_sub_, rp_off_.data<int32_t>(), static_cast<const uint32_t*>(rp_keys_.raw()), e.B,
               mean_, out, e.st, ld);
-  // The backward's id work (it depends on the ids only), here beside the exchanges.
-  if (e.dp.step && rp_nnz_ > 0)
+}
+
+// The replicas' backward id work (their ids sorted; it depends on the ids only), enqueued by
+// forward_table_wise while the pooled rows travel.
+void EmbeddingNode::replicated_ids(Engine& e) {
+  if (e.dp.step && e.B > 0 && rp_nnz_ > 0)
     ce::backward_ids(rp_gtab_, rp_off_.data<int32_t>(),
                      static_cast<const uint32_t*>(rp_keys_.raw()), e.B, rp_nnz_, ts_.key_bits,
                      rp_scratch_, e.st);
@@ -191,7 +195,8 @@ void EmbeddingNode::forward_table_wise(Engine& e) {
     geo.key_begin[r] = r * block + off_max;
   }
   // Overlap: the replicated tables pool (no exchange) while the ids are all-gathered, and
-  // the owner's id sort for the backward (ids only) runs while the pooled rows travel.
+  // the id sorts for the backward (ids only: the replicas' and the owner's) run while the
+  // pooled rows travel.
   e.sub("emb fwd: (before)");
   int32_t* send = ids_send_.data<int32_t>();
   if (compact_) {  // only the travelling tables' ids
@@ -244,6 +249,7 @@ void EmbeddingNode::forward_table_wise(Engine& e) {
         c.all_to_all_v(tw_pool_.raw(), own_c, own_o, tw_recv_.raw(), peer_c, peer_o,
                        dist::elem_of(o.dt));
       });
+      if (rp_K_ > 0) replicated_ids(e);
       if (e.dp.step && tw_K_ > 0 && G > 0 && tw_nnz_ > 0)
         ce::backward_ids(tw_sub_, tw_off_.data<int32_t>(),
                          static_cast<const uint32_t*>(tw_keys_.raw()), G, tw_nnz_, ts_.key_bits,
@@ -257,6 +263,8 @@ void EmbeddingNode::forward_table_wise(Engine& e) {
       dp::scatter_pooled(tw_layout_, e.B, static_cast<const H*>(tw_recv_.raw()),
                          static_cast<H*>(o.y.raw()) + col, o.ld, e.st);
       e.sub("emb fwd: tw scatter");
+    } else if (rp_K_ > 0) {
+      replicated_ids(e);
     }
     if (rw_K_ > 0)
       forward_row_wise(e, geo, g_off, g_keys, static_cast<H*>(o.y.raw()) + col, o.ld,

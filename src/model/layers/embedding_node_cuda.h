@@ -106,6 +106,7 @@ class EmbeddingNode final : public Node {
   // layer's columns.
   template <class H>
   void forward_replicated(Engine& e, H* out, int64_t ld);
+  void replicated_ids(Engine& e);
   // This rank's dense gradient of the replicated tables; the all-reduce that sums it over the
   // ranks is forked (rp_done_), replicated_apply joins it and applies it.
   template <class S>
