@@ -179,7 +179,7 @@ class GraphCuda final : public CudaModel {
   // The embedding layer's tables are allocated and initialised on first use (all of them) or
   // by shard_tables (those this GPU owns): a sharded run never allocates the others.
   bool tables_ready_ = false;
-  void materialize_tables(const std::vector<char>* keep = nullptr);
+  void materialize_tables(const std::vector<TableKeep>* keep = nullptr);
   // The host copy of tables_[k] (its state with `state`) that a gather made, or null.
   const Tensor* host_table(size_t k, bool state) const;
   // Whether tables_[k] is this GPU's piece of a row-wise table (a range of its rows) or of a

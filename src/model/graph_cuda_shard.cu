@@ -80,13 +80,13 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
   mem.free_bytes = *std::min_element(free_all.begin(), free_all.end());
   const dist::Plan plan = dist::plan_gpu_tables(specs, opts, mem);
   std::vector<int> owner(T_, -1);
-  std::vector<char> keep(T_, 0);
+  std::vector<TableKeep> keep(T_, TableKeep::None);
   std::vector<gpu_graph::dp::ColPiece> pieces;
   int64_t own_bytes = 0, own_rows = 0, own_tables = 0;
   for (int64_t t = 0; t < T_; ++t) {
     if (plan.tables[t].kind == dist::ShardingKind::Replicated) {  // whole on every GPU
       owner[t] = gpu_graph::dp::kReplicatedOwner;
-      keep[t] = 1;
+      keep[t] = TableKeep::Whole;
       own_bytes += specs[t].bytes() + 4 * specs[t].rows * dim;  // + its dense gradient
       own_rows += specs[t].rows;
       ++own_tables;
@@ -94,7 +94,7 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
     }
     if (plan.tables[t].kind == dist::ShardingKind::RowWise) {  // a range on every GPU
       owner[t] = gpu_graph::dp::kRowWiseOwner;
-      keep[t] = 2;
+      keep[t] = TableKeep::Rows;
       int64_t lo = 0, hi = 0;
       gpu_graph::dp::row_range(specs[t].rows, n, e_.dp.rank, &lo, &hi);
       own_bytes += (hi - lo + 1) * (specs[t].bytes() / std::max<int64_t>(specs[t].rows, 1));
@@ -107,7 +107,7 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
       for (const dist::Shard& sh : plan.tables[t].shards) {
         pieces.push_back({t, sh.rank, sh.col_begin, sh.col_end});
         if (sh.rank != e_.dp.rank) continue;
-        keep[t] = 3;
+        keep[t] = TableKeep::Columns;
         const int64_t w = sh.col_end - sh.col_begin;
         own_bytes += specs[t].rows * w * 4 * (e_.emb_adagrad ? 2 : 1);
         own_rows += specs[t].rows;
@@ -116,8 +116,8 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
       continue;
     }
     owner[t] = plan.tables[t].owner();
-    keep[t] = owner[t] == e_.dp.rank;
-    if (keep[t]) {
+    if (owner[t] == e_.dp.rank) {
+      keep[t] = TableKeep::Whole;
       own_bytes += specs[t].bytes();
       own_rows += specs[t].rows;
       ++own_tables;
@@ -283,7 +283,7 @@ void GraphCuda::release_sharded_tables() {
   }
 }
 
-void GraphCuda::materialize_tables(const std::vector<char>* keep) {
+void GraphCuda::materialize_tables(const std::vector<TableKeep>* keep) {
   if (tables_ready_) return;
   DeviceGuard g(dev_index_);
   for (int i : spec_.order) nodes_[i]->materialize(e_, keep);

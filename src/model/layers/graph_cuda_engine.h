@@ -538,6 +538,11 @@ struct ServingParts {
   const float* bias = nullptr;         // Wide: the bias (device f32 [1])
 };
 
+// What a GPU of a sharded run allocates of a fixed table (GraphCuda::shard_tables ->
+// Node::materialize): nothing, the whole table (its own or a replica), its row-wise range or its
+// column-wise piece.
+enum class TableKeep : char { None, Whole, Rows, Columns };
+
 class Node {
  public:
   virtual ~Node() = default;
@@ -550,8 +555,8 @@ class Node {
   // Scratch sized by the batch's number of ids (table layers).
   virtual void alloc_scratch(Engine&, int64_t /*max_nnz*/) {}
   // Deferred tables (the embedding layer's fixed tables; GraphCuda::materialize_tables):
-  // allocates and initialises those with keep[t] (all when keep is null).
-  virtual void materialize(Engine&, const std::vector<char>* /*keep*/) {}
+  // allocates and initialises what keep[t] says (every whole table when keep is null).
+  virtual void materialize(Engine&, const std::vector<TableKeep>* /*keep*/) {}
   // The embedding layer (Build::embedding): its hashed tables (null: fixed), its name, and
   // the direct mode (GraphCuda::plan_direct_embedding): write into a concat's columns.
   virtual hashed_cuda::HashedTables* hashed() const { return nullptr; }

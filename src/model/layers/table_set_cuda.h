@@ -123,18 +123,19 @@ struct TableSet {
       states[t] = s;
     }
   }
-  // Deferred tables: allocates those with keep[t] (all when keep is null): 1 the whole table,
-  // 2 this rank's row-wise piece (make_piece), 3 its column-wise piece (make_columns); the others
-  // stay unallocated, with null pointers in the kernels' arrays (only the owners' sub-sets are
+  // Deferred tables: allocates what keep[t] says (every whole table when keep is null): Whole,
+  // this rank's row-wise piece (Rows: make_piece), its column-wise piece (Columns:
+  // make_columns); the others (None) stay unallocated, with null pointers in the kernels' arrays (only the owners' sub-sets are
   // pooled then: EmbeddingNode's sharded paths).
-  void materialize(Engine& e, const std::vector<char>* keep) {
+  void materialize(Engine& e, const std::vector<TableKeep>* keep) {
     if (materialized) return;
     for (size_t t = 0; t < tables.size(); ++t) {
-      if (keep && (*keep)[t] == 2)
+      const TableKeep k = keep ? (*keep)[t] : TableKeep::Whole;
+      if (k == TableKeep::Rows)
         make_piece(e, static_cast<int64_t>(t));
-      else if (keep && (*keep)[t] == 3)
+      else if (k == TableKeep::Columns)
         make_columns(e, static_cast<int64_t>(t));
-      else if (!keep || (*keep)[t])
+      else if (k == TableKeep::Whole)
         make(e, static_cast<int64_t>(t));
     }
     upload_pointers(e);
