@@ -46,7 +46,9 @@ class EmbeddingNode final : public Node {
     tw_ = false;
     if (e.dp.comm && !e.dp.table_owner.empty()) alloc_table_wise(e, max_nnz);
   }
-  void materialize(Engine& e, const std::vector<TableKeep>* keep) override { ts_.materialize(e, keep); }
+  void materialize(Engine& e, const std::vector<TableKeep>* keep) override {
+    ts_.materialize(e, keep);
+  }
   void write_into(int into, int64_t col) override {
     into_ = into;
     col_ = col;
