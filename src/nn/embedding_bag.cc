@@ -17,8 +17,8 @@ Pooling parse_pooling(const std::string& s) {
 
 EmbeddingBag::EmbeddingBag(int64_t rows, int64_t dim, Pooling pooling)
     : rows_(rows), dim_(dim), pooling_(pooling) {
-  DLREC_CHECK(rows > 0 && dim > 0, "EmbeddingBag: rows and dim must be positive, got [", rows,
-              ", ", dim, "]");
+  DLREC_CHECK(rows > 0 && dim > 0, "EmbeddingBag: rows and dim must be positive, got [", rows, ", ",
+              dim, "]");
   DLREC_CHECK(rows < (int64_t{1} << 40), "EmbeddingBag: too many rows (", rows, ")");
   w_.value = Tensor::zeros({rows, dim}, DType::F32);
   grad_.dim = dim;
@@ -73,9 +73,11 @@ void EmbeddingBag::forward(const int64_t* offsets, const int64_t* indices, int64
           const uint8_t* c = quant_.codes.data() + id * qrb;
           const float s = quant_.scale[id], bs = quant_.bias[id];
           if (p == b) {
-            for (int64_t k = 0; k < d; ++k) o[k] = row_quant_value(row_quant_code(c, k, qbits), s, bs);
+            for (int64_t k = 0; k < d; ++k)
+              o[k] = row_quant_value(row_quant_code(c, k, qbits), s, bs);
           } else {
-            for (int64_t k = 0; k < d; ++k) o[k] += row_quant_value(row_quant_code(c, k, qbits), s, bs);
+            for (int64_t k = 0; k < d; ++k)
+              o[k] += row_quant_value(row_quant_code(c, k, qbits), s, bs);
           }
           continue;
         }

@@ -12,8 +12,8 @@ void check_row_quant(const RowQuantRows& t, const std::string& what) {
   if (t.rows < 0 || t.dim <= 0) fail(what, ": bad shape [", t.rows, ", ", t.dim, "]");
   const int64_t want = t.rows * t.row_bytes();
   if (static_cast<int64_t>(t.codes.size()) != want)
-    fail(what, ": holds ", t.codes.size(), " code bytes, [", t.rows, ", ", t.dim, "] at ",
-         t.bits, " bits needs ", want);
+    fail(what, ": holds ", t.codes.size(), " code bytes, [", t.rows, ", ", t.dim, "] at ", t.bits,
+         " bits needs ", want);
   if (static_cast<int64_t>(t.scale.size()) != t.rows ||
       static_cast<int64_t>(t.bias.size()) != t.rows)
     fail(what, ": holds ", t.scale.size(), " scales and ", t.bias.size(), " biases for ", t.rows,
@@ -27,8 +27,8 @@ void check_row_quant(const RowQuantRows& t, const std::string& what) {
   if (t.bits == 4 && t.dim % 2)
     for (int64_t r = 0; r < t.rows; ++r)
       if (t.codes[r * t.row_bytes() + t.row_bytes() - 1] >> 4)
-        fail(what, ": row ", r, "'s last byte has a non-zero unused high nibble (odd dim ",
-             t.dim, ")");
+        fail(what, ": row ", r, "'s last byte has a non-zero unused high nibble (odd dim ", t.dim,
+             ")");
 }
 
 }  // namespace dlrec::nn

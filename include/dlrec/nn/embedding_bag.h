@@ -17,8 +17,8 @@ Pooling parse_pooling(const std::string& s);  // "sum" | "mean"
 // occurrence) and the summed gradient row of each. Never a dense table gradient.
 struct SparseGrad {
   int64_t dim = 0;
-  std::vector<int64_t> ids;    // [U], distinct
-  std::vector<float> values;   // [U * dim], row u is the gradient of row ids[u]
+  std::vector<int64_t> ids;   // [U], distinct
+  std::vector<float> values;  // [U * dim], row u is the gradient of row ids[u]
   int64_t size() const { return static_cast<int64_t>(ids.size()); }
 };
 

@@ -14,9 +14,9 @@ namespace dlrec::nn {
 struct RowQuantRows {
   int64_t rows = 0, dim = 0;
   int bits = 8;
-  bool fp16 = false;                // scale and bias are fp16 values (held as float)
-  std::vector<uint8_t> codes;       // [rows * row_bytes()]
-  std::vector<float> scale, bias;   // [rows]
+  bool fp16 = false;               // scale and bias are fp16 values (held as float)
+  std::vector<uint8_t> codes;      // [rows * row_bytes()]
+  std::vector<float> scale, bias;  // [rows]
   int64_t row_bytes() const { return (dim * bits + 7) / 8; }
   // The bytes a serving copy needs: codes plus scale and bias (2 or 4 bytes each) per row.
   int64_t bytes() const { return rows * (row_bytes() + 2 * (fp16 ? 2 : 4)); }
