@@ -104,10 +104,8 @@ RowQuantTable quantize_rows(const Tensor& table, int bits, bool fp16) {
 void dequantize_row(const RowQuantTable& t, int64_t row, float* out) {
   const uint8_t* c = t.codes.data() + row * t.row_bytes();
   const float s = t.scale[row], b = t.bias[row];
-  for (int64_t k = 0; k < t.dim; ++k) {
-    const int q = t.bits == 8 ? c[k] : (k % 2 ? c[k / 2] >> 4 : c[k / 2] & 15);
-    out[k] = static_cast<float>(q) * s + b;
-  }
+  for (int64_t k = 0; k < t.dim; ++k)
+    out[k] = nn::row_quant_value(nn::row_quant_code(c, k, t.bits), s, b);
 }
 
 std::vector<TableQuantReport> quantize_embedding_tables(const EmbeddingQuantConfig& config,

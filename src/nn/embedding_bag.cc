@@ -17,8 +17,8 @@ Pooling parse_pooling(const std::string& s) {
 
 EmbeddingBag::EmbeddingBag(int64_t rows, int64_t dim, Pooling pooling)
     : rows_(rows), dim_(dim), pooling_(pooling) {
-  DLREC_CHECK(rows > 0 && dim > 0, "EmbeddingBag: rows and dim must be positive, got [", rows,
-              ", ", dim, "]");
+  DLREC_CHECK(rows > 0 && dim > 0, "EmbeddingBag: rows and dim must be positive, got [", rows, ", ",
+              dim, "]");
   DLREC_CHECK(rows < (int64_t{1} << 40), "EmbeddingBag: too many rows (", rows, ")");
   w_.value = Tensor::zeros({rows, dim}, DType::F32);
   grad_.dim = dim;
@@ -33,15 +33,29 @@ void EmbeddingBag::init(uint64_t seed) {
   });
 }
 
+void EmbeddingBag::set_quantized(RowQuantRows q, const std::string& what) {
+  check_row_quant(q, what);
+  if (q.rows != rows_ || q.dim != dim_)
+    fail(what, ": quantized rows are [", q.rows, ", ", q.dim, "], the table is [", rows_, ", ",
+         dim_, "]");
+  quant_ = std::move(q);
+  quantized_ = true;
+  w_.value = Tensor::zeros({0, dim_}, DType::F32);
+}
+
 void EmbeddingBag::forward(const int64_t* offsets, const int64_t* indices, int64_t batch_rows,
                            float* out, int64_t out_stride, bool training) {
   DLREC_CHECK(batch_rows >= 0, "EmbeddingBag::forward: negative batch size");
+  DLREC_CHECK(!(training && quantized_),
+              "EmbeddingBag: a table served from quantized codes cannot train");
   have_batch_ = false;
   for (int64_t r = 0; r < batch_rows; ++r)
     DLREC_CHECK(offsets[r] <= offsets[r + 1], "EmbeddingBag::forward: offsets decrease at row ", r);
-  const float* w = w_.value.data<float>();
+  const float* w = quantized_ ? nullptr : w_.value.data<float>();
   const int64_t d = dim_, rows = rows_;
   const bool mean = pooling_ == Pooling::Mean;
+  const int64_t qrb = quant_.row_bytes();
+  const int qbits = quant_.bits;
   parallel_for(0, batch_rows, 256, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       float* o = out + r * out_stride;
@@ -54,6 +68,19 @@ void EmbeddingBag::forward(const int64_t* offsets, const int64_t* indices, int64
         const int64_t id = indices[p];
         if (id < 0 || id >= rows)
           fail("EmbeddingBag: id ", id, " of sample ", r, " is out of range [0, ", rows, ")");
+        if (quantized_) {
+          // The fp32 path's operations on the dequantized row: a copy, then a float add.
+          const uint8_t* c = quant_.codes.data() + id * qrb;
+          const float s = quant_.scale[id], bs = quant_.bias[id];
+          if (p == b) {
+            for (int64_t k = 0; k < d; ++k)
+              o[k] = row_quant_value(row_quant_code(c, k, qbits), s, bs);
+          } else {
+            for (int64_t k = 0; k < d; ++k)
+              o[k] += row_quant_value(row_quant_code(c, k, qbits), s, bs);
+          }
+          continue;
+        }
         const float* wr = w + id * d;
         if (p == b) {
           std::memcpy(o, wr, d * sizeof(float));

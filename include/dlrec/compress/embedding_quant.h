@@ -18,6 +18,7 @@
 #include "dlrec/core/config.h"
 #include "dlrec/core/tensor.h"
 #include "dlrec/model/model.h"
+#include "dlrec/nn/row_quant.h"
 
 namespace dlrec::compress {
 
@@ -31,18 +32,8 @@ struct EmbeddingQuantConfig {
   static EmbeddingQuantConfig from_json(ConfigReader& r);
 };
 
-// One table, quantized row-wise. `codes` holds one byte per value for 8 bits, two values per
-// byte (low nibble first) for 4 bits: ceil(dim * bits / 8) bytes a row.
-struct RowQuantTable {
-  int64_t rows = 0, dim = 0;
-  int bits = 8;
-  bool fp16 = false;
-  std::vector<uint8_t> codes;
-  std::vector<float> scale, bias;  // [rows] (the fp16-rounded values when fp16)
-  int64_t row_bytes() const { return (dim * bits + 7) / 8; }
-  // The bytes a serving copy needs: codes plus scale and bias (2 or 4 bytes each) per row.
-  int64_t bytes() const { return rows * (row_bytes() + 2 * (fp16 ? 2 : 4)); }
-};
+// One table, quantized row-wise (codes, scale and bias per row: nn/row_quant.h).
+using RowQuantTable = nn::RowQuantRows;
 
 RowQuantTable quantize_rows(const Tensor& table, int bits, bool fp16);
 // Row `row` dequantized into out [dim].

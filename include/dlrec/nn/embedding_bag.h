@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "dlrec/nn/param.h"
+#include "dlrec/nn/row_quant.h"
 
 namespace dlrec::nn {
 
@@ -16,8 +17,8 @@ Pooling parse_pooling(const std::string& s);  // "sum" | "mean"
 // occurrence) and the summed gradient row of each. Never a dense table gradient.
 struct SparseGrad {
   int64_t dim = 0;
-  std::vector<int64_t> ids;    // [U], distinct
-  std::vector<float> values;   // [U * dim], row u is the gradient of row ids[u]
+  std::vector<int64_t> ids;   // [U], distinct
+  std::vector<float> values;  // [U * dim], row u is the gradient of row ids[u]
   int64_t size() const { return static_cast<int64_t>(ids.size()); }
 };
 
@@ -48,6 +49,12 @@ class EmbeddingBag {
   const SparseGrad& backward(const Tensor& dout);  // dout [B, dim]
 
   Param& weight() { return w_; }  // value [rows, dim]; grad stays undefined
+  // Serves the table from row-wise INT8 / 4-bit codes (row_quant.h; checked, errors name the
+  // table as `what`): the fp32 values are released (weight() becomes [0, dim]) and forward()
+  // dequantizes each row inside the pooling, bit for bit the pooling of the fp32 table those
+  // codes dequantize to. Inference only: a training forward or backward() is an error.
+  void set_quantized(RowQuantRows q, const std::string& what);
+  const RowQuantRows* quantized() const { return quantized_ ? &quant_ : nullptr; }
   int64_t rows() const { return rows_; }
   int64_t dim() const { return dim_; }
   Pooling pooling() const { return pooling_; }
@@ -58,6 +65,8 @@ class EmbeddingBag {
   int64_t rows_, dim_;
   Pooling pooling_;
   Param w_;
+  bool quantized_ = false;
+  RowQuantRows quant_;
   // State of the last training forward: per-sample scale (1 or 1/len) and, per distinct id,
   // the samples it occurs in (CSR, in order of occurrence).
   bool have_batch_ = false;
