@@ -121,7 +121,11 @@ int run_compress_quantize(const QuantizeArgs& a) {
   std::vector<compress::LayerQuant> layers;
   if (q.on) layers = compress::calibrate_and_quantize(q, *model, batches);
   std::vector<compress::TableQuantReport> tables;
-  if (e.on) tables = compress::quantize_embedding_tables(e, *model);
+  if (e.on) {  // the tables then served (evaluated and exported) from their codes
+    std::vector<model::QuantizedTable> records;
+    tables = compress::quantize_embedding_tables(e, *model, &records);
+    model->set_quantized_tables(std::move(records));
+  }
   train::EvalResult int8;
   if (have_valid) int8 = train::evaluate_shards(*model, valid, 16384);
 

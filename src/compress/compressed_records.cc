@@ -109,4 +109,125 @@ std::vector<model::CompressedWeight> read_compressed_weights(const json& meta,
   return out;
 }
 
+std::vector<model::NamedTensor> quantized_table_tensors(const std::string& name,
+                                                        const nn::RowQuantRows& q) {
+  nn::check_row_quant(q, "quantized table '" + name + "'");
+  Tensor codes = Tensor::empty({q.rows, q.row_bytes()}, DType::U8, Device::cpu());
+  if (!q.codes.empty()) std::memcpy(codes.raw(), q.codes.data(), q.codes.size());
+  auto values = [&](const std::vector<float>& v, const char* what) {
+    if (!q.fp16) return Tensor::from_vector(v, {q.rows});
+    Tensor t = Tensor::empty({q.rows}, DType::F16, Device::cpu());
+    auto* b = static_cast<uint16_t*>(t.raw());
+    for (size_t r = 0; r < v.size(); ++r)
+      b[r] = nn::fp16_bits_exact(v[r], "quantized table '" + name + "' row " + std::to_string(r) +
+                                           "'s " + what);
+    return t;
+  };
+  return {{name + ".codes", codes},
+          {name + ".qscale", values(q.scale, "scale")},
+          {name + ".qbias", values(q.bias, "bias")}};
+}
+
+json quantized_table_meta(const std::string& name, const nn::RowQuantRows& q) {
+  return {{"table", name}, {"bits", q.bits}, {"scale_bias", q.fp16 ? "fp16" : "fp32"}};
+}
+
+namespace {
+
+struct QuantEntry {
+  std::string table;
+  int bits = 8;
+  bool fp16 = false;
+};
+
+std::vector<QuantEntry> quant_entries(const json& meta, const std::string& path) {
+  std::vector<QuantEntry> out;
+  if (!meta.is_object() || !meta.contains("embedding_quant")) return out;
+  const json& list = meta.at("embedding_quant");
+  const std::string where = "tensor file '" + path + "': meta key 'embedding_quant'";
+  if (!list.is_array()) fail(where, " is not a list");
+  for (const json& e : list) {
+    const bool ok = e.is_object() && e.contains("table") && e.at("table").is_string() &&
+                    e.contains("bits") && e.at("bits").is_number_integer() &&
+                    e.contains("scale_bias") && e.at("scale_bias").is_string();
+    if (!ok)
+      fail(where, ": entry ", dump_json_safe(e),
+           " is not {\"table\": NAME, \"bits\": 8 | 4, \"scale_bias\": \"fp32\" | \"fp16\"}");
+    QuantEntry q;
+    q.table = e.at("table").get<std::string>();
+    q.bits = e.at("bits").get<int>();
+    const std::string sb = e.at("scale_bias").get<std::string>();
+    if (q.bits != 8 && q.bits != 4) fail(where, ": table '", q.table, "': bits ", q.bits, " (8 or 4)");
+    if (sb != "fp32" && sb != "fp16")
+      fail(where, ": table '", q.table, "': scale_bias '", sb, "' (fp32 or fp16)");
+    q.fp16 = sb == "fp16";
+    for (const QuantEntry& o : out)
+      if (o.table == q.table) fail(where, ": table '", q.table, "' is listed twice");
+    out.push_back(q);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> quantized_table_names(const json& meta, const std::string& path) {
+  std::vector<std::string> out;
+  for (const QuantEntry& e : quant_entries(meta, path)) out.push_back(e.table);
+  return out;
+}
+
+std::vector<model::QuantizedTable> read_quantized_tables(const json& meta, const std::string& path,
+                                                         model::Model& model) {
+  const std::vector<QuantEntry> entries = quant_entries(meta, path);
+  std::vector<model::QuantizedTable> out;
+  if (entries.empty()) return out;
+  std::map<std::string, Tensor> params;
+  for (auto& [name, t] : model.parameters()) params[name] = t;
+  std::vector<io::NamedTensor> targets;
+  std::vector<std::array<Tensor, 3>> loaded;
+  for (const QuantEntry& e : entries) {
+    auto p = params.find(e.table);
+    if (p == params.end() || p->second.ndim() != 2)
+      fail("tensor file '", path, "': quantized table '", e.table,
+           "' is not a table (2-d parameter) of the model");
+    model::QuantizedTable q;
+    q.name = e.table;
+    q.rows.rows = p->second.dim(0);
+    q.rows.dim = p->second.dim(1);
+    q.rows.bits = e.bits;
+    q.rows.fp16 = e.fp16;
+    const DType sd = e.fp16 ? DType::F16 : DType::F32;
+    std::array<Tensor, 3> t = {
+        Tensor::empty({q.rows.rows, q.rows.row_bytes()}, DType::U8, Device::cpu()),
+        Tensor::empty({q.rows.rows}, sd, Device::cpu()),
+        Tensor::empty({q.rows.rows}, sd, Device::cpu())};
+    targets.emplace_back(e.table + ".codes", t[0]);
+    targets.emplace_back(e.table + ".qscale", t[1]);
+    targets.emplace_back(e.table + ".qbias", t[2]);
+    loaded.push_back(t);
+    out.push_back(std::move(q));
+  }
+  io::TensorLoadOptions opts;
+  opts.allow_extra = true;  // the parameters, loaded by the caller
+  io::load_tensors(path, targets, opts);
+  auto values = [](const Tensor& t, bool fp16) {
+    if (!fp16) return t.to_vector<float>();
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    const auto* b = static_cast<const uint16_t*>(t.raw());
+    for (size_t r = 0; r < v.size(); ++r) v[r] = nn::fp16_value(b[r]);
+    return v;
+  };
+  for (size_t k = 0; k < out.size(); ++k) {
+    nn::RowQuantRows& q = out[k].rows;
+    const auto& [codes, scale, bias] = loaded[k];
+    q.codes.resize(static_cast<size_t>(codes.numel()));
+    if (!q.codes.empty()) std::memcpy(q.codes.data(), codes.raw(), q.codes.size());
+    q.scale = values(scale, q.fp16);
+    q.bias = values(bias, q.fp16);
+    loaded[k] = {};  // one copy of each table's codes at a time
+    nn::check_row_quant(q, "tensor file '" + path + "': quantized table '" + out[k].name + "'");
+  }
+  return out;
+}
+
 }  // namespace dlrec::compress

@@ -101,15 +101,9 @@ RowQuantTable quantize_rows(const Tensor& table, int bits, bool fp16) {
   return t;
 }
 
-void dequantize_row(const RowQuantTable& t, int64_t row, float* out) {
-  const uint8_t* c = t.codes.data() + row * t.row_bytes();
-  const float s = t.scale[row], b = t.bias[row];
-  for (int64_t k = 0; k < t.dim; ++k)
-    out[k] = nn::row_quant_value(nn::row_quant_code(c, k, t.bits), s, b);
-}
-
-std::vector<TableQuantReport> quantize_embedding_tables(const EmbeddingQuantConfig& config,
-                                                        model::Model& model) {
+std::vector<TableQuantReport> quantize_embedding_tables(
+    const EmbeddingQuantConfig& config, model::Model& model,
+    std::vector<model::QuantizedTable>* records) {
   if (model.device().is_cuda())
     fail("compress.embeddings: row-wise quantized tables run on the CPU engine only");
   // The fixed tables: 2-d "<layer>.<feature>.weight" parameters that are not mlp/cross weights.
@@ -136,7 +130,7 @@ std::vector<TableQuantReport> quantize_embedding_tables(const EmbeddingQuantConf
     if (!config.all_tables &&
         std::find(config.tables.begin(), config.tables.end(), name) == config.tables.end())
       continue;
-    const RowQuantTable q = quantize_rows(t, config.bits, config.fp16_scale_bias);
+    RowQuantTable q = quantize_rows(t, config.bits, config.fp16_scale_bias);
     TableQuantReport r;
     r.table = name;
     r.rows = q.rows;
@@ -147,7 +141,7 @@ std::vector<TableQuantReport> quantize_embedding_tables(const EmbeddingQuantConf
     std::vector<float> row(static_cast<size_t>(q.dim));
     double e2 = 0, r2 = 0;
     for (int64_t i = 0; i < q.rows; ++i) {
-      dequantize_row(q, i, row.data());
+      nn::row_quant_dequantize(q, i, row.data());
       for (int64_t k = 0; k < q.dim; ++k) {
         const double a = v[i * q.dim + k], b = row[k];
         e2 += (a - b) * (a - b);
@@ -158,6 +152,7 @@ std::vector<TableQuantReport> quantize_embedding_tables(const EmbeddingQuantConf
     }
     r.rel_l2 = r2 > 0 ? std::sqrt(e2 / r2) : 0.0;
     out.push_back(r);
+    if (records) records->push_back({name + ".weight", std::move(q)});
   }
   return out;
 }

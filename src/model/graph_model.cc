@@ -9,6 +9,7 @@
 // Hashed tables (embedding::HashedEmbedding) replace fixed ones per table; their state is five
 // tensors shared with parameters()/optimizer_state(); after those were handed out (a checkpoint
 // load may have written into them) the table is re-imported before its next use.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -65,6 +66,8 @@ class GraphModel final : public Model {
   std::vector<PrunableWeight> prunable_weights() override;
   void set_mask(const std::string& name, const Tensor& mask) override;
   std::vector<NamedTensor> masks() override;
+  void set_quantized_tables(std::vector<QuantizedTable> tables) override;
+  std::vector<std::pair<std::string, const nn::RowQuantRows*>> quantized_tables() override;
 
  private:
   std::unique_ptr<Node> make_node(const LayerSpec& s, const std::vector<ValueShape>& in,
@@ -445,6 +448,27 @@ std::vector<NamedTensor> GraphModel::masks() {
   std::vector<NamedTensor> out;
   for (auto& d : dense_)
     if (d.p->mask.defined()) out.emplace_back(d.name + ".mask", d.p->mask);
+  return out;
+}
+
+// The embedding layer's fixed tables read the codes; other tables (wide) take their values.
+void GraphModel::set_quantized_tables(std::vector<QuantizedTable> tables) {
+  std::vector<QuantizedTable> rest;
+  for (QuantizedTable& q : tables) {
+    auto t = std::find_if(tables_.begin(), tables_.end(),
+                          [&](const TableRef& r) { return r.bag && r.name + ".weight" == q.name; });
+    if (t == tables_.end())
+      rest.push_back(std::move(q));
+    else
+      t->bag->set_quantized(std::move(q.rows), "quantized table '" + q.name + "'");
+  }
+  Model::set_quantized_tables(std::move(rest));
+}
+
+std::vector<std::pair<std::string, const nn::RowQuantRows*>> GraphModel::quantized_tables() {
+  std::vector<std::pair<std::string, const nn::RowQuantRows*>> out;
+  for (const TableRef& t : tables_)
+    if (t.bag && t.bag->quantized()) out.emplace_back(t.name + ".weight", t.bag->quantized());
   return out;
 }
 

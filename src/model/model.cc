@@ -1,6 +1,7 @@
 #include "dlrec/model/model.h"
 
 #include <algorithm>
+#include <map>
 
 #include "dlrec/model/graph.h"
 #ifdef DLREC_WITH_CUDA
@@ -20,6 +21,32 @@ void Model::set_compressed(const std::vector<CompressedWeight>& weights,
   if (weights.empty()) return;
   fail("compressed layers: the ", device().str(), " model takes no compressed kernels ('",
        weights[0].name, "')");
+}
+
+void Model::set_quantized_tables(std::vector<QuantizedTable> tables) {
+  if (tables.empty()) return;
+  std::map<std::string, Tensor> params;
+  for (auto& [name, t] : parameters()) params[name] = t;
+  for (const QuantizedTable& q : tables) {
+    const std::string what = "quantized table '" + q.name + "'";
+    auto it = params.find(q.name);
+    if (it == params.end() || it->second.ndim() != 2 || it->second.dtype() != DType::F32)
+      fail(what, ": the model has no table parameter of that name (2-d, F32)");
+    Tensor& p = it->second;
+    nn::check_row_quant(q.rows, what);
+    if (q.rows.rows != p.dim(0) || q.rows.dim != p.dim(1))
+      fail(what, ": the record is [", q.rows.rows, ", ", q.rows.dim, "], the model's table is [",
+           p.dim(0), ", ", p.dim(1), "]");
+    // Dequantized a block of rows at a time into the parameter, wherever it lives.
+    const int64_t d = q.rows.dim, block = std::max<int64_t>(1, (int64_t{1} << 16) / d);
+    std::vector<float> buf(static_cast<size_t>(std::min(block, q.rows.rows) * d));
+    for (int64_t r0 = 0; r0 < q.rows.rows; r0 += block) {
+      const int64_t n = std::min(block, q.rows.rows - r0);
+      for (int64_t r = 0; r < n; ++r) nn::row_quant_dequantize(q.rows, r0 + r, buf.data() + r * d);
+      copy_bytes(p.data<float>() + r0 * d, p.device(), buf.data(), Device::cpu(),
+                 static_cast<size_t>(n * d) * sizeof(float));
+    }
+  }
 }
 
 void Model::set_kernel_policy(nn::kernel_choice::Policy /*policy*/) {}

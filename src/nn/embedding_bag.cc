@@ -40,6 +40,7 @@ void EmbeddingBag::set_quantized(RowQuantRows q, const std::string& what) {
          dim_, "]");
   quant_ = std::move(q);
   quantized_ = true;
+  w_ = Param();  // the values and any optimizer state released
   w_.value = Tensor::zeros({0, dim_}, DType::F32);
 }
 

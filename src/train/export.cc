@@ -89,6 +89,11 @@ void write_model_dir(const std::string& out_dir, bool overwrite, json meta, mode
     fail("'", out_dir, "' already exists (use --overwrite to replace it)");
   std::vector<model::NamedTensor> params = model.parameters();
   check_finite(params);
+  const auto quantized = model.quantized_tables();
+  if (tiers.any() && !quantized.empty())
+    fail("export: table '", quantized[0].first,
+         "' is served from row-wise quantized codes, which an embedding store does not hold: "
+         "export without --tiers");
   if (tiers.any()) {
     const std::vector<store::TableInfo> tables = detail::find_store_tables(
         model::RunConfig::from_json(meta.at("config")), wf.output_layout());
@@ -123,11 +128,26 @@ void write_model_dir(const std::string& out_dir, bool overwrite, json meta, mode
   json quant;
   for (auto& t : compress::quant_tensors(model, quant)) params.push_back(t);
   if (!quant.is_null()) weights_meta["quant"] = quant;
-  // Version 2 only where needed: plain models stay readable by builds before masks, INT8 and
-  // tables in an embedding store (which such builds would misread as missing tensors).
+  // Row-wise quantized tables: their codes, scales and biases instead of the fp32 values.
+  if (!quantized.empty()) {
+    json list = json::array();
+    for (const auto& [name, q] : quantized) {
+      params.erase(std::remove_if(params.begin(), params.end(),
+                                  [&](const model::NamedTensor& p) { return p.first == name; }),
+                   params.end());
+      for (auto& t : compress::quantized_table_tensors(name, *q)) params.push_back(t);
+      list.push_back(compress::quantized_table_meta(name, *q));
+    }
+    weights_meta["embedding_quant"] = list;
+  }
+  // Each version only where needed, so that a model stays readable by the oldest build that
+  // can serve it: version 1 plain, 2 with masks, INT8 layers or tables in an embedding store
+  // (which older builds would misread as missing tensors), 3 with quantized tables.
   const bool needs_v2 = weights_meta.contains("masks") || weights_meta.contains("quant") ||
                         meta.contains("embedding_store");
-  meta["version"] = needs_v2 ? kModelFormatVersion : kModelFormatOldest;
+  meta["version"] = !quantized.empty() ? kModelFormatVersion
+                    : needs_v2         ? kModelFormatMasks
+                                       : kModelFormatOldest;
   const std::string tmp = staging_dir_for(out_dir);
   fs::remove_all(tmp);
   make_dirs(tmp);
@@ -322,15 +342,28 @@ void Predictor::Impl::build(const io::ShardLayout& for_layout) {
   const std::vector<model::NamedTensor> quant =
       cuda ? std::vector<model::NamedTensor>{}
            : compress::prepare_quant(weights_meta, weights, mdl);
+  // Row-wise quantized tables are read from their codes, not as fp32 values.
+  std::vector<model::QuantizedTable> qrecords =
+      compress::read_quantized_tables(weights_meta, weights, mdl);
+  std::vector<std::string> qtables;
+  for (const auto& q : qrecords) qtables.push_back(q.name);
+  DLREC_CHECK(qtables.empty() || !staged, "'", weights, "': table '",
+              qtables.empty() ? "" : qtables[0],
+              "' is served from row-wise quantized codes, which an embedding store does not hold: "
+              "serve the model without one");
+  if (!qtables.empty()) load.allow_extra = true;  // the codes, read above
   std::vector<model::NamedTensor> targets;
   for (auto& t : mdl.parameters())
-    if (!staged || !staged->is_table(t.first)) targets.push_back(t);
+    if ((!staged || !staged->is_table(t.first)) &&
+        std::find(qtables.begin(), qtables.end(), t.first) == qtables.end())
+      targets.push_back(t);
   for (auto& t : mdl.masks()) targets.push_back(t);
   targets.insert(targets.end(), quant.begin(), quant.end());
   if (staged) load.allow_extra = true;  // a model exported without tiers holds the tables too
   io::load_tensors(weights, targets, load);
   compress::apply_loaded_masks(weights, mdl);
   compress::apply_loaded_quant(quant, weights, mdl);
+  mdl.set_quantized_tables(std::move(qrecords));
   if (cuda)
     mdl.set_compressed(compress::read_compressed_weights(weights_meta, weights, mdl), policy);
   if (staged && !gpu_cache) staged->bind(mdl);  // all or nothing: the old one stays on failure
@@ -435,7 +468,10 @@ std::string Predictor::memory_plan() {
   for (const auto& [name, t] : impl_->model->parameters()) in_model += t.nbytes();
   std::string out;
   if (!impl_->staged) {
-    out += "all in memory: parameters " + mib(in_model) + " (no embedding store)\n";
+    int64_t codes = 0;  // tables served from row-wise quantized codes
+    for (const auto& [name, q] : impl_->model->quantized_tables()) codes += q->bytes();
+    out += "all in memory: parameters " + mib(in_model) +
+           (codes ? " + row-wise quantized tables " + mib(codes) : "") + " (no embedding store)\n";
     return out;
   }
   detail::StagedTables& st = *impl_->staged;

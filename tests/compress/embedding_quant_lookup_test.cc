@@ -42,7 +42,7 @@ TEST(EmbeddingQuantLookup, PoolsBitForBitLikeTheDequantizedTable) {
         const compress::RowQuantTable q = compress::quantize_rows(t, bits, fp16);
         nn::EmbeddingBag dense(rows, dim, pooling), coded(rows, dim, pooling);
         float* w = dense.weight().value.data<float>();
-        for (int64_t r = 0; r < rows; ++r) compress::dequantize_row(q, r, w + r * dim);
+        for (int64_t r = 0; r < rows; ++r) nn::row_quant_dequantize(q, r, w + r * dim);
         coded.set_quantized(q, "test table");
         EXPECT_EQ(coded.weight().value.numel(), 0);  // the fp32 values are released
         ASSERT_NE(coded.quantized(), nullptr);

@@ -37,7 +37,7 @@ TEST(EmbeddingQuant, RoundTripErrorIsWithinHalfAStep) {
       std::vector<float> row(dim);
       const float* v = t.data<float>();
       for (int64_t r = 0; r < rows; ++r) {
-        compress::dequantize_row(q, r, row.data());
+        nn::row_quant_dequantize(q, r, row.data());
         float mn = v[r * dim], mx = v[r * dim];
         for (int64_t k = 0; k < dim; ++k) {
           mn = std::min(mn, v[r * dim + k]);
@@ -54,7 +54,7 @@ TEST(EmbeddingQuant, RoundTripErrorIsWithinHalfAStep) {
               << "bits " << bits << " fp16 " << fp16 << " row " << r << " col " << k;
       }
       // The constant row comes back exactly (fp32) or to the bias's fp16 rounding.
-      compress::dequantize_row(q, 3, row.data());
+      nn::row_quant_dequantize(q, 3, row.data());
       for (float x : row) EXPECT_NEAR(x, 0.25f, fp16 ? 1e-4 : 0.0);
       EXPECT_LT(q.bytes(), rows * dim * 4);
     }

@@ -88,7 +88,7 @@ TEST(QatRun, SparseQatWithDistillationExportsTheInt8ModelItTrained) {
   // The export is INT8 (version 2) and serves what the QAT model computed.
   const std::string out = root() + "/qat_model";
   train::export_model(qat, out);
-  EXPECT_EQ(read_json_file(out + "/model.json").at("version"), train::kModelFormatVersion);
+  EXPECT_EQ(read_json_file(out + "/model.json").at("version"), train::kModelFormatMasks);
   const json wm = io::read_tensor_meta(out + "/weights.dlrec");
   ASSERT_TRUE(wm.contains("quant")) << wm.dump();
   EXPECT_EQ(wm.at("quant").at("weights").size(), 3u);

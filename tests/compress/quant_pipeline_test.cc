@@ -105,7 +105,7 @@ TEST(Int8Run, QuantizeReportExportAndPredict) {
   EXPECT_NE(text.find("int8 AUC"), std::string::npos) << text;
 
   const json model_json = read_json_file(int8 + "/model.json");
-  EXPECT_EQ(model_json.at("version"), train::kModelFormatVersion);
+  EXPECT_EQ(model_json.at("version"), train::kModelFormatMasks);
   EXPECT_EQ(model_json.at("config").at("compress").at("quantize").at("calibration"), "percentile");
   const json meta = io::read_tensor_meta(int8 + "/weights.dlrec");
   ASSERT_TRUE(meta.contains("quant")) << meta.dump();

@@ -1,6 +1,8 @@
 // The compressed records of an export (2:4 masks, INT8 weights and scales) read for a model
 // that serves them through model::Model::set_compressed (the CUDA engine; docs/COMPRESSION.md,
 // "Compressed layers on the GPU"). The CPU engine takes them through prunable_weights().
+// And the row-wise quantized tables' records (codes, scales, biases), written and read for
+// model::Model::set_quantized_tables (any engine).
 #pragma once
 
 #include <string>
@@ -18,5 +20,20 @@ namespace dlrec::compress {
 std::vector<model::CompressedWeight> read_compressed_weights(const json& meta,
                                                              const std::string& path,
                                                              model::Model& model);
+
+// A quantized table's tensors in weights.dlrec, beside no fp32 values: "<name>.codes" (U8
+// [rows, row_bytes]), "<name>.qscale" and "<name>.qbias" (F32, or F16 when q.fp16, [rows]).
+std::vector<model::NamedTensor> quantized_table_tensors(const std::string& name,
+                                                        const nn::RowQuantRows& q);
+// The entry of such a table in the meta's "embedding_quant" list.
+json quantized_table_meta(const std::string& name, const nn::RowQuantRows& q);
+// The tables the meta lists under "embedding_quant" (empty when none), read from `path` with
+// the shapes of the model's parameters of those names and checked (nn::check_row_quant). Errors
+// name the file and the table: a malformed entry, a name that is not a 2-d parameter of the
+// model, a tensor missing or of another shape, a bad record.
+std::vector<model::QuantizedTable> read_quantized_tables(const json& meta, const std::string& path,
+                                                         model::Model& model);
+// The parameter names the meta's "embedding_quant" lists (not in the file as fp32 values).
+std::vector<std::string> quantized_table_names(const json& meta, const std::string& path);
 
 }  // namespace dlrec::compress

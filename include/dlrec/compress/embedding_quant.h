@@ -36,8 +36,6 @@ struct EmbeddingQuantConfig {
 using RowQuantTable = nn::RowQuantRows;
 
 RowQuantTable quantize_rows(const Tensor& table, int bits, bool fp16);
-// Row `row` dequantized into out [dim].
-void dequantize_row(const RowQuantTable& t, int64_t row, float* out);
 
 // What quantizing one table did.
 struct TableQuantReport {
@@ -47,10 +45,12 @@ struct TableQuantReport {
   int64_t fp32_bytes = 0, quant_bytes = 0;
 };
 
-// Replaces the selected fixed tables' values by their row-wise quantized values (the served
-// model then computes exactly what the quantized tables give). Errors: an unknown table name
-// (listing the tables), a model without fixed tables.
-std::vector<TableQuantReport> quantize_embedding_tables(const EmbeddingQuantConfig& config,
-                                                        model::Model& model);
+// Replaces the selected fixed tables' values by their row-wise quantized values (the model
+// then computes exactly what the quantized tables give) and, with `records`, gives their codes
+// (for Model::set_quantized_tables and the export). Errors: an unknown table name (listing the
+// tables), a model without fixed tables.
+std::vector<TableQuantReport> quantize_embedding_tables(
+    const EmbeddingQuantConfig& config, model::Model& model,
+    std::vector<model::QuantizedTable>* records = nullptr);
 
 }  // namespace dlrec::compress

@@ -17,6 +17,7 @@
 #include "dlrec/io/shard.h"
 #include "dlrec/nn/kernel_choice.h"
 #include "dlrec/nn/loss.h"
+#include "dlrec/nn/row_quant.h"
 
 namespace dlrec::nn {
 struct SparseGrad;
@@ -171,6 +172,13 @@ struct CompressedWeight {
   float xscale = 0.f;
 };
 
+// A table served from row-wise INT8 / 4-bit codes (docs/COMPRESSION.md, nn/row_quant.h): the
+// table parameter's name ("emb.3.weight") and its codes, scales and biases.
+struct QuantizedTable {
+  std::string name;
+  nn::RowQuantRows rows;
+};
+
 struct PrunableWeight {
   std::string layer;  // the graph layer's name
   std::string name;   // the parameter's name ("top.0.weight")
@@ -253,6 +261,16 @@ class Model {
   virtual void set_compressed(const std::vector<CompressedWeight>& weights,
                               nn::kernel_choice::Policy policy);
   virtual void set_kernel_policy(nn::kernel_choice::Policy policy);
+  // Serving row-wise quantized tables (an export's records, docs/COMPRESSION.md). A layer that
+  // reads codes keeps them and releases the table's fp32 values (the CPU embedding layer); any
+  // other table (the default, the CUDA engine) gets the codes' values dequantized into its
+  // parameter, the same values bit for bit in fp32 memory. Errors name the table: a name that
+  // is not a 2-d F32 parameter of the model, a record of another shape, a bad record.
+  virtual void set_quantized_tables(std::vector<QuantizedTable> tables);
+  // The tables served from codes, by parameter name (the records stay the model's).
+  virtual std::vector<std::pair<std::string, const nn::RowQuantRows*>> quantized_tables() {
+    return {};
+  }
   // One line per compressed layer (its candidates) and per layer and batch size chosen so far
   // (the candidates' times and the choice); empty without compressed layers.
   virtual std::vector<std::string> kernel_report() { return {}; }

@@ -1,7 +1,7 @@
 // Row-wise INT8 / 4-bit embedding rows (docs/COMPRESSION.md, "Row-wise INT8 / 4-bit embedding
 // tables"): per row a scale and a bias, codes one byte a value (8 bits) or two values a byte,
 // low nibble first (4 bits). The one place that turns a code back into a value, shared by the
-// quantizer's round trip (compress::dequantize_row) and the CPU lookup (nn::EmbeddingBag), so
+// quantizer's round trip (row_quant_dequantize) and the CPU lookup (nn::EmbeddingBag), so
 // that a lookup of the codes gives bit for bit the values of the fp32-dequantized table.
 #pragma once
 
@@ -33,6 +33,14 @@ inline float row_quant_value(int q, float scale, float bias) {
   const float m = static_cast<float>(q) * scale;
   return m + bias;
 }
+
+// Row `row` of t dequantized into out [t.dim] (row_quant_value of each code).
+void row_quant_dequantize(const RowQuantRows& t, int64_t row, float* out);
+
+// fp16 storage of the scales and biases of a record with fp16 = true: the bits of x, which must
+// be an fp16 value (finite; an error otherwise, naming `what`), and the value of fp16 bits.
+uint16_t fp16_bits_exact(float x, const std::string& what);
+float fp16_value(uint16_t bits);
 
 // Checks a record's sizes and values, each a clear error naming `what`: bits 8 or 4, the code
 // count rows * row_bytes(), rows scales and biases, every scale finite and >= 0, every bias

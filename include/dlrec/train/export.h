@@ -23,10 +23,12 @@ class GpuCache;  // dlrec/store/gpu_cache.h
 
 namespace dlrec::train {
 
-// model.json's "version": 2 when weights.dlrec holds 2:4 masks or INT8 records
-// (docs/COMPRESSION.md), 1 otherwise (what builds before them read). A reader accepts
-// kModelFormatOldest .. kModelFormatVersion and refuses newer files with a version error.
-constexpr int kModelFormatVersion = 2;
+// model.json's "version": 3 when weights.dlrec holds row-wise quantized tables, 2 when it holds
+// 2:4 masks or INT8 records (docs/COMPRESSION.md) or the tables are in an embedding store, 1
+// otherwise (what builds before them read). A reader accepts kModelFormatOldest ..
+// kModelFormatVersion and refuses newer files with a version error.
+constexpr int kModelFormatVersion = 3;  // row-wise quantized tables
+constexpr int kModelFormatMasks = 2;    // masks, INT8 layers, tables in an embedding store
 constexpr int kModelFormatOldest = 1;
 
 // Whether export writes model.onnx too (dlrec export --onnx, --onnx-external-data): no; yes,

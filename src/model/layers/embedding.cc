@@ -122,6 +122,7 @@ class EmbeddingNode final : public cpu_graph::Node {
         t.handed_out = &handed_out_[k];
       } else {
         t.p = &fixed_[k]->weight();
+        t.bag = fixed_[k].get();
         t.opt = setup_[k].opt;
       }
       tables.push_back(std::move(t));

@@ -14,6 +14,7 @@
 #include "dlrec/dist/planner.h"
 #include "dlrec/embedding/hashed_embedding.h"
 #include "dlrec/io/batch.h"
+#include "dlrec/nn/embedding_bag.h"
 #include "dlrec/nn/optimizer.h"
 #include "model/layers/layer.h"
 
@@ -30,6 +31,7 @@ struct DenseRef {
 struct TableRef {
   std::string name;  // "<layer>.<feature>"
   nn::Param* p = nullptr;
+  nn::EmbeddingBag* bag = nullptr;  // a fixed table of the embedding layer (reads codes too)
   embedding::HashedEmbedding* h = nullptr;
   bool* handed_out = nullptr;
   const nn::Optimizer* opt = nullptr;  // fixed tables (hashed ones keep theirs)
