@@ -33,7 +33,7 @@ struct TrainBenchOptions {
   int ranks_per_node = 0;           // --ranks-per-node (dist/topology.h)
   std::string all_to_all = "auto";  // --all-to-all
   int64_t max_rows = -1;
-  bool tf32 = false, reader_only = false;
+  bool tf32 = false, reader_only = false, deterministic = false;
   std::string precision = "fp32";
   std::string cardinalities = "kaggle";  // the synthetic layout's tables
   uint64_t seed = 1;
@@ -153,7 +153,9 @@ int run_train_bench(const TrainBenchOptions& o) {
     device = Device::cuda(dist::mpi_local_rank());
   }
   Timer build;
-  auto m = model::build_model(cfg.model, cfg.optimizer, layout, device, o.seed, precision);
+  const bool deterministic = o.deterministic || cfg.train.deterministic;
+  auto m = model::build_model(cfg.model, cfg.optimizer, layout, device, o.seed, precision,
+                              deterministic);
   if (o.gpus > 0) {
     nccl = dist::make_nccl_communicator(*host, device.index, dist::CommOptions{o.comm_timeout});
     reducer = std::make_unique<DeviceReducer>(*host, *nccl);
@@ -228,6 +230,7 @@ int run_train_bench(const TrainBenchOptions& o) {
                 shards.empty() ? "memory" : "shards", static_cast<long long>(B), o.steps,
                 1e3 * s / o.steps, samples / s, loss, precision.c_str());
     if (device.is_cuda()) std::printf(" peak_mem=%.2fGB", peak_gb);
+    if (deterministic) std::printf(" deterministic=1");
     if (o.gpus > 0) std::printf(" gpus=%d rows_per_gpu=%lld", ranks, static_cast<long long>(B));
     std::printf("\n");
   }
@@ -262,6 +265,9 @@ Runner add_bench(CLI::App& app) {
   t->add_option("--precision", o->precision, "CUDA arithmetic: fp32, tf32, bf16 or fp16")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
   t->add_flag("--tf32", o->tf32, "Same as --precision tf32");
+  t->add_flag("--deterministic", o->deterministic,
+              "GEMM algorithms chosen without timing them: the same bits run to run "
+              "(train.deterministic; bf16/fp16)");
   t->add_flag("--reader-only", o->reader_only,
               "Time the shard reader alone (needs --data; --steps/10 passes, at least one)");
   t->add_option("--optimizer", o->optimizer, "Override the config's optimizer")

@@ -254,6 +254,7 @@ TrainConfig TrainConfig::from_json(ConfigReader& r) {
   }
   c.precision = r.get_choice("precision", c.precision, {"fp32", "tf32", "bf16", "fp16"});
   c.loss = r.get_choice("loss", c.loss, {"bce", "mse"});
+  c.deterministic = r.get<bool>("deterministic", c.deterministic);
   r.finish();
   return c;
 }
@@ -270,6 +271,7 @@ json TrainConfig::to_json() const {
             {"device", device},
             {"precision", precision}};
   if (loss != "bce") j["loss"] = loss;  // absent: bce (run.json of older builds unchanged)
+  if (deterministic) j["deterministic"] = true;  // absent: false (older builds read it)
   return j;
 }
 

@@ -87,7 +87,7 @@ double Model::train_step_part(const io::Batch&, int64_t, double, bool) {
 // the CUDA graph engine); every arch but "graph" is a preset (presets.cc) expanded to one.
 std::unique_ptr<Model> build_model(const ModelConfig& model, const OptimizerConfig& opt,
                                    const io::ShardLayout& layout, Device device, uint64_t seed,
-                                   const std::string& precision) {
+                                   const std::string& precision, bool deterministic) {
   DLREC_CHECK(precision == "fp32" || device.is_cuda(), "precision '", precision,
               "' needs a CUDA device; the CPU computes in fp32");
   const std::vector<std::string>& presets = preset_archs();
@@ -106,8 +106,13 @@ std::unique_ptr<Model> build_model(const ModelConfig& model, const OptimizerConf
     graph.layers = preset_graph_layers(model, layout);
   }
 #ifdef DLREC_WITH_CUDA
-  if (device.is_cuda()) return make_graph_cuda(graph, opt, layout, device, seed, precision);
+  if (device.is_cuda()) {
+    GraphCudaOptions o;
+    o.lt_tune = !deterministic;
+    return make_graph_cuda(graph, opt, layout, device, seed, precision, o);
+  }
 #endif
+  (void)deterministic;  // the CPU engine is deterministic
   return build_graph_model(graph, opt, layout, device, seed);
 }
 

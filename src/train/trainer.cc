@@ -355,7 +355,7 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
   DLREC_CHECK(m.data.train_rows > 0, "dataset '", m.opt.data_dir, "' has no training rows");
   m.model = model::build_model(m.cfg.model, m.cfg.optimizer, m.data.layout,
                                Device::parse(m.cfg.train.device), m.cfg.train.seed,
-                               m.cfg.train.precision);
+                               m.cfg.train.precision, m.cfg.train.deterministic);
   // Validated before anything is written (CUDA models refuse masks here).
   const compress::CompressConfig compress_cfg = compress::CompressConfig::from_json(m.cfg.compress);
   if (compress_cfg.sparsity.on && m.model->device().is_cuda())

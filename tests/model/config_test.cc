@@ -29,6 +29,8 @@ TEST(RunConfig, EmptyGivesDefaults) {
   EXPECT_EQ(c.train.batch_size, 128);
   EXPECT_EQ(c.train.device, "cpu");
   EXPECT_EQ(c.train.seed, 1234u);
+  EXPECT_FALSE(c.train.deterministic);
+  EXPECT_FALSE(c.to_json().at("train").contains("deterministic"));  // older builds read it
 }
 
 TEST(RunConfig, SectionsParseAndRoundTrip) {
@@ -36,8 +38,10 @@ TEST(RunConfig, SectionsParseAndRoundTrip) {
     "model": {"embedding_dim": 8, "bottom_mlp": [32, 8], "top_mlp": [16, 4, 1],
               "interaction": "cat", "pooling": "mean"},
     "optimizer": {"type": "adagrad", "lr": 0.05, "embedding_lr": 0.1, "adagrad_init": 0.01},
-    "train": {"batch_size": 256, "epochs": 3, "max_steps": 10, "seed": 7, "device": "cuda:1"}
+    "train": {"batch_size": 256, "epochs": 3, "max_steps": 10, "seed": 7, "device": "cuda:1",
+              "deterministic": true}
   })"));
+  EXPECT_TRUE(c.train.deterministic);
   EXPECT_EQ(c.model.embedding_dim, 8);
   EXPECT_EQ(c.model.top_mlp, (std::vector<int64_t>{16, 4, 1}));
   EXPECT_EQ(c.model.interaction, "cat");
@@ -111,6 +115,8 @@ TEST(RunConfig, RangesAndChoicesAreChecked) {
       {R"({"train": {"max_steps": 0}})", "train.max_steps"},
       {R"({"train": {"seed": -3}})", "train.seed"},
       {R"({"train": {"device": "tpu"}})", "train.device"},
+      {R"({"train": {"deterministic": "yes"}})", "train.deterministic"},
+      {R"({"train": {"deterministic": 1}})", "train.deterministic"},
       {R"({"model": []})", "model"},
   };
   for (const auto& c : cases) {

@@ -474,6 +474,27 @@ TEST(GraphCuda, Bf16CrossFusedKernelMatchesTwoStepPath) {
 }
 #endif
 
+// train.deterministic (build_model's `deterministic`): two bf16 models of the same seed trained
+// on the same batches end with the same bits (cuBLASLt's algorithms chosen without timing; with
+// timing, two runs may take different algorithms that round differently). DCNv2 (cross, fused
+// kernels), Adagrad, multi-hot bags, the weight stream, graph replay: the default engine paths.
+TEST(GraphCuda, DeterministicBf16RunsAreBitIdentical) {
+  SKIP_WITHOUT_GPU();
+  Case c(kDcnStacked, kAdagrad);
+  auto a = build_model(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 23, "bf16", true);
+  auto b = build_model(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 23, "bf16", true);
+  double first = 0, last = 0;
+  for (int i = 0; i < steps_or(30); ++i) {
+    io::Batch x = batch_of(c, i % 3 ? 256 : 64, 4100 + i);
+    const double la = a->train_step(x, 1.0, true), lb = b->train_step(x, 1.0, true);
+    ASSERT_EQ(la, lb) << "step " << i;
+    if (i == 0) first = la;
+    last = la;
+  }
+  EXPECT_NE(first, last) << "the model must train for the comparison to mean anything";
+  EXPECT_EQ(param_diff(*a, *b, nullptr), 0.0);
+}
+
 #endif
 
 // bf16 activations and GEMMs with f32 master weights follow the f32 CPU within bf16 rounding.

@@ -114,6 +114,10 @@ struct TrainConfig {
   // "bce" (click labels; predictions are sigmoid(output)) | "mse" (a regression target; the
   // output is the prediction). Evaluation follows it: AUC/logloss or RMSE/MAE.
   std::string loss = "bce";
+  // CUDA bf16/fp16: every cuBLASLt GEMM takes its heuristic's first algorithm instead of the
+  // fastest of its candidates timed on first use, so that runs of the same seed and data give
+  // the same bits (timing picks differently from run to run; docs/CONFIG.md).
+  bool deterministic = false;
   static TrainConfig from_json(ConfigReader& r);
   json to_json() const;
 };
@@ -281,9 +285,11 @@ class Model {
 
 // Builds a model for data of the given layout; parameters initialised from `seed`.
 // `precision` ("fp32", "tf32", "bf16") selects the arithmetic of CUDA models
-// (train.precision); CPU models compute in fp32 and accept only "fp32".
+// (train.precision); CPU models compute in fp32 and accept only "fp32". `deterministic`
+// (train.deterministic): CUDA models choose their GEMM algorithms without timing them.
 std::unique_ptr<Model> build_model(const ModelConfig& model, const OptimizerConfig& opt,
                                    const io::ShardLayout& layout, Device device, uint64_t seed,
-                                   const std::string& precision = "fp32");
+                                   const std::string& precision = "fp32",
+                                   bool deterministic = false);
 
 }  // namespace dlrec::model
