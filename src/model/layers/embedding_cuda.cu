@@ -162,13 +162,7 @@ void EmbeddingNode::replicated_grads(Engine& e, const S* grad, int64_t ld) {
   // enqueued there so far), beside the gradient all-to-all instead of queued after it on the
   // embedding's; every rank enqueues the same collectives on each communicator in the same
   // (host) order. rp_done_ is recorded there; replicated_apply joins it.
-  DataParallel& d = e.dp;
-  DLREC_CUDA_CHECK(cudaEventRecord(d.to_dcomm, e.st));
-  DLREC_CUDA_CHECK(cudaStreamWaitEvent(d.dcst, d.to_dcomm, 0));
-  if (e.mark_on) e.mark_on("> replicas all-reduce", d.dcst);
-  f(*d.dcomm);
-  if (e.mark_on) e.mark_on("< replicas all-reduce", d.dcst);
-  DLREC_CUDA_CHECK(cudaEventRecord(rp_done_, d.dcst));
+  e.dcomm_fork("replicas all-reduce", rp_done_, f);
 }
 
 void EmbeddingNode::forward_table_wise(Engine& e) {

@@ -212,40 +212,32 @@ namespace {
 __device__ inline void store_rounded(float x, __nv_bfloat16* y) { *y = __float2bfloat16_rn(x); }
 __device__ inline void store_rounded(float x, __half* y) { *y = __float2half_rn(x); }
 
-// gather_grads with an f32 source and a 16-bit destination: one value per thread (the reads of a
-// warp are 128 contiguous bytes of one row's table columns, the writes 64).
-template <class To>
+// gather_grads with an f32 source and a 16-bit destination, V values per thread: V = 1 (the
+// reads of a warp are 128 contiguous bytes of one row's table columns), or V = 8 (two 16-byte
+// reads, one 16-byte write, an eighth of the index arithmetic) where every field, the row and
+// both pointers allow it. The same values and rounding either way.
+template <int V, class To>
 __global__ void tw_gather_rounded(TwLayout l, int64_t B, const float* __restrict__ from,
                                   To* __restrict__ to, int64_t ld) {
   const int p = blockIdx.y;
-  const int64_t w = l.width[p], n = B * w;
+  const int64_t vd = l.width[p] / V, n = B * vd;
   const int64_t first = l.first[p], count = l.count[p], index = l.index[p], col = l.col[p];
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n;
        j += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t b = j / w, c = j - b * w;
-    store_rounded(from[b * ld + col + c], to + B * first + b * count + index + c);
-  }
-}
-
-// The same, 8 values per thread (two 16-byte reads, one 16-byte write) where every field, the
-// row and both pointers allow it: same values, same rounding, an eighth of the index arithmetic.
-template <class To>
-__global__ void tw_gather_rounded8(TwLayout l, int64_t B, const float* __restrict__ from,
-                                   To* __restrict__ to, int64_t ld) {
-  const int p = blockIdx.y;
-  const int64_t vd = l.width[p] / 8, n = B * vd;
-  const int64_t first = l.first[p], count = l.count[p], index = l.index[p], col = l.col[p];
-  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n;
-       j += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t b = j / vd, c = (j - b * vd) * 8;
-    const float4* src = reinterpret_cast<const float4*>(from + b * ld + col + c);
-    const float4 u = src[0], v = src[1];
-    const float x[8] = {u.x, u.y, u.z, u.w, v.x, v.y, v.z, v.w};
-    alignas(16) To y[8];
+    const int64_t b = j / vd, c = (j - b * vd) * V;
+    const float* src = from + b * ld + col + c;
+    To* dst = to + B * first + b * count + index + c;
+    if constexpr (V == 1) {
+      store_rounded(*src, dst);
+    } else {
+      const float4 u = reinterpret_cast<const float4*>(src)[0];
+      const float4 v = reinterpret_cast<const float4*>(src)[1];
+      const float x[8] = {u.x, u.y, u.z, u.w, v.x, v.y, v.z, v.w};
+      alignas(16) To y[8];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) store_rounded(x[k], y + k);
-    *reinterpret_cast<int4*>(to + B * first + b * count + index + c) =
-        *reinterpret_cast<const int4*>(y);
+      for (int k = 0; k < 8; ++k) store_rounded(x[k], y + k);
+      *reinterpret_cast<int4*>(dst) = *reinterpret_cast<const int4*>(y);
+    }
   }
 }
 
@@ -265,9 +257,9 @@ void gather_grads_rounded(const TwLayout& l, int64_t B, const float* grad, int64
       static_cast<unsigned>(std::min<int64_t>((B * (l.max_width / per) + 255) / 256, 4096)),
       static_cast<unsigned>(l.positions));
   if (vec)
-    tw_gather_rounded8<To><<<grid, 256, 0, stream>>>(l, B, grad, send, ld);
+    tw_gather_rounded<8, To><<<grid, 256, 0, stream>>>(l, B, grad, send, ld);
   else
-    tw_gather_rounded<To><<<grid, 256, 0, stream>>>(l, B, grad, send, ld);
+    tw_gather_rounded<1, To><<<grid, 256, 0, stream>>>(l, B, grad, send, ld);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 template void gather_grads_rounded<__nv_bfloat16>(const TwLayout&, int64_t, const float*, int64_t,

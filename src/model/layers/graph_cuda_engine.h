@@ -406,6 +406,17 @@ struct Engine {
     DLREC_CUDA_CHECK(cudaEventRecord(done, dp.cst));
   }
   void comm_join(cudaEvent_t done) { DLREC_CUDA_CHECK(cudaStreamWaitEvent(st, done, 0)); }
+  // comm_fork on the dense layers' communicator and its stream (dp.dcomm, dp.dcst), after
+  // everything enqueued there so far; `done` (unless null) recorded after f there.
+  template <class F>
+  void dcomm_fork(const char* what, cudaEvent_t done, F&& f) {
+    DLREC_CUDA_CHECK(cudaEventRecord(dp.to_dcomm, st));
+    DLREC_CUDA_CHECK(cudaStreamWaitEvent(dp.dcst, dp.to_dcomm, 0));
+    if (mark_on) mark_on(std::string("> ") + what, dp.dcst);
+    f(*dp.dcomm);
+    if (mark_on) mark_on(std::string("< ") + what, dp.dcst);
+    if (done) DLREC_CUDA_CHECK(cudaEventRecord(done, dp.dcst));
+  }
   // Data-parallel: the layer's gradients summed over the ranks (one bucket per layer: its
   // weight and bias gradients), before its update. With the dense communicator (dp.dcomm) the
   // all-reduce and then the update run on its stream (the update's kernels read nothing the
@@ -423,15 +434,11 @@ struct Engine {
       if (!dp.dcomm) {
         on_comm("dense all-reduce", f);
       } else {
-        DLREC_CUDA_CHECK(cudaEventRecord(dp.to_dcomm, st));
-        DLREC_CUDA_CHECK(cudaStreamWaitEvent(dp.dcst, dp.to_dcomm, 0));
-        if (mark_on) mark_on("> dense all-reduce", dp.dcst);
-        f(*dp.dcomm);
-        if (mark_on) mark_on("< dense all-reduce", dp.dcst);
-        if (!on_dcomm) {  // (fp16: refused for data-parallel runs before a step; kept exact)
-          DLREC_CUDA_CHECK(cudaEventRecord(dp.from_dcomm, dp.dcst));
-          DLREC_CUDA_CHECK(cudaStreamWaitEvent(st, dp.from_dcomm, 0));
-        }
+        // Off it (fp16: refused for data-parallel runs before a step; kept exact), st waits.
+        cudaEvent_t done = nullptr;
+        if (!on_dcomm) done = dp.from_dcomm;
+        dcomm_fork("dense all-reduce", done, f);
+        if (done) comm_join(done);
       }
     }
     if (on_dcomm) std::swap(st, dp.dcst);  // the update's kernels after the all-reduce
