@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -54,6 +56,37 @@ inline void generate_rows(int t, int64_t r0, int64_t n, int64_t D, float* out) {
       for (int64_t k = 0; k < D; ++k) out[r * D + k] = gen_value(t, r0 + r, k);
   });
 }
+
+// The complete tier with every row held in host memory (--tier held): filled from the
+// generator at start (the same values), a lookup copies the rows. What a host holding the
+// tables does; needs rows x dim x 4 bytes of RAM per table.
+class HeldTier final : public store::Tier {
+ public:
+  explicit HeldTier(std::vector<store::TableInfo> t) : tables_(std::move(t)) {
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      const store::TableInfo& ti = tables_[i];
+      rows_.emplace_back(new float[static_cast<size_t>(ti.rows * ti.dim)]);  // not zeroed
+      generate_rows(static_cast<int>(i), 0, ti.rows, ti.dim, rows_.back().get());
+      bytes_ += ti.rows * ti.dim * 4;
+    }
+  }
+  std::string name() const override { return "held"; }
+  bool complete() const override { return true; }
+  int64_t memory_bound() const override { return bytes_; }
+  void lookup(int table, const int64_t* ids, int64_t n, float* out, uint8_t* found) override {
+    const int64_t dim = tables_[table].dim;
+    const float* base = rows_[static_cast<size_t>(table)].get();
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(out + i * dim, base + ids[i] * dim, sizeof(float) * dim);
+      found[i] = 1;
+    }
+  }
+
+ private:
+  std::vector<store::TableInfo> tables_;
+  std::vector<std::unique_ptr<float[]>> rows_;
+  int64_t bytes_ = 0;
+};
 
 // Writes the generated rows of `tables` into a RocksDB store at `path` (serve_gpu_cache
 // --rocksdb: the persistent tier measured under the GPU cache). Holds every table in host
@@ -183,6 +216,9 @@ struct BenchArgs {
   // does not exist) instead of the generated tier; --host-gb: a host tier of that size in front;
   // --rocksdb-reads pread|mmap and --rocksdb-cache-gb: the tier's `reads` and block cache.
   std::string rocksdb, rocksdb_reads = "pread";
+  // serve_gpu_cache without --rocksdb: the complete tier generates the rows on demand
+  // ("generated") or holds them all in host memory ("held": HeldTier).
+  std::string tier = "generated";
 };
 // Reads argv into `a`; false (after a message naming `prog`) on an unknown option or a
 // missing value.
@@ -230,6 +266,8 @@ inline bool parse_bench_args(int argc, char** argv, const char* prog, BenchArgs&
       a.phases = std::stoi(v);
     else if (k == "--cache-threads")
       a.cache_threads = std::stoi(v);
+    else if (k == "--tier")
+      a.tier = v;
     else {
       std::fprintf(stderr, "%s: unknown option %s\n", prog, k.c_str());
       return false;
@@ -239,12 +277,14 @@ inline bool parse_bench_args(int argc, char** argv, const char* prog, BenchArgs&
       a.baseline_rows < 0 || !(a.fraction > 0 && a.fraction <= 1) || !(a.host_gb >= 0) ||
       !(a.rocksdb_cache_gb >= 0) || (a.rocksdb_reads != "pread" && a.rocksdb_reads != "mmap") ||
       (a.host_gb > 0 && a.rocksdb.empty()) || (a.phases != 0 && a.phases != 1) ||
-      a.cache_threads < 0 || a.cache_threads > 1024) {
+      a.cache_threads < 0 || a.cache_threads > 1024 ||
+      (a.tier != "generated" && a.tier != "held") || (a.tier == "held" && !a.rocksdb.empty())) {
     std::fprintf(stderr,
                  "%s: --tables, --rows, --dim and --iters must be >= 1, --warmup-batches and "
                  "--baseline-rows >= 0, --fraction in (0, 1], --host-gb and --rocksdb-cache-gb >= "
                  "0 (--host-gb with --rocksdb only), --rocksdb-reads pread or mmap, --phases 0 "
-                 "or 1, --cache-threads in [0, 1024]\n",
+                 "or 1, --cache-threads in [0, 1024], --tier generated or held (not with "
+                 "--rocksdb)\n",
                  prog);
     return false;
   }

@@ -128,9 +128,9 @@ int run(const Args& a) {
 int main(int argc, char** argv) {
   Args a;
   if (!parse_bench_args(argc, argv, "gpu_cache_host", a)) return 2;
-  if (!a.rocksdb.empty() || a.phases != 0) {
-    std::fprintf(stderr, "gpu_cache_host: --rocksdb and --phases are serve_gpu_cache's (this "
-                         "bench times the generated tier only)\n");
+  if (!a.rocksdb.empty() || a.phases != 0 || a.tier != "generated") {
+    std::fprintf(stderr, "gpu_cache_host: --rocksdb, --phases and --tier are serve_gpu_cache's "
+                         "(this bench times the generated tier only)\n");
     return 2;
   }
   try {

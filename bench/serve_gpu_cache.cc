@@ -2,7 +2,8 @@
 // "tables twice the GPU" setup, at the size given): a DLRM whose T tables of R rows x D are
 // served through the GPU cache (a fraction of the rows, LFU/LRU, sync/async inserts) over a
 // complete tier that generates each row from (table, id) in host memory, so no table is
-// written to disk or held twice; the all-in-GPU model holds the same rows (filled from the
+// written to disk or held twice (--tier held: every row held in host memory instead, filled from
+// the generator at start); the all-in-GPU model holds the same rows (filled from the
 // same generator) and the same dense weights. Power-law ids (P(rank k) ~ k^-alpha). Prints,
 // per alpha and batch size: the cache's hit rates over the timed batches (per distinct id of a
 // batch and per id looked up), where the cache's host time goes (bench/gpu_cache_bench.h),
@@ -157,7 +158,13 @@ int run(const Args& a) {
   int64_t free_b = 0, total_b = 0;
   store::cuda_memory_info(0, &free_b, &total_b);
   std::vector<std::unique_ptr<store::Tier>> tiers;
-  if (a.rocksdb.empty()) {
+  if (a.rocksdb.empty() && a.tier == "held") {
+    const auto t0 = std::chrono::steady_clock::now();
+    tiers.push_back(std::make_unique<HeldTier>(tables));
+    std::printf("setup: tier held: %.2f GB of rows in host memory, filled in %.1f s\n",
+                tiers.back()->memory_bound() / 1e9,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  } else if (a.rocksdb.empty()) {
     tiers.push_back(std::make_unique<GeneratedTier>(tables));
   } else {
     if (!std::filesystem::exists(a.rocksdb)) {
