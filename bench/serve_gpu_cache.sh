@@ -13,7 +13,8 @@
 #   model; set it lower for tables larger than the GPU (the comparison is then with that smaller
 #   variant, on its own ids, and predictions are not compared). PHASES (0): 1 prints, per line,
 #   the phases of the slowest 1 % of batches beside the median one's (GpuCache::keep_phases;
-#   the record costs ~10-20 us of a batch of 2048).
+#   the record costs ~10-20 us of a batch of 2048). TIER (generated): "held" holds every row in
+#   host memory instead (TABLES x ROWS x DIM x 4 bytes of RAM), as a host holding the tables.
 set -euo pipefail
 OUT=${OUT:-out}
 BIN=${BIN:-.gpu/bin}
@@ -22,4 +23,4 @@ mkdir -p "$OUT"
   --fraction "${FRACTION:-0.1}" --eviction "${EVICTION:-lfu}" --threshold "${THRESHOLD:-0.9}" \
   --iters "${ITERS:-300}" --warmup-batches "${WARMUP:-2000}" --alpha "${ALPHAS:-1.05,1.2}" \
   --batch "${BATCHES:-1,2048,32768}" --baseline-rows "${BASELINE_ROWS:-0}" --phases "${PHASES:-0}" \
-  2>&1 | tee "$OUT/serve_gpu_cache.log"
+  --tier "${TIER:-generated}" 2>&1 | tee "$OUT/serve_gpu_cache.log"
