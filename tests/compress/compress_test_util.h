@@ -16,6 +16,7 @@
 #include "dlrec/core/file_util.h"
 #include "dlrec/etl/run.h"
 #include "dlrec/io/datagen.h"
+#include "dlrec/io/shard.h"
 #include "etl_test_util.h"
 
 namespace dlrec::testing {
@@ -42,6 +43,17 @@ inline std::string make_compress_data(const std::string& dir, int num_dense, int
   etl.shard_rows = 1000;
   generate_and_etl(gen, logs, data, etl);
   return data;
+}
+
+// The first `rows` rows of the validation split of the ETL output `data` (an error when it has
+// none).
+inline io::Batch first_valid_batch(const std::string& data, int64_t rows = 400) {
+  const io::DatasetInfo info = io::DatasetInfo::load(data);
+  DLREC_CHECK(!info.valid_shards.empty(), "'", data, "' has no validation shard");
+  io::ShardLoader loader({data + "/" + info.valid_shards.at(0)}, rows);
+  io::Batch b;
+  DLREC_CHECK(loader.next(b), "'", data, "': the validation shard holds no rows");
+  return b;
 }
 
 // The dlrec binary beside this test program (a bundle copied elsewhere), else the build's.

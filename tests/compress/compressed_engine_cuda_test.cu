@@ -379,14 +379,6 @@ const World& world() {
   return w;
 }
 
-io::Batch valid_batch(const std::string& data, int64_t rows) {
-  const io::DatasetInfo info = io::DatasetInfo::load(data);
-  io::ShardLoader loader({data + "/" + info.valid_shards.at(0)}, rows);
-  io::Batch b;
-  EXPECT_TRUE(loader.next(b));
-  return b;
-}
-
 }  // namespace
 
 TEST(CompressedEngineCuda, CompressedExportMatchesTheCpuInt8Engine) {
@@ -394,7 +386,7 @@ TEST(CompressedEngineCuda, CompressedExportMatchesTheCpuInt8Engine) {
   if (!file_exists(dlrec_bin())) GTEST_SKIP() << "the dlrec binary is not built";
   const World& w = world();
   ASSERT_FALSE(w.model.empty());
-  const io::Batch b = valid_batch(w.data, 400);
+  const io::Batch b = dlrec::testing::first_valid_batch(w.data, 400);
   train::Predictor cpu(w.model);
   const std::vector<float> want = cpu.predict(b);
   // fp32 engine, every layer on its most compressed kernel: the int8 layers are the CPU's
@@ -417,7 +409,7 @@ TEST(CompressedEngineCuda, CompressedExportMatchesTheCpuInt8Engine) {
   std::printf("%s", report.c_str());
   // bf16 engine under the timed choice: the 16-bit activations add bf16 rounding.
   train::Predictor fast(w.model, Device::cuda(0), "bf16");
-  const std::vector<float> f = fast.predict(valid_batch(w.data, 400));
+  const std::vector<float> f = fast.predict(dlrec::testing::first_valid_batch(w.data, 400));
   double fd = 0;
   for (size_t i = 0; i < f.size(); ++i) fd = std::max(fd, std::fabs(double(f[i]) - want[i]));
   EXPECT_LT(fd, 3e-2);
@@ -429,7 +421,7 @@ TEST(CompressedEngineCuda, CompressedExportMatchesTheCpuInt8Engine) {
   // chains (top.0 -> top.1, cross v -> w) in the documented bf16 tolerance.
   train::Predictor comp(w.model, Device::cuda(0), "bf16");
   comp.set_kernel_policy("compressed");
-  const std::vector<float> cf = comp.predict(valid_batch(w.data, 400));
+  const std::vector<float> cf = comp.predict(dlrec::testing::first_valid_batch(w.data, 400));
   double cd = 0;
   for (size_t i = 0; i < cf.size(); ++i) cd = std::max(cd, std::fabs(double(cf[i]) - want[i]));
   EXPECT_LT(cd, 3e-2);
@@ -487,7 +479,7 @@ TEST(CompressedEngineCuda, ServingBreakdownListsEveryLayerWithItsKernel) {
   const std::string& model = chain_model();
   ASSERT_FALSE(model.empty());
   const std::string data = root() + "/chain/data";
-  const io::Batch b = valid_batch(data, 400);
+  const io::Batch b = dlrec::testing::first_valid_batch(data, 400);
   train::Predictor gpu(model, Device::cuda(0), "bf16");
   gpu.set_kernel_policy("compressed");
   gpu.predict(b);  // chooses the kernels (eager, unchained), captures the chained graph

@@ -76,14 +76,6 @@ void export_quantized(const TrainedRun& r, int bits, bool fp16, bool compact, co
   train::export_loaded_model(*m, r.cfg, data.layout, st.step, wf, out, true);
 }
 
-io::Batch valid_batch(const std::string& data) {
-  const io::DatasetInfo info = io::DatasetInfo::load(data);
-  io::ShardLoader loader({data + "/" + info.valid_shards.at(0)}, 400);
-  io::Batch b;
-  EXPECT_TRUE(loader.next(b));
-  return b;
-}
-
 bool have_gpu() { return cuda::built_with_cuda() && cuda::device_count() > 0; }
 
 }  // namespace
@@ -91,7 +83,7 @@ bool have_gpu() { return cuda::built_with_cuda() && cuda::device_count() > 0; }
 TEST(EmbeddingQuantExport, ServesTheCodesBitForBitLikeTheDequantizedTables) {
   for (const std::string arch : {"dlrm", "dcnv2"}) {
     const TrainedRun r = trained(arch);
-    const io::Batch b = valid_batch(r.data);
+    const io::Batch b = dlrec::testing::first_valid_batch(r.data);
     for (int bits : {8, 4})
       for (bool fp16 : {false, true}) {
         SCOPED_TRACE(arch + " int" + std::to_string(bits) + (fp16 ? " fp16" : " fp32"));
@@ -128,7 +120,7 @@ TEST(EmbeddingQuantExport, CudaEngineServesItLikeTheDequantizedTables) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: the CUDA engine's serving not run";
   for (const std::string arch : {"dlrm", "dcnv2"}) {
     const TrainedRun r = trained(arch);
-    const io::Batch b = valid_batch(r.data);
+    const io::Batch b = dlrec::testing::first_valid_batch(r.data);
     for (int bits : {8, 4}) {
       SCOPED_TRACE(arch + " int" + std::to_string(bits));
       const std::string ref = root() + "/gref", q = root() + "/gq";

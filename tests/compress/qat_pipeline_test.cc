@@ -93,10 +93,7 @@ TEST(QatRun, SparseQatWithDistillationExportsTheInt8ModelItTrained) {
   ASSERT_TRUE(wm.contains("quant")) << wm.dump();
   EXPECT_EQ(wm.at("quant").at("weights").size(), 3u);
   train::Predictor p(out);
-  const io::DatasetInfo info = io::DatasetInfo::load(data);
-  io::ShardLoader loader({data + "/" + info.valid_shards.at(0)}, 400);
-  io::Batch b;
-  ASSERT_TRUE(loader.next(b));
+  const io::Batch b = dlrec::testing::first_valid_batch(data);
   const std::vector<float> served = p.predict(b);
   ASSERT_LE(served.size(), qat_probs.size());
   double max_diff = 0;

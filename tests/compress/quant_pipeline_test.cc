@@ -72,14 +72,6 @@ const World& world() {
 using dlrec::testing::dlrec_bin;
 using dlrec::testing::run_cli;
 
-io::Batch valid_batch(const std::string& data) {
-  const io::DatasetInfo info = io::DatasetInfo::load(data);
-  io::ShardLoader loader({data + "/" + info.valid_shards.at(0)}, 400);
-  io::Batch b;
-  EXPECT_TRUE(loader.next(b));
-  return b;
-}
-
 #define SKIP_WITHOUT_CLI()       \
   if (!file_exists(dlrec_bin())) \
   GTEST_SKIP() << "the dlrec binary is not built (" << dlrec_bin() << ")"
@@ -127,7 +119,7 @@ TEST(Int8Run, QuantizeReportExportAndPredict) {
   EXPECT_LT(std::fabs(dauc), 0.02) << report.dump();
 
   // The INT8 export serves: close to the fp32 export, not equal to it.
-  const io::Batch b = valid_batch(w.data);
+  const io::Batch b = dlrec::testing::first_valid_batch(w.data);
   train::Predictor p32(fp32), p8(int8);
   const std::vector<float> a = p32.predict(b), q = p8.predict(b);
   ASSERT_EQ(a.size(), q.size());
@@ -292,7 +284,7 @@ TEST(Int8Run, EmbeddingTablesRowWise) {
   const json meta = io::read_tensor_meta(dir + "/m4/weights.dlrec");
   EXPECT_FALSE(meta.contains("quant"));
   train::Predictor p(dir + "/m4");
-  const std::vector<float> probs = p.predict(valid_batch(w.data));
+  const std::vector<float> probs = p.predict(dlrec::testing::first_valid_batch(w.data));
   for (float v : probs) EXPECT_TRUE(v > 0.f && v < 1.f);
 
   EXPECT_NE(run_cli("compress --run " + w.run + " --out " + dir +
