@@ -157,7 +157,8 @@ std::vector<QuantEntry> quant_entries(const json& meta, const std::string& path)
     q.table = e.at("table").get<std::string>();
     q.bits = e.at("bits").get<int>();
     const std::string sb = e.at("scale_bias").get<std::string>();
-    if (q.bits != 8 && q.bits != 4) fail(where, ": table '", q.table, "': bits ", q.bits, " (8 or 4)");
+    if (q.bits != 8 && q.bits != 4)
+      fail(where, ": table '", q.table, "': bits ", q.bits, " (8 or 4)");
     if (sb != "fp32" && sb != "fp16")
       fail(where, ": table '", q.table, "': scale_bias '", sb, "' (fp32 or fp16)");
     q.fp16 = sb == "fp16";

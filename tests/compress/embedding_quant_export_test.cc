@@ -61,7 +61,8 @@ TrainedRun trained(const std::string& arch) {
 // The run's model with its tables quantized; with `compact` the tables are served from their
 // codes (Model::set_quantized_tables), else they hold the dequantized fp32 values. Exported
 // into `out`.
-void export_quantized(const TrainedRun& r, int bits, bool fp16, bool compact, const std::string& out) {
+void export_quantized(const TrainedRun& r, int bits, bool fp16, bool compact,
+                      const std::string& out) {
   const io::DatasetInfo data = io::DatasetInfo::load(r.data);
   auto m = model::build_model(r.cfg.model, r.cfg.optimizer, data.layout, Device::cpu(), 0);
   const train::CheckpointState st = train::load_checkpoint(r.run + "/checkpoint.dlrec", *m);
