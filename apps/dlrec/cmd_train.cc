@@ -17,7 +17,7 @@ namespace dlrec::cli {
 namespace {
 struct TrainArgs {
   std::string config, data, run;
-  bool resume = false;
+  bool resume = false, deterministic = false;
   int64_t batch_size = 0, max_steps = -2;
   int epochs = 0;
   std::string device, precision;
@@ -36,6 +36,7 @@ model::RunConfig apply(const TrainArgs& a) {
   if (a.max_steps != -2) o["max_steps"] = a.max_steps;
   if (!a.device.empty()) o["device"] = a.device;
   if (!a.precision.empty()) o["precision"] = a.precision;
+  if (a.deterministic) o["deterministic"] = true;
   cfg.override_train(o);  // validated as the file's keys are
   return cfg;
 }
@@ -79,6 +80,9 @@ Runner add_train(CLI::App& app) {
   c->add_option("--device", a->device, "Override train.device (cpu, cuda:N)");
   c->add_option("--precision", a->precision, "Override train.precision (CUDA: fp32, tf32, bf16, fp16)")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
+  c->add_flag("--deterministic", a->deterministic,
+              "Set train.deterministic: GEMM algorithms chosen without timing them, the same bits "
+              "run to run (CUDA bf16/fp16)");
   c->add_option("--rank", a->rank,
                 "Train on this data-parallel rank's rows only (its shards in <data>/ranks.json, "
                 "from `dlrec etl --ranks N`); needs --ranks");

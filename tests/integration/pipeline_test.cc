@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "cli_test_util.h"
+#include "dlrec/core/config.h"
 #include "dlrec/core/file_util.h"
 #include "dlrec/etl/run.h"
 #include "dlrec/io/datagen.h"
@@ -254,6 +255,20 @@ TEST(Cli, BadInputsGiveClearErrors) {
             0)
       << out;
   EXPECT_NE(out.find("source=shards batch=128"), std::string::npos) << out;
+  // --deterministic sets train.deterministic (kept in run.json; the CPU is deterministic anyway).
+  ASSERT_EQ(run_cli("train --config " + dir + "/ok.json --data " + d.data + " --run " + dir +
+                        "/r4 --max-steps 2 --deterministic",
+                    &out),
+            0)
+      << out;
+  EXPECT_EQ(read_json_file(dir + "/r4/run.json").at("config").at("train").at("deterministic"),
+            true);
+  ASSERT_EQ(run_cli("bench train --config " + dir + "/ok.json --data " + d.data +
+                        " --batch 64 --steps 2 --warmup 1 --deterministic",
+                    &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("deterministic=1"), std::string::npos) << out;
   EXPECT_EQ(run_cli("bench train --config " + dir + "/ok.json --data " + d.data + " --batch 0",
                     &out),
             1);
