@@ -425,6 +425,11 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
       // On GPUs each rank holds the tables it owns only; its evaluation forward is a collective
       // (as on the CPU) and a checkpoint streams the tables to rank 0 (gather_sharded_tables).
       (m.model->device().is_cuda() ? m.device_sharded : m.sharded) = true;
+    } else if (m.model->device().is_cuda() && m.leader()) {
+      std::fprintf(stderr,
+                   "[dist] every embedding table is replicated on each GPU (no \"sharding\" "
+                   "section); \"sharding\": {} lets the planner place them (faster for large "
+                   "tables: docs/DISTRIBUTED.md)\n");
     }
   }
   if (!m.opt.run_dir.empty()) {
