@@ -131,12 +131,13 @@ void write_model_dir(const std::string& out_dir, bool overwrite, json meta, mode
   // Row-wise quantized tables: their codes, scales and biases instead of the fp32 values.
   if (!quantized.empty()) {
     json list = json::array();
-    for (const auto& [name, q] : quantized) {
+    for (const auto& table : quantized) {
+      const std::string& name = table.first;
       params.erase(std::remove_if(params.begin(), params.end(),
                                   [&](const model::NamedTensor& p) { return p.first == name; }),
                    params.end());
-      for (auto& t : compress::quantized_table_tensors(name, *q)) params.push_back(t);
-      list.push_back(compress::quantized_table_meta(name, *q));
+      for (auto& t : compress::quantized_table_tensors(name, *table.second)) params.push_back(t);
+      list.push_back(compress::quantized_table_meta(name, *table.second));
     }
     weights_meta["embedding_quant"] = list;
   }
