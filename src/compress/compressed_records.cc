@@ -171,12 +171,6 @@ std::vector<QuantEntry> quant_entries(const json& meta, const std::string& path)
 
 }  // namespace
 
-std::vector<std::string> quantized_table_names(const json& meta, const std::string& path) {
-  std::vector<std::string> out;
-  for (const QuantEntry& e : quant_entries(meta, path)) out.push_back(e.table);
-  return out;
-}
-
 std::vector<model::QuantizedTable> read_quantized_tables(const json& meta, const std::string& path,
                                                          model::Model& model) {
   const std::vector<QuantEntry> entries = quant_entries(meta, path);

@@ -4,6 +4,7 @@
 // bit for bit like an export of the dequantized fp32 tables, and bad records are clear errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -148,10 +149,12 @@ void edit_weights(const std::string& dir, const std::string& tensor, F&& edit,
   auto m = model::build_model(cfg.model, cfg.optimizer,
                               io::ShardLayout::from_json(mj.at("layout")), Device::cpu(), 0);
   std::vector<model::NamedTensor> all;
-  const auto names = compress::quantized_table_names(meta, wf);
+  const auto records = compress::read_quantized_tables(meta, wf, *m);
   for (auto& p : m->parameters())
-    if (std::find(names.begin(), names.end(), p.first) == names.end()) all.push_back(p);
-  for (auto& q : compress::read_quantized_tables(meta, wf, *m))
+    if (std::none_of(records.begin(), records.end(),
+                     [&](const model::QuantizedTable& q) { return q.name == p.first; }))
+      all.push_back(p);
+  for (auto& q : records)
     for (auto& t : compress::quantized_table_tensors(q.name, q.rows)) all.push_back(t);
   io::TensorLoadOptions o;
   o.allow_extra = true;

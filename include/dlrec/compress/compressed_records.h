@@ -33,7 +33,5 @@ json quantized_table_meta(const std::string& name, const nn::RowQuantRows& q);
 // model, a tensor missing or of another shape, a bad record.
 std::vector<model::QuantizedTable> read_quantized_tables(const json& meta, const std::string& path,
                                                          model::Model& model);
-// The parameter names the meta's "embedding_quant" lists (not in the file as fp32 values).
-std::vector<std::string> quantized_table_names(const json& meta, const std::string& path);
 
 }  // namespace dlrec::compress
