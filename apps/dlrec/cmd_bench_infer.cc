@@ -14,6 +14,8 @@
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/io/synthetic_batch.h"
 #include "dlrec/model/model.h"
+#include "dlrec/nn/rng.h"
+#include "dlrec/nn/row_quant.h"
 #include "dlrec/train/export.h"
 #ifdef DLREC_WITH_CUDA
 #include "dlrec/model/graph_cuda.h"
@@ -33,7 +35,43 @@ struct InferBenchOptions {
   int iters = 200, warmup = 20, distinct = 4;
   bool breakdown = false;  // CUDA: where one chunk of predict() spends its time
   uint64_t seed = 1;
+  std::string cardinalities = "kaggle";  // the built-in model's tables: kaggle or criteo_1tb
+  std::string embedding_quant = "none";  // the built-in model's tables as row-wise codes
 };
+
+// Row-wise codes of every table of `layout` (dim `dim`, `bits` 8 or 4, fp32 scale and bias):
+// random codes whose values span the tables' initial range, [-a, a] with a = sqrt(1 / rows),
+// as random as the fp32 tables the built-in model has (the speed does not depend on them).
+std::vector<model::QuantizedTable> random_quantized_tables(const io::ShardLayout& layout,
+                                                           int64_t dim, int bits,
+                                                           uint64_t seed) {
+  std::vector<model::QuantizedTable> out;
+  for (size_t t = 0; t < layout.cardinalities.size(); ++t) {
+    nn::RowQuantRows q;
+    q.rows = layout.cardinalities[t];
+    q.dim = dim;
+    q.bits = bits;
+    const int64_t rb = q.row_bytes();
+    q.codes.resize(static_cast<size_t>(q.rows * rb));
+    q.scale.resize(static_cast<size_t>(q.rows));
+    q.bias.resize(static_cast<size_t>(q.rows));
+    const float a = static_cast<float>(std::sqrt(1.0 / static_cast<double>(q.rows)));
+    const float scale = 2.f * a / static_cast<float>((1 << bits) - 1);
+    const uint64_t s = nn::derive_seed(seed, t);
+    parallel_for(0, q.rows, 4096, [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        uint8_t* c = q.codes.data() + r * rb;
+        for (int64_t k = 0; k < rb; ++k)
+          c[k] = static_cast<uint8_t>(nn::uniform_at(s, static_cast<uint64_t>(r * rb + k)) * 256);
+        if (bits == 4 && dim % 2) c[rb - 1] &= 15;  // an odd width's unused nibble
+        q.scale[static_cast<size_t>(r)] = scale;
+        q.bias[static_cast<size_t>(r)] = -a;
+      }
+    });
+    out.push_back({"emb." + std::to_string(t) + ".weight", std::move(q)});
+  }
+  return out;
+}
 
 double quantile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
@@ -49,6 +87,9 @@ int run_infer_bench(const InferBenchOptions& o) {
   std::unique_ptr<train::Predictor> predictor;
   std::unique_ptr<model::Model> m;
   Timer build;
+  DLREC_CHECK(o.model_dir.empty() || (o.cardinalities == "kaggle" && o.embedding_quant == "none"),
+              "--cardinalities and --embedding-quant are for the built-in model: an export "
+              "(--model) has its own tables (dlrec compress gives it row-wise quantized ones)");
   if (!o.model_dir.empty()) {
     predictor = std::make_unique<train::Predictor>(o.model_dir, device, o.precision);
     predictor->set_kernel_policy(o.kernels);
@@ -62,11 +103,16 @@ int run_infer_bench(const InferBenchOptions& o) {
                                                   kMlperfDlrm, "the built-in MLPerf DLRM config"))
                                             : model::RunConfig::load(o.config);
     layout.num_dense = 13;
-    for (int64_t c : io::criteo_kaggle_cardinalities()) {
+    for (int64_t c : o.cardinalities == "criteo_1tb" ? io::criteo_1tb_cardinalities()
+                                                     : io::criteo_kaggle_cardinalities()) {
       layout.cardinalities.push_back(c);
       layout.multi_hot.push_back(false);
     }
     m = model::build_model(cfg.model, cfg.optimizer, layout, device, o.seed, o.precision);
+    // Before anything reads the tables: a CUDA model then never allocates them in fp32.
+    if (o.embedding_quant != "none")
+      m->set_quantized_tables(random_quantized_tables(
+          layout, cfg.model.embedding_dim, o.embedding_quant == "int8" ? 8 : 4, o.seed));
 #ifdef DLREC_WITH_CUDA
     if (auto* cm = dynamic_cast<model::CudaModel*>(m.get())) {
       score = [cm](const io::Batch& b) {
@@ -86,6 +132,9 @@ int run_infer_bench(const InferBenchOptions& o) {
   }
   std::fprintf(stderr, "[bench infer] model ready on %s in %.1fs\n", device.str().c_str(),
                build.seconds());
+  if (device.is_cuda())  // the tables (fp32 or codes) and the dense weights, before any batch
+    std::printf("bench infer: device memory after load %.2f GiB\n",
+                static_cast<double>(cuda::pool_bytes_in_use(device.index)) / (1 << 30));
   std::stringstream ss(o.batches_arg);
   std::string item;
   while (std::getline(ss, item, ',')) {
@@ -144,6 +193,14 @@ Runner add_bench_infer(CLI::App* bench) {
   c->add_option("--warmup", o->warmup, "Untimed calls first")->check(CLI::Range(0, 1000000));
   c->add_option("--batches", o->distinct, "Distinct batches, rotated")->check(CLI::Range(1, 1024));
   c->add_option("--seed", o->seed, "Seed of weights and inputs");
+  c->add_option("--cardinalities", o->cardinalities,
+                "The built-in model's tables: kaggle (Criteo Kaggle, 33.8M rows, default) or "
+                "criteo_1tb (the MLPerf DLRM's Criteo-1TB tables, 187.8M rows)")
+      ->check(CLI::IsMember({"kaggle", "criteo_1tb"}));
+  c->add_option("--embedding-quant", o->embedding_quant,
+                "The built-in model's tables served from row-wise codes (random, fp32 scale and "
+                "bias per row): none (fp32 tables, default), int8 or int4")
+      ->check(CLI::IsMember({"none", "int8", "int4"}));
   c->add_flag("--breakdown", o->breakdown,
               "CUDA: after each batch size, where one chunk of predict() spends its time (host "
               "packing, input copy, each layer's and dense layer's device time run eagerly, the "

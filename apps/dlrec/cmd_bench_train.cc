@@ -39,12 +39,6 @@ struct TrainBenchOptions {
   uint64_t seed = 1;
 };
 
-// The MLPerf DLRM v1 tables on Criteo 1TB with max_ind_range 40M (issue 18; 187.8M rows).
-const std::vector<int64_t> kCriteo1TB = {
-    39884406, 39043,    17289,    7420,     20263,  3,     7120, 1543, 63,
-    38532951, 2953546,  403346,   10,       2208,   11938, 155,  4,    976,
-    14,       39979771, 25641295, 39664984, 585935, 12972, 108,  36};
-
 // --gpus: the exchanges of a model that trains data-parallel on its GPUs (the CUDA engine
 // sums inside its step through `gpu`; host-side reductions are never asked of it).
 class DeviceReducer final : public model::GradientReducer {
@@ -119,7 +113,7 @@ int run_train_bench(const TrainBenchOptions& o) {
     for (const auto& s : info.train_shards) shards.push_back(o.data + "/" + s);
   } else {
     layout.num_dense = 13;
-    const std::vector<int64_t>& cards = o.cardinalities == "criteo_1tb" ? kCriteo1TB
+    const std::vector<int64_t>& cards = o.cardinalities == "criteo_1tb" ? io::criteo_1tb_cardinalities()
                                         : o.cardinalities == "mlperf_dcnv2"
                                             ? io::mlperf_dcnv2_cardinalities()
                                             : io::criteo_kaggle_cardinalities();

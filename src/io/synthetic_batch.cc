@@ -28,6 +28,14 @@ const std::vector<int64_t>& criteo_kaggle_cardinalities() {
   return c;
 }
 
+const std::vector<int64_t>& criteo_1tb_cardinalities() {
+  static const std::vector<int64_t> c = {
+      39884406, 39043,    17289,    7420,     20263,  3,     7120, 1543, 63,
+      38532951, 2953546,  403346,   10,       2208,   11938, 155,  4,    976,
+      14,       39979771, 25641295, 39664984, 585935, 12972, 108,  36};
+  return c;
+}
+
 const std::vector<int64_t>& mlperf_dcnv2_cardinalities() {
   static const std::vector<int64_t> c = {
       40000000, 39060,    17295,    7424,     20265,  3,     7122, 1543, 63,

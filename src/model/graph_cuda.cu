@@ -346,6 +346,8 @@ void GraphCuda::ensure_capacity(int64_t B, int64_t nnz) {
 }
 
 void GraphCuda::upload(const io::Batch& b, float lr, float emb_lr, bool training) {
+  DLREC_CHECK(!(training && quantized_tables_), "graph model: layer '", emb_->layer_name(),
+              "' serves tables from row-wise quantized codes, which cannot train");
   materialize_tables();
   const int64_t B = b.rows;
   int64_t nnz = 0;

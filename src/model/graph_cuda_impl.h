@@ -58,6 +58,10 @@ class GraphCuda final : public CudaModel {
   void set_compressed(const std::vector<CompressedWeight>& weights,
                       nn::kernel_choice::Policy policy) override;
   void set_kernel_policy(nn::kernel_choice::Policy policy) override;
+  // Row-wise quantized tables (graph_cuda_shard.cu): the embedding layer's fixed tables are
+  // served from their codes on the device (never allocated in fp32); other tables (wide) take
+  // the codes' values (Model's default). A model serving codes refuses to train.
+  void set_quantized_tables(std::vector<QuantizedTable> tables) override;
   std::vector<std::string> kernel_report() override;
   // Where one chunk of predict() spends its time (graph_cuda_breakdown.cu).
   std::vector<std::string> serving_breakdown(const io::Batch& batch, int reps) override;
@@ -179,6 +183,7 @@ class GraphCuda final : public CudaModel {
   // The embedding layer's tables are allocated and initialised on first use (all of them) or
   // by shard_tables (those this GPU owns): a sharded run never allocates the others.
   bool tables_ready_ = false;
+  bool quantized_tables_ = false;  // the embedding layer serves some tables from their codes
   void materialize_tables(const std::vector<TableKeep>* keep = nullptr);
   // The host copy of tables_[k] (its state with `state`) that a gather made, or null.
   const Tensor* host_table(size_t k, bool state) const;

@@ -318,6 +318,9 @@ void GraphCuda::plan_fused() {
     p.inter = e_.vals[dot_i].y.raw();
     p.tables = emb.tables->weights;
     p.row_base = emb.tables->row_base;
+    p.codes = emb.tables->codes;
+    p.qsb = emb.tables->qsb;
+    p.qbits = emb.tables->qbits;
     int i = 0;
     for (const ServingParts* mlp : {&bottom, &top})
       for (size_t k = 0; k < mlp->lins.size(); ++k) {
@@ -462,6 +465,9 @@ std::string GraphCuda::plan_program() {
         o.kind = sp.kind == K::Wide ? fp::OpKind::Wide : fp::OpKind::Gather;
         o.tables = sp.tables->weights;
         o.row_base = sp.tables->row_base;
+        o.codes = sp.tables->codes;
+        o.qsb = sp.tables->qsb;
+        o.qbits = sp.tables->qbits;
         o.T = sp.tables->num_tables;
         o.d = sp.tables->dim;
         o.b = sp.bias;

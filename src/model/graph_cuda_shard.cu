@@ -3,7 +3,8 @@
 // exchange itself is the embedding layer's (src/model/layers/embedding_cuda.cu); here: the plan,
 // the owned tables' and pieces' allocation (a GPU never allocates a table it does not own) and the
 // streaming of the tables to host copies for checkpoints; the per-step count exchange of a
-// data-parallel step or a sharded evaluation.
+// data-parallel step or a sharded evaluation. Also the tables' allocation on one GPU and the
+// row-wise quantized tables a compact export serves from their codes.
 #include <algorithm>
 #include <limits>
 #include <sstream>
@@ -281,6 +282,47 @@ void GraphCuda::release_sharded_tables() {
     }
     host_tables_[t] = {};
   }
+}
+
+void GraphCuda::set_quantized_tables(std::vector<QuantizedTable> tables) {
+  if (tables.empty()) return;
+  DeviceGuard g(dev_index_);
+  std::vector<QuantizedTable> rest;
+  const std::string prefix = emb_ ? emb_->layer_name() + "." : std::string();
+  for (QuantizedTable& q : tables) {
+    const std::string what = "quantized table '" + q.name + "'";
+    int64_t t = -1;
+    if (emb_ && q.name.size() > prefix.size() + 7 && q.name.compare(0, prefix.size(), prefix) == 0 &&
+        q.name.compare(q.name.size() - 7, 7, ".weight") == 0) {
+      const std::string mid = q.name.substr(prefix.size(), q.name.size() - prefix.size() - 7);
+      if (!mid.empty() && mid.size() < 10 &&
+          std::all_of(mid.begin(), mid.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        t = std::stoll(mid);
+    }
+    if (t < 0 || t >= T_) {
+      rest.push_back(std::move(q));
+      continue;
+    }
+    nn::check_row_quant(q.rows, what);
+    const int64_t dim = e_.vals[emb_idx_].fields.at(0);
+    DLREC_CHECK(q.rows.rows == layout_.cardinalities[static_cast<size_t>(t)] && q.rows.dim == dim,
+                what, ": the record is [", q.rows.rows, ", ", q.rows.dim,
+                "], the model's table is [", layout_.cardinalities[static_cast<size_t>(t)], ", ",
+                dim, "]");
+    if (!emb_->set_quantized(e_, t, q.rows)) {
+      rest.push_back(std::move(q));
+      continue;
+    }
+    quantized_tables_ = true;
+  }
+  if (tables_ready_) {  // the handed-out list drops the released fp32 tables
+    std::vector<NamedState> dense, tabs;
+    for (auto& n : nodes_) n->collect(e_, dense, tabs);
+    tables_ = std::move(tabs);
+  }
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
+  drop_graphs();  // captured with the old table pointers
+  Model::set_quantized_tables(std::move(rest));
 }
 
 void GraphCuda::materialize_tables(const std::vector<TableKeep>* keep) {

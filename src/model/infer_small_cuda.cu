@@ -12,9 +12,12 @@
 #include "core/cuda_check.h"
 #include "dlrec/core/error.h"
 #include "nn/half_cuda.cuh"
+#include "nn/row_quant_cuda.cuh"
 
 namespace dlrec::model::fused_infer {
 namespace {
+
+namespace ce = nn::cuda_emb;
 
 using bf16 = __nv_bfloat16;
 using f16 = __half;
@@ -243,10 +246,12 @@ __global__ void __launch_bounds__(kThreads, 2) fused_forward(const __grid_consta
         const int r = it / T, t = it - r * T;
         const uint32_t key = p.keys[static_cast<int64_t>(t) * p.ld_keys + r];
         const int64_t row = static_cast<int64_t>(key - __ldg(p.row_base + t));
-        const float4* src = reinterpret_cast<const float4*>(p.tables[t] + row * d);
+        const uint8_t* qc = p.codes ? p.codes[t] : nullptr;
+        const float4* src = reinterpret_cast<const float4*>(qc ? nullptr : p.tables[t] + row * d);
         H* dst = emb + (static_cast<int64_t>(r) * T + t) * d;
         for (int v = lane; v < d / 4; v += 32) {
-          const float4 f = __ldg(src + v);
+          const float4 f =
+              qc ? ce::rq_load4(qc, p.qsb[t], p.qbits[t], d, row, 4 * v) : __ldg(src + v);
           dst[4 * v] = from_f<H>(f.x);
           dst[4 * v + 1] = from_f<H>(f.y);
           dst[4 * v + 2] = from_f<H>(f.z);
@@ -490,8 +495,14 @@ __device__ void gather_op(const Op& L, const Program& p, int gw, int nw, int lan
     const int r = it / L.T, t = it - r * L.T;
     const uint32_t key = p.keys[static_cast<int64_t>(t) * p.ld_keys + r];
     const int64_t row = static_cast<int64_t>(key - __ldg(L.row_base + t));
-    const float* src = L.tables[t] + row * L.d;
+    const uint8_t* qc = L.codes ? L.codes[t] : nullptr;
     H* dst = static_cast<H*>(L.y) + static_cast<int64_t>(r) * L.y_ld + t * L.d;
+    if (qc) {
+      for (int c = lane; c < L.d; c += 32)
+        dst[c] = from_f<H>(ce::rq_load1(qc, L.qsb[t], L.qbits[t], L.d, row, c));
+      continue;
+    }
+    const float* src = L.tables[t] + row * L.d;
     for (int c = lane; c < L.d; c += 32) dst[c] = from_f<H>(__ldg(src + c));
   }
 }

@@ -72,6 +72,11 @@ struct Params {
   void* inter = nullptr;          // device 16-bit [rows, inter_ld]
   float* const* tables = nullptr; // device [T] table pointers (f32 [rows_t, d])
   const uint32_t* row_base = nullptr;  // device [T] first global row of each table
+  // Row-wise quantized tables (nn/embedding_cuda.h, Tables::codes): null, or device [T] with
+  // table t read from its codes where codes[t] is non-null.
+  const uint8_t* const* codes = nullptr;
+  const float2* const* qsb = nullptr;
+  const int32_t* qbits = nullptr;
   unsigned* barrier = nullptr;    // device counter of the grid barriers, one per launcher
   unsigned bar_base = 0;          // its value when the launch starts (set by launch())
   Layer layer[kMaxLayers];
@@ -140,6 +145,9 @@ struct Op {
   // num_dense (16-bit, rows y_ld apart).
   float* const* tables = nullptr;  // device [T]
   const uint32_t* row_base = nullptr;
+  const uint8_t* const* codes = nullptr;  // Gather: quantized tables, as in Params
+  const float2* const* qsb = nullptr;
+  const int32_t* qbits = nullptr;
   int T = 0, d = 0;
 };
 

@@ -17,6 +17,7 @@
 
 #include "core/cuda_check.h"
 #include "nn/half_cuda.cuh"
+#include "nn/row_quant_cuda.cuh"
 
 namespace dlrec::nn::cuda_emb {
 namespace {
@@ -69,10 +70,11 @@ __device__ __forceinline__ void store1(__nv_bfloat16* o, float v) { *o = __float
 
 // Forward: kFwdBags consecutive bags per warp, their rows loaded together (with one bag per warp,
 // DCNv2's one id per bag left one row load in flight); V = 4: float4 lanes (dim % 4 == 0), V = 1:
-// scalar lanes. Each bag is summed in order and scaled once.
+// scalar lanes. Each bag is summed in order and scaled once. Q: some tables are row-wise
+// quantized (Tables::codes), their rows dequantized on load.
 constexpr int kFwdBags = 4;
 
-template <int V, class O>
+template <int V, class O, bool Q>
 __global__ void __launch_bounds__(256, 3)
     forward_kernel2(Tables tab, const int32_t* __restrict__ offsets,
                     const uint32_t* __restrict__ keys, int64_t B, bool mean, O* __restrict__ out,
@@ -107,10 +109,22 @@ __global__ void __launch_bounds__(256, 3)
     }
     return t;
   };
-  auto row = [&](int u, int32_t p) {
+  // Elements 4v .. 4v + 3 (V = 4) or k (V = 1) of id p of bag u.
+  auto load4 = [&](int u, int32_t p, int v) {
     int64_t b;
     const int t = table_of(u, b);
-    return tab.weights[t] + int64_t(keys[beg[u] + p] - tab.row_base[t]) * d;
+    const int64_t r = int64_t(keys[beg[u] + p] - tab.row_base[t]);
+    if constexpr (Q)
+      if (tab.codes[t]) return rq_load4(tab.codes[t], tab.qsb[t], tab.qbits[t], d, r, 4 * v);
+    return reinterpret_cast<const float4*>(tab.weights[t] + r * d)[v];
+  };
+  auto load1 = [&](int u, int32_t p, int k) {
+    int64_t b;
+    const int t = table_of(u, b);
+    const int64_t r = int64_t(keys[beg[u] + p] - tab.row_base[t]);
+    if constexpr (Q)
+      if (tab.codes[t]) return rq_load1(tab.codes[t], tab.qsb[t], tab.qbits[t], d, r, k);
+    return tab.weights[t][r * d + k];
   };
   auto dest = [&](int u, float& scale) {
     int64_t b;
@@ -128,7 +142,7 @@ __global__ void __launch_bounds__(256, 3)
         float4 x[kFwdBags];
 #pragma unroll
         for (int u = 0; u < kFwdBags; ++u)
-          if (p < len[u]) x[u] = reinterpret_cast<const float4*>(row(u, p))[v];
+          if (p < len[u]) x[u] = load4(u, p, v);
 #pragma unroll
         for (int u = 0; u < kFwdBags; ++u)
           if (p < len[u]) {
@@ -159,7 +173,7 @@ __global__ void __launch_bounds__(256, 3)
         float x[kFwdBags];
 #pragma unroll
         for (int u = 0; u < kFwdBags; ++u)
-          if (p < len[u]) x[u] = row(u, p)[k];
+          if (p < len[u]) x[u] = load1(u, p, k);
 #pragma unroll
         for (int u = 0; u < kFwdBags; ++u)
           if (p < len[u]) acc[u] = p == 0 ? x[u] : acc[u] + x[u];
@@ -574,12 +588,16 @@ void forward(const Tables& tab, const int32_t* offsets, const uint32_t* keys, in
               " pooled columns");
   const int threads = 256;
   const int64_t blocks = ((bags + kFwdBags - 1) / kFwdBags * 32 + threads - 1) / threads;
-  if (vec4_ok(out, tab.dim, ld))
-    forward_kernel2<4, O><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-        tab, offsets, keys, B, mean, out, ld);
+  const unsigned g = static_cast<unsigned>(blocks);
+  const bool v4 = vec4_ok(out, tab.dim, ld);
+  if (tab.codes && v4)
+    forward_kernel2<4, O, true><<<g, threads, 0, stream>>>(tab, offsets, keys, B, mean, out, ld);
+  else if (tab.codes)
+    forward_kernel2<1, O, true><<<g, threads, 0, stream>>>(tab, offsets, keys, B, mean, out, ld);
+  else if (v4)
+    forward_kernel2<4, O, false><<<g, threads, 0, stream>>>(tab, offsets, keys, B, mean, out, ld);
   else
-    forward_kernel2<1, O><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-        tab, offsets, keys, B, mean, out, ld);
+    forward_kernel2<1, O, false><<<g, threads, 0, stream>>>(tab, offsets, keys, B, mean, out, ld);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 template void forward<float>(const Tables&, const int32_t*, const uint32_t*, int64_t, bool, float*,

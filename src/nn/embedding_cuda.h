@@ -31,6 +31,13 @@ struct Tables {
   // straight into, or updated straight from, the layer's columns). The caller keeps every
   // (col[t] + 1) * dim within the row stride ld.
   const int32_t* col = nullptr;
+  // Serving only: row-wise quantized tables (nn/row_quant_cuda.cuh), device arrays [T] or null.
+  // Table t with codes[t] non-null is read from its codes (qbits[t]: 8 or 4) and its rows'
+  // (scale, bias) qsb[t][row], and weights[t] is null; forward() pools them like fp32 rows of
+  // their values (bit for bit). The backward refuses them (GraphCuda: a served table).
+  const uint8_t* const* codes = nullptr;
+  const float2* const* qsb = nullptr;
+  const int32_t* qbits = nullptr;
 };
 
 // weight[i] = float(-a + 2 a uniform_at(seed, i)), a = sqrt(1 / rows): bit-identical to
@@ -38,7 +45,8 @@ struct Tables {
 void init_uniform(float* w, int64_t n, uint64_t seed, double a, cudaStream_t stream);
 void fill(float* p, int64_t n, float value, cudaStream_t stream);
 
-// out[b, t, :] = sum (or mean) of the rows of bag t * B + b; zeros for an empty bag. O is
+// out[b, t, :] = sum (or mean) of the rows of bag t * B + b (fp32 or quantized tables: the
+// codes' values); zeros for an empty bag. O is
 // float, __nv_bfloat16 or __half (sums in float, rounded once). Rows ld apart (0: T * dim,
 // else ld >= T * dim); the columns beyond T * dim of each row are not written.
 template <class O>

@@ -269,6 +269,7 @@ struct Predictor::Impl {
   std::unique_ptr<detail::StagedTables> staged;  // with an embedding store
   std::unique_ptr<store::GpuCache> gpu_cache;    // with a store on a GPU: its cache tier
   WeightsFileId weights_id;                      // of the weights.dlrec the model was loaded from
+  int64_t quantized_bytes = 0;  // the row-wise quantized tables' codes, scales and biases
   // How a CUDA model chooses its compressed layers' kernels (kept across rebuilds).
   nn::kernel_choice::Policy policy = nn::kernel_choice::Policy::Fastest;
   // Builds the model for `layout` and loads its weights (those of weights.dlrec; with a store,
@@ -353,23 +354,31 @@ void Predictor::Impl::build(const io::ShardLayout& for_layout) {
               "' is served from row-wise quantized codes, which an embedding store does not hold: "
               "serve the model without one");
   if (!qtables.empty()) load.allow_extra = true;  // the codes, read above
+  // Before parameters(): a CUDA model then never allocates those tables' fp32 rows.
+  std::map<std::string, int64_t> qbytes_of;
+  for (const auto& q : qrecords) qbytes_of[q.name] = q.rows.bytes();
+  mdl.set_quantized_tables(std::move(qrecords));
   std::vector<model::NamedTensor> targets;
-  for (auto& t : mdl.parameters())
+  for (auto& t : mdl.parameters()) {
+    if (t.second.nbytes() > 0) qbytes_of.erase(t.first);  // its values, not its codes
     if ((!staged || !staged->is_table(t.first)) &&
         std::find(qtables.begin(), qtables.end(), t.first) == qtables.end())
       targets.push_back(t);
+  }
+  int64_t qbytes = 0;  // the tables served from their codes
+  for (const auto& [name, b] : qbytes_of) qbytes += b;
   for (auto& t : mdl.masks()) targets.push_back(t);
   targets.insert(targets.end(), quant.begin(), quant.end());
   if (staged) load.allow_extra = true;  // a model exported without tiers holds the tables too
   io::load_tensors(weights, targets, load);
   compress::apply_loaded_masks(weights, mdl);
   compress::apply_loaded_quant(quant, weights, mdl);
-  mdl.set_quantized_tables(std::move(qrecords));
   if (cuda)
     mdl.set_compressed(compress::read_compressed_weights(weights_meta, weights, mdl), policy);
   if (staged && !gpu_cache) staged->bind(mdl);  // all or nothing: the old one stays on failure
   model = std::move(fresh);
   weights_id = id;
+  quantized_bytes = qbytes;
 }
 
 Predictor::Predictor(const std::string& dir, Device device, const std::string& precision,
@@ -469,8 +478,7 @@ std::string Predictor::memory_plan() {
   for (const auto& [name, t] : impl_->model->parameters()) in_model += t.nbytes();
   std::string out;
   if (!impl_->staged) {
-    int64_t codes = 0;  // tables served from row-wise quantized codes
-    for (const auto& [name, q] : impl_->model->quantized_tables()) codes += q->bytes();
+    const int64_t codes = impl_->quantized_bytes;  // tables served from row-wise codes
     out += "all in memory: parameters " + mib(in_model) +
            (codes ? " + row-wise quantized tables " + mib(codes) : "") + " (no embedding store)\n";
     return out;

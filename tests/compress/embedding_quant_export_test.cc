@@ -38,16 +38,18 @@ struct TrainedRun {
 };
 
 // A trained run of `arch` on synthetic data (3 categorical features, cardinalities 20, 100 and
-// the generator's default for the third).
-TrainedRun trained(const std::string& arch) {
+// the generator's default for the third), embedding width `dim`.
+TrainedRun trained(const std::string& arch, int dim = 5) {
   TrainedRun x;
-  const std::string dir = root() + "/" + arch;
+  const std::string dir = root() + "/" + arch + std::to_string(dim);
   fs::remove_all(dir);
   x.data = dlrec::testing::make_compress_data(dir, 4, 3000, 5);
   x.run = dir + "/run";
   const std::string extra = arch == "dcnv2" ? R"(, "cross_layers": 2)" : "";
   x.cfg = model::RunConfig::from_json(parse_json(R"({
-      "model": {"arch": ")" + arch + R"(", "embedding_dim": 5, "bottom_mlp": [8, 5],
+      "model": {"arch": ")" + arch + R"(", "embedding_dim": )" + std::to_string(dim) +
+                                                 R"(, "bottom_mlp": [8, )" + std::to_string(dim) +
+                                                 R"(],
                 "top_mlp": [8, 1])" + extra + R"(},
       "optimizer": {"type": "adagrad", "lr": 0.05},
       "train": {"batch_size": 128, "epochs": 1, "log_every": 0}})",
@@ -116,26 +118,65 @@ TEST(EmbeddingQuantExport, ServesTheCodesBitForBitLikeTheDequantizedTables) {
   }
 }
 
-// The CUDA engine serves the compact export with the codes' values in its tables: bit for bit
-// its predictions of the dequantized fp32 export.
-TEST(EmbeddingQuantExport, CudaEngineServesItLikeTheDequantizedTables) {
+// The CUDA engine serves the compact export from the codes on the device (its fp32 tables never
+// allocated): bit for bit its predictions of the dequantized fp32 export, through the bucketed
+// graphs (400 rows) and the fused small-batch kernels (5 rows, bf16: DLRM's kernel at width 8,
+// the program form's gather for DCNv2), at an odd width (scalar reads) and at 8 (vector reads).
+TEST(EmbeddingQuantExport, CudaEngineServesTheCodesLikeTheDequantizedTables) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: the CUDA engine's serving not run";
-  for (const std::string arch : {"dlrm", "dcnv2"}) {
-    const TrainedRun r = trained(arch);
-    const io::Batch b = dlrec::testing::first_valid_batch(r.data);
-    for (int bits : {8, 4}) {
-      SCOPED_TRACE(arch + " int" + std::to_string(bits));
-      const std::string ref = root() + "/gref", q = root() + "/gq";
-      export_quantized(r, bits, true, false, ref);
-      export_quantized(r, bits, true, true, q);
-      for (const std::string precision : {"fp32", "bf16"}) {
-        train::Predictor gr(ref, Device::cuda(), precision), gq(q, Device::cuda(), precision);
-        const std::vector<float> a = gr.predict(b), c = gq.predict(b);
-        ASSERT_EQ(a.size(), c.size());
-        EXPECT_EQ(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)), 0) << precision;
+  for (const std::string arch : {"dlrm", "dcnv2"})
+    for (int dim : {5, 8}) {
+      const TrainedRun r = trained(arch, dim);
+      const io::Batch big = dlrec::testing::first_valid_batch(r.data),
+                      small = dlrec::testing::first_valid_batch(r.data, 5);
+      for (int bits : {8, 4}) {
+        SCOPED_TRACE(arch + " dim " + std::to_string(dim) + " int" + std::to_string(bits));
+        const std::string ref = root() + "/gref", q = root() + "/gq";
+        export_quantized(r, bits, true, false, ref);
+        export_quantized(r, bits, true, true, q);
+        for (const std::string precision : {"fp32", "bf16"}) {
+          train::Predictor gr(ref, Device::cuda(), precision), gq(q, Device::cuda(), precision);
+          EXPECT_NE(gq.memory_plan().find("row-wise quantized tables"), std::string::npos)
+              << gq.memory_plan();
+          for (const io::Batch* b : {&big, &small}) {
+            const std::vector<float> a = gr.predict(*b), c = gq.predict(*b);
+            ASSERT_EQ(a.size(), c.size());
+            EXPECT_EQ(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)), 0)
+                << precision << ", " << b->rows << " rows";
+          }
+        }
       }
     }
-  }
+}
+
+// A CUDA model serving codes holds no fp32 copy of those tables (parameters() lists the others
+// only) and refuses to train, with the layer named.
+TEST(EmbeddingQuantExport, CudaModelServingCodesHasNoFp32TablesAndDoesNotTrain) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: the CUDA engine's tables not checked";
+  const TrainedRun r = trained("dlrm", 8);
+  const io::DatasetInfo data = io::DatasetInfo::load(r.data);
+  auto cpu = model::build_model(r.cfg.model, r.cfg.optimizer, data.layout, Device::cpu(), 0);
+  train::load_checkpoint(r.run + "/checkpoint.dlrec", *cpu);
+  compress::EmbeddingQuantConfig e;
+  e.on = true;
+  e.bits = 8;
+  std::vector<model::QuantizedTable> records;
+  compress::quantize_embedding_tables(e, *cpu, &records);
+  ASSERT_EQ(records.size(), 3u);
+  std::vector<std::string> names;
+  for (const auto& q : records) names.push_back(q.name);
+  auto gpu = model::build_model(r.cfg.model, r.cfg.optimizer, data.layout, Device::cuda(), 0);
+  int tables_before = 0, tables_after = 0;
+  for (const auto& [name, t] : gpu->parameters())
+    tables_before += std::count(names.begin(), names.end(), name);
+  EXPECT_EQ(tables_before, 3);
+  gpu->set_quantized_tables(std::move(records));
+  for (const auto& [name, t] : gpu->parameters())
+    tables_after += std::count(names.begin(), names.end(), name);
+  EXPECT_EQ(tables_after, 0);
+  const io::Batch b = dlrec::testing::first_valid_batch(r.data, 64);
+  expect_error([&] { gpu->train_step(b, 1.0, true); },
+               {"layer 'emb'", "row-wise quantized codes, which cannot train"});
 }
 
 // Rewrites weights.dlrec (checksummed: edits go through save_tensors) with one tensor edited.

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "dlrec/io/synthetic_batch.h"
 #include "test_errors.h"
 #include "test_files.h"
 
@@ -16,10 +17,7 @@ using dlrec::testing::error_of;
 using dlrec::testing::expect_error;
 
 // The MLPerf DLRM v1 model's 26 tables on Criteo 1TB with max_ind_range 40M (issue 18).
-const std::vector<int64_t> kCriteo1TB = {
-    39884406, 39043,    17289,    7420,     20263,  3,     7120, 1543, 63,
-    38532951, 2953546,  403346,   10,       2208,   11938, 155,  4,    976,
-    14,       39979771, 25641295, 39664984, 585935, 12972, 108,  36};
+const std::vector<int64_t>& kCriteo1TB = io::criteo_1tb_cardinalities();
 
 constexpr int64_t kH100 = 80'000'000'000;  // bytes (80 GB)
 

@@ -19,6 +19,7 @@
 
 #include "dlrec/core/device.h"
 #include "dlrec/nn/rng.h"
+#include "dlrec/nn/row_quant.h"
 #ifdef DLREC_WITH_CUDA
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -230,6 +231,97 @@ TEST(EmbeddingCuda, StridedForwardMatchesCpuF32AndBf16) {
           }
         }
       }
+    }
+  EXPECT_GT(checked, 10000);
+#endif
+}
+
+// Row-wise quantized tables (Tables::codes, serving): table t of a mix served from 8-bit or
+// 4-bit codes (fp32 or fp16-valued scales and biases) beside fp32 tables, multi-hot bags, sum
+// and mean, f32 and bf16 outputs, odd and float4-sized widths: the pooled rows are bit for bit
+// those of fp32 tables holding the codes' values (nn::row_quant_dequantize, the CPU reference;
+// the CPU embedding bag serves codes the same way, tests/nn).
+TEST(EmbeddingCuda, QuantizedTablesPoolLikeTheirValues) {
+  SKIP_WITHOUT_GPU();
+#ifdef DLREC_WITH_CUDA
+  int checked = 0;
+  for (const Shape& sh : kShapes)
+    for (bool mean : {false, true}) {
+      Problem p(sh.rows, sh.dim, sh.B, 29 + sh.dim);
+      Rng rng(7 + sh.dim);
+      std::vector<std::unique_ptr<Dev<uint8_t>>> codes;
+      std::vector<std::unique_ptr<Dev<float>>> sb;
+      std::vector<const uint8_t*> hc;
+      std::vector<const float*> hs;
+      std::vector<int32_t> bits;
+      for (int t = 0; t < p.T; ++t) {
+        const int kind = t % 3;  // 0: 8 bits, 1: fp32 rows, 2: 4 bits with fp16 scale/bias
+        if (kind == 1) {
+          hc.push_back(nullptr);
+          hs.push_back(nullptr);
+          bits.push_back(0);
+          continue;
+        }
+        RowQuantRows q;
+        q.rows = p.rows[t];
+        q.dim = p.dim;
+        q.bits = kind == 0 ? 8 : 4;
+        q.fp16 = kind == 2;
+        q.codes.resize(static_cast<size_t>(q.rows * q.row_bytes()));
+        for (auto& c : q.codes) c = static_cast<uint8_t>(rng.below(256));
+        if (q.bits == 4 && p.dim % 2)  // an odd width's unused high nibble is 0
+          for (int64_t r = 0; r < q.rows; ++r) q.codes[(r + 1) * q.row_bytes() - 1] &= 15;
+        std::vector<float> pairs;
+        for (int64_t r = 0; r < q.rows; ++r) {
+          float s = static_cast<float>(rng.uniform(0, 0.02)), b = static_cast<float>(rng.uniform(-1, 1));
+          if (q.fp16) {
+            s = fp16_value(fp16_bits_exact(s, "s") & 0x7fff);
+            b = fp16_value(fp16_bits_exact(b, "b"));
+          }
+          q.scale.push_back(s);
+          q.bias.push_back(b);
+          pairs.push_back(s);
+          pairs.push_back(b);
+        }
+        check_row_quant(q, "test table");
+        for (int64_t r = 0; r < q.rows; ++r) row_quant_dequantize(q, r, p.w[t].data() + r * p.dim);
+        codes.push_back(std::make_unique<Dev<uint8_t>>(q.codes));
+        sb.push_back(std::make_unique<Dev<float>>(pairs));
+        hc.push_back(codes.back()->p);
+        hs.push_back(sb.back()->p);
+        bits.push_back(q.bits);
+      }
+      DevProblem d(p);  // fp32 copies of every table; the quantized ones are not read
+      std::vector<float*> hw;
+      for (int t = 0; t < p.T; ++t) hw.push_back(hc[t] ? nullptr : d.w[t]->p);
+      Dev<float*> wp(hw);
+      Dev<const uint8_t*> cp(hc);
+      Dev<const float*> sp(hs);
+      Dev<int32_t> bp(bits);
+      ce::Tables tab = d.tab;
+      tab.weights = wp.p;
+      tab.codes = cp.p;
+      tab.qsb = reinterpret_cast<const float2* const*>(sp.p);
+      tab.qbits = bp.p;
+      const int64_t width = int64_t(p.T) * p.dim, ld = sh.col + width + sh.extra;
+      Dev<float> out32(p.B * ld);
+      Dev<uint16_t> out16(p.B * ld);
+      ce::forward(tab, d.offsets->p, d.keys->p, p.B, mean, out32.p + sh.col, nullptr, ld);
+      ce::forward(tab, d.offsets->p, d.keys->p, p.B, mean,
+                  reinterpret_cast<__nv_bfloat16*>(out16.p) + sh.col, nullptr, ld);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto o32 = out32.get();
+      const auto o16 = out16.get();
+      for (int64_t b = 0; b < p.B; ++b)
+        for (int t = 0; t < p.T; ++t) {
+          const auto ref = p.pool(t, b, mean);
+          for (int k = 0; k < p.dim; ++k) {
+            const int64_t at = b * ld + sh.col + int64_t(t) * p.dim + k;
+            ASSERT_EQ(o32[at], ref[k]) << "dim " << p.dim << " bag (" << t << ", " << b << ")";
+            ASSERT_EQ(o16[at], to_bf16_bits(ref[k])) << "bf16, bag (" << t << ", " << b << ")";
+            ++checked;
+          }
+        }
     }
   EXPECT_GT(checked, 10000);
 #endif

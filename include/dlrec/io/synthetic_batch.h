@@ -16,6 +16,9 @@ namespace dlrec::io {
 // as used by the MLPerf DLRM v1 benchmark.
 const std::vector<int64_t>& criteo_kaggle_cardinalities();
 
+// The MLPerf DLRM v1 model's 26 tables on Criteo 1TB with max_ind_range 40M (187.8M rows).
+const std::vector<int64_t>& criteo_1tb_cardinalities();
+
 // The MLPerf DLRM-DCNv2 model's 26 tables (Criteo 1TB multi-hot, max_ind_range 40M: 204M rows)
 // and the fixed number of ids per sample of each (its synthetic multi-hot sizes, 214 per row).
 const std::vector<int64_t>& mlperf_dcnv2_cardinalities();

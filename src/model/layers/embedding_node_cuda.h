@@ -49,6 +49,12 @@ class EmbeddingNode final : public Node {
   void materialize(Engine& e, const std::vector<TableKeep>* keep) override {
     ts_.materialize(e, keep);
   }
+  // Fixed tables of a model on one GPU only (hashed or sharded tables take the values).
+  bool set_quantized(Engine& e, int64_t t, const nn::RowQuantRows& q) override {
+    if (hashed_ || !ts_.deferred || e.dp.comm) return false;
+    ts_.set_quantized(e, t, q);
+    return true;
+  }
   void write_into(int into, int64_t col) override {
     into_ = into;
     col_ = col;

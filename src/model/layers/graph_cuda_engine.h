@@ -16,7 +16,6 @@
 #include <string>
 #include <type_traits>
 #include <utility>
-#include <utility>
 #include <vector>
 
 #include "core/cuda_check.h"
@@ -25,6 +24,7 @@
 #include "dlrec/dist/communicator.h"
 #include "dlrec/model/graph.h"
 #include "dlrec/model/graph_cuda.h"
+#include "dlrec/nn/row_quant.h"
 #include "dlrec/nn/cross.h"
 #include "dlrec/nn/embedding_bag.h"
 #include "dlrec/nn/mlp.h"
@@ -564,6 +564,9 @@ class Node {
   // Deferred tables (the embedding layer's fixed tables; GraphCuda::materialize_tables):
   // allocates and initialises what keep[t] says (every whole table when keep is null).
   virtual void materialize(Engine&, const std::vector<TableKeep>* /*keep*/) {}
+  // Serving a compact export (GraphCuda::set_quantized_tables): the layer serves its table t
+  // from row-wise codes; false when it cannot (then the caller writes their values instead).
+  virtual bool set_quantized(Engine&, int64_t /*t*/, const nn::RowQuantRows&) { return false; }
   // The embedding layer (Build::embedding): its hashed tables (null: fixed), its name, and
   // the direct mode (GraphCuda::plan_direct_embedding): write into a concat's columns.
   virtual hashed_cuda::HashedTables* hashed() const { return nullptr; }

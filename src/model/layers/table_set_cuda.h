@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "dlrec/nn/row_quant.h"
 #include "model/layers/embedding_dp_cuda.h"
 #include "model/layers/graph_cuda_engine.h"
 
@@ -30,6 +31,18 @@ struct TableSet {
   // seed only (derived per table), so a table generated on its owner equals one GPU's.
   bool deferred = false, materialized = false;
   uint64_t seed = 0;
+  // Row-wise quantized tables (serving a compact export; set_quantized): table t's codes
+  // [rows_t * row_bytes] (U8) and its rows' (scale, bias) pairs [rows_t, 2] (F32), undefined
+  // for fp32 tables; such a table's fp32 rows are never allocated (tables[t] stays undefined).
+  std::vector<Tensor> qcodes, qsb;
+  std::vector<int32_t> qbits;
+  Tensor cptrs, qptrs, bptrs;
+  bool quantized(int64_t t) const { return !qcodes.empty() && qcodes[t].defined(); }
+  bool any_quantized() const {
+    for (const Tensor& c : qcodes)
+      if (c.defined()) return true;
+    return false;
+  }
 
   TableSet(Engine& e, const io::ShardLayout& layout, int64_t d, bool zero, uint64_t seed_,
            const std::vector<int64_t>& capacities = {}, bool defer = false)
@@ -73,6 +86,7 @@ struct TableSet {
   // Allocates and initialises table t (uniform, a = sqrt(1 / rows), seed derived per table;
   // the Adagrad accumulator at its initial value).
   void make(Engine& e, int64_t t) {
+    if (quantized(t)) return;
     Tensor w = Tensor::empty({rows[t], dim}, DType::F32, e.dev);
     ce::init_uniform(w.data<float>(), w.numel(), nn::derive_seed(seed, static_cast<uint64_t>(t)),
                      std::sqrt(1.0 / static_cast<double>(rows[t])), e.st);
@@ -143,9 +157,12 @@ struct TableSet {
   }
   void upload_pointers(Engine& e) {
     std::vector<float*> wp, sp;
+    std::vector<const void*> cp, qp;
     for (size_t t = 0; t < tables.size(); ++t) {
       wp.push_back(tables[t].defined() ? tables[t].data<float>() : nullptr);
       if (e.emb_adagrad) sp.push_back(states[t].defined() ? states[t].data<float>() : nullptr);
+      cp.push_back(quantized(t) ? qcodes[t].raw() : nullptr);
+      qp.push_back(quantized(t) ? qsb[t].raw() : nullptr);
     }
     auto upload = [&](const void* src, size_t bytes) {
       Tensor t = Tensor::empty({static_cast<int64_t>(bytes ? bytes : 1)}, DType::U8, e.dev);
@@ -158,6 +175,39 @@ struct TableSet {
     tab.weights = static_cast<float* const*>(ptrs.raw());
     tab.states = e.emb_adagrad ? static_cast<float* const*>(sptrs.raw()) : nullptr;
     tab.row_base = static_cast<const uint32_t*>(base.raw());
+    tab.codes = nullptr;
+    tab.qsb = nullptr;
+    tab.qbits = nullptr;
+    if (!any_quantized()) return;
+    cptrs = upload(cp.data(), cp.size() * sizeof(void*));
+    qptrs = upload(qp.data(), qp.size() * sizeof(void*));
+    bptrs = upload(qbits.data(), qbits.size() * sizeof(int32_t));
+    tab.codes = static_cast<const uint8_t* const*>(cptrs.raw());
+    tab.qsb = static_cast<const float2* const*>(qptrs.raw());
+    tab.qbits = static_cast<const int32_t*>(bptrs.raw());
+  }
+  // Serves table t from its row-wise codes (checked by the caller: nn::check_row_quant, the
+  // table's shape): codes and (scale, bias) pairs uploaded, the fp32 rows and optimizer state
+  // released (or never allocated). Serving only: the layer refuses to train afterwards.
+  void set_quantized(Engine& e, int64_t t, const nn::RowQuantRows& q) {
+    if (qcodes.empty()) {
+      qcodes.resize(tables.size());
+      qsb.resize(tables.size());
+      qbits.assign(tables.size(), 0);
+    }
+    qcodes[t] = Tensor::empty({static_cast<int64_t>(q.codes.size())}, DType::U8, e.dev);
+    copy_bytes(qcodes[t].raw(), e.dev, q.codes.data(), Device::cpu(), q.codes.size());
+    std::vector<float> sb(static_cast<size_t>(2 * q.rows));
+    for (int64_t r = 0; r < q.rows; ++r) {
+      sb[2 * r] = q.scale[static_cast<size_t>(r)];
+      sb[2 * r + 1] = q.bias[static_cast<size_t>(r)];
+    }
+    qsb[t] = Tensor::empty({q.rows, 2}, DType::F32, e.dev);
+    copy_bytes(qsb[t].raw(), e.dev, sb.data(), Device::cpu(), sb.size() * sizeof(float));
+    qbits[t] = q.bits;
+    tables[t] = Tensor();
+    if (!states.empty()) states[t] = Tensor();
+    if (materialized) upload_pointers(e);
   }
   void alloc_scratch(Engine& e, int64_t max_nnz) {
     const size_t sb = ce::scratch_bytes(max_nnz, key_bits, static_cast<int>(dim));
