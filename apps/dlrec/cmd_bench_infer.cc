@@ -132,9 +132,7 @@ int run_infer_bench(const InferBenchOptions& o) {
   }
   std::fprintf(stderr, "[bench infer] model ready on %s in %.1fs\n", device.str().c_str(),
                build.seconds());
-  if (device.is_cuda())  // the tables (fp32 or codes) and the dense weights, before any batch
-    std::printf("bench infer: device memory after load %.2f GiB\n",
-                static_cast<double>(cuda::pool_bytes_in_use(device.index)) / (1 << 30));
+
   std::stringstream ss(o.batches_arg);
   std::string item;
   while (std::getline(ss, item, ',')) {
@@ -170,6 +168,10 @@ int run_infer_bench(const InferBenchOptions& o) {
       std::fflush(stdout);
     }
   }
+  // The tables (fp32 or codes; allocated on first use), the weights and the batches' buffers.
+  if (device.is_cuda())
+    std::printf("bench infer: device memory peak %.2f GiB\n",
+                static_cast<double>(cuda::pool_peak_bytes(device.index)) / (1 << 30));
   // Compressed layers: the kernel each layer chose per batch size, with every candidate's time.
   if (predictor)
     for (const std::string& line : predictor->kernel_report())

@@ -319,7 +319,6 @@ void GraphCuda::plan_fused() {
     p.tables = emb.tables->weights;
     p.row_base = emb.tables->row_base;
     p.codes = emb.tables->codes;
-    p.qsb = emb.tables->qsb;
     p.qbits = emb.tables->qbits;
     int i = 0;
     for (const ServingParts* mlp : {&bottom, &top})
@@ -466,7 +465,6 @@ std::string GraphCuda::plan_program() {
         o.tables = sp.tables->weights;
         o.row_base = sp.tables->row_base;
         o.codes = sp.tables->codes;
-        o.qsb = sp.tables->qsb;
         o.qbits = sp.tables->qbits;
         o.T = sp.tables->num_tables;
         o.d = sp.tables->dim;

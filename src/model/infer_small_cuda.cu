@@ -250,8 +250,9 @@ __global__ void __launch_bounds__(kThreads, 2) fused_forward(const __grid_consta
         const float4* src = reinterpret_cast<const float4*>(qc ? nullptr : p.tables[t] + row * d);
         H* dst = emb + (static_cast<int64_t>(r) * T + t) * d;
         for (int v = lane; v < d / 4; v += 32) {
-          const float4 f =
-              qc ? ce::rq_load4(qc, p.qsb[t], p.qbits[t], d, row, 4 * v) : __ldg(src + v);
+          const float4 f = qc ? ce::rq_load4(ce::rq_row(qc, d, p.qbits[t], row), p.qbits[t], d,
+                                             4 * v)
+                              : __ldg(src + v);
           dst[4 * v] = from_f<H>(f.x);
           dst[4 * v + 1] = from_f<H>(f.y);
           dst[4 * v + 2] = from_f<H>(f.z);
@@ -498,8 +499,9 @@ __device__ void gather_op(const Op& L, const Program& p, int gw, int nw, int lan
     const uint8_t* qc = L.codes ? L.codes[t] : nullptr;
     H* dst = static_cast<H*>(L.y) + static_cast<int64_t>(r) * L.y_ld + t * L.d;
     if (qc) {
-      for (int c = lane; c < L.d; c += 32)
-        dst[c] = from_f<H>(ce::rq_load1(qc, L.qsb[t], L.qbits[t], L.d, row, c));
+      const int bits = L.qbits[t];
+      const uint8_t* qr = ce::rq_row(qc, L.d, bits, row);
+      for (int c = lane; c < L.d; c += 32) dst[c] = from_f<H>(ce::rq_load1(qr, bits, L.d, c));
       continue;
     }
     const float* src = L.tables[t] + row * L.d;

@@ -75,7 +75,6 @@ struct Params {
   // Row-wise quantized tables (nn/embedding_cuda.h, Tables::codes): null, or device [T] with
   // table t read from its codes where codes[t] is non-null.
   const uint8_t* const* codes = nullptr;
-  const float2* const* qsb = nullptr;
   const int32_t* qbits = nullptr;
   unsigned* barrier = nullptr;    // device counter of the grid barriers, one per launcher
   unsigned bar_base = 0;          // its value when the launch starts (set by launch())
@@ -146,7 +145,6 @@ struct Op {
   float* const* tables = nullptr;  // device [T]
   const uint32_t* row_base = nullptr;
   const uint8_t* const* codes = nullptr;  // Gather: quantized tables, as in Params
-  const float2* const* qsb = nullptr;
   const int32_t* qbits = nullptr;
   int T = 0, d = 0;
 };

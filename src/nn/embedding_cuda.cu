@@ -70,11 +70,14 @@ __device__ __forceinline__ void store1(__nv_bfloat16* o, float v) { *o = __float
 
 // Forward: kFwdBags consecutive bags per warp, their rows loaded together (with one bag per warp,
 // DCNv2's one id per bag left one row load in flight); V = 4: float4 lanes (dim % 4 == 0), V = 1:
-// scalar lanes. Each bag is summed in order and scaled once. Q: some tables are row-wise
-// quantized (Tables::codes), their rows dequantized on load.
+// scalar lanes. Each bag is summed in order and scaled once. QB: 0, fp32 tables; 8 or 4, every
+// table row-wise quantized with codes of that width (Tables::quant_bits); -1, a mix (per table:
+// Tables::codes[t] or fp32). Rows of codes are dequantized on load. The uniform forms have no
+// branch on the table's kind, so a warp's row loads are all in flight at once (the mixed form's
+// branch on codes[t] cost 36 % on the MLPerf DLRM's 8192-row lookup, H200).
 constexpr int kFwdBags = 4;
 
-template <int V, class O, bool Q>
+template <int V, class O, int QB>
 __global__ void __launch_bounds__(256, 3)
     forward_kernel2(Tables tab, const int32_t* __restrict__ offsets,
                     const uint32_t* __restrict__ keys, int64_t B, bool mean, O* __restrict__ out,
@@ -114,16 +117,24 @@ __global__ void __launch_bounds__(256, 3)
     int64_t b;
     const int t = table_of(u, b);
     const int64_t r = int64_t(keys[beg[u] + p] - tab.row_base[t]);
-    if constexpr (Q)
-      if (tab.codes[t]) return rq_load4(tab.codes[t], tab.qsb[t], tab.qbits[t], d, r, 4 * v);
+    if constexpr (QB > 0) return rq_load4(rq_row(tab.codes[t], d, QB, r), QB, d, 4 * v);
+    if constexpr (QB < 0)
+      if (tab.codes[t]) {
+        const int bits = tab.qbits[t];
+        return rq_load4(rq_row(tab.codes[t], d, bits, r), bits, d, 4 * v);
+      }
     return reinterpret_cast<const float4*>(tab.weights[t] + r * d)[v];
   };
   auto load1 = [&](int u, int32_t p, int k) {
     int64_t b;
     const int t = table_of(u, b);
     const int64_t r = int64_t(keys[beg[u] + p] - tab.row_base[t]);
-    if constexpr (Q)
-      if (tab.codes[t]) return rq_load1(tab.codes[t], tab.qsb[t], tab.qbits[t], d, r, k);
+    if constexpr (QB > 0) return rq_load1(rq_row(tab.codes[t], d, QB, r), QB, d, k);
+    if constexpr (QB < 0)
+      if (tab.codes[t]) {
+        const int bits = tab.qbits[t];
+        return rq_load1(rq_row(tab.codes[t], d, bits, r), bits, d, k);
+      }
     return tab.weights[t][r * d + k];
   };
   auto dest = [&](int u, float& scale) {
@@ -589,15 +600,21 @@ void forward(const Tables& tab, const int32_t* offsets, const uint32_t* keys, in
   const int threads = 256;
   const int64_t blocks = ((bags + kFwdBags - 1) / kFwdBags * 32 + threads - 1) / threads;
   const unsigned g = static_cast<unsigned>(blocks);
-  const bool v4 = vec4_ok(out, tab.dim, ld);
-  if (tab.codes && v4)
-    forward_kernel2<4, O, true><<<g, threads, 0, stream>>>(tab, offsets, keys, B, mean, out, ld);
-  else if (tab.codes)
-    forward_kernel2<1, O, true><<<g, threads, 0, stream>>>(tab, offsets, keys, B, mean, out, ld);
-  else if (v4)
-    forward_kernel2<4, O, false><<<g, threads, 0, stream>>>(tab, offsets, keys, B, mean, out, ld);
+  const int qb = !tab.codes ? 0 : tab.quant_bits == 8 || tab.quant_bits == 4 ? tab.quant_bits : -1;
+  auto run = [&](auto v, auto q) {
+    forward_kernel2<decltype(v)::value, O, decltype(q)::value>
+        <<<g, threads, 0, stream>>>(tab, offsets, keys, B, mean, out, ld);
+  };
+  auto with_q = [&](auto v) {
+    if (qb == 8) run(v, std::integral_constant<int, 8>{});
+    else if (qb == 4) run(v, std::integral_constant<int, 4>{});
+    else if (qb < 0) run(v, std::integral_constant<int, -1>{});
+    else run(v, std::integral_constant<int, 0>{});
+  };
+  if (vec4_ok(out, tab.dim, ld))
+    with_q(std::integral_constant<int, 4>{});
   else
-    forward_kernel2<1, O, false><<<g, threads, 0, stream>>>(tab, offsets, keys, B, mean, out, ld);
+    with_q(std::integral_constant<int, 1>{});
   DLREC_CUDA_LAUNCH_CHECK();
 }
 template void forward<float>(const Tables&, const int32_t*, const uint32_t*, int64_t, bool, float*,
@@ -606,6 +623,23 @@ template void forward<__nv_bfloat16>(const Tables&, const int32_t*, const uint32
                                      __nv_bfloat16*, cudaStream_t, int64_t);
 template void forward<__half>(const Tables&, const int32_t*, const uint32_t*, int64_t, bool,
                               __half*, cudaStream_t, int64_t);
+
+int64_t quant_row_stride(int64_t dim, int bits) {
+  return ((dim * bits + 7) / 8 + 7) / 8 * 8 + 8;  // rq_sb_offset + 8 (row_quant_cuda.cuh)
+}
+
+void pack_quant_rows(const RowQuantRows& q, int64_t r0, int64_t n, uint8_t* out) {
+  const int64_t rb = q.row_bytes(), stride = quant_row_stride(q.dim, q.bits);
+  const int64_t off = stride - 8;
+  std::memset(out, 0, static_cast<size_t>(n * stride));
+  for (int64_t i = 0; i < n; ++i) {
+    uint8_t* row = out + i * stride;
+    const size_t r = static_cast<size_t>(r0 + i);
+    std::memcpy(row, q.codes.data() + r * rb, static_cast<size_t>(rb));
+    std::memcpy(row + off, &q.scale[r], sizeof(float));
+    std::memcpy(row + off + 4, &q.bias[r], sizeof(float));
+  }
+}
 
 int64_t num_chunks(int64_t n) { return (n + kChunk - 1) / kChunk; }
 

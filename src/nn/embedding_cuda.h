@@ -18,6 +18,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "dlrec/nn/row_quant.h"
+
 namespace dlrec::nn::cuda_emb {
 
 struct Tables {
@@ -32,13 +34,21 @@ struct Tables {
   // (col[t] + 1) * dim within the row stride ld.
   const int32_t* col = nullptr;
   // Serving only: row-wise quantized tables (nn/row_quant_cuda.cuh), device arrays [T] or null.
-  // Table t with codes[t] non-null is read from its codes (qbits[t]: 8 or 4) and its rows'
-  // (scale, bias) qsb[t][row], and weights[t] is null; forward() pools them like fp32 rows of
-  // their values (bit for bit). The backward refuses them (GraphCuda: a served table).
+  // Table t with codes[t] non-null is read from its rows of codes, scale and bias
+  // (pack_quant_rows' layout, qbits[t]: 8 or 4), and weights[t] is null; forward() pools them
+  // like fp32 rows of their values (bit for bit). The backward refuses them (GraphCuda: a served
+  // table).
   const uint8_t* const* codes = nullptr;
-  const float2* const* qsb = nullptr;
   const int32_t* qbits = nullptr;
+  int quant_bits = 0;  // host-known: 8 or 4 when every table has codes of that width, else 0
 };
+
+// The device layout of a row-wise quantized table (nn/row_quant.h): row r at r * stride, its
+// row_bytes() codes, then at row_bytes() rounded up to 8 its scale and bias as two floats;
+// stride = that offset + 8 (dim 128: 136 bytes for int8, 72 for int4). pack_quant_rows writes
+// rows [r0, r0 + n) of q into out (n * stride bytes, padding zero).
+int64_t quant_row_stride(int64_t dim, int bits);
+void pack_quant_rows(const RowQuantRows& q, int64_t r0, int64_t n, uint8_t* out);
 
 // weight[i] = float(-a + 2 a uniform_at(seed, i)), a = sqrt(1 / rows): bit-identical to
 // EmbeddingBag::init on the CPU.

@@ -22,6 +22,7 @@
 #include "dlrec/nn/row_quant.h"
 #ifdef DLREC_WITH_CUDA
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "../../src/nn/embedding_cuda.h"
@@ -236,8 +237,9 @@ TEST(EmbeddingCuda, StridedForwardMatchesCpuF32AndBf16) {
 #endif
 }
 
-// Row-wise quantized tables (Tables::codes, serving): table t of a mix served from 8-bit or
-// 4-bit codes (fp32 or fp16-valued scales and biases) beside fp32 tables, multi-hot bags, sum
+// Row-wise quantized tables (Tables::codes, serving): every table served from 8-bit codes, every
+// one from 4-bit codes (fp16-valued scales and biases), or a mix of both beside fp32 tables (the
+// kernel's three forms: Tables::quant_bits 8, 4 and 0), multi-hot bags, sum
 // and mean, f32 and bf16 outputs, odd and float4-sized widths: the pooled rows are bit for bit
 // those of fp32 tables holding the codes' values (nn::row_quant_dequantize, the CPU reference;
 // the CPU embedding bag serves codes the same way, tests/nn).
@@ -246,19 +248,18 @@ TEST(EmbeddingCuda, QuantizedTablesPoolLikeTheirValues) {
 #ifdef DLREC_WITH_CUDA
   int checked = 0;
   for (const Shape& sh : kShapes)
+    for (int mix : {0, 8, 4})
     for (bool mean : {false, true}) {
       Problem p(sh.rows, sh.dim, sh.B, 29 + sh.dim);
       Rng rng(7 + sh.dim);
       std::vector<std::unique_ptr<Dev<uint8_t>>> codes;
-      std::vector<std::unique_ptr<Dev<float>>> sb;
       std::vector<const uint8_t*> hc;
-      std::vector<const float*> hs;
       std::vector<int32_t> bits;
       for (int t = 0; t < p.T; ++t) {
-        const int kind = t % 3;  // 0: 8 bits, 1: fp32 rows, 2: 4 bits with fp16 scale/bias
+        // 0: 8 bits, 1: fp32 rows, 2: 4 bits with fp16 scale/bias
+        const int kind = mix == 8 ? 0 : mix == 4 ? 2 : t % 3;
         if (kind == 1) {
           hc.push_back(nullptr);
-          hs.push_back(nullptr);
           bits.push_back(0);
           continue;
         }
@@ -271,24 +272,22 @@ TEST(EmbeddingCuda, QuantizedTablesPoolLikeTheirValues) {
         for (auto& c : q.codes) c = static_cast<uint8_t>(rng.below(256));
         if (q.bits == 4 && p.dim % 2)  // an odd width's unused high nibble is 0
           for (int64_t r = 0; r < q.rows; ++r) q.codes[(r + 1) * q.row_bytes() - 1] &= 15;
-        std::vector<float> pairs;
         for (int64_t r = 0; r < q.rows; ++r) {
           float s = static_cast<float>(rng.uniform(0, 0.02)), b = static_cast<float>(rng.uniform(-1, 1));
-          if (q.fp16) {
-            s = fp16_value(fp16_bits_exact(s, "s") & 0x7fff);
-            b = fp16_value(fp16_bits_exact(b, "b"));
+          if (q.fp16) {  // fp16 values (round to nearest)
+            s = __half2float(__float2half_rn(s));
+            b = __half2float(__float2half_rn(b));
           }
           q.scale.push_back(s);
           q.bias.push_back(b);
-          pairs.push_back(s);
-          pairs.push_back(b);
         }
         check_row_quant(q, "test table");
         for (int64_t r = 0; r < q.rows; ++r) row_quant_dequantize(q, r, p.w[t].data() + r * p.dim);
-        codes.push_back(std::make_unique<Dev<uint8_t>>(q.codes));
-        sb.push_back(std::make_unique<Dev<float>>(pairs));
+        // The device layout: rows of codes, then scale and bias.
+        std::vector<uint8_t> rows(static_cast<size_t>(q.rows * ce::quant_row_stride(q.dim, q.bits)));
+        ce::pack_quant_rows(q, 0, q.rows, rows.data());
+        codes.push_back(std::make_unique<Dev<uint8_t>>(rows));
         hc.push_back(codes.back()->p);
-        hs.push_back(sb.back()->p);
         bits.push_back(q.bits);
       }
       DevProblem d(p);  // fp32 copies of every table; the quantized ones are not read
@@ -296,13 +295,12 @@ TEST(EmbeddingCuda, QuantizedTablesPoolLikeTheirValues) {
       for (int t = 0; t < p.T; ++t) hw.push_back(hc[t] ? nullptr : d.w[t]->p);
       Dev<float*> wp(hw);
       Dev<const uint8_t*> cp(hc);
-      Dev<const float*> sp(hs);
       Dev<int32_t> bp(bits);
       ce::Tables tab = d.tab;
       tab.weights = wp.p;
       tab.codes = cp.p;
-      tab.qsb = reinterpret_cast<const float2* const*>(sp.p);
       tab.qbits = bp.p;
+      tab.quant_bits = mix;
       const int64_t width = int64_t(p.T) * p.dim, ld = sh.col + width + sh.extra;
       Dev<float> out32(p.B * ld);
       Dev<uint16_t> out16(p.B * ld);
@@ -317,13 +315,43 @@ TEST(EmbeddingCuda, QuantizedTablesPoolLikeTheirValues) {
           const auto ref = p.pool(t, b, mean);
           for (int k = 0; k < p.dim; ++k) {
             const int64_t at = b * ld + sh.col + int64_t(t) * p.dim + k;
-            ASSERT_EQ(o32[at], ref[k]) << "dim " << p.dim << " bag (" << t << ", " << b << ")";
+            ASSERT_EQ(o32[at], ref[k])
+                << "mix " << mix << " dim " << p.dim << " bag (" << t << ", " << b << ")";
             ASSERT_EQ(o16[at], to_bf16_bits(ref[k])) << "bf16, bag (" << t << ", " << b << ")";
             ++checked;
           }
         }
     }
-  EXPECT_GT(checked, 10000);
+  EXPECT_GT(checked, 30000);
+#endif
+}
+
+// The device layout of quantized rows: codes, zero padding to 8 bytes, scale, bias.
+TEST(EmbeddingCuda, QuantizedRowLayout) {
+#ifdef DLREC_WITH_CUDA
+  EXPECT_EQ(ce::quant_row_stride(128, 8), 136);
+  EXPECT_EQ(ce::quant_row_stride(128, 4), 72);
+  EXPECT_EQ(ce::quant_row_stride(5, 8), 16);
+  EXPECT_EQ(ce::quant_row_stride(5, 4), 16);
+  EXPECT_EQ(ce::quant_row_stride(16, 4), 16);
+  RowQuantRows q;
+  q.rows = 2;
+  q.dim = 5;
+  q.bits = 8;
+  q.codes = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  q.scale = {0.5f, 0.25f};
+  q.bias = {-1.f, 2.f};
+  std::vector<uint8_t> rows(32, 0xee);
+  ce::pack_quant_rows(q, 1, 1, rows.data());
+  const std::vector<uint8_t> codes(rows.begin(), rows.begin() + 8);
+  EXPECT_EQ(codes, (std::vector<uint8_t>{6, 7, 8, 9, 10, 0, 0, 0}));
+  float sb[2];
+  std::memcpy(sb, rows.data() + 8, sizeof sb);
+  EXPECT_EQ(sb[0], 0.25f);
+  EXPECT_EQ(sb[1], 2.f);
+  EXPECT_EQ(rows[16], 0xee);  // one row written
+#else
+  GTEST_SKIP() << "built without CUDA: the device layout not built";
 #endif
 }
 

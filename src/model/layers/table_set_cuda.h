@@ -31,12 +31,12 @@ struct TableSet {
   // seed only (derived per table), so a table generated on its owner equals one GPU's.
   bool deferred = false, materialized = false;
   uint64_t seed = 0;
-  // Row-wise quantized tables (serving a compact export; set_quantized): table t's codes
-  // [rows_t * row_bytes] (U8) and its rows' (scale, bias) pairs [rows_t, 2] (F32), undefined
-  // for fp32 tables; such a table's fp32 rows are never allocated (tables[t] stays undefined).
-  std::vector<Tensor> qcodes, qsb;
+  // Row-wise quantized tables (serving a compact export; set_quantized): table t's rows of
+  // codes, scale and bias (U8, ce::pack_quant_rows' layout), undefined for fp32 tables; such a
+  // table's fp32 rows are never allocated (tables[t] stays undefined).
+  std::vector<Tensor> qcodes;
   std::vector<int32_t> qbits;
-  Tensor cptrs, qptrs, bptrs;
+  Tensor cptrs, bptrs;
   bool quantized(int64_t t) const { return !qcodes.empty() && qcodes[t].defined(); }
   bool any_quantized() const {
     for (const Tensor& c : qcodes)
@@ -157,12 +157,11 @@ struct TableSet {
   }
   void upload_pointers(Engine& e) {
     std::vector<float*> wp, sp;
-    std::vector<const void*> cp, qp;
+    std::vector<const void*> cp;
     for (size_t t = 0; t < tables.size(); ++t) {
       wp.push_back(tables[t].defined() ? tables[t].data<float>() : nullptr);
       if (e.emb_adagrad) sp.push_back(states[t].defined() ? states[t].data<float>() : nullptr);
       cp.push_back(quantized(t) ? qcodes[t].raw() : nullptr);
-      qp.push_back(quantized(t) ? qsb[t].raw() : nullptr);
     }
     auto upload = [&](const void* src, size_t bytes) {
       Tensor t = Tensor::empty({static_cast<int64_t>(bytes ? bytes : 1)}, DType::U8, e.dev);
@@ -176,34 +175,36 @@ struct TableSet {
     tab.states = e.emb_adagrad ? static_cast<float* const*>(sptrs.raw()) : nullptr;
     tab.row_base = static_cast<const uint32_t*>(base.raw());
     tab.codes = nullptr;
-    tab.qsb = nullptr;
     tab.qbits = nullptr;
+    tab.quant_bits = 0;
     if (!any_quantized()) return;
+    tab.quant_bits = qbits.empty() ? 0 : qbits[0];
+    for (size_t t = 0; t < tables.size(); ++t)
+      if (!quantized(t) || qbits[t] != tab.quant_bits) tab.quant_bits = 0;
     cptrs = upload(cp.data(), cp.size() * sizeof(void*));
-    qptrs = upload(qp.data(), qp.size() * sizeof(void*));
     bptrs = upload(qbits.data(), qbits.size() * sizeof(int32_t));
     tab.codes = static_cast<const uint8_t* const*>(cptrs.raw());
-    tab.qsb = static_cast<const float2* const*>(qptrs.raw());
     tab.qbits = static_cast<const int32_t*>(bptrs.raw());
   }
   // Serves table t from its row-wise codes (checked by the caller: nn::check_row_quant, the
-  // table's shape): codes and (scale, bias) pairs uploaded, the fp32 rows and optimizer state
-  // released (or never allocated). Serving only: the layer refuses to train afterwards.
+  // table's shape): its rows packed (codes, scale, bias) and uploaded a block at a time, the fp32
+  // rows and optimizer state released (or never allocated). Serving only: the layer refuses to
+  // train afterwards.
   void set_quantized(Engine& e, int64_t t, const nn::RowQuantRows& q) {
     if (qcodes.empty()) {
       qcodes.resize(tables.size());
-      qsb.resize(tables.size());
       qbits.assign(tables.size(), 0);
     }
-    qcodes[t] = Tensor::empty({static_cast<int64_t>(q.codes.size())}, DType::U8, e.dev);
-    copy_bytes(qcodes[t].raw(), e.dev, q.codes.data(), Device::cpu(), q.codes.size());
-    std::vector<float> sb(static_cast<size_t>(2 * q.rows));
-    for (int64_t r = 0; r < q.rows; ++r) {
-      sb[2 * r] = q.scale[static_cast<size_t>(r)];
-      sb[2 * r + 1] = q.bias[static_cast<size_t>(r)];
+    const int64_t stride = ce::quant_row_stride(q.dim, q.bits);
+    qcodes[t] = Tensor::empty({q.rows * stride}, DType::U8, e.dev);
+    const int64_t block = std::max<int64_t>(1, (int64_t{64} << 20) / stride);
+    std::vector<uint8_t> buf(static_cast<size_t>(std::min(block, q.rows) * stride));
+    for (int64_t r0 = 0; r0 < q.rows; r0 += block) {
+      const int64_t n = std::min(block, q.rows - r0);
+      ce::pack_quant_rows(q, r0, n, buf.data());
+      copy_bytes(static_cast<uint8_t*>(qcodes[t].raw()) + r0 * stride, e.dev, buf.data(),
+                 Device::cpu(), static_cast<size_t>(n * stride));
     }
-    qsb[t] = Tensor::empty({q.rows, 2}, DType::F32, e.dev);
-    copy_bytes(qsb[t].raw(), e.dev, sb.data(), Device::cpu(), sb.size() * sizeof(float));
     qbits[t] = q.bits;
     tables[t] = Tensor();
     if (!states.empty()) states[t] = Tensor();
