@@ -23,6 +23,8 @@ namespace dlrec::nn::cuda_emb {
 namespace {
 
 using half_cuda::grid_for;
+using half_cuda::store1;
+using half_cuda::store4;
 
 __device__ __forceinline__ uint64_t splitmix64_d(uint64_t x) {
   x += 0x9E3779B97F4A7C15ULL;
@@ -47,26 +49,6 @@ __global__ void fill_kernel(float* p, int64_t n, float v) {
        i += int64_t(gridDim.x) * blockDim.x)
     p[i] = v;
 }
-
-// Output stores of float4 (V = 4) and scalar lanes.
-__device__ __forceinline__ void store4(float* o, float4 v) { *reinterpret_cast<float4*>(o) = v; }
-__device__ __forceinline__ void store4(__nv_bfloat16* o, float4 v) {
-  __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
-  uint2 u;
-  u.x = *reinterpret_cast<uint32_t*>(&a);
-  u.y = *reinterpret_cast<uint32_t*>(&b);
-  *reinterpret_cast<uint2*>(o) = u;
-}
-__device__ __forceinline__ void store4(__half* o, float4 v) {
-  __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
-  uint2 u;
-  u.x = *reinterpret_cast<uint32_t*>(&a);
-  u.y = *reinterpret_cast<uint32_t*>(&b);
-  *reinterpret_cast<uint2*>(o) = u;
-}
-__device__ __forceinline__ void store1(__half* o, float v) { *o = __float2half_rn(v); }
-__device__ __forceinline__ void store1(float* o, float v) { *o = v; }
-__device__ __forceinline__ void store1(__nv_bfloat16* o, float v) { *o = __float2bfloat16(v); }
 
 // Forward: kFwdBags consecutive bags per warp, their rows loaded together (with one bag per warp,
 // DCNv2's one id per bag left one row load in flight); V = 4: float4 lanes (dim % 4 == 0), V = 1:
@@ -113,17 +95,21 @@ __global__ void __launch_bounds__(256, 3)
     return t;
   };
   // Elements 4v .. 4v + 3 (V = 4) or k (V = 1) of id p of bag u.
-  auto load4 = [&](int u, int32_t p, int v) {
+  auto load4 = [&](int u, int32_t p, int v) {  // QB <= 0 (QB > 0: qrow below)
     int64_t b;
     const int t = table_of(u, b);
     const int64_t r = int64_t(keys[beg[u] + p] - tab.row_base[t]);
-    if constexpr (QB > 0) return rq_load4(rq_row(tab.codes[t], d, QB, r), QB, d, 4 * v);
     if constexpr (QB < 0)
       if (tab.codes[t]) {
         const int bits = tab.qbits[t];
         return rq_load4(rq_row(tab.codes[t], d, bits, r), bits, d, 4 * v);
       }
     return reinterpret_cast<const float4*>(tab.weights[t] + r * d)[v];
+  };
+  auto qrow = [&](int u, int32_t p) {  // QB > 0: the row of id p of bag u
+    int64_t b;
+    const int t = table_of(u, b);
+    return rq_row(tab.codes[t], d, QB, int64_t(keys[beg[u] + p] - tab.row_base[t]));
   };
   auto load1 = [&](int u, int32_t p, int k) {
     int64_t b;
@@ -151,9 +137,24 @@ __global__ void __launch_bounds__(256, 3)
       for (int u = 0; u < kFwdBags; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
       for (int32_t p = 0; p < maxlen; ++p) {
         float4 x[kFwdBags];
+        if constexpr (QB > 0) {  // every bag's loads in flight first, then the decoding
+          uint32_t raw[kFwdBags];
+          float2 sb[kFwdBags];
 #pragma unroll
-        for (int u = 0; u < kFwdBags; ++u)
-          if (p < len[u]) x[u] = load4(u, p, v);
+          for (int u = 0; u < kFwdBags; ++u)
+            if (p < len[u]) {
+              const uint8_t* row = qrow(u, p);
+              raw[u] = rq_raw4<QB>(row, 4 * v);
+              sb[u] = rq_sb(row, d, QB);
+            }
+#pragma unroll
+          for (int u = 0; u < kFwdBags; ++u)
+            if (p < len[u]) x[u] = rq_decode4<QB>(raw[u], sb[u]);
+        } else {
+#pragma unroll
+          for (int u = 0; u < kFwdBags; ++u)
+            if (p < len[u]) x[u] = load4(u, p, v);
+        }
 #pragma unroll
         for (int u = 0; u < kFwdBags; ++u)
           if (p < len[u]) {
@@ -611,6 +612,8 @@ void forward(const Tables& tab, const int32_t* offsets, const uint32_t* keys, in
     else if (qb < 0) run(v, std::integral_constant<int, -1>{});
     else run(v, std::integral_constant<int, 0>{});
   };
+  if (qb > 0 && vec4_ok(out, tab.dim, ld) && forward_quant16(tab, offsets, keys, B, mean, out, ld, stream))
+    return;
   if (vec4_ok(out, tab.dim, ld))
     with_q(std::integral_constant<int, 4>{});
   else
@@ -623,23 +626,6 @@ template void forward<__nv_bfloat16>(const Tables&, const int32_t*, const uint32
                                      __nv_bfloat16*, cudaStream_t, int64_t);
 template void forward<__half>(const Tables&, const int32_t*, const uint32_t*, int64_t, bool,
                               __half*, cudaStream_t, int64_t);
-
-int64_t quant_row_stride(int64_t dim, int bits) {
-  return ((dim * bits + 7) / 8 + 7) / 8 * 8 + 8;  // rq_sb_offset + 8 (row_quant_cuda.cuh)
-}
-
-void pack_quant_rows(const RowQuantRows& q, int64_t r0, int64_t n, uint8_t* out) {
-  const int64_t rb = q.row_bytes(), stride = quant_row_stride(q.dim, q.bits);
-  const int64_t off = stride - 8;
-  std::memset(out, 0, static_cast<size_t>(n * stride));
-  for (int64_t i = 0; i < n; ++i) {
-    uint8_t* row = out + i * stride;
-    const size_t r = static_cast<size_t>(r0 + i);
-    std::memcpy(row, q.codes.data() + r * rb, static_cast<size_t>(rb));
-    std::memcpy(row + off, &q.scale[r], sizeof(float));
-    std::memcpy(row + off + 4, &q.bias[r], sizeof(float));
-  }
-}
 
 int64_t num_chunks(int64_t n) { return (n + kChunk - 1) / kChunk; }
 

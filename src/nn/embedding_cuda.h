@@ -55,6 +55,13 @@ void pack_quant_rows(const RowQuantRows& q, int64_t r0, int64_t n, uint8_t* out)
 void init_uniform(float* w, int64_t n, uint64_t seed, double a, cudaStream_t stream);
 void fill(float* p, int64_t n, float value, cudaStream_t stream);
 
+// forward() of tables all quantized with one width (quant_bits 8 or 4), dim a multiple of 16
+// whose dim / 16 divides 32, out and ld aligned to 4 elements: a group of dim / 16 lanes reads
+// a row, 16 codes per lane (embedding_quant_cuda.cu). False (nothing launched) otherwise.
+template <class O>
+bool forward_quant16(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
+                     bool mean, O* out, int64_t ld, cudaStream_t stream);
+
 // out[b, t, :] = sum (or mean) of the rows of bag t * B + b (fp32 or quantized tables: the
 // codes' values); zeros for an empty bag. O is
 // float, __nv_bfloat16 or __half (sums in float, rounded once). Rows ld apart (0: T * dim,

@@ -46,4 +46,24 @@ __device__ __forceinline__ void unpack8(const uint4& v, float* f, const f16*) {
   }
 }
 
+// Stores of 4 floats (o aligned to 4 elements) and of one, rounded to the output's type.
+__device__ __forceinline__ void store4(float* o, float4 v) { *reinterpret_cast<float4*>(o) = v; }
+__device__ __forceinline__ void store4(__nv_bfloat16* o, float4 v) {
+  __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+  uint2 u;
+  u.x = *reinterpret_cast<uint32_t*>(&a);
+  u.y = *reinterpret_cast<uint32_t*>(&b);
+  *reinterpret_cast<uint2*>(o) = u;
+}
+__device__ __forceinline__ void store4(__half* o, float4 v) {
+  __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+  uint2 u;
+  u.x = *reinterpret_cast<uint32_t*>(&a);
+  u.y = *reinterpret_cast<uint32_t*>(&b);
+  *reinterpret_cast<uint2*>(o) = u;
+}
+__device__ __forceinline__ void store1(__half* o, float v) { *o = __float2half_rn(v); }
+__device__ __forceinline__ void store1(float* o, float v) { *o = v; }
+__device__ __forceinline__ void store1(__nv_bfloat16* o, float v) { *o = __float2bfloat16(v); }
+
 }  // namespace dlrec::nn::half_cuda

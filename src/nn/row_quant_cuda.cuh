@@ -42,24 +42,43 @@ __device__ __forceinline__ float rq_load1(const uint8_t* row, int bits, int dim,
   return rq_value(q, rq_sb(row, dim, bits));
 }
 
-// Values k .. k + 3 of a row (k and dim multiples of 4: one 4-byte or 2-byte load).
+// The codes of values k .. k + 3 of a row (k and dim multiples of 4): one 4-byte (8 bits) or
+// 2-byte (4 bits) load.
+template <int BITS>
+__device__ __forceinline__ uint32_t rq_raw4(const uint8_t* row, int k) {
+  if constexpr (BITS == 8) return __ldg(reinterpret_cast<const uint32_t*>(row + k));
+  return __ldg(reinterpret_cast<const uint16_t*>(row + (k >> 1)));
+}
+
+// Their four values. A code q becomes float(q) exactly without a conversion instruction: the
+// float with bits 0x4B000000 | q is 2^23 + q, minus 2^23 (the conversion's quarter-rate
+// instruction showed in the lookup's time).
+template <int BITS>
+__device__ __forceinline__ float4 rq_decode4(uint32_t u, float2 s) {
+  constexpr float kTwo23 = 8388608.f;
+  uint32_t b0, b1, b2, b3;
+  if constexpr (BITS == 8) {  // byte i of u into the low byte of 0x4B000000
+    b0 = __byte_perm(u, 0x4B000000u, 0x7440);
+    b1 = __byte_perm(u, 0x4B000000u, 0x7441);
+    b2 = __byte_perm(u, 0x4B000000u, 0x7442);
+    b3 = __byte_perm(u, 0x4B000000u, 0x7443);
+  } else {
+    b0 = (u & 15u) | 0x4B000000u;
+    b1 = ((u >> 4) & 15u) | 0x4B000000u;
+    b2 = ((u >> 8) & 15u) | 0x4B000000u;
+    b3 = ((u >> 12) & 15u) | 0x4B000000u;
+  }
+  auto value = [&](uint32_t b) {
+    const float q = __fsub_rn(__uint_as_float(b), kTwo23);
+    return __fadd_rn(__fmul_rn(q, s.x), s.y);  // rq_value's arithmetic
+  };
+  return make_float4(value(b0), value(b1), value(b2), value(b3));
+}
+
+// Values k .. k + 3 of a row (k and dim multiples of 4).
 __device__ __forceinline__ float4 rq_load4(const uint8_t* row, int bits, int dim, int k) {
   const float2 s = rq_sb(row, dim, bits);
-  uint32_t q0, q1, q2, q3;
-  if (bits == 8) {
-    const uint32_t u = __ldg(reinterpret_cast<const uint32_t*>(row + k));
-    q0 = u & 255u;
-    q1 = (u >> 8) & 255u;
-    q2 = (u >> 16) & 255u;
-    q3 = u >> 24;
-  } else {
-    const uint32_t u = __ldg(reinterpret_cast<const uint16_t*>(row + (k >> 1)));
-    q0 = u & 15u;
-    q1 = (u >> 4) & 15u;
-    q2 = (u >> 8) & 15u;
-    q3 = (u >> 12) & 15u;
-  }
-  return make_float4(rq_value(q0, s), rq_value(q1, s), rq_value(q2, s), rq_value(q3, s));
+  return bits == 8 ? rq_decode4<8>(rq_raw4<8>(row, k), s) : rq_decode4<4>(rq_raw4<4>(row, k), s);
 }
 
 }  // namespace dlrec::nn::cuda_emb

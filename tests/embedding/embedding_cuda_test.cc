@@ -242,12 +242,16 @@ TEST(EmbeddingCuda, StridedForwardMatchesCpuF32AndBf16) {
 // kernel's three forms: Tables::quant_bits 8, 4 and 0), multi-hot bags, sum
 // and mean, f32 and bf16 outputs, odd and float4-sized widths: the pooled rows are bit for bit
 // those of fp32 tables holding the codes' values (nn::row_quant_dequantize, the CPU reference;
-// the CPU embedding bag serves codes the same way, tests/nn).
+// the CPU embedding bag serves codes the same way, tests/nn), through both kernels' forms.
 TEST(EmbeddingCuda, QuantizedTablesPoolLikeTheirValues) {
   SKIP_WITHOUT_GPU();
 #ifdef DLREC_WITH_CUDA
+  // kShapes, plus widths 32 and 128 (forward_quant16: 2 and 8 lanes per row of codes).
+  std::vector<Shape> shapes(std::begin(kShapes), std::end(kShapes));
+  shapes.push_back({{5, 300, 40}, 32, 70, 4, 8});
+  shapes.push_back({{9, 2000}, 128, 33, 0, 0});
   int checked = 0;
-  for (const Shape& sh : kShapes)
+  for (const Shape& sh : shapes)
     for (int mix : {0, 8, 4})
     for (bool mean : {false, true}) {
       Problem p(sh.rows, sh.dim, sh.B, 29 + sh.dim);
