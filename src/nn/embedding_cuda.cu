@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "core/cuda_check.h"
+#include "nn/embedding_bags_cuda.cuh"
 #include "nn/half_cuda.cuh"
 #include "nn/row_quant_cuda.cuh"
 
@@ -70,18 +71,7 @@ __global__ void __launch_bounds__(256, 3)
   const int64_t bags = B * tab.num_tables;
   if (bag0 >= bags) return;
   int32_t beg[kFwdBags], len[kFwdBags];
-  int32_t maxlen = 0;
-#pragma unroll
-  for (int u = 0; u < kFwdBags; ++u) {
-    const int64_t bag = bag0 + u;
-    beg[u] = 0;
-    len[u] = 0;
-    if (bag < bags) {
-      beg[u] = offsets[bag];
-      len[u] = offsets[bag + 1] - beg[u];
-      maxlen = max(maxlen, len[u]);
-    }
-  }
+  const int32_t maxlen = bag_spans<kFwdBags>(offsets, bag0, bags, beg, len);
   // Table and sample of bag bag0 + u (the bags of a warp may lie in several tables).
   const int t0 = static_cast<int>(bag0 / B);
   const int64_t b0 = bag0 - int64_t(t0) * B;

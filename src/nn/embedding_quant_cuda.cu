@@ -7,6 +7,7 @@
 
 #include "core/cuda_check.h"
 #include "nn/embedding_cuda.h"
+#include "nn/embedding_bags_cuda.cuh"
 #include "nn/half_cuda.cuh"
 #include "nn/row_quant_cuda.cuh"
 
@@ -57,18 +58,7 @@ __global__ void __launch_bounds__(256, 3)
   const int64_t bags = B * tab.num_tables;
   if (bag0 >= bags) return;
   int32_t beg[kQBags], len[kQBags];
-  int32_t maxlen = 0;
-#pragma unroll
-  for (int u = 0; u < kQBags; ++u) {
-    const int64_t bag = bag0 + u;
-    beg[u] = 0;
-    len[u] = 0;
-    if (bag < bags) {
-      beg[u] = offsets[bag];
-      len[u] = offsets[bag + 1] - beg[u];
-      maxlen = max(maxlen, len[u]);
-    }
-  }
+  const int32_t maxlen = bag_spans<kQBags>(offsets, bag0, bags, beg, len);
   auto table_of = [&](int u, int64_t& b) {
     const int64_t bag = bag0 + u;
     const int t = static_cast<int>(bag / B);
