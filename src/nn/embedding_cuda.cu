@@ -56,8 +56,9 @@ __global__ void fill_kernel(float* p, int64_t n, float v) {
 // scalar lanes. Each bag is summed in order and scaled once. QB: 0, fp32 tables; 8 or 4, every
 // table row-wise quantized with codes of that width (Tables::quant_bits); -1, a mix (per table:
 // Tables::codes[t] or fp32). Rows of codes are dequantized on load. The uniform forms have no
-// branch on the table's kind, so a warp's row loads are all in flight at once (the mixed form's
-// branch on codes[t] cost 36 % on the MLPerf DLRM's 8192-row lookup, H200).
+// branch on the table's kind, so a warp's row loads are all in flight at once; at widths that
+// are multiples of 16 they run as forward_quant16 instead (embedding_quant_cuda.cu: more rows
+// in flight per warp; bench/RESULTS.md has the lookup times of both).
 constexpr int kFwdBags = 4;
 
 template <int V, class O, int QB>
