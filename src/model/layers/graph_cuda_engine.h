@@ -398,24 +398,26 @@ struct Engine {
   // waits for it (every fork is joined before the step ends).
   template <class F>
   void comm_fork(const char* what, cudaEvent_t done, F&& f) {
-    DLREC_CUDA_CHECK(cudaEventRecord(dp.to_comm, st));
-    DLREC_CUDA_CHECK(cudaStreamWaitEvent(dp.cst, dp.to_comm, 0));
-    if (mark_on) mark_on(std::string("> ") + what, dp.cst);
-    f(*dp.comm);
-    if (mark_on) mark_on(std::string("< ") + what, dp.cst);
-    DLREC_CUDA_CHECK(cudaEventRecord(done, dp.cst));
+    fork_on(what, *dp.comm, dp.cst, dp.to_comm, done, std::forward<F>(f));
   }
   void comm_join(cudaEvent_t done) { DLREC_CUDA_CHECK(cudaStreamWaitEvent(st, done, 0)); }
   // comm_fork on the dense layers' communicator and its stream (dp.dcomm, dp.dcst), after
   // everything enqueued there so far; `done` (unless null) recorded after f there.
   template <class F>
   void dcomm_fork(const char* what, cudaEvent_t done, F&& f) {
-    DLREC_CUDA_CHECK(cudaEventRecord(dp.to_dcomm, st));
-    DLREC_CUDA_CHECK(cudaStreamWaitEvent(dp.dcst, dp.to_dcomm, 0));
-    if (mark_on) mark_on(std::string("> ") + what, dp.dcst);
-    f(*dp.dcomm);
-    if (mark_on) mark_on(std::string("< ") + what, dp.dcst);
-    if (done) DLREC_CUDA_CHECK(cudaEventRecord(done, dp.dcst));
+    fork_on(what, *dp.dcomm, dp.dcst, dp.to_dcomm, done, std::forward<F>(f));
+  }
+  // Both forks: stream s waits for the work on st so far (through event `to`), f(c) enqueues
+  // on s (marked for DLREC_PROFILE=timeline), then `done` (unless null) is recorded on s.
+  template <class F>
+  void fork_on(const char* what, dist::Communicator& c, cudaStream_t s, cudaEvent_t to,
+               cudaEvent_t done, F&& f) {
+    DLREC_CUDA_CHECK(cudaEventRecord(to, st));
+    DLREC_CUDA_CHECK(cudaStreamWaitEvent(s, to, 0));
+    if (mark_on) mark_on(std::string("> ") + what, s);
+    f(c);
+    if (mark_on) mark_on(std::string("< ") + what, s);
+    if (done) DLREC_CUDA_CHECK(cudaEventRecord(done, s));
   }
   // Data-parallel: the layer's gradients summed over the ranks (one bucket per layer: its
   // weight and bias gradients), before its update. With the dense communicator (dp.dcomm) the
