@@ -273,6 +273,14 @@ TEST(Cli, BadInputsGiveClearErrors) {
                     &out),
             1);
   EXPECT_NE(out.find("--batch"), std::string::npos) << out;
+  // bench infer: the built-in model's table options are refused beside an export (before it
+  // loads), and a value outside the choices is an error naming the option.
+  EXPECT_EQ(run_cli("bench infer --model " + dir + "/nope --embedding-quant int8", &out), 1);
+  EXPECT_NE(out.find("--embedding-quant are for the built-in model"), std::string::npos) << out;
+  EXPECT_EQ(run_cli("bench infer --model " + dir + "/nope --cardinalities criteo_1tb", &out), 1);
+  EXPECT_NE(out.find("an export (--model) has its own tables"), std::string::npos) << out;
+  EXPECT_NE(run_cli("bench infer --embedding-quant int16", &out), 0);
+  EXPECT_NE(out.find("--embedding-quant"), std::string::npos) << out;
 
   // Missing input file, unknown subcommand option.
   EXPECT_EQ(run_cli("etl --input " + dir + "/nope.tsv --out " + dir + "/o2", &out), 1);
