@@ -7,6 +7,7 @@
 // row-wise quantized tables a compact export serves from their codes.
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <sstream>
 
 #include "dlrec/core/device.h"
@@ -288,21 +289,17 @@ void GraphCuda::set_quantized_tables(std::vector<QuantizedTable> tables) {
   if (tables.empty()) return;
   DeviceGuard g(dev_index_);
   std::vector<QuantizedTable> rest;
-  const std::string prefix = emb_ ? emb_->layer_name() + "." : std::string();
+  std::map<std::string, int64_t> index;  // the embedding layer's tables by parameter name
+  for (int64_t t = 0; emb_ && t < T_; ++t)
+    index[emb_->layer_name() + "." + std::to_string(t) + ".weight"] = t;
   for (QuantizedTable& q : tables) {
     const std::string what = "quantized table '" + q.name + "'";
-    int64_t t = -1;
-    if (emb_ && q.name.size() > prefix.size() + 7 && q.name.compare(0, prefix.size(), prefix) == 0 &&
-        q.name.compare(q.name.size() - 7, 7, ".weight") == 0) {
-      const std::string mid = q.name.substr(prefix.size(), q.name.size() - prefix.size() - 7);
-      if (!mid.empty() && mid.size() < 10 &&
-          std::all_of(mid.begin(), mid.end(), [](char c) { return c >= '0' && c <= '9'; }))
-        t = std::stoll(mid);
-    }
-    if (t < 0 || t >= T_) {
+    auto it = index.find(q.name);
+    if (it == index.end()) {
       rest.push_back(std::move(q));
       continue;
     }
+    const int64_t t = it->second;
     nn::check_row_quant(q.rows, what);
     const int64_t dim = e_.vals[emb_idx_].fields.at(0);
     DLREC_CHECK(q.rows.rows == layout_.cardinalities[static_cast<size_t>(t)] && q.rows.dim == dim,

@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(256, 3)
 }  // namespace
 
 int64_t quant_row_stride(int64_t dim, int bits) {
-  return ((dim * bits + 7) / 8 + 7) / 8 * 8 + 8;  // rq_sb_offset + 8 (row_quant_cuda.cuh)
+  return rq_sb_offset(dim, bits) + 8;
 }
 
 void pack_quant_rows(const RowQuantRows& q, int64_t r0, int64_t n, uint8_t* out) {

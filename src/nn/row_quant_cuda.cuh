@@ -21,8 +21,9 @@ __device__ __forceinline__ float rq_value(uint32_t q, float2 sb) {
   return __fadd_rn(__fmul_rn(static_cast<float>(q), sb.x), sb.y);
 }
 
-__device__ __forceinline__ int64_t rq_sb_offset(int dim, int bits) {
-  return ((static_cast<int64_t>(dim) * bits + 7) / 8 + 7) / 8 * 8;
+// Where a row's scale and bias start (the host's quant_row_stride is this + 8).
+__host__ __device__ __forceinline__ int64_t rq_sb_offset(int64_t dim, int bits) {
+  return ((dim * bits + 7) / 8 + 7) / 8 * 8;
 }
 
 // Row r of a table's rows.
