@@ -150,7 +150,7 @@ TEST(EmbeddingQuantExport, CudaEngineServesTheCodesLikeTheDequantizedTables) {
 }
 
 // A CUDA model serving codes holds no fp32 copy of those tables (parameters() lists the others
-// only) and refuses to train, with the layer named.
+// only) and refuses to train, with the layer named; a record of another shape is refused.
 TEST(EmbeddingQuantExport, CudaModelServingCodesHasNoFp32TablesAndDoesNotTrain) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: the CUDA engine's tables not checked";
   const TrainedRun r = trained("dlrm", 8);
@@ -166,6 +166,16 @@ TEST(EmbeddingQuantExport, CudaModelServingCodesHasNoFp32TablesAndDoesNotTrain) 
   std::vector<std::string> names;
   for (const auto& q : records) names.push_back(q.name);
   auto gpu = model::build_model(r.cfg.model, r.cfg.optimizer, data.layout, Device::cuda(), 0);
+  // A record of another shape than the model's table is an error naming the table.
+  {
+    std::vector<model::QuantizedTable> bad{records[1]};
+    bad[0].rows.rows -= 1;
+    bad[0].rows.codes.resize(static_cast<size_t>(bad[0].rows.rows * bad[0].rows.row_bytes()));
+    bad[0].rows.scale.pop_back();
+    bad[0].rows.bias.pop_back();
+    auto fresh = model::build_model(r.cfg.model, r.cfg.optimizer, data.layout, Device::cuda(), 0);
+    expect_error([&] { fresh->set_quantized_tables(bad); }, {names[1], "the model's table is"});
+  }
   int tables_before = 0, tables_after = 0;
   for (const auto& [name, t] : gpu->parameters())
     tables_before += std::count(names.begin(), names.end(), name);
