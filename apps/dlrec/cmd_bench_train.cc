@@ -3,6 +3,7 @@
 // excluded; one summary line per batch size. `dlrec bench serve` lives in cmd_bench.cc.
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <sstream>
 
 #include "commands.h"
@@ -38,6 +39,43 @@ struct TrainBenchOptions {
   std::string cardinalities = "kaggle";  // the synthetic layout's tables
   uint64_t seed = 1;
 };
+
+// --gpus with hybrid tables in the config: the bytes their exchange moves per step (the rows
+// whose bag has an id >= F, forward and backward, in the model's precision; a rank's rows on the
+// owner stay there: (N - 1) / N of them travel on average) against the table-wise exchange of
+// the same tables (every row), from the in-memory batches of every rank (rank 0 prints).
+void report_hybrid_exchange(dist::Communicator& host, const io::ShardLayout& layout,
+                            const std::map<std::string, int64_t>& hybrid,
+                            const std::vector<io::Batch>& batches, const model::RunConfig& cfg,
+                            const std::string& precision) {
+  const int n = host.size();
+  const double value = precision == "bf16" || precision == "fp16" ? 2 : 4;
+  const double dim = static_cast<double>(cfg.model.embedding_dim);
+  int64_t rows = 0, rare = 0;  // over every batch, rank and hybrid table
+  for (const io::Batch& b : batches)
+    for (const auto& [name, f] : hybrid) {
+      const size_t dot = name.rfind('.');
+      const int64_t t = dot == std::string::npos ? -1 : std::atoll(name.c_str() + dot + 1);
+      if (t < 0 || t >= static_cast<int64_t>(layout.cardinalities.size())) continue;
+      const auto& off = b.cat_offsets[t];
+      for (int64_t r = 0; r < b.rows; ++r) {
+        bool any = false;
+        for (int64_t i = off[r]; i < off[r + 1]; ++i) any |= b.cat_indices[t][i] >= f;
+        rare += any;
+      }
+      rows += b.rows;
+    }
+  rows = host.all_reduce_value(rows);
+  rare = host.all_reduce_value(rare);
+  if (host.rank() != 0 || rows == 0) return;
+  const double steps = static_cast<double>(batches.size()), remote = (n - 1.0) / n;
+  const double tw = rows / steps * remote * dim * value * 2, hy = rare / steps * remote * dim * value * 2;
+  std::fprintf(stderr,
+               "[bench train] hybrid tables (%zu): %.1f %% of their rows have an id >= F; their "
+               "exchange moves ~%.1f MB per step over all GPUs (forward + backward), table-wise "
+               "~%.1f MB\n",
+               hybrid.size(), 100.0 * rare / rows, hy / 1e6, tw / 1e6);
+}
 
 // --gpus: the exchanges of a model that trains data-parallel on its GPUs (the CUDA engine
 // sums inside its step through `gpu`; host-side reductions are never asked of it).
@@ -128,6 +166,7 @@ int run_train_bench(const TrainBenchOptions& o) {
   // --gpus N: data-parallel on N GPUs (one rank each, started through mpirun); every rank
   // trains on its own random batches of --batch rows (weak scaling: the global batch is N x).
   std::unique_ptr<dist::Communicator> host, nccl;
+  std::map<std::string, int64_t> hybrid_f;  // the config's hybrid tables: F by table name
   std::unique_ptr<DeviceReducer> reducer;
   int rank = 0, ranks = 1;
   Device device = Device::parse(o.device);
@@ -161,6 +200,9 @@ int run_train_bench(const TrainBenchOptions& o) {
       ConfigReader r(cfg.sharding, "sharding");
       dist::PlannerOptions po = dist::read_planner_options(r, ranks);
       po.batch_per_rank = parse_sizes(o.batches_arg).front();
+      for (const auto& [name, ov] : po.overrides)
+        if (ov.kind == dist::ShardingKind::Hybrid && ov.frequent_rows > 0)
+          hybrid_f[name] = ov.frequent_rows;
       // The planner's lookups per table: the synthetic hotness (one id each without it).
       const std::vector<double> ids_per_sample(hotness.begin(), hotness.end());
       m->shard_tables(*host, po, ids_per_sample, rank == 0 ? stderr : nullptr);
@@ -180,6 +222,7 @@ int run_train_bench(const TrainBenchOptions& o) {
         batches.push_back(io::random_batch(layout, B, o.dist == "zipf",
                                            o.seed * 1000 + B + i + 7919 * rank, hotness));
     }
+    if (!hybrid_f.empty()) report_hybrid_exchange(*host, layout, hybrid_f, batches, cfg, precision);
     std::unique_ptr<io::ShardLoader> loader;
     io::Batch from_disk;
     // The batch of step i: rotated in memory, or streamed from the shards (re-opened at the end).

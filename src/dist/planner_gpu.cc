@@ -2,6 +2,7 @@
 // planner.h, docs/DISTRIBUTED.md, "Sharding on the GPUs").
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <string>
 
 #include "dlrec/dist/planner.h"
@@ -36,6 +37,72 @@ void check_gpu_column_wise(const std::vector<TableSpec>& tables, const PlannerOp
   }
 }
 
+// The GPUs' hybrid tables (docs/DISTRIBUTED.md, "Hybrid tables on the GPUs"): a table placed
+// table_wise on its owner keeps that owner for its ids >= F, and every GPU holds its prefix
+// [0, F) (plus one zero row each: the prefix's and the owner's piece's). F is the override's
+// frequent_rows or, with a frequency summary, hybrid_cost's choice.
+void apply_gpu_hybrid(const std::vector<TableSpec>& tables, const PlannerOptions& o,
+                      const std::map<std::string, int64_t>& hybrid, Plan& plan) {
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const TableSpec& s = tables[t];
+    auto it = hybrid.find(s.name);
+    if (it == hybrid.end()) continue;
+    TablePlan& tp = plan.tables[t];
+    DLREC_CHECK(tp.kind == ShardingKind::TableWise && tp.shards.size() == 1,
+                "sharding: hybrid table '", s.name, "' was not placed on one GPU (bug)");
+    const int owner = tp.shards[0].rank;
+    static const FrequencySummary kNone;
+    const auto fit = o.frequency.find(s.name);
+    const FrequencySummary& freq = fit == o.frequency.end() ? kNone : fit->second;
+    const double lookups = s.lookups_per_step > 0
+                               ? s.lookups_per_step
+                               : static_cast<double>(std::max<int64_t>(o.batch_per_rank, 1)) *
+                                     std::max(o.ranks, 1);
+    int64_t f = it->second;
+    if (f < 0) {
+      if (freq.empty())
+        fail("sharding.tables.", s.name,
+             ": a hybrid table on the GPUs needs \"frequent_rows\" or a frequency summary of its "
+             "ids (the \"frequency\" of its column in the dataset's stats.json, `dlrec etl`)");
+      f = choose_frequent_rows(s, freq, o.ranks, lookups, o.usable_per_rank());
+      if (f == 0)
+        fail("sharding.tables.", s.name,
+             ": hybrid does not pay for this table (its frequency summary gives no prefix that "
+             "sends fewer bytes than none); give \"frequent_rows\" or make it table_wise");
+    }
+    if (f < 1 || f >= s.rows)
+      fail("sharding.tables.", s.name, ".frequent_rows: ", f,
+           " is out of range for a hybrid table on the GPUs: [1, ", s.rows - 1, "] (the table has ",
+           s.rows, " rows; ids >= frequent_rows are served by one GPU)");
+    const int64_t row = s.rows > 0 ? s.bytes() / s.rows : 0;
+    plan.per_rank[owner].bytes -= tp.shards[0].bytes;
+    tp.shards.clear();
+    for (int r = 0; r < plan.ranks; ++r) {
+      const int64_t rows = r == owner ? s.rows : f;
+      const int64_t bytes = (r == owner ? s.rows + 2 : f + 1) * row;
+      Shard sh{r, rows, 0, s.dim, bytes, 0};
+      const double q = freq.empty() ? 0 : freq.fraction_below(f);
+      sh.lookups = lookups * (q / plan.ranks + (r == owner ? 1 - q : 0));
+      tp.shards.push_back(sh);
+      plan.per_rank[r].bytes += bytes;
+      auto& l = plan.per_rank[r].tables;
+      if (std::find(l.begin(), l.end(), static_cast<int>(t)) == l.end())
+        l.push_back(static_cast<int>(t));
+    }
+    tp.kind = ShardingKind::Hybrid;
+    tp.overridden = true;
+    tp.rare_owner = owner;
+    tp.frequent_rows = f;
+    tp.frequent_fraction = freq.empty() ? -1 : freq.fraction_below(f);
+    if (!freq.empty()) {
+      const HybridCost c = hybrid_cost(s, freq, o.ranks, lookups, f);
+      tp.allreduce_bytes = c.allreduce_bytes;
+      tp.exchange_bytes = c.exchange_bytes;
+      tp.unsplit_exchange_bytes = hybrid_cost(s, freq, o.ranks, lookups, 0).exchange_bytes;
+    }
+  }
+}
+
 }  // namespace
 
 Plan plan_gpu_tables(const std::vector<TableSpec>& tables, PlannerOptions o, const GpuMemory& m) {
@@ -57,10 +124,15 @@ Plan plan_gpu_tables(const std::vector<TableSpec>& tables, PlannerOptions o, con
       ") less " + std::to_string(static_cast<int>(o.headroom * 100 + 0.5)) + " % headroom, " +
       format_bytes(static_cast<double>(m.dense_bytes)) + " of dense parameters and " +
       format_bytes(static_cast<double>(m.exchange_bytes)) + " of exchange buffers";
-  for (const auto& [name, ov] : o.overrides)
-    if (ov.kind == ShardingKind::Hybrid)
-      fail("sharding.tables.", name, ".kind: \"", sharding_kind_name(ov.kind),
-           "\" is not supported on the GPUs (table_wise, row_wise, column_wise or replicated)");
+  // Hybrid overrides: placed as table_wise tables (their owner serves the ids >= F), then
+  // made hybrid (apply_gpu_hybrid).
+  std::map<std::string, int64_t> hybrid;
+  for (auto& [name, ov] : o.overrides)
+    if (ov.kind == ShardingKind::Hybrid) {
+      hybrid[name] = ov.frequent_rows;
+      ov = TableOverride{};
+      ov.kind = ShardingKind::TableWise;
+    }
   check_gpu_column_wise(tables, o);
   // A table whose rows split over every GPU still do not fit: named with what it needs.
   const int n = std::max(o.ranks, 1);
@@ -101,6 +173,7 @@ Plan plan_gpu_tables(const std::vector<TableSpec>& tables, PlannerOptions o, con
       sh.bytes = bytes;
     }
   }
+  apply_gpu_hybrid(tables, o, hybrid, plan);
   for (int r = 0; r < plan.ranks; ++r)
     DLREC_CHECK(plan.per_rank[r].bytes <= o.usable_per_rank(), "sharding plan: GPU ", r, " needs ",
                 format_bytes(static_cast<double>(plan.per_rank[r].bytes)),

@@ -195,6 +195,23 @@ void print_hybrid_tables(const Plan& plan, std::ostream& os) {
   char line[512];
   for (const TablePlan& tp : plan.tables) {
     if (tp.kind != ShardingKind::Hybrid) continue;
+    if (tp.rare_owner >= 0) {  // the GPUs' form (planner_gpu.cc)
+      std::snprintf(line, sizeof line,
+                    "hybrid %s: ids [0, %" PRId64 ") on every GPU, the others on GPU %d", tp.name.c_str(),
+                    tp.frequent_rows, tp.rare_owner);
+      os << line;
+      if (tp.frequent_fraction >= 0) {
+        std::snprintf(line, sizeof line,
+                      " (%.1f %% of its lookups on every GPU; per rank and step ~%s all-reduced + "
+                      "~%s exchanged, ~%s without the replicated ids)",
+                      100.0 * tp.frequent_fraction, format_bytes(tp.allreduce_bytes).c_str(),
+                      format_bytes(tp.exchange_bytes).c_str(),
+                      format_bytes(tp.unsplit_exchange_bytes).c_str());
+        os << line;
+      }
+      os << (tp.overridden ? "  (config)\n" : "\n");
+      continue;
+    }
     std::snprintf(line, sizeof line,
                   "hybrid %s: ids [0, %" PRId64
                   ") on every rank (%.1f %% of its lookups), "

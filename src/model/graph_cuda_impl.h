@@ -190,6 +190,7 @@ class GraphCuda final : public CudaModel {
   // Whether tables_[k] is this GPU's piece of a row-wise table (a range of its rows) or of a
   // column-wise one (a range of its columns).
   bool split_piece(size_t k) const;
+  gpu_graph::dp::HybridTable hybrid_of(size_t t) const;  // table t's entry in e_.dp.hybrid
   // Every rank's rows, ids and ids per table of this batch (one host all-gather) into e_.dp,
   // the buffers sized for the largest part; `need_rows`: every rank must have rows.
   void exchange_counts(const io::Batch& batch, bool need_rows);

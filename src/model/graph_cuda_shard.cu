@@ -84,8 +84,23 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
   std::vector<int> owner(T_, -1);
   std::vector<TableKeep> keep(T_, TableKeep::None);
   std::vector<gpu_graph::dp::ColPiece> pieces;
+  std::vector<gpu_graph::dp::HybridTable> hybrid;
   int64_t own_bytes = 0, own_rows = 0, own_tables = 0;
   for (int64_t t = 0; t < T_; ++t) {
+    if (plan.tables[t].kind == dist::ShardingKind::Hybrid) {  // a prefix on every GPU
+      const dist::TablePlan& tp = plan.tables[t];
+      DLREC_CHECK(tp.rare_owner >= 0 && tp.rare_owner < n, "sharding: hybrid table ", t,
+                  " has no owner (bug)");
+      owner[t] = gpu_graph::dp::kHybridOwner;
+      keep[t] = TableKeep::Prefix;
+      hybrid.push_back({t, tp.rare_owner, tp.frequent_rows});
+      if (const dist::Shard* sh = plan.shard_of(static_cast<int>(t), e_.dp.rank)) {
+        own_bytes += sh->bytes;
+        own_rows += sh->rows;
+        ++own_tables;
+      }
+      continue;
+    }
     if (plan.tables[t].kind == dist::ShardingKind::Replicated) {  // whole on every GPU
       owner[t] = gpu_graph::dp::kReplicatedOwner;
       keep[t] = TableKeep::Whole;
@@ -135,6 +150,7 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
   // This GPU's tables only, initialised as one GPU initialises them (per-table seeds); a column
   // piece finds its columns in e_.dp.col_pieces.
   e_.dp.col_pieces = std::move(pieces);
+  e_.dp.hybrid = std::move(hybrid);
   materialize_tables(&keep);
   sharded_index_.assign(T_, -1);
   for (int64_t t = 0; t < T_; ++t) {
@@ -240,9 +256,29 @@ void GraphCuda::gather_sharded_tables() {
         stream_rows(dev, host, r, lo, hi, 0, true);
       }
     };
+    if (owner == gpu_graph::dp::kHybridOwner) {
+      // Every rank keeps the whole copy: rows [0, F) from the owner's prefix, the others from
+      // its piece (release_sharded_tables puts them back after a resume loaded into it).
+      const gpu_graph::dp::HybridTable h = hybrid_of(t);
+      auto [rare, rare_state] = emb_->hybrid_rare(static_cast<int64_t>(t));
+      auto stream_hybrid = [&](Tensor& prefix, Tensor& piece, Tensor& host) {
+        host = Tensor::empty({rows, dim}, DType::F32, Device::cpu());
+        stream_rows(prefix, host, h.owner, 0, h.frequent, 0, true);
+        stream_rows(piece, host, h.owner, h.frequent, rows, 0, true);
+      };
+      stream_hybrid(p.value, rare, host_tables_[t].first);
+      if (e_.emb_adagrad) stream_hybrid(p.state, rare_state, host_tables_[t].second);
+      continue;
+    }
     stream_one(p.value, host_tables_[t].first);
     if (e_.emb_adagrad) stream_one(p.state, host_tables_[t].second);
   }
+}
+
+gpu_graph::dp::HybridTable GraphCuda::hybrid_of(size_t t) const {
+  for (const gpu_graph::dp::HybridTable& h : e_.dp.hybrid)
+    if (h.table == static_cast<int64_t>(t)) return h;
+  fail("table ", t, " is not hybrid (bug)");
 }
 
 // Drops the host copies; a row-wise table's copy first gives this rank its range back (the
@@ -268,6 +304,25 @@ void GraphCuda::release_sharded_tables() {
               p.state.data<float>(), sizeof(float) * w, host_tables_[t].second.data<float>() + c.c0,
               sizeof(float) * dim, sizeof(float) * w, rows, cudaMemcpyHostToDevice));
       }
+    }
+    const bool hybrid =
+        t < e_.dp.table_owner.size() && e_.dp.table_owner[t] == gpu_graph::dp::kHybridOwner;
+    if (hybrid && host_tables_[t].first.defined()) {  // the prefix on every GPU, the piece
+      DeviceGuard g(dev_index_);
+      NamedState& p = tables_[sharded_index_[t]];
+      const int64_t dim = e_.vals[emb_idx_].fields.at(0), rows = layout_.cardinalities[t];
+      const gpu_graph::dp::HybridTable h = hybrid_of(t);
+      auto [rare, rare_state] = emb_->hybrid_rare(static_cast<int64_t>(t));
+      auto put = [&](Tensor& prefix, Tensor& piece, const Tensor& host) {
+        if (!host.defined()) return;
+        copy_bytes(prefix.data<float>(), dev_, host.data<float>(), Device::cpu(),
+                   sizeof(float) * h.frequent * dim);
+        if (h.owner == e_.dp.rank)
+          copy_bytes(piece.data<float>(), dev_, host.data<float>() + h.frequent * dim,
+                     Device::cpu(), sizeof(float) * (rows - h.frequent) * dim);
+      };
+      put(p.value, rare, host_tables_[t].first);
+      if (e_.emb_adagrad) put(p.state, rare_state, host_tables_[t].second);
     }
     if (row_wise && host_tables_[t].first.defined()) {
       DeviceGuard g(dev_index_);
@@ -376,7 +431,8 @@ bool GraphCuda::split_piece(size_t k) const {
   for (size_t t = 0; t < sharded_index_.size() && t < e_.dp.table_owner.size(); ++t)
     if (sharded_index_[t] == static_cast<int>(k))
       return e_.dp.table_owner[t] == gpu_graph::dp::kRowWiseOwner ||
-             e_.dp.table_owner[t] == gpu_graph::dp::kColumnWiseOwner;
+             e_.dp.table_owner[t] == gpu_graph::dp::kColumnWiseOwner ||
+             e_.dp.table_owner[t] == gpu_graph::dp::kHybridOwner;
   return false;
 }
 

@@ -1,6 +1,6 @@
 // Data-parallel training of CUDA engine models on 2 (and 4) GPUs (NCCL) against one GPU, with
 // the tables replicated or sharded (table-wise, row-wise, column-wise, replicated with the
-// gradient all-reduced)
+// gradient all-reduced, hybrid)
 // (docs/DISTRIBUTED.md, "Across GPUs"): the same data and seed, a global batch of per-GPU batch x
 // GPUs, the same loss at every logged step (1e-5 relative) and the same final AUC (1e-4), over
 // 1,000 steps in fp32; and the configurations the GPUs refuse, with their messages. Every test
@@ -93,6 +93,11 @@ void expect_gpus_match_one(const std::string& optimizer, int gpus = 2,
     if (extra.find("column_wise") != std::string::npos) {  // a piece's columns in the plan
       EXPECT_NE(many.output.find("column_wise"), std::string::npos) << many.output;
       EXPECT_NE(many.output.find("cols [4, 8) of " + std::to_string(dim)), std::string::npos)
+          << many.output;
+    }
+    if (extra.find("\"hybrid\"") != std::string::npos) {  // the prefix and the owner
+      EXPECT_NE(many.output.find("hybrid emb.4: ids [0, 20) on every GPU, the others on GPU "),
+                std::string::npos)
           << many.output;
     }
     if (extra.find("\"replicated\"") != std::string::npos) {  // the plan's count of them
@@ -254,6 +259,34 @@ TEST(GpuColumnWise, FourGpusThreePiecesMatchOneGpuOver1000StepsAdagrad) {
                         column_wise(R"(, "pieces": 3)"), "column-wise", 16);
 }
 
+// Hybrid tables (the frequent ids on every GPU, the others on the owner, their rows written
+// straight into the ranks' buffers): the multi-hot table (bags mixing frequent and other ids)
+// and emb.1, beside a row-wise and a table-wise table and the cost rule's replicas.
+const char* kHybrid =
+    R"(, "sharding": {"replicate": "auto", "tables": {"emb.4": {"kind": "hybrid", "frequent_rows": 20},
+                                 "emb.1": {"kind": "hybrid", "frequent_rows": 7},
+                                 "emb.2": {"kind": "row_wise"},
+                                 "emb.0": {"kind": "table_wise", "owner": 1}}})";
+
+TEST(GpuHybrid, TwoGpusMatchOneGpuOver1000StepsSgd) {
+  SKIP_WITHOUT_TWO_GPUS();
+  expect_gpus_match_one(R"({"type": "sgd", "lr": 0.1})", 2, kHybrid, "hybrid");
+}
+
+TEST(GpuHybrid, TwoGpusMatchOneGpuOver1000StepsAdagrad) {
+  SKIP_WITHOUT_TWO_GPUS();
+  expect_gpus_match_one(R"({"type": "adagrad", "lr": 0.05, "adagrad_init": 0.01})", 2, kHybrid,
+                        "hybrid");
+}
+
+TEST(GpuHybrid, FourGpusMatchOneGpuOver1000StepsAdagrad) {
+  SKIP_WITHOUT_TWO_GPUS();
+  if (cuda::device_count() < 4)
+    GTEST_SKIP() << "this machine has " << cuda::device_count() << " GPUs; the test needs 4";
+  expect_gpus_match_one(R"({"type": "adagrad", "lr": 0.05, "adagrad_init": 0.01})", 4, kHybrid,
+                        "hybrid");
+}
+
 TEST(GpuDataParallel, TwoGpusMatchOneGpuOver1000StepsSgd) {
   SKIP_WITHOUT_TWO_GPUS();
   expect_two_gpus_match_one(R"({"type": "sgd", "lr": 0.1})");
@@ -294,14 +327,12 @@ TEST(GpuDataParallel, UnsupportedConfigurationsAreClearErrors) {
         << r.output;
     EXPECT_NE(r.output.find("dim 8 gives 1 piece(s)"), std::string::npos) << r.output;
   }
-  {  // hybrid tables are CPU-only so far
+  {  // a hybrid prefix as large as the table (its ids >= F would be none)
     Data d(R"({"type": "sgd", "lr": 0.1})", "fp32",
-           R"(, "sharding": {"tables": {"emb.1": {"kind": "hybrid"}}})");
+           R"(, "sharding": {"tables": {"emb.1": {"kind": "hybrid", "frequent_rows": 100000}}})");
     auto r = run_job(d.train_args("hyb", 32, "m.jsonl") + " --gpus 2", 300);
     EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.output.find("sharding.tables.emb.1.kind: \"hybrid\" is not supported on the "
-                            "GPUs (table_wise, row_wise, column_wise or replicated)"),
-              std::string::npos)
+    EXPECT_NE(r.output.find("frequent_rows: 100000 is out of range"), std::string::npos)
         << r.output;
   }
   {  // a replication rule that is neither "auto" nor a size

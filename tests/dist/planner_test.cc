@@ -287,7 +287,7 @@ TEST(ShardPlannerGpu, APlanThatCannotFitNamesTheTableAndItsBytes) {
   expect_error([&] { plan_gpu_tables(specs, options(2, kH100), m); },
                {"table 'cat_19' (39979771 x 128) needs 20.47 GB",
                 "does not fit even split by rows over 2 GPU(s)", "free device memory"});
-  // Overrides: row-wise and column-wise run on the GPUs; hybrid does not.
+  // Overrides: row-wise, column-wise and hybrid run on the GPUs.
   PlannerOptions o = options(2, kH100);
   o.overrides["cat_2"] = TableOverride{ShardingKind::RowWise, -1};
   o.overrides["cat_0"] = TableOverride{ShardingKind::ColumnWise, -1};
@@ -296,10 +296,45 @@ TEST(ShardPlannerGpu, APlanThatCannotFitNamesTheTableAndItsBytes) {
   EXPECT_TRUE(p.tables[2].overridden);
   EXPECT_EQ(p.tables[0].kind, ShardingKind::ColumnWise);
   EXPECT_EQ(p.tables[0].shards.size(), 2u);
-  o.overrides["cat_1"] = TableOverride{ShardingKind::Hybrid, -1};
+  // Hybrid needs F (or the ids' frequency summary) and F within [1, rows - 1].
+  o.overrides["cat_9"] = TableOverride{ShardingKind::Hybrid, -1};
   expect_error([&] { plan_gpu_tables(specs, o, GpuMemory{}); },
-               {"sharding.tables.cat_1.kind: \"hybrid\" is not supported on the GPUs",
-                "(table_wise, row_wise, column_wise or replicated)"});
+               {"sharding.tables.cat_9: a hybrid table on the GPUs needs \"frequent_rows\"",
+                "stats.json"});
+  o.overrides["cat_9"].frequent_rows = specs[9].rows;
+  expect_error([&] { plan_gpu_tables(specs, o, GpuMemory{}); },
+               {"sharding.tables.cat_9.frequent_rows: 38532951 is out of range", "[1, 38532950]"});
+}
+
+// A hybrid override on the GPUs: the table placed on one GPU, which serves its ids >= F; every
+// GPU holds the prefix [0, F) and one zero row, the owner the rest and one zero row more.
+TEST(ShardPlannerGpu, HybridOverrideKeepsThePrefixOnEveryGpu) {
+  const auto specs = criteo_tables(128, false);
+  PlannerOptions o = options(4, kH100);
+  o.overrides["cat_9"] = TableOverride{ShardingKind::Hybrid, -1};
+  o.overrides["cat_9"].frequent_rows = 4096;
+  const Plan p = plan_gpu_tables(specs, o, GpuMemory{});
+  const TablePlan& tp = p.tables[9];
+  ASSERT_EQ(tp.kind, ShardingKind::Hybrid);
+  EXPECT_EQ(tp.frequent_rows, 4096);
+  ASSERT_GE(tp.rare_owner, 0);
+  ASSERT_EQ(tp.shards.size(), 4u);
+  const int64_t row = 128 * 4;
+  for (const Shard& sh : tp.shards) {
+    if (sh.rank == tp.rare_owner) {
+      EXPECT_EQ(sh.rows, specs[9].rows);
+      EXPECT_EQ(sh.bytes, (specs[9].rows + 2) * row);
+    } else {
+      EXPECT_EQ(sh.rows, 4096);
+      EXPECT_EQ(sh.bytes, 4097 * row);
+    }
+  }
+  std::ostringstream os;
+  print_plan(p, specs, os);
+  EXPECT_NE(os.str().find("hybrid cat_9: ids [0, 4096) on every GPU, the others on GPU " +
+                          std::to_string(tp.rare_owner) + "  (config)"),
+            std::string::npos)
+      << os.str();
 }
 
 // A column-wise override on the GPUs: pieces of 16-byte vectors of the exchange on distinct

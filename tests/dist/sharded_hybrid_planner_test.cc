@@ -175,11 +175,11 @@ TEST(HybridPlanner, BadInputIsAClearError) {
   expect_error(
       [&] { read(R"({"tables": {"t": {"kind": "row_wise", "frequent_rows": 5}}})").validate(); },
       {"'t'", "frequent_rows", "only hybrid"});
-  // Not on the GPUs yet.
+  // The GPUs: F below the table's rows (one GPU serves the ids >= F).
   PlannerOptions g = options(2);
-  g.overrides["emb.3"] = {ShardingKind::Hybrid, -1, 10};
+  g.overrides["emb.3"] = {ShardingKind::Hybrid, -1, specs[3].rows};
   expect_error([&] { plan_gpu_tables(specs, g, GpuMemory{}); },
-               {"sharding.tables.emb.3.kind", "hybrid", "not supported on the GPUs"});
+               {"sharding.tables.emb.3.frequent_rows", "out of range for a hybrid table on the GPUs"});
 }
 
 TEST(HybridPlanner, ReadsTheFrequencySummaryFromEtlStats) {

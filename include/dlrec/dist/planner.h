@@ -167,6 +167,9 @@ struct TablePlan {
   int64_t frequent_rows = 0;
   double frequent_fraction = 0;  // of the table's lookups, by the frequency summary
   double allreduce_bytes = 0, exchange_bytes = 0, unsplit_exchange_bytes = 0;
+  // The GPUs' hybrid tables (plan_gpu_tables): the rank that holds and serves the ids >= F
+  // (every rank holds the prefix); -1 otherwise.
+  int rare_owner = -1;
   // Rank owning the table (table_wise), else -1.
   int owner() const { return kind == ShardingKind::TableWise ? shards.at(0).rank : -1; }
 };

@@ -4,16 +4,11 @@
 
 namespace dlrec::model::gpu_graph::emb {
 
-namespace {
-
-// A device copy of bytes host bytes (at least one byte allocated).
-Tensor upload(Engine& e, const void* src, size_t bytes) {
+Tensor upload_bytes(Engine& e, const void* src, size_t bytes) {
   Tensor t = Tensor::empty({static_cast<int64_t>(bytes ? bytes : 1)}, DType::U8, e.dev);
   if (bytes) copy_bytes(t.raw(), e.dev, src, Device::cpu(), bytes);
   return t;
 }
-
-}  // namespace
 
 void EmbeddingNode::alloc_exchange(Engine& e, int64_t max_nnz) {
   const int64_t n = e.dp.ranks, T = ts_.tab.num_tables, bags = T * n * cap_;
@@ -43,7 +38,8 @@ void EmbeddingNode::alloc_table_wise(Engine& e, int64_t max_nnz) {
     rp_done_ = gpu::Event(e.dev.index);
   }
   for (int o : own)
-    DLREC_CHECK(o >= dp::kColumnWiseOwner && o < n, "table-wise sharding: owner ", o, " of ", n,
+    DLREC_CHECK((o >= dp::kColumnWiseOwner || o == dp::kHybridOwner) && o < n,
+                "table-wise sharding: owner ", o, " of ", n,
                 " ranks (bug)");
   // The exchange's positions (every field in values): the table-wise tables and the column
   // pieces (row-wise and replicated tables have no owner and are not in these arrays).
@@ -74,13 +70,13 @@ void EmbeddingNode::alloc_table_wise(Engine& e, int64_t max_nnz) {
     base.push_back(ts_.row_base[t]);
   }
   const std::vector<int32_t> lay = x.packed();
-  tw_layout_mem_ = upload(e, lay.data(), lay.size() * sizeof(int32_t));
+  tw_layout_mem_ = upload_bytes(e, lay.data(), lay.size() * sizeof(int32_t));
   tw_layout_ = dp::device_layout(static_cast<const int32_t*>(tw_layout_mem_.raw()), x);
-  tw_tabs_ = upload(e, mine_pos.data(), mine_pos.size() * sizeof(int32_t));  // gathered order
-  tv_sel_dev_ = upload(e, sel32.data(), sel32.size() * sizeof(int32_t));
-  tw_ptrs_ = upload(e, wp.data(), wp.size() * sizeof(float*));
-  tw_sptrs_ = upload(e, sp.data(), sp.size() * sizeof(float*));
-  tw_base_ = upload(e, base.data(), base.size() * sizeof(uint32_t));
+  tw_tabs_ = upload_bytes(e, mine_pos.data(), mine_pos.size() * sizeof(int32_t));  // gathered order
+  tv_sel_dev_ = upload_bytes(e, sel32.data(), sel32.size() * sizeof(int32_t));
+  tw_ptrs_ = upload_bytes(e, wp.data(), wp.size() * sizeof(float*));
+  tw_sptrs_ = upload_bytes(e, sp.data(), sp.size() * sizeof(float*));
+  tw_base_ = upload_bytes(e, base.data(), base.size() * sizeof(uint32_t));
   tw_sub_ = ts_.tab;
   tw_sub_.weights = static_cast<float* const*>(tw_ptrs_.raw());
   tw_sub_.states = ts_.tab.states ? static_cast<float* const*>(tw_sptrs_.raw()) : nullptr;
@@ -110,6 +106,7 @@ void EmbeddingNode::alloc_table_wise(Engine& e, int64_t max_nnz) {
   alloc_column_wise(e, max_nnz, x.groups);
   alloc_row_wise(e, max_nnz);
   alloc_replicated(e, max_nnz);
+  alloc_hybrid(e, max_nnz);
 }
 
 void EmbeddingNode::alloc_column_wise(Engine& e, int64_t max_nnz,
@@ -134,10 +131,10 @@ void EmbeddingNode::alloc_column_wise(Engine& e, int64_t max_nnz,
       if (!ts_.states.empty()) sp.push_back(ts_.states[t].data<float>());
       base.push_back(ts_.row_base[t]);
     }
-    g.tabs = upload(e, pos.data(), pos.size() * sizeof(int32_t));
-    g.ptrs = upload(e, wp.data(), wp.size() * sizeof(float*));
-    g.sptrs = upload(e, sp.data(), sp.size() * sizeof(float*));
-    g.base = upload(e, base.data(), base.size() * sizeof(uint32_t));
+    g.tabs = upload_bytes(e, pos.data(), pos.size() * sizeof(int32_t));
+    g.ptrs = upload_bytes(e, wp.data(), wp.size() * sizeof(float*));
+    g.sptrs = upload_bytes(e, sp.data(), sp.size() * sizeof(float*));
+    g.base = upload_bytes(e, base.data(), base.size() * sizeof(uint32_t));
     g.sub = ts_.tab;
     g.sub.weights = static_cast<float* const*>(g.ptrs.raw());
     g.sub.states = ts_.tab.states ? static_cast<float* const*>(g.sptrs.raw()) : nullptr;
@@ -158,12 +155,25 @@ void EmbeddingNode::alloc_column_wise(Engine& e, int64_t max_nnz,
 void EmbeddingNode::alloc_replicated(Engine& e, int64_t max_nnz) {
   const int64_t T = ts_.tab.num_tables, dim = ts_.dim;
   rp_mine_.clear();
-  for (int64_t t = 0; t < T; ++t)
-    if (e.dp.table_owner[t] == dp::kReplicatedOwner) rp_mine_.push_back(t);
+  rp_cap_host_.clear();
+  // The replicas, and the hybrid tables' frequent prefixes (their ids >= F capped to the
+  // prefix's zero row, row F).
+  bool capped = false;
+  for (int64_t t = 0; t < T; ++t) {
+    const int o = e.dp.table_owner[t];
+    if (o != dp::kReplicatedOwner && o != dp::kHybridOwner) continue;
+    rp_mine_.push_back(t);
+    int64_t last = ts_.rows[t] - 1;
+    for (const dp::HybridTable& h : e.dp.hybrid)
+      if (h.table == t) last = h.frequent, capped = true;
+    rp_cap_host_.push_back(ts_.row_base[t] + static_cast<uint32_t>(last));
+  }
   rp_K_ = static_cast<int64_t>(rp_mine_.size());
   if (rp_K_ == 0) return;
+  rp_cap_ = capped ? upload_bytes(e, rp_cap_host_.data(), rp_cap_host_.size() * sizeof(uint32_t))
+                   : Tensor();
   int64_t total = 0;
-  for (int64_t t : rp_mine_) total += ts_.rows[t] * dim;
+  for (int64_t t : rp_mine_) total += ts_.tables[t].defined() ? ts_.tables[t].numel() : 0;
   rp_grad_ = e.buf({total}, DType::F32);  // zero: dense_update keeps it so between steps
   if (is_half(xdt_)) rp_grad16_ = Tensor::empty({total}, xdt_, e.dev);  // all-reduced in 16 bits
   std::vector<int32_t> table;
@@ -172,20 +182,23 @@ void EmbeddingNode::alloc_replicated(Engine& e, int64_t max_nnz) {
   int64_t at = 0;
   for (int64_t k = 0; k < rp_K_; ++k) {
     const int64_t t = rp_mine_[k];
-    DLREC_CHECK(ts_.tables[t].defined() && ts_.tables[t].shape()[0] == ts_.rows[t],
-                "replicated table ", t, " is not allocated whole (bug)");
+    const bool hybrid = e.dp.table_owner[t] == dp::kHybridOwner;
+    const int64_t rows = hybrid ? rp_cap_host_[k] - ts_.row_base[t] + 1 : ts_.rows[t];
+    DLREC_CHECK(ts_.tables[t].defined() && ts_.tables[t].shape()[0] == rows,
+                hybrid ? "hybrid table " : "replicated table ", t,
+                hybrid ? "'s prefix is not allocated (bug)" : " is not allocated whole (bug)");
     table.push_back(static_cast<int32_t>(t));
     wp.push_back(ts_.tables[t].data<float>());
     if (!ts_.states.empty()) sp.push_back(ts_.states[t].data<float>());
     gp.push_back(rp_grad_.data<float>() + at);
     base.push_back(ts_.row_base[t]);
-    at += ts_.rows[t] * dim;
+    at += rows * dim;
   }
-  rp_tabs_ = upload(e, table.data(), table.size() * sizeof(int32_t));
-  rp_ptrs_ = upload(e, wp.data(), wp.size() * sizeof(float*));
-  rp_sptrs_ = upload(e, sp.data(), sp.size() * sizeof(float*));
-  rp_gptrs_ = upload(e, gp.data(), gp.size() * sizeof(float*));
-  rp_base_ = upload(e, base.data(), base.size() * sizeof(uint32_t));
+  rp_tabs_ = upload_bytes(e, table.data(), table.size() * sizeof(int32_t));
+  rp_ptrs_ = upload_bytes(e, wp.data(), wp.size() * sizeof(float*));
+  rp_sptrs_ = upload_bytes(e, sp.data(), sp.size() * sizeof(float*));
+  rp_gptrs_ = upload_bytes(e, gp.data(), gp.size() * sizeof(float*));
+  rp_base_ = upload_bytes(e, base.data(), base.size() * sizeof(uint32_t));
   rp_sub_ = ts_.tab;
   rp_sub_.weights = static_cast<float* const*>(rp_ptrs_.raw());
   rp_sub_.states = ts_.tab.states ? static_cast<float* const*>(rp_sptrs_.raw()) : nullptr;
@@ -214,7 +227,7 @@ void EmbeddingNode::replicated_apply(Engine& e) {
   e.comm_join(rp_done_);
   int64_t at = 0;
   for (int64_t t : rp_mine_) {
-    const int64_t n = ts_.rows[t] * dim;
+    const int64_t n = ts_.tables[t].numel();
     float* w = ts_.tables[t].data<float>();
     float* a = ts_.states.empty() ? nullptr : ts_.states[t].data<float>();
     if (is_half(xdt_))
@@ -224,6 +237,9 @@ void EmbeddingNode::replicated_apply(Engine& e) {
       });
     else
       dp::dense_update(w, a, rp_grad_.data<float>() + at, n, e.lr + 1, e.emb_eps, e.st);
+    // A hybrid prefix's zero row took the gradients of the ids >= F: zero again.
+    if (e.dp.table_owner[t] == dp::kHybridOwner)
+      DLREC_CUDA_CHECK(cudaMemsetAsync(w + n - dim, 0, sizeof(float) * dim, e.st));
     at += n;
   }
 }
@@ -289,15 +305,15 @@ void EmbeddingNode::alloc_row_wise(Engine& e, int64_t max_nnz) {
   }
   rw_key_bits_ = 1;
   while (rw_key_bits_ < 32 && (uint64_t{1} << rw_key_bits_) < total) ++rw_key_bits_;
-  rw_info_ = upload(e, info.data(), info.size() * sizeof(int64_t));
+  rw_info_ = upload_bytes(e, info.data(), info.size() * sizeof(int64_t));
   rw_rl_ = dp::RwLayout{static_cast<const int64_t*>(rw_info_.raw()), rw_K_};
   const dp::ExchangeLayout x = dp::local_layout(rw_mine_, dim);
   const std::vector<int32_t> lay = x.packed();
-  rw_layout_mem_ = upload(e, lay.data(), lay.size() * sizeof(int32_t));
+  rw_layout_mem_ = upload_bytes(e, lay.data(), lay.size() * sizeof(int32_t));
   rw_layout_ = dp::device_layout(static_cast<const int32_t*>(rw_layout_mem_.raw()), x);
-  rw_ptrs_ = upload(e, wp.data(), wp.size() * sizeof(float*));
-  rw_sptrs_ = upload(e, sp.data(), sp.size() * sizeof(float*));
-  rw_base_ = upload(e, local_base.data(), local_base.size() * sizeof(uint32_t));
+  rw_ptrs_ = upload_bytes(e, wp.data(), wp.size() * sizeof(float*));
+  rw_sptrs_ = upload_bytes(e, sp.data(), sp.size() * sizeof(float*));
+  rw_base_ = upload_bytes(e, local_base.data(), local_base.size() * sizeof(uint32_t));
   rw_sub_ = ts_.tab;
   rw_sub_.weights = static_cast<float* const*>(rw_ptrs_.raw());
   rw_sub_.states = ts_.tab.states ? static_cast<float* const*>(rw_sptrs_.raw()) : nullptr;

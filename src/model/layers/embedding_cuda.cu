@@ -126,7 +126,8 @@ void EmbeddingNode::forward_replicated(Engine& e, H* out, int64_t ld) {
   g.row_begin[0] = g.off_begin[0] = g.key_begin[0] = 0;
   dp::build_table_bags(g, static_cast<const int32_t*>(rp_tabs_.raw()), rp_K_, e.offsets, e.keys,
                        rp_off_.data<int32_t>(), static_cast<uint32_t*>(rp_keys_.raw()),
-                       lens_.data<int32_t>(), src_.data<int64_t>(), scan_.raw(), scan_bytes_, e.st);
+                       lens_.data<int32_t>(), src_.data<int64_t>(), scan_.raw(), scan_bytes_, e.st,
+                       rp_cap_.defined() ? static_cast<const uint32_t*>(rp_cap_.raw()) : nullptr);
   ce::forward(rp_sub_, rp_off_.data<int32_t>(), static_cast<const uint32_t*>(rp_keys_.raw()), e.B,
               mean_, out, e.st, ld);
 }
@@ -263,6 +264,7 @@ void EmbeddingNode::forward_table_wise(Engine& e) {
     if (rw_K_ > 0)
       forward_row_wise(e, geo, g_off, g_keys, static_cast<H*>(o.y.raw()) + col, o.ld,
                        dist::elem_of(o.dt));
+    if (hy_K_ > 0) forward_hybrid(e, geo, g_off, g_keys, static_cast<H*>(o.y.raw()) + col, o.ld);
   };
   if (is_half(o.dt))
     with_half(o.dt, run);
@@ -296,6 +298,7 @@ void EmbeddingNode::backward_table_wise(Engine& e) {
       });
     }
     if (rp_K_ > 0) replicated_grads(e, grad, gv.ld);
+    if (hy_K_ > 0) backward_hybrid<S, W>(e, grad, gv.ld);
     if (rw_K_ > 0) backward_row_wise<S, W>(e, grad, gv.ld);
     if (has_tw_) {
       e.comm_join(a2a_done_);

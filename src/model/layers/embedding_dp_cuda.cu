@@ -32,14 +32,16 @@ __global__ void bag_lengths(RankGeometry g, const int32_t* __restrict__ tables, 
   }
 }
 
-__global__ void copy_keys(int64_t bags, const int32_t* __restrict__ off_g,
+// The bags' keys; with a cap, table k's keys above cap[k] become cap[k].
+__global__ void copy_keys(int64_t bags, int64_t rows, const int32_t* __restrict__ off_g,
                           const int64_t* __restrict__ src, const uint32_t* __restrict__ keys_in,
-                          uint32_t* __restrict__ keys_g) {
+                          const uint32_t* __restrict__ cap, uint32_t* __restrict__ keys_g) {
   for (int64_t gb = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; gb < bags;
        gb += int64_t(gridDim.x) * blockDim.x) {
     const int32_t begin = off_g[gb], n = off_g[gb + 1] - begin;
     const uint32_t* from = keys_in + src[gb];
-    for (int32_t i = 0; i < n; ++i) keys_g[begin + i] = from[i];
+    const uint32_t c = cap ? cap[gb / rows] : 0xFFFFFFFFu;
+    for (int32_t i = 0; i < n; ++i) keys_g[begin + i] = min(from[i], c);
   }
 }
 
@@ -132,7 +134,7 @@ void build_global_bags(const RankGeometry& g, const int32_t* off_in, const uint3
 void build_table_bags(const RankGeometry& g, const int32_t* tables, int64_t K,
                       const int32_t* off_in, const uint32_t* keys_in, int32_t* off_g,
                       uint32_t* keys_g, int32_t* lens, int64_t* src, void* temp, size_t temp_bytes,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, const uint32_t* cap) {
   const int64_t bags = K * g.global_rows;
   DLREC_CHECK(bags < (int64_t{1} << 31), "data-parallel embedding: ", bags,
               " bags in the global batch (int32 offsets)");
@@ -143,7 +145,8 @@ void build_table_bags(const RankGeometry& g, const int32_t* tables, int64_t K,
   size_t bytes = temp_bytes;
   DLREC_CUDA_CHECK(
       cub::DeviceScan::InclusiveSum(temp, bytes, lens, off_g + 1, static_cast<int>(bags), stream));
-  copy_keys<<<blocks_for(bags), 256, 0, stream>>>(bags, off_g, src, keys_in, keys_g);
+  copy_keys<<<blocks_for(bags), 256, 0, stream>>>(bags, g.global_rows, off_g, src, keys_in, cap,
+                                                  keys_g);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 

@@ -45,11 +45,12 @@ void build_global_bags(const RankGeometry& g, const int32_t* off_in, const uint3
 
 // The same for the tables tables[0..K) (device array) only: bag k * G + row of table tables[k]
 // (offsets [K * G + 1] from 0, keys compacted in that order). Table-wise sharding: the owner's
-// tables over the global batch, in the global row order one GPU has.
+// tables over the global batch, in the global row order one GPU has. With cap (device [K]), table
+// k's keys above cap[k] become cap[k] (a hybrid table's ids >= F go to its prefix's zero row).
 void build_table_bags(const RankGeometry& g, const int32_t* tables, int64_t K,
                       const int32_t* off_in, const uint32_t* keys_in, int32_t* off_g,
                       uint32_t* keys_g, int32_t* lens, int64_t* src, void* temp, size_t temp_bytes,
-                      cudaStream_t stream);
+                      cudaStream_t stream, const uint32_t* cap = nullptr);
 
 // A rank's ids of the tables sel only (host list, increasing; sel_dev: the same on the device),
 // laid out as the step's inputs are (bags table-major, offsets from 0): off_out [S * B + 1] and

@@ -23,6 +23,17 @@ namespace dlrec::model::gpu_graph::dp {
 constexpr int kRowWiseOwner = -1;
 constexpr int kReplicatedOwner = -2;
 constexpr int kColumnWiseOwner = -3;
+// A hybrid table (docs/DISTRIBUTED.md, "Hybrid tables on the GPUs"): its frequent ids [0, F) on
+// every GPU, the others served by one GPU (Engine::dp.hybrid names it and F).
+constexpr int kHybridOwner = -4;
+
+// One hybrid table: ids [0, frequent) replicated on every GPU, ids >= frequent pooled and
+// updated by `owner`, which holds the whole table.
+struct HybridTable {
+  int64_t table = 0;
+  int owner = 0;
+  int64_t frequent = 0;
+};
 
 // One column piece of a column-wise table: columns [c0, c1) of table `table`, held by `rank`.
 struct ColPiece {

@@ -13,6 +13,9 @@
 
 namespace dlrec::model::gpu_graph::emb {
 
+// A device copy of `bytes` host bytes (at least one byte allocated).
+Tensor upload_bytes(Engine& e, const void* src, size_t bytes);
+
 // The embedding layer. Hashed (`hashed` non-empty: one table's options per feature): before
 // the pooling, the batch's keys are resolved to rows on the device (graph_hashed_cuda.h), which
 // overwrites the step's row array; an evaluation forward pools with keys no table holds as zeros.
@@ -68,6 +71,10 @@ class EmbeddingNode final : public Node {
   }
   const std::vector<uint32_t>& row_base() const { return ts_.row_base; }
   hashed_cuda::HashedTables* hashed() const override { return hashed_.get(); }
+  std::pair<Tensor, Tensor> hybrid_rare(int64_t t) const override {
+    if (t >= static_cast<int64_t>(ts_.rare.size())) return {};
+    return {ts_.rare[t], ts_.rare_states.empty() ? Tensor() : ts_.rare_states[t]};
+  }
   const std::string& layer_name() const override { return name_; }
   ServingParts serving_parts(Engine&) override;
 
@@ -211,6 +218,45 @@ class EmbeddingNode final : public Node {
     Tensor tabs, ptrs, sptrs, base, off, keys, scratch_mem;
   };
   std::vector<CwGroup> cw_;
+  // Hybrid tables (Engine::dp.hybrid; docs/DISTRIBUTED.md, "Hybrid tables on the GPUs",
+  // embedding_hybrid_cuda.cu): the frequent ids [0, F) of each are pooled and updated on every
+  // GPU as a replicated table of F rows (the replicated path, its other ids pooled from a zero
+  // row), the others by the table's owner, as a row-wise piece [F, rows) over the global batch
+  // (its frequent ids pooled from the piece's zero row). Only the rows that hold some of those
+  // ids travel: the owner writes each such pooled row straight into its rank's receive buffer
+  // over NVLink (CUDA IPC), which adds it to its column; backward, each rank writes the
+  // gradients of those rows into the owner's buffer and the owner runs the fused update. A
+  // one-value all-reduce after the writes is the barrier that orders them before the reads.
+  struct PeerBuffer {  // a device buffer every rank of the job maps (CUDA IPC, one host)
+    void* mine = nullptr;
+    std::vector<void*> peer;  // rank r's buffer as mapped here (own: mine)
+    Tensor dev;               // the same pointers in a device array
+    int device = 0;
+    PeerBuffer() = default;
+    PeerBuffer(const PeerBuffer&) = delete;
+    PeerBuffer& operator=(const PeerBuffer&) = delete;
+    ~PeerBuffer();
+  };
+  std::unique_ptr<PeerBuffer> open_peer_buffer(Engine& e, size_t bytes);
+  void alloc_hybrid(Engine& e, int64_t max_nnz);
+  template <class H>
+  void forward_hybrid(Engine& e, const dp::RankGeometry& geo, const int32_t* g_off,
+                      const uint32_t* g_keys, H* out, int64_t ld);
+  template <class S, class W>
+  void backward_hybrid(Engine& e, const S* grad, int64_t ld);
+  void hybrid_barrier(Engine& e, const char* what);
+  std::vector<dp::HybridTable> hy_all_;  // every hybrid table (slot k = its index)
+  std::vector<int64_t> hy_mine_;         // the slots of those this rank owns
+  int64_t hy_K_ = 0, hy_M_ = 0, hy_nnz_ = 0, hy_bmax_ = 0;
+  int hy_key_bits_ = 1;
+  dp::RwLayout hy_rl_;
+  ce::Tables hy_sub_;
+  ce::Scratch hy_scratch_;
+  Tensor hy_info_, hy_rinfo_, hy_ptrs_, hy_sptrs_, hy_base_, hy_off_, hy_keys_, hy_pool_;
+  Tensor hy_scratch_mem_, hy_flag_;
+  std::unique_ptr<PeerBuffer> hy_recv_, hy_grecv_;
+  std::vector<uint32_t> rp_cap_host_;  // alloc_replicated: the replicas' key caps
+  Tensor rp_cap_;
   dp::TwLayout tw_layout_;
   size_t scan_bytes_ = 0;
 

@@ -142,6 +142,8 @@ struct DataParallel {
   std::vector<int> table_owner;
   // Column-wise tables (table_owner[t] == dp::kColumnWiseOwner): their pieces, every rank's.
   std::vector<dp::ColPiece> col_pieces;
+  // Hybrid tables (table_owner[t] == dp::kHybridOwner): each one's owner and frequent prefix.
+  std::vector<dp::HybridTable> hybrid;
   std::vector<int64_t> table_nnz;
   bool step = false, collective = false;
 };
@@ -548,9 +550,9 @@ struct ServingParts {
 };
 
 // What a GPU of a sharded run allocates of a fixed table (GraphCuda::shard_tables ->
-// Node::materialize): nothing, the whole table (its own or a replica), its row-wise range or its
-// column-wise piece.
-enum class TableKeep : char { None, Whole, Rows, Columns };
+// Node::materialize): nothing, the whole table (its own or a replica), its row-wise range, its
+// column-wise piece or a hybrid table's frequent prefix.
+enum class TableKeep : char { None, Whole, Rows, Columns, Prefix };
 
 class Node {
  public:
@@ -572,6 +574,8 @@ class Node {
   // The embedding layer (Build::embedding): its hashed tables (null: fixed), its name, and
   // the direct mode (GraphCuda::plan_direct_embedding): write into a concat's columns.
   virtual hashed_cuda::HashedTables* hashed() const { return nullptr; }
+  // A hybrid table's rows >= F on its owner (value, state; undefined elsewhere).
+  virtual std::pair<Tensor, Tensor> hybrid_rare(int64_t /*t*/) const { return {}; }
   virtual const std::string& layer_name() const;
   virtual void write_into(int /*into*/, int64_t /*col*/) {}
   // A concat: input value j writes its columns itself (true when the layer supports that).

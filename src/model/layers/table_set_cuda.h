@@ -137,9 +137,37 @@ struct TableSet {
       states[t] = s;
     }
   }
+  // A hybrid table (e.dp.hybrid: F, its owner): on every GPU its frequent prefix, rows [0, F),
+  // plus one zero row (the one its other ids are pooled from: EmbeddingNode's replicated path);
+  // on the owner also `rare[t]`, rows [F, rows) plus one zero row (the outside row of a row-wise
+  // piece). Values as one GPU gives those rows; the accumulators at their initial value.
+  std::vector<Tensor> rare, rare_states;
+  void make_prefix(Engine& e, int64_t t) {
+    const dp::HybridTable* h = nullptr;
+    for (const dp::HybridTable& x : e.dp.hybrid)
+      if (x.table == t) h = &x;
+    DLREC_CHECK(h && h->frequent > 0 && h->frequent < rows[t], "hybrid table ", t,
+                " has no frequent prefix (bug)");
+    const uint64_t s = nn::derive_seed(seed, static_cast<uint64_t>(t));
+    const double a = std::sqrt(1.0 / static_cast<double>(rows[t]));
+    auto piece = [&](int64_t lo, int64_t hi, Tensor& w, Tensor* st) {
+      w = Tensor::empty({hi - lo + 1, dim}, DType::F32, e.dev);
+      dp::init_uniform_range(w.data<float>(), (hi - lo) * dim, lo * dim, s, a, e.st);
+      DLREC_CUDA_CHECK(
+          cudaMemsetAsync(w.data<float>() + (hi - lo) * dim, 0, sizeof(float) * dim, e.st));
+      if (!e.emb_adagrad) return;
+      *st = Tensor::empty({hi - lo + 1, dim}, DType::F32, e.dev);
+      ce::fill(st->data<float>(), st->numel(), e.emb_init_acc, e.st);
+    };
+    piece(0, h->frequent, tables[t], e.emb_adagrad ? &states[t] : nullptr);
+    if (h->owner != e.dp.rank) return;
+    rare.resize(tables.size());
+    rare_states.resize(tables.size());
+    piece(h->frequent, rows[t], rare[t], &rare_states[t]);
+  }
   // Deferred tables: allocates what keep[t] says (every whole table when keep is null): Whole,
   // this rank's row-wise piece (Rows: make_piece), its column-wise piece (Columns:
-  // make_columns); the others (None) stay unallocated, with null pointers in the kernels' arrays (only the owners' sub-sets are
+  // make_columns), a hybrid table's prefix (Prefix: make_prefix); the others (None) stay unallocated, with null pointers in the kernels' arrays (only the owners' sub-sets are
   // pooled then: EmbeddingNode's sharded paths).
   void materialize(Engine& e, const std::vector<TableKeep>* keep) {
     if (materialized) return;
@@ -149,6 +177,8 @@ struct TableSet {
         make_piece(e, static_cast<int64_t>(t));
       else if (k == TableKeep::Columns)
         make_columns(e, static_cast<int64_t>(t));
+      else if (k == TableKeep::Prefix)
+        make_prefix(e, static_cast<int64_t>(t));
       else if (k == TableKeep::Whole)
         make(e, static_cast<int64_t>(t));
     }
