@@ -60,6 +60,9 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
   // The exchange moves pooled rows and their gradients in the model's precision.
   const int act = e_.lowp ? 2 : 4;
   dist::PlannerOptions opts = options;
+  for (int64_t t = 0; t < T_ && t < static_cast<int64_t>(options.frequency_by_feature.size()); ++t)
+    if (!options.frequency_by_feature[t].empty())
+      opts.frequency[layer + "." + std::to_string(t)] = options.frequency_by_feature[t];
   opts.exchange_value_bytes = act;
   opts.exchange_grad_bytes = act;
   opts.replica_reduce_bytes = act;  // the replicas' gradient all-reduce too (embedding_cuda.cu)

@@ -401,10 +401,17 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
           ids.push_back(it == by_name.end() ? 1.0 : it->second);
         }
       }
-      // The ids' frequency summaries for hybrid tables (CPU engine): table "<layer>.<f>" has
-      // feature f's (the planner looks them up by table name only). (parameters() would allocate a
-      // CUDA model's tables before sharding.)
-      if (file_exists(stats) && !m.model->device().is_cuda()) {
+      // The ids' frequency summaries for hybrid tables: table "<layer>.<f>" has feature f's (the
+      // planner looks them up by table name only). The CUDA engine takes them by feature
+      // (parameters() would allocate its tables before sharding).
+      if (file_exists(stats) && m.model->device().is_cuda()) {
+        const auto freq = dist::read_frequency_summaries(stats);
+        for (const std::string& name : m.data.cat_names) {
+          auto it = freq.find(name);
+          po.frequency_by_feature.push_back(it == freq.end() ? dist::FrequencySummary{}
+                                                             : it->second);
+        }
+      } else if (file_exists(stats)) {
         const auto freq = dist::read_frequency_summaries(stats);
         for (const auto& [param, value] : m.model->parameters()) {
           const std::string name =  // "emb.3" (a table may be listed as "emb.3.weight")

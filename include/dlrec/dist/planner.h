@@ -132,6 +132,9 @@ struct PlannerOptions {
   // Per table name, its ids' frequency summary (the ETL's stats.json, read_frequency_summaries):
   // what hybrid sharding needs. A table without one is never hybrid.
   std::map<std::string, FrequencySummary> frequency;
+  // The same by categorical feature (index), for the CUDA engine, which names its tables itself
+  // (GraphCuda::shard_tables files feature t's summary under its table "<layer>.<t>").
+  std::vector<FrequencySummary> frequency_by_feature;
   std::map<std::string, TableOverride> overrides;  // by table name
   int64_t usable_per_rank() const;                 // bytes left for tables on each rank
   void validate() const;

@@ -36,6 +36,7 @@ void EmbeddingNode::alloc_table_wise(Engine& e, int64_t max_nnz) {
     ids_done_ = gpu::Event(e.dev.index);
     a2a_done_ = gpu::Event(e.dev.index);
     rp_done_ = gpu::Event(e.dev.index);
+    hy_done_ = gpu::Event(e.dev.index);
   }
   for (int o : own)
     DLREC_CHECK((o >= dp::kColumnWiseOwner || o == dp::kHybridOwner) && o < n,

@@ -218,6 +218,7 @@ void EmbeddingNode::forward_table_wise(Engine& e) {
     if (rp_K_ > 0) forward_replicated(e, static_cast<H*>(o.y.raw()) + col, o.ld);
     if (rp_K_ > 0) e.sub("emb fwd: replicated");
     e.comm_join(ids_done_);
+    if (hy_K_ > 0) hybrid_push<H>(e, geo, g_off, g_keys);
     dp::build_table_bags(geo, static_cast<const int32_t*>(tw_tabs_.raw()), tw_K_, g_off, g_keys,
                          tw_off_.data<int32_t>(), static_cast<uint32_t*>(tw_keys_.raw()),
                          lens_.data<int32_t>(), src_.data<int64_t>(), scan_.raw(), scan_bytes_,
@@ -264,7 +265,7 @@ void EmbeddingNode::forward_table_wise(Engine& e) {
     if (rw_K_ > 0)
       forward_row_wise(e, geo, g_off, g_keys, static_cast<H*>(o.y.raw()) + col, o.ld,
                        dist::elem_of(o.dt));
-    if (hy_K_ > 0) forward_hybrid(e, geo, g_off, g_keys, static_cast<H*>(o.y.raw()) + col, o.ld);
+    if (hy_K_ > 0) hybrid_add(e, static_cast<H*>(o.y.raw()) + col, o.ld);
   };
   if (is_half(o.dt))
     with_half(o.dt, run);
@@ -289,6 +290,7 @@ void EmbeddingNode::backward_table_wise(Engine& e) {
     // Overlap: the gradients' all-to-all first, the replicas' local gradient beside it, their
     // all-reduce beside the owner's update (its ids were sorted in the forward).
     e.sub("emb bwd: (before)");
+    if (hy_K_ > 0) hybrid_push_grads<S, W>(e, grad, gv.ld);
     if (has_tw_) {
       pack_grads(tw_layout_, e.B, grad, gv.ld, static_cast<W*>(tw_gsend_.raw()), e.st);
       e.sub("emb bwd: tw pack");
@@ -298,7 +300,7 @@ void EmbeddingNode::backward_table_wise(Engine& e) {
       });
     }
     if (rp_K_ > 0) replicated_grads(e, grad, gv.ld);
-    if (hy_K_ > 0) backward_hybrid<S, W>(e, grad, gv.ld);
+    if (hy_K_ > 0) hybrid_apply<W>(e);
     if (rw_K_ > 0) backward_row_wise<S, W>(e, grad, gv.ld);
     if (has_tw_) {
       e.comm_join(a2a_done_);

@@ -33,6 +33,19 @@ __device__ __forceinline__ T from_f(float x) {
   if constexpr (std::is_same_v<T, __half>) return __float2half_rn(x);
 }
 
+// A warp's lanes copy a row of dim values (16-byte vectors when the row's bytes allow: the
+// rows then start 16-byte aligned, as every buffer here does).
+template <class T>
+__device__ __forceinline__ void copy_row(T* dst, const T* src, int dim, int lane) {
+  if ((dim * sizeof(T)) % 16 == 0) {
+    const int n = dim * sizeof(T) / 16;
+    for (int i = lane; i < n; i += 32)
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+    return;
+  }
+  for (int c = lane; c < dim; c += 32) dst[c] = src[c];
+}
+
 // Whether one of the `n` keys at k (a warp's lanes reading them) is not `other`.
 __device__ __forceinline__ bool any_key_not(const uint32_t* k, int32_t n, uint32_t other,
                                             int lane) {
@@ -70,8 +83,7 @@ __global__ void push_pooled(dp::RankGeometry g, int64_t bmax, int64_t M, int64_t
         static_cast<uint32_t>(rinfo[5 * m + 4] + rinfo[5 * m + 3] - rinfo[5 * m + 2]);
     if (!any_key_not(keys + off[bag], off[bag + 1] - off[bag], zero_row, lane)) continue;
     const H* src = pool + (p * M + m) * dim;
-    H* dst = static_cast<H*>(peers[r]) + (b * K + slots[m]) * dim;
-    for (int c = lane; c < dim; c += 32) dst[c] = src[c];
+    copy_row(static_cast<H*>(peers[r]) + (b * K + slots[m]) * dim, src, dim, lane);
   }
 }
 
@@ -112,6 +124,22 @@ __global__ void push_grads(int64_t B, int64_t K, int dim, const int32_t* __restr
     if (!any_rare(keys + off[bag], off[bag + 1] - off[bag], in[1], in[2], lane)) continue;
     const S* src = grad + b * ld + in[0] * dim;
     W* dst = static_cast<W*>(peers[in[3]]) + ((row0 + b) * in[5] + in[4]) * dim;
+    if constexpr (std::is_same_v<S, W>) {
+      if ((ld * sizeof(S)) % 16 == 0 && reinterpret_cast<uintptr_t>(grad) % 16 == 0) {
+        copy_row(dst, src, dim, lane);
+        continue;
+      }
+    }
+    if (dim % 8 == 0 && (ld % 8) == 0) {  // 8 values per lane, one 16-byte store (16-bit W)
+      for (int i = lane; i < dim / 8; i += 32) {
+        alignas(16) W v[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = from_f<W>(to_f(src[8 * i + j]));
+        for (int j = 0; j < static_cast<int>(sizeof(v) / 16); ++j)
+          reinterpret_cast<uint4*>(dst + 8 * i)[j] = reinterpret_cast<const uint4*>(v)[j];
+      }
+      continue;
+    }
     for (int c = lane; c < dim; c += 32) dst[c] = from_f<W>(to_f(src[c]));
   }
 }
@@ -180,7 +208,8 @@ std::unique_ptr<EmbeddingNode::PeerBuffer> EmbeddingNode::open_peer_buffer(Engin
 }
 
 void EmbeddingNode::hybrid_barrier(Engine& e, const char* what) {
-  e.on_comm(what, [&](dist::Communicator& c) { c.all_reduce(hy_flag_.raw(), 1, dist::Elem::I32); });
+  e.comm_fork(what, hy_done_,
+              [&](dist::Communicator& c) { c.all_reduce(hy_flag_.raw(), 1, dist::Elem::I32); });
 }
 
 void EmbeddingNode::alloc_hybrid(Engine& e, int64_t max_nnz) {
@@ -256,8 +285,8 @@ void EmbeddingNode::alloc_hybrid(Engine& e, int64_t max_nnz) {
 }
 
 template <class H>
-void EmbeddingNode::forward_hybrid(Engine& e, const dp::RankGeometry& geo, const int32_t* g_off,
-                                   const uint32_t* g_keys, H* out, int64_t ld) {
+void EmbeddingNode::hybrid_push(Engine& e, const dp::RankGeometry& geo, const int32_t* g_off,
+                                const uint32_t* g_keys) {
   const DataParallel& d = e.dp;
   const int64_t T = ts_.tab.num_tables, dim = ts_.dim;
   hy_bmax_ = padded_rows(d);
@@ -278,16 +307,22 @@ void EmbeddingNode::forward_hybrid(Engine& e, const dp::RankGeometry& geo, const
         hy_off_.data<int32_t>(), static_cast<const uint32_t*>(hy_keys_.raw()), hy_rl_.info,
         info + 6 * hy_K_, static_cast<void* const*>(hy_recv_->dev.raw()));
     DLREC_CUDA_LAUNCH_CHECK();
-    e.sub("emb fwd: hybrid pool + write");
-    if (d.step && hy_nnz_ > 0)
-      ce::backward_ids(hy_sub_, hy_off_.data<int32_t>(),
-                       static_cast<const uint32_t*>(hy_keys_.raw()), Gp, hy_nnz_, hy_key_bits_,
-                       hy_scratch_, e.st);
   }
   hybrid_barrier(e, "hybrid rows written");
+  e.sub("emb fwd: hybrid pool + write");
+  // The owner's id sort for the backward while the other ranks write.
+  if (hy_M_ > 0 && d.step && hy_nnz_ > 0)
+    ce::backward_ids(hy_sub_, hy_off_.data<int32_t>(), static_cast<const uint32_t*>(hy_keys_.raw()),
+                     Gp, hy_nnz_, hy_key_bits_, hy_scratch_, e.st);
+}
+
+template <class H>
+void EmbeddingNode::hybrid_add(Engine& e, H* out, int64_t ld) {
+  if (hy_bmax_ == 0) return;
+  e.comm_join(hy_done_);
   if (e.B > 0) {
     add_received<H><<<warp_blocks(e.B * hy_K_), 32 * kWarps, 0, e.st>>>(
-        e.B, hy_K_, static_cast<int>(dim), e.offsets, e.keys,
+        e.B, hy_K_, static_cast<int>(ts_.dim), e.offsets, e.keys,
         static_cast<const int64_t*>(hy_info_.raw()), static_cast<const H*>(hy_recv_->mine), out,
         ld);
     DLREC_CUDA_LAUNCH_CHECK();
@@ -296,20 +331,25 @@ void EmbeddingNode::forward_hybrid(Engine& e, const dp::RankGeometry& geo, const
 }
 
 template <class S, class W>
-void EmbeddingNode::backward_hybrid(Engine& e, const S* grad, int64_t ld) {
-  const DataParallel& d = e.dp;
-  const int64_t dim = ts_.dim;
+void EmbeddingNode::hybrid_push_grads(Engine& e, const S* grad, int64_t ld) {
   if (hy_bmax_ == 0) return;
-  const int64_t Gp = d.ranks * hy_bmax_;
   if (e.B > 0) {
     push_grads<S, W><<<warp_blocks(e.B * hy_K_), 32 * kWarps, 0, e.st>>>(
-        e.B, hy_K_, static_cast<int>(dim), e.offsets, e.keys,
-        static_cast<const int64_t*>(hy_info_.raw()), d.rank * hy_bmax_, grad, ld,
+        e.B, hy_K_, static_cast<int>(ts_.dim), e.offsets, e.keys,
+        static_cast<const int64_t*>(hy_info_.raw()), e.dp.rank * hy_bmax_, grad, ld,
         static_cast<void* const*>(hy_grecv_->dev.raw()));
     DLREC_CUDA_LAUNCH_CHECK();
   }
   hybrid_barrier(e, "hybrid gradients written");
+  e.sub("emb bwd: hybrid write");
+}
+
+template <class W>
+void EmbeddingNode::hybrid_apply(Engine& e) {
+  if (hy_bmax_ == 0) return;
+  e.comm_join(hy_done_);
   if (hy_M_ == 0 || hy_nnz_ == 0) return;
+  const int64_t dim = ts_.dim, Gp = e.dp.ranks * hy_bmax_;
   const ce::Update kind = e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD;
   ce::backward_apply(hy_sub_, hy_off_.data<int32_t>(), Gp, hy_nnz_, false,
                      static_cast<const W*>(hy_grecv_->mine), hy_M_ * dim, kind, e.lr + 1,
@@ -324,15 +364,17 @@ void EmbeddingNode::backward_hybrid(Engine& e, const S* grad, int64_t ld) {
   e.sub("emb bwd: hybrid apply");
 }
 
-#define DLREC_HY_FWD(H)                                                                      \
-  template void EmbeddingNode::forward_hybrid<H>(Engine&, const dp::RankGeometry&,           \
-                                                 const int32_t*, const uint32_t*, H*, int64_t);
+#define DLREC_HY_FWD(H)                                                                     \
+  template void EmbeddingNode::hybrid_push<H>(Engine&, const dp::RankGeometry&,             \
+                                              const int32_t*, const uint32_t*);             \
+  template void EmbeddingNode::hybrid_add<H>(Engine&, H*, int64_t);                         \
+  template void EmbeddingNode::hybrid_apply<H>(Engine&);
 DLREC_HY_FWD(float)
 DLREC_HY_FWD(__nv_bfloat16)
 DLREC_HY_FWD(__half)
 #undef DLREC_HY_FWD
 #define DLREC_HY_BWD(S, W) \
-  template void EmbeddingNode::backward_hybrid<S, W>(Engine&, const S*, int64_t);
+  template void EmbeddingNode::hybrid_push_grads<S, W>(Engine&, const S*, int64_t);
 DLREC_HY_BWD(float, float)
 DLREC_HY_BWD(float, __nv_bfloat16)
 DLREC_HY_BWD(float, __half)

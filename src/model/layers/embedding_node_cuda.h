@@ -239,12 +239,20 @@ class EmbeddingNode final : public Node {
   };
   std::unique_ptr<PeerBuffer> open_peer_buffer(Engine& e, size_t bytes);
   void alloc_hybrid(Engine& e, int64_t max_nnz);
+  // Forward: hybrid_push (the owner's pooling and writes, the barrier forked), later
+  // hybrid_add (joins it, adds the received rows). Backward: hybrid_push_grads (the writes, the
+  // barrier forked), later hybrid_apply (joins it; the owner's update). W: the exchange's type.
   template <class H>
-  void forward_hybrid(Engine& e, const dp::RankGeometry& geo, const int32_t* g_off,
-                      const uint32_t* g_keys, H* out, int64_t ld);
+  void hybrid_push(Engine& e, const dp::RankGeometry& geo, const int32_t* g_off,
+                   const uint32_t* g_keys);
+  template <class H>
+  void hybrid_add(Engine& e, H* out, int64_t ld);
   template <class S, class W>
-  void backward_hybrid(Engine& e, const S* grad, int64_t ld);
-  void hybrid_barrier(Engine& e, const char* what);
+  void hybrid_push_grads(Engine& e, const S* grad, int64_t ld);
+  template <class W>
+  void hybrid_apply(Engine& e);
+  void hybrid_barrier(Engine& e, const char* what);  // forked; hy_done_ after it
+  gpu::Event hy_done_;
   std::vector<dp::HybridTable> hy_all_;  // every hybrid table (slot k = its index)
   std::vector<int64_t> hy_mine_;         // the slots of those this rank owns
   int64_t hy_K_ = 0, hy_M_ = 0, hy_nnz_ = 0, hy_bmax_ = 0;
