@@ -182,6 +182,46 @@ TEST(HybridPlanner, BadInputIsAClearError) {
                {"sharding.tables.emb.3.frequent_rows", "out of range for a hybrid table on the GPUs"});
 }
 
+// The GPUs' form (plan_gpu_tables): only overrides are hybrid; F from the override or, without
+// it, the same choice as on the CPU from the frequency summary; the ids >= F on the GPU the
+// table was placed on, which holds it whole, every other GPU its prefix.
+TEST(HybridPlanner, GpuOverrideTakesFFromTheSummary) {
+  const std::vector<TableSpec> specs = {table("zipf", 4'000'000, 128),
+                                        table("other", 4'000'000, 128)};
+  PlannerOptions o = options(4);
+  o.frequency["zipf"] = summary(4'000'000, true);
+  o.frequency["other"] = summary(4'000'000, true);
+  o.overrides["zipf"] = {ShardingKind::Hybrid, -1, -1};
+  const Plan p = plan_gpu_tables(specs, o, GpuMemory{});
+  const TablePlan& z = p.tables[0];
+  ASSERT_EQ(z.kind, ShardingKind::Hybrid);
+  EXPECT_EQ(p.tables[1].kind, ShardingKind::TableWise);  // a summary alone does not make it hybrid
+  const int64_t cpu_f = choose_frequent_rows(specs[0], o.frequency["zipf"], 4,
+                                             specs[0].lookups_per_step, o.usable_per_rank());
+  EXPECT_GT(cpu_f, 0);
+  EXPECT_EQ(z.frequent_rows, cpu_f);
+  EXPECT_NEAR(z.frequent_fraction, o.frequency["zipf"].fraction_below(cpu_f), 1e-12);
+  ASSERT_GE(z.rare_owner, 0);
+  double lookups = 0;
+  for (const Shard& sh : z.shards) {
+    EXPECT_EQ(sh.rows, sh.rank == z.rare_owner ? 4'000'000 : cpu_f);
+    lookups += sh.lookups;
+  }
+  EXPECT_NEAR(lookups, specs[0].lookups_per_step, 1e-6 * specs[0].lookups_per_step);
+  std::ostringstream os;
+  print_hybrid_tables(p, os);
+  EXPECT_NE(os.str().find("hybrid zipf: ids [0, " + std::to_string(cpu_f) +
+                          ") on every GPU, the others on GPU " + std::to_string(z.rare_owner) +
+                          " ("),
+            std::string::npos)
+      << os.str();
+  EXPECT_NE(os.str().find("% of its lookups on every GPU"), std::string::npos) << os.str();
+  // A uniform table: no prefix pays, which an override without F says.
+  o.frequency["zipf"] = summary(4'000'000, false);
+  expect_error([&] { plan_gpu_tables(specs, o, GpuMemory{}); },
+               {"sharding.tables.zipf: hybrid does not pay for this table", "frequent_rows"});
+}
+
 TEST(HybridPlanner, ReadsTheFrequencySummaryFromEtlStats) {
   dlrec::testing::TempDir tmp("hybrid_stats");
   const std::string path = dlrec::testing::write_file(tmp.path, "stats.json", R"({

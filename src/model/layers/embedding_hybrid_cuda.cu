@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <string>
 
@@ -144,10 +145,15 @@ __global__ void push_grads(int64_t B, int64_t K, int dim, const int32_t* __restr
   }
 }
 
+// The machine: its host name and the kernel's boot id (containers of one host share it).
 uint64_t host_key() {
   char name[256] = {};
   gethostname(name, sizeof name - 1);
-  return std::hash<std::string>{}(name);
+  std::string key = name;
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (std::getline(boot, id)) key += "/" + id;
+  return std::hash<std::string>{}(key);
 }
 
 }  // namespace
