@@ -69,7 +69,8 @@ void report_hybrid_exchange(dist::Communicator& host, const io::ShardLayout& lay
   rare = host.all_reduce_value(rare);
   if (host.rank() != 0 || rows == 0) return;
   const double steps = static_cast<double>(batches.size()), remote = (n - 1.0) / n;
-  const double tw = rows / steps * remote * dim * value * 2, hy = rare / steps * remote * dim * value * 2;
+  const double tw = rows / steps * remote * dim * value * 2,
+               hy = rare / steps * remote * dim * value * 2;
   std::fprintf(stderr,
                "[bench train] hybrid tables (%zu): %.1f %% of their rows have an id >= F; their "
                "exchange moves ~%.1f MB per step over all GPUs (forward + backward), table-wise "

@@ -54,10 +54,10 @@ void apply_gpu_hybrid(const std::vector<TableSpec>& tables, const PlannerOptions
     static const FrequencySummary kNone;
     const auto fit = o.frequency.find(s.name);
     const FrequencySummary& freq = fit == o.frequency.end() ? kNone : fit->second;
-    const double lookups = s.lookups_per_step > 0
-                               ? s.lookups_per_step
-                               : static_cast<double>(std::max<int64_t>(o.batch_per_rank, 1)) *
-                                     std::max(o.ranks, 1);
+    const double lookups =
+        s.lookups_per_step > 0
+            ? s.lookups_per_step
+            : static_cast<double>(std::max<int64_t>(o.batch_per_rank, 1)) * std::max(o.ranks, 1);
     int64_t f = it->second;
     if (f < 0) {
       if (freq.empty())

@@ -197,8 +197,8 @@ void print_hybrid_tables(const Plan& plan, std::ostream& os) {
     if (tp.kind != ShardingKind::Hybrid) continue;
     if (tp.rare_owner >= 0) {  // the GPUs' form (planner_gpu.cc)
       std::snprintf(line, sizeof line,
-                    "hybrid %s: ids [0, %" PRId64 ") on every GPU, the others on GPU %d", tp.name.c_str(),
-                    tp.frequent_rows, tp.rare_owner);
+                    "hybrid %s: ids [0, %" PRId64 ") on every GPU, the others on GPU %d",
+                    tp.name.c_str(), tp.frequent_rows, tp.rare_owner);
       os << line;
       if (tp.frequent_fraction >= 0) {
         std::snprintf(line, sizeof line,

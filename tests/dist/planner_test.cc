@@ -298,9 +298,9 @@ TEST(ShardPlannerGpu, APlanThatCannotFitNamesTheTableAndItsBytes) {
   EXPECT_EQ(p.tables[0].shards.size(), 2u);
   // Hybrid needs F (or the ids' frequency summary) and F within [1, rows - 1].
   o.overrides["cat_9"] = TableOverride{ShardingKind::Hybrid, -1};
-  expect_error([&] { plan_gpu_tables(specs, o, GpuMemory{}); },
-               {"sharding.tables.cat_9: a hybrid table on the GPUs needs \"frequent_rows\"",
-                "stats.json"});
+  expect_error(
+      [&] { plan_gpu_tables(specs, o, GpuMemory{}); },
+      {"sharding.tables.cat_9: a hybrid table on the GPUs needs \"frequent_rows\"", "stats.json"});
   o.overrides["cat_9"].frequent_rows = specs[9].rows;
   expect_error([&] { plan_gpu_tables(specs, o, GpuMemory{}); },
                {"sharding.tables.cat_9.frequent_rows: 38532951 is out of range", "[1, 38532950]"});

@@ -178,8 +178,9 @@ TEST(HybridPlanner, BadInputIsAClearError) {
   // The GPUs: F below the table's rows (one GPU serves the ids >= F).
   PlannerOptions g = options(2);
   g.overrides["emb.3"] = {ShardingKind::Hybrid, -1, specs[3].rows};
-  expect_error([&] { plan_gpu_tables(specs, g, GpuMemory{}); },
-               {"sharding.tables.emb.3.frequent_rows", "out of range for a hybrid table on the GPUs"});
+  expect_error(
+      [&] { plan_gpu_tables(specs, g, GpuMemory{}); },
+      {"sharding.tables.emb.3.frequent_rows", "out of range for a hybrid table on the GPUs"});
 }
 
 // The GPUs' form (plan_gpu_tables): only overrides are hybrid; F from the override or, without
@@ -210,10 +211,10 @@ TEST(HybridPlanner, GpuOverrideTakesFFromTheSummary) {
   EXPECT_NEAR(lookups, specs[0].lookups_per_step, 1e-6 * specs[0].lookups_per_step);
   std::ostringstream os;
   print_hybrid_tables(p, os);
-  EXPECT_NE(os.str().find("hybrid zipf: ids [0, " + std::to_string(cpu_f) +
-                          ") on every GPU, the others on GPU " + std::to_string(z.rare_owner) +
-                          " ("),
-            std::string::npos)
+  EXPECT_NE(
+      os.str().find("hybrid zipf: ids [0, " + std::to_string(cpu_f) +
+                    ") on every GPU, the others on GPU " + std::to_string(z.rare_owner) + " ("),
+      std::string::npos)
       << os.str();
   EXPECT_NE(os.str().find("% of its lookups on every GPU"), std::string::npos) << os.str();
   // A uniform table: no prefix pays, which an override without F says.

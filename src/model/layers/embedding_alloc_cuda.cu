@@ -40,8 +40,7 @@ void EmbeddingNode::alloc_table_wise(Engine& e, int64_t max_nnz) {
   }
   for (int o : own)
     DLREC_CHECK((o >= dp::kColumnWiseOwner || o == dp::kHybridOwner) && o < n,
-                "table-wise sharding: owner ", o, " of ", n,
-                " ranks (bug)");
+                "table-wise sharding: owner ", o, " of ", n, " ranks (bug)");
   // The exchange's positions (every field in values): the table-wise tables and the column
   // pieces (row-wise and replicated tables have no owner and are not in these arrays).
   const dp::ExchangeLayout x = dp::plan_exchange(own, e.dp.col_pieces, dim, n, e.dp.rank);

@@ -50,8 +50,8 @@ ExchangeLayout plan_exchange(const std::vector<int>& owner, const std::vector<Co
   const int64_t T = static_cast<int64_t>(owner.size());
   for (int64_t t = 0; t < T; ++t)
     DLREC_CHECK((owner[t] >= kColumnWiseOwner || owner[t] == kHybridOwner) && owner[t] < ranks,
-                "embedding exchange: owner ",
-                owner[t], " of table ", t, " with ", ranks, " ranks (bug)");
+                "embedding exchange: owner ", owner[t], " of table ", t, " with ", ranks,
+                " ranks (bug)");
   // Each column-wise table's pieces: on ranks in range, one per rank, covering [0, dim) once.
   std::vector<std::vector<ColPiece>> by_table(T);
   for (const ColPiece& p : pieces) {

@@ -204,8 +204,8 @@ std::unique_ptr<EmbeddingNode::PeerBuffer> EmbeddingNode::open_peer_buffer(Engin
         cudaIpcOpenMemHandle(&b->peer[r], all[r].handle, cudaIpcMemLazyEnablePeerAccess);
     if (err != cudaSuccess) cudaGetLastError();
     DLREC_CHECK(err == cudaSuccess, "layer '", name_, "': hybrid tables: rank ", e.dp.rank,
-                " cannot map rank ", r, "'s buffer (cudaIpcOpenMemHandle: ",
-                cudaGetErrorString(err),
+                " cannot map rank ", r,
+                "'s buffer (cudaIpcOpenMemHandle: ", cudaGetErrorString(err),
                 "); hybrid tables on the GPUs need GPUs of one host that reach each other "
                 "(NVLink or PCIe peer access)");
   }
@@ -358,22 +358,22 @@ void EmbeddingNode::hybrid_apply(Engine& e) {
   const int64_t dim = ts_.dim, Gp = e.dp.ranks * hy_bmax_;
   const ce::Update kind = e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD;
   ce::backward_apply(hy_sub_, hy_off_.data<int32_t>(), Gp, hy_nnz_, false,
-                     static_cast<const W*>(hy_grecv_->mine), hy_M_ * dim, kind, e.lr + 1,
-                     e.emb_eps, hy_scratch_, e.st, e.gscale);
+                     static_cast<const W*>(hy_grecv_->mine), hy_M_ * dim, kind, e.lr + 1, e.emb_eps,
+                     hy_scratch_, e.st, e.gscale);
   // The pieces' zero rows took the frequent ids' (stale) gradients: zero again.
   for (int64_t k : hy_mine_) {
     const dp::HybridTable& h = hy_all_[k];
-    DLREC_CUDA_CHECK(cudaMemsetAsync(
-        ts_.rare[h.table].data<float>() + (ts_.rows[h.table] - h.frequent) * dim, 0,
-        sizeof(float) * dim, e.st));
+    DLREC_CUDA_CHECK(
+        cudaMemsetAsync(ts_.rare[h.table].data<float>() + (ts_.rows[h.table] - h.frequent) * dim, 0,
+                        sizeof(float) * dim, e.st));
   }
   e.sub("emb bwd: hybrid apply");
 }
 
-#define DLREC_HY_FWD(H)                                                                     \
-  template void EmbeddingNode::hybrid_push<H>(Engine&, const dp::RankGeometry&,             \
-                                              const int32_t*, const uint32_t*);             \
-  template void EmbeddingNode::hybrid_add<H>(Engine&, H*, int64_t);                         \
+#define DLREC_HY_FWD(H)                                                                         \
+  template void EmbeddingNode::hybrid_push<H>(Engine&, const dp::RankGeometry&, const int32_t*, \
+                                              const uint32_t*);                                 \
+  template void EmbeddingNode::hybrid_add<H>(Engine&, H*, int64_t);                             \
   template void EmbeddingNode::hybrid_apply<H>(Engine&);
 DLREC_HY_FWD(float)
 DLREC_HY_FWD(__nv_bfloat16)

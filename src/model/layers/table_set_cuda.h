@@ -167,8 +167,9 @@ struct TableSet {
   }
   // Deferred tables: allocates what keep[t] says (every whole table when keep is null): Whole,
   // this rank's row-wise piece (Rows: make_piece), its column-wise piece (Columns:
-  // make_columns), a hybrid table's prefix (Prefix: make_prefix); the others (None) stay unallocated, with null pointers in the kernels' arrays (only the owners' sub-sets are
-  // pooled then: EmbeddingNode's sharded paths).
+  // make_columns), a hybrid table's prefix (Prefix: make_prefix); the others (None) stay
+  // unallocated, with null pointers in the kernels' arrays (only the owners' sub-sets are pooled
+  // then: EmbeddingNode's sharded paths).
   void materialize(Engine& e, const std::vector<TableKeep>* keep) {
     if (materialized) return;
     for (size_t t = 0; t < tables.size(); ++t) {
