@@ -51,12 +51,14 @@ struct Data {
   std::string dir = tmp.path + "/data", config = tmp.path + "/config.json";
   // extra: more top-level config sections (", \"sharding\": {}"); dim: the tables' width (and
   // the bottom MLP's output).
+  // model_extra: more model keys (", \"pooling\": \"mean\"").
   Data(const std::string& optimizer, const std::string& precision, const std::string& extra = "",
-       int dim = 8) {
+       int dim = 8, const std::string& model_extra = "") {
     make_dist_train_data(tmp.path, dir);
     std::ofstream(config) << R"({
       "model": {"embedding_dim": )"
-                          << dim << R"(, "bottom_mlp": [16, )" << dim << R"(], "top_mlp": [16, 1]},
+                          << dim << R"(, "bottom_mlp": [16, )" << dim << R"(], "top_mlp": [16, 1])"
+                          << model_extra << R"(},
       "optimizer": )" << optimizer
                           << R"(,
       "train": {"batch_size": 32, "epochs": 7, "max_steps": 1000, "log_every": 10,
@@ -333,6 +335,16 @@ TEST(GpuDataParallel, UnsupportedConfigurationsAreClearErrors) {
     auto r = run_job(d.train_args("hyb", 32, "m.jsonl") + " --gpus 2", 300);
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.output.find("frequent_rows: 100000 is out of range"), std::string::npos)
+        << r.output;
+  }
+  {  // hybrid tables pool by sum
+    Data d(R"({"type": "sgd", "lr": 0.1})", "fp32",
+           R"(, "sharding": {"tables": {"emb.1": {"kind": "hybrid", "frequent_rows": 5}}})", 8,
+           R"(, "pooling": "mean")");
+    auto r = run_job(d.train_args("hybmean", 32, "m.jsonl") + " --gpus 2", 300);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("hybrid tables on the GPUs pool by sum (this layer pools by mean)"),
+              std::string::npos)
         << r.output;
   }
   {  // a replication rule that is neither "auto" nor a size
