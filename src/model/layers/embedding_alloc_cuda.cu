@@ -155,7 +155,7 @@ void EmbeddingNode::alloc_column_wise(Engine& e, int64_t max_nnz,
 void EmbeddingNode::alloc_replicated(Engine& e, int64_t max_nnz) {
   const int64_t T = ts_.tab.num_tables, dim = ts_.dim;
   rp_mine_.clear();
-  rp_cap_host_.clear();
+  std::vector<uint32_t> cap;  // each entry's largest key (a hybrid prefix: its zero row)
   // The replicas, and the hybrid tables' frequent prefixes (their ids >= F capped to the
   // prefix's zero row, row F).
   bool capped = false;
@@ -166,11 +166,11 @@ void EmbeddingNode::alloc_replicated(Engine& e, int64_t max_nnz) {
     int64_t last = ts_.rows[t] - 1;
     for (const dp::HybridTable& h : e.dp.hybrid)
       if (h.table == t) last = h.frequent, capped = true;
-    rp_cap_host_.push_back(ts_.row_base[t] + static_cast<uint32_t>(last));
+    cap.push_back(ts_.row_base[t] + static_cast<uint32_t>(last));
   }
   rp_K_ = static_cast<int64_t>(rp_mine_.size());
   if (rp_K_ == 0) return;
-  rp_cap_ = capped ? upload_bytes(e, rp_cap_host_.data(), rp_cap_host_.size() * sizeof(uint32_t))
+  rp_cap_ = capped ? upload_bytes(e, cap.data(), cap.size() * sizeof(uint32_t))
                    : Tensor();
   int64_t total = 0;
   for (int64_t t : rp_mine_) total += ts_.tables[t].defined() ? ts_.tables[t].numel() : 0;
@@ -183,7 +183,7 @@ void EmbeddingNode::alloc_replicated(Engine& e, int64_t max_nnz) {
   for (int64_t k = 0; k < rp_K_; ++k) {
     const int64_t t = rp_mine_[k];
     const bool hybrid = e.dp.table_owner[t] == dp::kHybridOwner;
-    const int64_t rows = hybrid ? rp_cap_host_[k] - ts_.row_base[t] + 1 : ts_.rows[t];
+    const int64_t rows = hybrid ? cap[k] - ts_.row_base[t] + 1 : ts_.rows[t];
     DLREC_CHECK(ts_.tables[t].defined() && ts_.tables[t].shape()[0] == rows,
                 hybrid ? "hybrid table " : "replicated table ", t,
                 hybrid ? "'s prefix is not allocated (bug)" : " is not allocated whole (bug)");
