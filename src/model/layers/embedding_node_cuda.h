@@ -263,7 +263,6 @@ class EmbeddingNode final : public Node {
   Tensor hy_info_, hy_rinfo_, hy_ptrs_, hy_sptrs_, hy_base_, hy_off_, hy_keys_, hy_pool_;
   Tensor hy_scratch_mem_, hy_flag_;
   std::unique_ptr<PeerBuffer> hy_recv_, hy_grecv_;
-  std::vector<uint32_t> rp_cap_host_;  // alloc_replicated: the replicas' key caps
   Tensor rp_cap_;
   dp::TwLayout tw_layout_;
   size_t scan_bytes_ = 0;
