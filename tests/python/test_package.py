@@ -258,4 +258,10 @@ def test_transform_releases_the_gil():
         stamps.append(time.perf_counter())
         time.sleep(0.001)
     assert len(stamps) > 10
-    assert max(np.diff(stamps)) < call / 2, (max(np.diff(stamps)), call)
+    # With the GIL held for a whole call, nearly all of the elapsed time would sit in gaps as long
+    # as a call. Building the result arrays needs the GIL briefly, and a loaded machine may
+    # deschedule this thread now and then, so a single long gap is allowed: the test asks that
+    # most of the time be covered by short gaps.
+    gaps = np.diff(stamps)
+    long_gaps = gaps[gaps > call / 4].sum()
+    assert long_gaps < 0.5 * (stamps[-1] - stamps[0]), (long_gaps, stamps[-1] - stamps[0], call)
