@@ -16,7 +16,8 @@
 # Usage:
 #   bench/compress_accuracy.sh --data ETL_DIR --config MODEL.json --work DIR
 #       [--ft-steps 300] [--ft-lr 0.002] [--alpha 0.5] [--temperature 1]
-#       [--variants dense,ptq,control,24,qat,qat_distill,24_qat_distill,tables]
+#       [--variants dense,ptq,control,24,24_distill,qat,qat_distill,24_qat_distill,tables]
+#       (24_distill, 2:4 fine-tuned with distillation and no QAT, runs only when asked)
 #       [--calibrations "max percentile:99.9 percentile:99.99 percentile:99.999 entropy"]
 #       [--seed N] [--bin build/bin/dlrec] [--keep]
 # MODEL.json: a full training config (model, optimizer, train). ETL_DIR: `dlrec etl` output with a
@@ -142,9 +143,10 @@ finetune() {
 }
 distill="{\"teacher\": \"$work/dense_model\", \"alpha\": $alpha, \"temperature\": $temperature}"
 has control && finetune control "$work/dense" '{}'
-if has 24 || has 24_qat_distill; then
+if has 24 || has 24_distill || has 24_qat_distill; then
   "$BIN" compress --run "$work/dense" --out "$work/pruned" --skip-incompatible > "$work/pruned.log" 2>&1
   has 24 && finetune 24 "$work/pruned" '{}'
+  has 24_distill && finetune 24_distill "$work/pruned" "{\"compress\": {\"distill\": $distill}}"
   has 24_qat_distill && finetune 24_qat_distill "$work/pruned" \
     "{\"compress\": {\"qat\": {}, \"distill\": $distill}}"
 fi
@@ -166,6 +168,6 @@ for k, v in rows:
     ref = auc.get("dense_6digits", auc["dense"]) if k.startswith(("ptq_", "tables_")) else auc["dense"]
     d = "" if k.startswith("dense") else "%+.6f" % (float(v) - ref)
     c = "%+.5f" % (float(v) - ctrl) if ctrl is not None and k in (
-        "24", "qat", "qat_distill", "24_qat_distill") else ""
+        "24", "24_distill", "qat", "qat_distill", "24_qat_distill") else ""
     print("| %s | %s | %s | %s |" % (k, v, d, c))
 PY

@@ -207,7 +207,7 @@ json Plan::to_json() const {
                     {"col_begin", s.col_begin},
                     {"col_end", s.col_end},
                     {"bytes", s.bytes},
-                    {"lookups", s.lookups}});
+                    {"lookups", s.lookups < 0 ? json(nullptr) : json(s.lookups)}});
     jt["shards"] = sh;
     ts.push_back(jt);
   }
@@ -659,11 +659,16 @@ void print_plan(const Plan& plan, const std::vector<TableSpec>& tables, std::ost
     for (int t : l.tables) {
       const Shard* s = plan.shard_of(t, r);
       const TablePlan& tp = plan.tables[t];
+      char lookups[32];
+      if (s->lookups < 0)  // a hybrid table's split without a frequency summary
+        std::snprintf(lookups, sizeof lookups, "%12s", "unknown");
+      else
+        std::snprintf(lookups, sizeof lookups, "%12.0f", s->lookups);
       std::snprintf(line, sizeof line,
                     "  %-16s %-11s %12" PRId64 " rows x cols [%" PRId64 ", %" PRId64 ") of %" PRId64
-                    "  %10s  %12.0f lookups%s\n",
+                    "  %10s  %s lookups%s\n",
                     tp.name.c_str(), sharding_kind_name(tp.kind), s->rows, s->col_begin, s->col_end,
-                    tables[t].dim, format_bytes(static_cast<double>(s->bytes)).c_str(), s->lookups,
+                    tables[t].dim, format_bytes(static_cast<double>(s->bytes)).c_str(), lookups,
                     tp.overridden ? "  (config)" : "");
       os << line;
     }

@@ -82,7 +82,7 @@ void apply_gpu_hybrid(const std::vector<TableSpec>& tables, const PlannerOptions
       const int64_t bytes = (r == owner ? s.rows + 2 : f + 1) * row;
       Shard sh{r, rows, 0, s.dim, bytes, 0};
       const double q = freq.empty() ? 0 : freq.fraction_below(f);
-      sh.lookups = lookups * (q / plan.ranks + (r == owner ? 1 - q : 0));
+      sh.lookups = freq.empty() ? -1 : lookups * (q / plan.ranks + (r == owner ? 1 - q : 0));
       tp.shards.push_back(sh);
       plan.per_rank[r].bytes += bytes;
       auto& l = plan.per_rank[r].tables;

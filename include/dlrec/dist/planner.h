@@ -155,7 +155,9 @@ struct Shard {
   int64_t rows = 0;  // rows held on this rank
   int64_t col_begin = 0, col_end = 0;
   int64_t bytes = 0;   // values + optimizer state
-  double lookups = 0;  // expected ids this rank serves per global step
+  // Expected ids this rank serves per global step; < 0: unknown (a GPU hybrid table without a
+  // frequency summary: how its ids divide between the prefix and the owner is not known).
+  double lookups = 0;
 };
 
 struct TablePlan {
