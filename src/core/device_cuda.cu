@@ -103,6 +103,17 @@ void copy(void* dst, bool dst_cuda, const void* src, bool src_cuda, size_t bytes
 
 void memset0(void* p, size_t bytes) { DLREC_CUDA_CHECK(cudaMemset(p, 0, bytes)); }
 
+void count_outside_pool(int device, size_t bytes, bool allocated) {
+  DevicePool& p = pool(device);
+  std::lock_guard<std::mutex> g(p.mu);
+  if (allocated) {
+    p.in_use += bytes;
+    p.peak = std::max(p.peak, p.in_use + p.cached);
+  } else {
+    p.in_use -= std::min(p.in_use, bytes);
+  }
+}
+
 size_t pool_live_bytes(int device) {
   DevicePool& p = pool(device);
   std::lock_guard<std::mutex> g(p.mu);

@@ -11,6 +11,11 @@
 
 #include "model/layers/embedding_node_cuda.h"
 
+namespace dlrec::cuda_impl {
+// device_cuda.cu: device memory allocated outside the pool, counted in its use and peak.
+void count_outside_pool(int device, size_t bytes, bool allocated);
+}  // namespace dlrec::cuda_impl
+
 namespace dlrec::model::gpu_graph::emb {
 namespace {
 
@@ -164,7 +169,10 @@ EmbeddingNode::PeerBuffer::~PeerBuffer() {
   cudaSetDevice(device);
   for (void* p : peer)
     if (p && p != mine) cudaIpcCloseMemHandle(p);
-  if (mine) cudaFree(mine);
+  if (mine) {
+    cudaFree(mine);
+    cuda_impl::count_outside_pool(device, bytes, false);
+  }
   cudaSetDevice(prev);
 }
 
@@ -173,7 +181,11 @@ std::unique_ptr<EmbeddingNode::PeerBuffer> EmbeddingNode::open_peer_buffer(Engin
   auto b = std::make_unique<PeerBuffer>();
   b->device = e.dev.index;
   bytes = std::max<size_t>(bytes, 256);
+  // Not from the pool: cudaIpcGetMemHandle needs the base of a cudaMalloc'd block. Counted in
+  // the pool's use and peak all the same, so "peak memory" includes these buffers.
   DLREC_CUDA_CHECK(cudaMalloc(&b->mine, bytes));
+  b->bytes = bytes;
+  cuda_impl::count_outside_pool(b->device, bytes, true);
   DLREC_CUDA_CHECK(cudaMemset(b->mine, 0, bytes));
   struct Record {
     cudaIpcMemHandle_t handle;

@@ -229,6 +229,7 @@ class EmbeddingNode final : public Node {
   // one-value all-reduce after the writes is the barrier that orders them before the reads.
   struct PeerBuffer {  // a device buffer every rank of the job maps (CUDA IPC, one host)
     void* mine = nullptr;
+    size_t bytes = 0;         // of `mine`, counted in the device pool's use and peak
     std::vector<void*> peer;  // rank r's buffer as mapped here (own: mine)
     Tensor dev;               // the same pointers in a device array
     int device = 0;
