@@ -1,6 +1,7 @@
 // The INT8 arithmetic of a quantized Linear on the CPU (docs/COMPRESSION.md): weight
-// quantization, the int8 x int8 -> int32 GEMM (an AVX2 kernel and the scalar reference), and
-// the layer's forward with dequantize, bias and ReLU fused per row chunk.
+// quantization, the int8 x int8 -> int32 GEMM (the scalar reference, an AVX2 kernel, and the
+// AVX-512 VNNI kernel of int8_gemm_vnni.cc), and the layer's forward with dequantize, bias and
+// ReLU fused per row chunk.
 //
 // Why an own kernel rather than oneDNN: the layers are small (DLRM/DCNv2 widths of 16..1024),
 // the exact int32 sums make the AVX2 kernel bit-identical to the scalar reference (which the
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <limits>
 
+#include "compress/int8_gemm_vnni.h"
 #include "dlrec/compress/quantize.h"
 #include "dlrec/core/thread_pool.h"
 
@@ -89,13 +91,37 @@ __attribute__((target("avx2"))) void gemm_avx2(const int8_t* qx, const int8_t* q
 
 }  // namespace
 
-bool int8_avx2_available() {
+bool int8_kernel_available(Int8Kernel k) {
+  switch (k) {
+    case Int8Kernel::Reference:
+    case Int8Kernel::Auto:
+      return true;
+    case Int8Kernel::Avx2:
 #ifdef DLREC_INT8_X86
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has;
+      return __builtin_cpu_supports("avx2");
 #else
-  return false;
+      return false;
 #endif
+    case Int8Kernel::Avx512Vnni:
+      return int8_vnni_available();
+  }
+  return false;
+}
+
+const char* int8_kernel_name(Int8Kernel k) {
+  switch (k) {
+    case Int8Kernel::Reference: return "reference";
+    case Int8Kernel::Avx2: return "avx2";
+    case Int8Kernel::Avx512Vnni: return "avx512-vnni";
+    case Int8Kernel::Auto: return "auto";
+  }
+  return "?";
+}
+
+Int8Kernel int8_best_kernel() {
+  if (int8_kernel_available(Int8Kernel::Avx512Vnni)) return Int8Kernel::Avx512Vnni;
+  if (int8_kernel_available(Int8Kernel::Avx2)) return Int8Kernel::Avx2;
+  return Int8Kernel::Reference;
 }
 
 void int8_gemm_reference(const int8_t* qx, const int8_t* qw, int64_t rows, int64_t out, int64_t in,
@@ -140,51 +166,78 @@ QuantWeight quantize_weight(const Tensor& weight) {
 }
 
 void int8_linear(const Tensor& x, float x_scale, const QuantWeight& w, const Tensor& bias,
-                 bool relu, Tensor& y, bool avx2) {
+                 bool relu, Tensor& y, Int8Kernel kernel) {
   const int64_t B = nn::check_matrix(x, w.in, "int8 Linear input");
   DLREC_CHECK(bias.defined() && bias.dtype() == DType::F32 && bias.numel() == w.out,
               "int8 Linear: the bias must be F32 of ", w.out, " values");
   DLREC_CHECK(x_scale > 0.f && std::isfinite(x_scale), "int8 Linear: bad input scale ", x_scale);
+  DLREC_CHECK(int8_kernel_available(kernel), "int8 Linear: this CPU cannot run the ",
+              int8_kernel_name(kernel), " kernel");
+  if (kernel == Int8Kernel::Auto) kernel = int8_best_kernel();
   nn::ensure_buffer(y, {B, w.out});
   if (B == 0) return;
   const int64_t in = w.in, out = w.out;
   const float inv = 1.f / x_scale;
   std::vector<float> deq(static_cast<size_t>(out));
   for (int64_t j = 0; j < out; ++j) deq[j] = x_scale * w.scales[j];
-  const bool use_avx2 = avx2 && int8_avx2_available();
+  std::shared_ptr<const Int8Packed> packed = w.packed;
+  if (kernel == Int8Kernel::Avx512Vnni && !packed) packed = pack_int8_vnni(w);
+  const int64_t in4 = (in + 3) / 4 * 4;
   const float* xs = x.data<float>();
   const float* b = bias.data<float>();
   float* ys = y.data<float>();
   const int64_t chunks = (B + kChunkRows - 1) / kChunkRows;
   parallel_for(0, chunks, 1, [&](int64_t clo, int64_t chi) {
-    std::vector<int8_t> qx(static_cast<size_t>(kChunkRows * in));
+    std::vector<int8_t> qx;
+    std::vector<uint8_t> xu;
+    if (kernel == Int8Kernel::Avx512Vnni)
+      xu.resize(static_cast<size_t>(kChunkRows * in4));
+    else
+      qx.resize(static_cast<size_t>(kChunkRows * in));
     std::vector<int32_t> acc(static_cast<size_t>(kChunkRows * out));
+    std::vector<char> nan(static_cast<size_t>(kChunkRows));
     for (int64_t c = clo; c < chi; ++c) {
       const int64_t lo = c * kChunkRows, rows = std::min(B, lo + kChunkRows) - lo;
-      for (int64_t i = 0; i < rows * in; ++i) qx[i] = quantize_value(xs[lo * in + i], inv);
+      if (kernel == Int8Kernel::Avx512Vnni) {
+        quantize_rows_u8(xs + lo * in, rows, in, in4, inv, xu.data(), nan.data());
+        int8_gemm_vnni(xu.data(), *packed, rows, acc.data());
+      } else {
+        for (int64_t r = 0; r < rows; ++r) {
+          // A NaN input has no int8 value (quantize_value would clamp it to -127).
+          const float* xr = xs + (lo + r) * in;
+          bool has_nan = false;
+          for (int64_t k = 0; k < in; ++k) {
+            has_nan |= std::isnan(xr[k]);
+            qx[r * in + k] = quantize_value(xr[k], inv);
+          }
+          nan[r] = has_nan;
+        }
 #ifdef DLREC_INT8_X86
-      if (use_avx2)
-        gemm_avx2(qx.data(), w.q.data(), rows, out, in, acc.data());
-      else
+        if (kernel == Int8Kernel::Avx2)
+          gemm_avx2(qx.data(), w.q.data(), rows, out, in, acc.data());
+        else
 #endif
-        int8_gemm_reference(qx.data(), w.q.data(), rows, out, in, acc.data());
+          int8_gemm_reference(qx.data(), w.q.data(), rows, out, in, acc.data());
+      }
       for (int64_t r = 0; r < rows; ++r) {
         float* yr = ys + (lo + r) * out;
+        // A row with a NaN input is NaN, as the fp32 layer's would be, never a finite score.
+        if (nan[r]) {
+          std::fill(yr, yr + out, std::numeric_limits<float>::quiet_NaN());
+          continue;
+        }
         const int32_t* ar = acc.data() + r * out;
         for (int64_t j = 0; j < out; ++j) {
           const float v = static_cast<float>(ar[j]) * deq[j] + b[j];
           yr[j] = relu ? std::max(v, 0.f) : v;
         }
-        // A NaN input has no int8 value (quantize_value would clamp it to -127): its row is
-        // NaN, as the fp32 layer's would be, never a finite score.
-        const float* xr = xs + (lo + r) * in;
-        bool nan = false;
-        for (int64_t k = 0; k < in; ++k) nan |= std::isnan(xr[k]);
-        if (nan) std::fill(yr, yr + out, std::numeric_limits<float>::quiet_NaN());
       }
     }
   });
-  (void)use_avx2;
+}
+
+Int8Linear::Int8Linear(QuantWeight w, float x_scale) : w_(std::move(w)), x_scale_(x_scale) {
+  if (int8_best_kernel() == Int8Kernel::Avx512Vnni && !w_.packed) w_.packed = pack_int8_vnni(w_);
 }
 
 bool Int8Linear::forward(const Tensor& x, const Tensor& bias, bool relu, Tensor& y) {

@@ -1,8 +1,8 @@
-// Compressed layers on the CUDA engine (docs/COMPRESSION.md, "Compressed layers on the GPU"):
-// one layer's int8 kernels against the CPU reference (compress::int8_linear, avx2 off) bit for
-// bit where the arithmetic allows and within the documented tolerance where not; a pruned and
-// quantized export served by the CUDA engine against the CPU engine's INT8 predictions; a mask
-// that is not 2:4 is an error naming the layer. Skips without a GPU (and the 2:4 parts without
+// Compressed layers on the CUDA engine (docs/COMPRESSION.md, "Compressed layers on the GPU"): one
+// layer's int8 kernels against the CPU reference (compress::int8_linear, Int8Kernel::Reference) bit
+// for bit where the arithmetic allows and within the documented tolerance where not; a pruned and
+// quantized export served by the CUDA engine against the CPU engine's INT8 predictions; a mask that
+// is not 2:4 is an error naming the layer. Skips without a GPU (and the 2:4 parts without
 // cuSPARSELt).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -136,7 +136,7 @@ std::vector<float> run_layer(const LayerCase& c, kc::Kernel k, int64_t out_ld, b
 
 std::vector<float> cpu_reference(const LayerCase& c) {
   Tensor y;
-  compress::int8_linear(c.x, c.xscale, c.q, c.b, true, y, /*avx2=*/false);
+  compress::int8_linear(c.x, c.xscale, c.q, c.b, true, y, compress::Int8Kernel::Reference);
   return y.to_vector<float>();
 }
 
@@ -213,7 +213,7 @@ std::vector<float> cpu_on(const LayerCase& c, const std::vector<float>& x, bool 
   std::copy(x.begin(), x.end(), xt.data<float>());
   if (int8) {
     Tensor y;
-    compress::int8_linear(xt, c.xscale, c.q, c.b, true, y, /*avx2=*/false);
+    compress::int8_linear(xt, c.xscale, c.q, c.b, true, y, compress::Int8Kernel::Reference);
     return y.to_vector<float>();
   }
   const std::vector<float> w = from_bf16(to_bf16(c.w.to_vector<float>()));

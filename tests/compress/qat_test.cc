@@ -140,7 +140,7 @@ TEST(Qat, ForwardMatchesTheExportedInt8Layer) {
   EXPECT_NEAR(hook->amax(), amax, 1e-6);
   auto q = hook->to_int8(lin.weight().value);
   Tensor y8 = Tensor::empty({rows, out}, DType::F32, Device::cpu());
-  compress::int8_linear(x, q->x_scale(), q->weight(), lin.bias().value, true, y8, false);
+  compress::int8_linear(x, q->x_scale(), q->weight(), lin.bias().value, true, y8, compress::Int8Kernel::Reference);
   for (int64_t i = 0; i < rows * out; ++i) EXPECT_NEAR(y[i], y8.data<float>()[i], 1e-5) << i;
 }
 

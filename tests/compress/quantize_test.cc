@@ -64,27 +64,55 @@ compress::QuantizeConfig quant_config(const std::string& text) {
 
 }  // namespace
 
-TEST(Int8Gemm, Avx2KernelEqualsTheScalarReferenceBitForBit) {
-  if (!compress::int8_avx2_available()) GTEST_SKIP() << "this CPU has no AVX2";
-  // Shapes with tails in both the reduction (in % 16) and the output (out % 4) dimensions.
+// A kernel's layer output against the scalar reference, bit for bit, on shapes with tails in
+// every blocked dimension (rows % 8, in % 4 and % 16, out % 4 and % 16) and inputs beyond the
+// calibrated range (clamped), infinite or -0.
+static void expect_kernel_equals_reference(compress::Int8Kernel kernel) {
   for (auto [B, in, out] : {std::tuple<int64_t, int64_t, int64_t>{1, 3, 1},
                             {7, 16, 4},
                             {300, 37, 13},
                             {513, 128, 64},
-                            {64, 1024, 6}}) {
-    const Tensor x = random_matrix(B, in, 1 + in, 2.f);
+                            {64, 1024, 6},
+                            {9, 5, 33},
+                            {17, 479, 50}}) {
+    Tensor x = random_matrix(B, in, 1 + in, 2.f);
+    float* xs = x.data<float>();
+    xs[0] = 1e30f;
+    if (x.numel() > 2) xs[1] = -std::numeric_limits<float>::infinity(), xs[2] = -0.f;
+    if (x.numel() > 3) xs[3] = 6.35f;  // x / 0.05 = 127: the edge of the range
     const Tensor w = random_matrix(out, in, 2 + out, 0.1f);
     Tensor bias = random_matrix(1, out, 3, 0.1f);
     bias = bias.reshape({out});
     const compress::QuantWeight q = compress::quantize_weight(w);
-    Tensor y_avx, y_ref;
-    compress::int8_linear(x, 0.05f, q, bias, true, y_avx, true);
-    compress::int8_linear(x, 0.05f, q, bias, true, y_ref, false);
-    ASSERT_EQ(y_avx.numel(), B * out);
-    for (int64_t i = 0; i < y_avx.numel(); ++i)
-      ASSERT_EQ(y_avx.data<float>()[i], y_ref.data<float>()[i])
-          << "B=" << B << " in=" << in << " out=" << out << " element " << i;
+    for (const bool relu : {true, false}) {
+      Tensor y_k, y_ref, y_layer;
+      compress::int8_linear(x, 0.05f, q, bias, relu, y_k, kernel);
+      compress::int8_linear(x, 0.05f, q, bias, relu, y_ref, compress::Int8Kernel::Reference);
+      ASSERT_EQ(y_k.numel(), B * out);
+      for (int64_t i = 0; i < y_k.numel(); ++i)
+        ASSERT_EQ(y_k.data<float>()[i], y_ref.data<float>()[i])
+            << compress::int8_kernel_name(kernel) << " B=" << B << " in=" << in << " out=" << out
+            << " element " << i;
+      // The inference record (its weight packed once where the CPU has VNNI): the same bits.
+      compress::Int8Linear layer(q, 0.05f);
+      ASSERT_TRUE(layer.forward(x, bias, relu, y_layer));
+      for (int64_t i = 0; i < y_layer.numel(); ++i)
+        ASSERT_EQ(y_layer.data<float>()[i], y_ref.data<float>()[i]) << "Int8Linear, element " << i;
+    }
   }
+}
+
+TEST(Int8Gemm, Avx2KernelEqualsTheScalarReferenceBitForBit) {
+  if (!compress::int8_kernel_available(compress::Int8Kernel::Avx2))
+    GTEST_SKIP() << "this CPU has no AVX2";
+  expect_kernel_equals_reference(compress::Int8Kernel::Avx2);
+}
+
+TEST(Int8Gemm, Avx512VnniKernelEqualsTheScalarReferenceBitForBit) {
+  if (!compress::int8_kernel_available(compress::Int8Kernel::Avx512Vnni))
+    GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+  expect_kernel_equals_reference(compress::Int8Kernel::Avx512Vnni);
+  EXPECT_EQ(compress::int8_best_kernel(), compress::Int8Kernel::Avx512Vnni);
 }
 
 TEST(Int8Gemm, ReferenceGemmIsTheExactIntegerProduct) {
@@ -292,9 +320,11 @@ TEST(Int8Gemm, NanInputRowsStayNanAndSubnormalWeightsGetANormalScale) {
   const compress::QuantWeight q = compress::quantize_weight(w);
   EXPECT_GE(q.scales[2], std::numeric_limits<float>::min());
   Tensor bias = random_matrix(1, out, 13, 0.1f).reshape({out});
-  for (const bool avx2 : {false, true}) {
+  for (const auto kernel : {compress::Int8Kernel::Reference, compress::Int8Kernel::Avx2,
+                            compress::Int8Kernel::Avx512Vnni}) {
+    if (!compress::int8_kernel_available(kernel)) continue;  // the Avx* tests above say so
     Tensor y;
-    compress::int8_linear(x, 0.05f, q, bias, /*relu=*/true, y, avx2);
+    compress::int8_linear(x, 0.05f, q, bias, /*relu=*/true, y, kernel);
     for (int64_t j = 0; j < out; ++j) {
       EXPECT_TRUE(std::isnan(y.data<float>()[1 * out + j])) << j;
       EXPECT_TRUE(std::isfinite(y.data<float>()[0 * out + j])) << j;

@@ -52,23 +52,37 @@ struct QuantizeConfig {
 
 // Per-output-channel symmetric int8 of a weight [out, in]: scales[j] = max|W_j| / 127 (1 for an
 // all-zero row), q[j, k] = clamp(rint(W[j, k] / scales[j]), -127, 127). Zeros (2:4 masks) stay 0.
+struct Int8Packed;  // the weight in the AVX-512 VNNI kernel's layout (src/compress/int8_gemm_vnni.h)
 struct QuantWeight {
   int64_t out = 0, in = 0;
   std::vector<int8_t> q;      // [out, in]
   std::vector<float> scales;  // [out]
+  // q packed for Int8Kernel::Avx512Vnni, built once by Int8Linear where the CPU has it (null
+  // otherwise: int8_linear then packs a copy per call).
+  std::shared_ptr<const Int8Packed> packed;
 };
 QuantWeight quantize_weight(const Tensor& weight);
 
 // The int8 value of x at scale s: clamp(rint(x * (1 / s)), -127, 127) (round half to even).
 int8_t quantize_value(float x, float inv_scale);
 
-// The quantized Linear: y [B, out] = act(dequant(int8 GEMM(quant(x), qw)) + bias). `avx2`
-// false forces the scalar reference; true uses the AVX2 kernel where the CPU has it (the same
-// bits: the int32 sums are exact and the quantize/dequantize code is shared).
+// The CPU kernels of the int8 GEMM. Every one gives the reference's bits: the int32 sums are
+// exact in any order, and the quantize and dequantize steps compute the same values.
+enum class Int8Kernel {
+  Reference,   // scalar
+  Avx2,        // int8 widened to int16, madd into int32, 4 output channels per pass
+  Avx512Vnni,  // vpdpbusd (u8 x s8 -> int32) on packed weights, tiles of 8 rows x 32 channels
+  Auto,        // the fastest one this CPU runs: Avx512Vnni, else Avx2, else Reference
+};
+bool int8_kernel_available(Int8Kernel k);
+const char* int8_kernel_name(Int8Kernel k);
+// What Auto runs on this CPU.
+Int8Kernel int8_best_kernel();
+
+// The quantized Linear: y [B, out] = act(dequant(int8 GEMM(quant(x), qw)) + bias), with the
+// given kernel (an unavailable one is an error; Reference is what the parity harness takes).
 void int8_linear(const Tensor& x, float x_scale, const QuantWeight& w, const Tensor& bias,
-                 bool relu, Tensor& y, bool avx2 = true);
-// Whether this CPU runs the AVX2 kernel.
-bool int8_avx2_available();
+                 bool relu, Tensor& y, Int8Kernel kernel = Int8Kernel::Auto);
 // acc [rows, out] = qx [rows, in] . qw [out, in]^T in int32, scalar (the reference).
 void int8_gemm_reference(const int8_t* qx, const int8_t* qw, int64_t rows, int64_t out, int64_t in,
                          int32_t* acc);
@@ -76,7 +90,8 @@ void int8_gemm_reference(const int8_t* qx, const int8_t* qw, int64_t rows, int64
 // The inference record of one quantized Linear (nn::Param::quant).
 class Int8Linear final : public nn::LinearHook {
  public:
-  Int8Linear(QuantWeight w, float x_scale) : w_(std::move(w)), x_scale_(x_scale) {}
+  // Packs the weight for the AVX-512 VNNI kernel where the CPU has it.
+  Int8Linear(QuantWeight w, float x_scale);
   bool forward(const Tensor& x, const Tensor& bias, bool relu, Tensor& y) override;
   const QuantWeight& weight() const { return w_; }
   float x_scale() const { return x_scale_; }
