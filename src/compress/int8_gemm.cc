@@ -24,7 +24,8 @@ namespace dlrec::compress {
 
 namespace {
 
-// Rows per parallel chunk (the chunking does not change any result: every row is independent).
+// The most rows per parallel chunk (the chunking does not change any result: every row is
+// independent).
 constexpr int64_t kChunkRows = 256;
 
 #ifdef DLREC_INT8_X86
@@ -186,39 +187,43 @@ void int8_linear(const Tensor& x, float x_scale, const QuantWeight& w, const Ten
   const float* xs = x.data<float>();
   const float* b = bias.data<float>();
   float* ys = y.data<float>();
-  const int64_t chunks = (B + kChunkRows - 1) / kChunkRows;
+  // A chunk per thread at least where the batch allows (multiples of 8 rows, the VNNI tile).
+  const int64_t per_thread = (B + num_threads() - 1) / num_threads();
+  const int64_t chunk = std::clamp<int64_t>((per_thread + 7) / 8 * 8, 8, kChunkRows);
+  const int64_t chunks = (B + chunk - 1) / chunk;
   parallel_for(0, chunks, 1, [&](int64_t clo, int64_t chi) {
     std::vector<int8_t> qx;
     std::vector<uint8_t> xu;
     if (kernel == Int8Kernel::Avx512Vnni)
-      xu.resize(static_cast<size_t>(kChunkRows * in4));
+      xu.resize(static_cast<size_t>(chunk * in4));
     else
-      qx.resize(static_cast<size_t>(kChunkRows * in));
-    std::vector<int32_t> acc(static_cast<size_t>(kChunkRows * out));
-    std::vector<char> nan(static_cast<size_t>(kChunkRows));
+      qx.resize(static_cast<size_t>(chunk * in));
+    std::vector<int32_t> acc(static_cast<size_t>(chunk * out));
+    std::vector<char> nan(static_cast<size_t>(chunk));
     for (int64_t c = clo; c < chi; ++c) {
-      const int64_t lo = c * kChunkRows, rows = std::min(B, lo + kChunkRows) - lo;
+      const int64_t lo = c * chunk, rows = std::min(B, lo + chunk) - lo;
       if (kernel == Int8Kernel::Avx512Vnni) {
         quantize_rows_u8(xs + lo * in, rows, in, in4, inv, xu.data(), nan.data());
         int8_gemm_vnni(xu.data(), *packed, rows, acc.data());
-      } else {
-        for (int64_t r = 0; r < rows; ++r) {
-          // A NaN input has no int8 value (quantize_value would clamp it to -127).
-          const float* xr = xs + (lo + r) * in;
-          bool has_nan = false;
-          for (int64_t k = 0; k < in; ++k) {
-            has_nan |= std::isnan(xr[k]);
-            qx[r * in + k] = quantize_value(xr[k], inv);
-          }
-          nan[r] = has_nan;
-        }
-#ifdef DLREC_INT8_X86
-        if (kernel == Int8Kernel::Avx2)
-          gemm_avx2(qx.data(), w.q.data(), rows, out, in, acc.data());
-        else
-#endif
-          int8_gemm_reference(qx.data(), w.q.data(), rows, out, in, acc.data());
+        dequantize_rows_vnni(acc.data(), rows, out, deq.data(), b, relu, nan.data(), ys + lo * out);
+        continue;
       }
+      for (int64_t r = 0; r < rows; ++r) {
+        // A NaN input has no int8 value (quantize_value would clamp it to -127).
+        const float* xr = xs + (lo + r) * in;
+        bool has_nan = false;
+        for (int64_t k = 0; k < in; ++k) {
+          has_nan |= std::isnan(xr[k]);
+          qx[r * in + k] = quantize_value(xr[k], inv);
+        }
+        nan[r] = has_nan;
+      }
+#ifdef DLREC_INT8_X86
+      if (kernel == Int8Kernel::Avx2)
+        gemm_avx2(qx.data(), w.q.data(), rows, out, in, acc.data());
+      else
+#endif
+        int8_gemm_reference(qx.data(), w.q.data(), rows, out, in, acc.data());
       for (int64_t r = 0; r < rows; ++r) {
         float* yr = ys + (lo + r) * out;
         // A row with a NaN input is NaN, as the fp32 layer's would be, never a finite score.

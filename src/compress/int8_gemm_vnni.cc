@@ -1,11 +1,13 @@
 // The AVX-512 VNNI kernel of the CPU's int8 GEMM (int8_gemm_vnni.h). Compiled for the baseline
-// x86-64 target like the rest; the kernels carry their own target attribute and run only where
-// the CPU reports avx512f, avx512bw, avx512vl and avx512vnni.
+// x86-64 target like the rest, with -ffp-contract=off (CMakeLists.txt: the dequantize's product
+// and sum stay two roundings, as the scalar reference's); the kernels carry their own target
+// attribute and run only where the CPU reports avx512f, avx512bw, avx512vl and avx512vnni.
 #include "compress/int8_gemm_vnni.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -88,9 +90,44 @@ DLREC_VNNI_TARGET void quantize_avx512(const float* x, int64_t rows, int64_t in,
     nan_rows[r] = nan != 0;
   }
 }
+
+DLREC_VNNI_TARGET void dequantize_avx512(const int32_t* acc, int64_t rows, int64_t out,
+                                         const float* deq, const float* b, bool relu,
+                                         const char* nan_rows, float* y) {
+  const __m512 zero = _mm512_setzero_ps();
+  for (int64_t r = 0; r < rows; ++r) {
+    float* yr = y + r * out;
+    if (nan_rows[r]) {
+      std::fill(yr, yr + out, std::numeric_limits<float>::quiet_NaN());
+      continue;
+    }
+    const int32_t* ar = acc + r * out;
+    for (int64_t j = 0; j < out; j += 16) {
+      const int n = static_cast<int>(std::min<int64_t>(16, out - j));
+      const __mmask16 m = static_cast<__mmask16>(n == 16 ? 0xFFFFu : (1u << n) - 1u);
+      const __m512 a = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, ar + j));
+      __m512 v = _mm512_add_ps(_mm512_mul_ps(a, _mm512_maskz_loadu_ps(m, deq + j)),
+                               _mm512_maskz_loadu_ps(m, b + j));
+      // max(0, v) returns v unless 0 > v: the scalar (v < 0 ? 0 : v), -0 and NaN included.
+      if (relu) v = _mm512_max_ps(zero, v);
+      _mm512_mask_storeu_ps(yr + j, m, v);
+    }
+  }
+}
 #endif
 
 }  // namespace
+
+void dequantize_rows_vnni(const int32_t* acc, int64_t rows, int64_t out, const float* deq,
+                          const float* b, bool relu, const char* nan_rows, float* y) {
+#ifdef DLREC_VNNI_X86
+  DLREC_CHECK(int8_vnni_available(), "int8 GEMM: this CPU has no AVX-512 VNNI");
+  dequantize_avx512(acc, rows, out, deq, b, relu, nan_rows, y);
+#else
+  (void)acc, (void)rows, (void)out, (void)deq, (void)b, (void)relu, (void)nan_rows, (void)y;
+  fail("int8 GEMM: the AVX-512 VNNI kernel needs an x86-64 build");
+#endif
+}
 
 bool int8_vnni_available() {
 #ifdef DLREC_VNNI_X86

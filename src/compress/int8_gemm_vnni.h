@@ -33,4 +33,10 @@ void int8_gemm_vnni(const uint8_t* xu, const Int8Packed& p, int64_t rows, int32_
 void quantize_rows_u8(const float* x, int64_t rows, int64_t in, int64_t in4, float inv_scale,
                       uint8_t* xu, char* nan_rows);
 
+// y row r = relu?(float(acc[r, j]) * deq[j] + b[j]) (NaN where nan_rows[r]): the scalar
+// epilogue's values (a product and a sum, never fused; this file is built with
+// -ffp-contract=off).
+void dequantize_rows_vnni(const int32_t* acc, int64_t rows, int64_t out, const float* deq,
+                          const float* b, bool relu, const char* nan_rows, float* y);
+
 }  // namespace dlrec::compress
