@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "dlrec/core/thread_pool.h"
+#include "nn/interaction_avx512.h"
 
 namespace dlrec::nn {
 namespace {
@@ -38,6 +39,10 @@ const Tensor& DotInteraction::forward(const Tensor& dense, const Tensor& emb) {
   const float* xd = dense.data<float>();
   const float* xe = emb.data<float>();
   float* out = out_.data<float>();
+  if (dot_avx512_available()) {  // interaction_avx512.cc: the same bits
+    dot_forward_avx512(xd, xe, B, tables_, d, out);
+    return out_;
+  }
   parallel_for(0, B, 32, [&](int64_t lo, int64_t hi) {
     // zt: Z^T [d, n] of one sample, so that <Z_i, Z_j> for all j < i is a loop over j that
     // vectorises (the sum over k stays in a fixed order).

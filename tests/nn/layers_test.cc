@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <tuple>
 
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/nn/interaction.h"
@@ -189,6 +190,39 @@ TEST(DotInteraction, ForwardMatchesNaive) {
         for (int64_t k = 0; k < d; ++k) s += double(z(i, k)) * z(j, k);
         EXPECT_NEAR(o[c++], s, 1e-5) << "pair " << i << "," << j;
       }
+  }
+}
+
+// The forward (AVX-512 where the CPU has it) gives the scalar k-ordered sums bit for bit: each
+// pair summed over k in order, every product and sum rounded (no FMA), for table counts that
+// fill one, two and three 16-wide vectors, odd dims and tails of the row blocks.
+TEST(DotInteraction, ForwardIsTheOrderedSumBitForBit) {
+  for (auto [B, T, d] : {std::tuple<int64_t, int64_t, int64_t>{5, 4, 5},
+                         {33, 26, 128},
+                         {7, 15, 16},
+                         {3, 16, 7},
+                         {9, 40, 13},
+                         {2, 1, 3}}) {
+    const int64_t n = T + 1;
+    DotInteraction dot(T, d);
+    Tensor xd = random_tensor({B, d}, 3 + T), xe = random_tensor({B, T, d}, 4 + d);
+    const Tensor& out = dot.forward(xd, xe);
+    for (int64_t b = 0; b < B; ++b) {
+      auto z = [&](int64_t i, int64_t k) {
+        return i == 0 ? xd.data<float>()[b * d + k] : xe.data<float>()[(b * T + i - 1) * d + k];
+      };
+      const float* o = out.data<float>() + b * dot.out_features() + d;
+      for (int64_t i = 1; i < n; ++i)
+        for (int64_t j = 0; j < i; ++j) {
+          float s = 0.f;
+          for (int64_t k = 0; k < d; ++k) {
+            volatile float p = z(i, k) * z(j, k);  // rounded on its own, as the layer's
+            s += p;
+          }
+          ASSERT_EQ(o[i * (i - 1) / 2 + j], s) << "T=" << T << " d=" << d << " pair " << i << ","
+                                               << j;
+        }
+    }
   }
 }
 
