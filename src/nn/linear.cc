@@ -33,11 +33,13 @@ int64_t check_matrix(const Tensor& t, int64_t cols, const char* what) {
 namespace {
 
 using SgemmFn = decltype(&cblas_sgemm);  // declared by cblas.h, resolved with dlsym
+using SgemvFn = decltype(&cblas_sgemv);
 using SetThreadsFn = decltype(&openblas_set_num_threads);
 using GetThreadsFn = decltype(&openblas_get_num_threads);
 
 struct OpenBlas {
   SgemmFn sgemm = nullptr;
+  SgemvFn sgemv = nullptr;
   GetThreadsFn threads = nullptr;
 };
 
@@ -54,10 +56,11 @@ const OpenBlas& openblas() {
     }
     OpenBlas b;
     b.sgemm = reinterpret_cast<SgemmFn>(::dlsym(h, "cblas_sgemm"));
+    b.sgemv = reinterpret_cast<SgemvFn>(::dlsym(h, "cblas_sgemv"));
     b.threads = reinterpret_cast<GetThreadsFn>(::dlsym(h, "openblas_get_num_threads"));
     auto set = reinterpret_cast<SetThreadsFn>(::dlsym(h, "openblas_set_num_threads"));
-    DLREC_CHECK(b.sgemm && b.threads && set, kOpenBlasLibrary,
-                " lacks cblas_sgemm or openblas_{get,set}_num_threads");
+    DLREC_CHECK(b.sgemm && b.sgemv && b.threads && set, kOpenBlasLibrary,
+                " lacks cblas_sgemm, cblas_sgemv or openblas_{get,set}_num_threads");
     set(1);  // in case the library was loaded already, by another part of the process
     return b;
   }();
@@ -131,6 +134,23 @@ const Tensor& Linear::forward(const Tensor& x) {
   float* y = y_.data<float>();
   const int64_t in = in_, out = out_;
   const bool relu = act_ == Activation::ReLU;
+  auto bias_act = [&](float* yr, int64_t n, const float* br) {
+    if (relu) {
+      for (int64_t j = 0; j < n; ++j) yr[j] = std::max(yr[j] + br[j], 0.f);
+    } else {
+      for (int64_t j = 0; j < n; ++j) yr[j] += br[j];
+    }
+  };
+  if (B == 1 && out > 1) {
+    // One row (online serving): a GEMV on this thread. A one-row GEMM would pack the whole
+    // weight on every call (OpenBLAS does: most of its time), and waking the pool's threads for
+    // so little work costs more than it saves (measured: bench/RESULTS.md, "INT8 on the CPU").
+    openblas().sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(out), static_cast<int>(in), 1.f,
+                     w, static_cast<int>(in), xs, 1, 0.f, y, 1);
+    bias_act(y, out, b);
+    if (w_.quant) w_.quant->observe(x, b_.value, relu, y_);
+    return y_;
+  }
   // Fixed row chunks: each runs one single-threaded GEMM and applies the bias (and ReLU) while
   // the rows are still in cache. The chunk boundaries depend on the batch only, never on the
   // thread count, because a BLAS kernel may round a row differently depending on where it falls
@@ -151,14 +171,7 @@ const Tensor& Linear::forward(const Tensor& x) {
       } else {
         gemm(false, true, hi - lo, out, in, xs + lo * in, in, w, in, y + lo * out, out);
       }
-      for (int64_t r = lo; r < hi; ++r) {
-        float* yr = y + r * out;
-        if (relu) {
-          for (int64_t j = 0; j < out; ++j) yr[j] = std::max(yr[j] + b[j], 0.f);
-        } else {
-          for (int64_t j = 0; j < out; ++j) yr[j] += b[j];
-        }
-      }
+      for (int64_t r = lo; r < hi; ++r) bias_act(y + r * out, out, b);
     }
   });
   if (w_.quant) w_.quant->observe(x, b_.value, relu, y_);
