@@ -52,13 +52,13 @@ struct QuantizeConfig {
 
 // Per-output-channel symmetric int8 of a weight [out, in]: scales[j] = max|W_j| / 127 (1 for an
 // all-zero row), q[j, k] = clamp(rint(W[j, k] / scales[j]), -127, 127). Zeros (2:4 masks) stay 0.
-struct Int8Packed;  // the weight in the AVX-512 VNNI kernel's layout (src/compress/int8_gemm_vnni.h)
+struct Int8Packed;  // the weight in a SIMD kernel's layout (src/compress/int8_gemm_packed.h)
 struct QuantWeight {
   int64_t out = 0, in = 0;
   std::vector<int8_t> q;      // [out, in]
   std::vector<float> scales;  // [out]
-  // q packed for Int8Kernel::Avx512Vnni, built once by Int8Linear where the CPU has it (null
-  // otherwise: int8_linear then packs a copy per call).
+  // q packed for the fastest SIMD kernel of this CPU, built once by Int8Linear (null otherwise:
+  // int8_linear then packs a copy per call).
   std::shared_ptr<const Int8Packed> packed;
 };
 QuantWeight quantize_weight(const Tensor& weight);
@@ -70,7 +70,7 @@ int8_t quantize_value(float x, float inv_scale);
 // exact in any order, and the quantize and dequantize steps compute the same values.
 enum class Int8Kernel {
   Reference,   // scalar
-  Avx2,        // int8 widened to int16, madd into int32, 4 output channels per pass
+  Avx2,        // int16 pairs, madd into int32, on packed weights: tiles of 4 rows x 16 channels
   Avx512Vnni,  // vpdpbusd (u8 x s8 -> int32) on packed weights, tiles of 8 rows x 32 channels
   Auto,        // the fastest one this CPU runs: Avx512Vnni, else Avx2, else Reference
 };
@@ -90,7 +90,7 @@ void int8_gemm_reference(const int8_t* qx, const int8_t* qw, int64_t rows, int64
 // The inference record of one quantized Linear (nn::Param::quant).
 class Int8Linear final : public nn::LinearHook {
  public:
-  // Packs the weight for the AVX-512 VNNI kernel where the CPU has it.
+  // Packs the weight for the fastest SIMD kernel of this CPU.
   Int8Linear(QuantWeight w, float x_scale);
   bool forward(const Tensor& x, const Tensor& bias, bool relu, Tensor& y) override;
   const QuantWeight& weight() const { return w_; }
