@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "mlperf_gemm_shapes.h"
+
 #ifdef DLREC_WITH_CUDA
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -33,39 +35,8 @@
 
 namespace {
 
-struct Shape {
-  const char* model;
-  const char* layer;
-  int64_t out, in;
-};
-
-// The MLPerf models' GEMMs (DLRM: Criteo dims 128, 26 tables, so the top MLP's input is 128 +
-// 27*26/2 = 479; DCNv2: 27 features of 128 = 3456, cross layers of low rank 512). The first
-// bottom layer (13 inputs) and the last top layer (1 output) are too thin for tensor cores and
-// left out.
-const Shape kShapes[] = {
-    {"dlrm", "bottom.1", 256, 512},  {"dlrm", "bottom.2", 128, 256},
-    {"dlrm", "top.0", 1024, 479},    {"dlrm", "top.1", 1024, 1024},
-    {"dlrm", "top.2", 512, 1024},    {"dlrm", "top.3", 256, 512},
-    {"dcnv2", "cross.v", 512, 3456}, {"dcnv2", "cross.u", 3456, 512},
-    {"dcnv2", "top.0", 1024, 3456},  {"dcnv2", "top.1", 1024, 1024},
-    {"dcnv2", "top.2", 512, 1024},   {"dcnv2", "top.3", 256, 512},
-};
-
-std::vector<int64_t> parse_list(const char* s) {
-  std::vector<int64_t> v;
-  for (const char* p = s; *p;) {
-    char* end = nullptr;
-    const long long x = std::strtoll(p, &end, 10);
-    if (end == p || x <= 0) {
-      std::fprintf(stderr, "bench_gemm_compress: bad list '%s'\n", s);
-      std::exit(2);
-    }
-    v.push_back(x);
-    p = *end == ',' ? end + 1 : end;
-  }
-  return v;
-}
+using GemmShape = dlrec_bench::GemmShape;
+const auto& kShapes = dlrec_bench::kMlperfGemms;
 
 #ifdef DLREC_WITH_CUDA
 
@@ -147,7 +118,7 @@ int run(int argc, char** argv) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     if (a == "--batches" && v)
-      batches = parse_list(argv[++i]);
+      batches = dlrec_bench::parse_positive_list(argv[++i], "bench_gemm_compress");
     else if (a == "--iters" && v)
       iters = std::atoi(argv[++i]);
     else if (a == "--reps" && v)
@@ -213,7 +184,7 @@ int run(int argc, char** argv) {
   std::printf("%-6s %-9s %5s %5s %6s | %8s %8s %8s | %8s %8s %8s | %5s %5s %5s %5s | check\n",
               "model", "layer", "out", "in", "batch", "bf16", "fp16", "int8", "24bf16", "24fp16",
               "24int8", "x24bf", "x24fp", "xi8", "x24i8");
-  for (const Shape& sh : kShapes) {
+  for (const GemmShape& sh : kShapes) {
     if (model != "all" && model != sh.model) continue;
     const int64_t N = sh.out, K = sh.in;
     const std::vector<float> wf = pruned_weight(N, K, rng);
@@ -438,7 +409,6 @@ int main(int argc, char** argv) {
 #else
   (void)argc;
   (void)argv;
-  (void)parse_list;
   std::fprintf(stderr,
                "bench_gemm_compress: built without CUDA (configure with -DDLREC_CUDA=ON)\n");
   return 1;

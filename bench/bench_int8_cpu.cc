@@ -21,26 +21,14 @@
 #include "dlrec/compress/quantize.h"
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/nn/linear.h"
+#include "mlperf_gemm_shapes.h"
 
 namespace {
 
 using namespace dlrec;
 
-struct GemmShape {
-  const char* model;
-  const char* layer;
-  int64_t out, in;
-};
-
-// The MLPerf models' GEMMs (bench_gemm_compress.cc's list; DLRM's bottom.0 has 13 inputs).
-const GemmShape kShapes[] = {
-    {"dlrm", "bottom.1", 256, 512},  {"dlrm", "bottom.2", 128, 256},
-    {"dlrm", "top.0", 1024, 479},    {"dlrm", "top.1", 1024, 1024},
-    {"dlrm", "top.2", 512, 1024},    {"dlrm", "top.3", 256, 512},
-    {"dcnv2", "cross.v", 512, 3456}, {"dcnv2", "cross.u", 3456, 512},
-    {"dcnv2", "top.0", 1024, 3456},  {"dcnv2", "top.1", 1024, 1024},
-    {"dcnv2", "top.2", 512, 1024},   {"dcnv2", "top.3", 256, 512},
-};
+using dlrec_bench::GemmShape;
+const auto& kShapes = dlrec_bench::kMlperfGemms;
 
 template <class F>
 double time_ms(F&& f, int reps) {
@@ -61,17 +49,6 @@ double time_ms(F&& f, int reps) {
   return ms[ms.size() / 2];
 }
 
-std::vector<int64_t> parse_list(const char* s) {
-  std::vector<int64_t> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::strtoll(p, nullptr, 10));
-    p = std::strchr(p, ',');
-    if (!p) break;
-    ++p;
-  }
-  return v;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -82,7 +59,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (a == "--batches" && v) batches = parse_list(argv[++i]);
+    if (a == "--batches" && v) batches = dlrec_bench::parse_positive_list(argv[++i], "bench_int8_cpu");
     else if (a == "--reps" && v) reps = std::atoi(argv[++i]);
     else if (a == "--threads" && v) threads = std::atoi(argv[++i]);
     else if (a == "--model" && v) model = argv[++i];
