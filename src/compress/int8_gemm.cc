@@ -164,6 +164,10 @@ Int8Linear::Int8Linear(QuantWeight w, float x_scale) : w_(std::move(w)), x_scale
     w_.packed = pack_int8(w_, k);
 }
 
+std::string Int8Linear::kernel() const {
+  return std::string("int8 ") + int8_kernel_name(int8_best_kernel());
+}
+
 bool Int8Linear::forward(const Tensor& x, const Tensor& bias, bool relu, Tensor& y) {
   int8_linear(x, x_scale_, w_, bias, relu, y);
   return true;

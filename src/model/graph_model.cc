@@ -64,6 +64,7 @@ class GraphModel final : public Model {
     for (auto& n : nodes_) n->release_sharded_tables();
   }
   std::vector<PrunableWeight> prunable_weights() override;
+  std::vector<std::string> kernel_report() override;
   void set_mask(const std::string& name, const Tensor& mask) override;
   std::vector<NamedTensor> masks() override;
   void set_quantized_tables(std::vector<QuantizedTable> tables) override;
@@ -422,6 +423,15 @@ std::vector<PrunableWeight> GraphModel::prunable_weights() {
     for (const DenseRef& d : dense)
       if (d.p->value.ndim() == 2) out.push_back({s.name, d.name, d.p->value, d.p});
   }
+  return out;
+}
+
+// The CPU engine's compressed layers: the kernel of each weight with an inference hook.
+std::vector<std::string> GraphModel::kernel_report() {
+  std::vector<std::string> out;
+  for (const PrunableWeight& w : prunable_weights())
+    if (w.param->quant && !w.param->quant->kernel().empty())
+      out.push_back(w.name + ": " + w.param->quant->kernel() + " (cpu)");
   return out;
 }
 

@@ -131,6 +131,13 @@ TEST(Int8Run, QuantizeReportExportAndPredict) {
   // Loading is deterministic: a second predictor gives the same bits.
   train::Predictor p8b(int8);
   EXPECT_EQ(p8b.predict(b), q);
+  // The kernel each int8 weight runs on this CPU (dlrec bench infer prints it); none in fp32.
+  const std::vector<std::string> kernels = p8.kernel_report();
+  EXPECT_EQ(kernels.size(), 5u);
+  const std::string kernel =
+      std::string("int8 ") + compress::int8_kernel_name(compress::int8_best_kernel()) + " (cpu)";
+  for (const std::string& l : kernels) EXPECT_NE(l.find(kernel), std::string::npos) << l;
+  EXPECT_TRUE(p32.kernel_report().empty());
 
   // `dlrec predict` runs it: the same scores as the Predictor's.
   const std::string logs = fs::path(w.data).parent_path().string() + "/logs.tsv";

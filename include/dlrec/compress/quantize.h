@@ -93,6 +93,7 @@ class Int8Linear final : public nn::LinearHook {
   // Packs the weight for the fastest SIMD kernel of this CPU.
   Int8Linear(QuantWeight w, float x_scale);
   bool forward(const Tensor& x, const Tensor& bias, bool relu, Tensor& y) override;
+  std::string kernel() const override;  // "int8 <the kernel int8_linear runs here>"
   const QuantWeight& weight() const { return w_; }
   float x_scale() const { return x_scale_; }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "dlrec/nn/param.h"
 
@@ -33,6 +34,8 @@ class LinearHook {
   // dW with the straight-through estimator.
   virtual FakeQuantOperands fake_quant(const Tensor& /*x*/, const Tensor& /*w*/) { return {}; }
   virtual void straight_through(Tensor* /*dx*/, Tensor& /*dw*/) {}
+  // What forward() runs, for reports ("int8 avx512-vnni"); empty when it computes nothing.
+  virtual std::string kernel() const { return ""; }
 };
 
 class Linear {
