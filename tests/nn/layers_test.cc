@@ -197,19 +197,21 @@ TEST(DotInteraction, ForwardMatchesNaive) {
 // pair summed over k in order, every product and sum rounded (no FMA), for table counts that
 // fill one, two and three 16-wide vectors, odd dims and tails of the row blocks.
 TEST(DotInteraction, ForwardIsTheOrderedSumBitForBit) {
-  for (auto [B, T, d] : {std::tuple<int64_t, int64_t, int64_t>{5, 4, 5},
-                         {33, 26, 128},
-                         {7, 15, 16},
-                         {3, 16, 7},
-                         {9, 40, 13},
-                         {2, 1, 3}}) {
-    const int64_t n = T + 1;
+  for (auto shape : {std::tuple<int64_t, int64_t, int64_t>{5, 4, 5},
+                     {33, 26, 128},
+                     {7, 15, 16},
+                     {3, 16, 7},
+                     {9, 40, 13},
+                     {2, 1, 3}}) {
+    const auto [B, T, d] = shape;
+    const int64_t n = T + 1, tables = T, dim = d;  // plain locals: lambdas may capture them
     DotInteraction dot(T, d);
     Tensor xd = random_tensor({B, d}, 3 + T), xe = random_tensor({B, T, d}, 4 + d);
     const Tensor& out = dot.forward(xd, xe);
     for (int64_t b = 0; b < B; ++b) {
       auto z = [&](int64_t i, int64_t k) {
-        return i == 0 ? xd.data<float>()[b * d + k] : xe.data<float>()[(b * T + i - 1) * d + k];
+        return i == 0 ? xd.data<float>()[b * dim + k]
+                      : xe.data<float>()[(b * tables + i - 1) * dim + k];
       };
       const float* o = out.data<float>() + b * dot.out_features() + d;
       for (int64_t i = 1; i < n; ++i)
