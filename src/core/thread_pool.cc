@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
@@ -20,6 +21,15 @@ int default_threads() { return std::max(1u, std::thread::hardware_concurrency())
 std::atomic<int> g_threads{0};
 thread_local bool t_in_parallel = false;
 
+// Polls `ready` for up to ~50 us (a worker between a model's layers, a caller waiting for its
+// pieces), then gives up so that the caller sleeps on its condition variable.
+template <class F>
+void spin_until(F ready) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+  for (int i = 0; !ready(); ++i)
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() > until) return;
+}
+
 // Workers pull closures from a queue; the pool grows on demand and never shrinks.
 class Pool {
  public:
@@ -35,6 +45,7 @@ class Pool {
     {
       std::lock_guard<std::mutex> g(mu_);
       q_.push_back(std::move(f));
+      queued_.fetch_add(1, std::memory_order_release);
     }
     cv_.notify_one();
   }
@@ -51,6 +62,9 @@ class Pool {
   void loop() {
     t_in_parallel = true;
     for (;;) {
+      // A model's layers hand out work every few microseconds: wait briefly awake before
+      // sleeping, so that the next task does not pay a futex wake-up.
+      spin_until([&] { return queued_.load(std::memory_order_acquire) > 0; });
       std::function<void()> f;
       {
         std::unique_lock<std::mutex> l(mu_);
@@ -58,10 +72,12 @@ class Pool {
         if (stop_ && q_.empty()) return;
         f = std::move(q_.front());
         q_.pop_front();
+        queued_.fetch_sub(1, std::memory_order_relaxed);
       }
       f();
     }
   }
+  std::atomic<int> queued_{0};
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> q_;
@@ -79,6 +95,7 @@ void run_tasks(int n, const std::function<void(int)>& fn) {
   std::mutex mu;
   std::condition_variable cv;
   int remaining = n - 1;
+  std::atomic<int> left{n - 1};  // remaining, readable without the lock (the spin below)
   std::exception_ptr first;
   auto guarded = [&](int i) {
     try {
@@ -92,12 +109,14 @@ void run_tasks(int n, const std::function<void(int)>& fn) {
     Pool::get().submit([&, i] {
       guarded(i);
       std::lock_guard<std::mutex> g(mu);
+      left.fetch_sub(1, std::memory_order_release);
       if (--remaining == 0) cv.notify_one();
     });
   }
   t_in_parallel = true;
   guarded(0);
   t_in_parallel = false;
+  spin_until([&] { return left.load(std::memory_order_acquire) == 0; });
   std::unique_lock<std::mutex> l(mu);
   cv.wait(l, [&] { return remaining == 0; });
   if (first) std::rethrow_exception(first);

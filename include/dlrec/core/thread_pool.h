@@ -3,6 +3,9 @@
 // parallel_for splits [begin, end) into contiguous pieces of at least `grain` indices and runs
 // fn(lo, hi) on them; the calling thread takes part. The first exception thrown by any piece is
 // rethrown in the caller after all pieces finished. Nested calls run serially in the caller.
+// Workers, and a caller waiting for its pieces, poll for up to ~50 us before they sleep on a
+// condition variable: a model's layers hand out work every few microseconds, and a futex
+// wake-up costs tens of microseconds (bench/RESULTS.md, "INT8 on the CPU engine").
 #pragma once
 
 #include <cstdint>
