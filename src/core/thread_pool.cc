@@ -94,8 +94,7 @@ void run_tasks(int n, const std::function<void(int)>& fn) {
   Pool::get().ensure(n - 1);
   std::mutex mu;
   std::condition_variable cv;
-  int remaining = n - 1;
-  std::atomic<int> left{n - 1};  // remaining, readable without the lock (the spin below)
+  std::atomic<int> remaining{n - 1};  // atomic: the spin below reads it without the lock
   std::exception_ptr first;
   auto guarded = [&](int i) {
     try {
@@ -109,16 +108,15 @@ void run_tasks(int n, const std::function<void(int)>& fn) {
     Pool::get().submit([&, i] {
       guarded(i);
       std::lock_guard<std::mutex> g(mu);
-      left.fetch_sub(1, std::memory_order_release);
-      if (--remaining == 0) cv.notify_one();
+      if (remaining.fetch_sub(1, std::memory_order_release) == 1) cv.notify_one();
     });
   }
   t_in_parallel = true;
   guarded(0);
   t_in_parallel = false;
-  spin_until([&] { return left.load(std::memory_order_acquire) == 0; });
+  spin_until([&] { return remaining.load(std::memory_order_acquire) == 0; });
   std::unique_lock<std::mutex> l(mu);
-  cv.wait(l, [&] { return remaining == 0; });
+  cv.wait(l, [&] { return remaining.load(std::memory_order_acquire) == 0; });
   if (first) std::rethrow_exception(first);
 }
 

@@ -134,11 +134,11 @@ const Tensor& Linear::forward(const Tensor& x) {
   float* y = y_.data<float>();
   const int64_t in = in_, out = out_;
   const bool relu = act_ == Activation::ReLU;
-  auto bias_act = [&](float* yr, int64_t n, const float* br) {
+  auto bias_act = [&](float* yr) {  // one output row
     if (relu) {
-      for (int64_t j = 0; j < n; ++j) yr[j] = std::max(yr[j] + br[j], 0.f);
+      for (int64_t j = 0; j < out; ++j) yr[j] = std::max(yr[j] + b[j], 0.f);
     } else {
-      for (int64_t j = 0; j < n; ++j) yr[j] += br[j];
+      for (int64_t j = 0; j < out; ++j) yr[j] += b[j];
     }
   };
   if (B == 1 && out > 1) {
@@ -147,7 +147,7 @@ const Tensor& Linear::forward(const Tensor& x) {
     // so little work costs more than it saves (measured: bench/RESULTS.md, "INT8 on the CPU").
     openblas().sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(out), static_cast<int>(in), 1.f,
                      w, static_cast<int>(in), xs, 1, 0.f, y, 1);
-    bias_act(y, out, b);
+    bias_act(y);
     if (w_.quant) w_.quant->observe(x, b_.value, relu, y_);
     return y_;
   }
@@ -171,7 +171,7 @@ const Tensor& Linear::forward(const Tensor& x) {
       } else {
         gemm(false, true, hi - lo, out, in, xs + lo * in, in, w, in, y + lo * out, out);
       }
-      for (int64_t r = lo; r < hi; ++r) bias_act(y + r * out, out, b);
+      for (int64_t r = lo; r < hi; ++r) bias_act(y + r * out);
     }
   });
   if (w_.quant) w_.quant->observe(x, b_.value, relu, y_);
