@@ -2,7 +2,9 @@
 // engine runs (OpenBLAS sgemm in row blocks on dlrec's thread pool), on the MLP and cross shapes
 // of the MLPerf DLRM and DCNv2 models: every int8 kernel this CPU has (src/compress/int8_gemm.cc,
 // int8_gemm_packed.cc), the whole layer each time (quantize the input, int8 GEMM, dequantize, bias,
-// ReLU), and a check that every kernel's output equals the scalar reference's bit for bit.
+// ReLU), and a check that every kernel's output equals the scalar reference's bit for bit. Beside
+// them, the fp32 Linear that serving runs on packed weights (nn/linear_packed.h, each kernel this
+// CPU has; its first 64 rows checked bit for bit against the scalar fma reference).
 //
 //   bench_int8_cpu [--batches 256,2048,8192] [--threads N] [--reps 5] [--model all|dlrm|dcnv2]
 //
@@ -21,6 +23,7 @@
 #include "dlrec/compress/quantize.h"
 #include "dlrec/core/thread_pool.h"
 #include "dlrec/nn/linear.h"
+#include "dlrec/nn/linear_packed.h"
 #include "mlperf_gemm_shapes.h"
 
 namespace {
@@ -102,6 +105,27 @@ int main(int argc, char** argv) {
                          "\", \"out\": " + std::to_string(s.out) + ", \"in\": " +
                          std::to_string(s.in) + ", \"batch\": " + std::to_string(B) +
                          ", \"fp32_ms\": " + std::to_string(fp32);
+      for (auto k : {nn::Fp32Kernel::Avx2, nn::Fp32Kernel::Avx512}) {
+        if (!nn::fp32_kernel_available(k)) continue;
+        const auto packed = nn::pack_weight(lin.weight().value, k);
+        Tensor y = Tensor::zeros({B, s.out}, DType::F32);
+        const double ms =
+            time_ms([&] { nn::packed_linear(x, *packed, lin.bias().value, true, y); }, reps);
+        const int64_t rows = std::min<int64_t>(B, 64);
+        Tensor xs = Tensor::empty({rows, s.in}, DType::F32, Device::cpu());
+        std::memcpy(xs.data<float>(), x.data<float>(), sizeof(float) * rows * s.in);
+        Tensor yr = Tensor::zeros({rows, s.out}, DType::F32);
+        nn::packed_linear(xs, *nn::pack_weight(lin.weight().value, nn::Fp32Kernel::Reference),
+                          lin.bias().value, true, yr);
+        const bool equal = std::memcmp(y.data<float>(), yr.data<float>(),
+                                       sizeof(float) * static_cast<size_t>(yr.numel())) == 0;
+        all_equal &= equal;
+        const std::string name = std::string("fp32-") + nn::fp32_kernel_name(k);
+        std::printf("  %s %8.3f ms (%.2fx)%s", name.c_str(), ms, fp32 / ms,
+                    equal ? "" : " OUTPUT DIFFERS FROM THE REFERENCE");
+        json += ", \"" + name + "_ms\": " + std::to_string(ms) + ", \"" + name +
+                "_equal\": " + (equal ? "true" : "false");
+      }
       for (auto k : kernels) {
         // The layer as dlrec predict runs it: the weight packed once (Int8Linear does it at
         // load for the fastest kernel; here for each kernel).

@@ -113,6 +113,7 @@ int run_infer_bench(const InferBenchOptions& o) {
     if (o.embedding_quant != "none")
       m->set_quantized_tables(random_quantized_tables(
           layout, cfg.model.embedding_dim, o.embedding_quant == "int8" ? 8 : 4, o.seed));
+    if (!device.is_cuda()) m->prepare_cpu_inference();  // as train::Predictor does
 #ifdef DLREC_WITH_CUDA
     if (auto* cm = dynamic_cast<model::CudaModel*>(m.get())) {
       score = [cm](const io::Batch& b) {

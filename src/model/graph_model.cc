@@ -23,6 +23,7 @@
 #include "dlrec/model/graph.h"
 #include "dlrec/model/optimizer_factory.h"
 #include "dlrec/nn/linear.h"
+#include "dlrec/nn/linear_packed.h"
 #include "dlrec/nn/optimizer.h"
 #include "dlrec/nn/rng.h"
 #include "model/layers/graph_cpu.h"
@@ -65,6 +66,7 @@ class GraphModel final : public Model {
   }
   std::vector<PrunableWeight> prunable_weights() override;
   std::vector<std::string> kernel_report() override;
+  void prepare_cpu_inference() override;
   void set_mask(const std::string& name, const Tensor& mask) override;
   std::vector<NamedTensor> masks() override;
   void set_quantized_tables(std::vector<QuantizedTable> tables) override;
@@ -433,6 +435,12 @@ std::vector<std::string> GraphModel::kernel_report() {
     if (w.param->quant && !w.param->quant->kernel().empty())
       out.push_back(w.name + ": " + w.param->quant->kernel() + " (cpu)");
   return out;
+}
+
+void GraphModel::prepare_cpu_inference() {
+  if (nn::fp32_best_kernel() == nn::Fp32Kernel::Reference) return;  // OpenBLAS is faster
+  for (const PrunableWeight& w : prunable_weights())
+    if (!w.param->quant) w.param->quant = std::make_shared<nn::PackedLinear>(w.weight);
 }
 
 void GraphModel::set_mask(const std::string& name, const Tensor& mask) {

@@ -182,6 +182,9 @@ const Tensor& Linear::backward(const Tensor& dy_in, bool need_dx) {
   DLREC_CHECK(x_.defined(), "Linear::backward called before forward");
   const int64_t B = check_matrix(dy_in, out_, "Linear::backward dy");
   DLREC_CHECK(B == x_.dim(0), "Linear::backward: dy has ", B, " rows, the forward had ", x_.dim(0));
+  DLREC_CHECK(!w_.quant || !w_.quant->inference_only(), "Linear::backward: the layer serves ",
+              w_.quant->kernel(), ", a form for inference only (a model prepared for serving "
+              "cannot train)");
   use_single_threaded_blas();
   const int64_t in = in_, out = out_;
   const bool relu = act_ == Activation::ReLU;

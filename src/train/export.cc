@@ -373,6 +373,8 @@ void Predictor::Impl::build(const io::ShardLayout& for_layout) {
   io::load_tensors(weights, targets, load);
   compress::apply_loaded_masks(weights, mdl);
   compress::apply_loaded_quant(quant, weights, mdl);
+  // The CPU engine's fp32 layers on packed weights (the INT8 ones keep their records).
+  if (!cuda) mdl.prepare_cpu_inference();
   if (cuda)
     mdl.set_compressed(compress::read_compressed_weights(weights_meta, weights, mdl), policy);
   if (staged && !gpu_cache) staged->bind(mdl);  // all or nothing: the old one stays on failure

@@ -158,6 +158,7 @@ TEST(CompressRun, OneShotFineTuneExportAndPredict) {
   EXPECT_EQ(meta.at("masks").size(), 4u);
   train::Predictor pred(model_dir);
   std::vector<float> engine;
+  trainer.model().prepare_cpu_inference();  // as the Predictor's model: packed fp32 layers
   trainer.evaluate(&engine);
   io::ShardLoader loader({w.data + "/" + io::DatasetInfo::load(w.data).valid_shards[0]}, 1 << 20);
   io::Batch batch;

@@ -13,6 +13,7 @@
 #include "dlrec/core/file_util.h"
 #include "dlrec/etl/run.h"
 #include "dlrec/io/datagen.h"
+#include "dlrec/nn/linear_packed.h"
 #include "dlrec/io/tensor_file.h"
 #include "dlrec/train/export.h"
 #include "dlrec/train/trainer.h"
@@ -131,13 +132,25 @@ TEST(Int8Run, QuantizeReportExportAndPredict) {
   // Loading is deterministic: a second predictor gives the same bits.
   train::Predictor p8b(int8);
   EXPECT_EQ(p8b.predict(b), q);
-  // The kernel each int8 weight runs on this CPU (dlrec bench infer prints it); none in fp32.
-  const std::vector<std::string> kernels = p8.kernel_report();
-  EXPECT_EQ(kernels.size(), 5u);
-  const std::string kernel =
+  // The kernel each weight runs on this CPU (dlrec bench infer prints it): the int8 ones, and
+  // the fp32 ones on packed weights (none where the CPU lacks AVX2: OpenBLAS then).
+  const std::string int8_kernel =
       std::string("int8 ") + compress::int8_kernel_name(compress::int8_best_kernel()) + " (cpu)";
-  for (const std::string& l : kernels) EXPECT_NE(l.find(kernel), std::string::npos) << l;
-  EXPECT_TRUE(p32.kernel_report().empty());
+  const bool packed = nn::fp32_best_kernel() != nn::Fp32Kernel::Reference;
+  const std::string fp32_kernel =
+      std::string("fp32 ") + nn::fp32_kernel_name(nn::fp32_best_kernel()) + " (packed) (cpu)";
+  int64_t int8_lines = 0;
+  for (const std::string& l : p8.kernel_report()) {
+    if (l.find(int8_kernel) != std::string::npos) {
+      ++int8_lines;
+    } else {
+      EXPECT_TRUE(packed && l.find(fp32_kernel) != std::string::npos) << l;
+    }
+  }
+  EXPECT_EQ(int8_lines, 5);
+  const std::vector<std::string> fp32_report = p32.kernel_report();
+  EXPECT_EQ(fp32_report.size(), packed ? 6u : 0u);
+  for (const std::string& l : fp32_report) EXPECT_NE(l.find(fp32_kernel), std::string::npos) << l;
 
   // `dlrec predict` runs it: the same scores as the Predictor's.
   const std::string logs = fs::path(w.data).parent_path().string() + "/logs.tsv";

@@ -117,8 +117,11 @@ TEST_F(GraphHashedCli, TrainResumeExportPredict) {
     io::parse_line(l.data(), l.data() + l.size(), wf.schema(), mapping, chunk, "logs.tsv");
   io::Batch b;
   wf.transform(chunk, b);
-  // In the Predictor's batches of 128 rows: a BLAS may sum a row's products in another order
-  // at another batch size (OpenBLAS on AMD EPYC does), so the rows are compared batch for batch.
+  // Prepared for serving as the Predictor prepares its model (Model::prepare_cpu_inference: its
+  // fp32 layers on packed weights), and in the Predictor's batches of 128 rows: where the CPU
+  // lacks AVX2, OpenBLAS serves, and it may sum a row's products in another order at another
+  // batch size (on AMD EPYC it does).
+  m->prepare_cpu_inference();
   std::vector<float> logits;
   for (int64_t r0 = 0; r0 < b.rows; r0 += 128) {
     io::Batch part;

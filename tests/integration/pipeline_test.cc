@@ -15,6 +15,7 @@
 #include "dlrec/etl/run.h"
 #include "dlrec/io/datagen.h"
 #include "dlrec/io/tensor_file.h"
+#include "dlrec/nn/linear_packed.h"
 #include "dlrec/train/export.h"
 #include "dlrec/train/trainer.h"
 
@@ -166,6 +167,20 @@ TEST(Pipeline, ExportAndPredictMatchEvaluation) {
     max_diff = std::max(max_diff, double(std::abs(probs[i] - eval_probs[i])));
   EXPECT_LE(max_diff, 1e-6);
   EXPECT_GT(ev.auc, 0.6);
+
+  // A row's score does not depend on the batch it runs in (the Predictor's packed fp32 layers,
+  // nn/linear_packed.h): the first rows again one at a time and in batches of 13.
+  if (nn::fp32_best_kernel() == nn::Fp32Kernel::Reference) {
+    std::printf("[ skipped  ] batch invariance: this CPU has no AVX2 (OpenBLAS serves)\n");
+  } else {
+    const std::vector<std::string> head(lines.begin(), lines.begin() + 40);
+    for (const int64_t rows : {int64_t{1}, int64_t{13}}) {
+      const std::vector<float> again = p.predict_lines(head, "logs", rows);
+      ASSERT_EQ(again.size(), head.size());
+      for (size_t i = 0; i < head.size(); ++i)
+        EXPECT_EQ(again[i], probs[i]) << "batches of " << rows << ", row " << i;
+    }
+  }
 
   // The CLI prints the same numbers.
   std::string in_file = work_dir("predict_in") + "/rows.tsv";

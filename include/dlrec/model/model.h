@@ -278,6 +278,12 @@ class Model {
   // One line per compressed layer (its candidates) and per layer and batch size chosen so far
   // (the candidates' times and the choice); empty without compressed layers.
   virtual std::vector<std::string> kernel_report() { return {}; }
+  // A model that will only serve from now on (train::Predictor, after loading): the CPU engine
+  // packs each fp32 mlp and cross weight without an INT8 record for its own kernels
+  // (nn/linear_packed.h: faster than OpenBLAS, and a row's scores independent of the batch it
+  // runs in). Nothing for other models, or on a CPU without AVX2. Such a model cannot train any
+  // more (its packed copies would go stale): a backward step is an error.
+  virtual void prepare_cpu_inference() {}
 
  private:
   nn::LossKind loss_kind_ = nn::LossKind::Bce;

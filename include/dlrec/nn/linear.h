@@ -36,6 +36,8 @@ class LinearHook {
   virtual void straight_through(Tensor* /*dx*/, Tensor& /*dw*/) {}
   // What forward() runs, for reports ("int8 avx512-vnni"); empty when it computes nothing.
   virtual std::string kernel() const { return ""; }
+  // A form for serving only (a packed copy of the weight): Linear::backward refuses to run.
+  virtual bool inference_only() const { return false; }
 };
 
 class Linear {
