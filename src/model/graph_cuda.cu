@@ -503,13 +503,16 @@ Tensor GraphCuda::forward(const io::Batch& batch, bool training) {
   if (collective) exchange_counts(batch, false);
   upload(batch, 0.f, 0.f, training);
   e_.dp.collective = collective;
+  e_.serving = serve_eager_ && !training;
   try {
     run_forward();
   } catch (...) {
     e_.dp.collective = false;
+    e_.serving = false;
     throw;
   }
   e_.dp.collective = false;
+  e_.serving = false;
   if (!timeline_) marks_.clear();  // phases are profiled in train_step only
   const int64_t B = fwd_rows_;
   Tensor out = Tensor::empty({B}, DType::F32, dev_);

@@ -105,6 +105,9 @@ class GraphCuda final : public CudaModel {
   // row there (then the bucket's keys are reset to valid padding).
   bool infer_pack(const io::Batch& batch, int64_t r0, int64_t n, InferBucket& bk);
   void predict_eager(const io::Batch& batch, float* probs);
+  // Set by predict_eager around forward(): the forward serves (Engine::serving: compressed
+  // layers' kernels, the inference-only layers), as infer_body's does.
+  bool serve_eager_ = false;
   static void check_serving_options(const GraphCudaOptions& o);
   int pack_threads_ = 1;  // GraphCudaOptions::infer_pack_threads resolved
   // The fused small-batch forward (model/infer_small_cuda.h) of a DLRM-shaped graph in 16 bits:

@@ -44,8 +44,19 @@ float sigmoid_host(float z) {
 
 }  // namespace
 
+// Batches the captured buckets do not take (multi-hot, hashed tables, profiling): the forward
+// run eagerly, as a serving forward (compressed layers on their kernels: before, such a batch
+// ran the dense weights of a compressed export, found by the parity harness's compressed cases).
 void GraphCuda::predict_eager(const io::Batch& batch, float* probs) {
-  const std::vector<float> z = forward(batch, false).to_vector<float>();
+  serve_eager_ = true;
+  std::vector<float> z;
+  try {
+    z = forward(batch, false).to_vector<float>();
+  } catch (...) {
+    serve_eager_ = false;
+    throw;
+  }
+  serve_eager_ = false;
   for (size_t i = 0; i < z.size(); ++i) probs[i] = sigmoid_host(z[i]);
 }
 
@@ -685,7 +696,10 @@ void GraphCuda::set_compressed(const std::vector<CompressedWeight>& weights,
     std::vector<std::pair<Lin*, Lin*>> pairs;
     n->chainable(pairs);
     for (auto& [a, b] : pairs)
-      if (a->comp && b->comp) a->comp->set_next(b->comp.get(), e_.st);
+      // The hand-over writes a's outputs as b's whole input row: not where b's input is padded
+      // (a low-rank cross of rank 3 in a bf16 engine reads rows of 8); b then quantizes its
+      // own input (the parity harness's compressed cases found it refused instead).
+      if (a->comp && b->comp && b->in_pad == a->out) a->comp->set_next(b->comp.get(), e_.st);
   }
   if (!comp_lt_) comp_lt_ = std::make_unique<lt::Lt>(res_->blas_lt(), opts_.lt_tune);
   e_.comp_lt = comp_lt_.get();
