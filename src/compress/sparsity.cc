@@ -146,10 +146,12 @@ int64_t compute_mask_2_4(const Tensor& weight, double sparsity, Tensor& mask) {
 
 Pruner::Pruner(const SparsityConfig& config, model::Model& model) : config_(config), model_(model) {
   DLREC_CHECK(config.on, "Pruner: the config has no sparsity section");
-  if (model.device().is_cuda())
-    fail("compress.sparsity: 2:4 masks are CPU-only in this build (the model is on ",
-         model.device().str(), "; train with \"device\": \"cpu\")");
+  // The CPU engine and the CUDA graph engine hold masks; a model that cannot lists no weights.
   const std::vector<model::PrunableWeight> all = model.prunable_weights();
+  if (all.empty())
+    fail("compress.sparsity: the ", model.device().str(),
+         " model holds no prunable weights (2:4 masks are for the mlp and cross layers of the "
+         "CPU engine and the CUDA graph engine)");
   std::set<std::string> layers_with_weights;
   for (const auto& w : all) layers_with_weights.insert(w.layer);
   if (!config.all_dense)

@@ -3,6 +3,7 @@
 // src/model/graph_cuda_infer.cu (predict(): the bucketed inference graphs with host packing).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -63,6 +64,13 @@ class GraphCuda final : public CudaModel {
   // the codes' values (Model's default). A model serving codes refuses to train.
   void set_quantized_tables(std::vector<QuantizedTable> tables) override;
   std::vector<std::string> kernel_report() override;
+  // 2:4 pruning masks (graph_cuda_masks.cu; docs/COMPRESSION.md): the mlp and cross weights
+  // (host copies of their values: what the pruner reads), a mask per weight kept on the host
+  // (shared storage: a checkpoint loads into it) and on the device, where the dense update
+  // writes 0 wherever it is 0, as the CPU's optimizer step does.
+  std::vector<PrunableWeight> prunable_weights() override;
+  void set_mask(const std::string& name, const Tensor& mask) override;
+  std::vector<NamedTensor> masks() override;
   // Where one chunk of predict() spends its time (graph_cuda_breakdown.cu).
   std::vector<std::string> serving_breakdown(const io::Batch& batch, int reps) override;
 
@@ -105,6 +113,8 @@ class GraphCuda final : public CudaModel {
   // row there (then the bucket's keys are reset to valid padding).
   bool infer_pack(const io::Batch& batch, int64_t r0, int64_t n, InferBucket& bk);
   void predict_eager(const io::Batch& batch, float* probs);
+  // The masks set so far, by weight name (set_mask, masks()).
+  std::map<std::string, Tensor> host_masks_;
   // Set by predict_eager around forward(): the forward serves (Engine::serving: compressed
   // layers' kernels, the inference-only layers), as infer_body's does.
   bool serve_eager_ = false;

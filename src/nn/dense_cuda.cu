@@ -246,7 +246,8 @@ template <class H>
 __global__ void optimizer_kernel(float* __restrict__ w, const float* __restrict__ g,
                                  float* __restrict__ a, int64_t rows, int64_t cols, int64_t ldg,
                                  H* __restrict__ wh, int64_t ldh, const float* __restrict__ lr_p,
-                                 float eps, const float* __restrict__ gscale_p) {
+                                 float eps, const float* __restrict__ gscale_p,
+                                 const float* __restrict__ mask) {
   const float lr = *lr_p;
   const float gs = gscale_p ? *gscale_p : 1.f;
   if (gs == 0.f) return;
@@ -263,6 +264,7 @@ __global__ void optimizer_kernel(float* __restrict__ w, const float* __restrict_
     } else {
       wi = __fsub_rn(w[i], __fmul_rn(lr, gi));
     }
+    if (mask && mask[i] == 0.f) wi = 0.f;  // a pruned weight stays zero
     w[i] = wi;
     if (wh) wh[r * ldh + c] = from_f<H>(wi);
   }
@@ -549,22 +551,22 @@ void loss_scale_update(const LossScale& ls, int growth_interval, cudaStream_t st
 template <class H>
 void optimizer_step_impl(float* w, const float* g, float* state, int64_t rows, int64_t cols,
                          int64_t ldg, H* wh, int64_t ldh, const float* lr, float eps,
-                         cudaStream_t stream, const float* gscale) {
+                         cudaStream_t stream, const float* gscale, const float* mask) {
   const int64_t n = rows * cols;
   if (n == 0) return;
   optimizer_kernel<H><<<grid_for(n, 256), 256, 0, stream>>>(w, g, state, rows, cols, ldg, wh,
-                                                            ldh, lr, eps, gscale);
+                                                            ldh, lr, eps, gscale, mask);
   DLREC_CUDA_LAUNCH_CHECK();
 }
 void optimizer_step(float* w, const float* g, float* state, int64_t rows, int64_t cols,
                     int64_t ldg, bf16* wh, int64_t ldh, const float* lr, float eps,
-                    cudaStream_t stream, const float* gscale) {
-  optimizer_step_impl(w, g, state, rows, cols, ldg, wh, ldh, lr, eps, stream, gscale);
+                    cudaStream_t stream, const float* gscale, const float* mask) {
+  optimizer_step_impl(w, g, state, rows, cols, ldg, wh, ldh, lr, eps, stream, gscale, mask);
 }
 void optimizer_step(float* w, const float* g, float* state, int64_t rows, int64_t cols,
                     int64_t ldg, f16* wh, int64_t ldh, const float* lr, float eps,
-                    cudaStream_t stream, const float* gscale) {
-  optimizer_step_impl(w, g, state, rows, cols, ldg, wh, ldh, lr, eps, stream, gscale);
+                    cudaStream_t stream, const float* gscale, const float* mask) {
+  optimizer_step_impl(w, g, state, rows, cols, ldg, wh, ldh, lr, eps, stream, gscale, mask);
 }
 
 

@@ -113,13 +113,17 @@ void scale_to_f16(const float* x, int64_t n, const float* scale, f16* y, cudaStr
 // read from device memory (*lr), so a captured CUDA graph follows the schedule. With wh, the
 // updated weights are also written as bf16 (or f16) into wh [rows, ldh] (the compute copy).
 // With gscale (device; loss scaling), the gradient is multiplied by *gscale first, and
-// *gscale == 0 skips the update (an overflowed step).
+// *gscale == 0 skips the update (an overflowed step). With mask (device F32 0/1 [rows, cols]; 2:4
+// pruning), a value whose mask is 0 is written as 0 after its update (the state still evolves),
+// as the CPU's Optimizer::step does.
 void optimizer_step(float* w, const float* g, float* state, int64_t rows, int64_t cols,
                     int64_t ldg, bf16* wh, int64_t ldh, const float* lr, float eps,
-                    cudaStream_t stream, const float* gscale = nullptr);
+                    cudaStream_t stream, const float* gscale = nullptr,
+                    const float* mask = nullptr);
 void optimizer_step(float* w, const float* g, float* state, int64_t rows, int64_t cols,
                     int64_t ldg, f16* wh, int64_t ldh, const float* lr, float eps,
-                    cudaStream_t stream, const float* gscale = nullptr);
+                    cudaStream_t stream, const float* gscale = nullptr,
+                    const float* mask = nullptr);
 
 // Dynamic loss scaling (fp16 mode), all state on the device so a CUDA graph can replay it.
 struct LossScale {

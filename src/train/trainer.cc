@@ -356,11 +356,11 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
   m.model = model::build_model(m.cfg.model, m.cfg.optimizer, m.data.layout,
                                Device::parse(m.cfg.train.device), m.cfg.train.seed,
                                m.cfg.train.precision, m.cfg.train.deterministic);
-  // Validated before anything is written (CUDA models refuse masks here).
+  // Validated before anything is written (masks on the GPU: one process).
   const compress::CompressConfig compress_cfg = compress::CompressConfig::from_json(m.cfg.compress);
-  if (compress_cfg.sparsity.on && m.model->device().is_cuda())
-    fail("compress.sparsity: 2:4 masks are CPU-only in this build (train with \"device\": "
-         "\"cpu\")");
+  if (compress_cfg.sparsity.on && m.model->device().is_cuda() && m.parallel())
+    fail("compress.sparsity: 2:4 masks train on one GPU in this build (not across processes; "
+         "train with --gpus 1 or on the CPU)");
   if ((compress_cfg.qat.on || compress_cfg.distill.on) && m.model->device().is_cuda())
     fail("compress.", compress_cfg.qat.on ? "qat" : "distill",
          ": runs on the CPU engine only in this build (QAT in the CUDA graph is a later slice; "

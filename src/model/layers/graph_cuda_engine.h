@@ -105,6 +105,9 @@ struct Lin {
   std::shared_ptr<nn::cuda_compress::CompressedLinear> comp;
   // The weight's name ("top.0.weight"), set where a report needs it (the serving breakdown).
   std::string name;
+  // 2:4 pruning mask (GraphCuda::set_mask): device F32 0/1 [out, in]; the update writes 0
+  // where it is 0. Undefined: dense.
+  Tensor mask;
 };
 
 struct NamedState {
@@ -454,7 +457,7 @@ struct Engine {
         cd::optimizer_step(l.w.data<float>(), l.dw.data<float>(),
                            dense_adagrad ? l.sw.data<float>() : nullptr, l.out, l.in, l.in_pad,
                            lowp ? static_cast<H*>(l.wh.raw()) : nullptr, l.in_pad, lr, eps, st,
-                           gscale);
+                           gscale, l.mask.defined() ? l.mask.data<float>() : nullptr);
         if (l.has_bias)
           cd::optimizer_step(l.b.data<float>(), l.db.data<float>(),
                              dense_adagrad ? l.sb.data<float>() : nullptr, 1, l.out, l.out,

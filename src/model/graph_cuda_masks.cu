@@ -1,0 +1,75 @@
+// 2:4 pruning masks on the CUDA graph engine (docs/COMPRESSION.md, "Pruning"): the pruner
+// (compress::Pruner) reads host copies of the mlp and cross weights, computes the masks on the
+// host and hands each to set_mask, which keeps it (the host tensor: checkpoints save and load
+// it), copies it to the device and zeroes the pruned weights there; from then on the layer's
+// dense update (cd::optimizer_step) writes 0 wherever the mask is 0, as the CPU's
+// Optimizer::step does, so a pruned weight stays exactly zero in f32 and in the 16-bit copy.
+#include "model/graph_cuda_impl.h"
+
+namespace dlrec::model::graph_cuda_impl {
+
+namespace {
+
+// The Lin of weight `name` and its graph layer's name, or null.
+Lin* find_lin(std::vector<std::unique_ptr<Node>>& nodes, const GraphSpec& spec,
+              const std::string& name, std::string* layer = nullptr) {
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    std::vector<std::pair<std::string, Lin*>> v;
+    if (nodes[i]) nodes[i]->compressible(v);
+    for (auto& [n, l] : v)
+      if (n == name) {
+        if (layer) *layer = spec.layers[i].name;
+        return l;
+      }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<PrunableWeight> GraphCuda::prunable_weights() {
+  DeviceGuard g(dev_index_);
+  synchronize();
+  std::vector<PrunableWeight> out;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    std::vector<std::pair<std::string, Lin*>> v;
+    if (nodes_[i]) nodes_[i]->compressible(v);
+    for (auto& [name, l] : v)
+      out.push_back({spec_.layers[i].name, name, l->w.to(Device::cpu()), nullptr});
+  }
+  return out;
+}
+
+void GraphCuda::set_mask(const std::string& name, const Tensor& mask) {
+  DeviceGuard g(dev_index_);
+  Lin* l = find_lin(nodes_, spec_, name);
+  DLREC_CHECK(l, "'", name, "' is not a prunable weight of this model (mlp and cross weights are)");
+  DLREC_CHECK(mask.defined() && mask.dtype() == DType::F32 && !mask.device().is_cuda() &&
+                  mask.ndim() == 2 && mask.dim(0) == l->out && mask.dim(1) == l->in,
+              "the mask of '", name, "' must be an F32 CPU tensor of the weight's shape [", l->out,
+              ", ", l->in, "]");
+  synchronize();
+  host_masks_[name] = mask;
+  // A new device buffer changes the update kernels' arguments: the captured steps go.
+  if (!l->mask.defined()) {
+    l->mask = Tensor::empty({l->out, l->in}, DType::F32, dev_);
+    drop_graphs();
+  }
+  l->mask.copy_from(mask);
+  Tensor w = l->w.to(Device::cpu());
+  float* v = w.data<float>();
+  const float* m = mask.data<float>();
+  for (int64_t k = 0; k < mask.numel(); ++k)
+    if (m[k] == 0.f) v[k] = 0.f;
+  l->w.copy_from(w);
+  exposed_ = true;            // copies on the legacy stream: the next upload waits for them
+  shadows_stale_ = e_.lowp;  // and brings the 16-bit copies up to date
+}
+
+std::vector<NamedTensor> GraphCuda::masks() {
+  std::vector<NamedTensor> out;
+  for (auto& [name, m] : host_masks_) out.emplace_back(name + ".mask", m);
+  return out;
+}
+
+}  // namespace dlrec::model::graph_cuda_impl
