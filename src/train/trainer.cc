@@ -194,7 +194,8 @@ struct Trainer::Impl {
   io::DatasetInfo data;
   std::unique_ptr<model::Model> model;
   std::unique_ptr<compress::Pruner> pruner;  // the "compress.sparsity" section; null without
-  // compress.distill: the dense teacher (CPU Predictor) and the loss's alpha and temperature.
+  // compress.distill: the dense teacher (a Predictor on the student's device) and the loss's
+  // alpha and temperature.
   std::unique_ptr<Predictor> teacher;
   compress::DistillConfig distill;
   CheckpointState state;
@@ -361,16 +362,17 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
   if (compress_cfg.sparsity.on && m.model->device().is_cuda() && m.parallel())
     fail("compress.sparsity: 2:4 masks train on one GPU in this build (not across processes; "
          "train with --gpus 1 or on the CPU)");
-  if ((compress_cfg.qat.on || compress_cfg.distill.on) && m.model->device().is_cuda())
-    fail("compress.", compress_cfg.qat.on ? "qat" : "distill",
-         ": runs on the CPU engine only in this build (QAT in the CUDA graph is a later slice; "
-         "train with \"device\": \"cpu\")");
+  if (compress_cfg.qat.on && m.model->device().is_cuda())
+    fail("compress.qat: runs on the CPU engine only in this build (QAT in the CUDA graph is a "
+         "later slice; train with \"device\": \"cpu\")");
   if (compress_cfg.distill.on) {
     DLREC_CHECK(!m.parallel(), "compress.distill: distillation runs in one process in this build");
     DLREC_CHECK(m.cfg.train.loss == "bce", "compress.distill: needs train.loss \"bce\", got \"",
                 m.cfg.train.loss, "\"");
     m.distill = compress_cfg.distill;
-    m.teacher = std::make_unique<Predictor>(m.distill.teacher, Device::cpu());
+    // The teacher scores each batch where the student trains (fp32 on a GPU); the loss and its
+    // gradient are computed on the host (distill_step) for either engine.
+    m.teacher = std::make_unique<Predictor>(m.distill.teacher, m.model->device(), "fp32");
     const io::ShardLayout tl = m.teacher->workflow().output_layout();
     if (!(tl == m.data.layout))
       fail("compress.distill.teacher: the model '", m.distill.teacher, "' takes the layout ",
