@@ -190,13 +190,18 @@ std::vector<PruneReport> Pruner::prune(double sparsity) {
   std::vector<PruneReport> out;
   std::map<std::string, Tensor> existing;
   for (auto& [name, t] : model_.masks()) existing[name] = t;
+  // The weights as they are now: a GPU model hands out host copies of its weights, so those
+  // taken at construction would be the initial values (the CPU engine's share storage).
+  std::map<std::string, Tensor> current;
+  for (const auto& w : model_.prunable_weights()) current[w.name] = w.weight;
   for (const auto& w : targets_) {
+    const Tensor& weight = current.at(w.name);
     auto it = existing.find(w.name + ".mask");
     Tensor mask = it != existing.end() ? it->second
-                                       : Tensor::empty(w.weight.shape(), DType::F32, Device::cpu());
-    const int64_t zeros = compute_mask_2_4(w.weight, sparsity, mask);
+                                       : Tensor::empty(weight.shape(), DType::F32, Device::cpu());
+    const int64_t zeros = compute_mask_2_4(weight, sparsity, mask);
     model_.set_mask(w.name, mask);  // zeroes the newly pruned weights
-    out.push_back({w.layer, w.name, w.weight.numel(), zeros, ""});
+    out.push_back({w.layer, w.name, weight.numel(), zeros, ""});
   }
   return out;
 }

@@ -134,3 +134,32 @@ TEST(GpuMasks, MasksTravelThroughACheckpoint) {
   std::filesystem::remove(path);
   EXPECT_EQ(by_name(cpu->masks()), by_name(gpu->masks()));
 }
+
+// A schedule re-prunes from the weights as trained so far (the pruner reads them anew at each
+// prune; a GPU model's prunable_weights() are host copies): after a partial prune and some
+// steps, the 50 % masks are those of the current weights, not of the initial ones.
+TEST(GpuMasks, AScheduleRePrunesFromTheCurrentWeights) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU masks not run";
+  const model::RunConfig cfg = config();
+  auto gpu = model::build_model(cfg.model, cfg.optimizer, layout(), Device::cuda(0), 21, "fp32");
+  compress::Pruner pruner(half(), *gpu);
+  std::map<std::string, Tensor> initial;
+  for (const auto& w : gpu->prunable_weights()) initial[w.name] = w.weight;
+  pruner.prune(0.25);
+  for (int step = 0; step < 20; ++step)
+    gpu->train_step(model::testing::make_batch(layout(), 64, 900 + step, false), 1.0, false);
+  std::map<std::string, std::vector<float>> want, stale;
+  for (const auto& w : gpu->prunable_weights()) {
+    if (w.weight.dim(1) % 4 != 0) continue;  // skipped by the pruner (skip_incompatible)
+    Tensor m = Tensor::zeros(w.weight.shape(), DType::F32);
+    compress::compute_mask_2_4(w.weight, 0.5, m);
+    want[w.name + ".mask"] = m.to_vector<float>();
+    compress::compute_mask_2_4(initial.at(w.name), 0.5, m);
+    stale[w.name + ".mask"] = m.to_vector<float>();
+  }
+  pruner.prune(0.5);
+  const auto got = by_name(gpu->masks());
+  EXPECT_EQ(got, want);
+  EXPECT_NE(want, stale) << "training changed no mask choice: the test cannot tell the two apart";
+  expect_pruned_zero(*gpu, "after the second prune");
+}

@@ -81,7 +81,7 @@ struct PruneReport {
 
 // Masks the selected weights of a model. Construction validates the config against the model:
 // unknown layer names, layers that are not mlp or cross, input sizes not a multiple of 4
-// (unless skip_incompatible) and models that cannot hold masks (CUDA) are errors.
+// (unless skip_incompatible) and models without prunable weights are errors.
 class Pruner {
  public:
   Pruner(const SparsityConfig& config, model::Model& model);
@@ -94,7 +94,7 @@ class Pruner {
  private:
   SparsityConfig config_;
   model::Model& model_;
-  std::vector<model::PrunableWeight> targets_;
+  std::vector<model::PrunableWeight> targets_;  // which weights (prune() reads their values anew)
   std::vector<PruneReport> skipped_;
   bool started_ = false;
 };
