@@ -115,6 +115,13 @@ class GraphCuda final : public CudaModel {
   void predict_eager(const io::Batch& batch, float* probs);
   // The masks set so far, by weight name (set_mask, masks()).
   std::map<std::string, Tensor> host_masks_;
+  // The mlp and cross weights' layers in graph order (Node::compressible): what the compressed
+  // layers (set_compressed) and the masks (graph_cuda_masks.cu) attach to.
+  struct WeightLin {
+    std::string layer, name;  // the graph layer's name, the weight's ("top.0.weight")
+    Lin* lin;
+  };
+  std::vector<WeightLin> weight_lins();
   // Set by predict_eager around forward(): the forward serves (Engine::serving: compressed
   // layers' kernels, the inference-only layers), as infer_body's does.
   bool serve_eager_ = false;

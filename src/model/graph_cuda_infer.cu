@@ -658,11 +658,7 @@ void GraphCuda::set_compressed(const std::vector<CompressedWeight>& weights,
   if (shadows_stale_) refresh_shadows();
   DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
   std::map<std::string, Lin*> lins;
-  for (auto& n : nodes_) {
-    std::vector<std::pair<std::string, Lin*>> v;
-    n->compressible(v);
-    for (auto& [name, l] : v) lins[name] = l;
-  }
+  for (const WeightLin& w : weight_lins()) lins[w.name] = w.lin;
   using nn::cuda_compress::Act;
   const Act act = !e_.lowp ? Act::F32 : e_.half == DType::F16 ? Act::F16 : Act::BF16;
   for (const CompressedWeight& w : weights) {

@@ -1,4 +1,4 @@
-// 2:4 pruning masks on the CUDA graph engine (docs/COMPRESSION.md, "Pruning"): the pruner
+// 2:4 pruning masks on the CUDA graph engine (docs/COMPRESSION.md, "2:4 masks"): the pruner
 // (compress::Pruner) reads host copies of the mlp and cross weights, computes the masks on the
 // host and hands each to set_mask, which keeps it (the host tensor: checkpoints save and load
 // it), copies it to the device and zeroes the pruned weights there; from then on the layer's
@@ -8,41 +8,30 @@
 
 namespace dlrec::model::graph_cuda_impl {
 
-namespace {
-
-// The Lin of weight `name` and its graph layer's name, or null.
-Lin* find_lin(std::vector<std::unique_ptr<Node>>& nodes, const GraphSpec& spec,
-              const std::string& name, std::string* layer = nullptr) {
-  for (size_t i = 0; i < nodes.size(); ++i) {
+std::vector<GraphCuda::WeightLin> GraphCuda::weight_lins() {
+  std::vector<WeightLin> out;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
     std::vector<std::pair<std::string, Lin*>> v;
-    if (nodes[i]) nodes[i]->compressible(v);
-    for (auto& [n, l] : v)
-      if (n == name) {
-        if (layer) *layer = spec.layers[i].name;
-        return l;
-      }
+    if (nodes_[i]) nodes_[i]->compressible(v);
+    for (auto& [name, l] : v) out.push_back({spec_.layers[i].name, name, l});
   }
-  return nullptr;
+  return out;
 }
-
-}  // namespace
 
 std::vector<PrunableWeight> GraphCuda::prunable_weights() {
   DeviceGuard g(dev_index_);
   synchronize();
   std::vector<PrunableWeight> out;
-  for (size_t i = 0; i < nodes_.size(); ++i) {
-    std::vector<std::pair<std::string, Lin*>> v;
-    if (nodes_[i]) nodes_[i]->compressible(v);
-    for (auto& [name, l] : v)
-      out.push_back({spec_.layers[i].name, name, l->w.to(Device::cpu()), nullptr});
-  }
+  for (const WeightLin& w : weight_lins())
+    out.push_back({w.layer, w.name, w.lin->w.to(Device::cpu()), nullptr});
   return out;
 }
 
 void GraphCuda::set_mask(const std::string& name, const Tensor& mask) {
   DeviceGuard g(dev_index_);
-  Lin* l = find_lin(nodes_, spec_, name);
+  Lin* l = nullptr;
+  for (const WeightLin& w : weight_lins())
+    if (w.name == name) l = w.lin;
   DLREC_CHECK(l, "'", name, "' is not a prunable weight of this model (mlp and cross weights are)");
   DLREC_CHECK(mask.defined() && mask.dtype() == DType::F32 && !mask.device().is_cuda() &&
                   mask.ndim() == 2 && mask.dim(0) == l->out && mask.dim(1) == l->in,
