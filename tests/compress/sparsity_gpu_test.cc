@@ -18,6 +18,7 @@
 #include "dlrec/nn/loss.h"
 #include "dlrec/train/trainer.h"
 #include "model/test_batches.h"
+#include "test_errors.h"
 
 using namespace dlrec;
 
@@ -133,6 +134,19 @@ TEST(GpuMasks, MasksTravelThroughACheckpoint) {
   train::load_checkpoint(path, *cpu);
   std::filesystem::remove(path);
   EXPECT_EQ(by_name(cpu->masks()), by_name(gpu->masks()));
+}
+
+TEST(GpuMasks, BadMasksAreClearErrors) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU masks not run";
+  const model::RunConfig cfg = config();
+  auto gpu = model::build_model(cfg.model, cfg.optimizer, layout(), Device::cuda(0), 21, "fp32");
+  dlrec::testing::expect_error(
+      [&] { gpu->set_mask("emb.0.weight", Tensor::zeros({40, 8}, DType::F32)); },
+      {"'emb.0.weight'", "not a prunable weight"});
+  dlrec::testing::expect_error(
+      [&] { gpu->set_mask("top.0.weight", Tensor::zeros({3, 4}, DType::F32)); },
+      {"the mask of 'top.0.weight'", "F32 CPU tensor of the weight's shape"});
+  EXPECT_TRUE(gpu->masks().empty());
 }
 
 // A schedule re-prunes from the weights as trained so far (the pruner reads them anew at each

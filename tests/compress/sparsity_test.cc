@@ -204,4 +204,14 @@ TEST(Pruner, LayerSelectionErrors) {
   EXPECT_EQ(top.prune(0.5).size(), 2u);
   EXPECT_EQ(compress::make_pruner(with_compress("{}"), *m), nullptr);
   expect_error([&] { m->set_mask("emb.0.weight", Tensor()); }, {"not a prunable weight"});
+  // A model without mlp or cross layers (embeddings and a factorization machine).
+  model::ModelConfig fm;
+  fm.arch = "graph";
+  fm.layers = parse_json(R"([{"name": "emb", "type": "embedding", "dim": 4},
+                            {"name": "fm", "type": "fm", "inputs": ["emb"]},
+                            {"name": "logit", "type": "output", "input": "fm"}])",
+                         "test");
+  auto none = model::build_model(fm, model::OptimizerConfig(), layout, Device::cpu(), 1);
+  expect_error([&] { compress::Pruner(cfg(R"({"sparsity": {}})"), *none); },
+               {"compress.sparsity", "no prunable weights"});
 }
