@@ -136,9 +136,6 @@ std::shared_ptr<Int8Linear> QatLinear::to_int8(const Tensor& weight) const {
 }
 
 int64_t install_qat(const QatConfig& config, model::Model& model) {
-  if (model.device().is_cuda())
-    fail("compress.qat: QAT runs on the CPU engine only in this build (the model is on ",
-         model.device().str(), "; train with \"device\": \"cpu\")");
   const auto selected = select_quant_weights(config.select, model, "compress.qat");
   int64_t n = 0;
   for (const auto& [w, skip] : selected) {

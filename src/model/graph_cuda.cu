@@ -341,6 +341,8 @@ void GraphCuda::ensure_capacity(int64_t B, int64_t nnz) {
   dlogits_ = e_.buf({cb}, DType::F32);
   e_.vals[spec_.output].g = dlogits_;
   for (int i : spec_.order) nodes_[i]->alloc_scratch(e_, nn_);
+  for (const WeightLin& w : weight_lins())
+    if (w.lin->qat) w.lin->qat->reserve(cb);
   inputs_->allocate(cb, nn_, num_dense_, T_);
   DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
 }
@@ -348,6 +350,7 @@ void GraphCuda::ensure_capacity(int64_t B, int64_t nnz) {
 void GraphCuda::upload(const io::Batch& b, float lr, float emb_lr, bool training) {
   DLREC_CHECK(!(training && quantized_tables_), "graph model: layer '", emb_->layer_name(),
               "' serves tables from row-wise quantized codes, which cannot train");
+  attach_qat();
   materialize_tables();
   const int64_t B = b.rows;
   int64_t nnz = 0;
@@ -523,6 +526,7 @@ Tensor GraphCuda::forward(const io::Batch& batch, bool training) {
   have_training_forward_ = training;
   // Callers read the logits with legacy-stream copies, which do not wait for our streams.
   DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
+  check_qat_flags();
   return out;
 }
 
@@ -601,6 +605,7 @@ double GraphCuda::run_train_step(const io::Batch& batch, double lr_scale, bool w
   DLREC_CUDA_CHECK(
       cudaMemcpyAsync(&loss, loss_.raw(), sizeof(double), cudaMemcpyDeviceToHost, e_.st));
   DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
+  check_qat_flags();
   return loss;
 }
 

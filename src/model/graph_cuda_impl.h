@@ -65,7 +65,8 @@ class GraphCuda final : public CudaModel {
   void set_quantized_tables(std::vector<QuantizedTable> tables) override;
   std::vector<std::string> kernel_report() override;
   // 2:4 pruning masks (graph_cuda_masks.cu; docs/COMPRESSION.md): the mlp and cross weights
-  // (host copies of their values: what the pruner reads), a mask per weight kept on the host
+  // (host copies of their values: what the pruner reads; their parameters are host shells
+  // whose `quant` carries QAT records, graph_cuda_qat.cu), a mask per weight kept on the host
   // (shared storage: a checkpoint loads into it) and on the device, where the dense update
   // writes 0 wherever it is 0, as the CPU's optimizer step does.
   std::vector<PrunableWeight> prunable_weights() override;
@@ -115,6 +116,18 @@ class GraphCuda final : public CudaModel {
   void predict_eager(const io::Batch& batch, float* probs);
   // The masks set so far, by weight name (set_mask, masks()).
   std::map<std::string, Tensor> host_masks_;
+  // QAT (graph_cuda_qat.cu): the weights' host parameter shells (prunable_weights), the record
+  // each layer's device state was made from, and whether any layer trains quantized.
+  std::map<std::string, nn::Param> shells_;
+  struct QatSeen {
+    const void* record = nullptr;
+    double decay = 0;
+  };
+  std::map<std::string, QatSeen> qat_seen_;
+  bool qat_on_ = false;
+  void attach_qat();             // before each upload and predict()
+  void check_qat_flags();        // at host synchronisations: a non-finite input or weight fails
+  void qat_ranges_to_records();  // the device's running ranges into the shells' records
   // The mlp and cross weights' layers in graph order (Node::compressible): what the compressed
   // layers (set_compressed) and the masks (graph_cuda_masks.cu) attach to.
   struct WeightLin {

@@ -213,7 +213,9 @@ void GraphCuda::predict(const io::Batch& batch, float* probs) {
   const int64_t B = batch.rows;
   if (B == 0) return;
   hashed_cuda::HashedTables* hashed = emb_ ? emb_->hashed() : nullptr;
-  if (profile_ || !graphs_ || hashed) return predict_eager(batch, probs);
+  attach_qat();
+  // QAT layers (a model in training) run eagerly: their forward is the training engine's.
+  if (profile_ || !graphs_ || hashed || qat_on_) return predict_eager(batch, probs);
   have_training_forward_ = false;
   // Compressed exports too: one 32768-row chunk (more rows per int8 / 2:4 GEMM) lost the host
   // packing's overlap with the GPU and measured 1.39x slower end to end (bench/RESULTS.md).

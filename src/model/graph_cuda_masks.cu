@@ -21,9 +21,14 @@ std::vector<GraphCuda::WeightLin> GraphCuda::weight_lins() {
 std::vector<PrunableWeight> GraphCuda::prunable_weights() {
   DeviceGuard g(dev_index_);
   synchronize();
+  check_qat_flags();
+  qat_ranges_to_records();
   std::vector<PrunableWeight> out;
-  for (const WeightLin& w : weight_lins())
-    out.push_back({w.layer, w.name, w.lin->w.to(Device::cpu()), nullptr});
+  for (const WeightLin& w : weight_lins()) {
+    nn::Param& p = shells_[w.name];
+    p.value = w.lin->w.to(Device::cpu());
+    out.push_back({w.layer, w.name, p.value, &p});
+  }
   return out;
 }
 

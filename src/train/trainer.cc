@@ -362,9 +362,9 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
   if (compress_cfg.sparsity.on && m.model->device().is_cuda() && m.parallel())
     fail("compress.sparsity: 2:4 masks train on one GPU in this build (not across processes; "
          "train with --gpus 1 or on the CPU)");
-  if (compress_cfg.qat.on && m.model->device().is_cuda())
-    fail("compress.qat: runs on the CPU engine only in this build (QAT in the CUDA graph is a "
-         "later slice; train with \"device\": \"cpu\")");
+  if (compress_cfg.qat.on && m.model->device().is_cuda() && m.parallel())
+    fail("compress.qat: QAT trains on one GPU in this build (not across processes: each rank "
+         "would keep its own input ranges; train with --gpus 1 or on the CPU)");
   if (compress_cfg.distill.on) {
     DLREC_CHECK(!m.parallel(), "compress.distill: distillation runs in one process in this build");
     DLREC_CHECK(m.cfg.train.loss == "bce", "compress.distill: needs train.loss \"bce\", got \"",

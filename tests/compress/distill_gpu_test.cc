@@ -104,19 +104,3 @@ TEST(GpuDistill, SparseDistillationOnTheGpuFollowsTheCpuRun) {
   EXPECT_LT(worst, 1e-3) << at;
   EXPECT_NEAR(auc["cpu"], auc["cuda:0"], 2e-3);
 }
-
-// What the GPU does not train yet is refused before anything is written: QAT (CPU engine only).
-TEST(GpuDistill, QatOnTheGpuIsAClearError) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU refusal not run";
-  dlrec::testing::TempDir dir("qat_gpu");
-  const std::string data = dlrec::testing::make_compress_data(dir.path + "/d", 4, 600, 5);
-  json cfg = base_config();
-  cfg["train"]["device"] = "cuda:0";
-  cfg["compress"] = {{"qat", {{"ema_decay", 0.9}}}};
-  train::TrainerOptions opt;
-  opt.data_dir = data;
-  opt.run_dir = dir.path + "/run";
-  dlrec::testing::expect_error([&] { train::Trainer(model::RunConfig::from_json(cfg), opt); },
-                               {"compress.qat", "CPU engine only"});
-  EXPECT_FALSE(fs::exists(opt.run_dir + "/checkpoint.dlrec"));
-}

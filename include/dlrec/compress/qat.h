@@ -1,4 +1,4 @@
-// Quantization-aware training and distillation on the CPU engine (docs/COMPRESSION.md).
+// Quantization-aware training and distillation (docs/COMPRESSION.md): CPU engine and one GPU.
 //
 //   "compress": {"qat": {
 //       "layers": "all_dense" | ["top", "cross"],   // as compress.quantize
@@ -64,6 +64,8 @@ class QatLinear final : public nn::LinearHook {
   nn::FakeQuantOperands fake_quant(const Tensor& x, const Tensor& w) override;
   void straight_through(Tensor* dx, Tensor& dw) override;
   double amax() const { return amax_; }
+  QatRange qat_range() const override { return {true, amax_, decay_}; }
+  void set_qat_range(double amax) override { amax_ = amax; }
   void set_decay(double d) { decay_ = d; }
   // The INT8 inference record of the current weight and input range (the export).
   std::shared_ptr<Int8Linear> to_int8(const Tensor& weight) const;
@@ -80,7 +82,9 @@ class QatLinear final : public nn::LinearHook {
 
 // Installs QAT records on the selected weights (keeping the running ranges of records a
 // checkpoint brought, dropping those of weights no longer selected). Errors: as
-// compress.quantize's layers/skip (under "compress.qat"), a CUDA model. Returns how many.
+// compress.quantize's layers/skip (under "compress.qat"). Returns how many. On the CUDA graph
+// engine the records sit on host shells of the weights, which the engine takes up before its
+// next step (src/model/graph_cuda_qat.cu).
 int64_t install_qat(const QatConfig& config, model::Model& model);
 
 // QAT ranges in checkpoints: tensors "<weight>.qat_amax" (F32 [1]) and the meta's "qat" list.

@@ -34,6 +34,16 @@ class LinearHook {
   // dW with the straight-through estimator.
   virtual FakeQuantOperands fake_quant(const Tensor& /*x*/, const Tensor& /*w*/) { return {}; }
   virtual void straight_through(Tensor* /*dx*/, Tensor& /*dw*/) {}
+  // QAT on an engine that keeps its own copy of the layer (the CUDA graph engine runs the
+  // record's arithmetic on the device, nn/qat_cuda.h): the record's running input range
+  // (< 0: none yet) and EMA decay, read when the engine takes the record up; the engine hands
+  // its device range back with set_qat_range before a checkpoint or an export reads it.
+  struct QatRange {
+    bool on = false;  // a QAT record
+    double amax = -1, decay = 0;
+  };
+  virtual QatRange qat_range() const { return {}; }
+  virtual void set_qat_range(double /*amax*/) {}
   // What forward() runs, for reports ("int8 avx512-vnni"); empty when it computes nothing.
   virtual std::string kernel() const { return ""; }
   // A form for serving only (a packed copy of the weight): Linear::backward refuses to run.

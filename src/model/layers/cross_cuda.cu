@@ -108,7 +108,7 @@ class CrossNode final : public Node {
       const bool comp = e.serving && L.w.comp &&
                         L.w.comp->policy() != nn::kernel_choice::Policy::Dense &&
                         !L.w.comp->chose_dense(e.B);
-      if (e.lowp && fused_ && e.B > 0 && !comp &&
+      if (e.lowp && fused_ && e.B > 0 && !comp && !L.w.qat &&
           cutlass_k::cross_gemm_combine(L.w.out, e.B, L.w.in_pad, L.w.wh.raw(), L.w.in_pad, in,
                                         L.w.in_pad, L.w.bh.raw(), x0, xl, L.u.raw(), L.x.raw(),
                                         ld_, e.st)) {
@@ -216,8 +216,7 @@ class CrossNode final : public Node {
       } else if (l == 0 || !deferred_) {  // added in place to g or to the dL/dx0 sum
         e.lin_dgrad(last, dz, dz_ld, dst, e.act, ld_, true);
       } else {  // a new buffer: dst = dz W + g
-        e.gemm_c(false, false, last.in_pad, e.B, last.out, e.wcomp(last), last.in_pad, dz,
-                 dz_ld, g, dst, e.act, ld_);
+        e.lin_dgrad_c(last, dz, dz_ld, g, dst, e.act, ld_);
       }
       if (!pass_done) {
         gs[l] = dst;
@@ -241,8 +240,12 @@ class CrossNode final : public Node {
   // Whether the fused backward kernels (src/fused, cross_bwd_fused.cu) may run: bf16, the
   // deferred dL/dx0 sum, low rank, x0 unpadded.
   bool can_fuse_bwd(const Engine& e) const {
-    return e.lowp && fused_bwd_ && deferred_ && r_ > 0 && ld_ == F_ && e.B > 0 &&
-           part_.raw() != nullptr;
+    if (!(e.lowp && fused_bwd_ && deferred_ && r_ > 0 && ld_ == F_ && e.B > 0 &&
+          part_.raw() != nullptr))
+      return false;
+    for (const Layer& Y : layers_)  // QAT layers' data gradients go through their gate
+      if (Y.w.qat || Y.v.qat) return false;
+    return true;
   }
   // A fused data GEMM g = dz W (+ c) by `w`'s weights that also writes layer `below`'s du and
   // bias gradient.

@@ -39,6 +39,7 @@
 #include "nn/embedding_cuda.h"
 #include "nn/graph_layers_cuda.h"
 #include "nn/lt_gemm.h"
+#include "nn/qat_cuda.h"
 #include "model/cuda_step.h"
 #include "model/graph_hashed_cuda.h"
 #include "model/layers/embedding_exchange_layout.h"
@@ -108,6 +109,9 @@ struct Lin {
   // 2:4 pruning mask (GraphCuda::set_mask): device F32 0/1 [out, in]; the update writes 0
   // where it is 0. Undefined: dense.
   Tensor mask;
+  // Quantization-aware training (GraphCuda::attach_qat): the forward computes with the
+  // fake-quantized input and weights, the data gradient is gated (nn/qat_cuda.h). Null: fp32.
+  std::shared_ptr<nn::cuda_qat::QatLayer> qat;
 };
 
 struct NamedState {
@@ -307,7 +311,10 @@ struct Engine {
     if (mark) mark(what);
   }
 
-  const void* wcomp(const Lin& l) const { return lowp ? l.wh.raw() : l.w.raw(); }
+  // The weights the GEMMs read: the fake-quantized copy under QAT, else the compute copy.
+  const void* wcomp(const Lin& l) const {
+    return l.qat ? l.qat->wq() : lowp ? l.wh.raw() : l.w.raw();
+  }
 
   // y [B, out] (rows out_ld apart, type ydt) = x W^T + b, ReLU when l.relu.
   void lin_forward(Lin& l, const void* x, void* y, DType ydt) {
@@ -318,6 +325,9 @@ struct Engine {
     }
   }
   void lin_forward_any(Lin& l, const void* x, void* y, DType ydt) {
+    // QAT: the layer computes with the fake-quantized input (which the weight gradient reads
+    // too) and weights (wcomp).
+    if (l.qat) x = l.qat->forward(l.w.data<float>(), x, B, st);
     l.x = x;
     l.aux_written = false;
     if (B == 0) return;
@@ -345,7 +355,7 @@ struct Engine {
       bool done = false;
       with_half(half, [&](auto* h) {
         using H = std::remove_pointer_t<decltype(h)>;
-        done = cd::skinny_linear(static_cast<const H*>(l.wh.raw()), static_cast<const H*>(x), B,
+        done = cd::skinny_linear(static_cast<const H*>(wcomp(l)), static_cast<const H*>(x), B,
                                  l.out, l.in_pad, ydt == DType::F32 ? l.b.raw() : l.bh.raw(),
                                  l.relu, y, ydt == DType::F32, st);
       });
@@ -358,7 +368,7 @@ struct Engine {
       g.epi = l.relu ? lt::Epi::ReluAuxBias : lt::Epi::Bias;
       g.aux_ld = l.aux_ld;
       void* bias = ydt == DType::F32 ? l.b.raw() : l.bh.raw();
-      if (lt->run(g, l.wh.raw(), x, y, bias, l.relu ? l.aux.raw() : nullptr, st)) {
+      if (lt->run(g, wcomp(l), x, y, bias, l.relu ? l.aux.raw() : nullptr, st)) {
         l.aux_written = l.relu;
         return;
       }
@@ -379,16 +389,38 @@ struct Engine {
       });
     }
   }
-  // dw [out, in_pad] = dz^T x, dz [B, out] rows dz_ld apart (compute type).
+  // dw [out, in_pad] = dz^T x, dz [B, out] rows dz_ld apart (compute type). Under QAT the
+  // step's input range then enters the running one (the layer's backward is done with it).
   void lin_wgrad(Lin& l, const void* dz, int64_t dz_ld) {
     gemm(false, true, l.in_pad, l.out, B, l.x, l.in_pad, dz, dz_ld, l.dw.raw(), DType::F32,
          l.in_pad, false);
+    if (l.qat) l.qat->end_step(st);
   }
-  // dst [B, in_pad] (+)= dz W.
+  // dst [B, in_pad] (+)= dz W; under QAT dz W goes through the straight-through gate first.
   void lin_dgrad(Lin& l, const void* dz, int64_t dz_ld, void* dst, DType dt, int64_t dst_ld,
                  bool accumulate) {
+    if (l.qat) {
+      qat_dgrad(l, dz, dz_ld);
+      l.qat->gate(dt, accumulate ? dst : nullptr, dst, dst_ld, B, st);
+      return;
+    }
     gemm(false, false, l.in_pad, B, l.out, wcomp(l), l.in_pad, dz, dz_ld, dst, dt, dst_ld,
          accumulate);
+  }
+  // dst [B, in_pad] = dz W + c (c != dst, both of type dt, rows ld apart).
+  void lin_dgrad_c(Lin& l, const void* dz, int64_t dz_ld, const void* c, void* dst, DType dt,
+                   int64_t ld) {
+    if (l.qat) {
+      qat_dgrad(l, dz, dz_ld);
+      l.qat->gate(dt, c, dst, ld, B, st);
+      return;
+    }
+    gemm_c(false, false, l.in_pad, B, l.out, wcomp(l), l.in_pad, dz, dz_ld, c, dst, dt, ld);
+  }
+  // QAT: dz wq into the layer's f32 scratch (rows in_pad apart).
+  void qat_dgrad(Lin& l, const void* dz, int64_t dz_ld) {
+    gemm(false, false, l.in_pad, B, l.out, wcomp(l), l.in_pad, dz, dz_ld,
+         l.qat->grad_scratch(), DType::F32, l.in_pad, false);
   }
   // Data-parallel: f(comm) enqueues collectives on the communicator's stream after the work on
   // st so far; st waits for them.

@@ -104,7 +104,7 @@ class MlpNode final : public Node {
         Value& x = e.vals[in[0]];
         const bool acc = e.claim(in[0]);
         // The producer may run this GEMM with its own first backward pass fused in (cross).
-        if (acc || !x.fused_dgrad || !x.fused_dgrad(e, l, dzc, l.out))
+        if (acc || l.qat || !x.fused_dgrad || !x.fused_dgrad(e, l, dzc, l.out))
           e.lin_dgrad(l, dzc, l.out, x.g.raw(), x.gdt, x.ld, acc);
       }
       e.sub(name_ + ": bwd dgrad");
