@@ -9,6 +9,9 @@
 #   bash bench/compress_infer_e2e.sh breakdown OUT DLREC [ITERS]  # GPU: the bf16 and 2:4+int8
 #     exports at 2048 and 32768 with --breakdown (where one chunk's time goes: host packing,
 #     the input copy, each layer and dense layer, the captured graph)
+#   bash bench/compress_infer_e2e.sh small OUT DLREC [ITERS]      # GPU: batch 1 and 8 (the
+#     fused small-batch kernel), the bf16 export and the int8 ones under --kernels fastest
+#     (dense 16-bit weights in the fused kernel) and compressed (its INT8 form)
 #
 # prepare: 20,000 synthetic Criteo-like rows (13 dense, 26 categorical: the MLPerf layout, so
 # that the GEMM shapes are the MLPerf DLRM's and DCNv2's; the tables are small), 2 steps of
@@ -47,14 +50,19 @@ if [ "$mode" = prepare ]; then
   exit 0
 fi
 
-[ "$mode" = run ] || [ "$mode" = breakdown ] || { echo "mode: prepare, run or breakdown" >&2; exit 2; }
-batches=1,2048,32768 extra=() exports="bf16 sparse24 int8 sparse24_int8"
+[ "$mode" = run ] || [ "$mode" = breakdown ] || [ "$mode" = small ] ||
+  { echo "mode: prepare, run, breakdown or small" >&2; exit 2; }
+batches=1,2048,32768 extra=() exports="bf16 sparse24 int8 sparse24_int8" policies=fastest
 if [ "$mode" = breakdown ]; then batches=2048,32768 extra=(--breakdown) exports="bf16 sparse24_int8"; fi
+if [ "$mode" = small ]; then batches=1,8 exports="bf16 int8 sparse24_int8" policies="fastest compressed"; fi
 for m in $models; do
   for e in $exports; do
-    echo "=== $m $e"
-    "$dlrec" bench infer --model "$out/$m/$e" --device cuda:0 --precision bf16 \
-      --batch "$batches" --iters "$iters" --warmup 5 --kernels fastest "${extra[@]}" 2>&1 |
-      grep -v "^\[bench infer\] model ready" || echo "FAILED $m $e"
+    for k in $policies; do
+      [ "$e" = bf16 ] && [ "$k" = compressed ] && continue
+      echo "=== $m $e --kernels $k"
+      "$dlrec" bench infer --model "$out/$m/$e" --device cuda:0 --precision bf16 \
+        --batch "$batches" --iters "$iters" --warmup 5 --kernels "$k" "${extra[@]}" 2>&1 |
+        grep -v "^\[bench infer\] model ready" || echo "FAILED $m $e"
+    done
   done
 done

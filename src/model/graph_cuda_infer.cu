@@ -258,12 +258,16 @@ void GraphCuda::predict(const io::Batch& batch, float* probs) {
       finish_all();
       return predict_eager(batch, probs);
     }
+    // Under the compressed policy the fused kernel runs the layers' INT8 forms (plan_fused).
     const bool fuse = nchunks == 1 && n <= opts_.infer_fused_rows && e_.lowp &&
-                      fused_ != Fused::Off &&
-                      (compressed_.empty() ||
-                       kernel_policy_ != nn::kernel_choice::Policy::Compressed);
-    if (fuse && fused_launch(bk, n)) DLREC_CUDA_CHECK(cudaEventRecord(bk.done, e_.st));
-    else infer_launch(bk, nchunks > 1);
+                      fused_ != Fused::Off;
+    if (fuse && fused_launch(bk, n)) {
+      DLREC_CUDA_CHECK(cudaEventRecord(bk.done, e_.st));
+      if (kernel_policy_ == nn::kernel_choice::Policy::Compressed)
+        for (Lin* l : compressed_) l->comp->note_fused(n);
+    } else {
+      infer_launch(bk, nchunks > 1);
+    }
     pending[p] = c;
   }
   finish_all();
@@ -290,6 +294,23 @@ void GraphCuda::check_serving_options(const GraphCudaOptions& o) {
 // bucket's rows by ensure_capacity before any launch). Other shapes (DCNv2, DeepFM, ...) take
 // the layer-by-layer path silently; a DLRM shape the kernel refuses (widths, layer count) says
 // why once, on stderr.
+fused_infer::Int8Form GraphCuda::fused_int8_form(const Lin& l, std::string* why) const {
+  fused_infer::Int8Form f;
+  if (kernel_policy_ != nn::kernel_choice::Policy::Compressed || !l.comp) return f;
+  const auto v = l.comp->int8_view();
+  if (!v.q) {
+    *why = "'" + l.comp->name() + "' is 2:4 without an INT8 record (the fused kernel has no 2:4 "
+           "form; under the compressed policy such a layer takes the bucketed graphs)";
+    return f;
+  }
+  f.q = v.q;
+  f.deq = v.deq;
+  f.bias = v.bias;
+  f.inv_x = v.inv_x;
+  f.qk = static_cast<int>(v.ld);
+  return f;
+}
+
 void GraphCuda::plan_fused() {
   namespace fi = fused_infer;
   using K = ServingParts::Kind;
@@ -343,6 +364,9 @@ void GraphCuda::plan_fused() {
         if (!l.has_bias || l.out_ld != l.out) return "a layer without bias or with padded rows";
         f.w = l.wh.raw();
         f.b = f32_out ? l.b.raw() : l.bh.raw();
+        std::string no_int8;
+        f.int8 = fused_int8_form(l, &no_int8);
+        if (!no_int8.empty()) return no_int8;
         f.y = mlp->ys[k];
         f.out = static_cast<int>(l.out);
         f.k = static_cast<int>(l.in_pad);
@@ -435,6 +459,9 @@ std::string GraphCuda::plan_program() {
     o.stage = stage;
     o.w = l.wh.raw();
     o.b = !l.has_bias ? nullptr : f32_out ? l.b.raw() : l.bh.raw();
+    std::string no_int8;
+    o.int8 = fused_int8_form(l, &no_int8);
+    if (!no_int8.empty()) return no_int8;
     o.x = x;
     o.x_ld = static_cast<int>(x_ld);
     o.host_x = host_x;
@@ -703,12 +730,14 @@ void GraphCuda::set_compressed(const std::vector<CompressedWeight>& weights,
   e_.comp_lt = comp_lt_.get();
   kernel_policy_ = policy;
   drop_graphs();  // captured with the dense kernels
+  fused_ = Fused::Unplanned;  // the fused kernel's INT8 forms depend on the policy
 }
 
 void GraphCuda::set_kernel_policy(nn::kernel_choice::Policy policy) {
   kernel_policy_ = policy;
   for (Lin* l : compressed_) l->comp->set_policy(policy);
   drop_graphs();
+  fused_ = Fused::Unplanned;
 }
 
 std::vector<std::string> GraphCuda::kernel_report() {
@@ -720,6 +749,10 @@ std::vector<std::string> GraphCuda::kernel_report() {
                            " rows take the fused small-batch kernel and up to " +
                            std::to_string(cd::kSkinnyRows) +
                            " rows the warp-per-output layer (dense weights)"
+                 : kernel_policy_ == nn::kernel_choice::Policy::Compressed && e_.lowp
+                     ? "; batches of up to " + std::to_string(opts_.infer_fused_rows) +
+                           " rows take the fused small-batch kernel with the INT8 layers in "
+                           "int8, where every compressed layer has an INT8 record"
                      : ""));
   for (Lin* l : compressed_) out.push_back(l->comp->describe_load());
   for (Lin* l : compressed_)

@@ -1,6 +1,7 @@
 // The fused small-batch DLRM inference kernel (see infer_small_cuda.h for the stages and the
 // co-residency contract).
 #include "model/infer_small_cuda.h"
+#include "model/infer_small_int8.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -79,6 +80,7 @@ __device__ __forceinline__ bool last_block(Barrier& bar) {
 // The weight row of output o, each lane's pieces lane, lane + 32, ... (16 bytes each).
 template <class H>
 __device__ __forceinline__ void load_w(const Layer& L, int o, int lane, uint4 (&w)[kPre]) {
+  if (L.int8.q) return int8::load_row(L.int8, o, 0, L.int8.qk / 16, lane, w);
   const int pieces = L.k / 8;
   const uint4* row = reinterpret_cast<const uint4*>(static_cast<const H*>(L.w) +
                                                     static_cast<int64_t>(o) * L.k);
@@ -86,6 +88,46 @@ __device__ __forceinline__ void load_w(const Layer& L, int o, int lane, uint4 (&
   for (int i = 0; i < kPre; ++i) {
     const int p = lane + 32 * i;
     w[i] = p < pieces ? __ldg(row + p) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// layer_stage for a layer's INT8 form (Int8Form): the group's rows staged quantized, int32
+// sums, the CPU reference's dequantization; the rest as layer_stage.
+template <class H, int G>
+__device__ __forceinline__ void layer_stage_int8(const Layer& L, const H* x, const float* host_x,
+                                                 int nx, int rows, int gw, int nw, int lane,
+                                                 uint4 (&w)[kPre], int held, float* probs,
+                                                 uint4* xs) {
+  const Int8Form& q = L.int8;
+  const int pieces = q.qk / 16;
+  for (int g0 = 0; g0 < rows; g0 += G) {
+    const int gn = min(G, rows - g0);
+    __syncthreads();  // the previous group's readers are done with xs
+    if (host_x)  // the dense rows as the layer path sees them: rounded to 16 bits first
+      int8::stage(gn, L.k, q.qk, q.inv_x, [&](int r, int c) {
+        return c < nx ? to_f(from_f<H>(host_x[static_cast<int64_t>(g0 + r) * nx + c])) : 0.f;
+      }, reinterpret_cast<uint32_t*>(xs));
+    else
+      int8::stage(gn, L.k, q.qk, q.inv_x, [&](int r, int c) {
+        return int8::load16<H>(x, static_cast<int64_t>(g0 + r) * L.k + c);
+      }, reinterpret_cast<uint32_t*>(xs));
+    __syncthreads();
+    for (int o = gw; o < L.out; o += nw) {
+      if (o != held) {
+        load_w<H>(L, o, lane, w);
+        held = o;
+      }
+      int acc[G] = {};
+      int8::dot<G>(w, xs, pieces, 0, lane, gn, acc);
+      float v = int8::finish<G>(acc, q, o, lane);
+      if (lane < gn) {
+        const int64_t row = g0 + lane;
+        if (L.relu) v = fmaxf(v, 0.f);
+        if (L.f32_out) static_cast<float*>(L.y)[row * L.out + o] = v;
+        else static_cast<H*>(L.y)[row * L.out + o] = from_f<H>(v);
+        if (probs) probs[row] = 1.f / (1.f + expf(-v));
+      }
+    }
   }
 }
 
@@ -102,6 +144,7 @@ __device__ __forceinline__ void layer_stage(const Layer& L, const H* x, const fl
                                             int nx, int rows, int block, int gw, int nw, int lane,
                                             uint4 (&w)[kPre], int held, float* probs, uint4* xs) {
   if (block * kWarps >= L.out) return;  // the same for the whole block
+  if (L.int8.q) return layer_stage_int8<H, G>(L, x, host_x, nx, rows, gw, nw, lane, w, held, probs, xs);
   const int pieces = L.k / 8;
   for (int g0 = 0; g0 < rows; g0 += G) {
     const int gn = min(G, rows - g0);
@@ -338,6 +381,15 @@ bool aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 
 
 }  // namespace
 
+// Why an INT8 form cannot run on inputs k wide ("" when it can, or when there is none).
+std::string int8_unsupported(const Int8Form& q, int k) {
+  if (!q.q) return "";
+  if (q.qk < k || q.qk % 16 != 0 || q.qk > 2 * k || !aligned16(q.q) || !q.deq ||
+      !(q.inv_x > 0.f))
+    return "int8 form (weights, row stride " + std::to_string(q.qk) + ", scales)";
+  return "";
+}
+
 std::string unsupported(const Params& p) {
   const int nl = p.nb + p.nt;
   if (p.nb < 1 || p.nt < 1 || nl > kMaxLayers)
@@ -358,6 +410,8 @@ std::string unsupported(const Params& p) {
       return "layer " + std::to_string(l) + " outputs";
     if (!aligned16(L.w) || !L.b || !L.y || (!last && !aligned16(L.y)))
       return "layer " + std::to_string(l) + " buffers";
+    const std::string q = int8_unsupported(L.int8, L.k);
+    if (!q.empty()) return "layer " + std::to_string(l) + " " + q;
   }
   if (!aligned16(p.emb) || !aligned16(p.inter)) return "buffer alignment";
   return "";
@@ -396,6 +450,7 @@ __device__ __forceinline__ float ld16(const void* base, int64_t i) {
 // c0 + lane, c0 + lane + 32, ...).
 __device__ __forceinline__ void load_w_chunk(const Op& L, int o, int c0, int pieces, int lane,
                                              uint4 (&w)[kPre]) {
+  if (L.int8.q) return int8::load_row(L.int8, o, c0, pieces, lane, w);
   const uint4* row = static_cast<const uint4*>(L.w) + static_cast<int64_t>(o) * pieces;
 #pragma unroll
   for (int i = 0; i < kPre; ++i) {
@@ -404,10 +459,70 @@ __device__ __forceinline__ void load_w_chunk(const Op& L, int o, int c0, int pie
   }
 }
 
+// A Linear's weight row in 16-byte pieces: 8 16-bit values, or 16 int8 ones in its INT8 form.
+__device__ __forceinline__ int row_pieces(const Op& L) {
+  return L.int8.q ? L.int8.qk / 16 : L.k / 8;
+}
+
 // Which weight row the registers hold: a single-chunk Linear's output `o` of op `op`.
 struct Held {
   int op = -1, o = -1;
 };
+
+// Output o of a Linear op for the staged rows: the lane's row's x . w[o] + b[o] (lane < gn).
+template <class H, int G>
+__device__ __forceinline__ float op_value(const Op& L, int op, int o, int pieces, bool one_chunk,
+                                          int lane, int gn, uint4 (&w)[kPre], Held& held,
+                                          const uint4* xs) {
+  float acc[G];
+#pragma unroll
+  for (int r = 0; r < G; ++r) acc[r] = 0.f;
+  for (int c0 = 0; c0 < pieces; c0 += 32 * kPre) {
+    if (!(one_chunk && held.op == op && held.o == o)) load_w_chunk(L, o, c0, pieces, lane, w);
+#pragma unroll
+    for (int i = 0; i < kPre; ++i) {
+      const int pc = c0 + lane + 32 * i;
+      if (pc < pieces) {
+        float wf[8];
+        unpack8(w[i], wf, static_cast<const H*>(nullptr));
+#pragma unroll
+        for (int r = 0; r < G; ++r) {
+          const int row = min(r, gn - 1);  // rows past the end: computed, not written
+          float xf[8];
+          unpack8(xs[row * pieces + pc], xf, static_cast<const H*>(nullptr));
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[r] = fmaf(wf[j], xf[j], acc[r]);
+        }
+      }
+    }
+  }
+  held = one_chunk ? Held{op, o} : Held{};
+#pragma unroll
+  for (int r = 0; r < G; ++r)
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], s);
+  float v = 0.f;
+#pragma unroll
+  for (int r = 0; r < G; ++r)
+    if (r == lane) v = acc[r];
+  if (L.b)
+    v += L.f32_out ? static_cast<const float*>(L.b)[o] : to_f(static_cast<const H*>(L.b)[o]);
+  return v;
+}
+
+// op_value of a Linear's INT8 form (rows staged quantized).
+template <int G>
+__device__ __forceinline__ float op_value_int8(const Op& L, int op, int o, int pieces,
+                                               bool one_chunk, int lane, int gn, uint4 (&w)[kPre],
+                                               Held& held, const uint4* xs) {
+  int acc[G] = {};
+  for (int c0 = 0; c0 < pieces; c0 += 32 * kPre) {
+    if (!(one_chunk && held.op == op && held.o == o)) load_w_chunk(L, o, c0, pieces, lane, w);
+    int8::dot<G>(w, xs, pieces, c0, lane, gn, acc);
+  }
+  held = one_chunk ? Held{op, o} : Held{};
+  return int8::finish<G>(acc, L.int8, o, lane);
+}
 
 // A Linear op (see Op): as layer_stage above, but over inputs of any width up to kMaxK (the
 // weight row in chunks of 32 kPre pieces; only a one-chunk row stays in registers between
@@ -416,12 +531,23 @@ template <class H, int G>
 __device__ void linear_op(const Op& L, const Program& p, int op, int block, int gw, int nw,
                           int lane, uint4 (&w)[kPre], Held& held, uint4* xs) {
   if (block * kWarps >= L.out) return;  // the same for the whole block
-  const int pieces = L.k / 8;
+  const Int8Form& q = L.int8;
+  const int pieces = row_pieces(L);
   const bool one_chunk = pieces <= 32 * kPre;
   for (int g0 = 0; g0 < p.rows; g0 += G) {
     const int gn = min(G, p.rows - g0);
     __syncthreads();  // the previous group's readers are done with xs
-    if (L.host_x) {
+    if (q.q && L.host_x) {  // INT8: the rows staged quantized (the dense ones rounded to 16 bits)
+      int8::stage(gn, L.k, q.qk, q.inv_x, [&](int r, int c) {
+        return c < p.num_dense
+                   ? to_f(from_f<H>(p.dense[static_cast<int64_t>(g0 + r) * p.num_dense + c]))
+                   : 0.f;
+      }, reinterpret_cast<uint32_t*>(xs));
+    } else if (q.q) {
+      int8::stage(gn, L.k, q.qk, q.inv_x, [&](int r, int c) {
+        return int8::load16<H>(L.x, static_cast<int64_t>(g0 + r) * L.x_ld + c);
+      }, reinterpret_cast<uint32_t*>(xs));
+    } else if (L.host_x) {
       H* xh = reinterpret_cast<H*>(xs);
       for (int i = threadIdx.x; i < gn * L.k; i += kThreads) {
         const int r = i / L.k, c = i - r * L.k;
@@ -438,41 +564,11 @@ __device__ void linear_op(const Op& L, const Program& p, int op, int block, int 
     }
     __syncthreads();
     for (int o = gw; o < L.out; o += nw) {
-      float acc[G];
-#pragma unroll
-      for (int r = 0; r < G; ++r) acc[r] = 0.f;
-      for (int c0 = 0; c0 < pieces; c0 += 32 * kPre) {
-        if (!(one_chunk && held.op == op && held.o == o)) load_w_chunk(L, o, c0, pieces, lane, w);
-#pragma unroll
-        for (int i = 0; i < kPre; ++i) {
-          const int pc = c0 + lane + 32 * i;
-          if (pc < pieces) {
-            float wf[8];
-            unpack8(w[i], wf, static_cast<const H*>(nullptr));
-#pragma unroll
-            for (int r = 0; r < G; ++r) {
-              const int row = min(r, gn - 1);  // rows past the end: computed, not written
-              float xf[8];
-              unpack8(xs[row * pieces + pc], xf, static_cast<const H*>(nullptr));
-#pragma unroll
-              for (int j = 0; j < 8; ++j) acc[r] = fmaf(wf[j], xf[j], acc[r]);
-            }
-          }
-        }
-      }
-      held = one_chunk ? Held{op, o} : Held{};
-#pragma unroll
-      for (int r = 0; r < G; ++r)
-#pragma unroll
-        for (int s = 16; s > 0; s >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], s);
+      // Row `lane`'s value before the epilogue (lane < gn), the bias included.
+      float v = q.q ? op_value_int8<G>(L, op, o, pieces, one_chunk, lane, gn, w, held, xs)
+                    : op_value<H, G>(L, op, o, pieces, one_chunk, lane, gn, w, held, xs);
       if (lane < gn) {
         const int64_t row = g0 + lane, at = row * L.y_ld + o;
-        float v = 0.f;
-#pragma unroll
-        for (int r = 0; r < G; ++r)
-          if (r == lane) v = acc[r];
-        if (L.b)
-          v += L.f32_out ? static_cast<const float*>(L.b)[o] : to_f(static_cast<const H*>(L.b)[o]);
         if (L.x0) {  // the layer path stores u in 16 bits, then x0 * u + xl
           const float u = to_f(from_f<H>(v));
           v = __fadd_rn(__fmul_rn(ld16<H>(L.x0, at), u), ld16<H>(L.xl, at));
@@ -576,8 +672,8 @@ __global__ void __launch_bounds__(kThreads, 2) program_forward(const __grid_cons
     const int nw = solo ? kWarps : gridDim.x * kWarps;
     if (s > 0) {
       const Op& first = p.ops[i];
-      if (first.kind == OpKind::Linear && first.k / 8 <= 32 * kPre && gw < first.out) {
-        load_w_chunk(first, gw, 0, first.k / 8, lane, w);
+      if (first.kind == OpKind::Linear && row_pieces(first) <= 32 * kPre && gw < first.out) {
+        load_w_chunk(first, gw, 0, row_pieces(first), lane, w);
         held = Held{i, gw};
       }
       if (solo) {
@@ -654,7 +750,9 @@ std::string unsupported(const Op* ops, int nops) {
       if (L.k < 8 || L.k % 8 != 0 || L.k > kMaxK)
         return at + "input width " + std::to_string(L.k) + " (needs a multiple of 8 up to " +
                std::to_string(kMaxK) + ")";
-      if (L.out < 1 || !aligned16(L.w) || (L.to_probs && !L.b)) return at + "weights";
+      if (L.out < 1 || !aligned16(L.w) || (L.to_probs && !L.b && !L.int8.q)) return at + "weights";
+      const std::string q = int8_unsupported(L.int8, L.k);
+      if (!q.empty()) return at + q;
       if (!L.host_x && (!aligned16(L.x) || L.x_ld % 8 != 0 || L.x_ld < L.k))
         return at + "input buffer alignment";
       if ((L.x0 != nullptr) != (L.xl != nullptr) || (L.x0 && L.f32_out))

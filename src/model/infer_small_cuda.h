@@ -52,12 +52,27 @@ constexpr int kMaxLayers = 16;  // bottom + top layers
 constexpr int kMaxRows = 64;    // rows per launch
 constexpr int kMaxK = 1024;     // layer input width (the weight row a warp holds in registers)
 
+// A layer's INT8 form (a compressed export's record, nn/compressed_linear_cuda.h Int8View):
+// with q set the layer computes, as compress::int8_linear does (the CPU reference),
+//   qx = clamp(rint(x * inv_x), -127, 127)      the staged 16-bit input rows, once per block
+//   acc = qx . q[o]                             int32 (dp4a), exact
+//   y = act(float(acc) * deq[o] + bias[o])      IEEE-rounded, no FMA; bias f32 (null: none)
+// so given the same 16-bit input it writes the reference's value rounded to the output type.
+struct Int8Form {
+  const int8_t* q = nullptr;  // [out, qk] (rows zero-padded, qk a multiple of 16, >= k)
+  const float* deq = nullptr;
+  const float* bias = nullptr;
+  float inv_x = 0.f;
+  int qk = 0;
+};
+
 struct Layer {
   const void* w = nullptr;  // 16-bit [out, k] row-major (k = the padded input width)
   const void* b = nullptr;  // f32 when f32_out, else 16-bit [out]
   void* y = nullptr;        // device [rows, out]: 16-bit, or f32 when f32_out
   int out = 0, k = 0;
   bool relu = false, f32_out = false;
+  Int8Form int8;            // q null: the 16-bit weights
 };
 
 // Everything the kernel reads and writes. Device buffers are sized for `rows` rows at least.
@@ -147,6 +162,7 @@ struct Op {
   const uint8_t* const* codes = nullptr;  // Gather: quantized tables, as in Params
   const int32_t* qbits = nullptr;
   int T = 0, d = 0;
+  Int8Form int8;  // Linear: its INT8 form (as Layer::int8; the bias then replaces b)
 };
 
 // What a launch reads besides the ops (device memory, uploaded when planned).

@@ -606,6 +606,25 @@ std::string CompressedLinear::describe_load() const {
   return s;
 }
 
+CompressedLinear::Int8View CompressedLinear::int8_view() const {
+  Int8View v;
+  if (!quantized_) return v;
+  v.q = static_cast<const int8_t*>(qw_.raw());
+  v.ld = in_q_;
+  v.deq = deq_.data<float>();
+  v.inv_x = inv_x_;
+  v.bias = bias_;
+  return v;
+}
+
+void CompressedLinear::note_fused(int64_t B) {
+  if (choice_.count(B)) return;
+  kc::Candidate c;
+  c.kernel = kc::Kernel::Int8;
+  c.why = "in the fused small-batch kernel";
+  choice_[B] = Choice{{c}, 0};
+}
+
 std::vector<std::string> CompressedLinear::describe_choices() const {
   std::vector<std::string> out;
   for (const auto& [B, c] : choice_) out.push_back(kc::describe(name_, B, c.cand, c.chosen));

@@ -110,6 +110,21 @@ class CompressedLinear {
   }
   const std::string& name() const { return name_; }
   kc::Policy policy() const { return policy_; }
+  // The INT8 record on the device, for a kernel that runs the layer itself (the fused
+  // small-batch forward, model/infer_small_cuda.h): int8 weights [out, ld] (rows zero-padded
+  // from in_pad to ld, a multiple of 16), deq[j] = xscale * wscale[j], 1 / xscale and the f32
+  // bias (null: none). q is null without an INT8 record.
+  struct Int8View {
+    const int8_t* q = nullptr;
+    int64_t ld = 0;
+    const float* deq = nullptr;
+    float inv_x = 0.f;
+    const float* bias = nullptr;
+  };
+  Int8View int8_view() const;
+  // Records that the fused small-batch kernel ran this layer's INT8 arithmetic at B rows (the
+  // choice the reports show for B).
+  void note_fused(int64_t B);
   void set_policy(kc::Policy p) {
     policy_ = p;
     choice_.clear();

@@ -117,6 +117,7 @@ std::string describe(const std::string& layer, int64_t rows, const std::vector<C
       std::snprintf(b, sizeof b, " %.4f ms", c[i].ms);
       s += b;
     }
+    if (!c[i].why.empty()) s += " (" + c[i].why + ")";  // an available one's note
     if (i == chosen) s += " *";
   }
   return s;

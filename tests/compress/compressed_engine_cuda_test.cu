@@ -554,3 +554,47 @@ TEST(CompressedEngineCuda, MaskThatIsNot24IsAnErrorNamingTheLayer) {
   dlrec::testing::expect_error([&] { m->set_compressed({unknown}, kc::Policy::Fastest); },
                                {"'top.9.weight' is not an mlp or cross weight of this model"});
 }
+
+// The fused small-batch kernel (model/infer_small_cuda.h) under the compressed policy runs the
+// INT8 layers in int8 (Int8Form: the staged rows quantized once per block, dp4a sums): batches
+// of 1 and 8 rows take it (the report says so for those batch sizes), score the rows as the
+// layer-by-layer compressed path does for a 400-row batch (the same int8 arithmetic; the
+// 16-bit rounding of the activations differs between the epilogues and the chains: bf16's
+// tolerance) and as the CPU's INT8 engine does, and differ from the dense 16-bit fused kernel
+// of the "fastest" policy. Both the DLRM kernel (chain_model) and the program form (DCNv2).
+TEST(CompressedEngineCuda, FusedSmallBatchKernelRunsTheInt8Layers) {
+  REQUIRE_GPU();
+  if (!file_exists(dlrec_bin())) GTEST_SKIP() << "the dlrec binary is not built";
+  for (const std::string& model : {chain_model(), world().model}) {
+    SCOPED_TRACE(model);
+    ASSERT_FALSE(model.empty());
+    const std::string data = model == chain_model() ? root() + "/chain/data" : world().data;
+    train::Predictor cpu(model);
+    train::Predictor comp(model, Device::cuda(0), "bf16"), fast(model, Device::cuda(0), "bf16");
+    comp.set_kernel_policy("compressed");
+    const std::vector<float> want = cpu.predict(dlrec::testing::first_valid_batch(data, 400));
+    const std::vector<float> big = comp.predict(dlrec::testing::first_valid_batch(data, 400));
+    double d_cpu = 0, d_big = 0, d_dense = 0;
+    for (const int64_t rows : {1, 8}) {
+      const io::Batch b = dlrec::testing::first_valid_batch(data, rows);
+      const std::vector<float> p = comp.predict(b), f = fast.predict(b);
+      ASSERT_EQ(p.size(), static_cast<size_t>(rows));
+      for (int64_t i = 0; i < rows; ++i) {
+        d_cpu = std::max(d_cpu, std::fabs(double(p[i]) - want[i]));
+        d_big = std::max(d_big, std::fabs(double(p[i]) - big[i]));
+        d_dense = std::max(d_dense, std::fabs(double(p[i]) - f[i]));
+      }
+    }
+    std::string report;
+    for (const auto& l : comp.kernel_report()) report += l + "\n";
+    for (const char* b : {"[B=1]: int8 (in the fused small-batch kernel) *",
+                          "[B=8]: int8 (in the fused small-batch kernel) *"})
+      EXPECT_NE(report.find(b), std::string::npos) << b << "\n" << report;
+    std::printf("fused int8: max |p - cpu int8| %.3g, |p - layer path at 400 rows| %.3g, "
+                "|p - fused dense| %.3g\n%s",
+                d_cpu, d_big, d_dense, report.c_str());
+    EXPECT_LT(d_cpu, 3e-2);
+    EXPECT_LT(d_big, 3e-2);
+    EXPECT_GT(d_dense, 0.0);  // the int8 arithmetic, not the 16-bit weights
+  }
+}

@@ -30,7 +30,7 @@ const char* policy_name(Policy p);
 struct Candidate {
   Kernel kernel = Kernel::Dense;
   bool available = true;
-  std::string why;  // why not, when unavailable
+  std::string why;  // why not, when unavailable; a note (where it runs) when available
   double ms = -1;   // timed milliseconds per call (< 0: not timed)
 };
 

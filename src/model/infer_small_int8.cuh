@@ -1,0 +1,97 @@
+// Internal: the INT8 form of the fused small-batch forward's Linear layers (infer_small_cuda.h,
+// Int8Form; used by infer_small_cuda.cu): the block stages its group of input rows quantized to
+// int8 in shared memory once, each warp forms an output's int32 sums with dp4a (exact, so the
+// order of the sums does not matter) and dequantizes them as the CPU reference does.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "model/infer_small_cuda.h"
+
+namespace dlrec::model::fused_infer::int8 {
+
+// The int8 value of x as compress::quantize_value gives it: clamp(rint(x * inv), -127, 127).
+__device__ __forceinline__ int quantize(float x, float inv) {
+  return static_cast<int>(fminf(127.f, fmaxf(-127.f, rintf(__fmul_rn(x, inv)))));
+}
+
+// A 16-bit value written earlier in this launch (bypassing L1, as the kernels' __ldcg).
+template <class H>
+__device__ __forceinline__ float load16(const void* base, int64_t i) {
+  const unsigned short u = __ldcg(static_cast<const unsigned short*>(base) + i);
+  if constexpr (std::is_same_v<H, __half>) return __half2float(__ushort_as_half(u));
+  else return __bfloat162float(__ushort_as_bfloat16(u));
+}
+
+// Rows [0, gn) of the group into xs8 (rows qk bytes apart): value (r, c) = get(r, c) for
+// c < k, 0 beyond. The whole block; 4 values a word.
+template <class Get>
+__device__ __forceinline__ void stage(int gn, int k, int qk, float inv, Get&& get, uint32_t* xs8) {
+  const int words = qk / 4;
+  for (int i = threadIdx.x; i < gn * words; i += blockDim.x) {
+    const int r = i / words, c = (i - r * words) * 4;
+    uint32_t packed = 0;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const int v = c + t < k ? quantize(get(r, c + t), inv) : 0;
+      packed |= (static_cast<uint32_t>(v) & 0xffu) << (8 * t);
+    }
+    xs8[i] = packed;
+  }
+}
+
+// The weight row of output o: this lane's 16-byte pieces c0 + lane + 32 i of the row's
+// `pieces` (16 int8 values each).
+template <int P>
+__device__ __forceinline__ void load_row(const Int8Form& q, int o, int c0, int pieces, int lane,
+                                         uint4 (&w)[P]) {
+  const uint4* row = reinterpret_cast<const uint4*>(q.q + static_cast<int64_t>(o) * q.qk);
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    const int pc = c0 + lane + 32 * i;
+    w[i] = pc < pieces ? __ldg(row + pc) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// acc[r] += the lane's part of row r's dot product with the weight pieces in w (those of
+// c0 + lane + 32 i); staged rows `pieces` 16-byte pieces apart; rows past gn repeat the last.
+template <int G, int P>
+__device__ __forceinline__ void dot(const uint4 (&w)[P], const uint4* xs, int pieces, int c0,
+                                    int lane, int gn, int (&acc)[G]) {
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    const int pc = c0 + lane + 32 * i;
+    if (pc >= pieces) continue;
+#pragma unroll
+    for (int r = 0; r < G; ++r) {
+      const uint4 x = xs[min(r, gn - 1) * pieces + pc];
+      acc[r] = __dp4a(static_cast<int>(w[i].x), static_cast<int>(x.x), acc[r]);
+      acc[r] = __dp4a(static_cast<int>(w[i].y), static_cast<int>(x.y), acc[r]);
+      acc[r] = __dp4a(static_cast<int>(w[i].z), static_cast<int>(x.z), acc[r]);
+      acc[r] = __dp4a(static_cast<int>(w[i].w), static_cast<int>(x.w), acc[r]);
+    }
+  }
+}
+
+// The warp's sums (exact) and, for lane < G, row `lane`'s value before the activation:
+// float(acc) * deq[o] + bias[o], each step IEEE-rounded as the CPU reference's.
+template <int G>
+__device__ __forceinline__ float finish(int (&acc)[G], const Int8Form& q, int o, int lane) {
+#pragma unroll
+  for (int r = 0; r < G; ++r)
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], s);
+  int a = 0;
+#pragma unroll
+  for (int r = 0; r < G; ++r)
+    if (r == lane) a = acc[r];
+  float v = __fmul_rn(static_cast<float>(a), q.deq[o]);
+  if (q.bias) v = __fadd_rn(v, q.bias[o]);
+  return v;
+}
+
+}  // namespace dlrec::model::fused_infer::int8
