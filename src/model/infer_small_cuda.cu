@@ -108,9 +108,8 @@ __device__ __forceinline__ void layer_stage_int8(const Layer& L, const H* x, con
         return c < nx ? to_f(from_f<H>(host_x[static_cast<int64_t>(g0 + r) * nx + c])) : 0.f;
       }, reinterpret_cast<uint32_t*>(xs));
     else
-      int8::stage(gn, L.k, q.qk, q.inv_x, [&](int r, int c) {
-        return int8::load16<H>(x, static_cast<int64_t>(g0 + r) * L.k + c);
-      }, reinterpret_cast<uint32_t*>(xs));
+      int8::stage16(x + static_cast<int64_t>(g0) * L.k, L.k, gn, L.k, q.qk, q.inv_x,
+                    reinterpret_cast<uint32_t*>(xs));
     __syncthreads();
     for (int o = gw; o < L.out; o += nw) {
       if (o != held) {
@@ -544,9 +543,8 @@ __device__ void linear_op(const Op& L, const Program& p, int op, int block, int 
                    : 0.f;
       }, reinterpret_cast<uint32_t*>(xs));
     } else if (q.q) {
-      int8::stage(gn, L.k, q.qk, q.inv_x, [&](int r, int c) {
-        return int8::load16<H>(L.x, static_cast<int64_t>(g0 + r) * L.x_ld + c);
-      }, reinterpret_cast<uint32_t*>(xs));
+      int8::stage16(static_cast<const H*>(L.x) + static_cast<int64_t>(g0) * L.x_ld, L.x_ld, gn,
+                    L.k, q.qk, q.inv_x, reinterpret_cast<uint32_t*>(xs));
     } else if (L.host_x) {
       H* xh = reinterpret_cast<H*>(xs);
       for (int i = threadIdx.x; i < gn * L.k; i += kThreads) {

@@ -8,23 +8,15 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "model/infer_small_cuda.h"
+#include "nn/half_cuda.cuh"
 
 namespace dlrec::model::fused_infer::int8 {
 
 // The int8 value of x as compress::quantize_value gives it: clamp(rint(x * inv), -127, 127).
 __device__ __forceinline__ int quantize(float x, float inv) {
   return static_cast<int>(fminf(127.f, fmaxf(-127.f, rintf(__fmul_rn(x, inv)))));
-}
-
-// A 16-bit value written earlier in this launch (bypassing L1, as the kernels' __ldcg).
-template <class H>
-__device__ __forceinline__ float load16(const void* base, int64_t i) {
-  const unsigned short u = __ldcg(static_cast<const unsigned short*>(base) + i);
-  if constexpr (std::is_same_v<H, __half>) return __half2float(__ushort_as_half(u));
-  else return __bfloat162float(__ushort_as_bfloat16(u));
 }
 
 // Rows [0, gn) of the group into xs8 (rows qk bytes apart): value (r, c) = get(r, c) for
@@ -41,6 +33,30 @@ __device__ __forceinline__ void stage(int gn, int k, int qk, float inv, Get&& ge
       packed |= (static_cast<uint32_t>(v) & 0xffu) << (8 * t);
     }
     xs8[i] = packed;
+  }
+}
+
+// stage() for rows of 16-bit values on the device (rows x_ld values apart, 16-byte aligned,
+// x_ld and k multiples of 8): 8 values a thread, one 16-byte load.
+template <class H>
+__device__ __forceinline__ void stage16(const H* x, int64_t x_ld, int gn, int k, int qk,
+                                        float inv, uint32_t* xs8) {
+  const int per_row = qk / 8;  // 8-value pieces of a staged row (those past k are 0)
+  for (int i = threadIdx.x; i < gn * per_row; i += blockDim.x) {
+    const int r = i / per_row, c = (i - r * per_row) * 8;
+    uint32_t lo = 0, hi = 0;
+    if (c < k) {
+      const uint4 v = __ldcg(reinterpret_cast<const uint4*>(x + r * x_ld + c));
+      float f[8];
+      nn::half_cuda::unpack8(v, f, static_cast<const H*>(nullptr));
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        lo |= (static_cast<uint32_t>(quantize(f[t], inv)) & 0xffu) << (8 * t);
+        hi |= (static_cast<uint32_t>(quantize(f[t + 4], inv)) & 0xffu) << (8 * t);
+      }
+    }
+    xs8[2 * i] = lo;
+    xs8[2 * i + 1] = hi;
   }
 }
 
