@@ -1,7 +1,7 @@
 // The fused small-batch DLRM inference kernel (see infer_small_cuda.h for the stages and the
 // co-residency contract).
 #include "model/infer_small_cuda.h"
-#include "model/infer_small_int8.cuh"
+#include "model/infer_small_dot.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -80,7 +80,7 @@ __device__ __forceinline__ bool last_block(Barrier& bar) {
 // The weight row of output o, each lane's pieces lane, lane + 32, ... (16 bytes each).
 template <class H>
 __device__ __forceinline__ void load_w(const Layer& L, int o, int lane, uint4 (&w)[kPre]) {
-  if (L.int8.q) return int8::load_row(L.int8, o, 0, L.int8.qk / 16, lane, w);
+  if (L.int8.q) return ops::load_int8_row(L.int8, o, 0, L.int8.qk / 16, lane, w);
   const int pieces = L.k / 8;
   const uint4* row = reinterpret_cast<const uint4*>(static_cast<const H*>(L.w) +
                                                     static_cast<int64_t>(o) * L.k);
@@ -104,12 +104,12 @@ __device__ __forceinline__ void layer_stage_int8(const Layer& L, const H* x, con
     const int gn = min(G, rows - g0);
     __syncthreads();  // the previous group's readers are done with xs
     if (host_x)  // the dense rows as the layer path sees them: rounded to 16 bits first
-      int8::stage(gn, L.k, q.qk, q.inv_x, [&](int r, int c) {
+      ops::stage_int8(gn, L.k, q.qk, q.inv_x, [&](int r, int c) {
         return c < nx ? to_f(from_f<H>(host_x[static_cast<int64_t>(g0 + r) * nx + c])) : 0.f;
       }, reinterpret_cast<uint32_t*>(xs));
     else
-      int8::stage16(x + static_cast<int64_t>(g0) * L.k, L.k, gn, L.k, q.qk, q.inv_x,
-                    reinterpret_cast<uint32_t*>(xs));
+      ops::stage_int8_16(x + static_cast<int64_t>(g0) * L.k, L.k, gn, L.k, q.qk, q.inv_x,
+                         reinterpret_cast<uint32_t*>(xs));
     __syncthreads();
     for (int o = gw; o < L.out; o += nw) {
       if (o != held) {
@@ -117,8 +117,8 @@ __device__ __forceinline__ void layer_stage_int8(const Layer& L, const H* x, con
         held = o;
       }
       int acc[G] = {};
-      int8::dot<G>(w, xs, pieces, 0, lane, gn, acc);
-      float v = int8::finish<G>(acc, q, o, lane);
+      ops::dot_int8<G>(w, xs, pieces, 0, lane, gn, acc);
+      float v = ops::finish_int8<G>(acc, q, o, lane);
       if (lane < gn) {
         const int64_t row = g0 + lane;
         if (L.relu) v = fmaxf(v, 0.f);
@@ -143,7 +143,8 @@ __device__ __forceinline__ void layer_stage(const Layer& L, const H* x, const fl
                                             int nx, int rows, int block, int gw, int nw, int lane,
                                             uint4 (&w)[kPre], int held, float* probs, uint4* xs) {
   if (block * kWarps >= L.out) return;  // the same for the whole block
-  if (L.int8.q) return layer_stage_int8<H, G>(L, x, host_x, nx, rows, gw, nw, lane, w, held, probs, xs);
+  if (L.int8.q)
+    return layer_stage_int8<H, G>(L, x, host_x, nx, rows, gw, nw, lane, w, held, probs, xs);
   const int pieces = L.k / 8;
   for (int g0 = 0; g0 < rows; g0 += G) {
     const int gn = min(G, rows - g0);
@@ -164,35 +165,11 @@ __device__ __forceinline__ void layer_stage(const Layer& L, const H* x, const fl
         load_w<H>(L, o, lane, w);
         held = o;
       }
-      float acc[G];
-#pragma unroll
-      for (int r = 0; r < G; ++r) acc[r] = 0.f;
-#pragma unroll
-      for (int i = 0; i < kPre; ++i) {
-        const int p = lane + 32 * i;
-        if (p < pieces) {
-          float wf[8];
-          unpack8(w[i], wf, static_cast<const H*>(nullptr));
-#pragma unroll
-          for (int r = 0; r < G; ++r) {
-            const int row = min(r, gn - 1);  // rows past the end: computed, not written
-            float xf[8];
-            unpack8(xs[row * pieces + p], xf, static_cast<const H*>(nullptr));
-#pragma unroll
-            for (int j = 0; j < 8; ++j) acc[r] = fmaf(wf[j], xf[j], acc[r]);
-          }
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < G; ++r)
-#pragma unroll
-        for (int s = 16; s > 0; s >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], s);
+      float acc[G] = {};
+      ops::dot16<H, G>(w, xs, pieces, 0, lane, gn, acc);
+      float v = ops::warp_sum_pick<G>(acc, lane);
       if (lane < gn) {
         const int64_t row = g0 + lane;
-        float v = 0.f;
-#pragma unroll
-        for (int r = 0; r < G; ++r)
-          if (r == lane) v = acc[r];
         v += L.f32_out ? static_cast<const float*>(L.b)[o] : to_f(static_cast<const H*>(L.b)[o]);
         if (L.relu) v = fmaxf(v, 0.f);
         if (L.f32_out) static_cast<float*>(L.y)[row * L.out + o] = v;
@@ -449,7 +426,7 @@ __device__ __forceinline__ float ld16(const void* base, int64_t i) {
 // c0 + lane, c0 + lane + 32, ...).
 __device__ __forceinline__ void load_w_chunk(const Op& L, int o, int c0, int pieces, int lane,
                                              uint4 (&w)[kPre]) {
-  if (L.int8.q) return int8::load_row(L.int8, o, c0, pieces, lane, w);
+  if (L.int8.q) return ops::load_int8_row(L.int8, o, c0, pieces, lane, w);
   const uint4* row = static_cast<const uint4*>(L.w) + static_cast<int64_t>(o) * pieces;
 #pragma unroll
   for (int i = 0; i < kPre; ++i) {
@@ -473,37 +450,13 @@ template <class H, int G>
 __device__ __forceinline__ float op_value(const Op& L, int op, int o, int pieces, bool one_chunk,
                                           int lane, int gn, uint4 (&w)[kPre], Held& held,
                                           const uint4* xs) {
-  float acc[G];
-#pragma unroll
-  for (int r = 0; r < G; ++r) acc[r] = 0.f;
+  float acc[G] = {};
   for (int c0 = 0; c0 < pieces; c0 += 32 * kPre) {
     if (!(one_chunk && held.op == op && held.o == o)) load_w_chunk(L, o, c0, pieces, lane, w);
-#pragma unroll
-    for (int i = 0; i < kPre; ++i) {
-      const int pc = c0 + lane + 32 * i;
-      if (pc < pieces) {
-        float wf[8];
-        unpack8(w[i], wf, static_cast<const H*>(nullptr));
-#pragma unroll
-        for (int r = 0; r < G; ++r) {
-          const int row = min(r, gn - 1);  // rows past the end: computed, not written
-          float xf[8];
-          unpack8(xs[row * pieces + pc], xf, static_cast<const H*>(nullptr));
-#pragma unroll
-          for (int j = 0; j < 8; ++j) acc[r] = fmaf(wf[j], xf[j], acc[r]);
-        }
-      }
-    }
+    ops::dot16<H, G>(w, xs, pieces, c0, lane, gn, acc);
   }
   held = one_chunk ? Held{op, o} : Held{};
-#pragma unroll
-  for (int r = 0; r < G; ++r)
-#pragma unroll
-    for (int s = 16; s > 0; s >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], s);
-  float v = 0.f;
-#pragma unroll
-  for (int r = 0; r < G; ++r)
-    if (r == lane) v = acc[r];
+  float v = ops::warp_sum_pick<G>(acc, lane);
   if (L.b)
     v += L.f32_out ? static_cast<const float*>(L.b)[o] : to_f(static_cast<const H*>(L.b)[o]);
   return v;
@@ -517,10 +470,10 @@ __device__ __forceinline__ float op_value_int8(const Op& L, int op, int o, int p
   int acc[G] = {};
   for (int c0 = 0; c0 < pieces; c0 += 32 * kPre) {
     if (!(one_chunk && held.op == op && held.o == o)) load_w_chunk(L, o, c0, pieces, lane, w);
-    int8::dot<G>(w, xs, pieces, c0, lane, gn, acc);
+    ops::dot_int8<G>(w, xs, pieces, c0, lane, gn, acc);
   }
   held = one_chunk ? Held{op, o} : Held{};
-  return int8::finish<G>(acc, L.int8, o, lane);
+  return ops::finish_int8<G>(acc, L.int8, o, lane);
 }
 
 // A Linear op (see Op): as layer_stage above, but over inputs of any width up to kMaxK (the
@@ -537,14 +490,14 @@ __device__ void linear_op(const Op& L, const Program& p, int op, int block, int 
     const int gn = min(G, p.rows - g0);
     __syncthreads();  // the previous group's readers are done with xs
     if (q.q && L.host_x) {  // INT8: the rows staged quantized (the dense ones rounded to 16 bits)
-      int8::stage(gn, L.k, q.qk, q.inv_x, [&](int r, int c) {
+      ops::stage_int8(gn, L.k, q.qk, q.inv_x, [&](int r, int c) {
         return c < p.num_dense
                    ? to_f(from_f<H>(p.dense[static_cast<int64_t>(g0 + r) * p.num_dense + c]))
                    : 0.f;
       }, reinterpret_cast<uint32_t*>(xs));
     } else if (q.q) {
-      int8::stage16(static_cast<const H*>(L.x) + static_cast<int64_t>(g0) * L.x_ld, L.x_ld, gn,
-                    L.k, q.qk, q.inv_x, reinterpret_cast<uint32_t*>(xs));
+      ops::stage_int8_16(static_cast<const H*>(L.x) + static_cast<int64_t>(g0) * L.x_ld, L.x_ld,
+                         gn, L.k, q.qk, q.inv_x, reinterpret_cast<uint32_t*>(xs));
     } else if (L.host_x) {
       H* xh = reinterpret_cast<H*>(xs);
       for (int i = threadIdx.x; i < gn * L.k; i += kThreads) {

@@ -1,10 +1,10 @@
 // Quantization-aware training on the CUDA graph engine (src/model/graph_cuda_qat.cu,
 // nn/qat_cuda.h): the same records, batches and steps as on the CPU engine (the reference,
 // src/compress/qat.cc) give the same running input ranges, logits and weights within the
-// engines' summation order (fp32) or bf16's rounding; the ranges travel through checkpoints to
-// either engine; a non-QAT record and a diverged weight are clear errors; and the trainer's
-// Sparse-QAT fine-tune with distillation on the GPU follows the same run on the CPU. Skips
-// without a GPU.
+// engines' summation order (fp32) or 16-bit rounding (bf16, and fp16 with its loss scaling
+// around the gated gradients); the ranges travel through checkpoints to either engine; a
+// non-QAT record and a diverged weight are clear errors; and the trainer's Sparse-QAT fine-tune
+// with distillation on the GPU follows the same run on the CPU. Skips without a GPU.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -76,7 +76,10 @@ double worst_diff(const std::map<std::string, std::vector<float>>& a,
     const std::vector<float>& w = b.at(name);
     EXPECT_EQ(v.size(), w.size()) << name;
     for (size_t k = 0; k < v.size() && k < w.size(); ++k)
-      if (std::fabs(double(w[k]) - v[k]) > worst) worst = std::fabs(double(w[k]) - v[k]), *at = name;
+      if (std::fabs(double(w[k]) - v[k]) > worst) {
+        worst = std::fabs(double(w[k]) - v[k]);
+        *at = name;
+      }
   }
   return worst;
 }
@@ -85,7 +88,8 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   const auto x = a.to(Device::cpu()).to_vector<float>(), y = b.to(Device::cpu()).to_vector<float>();
   EXPECT_EQ(x.size(), y.size());
   double d = 0;
-  for (size_t k = 0; k < x.size() && k < y.size(); ++k) d = std::max(d, std::fabs(double(x[k]) - y[k]));
+  for (size_t k = 0; k < x.size() && k < y.size(); ++k)
+    d = std::max(d, std::fabs(double(x[k]) - y[k]));
   return d;
 }
 
@@ -94,7 +98,7 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
 TEST(GpuQat, StepsFollowTheCpuQat) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU QAT not run";
   const model::RunConfig cfg = model::RunConfig::from_json(model_json());
-  for (const char* precision : {"fp32", "bf16"}) {
+  for (const char* precision : {"fp32", "bf16", "fp16"}) {
     SCOPED_TRACE(precision);
     const bool fp32 = std::string(precision) == "fp32";
     auto cpu = model::build_model(cfg.model, cfg.optimizer, layout(), Device::cpu(), 21);
@@ -251,7 +255,8 @@ TEST(GpuQat, SparseQatWithDistillationFollowsTheCpuRun) {
   const double dw = worst_diff(end["cpu"], end["cuda:0"], &at);
   double dr = 0;
   ASSERT_FALSE(rng["cpu"].empty());
-  for (const auto& [name, a] : rng["cpu"]) dr = std::max(dr, std::fabs(rng["cuda:0"].at(name) - a) / a);
+  for (const auto& [name, a] : rng["cpu"])
+    dr = std::max(dr, std::fabs(rng["cuda:0"].at(name) - a) / a);
   std::printf("[gpu qat] trainer: max |w_gpu - w_cpu| %.2e (%s), ranges rel %.2e; AUC cpu %.5f "
               "gpu %.5f\n", dw, at.c_str(), dr, auc["cpu"], auc["cuda:0"]);
   EXPECT_LT(dw, 1e-3) << at;
