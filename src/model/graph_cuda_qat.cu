@@ -51,6 +51,8 @@ void GraphCuda::check_qat_flags() {
       fail("QAT: the layer input of '", w.name, "' holds a non-finite value (training "
            "diverged? lower the learning rate)");
     if (f & 2) fail("QAT: weight '", w.name, "' holds a non-finite value (training diverged?)");
+    DLREC_CHECK(!(f & 4), "QAT: '", w.name, "' was quantized with a running range it does not "
+                "have (bug)");
   }
 }
 

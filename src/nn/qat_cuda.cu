@@ -21,10 +21,10 @@ namespace {
 
 struct State {
   double amax;          // running range; < 0: none yet
-  double batch;         // the last forward's max |x|
-  unsigned batch_bits;  // its reduction (float bits: non-negative floats order as integers)
+  unsigned batch_bits;  // the last forward's max |x| (float bits: non-negative floats order
+                        // as integers, so atomicMax reduces them)
   float x_scale;        // the last forward's input scale
-  int flags;            // 1: a non-finite input, 2: a non-finite weight
+  int flags;            // 1: a non-finite input, 2: a non-finite weight, 4: no range (a bug)
   int pad;
 };
 
@@ -59,40 +59,67 @@ __global__ void absmax_kernel(const T* __restrict__ x, int64_t B, int64_t in, in
   if (threadIdx.x == 0) atomicMax(&s->batch_bits, __float_as_uint(m));
 }
 
-// The input scale of this forward (every thread computes it; thread 0 of block 0 stores it).
-__device__ __forceinline__ float input_scale(State* s) {
-  const double batch = static_cast<double>(__uint_as_float(s->batch_bits));
-  const double range = s->amax >= 0 ? s->amax : batch;
+// The input scale of a range (every thread computes it; thread 0 of block 0 stores it).
+__device__ __forceinline__ float input_scale(State* s, double range) {
   const float sx = range > 0 ? __double2float_rn(__ddiv_rn(range, 127.0)) : __fdiv_rn(1.f, 127.f);
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    s->batch = batch;
-    s->x_scale = sx;
-  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) s->x_scale = sx;
   return sx;
 }
 
+// One element: its fake-quantized value (0 in the padding columns).
+__device__ __forceinline__ float fake_quant_x(float x, float sx, float inv) {
+  return __fmul_rn(fminf(127.f, fmaxf(-127.f, rintf(__fmul_rn(x, inv)))), sx);
+}
+
+// The first forward (no running range yet): the batch's range, reduced by absmax_kernel.
 template <class T>
 __global__ void fake_quant_x_kernel(const T* __restrict__ x, T* __restrict__ xq, int64_t B,
                                     int64_t in, int64_t in_pad, State* s) {
-  const float sx = input_scale(s), inv = __fdiv_rn(1.f, sx);
+  const double range =
+      s->amax >= 0 ? s->amax : static_cast<double>(__uint_as_float(s->batch_bits));
+  const float sx = input_scale(s, range), inv = __fdiv_rn(1.f, sx);
+  const int64_t n = B * in_pad;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t c = i % in_pad;
+    xq[i] = from_f<T>(c < in ? fake_quant_x(to_f(x[i]), sx, inv) : 0.f);
+  }
+}
+
+// Later forwards (a running range): the fake quantization and the batch's range for the
+// step's update in one pass.
+template <class T>
+__global__ void fake_quant_x_ranged_kernel(const T* __restrict__ x, T* __restrict__ xq,
+                                           int64_t B, int64_t in, int64_t in_pad, State* s) {
+  if (s->amax < 0 && threadIdx.x == 0) atomicOr(&s->flags, 4);
+  const float sx = input_scale(s, s->amax), inv = __fdiv_rn(1.f, sx);
+  float m = 0.f;
+  bool bad = false;
   const int64_t n = B * in_pad;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t c = i % in_pad;
     float v = 0.f;
     if (c < in) {
-      const float q = fminf(127.f, fmaxf(-127.f, rintf(__fmul_rn(to_f(x[i]), inv))));
-      v = __fmul_rn(q, sx);
+      const float xv = to_f(x[i]), a = fabsf(xv);
+      if (isfinite(a)) m = fmaxf(m, a);
+      else bad = true;
+      v = fake_quant_x(xv, sx, inv);
     }
     xq[i] = from_f<T>(v);
   }
+  if (bad) atomicOr(&s->flags, 1);
+  m = block_max(m);
+  if (threadIdx.x == 0) atomicMax(&s->batch_bits, __float_as_uint(m));
 }
 
 // One block per output row.
+// Block 0 also resets the batch range that this forward's input kernel reduces.
 template <class T>
 __global__ void fake_quant_w_kernel(const float* __restrict__ w, T* __restrict__ wq, int64_t in,
                                     int64_t in_pad, State* s) {
   const int64_t j = blockIdx.x;
+  if (j == 0 && threadIdx.x == 0) s->batch_bits = 0;
   const float* row = w + j * in;
   float m = 0.f;
   bool bad = false;
@@ -129,7 +156,7 @@ __global__ void gate_kernel(const T* __restrict__ x, const float* __restrict__ g
 }
 
 __global__ void end_step_kernel(State* s, double decay) {
-  const double m = s->batch;
+  const double m = static_cast<double>(__uint_as_float(s->batch_bits));
   s->amax = s->amax < 0
                 ? m
                 : __dadd_rn(__dmul_rn(decay, s->amax), __dmul_rn(__dadd_rn(1.0, -decay), m));
@@ -153,7 +180,13 @@ Device current_device() {
 
 QatLayer::QatLayer(std::string name, int64_t out, int64_t in, int64_t in_pad, DType act,
                    double amax, double decay, cudaStream_t stream)
-    : name_(std::move(name)), out_(out), in_(in), in_pad_(in_pad), act_(act), decay_(decay) {
+    : name_(std::move(name)),
+      out_(out),
+      in_(in),
+      in_pad_(in_pad),
+      act_(act),
+      decay_(decay),
+      ranged_(amax >= 0) {
   DLREC_CHECK(out > 0 && in > 0 && in_pad >= in, "QAT layer '", name_, "': bad shape [", out,
               ", ", in, "] (row stride ", in_pad, ")");
   const Device dev = current_device();
@@ -185,7 +218,12 @@ const void* QatLayer::forward(const float* w, const void* x, int64_t B, cudaStre
         w, static_cast<T*>(wq_.raw()), in_, in_pad_, s);
     DLREC_CUDA_LAUNCH_CHECK();
     if (B == 0) return;
-    DLREC_CUDA_CHECK(cudaMemsetAsync(&s->batch_bits, 0, sizeof(unsigned), st));
+    if (ranged_) {
+      fake_quant_x_ranged_kernel<T><<<grid_for(B * in_pad_, 256, 2048), 256, 0, st>>>(
+          static_cast<const T*>(x), static_cast<T*>(xq_.raw()), B, in_, in_pad_, s);
+      DLREC_CUDA_LAUNCH_CHECK();
+      return;
+    }
     absmax_kernel<T><<<grid_for(B * in_, 256, 1024), 256, 0, st>>>(static_cast<const T*>(x), B,
                                                                    in_, in_pad_, s);
     DLREC_CUDA_LAUNCH_CHECK();
@@ -215,6 +253,7 @@ void QatLayer::gate(DType dt, const void* c, void* dst, int64_t dst_ld, int64_t 
 void QatLayer::end_step(cudaStream_t st) {
   end_step_kernel<<<1, 1, 0, st>>>(static_cast<State*>(state_.raw()), decay_);
   DLREC_CUDA_LAUNCH_CHECK();
+  ranged_ = true;  // the device holds a range from here on (stream order)
 }
 
 double QatLayer::amax(cudaStream_t st) const {

@@ -2,7 +2,8 @@
 // (docs/COMPRESSION.md, "QAT"). The arithmetic is the CPU reference's (compress/qat.h,
 // src/compress/qat.cc), kernel for kernel:
 //
-//   forward   m = max |x| over the batch (a device reduction; a non-finite input sets a flag)
+//   forward   m = max |x| over the batch (a device reduction; a non-finite input sets a flag;
+//             with a running range the same pass as the quantization, else the one before)
 //             sx = (amax >= 0 ? amax : m) / 127 in double, rounded to float (1/127 if 0)
 //             xq = sx * clamp(rint(x * (1 / sx)), -127, 127)
 //             sw[j] = max(max_k |W[j, k]| / 127, FLT_MIN) (1 if the row is 0)
@@ -66,6 +67,9 @@ class QatLayer {
   Tensor state_;       // the device State (qat_cuda.cu)
   Tensor xq_, wq_, gx_;
   const void* x_ = nullptr;  // the last forward's input
+  // The device has a running range (created with one, or a step's end enqueued): a forward
+  // then quantizes and reduces the batch's range in one kernel; before, it reduces first.
+  bool ranged_;
 };
 
 }  // namespace dlrec::nn::cuda_qat
