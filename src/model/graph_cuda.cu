@@ -483,10 +483,15 @@ void GraphCuda::step_body() {
     timeline_align();
   }
   run_forward();
-  cd::bce_with_logits(logits(), inputs_->slots[cur_].d_labels.data<float>(), fwd_rows_,
-                      dlogits_.data<float>(), static_cast<double*>(loss_.raw()), e_.st, nullptr,
-                      loss() == nn::LossKind::Mse, loss_rows_);
-  mark("bce");
+  if (distill_alpha_ >= 0)
+    cd::distill_with_logits(logits(), inputs_->slots[cur_].d_labels.data<float>(),
+                            teacher_.data<float>(), fwd_rows_, distill_alpha_, distill_t_,
+                            dlogits_.data<float>(), static_cast<double*>(loss_.raw()), e_.st);
+  else
+    cd::bce_with_logits(logits(), inputs_->slots[cur_].d_labels.data<float>(), fwd_rows_,
+                        dlogits_.data<float>(), static_cast<double*>(loss_.raw()), e_.st,
+                        nullptr, loss() == nn::LossKind::Mse, loss_rows_);
+  mark(distill_alpha_ >= 0 ? "distill loss" : "bce");
   run_backward();
   if (timeline_) {
     mark("step end");
@@ -567,7 +572,50 @@ double GraphCuda::train_step(const io::Batch& batch, double lr_scale, bool want_
   return run_train_step(batch, lr_scale, want_loss);
 }
 
+double GraphCuda::train_step_distill(const io::Batch& batch, const float* teacher_logits,
+                                     double alpha, double temperature, double lr_scale,
+                                     bool want_loss) {
+  DeviceGuard g(dev_index_);
+  DLREC_CHECK(!e_.dp.comm, "graph model: distillation steps run on one GPU");
+  DLREC_CHECK(alpha >= 0 && alpha <= 1 && temperature > 0 && std::isfinite(temperature),
+              "graph model: distillation alpha ", alpha, " must be in [0, 1] and the temperature ",
+              temperature, " > 0");
+  DLREC_CHECK(loss() == nn::LossKind::Bce, "graph model: distillation needs the BCE loss");
+  DLREC_CHECK(teacher_logits || batch.rows == 0, "graph model: no teacher logits");
+  loss_rows_ = 0;
+  if (teacher_.numel() < std::max<int64_t>(batch.rows, 1)) {
+    synchronize();  // the captured steps read the old buffer
+    teacher_ = Tensor::empty({std::max<int64_t>(std::max(batch.rows, cap_b_), 1)}, DType::F32,
+                             dev_);
+    drop_graphs();
+  }
+  if (alpha != graphs_alpha_ || temperature != graphs_t_) {
+    drop_graphs();  // the loss kernel's arguments are in the captured steps
+    graphs_alpha_ = alpha;
+    graphs_t_ = temperature;
+  }
+  // Ordered after the previous step on the main stream, before this step's graph.
+  if (batch.rows)
+    DLREC_CUDA_CHECK(cudaMemcpyAsync(teacher_.raw(), teacher_logits, sizeof(float) * batch.rows,
+                                     cudaMemcpyHostToDevice, e_.st));
+  distill_alpha_ = alpha;
+  distill_t_ = temperature;
+  try {
+    const double loss = run_train_step(batch, lr_scale, want_loss);
+    distill_alpha_ = -1;
+    return loss;
+  } catch (...) {
+    distill_alpha_ = -1;
+    throw;
+  }
+}
+
 double GraphCuda::run_train_step(const io::Batch& batch, double lr_scale, bool want_loss) {
+  // BCE steps after distillation ones (or the reverse): the captured steps hold the other loss.
+  if (distill_alpha_ < 0 && graphs_alpha_ >= 0) {
+    drop_graphs();
+    graphs_alpha_ = -1;
+  }
   check_batch(batch);
   DLREC_CHECK(static_cast<int64_t>(batch.labels.size()) == batch.rows,
               "graph model: train_step needs one label per row");

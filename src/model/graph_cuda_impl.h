@@ -34,6 +34,11 @@ class GraphCuda final : public CudaModel {
   // exchanges inside the step; train_step_part runs this rank's part of a global batch.
   void set_gradient_reducer(GradientReducer* reducer) override;
   bool trains_parts_on_device() const override { return e_.dp.comm != nullptr; }
+  // Distillation in the step (one GPU): the teacher's logits copied to the device, the loss
+  // kernel cd::distill_with_logits in place of the BCE one (graph_cuda.cu).
+  bool distills_in_step() const override { return e_.dp.comm == nullptr; }
+  double train_step_distill(const io::Batch& batch, const float* teacher_logits, double alpha,
+                            double temperature, double lr_scale, bool want_loss) override;
   double train_step_part(const io::Batch& batch, int64_t global_rows, double lr_scale,
                          bool want_loss) override;
   // Table-wise sharding of the embedding layer's tables over the GPUs (graph_cuda_shard.cu):
@@ -194,6 +199,13 @@ class GraphCuda final : public CudaModel {
   std::vector<NamedState> dense_, tables_;
   int64_t cap_b_ = 0, cap_nnz_ = 0;
   Tensor dlogits_, loss_;
+  // train_step_distill: the teacher's logits of the step (device, one buffer: the copy is
+  // ordered on the main stream after the previous step), the loss's alpha and temperature
+  // while a distillation step runs (distill_alpha_ < 0: the BCE step), and those the slots'
+  // captured graphs were made with (a change drops them).
+  Tensor teacher_;
+  double distill_alpha_ = -1, distill_t_ = 1;
+  double graphs_alpha_ = -1, graphs_t_ = 1;
   std::unique_ptr<StepInputs> inputs_;  // double-buffered step inputs (cuda_step.h)
   // fp16 loss scaling (Engine::fp16): the device state {scale, 1/scale or 0, overflow, good
   // steps, skipped steps} ("amp.loss_scale" in optimizer_state, as checkpoints hold it).

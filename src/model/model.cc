@@ -78,6 +78,11 @@ void Model::set_gradient_reducer(GradientReducer* reducer) {
          " yet (the CPU graph engine supports it)");
 }
 
+double Model::train_step_distill(const io::Batch&, const float*, double, double, double, bool) {
+  fail("distillation steps inside the engine are not supported by this model on ",
+       device().str(), " (bug: the trainer asks distills_in_step() first)");
+}
+
 double Model::train_step_part(const io::Batch&, int64_t, double, bool) {
   fail("data-parallel steps on the device are not supported by this model on ", device().str(),
        " (bug: the trainer asks trains_parts_on_device() first)");

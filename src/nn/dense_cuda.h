@@ -105,6 +105,12 @@ void bce_with_logits(const float* logits, const float* labels, int64_t n, float*
 void bce_with_logits(const float* logits, const float* labels, int64_t n, float* dlogits,
                      double* loss, cudaStream_t stream, f16* dlogits_h, const float* loss_scale,
                      bool mse = false);
+// The distillation loss (compress.distill; CPU reference compress::distill_loss, in double as
+// there): *loss = mean of alpha BCE(z, y) + (1 - alpha) BCE(z / T, sigmoid(t / T)) and its
+// gradient, t the teacher's logits (device, n values).
+void distill_with_logits(const float* logits, const float* labels, const float* teacher,
+                         int64_t n, double alpha, double temperature, float* dlogits,
+                         double* loss, cudaStream_t stream);
 // y [n] (f16) = x [n] (f32) * *scale (device).
 void scale_to_f16(const float* x, int64_t n, const float* scale, f16* y, cudaStream_t stream);
 

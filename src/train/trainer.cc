@@ -222,8 +222,9 @@ struct Trainer::Impl {
   // One data-parallel step on this rank's `batch` of the global batch of `global_rows` rows;
   // returns this rank's share of the global batch's mean loss (the sum over the ranks is it).
   double parallel_step(const io::Batch& batch, int64_t global_rows, double lr_scale);
-  // One step with the distillation loss (compress.distill) against the teacher's logits.
-  double distill_step(const io::Batch& batch, double lr_scale);
+  // One step with the distillation loss (compress.distill) against the teacher's logits: in
+  // the engine's step where it can (Model::distills_in_step), else the loss on the host.
+  double distill_step(const io::Batch& batch, double lr_scale, bool want_loss);
   // The mean loss of a logging window: this process's sum over `n` steps (of shares, summed
   // over the ranks when data-parallel).
   double window_loss(double sum, int64_t n) const {
@@ -239,8 +240,7 @@ struct Trainer::Impl {
   }
 };
 
-double Trainer::Impl::distill_step(const io::Batch& batch, double lr_scale) {
-  Tensor logits = model->forward(batch, true).to(Device::cpu());
+double Trainer::Impl::distill_step(const io::Batch& batch, double lr_scale, bool want_loss) {
   DLREC_CHECK(static_cast<int64_t>(batch.labels.size()) == batch.rows, "train_step: the batch has ",
               batch.labels.size(), " labels for ", batch.rows, " rows");
   // The teacher's logits from its probabilities, clamped to (1e-7, 1 - 1e-7): +-16.1 at most.
@@ -249,6 +249,10 @@ double Trainer::Impl::distill_step(const io::Batch& batch, double lr_scale) {
     const double q = std::min(1.0 - 1e-7, std::max(1e-7, static_cast<double>(p)));
     p = static_cast<float>(std::log(q / (1.0 - q)));
   }
+  if (model->distills_in_step())
+    return model->train_step_distill(batch, t.data(), distill.alpha, distill.temperature,
+                                     lr_scale, want_loss);
+  Tensor logits = model->forward(batch, true).to(Device::cpu());
   Tensor dlogits = Tensor::empty(logits.shape(), DType::F32);
   const double loss =
       compress::distill_loss(logits.data<float>(), batch.labels.data(), t.data(), batch.rows,
@@ -371,7 +375,7 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
                 m.cfg.train.loss, "\"");
     m.distill = compress_cfg.distill;
     // The teacher scores each batch where the student trains (fp32 on a GPU); the loss and its
-    // gradient are computed on the host (distill_step) for either engine.
+    // gradient are computed in the GPU engine's step, or on the host (distill_step).
     m.teacher = std::make_unique<Predictor>(m.distill.teacher, m.model->device(), "fp32");
     const io::ShardLayout tl = m.teacher->workflow().output_layout();
     if (!(tl == m.data.layout))
@@ -567,7 +571,7 @@ TrainResult Trainer::train() {
     if (m.pruner) m.pruner->before_step(m.state.step);
     const double lr_scale = m.cfg.optimizer.schedule.factor(m.state.step, total_steps);
     const double loss =
-        m.teacher       ? m.distill_step(batch, lr_scale)
+        m.teacher       ? m.distill_step(batch, lr_scale, want_loss)
         : !m.parallel() ? m.model->train_step(batch, lr_scale, want_loss)
         : m.model->trains_parts_on_device()
             ? m.model->train_step_part(batch, global_rows, lr_scale, want_loss)

@@ -1,7 +1,9 @@
-// Distillation with 2:4 masks on one GPU (the CUDA graph engine, fp32): a dense CPU run exported
-// as the teacher, then the same fine-tune (resumed from the dense checkpoint, masks and the
+// Distillation on one GPU (the CUDA graph engine, fp32): a dense CPU run exported as the
+// teacher, then the same fine-tune (resumed from the dense checkpoint, masks and the
 // distillation loss) on the CPU and on the GPU; the two runs end with the same masks and weights
-// within fp32 summation order, every pruned weight zero. Skips without a GPU.
+// within fp32 summation order, every pruned weight zero. And the GPU's distillation step (the
+// loss kernel inside the captured step) against the CPU's host loss, step by step. Skips
+// without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,9 +14,13 @@
 #include <vector>
 
 #include "compress/compress_test_util.h"
+#include "dlrec/compress/qat.h"
 #include "dlrec/core/device.h"
+#include "dlrec/model/model.h"
+#include "dlrec/nn/loss.h"
 #include "dlrec/train/export.h"
 #include "dlrec/train/trainer.h"
+#include "model/test_batches.h"
 #include "test_errors.h"
 #include "test_files.h"
 
@@ -103,4 +109,60 @@ TEST(GpuDistill, SparseDistillationOnTheGpuFollowsTheCpuRun) {
               at.c_str(), auc["cpu"], auc["cuda:0"]);
   EXPECT_LT(worst, 1e-3) << at;
   EXPECT_NEAR(auc["cpu"], auc["cuda:0"], 2e-3);
+}
+
+// The CUDA engine's distillation step (Model::train_step_distill: the loss kernel in the
+// captured step) against the CPU engine's forward, compress::distill_loss on the host and
+// backward_and_update: the same weights after distillation steps (captured from the second
+// on), then BCE steps (the captured distillation steps dropped), then distillation with
+// another temperature; bad arguments are clear errors.
+TEST(GpuDistill, StepInTheGraphFollowsTheHostLoss) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU distillation not run";
+  io::ShardLayout layout;
+  layout.num_dense = 5;
+  layout.cardinalities = {40, 300, 9};
+  layout.multi_hot = {false, false, false};
+  const json mj = base_config();
+  const model::RunConfig cfg = model::RunConfig::from_json(json{{"model", mj["model"]},
+                                                                {"optimizer", mj["optimizer"]}});
+  auto cpu = model::build_model(cfg.model, cfg.optimizer, layout, Device::cpu(), 21);
+  auto gpu = model::build_model(cfg.model, cfg.optimizer, layout, Device::cuda(0), 21, "fp32");
+  ASSERT_TRUE(gpu->distills_in_step());
+  EXPECT_FALSE(cpu->distills_in_step());
+  double worst_loss = 0;
+  for (int step = 0; step < 9; ++step) {
+    const io::Batch b = model::testing::make_batch(layout, 64, 300 + step, false);
+    const bool bce = step >= 3 && step < 6;
+    const double T = step < 6 ? 2.0 : 0.7;
+    std::vector<float> t(64);
+    for (int i = 0; i < 64; ++i) t[i] = static_cast<float>(std::sin(step * 64 + i) * 3);
+    Tensor z = cpu->forward(b, true);
+    Tensor dl = Tensor::empty(z.shape(), DType::F32);
+    double lc = 0, lg = 0;
+    if (bce) {
+      lc = nn::bce_with_logits(z, b.labels.data(), &dl);
+      lg = gpu->train_step(b, 1.0, true);
+    } else {
+      lc = compress::distill_loss(z.data<float>(), b.labels.data(), t.data(), 64, 0.3, T,
+                                  dl.data<float>());
+      lg = gpu->train_step_distill(b, t.data(), 0.3, T, 1.0, true);
+    }
+    cpu->backward_and_update(dl, 1.0);
+    worst_loss = std::max(worst_loss, std::fabs(lg - lc) / std::fabs(lc));
+  }
+  const auto c = tensors(*cpu), g = tensors(*gpu);
+  double worst = 0;
+  for (const auto& [name, v] : c)
+    for (size_t k = 0; k < v.size(); ++k)
+      worst = std::max(worst, std::fabs(double(g.at(name)[k]) - v[k]));
+  std::printf("[gpu distill] in-step loss: max rel loss diff %.2e, max |w_gpu - w_cpu| %.2e\n",
+              worst_loss, worst);
+  EXPECT_LT(worst_loss, 1e-5);
+  EXPECT_LT(worst, 1e-4);
+  const io::Batch b = model::testing::make_batch(layout, 8, 1, false);
+  const std::vector<float> t(8, 0.f);
+  dlrec::testing::expect_error([&] { gpu->train_step_distill(b, t.data(), 1.5, 1.0, 1.0, false); },
+                               {"alpha 1.5", "[0, 1]"});
+  dlrec::testing::expect_error([&] { gpu->train_step_distill(b, t.data(), 0.5, 0.0, 1.0, false); },
+                               {"temperature 0"});
 }

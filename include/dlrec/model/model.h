@@ -221,6 +221,17 @@ class Model {
   // Data-parallel training: gradients go through `reducer` from the next step on (null: off).
   // Throws naming the layer when the model cannot (the default: not supported at all).
   virtual void set_gradient_reducer(GradientReducer* reducer);
+  // Distillation (compress.distill, docs/COMPRESSION.md) inside the engine's own training step:
+  // true when train_step_distill runs it (the CUDA graph engine on one GPU: the loss kernel
+  // reads the teacher's logits, the step stays one captured graph); otherwise the trainer runs
+  // forward, the loss on the host (compress::distill_loss) and backward_and_update.
+  virtual bool distills_in_step() const { return false; }
+  // One training step of the distillation loss with the teacher's logit of each row
+  // (batch.rows values, host), `alpha` in [0, 1] and `temperature` > 0. Returns the loss when
+  // want_loss, else NaN. Default: not supported (throws).
+  virtual double train_step_distill(const io::Batch& batch, const float* teacher_logits,
+                                    double alpha, double temperature, double lr_scale,
+                                    bool want_loss);
   // Data-parallel steps on the device (the CUDA engine with a reducer set): true when the model
   // trains this rank's part of a global batch with train_step_part; otherwise the trainer runs
   // forward, the loss on the host and backward_and_update with the reducer.
