@@ -161,8 +161,8 @@ class GraphCuda final : public CudaModel {
   uint32_t fused_counter_ = 0;  // its value when the next launch starts
   void plan_fused();
   // A layer's INT8 form in the fused kernel: under the compressed policy, a compressed layer's
-  // INT8 record; none otherwise (16-bit weights), or with *why set when it cannot run fused.
-  fused_infer::Int8Form fused_int8_form(const Lin& l, std::string* why) const;
+  // INT8 record; none otherwise (its 16-bit weights: dense, or a 2:4 layer's pruned ones).
+  fused_infer::Int8Form fused_int8_form(const Lin& l) const;
   bool fused_launch(InferBucket& bk, int64_t n);
   int64_t hashed_reported_lookups_ = 0;
   // Compressed layers (set_compressed): the int8 GEMMs' planner (Engine::comp_lt), the

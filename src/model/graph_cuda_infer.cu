@@ -258,7 +258,8 @@ void GraphCuda::predict(const io::Batch& batch, float* probs) {
       finish_all();
       return predict_eager(batch, probs);
     }
-    // Under the compressed policy the fused kernel runs the layers' INT8 forms (plan_fused).
+    // Under the compressed policy the fused kernel runs the layers' INT8 forms (plan_fused) and
+    // the 2:4 ones' pruned weights.
     const bool fuse = nchunks == 1 && n <= opts_.infer_fused_rows && e_.lowp &&
                       fused_ != Fused::Off;
     if (fuse && fused_launch(bk, n)) {
@@ -294,15 +295,12 @@ void GraphCuda::check_serving_options(const GraphCudaOptions& o) {
 // bucket's rows by ensure_capacity before any launch). Other shapes (DCNv2, DeepFM, ...) take
 // the layer-by-layer path silently; a DLRM shape the kernel refuses (widths, layer count) says
 // why once, on stderr.
-fused_infer::Int8Form GraphCuda::fused_int8_form(const Lin& l, std::string* why) const {
+fused_infer::Int8Form GraphCuda::fused_int8_form(const Lin& l) const {
   fused_infer::Int8Form f;
   if (kernel_policy_ != nn::kernel_choice::Policy::Compressed || !l.comp) return f;
+  // A 2:4 layer without an INT8 record keeps its 16-bit weights, pruned: the 2:4 sums.
   const auto v = l.comp->int8_view();
-  if (!v.q) {
-    *why = "'" + l.comp->name() + "' is 2:4 without an INT8 record (the fused kernel has no 2:4 "
-           "form; under the compressed policy such a layer takes the bucketed graphs)";
-    return f;
-  }
+  if (!v.q) return f;
   f.q = v.q;
   f.deq = v.deq;
   f.bias = v.bias;
@@ -364,9 +362,7 @@ void GraphCuda::plan_fused() {
         if (!l.has_bias || l.out_ld != l.out) return "a layer without bias or with padded rows";
         f.w = l.wh.raw();
         f.b = f32_out ? l.b.raw() : l.bh.raw();
-        std::string no_int8;
-        f.int8 = fused_int8_form(l, &no_int8);
-        if (!no_int8.empty()) return no_int8;
+        f.int8 = fused_int8_form(l);
         f.y = mlp->ys[k];
         f.out = static_cast<int>(l.out);
         f.k = static_cast<int>(l.in_pad);
@@ -459,9 +455,7 @@ std::string GraphCuda::plan_program() {
     o.stage = stage;
     o.w = l.wh.raw();
     o.b = !l.has_bias ? nullptr : f32_out ? l.b.raw() : l.bh.raw();
-    std::string no_int8;
-    o.int8 = fused_int8_form(l, &no_int8);
-    if (!no_int8.empty()) return no_int8;
+    o.int8 = fused_int8_form(l);
     o.x = x;
     o.x_ld = static_cast<int>(x_ld);
     o.host_x = host_x;
@@ -752,7 +746,7 @@ std::vector<std::string> GraphCuda::kernel_report() {
                  : kernel_policy_ == nn::kernel_choice::Policy::Compressed && e_.lowp
                      ? "; batches of up to " + std::to_string(opts_.infer_fused_rows) +
                            " rows take the fused small-batch kernel with the INT8 layers in "
-                           "int8, where every compressed layer has an INT8 record"
+                           "int8 and the 2:4 ones on their pruned weights"
                      : ""));
   for (Lin* l : compressed_) out.push_back(l->comp->describe_load());
   for (Lin* l : compressed_)

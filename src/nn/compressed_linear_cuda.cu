@@ -620,8 +620,10 @@ CompressedLinear::Int8View CompressedLinear::int8_view() const {
 void CompressedLinear::note_fused(int64_t B) {
   if (choice_.count(B)) return;
   kc::Candidate c;
-  c.kernel = kc::Kernel::Int8;
-  c.why = "in the fused small-batch kernel";
+  // A 2:4 layer without an INT8 record: its pruned 16-bit weights there (the same sums).
+  c.kernel = quantized_ ? kc::Kernel::Int8 : kc::Kernel::Sparse24;
+  c.why = quantized_ ? "in the fused small-batch kernel"
+                     : "its pruned weights in the fused small-batch kernel";
   choice_[B] = Choice{{c}, 0};
 }
 

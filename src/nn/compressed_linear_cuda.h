@@ -122,8 +122,8 @@ class CompressedLinear {
     const float* bias = nullptr;
   };
   Int8View int8_view() const;
-  // Records that the fused small-batch kernel ran this layer's INT8 arithmetic at B rows (the
-  // choice the reports show for B).
+  // Records that the fused small-batch kernel ran this layer at B rows (the choice the reports
+  // show for B): its INT8 arithmetic, or a 2:4 layer's pruned weights.
   void note_fused(int64_t B);
   void set_policy(kc::Policy p) {
     policy_ = p;

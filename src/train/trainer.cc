@@ -482,7 +482,13 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
 }
 
 Trainer::~Trainer() {
-  if (impl_ && impl_->model) impl_->model->set_gradient_reducer(nullptr);
+  // Never throws: a device that failed (the error already raised to the caller, or unwinding
+  // now) reports it again on the reducer's synchronisation.
+  try {
+    if (impl_ && impl_->model) impl_->model->set_gradient_reducer(nullptr);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[train] closing the model: %s\n", e.what());
+  }
 }
 model::Model& Trainer::model() { return *impl_->model; }
 int64_t Trainer::step() const { return impl_->state.step; }
