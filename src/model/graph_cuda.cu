@@ -572,48 +572,6 @@ double GraphCuda::train_step(const io::Batch& batch, double lr_scale, bool want_
   return run_train_step(batch, lr_scale, want_loss);
 }
 
-double GraphCuda::train_step_distill(const io::Batch& batch, const float* teacher_logits,
-                                     double alpha, double temperature, double lr_scale,
-                                     bool want_loss) {
-  DeviceGuard g(dev_index_);
-  DLREC_CHECK(!e_.dp.comm, "graph model: distillation steps run on one GPU");
-  DLREC_CHECK(alpha >= 0 && alpha <= 1 && temperature > 0 && std::isfinite(temperature),
-              "graph model: distillation alpha ", alpha, " must be in [0, 1] and the temperature ",
-              temperature, " > 0");
-  DLREC_CHECK(loss() == nn::LossKind::Bce, "graph model: distillation needs the BCE loss");
-  DLREC_CHECK(teacher_logits || batch.rows == 0, "graph model: no teacher logits");
-  loss_rows_ = 0;
-  if (teacher_.numel() < std::max<int64_t>(batch.rows, 1)) {
-    synchronize();  // the captured steps read the old buffer
-    teacher_ = Tensor::empty({std::max<int64_t>(std::max(batch.rows, cap_b_), 1)}, DType::F32,
-                             dev_);
-    drop_graphs();
-  }
-  if (alpha != graphs_alpha_ || temperature != graphs_t_) {
-    drop_graphs();  // the loss kernel's arguments are in the captured steps
-    graphs_alpha_ = alpha;
-    graphs_t_ = temperature;
-  }
-  // Ordered after the previous step on the main stream, before this step's graph.
-  if (batch.rows)
-    DLREC_CUDA_CHECK(cudaMemcpyAsync(teacher_.raw(), teacher_logits, sizeof(float) * batch.rows,
-                                     cudaMemcpyHostToDevice, e_.st));
-  distill_alpha_ = alpha;
-  distill_t_ = temperature;
-  try {
-    const double loss = run_train_step(batch, lr_scale, want_loss);
-    distill_alpha_ = -1;
-    // The step is waited for: with the caller's teacher forward (another model on this GPU)
-    // overlapping this step, a run after other models had lived in the process faulted with an
-    // illegal address (test_compress GpuQat.*, session 28; the cause is not found yet).
-    DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
-    return loss;
-  } catch (...) {
-    distill_alpha_ = -1;
-    throw;
-  }
-}
-
 double GraphCuda::run_train_step(const io::Batch& batch, double lr_scale, bool want_loss) {
   // BCE steps after distillation ones (or the reverse): the captured steps hold the other loss.
   if (distill_alpha_ < 0 && graphs_alpha_ >= 0) {

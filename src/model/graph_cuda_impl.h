@@ -35,7 +35,7 @@ class GraphCuda final : public CudaModel {
   void set_gradient_reducer(GradientReducer* reducer) override;
   bool trains_parts_on_device() const override { return e_.dp.comm != nullptr; }
   // Distillation in the step (one GPU): the teacher's logits copied to the device, the loss
-  // kernel cd::distill_with_logits in place of the BCE one (graph_cuda.cu).
+  // kernel cd::distill_with_logits in place of the BCE one (graph_cuda_compress.cu).
   bool distills_in_step() const override { return e_.dp.comm == nullptr; }
   double train_step_distill(const io::Batch& batch, const float* teacher_logits, double alpha,
                             double temperature, double lr_scale, bool want_loss) override;
@@ -71,7 +71,7 @@ class GraphCuda final : public CudaModel {
   std::vector<std::string> kernel_report() override;
   // 2:4 pruning masks (graph_cuda_masks.cu; docs/COMPRESSION.md): the mlp and cross weights
   // (host copies of their values: what the pruner reads; their parameters are host shells
-  // whose `quant` carries QAT records, graph_cuda_qat.cu), a mask per weight kept on the host
+  // whose `quant` carries QAT records, graph_cuda_compress.cu), a mask per weight kept on the host
   // (shared storage: a checkpoint loads into it) and on the device, where the dense update
   // writes 0 wherever it is 0, as the CPU's optimizer step does.
   std::vector<PrunableWeight> prunable_weights() override;
@@ -121,7 +121,7 @@ class GraphCuda final : public CudaModel {
   void predict_eager(const io::Batch& batch, float* probs);
   // The masks set so far, by weight name (set_mask, masks()).
   std::map<std::string, Tensor> host_masks_;
-  // QAT (graph_cuda_qat.cu): the weights' host parameter shells (prunable_weights), the record
+  // QAT (graph_cuda_compress.cu): the weights' host parameter shells (prunable_weights), the record
   // each layer's device state was made from, and whether any layer trains quantized.
   std::map<std::string, nn::Param> shells_;
   struct QatSeen {

@@ -1,4 +1,4 @@
-// Quantization-aware training on the CUDA graph engine (src/model/graph_cuda_qat.cu,
+// Quantization-aware training on the CUDA graph engine (src/model/graph_cuda_compress.cu,
 // nn/qat_cuda.h): the same records, batches and steps as on the CPU engine (the reference,
 // src/compress/qat.cc) give the same running input ranges, logits and weights within the
 // engines' summation order (fp32) or 16-bit rounding (bf16, and fp16 with its loss scaling

@@ -84,7 +84,7 @@ class QatLinear final : public nn::LinearHook {
 // checkpoint brought, dropping those of weights no longer selected). Errors: as
 // compress.quantize's layers/skip (under "compress.qat"). Returns how many. On the CUDA graph
 // engine the records sit on host shells of the weights, which the engine takes up before its
-// next step (src/model/graph_cuda_qat.cu).
+// next step (src/model/graph_cuda_compress.cu).
 int64_t install_qat(const QatConfig& config, model::Model& model);
 
 // QAT ranges in checkpoints: tensors "<weight>.qat_amax" (F32 [1]) and the meta's "qat" list.
