@@ -16,6 +16,13 @@
 namespace dlrec::model::graph_cuda_impl {
 
 void GraphCuda::attach_qat() {
+  // Every upload and predict() comes here: a model without QAT records (no shell holds a hook)
+  // and without QAT layers returns before building anything.
+  if (!qat_on_) {
+    bool any = false;
+    for (const auto& [name, p] : shells_) any |= p.quant != nullptr;
+    if (!any) return;
+  }
   bool changed = false;
   for (const WeightLin& w : weight_lins()) {
     auto it = shells_.find(w.name);

@@ -118,10 +118,7 @@ TEST(GpuDistill, SparseDistillationOnTheGpuFollowsTheCpuRun) {
 // another temperature; bad arguments are clear errors.
 TEST(GpuDistill, StepInTheGraphFollowsTheHostLoss) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU distillation not run";
-  io::ShardLayout layout;
-  layout.num_dense = 5;
-  layout.cardinalities = {40, 300, 9};
-  layout.multi_hot = {false, false, false};
+  const io::ShardLayout layout = model::testing::make_layout(5, {40, 300, 9});
   const json mj = base_config();
   const model::RunConfig cfg = model::RunConfig::from_json(json{{"model", mj["model"]},
                                                                 {"optimizer", mj["optimizer"]}});

@@ -24,13 +24,7 @@ using namespace dlrec;
 
 namespace {
 
-io::ShardLayout layout() {
-  io::ShardLayout l;
-  l.num_dense = 5;
-  l.cardinalities = {40, 300, 9};
-  l.multi_hot = {false, false, false};
-  return l;
-}
+io::ShardLayout layout() { return model::testing::make_layout(5, {40, 300, 9}); }
 
 model::RunConfig config() {
   return model::RunConfig::from_json(json::parse(R"({
