@@ -95,13 +95,23 @@ std::shared_ptr<void> allocate(int device, size_t bytes) {
   });
 }
 
+// Both are complete when they return. cudaMemcpy from pageable host memory returns once the
+// bytes are staged, device to device it returns at once, and cudaMemset is asynchronous: the
+// work sits on the default stream, which the engines' non-blocking streams do not wait for, so
+// a kernel launched next on such a stream could read the buffer before it is written (most
+// likely what faulted with an illegal address in session 29: a distillation teacher's serving
+// bucket, its offsets copied while the student's step kept the GPU busy).
 void copy(void* dst, bool dst_cuda, const void* src, bool src_cuda, size_t bytes) {
   cudaMemcpyKind kind = dst_cuda ? (src_cuda ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                                  : cudaMemcpyDeviceToHost;
-  DLREC_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+  DLREC_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, 0));
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(0));
 }
 
-void memset0(void* p, size_t bytes) { DLREC_CUDA_CHECK(cudaMemset(p, 0, bytes)); }
+void memset0(void* p, size_t bytes) {
+  DLREC_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(0));
+}
 
 void count_outside_pool(int device, size_t bytes, bool allocated) {
   DevicePool& p = pool(device);

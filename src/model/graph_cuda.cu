@@ -144,8 +144,9 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
   graphs_ = !profile_ && opts_.cuda_graphs;
   // Non-blocking streams: with several serving instances in a process,
   // another model's legacy-stream copy during this one's graph capture would otherwise fail the
-  // capture. forward() synchronises before returning; after parameters()/optimizer_state()
-  // handed out tensors, the next step first waits for the legacy stream (Tensor copies/fills).
+  // capture. forward() synchronises before returning; Tensor copies and fills are complete when
+  // they return (core/device_cuda.cu); after parameters()/optimizer_state() handed out tensors,
+  // the next step first waits for the default stream (a caller's kernels there, PyTorch's).
   // Priorities: the main stream and the embedding's side stream (the critical path) get the
   // device's greatest priority, the weight-gradient stream the least, so that waiting blocks
   // of the critical path go first. They hold for eager work only: the step's graph is

@@ -112,10 +112,6 @@ double GraphCuda::train_step_distill(const io::Batch& batch, const float* teache
   try {
     const double loss = run_train_step(batch, lr_scale, want_loss);
     distill_alpha_ = -1;
-    // The step is waited for: with the caller's teacher forward (another model on this GPU)
-    // overlapping this step, a run after other models had lived in the process faulted with an
-    // illegal address (test_compress GpuQat.*, session 28; the cause is not found yet).
-    DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
     return loss;
   } catch (...) {
     distill_alpha_ = -1;

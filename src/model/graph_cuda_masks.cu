@@ -55,9 +55,8 @@ void GraphCuda::set_mask(const std::string& name, const Tensor& mask) {
   const float* m = mask.data<float>();
   for (int64_t k = 0; k < mask.numel(); ++k)
     if (m[k] == 0.f) v[k] = 0.f;
-  l->w.copy_from(w);
-  exposed_ = true;            // copies on the legacy stream: the next upload waits for them
-  shadows_stale_ = e_.lowp;  // and brings the 16-bit copies up to date
+  l->w.copy_from(w);          // complete on return (core/device_cuda.cu)
+  shadows_stale_ = e_.lowp;  // the next upload brings the 16-bit copies up to date
 }
 
 std::vector<NamedTensor> GraphCuda::masks() {

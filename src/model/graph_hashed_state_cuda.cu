@@ -160,9 +160,6 @@ void HashedTables::import_state() {
   copy_bytes(d_ctl_.raw(), dev_, ctl.data(), Device::cpu(), ctl.size() * 8);
   const int64_t glob[kNG] = {seq, 0, 1};
   copy_bytes(d_glob_.raw(), dev_, glob, Device::cpu(), sizeof(glob));
-  // copy_bytes uses the legacy stream (pageable copies may still be in flight): the kernels on
-  // our non-blocking stream must see them.
-  DLREC_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   seq_bound_ = static_cast<uint64_t>(seq);
   rebuild_index_all(st_);
   DLREC_CUDA_CHECK(cudaStreamSynchronize(st_));

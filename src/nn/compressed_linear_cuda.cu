@@ -298,7 +298,7 @@ void CompressedLinear::reserve(int64_t rows) {
   qx_ = device_tensor(rows * in_q_, DType::U8);
   // The padding columns (in_pad..in_q) stay zero: a previous layer's int8 output (a chain)
   // writes only the first in_pad of each row.
-  DLREC_CUDA_CHECK(cudaMemset(qx_.raw(), 0, static_cast<size_t>(rows * in_q_)));
+  qx_.zero_();  // complete on return (the layer's stream does not wait for the default one)
   acc_ = device_tensor(rows * out_, DType::I32);
   rows_ = rows;
   qx_ready_ = -1;

@@ -139,6 +139,7 @@ class CudaBackend final : public Backend {
     lr_ = device_alloc<float>(1);
     err_ = device_alloc<unsigned long long>(4);
     DLREC_CUDA_CHECK(cudaMemset(err_, 0, 4 * sizeof(unsigned long long)));
+    DLREC_CUDA_CHECK(cudaStreamSynchronize(0));  // the kernels' streams do not wait for it
     DLREC_CUDA_CHECK(cudaMallocHost(&err_host_, 4 * sizeof(unsigned long long)));
     tab_.weights = static_cast<float* const*>(ptrs_);
     tab_.states = adagrad_ ? static_cast<float* const*>(sptrs_) : nullptr;
@@ -250,8 +251,12 @@ class CudaBackend final : public Backend {
   template <class T>
   void* upload(const std::vector<T>& v) {
     T* p = device_alloc<T>(v.size());
-    if (!v.empty())
+    if (!v.empty()) {
+      // From pageable memory cudaMemcpy may return before the bytes land; the kernels'
+      // streams do not wait for the default stream.
       DLREC_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+      DLREC_CUDA_CHECK(cudaStreamSynchronize(0));
+    }
     return p;
   }
   void check_table(int t, int which) const {

@@ -63,6 +63,8 @@ class CudaRows final : public DeviceRows {
         cudaMemcpy(d_tables_, tables_.data(), T * sizeof(float*), cudaMemcpyHostToDevice));
     DLREC_CUDA_CHECK(
         cudaMemcpy(d_dims_, dims_.data(), T * sizeof(int64_t), cudaMemcpyHostToDevice));
+    // Landed before a kernel on stream_ (non-blocking: it does not wait for these copies).
+    DLREC_CUDA_CHECK(cudaStreamSynchronize(0));
   }
   ~CudaRows() override {
     Guard g(device_);

@@ -30,7 +30,8 @@ struct Device {
 // aligned; CUDA memory comes from a per-device caching pool (never managed memory).
 std::shared_ptr<void> allocate(Device device, size_t bytes);
 
-// Copies bytes between any two devices (synchronous).
+// Copies bytes between any two devices; the copy is complete when this returns. It is not
+// ordered after work queued on a model's streams: synchronize those first.
 void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
 
 namespace cuda {

@@ -187,6 +187,7 @@ std::unique_ptr<EmbeddingNode::PeerBuffer> EmbeddingNode::open_peer_buffer(Engin
   b->bytes = bytes;
   cuda_impl::count_outside_pool(b->device, bytes, true);
   DLREC_CUDA_CHECK(cudaMemset(b->mine, 0, bytes));
+  DLREC_CUDA_CHECK(cudaStreamSynchronize(0));  // zero before a peer or our streams write it
   struct Record {
     cudaIpcMemHandle_t handle;
     uint64_t host;
