@@ -88,8 +88,11 @@ nn::FakeQuantOperands QatLinear::fake_quant(const Tensor& x, const Tensor& w) {
            i % in, " (training diverged?)");
     m = std::max<double>(m, a);
   }
+  // The first step quantizes with its own batch's range: the global batch's across ranks.
+  batch_reduced_ = amax_ < 0 && reduce_;
+  if (batch_reduced_) m = reduce_(m);
   batch_amax_ = m;
-  const double range = amax_ >= 0 ? amax_ : m;  // the first step: its own batch's range
+  const double range = amax_ >= 0 ? amax_ : m;
   x_scale_ = range > 0 ? static_cast<float>(range / 127.0) : 1.f / 127.f;
   x_ = x;
   nn::ensure_buffer(xq_, x.shape());
@@ -126,7 +129,9 @@ void QatLinear::straight_through(Tensor* dx, Tensor& dw) {
   for (int64_t j = 0; j < out; ++j)
     for (int64_t k = 0; k < in; ++k)
       if (!ste_passes(wq[j * in + k], w_scales_[j])) g[j * in + k] = 0.f;
-  // The step is done: its batch's range enters the running max.
+  // The step is done: its batch's range (the global batch's across ranks) enters the running max.
+  if (reduce_ && !batch_reduced_) batch_amax_ = reduce_(batch_amax_);
+  batch_reduced_ = false;
   amax_ = amax_ < 0 ? batch_amax_ : decay_ * amax_ + (1.0 - decay_) * batch_amax_;
 }
 

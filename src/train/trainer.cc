@@ -209,6 +209,8 @@ struct Trainer::Impl {
   // The same on GPUs (table-wise): each GPU holds its tables only; gather streams the others
   // to rank 0's host for a checkpoint.
   bool device_sharded = false;
+  // Inside a training step: the QAT records' range collectives run (data-parallel on the CPU).
+  bool in_step = false;
   // A checkpoint of the whole model: a sharded model gathers its tables first (every rank).
   void checkpoint() {
     if (sharded || device_sharded) model->gather_sharded_tables();
@@ -223,8 +225,10 @@ struct Trainer::Impl {
   // returns this rank's share of the global batch's mean loss (the sum over the ranks is it).
   double parallel_step(const io::Batch& batch, int64_t global_rows, double lr_scale);
   // One step with the distillation loss (compress.distill) against the teacher's logits: in
-  // the engine's step where it can (Model::distills_in_step), else the loss on the host.
-  double distill_step(const io::Batch& batch, double lr_scale, bool want_loss);
+  // the engine's step where it can (Model::distills_in_step), else the loss on the host
+  // (data-parallel: this rank's share of the global batch of `global_rows`, as parallel_step).
+  double distill_step(const io::Batch& batch, int64_t global_rows, double lr_scale,
+                      bool want_loss);
   // The mean loss of a logging window: this process's sum over `n` steps (of shares, summed
   // over the ranks when data-parallel).
   double window_loss(double sum, int64_t n) const {
@@ -240,7 +244,8 @@ struct Trainer::Impl {
   }
 };
 
-double Trainer::Impl::distill_step(const io::Batch& batch, double lr_scale, bool want_loss) {
+double Trainer::Impl::distill_step(const io::Batch& batch, int64_t global_rows, double lr_scale,
+                                   bool want_loss) {
   DLREC_CHECK(static_cast<int64_t>(batch.labels.size()) == batch.rows, "train_step: the batch has ",
               batch.labels.size(), " labels for ", batch.rows, " rows");
   // The teacher's logits from its probabilities, clamped to (1e-7, 1 - 1e-7): +-16.1 at most.
@@ -249,7 +254,7 @@ double Trainer::Impl::distill_step(const io::Batch& batch, double lr_scale, bool
     const double q = std::min(1.0 - 1e-7, std::max(1e-7, static_cast<double>(p)));
     p = static_cast<float>(std::log(q / (1.0 - q)));
   }
-  if (model->distills_in_step())
+  if (model->distills_in_step() && !parallel())
     return model->train_step_distill(batch, t.data(), distill.alpha, distill.temperature,
                                      lr_scale, want_loss);
   Tensor logits = model->forward(batch, true).to(Device::cpu());
@@ -257,8 +262,16 @@ double Trainer::Impl::distill_step(const io::Batch& batch, double lr_scale, bool
   const double loss =
       compress::distill_loss(logits.data<float>(), batch.labels.data(), t.data(), batch.rows,
                              distill.alpha, distill.temperature, dlogits.data<float>());
+  // Of this rank's mean loss; the step is of the global batch's mean loss.
+  if (!parallel()) {
+    model->backward_and_update(dlogits, lr_scale);
+    return loss;
+  }
+  const float share = static_cast<float>(batch.rows) / static_cast<float>(global_rows);
+  float* d = dlogits.data<float>();
+  for (int64_t i = 0; i < batch.rows; ++i) d[i] *= share;
   model->backward_and_update(dlogits, lr_scale);
-  return loss;
+  return loss * batch.rows / global_rows;
 }
 
 double Trainer::Impl::parallel_step(const io::Batch& batch, int64_t global_rows,
@@ -370,7 +383,9 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
     fail("compress.qat: QAT trains on one GPU in this build (not across processes: each rank "
          "would keep its own input ranges; train with --gpus 1 or on the CPU)");
   if (compress_cfg.distill.on) {
-    DLREC_CHECK(!m.parallel(), "compress.distill: distillation runs in one process in this build");
+    DLREC_CHECK(!m.parallel() || !m.model->device().is_cuda(), "compress.distill: distillation "
+                "trains on one GPU in this build (not across GPU processes; train with --gpus 1 "
+                "or on the CPU)");
     DLREC_CHECK(m.cfg.train.loss == "bce", "compress.distill: needs train.loss \"bce\", got \"",
                 m.cfg.train.loss, "\"");
     m.distill = compress_cfg.distill;
@@ -474,6 +489,15 @@ Trainer::Trainer(model::RunConfig config, TrainerOptions options) : impl_(new Im
     if (m.leader())
       std::fprintf(stderr, "[compress] QAT: %lld layers fake-quantized to int8\n",
                    static_cast<long long>(n));
+    // Data-parallel on the CPU: every rank keeps the global batch's input ranges.
+    if (m.parallel() && !m.model->device().is_cuda()) {
+      Impl* im = &m;
+      for (const auto& w : m.model->prunable_weights())
+        if (auto* q = w.param ? dynamic_cast<compress::QatLinear*>(w.param->quant.get()) : nullptr)
+          q->set_range_reducer([im](double v) {
+            return im->in_step ? im->opt.comm->all_reduce_value(v, dist::ReduceOp::Max) : v;
+          });
+    }
   } else {
     for (const auto& w : m.model->prunable_weights())
       if (w.param && dynamic_cast<compress::QatLinear*>(w.param->quant.get()))
@@ -576,12 +600,20 @@ TrainResult Trainer::train() {
     const bool want_loss = log_now || m.state.step + 1 == total_steps;
     if (m.pruner) m.pruner->before_step(m.state.step);
     const double lr_scale = m.cfg.optimizer.schedule.factor(m.state.step, total_steps);
-    const double loss =
-        m.teacher       ? m.distill_step(batch, lr_scale, want_loss)
-        : !m.parallel() ? m.model->train_step(batch, lr_scale, want_loss)
-        : m.model->trains_parts_on_device()
-            ? m.model->train_step_part(batch, global_rows, lr_scale, want_loss)
-            : m.parallel_step(batch, global_rows, lr_scale);
+    double loss;
+    {
+      // The QAT records' range collectives (data-parallel on the CPU) run in steps only.
+      struct InStep {
+        bool& f;
+        explicit InStep(bool& x) : f(x) { f = true; }
+        ~InStep() { f = false; }
+      } in_step(m.in_step);
+      loss = m.teacher       ? m.distill_step(batch, global_rows, lr_scale, want_loss)
+             : !m.parallel() ? m.model->train_step(batch, lr_scale, want_loss)
+             : m.model->trains_parts_on_device()
+                 ? m.model->train_step_part(batch, global_rows, lr_scale, want_loss)
+                 : m.parallel_step(batch, global_rows, lr_scale);
+    }
     if (want_loss || !std::isnan(loss))
       DLREC_CHECK(std::isfinite(loss), "training diverged at step ", m.state.step + 1,
                   ": loss is ", loss, " (lower the learning rate)");

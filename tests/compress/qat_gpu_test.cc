@@ -136,7 +136,9 @@ TEST(GpuQat, StepsFollowTheCpuQat) {
     EXPECT_LT(d_qat, fp32 ? 1e-4 : 5e-2);
     // The GPU's QAT is not the fp32 model: without it the logits are farther from the CPU's
     // (in fp32, where the engines agree to rounding; bf16's own rounding is of QAT's size).
-    if (fp32) EXPECT_GT(d_plain, 100 * d_qat);
+    if (fp32) {
+      EXPECT_GT(d_plain, 100 * d_qat);
+    }
     std::printf("[gpu qat] %s: first logits |dz| %.2e; after 8 steps: ranges rel %.2e, weights "
                 "%.2e (%s), logits %.2e (fp32 model's %.2e)\n",
                 precision, d_first, worst_range, dw, at.c_str(), d_qat, d_plain);

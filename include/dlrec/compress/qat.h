@@ -1,4 +1,5 @@
-// Quantization-aware training and distillation (docs/COMPRESSION.md): CPU engine and one GPU.
+// Quantization-aware training and distillation (docs/COMPRESSION.md): the CPU engine (one
+// process or data-parallel ranks) and one GPU.
 //
 //   "compress": {"qat": {
 //       "layers": "all_dense" | ["top", "cross"],   // as compress.quantize
@@ -21,6 +22,7 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,6 +69,14 @@ class QatLinear final : public nn::LinearHook {
   QatRange qat_range() const override { return {true, amax_, decay_}; }
   void set_qat_range(double amax) override { amax_ = amax; }
   void set_decay(double d) { decay_ = d; }
+  // Data-parallel ranks (the trainer on the CPU engine): the maximum of a value over the ranks,
+  // a collective that every rank reaches at the same points. A training step takes the batch's
+  // max|x| through it (on the first step before the forward quantizes, else before the EMA
+  // update), so that every rank keeps the global batch's range, as one process would; outside
+  // training steps it must return its argument. Unset: this process's batch alone.
+  void set_range_reducer(std::function<double(double)> max_over_ranks) {
+    reduce_ = std::move(max_over_ranks);
+  }
   // The INT8 inference record of the current weight and input range (the export).
   std::shared_ptr<Int8Linear> to_int8(const Tensor& weight) const;
 
@@ -75,6 +85,8 @@ class QatLinear final : public nn::LinearHook {
   double decay_;
   double amax_;            // running max of |x|; < 0 before the first training step
   double batch_amax_ = 0;  // max |x| of the last forward
+  bool batch_reduced_ = false;  // batch_amax_ is already the ranks' maximum
+  std::function<double(double)> reduce_;
   float x_scale_ = 1.f;    // the input scale of the last forward
   Tensor x_, xq_, wq_;     // the last forward's input and fake-quantized operands
   std::vector<float> w_scales_;
