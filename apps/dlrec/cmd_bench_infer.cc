@@ -35,7 +35,10 @@ struct InferBenchOptions {
   int iters = 200, warmup = 20, distinct = 4;
   bool breakdown = false;  // CUDA: where one chunk of predict() spends its time
   uint64_t seed = 1;
-  std::string cardinalities = "kaggle";  // the built-in model's tables: kaggle or criteo_1tb
+  // The built-in model's tables: kaggle, criteo_1tb or mlperf_dcnv2 (multi-hot), capped at
+  // max_rows rows each when > 0; their ids uniform or zipf.
+  std::string cardinalities = "kaggle", dist = "uniform";
+  int64_t max_rows = -1;
   std::string embedding_quant = "none";  // the built-in model's tables as row-wise codes
 };
 
@@ -82,14 +85,17 @@ double quantile(std::vector<double> v, double q) {
 int run_infer_bench(const InferBenchOptions& o) {
   const Device device = Device::parse(o.device);
   io::ShardLayout layout;
+  std::vector<int> hotness;  // ids per row of each built-in table (empty: one)
   std::function<std::vector<float>(const io::Batch&)> score;
   std::function<std::vector<std::string>(const io::Batch&)> breakdown;
   std::unique_ptr<train::Predictor> predictor;
   std::unique_ptr<model::Model> m;
   Timer build;
-  DLREC_CHECK(o.model_dir.empty() || (o.cardinalities == "kaggle" && o.embedding_quant == "none"),
-              "--cardinalities and --embedding-quant are for the built-in model: an export "
-              "(--model) has its own tables (dlrec compress gives it row-wise quantized ones)");
+  DLREC_CHECK(o.model_dir.empty() || (o.cardinalities == "kaggle" && o.embedding_quant == "none" &&
+                                       o.max_rows < 0 && o.dist == "uniform"),
+              "--cardinalities, --max-rows, --dist and --embedding-quant are for the built-in "
+              "model: an export (--model) has its own tables (dlrec compress gives it row-wise "
+              "quantized ones)");
   if (!o.model_dir.empty()) {
     predictor = std::make_unique<train::Predictor>(o.model_dir, device, o.precision);
     predictor->set_kernel_policy(o.kernels);
@@ -103,10 +109,15 @@ int run_infer_bench(const InferBenchOptions& o) {
                                                   kMlperfDlrm, "the built-in MLPerf DLRM config"))
                                             : model::RunConfig::load(o.config);
     layout.num_dense = 13;
-    for (int64_t c : o.cardinalities == "criteo_1tb" ? io::criteo_1tb_cardinalities()
-                                                     : io::criteo_kaggle_cardinalities()) {
-      layout.cardinalities.push_back(c);
-      layout.multi_hot.push_back(false);
+    const std::vector<int64_t>& cards = o.cardinalities == "criteo_1tb" ? io::criteo_1tb_cardinalities()
+                                        : o.cardinalities == "mlperf_dcnv2"
+                                            ? io::mlperf_dcnv2_cardinalities()
+                                            : io::criteo_kaggle_cardinalities();
+    // mlperf_dcnv2: every row has the DCNv2 benchmark's fixed number of ids per table.
+    if (o.cardinalities == "mlperf_dcnv2") hotness = io::mlperf_dcnv2_hotness();
+    for (size_t t = 0; t < cards.size(); ++t) {
+      layout.cardinalities.push_back(o.max_rows > 0 ? std::min(cards[t], o.max_rows) : cards[t]);
+      layout.multi_hot.push_back(!hotness.empty() && hotness[t] > 1);
     }
     m = model::build_model(cfg.model, cfg.optimizer, layout, device, o.seed, o.precision);
     // Before anything reads the tables: a CUDA model then never allocates them in fp32.
@@ -141,7 +152,8 @@ int run_infer_bench(const InferBenchOptions& o) {
     DLREC_CHECK(B > 0, "--batch: sizes must be positive");
     std::vector<io::Batch> batches;
     for (int i = 0; i < o.distinct; ++i)
-      batches.push_back(io::random_batch(layout, B, false, o.seed * 7919 + B + i));
+      batches.push_back(
+          io::random_batch(layout, B, o.dist == "zipf", o.seed * 7919 + B + i, hotness));
     for (int i = 0; i < o.warmup; ++i) score(batches[i % batches.size()]);
     std::vector<double> us;
     us.reserve(o.iters);
@@ -198,8 +210,12 @@ Runner add_bench_infer(CLI::App* bench) {
   c->add_option("--seed", o->seed, "Seed of weights and inputs");
   c->add_option("--cardinalities", o->cardinalities,
                 "The built-in model's tables: kaggle (Criteo Kaggle, 33.8M rows, default) or "
-                "criteo_1tb (the MLPerf DLRM's Criteo-1TB tables, 187.8M rows)")
-      ->check(CLI::IsMember({"kaggle", "criteo_1tb"}));
+                "criteo_1tb (the MLPerf DLRM's Criteo-1TB tables, 187.8M rows) or mlperf_dcnv2 "
+                "(the MLPerf DLRM-DCNv2 tables, 204M rows, with its ids per row: 214)")
+      ->check(CLI::IsMember({"kaggle", "criteo_1tb", "mlperf_dcnv2"}));
+  c->add_option("--max-rows", o->max_rows, "Cap each built-in table's rows");
+  c->add_option("--dist", o->dist, "The built-in model's ids: uniform or zipf")
+      ->check(CLI::IsMember({"uniform", "zipf"}));
   c->add_option("--embedding-quant", o->embedding_quant,
                 "The built-in model's tables served from row-wise codes (random, fp32 scale and "
                 "bias per row): none (fp32 tables, default), int8 or int4")

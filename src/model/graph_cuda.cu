@@ -294,6 +294,10 @@ void GraphCuda::drop_graphs() {
       bk->graph.reset();
       bk->no_graph = false;
     }
+  for (auto& [key, bk] : mh_buckets_) {
+    bk->graph.reset();
+    bk->no_graph = false;
+  }
 }
 
 GraphCuda::~GraphCuda() {

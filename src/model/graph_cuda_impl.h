@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -15,6 +16,11 @@
 namespace dlrec::model::graph_cuda_impl {
 
 using namespace gpu_graph;
+
+// Pinned host memory that the device can address (graph_cuda_infer.cu).
+PinnedPtr mapped_alloc(size_t bytes);
+// Spins on the event rather than sleeping in a sync: serving wants the latency.
+void spin_wait(cudaEvent_t e);
 
 class GraphCuda final : public CudaModel {
  public:
@@ -110,9 +116,23 @@ class GraphCuda final : public CudaModel {
     gpu::Event done, copied;
     gpu::GraphExec graph;
     bool no_graph = false;  // the capture failed: eager from now on
+    // Multi-hot buckets (graph_cuda_infer_multihot.cu): room for id_cap ids; the offsets
+    // [T * R + 1] (`offsets_at` bytes into `in` and d_in) and the ids (`keys_at`) follow the
+    // dense rows, and travel with each chunk. id_cap 0: a one-hot bucket.
+    int64_t id_cap = 0, nnz = 0;  // nnz: the ids of the chunk packed last
+    int32_t* offsets = nullptr;
+    size_t offsets_at = 0, keys_at = 0;
   };
   std::vector<std::unique_ptr<InferBucket>> buckets_;
+  // Multi-hot buckets by (log2 R, log2 id capacity, parity).
+  std::map<std::tuple<int, int, int>, std::unique_ptr<InferBucket>> mh_buckets_;
   InferBucket& infer_bucket(int64_t R, int parity);
+  InferBucket& multihot_bucket(int64_t R, int64_t id_cap, int parity);
+  // Packs rows [r0, r0 + n) of a batch with several ids per row somewhere into a multi-hot
+  // bucket (ids range-checked, offsets per table R apart, the rows past n empty bags).
+  void multihot_pack(const io::Batch& batch, int64_t r0, int64_t n, InferBucket& bk);
+  // predict() of such a batch: chunks through the multi-hot buckets' captured graphs.
+  void predict_multihot(const io::Batch& batch, float* probs);
   void infer_body(InferBucket& bk);
   void infer_launch(InferBucket& bk, bool copy_aside);
   // Packs rows [r0, r0 + n) of `batch` into bk; false when a table has other than one id per

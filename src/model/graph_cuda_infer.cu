@@ -21,21 +21,6 @@ SpinTeam& pack_team(int size) {
   return team;
 }
 
-PinnedPtr mapped_alloc(size_t bytes) {
-  void* q = nullptr;
-  DLREC_CUDA_CHECK(cudaHostAlloc(&q, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
-  return PinnedPtr(q);
-}
-
-// Spins on the event rather than sleeping in a sync: serving wants the latency.
-void spin_wait(cudaEvent_t e) {
-  for (;;) {
-    const cudaError_t q = cudaEventQuery(e);
-    if (q == cudaSuccess) return;
-    if (q != cudaErrorNotReady) DLREC_CUDA_CHECK(q);
-  }
-}
-
 float sigmoid_host(float z) {
   const double x = z;
   return static_cast<float>(x >= 0 ? 1.0 / (1.0 + std::exp(-x))
@@ -44,7 +29,21 @@ float sigmoid_host(float z) {
 
 }  // namespace
 
-// Batches the captured buckets do not take (multi-hot, hashed tables, profiling): the forward
+PinnedPtr mapped_alloc(size_t bytes) {
+  void* q = nullptr;
+  DLREC_CUDA_CHECK(cudaHostAlloc(&q, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+  return PinnedPtr(q);
+}
+
+void spin_wait(cudaEvent_t e) {
+  for (;;) {
+    const cudaError_t q = cudaEventQuery(e);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) DLREC_CUDA_CHECK(q);
+  }
+}
+
+// Batches the captured buckets do not take (hashed tables, QAT layers, profiling): the forward
 // run eagerly, as a serving forward (compressed layers on their kernels: before, such a batch
 // ran the dense weights of a compressed export, found by the parity harness's compressed cases).
 void GraphCuda::predict_eager(const io::Batch& batch, float* probs) {
@@ -101,10 +100,17 @@ GraphCuda::InferBucket& GraphCuda::infer_bucket(int64_t R, int parity) {
 void GraphCuda::infer_body(InferBucket& bk) {
   const int64_t R = bk.rows;
   e_.B = R;
-  e_.nnz = R * T_;
   e_.dense = static_cast<const float*>(bk.d_in.raw());
-  e_.keys = reinterpret_cast<const uint32_t*>(e_.dense + R * num_dense_);
-  e_.offsets = bk.d_offsets.data<int32_t>();
+  if (bk.id_cap) {  // multi-hot: the chunk's offsets and ids in d_in
+    const char* in = static_cast<const char*>(bk.d_in.raw());
+    e_.nnz = bk.id_cap;
+    e_.offsets = reinterpret_cast<const int32_t*>(in + bk.offsets_at);
+    e_.keys = reinterpret_cast<const uint32_t*>(in + bk.keys_at);
+  } else {
+    e_.nnz = R * T_;
+    e_.keys = reinterpret_cast<const uint32_t*>(e_.dense + R * num_dense_);
+    e_.offsets = bk.d_offsets.data<int32_t>();
+  }
   e_.serving = true;
   try {
     run_forward();
@@ -122,11 +128,19 @@ void GraphCuda::infer_body(InferBucket& bk) {
 // overlaps this chunk's forward); the first launch of a bucket runs eagerly (cuBLAS/cuBLASLt
 // plans, tuning and lazy loading outside the capture), then it is captured once.
 void GraphCuda::infer_launch(InferBucket& bk, bool copy_aside) {
-  const size_t bytes = sizeof(float) * bk.rows * num_dense_ + sizeof(uint32_t) * bk.rows * T_;
+  // One-hot: the dense rows and the ids; multi-hot: the dense rows and offsets, then the ids.
+  const size_t bytes = bk.id_cap ? bk.keys_at
+                                 : sizeof(float) * bk.rows * num_dense_ +
+                                       sizeof(uint32_t) * bk.rows * T_;
+  const size_t ids = bk.id_cap ? sizeof(uint32_t) * bk.nnz : 0;
   if (bytes) {
     cudaStream_t cs = copy_aside ? copy_.get() : e_.st;
     DLREC_CUDA_CHECK(
         cudaMemcpyAsync(bk.d_in.raw(), bk.in.get(), bytes, cudaMemcpyHostToDevice, cs));
+    if (ids)
+      DLREC_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(bk.d_in.raw()) + bk.keys_at,
+                                       static_cast<const char*>(bk.in.get()) + bk.keys_at, ids,
+                                       cudaMemcpyHostToDevice, cs));
     if (cs != e_.st) {
       DLREC_CUDA_CHECK(cudaEventRecord(bk.copied, cs));
       DLREC_CUDA_CHECK(cudaStreamWaitEvent(e_.st, bk.copied, 0));
@@ -254,9 +268,9 @@ void GraphCuda::predict(const io::Batch& batch, float* probs) {
       finish_all();
       throw;
     }
-    if (!one_hot) {
+    if (!one_hot) {  // several ids per row somewhere: the multi-hot buckets
       finish_all();
-      return predict_eager(batch, probs);
+      return predict_multihot(batch, probs);
     }
     // Under the compressed policy the fused kernel runs the layers' INT8 forms (plan_fused) and
     // the 2:4 ones' pruned weights.

@@ -2,8 +2,10 @@
 // the bucketed inference graphs with host packing give the probabilities of the eager forward
 // for batch sizes across buckets (1, 3, 64, 300) and in chunks (9000 rows: two chunks through
 // the two alternating buckets), in fp32, bf16 and fp16; they follow the parameters after
-// training steps (graphs captured before); multi-hot batches run eagerly with the same
-// results; bad ids are clear errors and leave the model usable.
+// training steps (graphs captured before); multi-hot batches (empty bags too) likewise through
+// their own buckets' graphs, whose offsets and ids travel with each chunk (a bucket's graph
+// serves any chunk whose ids fit it; 9000 rows: two chunks); bad ids are clear errors and leave
+// the model usable.
 //
 // Without a GPU the device tests skip visibly.
 #include <gtest/gtest.h>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "dlrec/core/device.h"
+#include "dlrec/core/gpu_resources.h"
 #include "dlrec/model/model.h"
 #include "dlrec/nn/loss.h"
 #ifdef DLREC_WITH_CUDA
@@ -78,7 +81,13 @@ void predict_matches_forward(const char* layers, const char* precision) {
   };
   for (int64_t rows : {1, 3, 64, 300, 3}) check(rows, 10 + rows, false);
   check(9000, 11, false);  // two chunks
-  check(37, 12, true);     // multi-hot: eager
+  const int64_t graphs = gpu::live_counts().graphs;
+  check(37, 12, true);  // multi-hot: its bucket's graph captured on the first call
+  EXPECT_GT(gpu::live_counts().graphs, graphs) << "the multi-hot batch ran eagerly";
+  check(40, 17, true);  // the same rows' bucket, other ids (the same capacity or the next)
+  check(300, 18, true);
+  check(9000, 19, true);  // two chunks through the two parities' buckets
+  check(1, 20, true);
   // Training changes the parameters; the captured graphs read them in place.
   for (int i = 0; i < 3; ++i) m->train_step(make_batch(layout, 64, 100 + i, true, 0.3), 1.0, false);
   check(64, 13, false);
@@ -89,6 +98,11 @@ void predict_matches_forward(const char* layers, const char* precision) {
   std::vector<float> out(5);
   expect_error([&] { cm->predict(bad, out.data()); }, {"out of range", "100"});
   check(5, 16, false);
+  io::Batch bad_multi = make_batch(layout, 9, 21, true, 0.0);
+  bad_multi.cat_indices[2][4] = -3;
+  std::vector<float> out9(9);
+  expect_error([&] { cm->predict(bad_multi, out9.data()); }, {"out of range", "-3"});
+  check(37, 22, true);
 }
 
 TEST(GraphCudaPredict, MatchesForwardInEveryPrecision) {

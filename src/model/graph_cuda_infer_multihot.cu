@@ -1,0 +1,142 @@
+// predict() of batches with several ids per row (graph_cuda_impl.h): chunks through buckets of
+// R rows and a power-of-two id capacity, one CUDA graph each. A chunk's offsets and ids travel
+// with it (the one-hot buckets' offsets are constant): the embedding's forward reads the bags
+// from the offsets alone, so one graph serves every chunk whose ids fit its capacity, and the
+// rows past a chunk are empty bags. Like the MLPerf DCNv2 model's 214 ids per row.
+#include <algorithm>
+#include <cstring>
+
+#include "dlrec/core/thread_pool.h"
+#include "model/graph_cuda_impl.h"
+
+namespace dlrec::model::graph_cuda_impl {
+namespace {
+
+int log2_ceil(int64_t v) {
+  int lg = 0;
+  while ((int64_t{1} << lg) < v) ++lg;
+  return lg;
+}
+
+size_t align16(size_t b) { return (b + 15) / 16 * 16; }
+
+}  // namespace
+
+GraphCuda::InferBucket& GraphCuda::multihot_bucket(int64_t R, int64_t id_cap, int parity) {
+  auto& bkp = mh_buckets_[{log2_ceil(R), log2_ceil(id_cap), parity}];
+  if (bkp) return *bkp;
+  auto bk = std::make_unique<InferBucket>();
+  bk->rows = R;
+  bk->id_cap = id_cap;
+  bk->offsets_at = align16(sizeof(float) * R * num_dense_);
+  bk->keys_at = align16(bk->offsets_at + sizeof(int32_t) * (R * T_ + 1));
+  const size_t in_bytes = bk->keys_at + sizeof(uint32_t) * id_cap;
+  bk->in = mapped_alloc(in_bytes);
+  std::memset(bk->in.get(), 0, in_bytes);
+  char* in = static_cast<char*>(bk->in.get());
+  bk->dense = reinterpret_cast<float*>(in);
+  bk->offsets = reinterpret_cast<int32_t*>(in + bk->offsets_at);
+  bk->keys = reinterpret_cast<uint32_t*>(in + bk->keys_at);
+  bk->out = mapped_alloc(sizeof(float) * R);
+  bk->probs = static_cast<float*>(bk->out.get());
+  bk->d_in = Tensor::empty({static_cast<int64_t>(in_bytes)}, DType::U8, dev_);
+  bk->d_probs = Tensor::empty({R}, DType::F32, dev_);
+  bk->done = gpu::Event(dev_index_);
+  bk->copied = gpu::Event(dev_index_);
+  bkp = std::move(bk);
+  return *bkp;
+}
+
+void GraphCuda::multihot_pack(const io::Batch& batch, int64_t r0, int64_t n, InferBucket& bk) {
+  const int64_t R = bk.rows;
+  std::vector<int64_t> start(T_ + 1, 0);  // where each table's ids begin in the chunk's
+  for (int64_t t = 0; t < T_; ++t)
+    start[t + 1] = start[t] + batch.cat_offsets[t][r0 + n] - batch.cat_offsets[t][r0];
+  DLREC_CHECK(start[T_] <= bk.id_cap, "predict: a chunk of ", start[T_], " ids in a bucket for ",
+              bk.id_cap, " (bug)");
+  parallel_for(0, T_, 1, [&](int64_t lo, int64_t hi) {  // the offsets, a table at a time
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t* off = batch.cat_offsets[t].data() + r0;
+      const int32_t pos = static_cast<int32_t>(start[t]);
+      int32_t* o = bk.offsets + t * R;
+      for (int64_t r = 0; r < n; ++r) {
+        DLREC_CHECK(off[r] <= off[r + 1], "predict: categorical feature ", t,
+                    ": offsets decrease at row ", r0 + r);
+        o[r] = pos + static_cast<int32_t>(off[r] - off[0]);
+      }
+      const int32_t end = static_cast<int32_t>(start[t + 1]);
+      for (int64_t r = n; r < R; ++r) o[r] = end;  // empty bags
+    }
+  });
+  // The ids in equal parts of the chunk's, whatever the tables (MLPerf DCNv2's table 20 holds
+  // 100 of a row's 214): range-checked and offset to global rows.
+  parallel_for(0, start[T_], 16384, [&](int64_t lo, int64_t hi) {
+    int64_t t = std::upper_bound(start.begin(), start.end(), lo) - start.begin() - 1;
+    for (int64_t p = lo; p < hi;) {
+      while (start[t + 1] <= p) ++t;  // past empty tables
+      const int64_t m = std::min(hi, start[t + 1]) - p;
+      const int64_t* ids = batch.cat_indices[t].data() + batch.cat_offsets[t][r0] + (p - start[t]);
+      const uint64_t rows = static_cast<uint64_t>(layout_.cardinalities[t]);
+      const uint32_t base = row_base_ ? (*row_base_)[t] : 0;
+      uint32_t* k = bk.keys + p;
+      // 0 <= id < rows <=> the sign bits of id and of ~(id - rows) are clear (as infer_pack).
+      uint64_t sign = 0;
+      for (int64_t i = 0; i < m; ++i) {
+        const uint64_t id = static_cast<uint64_t>(ids[i]);
+        sign |= id | ~(id - rows);
+        k[i] = base + static_cast<uint32_t>(id);
+      }
+      if (sign >> 63)
+        for (int64_t i = 0; i < m; ++i)
+          if (ids[i] < 0 || ids[i] >= static_cast<int64_t>(rows))
+            fail("EmbeddingBag: id ", ids[i], " of table ", t, " is out of range [0, ", rows, ")");
+      p += m;
+    }
+  });
+  bk.offsets[T_ * R] = static_cast<int32_t>(start[T_]);
+  bk.nnz = start[T_];
+  if (n * num_dense_ > 0)
+    std::memcpy(bk.dense, batch.dense.data() + r0 * num_dense_, sizeof(float) * n * num_dense_);
+}
+
+void GraphCuda::predict_multihot(const io::Batch& batch, float* probs) {
+  const int64_t B = batch.rows;
+  const int64_t chunk = std::min(B, opts_.infer_chunk);
+  const int64_t R = int64_t{1} << log2_ceil(chunk);
+  const int64_t nchunks = (B + chunk - 1) / chunk;
+  struct Pending {
+    InferBucket* bk = nullptr;
+    int64_t r0 = 0, n = 0;
+  } pending[2];
+  auto finish = [&](int p) {
+    Pending& q = pending[p];
+    if (!q.bk) return;
+    spin_wait(q.bk->done);
+    std::memcpy(probs + q.r0, q.bk->probs, sizeof(float) * q.n);
+    q.bk = nullptr;
+  };
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const int p = static_cast<int>(c & 1);
+    finish(p);  // the parity's previous chunk must be out before its bucket is repacked
+    const int64_t r0 = c * chunk, n = std::min(chunk, B - r0);
+    int64_t ids = 0;
+    for (int64_t t = 0; t < T_; ++t)
+      ids += batch.cat_offsets[t][r0 + n] - batch.cat_offsets[t][r0];
+    DLREC_CHECK(ids < (int64_t{1} << 31), "predict: a chunk of ", n, " rows holds ", ids,
+                " ids, more than int32 offsets address");
+    InferBucket& bk = multihot_bucket(R, int64_t{1} << log2_ceil(std::max<int64_t>(ids, 1)), p);
+    try {
+      multihot_pack(batch, r0, n, bk);
+    } catch (...) {
+      finish(0);
+      finish(1);
+      throw;
+    }
+    infer_launch(bk, nchunks > 1);
+    pending[p] = {&bk, r0, n};
+  }
+  finish(0);
+  finish(1);
+}
+
+}  // namespace dlrec::model::graph_cuda_impl
