@@ -62,8 +62,9 @@ class GraphCuda final : public CudaModel {
   // Serving (graph_cuda_infer.cu): batches with one id per table and row run as one CUDA graph
   // per power-of-two bucket of rows (copy in, forward, sigmoid, copy out), in chunks of
   // GraphCudaOptions::infer_chunk rows through two alternating buckets (the host packs one while the device runs
-  // the other); other batches, hashed tables, DLREC_PROFILE=1 and GraphCudaOptions::cuda_graphs
-  // off run eagerly (forward() and a sigmoid on the host).
+  // the other); batches with several ids per row somewhere likewise through multi-hot buckets
+  // (graph_cuda_infer_multihot.cu); hashed tables, QAT layers, DLREC_PROFILE=1 and
+  // GraphCudaOptions::cuda_graphs off run eagerly (forward() and a sigmoid on the host).
   void predict(const io::Batch& batch, float* probs) override;
   void* serving_stream() override { return e_.st; }
   // Serving a compressed export (graph_cuda_infer.cu; docs/COMPRESSION.md).
