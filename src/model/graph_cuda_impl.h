@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "dlrec/core/spin_team.h"
 #include "model/infer_small_cuda.h"
 #include "model/layers/graph_cuda_engine.h"
 
@@ -17,6 +18,10 @@ namespace dlrec::model::graph_cuda_impl {
 
 using namespace gpu_graph;
 
+// The packing team of predict(), shared by all models of the process (model instances serving
+// at once take turns: a packing lasts microseconds), so that no more than `size` threads spin.
+// Created on first use with the size asked for then (GraphCudaOptions::infer_pack_threads).
+SpinTeam& pack_team(int size);
 // Pinned host memory that the device can address (graph_cuda_infer.cu).
 PinnedPtr mapped_alloc(size_t bytes);
 // Spins on the event rather than sleeping in a sync: serving wants the latency.

@@ -13,14 +13,6 @@
 namespace dlrec::model::graph_cuda_impl {
 namespace {
 
-// The packing team of predict(), shared by all models of the process (model instances serving
-// at once take turns: a packing lasts microseconds), so that no more than `size` threads spin.
-// Created on first use with the size asked for then (GraphCudaOptions::infer_pack_threads).
-SpinTeam& pack_team(int size) {
-  static SpinTeam team(size);
-  return team;
-}
-
 float sigmoid_host(float z) {
   const double x = z;
   return static_cast<float>(x >= 0 ? 1.0 / (1.0 + std::exp(-x))
@@ -28,6 +20,11 @@ float sigmoid_host(float z) {
 }
 
 }  // namespace
+
+SpinTeam& pack_team(int size) {
+  static SpinTeam team(size);
+  return team;
+}
 
 PinnedPtr mapped_alloc(size_t bytes) {
   void* q = nullptr;

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "dlrec/core/thread_pool.h"
+#include "dlrec/core/spin_team.h"
 #include "model/graph_cuda_impl.h"
 
 namespace dlrec::model::graph_cuda_impl {
@@ -54,8 +54,8 @@ void GraphCuda::multihot_pack(const io::Batch& batch, int64_t r0, int64_t n, Inf
     start[t + 1] = start[t] + batch.cat_offsets[t][r0 + n] - batch.cat_offsets[t][r0];
   DLREC_CHECK(start[T_] <= bk.id_cap, "predict: a chunk of ", start[T_], " ids in a bucket for ",
               bk.id_cap, " (bug)");
-  parallel_for(0, T_, 1, [&](int64_t lo, int64_t hi) {  // the offsets, a table at a time
-    for (int64_t t = lo; t < hi; ++t) {
+  auto pack_offsets = [&](int64_t t_lo, int64_t t_hi) {
+    for (int64_t t = t_lo; t < t_hi; ++t) {
       const int64_t* off = batch.cat_offsets[t].data() + r0;
       const int32_t pos = static_cast<int32_t>(start[t]);
       int32_t* o = bk.offsets + t * R;
@@ -67,10 +67,10 @@ void GraphCuda::multihot_pack(const io::Batch& batch, int64_t r0, int64_t n, Inf
       const int32_t end = static_cast<int32_t>(start[t + 1]);
       for (int64_t r = n; r < R; ++r) o[r] = end;  // empty bags
     }
-  });
-  // The ids in equal parts of the chunk's, whatever the tables (MLPerf DCNv2's table 20 holds
-  // 100 of a row's 214): range-checked and offset to global rows.
-  parallel_for(0, start[T_], 16384, [&](int64_t lo, int64_t hi) {
+  };
+  // Ids [lo, hi) of the chunk's, whatever their tables: range-checked, offset to global rows.
+  auto pack_ids = [&](int64_t lo, int64_t hi) {
+    if (lo >= hi) return;
     int64_t t = std::upper_bound(start.begin(), start.end(), lo) - start.begin() - 1;
     for (int64_t p = lo; p < hi;) {
       while (start[t + 1] <= p) ++t;  // past empty tables
@@ -92,7 +92,22 @@ void GraphCuda::multihot_pack(const io::Batch& batch, int64_t r0, int64_t n, Inf
             fail("EmbeddingBag: id ", ids[i], " of table ", t, " is out of range [0, ", rows, ")");
       p += m;
     }
-  });
+  };
+  // On the serving packing team (awake between calls), each member a range of tables' offsets
+  // and an equal share of the ids (MLPerf DCNv2's table 20 holds 100 of a row's 214: by table
+  // one member would pack half); small chunks on this thread.
+  const int64_t N = start[T_];
+  if (N + T_ * n <= 16384 || pack_threads_ == 1) {
+    pack_offsets(0, T_);
+    pack_ids(0, N);
+  } else {
+    SpinTeam& team = pack_team(pack_threads_);
+    const int64_t parts = team.size();
+    team.run([&](int i) {
+      pack_offsets(T_ * i / parts, T_ * (i + 1) / parts);
+      pack_ids(N * i / parts, N * (i + 1) / parts);
+    });
+  }
   bk.offsets[T_ * R] = static_cast<int32_t>(start[T_]);
   bk.nnz = start[T_];
   if (n * num_dense_ > 0)
