@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pytorch_dcnv2_ddp import CARDS, HOT  # noqa: E402  (the MLPerf DCNv2 tables and ids per row)
 from pytorch_dcnv2_gpu import DCNv2  # noqa: E402
+from torch_common import time_calls  # noqa: E402
 
 
 def forward(model, dense, ids, offsets):
@@ -82,19 +83,9 @@ def main():
             out_h.copy_(out, non_blocking=True)
             torch.cuda.synchronize()
 
-        for _ in range(args.warmup):
-            call()
-        lat = []
-        t_all = time.perf_counter()
-        for _ in range(args.iters):
-            t = time.perf_counter()
-            call()
-            lat.append((time.perf_counter() - t) * 1e6)
-        total = time.perf_counter() - t_all
-        lat.sort()
-        q = lambda f: lat[min(len(lat) - 1, int(f * len(lat)))]  # noqa: E731
+        p50, p90, p99, total = time_calls(call, args.warmup, args.iters)
         print(f"pytorch dcnv2 infer: {'fp32' if args.fp32 else 'bf16'} batch={B} iters={args.iters} "
-              f"p50_us={q(0.5):.1f} p90_us={q(0.9):.1f} p99_us={q(0.99):.1f} "
+              f"p50_us={p50:.1f} p90_us={p90:.1f} p99_us={p99:.1f} "
               f"samples/s={B * args.iters / total:.0f} checksum={out_h[0].item():.4f}", flush=True)
 
 

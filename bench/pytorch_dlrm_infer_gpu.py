@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pytorch_dlrm_gpu import KAGGLE, build_model  # noqa: E402
+from torch_common import time_calls  # noqa: E402
 
 
 def main():
@@ -69,20 +70,10 @@ def main():
                 out_h.copy_(probs, non_blocking=True)
             torch.cuda.synchronize()
 
-        for _ in range(args.warmup):
-            call()
-        lat = []
-        t_all = time.perf_counter()
-        for _ in range(args.iters):
-            t = time.perf_counter()
-            call()
-            lat.append((time.perf_counter() - t) * 1e6)
-        total = time.perf_counter() - t_all
-        lat.sort()
-        q = lambda p: lat[min(len(lat) - 1, int(p * (len(lat) - 1) + 0.5))]
+        p50, p90, p99, total = time_calls(call, args.warmup, args.iters)
         print(f"pytorch infer: {'fp32' if args.fp32 else 'bf16'} cuda-graph "
               f"{'no-copies' if args.no_copies else 'with-copies'} batch={B} iters={args.iters} "
-              f"p50_us={q(0.5):.1f} p90_us={q(0.9):.1f} p99_us={q(0.99):.1f} "
+              f"p50_us={p50:.1f} p90_us={p90:.1f} p99_us={p99:.1f} "
               f"samples/s={B * args.iters / total:.0f}", flush=True)
 
 

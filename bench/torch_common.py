@@ -94,3 +94,21 @@ def time_steps(step, warmup, steps, cuda):
     else:
         ms = (time.time() - wall) * 1e3 / steps
     return ms, result
+
+
+def time_calls(call, warmup, iters):
+    """call() `warmup` times untimed, then `iters` times, each on the host clock (a serving
+    call: its own synchronisation inside); returns (p50, p90, p99 in µs (nearest rank),
+    seconds of the timed calls)."""
+    for _ in range(warmup):
+        call()
+    lat = []
+    t_all = time.perf_counter()
+    for _ in range(iters):
+        t = time.perf_counter()
+        call()
+        lat.append((time.perf_counter() - t) * 1e6)
+    total = time.perf_counter() - t_all
+    lat.sort()
+    q = lambda p: lat[min(len(lat) - 1, int(p * (len(lat) - 1) + 0.5))]  # noqa: E731
+    return q(0.5), q(0.9), q(0.99), total

@@ -108,17 +108,8 @@ int run_infer_bench(const InferBenchOptions& o) {
     model::RunConfig cfg = o.config.empty() ? model::RunConfig::from_json(parse_json(
                                                   kMlperfDlrm, "the built-in MLPerf DLRM config"))
                                             : model::RunConfig::load(o.config);
-    layout.num_dense = 13;
-    const std::vector<int64_t>& cards = o.cardinalities == "criteo_1tb" ? io::criteo_1tb_cardinalities()
-                                        : o.cardinalities == "mlperf_dcnv2"
-                                            ? io::mlperf_dcnv2_cardinalities()
-                                            : io::criteo_kaggle_cardinalities();
     // mlperf_dcnv2: every row has the DCNv2 benchmark's fixed number of ids per table.
-    if (o.cardinalities == "mlperf_dcnv2") hotness = io::mlperf_dcnv2_hotness();
-    for (size_t t = 0; t < cards.size(); ++t) {
-      layout.cardinalities.push_back(o.max_rows > 0 ? std::min(cards[t], o.max_rows) : cards[t]);
-      layout.multi_hot.push_back(!hotness.empty() && hotness[t] > 1);
-    }
+    layout = io::builtin_layout(o.cardinalities, o.max_rows, hotness);
     m = model::build_model(cfg.model, cfg.optimizer, layout, device, o.seed, o.precision);
     // Before anything reads the tables: a CUDA model then never allocates them in fp32.
     if (o.embedding_quant != "none")

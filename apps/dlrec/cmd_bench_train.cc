@@ -151,17 +151,8 @@ int run_train_bench(const TrainBenchOptions& o) {
     layout = info.layout;
     for (const auto& s : info.train_shards) shards.push_back(o.data + "/" + s);
   } else {
-    layout.num_dense = 13;
-    const std::vector<int64_t>& cards = o.cardinalities == "criteo_1tb" ? io::criteo_1tb_cardinalities()
-                                        : o.cardinalities == "mlperf_dcnv2"
-                                            ? io::mlperf_dcnv2_cardinalities()
-                                            : io::criteo_kaggle_cardinalities();
     // mlperf_dcnv2: every row has the DCNv2 benchmark's fixed number of ids per table.
-    if (o.cardinalities == "mlperf_dcnv2") hotness = io::mlperf_dcnv2_hotness();
-    for (size_t t = 0; t < cards.size(); ++t) {
-      layout.cardinalities.push_back(o.max_rows > 0 ? std::min(cards[t], o.max_rows) : cards[t]);
-      layout.multi_hot.push_back(!hotness.empty() && hotness[t] > 1);
-    }
+    layout = io::builtin_layout(o.cardinalities, o.max_rows, hotness);
   }
   if (o.reader_only) return run_reader_bench(o, shards);
   // --gpus N: data-parallel on N GPUs (one rank each, started through mpirun); every rank

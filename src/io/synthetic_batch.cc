@@ -50,6 +50,24 @@ const std::vector<int>& mlperf_dcnv2_hotness() {
   return h;
 }
 
+ShardLayout builtin_layout(const std::string& name, int64_t max_rows, std::vector<int>& hotness) {
+  const std::vector<int64_t>* cards = nullptr;
+  if (name == "kaggle") cards = &criteo_kaggle_cardinalities();
+  else if (name == "criteo_1tb") cards = &criteo_1tb_cardinalities();
+  else if (name == "mlperf_dcnv2") cards = &mlperf_dcnv2_cardinalities();
+  else fail("unknown built-in tables '", name, "' (kaggle, criteo_1tb or mlperf_dcnv2)");
+  hotness.clear();
+  if (name == "mlperf_dcnv2") hotness = mlperf_dcnv2_hotness();
+  ShardLayout layout;
+  layout.num_dense = 13;
+  for (size_t t = 0; t < cards->size(); ++t) {
+    const int64_t c = (*cards)[t];
+    layout.cardinalities.push_back(max_rows > 0 ? std::min(c, max_rows) : c);
+    layout.multi_hot.push_back(!hotness.empty() && hotness[t] > 1);
+  }
+  return layout;
+}
+
 Batch random_batch(const ShardLayout& l, int64_t rows, bool zipf, uint64_t seed,
                    const std::vector<int>& hotness) {
   const int64_t T = static_cast<int64_t>(l.cardinalities.size());

@@ -134,6 +134,8 @@ class GraphCuda final : public CudaModel {
   std::map<std::tuple<int, int, int>, std::unique_ptr<InferBucket>> mh_buckets_;
   InferBucket& infer_bucket(int64_t R, int parity);
   InferBucket& multihot_bucket(int64_t R, int64_t id_cap, int parity);
+  // A new bucket's device inputs (in_bytes), probabilities and events.
+  void bucket_device_side(InferBucket& bk, size_t in_bytes);
   // Packs rows [r0, r0 + n) of a batch with several ids per row somewhere into a multi-hot
   // bucket (ids range-checked, offsets per table R apart, the rows past n empty bags).
   void multihot_pack(const io::Batch& batch, int64_t r0, int64_t n, InferBucket& bk);

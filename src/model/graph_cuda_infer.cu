@@ -86,12 +86,16 @@ GraphCuda::InferBucket& GraphCuda::infer_bucket(int64_t R, int parity) {
   std::vector<int32_t> off(R * T_ + 1);
   for (int64_t k = 0; k <= R * T_; ++k) off[k] = static_cast<int32_t>(k);
   bk->d_offsets = Tensor::from_vector(off, {R * T_ + 1}, dev_);
-  bk->d_in = Tensor::empty({static_cast<int64_t>(in_bytes)}, DType::U8, dev_);
-  bk->d_probs = Tensor::empty({R}, DType::F32, dev_);
-  bk->done = gpu::Event(dev_index_);
-  bk->copied = gpu::Event(dev_index_);
+  bucket_device_side(*bk, in_bytes);
   bkp = std::move(bk);
   return *bkp;
+}
+
+void GraphCuda::bucket_device_side(InferBucket& bk, size_t in_bytes) {
+  bk.d_in = Tensor::empty({static_cast<int64_t>(in_bytes)}, DType::U8, dev_);
+  bk.d_probs = Tensor::empty({bk.rows}, DType::F32, dev_);
+  bk.done = gpu::Event(dev_index_);
+  bk.copied = gpu::Event(dev_index_);
 }
 
 void GraphCuda::infer_body(InferBucket& bk) {

@@ -39,10 +39,7 @@ GraphCuda::InferBucket& GraphCuda::multihot_bucket(int64_t R, int64_t id_cap, in
   bk->keys = reinterpret_cast<uint32_t*>(in + bk->keys_at);
   bk->out = mapped_alloc(sizeof(float) * R);
   bk->probs = static_cast<float*>(bk->out.get());
-  bk->d_in = Tensor::empty({static_cast<int64_t>(in_bytes)}, DType::U8, dev_);
-  bk->d_probs = Tensor::empty({R}, DType::F32, dev_);
-  bk->done = gpu::Event(dev_index_);
-  bk->copied = gpu::Event(dev_index_);
+  bucket_device_side(*bk, in_bytes);
   bkp = std::move(bk);
   return *bkp;
 }

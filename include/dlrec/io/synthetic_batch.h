@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "dlrec/io/batch.h"
@@ -23,6 +24,11 @@ const std::vector<int64_t>& criteo_1tb_cardinalities();
 // and the fixed number of ids per sample of each (its synthetic multi-hot sizes, 214 per row).
 const std::vector<int64_t>& mlperf_dcnv2_cardinalities();
 const std::vector<int>& mlperf_dcnv2_hotness();
+
+// The layout of a built-in benchmark model's data by name ("kaggle", "criteo_1tb" or
+// "mlperf_dcnv2"): 13 dense features and those tables, each capped at `max_rows` rows when
+// > 0; `hotness` gets the ids per row of each table (mlperf_dcnv2's; empty: one each).
+ShardLayout builtin_layout(const std::string& name, int64_t max_rows, std::vector<int>& hotness);
 
 // Deterministic for a seed, whatever the thread count. `hotness` (empty: one id each) gives
 // every row of categorical feature t exactly hotness[t] ids, drawn independently (repeats
