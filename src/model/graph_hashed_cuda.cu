@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
-#include <unordered_set>
+#include <vector>
 
 #include "core/cuda_check.h"
 #include "dlrec/core/thread_pool.h"
@@ -479,6 +479,28 @@ void HashedTables::alloc(int64_t max_nnz) {
   d_cub_ = Tensor::empty({static_cast<int64_t>(cub_bytes_)}, DType::U8, dev_);
 }
 
+namespace {
+// The distinct values of keys[0, n) (all >= 0), counted in a flat open-addressing set (this
+// thread's scratch), up to `stop`: the count returned is min(distinct, stop).
+int64_t count_distinct_keys(const int64_t* keys, int64_t n, int64_t stop) {
+  thread_local std::vector<int64_t> set;
+  size_t size = 16;
+  while (size < 2 * static_cast<size_t>(n)) size *= 2;
+  set.assign(size, -1);
+  const size_t mask = size - 1;
+  int64_t count = 0;
+  for (int64_t i = 0; i < n && count < stop; ++i) {
+    size_t h = static_cast<size_t>(embedding::key_hash(keys[i])) & mask;
+    while (set[h] >= 0 && set[h] != keys[i]) h = (h + 1) & mask;
+    if (set[h] < 0) {
+      set[h] = keys[i];
+      ++count;
+    }
+  }
+  return count;
+}
+}  // namespace
+
 void HashedTables::prepare(const io::Batch& b, bool training) {
   if (handed_out_) import_state();
   const int64_t T = num_tables(), B = b.rows;
@@ -488,21 +510,33 @@ void HashedTables::prepare(const io::Batch& b, bool training) {
   const int64_t nnz = start[T];
   DLREC_CHECK(nnz <= max_nnz_, "hashed tables: ", nnz, " keys, scratch for ", max_nnz_,
               " (alloc first)");
-  // Checks first: keys >= 0; a training batch's distinct keys of a table must fit it (as on the
-  // CPU: a training forward holds all the keys of a batch at once).
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t* ids = b.cat_indices[t].data() + b.cat_offsets[t][0];
-    const int64_t n = start[t + 1] - start[t];
-    for (int64_t i = 0; i < n; ++i)
-      if (ids[i] < 0)
-        fail("hashed table '", opts_[t].name, "': key ", ids[i], " (position ", i,
-             " of the batch's feature ", t, ") is negative; hashed tables on CUDA take keys >= 0");
-    if (training && n > caps_[t]) {
-      std::unordered_set<int64_t> distinct(ids, ids + n);
-      if (static_cast<int64_t>(distinct.size()) > caps_[t])
-        fail("hashed table '", opts_[t].name, "': ", distinct.size(),
-             " distinct keys in one batch exceed the capacity of ", caps_[t], " rows");
+  // Checks first, a table per task: keys >= 0; a training batch's distinct keys of a table must
+  // fit it (as on the CPU: a training forward holds all the keys of a batch at once), counted
+  // when it has more keys than rows (a std::unordered_set there took 14 ms a step for 26 tables
+  // of 38,461 rows at 65,536 keys each).
+  // The errors are raised after, the first table's first.
+  std::vector<int64_t> negative(T, -1), distinct(T, 0);
+  parallel_for(0, T, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t* ids = b.cat_indices[t].data() + b.cat_offsets[t][0];
+      const int64_t n = start[t + 1] - start[t];
+      int64_t lowest = 0;
+      for (int64_t i = 0; i < n; ++i) lowest = std::min(lowest, ids[i]);
+      if (lowest < 0) {
+        negative[t] = std::find_if(ids, ids + n, [](int64_t k) { return k < 0; }) - ids;
+        continue;
+      }
+      if (training && n > caps_[t]) distinct[t] = count_distinct_keys(ids, n, caps_[t] + 1);
     }
+  });
+  for (int64_t t = 0; t < T; ++t) {
+    if (negative[t] >= 0)
+      fail("hashed table '", opts_[t].name, "': key ",
+           b.cat_indices[t][b.cat_offsets[t][0] + negative[t]], " (position ", negative[t],
+           " of the batch's feature ", t, ") is negative; hashed tables on CUDA take keys >= 0");
+    if (distinct[t] > caps_[t])
+      fail("hashed table '", opts_[t].name, "': ", distinct[t],
+           " distinct keys in one batch exceed the capacity of ", caps_[t], " rows");
   }
   if (training) {
     seq_bound_ += static_cast<uint64_t>(nnz);

@@ -339,7 +339,7 @@ TEST(GraphHashedCuda, GpuCheckpointWithEvictionsLoadsOnCpuAndResumesOnGpu) {
   auto gpu = build_model(c.model, c.optimizer, l, Device::cuda(0), 5);
   for (int i = 0; i < 60; ++i) gpu->train_step(batch_of(40, 700 + i, 800), 1.0, false);
   const std::string path = temp_path("ckpt.dlrec");
-  train::save_checkpoint(path, *gpu, c, l, {60, 2400});
+  train::save_checkpoint(path, *gpu, c, l, {60, 2400, std::nullopt});
   auto meta = by_name(gpu->parameters()).at("emb.0.hash_meta").to_vector<int64_t>();
   EXPECT_GT(meta[6], 0) << "the run should have evicted rows";
 
@@ -374,7 +374,7 @@ TEST(GraphHashedCuda, CpuCheckpointLoadsOnGpu) {
     cpu->backward_and_update(dl, 1.0);
   }
   const std::string path = temp_path("cpu.dlrec");
-  train::save_checkpoint(path, *cpu, c, l, {40, 1280});
+  train::save_checkpoint(path, *cpu, c, l, {40, 1280, std::nullopt});
   auto gpu = build_model(c.model, c.optimizer, l, Device::cuda(0), 1);
   train::load_checkpoint(path, *gpu);
   expect_same_state(*gpu, *cpu, 0.0);
@@ -470,6 +470,8 @@ TEST(GraphHashedCuda, BadKeysAndBatchesAreClearErrors) {
   // The state is intact: the model predicts as before the errors, and trains on.
   EXPECT_EQ(values<float>(gpu->forward(ok, false)), before);
   EXPECT_TRUE(std::isfinite(gpu->train_step(ok, 1.0, true)));
+  // More keys than rows, but repeats of 5 distinct ones a table: a training batch like any.
+  EXPECT_TRUE(std::isfinite(gpu->train_step(batch_of(64, 4, 5), 1.0, true)));
 }
 
 TEST(GraphHashedCuda, CorruptStateIsAnErrorAndLeavesTheTableEmpty) {
