@@ -132,8 +132,13 @@ void GraphCuda::predict_multihot(const io::Batch& batch, float* probs) {
     finish(p);  // the parity's previous chunk must be out before its bucket is repacked
     const int64_t r0 = c * chunk, n = std::min(chunk, B - r0);
     int64_t ids = 0;
-    for (int64_t t = 0; t < T_; ++t)
-      ids += batch.cat_offsets[t][r0 + n] - batch.cat_offsets[t][r0];
+    for (int64_t t = 0; t < T_; ++t) {  // the chunk's ids of each table lie in its array
+      const int64_t lo = batch.cat_offsets[t][r0], hi = batch.cat_offsets[t][r0 + n];
+      DLREC_CHECK(0 <= lo && lo <= hi && hi <= static_cast<int64_t>(batch.cat_indices[t].size()),
+                  "predict: categorical feature ", t, ": offsets decrease or leave its ",
+                  batch.cat_indices[t].size(), " ids between rows ", r0, " and ", r0 + n);
+      ids += hi - lo;
+    }
     DLREC_CHECK(ids < (int64_t{1} << 31), "predict: a chunk of ", n, " rows holds ", ids,
                 " ids, more than int32 offsets address");
     InferBucket& bk = multihot_bucket(R, int64_t{1} << log2_ceil(std::max<int64_t>(ids, 1)), p);

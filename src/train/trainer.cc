@@ -262,11 +262,11 @@ double Trainer::Impl::distill_step(const io::Batch& batch, int64_t global_rows, 
   const double loss =
       compress::distill_loss(logits.data<float>(), batch.labels.data(), t.data(), batch.rows,
                              distill.alpha, distill.temperature, dlogits.data<float>());
-  // Of this rank's mean loss; the step is of the global batch's mean loss.
   if (!parallel()) {
     model->backward_and_update(dlogits, lr_scale);
     return loss;
   }
+  // dlogits is of this rank's mean loss; the step is of the global batch's mean loss.
   const float share = static_cast<float>(batch.rows) / static_cast<float>(global_rows);
   float* d = dlogits.data<float>();
   for (int64_t i = 0; i < batch.rows; ++i) d[i] *= share;

@@ -102,6 +102,10 @@ void predict_matches_forward(const char* layers, const char* precision) {
   bad_multi.cat_indices[2][4] = -3;
   std::vector<float> out9(9);
   expect_error([&] { cm->predict(bad_multi, out9.data()); }, {"out of range", "-3"});
+  io::Batch decreasing = make_batch(layout, 9, 23, true, 0.0);
+  decreasing.cat_offsets[1][4] = decreasing.cat_offsets[1][9] + 1;  // above row 4's end
+  expect_error([&] { cm->predict(decreasing, out9.data()); },
+               {"categorical feature 1", "offsets decrease"});
   check(37, 22, true);
 }
 
