@@ -139,6 +139,34 @@ void StepInputs::allocate(int64_t rows, int64_t ids, int64_t num_dense, int64_t 
   }
 }
 
+void pack_ids(const io::Batch& b, int64_t r0, const std::vector<int64_t>& start, int64_t lo,
+              int64_t hi, const std::vector<int64_t>& cardinalities,
+              const std::vector<uint32_t>* row_base, uint32_t* keys) {
+  if (lo >= hi) return;
+  int64_t t = std::upper_bound(start.begin(), start.end(), lo) - start.begin() - 1;
+  for (int64_t p = lo; p < hi;) {
+    while (start[t + 1] <= p) ++t;  // past tables without ids here
+    const int64_t m = std::min(hi, start[t + 1]) - p;
+    const int64_t* ids = b.cat_indices[t].data() + b.cat_offsets[t][r0] + (p - start[t]);
+    const uint64_t rows = static_cast<uint64_t>(cardinalities[t]);
+    const uint32_t base = row_base ? (*row_base)[t] : 0;
+    uint32_t* k = keys + p;
+    // 0 <= id < rows <=> the sign bits of id and of ~(id - rows) are clear (adds, nots and ors:
+    // the loop vectorises).
+    uint64_t sign = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      const uint64_t id = static_cast<uint64_t>(ids[i]);
+      sign |= id | ~(id - rows);
+      k[i] = base + static_cast<uint32_t>(id);
+    }
+    if (sign >> 63)
+      for (int64_t i = 0; i < m; ++i)
+        if (ids[i] < 0 || ids[i] >= static_cast<int64_t>(rows))
+          fail("EmbeddingBag: id ", ids[i], " of table ", t, " is out of range [0, ", rows, ")");
+    p += m;
+  }
+}
+
 int StepInputs::upload(const io::Batch& b, const std::vector<int64_t>& cardinalities,
                        const std::vector<uint32_t>* row_base, float lr, float emb_lr,
                        cudaStream_t copy, cudaStream_t compute, const char* what) {
@@ -154,39 +182,29 @@ int StepInputs::upload(const io::Batch& b, const std::vector<int64_t>& cardinali
   if (B * nd > 0) std::memcpy(s.dense, b.dense.data(), sizeof(float) * B * nd);
   if (b.labels.empty()) std::memset(s.labels, 0, sizeof(float) * B);
   else std::memcpy(s.labels, b.labels.data(), sizeof(float) * B);
-  // Tables are packed in parallel (each into its own range); ids are range-checked here.
-  std::vector<int32_t> start(T + 1, 0);
-  for (int64_t t = 0; t < T; ++t)
-    start[t + 1] = start[t] + static_cast<int32_t>(b.cat_offsets[t][B] - b.cat_offsets[t][0]);
+  // The offsets a table per task, the ids (range-checked) in equal shares (pack_ids).
+  std::vector<int64_t> start(T + 1, 0);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t m = b.cat_offsets[t][B] - b.cat_offsets[t][0];
+    DLREC_CHECK(m >= 0, what, ": categorical feature ", t, ": offsets decrease");
+    start[t + 1] = start[t] + m;
+  }
   parallel_for(0, T, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       const auto& off = b.cat_offsets[t];
-      const int64_t rows = cardinalities[t];
-      const uint32_t base = row_base ? (*row_base)[t] : 0;
-      const int32_t pos = start[t];
+      const int32_t pos = static_cast<int32_t>(start[t]);
       int32_t* o = s.offsets + t * B;
       for (int64_t r = 0; r < B; ++r) {
         DLREC_CHECK(off[r] <= off[r + 1], what, ": categorical feature ", t,
                     ": offsets decrease at row ", r);
         o[r] = pos + static_cast<int32_t>(off[r] - off[0]);
       }
-      const int64_t* ids = b.cat_indices[t].data() + off[0];
-      uint32_t* keys = s.keys + pos;
-      const int64_t m = off[B] - off[0];
-      bool bad = false;
-      for (int64_t p = 0; p < m; ++p) {
-        const int64_t id = ids[p];
-        bad |= (id < 0) | (id >= rows);
-        keys[p] = base + static_cast<uint32_t>(id);
-      }
-      if (bad)
-        for (int64_t p = 0; p < m; ++p)
-          if (ids[p] < 0 || ids[p] >= rows)
-            fail("EmbeddingBag: id ", ids[p], " of table ", t, " is out of range [0, ", rows,
-                 ")");
     }
   });
-  s.offsets[T * B] = start[T];
+  parallel_for(0, start[T], 1 << 15, [&](int64_t lo, int64_t hi) {
+    pack_ids(b, 0, start, lo, hi, cardinalities, row_base, s.keys);
+  });
+  s.offsets[T * B] = static_cast<int32_t>(start[T]);
   // The copy stream writes the slot's device inputs once the step that last read them is done.
   if (copy != compute) DLREC_CUDA_CHECK(cudaStreamWaitEvent(copy, s.free, 0));
   auto h2d = [&](void* dst, const void* src, size_t bytes) {

@@ -57,6 +57,15 @@ cudaGraphExec_t capture_graph(cudaStream_t stream, const std::function<void()>& 
 // the model in the messages).
 void check_batch(const io::Batch& b, int64_t num_dense, int64_t tables, const char* what);
 
+// Ids [lo, hi) of rows [r0, ...) of a batch, counted across its tables (table t's ids of those
+// rows start at start[t], T + 1 entries, non-decreasing), as uint32 rows of the concatenated
+// tables: range-checked against `cardinalities` (an error naming the id and table) and offset by
+// row_base[t] (none: 0). Equal shares of a step's ids go to the threads whatever the tables
+// (MLPerf DCNv2's table 20 holds 100 of a row's 214 ids).
+void pack_ids(const io::Batch& b, int64_t r0, const std::vector<int64_t>& start, int64_t lo,
+              int64_t hi, const std::vector<int64_t>& cardinalities,
+              const std::vector<uint32_t>* row_base, uint32_t* keys);
+
 struct InputSlot {
   PinnedPtr mem;
   float* dense = nullptr;

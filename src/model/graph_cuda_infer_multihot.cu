@@ -65,44 +65,20 @@ void GraphCuda::multihot_pack(const io::Batch& batch, int64_t r0, int64_t n, Inf
       for (int64_t r = n; r < R; ++r) o[r] = end;  // empty bags
     }
   };
-  // Ids [lo, hi) of the chunk's, whatever their tables: range-checked, offset to global rows.
-  auto pack_ids = [&](int64_t lo, int64_t hi) {
-    if (lo >= hi) return;
-    int64_t t = std::upper_bound(start.begin(), start.end(), lo) - start.begin() - 1;
-    for (int64_t p = lo; p < hi;) {
-      while (start[t + 1] <= p) ++t;  // past empty tables
-      const int64_t m = std::min(hi, start[t + 1]) - p;
-      const int64_t* ids = batch.cat_indices[t].data() + batch.cat_offsets[t][r0] + (p - start[t]);
-      const uint64_t rows = static_cast<uint64_t>(layout_.cardinalities[t]);
-      const uint32_t base = row_base_ ? (*row_base_)[t] : 0;
-      uint32_t* k = bk.keys + p;
-      // 0 <= id < rows <=> the sign bits of id and of ~(id - rows) are clear (as infer_pack).
-      uint64_t sign = 0;
-      for (int64_t i = 0; i < m; ++i) {
-        const uint64_t id = static_cast<uint64_t>(ids[i]);
-        sign |= id | ~(id - rows);
-        k[i] = base + static_cast<uint32_t>(id);
-      }
-      if (sign >> 63)
-        for (int64_t i = 0; i < m; ++i)
-          if (ids[i] < 0 || ids[i] >= static_cast<int64_t>(rows))
-            fail("EmbeddingBag: id ", ids[i], " of table ", t, " is out of range [0, ", rows, ")");
-      p += m;
-    }
-  };
   // On the serving packing team (awake between calls), each member a range of tables' offsets
   // and an equal share of the ids (MLPerf DCNv2's table 20 holds 100 of a row's 214: by table
   // one member would pack half); small chunks on this thread.
   const int64_t N = start[T_];
   if (N + T_ * n <= 16384 || pack_threads_ == 1) {
     pack_offsets(0, T_);
-    pack_ids(0, N);
+    pack_ids(batch, r0, start, 0, N, layout_.cardinalities, row_base_, bk.keys);
   } else {
     SpinTeam& team = pack_team(pack_threads_);
     const int64_t parts = team.size();
     team.run([&](int i) {
       pack_offsets(T_ * i / parts, T_ * (i + 1) / parts);
-      pack_ids(N * i / parts, N * (i + 1) / parts);
+      pack_ids(batch, r0, start, N * i / parts, N * (i + 1) / parts, layout_.cardinalities,
+               row_base_, bk.keys);
     });
   }
   bk.offsets[T_ * R] = static_cast<int32_t>(start[T_]);
