@@ -185,16 +185,34 @@ TEST(MlperfDcnv2, ConfigTrainsOnTheSchemasData) {
   EXPECT_TRUE(file_exists(opt.run_dir + "/checkpoint.dlrec"));
 }
 
-// `bench train --cardinalities mlperf_dcnv2`'s batches: every row has the fixed hotness of each
-// table, ids inside the table; a hotness list that does not fit the layout is a clear error.
+// `bench train|infer --cardinalities mlperf_dcnv2 --max-rows 5000`'s batches: the built-in
+// layout (io::builtin_layout) caps the tables and marks the multi-hot ones; every row has the
+// fixed hotness of each table, ids inside the table; a hotness list that does not fit the layout
+// and an unknown built-in name are clear errors.
 TEST(MlperfDcnv2, RandomBatchHasTheFixedHotness) {
-  io::ShardLayout l;
-  l.num_dense = 13;
-  const std::vector<int>& hot = io::mlperf_dcnv2_hotness();
+  std::vector<int> hot;
+  const io::ShardLayout l = io::builtin_layout("mlperf_dcnv2", 5000, hot);
+  ASSERT_EQ(hot, io::mlperf_dcnv2_hotness());
+  ASSERT_EQ(l.num_dense, 13);
+  ASSERT_EQ(l.cardinalities.size(), 26u);
   for (size_t t = 0; t < hot.size(); ++t) {
-    l.cardinalities.push_back(std::min<int64_t>(io::mlperf_dcnv2_cardinalities()[t], 5000));
-    l.multi_hot.push_back(hot[t] > 1);
+    EXPECT_EQ(l.cardinalities[t], std::min<int64_t>(io::mlperf_dcnv2_cardinalities()[t], 5000));
+    EXPECT_EQ(l.multi_hot[t], hot[t] > 1) << "table " << t;
   }
+  std::vector<int> none = {7};
+  const io::ShardLayout k = io::builtin_layout("kaggle", -1, none);
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(k.cardinalities, io::criteo_kaggle_cardinalities());
+  EXPECT_THAT(
+      [&] {
+        try {
+          io::builtin_layout("criteo", -1, none);
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+        return std::string("(no error)");
+      }(),
+      HasSubstr("unknown built-in tables 'criteo' (kaggle, criteo_1tb or mlperf_dcnv2)"));
   const io::Batch b = io::random_batch(l, 300, /*zipf=*/true, 9, hot);
   ASSERT_EQ(b.rows, 300);
   ASSERT_EQ(b.num_cat(), 26);
