@@ -224,6 +224,11 @@ struct Trainer::Impl {
   // One data-parallel step on this rank's `batch` of the global batch of `global_rows` rows;
   // returns this rank's share of the global batch's mean loss (the sum over the ranks is it).
   double parallel_step(const io::Batch& batch, int64_t global_rows, double lr_scale);
+  // The backward and update of this rank's dlogits (`rows` rows, of its mean loss `local`) as
+  // its share of the global batch of `global_rows` (the step is of the global batch's mean
+  // loss); returns the rank's share of that loss.
+  double update_as_share(Tensor& dlogits, double local, int64_t rows, int64_t global_rows,
+                         double lr_scale);
   // One step with the distillation loss (compress.distill) against the teacher's logits: in
   // the engine's step where it can (Model::distills_in_step), else the loss on the host
   // (data-parallel: this rank's share of the global batch of `global_rows`, as parallel_step).
@@ -266,12 +271,17 @@ double Trainer::Impl::distill_step(const io::Batch& batch, int64_t global_rows, 
     model->backward_and_update(dlogits, lr_scale);
     return loss;
   }
-  // dlogits is of this rank's mean loss; the step is of the global batch's mean loss.
-  const float share = static_cast<float>(batch.rows) / static_cast<float>(global_rows);
+  return update_as_share(dlogits, loss, batch.rows, global_rows, lr_scale);
+}
+
+double Trainer::Impl::update_as_share(Tensor& dlogits, double local, int64_t rows,
+                                      int64_t global_rows, double lr_scale) {
+  const float share = static_cast<float>(rows) / static_cast<float>(global_rows);
   float* d = dlogits.data<float>();
-  for (int64_t i = 0; i < batch.rows; ++i) d[i] *= share;
+  for (int64_t i = 0; i < rows; ++i) d[i] *= share;
+  if (model->device().is_cuda()) dlogits = dlogits.to(model->device());
   model->backward_and_update(dlogits, lr_scale);
-  return loss * batch.rows / global_rows;
+  return local * rows / global_rows;
 }
 
 double Trainer::Impl::parallel_step(const io::Batch& batch, int64_t global_rows,
@@ -282,13 +292,7 @@ double Trainer::Impl::parallel_step(const io::Batch& batch, int64_t global_rows,
   Tensor dlogits = Tensor::empty(logits.shape(), DType::F32);
   const double local = nn::loss_and_grad(model->loss(), logits.data<float>(), batch.labels.data(),
                                          batch.rows, dlogits.data<float>());
-  // dlogits is of this rank's mean loss; the step is of the global batch's mean loss.
-  const float share = static_cast<float>(batch.rows) / static_cast<float>(global_rows);
-  float* d = dlogits.data<float>();
-  for (int64_t i = 0; i < batch.rows; ++i) d[i] *= share;
-  if (model->device().is_cuda()) dlogits = dlogits.to(model->device());
-  model->backward_and_update(dlogits, lr_scale);
-  return local * batch.rows / global_rows;
+  return update_as_share(dlogits, local, batch.rows, global_rows, lr_scale);
 }
 
 EvalResult Trainer::Impl::evaluate_parallel() {
