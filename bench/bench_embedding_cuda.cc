@@ -4,10 +4,12 @@
 //
 //   bench_embedding_cuda [--batch 55296] [--dim 128] [--iters 50] [--warmup 5] [--batches 4]
 //                        [--zipf] [--sgd] [--f32-grad] [--seed 1]
+//                        [--tables kaggle|criteo_1tb|mlperf_dcnv2] [--max-rows N]
 //
-// Tables: the 26 Criteo Kaggle cardinalities (io::criteo_kaggle_cardinalities, 33.8M rows),
-// dim 128, f32, Adagrad (--sgd: SGD), initialised as the graph engine does. Ids: one per table
-// and sample, from io::random_batch (the batches `dlrec bench train` draws: uniform, or
+// Tables: the 26 Criteo Kaggle cardinalities (io::criteo_kaggle_cardinalities, 33.8M rows; or
+// --tables, io::builtin_layout, each capped at --max-rows rows), dim 128, f32, Adagrad (--sgd:
+// SGD), initialised as the graph engine does. Ids: one per table and sample (mlperf_dcnv2: its
+// fixed ids per sample, 214 a row in all), from io::random_batch (the batches `dlrec bench train` draws: uniform, or
 // log-uniform with --zipf, P(id) ~ 1/(id + 1), so a few rows of every table are hot); `batches`
 // distinct batches are used in turn. As in the DCNv2 graph (embeddings written into x0), the
 // forward writes bf16 pooled rows into columns 128 .. 128 + 26 * 128 of a [batch, 3456] matrix
@@ -45,6 +47,11 @@ bool has_flag(int argc, char** argv, const char* name) {
   for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], name) == 0) return true;
   return false;
+}
+const char* arg_str(int argc, char** argv, const char* name, const char* dflt) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  return dflt;
 }
 long long arg_int(int argc, char** argv, const char* name, long long dflt) {
   for (int i = 1; i + 1 < argc; ++i)
@@ -89,10 +96,16 @@ int run(int argc, char** argv) {
     return 2;
   }
 
+  const char* tables = arg_str(argc, argv, "--tables", "kaggle");
+  const int64_t max_rows = arg_int(argc, argv, "--max-rows", 0);
+  std::vector<int> hotness;
   dlrec::io::ShardLayout layout;
-  layout.num_dense = 13;
-  layout.cardinalities = dlrec::io::criteo_kaggle_cardinalities();
-  layout.multi_hot.assign(layout.cardinalities.size(), false);
+  try {
+    layout = dlrec::io::builtin_layout(tables, max_rows, hotness);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_embedding_cuda: %s\n", e.what());
+    return 2;
+  }
   const int T = static_cast<int>(layout.cardinalities.size());
   std::vector<uint32_t> row_base;
   uint64_t total = 0;
@@ -107,7 +120,7 @@ int run(int argc, char** argv) {
   // Ids of each batch, and what the first one needs at least.
   std::vector<Ids> ids(nb);
   for (int i = 0; i < nb; ++i) {
-    const dlrec::io::Batch b = dlrec::io::random_batch(layout, B, zipf, seed * 7919 + i);
+    const dlrec::io::Batch b = dlrec::io::random_batch(layout, B, zipf, seed * 7919 + i, hotness);
     ids[i].offsets.push_back(0);
     for (int t = 0; t < T; ++t)
       for (int64_t r = 0; r < B; ++r) {
@@ -137,9 +150,9 @@ int run(int argc, char** argv) {
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "device properties");
   std::printf("device: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
-  std::printf("tables: %d (Criteo Kaggle), %llu rows, dim %d, %s, key bits %d; ids: %s, "
+  std::printf("tables: %d (%s), %llu rows, dim %d, %s, key bits %d; ids: %s, "
               "batch %lld, %d batches\n",
-              T, static_cast<unsigned long long>(total), dim, adagrad ? "adagrad" : "sgd", key_bits,
+              T, tables, static_cast<unsigned long long>(total), dim, adagrad ? "adagrad" : "sgd", key_bits,
               zipf ? "log-uniform (--zipf)" : "uniform", static_cast<long long>(B), nb);
   std::printf("batch 0: %lld ids, %lld distinct rows, longest run %lld (%lld runs over 32 ids)\n",
               static_cast<long long>(nnz), static_cast<long long>(distinct),

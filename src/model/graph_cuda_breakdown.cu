@@ -20,7 +20,8 @@ std::string fmt(const char* f, double a, double b = 0) {
 
 // One chunk (the rows predict() packs and launches at once: min(B, infer_chunk), rounded up to
 // its power-of-two bucket) measured `reps` times, means per chunk:
-//  - host pack: infer_pack on this thread and the packing team (host clock);
+//  - host pack: infer_pack (multi-hot: multihot_pack) on this thread and the packing team
+//    (host clock);
 //  - copy in: the inputs' host-to-device copy (events on the main stream);
 //  - per layer and per dense layer of an mlp/cross (its kernel at this batch size: the
 //    compressed kernel chosen, or dense), the serving forward run eagerly on the main stream
@@ -55,12 +56,23 @@ std::vector<std::string> GraphCuda::serving_breakdown(const io::Batch& batch, in
     n->compressible(v);
     for (auto& [name, l] : v) l->name = name.substr(0, name.rfind(".weight"));
   }
-  InferBucket& bk = infer_bucket(R, 0);
   DLREC_CUDA_CHECK(cudaStreamSynchronize(e_.st));
   const int64_t n = chunk;
-  DLREC_CHECK(infer_pack(batch, 0, n, bk),
-              "serving breakdown: the batch has other than one id per table and row");
-  const size_t in_bytes = sizeof(float) * R * num_dense_ + sizeof(uint32_t) * R * T_;
+  InferBucket* bkp = &infer_bucket(R, 0);
+  std::vector<int64_t> start;  // several ids per row somewhere: each table's first id's place
+  if (!infer_pack(batch, 0, n, *bkp)) {
+    start = multihot_starts(batch, 0, n);
+    bkp = &multihot_bucket_for(R, start[T_], 0);
+  }
+  InferBucket& bk = *bkp;
+  auto pack = [&] {
+    if (start.empty()) infer_pack(batch, 0, n, bk);
+    else multihot_pack(batch, 0, n, start, bk);
+  };
+  pack();
+  // What infer_launch copies in: a multi-hot chunk's dense rows and offsets, then its ids.
+  const size_t in_bytes = bk.id_cap ? bk.keys_at + sizeof(uint32_t) * bk.nnz
+                                    : sizeof(float) * R * num_dense_ + sizeof(uint32_t) * R * T_;
 
   // The labelled events of one eager run, on the main stream.
   std::vector<gpu::Event> ev;
@@ -84,7 +96,7 @@ std::vector<std::string> GraphCuda::serving_breakdown(const io::Batch& batch, in
   try {
     for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up (first-use choices, plans)
       Timer t;
-      infer_pack(batch, 0, n, bk);
+      pack();
       if (rep >= 0) pack_s += t.seconds();
       label.clear();
       mark_at("start");
@@ -133,10 +145,13 @@ std::vector<std::string> GraphCuda::serving_breakdown(const io::Batch& batch, in
   for (auto& [l, ms] : sums)
     if (l != "copy in") dev_ms += ms / reps;
   out.push_back("B=" + std::to_string(B) + ": " + std::to_string(chunks) + " chunk(s) of " +
-                std::to_string(chunk) + " rows (bucket " + std::to_string(R) + "), ms per chunk, " +
-                std::to_string(reps) + " reps");
+                std::to_string(chunk) + " rows (bucket " + std::to_string(R) +
+                (bk.id_cap ? ", multi-hot: " + std::to_string(bk.nnz) + " ids, room for " +
+                                 std::to_string(bk.id_cap)
+                           : std::string()) +
+                "), ms per chunk, " + std::to_string(reps) + " reps");
   // predict()'s own test for the fused small-batch kernel (graph_cuda_infer.cu), once planned.
-  if (chunks == 1 && chunk <= opts_.infer_fused_rows && e_.lowp && fused_ == Fused::On &&
+  if (!bk.id_cap && chunks == 1 && chunk <= opts_.infer_fused_rows && e_.lowp && fused_ == Fused::On &&
       (compressed_.empty() || kernel_policy_ != nn::kernel_choice::Policy::Compressed))
     out.push_back(
         "  (predict() serves this batch size with the fused small-batch kernel, timed end to "

@@ -3,6 +3,7 @@
 // src/model/graph_cuda_infer.cu (predict(): the bucketed inference graphs with host packing).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -136,11 +137,23 @@ class GraphCuda final : public CudaModel {
   InferBucket& multihot_bucket(int64_t R, int64_t id_cap, int parity);
   // A new bucket's device inputs (in_bytes), probabilities and events.
   void bucket_device_side(InferBucket& bk, size_t in_bytes);
+  // Where each table's ids begin among rows [r0, r0 + n)'s (T_ + 1 values; checked: offsets
+  // inside each table's ids, fewer than 2^31 in all).
+  std::vector<int64_t> multihot_starts(const io::Batch& batch, int64_t r0, int64_t n) const;
+  // The multi-hot bucket of R rows with room for `ids` (the next power of two).
+  InferBucket& multihot_bucket_for(int64_t R, int64_t ids, int parity);
   // Packs rows [r0, r0 + n) of a batch with several ids per row somewhere into a multi-hot
   // bucket (ids range-checked, offsets per table R apart, the rows past n empty bags).
-  void multihot_pack(const io::Batch& batch, int64_t r0, int64_t n, InferBucket& bk);
+  void multihot_pack(const io::Batch& batch, int64_t r0, int64_t n,
+                     const std::vector<int64_t>& start, InferBucket& bk);
   // predict() of such a batch: chunks through the multi-hot buckets' captured graphs.
   void predict_multihot(const io::Batch& batch, float* probs);
+  // predict()'s chunk loop: rows [0, B) in chunks of `chunk` through buckets of alternating
+  // parity (the host packs one while the device runs the other). launch(r0, n, parity) packs
+  // and launches a chunk and returns its bucket, whose probabilities are copied to probs once
+  // done; nullptr: the chunk cannot go this way, and false returns once nothing is pending.
+  bool run_chunks(int64_t B, int64_t chunk, float* probs,
+                  const std::function<InferBucket*(int64_t, int64_t, int)>& launch);
   void infer_body(InferBucket& bk);
   void infer_launch(InferBucket& bk, bool copy_aside);
   // Packs rows [r0, r0 + n) of `batch` into bk; false when a table has other than one id per

@@ -244,35 +244,9 @@ void GraphCuda::predict(const io::Batch& batch, float* probs) {
   }
   if (shadows_stale_) refresh_shadows();
   const int64_t nchunks = (B + chunk - 1) / chunk;
-  int64_t pending[2] = {-1, -1};  // the chunk waiting in the bucket of parity p
-  auto finish = [&](int p) {
-    if (pending[p] < 0) return;
+  const bool one_hot = run_chunks(B, chunk, probs, [&](int64_t r0, int64_t n, int p) {
     InferBucket& bk = infer_bucket(R, p);
-    spin_wait(bk.done);
-    const int64_t r0 = pending[p] * chunk, n = std::min(chunk, B - r0);
-    std::memcpy(probs + r0, bk.probs, sizeof(float) * n);
-    pending[p] = -1;
-  };
-  auto finish_all = [&] {
-    finish(0);
-    finish(1);
-  };
-  for (int64_t c = 0; c < nchunks; ++c) {
-    const int p = static_cast<int>(c & 1);
-    finish(p);  // the bucket's previous chunk must be out before repacking it
-    InferBucket& bk = infer_bucket(R, p);
-    const int64_t r0 = c * chunk, n = std::min(chunk, B - r0);
-    bool one_hot = false;
-    try {
-      one_hot = infer_pack(batch, r0, n, bk);
-    } catch (...) {
-      finish_all();
-      throw;
-    }
-    if (!one_hot) {  // several ids per row somewhere: the multi-hot buckets
-      finish_all();
-      return predict_multihot(batch, probs);
-    }
+    if (!infer_pack(batch, r0, n, bk)) return static_cast<InferBucket*>(nullptr);
     // Under the compressed policy the fused kernel runs the layers' INT8 forms (plan_fused) and
     // the 2:4 ones' pruned weights.
     const bool fuse = nchunks == 1 && n <= opts_.infer_fused_rows && e_.lowp &&
@@ -284,9 +258,48 @@ void GraphCuda::predict(const io::Batch& batch, float* probs) {
     } else {
       infer_launch(bk, nchunks > 1);
     }
-    pending[p] = c;
+    return &bk;
+  });
+  if (!one_hot) predict_multihot(batch, probs);  // several ids per row somewhere
+}
+
+bool GraphCuda::run_chunks(int64_t B, int64_t chunk, float* probs,
+                           const std::function<InferBucket*(int64_t, int64_t, int)>& launch) {
+  struct Pending {
+    InferBucket* bk = nullptr;
+    int64_t r0 = 0, n = 0;
+  } pending[2];
+  auto finish = [&](int p) {
+    Pending& q = pending[p];
+    if (!q.bk) return;
+    spin_wait(q.bk->done);
+    std::memcpy(probs + q.r0, q.bk->probs, sizeof(float) * q.n);
+    q.bk = nullptr;
+  };
+  auto finish_all = [&] {
+    finish(0);
+    finish(1);
+  };
+  const int64_t nchunks = (B + chunk - 1) / chunk;
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const int p = static_cast<int>(c & 1);
+    finish(p);  // the parity's previous chunk must be out before its bucket is repacked
+    const int64_t r0 = c * chunk, n = std::min(chunk, B - r0);
+    InferBucket* bk = nullptr;
+    try {
+      bk = launch(r0, n, p);
+    } catch (...) {
+      finish_all();
+      throw;
+    }
+    if (!bk) {
+      finish_all();
+      return false;
+    }
+    pending[p] = {bk, r0, n};
   }
   finish_all();
+  return true;
 }
 
 void GraphCuda::check_serving_options(const GraphCudaOptions& o) {

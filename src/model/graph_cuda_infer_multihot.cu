@@ -44,11 +44,28 @@ GraphCuda::InferBucket& GraphCuda::multihot_bucket(int64_t R, int64_t id_cap, in
   return *bkp;
 }
 
-void GraphCuda::multihot_pack(const io::Batch& batch, int64_t r0, int64_t n, InferBucket& bk) {
+std::vector<int64_t> GraphCuda::multihot_starts(const io::Batch& batch, int64_t r0,
+                                                int64_t n) const {
+  std::vector<int64_t> start(T_ + 1, 0);
+  for (int64_t t = 0; t < T_; ++t) {  // the chunk's ids of each table lie in its array
+    const int64_t lo = batch.cat_offsets[t][r0], hi = batch.cat_offsets[t][r0 + n];
+    DLREC_CHECK(0 <= lo && lo <= hi && hi <= static_cast<int64_t>(batch.cat_indices[t].size()),
+                "predict: categorical feature ", t, ": offsets decrease or leave its ",
+                batch.cat_indices[t].size(), " ids between rows ", r0, " and ", r0 + n);
+    start[t + 1] = start[t] + hi - lo;
+  }
+  DLREC_CHECK(start[T_] < (int64_t{1} << 31), "predict: a chunk of ", n, " rows holds ",
+              start[T_], " ids, more than int32 offsets address");
+  return start;
+}
+
+GraphCuda::InferBucket& GraphCuda::multihot_bucket_for(int64_t R, int64_t ids, int parity) {
+  return multihot_bucket(R, int64_t{1} << log2_ceil(std::max<int64_t>(ids, 1)), parity);
+}
+
+void GraphCuda::multihot_pack(const io::Batch& batch, int64_t r0, int64_t n,
+                              const std::vector<int64_t>& start, InferBucket& bk) {
   const int64_t R = bk.rows;
-  std::vector<int64_t> start(T_ + 1, 0);  // where each table's ids begin in the chunk's
-  for (int64_t t = 0; t < T_; ++t)
-    start[t + 1] = start[t] + batch.cat_offsets[t][r0 + n] - batch.cat_offsets[t][r0];
   DLREC_CHECK(start[T_] <= bk.id_cap, "predict: a chunk of ", start[T_], " ids in a bucket for ",
               bk.id_cap, " (bug)");
   auto pack_offsets = [&](int64_t t_lo, int64_t t_hi) {
@@ -91,45 +108,14 @@ void GraphCuda::predict_multihot(const io::Batch& batch, float* probs) {
   const int64_t B = batch.rows;
   const int64_t chunk = std::min(B, opts_.infer_chunk);
   const int64_t R = int64_t{1} << log2_ceil(chunk);
-  const int64_t nchunks = (B + chunk - 1) / chunk;
-  struct Pending {
-    InferBucket* bk = nullptr;
-    int64_t r0 = 0, n = 0;
-  } pending[2];
-  auto finish = [&](int p) {
-    Pending& q = pending[p];
-    if (!q.bk) return;
-    spin_wait(q.bk->done);
-    std::memcpy(probs + q.r0, q.bk->probs, sizeof(float) * q.n);
-    q.bk = nullptr;
-  };
-  for (int64_t c = 0; c < nchunks; ++c) {
-    const int p = static_cast<int>(c & 1);
-    finish(p);  // the parity's previous chunk must be out before its bucket is repacked
-    const int64_t r0 = c * chunk, n = std::min(chunk, B - r0);
-    int64_t ids = 0;
-    for (int64_t t = 0; t < T_; ++t) {  // the chunk's ids of each table lie in its array
-      const int64_t lo = batch.cat_offsets[t][r0], hi = batch.cat_offsets[t][r0 + n];
-      DLREC_CHECK(0 <= lo && lo <= hi && hi <= static_cast<int64_t>(batch.cat_indices[t].size()),
-                  "predict: categorical feature ", t, ": offsets decrease or leave its ",
-                  batch.cat_indices[t].size(), " ids between rows ", r0, " and ", r0 + n);
-      ids += hi - lo;
-    }
-    DLREC_CHECK(ids < (int64_t{1} << 31), "predict: a chunk of ", n, " rows holds ", ids,
-                " ids, more than int32 offsets address");
-    InferBucket& bk = multihot_bucket(R, int64_t{1} << log2_ceil(std::max<int64_t>(ids, 1)), p);
-    try {
-      multihot_pack(batch, r0, n, bk);
-    } catch (...) {
-      finish(0);
-      finish(1);
-      throw;
-    }
-    infer_launch(bk, nchunks > 1);
-    pending[p] = {&bk, r0, n};
-  }
-  finish(0);
-  finish(1);
+  const bool copy_aside = B > chunk;
+  run_chunks(B, chunk, probs, [&](int64_t r0, int64_t n, int p) {
+    const std::vector<int64_t> start = multihot_starts(batch, r0, n);
+    InferBucket& bk = multihot_bucket_for(R, start[T_], p);
+    multihot_pack(batch, r0, n, start, bk);
+    infer_launch(bk, copy_aside);
+    return &bk;
+  });
 }
 
 }  // namespace dlrec::model::graph_cuda_impl

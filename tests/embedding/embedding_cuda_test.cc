@@ -94,7 +94,8 @@ struct Problem {
   std::vector<uint32_t> keys;              // row_base[t] + id
   int key_bits = 1;
 
-  Problem(std::vector<int64_t> r, int d, int64_t b, uint64_t seed) : dim(d), B(b), rows(r) {
+  Problem(std::vector<int64_t> r, int d, int64_t b, uint64_t seed, int max_bag = 4)
+      : dim(d), B(b), rows(r) {
     T = static_cast<int>(rows.size());
     Rng rng(seed);
     uint32_t total = 0;
@@ -107,11 +108,11 @@ struct Problem {
       acc.push_back(std::vector<float>(rows[t] * dim, 0.1f));
     }
     while (key_bits < 32 && (uint64_t{1} << key_bits) < total) ++key_bits;
-    // Bags of 0..4 ids; table 0 (the smallest) sees its few rows hundreds of times.
+    // Bags of 0..max_bag ids; table 0 (the smallest) sees its few rows hundreds of times.
     offsets.push_back(0);
     for (int t = 0; t < T; ++t)
       for (int64_t i = 0; i < B; ++i) {
-        const int64_t len = rng.below(5);
+        const int64_t len = rng.below(max_bag + 1);
         for (int64_t j = 0; j < len; ++j)
           keys.push_back(row_base[t] + static_cast<uint32_t>(rng.below(rows[t])));
         offsets.push_back(static_cast<int32_t>(keys.size()));
@@ -187,14 +188,19 @@ struct Shape {
   int64_t B;
   int64_t extra;  // ld = col + T * dim + extra
   int64_t col;    // first column of the pooled rows
+  int max_bag = 4;  // bags of 0..max_bag ids
 };
 
 // dim 3 (scalar lanes, odd), dim 8 with an odd first column (scalar: misaligned), dim 8 and
-// 36 aligned (float4 lanes; 36: more columns than one warp's float4s).
+// 36 aligned (float4 lanes; 36: more columns than one warp's float4s); long bags (up to 41 ids,
+// empty ones among them: a warp's ids in several rounds of loads) of dim 128 with 37 samples (a
+// warp's bags in two tables) and of dim 8 with 3 samples (in several).
 const Shape kShapes[] = {{{5, 40, 1000}, 3, 70, 2, 1},
                          {{3, 17, 200, 9}, 8, 50, 3, 5},
                          {{4, 100}, 8, 90, 4, 8},
-                         {{7, 300, 11}, 36, 45, 0, 4}};
+                         {{7, 300, 11}, 36, 45, 0, 4},
+                         {{6, 500, 30}, 128, 37, 0, 0, 41},
+                         {{50, 9, 20}, 8, 3, 4, 4, 20}};
 #endif
 
 TEST(EmbeddingCuda, StridedForwardMatchesCpuF32AndBf16) {
@@ -203,7 +209,7 @@ TEST(EmbeddingCuda, StridedForwardMatchesCpuF32AndBf16) {
   int checked = 0;
   for (const Shape& sh : kShapes)
     for (bool mean : {false, true}) {
-      Problem p(sh.rows, sh.dim, sh.B, 11 + sh.dim);
+      Problem p(sh.rows, sh.dim, sh.B, 11 + sh.dim, sh.max_bag);
       DevProblem d(p);
       const int64_t width = int64_t(p.T) * p.dim, ld = sh.col + width + sh.extra;
       const float sentinel = 1234.5f;  // exact in f32; in bf16 it is 1232
@@ -254,7 +260,7 @@ TEST(EmbeddingCuda, QuantizedTablesPoolLikeTheirValues) {
   for (const Shape& sh : shapes)
     for (int mix : {0, 8, 4})
     for (bool mean : {false, true}) {
-      Problem p(sh.rows, sh.dim, sh.B, 29 + sh.dim);
+      Problem p(sh.rows, sh.dim, sh.B, 29 + sh.dim, sh.max_bag);
       Rng rng(7 + sh.dim);
       std::vector<std::unique_ptr<Dev<uint8_t>>> codes;
       std::vector<const uint8_t*> hc;
@@ -440,7 +446,7 @@ TEST(EmbeddingCuda, StridedBackwardMatchesPackedAndCpu) {
     for (bool mean : {false, true})
       for (auto kind : {ce::Update::SGD, ce::Update::Adagrad})
         for (bool bf16 : {false, true}) {
-          Problem p(sh.rows, sh.dim, sh.B, 29 + sh.dim);
+          Problem p(sh.rows, sh.dim, sh.B, 29 + sh.dim, sh.max_bag);
           const int64_t width = int64_t(p.T) * p.dim, ld = sh.col + width + sh.extra;
           // The gradient: random values in the pooled columns (bf16-representable, so the
           // packed f32 copy holds the very values the bf16 path widens), garbage elsewhere.

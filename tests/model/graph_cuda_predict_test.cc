@@ -4,8 +4,9 @@
 // the two alternating buckets), in fp32, bf16 and fp16; they follow the parameters after
 // training steps (graphs captured before); multi-hot batches (empty bags too) likewise through
 // their own buckets' graphs, whose offsets and ids travel with each chunk (a bucket's graph
-// serves any chunk whose ids fit it; 9000 rows: two chunks); bad ids are clear errors and leave
-// the model usable.
+// serves any chunk whose ids fit it; 9000 rows: two chunks; a batch whose second chunk holds a
+// multi-hot row); the serving breakdown of a multi-hot batch; bad ids are clear errors and
+// leave the model usable.
 //
 // Without a GPU the device tests skip visibly.
 #include <gtest/gtest.h>
@@ -107,6 +108,30 @@ void predict_matches_forward(const char* layers, const char* precision) {
   expect_error([&] { cm->predict(decreasing, out9.data()); },
                {"categorical feature 1", "offsets decrease"});
   check(37, 22, true);
+  // One-hot rows first, a row of two ids in the second chunk: the first chunk goes out through
+  // the one-hot bucket, then the whole batch through the multi-hot ones.
+  io::Batch late = make_batch(layout, 9000, 24, false, 0.0);
+  late.cat_indices[0].push_back(3);
+  late.cat_offsets[0].back() += 1;
+  std::vector<float> got(9000, -1.f);
+  cm->predict(late, got.data());
+  EXPECT_LE(max_abs_diff(got, sigmoid_of(m->forward(late, false))), tol)
+      << layers << " " << precision << ": a multi-hot row in the second chunk";
+  // `dlrec bench infer --breakdown` of a multi-hot batch: its bucket's packing, copy, layers
+  // and captured graph.
+  io::Batch mh = make_batch(layout, 300, 25, true, 0.0);
+  std::vector<float> p300(300, -1.f);
+  cm->predict(mh, p300.data());  // captures the bucket's graph
+  std::string all;
+  for (const std::string& l : cm->serving_breakdown(mh, 2)) all += l + "\n";
+  for (const char* want : {"B=300: 1 chunk(s) of 300 rows (bucket 512, multi-hot: ", "host pack",
+                           "copy in", "sigmoid, copy out", "device, captured graph"})
+    EXPECT_NE(all.find(want), std::string::npos) << want << " missing in\n" << all;
+  EXPECT_EQ(all.find("n/a (not captured"), std::string::npos) << all;
+  EXPECT_EQ(std::count(p300.begin(), p300.end(), -1.f), 0);
+  std::vector<float> again(300);
+  cm->predict(mh, again.data());  // the breakdown left the bucket as predict() needs it
+  EXPECT_EQ(again, p300);
 }
 
 TEST(GraphCudaPredict, MatchesForwardInEveryPrecision) {
