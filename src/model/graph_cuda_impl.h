@@ -143,9 +143,10 @@ class GraphCuda final : public CudaModel {
   // The multi-hot bucket of R rows with room for `ids` (the next power of two).
   InferBucket& multihot_bucket_for(int64_t R, int64_t ids, int parity);
   // Packs rows [r0, r0 + n) of a batch with several ids per row somewhere into a multi-hot
-  // bucket (ids range-checked, offsets per table R apart, the rows past n empty bags).
+  // bucket (ids range-checked, offsets per table R apart, the rows past n empty bags) and, with
+  // copy_on, copies them to the bucket's device inputs on that stream as they are packed.
   void multihot_pack(const io::Batch& batch, int64_t r0, int64_t n,
-                     const std::vector<int64_t>& start, InferBucket& bk);
+                     const std::vector<int64_t>& start, InferBucket& bk, cudaStream_t copy_on);
   // predict() of such a batch: chunks through the multi-hot buckets' captured graphs.
   void predict_multihot(const io::Batch& batch, float* probs);
   // predict()'s chunk loop: rows [0, B) in chunks of `chunk` through buckets of alternating
@@ -155,7 +156,9 @@ class GraphCuda final : public CudaModel {
   bool run_chunks(int64_t B, int64_t chunk, float* probs,
                   const std::function<InferBucket*(int64_t, int64_t, int)>& launch);
   void infer_body(InferBucket& bk);
-  void infer_launch(InferBucket& bk, bool copy_aside);
+  // Copies the bucket's inputs in (on the copy stream with copy_aside; `copied`: its packing
+  // did, on the stream infer_launch would use) and launches its graph.
+  void infer_launch(InferBucket& bk, bool copy_aside, bool copied = false);
   // Packs rows [r0, r0 + n) of `batch` into bk; false when a table has other than one id per
   // row there (then the bucket's keys are reset to valid padding).
   bool infer_pack(const io::Batch& batch, int64_t r0, int64_t n, InferBucket& bk);

@@ -128,24 +128,18 @@ void GraphCuda::infer_body(InferBucket& bk) {
 // The inputs go over on the copy stream (outside the graph, so that the next chunk's copy
 // overlaps this chunk's forward); the first launch of a bucket runs eagerly (cuBLAS/cuBLASLt
 // plans, tuning and lazy loading outside the capture), then it is captured once.
-void GraphCuda::infer_launch(InferBucket& bk, bool copy_aside) {
+void GraphCuda::infer_launch(InferBucket& bk, bool copy_aside, bool copied) {
+  cudaStream_t cs = copy_aside ? copy_.get() : e_.st;
   // One-hot: the dense rows and the ids; multi-hot: the dense rows and offsets, then the ids.
-  const size_t bytes = bk.id_cap ? bk.keys_at
+  const size_t bytes = bk.id_cap ? bk.keys_at + sizeof(uint32_t) * bk.nnz
                                  : sizeof(float) * bk.rows * num_dense_ +
                                        sizeof(uint32_t) * bk.rows * T_;
-  const size_t ids = bk.id_cap ? sizeof(uint32_t) * bk.nnz : 0;
-  if (bytes) {
-    cudaStream_t cs = copy_aside ? copy_.get() : e_.st;
+  if (bytes && !copied)
     DLREC_CUDA_CHECK(
         cudaMemcpyAsync(bk.d_in.raw(), bk.in.get(), bytes, cudaMemcpyHostToDevice, cs));
-    if (ids)
-      DLREC_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(bk.d_in.raw()) + bk.keys_at,
-                                       static_cast<const char*>(bk.in.get()) + bk.keys_at, ids,
-                                       cudaMemcpyHostToDevice, cs));
-    if (cs != e_.st) {
-      DLREC_CUDA_CHECK(cudaEventRecord(bk.copied, cs));
-      DLREC_CUDA_CHECK(cudaStreamWaitEvent(e_.st, bk.copied, 0));
-    }
+  if (cs != e_.st) {
+    DLREC_CUDA_CHECK(cudaEventRecord(bk.copied, cs));
+    DLREC_CUDA_CHECK(cudaStreamWaitEvent(e_.st, bk.copied, 0));
   }
   if (!bk.graph && !bk.no_graph) {
     infer_body(bk);

@@ -64,7 +64,8 @@ GraphCuda::InferBucket& GraphCuda::multihot_bucket_for(int64_t R, int64_t ids, i
 }
 
 void GraphCuda::multihot_pack(const io::Batch& batch, int64_t r0, int64_t n,
-                              const std::vector<int64_t>& start, InferBucket& bk) {
+                              const std::vector<int64_t>& start, InferBucket& bk,
+                              cudaStream_t copy_on) {
   const int64_t R = bk.rows;
   DLREC_CHECK(start[T_] <= bk.id_cap, "predict: a chunk of ", start[T_], " ids in a bucket for ",
               bk.id_cap, " (bug)");
@@ -82,26 +83,48 @@ void GraphCuda::multihot_pack(const io::Batch& batch, int64_t r0, int64_t n,
       for (int64_t r = n; r < R; ++r) o[r] = end;  // empty bags
     }
   };
-  // On the serving packing team (awake between calls), each member a range of tables' offsets
-  // and an equal share of the ids (MLPerf DCNv2's table 20 holds 100 of a row's 214: by table
-  // one member would pack half); small chunks on this thread.
   const int64_t N = start[T_];
-  if (N + T_ * n <= 16384 || pack_threads_ == 1) {
-    pack_offsets(0, T_);
-    pack_ids(batch, r0, start, 0, N, layout_.cardinalities, row_base_, bk.keys);
-  } else {
-    SpinTeam& team = pack_team(pack_threads_);
-    const int64_t parts = team.size();
-    team.run([&](int i) {
-      pack_offsets(T_ * i / parts, T_ * (i + 1) / parts);
-      pack_ids(batch, r0, start, N * i / parts, N * (i + 1) / parts, layout_.cardinalities,
-               row_base_, bk.keys);
-    });
-  }
-  bk.offsets[T_ * R] = static_cast<int32_t>(start[T_]);
-  bk.nnz = start[T_];
   if (n * num_dense_ > 0)
     std::memcpy(bk.dense, batch.dense.data() + r0 * num_dense_, sizeof(float) * n * num_dense_);
+  bk.offsets[T_ * R] = static_cast<int32_t>(N);
+  bk.nnz = N;
+  char* host = static_cast<char*>(bk.in.get());
+  char* dev = static_cast<char*>(bk.d_in.raw());
+  auto copy = [&](size_t from, size_t to) {  // bytes [from, to) of the inputs, when asked
+    if (copy_on && to > from)
+      DLREC_CUDA_CHECK(
+          cudaMemcpyAsync(dev + from, host + from, to - from, cudaMemcpyHostToDevice, copy_on));
+  };
+  auto ids_at = [&](int64_t i) { return bk.keys_at + sizeof(uint32_t) * i; };
+  if (N + T_ * n <= 16384 || pack_threads_ == 1) {  // small chunks on this thread
+    pack_offsets(0, T_);
+    pack_ids(batch, r0, start, 0, N, layout_.cardinalities, row_base_, bk.keys);
+    copy(0, ids_at(N));
+    return;
+  }
+  // On the serving packing team (awake between calls), each member an equal share of the ids
+  // (MLPerf DCNv2's table 20 holds 100 of a row's 214: by table one member would pack half),
+  // in up to 4 phases of at least 65,536 ids, each phase's bytes copied while the team packs
+  // the next (the dense rows and offsets, a range of tables per member, with the first).
+  SpinTeam& team = pack_team(pack_threads_);
+  const int64_t parts = team.size();
+  const int64_t phases = std::clamp<int64_t>(N / 65536, 1, 4);
+  try {
+    for (int64_t k = 0; k < phases; ++k) {
+      const int64_t lo = N * k / phases, hi = N * (k + 1) / phases;
+      team.run([&](int i) {
+        if (k == 0) pack_offsets(T_ * i / parts, T_ * (i + 1) / parts);
+        pack_ids(batch, r0, start, lo + (hi - lo) * i / parts, lo + (hi - lo) * (i + 1) / parts,
+                 layout_.cardinalities, row_base_, bk.keys);
+      });
+      copy(k == 0 ? 0 : ids_at(lo), ids_at(hi));
+    }
+  } catch (...) {
+    // A bad id in a later phase: the earlier phases' copies still read this bucket, which the
+    // next call may repack.
+    if (copy_on) cudaStreamSynchronize(copy_on);
+    throw;
+  }
 }
 
 void GraphCuda::predict_multihot(const io::Batch& batch, float* probs) {
@@ -112,8 +135,8 @@ void GraphCuda::predict_multihot(const io::Batch& batch, float* probs) {
   run_chunks(B, chunk, probs, [&](int64_t r0, int64_t n, int p) {
     const std::vector<int64_t> start = multihot_starts(batch, r0, n);
     InferBucket& bk = multihot_bucket_for(R, start[T_], p);
-    multihot_pack(batch, r0, n, start, bk);
-    infer_launch(bk, copy_aside);
+    multihot_pack(batch, r0, n, start, bk, copy_aside ? copy_.get() : e_.st);
+    infer_launch(bk, copy_aside, /*copied=*/true);
     return &bk;
   });
 }

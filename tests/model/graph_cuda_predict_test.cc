@@ -5,7 +5,8 @@
 // training steps (graphs captured before); multi-hot batches (empty bags too) likewise through
 // their own buckets' graphs, whose offsets and ids travel with each chunk (a bucket's graph
 // serves any chunk whose ids fit it; 9000 rows: two chunks; a batch whose second chunk holds a
-// multi-hot row); the serving breakdown of a multi-hot batch; bad ids are clear errors and
+// multi-hot row; a chunk of 332,000 ids, packed and copied in phases); the serving breakdown of
+// a multi-hot batch; bad ids are clear errors and
 // leave the model usable.
 //
 // Without a GPU the device tests skip visibly.
@@ -117,6 +118,28 @@ void predict_matches_forward(const char* layers, const char* precision) {
   cm->predict(late, got.data());
   EXPECT_LE(max_abs_diff(got, sigmoid_of(m->forward(late, false))), tol)
       << layers << " " << precision << ": a multi-hot row in the second chunk";
+  // A chunk of 332,000 ids (40 per row in tables 1 and 3): packed and copied in 4 phases; a bad
+  // id in the last phase is a clear error, and the model serves on.
+  io::Batch big = make_batch(layout, 4000, 26, false, 0.0);
+  for (int t : {1, 3}) {
+    nn::Rng rng(40 + t);
+    auto& off = big.cat_offsets[t];
+    auto& idx = big.cat_indices[t];
+    off.clear();
+    idx.clear();
+    for (int64_t r = 0; r < big.rows; ++r) {
+      off.push_back(static_cast<int64_t>(idx.size()));
+      for (int j = 0; j < 40; ++j) idx.push_back(rng.below(layout.cardinalities[t]));
+    }
+    off.push_back(static_cast<int64_t>(idx.size()));
+  }
+  std::vector<float> pbig(big.rows, -1.f);
+  cm->predict(big, pbig.data());
+  EXPECT_LE(max_abs_diff(pbig, sigmoid_of(m->forward(big, false))), tol)
+      << layers << " " << precision << ": 40 ids per row in two tables";
+  big.cat_indices[3].back() = 3;  // table 3 has 3 rows
+  expect_error([&] { cm->predict(big, pbig.data()); }, {"out of range", "3"});
+  check(37, 27, true);
   // `dlrec bench infer --breakdown` of a multi-hot batch: its bucket's packing, copy, layers
   // and captured graph.
   io::Batch mh = make_batch(layout, 300, 25, true, 0.0);
