@@ -247,6 +247,7 @@ std::optional<etl::EtlResult> run_merged(const etl::EtlOptions& o, etl::InputPar
   std::string error;
   try {
     std::vector<etl::ParsedInput> got = exchange_rows(plan, first, own, comm);
+    std::vector<io::Batch> scratch;  // the transformed chunks' buffers, from file to file
     std::vector<Cursor> from(ranks);
     for (int q = 0; q < ranks; ++q) from[q].chunks = &got[q].chunks;
     for (const etl::RankShard& s : plan) {
@@ -262,7 +263,7 @@ std::optional<etl::EtlResult> run_merged(const etl::EtlOptions& o, etl::InputPar
           from[q].take(hi - lo, slices);
         }
       }
-      etl::write_rank_shard(w, slices, dir + "/" + s.name(), o.block_rows);
+      etl::write_rank_shard(w, slices, dir + "/" + s.name(), o.block_rows, &scratch);
     }
   } catch (const std::exception& e) {
     error = e.what();

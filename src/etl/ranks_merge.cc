@@ -66,12 +66,14 @@ io::RawChunk copy_slice(const RowSlice& s) {
 }
 
 void write_rank_shard(const Workflow& workflow, const std::vector<RowSlice>& rows,
-                      const std::string& path, int64_t block_rows) {
+                      const std::string& path, int64_t block_rows,
+                      std::vector<io::Batch>* scratch) {
   io::ShardWriter writer(path, workflow.output_layout(), block_rows);
   // Groups of chunks transformed on all cores, then written in order (write_parts: the bytes of
   // one write() of all the rows).
   const size_t group = static_cast<size_t>(std::max(64, 4 * num_threads()));
-  std::vector<io::Batch> out;
+  std::vector<io::Batch> own;
+  std::vector<io::Batch>& out = scratch ? *scratch : own;
   for (size_t g = 0; g < rows.size(); g += group) {
     const size_t n = std::min(group, rows.size() - g);
     if (out.size() < n) out.resize(n);

@@ -49,8 +49,11 @@ io::RawChunk copy_slice(const RowSlice& s);
 
 // Transforms `rows` (in order) with `workflow` on the pool's threads and writes them as the shard
 // file `path` (atomically), in groups of chunks so that the encoded rows in memory stay bounded.
+// `scratch`: the transformed chunks' buffers, kept from call to call (fresh pages cost page
+// faults); nullptr: the call's own.
 void write_rank_shard(const Workflow& workflow, const std::vector<RowSlice>& rows,
-                      const std::string& path, int64_t block_rows);
+                      const std::string& path, int64_t block_rows,
+                      std::vector<io::Batch>* scratch = nullptr);
 
 // Rank 0's part: the output directory (as run_etl decides it: a staging directory beside a new
 // or replaced one, etl/output_dir.h) and, once every file is written, the metadata and the
