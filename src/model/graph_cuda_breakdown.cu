@@ -38,10 +38,12 @@ std::vector<std::string> GraphCuda::serving_breakdown(const io::Batch& batch, in
   check_batch(batch);
   const int64_t B = batch.rows;
   if (B == 0) return {};
-  hashed_cuda::HashedTables* hashed = emb_ ? emb_->hashed() : nullptr;
-  DLREC_CHECK(!hashed && graphs_ && !profile_,
-              "serving breakdown: this model serves eagerly (hashed tables, cuda_graphs off or "
+  attach_qat();
+  DLREC_CHECK(graphs_ && !profile_ && !qat_on_,
+              "serving breakdown: this model serves eagerly (QAT layers, cuda_graphs off or "
               "DLREC_PROFILE=1), not through the bucketed graphs it measures");
+  if (hashed_cuda::HashedTables* hashed = emb_ ? emb_->hashed() : nullptr)
+    hashed->prepare(batch, false, /*own_slot=*/false);
   const int64_t chunk = std::min(B, opts_.infer_chunk);
   int64_t R = 1;
   while (R < chunk) R *= 2;
@@ -70,9 +72,7 @@ std::vector<std::string> GraphCuda::serving_breakdown(const io::Batch& batch, in
     else multihot_pack(batch, 0, n, start, bk, nullptr);  // the copy timed on its own below
   };
   pack();
-  // What infer_launch copies in: a multi-hot chunk's dense rows and offsets, then its ids.
-  const size_t in_bytes = bk.id_cap ? bk.keys_at + sizeof(uint32_t) * bk.nnz
-                                    : sizeof(float) * R * num_dense_ + sizeof(uint32_t) * R * T_;
+  const size_t in_bytes = bucket_copy_bytes(bk);  // what predict() copies in
 
   // The labelled events of one eager run, on the main stream.
   std::vector<gpu::Event> ev;

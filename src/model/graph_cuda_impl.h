@@ -69,8 +69,9 @@ class GraphCuda final : public CudaModel {
   // per power-of-two bucket of rows (copy in, forward, sigmoid, copy out), in chunks of
   // GraphCudaOptions::infer_chunk rows through two alternating buckets (the host packs one while the device runs
   // the other); batches with several ids per row somewhere likewise through multi-hot buckets
-  // (graph_cuda_infer_multihot.cu); hashed tables, QAT layers, DLREC_PROFILE=1 and
-  // GraphCudaOptions::cuda_graphs off run eagerly (forward() and a sigmoid on the host).
+  // (graph_cuda_infer_multihot.cu); hashed tables' buckets carry the int64 keys, which their
+  // graphs resolve to rows; QAT layers, DLREC_PROFILE=1 and GraphCudaOptions::cuda_graphs off
+  // run eagerly (forward() and a sigmoid on the host).
   void predict(const io::Batch& batch, float* probs) override;
   void* serving_stream() override { return e_.st; }
   // Serving a compressed export (graph_cuda_infer.cu; docs/COMPRESSION.md).
@@ -129,14 +130,22 @@ class GraphCuda final : public CudaModel {
     int64_t id_cap = 0, nnz = 0;  // nnz: the ids of the chunk packed last
     int32_t* offsets = nullptr;
     size_t offsets_at = 0, keys_at = 0;
+    // A model with hashed tables: the chunk's keys as int64 too (`keys64_at` bytes into `in`
+    // and d_in; [T, R] one-hot, in the ids' order multi-hot), which its tables resolve to rows
+    // (written over the uint32 ids on the device); 0 / null otherwise.
+    size_t keys64_at = 0;
+    int64_t* keys64 = nullptr;
   };
   std::vector<std::unique_ptr<InferBucket>> buckets_;
   // Multi-hot buckets by (log2 R, log2 id capacity, parity).
   std::map<std::tuple<int, int, int>, std::unique_ptr<InferBucket>> mh_buckets_;
   InferBucket& infer_bucket(int64_t R, int parity);
   InferBucket& multihot_bucket(int64_t R, int64_t id_cap, int parity);
-  // A new bucket's device inputs (in_bytes), probabilities and events.
+  // A new bucket's device inputs (in_bytes; zeroed), probabilities and events.
   void bucket_device_side(InferBucket& bk, size_t in_bytes);
+  // The bytes of `in` a launch copies: a one-hot bucket's whole inputs, a multi-hot one's up to
+  // the last chunk's ids (and int64 keys).
+  size_t bucket_copy_bytes(const InferBucket& bk) const;
   // Where each table's ids begin among rows [r0, r0 + n)'s (T_ + 1 values; checked: offsets
   // inside each table's ids, fewer than 2^31 in all).
   std::vector<int64_t> multihot_starts(const io::Batch& batch, int64_t r0, int64_t n) const;

@@ -40,7 +40,7 @@ void spin_wait(cudaEvent_t e) {
   }
 }
 
-// Batches the captured buckets do not take (hashed tables, QAT layers, profiling): the forward
+// Batches the captured buckets do not take (QAT layers, profiling, graphs off): the forward
 // run eagerly, as a serving forward (compressed layers on their kernels: before, such a batch
 // ran the dense weights of a compressed export, found by the parity harness's compressed cases).
 void GraphCuda::predict_eager(const io::Batch& batch, float* probs) {
@@ -65,13 +65,19 @@ GraphCuda::InferBucket& GraphCuda::infer_bucket(int64_t R, int parity) {
   if (bkp) return *bkp;
   auto bk = std::make_unique<InferBucket>();
   bk->rows = R;
-  const size_t in_bytes = sizeof(float) * R * num_dense_ + sizeof(uint32_t) * R * T_ + 64;
+  size_t in_bytes = sizeof(float) * R * num_dense_ + sizeof(uint32_t) * R * T_ + 64;
+  if (emb_ && emb_->hashed()) {
+    bk->keys64_at = (sizeof(float) * R * num_dense_ + sizeof(uint32_t) * R * T_ + 15) / 16 * 16;
+    in_bytes = bk->keys64_at + sizeof(int64_t) * R * T_;
+  }
   // Mapped, so that the fused small-batch kernel reads the inputs and writes the
   // probabilities in place.
   bk->in = mapped_alloc(in_bytes);
   std::memset(bk->in.get(), 0, in_bytes);
   bk->dense = static_cast<float*>(bk->in.get());
   bk->keys = reinterpret_cast<uint32_t*>(bk->dense + R * num_dense_);
+  if (bk->keys64_at)
+    bk->keys64 = reinterpret_cast<int64_t*>(static_cast<char*>(bk->in.get()) + bk->keys64_at);
   for (int64_t t = 0; t < T_; ++t)  // padding: row 0 of each table
     for (int64_t r = 0; r < R; ++r) bk->keys[t * R + r] = row_base_ ? (*row_base_)[t] : 0;
   bk->out = mapped_alloc(sizeof(float) * R);
@@ -93,6 +99,7 @@ GraphCuda::InferBucket& GraphCuda::infer_bucket(int64_t R, int parity) {
 
 void GraphCuda::bucket_device_side(InferBucket& bk, size_t in_bytes) {
   bk.d_in = Tensor::empty({static_cast<int64_t>(in_bytes)}, DType::U8, dev_);
+  bk.d_in.zero_();  // hashed tables resolve every id position, the chunk's or not
   bk.d_probs = Tensor::empty({bk.rows}, DType::F32, dev_);
   bk.done = gpu::Event(dev_index_);
   bk.copied = gpu::Event(dev_index_);
@@ -112,14 +119,19 @@ void GraphCuda::infer_body(InferBucket& bk) {
     e_.keys = reinterpret_cast<const uint32_t*>(e_.dense + R * num_dense_);
     e_.offsets = bk.d_offsets.data<int32_t>();
   }
+  e_.hashed_keys = bk.keys64_at ? reinterpret_cast<const int64_t*>(
+                                      static_cast<const char*>(bk.d_in.raw()) + bk.keys64_at)
+                                : nullptr;
   e_.serving = true;
   try {
     run_forward();
   } catch (...) {
     e_.serving = false;
+    e_.hashed_keys = nullptr;
     throw;
   }
   e_.serving = false;
+  e_.hashed_keys = nullptr;
   cd::sigmoid(logits(), bk.d_probs.data<float>(), R, e_.st);
   DLREC_CUDA_CHECK(cudaMemcpyAsync(bk.probs, bk.d_probs.raw(), sizeof(float) * R,
                                    cudaMemcpyDeviceToHost, e_.st));
@@ -128,12 +140,18 @@ void GraphCuda::infer_body(InferBucket& bk) {
 // The inputs go over on the copy stream (outside the graph, so that the next chunk's copy
 // overlaps this chunk's forward); the first launch of a bucket runs eagerly (cuBLAS/cuBLASLt
 // plans, tuning and lazy loading outside the capture), then it is captured once.
+size_t GraphCuda::bucket_copy_bytes(const InferBucket& bk) const {
+  // One-hot: the dense rows and the ids; multi-hot: the dense rows and offsets, then the ids;
+  // then the int64 keys of hashed tables.
+  if (bk.keys64_at)
+    return bk.keys64_at + sizeof(int64_t) * (bk.id_cap ? bk.nnz : bk.rows * T_);
+  return bk.id_cap ? bk.keys_at + sizeof(uint32_t) * bk.nnz
+                   : sizeof(float) * bk.rows * num_dense_ + sizeof(uint32_t) * bk.rows * T_;
+}
+
 void GraphCuda::infer_launch(InferBucket& bk, bool copy_aside, bool copied) {
   cudaStream_t cs = copy_aside ? copy_.get() : e_.st;
-  // One-hot: the dense rows and the ids; multi-hot: the dense rows and offsets, then the ids.
-  const size_t bytes = bk.id_cap ? bk.keys_at + sizeof(uint32_t) * bk.nnz
-                                 : sizeof(float) * bk.rows * num_dense_ +
-                                       sizeof(uint32_t) * bk.rows * T_;
+  const size_t bytes = bucket_copy_bytes(bk);
   if (bytes && !copied)
     DLREC_CUDA_CHECK(
         cudaMemcpyAsync(bk.d_in.raw(), bk.in.get(), bytes, cudaMemcpyHostToDevice, cs));
@@ -174,6 +192,7 @@ bool GraphCuda::infer_pack(const io::Batch& batch, int64_t r0, int64_t n, InferB
                   t, " has ", batch.cat_indices[t].size(), " ids for ", o0 + n,
                   " rows (a batch promising one id per row must hold one per row)");
       const int64_t* ids = batch.cat_indices[t].data() + o0;
+      if (bk.keys64) std::memcpy(bk.keys64 + t * R, ids, sizeof(int64_t) * n);
       const int64_t rows = layout_.cardinalities[t];
       const uint32_t base = row_base_ ? (*row_base_)[t] : 0;
       uint32_t* k = bk.keys + t * R;
@@ -224,7 +243,10 @@ void GraphCuda::predict(const io::Batch& batch, float* probs) {
   hashed_cuda::HashedTables* hashed = emb_ ? emb_->hashed() : nullptr;
   attach_qat();
   // QAT layers (a model in training) run eagerly: their forward is the training engine's.
-  if (profile_ || !graphs_ || hashed || qat_on_) return predict_eager(batch, probs);
+  if (profile_ || !graphs_ || qat_on_) return predict_eager(batch, probs);
+  // Hashed tables: the keys checked (>= 0), the state rebuilt if it was handed out, lookups
+  // only (the buckets' graphs resolve each chunk's int64 keys).
+  if (hashed) hashed->prepare(batch, false, /*own_slot=*/false);
   have_training_forward_ = false;
   // Compressed exports too: one 32768-row chunk (more rows per int8 / 2:4 GEMM) lost the host
   // packing's overlap with the GPU and measured 1.39x slower end to end (bench/RESULTS.md).
@@ -244,7 +266,7 @@ void GraphCuda::predict(const io::Batch& batch, float* probs) {
     // Under the compressed policy the fused kernel runs the layers' INT8 forms (plan_fused) and
     // the 2:4 ones' pruned weights.
     const bool fuse = nchunks == 1 && n <= opts_.infer_fused_rows && e_.lowp &&
-                      fused_ != Fused::Off;
+                      fused_ != Fused::Off && !hashed;
     if (fuse && fused_launch(bk, n)) {
       DLREC_CUDA_CHECK(cudaEventRecord(bk.done, e_.st));
       if (kernel_policy_ == nn::kernel_choice::Policy::Compressed)

@@ -30,13 +30,18 @@ GraphCuda::InferBucket& GraphCuda::multihot_bucket(int64_t R, int64_t id_cap, in
   bk->id_cap = id_cap;
   bk->offsets_at = align16(sizeof(float) * R * num_dense_);
   bk->keys_at = align16(bk->offsets_at + sizeof(int32_t) * (R * T_ + 1));
-  const size_t in_bytes = bk->keys_at + sizeof(uint32_t) * id_cap;
+  size_t in_bytes = bk->keys_at + sizeof(uint32_t) * id_cap;
+  if (emb_ && emb_->hashed()) {
+    bk->keys64_at = align16(in_bytes);
+    in_bytes = bk->keys64_at + sizeof(int64_t) * id_cap;
+  }
   bk->in = mapped_alloc(in_bytes);
   std::memset(bk->in.get(), 0, in_bytes);
   char* in = static_cast<char*>(bk->in.get());
   bk->dense = reinterpret_cast<float*>(in);
   bk->offsets = reinterpret_cast<int32_t*>(in + bk->offsets_at);
   bk->keys = reinterpret_cast<uint32_t*>(in + bk->keys_at);
+  if (bk->keys64_at) bk->keys64 = reinterpret_cast<int64_t*>(in + bk->keys64_at);
   bk->out = mapped_alloc(sizeof(float) * R);
   bk->probs = static_cast<float*>(bk->out.get());
   bucket_device_side(*bk, in_bytes);
@@ -81,6 +86,9 @@ void GraphCuda::multihot_pack(const io::Batch& batch, int64_t r0, int64_t n,
       }
       const int32_t end = static_cast<int32_t>(start[t + 1]);
       for (int64_t r = n; r < R; ++r) o[r] = end;  // empty bags
+      if (bk.keys64 && end > pos)  // hashed tables: the keys as they are
+        std::memcpy(bk.keys64 + pos, batch.cat_indices[t].data() + off[0],
+                    sizeof(int64_t) * (end - pos));
     }
   };
   const int64_t N = start[T_];
@@ -100,6 +108,7 @@ void GraphCuda::multihot_pack(const io::Batch& batch, int64_t r0, int64_t n,
     pack_offsets(0, T_);
     pack_ids(batch, r0, start, 0, N, layout_.cardinalities, row_base_, bk.keys);
     copy(0, ids_at(N));
+    if (bk.keys64) copy(bk.keys64_at, bk.keys64_at + sizeof(int64_t) * N);
     return;
   }
   // On the serving packing team (awake between calls), each member an equal share of the ids
@@ -118,6 +127,7 @@ void GraphCuda::multihot_pack(const io::Batch& batch, int64_t r0, int64_t n,
                  layout_.cardinalities, row_base_, bk.keys);
       });
       copy(k == 0 ? 0 : ids_at(lo), ids_at(hi));
+      if (k == 0 && bk.keys64) copy(bk.keys64_at, bk.keys64_at + sizeof(int64_t) * N);
     }
   } catch (...) {
     // A bad id in a later phase: the earlier phases' copies still read this bucket, which the

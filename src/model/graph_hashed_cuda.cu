@@ -501,15 +501,16 @@ int64_t count_distinct_keys(const int64_t* keys, int64_t n, int64_t stop) {
 }
 }  // namespace
 
-void HashedTables::prepare(const io::Batch& b, bool training) {
+void HashedTables::prepare(const io::Batch& b, bool training, bool own_slot) {
+  DLREC_CHECK(own_slot || !training, "hashed tables: a training step uploads its own keys");
   if (handed_out_) import_state();
   const int64_t T = num_tables(), B = b.rows;
   std::vector<int64_t> start(T + 1, 0);
   for (int64_t t = 0; t < T; ++t)
     start[t + 1] = start[t] + (b.cat_offsets[t][B] - b.cat_offsets[t][0]);
   const int64_t nnz = start[T];
-  DLREC_CHECK(nnz <= max_nnz_, "hashed tables: ", nnz, " keys, scratch for ", max_nnz_,
-              " (alloc first)");
+  DLREC_CHECK(!own_slot || nnz <= max_nnz_, "hashed tables: ", nnz, " keys, scratch for ",
+              max_nnz_, " (alloc first)");
   // Checks first, a table per task: keys >= 0; a training batch's distinct keys of a table must
   // fit it (as on the CPU: a training forward holds all the keys of a batch at once), counted
   // when it has more keys than rows (a std::unordered_set there took 14 ms a step for 26 tables
@@ -600,10 +601,11 @@ Dev make_dev(Tensor& caps, Tensor& sbase, Tensor& ibase, Tensor& pmask, Tensor& 
            d_free_, d_ikey_, d_islot_, d_ctl_, d_glob_, d_hist_, static_cast<int>(num_tables()))
 
 void HashedTables::resolve(const int32_t* offsets, uint32_t* rows, int64_t B, int64_t nnz,
-                           cudaStream_t st) {
+                           cudaStream_t st, const int64_t* eval_keys) {
   if (nnz == 0) return;
   const Dev d = DLREC_HASHED_DEV;
-  const int64_t* keys = slots_[cur_].dev.data<int64_t>();
+  DLREC_CHECK(!(eval_keys && training_), "hashed tables: keys of their own in a training step");
+  const int64_t* keys = eval_keys ? eval_keys : slots_[cur_].dev.data<int64_t>();
   const int nb = blocks(nnz);
   const int T = static_cast<int>(num_tables());
   if (!training_) {

@@ -69,15 +69,18 @@ class HashedTables {
   void alloc(int64_t max_nnz);
   // Host side of a step, before the model's own upload: rebuilds the device state when it was
   // handed out (import), checks the keys (>= 0; with `training`, at most capacity_t distinct
-  // keys per table) and sets the mode of the next resolve().
-  void prepare(const io::Batch& b, bool training);
+  // keys per table) and sets the mode of the next resolve(). `own_slot` false: predict()'s
+  // buckets carry the keys, chunk by chunk (no upload() follows; evaluation only).
+  void prepare(const io::Batch& b, bool training, bool own_slot = true);
   // After the model's upload into slot `slot`: packs the keys like the uint32 ids of
   // cuda_step's upload into the slot's pinned buffer, copies them on `copy` (after the model's
   // upload, which enqueued the wait for the slot's previous step) and makes `compute` wait.
   void upload(const io::Batch& b, int slot, cudaStream_t copy, cudaStream_t compute);
-  // Device: the keys of the last upload -> rows[nnz] (global rows; in evaluation, a key that no
-  // table row holds gets kMissing). Training resolutions insert, evict and count.
-  void resolve(const int32_t* offsets, uint32_t* rows, int64_t B, int64_t nnz, cudaStream_t st);
+  // Device: the keys of the last upload (in evaluation `keys` instead, when given: predict()'s
+  // bucket) -> rows[nnz] (global rows; in evaluation, a key that no table row holds gets
+  // kMissing). Training resolutions insert, evict and count.
+  void resolve(const int32_t* offsets, uint32_t* rows, int64_t B, int64_t nnz, cudaStream_t st,
+               const int64_t* keys = nullptr);
   // Evaluation pooling of rows that may be kMissing (pooled as zeros, counted in a mean), the
   // layout of nn::cuda_emb::forward.
   template <class O>

@@ -11,6 +11,7 @@
 //     a CPU-trained one loads on the GPU, and a GPU checkpoint resumed on the GPU continues
 //     bit-identically;
 //   - bf16 and tf32 runs track the f32 CPU;
+//   - predict() runs through the bucketed inference graphs, as the CPU model predicts;
 //   - bad inputs are errors naming the table or key: negative keys, more distinct keys in a
 //     batch than the capacity, capacity 0, an unknown eviction policy, a corrupt state (the table
 //     is then left empty), a wide layer beside hashed tables.
@@ -29,7 +30,9 @@
 #include <vector>
 
 #include "dlrec/core/device.h"
+#include "dlrec/core/gpu_resources.h"
 #include "dlrec/embedding/hash_common.h"
+#include "dlrec/model/cuda_model.h"
 #include "dlrec/model/model.h"
 #include "dlrec/nn/loss.h"
 #include "dlrec/train/trainer.h"
@@ -414,6 +417,75 @@ TEST(GraphHashedCuda, GraphReplayEqualsEagerAndBf16Tf32TrackCpu) {
     }
     std::printf("[hashed %s] 100 steps, worst loss rel diff vs f32 CPU %.3g\n", prec, worst);
     EXPECT_LE(worst, std::string(prec) == "bf16" ? 0.05 : 0.01) << prec;
+  }
+}
+
+// ---- Serving: predict() through the buckets' graphs ----
+
+// predict() of a hashed model runs through the bucketed inference graphs (one-hot and
+// multi-hot buckets, their int64 keys resolved in the graph): the CPU model's probabilities
+// after the same training (keys seen and never seen, several chunks), and again after more
+// training steps (rows the graphs read in place); a negative key is the hashed table's error
+// and the model serves on; the serving breakdown measures it.
+TEST(GraphHashedCuda, PredictThroughGraphsMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (const std::string& layers : {dlrm(100000), dcn(100000)}) {
+    const RunConfig c = config(layers, kAdagrad);
+    const io::ShardLayout l = key_layout();
+    auto cpu = build_model(c.model, c.optimizer, l, Device::cpu(), 3);
+    auto gpu = build_model(c.model, c.optimizer, l, Device::cuda(0), 3);
+    auto* cm = dynamic_cast<CudaModel*>(gpu.get());
+    ASSERT_NE(cm, nullptr);
+    auto train = [&](int from, int n) {
+      for (int i = from; i < from + n; ++i) {
+        io::Batch b = batch_of(64, 700 + i, 400);
+        Tensor dl;
+        nn::bce_with_logits(cpu->forward(b, true), b.labels.data(), &dl);
+        cpu->backward_and_update(dl, 1.0);
+        gpu->train_step(b, 1.0, false);
+      }
+    };
+    auto one_hot = [&](int64_t rows, uint64_t seed) {  // one key per table and row
+      io::Batch b = testing::make_batch(testing::make_layout(4, std::vector<int64_t>(5, 800)),
+                                        rows, seed, false, 0.3);
+      for (auto& col : b.cat_indices)
+        for (int64_t& k : col)
+          k = static_cast<int64_t>(embedding::mix64(static_cast<uint64_t>(k) + 17) >> 24);
+      return b;
+    };
+    auto check = [&](const io::Batch& b, const char* what) {
+      std::vector<float> got(b.rows, -1.f);
+      cm->predict(b, got.data());
+      const auto z = values<float>(cpu->forward(b, false));
+      ASSERT_EQ(z.size(), got.size());
+      double worst = 0;
+      for (size_t i = 0; i < z.size(); ++i)
+        worst = std::max(worst, std::fabs(got[i] - 1.0 / (1.0 + std::exp(-double(z[i])))));
+      EXPECT_LE(worst, 1e-5) << what << ", " << b.rows << " rows";
+    };
+    train(0, 20);
+    const int64_t graphs = gpu::live_counts().graphs;
+    check(one_hot(300, 1), "one-hot");
+    check(batch_of(300, 2, 800), "multi-hot");  // keys of ids 400-799 never trained
+    EXPECT_GE(gpu::live_counts().graphs, graphs + 2) << "the buckets' graphs were not captured";
+    for (int64_t rows : {1, 3, 9000}) {
+      check(one_hot(rows, 10 + rows), "one-hot");
+      check(batch_of(rows, 20 + rows, 800), "multi-hot");
+    }
+    train(20, 10);  // new rows and values under the captured graphs
+    check(one_hot(300, 3), "one-hot after training");
+    check(batch_of(300, 4, 800), "multi-hot after training");
+    io::Batch neg = one_hot(7, 5);
+    neg.cat_indices[3][2] = -9;
+    std::vector<float> out(7);
+    expect_error([&] { cm->predict(neg, out.data()); }, {"hashed table 'emb.3'", "negative"});
+    check(one_hot(7, 6), "one-hot after the error");
+    io::Batch mh = batch_of(300, 7, 800);
+    check(mh, "multi-hot");
+    std::string all;
+    for (const std::string& line : cm->serving_breakdown(mh, 2)) all += line + "\n";
+    EXPECT_NE(all.find("device, captured graph"), std::string::npos) << all;
+    EXPECT_EQ(all.find("n/a (not captured"), std::string::npos) << all;
   }
 }
 

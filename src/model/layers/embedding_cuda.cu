@@ -15,7 +15,7 @@ void EmbeddingNode::forward(Engine& e) {
     // The step's row array belongs to this step's inputs; only table layers read it, and a
     // hashed embedding layer is the only one (the constructor refuses a wide layer beside it).
     uint32_t* rows = const_cast<uint32_t*>(e.keys);
-    hashed_->resolve(e.offsets, rows, e.B, e.nnz, e.st);
+    hashed_->resolve(e.offsets, rows, e.B, e.nnz, e.st, e.hashed_keys);
     if (!hashed_->training()) {
       if (v.dt == DType::BF16)
         hashed_->pool_eval(e.offsets, rows, e.B, mean_, static_cast<bf16*>(v.y.raw()), e.st);

@@ -209,6 +209,9 @@ struct Engine {
   const float* dense = nullptr;
   const int32_t* offsets = nullptr;
   const uint32_t* keys = nullptr;
+  // predict()'s buckets of a model with hashed tables: the chunk's int64 keys on the device
+  // (null: the hashed tables' own upload slot, as in training steps).
+  const int64_t* hashed_keys = nullptr;
   DataParallel dp;
 
   Tensor buf(Shape s, DType t) {
