@@ -186,6 +186,11 @@ int run(int argc, char** argv) {
   tab.row_base = d_base;
   tab.num_tables = T;
   tab.dim = dim;
+  if (std::any_of(hotness.begin(), hotness.end(), [](int h) { return h > 1; })) {
+    int32_t* order;  // as the graph engine's tables of a multi-hot layout (Tables::order)
+    check(cudaMalloc(&order, sizeof(int32_t) * T), "order");
+    tab.order = order;
+  }
   int64_t max_nnz = 0;
   for (auto& x : ids) {
     max_nnz = std::max<int64_t>(max_nnz, static_cast<int64_t>(x.keys.size()));

@@ -51,8 +51,9 @@ __global__ void fill_kernel(float* p, int64_t n, float v) {
     p[i] = v;
 }
 
-// Forward: kFwdBags consecutive bags per warp, their rows loaded together (with one bag per warp,
-// DCNv2's one id per bag left one row load in flight); V = 4: float4 lanes (dim % 4 == 0), V = 1:
+// Forward: kFwdBags consecutive bags of one table per warp, their rows loaded together (with one
+// bag per warp, DCNv2's one id per bag left one row load in flight), the tables' warps in the
+// order of Tables::order when given; V = 4: float4 lanes (dim % 4 == 0), V = 1:
 // scalar lanes. Each bag is summed in order and scaled once. QB: 0, fp32 tables; 8 or 4, every
 // table row-wise quantized with codes of that width (Tables::quant_bits); -1, a mix (per table:
 // Tables::codes[t] or fp32). Rows of codes are dequantized on load. The uniform forms have no
@@ -61,29 +62,47 @@ __global__ void fill_kernel(float* p, int64_t n, float v) {
 // in flight per warp; bench/RESULTS.md has the lookup times of both).
 constexpr int kFwdBags = 4;
 
+// Tables::order: the tables by their ids in the batch, most first (ties by index), so that the
+// warps of long bags (MLPerf DCNv2's 100-id table) start first instead of wherever the table
+// falls in the grid (at 2,048 rows they set the lookup's time: bench/RESULTS.md, "Multi-hot
+// serving"). One block; the counts in shared memory.
+constexpr int kMaxOrderedTables = 4096;  // their counts in 32 KB of shared memory
+
+__global__ void order_kernel(const int32_t* __restrict__ offsets, int64_t B, int T,
+                             int32_t* __restrict__ order) {
+  extern __shared__ int64_t ids[];
+  for (int t = threadIdx.x; t < T; t += blockDim.x)
+    ids[t] = int64_t(offsets[int64_t(t + 1) * B]) - offsets[int64_t(t) * B];
+  __syncthreads();
+  for (int t = threadIdx.x; t < T; t += blockDim.x) {
+    int rank = 0;
+    for (int u = 0; u < T; ++u) rank += ids[u] > ids[t] || (ids[u] == ids[t] && u < t);
+    order[rank] = t;
+  }
+}
+
 template <int V, class O, int QB>
 __global__ void __launch_bounds__(256, 3)
     forward_kernel2(Tables tab, const int32_t* __restrict__ offsets,
                     const uint32_t* __restrict__ keys, int64_t B, bool mean, O* __restrict__ out,
                     int64_t ld) {
-  const int64_t bag0 = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32 * kFwdBags;
+  // The warps of a table's bags in a group of ceil(B / kFwdBags), the k-th group the table
+  // tab.order[k] (heaviest first, when given).
+  const int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  const int64_t per_table = (B + kFwdBags - 1) / kFwdBags;
+  const int64_t k = warp / per_table;
+  if (k >= tab.num_tables) return;
+  const int t0 = tab.order ? tab.order[k] : static_cast<int>(k);
+  const int64_t b0 = (warp - k * per_table) * kFwdBags;  // the warp's first sample
   const int lane = threadIdx.x & 31;
   const int d = tab.dim;
-  const int64_t bags = B * tab.num_tables;
-  if (bag0 >= bags) return;
   int32_t beg[kFwdBags], len[kFwdBags];
-  const int32_t maxlen = bag_spans<kFwdBags>(offsets, bag0, bags, beg, len);
-  // Table and sample of bag bag0 + u (the bags of a warp may lie in several tables).
-  const int t0 = static_cast<int>(bag0 / B);
-  const int64_t b0 = bag0 - int64_t(t0) * B;
+  const int32_t maxlen =
+      bag_spans<kFwdBags>(offsets, int64_t(t0) * B + b0, int64_t(t0) * B + B, beg, len);
+  // Table and sample of bag u of the warp (all of one table).
   auto table_of = [&](int u, int64_t& b) {
-    int t = t0;
     b = b0 + u;
-    while (b >= B) {
-      b -= B;
-      ++t;
-    }
-    return t;
+    return t0;
   };
   // Elements 4v .. 4v + 3 (V = 4) or k (V = 1) of id p of bag u.
   auto load4 = [&](int u, int32_t p, int v) {  // QB <= 0 (QB > 0: qrow below)
@@ -158,7 +177,7 @@ __global__ void __launch_bounds__(256, 3)
       }
 #pragma unroll
       for (int u = 0; u < kFwdBags; ++u)
-        if (bag0 + u < bags) {
+        if (b0 + u < B) {
           float sc;
           O* o = dest(u, sc);
           if (sc != 1.f) {
@@ -183,7 +202,7 @@ __global__ void __launch_bounds__(256, 3)
       }
 #pragma unroll
       for (int u = 0; u < kFwdBags; ++u)
-        if (bag0 + u < bags) {
+        if (b0 + u < B) {
           float sc;
           O* o = dest(u, sc);
           store1(o + k, sc != 1.f ? acc[u] * sc : acc[u]);
@@ -590,12 +609,24 @@ void forward(const Tables& tab, const int32_t* offsets, const uint32_t* keys, in
   DLREC_CHECK(ld >= width, "embedding forward: row stride ", ld, " is below the ", width,
               " pooled columns");
   const int threads = 256;
-  const int64_t blocks = ((bags + kFwdBags - 1) / kFwdBags * 32 + threads - 1) / threads;
-  const unsigned g = static_cast<unsigned>(blocks);
+  const int64_t blocks =
+      (int64_t(tab.num_tables) * ((B + kFwdBags - 1) / kFwdBags) * 32 + threads - 1) / threads;
   const int qb = !tab.codes ? 0 : tab.quant_bits == 8 || tab.quant_bits == 4 ? tab.quant_bits : -1;
+  if (qb > 0 && vec4_ok(out, tab.dim, ld) &&
+      forward_quant16(tab, offsets, keys, B, mean, out, ld, stream))
+    return;  // (its own warp layout, in table order)
+  Tables tk = tab;  // what forward_kernel2 reads
+  if (tab.order && tab.num_tables <= kMaxOrderedTables) {
+    order_kernel<<<1, 256, sizeof(int64_t) * tab.num_tables, stream>>>(
+        offsets, B, tab.num_tables, tab.order);
+    DLREC_CUDA_LAUNCH_CHECK();
+  } else {
+    tk.order = nullptr;
+  }
+  const unsigned g = static_cast<unsigned>(blocks);
   auto run = [&](auto v, auto q) {
     forward_kernel2<decltype(v)::value, O, decltype(q)::value>
-        <<<g, threads, 0, stream>>>(tab, offsets, keys, B, mean, out, ld);
+        <<<g, threads, 0, stream>>>(tk, offsets, keys, B, mean, out, ld);
   };
   auto with_q = [&](auto v) {
     if (qb == 8) run(v, std::integral_constant<int, 8>{});
@@ -603,8 +634,6 @@ void forward(const Tables& tab, const int32_t* offsets, const uint32_t* keys, in
     else if (qb < 0) run(v, std::integral_constant<int, -1>{});
     else run(v, std::integral_constant<int, 0>{});
   };
-  if (qb > 0 && vec4_ok(out, tab.dim, ld) && forward_quant16(tab, offsets, keys, B, mean, out, ld, stream))
-    return;
   if (vec4_ok(out, tab.dim, ld))
     with_q(std::integral_constant<int, 4>{});
   else

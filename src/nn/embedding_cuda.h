@@ -41,6 +41,10 @@ struct Tables {
   const uint8_t* const* codes = nullptr;
   const int32_t* qbits = nullptr;
   int quant_bits = 0;  // host-known: 8 or 4 when every table has codes of that width, else 0
+  // device [T] scratch or null: forward() first orders the tables by their ids in the batch
+  // (most first) into it, and its warps take the tables in that order (long bags start first;
+  // the sums are the same). Owned by one Tables; a copy for a subset of tables sets it null.
+  int32_t* order = nullptr;
 };
 
 // The device layout of a row-wise quantized table (nn/row_quant.h): row r at r * stride, its

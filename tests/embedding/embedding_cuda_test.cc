@@ -208,37 +208,52 @@ TEST(EmbeddingCuda, StridedForwardMatchesCpuF32AndBf16) {
 #ifdef DLREC_WITH_CUDA
   int checked = 0;
   for (const Shape& sh : kShapes)
-    for (bool mean : {false, true}) {
-      Problem p(sh.rows, sh.dim, sh.B, 11 + sh.dim, sh.max_bag);
-      DevProblem d(p);
-      const int64_t width = int64_t(p.T) * p.dim, ld = sh.col + width + sh.extra;
-      const float sentinel = 1234.5f;  // exact in f32; in bf16 it is 1232
-      const uint16_t sentinel16 = to_bf16_bits(sentinel);
-      Dev<float> out32(std::vector<float>(p.B * ld, sentinel));
-      Dev<uint16_t> out16(std::vector<uint16_t>(p.B * ld, sentinel16));
-      ce::forward(d.tab, d.offsets->p, d.keys->p, p.B, mean, out32.p + sh.col, nullptr, ld);
-      ce::forward(d.tab, d.offsets->p, d.keys->p, p.B, mean,
-                  reinterpret_cast<__nv_bfloat16*>(out16.p) + sh.col, nullptr, ld);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const auto o32 = out32.get();
-      const auto o16 = out16.get();
-      for (int64_t b = 0; b < p.B; ++b) {
-        for (int64_t c = 0; c < ld; ++c) {
-          if (c >= sh.col && c < sh.col + width) continue;
-          ASSERT_EQ(o32[b * ld + c], sentinel) << "column " << c << " outside the pooled ones";
-          ASSERT_EQ(o16[b * ld + c], sentinel16) << "bf16, column " << c;
+    for (bool mean : {false, true})
+      for (bool ordered : {false, true}) {  // Tables::order: the tables' warps by ids, most first
+        Problem p(sh.rows, sh.dim, sh.B, 11 + sh.dim, sh.max_bag);
+        DevProblem d(p);
+        Dev<int32_t> order(std::vector<int32_t>(p.T, -1));
+        if (ordered) d.tab.order = order.p;
+        const int64_t width = int64_t(p.T) * p.dim, ld = sh.col + width + sh.extra;
+        const float sentinel = 1234.5f;  // exact in f32; in bf16 it is 1232
+        const uint16_t sentinel16 = to_bf16_bits(sentinel);
+        Dev<float> out32(std::vector<float>(p.B * ld, sentinel));
+        Dev<uint16_t> out16(std::vector<uint16_t>(p.B * ld, sentinel16));
+        ce::forward(d.tab, d.offsets->p, d.keys->p, p.B, mean, out32.p + sh.col, nullptr, ld);
+        ce::forward(d.tab, d.offsets->p, d.keys->p, p.B, mean,
+                    reinterpret_cast<__nv_bfloat16*>(out16.p) + sh.col, nullptr, ld);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto o32 = out32.get();
+        const auto o16 = out16.get();
+        if (ordered) {  // a permutation of the tables, by their ids in the batch, most first
+          const auto o = order.get();
+          std::vector<int> seen(p.T, 0);
+          int64_t prev = INT64_MAX;
+          for (int32_t t : o) {
+            ASSERT_TRUE(t >= 0 && t < p.T && !seen[t]++) << "order is not a permutation";
+            const int64_t n = p.offsets[(t + 1) * p.B] - p.offsets[t * p.B];
+            ASSERT_LE(n, prev) << "table " << t << " after one with fewer ids";
+            prev = n;
+          }
         }
-        for (int t = 0; t < p.T; ++t) {
-          const auto ref = p.pool(t, b, mean);
-          for (int k = 0; k < p.dim; ++k) {
-            const int64_t at = b * ld + sh.col + int64_t(t) * p.dim + k;
-            ASSERT_EQ(o32[at], ref[k]) << "dim " << p.dim << " bag (" << t << ", " << b << ")";
-            ASSERT_EQ(o16[at], to_bf16_bits(ref[k])) << "bf16, bag (" << t << ", " << b << ")";
-            ++checked;
+        for (int64_t b = 0; b < p.B; ++b) {
+          for (int64_t c = 0; c < ld; ++c) {
+            if (c >= sh.col && c < sh.col + width) continue;
+            ASSERT_EQ(o32[b * ld + c], sentinel) << "column " << c << " outside the pooled ones";
+            ASSERT_EQ(o16[b * ld + c], sentinel16) << "bf16, column " << c;
+          }
+          for (int t = 0; t < p.T; ++t) {
+            const auto ref = p.pool(t, b, mean);
+            for (int k = 0; k < p.dim; ++k) {
+              const int64_t at = b * ld + sh.col + int64_t(t) * p.dim + k;
+              ASSERT_EQ(o32[at], ref[k]) << "dim " << p.dim << " bag (" << t << ", " << b << ")"
+                                         << (ordered ? ", tables in order of ids" : "");
+              ASSERT_EQ(o16[at], to_bf16_bits(ref[k])) << "bf16, bag (" << t << ", " << b << ")";
+              ++checked;
+            }
           }
         }
       }
-    }
   EXPECT_GT(checked, 10000);
 #endif
 }

@@ -2,6 +2,7 @@
 // features. Internal; CUDA builds only.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 
 #include "dlrec/nn/row_quant.h"
@@ -23,6 +24,7 @@ struct TableSet {
   int key_bits = 1;
   int64_t dim = 0;
   Tensor ptrs, sptrs, base, scratch_mem;
+  Tensor order;  // multi-hot layouts: the forward's order of the tables (ce::Tables::order)
   ce::Tables tab;
   ce::Scratch scratch;
   // Deferred (the embedding layer's fixed tables): the constructor allocates nothing, and
@@ -64,6 +66,10 @@ struct TableSet {
     while (key_bits < 32 && (uint64_t{1} << key_bits) < total) ++key_bits;
     tab.num_tables = static_cast<int>(T);
     tab.dim = static_cast<int>(dim);
+    if (std::any_of(layout.multi_hot.begin(), layout.multi_hot.end(), [](bool m) { return m; })) {
+      order = Tensor::empty({T}, DType::I32, e.dev);
+      tab.order = order.data<int32_t>();
+    }
     tables.resize(T);
     if (e.emb_adagrad) states.resize(T);
     if (deferred) return;
