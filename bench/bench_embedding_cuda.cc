@@ -186,11 +186,9 @@ int run(int argc, char** argv) {
   tab.row_base = d_base;
   tab.num_tables = T;
   tab.dim = dim;
-  if (std::any_of(hotness.begin(), hotness.end(), [](int h) { return h > 1; })) {
-    int32_t* order;  // as the graph engine's tables of a multi-hot layout (Tables::order)
+  int32_t* order = nullptr;  // as the graph engine's tables of a multi-hot layout
+  if (std::any_of(hotness.begin(), hotness.end(), [](int h) { return h > 1; }))
     check(cudaMalloc(&order, sizeof(int32_t) * T), "order");
-    tab.order = order;
-  }
   int64_t max_nnz = 0;
   for (auto& x : ids) {
     max_nnz = std::max<int64_t>(max_nnz, static_cast<int64_t>(x.keys.size()));
@@ -235,7 +233,7 @@ int run(int argc, char** argv) {
   const auto kind = adagrad ? ce::Update::Adagrad : ce::Update::SGD;
 
   auto fwd = [&](const Ids& x) {
-    ce::forward(tab, x.d_offsets, x.d_keys, B, false, x0 + col, st, ld);
+    ce::forward(tab, x.d_offsets, x.d_keys, B, false, x0 + col, st, ld, order);
   };
   auto bwd_ids = [&](const Ids& x) {
     ce::backward_ids(tab, x.d_offsets, x.d_keys, B, static_cast<int64_t>(x.keys.size()), key_bits,

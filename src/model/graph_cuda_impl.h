@@ -23,6 +23,14 @@ using namespace gpu_graph;
 // at once take turns: a packing lasts microseconds), so that no more than `size` threads spin.
 // Created on first use with the size asked for then (GraphCudaOptions::infer_pack_threads).
 SpinTeam& pack_team(int size);
+
+// predict()'s bucket arithmetic: the power of two >= v (as an exponent), 16-byte alignment.
+inline int log2_ceil(int64_t v) {
+  int lg = 0;
+  while ((int64_t{1} << lg) < v) ++lg;
+  return lg;
+}
+inline size_t align16(size_t b) { return (b + 15) / 16 * 16; }
 // Pinned host memory that the device can address (graph_cuda_infer.cu).
 PinnedPtr mapped_alloc(size_t bytes);
 // Spins on the event rather than sleeping in a sync: serving wants the latency.

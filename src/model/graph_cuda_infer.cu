@@ -57,9 +57,7 @@ void GraphCuda::predict_eager(const io::Batch& batch, float* probs) {
 }
 
 GraphCuda::InferBucket& GraphCuda::infer_bucket(int64_t R, int parity) {
-  int lg = 0;
-  while ((int64_t{1} << lg) < R) ++lg;
-  const size_t i = static_cast<size_t>(2 * lg + parity);
+  const size_t i = static_cast<size_t>(2 * log2_ceil(R) + parity);
   if (buckets_.size() <= i) buckets_.resize(i + 1);
   auto& bkp = buckets_[i];
   if (bkp) return *bkp;
@@ -67,7 +65,7 @@ GraphCuda::InferBucket& GraphCuda::infer_bucket(int64_t R, int parity) {
   bk->rows = R;
   size_t in_bytes = sizeof(float) * R * num_dense_ + sizeof(uint32_t) * R * T_ + 64;
   if (emb_ && emb_->hashed()) {
-    bk->keys64_at = (sizeof(float) * R * num_dense_ + sizeof(uint32_t) * R * T_ + 15) / 16 * 16;
+    bk->keys64_at = align16(sizeof(float) * R * num_dense_ + sizeof(uint32_t) * R * T_);
     in_bytes = bk->keys64_at + sizeof(int64_t) * R * T_;
   }
   // Mapped, so that the fused small-batch kernel reads the inputs and writes the

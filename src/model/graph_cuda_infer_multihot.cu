@@ -10,17 +10,6 @@
 #include "model/graph_cuda_impl.h"
 
 namespace dlrec::model::graph_cuda_impl {
-namespace {
-
-int log2_ceil(int64_t v) {
-  int lg = 0;
-  while ((int64_t{1} << lg) < v) ++lg;
-  return lg;
-}
-
-size_t align16(size_t b) { return (b + 15) / 16 * 16; }
-
-}  // namespace
 
 GraphCuda::InferBucket& GraphCuda::multihot_bucket(int64_t R, int64_t id_cap, int parity) {
   auto& bkp = mh_buckets_[{log2_ceil(R), log2_ceil(id_cap), parity}];

@@ -53,7 +53,7 @@ __global__ void fill_kernel(float* p, int64_t n, float v) {
 
 // Forward: kFwdBags consecutive bags of one table per warp, their rows loaded together (with one
 // bag per warp, DCNv2's one id per bag left one row load in flight), the tables' warps in the
-// order of Tables::order when given; V = 4: float4 lanes (dim % 4 == 0), V = 1:
+// order of forward()'s `order` when given; V = 4: float4 lanes (dim % 4 == 0), V = 1:
 // scalar lanes. Each bag is summed in order and scaled once. QB: 0, fp32 tables; 8 or 4, every
 // table row-wise quantized with codes of that width (Tables::quant_bits); -1, a mix (per table:
 // Tables::codes[t] or fp32). Rows of codes are dequantized on load. The uniform forms have no
@@ -62,7 +62,7 @@ __global__ void fill_kernel(float* p, int64_t n, float v) {
 // in flight per warp; bench/RESULTS.md has the lookup times of both).
 constexpr int kFwdBags = 4;
 
-// Tables::order: the tables by their ids in the batch, most first (ties by index), so that the
+// forward()'s `order`: the tables by their ids in the batch, most first (ties by index), so that the
 // warps of long bags (MLPerf DCNv2's 100-id table) start first instead of wherever the table
 // falls in the grid (at 2,048 rows they set the lookup's time: bench/RESULTS.md, "Multi-hot
 // serving"). One block; the counts in shared memory.
@@ -85,14 +85,14 @@ template <int V, class O, int QB>
 __global__ void __launch_bounds__(256, 3)
     forward_kernel2(Tables tab, const int32_t* __restrict__ offsets,
                     const uint32_t* __restrict__ keys, int64_t B, bool mean, O* __restrict__ out,
-                    int64_t ld) {
+                    int64_t ld, const int32_t* __restrict__ order) {
   // The warps of a table's bags in a group of ceil(B / kFwdBags), the k-th group the table
-  // tab.order[k] (heaviest first, when given).
+  // order[k] (heaviest first, when given).
   const int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   const int64_t per_table = (B + kFwdBags - 1) / kFwdBags;
   const int64_t k = warp / per_table;
   if (k >= tab.num_tables) return;
-  const int t0 = tab.order ? tab.order[k] : static_cast<int>(k);
+  const int t0 = order ? order[k] : static_cast<int>(k);
   const int64_t b0 = (warp - k * per_table) * kFwdBags;  // the warp's first sample
   const int lane = threadIdx.x & 31;
   const int d = tab.dim;
@@ -601,7 +601,7 @@ bool vec4_ok(const P* p, int d, int64_t ld) {
 
 template <class O>
 void forward(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B, bool mean,
-             O* out, cudaStream_t stream, int64_t ld) {
+             O* out, cudaStream_t stream, int64_t ld, int32_t* order) {
   const int64_t bags = B * tab.num_tables;
   if (bags == 0) return;
   const int64_t width = int64_t(tab.num_tables) * tab.dim;
@@ -615,18 +615,17 @@ void forward(const Tables& tab, const int32_t* offsets, const uint32_t* keys, in
   if (qb > 0 && vec4_ok(out, tab.dim, ld) &&
       forward_quant16(tab, offsets, keys, B, mean, out, ld, stream))
     return;  // (its own warp layout, in table order)
-  Tables tk = tab;  // what forward_kernel2 reads
-  if (tab.order && tab.num_tables <= kMaxOrderedTables) {
-    order_kernel<<<1, 256, sizeof(int64_t) * tab.num_tables, stream>>>(
-        offsets, B, tab.num_tables, tab.order);
+  if (order && tab.num_tables <= kMaxOrderedTables) {
+    order_kernel<<<1, 256, sizeof(int64_t) * tab.num_tables, stream>>>(offsets, B,
+                                                                       tab.num_tables, order);
     DLREC_CUDA_LAUNCH_CHECK();
   } else {
-    tk.order = nullptr;
+    order = nullptr;
   }
   const unsigned g = static_cast<unsigned>(blocks);
   auto run = [&](auto v, auto q) {
     forward_kernel2<decltype(v)::value, O, decltype(q)::value>
-        <<<g, threads, 0, stream>>>(tk, offsets, keys, B, mean, out, ld);
+        <<<g, threads, 0, stream>>>(tab, offsets, keys, B, mean, out, ld, order);
   };
   auto with_q = [&](auto v) {
     if (qb == 8) run(v, std::integral_constant<int, 8>{});
@@ -641,11 +640,11 @@ void forward(const Tables& tab, const int32_t* offsets, const uint32_t* keys, in
   DLREC_CUDA_LAUNCH_CHECK();
 }
 template void forward<float>(const Tables&, const int32_t*, const uint32_t*, int64_t, bool, float*,
-                             cudaStream_t, int64_t);
+                             cudaStream_t, int64_t, int32_t*);
 template void forward<__nv_bfloat16>(const Tables&, const int32_t*, const uint32_t*, int64_t, bool,
-                                     __nv_bfloat16*, cudaStream_t, int64_t);
+                                     __nv_bfloat16*, cudaStream_t, int64_t, int32_t*);
 template void forward<__half>(const Tables&, const int32_t*, const uint32_t*, int64_t, bool,
-                              __half*, cudaStream_t, int64_t);
+                              __half*, cudaStream_t, int64_t, int32_t*);
 
 int64_t num_chunks(int64_t n) { return (n + kChunk - 1) / kChunk; }
 

@@ -41,10 +41,6 @@ struct Tables {
   const uint8_t* const* codes = nullptr;
   const int32_t* qbits = nullptr;
   int quant_bits = 0;  // host-known: 8 or 4 when every table has codes of that width, else 0
-  // device [T] scratch or null: forward() first orders the tables by their ids in the batch
-  // (most first) into it, and its warps take the tables in that order (long bags start first;
-  // the sums are the same). Owned by one Tables; a copy for a subset of tables sets it null.
-  int32_t* order = nullptr;
 };
 
 // The device layout of a row-wise quantized table (nn/row_quant.h): row r at r * stride, its
@@ -69,10 +65,13 @@ bool forward_quant16(const Tables& tab, const int32_t* offsets, const uint32_t* 
 // out[b, t, :] = sum (or mean) of the rows of bag t * B + b (fp32 or quantized tables: the
 // codes' values); zeros for an empty bag. O is
 // float, __nv_bfloat16 or __half (sums in float, rounded once). Rows ld apart (0: T * dim,
-// else ld >= T * dim); the columns beyond T * dim of each row are not written.
+// else ld >= T * dim); the columns beyond T * dim of each row are not written. `order`: device
+// [T] scratch (the caller's, for this call's stream) or null: the tables are first ordered by
+// their ids in the batch (most first) into it, and the warps take them in that order (a
+// multi-hot layout's long bags start first; the sums are the same).
 template <class O>
 void forward(const Tables& tab, const int32_t* offsets, const uint32_t* keys, int64_t B,
-             bool mean, O* out, cudaStream_t stream, int64_t ld = 0);
+             bool mean, O* out, cudaStream_t stream, int64_t ld = 0, int32_t* order = nullptr);
 
 // Scratch for backward, sized for up to `max_nnz` ids (allocate with the byte count of
 // scratch_bytes and carve with carve()).

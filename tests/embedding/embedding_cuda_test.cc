@@ -209,19 +209,20 @@ TEST(EmbeddingCuda, StridedForwardMatchesCpuF32AndBf16) {
   int checked = 0;
   for (const Shape& sh : kShapes)
     for (bool mean : {false, true})
-      for (bool ordered : {false, true}) {  // Tables::order: the tables' warps by ids, most first
+      for (bool ordered : {false, true}) {  // forward's order: the tables' warps by ids, most first
         Problem p(sh.rows, sh.dim, sh.B, 11 + sh.dim, sh.max_bag);
         DevProblem d(p);
         Dev<int32_t> order(std::vector<int32_t>(p.T, -1));
-        if (ordered) d.tab.order = order.p;
         const int64_t width = int64_t(p.T) * p.dim, ld = sh.col + width + sh.extra;
         const float sentinel = 1234.5f;  // exact in f32; in bf16 it is 1232
         const uint16_t sentinel16 = to_bf16_bits(sentinel);
         Dev<float> out32(std::vector<float>(p.B * ld, sentinel));
         Dev<uint16_t> out16(std::vector<uint16_t>(p.B * ld, sentinel16));
-        ce::forward(d.tab, d.offsets->p, d.keys->p, p.B, mean, out32.p + sh.col, nullptr, ld);
+        int32_t* scratch = ordered ? order.p : nullptr;
+        ce::forward(d.tab, d.offsets->p, d.keys->p, p.B, mean, out32.p + sh.col, nullptr, ld,
+                    scratch);
         ce::forward(d.tab, d.offsets->p, d.keys->p, p.B, mean,
-                    reinterpret_cast<__nv_bfloat16*>(out16.p) + sh.col, nullptr, ld);
+                    reinterpret_cast<__nv_bfloat16*>(out16.p) + sh.col, nullptr, ld, scratch);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         const auto o32 = out32.get();
         const auto o16 = out16.get();

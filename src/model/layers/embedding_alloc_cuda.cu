@@ -78,7 +78,6 @@ void EmbeddingNode::alloc_table_wise(Engine& e, int64_t max_nnz) {
   tw_sptrs_ = upload_bytes(e, sp.data(), sp.size() * sizeof(float*));
   tw_base_ = upload_bytes(e, base.data(), base.size() * sizeof(uint32_t));
   tw_sub_ = ts_.tab;
-  tw_sub_.order = nullptr;  // the order is the whole set's scratch
   tw_sub_.weights = static_cast<float* const*>(tw_ptrs_.raw());
   tw_sub_.states = ts_.tab.states ? static_cast<float* const*>(tw_sptrs_.raw()) : nullptr;
   tw_sub_.row_base = static_cast<const uint32_t*>(tw_base_.raw());
@@ -137,7 +136,6 @@ void EmbeddingNode::alloc_column_wise(Engine& e, int64_t max_nnz,
     g.sptrs = upload_bytes(e, sp.data(), sp.size() * sizeof(float*));
     g.base = upload_bytes(e, base.data(), base.size() * sizeof(uint32_t));
     g.sub = ts_.tab;
-    g.sub.order = nullptr;  // the order is the whole set's scratch
     g.sub.weights = static_cast<float* const*>(g.ptrs.raw());
     g.sub.states = ts_.tab.states ? static_cast<float* const*>(g.sptrs.raw()) : nullptr;
     g.sub.row_base = static_cast<const uint32_t*>(g.base.raw());
@@ -202,7 +200,6 @@ void EmbeddingNode::alloc_replicated(Engine& e, int64_t max_nnz) {
   rp_gptrs_ = upload_bytes(e, gp.data(), gp.size() * sizeof(float*));
   rp_base_ = upload_bytes(e, base.data(), base.size() * sizeof(uint32_t));
   rp_sub_ = ts_.tab;
-  rp_sub_.order = nullptr;  // the order is the whole set's scratch
   rp_sub_.weights = static_cast<float* const*>(rp_ptrs_.raw());
   rp_sub_.states = ts_.tab.states ? static_cast<float* const*>(rp_sptrs_.raw()) : nullptr;
   rp_sub_.row_base = static_cast<const uint32_t*>(rp_base_.raw());
@@ -318,7 +315,6 @@ void EmbeddingNode::alloc_row_wise(Engine& e, int64_t max_nnz) {
   rw_sptrs_ = upload_bytes(e, sp.data(), sp.size() * sizeof(float*));
   rw_base_ = upload_bytes(e, local_base.data(), local_base.size() * sizeof(uint32_t));
   rw_sub_ = ts_.tab;
-  rw_sub_.order = nullptr;  // the order is the whole set's scratch
   rw_sub_.weights = static_cast<float* const*>(rw_ptrs_.raw());
   rw_sub_.states = ts_.tab.states ? static_cast<float* const*>(rw_sptrs_.raw()) : nullptr;
   rw_sub_.row_base = static_cast<const uint32_t*>(rw_base_.raw());

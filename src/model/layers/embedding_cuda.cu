@@ -31,10 +31,11 @@ void EmbeddingNode::forward(Engine& e) {
     with_half(o.dt, [&](auto* h) {
       using H = std::remove_pointer_t<decltype(h)>;
       ce::forward(ts_.tab, e.offsets, e.keys, e.B, mean_, static_cast<H*>(o.y.raw()) + col, e.st,
-                  o.ld);
+                  o.ld, ts_.order_scratch());
     });
   else
-    ce::forward(ts_.tab, e.offsets, e.keys, e.B, mean_, o.y.data<float>() + col, e.st, o.ld);
+    ce::forward(ts_.tab, e.offsets, e.keys, e.B, mean_, o.y.data<float>() + col, e.st, o.ld,
+                ts_.order_scratch());
 }
 
 void EmbeddingNode::backward(Engine& e) {

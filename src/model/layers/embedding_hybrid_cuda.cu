@@ -284,7 +284,6 @@ void EmbeddingNode::alloc_hybrid(Engine& e, int64_t max_nnz) {
   hy_sptrs_ = upload_bytes(e, sp.data(), sp.size() * sizeof(float*));
   hy_base_ = upload_bytes(e, local_base.data(), local_base.size() * sizeof(uint32_t));
   hy_sub_ = ts_.tab;
-  hy_sub_.order = nullptr;  // the order is the whole set's scratch
   hy_sub_.weights = static_cast<float* const*>(hy_ptrs_.raw());
   hy_sub_.states = ts_.tab.states ? static_cast<float* const*>(hy_sptrs_.raw()) : nullptr;
   hy_sub_.row_base = static_cast<const uint32_t*>(hy_base_.raw());

@@ -24,7 +24,7 @@ struct TableSet {
   int key_bits = 1;
   int64_t dim = 0;
   Tensor ptrs, sptrs, base, scratch_mem;
-  Tensor order;  // multi-hot layouts: the forward's order of the tables (ce::Tables::order)
+  Tensor order;  // multi-hot layouts: ce::forward's order scratch (order_scratch())
   ce::Tables tab;
   ce::Scratch scratch;
   // Deferred (the embedding layer's fixed tables): the constructor allocates nothing, and
@@ -40,6 +40,7 @@ struct TableSet {
   std::vector<int32_t> qbits;
   Tensor cptrs, bptrs;
   bool quantized(int64_t t) const { return !qcodes.empty() && qcodes[t].defined(); }
+  int32_t* order_scratch() { return order.defined() ? order.data<int32_t>() : nullptr; }
   bool any_quantized() const {
     for (const Tensor& c : qcodes)
       if (c.defined()) return true;
@@ -68,7 +69,6 @@ struct TableSet {
     tab.dim = static_cast<int>(dim);
     if (std::any_of(layout.multi_hot.begin(), layout.multi_hot.end(), [](bool m) { return m; })) {
       order = Tensor::empty({T}, DType::I32, e.dev);
-      tab.order = order.data<int32_t>();
     }
     tables.resize(T);
     if (e.emb_adagrad) states.resize(T);

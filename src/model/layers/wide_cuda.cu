@@ -29,7 +29,8 @@ class WideNode final : public Node {
   }
   void alloc_scratch(Engine& e, int64_t max_nnz) override { ts_.alloc_scratch(e, max_nnz); }
   void forward(Engine& e) override {
-    ce::forward(ts_.tab, e.offsets, e.keys, e.B, mean_, parts_.data<float>(), e.st);
+    ce::forward(ts_.tab, e.offsets, e.keys, e.B, mean_, parts_.data<float>(), e.st, 0,
+                ts_.order_scratch());
     cg::wide_sum(parts_.data<float>(), b_.data<float>(), e.B, T_, e.vals[self].y.data<float>(),
                  e.st);
   }
