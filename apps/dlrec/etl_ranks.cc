@@ -17,6 +17,7 @@
 #include "dlrec/core/error.h"
 #include "dlrec/core/file_util.h"
 #include "dlrec/core/progress.h"
+#include "dlrec/core/thread_pool.h"
 #include "dlrec/etl/fit_merge.h"
 #include "dlrec/etl/input_parts.h"
 #include "dlrec/etl/ranks_merge.h"
@@ -24,30 +25,56 @@
 namespace dlrec::cli {
 namespace {
 
-// Every rank's `bytes` on `root`, in rank order (8-byte words: MPI counts are ints, so up to
-// 16 GB per rank); empty strings on the other ranks.
-std::vector<std::string> gather_bytes(dist::Communicator& comm, std::string bytes, int root) {
-  const int ranks = comm.size();
-  const std::vector<int64_t> sizes = comm.all_gather_counts(static_cast<int64_t>(bytes.size()));
-  bytes.resize((bytes.size() + 7) / 8 * 8);
-  std::vector<int64_t> send_counts(ranks, 0), send_offsets(ranks, 0), recv_counts(ranks, 0),
-      recv_offsets(ranks, 0);
-  send_counts[root] = static_cast<int64_t>(bytes.size() / 8);
+// What each rank sent to this one (exchange_bytes), in one buffer.
+struct Received {
+  std::vector<int64_t> words;
+  std::vector<int64_t> offset, size;  // per sending rank: in words, in bytes
+  const char* data(int q) const { return reinterpret_cast<const char*>(words.data() + offset[q]); }
+  std::string str(int q) const { return std::string(data(q), static_cast<size_t>(size[q])); }
+};
+
+// Sends to[d] to rank d for every rank d (8-byte words on the wire: MPI counts are ints, so up
+// to 16 GB per pair).
+Received exchange_bytes(dist::Communicator& comm, std::vector<std::string> to) {
+  const int ranks = comm.size(), rank = comm.rank();
+  DLREC_CHECK(static_cast<int>(to.size()) == ranks, "etl: ", to.size(), " messages for ", ranks,
+              " ranks");
+  // Sizes in bytes, every rank's to every rank (N x N).
+  std::vector<int64_t> sizes(ranks), all(static_cast<size_t>(ranks) * ranks);
+  for (int d = 0; d < ranks; ++d) sizes[d] = static_cast<int64_t>(to[d].size());
+  comm.all_gather(sizes.data(), all.data(), ranks, dist::Elem::I64);
+  std::vector<int64_t> send_counts(ranks), send_offsets(ranks), recv_counts(ranks),
+      recv_offsets(ranks);
+  std::string send;
   int64_t words = 0;
+  for (int d = 0; d < ranks; ++d) {
+    send_offsets[d] = static_cast<int64_t>(send.size() / 8);
+    send += to[d];
+    send.resize((send.size() + 7) / 8 * 8);
+    send_counts[d] = static_cast<int64_t>(send.size() / 8) - send_offsets[d];
+    to[d] = std::string();
+    recv_offsets[d] = words;
+    recv_counts[d] = (all[static_cast<size_t>(d) * ranks + rank] + 7) / 8;
+    words += recv_counts[d];
+  }
+  Received got;
+  got.words.resize(static_cast<size_t>(words));
+  comm.all_to_all_v(send.data(), send_counts, send_offsets, got.words.data(), recv_counts,
+                    recv_offsets, dist::Elem::I64);
+  got.offset = std::move(recv_offsets);
+  got.size.resize(ranks);
+  for (int q = 0; q < ranks; ++q) got.size[q] = all[static_cast<size_t>(q) * ranks + rank];
+  return got;
+}
+
+// Every rank's `bytes` on `root`, in rank order; empty strings on the other ranks.
+std::vector<std::string> gather_bytes(dist::Communicator& comm, std::string bytes, int root) {
+  std::vector<std::string> to(comm.size());
+  to[root] = std::move(bytes);
+  const Received got = exchange_bytes(comm, std::move(to));
+  std::vector<std::string> out(comm.size());
   if (comm.rank() == root)
-    for (int q = 0; q < ranks; ++q) {
-      recv_offsets[q] = words;
-      recv_counts[q] = (sizes[q] + 7) / 8;
-      words += recv_counts[q];
-    }
-  std::vector<int64_t> recv(words);
-  comm.all_to_all_v(bytes.data(), send_counts, send_offsets, recv.data(), recv_counts, recv_offsets,
-                    dist::Elem::I64);
-  std::vector<std::string> out(ranks);
-  if (comm.rank() == root)
-    for (int q = 0; q < ranks; ++q)
-      out[q].assign(reinterpret_cast<const char*>(recv.data() + recv_offsets[q]),
-                    static_cast<size_t>(sizes[q]));
+    for (int q = 0; q < comm.size(); ++q) out[q] = got.str(q);
   return out;
 }
 
@@ -136,35 +163,101 @@ std::vector<etl::ParsedInput> exchange_rows(const std::vector<etl::RankShard>& p
           send.chunks.push_back(etl::copy_slice(sl));
     if (!send.chunks.empty()) to[d] = etl::serialize_parsed(send);
   }
-  // Sizes in 8-byte words, every rank's to every rank (N x N).
-  std::vector<int64_t> sizes(ranks), all(static_cast<size_t>(ranks) * ranks);
-  for (int d = 0; d < ranks; ++d) sizes[d] = static_cast<int64_t>(to[d].size());
-  comm.all_gather(sizes.data(), all.data(), ranks, dist::Elem::I64);
-  std::vector<int64_t> send_counts(ranks), send_offsets(ranks), recv_counts(ranks),
-      recv_offsets(ranks);
-  std::string send;
-  int64_t words = 0;
-  for (int d = 0; d < ranks; ++d) {
-    send_offsets[d] = static_cast<int64_t>(send.size() / 8);
-    send += to[d];
-    send.resize((send.size() + 7) / 8 * 8);
-    send_counts[d] = static_cast<int64_t>(send.size() / 8) - send_offsets[d];
-    to[d] = std::string();
-    recv_offsets[d] = words;
-    recv_counts[d] = (all[static_cast<size_t>(d) * ranks + rank] + 7) / 8;
-    words += recv_counts[d];
-  }
-  std::vector<int64_t> recv(words);
-  comm.all_to_all_v(send.data(), send_counts, send_offsets, recv.data(), recv_counts, recv_offsets,
-                    dist::Elem::I64);
+  const Received bytes = exchange_bytes(comm, std::move(to));
   std::vector<etl::ParsedInput> got(ranks);
-  for (int q = 0; q < ranks; ++q) {
-    const int64_t bytes = all[static_cast<size_t>(q) * ranks + rank];
-    if (bytes > 0)
-      etl::append_serialized(reinterpret_cast<const char*>(recv.data() + recv_offsets[q]),
-                             static_cast<size_t>(bytes), got[q]);
-  }
+  for (int q = 0; q < ranks; ++q)
+    if (bytes.size[q] > 0)
+      etl::append_serialized(bytes.data(q), static_cast<size_t>(bytes.size[q]), got[q]);
   return got;
+}
+
+// The encoders' counts of every rank added into rank 0's workflow `w` (each rank's `w` holds
+// its own part's counts). Rank 0 alone would add ranks - 1 parts per encoder, one after the
+// other; instead each encoder has an owner among the other ranks (the largest encoders first,
+// each to the owner with the fewest bytes so far), which adds the counts of the ranks other
+// than 0 to its own and sends that sum to rank 0: the owners add at once, and rank 0 adds one
+// sum per encoder. Counts are integers, so the order of the additions does not matter.
+void merge_counts(etl::Workflow& w, dist::Communicator& comm) {
+  const int ranks = comm.size(), rank = comm.rank();
+  const int n = etl::FitParts::num_counts(w);
+  if (ranks < 2 || n == 0) return;
+  std::vector<std::string> mine(n);
+  if (rank != 0)
+    parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t j = lo; j < hi; ++j) mine[j] = etl::FitParts::save_counts(w, static_cast<int>(j));
+    });
+  // size[q * n + j]: rank q's bytes of encoder j (rank 0 sends none).
+  std::vector<int64_t> own(n), size(static_cast<size_t>(ranks) * n);
+  for (int j = 0; j < n; ++j) own[j] = static_cast<int64_t>(mine[j].size());
+  comm.all_gather(own.data(), size.data(), n, dist::Elem::I64);
+  std::vector<int64_t> total(n, 0), load(ranks, 0);
+  for (int q = 0; q < ranks; ++q)
+    for (int j = 0; j < n; ++j) total[j] += size[static_cast<size_t>(q) * n + j];
+  std::vector<int> by_size(n), owner(n);
+  for (int j = 0; j < n; ++j) by_size[j] = j;
+  std::stable_sort(by_size.begin(), by_size.end(),
+                   [&](int a, int b) { return total[a] > total[b]; });
+  for (int j : by_size) {
+    int o = 1;
+    for (int q = 2; q < ranks; ++q)
+      if (load[q] < load[o]) o = q;
+    owner[j] = o;
+    load[o] += total[j];
+  }
+  // Each encoder's counts to its owner (its own stay in its workflow), in encoder order.
+  std::vector<std::string> to(ranks);
+  for (int j = 0; j < n; ++j) {
+    if (owner[j] != rank) to[owner[j]] += mine[j];
+    mine[j] = std::string();
+  }
+  const Received got = exchange_bytes(comm, std::move(to));
+  std::vector<int> owned;
+  for (int j = 0; j < n; ++j)
+    if (owner[j] == rank) owned.push_back(j);
+  // Where encoder j's counts from rank q start in what q sent.
+  auto at = [&](int q, int j) {
+    int64_t off = 0;
+    for (int k = 0; k < j; ++k)
+      if (owner[k] == rank) off += size[static_cast<size_t>(q) * n + k];
+    return off;
+  };
+  std::vector<std::string> sums(owned.size());
+  parallel_for(0, static_cast<int64_t>(owned.size()), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const int j = owned[i];
+      for (int q = 1; q < ranks; ++q)
+        if (q != rank)
+          etl::FitParts::add_counts(w, j, got.data(q) + at(q, j),
+                                    static_cast<size_t>(size[static_cast<size_t>(q) * n + j]));
+      sums[i] = etl::FitParts::save_counts(w, j);
+    }
+  });
+  // The owners' sums to rank 0 (each after its size), added there.
+  std::string back;
+  for (const std::string& b : sums) {
+    const uint64_t len = b.size();
+    back.append(reinterpret_cast<const char*>(&len), 8);
+    back += b;
+  }
+  sums.clear();
+  const std::vector<std::string> parts = gather_bytes(comm, std::move(back), 0);
+  if (rank != 0) return;
+  std::vector<std::pair<const char*, uint64_t>> sum_of(n, {nullptr, 0});
+  std::vector<size_t> pos(ranks, 0);
+  for (int j = 0; j < n; ++j) {
+    const std::string& b = parts[owner[j]];
+    size_t& p = pos[owner[j]];
+    uint64_t len = 0;
+    DLREC_CHECK(p + 8 <= b.size(), "etl: rank ", owner[j], "'s counts are cut short");
+    std::memcpy(&len, b.data() + p, 8);
+    DLREC_CHECK(len <= b.size() - p - 8, "etl: rank ", owner[j], "'s counts are cut short");
+    sum_of[j] = {b.data() + p + 8, len};
+    p += 8 + len;
+  }
+  parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t j = lo; j < hi; ++j)
+      etl::FitParts::add_counts(w, static_cast<int>(j), sum_of[j].first, sum_of[j].second);
+  });
 }
 
 // Rows handed out in order from what one rank sent.
@@ -219,19 +312,17 @@ std::optional<etl::EtlResult> run_merged(const etl::EtlOptions& o, etl::InputPar
     }
   }
   etl::FitParts::fit_part(w, train);
-  std::vector<std::string> fits = gather_bytes(comm, etl::FitParts::save_part(w), 0);
   std::vector<double> sums(etl::FitParts::num_sums(w), 0.0);
   for (int q = 0; q < ranks && !sums.empty(); ++q) {
     if (q == rank) etl::FitParts::continue_sums(w, train, sums);
     comm.broadcast(sums.data(), static_cast<int64_t>(sums.size()), dist::Elem::F64, q);
   }
   cut.clear();
+  merge_counts(w, comm);
+  std::vector<std::string> heads = gather_bytes(comm, etl::FitParts::save_head(w), 0);
   std::string fitted;
   if (rank == 0) {
-    for (int q = 1; q < ranks; ++q) {
-      etl::FitParts::add_part(w, fits[q].data(), fits[q].size());
-      fits[q] = std::string();
-    }
+    for (int q = 1; q < ranks; ++q) etl::FitParts::add_head(w, heads[q].data(), heads[q].size());
     etl::FitParts::finish(w, sums);
     fitted = w.to_json().dump();
   }

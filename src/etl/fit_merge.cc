@@ -70,7 +70,7 @@ void FitParts::fit_part(Workflow& w, const std::vector<const io::RawChunk*>& chu
   if (!chunks.empty()) m.fit_chunks(chunks.data(), static_cast<int>(chunks.size()), 0);
 }
 
-std::string FitParts::save_part(const Workflow& w) {
+std::string FitParts::save_head(const Workflow& w) {
   const Workflow::Impl& m = *w.impl_;
   std::string out;
   put(out, kFitPartMagic);
@@ -84,19 +84,10 @@ std::string FitParts::save_part(const Workflow& w) {
       put<double>(out, p.stats.min);
       put<double>(out, p.stats.max);
     }
-  for (const ColumnPipe& p : m.cat) {
-    const CategoricalEncoder* e = fitted_encoder(const_cast<ColumnPipe&>(p));
-    if (!e) continue;
-    const size_t at = out.size();
-    put<uint64_t>(out, 0);
-    e->save_partial_fit(out);
-    const uint64_t n = out.size() - at - 8;
-    std::memcpy(out.data() + at, &n, 8);
-  }
   return out;
 }
 
-void FitParts::add_part(Workflow& w, const char* data, size_t size) {
+void FitParts::add_head(Workflow& w, const char* data, size_t size) {
   Workflow::Impl& m = *w.impl_;
   Reader r{data, data + size};
   DLREC_CHECK(r.get<uint64_t>() == kFitPartMagic, "etl: a part's fit does not start as it must");
@@ -112,16 +103,46 @@ void FitParts::add_part(Workflow& w, const char* data, size_t size) {
       s.min = std::min(s.min, r.get<double>());
       s.max = std::max(s.max, r.get<double>());
     }
-  for (ColumnPipe& p : m.cat) {
-    CategoricalEncoder* e = fitted_encoder(p);
-    if (!e) continue;
-    const uint64_t n = r.get<uint64_t>();
-    DLREC_CHECK(n <= static_cast<uint64_t>(r.end - r.p), "etl: a part's counts of column '", p.name,
-                "' are cut short");
-    e->add_partial_fit(r.p, n);
-    r.p += n;
-  }
   DLREC_CHECK(r.p == r.end, "etl: a part's fit is followed by ", r.end - r.p, " extra bytes");
+}
+
+namespace {
+// The merged encoders in column order, and their columns' names.
+std::vector<std::pair<CategoricalEncoder*, const std::string*>> count_columns(
+    const std::vector<ColumnPipe>& cat) {
+  std::vector<std::pair<CategoricalEncoder*, const std::string*>> out;
+  for (const ColumnPipe& p : cat)
+    if (CategoricalEncoder* e = fitted_encoder(const_cast<ColumnPipe&>(p)))
+      out.emplace_back(e, &p.name);
+  return out;
+}
+
+std::pair<CategoricalEncoder*, const std::string*> count_column(
+    const std::vector<ColumnPipe>& cat, int j) {
+  const auto all = count_columns(cat);
+  DLREC_CHECK(j >= 0 && j < static_cast<int>(all.size()), "FitParts: encoder ", j, " of ",
+              all.size());
+  return all[j];
+}
+}  // namespace
+
+int FitParts::num_counts(const Workflow& w) {
+  return static_cast<int>(count_columns(w.impl_->cat).size());
+}
+
+std::string FitParts::save_counts(const Workflow& w, int j) {
+  std::string out;
+  count_column(w.impl_->cat, j).first->save_partial_fit(out);
+  return out;
+}
+
+void FitParts::add_counts(Workflow& w, int j, const char* data, size_t size) {
+  const auto [e, name] = count_column(w.impl_->cat, j);
+  try {
+    e->add_partial_fit(data, size);
+  } catch (const Error& err) {
+    fail("etl: the counts of column '", *name, "' from another process: ", err.what());
+  }
 }
 
 int FitParts::num_sums(const Workflow& w) { return static_cast<int>(w.impl_->dense.size()); }
@@ -132,19 +153,19 @@ void FitParts::continue_sums(const Workflow& w, const std::vector<const io::RawC
   const int nd = static_cast<int>(m.dense.size());
   DLREC_CHECK(static_cast<int>(sums.size()) == nd, "FitParts: ", sums.size(), " sums for ", nd,
               " dense columns");
-  // As Workflow::Impl::fit_column adds them: a missing value adds +0.0, in row order.
-  for (int k = 0; k < nd; ++k) {
-    double sum = sums[k];
-    const int index = m.dense[k].index;
-    for (const io::RawChunk* c : chunks) {
-      if (c->dense.empty()) continue;
-      const float* column = c->dense.data() + index;
-      for (int64_t r = 0; r < c->rows; ++r) {
-        const float v = column[r * nd];
-        sum += std::isnan(v) ? 0.0 : static_cast<double>(v);
+  // As Workflow::Impl::fit_column adds them: a missing value adds +0.0, in row order. Row by
+  // row, every column's sum at once (independent additions, not one long chain at a time).
+  std::vector<int> index(nd);
+  for (int k = 0; k < nd; ++k) index[k] = m.dense[k].index;
+  for (const io::RawChunk* c : chunks) {
+    if (c->dense.empty()) continue;
+    for (int64_t r = 0; r < c->rows; ++r) {
+      const float* row = c->dense.data() + r * nd;
+      for (int k = 0; k < nd; ++k) {
+        const float v = row[index[k]];
+        sums[k] += std::isnan(v) ? 0.0 : static_cast<double>(v);
       }
     }
-    sums[k] = sum;
   }
 }
 

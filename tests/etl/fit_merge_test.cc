@@ -1,7 +1,8 @@
 // The fit split across processes (etl/fit_merge.h), in one process: the input cut into 1-7 parts
-// (etl/input_parts.h), each part fitted by its own workflow, the parts added in order and the
-// dense sums continued part after part: the fitted workflow and its statistics are those of one
-// fit over every row, byte for byte. Also the plan of the shard files each process writes
+// (etl/input_parts.h), each part fitted by its own workflow, the parts' heads added in order,
+// their encoders' counts in any order and through another part's workflow (as the owners of
+// apps/dlrec/etl_ranks.cc add them), and the dense sums continued part after part: the fitted
+// workflow and its statistics are those of one fit over every row, byte for byte. Also the plan of the shard files each process writes
 // (etl/ranks_merge.h) and the workflows the merge refuses. (tests/dist/etl_ranks_test.cc runs
 // the whole job through mpirun.)
 #include "dlrec/etl/fit_merge.h"
@@ -115,8 +116,22 @@ TEST(FitMergeTest, PartsAddedInOrderAreTheSingleFit) {
     std::vector<double> sums(FitParts::num_sums(fits[0]), 0.0);
     for (int p = 0; p < parts; ++p) FitParts::continue_sums(fits[p], pointers(got[p].parsed), sums);
     for (int p = 1; p < parts; ++p) {
-      const std::string bytes = FitParts::save_part(fits[p]);
-      FitParts::add_part(fits[0], bytes.data(), bytes.size());
+      const std::string head = FitParts::save_head(fits[p]);
+      FitParts::add_head(fits[0], head.data(), head.size());
+    }
+    // Encoder j: the parts other than 0 added, last first, into part (j % (parts - 1)) + 1's
+    // counts, and that sum into part 0's.
+    const int n = FitParts::num_counts(fits[0]);
+    ASSERT_EQ(n, 25);  // C1..C25 (C26 is hashed: nothing to count)
+    for (int j = 0; j < n && parts > 1; ++j) {
+      const int owner = j % (parts - 1) + 1;
+      for (int p = parts - 1; p >= 1; --p)
+        if (p != owner) {
+          const std::string c = FitParts::save_counts(fits[p], j);
+          FitParts::add_counts(fits[owner], j, c.data(), c.size());
+        }
+      const std::string sum = FitParts::save_counts(fits[owner], j);
+      FitParts::add_counts(fits[0], j, sum.data(), sum.size());
     }
     FitParts::finish(fits[0], sums);
     EXPECT_TRUE(fits[0].to_json().dump() == want);
@@ -139,18 +154,26 @@ TEST(FitMergeTest, PartsAddedInOrderAreTheSingleFit) {
 TEST(FitMergeTest, BadPartBytesAreErrors) {
   Workflow w = make(kWorkflow);
   FitParts::fit_part(w, {});
-  std::string bytes = FitParts::save_part(w);
-  EXPECT_NE(error_of([&] { FitParts::add_part(w, bytes.data(), 8); }).find("cut short"),
+  std::string bytes = FitParts::save_head(w);
+  EXPECT_NE(error_of([&] { FitParts::add_head(w, bytes.data(), 8); }).find("cut short"),
             std::string::npos);
   std::string extra = bytes + "x";
   EXPECT_NE(error_of([&] {
-              FitParts::add_part(w, extra.data(), extra.size());
+              FitParts::add_head(w, extra.data(), extra.size());
             }).find("followed by 1 extra bytes"),
             std::string::npos);
   bytes[0] ^= 1;
   EXPECT_NE(error_of([&] {
-              FitParts::add_part(w, bytes.data(), bytes.size());
+              FitParts::add_head(w, bytes.data(), bytes.size());
             }).find("does not start as it must"),
+            std::string::npos);
+  // Counts are (key, count) pairs of 16 bytes; the error names the column.
+  const std::string counts(24, '\0');
+  EXPECT_NE(error_of([&] {
+              FitParts::add_counts(w, 2, counts.data(), counts.size());
+            }).find("the counts of column 'C3' from another process"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { FitParts::add_counts(w, 25, counts.data(), 16); }).find("encoder 25 of 25"),
             std::string::npos);
 }
 
