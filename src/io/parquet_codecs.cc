@@ -1,11 +1,14 @@
 // The Parquet codecs beyond UNCOMPRESSED/SNAPPY/ZSTD (those stay in parquet_format.cc): GZIP
 // (zlib), LZ4_RAW and the deprecated Hadoop-framed LZ4 (liblz4), BROTLI (libbrotlidec). Every
-// one decompresses into the page header's uncompressed size, allocated once and never grown: a
-// stream that would write more, ends early or is damaged is an error naming the codec.
+// one decompresses into the page header's uncompressed size (allocated once by decompress(),
+// after checking that the compressed bytes can hold that much; BROTLI's buffer grows up to it
+// as the stream decodes, since a few of its bytes can hold megabytes): a stream that would
+// write more, ends early or is damaged is an error naming the codec.
 #include <brotli/decode.h>
 #include <lz4.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <string>
 
 #include "dlrec/core/error.h"
@@ -103,12 +106,20 @@ void brotli(const uint8_t* data, size_t size, size_t want, std::string& out,
     BrotliDecoderState* s;
     ~End() { BrotliDecoderDestroyInstance(s); }
   } end{s};
-  size_t avail_in = size, avail_out = want;
+  // The buffer starts at 64 times the input (at least 64 KiB) and doubles, up to `want`.
+  out.resize(std::min(want, std::max<size_t>(size_t{1} << 16, size * 64)));
+  size_t avail_in = size, avail_out = out.size(), got = 0;
   const uint8_t* next_in = data;
   uint8_t* next_out = reinterpret_cast<uint8_t*>(out.data());
-  const BrotliDecoderResult r =
-      BrotliDecoderDecompressStream(s, &avail_in, &next_in, &avail_out, &next_out, nullptr);
-  const size_t got = want - avail_out;
+  BrotliDecoderResult r;
+  for (;;) {
+    r = BrotliDecoderDecompressStream(s, &avail_in, &next_in, &avail_out, &next_out, nullptr);
+    got = out.size() - avail_out;
+    if (r != BROTLI_DECODER_RESULT_NEEDS_MORE_OUTPUT || out.size() == want) break;
+    out.resize(std::min(want, out.size() * 2));
+    next_out = reinterpret_cast<uint8_t*>(out.data()) + got;
+    avail_out = out.size() - got;
+  }
   switch (r) {
     case BROTLI_DECODER_RESULT_SUCCESS:
       if (avail_in != 0)

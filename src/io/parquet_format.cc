@@ -493,15 +493,39 @@ void rle_encode(const uint32_t* values, int64_t count, int width, std::string& o
 // ---------------------------------------------------------------------------------------------
 // Codecs
 
+namespace {
+// The most bytes `size` bytes of `codec` can decode to: each format's densest encoding (SNAPPY:
+// 64 bytes from a 3-byte copy; LZ4: 255 bytes per match-length byte; DEFLATE: 1032 to 1; ZSTD:
+// a 128 KiB RLE block from 4 bytes), plus slack for headers. A page header that declares more
+// is damaged or hostile: refused before its buffer is allocated. BROTLI has no such bound (a
+// copy of 16 MiB takes a few bits): its buffer grows as the stream decodes (parquet_codecs.cc).
+uint64_t densest(int32_t codec, uint64_t size) {
+  switch (codec) {
+    case kSnappy: return 22 * size + 64;
+    case kLz4:
+    case kLz4Raw: return 256 * size + 64;
+    case kGzip: return 1032 * size + 64;
+    case kZstd: return 32768 * size + 131072;
+    default: return UINT64_MAX;
+  }
+}
+}  // namespace
+
 void decompress(int32_t codec, const uint8_t* data, size_t size, size_t uncompressed_size,
                 std::string& out, const std::string& what) {
-  out.resize(uncompressed_size);
+  if (codec == kUncompressed) {
+    if (size != uncompressed_size)
+      fail(what, ": uncompressed page of ", size, " bytes declares ", uncompressed_size);
+    out.assign(reinterpret_cast<const char*>(data), size);
+    return;
+  }
+  if (codec_supported(codec) && codec != kBrotli) {
+    if (uncompressed_size > densest(codec, size))
+      fail(what, ": the page header declares ", uncompressed_size, " bytes, more than ", size,
+           " bytes of ", codec_name(codec), " data can hold");
+    out.resize(uncompressed_size);
+  }
   switch (codec) {
-    case kUncompressed:
-      if (size != uncompressed_size)
-        fail(what, ": uncompressed page of ", size, " bytes declares ", uncompressed_size);
-      if (size) std::memcpy(out.data(), data, size);
-      return;
     case kSnappy: {
       size_t n = 0;
       if (snappy_uncompressed_length(reinterpret_cast<const char*>(data), size, &n) !=

@@ -134,11 +134,12 @@ inline bool codec_supported(int32_t c) {
 }
 
 // Decompresses into exactly `uncompressed_size` bytes. Throws naming the codec when it is not
-// supported or the data is corrupt.
+// supported or the data is corrupt, and before allocating when `uncompressed_size` is more than
+// `size` bytes of the codec can decode to.
 void decompress(int32_t codec, const uint8_t* data, size_t size, size_t uncompressed_size,
                 std::string& out, const std::string& what);
 // decompress() for GZIP, LZ4_RAW, LZ4 and BROTLI (parquet_codecs.cc); `out` is already
-// `uncompressed_size` bytes long.
+// `uncompressed_size` bytes long, except for BROTLI (its buffer grows as it decodes).
 void decompress_more(int32_t codec, const uint8_t* data, size_t size, size_t uncompressed_size,
                      std::string& out, const std::string& what);
 void compress(int32_t codec, const char* data, size_t size, std::string& out);

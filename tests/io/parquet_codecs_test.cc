@@ -169,6 +169,50 @@ TEST(ParquetCodecs, EveryCutAndRandomDamageIsAnErrorNeverACrash) {
   }
 }
 
+// A page header that declares far more bytes than its data can hold (a fuzzed file asked for
+// 1.43 GB from 3 KB) is an error before the buffer is allocated: at once for the codecs whose
+// densest encoding bounds the size, after decoding what there is for BROTLI (whose buffer
+// grows as it decodes).
+TEST(ParquetCodecs, DeclaredSizesBeyondWhatTheDataHoldsAllocateNothing) {
+  std::string raw;
+  for (int i = 0; i < 200; ++i) raw += std::to_string(i * 7919 % 1000) + ",";
+  std::vector<Codec> all = codecs();
+  all.push_back({"snappy", pq::kSnappy, "SNAPPY", [](const std::string& s) {
+                   std::string z;
+                   pq::compress(pq::kSnappy, s.data(), s.size(), z);
+                   return z;
+                 }});
+  all.push_back({"zstd", pq::kZstd, "ZSTD", [](const std::string& s) {
+                   std::string z;
+                   pq::compress(pq::kZstd, s.data(), s.size(), z);
+                   return z;
+                 }});
+  const size_t huge = 1500000000;
+  for (const Codec& cd : all) {
+    SCOPED_TRACE(cd.label);
+    const std::string z = cd.pack(raw);
+    std::string out;
+    const std::string e = error_of([&] {
+      pq::decompress(cd.parquet, reinterpret_cast<const uint8_t*>(z.data()), z.size(), huge, out,
+                     "test");
+    });
+    if (cd.parquet == pq::kBrotli)
+      EXPECT_HAS(e, "test: BROTLI data holds " + std::to_string(raw.size()) +
+                        " bytes, the page header says 1500000000");
+    else
+      EXPECT_HAS(e, "test: the page header declares 1500000000 bytes, more than " +
+                        std::to_string(z.size()) + " bytes of " + cd.name + " data can hold");
+    EXPECT_LT(out.capacity(), size_t{64} << 20);
+  }
+  std::string out;
+  EXPECT_HAS(error_of([&] {
+               pq::decompress(pq::kUncompressed, reinterpret_cast<const uint8_t*>(raw.data()),
+                              raw.size(), huge, out, "test");
+             }),
+             "uncompressed page of " + std::to_string(raw.size()) + " bytes declares 1500000000");
+  EXPECT_LT(out.capacity(), size_t{64} << 20);
+}
+
 TEST(ParquetCodecs, UnsupportedCodecIsNamed) {
   const ParquetColumnData c = int64_column(10, 1);
   const std::string path = temp_path("lzo.parquet");
