@@ -10,9 +10,10 @@ bench train --dist zipf`), trained with TorchRec as its documentation and exampl
   sharded by DistributedModelParallel under the plan of TorchRec's EmbeddingShardingPlanner (one
   process per GPU; on one GPU the plan holds every table there);
 - the tables' optimizer fused into the backward (apply_optimizer_in_backward: FBGEMM's table
-  batched embedding kernels update the rows in the backward pass), SGD, or Adagrad with
-  --adagrad (TorchRec's row-wise Adagrad: EmbOptimType.EXACT_ROWWISE_ADAGRAD is what its examples
-  use; dlrec's Adagrad keeps a state per element);
+  batched embedding kernels update the rows in the backward pass), --emb-opt sgd, adagrad
+  (torch.optim.Adagrad: FBGEMM's EXACT_ADAGRAD, a state value per element, as dlrec's Adagrad)
+  or rowwise_adagrad (TorchRec's RowWiseAdagrad: EXACT_ROWWISE_ADAGRAD, one state value per row,
+  what TorchRec's examples use); Adagrad's eps 1e-8 as dlrec's;
 - the dense layers' SGD through CombinedOptimizer with the fused one; --bf16: the forward under
   bf16 autocast (tables fp32, as dlrec's bf16 runs and bench/pytorch_dlrm_gpu.py);
 - input: KeyedJaggedTensor batches (one id per table and row, uniform ids, as `dlrec bench
@@ -20,7 +21,8 @@ bench train --dist zipf`), trained with TorchRec as its documentation and exampl
   steps with CUDA events, as bench/torch_common.time_steps does.
 
   torchrun --nproc_per_node N bench/torchrec_dlrm.py [--local-batch 55296] [--steps 50]
-      [--warmup 10] [--bf16] [--adagrad] [--cards kaggle|1tb] [--model dlrm|dcnv2]
+      [--warmup 10] [--bf16] [--emb-opt sgd|adagrad|rowwise_adagrad] [--cards kaggle|1tb]
+      [--model dlrm|dcnv2]
       [--max-rows N]
 
 Needs torchrec and fbgemm-gpu (PyPI: torchrec==1.6.1, fbgemm-gpu==1.6.0 for torch 2.11 with
@@ -54,7 +56,7 @@ def main():
     ap.add_argument("--batches", type=int, default=4)
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--bf16", action="store_true")
-    ap.add_argument("--adagrad", action="store_true")
+    ap.add_argument("--emb-opt", choices=["sgd", "adagrad", "rowwise_adagrad"], default="sgd")
     ap.add_argument("--cards", choices=["kaggle", "1tb"], default="kaggle")
     ap.add_argument("--model", choices=["dlrm", "dcnv2"], default="dlrm")
     ap.add_argument("--max-rows", type=int, default=0, help="cap on each table's rows (dcnv2)")
@@ -99,16 +101,20 @@ def main():
             embedding_bag_collection=ebc, dense_in_features=13,
             dense_arch_layer_sizes=[512, 256, 128], over_arch_layer_sizes=[1024, 1024, 512, 256, 1],
             dense_device=dev))
-    if args.adagrad:
+    if args.emb_opt == "rowwise_adagrad":
         from torchrec.optim import RowWiseAdagrad
         apply_optimizer_in_backward(RowWiseAdagrad, model.model.sparse_arch.parameters(),
-                                    {"lr": args.lr})
+                                    {"lr": args.lr, "eps": 1e-8})
+    elif args.emb_opt == "adagrad":
+        apply_optimizer_in_backward(torch.optim.Adagrad, model.model.sparse_arch.parameters(),
+                                    {"lr": args.lr, "eps": 1e-8})
     else:
         apply_optimizer_in_backward(torch.optim.SGD, model.model.sparse_arch.parameters(),
                                     {"lr": args.lr})
     planner = EmbeddingShardingPlanner(
         topology=Topology(local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
-                          world_size=world, compute_device="cuda"),
+                          world_size=world, compute_device="cuda",
+                          hbm_cap=torch.cuda.get_device_properties(dev).total_memory),
         batch_size=B)
     plan = planner.collective_plan(model, get_default_sharders(), dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(module=model, device=dev, plan=plan)
@@ -119,7 +125,8 @@ def main():
         kinds = {}
         for _, mod_plan in plan.plan.items():
             for _, ps in mod_plan.items():
-                kinds[ps.sharding_type] = kinds.get(ps.sharding_type, 0) + 1
+                k = f"{ps.sharding_type}/{ps.compute_kernel}"
+                kinds[k] = kinds.get(k, 0) + 1
         print(f"torchrec: world {world}, plan sharding types {kinds}, built in "
               f"{time.time() - t0:.1f} s", flush=True)
 
@@ -157,7 +164,7 @@ def main():
     if rank == 0:
         print(f"torchrec train: {'mlperf-dcnv2 max_rows=' + str(args.max_rows) if dcn else 'mlperf-dlrm cards=' + args.cards} "
               f"{'bf16-autocast' if args.bf16 else 'fp32'} "
-              f"{'rowwise-adagrad' if args.adagrad else 'sgd'} world={world} local_batch={B} "
+              f"emb-opt={args.emb_opt} world={world} local_batch={B} "
               f"steps={args.steps} ms/iter={ms:.3f} samples/s={world * B / ms * 1e3:.0f} "
               f"loss={loss.item():.4f} peak_mem_rank0={peak:.2f} GB", flush=True)
     dist.destroy_process_group()
