@@ -36,13 +36,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch_common import (dense_step, init_ranks, mlp, place_tables, pooled_to_rows,
-                          time_steps)
-
-# MLPerf DLRM-DCNv2 (Criteo 1TB multi-hot, max_ind_range 40M): 204M rows, and ids per sample.
-CARDS = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
-         2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36]
-HOT = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
+from torch_common import DCNV2 as CARDS
+from torch_common import DCNV2_HOT as HOT
+from torch_common import dense_step, init_ranks, mlp, place_tables, pooled_to_rows, time_steps
 
 
 class ShardedTables(nn.Module):

@@ -29,14 +29,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch_common import (dense_step, init_ranks, mlp, place_tables, pooled_to_rows,
-                          time_steps)
+from torch_common import (KAGGLE, TB, dense_step, init_ranks, mlp, place_tables,
+                          pooled_to_rows, time_steps)
 
-KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
-          27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
-# Criteo-1TB with max_ind_range 40M (issue 18): 187.8M rows.
-TB = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10,
-      2208, 11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36]
 SMALL = [min(c, 1000) for c in KAGGLE]
 
 

@@ -9,6 +9,16 @@ import time
 import torch
 import torch.nn as nn
 
+# The MLPerf tables: the Criteo Kaggle cardinalities (33.8M rows), Criteo-1TB with max_ind_range
+# 40M (187.8M rows; MLPerf DLRM v1), and MLPerf DLRM-DCNv2's (204M rows) with its ids per sample.
+KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
+          27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
+TB = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10,
+      2208, 11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36]
+DCNV2 = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
+         2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36]
+DCNV2_HOT = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
+
 
 def mlp(sizes, relu_last):
     """Linear layers sizes[0] -> ... -> sizes[-1] with ReLU between them (and after the last

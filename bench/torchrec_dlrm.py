@@ -37,15 +37,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from torch_common import time_steps
+from torch_common import DCNV2, DCNV2_HOT, KAGGLE, TB, time_steps
 
-KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
-          27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
-TB = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10,
-      2208, 11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36]
-DCNV2 = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
-         2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36]
-HOT = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
 
 
 def main():
@@ -83,7 +76,7 @@ def main():
     hot = [1] * len(cards)
     if dcn:
         cards = [min(c, args.max_rows) if args.max_rows > 0 else c for c in DCNV2]
-        hot = HOT
+        hot = DCNV2_HOT
     T, B, dim = len(cards), args.local_batch, 128
     keys = [f"f{t}" for t in range(T)]
 
@@ -162,8 +155,9 @@ def main():
     dist.barrier()
     peak = torch.cuda.max_memory_allocated() / 1e9
     if rank == 0:
-        print(f"torchrec train: {'mlperf-dcnv2 max_rows=' + str(args.max_rows) if dcn else 'mlperf-dlrm cards=' + args.cards} "
-              f"{'bf16-autocast' if args.bf16 else 'fp32'} "
+        what = (f"mlperf-dcnv2 max_rows={args.max_rows}" if dcn
+                else f"mlperf-dlrm cards={args.cards}")
+        print(f"torchrec train: {what} {'bf16-autocast' if args.bf16 else 'fp32'} "
               f"emb-opt={args.emb_opt} world={world} local_batch={B} "
               f"steps={args.steps} ms/iter={ms:.3f} samples/s={world * B / ms * 1e3:.0f} "
               f"loss={loss.item():.4f} peak_mem_rank0={peak:.2f} GB", flush=True)
