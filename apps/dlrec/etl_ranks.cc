@@ -184,7 +184,8 @@ void merge_counts(etl::Workflow& w, dist::Communicator& comm) {
   std::vector<std::string> mine(n);
   if (rank != 0)
     parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t j = lo; j < hi; ++j) mine[j] = etl::FitParts::save_counts(w, static_cast<int>(j));
+      for (int64_t j = lo; j < hi; ++j)
+        mine[j] = etl::FitParts::save_counts(w, static_cast<int>(j));
     });
   // size[q * n + j]: rank q's bytes of encoder j (rank 0 sends none).
   std::vector<int64_t> own(n), size(static_cast<size_t>(ranks) * n);

@@ -117,8 +117,8 @@ std::vector<std::pair<CategoricalEncoder*, const std::string*>> count_columns(
   return out;
 }
 
-std::pair<CategoricalEncoder*, const std::string*> count_column(
-    const std::vector<ColumnPipe>& cat, int j) {
+std::pair<CategoricalEncoder*, const std::string*> count_column(const std::vector<ColumnPipe>& cat,
+                                                                int j) {
   const auto all = count_columns(cat);
   DLREC_CHECK(j >= 0 && j < static_cast<int>(all.size()), "FitParts: encoder ", j, " of ",
               all.size());

@@ -2,9 +2,9 @@
 // (etl/input_parts.h), each part fitted by its own workflow, the parts' heads added in order,
 // their encoders' counts in any order and through another part's workflow (as the owners of
 // apps/dlrec/etl_ranks.cc add them), and the dense sums continued part after part: the fitted
-// workflow and its statistics are those of one fit over every row, byte for byte. Also the plan of the shard files each process writes
-// (etl/ranks_merge.h) and the workflows the merge refuses. (tests/dist/etl_ranks_test.cc runs
-// the whole job through mpirun.)
+// workflow and its statistics are those of one fit over every row, byte for byte. Also the plan of
+// the shard files each process writes (etl/ranks_merge.h) and the workflows the merge refuses.
+// (tests/dist/etl_ranks_test.cc runs the whole job through mpirun.)
 #include "dlrec/etl/fit_merge.h"
 
 #include <gtest/gtest.h>
@@ -173,8 +173,9 @@ TEST(FitMergeTest, BadPartBytesAreErrors) {
               FitParts::add_counts(w, 2, counts.data(), counts.size());
             }).find("the counts of column 'C3' from another process"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { FitParts::add_counts(w, 25, counts.data(), 16); }).find("encoder 25 of 25"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { FitParts::add_counts(w, 25, counts.data(), 16); }).find("encoder 25 of 25"),
+      std::string::npos);
 }
 
 TEST(FitMergeTest, WorkflowsWithoutAnExactMergeAreNamed) {
