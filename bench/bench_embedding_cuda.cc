@@ -3,12 +3,12 @@
 // with CUDA events, on the table set of configs/dcnv2.json.
 //
 //   bench_embedding_cuda [--batch 55296] [--dim 128] [--iters 50] [--warmup 5] [--batches 4]
-//                        [--zipf] [--sgd] [--f32-grad] [--seed 1]
+//                        [--zipf] [--sgd | --rowwise] [--f32-grad] [--seed 1]
 //                        [--tables kaggle|criteo_1tb|mlperf_dcnv2] [--max-rows N]
 //
 // Tables: the 26 Criteo Kaggle cardinalities (io::criteo_kaggle_cardinalities, 33.8M rows; or
 // --tables, io::builtin_layout, each capped at --max-rows rows), dim 128, f32, Adagrad (--sgd:
-// SGD), initialised as the graph engine does. Ids: one per table and sample (mlperf_dcnv2: its
+// SGD; --rowwise: row-wise Adagrad), initialised as the graph engine does. Ids: one per table and sample (mlperf_dcnv2: its
 // fixed ids per sample, 214 a row in all), from io::random_batch (the batches `dlrec bench train` draws: uniform, or
 // log-uniform with --zipf, P(id) ~ 1/(id + 1), so a few rows of every table are hot); `batches`
 // distinct batches are used in turn. As in the DCNv2 graph (embeddings written into x0), the
@@ -89,7 +89,8 @@ int run(int argc, char** argv) {
   const int nb = static_cast<int>(std::max<long long>(1, arg_int(argc, argv, "--batches", 4)));
   const uint64_t seed = static_cast<uint64_t>(arg_int(argc, argv, "--seed", 1));
   const bool zipf = has_flag(argc, argv, "--zipf");
-  const bool adagrad = !has_flag(argc, argv, "--sgd");
+  const bool rowwise = has_flag(argc, argv, "--rowwise");  // row-wise Adagrad
+  const bool adagrad = !rowwise && !has_flag(argc, argv, "--sgd");
   const bool f32_grad = has_flag(argc, argv, "--f32-grad");
   if (B <= 0 || dim <= 0 || iters <= 0 || warmup < 0) {
     std::fprintf(stderr, "bench_embedding_cuda: --batch, --dim, --iters must be > 0\n");
@@ -144,7 +145,8 @@ int run(int argc, char** argv) {
     }
   }
   const size_t gsz = f32_grad ? 4 : 2;
-  const double upd_bytes = double(distinct) * dim * 4 * (adagrad ? 4 : 2) + double(nnz) * dim * gsz;
+  const double upd_bytes = double(distinct) * dim * 4 * (adagrad ? 4 : 2) +
+                           (rowwise ? double(distinct) * 8 : 0.0) + double(nnz) * dim * gsz;
   const double fwd_bytes = double(nnz) * dim * 4 + double(B) * T * dim * 2;
 
   cudaDeviceProp prop{};
@@ -152,7 +154,7 @@ int run(int argc, char** argv) {
   std::printf("device: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
   std::printf("tables: %d (%s), %llu rows, dim %d, %s, key bits %d; ids: %s, "
               "batch %lld, %d batches\n",
-              T, tables, static_cast<unsigned long long>(total), dim, adagrad ? "adagrad" : "sgd", key_bits,
+              T, tables, static_cast<unsigned long long>(total), dim, rowwise ? "rowwise_adagrad" : adagrad ? "adagrad" : "sgd", key_bits,
               zipf ? "log-uniform (--zipf)" : "uniform", static_cast<long long>(B), nb);
   std::printf("batch 0: %lld ids, %lld distinct rows, longest run %lld (%lld runs over 32 ids)\n",
               static_cast<long long>(nnz), static_cast<long long>(distinct),
@@ -167,9 +169,10 @@ int run(int argc, char** argv) {
     check(cudaMalloc(&hw[t], sizeof(float) * n), "table");
     ce::init_uniform(hw[t], n, 1234 + t, std::sqrt(1.0 / double(layout.cardinalities[t])), st);
     ha[t] = nullptr;
-    if (adagrad) {
-      check(cudaMalloc(&ha[t], sizeof(float) * n), "accumulator");
-      ce::fill(ha[t], n, 0.f, st);
+    if (adagrad || rowwise) {  // an accumulator per value, or per row
+      const int64_t na = rowwise ? layout.cardinalities[t] : n;
+      check(cudaMalloc(&ha[t], sizeof(float) * na), "accumulator");
+      ce::fill(ha[t], na, 0.f, st);
     }
   }
   float **d_w, **d_a;
@@ -182,7 +185,7 @@ int run(int argc, char** argv) {
   check(cudaMemcpy(d_base, row_base.data(), sizeof(uint32_t) * T, cudaMemcpyHostToDevice), "base");
   ce::Tables tab;
   tab.weights = d_w;
-  tab.states = adagrad ? d_a : nullptr;
+  tab.states = adagrad || rowwise ? d_a : nullptr;
   tab.row_base = d_base;
   tab.num_tables = T;
   tab.dim = dim;
@@ -230,7 +233,9 @@ int run(int argc, char** argv) {
   const float lr = 0.004f, eps = 1e-8f;
   check(cudaMalloc(&d_lr, sizeof(float)), "lr");
   check(cudaMemcpy(d_lr, &lr, sizeof(float), cudaMemcpyHostToDevice), "lr");
-  const auto kind = adagrad ? ce::Update::Adagrad : ce::Update::SGD;
+  const auto kind = rowwise   ? ce::Update::RowWiseAdagrad
+                    : adagrad ? ce::Update::Adagrad
+                              : ce::Update::SGD;
 
   auto fwd = [&](const Ids& x) {
     ce::forward(tab, x.d_offsets, x.d_keys, B, false, x0 + col, st, ld, order);

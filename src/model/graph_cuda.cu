@@ -124,6 +124,7 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
   const OptimizerConfig ec = oc.embedding_config();
   e_.dense_adagrad = nn::parse_optimizer(oc.type) == nn::OptimizerKind::Adagrad;
   e_.emb_adagrad = nn::parse_optimizer(ec.type) == nn::OptimizerKind::Adagrad;
+  e_.emb_rowwise = nn::parse_optimizer(ec.type) == nn::OptimizerKind::RowWiseAdagrad;
   e_.eps = static_cast<float>(oc.adagrad_eps);
   e_.init_acc = static_cast<float>(oc.adagrad_init);
   e_.emb_eps = static_cast<float>(ec.adagrad_eps);
@@ -649,6 +650,8 @@ void GraphCuda::set_gradient_reducer(GradientReducer* reducer) {
               "supported yet (bf16, tf32 and fp32 are)");
   DLREC_CHECK(!emb_ || !emb_->hashed(), "layer '", emb_ ? emb_->layer_name() : "",
               "': hashed tables are not supported across GPUs yet (fixed tables are)");
+  DLREC_CHECK(!e_.emb_rowwise, "optimizer.embedding \"rowwise_adagrad\" is implemented on one "
+              "GPU; across GPUs use \"adagrad\" or \"sgd\" (or train on the CPU)");
   for (const LayerSpec& s : spec_.layers)
     DLREC_CHECK(s.type != "wide", s.where, ": the wide layer's tables are not supported across "
                 "GPUs yet (the embedding layer's are)");
@@ -767,13 +770,15 @@ std::vector<NamedTensor> GraphCuda::optimizer_state() {
   std::vector<NamedTensor> out;
   if (e_.dense_adagrad)
     for (auto& p : dense_) out.emplace_back(p.name + ".adagrad", p.state);
-  if (e_.emb_adagrad)
+  if (e_.emb_adagrad || e_.emb_rowwise) {
+    const std::string suffix = e_.emb_rowwise ? ".rowwise_adagrad" : ".adagrad";  // the CPU's
     for (size_t k = 0; k < tables_.size(); ++k) {  // as in parameters()
       const Tensor* h = host_table(k, true);
-      if (h) out.emplace_back(tables_[k].name + ".adagrad", *h);
+      if (h) out.emplace_back(tables_[k].name + suffix, *h);
       else if (tables_[k].state.defined() && !split_piece(k))
-        out.emplace_back(tables_[k].name + ".adagrad", tables_[k].state);
+        out.emplace_back(tables_[k].name + suffix, tables_[k].state);
     }
+  }
   if (e_.fp16) out.emplace_back("amp.loss_scale", ls_mem_);
   return out;
 }

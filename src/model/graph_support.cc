@@ -11,8 +11,8 @@
 namespace dlrec::model {
 namespace {
 
-// "" when the CUDA engine has the optimizer (sgd without momentum, adagrad; no clipping or
-// weight decay), else why not.
+// "" when the CUDA engine has the optimizer (sgd without momentum, adagrad, and for the tables
+// rowwise_adagrad; no clipping or weight decay), else why not.
 std::string optimizer_unsupported(const OptimizerConfig& c, const std::string& what, bool dense) {
   auto why = [&](const std::string& s) {
     return "the CUDA graph model " + s + " (" + what +
@@ -20,8 +20,13 @@ std::string optimizer_unsupported(const OptimizerConfig& c, const std::string& w
            "\"device\": \"cpu\")";
   };
   const nn::OptimizerKind k = nn::parse_optimizer(c.type);
-  if (k != nn::OptimizerKind::SGD && k != nn::OptimizerKind::Adagrad)
-    return why("supports the sgd and adagrad optimizers, not '" + c.type + "'");
+  if (dense && k == nn::OptimizerKind::RowWiseAdagrad)
+    return why("supports rowwise_adagrad for the embedding tables only (set it as "
+               "optimizer.embedding, with sgd or adagrad for the dense layers)");
+  if (k != nn::OptimizerKind::SGD && k != nn::OptimizerKind::Adagrad &&
+      k != nn::OptimizerKind::RowWiseAdagrad)
+    return why("supports the sgd and adagrad optimizers (and rowwise_adagrad for the tables), "
+               "not '" + c.type + "'");
   if (c.momentum != 0 || c.nesterov)
     return why("supports sgd without momentum (optimizer.momentum = " + std::to_string(c.momentum) +
                ")");
@@ -67,6 +72,20 @@ std::string graph_cuda_unsupported(const GraphSpec& spec, const OptimizerConfig&
   if (why.empty())
     why = optimizer_unsupported(opt.embedding_config(), "optimizer.embedding", false);
   if (!why.empty()) return why;
+  const bool rowwise =
+      nn::parse_optimizer(opt.embedding_config().type) == nn::OptimizerKind::RowWiseAdagrad;
+  for (const LayerSpec& s : spec.layers) {
+    if (rowwise && s.hashed.on)
+      return s.where + ": hashed tables with optimizer.embedding \"rowwise_adagrad\" are not "
+                       "implemented on CUDA (\"adagrad\" and \"sgd\" are); train this model on "
+                       "the CPU (\"device\": \"cpu\")";
+    if (!rowwise || !layer_type(s.type).table_keys) continue;
+    for (int64_t d : s.dims.empty() ? std::vector<int64_t>{s.dim} : s.dims)
+      if (d > nn::cuda_rowwise_max_dim(d))
+        return s.where + ": optimizer.embedding \"rowwise_adagrad\" on CUDA takes tables of dim "
+                         "up to " + std::to_string(nn::cuda_rowwise_max_dim(d)) + ", not " +
+               std::to_string(d) + "; train this model on the CPU (\"device\": \"cpu\")";
+  }
   // Layer by layer in topological order, with the inputs' shapes.
   std::vector<ValueShape> shapes(spec.layers.size());
   std::map<std::string, std::string> single;  // type -> the first layer of a cuda_single type

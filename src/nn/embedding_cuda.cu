@@ -334,6 +334,46 @@ __device__ __forceinline__ void apply_loaded(float* wp, float* ap, Vec<V> w, Vec
   st_row<V>(wp, w);
 }
 
+// Row-wise Adagrad (one accumulator per row, Update::RowWiseAdagrad) needs the row's whole
+// gradient before any of it is applied: each lane keeps its slices of the row (slice s holds
+// columns (s * 32 + lane) * V .. + V - 1; up to kRowSlices of them, so dim <= 32 * V *
+// kRowSlices), the warp adds their squares in double (as the CPU's reference does, there in
+// column order: the float result agrees but for a rounding tie) and the whole warp then applies
+//   a += sum(g^2) / dim;  w -= (lr / (sqrt(a) + eps)) * g
+// (nn/optimizer.cc, update_row). Every lane of the warp must call it (shuffles).
+constexpr int kRowSlices = 4;
+static_assert(32 * 4 * kRowSlices == 512 && 32 * kRowSlices == 128,
+              "nn::cuda_rowwise_max_dim (include/dlrec/nn/optimizer.h) states these limits");
+template <int V>
+__device__ __forceinline__ void apply_rowwise(float* w, float* a_row, float (&g)[kRowSlices][V],
+                                              int d, int lane, float lr, float eps, float gs) {
+  double sq = 0;
+#pragma unroll
+  for (int s = 0; s < kRowSlices; ++s) {
+    if ((s * 32 + lane) * V >= d) continue;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      if (gs != 1.f) g[s][v] = __fmul_rn(g[s][v], gs);
+      sq += static_cast<double>(g[s][v]) * g[s][v];
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+  const float a = __fadd_rn(*a_row, static_cast<float>(sq / static_cast<double>(d)));
+  __syncwarp();
+  if (lane == 0) *a_row = a;
+  const float mult = __fdiv_rn(lr, __fadd_rn(sqrtf(a), eps));
+#pragma unroll
+  for (int s = 0; s < kRowSlices; ++s) {
+    const int k0 = (s * 32 + lane) * V;
+    if (k0 >= d) continue;
+    Vec<V> wv = ld_row<V>(w + k0);
+#pragma unroll
+    for (int v = 0; v < V; ++v) wv.v[v] = __fsub_rn(wv.v[v], __fmul_rn(mult, g[s][v]));
+    st_row<V>(w + k0, wv);
+  }
+}
+
 template <int V, class G>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     chunk_kernel2(Tables tab, const int32_t* __restrict__ offsets,
@@ -380,6 +420,32 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     float* w = tab.weights[t0] + row;
     float* a = kind == Update::Adagrad ? tab.states[t0] + row : nullptr;
     const G* gcol = dpooled + int64_t(tab.col ? tab.col[t0] : t0) * d;
+    if (kind == Update::RowWiseAdagrad) {  // the run's sum in the same order, then the row
+      float g[kRowSlices][V];
+#pragma unroll
+      for (int s = 0; s < kRowSlices; ++s) {
+        const int k0 = (s * 32 + lane) * V;
+#pragma unroll
+        for (int v = 0; v < V; ++v) g[s][v] = 0.f;
+        if (k0 >= d) continue;
+        for (int q = i; q < j; ++q) {
+          const Vec<V> x = ld_grad<V>(gcol + sh_b[warp][q] * ld + k0);
+          const float sc = sh_scale[warp][q];
+#pragma unroll
+          for (int v = 0; v < V; ++v) g[s][v] = __fadd_rn(g[s][v], __fmul_rn(sc, x.v[v]));
+        }
+        if (!apply) {
+          Vec<V> p;
+#pragma unroll
+          for (int v = 0; v < V; ++v) p.v[v] = g[s][v];
+          st_row<V>((first ? head : tail) + c * d + k0, p);
+        }
+      }
+      if (apply)
+        apply_rowwise<V>(w, tab.states[t0] + (key - tab.row_base[t0]), g, d, lane, lr, eps, gs);
+      i = j;
+      continue;
+    }
     // Two runs of one id each, both applied here (most rows of the large tables): the loads of
     // both rows issued together (0.561 ms against 0.569 one run at a time, bench/RESULTS.md).
     if (j == i + 1 && apply && i + 2 <= n) {
@@ -536,16 +602,15 @@ __global__ void __launch_bounds__(256)
   const int64_t row = int64_t(key - tab.row_base[t0]) * d;
   float* w = tab.weights[t0] + row;
   float* a = kind == Update::Adagrad ? tab.states[t0] + row : nullptr;
-  for (int k0 = lane * V; k0 < d; k0 += 32 * V) {
-    Vec<V> wv = ld_row<V>(w + k0), av{};
-    if (a) av = ld_row<V>(a + k0);
+  // The run's sum at columns k0 .. k0 + V - 1 into g: its tail piece, then the later chunks'
+  // head pieces in chunk order (whole groups inside the run as group_kernel summed them: up to
+  // the first group boundary, then whole groups of chunks cc .. cc + G - 1 all before ce, so
+  // all full and all the run's, then the rest).
+  auto run_sum = [&](int k0, float* g) {
     const Vec<V> t = ld_row<V>(tail + c * d + k0);
-    float g[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) g[v] = t.v[v];
     int64_t cc = c + 1;
-    // Up to the first group boundary, then whole groups inside the run (chunks cc .. cc + G - 1
-    // all before ce, so all full and all the run's: group_kernel summed them), then the rest.
     const int64_t gfirst = (cc + kGroupChunks - 1) / kGroupChunks * kGroupChunks;
     if (gfirst + kGroupChunks < ce) {
       for (; cc < gfirst; ++cc) {
@@ -565,6 +630,23 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
       for (int v = 0; v < V; ++v) g[v] = __fadd_rn(g[v], x.v[v]);
     }
+  };
+  if (kind == Update::RowWiseAdagrad) {
+    float g[kRowSlices][V];
+#pragma unroll
+    for (int s = 0; s < kRowSlices; ++s) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) g[s][v] = 0.f;
+      if ((s * 32 + lane) * V < d) run_sum((s * 32 + lane) * V, g[s]);
+    }
+    apply_rowwise<V>(w, tab.states[t0] + (key - tab.row_base[t0]), g, d, lane, lr, eps, gs);
+    return;
+  }
+  for (int k0 = lane * V; k0 < d; k0 += 32 * V) {
+    Vec<V> wv = ld_row<V>(w + k0), av{};
+    if (a) av = ld_row<V>(a + k0);
+    float g[V];
+    run_sum(k0, g);
     apply_loaded<V>(w + k0, a ? a + k0 : nullptr, wv, av, g, kind, lr, eps, gs);
   }
 }
@@ -709,6 +791,12 @@ void backward_apply(const Tables& tab, const int32_t* offsets, int64_t B, int64_
   if (ld == 0) ld = width;
   DLREC_CHECK(ld >= width, "embedding backward: row stride ", ld, " is below the ", width,
               " pooled columns");
+  const bool v4 = vec4_ok(dpooled, tab.dim, ld);
+  DLREC_CHECK(kind != Update::RowWiseAdagrad || tab.dim <= 32 * (v4 ? 4 : 1) * kRowSlices,
+              "embedding backward: row-wise Adagrad on CUDA takes rows of up to ",
+              32 * (v4 ? 4 : 1) * kRowSlices, " values",
+              v4 ? "" : " (the gradient cannot be read 4 values at a time here)",
+              ", the tables have ", tab.dim);
   const int64_t chunk_blocks = (num_chunks(nnz) + kWarpsPerBlock - 1) / kWarpsPerBlock;
   // A warp per chunk in both kernels; float4 lanes where the widths and the base allow, else
   // scalar lanes.
@@ -730,9 +818,10 @@ void backward_apply(const Tables& tab, const int32_t* offsets, int64_t B, int64_
                                                         s.tail, s.group, gscale);
     DLREC_CUDA_LAUNCH_CHECK();
   };
-  if (vec4_ok(dpooled, tab.dim, ld)) launch(std::integral_constant<int, 4>());
+  if (v4) launch(std::integral_constant<int, 4>());
   else launch(std::integral_constant<int, 1>());
 }
+
 template void backward_apply<float>(const Tables&, const int32_t*, int64_t, int64_t, bool,
                                     const float*, int64_t, Update, const float*, float,
                                     const Scratch&, cudaStream_t, const float*);

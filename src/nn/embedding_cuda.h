@@ -24,7 +24,8 @@ namespace dlrec::nn::cuda_emb {
 
 struct Tables {
   float* const* weights = nullptr;   // device array [T] of table pointers, table t is [rows_t, dim]
-  float* const* states = nullptr;    // device array [T] of Adagrad accumulators (or null)
+  float* const* states = nullptr;    // device array [T] of Adagrad accumulators (or null): per
+                                     // value, or per row for Update::RowWiseAdagrad
   const uint32_t* row_base = nullptr;  // device [T]: first global row of table t
   int num_tables = 0;
   int dim = 0;
@@ -93,12 +94,16 @@ size_t scratch_bytes(int64_t max_nnz, int key_bits, int dim);
 Scratch carve(void* base, int64_t max_nnz, int key_bits, int dim);
 void prepare(const Scratch& s, cudaStream_t stream);  // once after carve()
 
-enum class Update { SGD, Adagrad };
+// The tables' optimizer: SGD; Adagrad, an accumulator per value (Tables::states[t] is
+// [rows_t, dim]); row-wise Adagrad, one accumulator per row (states[t] is [rows_t]: a += the
+// mean of the row's g^2, then w -= lr * g / (sqrt(a) + eps), as nn::Optimizer's
+// rowwise_adagrad), for dim <= nn::cuda_rowwise_max_dim(dim) (backward_apply checks).
+enum class Update { SGD, Adagrad, RowWiseAdagrad };
 
 // dL/dpooled [B, T, dim] -> for every distinct row of the batch: its gradient, summed over its
 // occurrences (mean bags scaled by 1/len) in chunks of 32 occurrences (in order of occurrence)
 // whose partial sums are then added in chunk order (deterministic; equal to the CPU's in-order
-// sum up to rounding), applied at once by SGD or Adagrad. With gscale (device, loss scaling)
+// sum up to rounding), applied at once by the Update. With gscale (device, loss scaling)
 // the gradients are multiplied by *gscale first, and *gscale == 0 leaves the tables untouched
 // (an overflowed step). No table gradient is materialised. nnz = offsets[T * B] - offsets[0]
 // with offsets[0] = 0.

@@ -238,6 +238,40 @@ TEST(GraphCuda, SgdDenseAdagradTablesOverride) {
   expect_parity(c, steps_or(100));
 }
 
+// Tables by row-wise Adagrad (one accumulator per row; optimizer.embedding "rowwise_adagrad"),
+// dense layers by SGD: the GPU trains as the CPU does, step by step (sum and mean bags, runs
+// that cross chunks), and through train_step's captured steps its accumulators, of the CPU's
+// names and shapes, stay within 1e-4 of the CPU's.
+TEST(GraphCuda, RowWiseAdagradTablesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  const char* opt = R"({"type": "sgd", "lr": 0.05, "embedding": {"type": "rowwise_adagrad",
+                       "lr": 0.05, "adagrad_init": 0.1}})";
+  int k = 0;
+  for (const char* layers : {kDcnStacked, kDcnParallel, kDlrm, kWideDeep}) {
+    SCOPED_TRACE("model " + std::to_string(k++));
+    expect_parity(Case(layers, opt), steps_or(100));
+  }
+  Case c(kDcnStacked, opt);
+  auto cpu = build_model(c.cfg.model, c.cfg.optimizer, c.layout, Device::cpu(), 5);
+  auto gpu = build_model(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 5);
+  for (int step = 0; step < 20; ++step) {
+    const io::Batch b = batch_of(c, c.batch, 70 + step);
+    cpu->train_step(b, 1.0, false);
+    gpu->train_step(b, 1.0, false);
+  }
+  const auto sg = gpu->optimizer_state(), sc = cpu->optimizer_state();
+  ASSERT_EQ(sg.size(), sc.size());
+  int rowwise = 0;
+  for (size_t i = 0; i < sc.size(); ++i) {
+    EXPECT_EQ(sg[i].first, sc[i].first);
+    EXPECT_EQ(sg[i].second.shape(), sc[i].second.shape()) << sc[i].first;
+    if (sc[i].first.find(".rowwise_adagrad") != std::string::npos) ++rowwise;
+    EXPECT_LE(testing::tensor_rel_diff(sg[i].second, sc[i].second), 1e-4) << sc[i].first;
+  }
+  EXPECT_GT(rowwise, 0);
+  EXPECT_LE(param_diff(*gpu, *cpu, nullptr), 1e-4);
+}
+
 TEST(GraphCuda, VaryingBatchSizes) {
   SKIP_WITHOUT_GPU();
   Case c(kDcnParallel, kSgd);
@@ -613,6 +647,22 @@ TEST(GraphCuda, UnsupportedLayersAndOptimizersAreClearErrors) {
   expect_error([&] { build(kDlrm, R"({"type": "sgd", "lr": 0.1, "embedding": {"type": "ftrl"}})",
                            "fp32"); },
                {"ftrl", "optimizer.embedding"});
+  // rowwise_adagrad: for the tables only, fixed tables, dims up to 512.
+  expect_error([&] { build(kDlrm, R"({"type": "rowwise_adagrad", "lr": 0.1})", "fp32"); },
+               {"rowwise_adagrad", "embedding tables only", "optimizer.embedding"});
+  const char* rowwise = R"({"type": "sgd", "lr": 0.1, "embedding": {"type": "rowwise_adagrad"}})";
+  const std::string hashed_rowwise = R"(
+    {"name": "emb", "type": "embedding", "dim": 4, "hashed": {"capacity": 10}},
+    {"name": "c", "type": "concat", "inputs": ["emb"]},
+    {"name": "o", "type": "output", "input": "c"})";
+  expect_error([&] { build(hashed_rowwise, rowwise, "fp32"); },
+               {"layer 'emb'", "hashed tables", "rowwise_adagrad"});
+  const std::string wide_dim = R"(
+    {"name": "emb", "type": "embedding", "dim": 516},
+    {"name": "c", "type": "concat", "inputs": ["emb"]},
+    {"name": "o", "type": "output", "input": "c"})";
+  expect_error([&] { build(wide_dim, rowwise, "fp32"); },
+               {"layer 'emb'", "dim up to 512, not 516"});
   const std::string per_layer = R"(
     {"name": "emb", "type": "embedding", "dim": 4, "optimizer": {"type": "adagrad"}},
     {"name": "c", "type": "concat", "inputs": ["emb"]},

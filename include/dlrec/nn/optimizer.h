@@ -65,6 +65,11 @@
 
 namespace dlrec::nn {
 
+// The widest row the CUDA tables' rowwise_adagrad update takes (src/nn/embedding_cuda.cu: the
+// row in a warp's registers, up to 4 slices a lane of 4 values when the dim is a multiple of 4,
+// else of 1 value): 512, else 128.
+inline int64_t cuda_rowwise_max_dim(int64_t dim) { return dim % 4 == 0 ? 512 : 128; }
+
 enum class OptimizerKind { SGD, Adagrad, RowWiseAdagrad, Adam, FTRL };
 // "sgd" | "adagrad" | "rowwise_adagrad" | "adam" | "ftrl"
 OptimizerKind parse_optimizer(const std::string& s);

@@ -199,7 +199,14 @@ struct Engine {
   // The serving breakdown (GraphCuda::serving_breakdown): mark also after each dense layer's
   // forward (lin_forward), labelled with its name and kernel.
   bool mark_lins = false;
-  bool dense_adagrad = false, emb_adagrad = false;
+  // The tables' optimizer: emb_adagrad (an accumulator per value) or emb_rowwise (one per row,
+  // rowwise_adagrad: one GPU, fixed tables), else SGD; emb_update() says which to the kernels.
+  bool dense_adagrad = false, emb_adagrad = false, emb_rowwise = false;
+  nn::cuda_emb::Update emb_update() const {
+    return emb_rowwise   ? nn::cuda_emb::Update::RowWiseAdagrad
+           : emb_adagrad ? nn::cuda_emb::Update::Adagrad
+                         : nn::cuda_emb::Update::SGD;
+  }
   float eps = 1e-8f, init_acc = 0.f, emb_eps = 1e-8f, emb_init_acc = 0.f;
   std::vector<Value> vals;
   Tensor partial;  // bias-gradient partial sums [chunks, max_cols]

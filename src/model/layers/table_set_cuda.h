@@ -71,15 +71,15 @@ struct TableSet {
       order = Tensor::empty({T}, DType::I32, e.dev);
     }
     tables.resize(T);
-    if (e.emb_adagrad) states.resize(T);
+    if (e.emb_adagrad || e.emb_rowwise) states.resize(T);
     if (deferred) return;
     for (int64_t t = 0; t < T; ++t) {
       if (zero) {
         tables[t] = e.buf({rows[t], dim}, DType::F32);
         if (e.emb_adagrad && hashed) {
           states[t] = e.buf({rows[t], dim}, DType::F32);  // zero until a key is inserted
-        } else if (e.emb_adagrad) {
-          states[t] = Tensor::empty({rows[t], dim}, DType::F32, e.dev);
+        } else if (e.emb_adagrad || e.emb_rowwise) {
+          states[t] = Tensor::empty(state_shape(e, rows[t]), DType::F32, e.dev);
           ce::fill(states[t].data<float>(), states[t].numel(), e.emb_init_acc, e.st);
         }
       } else {
@@ -97,11 +97,16 @@ struct TableSet {
     ce::init_uniform(w.data<float>(), w.numel(), nn::derive_seed(seed, static_cast<uint64_t>(t)),
                      std::sqrt(1.0 / static_cast<double>(rows[t])), e.st);
     tables[t] = w;
-    if (e.emb_adagrad) {
-      Tensor s = Tensor::empty({rows[t], dim}, DType::F32, e.dev);
+    if (e.emb_adagrad || e.emb_rowwise) {
+      Tensor s = Tensor::empty(state_shape(e, rows[t]), DType::F32, e.dev);
       ce::fill(s.data<float>(), s.numel(), e.emb_init_acc, e.st);
       states[t] = s;
     }
+  }
+  // A table's accumulator: a value per weight (Adagrad), or one per row (rowwise_adagrad; the
+  // CPU engine's shape, so checkpoints move between the engines).
+  Shape state_shape(const Engine& e, int64_t r) const {
+    return e.emb_rowwise ? Shape{r} : Shape{r, dim};
   }
   // Row-wise sharding: this rank's piece of table t, its contiguous range [lo, hi) of rows
   // (dp::row_range over e.dp.ranks) with the values one GPU gives those rows, plus one zero
@@ -197,7 +202,7 @@ struct TableSet {
     std::vector<const void*> cp;
     for (size_t t = 0; t < tables.size(); ++t) {
       wp.push_back(tables[t].defined() ? tables[t].data<float>() : nullptr);
-      if (e.emb_adagrad) sp.push_back(states[t].defined() ? states[t].data<float>() : nullptr);
+      if (!states.empty()) sp.push_back(states[t].defined() ? states[t].data<float>() : nullptr);
       cp.push_back(quantized(t) ? qcodes[t].raw() : nullptr);
     }
     auto upload = [&](const void* src, size_t bytes) {
@@ -209,7 +214,7 @@ struct TableSet {
     sptrs = upload(sp.data(), sp.size() * sizeof(float*));
     base = upload(row_base.data(), row_base.size() * sizeof(uint32_t));
     tab.weights = static_cast<float* const*>(ptrs.raw());
-    tab.states = e.emb_adagrad ? static_cast<float* const*>(sptrs.raw()) : nullptr;
+    tab.states = !states.empty() ? static_cast<float* const*>(sptrs.raw()) : nullptr;
     tab.row_base = static_cast<const uint32_t*>(base.raw());
     tab.codes = nullptr;
     tab.qbits = nullptr;
@@ -256,7 +261,7 @@ struct TableSet {
   // The fused de-duplicated update from dL/dpooled [B, T, dim] (f32), embedding optimizer.
   void update(Engine& e, bool mean, const float* dpooled) {
     ce::backward_update(tab, e.offsets, e.keys, e.B, e.nnz, mean, dpooled,
-                        e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD, e.lr + 1, e.emb_eps,
+                        e.emb_update(), e.lr + 1, e.emb_eps,
                         key_bits, scratch, e.st, e.gscale);
   }
   // The same in two halves: the id work of the step's batch (sort by row, runs), then the
@@ -268,7 +273,7 @@ struct TableSet {
   template <class G>
   void apply(Engine& e, bool mean, const G* dpooled, int64_t ld) {
     ce::backward_apply(tab, e.offsets, e.B, e.nnz, mean, dpooled, ld,
-                       e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD, e.lr + 1, e.emb_eps,
+                       e.emb_update(), e.lr + 1, e.emb_eps,
                        scratch, e.st, e.gscale);
   }
   void collect(const std::string& name, std::vector<NamedState>& out) {
