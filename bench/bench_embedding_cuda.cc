@@ -274,9 +274,10 @@ int run(int argc, char** argv) {
   uint64_t h_tab = 0xcbf29ce484222325ULL;
   for (int t = 0; t < T; ++t) {
     if (layout.cardinalities[t] > 300000) continue;
-    std::vector<float> v(layout.cardinalities[t] * dim);
     for (float* p : {hw[t], ha[t]}) {
       if (!p) continue;
+      // A row-wise accumulator holds one value per row.
+      std::vector<float> v(layout.cardinalities[t] * (rowwise && p == ha[t] ? 1 : dim));
       check(cudaMemcpy(v.data(), p, 4 * v.size(), cudaMemcpyDeviceToHost), "table");
       h_tab = fnv(h_tab, v.data(), 4 * v.size());
     }

@@ -340,12 +340,22 @@ __device__ __forceinline__ void apply_loaded(float* wp, float* ap, Vec<V> w, Vec
 // kRowSlices), the warp adds their squares in double (as the CPU's reference does, there in
 // column order: the float result agrees but for a rounding tie) and the whole warp then applies
 //   a += sum(g^2) / dim;  w -= (lr / (sqrt(a) + eps)) * g
-// (nn/optimizer.cc, update_row). Every lane of the warp must call it (shuffles).
+// (nn/optimizer.cc, update_row). Every lane of the warp must call it (shuffles). The row's
+// weights (wv) and accumulator (a_old) are loaded by the caller before it sums the gradient, so
+// that their loads are in flight meanwhile.
 constexpr int kRowSlices = 4;
 static_assert(32 * 4 * kRowSlices == 512 && 32 * kRowSlices == 128,
               "nn::cuda_rowwise_max_dim (include/dlrec/nn/optimizer.h) states these limits");
 template <int V>
-__device__ __forceinline__ void apply_rowwise(float* w, float* a_row, float (&g)[kRowSlices][V],
+__device__ __forceinline__ void load_row_slices(const float* w, int d, int lane,
+                                                Vec<V> (&wv)[kRowSlices]) {
+#pragma unroll
+  for (int s = 0; s < kRowSlices; ++s)
+    if ((s * 32 + lane) * V < d) wv[s] = ld_row<V>(w + (s * 32 + lane) * V);
+}
+template <int V>
+__device__ __forceinline__ void apply_rowwise(float* w, float* a_row, float a_old,
+                                              Vec<V> (&wv)[kRowSlices], float (&g)[kRowSlices][V],
                                               int d, int lane, float lr, float eps, float gs) {
   double sq = 0;
 #pragma unroll
@@ -359,7 +369,7 @@ __device__ __forceinline__ void apply_rowwise(float* w, float* a_row, float (&g)
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-  const float a = __fadd_rn(*a_row, static_cast<float>(sq / static_cast<double>(d)));
+  const float a = __fadd_rn(a_old, static_cast<float>(sq / static_cast<double>(d)));
   __syncwarp();
   if (lane == 0) *a_row = a;
   const float mult = __fdiv_rn(lr, __fadd_rn(sqrtf(a), eps));
@@ -367,14 +377,15 @@ __device__ __forceinline__ void apply_rowwise(float* w, float* a_row, float (&g)
   for (int s = 0; s < kRowSlices; ++s) {
     const int k0 = (s * 32 + lane) * V;
     if (k0 >= d) continue;
-    Vec<V> wv = ld_row<V>(w + k0);
 #pragma unroll
-    for (int v = 0; v < V; ++v) wv.v[v] = __fsub_rn(wv.v[v], __fmul_rn(mult, g[s][v]));
-    st_row<V>(w + k0, wv);
+    for (int v = 0; v < V; ++v) wv[s].v[v] = __fsub_rn(wv[s].v[v], __fmul_rn(mult, g[s][v]));
+    st_row<V>(w + k0, wv[s]);
   }
 }
 
-template <int V, class G>
+// RW: the row-wise Adagrad form (kind == Update::RowWiseAdagrad), instantiated apart so that its
+// registers (a whole row a warp) do not cost the SGD and Adagrad forms their occupancy.
+template <int V, class G, bool RW>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     chunk_kernel2(Tables tab, const int32_t* __restrict__ offsets,
                   const uint32_t* __restrict__ keys_sorted, const int32_t* __restrict__ pos_sorted,
@@ -420,7 +431,14 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     float* w = tab.weights[t0] + row;
     float* a = kind == Update::Adagrad ? tab.states[t0] + row : nullptr;
     const G* gcol = dpooled + int64_t(tab.col ? tab.col[t0] : t0) * d;
-    if (kind == Update::RowWiseAdagrad) {  // the run's sum in the same order, then the row
+    if constexpr (RW) {  // the run's sum in the same order, then the row
+      float* a_row = tab.states[t0] + (key - tab.row_base[t0]);
+      float a_old = 0.f;
+      Vec<V> wv[kRowSlices];
+      if (apply) {  // in flight while the gradient rows load
+        a_old = *a_row;
+        load_row_slices<V>(w, d, lane, wv);
+      }
       float g[kRowSlices][V];
 #pragma unroll
       for (int s = 0; s < kRowSlices; ++s) {
@@ -428,7 +446,19 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 #pragma unroll
         for (int v = 0; v < V; ++v) g[s][v] = 0.f;
         if (k0 >= d) continue;
-        for (int q = i; q < j; ++q) {
+        int q = i;
+        for (; q + 4 <= j; q += 4) {  // four gradient rows in flight, added in order
+          Vec<V> x[4];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) x[u] = ld_grad<V>(gcol + sh_b[warp][q + u] * ld + k0);
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const float sc = sh_scale[warp][q + u];
+#pragma unroll
+            for (int v = 0; v < V; ++v) g[s][v] = __fadd_rn(g[s][v], __fmul_rn(sc, x[u].v[v]));
+          }
+        }
+        for (; q < j; ++q) {
           const Vec<V> x = ld_grad<V>(gcol + sh_b[warp][q] * ld + k0);
           const float sc = sh_scale[warp][q];
 #pragma unroll
@@ -441,8 +471,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
           st_row<V>((first ? head : tail) + c * d + k0, p);
         }
       }
-      if (apply)
-        apply_rowwise<V>(w, tab.states[t0] + (key - tab.row_base[t0]), g, d, lane, lr, eps, gs);
+      if (apply) apply_rowwise<V>(w, a_row, a_old, wv, g, d, lane, lr, eps, gs);
       i = j;
       continue;
     }
@@ -561,7 +590,7 @@ __global__ void __launch_bounds__(256)
 }
 static_assert(kGroupChunks % kBatch == 0, "group_kernel loads kBatch head rows at a time");
 
-template <int V>
+template <int V, bool RW>
 __global__ void __launch_bounds__(256)
     finalize2_kernel(Tables tab, const uint32_t* __restrict__ keys_sorted,
                      const int32_t* __restrict__ pos_sorted, const int32_t* __restrict__ pos_bag,
@@ -631,7 +660,11 @@ __global__ void __launch_bounds__(256)
       for (int v = 0; v < V; ++v) g[v] = __fadd_rn(g[v], x.v[v]);
     }
   };
-  if (kind == Update::RowWiseAdagrad) {
+  if constexpr (RW) {
+    float* a_row = tab.states[t0] + (key - tab.row_base[t0]);
+    const float a_old = *a_row;
+    Vec<V> wv[kRowSlices];
+    load_row_slices<V>(w, d, lane, wv);
     float g[kRowSlices][V];
 #pragma unroll
     for (int s = 0; s < kRowSlices; ++s) {
@@ -639,7 +672,7 @@ __global__ void __launch_bounds__(256)
       for (int v = 0; v < V; ++v) g[s][v] = 0.f;
       if ((s * 32 + lane) * V < d) run_sum((s * 32 + lane) * V, g[s]);
     }
-    apply_rowwise<V>(w, tab.states[t0] + (key - tab.row_base[t0]), g, d, lane, lr, eps, gs);
+    apply_rowwise<V>(w, a_row, a_old, wv, g, d, lane, lr, eps, gs);
     return;
   }
   for (int k0 = lane * V; k0 < d; k0 += 32 * V) {
@@ -801,9 +834,10 @@ void backward_apply(const Tables& tab, const int32_t* offsets, int64_t B, int64_
   // A warp per chunk in both kernels; float4 lanes where the widths and the base allow, else
   // scalar lanes.
   const unsigned fin_blocks = static_cast<unsigned>((num_chunks(nnz) * 32 + 255) / 256);
-  auto launch = [&](auto lanes) {
+  auto launch = [&](auto lanes, auto rowwise) {
     constexpr int V = decltype(lanes)::value;
-    chunk_kernel2<V, G><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
+    constexpr bool RW = decltype(rowwise)::value;
+    chunk_kernel2<V, G, RW><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
         tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, ld, kind, lr,
         eps, s.head, s.tail, gscale);
     DLREC_CUDA_LAUNCH_CHECK();
@@ -813,13 +847,18 @@ void backward_apply(const Tables& tab, const int32_t* offsets, int64_t B, int64_
           s.keys_sorted, nnz, tab.dim, s.head, s.group);
       DLREC_CUDA_LAUNCH_CHECK();
     }
-    finalize2_kernel<V><<<fin_blocks, 256, 0, stream>>>(tab, s.keys_sorted, s.pos_sorted,
+    finalize2_kernel<V, RW><<<fin_blocks, 256, 0, stream>>>(tab, s.keys_sorted, s.pos_sorted,
                                                         s.pos_bag, B, nnz, kind, lr, eps, s.head,
                                                         s.tail, s.group, gscale);
     DLREC_CUDA_LAUNCH_CHECK();
   };
-  if (v4) launch(std::integral_constant<int, 4>());
-  else launch(std::integral_constant<int, 1>());
+  using RowWise = std::integral_constant<bool, true>;
+  using Plain = std::integral_constant<bool, false>;
+  const bool rw = kind == Update::RowWiseAdagrad;
+  if (v4 && rw) launch(std::integral_constant<int, 4>(), RowWise());
+  else if (v4) launch(std::integral_constant<int, 4>(), Plain());
+  else if (rw) launch(std::integral_constant<int, 1>(), RowWise());
+  else launch(std::integral_constant<int, 1>(), Plain());
 }
 
 template void backward_apply<float>(const Tables&, const int32_t*, int64_t, int64_t, bool,
