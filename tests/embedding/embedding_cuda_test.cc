@@ -549,7 +549,9 @@ TEST(EmbeddingCuda, StridedBackwardMatchesPackedAndCpu) {
 // added in chunk order, except that a run's whole groups of 64 chunks (aligned to 64, after its
 // first chunk and before its last) are first summed from 0 in chunk order and that sum added
 // (the group pass of long runs); times gscale, then SGD or Adagrad in float. A gscale of 0 leaves
-// the tables and accumulators alone.
+// the tables and accumulators alone. Row-wise Adagrad (one accumulator per row: the first rows_t
+// values of the table's accumulator array here) sums each row the same way, then adds its
+// squares in double (the warp's order, not the host's: within 1e-6 of the host's update).
 // The first chunk at or after c0 + 1 that begins a group of 64 chunks.
 int64_t k_group_first(int64_t c0) { return (c0 + 1 + 63) / 64 * 64; }
 
@@ -559,8 +561,9 @@ TEST(EmbeddingCuda, LongRunsFollowTheDocumentedOrderBitForBit) {
   int64_t long_runs = 0, grouped_runs = 0, compared = 0;
   for (int dim : {8, 3})
     for (bool mean : {false, true})
-      for (auto kind : {ce::Update::SGD, ce::Update::Adagrad})
+      for (auto kind : {ce::Update::SGD, ce::Update::Adagrad, ce::Update::RowWiseAdagrad})
         for (float gscale : {1.f, 0.5f, 0.f}) {
+          const bool rowwise = kind == ce::Update::RowWiseAdagrad;
           Problem p({2, 3, 60, 5000}, dim, 6000, 71 + dim);
           const int64_t width = int64_t(p.T) * dim, col = 4, ld = col + width + 4;
           Rng rng(3 + dim);
@@ -599,6 +602,7 @@ TEST(EmbeddingCuda, LongRunsFollowTheDocumentedOrderBitForBit) {
             const int64_t c0 = i / 32, ce = (j - 1) / 32;
             constexpr int64_t kGroup = 64;
             if (k_group_first(c0) + kGroup < ce) ++grouped_runs;
+            std::vector<float> row_g(dim);  // row-wise: the row's summed gradient
             for (int k = 0; k < dim; ++k) {
               std::vector<float> pieces;  // the run's piece in each of its chunks c0 .. ce
               float piece = 0.f;
@@ -631,7 +635,9 @@ TEST(EmbeddingCuda, LongRunsFollowTheDocumentedOrderBitForBit) {
               float gv = total;
               if (gscale != 1.f) gv = gv * gscale;
               float& wv = w[t][r * dim + k];
-              if (kind == ce::Update::SGD) {
+              if (rowwise) {
+                row_g[k] = gv;
+              } else if (kind == ce::Update::SGD) {
                 const float step = lr * gv;
                 wv = wv - step;
               } else {
@@ -642,9 +648,27 @@ TEST(EmbeddingCuda, LongRunsFollowTheDocumentedOrderBitForBit) {
                 wv = wv - num / den;
               }
             }
+            if (rowwise && gscale != 0.f) {
+              double sq = 0;
+              for (int k = 0; k < dim; ++k) sq += double(row_g[k]) * row_g[k];
+              float& av = acc[t][r];
+              av = av + static_cast<float>(sq / dim);
+              const float mult = lr / (std::sqrt(av) + eps);
+              for (int k = 0; k < dim; ++k) w[t][r * dim + k] -= mult * row_g[k];
+            }
             i = j;
           }
-          for (int t = 0; t < p.T; ++t) {
+          for (int t = 0; t < p.T && rowwise; ++t) {
+            for (size_t x = 0; x < w[t].size(); ++x)
+              ASSERT_NEAR(ws[t][x], w[t][x], 1e-6 * (1 + std::fabs(w[t][x])))
+                  << "row-wise weights, table " << t << " value " << x << " dim " << dim
+                  << " gscale " << gscale;
+            for (size_t x = 0; x < acc[t].size(); ++x)  // past rows_t: untouched
+              ASSERT_NEAR(as[t][x], acc[t][x], 1e-6 * (1 + std::fabs(acc[t][x])))
+                  << "row-wise accumulators, table " << t << " value " << x;
+            compared += static_cast<int64_t>(w[t].size());
+          }
+          for (int t = 0; t < p.T && !rowwise; ++t) {
             ASSERT_EQ(ws[t], w[t]) << "weights, table " << t << " dim " << dim << " mean " << mean
                                    << " adagrad " << (kind == ce::Update::Adagrad) << " gscale "
                                    << gscale;
