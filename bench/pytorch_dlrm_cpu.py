@@ -10,12 +10,8 @@ import time
 
 import torch
 import torch.nn as nn
+from torch_common import KAGGLE as CRITEO_KAGGLE
 from torch_common import mlp
-
-# Criteo Kaggle cardinalities of the 26 categorical features (as in `dlrec bench train`).
-CRITEO_KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
-                 3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
-                 142572]
 
 
 class DLRM(nn.Module):
