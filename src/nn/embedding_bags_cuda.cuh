@@ -1,4 +1,4 @@
-// Internal: a device helper shared by the embedding pooling kernels (embedding_cuda.cu,
+// Internal: helpers shared by the embedding kernels (embedding_cuda.cu, embedding_backward_cuda.cu,
 // embedding_quant_cuda.cu; layout in nn/embedding_cuda.h).
 #pragma once
 
@@ -27,6 +27,11 @@ __device__ __forceinline__ int32_t bag_spans(const int32_t* __restrict__ offsets
     }
   }
   return maxlen;
+}
+
+template <class P>
+bool vec4_ok(const P* p, int d, int64_t ld) {
+  return d % 4 == 0 && ld % 4 == 0 && reinterpret_cast<uintptr_t>(p) % (4 * sizeof(P)) == 0;
 }
 
 }  // namespace dlrec::nn::cuda_emb

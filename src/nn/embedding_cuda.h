@@ -1,6 +1,7 @@
-// Internal: CUDA kernels of the embedding bags (forward pooling, de-duplicated backward with the
-// optimizer fused into the row update, initialisation). Host-callable launchers; every launcher
-// enqueues on `stream` and never synchronises.
+// Internal: CUDA kernels of the embedding bags (forward pooling and initialisation in
+// embedding_cuda.cu; the de-duplicated backward with the optimizer fused into the row update in
+// embedding_backward_cuda.cu). Host-callable launchers; every launcher enqueues on `stream` and
+// never synchronises.
 //
 // Layout shared by the launchers. A batch of B samples over T tables is flattened into
 // T * B bags, bag = t * B + b. `offsets` [T * B + 1] (int32) index one concatenated id array
@@ -86,7 +87,7 @@ struct Scratch {
   float* head = nullptr;           // [chunks, dim] partial sums of runs that began earlier
   float* tail = nullptr;           // [chunks, dim] partial sums of runs that go on later
   float* group = nullptr;          // [chunks / kGroupChunks, dim] sums of head over a group of
-                                   // chunks inside one run (embedding_cuda.cu, group_kernel)
+                                   // chunks inside one run (embedding_backward_cuda.cu, group_kernel)
   int dim = 0;
   int64_t capacity = 0;
 };

@@ -65,7 +65,7 @@
 
 namespace dlrec::nn {
 
-// The widest row the CUDA tables' rowwise_adagrad update takes (src/nn/embedding_cuda.cu: the
+// The widest row the CUDA tables' rowwise_adagrad update takes (src/nn/embedding_backward_cuda.cu: the
 // row in a warp's registers, up to 4 slices a lane of 4 values when the dim is a multiple of 4,
 // else of 1 value): 512, else 128.
 inline int64_t cuda_rowwise_max_dim(int64_t dim) { return dim % 4 == 0 ? 512 : 128; }

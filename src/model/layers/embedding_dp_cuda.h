@@ -129,7 +129,7 @@ void build_row_bags(const RankGeometry& g, int64_t bmax, const RwLayout& l, cons
 
 // Replicated tables: the optimizer step of every element with g[i] != 0 (the rows some rank's
 // batch touched; an untouched row's all-reduced gradient is exactly zero), with the arithmetic of
-// the fused update (nn/embedding_cuda.cu): SGD w -= lr g, or Adagrad (a non-null) a += g g,
+// the fused update (nn/embedding_backward_cuda.cu): SGD w -= lr g, or Adagrad (a non-null) a += g g,
 // w -= lr g / (sqrt(a) + eps); then g[i] = 0 for the next step. lr: device pointer. G: float,
 // or the 16-bit copy that round_dense made and the all-reduce summed in a bf16/fp16 run (read
 // and widened; left as it is: the f32 gradient was zeroed by round_dense).
