@@ -40,7 +40,6 @@ import torch.distributed as dist
 from torch_common import DCNV2, DCNV2_HOT, KAGGLE, TB, time_steps
 
 
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--local-batch", type=int, default=55296)

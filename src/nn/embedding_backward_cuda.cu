@@ -193,6 +193,33 @@ __device__ __forceinline__ void apply_rowwise(float* w, float* a_row, float a_ol
   }
 }
 
+// g[v] = 0 + the sum over the run's ids q in [i, j) of scale[q] * x_q[k0 + v], in order (x_q:
+// the gradient row of id q's sample, `b[q]` rows of `ld` into `gcol`), four rows in flight.
+template <int V, class G>
+__device__ __forceinline__ void sum_run(const G* gcol, const int32_t* b, const float* scale,
+                                        int i, int j, int64_t ld, int k0, float* g) {
+#pragma unroll
+  for (int v = 0; v < V; ++v) g[v] = 0.f;
+  int q = i;
+  for (; q + 4 <= j; q += 4) {
+    Vec<V> x[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) x[u] = ld_grad<V>(gcol + b[q + u] * ld + k0);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const float sc = scale[q + u];
+#pragma unroll
+      for (int v = 0; v < V; ++v) g[v] = __fadd_rn(g[v], __fmul_rn(sc, x[u].v[v]));
+    }
+  }
+  for (; q < j; ++q) {
+    const Vec<V> x = ld_grad<V>(gcol + b[q] * ld + k0);
+    const float sc = scale[q];
+#pragma unroll
+    for (int v = 0; v < V; ++v) g[v] = __fadd_rn(g[v], __fmul_rn(sc, x.v[v]));
+  }
+}
+
 // RW: the row-wise Adagrad form (kind == Update::RowWiseAdagrad), instantiated apart so that its
 // registers (a whole row a warp) do not cost the SGD and Adagrad forms their occupancy.
 template <int V, class G, bool RW>
@@ -256,24 +283,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 #pragma unroll
         for (int v = 0; v < V; ++v) g[s][v] = 0.f;
         if (k0 >= d) continue;
-        int q = i;
-        for (; q + 4 <= j; q += 4) {  // four gradient rows in flight, added in order
-          Vec<V> x[4];
-#pragma unroll
-          for (int u = 0; u < 4; ++u) x[u] = ld_grad<V>(gcol + sh_b[warp][q + u] * ld + k0);
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            const float sc = sh_scale[warp][q + u];
-#pragma unroll
-            for (int v = 0; v < V; ++v) g[s][v] = __fadd_rn(g[s][v], __fmul_rn(sc, x[u].v[v]));
-          }
-        }
-        for (; q < j; ++q) {
-          const Vec<V> x = ld_grad<V>(gcol + sh_b[warp][q] * ld + k0);
-          const float sc = sh_scale[warp][q];
-#pragma unroll
-          for (int v = 0; v < V; ++v) g[s][v] = __fadd_rn(g[s][v], __fmul_rn(sc, x.v[v]));
-        }
+        sum_run<V>(gcol, sh_b[warp], sh_scale[warp], i, j, ld, k0, g[s]);
         if (!apply) {
           Vec<V> p;
 #pragma unroll
@@ -327,26 +337,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
         if (a) av = ld_row<V>(a + k0);
       }
       float g[V];
-#pragma unroll
-      for (int v = 0; v < V; ++v) g[v] = 0.f;
-      int q = i;
-      for (; q + 4 <= j; q += 4) {
-        Vec<V> x[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) x[u] = ld_grad<V>(gcol + sh_b[warp][q + u] * ld + k0);
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const float sc = sh_scale[warp][q + u];
-#pragma unroll
-          for (int v = 0; v < V; ++v) g[v] = __fadd_rn(g[v], __fmul_rn(sc, x[u].v[v]));
-        }
-      }
-      for (; q < j; ++q) {
-        const Vec<V> x = ld_grad<V>(gcol + sh_b[warp][q] * ld + k0);
-        const float sc = sh_scale[warp][q];
-#pragma unroll
-        for (int v = 0; v < V; ++v) g[v] = __fadd_rn(g[v], __fmul_rn(sc, x.v[v]));
-      }
+      sum_run<V>(gcol, sh_b[warp], sh_scale[warp], i, j, ld, k0, g);
       if (apply) {
         apply_loaded<V>(w + k0, a ? a + k0 : nullptr, wv, av, g, kind, lr, eps, gs);
       } else {
