@@ -181,15 +181,10 @@ void merge_counts(etl::Workflow& w, dist::Communicator& comm) {
   const int ranks = comm.size(), rank = comm.rank();
   const int n = etl::FitParts::num_counts(w);
   if (ranks < 2 || n == 0) return;
-  std::vector<std::string> mine(n);
-  if (rank != 0)
-    parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t j = lo; j < hi; ++j)
-        mine[j] = etl::FitParts::save_counts(w, static_cast<int>(j));
-    });
   // size[q * n + j]: rank q's bytes of encoder j (rank 0 sends none).
-  std::vector<int64_t> own(n), size(static_cast<size_t>(ranks) * n);
-  for (int j = 0; j < n; ++j) own[j] = static_cast<int64_t>(mine[j].size());
+  std::vector<int64_t> own(n, 0), size(static_cast<size_t>(ranks) * n);
+  if (rank != 0)
+    for (int j = 0; j < n; ++j) own[j] = static_cast<int64_t>(etl::FitParts::counts_bytes(w, j));
   comm.all_gather(own.data(), size.data(), n, dist::Elem::I64);
   std::vector<int64_t> total(n, 0), load(ranks, 0);
   for (int q = 0; q < ranks; ++q)
@@ -206,6 +201,12 @@ void merge_counts(etl::Workflow& w, dist::Communicator& comm) {
     load[o] += total[j];
   }
   // Each encoder's counts to its owner (its own stay in its workflow), in encoder order.
+  std::vector<std::string> mine(n);
+  if (rank != 0)
+    parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t j = lo; j < hi; ++j)
+        if (owner[j] != rank) mine[j] = etl::FitParts::save_counts(w, static_cast<int>(j));
+    });
   std::vector<std::string> to(ranks);
   for (int j = 0; j < n; ++j) {
     if (owner[j] != rank) to[owner[j]] += mine[j];

@@ -305,6 +305,9 @@ class Categorify final : public CategoricalEncoder {
     append(narrow_counts_);
     append(counts_);
   }
+  size_t partial_fit_bytes() const override {
+    return 16 * (narrow_counts_.size() + counts_.size());
+  }
   void add_partial_fit(const char* data, size_t size) override {
     DLREC_CHECK(partial_fit_mergeable(), "Categorify: no partial fit to add to");
     DLREC_CHECK(size % 16 == 0, "Categorify: a partial fit of ", size,

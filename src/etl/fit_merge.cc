@@ -136,6 +136,10 @@ std::string FitParts::save_counts(const Workflow& w, int j) {
   return out;
 }
 
+size_t FitParts::counts_bytes(const Workflow& w, int j) {
+  return count_column(w.impl_->cat, j).first->partial_fit_bytes();
+}
+
 void FitParts::add_counts(Workflow& w, int j, const char* data, size_t size) {
   const auto [e, name] = count_column(w.impl_->cat, j);
   try {

@@ -128,6 +128,7 @@ TEST(FitMergeTest, PartsAddedInOrderAreTheSingleFit) {
       for (int p = parts - 1; p >= 1; --p)
         if (p != owner) {
           const std::string c = FitParts::save_counts(fits[p], j);
+          EXPECT_EQ(c.size(), FitParts::counts_bytes(fits[p], j));
           FitParts::add_counts(fits[owner], j, c.data(), c.size());
         }
       const std::string sum = FitParts::save_counts(fits[owner], j);

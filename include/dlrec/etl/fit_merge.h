@@ -36,6 +36,7 @@ class FitParts {
   // apart may be added on different threads).
   static int num_counts(const Workflow& w);
   static std::string save_counts(const Workflow& w, int j);
+  static size_t counts_bytes(const Workflow& w, int j);  // save_counts(w, j).size()
   static void add_counts(Workflow& w, int j, const char* data, size_t size);
   // The running sums (one per dense column) continued over `chunks` as the single fit adds them.
   static int num_sums(const Workflow& w);

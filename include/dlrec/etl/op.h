@@ -95,6 +95,8 @@ class CategoricalEncoder : public Op {
   // instance's so that fit_end gives exactly the fit of both instances' keys, and the calls.
   virtual bool partial_fit_mergeable() const { return false; }
   virtual void save_partial_fit(std::string& out) const {}
+  // The bytes save_partial_fit would append (without writing them).
+  virtual size_t partial_fit_bytes() const { return 0; }
   virtual void add_partial_fit(const char* data, size_t size) {}
   // Number of distinct output ids, including the reserved ones. Valid once fitted.
   virtual int64_t cardinality() const = 0;
