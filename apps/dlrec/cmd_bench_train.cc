@@ -300,7 +300,7 @@ Runner add_bench(CLI::App& app) {
   t->add_flag("--reader-only", o->reader_only,
               "Time the shard reader alone (needs --data; --steps/10 passes, at least one)");
   t->add_option("--optimizer", o->optimizer, "Override the config's optimizer")
-      ->check(CLI::IsMember({"sgd", "adagrad"}));
+      ->check(CLI::IsMember({"sgd", "adagrad", "adam"}));
   t->add_option("--lr", o->lr, "Override the config's learning rate");
   t->add_option("--seed", o->seed, "Seed of parameters and batches");
   t->add_option("--gpus", o->gpus,

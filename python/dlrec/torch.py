@@ -61,9 +61,11 @@ class EmbeddingCollection(torch.nn.Module):
         table's index; rows start uniform in +-sqrt(1 / rows) as dlrec's own tables), and for a
         hashed table "hashed": {"capacity": rows held, "init_scale": ...} instead of "rows"
         (ids are then any int64 keys; CPU only so far).
-    optimizer: {"kind": "sgd" | "adagrad" (CPU also "rowwise_adagrad", "adam"), "lr",
-        "eps", "initial_accumulator", "beta1", "beta2"}: applied to the rows of each batch
-        during backward. `lr` may be changed later (the attribute `lr`).
+    optimizer: {"kind": "sgd" | "adagrad" | "rowwise_adagrad" (CUDA: dims up to 512, 128 when
+        not a multiple of 4) | "adam", "lr", "eps", "initial_accumulator", "beta1", "beta2"}:
+        applied to the rows of each batch during backward; row-wise Adagrad keeps one
+        accumulator per row (state [rows, 1]), Adam m, v and the row's own step count (state
+        [rows, 2 * dim + 1]). `lr` may be changed later (the attribute `lr`).
     device: "cpu" or a CUDA device ("cuda", "cuda:1", torch.device). On CUDA every table has
         the same dim and pooling.
     check_ids: CUDA only: after each forward, wait for the stream and raise on a bad id or

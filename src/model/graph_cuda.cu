@@ -121,16 +121,7 @@ GraphCuda::GraphCuda(const ModelConfig& mc, const OptimizerConfig& oc,
                                                      std::thread::hardware_concurrency()) / 2));
   e_.dev = device;
   e_.opts = &opts_;
-  const OptimizerConfig ec = oc.embedding_config();
-  e_.dense_adagrad = nn::parse_optimizer(oc.type) == nn::OptimizerKind::Adagrad;
-  e_.emb_adagrad = nn::parse_optimizer(ec.type) == nn::OptimizerKind::Adagrad;
-  e_.emb_rowwise = nn::parse_optimizer(ec.type) == nn::OptimizerKind::RowWiseAdagrad;
-  e_.eps = static_cast<float>(oc.adagrad_eps);
-  e_.init_acc = static_cast<float>(oc.adagrad_init);
-  e_.emb_eps = static_cast<float>(ec.adagrad_eps);
-  e_.emb_init_acc = static_cast<float>(ec.adagrad_init);
-  DLREC_CHECK(e_.eps >= 0 && e_.init_acc >= 0 && e_.emb_eps >= 0 && e_.emb_init_acc >= 0,
-              "Optimizer: eps and the initial accumulator must be >= 0");
+  e_.set_optimizers(oc);
   lr_ = static_cast<float>(oc.lr);
   emb_lr_ = static_cast<float>(oc.embedding_lr_value());
   T_ = static_cast<int64_t>(layout.cardinalities.size());
@@ -650,7 +641,10 @@ void GraphCuda::set_gradient_reducer(GradientReducer* reducer) {
               "supported yet (bf16, tf32 and fp32 are)");
   DLREC_CHECK(!emb_ || !emb_->hashed(), "layer '", emb_ ? emb_->layer_name() : "",
               "': hashed tables are not supported across GPUs yet (fixed tables are)");
-  DLREC_CHECK(!e_.emb_rowwise, "optimizer.embedding \"rowwise_adagrad\" is implemented on one "
+  DLREC_CHECK(!e_.emb_rowwise && !e_.emb_adam, "optimizer.embedding \"",
+              e_.emb_rowwise ? "rowwise_adagrad" : "adam", "\" is implemented on one GPU; across "
+              "GPUs use \"adagrad\" or \"sgd\" (or train on the CPU)");
+  DLREC_CHECK(!e_.dense_adam, "optimizer \"adam\" for the dense layers is implemented on one "
               "GPU; across GPUs use \"adagrad\" or \"sgd\" (or train on the CPU)");
   for (const LayerSpec& s : spec_.layers)
     DLREC_CHECK(s.type != "wide", s.where, ": the wide layer's tables are not supported across "
@@ -768,10 +762,13 @@ std::vector<NamedTensor> GraphCuda::optimizer_state() {
   synchronize();
   exposed_ = true;
   std::vector<NamedTensor> out;
-  if (e_.dense_adagrad)
-    for (auto& p : dense_) out.emplace_back(p.name + ".adagrad", p.state);
-  if (e_.emb_adagrad || e_.emb_rowwise) {
-    const std::string suffix = e_.emb_rowwise ? ".rowwise_adagrad" : ".adagrad";  // the CPU's
+  if (e_.dense_adagrad || e_.dense_adam) {  // the CPU's names
+    const std::string suffix = e_.dense_adam ? ".adam" : ".adagrad";
+    for (auto& p : dense_) out.emplace_back(p.name + suffix, p.state);
+  }
+  if (e_.emb_adagrad || e_.emb_rowwise || e_.emb_adam) {
+    const std::string suffix =
+        e_.emb_rowwise ? ".rowwise_adagrad" : e_.emb_adam ? ".adam" : ".adagrad";  // the CPU's
     for (size_t k = 0; k < tables_.size(); ++k) {  // as in parameters()
       const Tensor* h = host_table(k, true);
       if (h) out.emplace_back(tables_[k].name + suffix, *h);

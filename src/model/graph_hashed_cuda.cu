@@ -278,7 +278,7 @@ __global__ void reinsert_kernel(Dev d) {
 
 // The misses take free rows in order of first occurrence (the top of the stack first), enter
 // the index, and get their initial rows (the CPU table's values) and a fresh optimizer state.
-__global__ void insert_kernel(Dev d, nn::cuda_emb::Tables tab, float init_acc,
+__global__ void insert_kernel(Dev d, nn::cuda_emb::Tables tab, int scols, float init_acc,
                               const int64_t* __restrict__ keys, const int32_t* off, int64_t B,
                               int64_t nnz, const int32_t* miss, const int32_t* mrank,
                               const int32_t* rank, int32_t* rowslot) {
@@ -301,8 +301,8 @@ __global__ void insert_kernel(Dev d, nn::cuda_emb::Tables tab, float init_acc,
   const float scale = d.scale[t];
   for (int k = 0; k < dim; ++k) w[k] = embedding::init_value(seed, key, k, scale);
   if (tab.states) {
-    float* s = tab.states[t] + int64_t(local) * dim;
-    for (int k = 0; k < dim; ++k) s[k] = init_acc;
+    float* s = tab.states[t] + int64_t(local) * scols;
+    for (int k = 0; k < scols; ++k) s[k] = init_acc;
   }
 }
 
@@ -387,9 +387,9 @@ Tensor upload_vec(const std::vector<T>& v, DType dt, Device dev) {
 
 }  // namespace
 
-HashedTables::HashedTables(std::vector<TableOptions> tables, int64_t dim, bool adagrad,
+HashedTables::HashedTables(std::vector<TableOptions> tables, int64_t dim, int64_t state_cols,
                            float init_acc, Device dev, cudaStream_t stream)
-    : opts_(std::move(tables)), dim_(dim), adagrad_(adagrad), init_acc_(init_acc), dev_(dev),
+    : opts_(std::move(tables)), dim_(dim), state_cols_(state_cols), init_acc_(init_acc), dev_(dev),
       st_(stream) {
   const int64_t T = num_tables();
   DLREC_CHECK(T > 0, "hashed tables: no tables");
@@ -651,8 +651,8 @@ void HashedTables::resolve(const int32_t* offsets, uint32_t* rows, int64_t B, in
   DLREC_CUDA_LAUNCH_CHECK();
   reinsert_kernel<<<rows_grid, kThreads, 0, st>>>(d);
   DLREC_CUDA_LAUNCH_CHECK();
-  insert_kernel<<<nb, kThreads, 0, st>>>(d, tab_, init_acc_, keys, offsets, B, nnz, miss, mrank,
-                                         rank, rowslot);
+  insert_kernel<<<nb, kThreads, 0, st>>>(d, tab_, static_cast<int>(state_cols_), init_acc_, keys,
+                                         offsets, B, nnz, miss, mrank, rank, rowslot);
   DLREC_CUDA_LAUNCH_CHECK();
   finalize_kernel<<<1, kThreads, 0, st>>>(d, flag, rank, nnz);
   DLREC_CUDA_LAUNCH_CHECK();

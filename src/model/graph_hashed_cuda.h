@@ -51,9 +51,11 @@ struct Stats {
 
 class HashedTables {
  public:
-  // `dim`: the rows' width; `adagrad`/`init_acc`: the embedding optimizer's state (reset to
-  // init_acc for a new row). Allocates everything sized by the capacities (fixed from here on).
-  HashedTables(std::vector<TableOptions> tables, int64_t dim, bool adagrad, float init_acc,
+  // `dim`: the rows' width; `state_cols`/`init_acc`: the embedding optimizer's state values per
+  // row (dim for Adagrad, 1 for row-wise Adagrad, 2 * dim + 1 for Adam, 0 for none), reset to
+  // init_acc for a new row (Adam: 0).
+  // Allocates everything sized by the capacities (fixed from here on).
+  HashedTables(std::vector<TableOptions> tables, int64_t dim, int64_t state_cols, float init_acc,
                Device dev, cudaStream_t stream);
   ~HashedTables();
   HashedTables(const HashedTables&) = delete;
@@ -61,7 +63,8 @@ class HashedTables {
 
   int64_t num_tables() const { return static_cast<int64_t>(opts_.size()); }
   const std::vector<int64_t>& capacities() const { return caps_; }
-  // The device tables the rows live in (weights and optimizer state, table t [capacity_t, dim]).
+  // The device tables the rows live in (weights [capacity_t, dim] and optimizer state
+  // [capacity_t, state_cols] of table t).
   void bind(const nn::cuda_emb::Tables& tab) { tab_ = tab; }
 
   // Batch scratch and the two upload slots' key buffers for up to `max_nnz` ids (the caller has
@@ -108,7 +111,7 @@ class HashedTables {
   std::vector<TableOptions> opts_;
   std::vector<int64_t> caps_, sbase_, ibase_, psize_;
   int64_t dim_ = 0, total_rows_ = 0, total_index_ = 0, max_cap_ = 0, max_p_ = 0;
-  bool adagrad_ = false;
+  int64_t state_cols_ = 0;
   float init_acc_ = 0;
   Device dev_;
   cudaStream_t st_ = nullptr;

@@ -11,8 +11,8 @@
 namespace dlrec::model {
 namespace {
 
-// "" when the CUDA engine has the optimizer (sgd without momentum, adagrad, and for the tables
-// rowwise_adagrad; no clipping or weight decay), else why not.
+// "" when the CUDA engine has the optimizer (sgd without momentum, adagrad, adam, and for the
+// tables rowwise_adagrad; no clipping; weight decay for adam's dense layers only), else why not.
 std::string optimizer_unsupported(const OptimizerConfig& c, const std::string& what, bool dense) {
   auto why = [&](const std::string& s) {
     return "the CUDA graph model " + s + " (" + what +
@@ -24,18 +24,18 @@ std::string optimizer_unsupported(const OptimizerConfig& c, const std::string& w
     return why("supports rowwise_adagrad for the embedding tables only (set it as "
                "optimizer.embedding, with sgd or adagrad for the dense layers)");
   if (k != nn::OptimizerKind::SGD && k != nn::OptimizerKind::Adagrad &&
-      k != nn::OptimizerKind::RowWiseAdagrad)
-    return why("supports the sgd and adagrad optimizers (and rowwise_adagrad for the tables), "
-               "not '" + c.type + "'");
+      k != nn::OptimizerKind::RowWiseAdagrad && k != nn::OptimizerKind::Adam)
+    return why("supports the sgd, adagrad and adam optimizers (and rowwise_adagrad for the "
+               "tables), not '" + c.type + "'");
   if (c.momentum != 0 || c.nesterov)
     return why("supports sgd without momentum (optimizer.momentum = " + std::to_string(c.momentum) +
                ")");
   if (c.clip_value != 0)
     return why("does not clip gradients (optimizer.clip_value = " + std::to_string(c.clip_value) +
                ")");
-  if (dense && c.weight_decay != 0)
-    return why("has no weight decay (optimizer.weight_decay = " + std::to_string(c.weight_decay) +
-               ")");
+  if (dense && c.weight_decay != 0 && k != nn::OptimizerKind::Adam)
+    return why("has weight decay for adam only (decoupled, AdamW; optimizer.weight_decay = " +
+               std::to_string(c.weight_decay) + ")");
   if (dense && c.clip_norm != 0)
     return why("does not clip gradients (optimizer.clip_norm = " + std::to_string(c.clip_norm) +
                ")");
@@ -75,10 +75,6 @@ std::string graph_cuda_unsupported(const GraphSpec& spec, const OptimizerConfig&
   const bool rowwise =
       nn::parse_optimizer(opt.embedding_config().type) == nn::OptimizerKind::RowWiseAdagrad;
   for (const LayerSpec& s : spec.layers) {
-    if (rowwise && s.hashed.on)
-      return s.where + ": hashed tables with optimizer.embedding \"rowwise_adagrad\" are not "
-                       "implemented on CUDA (\"adagrad\" and \"sgd\" are); train this model on "
-                       "the CPU (\"device\": \"cpu\")";
     if (!rowwise || !layer_type(s.type).table_keys) continue;
     for (int64_t d : s.dims.empty() ? std::vector<int64_t>{s.dim} : s.dims)
       if (d > nn::cuda_rowwise_max_dim(d))

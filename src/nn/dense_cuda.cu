@@ -270,6 +270,55 @@ __global__ void optimizer_kernel(float* __restrict__ w, const float* __restrict_
   }
 }
 
+// Adam, one thread per value; every thread of a row computes the row's new t and its
+// coefficients from the old t, which adam_count_kernel stores after (a kernel boundary: no
+// thread reads the new t).
+template <class H>
+__global__ void adam_kernel(float* __restrict__ w, const float* __restrict__ g,
+                            float* __restrict__ s, int64_t rows, int64_t cols, int64_t ldg,
+                            H* __restrict__ wh, int64_t ldh, const float* __restrict__ lr_p,
+                            AdamParams p, const float* __restrict__ gscale_p,
+                            const float* __restrict__ mask) {
+  const float lr = *lr_p;
+  const float gs = gscale_p ? *gscale_p : 1.f;
+  if (gs == 0.f) return;
+  const int64_t n = rows * cols, sw = 2 * cols + 1;
+  const float omb1 = __fsub_rn(1.f, p.beta1), omb2 = __fsub_rn(1.f, p.beta2);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i - r * cols;
+    float* srow = s + r * sw;
+    float t = srow[2 * cols];
+    if (t < 16777216.f) t = __fadd_rn(t, 1.f);
+    const double td = static_cast<double>(t);
+    const float c1 = __fsub_rn(1.f, static_cast<float>(pow(static_cast<double>(p.beta1), td)));
+    const float c2 = __fsub_rn(1.f, static_cast<float>(pow(static_cast<double>(p.beta2), td)));
+    const float step = __fdiv_rn(lr, c1), rc2 = __fdiv_rn(1.f, sqrtf(c2));
+    const float x = gscale_p ? __fmul_rn(g[r * ldg + c], gs) : g[r * ldg + c];
+    float wi = w[i];
+    if (p.weight_decay > 0.f) wi = __fsub_rn(wi, __fmul_rn(__fmul_rn(lr, p.weight_decay), wi));
+    const float m = __fadd_rn(__fmul_rn(p.beta1, srow[c]), __fmul_rn(omb1, x));
+    const float v =
+        __fadd_rn(__fmul_rn(p.beta2, srow[cols + c]), __fmul_rn(__fmul_rn(omb2, x), x));
+    srow[c] = m;
+    srow[cols + c] = v;
+    wi = __fsub_rn(wi, __fdiv_rn(__fmul_rn(step, m), __fadd_rn(__fmul_rn(sqrtf(v), rc2), p.eps)));
+    if (mask && mask[i] == 0.f) wi = 0.f;  // a pruned weight stays zero
+    w[i] = wi;
+    if (wh) wh[r * ldh + c] = from_f<H>(wi);
+  }
+}
+
+__global__ void adam_count_kernel(float* __restrict__ s, int64_t rows, int64_t cols,
+                                  const float* __restrict__ gscale_p) {
+  if (gscale_p && *gscale_p == 0.f) return;
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows;
+       r += int64_t(gridDim.x) * blockDim.x) {
+    float& t = s[r * (2 * cols + 1) + 2 * cols];
+    if (t < 16777216.f) t = __fadd_rn(t, 1.f);
+  }
+}
+
 __global__ void scale_to_f16_kernel(const float* __restrict__ x, int64_t n,
                                     const float* __restrict__ scale, f16* __restrict__ y) {
   const float s = *scale;
@@ -557,6 +606,28 @@ void optimizer_step_impl(float* w, const float* g, float* state, int64_t rows, i
   optimizer_kernel<H><<<grid_for(n, 256), 256, 0, stream>>>(w, g, state, rows, cols, ldg, wh,
                                                             ldh, lr, eps, gscale, mask);
   DLREC_CUDA_LAUNCH_CHECK();
+}
+template <class H>
+void adam_step_impl(float* w, const float* g, float* state, int64_t rows, int64_t cols,
+                    int64_t ldg, H* wh, int64_t ldh, const float* lr, const AdamParams& p,
+                    cudaStream_t stream, const float* gscale, const float* mask) {
+  const int64_t n = rows * cols;
+  if (n == 0) return;
+  adam_kernel<H><<<grid_for(n, 256), 256, 0, stream>>>(w, g, state, rows, cols, ldg, wh, ldh, lr,
+                                                       p, gscale, mask);
+  DLREC_CUDA_LAUNCH_CHECK();
+  adam_count_kernel<<<grid_for(rows, 256), 256, 0, stream>>>(state, rows, cols, gscale);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+void adam_step(float* w, const float* g, float* state, int64_t rows, int64_t cols, int64_t ldg,
+               bf16* wh, int64_t ldh, const float* lr, const AdamParams& p, cudaStream_t stream,
+               const float* gscale, const float* mask) {
+  adam_step_impl(w, g, state, rows, cols, ldg, wh, ldh, lr, p, stream, gscale, mask);
+}
+void adam_step(float* w, const float* g, float* state, int64_t rows, int64_t cols, int64_t ldg,
+               f16* wh, int64_t ldh, const float* lr, const AdamParams& p, cudaStream_t stream,
+               const float* gscale, const float* mask) {
+  adam_step_impl(w, g, state, rows, cols, ldg, wh, ldh, lr, p, stream, gscale, mask);
 }
 void optimizer_step(float* w, const float* g, float* state, int64_t rows, int64_t cols,
                     int64_t ldg, bf16* wh, int64_t ldh, const float* lr, float eps,

@@ -131,6 +131,23 @@ void optimizer_step(float* w, const float* g, float* state, int64_t rows, int64_
                     cudaStream_t stream, const float* gscale = nullptr,
                     const float* mask = nullptr);
 
+// Adam, nn::Optimizer's "adam" with the CPU's state layout and arithmetic: state
+// [rows, 2 * cols + 1], per row m [cols], v [cols] and the row's step count t (a bias [n] is n
+// rows of one column). Per row t += 1 (up to 2^24), c1 = 1 - beta1^t, c2 = 1 - beta2^t (double,
+// rounded to float); per value, with weight_decay > 0 first w -= lr * weight_decay * w
+// (decoupled, AdamW), then m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g g,
+// w -= (lr / c1) m / (sqrt(v) / sqrt(c2) + eps). Gradient rows ldg apart; wh, gscale and mask as
+// optimizer_step's (*gscale == 0: neither the values nor t move).
+struct AdamParams {
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.f;
+};
+void adam_step(float* w, const float* g, float* state, int64_t rows, int64_t cols, int64_t ldg,
+               bf16* wh, int64_t ldh, const float* lr, const AdamParams& p, cudaStream_t stream,
+               const float* gscale = nullptr, const float* mask = nullptr);
+void adam_step(float* w, const float* g, float* state, int64_t rows, int64_t cols, int64_t ldg,
+               f16* wh, int64_t ldh, const float* lr, const AdamParams& p, cudaStream_t stream,
+               const float* gscale = nullptr, const float* mask = nullptr);
+
 // Dynamic loss scaling (fp16 mode), all state on the device so a CUDA graph can replay it.
 struct LossScale {
   float* scale = nullptr;   // the loss scale S: dL/dlogits is multiplied by it

@@ -193,6 +193,66 @@ __device__ __forceinline__ void apply_rowwise(float* w, float* a_row, float a_ol
   }
 }
 
+// Adam (Update::Adam; nn::Optimizer's "adam" on sparse rows, each row with its own step count):
+// a row's state is 2 * dim + 1 floats, m [dim], v [dim] and t (the CPU's layout; rows 2 * dim + 1
+// apart, so m and v are read value by value). A warp updates a row: every lane reads the old t
+// and takes the coefficients of the new one (adam_coef), updates its columns (apply_adam), and
+// after the warp's last column lane 0 stores the new t (adam_finish: the warp synchronises first,
+// so no lane reads the new t). As on the CPU: t stops growing at 2^24; c1 = 1 - b1^t and
+// c2 = 1 - b2^t in double, rounded to float; per value m = b1 m + (1 - b1) g,
+// v = b2 v + (1 - b2) g g, w -= (lr / c1) m / (sqrt(v) (1 / sqrt(c2)) + eps).
+struct AdamCoef {
+  float t, step, rc2;
+};
+__device__ __forceinline__ AdamCoef adam_coef(const float* t_p, float lr, float b1, float b2) {
+  AdamCoef c;
+  c.t = *t_p;
+  if (c.t < 16777216.f) c.t = __fadd_rn(c.t, 1.f);
+  const double t = static_cast<double>(c.t);
+  const float c1 = __fsub_rn(1.f, static_cast<float>(pow(static_cast<double>(b1), t)));
+  const float c2 = __fsub_rn(1.f, static_cast<float>(pow(static_cast<double>(b2), t)));
+  c.step = __fdiv_rn(lr, c1);
+  c.rc2 = __fdiv_rn(1.f, sqrtf(c2));
+  return c;
+}
+// Columns k0 .. k0 + V - 1 of a row: m_p, v_p its state there, w, mo, vo their loaded values.
+template <int V>
+__device__ __forceinline__ void apply_adam(float* wp, float* m_p, float* v_p, Vec<V> w,
+                                           const float (&mo)[V], const float (&vo)[V], float* g,
+                                           const AdamCoef& c, float b1, float b2, float eps,
+                                           float gs) {
+  const float omb1 = __fsub_rn(1.f, b1), omb2 = __fsub_rn(1.f, b2);
+#pragma unroll
+  for (int u = 0; u < V; ++u) {
+    const float x = gs != 1.f ? __fmul_rn(g[u], gs) : g[u];
+    const float m = __fadd_rn(__fmul_rn(b1, mo[u]), __fmul_rn(omb1, x));
+    const float v = __fadd_rn(__fmul_rn(b2, vo[u]), __fmul_rn(__fmul_rn(omb2, x), x));
+    m_p[u] = m;
+    v_p[u] = v;
+    w.v[u] = __fsub_rn(w.v[u], __fdiv_rn(__fmul_rn(c.step, m),
+                                          __fadd_rn(__fmul_rn(sqrtf(v), c.rc2), eps)));
+  }
+  st_row<V>(wp, w);
+}
+template <int V>
+__device__ __forceinline__ void load_adam(const float* srow, int d, int k0, float (&mo)[V],
+                                          float (&vo)[V]) {
+#pragma unroll
+  for (int u = 0; u < V; ++u) {
+    mo[u] = srow[k0 + u];
+    vo[u] = srow[d + k0 + u];
+  }
+}
+__device__ __forceinline__ void adam_finish(float* t_p, const AdamCoef& c, int lane) {
+  __syncwarp();
+  if (lane == 0) *t_p = c.t;
+}
+
+// The update forms, instantiated apart (template parameter F of the kernels) so that the
+// registers of one do not cost the others their occupancy: SGD and Adagrad (a runtime `kind`),
+// row-wise Adagrad (a whole row a warp), Adam (its state read value by value).
+constexpr int kFormPlain = 0, kFormRowWise = 1, kFormAdam = 2;
+
 // g[v] = 0 + the sum over the run's ids q in [i, j) of scale[q] * x_q[k0 + v], in order (x_q:
 // the gradient row of id q's sample, `b[q]` rows of `ld` into `gcol`), four rows in flight.
 template <int V, class G>
@@ -220,9 +280,8 @@ __device__ __forceinline__ void sum_run(const G* gcol, const int32_t* b, const f
   }
 }
 
-// RW: the row-wise Adagrad form (kind == Update::RowWiseAdagrad), instantiated apart so that its
-// registers (a whole row a warp) do not cost the SGD and Adagrad forms their occupancy.
-template <int V, class G, bool RW>
+// F: the update form (kFormPlain, kFormRowWise, kFormAdam).
+template <int V, class G, int F>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     chunk_kernel2(Tables tab, const int32_t* __restrict__ offsets,
                   const uint32_t* __restrict__ keys_sorted, const int32_t* __restrict__ pos_sorted,
@@ -268,7 +327,34 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     float* w = tab.weights[t0] + row;
     float* a = kind == Update::Adagrad ? tab.states[t0] + row : nullptr;
     const G* gcol = dpooled + int64_t(tab.col ? tab.col[t0] : t0) * d;
-    if constexpr (RW) {  // the run's sum in the same order, then the row
+    if constexpr (F == kFormAdam) {
+      float* srow = tab.states[t0] + int64_t(key - tab.row_base[t0]) * (2 * int64_t(d) + 1);
+      AdamCoef co{};
+      if (apply) co = adam_coef(srow + 2 * d, lr, tab.beta1, tab.beta2);
+      for (int k0 = lane * V; k0 < d; k0 += 32 * V) {
+        Vec<V> wv{};
+        float mo[V] = {}, vo[V] = {};
+        if (apply) {  // in flight while the gradient rows load
+          wv = ld_row<V>(w + k0);
+          load_adam<V>(srow, d, k0, mo, vo);
+        }
+        float g[V];
+        sum_run<V>(gcol, sh_b[warp], sh_scale[warp], i, j, ld, k0, g);
+        if (apply) {
+          apply_adam<V>(w + k0, srow + k0, srow + d + k0, wv, mo, vo, g, co, tab.beta1, tab.beta2,
+                        eps, gs);
+        } else {
+          Vec<V> p;
+#pragma unroll
+          for (int u = 0; u < V; ++u) p.v[u] = g[u];
+          st_row<V>((first ? head : tail) + c * d + k0, p);
+        }
+      }
+      if (apply) adam_finish(srow + 2 * d, co, lane);
+      i = j;
+      continue;
+    }
+    if constexpr (F == kFormRowWise) {  // the run's sum in the same order, then the row
       float* a_row = tab.states[t0] + (key - tab.row_base[t0]);
       float a_old = 0.f;
       Vec<V> wv[kRowSlices];
@@ -391,7 +477,7 @@ __global__ void __launch_bounds__(256)
 }
 static_assert(kGroupChunks % kBatch == 0, "group_kernel loads kBatch head rows at a time");
 
-template <int V, bool RW>
+template <int V, int F>
 __global__ void __launch_bounds__(256)
     finalize2_kernel(Tables tab, const uint32_t* __restrict__ keys_sorted,
                      const int32_t* __restrict__ pos_sorted, const int32_t* __restrict__ pos_bag,
@@ -461,7 +547,22 @@ __global__ void __launch_bounds__(256)
       for (int v = 0; v < V; ++v) g[v] = __fadd_rn(g[v], x.v[v]);
     }
   };
-  if constexpr (RW) {
+  if constexpr (F == kFormAdam) {
+    float* srow = tab.states[t0] + int64_t(key - tab.row_base[t0]) * (2 * int64_t(d) + 1);
+    const AdamCoef co = adam_coef(srow + 2 * d, lr, tab.beta1, tab.beta2);
+    for (int k0 = lane * V; k0 < d; k0 += 32 * V) {
+      const Vec<V> wv = ld_row<V>(w + k0);
+      float mo[V], vo[V];
+      load_adam<V>(srow, d, k0, mo, vo);
+      float g[V];
+      run_sum(k0, g);
+      apply_adam<V>(w + k0, srow + k0, srow + d + k0, wv, mo, vo, g, co, tab.beta1, tab.beta2, eps,
+                    gs);
+    }
+    adam_finish(srow + 2 * d, co, lane);
+    return;
+  }
+  if constexpr (F == kFormRowWise) {
     float* a_row = tab.states[t0] + (key - tab.row_base[t0]);
     const float a_old = *a_row;
     Vec<V> wv[kRowSlices];
@@ -570,10 +671,10 @@ void backward_apply(const Tables& tab, const int32_t* offsets, int64_t B, int64_
   // A warp per chunk in both kernels; float4 lanes where the widths and the base allow, else
   // scalar lanes.
   const unsigned fin_blocks = static_cast<unsigned>((num_chunks(nnz) * 32 + 255) / 256);
-  auto launch = [&](auto lanes, auto rowwise) {
+  auto launch = [&](auto lanes, auto form) {
     constexpr int V = decltype(lanes)::value;
-    constexpr bool RW = decltype(rowwise)::value;
-    chunk_kernel2<V, G, RW><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
+    constexpr int F = decltype(form)::value;
+    chunk_kernel2<V, G, F><<<static_cast<unsigned>(chunk_blocks), 32 * kWarpsPerBlock, 0, stream>>>(
         tab, offsets, s.keys_sorted, s.pos_sorted, s.pos_bag, B, nnz, mean, dpooled, ld, kind, lr,
         eps, s.head, s.tail, gscale);
     DLREC_CUDA_LAUNCH_CHECK();
@@ -583,18 +684,21 @@ void backward_apply(const Tables& tab, const int32_t* offsets, int64_t B, int64_
           s.keys_sorted, nnz, tab.dim, s.head, s.group);
       DLREC_CUDA_LAUNCH_CHECK();
     }
-    finalize2_kernel<V, RW><<<fin_blocks, 256, 0, stream>>>(tab, s.keys_sorted, s.pos_sorted,
+    finalize2_kernel<V, F><<<fin_blocks, 256, 0, stream>>>(tab, s.keys_sorted, s.pos_sorted,
                                                         s.pos_bag, B, nnz, kind, lr, eps, s.head,
                                                         s.tail, s.group, gscale);
     DLREC_CUDA_LAUNCH_CHECK();
   };
-  using RowWise = std::integral_constant<bool, true>;
-  using Plain = std::integral_constant<bool, false>;
-  const bool rw = kind == Update::RowWiseAdagrad;
-  if (v4 && rw) launch(std::integral_constant<int, 4>(), RowWise());
-  else if (v4) launch(std::integral_constant<int, 4>(), Plain());
-  else if (rw) launch(std::integral_constant<int, 1>(), RowWise());
-  else launch(std::integral_constant<int, 1>(), Plain());
+  using Plain = std::integral_constant<int, kFormPlain>;
+  using RowWise = std::integral_constant<int, kFormRowWise>;
+  using Adam = std::integral_constant<int, kFormAdam>;
+  auto with_form = [&](auto lanes) {
+    if (kind == Update::RowWiseAdagrad) launch(lanes, RowWise());
+    else if (kind == Update::Adam) launch(lanes, Adam());
+    else launch(lanes, Plain());
+  };
+  if (v4) with_form(std::integral_constant<int, 4>());
+  else with_form(std::integral_constant<int, 1>());
 }
 
 template void backward_apply<float>(const Tables&, const int32_t*, int64_t, int64_t, bool,

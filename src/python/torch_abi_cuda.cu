@@ -1,9 +1,9 @@
 // The CUDA collection of torch_abi.h: fixed tables of one width and one pooling on one GPU,
 // looked up and updated by the CUDA engine's fused kernels (nn/embedding_cuda.h: pooled
-// forward, de-duplicated backward with the SGD or Adagrad update fused in), on the caller's
-// stream. The only work of its own is turning PyTorch's int64 offsets and table-local ids into
-// the kernels' int32 offsets and uint32 global rows, checking every id and offset on the way
-// (the first bad one is reported by dlrec_emb_check).
+// forward, de-duplicated backward with the SGD, Adagrad, row-wise Adagrad or Adam update fused
+// in), on the caller's stream. The only work of its own is turning PyTorch's int64 offsets and
+// table-local ids into the kernels' int32 offsets and uint32 global rows, checking every id and
+// offset on the way (the first bad one is reported by dlrec_emb_check).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -101,11 +101,21 @@ class CudaBackend final : public Backend {
                   "': on CUDA all tables of a collection share one pooling");
     }
     const nn::OptimizerKind k = c.optimizer.kind;
-    DLREC_CHECK(k == nn::OptimizerKind::SGD || k == nn::OptimizerKind::Adagrad, "optimizer '",
-                nn::optimizer_name(k), "' is CPU-only in dlrec.torch; on CUDA: sgd or adagrad");
-    adagrad_ = k == nn::OptimizerKind::Adagrad;
+    DLREC_CHECK(k == nn::OptimizerKind::SGD || k == nn::OptimizerKind::Adagrad ||
+                    k == nn::OptimizerKind::RowWiseAdagrad || k == nn::OptimizerKind::Adam,
+                "optimizer '", nn::optimizer_name(k),
+                "' is CPU-only in dlrec.torch; on CUDA: sgd, adagrad, rowwise_adagrad or adam");
+    rowwise_ = k == nn::OptimizerKind::RowWiseAdagrad;
+    adam_ = k == nn::OptimizerKind::Adam;
+    stateful_ = k != nn::OptimizerKind::SGD;
     mean_ = t0.pooling == nn::Pooling::Mean;
     dim_ = t0.dim;
+    // One accumulator per row: the fused update holds a row in a warp's registers.
+    DLREC_CHECK(!rowwise_ || dim_ <= nn::cuda_rowwise_max_dim(dim_),
+                "optimizer 'rowwise_adagrad' on CUDA takes dims up to ",
+                nn::cuda_rowwise_max_dim(dim_), " (", dim_,
+                dim_ % 4 ? " is not a multiple of 4" : " is wider",
+                "; use adagrad, or device='cpu')");
     DeviceScope scope(c.device_index);
     const int T = static_cast<int>(c.tables.size());
     std::vector<float*> wp, sp;
@@ -124,9 +134,10 @@ class CudaBackend final : public Backend {
       ce::init_uniform(w, t.rows * dim_, t.seed, std::sqrt(1.0 / static_cast<double>(t.rows)),
                        nullptr);
       wp.push_back(w);
-      if (adagrad_) {
-        float* s = device_alloc<float>(static_cast<size_t>(t.rows * dim_));
-        ce::fill(s, t.rows * dim_, c.optimizer.initial_accumulator, nullptr);
+      if (stateful_) {
+        const int64_t n = t.rows * state_cols();
+        float* s = device_alloc<float>(static_cast<size_t>(n));
+        ce::fill(s, n, adam_ ? 0.f : c.optimizer.initial_accumulator, nullptr);
         states_.push_back(s);
         sp.push_back(s);
       }
@@ -142,7 +153,9 @@ class CudaBackend final : public Backend {
     DLREC_CUDA_CHECK(cudaStreamSynchronize(0));  // the kernels' streams do not wait for it
     DLREC_CUDA_CHECK(cudaMallocHost(&err_host_, 4 * sizeof(unsigned long long)));
     tab_.weights = static_cast<float* const*>(ptrs_);
-    tab_.states = adagrad_ ? static_cast<float* const*>(sptrs_) : nullptr;
+    tab_.states = stateful_ ? static_cast<float* const*>(sptrs_) : nullptr;
+    tab_.beta1 = c.optimizer.beta1;
+    tab_.beta2 = c.optimizer.beta2;
     tab_.row_base = static_cast<const uint32_t*>(base_);
     tab_.num_tables = T;
     tab_.dim = static_cast<int>(dim_);
@@ -222,32 +235,40 @@ class CudaBackend final : public Backend {
     if (batch_ == 0 || nnz_ == 0) return;
     ce::fill(lr_, 1, lr, st);
     ce::backward_ids(tab_, off32_, keys32_, batch_, nnz_, key_bits_, scratch_, st);
-    const ce::Update kind = adagrad_ ? ce::Update::Adagrad : ce::Update::SGD;
+    const ce::Update kind = rowwise_    ? ce::Update::RowWiseAdagrad
+                            : adam_     ? ce::Update::Adam
+                            : stateful_ ? ce::Update::Adagrad
+                                        : ce::Update::SGD;
+    const float eps = adam_ ? c_.optimizer.adam_eps : c_.optimizer.adagrad_eps;
     if (dout_bf16)
       ce::backward_apply(tab_, off32_, batch_, nnz_, mean_, static_cast<const __nv_bfloat16*>(dout),
-                         ld, kind, lr_, c_.optimizer.adagrad_eps, scratch_, st);
+                         ld, kind, lr_, eps, scratch_, st);
     else
       ce::backward_apply(tab_, off32_, batch_, nnz_, mean_, static_cast<const float*>(dout), ld,
-                         kind, lr_, c_.optimizer.adagrad_eps, scratch_, st);
+                         kind, lr_, eps, scratch_, st);
     DLREC_CUDA_LAUNCH_CHECK();
   }
   void table_size(int t, int which, int64_t* rows, int64_t* cols) override {
     check_table(t, which);
     *rows = c_.tables[t].rows;
-    *cols = dim_;
+    *cols = which ? state_cols() : dim_;
   }
   void copy_table(int t, int which, float* buf, bool on_device, bool read, void* stream) override {
     check_table(t, which);
     DeviceScope scope(c_.device_index);
     auto st = static_cast<cudaStream_t>(stream);
     float* table = which ? states_[t] : tables_[t];
-    const size_t bytes = static_cast<size_t>(c_.tables[t].rows * dim_) * sizeof(float);
+    const size_t bytes =
+        static_cast<size_t>(c_.tables[t].rows * (which ? state_cols() : dim_)) * sizeof(float);
     DLREC_CUDA_CHECK(
         cudaMemcpyAsync(read ? buf : table, read ? table : buf, bytes, cudaMemcpyDefault, st));
     if (!on_device) DLREC_CUDA_CHECK(cudaStreamSynchronize(st));
   }
 
  private:
+  // Values per row of the optimizer state, as the CPU collection's: one for row-wise Adagrad,
+  // m, v and the row's step count for Adam.
+  int64_t state_cols() const { return rowwise_ ? 1 : adam_ ? 2 * dim_ + 1 : dim_; }
   template <class T>
   void* upload(const std::vector<T>& v) {
     T* p = device_alloc<T>(v.size());
@@ -262,7 +283,7 @@ class CudaBackend final : public Backend {
   void check_table(int t, int which) const {
     DLREC_CHECK(t >= 0 && t < static_cast<int>(c_.tables.size()), "table ", t, " out of range [0, ",
                 c_.tables.size(), ")");
-    DLREC_CHECK(which == 0 || (which == 1 && adagrad_), "table '", c_.tables[t].name,
+    DLREC_CHECK(which == 0 || (which == 1 && stateful_), "table '", c_.tables[t].name,
                 "': ", which == 1 ? "the optimizer keeps no state" : "which must be 0 or 1");
   }
   // Grows the id buffers and the backward's scratch (after the stream's work on them is done).
@@ -287,7 +308,7 @@ class CudaBackend final : public Backend {
   }
 
   CollectionConfig c_;
-  bool adagrad_ = false, mean_ = false;
+  bool stateful_ = false, rowwise_ = false, adam_ = false, mean_ = false;  // stateful_: not SGD
   int64_t dim_ = 0;
   int key_bits_ = 1;
   std::vector<float*> tables_, states_;

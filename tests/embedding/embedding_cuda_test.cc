@@ -561,10 +561,23 @@ TEST(EmbeddingCuda, LongRunsFollowTheDocumentedOrderBitForBit) {
   int64_t long_runs = 0, grouped_runs = 0, compared = 0;
   for (int dim : {8, 3})
     for (bool mean : {false, true})
-      for (auto kind : {ce::Update::SGD, ce::Update::Adagrad, ce::Update::RowWiseAdagrad})
+      for (auto kind : {ce::Update::SGD, ce::Update::Adagrad, ce::Update::RowWiseAdagrad,
+                        ce::Update::Adam})
         for (float gscale : {1.f, 0.5f, 0.f}) {
           const bool rowwise = kind == ce::Update::RowWiseAdagrad;
+          const bool adam = kind == ce::Update::Adam;
+          const int64_t sw = 2 * int64_t(dim) + 1;  // Adam's state per row: m, v, t
+          const float b1 = 0.8f, b2 = 0.99f;
           Problem p({2, 3, 60, 5000}, dim, 6000, 71 + dim);
+          Rng arng(5 + dim);
+          for (int t = 0; t < p.T && adam; ++t) {  // m, v and step counts 0, 1, 2 (fresh rows too)
+            p.acc[t].assign(p.rows[t] * sw, 0.f);
+            for (int64_t r = 0; r < p.rows[t]; ++r)
+              for (int64_t k = 0; k < sw; ++k)
+                p.acc[t][r * sw + k] = static_cast<float>(k < dim       ? arng.uniform(-0.1, 0.1)
+                                                          : k < 2 * dim ? arng.uniform(0, 0.2)
+                                                                        : double(arng.below(3)));
+          }
           const int64_t width = int64_t(p.T) * dim, col = 4, ld = col + width + 4;
           Rng rng(3 + dim);
           std::vector<uint16_t> g16(p.B * ld);
@@ -573,6 +586,8 @@ TEST(EmbeddingCuda, LongRunsFollowTheDocumentedOrderBitForBit) {
           Dev<float> d_lr(std::vector<float>{lr}), d_gs(std::vector<float>{gscale});
           Dev<uint16_t> d16(g16);
           DevProblem d(p);
+          d.tab.beta1 = b1;
+          d.tab.beta2 = b2;
           ce::backward_ids(d.tab, d.offsets->p, d.keys->p, p.B, p.nnz(), p.key_bits, d.scratch,
                            nullptr);
           ce::backward_apply(d.tab, d.offsets->p, p.B, p.nnz(), mean,
@@ -637,6 +652,16 @@ TEST(EmbeddingCuda, LongRunsFollowTheDocumentedOrderBitForBit) {
               float& wv = w[t][r * dim + k];
               if (rowwise) {
                 row_g[k] = gv;
+              } else if (adam) {  // nn/optimizer.cc's update_row, the row's old step count
+                float* s = acc[t].data() + r * sw;
+                float tt = s[2 * dim];
+                if (tt < 16777216.f) tt += 1.f;
+                const float c1 = 1.f - static_cast<float>(std::pow(double(b1), double(tt)));
+                const float c2 = 1.f - static_cast<float>(std::pow(double(b2), double(tt)));
+                const float step = lr / c1, rc2 = 1.f / std::sqrt(c2);
+                s[k] = b1 * s[k] + (1.f - b1) * gv;
+                s[dim + k] = b2 * s[dim + k] + (1.f - b2) * gv * gv;
+                wv -= step * s[k] / (std::sqrt(s[dim + k]) * rc2 + eps);
               } else if (kind == ce::Update::SGD) {
                 const float step = lr * gv;
                 wv = wv - step;
@@ -648,6 +673,10 @@ TEST(EmbeddingCuda, LongRunsFollowTheDocumentedOrderBitForBit) {
                 wv = wv - num / den;
               }
             }
+            if (adam && gscale != 0.f) {
+              float& tt = acc[t][r * sw + 2 * dim];
+              if (tt < 16777216.f) tt += 1.f;
+            }
             if (rowwise && gscale != 0.f) {
               double sq = 0;
               for (int k = 0; k < dim; ++k) sq += double(row_g[k]) * row_g[k];
@@ -658,17 +687,17 @@ TEST(EmbeddingCuda, LongRunsFollowTheDocumentedOrderBitForBit) {
             }
             i = j;
           }
-          for (int t = 0; t < p.T && rowwise; ++t) {
+          for (int t = 0; t < p.T && (rowwise || adam); ++t) {
             for (size_t x = 0; x < w[t].size(); ++x)
               ASSERT_NEAR(ws[t][x], w[t][x], 1e-6 * (1 + std::fabs(w[t][x])))
-                  << "row-wise weights, table " << t << " value " << x << " dim " << dim
-                  << " gscale " << gscale;
+                  << (adam ? "Adam" : "row-wise") << " weights, table " << t << " value " << x
+                  << " dim " << dim << " gscale " << gscale;
             for (size_t x = 0; x < acc[t].size(); ++x)  // past rows_t: untouched
               ASSERT_NEAR(as[t][x], acc[t][x], 1e-6 * (1 + std::fabs(acc[t][x])))
-                  << "row-wise accumulators, table " << t << " value " << x;
+                  << (adam ? "Adam" : "row-wise") << " states, table " << t << " value " << x;
             compared += static_cast<int64_t>(w[t].size());
           }
-          for (int t = 0; t < p.T && !rowwise; ++t) {
+          for (int t = 0; t < p.T && !rowwise && !adam; ++t) {
             ASSERT_EQ(ws[t], w[t]) << "weights, table " << t << " dim " << dim << " mean " << mean
                                    << " adagrad " << (kind == ce::Update::Adagrad) << " gscale "
                                    << gscale;

@@ -1,8 +1,9 @@
 // Hashed embedding tables as a layer of the CUDA graph model (src/model/graph_hashed_cuda.cu)
 // against the CPU graph model's hashed tables and a reference of the GPU's eviction policy:
-//   - no eviction (capacity >= distinct keys): fp32 training tracks the CPU from the same seed
-//     on the same batches (losses within 1e-4 at every step for 150 steps, as the other
-//     GraphCuda tests), and the state tensors (rows by slot, keys, LRU links, counters) agree;
+//   - no eviction (capacity >= distinct keys): fp32 training (SGD, Adagrad, row-wise Adagrad)
+//     tracks the CPU from the same seed on the same batches (losses within 1e-4 at every step
+//     for 100-150 steps, as the other GraphCuda tests), and the state tensors (rows by slot,
+//     keys, LRU links, counters) agree;
 //     evaluation with keys no table holds pools them as zeros, as on the CPU;
 //   - eviction: CUDA-graph training steps against a host reference of the policy (LRU by first
 //     occurrence within a batch, a batch never evicts its own keys): the same resident keys, LRU
@@ -90,6 +91,13 @@ std::string dcn(int64_t capacity) {
 const char* kSgd = R"({"type": "sgd", "lr": 0.05})";
 const char* kAdagrad =
     R"({"type": "adagrad", "lr": 0.02, "embedding_lr": 0.05, "adagrad_init": 0.01})";
+// Row-wise Adagrad on the tables (one accumulator per row, [capacity, 1] as the CPU's), SGD on
+// the dense layers.
+const char* kRowWise = R"({"type": "sgd", "lr": 0.05, "embedding": {"type": "rowwise_adagrad",
+                          "lr": 0.05, "adagrad_init": 0.01}})";
+// Adam on both (the tables' rows [capacity, 2 * dim + 1]: m, v and the row's step count, reset to
+// zeros on insert).
+const char* kAdam = R"({"type": "adam", "lr": 0.002, "embedding_lr": 0.01})";
 
 // Keys: ids of a small space (`ids` per feature, from the model tests' batches: multi-hot bags
 // with duplicates and empty bags) scattered over 40 bits, as raw hashed ids look.
@@ -161,13 +169,15 @@ void expect_same_tables(Model& a, Model& b, int64_t tables) {
       const Tensor& w = p.at(n + ".weight");
       const int64_t d = w.dim(1), cap = w.dim(0);
       const auto wv = w.to_vector<float>();
-      std::vector<float> sv;
-      if (p.count(n + ".weight.adagrad")) sv = p.at(n + ".weight.adagrad").to_vector<float>();
+      std::vector<float> sv;  // [cap, sd]: sd = d (Adagrad) or 1 (row-wise)
+      for (const char* suffix : {".weight.adagrad", ".weight.rowwise_adagrad", ".weight.adam"})
+        if (p.count(n + suffix)) sv = p.at(n + suffix).to_vector<float>();
+      const int64_t sd = static_cast<int64_t>(sv.size()) / cap;
       std::vector<std::vector<float>> out;  // per key in LRU order: key, row, state
       for (int64_t s = meta[1]; s >= 0 && static_cast<int64_t>(out.size()) <= cap;
            s = lru[cap + s]) {
         std::vector<float> r(wv.begin() + s * d, wv.begin() + (s + 1) * d);
-        if (!sv.empty()) r.insert(r.end(), sv.begin() + s * d, sv.begin() + (s + 1) * d);
+        if (!sv.empty()) r.insert(r.end(), sv.begin() + s * sd, sv.begin() + (s + 1) * sd);
         r.push_back(static_cast<float>(keys[s] & 0xFFFFF));
         r.push_back(static_cast<float>(keys[s] >> 20));
         out.push_back(r);
@@ -222,6 +232,17 @@ TEST(GraphHashedCuda, NoEvictionDlrmSgdTracksCpuEveryStep) {
 TEST(GraphHashedCuda, NoEvictionDcnMeanPoolingAdagradTracksCpuEveryStep) {
   SKIP_WITHOUT_GPU();
   expect_parity(dcn(400), kAdagrad, 300, steps(150));
+}
+
+TEST(GraphHashedCuda, NoEvictionRowWiseAdagradTracksCpuEveryStep) {
+  SKIP_WITHOUT_GPU();
+  expect_parity(dlrm(400), kRowWise, 300, steps(150));
+  expect_parity(dcn(400), kRowWise, 300, steps(100));
+}
+
+TEST(GraphHashedCuda, NoEvictionAdamTracksCpuEveryStep) {
+  SKIP_WITHOUT_GPU();
+  expect_parity(dlrm(400), kAdam, 300, steps(100));
 }
 
 // ---- Eviction against a host reference of the GPU's policy ----
@@ -335,34 +356,39 @@ std::string temp_path(const char* name) {
   return "/tmp/dlrec_hashed_cuda_" + std::to_string(::getpid()) + "_" + name;
 }
 
+// Adagrad, row-wise Adagrad (its accumulators [capacity, 1]) and Adam (m, v and a step count per
+// row), every state reset on insert.
 TEST(GraphHashedCuda, GpuCheckpointWithEvictionsLoadsOnCpuAndResumesOnGpu) {
   SKIP_WITHOUT_GPU();
-  const RunConfig c = config(dlrm(150), kAdagrad);
-  const io::ShardLayout l = key_layout();
-  auto gpu = build_model(c.model, c.optimizer, l, Device::cuda(0), 5);
-  for (int i = 0; i < 60; ++i) gpu->train_step(batch_of(40, 700 + i, 800), 1.0, false);
-  const std::string path = temp_path("ckpt.dlrec");
-  train::save_checkpoint(path, *gpu, c, l, {60, 2400, std::nullopt});
-  auto meta = by_name(gpu->parameters()).at("emb.0.hash_meta").to_vector<int64_t>();
-  EXPECT_GT(meta[6], 0) << "the run should have evicted rows";
+  for (const char* opt : {kAdagrad, kRowWise, kAdam}) {
+    SCOPED_TRACE(opt);
+    const RunConfig c = config(dlrm(150), opt);
+    const io::ShardLayout l = key_layout();
+    auto gpu = build_model(c.model, c.optimizer, l, Device::cuda(0), 5);
+    for (int i = 0; i < 60; ++i) gpu->train_step(batch_of(40, 700 + i, 800), 1.0, false);
+    const std::string path = temp_path("ckpt.dlrec");
+    train::save_checkpoint(path, *gpu, c, l, {60, 2400, std::nullopt});
+    auto meta = by_name(gpu->parameters()).at("emb.0.hash_meta").to_vector<int64_t>();
+    EXPECT_GT(meta[6], 0) << "the run should have evicted rows";
 
-  // On the CPU: the same state, the same predictions (seen and unseen keys).
-  auto cpu = build_model(c.model, c.optimizer, l, Device::cpu(), 99);
-  train::load_checkpoint(path, *cpu);
-  expect_same_state(*gpu, *cpu, 0.0);
-  for (int i = 0; i < 3; ++i) expect_same_logits(*gpu, *cpu, batch_of(100, 60 + i, 1600), 1e-5);
+    // On the CPU: the same state, the same predictions (seen and unseen keys).
+    auto cpu = build_model(c.model, c.optimizer, l, Device::cpu(), 99);
+    train::load_checkpoint(path, *cpu);
+    expect_same_state(*gpu, *cpu, 0.0);
+    for (int i = 0; i < 3; ++i) expect_same_logits(*gpu, *cpu, batch_of(100, 60 + i, 1600), 1e-5);
 
-  // On another GPU model: bit-identical predictions and continued training (from the same
-  // seed: new keys' initial rows derive from it, as on the CPU).
-  auto resumed = build_model(c.model, c.optimizer, l, Device::cuda(0), 5);
-  train::load_checkpoint(path, *resumed);
-  expect_same_logits(*resumed, *gpu, batch_of(100, 77, 1600), 0.0);
-  for (int i = 0; i < 30; ++i) {
-    io::Batch b = batch_of(40, 800 + i, 800);
-    ASSERT_EQ(resumed->train_step(b, 1.0, true), gpu->train_step(b, 1.0, true)) << "step " << i;
+    // On another GPU model: bit-identical predictions and continued training (from the same
+    // seed: new keys' initial rows derive from it, as on the CPU).
+    auto resumed = build_model(c.model, c.optimizer, l, Device::cuda(0), 5);
+    train::load_checkpoint(path, *resumed);
+    expect_same_logits(*resumed, *gpu, batch_of(100, 77, 1600), 0.0);
+    for (int i = 0; i < 30; ++i) {
+      io::Batch b = batch_of(40, 800 + i, 800);
+      ASSERT_EQ(resumed->train_step(b, 1.0, true), gpu->train_step(b, 1.0, true)) << "step " << i;
+    }
+    expect_same_tables(*resumed, *gpu, 5);
+    std::remove(path.c_str());
   }
-  expect_same_tables(*resumed, *gpu, 5);
-  std::remove(path.c_str());
 }
 
 TEST(GraphHashedCuda, CpuCheckpointLoadsOnGpu) {

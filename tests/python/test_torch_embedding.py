@@ -1,7 +1,8 @@
 """dlrec.torch.EmbeddingCollection against nn.EmbeddingBag + torch.optim on random multi-hot
 batches: pooled outputs, and the tables after a few steps of SGD or Adagrad (dlrec's fused
-update in backward vs torch's sparse gradients + optimizer step). CPU always, CUDA when a GPU
-is present and the library was built with CUDA. Skipped visibly without torch (CI).
+update in backward vs torch's sparse gradients + optimizer step), row-wise Adagrad and Adam
+(against references written here: torch has neither with per-row state). CPU always, CUDA
+when a GPU is present and the library was built with CUDA. Skipped visibly without torch (CI).
 
 Also runs as a script (the GPU host has torch but no pytest build tree):
   python3 test_torch_embedding.py MODULE_PY LIBRARY_SO
@@ -9,6 +10,7 @@ Also runs as a script (the GPU host has torch but no pytest build tree):
 import importlib.util
 import os
 import sys
+import types
 
 try:
     import pytest
@@ -45,8 +47,14 @@ PATHS = {"module": os.path.join(SRC, "python", "dlrec", "torch.py"),
 def dlrec_torch():
     if not os.path.exists(PATHS["library"]):
         pytest.skip(f"{PATHS['library']} not built (target dlrec_torch)")
-    spec = importlib.util.spec_from_file_location("dlrec_torch_under_test", PATHS["module"])
+    # torch.py imports its sibling _torch_abi relatively: load it as a submodule of a package
+    # of its folder (without the package's __init__, which needs the compiled extension).
+    pkg = types.ModuleType("dlrec_under_test")
+    pkg.__path__ = [os.path.dirname(os.path.abspath(PATHS["module"]))]
+    sys.modules[pkg.__name__] = pkg
+    spec = importlib.util.spec_from_file_location("dlrec_under_test.torch", PATHS["module"])
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
 
@@ -70,8 +78,10 @@ def run_case(mod, dev, kind, pooling):
     gen = torch.Generator().manual_seed(3)
     rows, dim, B, lr = [40, 9, 200], 8, 16, 0.2
     opt = {"kind": kind, "lr": lr}
-    if kind == "adagrad":
+    if kind in ("adagrad", "rowwise_adagrad"):
         opt.update(eps=1e-6, initial_accumulator=0.1)
+    if kind == "adam":
+        opt.update(eps=1e-6, beta1=0.8, beta2=0.99)
     coll = mod.EmbeddingCollection(
         tables=[{"name": f"t{i}", "rows": r, "dim": dim, "pooling": pooling} for i, r in
                 enumerate(rows)], optimizer=opt, device=dev, library=PATHS["library"])
@@ -81,6 +91,8 @@ def run_case(mod, dev, kind, pooling):
             b.weight.copy_(coll.table(t))
     params = [b.weight for b in bags]
     topt = (torch.optim.SGD(params, lr=lr) if kind == "sgd" else
+            RowWiseAdagrad(params, lr=lr, eps=1e-6, initial=0.1) if kind == "rowwise_adagrad" else
+            LazyAdam(params, lr=lr, b1=0.8, b2=0.99, eps=1e-6) if kind == "adam" else
             torch.optim.Adagrad(params, lr=lr, eps=1e-6, initial_accumulator_value=0.1))
     for step in range(3):
         ids, offsets, lengths = batch(rows, B, 3, dev, gen)
@@ -97,13 +109,74 @@ def run_case(mod, dev, kind, pooling):
         for t in range(len(rows)):
             torch.testing.assert_close(coll.table(t), bags[t].weight.detach(), rtol=1e-5,
                                        atol=1e-6)
+            if kind == "rowwise_adagrad":  # one accumulator per row, [rows, 1]
+                torch.testing.assert_close(coll.table(t, state=True), topt.state[t][:, None],
+                                           rtol=1e-5, atol=1e-7)
+            if kind == "adam":  # m, v and the row's step count, [rows, 2 * dim + 1]
+                torch.testing.assert_close(coll.table(t, state=True), topt.state[t], rtol=1e-5,
+                                           atol=1e-7)
     coll.eval()
     with torch.no_grad():
         ids = torch.tensor([[1, 2], [3, 4], [5, 6]], device=dev)
         torch.testing.assert_close(coll(ids)[:, :dim], bags[0].weight[[1, 2]].detach())
 
 
-CASES = [("sgd", "sum"), ("sgd", "mean"), ("adagrad", "sum")]
+class RowWiseAdagrad:
+    """The reference of row-wise Adagrad (TorchRec's EXACT_ROWWISE_ADAGRAD) on sparse gradients:
+    for each row present, a += mean(g^2) over the row, w -= lr * g / (sqrt(a) + eps)."""
+
+    def __init__(self, params, lr, eps, initial):
+        self.params, self.lr, self.eps = params, lr, eps
+        self.state = [torch.full((p.shape[0],), initial, device=p.device) for p in params]
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        for p, a in zip(self.params, self.state):
+            if p.grad is None:
+                continue
+            g = p.grad.coalesce()
+            rows, vals = g.indices()[0], g.values()
+            a[rows] += (vals.double() ** 2).mean(dim=1).float()
+            p[rows] -= self.lr * vals / (a[rows].sqrt() + self.eps)[:, None]
+
+
+class LazyAdam:
+    """The reference of dlrec's Adam on sparse rows (nn::Optimizer's "adam"): each row present
+    in a step counts its own steps t; m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
+    w -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). State per row: m, v, t."""
+
+    def __init__(self, params, lr, b1, b2, eps):
+        self.params, self.lr, self.b1, self.b2, self.eps = params, lr, b1, b2, eps
+        self.state = [torch.zeros(p.shape[0], 2 * p.shape[1] + 1, device=p.device)
+                      for p in params]
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        for p, s in zip(self.params, self.state):
+            if p.grad is None:
+                continue
+            g = p.grad.coalesce()
+            rows, x, d = g.indices()[0], g.values(), p.shape[1]
+            t = s[rows, 2 * d] + 1
+            s[rows, 2 * d] = t
+            m = self.b1 * s[rows, :d] + (1 - self.b1) * x
+            v = self.b2 * s[rows, d:2 * d] + (1 - self.b2) * x * x
+            s[rows, :d], s[rows, d:2 * d] = m, v
+            c1 = (1 - self.b1 ** t.double()).float()
+            c2 = (1 - self.b2 ** t.double()).float()
+            p[rows] -= (self.lr / c1)[:, None] * m / (v.sqrt() / c2.sqrt()[:, None] + self.eps)
+
+
+CASES = [("sgd", "sum"), ("sgd", "mean"), ("adagrad", "sum"), ("rowwise_adagrad", "sum"),
+         ("rowwise_adagrad", "mean"), ("adam", "sum")]
 
 
 @pytest.mark.parametrize("kind,pooling", CASES)
@@ -151,6 +224,14 @@ def test_errors():
         # The collection goes on working after an error.
         out = coll(torch.tensor([1, 2], device=dev), torch.tensor([0, 1, 2], device=dev))
         torch.testing.assert_close(out, coll.table(0)[[1, 2]])
+        # Row-wise Adagrad on CUDA holds a row in a warp: wider rows are a clear error there.
+        wide = dict(tables=[{"rows": 5, "dim": 516}], device=dev, library=PATHS["library"],
+                    optimizer={"kind": "rowwise_adagrad", "lr": 0.1})
+        if dev == "cuda":
+            with pytest.raises(mod.Error, match="'rowwise_adagrad' on CUDA takes dims up to 512"):
+                mod.EmbeddingCollection(**wide)
+        else:
+            assert mod.EmbeddingCollection(**wide).table(0, state=True).shape == (5, 1)
 
 
 if __name__ == "__main__":

@@ -199,15 +199,76 @@ struct Engine {
   // The serving breakdown (GraphCuda::serving_breakdown): mark also after each dense layer's
   // forward (lin_forward), labelled with its name and kernel.
   bool mark_lins = false;
-  // The tables' optimizer: emb_adagrad (an accumulator per value) or emb_rowwise (one per row,
-  // rowwise_adagrad: one GPU, fixed tables), else SGD; emb_update() says which to the kernels.
-  bool dense_adagrad = false, emb_adagrad = false, emb_rowwise = false;
+  // The tables' optimizer: emb_adagrad (an accumulator per value), emb_rowwise (one per row,
+  // rowwise_adagrad) or emb_adam (Adam: m, v and a step count per row), rowwise and Adam on one
+  // GPU; else SGD; emb_update() says which to the kernels. The dense layers': dense_adagrad,
+  // dense_adam, else SGD (dense_state, dense_step).
+  bool dense_adagrad = false, dense_adam = false;
+  bool emb_adagrad = false, emb_rowwise = false, emb_adam = false;
   nn::cuda_emb::Update emb_update() const {
     return emb_rowwise   ? nn::cuda_emb::Update::RowWiseAdagrad
+           : emb_adam    ? nn::cuda_emb::Update::Adam
            : emb_adagrad ? nn::cuda_emb::Update::Adagrad
                          : nn::cuda_emb::Update::SGD;
   }
+  // eps / emb_eps: Adagrad's or Adam's epsilon (the kind's own config key); init_acc /
+  // emb_init_acc: Adagrad's initial accumulator.
   float eps = 1e-8f, init_acc = 0.f, emb_eps = 1e-8f, emb_init_acc = 0.f;
+  cd::AdamParams adam;         // the dense layers' Adam (eps unused: `eps` above)
+  float emb_beta1 = 0.9f, emb_beta2 = 0.999f;
+  // From a config that graph_cuda_unsupported accepted.
+  void set_optimizers(const OptimizerConfig& oc) {
+    const OptimizerConfig ec = oc.embedding_config();
+    const nn::OptimizerKind dk = nn::parse_optimizer(oc.type), ek = nn::parse_optimizer(ec.type);
+    dense_adagrad = dk == nn::OptimizerKind::Adagrad;
+    dense_adam = dk == nn::OptimizerKind::Adam;
+    emb_adagrad = ek == nn::OptimizerKind::Adagrad;
+    emb_rowwise = ek == nn::OptimizerKind::RowWiseAdagrad;
+    emb_adam = ek == nn::OptimizerKind::Adam;
+    eps = static_cast<float>(dense_adam ? oc.adam_eps : oc.adagrad_eps);
+    init_acc = static_cast<float>(oc.adagrad_init);
+    emb_eps = static_cast<float>(emb_adam ? ec.adam_eps : ec.adagrad_eps);
+    emb_init_acc = static_cast<float>(ec.adagrad_init);
+    DLREC_CHECK(eps >= 0 && init_acc >= 0 && emb_eps >= 0 && emb_init_acc >= 0,
+                "Optimizer: eps and the initial accumulator must be >= 0");
+    adam.beta1 = static_cast<float>(oc.beta1);
+    adam.beta2 = static_cast<float>(oc.beta2);
+    adam.eps = eps;
+    adam.weight_decay = static_cast<float>(oc.weight_decay);
+    emb_beta1 = static_cast<float>(ec.beta1);
+    emb_beta2 = static_cast<float>(ec.beta2);
+    for (float b : {adam.beta1, adam.beta2, emb_beta1, emb_beta2})
+      DLREC_CHECK(b >= 0.f && b < 1.f, "Optimizer: beta1 and beta2 must be in [0, 1), got ", b);
+  }
+  // A dense parameter's optimizer state in the CPU's shape (nn::Optimizer::init_state): Adagrad's
+  // accumulator, shaped as the parameter `p`, at init_acc; Adam's [rows, 2 * cols + 1] zeros
+  // (rows: p's first dimension); none for SGD.
+  Tensor dense_state(const Shape& p) {
+    if (dense_adagrad) {
+      Tensor s = Tensor::empty(p, DType::F32, dev);
+      ce::fill(s.data<float>(), s.numel(), init_acc, st);
+      return s;
+    }
+    if (!dense_adam) return Tensor();
+    int64_t n = 1;
+    for (int64_t d : p) n *= d;
+    const int64_t rows = p.empty() ? 1 : p[0];
+    return buf({rows, 2 * (rows ? n / rows : 0) + 1}, DType::F32);
+  }
+  // The dense optimizer's step on w [rows, cols] (gradient rows ldg apart; the 16-bit copy wh,
+  // rows ldh apart, or null), its state s from dense_state; `vector`: a 1-D parameter (rows 1),
+  // whose Adam state has a row per value.
+  template <class H>
+  void dense_step(float* w, const float* g, const Tensor& s, int64_t rows, int64_t cols,
+                  int64_t ldg, H* wh, int64_t ldh, bool vector, const float* mask = nullptr) {
+    float* sp = s.defined() ? s.data<float>() : nullptr;
+    if (!dense_adam)
+      cd::optimizer_step(w, g, sp, rows, cols, ldg, wh, ldh, lr, eps, st, gscale, mask);
+    else if (vector)
+      cd::adam_step(w, g, sp, rows * cols, 1, 1, wh, 1, lr, adam, st, gscale, mask);
+    else
+      cd::adam_step(w, g, sp, rows, cols, ldg, wh, ldh, lr, adam, st, gscale, mask);
+  }
   std::vector<Value> vals;
   Tensor partial;  // bias-gradient partial sums [chunks, max_cols]
   // The current step.
@@ -496,15 +557,12 @@ struct Engine {
     update([this, &l] {
       with_half(half, [&](auto* h) {
         using H = std::remove_pointer_t<decltype(h)>;
-        cd::optimizer_step(l.w.data<float>(), l.dw.data<float>(),
-                           dense_adagrad ? l.sw.data<float>() : nullptr, l.out, l.in, l.in_pad,
-                           lowp ? static_cast<H*>(l.wh.raw()) : nullptr, l.in_pad, lr, eps, st,
-                           gscale, l.mask.defined() ? l.mask.data<float>() : nullptr);
+        dense_step(l.w.data<float>(), l.dw.data<float>(), l.sw, l.out, l.in, l.in_pad,
+                   lowp ? static_cast<H*>(l.wh.raw()) : nullptr, l.in_pad, false,
+                   l.mask.defined() ? l.mask.data<float>() : nullptr);
         if (l.has_bias)
-          cd::optimizer_step(l.b.data<float>(), l.db.data<float>(),
-                             dense_adagrad ? l.sb.data<float>() : nullptr, 1, l.out, l.out,
-                             lowp ? static_cast<H*>(l.bh.raw()) : nullptr, l.out, lr, eps, st,
-                             gscale);
+          dense_step(l.b.data<float>(), l.db.data<float>(), l.sb, 1, l.out, l.out,
+                     lowp ? static_cast<H*>(l.bh.raw()) : nullptr, l.out, true);
       });
     });
     if (on_dcomm) {
@@ -533,17 +591,11 @@ struct Engine {
     l.relu = relu;
     l.w = cpu.weight().value.to(dev);
     l.dw = buf({l.out, l.in_pad}, DType::F32);
-    if (dense_adagrad) {
-      l.sw = Tensor::empty({l.out, l.in}, DType::F32, dev);
-      ce::fill(l.sw.data<float>(), l.sw.numel(), init_acc, st);
-    }
+    l.sw = dense_state({l.out, l.in});
     if (has_bias) {
       l.b = cpu.bias().value.to(dev);
       l.db = buf({l.out}, DType::F32);
-      if (dense_adagrad) {
-        l.sb = Tensor::empty({l.out}, DType::F32, dev);
-        ce::fill(l.sb.data<float>(), l.sb.numel(), init_acc, st);
-      }
+      l.sb = dense_state({l.out});
     }
     if (lowp) {
       l.wh = buf({l.out, l.in_pad}, half);

@@ -71,16 +71,20 @@ struct TableSet {
       order = Tensor::empty({T}, DType::I32, e.dev);
     }
     tables.resize(T);
-    if (e.emb_adagrad || e.emb_rowwise) states.resize(T);
+    tab.beta1 = e.emb_beta1;
+    tab.beta2 = e.emb_beta2;
+    if (has_state(e)) states.resize(T);
     if (deferred) return;
     for (int64_t t = 0; t < T; ++t) {
       if (zero) {
         tables[t] = e.buf({rows[t], dim}, DType::F32);
-        if (e.emb_adagrad && hashed) {
-          states[t] = e.buf({rows[t], dim}, DType::F32);  // zero until a key is inserted
-        } else if (e.emb_adagrad || e.emb_rowwise) {
+        if (has_state(e) && hashed) {
+          // Zero until a key is inserted; [capacity, state_cols] (row-wise Adagrad too: the CPU
+          // hashed table's state shape).
+          states[t] = e.buf({rows[t], state_cols(e)}, DType::F32);
+        } else if (has_state(e)) {
           states[t] = Tensor::empty(state_shape(e, rows[t]), DType::F32, e.dev);
-          ce::fill(states[t].data<float>(), states[t].numel(), e.emb_init_acc, e.st);
+          ce::fill(states[t].data<float>(), states[t].numel(), state_init(e), e.st);
         }
       } else {
         make(e, t);
@@ -97,16 +101,22 @@ struct TableSet {
     ce::init_uniform(w.data<float>(), w.numel(), nn::derive_seed(seed, static_cast<uint64_t>(t)),
                      std::sqrt(1.0 / static_cast<double>(rows[t])), e.st);
     tables[t] = w;
-    if (e.emb_adagrad || e.emb_rowwise) {
+    if (has_state(e)) {
       Tensor s = Tensor::empty(state_shape(e, rows[t]), DType::F32, e.dev);
-      ce::fill(s.data<float>(), s.numel(), e.emb_init_acc, e.st);
+      ce::fill(s.data<float>(), s.numel(), state_init(e), e.st);
       states[t] = s;
     }
   }
-  // A table's accumulator: a value per weight (Adagrad), or one per row (rowwise_adagrad; the
-  // CPU engine's shape, so checkpoints move between the engines).
+  // A table's optimizer state, the CPU engine's shapes (so checkpoints move between the
+  // engines): Adagrad's accumulator per weight, rowwise_adagrad's one per row ([rows]; hashed
+  // tables [capacity, 1]), Adam's m, v and step count per row ([rows, 2 * dim + 1], zeros).
+  static bool has_state(const Engine& e) { return e.emb_adagrad || e.emb_rowwise || e.emb_adam; }
+  int64_t state_cols(const Engine& e) const {
+    return e.emb_rowwise ? 1 : e.emb_adam ? 2 * dim + 1 : dim;
+  }
+  float state_init(const Engine& e) const { return e.emb_adam ? 0.f : e.emb_init_acc; }
   Shape state_shape(const Engine& e, int64_t r) const {
-    return e.emb_rowwise ? Shape{r} : Shape{r, dim};
+    return e.emb_rowwise ? Shape{r} : Shape{r, state_cols(e)};
   }
   // Row-wise sharding: this rank's piece of table t, its contiguous range [lo, hi) of rows
   // (dp::row_range over e.dp.ranks) with the values one GPU gives those rows, plus one zero

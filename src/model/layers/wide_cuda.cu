@@ -17,10 +17,7 @@ class WideNode final : public Node {
         ts_(e, layout, 1, true, 0) {
     b_ = e.buf({1}, DType::F32);
     db_ = e.buf({1}, DType::F32);
-    if (e.dense_adagrad) {
-      sb_ = Tensor::empty({1}, DType::F32, e.dev);
-      ce::fill(sb_.data<float>(), 1, e.init_acc, e.st);
-    }
+    sb_ = e.dense_state({1});
   }
   void alloc(Engine& e, int64_t cap) override {
     alloc_value(e, cap);
@@ -43,9 +40,8 @@ class WideNode final : public Node {
     e.check_grad(db_.raw(), DType::F32, 1);
     e.update([this, &e] {
       ts_.update(e, mean_, dparts_.data<float>());
-      cd::optimizer_step(b_.data<float>(), db_.data<float>(),
-                         e.dense_adagrad ? sb_.data<float>() : nullptr, 1, 1, 1,
-                         static_cast<bf16*>(nullptr), 1, e.lr, e.eps, e.st, e.gscale);
+      e.dense_step(b_.data<float>(), db_.data<float>(), sb_, 1, 1, 1, static_cast<bf16*>(nullptr),
+                   1, true);
     }, true);
   }
   void collect(Engine&, std::vector<NamedState>& dense, std::vector<NamedState>& tables) override {
