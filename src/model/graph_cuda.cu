@@ -641,11 +641,13 @@ void GraphCuda::set_gradient_reducer(GradientReducer* reducer) {
               "supported yet (bf16, tf32 and fp32 are)");
   DLREC_CHECK(!emb_ || !emb_->hashed(), "layer '", emb_ ? emb_->layer_name() : "",
               "': hashed tables are not supported across GPUs yet (fixed tables are)");
-  DLREC_CHECK(!e_.emb_rowwise && !e_.emb_adam, "optimizer.embedding \"",
-              e_.emb_rowwise ? "rowwise_adagrad" : "adam", "\" is implemented on one GPU; across "
-              "GPUs use \"adagrad\" or \"sgd\" (or train on the CPU)");
-  DLREC_CHECK(!e_.dense_adam, "optimizer \"adam\" for the dense layers is implemented on one "
-              "GPU; across GPUs use \"adagrad\" or \"sgd\" (or train on the CPU)");
+  DLREC_CHECK(!e_.emb_rowwise && !e_.emb_adam && !e_.emb_momentum, "optimizer.embedding \"",
+              e_.emb_rowwise ? "rowwise_adagrad" : e_.emb_adam ? "adam" : "sgd\" with \"momentum",
+              "\" is implemented on one GPU; across GPUs use \"adagrad\" or \"sgd\" (or train on "
+              "the CPU)");
+  DLREC_CHECK(!e_.dense_adam && !e_.dense_momentum, "optimizer \"",
+              e_.dense_adam ? "adam" : "sgd\" with \"momentum", "\" for the dense layers is "
+              "implemented on one GPU; across GPUs use \"adagrad\" or \"sgd\" (or train on the CPU)");
   for (const LayerSpec& s : spec_.layers)
     DLREC_CHECK(s.type != "wide", s.where, ": the wide layer's tables are not supported across "
                 "GPUs yet (the embedding layer's are)");
@@ -762,13 +764,9 @@ std::vector<NamedTensor> GraphCuda::optimizer_state() {
   synchronize();
   exposed_ = true;
   std::vector<NamedTensor> out;
-  if (e_.dense_adagrad || e_.dense_adam) {  // the CPU's names
-    const std::string suffix = e_.dense_adam ? ".adam" : ".adagrad";
+  if (const std::string suffix = e_.state_suffix(false); !suffix.empty())
     for (auto& p : dense_) out.emplace_back(p.name + suffix, p.state);
-  }
-  if (e_.emb_adagrad || e_.emb_rowwise || e_.emb_adam) {
-    const std::string suffix =
-        e_.emb_rowwise ? ".rowwise_adagrad" : e_.emb_adam ? ".adam" : ".adagrad";  // the CPU's
+  if (const std::string suffix = e_.state_suffix(true); !suffix.empty()) {
     for (size_t k = 0; k < tables_.size(); ++k) {  // as in parameters()
       const Tensor* h = host_table(k, true);
       if (h) out.emplace_back(tables_[k].name + suffix, *h);

@@ -11,8 +11,9 @@
 namespace dlrec::model {
 namespace {
 
-// "" when the CUDA engine has the optimizer (sgd without momentum, adagrad, adam, and for the
-// tables rowwise_adagrad; no clipping; weight decay for adam's dense layers only), else why not.
+// "" when the CUDA engine has the optimizer (sgd with or without momentum, adagrad, adam, and for
+// the tables rowwise_adagrad; no clipping; weight decay for adam's dense layers only), else why
+// not.
 std::string optimizer_unsupported(const OptimizerConfig& c, const std::string& what, bool dense) {
   auto why = [&](const std::string& s) {
     return "the CUDA graph model " + s + " (" + what +
@@ -27,9 +28,6 @@ std::string optimizer_unsupported(const OptimizerConfig& c, const std::string& w
       k != nn::OptimizerKind::RowWiseAdagrad && k != nn::OptimizerKind::Adam)
     return why("supports the sgd, adagrad and adam optimizers (and rowwise_adagrad for the "
                "tables), not '" + c.type + "'");
-  if (c.momentum != 0 || c.nesterov)
-    return why("supports sgd without momentum (optimizer.momentum = " + std::to_string(c.momentum) +
-               ")");
   if (c.clip_value != 0)
     return why("does not clip gradients (optimizer.clip_value = " + std::to_string(c.clip_value) +
                ")");

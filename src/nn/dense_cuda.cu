@@ -309,6 +309,30 @@ __global__ void adam_kernel(float* __restrict__ w, const float* __restrict__ g,
   }
 }
 
+template <class H>
+__global__ void momentum_kernel(float* __restrict__ w, const float* __restrict__ g,
+                                float* __restrict__ b, int64_t rows, int64_t cols, int64_t ldg,
+                                H* __restrict__ wh, int64_t ldh, const float* __restrict__ lr_p,
+                                float mu, bool nesterov, const float* __restrict__ gscale_p,
+                                const float* __restrict__ mask) {
+  const float lr = *lr_p;
+  const float gs = gscale_p ? *gscale_p : 1.f;
+  if (gs == 0.f) return;
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i - r * cols;
+    const float x = gscale_p ? __fmul_rn(g[r * ldg + c], gs) : g[r * ldg + c];
+    const float v = __fadd_rn(__fmul_rn(mu, b[i]), x);
+    b[i] = v;
+    const float u = nesterov ? __fadd_rn(x, __fmul_rn(mu, v)) : v;
+    float wi = __fsub_rn(w[i], __fmul_rn(lr, u));
+    if (mask && mask[i] == 0.f) wi = 0.f;  // a pruned weight stays zero
+    w[i] = wi;
+    if (wh) wh[r * ldh + c] = from_f<H>(wi);
+  }
+}
+
 __global__ void adam_count_kernel(float* __restrict__ s, int64_t rows, int64_t cols,
                                   const float* __restrict__ gscale_p) {
   if (gscale_p && *gscale_p == 0.f) return;
@@ -607,6 +631,29 @@ void optimizer_step_impl(float* w, const float* g, float* state, int64_t rows, i
                                                             ldh, lr, eps, gscale, mask);
   DLREC_CUDA_LAUNCH_CHECK();
 }
+template <class H>
+void momentum_step_impl(float* w, const float* g, float* state, int64_t rows, int64_t cols,
+                        int64_t ldg, H* wh, int64_t ldh, const float* lr, float mu, bool nesterov,
+                        cudaStream_t stream, const float* gscale, const float* mask) {
+  const int64_t n = rows * cols;
+  if (n == 0) return;
+  momentum_kernel<H><<<grid_for(n, 256), 256, 0, stream>>>(w, g, state, rows, cols, ldg, wh, ldh,
+                                                           lr, mu, nesterov, gscale, mask);
+  DLREC_CUDA_LAUNCH_CHECK();
+}
+void momentum_step(float* w, const float* g, float* state, int64_t rows, int64_t cols,
+                   int64_t ldg, bf16* wh, int64_t ldh, const float* lr, float mu, bool nesterov,
+                   cudaStream_t stream, const float* gscale, const float* mask) {
+  momentum_step_impl(w, g, state, rows, cols, ldg, wh, ldh, lr, mu, nesterov, stream, gscale,
+                     mask);
+}
+void momentum_step(float* w, const float* g, float* state, int64_t rows, int64_t cols,
+                   int64_t ldg, f16* wh, int64_t ldh, const float* lr, float mu, bool nesterov,
+                   cudaStream_t stream, const float* gscale, const float* mask) {
+  momentum_step_impl(w, g, state, rows, cols, ldg, wh, ldh, lr, mu, nesterov, stream, gscale,
+                     mask);
+}
+
 template <class H>
 void adam_step_impl(float* w, const float* g, float* state, int64_t rows, int64_t cols,
                     int64_t ldg, H* wh, int64_t ldh, const float* lr, const AdamParams& p,

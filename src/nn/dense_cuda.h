@@ -138,6 +138,16 @@ void optimizer_step(float* w, const float* g, float* state, int64_t rows, int64_
 // (decoupled, AdamW), then m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g g,
 // w -= (lr / c1) m / (sqrt(v) / sqrt(c2) + eps). Gradient rows ldg apart; wh, gscale and mask as
 // optimizer_step's (*gscale == 0: neither the values nor t move).
+// SGD with momentum, nn::Optimizer's "sgd" with `momentum` > 0: velocity b (state, the
+// parameter's shape) = mu b + g, then w -= lr b, or with nesterov w -= lr (g + mu b). Arguments
+// as optimizer_step's.
+void momentum_step(float* w, const float* g, float* state, int64_t rows, int64_t cols,
+                   int64_t ldg, bf16* wh, int64_t ldh, const float* lr, float mu, bool nesterov,
+                   cudaStream_t stream, const float* gscale = nullptr, const float* mask = nullptr);
+void momentum_step(float* w, const float* g, float* state, int64_t rows, int64_t cols,
+                   int64_t ldg, f16* wh, int64_t ldh, const float* lr, float mu, bool nesterov,
+                   cudaStream_t stream, const float* gscale = nullptr, const float* mask = nullptr);
+
 struct AdamParams {
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.f;
 };

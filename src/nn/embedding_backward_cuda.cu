@@ -122,15 +122,25 @@ __device__ __forceinline__ Vec<V> ld_grad(const G* p) {
 }
 
 // The optimizer step of one row slice on values already loaded (w, a: the row's weights and
-// accumulator at k0): SGD, or Adagrad with the accumulator updated first.
-template <int V>
+// state at k0): SGD, or Adagrad with the accumulator updated first; MOM: SGD with momentum (a:
+// the velocity, b = mu b + g, w -= lr b, Nesterov w -= lr (g + mu b), as nn::Optimizer's sgd).
+template <int V, bool MOM = false>
 __device__ __forceinline__ void apply_loaded(float* wp, float* ap, Vec<V> w, Vec<V> a, float* g,
-                                             Update kind, float lr, float eps, float gs) {
+                                             Update kind, float lr, float eps, float gs,
+                                             float mu = 0.f, bool nesterov = false) {
   if (gs != 1.f) {
 #pragma unroll
     for (int j = 0; j < V; ++j) g[j] = __fmul_rn(g[j], gs);
   }
-  if (kind == Update::SGD) {
+  if constexpr (MOM) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      a.v[j] = __fadd_rn(__fmul_rn(mu, a.v[j]), g[j]);
+      const float u = nesterov ? __fadd_rn(g[j], __fmul_rn(mu, a.v[j])) : a.v[j];
+      w.v[j] = __fsub_rn(w.v[j], __fmul_rn(lr, u));
+    }
+    st_row<V>(ap, a);
+  } else if (kind == Update::SGD) {
 #pragma unroll
     for (int j = 0; j < V; ++j) w.v[j] = __fsub_rn(w.v[j], __fmul_rn(lr, g[j]));
   } else {
@@ -250,8 +260,9 @@ __device__ __forceinline__ void adam_finish(float* t_p, const AdamCoef& c, int l
 
 // The update forms, instantiated apart (template parameter F of the kernels) so that the
 // registers of one do not cost the others their occupancy: SGD and Adagrad (a runtime `kind`),
-// row-wise Adagrad (a whole row a warp), Adam (its state read value by value).
-constexpr int kFormPlain = 0, kFormRowWise = 1, kFormAdam = 2;
+// row-wise Adagrad (a whole row a warp), Adam (its state read value by value), SGD with
+// momentum (the plain form's code with apply_loaded's MOM step).
+constexpr int kFormPlain = 0, kFormRowWise = 1, kFormAdam = 2, kFormMomentum = 3;
 
 // g[v] = 0 + the sum over the run's ids q in [i, j) of scale[q] * x_q[k0 + v], in order (x_q:
 // the gradient row of id q's sample, `b[q]` rows of `ld` into `gcol`), four rows in flight.
@@ -325,7 +336,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     const bool apply = !(first || last);
     const int64_t row = int64_t(key - tab.row_base[t0]) * d;
     float* w = tab.weights[t0] + row;
-    float* a = kind == Update::Adagrad ? tab.states[t0] + row : nullptr;
+    constexpr bool MOM = F == kFormMomentum;
+    float* a = MOM || kind == Update::Adagrad ? tab.states[t0] + row : nullptr;
     const G* gcol = dpooled + int64_t(tab.col ? tab.col[t0] : t0) * d;
     if constexpr (F == kFormAdam) {
       float* srow = tab.states[t0] + int64_t(key - tab.row_base[t0]) * (2 * int64_t(d) + 1);
@@ -390,7 +402,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
         const int t1 = sh_t[warp][i + 1];
         const int64_t row1 = int64_t(key1 - tab.row_base[t1]) * d;
         float* w1 = tab.weights[t1] + row1;
-        float* a1 = kind == Update::Adagrad ? tab.states[t1] + row1 : nullptr;
+        float* a1 = MOM || kind == Update::Adagrad ? tab.states[t1] + row1 : nullptr;
         const G* g0p = gcol + sh_b[warp][i] * ld;
         const G* g1p =
             dpooled + int64_t(tab.col ? tab.col[t1] : t1) * d + sh_b[warp][i + 1] * ld;
@@ -409,8 +421,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
             g0[v] = __fadd_rn(0.f, __fmul_rn(sc0, x0.v[v]));
             g1[v] = __fadd_rn(0.f, __fmul_rn(sc1, x1.v[v]));
           }
-          apply_loaded<V>(w + k0, a ? a + k0 : nullptr, w0v, a0v, g0, kind, lr, eps, gs);
-          apply_loaded<V>(w1 + k0, a1 ? a1 + k0 : nullptr, w1v, a1v, g1, kind, lr, eps, gs);
+          apply_loaded<V, MOM>(w + k0, a ? a + k0 : nullptr, w0v, a0v, g0, kind, lr, eps, gs,
+                               tab.momentum, tab.nesterov);
+          apply_loaded<V, MOM>(w1 + k0, a1 ? a1 + k0 : nullptr, w1v, a1v, g1, kind, lr, eps, gs,
+                               tab.momentum, tab.nesterov);
         }
         i += 2;
         continue;
@@ -425,7 +439,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
       float g[V];
       sum_run<V>(gcol, sh_b[warp], sh_scale[warp], i, j, ld, k0, g);
       if (apply) {
-        apply_loaded<V>(w + k0, a ? a + k0 : nullptr, wv, av, g, kind, lr, eps, gs);
+        apply_loaded<V, MOM>(w + k0, a ? a + k0 : nullptr, wv, av, g, kind, lr, eps, gs,
+                             tab.momentum, tab.nesterov);
       } else {
         Vec<V> p;
 #pragma unroll
@@ -517,7 +532,8 @@ __global__ void __launch_bounds__(256)
   const int t0 = pos_bag[pos_sorted[q_last]] / static_cast<int32_t>(B);
   const int64_t row = int64_t(key - tab.row_base[t0]) * d;
   float* w = tab.weights[t0] + row;
-  float* a = kind == Update::Adagrad ? tab.states[t0] + row : nullptr;
+  constexpr bool MOM = F == kFormMomentum;
+  float* a = MOM || kind == Update::Adagrad ? tab.states[t0] + row : nullptr;
   // The run's sum at columns k0 .. k0 + V - 1 into g: its tail piece, then the later chunks'
   // head pieces in chunk order (whole groups inside the run as group_kernel summed them: up to
   // the first group boundary, then whole groups of chunks cc .. cc + G - 1 all before ce, so
@@ -582,7 +598,8 @@ __global__ void __launch_bounds__(256)
     if (a) av = ld_row<V>(a + k0);
     float g[V];
     run_sum(k0, g);
-    apply_loaded<V>(w + k0, a ? a + k0 : nullptr, wv, av, g, kind, lr, eps, gs);
+    apply_loaded<V, MOM>(w + k0, a ? a + k0 : nullptr, wv, av, g, kind, lr, eps, gs,
+                         tab.momentum, tab.nesterov);
   }
 }
 
@@ -692,9 +709,11 @@ void backward_apply(const Tables& tab, const int32_t* offsets, int64_t B, int64_
   using Plain = std::integral_constant<int, kFormPlain>;
   using RowWise = std::integral_constant<int, kFormRowWise>;
   using Adam = std::integral_constant<int, kFormAdam>;
+  using Momentum = std::integral_constant<int, kFormMomentum>;
   auto with_form = [&](auto lanes) {
     if (kind == Update::RowWiseAdagrad) launch(lanes, RowWise());
     else if (kind == Update::Adam) launch(lanes, Adam());
+    else if (kind == Update::Momentum) launch(lanes, Momentum());
     else launch(lanes, Plain());
   };
   if (v4) with_form(std::integral_constant<int, 4>());

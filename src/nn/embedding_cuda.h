@@ -27,8 +27,11 @@ struct Tables {
   float* const* weights = nullptr;   // device array [T] of table pointers, table t is [rows_t, dim]
   float* const* states = nullptr;    // device array [T] of optimizer states (or null): Adagrad's
                                      // accumulator per value, per row for
-                                     // Update::RowWiseAdagrad; Adam's [rows_t, 2 * dim + 1]
+                                     // Update::RowWiseAdagrad; Adam's [rows_t, 2 * dim + 1];
+                                     // the momentum's velocity [rows_t, dim]
   float beta1 = 0.9f, beta2 = 0.999f;  // Update::Adam's decay rates
+  float momentum = 0.f;                // Update::Momentum's mu, and Nesterov's form
+  bool nesterov = false;
   const uint32_t* row_base = nullptr;  // device [T]: first global row of table t
   int num_tables = 0;
   int dim = 0;
@@ -102,8 +105,10 @@ void prepare(const Scratch& s, cudaStream_t stream);  // once after carve()
 // mean of the row's g^2, then w -= lr * g / (sqrt(a) + eps), as nn::Optimizer's
 // rowwise_adagrad), for dim <= nn::cuda_rowwise_max_dim(dim) (backward_apply checks); Adam as
 // nn::Optimizer's "adam" on sparse rows (states[t] is [rows_t, 2 * dim + 1]: m, v and the row's
-// own step count t; Tables::beta1/beta2, `eps` its epsilon), every dim.
-enum class Update { SGD, Adagrad, RowWiseAdagrad, Adam };
+// own step count t; Tables::beta1/beta2, `eps` its epsilon), every dim; SGD with momentum
+// (states[t] [rows_t, dim], the velocity: b = mu b + g, w -= lr b, or w -= lr (g + mu b) with
+// Tables::nesterov; Tables::momentum is mu).
+enum class Update { SGD, Adagrad, RowWiseAdagrad, Adam, Momentum };
 
 // dL/dpooled [B, T, dim] -> for every distinct row of the batch: its gradient, summed over its
 // occurrences (mean bags scaled by 1/len) in chunks of 32 occurrences (in order of occurrence)

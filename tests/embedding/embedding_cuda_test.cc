@@ -562,12 +562,14 @@ TEST(EmbeddingCuda, LongRunsFollowTheDocumentedOrderBitForBit) {
   for (int dim : {8, 3})
     for (bool mean : {false, true})
       for (auto kind : {ce::Update::SGD, ce::Update::Adagrad, ce::Update::RowWiseAdagrad,
-                        ce::Update::Adam})
+                        ce::Update::Adam, ce::Update::Momentum})
         for (float gscale : {1.f, 0.5f, 0.f}) {
           const bool rowwise = kind == ce::Update::RowWiseAdagrad;
           const bool adam = kind == ce::Update::Adam;
           const int64_t sw = 2 * int64_t(dim) + 1;  // Adam's state per row: m, v, t
           const float b1 = 0.8f, b2 = 0.99f;
+          const bool momentum = kind == ce::Update::Momentum;
+          const float mu = 0.9f;  // Nesterov's form when dim is 3
           Problem p({2, 3, 60, 5000}, dim, 6000, 71 + dim);
           Rng arng(5 + dim);
           for (int t = 0; t < p.T && adam; ++t) {  // m, v and step counts 0, 1, 2 (fresh rows too)
@@ -588,6 +590,8 @@ TEST(EmbeddingCuda, LongRunsFollowTheDocumentedOrderBitForBit) {
           DevProblem d(p);
           d.tab.beta1 = b1;
           d.tab.beta2 = b2;
+          d.tab.momentum = mu;
+          d.tab.nesterov = dim == 3;
           ce::backward_ids(d.tab, d.offsets->p, d.keys->p, p.B, p.nnz(), p.key_bits, d.scratch,
                            nullptr);
           ce::backward_apply(d.tab, d.offsets->p, p.B, p.nnz(), mean,
@@ -662,6 +666,13 @@ TEST(EmbeddingCuda, LongRunsFollowTheDocumentedOrderBitForBit) {
                 s[k] = b1 * s[k] + (1.f - b1) * gv;
                 s[dim + k] = b2 * s[dim + k] + (1.f - b2) * gv * gv;
                 wv -= step * s[k] / (std::sqrt(s[dim + k]) * rc2 + eps);
+              } else if (momentum) {  // the velocity starts at the problem's 0.1
+                float& bv = acc[t][r * dim + k];
+                const float prod = mu * bv;
+                bv = prod + gv;
+                const float u = dim == 3 ? gv + mu * bv : bv;
+                const float step = lr * u;
+                wv = wv - step;
               } else if (kind == ce::Update::SGD) {
                 const float step = lr * gv;
                 wv = wv - step;
@@ -699,8 +710,7 @@ TEST(EmbeddingCuda, LongRunsFollowTheDocumentedOrderBitForBit) {
           }
           for (int t = 0; t < p.T && !rowwise && !adam; ++t) {
             ASSERT_EQ(ws[t], w[t]) << "weights, table " << t << " dim " << dim << " mean " << mean
-                                   << " adagrad " << (kind == ce::Update::Adagrad) << " gscale "
-                                   << gscale;
+                                   << " kind " << static_cast<int>(kind) << " gscale " << gscale;
             ASSERT_EQ(as[t], acc[t]) << "accumulators, table " << t;
             compared += static_cast<int64_t>(w[t].size());
           }

@@ -98,6 +98,8 @@ const char* kRowWise = R"({"type": "sgd", "lr": 0.05, "embedding": {"type": "row
 // Adam on both (the tables' rows [capacity, 2 * dim + 1]: m, v and the row's step count, reset to
 // zeros on insert).
 const char* kAdam = R"({"type": "adam", "lr": 0.002, "embedding_lr": 0.01})";
+// SGD with momentum on both (the tables' velocities reset to zeros on insert).
+const char* kMomentum = R"({"type": "sgd", "lr": 0.02, "momentum": 0.9, "embedding_lr": 0.05})";
 
 // Keys: ids of a small space (`ids` per feature, from the model tests' batches: multi-hot bags
 // with duplicates and empty bags) scattered over 40 bits, as raw hashed ids look.
@@ -170,7 +172,8 @@ void expect_same_tables(Model& a, Model& b, int64_t tables) {
       const int64_t d = w.dim(1), cap = w.dim(0);
       const auto wv = w.to_vector<float>();
       std::vector<float> sv;  // [cap, sd]: sd = d (Adagrad) or 1 (row-wise)
-      for (const char* suffix : {".weight.adagrad", ".weight.rowwise_adagrad", ".weight.adam"})
+      for (const char* suffix :
+           {".weight.adagrad", ".weight.rowwise_adagrad", ".weight.adam", ".weight.momentum"})
         if (p.count(n + suffix)) sv = p.at(n + suffix).to_vector<float>();
       const int64_t sd = static_cast<int64_t>(sv.size()) / cap;
       std::vector<std::vector<float>> out;  // per key in LRU order: key, row, state
@@ -243,6 +246,11 @@ TEST(GraphHashedCuda, NoEvictionRowWiseAdagradTracksCpuEveryStep) {
 TEST(GraphHashedCuda, NoEvictionAdamTracksCpuEveryStep) {
   SKIP_WITHOUT_GPU();
   expect_parity(dlrm(400), kAdam, 300, steps(100));
+}
+
+TEST(GraphHashedCuda, NoEvictionMomentumTracksCpuEveryStep) {
+  SKIP_WITHOUT_GPU();
+  expect_parity(dcn(400), kMomentum, 300, steps(100));
 }
 
 // ---- Eviction against a host reference of the GPU's policy ----
@@ -356,11 +364,11 @@ std::string temp_path(const char* name) {
   return "/tmp/dlrec_hashed_cuda_" + std::to_string(::getpid()) + "_" + name;
 }
 
-// Adagrad, row-wise Adagrad (its accumulators [capacity, 1]) and Adam (m, v and a step count per
-// row), every state reset on insert.
+// Adagrad, row-wise Adagrad (its accumulators [capacity, 1]), Adam (m, v and a step count per
+// row) and SGD with momentum, every state reset on insert.
 TEST(GraphHashedCuda, GpuCheckpointWithEvictionsLoadsOnCpuAndResumesOnGpu) {
   SKIP_WITHOUT_GPU();
-  for (const char* opt : {kAdagrad, kRowWise, kAdam}) {
+  for (const char* opt : {kAdagrad, kRowWise, kAdam, kMomentum}) {
     SCOPED_TRACE(opt);
     const RunConfig c = config(dlrm(150), opt);
     const io::ShardLayout l = key_layout();

@@ -200,22 +200,36 @@ struct Engine {
   // forward (lin_forward), labelled with its name and kernel.
   bool mark_lins = false;
   // The tables' optimizer: emb_adagrad (an accumulator per value), emb_rowwise (one per row,
-  // rowwise_adagrad) or emb_adam (Adam: m, v and a step count per row), rowwise and Adam on one
-  // GPU; else SGD; emb_update() says which to the kernels. The dense layers': dense_adagrad,
-  // dense_adam, else SGD (dense_state, dense_step).
-  bool dense_adagrad = false, dense_adam = false;
-  bool emb_adagrad = false, emb_rowwise = false, emb_adam = false;
+  // rowwise_adagrad), emb_adam (Adam: m, v and a step count per row) or emb_momentum (SGD with
+  // momentum: a velocity per value), all but Adagrad on one GPU; else SGD; emb_update() says
+  // which to the kernels. The dense layers': dense_adagrad, dense_adam, dense_momentum, else SGD
+  // (dense_state, dense_step).
+  bool dense_adagrad = false, dense_adam = false, dense_momentum = false;
+  bool emb_adagrad = false, emb_rowwise = false, emb_adam = false, emb_momentum = false;
   nn::cuda_emb::Update emb_update() const {
-    return emb_rowwise   ? nn::cuda_emb::Update::RowWiseAdagrad
-           : emb_adam    ? nn::cuda_emb::Update::Adam
-           : emb_adagrad ? nn::cuda_emb::Update::Adagrad
-                         : nn::cuda_emb::Update::SGD;
+    return emb_rowwise    ? nn::cuda_emb::Update::RowWiseAdagrad
+           : emb_adam     ? nn::cuda_emb::Update::Adam
+           : emb_momentum ? nn::cuda_emb::Update::Momentum
+           : emb_adagrad  ? nn::cuda_emb::Update::Adagrad
+                          : nn::cuda_emb::Update::SGD;
   }
   // eps / emb_eps: Adagrad's or Adam's epsilon (the kind's own config key); init_acc /
   // emb_init_acc: Adagrad's initial accumulator.
   float eps = 1e-8f, init_acc = 0.f, emb_eps = 1e-8f, emb_init_acc = 0.f;
   cd::AdamParams adam;         // the dense layers' Adam (eps unused: `eps` above)
   float emb_beta1 = 0.9f, emb_beta2 = 0.999f;
+  float mu = 0.f, emb_mu = 0.f;  // SGD's momentum (dense, tables), and Nesterov's form
+  bool nesterov = false, emb_nesterov = false;
+  // The CPU's names of the optimizer states: "<param><suffix>"; "" when there is none.
+  std::string state_suffix(bool tables) const {
+    if (tables)
+      return emb_rowwise    ? ".rowwise_adagrad"
+             : emb_adam     ? ".adam"
+             : emb_momentum ? ".momentum"
+             : emb_adagrad  ? ".adagrad"
+                            : "";
+    return dense_adam ? ".adam" : dense_momentum ? ".momentum" : dense_adagrad ? ".adagrad" : "";
+  }
   // From a config that graph_cuda_unsupported accepted.
   void set_optimizers(const OptimizerConfig& oc) {
     const OptimizerConfig ec = oc.embedding_config();
@@ -225,6 +239,12 @@ struct Engine {
     emb_adagrad = ek == nn::OptimizerKind::Adagrad;
     emb_rowwise = ek == nn::OptimizerKind::RowWiseAdagrad;
     emb_adam = ek == nn::OptimizerKind::Adam;
+    dense_momentum = dk == nn::OptimizerKind::SGD && oc.momentum > 0;
+    emb_momentum = ek == nn::OptimizerKind::SGD && ec.momentum > 0;
+    mu = static_cast<float>(oc.momentum);
+    nesterov = oc.nesterov;
+    emb_mu = static_cast<float>(ec.momentum);
+    emb_nesterov = ec.nesterov;
     eps = static_cast<float>(dense_adam ? oc.adam_eps : oc.adagrad_eps);
     init_acc = static_cast<float>(oc.adagrad_init);
     emb_eps = static_cast<float>(emb_adam ? ec.adam_eps : ec.adagrad_eps);
@@ -241,9 +261,10 @@ struct Engine {
       DLREC_CHECK(b >= 0.f && b < 1.f, "Optimizer: beta1 and beta2 must be in [0, 1), got ", b);
   }
   // A dense parameter's optimizer state in the CPU's shape (nn::Optimizer::init_state): Adagrad's
-  // accumulator, shaped as the parameter `p`, at init_acc; Adam's [rows, 2 * cols + 1] zeros
-  // (rows: p's first dimension); none for SGD.
+  // accumulator, shaped as the parameter `p`, at init_acc; the momentum's velocity, p's shape,
+  // zeros; Adam's [rows, 2 * cols + 1] zeros (rows: p's first dimension); none for plain SGD.
   Tensor dense_state(const Shape& p) {
+    if (dense_momentum) return buf(p, DType::F32);
     if (dense_adagrad) {
       Tensor s = Tensor::empty(p, DType::F32, dev);
       ce::fill(s.data<float>(), s.numel(), init_acc, st);
@@ -262,7 +283,9 @@ struct Engine {
   void dense_step(float* w, const float* g, const Tensor& s, int64_t rows, int64_t cols,
                   int64_t ldg, H* wh, int64_t ldh, bool vector, const float* mask = nullptr) {
     float* sp = s.defined() ? s.data<float>() : nullptr;
-    if (!dense_adam)
+    if (dense_momentum)
+      cd::momentum_step(w, g, sp, rows, cols, ldg, wh, ldh, lr, mu, nesterov, st, gscale, mask);
+    else if (!dense_adam)
       cd::optimizer_step(w, g, sp, rows, cols, ldg, wh, ldh, lr, eps, st, gscale, mask);
     else if (vector)
       cd::adam_step(w, g, sp, rows * cols, 1, 1, wh, 1, lr, adam, st, gscale, mask);

@@ -73,6 +73,8 @@ struct TableSet {
     tables.resize(T);
     tab.beta1 = e.emb_beta1;
     tab.beta2 = e.emb_beta2;
+    tab.momentum = e.emb_mu;
+    tab.nesterov = e.emb_nesterov;
     if (has_state(e)) states.resize(T);
     if (deferred) return;
     for (int64_t t = 0; t < T; ++t) {
@@ -109,12 +111,17 @@ struct TableSet {
   }
   // A table's optimizer state, the CPU engine's shapes (so checkpoints move between the
   // engines): Adagrad's accumulator per weight, rowwise_adagrad's one per row ([rows]; hashed
-  // tables [capacity, 1]), Adam's m, v and step count per row ([rows, 2 * dim + 1], zeros).
-  static bool has_state(const Engine& e) { return e.emb_adagrad || e.emb_rowwise || e.emb_adam; }
+  // tables [capacity, 1]), Adam's m, v and step count per row ([rows, 2 * dim + 1], zeros), the
+  // momentum's velocity per weight (zeros).
+  static bool has_state(const Engine& e) {
+    return e.emb_adagrad || e.emb_rowwise || e.emb_adam || e.emb_momentum;
+  }
   int64_t state_cols(const Engine& e) const {
     return e.emb_rowwise ? 1 : e.emb_adam ? 2 * dim + 1 : dim;
   }
-  float state_init(const Engine& e) const { return e.emb_adam ? 0.f : e.emb_init_acc; }
+  float state_init(const Engine& e) const {
+    return e.emb_adam || e.emb_momentum ? 0.f : e.emb_init_acc;
+  }
   Shape state_shape(const Engine& e, int64_t r) const {
     return e.emb_rowwise ? Shape{r} : Shape{r, state_cols(e)};
   }
