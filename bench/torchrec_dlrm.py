@@ -13,15 +13,18 @@ bench train --dist zipf`), trained with TorchRec as its documentation and exampl
   batched embedding kernels update the rows in the backward pass), --emb-opt sgd, adagrad
   (torch.optim.Adagrad: FBGEMM's EXACT_ADAGRAD, a state value per element, as dlrec's Adagrad)
   or rowwise_adagrad (TorchRec's RowWiseAdagrad: EXACT_ROWWISE_ADAGRAD, one state value per row,
-  what TorchRec's examples use); Adagrad's eps 1e-8 as dlrec's;
-- the dense layers' SGD through CombinedOptimizer with the fused one; --bf16: the forward under
+  what TorchRec's examples use); Adagrad's eps 1e-8 as dlrec's; or adam (torch.optim.Adam:
+  FBGEMM's ADAM, m and v per element, bias-corrected by the table's step count);
+- the dense layers' SGD (--dense-opt adam: torch.optim.Adam, fused) through CombinedOptimizer
+  with the fused one; --bf16: the forward under
   bf16 autocast (tables fp32, as dlrec's bf16 runs and bench/pytorch_dlrm_gpu.py);
 - input: KeyedJaggedTensor batches (one id per table and row, uniform ids, as `dlrec bench
   train --dist uniform`), pre-generated on the device and rotated; a warm-up, then the timed
   steps with CUDA events, as bench/torch_common.time_steps does.
 
   torchrun --nproc_per_node N bench/torchrec_dlrm.py [--local-batch 55296] [--steps 50]
-      [--warmup 10] [--bf16] [--emb-opt sgd|adagrad|rowwise_adagrad] [--cards kaggle|1tb]
+      [--warmup 10] [--bf16] [--emb-opt sgd|adagrad|rowwise_adagrad|adam]
+      [--dense-opt sgd|adam] [--cards kaggle|1tb]
       [--model dlrm|dcnv2]
       [--max-rows N]
 
@@ -48,7 +51,9 @@ def main():
     ap.add_argument("--batches", type=int, default=4)
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--bf16", action="store_true")
-    ap.add_argument("--emb-opt", choices=["sgd", "adagrad", "rowwise_adagrad"], default="sgd")
+    ap.add_argument("--emb-opt", choices=["sgd", "adagrad", "rowwise_adagrad", "adam"],
+                    default="sgd")
+    ap.add_argument("--dense-opt", choices=["sgd", "adam"], default="sgd")
     ap.add_argument("--cards", choices=["kaggle", "1tb"], default="kaggle")
     ap.add_argument("--model", choices=["dlrm", "dcnv2"], default="dlrm")
     ap.add_argument("--max-rows", type=int, default=0, help="cap on each table's rows (dcnv2)")
@@ -97,6 +102,9 @@ def main():
         from torchrec.optim import RowWiseAdagrad
         apply_optimizer_in_backward(RowWiseAdagrad, model.model.sparse_arch.parameters(),
                                     {"lr": args.lr, "eps": 1e-8})
+    elif args.emb_opt == "adam":
+        apply_optimizer_in_backward(torch.optim.Adam, model.model.sparse_arch.parameters(),
+                                    {"lr": args.lr, "eps": 1e-8})
     elif args.emb_opt == "adagrad":
         apply_optimizer_in_backward(torch.optim.Adagrad, model.model.sparse_arch.parameters(),
                                     {"lr": args.lr, "eps": 1e-8})
@@ -110,8 +118,14 @@ def main():
         batch_size=B)
     plan = planner.collective_plan(model, get_default_sharders(), dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(module=model, device=dev, plan=plan)
+    if args.dense_opt == "adam":
+        def make_dense(params):
+            return torch.optim.Adam(params, lr=args.lr, fused=True)
+    else:
+        def make_dense(params):
+            return torch.optim.SGD(params, lr=args.lr)
     dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
-                                      lambda params: torch.optim.SGD(params, lr=args.lr))
+                                      make_dense)
     opt = CombinedOptimizer([dmp.fused_optimizer, dense_opt])
     if rank == 0:
         kinds = {}
@@ -157,7 +171,7 @@ def main():
         what = (f"mlperf-dcnv2 max_rows={args.max_rows}" if dcn
                 else f"mlperf-dlrm cards={args.cards}")
         print(f"torchrec train: {what} {'bf16-autocast' if args.bf16 else 'fp32'} "
-              f"emb-opt={args.emb_opt} world={world} local_batch={B} "
+              f"emb-opt={args.emb_opt} dense-opt={args.dense_opt} world={world} local_batch={B} "
               f"steps={args.steps} ms/iter={ms:.3f} samples/s={world * B / ms * 1e3:.0f} "
               f"loss={loss.item():.4f} peak_mem_rank0={peak:.2f} GB", flush=True)
     dist.destroy_process_group()

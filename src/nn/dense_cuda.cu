@@ -239,15 +239,16 @@ __global__ void bce_kernel(const float* __restrict__ logits, const float* __rest
   if (threadIdx.x == 0) *loss = part[0] * inv_n;
 }
 
-// One thread per element of a [rows, cols] parameter; gradient rows ldg apart; optional 16-bit
-// copy wh with rows ldh apart. SGD without state, Adagrad with it. With gscale_p: gradients
-// times *gscale_p, nothing done when it is 0 (loss scaling).
-template <class H>
-__global__ void optimizer_kernel(float* __restrict__ w, const float* __restrict__ g,
-                                 float* __restrict__ a, int64_t rows, int64_t cols, int64_t ldg,
-                                 H* __restrict__ wh, int64_t ldh, const float* __restrict__ lr_p,
-                                 float eps, const float* __restrict__ gscale_p,
-                                 const float* __restrict__ mask) {
+// The dense optimizer steps: one thread per value of a [rows, cols] parameter, gradient rows
+// ldg apart, optional 16-bit copy wh with rows ldh apart. x = the gradient (times *gscale_p
+// with loss scaling; nothing is done when it is 0), the new value op(i, r, c, x, w, lr) (which
+// updates the value's optimizer state), 0 where the mask is 0 (a pruned weight stays zero).
+template <class H, class Op>
+__global__ void dense_step_kernel(float* __restrict__ w, const float* __restrict__ g,
+                                  int64_t rows, int64_t cols, int64_t ldg, H* __restrict__ wh,
+                                  int64_t ldh, const float* __restrict__ lr_p,
+                                  const float* __restrict__ gscale_p,
+                                  const float* __restrict__ mask, Op op) {
   const float lr = *lr_p;
   const float gs = gscale_p ? *gscale_p : 1.f;
   if (gs == 0.f) return;
@@ -255,83 +256,63 @@ __global__ void optimizer_kernel(float* __restrict__ w, const float* __restrict_
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / cols, c = i - r * cols;
-    const float gi = gscale_p ? __fmul_rn(g[r * ldg + c], gs) : g[r * ldg + c];
-    float wi;
-    if (a) {
-      const float acc = __fadd_rn(a[i], __fmul_rn(gi, gi));
-      a[i] = acc;
-      wi = __fsub_rn(w[i], __fdiv_rn(__fmul_rn(lr, gi), __fadd_rn(sqrtf(acc), eps)));
-    } else {
-      wi = __fsub_rn(w[i], __fmul_rn(lr, gi));
-    }
-    if (mask && mask[i] == 0.f) wi = 0.f;  // a pruned weight stays zero
+    const float x = gscale_p ? __fmul_rn(g[r * ldg + c], gs) : g[r * ldg + c];
+    float wi = op(i, r, c, x, w[i], lr);
+    if (mask && mask[i] == 0.f) wi = 0.f;
     w[i] = wi;
     if (wh) wh[r * ldh + c] = from_f<H>(wi);
   }
 }
 
-// Adam, one thread per value; every thread of a row computes the row's new t and its
-// coefficients from the old t, which adam_count_kernel stores after (a kernel boundary: no
-// thread reads the new t).
-template <class H>
-__global__ void adam_kernel(float* __restrict__ w, const float* __restrict__ g,
-                            float* __restrict__ s, int64_t rows, int64_t cols, int64_t ldg,
-                            H* __restrict__ wh, int64_t ldh, const float* __restrict__ lr_p,
-                            AdamParams p, const float* __restrict__ gscale_p,
-                            const float* __restrict__ mask) {
-  const float lr = *lr_p;
-  const float gs = gscale_p ? *gscale_p : 1.f;
-  if (gs == 0.f) return;
-  const int64_t n = rows * cols, sw = 2 * cols + 1;
-  const float omb1 = __fsub_rn(1.f, p.beta1), omb2 = __fsub_rn(1.f, p.beta2);
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / cols, c = i - r * cols;
-    float* srow = s + r * sw;
+// SGD without state (a null), Adagrad with its accumulator a.
+struct SgdAdagradOp {
+  float* __restrict__ a;
+  float eps;
+  __device__ float operator()(int64_t i, int64_t, int64_t, float x, float w, float lr) const {
+    if (!a) return __fsub_rn(w, __fmul_rn(lr, x));
+    const float acc = __fadd_rn(a[i], __fmul_rn(x, x));
+    a[i] = acc;
+    return __fsub_rn(w, __fdiv_rn(__fmul_rn(lr, x), __fadd_rn(sqrtf(acc), eps)));
+  }
+};
+
+// SGD with momentum: velocity b.
+struct MomentumOp {
+  float* __restrict__ b;
+  float mu;
+  bool nesterov;
+  __device__ float operator()(int64_t i, int64_t, int64_t, float x, float w, float lr) const {
+    const float v = __fadd_rn(__fmul_rn(mu, b[i]), x);
+    b[i] = v;
+    const float u = nesterov ? __fadd_rn(x, __fmul_rn(mu, v)) : v;
+    return __fsub_rn(w, __fmul_rn(lr, u));
+  }
+};
+
+// Adam: every thread of a row computes the row's new t and its coefficients from the old t,
+// which adam_count_kernel stores after (a kernel boundary: no thread reads the new t).
+struct AdamOp {
+  float* __restrict__ s;  // [rows, 2 * cols + 1]
+  int64_t cols;
+  AdamParams p;
+  __device__ float operator()(int64_t, int64_t r, int64_t c, float x, float w, float lr) const {
+    float* srow = s + r * (2 * cols + 1);
     float t = srow[2 * cols];
     if (t < 16777216.f) t = __fadd_rn(t, 1.f);
     const double td = static_cast<double>(t);
     const float c1 = __fsub_rn(1.f, static_cast<float>(pow(static_cast<double>(p.beta1), td)));
     const float c2 = __fsub_rn(1.f, static_cast<float>(pow(static_cast<double>(p.beta2), td)));
     const float step = __fdiv_rn(lr, c1), rc2 = __fdiv_rn(1.f, sqrtf(c2));
-    const float x = gscale_p ? __fmul_rn(g[r * ldg + c], gs) : g[r * ldg + c];
-    float wi = w[i];
-    if (p.weight_decay > 0.f) wi = __fsub_rn(wi, __fmul_rn(__fmul_rn(lr, p.weight_decay), wi));
-    const float m = __fadd_rn(__fmul_rn(p.beta1, srow[c]), __fmul_rn(omb1, x));
-    const float v =
-        __fadd_rn(__fmul_rn(p.beta2, srow[cols + c]), __fmul_rn(__fmul_rn(omb2, x), x));
+    if (p.weight_decay > 0.f) w = __fsub_rn(w, __fmul_rn(__fmul_rn(lr, p.weight_decay), w));
+    const float m =
+        __fadd_rn(__fmul_rn(p.beta1, srow[c]), __fmul_rn(__fsub_rn(1.f, p.beta1), x));
+    const float v = __fadd_rn(__fmul_rn(p.beta2, srow[cols + c]),
+                              __fmul_rn(__fmul_rn(__fsub_rn(1.f, p.beta2), x), x));
     srow[c] = m;
     srow[cols + c] = v;
-    wi = __fsub_rn(wi, __fdiv_rn(__fmul_rn(step, m), __fadd_rn(__fmul_rn(sqrtf(v), rc2), p.eps)));
-    if (mask && mask[i] == 0.f) wi = 0.f;  // a pruned weight stays zero
-    w[i] = wi;
-    if (wh) wh[r * ldh + c] = from_f<H>(wi);
+    return __fsub_rn(w, __fdiv_rn(__fmul_rn(step, m), __fadd_rn(__fmul_rn(sqrtf(v), rc2), p.eps)));
   }
-}
-
-template <class H>
-__global__ void momentum_kernel(float* __restrict__ w, const float* __restrict__ g,
-                                float* __restrict__ b, int64_t rows, int64_t cols, int64_t ldg,
-                                H* __restrict__ wh, int64_t ldh, const float* __restrict__ lr_p,
-                                float mu, bool nesterov, const float* __restrict__ gscale_p,
-                                const float* __restrict__ mask) {
-  const float lr = *lr_p;
-  const float gs = gscale_p ? *gscale_p : 1.f;
-  if (gs == 0.f) return;
-  const int64_t n = rows * cols;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / cols, c = i - r * cols;
-    const float x = gscale_p ? __fmul_rn(g[r * ldg + c], gs) : g[r * ldg + c];
-    const float v = __fadd_rn(__fmul_rn(mu, b[i]), x);
-    b[i] = v;
-    const float u = nesterov ? __fadd_rn(x, __fmul_rn(mu, v)) : v;
-    float wi = __fsub_rn(w[i], __fmul_rn(lr, u));
-    if (mask && mask[i] == 0.f) wi = 0.f;  // a pruned weight stays zero
-    w[i] = wi;
-    if (wh) wh[r * ldh + c] = from_f<H>(wi);
-  }
-}
+};
 
 __global__ void adam_count_kernel(float* __restrict__ s, int64_t rows, int64_t cols,
                                   const float* __restrict__ gscale_p) {
@@ -627,8 +608,8 @@ void optimizer_step_impl(float* w, const float* g, float* state, int64_t rows, i
                          cudaStream_t stream, const float* gscale, const float* mask) {
   const int64_t n = rows * cols;
   if (n == 0) return;
-  optimizer_kernel<H><<<grid_for(n, 256), 256, 0, stream>>>(w, g, state, rows, cols, ldg, wh,
-                                                            ldh, lr, eps, gscale, mask);
+  dense_step_kernel<<<grid_for(n, 256), 256, 0, stream>>>(w, g, rows, cols, ldg, wh, ldh, lr,
+                                                          gscale, mask, SgdAdagradOp{state, eps});
   DLREC_CUDA_LAUNCH_CHECK();
 }
 template <class H>
@@ -637,8 +618,8 @@ void momentum_step_impl(float* w, const float* g, float* state, int64_t rows, in
                         cudaStream_t stream, const float* gscale, const float* mask) {
   const int64_t n = rows * cols;
   if (n == 0) return;
-  momentum_kernel<H><<<grid_for(n, 256), 256, 0, stream>>>(w, g, state, rows, cols, ldg, wh, ldh,
-                                                           lr, mu, nesterov, gscale, mask);
+  dense_step_kernel<<<grid_for(n, 256), 256, 0, stream>>>(
+      w, g, rows, cols, ldg, wh, ldh, lr, gscale, mask, MomentumOp{state, mu, nesterov});
   DLREC_CUDA_LAUNCH_CHECK();
 }
 void momentum_step(float* w, const float* g, float* state, int64_t rows, int64_t cols,
@@ -660,8 +641,8 @@ void adam_step_impl(float* w, const float* g, float* state, int64_t rows, int64_
                     cudaStream_t stream, const float* gscale, const float* mask) {
   const int64_t n = rows * cols;
   if (n == 0) return;
-  adam_kernel<H><<<grid_for(n, 256), 256, 0, stream>>>(w, g, state, rows, cols, ldg, wh, ldh, lr,
-                                                       p, gscale, mask);
+  dense_step_kernel<<<grid_for(n, 256), 256, 0, stream>>>(w, g, rows, cols, ldg, wh, ldh, lr,
+                                                          gscale, mask, AdamOp{state, cols, p});
   DLREC_CUDA_LAUNCH_CHECK();
   adam_count_kernel<<<grid_for(rows, 256), 256, 0, stream>>>(state, rows, cols, gscale);
   DLREC_CUDA_LAUNCH_CHECK();

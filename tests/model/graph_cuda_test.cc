@@ -238,6 +238,30 @@ TEST(GraphCuda, SgdDenseAdagradTablesOverride) {
   expect_parity(c, steps_or(100));
 }
 
+// Through 20 train_steps (captured CUDA graphs) from one seed on the same batches, the GPU's
+// optimizer states have the CPU's names and shapes, some named with `suffix`, and stay within
+// 1e-4 of the CPU's, as do the parameters.
+void expect_states_match(const Case& c, const char* suffix) {
+  auto cpu = build_model(c.cfg.model, c.cfg.optimizer, c.layout, Device::cpu(), 5);
+  auto gpu = build_model(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 5);
+  for (int step = 0; step < 20; ++step) {
+    const io::Batch b = batch_of(c, c.batch, 70 + step);
+    cpu->train_step(b, 1.0, false);
+    gpu->train_step(b, 1.0, false);
+  }
+  const auto sg = gpu->optimizer_state(), sc = cpu->optimizer_state();
+  ASSERT_EQ(sg.size(), sc.size());
+  int named = 0;
+  for (size_t i = 0; i < sc.size(); ++i) {
+    EXPECT_EQ(sg[i].first, sc[i].first);
+    EXPECT_EQ(sg[i].second.shape(), sc[i].second.shape()) << sc[i].first;
+    if (sc[i].first.find(suffix) != std::string::npos) ++named;
+    EXPECT_LE(testing::tensor_rel_diff(sg[i].second, sc[i].second), 1e-4) << sc[i].first;
+  }
+  EXPECT_GT(named, 0) << "no state named *" << suffix;
+  EXPECT_LE(param_diff(*gpu, *cpu, nullptr), 1e-4);
+}
+
 // Tables by row-wise Adagrad (one accumulator per row; optimizer.embedding "rowwise_adagrad"),
 // dense layers by SGD: the GPU trains as the CPU does, step by step (sum and mean bags, runs
 // that cross chunks), and through train_step's captured steps its accumulators, of the CPU's
@@ -251,25 +275,7 @@ TEST(GraphCuda, RowWiseAdagradTablesMatchCpu) {
     SCOPED_TRACE("model " + std::to_string(k++));
     expect_parity(Case(layers, opt), steps_or(100));
   }
-  Case c(kDcnStacked, opt);
-  auto cpu = build_model(c.cfg.model, c.cfg.optimizer, c.layout, Device::cpu(), 5);
-  auto gpu = build_model(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 5);
-  for (int step = 0; step < 20; ++step) {
-    const io::Batch b = batch_of(c, c.batch, 70 + step);
-    cpu->train_step(b, 1.0, false);
-    gpu->train_step(b, 1.0, false);
-  }
-  const auto sg = gpu->optimizer_state(), sc = cpu->optimizer_state();
-  ASSERT_EQ(sg.size(), sc.size());
-  int rowwise = 0;
-  for (size_t i = 0; i < sc.size(); ++i) {
-    EXPECT_EQ(sg[i].first, sc[i].first);
-    EXPECT_EQ(sg[i].second.shape(), sc[i].second.shape()) << sc[i].first;
-    if (sc[i].first.find(".rowwise_adagrad") != std::string::npos) ++rowwise;
-    EXPECT_LE(testing::tensor_rel_diff(sg[i].second, sc[i].second), 1e-4) << sc[i].first;
-  }
-  EXPECT_GT(rowwise, 0);
-  EXPECT_LE(param_diff(*gpu, *cpu, nullptr), 1e-4);
+  expect_states_match(Case(kDcnStacked, opt), ".rowwise_adagrad");
 }
 
 // Adam on the dense layers and the tables (nn::Optimizer's "adam": m, v and a step count per
@@ -289,25 +295,7 @@ TEST(GraphCuda, AdamMatchesCpu) {
     expect_parity(Case(layers, adam), steps_or(100));
   }
   expect_parity(Case(kDeepFm, adamw), steps_or(100));
-  Case c(kWideDeep, adamw);
-  auto cpu = build_model(c.cfg.model, c.cfg.optimizer, c.layout, Device::cpu(), 5);
-  auto gpu = build_model(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 5);
-  for (int step = 0; step < 20; ++step) {
-    const io::Batch b = batch_of(c, c.batch, 70 + step);
-    cpu->train_step(b, 1.0, false);
-    gpu->train_step(b, 1.0, false);
-  }
-  const auto sg = gpu->optimizer_state(), sc = cpu->optimizer_state();
-  ASSERT_EQ(sg.size(), sc.size());
-  int adam_states = 0;
-  for (size_t i = 0; i < sc.size(); ++i) {
-    EXPECT_EQ(sg[i].first, sc[i].first);
-    EXPECT_EQ(sg[i].second.shape(), sc[i].second.shape()) << sc[i].first;
-    if (sc[i].first.find(".adam") != std::string::npos) ++adam_states;
-    EXPECT_LE(testing::tensor_rel_diff(sg[i].second, sc[i].second), 1e-4) << sc[i].first;
-  }
-  EXPECT_GT(adam_states, 0);
-  EXPECT_LE(param_diff(*gpu, *cpu, nullptr), 1e-4);
+  expect_states_match(Case(kWideDeep, adamw), ".adam");
 }
 
 // SGD with momentum (a velocity per value, `.momentum` of the parameter's shape as on the CPU),
@@ -328,25 +316,7 @@ TEST(GraphCuda, MomentumMatchesCpu) {
   }
   expect_parity(Case(kDeepFm, nesterov), steps_or(100));
   expect_parity(Case(kDcnStacked, mixed), steps_or(100));
-  Case c(kWideDeep, nesterov);
-  auto cpu = build_model(c.cfg.model, c.cfg.optimizer, c.layout, Device::cpu(), 5);
-  auto gpu = build_model(c.cfg.model, c.cfg.optimizer, c.layout, Device::cuda(0), 5);
-  for (int step = 0; step < 20; ++step) {
-    const io::Batch b = batch_of(c, c.batch, 70 + step);
-    cpu->train_step(b, 1.0, false);
-    gpu->train_step(b, 1.0, false);
-  }
-  const auto sg = gpu->optimizer_state(), sc = cpu->optimizer_state();
-  ASSERT_EQ(sg.size(), sc.size());
-  int velocities = 0;
-  for (size_t i = 0; i < sc.size(); ++i) {
-    EXPECT_EQ(sg[i].first, sc[i].first);
-    EXPECT_EQ(sg[i].second.shape(), sc[i].second.shape()) << sc[i].first;
-    if (sc[i].first.find(".momentum") != std::string::npos) ++velocities;
-    EXPECT_LE(testing::tensor_rel_diff(sg[i].second, sc[i].second), 1e-4) << sc[i].first;
-  }
-  EXPECT_GT(velocities, 0);
-  EXPECT_LE(param_diff(*gpu, *cpu, nullptr), 1e-4);
+  expect_states_match(Case(kWideDeep, nesterov), ".momentum");
 }
 
 TEST(GraphCuda, VaryingBatchSizes) {

@@ -121,38 +121,12 @@ def run_case(mod, dev, kind, pooling):
         torch.testing.assert_close(coll(ids)[:, :dim], bags[0].weight[[1, 2]].detach())
 
 
-class RowWiseAdagrad:
-    """The reference of row-wise Adagrad (TorchRec's EXACT_ROWWISE_ADAGRAD) on sparse gradients:
-    for each row present, a += mean(g^2) over the row, w -= lr * g / (sqrt(a) + eps)."""
+class SparseRowsReference:
+    """A reference optimizer on nn.EmbeddingBag(sparse=True) gradients: update(w, s, rows, g)
+    applies it to the rows present (their summed gradients g), s being the table's state."""
 
-    def __init__(self, params, lr, eps, initial):
-        self.params, self.lr, self.eps = params, lr, eps
-        self.state = [torch.full((p.shape[0],), initial, device=p.device) for p in params]
-
-    def zero_grad(self):
-        for p in self.params:
-            p.grad = None
-
-    @torch.no_grad()
-    def step(self):
-        for p, a in zip(self.params, self.state):
-            if p.grad is None:
-                continue
-            g = p.grad.coalesce()
-            rows, vals = g.indices()[0], g.values()
-            a[rows] += (vals.double() ** 2).mean(dim=1).float()
-            p[rows] -= self.lr * vals / (a[rows].sqrt() + self.eps)[:, None]
-
-
-class LazyAdam:
-    """The reference of dlrec's Adam on sparse rows (nn::Optimizer's "adam"): each row present
-    in a step counts its own steps t; m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
-    w -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). State per row: m, v, t."""
-
-    def __init__(self, params, lr, b1, b2, eps):
-        self.params, self.lr, self.b1, self.b2, self.eps = params, lr, b1, b2, eps
-        self.state = [torch.zeros(p.shape[0], 2 * p.shape[1] + 1, device=p.device)
-                      for p in params]
+    def __init__(self, params, state):
+        self.params, self.state = params, state
 
     def zero_grad(self):
         for p in self.params:
@@ -161,18 +135,45 @@ class LazyAdam:
     @torch.no_grad()
     def step(self):
         for p, s in zip(self.params, self.state):
-            if p.grad is None:
-                continue
-            g = p.grad.coalesce()
-            rows, x, d = g.indices()[0], g.values(), p.shape[1]
-            t = s[rows, 2 * d] + 1
-            s[rows, 2 * d] = t
-            m = self.b1 * s[rows, :d] + (1 - self.b1) * x
-            v = self.b2 * s[rows, d:2 * d] + (1 - self.b2) * x * x
-            s[rows, :d], s[rows, d:2 * d] = m, v
-            c1 = (1 - self.b1 ** t.double()).float()
-            c2 = (1 - self.b2 ** t.double()).float()
-            p[rows] -= (self.lr / c1)[:, None] * m / (v.sqrt() / c2.sqrt()[:, None] + self.eps)
+            if p.grad is not None:
+                g = p.grad.coalesce()
+                self.update(p, s, g.indices()[0], g.values())
+
+
+class RowWiseAdagrad(SparseRowsReference):
+    """Row-wise Adagrad (TorchRec's EXACT_ROWWISE_ADAGRAD): for each row present,
+    a += mean(g^2) over the row, w -= lr * g / (sqrt(a) + eps)."""
+
+    def __init__(self, params, lr, eps, initial):
+        super().__init__(params, [torch.full((p.shape[0],), initial, device=p.device)
+                                  for p in params])
+        self.lr, self.eps = lr, eps
+
+    def update(self, p, a, rows, vals):
+        a[rows] += (vals.double() ** 2).mean(dim=1).float()
+        p[rows] -= self.lr * vals / (a[rows].sqrt() + self.eps)[:, None]
+
+
+class LazyAdam(SparseRowsReference):
+    """dlrec's Adam on sparse rows (nn::Optimizer's "adam"): each row present in a step counts
+    its own steps t; m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
+    w -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). State per row: m, v, t."""
+
+    def __init__(self, params, lr, b1, b2, eps):
+        super().__init__(params, [torch.zeros(p.shape[0], 2 * p.shape[1] + 1, device=p.device)
+                                  for p in params])
+        self.lr, self.b1, self.b2, self.eps = lr, b1, b2, eps
+
+    def update(self, p, s, rows, x):
+        d = p.shape[1]
+        t = s[rows, 2 * d] + 1
+        s[rows, 2 * d] = t
+        m = self.b1 * s[rows, :d] + (1 - self.b1) * x
+        v = self.b2 * s[rows, d:2 * d] + (1 - self.b2) * x * x
+        s[rows, :d], s[rows, d:2 * d] = m, v
+        c1 = (1 - self.b1 ** t.double()).float()
+        c2 = (1 - self.b2 ** t.double()).float()
+        p[rows] -= (self.lr / c1)[:, None] * m / (v.sqrt() / c2.sqrt()[:, None] + self.eps)
 
 
 CASES = [("sgd", "sum"), ("sgd", "mean"), ("adagrad", "sum"), ("rowwise_adagrad", "sum"),
