@@ -641,13 +641,6 @@ void GraphCuda::set_gradient_reducer(GradientReducer* reducer) {
               "supported yet (bf16, tf32 and fp32 are)");
   DLREC_CHECK(!emb_ || !emb_->hashed(), "layer '", emb_ ? emb_->layer_name() : "",
               "': hashed tables are not supported across GPUs yet (fixed tables are)");
-  DLREC_CHECK(!e_.emb_rowwise && !e_.emb_adam && !e_.emb_momentum, "optimizer.embedding \"",
-              e_.emb_rowwise ? "rowwise_adagrad" : e_.emb_adam ? "adam" : "sgd\" with \"momentum",
-              "\" is implemented on one GPU; across GPUs use \"adagrad\" or \"sgd\" (or train on "
-              "the CPU)");
-  DLREC_CHECK(!e_.dense_adam && !e_.dense_momentum, "optimizer \"",
-              e_.dense_adam ? "adam" : "sgd\" with \"momentum", "\" for the dense layers is "
-              "implemented on one GPU; across GPUs use \"adagrad\" or \"sgd\" (or train on the CPU)");
   for (const LayerSpec& s : spec_.layers)
     DLREC_CHECK(s.type != "wide", s.where, ": the wide layer's tables are not supported across "
                 "GPUs yet (the embedding layer's are)");

@@ -44,7 +44,7 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
     s.rows = layout_.cardinalities[t];
     s.dim = dim;
     s.value_bytes = 4;
-    s.state_bytes_per_row = e_.emb_adagrad ? 4 * dim : 0;
+    s.state_bytes_per_row = 4 * e_.emb_state_cols(dim);
     const double ids = t < static_cast<int64_t>(ids_per_sample.size()) ? ids_per_sample[t] : 1.0;
     ids_total += ids;
     s.lookups_per_step =
@@ -83,7 +83,25 @@ void GraphCuda::shard_tables(dist::Communicator& host, const dist::PlannerOption
   const int64_t mine = static_cast<int64_t>(free_b);
   host.all_gather(&mine, free_all.data(), 1, dist::Elem::I64);
   mem.free_bytes = *std::min_element(free_all.begin(), free_all.end());
+  // The optimizers with a row's own state (rowwise_adagrad, adam) and momentum must step only
+  // the rows a batch touches, as one GPU does: the replicas' update from their all-reduced dense
+  // gradient steps every row, and the pieces (row-wise, column-wise, hybrid) keep Adagrad's
+  // per-value state only. With them every table is table-wise (no replicas by the cost rule).
+  const bool whole_only = !e_.emb_adagrad && e_.emb_state_cols(dim) > 0;
+  if (whole_only) {
+    opts.replicate_auto = opts.replicate_by_cost = false;
+    opts.replicate_max_bytes = 0;
+  }
   const dist::Plan plan = dist::plan_gpu_tables(specs, opts, mem);
+  for (int64_t t = 0; t < T_ && whole_only; ++t) {
+    const dist::ShardingKind k = plan.tables[t].kind;
+    if (k != dist::ShardingKind::TableWise)
+      fail("sharding: table '", specs[t].name, "' is ", dist::sharding_kind_name(k),
+           "; optimizer.embedding \"", e_.state_suffix(true).substr(1),
+           "\" trains across GPUs with table-wise tables only, or without a sharding section "
+           "(every table data-parallel); set the table's \"kind\" to \"table_wise\", or use "
+           "\"adagrad\" or \"sgd\"");
+  }
   std::vector<int> owner(T_, -1);
   std::vector<TableKeep> keep(T_, TableKeep::None);
   std::vector<gpu_graph::dp::ColPiece> pieces;
@@ -202,8 +220,10 @@ void GraphCuda::gather_sharded_tables() {
   constexpr int64_t kChunk = int64_t{16} << 20;  // 64 MB of f32
   const int me = e_.dp.rank, n = e_.dp.ranks;
   int64_t largest = 0;
+  const int64_t width = std::max(e_.vals[emb_idx_].fields.at(0),
+                                 e_.emb_state_cols(e_.vals[emb_idx_].fields.at(0)));
   for (size_t t = 0; t < sharded_index_.size(); ++t)
-    largest = std::max(largest, layout_.cardinalities[t] * e_.vals[emb_idx_].fields.at(0));
+    largest = std::max(largest, layout_.cardinalities[t] * width);
   Tensor stage = Tensor::empty({std::max<int64_t>(std::min(largest, kChunk), 1)}, DType::F32, dev_);
   host_tables_.assign(sharded_index_.size(), {});
   for (size_t t = 0; t < sharded_index_.size(); ++t) {
@@ -274,7 +294,24 @@ void GraphCuda::gather_sharded_tables() {
       continue;
     }
     stream_one(p.value, host_tables_[t].first);
-    if (e_.emb_adagrad) stream_one(p.state, host_tables_[t].second);
+    if (e_.emb_adagrad) {
+      stream_one(p.state, host_tables_[t].second);
+    } else if (const int64_t sc = e_.emb_state_cols(dim); sc > 0) {
+      // A whole table's state of another width (the pieces refused it): rows of sc values, in
+      // the CPU's shape ([rows] for rowwise_adagrad).
+      Tensor& host = host_tables_[t].second;
+      if (me == 0)
+        host = Tensor::empty(e_.emb_rowwise ? Shape{rows} : Shape{rows, sc}, DType::F32,
+                             Device::cpu());
+      const int64_t total = rows * sc;
+      for (int64_t at = 0; at < total; at += kChunk) {
+        const int64_t c = std::min(kChunk, total - at);
+        float* buf = me == owner ? p.state.data<float>() + at : stage.data<float>();
+        e_.dp.comm->broadcast(buf, c, dist::Elem::F32, owner);
+        if (me == 0)
+          copy_bytes(host.data<float>() + at, Device::cpu(), buf, dev_, sizeof(float) * c);
+      }
+    }
   }
 }
 

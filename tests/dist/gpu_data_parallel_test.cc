@@ -172,6 +172,25 @@ TEST(GpuTableWise, FourGpusMatchOneGpuOver1000StepsAdagrad) {
   expect_gpus_match_one(R"({"type": "adagrad", "lr": 0.05, "adagrad_init": 0.01})", 4, kTableWise);
 }
 
+// The optimizers whose state is a row's own (Adam: m, v and a step count; rowwise_adagrad) and
+// SGD with momentum, across GPUs: Adam on the dense layers and table-wise tables (the checkpoint,
+// each table's state streamed from its owner to rank 0, evaluates on one GPU and resumes on
+// two); row-wise Adagrad on the tables beside Nesterov momentum on the dense layers, table-wise
+// and then data-parallel (no sharding section: every rank applies the global batch's update).
+TEST(GpuTableWise, TwoGpusMatchOneGpuOver1000StepsAdam) {
+  SKIP_WITHOUT_TWO_GPUS();
+  expect_gpus_match_one(R"({"type": "adam", "lr": 0.001})", 2, kTableWise);
+}
+
+TEST(GpuTableWise, TwoGpusMatchOneGpuOver1000StepsRowWiseAdagradMomentum) {
+  SKIP_WITHOUT_TWO_GPUS();
+  const char* rowwise_momentum = R"({"type": "sgd", "lr": 0.05, "momentum": 0.9,
+      "nesterov": true,
+      "embedding": {"type": "rowwise_adagrad", "lr": 0.05, "adagrad_init": 0.01}})";
+  expect_gpus_match_one(rowwise_momentum, 2, kTableWise);
+  expect_two_gpus_match_one(rowwise_momentum);
+}
+
 // Row-wise sharding: the multi-hot table (emb.4, bags of several ids: partial sums from several
 // GPUs) split by rows over every GPU, one table's owner set, the others placed by the planner.
 const char* kRowWise =
@@ -344,6 +363,16 @@ TEST(GpuDataParallel, UnsupportedConfigurationsAreClearErrors) {
     auto r = run_job(d.train_args("hybmean", 32, "m.jsonl") + " --gpus 2", 300);
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.output.find("hybrid tables on the GPUs pool by sum (this layer pools by mean)"),
+              std::string::npos)
+        << r.output;
+  }
+  {  // Adam's per-row state on a row-wise piece
+    Data d(R"({"type": "sgd", "lr": 0.1, "embedding": {"type": "adam"}})", "fp32",
+           R"(, "sharding": {"tables": {"emb.2": {"kind": "row_wise"}}})");
+    auto r = run_job(d.train_args("adamrw", 32, "m.jsonl") + " --gpus 2", 300);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("table 'emb.2' is row_wise; optimizer.embedding \"adam\" trains "
+                            "across GPUs with table-wise tables only"),
               std::string::npos)
         << r.output;
   }

@@ -99,7 +99,7 @@ void EmbeddingNode::backward_global(Engine& e) {
   ce::backward_ids(ts_.tab, off, static_cast<const uint32_t*>(keys_g_.raw()), d.global_rows,
                    d.global_nnz, ts_.key_bits, ts_.scratch, e.st);
   const int64_t col = into_ >= 0 ? col_ : 0;
-  const ce::Update kind = e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD;
+  const ce::Update kind = e.emb_update();
   if (is_half(gv.gdt))
     with_half(gv.gdt, [&](auto* h) {
       using H = std::remove_pointer_t<decltype(h)>;
@@ -281,7 +281,7 @@ void EmbeddingNode::backward_table_wise(Engine& e) {
   tw_counts(e, &own_c, &own_o, &peer_c, &peer_o);
   const Value& gv = grad_value(e);
   const int64_t col = into_ >= 0 ? col_ : 0;
-  const ce::Update kind = e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD;
+  const ce::Update kind = e.emb_update();
   // S: the gradient's type, W: the exchange's (xdt_: S, or the 16-bit activation type for
   // an f32 gradient of a bf16/fp16 run, rounded while packing).
   auto run = [&](auto* s, auto* w) {
@@ -366,7 +366,7 @@ void EmbeddingNode::backward_row_wise(Engine& e, const S* grad, int64_t ld) {
   });
   e.sub("emb bwd: rw pack+all-gather");
   if (rw_nnz_ == 0) return;
-  const ce::Update kind = e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD;
+  const ce::Update kind = e.emb_update();
   const int32_t* off = rw_off_.data<int32_t>();
   ce::backward_ids(rw_sub_, off, static_cast<const uint32_t*>(rw_keys_.raw()), Gp, rw_nnz_,
                    rw_key_bits_, rw_scratch_, e.st);

@@ -369,7 +369,7 @@ void EmbeddingNode::hybrid_apply(Engine& e) {
   e.comm_join(hy_done_);
   if (hy_M_ == 0 || hy_nnz_ == 0) return;
   const int64_t dim = ts_.dim, Gp = e.dp.ranks * hy_bmax_;
-  const ce::Update kind = e.emb_adagrad ? ce::Update::Adagrad : ce::Update::SGD;
+  const ce::Update kind = e.emb_update();
   ce::backward_apply(hy_sub_, hy_off_.data<int32_t>(), Gp, hy_nnz_, false,
                      static_cast<const W*>(hy_grecv_->mine), hy_M_ * dim, kind, e.lr + 1, e.emb_eps,
                      hy_scratch_, e.st, e.gscale);

@@ -220,6 +220,10 @@ struct Engine {
   float emb_beta1 = 0.9f, emb_beta2 = 0.999f;
   float mu = 0.f, emb_mu = 0.f;  // SGD's momentum (dense, tables), and Nesterov's form
   bool nesterov = false, emb_nesterov = false;
+  // Values per row of a table's optimizer state (the CPU's): 0 for plain SGD.
+  int64_t emb_state_cols(int64_t dim) const {
+    return emb_rowwise ? 1 : emb_adam ? 2 * dim + 1 : emb_adagrad || emb_momentum ? dim : 0;
+  }
   // The CPU's names of the optimizer states: "<param><suffix>"; "" when there is none.
   std::string state_suffix(bool tables) const {
     if (tables)

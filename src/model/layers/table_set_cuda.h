@@ -116,9 +116,7 @@ struct TableSet {
   static bool has_state(const Engine& e) {
     return e.emb_adagrad || e.emb_rowwise || e.emb_adam || e.emb_momentum;
   }
-  int64_t state_cols(const Engine& e) const {
-    return e.emb_rowwise ? 1 : e.emb_adam ? 2 * dim + 1 : dim;
-  }
+  int64_t state_cols(const Engine& e) const { return e.emb_state_cols(dim); }
   float state_init(const Engine& e) const {
     return e.emb_adam || e.emb_momentum ? 0.f : e.emb_init_acc;
   }
