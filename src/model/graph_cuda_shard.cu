@@ -233,17 +233,18 @@ void GraphCuda::gather_sharded_tables() {
     const bool col_wise = owner == gpu_graph::dp::kColumnWiseOwner;
     NamedState& p = tables_[sharded_index_[t]];
     const int64_t rows = layout_.cardinalities[t], dim = e_.vals[emb_idx_].fields.at(0);
-    // Streams rows [lo, hi) of the table from `root` (whose device tensor holds them from its
-    // row `dev_row`) into the host copy of the ranks that keep one.
+    // Streams rows [lo, hi) of the table (or of its state: rows of `w` values) from `root`
+    // (whose device tensor holds them from its row `dev_row`) into the host copy of the ranks
+    // that keep one.
     auto stream_rows = [&](Tensor& dev, Tensor& host, int root, int64_t lo, int64_t hi,
-                           int64_t dev_row, bool keep) {
-      const int64_t total = (hi - lo) * dim;
+                           int64_t dev_row, bool keep, int64_t w) {
+      const int64_t total = (hi - lo) * w;
       for (int64_t at = 0; at < total; at += kChunk) {
         const int64_t c = std::min(kChunk, total - at);
-        float* buf = me == root ? dev.data<float>() + dev_row * dim + at : stage.data<float>();
+        float* buf = me == root ? dev.data<float>() + dev_row * w + at : stage.data<float>();
         e_.dp.comm->broadcast(buf, c, dist::Elem::F32, root);
         if (keep)
-          copy_bytes(host.data<float>() + lo * dim + at, Device::cpu(), buf, dev_,
+          copy_bytes(host.data<float>() + lo * w + at, Device::cpu(), buf, dev_,
                      sizeof(float) * c);
       }
     };
@@ -269,14 +270,14 @@ void GraphCuda::gather_sharded_tables() {
       }
       if (!row_wise) {
         if (me == 0) host = Tensor::empty({rows, dim}, DType::F32, Device::cpu());
-        stream_rows(dev, host, owner, 0, rows, 0, me == 0);
+        stream_rows(dev, host, owner, 0, rows, 0, me == 0, dim);
         return;
       }
       host = Tensor::empty({rows, dim}, DType::F32, Device::cpu());
       for (int r = 0; r < n; ++r) {
         int64_t lo = 0, hi = 0;
         gpu_graph::dp::row_range(rows, n, r, &lo, &hi);
-        stream_rows(dev, host, r, lo, hi, 0, true);
+        stream_rows(dev, host, r, lo, hi, 0, true, dim);
       }
     };
     if (owner == gpu_graph::dp::kHybridOwner) {
@@ -286,8 +287,8 @@ void GraphCuda::gather_sharded_tables() {
       auto [rare, rare_state] = emb_->hybrid_rare(static_cast<int64_t>(t));
       auto stream_hybrid = [&](Tensor& prefix, Tensor& piece, Tensor& host) {
         host = Tensor::empty({rows, dim}, DType::F32, Device::cpu());
-        stream_rows(prefix, host, h.owner, 0, h.frequent, 0, true);
-        stream_rows(piece, host, h.owner, h.frequent, rows, 0, true);
+        stream_rows(prefix, host, h.owner, 0, h.frequent, 0, true, dim);
+        stream_rows(piece, host, h.owner, h.frequent, rows, 0, true, dim);
       };
       stream_hybrid(p.value, rare, host_tables_[t].first);
       if (e_.emb_adagrad) stream_hybrid(p.state, rare_state, host_tables_[t].second);
@@ -303,14 +304,7 @@ void GraphCuda::gather_sharded_tables() {
       if (me == 0)
         host = Tensor::empty(e_.emb_rowwise ? Shape{rows} : Shape{rows, sc}, DType::F32,
                              Device::cpu());
-      const int64_t total = rows * sc;
-      for (int64_t at = 0; at < total; at += kChunk) {
-        const int64_t c = std::min(kChunk, total - at);
-        float* buf = me == owner ? p.state.data<float>() + at : stage.data<float>();
-        e_.dp.comm->broadcast(buf, c, dist::Elem::F32, owner);
-        if (me == 0)
-          copy_bytes(host.data<float>() + at, Device::cpu(), buf, dev_, sizeof(float) * c);
-      }
+      stream_rows(p.state, host, owner, 0, rows, 0, me == 0, sc);
     }
   }
 }

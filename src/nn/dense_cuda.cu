@@ -10,6 +10,7 @@
 
 #include "core/cuda_check.h"
 #include "nn/half_cuda.cuh"
+#include "nn/optimizer_math_cuda.cuh"
 
 namespace dlrec::nn::cuda_dense {
 namespace {
@@ -282,10 +283,10 @@ struct MomentumOp {
   float mu;
   bool nesterov;
   __device__ float operator()(int64_t i, int64_t, int64_t, float x, float w, float lr) const {
-    const float v = __fadd_rn(__fmul_rn(mu, b[i]), x);
+    float v = b[i];
+    w = opt_math::momentum_value(x, w, v, mu, nesterov, lr);
     b[i] = v;
-    const float u = nesterov ? __fadd_rn(x, __fmul_rn(mu, v)) : v;
-    return __fsub_rn(w, __fmul_rn(lr, u));
+    return w;
   }
 };
 
@@ -297,20 +298,13 @@ struct AdamOp {
   AdamParams p;
   __device__ float operator()(int64_t, int64_t r, int64_t c, float x, float w, float lr) const {
     float* srow = s + r * (2 * cols + 1);
-    float t = srow[2 * cols];
-    if (t < 16777216.f) t = __fadd_rn(t, 1.f);
-    const double td = static_cast<double>(t);
-    const float c1 = __fsub_rn(1.f, static_cast<float>(pow(static_cast<double>(p.beta1), td)));
-    const float c2 = __fsub_rn(1.f, static_cast<float>(pow(static_cast<double>(p.beta2), td)));
-    const float step = __fdiv_rn(lr, c1), rc2 = __fdiv_rn(1.f, sqrtf(c2));
+    const opt_math::AdamCoef co = opt_math::adam_coef(srow[2 * cols], lr, p.beta1, p.beta2);
     if (p.weight_decay > 0.f) w = __fsub_rn(w, __fmul_rn(__fmul_rn(lr, p.weight_decay), w));
-    const float m =
-        __fadd_rn(__fmul_rn(p.beta1, srow[c]), __fmul_rn(__fsub_rn(1.f, p.beta1), x));
-    const float v = __fadd_rn(__fmul_rn(p.beta2, srow[cols + c]),
-                              __fmul_rn(__fmul_rn(__fsub_rn(1.f, p.beta2), x), x));
+    float m = srow[c], v = srow[cols + c];
+    w = opt_math::adam_value(x, w, m, v, co, p.beta1, p.beta2, p.eps);
     srow[c] = m;
     srow[cols + c] = v;
-    return __fsub_rn(w, __fdiv_rn(__fmul_rn(step, m), __fadd_rn(__fmul_rn(sqrtf(v), rc2), p.eps)));
+    return w;
   }
 };
 
@@ -320,7 +314,7 @@ __global__ void adam_count_kernel(float* __restrict__ s, int64_t rows, int64_t c
   for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows;
        r += int64_t(gridDim.x) * blockDim.x) {
     float& t = s[r * (2 * cols + 1) + 2 * cols];
-    if (t < 16777216.f) t = __fadd_rn(t, 1.f);
+    t = opt_math::next_count(t);
   }
 }
 

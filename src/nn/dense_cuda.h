@@ -131,13 +131,6 @@ void optimizer_step(float* w, const float* g, float* state, int64_t rows, int64_
                     cudaStream_t stream, const float* gscale = nullptr,
                     const float* mask = nullptr);
 
-// Adam, nn::Optimizer's "adam" with the CPU's state layout and arithmetic: state
-// [rows, 2 * cols + 1], per row m [cols], v [cols] and the row's step count t (a bias [n] is n
-// rows of one column). Per row t += 1 (up to 2^24), c1 = 1 - beta1^t, c2 = 1 - beta2^t (double,
-// rounded to float); per value, with weight_decay > 0 first w -= lr * weight_decay * w
-// (decoupled, AdamW), then m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g g,
-// w -= (lr / c1) m / (sqrt(v) / sqrt(c2) + eps). Gradient rows ldg apart; wh, gscale and mask as
-// optimizer_step's (*gscale == 0: neither the values nor t move).
 // SGD with momentum, nn::Optimizer's "sgd" with `momentum` > 0: velocity b (state, the
 // parameter's shape) = mu b + g, then w -= lr b, or with nesterov w -= lr (g + mu b). Arguments
 // as optimizer_step's.
@@ -148,6 +141,13 @@ void momentum_step(float* w, const float* g, float* state, int64_t rows, int64_t
                    int64_t ldg, f16* wh, int64_t ldh, const float* lr, float mu, bool nesterov,
                    cudaStream_t stream, const float* gscale = nullptr, const float* mask = nullptr);
 
+// Adam, nn::Optimizer's "adam" with the CPU's state layout and arithmetic: state
+// [rows, 2 * cols + 1], per row m [cols], v [cols] and the row's step count t (a bias [n] is n
+// rows of one column). Per row t += 1 (up to 2^24), c1 = 1 - beta1^t, c2 = 1 - beta2^t (double,
+// rounded to float); per value, with weight_decay > 0 first w -= lr * weight_decay * w
+// (decoupled, AdamW), then m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g g,
+// w -= (lr / c1) m / (sqrt(v) / sqrt(c2) + eps) (nn/optimizer_math_cuda.cuh). Gradient rows ldg
+// apart; wh, gscale and mask as optimizer_step's (*gscale == 0: neither the values nor t move).
 struct AdamParams {
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.f;
 };

@@ -15,6 +15,7 @@
 #include "nn/embedding_bags_cuda.cuh"
 #include "nn/embedding_cuda.h"
 #include "nn/half_cuda.cuh"
+#include "nn/optimizer_math_cuda.cuh"
 
 namespace dlrec::nn::cuda_emb {
 namespace {
@@ -134,11 +135,8 @@ __device__ __forceinline__ void apply_loaded(float* wp, float* ap, Vec<V> w, Vec
   }
   if constexpr (MOM) {
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      a.v[j] = __fadd_rn(__fmul_rn(mu, a.v[j]), g[j]);
-      const float u = nesterov ? __fadd_rn(g[j], __fmul_rn(mu, a.v[j])) : a.v[j];
-      w.v[j] = __fsub_rn(w.v[j], __fmul_rn(lr, u));
-    }
+    for (int j = 0; j < V; ++j)
+      w.v[j] = opt_math::momentum_value(g[j], w.v[j], a.v[j], mu, nesterov, lr);
     st_row<V>(ap, a);
   } else if (kind == Update::SGD) {
 #pragma unroll
@@ -208,22 +206,10 @@ __device__ __forceinline__ void apply_rowwise(float* w, float* a_row, float a_ol
 // apart, so m and v are read value by value). A warp updates a row: every lane reads the old t
 // and takes the coefficients of the new one (adam_coef), updates its columns (apply_adam), and
 // after the warp's last column lane 0 stores the new t (adam_finish: the warp synchronises first,
-// so no lane reads the new t). As on the CPU: t stops growing at 2^24; c1 = 1 - b1^t and
-// c2 = 1 - b2^t in double, rounded to float; per value m = b1 m + (1 - b1) g,
-// v = b2 v + (1 - b2) g g, w -= (lr / c1) m / (sqrt(v) (1 / sqrt(c2)) + eps).
-struct AdamCoef {
-  float t, step, rc2;
-};
+// so no lane reads the new t); the arithmetic is nn/optimizer_math_cuda.cuh's, the CPU's.
+using opt_math::AdamCoef;
 __device__ __forceinline__ AdamCoef adam_coef(const float* t_p, float lr, float b1, float b2) {
-  AdamCoef c;
-  c.t = *t_p;
-  if (c.t < 16777216.f) c.t = __fadd_rn(c.t, 1.f);
-  const double t = static_cast<double>(c.t);
-  const float c1 = __fsub_rn(1.f, static_cast<float>(pow(static_cast<double>(b1), t)));
-  const float c2 = __fsub_rn(1.f, static_cast<float>(pow(static_cast<double>(b2), t)));
-  c.step = __fdiv_rn(lr, c1);
-  c.rc2 = __fdiv_rn(1.f, sqrtf(c2));
-  return c;
+  return opt_math::adam_coef(*t_p, lr, b1, b2);
 }
 // Columns k0 .. k0 + V - 1 of a row: m_p, v_p its state there, w, mo, vo their loaded values.
 template <int V>
@@ -231,16 +217,13 @@ __device__ __forceinline__ void apply_adam(float* wp, float* m_p, float* v_p, Ve
                                            const float (&mo)[V], const float (&vo)[V], float* g,
                                            const AdamCoef& c, float b1, float b2, float eps,
                                            float gs) {
-  const float omb1 = __fsub_rn(1.f, b1), omb2 = __fsub_rn(1.f, b2);
 #pragma unroll
   for (int u = 0; u < V; ++u) {
     const float x = gs != 1.f ? __fmul_rn(g[u], gs) : g[u];
-    const float m = __fadd_rn(__fmul_rn(b1, mo[u]), __fmul_rn(omb1, x));
-    const float v = __fadd_rn(__fmul_rn(b2, vo[u]), __fmul_rn(__fmul_rn(omb2, x), x));
+    float m = mo[u], v = vo[u];
+    w.v[u] = opt_math::adam_value(x, w.v[u], m, v, c, b1, b2, eps);
     m_p[u] = m;
     v_p[u] = v;
-    w.v[u] = __fsub_rn(w.v[u], __fdiv_rn(__fmul_rn(c.step, m),
-                                          __fadd_rn(__fmul_rn(sqrtf(v), c.rc2), eps)));
   }
   st_row<V>(wp, w);
 }

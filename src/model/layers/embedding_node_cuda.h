@@ -33,9 +33,8 @@ class EmbeddingNode final : public Node {
         mean_(mean),
         ts_(e, layout, dim, false, seed, capacities(hashed), /*defer=*/hashed.empty()) {
     if (hashed.empty()) return;
-    hashed_ = std::make_unique<hashed_cuda::HashedTables>(
-        std::move(hashed), dim, TableSet::has_state(e) ? ts_.state_cols(e) : 0, ts_.state_init(e),
-        e.dev, e.st);
+    hashed_ = std::make_unique<hashed_cuda::HashedTables>(std::move(hashed), dim, ts_.state_cols(e),
+                                                          ts_.state_init(e), e.dev, e.st);
     hashed_->bind(ts_.tab);
   }
   void alloc(Engine& e, int64_t cap) override {

@@ -201,8 +201,8 @@ struct Engine {
   bool mark_lins = false;
   // The tables' optimizer: emb_adagrad (an accumulator per value), emb_rowwise (one per row,
   // rowwise_adagrad), emb_adam (Adam: m, v and a step count per row) or emb_momentum (SGD with
-  // momentum: a velocity per value), all but Adagrad on one GPU; else SGD; emb_update() says
-  // which to the kernels. The dense layers': dense_adagrad, dense_adam, dense_momentum, else SGD
+  // momentum: a velocity per value; these three across GPUs on table-wise or data-parallel
+  // tables only: GraphCuda::shard_tables), else SGD; emb_update() says which to the kernels. The dense layers': dense_adagrad, dense_adam, dense_momentum, else SGD
   // (dense_state, dense_step).
   bool dense_adagrad = false, dense_adam = false, dense_momentum = false;
   bool emb_adagrad = false, emb_rowwise = false, emb_adam = false, emb_momentum = false;
@@ -216,7 +216,7 @@ struct Engine {
   // eps / emb_eps: Adagrad's or Adam's epsilon (the kind's own config key); init_acc /
   // emb_init_acc: Adagrad's initial accumulator.
   float eps = 1e-8f, init_acc = 0.f, emb_eps = 1e-8f, emb_init_acc = 0.f;
-  cd::AdamParams adam;         // the dense layers' Adam (eps unused: `eps` above)
+  cd::AdamParams adam;         // the dense layers' Adam (its eps: `eps` above)
   float emb_beta1 = 0.9f, emb_beta2 = 0.999f;
   float mu = 0.f, emb_mu = 0.f;  // SGD's momentum (dense, tables), and Nesterov's form
   bool nesterov = false, emb_nesterov = false;
